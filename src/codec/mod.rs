@@ -1,0 +1,17 @@
+//! MQTT 3.1 / 3.1.1 / 5.0 wire format: pure, synchronous, no I/O.
+//!
+//! The only module that knows byte layouts. Decoding borrows nothing and copies nothing: topics,
+//! strings and payloads are `Bytes` slices of the connection's read buffer.
+
+mod decode;
+mod encode;
+mod error;
+mod reason;
+pub mod topic;
+mod types;
+
+pub use decode::{decode, decode_fixed_header, FixedHeader};
+pub use encode::{encode, encode_publish, PublishHeader};
+pub use error::{DecodeError, EncodeError};
+pub use reason::ReasonCode;
+pub use types::*;

@@ -1,0 +1,6 @@
+//! Postbox: an MQTT 3.1 / 3.1.1 / 5.0 broker for IoT fleets.
+//!
+//! The library holds everything; `main.rs` is only the command line. Module map and data flow:
+//! see `ARCHITECTURE.md`.
+
+pub mod codec;
