@@ -4,3 +4,9 @@
 //! see `ARCHITECTURE.md`.
 
 pub mod codec;
+pub mod broker;
+pub mod config;
+pub mod metrics;
+pub mod connection;
+pub mod server;
+pub mod transport;

@@ -1,1 +1,76 @@
-fn main() {}
+//! The `postbox` binary: command line in Mosquitto's habit, then the library does the work.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use postbox::config::Config;
+
+/// Postbox: an MQTT 3.1 / 3.1.1 / 5.0 broker for IoT fleets.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Configuration file (TOML). Without it, the embedded default config is used.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Port of the plain TCP listener (overrides the config file).
+    #[arg(short = 'p', long = "port", value_name = "PORT")]
+    port: Option<u16>,
+    /// Log at debug level (overrides `log.level`).
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut config = match &cli.config {
+        Some(path) => Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => Config::embedded_default(),
+    };
+    if let Some(port) = cli.port {
+        config.listener.bind.set_port(port);
+    }
+    let level = if cli.verbose {
+        "debug".to_string()
+    } else {
+        config.log.level.clone()
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&level));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let server = postbox::server::start(config).await?;
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), "postbox running");
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        server.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
+/// Resolves on Ctrl-C or SIGTERM (systemd, containers).
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -7,6 +7,7 @@ mod decode;
 mod encode;
 mod error;
 mod reason;
+mod sniff;
 pub mod topic;
 mod types;
 
@@ -14,4 +15,5 @@ pub use decode::{decode, decode_fixed_header, FixedHeader};
 pub use encode::{encode, encode_publish, PublishHeader};
 pub use error::{DecodeError, EncodeError};
 pub use reason::ReasonCode;
+pub use sniff::peek_connect_version;
 pub use types::*;

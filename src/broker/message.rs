@@ -1,0 +1,174 @@
+//! An application message as the router holds it: received once, shared by every subscriber.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use bytestring::ByteString;
+use smallvec::SmallVec;
+
+use crate::codec::{self, ProtocolVersion, Publish, PublishHeader, PublishProperties, QoS};
+
+/// Identifies a session inside this broker process (cheaper than comparing client ids).
+pub type SessionId = u64;
+
+/// One published message. Wrapped in `Arc` and shared by all subscribers and queues; its wire
+/// encoding is produced at most once per (protocol family, packet-id presence) and then copied,
+/// with only the flags byte and the packet id patched per subscriber.
+#[derive(Debug)]
+pub struct Message {
+    pub topic: ByteString,
+    pub payload: Bytes,
+    /// QoS the publisher used; subscribers receive `min(this, granted)`.
+    pub qos: QoS,
+    pub retain: bool,
+    /// v5 properties to forward (topic alias and subscription ids stripped).
+    pub properties: PublishProperties,
+    /// When the message stops being deliverable (Message Expiry Interval).
+    pub expires_at: Option<Instant>,
+    pub received_at: Instant,
+    /// The publishing session, for No Local.
+    pub origin: Option<SessionId>,
+    /// [v3 no id, v3 with id, v5 no id, v5 with id]
+    encoded: [OnceLock<EncodedPublish>; 4],
+}
+
+/// A cached PUBLISH encoding and where its packet id sits.
+#[derive(Debug)]
+struct EncodedPublish {
+    bytes: Bytes,
+    packet_id_offset: Option<usize>,
+}
+
+impl Message {
+    /// Builds a routable message from a decoded PUBLISH, taking its topic and payload without copying.
+    pub fn from_publish(publish: Publish, origin: Option<SessionId>) -> Message {
+        let now = Instant::now();
+        let mut properties = publish.properties;
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+        let expires_at = properties
+            .message_expiry_interval
+            .map(|secs| now + std::time::Duration::from_secs(u64::from(secs)));
+        Message {
+            topic: publish.topic,
+            payload: publish.payload,
+            qos: publish.qos,
+            retain: publish.retain,
+            properties,
+            expires_at,
+            received_at: now,
+            origin,
+            encoded: Default::default(),
+        }
+    }
+
+    /// True once the Message Expiry Interval has passed (MQTT-3.3.2-5).
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|t| now >= t)
+    }
+
+    /// Appends this message as a PUBLISH for one subscriber to `out`.
+    ///
+    /// Uses the shared cached encoding unless this subscriber needs its own properties
+    /// (subscription identifiers, or a Message Expiry Interval that has counted down).
+    /// Returns the number of bytes written.
+    pub fn write_to(
+        &self,
+        out: &mut BytesMut,
+        version: ProtocolVersion,
+        delivery: DeliveryFlags<'_>,
+    ) -> Result<usize, codec::EncodeError> {
+        let start = out.len();
+        let v5 = version.is_v5();
+        let elapsed_secs = self.received_at.elapsed().as_secs();
+        let custom = v5
+            && (!delivery.subscription_ids.is_empty()
+                || (self.properties.message_expiry_interval.is_some() && elapsed_secs > 0));
+        if custom {
+            let mut props = self.properties.clone();
+            props
+                .subscription_identifiers
+                .extend_from_slice(delivery.subscription_ids);
+            if let Some(interval) = props.message_expiry_interval.as_mut() {
+                // Forward the remaining lifetime, not the original (MQTT-3.3.2-6).
+                *interval = interval.saturating_sub(elapsed_secs.min(u64::from(u32::MAX)) as u32);
+            }
+            let header = PublishHeader {
+                dup: delivery.dup,
+                qos: delivery.qos,
+                retain: delivery.retain,
+                topic: &self.topic,
+                packet_id: delivery.packet_id,
+                properties: Some(&props),
+            };
+            codec::encode_publish(&header, &self.payload, version, out)?;
+            return Ok(out.len() - start);
+        }
+        let with_id = delivery.qos != QoS::AtMostOnce;
+        let slot = usize::from(v5) * 2 + usize::from(with_id);
+        let cached = match self.encoded[slot].get() {
+            Some(c) => c,
+            None => {
+                let encoded = self.encode_shared(version, with_id)?;
+                self.encoded[slot].get_or_init(|| encoded)
+            }
+        };
+        out.extend_from_slice(&cached.bytes);
+        out[start] = 0x30
+            | (u8::from(delivery.dup) << 3)
+            | ((delivery.qos as u8) << 1)
+            | u8::from(delivery.retain);
+        if let Some(off) = cached.packet_id_offset {
+            out[start + off..start + off + 2].copy_from_slice(&delivery.packet_id.to_be_bytes());
+        }
+        Ok(out.len() - start)
+    }
+
+    fn encode_shared(
+        &self,
+        version: ProtocolVersion,
+        with_id: bool,
+    ) -> Result<EncodedPublish, codec::EncodeError> {
+        let mut buf = BytesMut::with_capacity(self.payload.len() + self.topic.len() + 16);
+        let header = PublishHeader {
+            dup: false,
+            qos: if with_id {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            },
+            retain: false,
+            topic: &self.topic,
+            packet_id: 1,
+            properties: Some(&self.properties),
+        };
+        let packet_id_offset = codec::encode_publish(&header, &self.payload, version, &mut buf)?;
+        Ok(EncodedPublish {
+            bytes: buf.freeze(),
+            packet_id_offset,
+        })
+    }
+}
+
+/// Per-subscriber choices for one PUBLISH on the wire.
+#[derive(Clone, Copy, Debug)]
+pub struct DeliveryFlags<'a> {
+    pub qos: QoS,
+    pub retain: bool,
+    pub dup: bool,
+    pub packet_id: u16,
+    pub subscription_ids: &'a [u32],
+}
+
+/// A message on its way to one session: what to send and with which options.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub message: std::sync::Arc<Message>,
+    /// `min(publish QoS, granted QoS)` (MQTT-3.8.4-8 / MQTT-3.3.5-1).
+    pub qos: QoS,
+    /// RETAIN flag as the subscriber sees it.
+    pub retain: bool,
+    /// Identifiers of every matching subscription that carried one (MQTT-3.3.4-4).
+    pub subscription_ids: SmallVec<[u32; 1]>,
+}

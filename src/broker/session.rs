@@ -1,0 +1,280 @@
+//! Session state: what survives a client's disconnects (MQTT-4.1.0-1).
+//!
+//! A session is shared between the router (which appends deliveries from publishing tasks) and
+//! at most one connection task (which drains them to the socket). Both take the session's mutex
+//! only for short, non-async critical sections.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use bytestring::ByteString;
+use parking_lot::{Mutex, MutexGuard};
+use tokio::sync::{oneshot, Notify};
+
+use super::message::{Delivery, SessionId};
+use crate::codec::{ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
+use crate::config::OverflowPolicy;
+
+/// Session expiry in seconds; `u32::MAX` means the session never expires.
+pub const NEVER_EXPIRES: u32 = u32::MAX;
+
+/// A client's session, shared by the router and the client's connection.
+#[derive(Debug)]
+pub struct Session {
+    pub id: SessionId,
+    pub client_id: ByteString,
+    state: Mutex<SessionState>,
+    /// Wakes the connection task when deliveries arrive; holds a permit if it is busy.
+    notify: Notify,
+}
+
+/// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionSubscription {
+    pub options: SubscriptionOptions,
+    pub identifier: Option<u32>,
+}
+
+/// Where an outbound QoS 1/2 message stands in its acknowledgement handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutboundStage {
+    /// QoS 1 PUBLISH sent, waiting for PUBACK.
+    AwaitPubAck,
+    /// QoS 2 PUBLISH sent, waiting for PUBREC.
+    AwaitPubRec,
+    /// PUBREL sent, waiting for PUBCOMP (the message itself is no longer needed).
+    AwaitPubComp,
+}
+
+/// An unacknowledged outbound message, kept for retransmission on reconnect (MQTT-4.4.0-1).
+#[derive(Clone, Debug)]
+pub struct Inflight {
+    pub packet_id: u16,
+    pub delivery: Delivery,
+    pub stage: OutboundStage,
+}
+
+/// The live connection attached to a session, so a newer one can evict it.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    pub generation: u64,
+    kick: oneshot::Sender<ReasonCode>,
+}
+
+impl ConnectionSlot {
+    /// Tells the connection holding this slot to close with `reason`.
+    pub fn evict(self, reason: ReasonCode) {
+        let _ = self.kick.send(reason);
+    }
+}
+
+/// Queue bounds applied when a delivery is appended.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueLimits {
+    pub max_messages: usize,
+    /// 0 = no byte bound.
+    pub max_bytes: usize,
+    pub queue_qos0_offline: bool,
+    pub overflow: OverflowPolicy,
+}
+
+/// What happened to a delivery handed to [`Session::enqueue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    Queued,
+    /// Queued, and an older message was dropped to make room (drop-oldest policy).
+    QueuedDroppedOldest,
+    /// The queue was full and the new message was dropped (drop-new policy).
+    DroppedQueueFull,
+    /// QoS 0 to an offline session, and QoS 0 queueing is off.
+    DroppedQoS0Offline,
+    /// The session has ended; nothing is queued any more.
+    SessionEnded,
+}
+
+/// Everything about a session that is guarded by its mutex.
+#[derive(Debug)]
+pub struct SessionState {
+    pub protocol: ProtocolVersion,
+    /// Seconds the session outlives its connection; 0 = ends with it.
+    pub expiry_interval: u32,
+    /// Deliveries not yet written to the client, oldest first.
+    pub queue: VecDeque<Delivery>,
+    queued_bytes: usize,
+    /// Sent QoS 1/2 messages awaiting acknowledgement, in send order.
+    pub inflight: VecDeque<Inflight>,
+    next_packet_id: u16,
+    /// Inbound QoS 2 packet ids acknowledged with PUBREC but not yet released (exactly-once).
+    pub inbound_qos2: HashSet<u16, foldhash::fast::RandomState>,
+    pub subscriptions: HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
+    pub connection: Option<ConnectionSlot>,
+    /// Bumped on every attach; a connection only detaches if it still owns the session.
+    pub generation: u64,
+    pub disconnected_at: Option<Instant>,
+    /// Set when the session is discarded; enqueues are refused from then on.
+    pub ended: bool,
+}
+
+impl Session {
+    /// A fresh, empty session for `client_id`.
+    pub fn new(
+        id: SessionId,
+        client_id: ByteString,
+        protocol: ProtocolVersion,
+        expiry_interval: u32,
+    ) -> Session {
+        Session {
+            id,
+            client_id,
+            state: Mutex::new(SessionState {
+                protocol,
+                expiry_interval,
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+                inflight: VecDeque::new(),
+                next_packet_id: 0,
+                inbound_qos2: HashSet::default(),
+                subscriptions: HashMap::default(),
+                connection: None,
+                generation: 0,
+                disconnected_at: Some(Instant::now()),
+                ended: false,
+            }),
+            notify: Notify::new(),
+        }
+    }
+
+    /// Locks the session state. Never hold the guard across an `.await`.
+    pub fn lock(&self) -> MutexGuard<'_, SessionState> {
+        self.state.lock()
+    }
+
+    /// Resolves when deliveries may be waiting.
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+
+    /// Appends a delivery, applying the queue bounds. Called from publishing tasks.
+    pub fn enqueue(&self, delivery: Delivery, limits: &QueueLimits) -> EnqueueOutcome {
+        let mut st = self.state.lock();
+        if st.ended {
+            return EnqueueOutcome::SessionEnded;
+        }
+        let online = st.connection.is_some();
+        if !online && delivery.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
+            return EnqueueOutcome::DroppedQoS0Offline;
+        }
+        let size = delivery.message.payload.len();
+        let mut outcome = EnqueueOutcome::Queued;
+        while st.is_full(limits, size) {
+            match limits.overflow {
+                OverflowPolicy::DropNew => return EnqueueOutcome::DroppedQueueFull,
+                OverflowPolicy::DropOldest => match st.queue.pop_front() {
+                    Some(old) => {
+                        st.queued_bytes -= old.message.payload.len();
+                        outcome = EnqueueOutcome::QueuedDroppedOldest;
+                    }
+                    None => break,
+                },
+            }
+        }
+        st.push(delivery);
+        let wake = online && st.queue.len() == 1;
+        drop(st);
+        if wake {
+            self.notify.notify_one();
+        }
+        outcome
+    }
+
+    /// Appends without the queue bound: for retained messages on subscribe, whose count is
+    /// already bounded by the retained store and which must all arrive.
+    pub fn enqueue_unbounded(&self, delivery: Delivery) {
+        let mut st = self.state.lock();
+        if st.ended {
+            return;
+        }
+        st.push(delivery);
+        let wake = st.connection.is_some() && st.queue.len() == 1;
+        drop(st);
+        if wake {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Attaches a new connection, evicting the current one with `reason` (session takeover).
+    /// Returns the new generation and the eviction signal for the new connection.
+    pub fn attach(
+        st: &mut SessionState,
+        reason: ReasonCode,
+    ) -> (u64, oneshot::Receiver<ReasonCode>, bool) {
+        let evicted = match st.connection.take() {
+            Some(old) => {
+                old.evict(reason);
+                true
+            }
+            None => false,
+        };
+        st.generation += 1;
+        let (kick, kicked) = oneshot::channel();
+        st.connection = Some(ConnectionSlot {
+            generation: st.generation,
+            kick,
+        });
+        st.disconnected_at = None;
+        (st.generation, kicked, evicted)
+    }
+
+    /// Wakes the connection task (e.g. after a window opened up).
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+}
+
+impl SessionState {
+    fn is_full(&self, limits: &QueueLimits, incoming: usize) -> bool {
+        self.queue.len() >= limits.max_messages
+            || (limits.max_bytes > 0 && self.queued_bytes + incoming > limits.max_bytes)
+    }
+
+    fn push(&mut self, delivery: Delivery) {
+        self.queued_bytes += delivery.message.payload.len();
+        self.queue.push_back(delivery);
+    }
+
+    /// Takes the oldest queued delivery.
+    pub fn pop(&mut self) -> Option<Delivery> {
+        let d = self.queue.pop_front()?;
+        self.queued_bytes -= d.message.payload.len();
+        Some(d)
+    }
+
+    /// Allocates a packet id not used by any inflight message (MQTT-2.2.1-3).
+    pub fn allocate_packet_id(&mut self) -> Option<u16> {
+        for _ in 0..=u16::MAX {
+            self.next_packet_id = self.next_packet_id.wrapping_add(1);
+            if self.next_packet_id == 0 {
+                self.next_packet_id = 1;
+            }
+            let id = self.next_packet_id;
+            if !self.inflight.iter().any(|f| f.packet_id == id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// Finds the inflight entry for `packet_id` in `stage` (acks usually match the oldest).
+    pub fn find_inflight(&self, packet_id: u16, stage: OutboundStage) -> Option<usize> {
+        self.inflight
+            .iter()
+            .position(|f| f.packet_id == packet_id && f.stage == stage)
+    }
+
+    /// True if the connection of `generation` still owns this session.
+    pub fn is_owned_by(&self, generation: u64) -> bool {
+        self.connection
+            .as_ref()
+            .is_some_and(|c| c.generation == generation)
+    }
+}

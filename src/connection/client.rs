@@ -1,0 +1,554 @@
+//! The per-client protocol state machine after CONNACK: reads, acks, subscriptions,
+//! outbound flow control, keep-alive, takeover and the will.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytestring::ByteString;
+use smallvec::SmallVec;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::handshake::{Accepted, TOPIC_ALIAS_MAXIMUM};
+use super::io::{Io, WRITE_HIGH_WATER};
+use crate::broker::{
+    Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundStage, Session,
+};
+use crate::codec::{
+    self, topic, Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, Publish,
+    PublishProperties, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck,
+    Unsubscribe,
+};
+
+/// Why the connection is ending; decides the DISCONNECT sent (v5) and whether the will fires.
+#[derive(Debug)]
+enum Close {
+    /// The client sent DISCONNECT; 0x04 keeps the will (MQTT-3.14.4-3).
+    ClientDisconnect(ReasonCode),
+    /// The peer closed or the socket failed without DISCONNECT.
+    Lost,
+    /// A protocol violation by the client.
+    Violation(ReasonCode, String),
+    /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
+    KeepAliveTimeout,
+    /// Another connection took the session (MQTT-3.1.4-2).
+    TakenOver,
+    /// The broker is stopping.
+    ServerShutdown,
+}
+
+/// One connected client.
+pub struct Client<S> {
+    io: Io<S>,
+    broker: Arc<Broker>,
+    session: Arc<Session>,
+    generation: u64,
+    evicted: oneshot::Receiver<ReasonCode>,
+    shutdown: CancellationToken,
+    peer: SocketAddr,
+    version: ProtocolVersion,
+    session_present: bool,
+    /// 1.5 × keep-alive, or `None` when keep-alive is off.
+    keep_alive_limit: Option<Duration>,
+    last_read: Instant,
+    will: Option<LastWill>,
+    /// Outbound QoS 1/2 window: min(broker's max inflight, client's Receive Maximum).
+    window: usize,
+    /// Largest packet the client accepts (v5 Maximum Packet Size).
+    client_max_packet: usize,
+    max_packet: usize,
+    /// Inbound topic aliases (v5), index = alias.
+    aliases: Vec<Option<ByteString>>,
+}
+
+impl<S: AsyncRead + AsyncWrite> Client<S> {
+    /// Takes over the connection from the handshake.
+    pub fn new(
+        io: Io<S>,
+        broker: Arc<Broker>,
+        accepted: Accepted,
+        shutdown: CancellationToken,
+        peer: SocketAddr,
+    ) -> Client<S> {
+        let Accepted {
+            connect,
+            attached,
+            keep_alive,
+        } = accepted;
+        let config = broker.config();
+        let receive_maximum = connect.properties.receive_maximum.unwrap_or(u16::MAX);
+        let window = usize::from(config.max_inflight_messages.min(receive_maximum).max(1));
+        let client_max_packet = connect
+            .properties
+            .maximum_packet_size
+            .map_or(usize::MAX, |m| m as usize);
+        let max_packet = config.max_packet_size as usize;
+        Client {
+            io,
+            session: attached.session,
+            generation: attached.generation,
+            evicted: attached.evicted,
+            shutdown,
+            peer,
+            version: connect.protocol,
+            session_present: attached.session_present,
+            keep_alive_limit: (keep_alive > 0)
+                .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
+            last_read: Instant::now(),
+            will: connect.will,
+            window,
+            client_max_packet,
+            max_packet,
+            aliases: Vec::new(),
+            broker,
+        }
+    }
+
+    /// Runs until the connection ends, then settles the will and the session.
+    pub async fn run(mut self) {
+        if self.session_present {
+            self.retransmit_inflight();
+        }
+        let close = self.serve().await;
+        self.finish(close).await;
+    }
+
+    async fn serve(&mut self) -> Close {
+        let keep_alive = tokio::time::sleep(self.keep_alive_limit.unwrap_or(Duration::MAX / 4));
+        tokio::pin!(keep_alive);
+        loop {
+            self.fill_from_session();
+            let io = &mut self.io;
+            io.prepare_read();
+            tokio::select! {
+                biased;
+                _ = &mut self.evicted => return Close::TakenOver,
+                _ = self.shutdown.cancelled() => return Close::ServerShutdown,
+                written = io.wr.write_buf(&mut io.wbuf), if !io.wbuf.is_empty() => match written {
+                    Ok(0) | Err(_) => return Close::Lost,
+                    Ok(n) => {
+                        self.broker.metrics.bytes_sent.increment(n as u64);
+                        if self.io.wbuf.is_empty() {
+                            self.io.wbuf.clear();
+                            if self.io.wr.flush().await.is_err() {
+                                return Close::Lost;
+                            }
+                        }
+                    }
+                },
+                read = tokio::io::AsyncReadExt::read_buf(&mut io.rd, &mut io.rbuf), if io.wbuf.len() < WRITE_HIGH_WATER => match read {
+                    Ok(0) | Err(_) => return Close::Lost,
+                    Ok(n) => {
+                        self.broker.metrics.bytes_received.increment(n as u64);
+                        self.last_read = Instant::now();
+                        if let Err(close) = self.process_input() {
+                            return close;
+                        }
+                    }
+                },
+                _ = self.session.notified() => {}
+                _ = &mut keep_alive, if self.keep_alive_limit.is_some() => {
+                    let limit = self.keep_alive_limit.unwrap_or(Duration::MAX / 4);
+                    let deadline = self.last_read + limit;
+                    if Instant::now() >= deadline {
+                        return Close::KeepAliveTimeout;
+                    }
+                    keep_alive.as_mut().reset(tokio::time::Instant::from_std(deadline));
+                }
+            }
+        }
+    }
+
+    /// Decodes and handles every complete packet in the read buffer.
+    fn process_input(&mut self) -> Result<(), Close> {
+        loop {
+            match codec::decode(&mut self.io.rbuf, Some(self.version), self.max_packet) {
+                Ok(Some(packet)) => self.handle(packet)?,
+                Ok(None) => return Ok(()),
+                Err(error) => {
+                    self.broker.metrics.malformed_packets.increment(1);
+                    return Err(Close::Violation(error.reason_code(), error.to_string()));
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::Publish(publish) => self.on_publish(publish),
+            Packet::PubAck(ack) => {
+                self.complete_outbound(ack.packet_id, OutboundStage::AwaitPubAck);
+                Ok(())
+            }
+            Packet::PubRec(rec) => {
+                self.on_pubrec(rec);
+                Ok(())
+            }
+            Packet::PubComp(comp) => {
+                self.complete_outbound(comp.packet_id, OutboundStage::AwaitPubComp);
+                Ok(())
+            }
+            Packet::PubRel(rel) => {
+                self.on_pubrel(rel);
+                Ok(())
+            }
+            Packet::Subscribe(subscribe) => {
+                self.on_subscribe(subscribe);
+                Ok(())
+            }
+            Packet::Unsubscribe(unsubscribe) => {
+                self.on_unsubscribe(unsubscribe);
+                Ok(())
+            }
+            Packet::PingReq => {
+                self.io.queue(&Packet::PingResp, self.version); // MQTT-3.12.4-1
+                Ok(())
+            }
+            Packet::Disconnect(disconnect) => self.on_disconnect(disconnect),
+            Packet::Connect(_) => Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "second CONNECT", // MQTT-3.1.0-2
+            )),
+            Packet::Auth(_) => Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH without an authentication method",
+            )),
+            other => Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                &format!("{} is not sent by clients", other.name()),
+            )),
+        }
+    }
+
+    fn violation(&self, code: ReasonCode, why: &str) -> Close {
+        self.broker.metrics.protocol_errors.increment(1);
+        Close::Violation(code, why.to_string())
+    }
+
+    fn on_publish(&mut self, mut publish: Publish) -> Result<(), Close> {
+        let config = self.broker.config();
+        self.broker.metrics.messages_received[publish.qos as usize].increment(1);
+        if publish.qos as u8 > config.max_qos {
+            return Err(self.violation(ReasonCode::QOS_NOT_SUPPORTED, "QoS above maximum")); // MQTT-3.2.2-11
+        }
+        if publish.retain && !config.retain_available {
+            return Err(self.violation(ReasonCode::RETAIN_NOT_SUPPORTED, "retain not available")); // MQTT-3.2.2-14
+        }
+        if let Some(alias) = publish.properties.topic_alias {
+            self.resolve_alias(alias, &mut publish)?;
+        }
+        let packet_id = publish.packet_id;
+        let qos = publish.qos;
+        let route = qos != QoS::ExactlyOnce || self.session.lock().inbound_qos2.insert(packet_id);
+        if route {
+            let message = Message::from_publish(publish, Some(self.session.id));
+            self.broker.publish(Arc::new(message));
+        }
+        match qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self
+                .io
+                .queue(&Packet::PubAck(PubResponse::new(packet_id)), self.version), // MQTT-4.3.2-2
+            // A duplicate before PUBREL is acknowledged again but not routed again (MQTT-4.3.3-10).
+            QoS::ExactlyOnce => self
+                .io
+                .queue(&Packet::PubRec(PubResponse::new(packet_id)), self.version),
+        }
+        Ok(())
+    }
+
+    /// Inbound topic aliases (v5 §3.3.2.3.4): set on first use, substituted afterwards.
+    fn resolve_alias(&mut self, alias: u16, publish: &mut Publish) -> Result<(), Close> {
+        if alias == 0 || alias > TOPIC_ALIAS_MAXIMUM {
+            return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range")); // MQTT-3.3.2-9
+        }
+        let slot = usize::from(alias);
+        if self.aliases.len() <= slot {
+            self.aliases.resize(slot + 1, None);
+        }
+        if publish.topic.is_empty() {
+            match &self.aliases[slot] {
+                Some(topic) => publish.topic = topic.clone(),
+                None => {
+                    return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias"))
+                }
+            }
+        } else {
+            self.aliases[slot] = Some(publish.topic.clone());
+        }
+        Ok(())
+    }
+
+    fn on_pubrec(&mut self, rec: PubResponse) {
+        let mut st = self.session.lock();
+        if let Some(i) = st.find_inflight(rec.packet_id, OutboundStage::AwaitPubRec) {
+            if rec.reason_code.is_error() {
+                st.inflight.remove(i); // the receiver refused it: done (v5 §4.3.3)
+                return;
+            }
+            if let Some(entry) = st.inflight.get_mut(i) {
+                entry.stage = OutboundStage::AwaitPubComp;
+            }
+            drop(st);
+            self.io.queue(&Packet::PubRel(PubResponse::new(rec.packet_id)), self.version); // MQTT-4.3.3-4
+        } else if st.find_inflight(rec.packet_id, OutboundStage::AwaitPubComp).is_some() {
+            drop(st);
+            self.io.queue(&Packet::PubRel(PubResponse::new(rec.packet_id)), self.version);
+        } else {
+            drop(st);
+            let mut rel = PubResponse::new(rec.packet_id);
+            rel.reason_code = ReasonCode::PACKET_IDENTIFIER_NOT_FOUND;
+            self.io.queue(&Packet::PubRel(rel), self.version);
+        }
+    }
+
+    fn on_pubrel(&mut self, rel: PubResponse) {
+        let known = self.session.lock().inbound_qos2.remove(&rel.packet_id);
+        let mut comp = PubResponse::new(rel.packet_id);
+        if !known {
+            comp.reason_code = ReasonCode::PACKET_IDENTIFIER_NOT_FOUND;
+        }
+        self.io.queue(&Packet::PubComp(comp), self.version); // MQTT-4.3.3-11
+    }
+
+    /// PUBACK or PUBCOMP: the outbound message is done and its packet id is free again.
+    fn complete_outbound(&mut self, packet_id: u16, stage: OutboundStage) {
+        let mut st = self.session.lock();
+        if let Some(i) = st.find_inflight(packet_id, stage) {
+            st.inflight.remove(i);
+        }
+    }
+
+    fn on_subscribe(&mut self, subscribe: Subscribe) {
+        let v5 = self.version.is_v5();
+        let max_qos = self.broker.max_qos();
+        let mut reason_codes = Vec::with_capacity(subscribe.filters.len());
+        let mut retained: SmallVec<[(ByteString, SubscriptionOptions); 4]> = SmallVec::new();
+        for (filter, options) in subscribe.filters {
+            let code = if !topic::is_valid_filter(&filter) {
+                ReasonCode::TOPIC_FILTER_INVALID // 3.x: 0x80 (MQTT-3.8.4-5 style failure)
+            } else if topic::split_shared(&filter).is_some() {
+                ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            } else {
+                let options = SubscriptionOptions {
+                    qos: options.qos.min(max_qos), // MQTT-3.9.3-? granted ≤ requested
+                    ..options
+                };
+                let existed = self.broker.subscribe(
+                    &self.session,
+                    &filter,
+                    options,
+                    subscribe.subscription_identifier,
+                );
+                // Retain Handling: 0 always, 1 only for a new subscription, 2 never (MQTT-3.3.1-9..11).
+                let send_retained = match options.retain_handling {
+                    0 => true,
+                    1 => !existed,
+                    _ => false,
+                };
+                if send_retained {
+                    retained.push((filter, options));
+                }
+                ReasonCode(options.qos as u8)
+            };
+            reason_codes.push(code);
+        }
+        let _ = v5;
+        let suback = SubAck {
+            packet_id: subscribe.packet_id,
+            reason_codes,
+            ..Default::default()
+        };
+        self.io.queue(&Packet::SubAck(suback), self.version); // MQTT-3.8.4-1
+        for (filter, options) in retained {
+            self.broker.deliver_retained(&self.session, &filter, options);
+        }
+    }
+
+    fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) {
+        let reason_codes = unsubscribe
+            .filters
+            .iter()
+            .map(|filter| {
+                if self.broker.unsubscribe(&self.session, filter) {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::NO_SUBSCRIPTION_EXISTED
+                }
+            })
+            .collect();
+        let unsuback = UnsubAck {
+            packet_id: unsubscribe.packet_id,
+            reason_codes,
+            ..Default::default()
+        };
+        self.io.queue(&Packet::UnsubAck(unsuback), self.version); // MQTT-3.10.4-4
+    }
+
+    fn on_disconnect(&mut self, disconnect: Disconnect) -> Result<(), Close> {
+        if let Some(expiry) = disconnect.properties.session_expiry_interval {
+            let mut st = self.session.lock();
+            if st.expiry_interval == 0 && expiry != 0 {
+                drop(st);
+                // MQTT-3.14.2-2: a session opened with expiry 0 cannot be extended at DISCONNECT.
+                return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "session expiry raised from 0"));
+            }
+            st.expiry_interval = expiry.min(self.broker.config().session_expiry_interval_max);
+        }
+        Err(Close::ClientDisconnect(disconnect.reason_code))
+    }
+
+    /// Moves queued deliveries into the write buffer while the window and buffer allow.
+    /// QoS 0 passes freely; QoS 1/2 waits for a free inflight slot, preserving order (MQTT-4.6.0-6).
+    fn fill_from_session(&mut self) {
+        if self.io.wbuf.len() >= WRITE_HIGH_WATER {
+            return;
+        }
+        let now = Instant::now();
+        let session = Arc::clone(&self.session);
+        let mut st = session.lock();
+        while self.io.wbuf.len() < WRITE_HIGH_WATER {
+            let Some(front) = st.queue.front() else { break };
+            if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.window {
+                break;
+            }
+            let Some(delivery) = st.pop() else { break };
+            if delivery.message.is_expired(now) {
+                continue; // MQTT-3.3.2-5
+            }
+            if delivery.qos == QoS::AtMostOnce {
+                self.write_delivery(&delivery, 0, false);
+                continue;
+            }
+            let Some(packet_id) = st.allocate_packet_id() else { break };
+            if self.write_delivery(&delivery, packet_id, false) {
+                let stage = if delivery.qos == QoS::AtLeastOnce {
+                    OutboundStage::AwaitPubAck
+                } else {
+                    OutboundStage::AwaitPubRec
+                };
+                st.inflight.push_back(Inflight {
+                    packet_id,
+                    delivery,
+                    stage,
+                });
+            }
+        }
+    }
+
+    /// Encodes one delivery into the write buffer; false if it could not be sent at all.
+    fn write_delivery(&mut self, delivery: &Delivery, packet_id: u16, dup: bool) -> bool {
+        let start = self.io.wbuf.len();
+        let flags = DeliveryFlags {
+            qos: delivery.qos,
+            retain: delivery.retain,
+            dup,
+            packet_id,
+            subscription_ids: &delivery.subscription_ids,
+        };
+        match delivery.message.write_to(&mut self.io.wbuf, self.version, flags) {
+            Ok(len) if len <= self.client_max_packet => {
+                self.broker.metrics.messages_sent[delivery.qos as usize].increment(1);
+                true
+            }
+            Ok(_) => {
+                // Never send a packet above the client's Maximum Packet Size (MQTT-3.1.2-24 in v5 numbering: 3.1.2.25).
+                self.io.wbuf.truncate(start);
+                self.broker.metrics.messages_dropped_too_large.increment(1);
+                false
+            }
+            Err(error) => {
+                self.io.wbuf.truncate(start);
+                tracing::warn!(%error, "cannot encode delivery");
+                false
+            }
+        }
+    }
+
+    /// On a resumed session, resend every unacknowledged PUBLISH with DUP=1 and every
+    /// pending PUBREL, in their original order (MQTT-4.4.0-1, MQTT-3.3.1-1).
+    fn retransmit_inflight(&mut self) {
+        let pending: Vec<(u16, OutboundStage, Delivery)> = {
+            let st = self.session.lock();
+            st.inflight
+                .iter()
+                .map(|f| (f.packet_id, f.stage, f.delivery.clone()))
+                .collect()
+        };
+        for (packet_id, stage, delivery) in pending {
+            match stage {
+                OutboundStage::AwaitPubComp => self
+                    .io
+                    .queue(&Packet::PubRel(PubResponse::new(packet_id)), self.version),
+                _ => {
+                    self.write_delivery(&delivery, packet_id, true);
+                }
+            }
+        }
+    }
+
+    /// Sends the closing DISCONNECT (v5), publishes the will if due, releases the session.
+    async fn finish(mut self, close: Close) {
+        let v5 = self.version.is_v5();
+        let (server_reason, publish_will) = match &close {
+            Close::ClientDisconnect(code) => (None, *code == ReasonCode::DISCONNECT_WITH_WILL),
+            Close::Lost => (None, true),
+            Close::Violation(code, why) => {
+                tracing::info!(peer = %self.peer, client = %self.session.client_id, reason = ?code, %why, "closing connection");
+                (Some(*code), true)
+            }
+            Close::KeepAliveTimeout => {
+                self.broker.metrics.keepalive_timeouts.increment(1);
+                (Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true)
+            }
+            Close::TakenOver => (Some(ReasonCode::SESSION_TAKEN_OVER), true),
+            Close::ServerShutdown => (Some(ReasonCode::SERVER_SHUTTING_DOWN), false),
+        };
+        if let (true, Some(code)) = (v5, server_reason) {
+            // v5 lets the server say why (MQTT-3.14.0-1: only after CONNACK, which we sent).
+            let disconnect = Disconnect {
+                reason_code: code,
+                ..Default::default()
+            };
+            self.io.queue(&Packet::Disconnect(disconnect), self.version);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            self.io.flush().await?;
+            self.io.wr.shutdown().await
+        })
+        .await;
+        if publish_will {
+            if let Some(will) = self.will.take() {
+                self.broker.metrics.will_messages_published.increment(1);
+                self.broker.publish(Arc::new(will_message(will)));
+            }
+        }
+        self.broker.disconnect(&self.session, self.generation);
+        tracing::debug!(peer = %self.peer, client = %self.session.client_id, ?close, "disconnected");
+    }
+}
+
+/// Turns a will into an ordinary message from nobody (so No Local never suppresses it).
+fn will_message(will: LastWill) -> Message {
+    let p = will.properties;
+    let publish = Publish {
+        dup: false,
+        qos: will.qos,
+        retain: will.retain,
+        topic: will.topic,
+        packet_id: 0,
+        payload: will.payload,
+        properties: PublishProperties {
+            payload_format_indicator: p.payload_format_indicator,
+            message_expiry_interval: p.message_expiry_interval,
+            content_type: p.content_type,
+            response_topic: p.response_topic,
+            correlation_data: p.correlation_data,
+            user_properties: p.user_properties,
+            ..Default::default()
+        },
+    };
+    Message::from_publish(publish, None)
+}

@@ -1,0 +1,5 @@
+//! Listeners: accept sockets and hand each to a connection task. Knows nothing of MQTT.
+
+mod tcp;
+
+pub use tcp::serve_tcp;
