@@ -1,0 +1,143 @@
+//! Shared test harness: the real broker in-process on an ephemeral loopback port, a raw MQTT
+//! client for byte-level cases, and bounded waits (no sleeps as synchronisation).
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub mod rumq;
+
+use bytes::BytesMut;
+use postbox::codec::{self, Packet, ProtocolVersion};
+use postbox::config::Config;
+use postbox::server::{self, RunningServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Upper bound for any single wait in a test; generous for a loaded 2-core CI machine.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A config for tests: loopback, port 0, no metrics exporter (it is process-global).
+pub fn test_config() -> Config {
+    let mut config = Config::default();
+    config.listener.bind = "127.0.0.1:0".parse().expect("literal address");
+    config.metrics.enabled = false;
+    config
+}
+
+/// Starts a broker with the test config.
+pub async fn start() -> RunningServer {
+    start_with(test_config()).await
+}
+
+/// Starts a broker with a given config.
+pub async fn start_with(config: Config) -> RunningServer {
+    server::start(config).await.expect("broker starts")
+}
+
+/// A byte-level MQTT client for malformed-input and protocol-detail tests.
+pub struct RawClient {
+    pub stream: TcpStream,
+    pub buf: BytesMut,
+    pub version: ProtocolVersion,
+}
+
+impl RawClient {
+    /// Opens a TCP connection (no CONNECT yet).
+    pub async fn open(addr: SocketAddr, version: ProtocolVersion) -> RawClient {
+        let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        stream.set_nodelay(true).expect("nodelay");
+        RawClient {
+            stream,
+            buf: BytesMut::new(),
+            version,
+        }
+    }
+
+    /// Opens and completes a CONNECT / CONNACK handshake.
+    pub async fn connect(addr: SocketAddr, version: ProtocolVersion, client_id: &str, clean: bool) -> RawClient {
+        let mut c = RawClient::open(addr, version).await;
+        let connect = codec::Connect {
+            protocol: version,
+            clean_start: clean,
+            keep_alive: 60,
+            client_id: client_id.into(),
+            will: None,
+            username: None,
+            password: None,
+            properties: Default::default(),
+        };
+        c.send(&Packet::Connect(Box::new(connect))).await;
+        match c.recv().await {
+            Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code.0, 0, "CONNACK refused"),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+        c
+    }
+
+    /// Encodes and sends a packet.
+    pub async fn send(&mut self, packet: &Packet) {
+        let mut out = BytesMut::new();
+        codec::encode(packet, self.version, &mut out).expect("encode");
+        self.stream.write_all(&out).await.expect("write");
+    }
+
+    /// Sends raw bytes as they are.
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        // The broker may already have closed; that is for the caller to observe.
+        let _ = self.stream.write_all(bytes).await;
+    }
+
+    /// Next packet from the broker, or `None` if the connection closed. Panics after `WAIT`.
+    pub async fn recv(&mut self) -> Option<Packet> {
+        tokio::time::timeout(WAIT, self.recv_inner())
+            .await
+            .expect("timed out waiting for a packet")
+    }
+
+    /// Next packet within `limit`, `Err(())` on timeout.
+    pub async fn recv_within(&mut self, limit: Duration) -> Result<Option<Packet>, ()> {
+        tokio::time::timeout(limit, self.recv_inner()).await.map_err(|_| ())
+    }
+
+    /// Exactly `n` raw bytes from the broker (for checking wire layouts).
+    pub async fn recv_bytes(&mut self, n: usize) -> Vec<u8> {
+        tokio::time::timeout(WAIT, async {
+            while self.buf.len() < n {
+                match self.stream.read_buf(&mut self.buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .expect("timed out waiting for bytes");
+        let take = n.min(self.buf.len());
+        self.buf.split_to(take).to_vec()
+    }
+
+    async fn recv_inner(&mut self) -> Option<Packet> {
+        loop {
+            match codec::decode(&mut self.buf, Some(self.version), 1 << 28) {
+                Ok(Some(p)) => return Some(p),
+                Ok(None) => {}
+                Err(e) => panic!("broker sent an undecodable packet: {e}"),
+            }
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Asserts the broker closes the connection (after optionally sending packets, returned).
+    pub async fn expect_close(&mut self) -> Vec<Packet> {
+        let mut seen = Vec::new();
+        loop {
+            match self.recv().await {
+                Some(p) => seen.push(p),
+                None => return seen,
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! rumqttc v4 (3.1.1) and v5 clients driven by a background event loop, with bounded waits.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::WAIT;
+
+/// A 3.1.1 client (rumqttc v4 API).
+pub struct V4 {
+    pub client: rumqttc::AsyncClient,
+    events: mpsc::UnboundedReceiver<Option<rumqttc::Packet>>,
+    task: JoinHandle<()>,
+    pub session_present: bool,
+}
+
+impl V4 {
+    /// Connects and waits for CONNACK.
+    pub async fn connect(addr: SocketAddr, id: &str, clean: bool) -> V4 {
+        let mut options = rumqttc::MqttOptions::new(id, addr.ip().to_string(), addr.port());
+        options.set_clean_session(clean);
+        options.set_keep_alive(Duration::from_secs(30));
+        V4::connect_with(options).await
+    }
+
+    /// Connects with custom options and waits for CONNACK.
+    pub async fn connect_with(options: rumqttc::MqttOptions) -> V4 {
+        let (client, mut eventloop) = rumqttc::AsyncClient::new(options, 1000);
+        let (tx, events) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(rumqttc::Event::Incoming(p)) => {
+                        if tx.send(Some(p)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        let _ = tx.send(None);
+                        return;
+                    }
+                }
+            }
+        });
+        let mut c = V4 {
+            client,
+            events,
+            task,
+            session_present: false,
+        };
+        match c.next_event().await {
+            Some(rumqttc::Packet::ConnAck(ack)) => {
+                assert_eq!(ack.code, rumqttc::ConnectReturnCode::Success);
+                c.session_present = ack.session_present;
+            }
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+        c
+    }
+
+    /// Next incoming packet (None: connection ended). Panics after `WAIT`.
+    pub async fn next_event(&mut self) -> Option<rumqttc::Packet> {
+        tokio::time::timeout(WAIT, self.events.recv())
+            .await
+            .expect("timed out waiting for an event")
+            .flatten()
+    }
+
+    /// Subscribes and waits for SUBACK; returns its return codes.
+    pub async fn subscribe(&mut self, filter: &str, qos: rumqttc::QoS) -> Vec<rumqttc::SubscribeReasonCode> {
+        self.client.subscribe(filter, qos).await.expect("subscribe queued");
+        loop {
+            match self.next_event().await {
+                Some(rumqttc::Packet::SubAck(ack)) => return ack.return_codes,
+                Some(_) => {}
+                None => panic!("connection ended before SUBACK"),
+            }
+        }
+    }
+
+    /// Publishes; for QoS 1/2 waits for the broker's PUBACK / PUBCOMP.
+    pub async fn publish(&mut self, topic: &str, qos: rumqttc::QoS, retain: bool, payload: &[u8]) {
+        self.client
+            .publish(topic, qos, retain, payload.to_vec())
+            .await
+            .expect("publish queued");
+        let done = |p: &rumqttc::Packet| match qos {
+            rumqttc::QoS::AtMostOnce => true,
+            rumqttc::QoS::AtLeastOnce => matches!(p, rumqttc::Packet::PubAck(_)),
+            rumqttc::QoS::ExactlyOnce => matches!(p, rumqttc::Packet::PubComp(_)),
+        };
+        if qos == rumqttc::QoS::AtMostOnce {
+            return;
+        }
+        loop {
+            match self.next_event().await {
+                Some(p) if done(&p) => return,
+                Some(_) => {}
+                None => panic!("connection ended before the publish was acknowledged"),
+            }
+        }
+    }
+
+    /// Next PUBLISH, skipping other packets.
+    pub async fn next_publish(&mut self) -> rumqttc::Publish {
+        loop {
+            match self.next_event().await {
+                Some(rumqttc::Packet::Publish(p)) => return p,
+                Some(_) => {}
+                None => panic!("connection ended while waiting for a PUBLISH"),
+            }
+        }
+    }
+
+    /// Sends DISCONNECT and waits for the event loop to end.
+    pub async fn disconnect(mut self) {
+        let _ = self.client.disconnect().await;
+        let _ = tokio::time::timeout(WAIT, async {
+            while let Some(Some(_)) = self.events.recv().await {}
+        })
+        .await;
+        self.task.abort();
+    }
+
+    /// Drops the connection without DISCONNECT (abnormal close).
+    pub fn kill(self) {
+        self.task.abort();
+    }
+}
+
+/// A 5.0 client (rumqttc v5 API).
+pub struct V5 {
+    pub client: rumqttc::v5::AsyncClient,
+    events: mpsc::UnboundedReceiver<Option<rumqttc::v5::mqttbytes::v5::Packet>>,
+    task: JoinHandle<()>,
+    pub connack: rumqttc::v5::mqttbytes::v5::ConnAck,
+}
+
+/// The v5 packet type.
+pub use rumqttc::v5::mqttbytes::v5::Packet as P5;
+
+impl V5 {
+    /// Connects (clean start, no expiry) and waits for CONNACK.
+    pub async fn connect(addr: SocketAddr, id: &str) -> V5 {
+        let mut options = rumqttc::v5::MqttOptions::new(id, addr.ip().to_string(), addr.port());
+        options.set_keep_alive(Duration::from_secs(30));
+        V5::connect_with(options).await
+    }
+
+    /// Connects with custom options and waits for CONNACK.
+    pub async fn connect_with(options: rumqttc::v5::MqttOptions) -> V5 {
+        let (client, mut eventloop) = rumqttc::v5::AsyncClient::new(options, 1000);
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(rumqttc::v5::Event::Incoming(p)) => {
+                        if tx.send(Some(p)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        let _ = tx.send(None);
+                        return;
+                    }
+                }
+            }
+        });
+        let connack = match tokio::time::timeout(WAIT, events.recv()).await {
+            Ok(Some(Some(P5::ConnAck(ack)))) => ack,
+            other => panic!("expected CONNACK, got {other:?}"),
+        };
+        V5 {
+            client,
+            events,
+            task,
+            connack,
+        }
+    }
+
+    /// Next incoming packet (None: connection ended). Panics after `WAIT`.
+    pub async fn next_event(&mut self) -> Option<P5> {
+        tokio::time::timeout(WAIT, self.events.recv())
+            .await
+            .expect("timed out waiting for an event")
+            .flatten()
+    }
+
+    /// Next PUBLISH, skipping other packets.
+    pub async fn next_publish(&mut self) -> rumqttc::v5::mqttbytes::v5::Publish {
+        loop {
+            match self.next_event().await {
+                Some(P5::Publish(p)) => return p,
+                Some(_) => {}
+                None => panic!("connection ended while waiting for a PUBLISH"),
+            }
+        }
+    }
+
+    /// Waits for the next SUBACK.
+    pub async fn suback(&mut self) -> rumqttc::v5::mqttbytes::v5::SubAck {
+        loop {
+            match self.next_event().await {
+                Some(P5::SubAck(ack)) => return ack,
+                Some(_) => {}
+                None => panic!("connection ended before SUBACK"),
+            }
+        }
+    }
+
+    /// Drops the connection without DISCONNECT.
+    pub fn kill(self) {
+        self.task.abort();
+    }
+}
