@@ -4,3 +4,5 @@
 //! see `ARCHITECTURE.md`.
 
 pub mod codec;
+pub mod config;
+pub mod metrics;
