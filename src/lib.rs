@@ -3,10 +3,10 @@
 //! The library holds everything; `main.rs` is only the command line. Module map and data flow:
 //! see `ARCHITECTURE.md`.
 
-pub mod codec;
 pub mod broker;
+pub mod codec;
 pub mod config;
-pub mod metrics;
 pub mod connection;
+pub mod metrics;
 pub mod server;
 pub mod transport;

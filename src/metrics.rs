@@ -1,53 +1,350 @@
-//! TEMPORARY stand-in (replaced on merge).
-use metrics::{Counter, Gauge};
+//! Broker metrics, exported in the Prometheus text format.
+//!
+//! Hot-path rule: nothing looks a metric up by name per message. [`Metrics::register`] runs
+//! once at start and returns cheap, cloneable handles (an `Arc` each); updating one is an atomic
+//! add. Register *after* [`install_exporter`]: handles taken before a recorder is installed stay
+//! no-ops forever (which is exactly what tests and `metrics.enabled = false` want).
+//!
+//! Names follow Prometheus conventions: `postbox_` prefix, `_total` on counters, base units
+//! (bytes). The table in README.md lists them; a test keeps it complete.
 
-/// Handles.
+use std::net::SocketAddr;
+
+use metrics::{counter, describe_counter, describe_gauge, gauge, Counter, Gauge, Unit};
+
+/// Name of every metric, so dashboards, docs and tests refer to one spelling.
+pub mod names {
+    /// Gauge: client network connections currently open.
+    pub const CONNECTIONS_CURRENT: &str = "postbox_connections_current";
+    /// Counter: client network connections accepted since start.
+    pub const CONNECTIONS_TOTAL: &str = "postbox_connections_total";
+    /// Gauge: sessions held, connected or not (persistent sessions of offline clients count).
+    pub const SESSIONS_CURRENT: &str = "postbox_sessions_current";
+    /// Gauge: subscriptions held across all sessions.
+    pub const SUBSCRIPTIONS_CURRENT: &str = "postbox_subscriptions_current";
+    /// Gauge: retained messages stored.
+    pub const RETAINED_MESSAGES: &str = "postbox_retained_messages";
+    /// Counter (label `qos`): PUBLISH packets received from clients.
+    pub const MESSAGES_RECEIVED_TOTAL: &str = "postbox_messages_received_total";
+    /// Counter (label `qos`): PUBLISH packets sent to clients.
+    pub const MESSAGES_SENT_TOTAL: &str = "postbox_messages_sent_total";
+    /// Counter: bytes read from client connections.
+    pub const BYTES_RECEIVED_TOTAL: &str = "postbox_bytes_received_total";
+    /// Counter: bytes written to client connections.
+    pub const BYTES_SENT_TOTAL: &str = "postbox_bytes_sent_total";
+    /// Counter (label `reason`): messages dropped instead of delivered.
+    pub const MESSAGES_DROPPED_TOTAL: &str = "postbox_messages_dropped_total";
+    /// Counter: connections closed because a packet could not be decoded.
+    pub const MALFORMED_PACKETS_TOTAL: &str = "postbox_malformed_packets_total";
+    /// Counter: connections closed for a protocol violation in a well-formed packet.
+    pub const PROTOCOL_ERRORS_TOTAL: &str = "postbox_protocol_errors_total";
+    /// Counter: connections closed because the client missed its keep-alive.
+    pub const KEEPALIVE_TIMEOUTS_TOTAL: &str = "postbox_keepalive_timeouts_total";
+    /// Counter: will messages published.
+    pub const WILL_MESSAGES_PUBLISHED_TOTAL: &str = "postbox_will_messages_published_total";
+    /// Counter: connections closed because the same client id connected again.
+    pub const SESSION_TAKEOVERS_TOTAL: &str = "postbox_session_takeovers_total";
+
+    /// Every metric name above, for docs and completeness tests.
+    pub const ALL: [&str; 15] = [
+        CONNECTIONS_CURRENT,
+        CONNECTIONS_TOTAL,
+        SESSIONS_CURRENT,
+        SUBSCRIPTIONS_CURRENT,
+        RETAINED_MESSAGES,
+        MESSAGES_RECEIVED_TOTAL,
+        MESSAGES_SENT_TOTAL,
+        BYTES_RECEIVED_TOTAL,
+        BYTES_SENT_TOTAL,
+        MESSAGES_DROPPED_TOTAL,
+        MALFORMED_PACKETS_TOTAL,
+        PROTOCOL_ERRORS_TOTAL,
+        KEEPALIVE_TIMEOUTS_TOTAL,
+        WILL_MESSAGES_PUBLISHED_TOTAL,
+        SESSION_TAKEOVERS_TOTAL,
+    ];
+}
+
+/// Handles to every broker metric, registered once at start.
+///
+/// Clone it into each task; a clone shares the same underlying counters. Index the per-QoS
+/// arrays with `qos as usize` (0, 1, 2).
 #[derive(Clone)]
 pub struct Metrics {
+    /// Client network connections currently open (increment on accept, decrement on close).
     pub connections_current: Gauge,
+    /// Client network connections accepted since start.
     pub connections_total: Counter,
+    /// Sessions held, connected or not.
     pub sessions_current: Gauge,
+    /// Subscriptions held across all sessions.
     pub subscriptions_current: Gauge,
+    /// Retained messages stored.
     pub retained_messages: Gauge,
+    /// PUBLISH packets received from clients, indexed by QoS.
     pub messages_received: [Counter; 3],
+    /// PUBLISH packets sent to clients, indexed by QoS.
     pub messages_sent: [Counter; 3],
+    /// Bytes read from client connections.
     pub bytes_received: Counter,
+    /// Bytes written to client connections.
     pub bytes_sent: Counter,
+    /// Messages dropped because a session queue was full (`mqtt.max_queued_*`).
     pub messages_dropped_queue_full: Counter,
+    /// QoS 0 messages dropped for offline persistent sessions (`mqtt.queue_qos0_messages`).
     pub messages_dropped_qos0_offline: Counter,
+    /// Messages not sent because they exceed the client's Maximum Packet Size (v5).
     pub messages_dropped_too_large: Counter,
+    /// Connections closed because a packet could not be decoded.
     pub malformed_packets: Counter,
+    /// Connections closed for a protocol violation in a well-formed packet.
     pub protocol_errors: Counter,
+    /// Connections closed because the client missed its keep-alive.
     pub keepalive_timeouts: Counter,
+    /// Will messages published (abnormal disconnect or will delay expiry).
     pub will_messages_published: Counter,
+    /// Connections closed because another connection took over their client id.
     pub session_takeovers: Counter,
 }
+
 impl Metrics {
-    /// x
+    /// Describes and registers every metric with the installed recorder, returning the handles.
+    ///
+    /// Without a recorder (tests, metrics disabled) every handle is a no-op, so callers never
+    /// need to check whether metrics are on.
     pub fn register() -> Metrics {
+        use names::*;
+
+        describe_gauge!(
+            CONNECTIONS_CURRENT,
+            Unit::Count,
+            "Client network connections currently open."
+        );
+        describe_counter!(
+            CONNECTIONS_TOTAL,
+            Unit::Count,
+            "Client network connections accepted since start."
+        );
+        describe_gauge!(
+            SESSIONS_CURRENT,
+            Unit::Count,
+            "Sessions held, including persistent sessions of offline clients."
+        );
+        describe_gauge!(
+            SUBSCRIPTIONS_CURRENT,
+            Unit::Count,
+            "Subscriptions held across all sessions."
+        );
+        describe_gauge!(RETAINED_MESSAGES, Unit::Count, "Retained messages stored.");
+        describe_counter!(
+            MESSAGES_RECEIVED_TOTAL,
+            Unit::Count,
+            "PUBLISH packets received from clients, by QoS."
+        );
+        describe_counter!(
+            MESSAGES_SENT_TOTAL,
+            Unit::Count,
+            "PUBLISH packets sent to clients, by QoS."
+        );
+        describe_counter!(
+            BYTES_RECEIVED_TOTAL,
+            Unit::Bytes,
+            "Bytes read from client connections."
+        );
+        describe_counter!(
+            BYTES_SENT_TOTAL,
+            Unit::Bytes,
+            "Bytes written to client connections."
+        );
+        describe_counter!(
+            MESSAGES_DROPPED_TOTAL,
+            Unit::Count,
+            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large)."
+        );
+        describe_counter!(
+            MALFORMED_PACKETS_TOTAL,
+            Unit::Count,
+            "Connections closed because a packet could not be decoded."
+        );
+        describe_counter!(
+            PROTOCOL_ERRORS_TOTAL,
+            Unit::Count,
+            "Connections closed for a protocol violation in a well-formed packet."
+        );
+        describe_counter!(
+            KEEPALIVE_TIMEOUTS_TOTAL,
+            Unit::Count,
+            "Connections closed because the client missed its keep-alive."
+        );
+        describe_counter!(
+            WILL_MESSAGES_PUBLISHED_TOTAL,
+            Unit::Count,
+            "Will messages published."
+        );
+        describe_counter!(
+            SESSION_TAKEOVERS_TOTAL,
+            Unit::Count,
+            "Connections closed because a new connection took over their client id."
+        );
+
         Metrics {
-            connections_current: Gauge::noop(),
-            connections_total: Counter::noop(),
-            sessions_current: Gauge::noop(),
-            subscriptions_current: Gauge::noop(),
-            retained_messages: Gauge::noop(),
-            messages_received: [Counter::noop(), Counter::noop(), Counter::noop()],
-            messages_sent: [Counter::noop(), Counter::noop(), Counter::noop()],
-            bytes_received: Counter::noop(),
-            bytes_sent: Counter::noop(),
-            messages_dropped_queue_full: Counter::noop(),
-            messages_dropped_qos0_offline: Counter::noop(),
-            messages_dropped_too_large: Counter::noop(),
-            malformed_packets: Counter::noop(),
-            protocol_errors: Counter::noop(),
-            keepalive_timeouts: Counter::noop(),
-            will_messages_published: Counter::noop(),
-            session_takeovers: Counter::noop(),
+            connections_current: gauge!(CONNECTIONS_CURRENT),
+            connections_total: counter!(CONNECTIONS_TOTAL),
+            sessions_current: gauge!(SESSIONS_CURRENT),
+            subscriptions_current: gauge!(SUBSCRIPTIONS_CURRENT),
+            retained_messages: gauge!(RETAINED_MESSAGES),
+            messages_received: [
+                counter!(MESSAGES_RECEIVED_TOTAL, "qos" => "0"),
+                counter!(MESSAGES_RECEIVED_TOTAL, "qos" => "1"),
+                counter!(MESSAGES_RECEIVED_TOTAL, "qos" => "2"),
+            ],
+            messages_sent: [
+                counter!(MESSAGES_SENT_TOTAL, "qos" => "0"),
+                counter!(MESSAGES_SENT_TOTAL, "qos" => "1"),
+                counter!(MESSAGES_SENT_TOTAL, "qos" => "2"),
+            ],
+            bytes_received: counter!(BYTES_RECEIVED_TOTAL),
+            bytes_sent: counter!(BYTES_SENT_TOTAL),
+            messages_dropped_queue_full: counter!(MESSAGES_DROPPED_TOTAL, "reason" => "queue_full"),
+            messages_dropped_qos0_offline: counter!(
+                MESSAGES_DROPPED_TOTAL,
+                "reason" => "qos0_offline"
+            ),
+            messages_dropped_too_large: counter!(MESSAGES_DROPPED_TOTAL, "reason" => "too_large"),
+            malformed_packets: counter!(MALFORMED_PACKETS_TOTAL),
+            protocol_errors: counter!(PROTOCOL_ERRORS_TOTAL),
+            keepalive_timeouts: counter!(KEEPALIVE_TIMEOUTS_TOTAL),
+            will_messages_published: counter!(WILL_MESSAGES_PUBLISHED_TOTAL),
+            session_takeovers: counter!(SESSION_TAKEOVERS_TOTAL),
         }
     }
 }
-/// x
-pub fn install_exporter(bind: std::net::SocketAddr) -> anyhow::Result<()> {
-    let _ = bind;
-    Ok(())
+
+/// Why the metrics exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The HTTP listener could not bind (port in use, no permission, bad address).
+    #[error("cannot serve metrics on {bind}: {message}")]
+    Bind {
+        /// The address from `metrics.bind`.
+        bind: SocketAddr,
+        /// The underlying error, as text (the exporter reports it that way).
+        message: String,
+    },
+    /// The recorder could not be installed, typically because one is installed already.
+    #[error("cannot install the metrics recorder: {0}")]
+    Install(String),
+}
+
+/// Installs the global Prometheus recorder and serves it over HTTP at `bind` (path /metrics).
+///
+/// Inside a tokio runtime the HTTP server runs as a task on it; outside one it gets a thread of
+/// its own. Call it once, before [`Metrics::register`]. Any path except `/health` (which
+/// answers `OK`) returns the metrics, so `/metrics` works as Prometheus expects.
+pub fn install_exporter(bind: SocketAddr) -> Result<(), MetricsError> {
+    use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+
+    PrometheusBuilder::new()
+        .with_http_listener(bind)
+        .install()
+        .map_err(|e| match e {
+            BuildError::FailedToCreateHTTPListener(message) => MetricsError::Bind { bind, message },
+            other => MetricsError::Install(other.to_string()),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    #[test]
+    fn register_without_recorder_is_noop() {
+        let m = Metrics::register();
+        m.connections_total.increment(1);
+        m.messages_received[2].increment(1);
+        m.connections_current.decrement(1.0);
+        let clone = m.clone();
+        clone.bytes_sent.increment(10);
+    }
+
+    #[test]
+    fn every_metric_is_exported_with_help_and_labels() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let m = metrics::with_local_recorder(&recorder, Metrics::register);
+
+        // Handles keep working after registration: updates need no recorder lookup.
+        m.connections_total.increment(3);
+        m.connections_current.increment(2.0);
+        m.messages_received[1].increment(5);
+        m.messages_sent[2].increment(7);
+        m.messages_dropped_queue_full.increment(1);
+        m.messages_dropped_qos0_offline.increment(4);
+        m.bytes_received.increment(1234);
+
+        let out = handle.render();
+        for name in names::ALL {
+            assert!(
+                out.contains(&format!("# HELP {name} ")),
+                "no HELP for {name}:\n{out}"
+            );
+            assert!(
+                out.contains(&format!("# TYPE {name} ")),
+                "no TYPE for {name}:\n{out}"
+            );
+        }
+        for line in [
+            "postbox_connections_total 3",
+            "postbox_connections_current 2",
+            "postbox_messages_received_total{qos=\"1\"} 5",
+            "postbox_messages_received_total{qos=\"0\"} 0",
+            "postbox_messages_sent_total{qos=\"2\"} 7",
+            "postbox_messages_dropped_total{reason=\"queue_full\"} 1",
+            "postbox_messages_dropped_total{reason=\"qos0_offline\"} 4",
+            "postbox_bytes_received_total 1234",
+        ] {
+            assert!(
+                out.lines().any(|l| l == line),
+                "missing `{line}` in:\n{out}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let counters = [
+            names::CONNECTIONS_TOTAL,
+            names::MESSAGES_RECEIVED_TOTAL,
+            names::MESSAGES_SENT_TOTAL,
+            names::BYTES_RECEIVED_TOTAL,
+            names::BYTES_SENT_TOTAL,
+            names::MESSAGES_DROPPED_TOTAL,
+            names::MALFORMED_PACKETS_TOTAL,
+            names::PROTOCOL_ERRORS_TOTAL,
+            names::KEEPALIVE_TIMEOUTS_TOTAL,
+            names::WILL_MESSAGES_PUBLISHED_TOTAL,
+            names::SESSION_TAKEOVERS_TOTAL,
+        ];
+        for name in names::ALL {
+            assert!(name.starts_with("postbox_"), "{name}");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{name}"
+            );
+            assert_eq!(name.ends_with("_total"), counters.contains(&name), "{name}");
+        }
+    }
+
+    #[test]
+    fn readme_lists_every_metric() {
+        let readme = include_str!("../README.md");
+        for name in names::ALL {
+            assert!(
+                readme.contains(&format!("`{name}`")),
+                "README.md lacks `{name}`"
+            );
+        }
+    }
 }

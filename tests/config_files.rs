@@ -1,0 +1,92 @@
+//! Every TOML file shipped under `config/` must load: a documented example that does not parse
+//! is worse than none. The deployment ConfigMap embeds a copy of the default file, so it is
+//! checked too.
+
+use std::path::{Path, PathBuf};
+
+use postbox::config::Config;
+
+/// All `*.toml` files below `dir`, sorted so failures are reported in a stable order.
+fn toml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display())) {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "toml") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn every_config_file_parses() {
+    let files = toml_files(&root().join("config"));
+    assert!(
+        files.len() >= 3,
+        "expected postbox.toml and two examples, found {files:?}"
+    );
+    for file in &files {
+        if let Err(e) = Config::load(file) {
+            panic!("{e}");
+        }
+    }
+}
+
+#[test]
+fn default_file_is_the_embedded_default() {
+    let file = Config::load(&root().join("config/postbox.toml")).expect("postbox.toml loads");
+    assert_eq!(file, Config::default());
+    assert_eq!(file, Config::embedded_default());
+}
+
+#[test]
+fn examples_differ_from_default() {
+    for file in toml_files(&root().join("config/examples")) {
+        let c = Config::load(&file).expect("example loads");
+        assert_ne!(c, Config::default(), "{} sets nothing", file.display());
+    }
+}
+
+/// The Kubernetes ConfigMap carries its own postbox.toml; it must be a valid config too.
+#[test]
+fn kubernetes_configmap_config_parses() {
+    let path = root().join("deploy/kubernetes/configmap.yaml");
+    let yaml = std::fs::read_to_string(&path).expect("configmap.yaml exists");
+    let marker = "postbox.toml: |";
+    let start = yaml.find(marker).expect("configmap has a postbox.toml key") + marker.len();
+    let mut text = String::new();
+    for line in yaml[start..].lines().skip(1) {
+        if line.trim().is_empty() {
+            text.push('\n');
+            continue;
+        }
+        match line.strip_prefix("    ") {
+            Some(rest) => {
+                text.push_str(rest);
+                text.push('\n');
+            }
+            None => break, // back at a shallower indentation: end of the block scalar
+        }
+    }
+    assert!(
+        text.contains("[storage]"),
+        "block scalar not extracted:\n{text}"
+    );
+    match Config::from_toml_str(&text, &path.display().to_string()) {
+        Ok(c) => assert!(
+            c.storage.dir.is_some(),
+            "Kubernetes config must use the volume"
+        ),
+        Err(e) => panic!("{e}"),
+    }
+}

@@ -1,0 +1,79 @@
+//! The deployment files refer to the broker by metric names and ports; keep them in step with
+//! the code so a rename cannot silently break a dashboard or a probe.
+
+use std::path::PathBuf;
+
+use postbox::config::Config;
+use postbox::metrics::names;
+
+fn read(rel: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every `postbox_...` identifier in `text`.
+fn metric_names(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("postbox_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(&tail[..end]);
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn dashboard_uses_only_existing_metrics_and_all_of_them() {
+    let dashboard = read("deploy/grafana/postbox-dashboard.json");
+    let used = metric_names(&dashboard);
+    for name in &used {
+        assert!(
+            names::ALL.contains(name),
+            "dashboard uses unknown metric {name}"
+        );
+    }
+    for name in names::ALL {
+        assert!(used.contains(&name), "dashboard does not show {name}");
+    }
+}
+
+#[test]
+fn ports_match_the_default_config() {
+    let c = Config::default();
+    let mqtt = c.listener.bind.port().to_string();
+    let metrics = c.metrics.bind.port().to_string();
+
+    let prometheus = read("deploy/prometheus/prometheus.yml");
+    assert!(
+        prometheus.contains(&format!("localhost:{metrics}")),
+        "prometheus.yml target"
+    );
+
+    let containerfile = read("deploy/container/Containerfile");
+    assert!(
+        containerfile.contains(&format!("EXPOSE {mqtt} {metrics}")),
+        "Containerfile EXPOSE"
+    );
+
+    let statefulset = read("deploy/kubernetes/statefulset.yaml");
+    assert!(statefulset.contains(&format!("containerPort: {mqtt}")));
+    assert!(statefulset.contains(&format!("containerPort: {metrics}")));
+    assert!(statefulset.contains(&format!("prometheus.io/port: \"{metrics}\"")));
+}
+
+/// The Containerfile turns on storage by uncommenting this exact line of the default file.
+#[test]
+fn containerfile_can_enable_storage_in_default_config() {
+    let line = "# dir = \"/var/lib/postbox\"";
+    let default = read("config/postbox.toml");
+    assert!(
+        default.lines().any(|l| l == line),
+        "config/postbox.toml lacks `{line}`"
+    );
+    let containerfile = read("deploy/container/Containerfile");
+    assert!(containerfile.contains("s|^# dir = \"/var/lib/postbox\"|"));
+}
