@@ -1,8 +1,33 @@
-//! Packet decoding. (Skeleton: being implemented.)
+//! Packet decoding: fixed header first (so oversized or impossible packets are refused before
+//! their body arrives), then one zero-copy `Bytes` per packet that every string and payload
+//! slices into.
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
+use bytestring::ByteString;
 
-use super::{DecodeError, Packet, ProtocolVersion};
+use super::properties::read as props;
+use super::reader::Reader;
+use super::topic::topic_name_error;
+use super::varint::decode_varint;
+use super::{codes, types::*, DecodeError, ReasonCode};
+
+type Result<T> = std::result::Result<T, DecodeError>;
+
+const CONNECT: u8 = 1;
+const CONNACK: u8 = 2;
+const PUBLISH: u8 = 3;
+const PUBACK: u8 = 4;
+const PUBREC: u8 = 5;
+const PUBREL: u8 = 6;
+const PUBCOMP: u8 = 7;
+const SUBSCRIBE: u8 = 8;
+const SUBACK: u8 = 9;
+const UNSUBSCRIBE: u8 = 10;
+const UNSUBACK: u8 = 11;
+const PINGREQ: u8 = 12;
+const PINGRESP: u8 = 13;
+const DISCONNECT: u8 = 14;
+const AUTH: u8 = 15;
 
 /// The first 2..=5 bytes of every packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,23 +44,481 @@ pub struct FixedHeader {
 ///
 /// `Ok(None)` means more bytes are needed. Fails on a malformed variable byte integer or when
 /// the whole packet (header + remaining length) would exceed `max_packet_size`.
-pub fn decode_fixed_header(
-    buf: &[u8],
-    max_packet_size: usize,
-) -> Result<Option<FixedHeader>, DecodeError> {
-    let _ = (buf, max_packet_size);
-    todo!()
+#[inline]
+pub fn decode_fixed_header(buf: &[u8], max_packet_size: usize) -> Result<Option<FixedHeader>> {
+    let Some((&byte1, rest)) = buf.split_first() else {
+        return Ok(None);
+    };
+    let Some((remaining_length, n)) = decode_varint(rest)? else {
+        return Ok(None);
+    };
+    let header_len = 1 + n;
+    let size = header_len + remaining_length;
+    if size > max_packet_size {
+        return Err(DecodeError::PacketTooLarge {
+            size,
+            max: max_packet_size,
+        });
+    }
+    Ok(Some(FixedHeader {
+        byte1,
+        remaining_length,
+        header_len,
+    }))
+}
+
+/// Checks packet type and flags from byte 1 alone, so garbage is refused at its first byte.
+#[inline]
+fn check_byte1(byte1: u8, version: Option<ProtocolVersion>) -> Result<()> {
+    let kind = byte1 >> 4;
+    let flags = byte1 & 0x0F;
+    let expected = match (kind, version) {
+        (CONNECT, _) => 0,
+        (_, None) => {
+            return Err(DecodeError::Protocol("first packet is not CONNECT")); // MQTT-3.1.0-1
+        }
+        (PUBLISH, _) => {
+            if flags & 0b0110 == 0b0110 {
+                return Err(DecodeError::Malformed("PUBLISH with QoS 3")); // MQTT-3.3.1-4
+            }
+            if flags & 0b1110 == 0b1000 {
+                return Err(DecodeError::Malformed("PUBLISH with QoS 0 and DUP set"));
+                // MQTT-3.3.1-2
+            }
+            return Ok(());
+        }
+        (PUBREL | SUBSCRIBE | UNSUBSCRIBE, _) => 0b0010,
+        (AUTH, Some(v)) if !v.is_v5() => {
+            return Err(DecodeError::Malformed("AUTH before MQTT 5.0"));
+        }
+        (0, _) => return Err(DecodeError::Malformed("reserved packet type 0")),
+        _ => 0,
+    };
+    if flags != expected {
+        return Err(DecodeError::Malformed("reserved fixed header flags")); // MQTT-2.1.3-1
+    }
+    Ok(())
 }
 
 /// Decodes one packet from the front of `buf`, splitting its bytes off without copying.
 ///
 /// `Ok(None)`: incomplete, `buf` untouched. `version` is `None` before the handshake, when only
 /// CONNECT is legal (MQTT-3.1.0-1); afterwards it is the connection's protocol level.
+#[inline]
 pub fn decode(
     buf: &mut BytesMut,
     version: Option<ProtocolVersion>,
     max_packet_size: usize,
-) -> Result<Option<Packet>, DecodeError> {
-    let _ = (buf, version, max_packet_size);
-    todo!()
+) -> Result<Option<Packet>> {
+    let Some(&byte1) = buf.first() else {
+        return Ok(None);
+    };
+    check_byte1(byte1, version)?;
+    let Some(header) = decode_fixed_header(buf, max_packet_size)? else {
+        return Ok(None);
+    };
+    let total = header.header_len + header.remaining_length;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let mut body = buf.split_to(total).freeze();
+    body.advance(header.header_len);
+    let mut r = Reader::new(body);
+    let v5 = version == Some(ProtocolVersion::V5);
+    let packet = match byte1 >> 4 {
+        PUBLISH => Packet::Publish(publish(byte1, &mut r, v5)?),
+        PUBACK => Packet::PubAck(pub_response(&mut r, v5, codes::puback)?),
+        PUBREC => Packet::PubRec(pub_response(&mut r, v5, codes::puback)?),
+        PUBREL => Packet::PubRel(pub_response(&mut r, v5, codes::pubrel)?),
+        PUBCOMP => Packet::PubComp(pub_response(&mut r, v5, codes::pubrel)?),
+        CONNECT => Packet::Connect(Box::new(connect(&mut r)?)),
+        CONNACK => Packet::ConnAck(connack(&mut r, v5)?),
+        SUBSCRIBE => Packet::Subscribe(subscribe(&mut r, v5)?),
+        SUBACK => Packet::SubAck(suback(&mut r, v5)?),
+        UNSUBSCRIBE => Packet::Unsubscribe(unsubscribe(&mut r, v5)?),
+        UNSUBACK => Packet::UnsubAck(unsuback(&mut r, v5)?),
+        PINGREQ => {
+            r.finish()?;
+            Packet::PingReq
+        }
+        PINGRESP => {
+            r.finish()?;
+            Packet::PingResp
+        }
+        DISCONNECT => Packet::Disconnect(disconnect(&mut r, v5)?),
+        AUTH => Packet::Auth(auth(&mut r)?),
+        _ => return Err(DecodeError::Malformed("reserved packet type 0")),
+    };
+    Ok(Some(packet))
+}
+
+/// A Packet Identifier where one is required: non-zero (MQTT-2.2.1-3, -4).
+#[inline]
+fn packet_id(r: &mut Reader) -> Result<u16> {
+    match r.u16()? {
+        0 => Err(DecodeError::Protocol("packet identifier 0")),
+        id => Ok(id),
+    }
+}
+
+/// A v5 reason code byte, checked against the packet's table.
+#[inline]
+fn reason(r: &mut Reader, allowed: fn(u8) -> bool) -> Result<ReasonCode> {
+    let code = r.u8()?;
+    if !allowed(code) {
+        return Err(DecodeError::Protocol(
+            "reason code not allowed in this packet",
+        ));
+    }
+    Ok(ReasonCode(code))
+}
+
+/// CONNECT (3.1.1 §3.1, 5.0 §3.1). Its own protocol level decides the layout, whatever
+/// `version` the connection has; a second CONNECT is rejected by the connection.
+fn connect(r: &mut Reader) -> Result<Connect> {
+    let name = r.binary()?;
+    let level = r.u8()?;
+    let protocol = match (&name[..], level) {
+        (b"MQTT", 4) => ProtocolVersion::V3_1_1,
+        (b"MQTT", 5) => ProtocolVersion::V5,
+        (b"MQIsdp", 3) => ProtocolVersion::V3_1,
+        _ => return Err(DecodeError::UnsupportedProtocol(level)), // MQTT-3.1.2-1, -2
+    };
+    let v5 = protocol.is_v5();
+    let flags = r.u8()?;
+    if flags & 0x01 != 0 {
+        return Err(DecodeError::Malformed("reserved CONNECT flag set")); // MQTT-3.1.2-3
+    }
+    let clean_start = flags & 0x02 != 0;
+    let will_flag = flags & 0x04 != 0;
+    let will_qos = (flags >> 3) & 0x03;
+    let will_retain = flags & 0x20 != 0;
+    let password_flag = flags & 0x40 != 0;
+    let username_flag = flags & 0x80 != 0;
+    if !will_flag && (will_qos != 0 || will_retain) {
+        // MQTT-3.1.2-11, -13 (5.0); MQTT-3.1.2-13, -15 (3.1.1).
+        return Err(DecodeError::Malformed(
+            "will QoS or retain without will flag",
+        ));
+    }
+    let Some(will_qos) = QoS::from_u8(will_qos) else {
+        return Err(DecodeError::Malformed("will QoS 3")); // MQTT-3.1.2-12 (5.0)
+    };
+    if password_flag && !username_flag && !v5 {
+        return Err(DecodeError::Malformed("password without user name")); // MQTT-3.1.2-22 (3.1.1)
+    }
+    let keep_alive = r.u16()?;
+    let properties = if v5 {
+        props::connect(r)?
+    } else {
+        ConnectProperties::default()
+    };
+    let client_id = r.string()?;
+    let will = if will_flag {
+        let properties = if v5 {
+            props::will(r)?
+        } else {
+            WillProperties::default()
+        };
+        let topic = r.string()?;
+        if let Some(why) = topic_name_error(&topic) {
+            return Err(DecodeError::TopicNameInvalid(why));
+        }
+        let payload = r.binary()?;
+        Some(LastWill {
+            topic,
+            payload,
+            qos: will_qos,
+            retain: will_retain,
+            properties,
+        })
+    } else {
+        None
+    };
+    let username = if username_flag {
+        Some(r.string()?)
+    } else {
+        None
+    };
+    let password = if password_flag {
+        Some(r.binary()?)
+    } else {
+        None
+    };
+    r.finish()?;
+    Ok(Connect {
+        protocol,
+        clean_start,
+        keep_alive,
+        client_id,
+        will,
+        username,
+        password,
+        properties,
+    })
+}
+
+/// CONNACK (3.1.1 §3.2, 5.0 §3.2). 3.x return codes come back as their v5 equivalents.
+fn connack(r: &mut Reader, v5: bool) -> Result<ConnAck> {
+    let flags = r.u8()?;
+    if flags & 0xFE != 0 {
+        return Err(DecodeError::Malformed("reserved CONNACK flags set")); // MQTT-3.2.2-1
+    }
+    let session_present = flags & 0x01 != 0;
+    let reason_code = if v5 {
+        reason(r, codes::connack)?
+    } else {
+        codes::connack_from_v3(r.u8()?)
+            .ok_or(DecodeError::Protocol("reserved CONNACK return code"))?
+    };
+    if session_present && reason_code != ReasonCode::SUCCESS {
+        // MQTT-3.2.2-6 (5.0); MQTT-3.2.2-4 (3.1.1).
+        return Err(DecodeError::Protocol(
+            "session present on a refused connection",
+        ));
+    }
+    let properties = if v5 {
+        props::connack(r)?
+    } else {
+        ConnAckProperties::default()
+    };
+    r.finish()?;
+    Ok(ConnAck {
+        session_present,
+        reason_code,
+        properties,
+    })
+}
+
+/// PUBLISH (3.1.1 §3.3, 5.0 §3.3): the hot path. One pass spots NUL and wildcards, so a
+/// clean topic costs a UTF-8 check and nothing else.
+#[inline]
+fn publish(byte1: u8, r: &mut Reader, v5: bool) -> Result<Publish> {
+    let qos = match (byte1 >> 1) & 0x03 {
+        0 => QoS::AtMostOnce,
+        1 => QoS::AtLeastOnce,
+        2 => QoS::ExactlyOnce,
+        _ => return Err(DecodeError::Malformed("PUBLISH with QoS 3")),
+    };
+    let raw = r.binary()?;
+    let suspicious = raw
+        .iter()
+        .fold(false, |acc, &b| acc | matches!(b, 0 | b'+' | b'#'));
+    let topic = ByteString::try_from(raw)
+        .map_err(|_| DecodeError::Malformed("invalid UTF-8 in a string"))?;
+    let packet_id = if qos == QoS::AtMostOnce {
+        0
+    } else {
+        packet_id(r)?
+    };
+    let properties = if v5 {
+        props::publish(r)?
+    } else {
+        PublishProperties::default()
+    };
+    if topic.is_empty() {
+        if properties.topic_alias.is_none() {
+            // MQTT-4.7.3-1; in 5.0 an alias may stand in (§3.3.2.3.4).
+            return Err(DecodeError::TopicNameInvalid("empty topic name"));
+        }
+    } else if suspicious {
+        if topic.contains('\0') {
+            return Err(DecodeError::Malformed("U+0000 in a UTF-8 string")); // MQTT-1.5.4-2
+        }
+        if let Some(why) = topic_name_error(&topic) {
+            return Err(DecodeError::TopicNameInvalid(why)); // MQTT-3.3.2-2
+        }
+    }
+    Ok(Publish {
+        dup: byte1 & 0x08 != 0,
+        qos,
+        retain: byte1 & 0x01 != 0,
+        topic,
+        packet_id,
+        payload: r.rest(),
+        properties,
+    })
+}
+
+/// PUBACK/PUBREC/PUBREL/PUBCOMP. In 5.0 the reason code may be omitted (remaining length 2,
+/// meaning success) and so may the property length (remaining length 3) (§3.4.2.1).
+#[inline]
+fn pub_response(r: &mut Reader, v5: bool, allowed: fn(u8) -> bool) -> Result<PubResponse> {
+    let packet_id = packet_id(r)?;
+    if !v5 || r.is_empty() {
+        r.finish()?;
+        return Ok(PubResponse::new(packet_id));
+    }
+    let reason_code = reason(r, allowed)?;
+    let properties = if r.is_empty() {
+        AckProperties::default()
+    } else {
+        props::ack(r)?
+    };
+    r.finish()?;
+    Ok(PubResponse {
+        packet_id,
+        reason_code,
+        properties,
+    })
+}
+
+/// SUBSCRIBE (3.1.1 §3.8, 5.0 §3.8). Filters are only UTF-8 checked here; the broker
+/// validates each one so that a v5 client gets 0x8F for it in SUBACK.
+fn subscribe(r: &mut Reader, v5: bool) -> Result<Subscribe> {
+    let packet_id = packet_id(r)?;
+    let (subscription_identifier, user_properties) = if v5 {
+        props::subscribe(r)?
+    } else {
+        (None, UserProperties::new())
+    };
+    let mut filters = Vec::new();
+    while !r.is_empty() {
+        let filter = r.string()?;
+        let options = r.u8()?;
+        let reserved = if v5 { 0xC0 } else { 0xFC };
+        if options & reserved != 0 {
+            // MQTT-3.8.3-5 (5.0); MQTT-3-8.3-4 (3.1.1).
+            return Err(DecodeError::Malformed(
+                "reserved subscription option bits set",
+            ));
+        }
+        let Some(qos) = QoS::from_u8(options & 0x03) else {
+            return Err(DecodeError::Malformed("subscription with QoS 3"));
+        };
+        let retain_handling = (options >> 4) & 0x03;
+        if retain_handling == 3 {
+            return Err(DecodeError::Protocol("Retain Handling 3")); // 5.0 §3.8.3.1
+        }
+        filters.push((
+            filter,
+            SubscriptionOptions {
+                qos,
+                no_local: options & 0x04 != 0,
+                retain_as_published: options & 0x08 != 0,
+                retain_handling,
+            },
+        ));
+    }
+    if filters.is_empty() {
+        return Err(DecodeError::Protocol("SUBSCRIBE without topic filters")); // MQTT-3.8.3-3
+    }
+    Ok(Subscribe {
+        packet_id,
+        subscription_identifier,
+        user_properties,
+        filters,
+    })
+}
+
+/// The list of one-byte reason codes that ends SUBACK and UNSUBACK; never empty, since it
+/// answers a SUBSCRIBE/UNSUBSCRIBE with at least one filter.
+fn reason_list(r: &mut Reader, allowed: fn(u8) -> bool) -> Result<Vec<ReasonCode>> {
+    let raw = r.rest();
+    if raw.is_empty() {
+        return Err(DecodeError::Protocol(
+            "acknowledgement without reason codes",
+        ));
+    }
+    if !raw.iter().all(|&c| allowed(c)) {
+        return Err(DecodeError::Protocol(
+            "reason code not allowed in this packet",
+        ));
+    }
+    Ok(raw.iter().map(|&c| ReasonCode(c)).collect())
+}
+
+/// SUBACK (3.1.1 §3.9, 5.0 §3.9).
+fn suback(r: &mut Reader, v5: bool) -> Result<SubAck> {
+    let packet_id = packet_id(r)?;
+    let (properties, allowed): (_, fn(u8) -> bool) = if v5 {
+        (props::ack(r)?, codes::suback)
+    } else {
+        (AckProperties::default(), codes::suback_v3)
+    };
+    let reason_codes = reason_list(r, allowed)?;
+    Ok(SubAck {
+        packet_id,
+        properties,
+        reason_codes,
+    })
+}
+
+/// UNSUBSCRIBE (3.1.1 §3.10, 5.0 §3.10).
+fn unsubscribe(r: &mut Reader, v5: bool) -> Result<Unsubscribe> {
+    let packet_id = packet_id(r)?;
+    let user_properties = if v5 {
+        props::unsubscribe(r)?
+    } else {
+        UserProperties::new()
+    };
+    let mut filters = Vec::new();
+    while !r.is_empty() {
+        filters.push(r.string()?);
+    }
+    if filters.is_empty() {
+        return Err(DecodeError::Protocol("UNSUBSCRIBE without topic filters")); // MQTT-3.10.3-2
+    }
+    Ok(Unsubscribe {
+        packet_id,
+        user_properties,
+        filters,
+    })
+}
+
+/// UNSUBACK (3.1.1 §3.11: packet id only; 5.0 §3.11: plus properties and reason codes).
+fn unsuback(r: &mut Reader, v5: bool) -> Result<UnsubAck> {
+    let packet_id = packet_id(r)?;
+    if !v5 {
+        r.finish()?;
+        return Ok(UnsubAck {
+            packet_id,
+            ..UnsubAck::default()
+        });
+    }
+    let properties = props::ack(r)?;
+    let reason_codes = reason_list(r, codes::unsuback)?;
+    Ok(UnsubAck {
+        packet_id,
+        properties,
+        reason_codes,
+    })
+}
+
+/// DISCONNECT: empty in 3.x; in 5.0 remaining length 0 means normal disconnection and 1 means
+/// a reason code without properties (§3.14.2.1, §3.14.2.2.1).
+fn disconnect(r: &mut Reader, v5: bool) -> Result<Disconnect> {
+    if !v5 || r.is_empty() {
+        r.finish()?;
+        return Ok(Disconnect::default());
+    }
+    let reason_code = reason(r, codes::disconnect)?;
+    let properties = if r.is_empty() {
+        DisconnectProperties::default()
+    } else {
+        props::disconnect(r)?
+    };
+    r.finish()?;
+    Ok(Disconnect {
+        reason_code,
+        properties,
+    })
+}
+
+/// AUTH (5.0 only, §3.15; refused for 3.x in `check_byte1`). Same short forms as DISCONNECT.
+fn auth(r: &mut Reader) -> Result<Auth> {
+    if r.is_empty() {
+        return Ok(Auth::default());
+    }
+    let reason_code = reason(r, codes::auth)?;
+    let properties = if r.is_empty() {
+        AuthProperties::default()
+    } else {
+        props::auth(r)?
+    };
+    r.finish()?;
+    Ok(Auth {
+        reason_code,
+        properties,
+    })
 }

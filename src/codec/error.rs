@@ -45,10 +45,16 @@ impl DecodeError {
 /// Why a packet cannot be written (values that do not fit the wire format).
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum EncodeError {
+    /// The remaining length (or a property section) would exceed 268,435,455 bytes.
     #[error("packet too large to encode ({0} bytes)")]
     TooLarge(usize),
+    /// The packet type does not exist at the target protocol level (AUTH before 5.0).
     #[error("{0} cannot be sent at this protocol level")]
     NotInVersion(&'static str),
+    /// A string or binary field is longer than its two-byte length prefix can say.
     #[error("string field longer than 65535 bytes")]
     StringTooLong,
+    /// A numeric field exceeds its wire range (e.g. a Subscription Identifier > 268,435,455).
+    #[error("{0} out of range")]
+    OutOfRange(&'static str),
 }

@@ -3,13 +3,21 @@
 //! The only module that knows byte layouts. Decoding borrows nothing and copies nothing: topics,
 //! strings and payloads are `Bytes` slices of the connection's read buffer.
 
+mod codes;
 mod decode;
 mod encode;
 mod error;
+mod properties;
+mod reader;
 mod reason;
+mod sink;
 mod sniff;
 pub mod topic;
 mod types;
+mod varint;
+
+#[cfg(test)]
+mod tests;
 
 pub use decode::{decode, decode_fixed_header, FixedHeader};
 pub use encode::{encode, encode_publish, PublishHeader};
