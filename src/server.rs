@@ -43,19 +43,21 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         metrics::install_exporter(config.metrics.bind)
             .map_err(|e| StartError::Metrics(e.to_string()))?;
     }
-    let broker = Broker::new(config.mqtt.clone(), config.auth.clone(), Metrics::register());
+    let broker = Broker::new(
+        config.mqtt.clone(),
+        config.auth.clone(),
+        Metrics::register(),
+    );
     let listener = TcpListener::bind(config.listener.bind)
         .await
         .map_err(|source| StartError::Bind {
             addr: config.listener.bind,
             source,
         })?;
-    let mqtt_addr = listener
-        .local_addr()
-        .map_err(|source| StartError::Bind {
-            addr: config.listener.bind,
-            source,
-        })?;
+    let mqtt_addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: config.listener.bind,
+        source,
+    })?;
     let shutdown = CancellationToken::new();
     let listener_task = tokio::spawn(transport::serve_tcp(
         listener,

@@ -5,13 +5,16 @@ mod common;
 
 use common::rumq::V4;
 use common::{RawClient, WAIT};
-use postbox::codec::{Packet, ProtocolVersion, PubResponse, Publish, QoS as Q, Subscribe, SubscriptionOptions};
+use postbox::codec::{
+    Packet, ProtocolVersion, PubResponse, Publish, QoS as Q, Subscribe, SubscriptionOptions,
+};
 use rumqttc::QoS;
 
 /// Publishes a marker and returns once it arrives: every earlier message on the same path has
 /// then been delivered (ordered topics, 5.0 MQTT-4.6.0-6), so "nothing else arrived" is checkable.
 async fn drain_until_marker(sub: &mut V4, publ: &mut V4, topic: &str) -> Vec<rumqttc::Publish> {
-    publ.publish(topic, QoS::AtLeastOnce, false, b"__marker__").await;
+    publ.publish(topic, QoS::AtLeastOnce, false, b"__marker__")
+        .await;
     let mut seen = Vec::new();
     loop {
         let p = sub.next_publish().await;
@@ -28,8 +31,12 @@ async fn qos_0_1_2_round_trip() {
     let mut sub = V4::connect(server.mqtt_addr, "sub", true).await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     sub.subscribe("t/#", QoS::ExactlyOnce).await;
-    for (i, qos) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce].into_iter().enumerate() {
-        publ.publish(&format!("t/{i}"), qos, false, format!("m{i}").as_bytes()).await;
+    for (i, qos) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce]
+        .into_iter()
+        .enumerate()
+    {
+        publ.publish(&format!("t/{i}"), qos, false, format!("m{i}").as_bytes())
+            .await;
         let p = sub.next_publish().await;
         assert_eq!(p.topic, format!("t/{i}"));
         assert_eq!(&p.payload[..], format!("m{i}").as_bytes());
@@ -76,7 +83,8 @@ async fn dollar_topics_are_not_matched_by_leading_wildcards() {
     sub.subscribe("#", QoS::AtLeastOnce).await;
     sub.subscribe("+/x", QoS::AtLeastOnce).await;
     sys.subscribe("$SYS/#", QoS::AtLeastOnce).await;
-    publ.publish("$SYS/x", QoS::AtLeastOnce, false, b"sys").await;
+    publ.publish("$SYS/x", QoS::AtLeastOnce, false, b"sys")
+        .await;
     assert_eq!(sys.next_publish().await.topic, "$SYS/x");
     let leaked = drain_until_marker(&mut sub, &mut publ, "m/x").await;
     assert!(leaked.is_empty(), "wildcard matched a $ topic: {leaked:?}");
@@ -97,13 +105,20 @@ async fn retained_set_replace_clear() {
     got.sort_by(|a, b| a.topic.cmp(&b.topic));
     assert_eq!(&got[0].payload[..], b"second");
     assert!(got[0].retain && got[1].retain);
-    assert_eq!(got[1].qos, QoS::AtMostOnce, "stored QoS is kept (min with granted)");
+    assert_eq!(
+        got[1].qos,
+        QoS::AtMostOnce,
+        "stored QoS is kept (min with granted)"
+    );
 
     publ.publish("r/1", QoS::AtLeastOnce, true, b"").await;
     let mut late = V4::connect(server.mqtt_addr, "sub2", true).await;
     late.subscribe("r/1", QoS::AtLeastOnce).await;
     let rest = drain_until_marker(&mut late, &mut publ, "r/1").await;
-    assert!(rest.is_empty(), "cleared retained message was delivered: {rest:?}");
+    assert!(
+        rest.is_empty(),
+        "cleared retained message was delivered: {rest:?}"
+    );
 }
 
 #[tokio::test]
@@ -146,8 +161,17 @@ async fn will_is_published_on_abnormal_close_only() {
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
 
-    let mut opts = rumqttc::MqttOptions::new("dies", server.mqtt_addr.ip().to_string(), server.mqtt_addr.port());
-    opts.set_last_will(rumqttc::LastWill::new("wills/dies", "gone", QoS::AtLeastOnce, true));
+    let mut opts = rumqttc::MqttOptions::new(
+        "dies",
+        server.mqtt_addr.ip().to_string(),
+        server.mqtt_addr.port(),
+    );
+    opts.set_last_will(rumqttc::LastWill::new(
+        "wills/dies",
+        "gone",
+        QoS::AtLeastOnce,
+        true,
+    ));
     let dies = V4::connect_with(opts).await;
     dies.kill();
     let will = watcher.next_publish().await;
@@ -160,22 +184,38 @@ async fn will_is_published_on_abnormal_close_only() {
     late.subscribe("wills/dies", QoS::AtLeastOnce).await;
     assert!(late.next_publish().await.retain);
 
-    let mut opts = rumqttc::MqttOptions::new("polite", server.mqtt_addr.ip().to_string(), server.mqtt_addr.port());
-    opts.set_last_will(rumqttc::LastWill::new("wills/polite", "gone", QoS::AtLeastOnce, false));
+    let mut opts = rumqttc::MqttOptions::new(
+        "polite",
+        server.mqtt_addr.ip().to_string(),
+        server.mqtt_addr.port(),
+    );
+    opts.set_last_will(rumqttc::LastWill::new(
+        "wills/polite",
+        "gone",
+        QoS::AtLeastOnce,
+        false,
+    ));
     let polite = V4::connect_with(opts).await;
     polite.disconnect().await;
     let leaked = drain_until_marker(&mut watcher, &mut publ, "wills/marker").await;
-    assert!(leaked.is_empty(), "will sent after normal DISCONNECT: {leaked:?}");
+    assert!(
+        leaked.is_empty(),
+        "will sent after normal DISCONNECT: {leaked:?}"
+    );
 }
 
 #[tokio::test]
 async fn second_connection_with_same_id_takes_over() {
     // 3.1.1 MQTT-3.1.4-2: the existing client is disconnected.
     let server = common::start().await;
-    let mut first = RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "dup", true).await;
+    let mut first =
+        RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "dup", true).await;
     let _second = RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "dup", true).await;
     let after = first.expect_close().await;
-    assert!(after.is_empty(), "3.1.1 has no server DISCONNECT: {after:?}");
+    assert!(
+        after.is_empty(),
+        "3.1.1 has no server DISCONNECT: {after:?}"
+    );
 }
 
 #[tokio::test]
@@ -189,10 +229,18 @@ async fn persistent_session_queues_while_offline_and_resumes() {
 
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     for i in 0..5 {
-        publ.publish(&format!("sensors/t{i}"), QoS::AtLeastOnce, false, format!("{i}").as_bytes()).await;
+        publ.publish(
+            &format!("sensors/t{i}"),
+            QoS::AtLeastOnce,
+            false,
+            format!("{i}").as_bytes(),
+        )
+        .await;
     }
-    publ.publish("sensors/q0", QoS::AtMostOnce, false, b"not queued").await;
-    publ.publish("sensors/q2", QoS::ExactlyOnce, false, b"q2").await;
+    publ.publish("sensors/q0", QoS::AtMostOnce, false, b"not queued")
+        .await;
+    publ.publish("sensors/q2", QoS::ExactlyOnce, false, b"q2")
+        .await;
 
     let mut sub = V4::connect(server.mqtt_addr, "dash", false).await;
     assert!(sub.session_present);
@@ -201,7 +249,11 @@ async fn persistent_session_queues_while_offline_and_resumes() {
         assert_eq!(p.topic, format!("sensors/t{i}"), "queued in order");
     }
     let p = sub.next_publish().await;
-    assert_eq!((p.topic.as_str(), p.qos), ("sensors/q2", QoS::ExactlyOnce), "QoS 0 not queued offline by default");
+    assert_eq!(
+        (p.topic.as_str(), p.qos),
+        ("sensors/q2", QoS::ExactlyOnce),
+        "QoS 0 not queued offline by default"
+    );
 }
 
 #[tokio::test]
@@ -217,7 +269,10 @@ async fn clean_session_discards_previous_state() {
     assert!(!sub.session_present);
     sub.subscribe("marker", QoS::AtLeastOnce).await;
     let leaked = drain_until_marker(&mut sub, &mut publ, "marker").await;
-    assert!(leaked.is_empty(), "old session's queue survived a clean start");
+    assert!(
+        leaked.is_empty(),
+        "old session's queue survived a clean start"
+    );
 }
 
 #[tokio::test]
@@ -230,16 +285,24 @@ async fn offline_queue_is_bounded() {
     sub.disconnect().await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     for i in 0..6 {
-        publ.publish("q", QoS::AtLeastOnce, false, format!("{i}").as_bytes()).await;
+        publ.publish("q", QoS::AtLeastOnce, false, format!("{i}").as_bytes())
+            .await;
     }
     let mut sub = V4::connect(server.mqtt_addr, "bounded", false).await;
-    let got: Vec<_> = [sub.next_publish().await, sub.next_publish().await, sub.next_publish().await]
-        .iter()
-        .map(|p| String::from_utf8_lossy(&p.payload).to_string())
-        .collect();
+    let got: Vec<_> = [
+        sub.next_publish().await,
+        sub.next_publish().await,
+        sub.next_publish().await,
+    ]
+    .iter()
+    .map(|p| String::from_utf8_lossy(&p.payload).to_string())
+    .collect();
     assert_eq!(got, ["0", "1", "2"], "drop-new keeps the oldest messages");
     let rest = drain_until_marker(&mut sub, &mut publ, "q").await;
-    assert!(rest.is_empty(), "more than max_queued_messages were kept: {rest:?}");
+    assert!(
+        rest.is_empty(),
+        "more than max_queued_messages were kept: {rest:?}"
+    );
 }
 
 #[tokio::test]
@@ -250,7 +313,13 @@ async fn unacknowledged_messages_are_resent_with_dup_on_reconnect() {
     let mut sub = RawClient::connect(server.mqtt_addr, v, "raw-sub", false).await;
     sub.send(&Packet::Subscribe(Subscribe {
         packet_id: 1,
-        filters: vec![("r".into(), SubscriptionOptions { qos: Q::ExactlyOnce, ..Default::default() })],
+        filters: vec![(
+            "r".into(),
+            SubscriptionOptions {
+                qos: Q::ExactlyOnce,
+                ..Default::default()
+            },
+        )],
         ..Default::default()
     }))
     .await;
@@ -288,7 +357,8 @@ async fn inbound_qos2_duplicate_is_not_forwarded_twice() {
     let server = common::start().await;
     let mut sub = V4::connect(server.mqtt_addr, "sub", true).await;
     sub.subscribe("once", QoS::ExactlyOnce).await;
-    let mut raw = RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "raw-pub", true).await;
+    let mut raw =
+        RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "raw-pub", true).await;
     let publish = Publish {
         qos: Q::ExactlyOnce,
         topic: "once".into(),
@@ -298,12 +368,20 @@ async fn inbound_qos2_duplicate_is_not_forwarded_twice() {
     };
     raw.send(&Packet::Publish(publish.clone())).await;
     assert!(matches!(raw.recv().await, Some(Packet::PubRec(r)) if r.packet_id == 7));
-    raw.send(&Packet::Publish(Publish { dup: true, ..publish.clone() })).await;
+    raw.send(&Packet::Publish(Publish {
+        dup: true,
+        ..publish.clone()
+    }))
+    .await;
     assert!(matches!(raw.recv().await, Some(Packet::PubRec(r)) if r.packet_id == 7));
     raw.send(&Packet::PubRel(PubResponse::new(7))).await;
     assert!(matches!(raw.recv().await, Some(Packet::PubComp(r)) if r.packet_id == 7));
     // After PUBCOMP the same id is a new message (5.0 MQTT-4.3.3-12).
-    raw.send(&Packet::Publish(Publish { payload: "y".into(), ..publish })).await;
+    raw.send(&Packet::Publish(Publish {
+        payload: "y".into(),
+        ..publish
+    }))
+    .await;
     assert!(matches!(raw.recv().await, Some(Packet::PubRec(_))));
     raw.send(&Packet::PubRel(PubResponse::new(7))).await;
     assert!(matches!(raw.recv().await, Some(Packet::PubComp(_))));
@@ -353,7 +431,10 @@ async fn keep_alive_is_enforced_at_one_and_a_half_times() {
     raw.send(&Packet::Connect(Box::new(connect))).await;
     assert!(matches!(raw.recv().await, Some(Packet::ConnAck(_))));
     raw.expect_close().await;
-    assert!(started.elapsed() >= std::time::Duration::from_millis(1400), "closed before 1.5 × keep-alive");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1400),
+        "closed before 1.5 × keep-alive"
+    );
 }
 
 #[tokio::test]
@@ -375,7 +456,10 @@ async fn empty_client_id_needs_clean_session_in_311() {
         raw.send(&Packet::Connect(Box::new(connect))).await;
         // CONNACK in the 3.1.1 layout: 0x20 0x02 flags return-code (0x02 = identifier rejected).
         let bytes = raw.recv_bytes(4).await;
-        assert_eq!(bytes, [0x20, 0x02, 0x00, if expected == 0 { 0 } else { 0x02 }]);
+        assert_eq!(
+            bytes,
+            [0x20, 0x02, 0x00, if expected == 0 { 0 } else { 0x02 }]
+        );
     }
 }
 
@@ -386,7 +470,13 @@ async fn mqtt_3_1_clients_are_served() {
     let mut sub = RawClient::connect(server.mqtt_addr, v, "old-sub", true).await;
     sub.send(&Packet::Subscribe(Subscribe {
         packet_id: 1,
-        filters: vec![("legacy/#".into(), SubscriptionOptions { qos: Q::AtLeastOnce, ..Default::default() })],
+        filters: vec![(
+            "legacy/#".into(),
+            SubscriptionOptions {
+                qos: Q::AtLeastOnce,
+                ..Default::default()
+            },
+        )],
         ..Default::default()
     }))
     .await;

@@ -252,7 +252,12 @@ impl Broker {
     }
 
     /// Queues the retained messages matching `filter` to `session` with RETAIN=1 (MQTT-3.3.1-6).
-    pub fn deliver_retained(&self, session: &Arc<Session>, filter: &str, options: SubscriptionOptions) {
+    pub fn deliver_retained(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        options: SubscriptionOptions,
+    ) {
         let mut found: Vec<Arc<Message>> = Vec::new();
         self.retained
             .read()

@@ -13,7 +13,9 @@ impl<M> Default for RetainedIndex<M> {
 impl<M> RetainedIndex<M> {
     /// New.
     pub fn new() -> Self {
-        RetainedIndex { map: BTreeMap::new() }
+        RetainedIndex {
+            map: BTreeMap::new(),
+        }
     }
     /// Insert.
     pub fn insert(&mut self, topic: &str, msg: M) -> Option<M> {

@@ -36,7 +36,9 @@ mod tests {
     fn reads_level_from_partial_connect() {
         let v5 = [0x10, 0x10, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0xFF];
         assert_eq!(peek_connect_version(&v5), Some(ProtocolVersion::V5));
-        let v31 = [0x10, 0x10, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03];
+        let v31 = [
+            0x10, 0x10, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03,
+        ];
         assert_eq!(peek_connect_version(&v31), Some(ProtocolVersion::V3_1));
         assert_eq!(peek_connect_version(&[0x10, 0x10, 0x00]), None);
         assert_eq!(peek_connect_version(&[0x30, 0x00]), None);

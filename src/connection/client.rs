@@ -13,9 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::handshake::{Accepted, TOPIC_ALIAS_MAXIMUM};
 use super::io::{Io, WRITE_HIGH_WATER};
-use crate::broker::{
-    Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundStage, Session,
-};
+use crate::broker::{Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundStage, Session};
 use crate::codec::{
     self, topic, Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, Publish,
     PublishProperties, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck,
@@ -231,10 +229,12 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         let config = self.broker.config();
         self.broker.metrics.messages_received[publish.qos as usize].increment(1);
         if publish.qos as u8 > config.max_qos {
-            return Err(self.violation(ReasonCode::QOS_NOT_SUPPORTED, "QoS above maximum")); // MQTT-3.2.2-11
+            return Err(self.violation(ReasonCode::QOS_NOT_SUPPORTED, "QoS above maximum"));
+            // MQTT-3.2.2-11
         }
         if publish.retain && !config.retain_available {
-            return Err(self.violation(ReasonCode::RETAIN_NOT_SUPPORTED, "retain not available")); // MQTT-3.2.2-14
+            return Err(self.violation(ReasonCode::RETAIN_NOT_SUPPORTED, "retain not available"));
+            // MQTT-3.2.2-14
         }
         if let Some(alias) = publish.properties.topic_alias {
             self.resolve_alias(alias, &mut publish)?;
@@ -262,7 +262,8 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
     /// Inbound topic aliases (v5 §3.3.2.3.4): set on first use, substituted afterwards.
     fn resolve_alias(&mut self, alias: u16, publish: &mut Publish) -> Result<(), Close> {
         if alias == 0 || alias > TOPIC_ALIAS_MAXIMUM {
-            return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range")); // MQTT-3.3.2-9
+            return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range"));
+            // MQTT-3.3.2-9
         }
         let slot = usize::from(alias);
         if self.aliases.len() <= slot {
@@ -292,10 +293,19 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                 entry.stage = OutboundStage::AwaitPubComp;
             }
             drop(st);
-            self.io.queue(&Packet::PubRel(PubResponse::new(rec.packet_id)), self.version); // MQTT-4.3.3-4
-        } else if st.find_inflight(rec.packet_id, OutboundStage::AwaitPubComp).is_some() {
+            self.io.queue(
+                &Packet::PubRel(PubResponse::new(rec.packet_id)),
+                self.version,
+            ); // MQTT-4.3.3-4
+        } else if st
+            .find_inflight(rec.packet_id, OutboundStage::AwaitPubComp)
+            .is_some()
+        {
             drop(st);
-            self.io.queue(&Packet::PubRel(PubResponse::new(rec.packet_id)), self.version);
+            self.io.queue(
+                &Packet::PubRel(PubResponse::new(rec.packet_id)),
+                self.version,
+            );
         } else {
             drop(st);
             let mut rel = PubResponse::new(rec.packet_id);
@@ -363,7 +373,8 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         };
         self.io.queue(&Packet::SubAck(suback), self.version); // MQTT-3.8.4-1
         for (filter, options) in retained {
-            self.broker.deliver_retained(&self.session, &filter, options);
+            self.broker
+                .deliver_retained(&self.session, &filter, options);
         }
     }
 
@@ -393,7 +404,9 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             if st.expiry_interval == 0 && expiry != 0 {
                 drop(st);
                 // MQTT-3.14.2-2: a session opened with expiry 0 cannot be extended at DISCONNECT.
-                return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "session expiry raised from 0"));
+                return Err(
+                    self.violation(ReasonCode::PROTOCOL_ERROR, "session expiry raised from 0")
+                );
             }
             st.expiry_interval = expiry.min(self.broker.config().session_expiry_interval_max);
         }
@@ -422,7 +435,9 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                 self.write_delivery(&delivery, 0, false);
                 continue;
             }
-            let Some(packet_id) = st.allocate_packet_id() else { break };
+            let Some(packet_id) = st.allocate_packet_id() else {
+                break;
+            };
             if self.write_delivery(&delivery, packet_id, false) {
                 let stage = if delivery.qos == QoS::AtLeastOnce {
                     OutboundStage::AwaitPubAck
@@ -448,7 +463,10 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             packet_id,
             subscription_ids: &delivery.subscription_ids,
         };
-        match delivery.message.write_to(&mut self.io.wbuf, self.version, flags) {
+        match delivery
+            .message
+            .write_to(&mut self.io.wbuf, self.version, flags)
+        {
             Ok(len) if len <= self.client_max_packet => {
                 self.broker.metrics.messages_sent[delivery.qos as usize].increment(1);
                 true

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use super::io::Io;
 use crate::broker::{Attached, Broker, SessionRequest};
 use crate::codec::{
-    self, topic, ConnAck, ConnAckProperties, Connect, DecodeError, Packet, ProtocolVersion,
-    QoS, ReasonCode,
+    self, topic, ConnAck, ConnAckProperties, Connect, DecodeError, Packet, ProtocolVersion, QoS,
+    ReasonCode,
 };
 
 /// How long a client may take to send CONNECT after the socket opens.
@@ -39,6 +39,8 @@ pub async fn accept<S: AsyncRead + AsyncWrite>(
     let max_packet = broker.config().max_packet_size as usize;
     let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     let connect = loop {
+        // Read before decoding: a failed decode may already have consumed the bytes.
+        let sniffed = codec::peek_connect_version(&io.rbuf);
         match codec::decode(&mut io.rbuf, None, max_packet) {
             Ok(Some(Packet::Connect(connect))) => break connect,
             Ok(Some(other)) => {
@@ -50,7 +52,7 @@ pub async fn accept<S: AsyncRead + AsyncWrite>(
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);
                 tracing::info!(%peer, %error, "rejecting CONNECT");
-                reject_undecodable(io, &error).await;
+                reject_undecodable(io, &error, sniffed).await;
                 return None;
             }
         }
@@ -104,7 +106,13 @@ pub async fn accept<S: AsyncRead + AsyncWrite>(
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2).
     connack.session_present = attached.session_present;
     if version.is_v5() {
-        connack.properties = connack_properties(broker, &connect, keep_alive, assigned.then_some(client_id), expiry_interval);
+        connack.properties = connack_properties(
+            broker,
+            &connect,
+            keep_alive,
+            assigned.then_some(client_id),
+            expiry_interval,
+        );
     }
     io.queue(&Packet::ConnAck(connack), version);
     tracing::debug!(%peer, client = %attached.session.client_id, ?version, "connected");
@@ -116,10 +124,7 @@ pub async fn accept<S: AsyncRead + AsyncWrite>(
 }
 
 /// The client id to use, and whether the broker assigned it (MQTT-3.1.3-6, MQTT-3.1.3-8).
-fn client_identifier(
-    connect: &Connect,
-    broker: &Broker,
-) -> Result<(ByteString, bool), ReasonCode> {
+fn client_identifier(connect: &Connect, broker: &Broker) -> Result<(ByteString, bool), ReasonCode> {
     let config = broker.config();
     if connect.client_id.len() > config.max_client_id_len {
         return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
@@ -137,7 +142,10 @@ fn client_identifier(
     if !allowed {
         return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
     }
-    Ok((ByteString::from(format!("postbox-{:016x}", rand::random::<u64>())), true))
+    Ok((
+        ByteString::from(format!("postbox-{:016x}", rand::random::<u64>())),
+        true,
+    ))
 }
 
 /// Authentication and will checks that can refuse the connection.
@@ -183,7 +191,8 @@ fn connack_properties(
         assigned_client_identifier: assigned_client_id,
         session_expiry_interval: (expiry_interval != requested_expiry).then_some(expiry_interval),
         server_keep_alive: (keep_alive != connect.keep_alive).then_some(keep_alive),
-        maximum_qos: (config.max_qos < 2).then(|| QoS::from_u8(config.max_qos).unwrap_or(QoS::AtMostOnce)),
+        maximum_qos: (config.max_qos < 2)
+            .then(|| QoS::from_u8(config.max_qos).unwrap_or(QoS::AtMostOnce)),
         retain_available: (!config.retain_available).then_some(false),
         maximum_packet_size: Some(config.max_packet_size),
         topic_alias_maximum: Some(TOPIC_ALIAS_MAXIMUM),
@@ -211,12 +220,20 @@ async fn reject<S: AsyncRead + AsyncWrite>(
 
 /// A CONNECT that could not be decoded: answer in the client's version when it can be read
 /// (v5: the reason code; 3.x: only "unacceptable protocol version" has a return code).
-async fn reject_undecodable<S: AsyncRead + AsyncWrite>(io: &mut Io<S>, error: &DecodeError) {
-    let sniffed = codec::peek_connect_version(&io.rbuf);
+async fn reject_undecodable<S: AsyncRead + AsyncWrite>(
+    io: &mut Io<S>,
+    error: &DecodeError,
+    sniffed: Option<ProtocolVersion>,
+) {
     match (error, sniffed) {
         (DecodeError::UnsupportedProtocol(_), _) => {
             // MQTT-3.1.2-2: return code 0x01 in the 3.1.1 layout, which every level reads.
-            reject(io, ProtocolVersion::V3_1_1, ReasonCode::UNSUPPORTED_PROTOCOL_VERSION).await;
+            reject(
+                io,
+                ProtocolVersion::V3_1_1,
+                ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+            )
+            .await;
         }
         (_, Some(ProtocolVersion::V5)) => {
             reject(io, ProtocolVersion::V5, error.reason_code()).await;

@@ -55,7 +55,12 @@ impl RawClient {
     }
 
     /// Opens and completes a CONNECT / CONNACK handshake.
-    pub async fn connect(addr: SocketAddr, version: ProtocolVersion, client_id: &str, clean: bool) -> RawClient {
+    pub async fn connect(
+        addr: SocketAddr,
+        version: ProtocolVersion,
+        client_id: &str,
+        clean: bool,
+    ) -> RawClient {
         let mut c = RawClient::open(addr, version).await;
         let connect = codec::Connect {
             protocol: version,
@@ -97,7 +102,9 @@ impl RawClient {
 
     /// Next packet within `limit`, `Err(())` on timeout.
     pub async fn recv_within(&mut self, limit: Duration) -> Result<Option<Packet>, ()> {
-        tokio::time::timeout(limit, self.recv_inner()).await.map_err(|_| ())
+        tokio::time::timeout(limit, self.recv_inner())
+            .await
+            .map_err(|_| ())
     }
 
     /// Exactly `n` raw bytes from the broker (for checking wire layouts).

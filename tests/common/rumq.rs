@@ -71,8 +71,15 @@ impl V4 {
     }
 
     /// Subscribes and waits for SUBACK; returns its return codes.
-    pub async fn subscribe(&mut self, filter: &str, qos: rumqttc::QoS) -> Vec<rumqttc::SubscribeReasonCode> {
-        self.client.subscribe(filter, qos).await.expect("subscribe queued");
+    pub async fn subscribe(
+        &mut self,
+        filter: &str,
+        qos: rumqttc::QoS,
+    ) -> Vec<rumqttc::SubscribeReasonCode> {
+        self.client
+            .subscribe(filter, qos)
+            .await
+            .expect("subscribe queued");
         loop {
             match self.next_event().await {
                 Some(rumqttc::Packet::SubAck(ack)) => return ack.return_codes,
