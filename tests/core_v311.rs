@@ -101,7 +101,7 @@ async fn retained_set_replace_clear() {
 
     let mut sub = V4::connect(server.mqtt_addr, "sub1", true).await;
     sub.subscribe("r/+", QoS::AtLeastOnce).await;
-    let mut got = vec![sub.next_publish().await, sub.next_publish().await];
+    let mut got = [sub.next_publish().await, sub.next_publish().await];
     got.sort_by(|a, b| a.topic.cmp(&b.topic));
     assert_eq!(&got[0].payload[..], b"second");
     assert!(got[0].retain && got[1].retain);
@@ -398,7 +398,7 @@ async fn messages_arrive_in_publish_order() {
     // 5.0 MQTT-4.6.0-6: every topic is an ordered topic.
     let server = common::start().await;
     let mut sub = V4::connect(server.mqtt_addr, "sub", true).await;
-    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
+    let publ = V4::connect(server.mqtt_addr, "pub", true).await;
     sub.subscribe("ord", QoS::AtLeastOnce).await;
     for i in 0..200u32 {
         publ.client
