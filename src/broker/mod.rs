@@ -313,8 +313,7 @@ impl Broker {
                     self.metrics.messages_dropped_queue_full.increment(1);
                 }
                 EnqueueOutcome::DroppedQueueFull => {
-                    self.metrics.messages_dropped_queue_full.increment(1);
-                    tracing::debug!(client = %target.session.client_id, "queue full, message dropped");
+                    self.metrics.messages_dropped_queue_full.increment(1)
                 }
                 EnqueueOutcome::DroppedQoS0Offline => {
                     self.metrics.messages_dropped_qos0_offline.increment(1)

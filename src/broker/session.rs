@@ -113,6 +113,9 @@ pub struct SessionState {
     pub disconnected_at: Option<Instant>,
     /// Set when the session is discarded; enqueues are refused from then on.
     pub ended: bool,
+    /// True from the first overflow drop until the queue drains, so overflow is logged once
+    /// per episode rather than once per message.
+    overflowing: bool,
 }
 
 impl Session {
@@ -139,6 +142,7 @@ impl Session {
                 generation: 0,
                 disconnected_at: Some(Instant::now()),
                 ended: false,
+                overflowing: false,
             }),
             notify: Notify::new(),
         }
@@ -167,6 +171,16 @@ impl Session {
         let size = delivery.message.payload.len();
         let mut outcome = EnqueueOutcome::Queued;
         while st.is_full(limits, size) {
+            if !st.overflowing {
+                st.overflowing = true;
+                tracing::warn!(
+                    client = %self.client_id,
+                    queued = st.queue.len(),
+                    policy = ?limits.overflow,
+                    online,
+                    "session queue full: dropping messages until it drains"
+                );
+            }
             match limits.overflow {
                 OverflowPolicy::DropNew => return EnqueueOutcome::DroppedQueueFull,
                 OverflowPolicy::DropOldest => match st.queue.pop_front() {
@@ -246,6 +260,9 @@ impl SessionState {
     pub fn pop(&mut self) -> Option<Delivery> {
         let d = self.queue.pop_front()?;
         self.queued_bytes -= d.message.payload.len();
+        if self.queue.is_empty() {
+            self.overflowing = false;
+        }
         Some(d)
     }
 
