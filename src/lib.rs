@@ -3,4 +3,5 @@
 //! The library holds everything; `main.rs` is only the command line. Module map and data flow:
 //! see `ARCHITECTURE.md`.
 
+pub mod broker;
 pub mod codec;

@@ -1,0 +1,301 @@
+//! Retained messages indexed by topic name, matched against a topic filter on every SUBSCRIBE.
+//!
+//! A trie over topic levels; each node may hold the retained message for exactly its topic,
+//! stored with the full topic string so matches are reported without rebuilding names. A
+//! wildcard subscribe walks only the branches its filter can match; `#` walks a whole subtree
+//! with a stack of child iterators (depth-bounded, so no per-node allocation).
+
+use std::collections::hash_map;
+use std::collections::HashMap;
+use std::fmt;
+use std::mem;
+use std::ptr;
+
+use foldhash::fast::RandomState;
+use smallvec::SmallVec;
+
+/// Child levels of a node, keyed by level text.
+type Children<M> = HashMap<Box<str>, Node<M>, RandomState>;
+
+/// Maps with at least this capacity are shrunk once they are less than a quarter full.
+const SHRINK_ABOVE: usize = 32;
+
+/// Retained messages indexed by topic, so a wildcard subscribe walks only matching branches.
+///
+/// Topics must already be valid topic names (no wildcards; see
+/// [`crate::codec::topic::topic_name_error`]).
+pub struct RetainedIndex<M> {
+    root: Node<M>,
+    len: usize,
+}
+
+/// One topic level.
+struct Node<M> {
+    /// Child levels. Boxed so leaves stay small.
+    children: Option<Box<Children<M>>>,
+    /// The retained message whose topic ends exactly here, with that topic.
+    retained: Option<(Box<str>, M)>,
+}
+
+impl<M> Node<M> {
+    const fn new() -> Self {
+        Self { children: None, retained: None }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.children.is_none() && self.retained.is_none()
+    }
+
+    /// True if the node's only content is a single child (the next node on some path).
+    fn holds_only_one_child(&self) -> bool {
+        self.retained.is_none() && self.children.as_ref().is_some_and(|c| c.len() == 1)
+    }
+
+    fn child(&self, level: &str) -> Option<&Node<M>> {
+        self.children.as_ref()?.get(level)
+    }
+
+    fn child_mut(&mut self, level: &str) -> Option<&mut Node<M>> {
+        self.children.as_mut()?.get_mut(level)
+    }
+
+    fn child_or_insert(&mut self, level: &str) -> &mut Node<M> {
+        let children = self.children.get_or_insert_with(Box::default);
+        // Two lookups rather than `entry`, which would allocate a key on every hit.
+        if !children.contains_key(level) {
+            children.insert(level.into(), Node::new());
+        }
+        children.get_mut(level).expect("child inserted above")
+    }
+
+    fn remove_child(&mut self, level: &str) {
+        let Some(children) = self.children.as_mut() else { return };
+        children.remove(level);
+        if children.is_empty() {
+            self.children = None;
+        } else if children.capacity() >= SHRINK_ABOVE && children.len() < children.capacity() / 4 {
+            children.shrink_to(children.len() * 2);
+        }
+    }
+
+    #[inline]
+    fn report<F: FnMut(&str, &M)>(&self, f: &mut F) {
+        if let Some((topic, msg)) = &self.retained {
+            f(topic, msg);
+        }
+    }
+}
+
+/// A pending piece of a filter walk.
+enum Frame<'a, M> {
+    /// Match a node against the filter levels still to match (`None`: filter exhausted).
+    Visit(&'a Node<M>, Option<&'a str>),
+    /// A `+` level: visit each remaining child with the levels after the `+`.
+    /// The flag skips `$` children (MQTT-4.7.2-1, only at the root).
+    EachChild(hash_map::Iter<'a, Box<str>, Node<M>>, Option<&'a str>, bool),
+    /// A `#` level: report every message in the remaining children's subtrees. Same flag.
+    Subtrees(hash_map::Iter<'a, Box<str>, Node<M>>, bool),
+}
+
+/// Splits off the first level: `"a/b/c"` -> `("a", Some("b/c"))`, `"a"` -> `("a", None)`.
+#[inline]
+fn split_level(levels: &str) -> (&str, Option<&str>) {
+    match levels.split_once('/') {
+        Some((level, rest)) => (level, Some(rest)),
+        None => (levels, None),
+    }
+}
+
+/// Next child of `iter`, skipping `$`-prefixed levels if `skip_system`.
+#[inline]
+fn next_child<'a, M>(
+    iter: &mut hash_map::Iter<'a, Box<str>, Node<M>>,
+    skip_system: bool,
+) -> Option<&'a Node<M>> {
+    iter.find(|(level, _)| !(skip_system && level.starts_with('$'))).map(|(_, node)| node)
+}
+
+impl<M> RetainedIndex<M> {
+    /// An empty index.
+    pub const fn new() -> Self {
+        Self { root: Node::new(), len: 0 }
+    }
+
+    /// Stores/replaces the message for `topic`; returns the old one.
+    pub fn insert(&mut self, topic: &str, msg: M) -> Option<M> {
+        let mut node = &mut self.root;
+        for level in topic.split('/') {
+            node = node.child_or_insert(level);
+        }
+        match &mut node.retained {
+            Some((_, old)) => Some(mem::replace(old, msg)),
+            None => {
+                node.retained = Some((topic.into(), msg));
+                self.len += 1;
+                None
+            }
+        }
+    }
+
+    /// Clears `topic` (a retained PUBLISH with an empty payload); prunes empty nodes.
+    pub fn remove(&mut self, topic: &str) -> Option<M> {
+        let mut node = &mut self.root;
+        for level in topic.split('/') {
+            node = node.child_mut(level)?;
+        }
+        let (_, msg) = node.retained.take()?;
+        self.len -= 1;
+        if node.is_empty() {
+            self.prune(topic);
+        }
+        Some(msg)
+    }
+
+    /// Removes the longest run of nodes at the end of `topic`'s path that hold nothing else.
+    fn prune(&mut self, topic: &str) {
+        // Depth (root = 0) of the shallowest node from which the rest of the path is removable.
+        let mut cut = None;
+        let mut node = &self.root;
+        let mut path = topic.split('/').peekable();
+        let mut depth = 0;
+        while let Some(level) = path.next() {
+            let Some(child) = node.child(level) else { return };
+            depth += 1;
+            let removable =
+                if path.peek().is_some() { child.holds_only_one_child() } else { child.is_empty() };
+            if !removable {
+                cut = None;
+            } else if cut.is_none() {
+                cut = Some(depth);
+            }
+            node = child;
+        }
+        let Some(cut) = cut else { return };
+        let mut node = &mut self.root;
+        let mut path = topic.split('/');
+        for _ in 1..cut {
+            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else { return };
+            node = child;
+        }
+        if let Some(level) = path.next() {
+            node.remove_child(level);
+        }
+    }
+
+    /// The retained message for exactly `topic`.
+    pub fn get(&self, topic: &str) -> Option<&M> {
+        let mut node = &self.root;
+        for level in topic.split('/') {
+            node = node.child(level)?;
+        }
+        node.retained.as_ref().map(|(_, msg)| msg)
+    }
+
+    /// Calls `f(topic, msg)` for every retained message whose topic matches `filter`.
+    ///
+    /// Same rules as subscription matching, including MQTT-4.7.2-1: `#` and `+/...` do not
+    /// return `$SYS/x`. `filter` must be valid. Allocates only for walks more than 8 frames deep.
+    pub fn for_each_match<F: FnMut(&str, &M)>(&self, filter: &str, mut f: F) {
+        let mut stack: SmallVec<[Frame<'_, M>; 8]> = SmallVec::new();
+        stack.push(Frame::Visit(&self.root, Some(filter)));
+        while let Some(frame) = stack.last_mut() {
+            match frame {
+                Frame::Visit(node, rest) => {
+                    let (node, rest) = (*node, *rest);
+                    stack.pop();
+                    let Some(levels) = rest else {
+                        node.report(&mut f);
+                        continue;
+                    };
+                    let at_root = ptr::eq(node, &self.root);
+                    let (level, rest) = split_level(levels);
+                    if level == "#" {
+                        // `x/#` matches `x` itself too (MQTT 4.7.1.2).
+                        node.report(&mut f);
+                    }
+                    let Some(children) = node.children.as_deref() else { continue };
+                    match level {
+                        "#" => stack.push(Frame::Subtrees(children.iter(), at_root)),
+                        "+" => stack.push(Frame::EachChild(children.iter(), rest, at_root)),
+                        _ => {
+                            if let Some(child) = children.get(level) {
+                                stack.push(Frame::Visit(child, rest));
+                            }
+                        }
+                    }
+                }
+                Frame::EachChild(iter, rest, skip_system) => {
+                    let rest = *rest;
+                    match next_child(iter, *skip_system) {
+                        Some(child) => stack.push(Frame::Visit(child, rest)),
+                        None => {
+                            stack.pop();
+                        }
+                    }
+                }
+                Frame::Subtrees(iter, skip_system) => match next_child(iter, *skip_system) {
+                    Some(child) => {
+                        child.report(&mut f);
+                        if let Some(grandchildren) = child.children.as_deref() {
+                            stack.push(Frame::Subtrees(grandchildren.iter(), false));
+                        }
+                    }
+                    None => {
+                        stack.pop();
+                    }
+                },
+            }
+        }
+    }
+
+    /// Number of retained messages.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if no message is retained.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of nodes below the root; lets tests check that removal prunes everything.
+    #[cfg(test)]
+    pub(crate) fn node_count(&self) -> usize {
+        let mut count = 0;
+        let mut stack = vec![&self.root];
+        while let Some(node) = stack.pop() {
+            for child in node.children.iter().flat_map(|c| c.values()) {
+                count += 1;
+                stack.push(child);
+            }
+        }
+        count
+    }
+}
+
+impl<M> Default for RetainedIndex<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M> Drop for RetainedIndex<M> {
+    /// Iterative teardown: a topic may have ~64k levels, too deep for recursive drops.
+    fn drop(&mut self) {
+        let mut pending: Vec<Node<M>> = Vec::new();
+        if let Some(children) = self.root.children.take() {
+            pending.extend(children.into_values());
+        }
+        while let Some(mut node) = pending.pop() {
+            if let Some(children) = node.children.take() {
+                pending.extend(children.into_values());
+            }
+        }
+    }
+}
+
+impl<M> fmt::Debug for RetainedIndex<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetainedIndex").field("len", &self.len).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,419 @@
+//! Subscription index: topic filter -> subscribers, matched against a topic name on every PUBLISH.
+//!
+//! A trie over filter levels. Each node keeps its literal children in a foldhash map keyed by the
+//! level text (looked up by `&str`, no allocation), its `+` child in a dedicated field, the
+//! subscribers of `<this node>/#` in a dedicated field (a `#` level can have no children), and
+//! the subscribers whose filter ends exactly here. Matching walks the topic's levels as `&str`
+//! slices with a small inline stack, so it neither allocates nor recurses.
+//!
+//! Subscriber sets are a contiguous `Vec<(K, V)>` (fast fan-out iteration) plus, once a node
+//! grows past [`INDEX_ABOVE`] entries, a key -> position map so that insert and remove stay O(1)
+//! for nodes with 10k+ subscribers. Removal is `swap_remove`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+use std::mem;
+
+use foldhash::fast::RandomState;
+use smallvec::SmallVec;
+
+/// Literal children of a node, keyed by level text.
+type Children<K, V> = HashMap<Box<str>, Node<K, V>, RandomState>;
+
+/// Above this many subscribers a node keeps a key -> position index.
+const INDEX_ABOVE: usize = 8;
+/// The index is dropped again at this size (hysteresis, so churn around the threshold is cheap).
+const UNINDEX_AT: usize = 4;
+/// Collections with at least this capacity are shrunk once they are less than a quarter full.
+const SHRINK_ABOVE: usize = 32;
+
+/// Subscription index: filter -> subscribers. Generic so the router decides what a subscriber is.
+///
+/// `K` identifies a subscriber (a session id in practice); `V` is the per-subscription data
+/// (granted QoS, options, subscription identifier...). Filters must already be valid
+/// (see [`crate::codec::topic::is_valid_filter`]); `$share/` prefixes are the router's business.
+pub struct TopicTree<K, V> {
+    root: Node<K, V>,
+    len: usize,
+}
+
+/// One filter level.
+struct Node<K, V> {
+    /// Literal child levels (never `+` or `#`). Boxed so leaves stay small.
+    children: Option<Box<Children<K, V>>>,
+    /// The `+` child.
+    plus: Option<Box<Node<K, V>>>,
+    /// Subscribers of `<this level>/#` (at the root: of `#`).
+    multi: Option<Box<Subscribers<K, V>>>,
+    /// Subscribers whose filter ends exactly at this level.
+    subs: Subscribers<K, V>,
+}
+
+/// The subscribers of one filter: contiguous for iteration, indexed when large.
+struct Subscribers<K, V> {
+    entries: Vec<(K, V)>,
+    /// Key -> position in `entries`; present only above [`INDEX_ABOVE`] entries.
+    index: Option<Box<HashMap<K, usize, RandomState>>>,
+}
+
+impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
+    const fn new() -> Self {
+        Self { entries: Vec::new(), index: None }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn position(&self, key: &K) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(key).copied(),
+            None => self.entries.iter().position(|(k, _)| k == key),
+        }
+    }
+
+    fn get(&self, key: &K) -> Option<&V> {
+        let i = self.position(key)?;
+        self.entries.get(i).map(|(_, v)| v)
+    }
+
+    fn insert(&mut self, key: K, value: V) -> Option<V> {
+        if let Some(i) = self.position(&key) {
+            return Some(mem::replace(&mut self.entries[i].1, value));
+        }
+        if self.entries.len() < 4 {
+            // Most filters have one or two subscribers: don't let `Vec` round up to four.
+            self.entries.reserve_exact(1);
+        }
+        self.entries.push((key, value));
+        let last = self.entries.len() - 1;
+        match &mut self.index {
+            Some(index) => {
+                index.insert(key, last);
+            }
+            None if self.entries.len() > INDEX_ABOVE => {
+                let index = self.entries.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
+                self.index = Some(Box::new(index));
+            }
+            None => {}
+        }
+        None
+    }
+
+    fn remove(&mut self, key: &K) -> Option<V> {
+        let i = self.position(key)?;
+        let (_, value) = self.entries.swap_remove(i);
+        if let Some(index) = &mut self.index {
+            index.remove(key);
+            if let Some((moved, _)) = self.entries.get(i) {
+                index.insert(*moved, i);
+            }
+            if self.entries.len() <= UNINDEX_AT {
+                self.index = None;
+            } else if index.capacity() >= SHRINK_ABOVE && index.len() < index.capacity() / 4 {
+                index.shrink_to(index.len() * 2);
+            }
+        }
+        let cap = self.entries.capacity();
+        if cap >= SHRINK_ABOVE && self.entries.len() < cap / 4 {
+            self.entries.shrink_to(cap / 2);
+        }
+        Some(value)
+    }
+
+    #[inline]
+    fn report<F: FnMut(&K, &V)>(&self, f: &mut F) {
+        for (k, v) in &self.entries {
+            f(k, v);
+        }
+    }
+}
+
+impl<K: Copy + Eq + Hash, V> Node<K, V> {
+    const fn new() -> Self {
+        Self { children: None, plus: None, multi: None, subs: Subscribers::new() }
+    }
+
+    /// True if the node holds nothing and can be pruned.
+    fn is_empty(&self) -> bool {
+        self.children.is_none() && self.plus.is_none() && self.multi.is_none() && self.subs.is_empty()
+    }
+
+    /// True if the node's only content is a single child (the next node on some path).
+    fn holds_only_one_child(&self) -> bool {
+        let literal = self.children.as_ref().map_or(0, |c| c.len());
+        let plus = usize::from(self.plus.is_some());
+        self.multi.is_none() && self.subs.is_empty() && literal + plus == 1
+    }
+
+    fn child(&self, level: &str) -> Option<&Node<K, V>> {
+        if level == "+" {
+            self.plus.as_deref()
+        } else {
+            self.children.as_ref()?.get(level)
+        }
+    }
+
+    fn child_mut(&mut self, level: &str) -> Option<&mut Node<K, V>> {
+        if level == "+" {
+            self.plus.as_deref_mut()
+        } else {
+            self.children.as_mut()?.get_mut(level)
+        }
+    }
+
+    fn child_or_insert(&mut self, level: &str) -> &mut Node<K, V> {
+        if level == "+" {
+            return self.plus.get_or_insert_with(|| Box::new(Node::new()));
+        }
+        let children = self.children.get_or_insert_with(Box::default);
+        // Two lookups rather than `entry`, which would allocate a key on every hit.
+        if !children.contains_key(level) {
+            children.insert(level.into(), Node::new());
+        }
+        children.get_mut(level).expect("child inserted above")
+    }
+
+    fn remove_child(&mut self, level: &str) {
+        if level == "+" {
+            self.plus = None;
+            return;
+        }
+        let Some(children) = self.children.as_mut() else { return };
+        children.remove(level);
+        if children.is_empty() {
+            self.children = None;
+        } else if children.capacity() >= SHRINK_ABOVE && children.len() < children.capacity() / 4 {
+            children.shrink_to(children.len() * 2);
+        }
+    }
+
+    /// Pushes the children that match topic level `level`; `rest` is what follows it.
+    #[inline]
+    fn push_matching_children<'a>(
+        &'a self,
+        level: &str,
+        rest: Option<&'a str>,
+        allow_plus: bool,
+        stack: &mut Stack<'a, K, V>,
+    ) {
+        if let Some(child) = self.children.as_ref().and_then(|c| c.get(level)) {
+            stack.push((child, rest));
+        }
+        if allow_plus {
+            if let Some(plus) = &self.plus {
+                stack.push((plus, rest));
+            }
+        }
+    }
+}
+
+/// Walk stack: a node and the topic levels still to match below it (`None`: topic exhausted).
+type Stack<'a, K, V> = SmallVec<[(&'a Node<K, V>, Option<&'a str>); 16]>;
+
+/// Splits off the first level: `"a/b/c"` -> `("a", Some("b/c"))`, `"a"` -> `("a", None)`.
+#[inline]
+fn split_level(levels: &str) -> (&str, Option<&str>) {
+    match levels.split_once('/') {
+        Some((level, rest)) => (level, Some(rest)),
+        None => (levels, None),
+    }
+}
+
+/// Splits a valid filter into the levels before a trailing `#` and whether there is one.
+fn parse_filter(filter: &str) -> (impl Iterator<Item = &str> + Clone, bool) {
+    let (path, multi) = if filter == "#" {
+        (None, true)
+    } else if let Some(path) = filter.strip_suffix("/#") {
+        (Some(path), true)
+    } else {
+        (Some(filter), false)
+    };
+    (path.into_iter().flat_map(|p| p.split('/')), multi)
+}
+
+impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
+    /// An empty index.
+    pub const fn new() -> Self {
+        Self { root: Node::new(), len: 0 }
+    }
+
+    /// Adds or replaces key's subscription to `filter`; returns the replaced value.
+    pub fn insert(&mut self, filter: &str, key: K, value: V) -> Option<V> {
+        let (levels, multi) = parse_filter(filter);
+        let mut node = &mut self.root;
+        for level in levels {
+            node = node.child_or_insert(level);
+        }
+        let subs = if multi {
+            node.multi.get_or_insert_with(|| Box::new(Subscribers::new()))
+        } else {
+            &mut node.subs
+        };
+        let old = subs.insert(key, value);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    /// Removes key's subscription to `filter`; returns it. Prunes empty nodes (memory stays
+    /// bounded under churn).
+    pub fn remove(&mut self, filter: &str, key: K) -> Option<V> {
+        let (levels, multi) = parse_filter(filter);
+        let mut node = &mut self.root;
+        for level in levels.clone() {
+            node = node.child_mut(level)?;
+        }
+        let removed = if multi {
+            let subs = node.multi.as_mut()?;
+            let removed = subs.remove(&key)?;
+            if subs.is_empty() {
+                node.multi = None;
+            }
+            removed
+        } else {
+            node.subs.remove(&key)?
+        };
+        self.len -= 1;
+        if node.is_empty() {
+            self.prune(levels);
+        }
+        Some(removed)
+    }
+
+    /// Removes the longest run of nodes at the end of `levels` that hold nothing but that path.
+    fn prune<'f>(&mut self, levels: impl Iterator<Item = &'f str> + Clone) {
+        // Depth (root = 0) of the shallowest node from which the rest of the path is removable.
+        let mut cut = None;
+        let mut node = &self.root;
+        let mut path = levels.clone().peekable();
+        let mut depth = 0;
+        while let Some(level) = path.next() {
+            let Some(child) = node.child(level) else { return };
+            depth += 1;
+            let removable =
+                if path.peek().is_some() { child.holds_only_one_child() } else { child.is_empty() };
+            if !removable {
+                cut = None;
+            } else if cut.is_none() {
+                cut = Some(depth);
+            }
+            node = child;
+        }
+        let Some(cut) = cut else { return };
+        let mut node = &mut self.root;
+        let mut path = levels;
+        for _ in 1..cut {
+            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else { return };
+            node = child;
+        }
+        if let Some(level) = path.next() {
+            node.remove_child(level);
+        }
+    }
+
+    /// Calls `f(key, value)` for every subscription whose filter matches `topic`.
+    ///
+    /// A key may be reported several times (overlapping filters); the router merges them.
+    /// Topics starting with `$` are not matched by filters starting with `+` or `#`
+    /// (MQTT-4.7.2-1). Does not allocate unless the walk is deeper than 16 pending branches.
+    pub fn for_each_match<F: FnMut(&K, &V)>(&self, topic: &str, mut f: F) {
+        let root = &self.root;
+        let system = topic.starts_with('$');
+        if !system {
+            if let Some(multi) = &root.multi {
+                multi.report(&mut f);
+            }
+        }
+        let mut stack = Stack::new();
+        let (level, rest) = split_level(topic);
+        root.push_matching_children(level, rest, !system, &mut stack);
+        while let Some((node, rest)) = stack.pop() {
+            // `x/#` matches `x` itself and everything below it (MQTT 4.7.1.2).
+            if let Some(multi) = &node.multi {
+                multi.report(&mut f);
+            }
+            match rest {
+                None => node.subs.report(&mut f),
+                Some(levels) => {
+                    let (level, rest) = split_level(levels);
+                    node.push_matching_children(level, rest, true, &mut stack);
+                }
+            }
+        }
+    }
+
+    /// The value of key's subscription to exactly `filter` (no wildcard matching).
+    pub fn get(&self, filter: &str, key: K) -> Option<&V> {
+        let (levels, multi) = parse_filter(filter);
+        let mut node = &self.root;
+        for level in levels {
+            node = node.child(level)?;
+        }
+        if multi {
+            node.multi.as_ref()?.get(&key)
+        } else {
+            node.subs.get(&key)
+        }
+    }
+
+    /// Number of (filter, key) subscriptions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if there are no subscriptions.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of nodes below the root; lets tests check that removal prunes everything.
+    #[cfg(test)]
+    pub(crate) fn node_count(&self) -> usize {
+        let mut count = 0;
+        let mut stack = vec![&self.root];
+        while let Some(node) = stack.pop() {
+            let literal = node.children.iter().flat_map(|c| c.values());
+            for child in literal.chain(node.plus.as_deref()) {
+                count += 1;
+                stack.push(child);
+            }
+        }
+        count
+    }
+}
+
+impl<K: Copy + Eq + Hash, V> Default for TopicTree<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K, V> Drop for TopicTree<K, V> {
+    /// Iterative teardown: a filter may have ~32k levels, too deep for recursive drops.
+    fn drop(&mut self) {
+        let mut pending = Vec::new();
+        detach(&mut self.root, &mut pending);
+        while let Some(mut node) = pending.pop() {
+            detach(&mut node, &mut pending);
+        }
+    }
+}
+
+/// Moves a node's children into `out`, so that dropping a deep tree does not recurse.
+fn detach<K, V>(node: &mut Node<K, V>, out: &mut Vec<Node<K, V>>) {
+    if let Some(children) = node.children.take() {
+        out.extend(children.into_values());
+    }
+    if let Some(plus) = node.plus.take() {
+        out.push(*plus);
+    }
+}
+
+impl<K, V> fmt::Debug for TopicTree<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TopicTree").field("len", &self.len).finish_non_exhaustive()
+    }
+}
