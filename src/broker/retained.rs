@@ -39,7 +39,10 @@ struct Node<M> {
 
 impl<M> Node<M> {
     const fn new() -> Self {
-        Self { children: None, retained: None }
+        Self {
+            children: None,
+            retained: None,
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -69,8 +72,12 @@ impl<M> Node<M> {
     }
 
     fn remove_child(&mut self, level: &str) {
-        let Some(children) = self.children.as_mut() else { return };
-        children.remove(level);
+        let Some(children) = self.children.as_mut() else {
+            return;
+        };
+        if let Some(mut child) = children.remove(level) {
+            teardown(&mut child);
+        }
         if children.is_empty() {
             self.children = None;
         } else if children.capacity() >= SHRINK_ABOVE && children.len() < children.capacity() / 4 {
@@ -112,13 +119,17 @@ fn next_child<'a, M>(
     iter: &mut hash_map::Iter<'a, Box<str>, Node<M>>,
     skip_system: bool,
 ) -> Option<&'a Node<M>> {
-    iter.find(|(level, _)| !(skip_system && level.starts_with('$'))).map(|(_, node)| node)
+    iter.find(|(level, _)| !(skip_system && level.starts_with('$')))
+        .map(|(_, node)| node)
 }
 
 impl<M> RetainedIndex<M> {
     /// An empty index.
     pub const fn new() -> Self {
-        Self { root: Node::new(), len: 0 }
+        Self {
+            root: Node::new(),
+            len: 0,
+        }
     }
 
     /// Stores/replaces the message for `topic`; returns the old one.
@@ -159,10 +170,15 @@ impl<M> RetainedIndex<M> {
         let mut path = topic.split('/').peekable();
         let mut depth = 0;
         while let Some(level) = path.next() {
-            let Some(child) = node.child(level) else { return };
+            let Some(child) = node.child(level) else {
+                return;
+            };
             depth += 1;
-            let removable =
-                if path.peek().is_some() { child.holds_only_one_child() } else { child.is_empty() };
+            let removable = if path.peek().is_some() {
+                child.holds_only_one_child()
+            } else {
+                child.is_empty()
+            };
             if !removable {
                 cut = None;
             } else if cut.is_none() {
@@ -174,7 +190,9 @@ impl<M> RetainedIndex<M> {
         let mut node = &mut self.root;
         let mut path = topic.split('/');
         for _ in 1..cut {
-            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else { return };
+            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else {
+                return;
+            };
             node = child;
         }
         if let Some(level) = path.next() {
@@ -213,7 +231,9 @@ impl<M> RetainedIndex<M> {
                         // `x/#` matches `x` itself too (MQTT 4.7.1.2).
                         node.report(&mut f);
                     }
-                    let Some(children) = node.children.as_deref() else { continue };
+                    let Some(children) = node.children.as_deref() else {
+                        continue;
+                    };
                     match level {
                         "#" => stack.push(Frame::Subtrees(children.iter(), at_root)),
                         "+" => stack.push(Frame::EachChild(children.iter(), rest, at_root)),
@@ -280,22 +300,224 @@ impl<M> Default for RetainedIndex<M> {
 }
 
 impl<M> Drop for RetainedIndex<M> {
-    /// Iterative teardown: a topic may have ~64k levels, too deep for recursive drops.
     fn drop(&mut self) {
-        let mut pending: Vec<Node<M>> = Vec::new();
-        if let Some(children) = self.root.children.take() {
-            pending.extend(children.into_values());
-        }
-        while let Some(mut node) = pending.pop() {
-            if let Some(children) = node.children.take() {
-                pending.extend(children.into_values());
-            }
-        }
+        teardown(&mut self.root);
+    }
+}
+
+/// Drops everything below `node` without recursion: a topic may have ~64k levels, and a pruned
+/// branch can be that deep too.
+fn teardown<M>(node: &mut Node<M>) {
+    let mut pending: Vec<Node<M>> = Vec::new();
+    pending.extend(
+        node.children
+            .take()
+            .into_iter()
+            .flat_map(|c| c.into_values()),
+    );
+    while let Some(mut node) = pending.pop() {
+        pending.extend(
+            node.children
+                .take()
+                .into_iter()
+                .flat_map(|c| c.into_values()),
+        );
     }
 }
 
 impl<M> fmt::Debug for RetainedIndex<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetainedIndex").field("len", &self.len).finish_non_exhaustive()
+        f.debug_struct("RetainedIndex")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOPICS: [&str; 12] = [
+        "sport",
+        "sport/tennis",
+        "sport/tennis/player1",
+        "sport/tennis/player1/ranking",
+        "sport/tennis/player2",
+        "sport/",
+        "/finance",
+        "finance",
+        "a//b",
+        "$SYS",
+        "$SYS/monitor/Clients",
+        "Accounts payable",
+    ];
+
+    fn index() -> RetainedIndex<usize> {
+        let mut index = RetainedIndex::new();
+        for (i, topic) in TOPICS.iter().enumerate() {
+            assert_eq!(index.insert(topic, i), None);
+        }
+        index
+    }
+
+    /// Sorted topics whose retained message `filter` returns; checks the message too.
+    fn matching(index: &RetainedIndex<usize>, filter: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        index.for_each_match(filter, |topic, msg| {
+            assert_eq!(TOPICS.get(*msg), Some(&topic));
+            out.push(topic.to_owned());
+        });
+        out.sort_unstable();
+        out
+    }
+
+    fn sorted(topics: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn multi_level_wildcard_spec_examples() {
+        // 3.1.1 / 5.0 §4.7.1.2: "x/#" returns x itself and everything below it.
+        let index = index();
+        assert_eq!(
+            matching(&index, "sport/tennis/player1/#"),
+            sorted(&["sport/tennis/player1", "sport/tennis/player1/ranking"])
+        );
+        assert_eq!(
+            matching(&index, "sport/#"),
+            sorted(&[
+                "sport",
+                "sport/",
+                "sport/tennis",
+                "sport/tennis/player1",
+                "sport/tennis/player1/ranking",
+                "sport/tennis/player2"
+            ])
+        );
+        // MQTT-4.7.2-1: "#" returns everything except '$' topics.
+        let all: Vec<&str> = TOPICS
+            .iter()
+            .copied()
+            .filter(|t| !t.starts_with('$'))
+            .collect();
+        assert_eq!(matching(&index, "#"), sorted(&all));
+    }
+
+    #[test]
+    fn single_level_wildcard_spec_examples_mqtt_4_7_1_2() {
+        let index = index();
+        assert_eq!(
+            matching(&index, "sport/tennis/+"),
+            sorted(&["sport/tennis/player1", "sport/tennis/player2"])
+        );
+        assert_eq!(
+            matching(&index, "sport/+"),
+            sorted(&["sport/", "sport/tennis"])
+        );
+        assert_eq!(
+            matching(&index, "+/+"),
+            sorted(&["/finance", "sport/", "sport/tennis"])
+        );
+        assert_eq!(matching(&index, "/+"), sorted(&["/finance"]));
+        assert_eq!(
+            matching(&index, "+"),
+            sorted(&["Accounts payable", "finance", "sport"])
+        );
+        assert_eq!(matching(&index, "a/+/b"), sorted(&["a//b"]));
+        assert_eq!(
+            matching(&index, "+/tennis/#"),
+            sorted(&[
+                "sport/tennis",
+                "sport/tennis/player1",
+                "sport/tennis/player1/ranking",
+                "sport/tennis/player2"
+            ])
+        );
+    }
+
+    #[test]
+    fn dollar_topics_mqtt_4_7_2_1() {
+        let index = index();
+        assert_eq!(matching(&index, "+/monitor/Clients"), Vec::<String>::new());
+        assert_eq!(
+            matching(&index, "$SYS/#"),
+            sorted(&["$SYS", "$SYS/monitor/Clients"])
+        );
+        assert_eq!(
+            matching(&index, "$SYS/monitor/+"),
+            sorted(&["$SYS/monitor/Clients"])
+        );
+        assert_eq!(matching(&index, "$SYS"), sorted(&["$SYS"]));
+    }
+
+    #[test]
+    fn exact_filters_and_no_normalization_mqtt_4_7_3_4() {
+        let index = index();
+        assert_eq!(matching(&index, "finance"), sorted(&["finance"]));
+        assert_eq!(matching(&index, "Finance"), Vec::<String>::new());
+        assert_eq!(matching(&index, "sport/tennis"), sorted(&["sport/tennis"]));
+        assert_eq!(
+            matching(&index, "sport/tennis/player3"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            matching(&index, "Accounts payable"),
+            sorted(&["Accounts payable"])
+        );
+    }
+
+    #[test]
+    fn insert_replaces_remove_prunes() {
+        let mut index = index();
+        assert_eq!(index.len(), TOPICS.len());
+        assert_eq!(index.insert("sport", 0), Some(0));
+        assert_eq!(index.get("sport/tennis"), Some(&1));
+        assert_eq!(index.get("sport/tennis/player3"), None);
+        assert_eq!(index.remove("sport/tennis/player3"), None);
+        assert_eq!(index.remove("sport/tennis/player1"), Some(2));
+        assert_eq!(index.remove("sport/tennis/player1"), None);
+        // The node stays: "sport/tennis/player1/ranking" lives below it.
+        assert_eq!(
+            matching(&index, "sport/tennis/+/ranking"),
+            sorted(&["sport/tennis/player1/ranking"])
+        );
+        for topic in TOPICS {
+            index.remove(topic);
+        }
+        assert!(index.is_empty());
+        assert_eq!(index.node_count(), 0);
+    }
+
+    #[test]
+    fn deep_topics_do_not_overflow_the_stack() {
+        // A topic name may have ~64k levels; matching, pruning and dropping are iterative.
+        let topic = vec![""; 60_000].join("/");
+        let mut index = RetainedIndex::new();
+        index.insert(&topic, 1);
+        index.insert("a", 2);
+        let mut count = 0;
+        index.for_each_match("#", |_, _| count += 1);
+        assert_eq!(count, 2);
+        assert_eq!(index.remove(&topic), Some(1));
+        assert_eq!(index.node_count(), 1);
+        index.insert(&topic, 1);
+        drop(index);
+    }
+
+    #[test]
+    fn many_topics_under_one_wildcard() {
+        let mut index = RetainedIndex::new();
+        for i in 0..10_000 {
+            index.insert(&format!("fleet/d{i}/state"), i);
+        }
+        let mut count = 0;
+        index.for_each_match("fleet/+/state", |_, _| count += 1);
+        assert_eq!(count, 10_000);
+        for i in 0..10_000 {
+            assert_eq!(index.remove(&format!("fleet/d{i}/state")), Some(i));
+        }
+        assert_eq!(index.node_count(), 0);
     }
 }

@@ -59,7 +59,10 @@ struct Subscribers<K, V> {
 
 impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
     const fn new() -> Self {
-        Self { entries: Vec::new(), index: None }
+        Self {
+            entries: Vec::new(),
+            index: None,
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -93,7 +96,12 @@ impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
                 index.insert(key, last);
             }
             None if self.entries.len() > INDEX_ABOVE => {
-                let index = self.entries.iter().enumerate().map(|(i, (k, _))| (*k, i)).collect();
+                let index = self
+                    .entries
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, _))| (*k, i))
+                    .collect();
                 self.index = Some(Box::new(index));
             }
             None => {}
@@ -132,12 +140,20 @@ impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
 
 impl<K: Copy + Eq + Hash, V> Node<K, V> {
     const fn new() -> Self {
-        Self { children: None, plus: None, multi: None, subs: Subscribers::new() }
+        Self {
+            children: None,
+            plus: None,
+            multi: None,
+            subs: Subscribers::new(),
+        }
     }
 
     /// True if the node holds nothing and can be pruned.
     fn is_empty(&self) -> bool {
-        self.children.is_none() && self.plus.is_none() && self.multi.is_none() && self.subs.is_empty()
+        self.children.is_none()
+            && self.plus.is_none()
+            && self.multi.is_none()
+            && self.subs.is_empty()
     }
 
     /// True if the node's only content is a single child (the next node on some path).
@@ -177,11 +193,17 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
 
     fn remove_child(&mut self, level: &str) {
         if level == "+" {
-            self.plus = None;
+            if let Some(mut plus) = self.plus.take() {
+                teardown(&mut plus);
+            }
             return;
         }
-        let Some(children) = self.children.as_mut() else { return };
-        children.remove(level);
+        let Some(children) = self.children.as_mut() else {
+            return;
+        };
+        if let Some(mut child) = children.remove(level) {
+            teardown(&mut child);
+        }
         if children.is_empty() {
             self.children = None;
         } else if children.capacity() >= SHRINK_ABOVE && children.len() < children.capacity() / 4 {
@@ -236,7 +258,10 @@ fn parse_filter(filter: &str) -> (impl Iterator<Item = &str> + Clone, bool) {
 impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
     /// An empty index.
     pub const fn new() -> Self {
-        Self { root: Node::new(), len: 0 }
+        Self {
+            root: Node::new(),
+            len: 0,
+        }
     }
 
     /// Adds or replaces key's subscription to `filter`; returns the replaced value.
@@ -247,7 +272,8 @@ impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
             node = node.child_or_insert(level);
         }
         let subs = if multi {
-            node.multi.get_or_insert_with(|| Box::new(Subscribers::new()))
+            node.multi
+                .get_or_insert_with(|| Box::new(Subscribers::new()))
         } else {
             &mut node.subs
         };
@@ -291,10 +317,15 @@ impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
         let mut path = levels.clone().peekable();
         let mut depth = 0;
         while let Some(level) = path.next() {
-            let Some(child) = node.child(level) else { return };
+            let Some(child) = node.child(level) else {
+                return;
+            };
             depth += 1;
-            let removable =
-                if path.peek().is_some() { child.holds_only_one_child() } else { child.is_empty() };
+            let removable = if path.peek().is_some() {
+                child.holds_only_one_child()
+            } else {
+                child.is_empty()
+            };
             if !removable {
                 cut = None;
             } else if cut.is_none() {
@@ -306,7 +337,9 @@ impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
         let mut node = &mut self.root;
         let mut path = levels;
         for _ in 1..cut {
-            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else { return };
+            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else {
+                return;
+            };
             node = child;
         }
         if let Some(level) = path.next() {
@@ -392,17 +425,22 @@ impl<K: Copy + Eq + Hash, V> Default for TopicTree<K, V> {
 }
 
 impl<K, V> Drop for TopicTree<K, V> {
-    /// Iterative teardown: a filter may have ~32k levels, too deep for recursive drops.
     fn drop(&mut self) {
-        let mut pending = Vec::new();
-        detach(&mut self.root, &mut pending);
-        while let Some(mut node) = pending.pop() {
-            detach(&mut node, &mut pending);
-        }
+        teardown(&mut self.root);
     }
 }
 
-/// Moves a node's children into `out`, so that dropping a deep tree does not recurse.
+/// Drops everything below `node` without recursion: a filter may have ~32k levels, and a pruned
+/// branch can be that deep too.
+fn teardown<K, V>(node: &mut Node<K, V>) {
+    let mut pending = Vec::new();
+    detach(node, &mut pending);
+    while let Some(mut node) = pending.pop() {
+        detach(&mut node, &mut pending);
+    }
+}
+
+/// Moves a node's children into `out`.
 fn detach<K, V>(node: &mut Node<K, V>, out: &mut Vec<Node<K, V>>) {
     if let Some(children) = node.children.take() {
         out.extend(children.into_values());
@@ -414,6 +452,203 @@ fn detach<K, V>(node: &mut Node<K, V>, out: &mut Vec<Node<K, V>>) {
 
 impl<K, V> fmt::Debug for TopicTree<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TopicTree").field("len", &self.len).finish_non_exhaustive()
+        f.debug_struct("TopicTree")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sorted `(key, value)` pairs reported for `topic`.
+    fn matches(tree: &TopicTree<u64, &'static str>, topic: &str) -> Vec<(u64, &'static str)> {
+        let mut out = Vec::new();
+        tree.for_each_match(topic, |k, v| out.push((*k, *v)));
+        out.sort_unstable();
+        out
+    }
+
+    /// Tree with one subscriber (key 1) on `filter`.
+    fn single(filter: &'static str) -> TopicTree<u64, &'static str> {
+        let mut tree = TopicTree::new();
+        tree.insert(filter, 1, filter);
+        tree
+    }
+
+    fn assert_matches(filter: &'static str, topic: &str, expected: bool) {
+        let found = !matches(&single(filter), topic).is_empty();
+        assert_eq!(found, expected, "filter {filter:?} vs topic {topic:?}");
+    }
+
+    #[test]
+    fn multi_level_wildcard_spec_examples() {
+        // 3.1.1 §4.7.1.2 / 5.0 §4.7.1.2.
+        for topic in [
+            "sport/tennis/player1",
+            "sport/tennis/player1/ranking",
+            "sport/tennis/player1/score/wimbledon",
+        ] {
+            assert_matches("sport/tennis/player1/#", topic, true);
+        }
+        // "sport/#" also matches the parent level "sport".
+        assert_matches("sport/#", "sport", true);
+        assert_matches("sport/#", "sports", false);
+        assert_matches("sport/tennis/#", "sport", false);
+        // "#" matches every topic (not starting with '$').
+        for topic in ["a", "/", "a/b/c", "//"] {
+            assert_matches("#", topic, true);
+        }
+    }
+
+    #[test]
+    fn single_level_wildcard_spec_examples_mqtt_4_7_1_2() {
+        // 3.1.1 §4.7.1.3 / 5.0 §4.7.1.3; MQTT-4.7.1-2: '+' occupies exactly one level.
+        assert_matches("sport/tennis/+", "sport/tennis/player1", true);
+        assert_matches("sport/tennis/+", "sport/tennis/player2", true);
+        assert_matches("sport/tennis/+", "sport/tennis/player1/ranking", false);
+        assert_matches("sport/+", "sport", false);
+        assert_matches("sport/+", "sport/", true); // '+' matches an empty level
+        assert_matches("+/+", "/finance", true);
+        assert_matches("/+", "/finance", true);
+        assert_matches("+", "/finance", false);
+        assert_matches("+", "finance", true);
+        assert_matches("+/tennis/#", "sport/tennis/player1", true);
+        assert_matches("+/tennis/#", "sport/tennis", true);
+        assert_matches("+/tennis/#", "sport/golf", false);
+    }
+
+    #[test]
+    fn dollar_topics_mqtt_4_7_2_1() {
+        // MQTT-4.7.2-1: filters starting with a wildcard don't match topics starting with '$'.
+        assert_matches("#", "$SYS/monitor/Clients", false);
+        assert_matches("+/monitor/Clients", "$SYS/monitor/Clients", false);
+        assert_matches("+", "$SYS", false);
+        assert_matches("#", "$", false);
+        assert_matches("$SYS/#", "$SYS/monitor/Clients", true);
+        assert_matches("$SYS/#", "$SYS", true);
+        assert_matches("$SYS/monitor/+", "$SYS/monitor/Clients", true);
+        // Only the first character of the topic matters.
+        assert_matches("a/+", "a/$b", true);
+        assert_matches("a/#", "a/$b/c", true);
+    }
+
+    #[test]
+    fn topic_semantics_mqtt_4_7_3_4() {
+        // §4.7.3: case-sensitive, spaces allowed, a leading '/' makes a distinct empty level.
+        assert_matches("ACCOUNTS", "Accounts", false);
+        assert_matches("Accounts payable", "Accounts payable", true);
+        assert_matches("/finance", "finance", false);
+        assert_matches("finance", "/finance", false);
+        assert_matches("a//b", "a//b", true);
+        assert_matches("a//b", "a/b", false);
+        assert_matches("a/+/b", "a//b", true);
+        // MQTT-4.7.3-4: no normalization ("é" precomposed vs decomposed are different levels).
+        assert_matches("caf\u{e9}", "cafe\u{301}", false);
+    }
+
+    #[test]
+    fn overlapping_filters_report_each_subscription() {
+        let mut tree = TopicTree::new();
+        tree.insert("a/b", 1, "exact");
+        tree.insert("a/+", 1, "plus");
+        tree.insert("#", 1, "hash");
+        tree.insert("a/#", 2, "a-hash");
+        tree.insert("+/+", 3, "plus-plus");
+        tree.insert("a/c", 4, "other");
+        assert_eq!(
+            matches(&tree, "a/b"),
+            vec![
+                (1, "exact"),
+                (1, "hash"),
+                (1, "plus"),
+                (2, "a-hash"),
+                (3, "plus-plus")
+            ]
+        );
+        assert_eq!(tree.len(), 6);
+    }
+
+    #[test]
+    fn insert_replaces_and_remove_returns() {
+        let mut tree = TopicTree::new();
+        assert_eq!(tree.insert("a/#", 7, "v1"), None);
+        assert_eq!(tree.insert("a/#", 7, "v2"), Some("v1"));
+        assert_eq!(tree.len(), 1);
+        assert_eq!(tree.get("a/#", 7), Some(&"v2"));
+        assert_eq!(tree.get("a", 7), None);
+        assert_eq!(tree.get("a/+", 7), None);
+        assert_eq!(tree.remove("a", 7), None);
+        assert_eq!(tree.remove("a/#", 8), None);
+        assert_eq!(tree.remove("a/#", 7), Some("v2"));
+        assert_eq!(tree.remove("a/#", 7), None);
+        assert!(tree.is_empty());
+        assert_eq!(tree.node_count(), 0);
+    }
+
+    #[test]
+    fn removal_prunes_only_empty_branches() {
+        let mut tree = TopicTree::new();
+        tree.insert("a/b/c/d", 1, "deep");
+        tree.insert("a/b", 1, "mid");
+        tree.insert("a/+/c", 2, "plus");
+        assert_eq!(tree.node_count(), 6); // a, b, c, d, +, c
+        tree.remove("a/b/c/d", 1);
+        assert_eq!(tree.node_count(), 4); // "a/b" keeps a, b
+        tree.remove("a/b", 1);
+        assert_eq!(tree.node_count(), 3);
+        assert_eq!(matches(&tree, "a/x/c"), vec![(2, "plus")]);
+        tree.remove("a/+/c", 2);
+        assert_eq!(tree.node_count(), 0);
+        assert!(tree.is_empty());
+    }
+
+    #[test]
+    fn large_fan_out_node_indexes_and_shrinks() {
+        let mut tree = TopicTree::new();
+        let n = 20_000u64;
+        for key in 0..n {
+            assert_eq!(tree.insert("fleet/+/state", key, key), None);
+        }
+        assert_eq!(tree.insert("fleet/+/state", 5, 50), Some(5));
+        let mut count = 0;
+        tree.for_each_match("fleet/x/state", |_, _| count += 1);
+        assert_eq!(count, n);
+        // Remove in a scrambled order so swap_remove moves entries around.
+        for key in (0..n).map(|i| (i * 7919) % n) {
+            let expected = if key == 5 { 50 } else { key };
+            assert_eq!(
+                tree.remove("fleet/+/state", key),
+                Some(expected),
+                "key {key}"
+            );
+            if key % 1000 == 0 {
+                assert_eq!(tree.get("fleet/+/state", key), None);
+            }
+        }
+        assert!(tree.is_empty());
+        assert_eq!(tree.node_count(), 0);
+    }
+
+    #[test]
+    fn deep_filters_do_not_overflow_the_stack() {
+        // The longest valid filter is ~32k levels; matching, pruning and dropping are iterative.
+        let filter = vec!["+"; 30_000].join("/");
+        let topic = vec!["x"; 30_000].join("/");
+        let mut tree = TopicTree::new();
+        tree.insert(&filter, 1u64, ());
+        tree.insert("#", 2, ());
+        let mut count = 0;
+        tree.for_each_match(&topic, |_, _| count += 1);
+        assert_eq!(count, 2);
+        assert_eq!(tree.node_count(), 30_000);
+        tree.insert(&format!("{filter}/#"), 3, ());
+        drop(tree);
+
+        let mut tree = TopicTree::new();
+        tree.insert(&filter, 1u64, ());
+        assert_eq!(tree.remove(&filter, 1), Some(()));
+        assert_eq!(tree.node_count(), 0);
     }
 }

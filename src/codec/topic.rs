@@ -65,7 +65,17 @@ mod tests {
 
     #[test]
     fn filters_follow_section_4_7() {
-        for ok in ["#", "+", "a/#", "a/+/b", "+/+", "/", "a//b", "$SYS/#", "sport/tennis/+"] {
+        for ok in [
+            "#",
+            "+",
+            "a/#",
+            "a/+/b",
+            "+/+",
+            "/",
+            "a//b",
+            "$SYS/#",
+            "sport/tennis/+",
+        ] {
             assert!(is_valid_filter(ok), "{ok}");
         }
         for bad in ["", "a#", "a/#/b", "a+", "a/b+/c", "#/a", "a/\0"] {
