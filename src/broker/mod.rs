@@ -7,3 +7,6 @@
 
 pub mod retained;
 pub mod topic_tree;
+
+#[cfg(test)]
+mod tests;
