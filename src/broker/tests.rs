@@ -210,3 +210,95 @@ proptest! {
         prop_assert_eq!(index.node_count(), 0);
     }
 }
+
+/// Resident set size in bytes, for rough memory figures (Linux only; 0 elsewhere).
+fn rss_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok());
+    kib.unwrap_or(0) * 1024
+}
+
+/// Tiny deterministic generator, so the sanity check needs no RNG setup.
+fn lcg(state: &mut u64) -> u64 {
+    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
+/// Median and 99th percentile of per-call durations, in nanoseconds.
+fn percentiles(mut samples: Vec<u128>) -> (u128, u128) {
+    samples.sort_unstable();
+    (samples[samples.len() / 2], samples[samples.len() * 99 / 100])
+}
+
+/// Quick sanity figures, not a benchmark: `cargo test --release --lib broker -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing sanity check; run in release with --nocapture"]
+fn perf_sanity_one_million_subscriptions() {
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    const DEVICES: u64 = 249_750;
+    let rss_before = rss_bytes();
+    let start = Instant::now();
+    let mut tree: TopicTree<u64, u32> = TopicTree::new();
+    for d in 0..DEVICES {
+        let r = d % 32;
+        tree.insert(&format!("fleet/r{r}/d{d}/cmd/+"), d, 1);
+        tree.insert(&format!("fleet/r{r}/d{d}/config"), d, 1);
+        tree.insert(&format!("fleet/r{r}/d{d}/+/alarm"), d, 1);
+        tree.insert(&format!("fleet/r{r}/d{d}/ota/#"), d, 1);
+    }
+    // 1000 analytics sessions, each watching one region's telemetry.
+    for k in 0..1000u64 {
+        tree.insert(&format!("fleet/r{}/+/telemetry/#", k % 32), DEVICES + k, 0);
+    }
+    let built = start.elapsed();
+    let bytes = rss_bytes().saturating_sub(rss_before);
+    println!(
+        "topic tree: {} subscriptions built in {built:?}, ~{} bytes/subscription (RSS delta)",
+        tree.len(),
+        bytes / tree.len()
+    );
+
+    let mut seed = 42;
+    for (label, suffix) in [("1 match", "cmd/reboot"), ("~32 matches", "telemetry/temp")] {
+        let topics: Vec<String> = (0..100_000)
+            .map(|_| {
+                let d = lcg(&mut seed) % DEVICES;
+                format!("fleet/r{}/d{d}/{suffix}", d % 32)
+            })
+            .collect();
+        let mut samples = Vec::with_capacity(topics.len());
+        let mut reported = 0usize;
+        for topic in &topics {
+            let t = Instant::now();
+            tree.for_each_match(black_box(topic), |k, v| {
+                black_box((k, v));
+                reported += 1;
+            });
+            samples.push(t.elapsed().as_nanos());
+        }
+        let (median, p99) = percentiles(samples);
+        println!(
+            "  match 5-level topic ({label}, {:.1} avg reported): median {median} ns, p99 {p99} ns",
+            reported as f64 / topics.len() as f64
+        );
+    }
+
+    let mut retained: RetainedIndex<u64> = RetainedIndex::new();
+    for d in 0..100_000u64 {
+        retained.insert(&format!("fleet/r{}/d{d}/state", d % 32), d);
+    }
+    for filter in ["#", "fleet/+/+/state", "fleet/r7/#", "fleet/r7/d39/state"] {
+        let t = Instant::now();
+        let mut n = 0usize;
+        retained.for_each_match(filter, |topic, msg| {
+            black_box((topic, msg));
+            n += 1;
+        });
+        println!("retained: {filter:?} over {} topics -> {n} in {:?}", retained.len(), t.elapsed());
+    }
+}
