@@ -5,6 +5,7 @@
 //! messages (one walk per SUBSCRIBE). Both follow the matching rules of MQTT §4.7 and assume
 //! their inputs were already validated by [`crate::codec::topic`].
 
+mod level_map;
 pub mod retained;
 pub mod topic_tree;
 

@@ -1,24 +1,17 @@
 //! Retained messages indexed by topic name, matched against a topic filter on every SUBSCRIBE.
 //!
-//! A trie over topic levels; each node may hold the retained message for exactly its topic,
+//! A trie over topic levels (children in a [`LevelMap`]); each node may hold the retained message for exactly its topic,
 //! stored with the full topic string so matches are reported without rebuilding names. A
 //! wildcard subscribe walks only the branches its filter can match; `#` walks a whole subtree
 //! with a stack of child iterators (depth-bounded, so no per-node allocation).
 
-use std::collections::hash_map;
-use std::collections::HashMap;
 use std::fmt;
 use std::mem;
 use std::ptr;
 
-use foldhash::fast::RandomState;
 use smallvec::SmallVec;
 
-/// Child levels of a node, keyed by level text.
-type Children<M> = HashMap<Box<str>, Node<M>, RandomState>;
-
-/// Maps with at least this capacity are shrunk once they are less than a quarter full.
-const SHRINK_ABOVE: usize = 32;
+use super::level_map::{self, LevelMap};
 
 /// Retained messages indexed by topic, so a wildcard subscribe walks only matching branches.
 ///
@@ -31,8 +24,8 @@ pub struct RetainedIndex<M> {
 
 /// One topic level.
 struct Node<M> {
-    /// Child levels. Boxed so leaves stay small.
-    children: Option<Box<Children<M>>>,
+    /// Child levels.
+    children: LevelMap<Node<M>>,
     /// The retained message whose topic ends exactly here, with that topic.
     retained: Option<(Box<str>, M)>,
 }
@@ -40,48 +33,35 @@ struct Node<M> {
 impl<M> Node<M> {
     const fn new() -> Self {
         Self {
-            children: None,
+            children: LevelMap::new(),
             retained: None,
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.children.is_none() && self.retained.is_none()
+        self.children.is_empty() && self.retained.is_none()
     }
 
     /// True if the node's only content is a single child (the next node on some path).
     fn holds_only_one_child(&self) -> bool {
-        self.retained.is_none() && self.children.as_ref().is_some_and(|c| c.len() == 1)
+        self.retained.is_none() && self.children.len() == 1
     }
 
     fn child(&self, level: &str) -> Option<&Node<M>> {
-        self.children.as_ref()?.get(level)
+        self.children.get(level)
     }
 
     fn child_mut(&mut self, level: &str) -> Option<&mut Node<M>> {
-        self.children.as_mut()?.get_mut(level)
+        self.children.get_mut(level)
     }
 
     fn child_or_insert(&mut self, level: &str) -> &mut Node<M> {
-        let children = self.children.get_or_insert_with(Box::default);
-        // Two lookups rather than `entry`, which would allocate a key on every hit.
-        if !children.contains_key(level) {
-            children.insert(level.into(), Node::new());
-        }
-        children.get_mut(level).expect("child inserted above")
+        self.children.get_or_insert_with(level, Node::new)
     }
 
     fn remove_child(&mut self, level: &str) {
-        let Some(children) = self.children.as_mut() else {
-            return;
-        };
-        if let Some(mut child) = children.remove(level) {
+        if let Some(mut child) = self.children.remove(level) {
             teardown(&mut child);
-        }
-        if children.is_empty() {
-            self.children = None;
-        } else if children.capacity() >= SHRINK_ABOVE && children.len() < children.capacity() / 4 {
-            children.shrink_to(children.len() * 2);
         }
     }
 
@@ -99,9 +79,9 @@ enum Frame<'a, M> {
     Visit(&'a Node<M>, Option<&'a str>),
     /// A `+` level: visit each remaining child with the levels after the `+`.
     /// The flag skips `$` children (MQTT-4.7.2-1, only at the root).
-    EachChild(hash_map::Iter<'a, Box<str>, Node<M>>, Option<&'a str>, bool),
+    EachChild(level_map::Iter<'a, Node<M>>, Option<&'a str>, bool),
     /// A `#` level: report every message in the remaining children's subtrees. Same flag.
-    Subtrees(hash_map::Iter<'a, Box<str>, Node<M>>, bool),
+    Subtrees(level_map::Iter<'a, Node<M>>, bool),
 }
 
 /// Splits off the first level: `"a/b/c"` -> `("a", Some("b/c"))`, `"a"` -> `("a", None)`.
@@ -116,10 +96,10 @@ fn split_level(levels: &str) -> (&str, Option<&str>) {
 /// Next child of `iter`, skipping `$`-prefixed levels if `skip_system`.
 #[inline]
 fn next_child<'a, M>(
-    iter: &mut hash_map::Iter<'a, Box<str>, Node<M>>,
+    iter: &mut level_map::Iter<'a, Node<M>>,
     skip_system: bool,
 ) -> Option<&'a Node<M>> {
-    iter.find(|(level, _)| !(skip_system && level.starts_with('$')))
+    iter.find(|(level, _)| !(skip_system && level.first() == Some(&b'$')))
         .map(|(_, node)| node)
 }
 
@@ -231,9 +211,7 @@ impl<M> RetainedIndex<M> {
                         // `x/#` matches `x` itself too (MQTT 4.7.1.2).
                         node.report(&mut f);
                     }
-                    let Some(children) = node.children.as_deref() else {
-                        continue;
-                    };
+                    let children = &node.children;
                     match level {
                         "#" => stack.push(Frame::Subtrees(children.iter(), at_root)),
                         "+" => stack.push(Frame::EachChild(children.iter(), rest, at_root)),
@@ -256,8 +234,8 @@ impl<M> RetainedIndex<M> {
                 Frame::Subtrees(iter, skip_system) => match next_child(iter, *skip_system) {
                     Some(child) => {
                         child.report(&mut f);
-                        if let Some(grandchildren) = child.children.as_deref() {
-                            stack.push(Frame::Subtrees(grandchildren.iter(), false));
+                        if !child.children.is_empty() {
+                            stack.push(Frame::Subtrees(child.children.iter(), false));
                         }
                     }
                     None => {
@@ -284,7 +262,7 @@ impl<M> RetainedIndex<M> {
         let mut count = 0;
         let mut stack = vec![&self.root];
         while let Some(node) = stack.pop() {
-            for child in node.children.iter().flat_map(|c| c.values()) {
+            for (_, child) in node.children.iter() {
                 count += 1;
                 stack.push(child);
             }
@@ -309,19 +287,9 @@ impl<M> Drop for RetainedIndex<M> {
 /// branch can be that deep too.
 fn teardown<M>(node: &mut Node<M>) {
     let mut pending: Vec<Node<M>> = Vec::new();
-    pending.extend(
-        node.children
-            .take()
-            .into_iter()
-            .flat_map(|c| c.into_values()),
-    );
+    node.children.drain_into(&mut pending);
     while let Some(mut node) = pending.pop() {
-        pending.extend(
-            node.children
-                .take()
-                .into_iter()
-                .flat_map(|c| c.into_values()),
-        );
+        node.children.drain_into(&mut pending);
     }
 }
 

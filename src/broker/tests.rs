@@ -223,14 +223,19 @@ fn rss_bytes() -> usize {
 
 /// Tiny deterministic generator, so the sanity check needs no RNG setup.
 fn lcg(state: &mut u64) -> u64 {
-    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     *state >> 33
 }
 
 /// Median and 99th percentile of per-call durations, in nanoseconds.
 fn percentiles(mut samples: Vec<u128>) -> (u128, u128) {
     samples.sort_unstable();
-    (samples[samples.len() / 2], samples[samples.len() * 99 / 100])
+    (
+        samples[samples.len() / 2],
+        samples[samples.len() * 99 / 100],
+    )
 }
 
 /// Quick sanity figures, not a benchmark: `cargo test --release --lib broker -- --ignored --nocapture`.
@@ -299,6 +304,10 @@ fn perf_sanity_one_million_subscriptions() {
             black_box((topic, msg));
             n += 1;
         });
-        println!("retained: {filter:?} over {} topics -> {n} in {:?}", retained.len(), t.elapsed());
+        println!(
+            "retained: {filter:?} over {} topics -> {n} in {:?}",
+            retained.len(),
+            t.elapsed()
+        );
     }
 }

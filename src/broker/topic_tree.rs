@@ -1,12 +1,14 @@
 //! Subscription index: topic filter -> subscribers, matched against a topic name on every PUBLISH.
 //!
-//! A trie over filter levels. Each node keeps its literal children in a foldhash map keyed by the
-//! level text (looked up by `&str`, no allocation), its `+` child in a dedicated field, the
+//! A trie over filter levels. Each node keeps its literal children in a [`LevelMap`] (a short
+//! vector, or a foldhash map for wide levels; looked up by `&str`, no allocation), its `+` child
+//! in a dedicated field, the
 //! subscribers of `<this node>/#` in a dedicated field (a `#` level can have no children), and
 //! the subscribers whose filter ends exactly here. Matching walks the topic's levels as `&str`
 //! slices with a small inline stack, so it neither allocates nor recurses.
 //!
-//! Subscriber sets are a contiguous `Vec<(K, V)>` (fast fan-out iteration) plus, once a node
+//! Subscriber sets are a contiguous vector of `(K, V)` holding one entry inline (the common
+//! case needs no allocation), fast to iterate for fan-out, plus, once a node
 //! grows past [`INDEX_ABOVE`] entries, a key -> position map so that insert and remove stay O(1)
 //! for nodes with 10k+ subscribers. Removal is `swap_remove`.
 
@@ -18,14 +20,13 @@ use std::mem;
 use foldhash::fast::RandomState;
 use smallvec::SmallVec;
 
-/// Literal children of a node, keyed by level text.
-type Children<K, V> = HashMap<Box<str>, Node<K, V>, RandomState>;
+use super::level_map::LevelMap;
 
 /// Above this many subscribers a node keeps a key -> position index.
 const INDEX_ABOVE: usize = 8;
 /// The index is dropped again at this size (hysteresis, so churn around the threshold is cheap).
 const UNINDEX_AT: usize = 4;
-/// Collections with at least this capacity are shrunk once they are less than a quarter full.
+/// Subscriber sets with at least this capacity are shrunk once they are less than a quarter full.
 const SHRINK_ABOVE: usize = 32;
 
 /// Subscription index: filter -> subscribers. Generic so the router decides what a subscriber is.
@@ -40,8 +41,8 @@ pub struct TopicTree<K, V> {
 
 /// One filter level.
 struct Node<K, V> {
-    /// Literal child levels (never `+` or `#`). Boxed so leaves stay small.
-    children: Option<Box<Children<K, V>>>,
+    /// Literal child levels (never `+` or `#`).
+    children: LevelMap<Node<K, V>>,
     /// The `+` child.
     plus: Option<Box<Node<K, V>>>,
     /// Subscribers of `<this level>/#` (at the root: of `#`).
@@ -52,7 +53,7 @@ struct Node<K, V> {
 
 /// The subscribers of one filter: contiguous for iteration, indexed when large.
 struct Subscribers<K, V> {
-    entries: Vec<(K, V)>,
+    entries: SmallVec<[(K, V); 1]>,
     /// Key -> position in `entries`; present only above [`INDEX_ABOVE`] entries. Boxed: one
     /// pointer instead of a 40-byte inline map in every (usually small) subscriber set.
     #[allow(clippy::box_collection)]
@@ -62,7 +63,7 @@ struct Subscribers<K, V> {
 impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
     const fn new() -> Self {
         Self {
-            entries: Vec::new(),
+            entries: SmallVec::new_const(),
             index: None,
         }
     }
@@ -86,10 +87,6 @@ impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
     fn insert(&mut self, key: K, value: V) -> Option<V> {
         if let Some(i) = self.position(&key) {
             return Some(mem::replace(&mut self.entries[i].1, value));
-        }
-        if self.entries.len() < 4 {
-            // Most filters have one or two subscribers: don't let `Vec` round up to four.
-            self.entries.reserve_exact(1);
         }
         self.entries.push((key, value));
         let last = self.entries.len() - 1;
@@ -127,7 +124,7 @@ impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
         }
         let cap = self.entries.capacity();
         if cap >= SHRINK_ABOVE && self.entries.len() < cap / 4 {
-            self.entries.shrink_to(cap / 2);
+            self.entries.shrink_to_fit();
         }
         Some(value)
     }
@@ -143,7 +140,7 @@ impl<K: Copy + Eq + Hash, V> Subscribers<K, V> {
 impl<K: Copy + Eq + Hash, V> Node<K, V> {
     const fn new() -> Self {
         Self {
-            children: None,
+            children: LevelMap::new(),
             plus: None,
             multi: None,
             subs: Subscribers::new(),
@@ -152,7 +149,7 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
 
     /// True if the node holds nothing and can be pruned.
     fn is_empty(&self) -> bool {
-        self.children.is_none()
+        self.children.is_empty()
             && self.plus.is_none()
             && self.multi.is_none()
             && self.subs.is_empty()
@@ -160,16 +157,15 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
 
     /// True if the node's only content is a single child (the next node on some path).
     fn holds_only_one_child(&self) -> bool {
-        let literal = self.children.as_ref().map_or(0, |c| c.len());
         let plus = usize::from(self.plus.is_some());
-        self.multi.is_none() && self.subs.is_empty() && literal + plus == 1
+        self.multi.is_none() && self.subs.is_empty() && self.children.len() + plus == 1
     }
 
     fn child(&self, level: &str) -> Option<&Node<K, V>> {
         if level == "+" {
             self.plus.as_deref()
         } else {
-            self.children.as_ref()?.get(level)
+            self.children.get(level)
         }
     }
 
@@ -177,7 +173,7 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
         if level == "+" {
             self.plus.as_deref_mut()
         } else {
-            self.children.as_mut()?.get_mut(level)
+            self.children.get_mut(level)
         }
     }
 
@@ -185,12 +181,7 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
         if level == "+" {
             return self.plus.get_or_insert_with(|| Box::new(Node::new()));
         }
-        let children = self.children.get_or_insert_with(Box::default);
-        // Two lookups rather than `entry`, which would allocate a key on every hit.
-        if !children.contains_key(level) {
-            children.insert(level.into(), Node::new());
-        }
-        children.get_mut(level).expect("child inserted above")
+        self.children.get_or_insert_with(level, Node::new)
     }
 
     fn remove_child(&mut self, level: &str) {
@@ -200,16 +191,8 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
             }
             return;
         }
-        let Some(children) = self.children.as_mut() else {
-            return;
-        };
-        if let Some(mut child) = children.remove(level) {
+        if let Some(mut child) = self.children.remove(level) {
             teardown(&mut child);
-        }
-        if children.is_empty() {
-            self.children = None;
-        } else if children.capacity() >= SHRINK_ABOVE && children.len() < children.capacity() / 4 {
-            children.shrink_to(children.len() * 2);
         }
     }
 
@@ -222,7 +205,7 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
         allow_plus: bool,
         stack: &mut Stack<'a, K, V>,
     ) {
-        if let Some(child) = self.children.as_ref().and_then(|c| c.get(level)) {
+        if let Some(child) = self.children.get(level) {
             stack.push((child, rest));
         }
         if allow_plus {
@@ -410,7 +393,7 @@ impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
         let mut count = 0;
         let mut stack = vec![&self.root];
         while let Some(node) = stack.pop() {
-            let literal = node.children.iter().flat_map(|c| c.values());
+            let literal = node.children.iter().map(|(_, child)| child);
             for child in literal.chain(node.plus.as_deref()) {
                 count += 1;
                 stack.push(child);
@@ -444,9 +427,7 @@ fn teardown<K, V>(node: &mut Node<K, V>) {
 
 /// Moves a node's children into `out`.
 fn detach<K, V>(node: &mut Node<K, V>, out: &mut Vec<Node<K, V>>) {
-    if let Some(children) = node.children.take() {
-        out.extend(children.into_values());
-    }
+    node.children.drain_into(out);
     if let Some(plus) = node.plus.take() {
         out.push(*plus);
     }
