@@ -192,9 +192,9 @@ impl<M> RetainedIndex<M> {
     /// Calls `f(topic, msg)` for every retained message whose topic matches `filter`.
     ///
     /// Same rules as subscription matching, including MQTT-4.7.2-1: `#` and `+/...` do not
-    /// return `$SYS/x`. `filter` must be valid. Allocates only for walks more than 8 frames deep.
+    /// return `$SYS/x`. `filter` must be valid. Allocates only for walks more than 16 levels deep.
     pub fn for_each_match<F: FnMut(&str, &M)>(&self, filter: &str, mut f: F) {
-        let mut stack: SmallVec<[Frame<'_, M>; 8]> = SmallVec::new();
+        let mut stack: SmallVec<[Frame<'_, M>; 16]> = SmallVec::new();
         stack.push(Frame::Visit(&self.root, Some(filter)));
         while let Some(frame) = stack.last_mut() {
             match frame {
