@@ -172,8 +172,13 @@ mod tests {
     proptest! {
         /// Random inserts/removes over 24 names (short and long) cross both size thresholds.
         #[test]
-        fn behaves_like_a_map(ops in prop::collection::vec((0usize..24, any::<bool>(), any::<u8>()), 1..200)) {
-            let name = |i: usize| if i % 2 == 0 { format!("l{i}") } else { format!("a-level-name-longer-than-16-{i}") };
+        fn behaves_like_a_map(
+            ops in prop::collection::vec((0usize..24, any::<bool>(), any::<u8>()), 1..200),
+        ) {
+            let name = |i: usize| match i % 2 {
+                0 => format!("l{i}"),
+                _ => format!("a-level-name-longer-than-16-{i}"),
+            };
             let mut map = LevelMap::new();
             let mut model = BTreeMap::new();
             for (i, insert, value) in ops {

@@ -1,9 +1,10 @@
 //! Retained messages indexed by topic name, matched against a topic filter on every SUBSCRIBE.
 //!
-//! A trie over topic levels (children in a [`LevelMap`]); each node may hold the retained message for exactly its topic,
-//! stored with the full topic string so matches are reported without rebuilding names. A
-//! wildcard subscribe walks only the branches its filter can match; `#` walks a whole subtree
-//! with a stack of child iterators (depth-bounded, so no per-node allocation).
+//! A trie over topic levels (children in a `LevelMap`: a short vector, or a foldhash map for
+//! wide levels); each node may hold the retained message for exactly its topic, stored with the
+//! full topic string so matches are reported without rebuilding names. A wildcard subscribe walks
+//! only the branches its filter can match; `#` walks a whole subtree with a stack of child
+//! iterators (depth-bounded, so no per-node allocation).
 
 use std::fmt;
 use std::mem;

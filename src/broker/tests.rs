@@ -143,7 +143,8 @@ proptest! {
             prop_assert_eq!(tree.get(f, *k), Some(v));
         }
         for topic in &topics {
-            prop_assert_eq!(tree_matches(&tree, topic), model_matches(&model, topic), "topic {:?}", topic);
+            let expected = model_matches(&model, topic);
+            prop_assert_eq!(tree_matches(&tree, topic), expected, "topic {:?}", topic);
         }
         for (f, k) in model.keys() {
             prop_assert!(tree.remove(f, *k).is_some());
@@ -199,8 +200,9 @@ proptest! {
             let mut found = Vec::new();
             index.for_each_match(filter, |t, v| found.push((t.to_owned(), *v)));
             found.sort_unstable();
-            let expected: Vec<(String, u32)> =
-                model.iter().filter(|(t, _)| matches(filter, t)).map(|(t, v)| (t.clone(), *v)).collect();
+            let expected =
+                model.iter().filter(|(t, _)| matches(filter, t)).map(|(t, v)| (t.clone(), *v));
+            let expected: Vec<(String, u32)> = expected.collect();
             prop_assert_eq!(found, expected, "filter {:?}", filter);
         }
         for t in model.keys() {
@@ -309,7 +311,8 @@ fn percentiles(mut samples: Vec<u128>) -> (u128, u128) {
     )
 }
 
-/// Quick sanity figures, not a benchmark: `cargo test --release --lib broker -- --ignored --nocapture`.
+/// Quick sanity figures, not a benchmark:
+/// `cargo test --release --lib broker -- --ignored --nocapture`.
 #[test]
 #[ignore = "timing sanity check; run in release with --nocapture"]
 fn perf_sanity_one_million_subscriptions() {
@@ -372,10 +375,10 @@ fn perf_sanity_one_million_subscriptions() {
             });
         }
         let hot = t.elapsed().as_nanos() / topics.len() as u128;
+        let avg = reported as f64 / topics.len() as f64;
         println!(
-            "  match 5-level topic ({label}, {:.1} avg reported): median {median} ns, p99 {p99} ns, \
-             mean {mean} ns (untimed loop), {hot} ns in cache",
-            reported as f64 / topics.len() as f64
+            "  match 5-level topic ({label}, {avg:.1} avg reported): median {median} ns, \
+             p99 {p99} ns, mean {mean} ns (untimed loop), {hot} ns in cache"
         );
     }
 

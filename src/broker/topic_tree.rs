@@ -1,16 +1,15 @@
 //! Subscription index: topic filter -> subscribers, matched against a topic name on every PUBLISH.
 //!
-//! A trie over filter levels. Each node keeps its literal children in a [`LevelMap`] (a short
+//! A trie over filter levels. Each node keeps its literal children in a `LevelMap` (a short
 //! vector, or a foldhash map for wide levels; looked up by `&str`, no allocation), its `+` child
-//! in a dedicated field, the
-//! subscribers of `<this node>/#` in a dedicated field (a `#` level can have no children), and
-//! the subscribers whose filter ends exactly here. Matching walks the topic's levels as `&str`
-//! slices with a small inline stack, so it neither allocates nor recurses.
+//! in a dedicated field, the subscribers of `<this node>/#` in a dedicated field (a `#` level can
+//! have no children), and the subscribers whose filter ends exactly here. Matching walks the
+//! topic's levels as `&str` slices with a small inline stack, so it neither allocates nor recurses.
 //!
-//! Subscriber sets are a contiguous vector of `(K, V)` holding one entry inline (the common
-//! case needs no allocation), fast to iterate for fan-out, plus, once a node
-//! grows past [`INDEX_ABOVE`] entries, a key -> position map so that insert and remove stay O(1)
-//! for nodes with 10k+ subscribers. Removal is `swap_remove`.
+//! Subscriber sets are a contiguous vector of `(K, V)` holding one entry inline (the common case
+//! needs no allocation), fast to iterate for fan-out, plus, once a set grows past `INDEX_ABOVE`
+//! (8) entries, a key -> position map so that insert and remove stay O(1) for nodes with 10k+
+//! subscribers. Removal is `swap_remove`.
 
 use std::collections::HashMap;
 use std::fmt;
