@@ -2,12 +2,18 @@
 //!
 //! Publishing tasks route directly (no central router task): they match against the
 //! read-mostly subscription index under a short read lock, then append to each target
-//! session's bounded queue.
+//! session's bounded queue. The hot-path indexes are hand-written tries:
+//! [`topic_tree::TopicTree`] maps filters to subscribers (one walk per PUBLISH) and
+//! [`retained::RetainedIndex`] maps topic names to retained messages (one walk per SUBSCRIBE).
 
+mod level_map;
 pub mod message;
 pub mod retained;
 pub mod session;
 pub mod topic_tree;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
