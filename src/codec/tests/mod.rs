@@ -1,6 +1,8 @@
 //! Codec tests: byte-exact vectors, every malformed case, and property-based round trips.
 //! Spec statement ids (e.g. `MQTT-3.3.1-2`) name the rule a test checks.
 
+#[cfg(not(debug_assertions))]
+mod bench;
 mod malformed;
 mod roundtrip;
 mod strategies;
