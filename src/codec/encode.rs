@@ -336,5 +336,11 @@ fn auth<S: Sink>(p: &Auth, v5: bool, s: &mut S) -> Result {
         && p.properties.authentication_data.is_none()
         && p.properties.reason_string.is_none()
         && p.properties.user_properties.is_empty();
-    reason_and_properties(p.reason_code, &p.properties, empty, s)
+    if empty && p.reason_code == ReasonCode::SUCCESS {
+        return Ok(()); // the only short form AUTH has (5.0 §3.15.2.1)
+    }
+    // Unlike DISCONNECT, AUTH has no "length < 2 means no properties" rule, so the property
+    // length is always written after a reason code (the decoder accepts both).
+    s.u8(p.reason_code.0);
+    s.properties(&p.properties)
 }

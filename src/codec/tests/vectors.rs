@@ -623,6 +623,14 @@ fn disconnect() {
 #[test]
 fn auth() {
     both(&[0xF0, 0x00], V5, Packet::Auth(Auth::default()));
+    both(
+        &[0xF0, 0x02, 0x19, 0x00],
+        V5,
+        Packet::Auth(Auth {
+            reason_code: ReasonCode::RE_AUTHENTICATE,
+            ..Default::default()
+        }),
+    );
     #[rustfmt::skip]
     let bytes = [
         0xF0, 0x0A, 0x18,
