@@ -125,18 +125,27 @@ pub fn decode(
     body.advance(header.header_len);
     let mut r = Reader::new(body);
     let v5 = version == Some(ProtocolVersion::V5);
-    let packet = match byte1 >> 4 {
-        PUBLISH => Packet::Publish(publish(byte1, &mut r, v5)?),
-        PUBACK => Packet::PubAck(pub_response(&mut r, v5, codes::puback)?),
-        PUBREC => Packet::PubRec(pub_response(&mut r, v5, codes::puback)?),
-        PUBREL => Packet::PubRel(pub_response(&mut r, v5, codes::pubrel)?),
-        PUBCOMP => Packet::PubComp(pub_response(&mut r, v5, codes::pubrel)?),
-        CONNECT => Packet::Connect(Box::new(connect(&mut r)?)),
-        CONNACK => Packet::ConnAck(connack(&mut r, v5)?),
-        SUBSCRIBE => Packet::Subscribe(subscribe(&mut r, v5)?),
-        SUBACK => Packet::SubAck(suback(&mut r, v5)?),
-        UNSUBSCRIBE => Packet::Unsubscribe(unsubscribe(&mut r, v5)?),
-        UNSUBACK => Packet::UnsubAck(unsuback(&mut r, v5)?),
+    if byte1 >> 4 == PUBLISH {
+        // The hot path, kept apart so its frame stays small and the value is built in place.
+        return publish(byte1, &mut r, v5).map(|p| Some(Packet::Publish(p)));
+    }
+    other(byte1, &mut r, v5).map(Some)
+}
+
+/// Every packet type but PUBLISH.
+#[inline(never)]
+fn other(byte1: u8, r: &mut Reader, v5: bool) -> Result<Packet> {
+    Ok(match byte1 >> 4 {
+        PUBACK => Packet::PubAck(pub_response(r, v5, codes::puback)?),
+        PUBREC => Packet::PubRec(pub_response(r, v5, codes::puback)?),
+        PUBREL => Packet::PubRel(pub_response(r, v5, codes::pubrel)?),
+        PUBCOMP => Packet::PubComp(pub_response(r, v5, codes::pubrel)?),
+        CONNECT => Packet::Connect(Box::new(connect(r)?)),
+        CONNACK => Packet::ConnAck(connack(r, v5)?),
+        SUBSCRIBE => Packet::Subscribe(subscribe(r, v5)?),
+        SUBACK => Packet::SubAck(suback(r, v5)?),
+        UNSUBSCRIBE => Packet::Unsubscribe(unsubscribe(r, v5)?),
+        UNSUBACK => Packet::UnsubAck(unsuback(r, v5)?),
         PINGREQ => {
             r.finish()?;
             Packet::PingReq
@@ -145,11 +154,10 @@ pub fn decode(
             r.finish()?;
             Packet::PingResp
         }
-        DISCONNECT => Packet::Disconnect(disconnect(&mut r, v5)?),
-        AUTH => Packet::Auth(auth(&mut r)?),
+        DISCONNECT => Packet::Disconnect(disconnect(r, v5)?),
+        AUTH => Packet::Auth(auth(r)?),
         _ => return Err(DecodeError::Malformed("reserved packet type 0")),
-    };
-    Ok(Some(packet))
+    })
 }
 
 /// A Packet Identifier where one is required: non-zero (MQTT-2.2.1-3, -4).
@@ -292,7 +300,7 @@ fn connack(r: &mut Reader, v5: bool) -> Result<ConnAck> {
 
 /// PUBLISH (3.1.1 §3.3, 5.0 §3.3): the hot path. One pass spots NUL and wildcards, so a
 /// clean topic costs a UTF-8 check and nothing else.
-#[inline]
+#[inline(always)]
 fn publish(byte1: u8, r: &mut Reader, v5: bool) -> Result<Publish> {
     let qos = match (byte1 >> 1) & 0x03 {
         0 => QoS::AtMostOnce,
@@ -311,10 +319,10 @@ fn publish(byte1: u8, r: &mut Reader, v5: bool) -> Result<Publish> {
     } else {
         packet_id(r)?
     };
-    let properties = if v5 {
-        props::publish(r)?
-    } else {
+    let properties = if !v5 || r.skip_empty_section() {
         PublishProperties::default()
+    } else {
+        props::publish(r)?
     };
     if topic.is_empty() {
         if properties.topic_alias.is_none() {

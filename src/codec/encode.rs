@@ -34,7 +34,8 @@ pub struct PublishHeader<'a> {
 /// Appends `packet` encoded for `version` to `buf`.
 ///
 /// `version` alone picks the layout, including for CONNECT (protocol name and level are
-/// written from it). For 3.x, properties and v5-only fields are dropped, CONNACK and SUBACK
+/// written from it). For 3.x, properties and v5-only fields are dropped (as is a CONNECT
+/// password without a user name, which 3.1.1 cannot carry), CONNACK and SUBACK
 /// codes are mapped to 3.x return codes, and AUTH fails with `NotInVersion`. On error nothing
 /// is written.
 pub fn encode(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) -> Result {
@@ -183,11 +184,13 @@ fn connect<S: Sink>(c: &Connect, version: ProtocolVersion, s: &mut S) -> Result 
         "MQTT"
     })?;
     s.u8(version as u8);
+    // 3.x cannot carry a password without a user name (MQTT-3.1.2-22): drop it.
+    let password = c.password.as_ref().filter(|_| v5 || c.username.is_some());
     let mut flags = u8::from(c.clean_start) << 1;
     if let Some(w) = &c.will {
         flags |= 0x04 | ((w.qos as u8) << 3) | (u8::from(w.retain) << 5);
     }
-    if c.password.is_some() {
+    if password.is_some() {
         flags |= 0x40;
     }
     if c.username.is_some() {
@@ -209,7 +212,7 @@ fn connect<S: Sink>(c: &Connect, version: ProtocolVersion, s: &mut S) -> Result 
     if let Some(u) = &c.username {
         s.string(u)?;
     }
-    if let Some(p) = &c.password {
+    if let Some(p) = password {
         s.binary(p)?;
     }
     Ok(())
@@ -333,5 +336,11 @@ fn auth<S: Sink>(p: &Auth, v5: bool, s: &mut S) -> Result {
         && p.properties.authentication_data.is_none()
         && p.properties.reason_string.is_none()
         && p.properties.user_properties.is_empty();
-    reason_and_properties(p.reason_code, &p.properties, empty, s)
+    if empty && p.reason_code == ReasonCode::SUCCESS {
+        return Ok(()); // the only short form AUTH has (5.0 §3.15.2.1)
+    }
+    // Unlike DISCONNECT, AUTH has no "length < 2 means no properties" rule, so the property
+    // length is always written after a reason code (the decoder accepts both).
+    s.u8(p.reason_code.0);
+    s.properties(&p.properties)
 }

@@ -16,7 +16,12 @@ pub enum DecodeError {
     Protocol(&'static str),
     /// The remaining length exceeds what this side accepts (`max_packet_size`).
     #[error("packet of {size} bytes exceeds the maximum of {max}")]
-    PacketTooLarge { size: usize, max: usize },
+    PacketTooLarge {
+        /// Whole packet size announced by the fixed header.
+        size: usize,
+        /// The limit it broke.
+        max: usize,
+    },
     /// CONNECT named a protocol name/level we do not speak.
     #[error("unsupported protocol name or level {0}")]
     UnsupportedProtocol(u8),

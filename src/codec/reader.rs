@@ -120,6 +120,18 @@ impl Reader {
         Ok(Reader::new(self.buf.split_to(n)))
     }
 
+    /// Consumes a zero property length if that is what comes next: the common case, which
+    /// then skips building a section reader.
+    #[inline]
+    pub(super) fn skip_empty_section(&mut self) -> bool {
+        if self.buf.first() == Some(&0) {
+            self.buf.advance(1);
+            true
+        } else {
+            false
+        }
+    }
+
     /// Everything not read yet (a PUBLISH payload, a list of reason codes).
     #[inline]
     pub(super) fn rest(&mut self) -> Bytes {

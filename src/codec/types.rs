@@ -62,20 +62,35 @@ pub type UserProperties = Vec<(ByteString, ByteString)>;
 /// Every MQTT control packet. Large variants are boxed to keep the enum small on the hot path.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Packet {
+    /// Client → server: open a session (boxed: large and rare).
     Connect(Box<Connect>),
+    /// Server → client: answer to CONNECT.
     ConnAck(ConnAck),
+    /// Either direction: an application message.
     Publish(Publish),
+    /// QoS 1 acknowledgement.
     PubAck(PubResponse),
+    /// QoS 2, step 2: publish received.
     PubRec(PubResponse),
+    /// QoS 2, step 3: publish release.
     PubRel(PubResponse),
+    /// QoS 2, step 4: publish complete.
     PubComp(PubResponse),
+    /// Client → server: add subscriptions.
     Subscribe(Subscribe),
+    /// Server → client: one result per requested filter.
     SubAck(SubAck),
+    /// Client → server: remove subscriptions.
     Unsubscribe(Unsubscribe),
+    /// Server → client: answer to UNSUBSCRIBE.
     UnsubAck(UnsubAck),
+    /// Client → server: keep-alive probe.
     PingReq,
+    /// Server → client: keep-alive answer.
     PingResp,
+    /// Orderly close (either direction in v5).
     Disconnect(Disconnect),
+    /// v5 enhanced authentication step.
     Auth(Auth),
 }
 

@@ -178,6 +178,7 @@ pub(in super::super) fn connack(r: &mut Reader) -> Result<ConnAckProperties> {
 /// not know who sent the packet, so rejecting one from a client (MQTT-3.3.4-6) is the
 /// broker's job. Topic Alias 0 and aliases above the maximum are likewise checked by the
 /// broker, which owns the maximum and answers with 0x94.
+#[inline]
 pub(in super::super) fn publish(r: &mut Reader) -> Result<PublishProperties> {
     let mut p = PublishProperties::default();
     let mut s = r.section()?;
