@@ -796,11 +796,23 @@ mod tests {
             ("[log]\nlevel = \"info,postbox=loud\"", "log.level"),
             ("[log]\nlevel = \"\"", "log.level"),
             ("[storage]\ndir = \"\"", "storage.dir"),
-            ("[storage]\nfsync_interval_ms = 0", "storage.fsync_interval_ms"),
-            ("[storage]\nfsync_interval_ms = 60001", "storage.fsync_interval_ms"),
+            (
+                "[storage]\nfsync_interval_ms = 0",
+                "storage.fsync_interval_ms",
+            ),
+            (
+                "[storage]\nfsync_interval_ms = 60001",
+                "storage.fsync_interval_ms",
+            ),
             ("[storage]\nmax_batch_ops = 0", "storage.max_batch_ops"),
-            ("[storage]\ncommit_window_us = 100001", "storage.commit_window_us"),
-            ("[storage]\nqueue_capacity_ops = 10", "storage.queue_capacity_ops"),
+            (
+                "[storage]\ncommit_window_us = 100001",
+                "storage.commit_window_us",
+            ),
+            (
+                "[storage]\nqueue_capacity_ops = 10",
+                "storage.queue_capacity_ops",
+            ),
             ("[storage]\nmax_disk_bytes = 1000", "storage.max_disk_bytes"),
             ("[metrics]\nbind = \"127.0.0.1:1883\"", "metrics.bind"),
         ];

@@ -9,9 +9,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
-use super::{
-    EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord,
-};
+use super::{EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord};
 use crate::codec::{
     LastWill, ProtocolVersion, PublishProperties, QoS, SubscriptionOptions, UserProperties,
     WillProperties,
@@ -366,13 +364,25 @@ impl<'a> Dec<'a> {
         Ok(if self.flag()? { Some(self.u8()?) } else { None })
     }
     fn opt_u32(&mut self) -> Result<Option<u32>, DecodeError> {
-        Ok(if self.flag()? { Some(self.u32()?) } else { None })
+        Ok(if self.flag()? {
+            Some(self.u32()?)
+        } else {
+            None
+        })
     }
     fn opt_u64(&mut self) -> Result<Option<u64>, DecodeError> {
-        Ok(if self.flag()? { Some(self.u64()?) } else { None })
+        Ok(if self.flag()? {
+            Some(self.u64()?)
+        } else {
+            None
+        })
     }
     fn opt_str(&mut self) -> Result<Option<ByteString>, DecodeError> {
-        Ok(if self.flag()? { Some(self.str()?) } else { None })
+        Ok(if self.flag()? {
+            Some(self.str()?)
+        } else {
+            None
+        })
     }
     fn opt_bytes(&mut self) -> Result<Option<Bytes>, DecodeError> {
         Ok(if self.flag()? {
@@ -553,9 +563,7 @@ impl<'a> Dec<'a> {
                 topic: self.str()?,
                 message: self.message()?,
             },
-            DELETE_RETAINED => Op::DeleteRetained {
-                topic: self.str()?,
-            },
+            DELETE_RETAINED => Op::DeleteRetained { topic: self.str()? },
             PUT_WILL => Op::PutWill {
                 client_id: self.str()?,
                 will: self.will()?,

@@ -25,8 +25,9 @@
 //! writer (1) syncs the current log, (2) starts log `G+1`, (3) encodes its state, and hands
 //! the bytes to a background thread that writes `snapshot-(G+1)` (temp file, fsync, rename,
 //! directory fsync) and then deletes older logs and snapshots. A crash at any step leaves a
-//! recoverable set of files. Disk use is therefore bounded by about twice the live data plus
-//! `compact_min_bytes` (three times while a snapshot is being written).
+//! recoverable set of files. Should the log reach twice the threshold before that snapshot
+//! is done, commits wait for it. Disk use is therefore bounded by the live data plus about
+//! three times `max(compact_min_bytes, live data)`.
 //!
 //! # Threads
 //! `submit` pushes onto a channel bounded by op count; one `std::thread` owns the files and
@@ -53,7 +54,7 @@ use super::{
 const LOG_MAGIC: &[u8; 8] = b"PBXLOG\0\x01";
 const SNAPSHOT_MAGIC: &[u8; 8] = b"PBXSNAP\x01";
 const FORMAT_VERSION: u32 = 1;
-const HEADER_LEN: usize = 24;
+pub(crate) const HEADER_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 12;
 const KIND_OPS: u8 = 0;
 const KIND_TRAILER: u8 = 1;
@@ -166,7 +167,7 @@ impl DurableStore {
         let store_dir = dir.join(STORE_DIR);
         let opened = match recover(&store_dir) {
             Ok(opened) => opened,
-            Err(broken) => rebuild(dir, &store_dir, broken)?,
+            Err(broken) => rebuild(dir, &store_dir, *broken)?,
         };
         let Opened {
             state,
@@ -701,18 +702,20 @@ impl Writer {
     }
 
     fn maybe_compact(&mut self) {
-        if let Some(handle) = self.compactor.take() {
-            if !handle.is_finished() {
-                self.compactor = Some(handle);
-                return;
-            }
-            self.collect_compaction(handle);
-        }
         let threshold = self
             .shared
             .opts
             .compact_min_bytes
             .max(self.state.live_bytes);
+        if let Some(handle) = self.compactor.take() {
+            // A writer faster than the snapshot thread would let the log grow without bound:
+            // past twice the threshold, commits wait for the snapshot (bounded disk wins).
+            if !handle.is_finished() && self.log_bytes <= threshold.saturating_mul(2) {
+                self.compactor = Some(handle);
+                return;
+            }
+            self.collect_compaction(handle);
+        }
         if self.log_bytes <= threshold {
             return;
         }
@@ -915,11 +918,11 @@ fn remove_older_than(dir: &Path, gen: u64) {
     }
 }
 
-fn log_name(gen: u64) -> String {
+pub(crate) fn log_name(gen: u64) -> String {
     format!("log-{gen:020}.pbl")
 }
 
-fn snapshot_name(gen: u64) -> String {
+pub(crate) fn snapshot_name(gen: u64) -> String {
     format!("snapshot-{gen:020}.pbs")
 }
 
@@ -933,7 +936,10 @@ fn parse_name(name: &str) -> Option<FileKind> {
     if name.ends_with(".tmp") {
         return Some(FileKind::Temp);
     }
-    if let Some(g) = name.strip_prefix("log-").and_then(|s| s.strip_suffix(".pbl")) {
+    if let Some(g) = name
+        .strip_prefix("log-")
+        .and_then(|s| s.strip_suffix(".pbl"))
+    {
         return g.parse().ok().map(FileKind::Log);
     }
     if let Some(g) = name
@@ -986,17 +992,17 @@ struct Broken {
     frames_recovered: u64,
 }
 
-fn broken(reason: impl Into<String>, state: State, frames_recovered: u64) -> Broken {
-    Broken {
+fn broken(reason: impl Into<String>, state: State, frames_recovered: u64) -> Box<Broken> {
+    Box::new(Broken {
         reason: reason.into(),
         state,
         frames_recovered,
-    }
+    })
 }
 
 /// Loads snapshot + logs. Only a torn tail of the last log is repaired in place; anything
 /// else is returned as [`Broken`].
-fn recover(store_dir: &Path) -> Result<Opened, Broken> {
+fn recover(store_dir: &Path) -> Result<Opened, Box<Broken>> {
     if !store_dir.exists() {
         let create = || -> Result<Opened, StorageError> {
             fs::create_dir_all(store_dir)
@@ -1036,8 +1042,13 @@ fn recover(store_dir: &Path) -> Result<Opened, Broken> {
     let mut snapshot_bytes = 0;
     if snapshot_gen > 0 {
         let path = store_dir.join(snapshot_name(snapshot_gen));
-        let bytes = fs::read(&path)
-            .map_err(|e| broken(format!("cannot read {}: {e}", path.display()), State::default(), 0))?;
+        let bytes = fs::read(&path).map_err(|e| {
+            broken(
+                format!("cannot read {}: {e}", path.display()),
+                State::default(),
+                0,
+            )
+        })?;
         snapshot_bytes = bytes.len() as u64;
         state = read_snapshot(&bytes, snapshot_gen).map_err(|why| {
             broken(
@@ -1051,11 +1062,7 @@ fn recover(store_dir: &Path) -> Result<Opened, Broken> {
     let logs: Vec<u64> = logs.into_iter().filter(|g| *g >= first).collect();
     if logs.is_empty() {
         if snapshot_gen > 0 {
-            return Err(broken(
-                format!("log {first} is missing"),
-                state,
-                0,
-            ));
+            return Err(broken(format!("log {first} is missing"), state, 0));
         }
         return fresh(store_dir, state).map_err(|e| broken(e.to_string(), State::default(), 0));
     }
@@ -1275,14 +1282,24 @@ fn rebuild(dir: &Path, store_dir: &Path, broken: Broken) -> Result<Opened, Stora
         "STORE CORRUPT: moved aside; starting from the state before the damage \
          (messages committed after it are lost). Keep the moved directory for analysis."
     );
-    fs::create_dir_all(store_dir)
-        .map_err(|e| StorageError::io(format!("creating {}", store_dir.display()), e))?;
-    let _ = sync_dir(dir);
-    fresh(store_dir, broken.state)
+    // Build the replacement beside it and rename it in, so a crash now cannot leave a
+    // half-written store that would itself look corrupt (or empty) at the next start.
+    let building = dir.join(format!("{STORE_DIR}.rebuilding"));
+    if building.exists() {
+        fs::remove_dir_all(&building)
+            .map_err(|e| StorageError::io(format!("removing {}", building.display()), e))?;
+    }
+    fs::create_dir_all(&building)
+        .map_err(|e| StorageError::io(format!("creating {}", building.display()), e))?;
+    let opened = fresh(&building, broken.state)?;
+    fs::rename(&building, store_dir)
+        .and_then(|()| sync_dir(dir))
+        .map_err(|e| StorageError::io(format!("renaming {}", building.display()), e))?;
+    Ok(opened)
 }
 
 #[cfg(test)]
 pub(crate) mod test_support {
     //! File-level helpers for the tests in `super::super::tests`.
-    pub use super::{log_name, snapshot_name, HEADER_LEN};
+    pub(crate) use super::{log_name, snapshot_name, HEADER_LEN};
 }

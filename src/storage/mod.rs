@@ -163,7 +163,10 @@ impl Op {
     pub fn grows_store(&self) -> bool {
         matches!(
             self,
-            Op::PutMessage { .. } | Op::Enqueue { .. } | Op::PutRetained { .. } | Op::PutWill { .. }
+            Op::PutMessage { .. }
+                | Op::Enqueue { .. }
+                | Op::PutRetained { .. }
+                | Op::PutWill { .. }
         )
     }
 
@@ -175,12 +178,12 @@ impl Op {
                 Op::PutMessage { message, .. } | Op::PutRetained { message, .. } => {
                     message.size_estimate()
                 }
-                Op::Enqueue { client_id, entry, .. } => {
-                    client_id.len() as u64 + 4 * entry.subscription_ids.len() as u64
-                }
-                Op::PutWill { client_id, will, .. } => {
-                    (client_id.len() + will.topic.len() + will.payload.len()) as u64
-                }
+                Op::Enqueue {
+                    client_id, entry, ..
+                } => client_id.len() as u64 + 4 * entry.subscription_ids.len() as u64,
+                Op::PutWill {
+                    client_id, will, ..
+                } => (client_id.len() + will.topic.len() + will.payload.len()) as u64,
                 Op::PutSession(meta) => meta.client_id.len() as u64,
                 Op::PutSubscription {
                     client_id, filter, ..
@@ -475,7 +478,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn close(&self) -> Result<(), StorageError>;
 }
 
-impl dyn Store {
+impl dyn Store + '_ {
     /// Resolves once `ticket` is durable per the fsync policy; errors if the writer failed or
     /// the store closed first. The PUBACK/PUBREC of a QoS 1/2 PUBLISH awaits this.
     pub async fn wait_durable(&self, ticket: Ticket) -> Result<(), StorageError> {

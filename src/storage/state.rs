@@ -113,7 +113,10 @@ impl State {
                 subscription,
             } => match self.sessions.get_mut(&client_id) {
                 Some(s) => {
-                    if s.subscriptions.insert(filter.clone(), subscription).is_none() {
+                    if s.subscriptions
+                        .insert(filter.clone(), subscription)
+                        .is_none()
+                    {
                         self.live_bytes += subscription_size(&client_id, &filter);
                     }
                 }
@@ -135,10 +138,8 @@ impl State {
                 match self.messages.get_mut(&id) {
                     // Re-put of a live id: keep its references, replace the body.
                     Some(slot) => {
-                        self.live_bytes = self
-                            .live_bytes
-                            .saturating_sub(message_size(&slot.message))
-                            + size;
+                        self.live_bytes =
+                            self.live_bytes.saturating_sub(message_size(&slot.message)) + size;
                         slot.message = message;
                     }
                     None => {
@@ -164,9 +165,7 @@ impl State {
                 slot.refs += 1;
                 self.live_bytes += entry_size(&client_id, &entry);
                 if let Some(old) = s.queue.insert(seq, entry) {
-                    self.live_bytes = self
-                        .live_bytes
-                        .saturating_sub(entry_size(&client_id, &old));
+                    self.live_bytes = self.live_bytes.saturating_sub(entry_size(&client_id, &old));
                     self.release(old.message);
                 }
             }
@@ -185,9 +184,8 @@ impl State {
             Op::RemoveEntry { client_id, seq } => match self.sessions.get_mut(&client_id) {
                 Some(s) => {
                     if let Some(old) = s.queue.remove(&seq) {
-                        self.live_bytes = self
-                            .live_bytes
-                            .saturating_sub(entry_size(&client_id, &old));
+                        self.live_bytes =
+                            self.live_bytes.saturating_sub(entry_size(&client_id, &old));
                         self.release(old.message);
                     }
                 }
@@ -251,9 +249,7 @@ impl State {
             slot.refs = slot.refs.saturating_sub(1);
             if slot.refs == 0 {
                 if let Some(slot) = self.messages.remove(&id) {
-                    self.live_bytes = self
-                        .live_bytes
-                        .saturating_sub(message_size(&slot.message));
+                    self.live_bytes = self.live_bytes.saturating_sub(message_size(&slot.message));
                 }
             }
         }
@@ -264,9 +260,7 @@ impl State {
         for id in std::mem::take(&mut self.unreferenced) {
             if self.messages.get(&id).is_some_and(|slot| slot.refs == 0) {
                 if let Some(slot) = self.messages.remove(&id) {
-                    self.live_bytes = self
-                        .live_bytes
-                        .saturating_sub(message_size(&slot.message));
+                    self.live_bytes = self.live_bytes.saturating_sub(message_size(&slot.message));
                 }
             }
         }
@@ -393,11 +387,5 @@ impl State {
                 publish_at_unix_ms: *at,
             });
         }
-    }
-
-    /// Number of stored message bodies (tests).
-    #[cfg(test)]
-    pub fn message_count(&self) -> usize {
-        self.messages.len()
     }
 }
