@@ -42,13 +42,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::codec::{Dec, Enc};
 use super::state::State;
 use super::{
-    now_unix_ms, DiskFullPolicy, DurableState, FsyncPolicy, MessageId, Op, Rejected, Snapshot,
-    StorageConfig, StorageError, Store, StoreStats, Submitted,
+    now_unix_ms, DiskFullPolicy, Durable, DurableState, FsyncPolicy, MessageId, Op, Rejected,
+    Snapshot, StorageConfig, StorageError, Store, StoreStats, Submitted,
 };
 
 const LOG_MAGIC: &[u8; 8] = b"PBXLOG\0\x01";
@@ -60,6 +60,8 @@ const KIND_OPS: u8 = 0;
 const KIND_TRAILER: u8 = 1;
 /// Snapshot frames are cut at about this size, so no single frame gets huge.
 const SNAPSHOT_FRAME_BYTES: usize = 1 << 20;
+/// A batch stops taking submits once their data reaches this (bounds frame size and memory).
+const MAX_BATCH_BYTES: u64 = 32 << 20;
 /// The writer's encode buffer is shrunk back if a huge batch grew it beyond this.
 const MAX_IDLE_BUFFER: usize = 16 << 20;
 
@@ -133,11 +135,14 @@ struct Shared {
     orphan_ops: AtomicU64,
 }
 
+type Waiter = oneshot::Sender<Result<(), StorageError>>;
+
 enum Cmd {
     Ops {
         ticket: u64,
         ops: Vec<Op>,
         growth: u64,
+        waiter: Waiter,
     },
     Load(mpsc::SyncSender<Result<Snapshot, StorageError>>),
     Close(mpsc::SyncSender<Result<(), StorageError>>),
@@ -334,10 +339,12 @@ impl Store for DurableStore {
         self.shared
             .pending_growth
             .fetch_add(growth, Ordering::Relaxed);
+        let (waiter, durable) = Durable::channel();
         if let Err(mpsc::SendError(cmd)) = tx.send(Cmd::Ops {
             ticket,
             ops,
             growth,
+            waiter,
         }) {
             self.shared.queued_ops.fetch_sub(n, Ordering::Relaxed);
             self.shared
@@ -359,6 +366,7 @@ impl Store for DurableStore {
         Ok(Submitted {
             ticket,
             dropped_ops,
+            durable,
         })
     }
 
@@ -450,12 +458,13 @@ struct Writer {
     failed: bool,
 }
 
-/// A batch being assembled: tickets, ops, and the budget bytes they reserved.
+/// A batch being assembled: tickets, ops, the budget bytes they reserved, who waits.
 #[derive(Default)]
 struct Batch {
     last_ticket: u64,
     ops: Vec<Op>,
     growth: u64,
+    waiters: Vec<Waiter>,
 }
 
 impl Writer {
@@ -479,14 +488,22 @@ impl Writer {
                     ticket,
                     ops,
                     growth,
+                    waiter,
                 } => {
                     let mut batch = Batch::default();
-                    self.take(&mut batch, ticket, ops, growth);
+                    self.take(&mut batch, ticket, ops, growth, waiter);
                     pending = self.fill(&mut batch);
                     if self.failed {
                         self.drop_batch(batch);
-                    } else if let Err(error) = self.commit(batch) {
-                        self.fail(error);
+                    } else {
+                        let waiters = std::mem::take(&mut batch.waiters);
+                        match self.commit(batch, waiters) {
+                            Ok(()) => {}
+                            Err((error, waiters)) => {
+                                self.fail(error);
+                                self.tell_failed(waiters);
+                            }
+                        }
                     }
                 }
                 Cmd::Load(reply) => {
@@ -528,12 +545,13 @@ impl Writer {
         }
     }
 
-    fn take(&mut self, batch: &mut Batch, ticket: u64, mut ops: Vec<Op>, growth: u64) {
+    fn take(&mut self, batch: &mut Batch, ticket: u64, mut ops: Vec<Op>, growth: u64, w: Waiter) {
         self.shared
             .queued_ops
             .fetch_sub(ops.len(), Ordering::Relaxed);
         batch.last_ticket = ticket;
         batch.growth += growth;
+        batch.waiters.push(w);
         if batch.ops.is_empty() {
             batch.ops = ops;
         } else {
@@ -547,7 +565,7 @@ impl Writer {
         let opts = &self.shared.opts;
         let max_ops = opts.max_batch_ops;
         let deadline = Instant::now() + opts.commit_window;
-        while batch.ops.len() < max_ops {
+        while batch.ops.len() < max_ops && batch.growth < MAX_BATCH_BYTES {
             let next = match self.rx.try_recv() {
                 Ok(cmd) => cmd,
                 Err(mpsc::TryRecvError::Disconnected) => return None,
@@ -567,7 +585,8 @@ impl Writer {
                     ticket,
                     ops,
                     growth,
-                } => self.take(batch, ticket, ops, growth),
+                    waiter,
+                } => self.take(batch, ticket, ops, growth, waiter),
                 other => return Some(other),
             }
         }
@@ -575,12 +594,40 @@ impl Writer {
     }
 
     /// Writes one frame with the batch, syncs per policy, applies it, reports durability.
-    fn commit(&mut self, batch: Batch) -> Result<(), StorageError> {
+    fn commit(
+        &mut self,
+        batch: Batch,
+        waiters: Vec<Waiter>,
+    ) -> Result<(), (StorageError, Vec<Waiter>)> {
+        match self.write_batch(batch) {
+            Ok(last_ticket) => {
+                self.shared.durable.send_replace(DurableState {
+                    ticket: last_ticket,
+                    failed: false,
+                });
+                for waiter in waiters {
+                    let _ = waiter.send(Ok(()));
+                }
+                self.maybe_compact();
+                Ok(())
+            }
+            Err(error) => Err((error, waiters)),
+        }
+    }
+
+    /// Writes, syncs and applies a batch; returns its last ticket.
+    fn write_batch(&mut self, batch: Batch) -> Result<u64, StorageError> {
         let Batch {
             last_ticket,
             ops,
             growth,
+            waiters: _,
         } = batch;
+        if ops.is_empty() {
+            // A barrier: everything before it is already written; nothing to add.
+            self.shared.commits.fetch_add(1, Ordering::Relaxed);
+            return Ok(last_ticket);
+        }
         self.buf.clear();
         let start = begin_frame(&mut self.buf);
         {
@@ -620,12 +667,14 @@ impl Writer {
             .fetch_sub(growth, Ordering::Relaxed);
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
         self.publish_sizes();
-        self.shared.durable.send_replace(DurableState {
-            ticket: last_ticket,
-            failed: false,
-        });
-        self.maybe_compact();
-        Ok(())
+        Ok(last_ticket)
+    }
+
+    fn tell_failed(&self, waiters: Vec<Waiter>) {
+        let text = self.failure_text();
+        for waiter in waiters {
+            let _ = waiter.send(Err(StorageError::Failed(text.clone())));
+        }
     }
 
     fn sync(&mut self) -> Result<(), StorageError> {
@@ -651,6 +700,7 @@ impl Writer {
         self.shared
             .pending_growth
             .fetch_sub(batch.growth, Ordering::Relaxed);
+        self.tell_failed(batch.waiters);
     }
 
     fn failure_text(&self) -> String {

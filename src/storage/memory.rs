@@ -10,7 +10,8 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::{
-    DurableState, MessageId, Op, Rejected, Snapshot, StorageError, Store, StoreStats, Submitted,
+    Durable, DurableState, MessageId, Op, Rejected, Snapshot, StorageError, Store, StoreStats,
+    Submitted,
 };
 
 /// A store that persists nothing (see the module doc).
@@ -66,6 +67,7 @@ impl Store for MemoryStore {
         Ok(Submitted {
             ticket: t,
             dropped_ops: 0,
+            durable: Durable::ready(),
         })
     }
 

@@ -8,8 +8,9 @@
 //! # Model
 //! * A message body is stored once ([`Op::PutMessage`]) and referenced by any number of
 //!   queue entries ([`Op::Enqueue`]). The store counts references: a message disappears with
-//!   the last entry that references it, or at the end of the batch that put it if no entry
-//!   ever did. Retained messages and wills embed their own copy (they outlive queues).
+//!   the last entry that references it, or at the end of the commit that put it if no entry
+//!   did, so submit a `PutMessage` together with its `Enqueue`s. Retained messages and wills
+//!   embed their own copy (they outlive queues).
 //! * Every op names its session by client id; ops for a session that does not exist are
 //!   ignored and counted in [`StoreStats::orphan_ops`] (an integration bug, never data loss of
 //!   something that was stored).
@@ -39,7 +40,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::SmallVec;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use crate::codec::{LastWill, ProtocolVersion, PublishProperties, QoS, SubscriptionOptions};
 pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
@@ -60,8 +61,8 @@ pub enum Op {
     /// Creates a session or updates its metadata; keeps its subscriptions, queue and inbound
     /// ids. A clean start is `DeleteSession` followed by `PutSession` in one submit.
     PutSession(SessionMeta),
-    /// Ends a session: drops its subscriptions, queue entries (and so unreferenced messages),
-    /// inbound QoS 2 ids and pending will.
+    /// Ends a session: drops its subscriptions, queue entries (and so unreferenced messages)
+    /// and inbound QoS 2 ids. A pending will is separate: publish it, then `DeleteWill`.
     DeleteSession {
         /// The session's client id.
         client_id: ByteString,
@@ -347,13 +348,50 @@ pub struct DurableState {
 }
 
 /// Result of an accepted [`Store::submit`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Submitted {
-    /// Await this with `wait_durable` before acknowledging.
+    /// Commit sequence number: `wait_durable(ticket)` / the [`Store::durable`] watch.
     pub ticket: Ticket,
     /// Ops left out because the disk budget is exhausted and the policy is
     /// `keep-in-memory` (count them in a metric: those messages do not survive a restart).
     pub dropped_ops: u32,
+    /// Resolves when this submit is durable. Wakes only its own waiter (the watch wakes every
+    /// waiter on every commit), so a connection task awaits this before its PUBACK. Dropping
+    /// it is fine.
+    pub durable: Durable,
+}
+
+/// Completion of one submit: a future resolving to `Ok(())` once it is durable per the fsync
+/// policy, or to the writer's failure.
+#[derive(Debug)]
+pub struct Durable(oneshot::Receiver<Result<(), StorageError>>);
+
+impl Durable {
+    /// A pair: the future, and the sender the writer completes.
+    pub(crate) fn channel() -> (oneshot::Sender<Result<(), StorageError>>, Durable) {
+        let (tx, rx) = oneshot::channel();
+        (tx, Durable(rx))
+    }
+
+    /// Already durable (in-memory engine).
+    pub(crate) fn ready() -> Durable {
+        let (tx, rx) = Durable::channel();
+        let _ = tx.send(Ok(()));
+        rx
+    }
+}
+
+impl std::future::Future for Durable {
+    type Output = Result<(), StorageError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(StorageError::Closed)))
+    }
 }
 
 /// Counters for metrics and tests; cheap to read.

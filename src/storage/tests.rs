@@ -1198,7 +1198,12 @@ fn crash_child() {
                             tokio::time::sleep(Duration::from_millis(1)).await;
                             continue;
                         };
-                        wait_durable(&mut rx, s.ticket).await.expect("durable");
+                        // Alternate the two ways of waiting; both must be exact.
+                        if n % 2 == 0 {
+                            s.durable.await.expect("durable");
+                        } else {
+                            wait_durable(&mut rx, s.ticket).await.expect("durable");
+                        }
                         use std::io::Write;
                         let mut out = std::io::stdout().lock();
                         let _ = writeln!(out, "ACK {n}");
