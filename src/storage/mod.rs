@@ -23,6 +23,10 @@
 //! ticket. A caller that must not acknowledge before the data is safe awaits
 //! `store.wait_durable(ticket)` (see `impl dyn Store`).
 //!
+//! # Integration
+//! `src/storage/INTEGRATION.md` lists where the broker must submit each op, which
+//! acknowledgements must await durability, and the restart procedure.
+//!
 //! # Engines
 //! [`open`] picks the in-memory engine when `storage.dir` is absent (nothing survives a
 //! restart; tickets are durable at once) and the durable log engine ([`durable`]) otherwise.
@@ -240,6 +244,46 @@ pub struct StoredMessage {
 }
 
 impl StoredMessage {
+    /// The persisted form of a routed message: its monotonic times become wall-clock unix ms
+    /// (relative to now), so expiry keeps counting across restarts. Payload not copied.
+    pub fn from_message(message: &crate::broker::Message) -> StoredMessage {
+        let now = std::time::Instant::now();
+        let now_ms = now_unix_ms();
+        let age_ms = now
+            .saturating_duration_since(message.received_at)
+            .as_millis() as u64;
+        StoredMessage {
+            topic: message.topic.clone(),
+            payload: message.payload.clone(),
+            qos: message.qos,
+            retain: message.retain,
+            properties: message.properties.clone(),
+            received_at_unix_ms: now_ms.saturating_sub(age_ms),
+            expires_at_unix_ms: message.expires_at.map(|t| {
+                let left = t.saturating_duration_since(now).as_millis() as u64;
+                now_ms + left
+            }),
+        }
+    }
+
+    /// The monotonic `(received_at, expires_at)` to rebuild a `broker::Message` with at
+    /// restart, given the current instant and wall-clock time. Downtime counts: a message
+    /// whose expiry passed while the broker was down comes back already expired.
+    pub fn instants(
+        &self,
+        now: std::time::Instant,
+        now_unix_ms: u64,
+    ) -> (std::time::Instant, Option<std::time::Instant>) {
+        let age =
+            std::time::Duration::from_millis(now_unix_ms.saturating_sub(self.received_at_unix_ms));
+        let received_at = now.checked_sub(age).unwrap_or(now);
+        let expires_at = self.expires_at_unix_ms.map(|t| {
+            // Saturate at "now" (already expired) rather than going before the Instant epoch.
+            now + std::time::Duration::from_millis(t.saturating_sub(now_unix_ms))
+        });
+        (received_at, expires_at)
+    }
+
     /// True once the message may no longer be delivered (MQTT-3.3.2-5).
     pub fn is_expired(&self, now_unix_ms: u64) -> bool {
         self.expires_at_unix_ms.is_some_and(|t| now_unix_ms >= t)
