@@ -534,8 +534,9 @@ pub trait Store: Send + Sync + fmt::Debug {
     ///
     /// Refused (ops handed back) when the writer queue is full ([`StorageError::QueueFull`]:
     /// back off until the durable watch moves, or refuse the PUBLISH), over the disk budget
-    /// with policy `reject`, or after a writer failure. An empty `ops` gets a ticket too
-    /// (useful as a barrier).
+    /// with policy `reject`, or after a writer failure. A submit larger than the whole queue
+    /// capacity is still taken when the queue is empty. An empty `ops` gets a ticket too
+    /// (a barrier: durable once everything before it is).
     fn submit(&self, ops: Vec<Op>) -> Result<Submitted, Rejected>;
 
     /// Watch of the durable ticket; `wait_durable` is built on it. One receiver per task is
