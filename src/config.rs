@@ -174,13 +174,83 @@ impl Default for AuthConfig {
     }
 }
 
-/// Durable state location.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// When the durable store forces its log to stable storage (see `config/postbox.toml` for what
+/// each policy can lose).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FsyncPolicy {
+    /// fdatasync after every group commit, before acknowledging: survives power loss.
+    #[default]
+    EveryBatch,
+    /// Write every commit to the OS at once, fdatasync every `fsync_interval_ms`.
+    Interval,
+    /// Write every commit to the OS, never fdatasync (the OS flushes when it likes).
+    Never,
+}
+
+impl fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FsyncPolicy::EveryBatch => "every-batch",
+            FsyncPolicy::Interval => "interval",
+            FsyncPolicy::Never => "never",
+        })
+    }
+}
+
+/// What the durable store does with new data once `storage.max_disk_bytes` is reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskFullPolicy {
+    /// Refuse the whole submit; the broker refuses the PUBLISH (v5: Quota exceeded).
+    #[default]
+    Reject,
+    /// Store everything but the new data; the broker still delivers it from memory, but it
+    /// does not survive a restart.
+    KeepInMemory,
+}
+
+/// Durable state: where it lives and how hard the broker works to keep it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     /// Directory for durable state; `None` (key absent) = in memory only, lost on restart.
     pub dir: Option<PathBuf>,
+    /// When the log is forced to disk.
+    pub fsync: FsyncPolicy,
+    /// Milliseconds between fdatasyncs with `fsync = "interval"`; 1..=60000.
+    pub fsync_interval_ms: u64,
+    /// Most ops in one group commit; at least 1.
+    pub max_batch_ops: usize,
+    /// Microseconds the writer waits for more ops before committing a batch; 0 = commit at
+    /// once (ops arriving during an fsync still share the next one). At most 100000.
+    pub commit_window_us: u64,
+    /// Ops that may wait for the writer before submits are refused (backpressure); at least
+    /// `max_batch_ops`.
+    pub queue_capacity_ops: usize,
+    /// Budget for stored data in bytes; 0 = unlimited. Otherwise at least 1048576.
+    pub max_disk_bytes: u64,
+    /// What happens to new data when the budget is reached.
+    pub disk_full: DiskFullPolicy,
 }
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            dir: None,
+            fsync: FsyncPolicy::EveryBatch,
+            fsync_interval_ms: 100,
+            max_batch_ops: 4096,
+            commit_window_us: 0,
+            queue_capacity_ops: 65_536,
+            max_disk_bytes: 0,
+            disk_full: DiskFullPolicy::Reject,
+        }
+    }
+}
+
+/// Smallest non-zero `storage.max_disk_bytes`: below this not even session metadata fits.
+pub const MIN_DISK_BYTES: u64 = 1_048_576;
 
 /// Logging.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -360,6 +430,49 @@ impl Config {
                     "must not be empty; remove the key to keep state in memory".to_owned(),
                 ));
             }
+        }
+        let st = &self.storage;
+        if !(1..=60_000).contains(&st.fsync_interval_ms) {
+            return Err(invalid(
+                "storage.fsync_interval_ms",
+                format!(
+                    "must be between 1 and 60000 milliseconds, got {}",
+                    st.fsync_interval_ms
+                ),
+            ));
+        }
+        if st.max_batch_ops == 0 {
+            return Err(invalid(
+                "storage.max_batch_ops",
+                "must be at least 1, got 0".to_owned(),
+            ));
+        }
+        if st.commit_window_us > 100_000 {
+            return Err(invalid(
+                "storage.commit_window_us",
+                format!(
+                    "must be at most 100000 microseconds, got {}",
+                    st.commit_window_us
+                ),
+            ));
+        }
+        if st.queue_capacity_ops < st.max_batch_ops {
+            return Err(invalid(
+                "storage.queue_capacity_ops",
+                format!(
+                    "must be at least storage.max_batch_ops ({}), got {}",
+                    st.max_batch_ops, st.queue_capacity_ops
+                ),
+            ));
+        }
+        if st.max_disk_bytes != 0 && st.max_disk_bytes < MIN_DISK_BYTES {
+            return Err(invalid(
+                "storage.max_disk_bytes",
+                format!(
+                    "must be 0 (unlimited) or at least {MIN_DISK_BYTES}, got {}",
+                    st.max_disk_bytes
+                ),
+            ));
         }
         if self.metrics.enabled && addresses_clash(self.metrics.bind, self.listener.bind) {
             return Err(invalid(
@@ -683,6 +796,24 @@ mod tests {
             ("[log]\nlevel = \"info,postbox=loud\"", "log.level"),
             ("[log]\nlevel = \"\"", "log.level"),
             ("[storage]\ndir = \"\"", "storage.dir"),
+            (
+                "[storage]\nfsync_interval_ms = 0",
+                "storage.fsync_interval_ms",
+            ),
+            (
+                "[storage]\nfsync_interval_ms = 60001",
+                "storage.fsync_interval_ms",
+            ),
+            ("[storage]\nmax_batch_ops = 0", "storage.max_batch_ops"),
+            (
+                "[storage]\ncommit_window_us = 100001",
+                "storage.commit_window_us",
+            ),
+            (
+                "[storage]\nqueue_capacity_ops = 10",
+                "storage.queue_capacity_ops",
+            ),
+            ("[storage]\nmax_disk_bytes = 1000", "storage.max_disk_bytes"),
             ("[metrics]\nbind = \"127.0.0.1:1883\"", "metrics.bind"),
         ];
         for (text, want) in cases {
@@ -746,6 +877,21 @@ mod tests {
         c.mqtt.queue_overflow = OverflowPolicy::DropOldest;
         let text = toml::to_string(&c).expect("serializes");
         assert_eq!(parse(&text).expect("reparses"), c);
+    }
+
+    #[test]
+    fn storage_policies_parse() {
+        let c = parse(
+            "[storage]\nfsync = \"interval\"\nfsync_interval_ms = 5\nmax_disk_bytes = 1048576\n\
+             disk_full = \"keep-in-memory\"\n",
+        )
+        .expect("parses");
+        assert_eq!(c.storage.fsync, FsyncPolicy::Interval);
+        assert_eq!(c.storage.fsync_interval_ms, 5);
+        assert_eq!(c.storage.max_disk_bytes, MIN_DISK_BYTES);
+        assert_eq!(c.storage.disk_full, DiskFullPolicy::KeepInMemory);
+        let err = parse("[storage]\nfsync = \"always\"\n").expect_err("bad policy");
+        assert!(err.to_string().contains("every-batch"), "{err}");
     }
 
     #[test]

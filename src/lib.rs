@@ -9,4 +9,5 @@ pub mod config;
 pub mod connection;
 pub mod metrics;
 pub mod server;
+pub mod storage;
 pub mod transport;

@@ -1,0 +1,391 @@
+//! The store's own model of what is persisted: replaying the log into it rebuilds the state
+//! at the last commit, and writing it out as ops is a snapshot (compaction).
+//!
+//! Applying an op never fails: ops that name a missing session are ignored and counted
+//! (`orphans`), ops on missing entries are no-ops. That keeps replay deterministic, which is
+//! what makes "snapshot + log" equal to the state the writer had.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use bytestring::ByteString;
+
+use super::{
+    EntryStage, MessageId, Op, PendingWill, QueueEntry, SessionMeta, SessionSnapshot, Snapshot,
+    StoredMessage, SubscriptionRecord,
+};
+use crate::codec::LastWill;
+
+/// One persisted session.
+#[derive(Debug)]
+struct SessionState {
+    meta: SessionMeta,
+    subscriptions: BTreeMap<ByteString, SubscriptionRecord>,
+    queue: BTreeMap<u64, QueueEntry>,
+    inbound: BTreeSet<u16>,
+}
+
+/// A stored message body and how many queue entries reference it.
+#[derive(Debug)]
+struct MessageSlot {
+    message: StoredMessage,
+    refs: u32,
+}
+
+/// Everything persisted, in memory.
+#[derive(Debug, Default)]
+pub struct State {
+    sessions: BTreeMap<ByteString, SessionState>,
+    messages: HashMap<MessageId, MessageSlot>,
+    /// Messages put during the current batch; dropped at its end if still unreferenced.
+    unreferenced: Vec<MessageId>,
+    retained: BTreeMap<ByteString, StoredMessage>,
+    wills: BTreeMap<ByteString, (LastWill, u64)>,
+    /// Approximate bytes of live data (`Op::size_estimate` of what is held).
+    pub live_bytes: u64,
+    /// Highest message id ever put (ids are never reused).
+    pub max_message_id: MessageId,
+    /// Ops ignored because their session does not exist.
+    pub orphans: u64,
+}
+
+fn entry_size(client_id: &ByteString, entry: &QueueEntry) -> u64 {
+    Op::Enqueue {
+        client_id: client_id.clone(),
+        seq: 0,
+        entry: entry.clone(),
+    }
+    .size_estimate()
+}
+
+fn subscription_size(client_id: &ByteString, filter: &ByteString) -> u64 {
+    32 + (client_id.len() + filter.len()) as u64
+}
+
+fn meta_size(meta: &SessionMeta) -> u64 {
+    32 + meta.client_id.len() as u64
+}
+
+fn message_size(message: &StoredMessage) -> u64 {
+    32 + message.size_estimate()
+}
+
+fn will_size(client_id: &ByteString, will: &LastWill) -> u64 {
+    32 + (client_id.len() + will.topic.len() + will.payload.len()) as u64
+}
+
+impl State {
+    /// Applies one op (see the module doc for what is ignored).
+    pub fn apply(&mut self, op: Op) {
+        match op {
+            Op::PutSession(meta) => match self.sessions.get_mut(&meta.client_id) {
+                Some(s) => s.meta = meta,
+                None => {
+                    self.live_bytes += meta_size(&meta);
+                    self.sessions.insert(
+                        meta.client_id.clone(),
+                        SessionState {
+                            meta,
+                            subscriptions: BTreeMap::new(),
+                            queue: BTreeMap::new(),
+                            inbound: BTreeSet::new(),
+                        },
+                    );
+                }
+            },
+            Op::DeleteSession { client_id } => {
+                if let Some(s) = self.sessions.remove(&client_id) {
+                    self.live_bytes = self.live_bytes.saturating_sub(meta_size(&s.meta));
+                    for filter in s.subscriptions.keys() {
+                        let size = subscription_size(&client_id, filter);
+                        self.live_bytes = self.live_bytes.saturating_sub(size);
+                    }
+                    for entry in s.queue.values() {
+                        self.live_bytes = self
+                            .live_bytes
+                            .saturating_sub(entry_size(&client_id, entry));
+                        self.release(entry.message);
+                    }
+                }
+            }
+            Op::PutSubscription {
+                client_id,
+                filter,
+                subscription,
+            } => match self.sessions.get_mut(&client_id) {
+                Some(s) => {
+                    if s.subscriptions
+                        .insert(filter.clone(), subscription)
+                        .is_none()
+                    {
+                        self.live_bytes += subscription_size(&client_id, &filter);
+                    }
+                }
+                None => self.orphans += 1,
+            },
+            Op::DeleteSubscription { client_id, filter } => match self.sessions.get_mut(&client_id)
+            {
+                Some(s) => {
+                    if s.subscriptions.remove(&filter).is_some() {
+                        let size = subscription_size(&client_id, &filter);
+                        self.live_bytes = self.live_bytes.saturating_sub(size);
+                    }
+                }
+                None => self.orphans += 1,
+            },
+            Op::PutMessage { id, message } => {
+                self.max_message_id = self.max_message_id.max(id);
+                let size = message_size(&message);
+                match self.messages.get_mut(&id) {
+                    // Re-put of a live id: keep its references, replace the body.
+                    Some(slot) => {
+                        self.live_bytes =
+                            self.live_bytes.saturating_sub(message_size(&slot.message)) + size;
+                        slot.message = message;
+                    }
+                    None => {
+                        self.live_bytes += size;
+                        self.messages.insert(id, MessageSlot { message, refs: 0 });
+                        self.unreferenced.push(id);
+                    }
+                }
+            }
+            Op::Enqueue {
+                client_id,
+                seq,
+                entry,
+            } => {
+                let Some(s) = self.sessions.get_mut(&client_id) else {
+                    self.orphans += 1;
+                    return;
+                };
+                let Some(slot) = self.messages.get_mut(&entry.message) else {
+                    self.orphans += 1; // dangling reference: the body was never stored
+                    return;
+                };
+                slot.refs += 1;
+                self.live_bytes += entry_size(&client_id, &entry);
+                if let Some(old) = s.queue.insert(seq, entry) {
+                    self.live_bytes = self.live_bytes.saturating_sub(entry_size(&client_id, &old));
+                    self.release(old.message);
+                }
+            }
+            Op::UpdateEntry {
+                client_id,
+                seq,
+                stage,
+            } => match self.sessions.get_mut(&client_id) {
+                Some(s) => {
+                    if let Some(e) = s.queue.get_mut(&seq) {
+                        e.stage = stage;
+                    }
+                }
+                None => self.orphans += 1,
+            },
+            Op::RemoveEntry { client_id, seq } => match self.sessions.get_mut(&client_id) {
+                Some(s) => {
+                    if let Some(old) = s.queue.remove(&seq) {
+                        self.live_bytes =
+                            self.live_bytes.saturating_sub(entry_size(&client_id, &old));
+                        self.release(old.message);
+                    }
+                }
+                None => self.orphans += 1,
+            },
+            Op::PutInboundQos2 {
+                client_id,
+                packet_id,
+            } => match self.sessions.get_mut(&client_id) {
+                Some(s) => {
+                    s.inbound.insert(packet_id);
+                }
+                None => self.orphans += 1,
+            },
+            Op::RemoveInboundQos2 {
+                client_id,
+                packet_id,
+            } => match self.sessions.get_mut(&client_id) {
+                Some(s) => {
+                    s.inbound.remove(&packet_id);
+                }
+                None => self.orphans += 1,
+            },
+            Op::PutRetained { topic, message } => {
+                self.live_bytes += message_size(&message);
+                if let Some(old) = self.retained.insert(topic, message) {
+                    self.live_bytes = self.live_bytes.saturating_sub(message_size(&old));
+                }
+            }
+            Op::DeleteRetained { topic } => {
+                if let Some(old) = self.retained.remove(&topic) {
+                    self.live_bytes = self.live_bytes.saturating_sub(message_size(&old));
+                }
+            }
+            Op::PutWill {
+                client_id,
+                will,
+                publish_at_unix_ms,
+            } => {
+                self.live_bytes += will_size(&client_id, &will);
+                if let Some((old, _)) = self
+                    .wills
+                    .insert(client_id.clone(), (will, publish_at_unix_ms))
+                {
+                    let size = will_size(&client_id, &old);
+                    self.live_bytes = self.live_bytes.saturating_sub(size);
+                }
+            }
+            Op::DeleteWill { client_id } => {
+                if let Some((old, _)) = self.wills.remove(&client_id) {
+                    let size = will_size(&client_id, &old);
+                    self.live_bytes = self.live_bytes.saturating_sub(size);
+                }
+            }
+        }
+    }
+
+    /// Drops one reference to a message; the body goes with the last one.
+    fn release(&mut self, id: MessageId) {
+        if let Some(slot) = self.messages.get_mut(&id) {
+            slot.refs = slot.refs.saturating_sub(1);
+            if slot.refs == 0 {
+                if let Some(slot) = self.messages.remove(&id) {
+                    self.live_bytes = self.live_bytes.saturating_sub(message_size(&slot.message));
+                }
+            }
+        }
+    }
+
+    /// Ends a batch: messages put in it that no entry references are dropped.
+    pub fn end_batch(&mut self) {
+        for id in std::mem::take(&mut self.unreferenced) {
+            if self.messages.get(&id).is_some_and(|slot| slot.refs == 0) {
+                if let Some(slot) = self.messages.remove(&id) {
+                    self.live_bytes = self.live_bytes.saturating_sub(message_size(&slot.message));
+                }
+            }
+        }
+    }
+
+    /// Drops `Queued` entries whose message expired, and expired retained messages. In-flight
+    /// entries stay: their handshake must complete. Returns how many records went.
+    pub fn purge_expired(&mut self, now_unix_ms: u64) -> usize {
+        let mut expired: Vec<(ByteString, u64)> = Vec::new();
+        for (client_id, s) in &self.sessions {
+            for (seq, entry) in &s.queue {
+                if entry.stage == EntryStage::Queued
+                    && self
+                        .messages
+                        .get(&entry.message)
+                        .is_some_and(|m| m.message.is_expired(now_unix_ms))
+                {
+                    expired.push((client_id.clone(), *seq));
+                }
+            }
+        }
+        let mut purged = expired.len();
+        for (client_id, seq) in expired {
+            self.apply(Op::RemoveEntry { client_id, seq });
+        }
+        let topics: Vec<ByteString> = self
+            .retained
+            .iter()
+            .filter(|(_, m)| m.is_expired(now_unix_ms))
+            .map(|(t, _)| t.clone())
+            .collect();
+        purged += topics.len();
+        for topic in topics {
+            self.apply(Op::DeleteRetained { topic });
+        }
+        purged
+    }
+
+    /// A copy of everything, for [`super::Store::load`].
+    pub fn to_snapshot(&self) -> Snapshot {
+        let sessions = self
+            .sessions
+            .values()
+            .map(|s| SessionSnapshot {
+                meta: Some(s.meta.clone()),
+                subscriptions: s
+                    .subscriptions
+                    .iter()
+                    .map(|(f, r)| (f.clone(), *r))
+                    .collect(),
+                queue: s.queue.iter().map(|(q, e)| (*q, e.clone())).collect(),
+                inbound_qos2: s.inbound.iter().copied().collect(),
+            })
+            .collect();
+        Snapshot {
+            sessions,
+            messages: self
+                .messages
+                .iter()
+                .map(|(id, slot)| (*id, slot.message.clone()))
+                .collect(),
+            retained: self
+                .retained
+                .iter()
+                .map(|(t, m)| (t.clone(), m.clone()))
+                .collect(),
+            wills: self
+                .wills
+                .iter()
+                .map(|(c, (w, at))| PendingWill {
+                    client_id: c.clone(),
+                    will: w.clone(),
+                    publish_at_unix_ms: *at,
+                })
+                .collect(),
+        }
+    }
+
+    /// Calls `f` with ops that rebuild this state from empty (bodies before the entries that
+    /// reference them). This is what a snapshot file holds.
+    pub fn for_each_op(&self, mut f: impl FnMut(&Op)) {
+        for s in self.sessions.values() {
+            let client_id = &s.meta.client_id;
+            f(&Op::PutSession(s.meta.clone()));
+            for (filter, subscription) in &s.subscriptions {
+                f(&Op::PutSubscription {
+                    client_id: client_id.clone(),
+                    filter: filter.clone(),
+                    subscription: *subscription,
+                });
+            }
+            for packet_id in &s.inbound {
+                f(&Op::PutInboundQos2 {
+                    client_id: client_id.clone(),
+                    packet_id: *packet_id,
+                });
+            }
+        }
+        for (id, slot) in &self.messages {
+            f(&Op::PutMessage {
+                id: *id,
+                message: slot.message.clone(),
+            });
+        }
+        for s in self.sessions.values() {
+            for (seq, entry) in &s.queue {
+                f(&Op::Enqueue {
+                    client_id: s.meta.client_id.clone(),
+                    seq: *seq,
+                    entry: entry.clone(),
+                });
+            }
+        }
+        for (topic, message) in &self.retained {
+            f(&Op::PutRetained {
+                topic: topic.clone(),
+                message: message.clone(),
+            });
+        }
+        for (client_id, (will, at)) in &self.wills {
+            f(&Op::PutWill {
+                client_id: client_id.clone(),
+                will: will.clone(),
+                publish_at_unix_ms: *at,
+            });
+        }
+    }
+}
