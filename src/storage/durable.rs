@@ -1,5 +1,5 @@
 //! The durable engine: an append-only log of checksummed group commits, compacted into
-//! snapshots. Chosen over `redb` by measurement (see `tools/storage-bench`): a group commit
+//! snapshots. Chosen over `redb` by measurement (see `benches/storage-bench`): a group commit
 //! here is one sequential `write` plus one `fdatasync`, where a B-tree commit rewrites pages.
 //!
 //! # Files (in `<storage.dir>/store/`)
