@@ -214,7 +214,10 @@ pub enum DiskFullPolicy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// Directory for durable state; `None` (key absent) = in memory only, lost on restart.
+    /// Keep durable state on disk (Mosquitto's `persistence`). Off: everything in memory,
+    /// lost on restart.
+    pub persistence: bool,
+    /// Directory for durable state (relative paths are relative to the working directory).
     pub dir: Option<PathBuf>,
     /// When the log is forced to disk.
     pub fsync: FsyncPolicy,
@@ -237,7 +240,8 @@ pub struct StorageConfig {
 impl Default for StorageConfig {
     fn default() -> Self {
         StorageConfig {
-            dir: None,
+            persistence: true,
+            dir: Some(PathBuf::from(DEFAULT_DATA_DIR)),
             fsync: FsyncPolicy::EveryBatch,
             fsync_interval_ms: 100,
             max_batch_ops: 4096,
@@ -246,6 +250,18 @@ impl Default for StorageConfig {
             max_disk_bytes: 0,
             disk_full: DiskFullPolicy::Reject,
         }
+    }
+}
+
+/// Where durable state lives unless `storage.dir` says otherwise: next to where the broker
+/// runs, like Mosquitto's default `persistence_location`. Packaged deployments set an
+/// absolute path (`/var/lib/postbox`).
+pub const DEFAULT_DATA_DIR: &str = "postbox-data";
+
+impl StorageConfig {
+    /// The directory to keep durable state in, or `None` to keep everything in memory.
+    pub fn durable_dir(&self) -> Option<&std::path::Path> {
+        self.dir.as_deref().filter(|_| self.persistence)
     }
 }
 
@@ -427,7 +443,8 @@ impl Config {
             if dir.as_os_str().is_empty() {
                 return Err(invalid(
                     "storage.dir",
-                    "must not be empty; remove the key to keep state in memory".to_owned(),
+                    "must not be empty; set storage.persistence = false to keep state in memory"
+                        .to_owned(),
                 ));
             }
         }

@@ -16,6 +16,9 @@ struct Cli {
     /// Port of the plain TCP listener (overrides the config file).
     #[arg(short = 'p', long = "port", value_name = "PORT")]
     port: Option<u16>,
+    /// Directory for durable state (overrides `storage.dir` and turns persistence on).
+    #[arg(long = "data-dir", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
     /// Log at debug level (overrides `log.level`).
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -29,6 +32,10 @@ fn main() -> anyhow::Result<()> {
     };
     if let Some(port) = cli.port {
         config.listener.bind.set_port(port);
+    }
+    if let Some(dir) = cli.data_dir {
+        config.storage.dir = Some(dir);
+        config.storage.persistence = true;
     }
     let level = if cli.verbose {
         "debug".to_string()

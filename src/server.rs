@@ -5,11 +5,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::broker::Broker;
 use crate::config::Config;
@@ -26,6 +28,40 @@ pub enum StartError {
     },
     #[error("cannot start the metrics endpoint: {0}")]
     Metrics(String),
+    #[error("cannot open the durable store: {0}")]
+    Storage(#[from] crate::storage::StorageError),
+}
+
+/// Opens the store, restores what it holds into a new broker (blocking I/O, off the runtime).
+async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
+    let storage_config = config.storage.clone();
+    let (store, snapshot) = tokio::task::spawn_blocking(move || {
+        let store = crate::storage::open(&storage_config)?;
+        let snapshot = store.load()?;
+        Ok::<_, crate::storage::StorageError>((store, snapshot))
+    })
+    .await
+    .map_err(|e| StartError::Storage(crate::storage::StorageError::Failed(e.to_string())))??;
+    let durable = store.is_durable();
+    let broker = Broker::new(
+        config.mqtt.clone(),
+        config.auth.clone(),
+        Some(store),
+        Metrics::register(),
+    );
+    if durable {
+        let summary = broker.restore(snapshot);
+        tracing::info!(
+            sessions = summary.sessions,
+            expired_sessions = summary.expired_sessions,
+            queued = summary.queued,
+            inflight = summary.inflight,
+            retained = summary.retained,
+            wills = summary.wills,
+            "restored durable state"
+        );
+    }
+    Ok(broker)
 }
 
 /// A broker that is up and serving.
@@ -35,7 +71,12 @@ pub struct RunningServer {
     pub broker: Arc<Broker>,
     shutdown: CancellationToken,
     listener_task: JoinHandle<()>,
+    /// Every connection task, so shutdown can wait for their last store updates.
+    connections: TaskTracker,
 }
+
+/// How long shutdown waits for connection tasks to send their DISCONNECTs and finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Binds every configured listener and starts serving.
 pub async fn start(config: Config) -> Result<RunningServer, StartError> {
@@ -43,11 +84,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         metrics::install_exporter(config.metrics.bind)
             .map_err(|e| StartError::Metrics(e.to_string()))?;
     }
-    let broker = Broker::new(
-        config.mqtt.clone(),
-        config.auth.clone(),
-        Metrics::register(),
-    );
+    let broker = open_broker(&config).await?;
     let listener = TcpListener::bind(config.listener.bind)
         .await
         .map_err(|source| StartError::Bind {
@@ -59,10 +96,12 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         source,
     })?;
     let shutdown = CancellationToken::new();
+    let connections = TaskTracker::new();
     let listener_task = tokio::spawn(transport::serve_tcp(
         listener,
         Arc::clone(&broker),
         shutdown.clone(),
+        connections.clone(),
         config.listener.max_connections,
     ));
     tracing::info!(%mqtt_addr, "MQTT listener up");
@@ -71,6 +110,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         broker,
         shutdown,
         listener_task,
+        connections,
     })
 }
 
@@ -80,6 +120,21 @@ impl RunningServer {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         let _ = self.listener_task.await;
+        self.connections.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, self.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the shutdown grace period");
+        }
+        if let Some(store) = self.broker.store().cloned() {
+            // Final commit and sync; blocking file I/O, so off the runtime's workers.
+            match tokio::task::spawn_blocking(move || store.close()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "durable store did not close cleanly"),
+                Err(error) => tracing::error!(%error, "durable store close panicked"),
+            }
+        }
     }
 
     /// A token that stops the server when cancelled (e.g. from a signal handler).

@@ -81,7 +81,8 @@ fn runs_from_config_file_serves_mqtt_and_metrics_and_stops_on_sigterm() {
     std::fs::write(
         &path,
         format!(
-            "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n"
+            "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\ndir = {:?}\n",
+            dir.path().join("data")
         ),
     )
     .expect("write config");
@@ -124,7 +125,7 @@ fn port_flag_overrides_the_config() {
     let path = dir.path().join("postbox.toml");
     std::fs::write(
         &path,
-        format!("[listener]\nbind = \"127.0.0.1:1\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n"),
+        format!("[listener]\nbind = \"127.0.0.1:1\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\npersistence = false\n"),
     )
     .expect("write config");
     let child = spawn_broker(&[

@@ -65,15 +65,13 @@ fn ports_match_the_default_config() {
     assert!(statefulset.contains(&format!("prometheus.io/port: \"{metrics}\"")));
 }
 
-/// The Containerfile turns on storage by uncommenting this exact line of the default file.
+/// The container and the systemd unit keep durable state on their volume / state directory.
 #[test]
-fn containerfile_can_enable_storage_in_default_config() {
-    let line = "# dir = \"/var/lib/postbox\"";
-    let default = read("config/postbox.toml");
-    assert!(
-        default.lines().any(|l| l == line),
-        "config/postbox.toml lacks `{line}`"
-    );
+fn deployments_put_durable_state_in_var_lib() {
     let containerfile = read("deploy/container/Containerfile");
-    assert!(containerfile.contains("s|^# dir = \"/var/lib/postbox\"|"));
+    assert!(containerfile.contains("\"--data-dir\", \"/var/lib/postbox\""));
+    assert!(containerfile.contains("VOLUME [\"/var/lib/postbox\"]"));
+    let unit = read("deploy/systemd/postbox.service");
+    assert!(unit.contains("--data-dir /var/lib/postbox"));
+    assert!(unit.contains("StateDirectory=postbox"));
 }

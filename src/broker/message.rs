@@ -29,6 +29,9 @@ pub struct Message {
     pub received_at: Instant,
     /// The publishing session, for No Local.
     pub origin: Option<SessionId>,
+    /// Id of the stored body once the durable store holds it (set at most once, so every
+    /// session that queues this message refers to one stored copy).
+    pub store_id: OnceLock<u64>,
     /// [v3 no id, v3 with id, v5 no id, v5 with id]
     encoded: [OnceLock<EncodedPublish>; 4],
 }
@@ -59,6 +62,51 @@ impl Message {
             expires_at,
             received_at: now,
             origin,
+            store_id: OnceLock::new(),
+            encoded: Default::default(),
+        }
+    }
+
+    /// Turns a will into an ordinary message from nobody (so No Local never suppresses it),
+    /// carrying the will properties that PUBLISH has too (MQTT-3.1.3-10 style pass-through).
+    pub fn from_will(will: codec::LastWill) -> Message {
+        let p = will.properties;
+        let publish = Publish {
+            dup: false,
+            qos: will.qos,
+            retain: will.retain,
+            topic: will.topic,
+            packet_id: 0,
+            payload: will.payload,
+            properties: PublishProperties {
+                payload_format_indicator: p.payload_format_indicator,
+                message_expiry_interval: p.message_expiry_interval,
+                content_type: p.content_type,
+                response_topic: p.response_topic,
+                correlation_data: p.correlation_data,
+                user_properties: p.user_properties,
+                ..Default::default()
+            },
+        };
+        Message::from_publish(publish, None)
+    }
+
+    /// Rebuilds a message from the durable store at restart. Wall-clock times become
+    /// instants, so time spent down counts towards expiry and the forwarded remaining
+    /// Message Expiry Interval (MQTT-3.3.2-6).
+    pub fn from_stored(stored: &crate::storage::StoredMessage, store_id: Option<u64>) -> Message {
+        let (received_at, expires_at) =
+            stored.instants(Instant::now(), crate::storage::now_unix_ms());
+        Message {
+            topic: stored.topic.clone(),
+            payload: stored.payload.clone(),
+            qos: stored.qos,
+            retain: stored.retain,
+            properties: stored.properties.clone(),
+            expires_at,
+            received_at,
+            origin: None,
+            store_id: store_id.map_or_else(OnceLock::new, OnceLock::from),
             encoded: Default::default(),
         }
     }
@@ -171,4 +219,7 @@ pub struct Delivery {
     pub retain: bool,
     /// Identifiers of every matching subscription that carried one (MQTT-3.3.4-4).
     pub subscription_ids: SmallVec<[u32; 1]>,
+    /// Position in the session's durable queue; `None` when this delivery is not persisted
+    /// (in-memory store, non-persistent session, or QoS 0).
+    pub seq: Option<u64>,
 }

@@ -8,6 +8,9 @@
 
 mod level_map;
 pub mod message;
+mod persist;
+mod restore;
+pub use persist::entry_stage;
 pub mod retained;
 pub mod session;
 pub mod topic_tree;
@@ -28,10 +31,11 @@ use tokio::sync::oneshot;
 use crate::codec::{ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
+use crate::storage::{self, Durable, Op, StorageError, Store};
 pub use message::{Delivery, DeliveryFlags, Message, SessionId};
 use retained::RetainedIndex;
 pub use session::{
-    EnqueueOutcome, Inflight, OutboundStage, QueueLimits, Session, SessionState,
+    Admission, EnqueueOutcome, Inflight, OutboundStage, QueueLimits, Session, SessionState,
     SessionSubscription, NEVER_EXPIRES,
 };
 use topic_tree::TopicTree;
@@ -72,13 +76,32 @@ pub struct Broker {
     subscriptions: RwLock<TopicTree<SessionId, Subscriber>>,
     retained: RwLock<RetainedIndex<Arc<Message>>>,
     next_session_id: AtomicU64,
+    /// The durable store, when `storage.persistence` is on; `None` keeps everything in memory
+    /// and skips building store ops entirely.
+    store: Option<Arc<dyn Store>>,
     /// Metric handles, registered once.
     pub metrics: Metrics,
 }
 
+/// What routing a PUBLISH produced for its publisher.
+#[derive(Debug)]
+pub struct Routed {
+    /// Sessions the message was queued for.
+    pub queued: usize,
+    /// Resolves once the message is durable for every persistent subscriber; the publisher's
+    /// PUBACK / PUBREC waits for it. `None` when nothing had to be stored.
+    pub durable: Option<Durable>,
+}
+
 impl Broker {
     /// Creates the broker state from the `[mqtt]` config section.
-    pub fn new(config: MqttConfig, auth: AuthConfig, metrics: Metrics) -> Arc<Broker> {
+    pub fn new(
+        config: MqttConfig,
+        auth: AuthConfig,
+        store: Option<Arc<dyn Store>>,
+        metrics: Metrics,
+    ) -> Arc<Broker> {
+        let store = store.filter(|s| s.is_durable());
         let limits = QueueLimits {
             max_messages: config.max_queued_messages.max(1),
             max_bytes: config.max_queued_bytes,
@@ -93,8 +116,30 @@ impl Broker {
             subscriptions: RwLock::new(TopicTree::new()),
             retained: RwLock::new(RetainedIndex::new()),
             next_session_id: AtomicU64::new(1),
+            store,
             metrics,
         })
+    }
+
+    /// The durable store, if persistence is on.
+    pub fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.store.as_ref()
+    }
+
+    /// Submits ops to the durable store (no-op in memory). Returns what to await before an
+    /// acknowledgement that depends on them; a refused submit is logged and counted.
+    pub fn persist(&self, ops: Vec<Op>) -> Option<Durable> {
+        let store = self.store.as_ref()?;
+        if ops.is_empty() {
+            return None;
+        }
+        match store.submit(ops) {
+            Ok(submitted) => Some(submitted.durable),
+            Err(rejected) => {
+                tracing::error!(error = %rejected.error, "durable store refused an update");
+                None
+            }
+        }
     }
 
     /// The MQTT settings this broker enforces.
@@ -116,7 +161,10 @@ impl Broker {
                 }
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
+                let ops =
+                    persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
                 drop(st);
+                self.persist(ops);
                 return Attached {
                     session: existing,
                     session_present: true,
@@ -139,7 +187,13 @@ impl Broker {
             req.protocol,
             req.expiry_interval,
         ));
-        let (generation, evicted, _) = Session::attach(&mut session.lock(), ReasonCode::SUCCESS);
+        let (generation, evicted, ops) = {
+            let mut st = session.lock();
+            let (generation, evicted, _) = Session::attach(&mut st, ReasonCode::SUCCESS);
+            let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
+            (generation, evicted, ops)
+        };
+        self.persist(ops);
         sessions.insert(req.client_id, session.clone());
         self.metrics.sessions_current.set(sessions.len() as f64);
         Attached {
@@ -160,16 +214,40 @@ impl Broker {
             }
             st.connection = None;
             st.disconnected_at = Some(Instant::now());
+            if st.stored && st.is_persistent() {
+                let meta =
+                    persist::session_meta(&session.client_id, &st, Some(storage::now_unix_ms()));
+                drop(st);
+                self.persist(vec![Op::PutSession(meta)]);
+                st = session.lock();
+            }
             st.expiry_interval
         };
+        self.schedule_expiry(
+            session,
+            generation,
+            Duration::from_secs(u64::from(expiry)),
+            expiry,
+        );
+    }
+
+    /// Ends a disconnected session after `after`, unless a client re-attaches first.
+    fn schedule_expiry(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        after: Duration,
+        expiry: u32,
+    ) {
         match expiry {
             0 => self.remove_session_if_idle(session, generation),
             NEVER_EXPIRES => {}
-            secs => {
+            _ if after.is_zero() => self.remove_session_if_idle(session, generation),
+            _ => {
                 let broker = Arc::clone(self);
                 let session = Arc::clone(session);
                 tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_secs(u64::from(secs))).await;
+                    tokio::time::sleep(after).await;
                     broker.remove_session_if_idle(&session, generation);
                 });
             }
@@ -204,6 +282,11 @@ impl Broker {
             st.queue.clear();
             st.inflight.clear();
             st.inbound_qos2.clear();
+            if std::mem::take(&mut st.stored) {
+                self.persist(vec![Op::DeleteSession {
+                    client_id: session.client_id.clone(),
+                }]);
+            }
             st.subscriptions.drain().map(|(f, _)| f).collect()
         };
         if filters.is_empty() {
@@ -235,13 +318,25 @@ impl Broker {
             self.metrics.subscriptions_current.set(tree.len() as f64);
             existed
         };
-        session.lock().subscriptions.insert(
-            filter.clone(),
-            SessionSubscription {
+        let stored = {
+            let mut st = session.lock();
+            st.subscriptions.insert(
+                filter.clone(),
+                SessionSubscription {
+                    options,
+                    identifier,
+                },
+            );
+            st.stored
+        };
+        if stored {
+            self.persist(vec![persist::put_subscription(
+                &session.client_id,
+                filter,
                 options,
                 identifier,
-            },
-        );
+            )]);
+        }
         existed
     }
 
@@ -253,7 +348,17 @@ impl Broker {
             self.metrics.subscriptions_current.set(tree.len() as f64);
             removed
         };
-        session.lock().subscriptions.remove(filter);
+        let stored = {
+            let mut st = session.lock();
+            st.subscriptions.remove(filter);
+            st.stored
+        };
+        if stored && removed {
+            self.persist(vec![Op::DeleteSubscription {
+                client_id: session.client_id.clone(),
+                filter: ByteString::from(filter),
+            }]);
+        }
         removed
     }
 
@@ -279,16 +384,23 @@ impl Broker {
                 qos,
                 retain: true,
                 subscription_ids: SmallVec::new(),
+                seq: None, // re-sent from the retained store after a restart anyway
             });
         }
     }
 
     /// Routes one message to every matching session and updates the retained store.
-    /// Returns how many sessions it was queued for.
-    pub fn publish(&self, message: Arc<Message>) -> usize {
-        if message.retain {
-            self.store_retained(&message);
-        }
+    ///
+    /// With a durable store, the deliveries to persistent sessions, the retained update and
+    /// the publisher's inbound QoS 2 id (`inbound_qos2`) go to the store in one submit, and
+    /// become visible to subscribers only after it (so no ack can overtake its entry).
+    /// `Err` means the store refused the message: nothing durable was queued and the
+    /// publisher must not be told it was accepted.
+    pub fn publish(
+        &self,
+        message: Arc<Message>,
+        inbound_qos2: Option<(&ByteString, u16)>,
+    ) -> Result<Routed, StorageError> {
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
         self.subscriptions
             .read()
@@ -304,15 +416,31 @@ impl Broker {
                 });
             });
         merge_overlapping(&mut targets);
+        let durable = self.store.is_some();
         let mut queued = 0;
+        let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
+        let mut ops = Vec::new();
         for target in targets {
             let delivery = Delivery {
                 message: Arc::clone(&message),
                 qos: target.qos,
                 retain: target.retain,
                 subscription_ids: target.subscription_ids,
+                seq: None,
             };
-            match target.session.enqueue(delivery, &self.limits) {
+            let outcome = match target.session.admit(delivery, &self.limits, durable) {
+                Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
+                Admission::Reserved {
+                    delivery,
+                    outcome,
+                    victim,
+                } => {
+                    persist::enqueue(&mut ops, &target.session.client_id, &delivery, victim);
+                    reserved.push((target.session, delivery));
+                    outcome
+                }
+            };
+            match outcome {
                 EnqueueOutcome::Queued => queued += 1,
                 EnqueueOutcome::QueuedDroppedOldest => {
                     queued += 1;
@@ -327,7 +455,49 @@ impl Broker {
                 EnqueueOutcome::SessionEnded => {}
             }
         }
-        queued
+        let Some(store) = self.store.as_ref() else {
+            if message.retain {
+                self.store_retained(&message);
+            }
+            return Ok(Routed {
+                queued,
+                durable: None,
+            });
+        };
+        if !reserved.is_empty() {
+            let id = *message.store_id.get_or_init(|| store.next_message_id());
+            persist::fix_message_ids(&mut ops, id);
+            ops.insert(0, persist::put_message(id, &message));
+        }
+        if message.retain {
+            ops.push(persist::retained(&message));
+        }
+        if let Some((client_id, packet_id)) = inbound_qos2 {
+            ops.push(Op::PutInboundQos2 {
+                client_id: client_id.clone(),
+                packet_id,
+            });
+        }
+        if ops.is_empty() {
+            return Ok(Routed {
+                queued,
+                durable: None,
+            });
+        }
+        let submitted = store.submit(ops).map_err(|rejected| {
+            tracing::warn!(error = %rejected.error, topic = %message.topic, "message refused by the durable store");
+            rejected.error
+        })?;
+        if message.retain {
+            self.store_retained(&message);
+        }
+        for (session, delivery) in reserved {
+            session.push_reserved(delivery);
+        }
+        Ok(Routed {
+            queued,
+            durable: Some(submitted.durable),
+        })
     }
 
     fn store_retained(&self, message: &Arc<Message>) {

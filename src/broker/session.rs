@@ -78,6 +78,24 @@ pub struct QueueLimits {
     pub overflow: OverflowPolicy,
 }
 
+/// Result of [`Session::admit`]: pushed now, reserved for a durable push, or refused.
+#[derive(Debug)]
+pub enum Admission {
+    /// In the queue already (nothing to persist).
+    Pushed(EnqueueOutcome),
+    /// Admitted with a durable `seq` but not yet visible to the connection: the caller submits
+    /// the `Enqueue` op first, then calls [`Session::push_reserved`], so the subscriber's ack
+    /// (a `RemoveEntry`) can never reach the log before the entry itself.
+    Reserved {
+        delivery: Delivery,
+        outcome: EnqueueOutcome,
+        /// `seq` of a persisted delivery dropped to make room (drop-oldest policy).
+        victim: Option<u64>,
+    },
+    /// Not queued.
+    Refused(EnqueueOutcome),
+}
+
 /// What happened to a delivery handed to [`Session::enqueue`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EnqueueOutcome {
@@ -113,6 +131,11 @@ pub struct SessionState {
     pub disconnected_at: Option<Instant>,
     /// Set when the session is discarded; enqueues are refused from then on.
     pub ended: bool,
+    /// Next durable queue position (`Op::Enqueue` seq); restored as last seq + 1.
+    pub next_seq: u64,
+    /// True while the durable store holds this session (a `PutSession` was submitted and no
+    /// `DeleteSession` since), so ops are only emitted for sessions the store knows.
+    pub stored: bool,
     /// True from the first overflow drop until the queue drains, so overflow is logged once
     /// per episode rather than once per message.
     overflowing: bool,
@@ -142,6 +165,8 @@ impl Session {
                 generation: 0,
                 disconnected_at: Some(Instant::now()),
                 ended: false,
+                next_seq: 0,
+                stored: false,
                 overflowing: false,
             }),
             notify: Notify::new(),
@@ -160,16 +185,32 @@ impl Session {
 
     /// Appends a delivery, applying the queue bounds. Called from publishing tasks.
     pub fn enqueue(&self, delivery: Delivery, limits: &QueueLimits) -> EnqueueOutcome {
+        match self.admit(delivery, limits, false) {
+            Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
+            Admission::Reserved {
+                delivery, outcome, ..
+            } => {
+                self.push_reserved(delivery);
+                outcome
+            }
+        }
+    }
+
+    /// Applies the queue bounds to a delivery. With `durable` set, a QoS 1/2 delivery to a
+    /// persistent session gets a queue `seq` and is returned for the caller to persist and
+    /// then [`push_reserved`](Self::push_reserved); anything else is pushed at once.
+    pub fn admit(&self, mut delivery: Delivery, limits: &QueueLimits, durable: bool) -> Admission {
         let mut st = self.state.lock();
         if st.ended {
-            return EnqueueOutcome::SessionEnded;
+            return Admission::Refused(EnqueueOutcome::SessionEnded);
         }
         let online = st.connection.is_some();
         if !online && delivery.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
-            return EnqueueOutcome::DroppedQoS0Offline;
+            return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline);
         }
         let size = delivery.message.payload.len();
         let mut outcome = EnqueueOutcome::Queued;
+        let mut victim = None;
         while st.is_full(limits, size) {
             if !st.overflowing {
                 st.overflowing = true;
@@ -182,15 +223,27 @@ impl Session {
                 );
             }
             match limits.overflow {
-                OverflowPolicy::DropNew => return EnqueueOutcome::DroppedQueueFull,
+                OverflowPolicy::DropNew => {
+                    return Admission::Refused(EnqueueOutcome::DroppedQueueFull)
+                }
                 OverflowPolicy::DropOldest => match st.queue.pop_front() {
                     Some(old) => {
                         st.queued_bytes -= old.message.payload.len();
                         outcome = EnqueueOutcome::QueuedDroppedOldest;
+                        victim = victim.or(old.seq);
                     }
                     None => break,
                 },
             }
+        }
+        if durable && st.expiry_interval > 0 && delivery.qos != QoS::AtMostOnce {
+            delivery.seq = Some(st.next_seq);
+            st.next_seq += 1;
+            return Admission::Reserved {
+                delivery,
+                outcome,
+                victim,
+            };
         }
         st.push(delivery);
         let wake = online && st.queue.len() == 1;
@@ -198,7 +251,21 @@ impl Session {
         if wake {
             self.notify.notify_one();
         }
-        outcome
+        Admission::Pushed(outcome)
+    }
+
+    /// Makes a reserved delivery visible to the connection (after its op was submitted).
+    pub fn push_reserved(&self, delivery: Delivery) {
+        let mut st = self.state.lock();
+        if st.ended {
+            return;
+        }
+        st.push(delivery);
+        let wake = st.connection.is_some() && st.queue.len() == 1;
+        drop(st);
+        if wake {
+            self.notify.notify_one();
+        }
     }
 
     /// Appends without the queue bound: for retained messages on subscribe, whose count is
@@ -246,9 +313,19 @@ impl Session {
 }
 
 impl SessionState {
+    /// True if the session outlives its connection and so is kept in the durable store.
+    pub fn is_persistent(&self) -> bool {
+        self.expiry_interval > 0
+    }
+
     fn is_full(&self, limits: &QueueLimits, incoming: usize) -> bool {
         self.queue.len() >= limits.max_messages
             || (limits.max_bytes > 0 && self.queued_bytes + incoming > limits.max_bytes)
+    }
+
+    /// Appends a delivery restored from the durable store (already admitted once).
+    pub fn restore_queued(&mut self, delivery: Delivery) {
+        self.push(delivery);
     }
 
     fn push(&mut self, delivery: Delivery) {

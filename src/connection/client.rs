@@ -5,20 +5,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use bytestring::ByteString;
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::gated::{AckKind, Gated, GatedWrites};
 use super::handshake::{Accepted, TOPIC_ALIAS_MAXIMUM};
 use super::io::{Io, WRITE_HIGH_WATER};
 use crate::broker::{Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundStage, Session};
 use crate::codec::{
-    self, topic, Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, Publish,
-    PublishProperties, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck,
-    Unsubscribe,
+    self, topic, Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, Publish, QoS,
+    ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
+use crate::storage::{Durable, Op, StorageError};
 
 /// Why the connection is ending; decides the DISCONNECT sent (v5) and whether the will fires.
 #[derive(Debug)]
@@ -59,7 +61,13 @@ pub struct Client<S> {
     max_packet: usize,
     /// Inbound topic aliases (v5), index = alias.
     aliases: Vec<Option<ByteString>>,
+    /// Writes waiting for the durable store (acks, PUBREL, outbound QoS 2).
+    gated: GatedWrites,
 }
+
+/// Stop reading from a client while this many of its writes wait for the store: bounds the
+/// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
+const MAX_GATED_WRITES: usize = 1024;
 
 impl<S: AsyncRead + AsyncWrite> Client<S> {
     /// Takes over the connection from the handshake.
@@ -100,6 +108,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             client_max_packet,
             max_packet,
             aliases: Vec::new(),
+            gated: GatedWrites::default(),
             broker,
         }
     }
@@ -120,10 +129,23 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             self.fill_from_session();
             let io = &mut self.io;
             io.prepare_read();
+            let gated = &mut self.gated;
+            let gate_waiting = gated.waiting();
+            let can_read = io.wbuf.len() < WRITE_HIGH_WATER && gated.len() < MAX_GATED_WRITES;
             tokio::select! {
                 biased;
                 _ = &mut self.evicted => return Close::TakenOver,
                 _ = self.shutdown.cancelled() => return Close::ServerShutdown,
+                durable = gated.front_durable(), if gate_waiting => match durable {
+                    Ok(()) => {
+                        self.gated.release_front();
+                        self.release_gated();
+                    }
+                    Err(error) => {
+                        tracing::error!(client = %self.session.client_id, %error, "durable store failed; closing without acknowledging");
+                        return Close::Violation(ReasonCode::UNSPECIFIED_ERROR, error.to_string());
+                    }
+                },
                 written = io.wr.write_buf(&mut io.wbuf), if !io.wbuf.is_empty() => match written {
                     Ok(0) | Err(_) => return Close::Lost,
                     Ok(n) => {
@@ -136,7 +158,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                         }
                     }
                 },
-                read = tokio::io::AsyncReadExt::read_buf(&mut io.rd, &mut io.rbuf), if io.wbuf.len() < WRITE_HIGH_WATER => match read {
+                read = tokio::io::AsyncReadExt::read_buf(&mut io.rd, &mut io.rbuf), if can_read => match read {
                     Ok(0) | Err(_) => return Close::Lost,
                     Ok(n) => {
                         self.broker.metrics.bytes_received.increment(n as u64);
@@ -241,22 +263,90 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         }
         let packet_id = publish.packet_id;
         let qos = publish.qos;
-        let route = qos != QoS::ExactlyOnce || self.session.lock().inbound_qos2.insert(packet_id);
+        // QoS 2: a packet id already awaiting PUBREL is a re-send; acknowledge it again but do
+        // not route it again (MQTT-4.3.3-10). `stored`: the id must survive a restart too.
+        let (route, stored) = {
+            let mut st = self.session.lock();
+            let fresh = qos != QoS::ExactlyOnce || st.inbound_qos2.insert(packet_id);
+            (fresh, st.stored)
+        };
+        let mut durable = None;
         if route {
-            let message = Message::from_publish(publish, Some(self.session.id));
-            self.broker.publish(Arc::new(message));
+            let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
+            let inbound =
+                (qos == QoS::ExactlyOnce && stored).then_some((&self.session.client_id, packet_id));
+            match self.broker.publish(message, inbound) {
+                Ok(routed) => durable = routed.durable,
+                Err(error) => return self.refuse_publish(qos, packet_id, error),
+            }
         }
-        match qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self
-                .io
-                .queue(&Packet::PubAck(PubResponse::new(packet_id)), self.version), // MQTT-4.3.2-2
-            // A duplicate before PUBREL is acknowledged again but not routed again (MQTT-4.3.3-10).
-            QoS::ExactlyOnce => self
-                .io
-                .queue(&Packet::PubRec(PubResponse::new(packet_id)), self.version),
-        }
+        let kind = match qos {
+            QoS::AtMostOnce => return Ok(()),
+            QoS::AtLeastOnce => AckKind::Ack, // MQTT-4.3.2-2
+            QoS::ExactlyOnce => AckKind::Rec, // MQTT-4.3.3-8
+        };
+        // Acknowledged only once the store holds the message (the durability promise).
+        self.send_gated(durable, Gated::Ack(kind, PubResponse::new(packet_id)));
         Ok(())
+    }
+
+    /// The store refused a PUBLISH (disk budget, writer backlog, I/O failure): it was not
+    /// accepted, so it must not be acknowledged as if it were. v5 says why in the ack (0x97
+    /// quota exceeded, 0x80 unspecified); 3.x has no negative ack, so the connection closes and
+    /// the client re-sends after reconnecting.
+    fn refuse_publish(
+        &mut self,
+        qos: QoS,
+        packet_id: u16,
+        error: StorageError,
+    ) -> Result<(), Close> {
+        if qos == QoS::ExactlyOnce {
+            self.session.lock().inbound_qos2.remove(&packet_id);
+        }
+        let code = match error {
+            StorageError::QueueFull { .. } | StorageError::DiskBudgetExceeded { .. } => {
+                ReasonCode::QUOTA_EXCEEDED
+            }
+            _ => ReasonCode::UNSPECIFIED_ERROR,
+        };
+        if qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        if !self.version.is_v5() {
+            return Err(Close::Violation(code, error.to_string()));
+        }
+        let mut ack = PubResponse::new(packet_id);
+        ack.reason_code = code;
+        let kind = if qos == QoS::AtLeastOnce {
+            AckKind::Ack
+        } else {
+            AckKind::Rec
+        };
+        self.send_gated(None, Gated::Ack(kind, ack));
+        Ok(())
+    }
+
+    /// Writes now, or behind the writes that wait for the store.
+    fn send_gated(&mut self, durable: Option<Durable>, item: Gated) {
+        if durable.is_none() && self.gated.is_empty() {
+            self.write_gated(item);
+        } else {
+            self.gated.push(durable, item);
+        }
+    }
+
+    /// Writes every gated item that no longer waits.
+    fn release_gated(&mut self) {
+        while let Some(item) = self.gated.pop_ready() {
+            self.write_gated(item);
+        }
+    }
+
+    fn write_gated(&mut self, item: Gated) {
+        match item {
+            Gated::Ack(kind, ack) => self.io.queue(&kind.packet(ack), self.version),
+            Gated::Encoded(bytes) => self.io.wbuf.extend_from_slice(&bytes),
+        }
     }
 
     /// Inbound topic aliases (v5 §3.3.2.3.4): set on first use, substituted afterwards.
@@ -283,51 +373,89 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
     }
 
     fn on_pubrec(&mut self, rec: PubResponse) {
+        let packet_id = rec.packet_id;
         let mut st = self.session.lock();
-        if let Some(i) = st.find_inflight(rec.packet_id, OutboundStage::AwaitPubRec) {
-            if rec.reason_code.is_error() {
-                st.inflight.remove(i); // the receiver refused it: done (v5 §4.3.3)
-                return;
-            }
-            if let Some(entry) = st.inflight.get_mut(i) {
-                entry.stage = OutboundStage::AwaitPubComp;
-            }
-            drop(st);
-            self.io.queue(
-                &Packet::PubRel(PubResponse::new(rec.packet_id)),
-                self.version,
-            ); // MQTT-4.3.3-4
-        } else if st
-            .find_inflight(rec.packet_id, OutboundStage::AwaitPubComp)
-            .is_some()
-        {
-            drop(st);
-            self.io.queue(
-                &Packet::PubRel(PubResponse::new(rec.packet_id)),
-                self.version,
-            );
-        } else {
-            drop(st);
-            let mut rel = PubResponse::new(rec.packet_id);
+        let (durable, send_rel) =
+            if let Some(i) = st.find_inflight(packet_id, OutboundStage::AwaitPubRec) {
+                let seq = st.inflight.get(i).and_then(|f| f.delivery.seq);
+                if rec.reason_code.is_error() {
+                    st.inflight.remove(i); // the receiver refused it: done (v5 §4.3.3)
+                    drop(st);
+                    self.persist_entry(seq, None);
+                    return;
+                }
+                if let Some(entry) = st.inflight.get_mut(i) {
+                    entry.stage = OutboundStage::AwaitPubComp;
+                }
+                drop(st);
+                // PUBREL only once the new stage is stored: a crash must not re-send the PUBLISH
+                // after the receiver has released the id (MQTT-4.3.3-4 / exactly once).
+                (
+                    self.persist_entry(seq, Some((OutboundStage::AwaitPubComp, packet_id))),
+                    true,
+                )
+            } else {
+                let known = st
+                    .find_inflight(packet_id, OutboundStage::AwaitPubComp)
+                    .is_some();
+                drop(st);
+                (None, known)
+            };
+        let mut rel = PubResponse::new(packet_id);
+        if !send_rel {
             rel.reason_code = ReasonCode::PACKET_IDENTIFIER_NOT_FOUND;
-            self.io.queue(&Packet::PubRel(rel), self.version);
         }
+        self.send_gated(durable, Gated::Ack(AckKind::Rel, rel));
+    }
+
+    /// Records a persisted delivery's new handshake stage, or its removal (`None`).
+    fn persist_entry(
+        &self,
+        seq: Option<u64>,
+        stage: Option<(OutboundStage, u16)>,
+    ) -> Option<Durable> {
+        let seq = seq?;
+        let client_id = self.session.client_id.clone();
+        let op = match stage {
+            Some((stage, packet_id)) => Op::UpdateEntry {
+                client_id,
+                seq,
+                stage: crate::broker::entry_stage(stage, packet_id),
+            },
+            None => Op::RemoveEntry { client_id, seq },
+        };
+        self.broker.persist(vec![op])
     }
 
     fn on_pubrel(&mut self, rel: PubResponse) {
-        let known = self.session.lock().inbound_qos2.remove(&rel.packet_id);
+        let (known, stored) = {
+            let mut st = self.session.lock();
+            (st.inbound_qos2.remove(&rel.packet_id), st.stored)
+        };
         let mut comp = PubResponse::new(rel.packet_id);
+        let mut durable = None;
         if !known {
             comp.reason_code = ReasonCode::PACKET_IDENTIFIER_NOT_FOUND;
+        } else if stored {
+            // PUBCOMP only once the release is stored, or the client's next use of this id
+            // would look like a duplicate after a crash and be dropped.
+            durable = self.broker.persist(vec![Op::RemoveInboundQos2 {
+                client_id: self.session.client_id.clone(),
+                packet_id: rel.packet_id,
+            }]);
         }
-        self.io.queue(&Packet::PubComp(comp), self.version); // MQTT-4.3.3-11
+        self.send_gated(durable, Gated::Ack(AckKind::Comp, comp)); // MQTT-4.3.3-11
     }
 
     /// PUBACK or PUBCOMP: the outbound message is done and its packet id is free again.
     fn complete_outbound(&mut self, packet_id: u16, stage: OutboundStage) {
-        let mut st = self.session.lock();
-        if let Some(i) = st.find_inflight(packet_id, stage) {
-            st.inflight.remove(i);
+        let removed = {
+            let mut st = self.session.lock();
+            st.find_inflight(packet_id, stage)
+                .and_then(|i| st.inflight.remove(i))
+        };
+        if let Some(done) = removed {
+            self.persist_entry(done.delivery.seq, None);
         }
     }
 
@@ -415,74 +543,106 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
 
     /// Moves queued deliveries into the write buffer while the window and buffer allow.
     /// QoS 0 passes freely; QoS 1/2 waits for a free inflight slot, preserving order (MQTT-4.6.0-6).
+    ///
+    /// Persisted deliveries record their new stage in the store. A QoS 2 PUBLISH is held back
+    /// until that record is durable (otherwise a crash could re-send it under a new packet id:
+    /// a duplicate), and so is everything after it, to keep the order.
     fn fill_from_session(&mut self) {
         if self.io.wbuf.len() >= WRITE_HIGH_WATER {
             return;
         }
         let now = Instant::now();
         let session = Arc::clone(&self.session);
-        let mut st = session.lock();
-        while self.io.wbuf.len() < WRITE_HIGH_WATER {
-            let Some(front) = st.queue.front() else { break };
-            if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.window {
-                break;
-            }
-            let Some(delivery) = st.pop() else { break };
-            if delivery.message.is_expired(now) {
-                continue; // MQTT-3.3.2-5
-            }
-            if delivery.qos == QoS::AtMostOnce {
-                self.write_delivery(&delivery, 0, false);
-                continue;
-            }
-            let Some(packet_id) = st.allocate_packet_id() else {
-                break;
-            };
-            if self.write_delivery(&delivery, packet_id, false) {
-                let stage = if delivery.qos == QoS::AtLeastOnce {
-                    OutboundStage::AwaitPubAck
-                } else {
-                    OutboundStage::AwaitPubRec
+        let mut ops: Vec<Op> = Vec::new();
+        let mut held = BytesMut::new();
+        let mut hold = !self.gated.is_empty();
+        let mut gate_on_ops = false;
+        {
+            let mut st = session.lock();
+            while self.io.wbuf.len() + held.len() < WRITE_HIGH_WATER {
+                let Some(front) = st.queue.front() else { break };
+                if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.window {
+                    break;
+                }
+                let Some(delivery) = st.pop() else { break };
+                if delivery.message.is_expired(now) {
+                    if let Some(seq) = delivery.seq {
+                        ops.push(Op::RemoveEntry {
+                            client_id: session.client_id.clone(),
+                            seq,
+                        });
+                    }
+                    continue; // MQTT-3.3.2-5
+                }
+                let packet_id = match delivery.qos {
+                    QoS::AtMostOnce => 0,
+                    _ => match st.allocate_packet_id() {
+                        Some(id) => id,
+                        None => break,
+                    },
                 };
-                st.inflight.push_back(Inflight {
+                let stage = match delivery.qos {
+                    QoS::AtMostOnce => None,
+                    QoS::AtLeastOnce => Some(OutboundStage::AwaitPubAck),
+                    QoS::ExactlyOnce => Some(OutboundStage::AwaitPubRec),
+                };
+                if let (Some(seq), Some(stage)) = (delivery.seq, stage) {
+                    ops.push(Op::UpdateEntry {
+                        client_id: session.client_id.clone(),
+                        seq,
+                        stage: crate::broker::entry_stage(stage, packet_id),
+                    });
+                    if delivery.qos == QoS::ExactlyOnce {
+                        hold = true;
+                        gate_on_ops = true;
+                    }
+                }
+                let out = if hold { &mut held } else { &mut self.io.wbuf };
+                let written = encode_delivery(
+                    out,
+                    self.version,
+                    self.client_max_packet,
+                    &self.broker,
+                    &delivery,
                     packet_id,
-                    delivery,
-                    stage,
-                });
+                    false,
+                );
+                if let (true, Some(stage)) = (written, stage) {
+                    st.inflight.push_back(Inflight {
+                        packet_id,
+                        delivery,
+                        stage,
+                    });
+                }
             }
+        }
+        let durable = self.broker.persist(ops);
+        if !held.is_empty() {
+            let gate = if gate_on_ops { durable } else { None };
+            self.send_gated_behind(gate, Gated::Encoded(held.freeze()));
+        }
+    }
+
+    /// Queues a write behind any waiting ones, even when it has nothing to wait for itself.
+    fn send_gated_behind(&mut self, durable: Option<Durable>, item: Gated) {
+        if durable.is_none() && self.gated.is_empty() {
+            self.write_gated(item);
+        } else {
+            self.gated.push(durable, item);
         }
     }
 
     /// Encodes one delivery into the write buffer; false if it could not be sent at all.
     fn write_delivery(&mut self, delivery: &Delivery, packet_id: u16, dup: bool) -> bool {
-        let start = self.io.wbuf.len();
-        let flags = DeliveryFlags {
-            qos: delivery.qos,
-            retain: delivery.retain,
-            dup,
+        encode_delivery(
+            &mut self.io.wbuf,
+            self.version,
+            self.client_max_packet,
+            &self.broker,
+            delivery,
             packet_id,
-            subscription_ids: &delivery.subscription_ids,
-        };
-        match delivery
-            .message
-            .write_to(&mut self.io.wbuf, self.version, flags)
-        {
-            Ok(len) if len <= self.client_max_packet => {
-                self.broker.metrics.messages_sent[delivery.qos as usize].increment(1);
-                true
-            }
-            Ok(_) => {
-                // Never send a packet above the client's Maximum Packet Size (MQTT-3.1.2-24 in v5 numbering: 3.1.2.25).
-                self.io.wbuf.truncate(start);
-                self.broker.metrics.messages_dropped_too_large.increment(1);
-                false
-            }
-            Err(error) => {
-                self.io.wbuf.truncate(start);
-                tracing::warn!(%error, "cannot encode delivery");
-                false
-            }
-        }
+            dup,
+        )
     }
 
     /// On a resumed session, resend every unacknowledged PUBLISH with DUP=1 and every
@@ -540,7 +700,12 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         if publish_will {
             if let Some(will) = self.will.take() {
                 self.broker.metrics.will_messages_published.increment(1);
-                self.broker.publish(Arc::new(will_message(will)));
+                if let Err(error) = self
+                    .broker
+                    .publish(Arc::new(Message::from_will(will)), None)
+                {
+                    tracing::warn!(%error, "will message refused by the durable store");
+                }
             }
         }
         self.broker.disconnect(&self.session, self.generation);
@@ -548,25 +713,39 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
     }
 }
 
-/// Turns a will into an ordinary message from nobody (so No Local never suppresses it).
-fn will_message(will: LastWill) -> Message {
-    let p = will.properties;
-    let publish = Publish {
-        dup: false,
-        qos: will.qos,
-        retain: will.retain,
-        topic: will.topic,
-        packet_id: 0,
-        payload: will.payload,
-        properties: PublishProperties {
-            payload_format_indicator: p.payload_format_indicator,
-            message_expiry_interval: p.message_expiry_interval,
-            content_type: p.content_type,
-            response_topic: p.response_topic,
-            correlation_data: p.correlation_data,
-            user_properties: p.user_properties,
-            ..Default::default()
-        },
+/// Encodes one delivery into `out` for a client of `version`; false if it could not be sent
+/// at all (above the client's Maximum Packet Size, MQTT-3.1.2-25, or unencodable).
+fn encode_delivery(
+    out: &mut BytesMut,
+    version: ProtocolVersion,
+    client_max_packet: usize,
+    broker: &Broker,
+    delivery: &Delivery,
+    packet_id: u16,
+    dup: bool,
+) -> bool {
+    let start = out.len();
+    let flags = DeliveryFlags {
+        qos: delivery.qos,
+        retain: delivery.retain,
+        dup,
+        packet_id,
+        subscription_ids: &delivery.subscription_ids,
     };
-    Message::from_publish(publish, None)
+    match delivery.message.write_to(out, version, flags) {
+        Ok(len) if len <= client_max_packet => {
+            broker.metrics.messages_sent[delivery.qos as usize].increment(1);
+            true
+        }
+        Ok(_) => {
+            out.truncate(start);
+            broker.metrics.messages_dropped_too_large.increment(1);
+            false
+        }
+        Err(error) => {
+            out.truncate(start);
+            tracing::warn!(%error, "cannot encode delivery");
+            false
+        }
+    }
 }

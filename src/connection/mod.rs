@@ -4,6 +4,7 @@
 //! the will); everything that must outlive the socket lives in the broker's `Session`.
 
 mod client;
+mod gated;
 mod handshake;
 mod io;
 

@@ -28,7 +28,7 @@
 //! acknowledgements must await durability, and the restart procedure.
 //!
 //! # Engines
-//! [`open`] picks the in-memory engine when `storage.dir` is absent (nothing survives a
+//! [`open`] picks the in-memory engine when persistence is off (`storage.persistence`) (nothing survives a
 //! restart; tickets are durable at once) and the durable log engine ([`durable`]) otherwise.
 
 mod codec;
@@ -605,7 +605,7 @@ pub async fn wait_durable(
 /// logged with `tracing::error!`. Only errors that leave no store at all (the directory cannot
 /// be created or written) are returned. Does blocking file I/O: call it before serving.
 pub fn open(config: &StorageConfig) -> Result<Arc<dyn Store>, StorageError> {
-    match &config.dir {
+    match config.durable_dir() {
         None => Ok(Arc::new(MemoryStore::new())),
         Some(dir) => Ok(Arc::new(DurableStore::open(
             dir,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::broker::Broker;
 use crate::connection;
@@ -16,6 +17,7 @@ pub async fn serve_tcp(
     listener: TcpListener,
     broker: Arc<Broker>,
     shutdown: CancellationToken,
+    connections: TaskTracker,
     max_connections: usize,
 ) {
     let limit = (max_connections > 0).then(|| Arc::new(Semaphore::new(max_connections)));
@@ -47,7 +49,7 @@ pub async fn serve_tcp(
         let _ = stream.set_nodelay(true);
         let broker = Arc::clone(&broker);
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             connection::serve(stream, peer, broker, shutdown).await;
             drop(permit);
         });

@@ -1,0 +1,136 @@
+//! Translating broker state changes into durable-store ops (see `src/storage/INTEGRATION.md`).
+//! Only the broker and connection call these; the store never sees broker types otherwise.
+
+use bytestring::ByteString;
+
+use super::message::{Delivery, Message};
+use super::session::{OutboundStage, SessionState};
+use crate::codec::SubscriptionOptions;
+use crate::storage::{EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord};
+
+/// A session's persisted settings.
+pub fn session_meta(
+    client_id: &ByteString,
+    st: &SessionState,
+    disconnected_at_unix_ms: Option<u64>,
+) -> SessionMeta {
+    SessionMeta {
+        client_id: client_id.clone(),
+        protocol: st.protocol,
+        expiry_interval: st.expiry_interval,
+        disconnected_at_unix_ms,
+    }
+}
+
+/// Ops for a session a connection just attached to (new or resumed): store it while it is
+/// persistent (with the subscriptions it already has, if it was not stored before), forget it
+/// when it no longer is.
+pub fn session_resumed(client_id: &ByteString, st: &mut SessionState, durable: bool) -> Vec<Op> {
+    if !durable {
+        return Vec::new();
+    }
+    if !st.is_persistent() {
+        if std::mem::take(&mut st.stored) {
+            return vec![Op::DeleteSession {
+                client_id: client_id.clone(),
+            }];
+        }
+        return Vec::new();
+    }
+    let mut ops = vec![Op::PutSession(session_meta(client_id, st, None))];
+    if !st.stored {
+        ops.extend(
+            st.subscriptions.iter().map(|(filter, sub)| {
+                put_subscription(client_id, filter, sub.options, sub.identifier)
+            }),
+        );
+        st.stored = true;
+    }
+    ops
+}
+
+/// One subscription as stored.
+pub fn put_subscription(
+    client_id: &ByteString,
+    filter: &ByteString,
+    options: SubscriptionOptions,
+    identifier: Option<u32>,
+) -> Op {
+    Op::PutSubscription {
+        client_id: client_id.clone(),
+        filter: filter.clone(),
+        subscription: SubscriptionRecord {
+            options,
+            identifier,
+        },
+    }
+}
+
+/// The body of a message, stored once under `id`.
+pub fn put_message(id: u64, message: &Message) -> Op {
+    Op::PutMessage {
+        id,
+        message: StoredMessage::from_message(message),
+    }
+}
+
+/// The retained-store update a RETAIN=1 PUBLISH implies (empty payload clears).
+pub fn retained(message: &Message) -> Op {
+    if message.payload.is_empty() {
+        Op::DeleteRetained {
+            topic: message.topic.clone(),
+        }
+    } else {
+        Op::PutRetained {
+            topic: message.topic.clone(),
+            message: StoredMessage::from_message(message),
+        }
+    }
+}
+
+/// Appends the `Enqueue` of a reserved delivery (and the removal of a drop-oldest victim).
+/// The message id is filled in by the caller's `PutMessage`, which precedes these ops.
+pub fn enqueue(
+    ops: &mut Vec<Op>,
+    client_id: &ByteString,
+    delivery: &Delivery,
+    victim: Option<u64>,
+) {
+    if let Some(seq) = victim {
+        ops.push(Op::RemoveEntry {
+            client_id: client_id.clone(),
+            seq,
+        });
+    }
+    if let Some(seq) = delivery.seq {
+        ops.push(Op::Enqueue {
+            client_id: client_id.clone(),
+            seq,
+            entry: QueueEntry {
+                message: 0, // patched by `fix_message_ids`
+                qos: delivery.qos,
+                retain: delivery.retain,
+                subscription_ids: delivery.subscription_ids.clone(),
+                stage: EntryStage::Queued,
+            },
+        });
+    }
+}
+
+/// Points every `Enqueue` in `ops` at the stored message `id`.
+pub fn fix_message_ids(ops: &mut [Op], id: u64) {
+    for op in ops {
+        if let Op::Enqueue { entry, .. } = op {
+            entry.message = id;
+        }
+    }
+}
+
+/// The store's stage for an outbound handshake step.
+pub fn entry_stage(stage: OutboundStage, packet_id: u16) -> EntryStage {
+    match stage {
+        OutboundStage::AwaitPubAck => EntryStage::AwaitPubAck { packet_id },
+        OutboundStage::AwaitPubRec => EntryStage::AwaitPubRec { packet_id },
+        OutboundStage::AwaitPubComp => EntryStage::AwaitPubComp { packet_id },
+    }
+}

@@ -1,0 +1,182 @@
+//! Restart: rebuilding sessions, queues, in-flight handshakes, retained messages and pending
+//! wills from the durable store's snapshot, before the listener accepts anyone.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::message::{Delivery, Message};
+use super::session::{Inflight, OutboundStage, Session};
+use super::{Broker, Subscriber, NEVER_EXPIRES};
+use crate::storage::{self, EntryStage, Op, PendingWill, Snapshot};
+
+/// What a restore brought back, for the start-up log line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RestoreSummary {
+    pub sessions: usize,
+    pub expired_sessions: usize,
+    pub queued: usize,
+    pub inflight: usize,
+    pub retained: usize,
+    pub wills: usize,
+}
+
+impl Broker {
+    /// Loads `snapshot` into an empty broker. Sessions come back disconnected; their expiry
+    /// counts from when they disconnected (wall clock), so downtime counts. A client that
+    /// reconnects gets Session Present = 1 and its in-flight messages again (MQTT-4.4.0-1).
+    pub fn restore(self: &Arc<Self>, snapshot: Snapshot) -> RestoreSummary {
+        let mut summary = RestoreSummary::default();
+        let messages: HashMap<u64, Arc<Message>> = snapshot
+            .messages
+            .iter()
+            .map(|(id, stored)| (*id, Arc::new(Message::from_stored(stored, Some(*id)))))
+            .collect();
+        let now_ms = storage::now_unix_ms();
+        let mut expired_ops = Vec::new();
+        for snap in snapshot.sessions {
+            let Some(meta) = snap.meta else { continue };
+            let (remaining, expiry) = match (meta.expiry_interval, meta.disconnected_at_unix_ms) {
+                (0, _) => (Duration::ZERO, 0),
+                (NEVER_EXPIRES, _) => (Duration::MAX, NEVER_EXPIRES),
+                (secs, Some(at)) => {
+                    let total = u64::from(secs) * 1000;
+                    let gone = now_ms.saturating_sub(at);
+                    (Duration::from_millis(total.saturating_sub(gone)), secs)
+                }
+                // Connected when the broker stopped: the interval starts now.
+                (secs, None) => (Duration::from_secs(u64::from(secs)), secs),
+            };
+            if remaining.is_zero() {
+                summary.expired_sessions += 1;
+                expired_ops.push(Op::DeleteSession {
+                    client_id: meta.client_id.clone(),
+                });
+                continue;
+            }
+            let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+            let session = Arc::new(Session::new(
+                id,
+                meta.client_id.clone(),
+                meta.protocol,
+                expiry,
+            ));
+            {
+                let mut st = session.lock();
+                st.stored = true;
+                for (seq, entry) in snap.queue {
+                    let Some(message) = messages.get(&entry.message) else {
+                        tracing::warn!(client = %meta.client_id, seq, "stored queue entry without its message; skipped");
+                        continue;
+                    };
+                    st.next_seq = st.next_seq.max(seq + 1);
+                    let delivery = Delivery {
+                        message: Arc::clone(message),
+                        qos: entry.qos,
+                        retain: entry.retain,
+                        subscription_ids: entry.subscription_ids,
+                        seq: Some(seq),
+                    };
+                    let (packet_id, stage) = match entry.stage {
+                        EntryStage::Queued => {
+                            summary.queued += 1;
+                            st.restore_queued(delivery);
+                            continue;
+                        }
+                        EntryStage::AwaitPubAck { packet_id } => {
+                            (packet_id, OutboundStage::AwaitPubAck)
+                        }
+                        EntryStage::AwaitPubRec { packet_id } => {
+                            (packet_id, OutboundStage::AwaitPubRec)
+                        }
+                        EntryStage::AwaitPubComp { packet_id } => {
+                            (packet_id, OutboundStage::AwaitPubComp)
+                        }
+                    };
+                    summary.inflight += 1;
+                    st.inflight.push_back(Inflight {
+                        packet_id,
+                        delivery,
+                        stage,
+                    });
+                }
+                st.inbound_qos2.extend(snap.inbound_qos2);
+                st.disconnected_at = Some(Instant::now());
+            }
+            {
+                let mut tree = self.subscriptions.write();
+                let mut st = session.lock();
+                for (filter, record) in snap.subscriptions {
+                    tree.insert(
+                        &filter,
+                        id,
+                        Subscriber {
+                            session: Arc::clone(&session),
+                            options: record.options,
+                            identifier: record.identifier,
+                        },
+                    );
+                    st.subscriptions.insert(
+                        filter,
+                        super::SessionSubscription {
+                            options: record.options,
+                            identifier: record.identifier,
+                        },
+                    );
+                }
+                self.metrics.subscriptions_current.set(tree.len() as f64);
+            }
+            let generation = session.lock().generation;
+            self.sessions
+                .lock()
+                .insert(meta.client_id.clone(), Arc::clone(&session));
+            if remaining != Duration::MAX {
+                self.schedule_expiry(&session, generation, remaining, expiry);
+            }
+            summary.sessions += 1;
+        }
+        self.metrics
+            .sessions_current
+            .set(self.sessions.lock().len() as f64);
+        self.persist(expired_ops);
+
+        {
+            let mut retained = self.retained.write();
+            for (topic, stored) in &snapshot.retained {
+                retained.insert(topic, Arc::new(Message::from_stored(stored, None)));
+                summary.retained += 1;
+            }
+            self.metrics.retained_messages.set(retained.len() as f64);
+        }
+        for will in snapshot.wills {
+            summary.wills += 1;
+            self.schedule_stored_will(will, now_ms);
+        }
+        summary
+    }
+
+    /// Publishes a will that was waiting for its delay when the broker stopped, at its time,
+    /// unless its client is connected again by then.
+    fn schedule_stored_will(self: &Arc<Self>, will: PendingWill, now_ms: u64) {
+        let delay = Duration::from_millis(will.publish_at_unix_ms.saturating_sub(now_ms));
+        let broker = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let connected = broker
+                .sessions
+                .lock()
+                .get(&will.client_id)
+                .is_some_and(|s| s.lock().connection.is_some());
+            if !connected {
+                let message = Message::from_will(will.will);
+                if let Err(error) = broker.publish(Arc::new(message), None) {
+                    tracing::warn!(%error, "stored will refused by the durable store");
+                }
+            }
+            broker.persist(vec![Op::DeleteWill {
+                client_id: will.client_id,
+            }]);
+        });
+    }
+}
