@@ -1,0 +1,238 @@
+//! Durable state across broker restarts (in-process stop/start on the same data directory):
+//! persistent sessions with their queues and in-flight messages, inbound QoS 2 ids, retained
+//! messages, session expiry, and a corrupt store.
+
+mod common;
+
+use std::path::Path;
+
+use common::rumq::V4;
+use common::RawClient;
+use postbox::codec::{Packet, ProtocolVersion, PubResponse, Publish, QoS as Q, Subscribe, SubscriptionOptions};
+use postbox::config::Config;
+use rumqttc::QoS;
+
+const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
+
+fn durable_config(dir: &Path) -> Config {
+    let mut config = common::test_config();
+    config.storage.persistence = true;
+    config.storage.dir = Some(dir.to_path_buf());
+    config
+}
+
+fn subscribe_packet(filter: &str, qos: Q) -> Packet {
+    Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![(filter.into(), SubscriptionOptions { qos, ..Default::default() })],
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn queued_messages_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = V4::connect(server.mqtt_addr, "dash", false).await;
+    sub.subscribe("sensors/#", QoS::ExactlyOnce).await;
+    sub.disconnect().await;
+    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
+    for i in 0..10 {
+        let qos = if i % 2 == 0 { QoS::AtLeastOnce } else { QoS::ExactlyOnce };
+        publ.publish(&format!("sensors/{i}"), qos, false, format!("{i}").as_bytes()).await;
+    }
+    publ.disconnect().await;
+    server.shutdown().await;
+
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = V4::connect(server.mqtt_addr, "dash", false).await;
+    assert!(sub.session_present, "the session came back (MQTT-3.2.2-2)");
+    for i in 0..10 {
+        let p = sub.next_publish().await;
+        assert_eq!(p.topic, format!("sensors/{i}"), "in order");
+    }
+    // The subscription itself survived too.
+    let mut publ = V4::connect(server.mqtt_addr, "pub2", true).await;
+    publ.publish("sensors/after", QoS::AtLeastOnce, false, b"live").await;
+    assert_eq!(sub.next_publish().await.topic, "sensors/after");
+}
+
+#[tokio::test]
+async fn in_flight_message_is_resent_with_dup_after_restart() {
+    // 5.0 MQTT-4.4.0-1 across a restart: same packet id, DUP = 1.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = RawClient::connect(server.mqtt_addr, V311, "raw", false).await;
+    sub.send(&subscribe_packet("t", Q::ExactlyOnce)).await;
+    assert!(matches!(sub.recv().await, Some(Packet::SubAck(_))));
+    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
+    publ.publish("t", QoS::ExactlyOnce, false, b"once").await;
+    let first = match sub.recv().await {
+        Some(Packet::Publish(p)) => p,
+        other => panic!("{other:?}"),
+    };
+    drop(sub); // no PUBREC
+    publ.disconnect().await;
+    server.shutdown().await;
+
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = RawClient::connect(server.mqtt_addr, V311, "raw", false).await;
+    match sub.recv().await {
+        Some(Packet::Publish(p)) => {
+            assert!(p.dup);
+            assert_eq!(p.packet_id, first.packet_id);
+            assert_eq!(p.payload, first.payload);
+        }
+        other => panic!("expected the PUBLISH again, got {other:?}"),
+    }
+    // Finish the handshake: PUBREC → PUBREL → PUBCOMP.
+    sub.send(&Packet::PubRec(PubResponse::new(first.packet_id))).await;
+    assert!(matches!(sub.recv().await, Some(Packet::PubRel(r)) if r.packet_id == first.packet_id));
+    sub.send(&Packet::PubComp(PubResponse::new(first.packet_id))).await;
+    sub.send(&Packet::PingReq).await; // answered after the PUBCOMP was handled
+    assert!(matches!(sub.recv().await, Some(Packet::PingResp)));
+    drop(sub);
+    server.shutdown().await;
+
+    // Completed: not delivered a third time.
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = RawClient::connect(server.mqtt_addr, V311, "raw", false).await;
+    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
+    publ.publish("t", QoS::AtMostOnce, false, b"marker").await;
+    match sub.recv().await {
+        Some(Packet::Publish(p)) => assert_eq!(&p.payload[..], b"marker"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn inbound_qos2_is_deduplicated_across_a_restart() {
+    // Exactly once: a PUBLISH re-sent after a restart, before PUBREL, is not forwarded again
+    // (5.0 MQTT-4.3.3-10 held across the restart by the stored packet id).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = V4::connect(server.mqtt_addr, "sub", false).await;
+    sub.subscribe("x", QoS::ExactlyOnce).await;
+    sub.disconnect().await;
+    let mut publ = RawClient::connect(server.mqtt_addr, V311, "qos2-pub", false).await;
+    let publish = Publish {
+        qos: Q::ExactlyOnce,
+        topic: "x".into(),
+        packet_id: 5,
+        payload: "one".into(),
+        ..Default::default()
+    };
+    publ.send(&Packet::Publish(publish.clone())).await;
+    assert!(matches!(publ.recv().await, Some(Packet::PubRec(_))));
+    drop(publ);
+    server.shutdown().await;
+
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut publ = RawClient::connect(server.mqtt_addr, V311, "qos2-pub", false).await;
+    publ.send(&Packet::Publish(Publish { dup: true, ..publish })).await;
+    assert!(matches!(publ.recv().await, Some(Packet::PubRec(_))));
+    publ.send(&Packet::PubRel(PubResponse::new(5))).await;
+    match publ.recv().await {
+        Some(Packet::PubComp(c)) => assert_eq!(c.reason_code.0, 0, "the id was known"),
+        other => panic!("{other:?}"),
+    }
+    let mut sub = V4::connect(server.mqtt_addr, "sub", false).await;
+    assert_eq!(&sub.next_publish().await.payload[..], b"one");
+    let mut marker = V4::connect(server.mqtt_addr, "m", true).await;
+    marker.publish("x", QoS::AtLeastOnce, false, b"marker").await;
+    assert_eq!(&sub.next_publish().await.payload[..], b"marker", "delivered exactly once");
+}
+
+#[tokio::test]
+async fn retained_messages_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
+    publ.publish("status/a", QoS::AtLeastOnce, true, b"up").await;
+    publ.publish("status/b", QoS::AtMostOnce, true, b"down").await;
+    publ.publish("status/b", QoS::AtLeastOnce, true, b"").await; // cleared
+    publ.disconnect().await;
+    server.shutdown().await;
+
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = V4::connect(server.mqtt_addr, "sub", true).await;
+    sub.subscribe("status/#", QoS::AtLeastOnce).await;
+    let p = sub.next_publish().await;
+    assert_eq!((p.topic.as_str(), &p.payload[..], p.retain), ("status/a", &b"up"[..], true));
+    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
+    publ.publish("status/marker", QoS::AtLeastOnce, false, b"m").await;
+    assert_eq!(sub.next_publish().await.topic, "status/marker", "cleared retained stayed cleared");
+}
+
+#[tokio::test]
+async fn expired_session_is_gone_after_restart() {
+    // 5.0 MQTT-3.1.2-23 with downtime counted: the session ends once its expiry has passed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut opts = rumqttc::v5::MqttOptions::new("short", "127.0.0.1", server.mqtt_addr.port());
+    opts.set_clean_start(false);
+    opts.set_session_expiry_interval(Some(1));
+    let c = common::rumq::V5::connect_with(opts).await;
+    c.client.subscribe("a", rumqttc::v5::mqttbytes::QoS::AtLeastOnce).await.expect("queued");
+    let mut c = c;
+    c.suback().await;
+    c.client.disconnect().await.expect("queued");
+    let mut keep = common::rumq::V5::connect_with({
+        let mut o = rumqttc::v5::MqttOptions::new("long", "127.0.0.1", server.mqtt_addr.port());
+        o.set_clean_start(false);
+        o.set_session_expiry_interval(Some(3600));
+        o
+    })
+    .await;
+    keep.client.subscribe("a", rumqttc::v5::mqttbytes::QoS::AtLeastOnce).await.expect("queued");
+    keep.suback().await;
+    keep.client.disconnect().await.expect("queued");
+    server.shutdown().await;
+    // Let the 1 s expiry lapse while the broker is down (the thing under test is elapsed time).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut short_opts = rumqttc::v5::MqttOptions::new("short", "127.0.0.1", server.mqtt_addr.port());
+    short_opts.set_clean_start(false);
+    short_opts.set_session_expiry_interval(Some(1));
+    let short = common::rumq::V5::connect_with(short_opts).await;
+    assert!(!short.connack.session_present, "expired while the broker was down");
+    let mut long_opts = rumqttc::v5::MqttOptions::new("long", "127.0.0.1", server.mqtt_addr.port());
+    long_opts.set_clean_start(false);
+    long_opts.set_session_expiry_interval(Some(3600));
+    let long = common::rumq::V5::connect_with(long_opts).await;
+    assert!(long.connack.session_present, "an unexpired session is kept");
+}
+
+#[tokio::test]
+async fn corrupt_store_is_set_aside_and_the_broker_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut sub = V4::connect(server.mqtt_addr, "s", false).await;
+    sub.subscribe("t", QoS::AtLeastOnce).await;
+    sub.disconnect().await;
+    server.shutdown().await;
+
+    // Flip bytes in every store file.
+    let store_dir = dir.path().join("store");
+    for entry in std::fs::read_dir(&store_dir).expect("store dir") {
+        let path = entry.expect("entry").path();
+        let mut bytes = std::fs::read(&path).expect("read");
+        for b in bytes.iter_mut().step_by(7) {
+            *b ^= 0x5A;
+        }
+        std::fs::write(&path, bytes).expect("write");
+    }
+    let server = common::start_with(durable_config(dir.path())).await;
+    let set_aside = std::fs::read_dir(dir.path())
+        .expect("data dir")
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with("store.corrupt-"));
+    assert!(set_aside, "the corrupt store was moved aside");
+    // And it serves.
+    let mut a = V4::connect(server.mqtt_addr, "a", true).await;
+    let mut b = V4::connect(server.mqtt_addr, "b", true).await;
+    a.subscribe("ok", QoS::AtLeastOnce).await;
+    b.publish("ok", QoS::AtLeastOnce, false, b"yes").await;
+    assert_eq!(&a.next_publish().await.payload[..], b"yes");
+}
