@@ -8,7 +8,9 @@ use std::path::Path;
 
 use common::rumq::V4;
 use common::RawClient;
-use postbox::codec::{Packet, ProtocolVersion, PubResponse, Publish, QoS as Q, Subscribe, SubscriptionOptions};
+use postbox::codec::{
+    Packet, ProtocolVersion, PubResponse, Publish, QoS as Q, Subscribe, SubscriptionOptions,
+};
 use postbox::config::Config;
 use rumqttc::QoS;
 
@@ -24,7 +26,13 @@ fn durable_config(dir: &Path) -> Config {
 fn subscribe_packet(filter: &str, qos: Q) -> Packet {
     Packet::Subscribe(Subscribe {
         packet_id: 1,
-        filters: vec![(filter.into(), SubscriptionOptions { qos, ..Default::default() })],
+        filters: vec![(
+            filter.into(),
+            SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+        )],
         ..Default::default()
     })
 }
@@ -38,8 +46,18 @@ async fn queued_messages_survive_a_restart() {
     sub.disconnect().await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     for i in 0..10 {
-        let qos = if i % 2 == 0 { QoS::AtLeastOnce } else { QoS::ExactlyOnce };
-        publ.publish(&format!("sensors/{i}"), qos, false, format!("{i}").as_bytes()).await;
+        let qos = if i % 2 == 0 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::ExactlyOnce
+        };
+        publ.publish(
+            &format!("sensors/{i}"),
+            qos,
+            false,
+            format!("{i}").as_bytes(),
+        )
+        .await;
     }
     publ.disconnect().await;
     server.shutdown().await;
@@ -53,7 +71,8 @@ async fn queued_messages_survive_a_restart() {
     }
     // The subscription itself survived too.
     let mut publ = V4::connect(server.mqtt_addr, "pub2", true).await;
-    publ.publish("sensors/after", QoS::AtLeastOnce, false, b"live").await;
+    publ.publish("sensors/after", QoS::AtLeastOnce, false, b"live")
+        .await;
     assert_eq!(sub.next_publish().await.topic, "sensors/after");
 }
 
@@ -86,9 +105,11 @@ async fn in_flight_message_is_resent_with_dup_after_restart() {
         other => panic!("expected the PUBLISH again, got {other:?}"),
     }
     // Finish the handshake: PUBREC → PUBREL → PUBCOMP.
-    sub.send(&Packet::PubRec(PubResponse::new(first.packet_id))).await;
+    sub.send(&Packet::PubRec(PubResponse::new(first.packet_id)))
+        .await;
     assert!(matches!(sub.recv().await, Some(Packet::PubRel(r)) if r.packet_id == first.packet_id));
-    sub.send(&Packet::PubComp(PubResponse::new(first.packet_id))).await;
+    sub.send(&Packet::PubComp(PubResponse::new(first.packet_id)))
+        .await;
     sub.send(&Packet::PingReq).await; // answered after the PUBCOMP was handled
     assert!(matches!(sub.recv().await, Some(Packet::PingResp)));
     drop(sub);
@@ -129,7 +150,11 @@ async fn inbound_qos2_is_deduplicated_across_a_restart() {
 
     let server = common::start_with(durable_config(dir.path())).await;
     let mut publ = RawClient::connect(server.mqtt_addr, V311, "qos2-pub", false).await;
-    publ.send(&Packet::Publish(Publish { dup: true, ..publish })).await;
+    publ.send(&Packet::Publish(Publish {
+        dup: true,
+        ..publish
+    }))
+    .await;
     assert!(matches!(publ.recv().await, Some(Packet::PubRec(_))));
     publ.send(&Packet::PubRel(PubResponse::new(5))).await;
     match publ.recv().await {
@@ -139,8 +164,14 @@ async fn inbound_qos2_is_deduplicated_across_a_restart() {
     let mut sub = V4::connect(server.mqtt_addr, "sub", false).await;
     assert_eq!(&sub.next_publish().await.payload[..], b"one");
     let mut marker = V4::connect(server.mqtt_addr, "m", true).await;
-    marker.publish("x", QoS::AtLeastOnce, false, b"marker").await;
-    assert_eq!(&sub.next_publish().await.payload[..], b"marker", "delivered exactly once");
+    marker
+        .publish("x", QoS::AtLeastOnce, false, b"marker")
+        .await;
+    assert_eq!(
+        &sub.next_publish().await.payload[..],
+        b"marker",
+        "delivered exactly once"
+    );
 }
 
 #[tokio::test]
@@ -148,8 +179,10 @@ async fn retained_messages_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = common::start_with(durable_config(dir.path())).await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
-    publ.publish("status/a", QoS::AtLeastOnce, true, b"up").await;
-    publ.publish("status/b", QoS::AtMostOnce, true, b"down").await;
+    publ.publish("status/a", QoS::AtLeastOnce, true, b"up")
+        .await;
+    publ.publish("status/b", QoS::AtMostOnce, true, b"down")
+        .await;
     publ.publish("status/b", QoS::AtLeastOnce, true, b"").await; // cleared
     publ.disconnect().await;
     server.shutdown().await;
@@ -158,10 +191,18 @@ async fn retained_messages_survive_a_restart() {
     let mut sub = V4::connect(server.mqtt_addr, "sub", true).await;
     sub.subscribe("status/#", QoS::AtLeastOnce).await;
     let p = sub.next_publish().await;
-    assert_eq!((p.topic.as_str(), &p.payload[..], p.retain), ("status/a", &b"up"[..], true));
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..], p.retain),
+        ("status/a", &b"up"[..], true)
+    );
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
-    publ.publish("status/marker", QoS::AtLeastOnce, false, b"m").await;
-    assert_eq!(sub.next_publish().await.topic, "status/marker", "cleared retained stayed cleared");
+    publ.publish("status/marker", QoS::AtLeastOnce, false, b"m")
+        .await;
+    assert_eq!(
+        sub.next_publish().await.topic,
+        "status/marker",
+        "cleared retained stayed cleared"
+    );
 }
 
 #[tokio::test]
@@ -173,7 +214,10 @@ async fn expired_session_is_gone_after_restart() {
     opts.set_clean_start(false);
     opts.set_session_expiry_interval(Some(1));
     let c = common::rumq::V5::connect_with(opts).await;
-    c.client.subscribe("a", rumqttc::v5::mqttbytes::QoS::AtLeastOnce).await.expect("queued");
+    c.client
+        .subscribe("a", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await
+        .expect("queued");
     let mut c = c;
     c.suback().await;
     c.client.disconnect().await.expect("queued");
@@ -184,7 +228,10 @@ async fn expired_session_is_gone_after_restart() {
         o
     })
     .await;
-    keep.client.subscribe("a", rumqttc::v5::mqttbytes::QoS::AtLeastOnce).await.expect("queued");
+    keep.client
+        .subscribe("a", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await
+        .expect("queued");
     keep.suback().await;
     keep.client.disconnect().await.expect("queued");
     server.shutdown().await;
@@ -192,11 +239,15 @@ async fn expired_session_is_gone_after_restart() {
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
 
     let server = common::start_with(durable_config(dir.path())).await;
-    let mut short_opts = rumqttc::v5::MqttOptions::new("short", "127.0.0.1", server.mqtt_addr.port());
+    let mut short_opts =
+        rumqttc::v5::MqttOptions::new("short", "127.0.0.1", server.mqtt_addr.port());
     short_opts.set_clean_start(false);
     short_opts.set_session_expiry_interval(Some(1));
     let short = common::rumq::V5::connect_with(short_opts).await;
-    assert!(!short.connack.session_present, "expired while the broker was down");
+    assert!(
+        !short.connack.session_present,
+        "expired while the broker was down"
+    );
     let mut long_opts = rumqttc::v5::MqttOptions::new("long", "127.0.0.1", server.mqtt_addr.port());
     long_opts.set_clean_start(false);
     long_opts.set_session_expiry_interval(Some(3600));
@@ -227,7 +278,11 @@ async fn corrupt_store_is_set_aside_and_the_broker_starts() {
     let set_aside = std::fs::read_dir(dir.path())
         .expect("data dir")
         .filter_map(Result::ok)
-        .any(|e| e.file_name().to_string_lossy().starts_with("store.corrupt-"));
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("store.corrupt-")
+        });
     assert!(set_aside, "the corrupt store was moved aside");
     // And it serves.
     let mut a = V4::connect(server.mqtt_addr, "a", true).await;

@@ -1,0 +1,358 @@
+//! The durability promise under `kill -9`: a persistent QoS 1 and a QoS 2 subscriber are
+//! offline; publishers send numbered messages while the broker binary is SIGKILLed at random
+//! points and restarted, several times. Every message a publisher got PUBACK / PUBCOMP for
+//! must then reach its subscriber: QoS 1 at least once, QoS 2 exactly once, in order.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::RawClient;
+use postbox::codec::{
+    Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS, Subscribe, SubscriptionOptions,
+};
+use rand::Rng;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+
+const V: ProtocolVersion = ProtocolVersion::V3_1_1;
+const MESSAGES: u32 = 1200;
+const KILLS: usize = 4;
+const TEST_LIMIT: Duration = Duration::from_secs(150);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Starts the broker binary and waits until it logs that it is running (restore included).
+async fn spawn_broker(config: &std::path::Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["-c", config.to_str().expect("utf8 path")])
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn postbox");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    tokio::time::timeout(common::WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("postbox running") {
+                return;
+            }
+        }
+        panic!("postbox exited before it was running");
+    })
+    .await
+    .expect("postbox starts");
+    // Keep draining its output so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+/// Connects (retrying while the broker restarts), persistent session.
+async fn connect(addr: SocketAddr, id: &str) -> RawClient {
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    loop {
+        if let Ok(Ok(stream)) =
+            tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await
+        {
+            let _ = stream.set_nodelay(true);
+            let mut c = RawClient {
+                stream,
+                buf: Default::default(),
+                version: V,
+            };
+            c.send(&Packet::Connect(Box::new(Connect {
+                protocol: V,
+                clean_start: false,
+                keep_alive: 60,
+                client_id: id.into(),
+                will: None,
+                username: None,
+                password: None,
+                properties: Default::default(),
+            })))
+            .await;
+            if let Ok(Some(Packet::ConnAck(ack))) = c.recv_within(Duration::from_secs(5)).await {
+                if ack.reason_code.0 == 0 {
+                    return c;
+                }
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "broker did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await; // broker restarting: poll, bounded
+    }
+}
+
+/// Sends `count` numbered messages at `qos`, surviving broker kills; returns the numbers the
+/// broker acknowledged (PUBACK for QoS 1, PUBCOMP for QoS 2).
+async fn publish_all(addr: SocketAddr, qos: QoS, progress: Arc<AtomicUsize>) -> Vec<u32> {
+    let id = format!("pub-q{}", qos as u8);
+    let topic = format!("crash/q{}", qos as u8);
+    let mut acked = Vec::new();
+    let mut client = connect(addr, &id).await;
+    for n in 0..MESSAGES {
+        let packet_id = (n % 60_000) as u16 + 1;
+        let mut released = false; // QoS 2: PUBREC seen, PUBREL stage
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            assert!(attempt < 50, "message {n} never acknowledged");
+            let step = async {
+                if !released {
+                    client
+                        .send(&Packet::Publish(Publish {
+                            dup: attempt > 1,
+                            qos,
+                            topic: topic.as_str().into(),
+                            packet_id,
+                            payload: n.to_string().into(),
+                            ..Default::default()
+                        }))
+                        .await;
+                    match client.recv_within(Duration::from_secs(5)).await {
+                        Ok(Some(Packet::PubAck(a)))
+                            if qos == QoS::AtLeastOnce && a.packet_id == packet_id =>
+                        {
+                            return Some(true)
+                        }
+                        Ok(Some(Packet::PubRec(r)))
+                            if qos == QoS::ExactlyOnce && r.packet_id == packet_id =>
+                        {
+                            released = true
+                        }
+                        _ => return None,
+                    }
+                }
+                client
+                    .send(&Packet::PubRel(PubResponse::new(packet_id)))
+                    .await;
+                match client.recv_within(Duration::from_secs(5)).await {
+                    Ok(Some(Packet::PubComp(c))) if c.packet_id == packet_id => Some(true),
+                    _ => None,
+                }
+            };
+            if step.await.is_some() {
+                break;
+            }
+            client = connect(addr, &id).await; // the broker died: resume the same session
+        }
+        acked.push(n);
+        progress.fetch_add(1, Ordering::Relaxed);
+    }
+    acked
+}
+
+/// Reconnects a subscriber and collects message numbers until every one of `expected` has
+/// arrived, acknowledging each as the protocol requires.
+async fn collect(addr: SocketAddr, id: &str, qos: QoS, expected: &[u32]) -> Vec<u32> {
+    let mut client = connect(addr, id).await;
+    let mut seen = Vec::new();
+    let mut missing: std::collections::BTreeSet<u32> = expected.iter().copied().collect();
+    while !missing.is_empty() {
+        let Ok(next) = client.recv_within(Duration::from_secs(5)).await else {
+            panic!(
+                "{id}: {} acknowledged messages lost (nothing more arrives), first {:?}",
+                missing.len(),
+                missing.iter().next()
+            );
+        };
+        match next {
+            Some(Packet::Publish(p)) => {
+                let n: u32 = std::str::from_utf8(&p.payload)
+                    .expect("utf8")
+                    .parse()
+                    .expect("number");
+                missing.remove(&n);
+                seen.push(n);
+                match qos {
+                    QoS::AtLeastOnce => {
+                        client
+                            .send(&Packet::PubAck(PubResponse::new(p.packet_id)))
+                            .await
+                    }
+                    _ => {
+                        client
+                            .send(&Packet::PubRec(PubResponse::new(p.packet_id)))
+                            .await
+                    }
+                }
+            }
+            Some(Packet::PubRel(r)) => {
+                client
+                    .send(&Packet::PubComp(PubResponse::new(r.packet_id)))
+                    .await
+            }
+            Some(other) => panic!("unexpected {other:?}"),
+            None => panic!(
+                "{id}: connection closed with {} messages missing, e.g. {:?}",
+                missing.len(),
+                missing.iter().next()
+            ),
+        }
+    }
+    // Anything still queued after the last expected number (duplicates) arrives before this.
+    client.send(&Packet::PingReq).await;
+    loop {
+        match client.recv().await {
+            Some(Packet::PingResp) => break,
+            Some(Packet::Publish(p)) => {
+                seen.push(
+                    std::str::from_utf8(&p.payload)
+                        .expect("utf8")
+                        .parse()
+                        .expect("number"),
+                );
+                match qos {
+                    QoS::AtLeastOnce => {
+                        client
+                            .send(&Packet::PubAck(PubResponse::new(p.packet_id)))
+                            .await
+                    }
+                    _ => {
+                        client
+                            .send(&Packet::PubRec(PubResponse::new(p.packet_id)))
+                            .await
+                    }
+                }
+            }
+            Some(Packet::PubRel(r)) => {
+                client
+                    .send(&Packet::PubComp(PubResponse::new(r.packet_id)))
+                    .await
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_messages_survive_sigkill() {
+    tokio::time::timeout(TEST_LIMIT, run())
+        .await
+        .expect("crash test finishes in time");
+}
+
+async fn run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let config = dir.path().join("postbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[listener]\nbind = \"127.0.0.1:{port}\"\n[metrics]\nenabled = false\n[mqtt]\nmax_queued_messages = 100000\n[storage]\ndir = {:?}\n",
+            dir.path().join("data")
+        ),
+    )
+    .expect("config");
+    let broker = Arc::new(Mutex::new(spawn_broker(&config).await));
+
+    // Two persistent subscribers, then offline.
+    for (id, qos) in [("sub-q1", QoS::AtLeastOnce), ("sub-q2", QoS::ExactlyOnce)] {
+        let mut c = connect(addr, id).await;
+        c.send(&Packet::Subscribe(Subscribe {
+            packet_id: 1,
+            filters: vec![(
+                format!("crash/q{}", qos as u8).into(),
+                SubscriptionOptions {
+                    qos,
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        }))
+        .await;
+        assert!(matches!(c.recv().await, Some(Packet::SubAck(_))));
+        c.send(&Packet::Disconnect(Default::default())).await;
+        assert!(c.expect_close().await.is_empty());
+    }
+
+    let progress = Arc::new(AtomicUsize::new(0));
+    let killer = {
+        let broker = Arc::clone(&broker);
+        let progress = Arc::clone(&progress);
+        let config = config.clone();
+        // Random points inside successive slices of the run.
+        let total = 2 * MESSAGES as usize;
+        let slice = total / (KILLS + 1);
+        let mut rng = rand::rng();
+        let points: Vec<usize> = (0..KILLS)
+            .map(|k| slice * (k + 1) + rng.random_range(0..slice / 2))
+            .collect();
+        tokio::spawn(async move {
+            let mut kills = 0;
+            for at in points {
+                let deadline = tokio::time::Instant::now() + TEST_LIMIT;
+                while progress.load(Ordering::Relaxed) < at {
+                    if tokio::time::Instant::now() > deadline {
+                        return kills;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await; // watch progress, bounded
+                }
+                let mut child = broker.lock().await;
+                child.start_kill().expect("SIGKILL"); // tokio's kill is SIGKILL on unix
+                let _ = child.wait().await;
+                kills += 1;
+                *child = spawn_broker(&config).await;
+            }
+            kills
+        })
+    };
+
+    let (acked1, acked2) = tokio::join!(
+        publish_all(addr, QoS::AtLeastOnce, Arc::clone(&progress)),
+        publish_all(addr, QoS::ExactlyOnce, Arc::clone(&progress)),
+    );
+    let kills = killer.await.expect("killer");
+    assert!(kills >= 2, "the broker was killed only {kills} times");
+
+    let seen1 = collect(addr, "sub-q1", QoS::AtLeastOnce, &acked1).await;
+    let seen2 = collect(addr, "sub-q2", QoS::ExactlyOnce, &acked2).await;
+    eprintln!(
+        "kills: {kills}; acknowledged: {} QoS 1, {} QoS 2; delivered: {} QoS 1 (with duplicates), {} QoS 2",
+        acked1.len(),
+        acked2.len(),
+        seen1.len(),
+        seen2.len()
+    );
+
+    // QoS 1: at least once, first arrivals in publish order.
+    let mut firsts = Vec::new();
+    let mut met = std::collections::HashSet::new();
+    for n in &seen1 {
+        if met.insert(*n) {
+            firsts.push(*n);
+        }
+    }
+    assert!(firsts.windows(2).all(|w| w[0] < w[1]), "QoS 1 out of order");
+    // QoS 2: exactly once, in order.
+    assert!(
+        seen2.windows(2).all(|w| w[0] < w[1]),
+        "QoS 2 duplicated or out of order: {:?}",
+        seen2.windows(2).find(|w| w[0] >= w[1])
+    );
+    for n in &acked2 {
+        assert!(
+            seen2.binary_search(n).is_ok(),
+            "acknowledged QoS 2 message {n} lost"
+        );
+    }
+    broker.lock().await.start_kill().ok();
+}
