@@ -45,8 +45,22 @@ pub mod names {
     /// Counter: connections closed because the same client id connected again.
     pub const SESSION_TAKEOVERS_TOTAL: &str = "postbox_session_takeovers_total";
 
+    /// Gauge: bytes of live data in the durable store (what `storage.max_disk_bytes` limits).
+    pub const STORE_LIVE_BYTES: &str = "postbox_store_live_bytes";
+    /// Gauge: bytes on disk in the store's log and snapshot files.
+    pub const STORE_DISK_BYTES: &str = "postbox_store_disk_bytes";
+    /// Counter: group commits written by the durable store.
+    pub const STORE_COMMITS_TOTAL: &str = "postbox_store_commits_total";
+    /// Counter: fsyncs done by the durable store.
+    pub const STORE_FSYNCS_TOTAL: &str = "postbox_store_fsyncs_total";
+    /// Counter: log compactions (snapshots) of the durable store.
+    pub const STORE_COMPACTIONS_TOTAL: &str = "postbox_store_compactions_total";
+    /// Counter (label `reason`): store updates refused or dropped (`queue_full`, `disk_full`,
+    /// `disk_full_dropped`).
+    pub const STORE_REJECTED_TOTAL: &str = "postbox_store_rejected_total";
+
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 21] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -62,7 +76,87 @@ pub mod names {
         KEEPALIVE_TIMEOUTS_TOTAL,
         WILL_MESSAGES_PUBLISHED_TOTAL,
         SESSION_TAKEOVERS_TOTAL,
+        STORE_LIVE_BYTES,
+        STORE_DISK_BYTES,
+        STORE_COMMITS_TOTAL,
+        STORE_FSYNCS_TOTAL,
+        STORE_COMPACTIONS_TOTAL,
+        STORE_REJECTED_TOTAL,
     ];
+}
+
+/// Durable-store metrics, copied from [`crate::storage::StoreStats`] once a second (the store
+/// counts on its own thread; copying avoids touching metrics on its hot path).
+#[derive(Clone)]
+pub struct StoreMetrics {
+    live_bytes: Gauge,
+    disk_bytes: Gauge,
+    commits: Counter,
+    fsyncs: Counter,
+    compactions: Counter,
+    rejected_queue_full: Counter,
+    rejected_disk_full: Counter,
+    dropped_disk_full: Counter,
+}
+
+impl StoreMetrics {
+    /// Registers the store metrics (no-ops without a recorder).
+    pub fn register() -> StoreMetrics {
+        use names::*;
+        describe_gauge!(
+            STORE_LIVE_BYTES,
+            Unit::Bytes,
+            "Live data in the durable store."
+        );
+        describe_gauge!(
+            STORE_DISK_BYTES,
+            Unit::Bytes,
+            "Durable store files on disk (log and snapshot)."
+        );
+        describe_counter!(
+            STORE_COMMITS_TOTAL,
+            Unit::Count,
+            "Group commits written by the durable store."
+        );
+        describe_counter!(
+            STORE_FSYNCS_TOTAL,
+            Unit::Count,
+            "fsyncs done by the durable store."
+        );
+        describe_counter!(
+            STORE_COMPACTIONS_TOTAL,
+            Unit::Count,
+            "Durable store log compactions."
+        );
+        describe_counter!(
+            STORE_REJECTED_TOTAL,
+            Unit::Count,
+            "Store updates refused (queue_full, disk_full) or dropped (disk_full_dropped)."
+        );
+        StoreMetrics {
+            live_bytes: gauge!(STORE_LIVE_BYTES),
+            disk_bytes: gauge!(STORE_DISK_BYTES),
+            commits: counter!(STORE_COMMITS_TOTAL),
+            fsyncs: counter!(STORE_FSYNCS_TOTAL),
+            compactions: counter!(STORE_COMPACTIONS_TOTAL),
+            rejected_queue_full: counter!(STORE_REJECTED_TOTAL, "reason" => "queue_full"),
+            rejected_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full"),
+            dropped_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full_dropped"),
+        }
+    }
+
+    /// Publishes a stats reading.
+    pub fn update(&self, stats: &crate::storage::StoreStats) {
+        self.live_bytes.set(stats.live_bytes as f64);
+        self.disk_bytes
+            .set((stats.log_bytes + stats.snapshot_bytes) as f64);
+        self.commits.absolute(stats.commits);
+        self.fsyncs.absolute(stats.fsyncs);
+        self.compactions.absolute(stats.compactions);
+        self.rejected_queue_full.absolute(stats.rejected_queue_full);
+        self.rejected_disk_full.absolute(stats.rejected_disk_full);
+        self.dropped_disk_full.absolute(stats.dropped_disk_full);
+    }
 }
 
 /// Handles to every broker metric, registered once at start.
@@ -273,6 +367,11 @@ mod tests {
         let recorder = PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let m = metrics::with_local_recorder(&recorder, Metrics::register);
+        let store = metrics::with_local_recorder(&recorder, StoreMetrics::register);
+        store.update(&crate::storage::StoreStats {
+            commits: 9,
+            ..Default::default()
+        });
 
         // Handles keep working after registration: updates need no recorder lookup.
         m.connections_total.increment(3);
@@ -303,6 +402,7 @@ mod tests {
             "postbox_messages_dropped_total{reason=\"queue_full\"} 1",
             "postbox_messages_dropped_total{reason=\"qos0_offline\"} 4",
             "postbox_bytes_received_total 1234",
+            "postbox_store_commits_total 9",
         ] {
             assert!(
                 out.lines().any(|l| l == line),
@@ -325,6 +425,10 @@ mod tests {
             names::KEEPALIVE_TIMEOUTS_TOTAL,
             names::WILL_MESSAGES_PUBLISHED_TOTAL,
             names::SESSION_TAKEOVERS_TOTAL,
+            names::STORE_COMMITS_TOTAL,
+            names::STORE_FSYNCS_TOTAL,
+            names::STORE_COMPACTIONS_TOTAL,
+            names::STORE_REJECTED_TOTAL,
         ];
         for name in names::ALL {
             assert!(name.starts_with("postbox_"), "{name}");

@@ -97,6 +97,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     })?;
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
+    if let Some(store) = broker.store().cloned() {
+        tokio::spawn(export_store_stats(store, shutdown.clone()));
+    }
     let listener_task = tokio::spawn(transport::serve_tcp(
         listener,
         Arc::clone(&broker),
@@ -112,6 +115,18 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         listener_task,
         connections,
     })
+}
+
+/// Copies the store's counters into metrics once a second until shutdown.
+async fn export_store_stats(store: Arc<dyn crate::storage::Store>, shutdown: CancellationToken) {
+    let metrics = crate::metrics::StoreMetrics::register();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => metrics.update(&store.stats()),
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 impl RunningServer {

@@ -53,6 +53,7 @@ fn exporter_serves_registered_metrics() {
     let addr = free_port();
     install_exporter(addr).expect("exporter installs");
     let m = Metrics::register();
+    let _store = postbox::metrics::StoreMetrics::register();
     m.connections_total.increment(2);
     m.messages_sent[0].increment(9);
 
