@@ -10,7 +10,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_postbox");
 const WAIT: Duration = Duration::from_secs(15);
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 /// Starts the binary and waits (bounded) until it logs that it is running.
@@ -39,7 +43,11 @@ fn spawn_broker(args: &[&str]) -> Child {
 fn http_get(port: u16, path: &str) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
     s.set_read_timeout(Some(WAIT)).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").expect("write");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
     let mut body = String::new();
     s.read_to_string(&mut body).expect("read");
     body
@@ -48,7 +56,10 @@ fn http_get(port: u16, path: &str) -> String {
 fn terminate(mut child: Child) -> std::process::ExitStatus {
     // SIGTERM, as systemd and container runtimes send it; then await the exit (bounded).
     let pid = child.id().to_string();
-    Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait());
@@ -69,20 +80,36 @@ fn runs_from_config_file_serves_mqtt_and_metrics_and_stops_on_sigterm() {
     let path = dir.path().join("postbox.toml");
     std::fs::write(
         &path,
-        format!("[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n"),
+        format!(
+            "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n"
+        ),
     )
     .expect("write config");
     let child = spawn_broker(&["-c", path.to_str().expect("utf8 path")]);
 
     let status = Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &mqtt.to_string(), "-t", "sensors/t1", "-m", "21.5", "-q", "1"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &mqtt.to_string(),
+            "-t",
+            "sensors/t1",
+            "-m",
+            "21.5",
+            "-q",
+            "1",
+        ])
         .status()
         .expect("mosquitto_pub installed");
     assert!(status.success());
 
     let body = http_get(metrics, "/metrics");
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(body.contains("postbox_messages_received_total{qos=\"1\"} 1"), "{body}");
+    assert!(
+        body.contains("postbox_messages_received_total{qos=\"1\"} 1"),
+        "{body}"
+    );
     assert!(body.contains("postbox_connections_total"), "{body}");
     assert!(http_get(metrics, "/health").contains("OK"));
 
@@ -95,9 +122,18 @@ fn port_flag_overrides_the_config() {
     let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("postbox.toml");
-    std::fs::write(&path, format!("[listener]\nbind = \"127.0.0.1:1\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n"))
-        .expect("write config");
-    let child = spawn_broker(&["-c", path.to_str().expect("utf8"), "-p", &mqtt.to_string(), "-v"]);
+    std::fs::write(
+        &path,
+        format!("[listener]\nbind = \"127.0.0.1:1\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n"),
+    )
+    .expect("write config");
+    let child = spawn_broker(&[
+        "-c",
+        path.to_str().expect("utf8"),
+        "-p",
+        &mqtt.to_string(),
+        "-v",
+    ]);
     TcpStream::connect(("127.0.0.1", mqtt)).expect("listening on the -p port");
     terminate(child);
 }
@@ -106,17 +142,33 @@ fn port_flag_overrides_the_config() {
 fn invalid_config_names_key_and_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n").expect("write");
-    let out = Command::new(BIN).args(["-c", path.to_str().expect("utf8")]).output().expect("run");
+    std::fs::write(
+        &path,
+        "[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["-c", path.to_str().expect("utf8")])
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("mqtt.max_qos") && err.contains(":5"), "error names key and line: {err}");
+    assert!(
+        err.contains("mqtt.max_qos") && err.contains(":5"),
+        "error names key and line: {err}"
+    );
 
     std::fs::write(&path, "[mqtt]\nmax_inflight = 3\n").expect("write");
-    let out = Command::new(BIN).args(["-c", path.to_str().expect("utf8")]).output().expect("run");
+    let out = Command::new(BIN)
+        .args(["-c", path.to_str().expect("utf8")])
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("max_inflight") && err.contains(":2"), "unknown key is named with its line: {err}");
+    assert!(
+        err.contains("max_inflight") && err.contains(":2"),
+        "unknown key is named with its line: {err}"
+    );
 }
 
 #[test]

@@ -3,10 +3,11 @@
 
 mod common;
 
-use common::rumq::{V4, V5, P5};
+use common::rumq::{P5, V4, V5};
 use common::RawClient;
 use postbox::codec::{
-    Packet, ProtocolVersion, Publish, PublishProperties, QoS, ReasonCode, Subscribe, SubscriptionOptions,
+    Packet, ProtocolVersion, Publish, PublishProperties, QoS, ReasonCode, Subscribe,
+    SubscriptionOptions,
 };
 
 const V: ProtocolVersion = ProtocolVersion::V5;
@@ -15,7 +16,13 @@ fn sub(filter: &str, qos: QoS, id: Option<u32>, packet_id: u16) -> Packet {
     Packet::Subscribe(Subscribe {
         packet_id,
         subscription_identifier: id,
-        filters: vec![(filter.into(), SubscriptionOptions { qos, ..Default::default() })],
+        filters: vec![(
+            filter.into(),
+            SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+        )],
         ..Default::default()
     })
 }
@@ -62,15 +69,21 @@ async fn one_copy_carries_every_matching_subscription_identifier() {
     assert!(matches!(s.recv().await, Some(Packet::SubAck(_))));
 
     let mut p = V4::connect(server.mqtt_addr, "pub", true).await;
-    p.publish("a/b", rumqttc::QoS::AtLeastOnce, false, b"x").await;
+    p.publish("a/b", rumqttc::QoS::AtLeastOnce, false, b"x")
+        .await;
     let got = expect_publish(&mut s).await;
     assert_eq!(got.qos, QoS::AtLeastOnce, "highest granted QoS");
     let mut ids = got.properties.subscription_identifiers.to_vec();
     ids.sort();
     assert_eq!(ids, [1, 2]);
-    p.publish("a/c", rumqttc::QoS::AtLeastOnce, false, b"marker").await;
+    p.publish("a/c", rumqttc::QoS::AtLeastOnce, false, b"marker")
+        .await;
     let next = expect_publish(&mut s).await;
-    assert_eq!(&next.payload[..], b"marker", "only one copy of a/b was sent");
+    assert_eq!(
+        &next.payload[..],
+        b"marker",
+        "only one copy of a/b was sent"
+    );
 }
 
 #[tokio::test]
@@ -89,7 +102,11 @@ async fn properties_pass_through_and_are_dropped_for_311_subscribers() {
         response_topic: Some("reply/here".into()),
         correlation_data: Some("corr".into()),
         payload_format_indicator: Some(1),
-        user_properties: vec![("k".into(), "1".into()), ("k".into(), "2".into()), ("a".into(), "z".into())],
+        user_properties: vec![
+            ("k".into(), "1".into()),
+            ("k".into(), "2".into()),
+            ("a".into(), "z".into()),
+        ],
         ..Default::default()
     };
     publ.send(&Packet::Publish(Publish {
@@ -113,10 +130,14 @@ async fn properties_pass_through_and_are_dropped_for_311_subscribers() {
 async fn v311_publisher_reaches_v5_subscriber() {
     let server = common::start().await;
     let mut s = V5::connect(server.mqtt_addr, "v5").await;
-    s.client.subscribe("mix/#", rumqttc::v5::mqttbytes::QoS::ExactlyOnce).await.expect("queued");
+    s.client
+        .subscribe("mix/#", rumqttc::v5::mqttbytes::QoS::ExactlyOnce)
+        .await
+        .expect("queued");
     s.suback().await;
     let mut p = V4::connect(server.mqtt_addr, "v3", true).await;
-    p.publish("mix/1", rumqttc::QoS::ExactlyOnce, false, b"from-311").await;
+    p.publish("mix/1", rumqttc::QoS::ExactlyOnce, false, b"from-311")
+        .await;
     let got = s.next_publish().await;
     assert_eq!(&got.topic[..], b"mix/1");
     assert_eq!(&got.payload[..], b"from-311");
@@ -154,19 +175,42 @@ async fn no_local_and_retain_as_published() {
     c.send(&Packet::Subscribe(Subscribe {
         packet_id: 1,
         filters: vec![
-            ("loop".into(), SubscriptionOptions { qos: QoS::AtMostOnce, no_local: true, ..Default::default() }),
-            ("rap".into(), SubscriptionOptions { qos: QoS::AtMostOnce, retain_as_published: true, ..Default::default() }),
+            (
+                "loop".into(),
+                SubscriptionOptions {
+                    qos: QoS::AtMostOnce,
+                    no_local: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                "rap".into(),
+                SubscriptionOptions {
+                    qos: QoS::AtMostOnce,
+                    retain_as_published: true,
+                    ..Default::default()
+                },
+            ),
         ],
         ..Default::default()
     }))
     .await;
     assert!(matches!(c.recv().await, Some(Packet::SubAck(_))));
     for topic in ["loop", "rap"] {
-        c.send(&Packet::Publish(Publish { topic: topic.into(), retain: true, payload: "p".into(), ..Default::default() }))
-            .await;
+        c.send(&Packet::Publish(Publish {
+            topic: topic.into(),
+            retain: true,
+            payload: "p".into(),
+            ..Default::default()
+        }))
+        .await;
     }
     let got = expect_publish(&mut c).await;
-    assert_eq!(&got.topic[..], "rap", "own message on a No Local subscription was not echoed");
+    assert_eq!(
+        &got.topic[..],
+        "rap",
+        "own message on a No Local subscription was not echoed"
+    );
     assert!(got.retain, "Retain As Published keeps RETAIN=1");
 }
 
