@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one scenario: fan-in, fan-out, p2p, latency, connections, retained, durable.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the median/ratio table of a JSON-lines results file.
     Summarize {
         /// File written by `run --json`.
