@@ -22,6 +22,8 @@ struct Metric {
     better: Better,
     /// Scenarios it is shown for; empty = every scenario that has it.
     only: &'static [&'static str],
+    /// Scenarios it is never shown for (where it is not measured).
+    skip: &'static [&'static str],
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Higher,
         only: &[],
+        skip: &["connections"],
     },
     Metric {
         field: "duration_s",
@@ -46,6 +49,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &["retained"],
+        skip: &[],
     },
     Metric {
         field: "store_s",
@@ -53,6 +57,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &["retained"],
+        skip: &[],
     },
     Metric {
         field: "p50_us",
@@ -60,6 +65,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "p99_us",
@@ -67,6 +73,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "p999_us",
@@ -74,6 +81,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "connect_per_s",
@@ -81,6 +89,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Higher,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "rss_per_connection_b",
@@ -88,6 +97,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "broker_cpu_us_per_msg",
@@ -95,6 +105,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "broker_cpu_pct",
@@ -102,6 +113,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Lower,
         only: &["latency", "connections"],
+        skip: &[],
     },
     Metric {
         field: "broker_peak_rss_kib",
@@ -109,6 +121,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0 / 1024.0,
         better: Better::Lower,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "lost",
@@ -116,6 +129,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::WorstIsMax,
         only: &[],
+        skip: &[],
     },
     Metric {
         field: "generator_cpu_pct",
@@ -123,6 +137,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::WorstIsMax,
         only: &[],
+        skip: &[],
     },
 ];
 
@@ -199,7 +214,8 @@ pub fn render(rows: &[Value]) -> String {
         let (scenario, per_broker) = &cases[case];
         let mut first = true;
         for m in METRICS {
-            if !m.only.is_empty() && !m.only.contains(&scenario.as_str()) {
+            let scenario = scenario.as_str();
+            if (!m.only.is_empty() && !m.only.contains(&scenario)) || m.skip.contains(&scenario) {
                 continue;
             }
             let values: Vec<Option<(f64, usize)>> = brokers
@@ -265,14 +281,13 @@ fn initial(name: &str) -> String {
         .map_or_else(String::new, |c| c.to_uppercase().collect())
 }
 
-/// Compact number: no decimals for large values, 2 significant decimals for small ones.
+/// Compact number: no decimals for large values, more for small ones.
 fn fmt_num(x: f64) -> String {
-    if x.abs() >= 1000.0 {
-        format!("{x:.0}")
-    } else if x.abs() >= 10.0 {
-        format!("{x:.1}")
-    } else {
-        format!("{x:.2}")
+    match x.abs() {
+        a if a >= 1000.0 => format!("{x:.0}"),
+        a if a >= 10.0 => format!("{x:.1}"),
+        a if a >= 0.1 || a == 0.0 => format!("{x:.2}"),
+        _ => format!("{x:.4}"),
     }
 }
 
