@@ -1,0 +1,315 @@
+//! A minimal MQTT client for load generation, built on the broker's own codec.
+//!
+//! One TCP socket, TCP_NODELAY, one read buffer and one write buffer: callers append many
+//! packets to `wbuf` and send them with one write, and decode every complete packet a read
+//! brings. No background task, no channel, no per-message allocation on the publish path, so
+//! the generator stays cheaper per message than the broker it measures.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::BytesMut;
+use postbox::codec::{
+    self, Connect, Disconnect, Packet, ProtocolVersion, PublishHeader, QoS, ReasonCode, Subscribe,
+    SubscriptionOptions,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Largest packet the client accepts from a broker (the protocol maximum): the generator
+/// never refuses what a broker sends, it only counts it.
+const MAX_PACKET: usize = 268_435_460;
+/// How long a handshake (CONNACK, SUBACK) may take before the run is declared broken.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes reserved before each read; large enough that a busy subscriber drains the socket in
+/// few system calls.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// How to open a session.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// Client identifier; unique per run so runs never take over each other's sessions.
+    pub client_id: String,
+    /// Clean session (3.x) / clean start (5.0); false for persistent-session scenarios.
+    pub clean: bool,
+    /// Protocol level spoken on this connection.
+    pub version: ProtocolVersion,
+    /// Seconds; longer than any bounded run so idle clients need not ping.
+    pub keep_alive: u16,
+    /// Local address to bind before connecting. Many-connection runs give every socket its
+    /// own 127.0.0.x address and port, so neither a source address runs out of ports nor the
+    /// kernel spends the run searching for free ones.
+    pub source: Option<SocketAddr>,
+    /// v5 Session Expiry Interval to request (ignored for 3.x).
+    pub session_expiry: Option<u32>,
+}
+
+impl ConnectOptions {
+    /// Clean, short-lived session defaults for `client_id`.
+    pub fn new(client_id: String, version: ProtocolVersion) -> ConnectOptions {
+        ConnectOptions {
+            client_id,
+            clean: true,
+            version,
+            keep_alive: 600,
+            source: None,
+            session_expiry: None,
+        }
+    }
+}
+
+/// One connected client.
+pub struct Conn {
+    /// The socket; scenario loops use its readiness API directly.
+    pub stream: TcpStream,
+    /// Bytes read but not yet decoded.
+    pub rbuf: BytesMut,
+    /// Packets queued but not yet written.
+    pub wbuf: BytesMut,
+    /// Protocol level agreed at CONNECT.
+    pub version: ProtocolVersion,
+    /// CONNACK's session-present flag.
+    pub session_present: bool,
+}
+
+/// Refuses any broker address off this machine: load is only ever aimed at loopback.
+pub fn ensure_loopback(addr: SocketAddr) -> Result<()> {
+    if !addr.ip().is_loopback() {
+        bail!("refusing to load {addr}: the generator only targets loopback (127.0.0.0/8, ::1)");
+    }
+    Ok(())
+}
+
+/// With a source address but no port: lets the kernel pick the local port at `connect`
+/// (per destination) rather than at `bind` (free for every destination). Best effort.
+fn defer_port_choice(socket: &TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: valid socket fd, option value points to a c_int of the stated size.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+impl Conn {
+    /// Opens a TCP connection, sends CONNECT and waits for a successful CONNACK.
+    pub async fn connect(addr: SocketAddr, opts: &ConnectOptions) -> Result<Conn> {
+        ensure_loopback(addr)?;
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        if let Some(source) = opts.source {
+            if source.port() == 0 {
+                defer_port_choice(&socket);
+            } else {
+                // Lets a port whose last connection is in TIME_WAIT be bound again.
+                socket.set_reuseaddr(true)?;
+            }
+            socket
+                .bind(source)
+                .with_context(|| format!("bind source address {source}"))?;
+        }
+        let stream = socket
+            .connect(addr)
+            .await
+            .with_context(|| format!("connect to {addr}"))?;
+        stream.set_nodelay(true)?;
+        let mut conn = Conn {
+            stream,
+            rbuf: BytesMut::with_capacity(4096),
+            wbuf: BytesMut::with_capacity(4096),
+            version: opts.version,
+            session_present: false,
+        };
+        let mut properties = codec::ConnectProperties::default();
+        if opts.version.is_v5() {
+            properties.session_expiry_interval = opts.session_expiry;
+        }
+        let connect = Connect {
+            protocol: opts.version,
+            clean_start: opts.clean,
+            keep_alive: opts.keep_alive,
+            client_id: opts.client_id.as_str().into(),
+            will: None,
+            username: None,
+            password: None,
+            properties,
+        };
+        conn.queue(&Packet::Connect(Box::new(connect)))?;
+        conn.flush().await?;
+        match conn.recv_within(HANDSHAKE_TIMEOUT).await? {
+            Packet::ConnAck(ack) if ack.reason_code == ReasonCode::SUCCESS => {
+                conn.session_present = ack.session_present;
+                Ok(conn)
+            }
+            Packet::ConnAck(ack) => bail!("CONNACK refused: reason {:#04x}", ack.reason_code.0),
+            other => bail!("expected CONNACK, got {}", other.name()),
+        }
+    }
+
+    /// Appends an encoded packet to the write buffer.
+    pub fn queue(&mut self, packet: &Packet) -> Result<()> {
+        codec::encode(packet, self.version, &mut self.wbuf)
+            .map_err(|e| anyhow!("encode {}: {e}", packet.name()))
+    }
+
+    /// Appends a PUBLISH without building a `Publish` (the hot path of every publisher).
+    #[inline]
+    pub fn queue_publish(
+        &mut self,
+        topic: &str,
+        qos: QoS,
+        packet_id: u16,
+        retain: bool,
+        payload: &[u8],
+    ) -> Result<()> {
+        let header = PublishHeader {
+            dup: false,
+            qos,
+            retain,
+            topic,
+            packet_id,
+            properties: None,
+        };
+        codec::encode_publish(&header, payload, self.version, &mut self.wbuf)
+            .map(|_| ())
+            .map_err(|e| anyhow!("encode PUBLISH: {e}"))
+    }
+
+    /// Writes everything queued.
+    pub async fn flush(&mut self) -> Result<()> {
+        if !self.wbuf.is_empty() {
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf.clear();
+        }
+        Ok(())
+    }
+
+    /// Reads once into `rbuf`; a closed connection is an error (brokers never close first
+    /// in a healthy run).
+    pub async fn read_more(&mut self) -> Result<usize> {
+        self.rbuf.reserve(READ_CHUNK);
+        match self.stream.read_buf(&mut self.rbuf).await? {
+            0 => bail!("broker closed the connection"),
+            n => Ok(n),
+        }
+    }
+
+    /// Reads whatever the socket has without waiting; `Ok(0)` when nothing is there.
+    pub fn try_read_more(&mut self) -> Result<usize> {
+        self.rbuf.reserve(READ_CHUNK);
+        match self.stream.try_read_buf(&mut self.rbuf) {
+            Ok(0) => bail!("broker closed the connection"),
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes as much of `wbuf` as the socket takes without waiting.
+    pub fn try_write_some(&mut self) -> Result<()> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        match self.stream.try_write(&self.wbuf) {
+            Ok(n) => {
+                let _ = self.wbuf.split_to(n);
+                if self.wbuf.is_empty() {
+                    self.wbuf.clear();
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Decodes the next complete packet from `rbuf`, if any.
+    #[inline]
+    pub fn next_packet(&mut self) -> Result<Option<Packet>> {
+        codec::decode(&mut self.rbuf, Some(self.version), MAX_PACKET)
+            .map_err(|e| anyhow!("undecodable packet from broker: {e}"))
+    }
+
+    /// Waits for the next packet.
+    pub async fn recv(&mut self) -> Result<Packet> {
+        loop {
+            if let Some(packet) = self.next_packet()? {
+                return Ok(packet);
+            }
+            self.read_more().await?;
+        }
+    }
+
+    /// Waits for the next packet, at most `limit`.
+    pub async fn recv_within(&mut self, limit: Duration) -> Result<Packet> {
+        tokio::time::timeout(limit, self.recv())
+            .await
+            .map_err(|_| anyhow!("no packet from broker within {limit:?}"))?
+    }
+
+    /// Subscribes to `filters` and waits for the SUBACK; fails if any filter is refused.
+    ///
+    /// PUBLISH packets that arrive before the SUBACK (retained messages, or a persistent
+    /// session's backlog) stay in `rbuf`'s place: they are handed back to the caller.
+    pub async fn subscribe(
+        &mut self,
+        filters: &[(String, QoS)],
+        packet_id: u16,
+    ) -> Result<Vec<Packet>> {
+        let subscribe = Subscribe {
+            packet_id,
+            subscription_identifier: None,
+            user_properties: Vec::new(),
+            filters: filters
+                .iter()
+                .map(|(f, qos)| {
+                    (
+                        f.as_str().into(),
+                        SubscriptionOptions {
+                            qos: *qos,
+                            ..Default::default()
+                        },
+                    )
+                })
+                .collect(),
+        };
+        self.queue(&Packet::Subscribe(subscribe))?;
+        self.flush().await?;
+        let mut early = Vec::new();
+        loop {
+            match self.recv_within(HANDSHAKE_TIMEOUT).await? {
+                Packet::SubAck(ack) if ack.packet_id == packet_id => {
+                    if let Some(bad) = ack.reason_codes.iter().find(|c| c.0 >= 0x80) {
+                        bail!("SUBSCRIBE refused: reason {:#04x}", bad.0);
+                    }
+                    return Ok(early);
+                }
+                other @ Packet::Publish(_) => early.push(other),
+                other => bail!("expected SUBACK, got {}", other.name()),
+            }
+        }
+    }
+
+    /// Closes at once with a reset (SO_LINGER 0): no DISCONNECT and no TIME_WAIT left
+    /// behind, for tearing down thousands of idle clients.
+    pub fn abort(self) {
+        let _ = self.stream.set_zero_linger();
+    }
+
+    /// Sends DISCONNECT and closes; errors are ignored (the run's result is already known).
+    pub async fn disconnect(mut self) {
+        let _ = self.queue(&Packet::Disconnect(Disconnect::default()));
+        let _ = self.flush().await;
+        let _ = self.stream.shutdown().await;
+    }
+}

@@ -1,0 +1,478 @@
+//! The publish/subscribe engine every message-flow scenario runs on.
+//!
+//! A run connects its subscribers (and waits for their SUBACKs), connects its publishers,
+//! then releases every publisher at once. It ends when every subscriber holds every message
+//! it should, or when nothing new has arrived for `idle` after the publishers finished (QoS 0
+//! loss), or at the hard `timeout`; it never runs unbounded.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use postbox::codec::{Packet, ProtocolVersion, PubResponse, QoS};
+use tokio::io::Interest;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::client::{Conn, ConnectOptions, HANDSHAKE_TIMEOUT};
+use super::payload::{Stamp, STAMP_LEN};
+use super::procfs::{CpuMeter, CpuUse};
+use super::tracker::{Seen, SeqTracker};
+
+/// Stop appending to a publisher's write buffer beyond this: one write per ~64 KiB.
+const WRITE_BATCH: usize = 64 * 1024;
+/// Highest latency the histograms hold (10 minutes, in nanoseconds); larger values saturate.
+const MAX_LATENCY_NS: u64 = 600_000_000_000;
+
+/// One publishing client.
+#[derive(Clone, Debug)]
+pub struct PublisherPlan {
+    /// Client identifier.
+    pub client_id: String,
+    /// Topic every message goes to.
+    pub topic: String,
+    /// QoS of every PUBLISH.
+    pub qos: QoS,
+    /// Messages to send (sequence numbers 0..count).
+    pub count: u64,
+    /// Messages per second for this publisher; `None` = as fast as the broker takes them.
+    pub rate: Option<f64>,
+    /// Set the RETAIN flag.
+    pub retain: bool,
+}
+
+/// One subscribing client.
+#[derive(Clone, Debug)]
+pub struct SubscriberPlan {
+    /// Connection settings (client id, clean session, ...).
+    pub connect: ConnectOptions,
+    /// Filters and the QoS asked for each.
+    pub filters: Vec<(String, QoS)>,
+    /// Distinct messages this subscriber must receive for the run to be complete.
+    pub expected: u64,
+}
+
+/// A whole run: who publishes, who subscribes, and the bounds.
+#[derive(Clone, Debug)]
+pub struct PubSubPlan {
+    /// Broker address (loopback only).
+    pub addr: SocketAddr,
+    /// Protocol level of every client.
+    pub version: ProtocolVersion,
+    /// Run identifier stamped into every payload.
+    pub run: u32,
+    /// Publishers; index = publisher id in the stamps.
+    pub publishers: Vec<PublisherPlan>,
+    /// Subscribers.
+    pub subscribers: Vec<SubscriberPlan>,
+    /// Payload size in bytes (at least the stamp).
+    pub payload_len: usize,
+    /// Unacknowledged QoS 1/2 messages a publisher may have outstanding.
+    pub inflight: usize,
+    /// Hard bound on the message phase.
+    pub timeout: Duration,
+    /// After the publishers finish, give up on missing messages after this long without news.
+    pub idle: Duration,
+    /// Broker process to measure, if known.
+    pub broker_pid: Option<u32>,
+}
+
+/// What a run measured.
+#[derive(Debug)]
+pub struct PubSubOutcome {
+    /// PUBLISH packets sent by all publishers.
+    pub sent: u64,
+    /// Distinct messages all subscribers should have received.
+    pub expected: u64,
+    /// Distinct messages received (summed over subscribers).
+    pub delivered: u64,
+    /// Extra copies received.
+    pub duplicates: u64,
+    /// Messages that overtook a later one of the same publisher.
+    pub reordered: u64,
+    /// Messages not from this run.
+    pub foreign: u64,
+    /// End-to-end latency of every first copy, in nanoseconds.
+    pub latency: Histogram<u64>,
+    /// From release to the last publisher's last acknowledgement (or write, QoS 0).
+    pub publish_s: f64,
+    /// From release to the last new message received.
+    pub deliver_s: f64,
+    /// Whether every expected message arrived before the bounds ran out.
+    pub completed: bool,
+    /// Broker CPU over the message phase.
+    pub broker_cpu: Option<CpuUse>,
+    /// Generator CPU over the message phase (shows whether the client could keep up).
+    pub generator_cpu: Option<CpuUse>,
+}
+
+/// Shared between subscribers and the coordinator.
+struct Progress {
+    /// New messages received so far, all subscribers (one add per read batch).
+    delivered: AtomicU64,
+    /// Subscribers that hold everything they expect.
+    subs_done: AtomicUsize,
+    /// Signalled when a subscriber completes.
+    notify: Notify,
+}
+
+struct SubscriberResult {
+    tracker: SeqTracker,
+    latency: Histogram<u64>,
+    last_new: Option<Instant>,
+}
+
+struct PublisherResult {
+    sent: u64,
+    finished: Instant,
+}
+
+/// Everything a client task needs to know about the run.
+#[derive(Clone)]
+struct RunCtx {
+    addr: SocketAddr,
+    version: ProtocolVersion,
+    run: u32,
+    counts: Arc<Vec<u64>>,
+    payload_len: usize,
+    inflight: usize,
+    epoch: Instant,
+    stop: CancellationToken,
+}
+
+/// A latency histogram with the bounds every run uses.
+pub fn new_histogram() -> Histogram<u64> {
+    // 1 ns .. 10 min at 3 significant digits; the bounds are constants, so this cannot fail.
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid histogram bounds")
+}
+
+/// Runs `plan` to completion or to its bounds.
+pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
+    if plan.payload_len < STAMP_LEN {
+        bail!("payload must be at least {STAMP_LEN} bytes to carry the stamp");
+    }
+    let ctx = RunCtx {
+        addr: plan.addr,
+        version: plan.version,
+        run: plan.run,
+        counts: Arc::new(plan.publishers.iter().map(|p| p.count).collect()),
+        payload_len: plan.payload_len,
+        inflight: plan.inflight.clamp(1, 65_000),
+        epoch: Instant::now(),
+        stop: CancellationToken::new(),
+    };
+    let guard = ctx.stop.clone().drop_guard();
+    let progress = Arc::new(Progress {
+        delivered: AtomicU64::new(0),
+        subs_done: AtomicUsize::new(0),
+        notify: Notify::new(),
+    });
+
+    // Subscribers first, each fully subscribed before any message is sent.
+    let mut subs = JoinSet::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(plan.subscribers.len().max(1));
+    for sub in plan.subscribers.iter().cloned() {
+        let (ctx, progress, ready) = (ctx.clone(), Arc::clone(&progress), ready_tx.clone());
+        subs.spawn(async move { subscriber(ctx, sub, ready, progress).await });
+    }
+    drop(ready_tx);
+    for _ in 0..plan.subscribers.len() {
+        if tokio::time::timeout(HANDSHAKE_TIMEOUT, ready_rx.recv())
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            return Err(first_error(&mut subs)
+                .await
+                .context("a subscriber failed to connect"));
+        }
+    }
+
+    // Publishers connect, then wait for the start signal together.
+    let (start_tx, start_rx) = watch::channel(false);
+    let connected = Arc::new(AtomicU64::new(0));
+    let mut pubs = JoinSet::new();
+    for (id, p) in plan.publishers.iter().cloned().enumerate() {
+        let (ctx, start, connected) = (ctx.clone(), start_rx.clone(), Arc::clone(&connected));
+        pubs.spawn(async move { publisher(ctx, id as u32, p, start, connected).await });
+    }
+    let n_pubs = plan.publishers.len() as u64;
+    let connect_deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    while connected.load(Ordering::Acquire) < n_pubs {
+        if Instant::now() > connect_deadline || pubs.len() < plan.publishers.len() {
+            return Err(first_error(&mut pubs)
+                .await
+                .context("a publisher failed to connect"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let broker_meter = plan.broker_pid.and_then(CpuMeter::start);
+    let generator_meter = CpuMeter::start(std::process::id());
+    let start = Instant::now();
+    let deadline = start + plan.timeout;
+    let _ = start_tx.send(true);
+
+    let mut sent = 0;
+    let mut publish_done: Option<Instant> = None;
+    let mut last_progress = Instant::now();
+    let mut last_delivered = 0;
+    let n_subs = plan.subscribers.len();
+    let completed = loop {
+        if progress.subs_done.load(Ordering::Acquire) >= n_subs && pubs.is_empty() {
+            break true;
+        }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        if publish_done.is_some() && last_progress.elapsed() >= plan.idle {
+            break false;
+        }
+        tokio::select! {
+            joined = pubs.join_next(), if !pubs.is_empty() => {
+                let result = joined
+                    .context("no publisher left")?
+                    .context("publisher task panicked")?
+                    .map_err(|e| e.context("publisher failed"))?;
+                sent += result.sent;
+                last_progress = Instant::now();
+                if pubs.is_empty() {
+                    publish_done = Some(result.finished);
+                }
+            }
+            _ = progress.notify.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        let delivered = progress.delivered.load(Ordering::Relaxed);
+        if delivered != last_delivered {
+            last_delivered = delivered;
+            last_progress = Instant::now();
+        }
+    };
+    let broker_cpu = broker_meter.and_then(|m| m.stop());
+    let generator_cpu = generator_meter.and_then(|m| m.stop());
+    drop(guard); // stops every client task that is still running
+    pubs.abort_all();
+
+    let mut latency = new_histogram();
+    let (mut delivered, mut duplicates, mut reordered, mut foreign) = (0, 0, 0, 0);
+    let mut last_new: Option<Instant> = None;
+    while let Some(joined) = subs.join_next().await {
+        let r = joined
+            .context("subscriber task panicked")?
+            .map_err(|e| e.context("subscriber failed"))?;
+        delivered += r.tracker.unique;
+        duplicates += r.tracker.duplicates;
+        reordered += r.tracker.reordered;
+        foreign += r.tracker.foreign;
+        latency.add(&r.latency).context("merge histograms")?;
+        last_new = last_new.max(r.last_new);
+    }
+    let expected = plan.subscribers.iter().map(|s| s.expected).sum();
+    let since_start = |t: Option<Instant>| t.map_or(0.0, |t| (t - start).as_secs_f64());
+    Ok(PubSubOutcome {
+        sent,
+        expected,
+        delivered,
+        duplicates,
+        reordered,
+        foreign,
+        latency,
+        publish_s: since_start(publish_done),
+        deliver_s: since_start(last_new),
+        completed: completed && delivered >= expected,
+        broker_cpu,
+        generator_cpu,
+    })
+}
+
+/// The first error among tasks that have finished, for a useful message.
+async fn first_error<T: 'static>(set: &mut JoinSet<Result<T>>) -> anyhow::Error {
+    set.abort_all();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(Err(e)) => return e,
+            Err(e) if e.is_panic() => return anyhow::anyhow!("client task panicked: {e}"),
+            _ => {}
+        }
+    }
+    anyhow::anyhow!("timed out")
+}
+
+async fn subscriber(
+    ctx: RunCtx,
+    plan: SubscriberPlan,
+    ready: tokio::sync::mpsc::Sender<()>,
+    progress: Arc<Progress>,
+) -> Result<SubscriberResult> {
+    let mut conn = Conn::connect(ctx.addr, &plan.connect).await?;
+    let early = conn.subscribe(&plan.filters, 1).await?;
+    let mut result = SubscriberResult {
+        tracker: SeqTracker::new(ctx.run, ctx.counts.to_vec()),
+        latency: new_histogram(),
+        last_new: None,
+    };
+    let _ = ready.send(()).await;
+    let mut done = plan.expected == 0;
+    if done {
+        progress.subs_done.fetch_add(1, Ordering::AcqRel);
+        progress.notify.notify_one();
+    }
+    let mut pending = early;
+    loop {
+        let now = Instant::now();
+        let now_ns = (now - ctx.epoch).as_nanos() as u64;
+        let before = result.tracker.unique;
+        for packet in pending.drain(..) {
+            handle_delivery(&mut conn, &mut result, packet, now_ns)?;
+        }
+        while let Some(packet) = conn.next_packet()? {
+            handle_delivery(&mut conn, &mut result, packet, now_ns)?;
+        }
+        let fresh = result.tracker.unique - before;
+        if fresh > 0 {
+            result.last_new = Some(now);
+            progress.delivered.fetch_add(fresh, Ordering::Relaxed);
+        }
+        conn.flush().await?;
+        if !done && result.tracker.unique >= plan.expected {
+            done = true;
+            progress.subs_done.fetch_add(1, Ordering::AcqRel);
+            progress.notify.notify_one();
+        }
+        tokio::select! {
+            biased;
+            _ = ctx.stop.cancelled() => break,
+            read = conn.read_more() => { read?; }
+        }
+    }
+    conn.disconnect().await;
+    Ok(result)
+}
+
+/// Handles one packet on a subscriber: records messages, queues acknowledgements.
+#[inline]
+fn handle_delivery(
+    conn: &mut Conn,
+    result: &mut SubscriberResult,
+    packet: Packet,
+    now_ns: u64,
+) -> Result<()> {
+    match packet {
+        Packet::Publish(p) => {
+            if let Some(stamp) = Stamp::read(&p.payload) {
+                if result.tracker.record(&stamp) == Seen::New {
+                    result
+                        .latency
+                        .saturating_record(now_ns.saturating_sub(stamp.sent_ns).max(1));
+                }
+            } else {
+                result.tracker.foreign += 1;
+            }
+            match p.qos {
+                QoS::AtMostOnce => {}
+                QoS::AtLeastOnce => conn.queue(&Packet::PubAck(PubResponse::new(p.packet_id)))?,
+                QoS::ExactlyOnce => conn.queue(&Packet::PubRec(PubResponse::new(p.packet_id)))?,
+            }
+            Ok(())
+        }
+        Packet::PubRel(rel) => conn.queue(&Packet::PubComp(PubResponse::new(rel.packet_id))),
+        Packet::PingResp | Packet::SubAck(_) | Packet::UnsubAck(_) => Ok(()),
+        Packet::Disconnect(d) => bail!("broker sent DISCONNECT {:#04x}", d.reason_code.0),
+        other => bail!("unexpected {} on a subscriber", other.name()),
+    }
+}
+
+async fn publisher(
+    ctx: RunCtx,
+    id: u32,
+    plan: PublisherPlan,
+    mut start: watch::Receiver<bool>,
+    connected: Arc<AtomicU64>,
+) -> Result<PublisherResult> {
+    let opts = ConnectOptions::new(plan.client_id.clone(), ctx.version);
+    let mut conn = Conn::connect(ctx.addr, &opts).await?;
+    connected.fetch_add(1, Ordering::AcqRel);
+    start
+        .wait_for(|go| *go)
+        .await
+        .context("run abandoned before start")?;
+
+    let acked_qos = plan.qos != QoS::AtMostOnce;
+    let window = if acked_qos { ctx.inflight } else { usize::MAX };
+    let mut payload = vec![0u8; ctx.payload_len];
+    let mut stamp = Stamp {
+        run: ctx.run,
+        publisher: id,
+        seq: 0,
+        sent_ns: 0,
+    };
+    let mut inflight = 0usize;
+    let mut packet_id: u16 = 0;
+    let t0 = Instant::now();
+    loop {
+        let allowed = match plan.rate {
+            Some(r) => ((t0.elapsed().as_secs_f64() * r) as u64 + 1).min(plan.count),
+            None => plan.count,
+        };
+        while stamp.seq < allowed && conn.wbuf.len() < WRITE_BATCH && inflight < window {
+            stamp.sent_ns = ctx.epoch.elapsed().as_nanos() as u64;
+            stamp.write(&mut payload);
+            if acked_qos {
+                packet_id = packet_id.checked_add(1).unwrap_or(1);
+                inflight += 1;
+            }
+            conn.queue_publish(&plan.topic, plan.qos, packet_id, plan.retain, &payload)?;
+            stamp.seq += 1;
+        }
+        if stamp.seq == plan.count && inflight == 0 && conn.wbuf.is_empty() {
+            break;
+        }
+        let mut interest: Option<Interest> = None;
+        if !conn.wbuf.is_empty() {
+            interest = Some(Interest::WRITABLE);
+        }
+        if inflight > 0 {
+            interest = Some(interest.map_or(Interest::READABLE, |i| i | Interest::READABLE));
+        }
+        let rate_wait = match plan.rate {
+            Some(r) if stamp.seq < plan.count && stamp.seq >= allowed && inflight < window => {
+                Some(t0 + Duration::from_secs_f64(stamp.seq as f64 / r))
+            }
+            _ => None,
+        };
+        tokio::select! {
+            biased;
+            _ = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
+            ready = async { conn.stream.ready(interest.unwrap_or(Interest::READABLE)).await }, if interest.is_some() => {
+                let ready = ready?;
+                if ready.is_writable() {
+                    conn.try_write_some()?;
+                }
+                if ready.is_readable() && conn.try_read_more()? > 0 {
+                    while let Some(packet) = conn.next_packet()? {
+                        match packet {
+                            Packet::PubAck(_) | Packet::PubComp(_) => inflight = inflight.saturating_sub(1),
+                            Packet::PubRec(rec) => conn.queue(&Packet::PubRel(PubResponse::new(rec.packet_id)))?,
+                            Packet::Disconnect(d) => bail!("broker sent DISCONNECT {:#04x}", d.reason_code.0),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(rate_wait.unwrap_or(t0).into()), if rate_wait.is_some() => {}
+            else => bail!("publisher stalled"),
+        }
+    }
+    let finished = Instant::now();
+    conn.disconnect().await;
+    Ok(PublisherResult {
+        sent: stamp.seq,
+        finished,
+    })
+}

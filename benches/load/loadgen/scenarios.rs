@@ -1,0 +1,329 @@
+//! The named workloads. Each is bounded in message count and in time, targets one loopback
+//! broker, and returns a [`Report`].
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Result;
+use postbox::codec::{ProtocolVersion, QoS};
+
+use super::client::{ensure_loopback, Conn, ConnectOptions};
+use super::pubsub::{self, PubSubPlan, PublisherPlan, SubscriberPlan};
+use super::report::Report;
+use super::{connections, procfs, retained};
+
+/// The workloads the generator knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// N publishers → 1 wildcard subscriber.
+    FanIn,
+    /// 1 publisher → M subscribers of one topic.
+    FanOut,
+    /// K publisher/subscriber pairs, each on its own topic.
+    P2p,
+    /// K pairs at a fixed total offered rate: latency percentiles rather than throughput.
+    Latency,
+    /// C idle clients: connect rate and broker memory per connection.
+    Connections,
+    /// R retained topics stored, then one `#` subscriber receives them all.
+    Retained,
+    /// N publishers → M persistent-session subscribers (clean session off), QoS 1.
+    Durable,
+}
+
+impl Scenario {
+    /// Every scenario, in the order a comparison runs them.
+    pub const ALL: [Scenario; 7] = [
+        Scenario::FanIn,
+        Scenario::FanOut,
+        Scenario::P2p,
+        Scenario::Latency,
+        Scenario::Connections,
+        Scenario::Retained,
+        Scenario::Durable,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::FanIn => "fan-in",
+            Scenario::FanOut => "fan-out",
+            Scenario::P2p => "p2p",
+            Scenario::Latency => "latency",
+            Scenario::Connections => "connections",
+            Scenario::Retained => "retained",
+            Scenario::Durable => "durable",
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Scenario::ALL
+            .into_iter()
+            .find(|sc| sc.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                format!("unknown scenario `{s}` (one of: {})", names.join(", "))
+            })
+    }
+}
+
+/// Everything a scenario needs; [`Params::defaults`] gives each scenario sensible sizes.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Broker address (loopback only).
+    pub addr: SocketAddr,
+    /// Broker label for the report.
+    pub broker: String,
+    /// Case label for comparisons; defaults to `<scenario>-q<qos>`.
+    pub case: Option<String>,
+    /// Protocol level of every client.
+    pub version: ProtocolVersion,
+    /// QoS of publishes and subscriptions.
+    pub qos: QoS,
+    /// Publishers (fan-in, durable).
+    pub publishers: usize,
+    /// Subscribers (fan-out, durable).
+    pub subscribers: usize,
+    /// Publisher/subscriber pairs (p2p, latency).
+    pub pairs: usize,
+    /// Messages per publisher.
+    pub messages: u64,
+    /// Payload bytes.
+    pub payload: usize,
+    /// Total offered rate in messages/s (`None` = unthrottled).
+    pub rate: Option<f64>,
+    /// Outstanding QoS 1/2 messages per publisher.
+    pub inflight: usize,
+    /// Hard bound on a run's message phase.
+    pub timeout: Duration,
+    /// Stop waiting for missing messages after this long without any.
+    pub idle: Duration,
+    /// Broker process to measure (CPU, RSS).
+    pub broker_pid: Option<u32>,
+    /// Idle clients (connections).
+    pub connections: usize,
+    /// Handshakes in progress at once (connections).
+    pub connect_concurrency: usize,
+    /// Each idle client also subscribes to its own topic (connections).
+    pub subscribe_each: bool,
+    /// Retained topics (retained).
+    pub retained: usize,
+}
+
+impl Params {
+    /// Sizes that take a few seconds per run on a 2-core machine.
+    pub fn defaults(scenario: Scenario, addr: SocketAddr) -> Params {
+        let mut p = Params {
+            addr,
+            broker: "broker".into(),
+            case: None,
+            version: ProtocolVersion::V3_1_1,
+            qos: QoS::AtMostOnce,
+            publishers: 1,
+            subscribers: 1,
+            pairs: 1,
+            messages: 10_000,
+            payload: 64,
+            rate: None,
+            inflight: 100,
+            timeout: Duration::from_secs(60),
+            idle: Duration::from_secs(2),
+            broker_pid: None,
+            connections: 10_000,
+            connect_concurrency: 64,
+            subscribe_each: false,
+            retained: 100_000,
+        };
+        match scenario {
+            Scenario::FanIn => {
+                p.publishers = 8;
+                p.messages = 25_000;
+            }
+            Scenario::FanOut => {
+                p.subscribers = 50;
+                p.messages = 4_000;
+            }
+            Scenario::P2p => {
+                p.qos = QoS::AtLeastOnce;
+                p.pairs = 50;
+                p.messages = 2_000;
+            }
+            Scenario::Latency => {
+                p.qos = QoS::AtLeastOnce;
+                p.pairs = 10;
+                p.messages = 3_000;
+                p.rate = Some(10_000.0);
+            }
+            Scenario::Durable => {
+                p.qos = QoS::AtLeastOnce;
+                p.publishers = 4;
+                p.subscribers = 4;
+                p.messages = 5_000;
+            }
+            Scenario::Connections | Scenario::Retained => {}
+        }
+        p
+    }
+}
+
+/// Runs one scenario and returns its report (broker CPU and memory included when
+/// `broker_pid` is given).
+pub async fn run(scenario: Scenario, p: &Params) -> Result<Report> {
+    ensure_loopback(p.addr)?;
+    let run_id = run_id();
+    let mut report = Report {
+        scenario: scenario.name().into(),
+        case: p
+            .case
+            .clone()
+            .unwrap_or_else(|| format!("{}-q{}", scenario.name(), p.qos as u8)),
+        broker: p.broker.clone(),
+        unix_time: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        qos: p.qos as u8,
+        protocol: p.version as u8,
+        payload: p.payload,
+        ..Default::default()
+    };
+    match scenario {
+        Scenario::Connections => connections::run(p, &mut report).await?,
+        Scenario::Retained => retained::run(p, run_id, &mut report).await?,
+        _ => {
+            let plan = pubsub_plan(scenario, p, run_id);
+            report.publishers = plan.publishers.len();
+            report.subscribers = plan.subscribers.len();
+            let cleanup: Vec<ConnectOptions> = plan
+                .subscribers
+                .iter()
+                .filter(|s| !s.connect.clean)
+                .map(|s| s.connect.clone())
+                .collect();
+            let outcome = pubsub::run(plan).await?;
+            report.absorb(&outcome);
+            end_sessions(p.addr, cleanup).await;
+        }
+    }
+    if let Some(pid) = p.broker_pid {
+        // Scenarios that measure memory at a better moment (connections) have set these.
+        if report.broker_peak_rss_kib.is_none() {
+            report.broker_peak_rss_kib = procfs::status_kib(pid, "VmHWM").ok();
+        }
+        if report.broker_rss_kib.is_none() {
+            report.broker_rss_kib = procfs::status_kib(pid, "VmRSS").ok();
+        }
+    }
+    Ok(report)
+}
+
+/// A run identifier that differs between runs (clock-derived; uniqueness, not secrecy).
+pub(super) fn run_id() -> u32 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    (nanos as u32) ^ ((nanos >> 32) as u32) ^ std::process::id().rotate_left(16)
+}
+
+/// Builds the publishers and subscribers of a message-flow scenario.
+pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
+    let base = format!("bench/{run:08x}");
+    let id = |role: &str, i: usize| format!("pb-{run:08x}-{role}{i}");
+    let publisher = |i: usize, topic: String, n_pubs: usize| PublisherPlan {
+        client_id: id("p", i),
+        topic,
+        qos: p.qos,
+        count: p.messages,
+        rate: p.rate.map(|r| r / n_pubs.max(1) as f64),
+        retain: false,
+    };
+    let subscriber = |i: usize, filter: String, expected: u64, clean: bool| {
+        let mut connect = ConnectOptions::new(id("s", i), p.version);
+        connect.clean = clean;
+        if !clean {
+            connect.session_expiry = Some(u32::MAX);
+        }
+        SubscriberPlan {
+            connect,
+            filters: vec![(filter, p.qos)],
+            expected,
+        }
+    };
+    let (publishers, subscribers) = match scenario {
+        Scenario::FanIn => {
+            let n = p.publishers;
+            let pubs = (0..n)
+                .map(|i| publisher(i, format!("{base}/in/{i}"), n))
+                .collect();
+            let subs = vec![subscriber(
+                0,
+                format!("{base}/in/#"),
+                n as u64 * p.messages,
+                true,
+            )];
+            (pubs, subs)
+        }
+        Scenario::FanOut => {
+            let pubs = vec![publisher(0, format!("{base}/out"), 1)];
+            let subs = (0..p.subscribers)
+                .map(|i| subscriber(i, format!("{base}/out"), p.messages, true))
+                .collect();
+            (pubs, subs)
+        }
+        Scenario::P2p | Scenario::Latency => {
+            let k = p.pairs;
+            let pubs = (0..k)
+                .map(|i| publisher(i, format!("{base}/p2p/{i}"), k))
+                .collect();
+            let subs = (0..k)
+                .map(|i| subscriber(i, format!("{base}/p2p/{i}"), p.messages, true))
+                .collect();
+            (pubs, subs)
+        }
+        Scenario::Durable => {
+            let n = p.publishers;
+            let pubs = (0..n)
+                .map(|i| publisher(i, format!("{base}/durable/{i}"), n))
+                .collect();
+            let subs = (0..p.subscribers)
+                .map(|i| subscriber(i, format!("{base}/durable/#"), n as u64 * p.messages, false))
+                .collect();
+            (pubs, subs)
+        }
+        Scenario::Connections | Scenario::Retained => (Vec::new(), Vec::new()),
+    };
+    PubSubPlan {
+        addr: p.addr,
+        version: p.version,
+        run,
+        publishers,
+        subscribers,
+        payload_len: p.payload,
+        inflight: p.inflight,
+        timeout: p.timeout,
+        idle: p.idle,
+        broker_pid: p.broker_pid,
+    }
+}
+
+/// Discards persistent sessions left by a run (connect with clean session, disconnect), so
+/// a broker that keeps running does not queue for them forever. Best effort.
+async fn end_sessions(addr: SocketAddr, sessions: Vec<ConnectOptions>) {
+    for mut opts in sessions {
+        opts.clean = true;
+        opts.session_expiry = None;
+        if let Ok(conn) = Conn::connect(addr, &opts).await {
+            conn.disconnect().await;
+        }
+    }
+}

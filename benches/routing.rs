@@ -1,0 +1,112 @@
+//! Routing one PUBLISH through the real broker state to 1, 100 and 10,000 subscribers of its
+//! topic: subscription match, per-session enqueue, wake-up. Queues are drained between timed
+//! batches (untimed), so every publish takes the normal path, never the queue-full one.
+//!
+//! Run: `cargo bench --bench routing`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytestring::ByteString;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use postbox::broker::{Attached, Broker, Message, SessionRequest};
+use postbox::codec::{ProtocolVersion, Publish, QoS, SubscriptionOptions};
+use postbox::config::Config;
+use postbox::metrics::Metrics;
+
+const TOPIC: &str = "fleet/site-042/device-12345/telemetry";
+
+struct Setup {
+    broker: Arc<Broker>,
+    sessions: Vec<Attached>,
+    message: Arc<Message>,
+}
+
+fn setup(subscribers: usize, qos: QoS) -> Setup {
+    let config = Config::default();
+    let broker = Broker::new(config.mqtt, config.auth, Metrics::register());
+    let filter = ByteString::from(TOPIC);
+    let sessions: Vec<Attached> = (0..subscribers)
+        .map(|i| {
+            let attached = broker.connect(SessionRequest {
+                client_id: format!("sub-{i}").into(),
+                clean_start: true,
+                expiry_interval: 0,
+                protocol: ProtocolVersion::V3_1_1,
+            });
+            let options = SubscriptionOptions {
+                qos,
+                ..Default::default()
+            };
+            broker.subscribe(&attached.session, &filter, options, None);
+            attached
+        })
+        .collect();
+    let message = Arc::new(Message::from_publish(
+        Publish {
+            qos,
+            topic: TOPIC.into(),
+            payload: vec![0x5A; 64].into(),
+            ..Default::default()
+        },
+        None,
+    ));
+    Setup {
+        broker,
+        sessions,
+        message,
+    }
+}
+
+fn drain(sessions: &[Attached]) {
+    for attached in sessions {
+        let mut st = attached.session.lock();
+        while st.pop().is_some() {}
+    }
+}
+
+fn routing(c: &mut Criterion) {
+    let mut group = c.benchmark_group("route_publish");
+    for qos in [QoS::AtMostOnce, QoS::AtLeastOnce] {
+        for subscribers in [1usize, 100, 10_000] {
+            let s = setup(subscribers, qos);
+            // Stay well under the default 1,000-message queue and bound memory.
+            let batch = (200_000 / subscribers).clamp(1, 500) as u64;
+            group.throughput(Throughput::Elements(subscribers as u64));
+            let id = BenchmarkId::new(format!("qos{}", qos as u8), subscribers);
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    let mut timed = Duration::ZERO;
+                    let mut done = 0;
+                    while done < iters {
+                        let n = batch.min(iters - done);
+                        let started = Instant::now();
+                        for _ in 0..n {
+                            black_box(s.broker.publish(Arc::clone(&s.message)));
+                        }
+                        timed += started.elapsed();
+                        drain(&s.sessions);
+                        done += n;
+                    }
+                    timed
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = routing
+}
+criterion_main!(benches);

@@ -1,0 +1,83 @@
+//! The load generator works: a tiny fan-in and point-to-point run at QoS 1 against the real
+//! broker in-process, with every message accounted for. This checks the measuring tool, not
+//! the broker's speed (no timing assertions).
+
+mod common;
+
+#[path = "../benches/load/loadgen/mod.rs"]
+#[allow(dead_code)]
+mod loadgen;
+
+use std::time::Duration;
+
+use loadgen::scenarios::{self, Params, Scenario};
+use postbox::codec::QoS;
+
+async fn run_small(
+    scenario: Scenario,
+    configure: impl FnOnce(&mut Params),
+) -> loadgen::report::Report {
+    let server = common::start().await;
+    let mut params = Params::defaults(scenario, server.mqtt_addr);
+    params.broker = "postbox-in-process".into();
+    params.qos = QoS::AtLeastOnce;
+    params.timeout = Duration::from_secs(30);
+    params.broker_pid = Some(std::process::id());
+    configure(&mut params);
+    let report = scenarios::run(scenario, &params)
+        .await
+        .expect("scenario runs");
+    server.shutdown().await;
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_in_qos1_loses_nothing() {
+    let report = run_small(Scenario::FanIn, |p| {
+        p.publishers = 4;
+        p.messages = 250;
+    })
+    .await;
+    assert_eq!(report.expected, 1000);
+    assert_eq!(report.sent, 1000);
+    assert_eq!(report.delivered, 1000, "{report:?}");
+    assert_eq!(report.lost, 0);
+    assert_eq!(report.duplicates, 0);
+    assert!(report.completed);
+    assert!(report.p50_us.is_some() && report.p999_us.is_some());
+    assert!(report.broker_peak_rss_kib.is_some_and(|kib| kib > 0));
+    assert!(report.broker_cpu_pct.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_to_point_qos1_loses_nothing() {
+    let report = run_small(Scenario::P2p, |p| {
+        p.pairs = 4;
+        p.messages = 250;
+    })
+    .await;
+    assert_eq!(report.expected, 1000);
+    assert_eq!(report.delivered, 1000, "{report:?}");
+    assert_eq!(report.lost, 0);
+    assert_eq!(report.reordered, 0);
+    assert!(report.completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_line_round_trips_into_the_summary() {
+    let report = run_small(Scenario::P2p, |p| {
+        p.pairs = 2;
+        p.messages = 100;
+        p.case = Some("p2p-small".into());
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("results.jsonl");
+    report.append_json(&path).expect("append");
+    report.append_json(&path).expect("append again");
+    let rows = loadgen::summary::load(&path).expect("load");
+    assert_eq!(rows.len(), 2);
+    let table = loadgen::summary::render(&rows);
+    assert!(table.contains("p2p-small"), "{table}");
+    assert!(table.contains("delivered msg/s"), "{table}");
+}
