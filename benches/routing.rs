@@ -25,7 +25,7 @@ struct Setup {
 
 fn setup(subscribers: usize, qos: QoS) -> Setup {
     let config = Config::default();
-    let broker = Broker::new(config.mqtt, config.auth, Metrics::register());
+    let broker = Broker::new(config.mqtt, config.auth, None, Metrics::register());
     let filter = ByteString::from(TOPIC);
     let sessions: Vec<Attached> = (0..subscribers)
         .map(|i| {
@@ -83,7 +83,7 @@ fn routing(c: &mut Criterion) {
                         let n = batch.min(iters - done);
                         let started = Instant::now();
                         for _ in 0..n {
-                            black_box(s.broker.publish(Arc::clone(&s.message)));
+                            let _ = black_box(s.broker.publish(Arc::clone(&s.message), None));
                         }
                         timed += started.elapsed();
                         drain(&s.sessions);
