@@ -103,10 +103,18 @@ else
 fi
 
 write_config() { # broker port -> path of its config file
-  local broker=$1 port=$2 file
+  local broker=$1 port=$2 file storage
   case "$broker" in
-    postbox)
-      file="$OUT/postbox.toml"
+    postbox | postbox-durable)
+      file="$OUT/$broker.toml"
+      if [ "$broker" = postbox-durable ]; then
+        # Durable: every QoS 1 PUBLISH is acknowledged after its group commit is fsynced.
+        storage="persistence = true
+dir = \"$OUT/data/postbox-$port\"
+fsync = \"every-batch\""
+      else
+        storage="persistence = false"
+      fi
       cat >"$file" <<EOF
 [listener]
 bind = "127.0.0.1:$port"
@@ -120,16 +128,27 @@ max_inflight_messages = $INFLIGHT
 max_queued_messages = $QUEUED
 max_queued_bytes = 0
 queue_qos0_messages = false
+[storage]
+$storage
 [log]
 level = "warn"
 EOF
       ;;
-    mosquitto)
-      file="$OUT/mosquitto.conf"
+    mosquitto | mosquitto-persist)
+      file="$OUT/$broker.conf"
+      if [ "$broker" = mosquitto-persist ]; then
+        # Mosquitto's persistence: a snapshot every autosave_interval (default 1800 s), so an
+        # acknowledged message is only safe once the next save has run.
+        mkdir -p "$OUT/data/mosquitto-$port"
+        storage="persistence true
+persistence_location $OUT/data/mosquitto-$port/"
+      else
+        storage="persistence false"
+      fi
       cat >"$file" <<EOF
 listener $port 127.0.0.1
 allow_anonymous true
-persistence false
+$storage
 max_inflight_messages $INFLIGHT
 max_queued_messages $QUEUED
 max_queued_bytes 0
@@ -172,8 +191,8 @@ start_broker() { # broker port log
   local broker=$1 port=$2 log=$3 conf
   conf="$(write_config "$broker" "$port")"
   case "$broker" in
-    postbox) "${BROKER_PIN[@]}" "$POSTBOX" -c "$conf" >"$log" 2>&1 & ;;
-    mosquitto) "${BROKER_PIN[@]}" mosquitto -c "$conf" >"$log" 2>&1 & ;;
+    postbox | postbox-durable) "${BROKER_PIN[@]}" "$POSTBOX" -c "$conf" >"$log" 2>&1 & ;;
+    mosquitto | mosquitto-persist) "${BROKER_PIN[@]}" mosquitto -c "$conf" >"$log" 2>&1 & ;;
     rumqttd) "${BROKER_PIN[@]}" rumqttd -c "$conf" >"$log" 2>&1 & ;;
   esac
   BROKER_PID=$!
@@ -210,11 +229,16 @@ START=$(date +%s)
 for spec in "${CASES[@]}"; do
   IFS='|' read -r case scenario args <<<"$spec"
   selected "$case" || continue
+  brokers=("${BROKERS[@]}")
+  if [ "$scenario" = durable ]; then
+    # Durability on and off, both brokers: the cost of the promise, and Mosquitto's.
+    brokers+=(postbox-durable mosquitto-persist)
+  fi
   for rep in $(seq "$REPEATS"); do
-    order=("${BROKERS[@]}")
+    order=("${brokers[@]}")
     if [ $((rep % 2)) = 0 ]; then # alternate who goes first
       order=()
-      for ((i = ${#BROKERS[@]} - 1; i >= 0; i--)); do order+=("${BROKERS[$i]}"); done
+      for ((i = ${#brokers[@]} - 1; i >= 0; i--)); do order+=("${brokers[$i]}"); done
     fi
     for broker in "${order[@]}"; do
       port="$("$BENCH" free-port)"
