@@ -7,7 +7,9 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
-use crate::codec::{self, ProtocolVersion, Publish, PublishHeader, PublishProperties, QoS};
+use crate::codec::{
+    self, LastWill, ProtocolVersion, Publish, PublishHeader, PublishProperties, QoS,
+};
 
 /// Identifies a session inside this broker process (cheaper than comparing client ids).
 pub type SessionId = u64;
@@ -63,6 +65,30 @@ impl Message {
         }
     }
 
+    /// Turns a will into an ordinary message from nobody (so No Local never suppresses it),
+    /// forwarding its properties (MQTT 5 §3.1.3.2).
+    pub fn from_will(will: LastWill) -> Message {
+        let p = will.properties;
+        let publish = Publish {
+            dup: false,
+            qos: will.qos,
+            retain: will.retain,
+            topic: will.topic,
+            packet_id: 0,
+            payload: will.payload,
+            properties: PublishProperties {
+                payload_format_indicator: p.payload_format_indicator,
+                message_expiry_interval: p.message_expiry_interval,
+                content_type: p.content_type,
+                response_topic: p.response_topic,
+                correlation_data: p.correlation_data,
+                user_properties: p.user_properties,
+                ..Default::default()
+            },
+        };
+        Message::from_publish(publish, None)
+    }
+
     /// True once the Message Expiry Interval has passed (MQTT-3.3.2-5).
     pub fn is_expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|t| now >= t)
@@ -71,7 +97,8 @@ impl Message {
     /// Appends this message as a PUBLISH for one subscriber to `out`.
     ///
     /// Uses the shared cached encoding unless this subscriber needs its own properties
-    /// (subscription identifiers, or a Message Expiry Interval that has counted down).
+    /// (subscription identifiers, a Message Expiry Interval that has counted down, or an
+    /// outbound topic alias).
     /// Returns the number of bytes written.
     pub fn write_to(
         &self,
@@ -84,6 +111,7 @@ impl Message {
         let elapsed_secs = self.received_at.elapsed().as_secs();
         let custom = v5
             && (!delivery.subscription_ids.is_empty()
+                || delivery.topic_alias.is_some()
                 || (self.properties.message_expiry_interval.is_some() && elapsed_secs > 0));
         if custom {
             let mut props = self.properties.clone();
@@ -94,11 +122,18 @@ impl Message {
                 // Forward the remaining lifetime, not the original (MQTT-3.3.2-6).
                 *interval = interval.saturating_sub(elapsed_secs.min(u64::from(u32::MAX)) as u32);
             }
+            let mut topic: &str = &self.topic;
+            if let Some(alias) = delivery.topic_alias {
+                props.topic_alias = Some(alias.alias);
+                if !alias.with_topic {
+                    topic = ""; // the alias stands for the topic (v5 §3.3.2.3.4)
+                }
+            }
             let header = PublishHeader {
                 dup: delivery.dup,
                 qos: delivery.qos,
                 retain: delivery.retain,
-                topic: &self.topic,
+                topic,
                 packet_id: delivery.packet_id,
                 properties: Some(&props),
             };
@@ -159,6 +194,17 @@ pub struct DeliveryFlags<'a> {
     pub dup: bool,
     pub packet_id: u16,
     pub subscription_ids: &'a [u32],
+    /// Outbound topic alias for this PUBLISH, if the connection uses them.
+    pub topic_alias: Option<OutboundAlias>,
+}
+
+/// An outbound topic alias on one PUBLISH (chosen by the connection, which owns the table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutboundAlias {
+    /// The alias, 1..=the client's Topic Alias Maximum.
+    pub alias: u16,
+    /// Send the topic name too (the alias is being bound); otherwise the topic is empty.
+    pub with_topic: bool,
 }
 
 /// A message on its way to one session: what to send and with which options.
@@ -171,4 +217,7 @@ pub struct Delivery {
     pub retain: bool,
     /// Identifiers of every matching subscription that carried one (MQTT-3.3.4-4).
     pub subscription_ids: SmallVec<[u32; 1]>,
+    /// The shared subscription (`$share/{group}/{filter}`) this delivery was chosen for, so
+    /// the broker can hand it to another member if this session leaves; `None` otherwise.
+    pub shared: Option<ByteString>,
 }

@@ -11,14 +11,19 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::handshake::{Accepted, TOPIC_ALIAS_MAXIMUM};
+use super::handshake::{self, Accepted, EnhancedAuth};
 use super::io::{Io, WRITE_HIGH_WATER};
-use crate::broker::{Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundStage, Session};
-use crate::codec::{
-    self, topic, Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, Publish,
-    PublishProperties, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck,
-    Unsubscribe,
+use super::topic_alias::OutboundAliases;
+use crate::auth::{self, AuthState, AuthStep, PendingStep, StepInput};
+use crate::broker::{
+    Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundAlias, OutboundStage, Session,
 };
+use crate::codec::{
+    self, topic, Auth, AuthProperties, Disconnect, DisconnectProperties, LastWill, Packet,
+    ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
+    UnsubAck, Unsubscribe,
+};
+use crate::config::OutboundTopicAliases;
 
 /// Why the connection is ending; decides the DISCONNECT sent (v5) and whether the will fires.
 #[derive(Debug)]
@@ -59,6 +64,25 @@ pub struct Client<S> {
     max_packet: usize,
     /// Inbound topic aliases (v5), index = alias.
     aliases: Vec<Option<ByteString>>,
+    /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
+    alias_max_in: u16,
+    /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
+    aliases_out: Option<OutboundAliases>,
+    /// Our Receive Maximum for this client (v5); `usize::MAX` for 3.x, which cannot be told.
+    receive_maximum: usize,
+    /// Inbound QoS 1 PUBLISHes whose PUBACK has not been queued yet. Together with the QoS 2
+    /// ids awaiting PUBREL (the session's `inbound_qos2`, filled on receipt) it is what
+    /// Receive Maximum bounds, see [`Client::check_receive_maximum`]. An ack that has to wait
+    /// (e.g. for a durable commit) keeps its PUBLISH counted here until it is queued.
+    pending_inbound: usize,
+    /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
+    problem_info: bool,
+    /// The enhanced authentication method of this connection, for re-authentication.
+    auth: Option<EnhancedAuth>,
+    /// Method state between the rounds of a re-authentication in progress.
+    reauth_state: Option<AuthState>,
+    /// An authentication step being computed (possibly on the blocking pool).
+    auth_step: Option<PendingStep>,
 }
 
 impl<S: AsyncRead + AsyncWrite> Client<S> {
@@ -74,8 +98,27 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             connect,
             attached,
             keep_alive,
+            auth,
         } = accepted;
         let config = broker.config();
+        let v5 = connect.protocol.is_v5();
+        let aliases_out = match (
+            config.outbound_topic_aliases,
+            connect.properties.topic_alias_maximum,
+        ) {
+            // MQTT-3.1.2-27: none unless the client announced a maximum above 0.
+            (OutboundTopicAliases::Lru, Some(max)) if v5 && max > 0 => {
+                Some(OutboundAliases::new(max))
+            }
+            _ => None,
+        };
+        let problem_info = handshake::wants_problem_info(&connect);
+        let our_receive_maximum = if v5 {
+            usize::from(config.receive_maximum)
+        } else {
+            usize::MAX
+        };
+        let alias_max_in = config.topic_alias_maximum;
         let receive_maximum = connect.properties.receive_maximum.unwrap_or(u16::MAX);
         let window = usize::from(config.max_inflight_messages.min(receive_maximum).max(1));
         let client_max_packet = connect
@@ -100,6 +143,14 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             client_max_packet,
             max_packet,
             aliases: Vec::new(),
+            alias_max_in,
+            aliases_out,
+            receive_maximum: our_receive_maximum,
+            pending_inbound: 0,
+            problem_info,
+            auth,
+            reauth_state: None,
+            auth_step: None,
             broker,
         }
     }
@@ -120,10 +171,18 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             self.fill_from_session();
             let io = &mut self.io;
             io.prepare_read();
+            let authenticating = self.auth_step.is_some();
+            let auth_step = &mut self.auth_step;
             tokio::select! {
                 biased;
                 _ = &mut self.evicted => return Close::TakenOver,
                 _ = self.shutdown.cancelled() => return Close::ServerShutdown,
+                verdict = next_verdict(auth_step), if authenticating => {
+                    self.auth_step = None;
+                    if let Err(close) = self.on_auth_verdict(verdict) {
+                        return close;
+                    }
+                },
                 written = io.wr.write_buf(&mut io.wbuf), if !io.wbuf.is_empty() => match written {
                     Ok(0) | Err(_) => return Close::Lost,
                     Ok(n) => {
@@ -192,10 +251,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                 self.on_pubrel(rel);
                 Ok(())
             }
-            Packet::Subscribe(subscribe) => {
-                self.on_subscribe(subscribe);
-                Ok(())
-            }
+            Packet::Subscribe(subscribe) => self.on_subscribe(subscribe),
             Packet::Unsubscribe(unsubscribe) => {
                 self.on_unsubscribe(unsubscribe);
                 Ok(())
@@ -209,10 +265,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                 ReasonCode::PROTOCOL_ERROR,
                 "second CONNECT", // MQTT-3.1.0-2
             )),
-            Packet::Auth(_) => Err(self.violation(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without an authentication method",
-            )),
+            Packet::Auth(auth) => self.on_auth(auth),
             other => Err(self.violation(
                 ReasonCode::PROTOCOL_ERROR,
                 &format!("{} is not sent by clients", other.name()),
@@ -241,6 +294,19 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         }
         let packet_id = publish.packet_id;
         let qos = publish.qos;
+        if qos != QoS::AtMostOnce {
+            self.check_receive_maximum(qos, packet_id)?;
+        }
+        if self.broker.config().validate_utf8_payload
+            && publish.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&publish.payload).is_err()
+        {
+            let why = "payload is not valid UTF-8 (Payload Format Indicator 1)";
+            return self.refuse_publish(qos, packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID, why);
+        }
+        if qos == QoS::AtLeastOnce {
+            self.pending_inbound += 1;
+        }
         let route = qos != QoS::ExactlyOnce || self.session.lock().inbound_qos2.insert(packet_id);
         if route {
             let message = Message::from_publish(publish, Some(self.session.id));
@@ -248,9 +314,12 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         }
         match qos {
             QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self
-                .io
-                .queue(&Packet::PubAck(PubResponse::new(packet_id)), self.version), // MQTT-4.3.2-2
+            QoS::AtLeastOnce => {
+                self.pending_inbound = self.pending_inbound.saturating_sub(1);
+                self.io
+                    .queue(&Packet::PubAck(PubResponse::new(packet_id)), self.version)
+                // MQTT-4.3.2-2
+            }
             // A duplicate before PUBREL is acknowledged again but not routed again (MQTT-4.3.3-10).
             QoS::ExactlyOnce => self
                 .io
@@ -259,11 +328,58 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         Ok(())
     }
 
+    /// Refuses more unacknowledged inbound QoS 1/2 PUBLISHes than our Receive Maximum
+    /// (the client's duty, MQTT-3.3.4-7) with DISCONNECT 0x93. A QoS 2 retransmission of an id
+    /// awaiting PUBREL is not a new PUBLISH and passes.
+    fn check_receive_maximum(&self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+        let unacked = {
+            let st = self.session.lock();
+            if qos == QoS::ExactlyOnce && st.inbound_qos2.contains(&packet_id) {
+                return Ok(());
+            }
+            st.inbound_qos2.len() + self.pending_inbound
+        };
+        if unacked >= self.receive_maximum {
+            return Err(self.violation(
+                ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Answers a PUBLISH the broker will not route: PUBACK / PUBREC with `code` for QoS 1/2
+    /// (a QoS 2 id refused this way is not remembered, MQTT-4.3.3-9), DISCONNECT for QoS 0.
+    fn refuse_publish(
+        &mut self,
+        qos: QoS,
+        packet_id: u16,
+        code: ReasonCode,
+        why: &str,
+    ) -> Result<(), Close> {
+        let mut ack = PubResponse::new(packet_id);
+        ack.reason_code = code;
+        ack.properties.reason_string = self.problem_string(why);
+        let packet = match qos {
+            QoS::AtMostOnce => return Err(self.violation(code, why)),
+            QoS::AtLeastOnce => Packet::PubAck(ack),
+            QoS::ExactlyOnce => Packet::PubRec(ack),
+        };
+        self.io
+            .queue_within(&packet, self.version, self.client_max_packet);
+        Ok(())
+    }
+
+    /// `why` as a Reason String, if the client accepts problem information (MQTT-3.1.2-29).
+    fn problem_string(&self, why: &str) -> Option<ByteString> {
+        self.problem_info.then(|| ByteString::from(why.to_owned()))
+    }
+
     /// Inbound topic aliases (v5 §3.3.2.3.4): set on first use, substituted afterwards.
     fn resolve_alias(&mut self, alias: u16, publish: &mut Publish) -> Result<(), Close> {
-        if alias == 0 || alias > TOPIC_ALIAS_MAXIMUM {
+        if alias == 0 || alias > self.alias_max_in {
+            // The client broke MQTT-3.3.2-9 (or sent 0, MQTT-3.3.2-8).
             return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range"));
-            // MQTT-3.3.2-9
         }
         let slot = usize::from(alias);
         if self.aliases.len() <= slot {
@@ -331,16 +447,59 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         }
     }
 
-    fn on_subscribe(&mut self, subscribe: Subscribe) {
-        let v5 = self.version.is_v5();
+    fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
         let max_qos = self.broker.max_qos();
+        let config = self.broker.config();
+        let (wildcards_ok, ids_ok, shared_ok) = (
+            config.wildcard_subscription_available,
+            config.subscription_identifier_available,
+            config.shared_subscription_available,
+        );
+        if subscribe
+            .filters
+            .iter()
+            .any(|(f, o)| o.no_local && matches!(topic::split_shared(f), Some(Ok(_))))
+        {
+            // MQTT-3.8.3-4
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "No Local on a shared subscription",
+            ));
+        }
+        let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
         let mut reason_codes = Vec::with_capacity(subscribe.filters.len());
         let mut retained: SmallVec<[(ByteString, SubscriptionOptions); 4]> = SmallVec::new();
+        let mut problem: Option<&'static str> = None;
         for (filter, options) in subscribe.filters {
-            let code = if !topic::is_valid_filter(&filter) {
-                ReasonCode::TOPIC_FILTER_INVALID // 3.x: 0x80 (MQTT-3.8.4-5 style failure)
-            } else if topic::split_shared(&filter).is_some() {
-                ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            let shared = topic::split_shared(&filter);
+            let inner = match shared {
+                Some(Ok((_, inner))) => inner,
+                _ => &filter[..],
+            };
+            let refusal = if ids_refused {
+                Some((
+                    ReasonCode::SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                    "subscription identifiers are not available",
+                ))
+            } else if matches!(shared, Some(Err(()))) || !topic::is_valid_filter(&filter) {
+                // 3.x: 0x80 (MQTT-3.8.4-5 style failure)
+                Some((ReasonCode::TOPIC_FILTER_INVALID, "invalid topic filter"))
+            } else if shared.is_some() && !shared_ok {
+                Some((
+                    ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                    "shared subscriptions are not available",
+                ))
+            } else if !wildcards_ok && topic::has_wildcards(inner) {
+                Some((
+                    ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+                    "wildcard subscriptions are not available",
+                ))
+            } else {
+                None
+            };
+            let code = if let Some((code, why)) = refusal {
+                problem.get_or_insert(why);
+                code
             } else {
                 let options = SubscriptionOptions {
                     qos: options.qos.min(max_qos), // MQTT-3.9.3-? granted ≤ requested
@@ -353,11 +512,13 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                     subscribe.subscription_identifier,
                 );
                 // Retain Handling: 0 always, 1 only for a new subscription, 2 never (MQTT-3.3.1-9..11).
-                let send_retained = match options.retain_handling {
-                    0 => true,
-                    1 => !existed,
-                    _ => false,
-                };
+                // Retained messages go only to new non-shared subscriptions (v5 §3.3.1.3).
+                let send_retained = shared.is_none()
+                    && match options.retain_handling {
+                        0 => true,
+                        1 => !existed,
+                        _ => false,
+                    };
                 if send_retained {
                     retained.push((filter, options));
                 }
@@ -365,17 +526,103 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             };
             reason_codes.push(code);
         }
-        let _ = v5;
-        let suback = SubAck {
+        let mut suback = SubAck {
             packet_id: subscribe.packet_id,
             reason_codes,
             ..Default::default()
         };
-        self.io.queue(&Packet::SubAck(suback), self.version); // MQTT-3.8.4-1
+        suback.properties.reason_string = problem.and_then(|why| self.problem_string(why));
+        // MQTT-3.8.4-1
+        self.io.queue_within(
+            &Packet::SubAck(suback),
+            self.version,
+            self.client_max_packet,
+        );
         for (filter, options) in retained {
             self.broker
                 .deliver_retained(&self.session, &filter, options);
         }
+        Ok(())
+    }
+
+    /// AUTH after CONNACK: re-authentication (MQTT 5 §4.12.1). 0x19 starts it with the
+    /// connection's method (MQTT-4.12.1-1), 0x18 answers our challenge. Other packets keep
+    /// flowing meanwhile.
+    fn on_auth(&mut self, packet: Auth) -> Result<(), Close> {
+        let Some(auth) = &self.auth else {
+            // MQTT-4.12.0-7: no method in CONNECT, so no AUTH.
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH without an authentication method",
+            ));
+        };
+        if packet.properties.authentication_method.as_ref() != Some(&auth.method) {
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH with another authentication method",
+            ));
+        }
+        if self.auth_step.is_some() {
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH before the previous one was answered",
+            ));
+        }
+        let input = match (packet.reason_code, self.reauth_state.take()) {
+            (ReasonCode::RE_AUTHENTICATE, None) => {
+                StepInput::Start(self.session.client_id.to_string())
+            }
+            (ReasonCode::CONTINUE_AUTHENTICATION, Some(state)) => StepInput::Continue(state),
+            _ => {
+                return Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "AUTH reason code out of sequence",
+                ))
+            }
+        };
+        self.auth_step = Some(auth::run_step(
+            Arc::clone(&auth.authenticator),
+            input,
+            packet.properties.authentication_data,
+        ));
+        Ok(())
+    }
+
+    /// The verdict of a re-authentication step: AUTH 0x00 (done), AUTH 0x18 (another round),
+    /// or DISCONNECT (MQTT-4.12.1-2).
+    fn on_auth_verdict(&mut self, verdict: AuthStep) -> Result<(), Close> {
+        let Some(auth) = &self.auth else {
+            return Ok(());
+        };
+        let (reason_code, data) = match verdict {
+            AuthStep::Success(data) => (ReasonCode::SUCCESS, data),
+            AuthStep::Continue { data, state } => {
+                self.reauth_state = Some(state);
+                (ReasonCode::CONTINUE_AUTHENTICATION, data)
+            }
+            AuthStep::Fail(code) => {
+                tracing::info!(client = %self.session.client_id, reason = ?code, "re-authentication failed");
+                let code = match code.0 {
+                    0x80 | 0x83 | 0x87 | 0x89 | 0x97 | 0x9F => code,
+                    _ => ReasonCode::NOT_AUTHORIZED,
+                };
+                return Err(Close::Violation(
+                    code,
+                    "re-authentication failed".to_owned(),
+                ));
+            }
+        };
+        let packet = Packet::Auth(Auth {
+            reason_code,
+            properties: AuthProperties {
+                authentication_method: Some(auth.method.clone()), // MQTT-4.12.0-5
+                authentication_data: data,
+                ..Default::default()
+            },
+        });
+        self.io
+            .queue_within(&packet, self.version, self.client_max_packet);
+        Ok(())
     }
 
     fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) {
@@ -456,18 +703,30 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
     /// Encodes one delivery into the write buffer; false if it could not be sent at all.
     fn write_delivery(&mut self, delivery: &Delivery, packet_id: u16, dup: bool) -> bool {
         let start = self.io.wbuf.len();
+        let alias = self
+            .aliases_out
+            .as_ref()
+            .map(|table| table.choose(&delivery.message.topic));
         let flags = DeliveryFlags {
             qos: delivery.qos,
             retain: delivery.retain,
             dup,
             packet_id,
             subscription_ids: &delivery.subscription_ids,
+            topic_alias: alias.map(|choice| OutboundAlias {
+                alias: choice.alias(),
+                with_topic: choice.sends_topic(),
+            }),
         };
         match delivery
             .message
             .write_to(&mut self.io.wbuf, self.version, flags)
         {
             Ok(len) if len <= self.client_max_packet => {
+                // Only a PUBLISH that goes out changes the client's alias table.
+                if let (Some(table), Some(choice)) = (self.aliases_out.as_mut(), alias) {
+                    table.commit(&delivery.message.topic, choice);
+                }
                 self.broker.metrics.messages_sent[delivery.qos as usize].increment(1);
                 true
             }
@@ -526,11 +785,22 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         };
         if let (true, Some(code)) = (v5, server_reason) {
             // v5 lets the server say why (MQTT-3.14.0-1: only after CONNACK, which we sent).
+            let why = match &close {
+                Close::Violation(_, why) => self.problem_string(why),
+                _ => None,
+            };
             let disconnect = Disconnect {
                 reason_code: code,
-                ..Default::default()
+                properties: DisconnectProperties {
+                    reason_string: why,
+                    ..Default::default()
+                },
             };
-            self.io.queue(&Packet::Disconnect(disconnect), self.version);
+            self.io.queue_within(
+                &Packet::Disconnect(disconnect),
+                self.version,
+                self.client_max_packet,
+            );
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             self.io.flush().await?;
@@ -539,8 +809,14 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         .await;
         if publish_will {
             if let Some(will) = self.will.take() {
-                self.broker.metrics.will_messages_published.increment(1);
-                self.broker.publish(Arc::new(will_message(will)));
+                match will.properties.will_delay_interval.filter(|d| v5 && *d > 0) {
+                    // Held until the delay passes or the session ends (MQTT-3.1.2-8).
+                    Some(delay) => {
+                        self.broker
+                            .defer_will(&self.session, self.generation, will, delay)
+                    }
+                    None => self.broker.publish_will(will),
+                }
             }
         }
         self.broker.disconnect(&self.session, self.generation);
@@ -548,25 +824,10 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
     }
 }
 
-/// Turns a will into an ordinary message from nobody (so No Local never suppresses it).
-fn will_message(will: LastWill) -> Message {
-    let p = will.properties;
-    let publish = Publish {
-        dup: false,
-        qos: will.qos,
-        retain: will.retain,
-        topic: will.topic,
-        packet_id: 0,
-        payload: will.payload,
-        properties: PublishProperties {
-            payload_format_indicator: p.payload_format_indicator,
-            message_expiry_interval: p.message_expiry_interval,
-            content_type: p.content_type,
-            response_topic: p.response_topic,
-            correlation_data: p.correlation_data,
-            user_properties: p.user_properties,
-            ..Default::default()
-        },
-    };
-    Message::from_publish(publish, None)
+/// Resolves with the verdict of the authentication step in progress (never, if none is).
+async fn next_verdict(step: &mut Option<PendingStep>) -> AuthStep {
+    match step {
+        Some(step) => step.await,
+        None => std::future::pending().await,
+    }
 }

@@ -6,6 +6,7 @@
 mod client;
 mod handshake;
 mod io;
+pub mod topic_alias;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
