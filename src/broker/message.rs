@@ -219,5 +219,5 @@ pub struct Delivery {
     pub subscription_ids: SmallVec<[u32; 1]>,
     /// The shared subscription (`$share/{group}/{filter}`) this delivery was chosen for, so
     /// the broker can hand it to another member if this session leaves; `None` otherwise.
-    pub shared: Option<ByteString>,
+    pub shared: Option<std::sync::Arc<str>>,
 }

@@ -634,7 +634,7 @@ struct Target {
     qos: QoS,
     retain: bool,
     subscription_ids: SmallVec<[u32; 1]>,
-    shared: Option<ByteString>,
+    shared: Option<Arc<str>>,
 }
 
 /// Collapses several matching subscriptions of one session into one delivery at the highest

@@ -47,7 +47,7 @@ pub struct Member {
 #[derive(Debug)]
 struct Group {
     /// The full `$share/{group}/{filter}` string (how deliveries name their group).
-    key: ByteString,
+    key: Arc<str>,
     /// The inner filter, for removal from the tree.
     inner: ByteString,
     members: Vec<Member>,
@@ -61,7 +61,7 @@ pub struct SharedSubscriptions {
     strategy: SharedStrategy,
     tree: TopicTree<GroupId, ()>,
     groups: HashMap<GroupId, Group, RandomState>,
-    by_key: HashMap<ByteString, GroupId, RandomState>,
+    by_key: HashMap<Arc<str>, GroupId, RandomState>,
     next_id: GroupId,
     /// Hashes topic names for the `hash` strategy (fixed for the life of the process).
     hasher: RandomState,
@@ -71,7 +71,7 @@ pub struct SharedSubscriptions {
 #[derive(Debug)]
 pub struct Pick {
     /// The group's full filter.
-    pub key: ByteString,
+    pub key: Arc<str>,
     /// Who gets it, with which options.
     pub member: Member,
 }
@@ -101,18 +101,19 @@ impl SharedSubscriptions {
 
     /// Adds `member` to the group `key` (= `$share/{group}/{inner}`), or replaces its options
     /// if it is a member already. Returns whether it was a member already.
-    pub fn subscribe(&mut self, key: &ByteString, inner: &str, member: Member) -> bool {
+    pub fn subscribe(&mut self, key: &str, inner: &str, member: Member) -> bool {
         let id = match self.by_key.get(key) {
             Some(&id) => id,
             None => {
                 let id = self.next_id;
                 self.next_id += 1;
+                let key: Arc<str> = Arc::from(key);
                 self.tree.insert(inner, id, ());
-                self.by_key.insert(key.clone(), id);
+                self.by_key.insert(Arc::clone(&key), id);
                 self.groups.insert(
                     id,
                     Group {
-                        key: key.clone(),
+                        key,
                         inner: ByteString::from(inner.to_owned()),
                         members: Vec::new(),
                         cursor: AtomicUsize::new(0),
@@ -169,7 +170,7 @@ impl SharedSubscriptions {
             if let Some(group) = self.groups.get(&id) {
                 if let Some(member) = self.choose(group, topic, None, false) {
                     f(Pick {
-                        key: group.key.clone(),
+                        key: Arc::clone(&group.key),
                         member: member.clone(),
                     });
                 }
