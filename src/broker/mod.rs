@@ -498,12 +498,14 @@ impl Broker {
         removed
     }
 
-    /// Queues the retained messages matching `filter` to `session` with RETAIN=1 (MQTT-3.3.1-6).
+    /// Queues the retained messages matching `filter` to `session` with RETAIN=1 (MQTT-3.3.1-6),
+    /// carrying the subscription's identifier (MQTT-3.3.4-3: they are sent as a result of it).
     pub fn deliver_retained(
         &self,
         session: &Arc<Session>,
         filter: &str,
         options: SubscriptionOptions,
+        identifier: Option<u32>,
     ) {
         let mut found: Vec<Arc<Message>> = Vec::new();
         self.retained
@@ -519,7 +521,7 @@ impl Broker {
                 message,
                 qos,
                 retain: true,
-                subscription_ids: SmallVec::new(),
+                subscription_ids: identifier.into_iter().collect(),
                 shared: None,
             });
         }

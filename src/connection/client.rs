@@ -539,8 +539,12 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             self.client_max_packet,
         );
         for (filter, options) in retained {
-            self.broker
-                .deliver_retained(&self.session, &filter, options);
+            self.broker.deliver_retained(
+                &self.session,
+                &filter,
+                options,
+                subscribe.subscription_identifier,
+            );
         }
         Ok(())
     }
