@@ -1,6 +1,7 @@
 //! The per-client protocol state machine after CONNACK: reads, acks, subscriptions,
 //! outbound flow control, keep-alive, takeover and the will.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,8 +63,8 @@ pub struct Client<S> {
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
     max_packet: usize,
-    /// Inbound topic aliases (v5), index = alias.
-    aliases: Vec<Option<ByteString>>,
+    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries.
+    aliases: HashMap<u16, ByteString, foldhash::fast::RandomState>,
     /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
     alias_max_in: u16,
     /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
@@ -142,7 +143,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             window,
             client_max_packet,
             max_packet,
-            aliases: Vec::new(),
+            aliases: HashMap::default(),
             alias_max_in,
             aliases_out,
             receive_maximum: our_receive_maximum,
@@ -381,19 +382,17 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             // The client broke MQTT-3.3.2-9 (or sent 0, MQTT-3.3.2-8).
             return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range"));
         }
-        let slot = usize::from(alias);
-        if self.aliases.len() <= slot {
-            self.aliases.resize(slot + 1, None);
-        }
         if publish.topic.is_empty() {
-            match &self.aliases[slot] {
+            match self.aliases.get(&alias) {
                 Some(topic) => publish.topic = topic.clone(),
                 None => {
                     return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias"))
                 }
             }
         } else {
-            self.aliases[slot] = Some(publish.topic.clone());
+            // A copy, so a long-lived alias does not pin the read buffer the topic came in.
+            let topic = ByteString::from(publish.topic.to_string());
+            self.aliases.insert(alias, topic);
         }
         Ok(())
     }
