@@ -233,7 +233,7 @@ async fn an_unknown_method_is_refused_with_0x8c() {
 
 #[tokio::test]
 async fn only_auth_may_follow_connect_before_connack() {
-    // MQTT-3.1.2-33 (the client's duty) and MQTT-4.12.0-5 (same method): Protocol Error.
+    // MQTT-3.1.2-30 (list: -33; the client's duty) and MQTT-4.12.0-5 (same method): Protocol Error.
     let server = auth_server(common::test_config()).await;
     let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("ee", METHOD, b"hello")).await;
     challenge_of(first);

@@ -128,7 +128,7 @@ impl Broker {
         if let Some(existing) = sessions.get(&req.client_id).cloned() {
             let mut st = existing.lock();
             // A new connection for the client id cancels a delayed will, whether or not it
-            // resumes the session (MQTT-3.1.2-8, MQTT-3.1.2-26).
+            // resumes the session (MQTT-3.1.2-8, MQTT-3.1.3-9).
             st.pending_will = None;
             if !req.clean_start && !st.ended {
                 let (generation, evicted, kicked_old) =
@@ -209,7 +209,7 @@ impl Broker {
     /// Keeps the will of a connection that closed abnormally until its Will Delay Interval
     /// has passed (`delay` seconds) or the session ends, whichever comes first (MQTT-3.1.2-8).
     /// Call before [`Broker::disconnect`]. If another connection already owns the session,
-    /// the will is dropped: a new connection arrived within the delay (MQTT-3.1.2-26).
+    /// the will is dropped: a new connection arrived within the delay (MQTT-3.1.3-9).
     pub fn defer_will(&self, session: &Arc<Session>, generation: u64, will: LastWill, delay: u32) {
         let mut st = session.lock();
         if !st.is_owned_by(generation) {

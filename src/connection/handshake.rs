@@ -244,7 +244,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite>(
             }
             Packet::Disconnect(_) => return Err(None),
             _ => {
-                // MQTT-3.1.2-33: only AUTH or DISCONNECT before CONNACK.
+                // MQTT-3.1.2-30 (list: -33): only AUTH or DISCONNECT before CONNACK.
                 let why = "only AUTH or DISCONNECT may follow CONNECT before CONNACK";
                 return Err(Some((ReasonCode::PROTOCOL_ERROR, why)));
             }
@@ -399,7 +399,7 @@ fn connack_properties(
             .then(|| QoS::from_u8(config.max_qos).unwrap_or(QoS::AtMostOnce)),
         retain_available: (!config.retain_available).then_some(false),
         maximum_packet_size: Some(config.max_packet_size),
-        // Absent means 0: the client must not use aliases (MQTT-3.2.2-18 in the shared list).
+        // Absent means 0: the client must not use aliases (MQTT-3.2.2-18).
         topic_alias_maximum: (config.topic_alias_maximum > 0).then_some(config.topic_alias_maximum),
         wildcard_subscription_available: (!config.wildcard_subscription_available).then_some(false),
         subscription_identifiers_available: (!config.subscription_identifier_available)

@@ -4,7 +4,7 @@
 //! the alias (empty topic name). When every alias the client allows is taken, the least
 //! recently used one is re-bound to the new topic (the PUBLISH that re-binds it carries the
 //! topic name again, which is how the client learns the new mapping). Aliases never exceed
-//! the client's Topic Alias Maximum (MQTT-3.3.2-11, MQTT-3.1.2-29) and never carry over to
+//! the client's Topic Alias Maximum (MQTT-3.3.2-11, MQTT-3.1.2-26) and never carry over to
 //! another connection (MQTT-3.3.2-7): the table lives in the connection task.
 //!
 //! Choosing and committing are separate steps, because a PUBLISH may still be dropped after
