@@ -109,6 +109,32 @@ impl fmt::Display for OverflowPolicy {
     }
 }
 
+/// Whether the broker uses topic aliases on PUBLISH packets it sends to MQTT 5 clients.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutboundTopicAliases {
+    /// Never send topic aliases: every subscriber shares one cached PUBLISH encoding.
+    #[default]
+    Off,
+    /// Alias topics per connection, evicting the least recently used alias when the client's
+    /// Topic Alias Maximum is reached; costs one PUBLISH encoding per aliased delivery.
+    Lru,
+}
+
+/// How one member of a shared subscription group is chosen for each message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SharedStrategy {
+    /// Members take turns (connected members first).
+    #[default]
+    RoundRobin,
+    /// A uniformly random connected member.
+    Random,
+    /// A member chosen by a hash of the topic name: one topic sticks to one member while the
+    /// group is unchanged, so per-topic order is kept.
+    Hash,
+}
+
 /// Protocol limits and session/queue behaviour; names follow Mosquitto where one exists.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -137,6 +163,27 @@ pub struct MqttConfig {
     pub max_client_id_len: usize,
     /// Cap on the session expiry interval a client may request, in seconds.
     pub session_expiry_interval_max: u32,
+    /// Unacknowledged inbound QoS 1/2 PUBLISHes a v5 client may have (its Receive Maximum
+    /// towards us); 1..=65535. More is a protocol violation (DISCONNECT 0x93).
+    pub receive_maximum: u16,
+    /// Inbound topic aliases a v5 client may set up (Topic Alias Maximum); 0 = none.
+    pub topic_alias_maximum: u16,
+    /// Whether PUBLISHes to v5 clients that accept aliases use outbound topic aliases.
+    pub outbound_topic_aliases: OutboundTopicAliases,
+    /// Whether subscriptions may use `+` and `#` (v5: Wildcard Subscription Available).
+    pub wildcard_subscription_available: bool,
+    /// Whether SUBSCRIBE may carry a Subscription Identifier (v5: announced in CONNACK).
+    pub subscription_identifier_available: bool,
+    /// Whether `$share/{group}/{filter}` subscriptions are supported (v5: announced in CONNACK).
+    pub shared_subscription_available: bool,
+    /// How a shared subscription group picks the member that receives a message.
+    pub shared_subscription_strategy: SharedStrategy,
+    /// Response Information returned to v5 clients that request it (a topic prefix for their
+    /// response topics); `None` (key absent) = never returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_information: Option<String>,
+    /// Check that payloads marked as UTF-8 (Payload Format Indicator 1) really are.
+    pub validate_utf8_payload: bool,
 }
 
 impl Default for MqttConfig {
@@ -154,6 +201,15 @@ impl Default for MqttConfig {
             allow_zero_length_clientid: true,
             max_client_id_len: MAX_CLIENT_ID_LEN,
             session_expiry_interval_max: u32::MAX,
+            receive_maximum: 1024,
+            topic_alias_maximum: 10,
+            outbound_topic_aliases: OutboundTopicAliases::Off,
+            wildcard_subscription_available: true,
+            subscription_identifier_available: true,
+            shared_subscription_available: true,
+            shared_subscription_strategy: SharedStrategy::RoundRobin,
+            response_information: None,
+            validate_utf8_payload: false,
         }
     }
 }
@@ -435,6 +491,27 @@ impl Config {
                     m.max_client_id_len
                 ),
             ));
+        }
+        if m.receive_maximum == 0 {
+            return Err(invalid(
+                "mqtt.receive_maximum",
+                "must be between 1 and 65535, got 0 (MQTT 5 forbids a Receive Maximum of 0)"
+                    .to_owned(),
+            ));
+        }
+        if let Some(info) = &m.response_information {
+            if info.is_empty() || info.len() > usize::from(u16::MAX) {
+                return Err(invalid(
+                    "mqtt.response_information",
+                    "must be 1 to 65535 bytes; remove the key to return none".to_owned(),
+                ));
+            }
+            if info.contains(['+', '#', '\0']) {
+                return Err(invalid(
+                    "mqtt.response_information",
+                    format!("must be usable in a topic name (no `+`, `#` or NUL), got {info:?}"),
+                ));
+            }
         }
         if let Err(message) = check_log_filter(&self.log.level) {
             return Err(invalid("log.level", message));
@@ -809,6 +886,15 @@ mod tests {
                 "[mqtt]\nmax_client_id_len = 65536",
                 "mqtt.max_client_id_len",
             ),
+            ("[mqtt]\nreceive_maximum = 0", "mqtt.receive_maximum"),
+            (
+                "[mqtt]\nresponse_information = \"\"",
+                "mqtt.response_information",
+            ),
+            (
+                "[mqtt]\nresponse_information = \"a/#\"",
+                "mqtt.response_information",
+            ),
             ("[log]\nlevel = \"verbose\"", "log.level"),
             ("[log]\nlevel = \"info,postbox=loud\"", "log.level"),
             ("[log]\nlevel = \"\"", "log.level"),
@@ -909,6 +995,39 @@ mod tests {
         assert_eq!(c.storage.disk_full, DiskFullPolicy::KeepInMemory);
         let err = parse("[storage]\nfsync = \"always\"\n").expect_err("bad policy");
         assert!(err.to_string().contains("every-batch"), "{err}");
+    }
+
+    #[test]
+    fn mqtt5_feature_options_parse() {
+        let c = parse(
+            "[mqtt]\nreceive_maximum = 65535\ntopic_alias_maximum = 0\n\
+             outbound_topic_aliases = \"lru\"\nwildcard_subscription_available = false\n\
+             subscription_identifier_available = false\nshared_subscription_available = false\n\
+             shared_subscription_strategy = \"hash\"\nresponse_information = \"replies/\"\n\
+             validate_utf8_payload = true\n",
+        )
+        .expect("parses");
+        assert_eq!(c.mqtt.receive_maximum, 65535);
+        assert_eq!(c.mqtt.topic_alias_maximum, 0);
+        assert_eq!(c.mqtt.outbound_topic_aliases, OutboundTopicAliases::Lru);
+        assert!(!c.mqtt.wildcard_subscription_available);
+        assert!(!c.mqtt.subscription_identifier_available);
+        assert!(!c.mqtt.shared_subscription_available);
+        assert_eq!(c.mqtt.shared_subscription_strategy, SharedStrategy::Hash);
+        assert_eq!(c.mqtt.response_information.as_deref(), Some("replies/"));
+        assert!(c.mqtt.validate_utf8_payload);
+        for strategy in ["round-robin", "random"] {
+            parse(&format!(
+                "[mqtt]\nshared_subscription_strategy = \"{strategy}\"\n"
+            ))
+            .expect("strategy parses");
+        }
+        let err = parse("[mqtt]\nshared_subscription_strategy = \"sticky\"\n").expect_err("bad");
+        assert!(err.to_string().contains("round-robin"), "{err}");
+        let err = parse("[mqtt]\noutbound_topic_aliases = \"always\"\n").expect_err("bad");
+        assert!(err.to_string().contains("lru"), "{err}");
+        let text = toml::to_string(&c).expect("serializes");
+        assert_eq!(parse(&text).expect("reparses"), c);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! The library holds everything; `main.rs` is only the command line. Module map and data flow:
 //! see `ARCHITECTURE.md`.
 
+pub mod auth;
 pub mod broker;
 pub mod codec;
 pub mod config;

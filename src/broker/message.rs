@@ -7,7 +7,9 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
-use crate::codec::{self, ProtocolVersion, Publish, PublishHeader, PublishProperties, QoS};
+use crate::codec::{
+    self, LastWill, ProtocolVersion, Publish, PublishHeader, PublishProperties, QoS,
+};
 
 /// Identifies a session inside this broker process (cheaper than comparing client ids).
 pub type SessionId = u64;
@@ -68,8 +70,8 @@ impl Message {
     }
 
     /// Turns a will into an ordinary message from nobody (so No Local never suppresses it),
-    /// carrying the will properties that PUBLISH has too (MQTT-3.1.3-10 style pass-through).
-    pub fn from_will(will: codec::LastWill) -> Message {
+    /// forwarding its properties (MQTT 5 §3.1.3.2).
+    pub fn from_will(will: LastWill) -> Message {
         let p = will.properties;
         let publish = Publish {
             dup: false,
@@ -119,7 +121,8 @@ impl Message {
     /// Appends this message as a PUBLISH for one subscriber to `out`.
     ///
     /// Uses the shared cached encoding unless this subscriber needs its own properties
-    /// (subscription identifiers, or a Message Expiry Interval that has counted down).
+    /// (subscription identifiers, a Message Expiry Interval that has counted down, or an
+    /// outbound topic alias).
     /// Returns the number of bytes written.
     pub fn write_to(
         &self,
@@ -132,6 +135,7 @@ impl Message {
         let elapsed_secs = self.received_at.elapsed().as_secs();
         let custom = v5
             && (!delivery.subscription_ids.is_empty()
+                || delivery.topic_alias.is_some()
                 || (self.properties.message_expiry_interval.is_some() && elapsed_secs > 0));
         if custom {
             let mut props = self.properties.clone();
@@ -142,11 +146,18 @@ impl Message {
                 // Forward the remaining lifetime, not the original (MQTT-3.3.2-6).
                 *interval = interval.saturating_sub(elapsed_secs.min(u64::from(u32::MAX)) as u32);
             }
+            let mut topic: &str = &self.topic;
+            if let Some(alias) = delivery.topic_alias {
+                props.topic_alias = Some(alias.alias);
+                if !alias.with_topic {
+                    topic = ""; // the alias stands for the topic (v5 §3.3.2.3.4)
+                }
+            }
             let header = PublishHeader {
                 dup: delivery.dup,
                 qos: delivery.qos,
                 retain: delivery.retain,
-                topic: &self.topic,
+                topic,
                 packet_id: delivery.packet_id,
                 properties: Some(&props),
             };
@@ -207,6 +218,17 @@ pub struct DeliveryFlags<'a> {
     pub dup: bool,
     pub packet_id: u16,
     pub subscription_ids: &'a [u32],
+    /// Outbound topic alias for this PUBLISH, if the connection uses them.
+    pub topic_alias: Option<OutboundAlias>,
+}
+
+/// An outbound topic alias on one PUBLISH (chosen by the connection, which owns the table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutboundAlias {
+    /// The alias, 1..=the client's Topic Alias Maximum.
+    pub alias: u16,
+    /// Send the topic name too (the alias is being bound); otherwise the topic is empty.
+    pub with_topic: bool,
 }
 
 /// A message on its way to one session: what to send and with which options.
@@ -222,4 +244,7 @@ pub struct Delivery {
     /// Position in the session's durable queue; `None` when this delivery is not persisted
     /// (in-memory store, non-persistent session, or QoS 0).
     pub seq: Option<u64>,
+    /// The shared subscription (`$share/{group}/{filter}`) this delivery was chosen for, so
+    /// the broker can hand it to another member if this session leaves; `None` otherwise.
+    pub shared: Option<std::sync::Arc<str>>,
 }

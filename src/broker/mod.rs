@@ -5,6 +5,10 @@
 //! session's bounded queue. The hot-path indexes are hand-written tries:
 //! [`topic_tree::TopicTree`] maps filters to subscribers (one walk per PUBLISH) and
 //! [`retained::RetainedIndex`] maps topic names to retained messages (one walk per SUBSCRIBE).
+//! Shared subscriptions live in their own index ([`shared::SharedSubscriptions`]).
+//!
+//! Lock order: sessions map → subscription tree → shared index → one session's state. The two
+//! indexes are never held together, and no index lock is taken while a session lock is held.
 
 mod level_map;
 pub mod message;
@@ -13,13 +17,14 @@ mod restore;
 pub use persist::entry_stage;
 pub mod retained;
 pub mod session;
+pub mod shared;
 pub mod topic_tree;
 
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,16 +33,18 @@ use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use crate::codec::{ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
+use crate::auth::AuthRegistry;
+use crate::codec::{topic, LastWill, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
 use crate::storage::{self, Durable, Op, StorageError, Store};
-pub use message::{Delivery, DeliveryFlags, Message, SessionId};
+pub use message::{Delivery, DeliveryFlags, Message, OutboundAlias, SessionId};
 use retained::RetainedIndex;
 pub use session::{
-    Admission, EnqueueOutcome, Inflight, OutboundStage, QueueLimits, Session, SessionState,
-    SessionSubscription, NEVER_EXPIRES,
+    Admission, EnqueueOutcome, Inflight, OutboundStage, PendingWill, QueueLimits, Session,
+    SessionState, SessionSubscription, NEVER_EXPIRES,
 };
+use shared::{Member, SharedSubscriptions};
 use topic_tree::TopicTree;
 
 /// One entry of the subscription index: who subscribed and with which options.
@@ -75,6 +82,13 @@ pub struct Broker {
     sessions: Mutex<HashMap<ByteString, Arc<Session>, foldhash::fast::RandomState>>,
     subscriptions: RwLock<TopicTree<SessionId, Subscriber>>,
     retained: RwLock<RetainedIndex<Arc<Message>>>,
+    /// Shared subscription groups; consulted on publish only while `has_shared` is set.
+    shared: RwLock<SharedSubscriptions>,
+    has_shared: AtomicBool,
+    /// Memberships in shared groups, for the subscriptions gauge without taking that lock.
+    shared_members: AtomicUsize,
+    /// Enhanced authentication methods offered (MQTT 5 §4.12).
+    authenticators: AuthRegistry,
     next_session_id: AtomicU64,
     /// The durable store, when `storage.persistence` is on; `None` keeps everything in memory
     /// and skips building store ops entirely.
@@ -108,6 +122,7 @@ impl Broker {
             queue_qos0_offline: config.queue_qos0_messages,
             overflow: config.queue_overflow,
         };
+        let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
         Arc::new(Broker {
             config,
             auth,
@@ -115,6 +130,10 @@ impl Broker {
             sessions: Mutex::new(HashMap::default()),
             subscriptions: RwLock::new(TopicTree::new()),
             retained: RwLock::new(RetainedIndex::new()),
+            shared: RwLock::new(shared),
+            has_shared: AtomicBool::new(false),
+            shared_members: AtomicUsize::new(0),
+            authenticators: AuthRegistry::new(),
             next_session_id: AtomicU64::new(1),
             store,
             metrics,
@@ -153,6 +172,11 @@ impl Broker {
         let mut sessions = self.sessions.lock();
         if let Some(existing) = sessions.get(&req.client_id).cloned() {
             let mut st = existing.lock();
+            // A new connection for the client id cancels a delayed will, whether or not it
+            // resumes the session (MQTT-3.1.2-8, MQTT-3.1.3-9).
+            if st.pending_will.take().is_some() {
+                self.forget_stored_will(&existing.client_id);
+            }
             if !req.clean_start && !st.ended {
                 let (generation, evicted, kicked_old) =
                     Session::attach(&mut st, ReasonCode::SESSION_TAKEN_OVER);
@@ -207,7 +231,7 @@ impl Broker {
     /// Detaches a connection from its session. The session then ends at once (expiry 0),
     /// never, or after its expiry interval (MQTT-3.1.2-23).
     pub fn disconnect(self: &Arc<Self>, session: &Arc<Session>, generation: u64) {
-        let expiry = {
+        let (expiry, will_at, holds_shared) = {
             let mut st = session.lock();
             if !st.is_owned_by(generation) {
                 return; // taken over: the new connection owns it now
@@ -221,8 +245,16 @@ impl Broker {
                 self.persist(vec![Op::PutSession(meta)]);
                 st = session.lock();
             }
-            st.expiry_interval
+            let will_at = st.pending_will.as_ref().map(|w| w.publish_at);
+            (st.expiry_interval, will_at, st.holds_shared())
         };
+        if holds_shared && expiry != 0 {
+            // Let connected members of its groups have what it had not acknowledged yet.
+            self.redistribute_shared(session, true);
+        }
+        if let Some(at) = will_at {
+            self.schedule_will(session, generation, at, expiry);
+        }
         self.schedule_expiry(
             session,
             generation,
@@ -254,6 +286,84 @@ impl Broker {
         }
     }
 
+    /// Keeps the will of a connection that closed abnormally until its Will Delay Interval
+    /// has passed (`delay` seconds) or the session ends, whichever comes first (MQTT-3.1.2-8).
+    /// Call before [`Broker::disconnect`]. If another connection already owns the session,
+    /// the will is dropped: a new connection arrived within the delay (MQTT-3.1.3-9).
+    pub fn defer_will(&self, session: &Arc<Session>, generation: u64, will: LastWill, delay: u32) {
+        let mut st = session.lock();
+        if !st.is_owned_by(generation) {
+            return;
+        }
+        let delay = Duration::from_secs(u64::from(delay));
+        let publish_at_unix_ms =
+            crate::storage::now_unix_ms().saturating_add(delay.as_millis() as u64);
+        if st.stored {
+            // Survives a restart: published at the earlier of its delay and the session's end.
+            let ends = crate::storage::now_unix_ms()
+                .saturating_add(u64::from(st.expiry_interval).saturating_mul(1000));
+            self.persist(vec![Op::PutWill {
+                client_id: session.client_id.clone(),
+                will: will.clone(),
+                publish_at_unix_ms: publish_at_unix_ms.min(ends),
+            }]);
+        }
+        st.pending_will = Some(PendingWill {
+            will,
+            publish_at: Instant::now() + delay,
+            publish_at_unix_ms,
+        });
+    }
+
+    /// Drops the stored copy of a delayed will (published, or cancelled by a reconnect).
+    fn forget_stored_will(&self, client_id: &ByteString) {
+        if self.store.is_some() {
+            self.persist(vec![Op::DeleteWill {
+                client_id: client_id.clone(),
+            }]);
+        }
+    }
+
+    /// Publishes a will now: counted, and routed as a message from nobody (so No Local never
+    /// suppresses it).
+    pub fn publish_will(&self, will: LastWill) {
+        self.metrics.will_messages_published.increment(1);
+        if let Err(error) = self.publish(Arc::new(Message::from_will(will)), None) {
+            tracing::warn!(%error, "will message refused by the durable store");
+        }
+    }
+
+    /// Arms the timer of a pending will when it is due before the session would end; a will
+    /// due later is published by `end_session` instead.
+    fn schedule_will(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        at: Instant,
+        expiry: u32,
+    ) {
+        let delay = at.saturating_duration_since(Instant::now());
+        if expiry != NEVER_EXPIRES && delay >= Duration::from_secs(u64::from(expiry)) {
+            return;
+        }
+        let broker = Arc::clone(self);
+        let session = Arc::clone(session);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let will = {
+                let mut st = session.lock();
+                if st.generation != generation || st.connection.is_some() || st.ended {
+                    return; // the client came back (or the session ended and published it)
+                }
+                st.pending_will.take()
+            };
+            if let Some(pending) = will {
+                broker.publish_will(pending.will);
+                broker.forget_stored_will(&session.client_id);
+            }
+        });
+    }
+
     /// Ends `session` unless a connection re-attached since `generation` detached.
     fn remove_session_if_idle(&self, session: &Arc<Session>, generation: u64) {
         let mut sessions = self.sessions.lock();
@@ -274,8 +384,21 @@ impl Broker {
         self.end_session(session);
     }
 
-    /// Discards a session's subscriptions and queues; it accepts nothing afterwards.
+    /// Discards a session's subscriptions and queues; it accepts nothing afterwards. A pending
+    /// will is published first (the session ending is one of its triggers, MQTT-3.1.2-8), and
+    /// shared-subscription messages it still held go to the other members of their groups.
     fn end_session(&self, session: &Arc<Session>) {
+        let (will, holds_shared) = {
+            let st = &mut *session.lock();
+            (st.pending_will.take(), st.holds_shared())
+        };
+        if let Some(pending) = will {
+            self.publish_will(pending.will);
+            self.forget_stored_will(&session.client_id);
+        }
+        if holds_shared {
+            self.redistribute_shared(session, false);
+        }
         let filters: Vec<ByteString> = {
             let mut st = session.lock();
             st.ended = true;
@@ -292,14 +415,135 @@ impl Broker {
         if filters.is_empty() {
             return;
         }
-        let mut tree = self.subscriptions.write();
-        for filter in &filters {
-            tree.remove(filter, session.id);
+        let (shared, plain): (Vec<_>, Vec<_>) = filters
+            .iter()
+            .partition(|f| topic::split_shared(f).is_some());
+        if !plain.is_empty() {
+            let mut tree = self.subscriptions.write();
+            for filter in plain {
+                tree.remove(filter, session.id);
+            }
         }
-        self.metrics.subscriptions_current.set(tree.len() as f64);
+        if !shared.is_empty() {
+            let mut index = self.shared.write();
+            for filter in shared {
+                index.unsubscribe(filter, session.id);
+            }
+            self.has_shared.store(!index.is_empty(), Ordering::Release);
+        }
+        self.update_subscription_gauge();
+    }
+
+    /// Hands the shared-subscription deliveries `session` holds to other members of their
+    /// groups. On disconnect (`connected_only`): its queued messages and its sent but
+    /// unacknowledged QoS 1 messages, for groups with another connected member (QoS 2
+    /// messages already sent stay, MQTT-4.8.2-4). On session end: everything still held,
+    /// to any remaining member; QoS 2 messages already sent are dropped (MQTT-4.8.2-5).
+    fn redistribute_shared(&self, session: &Arc<Session>, connected_only: bool) {
+        let taken = if connected_only {
+            let keys: Vec<ByteString> = {
+                let st = session.lock();
+                st.subscriptions
+                    .keys()
+                    .filter(|f| f.starts_with("$share/"))
+                    .cloned()
+                    .collect()
+            };
+            let eligible: Vec<ByteString> = {
+                let index = self.shared.read();
+                keys.into_iter()
+                    .filter(|k| index.has_other_connected(k, session.id))
+                    .collect()
+            };
+            if eligible.is_empty() {
+                return;
+            }
+            session
+                .lock()
+                .take_shared(|g| eligible.iter().any(|k| k == g), true)
+        } else {
+            session.lock().take_shared(|_| true, true)
+        };
+        if taken.is_empty() {
+            return;
+        }
+        let mut removed: Vec<Op> = Vec::new();
+        let mut moves: Vec<(Arc<Session>, Delivery)> = Vec::with_capacity(taken.len());
+        {
+            let index = self.shared.read();
+            for d in taken {
+                let Some(key) = d.shared.as_deref() else {
+                    continue;
+                };
+                match index.pick_other(key, &d.message.topic, session.id, connected_only) {
+                    Some(m) => {
+                        // The leaving session no longer holds it: forget its stored entry, or a
+                        // restart would deliver it there again. (The new member holds it in
+                        // memory only.)
+                        if let Some(seq) = d.seq {
+                            removed.push(Op::RemoveEntry {
+                                client_id: session.client_id.clone(),
+                                seq,
+                            });
+                        }
+                        moves.push((
+                            m.session,
+                            Delivery {
+                                qos: d.message.qos.min(m.options.qos),
+                                retain: m.options.retain_as_published && d.message.retain,
+                                subscription_ids: m.identifier.into_iter().collect(),
+                                message: d.message,
+                                seq: None,
+                                shared: d.shared,
+                            },
+                        ))
+                    }
+                    // The other members left meanwhile: a disconnecting member keeps it; an
+                    // ending session's messages have nowhere to go.
+                    None if connected_only => moves.push((Arc::clone(session), d)),
+                    None => {}
+                }
+            }
+        }
+        self.persist(removed);
+        tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");
+        for (target, delivery) in moves {
+            self.count_enqueue(target.enqueue(delivery, &self.limits));
+        }
+    }
+
+    /// Call with the shared index updated and no index lock held.
+    fn update_subscription_gauge(&self) {
+        let shared = self.shared.read().len();
+        self.shared_members.store(shared, Ordering::Relaxed);
+        let plain = self.subscriptions.read().len();
+        self.metrics
+            .subscriptions_current
+            .set((plain + shared) as f64);
+    }
+
+    /// Counts the drops an enqueue caused; true if the delivery was queued.
+    fn count_enqueue(&self, outcome: EnqueueOutcome) -> bool {
+        match outcome {
+            EnqueueOutcome::Queued => true,
+            EnqueueOutcome::QueuedDroppedOldest => {
+                self.metrics.messages_dropped_queue_full.increment(1);
+                true
+            }
+            EnqueueOutcome::DroppedQueueFull => {
+                self.metrics.messages_dropped_queue_full.increment(1);
+                false
+            }
+            EnqueueOutcome::DroppedQoS0Offline => {
+                self.metrics.messages_dropped_qos0_offline.increment(1);
+                false
+            }
+            EnqueueOutcome::SessionEnded => false,
+        }
     }
 
     /// Adds or replaces a subscription (MQTT-3.8.4-3). Returns whether one existed already.
+    /// A valid `$share/{group}/{filter}` joins that shared subscription group.
     pub fn subscribe(
         &self,
         session: &Arc<Session>,
@@ -307,6 +551,28 @@ impl Broker {
         options: SubscriptionOptions,
         identifier: Option<u32>,
     ) -> bool {
+        if let Some(Ok((_, inner))) = topic::split_shared(filter) {
+            let member = Member {
+                session: Arc::clone(session),
+                options,
+                identifier,
+            };
+            let existed = {
+                let mut index = self.shared.write();
+                let existed = index.subscribe(filter, inner, member);
+                self.has_shared.store(true, Ordering::Release);
+                existed
+            };
+            self.update_subscription_gauge();
+            session.lock().subscriptions.insert(
+                filter.clone(),
+                SessionSubscription {
+                    options,
+                    identifier,
+                },
+            );
+            return existed;
+        }
         let subscriber = Subscriber {
             session: Arc::clone(session),
             options,
@@ -315,7 +581,9 @@ impl Broker {
         let existed = {
             let mut tree = self.subscriptions.write();
             let existed = tree.insert(filter, session.id, subscriber).is_some();
-            self.metrics.subscriptions_current.set(tree.len() as f64);
+            self.metrics
+                .subscriptions_current
+                .set((tree.len() + self.shared_members.load(Ordering::Relaxed)) as f64);
             existed
         };
         let stored = {
@@ -342,10 +610,23 @@ impl Broker {
 
     /// Removes a subscription; returns whether it existed (v5 reason 0x11 otherwise).
     pub fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
+        if topic::split_shared(filter).is_some() {
+            let removed = {
+                let mut index = self.shared.write();
+                let removed = index.unsubscribe(filter, session.id);
+                self.has_shared.store(!index.is_empty(), Ordering::Release);
+                removed
+            };
+            self.update_subscription_gauge();
+            session.lock().subscriptions.remove(filter);
+            return removed;
+        }
         let removed = {
             let mut tree = self.subscriptions.write();
             let removed = tree.remove(filter, session.id).is_some();
-            self.metrics.subscriptions_current.set(tree.len() as f64);
+            self.metrics
+                .subscriptions_current
+                .set((tree.len() + self.shared_members.load(Ordering::Relaxed)) as f64);
             removed
         };
         let stored = {
@@ -362,12 +643,14 @@ impl Broker {
         removed
     }
 
-    /// Queues the retained messages matching `filter` to `session` with RETAIN=1 (MQTT-3.3.1-6).
+    /// Queues the retained messages matching `filter` to `session` with RETAIN=1 (MQTT-3.3.1-6),
+    /// carrying the subscription's identifier (MQTT-3.3.4-3: they are sent as a result of it).
     pub fn deliver_retained(
         &self,
         session: &Arc<Session>,
         filter: &str,
         options: SubscriptionOptions,
+        identifier: Option<u32>,
     ) {
         let mut found: Vec<Arc<Message>> = Vec::new();
         self.retained
@@ -383,8 +666,9 @@ impl Broker {
                 message,
                 qos,
                 retain: true,
-                subscription_ids: SmallVec::new(),
+                subscription_ids: identifier.into_iter().collect(),
                 seq: None, // re-sent from the retained store after a restart anyway
+                shared: None,
             });
         }
     }
@@ -413,9 +697,13 @@ impl Broker {
                     qos: message.qos.min(sub.options.qos),
                     retain: sub.options.retain_as_published && message.retain,
                     subscription_ids: sub.identifier.into_iter().collect(),
+                    shared: None,
                 });
             });
         merge_overlapping(&mut targets);
+        if self.has_shared.load(Ordering::Acquire) {
+            self.shared_targets(&message, &mut targets);
+        }
         let durable = self.store.is_some();
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
@@ -427,6 +715,7 @@ impl Broker {
                 retain: target.retain,
                 subscription_ids: target.subscription_ids,
                 seq: None,
+                shared: target.shared,
             };
             let outcome = match target.session.admit(delivery, &self.limits, durable) {
                 Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
@@ -500,6 +789,26 @@ impl Broker {
         })
     }
 
+    /// Adds one delivery per matching shared subscription group: the member the strategy
+    /// picks. Kept apart from `merge_overlapping`: a shared copy is separate from any copy
+    /// the same session gets through its own non-shared subscriptions (MQTT 5 §4.8.2).
+    fn shared_targets(&self, message: &Message, targets: &mut SmallVec<[Target; 8]>) {
+        self.shared.read().pick_for_topic(&message.topic, |pick| {
+            targets.push(Target {
+                qos: message.qos.min(pick.member.options.qos), // MQTT-4.8.2-3
+                retain: pick.member.options.retain_as_published && message.retain,
+                subscription_ids: pick.member.identifier.into_iter().collect(),
+                session: pick.member.session,
+                shared: Some(pick.key),
+            });
+        });
+    }
+
+    /// The enhanced authentication methods on offer; register more at start-up.
+    pub fn authenticators(&self) -> &AuthRegistry {
+        &self.authenticators
+    }
+
     fn store_retained(&self, message: &Arc<Message>) {
         let mut retained = self.retained.write();
         if message.payload.is_empty() {
@@ -537,6 +846,7 @@ struct Target {
     qos: QoS,
     retain: bool,
     subscription_ids: SmallVec<[u32; 1]>,
+    shared: Option<Arc<str>>,
 }
 
 /// Collapses several matching subscriptions of one session into one delivery at the highest

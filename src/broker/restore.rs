@@ -77,6 +77,9 @@ impl Broker {
                         retain: entry.retain,
                         subscription_ids: entry.subscription_ids,
                         seq: Some(seq),
+                        // Group membership of a queued shared delivery is not stored: after a
+                        // restart it stays with the session that held it.
+                        shared: None,
                     };
                     let (packet_id, stage) = match entry.stage {
                         EntryStage::Queued => {

@@ -12,7 +12,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::{oneshot, Notify};
 
 use super::message::{Delivery, SessionId};
-use crate::codec::{ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
+use crate::codec::{LastWill, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use crate::config::OverflowPolicy;
 
 /// Session expiry in seconds; `u32::MAX` means the session never expires.
@@ -52,6 +52,20 @@ pub struct Inflight {
     pub packet_id: u16,
     pub delivery: Delivery,
     pub stage: OutboundStage,
+}
+
+/// A will held back by its Will Delay Interval after an abnormal close (MQTT-3.1.2-8).
+///
+/// Plain data, kept in the session state so that the durable store can persist it
+/// (`storage::Op::PutWill` takes the will and `publish_at_unix_ms`).
+#[derive(Clone, Debug)]
+pub struct PendingWill {
+    /// The will as sent in CONNECT (its properties are forwarded when it is published).
+    pub will: LastWill,
+    /// When the delay runs out. The session ending earlier publishes it at once.
+    pub publish_at: Instant,
+    /// `publish_at` as unix milliseconds, for persistence.
+    pub publish_at_unix_ms: u64,
 }
 
 /// The live connection attached to a session, so a newer one can evict it.
@@ -136,6 +150,8 @@ pub struct SessionState {
     /// True while the durable store holds this session (a `PutSession` was submitted and no
     /// `DeleteSession` since), so ops are only emitted for sessions the store knows.
     pub stored: bool,
+    /// A will waiting for its delay; cancelled by a new connection for this client id.
+    pub pending_will: Option<PendingWill>,
     /// True from the first overflow drop until the queue drains, so overflow is logged once
     /// per episode rather than once per message.
     overflowing: bool,
@@ -167,6 +183,7 @@ impl Session {
                 ended: false,
                 next_seq: 0,
                 stored: false,
+                pending_will: None,
                 overflowing: false,
             }),
             notify: Notify::new(),
@@ -341,6 +358,52 @@ impl SessionState {
             self.overflowing = false;
         }
         Some(d)
+    }
+
+    /// Removes and returns the deliveries made for shared subscriptions `group` accepts, so
+    /// they can go to another member: every queued one, and, when `include_sent_qos1`, the
+    /// QoS 1 ones sent but not acknowledged. QoS 2 messages already sent stay (MQTT-4.8.2-4).
+    pub fn take_shared(
+        &mut self,
+        mut group: impl FnMut(&str) -> bool,
+        include_sent_qos1: bool,
+    ) -> Vec<Delivery> {
+        let mut taken = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for d in self.queue.drain(..) {
+            match &d.shared {
+                Some(g) if group(g) => {
+                    self.queued_bytes -= d.message.payload.len();
+                    taken.push(d);
+                }
+                _ => kept.push_back(d),
+            }
+        }
+        self.queue = kept;
+        if self.queue.is_empty() {
+            self.overflowing = false;
+        }
+        if include_sent_qos1 {
+            let mut sent = Vec::new();
+            self.inflight.retain(|f| {
+                let move_it = f.stage == OutboundStage::AwaitPubAck
+                    && f.delivery.shared.as_deref().is_some_and(&mut group);
+                if move_it {
+                    sent.push(f.delivery.clone());
+                }
+                !move_it
+            });
+            // Sent first, then queued: roughly the order they were meant to arrive in.
+            sent.append(&mut taken);
+            taken = sent;
+        }
+        taken
+    }
+
+    /// True if any queued or in-flight delivery was made for a shared subscription.
+    pub fn holds_shared(&self) -> bool {
+        self.queue.iter().any(|d| d.shared.is_some())
+            || self.inflight.iter().any(|f| f.delivery.shared.is_some())
     }
 
     /// Allocates a packet id not used by any inflight message (MQTT-2.2.1-3).

@@ -1,6 +1,7 @@
 //! The per-client protocol state machine after CONNACK: reads, acks, subscriptions,
 //! outbound flow control, keep-alive, takeover and the will.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,13 +14,19 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::gated::{AckKind, Gated, GatedWrites};
-use super::handshake::{Accepted, TOPIC_ALIAS_MAXIMUM};
+use super::handshake::{self, Accepted, EnhancedAuth};
 use super::io::{Io, WRITE_HIGH_WATER};
-use crate::broker::{Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundStage, Session};
-use crate::codec::{
-    self, topic, Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, Publish, QoS,
-    ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
+use super::topic_alias::OutboundAliases;
+use crate::auth::{self, AuthState, AuthStep, PendingStep, StepInput};
+use crate::broker::{
+    Broker, Delivery, DeliveryFlags, Inflight, Message, OutboundAlias, OutboundStage, Session,
 };
+use crate::codec::{
+    self, topic, Auth, AuthProperties, Disconnect, DisconnectProperties, LastWill, Packet,
+    ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
+    UnsubAck, Unsubscribe,
+};
+use crate::config::OutboundTopicAliases;
 use crate::storage::{Durable, Op, StorageError};
 
 /// Why the connection is ending; decides the DISCONNECT sent (v5) and whether the will fires.
@@ -59,8 +66,27 @@ pub struct Client<S> {
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
     max_packet: usize,
-    /// Inbound topic aliases (v5), index = alias.
-    aliases: Vec<Option<ByteString>>,
+    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries.
+    aliases: HashMap<u16, ByteString, foldhash::fast::RandomState>,
+    /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
+    alias_max_in: u16,
+    /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
+    aliases_out: Option<OutboundAliases>,
+    /// Our Receive Maximum for this client (v5); `usize::MAX` for 3.x, which cannot be told.
+    receive_maximum: usize,
+    /// Inbound QoS 1 PUBLISHes whose PUBACK has not been queued yet. Together with the QoS 2
+    /// ids awaiting PUBREL (the session's `inbound_qos2`, filled on receipt) it is what
+    /// Receive Maximum bounds, see [`Client::check_receive_maximum`]. An ack that has to wait
+    /// (e.g. for a durable commit) keeps its PUBLISH counted here until it is queued.
+    pending_inbound: usize,
+    /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
+    problem_info: bool,
+    /// The enhanced authentication method of this connection, for re-authentication.
+    auth: Option<EnhancedAuth>,
+    /// Method state between the rounds of a re-authentication in progress.
+    reauth_state: Option<AuthState>,
+    /// An authentication step being computed (possibly on the blocking pool).
+    auth_step: Option<PendingStep>,
     /// Writes waiting for the durable store (acks, PUBREL, outbound QoS 2).
     gated: GatedWrites,
 }
@@ -82,8 +108,27 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             connect,
             attached,
             keep_alive,
+            auth,
         } = accepted;
         let config = broker.config();
+        let v5 = connect.protocol.is_v5();
+        let aliases_out = match (
+            config.outbound_topic_aliases,
+            connect.properties.topic_alias_maximum,
+        ) {
+            // MQTT-3.1.2-27: none unless the client announced a maximum above 0.
+            (OutboundTopicAliases::Lru, Some(max)) if v5 && max > 0 => {
+                Some(OutboundAliases::new(max))
+            }
+            _ => None,
+        };
+        let problem_info = handshake::wants_problem_info(&connect);
+        let our_receive_maximum = if v5 {
+            usize::from(config.receive_maximum)
+        } else {
+            usize::MAX
+        };
+        let alias_max_in = config.topic_alias_maximum;
         let receive_maximum = connect.properties.receive_maximum.unwrap_or(u16::MAX);
         let window = usize::from(config.max_inflight_messages.min(receive_maximum).max(1));
         let client_max_packet = connect
@@ -107,7 +152,15 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             window,
             client_max_packet,
             max_packet,
-            aliases: Vec::new(),
+            aliases: HashMap::default(),
+            alias_max_in,
+            aliases_out,
+            receive_maximum: our_receive_maximum,
+            pending_inbound: 0,
+            problem_info,
+            auth,
+            reauth_state: None,
+            auth_step: None,
             gated: GatedWrites::default(),
             broker,
         }
@@ -132,6 +185,8 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             let gated = &mut self.gated;
             let gate_waiting = gated.waiting();
             let can_read = io.wbuf.len() < WRITE_HIGH_WATER && gated.len() < MAX_GATED_WRITES;
+            let authenticating = self.auth_step.is_some();
+            let auth_step = &mut self.auth_step;
             tokio::select! {
                 biased;
                 _ = &mut self.evicted => return Close::TakenOver,
@@ -144,6 +199,12 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                     Err(error) => {
                         tracing::error!(client = %self.session.client_id, %error, "durable store failed; closing without acknowledging");
                         return Close::Violation(ReasonCode::UNSPECIFIED_ERROR, error.to_string());
+                    }
+                },
+                verdict = next_verdict(auth_step), if authenticating => {
+                    self.auth_step = None;
+                    if let Err(close) = self.on_auth_verdict(verdict) {
+                        return close;
                     }
                 },
                 written = io.wr.write_buf(&mut io.wbuf), if !io.wbuf.is_empty() => match written {
@@ -214,10 +275,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                 self.on_pubrel(rel);
                 Ok(())
             }
-            Packet::Subscribe(subscribe) => {
-                self.on_subscribe(subscribe);
-                Ok(())
-            }
+            Packet::Subscribe(subscribe) => self.on_subscribe(subscribe),
             Packet::Unsubscribe(unsubscribe) => {
                 self.on_unsubscribe(unsubscribe);
                 Ok(())
@@ -231,10 +289,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                 ReasonCode::PROTOCOL_ERROR,
                 "second CONNECT", // MQTT-3.1.0-2
             )),
-            Packet::Auth(_) => Err(self.violation(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without an authentication method",
-            )),
+            Packet::Auth(auth) => self.on_auth(auth),
             other => Err(self.violation(
                 ReasonCode::PROTOCOL_ERROR,
                 &format!("{} is not sent by clients", other.name()),
@@ -263,6 +318,20 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         }
         let packet_id = publish.packet_id;
         let qos = publish.qos;
+        if qos != QoS::AtMostOnce {
+            self.check_receive_maximum(qos, packet_id)?;
+        }
+        if self.broker.config().validate_utf8_payload
+            && publish.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&publish.payload).is_err()
+        {
+            let why = "payload is not valid UTF-8 (Payload Format Indicator 1)";
+            return self.refuse_publish(qos, packet_id, ReasonCode::PAYLOAD_FORMAT_INVALID, why);
+        }
+        if qos == QoS::AtLeastOnce {
+            // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
+            self.pending_inbound += 1;
+        }
         // QoS 2: a packet id already awaiting PUBREL is a re-send; acknowledge it again but do
         // not route it again (MQTT-4.3.3-10). `stored`: the id must survive a restart too.
         let (route, stored) = {
@@ -277,7 +346,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                 (qos == QoS::ExactlyOnce && stored).then_some((&self.session.client_id, packet_id));
             match self.broker.publish(message, inbound) {
                 Ok(routed) => durable = routed.durable,
-                Err(error) => return self.refuse_publish(qos, packet_id, error),
+                Err(error) => return self.refuse_unstored(qos, packet_id, error),
             }
         }
         let kind = match qos {
@@ -290,18 +359,66 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         Ok(())
     }
 
+    /// Refuses more unacknowledged inbound QoS 1/2 PUBLISHes than our Receive Maximum
+    /// (the client's duty, MQTT-3.3.4-7) with DISCONNECT 0x93. A QoS 2 retransmission of an id
+    /// awaiting PUBREL is not a new PUBLISH and passes.
+    fn check_receive_maximum(&self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+        let unacked = {
+            let st = self.session.lock();
+            if qos == QoS::ExactlyOnce && st.inbound_qos2.contains(&packet_id) {
+                return Ok(());
+            }
+            st.inbound_qos2.len() + self.pending_inbound
+        };
+        if unacked >= self.receive_maximum {
+            return Err(self.violation(
+                ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Answers a PUBLISH the broker will not route: PUBACK / PUBREC with `code` for QoS 1/2
+    /// (a QoS 2 id refused this way is not remembered, MQTT-4.3.3-9), DISCONNECT for QoS 0.
+    fn refuse_publish(
+        &mut self,
+        qos: QoS,
+        packet_id: u16,
+        code: ReasonCode,
+        why: &str,
+    ) -> Result<(), Close> {
+        let mut ack = PubResponse::new(packet_id);
+        ack.reason_code = code;
+        ack.properties.reason_string = self.problem_string(why);
+        let kind = match qos {
+            QoS::AtMostOnce => return Err(self.violation(code, why)),
+            QoS::AtLeastOnce => {
+                self.pending_inbound += 1; // balanced when the PUBACK is written
+                AckKind::Ack
+            }
+            QoS::ExactlyOnce => AckKind::Rec,
+        };
+        self.send_gated(None, Gated::Ack(kind, ack));
+        Ok(())
+    }
+
     /// The store refused a PUBLISH (disk budget, writer backlog, I/O failure): it was not
     /// accepted, so it must not be acknowledged as if it were. v5 says why in the ack (0x97
     /// quota exceeded, 0x80 unspecified); 3.x has no negative ack, so the connection closes and
     /// the client re-sends after reconnecting.
-    fn refuse_publish(
+    fn refuse_unstored(
         &mut self,
         qos: QoS,
         packet_id: u16,
         error: StorageError,
     ) -> Result<(), Close> {
-        if qos == QoS::ExactlyOnce {
-            self.session.lock().inbound_qos2.remove(&packet_id);
+        match qos {
+            QoS::AtMostOnce => return Ok(()),
+            QoS::AtLeastOnce => self.pending_inbound = self.pending_inbound.saturating_sub(1),
+            QoS::ExactlyOnce => {
+                self.session.lock().inbound_qos2.remove(&packet_id);
+            }
         }
         let code = match error {
             StorageError::QueueFull { .. } | StorageError::DiskBudgetExceeded { .. } => {
@@ -309,21 +426,10 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             }
             _ => ReasonCode::UNSPECIFIED_ERROR,
         };
-        if qos == QoS::AtMostOnce {
-            return Ok(());
-        }
         if !self.version.is_v5() {
             return Err(Close::Violation(code, error.to_string()));
         }
-        let mut ack = PubResponse::new(packet_id);
-        ack.reason_code = code;
-        let kind = if qos == QoS::AtLeastOnce {
-            AckKind::Ack
-        } else {
-            AckKind::Rec
-        };
-        self.send_gated(None, Gated::Ack(kind, ack));
-        Ok(())
+        self.refuse_publish(qos, packet_id, code, &error.to_string())
     }
 
     /// Writes now, or behind the writes that wait for the store.
@@ -344,30 +450,40 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
 
     fn write_gated(&mut self, item: Gated) {
         match item {
-            Gated::Ack(kind, ack) => self.io.queue(&kind.packet(ack), self.version),
+            Gated::Ack(kind, ack) => {
+                if kind == AckKind::Ack {
+                    // The PUBLISH it answers stops counting against Receive Maximum.
+                    self.pending_inbound = self.pending_inbound.saturating_sub(1);
+                }
+                self.io
+                    .queue_within(&kind.packet(ack), self.version, self.client_max_packet)
+            }
             Gated::Encoded(bytes) => self.io.wbuf.extend_from_slice(&bytes),
         }
     }
 
+    /// `why` as a Reason String, if the client accepts problem information (MQTT-3.1.2-29).
+    fn problem_string(&self, why: &str) -> Option<ByteString> {
+        self.problem_info.then(|| ByteString::from(why.to_owned()))
+    }
+
     /// Inbound topic aliases (v5 §3.3.2.3.4): set on first use, substituted afterwards.
     fn resolve_alias(&mut self, alias: u16, publish: &mut Publish) -> Result<(), Close> {
-        if alias == 0 || alias > TOPIC_ALIAS_MAXIMUM {
+        if alias == 0 || alias > self.alias_max_in {
+            // The client broke MQTT-3.3.2-9 (or sent 0, MQTT-3.3.2-8).
             return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range"));
-            // MQTT-3.3.2-9
-        }
-        let slot = usize::from(alias);
-        if self.aliases.len() <= slot {
-            self.aliases.resize(slot + 1, None);
         }
         if publish.topic.is_empty() {
-            match &self.aliases[slot] {
+            match self.aliases.get(&alias) {
                 Some(topic) => publish.topic = topic.clone(),
                 None => {
                     return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias"))
                 }
             }
         } else {
-            self.aliases[slot] = Some(publish.topic.clone());
+            // A copy, so a long-lived alias does not pin the read buffer the topic came in.
+            let topic = ByteString::from(publish.topic.to_string());
+            self.aliases.insert(alias, topic);
         }
         Ok(())
     }
@@ -459,16 +575,59 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         }
     }
 
-    fn on_subscribe(&mut self, subscribe: Subscribe) {
-        let v5 = self.version.is_v5();
+    fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
         let max_qos = self.broker.max_qos();
+        let config = self.broker.config();
+        let (wildcards_ok, ids_ok, shared_ok) = (
+            config.wildcard_subscription_available,
+            config.subscription_identifier_available,
+            config.shared_subscription_available,
+        );
+        if subscribe
+            .filters
+            .iter()
+            .any(|(f, o)| o.no_local && matches!(topic::split_shared(f), Some(Ok(_))))
+        {
+            // MQTT-3.8.3-4
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "No Local on a shared subscription",
+            ));
+        }
+        let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
         let mut reason_codes = Vec::with_capacity(subscribe.filters.len());
         let mut retained: SmallVec<[(ByteString, SubscriptionOptions); 4]> = SmallVec::new();
+        let mut problem: Option<&'static str> = None;
         for (filter, options) in subscribe.filters {
-            let code = if !topic::is_valid_filter(&filter) {
-                ReasonCode::TOPIC_FILTER_INVALID // 3.x: 0x80 (MQTT-3.8.4-5 style failure)
-            } else if topic::split_shared(&filter).is_some() {
-                ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+            let shared = topic::split_shared(&filter);
+            let inner = match shared {
+                Some(Ok((_, inner))) => inner,
+                _ => &filter[..],
+            };
+            let refusal = if ids_refused {
+                Some((
+                    ReasonCode::SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                    "subscription identifiers are not available",
+                ))
+            } else if matches!(shared, Some(Err(()))) || !topic::is_valid_filter(&filter) {
+                // 3.x: 0x80 (MQTT-3.8.4-5 style failure)
+                Some((ReasonCode::TOPIC_FILTER_INVALID, "invalid topic filter"))
+            } else if shared.is_some() && !shared_ok {
+                Some((
+                    ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                    "shared subscriptions are not available",
+                ))
+            } else if !wildcards_ok && topic::has_wildcards(inner) {
+                Some((
+                    ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+                    "wildcard subscriptions are not available",
+                ))
+            } else {
+                None
+            };
+            let code = if let Some((code, why)) = refusal {
+                problem.get_or_insert(why);
+                code
             } else {
                 let options = SubscriptionOptions {
                     qos: options.qos.min(max_qos), // MQTT-3.9.3-? granted ≤ requested
@@ -481,11 +640,13 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                     subscribe.subscription_identifier,
                 );
                 // Retain Handling: 0 always, 1 only for a new subscription, 2 never (MQTT-3.3.1-9..11).
-                let send_retained = match options.retain_handling {
-                    0 => true,
-                    1 => !existed,
-                    _ => false,
-                };
+                // Retained messages go only to new non-shared subscriptions (v5 §3.3.1.3).
+                let send_retained = shared.is_none()
+                    && match options.retain_handling {
+                        0 => true,
+                        1 => !existed,
+                        _ => false,
+                    };
                 if send_retained {
                     retained.push((filter, options));
                 }
@@ -493,17 +654,107 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             };
             reason_codes.push(code);
         }
-        let _ = v5;
-        let suback = SubAck {
+        let mut suback = SubAck {
             packet_id: subscribe.packet_id,
             reason_codes,
             ..Default::default()
         };
-        self.io.queue(&Packet::SubAck(suback), self.version); // MQTT-3.8.4-1
+        suback.properties.reason_string = problem.and_then(|why| self.problem_string(why));
+        // MQTT-3.8.4-1
+        self.io.queue_within(
+            &Packet::SubAck(suback),
+            self.version,
+            self.client_max_packet,
+        );
         for (filter, options) in retained {
-            self.broker
-                .deliver_retained(&self.session, &filter, options);
+            self.broker.deliver_retained(
+                &self.session,
+                &filter,
+                options,
+                subscribe.subscription_identifier,
+            );
         }
+        Ok(())
+    }
+
+    /// AUTH after CONNACK: re-authentication (MQTT 5 §4.12.1). 0x19 starts it with the
+    /// connection's method (MQTT-4.12.1-1), 0x18 answers our challenge. Other packets keep
+    /// flowing meanwhile.
+    fn on_auth(&mut self, packet: Auth) -> Result<(), Close> {
+        let Some(auth) = &self.auth else {
+            // MQTT-4.12.0-7: no method in CONNECT, so no AUTH.
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH without an authentication method",
+            ));
+        };
+        if packet.properties.authentication_method.as_ref() != Some(&auth.method) {
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH with another authentication method",
+            ));
+        }
+        if self.auth_step.is_some() {
+            return Err(self.violation(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH before the previous one was answered",
+            ));
+        }
+        let input = match (packet.reason_code, self.reauth_state.take()) {
+            (ReasonCode::RE_AUTHENTICATE, None) => {
+                StepInput::Start(self.session.client_id.to_string())
+            }
+            (ReasonCode::CONTINUE_AUTHENTICATION, Some(state)) => StepInput::Continue(state),
+            _ => {
+                return Err(self.violation(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "AUTH reason code out of sequence",
+                ))
+            }
+        };
+        self.auth_step = Some(auth::run_step(
+            Arc::clone(&auth.authenticator),
+            input,
+            packet.properties.authentication_data,
+        ));
+        Ok(())
+    }
+
+    /// The verdict of a re-authentication step: AUTH 0x00 (done), AUTH 0x18 (another round),
+    /// or DISCONNECT (MQTT-4.12.1-2).
+    fn on_auth_verdict(&mut self, verdict: AuthStep) -> Result<(), Close> {
+        let Some(auth) = &self.auth else {
+            return Ok(());
+        };
+        let (reason_code, data) = match verdict {
+            AuthStep::Success(data) => (ReasonCode::SUCCESS, data),
+            AuthStep::Continue { data, state } => {
+                self.reauth_state = Some(state);
+                (ReasonCode::CONTINUE_AUTHENTICATION, data)
+            }
+            AuthStep::Fail(code) => {
+                tracing::info!(client = %self.session.client_id, reason = ?code, "re-authentication failed");
+                let code = match code.0 {
+                    0x80 | 0x83 | 0x87 | 0x89 | 0x97 | 0x9F => code,
+                    _ => ReasonCode::NOT_AUTHORIZED,
+                };
+                return Err(Close::Violation(
+                    code,
+                    "re-authentication failed".to_owned(),
+                ));
+            }
+        };
+        let packet = Packet::Auth(Auth {
+            reason_code,
+            properties: AuthProperties {
+                authentication_method: Some(auth.method.clone()), // MQTT-4.12.0-5
+                authentication_data: data,
+                ..Default::default()
+            },
+        });
+        self.io
+            .queue_within(&packet, self.version, self.client_max_packet);
+        Ok(())
     }
 
     fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) {
@@ -602,6 +853,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                     out,
                     self.version,
                     self.client_max_packet,
+                    self.aliases_out.as_mut(),
                     &self.broker,
                     &delivery,
                     packet_id,
@@ -638,6 +890,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             &mut self.io.wbuf,
             self.version,
             self.client_max_packet,
+            self.aliases_out.as_mut(),
             &self.broker,
             delivery,
             packet_id,
@@ -686,11 +939,22 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         };
         if let (true, Some(code)) = (v5, server_reason) {
             // v5 lets the server say why (MQTT-3.14.0-1: only after CONNACK, which we sent).
+            let why = match &close {
+                Close::Violation(_, why) => self.problem_string(why),
+                _ => None,
+            };
             let disconnect = Disconnect {
                 reason_code: code,
-                ..Default::default()
+                properties: DisconnectProperties {
+                    reason_string: why,
+                    ..Default::default()
+                },
             };
-            self.io.queue(&Packet::Disconnect(disconnect), self.version);
+            self.io.queue_within(
+                &Packet::Disconnect(disconnect),
+                self.version,
+                self.client_max_packet,
+            );
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             self.io.flush().await?;
@@ -699,12 +963,13 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         .await;
         if publish_will {
             if let Some(will) = self.will.take() {
-                self.broker.metrics.will_messages_published.increment(1);
-                if let Err(error) = self
-                    .broker
-                    .publish(Arc::new(Message::from_will(will)), None)
-                {
-                    tracing::warn!(%error, "will message refused by the durable store");
+                match will.properties.will_delay_interval.filter(|d| v5 && *d > 0) {
+                    // Held until the delay passes or the session ends (MQTT-3.1.2-8).
+                    Some(delay) => {
+                        self.broker
+                            .defer_will(&self.session, self.generation, will, delay)
+                    }
+                    None => self.broker.publish_will(will),
                 }
             }
         }
@@ -714,26 +979,39 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
 }
 
 /// Encodes one delivery into `out` for a client of `version`; false if it could not be sent
-/// at all (above the client's Maximum Packet Size, MQTT-3.1.2-25, or unencodable).
+/// at all (above the client's Maximum Packet Size, MQTT-3.1.2-25, or unencodable). With
+/// outbound topic aliases, only a PUBLISH that is actually written changes the alias table.
+#[allow(clippy::too_many_arguments)]
 fn encode_delivery(
     out: &mut BytesMut,
     version: ProtocolVersion,
     client_max_packet: usize,
+    aliases_out: Option<&mut OutboundAliases>,
     broker: &Broker,
     delivery: &Delivery,
     packet_id: u16,
     dup: bool,
 ) -> bool {
     let start = out.len();
+    let alias = aliases_out
+        .as_ref()
+        .map(|table| table.choose(&delivery.message.topic));
     let flags = DeliveryFlags {
         qos: delivery.qos,
         retain: delivery.retain,
         dup,
         packet_id,
         subscription_ids: &delivery.subscription_ids,
+        topic_alias: alias.map(|choice| OutboundAlias {
+            alias: choice.alias(),
+            with_topic: choice.sends_topic(),
+        }),
     };
     match delivery.message.write_to(out, version, flags) {
         Ok(len) if len <= client_max_packet => {
+            if let (Some(table), Some(choice)) = (aliases_out, alias) {
+                table.commit(&delivery.message.topic, choice);
+            }
             broker.metrics.messages_sent[delivery.qos as usize].increment(1);
             true
         }
@@ -747,5 +1025,13 @@ fn encode_delivery(
             tracing::warn!(%error, "cannot encode delivery");
             false
         }
+    }
+}
+
+/// Resolves with the verdict of the authentication step in progress (never, if none is).
+async fn next_verdict(step: &mut Option<PendingStep>) -> AuthStep {
+    match step {
+        Some(step) => step.await,
+        None => std::future::pending().await,
     }
 }

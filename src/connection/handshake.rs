@@ -4,21 +4,22 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use super::io::Io;
+use crate::auth::{self, AuthStep, Authenticator, StepInput};
 use crate::broker::{Attached, Broker, SessionRequest};
 use crate::codec::{
-    self, topic, ConnAck, ConnAckProperties, Connect, DecodeError, Packet, ProtocolVersion, QoS,
-    ReasonCode,
+    self, topic, Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
+    ProtocolVersion, QoS, ReasonCode,
 };
 
-/// How long a client may take to send CONNECT after the socket opens.
+/// How long a client may take to send CONNECT after the socket opens (and, with enhanced
+/// authentication, to answer each AUTH challenge).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Topic Alias Maximum advertised to v5 clients (aliases they may use towards us).
-pub const TOPIC_ALIAS_MAXIMUM: u16 = 10;
 
 /// A client that passed the handshake.
 pub struct Accepted {
@@ -26,7 +27,21 @@ pub struct Accepted {
     pub attached: Attached,
     /// Keep-alive in force (may be lowered by the broker's maximum).
     pub keep_alive: u16,
+    /// The enhanced authentication method the client used, kept for re-authentication.
+    pub auth: Option<EnhancedAuth>,
 }
+
+/// The enhanced authentication method of a connection (MQTT 5 §4.12).
+pub struct EnhancedAuth {
+    /// The Authentication Method property, which every later AUTH must repeat (MQTT-4.12.0-5).
+    pub method: ByteString,
+    /// The method's implementation.
+    pub authenticator: Arc<dyn Authenticator>,
+}
+
+/// Why a handshake step refused the client: the CONNACK reason and an explanation for v5
+/// clients that accept problem information.
+type Refusal = (ReasonCode, &'static str);
 
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
 /// client was rejected (the rejection CONNACK is flushed) or vanished.
@@ -70,11 +85,37 @@ pub async fn accept<S: AsyncRead + AsyncWrite>(
     let mut connack = ConnAck::default();
     let (client_id, assigned) = match client_identifier(&connect, broker) {
         Ok(v) => v,
-        Err(code) => return reject(io, version, code).await,
+        Err(code) => {
+            let why = "client identifier not valid";
+            return reject(io, version, code, Some((why, &connect))).await;
+        }
     };
-    if let Err(code) = check_connect(&connect, broker) {
-        return reject(io, version, code).await;
+    if let Err((code, why)) = check_connect(&connect, broker) {
+        return reject(io, version, code, Some((why, &connect))).await;
     }
+    let (auth, auth_data) = match &connect.properties.authentication_method {
+        Some(method) if version.is_v5() => {
+            let Some(authenticator) = broker.authenticators().get(method) else {
+                // MQTT-4.12.0-1
+                let why = "authentication method not supported";
+                let code = ReasonCode::BAD_AUTHENTICATION_METHOD;
+                return reject(io, version, code, Some((why, &connect))).await;
+            };
+            let auth = EnhancedAuth {
+                method: method.clone(),
+                authenticator,
+            };
+            match authenticate(io, broker, shutdown, &connect, &client_id, &auth).await {
+                Ok(data) => (Some(auth), data),
+                Err(Some((code, why))) => {
+                    tracing::info!(%peer, client = %client_id, method = %auth.method, reason = ?code, "authentication failed");
+                    return reject(io, version, code, Some((why, &connect))).await;
+                }
+                Err(None) => return None,
+            }
+        }
+        _ => (None, None),
+    };
 
     let config = broker.config();
     let too_long = connect.keep_alive == 0 || connect.keep_alive > config.max_keepalive;
@@ -83,7 +124,9 @@ pub async fn accept<S: AsyncRead + AsyncWrite>(
         // v5: the broker imposes its maximum through Server Keep Alive (MQTT-3.2.2-21).
         (true, true) => config.max_keepalive,
         // 3.x has no way to say so; refuse, as Mosquitto does.
-        (true, false) => return reject(io, version, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID).await,
+        (true, false) => {
+            return reject(io, version, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, None).await
+        }
     };
     let expiry_interval = if version.is_v5() {
         connect
@@ -113,14 +156,142 @@ pub async fn accept<S: AsyncRead + AsyncWrite>(
             assigned.then_some(client_id),
             expiry_interval,
         );
+        if let Some(auth) = &auth {
+            connack.properties.authentication_method = Some(auth.method.clone()); // MQTT-4.12.0-5
+            connack.properties.authentication_data = auth_data;
+        }
     }
-    io.queue(&Packet::ConnAck(connack), version);
+    let client_max = client_max_packet(&connect);
+    io.queue_within(&Packet::ConnAck(connack), version, client_max);
     tracing::debug!(%peer, client = %attached.session.client_id, ?version, "connected");
     Some(Accepted {
         connect,
         attached,
         keep_alive,
+        auth,
     })
+}
+
+/// Whether the client lets us send Reason Strings and User Properties (v5 Request Problem
+/// Information, default 1; MQTT-3.1.2-29). Always false for 3.x, which has neither.
+pub fn wants_problem_info(connect: &Connect) -> bool {
+    connect.protocol.is_v5() && connect.properties.request_problem_information != Some(false)
+}
+
+/// The largest packet the client accepts (v5 Maximum Packet Size; unlimited otherwise).
+pub fn client_max_packet(connect: &Connect) -> usize {
+    connect
+        .properties
+        .maximum_packet_size
+        .map_or(usize::MAX, |m| m as usize)
+}
+
+/// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict.
+/// `Ok` carries the Authentication Data for CONNACK; `Err(None)` means the client left.
+async fn authenticate<S: AsyncRead + AsyncWrite>(
+    io: &mut Io<S>,
+    broker: &Arc<Broker>,
+    shutdown: &CancellationToken,
+    connect: &Connect,
+    client_id: &ByteString,
+    auth: &EnhancedAuth,
+) -> Result<Option<Bytes>, Option<Refusal>> {
+    let client_max = client_max_packet(connect);
+    let mut step = auth::run_step(
+        Arc::clone(&auth.authenticator),
+        StepInput::Start(client_id.to_string()),
+        connect.properties.authentication_data.clone(),
+    )
+    .await;
+    loop {
+        let state = match step {
+            AuthStep::Success(data) => return Ok(data),
+            AuthStep::Fail(code) => {
+                return Err(Some((connack_failure(code), "authentication failed")))
+            }
+            AuthStep::Continue { data, state } => {
+                let challenge = Auth {
+                    reason_code: ReasonCode::CONTINUE_AUTHENTICATION, // MQTT-4.12.0-2
+                    properties: AuthProperties {
+                        authentication_method: Some(auth.method.clone()),
+                        authentication_data: data,
+                        ..Default::default()
+                    },
+                };
+                io.queue_within(&Packet::Auth(challenge), ProtocolVersion::V5, client_max);
+                match tokio::time::timeout(CONNECT_TIMEOUT, io.flush()).await {
+                    Ok(Ok(())) => {}
+                    _ => return Err(None),
+                }
+                state
+            }
+        };
+        let answer = match next_packet(io, broker, shutdown).await {
+            Ok(Some(p)) => p,
+            Ok(None) => return Err(None),
+            Err(refusal) => return Err(Some(refusal)),
+        };
+        let data = match answer {
+            Packet::Auth(a)
+                if a.reason_code == ReasonCode::CONTINUE_AUTHENTICATION
+                    && a.properties.authentication_method.as_ref() == Some(&auth.method) =>
+            {
+                a.properties.authentication_data // MQTT-4.12.0-3
+            }
+            Packet::Auth(_) => {
+                let why = "AUTH must be 0x18 with the method of CONNECT";
+                return Err(Some((ReasonCode::PROTOCOL_ERROR, why)));
+            }
+            Packet::Disconnect(_) => return Err(None),
+            _ => {
+                // MQTT-3.1.2-30 (list: -33): only AUTH or DISCONNECT before CONNACK.
+                let why = "only AUTH or DISCONNECT may follow CONNECT before CONNACK";
+                return Err(Some((ReasonCode::PROTOCOL_ERROR, why)));
+            }
+        };
+        step = auth::run_step(
+            Arc::clone(&auth.authenticator),
+            StepInput::Continue(state),
+            data,
+        )
+        .await;
+    }
+}
+
+/// Reads the next packet during the handshake, within [`CONNECT_TIMEOUT`].
+async fn next_packet<S: AsyncRead + AsyncWrite>(
+    io: &mut Io<S>,
+    broker: &Broker,
+    shutdown: &CancellationToken,
+) -> Result<Option<Packet>, Refusal> {
+    let max_packet = broker.config().max_packet_size as usize;
+    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        match codec::decode(&mut io.rbuf, Some(ProtocolVersion::V5), max_packet) {
+            Ok(Some(packet)) => return Ok(Some(packet)),
+            Ok(None) => {}
+            Err(error) => {
+                broker.metrics.malformed_packets.increment(1);
+                return Err((error.reason_code(), "malformed packet"));
+            }
+        }
+        let read = tokio::select! {
+            r = tokio::time::timeout_at(deadline, io.read_some()) => r,
+            _ = shutdown.cancelled() => return Ok(None),
+        };
+        match read {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return Ok(None),
+        }
+    }
+}
+
+/// A failure reason an authenticator gave, as a code CONNACK may carry (0x87 otherwise).
+fn connack_failure(code: ReasonCode) -> ReasonCode {
+    match code.0 {
+        0x80..=0x8A | 0x8C | 0x97 | 0x9F => code,
+        _ => ReasonCode::NOT_AUTHORIZED,
+    }
 }
 
 /// The client id to use, and whether the broker assigned it (MQTT-3.1.3-6, MQTT-3.1.3-8).
@@ -149,29 +320,54 @@ fn client_identifier(connect: &Connect, broker: &Broker) -> Result<(ByteString, 
 }
 
 /// Authentication and will checks that can refuse the connection.
-fn check_connect(connect: &Connect, broker: &Broker) -> Result<(), ReasonCode> {
+fn check_connect(connect: &Connect, broker: &Broker) -> Result<(), Refusal> {
     let config = broker.config();
-    if connect.properties.authentication_method.is_some() {
-        // No enhanced authentication method is offered yet (MQTT-4.12.0-1).
-        return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
-    }
-    // No user store yet: with anonymous access off, nobody can be authenticated.
-    if !broker.allow_anonymous() {
+    // No user store yet: with anonymous access off, only enhanced authentication can
+    // authenticate a client (the exchange runs after these checks).
+    let enhanced = connect.protocol.is_v5() && connect.properties.authentication_method.is_some();
+    if !broker.allow_anonymous() && !enhanced {
         return Err(if connect.username.is_some() {
-            ReasonCode::BAD_USER_NAME_OR_PASSWORD
+            (
+                ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+                "bad user name or password",
+            )
         } else {
-            ReasonCode::NOT_AUTHORIZED
+            (
+                ReasonCode::NOT_AUTHORIZED,
+                "anonymous access is not allowed",
+            )
         });
     }
     if let Some(will) = &connect.will {
         if topic::topic_name_error(&will.topic).is_some() {
-            return Err(ReasonCode::TOPIC_NAME_INVALID);
+            return Err((
+                ReasonCode::TOPIC_NAME_INVALID,
+                "will topic is not a valid topic name",
+            ));
         }
         if will.qos as u8 > config.max_qos {
-            return Err(ReasonCode::QOS_NOT_SUPPORTED); // MQTT-3.2.2-12
+            // MQTT-3.2.2-12
+            return Err((
+                ReasonCode::QOS_NOT_SUPPORTED,
+                "will QoS above the maximum QoS",
+            ));
         }
         if will.retain && !config.retain_available {
-            return Err(ReasonCode::RETAIN_NOT_SUPPORTED); // MQTT-3.2.2-13
+            // MQTT-3.2.2-13
+            return Err((
+                ReasonCode::RETAIN_NOT_SUPPORTED,
+                "retained messages are not available",
+            ));
+        }
+        if config.validate_utf8_payload
+            && will.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&will.payload).is_err()
+        {
+            // v5 §3.1.3.2.3: the Server MAY validate the will payload's format.
+            return Err((
+                ReasonCode::PAYLOAD_FORMAT_INVALID,
+                "will payload is not valid UTF-8",
+            ));
         }
     }
     Ok(())
@@ -187,33 +383,59 @@ fn connack_properties(
 ) -> ConnAckProperties {
     let config = broker.config();
     let requested_expiry = connect.properties.session_expiry_interval.unwrap_or(0);
+    // Only when asked (MQTT-3.1.2-28: a request of 0 means none) and configured.
+    let response_information = config
+        .response_information
+        .as_ref()
+        .filter(|_| connect.properties.request_response_information == Some(true))
+        .map(|info| ByteString::from(info.clone()));
     ConnAckProperties {
         assigned_client_identifier: assigned_client_id,
         session_expiry_interval: (expiry_interval != requested_expiry).then_some(expiry_interval),
         server_keep_alive: (keep_alive != connect.keep_alive).then_some(keep_alive),
+        // Absent means 65535 (v5 §3.2.2.3.3).
+        receive_maximum: (config.receive_maximum != u16::MAX).then_some(config.receive_maximum),
         maximum_qos: (config.max_qos < 2)
             .then(|| QoS::from_u8(config.max_qos).unwrap_or(QoS::AtMostOnce)),
         retain_available: (!config.retain_available).then_some(false),
         maximum_packet_size: Some(config.max_packet_size),
-        topic_alias_maximum: Some(TOPIC_ALIAS_MAXIMUM),
-        shared_subscription_available: Some(false),
+        // Absent means 0: the client must not use aliases (MQTT-3.2.2-18).
+        topic_alias_maximum: (config.topic_alias_maximum > 0).then_some(config.topic_alias_maximum),
+        wildcard_subscription_available: (!config.wildcard_subscription_available).then_some(false),
+        subscription_identifiers_available: (!config.subscription_identifier_available)
+            .then_some(false),
+        shared_subscription_available: (!config.shared_subscription_available).then_some(false),
+        response_information,
         ..Default::default()
     }
 }
 
 /// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0) and lets the caller close.
+/// With `explain = Some((why, connect))`, `why` becomes the v5 Reason String if the client
+/// accepts problem information, and the CONNACK respects its Maximum Packet Size.
 async fn reject<S: AsyncRead + AsyncWrite>(
     io: &mut Io<S>,
     version: ProtocolVersion,
     code: ReasonCode,
+    explain: Option<(&str, &Connect)>,
 ) -> Option<Accepted> {
     tracing::info!(?version, reason = ?code, "connection refused");
+    let (reason_string, client_max) = match explain {
+        Some((why, connect)) => (
+            wants_problem_info(connect).then(|| ByteString::from(why.to_owned())),
+            client_max_packet(connect),
+        ),
+        None => (None, usize::MAX),
+    };
     let connack = ConnAck {
         session_present: false,
         reason_code: code,
-        properties: ConnAckProperties::default(),
+        properties: ConnAckProperties {
+            reason_string,
+            ..Default::default()
+        },
     };
-    io.queue(&Packet::ConnAck(connack), version);
+    io.queue_within(&Packet::ConnAck(connack), version, client_max);
     let _ = tokio::time::timeout(Duration::from_secs(1), io.flush()).await;
     None
 }
@@ -232,14 +454,15 @@ async fn reject_undecodable<S: AsyncRead + AsyncWrite>(
                 io,
                 ProtocolVersion::V3_1_1,
                 ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+                None,
             )
             .await;
         }
         (_, Some(ProtocolVersion::V5)) => {
-            reject(io, ProtocolVersion::V5, error.reason_code()).await;
+            reject(io, ProtocolVersion::V5, error.reason_code(), None).await;
         }
         (DecodeError::ClientIdNotValid, Some(v)) => {
-            reject(io, v, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID).await;
+            reject(io, v, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, None).await;
         }
         _ => {} // 3.x malformed CONNECT: close without CONNACK (MQTT-3.1.4-1)
     }

@@ -5,6 +5,39 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, Wr
 
 use crate::codec::{self, Packet, ProtocolVersion};
 
+/// Removes the Reason String and User Properties of a packet.
+fn strip_problem_info(packet: &mut Packet) {
+    let (reason, users) = match packet {
+        Packet::ConnAck(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::PubAck(p) | Packet::PubRec(p) | Packet::PubRel(p) | Packet::PubComp(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::SubAck(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::UnsubAck(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::Disconnect(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::Auth(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        _ => return,
+    };
+    *reason = None;
+    users.clear();
+}
+
 /// Bytes reserved before each socket read. Small, so idle connections stay cheap; a busy
 /// connection's reads still fill whole chunks because the buffer grows to what arrives.
 pub const READ_CHUNK: usize = 4096;
@@ -51,6 +84,30 @@ impl<S: AsyncRead + AsyncWrite> Io<S> {
     pub fn queue(&mut self, packet: &Packet, version: ProtocolVersion) {
         if let Err(e) = codec::encode(packet, version, &mut self.wbuf) {
             tracing::warn!(packet = packet.name(), error = %e, "cannot encode packet");
+        }
+    }
+
+    /// Appends a control packet that must fit the peer's Maximum Packet Size: if it does not,
+    /// its Reason String and User Properties are dropped (they are the only optional parts
+    /// the spec lets a sender leave out, MQTT-3.2.2-19/20 and alike); if it still does not,
+    /// it is not sent.
+    pub fn queue_within(&mut self, packet: &Packet, version: ProtocolVersion, max: usize) {
+        let start = self.wbuf.len();
+        self.queue(packet, version);
+        if self.wbuf.len() - start <= max {
+            return;
+        }
+        self.wbuf.truncate(start);
+        let mut slim = packet.clone();
+        strip_problem_info(&mut slim);
+        self.queue(&slim, version);
+        if self.wbuf.len() - start > max {
+            self.wbuf.truncate(start);
+            tracing::debug!(
+                packet = packet.name(),
+                max,
+                "packet above the peer's maximum size not sent"
+            );
         }
     }
 

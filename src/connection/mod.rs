@@ -7,6 +7,7 @@ mod client;
 mod gated;
 mod handshake;
 mod io;
+pub mod topic_alias;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod rumq;
+pub mod v5;
 
 use bytes::BytesMut;
 use postbox::codec::{self, Packet, ProtocolVersion};

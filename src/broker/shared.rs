@@ -1,0 +1,335 @@
+//! Shared subscriptions (`$share/{group}/{filter}`, MQTT 5 §4.8.2): each matching message goes
+//! to exactly one member of each group.
+//!
+//! A group is identified by its whole filter string (`$share/g/a/+` and `$share/g/b` are two
+//! groups, as the spec says). The index has its own [`TopicTree`] from the *inner* filter to
+//! group ids, so the non-shared index and its hot path are untouched; routing asks this index
+//! only when at least one group exists.
+//!
+//! Member choice prefers connected members; a message is queued for an offline member only
+//! when no member is connected. Strategies ([`SharedStrategy`]): round-robin, random, or a
+//! hash of the topic name (one topic sticks to one member while membership is unchanged).
+//!
+//! Locking: the index sits behind the broker's `shared` lock, which ranks like the topic tree
+//! (after the sessions map, before any session's state). Choosing a member briefly locks
+//! candidate sessions to see whether they are connected, which that order allows; nobody
+//! takes this lock while holding a session lock.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytestring::ByteString;
+use foldhash::fast::RandomState;
+
+use super::message::SessionId;
+use super::session::Session;
+use super::topic_tree::TopicTree;
+use crate::codec::SubscriptionOptions;
+use crate::config::SharedStrategy;
+
+/// Identifies a group inside the index (cheap to store in the topic tree).
+type GroupId = u64;
+
+/// One session's membership in a group.
+#[derive(Clone, Debug)]
+pub struct Member {
+    /// The subscribing session.
+    pub session: Arc<Session>,
+    /// Its subscription options (granted QoS, Retain As Published).
+    pub options: SubscriptionOptions,
+    /// Its Subscription Identifier, if any.
+    pub identifier: Option<u32>,
+}
+
+/// A shared subscription: its filter and members, in join order.
+#[derive(Debug)]
+struct Group {
+    /// The full `$share/{group}/{filter}` string (how deliveries name their group).
+    key: Arc<str>,
+    /// The inner filter, for removal from the tree.
+    inner: ByteString,
+    members: Vec<Member>,
+    /// Round-robin position; atomic so routing needs only the read lock.
+    cursor: AtomicUsize,
+}
+
+/// All shared subscription groups.
+#[derive(Debug)]
+pub struct SharedSubscriptions {
+    strategy: SharedStrategy,
+    tree: TopicTree<GroupId, ()>,
+    groups: HashMap<GroupId, Group, RandomState>,
+    by_key: HashMap<Arc<str>, GroupId, RandomState>,
+    next_id: GroupId,
+    /// Hashes topic names for the `hash` strategy (fixed for the life of the process).
+    hasher: RandomState,
+}
+
+/// The member chosen for one message of one group.
+#[derive(Debug)]
+pub struct Pick {
+    /// The group's full filter.
+    pub key: Arc<str>,
+    /// Who gets it, with which options.
+    pub member: Member,
+}
+
+impl SharedSubscriptions {
+    /// An empty index using `strategy` to pick members.
+    pub fn new(strategy: SharedStrategy) -> SharedSubscriptions {
+        SharedSubscriptions {
+            strategy,
+            tree: TopicTree::new(),
+            groups: HashMap::default(),
+            by_key: HashMap::default(),
+            next_id: 1,
+            hasher: RandomState::default(),
+        }
+    }
+
+    /// True when no group exists (routing can skip the index).
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Total memberships across groups (for the subscriptions gauge).
+    pub fn len(&self) -> usize {
+        self.groups.values().map(|g| g.members.len()).sum()
+    }
+
+    /// Adds `member` to the group `key` (= `$share/{group}/{inner}`), or replaces its options
+    /// if it is a member already. Returns whether it was a member already.
+    pub fn subscribe(&mut self, key: &str, inner: &str, member: Member) -> bool {
+        let id = match self.by_key.get(key) {
+            Some(&id) => id,
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                let key: Arc<str> = Arc::from(key);
+                self.tree.insert(inner, id, ());
+                self.by_key.insert(Arc::clone(&key), id);
+                self.groups.insert(
+                    id,
+                    Group {
+                        key,
+                        inner: ByteString::from(inner.to_owned()),
+                        members: Vec::new(),
+                        cursor: AtomicUsize::new(0),
+                    },
+                );
+                id
+            }
+        };
+        let Some(group) = self.groups.get_mut(&id) else {
+            return false;
+        };
+        match group
+            .members
+            .iter_mut()
+            .find(|m| m.session.id == member.session.id)
+        {
+            Some(existing) => {
+                *existing = member;
+                true
+            }
+            None => {
+                group.members.push(member);
+                false
+            }
+        }
+    }
+
+    /// Removes `session` from group `key`; the group goes when its last member leaves.
+    /// Returns whether it was a member.
+    pub fn unsubscribe(&mut self, key: &str, session: SessionId) -> bool {
+        let Some(&id) = self.by_key.get(key) else {
+            return false;
+        };
+        let Some(group) = self.groups.get_mut(&id) else {
+            return false;
+        };
+        let before = group.members.len();
+        group.members.retain(|m| m.session.id != session);
+        let removed = group.members.len() != before;
+        if group.members.is_empty() {
+            if let Some(group) = self.groups.remove(&id) {
+                self.tree.remove(&group.inner, id);
+                self.by_key.remove(&group.key);
+            }
+        }
+        removed
+    }
+
+    /// Picks one member of every group whose filter matches `topic`.
+    pub fn pick_for_topic(&self, topic: &str, mut f: impl FnMut(Pick)) {
+        let mut ids: smallvec::SmallVec<[GroupId; 4]> = smallvec::SmallVec::new();
+        self.tree.for_each_match(topic, |id, _| ids.push(*id));
+        for id in ids {
+            if let Some(group) = self.groups.get(&id) {
+                if let Some(member) = self.choose(group, topic, None, false) {
+                    f(Pick {
+                        key: Arc::clone(&group.key),
+                        member: member.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Picks a member of group `key` other than `exclude` for a message on `topic`, e.g. to
+    /// take over what a leaving member held. With `connected_only`, `None` unless a connected
+    /// member other than `exclude` exists.
+    pub fn pick_other(
+        &self,
+        key: &str,
+        topic: &str,
+        exclude: SessionId,
+        connected_only: bool,
+    ) -> Option<Member> {
+        let group = self.groups.get(self.by_key.get(key)?)?;
+        self.choose(group, topic, Some(exclude), connected_only)
+            .cloned()
+    }
+
+    /// True if group `key` has a connected member other than `exclude`.
+    pub fn has_other_connected(&self, key: &str, exclude: SessionId) -> bool {
+        self.by_key
+            .get(key)
+            .and_then(|id| self.groups.get(id))
+            .is_some_and(|g| {
+                g.members
+                    .iter()
+                    .any(|m| m.session.id != exclude && is_connected(&m.session))
+            })
+    }
+
+    /// The strategy's starting member, then the first connected one from there; failing that
+    /// (and unless `connected_only`), the starting member itself even though it is offline.
+    fn choose<'g>(
+        &self,
+        group: &'g Group,
+        topic: &str,
+        exclude: Option<SessionId>,
+        connected_only: bool,
+    ) -> Option<&'g Member> {
+        let n = group.members.len();
+        if n == 0 {
+            return None;
+        }
+        let start = match self.strategy {
+            SharedStrategy::RoundRobin => group.cursor.fetch_add(1, Ordering::Relaxed),
+            SharedStrategy::Random => rand::random::<u32>() as usize,
+            SharedStrategy::Hash => self.hasher.hash_one(topic) as usize,
+        } % n;
+        let candidates = (0..n)
+            .map(|i| &group.members[(start + i) % n])
+            .filter(|m| Some(m.session.id) != exclude);
+        let mut fallback = None;
+        for m in candidates {
+            if is_connected(&m.session) {
+                return Some(m);
+            }
+            fallback.get_or_insert(m);
+        }
+        if connected_only {
+            None
+        } else {
+            fallback
+        }
+    }
+}
+
+/// Whether a connection is attached to the session (takes its lock briefly).
+fn is_connected(session: &Session) -> bool {
+    let st = session.lock();
+    st.connection.is_some() && !st.ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::ProtocolVersion;
+
+    fn member(id: SessionId) -> Member {
+        Member {
+            session: Arc::new(Session::new(
+                id,
+                format!("c{id}").into(),
+                ProtocolVersion::V5,
+                0,
+            )),
+            options: SubscriptionOptions::default(),
+            identifier: None,
+        }
+    }
+
+    fn picks(s: &SharedSubscriptions, topic: &str) -> Vec<SessionId> {
+        let mut out = Vec::new();
+        s.pick_for_topic(topic, |p| out.push(p.member.session.id));
+        out
+    }
+
+    #[test]
+    fn one_member_per_group_and_groups_are_independent() {
+        let mut s = SharedSubscriptions::new(SharedStrategy::RoundRobin);
+        let key = ByteString::from("$share/g/a/+");
+        assert!(!s.subscribe(&key, "a/+", member(1)));
+        assert!(!s.subscribe(&key, "a/+", member(2)));
+        assert!(s.subscribe(&key, "a/+", member(2)), "re-subscribe replaces");
+        let other = ByteString::from("$share/h/a/#");
+        s.subscribe(&other, "a/#", member(3));
+        assert_eq!(s.len(), 3);
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let p = picks(&s, "a/x");
+            assert_eq!(p.len(), 2, "one per group: {p:?}");
+            assert!(p.contains(&3));
+            seen.extend(p.into_iter().filter(|id| *id != 3));
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, [1, 1, 2, 2], "round-robin alternates");
+        assert!(picks(&s, "b").is_empty());
+    }
+
+    #[test]
+    fn hash_strategy_is_sticky_per_topic() {
+        let mut s = SharedSubscriptions::new(SharedStrategy::Hash);
+        let key = ByteString::from("$share/g/#");
+        for id in 1..=5 {
+            s.subscribe(&key, "#", member(id));
+        }
+        for topic in ["a", "b/c", "d/e/f"] {
+            let first = picks(&s, topic);
+            for _ in 0..10 {
+                assert_eq!(picks(&s, topic), first, "{topic}");
+            }
+        }
+    }
+
+    #[test]
+    fn last_member_leaving_removes_the_group() {
+        let mut s = SharedSubscriptions::new(SharedStrategy::Random);
+        let key = ByteString::from("$share/g/t");
+        s.subscribe(&key, "t", member(1));
+        assert!(!s.unsubscribe(&key, 2));
+        assert!(s.unsubscribe(&key, 1));
+        assert!(s.is_empty());
+        assert!(picks(&s, "t").is_empty());
+        assert!(!s.unsubscribe(&key, 1));
+    }
+
+    #[test]
+    fn pick_other_excludes_and_respects_connected_only() {
+        let mut s = SharedSubscriptions::new(SharedStrategy::RoundRobin);
+        let key = ByteString::from("$share/g/t");
+        s.subscribe(&key, "t", member(1));
+        s.subscribe(&key, "t", member(2));
+        // Nobody is connected in this unit test.
+        assert!(s.pick_other(&key, "t", 1, true).is_none());
+        assert!(!s.has_other_connected(&key, 1));
+        let m = s.pick_other(&key, "t", 1, false).expect("offline fallback");
+        assert_eq!(m.session.id, 2);
+    }
+}

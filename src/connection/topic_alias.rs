@@ -1,0 +1,227 @@
+//! Outbound topic aliases (MQTT 5 §3.3.2.3.4): per connection, least recently used eviction.
+//!
+//! The first PUBLISH on a topic carries the topic name and a new alias; later ones carry only
+//! the alias (empty topic name). When every alias the client allows is taken, the least
+//! recently used one is re-bound to the new topic (the PUBLISH that re-binds it carries the
+//! topic name again, which is how the client learns the new mapping). Aliases never exceed
+//! the client's Topic Alias Maximum (MQTT-3.3.2-11, MQTT-3.1.2-26) and never carry over to
+//! another connection (MQTT-3.3.2-7): the table lives in the connection task.
+//!
+//! Choosing and committing are separate steps, because a PUBLISH may still be dropped after
+//! encoding (larger than the client's Maximum Packet Size): the table only changes once the
+//! packet is really going out, so the client's view and ours never diverge.
+
+use std::collections::HashMap;
+
+use bytestring::ByteString;
+use foldhash::fast::RandomState;
+
+/// No slot (end of the recency list).
+const NIL: u16 = 0;
+
+/// How one PUBLISH uses the alias table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AliasChoice {
+    /// The topic is bound to this alias: send the alias with an empty topic name.
+    Known(u16),
+    /// Bind the topic to this alias (a free one, or the least recently used): send both.
+    Bind(u16),
+}
+
+impl AliasChoice {
+    /// The alias to put in the PUBLISH.
+    pub fn alias(self) -> u16 {
+        match self {
+            AliasChoice::Known(a) | AliasChoice::Bind(a) => a,
+        }
+    }
+
+    /// Whether the topic name must go along with the alias.
+    pub fn sends_topic(self) -> bool {
+        matches!(self, AliasChoice::Bind(_))
+    }
+}
+
+/// One alias slot; slots form a doubly linked recency list (most recent at `head`).
+#[derive(Debug, Default)]
+struct Slot {
+    topic: Option<ByteString>,
+    prev: u16,
+    next: u16,
+}
+
+/// The aliases this connection has bound, at most the client's Topic Alias Maximum.
+#[derive(Debug)]
+pub struct OutboundAliases {
+    /// Aliases the client accepts: 1..=max.
+    max: u16,
+    /// Index = alias; slot 0 is unused (alias 0 is not allowed, MQTT-3.3.2-8).
+    slots: Vec<Slot>,
+    by_topic: HashMap<ByteString, u16, RandomState>,
+    /// Most and least recently used bound aliases; `NIL` when none is bound.
+    head: u16,
+    tail: u16,
+}
+
+impl OutboundAliases {
+    /// A table for a client whose CONNECT said Topic Alias Maximum = `max` (> 0).
+    pub fn new(max: u16) -> OutboundAliases {
+        OutboundAliases {
+            max,
+            slots: vec![Slot::default()],
+            by_topic: HashMap::default(),
+            head: NIL,
+            tail: NIL,
+        }
+    }
+
+    /// What to send for `topic`; does not change the table (see [`Self::commit`]).
+    pub fn choose(&self, topic: &str) -> AliasChoice {
+        if let Some(&alias) = self.by_topic.get(topic) {
+            return AliasChoice::Known(alias);
+        }
+        let bound = self.slots.len() - 1;
+        if bound < usize::from(self.max) {
+            AliasChoice::Bind(bound as u16 + 1)
+        } else {
+            AliasChoice::Bind(self.tail)
+        }
+    }
+
+    /// Records that a PUBLISH using `choice` for `topic` was sent.
+    pub fn commit(&mut self, topic: &ByteString, choice: AliasChoice) {
+        let alias = choice.alias();
+        if alias == NIL || alias > self.max {
+            return; // not a choice this table made
+        }
+        if let AliasChoice::Bind(_) = choice {
+            if usize::from(alias) == self.slots.len() {
+                self.slots.push(Slot::default());
+            } else {
+                self.unlink(alias);
+            }
+            let slot = &mut self.slots[usize::from(alias)];
+            if let Some(old) = slot.topic.replace(topic.clone()) {
+                self.by_topic.remove(&old);
+            }
+            self.by_topic.insert(topic.clone(), alias);
+        } else {
+            self.unlink(alias);
+        }
+        self.push_front(alias);
+    }
+
+    /// Number of aliases bound so far.
+    pub fn len(&self) -> usize {
+        self.by_topic.len()
+    }
+
+    /// True when no alias is bound yet.
+    pub fn is_empty(&self) -> bool {
+        self.by_topic.is_empty()
+    }
+
+    fn unlink(&mut self, alias: u16) {
+        let (prev, next) = {
+            let s = &self.slots[usize::from(alias)];
+            (s.prev, s.next)
+        };
+        if prev == NIL {
+            if self.head == alias {
+                self.head = next;
+            }
+        } else {
+            self.slots[usize::from(prev)].next = next;
+        }
+        if next == NIL {
+            if self.tail == alias {
+                self.tail = prev;
+            }
+        } else {
+            self.slots[usize::from(next)].prev = prev;
+        }
+        let s = &mut self.slots[usize::from(alias)];
+        s.prev = NIL;
+        s.next = NIL;
+    }
+
+    fn push_front(&mut self, alias: u16) {
+        let old_head = self.head;
+        {
+            let s = &mut self.slots[usize::from(alias)];
+            s.prev = NIL;
+            s.next = old_head;
+        }
+        if old_head != NIL {
+            self.slots[usize::from(old_head)].prev = alias;
+        }
+        self.head = alias;
+        if self.tail == NIL {
+            self.tail = alias;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(t: &mut OutboundAliases, topic: &str) -> AliasChoice {
+        let topic = ByteString::from(topic.to_owned());
+        let c = t.choose(&topic);
+        t.commit(&topic, c);
+        c
+    }
+
+    #[test]
+    fn binds_then_reuses() {
+        let mut t = OutboundAliases::new(2);
+        assert_eq!(send(&mut t, "a"), AliasChoice::Bind(1));
+        assert_eq!(send(&mut t, "b"), AliasChoice::Bind(2));
+        assert_eq!(send(&mut t, "a"), AliasChoice::Known(1));
+        assert_eq!(send(&mut t, "b"), AliasChoice::Known(2));
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn evicts_the_least_recently_used() {
+        let mut t = OutboundAliases::new(2);
+        send(&mut t, "a");
+        send(&mut t, "b");
+        send(&mut t, "a"); // b is now the LRU
+        assert_eq!(send(&mut t, "c"), AliasChoice::Bind(2));
+        assert_eq!(send(&mut t, "a"), AliasChoice::Known(1));
+        assert_eq!(send(&mut t, "b"), AliasChoice::Bind(2), "c (LRU) evicted");
+        assert_eq!(send(&mut t, "c"), AliasChoice::Bind(1), "a (LRU) evicted");
+        assert!(t.len() <= 2);
+    }
+
+    #[test]
+    fn choose_without_commit_changes_nothing() {
+        let mut t = OutboundAliases::new(1);
+        send(&mut t, "a");
+        assert_eq!(t.choose("b"), AliasChoice::Bind(1));
+        assert_eq!(t.choose("a"), AliasChoice::Known(1), "a still bound");
+    }
+
+    #[test]
+    fn single_slot_rebinds_every_time() {
+        let mut t = OutboundAliases::new(1);
+        for i in 0..10 {
+            let topic = format!("t{}", i % 3);
+            assert_eq!(send(&mut t, &topic), AliasChoice::Bind(1));
+        }
+        assert_eq!(send(&mut t, "t0"), AliasChoice::Known(1));
+    }
+
+    #[test]
+    fn never_exceeds_the_maximum() {
+        let mut t = OutboundAliases::new(5);
+        for i in 0..1000u32 {
+            let topic = format!("t/{}", (i * 7919) % 13);
+            let c = send(&mut t, &topic);
+            assert!((1..=5).contains(&c.alias()), "{c:?}");
+        }
+        assert_eq!(t.len(), 5);
+    }
+}

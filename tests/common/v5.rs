@@ -1,0 +1,222 @@
+//! Byte-level MQTT 5 helpers on top of [`RawClient`]: connect with chosen properties,
+//! subscribe, publish and wait for the acknowledgement, expect or rule out packets.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use postbox::codec::{
+    ConnAck, Connect, Disconnect, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties,
+    QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
+};
+
+use super::RawClient;
+
+/// The protocol level of every helper here.
+pub const V: ProtocolVersion = ProtocolVersion::V5;
+
+/// A clean-start v5 CONNECT with keep-alive 60 and no properties; adjust fields as needed.
+pub fn connect_packet(client_id: &str) -> Connect {
+    Connect {
+        protocol: V,
+        clean_start: true,
+        keep_alive: 60,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Default::default(),
+    }
+}
+
+/// Sends `connect` and returns the client with the broker's first answer (CONNACK, AUTH, or
+/// `None` if it closed).
+pub async fn open(addr: SocketAddr, connect: Connect) -> (RawClient, Option<Packet>) {
+    let mut c = RawClient::open(addr, V).await;
+    c.send(&Packet::Connect(Box::new(connect))).await;
+    let first = c.recv().await;
+    (c, first)
+}
+
+/// Sends `connect` and expects a successful CONNACK.
+pub async fn connect(addr: SocketAddr, connect: Connect) -> (RawClient, ConnAck) {
+    match open(addr, connect).await {
+        (c, Some(Packet::ConnAck(ack))) if ack.reason_code == ReasonCode::SUCCESS => (c, ack),
+        (_, other) => panic!("expected a successful CONNACK, got {other:?}"),
+    }
+}
+
+/// Connects clean with default properties.
+pub async fn connect_id(addr: SocketAddr, client_id: &str) -> RawClient {
+    connect(addr, connect_packet(client_id)).await.0
+}
+
+/// Subscribes to one filter and returns the SUBACK.
+pub async fn subscribe_with(
+    c: &mut RawClient,
+    filter: &str,
+    options: SubscriptionOptions,
+    identifier: Option<u32>,
+) -> SubAck {
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: 77,
+        subscription_identifier: identifier,
+        filters: vec![(filter.into(), options)],
+        ..Default::default()
+    }))
+    .await;
+    loop {
+        match c.recv().await {
+            Some(Packet::SubAck(ack)) => {
+                assert_eq!(ack.packet_id, 77);
+                return ack;
+            }
+            Some(_) => {}
+            None => panic!("connection closed before SUBACK"),
+        }
+    }
+}
+
+/// Subscribes to one filter at `qos` and asserts it was granted.
+pub async fn subscribe(c: &mut RawClient, filter: &str, qos: QoS) {
+    let ack = subscribe_with(
+        c,
+        filter,
+        SubscriptionOptions {
+            qos,
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
+    assert_eq!(
+        ack.reason_codes,
+        [ReasonCode(qos as u8)],
+        "SUBACK for {filter}"
+    );
+}
+
+/// A PUBLISH with the given fields (packet id 0 for QoS 0, else `id`).
+pub fn publish_packet(topic: &str, qos: QoS, payload: &[u8], id: u16) -> Publish {
+    Publish {
+        qos,
+        topic: topic.into(),
+        packet_id: if qos == QoS::AtMostOnce { 0 } else { id },
+        payload: payload.to_vec().into(),
+        ..Default::default()
+    }
+}
+
+/// Sends a PUBLISH and completes its QoS flow; returns the PUBACK / PUBREC reason code
+/// (SUCCESS for QoS 0). Other packets arriving meanwhile are skipped.
+pub async fn publish(c: &mut RawClient, publish: Publish) -> ReasonCode {
+    let qos = publish.qos;
+    let id = publish.packet_id;
+    c.send(&Packet::Publish(publish)).await;
+    match qos {
+        QoS::AtMostOnce => ReasonCode::SUCCESS,
+        QoS::AtLeastOnce => loop {
+            match c.recv().await {
+                Some(Packet::PubAck(a)) if a.packet_id == id => return a.reason_code,
+                Some(_) => {}
+                None => panic!("closed before PUBACK"),
+            }
+        },
+        QoS::ExactlyOnce => {
+            let code = loop {
+                match c.recv().await {
+                    Some(Packet::PubRec(r)) if r.packet_id == id => break r.reason_code,
+                    Some(_) => {}
+                    None => panic!("closed before PUBREC"),
+                }
+            };
+            if code.is_error() {
+                return code;
+            }
+            c.send(&Packet::PubRel(PubResponse::new(id))).await;
+            loop {
+                match c.recv().await {
+                    Some(Packet::PubComp(p)) if p.packet_id == id => return code,
+                    Some(_) => {}
+                    None => panic!("closed before PUBCOMP"),
+                }
+            }
+        }
+    }
+}
+
+/// Publishes with properties.
+pub async fn publish_props(
+    c: &mut RawClient,
+    topic: &str,
+    qos: QoS,
+    payload: &[u8],
+    properties: PublishProperties,
+) -> ReasonCode {
+    let mut p = publish_packet(topic, qos, payload, 1);
+    p.properties = properties;
+    publish(c, p).await
+}
+
+/// The next packet, which must be a PUBLISH.
+pub async fn expect_publish(c: &mut RawClient) -> Publish {
+    match c.recv().await {
+        Some(Packet::Publish(p)) => p,
+        other => panic!("expected PUBLISH, got {other:?}"),
+    }
+}
+
+/// Acknowledges a received PUBLISH (PUBACK, or PUBREC then PUBCOMP after the PUBREL).
+pub async fn ack(c: &mut RawClient, p: &Publish) {
+    match p.qos {
+        QoS::AtMostOnce => {}
+        QoS::AtLeastOnce => c.send(&Packet::PubAck(PubResponse::new(p.packet_id))).await,
+        QoS::ExactlyOnce => {
+            c.send(&Packet::PubRec(PubResponse::new(p.packet_id))).await;
+            match c.recv().await {
+                Some(Packet::PubRel(r)) if r.packet_id == p.packet_id => {}
+                other => panic!("expected PUBREL, got {other:?}"),
+            }
+            c.send(&Packet::PubComp(PubResponse::new(p.packet_id)))
+                .await;
+        }
+    }
+}
+
+/// Receives the next PUBLISH and acknowledges it.
+pub async fn receive(c: &mut RawClient) -> Publish {
+    let p = expect_publish(c).await;
+    ack(c, &p).await;
+    p
+}
+
+/// Asserts that nothing arrives within `limit` (for "must not be sent" checks; keep short).
+pub async fn expect_silence(c: &mut RawClient, limit: Duration) {
+    if let Ok(p) = c.recv_within(limit).await {
+        panic!("expected nothing, got {p:?}");
+    }
+}
+
+/// Expects the broker to send DISCONNECT with `code` and close.
+pub async fn expect_disconnect(c: &mut RawClient, code: ReasonCode) -> Disconnect {
+    let seen = c.expect_close().await;
+    match seen.last() {
+        Some(Packet::Disconnect(d)) => {
+            assert_eq!(d.reason_code, code, "DISCONNECT reason (seen: {seen:?})");
+            d.clone()
+        }
+        _ => panic!("expected DISCONNECT {code:?} before close, got {seen:?}"),
+    }
+}
+
+/// Sends a normal DISCONNECT and waits for the close.
+pub async fn disconnect(mut c: RawClient) {
+    c.send(&Packet::Disconnect(Disconnect::default())).await;
+    let _ = c.expect_close().await;
+}
+
+/// Sends DISCONNECT with a reason code and properties.
+pub async fn disconnect_with(mut c: RawClient, d: Disconnect) {
+    c.send(&Packet::Disconnect(d)).await;
+    let _ = c.expect_close().await;
+}
