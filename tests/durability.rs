@@ -291,3 +291,42 @@ async fn corrupt_store_is_set_aside_and_the_broker_starts() {
     b.publish("ok", QoS::AtLeastOnce, false, b"yes").await;
     assert_eq!(&a.next_publish().await.payload[..], b"yes");
 }
+
+#[tokio::test]
+async fn delayed_will_survives_a_restart() {
+    // 5.0 MQTT-3.1.2-8: the will is published after the Will Delay Interval, even when the
+    // broker restarts in between (the pending will is stored).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut connect = common::v5::connect_packet("dying");
+    connect.clean_start = false;
+    connect.properties.session_expiry_interval = Some(3600);
+    connect.will = Some(postbox::codec::LastWill {
+        topic: "wills/dying".into(),
+        payload: "gone".into(),
+        qos: Q::AtLeastOnce,
+        retain: false,
+        properties: postbox::codec::WillProperties {
+            will_delay_interval: Some(2),
+            ..Default::default()
+        },
+    });
+    let (dying, _) = common::v5::connect(server.mqtt_addr, connect).await;
+    drop(dying); // abnormal close: the will waits for its delay
+                 // Stop the broker only once it has seen the close (bounded wait on observable state).
+    let deadline = std::time::Instant::now() + common::WAIT;
+    while server.broker.is_connected("dying") {
+        assert!(std::time::Instant::now() < deadline, "close never noticed");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    server.shutdown().await;
+
+    let server = common::start_with(durable_config(dir.path())).await;
+    let mut watcher = V4::connect(server.mqtt_addr, "watcher", true).await;
+    watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
+    let will = watcher.next_publish().await;
+    assert_eq!(
+        (will.topic.as_str(), &will.payload[..]),
+        ("wills/dying", &b"gone"[..])
+    );
+}

@@ -824,6 +824,14 @@ impl Broker {
         self.auth.allow_anonymous
     }
 
+    /// Whether a client with this id currently has a live connection (for operators and tests).
+    pub fn is_connected(&self, client_id: &str) -> bool {
+        self.sessions
+            .lock()
+            .get(client_id)
+            .is_some_and(|s| s.lock().connection.is_some())
+    }
+
     /// Number of sessions currently known (connected or not).
     pub fn session_count(&self) -> usize {
         self.sessions.lock().len()
