@@ -158,6 +158,32 @@ async fn publish_all(addr: SocketAddr, qos: QoS, progress: Arc<AtomicUsize>) -> 
     acked
 }
 
+/// Acknowledges one broker packet as a receiving client must; returns the message number of
+/// a PUBLISH.
+async fn answer(client: &mut RawClient, qos: QoS, packet: Packet) -> Option<u32> {
+    match packet {
+        Packet::Publish(p) => {
+            let n = std::str::from_utf8(&p.payload)
+                .expect("utf8")
+                .parse()
+                .expect("number");
+            let ack = PubResponse::new(p.packet_id);
+            match qos {
+                QoS::AtLeastOnce => client.send(&Packet::PubAck(ack)).await,
+                _ => client.send(&Packet::PubRec(ack)).await,
+            }
+            Some(n)
+        }
+        Packet::PubRel(r) => {
+            client
+                .send(&Packet::PubComp(PubResponse::new(r.packet_id)))
+                .await;
+            None
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
 /// Reconnects a subscriber and collects message numbers until every one of `expected` has
 /// arrived, acknowledging each as the protocol requires.
 async fn collect(addr: SocketAddr, id: &str, qos: QoS, expected: &[u32]) -> Vec<u32> {
@@ -172,38 +198,15 @@ async fn collect(addr: SocketAddr, id: &str, qos: QoS, expected: &[u32]) -> Vec<
                 missing.iter().next()
             );
         };
-        match next {
-            Some(Packet::Publish(p)) => {
-                let n: u32 = std::str::from_utf8(&p.payload)
-                    .expect("utf8")
-                    .parse()
-                    .expect("number");
-                missing.remove(&n);
-                seen.push(n);
-                match qos {
-                    QoS::AtLeastOnce => {
-                        client
-                            .send(&Packet::PubAck(PubResponse::new(p.packet_id)))
-                            .await
-                    }
-                    _ => {
-                        client
-                            .send(&Packet::PubRec(PubResponse::new(p.packet_id)))
-                            .await
-                    }
-                }
-            }
-            Some(Packet::PubRel(r)) => {
-                client
-                    .send(&Packet::PubComp(PubResponse::new(r.packet_id)))
-                    .await
-            }
-            Some(other) => panic!("unexpected {other:?}"),
-            None => panic!(
-                "{id}: connection closed with {} messages missing, e.g. {:?}",
-                missing.len(),
-                missing.iter().next()
-            ),
+        let Some(packet) = next else {
+            panic!(
+                "{id}: connection closed with {} messages missing",
+                missing.len()
+            );
+        };
+        if let Some(n) = answer(&mut client, qos, packet).await {
+            missing.remove(&n);
+            seen.push(n);
         }
     }
     // Anything still queued after the last expected number (duplicates) arrives before this.
@@ -211,32 +214,8 @@ async fn collect(addr: SocketAddr, id: &str, qos: QoS, expected: &[u32]) -> Vec<
     loop {
         match client.recv().await {
             Some(Packet::PingResp) => break,
-            Some(Packet::Publish(p)) => {
-                seen.push(
-                    std::str::from_utf8(&p.payload)
-                        .expect("utf8")
-                        .parse()
-                        .expect("number"),
-                );
-                match qos {
-                    QoS::AtLeastOnce => {
-                        client
-                            .send(&Packet::PubAck(PubResponse::new(p.packet_id)))
-                            .await
-                    }
-                    _ => {
-                        client
-                            .send(&Packet::PubRec(PubResponse::new(p.packet_id)))
-                            .await
-                    }
-                }
-            }
-            Some(Packet::PubRel(r)) => {
-                client
-                    .send(&Packet::PubComp(PubResponse::new(r.packet_id)))
-                    .await
-            }
-            other => panic!("{other:?}"),
+            Some(packet) => seen.extend(answer(&mut client, qos, packet).await),
+            None => panic!("{id}: connection closed"),
         }
     }
     seen

@@ -3,73 +3,25 @@
 
 mod common;
 
-use std::process::Stdio;
-use std::time::Duration;
-
-use common::WAIT;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use common::mosquitto::{mosquitto_pub, MosquittoSub};
 
 const VERSIONS: [&str; 3] = ["mqttv31", "mqttv311", "mqttv5"];
 
-/// A running `mosquitto_sub` whose output lines (debug and messages) arrive on a channel.
-struct Sub {
-    child: Child,
-    lines: mpsc::UnboundedReceiver<String>,
-}
+/// `mosquitto_sub` printing messages as `MSG|topic|qos|retain|payload`.
+struct Sub(MosquittoSub);
 
 impl Sub {
-    /// Starts `mosquitto_sub -d` with `args`, printing messages as `MSG|topic|qos|retain|payload`.
     fn spawn(port: u16, args: &[&str]) -> Sub {
-        // stdbuf: line-buffered stdout, so debug lines (SUBACK) arrive when they happen.
-        let mut child = Command::new("stdbuf")
-            .args([
-                "-oL",
-                "mosquitto_sub",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-d",
-                "-F",
-                "MSG|%t|%q|%r|%p",
-            ])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("mosquitto_sub is installed (apt-get install mosquitto-clients)");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Sub { child, lines }
+        let mut all = vec!["-F", "MSG|%t|%q|%r|%p"];
+        all.extend_from_slice(args);
+        Sub(MosquittoSub::spawn(port, &all))
     }
 
-    /// Waits for a line containing `needle`; panics after `WAIT`.
     async fn wait_for(&mut self, needle: &str) -> String {
-        tokio::time::timeout(WAIT, async {
-            loop {
-                match self.lines.recv().await {
-                    Some(line) if line.contains(needle) => return line,
-                    Some(_) => {}
-                    None => panic!("mosquitto_sub ended before printing {needle:?}"),
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {needle:?}"))
+        self.0.wait_for(needle).await
     }
 
-    /// The next `n` message lines, then waits for the process to exit by itself.
+    /// The next `n` message lines.
     async fn messages(&mut self, n: usize) -> Vec<String> {
         let mut out = Vec::new();
         while out.len() < n {
@@ -78,30 +30,9 @@ impl Sub {
         out
     }
 
-    async fn exit_ok(mut self) {
-        let status = tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .expect("mosquitto_sub exits")
-            .expect("wait");
-        assert!(status.success(), "mosquitto_sub failed: {status}");
+    async fn exit_ok(self) {
+        self.0.exit_ok().await
     }
-}
-
-/// Runs `mosquitto_pub` to completion and asserts success.
-async fn mosquitto_pub(port: u16, args: &[&str]) {
-    let status = tokio::time::timeout(
-        WAIT,
-        Command::new("mosquitto_pub")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .status(),
-    )
-    .await
-    .expect("mosquitto_pub finishes")
-    .expect("mosquitto_pub is installed (apt-get install mosquitto-clients)");
-    assert!(status.success(), "mosquitto_pub {args:?} failed: {status}");
 }
 
 #[tokio::test]
@@ -210,5 +141,4 @@ async fn persistent_session_receives_what_it_missed() {
         assert_eq!(got, expected, "queued messages, in order, exactly once");
         sub.exit_ok().await;
     }
-    let _ = Duration::ZERO;
 }

@@ -7,16 +7,12 @@
 
 mod common;
 
-use std::process::Stdio;
-
+use common::mosquitto::{mosquitto_pub, MosquittoSub};
 use common::rumq::{V4, V5};
 use common::v5;
-use common::{RawClient, WAIT};
+use common::RawClient;
 use postbox::codec::{Packet, ProtocolVersion, PublishProperties, QoS};
 use postbox::config::OutboundTopicAliases;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
 
 #[tokio::test]
 async fn v5_publisher_to_311_subscriber_drops_properties_and_downgrades_qos() {
@@ -102,77 +98,6 @@ async fn rumqttc_v4_and_v5_share_topics_both_ways() {
         (&got.payload[..], got.qos),
         (&b"hi four"[..], rumqttc::QoS::AtMostOnce)
     );
-}
-
-/// `mosquitto_sub -d` with `args`, its output lines on a channel.
-struct MosquittoSub {
-    _child: Child,
-    lines: mpsc::UnboundedReceiver<String>,
-}
-
-impl MosquittoSub {
-    fn spawn(port: u16, args: &[&str]) -> MosquittoSub {
-        let mut child = Command::new("stdbuf")
-            .args([
-                "-oL",
-                "mosquitto_sub",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-d",
-            ])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("mosquitto_sub is installed (apt-get install mosquitto-clients)");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        MosquittoSub {
-            _child: child,
-            lines,
-        }
-    }
-
-    async fn wait_for(&mut self, needle: &str) -> String {
-        tokio::time::timeout(WAIT, async {
-            loop {
-                match self.lines.recv().await {
-                    Some(line) if line.contains(needle) => return line,
-                    Some(_) => {}
-                    None => panic!("mosquitto_sub ended before printing {needle:?}"),
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("timed out waiting for {needle:?}"))
-    }
-}
-
-async fn mosquitto_pub(port: u16, args: &[&str]) {
-    let status = tokio::time::timeout(
-        WAIT,
-        Command::new("mosquitto_pub")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .status(),
-    )
-    .await
-    .expect("mosquitto_pub finishes")
-    .expect("mosquitto_pub is installed");
-    assert!(status.success(), "mosquitto_pub {args:?} failed: {status}");
 }
 
 #[tokio::test]

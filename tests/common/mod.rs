@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub mod mosquitto;
 pub mod rumq;
 pub mod v5;
 

@@ -1,0 +1,91 @@
+//! Mosquitto's command-line clients as test peers (`apt-get install mosquitto-clients`).
+#![allow(dead_code)]
+
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use super::WAIT;
+
+/// A running `mosquitto_sub -d` whose output lines (debug and messages) arrive on a channel.
+pub struct MosquittoSub {
+    pub child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+}
+
+impl MosquittoSub {
+    /// Starts `mosquitto_sub -d ARGS` against 127.0.0.1:`port`.
+    pub fn spawn(port: u16, args: &[&str]) -> MosquittoSub {
+        // stdbuf: line-buffered stdout, so debug lines (SUBACK) arrive when they happen.
+        let mut child = Command::new("stdbuf")
+            .args([
+                "-oL",
+                "mosquitto_sub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-d",
+            ])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("mosquitto_sub is installed (apt-get install mosquitto-clients)");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        MosquittoSub { child, lines }
+    }
+
+    /// Waits for a line containing `needle`; panics after `WAIT`.
+    pub async fn wait_for(&mut self, needle: &str) -> String {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match self.lines.recv().await {
+                    Some(line) if line.contains(needle) => return line,
+                    Some(_) => {}
+                    None => panic!("mosquitto_sub ended before printing {needle:?}"),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {needle:?}"))
+    }
+
+    /// Waits for the process to exit by itself and asserts success.
+    pub async fn exit_ok(mut self) {
+        let status = tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("mosquitto_sub exits")
+            .expect("wait");
+        assert!(status.success(), "mosquitto_sub failed: {status}");
+    }
+}
+
+/// Runs `mosquitto_pub ARGS` against 127.0.0.1:`port` to completion and asserts success.
+pub async fn mosquitto_pub(port: u16, args: &[&str]) {
+    let status = tokio::time::timeout(
+        WAIT,
+        Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .status(),
+    )
+    .await
+    .expect("mosquitto_pub finishes")
+    .expect("mosquitto_pub is installed (apt-get install mosquitto-clients)");
+    assert!(status.success(), "mosquitto_pub {args:?} failed: {status}");
+}
