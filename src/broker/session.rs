@@ -271,7 +271,8 @@ impl Session {
         Admission::Pushed(outcome)
     }
 
-    /// Makes a reserved delivery visible to the connection (after its op was submitted).
+    /// Makes a delivery visible to the connection, bypassing the queue bound: it was admitted
+    /// already (a reserved delivery whose op is now submitted).
     pub fn push_reserved(&self, delivery: Delivery) {
         let mut st = self.state.lock();
         if st.ended {
@@ -288,16 +289,7 @@ impl Session {
     /// Appends without the queue bound: for retained messages on subscribe, whose count is
     /// already bounded by the retained store and which must all arrive.
     pub fn enqueue_unbounded(&self, delivery: Delivery) {
-        let mut st = self.state.lock();
-        if st.ended {
-            return;
-        }
-        st.push(delivery);
-        let wake = st.connection.is_some() && st.queue.len() == 1;
-        drop(st);
-        if wake {
-            self.notify.notify_one();
-        }
+        self.push_reserved(delivery);
     }
 
     /// Attaches a new connection, evicting the current one with `reason` (session takeover).
