@@ -40,7 +40,7 @@ pub struct Message {
 
 /// The shared encodings of one message. Nearly every message is encoded for one kind of
 /// subscriber only, so the first encoding sits inline and the other three slots are allocated
-/// only when a second kind shows up: 72 B per message instead of four inline slots (224 B),
+/// only when a second kind shows up: 80 B per message instead of four inline slots (224 B),
 /// which matters for every message waiting in a queue.
 #[derive(Debug, Default)]
 struct EncodedCache {

@@ -81,6 +81,7 @@ pub enum IoEvent {
 /// One client's transport. The stream is not split: reads and writes are polled together by
 /// [`Io::poll_io`], which avoids `tokio::io::split`'s shared allocation and lock per connection.
 pub struct Io<S> {
+    /// The connected stream (TCP today; anything `AsyncRead + AsyncWrite + Unpin`).
     pub stream: S,
     /// Unparsed input; empty with no capacity while the connection is idle.
     pub rbuf: BytesMut,
