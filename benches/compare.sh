@@ -42,7 +42,8 @@ while [ $# -gt 0 ]; do
 done
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-POSTBOX="$ROOT/target/release/postbox"
+# POSTBOX_BIN: another postbox binary (e.g. a baseline build) in place of this tree's.
+POSTBOX="${POSTBOX_BIN:-$ROOT/target/release/postbox}"
 BENCH="$ROOT/target/release/postbox-bench"
 for bin in "$POSTBOX" "$BENCH"; do
   [ -x "$bin" ] || { echo "missing $bin: run 'cargo build --release' first" >&2; exit 2; }
@@ -96,6 +97,7 @@ else
     "fan-out-q1|fan-out|--qos 1 --subscribers 50 --messages 12000"
     "p2p-q1|p2p|--qos 1 --pairs 50 --messages 5000"
     "latency-q1|latency|--qos 1 --pairs 10 --rate 10000 --messages 5000"
+    "latency-q1-20k|latency|--qos 1 --pairs 10 --rate 20000 --messages 10000"
     "connections|connections|--connections 10000"
     "retained|retained|--retained 100000"
     "durable-q1|durable|--qos 1 --publishers 4 --subscribers 4 --messages 20000"

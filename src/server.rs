@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -64,6 +64,25 @@ async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
     Ok(broker)
 }
 
+/// Pending handshakes the kernel queues for the listener. The default 128 overflowed under
+/// connection storms (200 concurrent handshakes), turning them into 1 s SYN retransmits; the
+/// kernel caps this at `net.core.somaxconn` anyway.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the MQTT listener with [`LISTEN_BACKLOG`] (what `TcpListener::bind` does, but with
+/// a larger backlog).
+fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(not(windows))]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// A broker that is up and serving.
 pub struct RunningServer {
     /// Where the MQTT TCP listener actually listens (resolves port 0).
@@ -85,12 +104,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .map_err(|e| StartError::Metrics(e.to_string()))?;
     }
     let broker = open_broker(&config).await?;
-    let listener = TcpListener::bind(config.listener.bind)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: config.listener.bind,
-            source,
-        })?;
+    let listener = bind_listener(config.listener.bind).map_err(|source| StartError::Bind {
+        addr: config.listener.bind,
+        source,
+    })?;
     let mqtt_addr = listener.local_addr().map_err(|source| StartError::Bind {
         addr: config.listener.bind,
         source,

@@ -34,8 +34,50 @@ pub struct Message {
     /// Id of the stored body once the durable store holds it (set at most once, so every
     /// session that queues this message refers to one stored copy).
     pub store_id: OnceLock<u64>,
-    /// [v3 no id, v3 with id, v5 no id, v5 with id]
-    encoded: [OnceLock<EncodedPublish>; 4],
+    /// Shared encodings, by slot: [v3 no id, v3 with id, v5 no id, v5 with id].
+    encoded: EncodedCache,
+}
+
+/// The shared encodings of one message. Nearly every message is encoded for one kind of
+/// subscriber only, so the first encoding sits inline and the other three slots are allocated
+/// only when a second kind shows up: 80 B per message instead of four inline slots (224 B),
+/// which matters for every message waiting in a queue.
+#[derive(Debug, Default)]
+struct EncodedCache {
+    /// The first encoding made, with its slot.
+    first: OnceLock<(u8, EncodedPublish)>,
+    /// Every other slot, once a second kind of subscriber needs one.
+    others: OnceLock<Box<[OnceLock<EncodedPublish>; 4]>>,
+}
+
+impl EncodedCache {
+    /// The encoding for `slot`, made with `encode` if nobody made it yet.
+    fn get_or_try_init(
+        &self,
+        slot: usize,
+        encode: impl Fn() -> Result<EncodedPublish, codec::EncodeError>,
+    ) -> Result<&EncodedPublish, codec::EncodeError> {
+        let first = match self.first.get() {
+            Some(first) => first,
+            None => {
+                let encoded = encode()?;
+                self.first.get_or_init(|| (slot as u8, encoded))
+            }
+        };
+        if usize::from(first.0) == slot {
+            return Ok(&first.1);
+        }
+        // A second kind of subscriber (or another thread won the race for `first`: then the
+        // encoding is simply made again, once).
+        let others = self.others.get_or_init(Default::default);
+        match others[slot].get() {
+            Some(cached) => Ok(cached),
+            None => {
+                let encoded = encode()?;
+                Ok(others[slot].get_or_init(|| encoded))
+            }
+        }
+    }
 }
 
 /// A cached PUBLISH encoding and where its packet id sits.
@@ -65,7 +107,7 @@ impl Message {
             received_at: now,
             origin,
             store_id: OnceLock::new(),
-            encoded: Default::default(),
+            encoded: EncodedCache::default(),
         }
     }
 
@@ -109,7 +151,7 @@ impl Message {
             received_at,
             origin: None,
             store_id: store_id.map_or_else(OnceLock::new, OnceLock::from),
-            encoded: Default::default(),
+            encoded: EncodedCache::default(),
         }
     }
 
@@ -132,11 +174,17 @@ impl Message {
     ) -> Result<usize, codec::EncodeError> {
         let start = out.len();
         let v5 = version.is_v5();
-        let elapsed_secs = self.received_at.elapsed().as_secs();
+        // The clock is read only for a v5 subscriber of an expiring message: a system call
+        // per delivery otherwise (12% of fan-out CPU in the 2026-11-30 profile).
+        let elapsed_secs = if v5 && self.properties.message_expiry_interval.is_some() {
+            self.received_at.elapsed().as_secs()
+        } else {
+            0
+        };
         let custom = v5
             && (!delivery.subscription_ids.is_empty()
                 || delivery.topic_alias.is_some()
-                || (self.properties.message_expiry_interval.is_some() && elapsed_secs > 0));
+                || elapsed_secs > 0);
         if custom {
             let mut props = self.properties.clone();
             props
@@ -166,13 +214,9 @@ impl Message {
         }
         let with_id = delivery.qos != QoS::AtMostOnce;
         let slot = usize::from(v5) * 2 + usize::from(with_id);
-        let cached = match self.encoded[slot].get() {
-            Some(c) => c,
-            None => {
-                let encoded = self.encode_shared(version, with_id)?;
-                self.encoded[slot].get_or_init(|| encoded)
-            }
-        };
+        let cached = self
+            .encoded
+            .get_or_try_init(slot, || self.encode_shared(version, with_id))?;
         out.extend_from_slice(&cached.bytes);
         out[start] = 0x30
             | (u8::from(delivery.dup) << 3)

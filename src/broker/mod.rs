@@ -308,11 +308,11 @@ impl Broker {
                 publish_at_unix_ms: publish_at_unix_ms.min(ends),
             }]);
         }
-        st.pending_will = Some(PendingWill {
+        st.pending_will = Some(Box::new(PendingWill {
             will,
             publish_at: Instant::now() + delay,
             publish_at_unix_ms,
-        });
+        }));
     }
 
     /// Drops the stored copy of a delayed will (published, or cancelled by a reconnect).
@@ -861,6 +861,14 @@ struct Target {
 /// granted QoS (MQTT-3.3.5-1) carrying every subscription identifier (MQTT-3.3.4-4).
 fn merge_overlapping(targets: &mut SmallVec<[Target; 8]>) {
     if targets.len() < 2 {
+        return;
+    }
+    // Almost always every session matched once: find out on a sorted copy of the ids (8 B
+    // each) rather than sorting and rebuilding the targets (the 2026-11-30 profile: 6% of
+    // fan-out to 50 subscribers, with no duplicate at all).
+    let mut ids: SmallVec<[SessionId; 64]> = targets.iter().map(|t| t.session.id).collect();
+    ids.sort_unstable();
+    if !ids.windows(2).any(|w| w[0] == w[1]) {
         return;
     }
     targets.sort_unstable_by_key(|t| t.session.id);

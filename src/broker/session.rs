@@ -150,8 +150,9 @@ pub struct SessionState {
     /// True while the durable store holds this session (a `PutSession` was submitted and no
     /// `DeleteSession` since), so ops are only emitted for sessions the store knows.
     pub stored: bool,
-    /// A will waiting for its delay; cancelled by a new connection for this client id.
-    pub pending_will: Option<PendingWill>,
+    /// A will waiting for its delay; cancelled by a new connection for this client id. Boxed:
+    /// rare, and 240 B inline in every session.
+    pub pending_will: Option<Box<PendingWill>>,
     /// True from the first overflow drop until the queue drains, so overflow is logged once
     /// per episode rather than once per message.
     overflowing: bool,

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::gated::{AckKind, Gated, GatedWrites};
 use super::handshake::{self, Accepted, EnhancedAuth};
-use super::io::{Io, WRITE_HIGH_WATER};
+use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
 use super::topic_alias::OutboundAliases;
 use crate::auth::{self, AuthState, AuthStep, PendingStep, StepInput};
 use crate::broker::{
@@ -60,7 +60,8 @@ pub struct Client<S> {
     /// 1.5 × keep-alive, or `None` when keep-alive is off.
     keep_alive_limit: Option<Duration>,
     last_read: Instant,
-    will: Option<LastWill>,
+    /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
+    will: Option<Box<LastWill>>,
     /// Outbound QoS 1/2 window: min(broker's max inflight, client's Receive Maximum).
     window: usize,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
@@ -71,7 +72,7 @@ pub struct Client<S> {
     /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
     alias_max_in: u16,
     /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
-    aliases_out: Option<OutboundAliases>,
+    aliases_out: Option<Box<OutboundAliases>>,
     /// Our Receive Maximum for this client (v5); `usize::MAX` for 3.x, which cannot be told.
     receive_maximum: usize,
     /// Inbound QoS 1 PUBLISHes whose PUBACK has not been queued yet. Together with the QoS 2
@@ -82,7 +83,7 @@ pub struct Client<S> {
     /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
     problem_info: bool,
     /// The enhanced authentication method of this connection, for re-authentication.
-    auth: Option<EnhancedAuth>,
+    auth: Option<Box<EnhancedAuth>>,
     /// Method state between the rounds of a re-authentication in progress.
     reauth_state: Option<AuthState>,
     /// An authentication step being computed (possibly on the blocking pool).
@@ -95,7 +96,7 @@ pub struct Client<S> {
 /// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
 const MAX_GATED_WRITES: usize = 1024;
 
-impl<S: AsyncRead + AsyncWrite> Client<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Takes over the connection from the handshake.
     pub fn new(
         io: Io<S>,
@@ -118,7 +119,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         ) {
             // MQTT-3.1.2-27: none unless the client announced a maximum above 0.
             (OutboundTopicAliases::Lru, Some(max)) if v5 && max > 0 => {
-                Some(OutboundAliases::new(max))
+                Some(Box::new(OutboundAliases::new(max)))
             }
             _ => None,
         };
@@ -148,7 +149,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             keep_alive_limit: (keep_alive > 0)
                 .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
             last_read: Instant::now(),
-            will: connect.will,
+            will: connect.will.map(Box::new),
             window,
             client_max_packet,
             max_packet,
@@ -158,7 +159,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
             receive_maximum: our_receive_maximum,
             pending_inbound: 0,
             problem_info,
-            auth,
+            auth: auth.map(Box::new),
             reauth_state: None,
             auth_step: None,
             gated: GatedWrites::default(),
@@ -167,12 +168,14 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
     }
 
     /// Runs until the connection ends, then settles the will and the session.
-    pub async fn run(mut self) {
+    pub async fn run(mut self: Box<Self>) {
         if self.session_present {
             self.retransmit_inflight();
         }
         let close = self.serve().await;
-        self.finish(close).await;
+        // Boxed, like the handshake: needed once, at the end, so it should not widen the
+        // future held while the connection lives.
+        Box::pin(self.finish(close)).await;
     }
 
     async fn serve(&mut self) -> Close {
@@ -181,7 +184,8 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         loop {
             self.fill_from_session();
             let io = &mut self.io;
-            io.prepare_read();
+            io.release_write_buffer();
+            let can_write = !io.wbuf.is_empty();
             let gated = &mut self.gated;
             let gate_waiting = gated.waiting();
             let can_read = io.wbuf.len() < WRITE_HIGH_WATER && gated.len() < MAX_GATED_WRITES;
@@ -207,24 +211,17 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                         return close;
                     }
                 },
-                written = io.wr.write_buf(&mut io.wbuf), if !io.wbuf.is_empty() => match written {
-                    Ok(0) | Err(_) => return Close::Lost,
-                    Ok(n) => {
+                event = io.next_event(true, can_read), if can_write || can_read => match event {
+                    IoEvent::Written(Ok(0) | Err(_)) | IoEvent::Read(Ok(0) | Err(_)) => return Close::Lost,
+                    IoEvent::Written(Ok(n)) => {
                         self.broker.metrics.bytes_sent.increment(n as u64);
-                        if self.io.wbuf.is_empty() {
-                            self.io.wbuf.clear();
-                            if self.io.wr.flush().await.is_err() {
-                                return Close::Lost;
-                            }
-                        }
                     }
-                },
-                read = tokio::io::AsyncReadExt::read_buf(&mut io.rd, &mut io.rbuf), if can_read => match read {
-                    Ok(0) | Err(_) => return Close::Lost,
-                    Ok(n) => {
+                    IoEvent::Read(Ok(n)) => {
                         self.broker.metrics.bytes_received.increment(n as u64);
                         self.last_read = Instant::now();
-                        if let Err(close) = self.process_input() {
+                        let processed = self.process_input();
+                        self.io.release_read_buffer();
+                        if let Err(close) = processed {
                             return close;
                         }
                     }
@@ -808,6 +805,8 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         let mut held = BytesMut::new();
         let mut hold = !self.gated.is_empty();
         let mut gate_on_ops = false;
+        // Deliveries written per QoS, added to the metrics once per batch.
+        let mut sent = [0u64; 3];
         {
             let mut st = session.lock();
             while self.io.wbuf.len() + held.len() < WRITE_HIGH_WATER {
@@ -853,12 +852,15 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                     out,
                     self.version,
                     self.client_max_packet,
-                    self.aliases_out.as_mut(),
+                    self.aliases_out.as_deref_mut(),
                     &self.broker,
                     &delivery,
                     packet_id,
                     false,
                 );
+                if written {
+                    sent[delivery.qos as usize] += 1;
+                }
                 if let (true, Some(stage)) = (written, stage) {
                     st.inflight.push_back(Inflight {
                         packet_id,
@@ -866,6 +868,11 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
                         stage,
                     });
                 }
+            }
+        }
+        for (qos, n) in sent.into_iter().enumerate() {
+            if n > 0 {
+                self.broker.metrics.messages_sent[qos].increment(n);
             }
         }
         let durable = self.broker.persist(ops);
@@ -886,16 +893,20 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
 
     /// Encodes one delivery into the write buffer; false if it could not be sent at all.
     fn write_delivery(&mut self, delivery: &Delivery, packet_id: u16, dup: bool) -> bool {
-        encode_delivery(
+        let written = encode_delivery(
             &mut self.io.wbuf,
             self.version,
             self.client_max_packet,
-            self.aliases_out.as_mut(),
+            self.aliases_out.as_deref_mut(),
             &self.broker,
             delivery,
             packet_id,
             dup,
-        )
+        );
+        if written {
+            self.broker.metrics.messages_sent[delivery.qos as usize].increment(1);
+        }
+        written
     }
 
     /// On a resumed session, resend every unacknowledged PUBLISH with DUP=1 and every
@@ -921,7 +932,7 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
     }
 
     /// Sends the closing DISCONNECT (v5), publishes the will if due, releases the session.
-    async fn finish(mut self, close: Close) {
+    async fn finish(mut self: Box<Self>, close: Close) {
         let v5 = self.version.is_v5();
         let (server_reason, publish_will) = match &close {
             Close::ClientDisconnect(code) => (None, *code == ReasonCode::DISCONNECT_WITH_WILL),
@@ -958,11 +969,11 @@ impl<S: AsyncRead + AsyncWrite> Client<S> {
         }
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             self.io.flush().await?;
-            self.io.wr.shutdown().await
+            self.io.stream.shutdown().await
         })
         .await;
         if publish_will {
-            if let Some(will) = self.will.take() {
+            if let Some(will) = self.will.take().map(|will| *will) {
                 match will.properties.will_delay_interval.filter(|d| v5 && *d > 0) {
                     // Held until the delay passes or the session ends (MQTT-3.1.2-8).
                     Some(delay) => {
@@ -1012,7 +1023,6 @@ fn encode_delivery(
             if let (Some(table), Some(choice)) = (aliases_out, alias) {
                 table.commit(&delivery.message.topic, choice);
             }
-            broker.metrics.messages_sent[delivery.qos as usize].increment(1);
             true
         }
         Ok(_) => {

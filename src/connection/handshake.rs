@@ -45,7 +45,7 @@ type Refusal = (ReasonCode, &'static str);
 
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
 /// client was rejected (the rejection CONNACK is flushed) or vanished.
-pub async fn accept<S: AsyncRead + AsyncWrite>(
+pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
     shutdown: &CancellationToken,
@@ -188,7 +188,7 @@ pub fn client_max_packet(connect: &Connect) -> usize {
 
 /// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict.
 /// `Ok` carries the Authentication Data for CONNACK; `Err(None)` means the client left.
-async fn authenticate<S: AsyncRead + AsyncWrite>(
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
     shutdown: &CancellationToken,
@@ -259,7 +259,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite>(
 }
 
 /// Reads the next packet during the handshake, within [`CONNECT_TIMEOUT`].
-async fn next_packet<S: AsyncRead + AsyncWrite>(
+async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Broker,
     shutdown: &CancellationToken,
@@ -413,7 +413,7 @@ fn connack_properties(
 /// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0) and lets the caller close.
 /// With `explain = Some((why, connect))`, `why` becomes the v5 Reason String if the client
 /// accepts problem information, and the CONNACK respects its Maximum Packet Size.
-async fn reject<S: AsyncRead + AsyncWrite>(
+async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     version: ProtocolVersion,
     code: ReasonCode,
@@ -442,7 +442,7 @@ async fn reject<S: AsyncRead + AsyncWrite>(
 
 /// A CONNECT that could not be decoded: answer in the client's version when it can be read
 /// (v5: the reason code; 3.x: only "unacceptable protocol version" has a return code).
-async fn reject_undecodable<S: AsyncRead + AsyncWrite>(
+async fn reject_undecodable<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     error: &DecodeError,
     sniffed: Option<ProtocolVersion>,

@@ -1,7 +1,13 @@
-//! The byte side of a connection: read buffer, batched write buffer, and the split stream.
+//! The byte side of a connection: read buffer, batched write buffer, and the stream.
 
-use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use std::cell::RefCell;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use std::future::Future;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::codec::{self, Packet, ProtocolVersion};
 
@@ -38,46 +44,144 @@ fn strip_problem_info(packet: &mut Packet) {
     users.clear();
 }
 
-/// Bytes reserved before each socket read. Small, so idle connections stay cheap; a busy
-/// connection's reads still fill whole chunks because the buffer grows to what arrives.
+/// A read that finds the buffer with less spare room than this goes through the worker's
+/// scratch buffer instead of reserving: an idle connection then holds no read buffer at all.
 pub const READ_CHUNK: usize = 4096;
+/// Size of the per-worker-thread scratch buffer reads land in before they are copied into the
+/// connection's own buffer (exactly as many bytes as arrived). Large, so a busy publisher still
+/// gets many packets per system call; shared, so it costs nothing per connection.
+const SCRATCH: usize = 16 * 1024;
 /// Stop moving queued messages into the write buffer beyond this many bytes; the socket
 /// (and so the client) sets the pace, the session queue absorbs the rest.
 pub const WRITE_HIGH_WATER: usize = 64 * 1024;
 
-/// One client's transport, split so reads and writes proceed concurrently in one task.
+thread_local! {
+    /// One read scratch buffer per worker thread, borrowed only inside a synchronous `poll_read`.
+    static READ_SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH].into_boxed_slice());
+}
+
+/// Polls one read into the spare capacity of `buf`. The `read_buf` future holds no state
+/// before it completes, so building a fresh one per poll is sound and costs nothing.
+fn poll_read_buf<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    cx: &mut Context<'_>,
+    buf: &mut BytesMut,
+) -> Poll<std::io::Result<usize>> {
+    std::pin::pin!(stream.read_buf(buf)).poll(cx)
+}
+
+/// What one poll of the socket produced (see [`Io::poll_io`]).
+pub enum IoEvent {
+    /// A write completed: bytes written (0 means the peer is gone).
+    Written(std::io::Result<usize>),
+    /// A read completed: bytes read (0 means the peer closed).
+    Read(std::io::Result<usize>),
+}
+
+/// One client's transport. The stream is not split: reads and writes are polled together by
+/// [`Io::poll_io`], which avoids `tokio::io::split`'s shared allocation and lock per connection.
 pub struct Io<S> {
-    pub rd: ReadHalf<S>,
-    pub wr: WriteHalf<S>,
+    /// The connected stream (TCP today; anything `AsyncRead + AsyncWrite + Unpin`).
+    pub stream: S,
+    /// Unparsed input; empty with no capacity while the connection is idle.
     pub rbuf: BytesMut,
-    /// Everything to send, batched: many packets go out in one write.
+    /// Everything to send, batched: many packets go out in one write. Released once written.
     pub wbuf: BytesMut,
 }
 
-impl<S: AsyncRead + AsyncWrite> Io<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// Wraps a connected stream.
     pub fn new(stream: S) -> Io<S> {
-        let (rd, wr) = tokio::io::split(stream);
         Io {
-            rd,
-            wr,
+            stream,
             rbuf: BytesMut::new(),
             wbuf: BytesMut::new(),
         }
     }
 
-    /// Makes room for the next read.
-    #[inline]
-    pub fn prepare_read(&mut self) {
-        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
-            self.rbuf.reserve(READ_CHUNK);
+    /// Polls one read into `rbuf`: straight into its spare capacity when it has some (a
+    /// partial packet being completed), otherwise through the worker's scratch buffer, so no
+    /// per-connection buffer is reserved before data actually arrives.
+    pub fn poll_read_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.rbuf.capacity() - self.rbuf.len() >= READ_CHUNK {
+            return poll_read_buf(&mut self.stream, cx, &mut self.rbuf);
         }
+        let stream = &mut self.stream;
+        let rbuf = &mut self.rbuf;
+        READ_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut scratch) => {
+                let mut buf = ReadBuf::new(&mut scratch[..]);
+                match Pin::new(&mut *stream).poll_read(cx, &mut buf) {
+                    Poll::Ready(Ok(())) => {
+                        let filled = buf.filled();
+                        rbuf.extend_from_slice(filled);
+                        Poll::Ready(Ok(filled.len()))
+                    }
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+            // Re-entered (cannot happen with the plain streams used here): reserve instead.
+            Err(_) => {
+                rbuf.reserve(READ_CHUNK);
+                poll_read_buf(stream, cx, rbuf)
+            }
+        })
+    }
+
+    /// Drops the read buffer's allocation once every packet has been taken from it (their
+    /// payloads keep the bytes they need alive), so an idle connection holds none.
+    #[inline]
+    pub fn release_read_buffer(&mut self) {
+        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
+            self.rbuf = BytesMut::new();
+        }
+    }
+
+    /// Polls one write of the batch. The emptied buffer keeps its capacity for the next batch;
+    /// [`Io::release_write_buffer`] gives it back once there is nothing more to send.
+    pub fn poll_write_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let n = ready!(Pin::new(&mut self.stream).poll_write(cx, &self.wbuf))?;
+        if n == self.wbuf.len() {
+            self.wbuf.clear();
+        } else {
+            self.wbuf.advance(n);
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    /// Drops the write buffer's allocation when it holds nothing: called when the connection
+    /// found nothing more to send, so an idle connection holds no write buffer. A busy one
+    /// refills the buffer before it gets here and keeps reusing it.
+    #[inline]
+    pub fn release_write_buffer(&mut self) {
+        if self.wbuf.is_empty() && self.wbuf.capacity() > 0 {
+            self.wbuf = BytesMut::new();
+        }
+    }
+
+    /// Waits for the first of: the pending batch written (if `write`), input read (if `read`).
+    /// Writing is polled first so queued deliveries and acks leave before more input is taken.
+    pub async fn next_event(&mut self, write: bool, read: bool) -> IoEvent {
+        std::future::poll_fn(|cx| {
+            if write && !self.wbuf.is_empty() {
+                if let Poll::Ready(r) = self.poll_write_some(cx) {
+                    return Poll::Ready(IoEvent::Written(r));
+                }
+            }
+            if read {
+                if let Poll::Ready(r) = self.poll_read_some(cx) {
+                    return Poll::Ready(IoEvent::Read(r));
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// Reads once; 0 means the peer closed.
     pub async fn read_some(&mut self) -> std::io::Result<usize> {
-        self.prepare_read();
-        self.rd.read_buf(&mut self.rbuf).await
+        std::future::poll_fn(|cx| self.poll_read_some(cx)).await
     }
 
     /// Appends a control packet to the write batch.
@@ -114,9 +218,9 @@ impl<S: AsyncRead + AsyncWrite> Io<S> {
     /// Writes out everything batched so far.
     pub async fn flush(&mut self) -> std::io::Result<()> {
         if !self.wbuf.is_empty() {
-            self.wr.write_all(&self.wbuf).await?;
-            self.wbuf.clear();
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf = BytesMut::new();
         }
-        self.wr.flush().await
+        self.stream.flush().await
     }
 }
