@@ -96,6 +96,11 @@ pub struct Client<S> {
 /// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
 const MAX_GATED_WRITES: usize = 1024;
 
+/// Stop moving deliveries out of the session queue while this many writes wait for the store:
+/// each held batch can be up to `WRITE_HIGH_WATER` bytes, so this bounds a connection's held
+/// output to about 1 MiB while a commit is slow.
+const MAX_HELD_BATCHES: usize = 16;
+
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Takes over the connection from the handshake.
     pub fn new(
@@ -796,7 +801,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// until that record is durable (otherwise a crash could re-send it under a new packet id:
     /// a duplicate), and so is everything after it, to keep the order.
     fn fill_from_session(&mut self) {
-        if self.io.wbuf.len() >= WRITE_HIGH_WATER {
+        if self.io.wbuf.len() >= WRITE_HIGH_WATER || self.gated.len() >= MAX_HELD_BATCHES {
+            // The socket, or the store, is behind: leave the rest in the session's bounded
+            // queue rather than piling encoded batches up here.
             return;
         }
         let now = Instant::now();
