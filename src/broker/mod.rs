@@ -14,6 +14,7 @@ mod level_map;
 pub mod message;
 mod persist;
 mod restore;
+mod trie;
 pub use persist::entry_stage;
 pub mod retained;
 pub mod session;

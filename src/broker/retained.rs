@@ -13,6 +13,7 @@ use std::ptr;
 use smallvec::SmallVec;
 
 use super::level_map::{self, LevelMap};
+use super::trie::{self, split_level, TrieNode};
 
 /// Retained messages indexed by topic, so a wildcard subscribe walks only matching branches.
 ///
@@ -39,6 +40,19 @@ impl<M> Node<M> {
         }
     }
 
+    fn child_or_insert(&mut self, level: &str) -> &mut Node<M> {
+        self.children.get_or_insert_with(level, Node::new)
+    }
+
+    #[inline]
+    fn report<F: FnMut(&str, &M)>(&self, f: &mut F) {
+        if let Some((topic, msg)) = &self.retained {
+            f(topic, msg);
+        }
+    }
+}
+
+impl<M> TrieNode for Node<M> {
     fn is_empty(&self) -> bool {
         self.children.is_empty() && self.retained.is_none()
     }
@@ -56,20 +70,9 @@ impl<M> Node<M> {
         self.children.get_mut(level)
     }
 
-    fn child_or_insert(&mut self, level: &str) -> &mut Node<M> {
-        self.children.get_or_insert_with(level, Node::new)
-    }
-
     fn remove_child(&mut self, level: &str) {
         if let Some(mut child) = self.children.remove(level) {
             teardown(&mut child);
-        }
-    }
-
-    #[inline]
-    fn report<F: FnMut(&str, &M)>(&self, f: &mut F) {
-        if let Some((topic, msg)) = &self.retained {
-            f(topic, msg);
         }
     }
 }
@@ -83,15 +86,6 @@ enum Frame<'a, M> {
     EachChild(level_map::Iter<'a, Node<M>>, Option<&'a str>, bool),
     /// A `#` level: report every message in the remaining children's subtrees. Same flag.
     Subtrees(level_map::Iter<'a, Node<M>>, bool),
-}
-
-/// Splits off the first level: `"a/b/c"` -> `("a", Some("b/c"))`, `"a"` -> `("a", None)`.
-#[inline]
-fn split_level(levels: &str) -> (&str, Option<&str>) {
-    match levels.split_once('/') {
-        Some((level, rest)) => (level, Some(rest)),
-        None => (levels, None),
-    }
 }
 
 /// Next child of `iter`, skipping `$`-prefixed levels if `skip_system`.
@@ -143,42 +137,9 @@ impl<M> RetainedIndex<M> {
         Some(msg)
     }
 
-    /// Removes the longest run of nodes at the end of `topic`'s path that hold nothing else.
+    /// Removes the nodes at the end of `topic`'s path that hold nothing else.
     fn prune(&mut self, topic: &str) {
-        // Depth (root = 0) of the shallowest node from which the rest of the path is removable.
-        let mut cut = None;
-        let mut node = &self.root;
-        let mut path = topic.split('/').peekable();
-        let mut depth = 0;
-        while let Some(level) = path.next() {
-            let Some(child) = node.child(level) else {
-                return;
-            };
-            depth += 1;
-            let removable = if path.peek().is_some() {
-                child.holds_only_one_child()
-            } else {
-                child.is_empty()
-            };
-            if !removable {
-                cut = None;
-            } else if cut.is_none() {
-                cut = Some(depth);
-            }
-            node = child;
-        }
-        let Some(cut) = cut else { return };
-        let mut node = &mut self.root;
-        let mut path = topic.split('/');
-        for _ in 1..cut {
-            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else {
-                return;
-            };
-            node = child;
-        }
-        if let Some(level) = path.next() {
-            node.remove_child(level);
-        }
+        trie::prune(&mut self.root, topic.split('/'));
     }
 
     /// The retained message for exactly `topic`.

@@ -20,6 +20,7 @@ use foldhash::fast::RandomState;
 use smallvec::SmallVec;
 
 use super::level_map::LevelMap;
+use super::trie::{self, split_level, TrieNode};
 
 /// Above this many subscribers a node keeps a key -> position index.
 const INDEX_ABOVE: usize = 8;
@@ -146,6 +147,34 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
         }
     }
 
+    fn child_or_insert(&mut self, level: &str) -> &mut Node<K, V> {
+        if level == "+" {
+            return self.plus.get_or_insert_with(|| Box::new(Node::new()));
+        }
+        self.children.get_or_insert_with(level, Node::new)
+    }
+
+    /// Pushes the children that match topic level `level`; `rest` is what follows it.
+    #[inline]
+    fn push_matching_children<'a>(
+        &'a self,
+        level: &str,
+        rest: Option<&'a str>,
+        allow_plus: bool,
+        stack: &mut Stack<'a, K, V>,
+    ) {
+        if let Some(child) = self.children.get(level) {
+            stack.push((child, rest));
+        }
+        if allow_plus {
+            if let Some(plus) = &self.plus {
+                stack.push((plus, rest));
+            }
+        }
+    }
+}
+
+impl<K: Copy + Eq + Hash, V> TrieNode for Node<K, V> {
     /// True if the node holds nothing and can be pruned.
     fn is_empty(&self) -> bool {
         self.children.is_empty()
@@ -176,13 +205,6 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
         }
     }
 
-    fn child_or_insert(&mut self, level: &str) -> &mut Node<K, V> {
-        if level == "+" {
-            return self.plus.get_or_insert_with(|| Box::new(Node::new()));
-        }
-        self.children.get_or_insert_with(level, Node::new)
-    }
-
     fn remove_child(&mut self, level: &str) {
         if level == "+" {
             if let Some(mut plus) = self.plus.take() {
@@ -194,38 +216,10 @@ impl<K: Copy + Eq + Hash, V> Node<K, V> {
             teardown(&mut child);
         }
     }
-
-    /// Pushes the children that match topic level `level`; `rest` is what follows it.
-    #[inline]
-    fn push_matching_children<'a>(
-        &'a self,
-        level: &str,
-        rest: Option<&'a str>,
-        allow_plus: bool,
-        stack: &mut Stack<'a, K, V>,
-    ) {
-        if let Some(child) = self.children.get(level) {
-            stack.push((child, rest));
-        }
-        if allow_plus {
-            if let Some(plus) = &self.plus {
-                stack.push((plus, rest));
-            }
-        }
-    }
 }
 
 /// Walk stack: a node and the topic levels still to match below it (`None`: topic exhausted).
 type Stack<'a, K, V> = SmallVec<[(&'a Node<K, V>, Option<&'a str>); 16]>;
-
-/// Splits off the first level: `"a/b/c"` -> `("a", Some("b/c"))`, `"a"` -> `("a", None)`.
-#[inline]
-fn split_level(levels: &str) -> (&str, Option<&str>) {
-    match levels.split_once('/') {
-        Some((level, rest)) => (level, Some(rest)),
-        None => (levels, None),
-    }
-}
 
 /// Splits a valid filter into the levels before a trailing `#` and whether there is one.
 fn parse_filter(filter: &str) -> (impl Iterator<Item = &str> + Clone, bool) {
@@ -293,42 +287,9 @@ impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
         Some(removed)
     }
 
-    /// Removes the longest run of nodes at the end of `levels` that hold nothing but that path.
+    /// Removes the nodes at the end of `levels` that hold nothing but that path.
     fn prune<'f>(&mut self, levels: impl Iterator<Item = &'f str> + Clone) {
-        // Depth (root = 0) of the shallowest node from which the rest of the path is removable.
-        let mut cut = None;
-        let mut node = &self.root;
-        let mut path = levels.clone().peekable();
-        let mut depth = 0;
-        while let Some(level) = path.next() {
-            let Some(child) = node.child(level) else {
-                return;
-            };
-            depth += 1;
-            let removable = if path.peek().is_some() {
-                child.holds_only_one_child()
-            } else {
-                child.is_empty()
-            };
-            if !removable {
-                cut = None;
-            } else if cut.is_none() {
-                cut = Some(depth);
-            }
-            node = child;
-        }
-        let Some(cut) = cut else { return };
-        let mut node = &mut self.root;
-        let mut path = levels;
-        for _ in 1..cut {
-            let Some(child) = path.next().and_then(|level| node.child_mut(level)) else {
-                return;
-            };
-            node = child;
-        }
-        if let Some(level) = path.next() {
-            node.remove_child(level);
-        }
+        trie::prune(&mut self.root, levels);
     }
 
     /// Calls `f(key, value)` for every subscription whose filter matches `topic`.

@@ -1,0 +1,63 @@
+//! Path operations shared by the two level tries (subscriptions and retained messages).
+
+/// What the shared path operations need from a trie node.
+pub(super) trait TrieNode: Sized {
+    /// The child for one level name (`+` included where the trie stores it).
+    fn child(&self, level: &str) -> Option<&Self>;
+    /// Mutable child for one level name.
+    fn child_mut(&mut self, level: &str) -> Option<&mut Self>;
+    /// Detaches the child for one level name.
+    fn remove_child(&mut self, level: &str);
+    /// Holds nothing: no value and no children.
+    fn is_empty(&self) -> bool;
+    /// Holds no value and exactly one child (so it only exists for the path below it).
+    fn holds_only_one_child(&self) -> bool;
+}
+
+/// Splits off the first level: `"a/b/c"` -> `("a", Some("b/c"))`, `"a"` -> `("a", None)`.
+#[inline]
+pub(super) fn split_level(levels: &str) -> (&str, Option<&str>) {
+    match levels.split_once('/') {
+        Some((level, rest)) => (level, Some(rest)),
+        None => (levels, None),
+    }
+}
+
+/// Removes the longest run of nodes at the end of the path `levels` that hold nothing but that
+/// path, so memory stays bounded under subscribe/unsubscribe and retain/clear churn.
+pub(super) fn prune<'p, N: TrieNode>(root: &mut N, levels: impl Iterator<Item = &'p str> + Clone) {
+    // Depth (root = 0) of the shallowest node from which the rest of the path is removable.
+    let mut cut = None;
+    let mut node = &*root;
+    let mut path = levels.clone().peekable();
+    let mut depth = 0;
+    while let Some(level) = path.next() {
+        let Some(child) = node.child(level) else {
+            return;
+        };
+        depth += 1;
+        let removable = if path.peek().is_some() {
+            child.holds_only_one_child()
+        } else {
+            child.is_empty()
+        };
+        if !removable {
+            cut = None;
+        } else if cut.is_none() {
+            cut = Some(depth);
+        }
+        node = child;
+    }
+    let Some(cut) = cut else { return };
+    let mut node = root;
+    let mut path = levels;
+    for _ in 1..cut {
+        let Some(child) = path.next().and_then(|level| node.child_mut(level)) else {
+            return;
+        };
+        node = child;
+    }
+    if let Some(level) = path.next() {
+        node.remove_child(level);
+    }
+}
