@@ -91,11 +91,11 @@ else
   # Sized so a Mosquitto run takes roughly 4-10 s and a Postbox run ~0.3-2 s on a 2-core
   # machine: the whole comparison stays under ~6 minutes with 3 repeats.
   CASES=(
-    "fan-in-q0|fan-in|--qos 0 --publishers 8 --messages 150000"
-    "fan-in-q1|fan-in|--qos 1 --publishers 8 --messages 50000"
-    "fan-out-q0|fan-out|--qos 0 --subscribers 50 --messages 20000"
-    "fan-out-q1|fan-out|--qos 1 --subscribers 50 --messages 12000"
-    "p2p-q1|p2p|--qos 1 --pairs 50 --messages 5000"
+    "fan-in-q0|fan-in|--qos 0 --publishers 100 --messages 12000"
+    "fan-in-q1|fan-in|--qos 1 --publishers 100 --messages 4000"
+    "fan-out-q0|fan-out|--qos 0 --subscribers 100 --messages 10000"
+    "fan-out-q1|fan-out|--qos 1 --subscribers 100 --messages 15000"
+    "p2p-q1|p2p|--qos 1 --pairs 500 --messages 1000"
     "latency-q1|latency|--qos 1 --pairs 10 --rate 10000 --messages 5000"
     "latency-q1-20k|latency|--qos 1 --pairs 10 --rate 20000 --messages 10000"
     "connections|connections|--connections 10000"
