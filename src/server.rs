@@ -150,6 +150,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     if let Some(store) = broker.store().cloned() {
         tokio::spawn(export_store_stats(store, shutdown.clone()));
     }
+    tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     let listener_task = tokio::spawn(transport::serve_tcp(
         listener,
         Arc::clone(&broker),
@@ -165,6 +166,21 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         listener_task,
         connections,
     })
+}
+
+/// Wakes connections whose keep-alive ran out, every [`crate::broker::KEEP_ALIVE_SWEEP`],
+/// until shutdown: one task for all connections instead of a timer in each.
+async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(crate::broker::KEEP_ALIVE_SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                broker.wake_expired_keep_alives();
+            }
+            _ = shutdown.cancelled() => return,
+        }
+    }
 }
 
 /// Copies the store's counters into metrics once a second until shutdown.
@@ -184,6 +200,7 @@ impl RunningServer {
     /// for the listener to stop.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
+        self.broker.begin_shutdown();
         let _ = self.listener_task.await;
         self.connections.close();
         if tokio::time::timeout(SHUTDOWN_GRACE, self.connections.wait())

@@ -18,13 +18,13 @@ mod trie;
 pub use persist::entry_stage;
 pub mod retained;
 pub mod session;
+mod session_map;
 pub mod shared;
 pub mod topic_tree;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,10 +32,9 @@ use std::time::{Duration, Instant};
 use bytestring::ByteString;
 use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
-use tokio::sync::oneshot;
 
 use crate::auth::AuthRegistry;
-use crate::codec::{topic, LastWill, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
+use crate::codec::{topic, LastWill, ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
 use crate::storage::{self, Durable, Op, StorageError, Store};
@@ -45,8 +44,13 @@ pub use session::{
     Admission, EnqueueOutcome, Inflight, OutboundStage, PendingWill, QueueLimits, Session,
     SessionState, SessionSubscription, NEVER_EXPIRES,
 };
+use session_map::SessionMap;
 use shared::{Member, SharedSubscriptions};
 use topic_tree::TopicTree;
+
+/// How often [`Broker::wake_expired_keep_alives`] runs: a connection is closed between 1.5 ×
+/// its keep-alive and that plus this period (Mosquitto checks about once a second).
+pub const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
 
 /// One entry of the subscription index: who subscribed and with which options.
 #[derive(Clone, Debug)]
@@ -71,8 +75,6 @@ pub struct Attached {
     pub session: Arc<Session>,
     pub session_present: bool,
     pub generation: u64,
-    /// Fires with the reason when a newer connection takes the session over.
-    pub evicted: oneshot::Receiver<ReasonCode>,
 }
 
 /// The broker's shared state. One per process, shared by every connection task.
@@ -80,7 +82,7 @@ pub struct Broker {
     config: MqttConfig,
     auth: AuthConfig,
     limits: QueueLimits,
-    sessions: Mutex<HashMap<ByteString, Arc<Session>, foldhash::fast::RandomState>>,
+    sessions: Mutex<SessionMap>,
     subscriptions: RwLock<TopicTree<SessionId, Subscriber>>,
     retained: RwLock<RetainedIndex<Arc<Message>>>,
     /// Shared subscription groups; consulted on publish only while `has_shared` is set.
@@ -91,6 +93,10 @@ pub struct Broker {
     /// Enhanced authentication methods offered (MQTT 5 §4.12).
     authenticators: AuthRegistry,
     next_session_id: AtomicU64,
+    /// Origin of [`Broker::clock_ms`].
+    epoch: Instant,
+    /// Set once the server stops; connections see it when woken and close with 0x8B.
+    shutting_down: AtomicBool,
     /// The durable store, when `storage.persistence` is on; `None` keeps everything in memory
     /// and skips building store ops entirely.
     store: Option<Arc<dyn Store>>,
@@ -128,7 +134,7 @@ impl Broker {
             config,
             auth,
             limits,
-            sessions: Mutex::new(HashMap::default()),
+            sessions: Mutex::new(SessionMap::default()),
             subscriptions: RwLock::new(TopicTree::new()),
             retained: RwLock::new(RetainedIndex::new()),
             shared: RwLock::new(shared),
@@ -136,6 +142,8 @@ impl Broker {
             shared_members: AtomicUsize::new(0),
             authenticators: AuthRegistry::new(),
             next_session_id: AtomicU64::new(1),
+            epoch: Instant::now(),
+            shutting_down: AtomicBool::new(false),
             store,
             metrics,
         })
@@ -179,53 +187,55 @@ impl Broker {
                 self.forget_stored_will(&existing.client_id);
             }
             if !req.clean_start && !st.ended {
-                let (generation, evicted, kicked_old) =
-                    Session::attach(&mut st, ReasonCode::SESSION_TAKEN_OVER);
-                if kicked_old {
-                    self.metrics.session_takeovers.increment(1);
-                }
+                let (generation, displaced) = Session::attach(&mut st);
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
                 let ops =
                     persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
                 drop(st);
+                if displaced {
+                    // The old connection closes with 0x8E when it sees it lost the session.
+                    self.metrics.session_takeovers.increment(1);
+                    existing.wake();
+                }
                 self.persist(ops);
                 return Attached {
                     session: existing,
                     session_present: true,
                     generation,
-                    evicted,
                 };
             }
-            if let Some(old) = st.connection.take() {
-                self.metrics.session_takeovers.increment(1);
-                old.evict(ReasonCode::SESSION_TAKEN_OVER);
-            }
+            let displaced = st.connection.take().is_some();
             drop(st);
+            if displaced {
+                self.metrics.session_takeovers.increment(1);
+                existing.wake();
+            }
             sessions.remove(&req.client_id);
             self.end_session(&existing);
         }
         let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         let session = Arc::new(Session::new(
             id,
-            req.client_id.clone(),
+            // A copy of its own: a slice would keep the whole CONNECT read buffer alive for
+            // as long as the session lives.
+            ByteString::from(String::from(&*req.client_id)),
             req.protocol,
             req.expiry_interval,
         ));
-        let (generation, evicted, ops) = {
+        let (generation, ops) = {
             let mut st = session.lock();
-            let (generation, evicted, _) = Session::attach(&mut st, ReasonCode::SUCCESS);
+            let (generation, _) = Session::attach(&mut st);
             let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
-            (generation, evicted, ops)
+            (generation, ops)
         };
         self.persist(ops);
-        sessions.insert(req.client_id, session.clone());
+        sessions.insert(session.clone());
         self.metrics.sessions_current.set(sessions.len() as f64);
         Attached {
             session,
             session_present: false,
             generation,
-            evicted,
         }
     }
 
@@ -238,6 +248,7 @@ impl Broker {
                 return; // taken over: the new connection owns it now
             }
             st.connection = None;
+            session.set_keep_alive_deadline(u64::MAX);
             st.disconnected_at = Some(Instant::now());
             if st.stored && st.is_persistent() {
                 let meta =
@@ -831,6 +842,43 @@ impl Broker {
             .lock()
             .get(client_id)
             .is_some_and(|s| s.lock().connection.is_some())
+    }
+
+    /// Milliseconds since the broker started: the coarse clock of keep-alive deadlines, small
+    /// enough for an atomic.
+    pub fn clock_ms(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_millis() as u64
+    }
+
+    /// Wakes every connection whose keep-alive ran out, so it closes (MQTT-3.1.2-24). Called
+    /// periodically ([`KEEP_ALIVE_SWEEP`]) instead of each connection holding a timer: an idle
+    /// connection then costs no timer entry and no timer future, only an atomic deadline.
+    pub fn wake_expired_keep_alives(&self) -> usize {
+        let now_ms = self.clock_ms(Instant::now());
+        let sessions = self.sessions.lock();
+        let mut woken = 0;
+        for session in sessions.iter() {
+            if session.keep_alive_expired(now_ms) {
+                session.wake();
+                woken += 1;
+            }
+        }
+        woken
+    }
+
+    /// Tells every connection the server is stopping: each closes with DISCONNECT 0x8B (v5)
+    /// when it wakes. Connections that attach later see the flag on their first check.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let sessions = self.sessions.lock();
+        for session in sessions.iter() {
+            session.wake();
+        }
+    }
+
+    /// True once [`Broker::begin_shutdown`] ran.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
     }
 
     /// Number of sessions currently known (connected or not).

@@ -131,9 +131,7 @@ impl Broker {
                 self.metrics.subscriptions_current.set(tree.len() as f64);
             }
             let generation = session.lock().generation;
-            self.sessions
-                .lock()
-                .insert(meta.client_id.clone(), Arc::clone(&session));
+            self.sessions.lock().insert(Arc::clone(&session));
             if remaining != Duration::MAX {
                 self.schedule_expiry(&session, generation, remaining, expiry);
             }

@@ -5,14 +5,16 @@
 //! only for short, non-async critical sections.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytestring::ByteString;
 use parking_lot::{Mutex, MutexGuard};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
 
 use super::message::{Delivery, SessionId};
-use crate::codec::{LastWill, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
+use crate::codec::{LastWill, ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::OverflowPolicy;
 
 /// Session expiry in seconds; `u32::MAX` means the session never expires.
@@ -24,8 +26,15 @@ pub struct Session {
     pub id: SessionId,
     pub client_id: ByteString,
     state: Mutex<SessionState>,
-    /// Wakes the connection task when deliveries arrive; holds a permit if it is busy.
+    /// Wakes the connection task: deliveries arrived, a window opened, the session was taken
+    /// over, the keep-alive ran out, or the server is stopping. The connection re-checks all of
+    /// these whenever it wakes, so one wake-up source replaces a channel and a timer per
+    /// connection (see [`Session::notified`]).
     notify: Notify,
+    /// When the attached connection's keep-alive runs out, in [`super::Broker::clock_ms`]
+    /// milliseconds (`u64::MAX`: no keep-alive or no connection). Read by the broker's
+    /// keep-alive sweep without taking the session lock.
+    keep_alive_deadline_ms: AtomicU64,
 }
 
 /// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
@@ -68,18 +77,11 @@ pub struct PendingWill {
     pub publish_at_unix_ms: u64,
 }
 
-/// The live connection attached to a session, so a newer one can evict it.
+/// The live connection attached to a session. A newer connection replaces it (takeover); the
+/// old one notices on its next wake-up that it no longer owns the session.
 #[derive(Debug)]
 pub struct ConnectionSlot {
     pub generation: u64,
-    kick: oneshot::Sender<ReasonCode>,
-}
-
-impl ConnectionSlot {
-    /// Tells the connection holding this slot to close with `reason`.
-    pub fn evict(self, reason: ReasonCode) {
-        let _ = self.kick.send(reason);
-    }
 }
 
 /// Queue bounds applied when a delivery is appended.
@@ -188,6 +190,7 @@ impl Session {
                 overflowing: false,
             }),
             notify: Notify::new(),
+            keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -196,9 +199,22 @@ impl Session {
         self.state.lock()
     }
 
-    /// Resolves when deliveries may be waiting.
-    pub async fn notified(&self) {
-        self.notify.notified().await
+    /// A future that resolves on the next [`Session::wake`]. It counts wake-ups from the
+    /// moment it is created, so the connection creates it *before* checking the session's state
+    /// and then awaits it: a wake-up between the check and the await is not lost.
+    pub fn notified(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// Records when the attached connection's keep-alive runs out (`u64::MAX`: never).
+    pub fn set_keep_alive_deadline(&self, deadline_ms: u64) {
+        self.keep_alive_deadline_ms
+            .store(deadline_ms, Ordering::Relaxed);
+    }
+
+    /// True if the attached connection's keep-alive ran out by `now_ms` (per its last report).
+    pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+        self.keep_alive_deadline_ms.load(Ordering::Relaxed) <= now_ms
     }
 
     /// Appends a delivery, applying the queue bounds. Called from publishing tasks.
@@ -267,7 +283,7 @@ impl Session {
         let wake = online && st.queue.len() == 1;
         drop(st);
         if wake {
-            self.notify.notify_one();
+            self.wake();
         }
         Admission::Pushed(outcome)
     }
@@ -283,7 +299,7 @@ impl Session {
         let wake = st.connection.is_some() && st.queue.len() == 1;
         drop(st);
         if wake {
-            self.notify.notify_one();
+            self.wake();
         }
     }
 
@@ -293,32 +309,25 @@ impl Session {
         self.push_reserved(delivery);
     }
 
-    /// Attaches a new connection, evicting the current one with `reason` (session takeover).
-    /// Returns the new generation and the eviction signal for the new connection.
-    pub fn attach(
-        st: &mut SessionState,
-        reason: ReasonCode,
-    ) -> (u64, oneshot::Receiver<ReasonCode>, bool) {
-        let evicted = match st.connection.take() {
-            Some(old) => {
-                old.evict(reason);
-                true
-            }
-            None => false,
-        };
+    /// Attaches a new connection in place of the current one (session takeover). Returns the
+    /// new generation and whether a connection was displaced; the caller then [`wake`]s the
+    /// session so the displaced connection notices and closes.
+    ///
+    /// [`wake`]: Session::wake
+    pub fn attach(st: &mut SessionState) -> (u64, bool) {
+        let displaced = st.connection.take().is_some();
         st.generation += 1;
-        let (kick, kicked) = oneshot::channel();
         st.connection = Some(ConnectionSlot {
             generation: st.generation,
-            kick,
         });
         st.disconnected_at = None;
-        (st.generation, kicked, evicted)
+        (st.generation, displaced)
     }
 
-    /// Wakes the connection task (e.g. after a window opened up).
+    /// Wakes the connection task(s) waiting on this session. During a takeover both the old
+    /// and the new connection may wait, so all waiters are woken; each re-checks its state.
     pub fn wake(&self) {
-        self.notify.notify_one();
+        self.notify.notify_waiters();
     }
 }
 

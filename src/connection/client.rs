@@ -4,14 +4,16 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use bytestring::ByteString;
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::futures::Notified;
 
 use super::gated::{AckKind, Gated, GatedWrites};
 use super::handshake::{self, Accepted, EnhancedAuth};
@@ -46,18 +48,26 @@ enum Close {
     ServerShutdown,
 }
 
+/// What woke the connection (see [`Client::next_wake`]).
+enum Wake {
+    Durable(Result<(), StorageError>),
+    Verdict(AuthStep),
+    Io(IoEvent),
+    Session,
+}
+
 /// One connected client.
 pub struct Client<S> {
     io: Io<S>,
     broker: Arc<Broker>,
     session: Arc<Session>,
     generation: u64,
-    evicted: oneshot::Receiver<ReasonCode>,
-    shutdown: CancellationToken,
     peer: SocketAddr,
     version: ProtocolVersion,
     session_present: bool,
-    /// 1.5 × keep-alive, or `None` when keep-alive is off.
+    /// 1.5 × keep-alive, or `None` when keep-alive is off. Enforced without a timer: the
+    /// broker's periodic sweep wakes the connection once the deadline it last reported to the
+    /// session has passed, and the connection then compares against `last_read`.
     keep_alive_limit: Option<Duration>,
     last_read: Instant,
     /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
@@ -107,7 +117,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         io: Io<S>,
         broker: Arc<Broker>,
         accepted: Accepted,
-        shutdown: CancellationToken,
         peer: SocketAddr,
     ) -> Client<S> {
         let Accepted {
@@ -142,12 +151,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             .maximum_packet_size
             .map_or(usize::MAX, |m| m as usize);
         let max_packet = config.max_packet_size as usize;
+        let mut io = io;
+        io.release_read_buffer();
         Client {
             io,
             session: attached.session,
             generation: attached.generation,
-            evicted: attached.evicted,
-            shutdown,
             peer,
             version: connect.protocol,
             session_present: attached.session_present,
@@ -174,6 +183,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 
     /// Runs until the connection ends, then settles the will and the session.
     pub async fn run(mut self: Box<Self>) {
+        self.report_keep_alive_deadline();
         if self.session_present {
             self.retransmit_inflight();
         }
@@ -184,64 +194,112 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     }
 
     async fn serve(&mut self) -> Close {
-        let keep_alive = tokio::time::sleep(self.keep_alive_limit.unwrap_or(Duration::MAX / 4));
-        tokio::pin!(keep_alive);
+        let session = Arc::clone(&self.session);
         loop {
-            self.fill_from_session();
-            let io = &mut self.io;
-            io.release_write_buffer();
-            let can_write = !io.wbuf.is_empty();
-            let gated = &mut self.gated;
-            let gate_waiting = gated.waiting();
-            let can_read = io.wbuf.len() < WRITE_HIGH_WATER && gated.len() < MAX_GATED_WRITES;
-            let authenticating = self.auth_step.is_some();
-            let auth_step = &mut self.auth_step;
-            tokio::select! {
-                biased;
-                _ = &mut self.evicted => return Close::TakenOver,
-                _ = self.shutdown.cancelled() => return Close::ServerShutdown,
-                durable = gated.front_durable(), if gate_waiting => match durable {
-                    Ok(()) => {
-                        self.gated.release_front();
-                        self.release_gated();
-                    }
-                    Err(error) => {
-                        tracing::error!(client = %self.session.client_id, %error, "durable store failed; closing without acknowledging");
-                        return Close::Violation(ReasonCode::UNSPECIFIED_ERROR, error.to_string());
-                    }
-                },
-                verdict = next_verdict(auth_step), if authenticating => {
+            // Created before the checks below, so a wake-up that lands between a check and
+            // the select is not lost (`Session::notified`).
+            let woken = std::pin::pin!(session.notified());
+            let now = Instant::now();
+            if let Some(close) = self.check_standing(now) {
+                return close;
+            }
+            if !self.fill_from_session(now) {
+                return Close::TakenOver; // MQTT-3.1.4-2
+            }
+            self.io.release_write_buffer();
+            match self.next_wake(woken).await {
+                Wake::Durable(Ok(())) => {
+                    self.gated.release_front();
+                    self.release_gated();
+                }
+                Wake::Durable(Err(error)) => {
+                    tracing::error!(client = %self.session.client_id, %error, "durable store failed; closing without acknowledging");
+                    return Close::Violation(ReasonCode::UNSPECIFIED_ERROR, error.to_string());
+                }
+                Wake::Verdict(verdict) => {
                     self.auth_step = None;
                     if let Err(close) = self.on_auth_verdict(verdict) {
                         return close;
                     }
-                },
-                event = io.next_event(true, can_read), if can_write || can_read => match event {
-                    IoEvent::Written(Ok(0) | Err(_)) | IoEvent::Read(Ok(0) | Err(_)) => return Close::Lost,
-                    IoEvent::Written(Ok(n)) => {
-                        self.broker.metrics.bytes_sent.increment(n as u64);
-                    }
-                    IoEvent::Read(Ok(n)) => {
-                        self.broker.metrics.bytes_received.increment(n as u64);
-                        self.last_read = Instant::now();
-                        let processed = self.process_input();
-                        self.io.release_read_buffer();
-                        if let Err(close) = processed {
-                            return close;
-                        }
-                    }
-                },
-                _ = self.session.notified() => {}
-                _ = &mut keep_alive, if self.keep_alive_limit.is_some() => {
-                    let limit = self.keep_alive_limit.unwrap_or(Duration::MAX / 4);
-                    let deadline = self.last_read + limit;
-                    if Instant::now() >= deadline {
-                        return Close::KeepAliveTimeout;
-                    }
-                    keep_alive.as_mut().reset(tokio::time::Instant::from_std(deadline));
                 }
+                Wake::Io(IoEvent::Written(Ok(0) | Err(_)) | IoEvent::Read(Ok(0) | Err(_))) => {
+                    return Close::Lost
+                }
+                Wake::Io(IoEvent::Written(Ok(n))) => {
+                    self.broker.metrics.bytes_sent.increment(n as u64);
+                }
+                Wake::Io(IoEvent::Read(Ok(n))) => {
+                    self.broker.metrics.bytes_received.increment(n as u64);
+                    self.last_read = Instant::now();
+                    let processed = self.process_input();
+                    self.io.release_read_buffer();
+                    if let Err(close) = processed {
+                        return close;
+                    }
+                }
+                Wake::Session => self.report_keep_alive_deadline(),
             }
         }
+    }
+
+    /// Waits for the next thing to do, in priority order: a commit the front gated write waits
+    /// for, an authentication verdict, socket I/O (writes first, reads only while neither the
+    /// write batch nor the gated writes are over their bounds), a session wake-up.
+    ///
+    /// One hand-written poll instead of `select!` over async helpers: this future is what
+    /// every idle connection holds, and it is a few references plus `woken`.
+    fn next_wake<'a, 'n: 'a>(
+        &'a mut self,
+        mut woken: Pin<&'a mut Notified<'n>>,
+    ) -> impl Future<Output = Wake> + use<'a, 'n, S> {
+        std::future::poll_fn(move |cx| {
+            if self.gated.waiting() {
+                if let Poll::Ready(r) = self.gated.poll_front_durable(cx) {
+                    return Poll::Ready(Wake::Durable(r));
+                }
+            }
+            if let Some(step) = self.auth_step.as_mut() {
+                if let Poll::Ready(verdict) = step.as_mut().poll(cx) {
+                    return Poll::Ready(Wake::Verdict(verdict));
+                }
+            }
+            let can_write = !self.io.wbuf.is_empty();
+            let can_read =
+                self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES;
+            if can_write || can_read {
+                if let Poll::Ready(event) = self.io.poll_event(cx, true, can_read) {
+                    return Poll::Ready(Wake::Io(event));
+                }
+            }
+            match woken.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Wake::Session),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+    }
+
+    /// Why the connection must close now, if it must: the server is stopping, or no packet
+    /// arrived within 1.5 × keep-alive (MQTT-3.1.2-24). Takeover is checked under the session
+    /// lock in [`Client::fill_from_session`].
+    fn check_standing(&self, now: Instant) -> Option<Close> {
+        if self.broker.is_shutting_down() {
+            return Some(Close::ServerShutdown);
+        }
+        match self.keep_alive_limit {
+            Some(limit) if now >= self.last_read + limit => Some(Close::KeepAliveTimeout),
+            _ => None,
+        }
+    }
+
+    /// Tells the session when this connection's keep-alive runs out, for the broker's sweep.
+    /// Reads do not update it (that would cost every packet an atomic store); instead, when the
+    /// sweep wakes the connection at a stale deadline, it lands here and moves it on.
+    fn report_keep_alive_deadline(&self) {
+        let deadline = match self.keep_alive_limit {
+            Some(limit) => self.broker.clock_ms(self.last_read + limit),
+            None => u64::MAX,
+        };
+        self.session.set_keep_alive_deadline(deadline);
     }
 
     /// Decodes and handles every complete packet in the read buffer.
@@ -800,13 +858,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Persisted deliveries record their new stage in the store. A QoS 2 PUBLISH is held back
     /// until that record is durable (otherwise a crash could re-send it under a new packet id:
     /// a duplicate), and so is everything after it, to keep the order.
-    fn fill_from_session(&mut self) {
+    ///
+    /// Returns false if this connection no longer owns the session (taken over).
+    fn fill_from_session(&mut self, now: Instant) -> bool {
         if self.io.wbuf.len() >= WRITE_HIGH_WATER || self.gated.len() >= MAX_HELD_BATCHES {
             // The socket, or the store, is behind: leave the rest in the session's bounded
             // queue rather than piling encoded batches up here.
-            return;
+            return self.session.lock().is_owned_by(self.generation);
         }
-        let now = Instant::now();
         let session = Arc::clone(&self.session);
         let mut ops: Vec<Op> = Vec::new();
         let mut held = BytesMut::new();
@@ -816,6 +875,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let mut sent = [0u64; 3];
         {
             let mut st = session.lock();
+            if !st.is_owned_by(self.generation) {
+                return false;
+            }
             while self.io.wbuf.len() + held.len() < WRITE_HIGH_WATER {
                 let Some(front) = st.queue.front() else { break };
                 if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.window {
@@ -887,6 +949,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             let gate = if gate_on_ops { durable } else { None };
             self.send_gated_behind(gate, Gated::Encoded(held.freeze()));
         }
+        true
     }
 
     /// Queues a write behind any waiting ones, even when it has nothing to wait for itself.
@@ -1042,13 +1105,5 @@ fn encode_delivery(
             tracing::warn!(%error, "cannot encode delivery");
             false
         }
-    }
-}
-
-/// Resolves with the verdict of the authentication step in progress (never, if none is).
-async fn next_verdict(step: &mut Option<PendingStep>) -> AuthStep {
-    match step {
-        Some(step) => step.await,
-        None => std::future::pending().await,
     }
 }

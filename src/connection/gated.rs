@@ -7,6 +7,9 @@
 //! in-memory store nothing is ever gated and the queue stays empty.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
@@ -74,12 +77,12 @@ impl GatedWrites {
         self.queue.push_back((durable, item));
     }
 
-    /// Resolves when the front write's commit is durable (or failed). Cancel-safe: the
-    /// durable future stays in place until [`Self::release_front`].
-    pub async fn front_durable(&mut self) -> Result<(), StorageError> {
+    /// Ready when the front write's commit is durable (or failed). The durable future stays
+    /// in place until [`Self::release_front`], so polling it again is harmless.
+    pub fn poll_front_durable(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StorageError>> {
         match self.queue.front_mut() {
-            Some((Some(durable), _)) => durable.await,
-            _ => Ok(()),
+            Some((Some(durable), _)) => Pin::new(durable).poll(cx),
+            _ => Poll::Ready(Ok(())),
         }
     }
 

@@ -129,11 +129,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         })
     }
 
-    /// Drops the read buffer's allocation once every packet has been taken from it (their
-    /// payloads keep the bytes they need alive), so an idle connection holds none.
+    /// Drops the read buffer once every packet has been taken from it (their payloads keep the
+    /// bytes they need alive), so an idle connection holds none. Even an empty buffer with no
+    /// spare capacity still shares the allocation its packets were split from, so it is
+    /// replaced whenever it is empty, not only when it has capacity left.
     #[inline]
     pub fn release_read_buffer(&mut self) {
-        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
+        if self.rbuf.is_empty() {
             self.rbuf = BytesMut::new();
         }
     }
@@ -160,23 +162,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         }
     }
 
-    /// Waits for the first of: the pending batch written (if `write`), input read (if `read`).
-    /// Writing is polled first so queued deliveries and acks leave before more input is taken.
-    pub async fn next_event(&mut self, write: bool, read: bool) -> IoEvent {
-        std::future::poll_fn(|cx| {
-            if write && !self.wbuf.is_empty() {
-                if let Poll::Ready(r) = self.poll_write_some(cx) {
-                    return Poll::Ready(IoEvent::Written(r));
-                }
+    /// Polls a write of the batch (when `write` and there is one), then a read (when `read`).
+    pub fn poll_event(&mut self, cx: &mut Context<'_>, write: bool, read: bool) -> Poll<IoEvent> {
+        if write && !self.wbuf.is_empty() {
+            if let Poll::Ready(r) = self.poll_write_some(cx) {
+                return Poll::Ready(IoEvent::Written(r));
             }
-            if read {
-                if let Poll::Ready(r) = self.poll_read_some(cx) {
-                    return Poll::Ready(IoEvent::Read(r));
-                }
+        }
+        if read {
+            if let Poll::Ready(r) = self.poll_read_some(cx) {
+                return Poll::Ready(IoEvent::Read(r));
             }
-            Poll::Pending
-        })
-        .await
+        }
+        Poll::Pending
     }
 
     /// Reads once; 0 means the peer closed.

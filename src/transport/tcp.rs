@@ -24,7 +24,11 @@ pub async fn serve_tcp(
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => {
+                // Connections do not watch the token themselves (one less future each).
+                broker.begin_shutdown();
+                return;
+            }
         };
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
