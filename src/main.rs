@@ -46,6 +46,17 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&level));
     tracing_subscriber::fmt().with_env_filter(filter).init();
 
+    // Before the runtime's threads exist: growing the descriptor table is free now and stalls
+    // accepts later (see `transport::fd_table`).
+    match postbox::transport::fd_table::prepare() {
+        Some(fds) => tracing::debug!(
+            open_file_limit = fds.soft_limit,
+            pregrown = fds.pregrown,
+            "descriptor table ready"
+        ),
+        None => tracing::debug!("open-file limit left as it is"),
+    }
+
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

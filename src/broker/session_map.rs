@@ -77,12 +77,7 @@ mod tests {
     use crate::codec::ProtocolVersion;
 
     fn session(id: u64, client_id: &str) -> Arc<Session> {
-        Arc::new(Session::new(
-            id,
-            client_id.into(),
-            ProtocolVersion::V5,
-            0,
-        ))
+        Arc::new(Session::new(id, client_id.into(), ProtocolVersion::V5, 0))
     }
 
     #[test]

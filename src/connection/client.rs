@@ -2,10 +2,10 @@
 //! outbound flow control, keep-alive, takeover and the will.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
@@ -113,12 +113,7 @@ const MAX_HELD_BATCHES: usize = 16;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Takes over the connection from the handshake.
-    pub fn new(
-        io: Io<S>,
-        broker: Arc<Broker>,
-        accepted: Accepted,
-        peer: SocketAddr,
-    ) -> Client<S> {
+    pub fn new(io: Io<S>, broker: Arc<Broker>, accepted: Accepted, peer: SocketAddr) -> Client<S> {
         let Accepted {
             connect,
             attached,

@@ -80,7 +80,11 @@ mod size_tests {
         );
         let fut = serve(stream, addr, broker, CancellationToken::new());
         let size = std::mem::size_of_val(&fut);
-        println!("PROBE future {size} client {} session {}", std::mem::size_of::<client::Client<tokio::net::TcpStream>>(), std::mem::size_of::<crate::broker::Session>());
+        println!(
+            "PROBE future {size} client {} session {}",
+            std::mem::size_of::<client::Client<tokio::net::TcpStream>>(),
+            std::mem::size_of::<crate::broker::Session>()
+        );
         assert!(size <= 768, "connection future is {size} B");
         let client = std::mem::size_of::<client::Client<tokio::net::TcpStream>>();
         assert!(client <= 512, "client state is {client} B");
