@@ -252,9 +252,8 @@ impl Conn {
                 return Ok(packet);
             }
             self.rbuf.reserve(CONTROL_READ_CHUNK);
-            match self.stream.read_buf(&mut self.rbuf).await? {
-                0 => bail!("broker closed the connection"),
-                _ => {}
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                bail!("broker closed the connection");
             }
         }
     }
