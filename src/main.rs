@@ -2,6 +2,14 @@
 
 use std::path::PathBuf;
 
+/// jemalloc instead of glibc's malloc, measured with `postbox-bench` on the same machine: RSS
+/// per idle connection 1,885 -> 1,639 B (tokio's per-connection task and I/O blocks are
+/// 128-byte aligned, which glibc pads), p2p QoS 1 +37% msg/s, fan-in QoS 1 +12-20%, fan-out
+/// QoS 1 even, fan-in QoS 0 -4%. mimalloc was tried too: more memory per connection than glibc.
+#[cfg(unix)]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use anyhow::Context;
 use clap::Parser;
 use postbox::config::Config;
