@@ -5,6 +5,7 @@
 //! only for short, non-async critical sections.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -81,7 +82,9 @@ pub struct PendingWill {
 /// old one notices on its next wake-up that it no longer owns the session.
 #[derive(Debug)]
 pub struct ConnectionSlot {
-    pub generation: u64,
+    /// Never zero (the first attach makes it 1), which lets `Option<ConnectionSlot>` take no
+    /// more room than the number itself: every session carries one.
+    pub generation: NonZeroU64,
 }
 
 /// Queue bounds applied when a delivery is appended.
@@ -317,9 +320,8 @@ impl Session {
     pub fn attach(st: &mut SessionState) -> (u64, bool) {
         let displaced = st.connection.take().is_some();
         st.generation += 1;
-        st.connection = Some(ConnectionSlot {
-            generation: st.generation,
-        });
+        st.connection =
+            NonZeroU64::new(st.generation).map(|generation| ConnectionSlot { generation });
         st.disconnected_at = None;
         (st.generation, displaced)
     }
@@ -434,6 +436,6 @@ impl SessionState {
     pub fn is_owned_by(&self, generation: u64) -> bool {
         self.connection
             .as_ref()
-            .is_some_and(|c| c.generation == generation)
+            .is_some_and(|c| c.generation.get() == generation)
     }
 }

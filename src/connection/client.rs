@@ -56,6 +56,19 @@ enum Wake {
     Session,
 }
 
+/// Inbound topic alias table of one connection.
+type InboundAliases = HashMap<u16, ByteString, foldhash::fast::RandomState>;
+
+/// A connection's enhanced authentication (v5 §4.12): its method and any re-authentication
+/// in progress.
+struct AuthContext {
+    method: EnhancedAuth,
+    /// Method state between the rounds of a re-authentication in progress.
+    state: Option<AuthState>,
+    /// An authentication step being computed (possibly on the blocking pool).
+    step: Option<PendingStep>,
+}
+
 /// One connected client.
 pub struct Client<S> {
     io: Io<S>,
@@ -77,8 +90,9 @@ pub struct Client<S> {
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
     max_packet: usize,
-    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries.
-    aliases: HashMap<u16, ByteString, foldhash::fast::RandomState>,
+    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
+    /// created on first use: most clients never send an alias.
+    aliases: Option<Box<InboundAliases>>,
     /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
     alias_max_in: u16,
     /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
@@ -92,12 +106,9 @@ pub struct Client<S> {
     pending_inbound: usize,
     /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
     problem_info: bool,
-    /// The enhanced authentication method of this connection, for re-authentication.
-    auth: Option<Box<EnhancedAuth>>,
-    /// Method state between the rounds of a re-authentication in progress.
-    reauth_state: Option<AuthState>,
-    /// An authentication step being computed (possibly on the blocking pool).
-    auth_step: Option<PendingStep>,
+    /// The connection's enhanced authentication, for re-authentication; boxed, most clients
+    /// have none.
+    auth: Option<Box<AuthContext>>,
     /// Writes waiting for the durable store (acks, PUBREL, outbound QoS 2).
     gated: GatedWrites,
 }
@@ -162,15 +173,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             window,
             client_max_packet,
             max_packet,
-            aliases: HashMap::default(),
+            aliases: None,
             alias_max_in,
             aliases_out,
             receive_maximum: our_receive_maximum,
             pending_inbound: 0,
             problem_info,
-            auth: auth.map(Box::new),
-            reauth_state: None,
-            auth_step: None,
+            auth: auth.map(|method| {
+                Box::new(AuthContext {
+                    method,
+                    state: None,
+                    step: None,
+                })
+            }),
             gated: GatedWrites::default(),
             broker,
         }
@@ -212,7 +227,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     return Close::Violation(ReasonCode::UNSPECIFIED_ERROR, error.to_string());
                 }
                 Wake::Verdict(verdict) => {
-                    self.auth_step = None;
+                    if let Some(auth) = self.auth.as_deref_mut() {
+                        auth.step = None;
+                    }
                     if let Err(close) = self.on_auth_verdict(verdict) {
                         return close;
                     }
@@ -253,7 +270,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     return Poll::Ready(Wake::Durable(r));
                 }
             }
-            if let Some(step) = self.auth_step.as_mut() {
+            if let Some(step) = self.auth.as_deref_mut().and_then(|a| a.step.as_mut()) {
                 if let Poll::Ready(verdict) = step.as_mut().poll(cx) {
                     return Poll::Ready(Wake::Verdict(verdict));
                 }
@@ -529,7 +546,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             return Err(self.violation(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range"));
         }
         if publish.topic.is_empty() {
-            match self.aliases.get(&alias) {
+            match self.aliases.as_deref().and_then(|a| a.get(&alias)) {
                 Some(topic) => publish.topic = topic.clone(),
                 None => {
                     return Err(self.violation(ReasonCode::PROTOCOL_ERROR, "unknown topic alias"))
@@ -538,7 +555,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         } else {
             // A copy, so a long-lived alias does not pin the read buffer the topic came in.
             let topic = ByteString::from(publish.topic.to_string());
-            self.aliases.insert(alias, topic);
+            self.aliases
+                .get_or_insert_with(Box::default)
+                .insert(alias, topic);
         }
         Ok(())
     }
@@ -736,55 +755,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// connection's method (MQTT-4.12.1-1), 0x18 answers our challenge. Other packets keep
     /// flowing meanwhile.
     fn on_auth(&mut self, packet: Auth) -> Result<(), Close> {
-        let Some(auth) = &self.auth else {
+        let started = match self.auth.as_deref_mut() {
             // MQTT-4.12.0-7: no method in CONNECT, so no AUTH.
-            return Err(self.violation(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without an authentication method",
-            ));
+            None => Err("AUTH without an authentication method"),
+            Some(auth) => start_reauth_step(auth, packet, &self.session.client_id),
         };
-        if packet.properties.authentication_method.as_ref() != Some(&auth.method) {
-            return Err(self.violation(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH with another authentication method",
-            ));
-        }
-        if self.auth_step.is_some() {
-            return Err(self.violation(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH before the previous one was answered",
-            ));
-        }
-        let input = match (packet.reason_code, self.reauth_state.take()) {
-            (ReasonCode::RE_AUTHENTICATE, None) => {
-                StepInput::Start(self.session.client_id.to_string())
-            }
-            (ReasonCode::CONTINUE_AUTHENTICATION, Some(state)) => StepInput::Continue(state),
-            _ => {
-                return Err(self.violation(
-                    ReasonCode::PROTOCOL_ERROR,
-                    "AUTH reason code out of sequence",
-                ))
-            }
-        };
-        self.auth_step = Some(auth::run_step(
-            Arc::clone(&auth.authenticator),
-            input,
-            packet.properties.authentication_data,
-        ));
-        Ok(())
+        started.map_err(|why| self.violation(ReasonCode::PROTOCOL_ERROR, why))
     }
 
     /// The verdict of a re-authentication step: AUTH 0x00 (done), AUTH 0x18 (another round),
     /// or DISCONNECT (MQTT-4.12.1-2).
     fn on_auth_verdict(&mut self, verdict: AuthStep) -> Result<(), Close> {
-        let Some(auth) = &self.auth else {
+        let Some(auth) = self.auth.as_deref_mut() else {
             return Ok(());
         };
         let (reason_code, data) = match verdict {
             AuthStep::Success(data) => (ReasonCode::SUCCESS, data),
             AuthStep::Continue { data, state } => {
-                self.reauth_state = Some(state);
+                auth.state = Some(state);
                 (ReasonCode::CONTINUE_AUTHENTICATION, data)
             }
             AuthStep::Fail(code) => {
@@ -802,7 +790,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let packet = Packet::Auth(Auth {
             reason_code,
             properties: AuthProperties {
-                authentication_method: Some(auth.method.clone()), // MQTT-4.12.0-5
+                authentication_method: Some(auth.method.method.clone()), // MQTT-4.12.0-5
                 authentication_data: data,
                 ..Default::default()
             },
@@ -1052,6 +1040,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         self.broker.disconnect(&self.session, self.generation);
         tracing::debug!(peer = %self.peer, client = %self.session.client_id, ?close, "disconnected");
     }
+}
+
+/// Starts the next step of a re-authentication for an AUTH packet: 0x19 starts one with the
+/// connection's method (MQTT-4.12.1-1), 0x18 answers our challenge. The error is why the
+/// packet breaks the protocol.
+fn start_reauth_step(
+    auth: &mut AuthContext,
+    packet: Auth,
+    client_id: &ByteString,
+) -> Result<(), &'static str> {
+    if packet.properties.authentication_method.as_ref() != Some(&auth.method.method) {
+        return Err("AUTH with another authentication method");
+    }
+    if auth.step.is_some() {
+        return Err("AUTH before the previous one was answered");
+    }
+    let input = match (packet.reason_code, auth.state.take()) {
+        (ReasonCode::RE_AUTHENTICATE, None) => StepInput::Start(client_id.to_string()),
+        (ReasonCode::CONTINUE_AUTHENTICATION, Some(state)) => StepInput::Continue(state),
+        _ => return Err("AUTH reason code out of sequence"),
+    };
+    auth.step = Some(auth::run_step(
+        Arc::clone(&auth.method.authenticator),
+        input,
+        packet.properties.authentication_data,
+    ));
+    Ok(())
 }
 
 /// Encodes one delivery into `out` for a client of `version`; false if it could not be sent
