@@ -45,6 +45,9 @@ pub struct ConnectOptions {
     /// own 127.0.0.x address and port, so neither a source address runs out of ports nor the
     /// kernel spends the run searching for free ones.
     pub source: Option<SocketAddr>,
+    /// Set TCP_NODELAY (every scenario that sends after the handshake). Idle clients skip the
+    /// system call: in the `connections` scenario the generator's core is the bottleneck.
+    pub nodelay: bool,
     /// v5 Session Expiry Interval to request (ignored for 3.x).
     pub session_expiry: Option<u32>,
 }
@@ -58,6 +61,7 @@ impl ConnectOptions {
             version,
             keep_alive: 600,
             source: None,
+            nodelay: true,
             session_expiry: None,
         }
     }
@@ -126,7 +130,9 @@ impl Conn {
             .connect(addr)
             .await
             .with_context(|| format!("connect to {addr}"))?;
-        stream.set_nodelay(true)?;
+        if opts.nodelay {
+            stream.set_nodelay(true)?;
+        }
         let mut conn = Conn {
             stream,
             // Grown on demand: idle clients (the `connections` scenario) never need more.
