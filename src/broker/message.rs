@@ -24,8 +24,10 @@ pub struct Message {
     /// QoS the publisher used; subscribers receive `min(this, granted)`.
     pub qos: QoS,
     pub retain: bool,
-    /// v5 properties to forward (topic alias and subscription ids stripped).
-    pub properties: PublishProperties,
+    /// v5 properties to forward (topic alias and subscription ids stripped); `None` when there
+    /// are none, as for every 3.x message: 8 bytes instead of 160 in each queued message.
+    /// Read through [`Message::properties`].
+    properties: Option<Box<PublishProperties>>,
     /// When the message stops being deliverable (Message Expiry Interval).
     pub expires_at: Option<Instant>,
     pub received_at: Instant,
@@ -36,6 +38,23 @@ pub struct Message {
     pub store_id: OnceLock<u64>,
     /// Shared encodings, by slot: [v3 no id, v3 with id, v5 no id, v5 with id].
     encoded: EncodedCache,
+}
+
+/// What [`Message::properties`] lends when a message has no properties.
+static NO_PROPERTIES: PublishProperties = PublishProperties {
+    payload_format_indicator: None,
+    message_expiry_interval: None,
+    topic_alias: None,
+    response_topic: None,
+    correlation_data: None,
+    user_properties: Vec::new(),
+    subscription_identifiers: SmallVec::new_const(),
+    content_type: None,
+};
+
+/// Boxes properties only when there are some.
+fn boxed_properties(properties: PublishProperties) -> Option<Box<PublishProperties>> {
+    (!properties.is_empty()).then(|| Box::new(properties))
 }
 
 /// The shared encodings of one message. Nearly every message is encoded for one kind of
@@ -102,7 +121,7 @@ impl Message {
             payload: publish.payload,
             qos: publish.qos,
             retain: publish.retain,
-            properties,
+            properties: boxed_properties(properties),
             expires_at,
             received_at: now,
             origin,
@@ -146,13 +165,18 @@ impl Message {
             payload: stored.payload.clone(),
             qos: stored.qos,
             retain: stored.retain,
-            properties: stored.properties.clone(),
+            properties: boxed_properties(stored.properties.clone()),
             expires_at,
             received_at,
             origin: None,
             store_id: store_id.map_or_else(OnceLock::new, OnceLock::from),
             encoded: EncodedCache::default(),
         }
+    }
+
+    /// The v5 properties forwarded with this message (empty for most messages).
+    pub fn properties(&self) -> &PublishProperties {
+        self.properties.as_deref().unwrap_or(&NO_PROPERTIES)
     }
 
     /// True once the Message Expiry Interval has passed (MQTT-3.3.2-5).
@@ -176,7 +200,7 @@ impl Message {
         let v5 = version.is_v5();
         // The clock is read only for a v5 subscriber of an expiring message: a system call
         // per delivery otherwise (12% of fan-out CPU in the 2026-11-30 profile).
-        let elapsed_secs = if v5 && self.properties.message_expiry_interval.is_some() {
+        let elapsed_secs = if v5 && self.properties().message_expiry_interval.is_some() {
             self.received_at.elapsed().as_secs()
         } else {
             0
@@ -186,7 +210,7 @@ impl Message {
                 || delivery.topic_alias.is_some()
                 || elapsed_secs > 0);
         if custom {
-            let mut props = self.properties.clone();
+            let mut props = self.properties().clone();
             props
                 .subscription_identifiers
                 .extend_from_slice(delivery.subscription_ids);
@@ -244,7 +268,7 @@ impl Message {
             retain: false,
             topic: &self.topic,
             packet_id: 1,
-            properties: Some(&self.properties),
+            properties: self.properties.as_deref(),
         };
         let packet_id_offset = codec::encode_publish(&header, &self.payload, version, &mut buf)?;
         Ok(EncodedPublish {
@@ -291,4 +315,42 @@ pub struct Delivery {
     /// The shared subscription (`$share/{group}/{filter}`) this delivery was chosen for, so
     /// the broker can hand it to another member if this session leaves; `None` otherwise.
     pub shared: Option<std::sync::Arc<str>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every queued message costs its `Message`, so its size is a per-message cost of every
+    /// backlog: 376 B with `PublishProperties` inline, 224 B with them boxed only when present.
+    #[test]
+    fn message_stays_small() {
+        let size = std::mem::size_of::<Message>();
+        assert!(size <= 224, "Message is {size} B");
+    }
+
+    #[test]
+    fn properties_are_boxed_only_when_present() {
+        let plain = Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: "a/b".into(),
+            packet_id: 1,
+            payload: Bytes::from_static(b"x"),
+            properties: PublishProperties::default(),
+        };
+        let mut with_props = plain.clone();
+        with_props.properties.content_type = Some("text/plain".into());
+        with_props.properties.topic_alias = Some(3); // stripped: not forwarded
+        let plain = Message::from_publish(plain, None);
+        let with_props = Message::from_publish(with_props, None);
+        assert!(plain.properties.is_none());
+        assert!(plain.properties().is_empty());
+        assert_eq!(
+            with_props.properties().content_type.as_deref(),
+            Some("text/plain")
+        );
+        assert_eq!(with_props.properties().topic_alias, None);
+    }
 }

@@ -257,7 +257,7 @@ impl StoredMessage {
             payload: message.payload.clone(),
             qos: message.qos,
             retain: message.retain,
-            properties: message.properties.clone(),
+            properties: message.properties().clone(),
             received_at_unix_ms: now_ms.saturating_sub(age_ms),
             expires_at_unix_ms: message.expires_at.map(|t| {
                 let left = t.saturating_duration_since(now).as_millis() as u64;
