@@ -48,6 +48,10 @@ pub struct ConnectOptions {
     /// Set TCP_NODELAY (every scenario that sends after the handshake). Idle clients skip the
     /// system call: in the `connections` scenario the generator's core is the bottleneck.
     pub nodelay: bool,
+    /// Set SO_REUSEADDR before binding `source`, so a source port still in TIME_WAIT can be
+    /// bound again. The `connections` scenario skips it: its tuples are fresh each run and
+    /// closed with a reset, and a tuple in use just moves it on to the next one.
+    pub reuse_source: bool,
     /// v5 Session Expiry Interval to request (ignored for 3.x).
     pub session_expiry: Option<u32>,
 }
@@ -62,6 +66,7 @@ impl ConnectOptions {
             keep_alive: 600,
             source: None,
             nodelay: true,
+            reuse_source: true,
             session_expiry: None,
         }
     }
@@ -118,7 +123,7 @@ impl Conn {
         if let Some(source) = opts.source {
             if source.port() == 0 {
                 defer_port_choice(&socket);
-            } else {
+            } else if opts.reuse_source {
                 // Lets a port whose last connection is in TIME_WAIT be bound again.
                 socket.set_reuseaddr(true)?;
             }

@@ -96,6 +96,7 @@ pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
         // Idle clients send nothing timed after CONNECT, so Nagle cannot delay anything
         // measured; the system call is saved (the generator's core is the bottleneck here).
         opts.nodelay = p.subscribe_each;
+        opts.reuse_source = false;
         let (addr, subscribe, qos) = (p.addr, p.subscribe_each, p.qos);
         let tuples = Arc::clone(&tuples);
         tasks.spawn(async move {
