@@ -124,7 +124,12 @@ const MAX_HELD_BATCHES: usize = 16;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Takes over the connection from the handshake.
-    pub fn new(io: Io<S>, broker: Arc<Broker>, accepted: Accepted, peer: SocketAddr) -> Client<S> {
+    pub fn new(
+        mut io: Io<S>,
+        broker: Arc<Broker>,
+        accepted: Accepted,
+        peer: SocketAddr,
+    ) -> Client<S> {
         let Accepted {
             connect,
             attached,
@@ -157,7 +162,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             .maximum_packet_size
             .map_or(usize::MAX, |m| m as usize);
         let max_packet = config.max_packet_size as usize;
-        let mut io = io;
+        // The CONNECT has been taken out of it: do not keep its buffer for an idle client.
         io.release_read_buffer();
         Client {
             io,
