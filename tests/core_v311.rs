@@ -438,6 +438,58 @@ async fn keep_alive_is_enforced_at_one_and_a_half_times() {
 }
 
 #[tokio::test]
+async fn a_client_that_keeps_pinging_outlives_its_keep_alive() {
+    // 3.1.1 MQTT-3.1.2-24 read the other way: traffic within each 1.5 × keep-alive keeps the
+    // connection. The broker enforces keep-alive with a periodic sweep that wakes connections
+    // at the deadline they last reported, so a client that reported once and then kept
+    // pinging must be woken, found alive and left alone, period after period.
+    let server = common::start().await;
+    let mut raw = RawClient::open(server.mqtt_addr, ProtocolVersion::V3_1_1).await;
+    let connect = postbox::codec::Connect {
+        protocol: ProtocolVersion::V3_1_1,
+        clean_start: true,
+        keep_alive: 1,
+        client_id: "pinger".into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Default::default(),
+    };
+    raw.send(&Packet::Connect(Box::new(connect))).await;
+    assert!(matches!(raw.recv().await, Some(Packet::ConnAck(_))));
+    // Four seconds: well past the 1.5 s limit and several sweeps. The pause paces the
+    // client, as a device's timer would; every PINGREQ must get its PINGRESP.
+    for round in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        raw.send(&Packet::PingReq).await;
+        assert!(
+            matches!(raw.recv().await, Some(Packet::PingResp)),
+            "no PINGRESP in round {round}: the connection was closed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_silent_tcp_connection_does_not_hold_up_other_clients() {
+    // A socket that never sends CONNECT (a scanner, a stuck device) must not keep the broker
+    // from serving anyone else; the listener only hands over connections whose CONNECT
+    // arrived (TCP_DEFER_ACCEPT), and the CONNECT timeout closes the rest.
+    let server = common::start().await;
+    let _silent = tokio::net::TcpStream::connect(server.mqtt_addr)
+        .await
+        .expect("tcp connect");
+    let mut raw = RawClient::connect(
+        server.mqtt_addr,
+        ProtocolVersion::V3_1_1,
+        "after-silent",
+        true,
+    )
+    .await;
+    raw.send(&Packet::PingReq).await;
+    assert!(matches!(raw.recv().await, Some(Packet::PingResp)));
+}
+
+#[tokio::test]
 async fn empty_client_id_needs_clean_session_in_311() {
     // 3.1.1 MQTT-3.1.3-8 (rejected with 0x02 when Clean Session = 0), MQTT-3.1.3-6 (assigned otherwise)
     let server = common::start().await;
