@@ -81,3 +81,29 @@ async fn json_line_round_trips_into_the_summary() {
     assert!(table.contains("p2p-small"), "{table}");
     assert!(table.contains("delivered msg/s"), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_all_served() {
+    // The timed part is a raw epoll loop (loadgen/burst.rs): every client must get its
+    // CONNACK and later answer a PINGREQ.
+    let report = run_small(Scenario::Connections, |p| {
+        p.connections = 200;
+    })
+    .await;
+    assert_eq!(report.expected, 200);
+    assert_eq!(report.delivered, 200, "{report:?}");
+    assert!(report.completed);
+    assert!(report.connect_per_s.is_some_and(|r| r > 0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_also_subscribe_are_all_served() {
+    // The other path: one task per client, each also subscribing.
+    let report = run_small(Scenario::Connections, |p| {
+        p.connections = 100;
+        p.subscribe_each = true;
+    })
+    .await;
+    assert_eq!(report.delivered, 100, "{report:?}");
+    assert!(report.completed);
+}

@@ -111,7 +111,37 @@ fn defer_port_choice(socket: &TcpSocket) {
     }
 }
 
+/// The CONNECT for `opts`.
+pub fn connect_packet(opts: &ConnectOptions) -> Packet {
+    let mut properties = codec::ConnectProperties::default();
+    if opts.version.is_v5() {
+        properties.session_expiry_interval = opts.session_expiry;
+    }
+    Packet::Connect(Box::new(Connect {
+        protocol: opts.version,
+        clean_start: opts.clean,
+        keep_alive: opts.keep_alive,
+        client_id: opts.client_id.as_str().into(),
+        will: None,
+        username: None,
+        password: None,
+        properties,
+    }))
+}
+
 impl Conn {
+    /// Wraps a non-blocking socket that finished its MQTT handshake elsewhere (the
+    /// `connections` scenario's burst); must be called inside the runtime.
+    pub fn from_connected(stream: std::net::TcpStream, version: ProtocolVersion) -> Result<Conn> {
+        Ok(Conn {
+            stream: TcpStream::from_std(stream)?,
+            rbuf: BytesMut::new(),
+            wbuf: BytesMut::new(),
+            version,
+            session_present: false,
+        })
+    }
+
     /// Opens a TCP connection, sends CONNECT and waits for a successful CONNACK.
     pub async fn connect(addr: SocketAddr, opts: &ConnectOptions) -> Result<Conn> {
         ensure_loopback(addr)?;
@@ -146,21 +176,7 @@ impl Conn {
             version: opts.version,
             session_present: false,
         };
-        let mut properties = codec::ConnectProperties::default();
-        if opts.version.is_v5() {
-            properties.session_expiry_interval = opts.session_expiry;
-        }
-        let connect = Connect {
-            protocol: opts.version,
-            clean_start: opts.clean,
-            keep_alive: opts.keep_alive,
-            client_id: opts.client_id.as_str().into(),
-            will: None,
-            username: None,
-            password: None,
-            properties,
-        };
-        conn.queue(&Packet::Connect(Box::new(connect)))?;
+        conn.queue(&connect_packet(opts))?;
         conn.flush().await?;
         match conn.recv_within(HANDSHAKE_TIMEOUT).await? {
             Packet::ConnAck(ack) if ack.reason_code == ReasonCode::SUCCESS => {

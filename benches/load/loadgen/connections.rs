@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use bytes::BytesMut;
 use postbox::codec::Packet;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::client::{Conn, ConnectOptions};
+use super::client::{connect_packet, Conn, ConnectOptions};
 use super::procfs::{self, CpuMeter};
 use super::report::{rate, Report};
 use super::scenarios::{run_id, Params};
@@ -65,29 +66,24 @@ fn is_addr_in_use(e: &anyhow::Error) -> bool {
     })
 }
 
-/// C idle clients: connect rate, broker RSS per connection, and a PINGREQ round to prove
-/// every one of them is still served.
-pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
+/// What the timed part produced: clients, or sockets past CONNACK still to be handed to tokio.
+enum Connected {
+    Clients(Vec<Conn>),
+    Sockets(Vec<std::net::TcpStream>),
+}
+
+/// The handshakes as one tokio task each: for IPv6 brokers and when every client also
+/// subscribes (the burst only does CONNECT / CONNACK).
+async fn connect_with_tasks(
+    p: &Params,
+    run: u32,
+    tuples: &Arc<AtomicU64>,
+    deadline: tokio::time::Instant,
+) -> Result<Vec<Conn>> {
     let n = p.connections;
-    let limit = procfs::raise_nofile(n as u64 + 1024)?;
-    if limit < n as u64 + 64 {
-        bail!("open-file limit is {limit}, too low for {n} connections");
-    }
-    report.subscribers = n;
-    report.expected = n as u64;
-    let run = run_id();
-    let baseline_kib = p
-        .broker_pid
-        .and_then(|pid| procfs::status_kib(pid, "VmRSS").ok());
-    let meter = p.broker_pid.and_then(CpuMeter::start);
-    let generator = CpuMeter::start(std::process::id());
-    let start = Instant::now();
-    let deadline = tokio::time::Instant::from_std(start + p.timeout);
     let sem = Arc::new(Semaphore::new(p.connect_concurrency.max(1)));
     let mut tasks = JoinSet::new();
     let mut conns: Vec<Conn> = Vec::with_capacity(n);
-    // Start each run at a different place in the tuple space, away from the last run's.
-    let tuples = Arc::new(AtomicU64::new(u64::from(run) * 7919));
     for i in 0..n {
         let permit = tokio::time::timeout_at(deadline, Arc::clone(&sem).acquire_owned())
             .await
@@ -98,7 +94,7 @@ pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
         opts.nodelay = p.subscribe_each;
         opts.reuse_source = false;
         let (addr, subscribe, qos) = (p.addr, p.subscribe_each, p.qos);
-        let tuples = Arc::clone(&tuples);
+        let tuples = Arc::clone(tuples);
         tasks.spawn(async move {
             let _permit = permit;
             let mut conn = connect_from(addr, &mut opts, &tuples).await?;
@@ -118,6 +114,62 @@ pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
     {
         conns.push(done.context("connect task panicked")??);
     }
+    Ok(conns)
+}
+
+/// C idle clients: connect rate, broker RSS per connection, and a PINGREQ round to prove
+/// every one of them is still served.
+pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
+    let n = p.connections;
+    let limit = procfs::raise_nofile(n as u64 + 1024)?;
+    if limit < n as u64 + 64 {
+        bail!("open-file limit is {limit}, too low for {n} connections");
+    }
+    report.subscribers = n;
+    report.expected = n as u64;
+    let run = run_id();
+    let baseline_kib = p
+        .broker_pid
+        .and_then(|pid| procfs::status_kib(pid, "VmRSS").ok());
+    let meter = p.broker_pid.and_then(CpuMeter::start);
+    let generator = CpuMeter::start(std::process::id());
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::from_std(start + p.timeout);
+    // Start each run at a different place in the tuple space, away from the last run's.
+    let tuples = Arc::new(AtomicU64::new(u64::from(run) * 7919));
+    let connected = match p.addr {
+        // The timed part without the runtime (see `burst`), on a blocking-pool thread: the
+        // loop never yields, and an in-process broker (the harness test) must keep running.
+        SocketAddr::V4(broker) if !p.subscribe_each => {
+            let (version, concurrency, until) =
+                (p.version, p.connect_concurrency, start + p.timeout);
+            let tuples = Arc::clone(&tuples);
+            let streams = tokio::task::spawn_blocking(move || {
+                super::burst::connect_all(
+                    broker,
+                    n,
+                    concurrency,
+                    version,
+                    || match source_tuple(tuples.fetch_add(1, Ordering::Relaxed)) {
+                        SocketAddr::V4(v4) => v4,
+                        SocketAddr::V6(_) => unreachable!("source tuples are IPv4"),
+                    },
+                    |i| {
+                        let opts = ConnectOptions::new(format!("pb-{run:08x}-c{i}"), version);
+                        let mut buf = BytesMut::new();
+                        postbox::codec::encode(&connect_packet(&opts), version, &mut buf)
+                            .map_err(|e| anyhow::anyhow!("encode CONNECT: {e}"))?;
+                        Ok(buf)
+                    },
+                    until,
+                )
+            })
+            .await
+            .context("connect burst panicked")??;
+            Connected::Sockets(streams)
+        }
+        _ => Connected::Clients(connect_with_tasks(p, run, &tuples, deadline).await?),
+    };
     let connect_s = start.elapsed().as_secs_f64();
     report.connect_per_s = Some(rate(n as u64, connect_s));
     report.duration_s = connect_s;
@@ -125,6 +177,13 @@ pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
         report.broker_cpu_pct = Some(cpu.pct);
     }
     report.generator_cpu_pct = generator.and_then(|m| m.stop()).map(|c| c.pct);
+    let mut conns = match connected {
+        Connected::Clients(conns) => conns,
+        Connected::Sockets(streams) => streams
+            .into_iter()
+            .map(|s| Conn::from_connected(s, p.version))
+            .collect::<Result<Vec<_>>>()?,
+    };
     // Let the broker settle (lazy allocations, freed handshake buffers) before measuring.
     tokio::time::sleep(Duration::from_millis(500)).await;
     if let (Some(pid), Some(base)) = (p.broker_pid, baseline_kib) {

@@ -9,6 +9,7 @@
 //! the broker's CPU and memory; [`report`] prints and stores results; [`summary`] folds stored
 //! results into the Postbox/Mosquitto comparison.
 
+pub mod burst;
 pub mod client;
 pub mod connections;
 pub mod payload;
