@@ -199,8 +199,8 @@ impl RunningServer {
     /// Stops accepting, tells every client the server is going away (v5 0x8B), and waits
     /// for the listener to stop.
     pub async fn shutdown(self) {
+        // The listener sees the token and tells the broker (`Broker::begin_shutdown`).
         self.shutdown.cancel();
-        self.broker.begin_shutdown();
         let _ = self.listener_task.await;
         self.connections.close();
         if tokio::time::timeout(SHUTDOWN_GRACE, self.connections.wait())

@@ -412,24 +412,34 @@ async fn messages_arrive_in_publish_order() {
     }
 }
 
-#[tokio::test]
-async fn keep_alive_is_enforced_at_one_and_a_half_times() {
-    // 3.1.1 MQTT-3.1.2-24: no packet within 1.5 × keep-alive closes the connection.
-    let server = common::start().await;
-    let mut raw = RawClient::open(server.mqtt_addr, ProtocolVersion::V3_1_1).await;
+/// A raw 3.1.1 client, clean session, connected with `keep_alive` seconds (CONNACK taken).
+async fn connect_with_keep_alive(
+    addr: std::net::SocketAddr,
+    client_id: &str,
+    keep_alive: u16,
+) -> RawClient {
+    let mut raw = RawClient::open(addr, ProtocolVersion::V3_1_1).await;
     let connect = postbox::codec::Connect {
         protocol: ProtocolVersion::V3_1_1,
         clean_start: true,
-        keep_alive: 1,
-        client_id: "sleepy".into(),
+        keep_alive,
+        client_id: client_id.into(),
         will: None,
         username: None,
         password: None,
         properties: Default::default(),
     };
-    let started = std::time::Instant::now();
     raw.send(&Packet::Connect(Box::new(connect))).await;
     assert!(matches!(raw.recv().await, Some(Packet::ConnAck(_))));
+    raw
+}
+
+#[tokio::test]
+async fn keep_alive_is_enforced_at_one_and_a_half_times() {
+    // 3.1.1 MQTT-3.1.2-24: no packet within 1.5 × keep-alive closes the connection.
+    let server = common::start().await;
+    let started = std::time::Instant::now();
+    let mut raw = connect_with_keep_alive(server.mqtt_addr, "sleepy", 1).await;
     raw.expect_close().await;
     assert!(
         started.elapsed() >= std::time::Duration::from_millis(1400),
@@ -444,19 +454,7 @@ async fn a_client_that_keeps_pinging_outlives_its_keep_alive() {
     // at the deadline they last reported, so a client that reported once and then kept
     // pinging must be woken, found alive and left alone, period after period.
     let server = common::start().await;
-    let mut raw = RawClient::open(server.mqtt_addr, ProtocolVersion::V3_1_1).await;
-    let connect = postbox::codec::Connect {
-        protocol: ProtocolVersion::V3_1_1,
-        clean_start: true,
-        keep_alive: 1,
-        client_id: "pinger".into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
-    };
-    raw.send(&Packet::Connect(Box::new(connect))).await;
-    assert!(matches!(raw.recv().await, Some(Packet::ConnAck(_))));
+    let mut raw = connect_with_keep_alive(server.mqtt_addr, "pinger", 1).await;
     // Four seconds: well past the 1.5 s limit and several sweeps. The pause paces the
     // client, as a device's timer would; every PINGREQ must get its PINGRESP.
     for round in 0..10 {

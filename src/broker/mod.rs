@@ -194,9 +194,7 @@ impl Broker {
                     persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
                 drop(st);
                 if displaced {
-                    // The old connection closes with 0x8E when it sees it lost the session.
-                    self.metrics.session_takeovers.increment(1);
-                    existing.wake();
+                    self.took_over(&existing);
                 }
                 self.persist(ops);
                 return Attached {
@@ -208,8 +206,7 @@ impl Broker {
             let displaced = st.connection.take().is_some();
             drop(st);
             if displaced {
-                self.metrics.session_takeovers.increment(1);
-                existing.wake();
+                self.took_over(&existing);
             }
             sessions.remove(&req.client_id);
             self.end_session(&existing);
@@ -237,6 +234,13 @@ impl Broker {
             session_present: false,
             generation,
         }
+    }
+
+    /// Counts a takeover and wakes the displaced connection, which then finds it no longer
+    /// owns `session` and closes (0x8E, MQTT-3.1.4-2).
+    fn took_over(&self, session: &Session) {
+        self.metrics.session_takeovers.increment(1);
+        session.wake();
     }
 
     /// Detaches a connection from its session. The session then ends at once (expiry 0),
