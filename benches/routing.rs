@@ -39,7 +39,7 @@ fn setup(subscribers: usize, qos: QoS) -> Setup {
                 qos,
                 ..Default::default()
             };
-            broker.subscribe(&attached.session, &filter, options, None);
+            attached.handle.subscribe(&filter, options, None);
             attached
         })
         .collect();
@@ -61,8 +61,7 @@ fn setup(subscribers: usize, qos: QoS) -> Setup {
 
 fn drain(sessions: &[Attached]) {
     for attached in sessions {
-        let mut st = attached.session.lock();
-        while st.pop().is_some() {}
+        attached.handle.purge_queue();
     }
 }
 

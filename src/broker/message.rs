@@ -8,7 +8,8 @@ use bytestring::ByteString;
 use smallvec::SmallVec;
 
 use crate::codec::{
-    self, LastWill, ProtocolVersion, Publish, PublishHeader, PublishProperties, QoS,
+    self, LastWill, ProtocolVersion, Publish, PublishBody, PublishEncodings, PublishFlags,
+    PublishHeader, PublishProperties, QoS,
 };
 
 /// Identifies a session inside this broker process (cheaper than comparing client ids).
@@ -16,7 +17,8 @@ pub type SessionId = u64;
 
 /// One published message. Wrapped in `Arc` and shared by all subscribers and queues; its wire
 /// encoding is produced at most once per (protocol family, packet-id presence) and then copied,
-/// with only the flags byte and the packet id patched per subscriber.
+/// with only the flags byte and the packet id patched per subscriber (the codec's
+/// [`PublishEncodings`]).
 #[derive(Debug)]
 pub struct Message {
     pub topic: ByteString,
@@ -36,8 +38,8 @@ pub struct Message {
     /// Id of the stored body once the durable store holds it (set at most once, so every
     /// session that queues this message refers to one stored copy).
     pub store_id: OnceLock<u64>,
-    /// Shared encodings, by slot: [v3 no id, v3 with id, v5 no id, v5 with id].
-    encoded: EncodedCache,
+    /// Shared encodings, made by the codec on first use.
+    encoded: PublishEncodings,
 }
 
 /// What [`Message::properties`] lends when a message has no properties.
@@ -55,55 +57,6 @@ static NO_PROPERTIES: PublishProperties = PublishProperties {
 /// Boxes properties only when there are some.
 fn boxed_properties(properties: PublishProperties) -> Option<Box<PublishProperties>> {
     (!properties.is_empty()).then(|| Box::new(properties))
-}
-
-/// The shared encodings of one message. Nearly every message is encoded for one kind of
-/// subscriber only, so the first encoding sits inline and the other three slots are allocated
-/// only when a second kind shows up: 80 B per message instead of four inline slots (224 B),
-/// which matters for every message waiting in a queue.
-#[derive(Debug, Default)]
-struct EncodedCache {
-    /// The first encoding made, with its slot.
-    first: OnceLock<(u8, EncodedPublish)>,
-    /// Every other slot, once a second kind of subscriber needs one.
-    others: OnceLock<Box<[OnceLock<EncodedPublish>; 4]>>,
-}
-
-impl EncodedCache {
-    /// The encoding for `slot`, made with `encode` if nobody made it yet.
-    fn get_or_try_init(
-        &self,
-        slot: usize,
-        encode: impl Fn() -> Result<EncodedPublish, codec::EncodeError>,
-    ) -> Result<&EncodedPublish, codec::EncodeError> {
-        let first = match self.first.get() {
-            Some(first) => first,
-            None => {
-                let encoded = encode()?;
-                self.first.get_or_init(|| (slot as u8, encoded))
-            }
-        };
-        if usize::from(first.0) == slot {
-            return Ok(&first.1);
-        }
-        // A second kind of subscriber (or another thread won the race for `first`: then the
-        // encoding is simply made again, once).
-        let others = self.others.get_or_init(Default::default);
-        match others[slot].get() {
-            Some(cached) => Ok(cached),
-            None => {
-                let encoded = encode()?;
-                Ok(others[slot].get_or_init(|| encoded))
-            }
-        }
-    }
-}
-
-/// A cached PUBLISH encoding and where its packet id sits.
-#[derive(Debug)]
-struct EncodedPublish {
-    bytes: Bytes,
-    packet_id_offset: Option<usize>,
 }
 
 impl Message {
@@ -126,7 +79,7 @@ impl Message {
             received_at: now,
             origin,
             store_id: OnceLock::new(),
-            encoded: EncodedCache::default(),
+            encoded: PublishEncodings::default(),
         }
     }
 
@@ -170,7 +123,7 @@ impl Message {
             received_at,
             origin: None,
             store_id: store_id.map_or_else(OnceLock::new, OnceLock::from),
-            encoded: EncodedCache::default(),
+            encoded: PublishEncodings::default(),
         }
     }
 
@@ -194,7 +147,7 @@ impl Message {
         &self,
         out: &mut BytesMut,
         version: ProtocolVersion,
-        delivery: DeliveryFlags<'_>,
+        delivery: PublishFlags<'_>,
     ) -> Result<usize, codec::EncodeError> {
         let start = out.len();
         let v5 = version.is_v5();
@@ -236,67 +189,17 @@ impl Message {
             codec::encode_publish(&header, &self.payload, version, out)?;
             return Ok(out.len() - start);
         }
-        let with_id = delivery.qos != QoS::AtMostOnce;
-        let slot = usize::from(v5) * 2 + usize::from(with_id);
-        let cached = self
-            .encoded
-            .get_or_try_init(slot, || self.encode_shared(version, with_id))?;
-        out.extend_from_slice(&cached.bytes);
-        out[start] = 0x30
-            | (u8::from(delivery.dup) << 3)
-            | ((delivery.qos as u8) << 1)
-            | u8::from(delivery.retain);
-        if let Some(off) = cached.packet_id_offset {
-            out[start + off..start + off + 2].copy_from_slice(&delivery.packet_id.to_be_bytes());
-        }
-        Ok(out.len() - start)
-    }
-
-    fn encode_shared(
-        &self,
-        version: ProtocolVersion,
-        with_id: bool,
-    ) -> Result<EncodedPublish, codec::EncodeError> {
-        let mut buf = BytesMut::with_capacity(self.payload.len() + self.topic.len() + 16);
-        let header = PublishHeader {
-            dup: false,
-            qos: if with_id {
-                QoS::AtLeastOnce
-            } else {
-                QoS::AtMostOnce
+        self.encoded.write(
+            out,
+            version,
+            PublishBody {
+                topic: &self.topic,
+                payload: &self.payload,
+                properties: self.properties.as_deref(),
             },
-            retain: false,
-            topic: &self.topic,
-            packet_id: 1,
-            properties: self.properties.as_deref(),
-        };
-        let packet_id_offset = codec::encode_publish(&header, &self.payload, version, &mut buf)?;
-        Ok(EncodedPublish {
-            bytes: buf.freeze(),
-            packet_id_offset,
-        })
+            &delivery,
+        )
     }
-}
-
-/// Per-subscriber choices for one PUBLISH on the wire.
-#[derive(Clone, Copy, Debug)]
-pub struct DeliveryFlags<'a> {
-    pub qos: QoS,
-    pub retain: bool,
-    pub dup: bool,
-    pub packet_id: u16,
-    pub subscription_ids: &'a [u32],
-    /// Outbound topic alias for this PUBLISH, if the connection uses them.
-    pub topic_alias: Option<OutboundAlias>,
-}
-
-/// An outbound topic alias on one PUBLISH (chosen by the connection, which owns the table).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OutboundAlias {
-    /// The alias, 1..=the client's Topic Alias Maximum.
-    pub alias: u16,
-    /// Send the topic name too (the alias is being bound); otherwise the topic is empty.
-    pub with_topic: bool,
 }
 
 /// A message on its way to one session: what to send and with which options.

@@ -10,17 +10,18 @@
 //! Lock order: sessions map → subscription tree → shared index → one session's state. The two
 //! indexes are never held together, and no index lock is taken while a session lock is held.
 
+mod handle;
 mod level_map;
+pub mod link;
 pub mod message;
 mod persist;
 mod restore;
-mod trie;
-pub use persist::entry_stage;
 pub mod retained;
 pub mod session;
 mod session_map;
 pub mod shared;
 pub mod topic_tree;
+mod trie;
 
 #[cfg(test)]
 mod tests;
@@ -38,10 +39,12 @@ use crate::codec::{topic, LastWill, ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
 use crate::storage::{self, Durable, Op, StorageError, Store};
-pub use message::{Delivery, DeliveryFlags, Message, OutboundAlias, SessionId};
+pub use handle::{Answer, ExpiryRaisedFromZero, Fill, SessionHandle};
+pub use message::{Delivery, Message, SessionId};
 use retained::RetainedIndex;
+pub use session::outbound::Resend;
 pub use session::{
-    Admission, EnqueueOutcome, Inflight, OutboundStage, PendingWill, QueueLimits, Session,
+    Admission, DeliverySink, EnqueueOutcome, OutboundStage, PendingWill, QueueLimits, Session,
     SessionState, SessionSubscription, NEVER_EXPIRES,
 };
 use session_map::SessionMap;
@@ -69,12 +72,14 @@ pub struct SessionRequest {
     pub protocol: ProtocolVersion,
 }
 
-/// A connection's claim on a session.
+/// A connection's claim on a session, and whether the session existed before (CONNACK's
+/// Session Present, MQTT-3.2.2-2).
 #[derive(Debug)]
 pub struct Attached {
-    pub session: Arc<Session>,
+    /// The only way the driver changes the session.
+    pub handle: SessionHandle,
+    /// True if an existing session was resumed.
     pub session_present: bool,
-    pub generation: u64,
 }
 
 /// The broker's shared state. One per process, shared by every connection task.
@@ -198,9 +203,8 @@ impl Broker {
                 }
                 self.persist(ops);
                 return Attached {
-                    session: existing,
+                    handle: SessionHandle::new(Arc::clone(self), existing, generation),
                     session_present: true,
-                    generation,
                 };
             }
             let displaced = st.connection.take().is_some();
@@ -230,9 +234,8 @@ impl Broker {
         sessions.insert(session.clone());
         self.metrics.sessions_current.set(sessions.len() as f64);
         Attached {
-            session,
+            handle: SessionHandle::new(Arc::clone(self), session, generation),
             session_present: false,
-            generation,
         }
     }
 

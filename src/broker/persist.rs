@@ -1,5 +1,5 @@
 //! Translating broker state changes into durable-store ops (see `src/storage/INTEGRATION.md`).
-//! Only the broker and connection call these; the store never sees broker types otherwise.
+//! Only the broker builds store ops; connections and links reach them through the session API.
 
 use bytestring::ByteString;
 
@@ -126,8 +126,33 @@ pub fn fix_message_ids(ops: &mut [Op], id: u64) {
     }
 }
 
+/// A queued or inflight entry is gone (acknowledged, expired, refused or moved).
+pub fn remove_entry(client_id: &ByteString, seq: u64) -> Op {
+    Op::RemoveEntry {
+        client_id: client_id.clone(),
+        seq,
+    }
+}
+
+/// A persisted delivery moved to a new handshake stage under `packet_id`.
+pub fn update_entry(client_id: &ByteString, seq: u64, stage: OutboundStage, packet_id: u16) -> Op {
+    Op::UpdateEntry {
+        client_id: client_id.clone(),
+        seq,
+        stage: entry_stage(stage, packet_id),
+    }
+}
+
+/// An inbound QoS 2 id was released by PUBREL.
+pub fn remove_inbound_qos2(client_id: &ByteString, packet_id: u16) -> Op {
+    Op::RemoveInboundQos2 {
+        client_id: client_id.clone(),
+        packet_id,
+    }
+}
+
 /// The store's stage for an outbound handshake step.
-pub fn entry_stage(stage: OutboundStage, packet_id: u16) -> EntryStage {
+fn entry_stage(stage: OutboundStage, packet_id: u16) -> EntryStage {
     match stage {
         OutboundStage::AwaitPubAck => EntryStage::AwaitPubAck { packet_id },
         OutboundStage::AwaitPubRec => EntryStage::AwaitPubRec { packet_id },

@@ -78,3 +78,52 @@ pub(super) fn connack_from_v3(c: u8) -> Option<ReasonCode> {
         _ => return None,
     })
 }
+
+/// A packet that carries reason codes, for asking which codes it may carry
+/// ([`ReasonCode::allowed_in`]). Senders outside the connection's decoder (authenticators,
+/// the violation table) ask here instead of keeping lists of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasonContext {
+    /// CONNACK (v5 §3.2.2.2).
+    ConnAck,
+    /// PUBACK and PUBREC (v5 §3.4.2.1, §3.5.2.1).
+    PubAck,
+    /// PUBREL and PUBCOMP (v5 §3.6.2.1, §3.7.2.1).
+    PubRel,
+    /// SUBACK (v5 §3.9.3).
+    SubAck,
+    /// UNSUBACK (v5 §3.11.3).
+    UnsubAck,
+    /// DISCONNECT (v5 §3.14.2.1).
+    Disconnect,
+    /// AUTH (v5 §3.15.2.1).
+    Auth,
+}
+
+impl ReasonCode {
+    /// True if a v5 packet of kind `context` may carry this code (the spec's per-packet
+    /// tables; MQTT-3.15.2-1 and its siblings for the other packets).
+    pub fn allowed_in(self, context: ReasonContext) -> bool {
+        let c = self.0;
+        match context {
+            ReasonContext::ConnAck => connack(c),
+            ReasonContext::PubAck => puback(c),
+            ReasonContext::PubRel => pubrel(c),
+            ReasonContext::SubAck => suback(c),
+            ReasonContext::UnsubAck => unsuback(c),
+            ReasonContext::Disconnect => disconnect(c),
+            ReasonContext::Auth => auth(c),
+        }
+    }
+
+    /// This failure if `context` may carry it, else `fallback`: for codes chosen by code
+    /// outside the codec (an authenticator's verdict), which must not put an illegal code on
+    /// the wire.
+    pub fn or_if_not_allowed(self, context: ReasonContext, fallback: ReasonCode) -> ReasonCode {
+        if self.is_error() && self.allowed_in(context) {
+            self
+        } else {
+            fallback
+        }
+    }
+}

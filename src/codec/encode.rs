@@ -79,6 +79,65 @@ pub fn encode(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) -> 
     }
 }
 
+/// Appends `packet` if its encoding fits `max` bytes (the peer's Maximum Packet Size). If it
+/// does not, its Reason String and User Properties are left out (the only optional parts the
+/// spec lets a sender drop, MQTT-3.2.2-19/20 and alike); if it still does not fit, nothing is
+/// written and the answer is `false`.
+pub fn encode_within(
+    packet: &Packet,
+    version: ProtocolVersion,
+    max: usize,
+    buf: &mut BytesMut,
+) -> Result<bool> {
+    let start = buf.len();
+    encode(packet, version, buf)?;
+    if buf.len() - start <= max {
+        return Ok(true);
+    }
+    buf.truncate(start);
+    let mut slim = packet.clone();
+    strip_problem_info(&mut slim);
+    encode(&slim, version, buf)?;
+    if buf.len() - start > max {
+        buf.truncate(start);
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Removes the Reason String and User Properties of a packet.
+fn strip_problem_info(packet: &mut Packet) {
+    let (reason, users) = match packet {
+        Packet::ConnAck(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::PubAck(p) | Packet::PubRec(p) | Packet::PubRel(p) | Packet::PubComp(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::SubAck(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::UnsubAck(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::Disconnect(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        Packet::Auth(p) => (
+            &mut p.properties.reason_string,
+            &mut p.properties.user_properties,
+        ),
+        _ => return,
+    };
+    *reason = None;
+    users.clear();
+}
+
 /// Appends a PUBLISH to `buf`. Returns the offset (from the start of this packet) of the
 /// two packet-id bytes when `qos > 0`, so a cached encoding can be copied and patched per
 /// subscriber instead of re-encoded.

@@ -8,6 +8,7 @@ mod decode;
 mod encode;
 mod error;
 mod properties;
+mod publish_cache;
 mod reader;
 mod reason;
 mod sink;
@@ -19,9 +20,11 @@ mod varint;
 #[cfg(test)]
 mod tests;
 
+pub use codes::ReasonContext;
 pub use decode::{decode, decode_fixed_header, FixedHeader};
-pub use encode::{encode, encode_publish, PublishHeader};
+pub use encode::{encode, encode_publish, encode_within, PublishHeader};
 pub use error::{DecodeError, EncodeError};
+pub use publish_cache::{PublishAlias, PublishBody, PublishEncodings, PublishFlags};
 pub use reason::ReasonCode;
 pub use sniff::peek_connect_version;
 pub use types::*;

@@ -14,7 +14,7 @@ use crate::auth::{self, AuthStep, Authenticator, StepInput};
 use crate::broker::{Attached, Broker, SessionRequest};
 use crate::codec::{
     self, topic, Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
-    ProtocolVersion, QoS, ReasonCode,
+    ProtocolVersion, QoS, ReasonCode, ReasonContext,
 };
 
 /// How long a client may take to send CONNECT after the socket opens (and, with enhanced
@@ -163,7 +163,7 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let client_max = client_max_packet(&connect);
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
-    tracing::debug!(%peer, client = %attached.session.client_id, ?version, "connected");
+    tracing::debug!(%peer, client = %attached.handle.client_id(), ?version, "connected");
     Some(Accepted {
         connect,
         attached,
@@ -288,10 +288,7 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// A failure reason an authenticator gave, as a code CONNACK may carry (0x87 otherwise).
 fn connack_failure(code: ReasonCode) -> ReasonCode {
-    match code.0 {
-        0x80..=0x8A | 0x8C | 0x97 | 0x9F => code,
-        _ => ReasonCode::NOT_AUTHORIZED,
-    }
+    code.or_if_not_allowed(ReasonContext::ConnAck, ReasonCode::NOT_AUTHORIZED)
 }
 
 /// The client id to use, and whether the broker assigned it (MQTT-3.1.3-6, MQTT-3.1.3-8).

@@ -11,39 +11,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::codec::{self, Packet, ProtocolVersion};
 
-/// Removes the Reason String and User Properties of a packet.
-fn strip_problem_info(packet: &mut Packet) {
-    let (reason, users) = match packet {
-        Packet::ConnAck(p) => (
-            &mut p.properties.reason_string,
-            &mut p.properties.user_properties,
-        ),
-        Packet::PubAck(p) | Packet::PubRec(p) | Packet::PubRel(p) | Packet::PubComp(p) => (
-            &mut p.properties.reason_string,
-            &mut p.properties.user_properties,
-        ),
-        Packet::SubAck(p) => (
-            &mut p.properties.reason_string,
-            &mut p.properties.user_properties,
-        ),
-        Packet::UnsubAck(p) => (
-            &mut p.properties.reason_string,
-            &mut p.properties.user_properties,
-        ),
-        Packet::Disconnect(p) => (
-            &mut p.properties.reason_string,
-            &mut p.properties.user_properties,
-        ),
-        Packet::Auth(p) => (
-            &mut p.properties.reason_string,
-            &mut p.properties.user_properties,
-        ),
-        _ => return,
-    };
-    *reason = None;
-    users.clear();
-}
-
 /// A read that finds the buffer with less spare room than this goes through the worker's
 /// scratch buffer instead of reserving: an idle connection then holds no read buffer at all.
 pub const READ_CHUNK: usize = 4096;
@@ -189,27 +156,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         }
     }
 
-    /// Appends a control packet that must fit the peer's Maximum Packet Size: if it does not,
-    /// its Reason String and User Properties are dropped (they are the only optional parts
-    /// the spec lets a sender leave out, MQTT-3.2.2-19/20 and alike); if it still does not,
-    /// it is not sent.
+    /// Appends a control packet that must fit the peer's Maximum Packet Size, leaving out
+    /// what the spec lets a sender leave out ([`codec::encode_within`]), or nothing at all.
     pub fn queue_within(&mut self, packet: &Packet, version: ProtocolVersion, max: usize) {
-        let start = self.wbuf.len();
-        self.queue(packet, version);
-        if self.wbuf.len() - start <= max {
-            return;
-        }
-        self.wbuf.truncate(start);
-        let mut slim = packet.clone();
-        strip_problem_info(&mut slim);
-        self.queue(&slim, version);
-        if self.wbuf.len() - start > max {
-            self.wbuf.truncate(start);
-            tracing::debug!(
+        match codec::encode_within(packet, version, max, &mut self.wbuf) {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(
                 packet = packet.name(),
                 max,
                 "packet above the peer's maximum size not sent"
-            );
+            ),
+            Err(e) => tracing::warn!(packet = packet.name(), error = %e, "cannot encode packet"),
         }
     }
 

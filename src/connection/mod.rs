@@ -8,14 +8,15 @@ mod gated;
 mod handshake;
 mod io;
 pub mod topic_alias;
+pub mod violation;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
+use crate::transport::ConnectionInfo;
 pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
 
 /// Serves one client connection until it closes; never panics on client input.
@@ -23,13 +24,17 @@ pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
 /// Memory per idle connection is mostly this future: the handshake and the closing sequence
 /// are boxed, and the client's state lives in one `Box`, so what stays is the small
 /// steady-state loop (see the `size_tests` below).
-pub async fn serve<S>(stream: S, peer: SocketAddr, broker: Arc<Broker>, shutdown: CancellationToken)
-where
+pub async fn serve<S>(
+    stream: S,
+    info: ConnectionInfo,
+    broker: Arc<Broker>,
+    shutdown: CancellationToken,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     broker.metrics.connections_total.increment(1);
     broker.metrics.connections_current.increment(1.0);
-    if let Some(client) = Box::pin(connect(stream, peer, &broker, shutdown)).await {
+    if let Some(client) = Box::pin(connect(stream, info, &broker, shutdown)).await {
         client.run().await;
     }
     broker.metrics.connections_current.decrement(1.0);
@@ -38,7 +43,7 @@ where
 /// Runs the handshake; on success, the client ready to run.
 async fn connect<S>(
     stream: S,
-    peer: SocketAddr,
+    info: ConnectionInfo,
     broker: &Arc<Broker>,
     shutdown: CancellationToken,
 ) -> Option<Box<client::Client<S>>>
@@ -46,15 +51,10 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut io = io::Io::new(stream);
-    match handshake::accept(&mut io, broker, &shutdown, peer).await {
-        Some(accepted) => Some(Box::new(client::Client::new(
-            io,
-            broker.clone(),
-            accepted,
-            peer,
-        ))),
+    match handshake::accept(&mut io, broker, &shutdown, info.peer).await {
+        Some(accepted) => Some(Box::new(client::Client::new(io, accepted, info))),
         None => {
-            tracing::debug!(%peer, "handshake did not complete");
+            tracing::debug!(peer = %info.peer, "handshake did not complete");
             None
         }
     }
@@ -82,7 +82,11 @@ mod size_tests {
             None,
             crate::metrics::Metrics::register(),
         );
-        let fut = serve(stream, addr, broker, CancellationToken::new());
+        let info = ConnectionInfo {
+            peer: addr,
+            listener: "test".into(),
+        };
+        let fut = serve(stream, info, broker, CancellationToken::new());
         let size = std::mem::size_of_val(&fut);
         println!(
             "PROBE future {size} client {} session {}",

@@ -20,6 +20,7 @@ pub async fn serve_tcp(
     connections: TaskTracker,
     max_connections: usize,
 ) {
+    let name: Arc<str> = Arc::from("default");
     let limit = (max_connections > 0).then(|| Arc::new(Semaphore::new(max_connections)));
     loop {
         let accepted = tokio::select! {
@@ -53,8 +54,13 @@ pub async fn serve_tcp(
         let _ = stream.set_nodelay(true);
         let broker = Arc::clone(&broker);
         let shutdown = shutdown.clone();
+        let name = Arc::clone(&name);
         connections.spawn(async move {
-            connection::serve(stream, peer, broker, shutdown).await;
+            let info = super::ConnectionInfo {
+                peer,
+                listener: Arc::clone(&name),
+            };
+            connection::serve(stream, info, broker, shutdown).await;
             drop(permit);
         });
     }

@@ -1,8 +1,18 @@
 //! Session state: what survives a client's disconnects (MQTT-4.1.0-1).
 //!
 //! A session is shared between the router (which appends deliveries from publishing tasks) and
-//! at most one connection task (which drains them to the socket). Both take the session's mutex
-//! only for short, non-async critical sections.
+//! at most one driver (a connection or an in-process link) that drains them. Both take the
+//! session's mutex only for short, non-async critical sections.
+//!
+//! The state is private to the broker: drivers change it only through
+//! [`SessionHandle`](super::SessionHandle), whose methods also build the store ops each change
+//! implies. This module holds the state and queue admission; [`outbound`] the QoS 1/2 handshake
+//! of messages to the client, [`inbound`] the exactly-once ids of messages from it.
+
+pub mod inbound;
+pub mod outbound;
+
+pub use outbound::{DeliverySink, Inflight, OutboundStage};
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::num::NonZeroU64;
@@ -43,25 +53,6 @@ pub struct Session {
 pub struct SessionSubscription {
     pub options: SubscriptionOptions,
     pub identifier: Option<u32>,
-}
-
-/// Where an outbound QoS 1/2 message stands in its acknowledgement handshake.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutboundStage {
-    /// QoS 1 PUBLISH sent, waiting for PUBACK.
-    AwaitPubAck,
-    /// QoS 2 PUBLISH sent, waiting for PUBREC.
-    AwaitPubRec,
-    /// PUBREL sent, waiting for PUBCOMP (the message itself is no longer needed).
-    AwaitPubComp,
-}
-
-/// An unacknowledged outbound message, kept for retransmission on reconnect (MQTT-4.4.0-1).
-#[derive(Clone, Debug)]
-pub struct Inflight {
-    pub packet_id: u16,
-    pub delivery: Delivery,
-    pub stage: OutboundStage,
 }
 
 /// A will held back by its Will Delay Interval after an abnormal close (MQTT-3.1.2-8).
@@ -132,32 +123,33 @@ pub enum EnqueueOutcome {
 /// Everything about a session that is guarded by its mutex.
 #[derive(Debug)]
 pub struct SessionState {
-    pub protocol: ProtocolVersion,
+    pub(in crate::broker) protocol: ProtocolVersion,
     /// Seconds the session outlives its connection; 0 = ends with it.
-    pub expiry_interval: u32,
+    pub(in crate::broker) expiry_interval: u32,
     /// Deliveries not yet written to the client, oldest first.
-    pub queue: VecDeque<Delivery>,
+    pub(in crate::broker) queue: VecDeque<Delivery>,
     queued_bytes: usize,
     /// Sent QoS 1/2 messages awaiting acknowledgement, in send order.
-    pub inflight: VecDeque<Inflight>,
+    pub(in crate::broker) inflight: VecDeque<Inflight>,
     next_packet_id: u16,
     /// Inbound QoS 2 packet ids acknowledged with PUBREC but not yet released (exactly-once).
-    pub inbound_qos2: HashSet<u16, foldhash::fast::RandomState>,
-    pub subscriptions: HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
-    pub connection: Option<ConnectionSlot>,
+    pub(in crate::broker) inbound_qos2: HashSet<u16, foldhash::fast::RandomState>,
+    pub(in crate::broker) subscriptions:
+        HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
+    pub(in crate::broker) connection: Option<ConnectionSlot>,
     /// Bumped on every attach; a connection only detaches if it still owns the session.
-    pub generation: u64,
-    pub disconnected_at: Option<Instant>,
+    pub(in crate::broker) generation: u64,
+    pub(in crate::broker) disconnected_at: Option<Instant>,
     /// Set when the session is discarded; enqueues are refused from then on.
-    pub ended: bool,
+    pub(in crate::broker) ended: bool,
     /// Next durable queue position (`Op::Enqueue` seq); restored as last seq + 1.
-    pub next_seq: u64,
+    pub(in crate::broker) next_seq: u64,
     /// True while the durable store holds this session (a `PutSession` was submitted and no
     /// `DeleteSession` since), so ops are only emitted for sessions the store knows.
-    pub stored: bool,
+    pub(in crate::broker) stored: bool,
     /// A will waiting for its delay; cancelled by a new connection for this client id. Boxed:
     /// rare, and 240 B inline in every session.
-    pub pending_will: Option<Box<PendingWill>>,
+    pub(in crate::broker) pending_will: Option<Box<PendingWill>>,
     /// True from the first overflow drop until the queue drains, so overflow is logged once
     /// per episode rather than once per message.
     overflowing: bool,
@@ -197,8 +189,8 @@ impl Session {
         }
     }
 
-    /// Locks the session state. Never hold the guard across an `.await`.
-    pub fn lock(&self) -> MutexGuard<'_, SessionState> {
+    /// Locks the session state (broker internals only). Never hold the guard across an `.await`.
+    pub(in crate::broker) fn lock(&self) -> MutexGuard<'_, SessionState> {
         self.state.lock()
     }
 
@@ -317,7 +309,7 @@ impl Session {
     /// session so the displaced connection notices and closes.
     ///
     /// [`wake`]: Session::wake
-    pub fn attach(st: &mut SessionState) -> (u64, bool) {
+    pub(in crate::broker) fn attach(st: &mut SessionState) -> (u64, bool) {
         let displaced = st.connection.take().is_some();
         st.generation += 1;
         st.connection =
@@ -408,28 +400,6 @@ impl SessionState {
     pub fn holds_shared(&self) -> bool {
         self.queue.iter().any(|d| d.shared.is_some())
             || self.inflight.iter().any(|f| f.delivery.shared.is_some())
-    }
-
-    /// Allocates a packet id not used by any inflight message (MQTT-2.2.1-3).
-    pub fn allocate_packet_id(&mut self) -> Option<u16> {
-        for _ in 0..=u16::MAX {
-            self.next_packet_id = self.next_packet_id.wrapping_add(1);
-            if self.next_packet_id == 0 {
-                self.next_packet_id = 1;
-            }
-            let id = self.next_packet_id;
-            if !self.inflight.iter().any(|f| f.packet_id == id) {
-                return Some(id);
-            }
-        }
-        None
-    }
-
-    /// Finds the inflight entry for `packet_id` in `stage` (acks usually match the oldest).
-    pub fn find_inflight(&self, packet_id: u16, stage: OutboundStage) -> Option<usize> {
-        self.inflight
-            .iter()
-            .position(|f| f.packet_id == packet_id && f.stage == stage)
     }
 
     /// True if the connection of `generation` still owns this session.

@@ -1,0 +1,300 @@
+//! The session API: the one way a driver — a client connection or an in-process link —
+//! changes a session.
+//!
+//! A [`SessionHandle`] is a driver's claim on a session (returned by [`Broker::connect`]).
+//! Its methods run the QoS state machine on the session's state, build the store ops each step
+//! implies and submit them; what they return says what to send and which commit
+//! ([`Durable`]) must complete before it is sent. The driver decodes, calls, waits for the
+//! commit, and writes: it owns no QoS state and builds no store ops.
+//!
+//! A handle whose session was taken over by a newer connection keeps working on the session
+//! only where that is harmless (acks); [`SessionHandle::fill`] reports the takeover.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytestring::ByteString;
+use tokio::sync::futures::Notified;
+
+use super::session::outbound::{PubRecAnswer, Resend};
+use super::session::{DeliverySink, OutboundStage, Session};
+use super::{Broker, Message, SessionId};
+use crate::codec::{LastWill, Publish, QoS, ReasonCode, SubscriptionOptions};
+use crate::storage::{Durable, StorageError};
+
+/// A driver's claim on a session: the broker, the session and the generation of this attach.
+pub struct SessionHandle {
+    broker: Arc<Broker>,
+    session: Arc<Session>,
+    generation: u64,
+}
+
+/// What [`SessionHandle::fill`] did.
+#[derive(Debug)]
+pub enum Fill {
+    /// Another connection owns the session now (MQTT-3.1.4-2): close.
+    TakenOver,
+    /// Deliveries were handed to the sink (possibly none).
+    Filled {
+        /// The commit that deliveries written with `after_commit` wait for.
+        gate: Option<Durable>,
+    },
+}
+
+/// An acknowledgement to send, and the commit it must wait for.
+#[derive(Debug)]
+pub struct Answer {
+    /// The reason code of the PUBREL / PUBCOMP.
+    pub reason: ReasonCode,
+    /// Send only once this is durable (`None`: at once, behind earlier gated writes).
+    pub gate: Option<Durable>,
+}
+
+/// The session expiry of a session opened with 0 cannot be raised at DISCONNECT
+/// (MQTT-3.14.2-2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpiryRaisedFromZero;
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("client_id", &self.session.client_id)
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+impl SessionHandle {
+    pub(super) fn new(broker: Arc<Broker>, session: Arc<Session>, generation: u64) -> Self {
+        SessionHandle {
+            broker,
+            session,
+            generation,
+        }
+    }
+
+    /// The broker this session lives in.
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// The session itself (its id, client id and wake-up).
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// The client id of the session.
+    pub fn client_id(&self) -> &ByteString {
+        &self.session.client_id
+    }
+
+    /// The session's id inside this process (No Local compares it).
+    pub fn id(&self) -> SessionId {
+        self.session.id
+    }
+
+    /// Resolves on the next wake-up of the session (see [`Session::notified`]).
+    pub fn notified(&self) -> Notified<'_> {
+        self.session.notified()
+    }
+
+    /// True while this handle's connection still owns the session.
+    pub fn is_owner(&self) -> bool {
+        self.session.lock().is_owned_by(self.generation)
+    }
+
+    // ----- messages to the client -----
+
+    /// Hands queued deliveries to `sink` while it has room and at most `window` QoS 1/2
+    /// messages are unacknowledged; records each one's new stage in the store.
+    pub fn fill(&self, window: usize, now: Instant, sink: &mut dyn DeliverySink) -> Fill {
+        let filled = {
+            let mut st = self.session.lock();
+            if !st.is_owned_by(self.generation) {
+                return Fill::TakenOver;
+            }
+            st.fill(&self.session.client_id, window, now, sink)
+        };
+        for (qos, n) in filled.sent.into_iter().enumerate() {
+            if n > 0 {
+                self.broker.metrics.messages_sent[qos].increment(n);
+            }
+        }
+        let durable = self.broker.persist(filled.ops);
+        Fill::Filled {
+            gate: if filled.gated { durable } else { None },
+        }
+    }
+
+    /// Drops every delivery still queued (not yet sent) and their stored entries; returns how
+    /// many. For purging a backlog (operators, benchmarks).
+    pub fn purge_queue(&self) -> usize {
+        let mut ops = Vec::new();
+        let mut purged = 0;
+        {
+            let mut st = self.session.lock();
+            while let Some(delivery) = st.pop() {
+                purged += 1;
+                if let Some(seq) = delivery.seq {
+                    ops.push(super::persist::remove_entry(&self.session.client_id, seq));
+                }
+            }
+        }
+        self.broker.persist(ops);
+        purged
+    }
+
+    /// Everything unacknowledged, to send again on a resumed session (MQTT-4.4.0-1).
+    pub fn retransmissions(&self) -> Vec<Resend> {
+        self.session.lock().resend()
+    }
+
+    /// PUBACK from the client: the QoS 1 message is done (it was unacknowledged until now,
+    /// MQTT-4.3.2-1).
+    pub fn on_puback(&self, packet_id: u16) {
+        self.complete(packet_id, OutboundStage::AwaitPubAck);
+    }
+
+    /// PUBCOMP from the client: the QoS 2 message is done and its id free (the PUBREL was
+    /// unacknowledged until now, MQTT-4.3.3-1).
+    pub fn on_pubcomp(&self, packet_id: u16) {
+        self.complete(packet_id, OutboundStage::AwaitPubComp);
+    }
+
+    fn complete(&self, packet_id: u16, stage: OutboundStage) {
+        let op = self
+            .session
+            .lock()
+            .complete(&self.session.client_id, packet_id, stage);
+        if let Some(op) = op {
+            self.broker.persist(vec![op]);
+        }
+    }
+
+    /// PUBREC from the client. `None`: the receiver refused the message (reason ≥ 0x80), no
+    /// PUBREL; otherwise the PUBREL to send and the commit it waits for.
+    pub fn on_pubrec(&self, packet_id: u16, refused: bool) -> Option<Answer> {
+        let answer = self
+            .session
+            .lock()
+            .on_pubrec(&self.session.client_id, packet_id, refused);
+        match answer {
+            PubRecAnswer::Refused { ops } => {
+                self.broker.persist(ops);
+                None
+            }
+            PubRecAnswer::Release { reason, ops } => Some(Answer {
+                reason,
+                gate: self.broker.persist(ops),
+            }),
+        }
+    }
+
+    // ----- messages from the client -----
+
+    /// Inbound QoS 1/2 messages awaiting release that Receive Maximum counts; `None` for a
+    /// QoS 2 re-send of an id awaiting PUBREL (not a new PUBLISH).
+    pub fn unreleased_inbound(&self, qos: QoS, packet_id: u16) -> Option<usize> {
+        self.session.lock().unreleased(qos, packet_id)
+    }
+
+    /// Routes a PUBLISH from this session's client. A QoS 2 re-send of an id awaiting PUBREL
+    /// is not routed again (MQTT-4.3.3-10) but answered like the first. `Ok` carries the commit
+    /// the PUBACK / PUBREC must wait for; `Err`: the store refused the message, which must not
+    /// be acknowledged as accepted (its QoS 2 id is forgotten, MQTT-4.3.3-9).
+    pub fn publish(&self, publish: Publish) -> Result<Option<Durable>, StorageError> {
+        let (qos, packet_id) = (publish.qos, publish.packet_id);
+        let receipt = self.session.lock().receive(qos, packet_id);
+        if !receipt.fresh {
+            return Ok(None);
+        }
+        let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
+        let inbound = receipt
+            .store_id
+            .then_some((&self.session.client_id, packet_id));
+        match self.broker.publish(message, inbound) {
+            Ok(routed) => Ok(routed.durable),
+            Err(error) => {
+                if qos == QoS::ExactlyOnce {
+                    self.session.lock().forget_inbound(packet_id);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Forgets an inbound QoS 2 id whose PUBLISH was refused before routing.
+    pub fn forget_inbound(&self, packet_id: u16) {
+        self.session.lock().forget_inbound(packet_id);
+    }
+
+    /// PUBREL from the client: the PUBCOMP to send (0x92 for an unknown id) and the commit it
+    /// waits for (MQTT-4.3.3-11).
+    pub fn on_pubrel(&self, packet_id: u16) -> Answer {
+        let (reason, op) = self
+            .session
+            .lock()
+            .release(&self.session.client_id, packet_id);
+        Answer {
+            reason,
+            gate: op.and_then(|op| self.broker.persist(vec![op])),
+        }
+    }
+
+    // ----- subscriptions -----
+
+    /// Adds or replaces a subscription; true if one existed (see [`Broker::subscribe`]).
+    pub fn subscribe(
+        &self,
+        filter: &ByteString,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> bool {
+        self.broker
+            .subscribe(&self.session, filter, options, identifier)
+    }
+
+    /// Removes a subscription; true if it existed.
+    pub fn unsubscribe(&self, filter: &str) -> bool {
+        self.broker.unsubscribe(&self.session, filter)
+    }
+
+    /// Queues the retained messages matching a new subscription (MQTT-3.3.1-6).
+    pub fn deliver_retained(
+        &self,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) {
+        self.broker
+            .deliver_retained(&self.session, filter, options, identifier);
+    }
+
+    // ----- the end of a connection -----
+
+    /// Sets the session expiry sent in DISCONNECT, capped by the broker's maximum.
+    pub fn set_expiry_at_disconnect(&self, expiry: u32) -> Result<(), ExpiryRaisedFromZero> {
+        let mut st = self.session.lock();
+        if st.expiry_interval == 0 && expiry != 0 {
+            return Err(ExpiryRaisedFromZero); // MQTT-3.14.2-2
+        }
+        st.expiry_interval = expiry.min(self.broker.config().session_expiry_interval_max);
+        Ok(())
+    }
+
+    /// Publishes the will of an abnormally closed connection now, or keeps it for its Will
+    /// Delay Interval (`delay` seconds, MQTT-3.1.2-8). Call before [`SessionHandle::detach`].
+    pub fn publish_will(&self, will: LastWill, delay: Option<u32>) {
+        match delay.filter(|d| *d > 0) {
+            Some(delay) => self
+                .broker
+                .defer_will(&self.session, self.generation, will, delay),
+            None => self.broker.publish_will(will),
+        }
+    }
+
+    /// Detaches this driver; the session then ends, waits for its expiry, or lives on.
+    pub fn detach(&self) {
+        self.broker.disconnect(&self.session, self.generation);
+    }
+}

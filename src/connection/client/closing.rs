@@ -1,0 +1,121 @@
+//! The end of a connection: why it ends, the DISCONNECT a v5 client gets, the will, and
+//! handing the session back to the broker.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use super::Client;
+use crate::codec::{Disconnect, DisconnectProperties, Packet, ReasonCode};
+use crate::connection::violation::Violation;
+use crate::storage::StorageError;
+
+/// Why the connection is ending; decides the DISCONNECT sent (v5) and whether the will fires.
+#[derive(Debug)]
+pub(super) enum Close {
+    /// The client sent DISCONNECT; 0x04 keeps the will (MQTT-3.14.4-3).
+    ClientDisconnect(ReasonCode),
+    /// The peer closed or the socket failed without DISCONNECT.
+    Lost,
+    /// A protocol violation by the client (the table in `connection::violation`).
+    Violation(Violation),
+    /// The durable store failed while acks waited for it: nothing more can be acknowledged.
+    StoreFailed(StorageError),
+    /// The store refused a 3.x client's PUBLISH, which 3.x cannot answer negatively: closing
+    /// makes the client re-send it after reconnecting.
+    StoreRefused(ReasonCode, StorageError),
+    /// Re-authentication failed (MQTT-4.12.1-2), with the authenticator's code.
+    ReauthFailed(ReasonCode),
+    /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
+    KeepAliveTimeout,
+    /// Another connection took the session (MQTT-3.1.4-2).
+    TakenOver,
+    /// The broker is stopping.
+    ServerShutdown,
+}
+
+impl Close {
+    /// The DISCONNECT reason a v5 client is told, and why in words; `None` sends nothing.
+    fn server_reason(&self) -> Option<(ReasonCode, Option<String>)> {
+        match self {
+            Close::ClientDisconnect(_) | Close::Lost => None,
+            Close::Violation(v) => Some((v.reason_code(), Some(v.describe()))),
+            Close::StoreFailed(e) => Some((ReasonCode::UNSPECIFIED_ERROR, Some(e.to_string()))),
+            Close::StoreRefused(code, e) => Some((*code, Some(e.to_string()))),
+            Close::ReauthFailed(code) => Some((*code, Some("re-authentication failed".into()))),
+            Close::KeepAliveTimeout => Some((ReasonCode::KEEP_ALIVE_TIMEOUT, None)),
+            Close::TakenOver => Some((ReasonCode::SESSION_TAKEN_OVER, None)),
+            Close::ServerShutdown => Some((ReasonCode::SERVER_SHUTTING_DOWN, None)),
+        }
+    }
+
+    /// Whether the will is published (MQTT-3.1.2-8): not after a normal DISCONNECT, not on
+    /// server shutdown (as Mosquitto).
+    fn publishes_will(&self) -> bool {
+        match self {
+            Close::ClientDisconnect(code) => *code == ReasonCode::DISCONNECT_WITH_WILL,
+            Close::ServerShutdown => false,
+            _ => true,
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    /// DISCONNECT from the client, possibly with a new Session Expiry Interval.
+    pub(super) fn on_disconnect(&mut self, disconnect: Disconnect) -> Result<(), Close> {
+        if let Some(expiry) = disconnect.properties.session_expiry_interval {
+            if self.session.set_expiry_at_disconnect(expiry).is_err() {
+                return Err(self.violation(Violation::SessionExpiryRaisedFromZero));
+            }
+        }
+        Err(Close::ClientDisconnect(disconnect.reason_code))
+    }
+
+    /// Sends the closing DISCONNECT (v5), publishes the will if due, releases the session.
+    pub(super) async fn finish(mut self: Box<Self>, close: Close) {
+        let v5 = self.version.is_v5();
+        let server_reason = close.server_reason();
+        match (&close, &server_reason) {
+            (Close::Violation(v), _) => {
+                tracing::info!(peer = %self.info.peer, listener = %self.info.listener, client = %self.session.client_id(), reason = ?v.reason_code(), statement = v.statement(), why = %v.describe(), "closing connection: protocol violation");
+            }
+            (
+                Close::StoreRefused(..) | Close::StoreFailed(_) | Close::ReauthFailed(_),
+                Some((code, why)),
+            ) => {
+                tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");
+            }
+            (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
+            _ => {}
+        }
+        if let (true, Some((code, why))) = (v5, server_reason) {
+            // v5 lets the server say why (MQTT-3.14.0-1: only after CONNACK, which we sent).
+            let disconnect = Disconnect {
+                reason_code: code,
+                properties: DisconnectProperties {
+                    reason_string: why.and_then(|why| self.problem_string(&why)),
+                    ..Default::default()
+                },
+            };
+            self.io.queue_within(
+                &Packet::Disconnect(disconnect),
+                self.version,
+                self.client_max_packet,
+            );
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            self.io.flush().await?;
+            self.io.stream.shutdown().await
+        })
+        .await;
+        if close.publishes_will() {
+            if let Some(will) = self.will.take().map(|will| *will) {
+                // Held until the delay passes or the session ends (MQTT-3.1.2-8); v5 only.
+                let delay = will.properties.will_delay_interval.filter(|_| v5);
+                self.session.publish_will(will, delay);
+            }
+        }
+        self.session.detach();
+        tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), ?close, "disconnected");
+    }
+}

@@ -1,0 +1,163 @@
+//! Messages from the client: PUBLISH checks, topic aliases, Receive Maximum, PUBREL.
+//!
+//! The exactly-once state and the store ops belong to the session ([`SessionHandle::publish`],
+//! [`SessionHandle::on_pubrel`]); this side checks what only the connection knows (its
+//! aliases, its Receive Maximum, the announced capabilities) and answers in order.
+//!
+//! [`SessionHandle::publish`]: crate::broker::SessionHandle::publish
+//! [`SessionHandle::on_pubrel`]: crate::broker::SessionHandle::on_pubrel
+
+use bytestring::ByteString;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::closing::Close;
+use super::Client;
+use crate::codec::{PubResponse, Publish, QoS, ReasonCode};
+use crate::connection::gated::{AckKind, Gated};
+use crate::connection::violation::Violation;
+use crate::storage::StorageError;
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    pub(super) fn on_publish(&mut self, mut publish: Publish) -> Result<(), Close> {
+        let config = self.broker().config();
+        self.broker().metrics.messages_received[publish.qos as usize].increment(1);
+        if publish.qos as u8 > config.max_qos {
+            return Err(self.violation(Violation::QosNotSupported));
+        }
+        if publish.retain && !config.retain_available {
+            return Err(self.violation(Violation::RetainNotSupported));
+        }
+        let validate_utf8 = config.validate_utf8_payload;
+        if let Some(alias) = publish.properties.topic_alias {
+            self.resolve_alias(alias, &mut publish)?;
+        }
+        let packet_id = publish.packet_id;
+        let qos = publish.qos;
+        if qos != QoS::AtMostOnce {
+            self.check_receive_maximum(qos, packet_id)?;
+        }
+        if validate_utf8
+            && publish.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&publish.payload).is_err()
+        {
+            return self.refuse_publish(qos, packet_id, Violation::PayloadFormatInvalid);
+        }
+        if qos == QoS::AtLeastOnce {
+            // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
+            self.pending_inbound += 1;
+        }
+        let gate = match self.session.publish(publish) {
+            Ok(gate) => gate,
+            Err(error) => return self.refuse_unstored(qos, packet_id, error),
+        };
+        let kind = match qos {
+            QoS::AtMostOnce => return Ok(()),
+            QoS::AtLeastOnce => AckKind::Ack, // MQTT-4.3.2-2
+            QoS::ExactlyOnce => AckKind::Rec, // MQTT-4.3.3-8
+        };
+        // Acknowledged only once the store holds the message (the durability promise).
+        self.send_gated(gate, Gated::Ack(kind, PubResponse::new(packet_id)));
+        Ok(())
+    }
+
+    /// Refuses more unacknowledged inbound QoS 1/2 PUBLISHes than our Receive Maximum
+    /// (the client's duty, MQTT-3.3.4-7) with DISCONNECT 0x93. A QoS 2 retransmission of an id
+    /// awaiting PUBREL is not a new PUBLISH and passes.
+    fn check_receive_maximum(&self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+        let Some(unreleased) = self.session.unreleased_inbound(qos, packet_id) else {
+            return Ok(());
+        };
+        if unreleased + self.pending_inbound >= self.receive_maximum {
+            return Err(self.violation(Violation::ReceiveMaximumExceeded));
+        }
+        Ok(())
+    }
+
+    /// Answers a PUBLISH the broker will not route: PUBACK / PUBREC with the violation's code
+    /// for QoS 1/2 (a QoS 2 id refused this way is not remembered, MQTT-4.3.3-9), DISCONNECT
+    /// for QoS 0, which has no answer.
+    fn refuse_publish(
+        &mut self,
+        qos: QoS,
+        packet_id: u16,
+        violation: Violation,
+    ) -> Result<(), Close> {
+        if qos == QoS::AtMostOnce {
+            return Err(self.violation(violation));
+        }
+        let why = violation.describe();
+        self.negative_ack(qos, packet_id, violation.reason_code(), &why);
+        Ok(())
+    }
+
+    /// Queues PUBACK / PUBREC with a failure code (QoS 1/2 only).
+    fn negative_ack(&mut self, qos: QoS, packet_id: u16, code: ReasonCode, why: &str) {
+        let mut ack = PubResponse::new(packet_id);
+        ack.reason_code = code;
+        ack.properties.reason_string = self.problem_string(why);
+        let kind = if qos == QoS::AtLeastOnce {
+            self.pending_inbound += 1; // balanced when the PUBACK is written
+            AckKind::Ack
+        } else {
+            AckKind::Rec
+        };
+        self.send_gated(None, Gated::Ack(kind, ack));
+    }
+
+    /// The store refused a PUBLISH (disk budget, writer backlog, I/O failure): it was not
+    /// accepted, so it must not be acknowledged as if it were. v5 says why in the ack (0x97
+    /// quota exceeded, 0x80 unspecified); 3.x has no negative ack, so the connection closes and
+    /// the client re-sends after reconnecting.
+    fn refuse_unstored(
+        &mut self,
+        qos: QoS,
+        packet_id: u16,
+        error: StorageError,
+    ) -> Result<(), Close> {
+        if qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        if qos == QoS::AtLeastOnce {
+            self.pending_inbound = self.pending_inbound.saturating_sub(1);
+        }
+        let code = match error {
+            StorageError::QueueFull { .. } | StorageError::DiskBudgetExceeded { .. } => {
+                ReasonCode::QUOTA_EXCEEDED
+            }
+            _ => ReasonCode::UNSPECIFIED_ERROR,
+        };
+        if !self.version.is_v5() {
+            return Err(Close::StoreRefused(code, error));
+        }
+        self.negative_ack(qos, packet_id, code, &error.to_string());
+        Ok(())
+    }
+
+    /// Inbound topic aliases (v5 §3.3.2.3.4): set on first use, substituted afterwards.
+    fn resolve_alias(&mut self, alias: u16, publish: &mut Publish) -> Result<(), Close> {
+        if alias == 0 || alias > self.alias_max_in {
+            return Err(self.violation(Violation::TopicAliasOutOfRange));
+        }
+        if publish.topic.is_empty() {
+            match self.aliases.as_deref().and_then(|a| a.get(&alias)) {
+                Some(topic) => publish.topic = topic.clone(),
+                None => return Err(self.violation(Violation::TopicAliasUnknown)),
+            }
+        } else {
+            // A copy, so a long-lived alias does not pin the read buffer the topic came in.
+            let topic = ByteString::from(publish.topic.to_string());
+            self.aliases
+                .get_or_insert_with(Box::default)
+                .insert(alias, topic);
+        }
+        Ok(())
+    }
+
+    /// PUBREL: PUBCOMP once the session's release of the id is stored (MQTT-4.3.3-11).
+    pub(super) fn on_pubrel(&mut self, rel: PubResponse) {
+        let answer = self.session.on_pubrel(rel.packet_id);
+        let mut comp = PubResponse::new(rel.packet_id);
+        comp.reason_code = answer.reason;
+        self.send_gated(answer.gate, Gated::Ack(AckKind::Comp, comp));
+    }
+}

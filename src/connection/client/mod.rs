@@ -1,0 +1,346 @@
+//! One connected client after CONNACK: the wait loop and packet dispatch.
+//!
+//! The client decodes, calls the session API ([`SessionHandle`]), waits for the commits its
+//! answers depend on ([`GatedWrites`]) and writes. It owns only what dies with the socket:
+//! keep-alive, topic aliases, Receive Maximum accounting, the will, re-authentication. By
+//! concern: [`inbound`] (PUBLISH and PUBREL from the client), [`outbound`] (deliveries and
+//! their acks), [`subscribe`], [`reauth`], [`closing`].
+
+mod closing;
+mod inbound;
+mod outbound;
+mod reauth;
+mod subscribe;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytestring::ByteString;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::futures::Notified;
+
+use super::gated::GatedWrites;
+use super::handshake::{self, Accepted};
+use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
+use super::topic_alias::OutboundAliases;
+use super::violation::Violation;
+use crate::auth::AuthStep;
+use crate::broker::{Broker, SessionHandle};
+use crate::codec::{self, LastWill, Packet, ProtocolVersion};
+use crate::config::OutboundTopicAliases;
+use crate::storage::StorageError;
+use crate::transport::ConnectionInfo;
+use closing::Close;
+use reauth::AuthContext;
+
+/// What woke the connection (see [`Client::next_wake`]).
+enum Wake {
+    Durable(Result<(), StorageError>),
+    Verdict(AuthStep),
+    Io(IoEvent),
+    Session,
+}
+
+/// Inbound topic alias table of one connection.
+type InboundAliases = HashMap<u16, ByteString, foldhash::fast::RandomState>;
+
+/// One connected client.
+pub struct Client<S> {
+    io: Io<S>,
+    session: SessionHandle,
+    /// Where the connection came from (peer address, listener), for logs.
+    info: ConnectionInfo,
+    version: ProtocolVersion,
+    session_present: bool,
+    /// 1.5 × keep-alive, or `None` when keep-alive is off. Enforced without a timer: the
+    /// broker's periodic sweep wakes the connection once the deadline it last reported to the
+    /// session has passed, and the connection then compares against `last_read`.
+    keep_alive_limit: Option<Duration>,
+    last_read: Instant,
+    /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
+    will: Option<Box<LastWill>>,
+    /// Outbound QoS 1/2 window: min(broker's max inflight, client's Receive Maximum).
+    window: usize,
+    /// Largest packet the client accepts (v5 Maximum Packet Size).
+    client_max_packet: usize,
+    max_packet: usize,
+    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
+    /// created on first use: most clients never send an alias.
+    aliases: Option<Box<InboundAliases>>,
+    /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
+    alias_max_in: u16,
+    /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
+    aliases_out: Option<Box<OutboundAliases>>,
+    /// Our Receive Maximum for this client (v5); `usize::MAX` for 3.x, which cannot be told.
+    receive_maximum: usize,
+    /// Inbound QoS 1 PUBLISHes whose PUBACK has not been queued yet. Together with the QoS 2
+    /// ids awaiting PUBREL (kept by the session) it is what Receive Maximum bounds, see
+    /// [`Client::check_receive_maximum`]. An ack that has to wait (e.g. for a durable commit)
+    /// keeps its PUBLISH counted here until it is queued.
+    pending_inbound: usize,
+    /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
+    problem_info: bool,
+    /// The connection's enhanced authentication, for re-authentication; boxed, most clients
+    /// have none.
+    auth: Option<Box<AuthContext>>,
+    /// Writes waiting for the durable store (acks, PUBREL, outbound QoS 2).
+    gated: GatedWrites,
+}
+
+/// Stop reading from a client while this many of its writes wait for the store: bounds the
+/// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
+const MAX_GATED_WRITES: usize = 1024;
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    /// Takes over the connection from the handshake.
+    pub fn new(mut io: Io<S>, accepted: Accepted, info: ConnectionInfo) -> Client<S> {
+        let Accepted {
+            connect,
+            attached,
+            keep_alive,
+            auth,
+        } = accepted;
+        let config = attached.handle.broker().config();
+        let v5 = connect.protocol.is_v5();
+        let aliases_out = match (
+            config.outbound_topic_aliases,
+            connect.properties.topic_alias_maximum,
+        ) {
+            // MQTT-3.1.2-27: none unless the client announced a maximum above 0.
+            (OutboundTopicAliases::Lru, Some(max)) if v5 && max > 0 => {
+                Some(Box::new(OutboundAliases::new(max)))
+            }
+            _ => None,
+        };
+        let problem_info = handshake::wants_problem_info(&connect);
+        let our_receive_maximum = if v5 {
+            usize::from(config.receive_maximum)
+        } else {
+            usize::MAX
+        };
+        let alias_max_in = config.topic_alias_maximum;
+        let receive_maximum = connect.properties.receive_maximum.unwrap_or(u16::MAX);
+        let window = usize::from(config.max_inflight_messages.min(receive_maximum).max(1));
+        let client_max_packet = connect
+            .properties
+            .maximum_packet_size
+            .map_or(usize::MAX, |m| m as usize);
+        let max_packet = config.max_packet_size as usize;
+        // The CONNECT has been taken out of it: do not keep its buffer for an idle client.
+        io.release_read_buffer();
+        Client {
+            io,
+            session: attached.handle,
+            info,
+            version: connect.protocol,
+            session_present: attached.session_present,
+            keep_alive_limit: (keep_alive > 0)
+                .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
+            last_read: Instant::now(),
+            will: connect.will.map(Box::new),
+            window,
+            client_max_packet,
+            max_packet,
+            aliases: None,
+            alias_max_in,
+            aliases_out,
+            receive_maximum: our_receive_maximum,
+            pending_inbound: 0,
+            problem_info,
+            auth: auth.map(|method| Box::new(AuthContext::new(method))),
+            gated: GatedWrites::default(),
+        }
+    }
+
+    /// The broker the client's session lives in.
+    fn broker(&self) -> &Arc<Broker> {
+        self.session.broker()
+    }
+
+    /// Runs until the connection ends, then settles the will and the session.
+    pub async fn run(mut self: Box<Self>) {
+        self.report_keep_alive_deadline();
+        if self.session_present {
+            self.retransmit_inflight();
+        }
+        let close = self.serve().await;
+        // Boxed, like the handshake: needed once, at the end, so it should not widen the
+        // future held while the connection lives.
+        Box::pin(self.finish(close)).await;
+    }
+
+    async fn serve(&mut self) -> Close {
+        let session = Arc::clone(self.session.session());
+        loop {
+            // Created before the checks below, so a wake-up that lands between a check and
+            // the select is not lost (`Session::notified`).
+            let woken = std::pin::pin!(session.notified());
+            let now = Instant::now();
+            if let Some(close) = self.check_standing(now) {
+                return close;
+            }
+            if !self.fill_from_session(now) {
+                return Close::TakenOver; // MQTT-3.1.4-2
+            }
+            self.io.release_write_buffer();
+            match self.next_wake(woken).await {
+                Wake::Durable(Ok(())) => {
+                    self.gated.release_front();
+                    self.release_gated();
+                }
+                Wake::Durable(Err(error)) => {
+                    tracing::error!(client = %self.session.client_id(), %error, "durable store failed; closing without acknowledging");
+                    return Close::StoreFailed(error);
+                }
+                Wake::Verdict(verdict) => {
+                    if let Some(auth) = self.auth.as_deref_mut() {
+                        auth.step = None;
+                    }
+                    if let Err(close) = self.on_auth_verdict(verdict) {
+                        return close;
+                    }
+                }
+                Wake::Io(IoEvent::Written(Ok(0) | Err(_)) | IoEvent::Read(Ok(0) | Err(_))) => {
+                    return Close::Lost
+                }
+                Wake::Io(IoEvent::Written(Ok(n))) => {
+                    self.broker().metrics.bytes_sent.increment(n as u64);
+                }
+                Wake::Io(IoEvent::Read(Ok(n))) => {
+                    self.broker().metrics.bytes_received.increment(n as u64);
+                    self.last_read = Instant::now();
+                    let processed = self.process_input();
+                    self.io.release_read_buffer();
+                    if let Err(close) = processed {
+                        return close;
+                    }
+                }
+                Wake::Session => self.report_keep_alive_deadline(),
+            }
+        }
+    }
+
+    /// Waits for the next thing to do, in priority order: a commit the front gated write waits
+    /// for, an authentication verdict, socket I/O (writes first, reads only while neither the
+    /// write batch nor the gated writes are over their bounds), a session wake-up.
+    ///
+    /// One hand-written poll instead of `select!` over async helpers: this future is what
+    /// every idle connection holds, and it is a few references plus `woken`.
+    fn next_wake<'a, 'n: 'a>(
+        &'a mut self,
+        mut woken: Pin<&'a mut Notified<'n>>,
+    ) -> impl Future<Output = Wake> + use<'a, 'n, S> {
+        std::future::poll_fn(move |cx| {
+            if self.gated.waiting() {
+                if let Poll::Ready(r) = self.gated.poll_front_durable(cx) {
+                    return Poll::Ready(Wake::Durable(r));
+                }
+            }
+            if let Some(step) = self.auth.as_deref_mut().and_then(|a| a.step.as_mut()) {
+                if let Poll::Ready(verdict) = step.as_mut().poll(cx) {
+                    return Poll::Ready(Wake::Verdict(verdict));
+                }
+            }
+            let can_write = !self.io.wbuf.is_empty();
+            let can_read =
+                self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES;
+            if can_write || can_read {
+                if let Poll::Ready(event) = self.io.poll_event(cx, true, can_read) {
+                    return Poll::Ready(Wake::Io(event));
+                }
+            }
+            match woken.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Wake::Session),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+    }
+
+    /// Why the connection must close now, if it must: the server is stopping, or no packet
+    /// arrived within 1.5 × keep-alive (MQTT-3.1.2-24). Takeover is checked under the session
+    /// lock in [`Client::fill_from_session`].
+    fn check_standing(&self, now: Instant) -> Option<Close> {
+        if self.broker().is_shutting_down() {
+            return Some(Close::ServerShutdown);
+        }
+        match self.keep_alive_limit {
+            Some(limit) if now >= self.last_read + limit => Some(Close::KeepAliveTimeout),
+            _ => None,
+        }
+    }
+
+    /// Tells the session when this connection's keep-alive runs out, for the broker's sweep.
+    /// Reads do not update it (that would cost every packet an atomic store); instead, when the
+    /// sweep wakes the connection at a stale deadline, it lands here and moves it on.
+    fn report_keep_alive_deadline(&self) {
+        let deadline = match self.keep_alive_limit {
+            Some(limit) => self.broker().clock_ms(self.last_read + limit),
+            None => u64::MAX,
+        };
+        self.session.session().set_keep_alive_deadline(deadline);
+    }
+
+    /// Decodes and handles every complete packet in the read buffer.
+    fn process_input(&mut self) -> Result<(), Close> {
+        loop {
+            match codec::decode(&mut self.io.rbuf, Some(self.version), self.max_packet) {
+                Ok(Some(packet)) => self.handle(packet)?,
+                Ok(None) => return Ok(()),
+                Err(error) => {
+                    self.broker().metrics.malformed_packets.increment(1);
+                    return Err(Close::Violation(Violation::Undecodable(error)));
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, packet: Packet) -> Result<(), Close> {
+        match packet {
+            Packet::Publish(publish) => self.on_publish(publish),
+            Packet::PubAck(ack) => {
+                self.session.on_puback(ack.packet_id);
+                Ok(())
+            }
+            Packet::PubRec(rec) => {
+                self.on_pubrec(rec);
+                Ok(())
+            }
+            Packet::PubComp(comp) => {
+                self.session.on_pubcomp(comp.packet_id);
+                Ok(())
+            }
+            Packet::PubRel(rel) => {
+                self.on_pubrel(rel);
+                Ok(())
+            }
+            Packet::Subscribe(subscribe) => self.on_subscribe(subscribe),
+            Packet::Unsubscribe(unsubscribe) => {
+                self.on_unsubscribe(unsubscribe);
+                Ok(())
+            }
+            Packet::PingReq => {
+                self.io.queue(&Packet::PingResp, self.version); // MQTT-3.12.4-1
+                Ok(())
+            }
+            Packet::Disconnect(disconnect) => self.on_disconnect(disconnect),
+            Packet::Connect(_) => Err(self.violation(Violation::SecondConnect)),
+            Packet::Auth(auth) => self.on_auth(auth),
+            other => Err(self.violation(Violation::ServerPacket(other.name()))),
+        }
+    }
+
+    /// Counts a protocol violation (not a malformed packet, counted apart) and closes.
+    fn violation(&self, violation: Violation) -> Close {
+        self.broker().metrics.protocol_errors.increment(1);
+        Close::Violation(violation)
+    }
+
+    /// `why` as a Reason String, if the client accepts problem information (MQTT-3.1.2-29).
+    fn problem_string(&self, why: &str) -> Option<ByteString> {
+        self.problem_info.then(|| ByteString::from(why.to_owned()))
+    }
+}

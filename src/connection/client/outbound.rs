@@ -1,0 +1,230 @@
+//! Messages to the client: draining the session into the write buffer, retransmission on
+//! resume, PUBREC answers, and the writes that wait for the store.
+//!
+//! The session picks deliveries, packet ids and the window ([`SessionHandle::fill`]); this
+//! side encodes them (with this connection's topic aliases and Maximum Packet Size) and keeps
+//! every write that depends on a commit behind it, in order ([`GatedWrites`]).
+//!
+//! [`SessionHandle::fill`]: crate::broker::SessionHandle::fill
+//! [`GatedWrites`]: crate::connection::gated::GatedWrites
+
+use std::time::Instant;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::Client;
+use crate::broker::{Broker, Delivery, DeliverySink, Fill, Resend};
+use crate::codec::{Packet, ProtocolVersion, PubResponse, PublishAlias, PublishFlags};
+use crate::connection::gated::{AckKind, Gated};
+use crate::connection::io::WRITE_HIGH_WATER;
+use crate::connection::topic_alias::OutboundAliases;
+use crate::storage::Durable;
+
+/// Stop moving deliveries out of the session queue while this many writes wait for the store:
+/// each held batch can be up to `WRITE_HIGH_WATER` bytes, so this bounds a connection's held
+/// output to about 1 MiB while a commit is slow.
+const MAX_HELD_BATCHES: usize = 16;
+
+/// The connection's side of [`SessionHandle::fill`]: encodes each delivery into the write
+/// buffer, or into `held` from the first one that must wait for a commit (and everything
+/// after it, to keep the order).
+///
+/// [`SessionHandle::fill`]: crate::broker::SessionHandle::fill
+struct Encoder<'a> {
+    wbuf: &'a mut BytesMut,
+    held: BytesMut,
+    /// Write into `held`: something before is waiting for the store.
+    hold: bool,
+    version: ProtocolVersion,
+    client_max_packet: usize,
+    aliases_out: Option<&'a mut OutboundAliases>,
+    broker: &'a Broker,
+}
+
+impl DeliverySink for Encoder<'_> {
+    fn has_room(&self) -> bool {
+        self.wbuf.len() + self.held.len() < WRITE_HIGH_WATER
+    }
+
+    fn write(
+        &mut self,
+        delivery: &Delivery,
+        packet_id: u16,
+        dup: bool,
+        after_commit: bool,
+    ) -> bool {
+        self.hold |= after_commit;
+        let out = if self.hold {
+            &mut self.held
+        } else {
+            &mut *self.wbuf
+        };
+        encode_delivery(
+            out,
+            self.version,
+            self.client_max_packet,
+            self.aliases_out.as_deref_mut(),
+            self.broker,
+            delivery,
+            packet_id,
+            dup,
+        )
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    /// Moves queued deliveries into the write buffer while the window and buffer allow
+    /// (MQTT-4.6.0-6: in order). A persisted QoS 2 PUBLISH is held back until its new stage is
+    /// durable (otherwise a crash could re-send it under a new packet id: a duplicate), and so
+    /// is everything after it.
+    ///
+    /// Returns false if this connection no longer owns the session (taken over).
+    pub(super) fn fill_from_session(&mut self, now: Instant) -> bool {
+        if self.io.wbuf.len() >= WRITE_HIGH_WATER || self.gated.len() >= MAX_HELD_BATCHES {
+            // The socket, or the store, is behind: leave the rest in the session's bounded
+            // queue rather than piling encoded batches up here.
+            return self.session.is_owner();
+        }
+        let broker = std::sync::Arc::clone(self.session.broker());
+        let mut encoder = Encoder {
+            wbuf: &mut self.io.wbuf,
+            held: BytesMut::new(),
+            hold: !self.gated.is_empty(),
+            version: self.version,
+            client_max_packet: self.client_max_packet,
+            aliases_out: self.aliases_out.as_deref_mut(),
+            broker: &broker,
+        };
+        let gate = match self.session.fill(self.window, now, &mut encoder) {
+            Fill::TakenOver => return false,
+            Fill::Filled { gate } => gate,
+        };
+        let held = encoder.held;
+        if !held.is_empty() {
+            self.send_gated(gate, Gated::Encoded(held.freeze()));
+        }
+        true
+    }
+
+    /// On a resumed session, resend every unacknowledged PUBLISH with DUP=1 and every
+    /// pending PUBREL, in their original order (MQTT-4.4.0-1, MQTT-3.3.1-1).
+    pub(super) fn retransmit_inflight(&mut self) {
+        for resend in self.session.retransmissions() {
+            match resend {
+                Resend::Release(packet_id) => self
+                    .io
+                    .queue(&Packet::PubRel(PubResponse::new(packet_id)), self.version),
+                Resend::Publish(delivery, packet_id) => {
+                    let written = encode_delivery(
+                        &mut self.io.wbuf,
+                        self.version,
+                        self.client_max_packet,
+                        self.aliases_out.as_deref_mut(),
+                        self.session.broker(),
+                        &delivery,
+                        packet_id,
+                        true,
+                    );
+                    if written {
+                        self.broker().metrics.messages_sent[delivery.qos as usize].increment(1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// PUBREC: PUBREL once the session's new stage is stored (MQTT-4.3.3-4); nothing when the
+    /// receiver refused the message (reason ≥ 0x80, v5 §4.3.3).
+    pub(super) fn on_pubrec(&mut self, rec: PubResponse) {
+        let Some(answer) = self
+            .session
+            .on_pubrec(rec.packet_id, rec.reason_code.is_error())
+        else {
+            return;
+        };
+        let mut rel = PubResponse::new(rec.packet_id);
+        rel.reason_code = answer.reason;
+        self.send_gated(answer.gate, Gated::Ack(AckKind::Rel, rel));
+    }
+
+    /// Writes now, or behind the writes that wait for the store (even one that waits for
+    /// nothing itself: PUBACKs go out in PUBLISH order, MQTT-4.6.0-2).
+    pub(super) fn send_gated(&mut self, durable: Option<Durable>, item: Gated) {
+        if durable.is_none() && self.gated.is_empty() {
+            self.write_gated(item);
+        } else {
+            self.gated.push(durable, item);
+        }
+    }
+
+    /// Writes every gated item that no longer waits.
+    pub(super) fn release_gated(&mut self) {
+        while let Some(item) = self.gated.pop_ready() {
+            self.write_gated(item);
+        }
+    }
+
+    fn write_gated(&mut self, item: Gated) {
+        match item {
+            Gated::Ack(kind, ack) => {
+                if kind == AckKind::Ack {
+                    // The PUBLISH it answers stops counting against Receive Maximum.
+                    self.pending_inbound = self.pending_inbound.saturating_sub(1);
+                }
+                self.io
+                    .queue_within(&kind.packet(ack), self.version, self.client_max_packet)
+            }
+            Gated::Encoded(bytes) => self.io.wbuf.extend_from_slice(&bytes),
+        }
+    }
+}
+
+/// Encodes one delivery into `out` for a client of `version`; false if it could not be sent
+/// at all (above the client's Maximum Packet Size, MQTT-3.1.2-25, or unencodable). With
+/// outbound topic aliases, only a PUBLISH that is actually written changes the alias table.
+#[allow(clippy::too_many_arguments)]
+fn encode_delivery(
+    out: &mut BytesMut,
+    version: ProtocolVersion,
+    client_max_packet: usize,
+    aliases_out: Option<&mut OutboundAliases>,
+    broker: &Broker,
+    delivery: &Delivery,
+    packet_id: u16,
+    dup: bool,
+) -> bool {
+    let start = out.len();
+    let alias = aliases_out
+        .as_ref()
+        .map(|table| table.choose(&delivery.message.topic));
+    let flags = PublishFlags {
+        qos: delivery.qos,
+        retain: delivery.retain,
+        dup,
+        packet_id,
+        subscription_ids: &delivery.subscription_ids,
+        topic_alias: alias.map(|choice| PublishAlias {
+            alias: choice.alias(),
+            with_topic: choice.sends_topic(),
+        }),
+    };
+    match delivery.message.write_to(out, version, flags) {
+        Ok(len) if len <= client_max_packet => {
+            if let (Some(table), Some(choice)) = (aliases_out, alias) {
+                table.commit(&delivery.message.topic, choice);
+            }
+            true
+        }
+        Ok(_) => {
+            out.truncate(start);
+            broker.metrics.messages_dropped_too_large.increment(1);
+            false
+        }
+        Err(error) => {
+            out.truncate(start);
+            tracing::warn!(%error, "cannot encode delivery");
+            false
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! SUBSCRIBE and UNSUBSCRIBE: per-filter checks against the announced capabilities, then the
+//! session API; SUBACK / UNSUBACK before the retained messages they trigger.
+
+use bytestring::ByteString;
+use smallvec::SmallVec;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::closing::Close;
+use super::Client;
+use crate::codec::{
+    topic, Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
+};
+use crate::connection::violation::Violation;
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    pub(super) fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
+        if subscribe
+            .filters
+            .iter()
+            .any(|(f, o)| o.no_local && matches!(topic::split_shared(f), Some(Ok(_))))
+        {
+            return Err(self.violation(Violation::NoLocalOnSharedSubscription));
+        }
+        let max_qos = self.broker().max_qos();
+        let config = self.broker().config();
+        let (wildcards_ok, ids_ok, shared_ok) = (
+            config.wildcard_subscription_available,
+            config.subscription_identifier_available,
+            config.shared_subscription_available,
+        );
+        let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
+        let mut reason_codes = Vec::with_capacity(subscribe.filters.len());
+        let mut retained: SmallVec<[(ByteString, SubscriptionOptions); 4]> = SmallVec::new();
+        let mut problem: Option<&'static str> = None;
+        for (filter, options) in subscribe.filters {
+            let shared = topic::split_shared(&filter);
+            let inner = match shared {
+                Some(Ok((_, inner))) => inner,
+                _ => &filter[..],
+            };
+            let refusal = if ids_refused {
+                Some((
+                    ReasonCode::SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
+                    "subscription identifiers are not available",
+                ))
+            } else if matches!(shared, Some(Err(()))) || !topic::is_valid_filter(&filter) {
+                // 3.x: 0x80 (MQTT-3.8.4-5 style failure)
+                Some((ReasonCode::TOPIC_FILTER_INVALID, "invalid topic filter"))
+            } else if shared.is_some() && !shared_ok {
+                Some((
+                    ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                    "shared subscriptions are not available",
+                ))
+            } else if !wildcards_ok && topic::has_wildcards(inner) {
+                Some((
+                    ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
+                    "wildcard subscriptions are not available",
+                ))
+            } else {
+                None
+            };
+            let code = if let Some((code, why)) = refusal {
+                problem.get_or_insert(why);
+                code
+            } else {
+                let options = SubscriptionOptions {
+                    qos: options.qos.min(max_qos), // granted ≤ requested (v5 §3.9.3)
+                    ..options
+                };
+                let existed =
+                    self.session
+                        .subscribe(&filter, options, subscribe.subscription_identifier);
+                // Retain Handling: 0 always, 1 only for a new subscription, 2 never (MQTT-3.3.1-9..11).
+                // Retained messages go only to new non-shared subscriptions (v5 §3.3.1.3).
+                let send_retained = shared.is_none()
+                    && match options.retain_handling {
+                        0 => true,
+                        1 => !existed,
+                        _ => false,
+                    };
+                if send_retained {
+                    retained.push((filter, options));
+                }
+                ReasonCode(options.qos as u8)
+            };
+            reason_codes.push(code);
+        }
+        let mut suback = SubAck {
+            packet_id: subscribe.packet_id,
+            reason_codes,
+            ..Default::default()
+        };
+        suback.properties.reason_string = problem.and_then(|why| self.problem_string(why));
+        // MQTT-3.8.4-1
+        self.io.queue_within(
+            &Packet::SubAck(suback),
+            self.version,
+            self.client_max_packet,
+        );
+        for (filter, options) in retained {
+            self.session
+                .deliver_retained(&filter, options, subscribe.subscription_identifier);
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) {
+        let reason_codes = unsubscribe
+            .filters
+            .iter()
+            .map(|filter| {
+                if self.session.unsubscribe(filter) {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::NO_SUBSCRIPTION_EXISTED
+                }
+            })
+            .collect();
+        let unsuback = UnsubAck {
+            packet_id: unsubscribe.packet_id,
+            reason_codes,
+            ..Default::default()
+        };
+        self.io.queue(&Packet::UnsubAck(unsuback), self.version); // MQTT-3.10.4-4
+    }
+}
