@@ -42,9 +42,11 @@ while [ $# -gt 0 ]; do
 done
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# Where `cargo build --release` put both binaries (honours an absolute CARGO_TARGET_DIR).
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 # POSTBOX_BIN: another postbox binary (e.g. a baseline build) in place of this tree's.
-POSTBOX="${POSTBOX_BIN:-$ROOT/target/release/postbox}"
-BENCH="$ROOT/target/release/postbox-bench"
+POSTBOX="${POSTBOX_BIN:-$TARGET/release/postbox}"
+BENCH="$TARGET/release/postbox-bench"
 for bin in "$POSTBOX" "$BENCH"; do
   [ -x "$bin" ] || { echo "missing $bin: run 'cargo build --release' first" >&2; exit 2; }
 done

@@ -2,22 +2,28 @@
 //! broker in-process, with every message accounted for. This checks the measuring tool, not
 //! the broker's speed (no timing assertions).
 
-mod common;
-
-#[path = "../benches/load/loadgen/mod.rs"]
-#[allow(dead_code)]
-mod loadgen;
-
 use std::time::Duration;
 
 use loadgen::scenarios::{self, Params, Scenario};
 use postbox::codec::QoS;
+use postbox::config::Config;
+use postbox::server::{self, RunningServer};
+
+/// The broker with the test suite's config (tests/common/mod.rs at the root): loopback, port 0,
+/// no metrics exporter (it is process-global), in memory.
+async fn start() -> RunningServer {
+    let mut config = Config::default();
+    config.listener.bind = "127.0.0.1:0".parse().expect("literal address");
+    config.metrics.enabled = false;
+    config.storage.persistence = false;
+    server::start(config).await.expect("broker starts")
+}
 
 async fn run_small(
     scenario: Scenario,
     configure: impl FnOnce(&mut Params),
 ) -> loadgen::report::Report {
-    let server = common::start().await;
+    let server = start().await;
     let mut params = Params::defaults(scenario, server.mqtt_addr);
     params.broker = "postbox-in-process".into();
     params.qos = QoS::AtLeastOnce;
@@ -84,7 +90,7 @@ async fn json_line_round_trips_into_the_summary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_are_all_served() {
-    // The timed part is a raw epoll loop (loadgen/burst.rs): every client must get its
+    // The timed part is a raw epoll loop (src/burst.rs): every client must get its
     // CONNACK and later answer a PINGREQ.
     let report = run_small(Scenario::Connections, |p| {
         p.connections = 200;

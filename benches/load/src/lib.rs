@@ -1,5 +1,5 @@
-//! The load generator's engine, separate from its command line so the test suite can run a
-//! scenario in-process (`tests/bench_harness.rs` includes this directory with `#[path]`).
+//! The load generator's engine, separate from its command line (src/main.rs) so the test suite
+//! can run a scenario against the broker in-process (tests/harness.rs).
 //!
 //! Layout: [`client`] is a minimal pipelined MQTT client on the project's codec; [`payload`]
 //! stamps every message with run, publisher, sequence number and send time; [`tracker`] turns

@@ -3,8 +3,7 @@
 //! Runs one bounded scenario against one loopback broker and prints delivered msgs/s, loss,
 //! latency percentiles and the broker's CPU and memory; `--json FILE` appends the same as a
 //! JSON line, which `summarize` folds into Postbox/other-broker ratios (see benches/README.md).
-
-mod loadgen;
+//! The engine is this package's library, `loadgen` (src/lib.rs).
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

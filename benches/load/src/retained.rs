@@ -6,12 +6,12 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use postbox::codec::{Packet, PubResponse, QoS};
 
-use super::client::{Conn, ConnectOptions, HANDSHAKE_TIMEOUT};
-use super::payload::Stamp;
-use super::procfs::CpuMeter;
-use super::report::{rate, Report};
-use super::scenarios::Params;
-use super::tracker::SeqTracker;
+use crate::client::{Conn, ConnectOptions, HANDSHAKE_TIMEOUT};
+use crate::payload::Stamp;
+use crate::procfs::CpuMeter;
+use crate::report::{rate, Report};
+use crate::scenarios::Params;
+use crate::tracker::SeqTracker;
 
 /// R retained messages stored (QoS 1, pipelined), then one subscriber to `#` receives them:
 /// `duration_s` is the time from SUBSCRIBE to the last one.

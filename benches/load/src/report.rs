@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use super::pubsub::PubSubOutcome;
+use crate::pubsub::PubSubOutcome;
 
 /// One scenario run against one broker.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

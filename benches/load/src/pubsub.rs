@@ -18,10 +18,10 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{Conn, ConnectOptions, HANDSHAKE_TIMEOUT};
-use super::payload::{Stamp, STAMP_LEN};
-use super::procfs::{CpuMeter, CpuUse};
-use super::tracker::{Seen, SeqTracker};
+use crate::client::{Conn, ConnectOptions, HANDSHAKE_TIMEOUT};
+use crate::payload::{Stamp, STAMP_LEN};
+use crate::procfs::{CpuMeter, CpuUse};
+use crate::tracker::{Seen, SeqTracker};
 
 /// Stop appending to a publisher's write buffer beyond this: one write per ~64 KiB.
 const WRITE_BATCH: usize = 64 * 1024;

@@ -4,7 +4,7 @@
 //! message count, so a message is counted once however often or late it arrives, and
 //! `expected - unique` is the loss with no guessing.
 
-use super::payload::Stamp;
+use crate::payload::Stamp;
 
 /// What one received message was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use postbox::codec::{ProtocolVersion, QoS};
 
-use super::client::{ensure_loopback, Conn, ConnectOptions};
-use super::pubsub::{self, PubSubPlan, PublisherPlan, SubscriberPlan};
-use super::report::Report;
-use super::{connections, procfs, retained};
+use crate::client::{ensure_loopback, Conn, ConnectOptions};
+use crate::pubsub::{self, PubSubPlan, PublisherPlan, SubscriberPlan};
+use crate::report::Report;
+use crate::{connections, procfs, retained};
 
 /// The workloads the generator knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,10 +12,10 @@ use postbox::codec::Packet;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::client::{connect_packet, Conn, ConnectOptions};
-use super::procfs::{self, CpuMeter};
-use super::report::{rate, Report};
-use super::scenarios::{run_id, Params};
+use crate::client::{connect_packet, Conn, ConnectOptions};
+use crate::procfs::{self, CpuMeter};
+use crate::report::{rate, Report};
+use crate::scenarios::{run_id, Params};
 
 /// Local ports used for explicitly bound client sockets: below the kernel's ephemeral
 /// range, so they rarely collide with sockets of other programs.
@@ -146,7 +146,7 @@ pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
             let (version, concurrency, until) =
                 (p.version, p.connect_concurrency, start + p.timeout);
             let burst = || {
-                super::burst::connect_all(
+                crate::burst::connect_all(
                     broker,
                     n,
                     concurrency,
