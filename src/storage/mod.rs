@@ -1,7 +1,7 @@
 //! Durable broker state: sessions, queued and in-flight messages, retained messages and
 //! delayed wills, so that a QoS 1/2 message acknowledged to its publisher survives `kill -9`.
 //!
-//! The broker keeps its working state in memory (see `crate::broker`); this module only
+//! The broker keeps its working state in memory; this module only
 //! *records* changes to it as [`Op`]s and hands everything back at restart as a [`Snapshot`].
 //! It never reads on the hot path.
 //!
@@ -244,46 +244,6 @@ pub struct StoredMessage {
 }
 
 impl StoredMessage {
-    /// The persisted form of a routed message: its monotonic times become wall-clock unix ms
-    /// (relative to now), so expiry keeps counting across restarts. Payload not copied.
-    pub fn from_message(message: &crate::broker::Message) -> StoredMessage {
-        let now = std::time::Instant::now();
-        let now_ms = now_unix_ms();
-        let age_ms = now
-            .saturating_duration_since(message.received_at)
-            .as_millis() as u64;
-        StoredMessage {
-            topic: message.topic.clone(),
-            payload: message.payload.clone(),
-            qos: message.qos,
-            retain: message.retain,
-            properties: message.properties().clone(),
-            received_at_unix_ms: now_ms.saturating_sub(age_ms),
-            expires_at_unix_ms: message.expires_at.map(|t| {
-                let left = t.saturating_duration_since(now).as_millis() as u64;
-                now_ms + left
-            }),
-        }
-    }
-
-    /// The monotonic `(received_at, expires_at)` to rebuild a `broker::Message` with at
-    /// restart, given the current instant and wall-clock time. Downtime counts: a message
-    /// whose expiry passed while the broker was down comes back already expired.
-    pub fn instants(
-        &self,
-        now: std::time::Instant,
-        now_unix_ms: u64,
-    ) -> (std::time::Instant, Option<std::time::Instant>) {
-        let age =
-            std::time::Duration::from_millis(now_unix_ms.saturating_sub(self.received_at_unix_ms));
-        let received_at = now.checked_sub(age).unwrap_or(now);
-        let expires_at = self.expires_at_unix_ms.map(|t| {
-            // Saturate at "now" (already expired) rather than going before the Instant epoch.
-            now + std::time::Duration::from_millis(t.saturating_sub(now_unix_ms))
-        });
-        (received_at, expires_at)
-    }
-
     /// True once the message may no longer be delivered (MQTT-3.3.2-5).
     pub fn is_expired(&self, now_unix_ms: u64) -> bool {
         self.expires_at_unix_ms.is_some_and(|t| now_unix_ms >= t)

@@ -1084,48 +1084,6 @@ fn random_bytes_never_panic_the_decoder() {
     }
 }
 
-#[test]
-fn message_times_convert_between_instants_and_wall_clock() {
-    use crate::codec::Publish;
-    let publish = Publish {
-        qos: QoS::AtLeastOnce,
-        topic: bs("t"),
-        packet_id: 1,
-        payload: Bytes::from_static(b"p"),
-        properties: PublishProperties {
-            message_expiry_interval: Some(60),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let m = crate::broker::Message::from_publish(publish, None);
-    let stored = StoredMessage::from_message(&m);
-    let now_ms = now_unix_ms();
-    let expires = stored.expires_at_unix_ms.expect("expiry kept");
-    assert!(
-        expires >= now_ms + 59_000 && expires <= now_ms + 60_000,
-        "{expires} vs {now_ms}"
-    );
-    assert!(stored.received_at_unix_ms <= now_ms && stored.received_at_unix_ms + 1000 > now_ms);
-    assert_eq!(
-        stored.payload.as_ptr(),
-        m.payload.as_ptr(),
-        "payload shared, not copied"
-    );
-
-    // 90 s of downtime later the message is expired; 30 s later it has ~30 s left.
-    let now = Instant::now();
-    let (_, exp) = stored.instants(now, now_ms + 90_000);
-    assert!(exp.is_some_and(|e| e <= now));
-    let (received, exp) = stored.instants(now, now_ms + 30_000);
-    let left = exp.expect("expiry").saturating_duration_since(now);
-    assert!(
-        left > Duration::from_secs(29) && left <= Duration::from_secs(30),
-        "{left:?}"
-    );
-    assert!(now.saturating_duration_since(received) >= Duration::from_secs(29));
-}
-
 // ---- engines and config -----------------------------------------------------------------
 
 #[test]
