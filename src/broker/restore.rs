@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::message::{Delivery, Message};
 use super::session::{Inflight, OutboundStage, Session};
 use super::{Broker, Subscriber, NEVER_EXPIRES};
-use crate::storage::{self, EntryStage, Op, PendingWill, Snapshot, StoredMessage};
+use crate::storage::{self, EntryStage, Op, Snapshot, StoredMessage, StoredWill};
 
 /// The monotonic `(received_at, expires_at)` to rebuild a [`Message`] from `stored` with,
 /// given the current instant and wall-clock time (the inverse of `StoredMessage::from`).
@@ -177,7 +177,7 @@ impl Broker {
 
     /// Publishes a will that was waiting for its delay when the broker stopped, at its time,
     /// unless its client is connected again by then.
-    fn schedule_stored_will(self: &Arc<Self>, will: PendingWill, now_ms: u64) {
+    fn schedule_stored_will(self: &Arc<Self>, will: StoredWill, now_ms: u64) {
         let delay = Duration::from_millis(will.publish_at_unix_ms.saturating_sub(now_ms));
         let broker = Arc::clone(self);
         tokio::spawn(async move {

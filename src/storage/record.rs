@@ -1,9 +1,11 @@
-//! Compact binary encoding of [`Op`]s: little-endian integers, u32-length-prefixed byte
+//! The record format: compact binary encoding of [`Op`]s: little-endian integers, u32-length-prefixed byte
 //! strings, one tag byte per op. Hand-written (no serde format crate) so payloads are written
 //! straight from their `Bytes`, and so every read from disk is bounds-checked and returns an
 //! error instead of panicking.
 //!
-//! Integrity is not this module's job: frames around these bytes carry CRCs (see `durable`).
+//! Must not do integrity or framing: the frames around these bytes carry CRCs (see
+//! `log_store::format`). Must not change an existing tag or field order: logs and snapshots
+//! on disk are decoded with it.
 
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -44,15 +46,19 @@ const DELETE_WILL: u8 = 14;
 pub struct Enc<'a>(pub &'a mut Vec<u8>);
 
 impl Enc<'_> {
+    /// Appends a little-endian `u8` (frame kinds and counts are written with these).
     pub fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
+    /// Appends a little-endian `u16` (frame kinds and counts are written with these).
     pub fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
+    /// Appends a little-endian `u32` (frame kinds and counts are written with these).
     pub fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
+    /// Appends a little-endian `u64` (frame kinds and counts are written with these).
     pub fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
@@ -292,10 +298,12 @@ pub struct Dec<'a> {
 }
 
 impl<'a> Dec<'a> {
+    /// A reader at the start of `buf` (one frame body).
     pub fn new(buf: &'a [u8]) -> Dec<'a> {
         Dec { buf, pos: 0 }
     }
 
+    /// True once every byte was read: a frame with bytes left over is corrupt.
     pub fn is_empty(&self) -> bool {
         self.pos >= self.buf.len()
     }
@@ -321,15 +329,19 @@ impl<'a> Dec<'a> {
         Ok(out)
     }
 
+    /// Reads a little-endian `u8` (frame kinds and counts are read with these).
     pub fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.array::<1>("u8")?[0])
     }
+    /// Reads a little-endian `u16` (frame kinds and counts are read with these).
     pub fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.array("u16")?))
     }
+    /// Reads a little-endian `u32` (frame kinds and counts are read with these).
     pub fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array("u32")?))
     }
+    /// Reads a little-endian `u64` (frame kinds and counts are read with these).
     pub fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array("u64")?))
     }
