@@ -1,5 +1,6 @@
-//! Translating broker state changes into durable-store ops (see `src/storage/INTEGRATION.md`).
-//! Only the broker and connection call these; the store never sees broker types otherwise.
+//! Translating broker state changes into store ops (`docs/durability.md` says which event
+//! records which op). Only the broker and connection call these; the store never sees
+//! broker types (it is a leaf), so conversions from them live here.
 
 use std::time::Instant;
 
@@ -50,11 +51,15 @@ pub fn session_meta(
     }
 }
 
-/// Ops for a session a connection just attached to (new or resumed): store it while it is
-/// persistent (with the subscriptions it already has, if it was not stored before), forget it
-/// when it no longer is.
-pub fn session_resumed(client_id: &ByteString, st: &mut SessionState, durable: bool) -> Vec<Op> {
-    if !durable {
+/// Ops for a session a connection just attached to (new or resumed), with `persistence` on:
+/// store it while it is persistent (with the subscriptions it already has, if it was not
+/// stored before), forget it when it no longer is.
+pub fn session_resumed(
+    client_id: &ByteString,
+    st: &mut SessionState,
+    persistence: bool,
+) -> Vec<Op> {
+    if !persistence {
         return Vec::new();
     }
     if !st.is_persistent() {

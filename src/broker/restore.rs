@@ -1,5 +1,7 @@
 //! Restart: rebuilding sessions, queues, in-flight handshakes, retained messages and pending
-//! wills from the durable store's snapshot, before the listener accepts anyone.
+//! wills from the store's snapshot, before the listener accepts anyone. Also the inverse of
+//! `StoredMessage::from` (wall-clock times back to instants), which the store cannot do as
+//! a leaf.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

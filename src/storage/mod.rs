@@ -56,7 +56,7 @@ pub use store::{
 
 /// Opens the store `config` asks for: in memory without `dir`, the log engine with it.
 ///
-/// A corrupt or unreadable durable store does not fail this call: it is moved aside
+/// A corrupt or unreadable on-disk store does not fail this call: it is moved aside
 /// (`<dir>/store.corrupt-<unix-secs>`), whatever could be verified is kept, and the problem is
 /// logged with `tracing::error!`. Only errors that leave no store at all (the directory cannot
 /// be created or written) are returned. Does blocking file I/O: call it before serving.
