@@ -42,7 +42,7 @@ async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
     })
     .await
     .map_err(|e| StartError::Storage(crate::storage::StorageError::Failed(e.to_string())))??;
-    let durable = store.is_durable();
+    let durable = store.survives_restart();
     let broker = Broker::new(
         config.mqtt.clone(),
         config.auth.clone(),

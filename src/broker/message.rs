@@ -112,7 +112,7 @@ impl Message {
     /// Message Expiry Interval (MQTT-3.3.2-6).
     pub fn from_stored(stored: &crate::storage::StoredMessage, store_id: Option<u64>) -> Message {
         let (received_at, expires_at) =
-            stored.instants(Instant::now(), crate::storage::now_unix_ms());
+            super::restore::instants(stored, Instant::now(), crate::storage::now_unix_ms());
         Message {
             topic: stored.topic.clone(),
             payload: stored.payload.clone(),

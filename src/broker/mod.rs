@@ -127,7 +127,7 @@ impl Broker {
         store: Option<Arc<dyn Store>>,
         metrics: Metrics,
     ) -> Arc<Broker> {
-        let store = store.filter(|s| s.is_durable());
+        let store = store.filter(|s| s.survives_restart());
         let limits = QueueLimits {
             max_messages: config.max_queued_messages.max(1),
             max_bytes: config.max_queued_bytes,

@@ -1,12 +1,42 @@
-//! Translating broker state changes into durable-store ops (see `src/storage/INTEGRATION.md`).
-//! Only the broker builds store ops; connections and links reach them through the session API.
+//! Translating broker state changes into store ops (`docs/ARCHITECTURE.md`, "Durability
+//! protocol", says which event records which op). Only the broker builds store ops: connections
+//! and links reach them through the session API. The store never sees broker types (it is a
+//! leaf), so conversions from them live here.
+
+use std::time::Instant;
 
 use bytestring::ByteString;
 
 use super::message::{Delivery, Message};
 use super::session::{OutboundStage, SessionState};
 use crate::codec::SubscriptionOptions;
-use crate::storage::{EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord};
+use crate::storage::{
+    self, EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord,
+};
+
+impl From<&Message> for StoredMessage {
+    /// The persisted form of a routed message: its monotonic times become wall-clock unix ms
+    /// (relative to now), so expiry keeps counting across restarts. Payload not copied.
+    fn from(message: &Message) -> StoredMessage {
+        let now = Instant::now();
+        let now_ms = storage::now_unix_ms();
+        let age_ms = now
+            .saturating_duration_since(message.received_at)
+            .as_millis() as u64;
+        StoredMessage {
+            topic: message.topic.clone(),
+            payload: message.payload.clone(),
+            qos: message.qos,
+            retain: message.retain,
+            properties: message.properties().clone(),
+            received_at_unix_ms: now_ms.saturating_sub(age_ms),
+            expires_at_unix_ms: message.expires_at.map(|t| {
+                let left = t.saturating_duration_since(now).as_millis() as u64;
+                now_ms + left
+            }),
+        }
+    }
+}
 
 /// A session's persisted settings.
 pub fn session_meta(
@@ -22,11 +52,15 @@ pub fn session_meta(
     }
 }
 
-/// Ops for a session a connection just attached to (new or resumed): store it while it is
-/// persistent (with the subscriptions it already has, if it was not stored before), forget it
-/// when it no longer is.
-pub fn session_resumed(client_id: &ByteString, st: &mut SessionState, durable: bool) -> Vec<Op> {
-    if !durable {
+/// Ops for a session a connection just attached to (new or resumed), with `persistence` on:
+/// store it while it is persistent (with the subscriptions it already has, if it was not
+/// stored before), forget it when it no longer is.
+pub fn session_resumed(
+    client_id: &ByteString,
+    st: &mut SessionState,
+    persistence: bool,
+) -> Vec<Op> {
+    if !persistence {
         return Vec::new();
     }
     if !st.is_persistent() {
@@ -70,7 +104,7 @@ pub fn put_subscription(
 pub fn put_message(id: u64, message: &Message) -> Op {
     Op::PutMessage {
         id,
-        message: StoredMessage::from_message(message),
+        message: StoredMessage::from(message),
     }
 }
 
@@ -83,7 +117,7 @@ pub fn retained(message: &Message) -> Op {
     } else {
         Op::PutRetained {
             topic: message.topic.clone(),
-            message: StoredMessage::from_message(message),
+            message: StoredMessage::from(message),
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Restart: rebuilding sessions, queues, in-flight handshakes, retained messages and pending
-//! wills from the durable store's snapshot, before the listener accepts anyone.
+//! wills from the store's snapshot, before the listener accepts anyone. Also the inverse of
+//! `StoredMessage::from` (wall-clock times back to instants), which the store cannot do as
+//! a leaf.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -9,7 +11,25 @@ use std::time::{Duration, Instant};
 use super::message::{Delivery, Message};
 use super::session::{Inflight, OutboundStage, Session};
 use super::{Broker, Subscriber, NEVER_EXPIRES};
-use crate::storage::{self, EntryStage, Op, PendingWill, Snapshot};
+use crate::storage::{self, EntryStage, Op, Snapshot, StoredMessage, StoredWill};
+
+/// The monotonic `(received_at, expires_at)` to rebuild a [`Message`] from `stored` with,
+/// given the current instant and wall-clock time (the inverse of `StoredMessage::from`).
+/// Downtime counts: a message whose expiry passed while the broker was down comes back
+/// already expired.
+pub fn instants(
+    stored: &StoredMessage,
+    now: Instant,
+    now_unix_ms: u64,
+) -> (Instant, Option<Instant>) {
+    let age = Duration::from_millis(now_unix_ms.saturating_sub(stored.received_at_unix_ms));
+    let received_at = now.checked_sub(age).unwrap_or(now);
+    let expires_at = stored.expires_at_unix_ms.map(|t| {
+        // Saturate at "now" (already expired) rather than going before the Instant epoch.
+        now + Duration::from_millis(t.saturating_sub(now_unix_ms))
+    });
+    (received_at, expires_at)
+}
 
 /// What a restore brought back, for the start-up log line.
 #[derive(Clone, Copy, Debug, Default)]
@@ -159,7 +179,7 @@ impl Broker {
 
     /// Publishes a will that was waiting for its delay when the broker stopped, at its time,
     /// unless its client is connected again by then.
-    fn schedule_stored_will(self: &Arc<Self>, will: PendingWill, now_ms: u64) {
+    fn schedule_stored_will(self: &Arc<Self>, will: StoredWill, now_ms: u64) {
         let delay = Duration::from_millis(will.publish_at_unix_ms.saturating_sub(now_ms));
         let broker = Arc::clone(self);
         tokio::spawn(async move {
@@ -179,5 +199,59 @@ impl Broker {
                 client_id: will.client_id,
             }]);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use bytestring::ByteString;
+
+    use super::instants;
+    use crate::broker::Message;
+    use crate::codec::{Publish, PublishProperties, QoS};
+    use crate::storage::{now_unix_ms, StoredMessage};
+
+    #[test]
+    fn message_times_convert_between_instants_and_wall_clock() {
+        let publish = Publish {
+            qos: QoS::AtLeastOnce,
+            topic: ByteString::from_static("t"),
+            packet_id: 1,
+            payload: Bytes::from_static(b"p"),
+            properties: PublishProperties {
+                message_expiry_interval: Some(60),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let m = Message::from_publish(publish, None);
+        let stored = StoredMessage::from(&m);
+        let now_ms = now_unix_ms();
+        let expires = stored.expires_at_unix_ms.expect("expiry kept");
+        assert!(
+            expires >= now_ms + 59_000 && expires <= now_ms + 60_000,
+            "{expires} vs {now_ms}"
+        );
+        assert!(stored.received_at_unix_ms <= now_ms && stored.received_at_unix_ms + 1000 > now_ms);
+        assert_eq!(
+            stored.payload.as_ptr(),
+            m.payload.as_ptr(),
+            "payload shared, not copied"
+        );
+
+        // 90 s of downtime later the message is expired; 30 s later it has ~30 s left.
+        let now = Instant::now();
+        let (_, exp) = instants(&stored, now, now_ms + 90_000);
+        assert!(exp.is_some_and(|e| e <= now));
+        let (received, exp) = instants(&stored, now, now_ms + 30_000);
+        let left = exp.expect("expiry").saturating_duration_since(now);
+        assert!(
+            left > Duration::from_secs(29) && left <= Duration::from_secs(30),
+            "{left:?}"
+        );
+        assert!(now.saturating_duration_since(received) >= Duration::from_secs(29));
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! It deliberately keeps no copy of the state: the broker's own structures are the only
 //! memory there is, and a restart starts empty either way. Callers can check
-//! [`Store::is_durable`] and skip building ops altogether.
+//! [`Store::survives_restart`] and skip building ops altogether.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -83,7 +83,7 @@ impl Store for MemoryStore {
         self.next_message_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn is_durable(&self) -> bool {
+    fn survives_restart(&self) -> bool {
         false
     }
 

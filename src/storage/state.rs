@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bytestring::ByteString;
 
 use super::{
-    EntryStage, MessageId, Op, PendingWill, QueueEntry, SessionMeta, SessionSnapshot, Snapshot,
-    StoredMessage, SubscriptionRecord,
+    EntryStage, MessageId, Op, QueueEntry, SessionMeta, SessionSnapshot, Snapshot, StoredMessage,
+    StoredWill, SubscriptionRecord,
 };
 use crate::codec::LastWill;
 
@@ -330,7 +330,7 @@ impl State {
             wills: self
                 .wills
                 .iter()
-                .map(|(c, (w, at))| PendingWill {
+                .map(|(c, (w, at))| StoredWill {
                     client_id: c.clone(),
                     will: w.clone(),
                     publish_at_unix_ms: *at,

@@ -11,10 +11,12 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::smallvec;
 
-use super::durable::test_support::{log_name, snapshot_name, HEADER_LEN};
-use super::durable::STORE_DIR;
+use super::log_store::test_support::{log_name, snapshot_name, HEADER_LEN};
+use super::log_store::STORE_DIR;
 use super::*;
-use crate::codec::WillProperties;
+use crate::codec::{
+    LastWill, ProtocolVersion, PublishProperties, QoS, SubscriptionOptions, WillProperties,
+};
 
 fn bs(s: &str) -> ByteString {
     ByteString::from(s)
@@ -97,12 +99,12 @@ fn enqueue(client: &str, seq: u64, id: MessageId) -> Op {
     }
 }
 
-fn opts() -> DurableOptions {
-    DurableOptions::default()
+fn opts() -> LogOptions {
+    LogOptions::default()
 }
 
-fn open_at(dir: &Path, opts: DurableOptions) -> DurableStore {
-    DurableStore::open(dir, opts).expect("open store")
+fn open_at(dir: &Path, opts: LogOptions) -> LogStore {
+    LogStore::open(dir, opts).expect("open store")
 }
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
@@ -570,7 +572,7 @@ fn batches_respect_max_batch_ops() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open_at(
         dir.path(),
-        DurableOptions {
+        LogOptions {
             max_batch_ops: 10,
             fsync: FsyncPolicy::Never,
             ..opts()
@@ -596,7 +598,7 @@ fn commit_window_collects_more_per_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open_at(
         dir.path(),
-        DurableOptions {
+        LogOptions {
             commit_window: Duration::from_millis(50),
             ..opts()
         },
@@ -625,7 +627,7 @@ fn interval_policy_syncs_on_a_timer() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open_at(
         dir.path(),
-        DurableOptions {
+        LogOptions {
             fsync: FsyncPolicy::Interval,
             fsync_interval: Duration::from_millis(30),
             ..opts()
@@ -655,7 +657,7 @@ fn queue_full_is_reported_with_the_ops_handed_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open_at(
         dir.path(),
-        DurableOptions {
+        LogOptions {
             queue_capacity_ops: 4,
             max_batch_ops: 4,
             ..opts()
@@ -675,10 +677,10 @@ fn queue_full_is_reported_with_the_ops_handed_back() {
     assert!(store.stats().rejected_queue_full >= 1);
 }
 
-fn budget_store(dir: &Path, policy: DiskFullPolicy) -> DurableStore {
+fn budget_store(dir: &Path, policy: DiskFullPolicy) -> LogStore {
     open_at(
         dir,
-        DurableOptions {
+        LogOptions {
             max_disk_bytes: 4096,
             disk_full: policy,
             ..opts()
@@ -790,7 +792,7 @@ fn disk_budget_keep_in_memory_drops_growth_and_clears_stale_values() {
 #[test]
 fn compaction_keeps_disk_bounded_under_churn() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let options = DurableOptions {
+    let options = LogOptions {
         compact_min_bytes: 64 << 10,
         fsync: FsyncPolicy::Never,
         ..opts()
@@ -948,7 +950,7 @@ fn flipped_length_in_log_header_is_corruption() {
 }
 
 fn compacted_store(dir: &Path) -> PathBuf {
-    let options = DurableOptions {
+    let options = LogOptions {
         compact_min_bytes: 1,
         ..opts()
     };
@@ -1064,14 +1066,16 @@ fn random_bytes_never_panic_the_decoder() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut valid = Vec::new();
-    let mut enc = super::codec::Enc(&mut valid);
+    let mut enc = super::record::Enc(&mut valid);
     // Built once: it stamps the current time, which may tick between two calls.
     let ops = every_put_op();
     enc.u32(ops.len() as u32);
     for op in &ops {
         enc.op(op);
     }
-    let decoded = super::codec::Dec::new(&valid).ops().expect("valid decodes");
+    let decoded = super::record::Dec::new(&valid)
+        .ops()
+        .expect("valid decodes");
     assert_eq!(decoded, ops);
     for _ in 0..2000 {
         let mut bytes = valid.clone();
@@ -1080,50 +1084,8 @@ fn random_bytes_never_panic_the_decoder() {
             bytes[i] = rng.random();
         }
         bytes.truncate(rng.random_range(0..=bytes.len()));
-        let _ = super::codec::Dec::new(&bytes).ops();
+        let _ = super::record::Dec::new(&bytes).ops();
     }
-}
-
-#[test]
-fn message_times_convert_between_instants_and_wall_clock() {
-    use crate::codec::Publish;
-    let publish = Publish {
-        qos: QoS::AtLeastOnce,
-        topic: bs("t"),
-        packet_id: 1,
-        payload: Bytes::from_static(b"p"),
-        properties: PublishProperties {
-            message_expiry_interval: Some(60),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let m = crate::broker::Message::from_publish(publish, None);
-    let stored = StoredMessage::from_message(&m);
-    let now_ms = now_unix_ms();
-    let expires = stored.expires_at_unix_ms.expect("expiry kept");
-    assert!(
-        expires >= now_ms + 59_000 && expires <= now_ms + 60_000,
-        "{expires} vs {now_ms}"
-    );
-    assert!(stored.received_at_unix_ms <= now_ms && stored.received_at_unix_ms + 1000 > now_ms);
-    assert_eq!(
-        stored.payload.as_ptr(),
-        m.payload.as_ptr(),
-        "payload shared, not copied"
-    );
-
-    // 90 s of downtime later the message is expired; 30 s later it has ~30 s left.
-    let now = Instant::now();
-    let (_, exp) = stored.instants(now, now_ms + 90_000);
-    assert!(exp.is_some_and(|e| e <= now));
-    let (received, exp) = stored.instants(now, now_ms + 30_000);
-    let left = exp.expect("expiry").saturating_duration_since(now);
-    assert!(
-        left > Duration::from_secs(29) && left <= Duration::from_secs(30),
-        "{left:?}"
-    );
-    assert!(now.saturating_duration_since(received) >= Duration::from_secs(29));
 }
 
 // ---- engines and config -----------------------------------------------------------------
@@ -1135,7 +1097,7 @@ fn memory_store_acknowledges_at_once_and_persists_nothing() {
         ..StorageConfig::default()
     };
     let store = open(&config).expect("open");
-    assert!(!store.is_durable());
+    assert!(!store.survives_restart());
     let t = store.submit(every_put_op()).expect("submit").ticket;
     assert_eq!(store.durable().borrow().ticket, t);
     block_on(store.wait_durable(t)).expect("durable");
@@ -1149,14 +1111,14 @@ fn memory_store_acknowledges_at_once_and_persists_nothing() {
 }
 
 #[test]
-fn open_with_dir_is_durable_and_closed_store_refuses() {
+fn open_with_dir_survives_restart_and_closed_store_refuses() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = StorageConfig {
         dir: Some(dir.path().join("nested/state")),
         ..StorageConfig::default()
     };
     let store = open(&config).expect("open");
-    assert!(store.is_durable());
+    assert!(store.survives_restart());
     let t = store.submit(vec![session("c")]).expect("submit").ticket;
     block_on(store.wait_durable(t)).expect("durable");
     store.close().expect("close");
@@ -1197,7 +1159,7 @@ fn crash_child() {
     };
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(open_at(
         Path::new(&dir),
-        DurableOptions {
+        LogOptions {
             fsync,
             compact_min_bytes: 128 << 10,
             ..opts()

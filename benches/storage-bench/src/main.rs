@@ -5,7 +5,7 @@
 //! * `group` mode: P publisher threads each submit one message and wait for its durability
 //!   (what a PUBACK waits for); one writer batches whatever is queued (real group commit).
 //!
-//! Engines: `log` = postbox's `DurableStore` through the public `Store` API; `redb` = redb
+//! Engines: `log` = postbox's `LogStore` through the public `Store` API; `redb` = redb
 //! 4.x, one write transaction with `Durability::Immediate` per batch, keys laid out as the
 //! store would (message id -> body, client id + seq -> entry), behind an identical
 //! group-commit writer thread.
@@ -21,7 +21,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use postbox::codec::{PublishProperties, QoS};
 use postbox::storage::{
-    DurableOptions, DurableStore, EntryStage, Op, QueueEntry, SessionMeta, Store, StoredMessage,
+    LogOptions, LogStore, EntryStage, Op, QueueEntry, SessionMeta, Store, StoredMessage,
 };
 use redb::{Database, Durability, TableDefinition};
 
@@ -116,8 +116,8 @@ impl Result {
     }
 }
 
-fn open_log(dir: &Path) -> DurableStore {
-    let store = DurableStore::open(dir, DurableOptions::default()).expect("open store");
+fn open_log(dir: &Path) -> LogStore {
+    let store = LogStore::open(dir, LogOptions::default()).expect("open store");
     let t = store
         .submit(vec![Op::PutSession(SessionMeta {
             client_id: ByteString::from_static("subscriber-1"),

@@ -1,289 +1,16 @@
-//! Compact binary encoding of [`Op`]s: little-endian integers, u32-length-prefixed byte
-//! strings, one tag byte per op. Hand-written (no serde format crate) so payloads are written
-//! straight from their `Bytes`, and so every read from disk is bounds-checked and returns an
-//! error instead of panicking.
-//!
-//! Integrity is not this module's job: frames around these bytes carry CRCs (see `durable`).
+//! Decoding the record format (see the parent module). Must not panic or trust a length:
+//! every read is bounds-checked, since the bytes come from disk and may be damaged.
 
 use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
-use super::{EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord};
+use super::*;
 use crate::codec::{
     LastWill, ProtocolVersion, PublishProperties, QoS, SubscriptionOptions, UserProperties,
     WillProperties,
 };
-
-/// Why bytes could not be decoded; always means corruption or a format bug.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what} at byte {pos}")]
-pub struct DecodeError {
-    /// What was expected.
-    pub what: &'static str,
-    /// Offset in the decoded buffer.
-    pub pos: usize,
-}
-
-const PUT_SESSION: u8 = 1;
-const DELETE_SESSION: u8 = 2;
-const PUT_SUBSCRIPTION: u8 = 3;
-const DELETE_SUBSCRIPTION: u8 = 4;
-const PUT_MESSAGE: u8 = 5;
-const ENQUEUE: u8 = 6;
-const UPDATE_ENTRY: u8 = 7;
-const REMOVE_ENTRY: u8 = 8;
-const PUT_INBOUND: u8 = 9;
-const REMOVE_INBOUND: u8 = 10;
-const PUT_RETAINED: u8 = 11;
-const DELETE_RETAINED: u8 = 12;
-const PUT_WILL: u8 = 13;
-const DELETE_WILL: u8 = 14;
-
-/// Appends encodings to a `Vec<u8>`.
-pub struct Enc<'a>(pub &'a mut Vec<u8>);
-
-impl Enc<'_> {
-    pub fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    pub fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    pub fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bool(&mut self, v: bool) {
-        self.u8(u8::from(v));
-    }
-    fn bytes(&mut self, v: &[u8]) {
-        // Payloads are bounded by the MQTT packet size (< 256 MiB), so u32 always fits.
-        self.u32(v.len() as u32);
-        self.0.extend_from_slice(v);
-    }
-    fn str(&mut self, v: &ByteString) {
-        self.bytes(v.as_bytes());
-    }
-    fn opt_u8(&mut self, v: Option<u8>) {
-        match v {
-            None => self.u8(0),
-            Some(x) => {
-                self.u8(1);
-                self.u8(x);
-            }
-        }
-    }
-    fn opt_u32(&mut self, v: Option<u32>) {
-        match v {
-            None => self.u8(0),
-            Some(x) => {
-                self.u8(1);
-                self.u32(x);
-            }
-        }
-    }
-    fn opt_u64(&mut self, v: Option<u64>) {
-        match v {
-            None => self.u8(0),
-            Some(x) => {
-                self.u8(1);
-                self.u64(x);
-            }
-        }
-    }
-    fn opt_str(&mut self, v: &Option<ByteString>) {
-        match v {
-            None => self.u8(0),
-            Some(x) => {
-                self.u8(1);
-                self.str(x);
-            }
-        }
-    }
-    fn opt_bytes(&mut self, v: &Option<Bytes>) {
-        match v {
-            None => self.u8(0),
-            Some(x) => {
-                self.u8(1);
-                self.bytes(x);
-            }
-        }
-    }
-    fn user_properties(&mut self, v: &UserProperties) {
-        self.u32(v.len() as u32);
-        for (k, val) in v {
-            self.str(k);
-            self.str(val);
-        }
-    }
-    fn qos(&mut self, q: QoS) {
-        self.u8(q as u8);
-    }
-    fn options(&mut self, o: &SubscriptionOptions) {
-        self.qos(o.qos);
-        self.bool(o.no_local);
-        self.bool(o.retain_as_published);
-        self.u8(o.retain_handling);
-    }
-    fn message(&mut self, m: &StoredMessage) {
-        self.str(&m.topic);
-        self.bytes(&m.payload);
-        self.qos(m.qos);
-        self.bool(m.retain);
-        let p = &m.properties;
-        self.opt_u8(p.payload_format_indicator);
-        self.opt_u32(p.message_expiry_interval);
-        self.opt_str(&p.response_topic);
-        self.opt_bytes(&p.correlation_data);
-        self.user_properties(&p.user_properties);
-        self.opt_str(&p.content_type);
-        self.u64(m.received_at_unix_ms);
-        self.opt_u64(m.expires_at_unix_ms);
-    }
-    fn will(&mut self, w: &LastWill) {
-        self.str(&w.topic);
-        self.bytes(&w.payload);
-        self.qos(w.qos);
-        self.bool(w.retain);
-        let p = &w.properties;
-        self.opt_u32(p.will_delay_interval);
-        self.opt_u8(p.payload_format_indicator);
-        self.opt_u32(p.message_expiry_interval);
-        self.opt_str(&p.content_type);
-        self.opt_str(&p.response_topic);
-        self.opt_bytes(&p.correlation_data);
-        self.user_properties(&p.user_properties);
-    }
-    fn stage(&mut self, s: EntryStage) {
-        match s {
-            EntryStage::Queued => self.u8(0),
-            EntryStage::AwaitPubAck { packet_id } => {
-                self.u8(1);
-                self.u16(packet_id);
-            }
-            EntryStage::AwaitPubRec { packet_id } => {
-                self.u8(2);
-                self.u16(packet_id);
-            }
-            EntryStage::AwaitPubComp { packet_id } => {
-                self.u8(3);
-                self.u16(packet_id);
-            }
-        }
-    }
-
-    /// Appends one op.
-    pub fn op(&mut self, op: &Op) {
-        match op {
-            Op::PutSession(meta) => {
-                self.u8(PUT_SESSION);
-                self.str(&meta.client_id);
-                self.u8(meta.protocol as u8);
-                self.u32(meta.expiry_interval);
-                self.opt_u64(meta.disconnected_at_unix_ms);
-            }
-            Op::DeleteSession { client_id } => {
-                self.u8(DELETE_SESSION);
-                self.str(client_id);
-            }
-            Op::PutSubscription {
-                client_id,
-                filter,
-                subscription,
-            } => {
-                self.u8(PUT_SUBSCRIPTION);
-                self.str(client_id);
-                self.str(filter);
-                self.options(&subscription.options);
-                self.opt_u32(subscription.identifier);
-            }
-            Op::DeleteSubscription { client_id, filter } => {
-                self.u8(DELETE_SUBSCRIPTION);
-                self.str(client_id);
-                self.str(filter);
-            }
-            Op::PutMessage { id, message } => {
-                self.u8(PUT_MESSAGE);
-                self.u64(*id);
-                self.message(message);
-            }
-            Op::Enqueue {
-                client_id,
-                seq,
-                entry,
-            } => {
-                self.u8(ENQUEUE);
-                self.str(client_id);
-                self.u64(*seq);
-                self.u64(entry.message);
-                self.qos(entry.qos);
-                self.bool(entry.retain);
-                self.u32(entry.subscription_ids.len() as u32);
-                for id in &entry.subscription_ids {
-                    self.u32(*id);
-                }
-                self.stage(entry.stage);
-            }
-            Op::UpdateEntry {
-                client_id,
-                seq,
-                stage,
-            } => {
-                self.u8(UPDATE_ENTRY);
-                self.str(client_id);
-                self.u64(*seq);
-                self.stage(*stage);
-            }
-            Op::RemoveEntry { client_id, seq } => {
-                self.u8(REMOVE_ENTRY);
-                self.str(client_id);
-                self.u64(*seq);
-            }
-            Op::PutInboundQos2 {
-                client_id,
-                packet_id,
-            } => {
-                self.u8(PUT_INBOUND);
-                self.str(client_id);
-                self.u16(*packet_id);
-            }
-            Op::RemoveInboundQos2 {
-                client_id,
-                packet_id,
-            } => {
-                self.u8(REMOVE_INBOUND);
-                self.str(client_id);
-                self.u16(*packet_id);
-            }
-            Op::PutRetained { topic, message } => {
-                self.u8(PUT_RETAINED);
-                self.str(topic);
-                self.message(message);
-            }
-            Op::DeleteRetained { topic } => {
-                self.u8(DELETE_RETAINED);
-                self.str(topic);
-            }
-            Op::PutWill {
-                client_id,
-                will,
-                publish_at_unix_ms,
-            } => {
-                self.u8(PUT_WILL);
-                self.str(client_id);
-                self.will(will);
-                self.u64(*publish_at_unix_ms);
-            }
-            Op::DeleteWill { client_id } => {
-                self.u8(DELETE_WILL);
-                self.str(client_id);
-            }
-        }
-    }
-}
+use crate::storage::{EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord};
 
 /// Reads encodings back, bounds-checked.
 pub struct Dec<'a> {
@@ -292,10 +19,12 @@ pub struct Dec<'a> {
 }
 
 impl<'a> Dec<'a> {
+    /// A reader at the start of `buf` (one frame body).
     pub fn new(buf: &'a [u8]) -> Dec<'a> {
         Dec { buf, pos: 0 }
     }
 
+    /// True once every byte was read: a frame with bytes left over is corrupt.
     pub fn is_empty(&self) -> bool {
         self.pos >= self.buf.len()
     }
@@ -321,15 +50,19 @@ impl<'a> Dec<'a> {
         Ok(out)
     }
 
+    /// Reads a little-endian `u8` (frame kinds and counts are read with these).
     pub fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.array::<1>("u8")?[0])
     }
+    /// Reads a little-endian `u16` (frame kinds and counts are read with these).
     pub fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.array("u16")?))
     }
+    /// Reads a little-endian `u32` (frame kinds and counts are read with these).
     pub fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array("u32")?))
     }
+    /// Reads a little-endian `u64` (frame kinds and counts are read with these).
     pub fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array("u64")?))
     }

@@ -1,0 +1,41 @@
+//! The record format: compact binary encoding of [`Op`](super::Op)s: little-endian integers,
+//! u32-length-prefixed byte strings, one tag byte per op. Hand-written (no serde format
+//! crate) so payloads are written straight from their `Bytes`, and so every read from disk
+//! is bounds-checked and returns an error instead of panicking. [`Enc`] (in `write`) and
+//! [`Dec`] (in `read`) must mirror each other field for field.
+//!
+//! Must not do integrity or framing: the frames around these bytes carry CRCs (see
+//! `log_store::format`). Must not change an existing tag or field order: logs and snapshots
+//! on disk are decoded with it.
+
+mod read;
+mod write;
+
+pub use read::Dec;
+pub use write::Enc;
+
+/// Why bytes could not be decoded; always means corruption or a format bug.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} at byte {pos}")]
+pub struct DecodeError {
+    /// What was expected.
+    pub what: &'static str,
+    /// Offset in the decoded buffer.
+    pub pos: usize,
+}
+
+// One tag byte per op kind; the values are on disk, never renumber.
+const PUT_SESSION: u8 = 1;
+const DELETE_SESSION: u8 = 2;
+const PUT_SUBSCRIPTION: u8 = 3;
+const DELETE_SUBSCRIPTION: u8 = 4;
+const PUT_MESSAGE: u8 = 5;
+const ENQUEUE: u8 = 6;
+const UPDATE_ENTRY: u8 = 7;
+const REMOVE_ENTRY: u8 = 8;
+const PUT_INBOUND: u8 = 9;
+const REMOVE_INBOUND: u8 = 10;
+const PUT_RETAINED: u8 = 11;
+const DELETE_RETAINED: u8 = 12;
+const PUT_WILL: u8 = 13;
+const DELETE_WILL: u8 = 14;

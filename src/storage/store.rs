@@ -1,0 +1,232 @@
+//! The interface between the broker and an engine: the [`Store`] trait, what a submit
+//! returns, how durability is awaited, counters and errors.
+//!
+//! Here "durable" means one thing only: a commit has been written and synced as the fsync
+//! policy demands ([`Durable`], [`DurableState`], [`Store::durable`], [`wait_durable`]).
+//! Must not hold engine logic: engines implement the trait (`memory`, `log_store`).
+
+use std::fmt;
+
+use tokio::sync::{oneshot, watch};
+
+use super::{MessageId, Op, Snapshot};
+
+/// Commit sequence number returned by [`Store::submit`]; durability is reported against it.
+pub type Ticket = u64;
+
+/// Durability progress, published through [`Store::durable`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DurableState {
+    /// Every ticket `<=` this is durable per the fsync policy.
+    pub ticket: Ticket,
+    /// The writer hit an I/O error and stopped; tickets above `ticket` will never be durable.
+    pub failed: bool,
+}
+
+/// Result of an accepted [`Store::submit`].
+#[derive(Debug)]
+pub struct Submitted {
+    /// Commit sequence number: `wait_durable(ticket)` / the [`Store::durable`] watch.
+    pub ticket: Ticket,
+    /// Ops left out because the disk budget is exhausted and the policy is
+    /// `keep-in-memory` (count them in a metric: those messages do not survive a restart).
+    pub dropped_ops: u32,
+    /// Resolves when this submit is durable. Wakes only its own waiter (the watch wakes every
+    /// waiter on every commit), so a connection task awaits this before its PUBACK. Dropping
+    /// it is fine.
+    pub durable: Durable,
+}
+
+/// Completion of one submit: a future resolving to `Ok(())` once it is durable per the fsync
+/// policy, or to the writer's failure.
+#[derive(Debug)]
+pub struct Durable(oneshot::Receiver<Result<(), StorageError>>);
+
+impl Durable {
+    /// A pair: the future, and the sender the writer completes.
+    pub(crate) fn channel() -> (oneshot::Sender<Result<(), StorageError>>, Durable) {
+        let (tx, rx) = oneshot::channel();
+        (tx, Durable(rx))
+    }
+
+    /// Already durable (in-memory engine).
+    pub(crate) fn ready() -> Durable {
+        let (tx, rx) = Durable::channel();
+        let _ = tx.send(Ok(()));
+        rx
+    }
+}
+
+impl std::future::Future for Durable {
+    type Output = Result<(), StorageError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(StorageError::Closed)))
+    }
+}
+
+/// Counters for metrics and tests; cheap to read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Accepted submits.
+    pub submits: u64,
+    /// Ops in accepted submits.
+    pub ops: u64,
+    /// Frames written (one per group commit).
+    pub commits: u64,
+    /// fsync / fdatasync calls on the log.
+    pub fsyncs: u64,
+    /// Highest durable ticket.
+    pub durable_ticket: Ticket,
+    /// Approximate bytes of live data (what `max_disk_bytes` limits).
+    pub live_bytes: u64,
+    /// Bytes in the log files since the last snapshot.
+    pub log_bytes: u64,
+    /// Size of the newest snapshot file.
+    pub snapshot_bytes: u64,
+    /// Snapshots written to compact the log.
+    pub compactions: u64,
+    /// Submits refused because the writer queue was full.
+    pub rejected_queue_full: u64,
+    /// Submits refused by the disk budget (`reject` policy).
+    pub rejected_disk_full: u64,
+    /// Ops dropped by the disk budget (`keep-in-memory` policy).
+    pub dropped_disk_full: u64,
+    /// Ops naming a session or entry that does not exist (ignored).
+    pub orphan_ops: u64,
+}
+
+/// Why a storage call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// File system error (open, write, fsync, rename).
+    #[error("storage I/O error {context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Data on disk failed its checksum or could not be decoded.
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+    /// The writer queue holds `storage.queue_capacity_ops` ops: the disk cannot keep up.
+    #[error("storage queue full ({queued} ops waiting)")]
+    QueueFull {
+        /// Ops waiting when the submit was refused.
+        queued: usize,
+    },
+    /// Accepting the ops would exceed `storage.max_disk_bytes` (policy `reject`).
+    #[error("storage disk budget exceeded ({live} + {incoming} > {max} bytes)")]
+    DiskBudgetExceeded {
+        /// Live bytes (plus bytes still queued) at the time.
+        live: u64,
+        /// Bytes the refused ops would add.
+        incoming: u64,
+        /// The configured budget.
+        max: u64,
+    },
+    /// The writer stopped after an I/O error; nothing more becomes durable.
+    #[error("storage writer failed: {0}")]
+    Failed(String),
+    /// The store was closed.
+    #[error("storage closed")]
+    Closed,
+}
+
+impl StorageError {
+    /// An [`StorageError::Io`] saying what was being done.
+    pub(crate) fn io(context: impl fmt::Display, source: std::io::Error) -> StorageError {
+        StorageError::Io {
+            context: context.to_string(),
+            source,
+        }
+    }
+}
+
+/// A refused submit: the error, and the ops back so the caller can retry or shed them.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Rejected {
+    /// Why.
+    #[source]
+    pub error: StorageError,
+    /// The ops, untouched.
+    pub ops: Vec<Op>,
+}
+
+/// The persistence interface the broker talks to. Object-safe so the engine is chosen at
+/// startup (`Arc<dyn Store>`); `Send + Sync` so every connection task can hold it.
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Queues `ops` for the next group commit and returns its ticket. Never blocks on I/O.
+    ///
+    /// Refused (ops handed back) when the writer queue is full ([`StorageError::QueueFull`]:
+    /// back off until the durable watch moves, or refuse the PUBLISH), over the disk budget
+    /// with policy `reject`, or after a writer failure. A submit larger than the whole queue
+    /// capacity is still taken when the queue is empty. An empty `ops` gets a ticket too
+    /// (a barrier: durable once everything before it is).
+    fn submit(&self, ops: Vec<Op>) -> Result<Submitted, Rejected>;
+
+    /// Watch of the durable ticket; `wait_durable` is built on it. One receiver per task is
+    /// cheap; keep it rather than calling this per message.
+    fn durable(&self) -> watch::Receiver<DurableState>;
+
+    /// Everything persisted, reflecting every submit made before this call. Blocks until the
+    /// writer has committed those; call it at startup (or from `spawn_blocking`).
+    fn load(&self) -> Result<Snapshot, StorageError>;
+
+    /// A fresh message id, never handed out before (also across restarts).
+    fn next_message_id(&self) -> MessageId;
+
+    /// True if data survives a restart. When false the broker may skip building ops at all.
+    fn survives_restart(&self) -> bool;
+
+    /// Counters for metrics and tests.
+    fn stats(&self) -> StoreStats;
+
+    /// Commits and syncs everything submitted, then stops the writer. Later submits fail with
+    /// [`StorageError::Closed`]. Also done on drop; call it at shutdown to see errors.
+    fn close(&self) -> Result<(), StorageError>;
+}
+
+impl dyn Store + '_ {
+    /// Resolves once `ticket` is durable per the fsync policy; errors if the writer failed or
+    /// the store closed first. The PUBACK/PUBREC of a QoS 1/2 PUBLISH awaits this.
+    pub async fn wait_durable(&self, ticket: Ticket) -> Result<(), StorageError> {
+        wait_durable(&mut self.durable(), ticket).await
+    }
+}
+
+/// Awaits `ticket` on a receiver obtained from [`Store::durable`] (reuse it across calls).
+pub async fn wait_durable(
+    rx: &mut watch::Receiver<DurableState>,
+    ticket: Ticket,
+) -> Result<(), StorageError> {
+    let result = rx
+        .wait_for(|s| s.ticket >= ticket || s.failed)
+        .await
+        .map(|state| *state);
+    let state = match result {
+        Ok(state) => state,
+        Err(_) => {
+            // Sender gone: the last value is final.
+            let last = *rx.borrow();
+            if last.ticket >= ticket {
+                return Ok(());
+            }
+            return Err(StorageError::Closed);
+        }
+    };
+    if state.ticket >= ticket {
+        Ok(())
+    } else {
+        Err(StorageError::Failed(
+            "writer stopped before this commit became durable".to_owned(),
+        ))
+    }
+}
