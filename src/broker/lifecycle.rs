@@ -1,0 +1,290 @@
+//! Session lifecycle: attach (new, resumed, taken over), detach, expiry, wills and the end of
+//! a session. Timers are tokio tasks per disconnected session, never per connected one.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytestring::ByteString;
+
+use super::{
+    persist, Attached, Broker, Message, PendingWill, Session, SessionHandle, SessionRequest,
+    NEVER_EXPIRES,
+};
+use crate::codec::{topic, LastWill};
+use crate::storage::{self, Op};
+
+impl Broker {
+    /// Opens or resumes the session for a client, evicting any connection that holds it
+    /// (MQTT-3.1.4-2; v5 reason 0x8E). A clean start discards the old session (MQTT-3.1.2-4).
+    pub fn connect(self: &Arc<Self>, req: SessionRequest) -> Attached {
+        let mut sessions = self.sessions.lock();
+        if let Some(existing) = sessions.get(&req.client_id).cloned() {
+            let mut st = existing.lock();
+            // A new connection for the client id cancels a delayed will, whether or not it
+            // resumes the session (MQTT-3.1.2-8, MQTT-3.1.3-9).
+            if st.pending_will.take().is_some() {
+                self.forget_stored_will(&existing.client_id);
+            }
+            if !req.clean_start && !st.ended {
+                let (generation, displaced) = Session::attach(&mut st);
+                st.protocol = req.protocol;
+                st.expiry_interval = req.expiry_interval;
+                let ops =
+                    persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
+                drop(st);
+                if displaced {
+                    self.took_over(&existing);
+                }
+                self.persist(ops);
+                return Attached {
+                    handle: SessionHandle::new(Arc::clone(self), existing, generation),
+                    session_present: true,
+                };
+            }
+            let displaced = st.connection.take().is_some();
+            drop(st);
+            if displaced {
+                self.took_over(&existing);
+            }
+            sessions.remove(&req.client_id);
+            self.end_session(&existing);
+        }
+        let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+        let session = Arc::new(Session::new(
+            id,
+            // A copy of its own: a slice would keep the whole CONNECT read buffer alive for
+            // as long as the session lives.
+            ByteString::from(String::from(&*req.client_id)),
+            req.protocol,
+            req.expiry_interval,
+        ));
+        let (generation, ops) = {
+            let mut st = session.lock();
+            let (generation, _) = Session::attach(&mut st);
+            let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
+            (generation, ops)
+        };
+        self.persist(ops);
+        sessions.insert(session.clone());
+        self.metrics.sessions_current.set(sessions.len() as f64);
+        Attached {
+            handle: SessionHandle::new(Arc::clone(self), session, generation),
+            session_present: false,
+        }
+    }
+
+    /// Counts a takeover and wakes the displaced connection, which then finds it no longer
+    /// owns `session` and closes (0x8E, MQTT-3.1.4-2).
+    pub(super) fn took_over(&self, session: &Session) {
+        self.metrics.session_takeovers.increment(1);
+        session.wake();
+    }
+
+    /// Detaches a connection from its session. The session then ends at once (expiry 0),
+    /// never, or after its expiry interval (MQTT-3.1.2-23).
+    pub fn disconnect(self: &Arc<Self>, session: &Arc<Session>, generation: u64) {
+        let (expiry, will_at, holds_shared) = {
+            let mut st = session.lock();
+            if !st.is_owned_by(generation) {
+                return; // taken over: the new connection owns it now
+            }
+            st.connection = None;
+            session.set_keep_alive_deadline(u64::MAX);
+            st.disconnected_at = Some(Instant::now());
+            if st.stored && st.is_persistent() {
+                let meta =
+                    persist::session_meta(&session.client_id, &st, Some(storage::now_unix_ms()));
+                drop(st);
+                self.persist(vec![Op::PutSession(meta)]);
+                st = session.lock();
+            }
+            let will_at = st.pending_will.as_ref().map(|w| w.publish_at);
+            (st.expiry_interval, will_at, st.holds_shared())
+        };
+        if holds_shared && expiry != 0 {
+            // Let connected members of its groups have what it had not acknowledged yet.
+            self.redistribute_shared(session, true);
+        }
+        if let Some(at) = will_at {
+            self.schedule_will(session, generation, at, expiry);
+        }
+        self.schedule_expiry(
+            session,
+            generation,
+            Duration::from_secs(u64::from(expiry)),
+            expiry,
+        );
+    }
+
+    /// Ends a disconnected session after `after`, unless a client re-attaches first.
+    pub(super) fn schedule_expiry(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        after: Duration,
+        expiry: u32,
+    ) {
+        match expiry {
+            0 => self.remove_session_if_idle(session, generation),
+            NEVER_EXPIRES => {}
+            _ if after.is_zero() => self.remove_session_if_idle(session, generation),
+            _ => {
+                let broker = Arc::clone(self);
+                let session = Arc::clone(session);
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    broker.remove_session_if_idle(&session, generation);
+                });
+            }
+        }
+    }
+
+    /// Keeps the will of a connection that closed abnormally until its Will Delay Interval
+    /// has passed (`delay` seconds) or the session ends, whichever comes first (MQTT-3.1.2-8).
+    /// Call before [`Broker::disconnect`]. If another connection already owns the session,
+    /// the will is dropped: a new connection arrived within the delay (MQTT-3.1.3-9).
+    pub fn defer_will(&self, session: &Arc<Session>, generation: u64, will: LastWill, delay: u32) {
+        let mut st = session.lock();
+        if !st.is_owned_by(generation) {
+            return;
+        }
+        let delay = Duration::from_secs(u64::from(delay));
+        let publish_at_unix_ms =
+            crate::storage::now_unix_ms().saturating_add(delay.as_millis() as u64);
+        if st.stored {
+            // Survives a restart: published at the earlier of its delay and the session's end.
+            let ends = crate::storage::now_unix_ms()
+                .saturating_add(u64::from(st.expiry_interval).saturating_mul(1000));
+            self.persist(vec![Op::PutWill {
+                client_id: session.client_id.clone(),
+                will: will.clone(),
+                publish_at_unix_ms: publish_at_unix_ms.min(ends),
+            }]);
+        }
+        st.pending_will = Some(Box::new(PendingWill {
+            will,
+            publish_at: Instant::now() + delay,
+            publish_at_unix_ms,
+        }));
+    }
+
+    /// Drops the stored copy of a delayed will (published, or cancelled by a reconnect).
+    pub(super) fn forget_stored_will(&self, client_id: &ByteString) {
+        if self.store.is_some() {
+            self.persist(vec![Op::DeleteWill {
+                client_id: client_id.clone(),
+            }]);
+        }
+    }
+
+    /// Publishes a will now: counted, and routed as a message from nobody (so No Local never
+    /// suppresses it).
+    pub fn publish_will(&self, will: LastWill) {
+        self.metrics.will_messages_published.increment(1);
+        if let Err(error) = self.publish(Arc::new(Message::from_will(will)), None) {
+            tracing::warn!(%error, "will message refused by the durable store");
+        }
+    }
+
+    /// Arms the timer of a pending will when it is due before the session would end; a will
+    /// due later is published by `end_session` instead.
+    pub(super) fn schedule_will(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        generation: u64,
+        at: Instant,
+        expiry: u32,
+    ) {
+        let delay = at.saturating_duration_since(Instant::now());
+        if expiry != NEVER_EXPIRES && delay >= Duration::from_secs(u64::from(expiry)) {
+            return;
+        }
+        let broker = Arc::clone(self);
+        let session = Arc::clone(session);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let will = {
+                let mut st = session.lock();
+                if st.generation != generation || st.connection.is_some() || st.ended {
+                    return; // the client came back (or the session ended and published it)
+                }
+                st.pending_will.take()
+            };
+            if let Some(pending) = will {
+                broker.publish_will(pending.will);
+                broker.forget_stored_will(&session.client_id);
+            }
+        });
+    }
+
+    /// Ends `session` unless a connection re-attached since `generation` detached.
+    pub(super) fn remove_session_if_idle(&self, session: &Arc<Session>, generation: u64) {
+        let mut sessions = self.sessions.lock();
+        {
+            let st = session.lock();
+            if st.generation != generation || st.connection.is_some() || st.ended {
+                return;
+            }
+        }
+        if sessions
+            .get(&session.client_id)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            sessions.remove(&session.client_id);
+        }
+        self.metrics.sessions_current.set(sessions.len() as f64);
+        drop(sessions);
+        self.end_session(session);
+    }
+
+    /// Discards a session's subscriptions and queues; it accepts nothing afterwards. A pending
+    /// will is published first (the session ending is one of its triggers, MQTT-3.1.2-8), and
+    /// shared-subscription messages it still held go to the other members of their groups.
+    pub(super) fn end_session(&self, session: &Arc<Session>) {
+        let (will, holds_shared) = {
+            let st = &mut *session.lock();
+            (st.pending_will.take(), st.holds_shared())
+        };
+        if let Some(pending) = will {
+            self.publish_will(pending.will);
+            self.forget_stored_will(&session.client_id);
+        }
+        if holds_shared {
+            self.redistribute_shared(session, false);
+        }
+        let filters: Vec<ByteString> = {
+            let mut st = session.lock();
+            st.ended = true;
+            st.queue.clear();
+            st.inflight.clear();
+            st.inbound_qos2.clear();
+            if std::mem::take(&mut st.stored) {
+                self.persist(vec![Op::DeleteSession {
+                    client_id: session.client_id.clone(),
+                }]);
+            }
+            st.subscriptions.drain().map(|(f, _)| f).collect()
+        };
+        if filters.is_empty() {
+            return;
+        }
+        let (shared, plain): (Vec<_>, Vec<_>) = filters
+            .iter()
+            .partition(|f| topic::split_shared(f).is_some());
+        if !plain.is_empty() {
+            let mut tree = self.subscriptions.write();
+            for filter in plain {
+                tree.remove(filter, session.id);
+            }
+        }
+        if !shared.is_empty() {
+            let mut index = self.shared.write();
+            for filter in shared {
+                index.unsubscribe(filter, session.id);
+            }
+            self.has_shared.store(!index.is_empty(), Ordering::Release);
+        }
+        self.update_subscription_gauge();
+    }
+}

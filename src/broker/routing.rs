@@ -1,0 +1,325 @@
+//! Routing one PUBLISH: match, merge overlapping subscriptions, pick shared-group members,
+//! admit to each target's queue, persist in one submit, update retained messages; and moving
+//! shared-group deliveries to another member when a session leaves.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytestring::ByteString;
+use smallvec::SmallVec;
+
+use super::{
+    persist, Admission, Broker, Delivery, EnqueueOutcome, Message, Routed, Session, SessionId,
+};
+use crate::codec::{QoS, SubscriptionOptions};
+use crate::storage::{Op, StorageError};
+
+impl Broker {
+    /// Routes one message to every matching session and updates the retained store.
+    ///
+    /// With a durable store, the deliveries to persistent sessions, the retained update and
+    /// the publisher's inbound QoS 2 id (`inbound_qos2`) go to the store in one submit, and
+    /// become visible to subscribers only after it (so no ack can overtake its entry).
+    /// `Err` means the store refused the message: nothing durable was queued and the
+    /// publisher must not be told it was accepted.
+    pub fn publish(
+        &self,
+        message: Arc<Message>,
+        inbound_qos2: Option<(&ByteString, u16)>,
+    ) -> Result<Routed, StorageError> {
+        let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
+        self.subscriptions
+            .read()
+            .for_each_match(&message.topic, |sid, sub| {
+                if sub.options.no_local && message.origin == Some(*sid) {
+                    return; // MQTT-3.8.3-3
+                }
+                targets.push(Target {
+                    session: Arc::clone(&sub.session),
+                    qos: message.qos.min(sub.options.qos),
+                    retain: sub.options.retain_as_published && message.retain,
+                    subscription_ids: sub.identifier.into_iter().collect(),
+                    shared: None,
+                });
+            });
+        merge_overlapping(&mut targets);
+        if self.has_shared.load(Ordering::Acquire) {
+            self.shared_targets(&message, &mut targets);
+        }
+        let durable = self.store.is_some();
+        let mut queued = 0;
+        let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
+        let mut ops = Vec::new();
+        for target in targets {
+            let delivery = Delivery {
+                message: Arc::clone(&message),
+                qos: target.qos,
+                retain: target.retain,
+                subscription_ids: target.subscription_ids,
+                seq: None,
+                shared: target.shared,
+            };
+            let outcome = match target.session.admit(delivery, &self.limits, durable) {
+                Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
+                Admission::Reserved {
+                    delivery,
+                    outcome,
+                    victim,
+                } => {
+                    persist::enqueue(&mut ops, &target.session.client_id, &delivery, victim);
+                    reserved.push((target.session, delivery));
+                    outcome
+                }
+            };
+            match outcome {
+                EnqueueOutcome::Queued => queued += 1,
+                EnqueueOutcome::QueuedDroppedOldest => {
+                    queued += 1;
+                    self.metrics.messages_dropped_queue_full.increment(1);
+                }
+                EnqueueOutcome::DroppedQueueFull => {
+                    self.metrics.messages_dropped_queue_full.increment(1)
+                }
+                EnqueueOutcome::DroppedQoS0Offline => {
+                    self.metrics.messages_dropped_qos0_offline.increment(1)
+                }
+                EnqueueOutcome::SessionEnded => {}
+            }
+        }
+        let Some(store) = self.store.as_ref() else {
+            if message.retain {
+                self.store_retained(&message);
+            }
+            return Ok(Routed {
+                queued,
+                durable: None,
+            });
+        };
+        if !reserved.is_empty() {
+            let id = *message.store_id.get_or_init(|| store.next_message_id());
+            persist::fix_message_ids(&mut ops, id);
+            ops.insert(0, persist::put_message(id, &message));
+        }
+        if message.retain {
+            ops.push(persist::retained(&message));
+        }
+        if let Some((client_id, packet_id)) = inbound_qos2 {
+            ops.push(Op::PutInboundQos2 {
+                client_id: client_id.clone(),
+                packet_id,
+            });
+        }
+        if ops.is_empty() {
+            return Ok(Routed {
+                queued,
+                durable: None,
+            });
+        }
+        let submitted = store.submit(ops).map_err(|rejected| {
+            tracing::warn!(error = %rejected.error, topic = %message.topic, "message refused by the durable store");
+            rejected.error
+        })?;
+        if message.retain {
+            self.store_retained(&message);
+        }
+        for (session, delivery) in reserved {
+            session.push_reserved(delivery);
+        }
+        Ok(Routed {
+            queued,
+            durable: Some(submitted.durable),
+        })
+    }
+
+    /// Adds one delivery per matching shared subscription group: the member the strategy
+    /// picks. Kept apart from `merge_overlapping`: a shared copy is separate from any copy
+    /// the same session gets through its own non-shared subscriptions (MQTT 5 §4.8.2).
+    fn shared_targets(&self, message: &Message, targets: &mut SmallVec<[Target; 8]>) {
+        self.shared.read().pick_for_topic(&message.topic, |pick| {
+            targets.push(Target {
+                qos: message.qos.min(pick.member.options.qos), // MQTT-4.8.2-3
+                retain: pick.member.options.retain_as_published && message.retain,
+                subscription_ids: pick.member.identifier.into_iter().collect(),
+                session: pick.member.session,
+                shared: Some(pick.key),
+            });
+        });
+    }
+
+    pub(super) fn store_retained(&self, message: &Arc<Message>) {
+        let mut retained = self.retained.write();
+        if message.payload.is_empty() {
+            retained.remove(&message.topic); // MQTT-3.3.1-10
+        } else {
+            retained.insert(&message.topic, Arc::clone(message)); // MQTT-3.3.1-5
+        }
+        self.metrics.retained_messages.set(retained.len() as f64);
+    }
+
+    /// Queues the retained messages matching `filter` to `session` with RETAIN=1 (MQTT-3.3.1-6),
+    /// carrying the subscription's identifier (MQTT-3.3.4-3: they are sent as a result of it).
+    pub fn deliver_retained(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) {
+        let mut found: Vec<Arc<Message>> = Vec::new();
+        self.retained
+            .read()
+            .for_each_match(filter, |_, m| found.push(Arc::clone(m)));
+        let now = Instant::now();
+        for message in found {
+            if message.is_expired(now) {
+                continue;
+            }
+            let qos = message.qos.min(options.qos);
+            session.enqueue_unbounded(Delivery {
+                message,
+                qos,
+                retain: true,
+                subscription_ids: identifier.into_iter().collect(),
+                seq: None, // re-sent from the retained store after a restart anyway
+                shared: None,
+            });
+        }
+    }
+
+    /// Counts the drops an enqueue caused; true if the delivery was queued.
+    pub(super) fn count_enqueue(&self, outcome: EnqueueOutcome) -> bool {
+        match outcome {
+            EnqueueOutcome::Queued => true,
+            EnqueueOutcome::QueuedDroppedOldest => {
+                self.metrics.messages_dropped_queue_full.increment(1);
+                true
+            }
+            EnqueueOutcome::DroppedQueueFull => {
+                self.metrics.messages_dropped_queue_full.increment(1);
+                false
+            }
+            EnqueueOutcome::DroppedQoS0Offline => {
+                self.metrics.messages_dropped_qos0_offline.increment(1);
+                false
+            }
+            EnqueueOutcome::SessionEnded => false,
+        }
+    }
+
+    /// Hands the shared-subscription deliveries `session` holds to other members of their
+    /// groups. On disconnect (`connected_only`): its queued messages and its sent but
+    /// unacknowledged QoS 1 messages, for groups with another connected member (QoS 2
+    /// messages already sent stay, MQTT-4.8.2-4). On session end: everything still held,
+    /// to any remaining member; QoS 2 messages already sent are dropped (MQTT-4.8.2-5).
+    pub(super) fn redistribute_shared(&self, session: &Arc<Session>, connected_only: bool) {
+        let taken = if connected_only {
+            let keys: Vec<ByteString> = {
+                let st = session.lock();
+                st.subscriptions
+                    .keys()
+                    .filter(|f| f.starts_with("$share/"))
+                    .cloned()
+                    .collect()
+            };
+            let eligible: Vec<ByteString> = {
+                let index = self.shared.read();
+                keys.into_iter()
+                    .filter(|k| index.has_other_connected(k, session.id))
+                    .collect()
+            };
+            if eligible.is_empty() {
+                return;
+            }
+            session
+                .lock()
+                .take_shared(|g| eligible.iter().any(|k| k == g), true)
+        } else {
+            session.lock().take_shared(|_| true, true)
+        };
+        if taken.is_empty() {
+            return;
+        }
+        let mut removed: Vec<Op> = Vec::new();
+        let mut moves: Vec<(Arc<Session>, Delivery)> = Vec::with_capacity(taken.len());
+        {
+            let index = self.shared.read();
+            for d in taken {
+                let Some(key) = d.shared.as_deref() else {
+                    continue;
+                };
+                match index.pick_other(key, &d.message.topic, session.id, connected_only) {
+                    Some(m) => {
+                        // The leaving session no longer holds it: forget its stored entry, or a
+                        // restart would deliver it there again. (The new member holds it in
+                        // memory only.)
+                        if let Some(seq) = d.seq {
+                            removed.push(Op::RemoveEntry {
+                                client_id: session.client_id.clone(),
+                                seq,
+                            });
+                        }
+                        moves.push((
+                            m.session,
+                            Delivery {
+                                qos: d.message.qos.min(m.options.qos),
+                                retain: m.options.retain_as_published && d.message.retain,
+                                subscription_ids: m.identifier.into_iter().collect(),
+                                message: d.message,
+                                seq: None,
+                                shared: d.shared,
+                            },
+                        ))
+                    }
+                    // The other members left meanwhile: a disconnecting member keeps it; an
+                    // ending session's messages have nowhere to go.
+                    None if connected_only => moves.push((Arc::clone(session), d)),
+                    None => {}
+                }
+            }
+        }
+        self.persist(removed);
+        tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");
+        for (target, delivery) in moves {
+            self.count_enqueue(target.enqueue(delivery, &self.limits));
+        }
+    }
+}
+
+/// A matched subscription before merging.
+struct Target {
+    session: Arc<Session>,
+    qos: QoS,
+    retain: bool,
+    subscription_ids: SmallVec<[u32; 1]>,
+    shared: Option<Arc<str>>,
+}
+
+/// Collapses several matching subscriptions of one session into one delivery at the highest
+/// granted QoS (MQTT-3.3.5-1) carrying every subscription identifier (MQTT-3.3.4-4).
+fn merge_overlapping(targets: &mut SmallVec<[Target; 8]>) {
+    if targets.len() < 2 {
+        return;
+    }
+    // Almost always every session matched once: find out on a sorted copy of the ids (8 B
+    // each) rather than sorting and rebuilding the targets (the 2026-11-30 profile: 6% of
+    // fan-out to 50 subscribers, with no duplicate at all).
+    let mut ids: SmallVec<[SessionId; 64]> = targets.iter().map(|t| t.session.id).collect();
+    ids.sort_unstable();
+    if !ids.windows(2).any(|w| w[0] == w[1]) {
+        return;
+    }
+    targets.sort_unstable_by_key(|t| t.session.id);
+    let mut merged: SmallVec<[Target; 8]> = SmallVec::with_capacity(targets.len());
+    for t in targets.drain(..) {
+        match merged.last_mut() {
+            Some(last) if last.session.id == t.session.id => {
+                last.qos = last.qos.max(t.qos);
+                last.retain |= t.retain;
+                last.subscription_ids.extend(t.subscription_ids);
+            }
+            _ => merged.push(t),
+        }
+    }
+    *targets = merged;
+}

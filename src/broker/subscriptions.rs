@@ -1,0 +1,125 @@
+//! Subscribing and unsubscribing: the subscription tree or the shared index, the session's
+//! own record, the store, and the subscriptions gauge.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytestring::ByteString;
+
+use super::shared::Member;
+use super::{persist, Broker, Session, SessionSubscription, Subscriber};
+use crate::codec::{topic, SubscriptionOptions};
+use crate::storage::Op;
+
+impl Broker {
+    /// Adds or replaces a subscription (MQTT-3.8.4-3). Returns whether one existed already.
+    /// A valid `$share/{group}/{filter}` joins that shared subscription group.
+    pub fn subscribe(
+        &self,
+        session: &Arc<Session>,
+        filter: &ByteString,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> bool {
+        if let Some(Ok((_, inner))) = topic::split_shared(filter) {
+            let member = Member {
+                session: Arc::clone(session),
+                options,
+                identifier,
+            };
+            let existed = {
+                let mut index = self.shared.write();
+                let existed = index.subscribe(filter, inner, member);
+                self.has_shared.store(true, Ordering::Release);
+                existed
+            };
+            self.update_subscription_gauge();
+            session.lock().subscriptions.insert(
+                filter.clone(),
+                SessionSubscription {
+                    options,
+                    identifier,
+                },
+            );
+            return existed;
+        }
+        let subscriber = Subscriber {
+            session: Arc::clone(session),
+            options,
+            identifier,
+        };
+        let existed = {
+            let mut tree = self.subscriptions.write();
+            let existed = tree.insert(filter, session.id, subscriber).is_some();
+            self.metrics
+                .subscriptions_current
+                .set((tree.len() + self.shared_members.load(Ordering::Relaxed)) as f64);
+            existed
+        };
+        let stored = {
+            let mut st = session.lock();
+            st.subscriptions.insert(
+                filter.clone(),
+                SessionSubscription {
+                    options,
+                    identifier,
+                },
+            );
+            st.stored
+        };
+        if stored {
+            self.persist(vec![persist::put_subscription(
+                &session.client_id,
+                filter,
+                options,
+                identifier,
+            )]);
+        }
+        existed
+    }
+
+    /// Removes a subscription; returns whether it existed (v5 reason 0x11 otherwise).
+    pub fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
+        if topic::split_shared(filter).is_some() {
+            let removed = {
+                let mut index = self.shared.write();
+                let removed = index.unsubscribe(filter, session.id);
+                self.has_shared.store(!index.is_empty(), Ordering::Release);
+                removed
+            };
+            self.update_subscription_gauge();
+            session.lock().subscriptions.remove(filter);
+            return removed;
+        }
+        let removed = {
+            let mut tree = self.subscriptions.write();
+            let removed = tree.remove(filter, session.id).is_some();
+            self.metrics
+                .subscriptions_current
+                .set((tree.len() + self.shared_members.load(Ordering::Relaxed)) as f64);
+            removed
+        };
+        let stored = {
+            let mut st = session.lock();
+            st.subscriptions.remove(filter);
+            st.stored
+        };
+        if stored && removed {
+            self.persist(vec![Op::DeleteSubscription {
+                client_id: session.client_id.clone(),
+                filter: ByteString::from(filter),
+            }]);
+        }
+        removed
+    }
+
+    /// Call with the shared index updated and no index lock held.
+    pub(super) fn update_subscription_gauge(&self) {
+        let shared = self.shared.read().len();
+        self.shared_members.store(shared, Ordering::Relaxed);
+        let plain = self.subscriptions.read().len();
+        self.metrics
+            .subscriptions_current
+            .set((plain + shared) as f64);
+    }
+}
