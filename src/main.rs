@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
         None => Config::embedded_default(),
     };
     if let Some(port) = cli.port {
-        config.listener.bind.set_port(port);
+        config.listeners[0].bind.set_port(port);
     }
     if let Some(dir) = cli.data_dir {
         config.storage.dir = Some(dir);

@@ -137,12 +137,12 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .map_err(|e| StartError::Metrics(e.to_string()))?;
     }
     let broker = open_broker(&config).await?;
-    let listener = bind_listener(config.listener.bind).map_err(|source| StartError::Bind {
-        addr: config.listener.bind,
+    let listener = bind_listener(config.listeners[0].bind).map_err(|source| StartError::Bind {
+        addr: config.listeners[0].bind,
         source,
     })?;
     let mqtt_addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: config.listener.bind,
+        addr: config.listeners[0].bind,
         source,
     })?;
     let shutdown = CancellationToken::new();
@@ -156,7 +156,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         Arc::clone(&broker),
         shutdown.clone(),
         connections.clone(),
-        config.listener.max_connections,
+        config.listeners[0].max_connections,
     ));
     tracing::info!(%mqtt_addr, "MQTT listener up");
     Ok(RunningServer {
