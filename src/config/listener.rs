@@ -198,7 +198,7 @@ fn check_name(name: &str) -> Result<(), String> {
 }
 
 /// True when two sockets would compete for the same port (port 0 = ephemeral never clashes).
-pub fn addresses_clash(a: SocketAddr, b: SocketAddr) -> bool {
+fn addresses_clash(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
         && a.port() == b.port()
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())

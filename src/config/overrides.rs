@@ -21,11 +21,6 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    /// True when no flag overrides anything.
-    pub fn is_empty(&self) -> bool {
-        *self == Overrides::default()
-    }
-
     /// Writes the overridden values into `config` (without validating; see
     /// [`Config::load_with`]).
     pub fn apply(&self, config: &mut Config) {
