@@ -12,7 +12,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use anyhow::Context;
 use clap::Parser;
-use postbox::config::Config;
+use postbox::config::{Config, Overrides};
 
 /// Postbox: an MQTT 3.1 / 3.1.1 / 5.0 broker for IoT fleets.
 #[derive(Debug, Parser)]
@@ -21,9 +21,12 @@ struct Cli {
     /// Configuration file (TOML). Without it, the embedded default config is used.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Port of the plain TCP listener (overrides the config file).
+    /// Port of the first MQTT listener (overrides its port in the config file).
     #[arg(short = 'p', long = "port", value_name = "PORT")]
     port: Option<u16>,
+    /// Port of the metrics endpoint (overrides `metrics.bind`'s port); 0 turns it off.
+    #[arg(long = "metrics-port", value_name = "PORT")]
+    metrics_port: Option<u16>,
     /// Directory for durable state (overrides `storage.dir` and turns persistence on).
     #[arg(long = "data-dir", value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -34,17 +37,14 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let mut config = match &cli.config {
-        Some(path) => Config::load(path).map_err(|e| anyhow::anyhow!("{e}"))?,
-        None => Config::embedded_default(),
+    // Overrides are applied before validation, so they are checked like the file is.
+    let overrides = Overrides {
+        port: cli.port,
+        metrics_port: cli.metrics_port,
+        data_dir: cli.data_dir.clone(),
     };
-    if let Some(port) = cli.port {
-        config.listener.bind.set_port(port);
-    }
-    if let Some(dir) = cli.data_dir {
-        config.storage.dir = Some(dir);
-        config.storage.persistence = true;
-    }
+    let config =
+        Config::load_with(cli.config.as_deref(), &overrides).map_err(|e| anyhow::anyhow!("{e}"))?;
     let level = if cli.verbose {
         "debug".to_string()
     } else {

@@ -347,6 +347,30 @@ pub fn install_exporter(bind: SocketAddr) -> Result<(), MetricsError> {
         })
 }
 
+/// Installs the global Prometheus recorder and binds the HTTP endpoint at `bind`, returning
+/// the future that serves it, for a caller that owns the endpoint's lifetime: the server runs
+/// it and drops it at shutdown, which closes the port. Unlike [`install_exporter`] nothing is
+/// spawned, and it must be called inside a tokio runtime. Call it before [`Metrics::register`].
+pub fn start_exporter(
+    bind: SocketAddr,
+) -> Result<impl std::future::Future<Output = ()> + Send + 'static, MetricsError> {
+    use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+
+    let (recorder, exporter) = PrometheusBuilder::new()
+        .with_http_listener(bind)
+        .build()
+        .map_err(|e| match e {
+            BuildError::FailedToCreateHTTPListener(message) => MetricsError::Bind { bind, message },
+            other => MetricsError::Install(other.to_string()),
+        })?;
+    metrics::set_global_recorder(recorder).map_err(|e| MetricsError::Install(e.to_string()))?;
+    Ok(async move {
+        if let Err(error) = exporter.await {
+            tracing::error!(?error, "metrics endpoint stopped");
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,13 +2,17 @@
 //!
 //! Used by the binary and by the integration tests, which run the real broker in-process on
 //! an ephemeral port.
+//!
+//! The server owns the lifecycle: it binds every configured listener (through
+//! [`transport::bind`], whatever their kind) and the metrics endpoint, and at shutdown stops
+//! all listeners, then tells the broker once (`Broker::begin_shutdown`), then waits for the
+//! connections, closes the store and finally stops the metrics endpoint.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -21,8 +25,9 @@ use crate::transport;
 /// Why the broker could not start.
 #[derive(Debug, Error)]
 pub enum StartError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr} (listener `{listener}`): {source}")]
     Bind {
+        listener: String,
         addr: SocketAddr,
         source: std::io::Error,
     },
@@ -64,67 +69,30 @@ async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
     Ok(broker)
 }
 
-/// Pending handshakes the kernel queues for the listener. The default 128 overflowed under
-/// connection storms (200 concurrent handshakes), turning them into 1 s SYN retransmits; the
-/// kernel caps this at `net.core.somaxconn` anyway.
-const LISTEN_BACKLOG: u32 = 4096;
-
-/// Binds the MQTT listener with [`LISTEN_BACKLOG`] (what `TcpListener::bind` does, but with
-/// a larger backlog).
-fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    #[cfg(not(windows))]
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    let listener = socket.listen(LISTEN_BACKLOG)?;
-    defer_accept_until_data(&listener);
-    Ok(listener)
+/// Where one listener listens, as the server reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundListener {
+    /// The listener's name (`[[listener]] name`, or its default).
+    pub name: Arc<str>,
+    /// Its actual address (port 0 resolved).
+    pub addr: SocketAddr,
 }
-
-/// Seconds the kernel holds a new connection back from `accept` until its first bytes (the
-/// CONNECT) arrive; after that it is handed over anyway and the CONNECT timeout applies.
-const DEFER_ACCEPT_SECS: libc::c_int = 5;
-
-/// MQTT clients speak first, so the listener asks the kernel (`TCP_DEFER_ACCEPT`) to wake it
-/// only once a connection's CONNECT is readable: one wake-up per handshake instead of two
-/// (accept, then data), which is what limited the connect rate. Best effort: on failure the
-/// listener just accepts as usual.
-#[cfg(target_os = "linux")]
-fn defer_accept_until_data(listener: &TcpListener) {
-    use std::os::fd::AsRawFd;
-    let secs = DEFER_ACCEPT_SECS;
-    // SAFETY: `listener` owns a valid socket for the duration of the call; the option value is
-    // a properly sized and aligned c_int that outlives the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            listener.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&secs as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_DEFER_ACCEPT not set");
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn defer_accept_until_data(_listener: &TcpListener) {}
 
 /// A broker that is up and serving.
 pub struct RunningServer {
-    /// Where the MQTT TCP listener actually listens (resolves port 0).
+    /// Where the first MQTT listener actually listens (resolves port 0); the same as
+    /// `listeners[0].addr`.
     pub mqtt_addr: SocketAddr,
+    /// Every MQTT listener, in config order.
+    pub listeners: Vec<BoundListener>,
     pub broker: Arc<Broker>,
     shutdown: CancellationToken,
-    listener_task: JoinHandle<()>,
+    /// Waits for the token, stops every listener, then begins the broker's shutdown.
+    stopping: JoinHandle<()>,
     /// Every connection task, so shutdown can wait for their last store updates.
     connections: TaskTracker,
+    /// The metrics endpoint's task and the token that ends it (last, after the store closed).
+    metrics: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
 /// How long shutdown waits for connection tasks to send their DISCONNECTs and finish.
@@ -132,40 +100,95 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Binds every configured listener and starts serving.
 pub async fn start(config: Config) -> Result<RunningServer, StartError> {
-    if config.metrics.enabled {
-        metrics::install_exporter(config.metrics.bind)
-            .map_err(|e| StartError::Metrics(e.to_string()))?;
-    }
+    // Before the broker registers its metric handles (see `metrics`); bound now, served below.
+    let exporter = if config.metrics.enabled {
+        Some(
+            metrics::start_exporter(config.metrics.bind)
+                .map_err(|e| StartError::Metrics(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let broker = open_broker(&config).await?;
-    let listener = bind_listener(config.listener.bind).map_err(|source| StartError::Bind {
-        addr: config.listener.bind,
-        source,
-    })?;
-    let mqtt_addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: config.listener.bind,
-        source,
-    })?;
+    let mut bound = Vec::with_capacity(config.listeners.len());
+    for (listener, name) in config.listeners.iter().zip(config.listener_names()) {
+        let l =
+            transport::bind(name.as_str().into(), listener).map_err(|source| StartError::Bind {
+                listener: name.clone(),
+                addr: listener.bind,
+                source,
+            })?;
+        bound.push(l);
+    }
+    let listeners: Vec<BoundListener> = bound
+        .iter()
+        .map(|l| BoundListener {
+            name: Arc::clone(l.name()),
+            addr: l.local_addr(),
+        })
+        .collect();
+    // Validation guarantees at least one listener.
+    let mqtt_addr = listeners[0].addr;
+
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
     if let Some(store) = broker.store().cloned() {
         tokio::spawn(export_store_stats(store, shutdown.clone()));
     }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
-    let listener_task = tokio::spawn(transport::serve_tcp(
-        listener,
+    let handoff =
+        transport::Handoff::new(Arc::clone(&broker), shutdown.clone(), connections.clone());
+    let accepting: Vec<JoinHandle<()>> = bound
+        .into_iter()
+        .map(|listener| tokio::spawn(listener.run(handoff.clone(), shutdown.clone())))
+        .collect();
+    for l in &listeners {
+        tracing::info!(listener = %l.name, addr = %l.addr, "MQTT listener up");
+    }
+    let stopping = tokio::spawn(stop_listeners_then_broker(
+        accepting,
         Arc::clone(&broker),
         shutdown.clone(),
-        connections.clone(),
-        config.listener.max_connections,
     ));
-    tracing::info!(%mqtt_addr, "MQTT listener up");
+    let metrics = exporter.map(|exporter| {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                tokio::select! {
+                    _ = exporter => {}
+                    _ = stop.cancelled() => {}
+                }
+            }
+        });
+        tracing::info!(addr = %config.metrics.bind, "metrics endpoint up");
+        (stop, task)
+    });
     Ok(RunningServer {
         mqtt_addr,
+        listeners,
         broker,
         shutdown,
-        listener_task,
+        stopping,
         connections,
+        metrics,
     })
+}
+
+/// The one place shutdown begins, however it is triggered ([`RunningServer::shutdown`] or
+/// the token): no listener accepts any more by the time the broker is told, so every client
+/// that got in is told too.
+async fn stop_listeners_then_broker(
+    accepting: Vec<JoinHandle<()>>,
+    broker: Arc<Broker>,
+    shutdown: CancellationToken,
+) {
+    shutdown.cancelled().await;
+    for listener in accepting {
+        let _ = listener.await;
+    }
+    // Connections do not watch the token themselves (one less future each).
+    broker.begin_shutdown();
 }
 
 /// Wakes connections whose keep-alive ran out, every [`crate::broker::KEEP_ALIVE_SWEEP`],
@@ -196,12 +219,11 @@ async fn export_store_stats(store: Arc<dyn crate::storage::Store>, shutdown: Can
 }
 
 impl RunningServer {
-    /// Stops accepting, tells every client the server is going away (v5 0x8B), and waits
-    /// for the listener to stop.
+    /// Stops every listener, tells every client the server is going away (v5 0x8B), waits
+    /// (bounded) for the connections, closes the store, then stops the metrics endpoint.
     pub async fn shutdown(self) {
-        // The listener sees the token and tells the broker (`Broker::begin_shutdown`).
         self.shutdown.cancel();
-        let _ = self.listener_task.await;
+        let _ = self.stopping.await;
         self.connections.close();
         if tokio::time::timeout(SHUTDOWN_GRACE, self.connections.wait())
             .await
@@ -217,10 +239,23 @@ impl RunningServer {
                 Err(error) => tracing::error!(%error, "durable store close panicked"),
             }
         }
+        if let Some((stop, task)) = self.metrics {
+            stop.cancel();
+            let _ = task.await;
+        }
     }
 
-    /// A token that stops the server when cancelled (e.g. from a signal handler).
+    /// A token that stops the server when cancelled (e.g. from a signal handler): listeners
+    /// stop and the broker begins its shutdown; [`RunningServer::shutdown`] does the rest.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// The address of the listener called `name`, if there is one.
+    pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|l| &*l.name == name)
+            .map(|l| l.addr)
     }
 }

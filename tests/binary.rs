@@ -179,7 +179,109 @@ fn version_and_help() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
     let out = Command::new(BIN).arg("--help").output().expect("run");
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--config", "--port", "--verbose"] {
+    for flag in [
+        "--config",
+        "--port",
+        "--metrics-port",
+        "--data-dir",
+        "--verbose",
+    ] {
         assert!(help.contains(flag), "{help}");
     }
+}
+
+/// The goal of `--metrics-port`: two brokers side by side on one machine, from the embedded
+/// default config, told apart only by flags.
+#[test]
+fn metrics_port_flag_lets_two_brokers_run_side_by_side() {
+    let dirs = [
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    ];
+    let mut brokers = Vec::new();
+    for dir in &dirs {
+        let (mqtt, metrics) = (free_port(), free_port());
+        let child = spawn_broker(&[
+            "-p",
+            &mqtt.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+            "--data-dir",
+            dir.path().to_str().expect("utf8"),
+        ]);
+        brokers.push((child, mqtt, metrics));
+    }
+    for (_, mqtt, metrics) in &brokers {
+        TcpStream::connect(("127.0.0.1", *mqtt)).expect("MQTT on the -p port");
+        let body = http_get(*metrics, "/metrics");
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(body.contains("postbox_connections_total"), "{body}");
+    }
+    for (child, _, _) in brokers {
+        assert!(terminate(child).success());
+    }
+}
+
+#[test]
+fn metrics_port_zero_turns_the_endpoint_off() {
+    let (mqtt, metrics) = (free_port(), free_port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("postbox.toml");
+    std::fs::write(
+        &path,
+        format!("[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\npersistence = false\n"),
+    )
+    .expect("write config");
+    let child = spawn_broker(&["-c", path.to_str().expect("utf8"), "--metrics-port", "0"]);
+    // Running (it logged so) and serving MQTT, but nothing on the configured metrics port.
+    TcpStream::connect(("127.0.0.1", mqtt)).expect("MQTT listening");
+    assert!(
+        TcpStream::connect(("127.0.0.1", metrics)).is_err(),
+        "metrics endpoint is off"
+    );
+    assert!(terminate(child).success());
+}
+
+#[test]
+fn port_clash_from_flags_is_a_config_error_naming_both() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args(["-p", "9000", "--metrics-port", "9000", "--data-dir"])
+        .arg(dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("clashes"), "{err}");
+    assert!(
+        err.contains("metrics.bind") && err.contains("listener[0].bind"),
+        "both keys named: {err}"
+    );
+    assert!(
+        err.contains("`-p 9000`") && err.contains("`--metrics-port 9000`"),
+        "both flags named: {err}"
+    );
+    assert!(!err.contains("cannot listen"), "not a bind failure: {err}");
+}
+
+#[test]
+fn duplicate_listener_names_name_file_line_and_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("two.toml");
+    std::fs::write(
+        &path,
+        "[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n\n[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n",
+    )
+    .expect("write");
+    let out = Command::new(BIN)
+        .args(["-c", path.to_str().expect("utf8")])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:6:", path.display())) && err.contains("`listener[1].name`"),
+        "error names file, line and key: {err}"
+    );
 }

@@ -44,7 +44,7 @@ fn dashboard_uses_only_existing_metrics_and_all_of_them() {
 #[test]
 fn ports_match_the_default_config() {
     let c = Config::default();
-    let mqtt = c.listener.bind.port().to_string();
+    let mqtt = c.listeners[0].bind.port().to_string();
     let metrics = c.metrics.bind.port().to_string();
 
     let prometheus = read("deploy/prometheus/prometheus.yml");

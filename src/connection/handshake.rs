@@ -1,6 +1,5 @@
 //! CONNECT → CONNACK: protocol version, client id rules, authentication, session attach.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use crate::codec::{
     self, topic, Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
     ProtocolVersion, QoS, ReasonCode, ReasonContext,
 };
+use crate::transport::ConnectionInfo;
 
 /// How long a client may take to send CONNECT after the socket opens (and, with enhanced
 /// authentication, to answer each AUTH challenge).
@@ -44,13 +44,15 @@ pub struct EnhancedAuth {
 type Refusal = (ReasonCode, &'static str);
 
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
-/// client was rejected (the rejection CONNACK is flushed) or vanished.
+/// client was rejected (the rejection CONNACK is flushed) or vanished. `info` is what the
+/// transport knows of the connection (for authentication to use later).
 pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
     shutdown: &CancellationToken,
-    peer: SocketAddr,
+    info: &ConnectionInfo,
 ) -> Option<Accepted> {
+    let peer = info.peer;
     let max_packet = broker.config().max_packet_size as usize;
     let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     let connect = loop {

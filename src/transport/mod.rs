@@ -1,20 +1,98 @@
 //! Listeners: accept sockets and hand each to a connection task. Knows nothing of MQTT.
+//!
+//! Every kind of listener (plain TCP today; TLS and WebSocket later) implements [`Listener`],
+//! and [`bind`] picks the kind for a `[[listener]]` entry. The server only binds, runs and
+//! stops listeners through that trait, so a new kind is added here (and in the config), not in
+//! the server. What a listener learns about a connection travels with it as
+//! [`ConnectionInfo`].
 
 pub mod fd_table;
 mod tcp;
 
-pub use tcp::serve_tcp;
-
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
-/// What the transport knows about one connection, handed to the connection task: where it
-/// came from and which listener took it. The place for the TLS identity and the PROXY
-/// protocol's real client address once those listeners exist.
-#[derive(Clone, Debug)]
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::Broker;
+use crate::config::ListenerConfig;
+use crate::connection;
+
+pub use tcp::PlainTcpListener;
+
+/// What the transport knows about a connection, handed to the connection (and its handshake,
+/// so authentication can use it).
+///
+/// This is the place for what later listener kinds learn before MQTT starts: the verified TLS
+/// client identity, or the real client address from a PROXY protocol header (which would then
+/// replace `peer`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
-    /// The socket's peer address.
+    /// The remote address of the socket.
     pub peer: SocketAddr,
-    /// The name of the listener that accepted it.
+    /// Name of the listener the connection came through (`[[listener]] name`).
     pub listener: Arc<str>,
+}
+
+/// Everything a listener needs to hand an accepted stream to the broker: one per server,
+/// cloned into every listener.
+#[derive(Clone)]
+pub struct Handoff {
+    broker: Arc<Broker>,
+    shutdown: CancellationToken,
+    connections: TaskTracker,
+}
+
+impl Handoff {
+    /// `shutdown` is the token connections watch during their handshake; `connections` tracks
+    /// every connection task so the server can wait for them at shutdown.
+    pub fn new(broker: Arc<Broker>, shutdown: CancellationToken, connections: TaskTracker) -> Self {
+        Handoff {
+            broker,
+            shutdown,
+            connections,
+        }
+    }
+
+    /// Spawns the connection task for `stream`. `guard` (a connection-limit permit, say) lives
+    /// as long as the connection.
+    pub fn spawn<S, G>(&self, stream: S, info: ConnectionInfo, guard: G)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        G: Send + 'static,
+    {
+        let broker = Arc::clone(&self.broker);
+        let shutdown = self.shutdown.clone();
+        self.connections.spawn(async move {
+            connection::serve(stream, info, broker, shutdown).await;
+            drop(guard);
+        });
+    }
+}
+
+/// The future a listener runs as, until it is told to stop.
+pub type ListenerTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A bound listener of some kind, ready to accept.
+pub trait Listener: Send {
+    /// Its name (unique within the server).
+    fn name(&self) -> &Arc<str>;
+
+    /// Where it actually listens (port 0 resolved).
+    fn local_addr(&self) -> SocketAddr;
+
+    /// Accepts connections and hands them over until `stop` is cancelled; then it returns and
+    /// closes its socket. Connections already handed over are not its business any more: the
+    /// server stops those.
+    fn run(self: Box<Self>, handoff: Handoff, stop: CancellationToken) -> ListenerTask;
+}
+
+/// Binds the listener `config` describes, named `name`. Binding is synchronous so a start-up
+/// that cannot bind fails before anything is served.
+pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
+    Ok(Box::new(PlainTcpListener::bind(name, config)?))
 }

@@ -1,67 +1,146 @@
 //! Plain TCP listener.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use crate::broker::Broker;
-use crate::connection;
+use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
+use crate::config::ListenerConfig;
 
-/// Accepts until `shutdown`, spawning one task per connection. With `max_connections > 0`,
-/// connections beyond the limit are closed at once (Mosquitto's `max_connections`).
-pub async fn serve_tcp(
-    listener: TcpListener,
-    broker: Arc<Broker>,
-    shutdown: CancellationToken,
-    connections: TaskTracker,
+/// A bound plain-TCP MQTT listener.
+pub struct PlainTcpListener {
+    name: Arc<str>,
+    listener: tokio::net::TcpListener,
+    local_addr: SocketAddr,
     max_connections: usize,
-) {
-    let name: Arc<str> = Arc::from("default");
-    let limit = (max_connections > 0).then(|| Arc::new(Semaphore::new(max_connections)));
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.cancelled() => {
-                // Connections do not watch the token themselves (one less future each).
-                broker.begin_shutdown();
-                return;
-            }
-        };
-        let (stream, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(error) => {
-                // Typically EMFILE: back off briefly instead of spinning on the error.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let permit = match &limit {
-            Some(sem) => match Arc::clone(sem).try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
-                    tracing::warn!(%peer, max_connections, "connection limit reached, refusing");
+}
+
+impl PlainTcpListener {
+    /// Binds `config.bind` (with a large backlog and `TCP_DEFER_ACCEPT`, see below).
+    pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<PlainTcpListener> {
+        let listener = bind_listener(config.bind)?;
+        let local_addr = listener.local_addr()?;
+        Ok(PlainTcpListener {
+            name,
+            listener,
+            local_addr,
+            max_connections: config.max_connections,
+        })
+    }
+}
+
+impl Listener for PlainTcpListener {
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    fn run(self: Box<Self>, handoff: Handoff, stop: CancellationToken) -> ListenerTask {
+        Box::pin(self.accept_loop(handoff, stop))
+    }
+}
+
+impl PlainTcpListener {
+    /// Accepts until `stop`, handing each connection over. With `max_connections > 0`,
+    /// connections beyond the limit are closed at once (Mosquitto's `max_connections`).
+    async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
+        let PlainTcpListener {
+            name,
+            listener,
+            max_connections,
+            ..
+        } = self;
+        let limit = (max_connections > 0).then(|| Arc::new(Semaphore::new(max_connections)));
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stop.cancelled() => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    // Typically EMFILE: back off briefly instead of spinning on the error.
+                    tracing::warn!(listener = %name, %error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
-            },
-            None => None,
-        };
-        // Latency matters more than packet count: batching is done by the connection itself.
-        let _ = stream.set_nodelay(true);
-        let broker = Arc::clone(&broker);
-        let shutdown = shutdown.clone();
-        let name = Arc::clone(&name);
-        connections.spawn(async move {
-            let info = super::ConnectionInfo {
+            };
+            let permit = match &limit {
+                Some(sem) => match Arc::clone(sem).try_acquire_owned() {
+                    Ok(permit) => Some(permit),
+                    Err(_) => {
+                        tracing::warn!(listener = %name, %peer, max_connections, "connection limit reached, refusing");
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            // Latency matters more than packet count: batching is done by the connection itself.
+            let _ = stream.set_nodelay(true);
+            let info = ConnectionInfo {
                 peer,
                 listener: Arc::clone(&name),
             };
-            connection::serve(stream, info, broker, shutdown).await;
-            drop(permit);
-        });
+            handoff.spawn(stream, info, permit);
+        }
     }
 }
+
+/// Pending handshakes the kernel queues for the listener. The default 128 overflowed under
+/// connection storms (200 concurrent handshakes), turning them into 1 s SYN retransmits; the
+/// kernel caps this at `net.core.somaxconn` anyway.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds a TCP listening socket with [`LISTEN_BACKLOG`] (what `TcpListener::bind` does, but with
+/// a larger backlog).
+fn bind_listener(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(not(windows))]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(LISTEN_BACKLOG)?;
+    defer_accept_until_data(&listener);
+    Ok(listener)
+}
+
+/// Seconds the kernel holds a new connection back from `accept` until its first bytes (the
+/// CONNECT) arrive; after that it is handed over anyway and the CONNECT timeout applies.
+const DEFER_ACCEPT_SECS: libc::c_int = 5;
+
+/// MQTT clients speak first, so the listener asks the kernel (`TCP_DEFER_ACCEPT`) to wake it
+/// only once a connection's CONNECT is readable: one wake-up per handshake instead of two
+/// (accept, then data), which is what limited the connect rate. Best effort: on failure the
+/// listener just accepts as usual.
+#[cfg(target_os = "linux")]
+fn defer_accept_until_data(listener: &tokio::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    let secs = DEFER_ACCEPT_SECS;
+    // SAFETY: `listener` owns a valid socket for the duration of the call; the option value is
+    // a properly sized and aligned c_int that outlives the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&secs as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_DEFER_ACCEPT not set");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn defer_accept_until_data(_listener: &tokio::net::TcpListener) {}

@@ -22,7 +22,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// A config for tests: loopback, port 0, no metrics exporter (it is process-global), in memory.
 pub fn test_config() -> Config {
     let mut config = Config::default();
-    config.listener.bind = "127.0.0.1:0".parse().expect("literal address");
+    config.listeners[0].bind = "127.0.0.1:0".parse().expect("literal address");
     config.metrics.enabled = false;
     config.storage.persistence = false; // durability has its own tests, on temp dirs
     config

@@ -13,7 +13,7 @@ use postbox::server::{self, RunningServer};
 /// no metrics exporter (it is process-global), in memory.
 async fn start() -> RunningServer {
     let mut config = Config::default();
-    config.listener.bind = "127.0.0.1:0".parse().expect("literal address");
+    config.listeners[0].bind = "127.0.0.1:0".parse().expect("literal address");
     config.metrics.enabled = false;
     config.storage.persistence = false;
     server::start(config).await.expect("broker starts")

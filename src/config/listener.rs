@@ -1,0 +1,413 @@
+//! `[[listener]]` and `[metrics]`: the sockets the broker opens, and the rules that keep them
+//! apart.
+//!
+//! The broker serves any number of MQTT listeners (`[[listener]]` entries, in file order); the
+//! older single `[listener]` table is read as a one-entry list, so existing files keep working.
+//! Every listener has a unique name — logs say which listener a connection came through, and
+//! later layers (TLS, per-listener auth) will refer to listeners by it. Clashing ports are
+//! caught here, as a config error naming both keys, rather than as a bind failure at start.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+use super::error::{invalid, ConfigError};
+
+/// Longest listener name accepted.
+pub const MAX_LISTENER_NAME_LEN: usize = 64;
+
+/// One MQTT listener: where clients connect and how many may.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerConfig {
+    /// Unique name (ASCII letters, digits, `-`, `_`, `.`); when absent, see
+    /// [`ListenerConfig::effective_name`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Address and port to accept MQTT connections on (`0.0.0.0:1883`).
+    pub bind: SocketAddr,
+    /// Upper bound on concurrently open client connections on this listener; 0 = unlimited.
+    pub max_connections: usize,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        ListenerConfig {
+            name: None,
+            bind: SocketAddr::from(([0, 0, 0, 0], 1883)),
+            max_connections: 0,
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// The name the listener at position `index` goes by: its `name`, else `tcp` for the first
+    /// listener and `tcp-<port>` for the others (so one unnamed listener per port needs no
+    /// thought, and a second one on an ephemeral port must be named).
+    pub fn effective_name(&self, index: usize) -> String {
+        match &self.name {
+            Some(name) => name.clone(),
+            None if index == 0 => "tcp".to_owned(),
+            None => format!("tcp-{}", self.bind.port()),
+        }
+    }
+}
+
+/// The default list: one listener on `0.0.0.0:1883`.
+pub(super) fn default_listeners() -> Vec<ListenerConfig> {
+    vec![ListenerConfig::default()]
+}
+
+/// Reads `listener` as either one table (`[listener]`, the original form) or an array of
+/// tables (`[[listener]]`).
+///
+/// A hand-written visitor rather than `#[serde(untagged)]`: untagged buffers the value and
+/// loses the path, so an error inside the second entry could not be reported as
+/// `listener[1].bind` with its line.
+pub(super) fn one_or_many<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<ListenerConfig>, D::Error> {
+    struct OneOrMany;
+
+    impl<'de> Visitor<'de> for OneOrMany {
+        type Value = Vec<ListenerConfig>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a table or an array of tables")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            ListenerConfig::deserialize(de::value::MapAccessDeserializer::new(map))
+                .map(|listener| vec![listener])
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut listeners = Vec::with_capacity(seq.size_hint().unwrap_or(1));
+            while let Some(listener) = seq.next_element()? {
+                listeners.push(listener);
+            }
+            Ok(listeners)
+        }
+    }
+
+    deserializer.deserialize_any(OneOrMany)
+}
+
+/// The Prometheus exporter: scraped over HTTP at `http://<bind>/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Serve metrics at all; when false no port is opened and metric updates are no-ops.
+    pub enabled: bool,
+    /// Address and port of the metrics HTTP endpoint (`0.0.0.0:9883`).
+    pub bind: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: true,
+            bind: SocketAddr::from(([0, 0, 0, 0], 9883)),
+        }
+    }
+}
+
+/// At least one listener, valid unique names, no two sockets on one port. Keys of entries are
+/// spelled `listener[i]` ([`ConfigError::locate`] respells them for a one-table file).
+pub(super) fn validate(
+    listeners: &[ListenerConfig],
+    metrics: &MetricsConfig,
+) -> Result<(), ConfigError> {
+    if listeners.is_empty() {
+        return Err(invalid(
+            "listener",
+            "at least one listener is needed (a `[[listener]]` entry with a `bind` address)"
+                .to_owned(),
+        ));
+    }
+    let names: Vec<String> = listeners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| l.effective_name(i))
+        .collect();
+    for (i, listener) in listeners.iter().enumerate() {
+        if let Some(name) = &listener.name {
+            check_name(name).map_err(|message| invalid(&format!("listener[{i}].name"), message))?;
+        }
+        for j in 0..i {
+            if names[j] == names[i] {
+                return Err(match &listener.name {
+                    Some(name) => invalid(
+                        &format!("listener[{i}].name"),
+                        format!(
+                            "`{name}` is already the name of listener[{j}]; \
+                             every listener needs its own name"
+                        ),
+                    ),
+                    None => invalid(
+                        &format!("listener[{i}]"),
+                        format!(
+                            "has no `name`, and its default name `{}` is already the name of \
+                             listener[{j}]; give it a `name`",
+                            names[i]
+                        ),
+                    ),
+                });
+            }
+            if addresses_clash(listener.bind, listeners[j].bind) {
+                return Err(invalid(
+                    &format!("listener[{i}].bind"),
+                    format!(
+                        "{} clashes with listener `{}` (listener[{j}].bind = {}); \
+                         each listener needs its own port",
+                        listener.bind, names[j], listeners[j].bind
+                    ),
+                ));
+            }
+        }
+    }
+    if metrics.enabled {
+        for (i, listener) in listeners.iter().enumerate() {
+            if addresses_clash(metrics.bind, listener.bind) {
+                return Err(invalid(
+                    "metrics.bind",
+                    format!(
+                        "{} clashes with MQTT listener `{}` (listener[{i}].bind = {}); \
+                         use another port",
+                        metrics.bind, names[i], listener.bind
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Names end up in logs and, later, metric labels and auth rules: keep them plain.
+fn check_name(name: &str) -> Result<(), String> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || name.len() > MAX_LISTENER_NAME_LEN || !name.chars().all(plain) {
+        return Err(format!(
+            "must be 1 to {MAX_LISTENER_NAME_LEN} ASCII letters, digits, `-`, `_` or `.`, \
+             got {name:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// True when two sockets would compete for the same port (port 0 = ephemeral never clashes).
+fn addresses_clash(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Config, ConfigError, Overrides};
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(text, "test.toml")
+    }
+
+    /// The `Invalid` error's key and line, or a panic naming what came instead.
+    fn invalid_at(text: &str) -> (String, Option<usize>, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid {
+                key, line, message, ..
+            }) => (key, line, message),
+            other => panic!("{text}: expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn listener_array_parses_in_order_with_default_names() {
+        let c = parse(
+            "[[listener]]\nname = \"inside\"\nbind = \"127.0.0.1:1883\"\n\n\
+             [[listener]]\nbind = \"0.0.0.0:8883\"\nmax_connections = 5\n\n\
+             [[listener]]\nbind = \"[::1]:1884\"\n",
+        )
+        .expect("parses");
+        assert_eq!(c.listeners.len(), 3);
+        assert_eq!(c.listeners[1].max_connections, 5);
+        assert_eq!(c.listener_names(), ["inside", "tcp-8883", "tcp-1884"]);
+        assert_eq!(Config::default().listener_names(), ["tcp"]);
+    }
+
+    #[test]
+    fn single_table_is_one_listener() {
+        let c = parse("[listener]\nbind = \"127.0.0.1:1884\"\nname = \"lan\"\n").expect("parses");
+        assert_eq!(c.listeners.len(), 1);
+        assert_eq!(c.listener_names(), ["lan"]);
+        // Serialized back as an array of tables, which reads back the same.
+        let text = toml::to_string(&c).expect("serializes");
+        assert!(text.contains("[[listener]]"), "{text}");
+        assert_eq!(parse(&text).expect("reparses"), c);
+    }
+
+    #[test]
+    fn parse_error_in_second_listener_names_it() {
+        let text = "[[listener]]\nbind = \"127.0.0.1:1883\"\n\n[[listener]]\nname = \"b\"\n\
+                    bind = \"nowhere\"\n";
+        let err = parse(text).expect_err("bad address");
+        match &err {
+            ConfigError::Parse { line, key, .. } => {
+                assert_eq!(key.as_deref(), Some("listener[1].bind"));
+                assert_eq!(*line, 6);
+            }
+            other => panic!("expected Parse, got {other:?}"),
+        }
+        assert!(err.to_string().starts_with("test.toml:6:"), "{err}");
+
+        let text = "[[listener]]\nbind = \"127.0.0.1:1883\"\n[[listener]]\nbnid = \"x\"\n";
+        let msg = parse(text).expect_err("unknown key").to_string();
+        assert!(msg.starts_with("test.toml:4:"), "{msg}");
+        assert!(msg.contains("listener[1].bnid"), "{msg}");
+    }
+
+    #[test]
+    fn duplicate_name_names_file_line_and_key() {
+        let text = "[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:1883\"\n\n\
+                    [[listener]]\nbind = \"127.0.0.1:1884\"\nname = \"mqtt\"\n";
+        let (key, line, message) = invalid_at(text);
+        assert_eq!(key, "listener[1].name");
+        assert_eq!(line, Some(7));
+        assert!(message.contains("listener[0]"), "{message}");
+        let msg = parse(text).expect_err("dup").to_string();
+        assert!(
+            msg.starts_with("test.toml:7: invalid value for key `listener[1].name`"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn duplicate_default_name_asks_for_a_name() {
+        let text = "[[listener]]\nbind = \"127.0.0.1:0\"\n[[listener]]\nbind = \"127.0.0.1:0\"\n\
+                    [[listener]]\nbind = \"127.0.0.1:0\"\n";
+        let (key, line, message) = invalid_at(text);
+        assert_eq!(key, "listener[2]");
+        assert_eq!(line, Some(5));
+        assert!(
+            message.contains("`tcp-0`") && message.contains("listener[1]"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn duplicate_bind_names_both_listeners() {
+        let text = "[[listener]]\nname = \"a\"\nbind = \"0.0.0.0:1883\"\n\
+                    [[listener]]\nname = \"b\"\nbind = \"127.0.0.1:1883\"\n";
+        let (key, line, message) = invalid_at(text);
+        assert_eq!(key, "listener[1].bind");
+        assert_eq!(line, Some(6));
+        assert!(
+            message.contains("`a`") && message.contains("listener[0].bind"),
+            "{message}"
+        );
+        // Different ports, or ephemeral ports, are fine.
+        parse("[[listener]]\nbind = \"127.0.0.1:0\"\n[[listener]]\nname = \"b\"\nbind = \"127.0.0.1:0\"\n")
+            .expect("ephemeral ports never clash");
+    }
+
+    #[test]
+    fn metrics_clash_names_the_listener() {
+        let text = "[[listener]]\nbind = \"127.0.0.1:1883\"\n[[listener]]\nname = \"b\"\n\
+                    bind = \"127.0.0.1:9883\"\n";
+        let (key, _, message) = invalid_at(text);
+        assert_eq!(key, "metrics.bind");
+        assert!(
+            message.contains("`b`") && message.contains("listener[1].bind"),
+            "{message}"
+        );
+        // The one-table form is named as written.
+        let (key, line, message) = invalid_at("\n[listener]\nbind = \"127.0.0.1:9883\"\n");
+        assert_eq!(key, "metrics.bind");
+        assert_eq!(line, None, "metrics.bind is not in the text");
+        assert!(message.contains("(listener.bind = "), "{message}");
+    }
+
+    #[test]
+    fn listener_rules() {
+        let (key, line, _) = invalid_at("listener = []\n");
+        assert_eq!((key.as_str(), line), ("listener", Some(1)));
+        let (key, line, _) = invalid_at("[[listener]]\nname = \"a b\"\n");
+        assert_eq!((key.as_str(), line), ("listener[0].name", Some(2)));
+        let (key, _, _) = invalid_at("[listener]\nname = \"\"\n");
+        assert_eq!(key, "listener.name");
+        let long = "x".repeat(MAX_LISTENER_NAME_LEN + 1);
+        invalid_at(&format!("[listener]\nname = \"{long}\"\n"));
+        parse(&format!("[listener]\nname = \"{}\"\n", "a-B_9.".repeat(10)))
+            .expect("plain name of 60 characters");
+    }
+
+    #[test]
+    fn overrides_are_validated_and_named() {
+        let clash = Overrides {
+            port: Some(9000),
+            metrics_port: Some(9000),
+            data_dir: None,
+        };
+        let err = Config::load_with(None, &clash).expect_err("same port twice");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("metrics.bind") && msg.contains("listener[0].bind"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("`-p 9000`") && msg.contains("`--metrics-port 9000`"),
+            "{msg}"
+        );
+
+        let ok = Overrides {
+            port: Some(9000),
+            metrics_port: Some(0),
+            data_dir: Some("/tmp/x".into()),
+        };
+        let c = Config::load_with(None, &ok).expect("metrics off");
+        assert_eq!(c.listeners[0].bind.port(), 9000);
+        assert!(!c.metrics.enabled);
+        assert_eq!(
+            c.storage.durable_dir(),
+            Some(std::path::Path::new("/tmp/x"))
+        );
+        let c = Config::load_with(
+            None,
+            &Overrides {
+                metrics_port: Some(9001),
+                ..Overrides::default()
+            },
+        )
+        .expect("metrics moved");
+        assert_eq!(c.metrics.bind.port(), 9001);
+        assert_eq!(c.listeners[0].bind.port(), 1883);
+    }
+
+    #[test]
+    fn port_override_is_only_the_first_listener_and_checked_against_the_others() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("two.toml");
+        std::fs::write(
+            &path,
+            "[[listener]]\nbind = \"127.0.0.1:1883\"\n[[listener]]\nname = \"b\"\nbind = \"127.0.0.1:1884\"\n",
+        )
+        .expect("write");
+        let port = |p| Overrides {
+            port: Some(p),
+            ..Overrides::default()
+        };
+        let c = Config::load_with(Some(&path), &port(2000)).expect("loads");
+        assert_eq!(c.listeners[0].bind.port(), 2000);
+        assert_eq!(c.listeners[1].bind.port(), 1884);
+        let msg = Config::load_with(Some(&path), &port(1884))
+            .expect_err("clash with the second")
+            .to_string();
+        assert!(msg.contains(&format!("{}:5:", path.display())), "{msg}");
+        assert!(
+            msg.contains("listener[1].bind") && msg.contains("`-p 1884`"),
+            "{msg}"
+        );
+    }
+}

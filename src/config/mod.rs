@@ -1,0 +1,200 @@
+//! Broker configuration: one TOML file, typed, validated, with errors that point at the line.
+//!
+//! The documented file `config/postbox.toml` is compiled in and *is* the default configuration
+//! ([`Config::embedded_default`]); a unit test keeps it equal to [`Config::default`]. Every struct
+//! denies unknown keys (a typo must not silently fall back to a default) and fills missing keys
+//! from its defaults, so a user file only needs the options it changes.
+//!
+//! Errors name the file, the dotted key (`mqtt.max_inflight_messages`, `listener[1].bind`) and
+//! the line, because a broker that refuses to start must say exactly why.
+//!
+//! Layout: this file holds the top-level [`Config`] and loading; each section with rules of its
+//! own has a file (`listener`, `mqtt`, `storage`), `validate` ties the sections' rules together,
+//! `error` turns problems into positioned messages, `overrides` applies the command line.
+
+mod error;
+mod listener;
+mod mqtt;
+mod overrides;
+mod storage;
+mod validate;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use error::ConfigError;
+pub use listener::{ListenerConfig, MetricsConfig, MAX_LISTENER_NAME_LEN};
+pub use mqtt::{
+    MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy, MAX_CLIENT_ID_LEN,
+    MAX_PACKET_SIZE_LIMIT, MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,
+};
+pub use overrides::Overrides;
+pub use storage::{DiskFullPolicy, FsyncPolicy, StorageConfig, DEFAULT_DATA_DIR, MIN_DISK_BYTES};
+
+/// The documented default configuration file, compiled into the binary.
+const EMBEDDED_DEFAULT: &str = include_str!("../../config/postbox.toml");
+
+/// Origin name used in errors about the embedded default file.
+const EMBEDDED_ORIGIN: &str = "<embedded config/postbox.toml>";
+
+/// The whole broker configuration, as read from one TOML file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The MQTT listeners, in file order (`[[listener]]`, or one `[listener]` table). The
+    /// first is the one `-p` overrides and tests reach as `RunningServer::mqtt_addr`.
+    #[serde(rename = "listener", deserialize_with = "listener::one_or_many")]
+    pub listeners: Vec<ListenerConfig>,
+    /// The Prometheus metrics endpoint.
+    pub metrics: MetricsConfig,
+    /// Protocol limits and session/queue behaviour.
+    pub mqtt: MqttConfig,
+    /// Who may connect.
+    pub auth: AuthConfig,
+    /// Where durable state lives.
+    pub storage: StorageConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listeners: listener::default_listeners(),
+            metrics: MetricsConfig::default(),
+            mqtt: MqttConfig::default(),
+            auth: AuthConfig::default(),
+            storage: StorageConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// Authentication: who may connect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// Accept clients that send no username.
+    pub allow_anonymous: bool,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            allow_anonymous: true,
+        }
+    }
+}
+
+/// Logging.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter: a level (`info`) or directives (`info,postbox::broker=debug`).
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".to_owned(),
+        }
+    }
+}
+
+impl Config {
+    /// The embedded default config (what `postbox` with no arguments runs).
+    ///
+    /// It is the parse of `config/postbox.toml` as compiled in, so the documented file and the
+    /// behaviour cannot drift apart; a test keeps it equal to [`Config::default`].
+    pub fn embedded_default() -> Config {
+        // Not user input: the text is compiled in and `embedded_default_matches_default` parses
+        // it in CI, so a failure here is a build defect, not a runtime condition.
+        Config::from_toml_str(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN)
+            .expect("config/postbox.toml (embedded) must parse and validate")
+    }
+
+    /// The text of the embedded default file, e.g. for a `--print-default-config` flag.
+    pub fn embedded_default_text() -> &'static str {
+        EMBEDDED_DEFAULT
+    }
+
+    /// Parses and validates TOML text; `origin` (usually the file name) is quoted in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config = Config::parse_unvalidated(text, origin)?;
+        config.validate().map_err(|e| e.locate(text, origin))?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a config file; errors name `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with(Some(path), &Overrides::default())
+    }
+
+    /// What the binary runs: the file at `path` (or the embedded default), with the command
+    /// line's `overrides` applied *before* validation, so an override is checked like the file.
+    ///
+    /// Errors are positioned in the file as usual; when a value involved came from a flag, the
+    /// message says so (`-p 9000`), since the file alone would not explain it.
+    pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let (text, origin) = match path {
+            Some(path) => (
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                    path: path.to_owned(),
+                    source,
+                })?,
+                path.display().to_string(),
+            ),
+            None => (EMBEDDED_DEFAULT.to_owned(), EMBEDDED_ORIGIN.to_owned()),
+        };
+        let mut config = Config::parse_unvalidated(&text, &origin)?;
+        overrides.apply(&mut config);
+        config
+            .validate()
+            .map_err(|e| match e.locate(&text, &origin) {
+                ConfigError::Invalid {
+                    origin,
+                    key,
+                    line,
+                    mut message,
+                } => {
+                    let notes = overrides.notes_for(&format!("{key} {message}"));
+                    if !notes.is_empty() {
+                        message = format!("{message} ({})", notes.join("; "));
+                    }
+                    ConfigError::Invalid {
+                        origin,
+                        key,
+                        line,
+                        message,
+                    }
+                }
+                other => other,
+            })?;
+        Ok(config)
+    }
+
+    /// Parses TOML text into a `Config` without the cross-field rules; errors are positioned.
+    fn parse_unvalidated(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let deserializer = toml::Deserializer::parse(text)
+            .map_err(|e| error::parse_error(text, origin, e, None))?;
+        serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let key = (path != ".").then_some(path);
+            error::parse_error(text, origin, e.into_inner(), key)
+        })
+    }
+
+    /// The listeners' names, in order (see [`ListenerConfig::effective_name`]).
+    pub fn listener_names(&self) -> Vec<String> {
+        self.listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l)| l.effective_name(i))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

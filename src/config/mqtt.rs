@@ -1,0 +1,220 @@
+//! `[mqtt]`: protocol limits and session/queue behaviour, and the range rules for them.
+//!
+//! These are the options the broker core reads (`Broker::new` takes an [`MqttConfig`]); their
+//! limits come from the MQTT specification, so the rules live next to the fields.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{invalid, ConfigError};
+
+/// Largest possible MQTT packet: 1 byte fixed header + 4 bytes remaining length + 268_435_455.
+pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_460;
+
+/// Smallest `mqtt.max_packet_size` accepted; below this not even a CONNECT with properties fits.
+pub const MIN_PACKET_SIZE: u32 = 20;
+
+/// Smallest `mqtt.max_client_id_len`: MQTT requires servers to accept client ids of 1 to 23
+/// characters (MQTT-3.1.3-5), and 3.1 clients are limited to 23.
+pub const MIN_CLIENT_ID_LEN: usize = 23;
+
+/// Longest client id that can exist on the wire (a UTF-8 string has a 16-bit length prefix).
+pub const MAX_CLIENT_ID_LEN: usize = 65_535;
+
+/// What the broker does when a session's outbound queue is full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverflowPolicy {
+    /// Keep the queue as it is and drop the arriving message (Mosquitto's behaviour).
+    #[default]
+    DropNew,
+    /// Drop the oldest queued message to make room: freshest data wins (telemetry).
+    DropOldest,
+}
+
+impl fmt::Display for OverflowPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OverflowPolicy::DropNew => "drop-new",
+            OverflowPolicy::DropOldest => "drop-oldest",
+        })
+    }
+}
+
+/// Whether the broker uses topic aliases on PUBLISH packets it sends to MQTT 5 clients.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutboundTopicAliases {
+    /// Never send topic aliases: every subscriber shares one cached PUBLISH encoding.
+    #[default]
+    Off,
+    /// Alias topics per connection, evicting the least recently used alias when the client's
+    /// Topic Alias Maximum is reached; costs one PUBLISH encoding per aliased delivery.
+    Lru,
+}
+
+/// How one member of a shared subscription group is chosen for each message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SharedStrategy {
+    /// Members take turns (connected members first).
+    #[default]
+    RoundRobin,
+    /// A uniformly random connected member.
+    Random,
+    /// A member chosen by a hash of the topic name: one topic sticks to one member while the
+    /// group is unchanged, so per-topic order is kept.
+    Hash,
+}
+
+/// Protocol limits and session/queue behaviour; names follow Mosquitto where one exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttConfig {
+    /// Largest whole MQTT packet accepted, in bytes (v5: announced as Maximum Packet Size).
+    pub max_packet_size: u32,
+    /// Cap on the client keep-alive, in seconds (v5: announced as Server Keep Alive).
+    pub max_keepalive: u16,
+    /// Per-client window of unacknowledged outbound QoS 1/2 messages.
+    pub max_inflight_messages: u16,
+    /// Per-session bound on messages queued beyond the in-flight window; at least 1.
+    pub max_queued_messages: usize,
+    /// Per-session bound on queued payload bytes; 0 = no byte bound.
+    pub max_queued_bytes: usize,
+    /// Queue QoS 0 messages for offline persistent sessions (MQTT says drop them).
+    pub queue_qos0_messages: bool,
+    /// Which message to drop when a session queue is full.
+    pub queue_overflow: OverflowPolicy,
+    /// Whether retained messages are supported (v5: announced as Retain Available).
+    pub retain_available: bool,
+    /// Highest QoS granted to subscriptions and accepted on PUBLISH, 0..=2 (v5: Maximum QoS).
+    pub max_qos: u8,
+    /// Let clients connect with an empty client id and have one assigned (3.1.1 and 5.0).
+    pub allow_zero_length_clientid: bool,
+    /// Longest client id accepted, in bytes.
+    pub max_client_id_len: usize,
+    /// Cap on the session expiry interval a client may request, in seconds.
+    pub session_expiry_interval_max: u32,
+    /// Unacknowledged inbound QoS 1/2 PUBLISHes a v5 client may have (its Receive Maximum
+    /// towards us); 1..=65535. More is a protocol violation (DISCONNECT 0x93).
+    pub receive_maximum: u16,
+    /// Inbound topic aliases a v5 client may set up (Topic Alias Maximum); 0 = none.
+    pub topic_alias_maximum: u16,
+    /// Whether PUBLISHes to v5 clients that accept aliases use outbound topic aliases.
+    pub outbound_topic_aliases: OutboundTopicAliases,
+    /// Whether subscriptions may use `+` and `#` (v5: Wildcard Subscription Available).
+    pub wildcard_subscription_available: bool,
+    /// Whether SUBSCRIBE may carry a Subscription Identifier (v5: announced in CONNACK).
+    pub subscription_identifier_available: bool,
+    /// Whether `$share/{group}/{filter}` subscriptions are supported (v5: announced in CONNACK).
+    pub shared_subscription_available: bool,
+    /// How a shared subscription group picks the member that receives a message.
+    pub shared_subscription_strategy: SharedStrategy,
+    /// Response Information returned to v5 clients that request it (a topic prefix for their
+    /// response topics); `None` (key absent) = never returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_information: Option<String>,
+    /// Check that payloads marked as UTF-8 (Payload Format Indicator 1) really are.
+    pub validate_utf8_payload: bool,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            max_packet_size: 1_048_576,
+            max_keepalive: 65_535,
+            max_inflight_messages: 20,
+            max_queued_messages: 1000,
+            max_queued_bytes: 0,
+            queue_qos0_messages: false,
+            queue_overflow: OverflowPolicy::DropNew,
+            retain_available: true,
+            max_qos: 2,
+            allow_zero_length_clientid: true,
+            max_client_id_len: MAX_CLIENT_ID_LEN,
+            session_expiry_interval_max: u32::MAX,
+            receive_maximum: 1024,
+            topic_alias_maximum: 10,
+            outbound_topic_aliases: OutboundTopicAliases::Off,
+            wildcard_subscription_available: true,
+            subscription_identifier_available: true,
+            shared_subscription_available: true,
+            shared_subscription_strategy: SharedStrategy::RoundRobin,
+            response_information: None,
+            validate_utf8_payload: false,
+        }
+    }
+}
+
+impl MqttConfig {
+    /// The ranges the types cannot express; errors name the `mqtt.*` key.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let m = self;
+        if !(MIN_PACKET_SIZE..=MAX_PACKET_SIZE_LIMIT).contains(&m.max_packet_size) {
+            return Err(invalid(
+                "mqtt.max_packet_size",
+                format!(
+                    "must be between {MIN_PACKET_SIZE} and {MAX_PACKET_SIZE_LIMIT} bytes, got {}",
+                    m.max_packet_size
+                ),
+            ));
+        }
+        if m.max_keepalive == 0 {
+            return Err(invalid(
+                "mqtt.max_keepalive",
+                "must be between 1 and 65535 seconds, got 0".to_owned(),
+            ));
+        }
+        if m.max_inflight_messages == 0 {
+            return Err(invalid(
+                "mqtt.max_inflight_messages",
+                "must be between 1 and 65535, got 0 (MQTT 5 forbids a Receive Maximum of 0)"
+                    .to_owned(),
+            ));
+        }
+        if m.max_queued_messages == 0 {
+            return Err(invalid(
+                "mqtt.max_queued_messages",
+                "must be at least 1, got 0 (unbounded queues are not allowed)".to_owned(),
+            ));
+        }
+        if m.max_qos > 2 {
+            return Err(invalid(
+                "mqtt.max_qos",
+                format!("must be 0, 1 or 2, got {}", m.max_qos),
+            ));
+        }
+        if !(MIN_CLIENT_ID_LEN..=MAX_CLIENT_ID_LEN).contains(&m.max_client_id_len) {
+            return Err(invalid(
+                "mqtt.max_client_id_len",
+                format!(
+                    "must be between {MIN_CLIENT_ID_LEN} and {MAX_CLIENT_ID_LEN} bytes, got {}",
+                    m.max_client_id_len
+                ),
+            ));
+        }
+        if m.receive_maximum == 0 {
+            return Err(invalid(
+                "mqtt.receive_maximum",
+                "must be between 1 and 65535, got 0 (MQTT 5 forbids a Receive Maximum of 0)"
+                    .to_owned(),
+            ));
+        }
+        if let Some(info) = &m.response_information {
+            if info.is_empty() || info.len() > usize::from(u16::MAX) {
+                return Err(invalid(
+                    "mqtt.response_information",
+                    "must be 1 to 65535 bytes; remove the key to return none".to_owned(),
+                ));
+            }
+            if info.contains(['+', '#', '\0']) {
+                return Err(invalid(
+                    "mqtt.response_information",
+                    format!("must be usable in a topic name (no `+`, `#` or NUL), got {info:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,352 @@
+//! Unit tests of parsing, positioned errors and the range rules (the listener rules are
+//! tested in `listener.rs`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use super::error::line_col;
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml_str(text, "test.toml")
+}
+
+#[test]
+fn embedded_default_matches_default() {
+    assert_eq!(Config::embedded_default(), Config::default());
+}
+
+#[test]
+fn default_is_valid() {
+    Config::default().validate().expect("defaults validate");
+}
+
+#[test]
+fn empty_text_is_default() {
+    assert_eq!(parse("").expect("empty parses"), Config::default());
+}
+
+#[test]
+fn partial_file_keeps_other_defaults() {
+    let c = parse("[mqtt]\nmax_inflight_messages = 5\nqueue_overflow = \"drop-oldest\"\n")
+        .expect("parses");
+    assert_eq!(c.mqtt.max_inflight_messages, 5);
+    assert_eq!(c.mqtt.queue_overflow, OverflowPolicy::DropOldest);
+    assert_eq!(c.mqtt.max_queued_messages, 1000);
+    assert_eq!(c.listeners, vec![ListenerConfig::default()]);
+}
+
+#[test]
+fn storage_dir_and_bind_parse() {
+    let c = parse("[storage]\ndir = \"/var/lib/postbox\"\n[listener]\nbind = \"127.0.0.1:1884\"\n")
+        .expect("parses");
+    assert_eq!(c.storage.dir, Some(PathBuf::from("/var/lib/postbox")));
+    assert_eq!(
+        c.listeners[0].bind,
+        SocketAddr::from(([127, 0, 0, 1], 1884))
+    );
+}
+
+#[test]
+fn unknown_key_names_key_and_line() {
+    let text = "[listener]\nbind = \"0.0.0.0:1883\"\n\n[mqtt]\nmax_inflight = 10\n";
+    let err = parse(text).expect_err("unknown key rejected");
+    match &err {
+        ConfigError::Parse {
+            origin, line, key, ..
+        } => {
+            assert_eq!(origin, "test.toml");
+            assert_eq!(*line, 5);
+            assert_eq!(key.as_deref(), Some("mqtt.max_inflight"));
+        }
+        other => panic!("expected Parse, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("test.toml:5:"), "{msg}");
+    assert!(msg.contains("mqtt.max_inflight"), "{msg}");
+    assert!(msg.contains("unknown key `max_inflight`"), "{msg}");
+}
+
+#[test]
+fn unknown_table_names_key_and_line() {
+    let err = parse("# hi\n[tls]\ncert = \"x\"\n").expect_err("unknown table rejected");
+    let msg = err.to_string();
+    assert!(msg.contains("test.toml:2:"), "{msg}");
+    assert!(msg.contains("`tls`"), "{msg}");
+}
+
+#[test]
+fn table_given_as_value_says_table() {
+    let err = parse("mqtt = 5\n").expect_err("not a table");
+    assert!(err.to_string().ends_with("expected a table"), "{err}");
+    let err = parse("listener = 5\n").expect_err("not a table");
+    assert!(
+        err.to_string()
+            .ends_with("expected a table or an array of tables"),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_type_names_key_and_line() {
+    let text = "[mqtt]\nmax_qos = 1\nmax_inflight_messages = \"twenty\"\n";
+    let err = parse(text).expect_err("wrong type rejected");
+    match &err {
+        ConfigError::Parse {
+            line, column, key, ..
+        } => {
+            assert_eq!(*line, 3);
+            assert_eq!(*column, 25);
+            assert_eq!(key.as_deref(), Some("mqtt.max_inflight_messages"));
+        }
+        other => panic!("expected Parse, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("test.toml:3:25: key `mqtt.max_inflight_messages`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn integer_overflow_for_type_names_key_and_line() {
+    let err = parse("[mqtt]\nmax_inflight_messages = 70000\n").expect_err("u16 overflow");
+    let msg = err.to_string();
+    assert!(msg.contains("test.toml:2:"), "{msg}");
+    assert!(msg.contains("mqtt.max_inflight_messages"), "{msg}");
+}
+
+#[test]
+fn bad_socket_address_names_key_and_line() {
+    let err = parse("[metrics]\nenabled = true\nbind = \"localhost\"\n").expect_err("bad addr");
+    let msg = err.to_string();
+    assert!(msg.contains("test.toml:3:"), "{msg}");
+    assert!(msg.contains("metrics.bind"), "{msg}");
+}
+
+#[test]
+fn bad_enum_value_names_key_and_line() {
+    let err = parse("[mqtt]\nqueue_overflow = \"drop-all\"\n").expect_err("bad enum");
+    let msg = err.to_string();
+    assert!(msg.contains("test.toml:2:"), "{msg}");
+    assert!(msg.contains("mqtt.queue_overflow"), "{msg}");
+    assert!(msg.contains("drop-oldest"), "{msg}");
+}
+
+#[test]
+fn syntax_error_names_line() {
+    let err = parse("[mqtt]\nmax_qos = = 1\n").expect_err("syntax error");
+    match &err {
+        ConfigError::Parse { line, .. } => assert_eq!(*line, 2),
+        other => panic!("expected Parse, got {other:?}"),
+    }
+    assert!(err.to_string().starts_with("test.toml:2:"), "{err}");
+}
+
+#[test]
+fn out_of_range_names_key_and_line() {
+    let text = "[mqtt]\nmax_qos = 2\n\nmax_inflight_messages = 0\n";
+    let err = parse(text).expect_err("0 inflight rejected");
+    match &err {
+        ConfigError::Invalid {
+            origin, key, line, ..
+        } => {
+            assert_eq!(origin.as_deref(), Some("test.toml"));
+            assert_eq!(key, "mqtt.max_inflight_messages");
+            assert_eq!(*line, Some(4));
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("test.toml:4: invalid value for key `mqtt.max_inflight_messages`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn out_of_range_found_in_dotted_and_inline_keys() {
+    let err = parse("mqtt.max_qos = 3\n").expect_err("dotted");
+    assert!(err.to_string().starts_with("test.toml:1: "), "{err}");
+    assert!(err.to_string().contains("mqtt.max_qos"), "{err}");
+    let err = parse("\n\nmqtt = { max_queued_messages = 0 }\n").expect_err("inline");
+    assert!(err.to_string().starts_with("test.toml:3: "), "{err}");
+    assert!(
+        err.to_string().contains("mqtt.max_queued_messages"),
+        "{err}"
+    );
+}
+
+#[test]
+fn each_range_rule_is_enforced() {
+    let cases = [
+        ("[mqtt]\nmax_packet_size = 0", "mqtt.max_packet_size"),
+        (
+            "[mqtt]\nmax_packet_size = 268435461",
+            "mqtt.max_packet_size",
+        ),
+        ("[mqtt]\nmax_keepalive = 0", "mqtt.max_keepalive"),
+        (
+            "[mqtt]\nmax_inflight_messages = 0",
+            "mqtt.max_inflight_messages",
+        ),
+        (
+            "[mqtt]\nmax_queued_messages = 0",
+            "mqtt.max_queued_messages",
+        ),
+        ("[mqtt]\nmax_qos = 3", "mqtt.max_qos"),
+        ("[mqtt]\nmax_client_id_len = 22", "mqtt.max_client_id_len"),
+        (
+            "[mqtt]\nmax_client_id_len = 65536",
+            "mqtt.max_client_id_len",
+        ),
+        ("[mqtt]\nreceive_maximum = 0", "mqtt.receive_maximum"),
+        (
+            "[mqtt]\nresponse_information = \"\"",
+            "mqtt.response_information",
+        ),
+        (
+            "[mqtt]\nresponse_information = \"a/#\"",
+            "mqtt.response_information",
+        ),
+        ("[log]\nlevel = \"verbose\"", "log.level"),
+        ("[log]\nlevel = \"info,postbox=loud\"", "log.level"),
+        ("[log]\nlevel = \"\"", "log.level"),
+        ("[storage]\ndir = \"\"", "storage.dir"),
+        (
+            "[storage]\nfsync_interval_ms = 0",
+            "storage.fsync_interval_ms",
+        ),
+        (
+            "[storage]\nfsync_interval_ms = 60001",
+            "storage.fsync_interval_ms",
+        ),
+        ("[storage]\nmax_batch_ops = 0", "storage.max_batch_ops"),
+        (
+            "[storage]\ncommit_window_us = 100001",
+            "storage.commit_window_us",
+        ),
+        (
+            "[storage]\nqueue_capacity_ops = 10",
+            "storage.queue_capacity_ops",
+        ),
+        ("[storage]\nmax_disk_bytes = 1000", "storage.max_disk_bytes"),
+        ("[metrics]\nbind = \"127.0.0.1:1883\"", "metrics.bind"),
+    ];
+    for (text, want) in cases {
+        match parse(text) {
+            Err(ConfigError::Invalid { key, line, .. }) => {
+                assert_eq!(key, want, "{text}");
+                assert_eq!(line, Some(2), "{text}");
+            }
+            other => panic!("{text}: expected Invalid for {want}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn boundary_values_are_accepted() {
+    let text = "[mqtt]\nmax_packet_size = 268435460\nmax_qos = 0\nmax_client_id_len = 23\n\
+                max_inflight_messages = 65535\nsession_expiry_interval_max = 0\n\
+                [metrics]\nenabled = false\nbind = \"0.0.0.0:1883\"\n\
+                [log]\nlevel = \"warn,postbox::broker=DEBUG\"\n";
+    let c = parse(text).expect("boundaries accepted");
+    assert_eq!(c.mqtt.max_packet_size, MAX_PACKET_SIZE_LIMIT);
+    assert!(!c.metrics.enabled);
+}
+
+#[test]
+fn validate_without_text_has_no_position() {
+    let mut c = Config::default();
+    c.mqtt.max_qos = 7;
+    let err = c.validate().expect_err("max_qos 7");
+    assert_eq!(
+        err.to_string(),
+        "invalid value for key `mqtt.max_qos`: must be 0, 1 or 2, got 7"
+    );
+}
+
+#[test]
+fn load_names_missing_file() {
+    let err = Config::load(Path::new("/nonexistent/postbox.toml")).expect_err("missing");
+    assert!(matches!(err, ConfigError::Io { .. }));
+    assert!(
+        err.to_string().contains("/nonexistent/postbox.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn load_reads_file_and_names_it_in_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[auth]\nallow_anonymous = \"yes\"\n").expect("write");
+    let err = Config::load(&path).expect_err("wrong type");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("{}:2:", path.display())), "{msg}");
+    assert!(msg.contains("auth.allow_anonymous"), "{msg}");
+}
+
+#[test]
+fn serialize_round_trips() {
+    let mut c = Config::default();
+    c.storage.dir = Some(PathBuf::from("/data"));
+    c.mqtt.queue_overflow = OverflowPolicy::DropOldest;
+    let text = toml::to_string(&c).expect("serializes");
+    assert_eq!(parse(&text).expect("reparses"), c);
+}
+
+#[test]
+fn storage_policies_parse() {
+    let c = parse(
+        "[storage]\nfsync = \"interval\"\nfsync_interval_ms = 5\nmax_disk_bytes = 1048576\n\
+         disk_full = \"keep-in-memory\"\n",
+    )
+    .expect("parses");
+    assert_eq!(c.storage.fsync, FsyncPolicy::Interval);
+    assert_eq!(c.storage.fsync_interval_ms, 5);
+    assert_eq!(c.storage.max_disk_bytes, MIN_DISK_BYTES);
+    assert_eq!(c.storage.disk_full, DiskFullPolicy::KeepInMemory);
+    let err = parse("[storage]\nfsync = \"always\"\n").expect_err("bad policy");
+    assert!(err.to_string().contains("every-batch"), "{err}");
+}
+
+#[test]
+fn mqtt5_feature_options_parse() {
+    let c = parse(
+        "[mqtt]\nreceive_maximum = 65535\ntopic_alias_maximum = 0\n\
+         outbound_topic_aliases = \"lru\"\nwildcard_subscription_available = false\n\
+         subscription_identifier_available = false\nshared_subscription_available = false\n\
+         shared_subscription_strategy = \"hash\"\nresponse_information = \"replies/\"\n\
+         validate_utf8_payload = true\n",
+    )
+    .expect("parses");
+    assert_eq!(c.mqtt.receive_maximum, 65535);
+    assert_eq!(c.mqtt.topic_alias_maximum, 0);
+    assert_eq!(c.mqtt.outbound_topic_aliases, OutboundTopicAliases::Lru);
+    assert!(!c.mqtt.wildcard_subscription_available);
+    assert!(!c.mqtt.subscription_identifier_available);
+    assert!(!c.mqtt.shared_subscription_available);
+    assert_eq!(c.mqtt.shared_subscription_strategy, SharedStrategy::Hash);
+    assert_eq!(c.mqtt.response_information.as_deref(), Some("replies/"));
+    assert!(c.mqtt.validate_utf8_payload);
+    for strategy in ["round-robin", "random"] {
+        parse(&format!(
+            "[mqtt]\nshared_subscription_strategy = \"{strategy}\"\n"
+        ))
+        .expect("strategy parses");
+    }
+    let err = parse("[mqtt]\nshared_subscription_strategy = \"sticky\"\n").expect_err("bad");
+    assert!(err.to_string().contains("round-robin"), "{err}");
+    let err = parse("[mqtt]\noutbound_topic_aliases = \"always\"\n").expect_err("bad");
+    assert!(err.to_string().contains("lru"), "{err}");
+    let text = toml::to_string(&c).expect("serializes");
+    assert_eq!(parse(&text).expect("reparses"), c);
+}
+
+#[test]
+fn line_col_counts_characters() {
+    assert_eq!(line_col("ab\ncé=x", 6), (2, 3));
+    assert_eq!(line_col("ab\ncé=x", 7), (2, 4));
+    assert_eq!(line_col("", 10), (1, 1));
+}
