@@ -47,14 +47,14 @@ async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
     })
     .await
     .map_err(|e| StartError::Storage(crate::storage::StorageError::Failed(e.to_string())))??;
-    let durable = store.survives_restart();
+    let persistence = store.survives_restart();
     let broker = Broker::new(
         config.mqtt.clone(),
         config.auth.clone(),
         Some(store),
         Metrics::register(),
     );
-    if durable {
+    if persistence {
         let summary = broker.restore(snapshot);
         tracing::info!(
             sessions = summary.sessions,

@@ -212,7 +212,7 @@ pub struct Delivery {
     pub retain: bool,
     /// Identifiers of every matching subscription that carried one (MQTT-3.3.4-4).
     pub subscription_ids: SmallVec<[u32; 1]>,
-    /// Position in the session's durable queue; `None` when this delivery is not persisted
+    /// Position in the session's stored queue; `None` when this delivery is not persisted
     /// (in-memory store, non-persistent session, or QoS 0).
     pub seq: Option<u64>,
     /// The shared subscription (`$share/{group}/{filter}`) this delivery was chosen for, so

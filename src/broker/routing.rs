@@ -47,7 +47,7 @@ impl Broker {
         if self.has_shared.load(Ordering::Acquire) {
             self.shared_targets(&message, &mut targets);
         }
-        let durable = self.store.is_some();
+        let persistence = self.store.is_some();
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
         let mut ops = Vec::new();
@@ -60,7 +60,7 @@ impl Broker {
                 seq: None,
                 shared: target.shared,
             };
-            let outcome = match target.session.admit(delivery, &self.limits, durable) {
+            let outcome = match target.session.admit(delivery, &self.limits, persistence) {
                 Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
                 Admission::Reserved {
                     delivery,

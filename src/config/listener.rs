@@ -370,7 +370,7 @@ mod tests {
         assert_eq!(c.listeners[0].bind.port(), 9000);
         assert!(!c.metrics.enabled);
         assert_eq!(
-            c.storage.durable_dir(),
+            c.storage.persistence_dir(),
             Some(std::path::Path::new("/tmp/x"))
         );
         let c = Config::load_with(

@@ -96,7 +96,7 @@ pub const DEFAULT_DATA_DIR: &str = "postbox-data";
 
 impl StorageConfig {
     /// The directory to keep durable state in, or `None` to keep everything in memory.
-    pub fn durable_dir(&self) -> Option<&std::path::Path> {
+    pub fn persistence_dir(&self) -> Option<&std::path::Path> {
         self.dir.as_deref().filter(|_| self.persistence)
     }
 }

@@ -61,7 +61,7 @@ pub use store::{
 /// logged with `tracing::error!`. Only errors that leave no store at all (the directory cannot
 /// be created or written) are returned. Does blocking file I/O: call it before serving.
 pub fn open(config: &StorageConfig) -> Result<Arc<dyn Store>, StorageError> {
-    match config.durable_dir() {
+    match config.persistence_dir() {
         None => Ok(Arc::new(MemoryStore::new())),
         Some(dir) => Ok(Arc::new(LogStore::open(
             dir,

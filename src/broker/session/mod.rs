@@ -88,12 +88,12 @@ pub struct QueueLimits {
     pub overflow: OverflowPolicy,
 }
 
-/// Result of [`Session::admit`]: pushed now, reserved for a durable push, or refused.
+/// Result of [`Session::admit`]: pushed now, reserved for a stored push, or refused.
 #[derive(Debug)]
 pub enum Admission {
     /// In the queue already (nothing to persist).
     Pushed(EnqueueOutcome),
-    /// Admitted with a durable `seq` but not yet visible to the connection: the caller submits
+    /// Admitted with a stored `seq` but not yet visible to the connection: the caller submits
     /// the `Enqueue` op first, then calls [`Session::push_reserved`], so the subscriber's ack
     /// (a `RemoveEntry`) can never reach the log before the entry itself.
     Reserved {
@@ -142,7 +142,7 @@ pub struct SessionState {
     pub(in crate::broker) disconnected_at: Option<Instant>,
     /// Set when the session is discarded; enqueues are refused from then on.
     pub(in crate::broker) ended: bool,
-    /// Next durable queue position (`Op::Enqueue` seq); restored as last seq + 1.
+    /// Next stored queue position (`Op::Enqueue` seq); restored as last seq + 1.
     pub(in crate::broker) next_seq: u64,
     /// True while the durable store holds this session (a `PutSession` was submitted and no
     /// `DeleteSession` since), so ops are only emitted for sessions the store knows.
@@ -208,12 +208,16 @@ impl Session {
     }
 
     /// True if the attached connection's keep-alive ran out by `now_ms` (per its last report).
-    pub fn keep_alive_expired(&self, now_ms: u64) -> bool {
+    pub(in crate::broker) fn keep_alive_expired(&self, now_ms: u64) -> bool {
         self.keep_alive_deadline_ms.load(Ordering::Relaxed) <= now_ms
     }
 
     /// Appends a delivery, applying the queue bounds. Called from publishing tasks.
-    pub fn enqueue(&self, delivery: Delivery, limits: &QueueLimits) -> EnqueueOutcome {
+    pub(in crate::broker) fn enqueue(
+        &self,
+        delivery: Delivery,
+        limits: &QueueLimits,
+    ) -> EnqueueOutcome {
         match self.admit(delivery, limits, false) {
             Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
             Admission::Reserved {
@@ -225,10 +229,15 @@ impl Session {
         }
     }
 
-    /// Applies the queue bounds to a delivery. With `durable` set, a QoS 1/2 delivery to a
+    /// Applies the queue bounds to a delivery. With `persistence` on, a QoS 1/2 delivery to a
     /// persistent session gets a queue `seq` and is returned for the caller to persist and
     /// then [`push_reserved`](Self::push_reserved); anything else is pushed at once.
-    pub fn admit(&self, mut delivery: Delivery, limits: &QueueLimits, durable: bool) -> Admission {
+    pub(in crate::broker) fn admit(
+        &self,
+        mut delivery: Delivery,
+        limits: &QueueLimits,
+        persistence: bool,
+    ) -> Admission {
         let mut st = self.state.lock();
         if st.ended {
             return Admission::Refused(EnqueueOutcome::SessionEnded);
@@ -265,7 +274,7 @@ impl Session {
                 },
             }
         }
-        if durable && st.expiry_interval > 0 && delivery.qos != QoS::AtMostOnce {
+        if persistence && st.expiry_interval > 0 && delivery.qos != QoS::AtMostOnce {
             delivery.seq = Some(st.next_seq);
             st.next_seq += 1;
             return Admission::Reserved {
@@ -285,7 +294,7 @@ impl Session {
 
     /// Makes a delivery visible to the connection, bypassing the queue bound: it was admitted
     /// already (a reserved delivery whose op is now submitted).
-    pub fn push_reserved(&self, delivery: Delivery) {
+    pub(in crate::broker) fn push_reserved(&self, delivery: Delivery) {
         let mut st = self.state.lock();
         if st.ended {
             return;
@@ -300,7 +309,7 @@ impl Session {
 
     /// Appends without the queue bound: for retained messages on subscribe, whose count is
     /// already bounded by the retained store and which must all arrive.
-    pub fn enqueue_unbounded(&self, delivery: Delivery) {
+    pub(in crate::broker) fn enqueue_unbounded(&self, delivery: Delivery) {
         self.push_reserved(delivery);
     }
 
