@@ -1,7 +1,7 @@
 //! Postbox: an MQTT 3.1 / 3.1.1 / 5.0 broker for IoT fleets.
 //!
 //! The library holds everything; `main.rs` is only the command line. Module map and data flow:
-//! see `ARCHITECTURE.md`.
+//! see `docs/ARCHITECTURE.md` (and keep it true with every change).
 
 pub mod auth;
 pub mod broker;

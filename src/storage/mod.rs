@@ -5,8 +5,9 @@
 //! as [`Op`]s and hands everything back at restart as a [`Snapshot`]. It never reads on the
 //! hot path. It is a leaf: it must not import `crate::broker` or `crate::connection` (the
 //! broker converts its types in `broker::persist` and `broker::restore`).
-//! `docs/durability.md` describes the protocol: which ops exist, group commit, when an ack
-//! may be sent, snapshots, recovery, corruption, fsync modes and the disk budget.
+//! `docs/ARCHITECTURE.md` ("Durability protocol") describes the protocol: which ops exist,
+//! group commit, when an ack may be sent, snapshots, recovery, corruption, fsync modes and the
+//! disk budget.
 //!
 //! # Model (`model`)
 //! * A message body is stored once ([`Op::PutMessage`]) and referenced by any number of
