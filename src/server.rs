@@ -156,8 +156,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             let stop = stop.clone();
             async move {
                 tokio::select! {
-                    _ = exporter => {}
-                    _ = stop.cancelled() => {}
+                    () = exporter => {}
+                    () = stop.cancelled() => {}
                 }
             }
         });
@@ -201,19 +201,19 @@ async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
             _ = tick.tick() => {
                 broker.wake_expired_keep_alives();
             }
-            _ = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
         }
     }
 }
 
 /// Copies the store's counters into metrics once a second until shutdown.
 async fn export_store_stats(store: Arc<dyn crate::storage::Store>, shutdown: CancellationToken) {
-    let metrics = crate::metrics::StoreMetrics::register();
+    let metrics = metrics::StoreMetrics::register();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = tick.tick() => metrics.update(&store.stats()),
-            _ = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
         }
     }
 }

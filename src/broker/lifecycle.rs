@@ -150,11 +150,10 @@ impl Broker {
             return;
         }
         let delay = Duration::from_secs(u64::from(delay));
-        let publish_at_unix_ms =
-            crate::storage::now_unix_ms().saturating_add(delay.as_millis() as u64);
+        let publish_at_unix_ms = storage::now_unix_ms().saturating_add(delay.as_millis() as u64);
         if st.stored {
             // Survives a restart: published at the earlier of its delay and the session's end.
-            let ends = crate::storage::now_unix_ms()
+            let ends = storage::now_unix_ms()
                 .saturating_add(u64::from(st.expiry_interval).saturating_mul(1000));
             self.persist(vec![Op::PutWill {
                 client_id: session.client_id.clone(),

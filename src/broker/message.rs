@@ -228,7 +228,7 @@ mod tests {
     /// backlog: 376 B with `PublishProperties` inline, 224 B with them boxed only when present.
     #[test]
     fn message_stays_small() {
-        let size = std::mem::size_of::<Message>();
+        let size = size_of::<Message>();
         assert!(size <= 224, "Message is {size} B");
     }
 

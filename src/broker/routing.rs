@@ -79,10 +79,10 @@ impl Broker {
                     self.metrics.messages_dropped_queue_full.increment(1);
                 }
                 EnqueueOutcome::DroppedQueueFull => {
-                    self.metrics.messages_dropped_queue_full.increment(1)
+                    self.metrics.messages_dropped_queue_full.increment(1);
                 }
                 EnqueueOutcome::DroppedQoS0Offline => {
-                    self.metrics.messages_dropped_qos0_offline.increment(1)
+                    self.metrics.messages_dropped_qos0_offline.increment(1);
                 }
                 EnqueueOutcome::SessionEnded => {}
             }
@@ -269,7 +269,7 @@ impl Broker {
                                 seq: None,
                                 shared: d.shared,
                             },
-                        ))
+                        ));
                     }
                     // The other members left meanwhile: a disconnecting member keeps it; an
                     // ending session's messages have nowhere to go.

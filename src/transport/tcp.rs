@@ -61,7 +61,7 @@ impl PlainTcpListener {
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
-                _ = stop.cancelled() => return,
+                () = stop.cancelled() => return,
             };
             let (stream, peer) = match accepted {
                 Ok(pair) => pair,
@@ -133,8 +133,8 @@ fn defer_accept_until_data(listener: &tokio::net::TcpListener) {
             listener.as_raw_fd(),
             libc::IPPROTO_TCP,
             libc::TCP_DEFER_ACCEPT,
-            (&secs as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            (&raw const secs).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     if rc != 0 {

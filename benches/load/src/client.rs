@@ -1,6 +1,6 @@
 //! A minimal MQTT client for load generation, built on the broker's own codec.
 //!
-//! One TCP socket, TCP_NODELAY, one read buffer and one write buffer: callers append many
+//! One TCP socket, `TCP_NODELAY`, one read buffer and one write buffer: callers append many
 //! packets to `wbuf` and send them with one write, and decode every complete packet a read
 //! brings. No background task, no channel, no per-message allocation on the publish path, so
 //! the generator stays cheaper per message than the broker it measures.
@@ -45,10 +45,10 @@ pub struct ConnectOptions {
     /// own 127.0.0.x address and port, so neither a source address runs out of ports nor the
     /// kernel spends the run searching for free ones.
     pub source: Option<SocketAddr>,
-    /// Set TCP_NODELAY (every scenario that sends after the handshake). Idle clients skip the
+    /// Set `TCP_NODELAY` (every scenario that sends after the handshake). Idle clients skip the
     /// system call: in the `connections` scenario the generator's core is the bottleneck.
     pub nodelay: bool,
-    /// Set SO_REUSEADDR before binding `source`, so a source port still in TIME_WAIT can be
+    /// Set `SO_REUSEADDR` before binding `source`, so a source port still in `TIME_WAIT` can be
     /// bound again. The `connections` scenario skips it: its tuples are fresh each run and
     /// closed with a reset, and a tuple in use just moves it on to the next one.
     pub reuse_source: bool,
@@ -105,8 +105,8 @@ fn defer_port_choice(socket: &TcpSocket) {
             socket.as_raw_fd(),
             libc::IPPROTO_IP,
             libc::IP_BIND_ADDRESS_NO_PORT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
         );
     }
 }
@@ -335,7 +335,7 @@ impl Conn {
         }
     }
 
-    /// Closes at once with a reset (SO_LINGER 0): no DISCONNECT and no TIME_WAIT left
+    /// Closes at once with a reset (`SO_LINGER` 0): no DISCONNECT and no `TIME_WAIT` left
     /// behind, for tearing down thousands of idle clients.
     pub fn abort(self) {
         let _ = self.stream.set_zero_linger();

@@ -121,7 +121,7 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) } != 0 {
         return Err(io::Error::last_os_error());
     }
     if lim.rlim_cur >= want {
@@ -137,7 +137,7 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
         rlim_max: lim.rlim_max.max(want.min(nr_open)),
     };
     // SAFETY: `raised` is a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
         return Ok(raised.rlim_cur);
     }
     let capped = libc::rlimit {
@@ -145,7 +145,7 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
         rlim_max: lim.rlim_max,
     };
     // SAFETY: as above.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &capped) } != 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const capped) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(capped.rlim_cur)

@@ -245,8 +245,8 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
                     publish_done = Some(result.finished);
                 }
             }
-            _ = progress.notify.notified() => {}
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            () = progress.notify.notified() => {}
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
         let delivered = progress.delivered.load(Ordering::Relaxed);
         if delivered != last_delivered {
@@ -347,7 +347,7 @@ async fn subscriber(
         }
         tokio::select! {
             biased;
-            _ = ctx.stop.cancelled() => break,
+            () = ctx.stop.cancelled() => break,
             read = conn.read_more() => { read?; }
         }
     }
@@ -448,7 +448,7 @@ async fn publisher(
         };
         tokio::select! {
             biased;
-            _ = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
+            () = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
             ready = async { conn.stream.ready(interest.unwrap_or(Interest::READABLE)).await }, if interest.is_some() => {
                 let ready = ready?;
                 if ready.is_writable() {
@@ -465,7 +465,7 @@ async fn publisher(
                     }
                 }
             }
-            _ = tokio::time::sleep_until(rate_wait.unwrap_or(t0).into()), if rate_wait.is_some() => {}
+            () = tokio::time::sleep_until(rate_wait.unwrap_or(t0).into()), if rate_wait.is_some() => {}
             else => bail!("publisher stalled"),
         }
     }

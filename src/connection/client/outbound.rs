@@ -173,7 +173,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     self.pending_inbound = self.pending_inbound.saturating_sub(1);
                 }
                 self.io
-                    .queue_within(&kind.packet(ack), self.version, self.client_max_packet)
+                    .queue_within(&kind.packet(ack), self.version, self.client_max_packet);
             }
             Gated::Encoded(bytes) => self.io.wbuf.extend_from_slice(&bytes),
         }

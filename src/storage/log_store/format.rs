@@ -195,7 +195,7 @@ pub(super) fn remove_older_than(dir: &Path, gen: u64) {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         let old = match parse_name(name) {
-            Some(FileKind::Log(g)) | Some(FileKind::Snapshot(g)) => g < gen,
+            Some(FileKind::Log(g) | FileKind::Snapshot(g)) => g < gen,
             Some(FileKind::Temp) => false, // a running snapshot write owns it
             None => false,
         };

@@ -9,23 +9,23 @@ use crate::codec::{LastWill, QoS, SubscriptionOptions, UserProperties};
 use crate::storage::{EntryStage, Op, StoredMessage};
 
 /// Appends encodings to a `Vec<u8>`.
-pub struct Enc<'a>(pub &'a mut Vec<u8>);
+pub(crate) struct Enc<'a>(pub &'a mut Vec<u8>);
 
 impl Enc<'_> {
     /// Appends a little-endian `u8` (frame kinds and counts are written with these).
-    pub fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
     /// Appends a little-endian `u16` (frame kinds and counts are written with these).
-    pub fn u16(&mut self, v: u16) {
+    pub(crate) fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// Appends a little-endian `u32` (frame kinds and counts are written with these).
-    pub fn u32(&mut self, v: u32) {
+    pub(crate) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// Appends a little-endian `u64` (frame kinds and counts are written with these).
-    pub fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     fn bool(&mut self, v: bool) {
@@ -148,7 +148,7 @@ impl Enc<'_> {
     }
 
     /// Appends one op.
-    pub fn op(&mut self, op: &Op) {
+    pub(crate) fn op(&mut self, op: &Op) {
         match op {
             Op::PutSession(meta) => {
                 self.u8(PUT_SESSION);
