@@ -87,7 +87,7 @@ pub mod names {
 
 /// Durable-store metrics, copied from [`crate::storage::StoreStats`] once a second (the store
 /// counts on its own thread; copying avoids touching metrics on its hot path).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct StoreMetrics {
     live_bytes: Gauge,
     disk_bytes: Gauge,
@@ -163,7 +163,7 @@ impl StoreMetrics {
 ///
 /// Clone it into each task; a clone shares the same underlying counters. Index the per-QoS
 /// arrays with `qos as usize` (0, 1, 2).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Metrics {
     /// Client network connections currently open (increment on accept, decrement on close).
     pub connections_current: Gauge,

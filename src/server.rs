@@ -79,6 +79,7 @@ pub struct BoundListener {
 }
 
 /// A broker that is up and serving.
+#[derive(Debug)]
 pub struct RunningServer {
     /// Where the first MQTT listener actually listens (resolves port 0); the same as
     /// `listeners[0].addr`.

@@ -137,6 +137,7 @@ impl std::fmt::Debug for AuthRegistry {
 pub type PendingStep = Pin<Box<dyn Future<Output = AuthStep> + Send>>;
 
 /// What a step is asked to do.
+#[derive(Debug)]
 pub enum StepInput {
     /// [`Authenticator::start`] for this client id.
     Start(String),

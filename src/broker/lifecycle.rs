@@ -17,6 +17,8 @@ use crate::storage::{self, Op};
 impl Broker {
     /// Opens or resumes the session for a client, evicting any connection that holds it
     /// (MQTT-3.1.4-2; v5 reason 0x8E). A clean start discards the old session (MQTT-3.1.2-4).
+    // Callers build the request for this call (a struct literal); by value keeps them plain.
+    #[allow(clippy::needless_pass_by_value)]
     pub fn connect(self: &Arc<Self>, req: SessionRequest) -> Attached {
         let mut sessions = self.sessions.lock();
         if let Some(existing) = sessions.get(&req.client_id).cloned() {

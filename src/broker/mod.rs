@@ -111,6 +111,19 @@ pub struct Broker {
     pub metrics: Metrics,
 }
 
+// By hand: the session, subscription and retained state sit behind locks a `Debug` print must
+// not take (it could run while one is held).
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("config", &self.config)
+            .field("next_session_id", &self.next_session_id)
+            .field("shutting_down", &self.shutting_down)
+            .field("persistence", &self.store.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// What routing a PUBLISH produced for its publisher.
 #[derive(Debug)]
 pub struct Routed {

@@ -23,6 +23,8 @@ impl Broker {
     /// become visible to subscribers only after it (so no ack can overtake its entry).
     /// `Err` means the store refused the message: nothing durable was queued and the
     /// publisher must not be told it was accepted.
+    // Callers hand over the message (a fresh `Arc`); each target and the retained index clone it.
+    #[allow(clippy::needless_pass_by_value)]
     pub fn publish(
         &self,
         message: Arc<Message>,

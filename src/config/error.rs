@@ -126,7 +126,7 @@ fn respell(doc: &toml::de::DeTable<'_>, s: &str) -> String {
 pub(super) fn parse_error(
     text: &str,
     origin: &str,
-    e: toml::de::Error,
+    e: &toml::de::Error,
     key: Option<String>,
 ) -> ConfigError {
     let (line, column) = match e.span() {

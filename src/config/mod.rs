@@ -178,11 +178,11 @@ impl Config {
     /// Parses TOML text into a `Config` without the cross-field rules; errors are positioned.
     fn parse_unvalidated(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let deserializer = toml::Deserializer::parse(text)
-            .map_err(|e| error::parse_error(text, origin, e, None))?;
+            .map_err(|e| error::parse_error(text, origin, &e, None))?;
         serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             let key = (path != ".").then_some(path);
-            error::parse_error(text, origin, e.into_inner(), key)
+            error::parse_error(text, origin, &e.into_inner(), key)
         })
     }
 

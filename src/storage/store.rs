@@ -211,16 +211,13 @@ pub async fn wait_durable(
         .wait_for(|s| s.ticket >= ticket || s.failed)
         .await
         .map(|state| *state);
-    let state = match result {
-        Ok(state) => state,
-        Err(_) => {
-            // Sender gone: the last value is final.
-            let last = *rx.borrow();
-            if last.ticket >= ticket {
-                return Ok(());
-            }
-            return Err(StorageError::Closed);
+    let Ok(state) = result else {
+        // Sender gone: the last value is final.
+        let last = *rx.borrow();
+        if last.ticket >= ticket {
+            return Ok(());
         }
+        return Err(StorageError::Closed);
     };
     if state.ticket >= ticket {
         Ok(())

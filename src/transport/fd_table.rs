@@ -45,7 +45,8 @@ pub fn prepare() -> Option<FdCapacity> {
             limit.rlim_cur = limit.rlim_max;
         }
     }
-    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on 64-bit Linux, not everywhere
+    #[allow(clippy::unnecessary_cast, trivial_numeric_casts)]
+    // rlim_t is u64 on 64-bit Linux, not everywhere
     let soft_limit = limit.rlim_cur as u64;
     let target = soft_limit.min(MAX_PREGROWN_FDS);
     let pregrown = if target > 64 && grow_table_to(target - 1) {
@@ -107,7 +108,8 @@ mod tests {
             unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) },
             0
         );
-        #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on 64-bit Linux, not everywhere
+        #[allow(clippy::unnecessary_cast, trivial_numeric_casts)]
+        // rlim_t is u64 on 64-bit Linux, not everywhere
         let soft = limit.rlim_cur as u64;
         assert_eq!(capacity.soft_limit, soft);
         assert_eq!(limit.rlim_cur, limit.rlim_max, "soft limit raised to hard");

@@ -40,7 +40,7 @@ pub struct ConnectionInfo {
 
 /// Everything a listener needs to hand an accepted stream to the broker: one per server,
 /// cloned into every listener.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Handoff {
     broker: Arc<Broker>,
     shutdown: CancellationToken,

@@ -12,6 +12,7 @@ use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
 use crate::config::ListenerConfig;
 
 /// A bound plain-TCP MQTT listener.
+#[derive(Debug)]
 pub struct PlainTcpListener {
     name: Arc<str>,
     listener: tokio::net::TcpListener,

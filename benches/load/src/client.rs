@@ -73,6 +73,7 @@ impl ConnectOptions {
 }
 
 /// One connected client.
+#[derive(Debug)]
 pub struct Conn {
     /// The socket; scenario loops use its readiness API directly.
     pub stream: TcpStream,

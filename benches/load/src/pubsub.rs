@@ -417,6 +417,8 @@ async fn publisher(
     let t0 = Instant::now();
     loop {
         let allowed = match plan.rate {
+            // Elapsed time and rate are both non-negative; `as` saturates.
+            #[allow(clippy::cast_sign_loss)]
             Some(r) => ((t0.elapsed().as_secs_f64() * r) as u64 + 1).min(plan.count),
             None => plan.count,
         };

@@ -156,9 +156,8 @@ async fn clear_retained(p: &Params, run: u32, base: &str) -> Result<()> {
     conn.queue_publish(&format!("{base}/fence"), QoS::AtLeastOnce, 1, false, &[])?;
     conn.flush().await?;
     loop {
-        match conn.recv_within(HANDSHAKE_TIMEOUT).await? {
-            Packet::PubAck(_) => break,
-            _ => continue,
+        if let Packet::PubAck(_) = conn.recv_within(HANDSHAKE_TIMEOUT).await? {
+            break;
         }
     }
     conn.disconnect().await;

@@ -136,6 +136,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 
     /// PUBREC: PUBREL once the session's new stage is stored (MQTT-4.3.3-4); nothing when the
     /// receiver refused the message (reason ≥ 0x80, v5 §4.3.3).
+    // Like every packet handler, takes the decoded packet it is dispatched with.
+    #[allow(clippy::needless_pass_by_value)]
     pub(super) fn on_pubrec(&mut self, rec: PubResponse) {
         let Some(answer) = self
             .session

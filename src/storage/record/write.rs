@@ -66,7 +66,7 @@ impl Enc<'_> {
             }
         }
     }
-    fn opt_str(&mut self, v: &Option<ByteString>) {
+    fn opt_str(&mut self, v: Option<&ByteString>) {
         match v {
             None => self.u8(0),
             Some(x) => {
@@ -75,7 +75,7 @@ impl Enc<'_> {
             }
         }
     }
-    fn opt_bytes(&mut self, v: &Option<Bytes>) {
+    fn opt_bytes(&mut self, v: Option<&Bytes>) {
         match v {
             None => self.u8(0),
             Some(x) => {
@@ -94,7 +94,7 @@ impl Enc<'_> {
     fn qos(&mut self, q: QoS) {
         self.u8(q as u8);
     }
-    fn options(&mut self, o: &SubscriptionOptions) {
+    fn options(&mut self, o: SubscriptionOptions) {
         self.qos(o.qos);
         self.bool(o.no_local);
         self.bool(o.retain_as_published);
@@ -108,10 +108,10 @@ impl Enc<'_> {
         let p = &m.properties;
         self.opt_u8(p.payload_format_indicator);
         self.opt_u32(p.message_expiry_interval);
-        self.opt_str(&p.response_topic);
-        self.opt_bytes(&p.correlation_data);
+        self.opt_str(p.response_topic.as_ref());
+        self.opt_bytes(p.correlation_data.as_ref());
         self.user_properties(&p.user_properties);
-        self.opt_str(&p.content_type);
+        self.opt_str(p.content_type.as_ref());
         self.u64(m.received_at_unix_ms);
         self.opt_u64(m.expires_at_unix_ms);
     }
@@ -124,9 +124,9 @@ impl Enc<'_> {
         self.opt_u32(p.will_delay_interval);
         self.opt_u8(p.payload_format_indicator);
         self.opt_u32(p.message_expiry_interval);
-        self.opt_str(&p.content_type);
-        self.opt_str(&p.response_topic);
-        self.opt_bytes(&p.correlation_data);
+        self.opt_str(p.content_type.as_ref());
+        self.opt_str(p.response_topic.as_ref());
+        self.opt_bytes(p.correlation_data.as_ref());
         self.user_properties(&p.user_properties);
     }
     fn stage(&mut self, s: EntryStage) {
@@ -169,7 +169,7 @@ impl Enc<'_> {
                 self.u8(PUT_SUBSCRIPTION);
                 self.str(client_id);
                 self.str(filter);
-                self.options(&subscription.options);
+                self.options(subscription.options);
                 self.opt_u32(subscription.identifier);
             }
             Op::DeleteSubscription { client_id, filter } => {
