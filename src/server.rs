@@ -26,14 +26,20 @@ use crate::transport;
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error("cannot listen on {addr} (listener `{listener}`): {source}")]
+    /// A listener's address could not be bound.
     Bind {
+        /// Name of the listener in the config.
         listener: String,
+        /// Address it was to bind.
         addr: SocketAddr,
+        /// The OS error.
         source: std::io::Error,
     },
     #[error("cannot start the metrics endpoint: {0}")]
+    /// The Prometheus exporter could not start.
     Metrics(String),
     #[error("cannot open the durable store: {0}")]
+    /// The durable store could not be opened or recovered.
     Storage(#[from] crate::storage::StorageError),
 }
 
@@ -86,6 +92,7 @@ pub struct RunningServer {
     pub mqtt_addr: SocketAddr,
     /// Every MQTT listener, in config order.
     pub listeners: Vec<BoundListener>,
+    /// The broker state, for tests and embedding (sessions, metrics).
     pub broker: Arc<Broker>,
     shutdown: CancellationToken,
     /// Waits for the token, stops every listener, then begins the broker's shutdown.

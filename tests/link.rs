@@ -1,7 +1,7 @@
 //! The in-process link drives a session through the same session API as a socket client:
 //! subscribe, receive QoS 1 and QoS 2 from a real MQTT client, acknowledge, and resume the
 //! session after a broker restart on the same data directory with what was not acknowledged
-//! (MQTT-4.4.0-1: unacknowledged `PUBLISHes` are sent again with DUP=1, MQTT-3.3.1-1).
+//! (MQTT-4.4.0-1: unacknowledged PUBLISHes are sent again with DUP=1, MQTT-3.3.1-1).
 
 mod common;
 

@@ -15,7 +15,7 @@ use common::{RawClient, WAIT};
 use postbox::codec::{Packet, Publish, QoS, ReasonCode, SubscriptionOptions};
 use postbox::config::SharedStrategy;
 
-/// Receives (and acknowledges) `n` `PUBLISHes` spread over `members`; index = member.
+/// Receives (and acknowledges) `n` PUBLISHes spread over `members`; index = member.
 async fn collect(members: &mut [&mut RawClient], n: usize) -> Vec<Vec<Publish>> {
     let mut out = vec![Vec::new(); members.len()];
     let mut total = 0;

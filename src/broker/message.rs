@@ -21,10 +21,13 @@ pub type SessionId = u64;
 /// [`PublishEncodings`]).
 #[derive(Debug)]
 pub struct Message {
+    /// Topic Name it was published to (never an alias: aliases are resolved on receipt).
     pub topic: ByteString,
+    /// Application Message payload, shared by every queue holding the message.
     pub payload: Bytes,
     /// QoS the publisher used; subscribers receive `min(this, granted)`.
     pub qos: QoS,
+    /// RETAIN flag as published: the message is also the topic's retained message.
     pub retain: bool,
     /// v5 properties to forward (topic alias and subscription ids stripped); `None` when there
     /// are none, as for every 3.x message: 8 bytes instead of 160 in each queued message.
@@ -32,6 +35,7 @@ pub struct Message {
     properties: Option<Box<PublishProperties>>,
     /// When the message stops being deliverable (Message Expiry Interval).
     pub expires_at: Option<Instant>,
+    /// When the broker received it; persisted so expiry survives a restart.
     pub received_at: Instant,
     /// The publishing session, for No Local.
     pub origin: Option<SessionId>,
@@ -205,6 +209,7 @@ impl Message {
 /// A message on its way to one session: what to send and with which options.
 #[derive(Clone, Debug)]
 pub struct Delivery {
+    /// The shared message.
     pub message: std::sync::Arc<Message>,
     /// `min(publish QoS, granted QoS)` (MQTT-3.8.4-8 / MQTT-3.3.5-1).
     pub qos: QoS,

@@ -96,12 +96,12 @@ pub struct MqttConfig {
     pub max_client_id_len: usize,
     /// Cap on the session expiry interval a client may request, in seconds.
     pub session_expiry_interval_max: u32,
-    /// Unacknowledged inbound QoS 1/2 `PUBLISHes` a v5 client may have (its Receive Maximum
+    /// Unacknowledged inbound QoS 1/2 PUBLISHes a v5 client may have (its Receive Maximum
     /// towards us); 1..=65535. More is a protocol violation (DISCONNECT 0x93).
     pub receive_maximum: u16,
     /// Inbound topic aliases a v5 client may set up (Topic Alias Maximum); 0 = none.
     pub topic_alias_maximum: u16,
-    /// Whether `PUBLISHes` to v5 clients that accept aliases use outbound topic aliases.
+    /// Whether PUBLISHes to v5 clients that accept aliases use outbound topic aliases.
     pub outbound_topic_aliases: OutboundTopicAliases,
     /// Whether subscriptions may use `+` and `#` (v5: Wildcard Subscription Available).
     pub wildcard_subscription_available: bool,

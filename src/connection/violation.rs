@@ -26,7 +26,7 @@ pub enum Violation {
     TopicAliasOutOfRange,
     /// An empty topic with an alias that was never set (v5 §3.3.2.3.4: Protocol Error).
     TopicAliasUnknown,
-    /// More unacknowledged QoS 1/2 `PUBLISHes` than our Receive Maximum (MQTT-3.3.4-7).
+    /// More unacknowledged QoS 1/2 PUBLISHes than our Receive Maximum (MQTT-3.3.4-7).
     ReceiveMaximumExceeded,
     /// A QoS 0 PUBLISH whose payload is not the UTF-8 its Payload Format Indicator says;
     /// QoS 1/2 get a negative ack instead (v5 §3.3.2.3.2, 0x99).

@@ -60,7 +60,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         Ok(())
     }
 
-    /// Refuses more unacknowledged inbound QoS 1/2 `PUBLISHes` than our Receive Maximum
+    /// Refuses more unacknowledged inbound QoS 1/2 PUBLISHes than our Receive Maximum
     /// (the client's duty, MQTT-3.3.4-7) with DISCONNECT 0x93. A QoS 2 retransmission of an id
     /// awaiting PUBREL is not a new PUBLISH and passes.
     fn check_receive_maximum(&self, qos: QoS, packet_id: u16) -> Result<(), Close> {

@@ -77,7 +77,7 @@ pub(super) struct Client<S> {
     aliases_out: Option<Box<OutboundAliases>>,
     /// Our Receive Maximum for this client (v5); `usize::MAX` for 3.x, which cannot be told.
     receive_maximum: usize,
-    /// Inbound QoS 1 `PUBLISHes` whose PUBACK has not been queued yet. Together with the QoS 2
+    /// Inbound QoS 1 PUBLISHes whose PUBACK has not been queued yet. Together with the QoS 2
     /// ids awaiting PUBREL (kept by the session) it is what Receive Maximum bounds, see
     /// [`Client::check_receive_maximum`]. An ack that has to wait (e.g. for a durable commit)
     /// keeps its PUBLISH counted here until it is queued.
