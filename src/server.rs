@@ -107,6 +107,11 @@ pub struct RunningServer {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Binds every configured listener and starts serving.
+///
+/// # Errors
+///
+/// A `StartError` when a listener cannot bind, the metrics endpoint cannot start, or the
+/// durable store cannot be opened. Nothing is left running then.
 pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     // Before the broker registers its metric handles (see `metrics`); bound now, served below.
     let exporter = if config.metrics.enabled {

@@ -102,6 +102,11 @@ impl AuthRegistry {
     }
 
     /// Offers `authenticator` under its method name.
+    ///
+    /// # Errors
+    ///
+    /// `RegistryError::BadName` for an empty method name or one longer than 65,535 bytes;
+    /// `RegistryError::Duplicate` when the name is offered already.
     pub fn register(&self, authenticator: Arc<dyn Authenticator>) -> Result<(), RegistryError> {
         let name = authenticator.method().to_owned();
         if name.is_empty() || name.len() > usize::from(u16::MAX) {

@@ -147,6 +147,11 @@ impl Message {
     /// (subscription identifiers, a Message Expiry Interval that has counted down, or an
     /// outbound topic alias).
     /// Returns the number of bytes written.
+    ///
+    /// # Errors
+    ///
+    /// An `EncodeError` when the PUBLISH cannot be encoded for `version` (a field or the packet
+    /// exceeds its wire limit).
     pub fn write_to(
         &self,
         out: &mut BytesMut,

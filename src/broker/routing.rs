@@ -21,8 +21,11 @@ impl Broker {
     /// With a durable store, the deliveries to persistent sessions, the retained update and
     /// the publisher's inbound QoS 2 id (`inbound_qos2`) go to the store in one submit, and
     /// become visible to subscribers only after it (so no ack can overtake its entry).
-    /// `Err` means the store refused the message: nothing durable was queued and the
-    /// publisher must not be told it was accepted.
+    ///
+    /// # Errors
+    ///
+    /// The store refused the message: nothing durable was queued and the publisher must not
+    /// be told it was accepted.
     // Callers hand over the message (a fresh `Arc`); each target and the retained index clone it.
     #[allow(clippy::needless_pass_by_value)]
     pub fn publish(

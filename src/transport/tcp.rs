@@ -22,6 +22,11 @@ pub struct PlainTcpListener {
 
 impl PlainTcpListener {
     /// Binds `config.bind` (with a large backlog and `TCP_DEFER_ACCEPT`, see below).
+    ///
+    /// # Errors
+    ///
+    /// The OS error when the address cannot be bound (in use, no permission) or the socket
+    /// options cannot be set.
     pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<PlainTcpListener> {
         let listener = bind_listener(config.bind)?;
         let local_addr = listener.local_addr()?;

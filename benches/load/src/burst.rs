@@ -78,6 +78,10 @@ fn start_connect(broker: SocketAddrV4, source: SocketAddrV4) -> io::Result<Owned
 /// from the next source tuple `next_source` gives (skipping tuples in use). `connect_packet`
 /// encodes the CONNECT of the i-th client. Returns the connected sockets (non-blocking) in
 /// completion order.
+///
+/// # Errors
+///
+/// A socket call fails, a handshake is refused or malformed, or not all `n` connect in time.
 // libc casts: EPOLLET is bit 31 of an i32 flag set (reinterpreted as the u32 `events`), the
 // event buffer is small, and epoll_wait/send/recv counts are cast only once non-negative.
 #[allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]

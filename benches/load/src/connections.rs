@@ -119,6 +119,10 @@ async fn connect_with_tasks(
 
 /// C idle clients: connect rate, broker RSS per connection, and a PINGREQ round to prove
 /// every one of them is still served.
+///
+/// # Errors
+///
+/// When the open-file limit cannot be raised, or connecting or pinging a client fails.
 pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
     let n = p.connections;
     let limit = procfs::raise_nofile(n as u64 + 1024)?;

@@ -12,6 +12,10 @@ use std::time::Instant;
 /// `schedstat` when the kernel has it (threads that exit mid-run drop out of that sum, which
 /// the brokers measured here do not do), else user + system ticks from `stat` (10 ms steps,
 /// too coarse for sub-second runs).
+///
+/// # Errors
+///
+/// When `/proc/PID/stat` cannot be read or parsed (e.g. the process is gone).
 pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     match schedstat_seconds(pid) {
         Some(s) => Ok(s),
@@ -64,6 +68,10 @@ fn clock_ticks_per_second() -> f64 {
 }
 
 /// A `VmXxx:` line of `/proc/PID/status` in KiB (`VmRSS` now, `VmHWM` peak).
+///
+/// # Errors
+///
+/// When the status file cannot be read, or has no `key` line.
 pub fn status_kib(pid: u32, key: &str) -> io::Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
@@ -115,6 +123,10 @@ impl CpuMeter {
 
 /// Raises this process's open-file limit (soft, and hard when allowed) to at least `want`.
 /// Returns the soft limit in force afterwards.
+///
+/// # Errors
+///
+/// When the limit cannot be read or set.
 pub fn raise_nofile(want: u64) -> io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

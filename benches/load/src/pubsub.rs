@@ -151,6 +151,11 @@ pub fn new_histogram() -> Histogram<u64> {
 }
 
 /// Runs `plan` to completion or to its bounds.
+///
+/// # Errors
+///
+/// A payload too small for the stamp, or a publisher or subscriber failed (connect,
+/// subscribe, or the broker misbehaving).
 pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
     if plan.payload_len < STAMP_LEN {
         bail!("payload must be at least {STAMP_LEN} bytes to carry the stamp");

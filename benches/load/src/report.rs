@@ -211,6 +211,10 @@ impl Report {
     }
 
     /// Appends the report as one JSON line to `path`.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be opened or written.
     pub fn append_json(&self, path: &Path) -> Result<()> {
         let line = serde_json::to_string(self)?;
         let mut f = OpenOptions::new()

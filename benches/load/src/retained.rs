@@ -15,6 +15,11 @@ use crate::tracker::SeqTracker;
 
 /// R retained messages stored (QoS 1, pipelined), then one subscriber to `#` receives them:
 /// `duration_s` is the time from SUBSCRIBE to the last one.
+///
+/// # Errors
+///
+/// When a client cannot connect, a PUBACK is refused or late, or not every retained message
+/// arrives in time.
 pub async fn run(p: &Params, run: u32, report: &mut Report) -> Result<()> {
     let n = p.retained as u64;
     report.publishers = 1;
