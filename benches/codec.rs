@@ -70,7 +70,7 @@ fn decode(c: &mut Criterion) {
                         }
                     },
                     BatchSize::SmallInput,
-                )
+                );
             });
         }
     }
@@ -98,7 +98,7 @@ fn encode(c: &mut Criterion) {
                     codec::encode_publish(black_box(&header), &p.payload, version, &mut buf)
                         .expect("encodes");
                     black_box(&buf);
-                })
+                });
             });
         }
     }

@@ -89,7 +89,7 @@ fn routing(c: &mut Criterion) {
                         done += n;
                     }
                     timed
-                })
+                });
             });
         }
     }

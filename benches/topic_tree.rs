@@ -118,10 +118,10 @@ fn matching(c: &mut Criterion) {
                     i = (i + 1) % topics.len();
                     let mut matched = 0u32;
                     tree.for_each_match(black_box(&topics[i]), |_, v| {
-                        matched = matched.wrapping_add(*v)
+                        matched = matched.wrapping_add(*v);
                     });
                     black_box(matched)
-                })
+                });
             });
         }
     }

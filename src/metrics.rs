@@ -87,7 +87,7 @@ pub mod names {
 
 /// Durable-store metrics, copied from [`crate::storage::StoreStats`] once a second (the store
 /// counts on its own thread; copying avoids touching metrics on its hot path).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct StoreMetrics {
     live_bytes: Gauge,
     disk_bytes: Gauge,
@@ -163,7 +163,7 @@ impl StoreMetrics {
 ///
 /// Clone it into each task; a clone shares the same underlying counters. Index the per-QoS
 /// arrays with `qos as usize` (0, 1, 2).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Metrics {
     /// Client network connections currently open (increment on accept, decrement on close).
     pub connections_current: Gauge,
@@ -335,6 +335,11 @@ pub enum MetricsError {
 /// Inside a tokio runtime the HTTP server runs as a task on it; outside one it gets a thread of
 /// its own. Call it once, before [`Metrics::register`]. Any path except `/health` (which
 /// answers `OK`) returns the metrics, so `/metrics` works as Prometheus expects.
+///
+/// # Errors
+///
+/// `MetricsError::Bind` when the HTTP listener cannot bind; `MetricsError::Install` when a
+/// recorder is installed already.
 pub fn install_exporter(bind: SocketAddr) -> Result<(), MetricsError> {
     use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
 
@@ -351,6 +356,11 @@ pub fn install_exporter(bind: SocketAddr) -> Result<(), MetricsError> {
 /// the future that serves it, for a caller that owns the endpoint's lifetime: the server runs
 /// it and drops it at shutdown, which closes the port. Unlike [`install_exporter`] nothing is
 /// spawned, and it must be called inside a tokio runtime. Call it before [`Metrics::register`].
+///
+/// # Errors
+///
+/// `MetricsError::Bind` when the HTTP listener cannot bind; `MetricsError::Install` when a
+/// recorder is installed already.
 pub fn start_exporter(
     bind: SocketAddr,
 ) -> Result<impl std::future::Future<Output = ()> + Send + 'static, MetricsError> {

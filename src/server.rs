@@ -26,14 +26,20 @@ use crate::transport;
 #[derive(Debug, Error)]
 pub enum StartError {
     #[error("cannot listen on {addr} (listener `{listener}`): {source}")]
+    /// A listener's address could not be bound.
     Bind {
+        /// Name of the listener in the config.
         listener: String,
+        /// Address it was to bind.
         addr: SocketAddr,
+        /// The OS error.
         source: std::io::Error,
     },
     #[error("cannot start the metrics endpoint: {0}")]
+    /// The Prometheus exporter could not start.
     Metrics(String),
     #[error("cannot open the durable store: {0}")]
+    /// The durable store could not be opened or recovered.
     Storage(#[from] crate::storage::StorageError),
 }
 
@@ -79,12 +85,14 @@ pub struct BoundListener {
 }
 
 /// A broker that is up and serving.
+#[derive(Debug)]
 pub struct RunningServer {
     /// Where the first MQTT listener actually listens (resolves port 0); the same as
     /// `listeners[0].addr`.
     pub mqtt_addr: SocketAddr,
     /// Every MQTT listener, in config order.
     pub listeners: Vec<BoundListener>,
+    /// The broker state, for tests and embedding (sessions, metrics).
     pub broker: Arc<Broker>,
     shutdown: CancellationToken,
     /// Waits for the token, stops every listener, then begins the broker's shutdown.
@@ -99,6 +107,11 @@ pub struct RunningServer {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Binds every configured listener and starts serving.
+///
+/// # Errors
+///
+/// A `StartError` when a listener cannot bind, the metrics endpoint cannot start, or the
+/// durable store cannot be opened. Nothing is left running then.
 pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     // Before the broker registers its metric handles (see `metrics`); bound now, served below.
     let exporter = if config.metrics.enabled {
@@ -156,8 +169,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             let stop = stop.clone();
             async move {
                 tokio::select! {
-                    _ = exporter => {}
-                    _ = stop.cancelled() => {}
+                    () = exporter => {}
+                    () = stop.cancelled() => {}
                 }
             }
         });
@@ -201,19 +214,19 @@ async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
             _ = tick.tick() => {
                 broker.wake_expired_keep_alives();
             }
-            _ = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
         }
     }
 }
 
 /// Copies the store's counters into metrics once a second until shutdown.
 async fn export_store_stats(store: Arc<dyn crate::storage::Store>, shutdown: CancellationToken) {
-    let metrics = crate::metrics::StoreMetrics::register();
+    let metrics = metrics::StoreMetrics::register();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = tick.tick() => metrics.update(&store.stats()),
-            _ = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The durability promise under `kill -9`: a persistent QoS 1 and a QoS 2 subscriber are
-//! offline; publishers send numbered messages while the broker binary is SIGKILLed at random
+//! offline; publishers send numbered messages while the broker binary is killed at random
 //! points and restarted, several times. Every message a publisher got PUBACK / PUBCOMP for
 //! must then reach its subscriber: QoS 1 at least once, QoS 2 exactly once, in order.
 
@@ -134,7 +134,7 @@ async fn publish_all(addr: SocketAddr, qos: QoS, progress: Arc<AtomicUsize>) -> 
                         Ok(Some(Packet::PubRec(r)))
                             if qos == QoS::ExactlyOnce && r.packet_id == packet_id =>
                         {
-                            released = true
+                            released = true;
                         }
                         _ => return None,
                     }

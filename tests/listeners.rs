@@ -81,7 +81,7 @@ async fn shutdown_stops_every_listener_and_tells_clients_on_each() {
     for mut c in clients {
         match c.expect_close().await.as_slice() {
             [Packet::Disconnect(d)] => {
-                assert_eq!(d.reason_code, ReasonCode::SERVER_SHUTTING_DOWN)
+                assert_eq!(d.reason_code, ReasonCode::SERVER_SHUTTING_DOWN);
             }
             other => panic!("expected DISCONNECT 0x8B, got {other:?}"),
         }

@@ -44,7 +44,7 @@ fn exporter_serves_registered_metrics() {
     let busy_addr = busy.local_addr().expect("addr");
     match install_exporter(busy_addr) {
         Err(e @ MetricsError::Bind { .. }) => {
-            assert!(e.to_string().contains(&busy_addr.to_string()), "{e}")
+            assert!(e.to_string().contains(&busy_addr.to_string()), "{e}");
         }
         other => panic!("expected Bind error, got {other:?}"),
     }

@@ -31,7 +31,7 @@ impl Sub {
     }
 
     async fn exit_ok(self) {
-        self.0.exit_ok().await
+        self.0.exit_ok().await;
     }
 }
 

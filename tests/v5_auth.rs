@@ -84,8 +84,7 @@ impl Authenticator for Blocking {
         let released = self
             .0
             .lock()
-            .map(|rx| rx.recv_timeout(Duration::from_secs(5)).is_ok())
-            .unwrap_or(false);
+            .is_ok_and(|rx| rx.recv_timeout(Duration::from_secs(5)).is_ok());
         if released {
             AuthStep::Success(None)
         } else {
@@ -149,7 +148,7 @@ fn challenge_of(packet: Option<Packet>) -> String {
     }
 }
 
-/// Answers a challenge the way TestChallenge expects.
+/// Answers a challenge the way `TestChallenge` expects.
 fn answer(challenge: &str) -> String {
     challenge.replacen("challenge:", "response:", 1)
 }
@@ -208,7 +207,7 @@ async fn a_wrong_answer_is_refused_in_connack() {
     let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("ec", METHOD, b"nope")).await;
     match first {
         Some(Packet::ConnAck(ack)) => {
-            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         }
         other => panic!("{other:?}"),
     }

@@ -95,7 +95,7 @@ async fn a_will_with_an_invalid_payload_is_refused_in_connack() {
     });
     match v5::open(server.mqtt_addr, connect).await.1 {
         Some(Packet::ConnAck(ack)) => {
-            assert_eq!(ack.reason_code, ReasonCode::PAYLOAD_FORMAT_INVALID)
+            assert_eq!(ack.reason_code, ReasonCode::PAYLOAD_FORMAT_INVALID);
         }
         other => panic!("{other:?}"),
     }

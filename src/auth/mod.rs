@@ -102,6 +102,11 @@ impl AuthRegistry {
     }
 
     /// Offers `authenticator` under its method name.
+    ///
+    /// # Errors
+    ///
+    /// `RegistryError::BadName` for an empty method name or one longer than 65,535 bytes;
+    /// `RegistryError::Duplicate` when the name is offered already.
     pub fn register(&self, authenticator: Arc<dyn Authenticator>) -> Result<(), RegistryError> {
         let name = authenticator.method().to_owned();
         if name.is_empty() || name.len() > usize::from(u16::MAX) {
@@ -137,6 +142,7 @@ impl std::fmt::Debug for AuthRegistry {
 pub type PendingStep = Pin<Box<dyn Future<Output = AuthStep> + Send>>;
 
 /// What a step is asked to do.
+#[derive(Debug)]
 pub enum StepInput {
     /// [`Authenticator::start`] for this client id.
     Start(String),
@@ -181,9 +187,7 @@ mod tests {
             self.0
         }
         fn start(&self, _client_id: &str, data: Option<Bytes>) -> AuthStep {
-            if data.as_deref() == Some(b"boom") {
-                panic!("buggy method");
-            }
+            assert!(data.as_deref() != Some(b"boom"), "buggy method");
             AuthStep::Continue {
                 data,
                 state: Box::new(7u32),

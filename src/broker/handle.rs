@@ -202,6 +202,10 @@ impl SessionHandle {
     /// is not routed again (MQTT-4.3.3-10) but answered like the first. `Ok` carries the commit
     /// the PUBACK / PUBREC must wait for; `Err`: the store refused the message, which must not
     /// be acknowledged as accepted (its QoS 2 id is forgotten, MQTT-4.3.3-9).
+    ///
+    /// # Errors
+    ///
+    /// The store's error when it refuses the message (see above); nothing may be acknowledged.
     pub fn publish(&self, publish: Publish) -> Result<Option<Durable>, StorageError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
@@ -273,6 +277,11 @@ impl SessionHandle {
     // ----- the end of a connection -----
 
     /// Sets the session expiry sent in DISCONNECT, capped by the broker's maximum.
+    ///
+    /// # Errors
+    ///
+    /// `ExpiryRaisedFromZero` when the session's expiry was 0 and `expiry` is not: a protocol
+    /// error (MQTT-3.14.2-2).
     pub fn set_expiry_at_disconnect(&self, expiry: u32) -> Result<(), ExpiryRaisedFromZero> {
         let mut st = self.session.lock();
         if st.expiry_interval == 0 && expiry != 0 {

@@ -17,6 +17,8 @@ use crate::storage::{self, Op};
 impl Broker {
     /// Opens or resumes the session for a client, evicting any connection that holds it
     /// (MQTT-3.1.4-2; v5 reason 0x8E). A clean start discards the old session (MQTT-3.1.2-4).
+    // Callers build the request for this call (a struct literal); by value keeps them plain.
+    #[allow(clippy::needless_pass_by_value)]
     pub fn connect(self: &Arc<Self>, req: SessionRequest) -> Attached {
         let mut sessions = self.sessions.lock();
         if let Some(existing) = sessions.get(&req.client_id).cloned() {
@@ -150,11 +152,10 @@ impl Broker {
             return;
         }
         let delay = Duration::from_secs(u64::from(delay));
-        let publish_at_unix_ms =
-            crate::storage::now_unix_ms().saturating_add(delay.as_millis() as u64);
+        let publish_at_unix_ms = storage::now_unix_ms().saturating_add(delay.as_millis() as u64);
         if st.stored {
             // Survives a restart: published at the earlier of its delay and the session's end.
-            let ends = crate::storage::now_unix_ms()
+            let ends = storage::now_unix_ms()
                 .saturating_add(u64::from(st.expiry_interval).saturating_mul(1000));
             self.persist(vec![Op::PutWill {
                 client_id: session.client_id.clone(),

@@ -153,6 +153,11 @@ impl Link {
 
     /// Subscribes with `qos` (capped by the broker's maximum) and default options, and queues
     /// the matching retained messages (MQTT-3.3.1-6). Returns whether it replaced one.
+    ///
+    /// # Errors
+    ///
+    /// `LinkError::InvalidFilter` for a filter MQTT 4.7 does not allow, or a malformed
+    /// `$share/...` filter.
     pub fn subscribe(&self, filter: &str, qos: QoS) -> Result<bool, LinkError> {
         if !topic::is_valid_filter(filter) || matches!(topic::split_shared(filter), Some(Err(()))) {
             return Err(LinkError::InvalidFilter(filter.to_owned()));
@@ -176,6 +181,11 @@ impl Link {
 
     /// Publishes and returns once the broker has accepted it as a PUBACK / PUBCOMP would
     /// promise: queued for every subscriber and, where the store is involved, durable.
+    ///
+    /// # Errors
+    ///
+    /// `LinkError::InvalidTopic` for a topic name MQTT 4.7 does not allow; `LinkError::Storage`
+    /// when the durable store refuses or fails, and the message must not count as accepted.
     pub async fn publish(
         &mut self,
         topic_name: &str,
@@ -216,6 +226,10 @@ impl Link {
     /// The next delivery, waiting for one. `None` once the session was taken over or the
     /// broker is stopping. QoS 1/2 deliveries stay in the session's inflight window until
     /// [`Link::ack`]; at most `receive_maximum` are handed out unacknowledged.
+    ///
+    /// # Errors
+    ///
+    /// `LinkError::Storage` when the store fails while a delivery's new stage is being stored.
     pub async fn recv(&mut self) -> Result<Option<LinkDelivery>, LinkError> {
         loop {
             if let Some(delivery) = self.inbox.pop_front() {
@@ -259,6 +273,10 @@ impl Link {
 
     /// Acknowledges a delivery: PUBACK for QoS 1; PUBREC, then PUBCOMP once the PUBREC's
     /// stage is stored, for QoS 2. Frees its slot in the window.
+    ///
+    /// # Errors
+    ///
+    /// `LinkError::Storage` when the store fails before the PUBREC's stage is durable.
     pub async fn ack(&mut self, delivery: &LinkDelivery) -> Result<(), LinkError> {
         match delivery.qos {
             QoS::AtMostOnce => {}

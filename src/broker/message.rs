@@ -21,10 +21,13 @@ pub type SessionId = u64;
 /// [`PublishEncodings`]).
 #[derive(Debug)]
 pub struct Message {
+    /// Topic Name it was published to (never an alias: aliases are resolved on receipt).
     pub topic: ByteString,
+    /// Application Message payload, shared by every queue holding the message.
     pub payload: Bytes,
     /// QoS the publisher used; subscribers receive `min(this, granted)`.
     pub qos: QoS,
+    /// RETAIN flag as published: the message is also the topic's retained message.
     pub retain: bool,
     /// v5 properties to forward (topic alias and subscription ids stripped); `None` when there
     /// are none, as for every 3.x message: 8 bytes instead of 160 in each queued message.
@@ -32,6 +35,7 @@ pub struct Message {
     properties: Option<Box<PublishProperties>>,
     /// When the message stops being deliverable (Message Expiry Interval).
     pub expires_at: Option<Instant>,
+    /// When the broker received it; persisted so expiry survives a restart.
     pub received_at: Instant,
     /// The publishing session, for No Local.
     pub origin: Option<SessionId>,
@@ -143,6 +147,11 @@ impl Message {
     /// (subscription identifiers, a Message Expiry Interval that has counted down, or an
     /// outbound topic alias).
     /// Returns the number of bytes written.
+    ///
+    /// # Errors
+    ///
+    /// An `EncodeError` when the PUBLISH cannot be encoded for `version` (a field or the packet
+    /// exceeds its wire limit).
     pub fn write_to(
         &self,
         out: &mut BytesMut,
@@ -205,6 +214,7 @@ impl Message {
 /// A message on its way to one session: what to send and with which options.
 #[derive(Clone, Debug)]
 pub struct Delivery {
+    /// The shared message.
     pub message: std::sync::Arc<Message>,
     /// `min(publish QoS, granted QoS)` (MQTT-3.8.4-8 / MQTT-3.3.5-1).
     pub qos: QoS,
@@ -228,7 +238,7 @@ mod tests {
     /// backlog: 376 B with `PublishProperties` inline, 224 B with them boxed only when present.
     #[test]
     fn message_stays_small() {
-        let size = std::mem::size_of::<Message>();
+        let size = size_of::<Message>();
         assert!(size <= 224, "Message is {size} B");
     }
 

@@ -60,17 +60,24 @@ pub const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
 /// One entry of the subscription index: who subscribed and with which options.
 #[derive(Clone, Debug)]
 pub struct Subscriber {
+    /// The subscribing session; deliveries are queued on it.
     pub session: Arc<Session>,
+    /// Subscription Options granted for this filter (MQTT 3.8.3.1).
     pub options: SubscriptionOptions,
+    /// Subscription Identifier (MQTT 3.8.2.1.2) to put on matching PUBLISHes (v5).
     pub identifier: Option<u32>,
 }
 
 /// What a client asks for when it connects.
 #[derive(Clone, Debug)]
 pub struct SessionRequest {
+    /// Client Identifier, after the broker assigned one to an empty id.
     pub client_id: ByteString,
+    /// Clean Start / Clean Session: discard any existing session (MQTT-3.1.2-4).
     pub clean_start: bool,
+    /// Session Expiry Interval in seconds; 0 ends the session with the connection.
     pub expiry_interval: u32,
+    /// Protocol level the client connected with.
     pub protocol: ProtocolVersion,
 }
 
@@ -109,6 +116,19 @@ pub struct Broker {
     store: Option<Arc<dyn Store>>,
     /// Metric handles, registered once.
     pub metrics: Metrics,
+}
+
+// By hand: the session, subscription and retained state sit behind locks a `Debug` print must
+// not take (it could run while one is held).
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("config", &self.config)
+            .field("next_session_id", &self.next_session_id)
+            .field("shutting_down", &self.shutting_down)
+            .field("persistence", &self.store.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// What routing a PUBLISH produced for its publisher.

@@ -39,7 +39,7 @@ impl From<&Message> for StoredMessage {
 }
 
 /// A session's persisted settings.
-pub fn session_meta(
+pub(super) fn session_meta(
     client_id: &ByteString,
     st: &SessionState,
     disconnected_at_unix_ms: Option<u64>,
@@ -55,7 +55,7 @@ pub fn session_meta(
 /// Ops for a session a connection just attached to (new or resumed), with `persistence` on:
 /// store it while it is persistent (with the subscriptions it already has, if it was not
 /// stored before), forget it when it no longer is.
-pub fn session_resumed(
+pub(super) fn session_resumed(
     client_id: &ByteString,
     st: &mut SessionState,
     persistence: bool,
@@ -84,7 +84,7 @@ pub fn session_resumed(
 }
 
 /// One subscription as stored.
-pub fn put_subscription(
+pub(super) fn put_subscription(
     client_id: &ByteString,
     filter: &ByteString,
     options: SubscriptionOptions,
@@ -101,7 +101,7 @@ pub fn put_subscription(
 }
 
 /// The body of a message, stored once under `id`.
-pub fn put_message(id: u64, message: &Message) -> Op {
+pub(super) fn put_message(id: u64, message: &Message) -> Op {
     Op::PutMessage {
         id,
         message: StoredMessage::from(message),
@@ -109,7 +109,7 @@ pub fn put_message(id: u64, message: &Message) -> Op {
 }
 
 /// The retained-store update a RETAIN=1 PUBLISH implies (empty payload clears).
-pub fn retained(message: &Message) -> Op {
+pub(super) fn retained(message: &Message) -> Op {
     if message.payload.is_empty() {
         Op::DeleteRetained {
             topic: message.topic.clone(),
@@ -124,7 +124,7 @@ pub fn retained(message: &Message) -> Op {
 
 /// Appends the `Enqueue` of a reserved delivery (and the removal of a drop-oldest victim).
 /// The message id is filled in by the caller's `PutMessage`, which precedes these ops.
-pub fn enqueue(
+pub(super) fn enqueue(
     ops: &mut Vec<Op>,
     client_id: &ByteString,
     delivery: &Delivery,
@@ -152,7 +152,7 @@ pub fn enqueue(
 }
 
 /// Points every `Enqueue` in `ops` at the stored message `id`.
-pub fn fix_message_ids(ops: &mut [Op], id: u64) {
+pub(super) fn fix_message_ids(ops: &mut [Op], id: u64) {
     for op in ops {
         if let Op::Enqueue { entry, .. } = op {
             entry.message = id;
@@ -161,7 +161,7 @@ pub fn fix_message_ids(ops: &mut [Op], id: u64) {
 }
 
 /// A queued or inflight entry is gone (acknowledged, expired, refused or moved).
-pub fn remove_entry(client_id: &ByteString, seq: u64) -> Op {
+pub(super) fn remove_entry(client_id: &ByteString, seq: u64) -> Op {
     Op::RemoveEntry {
         client_id: client_id.clone(),
         seq,
@@ -169,7 +169,12 @@ pub fn remove_entry(client_id: &ByteString, seq: u64) -> Op {
 }
 
 /// A persisted delivery moved to a new handshake stage under `packet_id`.
-pub fn update_entry(client_id: &ByteString, seq: u64, stage: OutboundStage, packet_id: u16) -> Op {
+pub(super) fn update_entry(
+    client_id: &ByteString,
+    seq: u64,
+    stage: OutboundStage,
+    packet_id: u16,
+) -> Op {
     Op::UpdateEntry {
         client_id: client_id.clone(),
         seq,
@@ -178,7 +183,7 @@ pub fn update_entry(client_id: &ByteString, seq: u64, stage: OutboundStage, pack
 }
 
 /// An inbound QoS 2 id was released by PUBREL.
-pub fn remove_inbound_qos2(client_id: &ByteString, packet_id: u16) -> Op {
+pub(super) fn remove_inbound_qos2(client_id: &ByteString, packet_id: u16) -> Op {
     Op::RemoveInboundQos2 {
         client_id: client_id.clone(),
         packet_id,

@@ -17,7 +17,7 @@ use crate::storage::{self, EntryStage, Op, Snapshot, StoredMessage, StoredWill};
 /// given the current instant and wall-clock time (the inverse of `StoredMessage::from`).
 /// Downtime counts: a message whose expiry passed while the broker was down comes back
 /// already expired.
-pub fn instants(
+pub(super) fn instants(
     stored: &StoredMessage,
     now: Instant,
     now_unix_ms: u64,

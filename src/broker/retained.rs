@@ -167,7 +167,7 @@ impl<M> RetainedIndex<M> {
                         node.report(&mut f);
                         continue;
                     };
-                    let at_root = ptr::eq(node, &self.root);
+                    let at_root = ptr::eq(node, &raw const self.root);
                     let (level, rest) = split_level(levels);
                     if level == "#" {
                         // `x/#` matches `x` itself too (MQTT 4.7.1.2).
@@ -302,7 +302,7 @@ mod tests {
     }
 
     fn sorted(topics: &[&str]) -> Vec<String> {
-        let mut v: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
+        let mut v: Vec<String> = topics.iter().map(ToString::to_string).collect();
         v.sort_unstable();
         v
     }

@@ -21,8 +21,13 @@ impl Broker {
     /// With a durable store, the deliveries to persistent sessions, the retained update and
     /// the publisher's inbound QoS 2 id (`inbound_qos2`) go to the store in one submit, and
     /// become visible to subscribers only after it (so no ack can overtake its entry).
-    /// `Err` means the store refused the message: nothing durable was queued and the
-    /// publisher must not be told it was accepted.
+    ///
+    /// # Errors
+    ///
+    /// The store refused the message: nothing durable was queued and the publisher must not
+    /// be told it was accepted.
+    // Callers hand over the message (a fresh `Arc`); each target and the retained index clone it.
+    #[allow(clippy::needless_pass_by_value)]
     pub fn publish(
         &self,
         message: Arc<Message>,
@@ -79,10 +84,10 @@ impl Broker {
                     self.metrics.messages_dropped_queue_full.increment(1);
                 }
                 EnqueueOutcome::DroppedQueueFull => {
-                    self.metrics.messages_dropped_queue_full.increment(1)
+                    self.metrics.messages_dropped_queue_full.increment(1);
                 }
                 EnqueueOutcome::DroppedQoS0Offline => {
-                    self.metrics.messages_dropped_qos0_offline.increment(1)
+                    self.metrics.messages_dropped_qos0_offline.increment(1);
                 }
                 EnqueueOutcome::SessionEnded => {}
             }
@@ -269,7 +274,7 @@ impl Broker {
                                 seq: None,
                                 shared: d.shared,
                             },
-                        ))
+                        ));
                     }
                     // The other members left meanwhile: a disconnecting member keeps it; an
                     // ending session's messages have nowhere to go.

@@ -14,7 +14,7 @@ use super::session::Session;
 
 /// Sessions by client id; lives under the broker's sessions mutex.
 #[derive(Default)]
-pub struct SessionMap {
+pub(super) struct SessionMap {
     table: HashTable<Arc<Session>>,
     hasher: foldhash::fast::RandomState,
 }
@@ -25,13 +25,13 @@ impl SessionMap {
     }
 
     /// The session of `client_id`, if there is one.
-    pub fn get(&self, client_id: &str) -> Option<&Arc<Session>> {
+    pub(super) fn get(&self, client_id: &str) -> Option<&Arc<Session>> {
         self.table
             .find(self.hash(client_id), |s| &*s.client_id == client_id)
     }
 
     /// Adds `session`, replacing (and returning) any session with the same client id.
-    pub fn insert(&mut self, session: Arc<Session>) -> Option<Arc<Session>> {
+    pub(super) fn insert(&mut self, session: Arc<Session>) -> Option<Arc<Session>> {
         let hash = self.hash(&session.client_id);
         let hasher = &self.hasher;
         match self.table.entry(
@@ -50,7 +50,7 @@ impl SessionMap {
     }
 
     /// Removes the session of `client_id`.
-    pub fn remove(&mut self, client_id: &str) -> Option<Arc<Session>> {
+    pub(super) fn remove(&mut self, client_id: &str) -> Option<Arc<Session>> {
         match self
             .table
             .find_entry(self.hash(client_id), |s| &*s.client_id == client_id)
@@ -61,12 +61,12 @@ impl SessionMap {
     }
 
     /// Number of sessions.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.table.len()
     }
 
     /// Every session, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Session>> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Arc<Session>> {
         self.table.iter()
     }
 }

@@ -165,7 +165,7 @@ impl SharedSubscriptions {
     /// Picks one member of every group whose filter matches `topic`.
     pub fn pick_for_topic(&self, topic: &str, mut f: impl FnMut(Pick)) {
         let mut ids: smallvec::SmallVec<[GroupId; 4]> = smallvec::SmallVec::new();
-        self.tree.for_each_match(topic, |id, _| ids.push(*id));
+        self.tree.for_each_match(topic, |id, ()| ids.push(*id));
         for id in ids {
             if let Some(group) = self.groups.get(&id) {
                 if let Some(member) = self.choose(group, topic, None, false) {

@@ -240,9 +240,9 @@ static ALLOCATOR: CountingAlloc = CountingAlloc;
 
 /// Allocations made by `f` on this thread.
 fn allocations_during(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(|n| n.get());
+    let before = ALLOCATIONS.with(std::cell::Cell::get);
     f();
-    ALLOCATIONS.with(|n| n.get()) - before
+    ALLOCATIONS.with(std::cell::Cell::get) - before
 }
 
 #[test]

@@ -583,7 +583,7 @@ mod tests {
         tree.insert(&filter, 1u64, ());
         tree.insert("#", 2, ());
         let mut count = 0;
-        tree.for_each_match(&topic, |_, _| count += 1);
+        tree.for_each_match(&topic, |_, ()| count += 1);
         assert_eq!(count, 2);
         assert_eq!(tree.node_count(), 30_000);
         tree.insert(&format!("{filter}/#"), 3, ());

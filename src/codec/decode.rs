@@ -44,6 +44,10 @@ pub struct FixedHeader {
 ///
 /// `Ok(None)` means more bytes are needed. Fails on a malformed variable byte integer or when
 /// the whole packet (header + remaining length) would exceed `max_packet_size`.
+///
+/// # Errors
+///
+/// `Malformed` for a bad variable byte integer; `PacketTooLarge` beyond `max_packet_size`.
 #[inline]
 pub fn decode_fixed_header(buf: &[u8], max_packet_size: usize) -> Result<Option<FixedHeader>> {
     let Some((&byte1, rest)) = buf.split_first() else {
@@ -104,6 +108,11 @@ fn check_byte1(byte1: u8, version: Option<ProtocolVersion>) -> Result<()> {
 ///
 /// `Ok(None)`: incomplete, `buf` untouched. `version` is `None` before the handshake, when only
 /// CONNECT is legal (MQTT-3.1.0-1); afterwards it is the connection's protocol level.
+///
+/// # Errors
+///
+/// A `DecodeError` for a malformed packet, one not allowed at `version` (or before CONNECT),
+/// or one larger than `max_packet_size`; the connection cannot continue after it.
 #[inline]
 pub fn decode(
     buf: &mut BytesMut,

@@ -38,6 +38,11 @@ pub struct PublishHeader<'a> {
 /// password without a user name, which 3.1.1 cannot carry), CONNACK and SUBACK
 /// codes are mapped to 3.x return codes, and AUTH fails with `NotInVersion`. On error nothing
 /// is written.
+///
+/// # Errors
+///
+/// `NotInVersion` for AUTH below 5.0; `StringTooLong`, `OutOfRange` or `TooLarge` when a field
+/// or the packet exceeds its wire limit.
 pub fn encode(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) -> Result {
     match packet {
         Packet::Publish(p) => {
@@ -83,6 +88,10 @@ pub fn encode(packet: &Packet, version: ProtocolVersion, buf: &mut BytesMut) -> 
 /// does not, its Reason String and User Properties are left out (the only optional parts the
 /// spec lets a sender drop, MQTT-3.2.2-19/20 and alike); if it still does not fit, nothing is
 /// written and the answer is `false`.
+///
+/// # Errors
+///
+/// As [`encode`], for a packet that cannot be encoded at all (too large is not an error here).
 pub fn encode_within(
     packet: &Packet,
     version: ProtocolVersion,
@@ -141,6 +150,11 @@ fn strip_problem_info(packet: &mut Packet) {
 /// Appends a PUBLISH to `buf`. Returns the offset (from the start of this packet) of the
 /// two packet-id bytes when `qos > 0`, so a cached encoding can be copied and patched per
 /// subscriber instead of re-encoded.
+///
+/// # Errors
+///
+/// `StringTooLong`, `OutOfRange` or `TooLarge` when a field or the packet exceeds its wire
+/// limit.
 #[inline]
 pub fn encode_publish(
     header: &PublishHeader<'_>,

@@ -73,6 +73,11 @@ impl PublishEncodings {
     /// id patched in. Subscriber-specific properties (`flags.subscription_ids`,
     /// `flags.topic_alias`) are not applied: use [`encode_publish`] for those. Returns the
     /// number of bytes written.
+    ///
+    /// # Errors
+    ///
+    /// An `EncodeError` when the shared encoding cannot be made (a field or the packet exceeds
+    /// its wire limit).
     pub fn write(
         &self,
         out: &mut BytesMut,

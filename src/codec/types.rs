@@ -120,109 +120,168 @@ impl Packet {
 /// CONNECT: opens a session.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Connect {
+    /// Protocol level (MQTT 3.1.2.2); fixes the wire format for the whole connection.
     pub protocol: ProtocolVersion,
     /// "Clean Session" in 3.x, "Clean Start" in 5.0.
     pub clean_start: bool,
+    /// Keep Alive in seconds (MQTT 3.1.2.10); 0 disables the broker's idle timeout.
     pub keep_alive: u16,
+    /// Client Identifier (MQTT 3.1.3.1); may be empty, asking the broker to assign one.
     pub client_id: ByteString,
+    /// The Will Message, present when the Will Flag is set (MQTT 3.1.2.5).
     pub will: Option<LastWill>,
+    /// User Name (MQTT 3.1.3.5), present when its flag is set.
     pub username: Option<ByteString>,
+    /// Password (MQTT 3.1.3.6): binary data, present when its flag is set.
     pub password: Option<Bytes>,
+    /// CONNECT properties (MQTT 3.1.2.11); empty for 3.x.
     pub properties: ConnectProperties,
 }
 
 /// The will message carried in CONNECT.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct LastWill {
+    /// Will Topic (MQTT 3.1.3.3) the will is published to.
     pub topic: ByteString,
+    /// Will Payload (MQTT 3.1.3.4).
     pub payload: Bytes,
+    /// Will QoS (MQTT 3.1.2.6) the will is published with.
     pub qos: QoS,
+    /// Will Retain (MQTT 3.1.2.7): publish the will as a retained message.
     pub retain: bool,
+    /// Will Properties (MQTT 3.1.3.2); empty for 3.x.
     pub properties: WillProperties,
 }
 
 /// CONNECT properties (v5 only; empty for 3.x).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConnectProperties {
+    /// Session Expiry Interval in seconds (MQTT 3.1.2.11.2); absent means 0 (ends with the link).
     pub session_expiry_interval: Option<u32>,
+    /// Receive Maximum (MQTT 3.1.2.11.3): QoS 1 and 2 PUBLISHes the client accepts unacknowledged.
     pub receive_maximum: Option<u16>,
+    /// Maximum Packet Size (MQTT 3.1.2.11.4) the client accepts; the broker must not send larger.
     pub maximum_packet_size: Option<u32>,
+    /// Topic Alias Maximum (MQTT 3.1.2.11.5): aliases the broker may use towards the client.
     pub topic_alias_maximum: Option<u16>,
+    /// Request Response Information (MQTT 3.1.2.11.6): ask for Response Information in CONNACK.
     pub request_response_information: Option<bool>,
+    /// Request Problem Information (MQTT 3.1.2.11.7): false withholds Reason Strings etc.
     pub request_problem_information: Option<bool>,
+    /// Authentication Method (MQTT 3.1.2.11.9): names the enhanced authentication exchange.
     pub authentication_method: Option<ByteString>,
+    /// Authentication Data (MQTT 3.1.2.11.10): the method's first step.
     pub authentication_data: Option<Bytes>,
+    /// User Properties (MQTT 3.1.2.11.8).
     pub user_properties: UserProperties,
 }
 
 /// Will properties (v5 only).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct WillProperties {
+    /// Will Delay Interval in seconds (MQTT 3.1.3.2.2) before the will is published.
     pub will_delay_interval: Option<u32>,
+    /// Payload Format Indicator (MQTT 3.1.3.2.3): 1 declares a UTF-8 payload.
     pub payload_format_indicator: Option<u8>,
+    /// Message Expiry Interval in seconds (MQTT 3.1.3.2.4) of the will message.
     pub message_expiry_interval: Option<u32>,
+    /// Content Type (MQTT 3.1.3.2.5) of the will payload.
     pub content_type: Option<ByteString>,
+    /// Response Topic (MQTT 3.1.3.2.6) for request/response.
     pub response_topic: Option<ByteString>,
+    /// Correlation Data (MQTT 3.1.3.2.7) for request/response.
     pub correlation_data: Option<Bytes>,
+    /// User Properties (MQTT 3.1.3.2.8), forwarded with the will.
     pub user_properties: UserProperties,
 }
 
 /// CONNACK: the broker's answer to CONNECT.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConnAck {
+    /// Session Present (MQTT 3.2.2.1.1): the broker resumed a stored session.
     pub session_present: bool,
     /// v5 reason code; for 3.x the encoder maps it to the v3 return code (0..=5).
     pub reason_code: ReasonCode,
+    /// CONNACK properties (MQTT 3.2.2.3); not encoded for 3.x.
     pub properties: ConnAckProperties,
 }
 
 /// CONNACK properties (v5 only).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConnAckProperties {
+    /// Session Expiry Interval (MQTT 3.2.2.3.2) the broker uses, if it differs from the request.
     pub session_expiry_interval: Option<u32>,
+    /// Receive Maximum (MQTT 3.2.2.3.3): QoS 1 and 2 PUBLISHes the broker accepts unacknowledged.
     pub receive_maximum: Option<u16>,
+    /// Maximum QoS (MQTT 3.2.2.3.4) the broker accepts; absent means 2.
     pub maximum_qos: Option<QoS>,
+    /// Retain Available (MQTT 3.2.2.3.5); absent means true.
     pub retain_available: Option<bool>,
+    /// Maximum Packet Size (MQTT 3.2.2.3.6) the broker accepts.
     pub maximum_packet_size: Option<u32>,
+    /// Assigned Client Identifier (MQTT 3.2.2.3.7), when the client sent an empty one.
     pub assigned_client_identifier: Option<ByteString>,
+    /// Topic Alias Maximum (MQTT 3.2.2.3.8): aliases the client may use towards the broker.
     pub topic_alias_maximum: Option<u16>,
+    /// Reason String (MQTT 3.2.2.3.9): human-readable diagnostics.
     pub reason_string: Option<ByteString>,
+    /// User Properties (MQTT 3.2.2.3.10).
     pub user_properties: UserProperties,
+    /// Wildcard Subscription Available (MQTT 3.2.2.3.11); absent means true.
     pub wildcard_subscription_available: Option<bool>,
+    /// Subscription Identifiers Available (MQTT 3.2.2.3.12); absent means true.
     pub subscription_identifiers_available: Option<bool>,
+    /// Shared Subscription Available (MQTT 3.2.2.3.13); absent means true.
     pub shared_subscription_available: Option<bool>,
+    /// Server Keep Alive (MQTT 3.2.2.3.14): overrides the client's Keep Alive.
     pub server_keep_alive: Option<u16>,
+    /// Response Information (MQTT 3.2.2.3.15): basis for response topics, if requested.
     pub response_information: Option<ByteString>,
+    /// Server Reference (MQTT 3.2.2.3.16): another server to use.
     pub server_reference: Option<ByteString>,
+    /// Authentication Method (MQTT 3.2.2.3.17) of the enhanced authentication exchange.
     pub authentication_method: Option<ByteString>,
+    /// Authentication Data (MQTT 3.2.2.3.18): the method's last step.
     pub authentication_data: Option<Bytes>,
 }
 
 /// PUBLISH: an application message in flight.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Publish {
+    /// DUP flag (MQTT 3.3.1.1): a redelivery of an earlier attempt; always 0 for QoS 0.
     pub dup: bool,
+    /// QoS level (MQTT 3.3.1.2) of this delivery.
     pub qos: QoS,
+    /// RETAIN flag (MQTT 3.3.1.3): store as the topic's retained message, or mark one as retained.
     pub retain: bool,
     /// May be empty in v5 when a topic alias stands in for it.
     pub topic: ByteString,
     /// 0 for QoS 0 (absent on the wire); non-zero otherwise (MQTT-2.2.1-3).
     pub packet_id: u16,
+    /// Application Message payload (MQTT 3.3.3); opaque bytes.
     pub payload: Bytes,
+    /// PUBLISH properties (MQTT 3.3.2.3); empty for 3.x.
     pub properties: PublishProperties,
 }
 
 /// PUBLISH properties (v5 only).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct PublishProperties {
+    /// Payload Format Indicator (MQTT 3.3.2.3.2): 1 declares a UTF-8 payload.
     pub payload_format_indicator: Option<u8>,
+    /// Message Expiry Interval in seconds (MQTT 3.3.2.3.3); on delivery, the time left.
     pub message_expiry_interval: Option<u32>,
+    /// Topic Alias (MQTT 3.3.2.3.4) standing in for, or being set to, the topic name.
     pub topic_alias: Option<u16>,
+    /// Response Topic (MQTT 3.3.2.3.5) for request/response.
     pub response_topic: Option<ByteString>,
+    /// Correlation Data (MQTT 3.3.2.3.6) for request/response.
     pub correlation_data: Option<Bytes>,
+    /// User Properties (MQTT 3.3.2.3.7), forwarded unchanged (MQTT-3.3.2-17).
     pub user_properties: UserProperties,
     /// Present only on broker→client PUBLISH; one per matching subscription (MQTT-3.3.4-4).
     pub subscription_identifiers: SmallVec<[u32; 1]>,
+    /// Content Type (MQTT 3.3.2.3.9) of the payload, forwarded unchanged.
     pub content_type: Option<ByteString>,
 }
 
@@ -243,9 +302,11 @@ impl PublishProperties {
 /// PUBACK, PUBREC, PUBREL and PUBCOMP share one shape: a packet id plus an optional reason.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct PubResponse {
+    /// Packet Identifier (MQTT 2.2.1) of the PUBLISH or PUBREL being answered.
     pub packet_id: u16,
     /// Success (0x00) unless stated; omitted on the wire when 0 and there are no properties.
     pub reason_code: ReasonCode,
+    /// Properties (v5 only); empty for 3.x.
     pub properties: AckProperties,
 }
 
@@ -262,7 +323,9 @@ impl PubResponse {
 /// Properties shared by the acknowledgement packets (PUBACK..PUBCOMP, SUBACK, UNSUBACK).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct AckProperties {
+    /// Reason String: human-readable diagnostics, not to be parsed.
     pub reason_string: Option<ByteString>,
+    /// User Properties.
     pub user_properties: UserProperties,
 }
 
@@ -276,8 +339,11 @@ impl AckProperties {
 /// Per-filter subscription options (the v5 options byte; 3.x uses only `qos`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct SubscriptionOptions {
+    /// Maximum QoS (MQTT 3.8.3.1, bits 0-1) for messages sent on this subscription.
     pub qos: QoS,
+    /// No Local (bit 2): do not deliver the subscriber's own messages (v5 only).
     pub no_local: bool,
+    /// Retain As Published (bit 3): keep the RETAIN flag on forwarded messages (v5 only).
     pub retain_as_published: bool,
     /// 0: send retained on subscribe; 1: only if the subscription is new; 2: never.
     pub retain_handling: u8,
@@ -287,16 +353,22 @@ pub struct SubscriptionOptions {
 /// client gets a per-filter 0x8F instead of losing the connection.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Subscribe {
+    /// Packet Identifier (MQTT 2.2.1), echoed by the SUBACK.
     pub packet_id: u16,
+    /// Subscription Identifier (MQTT 3.8.2.1.2), returned on matching PUBLISHes (v5 only).
     pub subscription_identifier: Option<u32>,
+    /// User Properties (MQTT 3.8.2.1.3).
     pub user_properties: UserProperties,
+    /// Topic Filters with their options (MQTT 3.8.3), in request order.
     pub filters: Vec<(ByteString, SubscriptionOptions)>,
 }
 
 /// SUBACK: one reason code per requested filter, in order (MQTT-3.8.4-6).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct SubAck {
+    /// Packet Identifier (MQTT 2.2.1) of the SUBSCRIBE being answered.
     pub packet_id: u16,
+    /// Properties (v5 only): Reason String and User Properties.
     pub properties: AckProperties,
     /// v5 reason codes; 3.x encoders map granted QoS 0..2 as is and failures to 0x80.
     pub reason_codes: Vec<ReasonCode>,
@@ -305,47 +377,65 @@ pub struct SubAck {
 /// UNSUBSCRIBE.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Unsubscribe {
+    /// Packet Identifier (MQTT 2.2.1), echoed by the UNSUBACK.
     pub packet_id: u16,
+    /// User Properties (MQTT 3.10.2.1.2).
     pub user_properties: UserProperties,
+    /// Topic Filters to remove (MQTT 3.10.3), in request order.
     pub filters: Vec<ByteString>,
 }
 
 /// UNSUBACK: reason codes exist only in v5; 3.x carries just the packet id.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct UnsubAck {
+    /// Packet Identifier (MQTT 2.2.1) of the UNSUBSCRIBE being answered.
     pub packet_id: u16,
+    /// Properties (v5 only): Reason String and User Properties.
     pub properties: AckProperties,
+    /// One reason code per filter, in order (MQTT 3.11.3); v5 only.
     pub reason_codes: Vec<ReasonCode>,
 }
 
 /// DISCONNECT, sent by either side in v5; client-only and empty in 3.x.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Disconnect {
+    /// Disconnect Reason Code (MQTT 3.14.2.1); 0x00 is a normal disconnection.
     pub reason_code: ReasonCode,
+    /// DISCONNECT properties (MQTT 3.14.2.2); empty for 3.x.
     pub properties: DisconnectProperties,
 }
 
 /// DISCONNECT properties (v5 only).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct DisconnectProperties {
+    /// Session Expiry Interval (MQTT 3.14.2.2.2): a client may change it here, unless it was 0.
     pub session_expiry_interval: Option<u32>,
+    /// Reason String (MQTT 3.14.2.2.3): human-readable diagnostics.
     pub reason_string: Option<ByteString>,
+    /// User Properties (MQTT 3.14.2.2.4).
     pub user_properties: UserProperties,
+    /// Server Reference (MQTT 3.14.2.2.5): another server to use (broker to client).
     pub server_reference: Option<ByteString>,
 }
 
 /// AUTH (v5 only): enhanced authentication exchange.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Auth {
+    /// Authenticate Reason Code (MQTT 3.15.2.1): success, continue, or re-authenticate.
     pub reason_code: ReasonCode,
+    /// AUTH properties (MQTT 3.15.2.2).
     pub properties: AuthProperties,
 }
 
 /// AUTH properties.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct AuthProperties {
+    /// Authentication Method (MQTT 3.15.2.2.2); must match the one in CONNECT.
     pub authentication_method: Option<ByteString>,
+    /// Authentication Data (MQTT 3.15.2.2.3): this step of the exchange.
     pub authentication_data: Option<Bytes>,
+    /// Reason String (MQTT 3.15.2.2.4): human-readable diagnostics.
     pub reason_string: Option<ByteString>,
+    /// User Properties (MQTT 3.15.2.2.5).
     pub user_properties: UserProperties,
 }

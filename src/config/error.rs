@@ -93,7 +93,7 @@ impl ConfigError {
                 key, line, message, ..
             } => {
                 let doc = toml::de::DeTable::parse(text).ok();
-                let doc = doc.as_ref().map(|d| d.get_ref());
+                let doc = doc.as_ref().map(toml::Spanned::get_ref);
                 let (key, message) = match doc {
                     Some(doc) => (respell(doc, &key), respell(doc, &message)),
                     None => (key, message),
@@ -114,7 +114,7 @@ impl ConfigError {
 /// than an array (the one-table spelling of a one-entry array, like `[listener]`).
 fn respell(doc: &toml::de::DeTable<'_>, s: &str) -> String {
     let mut out = s.to_owned();
-    for (k, v) in doc.iter() {
+    for (k, v) in doc {
         if v.get_ref().is_table() {
             out = out.replace(&format!("{}[0]", k.get_ref()), k.get_ref());
         }
@@ -126,7 +126,7 @@ fn respell(doc: &toml::de::DeTable<'_>, s: &str) -> String {
 pub(super) fn parse_error(
     text: &str,
     origin: &str,
-    e: toml::de::Error,
+    e: &toml::de::Error,
     key: Option<String>,
 ) -> ConfigError {
     let (line, column) = match e.span() {

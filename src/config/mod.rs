@@ -121,6 +121,11 @@ impl Config {
     }
 
     /// Parses and validates TOML text; `origin` (usually the file name) is quoted in errors.
+    ///
+    /// # Errors
+    ///
+    /// A `ConfigError`, positioned in `text`, for TOML that does not parse, an unknown key or a
+    /// wrong type, or a value [`Config::validate`] rejects.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let config = Config::parse_unvalidated(text, origin)?;
         config.validate().map_err(|e| e.locate(text, origin))?;
@@ -128,6 +133,10 @@ impl Config {
     }
 
     /// Reads, parses and validates a config file; errors name `path`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load_with`]: the file cannot be read, or its content is invalid.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         Config::load_with(Some(path), &Overrides::default())
     }
@@ -137,6 +146,11 @@ impl Config {
     ///
     /// Errors are positioned in the file as usual; when a value involved came from a flag, the
     /// message says so (`-p 9000`), since the file alone would not explain it.
+    ///
+    /// # Errors
+    ///
+    /// A `ConfigError` when the file cannot be read, or its content (with `overrides` applied)
+    /// does not parse or validate.
     pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
         let (text, origin) = match path {
             Some(path) => (
@@ -178,11 +192,11 @@ impl Config {
     /// Parses TOML text into a `Config` without the cross-field rules; errors are positioned.
     fn parse_unvalidated(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let deserializer = toml::Deserializer::parse(text)
-            .map_err(|e| error::parse_error(text, origin, e, None))?;
+            .map_err(|e| error::parse_error(text, origin, &e, None))?;
         serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             let key = (path != ".").then_some(path);
-            error::parse_error(text, origin, e.into_inner(), key)
+            error::parse_error(text, origin, &e.into_inner(), key)
         })
     }
 

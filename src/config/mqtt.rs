@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, ConfigError};
 
-/// Largest possible MQTT packet: 1 byte fixed header + 4 bytes remaining length + 268_435_455.
+/// Largest possible MQTT packet: 1 byte fixed header + 4 bytes remaining length + `268_435_455`.
 pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_460;
 
 /// Smallest `mqtt.max_packet_size` accepted; below this not even a CONNECT with properties fits.

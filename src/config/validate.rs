@@ -13,6 +13,10 @@ impl Config {
     /// Call it again after overriding fields (e.g. from the command line), or use
     /// [`Config::load_with`]. Errors carry the key but no file position;
     /// [`Config::from_toml_str`] adds those.
+    ///
+    /// # Errors
+    ///
+    /// The first invalid value or conflicting pair of options found, with its key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.mqtt.validate()?;
         if let Err(message) = check_log_filter(&self.log.level) {

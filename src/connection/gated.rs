@@ -18,7 +18,7 @@ use crate::storage::{Durable, StorageError};
 
 /// Something to write once the store allows it.
 #[derive(Debug)]
-pub enum Gated {
+pub(super) enum Gated {
     /// An acknowledgement, encoded when released.
     Ack(AckKind, PubResponse),
     /// An already encoded PUBLISH.
@@ -27,7 +27,7 @@ pub enum Gated {
 
 /// Which acknowledgement a [`Gated::Ack`] is (they share one body).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AckKind {
+pub(super) enum AckKind {
     /// PUBACK.
     Ack,
     /// PUBREC.
@@ -40,7 +40,7 @@ pub enum AckKind {
 
 impl AckKind {
     /// The packet to encode.
-    pub fn packet(self, ack: PubResponse) -> Packet {
+    pub(super) fn packet(self, ack: PubResponse) -> Packet {
         match self {
             AckKind::Ack => Packet::PubAck(ack),
             AckKind::Rec => Packet::PubRec(ack),
@@ -52,34 +52,37 @@ impl AckKind {
 
 /// The per-connection FIFO of gated writes.
 #[derive(Debug, Default)]
-pub struct GatedWrites {
+pub(super) struct GatedWrites {
     queue: VecDeque<(Option<Durable>, Gated)>,
 }
 
 impl GatedWrites {
     /// True when nothing waits: a new ungated write may go straight to the socket.
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     /// Writes waiting; bounds how much a publisher may have unacknowledged.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.queue.len()
     }
 
     /// True when the front write waits for a commit (the connection's select arm).
-    pub fn waiting(&self) -> bool {
+    pub(super) fn waiting(&self) -> bool {
         matches!(self.queue.front(), Some((Some(_), _)))
     }
 
     /// Queues a write behind everything already waiting.
-    pub fn push(&mut self, durable: Option<Durable>, item: Gated) {
+    pub(super) fn push(&mut self, durable: Option<Durable>, item: Gated) {
         self.queue.push_back((durable, item));
     }
 
     /// Ready when the front write's commit is durable (or failed). The durable future stays
     /// in place until [`Self::release_front`], so polling it again is harmless.
-    pub fn poll_front_durable(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StorageError>> {
+    pub(super) fn poll_front_durable(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), StorageError>> {
         match self.queue.front_mut() {
             Some((Some(durable), _)) => Pin::new(durable).poll(cx),
             _ => Poll::Ready(Ok(())),
@@ -87,14 +90,14 @@ impl GatedWrites {
     }
 
     /// Marks the front write as no longer waiting (its commit is durable).
-    pub fn release_front(&mut self) {
+    pub(super) fn release_front(&mut self) {
         if let Some(front) = self.queue.front_mut() {
             front.0 = None;
         }
     }
 
     /// Takes the front write if nothing holds it back any more.
-    pub fn pop_ready(&mut self) -> Option<Gated> {
+    pub(super) fn pop_ready(&mut self) -> Option<Gated> {
         match self.queue.front() {
             Some((None, _)) => self.queue.pop_front().map(|(_, item)| item),
             _ => None,

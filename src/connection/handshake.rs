@@ -19,10 +19,10 @@ use crate::transport::ConnectionInfo;
 
 /// How long a client may take to send CONNECT after the socket opens (and, with enhanced
 /// authentication, to answer each AUTH challenge).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client that passed the handshake.
-pub struct Accepted {
+pub(super) struct Accepted {
     pub connect: Box<Connect>,
     pub attached: Attached,
     /// Keep-alive in force (may be lowered by the broker's maximum).
@@ -32,7 +32,7 @@ pub struct Accepted {
 }
 
 /// The enhanced authentication method of a connection (MQTT 5 §4.12).
-pub struct EnhancedAuth {
+pub(super) struct EnhancedAuth {
     /// The Authentication Method property, which every later AUTH must repeat (MQTT-4.12.0-5).
     pub method: ByteString,
     /// The method's implementation.
@@ -46,7 +46,7 @@ type Refusal = (ReasonCode, &'static str);
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
 /// client was rejected (the rejection CONNACK is flushed) or vanished. `info` is what the
 /// transport knows of the connection (for authentication to use later).
-pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
+pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
     shutdown: &CancellationToken,
@@ -75,7 +75,7 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         }
         let read = tokio::select! {
             r = tokio::time::timeout_at(deadline, io.read_some()) => r,
-            _ = shutdown.cancelled() => return None,
+            () = shutdown.cancelled() => return None,
         };
         match read {
             Ok(Ok(n)) if n > 0 => {}
@@ -176,12 +176,12 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Whether the client lets us send Reason Strings and User Properties (v5 Request Problem
 /// Information, default 1; MQTT-3.1.2-29). Always false for 3.x, which has neither.
-pub fn wants_problem_info(connect: &Connect) -> bool {
+pub(super) fn wants_problem_info(connect: &Connect) -> bool {
     connect.protocol.is_v5() && connect.properties.request_problem_information != Some(false)
 }
 
 /// The largest packet the client accepts (v5 Maximum Packet Size; unlimited otherwise).
-pub fn client_max_packet(connect: &Connect) -> usize {
+pub(super) fn client_max_packet(connect: &Connect) -> usize {
     connect
         .properties
         .maximum_packet_size
@@ -279,7 +279,7 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
         }
         let read = tokio::select! {
             r = tokio::time::timeout_at(deadline, io.read_some()) => r,
-            _ = shutdown.cancelled() => return Ok(None),
+            () = shutdown.cancelled() => return Ok(None),
         };
         match read {
             Ok(Ok(n)) if n > 0 => {}

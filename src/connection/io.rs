@@ -38,7 +38,7 @@ fn poll_read_buf<S: AsyncRead + Unpin>(
 }
 
 /// What one poll of the socket produced (see [`Io::poll_io`]).
-pub enum IoEvent {
+pub(super) enum IoEvent {
     /// A write completed: bytes written (0 means the peer is gone).
     Written(std::io::Result<usize>),
     /// A read completed: bytes read (0 means the peer closed).
@@ -47,7 +47,7 @@ pub enum IoEvent {
 
 /// One client's transport. The stream is not split: reads and writes are polled together by
 /// [`Io::poll_io`], which avoids `tokio::io::split`'s shared allocation and lock per connection.
-pub struct Io<S> {
+pub(super) struct Io<S> {
     /// The connected stream (TCP today; anything `AsyncRead + AsyncWrite + Unpin`).
     pub stream: S,
     /// Unparsed input; empty with no capacity while the connection is idle.
@@ -58,7 +58,7 @@ pub struct Io<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// Wraps a connected stream.
-    pub fn new(stream: S) -> Io<S> {
+    pub(super) fn new(stream: S) -> Io<S> {
         Io {
             stream,
             rbuf: BytesMut::new(),
@@ -69,7 +69,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// Polls one read into `rbuf`: straight into its spare capacity when it has some (a
     /// partial packet being completed), otherwise through the worker's scratch buffer, so no
     /// per-connection buffer is reserved before data actually arrives.
-    pub fn poll_read_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+    pub(super) fn poll_read_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         if self.rbuf.capacity() - self.rbuf.len() >= READ_CHUNK {
             return poll_read_buf(&mut self.stream, cx, &mut self.rbuf);
         }
@@ -101,7 +101,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// spare capacity still shares the allocation its packets were split from, so it is
     /// replaced whenever it is empty, not only when it has capacity left.
     #[inline]
-    pub fn release_read_buffer(&mut self) {
+    pub(super) fn release_read_buffer(&mut self) {
         if self.rbuf.is_empty() {
             self.rbuf = BytesMut::new();
         }
@@ -109,7 +109,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// Polls one write of the batch. The emptied buffer keeps its capacity for the next batch;
     /// [`Io::release_write_buffer`] gives it back once there is nothing more to send.
-    pub fn poll_write_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+    pub(super) fn poll_write_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         let n = ready!(Pin::new(&mut self.stream).poll_write(cx, &self.wbuf))?;
         if n == self.wbuf.len() {
             self.wbuf.clear();
@@ -123,14 +123,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// found nothing more to send, so an idle connection holds no write buffer. A busy one
     /// refills the buffer before it gets here and keeps reusing it.
     #[inline]
-    pub fn release_write_buffer(&mut self) {
+    pub(super) fn release_write_buffer(&mut self) {
         if self.wbuf.is_empty() && self.wbuf.capacity() > 0 {
             self.wbuf = BytesMut::new();
         }
     }
 
     /// Polls a write of the batch (when `write` and there is one), then a read (when `read`).
-    pub fn poll_event(&mut self, cx: &mut Context<'_>, write: bool, read: bool) -> Poll<IoEvent> {
+    pub(super) fn poll_event(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: bool,
+        read: bool,
+    ) -> Poll<IoEvent> {
         if write && !self.wbuf.is_empty() {
             if let Poll::Ready(r) = self.poll_write_some(cx) {
                 return Poll::Ready(IoEvent::Written(r));
@@ -145,12 +150,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     }
 
     /// Reads once; 0 means the peer closed.
-    pub async fn read_some(&mut self) -> std::io::Result<usize> {
+    pub(super) async fn read_some(&mut self) -> std::io::Result<usize> {
         std::future::poll_fn(|cx| self.poll_read_some(cx)).await
     }
 
     /// Appends a control packet to the write batch.
-    pub fn queue(&mut self, packet: &Packet, version: ProtocolVersion) {
+    pub(super) fn queue(&mut self, packet: &Packet, version: ProtocolVersion) {
         if let Err(e) = codec::encode(packet, version, &mut self.wbuf) {
             tracing::warn!(packet = packet.name(), error = %e, "cannot encode packet");
         }
@@ -158,7 +163,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// Appends a control packet that must fit the peer's Maximum Packet Size, leaving out
     /// what the spec lets a sender leave out ([`codec::encode_within`]), or nothing at all.
-    pub fn queue_within(&mut self, packet: &Packet, version: ProtocolVersion, max: usize) {
+    pub(super) fn queue_within(&mut self, packet: &Packet, version: ProtocolVersion, max: usize) {
         match codec::encode_within(packet, version, max, &mut self.wbuf) {
             Ok(true) => {}
             Ok(false) => tracing::debug!(
@@ -171,7 +176,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     }
 
     /// Writes out everything batched so far.
-    pub async fn flush(&mut self) -> std::io::Result<()> {
+    pub(super) async fn flush(&mut self) -> std::io::Result<()> {
         if !self.wbuf.is_empty() {
             self.stream.write_all(&self.wbuf).await?;
             self.wbuf = BytesMut::new();

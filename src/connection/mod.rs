@@ -98,17 +98,17 @@ mod size_tests {
             listener: "tcp".into(),
         };
         let fut = serve(stream, info, broker, CancellationToken::new());
-        let size = std::mem::size_of_val(&fut);
+        let size = size_of_val(&fut);
         println!(
             "PROBE future {size} client {} session {}",
-            std::mem::size_of::<client::Client<tokio::net::TcpStream>>(),
-            std::mem::size_of::<crate::broker::Session>()
+            size_of::<client::Client<tokio::net::TcpStream>>(),
+            size_of::<crate::broker::Session>()
         );
         assert!(size <= 256, "connection future is {size} B");
-        let client = std::mem::size_of::<client::Client<tokio::net::TcpStream>>();
+        let client = size_of::<client::Client<tokio::net::TcpStream>>();
         assert!(client <= 320, "client state is {client} B");
         // The Arc adds two counters (16 B).
-        let session = std::mem::size_of::<crate::broker::Session>();
+        let session = size_of::<crate::broker::Session>();
         assert!(session <= 304, "session is {session} B");
     }
 }

@@ -61,6 +61,10 @@ pub use store::{
 /// (`<dir>/store.corrupt-<unix-secs>`), whatever could be verified is kept, and the problem is
 /// logged with `tracing::error!`. Only errors that leave no store at all (the directory cannot
 /// be created or written) are returned. Does blocking file I/O: call it before serving.
+///
+/// # Errors
+///
+/// Only when no store can be had at all: the directory cannot be created or written.
 pub fn open(config: &StorageConfig) -> Result<Arc<dyn Store>, StorageError> {
     match config.persistence_dir() {
         None => Ok(Arc::new(MemoryStore::new())),

@@ -212,7 +212,7 @@ impl StoredMessage {
     pub fn size_estimate(&self) -> u64 {
         let p = &self.properties;
         let props = p.response_topic.as_ref().map_or(0, |s| s.len())
-            + p.correlation_data.as_ref().map_or(0, |s| s.len())
+            + p.correlation_data.as_ref().map_or(0, Bytes::len)
             + p.content_type.as_ref().map_or(0, |s| s.len())
             + p.user_properties
                 .iter()

@@ -33,7 +33,7 @@ struct MessageSlot {
 
 /// Everything persisted, in memory.
 #[derive(Debug, Default)]
-pub struct State {
+pub(super) struct State {
     sessions: BTreeMap<ByteString, SessionState>,
     messages: HashMap<MessageId, MessageSlot>,
     /// Messages put during the current batch; dropped at its end if still unreferenced.
@@ -75,7 +75,7 @@ fn will_size(client_id: &ByteString, will: &LastWill) -> u64 {
 
 impl State {
     /// Applies one op (see the module doc for what is ignored).
-    pub fn apply(&mut self, op: Op) {
+    pub(super) fn apply(&mut self, op: Op) {
         match op {
             Op::PutSession(meta) => match self.sessions.get_mut(&meta.client_id) {
                 Some(s) => s.meta = meta,
@@ -256,7 +256,7 @@ impl State {
     }
 
     /// Ends a batch: messages put in it that no entry references are dropped.
-    pub fn end_batch(&mut self) {
+    pub(super) fn end_batch(&mut self) {
         for id in std::mem::take(&mut self.unreferenced) {
             if self.messages.get(&id).is_some_and(|slot| slot.refs == 0) {
                 if let Some(slot) = self.messages.remove(&id) {
@@ -268,7 +268,7 @@ impl State {
 
     /// Drops `Queued` entries whose message expired, and expired retained messages. In-flight
     /// entries stay: their handshake must complete. Returns how many records went.
-    pub fn purge_expired(&mut self, now_unix_ms: u64) -> usize {
+    pub(super) fn purge_expired(&mut self, now_unix_ms: u64) -> usize {
         let mut expired: Vec<(ByteString, u64)> = Vec::new();
         for (client_id, s) in &self.sessions {
             for (seq, entry) in &s.queue {
@@ -300,7 +300,7 @@ impl State {
     }
 
     /// A copy of everything, for [`super::Store::load`].
-    pub fn to_snapshot(&self) -> Snapshot {
+    pub(super) fn to_snapshot(&self) -> Snapshot {
         let sessions = self
             .sessions
             .values()
@@ -341,7 +341,7 @@ impl State {
 
     /// Calls `f` with ops that rebuild this state from empty (bodies before the entries that
     /// reference them). This is what a snapshot file holds.
-    pub fn for_each_op(&self, mut f: impl FnMut(&Op)) {
+    pub(super) fn for_each_op(&self, mut f: impl FnMut(&Op)) {
         for s in self.sessions.values() {
             let client_id = &s.meta.client_id;
             f(&Op::PutSession(s.meta.clone()));

@@ -170,6 +170,11 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// with policy `reject`, or after a writer failure. A submit larger than the whole queue
     /// capacity is still taken when the queue is empty. An empty `ops` gets a ticket too
     /// (a barrier: durable once everything before it is).
+    ///
+    /// # Errors
+    ///
+    /// A `Rejected` with the ops handed back, as above: writer queue full, over the disk budget
+    /// with policy `reject`, or after a writer failure or close.
     fn submit(&self, ops: Vec<Op>) -> Result<Submitted, Rejected>;
 
     /// Watch of the durable ticket; `wait_durable` is built on it. One receiver per task is
@@ -178,6 +183,11 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Everything persisted, reflecting every submit made before this call. Blocks until the
     /// writer has committed those; call it at startup (or from `spawn_blocking`).
+    ///
+    /// # Errors
+    ///
+    /// A `StorageError` when the writer failed or closed before committing them, or when reading
+    /// the store fails.
     fn load(&self) -> Result<Snapshot, StorageError>;
 
     /// A fresh message id, never handed out before (also across restarts).
@@ -191,18 +201,32 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Commits and syncs everything submitted, then stops the writer. Later submits fail with
     /// [`StorageError::Closed`]. Also done on drop; call it at shutdown to see errors.
+    ///
+    /// # Errors
+    ///
+    /// The error of the final commit or sync, or the failure that stopped the writer earlier.
     fn close(&self) -> Result<(), StorageError>;
 }
 
 impl dyn Store + '_ {
     /// Resolves once `ticket` is durable per the fsync policy; errors if the writer failed or
     /// the store closed first. The PUBACK/PUBREC of a QoS 1/2 PUBLISH awaits this.
+    ///
+    /// # Errors
+    ///
+    /// `StorageError::Failed` when the writer stopped before `ticket` became durable;
+    /// `StorageError::Closed` when the store closed first.
     pub async fn wait_durable(&self, ticket: Ticket) -> Result<(), StorageError> {
         wait_durable(&mut self.durable(), ticket).await
     }
 }
 
 /// Awaits `ticket` on a receiver obtained from [`Store::durable`] (reuse it across calls).
+///
+/// # Errors
+///
+/// `StorageError::Failed` when the writer stopped before `ticket` became durable;
+/// `StorageError::Closed` when the store closed first.
 pub async fn wait_durable(
     rx: &mut watch::Receiver<DurableState>,
     ticket: Ticket,
@@ -211,16 +235,13 @@ pub async fn wait_durable(
         .wait_for(|s| s.ticket >= ticket || s.failed)
         .await
         .map(|state| *state);
-    let state = match result {
-        Ok(state) => state,
-        Err(_) => {
-            // Sender gone: the last value is final.
-            let last = *rx.borrow();
-            if last.ticket >= ticket {
-                return Ok(());
-            }
-            return Err(StorageError::Closed);
+    let Ok(state) = result else {
+        // Sender gone: the last value is final.
+        let last = *rx.borrow();
+        if last.ticket >= ticket {
+            return Ok(());
         }
+        return Err(StorageError::Closed);
     };
     if state.ticket >= ticket {
         Ok(())

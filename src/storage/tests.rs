@@ -527,11 +527,11 @@ fn expiry_is_stored_as_absolute_wall_clock_time() {
 #[test]
 fn group_commit_batches_many_submits_into_few_commits() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = std::sync::Arc::new(open_at(dir.path(), opts()));
+    let store = Arc::new(open_at(dir.path(), opts()));
     commit(&*store, vec![session("c")]);
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
-            let store = std::sync::Arc::clone(&store);
+            let store = Arc::clone(&store);
             std::thread::spawn(move || {
                 let mut last = 0;
                 for i in 0..250u64 {
@@ -1066,16 +1066,14 @@ fn random_bytes_never_panic_the_decoder() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut valid = Vec::new();
-    let mut enc = super::record::Enc(&mut valid);
+    let mut enc = record::Enc(&mut valid);
     // Built once: it stamps the current time, which may tick between two calls.
     let ops = every_put_op();
     enc.u32(ops.len() as u32);
     for op in &ops {
         enc.op(op);
     }
-    let decoded = super::record::Dec::new(&valid)
-        .ops()
-        .expect("valid decodes");
+    let decoded = record::Dec::new(&valid).ops().expect("valid decodes");
     assert_eq!(decoded, ops);
     for _ in 0..2000 {
         let mut bytes = valid.clone();
@@ -1084,7 +1082,7 @@ fn random_bytes_never_panic_the_decoder() {
             bytes[i] = rng.random();
         }
         bytes.truncate(rng.random_range(0..=bytes.len()));
-        let _ = super::record::Dec::new(&bytes).ops();
+        let _ = record::Dec::new(&bytes).ops();
     }
 }
 
@@ -1157,7 +1155,7 @@ fn crash_child() {
         Ok("never") => FsyncPolicy::Never,
         _ => FsyncPolicy::EveryBatch,
     };
-    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(open_at(
+    let store: Arc<dyn Store> = Arc::new(open_at(
         Path::new(&dir),
         LogOptions {
             fsync,
@@ -1177,7 +1175,7 @@ fn crash_child() {
         store.wait_durable(t.ticket).await.expect("durable");
         let tasks: Vec<_> = (0..4u64)
             .map(|k| {
-                let store = std::sync::Arc::clone(&store);
+                let store = Arc::clone(&store);
                 tokio::spawn(async move {
                     let mut rx = store.durable();
                     let deadline = Instant::now() + Duration::from_secs(20);

@@ -32,7 +32,7 @@ pub fn prepare() -> Option<FdCapacity> {
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes into the valid `rlimit` we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
         return None;
     }
     if limit.rlim_cur < limit.rlim_max {
@@ -41,11 +41,12 @@ pub fn prepare() -> Option<FdCapacity> {
             rlim_max: limit.rlim_max,
         };
         // SAFETY: setrlimit only reads the valid `rlimit` we pass.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
             limit.rlim_cur = limit.rlim_max;
         }
     }
-    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on 64-bit Linux, not everywhere
+    #[allow(clippy::unnecessary_cast, trivial_numeric_casts)]
+    // rlim_t is u64 on 64-bit Linux, not everywhere
     let soft_limit = limit.rlim_cur as u64;
     let target = soft_limit.min(MAX_PREGROWN_FDS);
     let pregrown = if target > 64 && grow_table_to(target - 1) {
@@ -104,10 +105,11 @@ mod tests {
         };
         // SAFETY: getrlimit writes into the valid `rlimit` we pass.
         assert_eq!(
-            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) },
             0
         );
-        #[allow(clippy::unnecessary_cast)] // rlim_t is u64 on 64-bit Linux, not everywhere
+        #[allow(clippy::unnecessary_cast, trivial_numeric_casts)]
+        // rlim_t is u64 on 64-bit Linux, not everywhere
         let soft = limit.rlim_cur as u64;
         assert_eq!(capacity.soft_limit, soft);
         assert_eq!(limit.rlim_cur, limit.rlim_max, "soft limit raised to hard");

@@ -40,7 +40,7 @@ pub struct ConnectionInfo {
 
 /// Everything a listener needs to hand an accepted stream to the broker: one per server,
 /// cloned into every listener.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Handoff {
     broker: Arc<Broker>,
     shutdown: CancellationToken,
@@ -93,6 +93,11 @@ pub trait Listener: Send {
 
 /// Binds the listener `config` describes, named `name`. Binding is synchronous so a start-up
 /// that cannot bind fails before anything is served.
+///
+/// # Errors
+///
+/// The OS error when the address cannot be bound (in use, no permission) or the socket
+/// options cannot be set.
 pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
     Ok(Box::new(PlainTcpListener::bind(name, config)?))
 }

@@ -12,6 +12,7 @@ use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
 use crate::config::ListenerConfig;
 
 /// A bound plain-TCP MQTT listener.
+#[derive(Debug)]
 pub struct PlainTcpListener {
     name: Arc<str>,
     listener: tokio::net::TcpListener,
@@ -21,6 +22,11 @@ pub struct PlainTcpListener {
 
 impl PlainTcpListener {
     /// Binds `config.bind` (with a large backlog and `TCP_DEFER_ACCEPT`, see below).
+    ///
+    /// # Errors
+    ///
+    /// The OS error when the address cannot be bound (in use, no permission) or the socket
+    /// options cannot be set.
     pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<PlainTcpListener> {
         let listener = bind_listener(config.bind)?;
         let local_addr = listener.local_addr()?;
@@ -61,7 +67,7 @@ impl PlainTcpListener {
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
-                _ = stop.cancelled() => return,
+                () = stop.cancelled() => return,
             };
             let (stream, peer) = match accepted {
                 Ok(pair) => pair,
@@ -133,8 +139,8 @@ fn defer_accept_until_data(listener: &tokio::net::TcpListener) {
             listener.as_raw_fd(),
             libc::IPPROTO_TCP,
             libc::TCP_DEFER_ACCEPT,
-            (&secs as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            (&raw const secs).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     if rc != 0 {

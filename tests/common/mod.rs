@@ -1,6 +1,8 @@
 //! Shared test harness: the real broker in-process on an ephemeral loopback port, a raw MQTT
 //! client for byte-level cases, and bounded waits (no sleeps as synchronisation).
-#![allow(dead_code)]
+// Compiled into each test crate as a private `mod common`: `pub` is the harness API, and not
+// every test crate uses every helper.
+#![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,5 +1,7 @@
 //! Mosquitto's command-line clients as test peers (`apt-get install mosquitto-clients`).
-#![allow(dead_code)]
+// Compiled into each test crate as a private `mod common`: `pub` is the harness API, and not
+// every test crate uses every helper.
+#![allow(dead_code, unreachable_pub)]
 
 use std::process::Stdio;
 

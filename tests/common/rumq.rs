@@ -1,5 +1,7 @@
 //! rumqttc v4 (3.1.1) and v5 clients driven by a background event loop, with bounded waits.
-#![allow(dead_code)]
+// Compiled into each test crate as a private `mod common`: `pub` is the harness API, and not
+// every test crate uses every helper.
+#![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
 use std::time::Duration;

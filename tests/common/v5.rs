@@ -1,6 +1,8 @@
 //! Byte-level MQTT 5 helpers on top of [`RawClient`]: connect with chosen properties,
 //! subscribe, publish and wait for the acknowledgement, expect or rule out packets.
-#![allow(dead_code)]
+// Compiled into each test crate as a private `mod common`: `pub` is the harness API, and not
+// every test crate uses every helper.
+#![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
 use std::time::Duration;

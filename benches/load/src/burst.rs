@@ -59,19 +59,11 @@ fn start_connect(broker: SocketAddrV4, source: SocketAddrV4) -> io::Result<Owned
             0,
         ))?;
         let fd = OwnedFd::from_raw_fd(raw);
-        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
         let local = sockaddr(source);
-        check(libc::bind(
-            fd.as_raw_fd(),
-            (&local as *const libc::sockaddr_in).cast(),
-            len,
-        ))?;
+        check(libc::bind(fd.as_raw_fd(), (&raw const local).cast(), len))?;
         let remote = sockaddr(broker);
-        let rc = libc::connect(
-            fd.as_raw_fd(),
-            (&remote as *const libc::sockaddr_in).cast(),
-            len,
-        );
+        let rc = libc::connect(fd.as_raw_fd(), (&raw const remote).cast(), len);
         if rc < 0 {
             let err = io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::EINPROGRESS) {
@@ -86,6 +78,13 @@ fn start_connect(broker: SocketAddrV4, source: SocketAddrV4) -> io::Result<Owned
 /// from the next source tuple `next_source` gives (skipping tuples in use). `connect_packet`
 /// encodes the CONNECT of the i-th client. Returns the connected sockets (non-blocking) in
 /// completion order.
+///
+/// # Errors
+///
+/// A socket call fails, a handshake is refused or malformed, or not all `n` connect in time.
+// libc casts: EPOLLET is bit 31 of an i32 flag set (reinterpreted as the u32 `events`), the
+// event buffer is small, and epoll_wait/send/recv counts are cast only once non-negative.
+#[allow(clippy::cast_sign_loss, clippy::cast_possible_wrap)]
 pub fn connect_all(
     broker: SocketAddrV4,
     n: usize,
@@ -116,7 +115,7 @@ pub fn connect_all(
                                 io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable
                             ) =>
                     {
-                        attempt += 1
+                        attempt += 1;
                     }
                     Err(e) => return Err(e).context(format!("connect to {broker}")),
                 }
@@ -135,7 +134,7 @@ pub fn connect_all(
                     epoll.as_raw_fd(),
                     libc::EPOLL_CTL_ADD,
                     fd.as_raw_fd(),
-                    &mut event,
+                    &raw mut event,
                 )
             })?;
             slots[slot] = Some(Pending {

@@ -1,6 +1,6 @@
 //! A minimal MQTT client for load generation, built on the broker's own codec.
 //!
-//! One TCP socket, TCP_NODELAY, one read buffer and one write buffer: callers append many
+//! One TCP socket, `TCP_NODELAY`, one read buffer and one write buffer: callers append many
 //! packets to `wbuf` and send them with one write, and decode every complete packet a read
 //! brings. No background task, no channel, no per-message allocation on the publish path, so
 //! the generator stays cheaper per message than the broker it measures.
@@ -45,10 +45,10 @@ pub struct ConnectOptions {
     /// own 127.0.0.x address and port, so neither a source address runs out of ports nor the
     /// kernel spends the run searching for free ones.
     pub source: Option<SocketAddr>,
-    /// Set TCP_NODELAY (every scenario that sends after the handshake). Idle clients skip the
+    /// Set `TCP_NODELAY` (every scenario that sends after the handshake). Idle clients skip the
     /// system call: in the `connections` scenario the generator's core is the bottleneck.
     pub nodelay: bool,
-    /// Set SO_REUSEADDR before binding `source`, so a source port still in TIME_WAIT can be
+    /// Set `SO_REUSEADDR` before binding `source`, so a source port still in `TIME_WAIT` can be
     /// bound again. The `connections` scenario skips it: its tuples are fresh each run and
     /// closed with a reset, and a tuple in use just moves it on to the next one.
     pub reuse_source: bool,
@@ -73,6 +73,7 @@ impl ConnectOptions {
 }
 
 /// One connected client.
+#[derive(Debug)]
 pub struct Conn {
     /// The socket; scenario loops use its readiness API directly.
     pub stream: TcpStream,
@@ -87,6 +88,10 @@ pub struct Conn {
 }
 
 /// Refuses any broker address off this machine: load is only ever aimed at loopback.
+///
+/// # Errors
+///
+/// When `addr` is not a loopback address.
 pub fn ensure_loopback(addr: SocketAddr) -> Result<()> {
     if !addr.ip().is_loopback() {
         bail!("refusing to load {addr}: the generator only targets loopback (127.0.0.0/8, ::1)");
@@ -105,8 +110,8 @@ fn defer_port_choice(socket: &TcpSocket) {
             socket.as_raw_fd(),
             libc::IPPROTO_IP,
             libc::IP_BIND_ADDRESS_NO_PORT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
         );
     }
 }
@@ -132,6 +137,10 @@ pub fn connect_packet(opts: &ConnectOptions) -> Packet {
 impl Conn {
     /// Wraps a non-blocking socket that finished its MQTT handshake elsewhere (the
     /// `connections` scenario's burst); must be called inside the runtime.
+    ///
+    /// # Errors
+    ///
+    /// When tokio cannot register the socket (no runtime, or the reactor refuses it).
     pub fn from_connected(stream: std::net::TcpStream, version: ProtocolVersion) -> Result<Conn> {
         Ok(Conn {
             stream: TcpStream::from_std(stream)?,
@@ -143,6 +152,11 @@ impl Conn {
     }
 
     /// Opens a TCP connection, sends CONNECT and waits for a successful CONNACK.
+    ///
+    /// # Errors
+    ///
+    /// A non-loopback `addr`, a socket or connect failure, or a CONNACK that is missing, late or
+    /// refuses the connection.
     pub async fn connect(addr: SocketAddr, opts: &ConnectOptions) -> Result<Conn> {
         ensure_loopback(addr)?;
         let socket = if addr.is_ipv4() {
@@ -189,12 +203,20 @@ impl Conn {
     }
 
     /// Appends an encoded packet to the write buffer.
+    ///
+    /// # Errors
+    ///
+    /// When the packet cannot be encoded.
     pub fn queue(&mut self, packet: &Packet) -> Result<()> {
         codec::encode(packet, self.version, &mut self.wbuf)
             .map_err(|e| anyhow!("encode {}: {e}", packet.name()))
     }
 
     /// Appends a PUBLISH without building a `Publish` (the hot path of every publisher).
+    ///
+    /// # Errors
+    ///
+    /// When the PUBLISH cannot be encoded.
     #[inline]
     pub fn queue_publish(
         &mut self,
@@ -218,6 +240,10 @@ impl Conn {
     }
 
     /// Writes everything queued.
+    ///
+    /// # Errors
+    ///
+    /// The socket's write error.
     pub async fn flush(&mut self) -> Result<()> {
         if !self.wbuf.is_empty() {
             self.stream.write_all(&self.wbuf).await?;
@@ -228,6 +254,10 @@ impl Conn {
 
     /// Reads once into `rbuf`; a closed connection is an error (brokers never close first
     /// in a healthy run).
+    ///
+    /// # Errors
+    ///
+    /// The socket's read error, or the broker closed the connection.
     pub async fn read_more(&mut self) -> Result<usize> {
         self.rbuf.reserve(READ_CHUNK);
         match self.stream.read_buf(&mut self.rbuf).await? {
@@ -237,6 +267,10 @@ impl Conn {
     }
 
     /// Reads whatever the socket has without waiting; `Ok(0)` when nothing is there.
+    ///
+    /// # Errors
+    ///
+    /// The socket's read error, or the broker closed the connection.
     pub fn try_read_more(&mut self) -> Result<usize> {
         self.rbuf.reserve(READ_CHUNK);
         match self.stream.try_read_buf(&mut self.rbuf) {
@@ -248,6 +282,10 @@ impl Conn {
     }
 
     /// Writes as much of `wbuf` as the socket takes without waiting.
+    ///
+    /// # Errors
+    ///
+    /// The socket's write error (not `WouldBlock`, which just stops the write).
     pub fn try_write_some(&mut self) -> Result<()> {
         if self.wbuf.is_empty() {
             return Ok(());
@@ -266,6 +304,10 @@ impl Conn {
     }
 
     /// Decodes the next complete packet from `rbuf`, if any.
+    ///
+    /// # Errors
+    ///
+    /// When the bytes are not a valid packet at the connection's protocol level.
     #[inline]
     pub fn next_packet(&mut self) -> Result<Option<Packet>> {
         codec::decode(&mut self.rbuf, Some(self.version), MAX_PACKET)
@@ -273,6 +315,10 @@ impl Conn {
     }
 
     /// Waits for the next packet (control traffic: reads in small chunks).
+    ///
+    /// # Errors
+    ///
+    /// A read or decode error, or the broker closed the connection.
     pub async fn recv(&mut self) -> Result<Packet> {
         loop {
             if let Some(packet) = self.next_packet()? {
@@ -286,6 +332,10 @@ impl Conn {
     }
 
     /// Waits for the next packet, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Conn::recv`], or no packet within `limit`.
     pub async fn recv_within(&mut self, limit: Duration) -> Result<Packet> {
         tokio::time::timeout(limit, self.recv())
             .await
@@ -296,6 +346,10 @@ impl Conn {
     ///
     /// PUBLISH packets that arrive before the SUBACK (retained messages, or a persistent
     /// session's backlog) stay in `rbuf`'s place: they are handed back to the caller.
+    ///
+    /// # Errors
+    ///
+    /// A write, read or decode error, no SUBACK in time, or a refused filter.
     pub async fn subscribe(
         &mut self,
         filters: &[(String, QoS)],
@@ -335,7 +389,7 @@ impl Conn {
         }
     }
 
-    /// Closes at once with a reset (SO_LINGER 0): no DISCONNECT and no TIME_WAIT left
+    /// Closes at once with a reset (`SO_LINGER` 0): no DISCONNECT and no `TIME_WAIT` left
     /// behind, for tearing down thousands of idle clients.
     pub fn abort(self) {
         let _ = self.stream.set_zero_linger();

@@ -35,7 +35,7 @@ fn source_tuple(t: u64) -> SocketAddr {
 }
 
 /// Connects from the next free source tuple, skipping tuples that are still in use (by
-/// another program, or in TIME_WAIT towards the same broker).
+/// another program, or in `TIME_WAIT` towards the same broker).
 async fn connect_from(
     addr: SocketAddr,
     opts: &mut ConnectOptions,
@@ -119,6 +119,10 @@ async fn connect_with_tasks(
 
 /// C idle clients: connect rate, broker RSS per connection, and a PINGREQ round to prove
 /// every one of them is still served.
+///
+/// # Errors
+///
+/// When the open-file limit cannot be raised, or connecting or pinging a client fails.
 pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
     let n = p.connections;
     let limit = procfs::raise_nofile(n as u64 + 1024)?;
@@ -196,12 +200,12 @@ pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
         }
     }
     // Every connection must still be alive: one PINGREQ each, all answered.
-    for conn in conns.iter_mut() {
+    for conn in &mut conns {
         conn.queue(&Packet::PingReq)?;
         conn.flush().await?;
     }
     let mut alive = 0u64;
-    for conn in conns.iter_mut() {
+    for conn in &mut conns {
         match tokio::time::timeout_at(deadline, conn.recv()).await {
             Ok(Ok(Packet::PingResp)) => alive += 1,
             Ok(_) => {}

@@ -215,11 +215,9 @@ fn execute(command: Command) -> Result<ExitCode> {
 /// retained message, every idle connection), so scripts notice without parsing the output.
 fn run(args: &RunArgs) -> Result<ExitCode> {
     let params = args.params()?;
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get));
     let runtime = if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -12,6 +12,10 @@ use std::time::Instant;
 /// `schedstat` when the kernel has it (threads that exit mid-run drop out of that sum, which
 /// the brokers measured here do not do), else user + system ticks from `stat` (10 ms steps,
 /// too coarse for sub-second runs).
+///
+/// # Errors
+///
+/// When `/proc/PID/stat` cannot be read or parsed (e.g. the process is gone).
 pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     match schedstat_seconds(pid) {
         Some(s) => Ok(s),
@@ -64,6 +68,10 @@ fn clock_ticks_per_second() -> f64 {
 }
 
 /// A `VmXxx:` line of `/proc/PID/status` in KiB (`VmRSS` now, `VmHWM` peak).
+///
+/// # Errors
+///
+/// When the status file cannot be read, or has no `key` line.
 pub fn status_kib(pid: u32, key: &str) -> io::Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
@@ -115,13 +123,17 @@ impl CpuMeter {
 
 /// Raises this process's open-file limit (soft, and hard when allowed) to at least `want`.
 /// Returns the soft limit in force afterwards.
+///
+/// # Errors
+///
+/// When the limit cannot be read or set.
 pub fn raise_nofile(want: u64) -> io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `lim` is a valid, writable rlimit for the duration of the call.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) } != 0 {
         return Err(io::Error::last_os_error());
     }
     if lim.rlim_cur >= want {
@@ -137,7 +149,7 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
         rlim_max: lim.rlim_max.max(want.min(nr_open)),
     };
     // SAFETY: `raised` is a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
         return Ok(raised.rlim_cur);
     }
     let capped = libc::rlimit {
@@ -145,7 +157,7 @@ pub fn raise_nofile(want: u64) -> io::Result<u64> {
         rlim_max: lim.rlim_max,
     };
     // SAFETY: as above.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &capped) } != 0 {
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const capped) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(capped.rlim_cur)

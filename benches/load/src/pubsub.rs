@@ -151,6 +151,11 @@ pub fn new_histogram() -> Histogram<u64> {
 }
 
 /// Runs `plan` to completion or to its bounds.
+///
+/// # Errors
+///
+/// A payload too small for the stamp, or a publisher or subscriber failed (connect,
+/// subscribe, or the broker misbehaving).
 pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
     if plan.payload_len < STAMP_LEN {
         bail!("payload must be at least {STAMP_LEN} bytes to carry the stamp");
@@ -245,8 +250,8 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
                     publish_done = Some(result.finished);
                 }
             }
-            _ = progress.notify.notified() => {}
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            () = progress.notify.notified() => {}
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
         let delivered = progress.delivered.load(Ordering::Relaxed);
         if delivered != last_delivered {
@@ -347,7 +352,7 @@ async fn subscriber(
         }
         tokio::select! {
             biased;
-            _ = ctx.stop.cancelled() => break,
+            () = ctx.stop.cancelled() => break,
             read = conn.read_more() => { read?; }
         }
     }
@@ -417,6 +422,8 @@ async fn publisher(
     let t0 = Instant::now();
     loop {
         let allowed = match plan.rate {
+            // Elapsed time and rate are both non-negative; `as` saturates.
+            #[allow(clippy::cast_sign_loss)]
             Some(r) => ((t0.elapsed().as_secs_f64() * r) as u64 + 1).min(plan.count),
             None => plan.count,
         };
@@ -448,7 +455,7 @@ async fn publisher(
         };
         tokio::select! {
             biased;
-            _ = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
+            () = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
             ready = async { conn.stream.ready(interest.unwrap_or(Interest::READABLE)).await }, if interest.is_some() => {
                 let ready = ready?;
                 if ready.is_writable() {
@@ -465,7 +472,7 @@ async fn publisher(
                     }
                 }
             }
-            _ = tokio::time::sleep_until(rate_wait.unwrap_or(t0).into()), if rate_wait.is_some() => {}
+            () = tokio::time::sleep_until(rate_wait.unwrap_or(t0).into()), if rate_wait.is_some() => {}
             else => bail!("publisher stalled"),
         }
     }

@@ -68,9 +68,9 @@ pub struct Report {
     pub broker_cpu_pct: Option<f64>,
     /// Broker CPU microseconds per delivered message (lower is better; throughput-neutral).
     pub broker_cpu_us_per_msg: Option<f64>,
-    /// Broker peak resident memory since it started (VmHWM), KiB.
+    /// Broker peak resident memory since it started (`VmHWM`), KiB.
     pub broker_peak_rss_kib: Option<u64>,
-    /// Broker resident memory at the end of the run (VmRSS), KiB.
+    /// Broker resident memory at the end of the run (`VmRSS`), KiB.
     pub broker_rss_kib: Option<u64>,
     /// Generator CPU, percent of one core: near 100 means the client may be the bottleneck.
     pub generator_cpu_pct: Option<f64>,
@@ -211,6 +211,10 @@ impl Report {
     }
 
     /// Appends the report as one JSON line to `path`.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be opened or written.
     pub fn append_json(&self, path: &Path) -> Result<()> {
         let line = serde_json::to_string(self)?;
         let mut f = OpenOptions::new()

@@ -15,6 +15,11 @@ use crate::tracker::SeqTracker;
 
 /// R retained messages stored (QoS 1, pipelined), then one subscriber to `#` receives them:
 /// `duration_s` is the time from SUBSCRIBE to the last one.
+///
+/// # Errors
+///
+/// When a client cannot connect, a PUBACK is refused or late, or not every retained message
+/// arrives in time.
 pub async fn run(p: &Params, run: u32, report: &mut Report) -> Result<()> {
     let n = p.retained as u64;
     report.publishers = 1;
@@ -156,9 +161,8 @@ async fn clear_retained(p: &Params, run: u32, base: &str) -> Result<()> {
     conn.queue_publish(&format!("{base}/fence"), QoS::AtLeastOnce, 1, false, &[])?;
     conn.flush().await?;
     loop {
-        match conn.recv_within(HANDSHAKE_TIMEOUT).await? {
-            Packet::PubAck(_) => break,
-            _ => continue,
+        if let Packet::PubAck(_) = conn.recv_within(HANDSHAKE_TIMEOUT).await? {
+            break;
         }
     }
     conn.disconnect().await;

@@ -179,6 +179,11 @@ impl Params {
 
 /// Runs one scenario and returns its report (broker CPU and memory included when
 /// `broker_pid` is given).
+///
+/// # Errors
+///
+/// A non-loopback broker address, or the scenario's own error (broker CPU and memory are
+/// best effort).
 pub async fn run(scenario: Scenario, p: &Params) -> Result<Report> {
     ensure_loopback(p.addr)?;
     let run_id = run_id();

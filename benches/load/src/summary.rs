@@ -146,6 +146,10 @@ pub const REFERENCE: &str = "postbox";
 
 /// Reads JSON lines (one report each) from `path`; unreadable lines are skipped with a
 /// warning on stderr, so one broken run does not hide the rest.
+///
+/// # Errors
+///
+/// When `path` cannot be read.
 pub fn load(path: &Path) -> Result<Vec<Value>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     let mut rows = Vec::new();

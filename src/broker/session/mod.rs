@@ -34,7 +34,9 @@ pub const NEVER_EXPIRES: u32 = u32::MAX;
 /// A client's session, shared by the router and the client's connection.
 #[derive(Debug)]
 pub struct Session {
+    /// Broker-internal id, cheaper to compare than the client id.
     pub id: SessionId,
+    /// Client Identifier the session belongs to.
     pub client_id: ByteString,
     state: Mutex<SessionState>,
     /// Wakes the connection task: deliveries arrived, a window opened, the session was taken
@@ -51,7 +53,9 @@ pub struct Session {
 /// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionSubscription {
+    /// Subscription Options granted (MQTT 3.8.3.1).
     pub options: SubscriptionOptions,
+    /// Subscription Identifier (MQTT 3.8.2.1.2), if the SUBSCRIBE carried one.
     pub identifier: Option<u32>,
 }
 
@@ -81,10 +85,13 @@ pub struct ConnectionSlot {
 /// Queue bounds applied when a delivery is appended.
 #[derive(Clone, Copy, Debug)]
 pub struct QueueLimits {
+    /// Most deliveries a session may queue beyond its inflight window.
     pub max_messages: usize,
     /// 0 = no byte bound.
     pub max_bytes: usize,
+    /// Queue QoS 0 messages for offline sessions too (`mqtt.queue_qos0_messages`).
     pub queue_qos0_offline: bool,
+    /// What a full queue drops: the oldest delivery or the new one.
     pub overflow: OverflowPolicy,
 }
 
@@ -97,7 +104,9 @@ pub enum Admission {
     /// the `Enqueue` op first, then calls [`Session::push_reserved`], so the subscriber's ack
     /// (a `RemoveEntry`) can never reach the log before the entry itself.
     Reserved {
+        /// The delivery, held back until its `Enqueue` op is submitted.
         delivery: Delivery,
+        /// What admitting it did to the queue.
         outcome: EnqueueOutcome,
         /// `seq` of a persisted delivery dropped to make room (drop-oldest policy).
         victim: Option<u64>,
@@ -109,6 +118,7 @@ pub enum Admission {
 /// What happened to a delivery handed to [`Session::enqueue`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EnqueueOutcome {
+    /// Appended to the queue.
     Queued,
     /// Queued, and an older message was dropped to make room (drop-oldest policy).
     QueuedDroppedOldest,

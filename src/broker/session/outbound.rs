@@ -79,9 +79,17 @@ pub enum Resend {
 pub enum PubRecAnswer {
     /// Send PUBREL with this reason code once `ops` are durable (none for a repeated PUBREC
     /// or an unknown id, which gets 0x92).
-    Release { reason: ReasonCode, ops: Vec<Op> },
+    Release {
+        /// Reason code of the PUBREL: success, or 0x92 for an unknown packet id.
+        reason: ReasonCode,
+        /// Store op recording the new handshake stage, if the delivery was persisted.
+        ops: Vec<Op>,
+    },
     /// The receiver refused the message (reason ≥ 0x80): it is done, no PUBREL (v5 §4.3.3).
-    Refused { ops: Vec<Op> },
+    Refused {
+        /// Store op removing the finished delivery, if it was persisted.
+        ops: Vec<Op>,
+    },
 }
 
 impl SessionState {

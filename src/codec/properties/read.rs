@@ -7,7 +7,7 @@ use super::super::reader::Reader;
 use super::super::topic::has_wildcards;
 use super::super::types::*;
 use super::super::DecodeError;
-use super::id::{self, *};
+use super::id::*;
 
 type Result<T> = std::result::Result<T, DecodeError>;
 
@@ -25,7 +25,7 @@ fn set<T>(slot: &mut Option<T>, value: T) -> Result<()> {
 /// The error for an identifier outside the packet's allowed set: Malformed (spec 5.0 §2.2.2.2).
 #[cold]
 fn not_allowed(id: usize) -> DecodeError {
-    if id::is_known(id) {
+    if is_known(id) {
         DecodeError::Malformed("property not allowed in this packet")
     } else {
         DecodeError::Malformed("unknown property identifier")
@@ -93,7 +93,7 @@ pub(in super::super) fn connect(r: &mut Reader) -> Result<ConnectProperties> {
             MAXIMUM_PACKET_SIZE => set(&mut p.maximum_packet_size, maximum_packet_size(&mut s)?)?,
             TOPIC_ALIAS_MAXIMUM => set(&mut p.topic_alias_maximum, s.u16()?)?,
             REQUEST_RESPONSE_INFORMATION => {
-                set(&mut p.request_response_information, flag(&mut s)?)?
+                set(&mut p.request_response_information, flag(&mut s)?)?;
             }
             REQUEST_PROBLEM_INFORMATION => set(&mut p.request_problem_information, flag(&mut s)?)?,
             AUTHENTICATION_METHOD => set(&mut p.authentication_method, s.string()?)?,
@@ -119,7 +119,7 @@ pub(in super::super) fn will(r: &mut Reader) -> Result<WillProperties> {
         match s.varint()? {
             WILL_DELAY_INTERVAL => set(&mut p.will_delay_interval, s.u32()?)?,
             PAYLOAD_FORMAT_INDICATOR => {
-                set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?
+                set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?;
             }
             MESSAGE_EXPIRY_INTERVAL => set(&mut p.message_expiry_interval, s.u32()?)?,
             CONTENT_TYPE => set(&mut p.content_type, s.string()?)?,
@@ -146,7 +146,7 @@ pub(in super::super) fn connack(r: &mut Reader) -> Result<ConnAckProperties> {
                     1 => QoS::AtLeastOnce,
                     _ => return Err(DecodeError::Protocol("Maximum QoS other than 0 or 1")),
                 };
-                set(&mut p.maximum_qos, qos)?
+                set(&mut p.maximum_qos, qos)?;
             }
             RETAIN_AVAILABLE => set(&mut p.retain_available, flag(&mut s)?)?,
             MAXIMUM_PACKET_SIZE => set(&mut p.maximum_packet_size, maximum_packet_size(&mut s)?)?,
@@ -155,13 +155,13 @@ pub(in super::super) fn connack(r: &mut Reader) -> Result<ConnAckProperties> {
             REASON_STRING => set(&mut p.reason_string, s.string()?)?,
             USER_PROPERTY => p.user_properties.push(s.pair()?),
             WILDCARD_SUBSCRIPTION_AVAILABLE => {
-                set(&mut p.wildcard_subscription_available, flag(&mut s)?)?
+                set(&mut p.wildcard_subscription_available, flag(&mut s)?)?;
             }
             SUBSCRIPTION_IDENTIFIER_AVAILABLE => {
-                set(&mut p.subscription_identifiers_available, flag(&mut s)?)?
+                set(&mut p.subscription_identifiers_available, flag(&mut s)?)?;
             }
             SHARED_SUBSCRIPTION_AVAILABLE => {
-                set(&mut p.shared_subscription_available, flag(&mut s)?)?
+                set(&mut p.shared_subscription_available, flag(&mut s)?)?;
             }
             SERVER_KEEP_ALIVE => set(&mut p.server_keep_alive, s.u16()?)?,
             RESPONSE_INFORMATION => set(&mut p.response_information, s.string()?)?,
@@ -185,7 +185,7 @@ pub(in super::super) fn publish(r: &mut Reader) -> Result<PublishProperties> {
     while !s.is_empty() {
         match s.varint()? {
             PAYLOAD_FORMAT_INDICATOR => {
-                set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?
+                set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?;
             }
             MESSAGE_EXPIRY_INTERVAL => set(&mut p.message_expiry_interval, s.u32()?)?,
             TOPIC_ALIAS => set(&mut p.topic_alias, s.u16()?)?,

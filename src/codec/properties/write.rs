@@ -48,7 +48,7 @@ fn four<S: Sink>(s: &mut S, id: usize, v: Option<u32>) {
 }
 
 #[inline]
-fn string<S: Sink>(s: &mut S, id: usize, v: &Option<ByteString>) -> Result {
+fn string<S: Sink>(s: &mut S, id: usize, v: Option<&ByteString>) -> Result {
     if let Some(v) = v {
         s.u8(id as u8);
         s.string(v)?;
@@ -57,7 +57,7 @@ fn string<S: Sink>(s: &mut S, id: usize, v: &Option<ByteString>) -> Result {
 }
 
 #[inline]
-fn binary<S: Sink>(s: &mut S, id: usize, v: &Option<Bytes>) -> Result {
+fn binary<S: Sink>(s: &mut S, id: usize, v: Option<&Bytes>) -> Result {
     if let Some(v) = v {
         s.u8(id as u8);
         s.binary(v)?;
@@ -101,8 +101,12 @@ impl WriteProperties for ConnectProperties {
             REQUEST_PROBLEM_INFORMATION,
             self.request_problem_information,
         );
-        string(s, AUTHENTICATION_METHOD, &self.authentication_method)?;
-        binary(s, AUTHENTICATION_DATA, &self.authentication_data)?;
+        string(
+            s,
+            AUTHENTICATION_METHOD,
+            self.authentication_method.as_ref(),
+        )?;
+        binary(s, AUTHENTICATION_DATA, self.authentication_data.as_ref())?;
         user(s, &self.user_properties)
     }
 }
@@ -112,9 +116,9 @@ impl WriteProperties for WillProperties {
         four(s, WILL_DELAY_INTERVAL, self.will_delay_interval);
         byte(s, PAYLOAD_FORMAT_INDICATOR, self.payload_format_indicator);
         four(s, MESSAGE_EXPIRY_INTERVAL, self.message_expiry_interval);
-        string(s, CONTENT_TYPE, &self.content_type)?;
-        string(s, RESPONSE_TOPIC, &self.response_topic)?;
-        binary(s, CORRELATION_DATA, &self.correlation_data)?;
+        string(s, CONTENT_TYPE, self.content_type.as_ref())?;
+        string(s, RESPONSE_TOPIC, self.response_topic.as_ref())?;
+        binary(s, CORRELATION_DATA, self.correlation_data.as_ref())?;
         user(s, &self.user_properties)
     }
 }
@@ -136,10 +140,10 @@ impl WriteProperties for ConnAckProperties {
         string(
             s,
             ASSIGNED_CLIENT_IDENTIFIER,
-            &self.assigned_client_identifier,
+            self.assigned_client_identifier.as_ref(),
         )?;
         two(s, TOPIC_ALIAS_MAXIMUM, self.topic_alias_maximum);
-        string(s, REASON_STRING, &self.reason_string)?;
+        string(s, REASON_STRING, self.reason_string.as_ref())?;
         user(s, &self.user_properties)?;
         flag(
             s,
@@ -157,10 +161,14 @@ impl WriteProperties for ConnAckProperties {
             self.shared_subscription_available,
         );
         two(s, SERVER_KEEP_ALIVE, self.server_keep_alive);
-        string(s, RESPONSE_INFORMATION, &self.response_information)?;
-        string(s, SERVER_REFERENCE, &self.server_reference)?;
-        string(s, AUTHENTICATION_METHOD, &self.authentication_method)?;
-        binary(s, AUTHENTICATION_DATA, &self.authentication_data)
+        string(s, RESPONSE_INFORMATION, self.response_information.as_ref())?;
+        string(s, SERVER_REFERENCE, self.server_reference.as_ref())?;
+        string(
+            s,
+            AUTHENTICATION_METHOD,
+            self.authentication_method.as_ref(),
+        )?;
+        binary(s, AUTHENTICATION_DATA, self.authentication_data.as_ref())
     }
 }
 
@@ -169,19 +177,19 @@ impl WriteProperties for PublishProperties {
         byte(s, PAYLOAD_FORMAT_INDICATOR, self.payload_format_indicator);
         four(s, MESSAGE_EXPIRY_INTERVAL, self.message_expiry_interval);
         two(s, TOPIC_ALIAS, self.topic_alias);
-        string(s, RESPONSE_TOPIC, &self.response_topic)?;
-        binary(s, CORRELATION_DATA, &self.correlation_data)?;
+        string(s, RESPONSE_TOPIC, self.response_topic.as_ref())?;
+        binary(s, CORRELATION_DATA, self.correlation_data.as_ref())?;
         user(s, &self.user_properties)?;
         for &id in &self.subscription_identifiers {
             subscription_identifier(s, id)?;
         }
-        string(s, CONTENT_TYPE, &self.content_type)
+        string(s, CONTENT_TYPE, self.content_type.as_ref())
     }
 }
 
 impl WriteProperties for AckProperties {
     fn write<S: Sink>(&self, s: &mut S) -> Result {
-        string(s, REASON_STRING, &self.reason_string)?;
+        string(s, REASON_STRING, self.reason_string.as_ref())?;
         user(s, &self.user_properties)
     }
 }
@@ -189,17 +197,21 @@ impl WriteProperties for AckProperties {
 impl WriteProperties for DisconnectProperties {
     fn write<S: Sink>(&self, s: &mut S) -> Result {
         four(s, SESSION_EXPIRY_INTERVAL, self.session_expiry_interval);
-        string(s, REASON_STRING, &self.reason_string)?;
+        string(s, REASON_STRING, self.reason_string.as_ref())?;
         user(s, &self.user_properties)?;
-        string(s, SERVER_REFERENCE, &self.server_reference)
+        string(s, SERVER_REFERENCE, self.server_reference.as_ref())
     }
 }
 
 impl WriteProperties for AuthProperties {
     fn write<S: Sink>(&self, s: &mut S) -> Result {
-        string(s, AUTHENTICATION_METHOD, &self.authentication_method)?;
-        binary(s, AUTHENTICATION_DATA, &self.authentication_data)?;
-        string(s, REASON_STRING, &self.reason_string)?;
+        string(
+            s,
+            AUTHENTICATION_METHOD,
+            self.authentication_method.as_ref(),
+        )?;
+        binary(s, AUTHENTICATION_DATA, self.authentication_data.as_ref())?;
+        string(s, REASON_STRING, self.reason_string.as_ref())?;
         user(s, &self.user_properties)
     }
 }

@@ -111,7 +111,7 @@ fn packet_too_large_is_detected_from_the_fixed_header_alone() {
     assert!(decode_fixed_header(&[0x30, 0x08], 10).is_ok());
     assert!(decode_fixed_header(&[0x30, 0x09], 10).is_err());
     assert_eq!(
-        DecodeError::PacketTooLarge { size: 1, max: 0 }.reason_code(),
+        PacketTooLarge { size: 1, max: 0 }.reason_code(),
         ReasonCode::PACKET_TOO_LARGE
     );
 }

@@ -10,6 +10,8 @@ use super::super::*;
 use super::{dec, enc, V3, V4, V5};
 
 /// Asserts `bytes` decodes to `packet` at `version` and `packet` encodes back to `bytes`.
+// Every vector builds its packet inline at the call.
+#[allow(clippy::needless_pass_by_value)]
 fn both(bytes: &[u8], version: ProtocolVersion, packet: Packet) {
     assert_eq!(
         dec(bytes, Some(version)).as_ref(),

@@ -62,6 +62,8 @@ impl Close {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// DISCONNECT from the client, possibly with a new Session Expiry Interval.
+    // Like every packet handler, takes the decoded packet it is dispatched with.
+    #[allow(clippy::needless_pass_by_value)]
     pub(super) fn on_disconnect(&mut self, disconnect: Disconnect) -> Result<(), Close> {
         if let Some(expiry) = disconnect.properties.session_expiry_interval {
             if self.session.set_expiry_at_disconnect(expiry).is_err() {

@@ -154,6 +154,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     }
 
     /// PUBREL: PUBCOMP once the session's release of the id is stored (MQTT-4.3.3-11).
+    // Like every packet handler, takes the decoded packet it is dispatched with.
+    #[allow(clippy::needless_pass_by_value)]
     pub(super) fn on_pubrel(&mut self, rel: PubResponse) {
         let answer = self.session.on_pubrel(rel.packet_id);
         let mut comp = PubResponse::new(rel.packet_id);

@@ -49,7 +49,7 @@ enum Wake {
 type InboundAliases = HashMap<u16, ByteString, foldhash::fast::RandomState>;
 
 /// One connected client.
-pub struct Client<S> {
+pub(super) struct Client<S> {
     io: Io<S>,
     session: SessionHandle,
     /// Where the connection came from (peer address, listener), for logs.
@@ -97,7 +97,7 @@ const MAX_GATED_WRITES: usize = 1024;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Takes over the connection from the handshake.
-    pub fn new(mut io: Io<S>, accepted: Accepted, info: ConnectionInfo) -> Client<S> {
+    pub(super) fn new(mut io: Io<S>, accepted: Accepted, info: ConnectionInfo) -> Client<S> {
         let Accepted {
             connect,
             attached,
@@ -162,7 +162,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     }
 
     /// Runs until the connection ends, then settles the will and the session.
-    pub async fn run(mut self: Box<Self>) {
+    pub(super) async fn run(mut self: Box<Self>) {
         self.report_keep_alive_deadline();
         if self.session_present {
             self.retransmit_inflight();

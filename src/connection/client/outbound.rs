@@ -136,6 +136,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 
     /// PUBREC: PUBREL once the session's new stage is stored (MQTT-4.3.3-4); nothing when the
     /// receiver refused the message (reason ≥ 0x80, v5 §4.3.3).
+    // Like every packet handler, takes the decoded packet it is dispatched with.
+    #[allow(clippy::needless_pass_by_value)]
     pub(super) fn on_pubrec(&mut self, rec: PubResponse) {
         let Some(answer) = self
             .session
@@ -173,7 +175,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     self.pending_inbound = self.pending_inbound.saturating_sub(1);
                 }
                 self.io
-                    .queue_within(&kind.packet(ack), self.version, self.client_max_packet)
+                    .queue_within(&kind.packet(ack), self.version, self.client_max_packet);
             }
             Gated::Encoded(bytes) => self.io.wbuf.extend_from_slice(&bytes),
         }

@@ -104,6 +104,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         Ok(())
     }
 
+    // Like every packet handler, takes the decoded packet it is dispatched with.
+    #[allow(clippy::needless_pass_by_value)]
     pub(super) fn on_unsubscribe(&mut self, unsubscribe: Unsubscribe) {
         let reason_codes = unsubscribe
             .filters

@@ -13,9 +13,9 @@ use std::path::Path;
 use crate::storage::StorageError;
 
 /// First bytes of a log file.
-pub(super) const LOG_MAGIC: &[u8; 8] = b"PBXLOG\0\x01";
+pub(super) const LOG_MAGIC: [u8; 8] = *b"PBXLOG\0\x01";
 /// First bytes of a snapshot file.
-pub(super) const SNAPSHOT_MAGIC: &[u8; 8] = b"PBXSNAP\x01";
+pub(super) const SNAPSHOT_MAGIC: [u8; 8] = *b"PBXSNAP\x01";
 /// Format version in every file header.
 const FORMAT_VERSION: u32 = 1;
 /// Bytes of a file header.
@@ -46,9 +46,9 @@ pub(super) fn finish_frame(buf: &mut [u8], start: usize) {
 }
 
 /// The header of file `gen` of the kind `magic` names.
-pub(super) fn file_header(magic: &[u8; 8], gen: u64) -> [u8; HEADER_LEN] {
+pub(super) fn file_header(magic: [u8; 8], gen: u64) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
-    h[..8].copy_from_slice(magic);
+    h[..8].copy_from_slice(&magic);
     h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     h[12..20].copy_from_slice(&gen.to_le_bytes());
     let crc = crc32fast::hash(&h[..20]);
@@ -57,11 +57,11 @@ pub(super) fn file_header(magic: &[u8; 8], gen: u64) -> [u8; HEADER_LEN] {
 }
 
 /// Checks that `buf` starts with the header of file `gen` of the kind `magic` names.
-pub(super) fn check_header(buf: &[u8], magic: &[u8; 8], gen: u64) -> Result<(), String> {
+pub(super) fn check_header(buf: &[u8], magic: [u8; 8], gen: u64) -> Result<(), String> {
     let Some(h) = buf.get(..HEADER_LEN) else {
         return Err("file shorter than its header".to_owned());
     };
-    if &h[..8] != magic {
+    if h[..8] != magic {
         return Err("bad magic".to_owned());
     }
     if file_header(magic, gen) != *h {
@@ -195,9 +195,9 @@ pub(super) fn remove_older_than(dir: &Path, gen: u64) {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
         let old = match parse_name(name) {
-            Some(FileKind::Log(g)) | Some(FileKind::Snapshot(g)) => g < gen,
-            Some(FileKind::Temp) => false, // a running snapshot write owns it
-            None => false,
+            Some(FileKind::Log(g) | FileKind::Snapshot(g)) => g < gen,
+            // A temp file belongs to a running snapshot write; other names are not ours.
+            Some(FileKind::Temp) | None => false,
         };
         if old {
             if let Err(error) = fs::remove_file(entry.path()) {

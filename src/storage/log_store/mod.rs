@@ -166,6 +166,11 @@ pub struct LogStore {
 
 impl LogStore {
     /// Opens (recovering, or moving a corrupt store aside) the store in `<dir>/store`.
+    ///
+    /// # Errors
+    ///
+    /// A `StorageError` when the directory cannot be created or written. A corrupt store is
+    /// moved aside rather than failing the call.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<LogStore, StorageError> {
         fs::create_dir_all(dir)
             .map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;

@@ -87,7 +87,7 @@ impl Writer {
                         match self.commit(batch, waiters) {
                             Ok(()) => {}
                             Err((error, waiters)) => {
-                                self.fail(error);
+                                self.fail(&error);
                                 self.tell_failed(waiters);
                             }
                         }
@@ -124,7 +124,7 @@ impl Writer {
                 Ok(cmd) => return Some(cmd),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Err(error) = self.sync() {
-                        self.fail(error);
+                        self.fail(&error);
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => return None,
@@ -294,7 +294,7 @@ impl Writer {
 
     /// Stops making anything durable: an fsync error cannot be retried safely (the kernel may
     /// have dropped the dirty pages), so waiting publishers must be told instead of acked.
-    fn fail(&mut self, error: StorageError) {
+    fn fail(&mut self, error: &StorageError) {
         tracing::error!(%error, dir = %self.dir.display(),
             "storage writer failed: no further message will be acknowledged as durable");
         *self.shared.failure.lock() = Some(error.to_string());

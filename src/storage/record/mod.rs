@@ -11,13 +11,13 @@
 mod read;
 mod write;
 
-pub use read::Dec;
-pub use write::Enc;
+pub(super) use read::Dec;
+pub(super) use write::Enc;
 
 /// Why bytes could not be decoded; always means corruption or a format bug.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what} at byte {pos}")]
-pub struct DecodeError {
+pub(super) struct DecodeError {
     /// What was expected.
     pub what: &'static str,
     /// Offset in the decoded buffer.

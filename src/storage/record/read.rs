@@ -13,19 +13,19 @@ use crate::codec::{
 use crate::storage::{EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord};
 
 /// Reads encodings back, bounds-checked.
-pub struct Dec<'a> {
+pub(crate) struct Dec<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Dec<'a> {
     /// A reader at the start of `buf` (one frame body).
-    pub fn new(buf: &'a [u8]) -> Dec<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Dec<'a> {
         Dec { buf, pos: 0 }
     }
 
     /// True once every byte was read: a frame with bytes left over is corrupt.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pos >= self.buf.len()
     }
 
@@ -51,19 +51,19 @@ impl<'a> Dec<'a> {
     }
 
     /// Reads a little-endian `u8` (frame kinds and counts are read with these).
-    pub fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.array::<1>("u8")?[0])
     }
     /// Reads a little-endian `u16` (frame kinds and counts are read with these).
-    pub fn u16(&mut self) -> Result<u16, DecodeError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.array("u16")?))
     }
     /// Reads a little-endian `u32` (frame kinds and counts are read with these).
-    pub fn u32(&mut self) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.array("u32")?))
     }
     /// Reads a little-endian `u64` (frame kinds and counts are read with these).
-    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         Ok(u64::from_le_bytes(self.array("u64")?))
     }
     fn bool(&mut self) -> Result<bool, DecodeError> {
@@ -224,7 +224,7 @@ impl<'a> Dec<'a> {
     }
 
     /// Reads one op.
-    pub fn op(&mut self) -> Result<Op, DecodeError> {
+    pub(crate) fn op(&mut self) -> Result<Op, DecodeError> {
         let tag_pos = self.pos;
         Ok(match self.u8()? {
             PUT_SESSION => Op::PutSession(SessionMeta {
@@ -315,7 +315,7 @@ impl<'a> Dec<'a> {
     }
 
     /// Reads a `u32` count followed by that many ops (a log frame's body).
-    pub fn ops(&mut self) -> Result<Vec<Op>, DecodeError> {
+    pub(crate) fn ops(&mut self) -> Result<Vec<Op>, DecodeError> {
         let n = self.count(2)?;
         let mut ops = Vec::with_capacity(n);
         for _ in 0..n {

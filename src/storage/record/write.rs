@@ -9,23 +9,23 @@ use crate::codec::{LastWill, QoS, SubscriptionOptions, UserProperties};
 use crate::storage::{EntryStage, Op, StoredMessage};
 
 /// Appends encodings to a `Vec<u8>`.
-pub struct Enc<'a>(pub &'a mut Vec<u8>);
+pub(crate) struct Enc<'a>(pub &'a mut Vec<u8>);
 
 impl Enc<'_> {
     /// Appends a little-endian `u8` (frame kinds and counts are written with these).
-    pub fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
     /// Appends a little-endian `u16` (frame kinds and counts are written with these).
-    pub fn u16(&mut self, v: u16) {
+    pub(crate) fn u16(&mut self, v: u16) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// Appends a little-endian `u32` (frame kinds and counts are written with these).
-    pub fn u32(&mut self, v: u32) {
+    pub(crate) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     /// Appends a little-endian `u64` (frame kinds and counts are written with these).
-    pub fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
     fn bool(&mut self, v: bool) {
@@ -66,7 +66,7 @@ impl Enc<'_> {
             }
         }
     }
-    fn opt_str(&mut self, v: &Option<ByteString>) {
+    fn opt_str(&mut self, v: Option<&ByteString>) {
         match v {
             None => self.u8(0),
             Some(x) => {
@@ -75,7 +75,7 @@ impl Enc<'_> {
             }
         }
     }
-    fn opt_bytes(&mut self, v: &Option<Bytes>) {
+    fn opt_bytes(&mut self, v: Option<&Bytes>) {
         match v {
             None => self.u8(0),
             Some(x) => {
@@ -94,7 +94,7 @@ impl Enc<'_> {
     fn qos(&mut self, q: QoS) {
         self.u8(q as u8);
     }
-    fn options(&mut self, o: &SubscriptionOptions) {
+    fn options(&mut self, o: SubscriptionOptions) {
         self.qos(o.qos);
         self.bool(o.no_local);
         self.bool(o.retain_as_published);
@@ -108,10 +108,10 @@ impl Enc<'_> {
         let p = &m.properties;
         self.opt_u8(p.payload_format_indicator);
         self.opt_u32(p.message_expiry_interval);
-        self.opt_str(&p.response_topic);
-        self.opt_bytes(&p.correlation_data);
+        self.opt_str(p.response_topic.as_ref());
+        self.opt_bytes(p.correlation_data.as_ref());
         self.user_properties(&p.user_properties);
-        self.opt_str(&p.content_type);
+        self.opt_str(p.content_type.as_ref());
         self.u64(m.received_at_unix_ms);
         self.opt_u64(m.expires_at_unix_ms);
     }
@@ -124,9 +124,9 @@ impl Enc<'_> {
         self.opt_u32(p.will_delay_interval);
         self.opt_u8(p.payload_format_indicator);
         self.opt_u32(p.message_expiry_interval);
-        self.opt_str(&p.content_type);
-        self.opt_str(&p.response_topic);
-        self.opt_bytes(&p.correlation_data);
+        self.opt_str(p.content_type.as_ref());
+        self.opt_str(p.response_topic.as_ref());
+        self.opt_bytes(p.correlation_data.as_ref());
         self.user_properties(&p.user_properties);
     }
     fn stage(&mut self, s: EntryStage) {
@@ -148,7 +148,7 @@ impl Enc<'_> {
     }
 
     /// Appends one op.
-    pub fn op(&mut self, op: &Op) {
+    pub(crate) fn op(&mut self, op: &Op) {
         match op {
             Op::PutSession(meta) => {
                 self.u8(PUT_SESSION);
@@ -169,7 +169,7 @@ impl Enc<'_> {
                 self.u8(PUT_SUBSCRIPTION);
                 self.str(client_id);
                 self.str(filter);
-                self.options(&subscription.options);
+                self.options(subscription.options);
                 self.opt_u32(subscription.identifier);
             }
             Op::DeleteSubscription { client_id, filter } => {
