@@ -51,7 +51,7 @@ pub struct Answer {
 }
 
 /// The session expiry of a session opened with 0 cannot be raised at DISCONNECT
-/// (MQTT-3.14.2-2).
+/// (v5 §3.14.2.2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpiryRaisedFromZero;
 
@@ -281,11 +281,11 @@ impl SessionHandle {
     /// # Errors
     ///
     /// `ExpiryRaisedFromZero` when the session's expiry was 0 and `expiry` is not: a protocol
-    /// error (MQTT-3.14.2-2).
+    /// error (v5 §3.14.2.2.2).
     pub fn set_expiry_at_disconnect(&self, expiry: u32) -> Result<(), ExpiryRaisedFromZero> {
         let mut st = self.session.lock();
         if st.expiry_interval == 0 && expiry != 0 {
-            return Err(ExpiryRaisedFromZero); // MQTT-3.14.2-2
+            return Err(ExpiryRaisedFromZero); // v5 §3.14.2.2.2
         }
         st.expiry_interval = expiry.min(self.broker.config().session_expiry_interval_max);
         Ok(())
