@@ -7,8 +7,10 @@
 //! ([`Durable`]) must complete before it is sent. The driver decodes, calls, waits for the
 //! commit, and writes: it owns no QoS state and builds no store ops.
 //!
-//! A handle whose session was taken over by a newer connection keeps working on the session
-//! only where that is harmless (acks); [`SessionHandle::fill`] reports the takeover.
+//! A handle whose session was taken over by a newer connection finds out at its next
+//! [`SessionHandle::fill`] (which reports the takeover, and then the driver closes); until
+//! then its acks still apply (they are about messages it was sent), and a DISCONNECT's
+//! expiry from it is ignored.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,7 +34,7 @@ pub struct SessionHandle {
 /// What [`SessionHandle::fill`] did.
 #[derive(Debug)]
 pub enum Fill {
-    /// Another connection owns the session now (MQTT-3.1.4-2): close.
+    /// Another connection owns the session now (MQTT-3.1.4-3): close.
     TakenOver,
     /// Deliveries were handed to the sink (possibly none).
     Filled {
@@ -150,13 +152,13 @@ impl SessionHandle {
     }
 
     /// PUBACK from the client: the QoS 1 message is done (it was unacknowledged until now,
-    /// MQTT-4.3.2-1).
+    /// MQTT-4.3.2-3).
     pub fn on_puback(&self, packet_id: u16) {
         self.complete(packet_id, OutboundStage::AwaitPubAck);
     }
 
     /// PUBCOMP from the client: the QoS 2 message is done and its id free (the PUBREL was
-    /// unacknowledged until now, MQTT-4.3.3-1).
+    /// unacknowledged until now, MQTT-4.3.3-5).
     pub fn on_pubcomp(&self, packet_id: u16) {
         self.complete(packet_id, OutboundStage::AwaitPubComp);
     }
@@ -192,7 +194,8 @@ impl SessionHandle {
 
     // ----- messages from the client -----
 
-    /// Inbound QoS 1/2 messages awaiting release that Receive Maximum counts; `None` for a
+    /// Inbound QoS 2 messages awaiting PUBREL, the session's share of what Receive Maximum
+    /// counts (the connection adds its QoS 1 PUBLISHes not yet acknowledged); `None` for a
     /// QoS 2 re-send of an id awaiting PUBREL (not a new PUBLISH).
     pub fn unreleased_inbound(&self, qos: QoS, packet_id: u16) -> Option<usize> {
         self.session.lock().unreleased(qos, packet_id)
@@ -210,7 +213,13 @@ impl SessionHandle {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
         if !receipt.fresh {
-            return Ok(None);
+            // A re-send of a stored id: its first PUBREC may still wait (on an earlier
+            // connection) for the commit that holds the message; this one waits for it too.
+            return Ok(if receipt.store_id {
+                self.broker.barrier()
+            } else {
+                None
+            });
         }
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
         let inbound = receipt
@@ -225,11 +234,6 @@ impl SessionHandle {
                 Err(error)
             }
         }
-    }
-
-    /// Forgets an inbound QoS 2 id whose PUBLISH was refused before routing.
-    pub fn forget_inbound(&self, packet_id: u16) {
-        self.session.lock().forget_inbound(packet_id);
     }
 
     /// PUBREL from the client: the PUBCOMP to send (0x92 for an unknown id) and the commit it
@@ -263,7 +267,7 @@ impl SessionHandle {
         self.broker.unsubscribe(&self.session, filter)
     }
 
-    /// Queues the retained messages matching a new subscription (MQTT-3.3.1-6).
+    /// Queues the retained messages matching a new subscription (MQTT-3.3.1-9).
     pub fn deliver_retained(
         &self,
         filter: &str,
@@ -284,6 +288,9 @@ impl SessionHandle {
     /// error (v5 §3.14.2.2.2).
     pub fn set_expiry_at_disconnect(&self, expiry: u32) -> Result<(), ExpiryRaisedFromZero> {
         let mut st = self.session.lock();
+        if !st.is_owned_by(self.generation) {
+            return Ok(()); // taken over: the new connection's expiry stands
+        }
         if st.expiry_interval == 0 && expiry != 0 {
             return Err(ExpiryRaisedFromZero); // v5 §3.14.2.2.2
         }

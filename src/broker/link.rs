@@ -2,7 +2,8 @@
 //!
 //! A [`Link`] connects a session, subscribes, publishes, receives deliveries and acknowledges
 //! them through the same [`SessionHandle`] API a client connection uses, so queue limits,
-//! persistence, retained messages and metrics apply to it exactly as to a socket client. Users:
+//! persistence, retained messages and delivery metrics apply to it exactly as to a socket
+//! client (the per-connection counters — bytes, packets received — are a socket's only). Users:
 //! tests of routing and durability, and later the bridge (a durable session per remote broker),
 //! the `$SYS` publisher and the cluster layer. It never encodes a packet.
 
@@ -152,7 +153,7 @@ impl Link {
     }
 
     /// Subscribes with `qos` (capped by the broker's maximum) and default options, and queues
-    /// the matching retained messages (MQTT-3.3.1-6). Returns whether it replaced one.
+    /// the matching retained messages (MQTT-3.3.1-9). Returns whether it replaced one.
     ///
     /// # Errors
     ///

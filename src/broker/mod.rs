@@ -197,6 +197,17 @@ impl Broker {
         }
     }
 
+    /// A commit that completes once everything submitted so far is durable (an empty submit
+    /// is a barrier); `None` in memory. For an answer that repeats an earlier one whose own
+    /// commit another connection may still be waiting for.
+    pub fn barrier(&self) -> Option<Durable> {
+        let store = self.store.as_ref()?;
+        store
+            .submit(Vec::new())
+            .ok()
+            .map(|submitted| submitted.durable)
+    }
+
     /// The MQTT settings this broker enforces.
     pub fn config(&self) -> &MqttConfig {
         &self.config

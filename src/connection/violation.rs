@@ -1,12 +1,13 @@
 //! The one table of protocol violations a client can commit after CONNACK.
 //!
 //! Each variant names the normative statement (or spec section) it breaks, and maps to the
-//! reason code of the DISCONNECT a v5 client gets (MQTT-4.13.1-1: a Server that detects a
-//! Malformed Packet or Protocol Error SHOULD send one) and to what a 3.x client gets: 3.1.1
+//! reason code of the DISCONNECT a v5 client gets before the close (MQTT-4.13.1-1: a Server
+//! that detects a Malformed Packet or Protocol Error MUST close the Network Connection; v5
+//! §4.13.1 lets it say why first with a DISCONNECT, MQTT-4.13.2-1) and to what a 3.x client gets: 3.1.1
 //! has no DISCONNECT from the server, so the connection is simply closed (MQTT-4.8.0-1 of
 //! 3.1.1). Handlers return a variant; nothing else in the connection invents close reasons.
 
-use crate::codec::{DecodeError, ReasonCode};
+use crate::codec::{DecodeError, ReasonCode, ReasonContext};
 
 /// A protocol violation by the client; the connection closes because of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,7 +17,8 @@ pub enum Violation {
     Undecodable(DecodeError),
     /// A second CONNECT (MQTT-3.1.0-2).
     SecondConnect,
-    /// A packet only a server sends (CONNACK, SUBACK, UNSUBACK, PINGRESP): v5 §4.13.2.
+    /// A packet only a server sends (CONNACK, SUBACK, UNSUBACK, PINGRESP): a Protocol Error
+    /// (MQTT-4.13.1-1).
     ServerPacket(&'static str),
     /// PUBLISH above the Maximum QoS we announced (MQTT-3.2.2-11).
     QosNotSupported,
@@ -48,9 +50,8 @@ impl Violation {
     /// The normative statement (or section) this violation breaks, for logs.
     pub fn statement(&self) -> &'static str {
         match self {
-            Violation::Undecodable(_) => "MQTT-4.13.1-1",
+            Violation::Undecodable(_) | Violation::ServerPacket(_) => "MQTT-4.13.1-1",
             Violation::SecondConnect => "MQTT-3.1.0-2",
-            Violation::ServerPacket(_) => "v5 §4.13.2",
             Violation::QosNotSupported => "MQTT-3.2.2-11",
             Violation::RetainNotSupported => "MQTT-3.2.2-14",
             Violation::TopicAliasOutOfRange => "MQTT-3.3.2-8/9",
@@ -68,7 +69,11 @@ impl Violation {
     /// The reason code of the DISCONNECT a v5 client gets (always one DISCONNECT may carry).
     pub fn reason_code(&self) -> ReasonCode {
         match self {
-            Violation::Undecodable(error) => error.reason_code(),
+            // The codec's code, unless DISCONNECT may not carry it (0x84 Unsupported Protocol
+            // Version from a second CONNECT, 0x85): then it is a Protocol Error.
+            Violation::Undecodable(error) => error
+                .reason_code()
+                .or_if_not_allowed(ReasonContext::Disconnect, ReasonCode::PROTOCOL_ERROR),
             Violation::QosNotSupported => ReasonCode::QOS_NOT_SUPPORTED,
             Violation::RetainNotSupported => ReasonCode::RETAIN_NOT_SUPPORTED,
             Violation::TopicAliasOutOfRange => ReasonCode::TOPIC_ALIAS_INVALID,
@@ -121,7 +126,6 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::ReasonContext;
 
     /// Every violation closes with a code DISCONNECT may carry (v5 §3.14.2.1), so the table can
     /// never make the server itself break MQTT-3.14.2-1 (its own reason code table).
@@ -131,6 +135,9 @@ mod tests {
             Violation::Undecodable(DecodeError::Malformed("x")),
             Violation::Undecodable(DecodeError::Protocol("x")),
             Violation::Undecodable(DecodeError::PacketTooLarge { size: 2, max: 1 }),
+            Violation::Undecodable(DecodeError::UnsupportedProtocol(9)),
+            Violation::Undecodable(DecodeError::ClientIdNotValid),
+            Violation::Undecodable(DecodeError::TopicNameInvalid("x")),
             Violation::SecondConnect,
             Violation::ServerPacket("CONNACK"),
             Violation::QosNotSupported,

@@ -181,6 +181,11 @@ impl SessionState {
         refused: bool,
     ) -> PubRecAnswer {
         let Some(i) = self.find_inflight(packet_id, OutboundStage::AwaitPubRec) else {
+            if refused {
+                // A refusing PUBREC ends the exchange whatever the id: no PUBREL (MQTT-4.3.3-4
+                // only asks for one after a successful PUBREC).
+                return PubRecAnswer::Refused { ops: Vec::new() };
+            }
             let known = self
                 .find_inflight(packet_id, OutboundStage::AwaitPubComp)
                 .is_some();
@@ -249,5 +254,33 @@ impl SessionState {
         self.inflight
             .iter()
             .position(|f| f.packet_id == packet_id && f.stage == stage)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::Session;
+    use crate::codec::ProtocolVersion;
+
+    /// A PUBREC with a failure code ends the QoS 2 exchange even for an id the session does not
+    /// know: no PUBREL follows (MQTT-4.3.3-4 asks for PUBREL only after a successful PUBREC);
+    /// a successful PUBREC for an unknown id gets PUBREL 0x92 (v5 §3.6.2.1).
+    #[test]
+    fn pubrec_for_an_unknown_id() {
+        let session = Session::new(1, "c".into(), ProtocolVersion::V5, 0);
+        let mut st = session.lock();
+        let id = bytestring::ByteString::from("c");
+        assert!(matches!(
+            st.on_pubrec(&id, 7, true),
+            PubRecAnswer::Refused { ops } if ops.is_empty()
+        ));
+        assert!(matches!(
+            st.on_pubrec(&id, 7, false),
+            PubRecAnswer::Release {
+                reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+                ..
+            }
+        ));
     }
 }

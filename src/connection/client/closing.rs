@@ -28,7 +28,7 @@ pub(super) enum Close {
     ReauthFailed(ReasonCode),
     /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
     KeepAliveTimeout,
-    /// Another connection took the session (MQTT-3.1.4-2).
+    /// Another connection took the session (MQTT-3.1.4-3).
     TakenOver,
     /// The broker is stopping.
     ServerShutdown,
@@ -90,7 +90,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
             _ => {}
         }
-        if let (true, Some((code, why))) = (v5, server_reason) {
+        let sends_disconnect = match &close {
+            Close::Violation(v) => v.sends_disconnect(v5),
+            _ => v5,
+        };
+        if let (true, Some((code, why))) = (sends_disconnect, server_reason) {
             // v5 lets the server say why (MQTT-3.14.0-1: only after CONNACK, which we sent).
             let disconnect = Disconnect {
                 reason_code: code,

@@ -184,7 +184,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 return close;
             }
             if !self.fill_from_session(now) {
-                return Close::TakenOver; // MQTT-3.1.4-2
+                return Close::TakenOver; // MQTT-3.1.4-3
             }
             self.io.release_write_buffer();
             match self.next_wake(woken).await {
