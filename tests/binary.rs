@@ -139,33 +139,33 @@ fn port_flag_overrides_the_config() {
     terminate(child);
 }
 
-#[test]
-fn invalid_config_names_key_and_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("bad.toml");
-    std::fs::write(
-        &path,
-        "[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n",
-    )
-    .expect("write");
+/// Runs the binary on a config file with `contents`; it must refuse to start. Returns its
+/// stderr and the file's path (for the `file:line` the error must name).
+fn refused_config(dir: &std::path::Path, contents: &str) -> (String, String) {
+    let path = dir.join("config.toml");
+    std::fs::write(&path, contents).expect("write config");
     let out = Command::new(BIN)
         .args(["-c", path.to_str().expect("utf8")])
         .output()
         .expect("run");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bad config must stop the broker");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (err, path.display().to_string())
+}
+
+#[test]
+fn invalid_config_names_key_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (err, _) = refused_config(
+        dir.path(),
+        "[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n",
+    );
     assert!(
         err.contains("mqtt.max_qos") && err.contains(":5"),
         "error names key and line: {err}"
     );
 
-    std::fs::write(&path, "[mqtt]\nmax_inflight = 3\n").expect("write");
-    let out = Command::new(BIN)
-        .args(["-c", path.to_str().expect("utf8")])
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (err, _) = refused_config(dir.path(), "[mqtt]\nmax_inflight = 3\n");
     assert!(
         err.contains("max_inflight") && err.contains(":2"),
         "unknown key is named with its line: {err}"
@@ -268,20 +268,12 @@ fn port_clash_from_flags_is_a_config_error_naming_both() {
 #[test]
 fn duplicate_listener_names_name_file_line_and_key() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("two.toml");
-    std::fs::write(
-        &path,
+    let (err, path) = refused_config(
+        dir.path(),
         "[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n\n[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n",
-    )
-    .expect("write");
-    let out = Command::new(BIN)
-        .args(["-c", path.to_str().expect("utf8")])
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
-        err.contains(&format!("{}:6:", path.display())) && err.contains("`listener[1].name`"),
+        err.contains(&format!("{path}:6:")) && err.contains("`listener[1].name`"),
         "error names file, line and key: {err}"
     );
 }

@@ -30,10 +30,10 @@ fn publish_bytes(version: ProtocolVersion) -> Vec<u8> {
 fn bench_decode_and_encode_publish() {
     println!(
         "size_of: Packet {} Publish {} PublishProperties {} ConnAck {}",
-        std::mem::size_of::<Packet>(),
-        std::mem::size_of::<Publish>(),
-        std::mem::size_of::<PublishProperties>(),
-        std::mem::size_of::<ConnAck>()
+        size_of::<Packet>(),
+        size_of::<Publish>(),
+        size_of::<PublishProperties>(),
+        size_of::<ConnAck>()
     );
     for version in [V4, V5] {
         let one = publish_bytes(version);
