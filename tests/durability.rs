@@ -330,3 +330,36 @@ async fn delayed_will_survives_a_restart() {
         ("wills/dying", &b"gone"[..])
     );
 }
+
+#[tokio::test]
+async fn messages_dropped_for_room_stay_dropped_after_a_restart() {
+    // drop-oldest with a byte bound: one 9-byte message pushes out three 3-byte ones. Every
+    // one of them leaves the store too, or a restart would bring them back ahead of it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = durable_config(dir.path());
+    config.mqtt.max_queued_bytes = 10;
+    config.mqtt.queue_overflow = postbox::config::OverflowPolicy::DropOldest;
+    let server = common::start_with(config.clone()).await;
+    let mut sub = V4::connect(server.mqtt_addr, "slow", false).await;
+    sub.subscribe("q/#", QoS::AtLeastOnce).await;
+    sub.disconnect().await;
+    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
+    for payload in [&b"aaa"[..], b"bbb", b"ccc", b"ddddddddd"] {
+        publ.publish("q/m", QoS::AtLeastOnce, false, payload).await;
+    }
+    publ.disconnect().await;
+    server.shutdown().await;
+
+    let server = common::start_with(config).await;
+    let mut sub = V4::connect(server.mqtt_addr, "slow", false).await;
+    assert!(sub.session_present);
+    assert_eq!(&sub.next_publish().await.payload[..], b"ddddddddd");
+    let mut publ = V4::connect(server.mqtt_addr, "pub2", true).await;
+    publ.publish("q/marker", QoS::AtLeastOnce, false, b"m")
+        .await;
+    assert_eq!(
+        sub.next_publish().await.topic,
+        "q/marker",
+        "nothing else was queued"
+    );
+}

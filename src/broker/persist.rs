@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytestring::ByteString;
 
 use super::message::{Delivery, Message};
-use super::session::{OutboundStage, SessionState};
+use super::session::{OutboundStage, SessionState, Victims};
 use crate::codec::SubscriptionOptions;
 use crate::storage::{
     self, EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord,
@@ -122,20 +122,25 @@ pub(super) fn retained(message: &Message) -> Op {
     }
 }
 
-/// Appends the `Enqueue` of a reserved delivery (and the removal of a drop-oldest victim).
+/// Removes the stored entries of deliveries a drop-oldest admission pushed out.
+pub(super) fn remove_victims(ops: &mut Vec<Op>, client_id: &ByteString, victims: &Victims) {
+    ops.extend(
+        victims
+            .stored
+            .iter()
+            .map(|&seq| remove_entry(client_id, seq)),
+    );
+}
+
+/// Appends the `Enqueue` of a reserved delivery (and the removals of drop-oldest victims).
 /// The message id is filled in by the caller's `PutMessage`, which precedes these ops.
 pub(super) fn enqueue(
     ops: &mut Vec<Op>,
     client_id: &ByteString,
     delivery: &Delivery,
-    victim: Option<u64>,
+    victims: &Victims,
 ) {
-    if let Some(seq) = victim {
-        ops.push(Op::RemoveEntry {
-            client_id: client_id.clone(),
-            seq,
-        });
-    }
+    remove_victims(ops, client_id, victims);
     if let Some(seq) = delivery.seq {
         ops.push(Op::Enqueue {
             client_id: client_id.clone(),

@@ -9,6 +9,7 @@ use std::time::Instant;
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
+use super::session::Victims;
 use super::{
     persist, Admission, Broker, Delivery, EnqueueOutcome, Message, Routed, Session, SessionId,
 };
@@ -65,23 +66,30 @@ impl Broker {
                 seq: None,
                 shared: target.shared,
             };
-            let outcome = match target.session.admit(delivery, &self.limits, persistence) {
-                Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
+            let (outcome, victims) = match target.session.admit(delivery, &self.limits, persistence)
+            {
+                Admission::Refused(outcome) => (outcome, Victims::default()),
+                Admission::Pushed(outcome, victims) => {
+                    persist::remove_victims(&mut ops, &target.session.client_id, &victims);
+                    (outcome, victims)
+                }
                 Admission::Reserved {
                     delivery,
                     outcome,
-                    victim,
+                    victims,
                 } => {
-                    persist::enqueue(&mut ops, &target.session.client_id, &delivery, victim);
+                    persist::enqueue(&mut ops, &target.session.client_id, &delivery, &victims);
                     reserved.push((target.session, delivery));
-                    outcome
+                    (outcome, victims)
                 }
             };
             match outcome {
                 EnqueueOutcome::Queued => queued += 1,
                 EnqueueOutcome::QueuedDroppedOldest => {
                     queued += 1;
-                    self.metrics.messages_dropped_queue_full.increment(1);
+                    self.metrics
+                        .messages_dropped_queue_full
+                        .increment(victims.dropped);
                 }
                 EnqueueOutcome::DroppedQueueFull => {
                     self.metrics.messages_dropped_queue_full.increment(1);
@@ -192,12 +200,13 @@ impl Broker {
         }
     }
 
-    /// Counts the drops an enqueue caused; true if the delivery was queued.
-    pub(super) fn count_enqueue(&self, outcome: EnqueueOutcome) -> bool {
+    /// Counts the drops an enqueue caused (`dropped` older deliveries pushed out); true if
+    /// the delivery was queued.
+    pub(super) fn count_enqueue(&self, outcome: EnqueueOutcome, dropped: u64) -> bool {
         match outcome {
             EnqueueOutcome::Queued => true,
             EnqueueOutcome::QueuedDroppedOldest => {
-                self.metrics.messages_dropped_queue_full.increment(1);
+                self.metrics.messages_dropped_queue_full.increment(dropped);
                 true
             }
             EnqueueOutcome::DroppedQueueFull => {
@@ -283,11 +292,13 @@ impl Broker {
                 }
             }
         }
-        self.persist(removed);
         tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");
         for (target, delivery) in moves {
-            self.count_enqueue(target.enqueue(delivery, &self.limits));
+            let (outcome, victims) = target.enqueue(delivery, &self.limits);
+            persist::remove_victims(&mut removed, &target.client_id, &victims);
+            self.count_enqueue(outcome, victims.dropped);
         }
+        self.persist(removed);
     }
 }
 

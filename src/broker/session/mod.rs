@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use bytestring::ByteString;
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
@@ -95,11 +96,22 @@ pub struct QueueLimits {
     pub overflow: OverflowPolicy,
 }
 
+/// The deliveries a drop-oldest admission pushed out of the queue: how many, and the stored
+/// `seq` of each one the store holds (their entries must be removed there too, or they would
+/// come back at restart).
+#[derive(Debug, Default)]
+pub struct Victims {
+    /// Deliveries dropped (counted as `messages_dropped_queue_full`).
+    pub dropped: u64,
+    /// Stored queue positions among them.
+    pub stored: SmallVec<[u64; 1]>,
+}
+
 /// Result of [`Session::admit`]: pushed now, reserved for a stored push, or refused.
 #[derive(Debug)]
 pub enum Admission {
-    /// In the queue already (nothing to persist).
-    Pushed(EnqueueOutcome),
+    /// In the queue already; only the victims' removals are left to persist.
+    Pushed(EnqueueOutcome, Victims),
     /// Admitted with a stored `seq` but not yet visible to the connection: the caller submits
     /// the `Enqueue` op first, then calls [`Session::push_reserved`], so the subscriber's ack
     /// (a `RemoveEntry`) can never reach the log before the entry itself.
@@ -108,8 +120,8 @@ pub enum Admission {
         delivery: Delivery,
         /// What admitting it did to the queue.
         outcome: EnqueueOutcome,
-        /// `seq` of a persisted delivery dropped to make room (drop-oldest policy).
-        victim: Option<u64>,
+        /// Deliveries dropped to make room (drop-oldest policy).
+        victims: Victims,
     },
     /// Not queued.
     Refused(EnqueueOutcome),
@@ -227,14 +239,17 @@ impl Session {
         &self,
         delivery: Delivery,
         limits: &QueueLimits,
-    ) -> EnqueueOutcome {
+    ) -> (EnqueueOutcome, Victims) {
         match self.admit(delivery, limits, false) {
-            Admission::Pushed(outcome) | Admission::Refused(outcome) => outcome,
+            Admission::Pushed(outcome, victims) => (outcome, victims),
+            Admission::Refused(outcome) => (outcome, Victims::default()),
             Admission::Reserved {
-                delivery, outcome, ..
+                delivery,
+                outcome,
+                victims,
             } => {
                 self.push_reserved(delivery);
-                outcome
+                (outcome, victims)
             }
         }
     }
@@ -258,7 +273,7 @@ impl Session {
         }
         let size = delivery.message.payload.len();
         let mut outcome = EnqueueOutcome::Queued;
-        let mut victim = None;
+        let mut victims = Victims::default();
         while st.is_full(limits, size) {
             if !st.overflowing {
                 st.overflowing = true;
@@ -278,7 +293,8 @@ impl Session {
                     Some(old) => {
                         st.queued_bytes -= old.message.payload.len();
                         outcome = EnqueueOutcome::QueuedDroppedOldest;
-                        victim = victim.or(old.seq);
+                        victims.dropped += 1;
+                        victims.stored.extend(old.seq);
                     }
                     None => break,
                 },
@@ -290,7 +306,7 @@ impl Session {
             return Admission::Reserved {
                 delivery,
                 outcome,
-                victim,
+                victims,
             };
         }
         st.push(delivery);
@@ -299,7 +315,7 @@ impl Session {
         if wake {
             self.wake();
         }
-        Admission::Pushed(outcome)
+        Admission::Pushed(outcome, victims)
     }
 
     /// Makes a delivery visible to the connection, bypassing the queue bound: it was admitted
