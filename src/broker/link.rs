@@ -296,13 +296,12 @@ impl Link {
 
     /// Detaches from the session, which then lives on for its expiry interval.
     pub fn disconnect(self) {
-        self.handle.detach();
+        drop(self); // `Drop` detaches
     }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
-        // Detaching twice is harmless: the second finds it no longer owns the session.
         self.handle.detach();
     }
 }
