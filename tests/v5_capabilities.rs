@@ -11,9 +11,10 @@ mod common;
 use std::time::Duration;
 
 use common::rumq::V4;
-use common::v5;
+use common::{v5, RawClient};
 use postbox::codec::{
-    Connect, LastWill, Packet, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
+    Connect, LastWill, Packet, ProtocolVersion, QoS, ReasonCode, SubAck, Subscribe,
+    SubscriptionOptions,
 };
 use postbox::config::Config;
 
@@ -86,6 +87,28 @@ async fn connack_announces_the_configured_capabilities() {
     assert_eq!(p.shared_subscription_available, None);
     assert_eq!(p.server_keep_alive, None);
     assert_eq!(p.response_information, None);
+}
+
+#[tokio::test]
+async fn keep_alive_zero_is_answered_with_the_maximum_even_at_the_default() {
+    // MQTT-3.2.2-21 (list: -22): the client must use the Server Keep Alive it is given; v5
+    // §3.1.2.10: 0 means no keep-alive, which `mqtt.max_keepalive` (default 65535) caps, so a
+    // v5 client asking for none is told the maximum, as `config/postbox.toml` documents.
+    let server = common::start().await;
+    let mut connect = v5::connect_packet("keepalive-zero");
+    connect.keep_alive = 0;
+    let (_c, ack) = v5::connect(server.mqtt_addr, connect).await;
+    assert_eq!(ack.properties.server_keep_alive, Some(u16::MAX));
+    // A client within the maximum keeps its own value, and is not told one.
+    let (_c, ack) = v5::connect(server.mqtt_addr, v5::connect_packet("keepalive-60")).await;
+    assert_eq!(ack.properties.server_keep_alive, None);
+    // 3.1.1 cannot be told: at the default maximum, keep-alive 0 is accepted as it is.
+    let mut c = RawClient::open(server.mqtt_addr, ProtocolVersion::V3_1_1).await;
+    let mut connect = v5::connect_packet("keepalive-zero-v3");
+    connect.protocol = ProtocolVersion::V3_1_1;
+    connect.keep_alive = 0;
+    c.send(&Packet::Connect(Box::new(connect))).await;
+    assert!(matches!(c.recv().await, Some(Packet::ConnAck(a)) if a.reason_code.0 == 0));
 }
 
 #[tokio::test]

@@ -120,12 +120,17 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
 
     let config = broker.config();
+    // 0 asks for no keep-alive at all, which is longer than any maximum.
     let too_long = connect.keep_alive == 0 || connect.keep_alive > config.max_keepalive;
-    let keep_alive = match (too_long && config.max_keepalive < u16::MAX, version.is_v5()) {
+    let keep_alive = match (too_long, version.is_v5()) {
         (false, _) => connect.keep_alive,
-        // v5: the broker imposes its maximum through Server Keep Alive (MQTT-3.2.2-21).
+        // v5: the broker imposes its maximum through Server Keep Alive (MQTT-3.2.2-21), also
+        // at the default 65535: the client then knows the broker will time it out.
         (true, true) => config.max_keepalive,
-        // 3.x has no way to say so; refuse, as Mosquitto does.
+        // 3.x has no way to be told. At the default maximum it keeps what it asked for (0
+        // stays "none", as every 3.x client without keep-alive expects); below it, refuse, as
+        // Mosquitto does.
+        (true, false) if config.max_keepalive == u16::MAX => connect.keep_alive,
         (true, false) => {
             return reject(io, version, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, None).await
         }
