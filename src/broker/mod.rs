@@ -22,6 +22,7 @@ mod routing;
 pub mod session;
 mod session_map;
 pub mod shared;
+mod subscribe_fence;
 mod subscriptions;
 pub mod topic_tree;
 mod trie;
@@ -51,6 +52,7 @@ pub use session::{
 };
 use session_map::SessionMap;
 use shared::SharedSubscriptions;
+pub use subscribe_fence::{SubscribeEntry, SubscribeFence};
 use topic_tree::TopicTree;
 
 /// How often [`Broker::wake_expired_keep_alives`] runs: a connection is closed between 1.5 ×
@@ -111,6 +113,8 @@ pub struct Broker {
     epoch: Instant,
     /// Set once the server stops; connections see it when woken and close with 0x8B.
     shutting_down: AtomicBool,
+    /// Holds PUBLISHes back while a SUBSCRIBE read before them is handled.
+    subscribe_fence: SubscribeFence,
     /// The durable store, when `storage.persistence` is on; `None` keeps everything in memory
     /// and skips building store ops entirely.
     store: Option<Arc<dyn Store>>,
@@ -171,6 +175,7 @@ impl Broker {
             next_session_id: AtomicU64::new(1),
             epoch: Instant::now(),
             shutting_down: AtomicBool::new(false),
+            subscribe_fence: SubscribeFence::default(),
             store,
             metrics,
         })
@@ -261,6 +266,12 @@ impl Broker {
         for session in sessions.iter() {
             session.wake();
         }
+    }
+
+    /// The fence that orders a SUBSCRIBE read by one connection before a PUBLISH read after
+    /// it by another (see [`SubscribeFence`]).
+    pub fn subscribe_fence(&self) -> &SubscribeFence {
+        &self.subscribe_fence
     }
 
     /// True once [`Broker::begin_shutdown`] ran.

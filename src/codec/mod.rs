@@ -26,5 +26,5 @@ pub use encode::{encode, encode_publish, encode_within, PublishHeader};
 pub use error::{DecodeError, EncodeError};
 pub use publish_cache::{PublishAlias, PublishBody, PublishEncodings, PublishFlags};
 pub use reason::ReasonCode;
-pub use sniff::peek_connect_version;
+pub use sniff::{holds_subscribe, peek_connect_version};
 pub use types::*;

@@ -44,3 +44,54 @@ mod tests {
         assert_eq!(peek_connect_version(&[0x30, 0x00]), None);
     }
 }
+
+/// Control packet type of SUBSCRIBE (MQTT 2.1.2).
+const SUBSCRIBE: u8 = 8;
+
+/// Whether one of the complete packets at the front of `buf` is a SUBSCRIBE, by their fixed
+/// headers alone (nothing is decoded or consumed).
+///
+/// Why: a connection that has just read a SUBSCRIBE tells other connections to hold their
+/// PUBLISHes until it is in the trie (`broker::SubscribeFence`), and must know before it
+/// starts handling the read. A malformed header ends the walk: decoding reports it.
+pub fn holds_subscribe(buf: &[u8]) -> bool {
+    let mut rest = buf;
+    while let Some((&byte1, after)) = rest.split_first() {
+        let Ok(Some((remaining, n))) = super::varint::decode_varint(after) else {
+            return false;
+        };
+        let Some(next) = rest.get(1 + n + remaining..) else {
+            return false; // incomplete: not handled in this read
+        };
+        if byte1 >> 4 == SUBSCRIBE {
+            return true;
+        }
+        rest = next;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds_subscribe;
+
+    #[test]
+    fn finds_a_complete_subscribe_behind_other_packets_only() {
+        let pingreq = [0xC0, 0x00];
+        let subscribe = [0x82, 0x06, 0x00, 0x01, 0x00, 0x01, b't', 0x00];
+        let publish = [0x30, 0x04, 0x00, 0x01, b't', b'x'];
+        assert!(!holds_subscribe(&[]));
+        assert!(!holds_subscribe(&publish));
+        assert!(holds_subscribe(&subscribe));
+        let mut mixed = Vec::new();
+        mixed.extend_from_slice(&publish);
+        mixed.extend_from_slice(&pingreq);
+        mixed.extend_from_slice(&subscribe);
+        assert!(holds_subscribe(&mixed));
+        assert!(!holds_subscribe(&mixed[..mixed.len() - 1]), "incomplete");
+        assert!(
+            !holds_subscribe(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF, 0x01]),
+            "bad length"
+        );
+    }
+}

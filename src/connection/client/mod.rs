@@ -45,6 +45,34 @@ enum Wake {
     Session,
 }
 
+/// Control packet type of PUBLISH (MQTT 2.1.2), read from the first byte of a packet.
+const PUBLISH_TYPE: u8 = 3;
+
+/// Whether [`Client::process_input`] may route a PUBLISH yet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PublishTurn {
+    /// First pass over a read: stop before the first PUBLISH.
+    NotYet,
+    /// After the yield: handle everything.
+    Now,
+}
+
+/// How far [`Client::process_input`] got.
+enum Input {
+    /// Every complete packet was handled.
+    Done,
+    /// The next packet is a PUBLISH and it must wait one turn of the scheduler.
+    ///
+    /// Why: the runtime wakes every connection a readiness event covers in the order the
+    /// kernel reported them, but runs the last one woken first (its LIFO slot) while the
+    /// earlier ones wait in the queue or are stolen by another worker. A SUBSCRIBE that
+    /// reached the broker before a PUBLISH on another connection would then be handled after
+    /// it, and miss the message (the subscribe-then-trigger race). Yielding once before
+    /// routing the first PUBLISH of a read puts this connection behind the ones woken with
+    /// it. Once per read, not per packet: a busy publisher's read carries many packets.
+    PublishNext,
+}
+
 /// Inbound topic alias table of one connection.
 type InboundAliases = HashMap<u16, ByteString, foldhash::fast::RandomState>;
 
@@ -213,9 +241,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 Wake::Io(IoEvent::Read(Ok(n))) => {
                     self.broker().metrics.bytes_received.increment(n as u64);
                     self.last_read = Instant::now();
-                    let processed = self.process_input();
-                    self.io.release_read_buffer();
-                    if let Err(close) = processed {
+                    if let Err(close) = self.on_read().await {
                         return close;
                     }
                 }
@@ -284,12 +310,45 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         self.session.session().set_keep_alive_deadline(deadline);
     }
 
-    /// Decodes and handles every complete packet in the read buffer.
-    fn process_input(&mut self) -> Result<(), Close> {
+    /// Handles what a read brought, in order with the other connections: a SUBSCRIBE in it
+    /// holds other connections' PUBLISHes back until it is handled, and a PUBLISH in it waits
+    /// for the SUBSCRIBEs read before it (see [`Input::PublishNext`] and
+    /// [`crate::broker::SubscribeFence`]).
+    async fn on_read(&mut self) -> Result<(), Close> {
+        // An `Arc` of its own only when there is a SUBSCRIBE, so the entry can outlive the
+        // `&mut self` calls below; PUBLISH-only reads (the hot path) skip it.
+        let fenced = codec::holds_subscribe(&self.io.rbuf).then(|| Arc::clone(self.broker()));
+        let entry = fenced.as_ref().map(|b| b.subscribe_fence().enter());
+        let mut processed = self.process_input(PublishTurn::NotYet);
+        // Everything before the first PUBLISH is handled, SUBSCRIBEs included. Let go before
+        // waiting: two connections each waiting for the other's entry would never wake.
+        drop(entry);
+        if let Ok(Input::PublishNext) = processed {
+            // Let the connections the same readiness woke run first, then wait for the
+            // SUBSCRIBEs they (or other workers) have read.
+            tokio::task::yield_now().await;
+            if self.broker().subscribe_fence().is_closed() {
+                // Boxed: rare, and it would otherwise widen every connection's future.
+                Box::pin(self.broker().subscribe_fence().wait_open()).await;
+            }
+            processed = self.process_input(PublishTurn::Now);
+        }
+        self.io.release_read_buffer();
+        processed.map(|_| ())
+    }
+
+    /// Decodes and handles every complete packet in the read buffer; with
+    /// [`PublishTurn::NotYet`], stops before the first PUBLISH (see [`Input::PublishNext`]).
+    fn process_input(&mut self, turn: PublishTurn) -> Result<Input, Close> {
         loop {
+            if turn == PublishTurn::NotYet
+                && self.io.rbuf.first().is_some_and(|b| b >> 4 == PUBLISH_TYPE)
+            {
+                return Ok(Input::PublishNext);
+            }
             match codec::decode(&mut self.io.rbuf, Some(self.version), self.max_packet) {
                 Ok(Some(packet)) => self.handle(packet)?,
-                Ok(None) => return Ok(()),
+                Ok(None) => return Ok(Input::Done),
                 Err(error) => {
                     self.broker().metrics.malformed_packets.increment(1);
                     return Err(Close::Violation(Violation::Undecodable(error)));
