@@ -18,8 +18,8 @@ use std::time::Instant;
 use bytestring::ByteString;
 use tokio::sync::futures::Notified;
 
-use super::session::outbound::{PubRecAnswer, Resend};
-use super::session::{DeliverySink, OutboundStage, Session};
+use super::session::outbound::{AckMismatch, OutboundAck, PubRecAnswer, Resend};
+use super::session::{DeliverySink, Session};
 use super::{Broker, Message, SessionId};
 use crate::codec::{LastWill, Publish, QoS, ReasonCode, SubscriptionOptions};
 use crate::storage::{Durable, StorageError};
@@ -152,35 +152,53 @@ impl SessionHandle {
     }
 
     /// PUBACK from the client: the QoS 1 message is done (it was unacknowledged until now,
-    /// MQTT-4.3.2-3).
-    pub fn on_puback(&self, packet_id: u16) {
-        self.complete(packet_id, OutboundStage::AwaitPubAck);
+    /// MQTT-4.3.2-3). An unknown id is ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the id is a QoS 2 delivery's (MQTT-4.3.3-8 asks for PUBREC,
+    /// MQTT-4.3.3-11 for PUBCOMP): a Protocol Error; the session is unchanged.
+    pub fn on_puback(&self, packet_id: u16) -> Result<(), AckMismatch> {
+        self.complete(packet_id, OutboundAck::PubAck)
     }
 
     /// PUBCOMP from the client: the QoS 2 message is done and its id free (the PUBREL was
-    /// unacknowledged until now, MQTT-4.3.3-5).
-    pub fn on_pubcomp(&self, packet_id: u16) {
-        self.complete(packet_id, OutboundStage::AwaitPubComp);
+    /// unacknowledged until now, MQTT-4.3.3-5). An unknown id is ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the id is a QoS 1 delivery's, or a QoS 2 delivery's still waiting
+    /// for PUBREC (no PUBREL was sent for it to answer, MQTT-4.3.3-11): a Protocol Error; the
+    /// session is unchanged.
+    pub fn on_pubcomp(&self, packet_id: u16) -> Result<(), AckMismatch> {
+        self.complete(packet_id, OutboundAck::PubComp)
     }
 
-    fn complete(&self, packet_id: u16, stage: OutboundStage) {
+    fn complete(&self, packet_id: u16, ack: OutboundAck) -> Result<(), AckMismatch> {
         let op = self
             .session
             .lock()
-            .complete(&self.session.client_id, packet_id, stage);
+            .complete(&self.session.client_id, packet_id, ack)?;
         if let Some(op) = op {
             self.broker.persist(vec![op]);
         }
+        Ok(())
     }
 
-    /// PUBREC from the client. `None`: the receiver refused the message (reason ≥ 0x80), no
-    /// PUBREL; otherwise the PUBREL to send and the commit it waits for.
-    pub fn on_pubrec(&self, packet_id: u16, refused: bool) -> Option<Answer> {
+    /// PUBREC from the client. `Ok(None)`: the receiver refused the message (reason ≥ 0x80),
+    /// no PUBREL; otherwise the PUBREL to send (again, for a delivery already awaiting
+    /// PUBCOMP; 0x92 for an unknown id) and the commit it waits for.
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the id is a QoS 1 delivery's (MQTT-4.3.2-4 asks for PUBACK): a
+    /// Protocol Error; the session is unchanged.
+    pub fn on_pubrec(&self, packet_id: u16, refused: bool) -> Result<Option<Answer>, AckMismatch> {
         let answer = self
             .session
             .lock()
-            .on_pubrec(&self.session.client_id, packet_id, refused);
-        match answer {
+            .on_pubrec(&self.session.client_id, packet_id, refused)?;
+        Ok(match answer {
             PubRecAnswer::Refused { ops } => {
                 self.broker.persist(ops);
                 None
@@ -189,7 +207,7 @@ impl SessionHandle {
                 reason,
                 gate: self.broker.persist(ops),
             }),
-        }
+        })
     }
 
     // ----- messages from the client -----

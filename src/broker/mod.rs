@@ -44,7 +44,7 @@ use crate::storage::{Durable, Op, Store};
 pub use handle::{Answer, ExpiryRaisedFromZero, Fill, SessionHandle};
 pub use message::{Delivery, Message, SessionId};
 use retained::RetainedIndex;
-pub use session::outbound::Resend;
+pub use session::outbound::{AckMismatch, OutboundAck, Resend};
 pub use session::{
     Admission, DeliverySink, EnqueueOutcome, OutboundStage, PendingWill, QueueLimits, Session,
     SessionState, SessionSubscription, NEVER_EXPIRES,
