@@ -46,7 +46,8 @@ pub enum Fill {
 /// An acknowledgement to send, and the commit it must wait for.
 #[derive(Debug)]
 pub struct Answer {
-    /// The reason code of the PUBREL / PUBCOMP.
+    /// The reason code of the PUBACK / PUBREC (a publish), PUBREL or PUBCOMP (3.x acks carry
+    /// none; the codec leaves it out).
     pub reason: ReasonCode,
     /// Send only once this is durable (`None`: at once, behind earlier gated writes).
     pub gate: Option<Durable>,
@@ -220,23 +221,34 @@ impl SessionHandle {
     }
 
     /// Routes a PUBLISH from this session's client. A QoS 2 re-send of an id awaiting PUBREL
-    /// is not routed again (MQTT-4.3.3-10) but answered like the first. `Ok` carries the commit
-    /// the PUBACK / PUBREC must wait for; `Err`: the store refused the message, which must not
-    /// be acknowledged as accepted (its QoS 2 id is forgotten, MQTT-4.3.3-9).
+    /// is not routed again (MQTT-4.3.3-10) but answered like the first. `Ok` carries the
+    /// PUBACK / PUBREC's reason code and the commit it must wait for; `Err`: the store refused
+    /// the message, which must not be acknowledged as accepted (its QoS 2 id is forgotten,
+    /// MQTT-4.3.3-9).
+    ///
+    /// The reason is 0x10 No matching subscribers when the message matched no subscription
+    /// (none at all, shared ones included, after No Local): the publisher learns nobody got
+    /// it (v5 §3.4.2.1, as Mosquitto does). That includes a retained message, which is still
+    /// stored for later subscribers; 0x10 says only that no subscriber matched now, and is a
+    /// success code. A QoS 2 re-send is answered 0x00: it is not routed again, so whether
+    /// anyone matched is no longer known (0x00 is always allowed). Otherwise 0x00.
     ///
     /// # Errors
     ///
     /// The store's error when it refuses the message (see above); nothing may be acknowledged.
-    pub fn publish(&self, publish: Publish) -> Result<Option<Durable>, StorageError> {
+    pub fn publish(&self, publish: Publish) -> Result<Answer, StorageError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
         if !receipt.fresh {
             // A re-send of a stored id: its first PUBREC may still wait (on an earlier
             // connection) for the commit that holds the message; this one waits for it too.
-            return Ok(if receipt.store_id {
-                self.broker.barrier()
-            } else {
-                None
+            return Ok(Answer {
+                reason: ReasonCode::SUCCESS,
+                gate: if receipt.store_id {
+                    self.broker.barrier()
+                } else {
+                    None
+                },
             });
         }
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
@@ -244,7 +256,14 @@ impl SessionHandle {
             .store_id
             .then_some((&self.session.client_id, packet_id));
         match self.broker.publish(message, inbound) {
-            Ok(routed) => Ok(routed.durable),
+            Ok(routed) => Ok(Answer {
+                reason: if routed.matched == 0 {
+                    ReasonCode::NO_MATCHING_SUBSCRIBERS
+                } else {
+                    ReasonCode::SUCCESS
+                },
+                gate: routed.durable,
+            }),
             Err(error) => {
                 if qos == QoS::ExactlyOnce {
                     self.session.lock().forget_inbound(packet_id);
