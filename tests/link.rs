@@ -10,7 +10,7 @@ use std::path::Path;
 use bytes::Bytes;
 use common::rumq::V4;
 use common::WAIT;
-use postbox::broker::link::{Link, LinkDelivery, LinkOptions};
+use postbox::broker::link::{Link, LinkDelivery, LinkError, LinkOptions};
 use postbox::codec::QoS;
 use postbox::config::Config;
 
@@ -141,5 +141,53 @@ async fn a_link_publishes_to_socket_subscribers_and_other_links() {
         .publish("bad/+", &b""[..], QoS::AtMostOnce, false)
         .await
         .is_err());
+    server.shutdown().await;
+}
+
+/// `Link::ack` sends the ack the delivery's QoS calls for (MQTT-4.3.2-4, MQTT-4.3.3-8); a
+/// delivery acknowledged as another QoS than the one in flight under its packet id (a stale
+/// or altered `LinkDelivery`) is refused as a socket client's would be (a Protocol Error,
+/// v5 §4.13.1) and changes nothing: the right ack still finishes it.
+#[tokio::test]
+async fn a_link_ack_of_the_wrong_kind_is_refused() {
+    let server = common::start().await;
+    let mut link = Link::connect(&server.broker, LinkOptions::persistent("acker"));
+    link.subscribe("k/#", QoS::ExactlyOnce)
+        .expect("valid filter");
+    let mut publisher = Link::connect(&server.broker, LinkOptions::persistent("k-pub"));
+    publisher
+        .publish("k/1", &b"one"[..], QoS::AtLeastOnce, false)
+        .await
+        .expect("accepted");
+    publisher
+        .publish("k/2", &b"two"[..], QoS::ExactlyOnce, false)
+        .await
+        .expect("accepted");
+    let qos1 = next(&mut link).await;
+    let qos2 = next(&mut link).await;
+    assert_eq!((qos1.qos, qos2.qos), (QoS::AtLeastOnce, QoS::ExactlyOnce));
+
+    let as_qos2 = LinkDelivery {
+        qos: QoS::ExactlyOnce,
+        ..qos1.clone()
+    };
+    assert!(matches!(
+        link.ack(&as_qos2).await,
+        Err(LinkError::AckMismatch(_))
+    ));
+    let as_qos1 = LinkDelivery {
+        qos: QoS::AtLeastOnce,
+        ..qos2.clone()
+    };
+    assert!(matches!(
+        link.ack(&as_qos1).await,
+        Err(LinkError::AckMismatch(_))
+    ));
+    link.ack(&qos1).await.expect("PUBACK fits");
+    link.ack(&qos2).await.expect("PUBREC, PUBCOMP fit");
+    // Acknowledged twice: nothing in flight under those ids any more, ignored.
+    link.ack(&qos1).await.expect("unknown id ignored");
+    link.ack(&qos2).await.expect("unknown id ignored");
+    assert!(link.try_recv().is_none());
     server.shutdown().await;
 }

@@ -17,7 +17,10 @@ async fn server_with_receive_maximum(max: u16) -> postbox::server::RunningServer
     common::start_with(config).await
 }
 
-/// Sends a QoS 2 PUBLISH and expects PUBREC (without releasing it).
+/// Sends a QoS 2 PUBLISH and expects a PUBREC accepting it (without releasing it). Nobody
+/// subscribes to "fc", so a v5 PUBREC may say 0x10 No matching subscribers (v5 §3.5.2.1; a
+/// re-send and 3.1.1 get 0x00): below 0x80 either way, the id held until PUBREL, which is
+/// what Receive Maximum counts.
 async fn qos2_unreleased(c: &mut RawClient, id: u16) {
     c.send(&Packet::Publish(v5::publish_packet(
         "fc",
@@ -29,7 +32,7 @@ async fn qos2_unreleased(c: &mut RawClient, id: u16) {
     match c.recv().await {
         Some(Packet::PubRec(r)) => {
             assert_eq!(r.packet_id, id);
-            assert_eq!(r.reason_code, ReasonCode::SUCCESS);
+            assert!(!r.reason_code.is_error(), "accepted: {:?}", r.reason_code);
         }
         other => panic!("expected PUBREC {id}, got {other:?}"),
     }

@@ -18,8 +18,8 @@ use std::time::Instant;
 use bytestring::ByteString;
 use tokio::sync::futures::Notified;
 
-use super::session::outbound::{PubRecAnswer, Resend};
-use super::session::{DeliverySink, OutboundStage, Session};
+use super::session::outbound::{AckMismatch, OutboundAck, PubRecAnswer, Resend};
+use super::session::{DeliverySink, Session};
 use super::{Broker, Message, SessionId};
 use crate::codec::{LastWill, Publish, QoS, ReasonCode, SubscriptionOptions};
 use crate::storage::{Durable, StorageError};
@@ -46,7 +46,8 @@ pub enum Fill {
 /// An acknowledgement to send, and the commit it must wait for.
 #[derive(Debug)]
 pub struct Answer {
-    /// The reason code of the PUBREL / PUBCOMP.
+    /// The reason code of the PUBACK / PUBREC (a publish), PUBREL or PUBCOMP (3.x acks carry
+    /// none; the codec leaves it out).
     pub reason: ReasonCode,
     /// Send only once this is durable (`None`: at once, behind earlier gated writes).
     pub gate: Option<Durable>,
@@ -152,35 +153,53 @@ impl SessionHandle {
     }
 
     /// PUBACK from the client: the QoS 1 message is done (it was unacknowledged until now,
-    /// MQTT-4.3.2-3).
-    pub fn on_puback(&self, packet_id: u16) {
-        self.complete(packet_id, OutboundStage::AwaitPubAck);
+    /// MQTT-4.3.2-3). An unknown id is ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the id is a QoS 2 delivery's (MQTT-4.3.3-8 asks for PUBREC,
+    /// MQTT-4.3.3-11 for PUBCOMP): a Protocol Error; the session is unchanged.
+    pub fn on_puback(&self, packet_id: u16) -> Result<(), AckMismatch> {
+        self.complete(packet_id, OutboundAck::PubAck)
     }
 
     /// PUBCOMP from the client: the QoS 2 message is done and its id free (the PUBREL was
-    /// unacknowledged until now, MQTT-4.3.3-5).
-    pub fn on_pubcomp(&self, packet_id: u16) {
-        self.complete(packet_id, OutboundStage::AwaitPubComp);
+    /// unacknowledged until now, MQTT-4.3.3-5). An unknown id is ignored.
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the id is a QoS 1 delivery's, or a QoS 2 delivery's still waiting
+    /// for PUBREC (no PUBREL was sent for it to answer, MQTT-4.3.3-11): a Protocol Error; the
+    /// session is unchanged.
+    pub fn on_pubcomp(&self, packet_id: u16) -> Result<(), AckMismatch> {
+        self.complete(packet_id, OutboundAck::PubComp)
     }
 
-    fn complete(&self, packet_id: u16, stage: OutboundStage) {
+    fn complete(&self, packet_id: u16, ack: OutboundAck) -> Result<(), AckMismatch> {
         let op = self
             .session
             .lock()
-            .complete(&self.session.client_id, packet_id, stage);
+            .complete(&self.session.client_id, packet_id, ack)?;
         if let Some(op) = op {
             self.broker.persist(vec![op]);
         }
+        Ok(())
     }
 
-    /// PUBREC from the client. `None`: the receiver refused the message (reason ≥ 0x80), no
-    /// PUBREL; otherwise the PUBREL to send and the commit it waits for.
-    pub fn on_pubrec(&self, packet_id: u16, refused: bool) -> Option<Answer> {
+    /// PUBREC from the client. `Ok(None)`: the receiver refused the message (reason ≥ 0x80),
+    /// no PUBREL; otherwise the PUBREL to send (again, for a delivery already awaiting
+    /// PUBCOMP; 0x92 for an unknown id) and the commit it waits for.
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the id is a QoS 1 delivery's (MQTT-4.3.2-4 asks for PUBACK): a
+    /// Protocol Error; the session is unchanged.
+    pub fn on_pubrec(&self, packet_id: u16, refused: bool) -> Result<Option<Answer>, AckMismatch> {
         let answer = self
             .session
             .lock()
-            .on_pubrec(&self.session.client_id, packet_id, refused);
-        match answer {
+            .on_pubrec(&self.session.client_id, packet_id, refused)?;
+        Ok(match answer {
             PubRecAnswer::Refused { ops } => {
                 self.broker.persist(ops);
                 None
@@ -189,7 +208,7 @@ impl SessionHandle {
                 reason,
                 gate: self.broker.persist(ops),
             }),
-        }
+        })
     }
 
     // ----- messages from the client -----
@@ -202,23 +221,34 @@ impl SessionHandle {
     }
 
     /// Routes a PUBLISH from this session's client. A QoS 2 re-send of an id awaiting PUBREL
-    /// is not routed again (MQTT-4.3.3-10) but answered like the first. `Ok` carries the commit
-    /// the PUBACK / PUBREC must wait for; `Err`: the store refused the message, which must not
-    /// be acknowledged as accepted (its QoS 2 id is forgotten, MQTT-4.3.3-9).
+    /// is not routed again (MQTT-4.3.3-10) but answered like the first. `Ok` carries the
+    /// PUBACK / PUBREC's reason code and the commit it must wait for; `Err`: the store refused
+    /// the message, which must not be acknowledged as accepted (its QoS 2 id is forgotten,
+    /// MQTT-4.3.3-9).
+    ///
+    /// The reason is 0x10 No matching subscribers when the message matched no subscription
+    /// (none at all, shared ones included, after No Local): the publisher learns nobody got
+    /// it (v5 §3.4.2.1, as Mosquitto does). That includes a retained message, which is still
+    /// stored for later subscribers; 0x10 says only that no subscriber matched now, and is a
+    /// success code. A QoS 2 re-send is answered 0x00: it is not routed again, so whether
+    /// anyone matched is no longer known (0x00 is always allowed). Otherwise 0x00.
     ///
     /// # Errors
     ///
     /// The store's error when it refuses the message (see above); nothing may be acknowledged.
-    pub fn publish(&self, publish: Publish) -> Result<Option<Durable>, StorageError> {
+    pub fn publish(&self, publish: Publish) -> Result<Answer, StorageError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
         if !receipt.fresh {
             // A re-send of a stored id: its first PUBREC may still wait (on an earlier
             // connection) for the commit that holds the message; this one waits for it too.
-            return Ok(if receipt.store_id {
-                self.broker.barrier()
-            } else {
-                None
+            return Ok(Answer {
+                reason: ReasonCode::SUCCESS,
+                gate: if receipt.store_id {
+                    self.broker.barrier()
+                } else {
+                    None
+                },
             });
         }
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
@@ -226,7 +256,14 @@ impl SessionHandle {
             .store_id
             .then_some((&self.session.client_id, packet_id));
         match self.broker.publish(message, inbound) {
-            Ok(routed) => Ok(routed.durable),
+            Ok(routed) => Ok(Answer {
+                reason: if routed.matched == 0 {
+                    ReasonCode::NO_MATCHING_SUBSCRIBERS
+                } else {
+                    ReasonCode::SUCCESS
+                },
+                gate: routed.durable,
+            }),
             Err(error) => {
                 if qos == QoS::ExactlyOnce {
                     self.session.lock().forget_inbound(packet_id);

@@ -18,7 +18,7 @@ use thiserror::Error;
 
 use super::message::Delivery;
 use super::session::DeliverySink;
-use super::{Broker, Fill, Message, Resend, SessionHandle, SessionRequest};
+use super::{AckMismatch, Broker, Fill, Message, Resend, SessionHandle, SessionRequest};
 use crate::codec::{topic, ProtocolVersion, Publish, PublishProperties, QoS, SubscriptionOptions};
 use crate::storage::StorageError;
 
@@ -59,6 +59,11 @@ pub enum LinkError {
     /// The durable store refused or failed: nothing was acknowledged.
     #[error("durable store: {0}")]
     Storage(#[from] StorageError),
+    /// [`Link::ack`] of a delivery whose packet id now holds a delivery of another QoS or
+    /// stage (a stale [`LinkDelivery`], acknowledged twice): what a socket client would be
+    /// disconnected for (a Protocol Error); the session is unchanged.
+    #[error("acknowledgement does not fit: {0}")]
+    AckMismatch(#[from] AckMismatch),
 }
 
 /// One message received by a link, to be acknowledged with [`Link::ack`] (QoS 1/2).
@@ -135,7 +140,13 @@ impl Link {
                         Inbox(&mut link.inbox).write(&delivery, packet_id, true, false);
                     }
                     // Our PUBREC was stored: the message was received; finish its handshake.
-                    Resend::Release(packet_id) => link.handle.on_pubcomp(packet_id),
+                    // The id awaits PUBCOMP (that is what `Release` means) and nothing else
+                    // drives the session between the two calls, so it cannot mismatch.
+                    Resend::Release(packet_id) => {
+                        if let Err(mismatch) = link.handle.on_pubcomp(packet_id) {
+                            tracing::warn!(%mismatch, "link: resumed PUBREL stage changed");
+                        }
+                    }
                 }
             }
         }
@@ -213,7 +224,7 @@ impl Link {
             payload: payload.into(),
             properties: PublishProperties::default(),
         };
-        if let Some(gate) = self.handle.publish(publish)? {
+        if let Some(gate) = self.handle.publish(publish)?.gate {
             gate.await?;
         }
         if qos == QoS::ExactlyOnce {
@@ -273,21 +284,25 @@ impl Link {
     }
 
     /// Acknowledges a delivery: PUBACK for QoS 1; PUBREC, then PUBCOMP once the PUBREC's
-    /// stage is stored, for QoS 2. Frees its slot in the window.
+    /// stage is stored, for QoS 2. Frees its slot in the window. The kind follows the
+    /// delivery's QoS, as a client's must (MQTT-4.3.2-4, MQTT-4.3.3-8); acknowledging a
+    /// delivery that is no longer in flight does nothing, as for a socket client.
     ///
     /// # Errors
     ///
-    /// `LinkError::Storage` when the store fails before the PUBREC's stage is durable.
+    /// `LinkError::Storage` when the store fails before the PUBREC's stage is durable;
+    /// `LinkError::AckMismatch` when the packet id now belongs to another delivery whose
+    /// stage this ack does not fit (a stale `delivery`, acknowledged after its id was reused).
     pub async fn ack(&mut self, delivery: &LinkDelivery) -> Result<(), LinkError> {
         match delivery.qos {
             QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.handle.on_puback(delivery.packet_id),
+            QoS::AtLeastOnce => self.handle.on_puback(delivery.packet_id)?,
             QoS::ExactlyOnce => {
-                if let Some(answer) = self.handle.on_pubrec(delivery.packet_id, false) {
+                if let Some(answer) = self.handle.on_pubrec(delivery.packet_id, false)? {
                     if let Some(gate) = answer.gate {
                         gate.await?;
                     }
-                    self.handle.on_pubcomp(delivery.packet_id);
+                    self.handle.on_pubcomp(delivery.packet_id)?;
                 }
             }
         }

@@ -45,7 +45,7 @@ use crate::storage::{Durable, Op, Store};
 pub use handle::{Answer, ExpiryRaisedFromZero, Fill, SessionHandle};
 pub use message::{Delivery, Message, SessionId};
 use retained::RetainedIndex;
-pub use session::outbound::Resend;
+pub use session::outbound::{AckMismatch, OutboundAck, Resend};
 pub use session::{
     Admission, DeliverySink, EnqueueOutcome, OutboundStage, PendingWill, QueueLimits, Session,
     SessionState, SessionSubscription, NEVER_EXPIRES,
@@ -140,6 +140,10 @@ impl std::fmt::Debug for Broker {
 pub struct Routed {
     /// Sessions the message was queued for.
     pub queued: usize,
+    /// Sessions the message matched (after No Local, MQTT-3.8.3-3; one per shared group),
+    /// queued or not: a full queue or an offline QoS 0 subscriber still counts. 0 means no
+    /// subscriber at all, which a v5 publisher is told (PUBACK / PUBREC 0x10, v5 §3.4.2.1).
+    pub matched: usize,
     /// Resolves once the message is durable for every persistent subscriber; the publisher's
     /// PUBACK / PUBREC waits for it. `None` when nothing had to be stored.
     pub durable: Option<Durable>,

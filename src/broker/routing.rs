@@ -53,6 +53,8 @@ impl Broker {
         if self.has_shared.load(Ordering::Acquire) {
             self.shared_targets(&message, &mut targets);
         }
+        // Counted from this one walk (no second trie walk for the publisher's ack).
+        let matched = targets.len();
         let persistence = self.store.is_some();
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
@@ -106,6 +108,7 @@ impl Broker {
             }
             return Ok(Routed {
                 queued,
+                matched,
                 durable: None,
             });
         };
@@ -126,6 +129,7 @@ impl Broker {
         if ops.is_empty() {
             return Ok(Routed {
                 queued,
+                matched,
                 durable: None,
             });
         }
@@ -141,6 +145,7 @@ impl Broker {
         }
         Ok(Routed {
             queued,
+            matched,
             durable: Some(submitted.durable),
         })
     }

@@ -7,6 +7,7 @@
 //! has no DISCONNECT from the server, so the connection is simply closed (MQTT-4.8.0-1 of
 //! 3.1.1). Handlers return a variant; nothing else in the connection invents close reasons.
 
+use crate::broker::{AckMismatch, OutboundStage};
 use crate::codec::{DecodeError, ReasonCode, ReasonContext};
 
 /// A protocol violation by the client; the connection closes because of it.
@@ -44,6 +45,11 @@ pub enum Violation {
     /// AUTH with a reason code that does not fit the exchange: 0x19 while one is running,
     /// 0x18 with none running (MQTT-4.12.1-1, MQTT-4.12.0-3).
     AuthOutOfSequence,
+    /// PUBACK / PUBREC / PUBCOMP for an in-flight packet id whose delivery waits for another
+    /// acknowledgement (a QoS 1 delivery answered with PUBREC or PUBCOMP, a QoS 2 one with
+    /// PUBACK, PUBCOMP before any PUBREL): data inconsistent with our state, a Protocol Error
+    /// (v5 §4.13.1; 3.1.1 MQTT-4.8.0-1). The statement is the one naming the ack that was due.
+    AckMismatch(AckMismatch),
 }
 
 impl Violation {
@@ -63,6 +69,11 @@ impl Violation {
             Violation::AuthWithoutMethod => "MQTT-4.12.0-7",
             Violation::AuthMethodChanged => "MQTT-4.12.0-5",
             Violation::AuthOutOfSequence => "MQTT-4.12.1-1",
+            Violation::AckMismatch(mismatch) => match mismatch.stage {
+                OutboundStage::AwaitPubAck => "MQTT-4.3.2-4",
+                OutboundStage::AwaitPubRec => "MQTT-4.3.3-8",
+                OutboundStage::AwaitPubComp => "MQTT-4.3.3-11",
+            },
         }
     }
 
@@ -86,7 +97,8 @@ impl Violation {
             | Violation::SessionExpiryRaisedFromZero
             | Violation::AuthWithoutMethod
             | Violation::AuthMethodChanged
-            | Violation::AuthOutOfSequence => ReasonCode::PROTOCOL_ERROR,
+            | Violation::AuthOutOfSequence
+            | Violation::AckMismatch(_) => ReasonCode::PROTOCOL_ERROR,
         }
     }
 
@@ -119,6 +131,7 @@ impl Violation {
             Violation::AuthWithoutMethod => "AUTH without an authentication method".to_owned(),
             Violation::AuthMethodChanged => "AUTH with another authentication method".to_owned(),
             Violation::AuthOutOfSequence => "AUTH reason code out of sequence".to_owned(),
+            Violation::AckMismatch(mismatch) => mismatch.to_string(),
         }
     }
 }
@@ -126,6 +139,7 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::OutboundAck;
 
     /// Every violation closes with a code DISCONNECT may carry (v5 §3.14.2.1), so the table can
     /// never make the server itself break MQTT-3.14.2-1 (its own reason code table).
@@ -151,6 +165,11 @@ mod tests {
             Violation::AuthWithoutMethod,
             Violation::AuthMethodChanged,
             Violation::AuthOutOfSequence,
+            Violation::AckMismatch(AckMismatch {
+                packet_id: 1,
+                ack: OutboundAck::PubRec,
+                stage: OutboundStage::AwaitPubAck,
+            }),
         ];
         for v in all {
             let code = v.reason_code();

@@ -5,6 +5,12 @@
 //! has room; each QoS 1/2 delivery takes a packet id and waits in `inflight` for its acks.
 //! Every step returns the store ops it implies, built here on the broker side; the
 //! [`SessionHandle`](crate::broker::SessionHandle) submits them. Nothing here does I/O.
+//!
+//! An acknowledgement of the wrong kind for an in-flight packet id (PUBREC or PUBCOMP for a
+//! QoS 1 delivery, PUBACK for a QoS 2 one, PUBCOMP before any PUBREL was sent) is reported as
+//! an [`AckMismatch`], for the driver to treat as a Protocol Error; the delivery stays in
+//! flight untouched. An ack for an id with nothing in flight stays ignored: a client may
+//! legitimately repeat acks after a reconnect.
 
 use std::time::Instant;
 
@@ -24,6 +30,67 @@ pub enum OutboundStage {
     AwaitPubRec,
     /// PUBREL sent, waiting for PUBCOMP (the message itself is no longer needed).
     AwaitPubComp,
+}
+
+impl OutboundStage {
+    /// The acknowledgement this stage waits for, by packet name (for logs and Reason Strings).
+    pub fn awaits(self) -> &'static str {
+        match self {
+            OutboundStage::AwaitPubAck => "PUBACK",
+            OutboundStage::AwaitPubRec => "PUBREC",
+            OutboundStage::AwaitPubComp => "PUBCOMP",
+        }
+    }
+}
+
+/// An acknowledgement a client sends for an outbound QoS 1/2 delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutboundAck {
+    /// PUBACK: ends a QoS 1 delivery.
+    PubAck,
+    /// PUBREC: the first answer to a QoS 2 delivery.
+    PubRec,
+    /// PUBCOMP: ends a QoS 2 delivery, answering our PUBREL.
+    PubComp,
+}
+
+impl OutboundAck {
+    /// The packet's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutboundAck::PubAck => "PUBACK",
+            OutboundAck::PubRec => "PUBREC",
+            OutboundAck::PubComp => "PUBCOMP",
+        }
+    }
+
+    /// The stage this acknowledgement answers.
+    pub fn answers(self) -> OutboundStage {
+        match self {
+            OutboundAck::PubAck => OutboundStage::AwaitPubAck,
+            OutboundAck::PubRec => OutboundStage::AwaitPubRec,
+            OutboundAck::PubComp => OutboundStage::AwaitPubComp,
+        }
+    }
+}
+
+/// An acknowledgement that does not fit the in-flight delivery holding its packet id: PUBREC
+/// or PUBCOMP for a QoS 1 delivery (MQTT-4.3.2-4 asks for PUBACK), PUBACK for a QoS 2 one
+/// (MQTT-4.3.3-8 asks for PUBREC, MQTT-4.3.3-11 for PUBCOMP), PUBCOMP for a QoS 2 delivery
+/// still waiting for PUBREC (PUBCOMP only answers a PUBREL, MQTT-4.3.3-11, and none was sent
+/// for it: the stage moves to awaiting PUBCOMP before the PUBREL is written, also across a
+/// restart, so no earlier PUBREL of this delivery can be answered late). Data inconsistent
+/// with the sender's state: a Protocol Error (v5 §4.13.1, MQTT-4.13.1-1; 3.1.1 MQTT-4.8.0-1),
+/// as Mosquitto also treats it. The delivery is left as it was (retransmitted on resume).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} for packet id {packet_id}, whose delivery awaits {}", ack.name(), stage.awaits())]
+pub struct AckMismatch {
+    /// The packet id of the acknowledgement.
+    pub packet_id: u16,
+    /// What the client sent.
+    pub ack: OutboundAck,
+    /// What the delivery with that packet id waits for.
+    pub stage: OutboundStage,
 }
 
 /// An unacknowledged outbound message, kept for retransmission on reconnect (MQTT-4.4.0-1).
@@ -156,57 +223,86 @@ impl SessionState {
         filled
     }
 
-    /// PUBACK (QoS 1) or PUBCOMP (QoS 2): the message is done and its packet id is free again.
-    /// Returns the removal of its stored entry, if it had one. An unknown id is ignored.
+    /// PUBACK (QoS 1) or PUBCOMP (QoS 2, after our PUBREL): the message is done and its
+    /// packet id is free again. Returns the removal of its stored entry, if it had one. An
+    /// unknown id is ignored (`Ok(None)`). PUBREC is [`SessionState::on_pubrec`]'s.
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the delivery with this id waits for another acknowledgement; it
+    /// stays in flight.
     pub(in crate::broker) fn complete(
         &mut self,
         client_id: &bytestring::ByteString,
         packet_id: u16,
-        stage: OutboundStage,
-    ) -> Option<Op> {
-        let i = self.find_inflight(packet_id, stage)?;
-        let done = self.inflight.remove(i)?;
-        done.delivery
-            .seq
-            .map(|seq| persist::remove_entry(client_id, seq))
+        ack: OutboundAck,
+    ) -> Result<Option<Op>, AckMismatch> {
+        let Some((i, found)) = self.find_inflight(packet_id) else {
+            return Ok(None);
+        };
+        if found.stage != ack.answers() {
+            return Err(AckMismatch {
+                packet_id,
+                ack,
+                stage: found.stage,
+            });
+        }
+        Ok(self.inflight.remove(i).and_then(|done| {
+            done.delivery
+                .seq
+                .map(|seq| persist::remove_entry(client_id, seq))
+        }))
     }
 
     /// PUBREC: the receiver has the message (MQTT-4.3.3-4). Its stage moves to awaiting
     /// PUBCOMP, stored before the PUBREL goes out (a crash must not re-send the PUBLISH after
-    /// the receiver released the id).
+    /// the receiver released the id). A PUBREC for a delivery already awaiting PUBCOMP (the
+    /// receiver repeating itself) is answered with PUBREL again; one for an unknown id with
+    /// PUBREL 0x92 (v5 §3.6.2.1).
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the id belongs to a QoS 1 delivery (whatever the PUBREC's reason
+    /// code); it stays in flight.
     pub(in crate::broker) fn on_pubrec(
         &mut self,
         client_id: &bytestring::ByteString,
         packet_id: u16,
         refused: bool,
-    ) -> PubRecAnswer {
-        let Some(i) = self.find_inflight(packet_id, OutboundStage::AwaitPubRec) else {
-            if refused {
-                // A refusing PUBREC ends the exchange whatever the id: no PUBREL (MQTT-4.3.3-4
-                // only asks for one after a successful PUBREC).
-                return PubRecAnswer::Refused { ops: Vec::new() };
+    ) -> Result<PubRecAnswer, AckMismatch> {
+        let (i, seq) = match self.find_inflight(packet_id) {
+            Some((_, f)) if f.stage == OutboundStage::AwaitPubAck => {
+                return Err(AckMismatch {
+                    packet_id,
+                    ack: OutboundAck::PubRec,
+                    stage: f.stage,
+                });
             }
-            let known = self
-                .find_inflight(packet_id, OutboundStage::AwaitPubComp)
-                .is_some();
-            let reason = if known {
-                ReasonCode::SUCCESS
-            } else {
-                ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
-            };
-            return PubRecAnswer::Release {
-                reason,
-                ops: Vec::new(),
-            };
+            Some((i, f)) if f.stage == OutboundStage::AwaitPubRec => (i, f.delivery.seq),
+            // A refusing PUBREC ends the exchange whatever the id: no PUBREL (MQTT-4.3.3-4
+            // only asks for one after a successful PUBREC).
+            _ if refused => return Ok(PubRecAnswer::Refused { ops: Vec::new() }),
+            // Already awaiting PUBCOMP: the PUBREL is due again, nothing changes.
+            Some(_) => {
+                return Ok(PubRecAnswer::Release {
+                    reason: ReasonCode::SUCCESS,
+                    ops: Vec::new(),
+                })
+            }
+            None => {
+                return Ok(PubRecAnswer::Release {
+                    reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+                    ops: Vec::new(),
+                })
+            }
         };
-        let seq = self.inflight.get(i).and_then(|f| f.delivery.seq);
         if refused {
             self.inflight.remove(i);
             let ops = seq
                 .map(|seq| persist::remove_entry(client_id, seq))
                 .into_iter()
                 .collect();
-            return PubRecAnswer::Refused { ops };
+            return Ok(PubRecAnswer::Refused { ops });
         }
         if let Some(entry) = self.inflight.get_mut(i) {
             entry.stage = OutboundStage::AwaitPubComp;
@@ -217,10 +313,10 @@ impl SessionState {
             })
             .into_iter()
             .collect();
-        PubRecAnswer::Release {
+        Ok(PubRecAnswer::Release {
             reason: ReasonCode::SUCCESS,
             ops,
-        }
+        })
     }
 
     /// Everything unacknowledged, to send again on a resumed session, in send order.
@@ -249,19 +345,50 @@ impl SessionState {
         None
     }
 
-    /// Finds the inflight entry for `packet_id` in `stage` (acks usually match the oldest).
-    fn find_inflight(&self, packet_id: u16, stage: OutboundStage) -> Option<usize> {
+    /// Finds the inflight entry for `packet_id`, whatever its stage: packet ids are unique
+    /// among inflight messages (MQTT-2.2.1-3), so the stage tells whether an ack fits. Acks
+    /// usually match the oldest.
+    fn find_inflight(&self, packet_id: u16) -> Option<(usize, &Inflight)> {
         self.inflight
             .iter()
-            .position(|f| f.packet_id == packet_id && f.stage == stage)
+            .enumerate()
+            .find(|(_, f)| f.packet_id == packet_id)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use crate::broker::Session;
-    use crate::codec::ProtocolVersion;
+    use crate::broker::{Message, Session};
+    use crate::codec::{ProtocolVersion, Publish};
+
+    /// Puts a delivery in flight under `packet_id` at `stage`, as `fill` would have.
+    fn in_flight(st: &mut SessionState, packet_id: u16, stage: OutboundStage) {
+        let qos = match stage {
+            OutboundStage::AwaitPubAck => QoS::AtLeastOnce,
+            _ => QoS::ExactlyOnce,
+        };
+        let publish = Publish {
+            qos,
+            topic: "t".into(),
+            packet_id: 1,
+            ..Default::default()
+        };
+        st.inflight.push_back(Inflight {
+            packet_id,
+            delivery: Delivery {
+                message: Arc::new(Message::from_publish(publish, None)),
+                qos,
+                retain: false,
+                subscription_ids: Default::default(),
+                seq: None,
+                shared: None,
+            },
+            stage,
+        });
+    }
 
     /// A PUBREC with a failure code ends the QoS 2 exchange even for an id the session does not
     /// know: no PUBREL follows (MQTT-4.3.3-4 asks for PUBREL only after a successful PUBREC);
@@ -273,14 +400,85 @@ mod tests {
         let id = bytestring::ByteString::from("c");
         assert!(matches!(
             st.on_pubrec(&id, 7, true),
-            PubRecAnswer::Refused { ops } if ops.is_empty()
+            Ok(PubRecAnswer::Refused { ops }) if ops.is_empty()
         ));
         assert!(matches!(
             st.on_pubrec(&id, 7, false),
-            PubRecAnswer::Release {
+            Ok(PubRecAnswer::Release {
                 reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
                 ..
-            }
+            })
         ));
+    }
+
+    /// Acks of the wrong kind for an in-flight id are reported (a Protocol Error for the
+    /// driver, v5 §4.13.1) and leave the delivery in flight: PUBREC / PUBCOMP for QoS 1
+    /// (MQTT-4.3.2-4), PUBACK for QoS 2 at either stage (MQTT-4.3.3-8, -11), PUBCOMP before
+    /// any PUBREL (MQTT-4.3.3-11). Acks for ids with nothing in flight stay ignored.
+    #[test]
+    fn acks_of_the_wrong_kind() {
+        use OutboundAck::{PubAck, PubComp, PubRec};
+        use OutboundStage::{AwaitPubAck, AwaitPubComp, AwaitPubRec};
+        let session = Session::new(1, "c".into(), ProtocolVersion::V5, 0);
+        let mut st = session.lock();
+        let id = bytestring::ByteString::from("c");
+        in_flight(&mut st, 1, AwaitPubAck);
+        in_flight(&mut st, 2, AwaitPubRec);
+        in_flight(&mut st, 3, AwaitPubComp);
+        let mismatch = |packet_id, ack, stage| {
+            Err::<Option<Op>, _>(AckMismatch {
+                packet_id,
+                ack,
+                stage,
+            })
+        };
+        assert_eq!(
+            st.complete(&id, 1, PubComp),
+            mismatch(1, PubComp, AwaitPubAck)
+        );
+        assert_eq!(
+            st.on_pubrec(&id, 1, false).map(|_| None),
+            mismatch(1, PubRec, AwaitPubAck)
+        );
+        assert_eq!(
+            st.on_pubrec(&id, 1, true).map(|_| None),
+            mismatch(1, PubRec, AwaitPubAck)
+        );
+        assert_eq!(
+            st.complete(&id, 2, PubAck),
+            mismatch(2, PubAck, AwaitPubRec)
+        );
+        assert_eq!(
+            st.complete(&id, 2, PubComp),
+            mismatch(2, PubComp, AwaitPubRec)
+        );
+        assert_eq!(
+            st.complete(&id, 3, PubAck),
+            mismatch(3, PubAck, AwaitPubComp)
+        );
+        assert_eq!(st.inflight.len(), 3, "mismatched acks change nothing");
+        // Unknown ids: ignored as before.
+        assert_eq!(st.complete(&id, 9, PubAck), Ok(None));
+        assert_eq!(st.complete(&id, 9, PubComp), Ok(None));
+        // A PUBREC repeated in the PUBREL stage gets PUBREL again, not an error.
+        assert!(matches!(
+            st.on_pubrec(&id, 3, false),
+            Ok(PubRecAnswer::Release {
+                reason: ReasonCode::SUCCESS,
+                ..
+            })
+        ));
+        // The right acks still finish each one.
+        assert_eq!(st.complete(&id, 1, PubAck), Ok(None));
+        assert!(matches!(
+            st.on_pubrec(&id, 2, false),
+            Ok(PubRecAnswer::Release {
+                reason: ReasonCode::SUCCESS,
+                ..
+            })
+        ));
+        assert_eq!(st.complete(&id, 2, PubComp), Ok(None));
+        assert_eq!(st.complete(&id, 3, PubComp), Ok(None));
+        assert!(st.inflight.is_empty());
     }
 }

@@ -46,8 +46,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
             self.pending_inbound += 1;
         }
-        let gate = match self.session.publish(publish) {
-            Ok(gate) => gate,
+        let answer = match self.session.publish(publish) {
+            Ok(answer) => answer,
             Err(error) => return self.refuse_unstored(qos, packet_id, error),
         };
         let kind = match qos {
@@ -55,8 +55,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             QoS::AtLeastOnce => AckKind::Ack, // MQTT-4.3.2-2
             QoS::ExactlyOnce => AckKind::Rec, // MQTT-4.3.3-8
         };
-        // Acknowledged only once the store holds the message (the durability promise).
-        self.send_gated(gate, Gated::Ack(kind, PubResponse::new(packet_id)));
+        // Acknowledged only once the store holds the message (the durability promise), with
+        // 0x10 when nobody subscribes (v5 §3.4.2.1; 3.x acks carry no reason code).
+        let mut ack = PubResponse::new(packet_id);
+        ack.reason_code = answer.reason;
+        self.send_gated(answer.gate, Gated::Ack(kind, ack));
         Ok(())
     }
 

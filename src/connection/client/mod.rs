@@ -360,18 +360,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     fn handle(&mut self, packet: Packet) -> Result<(), Close> {
         match packet {
             Packet::Publish(publish) => self.on_publish(publish),
-            Packet::PubAck(ack) => {
-                self.session.on_puback(ack.packet_id);
-                Ok(())
-            }
-            Packet::PubRec(rec) => {
-                self.on_pubrec(rec);
-                Ok(())
-            }
-            Packet::PubComp(comp) => {
-                self.session.on_pubcomp(comp.packet_id);
-                Ok(())
-            }
+            // An ack of the wrong kind for an in-flight id is a Protocol Error (v5 §4.13.1,
+            // 3.1.1 MQTT-4.8.0-1); one for an id with nothing in flight is ignored.
+            Packet::PubAck(ack) => self
+                .session
+                .on_puback(ack.packet_id)
+                .map_err(|mismatch| self.violation(Violation::AckMismatch(mismatch))),
+            Packet::PubRec(rec) => self.on_pubrec(rec),
+            Packet::PubComp(comp) => self
+                .session
+                .on_pubcomp(comp.packet_id)
+                .map_err(|mismatch| self.violation(Violation::AckMismatch(mismatch))),
             Packet::PubRel(rel) => {
                 self.on_pubrel(rel);
                 Ok(())

@@ -13,12 +13,14 @@ use std::time::Instant;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::closing::Close;
 use super::Client;
 use crate::broker::{Broker, Delivery, DeliverySink, Fill, Resend};
 use crate::codec::{Packet, ProtocolVersion, PubResponse, PublishAlias, PublishFlags};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::io::WRITE_HIGH_WATER;
 use crate::connection::topic_alias::OutboundAliases;
+use crate::connection::violation::Violation;
 use crate::storage::Durable;
 
 /// Stop moving deliveries out of the session queue while this many writes wait for the store:
@@ -135,19 +137,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     }
 
     /// PUBREC: PUBREL once the session's new stage is stored (MQTT-4.3.3-4); nothing when the
-    /// receiver refused the message (reason ≥ 0x80, v5 §4.3.3).
+    /// receiver refused the message (reason ≥ 0x80, v5 §4.3.3). A PUBREC for a QoS 1
+    /// delivery is a Protocol Error (MQTT-4.3.2-4 asks for PUBACK; v5 §4.13.1).
     // Like every packet handler, takes the decoded packet it is dispatched with.
     #[allow(clippy::needless_pass_by_value)]
-    pub(super) fn on_pubrec(&mut self, rec: PubResponse) {
-        let Some(answer) = self
+    pub(super) fn on_pubrec(&mut self, rec: PubResponse) -> Result<(), Close> {
+        let answer = self
             .session
             .on_pubrec(rec.packet_id, rec.reason_code.is_error())
-        else {
-            return;
+            .map_err(|mismatch| self.violation(Violation::AckMismatch(mismatch)))?;
+        let Some(answer) = answer else {
+            return Ok(());
         };
         let mut rel = PubResponse::new(rec.packet_id);
         rel.reason_code = answer.reason;
         self.send_gated(answer.gate, Gated::Ack(AckKind::Rel, rel));
+        Ok(())
     }
 
     /// Writes now, or behind the writes that wait for the store (even one that waits for
