@@ -38,7 +38,7 @@ fn no_problem_info(id: &str) -> Connect {
     c
 }
 
-async fn subscribe_many(c: &mut common::RawClient, filters: &[&str], id: Option<u32>) -> SubAck {
+async fn subscribe_many(c: &mut RawClient, filters: &[&str], id: Option<u32>) -> SubAck {
     c.send(&Packet::Subscribe(Subscribe {
         packet_id: 3,
         subscription_identifier: id,

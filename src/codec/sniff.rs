@@ -28,23 +28,6 @@ pub fn peek_connect_version(buf: &[u8]) -> Option<ProtocolVersion> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_level_from_partial_connect() {
-        let v5 = [0x10, 0x10, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0xFF];
-        assert_eq!(peek_connect_version(&v5), Some(ProtocolVersion::V5));
-        let v31 = [
-            0x10, 0x10, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03,
-        ];
-        assert_eq!(peek_connect_version(&v31), Some(ProtocolVersion::V3_1));
-        assert_eq!(peek_connect_version(&[0x10, 0x10, 0x00]), None);
-        assert_eq!(peek_connect_version(&[0x30, 0x00]), None);
-    }
-}
-
 /// Control packet type of SUBSCRIBE (MQTT 2.1.2).
 const SUBSCRIBE: u8 = 8;
 
@@ -73,7 +56,19 @@ pub fn holds_subscribe(buf: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::holds_subscribe;
+    use super::*;
+
+    #[test]
+    fn reads_level_from_partial_connect() {
+        let v5 = [0x10, 0x10, 0x00, 0x04, b'M', b'Q', b'T', b'T', 0x05, 0xFF];
+        assert_eq!(peek_connect_version(&v5), Some(ProtocolVersion::V5));
+        let v31 = [
+            0x10, 0x10, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03,
+        ];
+        assert_eq!(peek_connect_version(&v31), Some(ProtocolVersion::V3_1));
+        assert_eq!(peek_connect_version(&[0x10, 0x10, 0x00]), None);
+        assert_eq!(peek_connect_version(&[0x30, 0x00]), None);
+    }
 
     #[test]
     fn finds_a_complete_subscribe_behind_other_packets_only() {
