@@ -409,7 +409,8 @@ fn connack_properties(
     }
 }
 
-/// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0) and lets the caller close.
+/// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0), ends the stream with the
+/// lingering close (`Io::finish_writing`, `Io::linger`) and lets the caller drop it.
 /// With `explain = Some((why, connect))`, `why` becomes the v5 Reason String if the client
 /// accepts problem information, and the CONNACK respects its Maximum Packet Size.
 async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
@@ -435,7 +436,12 @@ async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
         },
     };
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
-    let _ = tokio::time::timeout(Duration::from_secs(1), io.flush()).await;
+    // MQTT-3.2.2-7: the close follows; lingering lets a client that is still writing (one
+    // that pipelines PUBLISHes behind its CONNECT) read the CONNACK first. Nothing is
+    // attached yet, so the linger holds only the socket.
+    if io.finish_writing().await {
+        io.linger().await;
+    }
     None
 }
 
