@@ -1,5 +1,6 @@
 //! How the broker ends a connection, over real sockets: a client that is still writing when
-//! the broker closes still reads the reason (the final DISCONNECT or the refusing CONNACK).
+//! the broker closes still reads the reason (the final DISCONNECT or the refusing CONNACK),
+//! and a CONNECT that no CONNACK can answer is closed instead of left silent.
 //!
 //! Statement ids follow the OASIS MQTT 5.0 text; "list:" gives the id in
 //! `shared/spec/mqtt-5.0-normative-statements.txt` where it differs.
@@ -198,4 +199,28 @@ async fn a_client_still_writing_reads_the_refusing_connack() {
     }
     end.expect("an orderly close after the CONNACK");
     writer_ends(writer).await;
+}
+
+#[tokio::test]
+async fn connect_no_connack_fits_is_closed() {
+    // MQTT-3.1.2-24 (list: -27): the Server must not send a packet above the client's Maximum
+    // Packet Size. When even the CONNACK does not fit, nothing can be sent: the connection
+    // is closed (not left open and silent), and nothing about the session changes.
+    let server = common::start().await;
+    // The CONNACK this client id gets, to go one byte below it.
+    let (mut first, ack) = v5::connect(server.mqtt_addr, v5::connect_packet("mps")).await;
+    let mut encoded = BytesMut::new();
+    put(&mut encoded, &Packet::ConnAck(ack), v5::V);
+    for max in [2, u32::try_from(encoded.len() - 1).expect("small")] {
+        let mut connect = v5::connect_packet("mps");
+        connect.properties.maximum_packet_size = Some(max);
+        let mut c = RawClient::open(server.mqtt_addr, v5::V).await;
+        c.send(&Packet::Connect(Box::new(connect))).await;
+        let seen = c.expect_close().await;
+        assert!(seen.is_empty(), "Maximum Packet Size {max}: {seen:?}");
+    }
+    // The refused CONNECT did not take the session over (MQTT-3.1.4-3 applies only to a
+    // CONNECT the Server accepts): the first connection still works.
+    first.send(&Packet::PingReq).await;
+    assert!(matches!(first.recv().await, Some(Packet::PingResp)));
 }
