@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
@@ -147,20 +147,12 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         config.session_expiry_interval_max
     };
 
-    let attached = broker.connect(SessionRequest {
-        client_id: client_id.clone(),
-        clean_start: connect.clean_start,
-        expiry_interval,
-        protocol: version,
-    });
-    // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2).
-    connack.session_present = attached.session_present;
     if version.is_v5() {
         connack.properties = connack_properties(
             broker,
             &connect,
             keep_alive,
-            assigned.then_some(client_id),
+            assigned.then(|| client_id.clone()),
             expiry_interval,
         );
         if let Some(auth) = &auth {
@@ -169,6 +161,22 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         }
     }
     let client_max = client_max_packet(&connect);
+    if !connack_fits(&connack, version, client_max) {
+        // MQTT-3.1.2-24 (list: -27): nothing above the client's Maximum Packet Size may be
+        // sent, and the smallest CONNACK is above it. With no way to answer, close; before
+        // attaching, so neither the session nor a connection holding it is touched.
+        tracing::info!(%peer, client = %client_id, max = client_max, "closing: no CONNACK fits the client's Maximum Packet Size");
+        return None;
+    }
+    let attached = broker.connect(SessionRequest {
+        client_id,
+        clean_start: connect.clean_start,
+        expiry_interval,
+        protocol: version,
+    });
+    // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
+    // does not change the CONNACK's size, so the check above still holds.
+    connack.session_present = attached.session_present;
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
     tracing::debug!(%peer, client = %attached.handle.client_id(), ?version, "connected");
     Some(Accepted {
@@ -191,6 +199,22 @@ pub(super) fn client_max_packet(connect: &Connect) -> usize {
         .properties
         .maximum_packet_size
         .map_or(usize::MAX, |m| m as usize)
+}
+
+/// Whether `connack` can be sent within the client's Maximum Packet Size `max`, leaving out
+/// its Reason String and User Properties if need be (as `Io::queue_within` will). Measured
+/// only when the client set a maximum (a scratch encoding of a few dozen bytes, once per
+/// CONNECT): otherwise it always fits. A CONNACK the codec cannot encode at all counts as
+/// not fitting, since it could not be sent either.
+fn connack_fits(connack: &ConnAck, version: ProtocolVersion, max: usize) -> bool {
+    if max == usize::MAX {
+        return true;
+    }
+    let packet = Packet::ConnAck(connack.clone());
+    matches!(
+        codec::encode_within(&packet, version, max, &mut BytesMut::new()),
+        Ok(true)
+    )
 }
 
 /// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict.
@@ -414,7 +438,8 @@ fn connack_properties(
     }
 }
 
-/// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0) and lets the caller close.
+/// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0), ends the stream with the
+/// lingering close (`Io::finish_writing`, `Io::linger`) and lets the caller drop it.
 /// With `explain = Some((why, connect))`, `why` becomes the v5 Reason String if the client
 /// accepts problem information, and the CONNACK respects its Maximum Packet Size.
 async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
@@ -440,7 +465,12 @@ async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
         },
     };
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
-    let _ = tokio::time::timeout(Duration::from_secs(1), io.flush()).await;
+    // MQTT-3.2.2-7: the close follows; lingering lets a client that is still writing (one
+    // that pipelines PUBLISHes behind its CONNECT) read the CONNACK first. Nothing is
+    // attached yet, so the linger holds only the socket.
+    if io.finish_writing().await {
+        io.linger().await;
+    }
     None
 }
 

@@ -1,13 +1,16 @@
-//! The byte side of a connection: read buffer, batched write buffer, and the stream.
+//! The byte side of a connection: read buffer, batched write buffer, the stream, and how it
+//! ends (the lingering close).
 
 use std::cell::RefCell;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use std::future::Future;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::time::Instant;
 
 use crate::codec::{self, Packet, ProtocolVersion};
 
@@ -22,9 +25,50 @@ const SCRATCH: usize = 16 * 1024;
 /// (and so the client) sets the pace, the session queue absorbs the rest.
 pub const WRITE_HIGH_WATER: usize = 64 * 1024;
 
+/// How long the last writes of a closing connection (its final packet, then the FIN) may
+/// take: a client that does not read cannot hold the task longer.
+const FINAL_WRITE_LIMIT: Duration = Duration::from_secs(1);
+/// The lingering close reads and discards a still-writing client's input for at most this
+/// long after the FIN ([`Io::linger`]), so the socket is not closed on unread input.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+/// ... and stops earlier once nothing has arrived for this long: a client that got the FIN
+/// and neither writes nor closes has nothing left for a reset to spoil, so it need not hold
+/// the task (or the server's shutdown) for the whole [`LINGER_TIME`].
+const LINGER_IDLE: Duration = Duration::from_millis(500);
+/// ... and after discarding this many bytes: a client writing faster than that is not
+/// reading either, and does not get to keep the task busy.
+const LINGER_BYTES: usize = 4 << 20;
+
 thread_local! {
     /// One read scratch buffer per worker thread, borrowed only inside a synchronous `poll_read`.
     static READ_SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH].into_boxed_slice());
+}
+
+/// Polls one read into the worker's scratch buffer and hands what arrived to `take` (not
+/// called on error or `Pending`). The scratch buffer is borrowed only inside this synchronous
+/// poll; re-entry (impossible with the plain streams used here) falls back to a small buffer
+/// on the stack.
+fn poll_read_scratch<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    cx: &mut Context<'_>,
+    take: impl FnOnce(&[u8]),
+) -> Poll<std::io::Result<usize>> {
+    fn poll_into<S: AsyncRead + Unpin>(
+        stream: &mut S,
+        cx: &mut Context<'_>,
+        scratch: &mut [u8],
+        take: impl FnOnce(&[u8]),
+    ) -> Poll<std::io::Result<usize>> {
+        let mut buf = ReadBuf::new(scratch);
+        ready!(Pin::new(stream).poll_read(cx, &mut buf))?;
+        let filled = buf.filled();
+        take(filled);
+        Poll::Ready(Ok(filled.len()))
+    }
+    READ_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => poll_into(stream, cx, &mut scratch[..], take),
+        Err(_) => poll_into(stream, cx, &mut [0u8; 512], take),
+    })
 }
 
 /// Polls one read into the spare capacity of `buf`. The `read_buf` future holds no state
@@ -73,26 +117,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         if self.rbuf.capacity() - self.rbuf.len() >= READ_CHUNK {
             return poll_read_buf(&mut self.stream, cx, &mut self.rbuf);
         }
-        let stream = &mut self.stream;
         let rbuf = &mut self.rbuf;
-        READ_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-            Ok(mut scratch) => {
-                let mut buf = ReadBuf::new(&mut scratch[..]);
-                match Pin::new(&mut *stream).poll_read(cx, &mut buf) {
-                    Poll::Ready(Ok(())) => {
-                        let filled = buf.filled();
-                        rbuf.extend_from_slice(filled);
-                        Poll::Ready(Ok(filled.len()))
-                    }
-                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-            // Re-entered (cannot happen with the plain streams used here): reserve instead.
-            Err(_) => {
-                rbuf.reserve(READ_CHUNK);
-                poll_read_buf(stream, cx, rbuf)
-            }
+        poll_read_scratch(&mut self.stream, cx, |arrived| {
+            rbuf.extend_from_slice(arrived);
         })
     }
 
@@ -182,5 +209,52 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
             self.wbuf = BytesMut::new();
         }
         self.stream.flush().await
+    }
+
+    /// The first half of closing: writes out the batch (the final DISCONNECT or refusing
+    /// CONNACK, and whatever was queued before it), then shuts down our side of the stream
+    /// (a FIN after the last byte), within [`FINAL_WRITE_LIMIT`].
+    ///
+    /// `true` when there was something to deliver and all of it, FIN included, was handed to
+    /// the kernel: only then does the peer have something to read that a reset could destroy,
+    /// so only then is [`Io::linger`] worth its time. Separate from it so the caller can
+    /// settle the will and the session in between: nothing of the broker's state waits for
+    /// the linger.
+    pub(super) async fn finish_writing(&mut self) -> bool {
+        let had_output = !self.wbuf.is_empty();
+        let written = tokio::time::timeout(FINAL_WRITE_LIMIT, async {
+            self.flush().await?;
+            self.stream.shutdown().await
+        })
+        .await;
+        had_output && matches!(written, Ok(Ok(())))
+    }
+
+    /// The second half of closing, after [`Io::finish_writing`]: reads and discards input
+    /// until the peer closes (or fails), nothing arrives for [`LINGER_IDLE`], [`LINGER_TIME`]
+    /// passes or [`LINGER_BYTES`] were read; then the caller drops the stream.
+    ///
+    /// Why: closing a TCP socket that still has unread input makes Linux send a reset instead
+    /// of a FIN and discard what it has not transmitted yet. A client that is still writing
+    /// (PUBLISHes or PUBRELs in flight) and whose receive window is full would then never see
+    /// the final packet, i.e. never learn why it was closed; and a client whose stack drops
+    /// unread input on a reset loses it even when it arrived. Reading until the client has
+    /// seen our FIN and stopped lets the kernel deliver the final packet and close in order.
+    /// Discarded input goes through the worker's scratch buffer and is not counted as
+    /// received; the connection's own buffers are freed first, so a lingering connection
+    /// holds nothing but its socket.
+    pub(super) async fn linger(&mut self) {
+        self.rbuf = BytesMut::new();
+        self.wbuf = BytesMut::new();
+        let deadline = Instant::now() + LINGER_TIME;
+        let mut discarded = 0;
+        while discarded < LINGER_BYTES {
+            let quiet_at = deadline.min(Instant::now() + LINGER_IDLE);
+            let read = std::future::poll_fn(|cx| poll_read_scratch(&mut self.stream, cx, |_| {}));
+            match tokio::time::timeout_at(quiet_at, read).await {
+                Ok(Ok(n)) if n > 0 => discarded += n,
+                _ => return, // the peer closed, the socket failed, or time is up
+            }
+        }
     }
 }

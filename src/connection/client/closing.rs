@@ -1,9 +1,7 @@
-//! The end of a connection: why it ends, the DISCONNECT a v5 client gets, the will, and
-//! handing the session back to the broker.
+//! The end of a connection: why it ends, the DISCONNECT a v5 client gets, the will, handing
+//! the session back to the broker, and then the lingering close of the socket.
 
-use std::time::Duration;
-
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::Client;
 use crate::codec::{Disconnect, DisconnectProperties, Packet, ReasonCode};
@@ -73,7 +71,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         Err(Close::ClientDisconnect(disconnect.reason_code))
     }
 
-    /// Sends the closing DISCONNECT (v5), publishes the will if due, releases the session.
+    /// Sends the closing DISCONNECT (v5), publishes the will if due, releases the session,
+    /// then lingers on the socket (`Io::linger`) if the client has something left to read.
     pub(super) async fn finish(mut self: Box<Self>, close: Close) {
         let v5 = self.version.is_v5();
         let server_reason = close.server_reason();
@@ -109,11 +108,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 self.client_max_packet,
             );
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            self.io.flush().await?;
-            self.io.stream.shutdown().await
-        })
-        .await;
+        let linger = self.io.finish_writing().await;
         if close.publishes_will() {
             if let Some(will) = self.will.take().map(|will| *will) {
                 // Held until the delay passes or the session ends (MQTT-3.1.2-8); v5 only.
@@ -123,5 +118,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
         self.session.detach();
         tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), ?close, "disconnected");
+        if linger {
+            // Socket hygiene only, so after the will and the session are settled, and with
+            // everything but the socket dropped first (the block ends before the linger).
+            let mut io = {
+                let client = *self;
+                client.io
+            };
+            io.linger().await;
+        }
     }
 }
