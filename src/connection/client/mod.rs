@@ -67,7 +67,6 @@ pub(super) struct Client<S> {
     window: usize,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
-    max_packet: usize,
     /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
     /// created on first use: most clients never send an alias.
     aliases: Option<Box<InboundAliases>>,
@@ -129,7 +128,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             .properties
             .maximum_packet_size
             .map_or(usize::MAX, |m| m as usize);
-        let max_packet = config.max_packet_size as usize;
         // The CONNECT has been taken out of it: do not keep its buffer for an idle client.
         io.release_read_buffer();
         Client {
@@ -144,7 +142,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             will: connect.will.map(Box::new),
             window,
             client_max_packet,
-            max_packet,
             aliases: None,
             alias_max_in,
             aliases_out,
@@ -286,8 +283,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 
     /// Decodes and handles every complete packet in the read buffer.
     fn process_input(&mut self) -> Result<(), Close> {
+        let rules = super::decode_rules(self.broker().config());
         loop {
-            match codec::decode(&mut self.io.rbuf, Some(self.version), self.max_packet) {
+            match codec::decode_with(&mut self.io.rbuf, Some(self.version), rules) {
                 Ok(Some(packet)) => self.handle(packet)?,
                 Ok(None) => return Ok(()),
                 Err(error) => {
