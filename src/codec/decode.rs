@@ -7,7 +7,8 @@ use bytestring::ByteString;
 
 use super::properties::read as props;
 use super::reader::Reader;
-use super::topic::topic_name_error;
+use super::rules::DecodeRules;
+use super::topic::{has_control_characters, is_empty_filter, topic_name_error};
 use super::varint::decode_varint;
 use super::{codes, types::*, DecodeError, ReasonCode};
 
@@ -104,6 +105,21 @@ fn check_byte1(byte1: u8, version: Option<ProtocolVersion>) -> Result<()> {
     Ok(())
 }
 
+/// Decodes one packet from the front of `buf`, splitting its bytes off without copying, with
+/// only the spec's MUSTs enforced ([`DecodeRules::new`]); see [`decode_with`].
+///
+/// # Errors
+///
+/// As [`decode_with`].
+#[inline]
+pub fn decode(
+    buf: &mut BytesMut,
+    version: Option<ProtocolVersion>,
+    max_packet_size: usize,
+) -> Result<Option<Packet>> {
+    decode_with(buf, version, DecodeRules::new(max_packet_size))
+}
+
 /// Decodes one packet from the front of `buf`, splitting its bytes off without copying.
 ///
 /// `Ok(None)`: incomplete, `buf` untouched. `version` is `None` before the handshake, when only
@@ -112,13 +128,15 @@ fn check_byte1(byte1: u8, version: Option<ProtocolVersion>) -> Result<()> {
 /// # Errors
 ///
 /// A `DecodeError` for a malformed packet, one not allowed at `version` (or before CONNECT),
-/// or one larger than `max_packet_size`; the connection cannot continue after it.
+/// one larger than `rules.max_packet_size`, or one `rules` refuse; the connection cannot
+/// continue after it.
 #[inline]
-pub fn decode(
+pub fn decode_with(
     buf: &mut BytesMut,
     version: Option<ProtocolVersion>,
-    max_packet_size: usize,
+    rules: DecodeRules,
 ) -> Result<Option<Packet>> {
+    let max_packet_size = rules.max_packet_size;
     let Some(&byte1) = buf.first() else {
         return Ok(None);
     };
@@ -136,24 +154,25 @@ pub fn decode(
     let v5 = version == Some(ProtocolVersion::V5);
     if byte1 >> 4 == PUBLISH {
         // The hot path, kept apart so its frame stays small and the value is built in place.
-        return publish(byte1, &mut r, v5).map(|p| Some(Packet::Publish(p)));
+        return publish(byte1, &mut r, v5, rules.allow_control_characters)
+            .map(|p| Some(Packet::Publish(p)));
     }
-    other(byte1, &mut r, v5).map(Some)
+    other(byte1, &mut r, v5, rules.allow_control_characters).map(Some)
 }
 
-/// Every packet type but PUBLISH.
+/// Every packet type but PUBLISH. `controls`: [`DecodeRules::allow_control_characters`].
 #[inline(never)]
-fn other(byte1: u8, r: &mut Reader, v5: bool) -> Result<Packet> {
+fn other(byte1: u8, r: &mut Reader, v5: bool, controls: bool) -> Result<Packet> {
     Ok(match byte1 >> 4 {
         PUBACK => Packet::PubAck(pub_response(r, v5, codes::puback)?),
         PUBREC => Packet::PubRec(pub_response(r, v5, codes::puback)?),
         PUBREL => Packet::PubRel(pub_response(r, v5, codes::pubrel)?),
         PUBCOMP => Packet::PubComp(pub_response(r, v5, codes::pubrel)?),
-        CONNECT => Packet::Connect(Box::new(connect(r)?)),
+        CONNECT => Packet::Connect(Box::new(connect(r, controls)?)),
         CONNACK => Packet::ConnAck(connack(r, v5)?),
-        SUBSCRIBE => Packet::Subscribe(subscribe(r, v5)?),
+        SUBSCRIBE => Packet::Subscribe(subscribe(r, v5, controls)?),
         SUBACK => Packet::SubAck(suback(r, v5)?),
-        UNSUBSCRIBE => Packet::Unsubscribe(unsubscribe(r, v5)?),
+        UNSUBSCRIBE => Packet::Unsubscribe(unsubscribe(r, v5, controls)?),
         UNSUBACK => Packet::UnsubAck(unsuback(r, v5)?),
         PINGREQ => {
             r.finish()?;
@@ -191,8 +210,9 @@ fn reason(r: &mut Reader, allowed: fn(u8) -> bool) -> Result<ReasonCode> {
 }
 
 /// CONNECT (3.1.1 §3.1, 5.0 §3.1). Its own protocol level decides the layout, whatever
-/// `version` the connection has; a second CONNECT is rejected by the connection.
-fn connect(r: &mut Reader) -> Result<Connect> {
+/// `version` the connection has; a second CONNECT is rejected by the connection. `controls`:
+/// whether the will topic may carry control characters ([`DecodeRules`]).
+fn connect(r: &mut Reader, controls: bool) -> Result<Connect> {
     let name = r.binary()?;
     let level = r.u8()?;
     let protocol = match (&name[..], level) {
@@ -203,8 +223,10 @@ fn connect(r: &mut Reader) -> Result<Connect> {
     };
     let v5 = protocol.is_v5();
     let flags = r.u8()?;
-    if flags & 0x01 != 0 {
-        return Err(DecodeError::Malformed("reserved CONNECT flag set")); // MQTT-3.1.2-3
+    // MQTT-3.1.2-3 (5.0 and 3.1.1). MQTT 3.1 leaves bit 0 unused without requiring it to be 0;
+    // Mosquitto accepts it set at that level, and so do we (the bit means nothing there).
+    if flags & 0x01 != 0 && protocol != ProtocolVersion::V3_1 {
+        return Err(DecodeError::Malformed("reserved CONNECT flag set"));
     }
     let clean_start = flags & 0x02 != 0;
     let will_flag = flags & 0x04 != 0;
@@ -240,6 +262,12 @@ fn connect(r: &mut Reader) -> Result<Connect> {
         let topic = r.string()?;
         if let Some(why) = topic_name_error(&topic) {
             return Err(DecodeError::TopicNameInvalid(why));
+        }
+        if !controls && has_control_characters(&topic) {
+            // 5.0 §1.5.4: a receiver MAY treat it as a Malformed Packet.
+            return Err(DecodeError::Malformed(
+                "control character in the will topic",
+            ));
         }
         let payload = r.binary()?;
         Some(LastWill {
@@ -307,10 +335,12 @@ fn connack(r: &mut Reader, v5: bool) -> Result<ConnAck> {
     })
 }
 
-/// PUBLISH (3.1.1 §3.3, 5.0 §3.3): the hot path. One pass spots NUL and wildcards, so a
-/// clean topic costs a UTF-8 check and nothing else.
+/// PUBLISH (3.1.1 §3.3, 5.0 §3.3): the hot path. One pass spots every byte that may need a
+/// closer look (NUL, wildcards, control characters: bytes below 0x20, 0x7F, and 0xC2, which
+/// leads U+0080..U+00BF), so a clean topic costs that pass and a UTF-8 check, whatever
+/// `controls` ([`DecodeRules::allow_control_characters`]) says.
 #[inline(always)]
-fn publish(byte1: u8, r: &mut Reader, v5: bool) -> Result<Publish> {
+fn publish(byte1: u8, r: &mut Reader, v5: bool, controls: bool) -> Result<Publish> {
     let qos = match (byte1 >> 1) & 0x03 {
         0 => QoS::AtMostOnce,
         1 => QoS::AtLeastOnce,
@@ -318,9 +348,9 @@ fn publish(byte1: u8, r: &mut Reader, v5: bool) -> Result<Publish> {
         _ => return Err(DecodeError::Malformed("PUBLISH with QoS 3")),
     };
     let raw = r.binary()?;
-    let suspicious = raw
-        .iter()
-        .fold(false, |acc, &b| acc | matches!(b, 0 | b'+' | b'#'));
+    let suspicious = raw.iter().fold(false, |acc, &b| {
+        acc | matches!(b, 0..=0x1F | b'+' | b'#' | 0x7F | 0xC2)
+    });
     let topic = ByteString::try_from(raw)
         .map_err(|_| DecodeError::Malformed("invalid UTF-8 in a string"))?;
     let packet_id = if qos == QoS::AtMostOnce {
@@ -344,6 +374,12 @@ fn publish(byte1: u8, r: &mut Reader, v5: bool) -> Result<Publish> {
         }
         if let Some(why) = topic_name_error(&topic) {
             return Err(DecodeError::TopicNameInvalid(why)); // MQTT-3.3.2-2
+        }
+        if !controls && has_control_characters(&topic) {
+            // 5.0 §1.5.4: a receiver MAY treat it as a Malformed Packet.
+            return Err(DecodeError::Malformed(
+                "control character in the topic name",
+            ));
         }
     }
     Ok(Publish {
@@ -380,9 +416,33 @@ fn pub_response(r: &mut Reader, v5: bool, allowed: fn(u8) -> bool) -> Result<Pub
     })
 }
 
-/// SUBSCRIBE (3.1.1 §3.8, 5.0 §3.8). Filters are only UTF-8 checked here; the broker
-/// validates each one so that a v5 client gets 0x8F for it in SUBACK.
-fn subscribe(r: &mut Reader, v5: bool) -> Result<Subscribe> {
+/// A topic filter of SUBSCRIBE or UNSUBSCRIBE, refused only where the packet itself cannot
+/// stand: an empty filter, also after `$share/{group}/` ([`is_empty_filter`]: MQTT-4.7.3-1,
+/// MQTT-4.8.2-2), and control characters unless `controls` allows them (5.0 §1.5.4).
+///
+/// Malformed (0x81), not a Protocol Error: the spec defines SUBACK's 0x8F for a filter that is
+/// "correctly formed but not allowed", so one that is not correctly formed is a packet that
+/// "does not conform to this specification" (0x81), like the other malformed strings; it is
+/// also what Mosquitto answers. Every other invalid filter (`a/#/b`, `$share//a`) is left to
+/// the broker, which fails only its entry (SUBACK 0x8F, 3.x 0x80).
+#[inline]
+fn filter(r: &mut Reader, controls: bool) -> Result<ByteString> {
+    let filter = r.string()?;
+    if is_empty_filter(&filter) {
+        return Err(DecodeError::Malformed("empty topic filter"));
+    }
+    if !controls && has_control_characters(&filter) {
+        return Err(DecodeError::Malformed(
+            "control character in a topic filter",
+        ));
+    }
+    Ok(filter)
+}
+
+/// SUBSCRIBE (3.1.1 §3.8, 5.0 §3.8). Filters are checked here only for what makes the packet
+/// malformed ([`filter`]); the broker validates the rest of each one so that a v5 client gets
+/// 0x8F for it in SUBACK.
+fn subscribe(r: &mut Reader, v5: bool, controls: bool) -> Result<Subscribe> {
     let packet_id = packet_id(r)?;
     let (subscription_identifier, user_properties) = if v5 {
         props::subscribe(r)?
@@ -391,7 +451,7 @@ fn subscribe(r: &mut Reader, v5: bool) -> Result<Subscribe> {
     };
     let mut filters = Vec::new();
     while !r.is_empty() {
-        let filter = r.string()?;
+        let filter = filter(r, controls)?;
         let options = r.u8()?;
         let reserved = if v5 { 0xC0 } else { 0xFC };
         if options & reserved != 0 {
@@ -461,8 +521,8 @@ fn suback(r: &mut Reader, v5: bool) -> Result<SubAck> {
     })
 }
 
-/// UNSUBSCRIBE (3.1.1 §3.10, 5.0 §3.10).
-fn unsubscribe(r: &mut Reader, v5: bool) -> Result<Unsubscribe> {
+/// UNSUBSCRIBE (3.1.1 §3.10, 5.0 §3.10); its filters follow [`filter`] like SUBSCRIBE's.
+fn unsubscribe(r: &mut Reader, v5: bool, controls: bool) -> Result<Unsubscribe> {
     let packet_id = packet_id(r)?;
     let user_properties = if v5 {
         props::unsubscribe(r)?
@@ -471,7 +531,7 @@ fn unsubscribe(r: &mut Reader, v5: bool) -> Result<Unsubscribe> {
     };
     let mut filters = Vec::new();
     while !r.is_empty() {
-        filters.push(r.string()?);
+        filters.push(filter(r, controls)?);
     }
     if filters.is_empty() {
         return Err(DecodeError::Protocol("UNSUBSCRIBE without topic filters")); // MQTT-3.10.3-2

@@ -1,4 +1,5 @@
-//! Topic name and topic filter rules (spec §4.7), shared by the decoder and the broker.
+//! Topic name and topic filter rules (spec §4.7), shared by the decoder and the broker, and
+//! the control characters MQTT asks strings not to carry (5.0 §1.5.4, 3.1.1 §1.5.3).
 
 /// Why a topic name may not be published to.
 pub fn topic_name_error(topic: &str) -> Option<&'static str> {
@@ -41,6 +42,38 @@ pub fn is_valid_filter(filter: &str) -> bool {
 /// True if the filter contains `+` or `#`.
 pub fn has_wildcards(filter: &str) -> bool {
     filter.bytes().any(|b| b == b'+' || b == b'#')
+}
+
+/// True if `filter` has no filter characters at all: empty (MQTT-4.7.3-1 "All Topic Names and
+/// Topic Filters MUST be at least one character long"), or a `$share/{group}` prefix with
+/// nothing after it, slash or not (MQTT-4.8.2-2: the `ShareName` "MUST be followed by a "/"
+/// character. This "/" character MUST be followed by a Topic Filter").
+///
+/// Such a filter is not a filter the Server could refuse (SUBACK 0x8F is for one "correctly
+/// formed but not allowed"): the decoder refuses the packet as malformed. Other invalid
+/// filters (`a/#/b`, `$share//a`) are checked per filter by [`is_valid_filter`] and
+/// [`split_shared`], so only their entry fails.
+pub fn is_empty_filter(filter: &str) -> bool {
+    match filter.strip_prefix("$share/") {
+        None => filter.is_empty(),
+        Some(rest) => rest
+            .split_once('/')
+            .is_none_or(|(_, inner)| inner.is_empty()),
+    }
+}
+
+/// True if `s` contains a control character: U+0000..U+001F or U+007F..U+009F (the Unicode
+/// `Cc` category, [`char::is_control`]). MQTT says strings SHOULD NOT carry U+0001..U+001F and
+/// U+007F..U+009F and lets a receiver treat them as malformed (5.0 §1.5.4, 3.1.1 §1.5.3);
+/// U+0000 is always malformed (MQTT-1.5.4-2).
+///
+/// Works on bytes: in well-formed UTF-8 (which `&str` is) U+0080..U+009F are exactly the
+/// sequences 0xC2 0x80..=0x9F, and 0xC2 is never a continuation byte, so no decoding is needed.
+pub fn has_control_characters(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    bytes.iter().enumerate().any(|(i, &b)| {
+        b < 0x20 || b == 0x7F || (b == 0xC2 && bytes.get(i + 1).is_some_and(|next| *next <= 0x9F))
+    })
 }
 
 /// Splits `$share/{group}/{filter}` into `(group, filter)`.
@@ -89,6 +122,41 @@ mod tests {
         assert!(topic_name_error("a/+").is_some());
         assert!(topic_name_error("#").is_some());
         assert!(topic_name_error("").is_some());
+    }
+
+    #[test]
+    fn empty_filters_mqtt_4_7_3_1_and_4_8_2_2() {
+        for empty in ["", "$share/", "$share/g", "$share/g/", "$share//"] {
+            assert!(is_empty_filter(empty), "{empty:?}");
+        }
+        for not_empty in [
+            "a",
+            "/",
+            "$share/g//",
+            "$share/g/a",
+            "$share//a",
+            "$share",
+            "$shar/",
+        ] {
+            assert!(!is_empty_filter(not_empty), "{not_empty:?}");
+        }
+    }
+
+    /// The byte scan agrees with `char::is_control` on every character of up to two UTF-8
+    /// bytes (all the control characters are there) and on some longer ones, alone and between
+    /// other characters.
+    #[test]
+    fn control_characters_match_char_is_control() {
+        let samples = (0..0x800u32)
+            .chain([0x2028, 0xFEFF, 0xFFFF, 0x1_0000, 0x10_FFFF])
+            .filter_map(char::from_u32);
+        for c in samples {
+            for s in [c.to_string(), format!("a{c}"), format!("{c}\u{A0}b")] {
+                assert_eq!(has_control_characters(&s), c.is_control(), "{s:?}");
+            }
+        }
+        assert!(!has_control_characters(""));
+        assert!(!has_control_characters("\u{C2}\u{A0}")); // Â and NBSP: 0xC3 0x82 0xC2 0xA0
     }
 
     #[test]

@@ -96,6 +96,12 @@ pub struct MqttConfig {
     pub max_client_id_len: usize,
     /// Cap on the session expiry interval a client may request, in seconds.
     pub session_expiry_interval_max: u32,
+    /// Accept the control characters U+0001..U+001F and U+007F..U+009F in topic names (PUBLISH,
+    /// will), topic filters (SUBSCRIBE, UNSUBSCRIBE), client ids and user names. MQTT says they
+    /// SHOULD NOT appear and lets a receiver treat them as malformed (5.0 §1.5.4, 3.1.1
+    /// §1.5.3); refusing them (false, the default, as Mosquitto) keeps them out of logs, ACLs
+    /// and bridges that may not expect them. U+0000 is always malformed (MQTT-1.5.4-2).
+    pub allow_control_characters: bool,
     /// Unacknowledged inbound QoS 1/2 PUBLISHes a v5 client may have (its Receive Maximum
     /// towards us); 1..=65535. More is a protocol violation (DISCONNECT 0x93).
     pub receive_maximum: u16,
@@ -134,6 +140,7 @@ impl Default for MqttConfig {
             allow_zero_length_clientid: true,
             max_client_id_len: MAX_CLIENT_ID_LEN,
             session_expiry_interval_max: u32::MAX,
+            allow_control_characters: false,
             receive_maximum: 1024,
             topic_alias_maximum: 10,
             outbound_topic_aliases: OutboundTopicAliases::Off,

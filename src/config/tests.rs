@@ -344,6 +344,23 @@ fn mqtt5_feature_options_parse() {
     assert_eq!(parse(&text).expect("reparses"), c);
 }
 
+/// `mqtt.allow_control_characters`: off by default (MQTT's SHOULD NOT enforced, as Mosquitto),
+/// a plain bool with no range to check, reported by key when mistyped.
+#[test]
+fn allow_control_characters_parses() {
+    assert!(!Config::default().mqtt.allow_control_characters);
+    let c = parse("[mqtt]\nallow_control_characters = true\n").expect("parses");
+    assert!(c.mqtt.allow_control_characters);
+    c.validate().expect("either value is valid");
+    let err = parse("[mqtt]\nallow_control_characters = \"yes\"\n").expect_err("not a bool");
+    assert!(
+        err.to_string().contains("mqtt.allow_control_characters"),
+        "{err}"
+    );
+    let text = toml::to_string(&c).expect("serializes");
+    assert_eq!(parse(&text).expect("reparses"), c);
+}
+
 #[test]
 fn line_col_counts_characters() {
     assert_eq!(line_col("ab\ncé=x", 6), (2, 3));

@@ -53,12 +53,12 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     info: &ConnectionInfo,
 ) -> Option<Accepted> {
     let peer = info.peer;
-    let max_packet = broker.config().max_packet_size as usize;
+    let rules = super::decode_rules(broker.config());
     let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     let connect = loop {
         // Read before decoding: a failed decode may already have consumed the bytes.
         let sniffed = codec::peek_connect_version(&io.rbuf);
-        match codec::decode(&mut io.rbuf, None, max_packet) {
+        match codec::decode_with(&mut io.rbuf, None, rules) {
             Ok(Some(Packet::Connect(connect))) => break connect,
             Ok(Some(other)) => {
                 // The decoder rejects these already; belt and braces (MQTT-3.1.0-1).
@@ -295,10 +295,10 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
     broker: &Broker,
     shutdown: &CancellationToken,
 ) -> Result<Option<Packet>, Refusal> {
-    let max_packet = broker.config().max_packet_size as usize;
+    let rules = super::decode_rules(broker.config());
     let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     loop {
-        match codec::decode(&mut io.rbuf, Some(ProtocolVersion::V5), max_packet) {
+        match codec::decode_with(&mut io.rbuf, Some(ProtocolVersion::V5), rules) {
             Ok(Some(packet)) => return Ok(Some(packet)),
             Ok(None) => {}
             Err(error) => {
@@ -323,9 +323,16 @@ fn connack_failure(code: ReasonCode) -> ReasonCode {
 }
 
 /// The client id to use, and whether the broker assigned it (MQTT-3.1.3-6, MQTT-3.1.3-8).
+///
+/// A client id with a control character (5.0 §1.5.4: SHOULD NOT appear) is refused unless
+/// `mqtt.allow_control_characters`, with the code MQTT has for a client id the Server rejects
+/// (MQTT-3.1.3-8: 0x85 Client Identifier not valid; 3.x 0x02 identifier rejected) rather than
+/// 0x81: the client can tell its id is the problem, as it could for one too long.
 fn client_identifier(connect: &Connect, broker: &Broker) -> Result<(ByteString, bool), ReasonCode> {
     let config = broker.config();
-    if connect.client_id.len() > config.max_client_id_len {
+    if connect.client_id.len() > config.max_client_id_len
+        || (!config.allow_control_characters && topic::has_control_characters(&connect.client_id))
+    {
         return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
     }
     if !connect.client_id.is_empty() {
@@ -348,8 +355,25 @@ fn client_identifier(connect: &Connect, broker: &Broker) -> Result<(ByteString, 
 }
 
 /// Authentication and will checks that can refuse the connection.
+///
+/// A user name with a control character (5.0 §1.5.4: SHOULD NOT appear) is refused unless
+/// `mqtt.allow_control_characters`, with 0x86 Bad User Name or Password (3.x 0x04), whose
+/// meaning in the spec's CONNACK table is "The data in the user name or password is
+/// malformed": the precise code, where 0x81 would not say which field. Checked before
+/// anything consults the user name. (Will topics are topic names: the decoder refuses those.)
 fn check_connect(connect: &Connect, broker: &Broker) -> Result<(), Refusal> {
     let config = broker.config();
+    if !config.allow_control_characters
+        && connect
+            .username
+            .as_deref()
+            .is_some_and(topic::has_control_characters)
+    {
+        return Err((
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "control character in the user name",
+        ));
+    }
     // No user store yet: with anonymous access off, only enhanced authentication can
     // authenticate a client (the exchange runs after these checks).
     let enhanced = connect.protocol.is_v5() && connect.properties.authentication_method.is_some();

@@ -17,6 +17,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
+use crate::codec::DecodeRules;
+use crate::config::MqttConfig;
 use crate::transport::ConnectionInfo;
 pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
 
@@ -47,6 +49,16 @@ where
             client.run().await;
         }
         broker.metrics.connections_current.decrement(1.0);
+    }
+}
+
+/// What the decoder refuses for this broker: packets above `mqtt.max_packet_size`, and control
+/// characters in topic names and filters unless `mqtt.allow_control_characters` (5.0 §1.5.4).
+/// Built from the config where a read is decoded, so no connection keeps a copy.
+fn decode_rules(config: &MqttConfig) -> DecodeRules {
+    DecodeRules {
+        max_packet_size: config.max_packet_size as usize,
+        allow_control_characters: config.allow_control_characters,
     }
 }
 

@@ -25,6 +25,13 @@ pub enum Violation {
     QosNotSupported,
     /// PUBLISH with RETAIN while Retain Available is 0 (MQTT-3.2.2-14).
     RetainNotSupported,
+    /// A client PUBLISH with one or more Subscription Identifiers (MQTT-3.3.4-6: "A PUBLISH
+    /// packet sent from a Client to a Server MUST NOT contain a Subscription Identifier").
+    /// The codec decodes them in either direction (it does not know who sent the packet), so
+    /// the connection refuses them; a Protocol Error, not Malformed: the packet parses and the
+    /// property belongs to PUBLISH, only not in this direction (§4.13: "data that is not
+    /// allowed by the protocol").
+    SubscriptionIdentifierFromClient,
     /// Topic Alias 0 or above the Topic Alias Maximum we announced (MQTT-3.3.2-8, -9).
     TopicAliasOutOfRange,
     /// An empty topic with an alias that was never set (v5 §3.3.2.3.4: Protocol Error).
@@ -60,6 +67,7 @@ impl Violation {
             Violation::SecondConnect => "MQTT-3.1.0-2",
             Violation::QosNotSupported => "MQTT-3.2.2-11",
             Violation::RetainNotSupported => "MQTT-3.2.2-14",
+            Violation::SubscriptionIdentifierFromClient => "MQTT-3.3.4-6",
             Violation::TopicAliasOutOfRange => "MQTT-3.3.2-8/9",
             Violation::TopicAliasUnknown => "v5 §3.3.2.3.4",
             Violation::ReceiveMaximumExceeded => "MQTT-3.3.4-7",
@@ -93,6 +101,7 @@ impl Violation {
             Violation::SecondConnect
             | Violation::ServerPacket(_)
             | Violation::TopicAliasUnknown
+            | Violation::SubscriptionIdentifierFromClient
             | Violation::NoLocalOnSharedSubscription
             | Violation::SessionExpiryRaisedFromZero
             | Violation::AuthWithoutMethod
@@ -116,6 +125,9 @@ impl Violation {
             Violation::ServerPacket(name) => format!("{name} is not sent by clients"),
             Violation::QosNotSupported => "QoS above maximum".to_owned(),
             Violation::RetainNotSupported => "retain not available".to_owned(),
+            Violation::SubscriptionIdentifierFromClient => {
+                "Subscription Identifier in a PUBLISH from a client".to_owned()
+            }
             Violation::TopicAliasOutOfRange => "topic alias out of range".to_owned(),
             Violation::TopicAliasUnknown => "unknown topic alias".to_owned(),
             Violation::ReceiveMaximumExceeded => {
@@ -156,6 +168,7 @@ mod tests {
             Violation::ServerPacket("CONNACK"),
             Violation::QosNotSupported,
             Violation::RetainNotSupported,
+            Violation::SubscriptionIdentifierFromClient,
             Violation::TopicAliasOutOfRange,
             Violation::TopicAliasUnknown,
             Violation::ReceiveMaximumExceeded,

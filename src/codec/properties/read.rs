@@ -176,7 +176,7 @@ pub(in super::super) fn connack(r: &mut Reader) -> Result<ConnAckProperties> {
 
 /// PUBLISH properties (spec 5.0 §3.3.2.3). Subscription Identifier may repeat: the codec does
 /// not know who sent the packet, so rejecting one from a client (MQTT-3.3.4-6) is the
-/// broker's job. Topic Alias 0 and aliases above the maximum are likewise checked by the
+/// connection's job (`Violation::SubscriptionIdentifierFromClient`), for one or several. Topic Alias 0 and aliases above the maximum are likewise checked by the
 /// broker, which owns the maximum and answers with 0x94.
 #[inline]
 pub(in super::super) fn publish(r: &mut Reader) -> Result<PublishProperties> {

@@ -491,6 +491,19 @@ fn connect_flag_rules() {
         Malformed(_)
     );
     assert!(dec(&connect(5, 0x42, &[0x00, 0x00, 0x00, 0x00]), None).is_ok());
+    // MQTT 3.1 ("MQIsdp", level 3) does not reserve bit 0: accepted, and it means nothing.
+    let mqisdp = [
+        0x10, 0x0F, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x03, 0x03, 0x00, 0x0A, 0x00,
+        0x01, b'x',
+    ];
+    match dec(&mqisdp, None) {
+        Ok(Packet::Connect(c)) => {
+            assert_eq!(c.protocol, V3);
+            assert!(c.clean_start);
+            assert_eq!(&c.client_id[..], "x");
+        }
+        other => panic!("3.1 CONNECT with bit 0 set: {other:?}"),
+    }
 }
 
 #[test]
@@ -623,4 +636,114 @@ fn every_error_maps_to_its_reason_code() {
     assert_eq!(Malformed("x").reason_code(), ReasonCode::MALFORMED_PACKET);
     assert_eq!(Protocol("x").reason_code(), ReasonCode::PROTOCOL_ERROR);
     let _ = V3;
+}
+
+/// A SUBSCRIBE (QoS 0 for each filter) or UNSUBSCRIBE at `v`, packet id 1.
+fn filters_packet(v: Option<ProtocolVersion>, subscribe: bool, filters: &[&str]) -> Vec<u8> {
+    let mut body = vec![0x00, 0x01];
+    if v == Some(V5) {
+        body.push(0x00);
+    }
+    for f in filters {
+        body.extend_from_slice(&(f.len() as u16).to_be_bytes());
+        body.extend_from_slice(f.as_bytes());
+        if subscribe {
+            body.push(0x00);
+        }
+    }
+    let mut out = vec![if subscribe { 0x82 } else { 0xA2 }, body.len() as u8];
+    out.extend(body);
+    out
+}
+
+#[test]
+fn empty_topic_filters_mqtt_4_7_3_1_and_4_8_2_2() {
+    for v in ALL {
+        for subscribe in [true, false] {
+            for empty in ["", "$share/g/", "$share/g", "$share/"] {
+                refuses!(filters_packet(v, subscribe, &[empty]), v, Malformed(_));
+                refuses!(filters_packet(v, subscribe, &["a", empty]), v, Malformed(_));
+            }
+            // Invalid but not empty: the broker fails only that entry (SUBACK 0x8F / 0x80).
+            for other in ["a/#/b", "$share//a", "$share/g+/a", "$share/g//"] {
+                assert!(
+                    dec(&filters_packet(v, subscribe, &[other]), v).is_ok(),
+                    "{other:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Decodes `bytes` as one packet with control characters refused (the broker's default).
+fn strict(bytes: &[u8], version: Option<ProtocolVersion>) -> Result<Packet, DecodeError> {
+    let rules = DecodeRules {
+        max_packet_size: MAX,
+        allow_control_characters: false,
+    };
+    let mut buf = BytesMut::from(bytes);
+    let packet = decode_with(&mut buf, version, rules)?.expect("complete");
+    assert!(buf.is_empty());
+    Ok(packet)
+}
+
+/// 5.0 §1.5.4 / 3.1.1 §1.5.3: U+0001..U+001F and U+007F..U+009F SHOULD NOT appear; with
+/// `allow_control_characters: false` a topic name (PUBLISH, will) or filter carrying one is
+/// Malformed, with `decode` (only the MUSTs) it passes. Their neighbours always pass.
+#[test]
+fn control_characters_follow_the_rules() {
+    for v in ALL {
+        let props = if v == Some(V5) { &[0x00][..] } else { &[][..] };
+        let publish = |topic: &str| {
+            let mut body = (topic.len() as u16).to_be_bytes().to_vec();
+            body.extend_from_slice(topic.as_bytes());
+            body.extend_from_slice(props);
+            let mut out = vec![0x30, body.len() as u8];
+            out.extend(body);
+            out
+        };
+        for c in ["\u{1}", "\u{1F}", "\u{7F}", "\u{80}", "\u{9F}"] {
+            let topic = format!("a/{c}");
+            for bytes in [
+                publish(&topic),
+                filters_packet(v, true, &[&topic]),
+                filters_packet(v, false, &["ok", &topic]),
+                filters_packet(v, true, &[&format!("$share/g/{topic}")]),
+            ] {
+                assert!(
+                    matches!(strict(&bytes, v), Err(Malformed(_))),
+                    "{bytes:02X?}"
+                );
+                assert!(dec(&bytes, v).is_ok(), "{bytes:02X?}");
+            }
+        }
+        for ok in [" ", "~", "\u{A0}", "\u{FF}", "\u{100}", "\u{2028}"] {
+            let topic = format!("a/{ok}");
+            assert!(strict(&publish(&topic), v).is_ok(), "{topic:?}");
+            assert!(strict(&filters_packet(v, true, &[&topic]), v).is_ok());
+        }
+    }
+    // The will topic, at both CONNECT layouts (client id "", will payload empty).
+    for level in [4, 5] {
+        let will = |topic: &[u8]| {
+            let mut rest = vec![0x00, 0x00];
+            if level == 5 {
+                rest.push(0x00);
+            }
+            rest.extend_from_slice(&(topic.len() as u16).to_be_bytes());
+            rest.extend_from_slice(topic);
+            rest.extend_from_slice(&[0x00, 0x00]);
+            connect(level, 0x06, &rest)
+        };
+        assert!(matches!(strict(&will(b"w\x1B"), None), Err(Malformed(_))));
+        assert!(matches!(
+            strict(&will(&[b'w', 0xC2, 0x8A]), None),
+            Err(Malformed(_))
+        ));
+        assert!(dec(&will(b"w\x1B"), None).is_ok());
+        assert!(strict(&will(&[b'w', 0xC2, 0xA0]), None).is_ok());
+        // Client id and user name are left to the broker (their own CONNACK codes).
+        let rest = [0x00, 0x01, 0x07, 0x00, 0x01, 0x07];
+        assert!(strict(&connect(level, 0x82, &rest), None).is_ok());
+    }
 }

@@ -21,6 +21,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     pub(super) fn on_publish(&mut self, mut publish: Publish) -> Result<(), Close> {
         let config = self.broker().config();
         self.broker().metrics.messages_received[publish.qos as usize].increment(1);
+        if !publish.properties.subscription_identifiers.is_empty() {
+            // MQTT-3.3.4-6, however many there are (the codec collects every one).
+            return Err(self.violation(Violation::SubscriptionIdentifierFromClient));
+        }
         if publish.qos as u8 > config.max_qos {
             return Err(self.violation(Violation::QosNotSupported));
         }

@@ -95,7 +95,6 @@ pub(super) struct Client<S> {
     window: usize,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
-    max_packet: usize,
     /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
     /// created on first use: most clients never send an alias.
     aliases: Option<Box<InboundAliases>>,
@@ -157,7 +156,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             .properties
             .maximum_packet_size
             .map_or(usize::MAX, |m| m as usize);
-        let max_packet = config.max_packet_size as usize;
         // The CONNECT has been taken out of it: do not keep its buffer for an idle client.
         io.release_read_buffer();
         Client {
@@ -172,7 +170,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             will: connect.will.map(Box::new),
             window,
             client_max_packet,
-            max_packet,
             aliases: None,
             alias_max_in,
             aliases_out,
@@ -340,13 +337,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Decodes and handles every complete packet in the read buffer; with
     /// [`PublishTurn::NotYet`], stops before the first PUBLISH (see [`Input::PublishNext`]).
     fn process_input(&mut self, turn: PublishTurn) -> Result<Input, Close> {
+        let rules = super::decode_rules(self.broker().config());
         loop {
             if turn == PublishTurn::NotYet
                 && self.io.rbuf.first().is_some_and(|b| b >> 4 == PUBLISH_TYPE)
             {
                 return Ok(Input::PublishNext);
             }
-            match codec::decode(&mut self.io.rbuf, Some(self.version), self.max_packet) {
+            match codec::decode_with(&mut self.io.rbuf, Some(self.version), rules) {
                 Ok(Some(packet)) => self.handle(packet)?,
                 Ok(None) => return Ok(Input::Done),
                 Err(error) => {
