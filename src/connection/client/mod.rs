@@ -43,10 +43,19 @@ enum Wake {
     Verdict(AuthStep),
     Io(IoEvent),
     Session,
+    /// The PUBLISH at the front of the read buffer may be routed now (see
+    /// [`Input::PublishNext`]).
+    PublishTurn,
 }
 
 /// Control packet type of PUBLISH (MQTT 2.1.2), read from the first byte of a packet.
 const PUBLISH_TYPE: u8 = 3;
+
+/// Scheduler turns a read's first PUBLISH gives away before it is routed. Two: the first
+/// polls the reactor when the worker has nothing else to run, picking up readiness the kernel
+/// reported a moment late; the connections it wakes land in the runtime's LIFO slot and are
+/// displaced to the queue by this one's own wake-up, so the second turn lets them run first.
+const PUBLISH_TURNS: u8 = 2;
 
 /// Whether [`Client::process_input`] may route a PUBLISH yet.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -61,15 +70,17 @@ enum PublishTurn {
 enum Input {
     /// Every complete packet was handled.
     Done,
-    /// The next packet is a PUBLISH and it must wait one turn of the scheduler.
+    /// The next packet is a PUBLISH and it must wait its turn ([`PUBLISH_TURNS`], then
+    /// [`Wake::PublishTurn`]).
     ///
     /// Why: the runtime wakes every connection a readiness event covers in the order the
     /// kernel reported them, but runs the last one woken first (its LIFO slot) while the
     /// earlier ones wait in the queue or are stolen by another worker. A SUBSCRIBE that
     /// reached the broker before a PUBLISH on another connection would then be handled after
-    /// it, and miss the message (the subscribe-then-trigger race). Yielding once before
-    /// routing the first PUBLISH of a read puts this connection behind the ones woken with
-    /// it. Once per read, not per packet: a busy publisher's read carries many packets.
+    /// it, and miss the message (the subscribe-then-trigger race: 7 to 14 rounds in 50 before
+    /// this). Yielding before routing the first PUBLISH of a read puts this connection behind
+    /// the ones woken with it. Once per read, not per packet: a busy publisher's read carries
+    /// many packets.
     PublishNext,
 }
 
@@ -116,6 +127,9 @@ pub(super) struct Client<S> {
     auth: Option<Box<AuthContext>>,
     /// Writes waiting for the durable store (acks, PUBREL, outbound QoS 2).
     gated: GatedWrites,
+    /// Scheduler turns still to give away before the PUBLISH at the front of the read buffer
+    /// is routed, plus one: 0 when none waits (see [`Input::PublishNext`]).
+    publish_turns: u8,
 }
 
 /// Stop reading from a client while this many of its writes wait for the store: bounds the
@@ -178,6 +192,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             problem_info,
             auth: auth.map(|method| Box::new(AuthContext::new(method))),
             gated: GatedWrites::default(),
+            publish_turns: 0,
         }
     }
 
@@ -238,7 +253,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 Wake::Io(IoEvent::Read(Ok(n))) => {
                     self.broker().metrics.bytes_received.increment(n as u64);
                     self.last_read = Instant::now();
-                    if let Err(close) = self.on_read().await {
+                    match self.process_before_publish() {
+                        Ok(Input::Done) => {}
+                        Ok(Input::PublishNext) => self.publish_turns = PUBLISH_TURNS + 1,
+                        Err(close) => return close,
+                    }
+                }
+                Wake::PublishTurn => {
+                    // SUBSCRIBEs other workers are still handling go first.
+                    if self.broker().subscribe_fence().is_closed() {
+                        // Boxed: rare, and it would otherwise widen every connection's future.
+                        Box::pin(self.broker().subscribe_fence().wait_open()).await;
+                    }
+                    let processed = self.process_input(PublishTurn::Now);
+                    self.io.release_read_buffer();
+                    if let Err(close) = processed {
                         return close;
                     }
                 }
@@ -258,6 +287,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         mut woken: Pin<&'a mut Notified<'n>>,
     ) -> impl Future<Output = Wake> + use<'a, 'n, S> {
         std::future::poll_fn(move |cx| {
+            match self.publish_turns {
+                0 => {}
+                1 => {
+                    self.publish_turns = 0;
+                    return Poll::Ready(Wake::PublishTurn);
+                }
+                _ => {
+                    // A fresh `yield_now` polled once defers this task's wake-up behind the
+                    // tasks the runtime has queued or is about to wake: one turn given away.
+                    let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
+                    self.publish_turns -= 1;
+                    return Poll::Pending;
+                }
+            }
             if self.gated.waiting() {
                 if let Poll::Ready(r) = self.gated.poll_front_durable(cx) {
                     return Poll::Ready(Wake::Durable(r));
@@ -307,31 +350,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         self.session.session().set_keep_alive_deadline(deadline);
     }
 
-    /// Handles what a read brought, in order with the other connections: a SUBSCRIBE in it
-    /// holds other connections' PUBLISHes back until it is handled, and a PUBLISH in it waits
-    /// for the SUBSCRIBEs read before it (see [`Input::PublishNext`] and
-    /// [`crate::broker::SubscribeFence`]).
-    async fn on_read(&mut self) -> Result<(), Close> {
+    /// The first pass over a read: everything before its first PUBLISH, fenced when it holds
+    /// a SUBSCRIBE (see [`crate::broker::SubscribeFence`]). A PUBLISH then waits for
+    /// [`Wake::PublishTurn`].
+    fn process_before_publish(&mut self) -> Result<Input, Close> {
         // An `Arc` of its own only when there is a SUBSCRIBE, so the entry can outlive the
-        // `&mut self` calls below; PUBLISH-only reads (the hot path) skip it.
+        // `&mut self` call below; PUBLISH-only reads (the hot path) skip it.
         let fenced = codec::holds_subscribe(&self.io.rbuf).then(|| Arc::clone(self.broker()));
         let entry = fenced.as_ref().map(|b| b.subscribe_fence().enter());
-        let mut processed = self.process_input(PublishTurn::NotYet);
+        let processed = self.process_input(PublishTurn::NotYet);
         // Everything before the first PUBLISH is handled, SUBSCRIBEs included. Let go before
-        // waiting: two connections each waiting for the other's entry would never wake.
+        // any wait: two connections each waiting for the other's entry would never wake.
         drop(entry);
-        if let Ok(Input::PublishNext) = processed {
-            // Let the connections the same readiness woke run first, then wait for the
-            // SUBSCRIBEs they (or other workers) have read.
-            tokio::task::yield_now().await;
-            if self.broker().subscribe_fence().is_closed() {
-                // Boxed: rare, and it would otherwise widen every connection's future.
-                Box::pin(self.broker().subscribe_fence().wait_open()).await;
-            }
-            processed = self.process_input(PublishTurn::Now);
+        if !matches!(processed, Ok(Input::PublishNext)) {
+            self.io.release_read_buffer();
         }
-        self.io.release_read_buffer();
-        processed.map(|_| ())
+        processed
     }
 
     /// Decodes and handles every complete packet in the read buffer; with
