@@ -65,20 +65,10 @@ fn main() -> anyhow::Result<()> {
         None => tracing::debug!("open-file limit left as it is"),
     }
 
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
-    // Woken connections run in the order the reactor woke them: with the LIFO slot the one
-    // woken last runs first, and a PUBLISH overtakes a SUBSCRIBE that reached the broker
-    // before it on another connection (`tests/ordering.rs`; README, "Order across
-    // connections"). Needs `--cfg tokio_unstable`, set in `.cargo/config.toml`.
-    #[cfg(tokio_unstable)]
-    builder.disable_lifo_slot();
-    #[cfg(not(tokio_unstable))]
-    tracing::warn!(
-        "built without --cfg tokio_unstable (.cargo/config.toml): a PUBLISH may overtake a \
-         SUBSCRIBE that reached the broker just before it on another connection"
-    );
-    let runtime = builder.build().context("cannot start the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let server = postbox::server::start(config).await?;
         tracing::info!(version = env!("CARGO_PKG_VERSION"), "postbox running");
