@@ -8,9 +8,13 @@
 //! Names follow Prometheus conventions: `postbox_` prefix, `_total` on counters, base units
 //! (bytes). The table in README.md lists them; a test keeps it complete.
 
+mod endpoint;
+
 use std::net::SocketAddr;
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, Counter, Gauge, Unit};
+
+pub use endpoint::{start_exporter, MetricsEndpoint};
 
 /// Name of every metric, so dashboards, docs and tests refer to one spelling.
 pub mod names {
@@ -56,11 +60,13 @@ pub mod names {
     /// Counter: log compactions (snapshots) of the durable store.
     pub const STORE_COMPACTIONS_TOTAL: &str = "postbox_store_compactions_total";
     /// Counter (label `reason`): store updates refused or dropped (`queue_full`, `disk_full`,
-    /// `disk_full_dropped`).
+    /// `disk_full_dropped`, `no_space`).
     pub const STORE_REJECTED_TOTAL: &str = "postbox_store_rejected_total";
+    /// Gauge: 1 while the store's filesystem is full and the writer waits to write again.
+    pub const STORE_OUT_OF_SPACE: &str = "postbox_store_out_of_space";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 22] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -82,11 +88,13 @@ pub mod names {
         STORE_FSYNCS_TOTAL,
         STORE_COMPACTIONS_TOTAL,
         STORE_REJECTED_TOTAL,
+        STORE_OUT_OF_SPACE,
     ];
 }
 
-/// Durable-store metrics, copied from [`crate::storage::StoreStats`] once a second (the store
-/// counts on its own thread; copying avoids touching metrics on its hot path).
+/// Durable-store metrics, copied from [`crate::storage::StoreStats`] right before each scrape
+/// ([`MetricsEndpoint::before_scrape`]): the store counts on its own thread, in atomics of its
+/// own, and a copy made at scrape time shows them as they are at that moment.
 #[derive(Clone, Debug)]
 pub struct StoreMetrics {
     live_bytes: Gauge,
@@ -97,6 +105,8 @@ pub struct StoreMetrics {
     rejected_queue_full: Counter,
     rejected_disk_full: Counter,
     dropped_disk_full: Counter,
+    rejected_no_space: Counter,
+    out_of_space: Gauge,
 }
 
 impl StoreMetrics {
@@ -111,7 +121,7 @@ impl StoreMetrics {
         describe_gauge!(
             STORE_DISK_BYTES,
             Unit::Bytes,
-            "Durable store files on disk (log and snapshot)."
+            "Bytes of the durable store's files on disk right now (logs and snapshots)."
         );
         describe_counter!(
             STORE_COMMITS_TOTAL,
@@ -131,7 +141,12 @@ impl StoreMetrics {
         describe_counter!(
             STORE_REJECTED_TOTAL,
             Unit::Count,
-            "Store updates refused (queue_full, disk_full) or dropped (disk_full_dropped)."
+            "Store updates refused (queue_full, disk_full, no_space) or dropped (disk_full_dropped)."
+        );
+        describe_gauge!(
+            STORE_OUT_OF_SPACE,
+            Unit::Count,
+            "1 while the store's filesystem is full: new persistent messages are refused."
         );
         StoreMetrics {
             live_bytes: gauge!(STORE_LIVE_BYTES),
@@ -142,20 +157,24 @@ impl StoreMetrics {
             rejected_queue_full: counter!(STORE_REJECTED_TOTAL, "reason" => "queue_full"),
             rejected_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full"),
             dropped_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full_dropped"),
+            rejected_no_space: counter!(STORE_REJECTED_TOTAL, "reason" => "no_space"),
+            out_of_space: gauge!(STORE_OUT_OF_SPACE),
         }
     }
 
     /// Publishes a stats reading.
     pub fn update(&self, stats: &crate::storage::StoreStats) {
         self.live_bytes.set(stats.live_bytes as f64);
-        self.disk_bytes
-            .set((stats.log_bytes + stats.snapshot_bytes) as f64);
+        self.disk_bytes.set(stats.disk_bytes as f64);
         self.commits.absolute(stats.commits);
         self.fsyncs.absolute(stats.fsyncs);
         self.compactions.absolute(stats.compactions);
         self.rejected_queue_full.absolute(stats.rejected_queue_full);
         self.rejected_disk_full.absolute(stats.rejected_disk_full);
         self.dropped_disk_full.absolute(stats.dropped_disk_full);
+        self.rejected_no_space.absolute(stats.rejected_no_space);
+        self.out_of_space
+            .set(if stats.no_space { 1.0 } else { 0.0 });
     }
 }
 
@@ -350,35 +369,6 @@ pub fn install_exporter(bind: SocketAddr) -> Result<(), MetricsError> {
             BuildError::FailedToCreateHTTPListener(message) => MetricsError::Bind { bind, message },
             other => MetricsError::Install(other.to_string()),
         })
-}
-
-/// Installs the global Prometheus recorder and binds the HTTP endpoint at `bind`, returning
-/// the future that serves it, for a caller that owns the endpoint's lifetime: the server runs
-/// it and drops it at shutdown, which closes the port. Unlike [`install_exporter`] nothing is
-/// spawned, and it must be called inside a tokio runtime. Call it before [`Metrics::register`].
-///
-/// # Errors
-///
-/// `MetricsError::Bind` when the HTTP listener cannot bind; `MetricsError::Install` when a
-/// recorder is installed already.
-pub fn start_exporter(
-    bind: SocketAddr,
-) -> Result<impl std::future::Future<Output = ()> + Send + 'static, MetricsError> {
-    use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
-
-    let (recorder, exporter) = PrometheusBuilder::new()
-        .with_http_listener(bind)
-        .build()
-        .map_err(|e| match e {
-            BuildError::FailedToCreateHTTPListener(message) => MetricsError::Bind { bind, message },
-            other => MetricsError::Install(other.to_string()),
-        })?;
-    metrics::set_global_recorder(recorder).map_err(|e| MetricsError::Install(e.to_string()))?;
-    Ok(async move {
-        if let Err(error) = exporter.await {
-            tracing::error!(?error, "metrics endpoint stopped");
-        }
-    })
 }
 
 #[cfg(test)]

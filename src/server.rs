@@ -145,8 +145,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
 
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
-    if let Some(store) = broker.store().cloned() {
-        tokio::spawn(export_store_stats(store, shutdown.clone()));
+    if let (Some(endpoint), Some(store)) = (&exporter, broker.store().cloned()) {
+        // Copied at scrape time, so a scrape shows the store as it is (no periodic copy).
+        let metrics = metrics::StoreMetrics::register();
+        endpoint.before_scrape(move || metrics.update(&store.stats()));
     }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     let handoff =
@@ -169,7 +171,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             let stop = stop.clone();
             async move {
                 tokio::select! {
-                    () = exporter => {}
+                    () = exporter.serve() => {}
                     () = stop.cancelled() => {}
                 }
             }
@@ -214,18 +216,6 @@ async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
             _ = tick.tick() => {
                 broker.wake_expired_keep_alives();
             }
-            () = shutdown.cancelled() => return,
-        }
-    }
-}
-
-/// Copies the store's counters into metrics once a second until shutdown.
-async fn export_store_stats(store: Arc<dyn crate::storage::Store>, shutdown: CancellationToken) {
-    let metrics = metrics::StoreMetrics::register();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => metrics.update(&store.stats()),
             () = shutdown.cancelled() => return,
         }
     }

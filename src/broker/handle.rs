@@ -123,10 +123,14 @@ impl SessionHandle {
                 self.broker.metrics.messages_sent[qos].increment(n);
             }
         }
-        let durable = self.broker.persist(filled.ops);
-        Fill::Filled {
-            gate: if filled.gated { durable } else { None },
+        if filled.gated {
+            // A held QoS 2 PUBLISH waits for its stage: past the queue bound.
+            return Fill::Filled {
+                gate: self.broker.persist_awaited(filled.ops),
+            };
         }
+        self.broker.persist(filled.ops);
+        Fill::Filled { gate: None }
     }
 
     /// Drops every delivery still queued (not yet sent) and their stored entries; returns how
@@ -206,7 +210,7 @@ impl SessionHandle {
             }
             PubRecAnswer::Release { reason, ops } => Some(Answer {
                 reason,
-                gate: self.broker.persist(ops),
+                gate: self.broker.persist_awaited(ops),
             }),
         })
     }
@@ -282,7 +286,7 @@ impl SessionHandle {
             .release(&self.session.client_id, packet_id);
         Answer {
             reason,
-            gate: op.and_then(|op| self.broker.persist(vec![op])),
+            gate: op.and_then(|op| self.broker.persist_awaited(vec![op])),
         }
     }
 

@@ -191,7 +191,9 @@ impl Broker {
     }
 
     /// Submits ops to the durable store (no-op in memory). Returns what to await before an
-    /// acknowledgement that depends on them; a refused submit is logged and counted.
+    /// acknowledgement that depends on them. A refused submit is logged (and counted by the
+    /// store), and what it returns then fails at once ([`Durable::refused`]): a write gated on
+    /// it is never sent as if the ops were stored, the connection closes without it instead.
     pub fn persist(&self, ops: Vec<Op>) -> Option<Durable> {
         let store = self.store.as_ref()?;
         if ops.is_empty() {
@@ -200,21 +202,41 @@ impl Broker {
         match store.submit(ops) {
             Ok(submitted) => Some(submitted.durable),
             Err(rejected) => {
-                tracing::error!(error = %rejected.error, "durable store refused an update");
-                None
+                tracing::warn!(error = %rejected.error, ops = rejected.ops.len(),
+                    "durable store refused an update; an answer waiting for it is not sent");
+                Some(Durable::refused(rejected.error))
+            }
+        }
+    }
+
+    /// [`Broker::persist`] for ops a write to the client waits for (a handshake stage, an
+    /// inbound release): submitted past the queue bound ([`Store::submit_awaited`]), so a busy
+    /// or full disk delays the answer instead of closing the connection.
+    pub fn persist_awaited(&self, ops: Vec<Op>) -> Option<Durable> {
+        let store = self.store.as_ref()?;
+        if ops.is_empty() {
+            return None;
+        }
+        match store.submit_awaited(ops) {
+            Ok(submitted) => Some(submitted.durable),
+            Err(rejected) => {
+                tracing::warn!(error = %rejected.error, ops = rejected.ops.len(),
+                    "durable store refused an update an answer waits for; the answer is not sent");
+                Some(Durable::refused(rejected.error))
             }
         }
     }
 
     /// A commit that completes once everything submitted so far is durable (an empty submit
     /// is a barrier); `None` in memory. For an answer that repeats an earlier one whose own
-    /// commit another connection may still be waiting for.
+    /// commit another connection may still be waiting for. Fails at once when the store
+    /// refuses it (closed or failed), like [`Broker::persist`].
     pub fn barrier(&self) -> Option<Durable> {
         let store = self.store.as_ref()?;
-        store
-            .submit(Vec::new())
-            .ok()
-            .map(|submitted| submitted.durable)
+        Some(match store.submit(Vec::new()) {
+            Ok(submitted) => submitted.durable,
+            Err(rejected) => Durable::refused(rejected.error),
+        })
     }
 
     /// The MQTT settings this broker enforces.

@@ -14,7 +14,7 @@ use super::{
     persist, Admission, Broker, Delivery, EnqueueOutcome, Message, Routed, Session, SessionId,
 };
 use crate::codec::{QoS, SubscriptionOptions};
-use crate::storage::{Op, StorageError};
+use crate::storage::{Op, StorageError, StoreHealth};
 
 impl Broker {
     /// Routes one message to every matching session and updates the retained store.
@@ -55,6 +55,9 @@ impl Broker {
         }
         // Counted from this one walk (no second trie walk for the publisher's ack).
         let matched = targets.len();
+        if let Some(error) = self.refused_before_routing(&message, inbound_qos2, &targets) {
+            return Err(error);
+        }
         let persistence = self.store.is_some();
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
@@ -148,6 +151,34 @@ impl Broker {
             matched,
             durable: Some(submitted.durable),
         })
+    }
+
+    /// While the store cannot take new data (a full filesystem), a QoS 1/2 message that needs
+    /// it is refused here, before it is queued for anyone: its publisher is told it was not
+    /// accepted (v5 0x97, v3 disconnect), so no subscriber may have it either (a re-send would
+    /// be a duplicate). One that needs no store (no persistent QoS ≥ 1 target, not retained,
+    /// no stored QoS 2 id) still goes through, as does QoS 0. One atomic load when healthy.
+    fn refused_before_routing(
+        &self,
+        message: &Message,
+        inbound_qos2: Option<(&ByteString, u16)>,
+        targets: &[Target],
+    ) -> Option<StorageError> {
+        let store = self.store.as_ref()?;
+        if message.qos == QoS::AtMostOnce || store.health() == StoreHealth::Ok {
+            return None;
+        }
+        let needs_store = message.retain
+            || inbound_qos2.is_some()
+            || targets
+                .iter()
+                .any(|t| t.qos != QoS::AtMostOnce && t.session.stores_deliveries());
+        if !needs_store {
+            return None;
+        }
+        let error = store.refuse_growth()?;
+        tracing::debug!(%error, topic = %message.topic, "message refused: the durable store cannot take it now");
+        Some(error)
     }
 
     /// Adds one delivery per matching shared subscription group: the member the strategy

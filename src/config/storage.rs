@@ -71,6 +71,10 @@ pub struct StorageConfig {
     pub max_disk_bytes: u64,
     /// What happens to new data when the budget is reached.
     pub disk_full: DiskFullPolicy,
+    /// Milliseconds between attempts to write the log again after the filesystem ran out of
+    /// space (ENOSPC, EDQUOT); 10..=60000. Until one succeeds, new persistent messages are
+    /// refused; then the broker carries on by itself.
+    pub write_retry_ms: u64,
 }
 
 impl Default for StorageConfig {
@@ -85,6 +89,7 @@ impl Default for StorageConfig {
             queue_capacity_ops: 65_536,
             max_disk_bytes: 0,
             disk_full: DiskFullPolicy::Reject,
+            write_retry_ms: 1000,
         }
     }
 }
@@ -147,6 +152,15 @@ impl StorageConfig {
                 format!(
                     "must be at least storage.max_batch_ops ({}), got {}",
                     st.max_batch_ops, st.queue_capacity_ops
+                ),
+            ));
+        }
+        if !(10..=60_000).contains(&st.write_retry_ms) {
+            return Err(invalid(
+                "storage.write_retry_ms",
+                format!(
+                    "must be between 10 and 60000 milliseconds, got {}",
+                    st.write_retry_ms
                 ),
             ));
         }

@@ -51,8 +51,8 @@ pub use model::{
     StoredWill, SubscriptionRecord,
 };
 pub use store::{
-    wait_durable, Durable, DurableState, Rejected, StorageError, Store, StoreStats, Submitted,
-    Ticket,
+    wait_durable, Durable, DurableState, Rejected, StorageError, Store, StoreHealth, StoreStats,
+    Submitted, Ticket,
 };
 
 /// Opens the store `config` asks for: in memory without `dir`, the log engine with it.

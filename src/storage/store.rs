@@ -55,6 +55,14 @@ impl Durable {
         let _ = tx.send(Ok(()));
         rx
     }
+
+    /// Never durable: resolves at once to `error`. For a submit the store refused, so that a
+    /// write gated on it is never sent as if its ops were stored.
+    pub(crate) fn refused(error: StorageError) -> Durable {
+        let (tx, rx) = Durable::channel();
+        let _ = tx.send(Err(error));
+        rx
+    }
 }
 
 impl std::future::Future for Durable {
@@ -89,6 +97,9 @@ pub struct StoreStats {
     pub log_bytes: u64,
     /// Size of the newest snapshot file.
     pub snapshot_bytes: u64,
+    /// Bytes of every file in the store directory right now: the current log, the snapshot,
+    /// and older logs and snapshots until a finished compaction deletes them.
+    pub disk_bytes: u64,
     /// Snapshots written to compact the log.
     pub compactions: u64,
     /// Submits refused because the writer queue was full.
@@ -97,6 +108,11 @@ pub struct StoreStats {
     pub rejected_disk_full: u64,
     /// Ops dropped by the disk budget (`keep-in-memory` policy).
     pub dropped_disk_full: u64,
+    /// Submits (and PUBLISHes the broker refused before submitting) that would have added
+    /// data while the filesystem was out of space.
+    pub rejected_no_space: u64,
+    /// True while the writer waits for space to write its log again ([`StoreHealth::NoSpace`]).
+    pub no_space: bool,
     /// Ops naming a session or entry that does not exist (ignored).
     pub orphan_ops: u64,
 }
@@ -131,6 +147,23 @@ pub enum StorageError {
         /// The configured budget.
         max: u64,
     },
+    /// The filesystem holding the store is full (ENOSPC, or the quota is used up: EDQUOT):
+    /// the writer keeps what it could not write and retries every `storage.write_retry_ms`;
+    /// until a write succeeds, submits that add data are refused with this.
+    #[error("storage out of disk space: {0}")]
+    NoSpace(String),
+    /// Another process holds the lock on the data directory (`<storage.dir>/postbox.lock`):
+    /// two brokers writing one store would lose each other's acknowledged messages.
+    #[error(
+        "data directory {} is in use by another postbox ({holder}); only one broker may use a data directory at a time",
+        dir.display()
+    )]
+    Locked {
+        /// The data directory (`storage.dir`).
+        dir: std::path::PathBuf,
+        /// Who holds it, as the lock file says (`pid N`), or why that is unknown.
+        holder: String,
+    },
     /// The writer stopped after an I/O error; nothing more becomes durable.
     #[error("storage writer failed: {0}")]
     Failed(String),
@@ -147,6 +180,32 @@ impl StorageError {
             source,
         }
     }
+}
+
+impl StorageError {
+    /// True for refusals that say "too much for now" rather than "broken": a full writer queue,
+    /// the disk budget, a full filesystem. MQTT 5 tells a client so with 0x97 Quota exceeded.
+    pub fn is_quota(&self) -> bool {
+        matches!(
+            self,
+            StorageError::QueueFull { .. }
+                | StorageError::DiskBudgetExceeded { .. }
+                | StorageError::NoSpace(_)
+        )
+    }
+}
+
+/// Whether the store can take new data now; read on the publish path (one atomic load).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StoreHealth {
+    /// Writing.
+    #[default]
+    Ok,
+    /// The filesystem is full: the writer retries periodically; submits that add data are
+    /// refused until a write succeeds, everything else waits in the queue.
+    NoSpace,
+    /// The writer stopped for good after an I/O error other than a full disk.
+    Failed,
 }
 
 /// A refused submit: the error, and the ops back so the caller can retry or shed them.
@@ -177,6 +236,21 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// with policy `reject`, or after a writer failure or close.
     fn submit(&self, ops: Vec<Op>) -> Result<Submitted, Rejected>;
 
+    /// Like [`Store::submit`], for ops an answer to the client waits for: a handshake stage
+    /// (PUBREL, a held QoS 2 PUBLISH) or an inbound release (PUBCOMP). Not refused for a full
+    /// queue: there are never more of them than messages in flight, and a refused one would
+    /// leave its answer nothing to wait for but the connection's end (the client's next
+    /// attempt would find the session ahead of the store). They add no data, so a full disk
+    /// does not refuse them either; they wait for space like everything else.
+    ///
+    /// # Errors
+    ///
+    /// A `Rejected` with the ops handed back after a writer failure or close (or, from an
+    /// engine without a separate bound, whatever [`Store::submit`] refuses).
+    fn submit_awaited(&self, ops: Vec<Op>) -> Result<Submitted, Rejected> {
+        self.submit(ops)
+    }
+
     /// Watch of the durable ticket; `wait_durable` is built on it. One receiver per task is
     /// cheap; keep it rather than calling this per message.
     fn durable(&self) -> watch::Receiver<DurableState>;
@@ -198,6 +272,19 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Counters for metrics and tests.
     fn stats(&self) -> StoreStats;
+
+    /// Whether new data can be stored now. Cheap (an atomic load): the broker reads it before
+    /// routing a QoS 1/2 PUBLISH, to refuse one that needs the store before anyone gets it.
+    fn health(&self) -> StoreHealth {
+        StoreHealth::Ok
+    }
+
+    /// The refusal a submit that adds data would get now, counted as one (so a PUBLISH the
+    /// broker refuses without submitting shows in [`StoreStats::rejected_no_space`]); `None`
+    /// when such a submit would be taken.
+    fn refuse_growth(&self) -> Option<StorageError> {
+        None
+    }
 
     /// Commits and syncs everything submitted, then stops the writer. Later submits fail with
     /// [`StorageError::Closed`]. Also done on drop; call it at shutdown to see errors.

@@ -318,6 +318,13 @@ impl Session {
         Admission::Pushed(outcome, victims)
     }
 
+    /// Whether a QoS 1/2 delivery to this session is stored (it lives on, and persistence is
+    /// on): the condition under which [`Session::admit`] reserves a delivery for the store.
+    pub(in crate::broker) fn stores_deliveries(&self) -> bool {
+        let st = self.state.lock();
+        !st.ended && st.expiry_interval > 0
+    }
+
     /// Makes a delivery visible to the connection, bypassing the queue bound: it was admitted
     /// already (a reserved delivery whose op is now submitted).
     pub(in crate::broker) fn push_reserved(&self, delivery: Delivery) {

@@ -17,7 +17,8 @@ pub(super) enum Close {
     Lost,
     /// A protocol violation by the client (the table in `connection::violation`).
     Violation(Violation),
-    /// The durable store failed while acks waited for it: nothing more can be acknowledged.
+    /// The durable store failed, or refused an update, that a waiting answer depends on: that
+    /// answer is not sent (v5 DISCONNECT 0x97 when the store was only full, else 0x80).
     StoreFailed(StorageError),
     /// The store refused a 3.x client's PUBLISH, which 3.x cannot answer negatively: closing
     /// makes the client re-send it after reconnecting.
@@ -38,7 +39,7 @@ impl Close {
         match self {
             Close::ClientDisconnect(_) | Close::Lost => None,
             Close::Violation(v) => Some((v.reason_code(), Some(v.describe()))),
-            Close::StoreFailed(e) => Some((ReasonCode::UNSPECIFIED_ERROR, Some(e.to_string()))),
+            Close::StoreFailed(e) => Some((store_reason(e), Some(e.to_string()))),
             Close::StoreRefused(code, e) => Some((*code, Some(e.to_string()))),
             Close::ReauthFailed(code) => Some((*code, Some("re-authentication failed".into()))),
             Close::KeepAliveTimeout => Some((ReasonCode::KEEP_ALIVE_TIMEOUT, None)),
@@ -55,6 +56,17 @@ impl Close {
             Close::ServerShutdown => false,
             _ => true,
         }
+    }
+}
+
+/// The reason code a v5 client is told when the store did not take what it sent: 0x97 Quota
+/// exceeded for "too much for now" (queue, budget, full filesystem; it may try again later),
+/// 0x80 Unspecified error for a broken store.
+pub(super) fn store_reason(error: &StorageError) -> ReasonCode {
+    if error.is_quota() {
+        ReasonCode::QUOTA_EXCEEDED
+    } else {
+        ReasonCode::UNSPECIFIED_ERROR
     }
 }
 

@@ -10,7 +10,7 @@
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::closing::Close;
+use super::closing::{store_reason, Close};
 use super::Client;
 use crate::codec::{PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
@@ -111,10 +111,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         self.send_gated(None, Gated::Ack(kind, ack));
     }
 
-    /// The store refused a PUBLISH (disk budget, writer backlog, I/O failure): it was not
-    /// accepted, so it must not be acknowledged as if it were. v5 says why in the ack (0x97
-    /// quota exceeded, 0x80 unspecified); 3.x has no negative ack, so the connection closes and
-    /// the client re-sends after reconnecting.
+    /// The store refused a PUBLISH (disk budget, writer backlog, full filesystem, I/O
+    /// failure): it was not accepted, so it must not be acknowledged as if it were. v5 says why
+    /// in the ack (0x97 quota exceeded, 0x80 unspecified); 3.x has no negative ack, so the
+    /// connection closes and the client re-sends after reconnecting.
     fn refuse_unstored(
         &mut self,
         qos: QoS,
@@ -127,12 +127,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if qos == QoS::AtLeastOnce {
             self.pending_inbound = self.pending_inbound.saturating_sub(1);
         }
-        let code = match error {
-            StorageError::QueueFull { .. } | StorageError::DiskBudgetExceeded { .. } => {
-                ReasonCode::QUOTA_EXCEEDED
-            }
-            _ => ReasonCode::UNSPECIFIED_ERROR,
-        };
+        let code = store_reason(&error);
         if !self.version.is_v5() {
             return Err(Close::StoreRefused(code, error));
         }

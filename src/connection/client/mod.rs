@@ -239,7 +239,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     self.release_gated();
                 }
                 Wake::Durable(Err(error)) => {
-                    tracing::error!(client = %self.session.client_id(), %error, "durable store failed; closing without acknowledging");
+                    tracing::warn!(client = %self.session.client_id(), %error, "the durable store did not store what an answer waits for; closing without that answer");
                     return Close::StoreFailed(error);
                 }
                 Wake::Verdict(verdict) => {

@@ -18,10 +18,12 @@
 //! # Modules
 //! * `budget`: the disk budget applied at submit.
 //! * `writer`: the writer thread: group commit, fsync policy, failure.
+//! * `no_space`: a full filesystem: the commit kept and written again, refusals meanwhile.
 //! * `compaction`: when and how the writer starts a snapshot.
 //! * `snapshot`: encoding, atomically writing and reading a snapshot file.
 //! * `format`: file headers, frames, file names, the log file.
 //! * `recovery`: opening the files at start, torn tails, moving a corrupt store aside.
+//! * `lock`: the exclusive lock on the data directory (one broker per directory).
 //!
 //! # Threads
 //! `submit` pushes onto a channel bounded by op count; one `std::thread` (the writer) owns
@@ -31,6 +33,8 @@
 mod budget;
 mod compaction;
 mod format;
+mod lock;
+mod no_space;
 mod recovery;
 mod snapshot;
 mod writer;
@@ -47,13 +51,20 @@ use tokio::sync::{oneshot, watch};
 
 use super::{
     DiskFullPolicy, Durable, DurableState, FsyncPolicy, MessageId, Op, Rejected, Snapshot,
-    StorageConfig, StorageError, Store, StoreStats, Submitted,
+    StorageConfig, StorageError, Store, StoreHealth, StoreStats, Submitted,
 };
 use recovery::{rebuild, recover, Opened};
 use writer::Writer;
 
 /// Name of the store directory inside `storage.dir`.
 pub const STORE_DIR: &str = "store";
+
+pub use lock::LOCK_FILE;
+
+/// Submits that add no data (acks, handshake stages, sessions) may queue up to this many
+/// times `queue_capacity_ops`: publishers hitting the bound must not crowd out the updates
+/// that free space and finish handshakes, and while the disk is full those are what waits.
+const NON_GROWING_HEADROOM: usize = 4;
 
 /// Tuning of the log engine; built from [`StorageConfig`], adjustable in tests.
 #[derive(Clone, Debug)]
@@ -74,6 +85,8 @@ pub struct LogOptions {
     pub disk_full: DiskFullPolicy,
     /// Compaction starts once the log holds more than `max(this, live bytes)`.
     pub compact_min_bytes: u64,
+    /// How long the writer waits before writing again after the filesystem was full.
+    pub write_retry: Duration,
 }
 
 impl LogOptions {
@@ -88,6 +101,7 @@ impl LogOptions {
             max_disk_bytes: config.max_disk_bytes,
             disk_full: config.disk_full,
             compact_min_bytes: 64 << 20,
+            write_retry: Duration::from_millis(config.write_retry_ms.max(1)),
         }
     }
 }
@@ -105,6 +119,10 @@ struct Shared {
     durable: watch::Sender<DurableState>,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// The writer holds a commit the full filesystem did not take, and retries it.
+    no_space: AtomicBool,
+    /// Why, for the refusals handed out meanwhile.
+    no_space_reason: Mutex<String>,
     next_message_id: AtomicU64,
     queued_ops: AtomicUsize,
     pending_growth: AtomicU64,
@@ -115,10 +133,16 @@ struct Shared {
     fsyncs: AtomicU64,
     log_bytes: AtomicU64,
     snapshot_bytes: AtomicU64,
+    /// Bytes in the current log file (the writer's `log_len`).
+    log_len: AtomicU64,
+    /// Bytes in every other file of the store directory: set by the compaction thread from the
+    /// directory itself once it is done, grown by the writer when it starts a new log.
+    other_file_bytes: AtomicU64,
     compactions: AtomicU64,
     rejected_queue_full: AtomicU64,
     rejected_disk_full: AtomicU64,
     dropped_disk_full: AtomicU64,
+    rejected_no_space: AtomicU64,
     orphan_ops: AtomicU64,
 }
 
@@ -129,6 +153,12 @@ impl Shared {
             .lock()
             .clone()
             .unwrap_or_else(|| "unknown error".to_owned())
+    }
+
+    /// The refusal for a submit that adds data while the filesystem is full (counted).
+    fn refuse_no_space(&self) -> StorageError {
+        self.rejected_no_space.fetch_add(1, Ordering::Relaxed);
+        StorageError::NoSpace(self.no_space_reason.lock().clone())
     }
 }
 
@@ -162,6 +192,8 @@ pub struct LogStore {
     submitter: Mutex<Submitter>,
     writer: Mutex<Option<JoinHandle<()>>>,
     dir: PathBuf,
+    /// Held until [`Store::close`] (or drop): no other broker opens this directory meanwhile.
+    lock: Mutex<Option<lock::DirLock>>,
 }
 
 impl LogStore {
@@ -169,11 +201,14 @@ impl LogStore {
     ///
     /// # Errors
     ///
-    /// A `StorageError` when the directory cannot be created or written. A corrupt store is
-    /// moved aside rather than failing the call.
+    /// A `StorageError` when the directory cannot be created or written, or
+    /// [`StorageError::Locked`] when another process uses it. A corrupt store is moved aside
+    /// rather than failing the call.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<LogStore, StorageError> {
         fs::create_dir_all(dir)
             .map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;
+        // Before recovery reads anything: another broker may be writing these files.
+        let dir_lock = lock::lock_dir(dir)?;
         let store_dir = dir.join(STORE_DIR);
         let opened = match recover(&store_dir) {
             Ok(opened) => opened,
@@ -191,6 +226,8 @@ impl LogStore {
             durable: watch::Sender::new(DurableState::default()),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
+            no_space: AtomicBool::new(false),
+            no_space_reason: Mutex::new(String::new()),
             next_message_id: AtomicU64::new(state.max_message_id + 1),
             queued_ops: AtomicUsize::new(0),
             pending_growth: AtomicU64::new(0),
@@ -201,10 +238,14 @@ impl LogStore {
             fsyncs: AtomicU64::new(0),
             log_bytes: AtomicU64::new(log_bytes),
             snapshot_bytes: AtomicU64::new(snapshot_bytes),
+            log_len: AtomicU64::new(log_len),
+            // Recovery leaves the snapshot and the logs since it (all valid bytes).
+            other_file_bytes: AtomicU64::new((snapshot_bytes + log_bytes).saturating_sub(log_len)),
             compactions: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             rejected_disk_full: AtomicU64::new(0),
             dropped_disk_full: AtomicU64::new(0),
+            rejected_no_space: AtomicU64::new(0),
             orphan_ops: AtomicU64::new(state.orphans),
             opts,
         });
@@ -223,6 +264,9 @@ impl LogStore {
             compactor: None,
             buf: Vec::new(),
             failed: false,
+            stalled: None,
+            backlog: std::collections::VecDeque::new(),
+            next_compaction_try: None,
         };
         let handle = std::thread::Builder::new()
             .name("postbox-store".to_owned())
@@ -236,6 +280,7 @@ impl LogStore {
             }),
             writer: Mutex::new(Some(handle)),
             dir: dir.to_owned(),
+            lock: Mutex::new(Some(dir_lock)),
         })
     }
 
@@ -249,21 +294,12 @@ impl LogStore {
     }
 }
 
-impl Store for LogStore {
-    fn submit(&self, mut ops: Vec<Op>) -> Result<Submitted, Rejected> {
+impl LogStore {
+    /// [`Store::submit`] and [`Store::submit_awaited`]: `bounded` applies the queue bound.
+    fn submit_ops(&self, mut ops: Vec<Op>, bounded: bool) -> Result<Submitted, Rejected> {
         if self.shared.failed.load(Ordering::Acquire) {
             return Err(Rejected {
                 error: self.failure(),
-                ops,
-            });
-        }
-        let queued = self.shared.queued_ops.load(Ordering::Relaxed);
-        if queued > 0 && queued + ops.len() > self.shared.opts.queue_capacity_ops {
-            self.shared
-                .rejected_queue_full
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(Rejected {
-                error: StorageError::QueueFull { queued },
                 ops,
             });
         }
@@ -272,6 +308,27 @@ impl Store for LogStore {
             .filter(|op| op.grows_store())
             .map(Op::size_estimate)
             .sum();
+        if growth > 0 && self.shared.no_space.load(Ordering::Acquire) {
+            return Err(Rejected {
+                error: self.shared.refuse_no_space(),
+                ops,
+            });
+        }
+        let capacity = if growth > 0 {
+            self.shared.opts.queue_capacity_ops
+        } else {
+            self.shared.opts.queue_capacity_ops * NON_GROWING_HEADROOM
+        };
+        let queued = self.shared.queued_ops.load(Ordering::Relaxed);
+        if bounded && queued > 0 && !ops.is_empty() && queued + ops.len() > capacity {
+            self.shared
+                .rejected_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Rejected {
+                error: StorageError::QueueFull { queued },
+                ops,
+            });
+        }
         let dropped_ops = match self.check_budget(&mut ops, &mut growth) {
             Ok(dropped) => dropped,
             Err(error) => return Err(Rejected { error, ops }),
@@ -320,6 +377,17 @@ impl Store for LogStore {
         })
     }
 
+}
+
+impl Store for LogStore {
+    fn submit(&self, ops: Vec<Op>) -> Result<Submitted, Rejected> {
+        self.submit_ops(ops, true)
+    }
+
+    fn submit_awaited(&self, ops: Vec<Op>) -> Result<Submitted, Rejected> {
+        self.submit_ops(ops, false)
+    }
+
     fn durable(&self) -> watch::Receiver<DurableState> {
         self.shared.durable.subscribe()
     }
@@ -354,12 +422,35 @@ impl Store for LogStore {
             live_bytes: r(&s.live_bytes),
             log_bytes: r(&s.log_bytes),
             snapshot_bytes: r(&s.snapshot_bytes),
+            disk_bytes: r(&s.other_file_bytes) + r(&s.log_len),
             compactions: r(&s.compactions),
             rejected_queue_full: r(&s.rejected_queue_full),
             rejected_disk_full: r(&s.rejected_disk_full),
             dropped_disk_full: r(&s.dropped_disk_full),
+            rejected_no_space: r(&s.rejected_no_space),
+            no_space: s.no_space.load(Ordering::Acquire),
             orphan_ops: r(&s.orphan_ops),
         }
+    }
+
+    fn health(&self) -> StoreHealth {
+        if self.shared.failed.load(Ordering::Acquire) {
+            StoreHealth::Failed
+        } else if self.shared.no_space.load(Ordering::Acquire) {
+            StoreHealth::NoSpace
+        } else {
+            StoreHealth::Ok
+        }
+    }
+
+    fn refuse_growth(&self) -> Option<StorageError> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Some(self.failure());
+        }
+        self.shared
+            .no_space
+            .load(Ordering::Acquire)
+            .then(|| self.shared.refuse_no_space())
     }
 
     fn close(&self) -> Result<(), StorageError> {
@@ -374,6 +465,9 @@ impl Store for LogStore {
         if let Some(handle) = self.writer.lock().take() {
             let _ = handle.join();
         }
+        // The writer is gone: nothing of this store is written any more, so another broker
+        // (or a restart in this process) may take the directory.
+        self.lock.lock().take();
         result
     }
 }

@@ -3,8 +3,11 @@
 //! [`State`] and only then reports the batch's tickets durable.
 //!
 //! Must not report a ticket durable before its frame is written and (per policy) synced, and
-//! must not retry after an I/O error: once failed it stays failed.
+//! must not retry after an I/O error: once failed it stays failed. The one exception is a
+//! write the filesystem refused for lack of space (`no_space`): nothing of it was kept, so
+//! the same frame is written again later.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
@@ -12,6 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
+
+use super::no_space::{is_no_space, Stalled};
 
 use super::format::{begin_frame, finish_frame, KIND_OPS};
 use super::{Cmd, Shared, Waiter};
@@ -23,6 +28,14 @@ use crate::storage::{now_unix_ms, DurableState, FsyncPolicy, Op, StorageError};
 const MAX_BATCH_BYTES: u64 = 32 << 20;
 /// The writer's encode buffer is shrunk back if a huge batch grew it beyond this.
 const MAX_IDLE_BUFFER: usize = 16 << 20;
+
+/// Why a frame did not reach the log.
+pub(super) enum Append {
+    /// The filesystem is full; nothing of the frame was kept.
+    NoSpace(std::io::Error),
+    /// Any other error: final.
+    Failed(StorageError),
+}
 
 /// The writer thread's state: it alone owns the files and the [`State`].
 pub(super) struct Writer {
@@ -42,11 +55,18 @@ pub(super) struct Writer {
     pub(super) compactor: Option<JoinHandle<Result<(u64, u64), StorageError>>>,
     pub(super) buf: Vec<u8>,
     pub(super) failed: bool,
+    /// The batch the full filesystem did not take (its frame still in `buf`), retried on a
+    /// timer; nothing else is written before it.
+    pub(super) stalled: Option<Stalled>,
+    /// Commands received while stalled, handled in order once the stalled batch is written.
+    pub(super) backlog: VecDeque<Cmd>,
+    /// After a compaction could not start (no space for the new log), not before this.
+    pub(super) next_compaction_try: Option<Instant>,
 }
 
 /// A batch being assembled: tickets, ops, the budget bytes they reserved, who waits.
 #[derive(Default)]
-struct Batch {
+pub(super) struct Batch {
     pub(super) last_ticket: u64,
     pub(super) ops: Vec<Op>,
     pub(super) growth: u64,
@@ -59,6 +79,11 @@ impl Writer {
         let mut pending: Option<Cmd> = None;
         loop {
             let cmd = match pending.take() {
+                // A command that ended the batch which stalled waits behind it.
+                Some(cmd) if self.stalled.is_some() => {
+                    self.backlog.push_back(cmd);
+                    continue;
+                }
                 Some(cmd) => cmd,
                 None => match self.recv_first() {
                     Some(cmd) => cmd,
@@ -83,14 +108,7 @@ impl Writer {
                     if self.failed {
                         self.drop_batch(batch);
                     } else {
-                        let waiters = std::mem::take(&mut batch.waiters);
-                        match self.commit(batch, waiters) {
-                            Ok(()) => {}
-                            Err((error, waiters)) => {
-                                self.fail(&error);
-                                self.tell_failed(waiters);
-                            }
-                        }
+                        self.commit(batch);
                     }
                 }
                 Cmd::Load(reply) => {
@@ -112,9 +130,17 @@ impl Writer {
         }
     }
 
-    /// Waits for the next command; under `interval` also wakes to fsync on time.
+    /// Waits for the next command; under `interval` also wakes to fsync on time, and while
+    /// stalled on a full filesystem wakes to write again (`wait_for_space`).
     fn recv_first(&mut self) -> Option<Cmd> {
         loop {
+            if self.stalled.is_some() {
+                self.wait_for_space();
+                continue;
+            }
+            if let Some(cmd) = self.backlog.pop_front() {
+                return Some(cmd);
+            }
             if self.shared.opts.fsync != FsyncPolicy::Interval || !self.dirty || self.failed {
                 return self.rx.recv().ok();
             }
@@ -153,6 +179,18 @@ impl Writer {
         let max_ops = opts.max_batch_ops;
         let deadline = Instant::now() + opts.commit_window;
         while batch.ops.len() < max_ops && batch.growth < MAX_BATCH_BYTES {
+            if let Some(cmd) = self.backlog.pop_front() {
+                match cmd {
+                    Cmd::Ops {
+                        ticket,
+                        ops,
+                        growth,
+                        waiter,
+                    } => self.take(batch, ticket, ops, growth, waiter),
+                    other => return Some(other),
+                }
+                continue;
+            }
             let next = match self.rx.try_recv() {
                 Ok(cmd) => cmd,
                 Err(mpsc::TryRecvError::Disconnected) => return None,
@@ -180,71 +218,96 @@ impl Writer {
         None
     }
 
-    /// Writes one frame with the batch, syncs per policy, applies it, reports durability.
-    fn commit(
-        &mut self,
-        batch: Batch,
-        waiters: Vec<Waiter>,
-    ) -> Result<(), (StorageError, Vec<Waiter>)> {
-        match self.write_batch(batch) {
-            Ok(last_ticket) => {
-                self.shared.durable.send_replace(DurableState {
-                    ticket: last_ticket,
-                    failed: false,
-                });
-                for waiter in waiters {
-                    let _ = waiter.send(Ok(()));
-                }
-                self.maybe_compact();
-                Ok(())
+    /// Writes one frame with the batch, syncs per policy, applies it, reports durability. A
+    /// full filesystem stalls the batch instead (retried by `wait_for_space`); any other
+    /// error is final.
+    fn commit(&mut self, batch: Batch) {
+        if batch.ops.is_empty() {
+            // A barrier: everything before it is already written; nothing to add.
+            self.shared.commits.fetch_add(1, Ordering::Relaxed);
+            self.report(batch.last_ticket, batch.waiters);
+            return;
+        }
+        self.encode(&batch.ops);
+        match self.append() {
+            Ok(()) => self.complete(batch),
+            Err(Append::NoSpace(error)) => self.stall(batch, &error),
+            Err(Append::Failed(error)) => {
+                self.fail(&error);
+                self.drop_batch(batch);
             }
-            Err(error) => Err((error, waiters)),
         }
     }
 
-    /// Writes, syncs and applies a batch; returns its last ticket.
-    fn write_batch(&mut self, batch: Batch) -> Result<u64, StorageError> {
-        let Batch {
-            last_ticket,
-            ops,
-            growth,
-            waiters: _,
-        } = batch;
-        if ops.is_empty() {
-            // A barrier: everything before it is already written; nothing to add.
-            self.shared.commits.fetch_add(1, Ordering::Relaxed);
-            return Ok(last_ticket);
-        }
+    /// Encodes the batch as one frame into `buf`.
+    fn encode(&mut self, ops: &[Op]) {
         self.buf.clear();
         let start = begin_frame(&mut self.buf);
         {
             let mut enc = Enc(&mut self.buf);
             enc.u8(KIND_OPS);
             enc.u32(ops.len() as u32);
-            for op in &ops {
+            for op in ops {
                 enc.op(op);
             }
         }
         finish_frame(&mut self.buf, start);
-        self.log
-            .write_all(&self.buf)
-            .map_err(|e| StorageError::io(format!("appending to log {}", self.log_gen), e))?;
-        let written = self.buf.len() as u64;
-        if self.buf.capacity() > MAX_IDLE_BUFFER {
-            self.buf = Vec::new();
-        }
-        self.log_len += written;
-        self.log_bytes += written;
-        self.dirty = true;
-        match self.shared.opts.fsync {
-            FsyncPolicy::EveryBatch => self.sync()?,
-            FsyncPolicy::Interval => {
-                if self.last_fsync.elapsed() >= self.shared.opts.fsync_interval {
-                    self.sync()?;
+    }
+
+    /// Appends the frame in `buf` to the log. A write the filesystem refused for lack of
+    /// space is undone (the log is cut back to its last whole frame, so no torn frame can end
+    /// up in the middle of it) and reported as [`Append::NoSpace`]; the frame stays in `buf`.
+    pub(super) fn append(&mut self) -> Result<(), Append> {
+        match self.log.write_all(&self.buf) {
+            Ok(()) => {
+                let written = self.buf.len() as u64;
+                if self.buf.capacity() > MAX_IDLE_BUFFER {
+                    self.buf = Vec::new();
                 }
+                self.log_len += written;
+                self.log_bytes += written;
+                self.shared.log_len.store(self.log_len, Ordering::Relaxed);
+                self.dirty = true;
+                Ok(())
             }
-            FsyncPolicy::Never => {}
+            Err(error) if is_no_space(&error) => match self.log.set_len(self.log_len) {
+                Ok(()) => Err(Append::NoSpace(error)),
+                Err(cut) => Err(Append::Failed(StorageError::io(
+                    format!(
+                        "cutting log {} back to {} bytes after a write found no space ({error})",
+                        self.log_gen, self.log_len
+                    ),
+                    cut,
+                ))),
+            },
+            Err(error) => Err(Append::Failed(StorageError::io(
+                format!("appending to log {}", self.log_gen),
+                error,
+            ))),
         }
+    }
+
+    /// After the batch's frame is in the log: syncs per policy, applies the ops to the model,
+    /// reports the batch durable, considers compaction.
+    pub(super) fn complete(&mut self, batch: Batch) {
+        let synced = match self.shared.opts.fsync {
+            FsyncPolicy::EveryBatch => self.sync(),
+            FsyncPolicy::Interval if self.last_fsync.elapsed() >= self.shared.opts.fsync_interval => {
+                self.sync()
+            }
+            FsyncPolicy::Interval | FsyncPolicy::Never => Ok(()),
+        };
+        if let Err(error) = synced {
+            self.fail(&error);
+            self.drop_batch(batch);
+            return;
+        }
+        let Batch {
+            last_ticket,
+            ops,
+            growth,
+            waiters,
+        } = batch;
         for op in ops {
             self.state.apply(op);
         }
@@ -254,7 +317,19 @@ impl Writer {
             .fetch_sub(growth, Ordering::Relaxed);
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
         self.publish_sizes();
-        Ok(last_ticket)
+        self.report(last_ticket, waiters);
+        self.maybe_compact();
+    }
+
+    /// Moves the durable watch to `last_ticket` and completes every waiter.
+    fn report(&self, last_ticket: u64, waiters: Vec<Waiter>) {
+        self.shared.durable.send_replace(DurableState {
+            ticket: last_ticket,
+            failed: false,
+        });
+        for waiter in waiters {
+            let _ = waiter.send(Ok(()));
+        }
     }
 
     fn tell_failed(&self, waiters: Vec<Waiter>) {
@@ -282,10 +357,11 @@ impl Writer {
         let s = &self.shared;
         s.live_bytes.store(self.state.live_bytes, Ordering::Relaxed);
         s.log_bytes.store(self.log_bytes, Ordering::Relaxed);
+        s.log_len.store(self.log_len, Ordering::Relaxed);
         s.orphan_ops.store(self.state.orphans, Ordering::Relaxed);
     }
 
-    fn drop_batch(&mut self, batch: Batch) {
+    pub(super) fn drop_batch(&mut self, batch: Batch) {
         self.shared
             .pending_growth
             .fetch_sub(batch.growth, Ordering::Relaxed);
@@ -294,7 +370,7 @@ impl Writer {
 
     /// Stops making anything durable: an fsync error cannot be retried safely (the kernel may
     /// have dropped the dirty pages), so waiting publishers must be told instead of acked.
-    fn fail(&mut self, error: &StorageError) {
+    pub(super) fn fail(&mut self, error: &StorageError) {
         tracing::error!(%error, dir = %self.dir.display(),
             "storage writer failed: no further message will be acknowledged as durable");
         *self.shared.failure.lock() = Some(error.to_string());
