@@ -2,64 +2,34 @@
 //! offline; publishers send numbered messages while the broker binary is killed at random
 //! points and restarted, several times. Every message a publisher got PUBACK / PUBCOMP for
 //! must then reach its subscriber: QoS 1 at least once, QoS 2 exactly once, in order.
+//!
+//! Each subscriber is offline for all `MESSAGES`, more than the default per-session queue
+//! (`mqtt.max_queued_messages`) holds, so the test raises that limit in its config: with the
+//! default one the oldest would be dropped (`queue_overflow`), which is a documented drop, not
+//! the loss this test looks for. Both are asserted below, so neither can drift silently.
 
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::process::{free_port, spawn_broker};
 use common::RawClient;
 use postbox::codec::{
     Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS, Subscribe, SubscriptionOptions,
 };
 use rand::Rng;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 const V: ProtocolVersion = ProtocolVersion::V3_1_1;
+/// Messages per publisher, all queued for an offline subscriber.
 const MESSAGES: u32 = 1200;
+/// The per-session queue limit the test configures: room for every message.
+const QUEUE_LIMIT: usize = 2 * MESSAGES as usize;
 const KILLS: usize = 4;
 const TEST_LIMIT: Duration = Duration::from_secs(150);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-/// Starts the broker binary and waits until it logs that it is running (restore included).
-async fn spawn_broker(config: &std::path::Path) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_postbox"))
-        .args(["-c", config.to_str().expect("utf8 path")])
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn postbox");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    tokio::time::timeout(common::WAIT, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.contains("postbox running") {
-                return;
-            }
-        }
-        panic!("postbox exited before it was running");
-    })
-    .await
-    .expect("postbox starts");
-    // Keep draining its output so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
-}
 
 /// Connects (retrying while the broker restarts), persistent session.
 async fn connect(addr: SocketAddr, id: &str) -> RawClient {
@@ -229,6 +199,14 @@ async fn acknowledged_messages_survive_sigkill() {
 }
 
 async fn run() {
+    // The queue limit is raised on purpose: the default would hold fewer than MESSAGES.
+    let default_limit = postbox::config::Config::default().mqtt.max_queued_messages;
+    assert!(
+        MESSAGES as usize > default_limit,
+        "MESSAGES ({MESSAGES}) no longer exceeds the default queue limit ({default_limit}): \
+         drop the raised limit below"
+    );
+    assert!(MESSAGES as usize <= QUEUE_LIMIT, "the raised limit holds every message");
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
@@ -236,7 +214,7 @@ async fn run() {
     std::fs::write(
         &config,
         format!(
-            "[listener]\nbind = \"127.0.0.1:{port}\"\n[metrics]\nenabled = false\n[mqtt]\nmax_queued_messages = 100000\n[storage]\ndir = {:?}\n",
+            "[listener]\nbind = \"127.0.0.1:{port}\"\n[metrics]\nenabled = false\n[mqtt]\nmax_queued_messages = {QUEUE_LIMIT}\n[storage]\ndir = {:?}\n",
             dir.path().join("data")
         ),
     )
