@@ -44,6 +44,11 @@ fn text(p: &Publish) -> String {
     String::from_utf8_lossy(&p.payload).into_owned()
 }
 
+/// The start of each payload, for failure messages (the big ones are 9 kB).
+fn heads(texts: &[String]) -> Vec<&str> {
+    texts.iter().map(|t| &t[..t.len().min(12)]).collect()
+}
+
 /// Mounts the test's tmpfs, or says why this machine cannot and returns `None` (skip).
 fn tmpfs_or_skip(test: &str) -> Option<Tmpfs> {
     match Tmpfs::mount(TMPFS_BYTES) {
@@ -266,7 +271,8 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     assert_eq!(routed.last().map(String::as_str), Some("zero"), "QoS 0 flows");
     assert!(
         !routed.iter().any(|t| t.starts_with("refused")),
-        "a refused message reached a subscriber: {routed:?}"
+        "a refused message reached a subscriber: {:?}",
+        heads(&routed)
     );
 
     // The metrics at this very moment: the state, each refusal, the real size of the files.
@@ -318,7 +324,8 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     let got = collect_v3(addr, "sub", &acked).await;
     assert!(
         !got.iter().any(|t| t.starts_with("refused")),
-        "a refused message was stored"
+        "a refused message was stored: {:?}",
+        heads(&got)
     );
     eprintln!(
         "filler {filled} B; store files while full {on_disk} B; {} acknowledged, {} delivered after restart",

@@ -99,15 +99,16 @@ impl Writer {
             .name("postbox-compact".to_owned())
             .spawn(move || {
                 let result = write_snapshot(&dir, gen, &bytes).map(|()| (gen, bytes.len() as u64));
-                if let Ok((_, len)) = result {
-                    shared.snapshot_bytes.store(len, Ordering::Relaxed);
-                    shared.compactions.fetch_add(1, Ordering::Relaxed);
-                }
                 // Whatever happened (old files deleted, a temp file left or not), count what
-                // is there: the metric shows the disk, not what should be on it.
+                // is there: the metric shows the disk, not what should be on it. Before the
+                // counter below, so whoever sees the compaction counted sees its sizes.
                 shared
                     .other_file_bytes
                     .store(other_file_bytes(&dir, gen), Ordering::Relaxed);
+                if let Ok((_, len)) = result {
+                    shared.snapshot_bytes.store(len, Ordering::Relaxed);
+                    shared.compactions.fetch_add(1, Ordering::Release);
+                }
                 result
             })
             .map_err(|e| StorageError::io("spawning the compaction thread", e))?;
