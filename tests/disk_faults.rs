@@ -407,3 +407,58 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
     );
     await_metric(mport, OUT_OF_SPACE, 0.0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_stopped_while_the_disk_is_full_exits_and_keeps_what_it_acknowledged() {
+    let Some(tmpfs) = tmpfs_or_skip("stop while the disk is full") else {
+        return;
+    };
+    let work = tempfile::tempdir().expect("tempdir");
+    let data = tmpfs.path().join("data");
+    let port = free_port();
+    let mport = free_port();
+    let config = write_config(work.path(), port, mport, &data, "");
+    let mut broker = spawn_broker(&config).await;
+    let addr = loopback(port);
+    offline_v3_subscriber(addr, "sub", "t/#").await;
+    let mut p = v5::connect_id(addr, "p").await;
+    let kept = v5::publish_packet("t/a", QoS::AtLeastOnce, b"kept", 1);
+    assert_eq!(v5::publish(&mut p, kept).await, ReasonCode::SUCCESS);
+
+    let filler = tmpfs.path().join("filler");
+    fill_disk(&filler);
+    p.send(&Packet::Publish(v5::publish_packet(
+        "t/big",
+        QoS::AtLeastOnce,
+        &big_payload("never-acked"),
+        2,
+    )))
+    .await;
+    await_metric(mport, OUT_OF_SPACE, 1.0).await;
+
+    // SIGTERM (systemd, containers) with the commit still held: the broker must not wait for
+    // space that may never come. It tells the client it is going away (v5 0x8B) without the
+    // PUBACK, gives the held commit up and exits.
+    let pid = broker.id().expect("pid").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exited = tokio::time::timeout(common::WAIT, broker.wait())
+        .await
+        .expect("postbox exits on SIGTERM with the disk full")
+        .expect("wait");
+    assert!(exited.success(), "{exited}");
+    let seen = p.expect_close().await;
+    assert!(
+        !seen.iter().any(|packet| matches!(packet, Packet::PubAck(_))),
+        "PUBACK for a commit that was never written: {seen:?}"
+    );
+
+    // Space freed, started again: what was acknowledged is there.
+    std::fs::remove_file(&filler).expect("remove filler");
+    let _broker = spawn_broker(&config).await;
+    let got = collect_v3(addr, "sub", &["kept".to_owned()]).await;
+    assert_eq!(heads(&got), ["kept"]);
+}
