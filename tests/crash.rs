@@ -206,7 +206,10 @@ async fn run() {
         "MESSAGES ({MESSAGES}) no longer exceeds the default queue limit ({default_limit}): \
          drop the raised limit below"
     );
-    assert!(MESSAGES as usize <= QUEUE_LIMIT, "the raised limit holds every message");
+    assert!(
+        MESSAGES as usize <= QUEUE_LIMIT,
+        "the raised limit holds every message"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");

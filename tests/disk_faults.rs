@@ -268,7 +268,11 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
             break;
         }
     }
-    assert_eq!(routed.last().map(String::as_str), Some("zero"), "QoS 0 flows");
+    assert_eq!(
+        routed.last().map(String::as_str),
+        Some("zero"),
+        "QoS 0 flows"
+    );
     assert!(
         !routed.iter().any(|t| t.starts_with("refused")),
         "a refused message reached a subscriber: {:?}",
@@ -280,7 +284,11 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     assert_eq!(metric(&scrape, OUT_OF_SPACE), Some(1.0), "{scrape}");
     assert_eq!(metric(&scrape, REJECTED_NO_SPACE), Some(3.0), "{scrape}");
     let on_disk = dir_bytes(&store_dir);
-    assert_eq!(metric(&scrape, DISK_BYTES), Some(on_disk as f64), "{scrape}");
+    assert_eq!(
+        metric(&scrape, DISK_BYTES),
+        Some(on_disk as f64),
+        "{scrape}"
+    );
 
     // Space returns: the kept commit is written on the next retry, its PUBACK follows by
     // itself, and the broker takes persistent messages again. No restart.
@@ -452,7 +460,9 @@ async fn a_broker_stopped_while_the_disk_is_full_exits_and_keeps_what_it_acknowl
     assert!(exited.success(), "{exited}");
     let seen = p.expect_close().await;
     assert!(
-        !seen.iter().any(|packet| matches!(packet, Packet::PubAck(_))),
+        !seen
+            .iter()
+            .any(|packet| matches!(packet, Packet::PubAck(_))),
         "PUBACK for a commit that was never written: {seen:?}"
     );
 

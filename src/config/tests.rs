@@ -232,7 +232,10 @@ fn each_range_rule_is_enforced() {
         ),
         ("[storage]\nmax_disk_bytes = 1000", "storage.max_disk_bytes"),
         ("[storage]\nwrite_retry_ms = 9", "storage.write_retry_ms"),
-        ("[storage]\nwrite_retry_ms = 60001", "storage.write_retry_ms"),
+        (
+            "[storage]\nwrite_retry_ms = 60001",
+            "storage.write_retry_ms",
+        ),
         ("[metrics]\nbind = \"127.0.0.1:1883\"", "metrics.bind"),
     ];
     for (text, want) in cases {

@@ -1207,7 +1207,7 @@ fn crash_child() {
                             continue;
                         };
                         // Alternate the two ways of waiting; both must be exact.
-                        if n % 2 == 0 {
+                        if n.is_multiple_of(2) {
                             s.durable.await.expect("durable");
                         } else {
                             wait_durable(&mut rx, s.ticket).await.expect("durable");
@@ -1342,7 +1342,11 @@ fn disk_bytes_are_the_files_on_disk_after_a_compaction() {
     // No commit from here on: the compaction thread itself must publish what it did.
     let deadline = Instant::now() + Duration::from_secs(10);
     while store.stats().compactions == 0 {
-        assert!(Instant::now() < deadline, "no compaction: {:?}", store.stats());
+        assert!(
+            Instant::now() < deadline,
+            "no compaction: {:?}",
+            store.stats()
+        );
         std::thread::sleep(Duration::from_millis(5)); // polling a counter, bounded
     }
     let stats = store.stats();

@@ -95,7 +95,9 @@ pub async fn http_get(port: u16, path: &str) -> String {
         let mut out = String::new();
         s.read_to_string(&mut out).expect("read response");
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-        out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default()
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default()
     })
     .await
     .expect("join")
@@ -200,7 +202,7 @@ pub fn dir_bytes(dir: &Path) -> u64 {
         .expect("read dir")
         .flatten()
         .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
+        .filter(std::fs::Metadata::is_file)
         .map(|m| m.len())
         .sum()
 }

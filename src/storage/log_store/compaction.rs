@@ -20,22 +20,6 @@ use super::writer::Writer;
 use crate::storage::{now_unix_ms, StorageError};
 
 impl Writer {
-    /// Takes the result of a finished (or joined) snapshot thread into the stats.
-    pub(super) fn collect_compaction(
-        &mut self,
-        handle: JoinHandle<Result<(u64, u64), StorageError>>,
-    ) {
-        // The thread itself published its sizes and counted itself (see `start_compaction`).
-        match handle.join() {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
-                // The logs are still all there, so nothing is lost; the next compaction retries.
-                tracing::error!(%error, "store compaction failed; the log keeps growing until one succeeds");
-            }
-            Err(_) => tracing::error!("store compaction thread panicked"),
-        }
-    }
-
     /// Called after each commit: starts a snapshot once the logs outgrow the threshold,
     /// and makes commits wait for a running one past twice the threshold.
     pub(super) fn maybe_compact(&mut self) {
@@ -51,7 +35,7 @@ impl Writer {
                 self.compactor = Some(handle);
                 return;
             }
-            self.collect_compaction(handle);
+            collect_compaction(handle);
         }
         if self.log_bytes <= threshold {
             return;
@@ -117,6 +101,19 @@ impl Writer {
     }
 }
 
+/// Joins a finished (or running) snapshot thread and logs how it ended (the thread itself
+/// published its sizes and counted itself, see `start_compaction`).
+pub(super) fn collect_compaction(handle: JoinHandle<Result<(u64, u64), StorageError>>) {
+    match handle.join() {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => {
+            // The logs are still all there, so nothing is lost; the next compaction retries.
+            tracing::error!(%error, "store compaction failed; the log keeps growing until one succeeds");
+        }
+        Err(_) => tracing::error!("store compaction thread panicked"),
+    }
+}
+
 /// Bytes of the files in the store directory other than log `current` (which the writer
 /// counts itself). Only the compaction thread calls it, while the writer creates no file.
 fn other_file_bytes(dir: &Path, current: u64) -> u64 {
@@ -128,7 +125,7 @@ fn other_file_bytes(dir: &Path, current: u64) -> u64 {
         .flatten()
         .filter(|e| e.file_name().to_str() != Some(current.as_str()))
         .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
+        .filter(std::fs::Metadata::is_file)
         .map(|m| m.len())
         .sum()
 }

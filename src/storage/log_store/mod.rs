@@ -376,7 +376,6 @@ impl LogStore {
             durable,
         })
     }
-
 }
 
 impl Store for LogStore {

@@ -292,7 +292,9 @@ impl Writer {
     pub(super) fn complete(&mut self, batch: Batch) {
         let synced = match self.shared.opts.fsync {
             FsyncPolicy::EveryBatch => self.sync(),
-            FsyncPolicy::Interval if self.last_fsync.elapsed() >= self.shared.opts.fsync_interval => {
+            FsyncPolicy::Interval
+                if self.last_fsync.elapsed() >= self.shared.opts.fsync_interval =>
+            {
                 self.sync()
             }
             FsyncPolicy::Interval | FsyncPolicy::Never => Ok(()),
@@ -386,7 +388,7 @@ impl Writer {
             result = self.sync();
         }
         if let Some(handle) = self.compactor.take() {
-            self.collect_compaction(handle);
+            super::compaction::collect_compaction(handle);
         }
         if self.failed && result.is_ok() {
             result = Err(StorageError::Failed(self.shared.failure_text()));
