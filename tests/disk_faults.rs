@@ -293,12 +293,14 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     // Space returns: the kept commit is written on the next retry, its PUBACK follows by
     // itself, and the broker takes persistent messages again. No restart.
     std::fs::remove_file(&filler).expect("remove filler");
+    let freed = std::time::Instant::now();
     match trigger.recv().await {
         Some(Packet::PubAck(a)) if a.packet_id == 1 => {
             assert_eq!(a.reason_code, ReasonCode::SUCCESS);
         }
         other => panic!("expected the held PUBACK, got {other:?}"),
     }
+    let recovered_in = freed.elapsed();
     acked.push(String::from_utf8_lossy(&stalled).into_owned());
     let scrape = http_get(mport, "/metrics").await;
     assert_eq!(metric(&scrape, OUT_OF_SPACE), Some(0.0), "{scrape}");
@@ -336,7 +338,7 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
         heads(&got)
     );
     eprintln!(
-        "filler {filled} B; store files while full {on_disk} B; {} acknowledged, {} delivered after restart",
+        "filler {filled} B; store files while full {on_disk} B; held PUBACK {recovered_in:?} after the space was freed; {} acknowledged, {} delivered after restart",
         acked.len(),
         got.len()
     );

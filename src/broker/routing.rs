@@ -137,7 +137,12 @@ impl Broker {
             });
         }
         let submitted = store.submit(ops).map_err(|rejected| {
-            tracing::warn!(error = %rejected.error, topic = %message.topic, "message refused by the durable store");
+            if matches!(rejected.error, StorageError::NoSpace(_)) {
+                // The writer logged the full filesystem once; not once per message.
+                tracing::debug!(error = %rejected.error, topic = %message.topic, "message refused by the durable store");
+            } else {
+                tracing::warn!(error = %rejected.error, topic = %message.topic, "message refused by the durable store");
+            }
             rejected.error
         })?;
         if message.retain {
