@@ -35,7 +35,7 @@ fn fix(error: &std::io::Error, store_dir: &Path) -> String {
              without it and reports what it held as lost"
         ),
     };
-    format!("{what}. The store was not changed, moved or deleted; start postbox again once this is fixed")
+    format!("{what}. The store was left in place (nothing was moved or deleted); start postbox again once this is fixed")
 }
 
 /// Turns an I/O error met while opening the store into [`StorageError::Unusable`]; other
