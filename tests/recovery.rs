@@ -247,9 +247,8 @@ async fn a_read_only_store_stops_the_broker_and_is_left_untouched() {
             return;
         }
     };
-    let exited = match Broker::try_start(&config) {
-        Ok(_) => panic!("the broker started on a read-only store"),
-        Err(exited) => exited,
+    let Err(exited) = Broker::try_start(&config) else {
+        panic!("the broker started on a read-only store");
     };
     drop(guard);
     assert!(!exited.status.success(), "{exited:?}");
@@ -324,9 +323,8 @@ async fn unwritable_store_files_stop_the_broker_instead_of_an_empty_start() {
             return;
         }
     };
-    let exited = match Broker::try_start(&config) {
-        Ok(_) => panic!("the broker started (empty?) on a store it cannot write"),
-        Err(exited) => exited,
+    let Err(exited) = Broker::try_start(&config) else {
+        panic!("the broker started (empty?) on a store it cannot write");
     };
     drop(guard);
     assert!(!exited.status.success(), "{exited:?}");

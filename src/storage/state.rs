@@ -336,6 +336,12 @@ impl State {
         requeued
     }
 
+    /// Sessions, queue entries and retained messages held: what recovery reports as kept.
+    pub(super) fn counts(&self) -> (usize, usize, usize) {
+        let entries = self.sessions.values().map(|s| s.queue.len()).sum();
+        (self.sessions.len(), entries, self.retained.len())
+    }
+
     /// A copy of everything, for [`super::Store::load`].
     pub(super) fn to_snapshot(&self) -> Snapshot {
         let sessions = self

@@ -1224,12 +1224,12 @@ fn retained_snapshot_store(dir: &Path) -> PathBuf {
             ..opts()
         },
     );
-    for i in 0..30 {
+    for i in 0..30u8 {
         commit(
             &store,
             vec![Op::PutRetained {
                 topic: bs(&format!("r/{i}")),
-                message: message(&format!("r/{i}"), &[i as u8; 100 << 10]),
+                message: message(&format!("r/{i}"), &[i; 100 << 10]),
             }],
         );
     }

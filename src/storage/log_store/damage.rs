@@ -111,9 +111,12 @@ impl Damage {
             .push(format!("{} bytes {from}..{to}: {why}", file_name(file)));
     }
 
-    /// Records a damaged file header (the frames after it are read on, so nothing is lost
-    /// by this alone).
-    pub(super) fn header(&mut self, file: &Path, why: &str) {
+    /// Records a damaged file header of a file of `len` bytes. The frames after it are read
+    /// on (with the format version the header names, else guessed), so what is lost is its
+    /// bytes, and whatever frames the guess could not find: counts become a lower bound.
+    pub(super) fn header(&mut self, file: &Path, len: usize, why: &str) {
+        self.loss.bytes += len.min(HEADER_LEN) as u64;
+        self.loss.partial = true;
         self.places
             .push(format!("{} header: {why}", file_name(file)));
     }
@@ -159,22 +162,19 @@ impl Damage {
         out
     }
 
-    /// Logs the damage: an error when something was lost, a warning when only a header was.
+    /// Logs the damage and what was kept.
     fn report(&self, copy: &Path, state: &State) {
         let places = self.places.join("; ");
-        let sessions = state.to_snapshot().sessions.len();
-        if self.loss.is_empty() {
-            tracing::warn!(damage = %places, copy = %copy.display(),
-                "store file header damaged; every frame was intact and is kept, the store was rewritten");
-            return;
-        }
+        let (sessions, queued, retained) = state.counts();
         tracing::error!(
             lost_frames = self.loss.frames,
             lost_bytes = self.loss.bytes,
             lost_records = %self.records_text(),
             damage = %places,
             copy = %copy.display(),
-            sessions_kept = sessions,
+            kept_sessions = sessions,
+            kept_queued = queued,
+            kept_retained = retained,
             inbound_qos2_ids_forgotten = self.inbound_forgotten,
             inflight_requeued = self.inflight_requeued,
             "STORE DAMAGED: skipped the frames that fail their checksums and kept every intact \

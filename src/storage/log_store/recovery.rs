@@ -195,7 +195,7 @@ fn replay_log(
         return tail;
     }
     let seal = check_header(bytes, LOG_MAGIC, gen).unwrap_or_else(|why| {
-        damage.header(path, &why);
+        damage.header(path, bytes.len(), &why);
         guess_seal(bytes, LOG_MAGIC, gen)
     });
     tail.seal = Some(seal);

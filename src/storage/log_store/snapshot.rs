@@ -113,7 +113,7 @@ pub(super) fn read_snapshot(path: &Path, bytes: &[u8], gen: u64, damage: &mut Da
     let mut state = State::default();
     let counted_before = damage.counted_records();
     let seal = check_header(bytes, SNAPSHOT_MAGIC, gen).unwrap_or_else(|why| {
-        damage.header(path, &why);
+        damage.header(path, bytes.len(), &why);
         guess_seal(bytes, SNAPSHOT_MAGIC, gen)
     });
     let mut pos = HEADER_LEN.min(bytes.len());
@@ -134,7 +134,7 @@ pub(super) fn read_snapshot(path: &Path, bytes: &[u8], gen: u64, damage: &mut Da
                     }
                     (Ok(Chunk::Trailer { count, max_id }), None) => trailer = Some((count, max_id)),
                     (Ok(_), Some(_)) => {
-                        damage.stretch(path, bytes, at, pos, "data after the trailer")
+                        damage.stretch(path, bytes, at, pos, "data after the trailer");
                     }
                     (Err(why), _) => {
                         damage.stretch(path, bytes, at, pos, &why);
