@@ -1064,6 +1064,27 @@ fn frames_inside_a_payload_are_not_taken_for_commits() {
     );
 }
 
+/// The price of the offset seal (ARCHITECTURE.md, "Damage"): a byte deleted in the middle
+/// moves every later frame of the file off its place. They are counted lost, none is applied
+/// in a wrong place, and the earlier frames are kept.
+#[test]
+fn a_deleted_byte_costs_the_rest_of_its_file_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = commits_store(dir.path(), &["a", "b", "c", "d"]);
+    let mut bytes = std::fs::read(&log).expect("read");
+    let second = frames(&bytes)[1].0;
+    bytes.remove(second + 40);
+    std::fs::write(&log, &bytes).expect("write");
+    let store = open_at(dir.path(), opts());
+    assert_eq!(clients(&store.load().expect("load")), vec!["a"]);
+    let loss = store.stats().recovery;
+    assert_eq!(loss.bytes, (bytes.len() - second) as u64, "{loss:?}");
+    assert!(
+        loss.partial,
+        "the stretch holds several frames: a lower bound"
+    );
+}
+
 #[test]
 fn a_lost_frame_forgets_inbound_qos2_ids_and_requeues_colliding_inflight() {
     let await_ack = |seq: u64, id: MessageId| Op::Enqueue {
