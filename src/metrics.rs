@@ -494,6 +494,8 @@ mod tests {
             names::STORE_FSYNCS_TOTAL,
             names::STORE_COMPACTIONS_TOTAL,
             names::STORE_REJECTED_TOTAL,
+            names::STORE_RECOVERY_LOST_FRAMES_TOTAL,
+            names::STORE_RECOVERY_LOST_RECORDS_TOTAL,
         ];
         for name in names::ALL {
             assert!(name.starts_with("postbox_"), "{name}");
