@@ -58,9 +58,14 @@ pub mod names {
     /// Counter (label `reason`): store updates refused or dropped (`queue_full`, `disk_full`,
     /// `disk_full_dropped`).
     pub const STORE_REJECTED_TOTAL: &str = "postbox_store_rejected_total";
+    /// Counter: frames of the durable store skipped at start because they failed their
+    /// checksums (or their log file was missing); everything else was kept.
+    pub const STORE_RECOVERY_LOST_FRAMES_TOTAL: &str = "postbox_store_recovery_lost_frames_total";
+    /// Counter (label `kind`: an op kind, or `unknown`): records in those frames.
+    pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 23] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -82,6 +87,8 @@ pub mod names {
         STORE_FSYNCS_TOTAL,
         STORE_COMPACTIONS_TOTAL,
         STORE_REJECTED_TOTAL,
+        STORE_RECOVERY_LOST_FRAMES_TOTAL,
+        STORE_RECOVERY_LOST_RECORDS_TOTAL,
     ];
 }
 
@@ -97,6 +104,9 @@ pub struct StoreMetrics {
     rejected_queue_full: Counter,
     rejected_disk_full: Counter,
     dropped_disk_full: Counter,
+    recovery_lost_frames: Counter,
+    /// By op kind ([`crate::storage::Op::KIND_NAMES`]), then `unknown`.
+    recovery_lost_records: Vec<Counter>,
 }
 
 impl StoreMetrics {
@@ -133,6 +143,17 @@ impl StoreMetrics {
             Unit::Count,
             "Store updates refused (queue_full, disk_full) or dropped (disk_full_dropped)."
         );
+        describe_counter!(
+            STORE_RECOVERY_LOST_FRAMES_TOTAL,
+            Unit::Count,
+            "Store frames skipped at start because they failed their checksums."
+        );
+        describe_counter!(
+            STORE_RECOVERY_LOST_RECORDS_TOTAL,
+            Unit::Count,
+            "Records in the store frames skipped at start, by kind."
+        );
+        let kinds = crate::storage::Op::KIND_NAMES.iter().chain(&["unknown"]);
         StoreMetrics {
             live_bytes: gauge!(STORE_LIVE_BYTES),
             disk_bytes: gauge!(STORE_DISK_BYTES),
@@ -142,6 +163,10 @@ impl StoreMetrics {
             rejected_queue_full: counter!(STORE_REJECTED_TOTAL, "reason" => "queue_full"),
             rejected_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full"),
             dropped_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full_dropped"),
+            recovery_lost_frames: counter!(STORE_RECOVERY_LOST_FRAMES_TOTAL),
+            recovery_lost_records: kinds
+                .map(|kind| counter!(STORE_RECOVERY_LOST_RECORDS_TOTAL, "kind" => *kind))
+                .collect(),
         }
     }
 
@@ -156,6 +181,12 @@ impl StoreMetrics {
         self.rejected_queue_full.absolute(stats.rejected_queue_full);
         self.rejected_disk_full.absolute(stats.rejected_disk_full);
         self.dropped_disk_full.absolute(stats.dropped_disk_full);
+        let loss = &stats.recovery;
+        self.recovery_lost_frames.absolute(loss.frames);
+        let records = loss.records.iter().copied().chain([loss.unknown_records]);
+        for (counter, n) in self.recovery_lost_records.iter().zip(records) {
+            counter.absolute(n);
+        }
     }
 }
 
@@ -463,6 +494,8 @@ mod tests {
             names::STORE_FSYNCS_TOTAL,
             names::STORE_COMPACTIONS_TOTAL,
             names::STORE_REJECTED_TOTAL,
+            names::STORE_RECOVERY_LOST_FRAMES_TOTAL,
+            names::STORE_RECOVERY_LOST_RECORDS_TOTAL,
         ];
         for name in names::ALL {
             assert!(name.starts_with("postbox_"), "{name}");

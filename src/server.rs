@@ -146,7 +146,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
     if let Some(store) = broker.store().cloned() {
-        tokio::spawn(export_store_stats(store, shutdown.clone()));
+        // Read once now, so what recovery lost is on /metrics as soon as the broker runs.
+        let store_metrics = metrics::StoreMetrics::register();
+        store_metrics.update(&store.stats());
+        tokio::spawn(export_store_stats(store, store_metrics, shutdown.clone()));
     }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     let handoff =
@@ -220,8 +223,11 @@ async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
 }
 
 /// Copies the store's counters into metrics once a second until shutdown.
-async fn export_store_stats(store: Arc<dyn crate::storage::Store>, shutdown: CancellationToken) {
-    let metrics = metrics::StoreMetrics::register();
+async fn export_store_stats(
+    store: Arc<dyn crate::storage::Store>,
+    metrics: metrics::StoreMetrics,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {

@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::format::{begin_frame, finish_frame, KIND_OPS};
+use super::format::{begin_frame, finish_frame, Seal, KIND_OPS};
 use super::{Cmd, Shared, Waiter};
 use crate::storage::record::Enc;
 use crate::storage::state::State;
@@ -225,7 +225,7 @@ impl Writer {
                 enc.op(op);
             }
         }
-        finish_frame(&mut self.buf, start);
+        finish_frame(&mut self.buf, start, Seal::log(self.log_gen), self.log_len);
         self.log
             .write_all(&self.buf)
             .map_err(|e| StorageError::io(format!("appending to log {}", self.log_gen), e))?;
