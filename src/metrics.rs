@@ -64,9 +64,14 @@ pub mod names {
     pub const STORE_REJECTED_TOTAL: &str = "postbox_store_rejected_total";
     /// Gauge: 1 while the store's filesystem is full and the writer waits to write again.
     pub const STORE_OUT_OF_SPACE: &str = "postbox_store_out_of_space";
+    /// Counter: frames of the durable store skipped at start because they failed their
+    /// checksums (or their log file was missing); everything else was kept.
+    pub const STORE_RECOVERY_LOST_FRAMES_TOTAL: &str = "postbox_store_recovery_lost_frames_total";
+    /// Counter (label `kind`: an op kind, or `unknown`): records in those frames.
+    pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 24] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -89,6 +94,8 @@ pub mod names {
         STORE_COMPACTIONS_TOTAL,
         STORE_REJECTED_TOTAL,
         STORE_OUT_OF_SPACE,
+        STORE_RECOVERY_LOST_FRAMES_TOTAL,
+        STORE_RECOVERY_LOST_RECORDS_TOTAL,
     ];
 }
 
@@ -107,6 +114,9 @@ pub struct StoreMetrics {
     dropped_disk_full: Counter,
     rejected_no_space: Counter,
     out_of_space: Gauge,
+    recovery_lost_frames: Counter,
+    /// By op kind ([`crate::storage::Op::KIND_NAMES`]), then `unknown`.
+    recovery_lost_records: Vec<Counter>,
 }
 
 impl StoreMetrics {
@@ -148,6 +158,17 @@ impl StoreMetrics {
             Unit::Count,
             "1 while the store's filesystem is full: new persistent messages are refused."
         );
+        describe_counter!(
+            STORE_RECOVERY_LOST_FRAMES_TOTAL,
+            Unit::Count,
+            "Store frames skipped at start because they failed their checksums."
+        );
+        describe_counter!(
+            STORE_RECOVERY_LOST_RECORDS_TOTAL,
+            Unit::Count,
+            "Records in the store frames skipped at start, by kind."
+        );
+        let kinds = crate::storage::Op::KIND_NAMES.iter().chain(&["unknown"]);
         StoreMetrics {
             live_bytes: gauge!(STORE_LIVE_BYTES),
             disk_bytes: gauge!(STORE_DISK_BYTES),
@@ -159,6 +180,10 @@ impl StoreMetrics {
             dropped_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full_dropped"),
             rejected_no_space: counter!(STORE_REJECTED_TOTAL, "reason" => "no_space"),
             out_of_space: gauge!(STORE_OUT_OF_SPACE),
+            recovery_lost_frames: counter!(STORE_RECOVERY_LOST_FRAMES_TOTAL),
+            recovery_lost_records: kinds
+                .map(|kind| counter!(STORE_RECOVERY_LOST_RECORDS_TOTAL, "kind" => *kind))
+                .collect(),
         }
     }
 
@@ -175,6 +200,12 @@ impl StoreMetrics {
         self.rejected_no_space.absolute(stats.rejected_no_space);
         self.out_of_space
             .set(if stats.no_space { 1.0 } else { 0.0 });
+        let loss = &stats.recovery;
+        self.recovery_lost_frames.absolute(loss.frames);
+        let records = loss.records.iter().copied().chain([loss.unknown_records]);
+        for (counter, n) in self.recovery_lost_records.iter().zip(records) {
+            counter.absolute(n);
+        }
     }
 }
 
@@ -453,6 +484,8 @@ mod tests {
             names::STORE_FSYNCS_TOTAL,
             names::STORE_COMPACTIONS_TOTAL,
             names::STORE_REJECTED_TOTAL,
+            names::STORE_RECOVERY_LOST_FRAMES_TOTAL,
+            names::STORE_RECOVERY_LOST_RECORDS_TOTAL,
         ];
         for name in names::ALL {
             assert!(name.starts_with("postbox_"), "{name}");

@@ -146,7 +146,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
     if let (Some(endpoint), Some(store)) = (&exporter, broker.store().cloned()) {
-        // Copied at scrape time, so a scrape shows the store as it is (no periodic copy).
+        // Copied at scrape time, so a scrape shows the store as it is (no periodic copy);
+        // what recovery lost is there from the first scrape on.
         let metrics = metrics::StoreMetrics::register();
         endpoint.before_scrape(move || metrics.update(&store.stats()));
     }

@@ -11,16 +11,18 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::process::{free_port, spawn_broker};
 use common::RawClient;
 use postbox::codec::{
     Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS, Subscribe, SubscriptionOptions,
 };
 use rand::Rng;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 const V: ProtocolVersion = ProtocolVersion::V3_1_1;
@@ -30,6 +32,42 @@ const MESSAGES: u32 = 1200;
 const QUEUE_LIMIT: usize = 2 * MESSAGES as usize;
 const KILLS: usize = 4;
 const TEST_LIMIT: Duration = Duration::from_secs(150);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Starts the broker binary and waits until it logs that it is running (restore included).
+async fn spawn_broker(config: &std::path::Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args(["-c", config.to_str().expect("utf8 path")])
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn postbox");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    tokio::time::timeout(common::WAIT, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("postbox running") {
+                return;
+            }
+        }
+        panic!("postbox exited before it was running");
+    })
+    .await
+    .expect("postbox starts");
+    // Keep draining its output so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
 
 /// Connects (retrying while the broker restarts), persistent session.
 async fn connect(addr: SocketAddr, id: &str) -> RawClient {

@@ -13,10 +13,8 @@ mod common;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
-use common::process::{
-    await_metric, dir_bytes, fill_disk, free_port, http_get, kill9, metric, run_until_exit,
-    spawn_broker, write_config, Tmpfs,
-};
+use common::disk::{dir_bytes, fill_disk, Tmpfs};
+use common::process::{sample as metric, write_config, write_config_with, Broker, BrokerConfig};
 use common::{v5, RawClient};
 use postbox::codec::{
     ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, Subscribe,
@@ -31,8 +29,19 @@ const DISK_BYTES: &str = "postbox_store_disk_bytes";
 /// A tmpfs this small fills in a moment.
 const TMPFS_BYTES: u64 = 16 << 20;
 
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
+// The process helpers block (std threads and pipes); a worker of these multi-threaded
+// runtimes may, while the clients' tasks run on the other.
+
+fn start(config: &BrokerConfig) -> Broker {
+    tokio::task::block_in_place(|| Broker::start(config))
+}
+
+fn scrape_metrics(config: &BrokerConfig) -> String {
+    tokio::task::block_in_place(|| common::process::http_get(config.metrics, "/metrics"))
+}
+
+fn await_metric(config: &BrokerConfig, series: &str, want: f64) -> String {
+    tokio::task::block_in_place(|| common::disk::await_metric(config.metrics, series, want))
 }
 
 /// A payload larger than two pages: after [`fill_disk`] no write of it can find room.
@@ -126,16 +135,18 @@ async fn a_second_broker_on_the_same_data_dir_is_refused_and_the_first_keeps_its
     let (dir_a, dir_b) = (work.path().join("a"), work.path().join("b"));
     std::fs::create_dir_all(&dir_a).expect("mkdir");
     std::fs::create_dir_all(&dir_b).expect("mkdir");
-    let port_a = free_port();
-    let config_a = write_config(&dir_a, port_a, 0, &data, "");
-    let config_b = write_config(&dir_b, free_port(), 0, &data, "");
-    let mut a = spawn_broker(&config_a).await;
-    let pid_a = a.id().expect("pid");
+    let config_a = write_config(&dir_a, &data);
+    let config_b = write_config(&dir_b, &data);
+    let a = start(&config_a);
+    let pid_a = a.pid();
 
     // Issue 11: B started on A's directory, acknowledged 30 retained QoS 1 messages, A
     // compacted, and after a restart all 30 were gone. B must not start at all.
-    let (status, output) = run_until_exit(&config_b).await;
-    assert!(!status.success(), "a second broker started: {output}");
+    let Err(exited) = tokio::task::block_in_place(|| Broker::try_start(&config_b)) else {
+        panic!("a second broker started on the same data directory");
+    };
+    let (status, output) = (exited.status, exited.output);
+    assert!(!status.success(), "{output}");
     assert!(
         output.contains("in use by another postbox") && output.contains(&format!("pid {pid_a}")),
         "the refusal names the holder's pid {pid_a}: {output}"
@@ -146,7 +157,7 @@ async fn a_second_broker_on_the_same_data_dir_is_refused_and_the_first_keeps_its
     );
 
     // A keeps working: the issue's 30 retained QoS 1 messages are acknowledged by A...
-    let mut p = v5::connect_id(loopback(port_a), "pub").await;
+    let mut p = v5::connect_id(config_a.mqtt, "pub").await;
     for i in 0..30u16 {
         let mut publish = v5::publish_packet(
             &format!("keep/{i}"),
@@ -160,11 +171,9 @@ async fn a_second_broker_on_the_same_data_dir_is_refused_and_the_first_keeps_its
     }
     // ...and survive A's death: the lock goes with the process (kill -9 included), so the same
     // directory opens again, with a stale lock file naming a pid that is gone.
-    kill9(&mut a).await;
-    let port = free_port();
-    let config = write_config(&dir_b, port, 0, &data, "");
-    let _b = spawn_broker(&config).await;
-    let mut s = v5::connect_id(loopback(port), "check").await;
+    a.kill();
+    let _b = start(&config_b);
+    let mut s = v5::connect_id(config_b.mqtt, "check").await;
     v5::subscribe(&mut s, "keep/#", QoS::AtLeastOnce).await;
     let mut seen = BTreeSet::new();
     for _ in 0..30 {
@@ -183,11 +192,10 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     let work = tempfile::tempdir().expect("tempdir");
     let data = tmpfs.path().join("data");
     let store_dir = data.join("store");
-    let (port, mport) = (free_port(), free_port());
     // The default config (storage.write_retry_ms = 1000) but for where things are.
-    let config = write_config(work.path(), port, mport, &data, "");
-    let mut broker = spawn_broker(&config).await;
-    let addr = loopback(port);
+    let config = write_config(work.path(), &data);
+    let broker = start(&config);
+    let addr = config.mqtt;
 
     // Every QoS 1 message to t/# must be stored for this offline persistent subscriber...
     offline_v3_subscriber(addr, "sub", "t/#").await;
@@ -216,7 +224,7 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
             1,
         )))
         .await;
-    await_metric(mport, OUT_OF_SPACE, 1.0).await;
+    await_metric(&config, OUT_OF_SPACE, 1.0);
     // Not acknowledged while it is not stored: PINGRESP is not queued behind acks, so a PUBACK
     // written already would arrive first.
     trigger.send(&Packet::PingReq).await;
@@ -280,7 +288,7 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     );
 
     // The metrics at this very moment: the state, each refusal, the real size of the files.
-    let scrape = http_get(mport, "/metrics").await;
+    let scrape = scrape_metrics(&config);
     assert_eq!(metric(&scrape, OUT_OF_SPACE), Some(1.0), "{scrape}");
     assert_eq!(metric(&scrape, REJECTED_NO_SPACE), Some(3.0), "{scrape}");
     let on_disk = dir_bytes(&store_dir);
@@ -302,7 +310,7 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     }
     let recovered_in = freed.elapsed();
     acked.push(String::from_utf8_lossy(&stalled).into_owned());
-    let scrape = http_get(mport, "/metrics").await;
+    let scrape = scrape_metrics(&config);
     assert_eq!(metric(&scrape, OUT_OF_SPACE), Some(0.0), "{scrape}");
     assert_eq!(metric(&scrape, REJECTED_NO_SPACE), Some(3.0), "{scrape}");
     assert_eq!(
@@ -328,8 +336,8 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     acked.push("after-v3".to_owned());
 
     // Nothing acknowledged is lost, nothing refused was kept: kill -9, restart, count.
-    kill9(&mut broker).await;
-    let _broker = spawn_broker(&config).await;
+    broker.kill();
+    let _broker = start(&config);
     // (collect_v3 panics, naming how many, if an acknowledged one never arrives.)
     let got = collect_v3(addr, "sub", &acked).await;
     assert!(
@@ -351,18 +359,15 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
     };
     let work = tempfile::tempdir().expect("tempdir");
     let data = tmpfs.path().join("data");
-    let (port, mport) = (free_port(), free_port());
     // A tiny writer queue, so that a short stall fills it (updates that add no data get four
     // times queue_capacity_ops: 16 here).
-    let config = write_config(
+    let config = write_config_with(
         work.path(),
-        port,
-        mport,
         &data,
         "max_batch_ops = 4\nqueue_capacity_ops = 4\n",
     );
-    let _broker = spawn_broker(&config).await;
-    let addr = loopback(port);
+    let _broker = start(&config);
+    let addr = config.mqtt;
 
     // A persistent QoS 2 subscriber gets a stored message and holds its PUBREC.
     let (mut s2, _) = v5::connect(addr, persistent_v5("s2")).await;
@@ -380,13 +385,13 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
     let mut big = v5::publish_packet("big", QoS::AtLeastOnce, &big_payload("retained"), 1);
     big.retain = true;
     trigger.send(&Packet::Publish(big)).await;
-    await_metric(mport, OUT_OF_SPACE, 1.0).await;
+    await_metric(&config, OUT_OF_SPACE, 1.0);
     // Sessions coming and going fill the writer's queue with updates that wait for space.
     for _ in 0..12 {
         let (churn, _) = v5::connect(addr, persistent_v5("churn")).await;
         v5::disconnect(churn).await;
     }
-    let scrape = http_get(mport, "/metrics").await;
+    let scrape = scrape_metrics(&config);
     assert!(
         metric(&scrape, REJECTED_QUEUE_FULL).is_some_and(|n| n > 0.0),
         "the queue is full (else this test proves nothing): {scrape}"
@@ -415,7 +420,7 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
         matches!(trigger.recv().await, Some(Packet::PubAck(a)) if !a.reason_code.is_error()),
         "the held retained message is acknowledged once written"
     );
-    await_metric(mport, OUT_OF_SPACE, 0.0).await;
+    await_metric(&config, OUT_OF_SPACE, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -425,11 +430,9 @@ async fn a_broker_stopped_while_the_disk_is_full_exits_and_keeps_what_it_acknowl
     };
     let work = tempfile::tempdir().expect("tempdir");
     let data = tmpfs.path().join("data");
-    let port = free_port();
-    let mport = free_port();
-    let config = write_config(work.path(), port, mport, &data, "");
-    let mut broker = spawn_broker(&config).await;
-    let addr = loopback(port);
+    let config = write_config(work.path(), &data);
+    let broker = start(&config);
+    let addr = config.mqtt;
     offline_v3_subscriber(addr, "sub", "t/#").await;
     let mut p = v5::connect_id(addr, "p").await;
     let kept = v5::publish_packet("t/a", QoS::AtLeastOnce, b"kept", 1);
@@ -444,21 +447,13 @@ async fn a_broker_stopped_while_the_disk_is_full_exits_and_keeps_what_it_acknowl
         2,
     )))
     .await;
-    await_metric(mport, OUT_OF_SPACE, 1.0).await;
+    await_metric(&config, OUT_OF_SPACE, 1.0);
 
     // SIGTERM (systemd, containers) with the commit still held: the broker must not wait for
     // space that may never come. It tells the client it is going away (v5 0x8B) without the
     // PUBACK, gives the held commit up and exits.
-    let pid = broker.id().expect("pid").to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let exited = tokio::time::timeout(common::WAIT, broker.wait())
-        .await
-        .expect("postbox exits on SIGTERM with the disk full")
-        .expect("wait");
+    // (`terminate` panics if the process is still there after WAIT.)
+    let exited = tokio::task::block_in_place(|| broker.terminate());
     assert!(exited.success(), "{exited}");
     let seen = p.expect_close().await;
     assert!(
@@ -470,7 +465,7 @@ async fn a_broker_stopped_while_the_disk_is_full_exits_and_keeps_what_it_acknowl
 
     // Space freed, started again: what was acknowledged is there.
     std::fs::remove_file(&filler).expect("remove filler");
-    let _broker = spawn_broker(&config).await;
+    let _broker = start(&config);
     let got = collect_v3(addr, "sub", &["kept".to_owned()]).await;
     assert_eq!(heads(&got), ["kept"]);
 }

@@ -283,7 +283,7 @@ async fn corrupt_store_is_set_aside_and_the_broker_starts() {
                 .to_string_lossy()
                 .starts_with("store.corrupt-")
         });
-    assert!(set_aside, "the corrupt store was moved aside");
+    assert!(set_aside, "a copy of the damaged store was kept");
     // And it serves.
     let mut a = V4::connect(server.mqtt_addr, "a", true).await;
     let mut b = V4::connect(server.mqtt_addr, "b", true).await;

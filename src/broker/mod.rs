@@ -10,6 +10,7 @@
 //! Lock order: sessions map → subscription tree → shared index → one session's state. The two
 //! indexes are never held together, and no index lock is taken while a session lock is held.
 
+mod arrival_order;
 mod handle;
 mod level_map;
 mod lifecycle;
@@ -42,6 +43,7 @@ use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
 use crate::storage::{Durable, Op, Store};
+pub use arrival_order::{ArrivalOrder, ArrivalWaker};
 pub use handle::{Answer, ExpiryRaisedFromZero, Fill, SessionHandle};
 pub use message::{Delivery, Message, SessionId};
 use retained::RetainedIndex;
@@ -115,6 +117,9 @@ pub struct Broker {
     shutting_down: AtomicBool,
     /// Holds PUBLISHes back while a SUBSCRIBE read before them is handled.
     subscribe_fence: SubscribeFence,
+    /// The order reads arrived in, for the PUBLISH of a quiet connection to wait for the
+    /// reads that came before it (see [`ArrivalOrder`]).
+    arrival_order: Arc<ArrivalOrder>,
     /// The durable store, when `storage.persistence` is on; `None` keeps everything in memory
     /// and skips building store ops entirely.
     store: Option<Arc<dyn Store>>,
@@ -180,6 +185,7 @@ impl Broker {
             epoch: Instant::now(),
             shutting_down: AtomicBool::new(false),
             subscribe_fence: SubscribeFence::default(),
+            arrival_order: Arc::default(),
             store,
             metrics,
         })
@@ -298,6 +304,11 @@ impl Broker {
     /// it by another (see [`SubscribeFence`]).
     pub fn subscribe_fence(&self) -> &SubscribeFence {
         &self.subscribe_fence
+    }
+
+    /// The arrival order connections' reads draw their tickets from (see [`ArrivalOrder`]).
+    pub fn arrival_order(&self) -> &Arc<ArrivalOrder> {
+        &self.arrival_order
     }
 
     /// True once [`Broker::begin_shutdown`] ran.

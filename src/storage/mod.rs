@@ -51,20 +51,22 @@ pub use model::{
     StoredWill, SubscriptionRecord,
 };
 pub use store::{
-    wait_durable, Durable, DurableState, Rejected, StorageError, Store, StoreHealth, StoreStats,
-    Submitted, Ticket,
+    wait_durable, Durable, DurableState, RecoveryLoss, Rejected, StorageError, Store, StoreHealth,
+    StoreStats, Submitted, Ticket,
 };
 
 /// Opens the store `config` asks for: in memory without `dir`, the log engine with it.
 ///
-/// A corrupt or unreadable on-disk store does not fail this call: it is moved aside
-/// (`<dir>/store.corrupt-<unix-secs>`), whatever could be verified is kept, and the problem is
-/// logged with `tracing::error!`. Only errors that leave no store at all (the directory cannot
-/// be created or written) are returned. Does blocking file I/O: call it before serving.
+/// A damaged on-disk store does not fail this call: every frame that passes its checksums is
+/// kept, a copy of the damaged files goes to `<dir>/store.corrupt-<unix-secs>`, and what was
+/// lost is logged with `tracing::error!` and counted ([`StoreStats::recovery`]). Does blocking
+/// file I/O: call it before serving.
 ///
 /// # Errors
 ///
-/// Only when no store can be had at all: the directory cannot be created or written.
+/// When the store cannot be read or written (permissions, a read-only file system, a disk
+/// error): [`StorageError::Unusable`] names the path and the fix, and the store is left as it
+/// was. Such errors are never taken for corruption.
 pub fn open(config: &StorageConfig) -> Result<Arc<dyn Store>, StorageError> {
     match config.persistence_dir() {
         None => Ok(Arc::new(MemoryStore::new())),

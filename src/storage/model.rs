@@ -122,6 +122,45 @@ pub enum Op {
 }
 
 impl Op {
+    /// Name of every kind of op, in [`Op::kind`] order: how a metric label or a log line
+    /// names records (`postbox_store_recovery_lost_records_total{kind}`).
+    pub const KIND_NAMES: [&'static str; 14] = [
+        "put_session",
+        "delete_session",
+        "put_subscription",
+        "delete_subscription",
+        "put_message",
+        "enqueue",
+        "update_entry",
+        "remove_entry",
+        "put_inbound_qos2",
+        "remove_inbound_qos2",
+        "put_retained",
+        "delete_retained",
+        "put_will",
+        "delete_will",
+    ];
+
+    /// This op's index in [`Op::KIND_NAMES`], so records can be counted by kind.
+    pub fn kind(&self) -> usize {
+        match self {
+            Op::PutSession(_) => 0,
+            Op::DeleteSession { .. } => 1,
+            Op::PutSubscription { .. } => 2,
+            Op::DeleteSubscription { .. } => 3,
+            Op::PutMessage { .. } => 4,
+            Op::Enqueue { .. } => 5,
+            Op::UpdateEntry { .. } => 6,
+            Op::RemoveEntry { .. } => 7,
+            Op::PutInboundQos2 { .. } => 8,
+            Op::RemoveInboundQos2 { .. } => 9,
+            Op::PutRetained { .. } => 10,
+            Op::DeleteRetained { .. } => 11,
+            Op::PutWill { .. } => 12,
+            Op::DeleteWill { .. } => 13,
+        }
+    }
+
     /// True for ops that add data and so are subject to `storage.max_disk_bytes`.
     /// Removals and small metadata updates are always accepted, so space can be freed.
     pub fn grows_store(&self) -> bool {

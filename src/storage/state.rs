@@ -299,6 +299,49 @@ impl State {
         purged
     }
 
+    /// Forgets every inbound QoS 2 id held now; recovery calls it where it skips a damaged log
+    /// frame. That frame may have held the `RemoveInboundQos2` of an id the publisher has since
+    /// reused: kept, the id would make the broker take the publisher's next message under it
+    /// for a duplicate, acknowledge it and drop it. Forgotten, a PUBLISH re-sent under a still
+    /// open id is routed again: a duplicate instead of a loss. Ids put by later frames come
+    /// back as those are replayed. Returns how many were forgotten.
+    pub(super) fn forget_inbound_qos2(&mut self) -> usize {
+        self.sessions
+            .values_mut()
+            .map(|s| std::mem::take(&mut s.inbound).len())
+            .sum()
+    }
+
+    /// After damaged log frames were skipped, an entry whose removal was lost can be in flight
+    /// under the same packet id as a later one. Keeps the newest of each id in flight and puts
+    /// the older ones back to `Queued` (sent again under a new packet id: a possible duplicate,
+    /// never a loss). Returns how many were put back.
+    pub(super) fn requeue_colliding_inflight(&mut self) -> usize {
+        let mut requeued = 0;
+        for s in self.sessions.values_mut() {
+            let mut seen = BTreeSet::new();
+            for entry in s.queue.values_mut().rev() {
+                let id = match entry.stage {
+                    EntryStage::Queued => continue,
+                    EntryStage::AwaitPubAck { packet_id }
+                    | EntryStage::AwaitPubRec { packet_id }
+                    | EntryStage::AwaitPubComp { packet_id } => packet_id,
+                };
+                if !seen.insert(id) {
+                    entry.stage = EntryStage::Queued;
+                    requeued += 1;
+                }
+            }
+        }
+        requeued
+    }
+
+    /// Sessions, queue entries and retained messages held: what recovery reports as kept.
+    pub(super) fn counts(&self) -> (usize, usize, usize) {
+        let entries = self.sessions.values().map(|s| s.queue.len()).sum();
+        (self.sessions.len(), entries, self.retained.len())
+    }
+
     /// A copy of everything, for [`super::Store::load`].
     pub(super) fn to_snapshot(&self) -> Snapshot {
         let sessions = self

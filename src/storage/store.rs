@@ -115,6 +115,40 @@ pub struct StoreStats {
     pub no_space: bool,
     /// Ops naming a session or entry that does not exist (ignored).
     pub orphan_ops: u64,
+    /// What recovery at open could not keep from damaged files (zero after a clean start).
+    pub recovery: RecoveryLoss,
+}
+
+/// What recovery at open skipped because it failed its checksums (or was missing): every
+/// intact frame is kept, so this is exactly what was lost, as far as it can be known. Read by
+/// the `postbox_store_recovery_lost_*` metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryLoss {
+    /// Frames (log commits, snapshot chunks) skipped. A damaged stretch whose frame count
+    /// cannot be read, and a missing log file, count as one.
+    pub frames: u64,
+    /// Bytes skipped.
+    pub bytes: u64,
+    /// Records (ops) in the skipped frames by kind, in [`Op::KIND_NAMES`] order, as far as
+    /// the damaged bytes still parse.
+    pub records: [u64; Op::KIND_NAMES.len()],
+    /// Records known to be lost (from a count that survived) whose kind could not be read.
+    pub unknown_records: u64,
+    /// True when some skipped bytes did not parse completely (or a file was missing), so the
+    /// record counts are a lower bound; false: they are exact.
+    pub partial: bool,
+}
+
+impl RecoveryLoss {
+    /// True if recovery lost nothing.
+    pub fn is_empty(&self) -> bool {
+        self.frames == 0 && self.bytes == 0
+    }
+
+    /// Records lost, all kinds together (those whose kind is unknown included).
+    pub fn total_records(&self) -> u64 {
+        self.records.iter().sum::<u64>() + self.unknown_records
+    }
 }
 
 /// Why a storage call failed.
@@ -127,6 +161,18 @@ pub enum StorageError {
         context: String,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// The store cannot be used at start for a reason that is not corruption (permissions, a
+    /// read-only file system, a disk error): the broker must not start, and must not move or
+    /// delete the store, so `fix` tells the operator what to do.
+    #[error("{context}: {source}. {fix}")]
+    Unusable {
+        /// What was being done, naming the path.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+        /// What to do about it (and that the store was left in place).
+        fix: String,
     },
     /// Data on disk failed its checksum or could not be decoded.
     #[error("corrupt store: {0}")]

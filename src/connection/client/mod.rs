@@ -29,7 +29,7 @@ use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
 use crate::auth::AuthStep;
-use crate::broker::{Broker, SessionHandle};
+use crate::broker::{ArrivalWaker, Broker, SessionHandle};
 use crate::codec::{self, LastWill, Packet, ProtocolVersion};
 use crate::config::OutboundTopicAliases;
 use crate::storage::StorageError;
@@ -51,16 +51,12 @@ enum Wake {
 /// Control packet type of PUBLISH (MQTT 2.1.2), read from the first byte of a packet.
 const PUBLISH_TYPE: u8 = 3;
 
-/// Scheduler turns a read's first PUBLISH gives away before it is routed. Two: the first
-/// polls the reactor when the worker has nothing else to run, picking up readiness the kernel
-/// reported a moment late; the connections it wakes land in the runtime's LIFO slot and are
-/// displaced to the queue by this one's own wake-up, so the second turn lets them run first.
-const PUBLISH_TURNS: u8 = 2;
-
-/// A connection whose previous read is at least this old gives way before its first PUBLISH
-/// ([`PUBLISH_TURNS`]): the subscribe-then-trigger race happens between connections that were
-/// quiet. A busy connection does not: giving turns away on every read cost 14% of fan-in
-/// QoS 1 throughput (`benches/compare.sh`); it still waits for the fence.
+/// A connection whose previous read is at least this old waits, before its first PUBLISH,
+/// for the reads that arrived before it ([`crate::broker::ArrivalOrder`]): the
+/// subscribe-then-trigger race happens between connections that were quiet. A busy
+/// connection does not (it still waits for the fence): holding back every read's PUBLISH
+/// cost 14% of fan-in QoS 1 throughput, and running the whole runtime in FIFO order 14-23%
+/// of p2p QoS 1 and 40% of p50 latency (`benches/results/conformance-fifo-runtime.txt`).
 const QUIET: Duration = Duration::from_millis(5);
 
 /// Whether [`Client::process_input`] may route a PUBLISH yet.
@@ -76,17 +72,11 @@ enum PublishTurn {
 enum Input {
     /// Every complete packet was handled.
     Done,
-    /// The next packet is a PUBLISH and it must wait its turn ([`PUBLISH_TURNS`], then
-    /// [`Wake::PublishTurn`]).
-    ///
-    /// Why: the runtime wakes every connection a readiness event covers in the order the
-    /// kernel reported them, but runs the last one woken first (its LIFO slot) while the
-    /// earlier ones wait in the queue or are stolen by another worker. A SUBSCRIBE that
-    /// reached the broker before a PUBLISH on another connection would then be handled after
-    /// it, and miss the message (the subscribe-then-trigger race: 7 to 14 rounds in 50 before
-    /// this). Yielding before routing the first PUBLISH of a read puts this connection behind
-    /// the ones woken with it. Once per read, not per packet: a busy publisher's read carries
-    /// many packets.
+    /// The next packet is a PUBLISH and it must wait its turn ([`Wake::PublishTurn`]):
+    /// until the reads that arrived before this one are handled up to their own first
+    /// PUBLISH ([`ArrivalOrder`]; a SUBSCRIBE among them is then in the trie), and until no
+    /// SUBSCRIBE read anywhere is being handled ([`crate::broker::SubscribeFence`]). Once per
+    /// read, not per packet: a busy publisher's read carries many packets.
     PublishNext,
 }
 
@@ -133,9 +123,14 @@ pub(super) struct Client<S> {
     auth: Option<Box<AuthContext>>,
     /// Writes waiting for the durable store (acks, PUBREL, outbound QoS 2).
     gated: GatedWrites,
-    /// Scheduler turns still to give away before the PUBLISH at the front of the read buffer
-    /// is routed, plus one: 0 when none waits (see [`Input::PublishNext`]).
-    publish_turns: u8,
+    /// The PUBLISH at the front of the read buffer waits its turn (see
+    /// [`Input::PublishNext`]).
+    publish_waits: bool,
+    /// The arrival ticket that PUBLISH waits behind (0: it waits only for the fence); between
+    /// a read and its handling, the ticket of that read.
+    read_ticket: u64,
+    /// The waker reads are polled with, which places them in arrival order.
+    arrival: Arc<ArrivalWaker>,
 }
 
 /// Stop reading from a client while this many of its writes wait for the store: bounds the
@@ -151,7 +146,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             keep_alive,
             auth,
         } = accepted;
-        let config = attached.handle.broker().config();
+        let broker = Arc::clone(attached.handle.broker());
+        let config = broker.config();
         let v5 = connect.protocol.is_v5();
         let aliases_out = match (
             config.outbound_topic_aliases,
@@ -198,7 +194,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             problem_info,
             auth: auth.map(|method| Box::new(AuthContext::new(method))),
             gated: GatedWrites::default(),
-            publish_turns: 0,
+            publish_waits: false,
+            read_ticket: 0,
+            arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),
         }
     }
 
@@ -261,13 +259,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     let now = Instant::now();
                     let was_quiet = now.duration_since(self.last_read) >= QUIET;
                     self.last_read = now;
-                    // `Input::PublishNext` has set `publish_turns`.
+                    // `Input::PublishNext` has set `publish_waits`.
                     if let Err(close) = self.process_before_publish(was_quiet) {
                         return close;
                     }
                 }
                 Wake::PublishTurn => {
-                    // SUBSCRIBEs other workers are still handling go first.
+                    // Reads that arrived before this one go first ...
+                    let ticket = std::mem::take(&mut self.read_ticket);
+                    if ticket != 0 {
+                        let order = Arc::clone(self.broker().arrival_order());
+                        // Boxed: rare, and it would otherwise widen every connection's future.
+                        Box::pin(order.wait_for_earlier(ticket)).await;
+                    }
+                    // ... and SUBSCRIBEs other workers are still handling.
                     if self.broker().subscribe_fence().is_closed() {
                         // Boxed: rare, and it would otherwise widen every connection's future.
                         Box::pin(self.broker().subscribe_fence().wait_open()).await;
@@ -294,19 +299,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         mut woken: Pin<&'a mut Notified<'n>>,
     ) -> impl Future<Output = Wake> + use<'a, 'n, S> {
         std::future::poll_fn(move |cx| {
-            match self.publish_turns {
-                0 => {}
-                1 => {
-                    self.publish_turns = 0;
-                    return Poll::Ready(Wake::PublishTurn);
-                }
-                _ => {
-                    // A fresh `yield_now` polled once defers this task's wake-up behind the
-                    // tasks the runtime has queued or is about to wake: one turn given away.
-                    let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
-                    self.publish_turns -= 1;
-                    return Poll::Pending;
-                }
+            if std::mem::take(&mut self.publish_waits) {
+                return Poll::Ready(Wake::PublishTurn);
             }
             if self.gated.waiting() {
                 if let Poll::Ready(r) = self.gated.poll_front_durable(cx) {
@@ -321,11 +315,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             let can_write = !self.io.wbuf.is_empty();
             let can_read =
                 self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES;
-            if can_write || can_read {
-                if let Poll::Ready(event) = self.io.poll_event(cx, true, can_read) {
+            if can_write {
+                if let Poll::Ready(event) = self.io.poll_event(cx, true, false) {
                     return Poll::Ready(Wake::Io(event));
                 }
             }
+            // The ticket of the wake this read consumes, taken before the poll so a wake
+            // racing with it keeps its own for the next read.
+            let ticket = self.arrival.take_ticket();
+            if can_read {
+                let io = &mut self.io;
+                let read = self.arrival.poll_with(cx, |cx| io.poll_read_some(cx));
+                if let Poll::Ready(read) = read {
+                    match read {
+                        // Settled once handled up to its first PUBLISH.
+                        Ok(n) if n > 0 => self.read_ticket = ticket,
+                        _ => self.arrival.order().settle(ticket),
+                    }
+                    return Poll::Ready(Wake::Io(IoEvent::Read(read)));
+                }
+            }
+            // Not read (nothing there, or reading paused while writes back up): nobody waits
+            // for this connection.
+            self.arrival.order().settle(ticket);
             match woken.as_mut().poll(cx) {
                 Poll::Ready(()) => Poll::Ready(Wake::Session),
                 Poll::Pending => Poll::Pending,
@@ -358,10 +370,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     }
 
     /// The first pass over a read: everything before its first PUBLISH, fenced when it holds
-    /// a SUBSCRIBE (see [`crate::broker::SubscribeFence`]). A quiet connection's PUBLISH
-    /// then waits for [`Wake::PublishTurn`] after [`PUBLISH_TURNS`]; a busy one's only while
-    /// the fence is closed.
+    /// a SUBSCRIBE (see [`crate::broker::SubscribeFence`]); then its arrival ticket is
+    /// settled. A quiet connection's PUBLISH then waits for [`Wake::PublishTurn`] while reads
+    /// that arrived before it are outstanding ([`crate::broker::ArrivalOrder`]) or the fence
+    /// is closed; a busy one's only while the fence is closed.
     fn process_before_publish(&mut self, was_quiet: bool) -> Result<Input, Close> {
+        let ticket = std::mem::take(&mut self.read_ticket);
         // An `Arc` of its own only when there is a SUBSCRIBE, so the entry can outlive the
         // `&mut self` call below; PUBLISH-only reads (the hot path) skip it.
         let fenced = codec::holds_subscribe(&self.io.rbuf).then(|| Arc::clone(self.broker()));
@@ -370,13 +384,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         // Everything before the first PUBLISH is handled, SUBSCRIBEs included. Let go before
         // any wait: two connections each waiting for the other's entry would never wake.
         drop(entry);
+        // Handled up to its first PUBLISH: reads that arrived after this one may go.
+        let order = self.arrival.order();
+        order.settle(ticket);
         if let Ok(Input::PublishNext) = processed {
-            if was_quiet {
-                self.publish_turns = PUBLISH_TURNS + 1;
-                return processed;
-            }
-            if self.broker().subscribe_fence().is_closed() {
-                self.publish_turns = 1; // no turns to give, only the fence to wait for
+            let behind = was_quiet && ticket != 0 && order.has_earlier(ticket);
+            if behind || self.broker().subscribe_fence().is_closed() {
+                self.read_ticket = if behind { ticket } else { 0 };
+                self.publish_waits = true;
                 return processed;
             }
             processed = self.process_input(PublishTurn::Now);

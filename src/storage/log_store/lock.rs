@@ -11,7 +11,7 @@
 //! Must not block: a second broker is refused at once, not queued behind the first.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use crate::storage::StorageError;
@@ -35,13 +35,29 @@ pub(super) struct DirLock {
 pub(super) fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
     let path = dir.join(LOCK_FILE);
     // Not truncated on open: a refused broker must not wipe the holder's pid.
-    let mut file = OpenOptions::new()
+    let opened = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .open(&path)
-        .map_err(|e| StorageError::io(format!("opening {}", path.display()), e))?;
+        .open(&path);
+    let (mut file, writable) = match opened {
+        Ok(file) => (file, true),
+        // A lock needs no write access: on a read-only mount or with an unwritable lock file
+        // the lock is still taken, and recovery then names what it cannot write and the fix.
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem
+            ) =>
+        {
+            match File::open(&path) {
+                Ok(file) => (file, false),
+                Err(_) => return Err(StorageError::io(format!("creating {}", path.display()), e)),
+            }
+        }
+        Err(e) => return Err(StorageError::io(format!("opening {}", path.display()), e)),
+    };
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
@@ -53,6 +69,9 @@ pub(super) fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
         Err(TryLockError::Error(e)) => {
             return Err(StorageError::io(format!("locking {}", path.display()), e))
         }
+    }
+    if !writable {
+        return Ok(DirLock { _file: file });
     }
     // The pid is only for the message a second broker prints: failing to write it (a full
     // disk) does not stop this broker.

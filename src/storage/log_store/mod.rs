@@ -21,8 +21,10 @@
 //! * `no_space`: a full filesystem: the commit kept and written again, refusals meanwhile.
 //! * `compaction`: when and how the writer starts a snapshot.
 //! * `snapshot`: encoding, atomically writing and reading a snapshot file.
-//! * `format`: file headers, frames, file names, the log file.
-//! * `recovery`: opening the files at start, torn tails, moving a corrupt store aside.
+//! * `format`: file headers, frames (and finding the next intact one), file names, the log file.
+//! * `recovery`: opening the files at start, torn tails, reading on past damage.
+//! * `damage`: what damage cost, the copy kept for analysis, rewriting what was kept.
+//! * `unusable`: I/O errors at start, which stop the broker and name the fix.
 //! * `lock`: the exclusive lock on the data directory (one broker per directory).
 //!
 //! # Threads
@@ -32,11 +34,13 @@
 
 mod budget;
 mod compaction;
+mod damage;
 mod format;
 mod lock;
 mod no_space;
 mod recovery;
 mod snapshot;
+mod unusable;
 mod writer;
 
 use std::fs;
@@ -50,10 +54,10 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 
 use super::{
-    DiskFullPolicy, Durable, DurableState, FsyncPolicy, MessageId, Op, Rejected, Snapshot,
-    StorageConfig, StorageError, Store, StoreHealth, StoreStats, Submitted,
+    DiskFullPolicy, Durable, DurableState, FsyncPolicy, MessageId, Op, RecoveryLoss, Rejected,
+    Snapshot, StorageConfig, StorageError, Store, StoreHealth, StoreStats, Submitted,
 };
-use recovery::{rebuild, recover, Opened};
+use recovery::{recover, Opened};
 use writer::Writer;
 
 /// Name of the store directory inside `storage.dir`.
@@ -144,6 +148,7 @@ struct Shared {
     dropped_disk_full: AtomicU64,
     rejected_no_space: AtomicU64,
     orphan_ops: AtomicU64,
+    recovery: RecoveryLoss,
 }
 
 impl Shared {
@@ -197,23 +202,21 @@ pub struct LogStore {
 }
 
 impl LogStore {
-    /// Opens (recovering, or moving a corrupt store aside) the store in `<dir>/store`.
+    /// Opens (recovering, keeping every intact frame of a damaged one) the store in
+    /// `<dir>/store`.
     ///
     /// # Errors
     ///
-    /// A `StorageError` when the directory cannot be created or written, or
-    /// [`StorageError::Locked`] when another process uses it. A corrupt store is moved aside
-    /// rather than failing the call.
+    /// A `StorageError` when the directory cannot be created, read or written
+    /// ([`StorageError::Unusable`] names the path and the fix; the store is left as it was), or
+    /// [`StorageError::Locked`] when another process uses it. Damaged data does not fail the
+    /// call.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<LogStore, StorageError> {
         fs::create_dir_all(dir)
             .map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;
         // Before recovery reads anything: another broker may be writing these files.
-        let dir_lock = lock::lock_dir(dir)?;
         let store_dir = dir.join(STORE_DIR);
-        let opened = match recover(&store_dir) {
-            Ok(opened) => opened,
-            Err(broken) => rebuild(dir, &store_dir, *broken)?,
-        };
+        let dir_lock = lock::lock_dir(dir).map_err(|e| unusable::explain(e, &store_dir))?;
         let Opened {
             state,
             log,
@@ -221,7 +224,8 @@ impl LogStore {
             log_len,
             log_bytes,
             snapshot_bytes,
-        } = opened;
+            loss,
+        } = recover(dir, &store_dir)?;
         let shared = Arc::new(Shared {
             durable: watch::Sender::new(DurableState::default()),
             failed: AtomicBool::new(false),
@@ -247,6 +251,7 @@ impl LogStore {
             dropped_disk_full: AtomicU64::new(0),
             rejected_no_space: AtomicU64::new(0),
             orphan_ops: AtomicU64::new(state.orphans),
+            recovery: loss,
             opts,
         });
         let (tx, rx) = mpsc::channel();
@@ -429,6 +434,7 @@ impl Store for LogStore {
             rejected_no_space: r(&s.rejected_no_space),
             no_space: s.no_space.load(Ordering::Acquire),
             orphan_ops: r(&s.orphan_ops),
+            recovery: s.recovery,
         }
     }
 
@@ -482,5 +488,6 @@ impl Drop for LogStore {
 #[cfg(test)]
 pub(crate) mod test_support {
     //! File-level helpers for the tests in `storage::tests`.
-    pub(crate) use super::format::{log_name, snapshot_name, HEADER_LEN};
+    pub(crate) use super::format::test_files::file_of;
+    pub(crate) use super::format::{log_name, snapshot_name, HEADER_LEN, KIND_OPS, KIND_TRAILER};
 }

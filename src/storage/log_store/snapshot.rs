@@ -2,20 +2,22 @@
 //! frame (op count, highest message id). Written to a temp file, fsynced, renamed, directory
 //! fsynced: a snapshot is either complete or absent.
 //!
-//! Must not decide when to snapshot (that is `compaction`) or what to do with a bad one
-//! (that is `recovery`); reading only says whether the bytes are a valid snapshot.
+//! Must not decide when to snapshot (that is `compaction`) or what to do with a damaged one
+//! (that is `recovery`); reading keeps every intact frame and records the rest as damage.
 
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::Path;
 
+use super::damage::Damage;
 use super::format::{
-    begin_frame, check_header, file_header, finish_frame, next_frame, remove_older_than,
-    snapshot_name, sync_dir, Next, HEADER_LEN, KIND_OPS, KIND_TRAILER, SNAPSHOT_MAGIC,
+    begin_frame, check_header, file_header, finish_frame, guess_seal, next_frame,
+    remove_older_than, resync, snapshot_name, sync_dir, Next, Seal, HEADER_LEN, KIND_OPS,
+    KIND_TRAILER, SNAPSHOT_MAGIC,
 };
 use crate::storage::record::{Dec, Enc};
 use crate::storage::state::State;
-use crate::storage::StorageError;
+use crate::storage::{Op, StorageError};
 
 /// Snapshot frames are cut at about this size, so no single frame gets huge.
 const SNAPSHOT_FRAME_BYTES: usize = 1 << 20;
@@ -23,12 +25,13 @@ const SNAPSHOT_FRAME_BYTES: usize = 1 << 20;
 /// The bytes of snapshot `gen` holding `state`.
 pub(super) fn encode_snapshot(state: &State, gen: u64) -> Vec<u8> {
     let mut out = Vec::new();
+    let seal = Seal::snapshot(gen);
     out.extend_from_slice(&file_header(SNAPSHOT_MAGIC, gen));
     let mut total: u64 = 0;
     let mut frame: Option<(usize, usize, u32)> = None; // (frame start, count offset, count)
     let close = |out: &mut Vec<u8>, (start, at, count): (usize, usize, u32)| {
         out[at..at + 4].copy_from_slice(&count.to_le_bytes());
-        finish_frame(out, start);
+        finish_frame(out, start, seal, 0);
     };
     state.for_each_op(|op| {
         let (start, at, count) = match frame.take() {
@@ -58,7 +61,7 @@ pub(super) fn encode_snapshot(state: &State, gen: u64) -> Vec<u8> {
     enc.u8(KIND_TRAILER);
     enc.u64(total);
     enc.u64(state.max_message_id);
-    finish_frame(&mut out, start);
+    finish_frame(&mut out, start, seal, 0);
     out
 }
 
@@ -81,44 +84,116 @@ pub(super) fn write_snapshot(dir: &Path, gen: u64, bytes: &[u8]) -> Result<(), S
     Ok(())
 }
 
-/// The state snapshot `gen` holds, or why `bytes` are not a valid snapshot.
-pub(super) fn read_snapshot(bytes: &[u8], gen: u64) -> Result<State, String> {
-    check_header(bytes, SNAPSHOT_MAGIC, gen)?;
+/// What one intact snapshot frame holds.
+enum Chunk {
+    Ops(Vec<Op>),
+    Trailer { count: u64, max_id: u64 },
+}
+
+fn decode_chunk(body: &[u8]) -> Result<Chunk, String> {
+    let mut dec = Dec::new(body);
+    let chunk = match dec.u8().map_err(|e| e.to_string())? {
+        KIND_OPS => Chunk::Ops(dec.ops().map_err(|e| e.to_string())?),
+        KIND_TRAILER => Chunk::Trailer {
+            count: dec.u64().map_err(|e| e.to_string())?,
+            max_id: dec.u64().map_err(|e| e.to_string())?,
+        },
+        kind => return Err(format!("unexpected frame kind {kind}")),
+    };
+    if !dec.is_empty() {
+        return Err("trailing bytes in frame".to_owned());
+    }
+    Ok(chunk)
+}
+
+/// The state snapshot `gen` (read from `path`) holds: every intact frame's ops. Damaged
+/// frames are skipped and recorded in `damage`, with the records the trailer says are
+/// missing; a snapshot is never rejected as a whole.
+pub(super) fn read_snapshot(path: &Path, bytes: &[u8], gen: u64, damage: &mut Damage) -> State {
     let mut state = State::default();
-    let mut pos = HEADER_LEN;
+    let counted_before = damage.counted_records();
+    let seal = check_header(bytes, SNAPSHOT_MAGIC, gen).unwrap_or_else(|why| {
+        damage.header(path, bytes.len(), &why);
+        guess_seal(bytes, SNAPSHOT_MAGIC, gen)
+    });
+    let mut pos = HEADER_LEN.min(bytes.len());
     let mut total: u64 = 0;
+    let mut trailer = None;
+    let mut ends_damaged = false;
     loop {
-        match next_frame(bytes, &mut pos) {
+        let at = pos;
+        match next_frame(bytes, &mut pos, seal) {
             Next::Frame(body) => {
-                let mut dec = Dec::new(body);
-                match dec.u8().map_err(|e| e.to_string())? {
-                    KIND_OPS => {
-                        for op in dec.ops().map_err(|e| e.to_string())? {
+                ends_damaged = false;
+                match (decode_chunk(body), trailer) {
+                    (Ok(Chunk::Ops(ops)), None) => {
+                        for op in ops {
                             state.apply(op);
                             total += 1;
                         }
                     }
-                    KIND_TRAILER => {
-                        let count = dec.u64().map_err(|e| e.to_string())?;
-                        let max_id = dec.u64().map_err(|e| e.to_string())?;
-                        if count != total {
-                            return Err(format!("trailer counts {count} ops, found {total}"));
-                        }
-                        if pos != bytes.len() {
-                            return Err("data after the trailer".to_owned());
-                        }
-                        state.end_batch();
-                        state.max_message_id = state.max_message_id.max(max_id);
-                        return Ok(state);
+                    (Ok(Chunk::Trailer { count, max_id }), None) => trailer = Some((count, max_id)),
+                    (Ok(_), Some(_)) => {
+                        damage.stretch(path, bytes, at, pos, "data after the trailer");
                     }
-                    kind => return Err(format!("unexpected frame kind {kind}")),
-                }
-                if !dec.is_empty() {
-                    return Err("trailing bytes in frame".to_owned());
+                    (Err(why), _) => {
+                        damage.stretch(path, bytes, at, pos, &why);
+                        ends_damaged = true;
+                    }
                 }
             }
-            Next::End | Next::Torn => return Err("cut short (no trailer)".to_owned()),
-            Next::Corrupt(why) => return Err(format!("{why} at byte {pos}")),
+            Next::End => break,
+            Next::Torn => {
+                damage.stretch(path, bytes, at, bytes.len(), "cut short");
+                ends_damaged = true;
+                break;
+            }
+            Next::Corrupt(why) => {
+                let next = resync(bytes, at + 1, seal);
+                damage.stretch(path, bytes, at, next.unwrap_or(bytes.len()), why);
+                ends_damaged = true;
+                match next {
+                    Some(next) => pos = next,
+                    None => break,
+                }
+            }
         }
     }
+    // Bodies whose entries were in a skipped frame go here, as at the end of any batch.
+    state.end_batch();
+    match trailer {
+        Some((count, max_id)) => {
+            state.max_message_id = state.max_message_id.max(max_id);
+            let counted = damage.counted_records() - counted_before;
+            if count > total + counted {
+                let missing = count - total - counted;
+                damage.note(
+                    path,
+                    &format!("trailer: {missing} more records lost"),
+                    missing,
+                    false,
+                );
+            } else if count < total {
+                damage.note(
+                    path,
+                    &format!("trailer counts {count} records, found {total}"),
+                    0,
+                    true,
+                );
+            }
+        }
+        None => {
+            if !ends_damaged {
+                // Cut at a frame boundary: at least the trailer is gone.
+                damage.stretch(path, bytes, bytes.len(), bytes.len(), "no trailer");
+            }
+            damage.note(
+                path,
+                "has no trailer: the number of records lost is unknown",
+                0,
+                true,
+            );
+        }
+    }
+    state
 }

@@ -16,9 +16,8 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use super::format::{begin_frame, finish_frame, Seal, KIND_OPS};
 use super::no_space::{is_no_space, Stalled};
-
-use super::format::{begin_frame, finish_frame, KIND_OPS};
 use super::{Cmd, Shared, Waiter};
 use crate::storage::record::Enc;
 use crate::storage::state::State;
@@ -251,7 +250,9 @@ impl Writer {
                 enc.op(op);
             }
         }
-        finish_frame(&mut self.buf, start);
+        // Sealed for its offset (`format::Seal`): a retry after a full disk writes it at the
+        // same offset, the log being cut back to `log_len` first.
+        finish_frame(&mut self.buf, start, Seal::log(self.log_gen), self.log_len);
     }
 
     /// Appends the frame in `buf` to the log. A write the filesystem refused for lack of
