@@ -126,6 +126,10 @@ pub struct ArrivalWaker {
     task: AtomicWaker,
     /// The ticket of the latest wake not yet taken by a read; 0 when none.
     ticket: AtomicU64,
+    /// The ticket of the read being handled, or the one its PUBLISH waits behind; 0 when
+    /// none. Kept here rather than in the connection, whose state must stay within its
+    /// allocation class.
+    held: AtomicU64,
 }
 
 impl ArrivalWaker {
@@ -136,6 +140,7 @@ impl ArrivalWaker {
             order,
             task: AtomicWaker::new(),
             ticket: AtomicU64::new(0),
+            held: AtomicU64::new(0),
         })
     }
 
@@ -150,6 +155,17 @@ impl ArrivalWaker {
     /// wake racing with the poll keeps its ticket for the next read.
     pub fn take_ticket(&self) -> u64 {
         self.ticket.swap(0, Ordering::AcqRel)
+    }
+
+    /// Keeps `ticket` with the connection: the read's until it is settled, then the position
+    /// its PUBLISH waits behind.
+    pub fn hold(&self, ticket: u64) {
+        self.held.store(ticket, Ordering::Relaxed);
+    }
+
+    /// Takes what [`ArrivalWaker::hold`] kept (0 when nothing).
+    pub fn take_held(&self) -> u64 {
+        self.held.swap(0, Ordering::Relaxed)
     }
 
     /// Polls `read` with a context whose waker is this one, forwarding to `cx`'s task.
@@ -182,6 +198,7 @@ impl Wake for ArrivalWaker {
 impl Drop for ArrivalWaker {
     fn drop(&mut self) {
         self.order.settle(*self.ticket.get_mut());
+        self.order.settle(*self.held.get_mut());
     }
 }
 

@@ -126,9 +126,6 @@ pub(super) struct Client<S> {
     /// The PUBLISH at the front of the read buffer waits its turn (see
     /// [`Input::PublishNext`]).
     publish_waits: bool,
-    /// The arrival ticket that PUBLISH waits behind (0: it waits only for the fence); between
-    /// a read and its handling, the ticket of that read.
-    read_ticket: u64,
     /// The waker reads are polled with, which places them in arrival order.
     arrival: Arc<ArrivalWaker>,
 }
@@ -195,7 +192,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             auth: auth.map(|method| Box::new(AuthContext::new(method))),
             gated: GatedWrites::default(),
             publish_waits: false,
-            read_ticket: 0,
             arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),
         }
     }
@@ -266,7 +262,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
                 Wake::PublishTurn => {
                     // Reads that arrived before this one go first ...
-                    let ticket = std::mem::take(&mut self.read_ticket);
+                    // The position held by `process_before_publish` (0: only the fence).
+                    let ticket = self.arrival.take_held();
                     if ticket != 0 {
                         let order = Arc::clone(self.broker().arrival_order());
                         // Boxed: rare, and it would otherwise widen every connection's future.
@@ -329,7 +326,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 if let Poll::Ready(read) = read {
                     match read {
                         // Settled once handled up to its first PUBLISH.
-                        Ok(n) if n > 0 => self.read_ticket = ticket,
+                        Ok(n) if n > 0 => self.arrival.hold(ticket),
                         _ => self.arrival.order().settle(ticket),
                     }
                     return Poll::Ready(Wake::Io(IoEvent::Read(read)));
@@ -375,7 +372,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// that arrived before it are outstanding ([`crate::broker::ArrivalOrder`]) or the fence
     /// is closed; a busy one's only while the fence is closed.
     fn process_before_publish(&mut self, was_quiet: bool) -> Result<Input, Close> {
-        let ticket = std::mem::take(&mut self.read_ticket);
+        let ticket = self.arrival.take_held();
         // An `Arc` of its own only when there is a SUBSCRIBE, so the entry can outlive the
         // `&mut self` call below; PUBLISH-only reads (the hot path) skip it.
         let fenced = codec::holds_subscribe(&self.io.rbuf).then(|| Arc::clone(self.broker()));
@@ -390,7 +387,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if let Ok(Input::PublishNext) = processed {
             let behind = was_quiet && ticket != 0 && order.has_earlier(ticket);
             if behind || self.broker().subscribe_fence().is_closed() {
-                self.read_ticket = if behind { ticket } else { 0 };
+                self.arrival.hold(if behind { ticket } else { 0 });
                 self.publish_waits = true;
                 return processed;
             }
