@@ -22,8 +22,11 @@ use postbox::connection::admission::{self, Answer, Decision, Policy};
 use postbox::storage::log_store::STORE_DIR;
 use postbox::storage::{FsyncPolicy, LogOptions, LogStore, Store};
 
+/// A target's body: panics on a finding.
+pub(crate) type Check = fn(&[u8]);
+
 /// The targets, by the name of their corpus directory (`fuzz/corpus/<name>/`).
-pub(crate) const TARGETS: [(&str, fn(&[u8])); 4] = [
+pub(crate) const TARGETS: [(&str, Check); 4] = [
     ("decode", decode_roundtrip),
     ("decode_rules", decode_rules),
     ("connect", connect),
@@ -296,9 +299,9 @@ const SNAPSHOT_1: &str = "snapshot-00000000000000000001.pbs";
 
 /// The 24-byte file header of the store's format (docs/ARCHITECTURE.md, "Files"): magic,
 /// format version 1, generation, CRC32 of the 20 bytes before it.
-fn file_header(magic: &[u8; 8], gen: u64) -> Vec<u8> {
+fn file_header(magic: [u8; 8], gen: u64) -> Vec<u8> {
     let mut h = Vec::with_capacity(24);
-    h.extend_from_slice(magic);
+    h.extend_from_slice(&magic);
     h.extend_from_slice(&1u32.to_le_bytes());
     h.extend_from_slice(&gen.to_le_bytes());
     let crc = crc32(&h);
@@ -353,10 +356,10 @@ pub(crate) fn recovery(data: &[u8]) {
     };
     let rest = &data[1..];
     let snapshot = mode & 1 != 0;
-    let (magic, name): (&[u8; 8], &str) = if snapshot {
-        (b"PBXSNAP\x01", SNAPSHOT_1)
+    let (magic, name): ([u8; 8], &str) = if snapshot {
+        (*b"PBXSNAP\x01", SNAPSHOT_1)
     } else {
-        (b"PBXLOG\0\x01", LOG_1)
+        (*b"PBXLOG\0\x01", LOG_1)
     };
     let file = if mode & 2 != 0 {
         let mut f = file_header(magic, 1);
@@ -384,7 +387,7 @@ pub(crate) fn recovery(data: &[u8]) {
     std::fs::create_dir_all(&store_dir).expect("creating the store directory");
     std::fs::write(store_dir.join(name), &file).expect("writing the fuzzed file");
     if snapshot {
-        std::fs::write(store_dir.join(LOG_1), file_header(b"PBXLOG\0\x01", 1))
+        std::fs::write(store_dir.join(LOG_1), file_header(*b"PBXLOG\0\x01", 1))
             .expect("writing the log");
     }
     let first = open_and_load(tmp.path());

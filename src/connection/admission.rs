@@ -50,8 +50,8 @@ pub struct Admitted {
 pub enum Answer {
     /// Send this CONNACK (Session Present still to be filled in when the session attaches).
     Accept {
-        /// The CONNACK, properties included.
-        connack: ConnAck,
+        /// The CONNACK, properties included (boxed: the other answers are a few bytes).
+        connack: Box<ConnAck>,
         /// Keep-alive in force (the broker's maximum may lower it).
         keep_alive: u16,
         /// Session Expiry Interval in force, in seconds.
@@ -276,7 +276,7 @@ pub fn answer(
         return Answer::CloseUnanswered;
     }
     Answer::Accept {
-        connack,
+        connack: Box::new(connack),
         keep_alive,
         expiry_interval,
     }

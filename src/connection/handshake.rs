@@ -127,7 +127,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             connack,
             keep_alive,
             expiry_interval,
-        } => (connack, keep_alive, expiry_interval),
+        } => (*connack, keep_alive, expiry_interval),
         Answer::Refuse {
             refusal: (code, why),
             explain,
