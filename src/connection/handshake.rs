@@ -1,19 +1,22 @@
-//! CONNECT → CONNACK: protocol version, client id rules, authentication, session attach.
+//! CONNECT → CONNACK: the I/O of the handshake (reading CONNECT, the AUTH exchange, the
+//! CONNACK or refusal, the lingering close) and the session attach; the rules it applies are
+//! `connection::admission`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{self, client_max_packet, Answer, Policy, Refusal};
 use super::io::Io;
 use crate::auth::{self, AuthStep, Authenticator, StepInput};
 use crate::broker::{Attached, Broker, SessionRequest};
 use crate::codec::{
-    self, topic, Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
-    ProtocolVersion, QoS, ReasonCode, ReasonContext,
+    self, Auth, AuthProperties, Connect, DecodeError, Packet, ProtocolVersion, ReasonCode,
+    ReasonContext,
 };
 use crate::transport::ConnectionInfo;
 
@@ -38,10 +41,6 @@ pub(super) struct EnhancedAuth {
     /// The method's implementation.
     pub authenticator: Arc<dyn Authenticator>,
 }
-
-/// Why a handshake step refused the client: the CONNACK reason and an explanation for v5
-/// clients that accept problem information.
-type Refusal = (ReasonCode, &'static str);
 
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
 /// client was rejected (the rejection CONNACK is flushed) or vanished. `info` is what the
@@ -84,21 +83,19 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
 
     let version = connect.protocol;
-    let mut connack = ConnAck::default();
-    let (client_id, assigned) = match client_identifier(&connect, broker) {
-        Ok(v) => v,
-        Err(code) => {
-            let why = "client identifier not valid";
-            return reject(io, version, code, Some((why, &connect))).await;
-        }
+    let policy = Policy {
+        config: broker.config(),
+        allow_anonymous: broker.allow_anonymous(),
+        authenticators: broker.authenticators(),
     };
-    if let Err((code, why)) = check_connect(&connect, broker) {
-        return reject(io, version, code, Some((why, &connect))).await;
-    }
-    let (auth, auth_data) = match &connect.properties.authentication_method {
-        Some(method) if version.is_v5() => {
+    let admitted = match admission::admit(&connect, &policy) {
+        Ok(admitted) => admitted,
+        Err((code, why)) => return reject(io, version, code, Some((why, &connect))).await,
+    };
+    let (auth, auth_data) = match &admitted.auth_method {
+        Some(method) => {
             let Some(authenticator) = broker.authenticators().get(method) else {
-                // MQTT-4.12.0-1
+                // Offered when `admit` looked; gone since (tests may unregister): MQTT-4.12.0-1.
                 let why = "authentication method not supported";
                 let code = ReasonCode::BAD_AUTHENTICATION_METHOD;
                 return reject(io, version, code, Some((why, &connect))).await;
@@ -107,69 +104,48 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 method: method.clone(),
                 authenticator,
             };
-            match authenticate(io, broker, shutdown, &connect, &client_id, &auth).await {
+            match authenticate(io, broker, shutdown, &connect, &admitted.client_id, &auth).await {
                 Ok(data) => (Some(auth), data),
                 Err(Some((code, why))) => {
-                    tracing::info!(%peer, client = %client_id, method = %auth.method, reason = ?code, "authentication failed");
+                    tracing::info!(%peer, client = %admitted.client_id, method = %auth.method, reason = ?code, "authentication failed");
                     return reject(io, version, code, Some((why, &connect))).await;
                 }
                 Err(None) => return None,
             }
         }
-        _ => (None, None),
+        None => (None, None),
     };
 
-    let config = broker.config();
-    // 0 asks for no keep-alive at all, which is longer than any maximum.
-    let too_long = connect.keep_alive == 0 || connect.keep_alive > config.max_keepalive;
-    let keep_alive = match (too_long, version.is_v5()) {
-        (false, _) => connect.keep_alive,
-        // v5: the broker imposes its maximum through Server Keep Alive (MQTT-3.2.2-21), also
-        // at the default 65535: the client then knows the broker will time it out.
-        (true, true) => config.max_keepalive,
-        // 3.x has no way to be told. At the default maximum it keeps what it asked for (0
-        // stays "none", as every 3.x client without keep-alive expects); below it, refuse, as
-        // Mosquitto does.
-        (true, false) if config.max_keepalive == u16::MAX => connect.keep_alive,
-        (true, false) => {
-            return reject(io, version, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, None).await
-        }
-    };
-    let expiry_interval = if version.is_v5() {
-        connect
-            .properties
-            .session_expiry_interval
-            .unwrap_or(0)
-            .min(config.session_expiry_interval_max)
-    } else if connect.clean_start {
-        0
-    } else {
-        config.session_expiry_interval_max
-    };
-
-    if version.is_v5() {
-        connack.properties = connack_properties(
-            broker,
-            &connect,
-            keep_alive,
-            assigned.then(|| client_id.clone()),
-            expiry_interval,
-        );
-        if let Some(auth) = &auth {
-            connack.properties.authentication_method = Some(auth.method.clone()); // MQTT-4.12.0-5
-            connack.properties.authentication_data = auth_data;
-        }
-    }
     let client_max = client_max_packet(&connect);
-    if !connack_fits(&connack, version, client_max) {
-        // MQTT-3.1.2-24 (list: -27): nothing above the client's Maximum Packet Size may be
-        // sent, and the smallest CONNACK is above it. With no way to answer, close; before
-        // attaching, so neither the session nor a connection holding it is touched.
-        tracing::info!(%peer, client = %client_id, max = client_max, "closing: no CONNACK fits the client's Maximum Packet Size");
-        return None;
-    }
+    let (mut connack, keep_alive, expiry_interval) = match admission::answer(
+        &connect,
+        broker.config(),
+        &admitted,
+        auth_data,
+    ) {
+        Answer::Accept {
+            connack,
+            keep_alive,
+            expiry_interval,
+        } => (*connack, keep_alive, expiry_interval),
+        Answer::Refuse {
+            refusal: (code, why),
+            explain,
+        } => {
+            let explain = explain.then_some((why, &*connect));
+            return reject(io, version, code, explain).await;
+        }
+        Answer::CloseUnanswered => {
+            // MQTT-3.1.2-24 (list: -27): nothing above the client's Maximum Packet Size
+            // may be sent, and the smallest CONNACK is above it. With no way to answer,
+            // close; before attaching, so neither the session nor a connection holding
+            // it is touched.
+            tracing::info!(%peer, client = %admitted.client_id, max = client_max, "closing: no CONNACK fits the client's Maximum Packet Size");
+            return None;
+        }
+    };
     let attached = broker.connect(SessionRequest {
-        client_id,
+        client_id: admitted.client_id,
         clean_start: connect.clean_start,
         expiry_interval,
         protocol: version,
@@ -185,36 +161,6 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         keep_alive,
         auth,
     })
-}
-
-/// Whether the client lets us send Reason Strings and User Properties (v5 Request Problem
-/// Information, default 1; MQTT-3.1.2-29). Always false for 3.x, which has neither.
-pub(super) fn wants_problem_info(connect: &Connect) -> bool {
-    connect.protocol.is_v5() && connect.properties.request_problem_information != Some(false)
-}
-
-/// The largest packet the client accepts (v5 Maximum Packet Size; unlimited otherwise).
-pub(super) fn client_max_packet(connect: &Connect) -> usize {
-    connect
-        .properties
-        .maximum_packet_size
-        .map_or(usize::MAX, |m| m as usize)
-}
-
-/// Whether `connack` can be sent within the client's Maximum Packet Size `max`, leaving out
-/// its Reason String and User Properties if need be (as `Io::queue_within` will). Measured
-/// only when the client set a maximum (a scratch encoding of a few dozen bytes, once per
-/// CONNECT): otherwise it always fits. A CONNACK the codec cannot encode at all counts as
-/// not fitting, since it could not be sent either.
-fn connack_fits(connack: &ConnAck, version: ProtocolVersion, max: usize) -> bool {
-    if max == usize::MAX {
-        return true;
-    }
-    let packet = Packet::ConnAck(connack.clone());
-    matches!(
-        codec::encode_within(&packet, version, max, &mut BytesMut::new()),
-        Ok(true)
-    )
 }
 
 /// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict.
@@ -262,23 +208,10 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(None) => return Err(None),
             Err(refusal) => return Err(Some(refusal)),
         };
-        let data = match answer {
-            Packet::Auth(a)
-                if a.reason_code == ReasonCode::CONTINUE_AUTHENTICATION
-                    && a.properties.authentication_method.as_ref() == Some(&auth.method) =>
-            {
-                a.properties.authentication_data // MQTT-4.12.0-3
-            }
-            Packet::Auth(_) => {
-                let why = "AUTH must be 0x18 with the method of CONNECT";
-                return Err(Some((ReasonCode::PROTOCOL_ERROR, why)));
-            }
-            Packet::Disconnect(_) => return Err(None),
-            _ => {
-                // MQTT-3.1.2-30 (list: -33): only AUTH or DISCONNECT before CONNACK.
-                let why = "only AUTH or DISCONNECT may follow CONNECT before CONNACK";
-                return Err(Some((ReasonCode::PROTOCOL_ERROR, why)));
-            }
+        let data = match admission::auth_answer(answer, &auth.method) {
+            Ok(Some(data)) => data,
+            Ok(None) => return Err(None),
+            Err(refusal) => return Err(Some(refusal)),
         };
         step = auth::run_step(
             Arc::clone(&auth.authenticator),
@@ -322,146 +255,6 @@ fn connack_failure(code: ReasonCode) -> ReasonCode {
     code.or_if_not_allowed(ReasonContext::ConnAck, ReasonCode::NOT_AUTHORIZED)
 }
 
-/// The client id to use, and whether the broker assigned it (MQTT-3.1.3-6, MQTT-3.1.3-8).
-///
-/// A client id with a control character (5.0 §1.5.4: SHOULD NOT appear) is refused unless
-/// `mqtt.allow_control_characters`, with the code MQTT has for a client id the Server rejects
-/// (MQTT-3.1.3-8: 0x85 Client Identifier not valid; 3.x 0x02 identifier rejected) rather than
-/// 0x81: the client can tell its id is the problem, as it could for one too long.
-fn client_identifier(connect: &Connect, broker: &Broker) -> Result<(ByteString, bool), ReasonCode> {
-    let config = broker.config();
-    if connect.client_id.len() > config.max_client_id_len
-        || (!config.allow_control_characters && topic::has_control_characters(&connect.client_id))
-    {
-        return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
-    }
-    if !connect.client_id.is_empty() {
-        return Ok((connect.client_id.clone(), false));
-    }
-    let allowed = config.allow_zero_length_clientid
-        && match connect.protocol {
-            ProtocolVersion::V3_1 => false,
-            // 3.1.1: only with Clean Session = 1 (MQTT-3.1.3-8).
-            ProtocolVersion::V3_1_1 => connect.clean_start,
-            ProtocolVersion::V5 => true,
-        };
-    if !allowed {
-        return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
-    }
-    Ok((
-        ByteString::from(format!("postbox-{:016x}", rand::random::<u64>())),
-        true,
-    ))
-}
-
-/// Authentication and will checks that can refuse the connection.
-///
-/// A user name with a control character (5.0 §1.5.4: SHOULD NOT appear) is refused unless
-/// `mqtt.allow_control_characters`, with 0x86 Bad User Name or Password (3.x 0x04), whose
-/// meaning in the spec's CONNACK table is "The data in the user name or password is
-/// malformed": the precise code, where 0x81 would not say which field. Checked before
-/// anything consults the user name. (Will topics are topic names: the decoder refuses those.)
-fn check_connect(connect: &Connect, broker: &Broker) -> Result<(), Refusal> {
-    let config = broker.config();
-    if !config.allow_control_characters
-        && connect
-            .username
-            .as_deref()
-            .is_some_and(topic::has_control_characters)
-    {
-        return Err((
-            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-            "control character in the user name",
-        ));
-    }
-    // No user store yet: with anonymous access off, only enhanced authentication can
-    // authenticate a client (the exchange runs after these checks).
-    let enhanced = connect.protocol.is_v5() && connect.properties.authentication_method.is_some();
-    if !broker.allow_anonymous() && !enhanced {
-        return Err(if connect.username.is_some() {
-            (
-                ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-                "bad user name or password",
-            )
-        } else {
-            (
-                ReasonCode::NOT_AUTHORIZED,
-                "anonymous access is not allowed",
-            )
-        });
-    }
-    if let Some(will) = &connect.will {
-        if topic::topic_name_error(&will.topic).is_some() {
-            return Err((
-                ReasonCode::TOPIC_NAME_INVALID,
-                "will topic is not a valid topic name",
-            ));
-        }
-        if will.qos as u8 > config.max_qos {
-            // MQTT-3.2.2-12
-            return Err((
-                ReasonCode::QOS_NOT_SUPPORTED,
-                "will QoS above the maximum QoS",
-            ));
-        }
-        if will.retain && !config.retain_available {
-            // MQTT-3.2.2-13
-            return Err((
-                ReasonCode::RETAIN_NOT_SUPPORTED,
-                "retained messages are not available",
-            ));
-        }
-        if config.validate_utf8_payload
-            && will.properties.payload_format_indicator == Some(1)
-            && std::str::from_utf8(&will.payload).is_err()
-        {
-            // v5 §3.1.3.2.3: the Server MAY validate the will payload's format.
-            return Err((
-                ReasonCode::PAYLOAD_FORMAT_INVALID,
-                "will payload is not valid UTF-8",
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// v5 CONNACK properties: tell the client every limit the broker enforces.
-fn connack_properties(
-    broker: &Broker,
-    connect: &Connect,
-    keep_alive: u16,
-    assigned_client_id: Option<ByteString>,
-    expiry_interval: u32,
-) -> ConnAckProperties {
-    let config = broker.config();
-    let requested_expiry = connect.properties.session_expiry_interval.unwrap_or(0);
-    // Only when asked (MQTT-3.1.2-28: a request of 0 means none) and configured.
-    let response_information = config
-        .response_information
-        .as_ref()
-        .filter(|_| connect.properties.request_response_information == Some(true))
-        .map(|info| ByteString::from(info.clone()));
-    ConnAckProperties {
-        assigned_client_identifier: assigned_client_id,
-        session_expiry_interval: (expiry_interval != requested_expiry).then_some(expiry_interval),
-        server_keep_alive: (keep_alive != connect.keep_alive).then_some(keep_alive),
-        // Absent means 65535 (v5 §3.2.2.3.3).
-        receive_maximum: (config.receive_maximum != u16::MAX).then_some(config.receive_maximum),
-        maximum_qos: (config.max_qos < 2)
-            .then(|| QoS::from_u8(config.max_qos).unwrap_or(QoS::AtMostOnce)),
-        retain_available: (!config.retain_available).then_some(false),
-        maximum_packet_size: Some(config.max_packet_size),
-        // Absent means 0: the client must not use aliases (MQTT-3.2.2-18).
-        topic_alias_maximum: (config.topic_alias_maximum > 0).then_some(config.topic_alias_maximum),
-        wildcard_subscription_available: (!config.wildcard_subscription_available).then_some(false),
-        subscription_identifiers_available: (!config.subscription_identifier_available)
-            .then_some(false),
-        shared_subscription_available: (!config.shared_subscription_available).then_some(false),
-        response_information,
-        ..Default::default()
-    }
-}
-
 /// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0), ends the stream with the
 /// lingering close (`Io::finish_writing`, `Io::linger`) and lets the caller drop it.
 /// With `explain = Some((why, connect))`, `why` becomes the v5 Reason String if the client
@@ -473,21 +266,12 @@ async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
     explain: Option<(&str, &Connect)>,
 ) -> Option<Accepted> {
     tracing::info!(?version, reason = ?code, "connection refused");
-    let (reason_string, client_max) = match explain {
-        Some((why, connect)) => (
-            wants_problem_info(connect).then(|| ByteString::from(why.to_owned())),
-            client_max_packet(connect),
-        ),
-        None => (None, usize::MAX),
-    };
-    let connack = ConnAck {
-        session_present: false,
-        reason_code: code,
-        properties: ConnAckProperties {
-            reason_string,
-            ..Default::default()
-        },
-    };
+    let client_max = explain.map_or(usize::MAX, |(_, connect)| client_max_packet(connect));
+    let connack = admission::refusal_connack(
+        code,
+        explain.map(|(why, _)| why),
+        explain.map(|(_, connect)| connect),
+    );
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
     // MQTT-3.2.2-7: the close follows; lingering lets a client that is still writing (one
     // that pipelines PUBLISHes behind its CONNECT) read the CONNACK first. Nothing is
@@ -505,23 +289,8 @@ async fn reject_undecodable<S: AsyncRead + AsyncWrite + Unpin>(
     error: &DecodeError,
     sniffed: Option<ProtocolVersion>,
 ) {
-    match (error, sniffed) {
-        (DecodeError::UnsupportedProtocol(_), _) => {
-            // MQTT-3.1.2-2: return code 0x01 in the 3.1.1 layout, which every level reads.
-            reject(
-                io,
-                ProtocolVersion::V3_1_1,
-                ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
-                None,
-            )
-            .await;
-        }
-        (_, Some(ProtocolVersion::V5)) => {
-            reject(io, ProtocolVersion::V5, error.reason_code(), None).await;
-        }
-        (DecodeError::ClientIdNotValid, Some(v)) => {
-            reject(io, v, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, None).await;
-        }
-        _ => {} // 3.x malformed CONNECT: close without CONNACK (MQTT-3.1.4-1)
+    // 3.x malformed CONNECT: close without CONNACK (MQTT-3.1.4-1)
+    if let Some((version, code)) = admission::undecodable_answer(error, sniffed) {
+        reject(io, version, code, None).await;
     }
 }

@@ -4,6 +4,7 @@
 //! the will); everything that must outlive the socket lives in the broker's `Session`, which it
 //! changes only through its `SessionHandle`.
 
+pub mod admission;
 mod client;
 mod gated;
 mod handshake;

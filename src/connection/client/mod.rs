@@ -23,8 +23,9 @@ use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::futures::Notified;
 
+use super::admission;
 use super::gated::GatedWrites;
-use super::handshake::{self, Accepted};
+use super::handshake::Accepted;
 use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
@@ -156,7 +157,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             }
             _ => None,
         };
-        let problem_info = handshake::wants_problem_info(&connect);
+        let problem_info = admission::wants_problem_info(&connect);
         let our_receive_maximum = if v5 {
             usize::from(config.receive_maximum)
         } else {
