@@ -1,7 +1,6 @@
 //! CONNECT → CONNACK: protocol version, client id rules, authentication, session attach.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
@@ -15,11 +14,8 @@ use crate::codec::{
     self, topic, Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
     ProtocolVersion, QoS, ReasonCode, ReasonContext,
 };
-use crate::transport::ConnectionInfo;
-
-/// How long a client may take to send CONNECT after the socket opens (and, with enhanced
-/// authentication, to answer each AUTH challenge).
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::transport::{ConnectedSlot, ConnectionInfo, PendingSlot};
+use tokio::time::Instant;
 
 /// A client that passed the handshake.
 pub(super) struct Accepted {
@@ -46,15 +42,25 @@ type Refusal = (ReasonCode, &'static str);
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
 /// client was rejected (the rejection CONNACK is flushed) or vanished. `info` is what the
 /// transport knows of the connection (for authentication to use later).
+///
+/// `slot` is the connection's pending slot; it becomes the returned connected slot just
+/// before the session is attached, or the CONNECT is refused with 0x89 Server busy (3.x:
+/// 0x03 Server unavailable) when the listener has its `max_connections` clients.
+///
+/// The whole handshake, enhanced-authentication exchanges included, must be done within
+/// `mqtt.connect_timeout` of the listener accepting the socket: the one deadline of a
+/// connection that is not connected yet, whether it sends nothing, a CONNECT slowly, or
+/// answers AUTH challenges slowly.
 pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
     shutdown: &CancellationToken,
     info: &ConnectionInfo,
-) -> Option<Accepted> {
+    slot: PendingSlot,
+) -> Option<(Accepted, ConnectedSlot)> {
     let peer = info.peer;
     let rules = super::decode_rules(broker.config());
-    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    let deadline = connect_deadline(broker, &slot);
     let connect = loop {
         // Read before decoding: a failed decode may already have consumed the bytes.
         let sniffed = codec::peek_connect_version(&io.rbuf);
@@ -65,7 +71,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 tracing::debug!(%peer, packet = other.name(), "first packet is not CONNECT");
                 return None;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                // Counted in `postbox_partial_packet_bytes` while it arrives; its deadline is
+                // this handshake's.
+                io.check_partial(std::time::Instant::now(), true, broker.config());
+            }
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);
                 tracing::info!(%peer, %error, "rejecting CONNECT");
@@ -79,7 +89,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         };
         match read {
             Ok(Ok(n)) if n > 0 => {}
-            _ => return None, // closed, failed, or too slow
+            Ok(_) => return None, // closed or failed
+            Err(_) => {
+                connect_timed_out(broker, info, io.rbuf.len());
+                return None;
+            }
         }
     };
 
@@ -107,13 +121,18 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 method: method.clone(),
                 authenticator,
             };
-            match authenticate(io, broker, shutdown, &connect, &client_id, &auth).await {
+            match authenticate(io, broker, shutdown, &connect, &client_id, &auth, deadline).await {
                 Ok(data) => (Some(auth), data),
                 Err(Some((code, why))) => {
                     tracing::info!(%peer, client = %client_id, method = %auth.method, reason = ?code, "authentication failed");
                     return reject(io, version, code, Some((why, &connect))).await;
                 }
-                Err(None) => return None,
+                Err(None) => {
+                    if Instant::now() >= deadline {
+                        connect_timed_out(broker, info, io.rbuf.len());
+                    }
+                    return None;
+                }
             }
         }
         _ => (None, None),
@@ -168,6 +187,19 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         tracing::info!(%peer, client = %client_id, max = client_max, "closing: no CONNACK fits the client's Maximum Packet Size");
         return None;
     }
+    // Only now does the connection take one of the listener's `max_connections` slots: until
+    // here it held a pending one, so sockets that never get this far cannot keep finished
+    // clients out. At the limit, a client taking over its own connection is still let in.
+    let connected = match slot.promote(|| broker.is_connected(&client_id)) {
+        Ok(connected) => connected,
+        Err(_pending) => {
+            // `_pending` is held through the refusal's lingering close.
+            broker.metrics.connections_refused_max.increment(1);
+            tracing::info!(%peer, listener = %info.listener, client = %client_id, "refusing CONNECT: the listener has max_connections clients");
+            let why = "the listener has its maximum number of connections";
+            return reject(io, version, ReasonCode::SERVER_BUSY, Some((why, &connect))).await;
+        }
+    };
     let attached = broker.connect(SessionRequest {
         client_id,
         clean_start: connect.clean_start,
@@ -179,12 +211,29 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     connack.session_present = attached.session_present;
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
     tracing::debug!(%peer, client = %attached.handle.client_id(), ?version, "connected");
-    Some(Accepted {
-        connect,
-        attached,
-        keep_alive,
-        auth,
-    })
+    Some((
+        Accepted {
+            connect,
+            attached,
+            keep_alive,
+            auth,
+        },
+        connected,
+    ))
+}
+
+/// When the handshake of the connection holding `slot` must be done: `mqtt.connect_timeout`
+/// after the listener accepted it.
+fn connect_deadline(broker: &Broker, slot: &PendingSlot) -> Instant {
+    let limit = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
+    slot.accepted_at() + limit
+}
+
+/// Counts and logs a handshake that ran out of `mqtt.connect_timeout` (debug only: a flood of
+/// silent sockets would otherwise flood the log; the metric counts them).
+fn connect_timed_out(broker: &Broker, info: &ConnectionInfo, held: usize) {
+    broker.metrics.connect_timeouts.increment(1);
+    tracing::debug!(peer = %info.peer, listener = %info.listener, held, "closing: no CONNECT within mqtt.connect_timeout");
 }
 
 /// Whether the client lets us send Reason Strings and User Properties (v5 Request Problem
@@ -217,8 +266,9 @@ fn connack_fits(connack: &ConnAck, version: ProtocolVersion, max: usize) -> bool
     )
 }
 
-/// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict.
-/// `Ok` carries the Authentication Data for CONNACK; `Err(None)` means the client left.
+/// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict,
+/// all before the handshake's `deadline`. `Ok` carries the Authentication Data for CONNACK;
+/// `Err(None)` means the client left or the deadline passed.
 async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
@@ -226,6 +276,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     connect: &Connect,
     client_id: &ByteString,
     auth: &EnhancedAuth,
+    deadline: Instant,
 ) -> Result<Option<Bytes>, Option<Refusal>> {
     let client_max = client_max_packet(connect);
     let mut step = auth::run_step(
@@ -250,14 +301,14 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
                     },
                 };
                 io.queue_within(&Packet::Auth(challenge), ProtocolVersion::V5, client_max);
-                match tokio::time::timeout(CONNECT_TIMEOUT, io.flush()).await {
+                match tokio::time::timeout_at(deadline, io.flush()).await {
                     Ok(Ok(())) => {}
                     _ => return Err(None),
                 }
                 state
             }
         };
-        let answer = match next_packet(io, broker, shutdown).await {
+        let answer = match next_packet(io, broker, shutdown, deadline).await {
             Ok(Some(p)) => p,
             Ok(None) => return Err(None),
             Err(refusal) => return Err(Some(refusal)),
@@ -289,18 +340,20 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Reads the next packet during the handshake, within [`CONNECT_TIMEOUT`].
+/// Reads the next packet during the handshake, before its `deadline`.
 async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Broker,
     shutdown: &CancellationToken,
+    deadline: Instant,
 ) -> Result<Option<Packet>, Refusal> {
     let rules = super::decode_rules(broker.config());
-    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     loop {
         match codec::decode_with(&mut io.rbuf, Some(ProtocolVersion::V5), rules) {
             Ok(Some(packet)) => return Ok(Some(packet)),
-            Ok(None) => {}
+            Ok(None) => {
+                io.check_partial(std::time::Instant::now(), true, broker.config());
+            }
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);
                 return Err((error.reason_code(), "malformed packet"));
@@ -465,13 +518,14 @@ fn connack_properties(
 /// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0), ends the stream with the
 /// lingering close (`Io::finish_writing`, `Io::linger`) and lets the caller drop it.
 /// With `explain = Some((why, connect))`, `why` becomes the v5 Reason String if the client
-/// accepts problem information, and the CONNACK respects its Maximum Packet Size.
-async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
+/// accepts problem information, and the CONNACK respects its Maximum Packet Size. Always
+/// `None`, whatever the handshake step returns.
+async fn reject<S: AsyncRead + AsyncWrite + Unpin, T>(
     io: &mut Io<S>,
     version: ProtocolVersion,
     code: ReasonCode,
     explain: Option<(&str, &Connect)>,
-) -> Option<Accepted> {
+) -> Option<T> {
     tracing::info!(?version, reason = ?code, "connection refused");
     let (reason_string, client_max) = match explain {
         Some((why, connect)) => (
@@ -508,7 +562,7 @@ async fn reject_undecodable<S: AsyncRead + AsyncWrite + Unpin>(
     match (error, sniffed) {
         (DecodeError::UnsupportedProtocol(_), _) => {
             // MQTT-3.1.2-2: return code 0x01 in the 3.1.1 layout, which every level reads.
-            reject(
+            reject::<S, ()>(
                 io,
                 ProtocolVersion::V3_1_1,
                 ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
@@ -517,10 +571,10 @@ async fn reject_undecodable<S: AsyncRead + AsyncWrite + Unpin>(
             .await;
         }
         (_, Some(ProtocolVersion::V5)) => {
-            reject(io, ProtocolVersion::V5, error.reason_code(), None).await;
+            reject::<S, ()>(io, ProtocolVersion::V5, error.reason_code(), None).await;
         }
         (DecodeError::ClientIdNotValid, Some(v)) => {
-            reject(io, v, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, None).await;
+            reject::<S, ()>(io, v, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID, None).await;
         }
         _ => {} // 3.x malformed CONNECT: close without CONNACK (MQTT-3.1.4-1)
     }

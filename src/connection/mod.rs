@@ -8,6 +8,7 @@ mod client;
 mod gated;
 mod handshake;
 mod io;
+mod partial;
 pub mod topic_alias;
 pub mod violation;
 
@@ -19,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
-use crate::transport::ConnectionInfo;
+use crate::transport::{ConnectedSlot, ConnectionInfo, PendingSlot};
 pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
+pub use partial::{packet_time_limit, partial_packet_bytes};
 
 /// Serves one client connection until it closes; never panics on client input.
 ///
@@ -32,23 +34,30 @@ pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
 /// Not an `async fn`: an async fn keeps its arguments in its future for the connection's whole
 /// life, and `ConnectionInfo` would cost every idle connection 48 B. Instead the handshake
 /// future takes them, boxed here but (being lazy) not started until the first poll.
+///
+/// `slot` is the connection's pending slot in its listener's admission: the handshake trades
+/// it for a connected slot when it accepts the CONNECT (or refuses the CONNECT when the
+/// listener's `max_connections` are taken), and the connected slot is held here until the
+/// connection is gone (8 bytes, in place of the broker handle this future held before).
 pub fn serve<S>(
     stream: S,
     info: ConnectionInfo,
     broker: Arc<Broker>,
     shutdown: CancellationToken,
+    slot: PendingSlot,
 ) -> impl std::future::Future<Output = ()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let handshake = Box::pin(connect(stream, info, Arc::clone(&broker), shutdown));
+    // The slots count the connection in `postbox_connections_current` (and `_total`), so
+    // this future keeps no broker handle of its own.
+    let handshake = Box::pin(connect(stream, info, broker, shutdown, slot));
     async move {
-        broker.metrics.connections_total.increment(1);
-        broker.metrics.connections_current.increment(1.0);
-        if let Some(client) = handshake.await {
-            client.run().await;
-        }
-        broker.metrics.connections_current.decrement(1.0);
+        let Some((client, connected)) = handshake.await else {
+            return;
+        };
+        client.run().await;
+        drop(connected);
     }
 }
 
@@ -62,19 +71,23 @@ fn decode_rules(config: &MqttConfig) -> DecodeRules {
     }
 }
 
-/// Runs the handshake; on success, the client ready to run.
+/// Runs the handshake; on success, the client ready to run and its connected slot.
 async fn connect<S>(
     stream: S,
     info: ConnectionInfo,
     broker: Arc<Broker>,
     shutdown: CancellationToken,
-) -> Option<Box<client::Client<S>>>
+    slot: PendingSlot,
+) -> Option<(Box<client::Client<S>>, ConnectedSlot)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut io = io::Io::new(stream);
-    match handshake::accept(&mut io, &broker, &shutdown, &info).await {
-        Some(accepted) => Some(Box::new(client::Client::new(io, accepted, info))),
+    match handshake::accept(&mut io, &broker, &shutdown, &info, slot).await {
+        Some((accepted, connected)) => Some((
+            Box::new(client::Client::new(io, accepted, info)),
+            connected,
+        )),
         None => {
             tracing::debug!(peer = %info.peer, "handshake did not complete");
             None
@@ -91,7 +104,10 @@ mod size_tests {
     /// the handshake, the closing sequence and the client's state were boxed, 544 B after;
     /// 240 B once keep-alive, takeover and shutdown came through the session's wake-up instead
     /// of a timer, a channel and a cancellation future each (tokio's task block: 768 -> 512 B);
-    /// 168 B once `serve` stopped keeping its arguments (which `ConnectionInfo` had grown).
+    /// 168 B once `serve` stopped keeping its arguments (which `ConnectionInfo` had grown);
+    /// 224 B with the ordering work's wait-loop state; the connected slot took the place of
+    /// the broker handle (the slots count open connections).
+    /// `Client` is 320 B since `Io` keeps its partial packet's state (8 B, boxed).
     /// `Client` and the session (inside its `Arc`) fit jemalloc's 320-byte class. Fails if
     /// any of them creeps back.
     #[tokio::test]
@@ -109,7 +125,16 @@ mod size_tests {
             peer: addr,
             listener: "tcp".into(),
         };
-        let fut = serve(stream, info, broker, CancellationToken::new());
+        let admission = crate::transport::Admission::new(
+            crate::transport::AdmissionLimits {
+                max_connections: 10,
+                max_pending: 10,
+                max_pending_per_source: 10,
+            },
+            &broker.metrics,
+        );
+        let slot = admission.admit(addr.ip()).unwrap();
+        let fut = serve(stream, info, broker, CancellationToken::new(), slot);
         let size = size_of_val(&fut);
         println!(
             "PROBE future {size} client {} session {}",

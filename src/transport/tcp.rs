@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpSocket;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{Admission, AdmissionLimits};
 use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
 use crate::config::ListenerConfig;
 
@@ -17,7 +17,7 @@ pub struct PlainTcpListener {
     name: Arc<str>,
     listener: tokio::net::TcpListener,
     local_addr: SocketAddr,
-    max_connections: usize,
+    limits: AdmissionLimits,
 }
 
 impl PlainTcpListener {
@@ -34,7 +34,7 @@ impl PlainTcpListener {
             name,
             listener,
             local_addr,
-            max_connections: config.max_connections,
+            limits: AdmissionLimits::of(config),
         })
     }
 }
@@ -54,16 +54,13 @@ impl Listener for PlainTcpListener {
 }
 
 impl PlainTcpListener {
-    /// Accepts until `stop`, handing each connection over. With `max_connections > 0`,
-    /// connections beyond the limit are closed at once (Mosquitto's `max_connections`).
+    /// Accepts until `stop`, handing each connection over with a pending slot of the
+    /// listener's [`Admission`]; a connection that gets none (`max_pending_connections`,
+    /// overall or per source address) is closed at once and counted. `max_connections` is
+    /// applied when the CONNECT is accepted (`connection::handshake`), not here.
     async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
-        let PlainTcpListener {
-            name,
-            listener,
-            max_connections,
-            ..
-        } = self;
-        let limit = (max_connections > 0).then(|| Arc::new(Semaphore::new(max_connections)));
+        let PlainTcpListener { name, listener, limits, .. } = self;
+        let admission = Admission::new(limits, &handoff.broker().metrics);
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
@@ -78,15 +75,13 @@ impl PlainTcpListener {
                     continue;
                 }
             };
-            let permit = match &limit {
-                Some(sem) => match Arc::clone(sem).try_acquire_owned() {
-                    Ok(permit) => Some(permit),
-                    Err(_) => {
-                        tracing::warn!(listener = %name, %peer, max_connections, "connection limit reached, refusing");
-                        continue;
-                    }
-                },
-                None => None,
+            let slot = match admission.admit(peer.ip()) {
+                Ok(slot) => slot,
+                Err(refused) => {
+                    // Debug only: under a flood this runs per connection; the metric counts.
+                    tracing::debug!(listener = %name, %peer, ?refused, "no pending slot, closing");
+                    continue;
+                }
             };
             // Latency matters more than packet count: batching is done by the connection itself.
             let _ = stream.set_nodelay(true);
@@ -94,7 +89,7 @@ impl PlainTcpListener {
                 peer,
                 listener: Arc::clone(&name),
             };
-            handoff.spawn(stream, info, permit);
+            handoff.spawn(stream, info, slot);
         }
     }
 }
@@ -121,8 +116,14 @@ fn bind_listener(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 /// Seconds the kernel holds a new connection back from `accept` until its first bytes (the
-/// CONNECT) arrive; after that it is handed over anyway and the CONNECT timeout applies.
-const DEFER_ACCEPT_SECS: libc::c_int = 5;
+/// CONNECT) arrive; after that it is handed over anyway and `mqtt.connect_timeout` applies.
+///
+/// One second, the shortest the option takes (the kernel rounds it to one SYN-ACK
+/// retransmission, after 1 s): a real client sends its CONNECT right after the handshake, so
+/// the wake-up it saves is saved just as well; a silent socket reaches the broker's own
+/// CONNECT deadline after 1 s instead of 7 or 15 (at 5 s, which made a silent socket's life
+/// 17-25 s against the 10 s of a slow CONNECT: two timeouts where users see one).
+const DEFER_ACCEPT_SECS: libc::c_int = 1;
 
 /// MQTT clients speak first, so the listener asks the kernel (`TCP_DEFER_ACCEPT`) to wake it
 /// only once a connection's CONNECT is readable: one wake-up per handshake instead of two

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod mosquitto;
+pub mod process;
 pub mod rumq;
 pub mod v5;
 

@@ -26,6 +26,7 @@ use tokio::sync::futures::Notified;
 use super::gated::GatedWrites;
 use super::handshake::{self, Accepted};
 use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
+use super::partial::PartialCheck;
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
 use crate::auth::AuthStep;
@@ -319,8 +320,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
             }
             let can_write = !self.io.wbuf.is_empty();
-            let can_read =
-                self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES;
+            let can_read = self.can_read();
             if can_write || can_read {
                 if let Poll::Ready(event) = self.io.poll_event(cx, true, can_read) {
                     return Poll::Ready(Wake::Io(event));
@@ -333,12 +333,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         })
     }
 
-    /// Why the connection must close now, if it must: the server is stopping, or no packet
-    /// arrived within 1.5 × keep-alive (MQTT-3.1.2-24). Takeover is checked under the session
-    /// lock in [`Client::fill_from_session`].
-    fn check_standing(&self, now: Instant) -> Option<Close> {
+    /// Whether the connection reads from its socket: not while the write batch or the gated
+    /// writes are over their bounds.
+    fn can_read(&self) -> bool {
+        self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES
+    }
+
+    /// Why the connection must close now, if it must: the server is stopping, a started
+    /// packet missed its deadline (`connection::partial`), or no packet arrived within 1.5 ×
+    /// keep-alive (MQTT-3.1.2-24). Takeover is checked under the session lock in
+    /// [`Client::fill_from_session`].
+    fn check_standing(&mut self, now: Instant) -> Option<Close> {
         if self.broker().is_shutting_down() {
             return Some(Close::ServerShutdown);
+        }
+        // While a PUBLISH waits its turn the buffer's front is complete: nothing to check.
+        if self.publish_turns == 0 {
+            let reading = self.can_read();
+            match self
+                .io
+                .check_partial(now, reading, self.session.broker().config())
+            {
+                PartialCheck::Expired => return Some(Close::PacketTimeout),
+                PartialCheck::Armed(_) => self.report_keep_alive_deadline(),
+                PartialCheck::Clear | PartialCheck::Holding => {}
+            }
         }
         match self.keep_alive_limit {
             Some(limit) if now >= self.last_read + limit => Some(Close::KeepAliveTimeout),
@@ -353,6 +372,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let deadline = match self.keep_alive_limit {
             Some(limit) => self.broker().clock_ms(self.last_read + limit),
             None => u64::MAX,
+        };
+        // A partial packet's deadline is enforced by the same sweep (rounded up a millisecond,
+        // so the wake-up does not come just before it).
+        let deadline = match self.io.partial_deadline() {
+            Some(at) => deadline.min(self.broker().clock_ms(at).saturating_add(1)),
+            None => deadline,
         };
         self.session.session().set_keep_alive_deadline(deadline);
     }
