@@ -97,17 +97,17 @@ async fn half_sent_packets_are_dropped_after_the_deadline() {
 }
 
 /// A large upload arriving at twice `min_packet_rate` (512 KiB/s against 256 KiB/s) is not cut
-/// off, though it takes longer than `packet_timeout` (1 s): a 600 kB PUBLISH (1.2 s, deadline
-/// 3.3 s), then ten of 200 kB back to back, the byte stream never ending on a packet boundary
-/// (5 s in all, longer than the first packet's deadline: each packet has its own). Every one
-/// is acknowledged.
+/// off, though it takes longer than `packet_timeout` (1 s) plus the half-second sweep: a
+/// 1 MB PUBLISH (1.9 s, deadline 4.8 s), then fourteen of 200 kB back to back, the byte stream
+/// never ending on a packet boundary (7.2 s in all, longer than the first packet's deadline:
+/// each packet has its own). Every one is acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_but_steady_uploads_are_not_cut_off() {
     let broker = BrokerProcess::spawn("", "packet_timeout = 1\nmin_packet_rate = 262144").await;
     let version = ProtocolVersion::V5;
     let mut c = connect_without_keep_alive(&broker, version, "steady").await;
-    let mut stream = publish_bytes(version, QoS::AtLeastOnce, 1, 600_000);
-    for id in 2..=11 {
+    let mut stream = publish_bytes(version, QoS::AtLeastOnce, 1, 1_000_000);
+    for id in 2..=15 {
         stream.extend_from_slice(&publish_bytes(version, QoS::AtLeastOnce, id, 200_000));
     }
     // Paced writes (the point of the test is the arrival rate): 64 KiB every 125 ms.
@@ -117,7 +117,7 @@ async fn slow_but_steady_uploads_are_not_cut_off() {
         tick.tick().await;
         c.send_raw(chunk).await;
     }
-    for id in 1..=11 {
+    for id in 1..=15 {
         match c.recv().await {
             // No subscriber: 0x10 No matching subscribers.
             Some(Packet::PubAck(ack)) => assert_eq!(ack.packet_id, id),
