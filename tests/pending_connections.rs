@@ -187,7 +187,7 @@ async fn pending_connections_are_bounded_per_address_and_per_listener() {
 
 /// Silent sockets and a slowly sent CONNECT are closed at the same `mqtt.connect_timeout`
 /// (2 s here), counted from when the broker accepts them; a silent socket reaches the broker
-/// after the kernel's 1 s TCP_DEFER_ACCEPT hold. Before, a partial CONNECT got 10 s and a
+/// after the kernel's 1 s `TCP_DEFER_ACCEPT` hold. Before, a partial CONNECT got 10 s and a
 /// silent socket 7 or 15 s more (17-25 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_slow_connects_are_closed_at_the_connect_timeout() {

@@ -256,8 +256,19 @@ mod tests {
         .expect("parses");
         assert_eq!(c.listeners.len(), 3);
         assert_eq!(c.listeners[1].max_connections, 5);
+        assert_eq!(
+            c.listeners[1].max_pending_connections,
+            DEFAULT_MAX_PENDING_CONNECTIONS
+        );
         assert_eq!(c.listener_names(), ["inside", "tcp-8883", "tcp-1884"]);
         assert_eq!(Config::default().listener_names(), ["tcp"]);
+        let unlimited = parse(
+            "[[listener]]\nbind = \"127.0.0.1:1883\"\nmax_pending_connections = 0\n\
+             max_pending_connections_per_ip = 3\n",
+        )
+        .expect("0 = unlimited");
+        assert_eq!(unlimited.listeners[0].max_pending_connections, 0);
+        assert_eq!(unlimited.listeners[0].max_pending_connections_per_ip, 3);
     }
 
     #[test]

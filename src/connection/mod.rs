@@ -84,10 +84,9 @@ where
 {
     let mut io = io::Io::new(stream);
     match handshake::accept(&mut io, &broker, &shutdown, &info, slot).await {
-        Some((accepted, connected)) => Some((
-            Box::new(client::Client::new(io, accepted, info)),
-            connected,
-        )),
+        Some((accepted, connected)) => {
+            Some((Box::new(client::Client::new(io, accepted, info)), connected))
+        }
         None => {
             tracing::debug!(peer = %info.peer, "handshake did not complete");
             None

@@ -160,15 +160,18 @@ mod tests {
     fn time_limit_is_the_timeout_plus_size_over_rate() {
         let c = config(30, 4096);
         assert_eq!(packet_time_limit(&c, 0), Duration::from_secs(30));
-        assert_eq!(packet_time_limit(&c, 1 << 20), Duration::from_secs(30 + 256));
+        assert_eq!(
+            packet_time_limit(&c, 1 << 20),
+            Duration::from_secs(30 + 256)
+        );
         assert_eq!(
             packet_time_limit(&config(1, 1), 268_435_460),
             Duration::from_secs(1 + 268_435_460)
         );
     }
 
-    fn counted(slot: &Option<Box<PartialPacket>>) -> usize {
-        slot.as_deref().map_or(0, |p| p.counted)
+    fn counted(slot: Option<&PartialPacket>) -> usize {
+        slot.map_or(0, |p| p.counted)
     }
 
     /// What goes into [`HELD`] is checked per packet (`counted`): other tests in this binary
@@ -187,7 +190,7 @@ mod tests {
         };
         // 10 s + 2,003 bytes at 1,000 B/s.
         assert_eq!(deadline - start, Duration::from_millis(12_003));
-        assert_eq!(counted(&slot), 100);
+        assert_eq!(counted(slot.as_deref()), 100);
 
         // More of the same packet arrives: same deadline, more bytes counted.
         rbuf.extend_from_slice(&[0; 400]);
@@ -197,7 +200,7 @@ mod tests {
             PartialPacket::check(&mut slot, &rbuf, later, true, &c),
             PartialCheck::Holding
         );
-        assert_eq!(counted(&slot), 500);
+        assert_eq!(counted(slot.as_deref()), 500);
         assert_eq!(
             PartialPacket::check(&mut slot, &rbuf, deadline, true, &c),
             PartialCheck::Expired
@@ -216,7 +219,7 @@ mod tests {
             PartialPacket::check(&mut slot, &rbuf, now, true, &c),
             PartialCheck::Armed(d) if d > now
         ));
-        assert_eq!(counted(&slot), 490);
+        assert_eq!(counted(slot.as_deref()), 490);
 
         rbuf.clear();
         assert_eq!(

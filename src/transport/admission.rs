@@ -111,7 +111,8 @@ impl Admission {
             return Err(Refused::PendingLimit);
         }
         let from_source = pending.by_source.entry(source).or_insert(0);
-        if self.limits.max_pending_per_source > 0 && *from_source >= self.limits.max_pending_per_source
+        if self.limits.max_pending_per_source > 0
+            && *from_source >= self.limits.max_pending_per_source
         {
             drop(pending);
             self.refused_per_source.increment(1);
@@ -262,13 +263,18 @@ mod tests {
     fn pending_bounds_overall_and_per_source() {
         let a = admission(0, 3, 2);
         let s1 = a.admit(ip("10.0.0.1")).expect("first");
-        let s2 = a.admit(ip("10.0.0.1")).expect("second from the same source");
+        let s2 = a
+            .admit(ip("10.0.0.1"))
+            .expect("second from the same source");
         assert_eq!(
             a.admit(ip("10.0.0.1")).map(drop),
             Err(Refused::PendingPerSource)
         );
         let s3 = a.admit(ip("10.0.0.2")).expect("another source");
-        assert_eq!(a.admit(ip("10.0.0.3")).map(drop), Err(Refused::PendingLimit));
+        assert_eq!(
+            a.admit(ip("10.0.0.3")).map(drop),
+            Err(Refused::PendingLimit)
+        );
         assert_eq!(a.pending(), 3);
         drop(s1);
         let _s4 = a.admit(ip("10.0.0.1")).expect("a slot came back");
@@ -285,7 +291,9 @@ mod tests {
         // The connected client does not take a pending slot: two more handshakes fit.
         let second = a.admit(ip("10.0.0.1")).expect("pending");
         let _third = a.admit(ip("10.0.0.1")).expect("pending");
-        let second = second.promote(|| false).expect_err("max_connections reached");
+        let second = second
+            .promote(|| false)
+            .expect_err("max_connections reached");
         assert_eq!(a.pending(), 2, "the refused one keeps its pending slot");
         let taking_over = second.promote(|| true).expect("a takeover is let in");
         assert_eq!((a.pending(), a.connected()), (1, 2));

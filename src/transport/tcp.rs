@@ -59,7 +59,12 @@ impl PlainTcpListener {
     /// overall or per source address) is closed at once and counted. `max_connections` is
     /// applied when the CONNECT is accepted (`connection::handshake`), not here.
     async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
-        let PlainTcpListener { name, listener, limits, .. } = self;
+        let PlainTcpListener {
+            name,
+            listener,
+            limits,
+            ..
+        } = self;
         let admission = Admission::new(limits, &handoff.broker().metrics);
         loop {
             let accepted = tokio::select! {
