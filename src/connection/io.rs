@@ -136,8 +136,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// Looks at what is left in `rbuf` once every complete packet in it was handled: the
     /// start of one packet, whose deadline is set when it is new and checked when it is not
-    /// (see [`PartialPacket::check`]; `reading`: whether the connection reads from the socket
-    /// now). Cheap when the buffer is empty, which is where a busy connection's reads end.
+    /// (see [`PartialPacket::check`] for `reading`). Cheap when the buffer is empty, which is
+    /// where most reads end.
     #[inline]
     pub(super) fn check_partial(
         &mut self,

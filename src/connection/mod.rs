@@ -104,9 +104,10 @@ mod size_tests {
     /// 240 B once keep-alive, takeover and shutdown came through the session's wake-up instead
     /// of a timer, a channel and a cancellation future each (tokio's task block: 768 -> 512 B);
     /// 168 B once `serve` stopped keeping its arguments (which `ConnectionInfo` had grown);
-    /// 224 B with the ordering work's wait-loop state; the connected slot took the place of
-    /// the broker handle (the slots count open connections).
-    /// `Client` is 320 B since `Io` keeps its partial packet's state (8 B, boxed).
+    /// 224 B with the ordering work's wait-loop state; 216 B once the listener's slots
+    /// counted open connections, so the connected slot (8 B) replaced the broker handle
+    /// (which sat beside the handshake's result). `Client` is 320 B since `Io` keeps its
+    /// partial packet's state (8 B, boxed).
     /// `Client` and the session (inside its `Arc`) fit jemalloc's 320-byte class. Fails if
     /// any of them creeps back.
     #[tokio::test]

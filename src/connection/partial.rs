@@ -75,9 +75,11 @@ pub(super) struct PartialPacket {
 impl PartialPacket {
     /// Looks at `rbuf` after its complete packets were handled. `slot` is the connection's
     /// state (created here, dropped when the buffer is empty). With `reading = false` (the
-    /// connection is not reading from the socket, its write side or the store is behind) the
-    /// deadline restarts instead of running: the client cannot finish a packet the broker
-    /// does not read.
+    /// broker does not read from the connection for a reason of its own: the store is behind
+    /// with the connection's acks) the deadline restarts instead of running: the client cannot
+    /// finish a packet the broker does not read. A client that does not read its own output,
+    /// so that the broker stops reading from it, is not excused: that would let it hold a
+    /// partial packet forever.
     pub(super) fn check(
         slot: &mut Option<Box<PartialPacket>>,
         rbuf: &BytesMut,

@@ -320,7 +320,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
             }
             let can_write = !self.io.wbuf.is_empty();
-            let can_read = self.can_read();
+            let can_read =
+                self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES;
             if can_write || can_read {
                 if let Poll::Ready(event) = self.io.poll_event(cx, true, can_read) {
                     return Poll::Ready(Wake::Io(event));
@@ -333,12 +334,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         })
     }
 
-    /// Whether the connection reads from its socket: not while the write batch or the gated
-    /// writes are over their bounds.
-    fn can_read(&self) -> bool {
-        self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES
-    }
-
     /// Why the connection must close now, if it must: the server is stopping, a started
     /// packet missed its deadline (`connection::partial`), or no packet arrived within 1.5 ×
     /// keep-alive (MQTT-3.1.2-24). Takeover is checked under the session lock in
@@ -347,12 +342,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if self.broker().is_shutting_down() {
             return Some(Close::ServerShutdown);
         }
-        // While a PUBLISH waits its turn the buffer's front is complete: nothing to check.
+        // While a PUBLISH waits its turn the buffer's front is complete: nothing to check. The
+        // deadline does not run while the store holds reads back (the broker's delay, not the
+        // client's); it does while the client's unread output does (its own).
         if self.publish_turns == 0 {
-            let reading = self.can_read();
+            let store_allows = self.gated.len() < MAX_GATED_WRITES;
             match self
                 .io
-                .check_partial(now, reading, self.session.broker().config())
+                .check_partial(now, store_allows, self.session.broker().config())
             {
                 PartialCheck::Expired => return Some(Close::PacketTimeout),
                 PartialCheck::Armed(_) => self.report_keep_alive_deadline(),
