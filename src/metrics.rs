@@ -44,7 +44,7 @@ pub mod names {
     pub const WILL_MESSAGES_PUBLISHED_TOTAL: &str = "postbox_will_messages_published_total";
     /// Counter: connections closed because the same client id connected again.
     pub const SESSION_TAKEOVERS_TOTAL: &str = "postbox_session_takeovers_total";
-    /// Gauge: connections that have not finished CONNECT yet (TCP open, CONNECT not accepted).
+    /// Gauge: connections whose handshake waits for the client (pending slots taken).
     pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
     /// Counter (label `reason`): connections refused by a listener's limits.
     pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
@@ -217,11 +217,11 @@ pub struct Metrics {
     pub will_messages_published: Counter,
     /// Connections closed because another connection took over their client id.
     pub session_takeovers: Counter,
-    /// Connections in their handshake (every listener's pending slots taken).
+    /// Connections whose handshake waits for the client (every listener's pending slots).
     pub connections_pending: Gauge,
-    /// Connections closed at accept: the listener's `max_pending_connections` were taken.
+    /// Waiting handshakes closed: the listener's `max_pending_connections` were taken.
     pub connections_refused_pending: Counter,
-    /// Connections closed at accept: their source had `max_pending_connections_per_ip`.
+    /// Waiting handshakes closed: their source had `max_pending_connections_per_ip`.
     pub connections_refused_per_ip: Counter,
     /// CONNECTs refused (CONNACK 0x89 / 0x03): the listener had `max_connections` clients.
     pub connections_refused_max: Counter,
@@ -317,7 +317,7 @@ impl Metrics {
         describe_gauge!(
             CONNECTIONS_PENDING,
             Unit::Count,
-            "Connections that have not finished CONNECT yet."
+            "Connections whose handshake waits for the client (CONNECT incomplete, AUTH answer due)."
         );
         describe_counter!(
             CONNECTIONS_REFUSED_TOTAL,

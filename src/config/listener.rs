@@ -33,19 +33,19 @@ pub struct ListenerConfig {
     /// their own ([`ListenerConfig::max_pending_connections`]), so sockets that never send a
     /// CONNECT cannot hold the slots finished clients need.
     pub max_connections: usize,
-    /// Upper bound on connections of this listener that have not finished CONNECT yet (TCP
-    /// open, CONNECT not yet accepted); a new connection beyond it is closed at once.
-    /// 0 = unlimited.
+    /// Upper bound on connections of this listener whose handshake waits for the client (its
+    /// CONNECT not complete in what arrived, or an AUTH answer due); one that would be beyond
+    /// it is closed at once. 0 = unlimited.
     pub max_pending_connections: usize,
     /// The same bound per source address (IPv4 address; IPv6 /64 prefix), so one host cannot
     /// take all of [`ListenerConfig::max_pending_connections`]. 0 = unlimited.
     pub max_pending_connections_per_ip: usize,
 }
 
-/// Default of [`ListenerConfig::max_pending_connections`]: far above what a connect storm of
-/// real clients keeps pending (a CONNECT is handled within a round trip of the TCP
-/// handshake; the benchmark's 64 handshakes at once pass with room to spare), far below what
-/// would pin much memory (each may hold a partial CONNECT until `mqtt.connect_timeout`).
+/// Default of [`ListenerConfig::max_pending_connections`]: a real client's handshake does not
+/// wait (the kernel hands the connection over once its CONNECT is in), so this only bounds
+/// silent and slow ones: room for plenty of slow links, far below what would pin much memory
+/// (each may hold a partial CONNECT until `mqtt.connect_timeout`).
 pub const DEFAULT_MAX_PENDING_CONNECTIONS: usize = 1024;
 
 /// Default of [`ListenerConfig::max_pending_connections_per_ip`]: a host (or a NAT gateway)

@@ -1,6 +1,7 @@
 //! CONNECT → CONNACK: protocol version, client id rules, authentication, session attach.
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
@@ -14,7 +15,7 @@ use crate::codec::{
     self, topic, Auth, AuthProperties, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
     ProtocolVersion, QoS, ReasonCode, ReasonContext,
 };
-use crate::transport::{ConnectedSlot, ConnectionInfo, PendingSlot};
+use crate::transport::{ConnectedSlot, ConnectionInfo, HandshakeSlot, Refused};
 use tokio::time::Instant;
 
 /// A client that passed the handshake.
@@ -43,9 +44,11 @@ type Refusal = (ReasonCode, &'static str);
 /// client was rejected (the rejection CONNACK is flushed) or vanished. `info` is what the
 /// transport knows of the connection (for authentication to use later).
 ///
-/// `slot` is the connection's pending slot; it becomes the returned connected slot just
-/// before the session is attached, or the CONNECT is refused with 0x89 Server busy (3.x:
-/// 0x03 Server unavailable) when the listener has its `max_connections` clients.
+/// `slot` is the connection's place in its listener: it takes a pending slot the first time
+/// the handshake has to wait for the client (none free: the connection is closed at once,
+/// see [`read_more`]), and becomes the returned connected slot just before the session is
+/// attached, or the CONNECT is refused with 0x89 Server busy (3.x: 0x03 Server unavailable)
+/// when the listener has its `max_connections` clients.
 ///
 /// The whole handshake, enhanced-authentication exchanges included, must be done within
 /// `mqtt.connect_timeout` of the listener accepting the socket: the one deadline of a
@@ -56,7 +59,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     broker: &Arc<Broker>,
     shutdown: &CancellationToken,
     info: &ConnectionInfo,
-    slot: PendingSlot,
+    mut slot: HandshakeSlot,
 ) -> Option<(Accepted, ConnectedSlot)> {
     let peer = info.peer;
     let rules = super::decode_rules(broker.config());
@@ -83,15 +86,15 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 return None;
             }
         }
-        let read = tokio::select! {
-            r = tokio::time::timeout_at(deadline, io.read_some()) => r,
-            () = shutdown.cancelled() => return None,
-        };
-        match read {
-            Ok(Ok(n)) if n > 0 => {}
-            Ok(_) => return None, // closed or failed
-            Err(_) => {
+        match read_more(io, &mut slot, deadline, shutdown).await {
+            ReadMore::Data => {}
+            ReadMore::Gone => return None,
+            ReadMore::TimedOut => {
                 connect_timed_out(broker, info, io.rbuf.len());
+                return None;
+            }
+            ReadMore::Refused(refused) => {
+                tracing::debug!(%peer, listener = %info.listener, ?refused, "closing: no pending slot for a handshake that waits");
                 return None;
             }
         }
@@ -121,7 +124,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 method: method.clone(),
                 authenticator,
             };
-            match authenticate(io, broker, shutdown, &connect, &client_id, &auth, deadline).await {
+            let exchange = Exchange {
+                slot: &mut slot,
+                deadline,
+            };
+            match authenticate(io, broker, shutdown, &connect, &client_id, &auth, exchange).await {
                 Ok(data) => (Some(auth), data),
                 Err(Some((code, why))) => {
                     tracing::info!(%peer, client = %client_id, method = %auth.method, reason = ?code, "authentication failed");
@@ -222,9 +229,68 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     ))
 }
 
+/// What the next read of a handshake found (see [`read_more`]).
+enum ReadMore {
+    /// Bytes arrived.
+    Data,
+    /// The client closed, the socket failed, or the server is stopping.
+    Gone,
+    /// `mqtt.connect_timeout` passed.
+    TimedOut,
+    /// The read had to wait, and no pending slot was free for that.
+    Refused(Refused),
+}
+
+/// Reads more of the handshake. A read that would have to wait takes the connection's
+/// pending slot first ([`HandshakeSlot::wait_for_client`]), so only handshakes that wait for
+/// the client count against `max_pending_connections`: one whose CONNECT is already in the
+/// socket (the usual case, since the kernel defers the accept until it arrives) reads it
+/// without waiting and never does, however many clients connect at once.
+async fn read_more<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut Io<S>,
+    slot: &mut HandshakeSlot,
+    deadline: Instant,
+    shutdown: &CancellationToken,
+) -> ReadMore {
+    // One poll: ready if the bytes are there, else the waker is registered for the wait.
+    let ready = std::future::poll_fn(|cx| {
+        Poll::Ready(match io.poll_read_some(cx) {
+            Poll::Ready(read) => Some(read),
+            Poll::Pending => None,
+        })
+    })
+    .await;
+    let read = match ready {
+        Some(read) => read,
+        None => {
+            if let Err(refused) = slot.wait_for_client() {
+                return ReadMore::Refused(refused);
+            }
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, io.read_some()) => match r {
+                    Ok(read) => read,
+                    Err(_) => return ReadMore::TimedOut,
+                },
+                () = shutdown.cancelled() => return ReadMore::Gone,
+            }
+        }
+    };
+    match read {
+        Ok(n) if n > 0 => ReadMore::Data,
+        _ => ReadMore::Gone,
+    }
+}
+
+/// An enhanced-authentication exchange's share of the handshake: the connection's slot (the
+/// exchange waits for the client too) and the handshake's deadline.
+struct Exchange<'a> {
+    slot: &'a mut HandshakeSlot,
+    deadline: Instant,
+}
+
 /// When the handshake of the connection holding `slot` must be done: `mqtt.connect_timeout`
 /// after the listener accepted it.
-fn connect_deadline(broker: &Broker, slot: &PendingSlot) -> Instant {
+fn connect_deadline(broker: &Broker, slot: &HandshakeSlot) -> Instant {
     let limit = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
     slot.accepted_at() + limit
 }
@@ -276,8 +342,9 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     connect: &Connect,
     client_id: &ByteString,
     auth: &EnhancedAuth,
-    deadline: Instant,
+    exchange: Exchange<'_>,
 ) -> Result<Option<Bytes>, Option<Refusal>> {
+    let Exchange { slot, deadline } = exchange;
     let client_max = client_max_packet(connect);
     let mut step = auth::run_step(
         Arc::clone(&auth.authenticator),
@@ -308,7 +375,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
                 state
             }
         };
-        let answer = match next_packet(io, broker, shutdown, deadline).await {
+        let answer = match next_packet(io, broker, shutdown, slot, deadline).await {
             Ok(Some(p)) => p,
             Ok(None) => return Err(None),
             Err(refusal) => return Err(Some(refusal)),
@@ -345,6 +412,7 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Broker,
     shutdown: &CancellationToken,
+    slot: &mut HandshakeSlot,
     deadline: Instant,
 ) -> Result<Option<Packet>, Refusal> {
     let rules = super::decode_rules(broker.config());
@@ -359,13 +427,10 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
                 return Err((error.reason_code(), "malformed packet"));
             }
         }
-        let read = tokio::select! {
-            r = tokio::time::timeout_at(deadline, io.read_some()) => r,
-            () = shutdown.cancelled() => return Ok(None),
-        };
-        match read {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return Ok(None),
+        match read_more(io, slot, deadline, shutdown).await {
+            ReadMore::Data => {}
+            // A timeout is counted by the caller, which sees the deadline passed.
+            ReadMore::Gone | ReadMore::TimedOut | ReadMore::Refused(_) => return Ok(None),
         }
     }
 }

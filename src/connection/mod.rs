@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
-use crate::transport::{ConnectedSlot, ConnectionInfo, PendingSlot};
+use crate::transport::{ConnectedSlot, ConnectionInfo, HandshakeSlot};
 pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
 pub use partial::{packet_time_limit, partial_packet_bytes};
 
@@ -35,8 +35,9 @@ pub use partial::{packet_time_limit, partial_packet_bytes};
 /// life, and `ConnectionInfo` would cost every idle connection 48 B. Instead the handshake
 /// future takes them, boxed here but (being lazy) not started until the first poll.
 ///
-/// `slot` is the connection's pending slot in its listener's admission: the handshake trades
-/// it for a connected slot when it accepts the CONNECT (or refuses the CONNECT when the
+/// `slot` is the connection's place in its listener's admission (`transport::admission`):
+/// the handshake takes a pending slot with it when it has to wait for the client, trades it
+/// for a connected slot when it accepts the CONNECT (or refuses the CONNECT when the
 /// listener's `max_connections` are taken), and the connected slot is held here until the
 /// connection is gone (8 bytes, in place of the broker handle this future held before).
 pub fn serve<S>(
@@ -44,7 +45,7 @@ pub fn serve<S>(
     info: ConnectionInfo,
     broker: Arc<Broker>,
     shutdown: CancellationToken,
-    slot: PendingSlot,
+    slot: HandshakeSlot,
 ) -> impl std::future::Future<Output = ()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -77,7 +78,7 @@ async fn connect<S>(
     info: ConnectionInfo,
     broker: Arc<Broker>,
     shutdown: CancellationToken,
-    slot: PendingSlot,
+    slot: HandshakeSlot,
 ) -> Option<(Box<client::Client<S>>, ConnectedSlot)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -133,7 +134,7 @@ mod size_tests {
             },
             &broker.metrics,
         );
-        let slot = admission.admit(addr.ip()).unwrap();
+        let slot = admission.arrive(addr.ip());
         let fut = serve(stream, info, broker, CancellationToken::new(), slot);
         let size = size_of_val(&fut);
         println!(

@@ -23,7 +23,7 @@ use crate::broker::Broker;
 use crate::config::ListenerConfig;
 use crate::connection;
 
-pub use admission::{Admission, AdmissionLimits, ConnectedSlot, PendingSlot};
+pub use admission::{Admission, AdmissionLimits, ConnectedSlot, HandshakeSlot, Refused};
 pub use tcp::PlainTcpListener;
 
 /// What the transport knows about a connection, handed to the connection (and its handshake,
@@ -60,9 +60,9 @@ impl Handoff {
         }
     }
 
-    /// Spawns the connection task for `stream`, which holds `slot` (its pending slot in the
+    /// Spawns the connection task for `stream`, which holds `slot` (its place in the
     /// listener's [`Admission`]) until its CONNECT is accepted, and a connected slot then.
-    pub fn spawn<S>(&self, stream: S, info: ConnectionInfo, slot: PendingSlot)
+    pub fn spawn<S>(&self, stream: S, info: ConnectionInfo, slot: HandshakeSlot)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {

@@ -54,10 +54,10 @@ impl Listener for PlainTcpListener {
 }
 
 impl PlainTcpListener {
-    /// Accepts until `stop`, handing each connection over with a pending slot of the
-    /// listener's [`Admission`]; a connection that gets none (`max_pending_connections`,
-    /// overall or per source address) is closed at once and counted. `max_connections` is
-    /// applied when the CONNECT is accepted (`connection::handshake`), not here.
+    /// Accepts until `stop`, handing each connection over with its slot in the listener's
+    /// [`Admission`]. The bounds are applied by the handshake: the pending ones
+    /// (`max_pending_connections`, overall and per source address) when it has to wait for
+    /// the client, `max_connections` when it accepts the CONNECT (`connection::handshake`).
     async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
         let PlainTcpListener {
             name,
@@ -80,14 +80,7 @@ impl PlainTcpListener {
                     continue;
                 }
             };
-            let slot = match admission.admit(peer.ip()) {
-                Ok(slot) => slot,
-                Err(refused) => {
-                    // Debug only: under a flood this runs per connection; the metric counts.
-                    tracing::debug!(listener = %name, %peer, ?refused, "no pending slot, closing");
-                    continue;
-                }
-            };
+            let slot = admission.arrive(peer.ip());
             // Latency matters more than packet count: batching is done by the connection itself.
             let _ = stream.set_nodelay(true);
             let info = ConnectionInfo {
