@@ -48,6 +48,19 @@ pub mod names {
     pub const WILL_MESSAGES_PUBLISHED_TOTAL: &str = "postbox_will_messages_published_total";
     /// Counter: connections closed because the same client id connected again.
     pub const SESSION_TAKEOVERS_TOTAL: &str = "postbox_session_takeovers_total";
+    /// Gauge: connections whose handshake waits for the client (pending slots taken).
+    pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
+    /// Counter (label `reason`): connections refused by a listener's limits.
+    pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
+    /// Counter: connections closed because their CONNECT was not accepted within
+    /// `mqtt.connect_timeout`.
+    pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
+    /// Counter: connections closed because a started packet did not complete in time
+    /// (`mqtt.packet_timeout`, `mqtt.min_packet_rate`).
+    pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
+    /// Gauge: bytes held in read buffers by packets that have started to arrive and are not
+    /// complete yet (what a later memory budget counts).
+    pub const PARTIAL_PACKET_BYTES: &str = "postbox_partial_packet_bytes";
 
     /// Gauge: bytes of live data in the durable store (what `storage.max_disk_bytes` limits).
     pub const STORE_LIVE_BYTES: &str = "postbox_store_live_bytes";
@@ -71,7 +84,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 29] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -87,6 +100,11 @@ pub mod names {
         KEEPALIVE_TIMEOUTS_TOTAL,
         WILL_MESSAGES_PUBLISHED_TOTAL,
         SESSION_TAKEOVERS_TOTAL,
+        CONNECTIONS_PENDING,
+        CONNECTIONS_REFUSED_TOTAL,
+        CONNECT_TIMEOUTS_TOTAL,
+        PACKET_TIMEOUTS_TOTAL,
+        PARTIAL_PACKET_BYTES,
         STORE_LIVE_BYTES,
         STORE_DISK_BYTES,
         STORE_COMMITS_TOTAL,
@@ -249,6 +267,21 @@ pub struct Metrics {
     pub will_messages_published: Counter,
     /// Connections closed because another connection took over their client id.
     pub session_takeovers: Counter,
+    /// Connections whose handshake waits for the client (every listener's pending slots).
+    pub connections_pending: Gauge,
+    /// Waiting handshakes closed: the listener's `max_pending_connections` were taken.
+    pub connections_refused_pending: Counter,
+    /// Waiting handshakes closed: their source had `max_pending_connections_per_ip`.
+    pub connections_refused_per_ip: Counter,
+    /// CONNECTs refused (CONNACK 0x89 / 0x03): the listener had `max_connections` clients.
+    pub connections_refused_max: Counter,
+    /// Connections closed because their CONNECT was not accepted within `mqtt.connect_timeout`.
+    pub connect_timeouts: Counter,
+    /// Connections closed because a started packet did not complete in time.
+    pub packet_timeouts: Counter,
+    /// Bytes held by partially read packets; set from `connection::partial_packet_bytes`
+    /// by the server's periodic sweep (the connections count into one process-wide atomic).
+    pub partial_packet_bytes: Gauge,
 }
 
 impl Metrics {
@@ -331,6 +364,32 @@ impl Metrics {
             "Connections closed because a new connection took over their client id."
         );
 
+        describe_gauge!(
+            CONNECTIONS_PENDING,
+            Unit::Count,
+            "Connections whose handshake waits for the client (CONNECT incomplete, AUTH answer due)."
+        );
+        describe_counter!(
+            CONNECTIONS_REFUSED_TOTAL,
+            Unit::Count,
+            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections)."
+        );
+        describe_counter!(
+            CONNECT_TIMEOUTS_TOTAL,
+            Unit::Count,
+            "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."
+        );
+        describe_counter!(
+            PACKET_TIMEOUTS_TOTAL,
+            Unit::Count,
+            "Connections closed because a started packet did not complete in time."
+        );
+        describe_gauge!(
+            PARTIAL_PACKET_BYTES,
+            Unit::Bytes,
+            "Bytes held by packets that have started to arrive and are not complete."
+        );
+
         Metrics {
             connections_current: gauge!(CONNECTIONS_CURRENT),
             connections_total: counter!(CONNECTIONS_TOTAL),
@@ -360,6 +419,22 @@ impl Metrics {
             keepalive_timeouts: counter!(KEEPALIVE_TIMEOUTS_TOTAL),
             will_messages_published: counter!(WILL_MESSAGES_PUBLISHED_TOTAL),
             session_takeovers: counter!(SESSION_TAKEOVERS_TOTAL),
+            connections_pending: gauge!(CONNECTIONS_PENDING),
+            connections_refused_pending: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "pending_limit"
+            ),
+            connections_refused_per_ip: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "pending_per_ip"
+            ),
+            connections_refused_max: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "max_connections"
+            ),
+            connect_timeouts: counter!(CONNECT_TIMEOUTS_TOTAL),
+            packet_timeouts: counter!(PACKET_TIMEOUTS_TOTAL),
+            partial_packet_bytes: gauge!(PARTIAL_PACKET_BYTES),
         }
     }
 }
@@ -480,6 +555,9 @@ mod tests {
             names::KEEPALIVE_TIMEOUTS_TOTAL,
             names::WILL_MESSAGES_PUBLISHED_TOTAL,
             names::SESSION_TAKEOVERS_TOTAL,
+            names::CONNECTIONS_REFUSED_TOTAL,
+            names::CONNECT_TIMEOUTS_TOTAL,
+            names::PACKET_TIMEOUTS_TOTAL,
             names::STORE_COMMITS_TOTAL,
             names::STORE_FSYNCS_TOTAL,
             names::STORE_COMPACTIONS_TOTAL,

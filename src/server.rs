@@ -207,8 +207,9 @@ async fn stop_listeners_then_broker(
     broker.begin_shutdown();
 }
 
-/// Wakes connections whose keep-alive ran out, every [`crate::broker::KEEP_ALIVE_SWEEP`],
-/// until shutdown: one task for all connections instead of a timer in each.
+/// Wakes connections whose keep-alive (or partial packet's deadline) ran out, every
+/// [`crate::broker::KEEP_ALIVE_SWEEP`], until shutdown: one task for all connections instead
+/// of a timer in each. Also copies the bytes held by partial packets into their gauge.
 async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(crate::broker::KEEP_ALIVE_SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -216,6 +217,10 @@ async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
         tokio::select! {
             _ = tick.tick() => {
                 broker.wake_expired_keep_alives();
+                broker
+                    .metrics
+                    .partial_packet_bytes
+                    .set(crate::connection::partial_packet_bytes() as f64);
             }
             () = shutdown.cancelled() => return,
         }

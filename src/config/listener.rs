@@ -28,9 +28,30 @@ pub struct ListenerConfig {
     pub name: Option<String>,
     /// Address and port to accept MQTT connections on (`0.0.0.0:1883`).
     pub bind: SocketAddr,
-    /// Upper bound on concurrently open client connections on this listener; 0 = unlimited.
+    /// Upper bound on clients connected at once through this listener (CONNECT accepted);
+    /// 0 = unlimited. Connections still in their handshake do not count: they have slots of
+    /// their own ([`ListenerConfig::max_pending_connections`]), so sockets that never send a
+    /// CONNECT cannot hold the slots finished clients need.
     pub max_connections: usize,
+    /// Upper bound on connections of this listener whose handshake waits for the client (its
+    /// CONNECT not complete in what arrived, or an AUTH answer due); one that would be beyond
+    /// it is closed at once. 0 = unlimited.
+    pub max_pending_connections: usize,
+    /// The same bound per source address (IPv4 address; IPv6 /64 prefix), so one host cannot
+    /// take all of [`ListenerConfig::max_pending_connections`]. 0 = unlimited.
+    pub max_pending_connections_per_ip: usize,
 }
+
+/// Default of [`ListenerConfig::max_pending_connections`]: a real client's handshake does not
+/// wait (the kernel hands the connection over once its CONNECT is in), so this only bounds
+/// silent and slow ones: room for plenty of slow links, far below what would pin much memory
+/// (each may hold a partial CONNECT until `mqtt.connect_timeout`).
+pub const DEFAULT_MAX_PENDING_CONNECTIONS: usize = 1024;
+
+/// Default of [`ListenerConfig::max_pending_connections_per_ip`]: a host (or a NAT gateway)
+/// has 64 handshakes in flight at once before it is turned away, so sixteen hosts are needed
+/// to fill [`DEFAULT_MAX_PENDING_CONNECTIONS`].
+pub const DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP: usize = 64;
 
 impl Default for ListenerConfig {
     fn default() -> Self {
@@ -38,6 +59,8 @@ impl Default for ListenerConfig {
             name: None,
             bind: SocketAddr::from(([0, 0, 0, 0], 1883)),
             max_connections: 0,
+            max_pending_connections: DEFAULT_MAX_PENDING_CONNECTIONS,
+            max_pending_connections_per_ip: DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
         }
     }
 }
@@ -233,8 +256,19 @@ mod tests {
         .expect("parses");
         assert_eq!(c.listeners.len(), 3);
         assert_eq!(c.listeners[1].max_connections, 5);
+        assert_eq!(
+            c.listeners[1].max_pending_connections,
+            DEFAULT_MAX_PENDING_CONNECTIONS
+        );
         assert_eq!(c.listener_names(), ["inside", "tcp-8883", "tcp-1884"]);
         assert_eq!(Config::default().listener_names(), ["tcp"]);
+        let unlimited = parse(
+            "[[listener]]\nbind = \"127.0.0.1:1883\"\nmax_pending_connections = 0\n\
+             max_pending_connections_per_ip = 3\n",
+        )
+        .expect("0 = unlimited");
+        assert_eq!(unlimited.listeners[0].max_pending_connections, 0);
+        assert_eq!(unlimited.listeners[0].max_pending_connections_per_ip, 3);
     }
 
     #[test]

@@ -24,7 +24,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use error::ConfigError;
-pub use listener::{ListenerConfig, MetricsConfig, MAX_LISTENER_NAME_LEN};
+pub use listener::{
+    ListenerConfig, MetricsConfig, DEFAULT_MAX_PENDING_CONNECTIONS,
+    DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP, MAX_LISTENER_NAME_LEN,
+};
 pub use mqtt::{
     MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy, MAX_CLIENT_ID_LEN,
     MAX_PACKET_SIZE_LIMIT, MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,

@@ -76,6 +76,19 @@ pub struct MqttConfig {
     pub max_packet_size: u32,
     /// Cap on the client keep-alive, in seconds (v5: announced as Server Keep Alive).
     pub max_keepalive: u16,
+    /// Seconds from the broker accepting a TCP connection until its CONNECT must be accepted
+    /// (enhanced-authentication exchanges included); the one deadline of a connection that
+    /// has not finished CONNECT, silent or sending slowly. 1..=65535.
+    pub connect_timeout: u32,
+    /// Seconds a packet may take to arrive once its first bytes are in, plus its size over
+    /// [`MqttConfig::min_packet_rate`]: a started packet cannot pin its buffer forever, also
+    /// with keep-alive 0, and a large one arriving at a reasonable rate is not cut off.
+    /// 1..=65535.
+    pub packet_timeout: u32,
+    /// Bytes per second a large packet is granted on top of `packet_timeout`: a packet of
+    /// `n` bytes must be complete `packet_timeout + n / min_packet_rate` seconds after its
+    /// first bytes arrived. At least 1.
+    pub min_packet_rate: u32,
     /// Per-client window of unacknowledged outbound QoS 1/2 messages.
     pub max_inflight_messages: u16,
     /// Per-session bound on messages queued beyond the in-flight window; at least 1.
@@ -130,6 +143,9 @@ impl Default for MqttConfig {
         MqttConfig {
             max_packet_size: 1_048_576,
             max_keepalive: 65_535,
+            connect_timeout: 10,
+            packet_timeout: 30,
+            min_packet_rate: 4096,
             max_inflight_messages: 20,
             max_queued_messages: 1000,
             max_queued_bytes: 0,
@@ -171,6 +187,23 @@ impl MqttConfig {
             return Err(invalid(
                 "mqtt.max_keepalive",
                 "must be between 1 and 65535 seconds, got 0".to_owned(),
+            ));
+        }
+        for (key, value) in [
+            ("mqtt.connect_timeout", m.connect_timeout),
+            ("mqtt.packet_timeout", m.packet_timeout),
+        ] {
+            if !(1..=u32::from(u16::MAX)).contains(&value) {
+                return Err(invalid(
+                    key,
+                    format!("must be between 1 and 65535 seconds, got {value}"),
+                ));
+            }
+        }
+        if m.min_packet_rate == 0 {
+            return Err(invalid(
+                "mqtt.min_packet_rate",
+                "must be at least 1 byte per second, got 0".to_owned(),
             ));
         }
         if m.max_inflight_messages == 0 {

@@ -201,6 +201,10 @@ fn each_range_rule_is_enforced() {
             "mqtt.max_client_id_len",
         ),
         ("[mqtt]\nreceive_maximum = 0", "mqtt.receive_maximum"),
+        ("[mqtt]\nconnect_timeout = 0", "mqtt.connect_timeout"),
+        ("[mqtt]\nconnect_timeout = 65536", "mqtt.connect_timeout"),
+        ("[mqtt]\npacket_timeout = 0", "mqtt.packet_timeout"),
+        ("[mqtt]\nmin_packet_rate = 0", "mqtt.min_packet_rate"),
         (
             "[mqtt]\nresponse_information = \"\"",
             "mqtt.response_information",
@@ -253,6 +257,7 @@ fn each_range_rule_is_enforced() {
 fn boundary_values_are_accepted() {
     let text = "[mqtt]\nmax_packet_size = 268435460\nmax_qos = 0\nmax_client_id_len = 23\n\
                 max_inflight_messages = 65535\nsession_expiry_interval_max = 0\n\
+                connect_timeout = 65535\npacket_timeout = 1\nmin_packet_rate = 1\n\
                 [metrics]\nenabled = false\nbind = \"0.0.0.0:1883\"\n\
                 [log]\nlevel = \"warn,postbox::broker=DEBUG\"\n";
     let c = parse(text).expect("boundaries accepted");

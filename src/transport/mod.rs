@@ -6,6 +6,7 @@
 //! the server. What a listener learns about a connection travels with it as
 //! [`ConnectionInfo`].
 
+pub mod admission;
 pub mod fd_table;
 mod tcp;
 
@@ -22,6 +23,7 @@ use crate::broker::Broker;
 use crate::config::ListenerConfig;
 use crate::connection;
 
+pub use admission::{Admission, AdmissionLimits, ConnectedSlot, HandshakeSlot, Refused};
 pub use tcp::PlainTcpListener;
 
 /// What the transport knows about a connection, handed to the connection (and its handshake,
@@ -58,19 +60,21 @@ impl Handoff {
         }
     }
 
-    /// Spawns the connection task for `stream`. `guard` (a connection-limit permit, say) lives
-    /// as long as the connection.
-    pub fn spawn<S, G>(&self, stream: S, info: ConnectionInfo, guard: G)
+    /// Spawns the connection task for `stream`, which holds `slot` (its place in the
+    /// listener's [`Admission`]) until its CONNECT is accepted, and a connected slot then.
+    pub fn spawn<S>(&self, stream: S, info: ConnectionInfo, slot: HandshakeSlot)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        G: Send + 'static,
     {
         let broker = Arc::clone(&self.broker);
         let shutdown = self.shutdown.clone();
-        self.connections.spawn(async move {
-            connection::serve(stream, info, broker, shutdown).await;
-            drop(guard);
-        });
+        self.connections
+            .spawn(connection::serve(stream, info, broker, shutdown, slot));
+    }
+
+    /// The broker connections are handed to (its metrics, for the listener's counts).
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
     }
 }
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpSocket;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{Admission, AdmissionLimits};
 use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
 use crate::config::ListenerConfig;
 
@@ -17,7 +17,7 @@ pub struct PlainTcpListener {
     name: Arc<str>,
     listener: tokio::net::TcpListener,
     local_addr: SocketAddr,
-    max_connections: usize,
+    limits: AdmissionLimits,
 }
 
 impl PlainTcpListener {
@@ -34,7 +34,7 @@ impl PlainTcpListener {
             name,
             listener,
             local_addr,
-            max_connections: config.max_connections,
+            limits: AdmissionLimits::of(config),
         })
     }
 }
@@ -54,16 +54,18 @@ impl Listener for PlainTcpListener {
 }
 
 impl PlainTcpListener {
-    /// Accepts until `stop`, handing each connection over. With `max_connections > 0`,
-    /// connections beyond the limit are closed at once (Mosquitto's `max_connections`).
+    /// Accepts until `stop`, handing each connection over with its slot in the listener's
+    /// [`Admission`]. The bounds are applied by the handshake: the pending ones
+    /// (`max_pending_connections`, overall and per source address) when it has to wait for
+    /// the client, `max_connections` when it accepts the CONNECT (`connection::handshake`).
     async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
         let PlainTcpListener {
             name,
             listener,
-            max_connections,
+            limits,
             ..
         } = self;
-        let limit = (max_connections > 0).then(|| Arc::new(Semaphore::new(max_connections)));
+        let admission = Admission::new(limits, &handoff.broker().metrics);
         loop {
             let accepted = tokio::select! {
                 accepted = listener.accept() => accepted,
@@ -78,23 +80,14 @@ impl PlainTcpListener {
                     continue;
                 }
             };
-            let permit = match &limit {
-                Some(sem) => match Arc::clone(sem).try_acquire_owned() {
-                    Ok(permit) => Some(permit),
-                    Err(_) => {
-                        tracing::warn!(listener = %name, %peer, max_connections, "connection limit reached, refusing");
-                        continue;
-                    }
-                },
-                None => None,
-            };
+            let slot = admission.arrive(peer.ip());
             // Latency matters more than packet count: batching is done by the connection itself.
             let _ = stream.set_nodelay(true);
             let info = ConnectionInfo {
                 peer,
                 listener: Arc::clone(&name),
             };
-            handoff.spawn(stream, info, permit);
+            handoff.spawn(stream, info, slot);
         }
     }
 }
@@ -121,8 +114,14 @@ fn bind_listener(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 /// Seconds the kernel holds a new connection back from `accept` until its first bytes (the
-/// CONNECT) arrive; after that it is handed over anyway and the CONNECT timeout applies.
-const DEFER_ACCEPT_SECS: libc::c_int = 5;
+/// CONNECT) arrive; after that it is handed over anyway and `mqtt.connect_timeout` applies.
+///
+/// One second, the shortest the option takes (the kernel rounds it to one SYN-ACK
+/// retransmission, after 1 s): a real client sends its CONNECT right after the handshake, so
+/// the wake-up it saves is saved just as well; a silent socket reaches the broker's own
+/// CONNECT deadline after 1 s instead of 7 or 15 (at 5 s, which made a silent socket's life
+/// 17-25 s against the 10 s of a slow CONNECT: two timeouts where users see one).
+const DEFER_ACCEPT_SECS: libc::c_int = 1;
 
 /// MQTT clients speak first, so the listener asks the kernel (`TCP_DEFER_ACCEPT`) to wake it
 /// only once a connection's CONNECT is readable: one wake-up per handshake instead of two

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub mod async_process;
 pub mod disk;
 pub mod mosquitto;
 pub mod process;

@@ -27,6 +27,9 @@ pub(super) enum Close {
     ReauthFailed(ReasonCode),
     /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
     KeepAliveTimeout,
+    /// A started packet was not complete by its deadline (`mqtt.packet_timeout`,
+    /// `mqtt.min_packet_rate`; see `connection::partial`).
+    PacketTimeout,
     /// Another connection took the session (MQTT-3.1.4-3).
     TakenOver,
     /// The broker is stopping.
@@ -43,6 +46,12 @@ impl Close {
             Close::StoreRefused(code, e) => Some((*code, Some(e.to_string()))),
             Close::ReauthFailed(code) => Some((*code, Some("re-authentication failed".into()))),
             Close::KeepAliveTimeout => Some((ReasonCode::KEEP_ALIVE_TIMEOUT, None)),
+            // No code says "packet too slow"; 0x8D (no packet received in time) is the
+            // nearest, and the Reason String says which limit it was.
+            Close::PacketTimeout => Some((
+                ReasonCode::KEEP_ALIVE_TIMEOUT,
+                Some("packet not complete within mqtt.packet_timeout".into()),
+            )),
             Close::TakenOver => Some((ReasonCode::SESSION_TAKEN_OVER, None)),
             Close::ServerShutdown => Some((ReasonCode::SERVER_SHUTTING_DOWN, None)),
         }
@@ -99,6 +108,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");
             }
             (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
+            (Close::PacketTimeout, _) => {
+                self.broker().metrics.packet_timeouts.increment(1);
+                tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: packet not complete in time");
+            }
             _ => {}
         }
         let sends_disconnect = match &close {

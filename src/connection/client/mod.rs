@@ -27,6 +27,7 @@ use super::admission;
 use super::gated::GatedWrites;
 use super::handshake::Accepted;
 use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
+use super::partial::PartialCheck;
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
 use crate::auth::AuthStep;
@@ -343,12 +344,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         })
     }
 
-    /// Why the connection must close now, if it must: the server is stopping, or no packet
-    /// arrived within 1.5 × keep-alive (MQTT-3.1.2-24). Takeover is checked under the session
-    /// lock in [`Client::fill_from_session`].
-    fn check_standing(&self, now: Instant) -> Option<Close> {
+    /// Why the connection must close now, if it must: the server is stopping, a started
+    /// packet missed its deadline (`connection::partial`), or no packet arrived within 1.5 ×
+    /// keep-alive (MQTT-3.1.2-24). Takeover is checked under the session lock in
+    /// [`Client::fill_from_session`].
+    fn check_standing(&mut self, now: Instant) -> Option<Close> {
         if self.broker().is_shutting_down() {
             return Some(Close::ServerShutdown);
+        }
+        // While a PUBLISH waits its turn the buffer's front is complete: nothing to check. The
+        // deadline does not run while the store holds reads back (the broker's delay, not the
+        // client's); it does while the client's unread output does (its own).
+        if !self.publish_waits {
+            let store_allows = self.gated.len() < MAX_GATED_WRITES;
+            match self
+                .io
+                .check_partial(now, store_allows, self.session.broker().config())
+            {
+                PartialCheck::Expired => return Some(Close::PacketTimeout),
+                PartialCheck::Armed(_) => self.report_keep_alive_deadline(),
+                PartialCheck::Clear | PartialCheck::Holding => {}
+            }
         }
         match self.keep_alive_limit {
             Some(limit) if now >= self.last_read + limit => Some(Close::KeepAliveTimeout),
@@ -363,6 +379,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let deadline = match self.keep_alive_limit {
             Some(limit) => self.broker().clock_ms(self.last_read + limit),
             None => u64::MAX,
+        };
+        // A partial packet's deadline is enforced by the same sweep (rounded up a millisecond,
+        // so the wake-up does not come just before it).
+        let deadline = match self.io.partial_deadline() {
+            Some(at) => deadline.min(self.broker().clock_ms(at).saturating_add(1)),
+            None => deadline,
         };
         self.session.session().set_keep_alive_deadline(deadline);
     }

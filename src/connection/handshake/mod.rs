@@ -1,9 +1,11 @@
 //! CONNECT → CONNACK: the I/O of the handshake (reading CONNECT, the AUTH exchange, the
 //! CONNACK or refusal, the lingering close) and the session attach; the rules it applies are
-//! `connection::admission`'s.
+//! `connection::admission`'s. Its deadline and its reads that wait for the client are in
+//! `wait`.
+
+mod wait;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -18,11 +20,9 @@ use crate::codec::{
     self, Auth, AuthProperties, Connect, DecodeError, Packet, ProtocolVersion, ReasonCode,
     ReasonContext,
 };
-use crate::transport::ConnectionInfo;
-
-/// How long a client may take to send CONNECT after the socket opens (and, with enhanced
-/// authentication, to answer each AUTH challenge).
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::transport::{ConnectedSlot, ConnectionInfo, HandshakeSlot};
+use tokio::time::Instant;
+use wait::{connect_deadline, connect_timed_out, read_more, Exchange, ReadMore};
 
 /// A client that passed the handshake.
 pub(super) struct Accepted {
@@ -45,15 +45,27 @@ pub(super) struct EnhancedAuth {
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
 /// client was rejected (the rejection CONNACK is flushed) or vanished. `info` is what the
 /// transport knows of the connection (for authentication to use later).
+///
+/// `slot` is the connection's place in its listener: it takes a pending slot the first time
+/// the handshake has to wait for the client (none free: the connection is closed at once,
+/// see [`read_more`]), and becomes the returned connected slot just before the session is
+/// attached, or the CONNECT is refused with 0x89 Server busy (3.x: 0x03 Server unavailable)
+/// when the listener has its `max_connections` clients.
+///
+/// The whole handshake, enhanced-authentication exchanges included, must be done within
+/// `mqtt.connect_timeout` of the listener accepting the socket: the one deadline of a
+/// connection that is not connected yet, whether it sends nothing, a CONNECT slowly, or
+/// answers AUTH challenges slowly.
 pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
     shutdown: &CancellationToken,
     info: &ConnectionInfo,
-) -> Option<Accepted> {
+    mut slot: HandshakeSlot,
+) -> Option<(Accepted, ConnectedSlot)> {
     let peer = info.peer;
     let rules = super::decode_rules(broker.config());
-    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    let deadline = connect_deadline(broker, &slot);
     let connect = loop {
         // Read before decoding: a failed decode may already have consumed the bytes.
         let sniffed = codec::peek_connect_version(&io.rbuf);
@@ -64,7 +76,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 tracing::debug!(%peer, packet = other.name(), "first packet is not CONNECT");
                 return None;
             }
-            Ok(None) => {}
+            Ok(None) => {
+                // Counted in `postbox_partial_packet_bytes` while it arrives; its deadline is
+                // this handshake's.
+                io.check_partial(std::time::Instant::now(), true, broker.config());
+            }
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);
                 tracing::info!(%peer, %error, "rejecting CONNECT");
@@ -72,13 +88,17 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 return None;
             }
         }
-        let read = tokio::select! {
-            r = tokio::time::timeout_at(deadline, io.read_some()) => r,
-            () = shutdown.cancelled() => return None,
-        };
-        match read {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return None, // closed, failed, or too slow
+        match read_more(io, &mut slot, deadline, shutdown).await {
+            ReadMore::Data => {}
+            ReadMore::Gone => return None,
+            ReadMore::TimedOut => {
+                connect_timed_out(broker, info, io.rbuf.len());
+                return None;
+            }
+            ReadMore::Refused(refused) => {
+                tracing::debug!(%peer, listener = %info.listener, ?refused, "closing: no pending slot for a handshake that waits");
+                return None;
+            }
         }
     };
 
@@ -104,13 +124,32 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 method: method.clone(),
                 authenticator,
             };
-            match authenticate(io, broker, shutdown, &connect, &admitted.client_id, &auth).await {
+            let exchange = Exchange {
+                slot: &mut slot,
+                deadline,
+            };
+            match authenticate(
+                io,
+                broker,
+                shutdown,
+                &connect,
+                &admitted.client_id,
+                &auth,
+                exchange,
+            )
+            .await
+            {
                 Ok(data) => (Some(auth), data),
                 Err(Some((code, why))) => {
                     tracing::info!(%peer, client = %admitted.client_id, method = %auth.method, reason = ?code, "authentication failed");
                     return reject(io, version, code, Some((why, &connect))).await;
                 }
-                Err(None) => return None,
+                Err(None) => {
+                    if Instant::now() >= deadline {
+                        connect_timed_out(broker, info, io.rbuf.len());
+                    }
+                    return None;
+                }
             }
         }
         None => (None, None),
@@ -144,6 +183,19 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return None;
         }
     };
+    // Only now does the connection take one of the listener's `max_connections` slots: until
+    // here it held a pending one, so sockets that never get this far cannot keep finished
+    // clients out. At the limit, a client taking over its own connection is still let in.
+    let connected = match slot.promote(|| broker.is_connected(&admitted.client_id)) {
+        Ok(connected) => connected,
+        Err(_pending) => {
+            // `_pending` is held through the refusal's lingering close.
+            broker.metrics.connections_refused_max.increment(1);
+            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "refusing CONNECT: the listener has max_connections clients");
+            let why = "the listener has its maximum number of connections";
+            return reject(io, version, ReasonCode::SERVER_BUSY, Some((why, &connect))).await;
+        }
+    };
     let attached = broker.connect(SessionRequest {
         client_id: admitted.client_id,
         clean_start: connect.clean_start,
@@ -155,16 +207,20 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     connack.session_present = attached.session_present;
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
     tracing::debug!(%peer, client = %attached.handle.client_id(), ?version, "connected");
-    Some(Accepted {
-        connect,
-        attached,
-        keep_alive,
-        auth,
-    })
+    Some((
+        Accepted {
+            connect,
+            attached,
+            keep_alive,
+            auth,
+        },
+        connected,
+    ))
 }
 
-/// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict.
-/// `Ok` carries the Authentication Data for CONNACK; `Err(None)` means the client left.
+/// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict,
+/// all before the handshake's `deadline`. `Ok` carries the Authentication Data for CONNACK;
+/// `Err(None)` means the client left or the deadline passed.
 async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
@@ -172,7 +228,9 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     connect: &Connect,
     client_id: &ByteString,
     auth: &EnhancedAuth,
+    exchange: Exchange<'_>,
 ) -> Result<Option<Bytes>, Option<Refusal>> {
+    let Exchange { slot, deadline } = exchange;
     let client_max = client_max_packet(connect);
     let mut step = auth::run_step(
         Arc::clone(&auth.authenticator),
@@ -196,14 +254,14 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
                     },
                 };
                 io.queue_within(&Packet::Auth(challenge), ProtocolVersion::V5, client_max);
-                match tokio::time::timeout(CONNECT_TIMEOUT, io.flush()).await {
+                match tokio::time::timeout_at(deadline, io.flush()).await {
                     Ok(Ok(())) => {}
                     _ => return Err(None),
                 }
                 state
             }
         };
-        let answer = match next_packet(io, broker, shutdown).await {
+        let answer = match next_packet(io, broker, shutdown, slot, deadline).await {
             Ok(Some(p)) => p,
             Ok(None) => return Err(None),
             Err(refusal) => return Err(Some(refusal)),
@@ -222,30 +280,30 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Reads the next packet during the handshake, within [`CONNECT_TIMEOUT`].
+/// Reads the next packet during the handshake, before its `deadline`.
 async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Broker,
     shutdown: &CancellationToken,
+    slot: &mut HandshakeSlot,
+    deadline: Instant,
 ) -> Result<Option<Packet>, Refusal> {
     let rules = super::decode_rules(broker.config());
-    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     loop {
         match codec::decode_with(&mut io.rbuf, Some(ProtocolVersion::V5), rules) {
             Ok(Some(packet)) => return Ok(Some(packet)),
-            Ok(None) => {}
+            Ok(None) => {
+                io.check_partial(std::time::Instant::now(), true, broker.config());
+            }
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);
                 return Err((error.reason_code(), "malformed packet"));
             }
         }
-        let read = tokio::select! {
-            r = tokio::time::timeout_at(deadline, io.read_some()) => r,
-            () = shutdown.cancelled() => return Ok(None),
-        };
-        match read {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return Ok(None),
+        match read_more(io, slot, deadline, shutdown).await {
+            ReadMore::Data => {}
+            // A timeout is counted by the caller, which sees the deadline passed.
+            ReadMore::Gone | ReadMore::TimedOut | ReadMore::Refused(_) => return Ok(None),
         }
     }
 }
@@ -258,13 +316,14 @@ fn connack_failure(code: ReasonCode) -> ReasonCode {
 /// Sends a rejection CONNACK (MQTT-3.2.2-6: session present 0), ends the stream with the
 /// lingering close (`Io::finish_writing`, `Io::linger`) and lets the caller drop it.
 /// With `explain = Some((why, connect))`, `why` becomes the v5 Reason String if the client
-/// accepts problem information, and the CONNACK respects its Maximum Packet Size.
-async fn reject<S: AsyncRead + AsyncWrite + Unpin>(
+/// accepts problem information, and the CONNACK respects its Maximum Packet Size. Always
+/// `None`, whatever the handshake step returns.
+async fn reject<S: AsyncRead + AsyncWrite + Unpin, T>(
     io: &mut Io<S>,
     version: ProtocolVersion,
     code: ReasonCode,
     explain: Option<(&str, &Connect)>,
-) -> Option<Accepted> {
+) -> Option<T> {
     tracing::info!(?version, reason = ?code, "connection refused");
     let client_max = explain.map_or(usize::MAX, |(_, connect)| client_max_packet(connect));
     let connack = admission::refusal_connack(
@@ -291,6 +350,6 @@ async fn reject_undecodable<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     // 3.x malformed CONNECT: close without CONNACK (MQTT-3.1.4-1)
     if let Some((version, code)) = admission::undecodable_answer(error, sniffed) {
-        reject(io, version, code, None).await;
+        reject::<S, ()>(io, version, code, None).await;
     }
 }

@@ -1,0 +1,85 @@
+//! The handshake's waits: the one deadline (`mqtt.connect_timeout` from accept), and reads
+//! that take a pending slot when they have to wait for the client.
+
+use std::task::Poll;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::super::io::Io;
+use crate::broker::Broker;
+use crate::transport::{ConnectionInfo, HandshakeSlot, Refused};
+
+/// What the next read of a handshake found (see [`read_more`]).
+pub(super) enum ReadMore {
+    /// Bytes arrived.
+    Data,
+    /// The client closed, the socket failed, or the server is stopping.
+    Gone,
+    /// `mqtt.connect_timeout` passed.
+    TimedOut,
+    /// The read had to wait, and no pending slot was free for that.
+    Refused(Refused),
+}
+
+/// Reads more of the handshake. A read that would have to wait takes the connection's
+/// pending slot first ([`HandshakeSlot::wait_for_client`]), so only handshakes that wait for
+/// the client count against `max_pending_connections`: one whose CONNECT is already in the
+/// socket (the usual case, since the kernel defers the accept until it arrives) reads it
+/// without waiting and never does, however many clients connect at once.
+pub(super) async fn read_more<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut Io<S>,
+    slot: &mut HandshakeSlot,
+    deadline: Instant,
+    shutdown: &CancellationToken,
+) -> ReadMore {
+    // One poll: ready if the bytes are there, else the waker is registered for the wait.
+    let ready = std::future::poll_fn(|cx| {
+        Poll::Ready(match io.poll_read_some(cx) {
+            Poll::Ready(read) => Some(read),
+            Poll::Pending => None,
+        })
+    })
+    .await;
+    let read = match ready {
+        Some(read) => read,
+        None => {
+            if let Err(refused) = slot.wait_for_client() {
+                return ReadMore::Refused(refused);
+            }
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, io.read_some()) => match r {
+                    Ok(read) => read,
+                    Err(_) => return ReadMore::TimedOut,
+                },
+                () = shutdown.cancelled() => return ReadMore::Gone,
+            }
+        }
+    };
+    match read {
+        Ok(n) if n > 0 => ReadMore::Data,
+        _ => ReadMore::Gone,
+    }
+}
+
+/// An enhanced-authentication exchange's share of the handshake: the connection's slot (the
+/// exchange waits for the client too) and the handshake's deadline.
+pub(super) struct Exchange<'a> {
+    pub(super) slot: &'a mut HandshakeSlot,
+    pub(super) deadline: Instant,
+}
+
+/// When the handshake of the connection holding `slot` must be done: `mqtt.connect_timeout`
+/// after the listener accepted it.
+pub(super) fn connect_deadline(broker: &Broker, slot: &HandshakeSlot) -> Instant {
+    let limit = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
+    slot.accepted_at() + limit
+}
+
+/// Counts and logs a handshake that ran out of `mqtt.connect_timeout` (debug only: a flood of
+/// silent sockets would otherwise flood the log; the metric counts them).
+pub(super) fn connect_timed_out(broker: &Broker, info: &ConnectionInfo, held: usize) {
+    broker.metrics.connect_timeouts.increment(1);
+    tracing::debug!(peer = %info.peer, listener = %info.listener, held, "closing: no CONNECT within mqtt.connect_timeout");
+}

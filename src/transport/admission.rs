@@ -1,0 +1,397 @@
+//! Who may hold a connection of a listener: slots for connections whose handshake waits for
+//! the client ("pending": CONNECT not complete in what arrived, or an AUTH answer due), bounded
+//! overall and per source address, and slots for connected clients (`max_connections`),
+//! counted apart.
+//!
+//! Why apart: a socket that never sends its CONNECT costs an attacker nothing, and when it
+//! held one of `max_connections` slots, a few hundred of them kept every real client out until
+//! the CONNECT timeout (issue 11, item 6). Now every accepted connection gets a
+//! [`HandshakeSlot`]; it takes a pending slot the first time its handshake has to wait for
+//! the client (or is closed at once when none is free, counted in
+//! `postbox_connections_refused_total`), and trades it for a connected slot when its CONNECT
+//! is accepted (or gets CONNACK 0x89 / 0x03 when `max_connections` is reached). Silent and
+//! slow sockets can fill the pending slots, but never the ones finished clients hold, and the
+//! per-address bound stops one host from filling all pending slots.
+//!
+//! Why only when it waits: the kernel hands a connection over once its CONNECT has arrived
+//! (`TCP_DEFER_ACCEPT`), so a real client's handshake never waits, however many connect at
+//! once. Counting every accepted connection instead refused bursts of real clients: the
+//! accept loop takes a hundred connections from one host before their tasks have run, which
+//! the benchmark's 100 publishers on one address hit at a per-address bound of 64.
+//! Everything here is touched a few times per connection, never per packet.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use metrics::{Counter, Gauge};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::config::ListenerConfig;
+use crate::metrics::Metrics;
+
+/// The bounds of one listener (from its `[[listener]]` entry); 0 means unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionLimits {
+    /// Connected clients at once (`max_connections`).
+    pub max_connections: usize,
+    /// Connections in their handshake at once (`max_pending_connections`).
+    pub max_pending: usize,
+    /// Connections in their handshake at once from one source ([`source_key`]),
+    /// (`max_pending_connections_per_ip`).
+    pub max_pending_per_source: usize,
+}
+
+impl AdmissionLimits {
+    /// The limits a listener entry configures.
+    pub fn of(config: &ListenerConfig) -> AdmissionLimits {
+        AdmissionLimits {
+            max_connections: config.max_connections,
+            max_pending: config.max_pending_connections,
+            max_pending_per_source: config.max_pending_connections_per_ip,
+        }
+    }
+}
+
+/// Why a connection got no pending slot; it is closed at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The listener's `max_pending_connections` are all taken.
+    PendingLimit,
+    /// Its source has `max_pending_connections_per_ip` pending already.
+    PendingPerSource,
+}
+
+/// Pending connections by source, under one lock (taken at accept and when a handshake
+/// ends, never per packet).
+#[derive(Debug, Default)]
+struct Pending {
+    total: usize,
+    /// Entries are removed at 0, so the map never holds more than `total` sources.
+    by_source: HashMap<IpAddr, usize, foldhash::fast::RandomState>,
+}
+
+/// The slot counts of one listener, shared by its accept loop and its connections.
+#[derive(Debug)]
+pub struct Admission {
+    limits: AdmissionLimits,
+    pending: Mutex<Pending>,
+    connected: AtomicUsize,
+    pending_gauge: Gauge,
+    refused_pending: Counter,
+    refused_per_source: Counter,
+    /// `postbox_connections_current` and `_total`, kept here so that the slots, which live
+    /// as long as the connection anyway, also count it open and closed: the connection's own
+    /// future then needs no handle for it.
+    open_gauge: Gauge,
+    accepted: Counter,
+}
+
+impl Admission {
+    /// Slot counts for a listener with `limits`, reporting into `metrics`.
+    pub fn new(limits: AdmissionLimits, metrics: &Metrics) -> Arc<Admission> {
+        Arc::new(Admission {
+            limits,
+            pending: Mutex::new(Pending::default()),
+            connected: AtomicUsize::new(0),
+            pending_gauge: metrics.connections_pending.clone(),
+            refused_pending: metrics.connections_refused_pending.clone(),
+            refused_per_source: metrics.connections_refused_per_ip.clone(),
+            open_gauge: metrics.connections_current.clone(),
+            accepted: metrics.connections_total.clone(),
+        })
+    }
+
+    /// The slot of a connection just accepted from `peer`: it counts the connection open,
+    /// and takes a pending slot only once its handshake waits for the client
+    /// ([`HandshakeSlot::wait_for_client`]).
+    pub fn arrive(self: &Arc<Self>, peer: IpAddr) -> HandshakeSlot {
+        self.accepted.increment(1);
+        self.open_gauge.increment(1.0);
+        HandshakeSlot {
+            admission: Arc::clone(self),
+            source: source_key(peer),
+            accepted_at: Instant::now(),
+            state: State::Arrived,
+        }
+    }
+
+    /// Takes a pending slot for `source`, or says why there is none (and counts that).
+    fn take_pending(&self, source: IpAddr) -> Result<(), Refused> {
+        let mut pending = self.pending.lock();
+        if self.limits.max_pending > 0 && pending.total >= self.limits.max_pending {
+            drop(pending);
+            self.refused_pending.increment(1);
+            return Err(Refused::PendingLimit);
+        }
+        let from_source = pending.by_source.entry(source).or_insert(0);
+        if self.limits.max_pending_per_source > 0
+            && *from_source >= self.limits.max_pending_per_source
+        {
+            drop(pending);
+            self.refused_per_source.increment(1);
+            return Err(Refused::PendingPerSource);
+        }
+        *from_source += 1;
+        pending.total += 1;
+        drop(pending);
+        self.pending_gauge.increment(1.0);
+        Ok(())
+    }
+
+    /// Connections of this listener whose handshake waits for the client now.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().total
+    }
+
+    /// Connected clients of this listener now.
+    pub fn connected(&self) -> usize {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    fn release_pending(&self, source: IpAddr) {
+        let mut pending = self.pending.lock();
+        pending.total -= 1;
+        if let Some(n) = pending.by_source.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                pending.by_source.remove(&source);
+            }
+        }
+        drop(pending);
+        self.pending_gauge.decrement(1.0);
+    }
+}
+
+/// The source a pending bound counts against: the IPv4 address (also when it arrives
+/// IPv4-mapped on an IPv6 socket), or the /64 prefix of an IPv6 address, since one host
+/// commonly has a whole /64 to pick addresses from.
+pub fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
+    }
+}
+
+/// Where a [`HandshakeSlot`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Accepted; its handshake has not waited for the client yet.
+    Arrived,
+    /// Holds a pending slot.
+    Waiting,
+    /// Traded for a [`ConnectedSlot`].
+    Connected,
+}
+
+/// A connection's place in its listener from accept until its CONNECT is accepted
+/// ([`HandshakeSlot::promote`]) or it closes; holds a pending slot from the first time its
+/// handshake waits for the client.
+#[derive(Debug)]
+pub struct HandshakeSlot {
+    admission: Arc<Admission>,
+    source: IpAddr,
+    accepted_at: Instant,
+    state: State,
+}
+
+impl HandshakeSlot {
+    /// When the listener accepted the connection: its CONNECT deadline counts from here.
+    pub fn accepted_at(&self) -> Instant {
+        self.accepted_at
+    }
+
+    /// Called when the handshake has to wait for the client (what arrived does not complete
+    /// the CONNECT, or an AUTH answer is due): takes a pending slot, once.
+    ///
+    /// # Errors
+    ///
+    /// [`Refused`] when the listener's or the source's pending bound is reached; the caller
+    /// closes the connection.
+    pub fn wait_for_client(&mut self) -> Result<(), Refused> {
+        if self.state == State::Arrived {
+            self.admission.take_pending(self.source)?;
+            self.state = State::Waiting;
+        }
+        Ok(())
+    }
+
+    /// Trades this slot for a connected one, when `max_connections` allows. At the limit a
+    /// connection is still let in when `replacing()` (asked only then) says it takes over a
+    /// connected client id: the old connection is about to close, and refusing would keep a
+    /// device whose previous connection went stale out until its keep-alive runs out.
+    ///
+    /// # Errors
+    ///
+    /// The slot back when the listener has `max_connections` clients connected.
+    pub fn promote(
+        mut self,
+        replacing: impl FnOnce() -> bool,
+    ) -> Result<ConnectedSlot, HandshakeSlot> {
+        let admission = &self.admission;
+        let max = admission.limits.max_connections;
+        let admitted = max == 0
+            || admission
+                .connected
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < max).then_some(n + 1)
+                })
+                .is_ok();
+        if !admitted && !replacing() {
+            return Err(self);
+        }
+        if max == 0 || !admitted {
+            admission.connected.fetch_add(1, Ordering::AcqRel);
+        }
+        if self.state == State::Waiting {
+            admission.release_pending(self.source);
+        }
+        self.state = State::Connected;
+        Ok(ConnectedSlot(Arc::clone(&self.admission)))
+    }
+}
+
+impl Drop for HandshakeSlot {
+    /// The connection closes before its CONNECT was accepted (or the slot was promoted).
+    fn drop(&mut self) {
+        if self.state == State::Waiting {
+            self.admission.release_pending(self.source);
+        }
+        if self.state != State::Connected {
+            self.admission.open_gauge.decrement(1.0);
+        }
+    }
+}
+
+/// A connected client's slot, held until the connection is gone (8 bytes).
+#[derive(Debug)]
+pub struct ConnectedSlot(Arc<Admission>);
+
+impl Drop for ConnectedSlot {
+    fn drop(&mut self) {
+        self.0.connected.fetch_sub(1, Ordering::AcqRel);
+        self.0.open_gauge.decrement(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(max_connections: usize, max_pending: usize, per_source: usize) -> Arc<Admission> {
+        Admission::new(
+            AdmissionLimits {
+                max_connections,
+                max_pending,
+                max_pending_per_source: per_source,
+            },
+            &Metrics::register(),
+        )
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("literal address")
+    }
+
+    /// A slot that has started waiting for its client.
+    fn waiting(a: &Arc<Admission>, peer: &str) -> Result<HandshakeSlot, Refused> {
+        let mut slot = a.arrive(ip(peer));
+        slot.wait_for_client().map(|()| slot)
+    }
+
+    #[test]
+    fn pending_bounds_overall_and_per_source() {
+        let a = admission(0, 3, 2);
+        let s1 = waiting(&a, "10.0.0.1").expect("first");
+        let s2 = waiting(&a, "10.0.0.1").expect("second from the same source");
+        assert_eq!(
+            waiting(&a, "10.0.0.1").map(drop),
+            Err(Refused::PendingPerSource)
+        );
+        let s3 = waiting(&a, "10.0.0.2").expect("another source");
+        assert_eq!(
+            waiting(&a, "10.0.0.3").map(drop),
+            Err(Refused::PendingLimit)
+        );
+        assert_eq!(a.pending(), 3);
+        drop(s1);
+        let _s4 = waiting(&a, "10.0.0.1").expect("a slot came back");
+        drop((s2, s3));
+        assert_eq!(a.pending(), 1);
+    }
+
+    #[test]
+    fn only_a_handshake_that_waits_takes_a_pending_slot() {
+        let a = admission(0, 1, 1);
+        // A burst whose CONNECTs were there at once: none of them waits, none is refused.
+        let burst: Vec<_> = (0..100).map(|_| a.arrive(ip("10.0.0.1"))).collect();
+        assert_eq!(a.pending(), 0);
+        let mut waiting = a.arrive(ip("10.0.0.1"));
+        waiting.wait_for_client().expect("the one pending slot");
+        waiting.wait_for_client().expect("taken once, kept");
+        assert_eq!(a.pending(), 1);
+        let connected: Vec<_> = burst
+            .into_iter()
+            .map(|s| s.promote(|| false).expect("no max_connections"))
+            .collect();
+        assert_eq!((a.pending(), a.connected()), (1, 100));
+        drop(waiting);
+        assert_eq!(a.pending(), 0);
+        drop(connected);
+        assert_eq!(a.connected(), 0);
+    }
+
+    #[test]
+    fn promotion_moves_to_a_connected_slot_apart_from_pending() {
+        let a = admission(1, 2, 0);
+        let first = waiting(&a, "10.0.0.1").expect("pending");
+        let connected = first.promote(|| false).expect("room");
+        assert_eq!((a.pending(), a.connected()), (0, 1));
+        // The connected client does not take a pending slot: two more handshakes fit.
+        let second = waiting(&a, "10.0.0.1").expect("pending");
+        let _third = waiting(&a, "10.0.0.1").expect("pending");
+        let second = second
+            .promote(|| false)
+            .expect_err("max_connections reached");
+        assert_eq!(a.pending(), 2, "the refused one keeps its pending slot");
+        let taking_over = second.promote(|| true).expect("a takeover is let in");
+        assert_eq!((a.pending(), a.connected()), (1, 2));
+        drop((connected, taking_over));
+        assert_eq!(a.connected(), 0);
+    }
+
+    #[test]
+    fn unlimited_admits_everyone() {
+        let a = admission(0, 0, 0);
+        let slots: Vec<_> = (0..100)
+            .map(|_| waiting(&a, "::1").expect("unlimited"))
+            .collect();
+        assert_eq!(a.pending(), 100);
+        let connected: Vec<_> = slots
+            .into_iter()
+            .map(|s| s.promote(|| false).expect("unlimited"))
+            .collect();
+        assert_eq!((a.pending(), a.connected()), (0, 100));
+        drop(connected);
+        assert_eq!(a.connected(), 0);
+    }
+
+    #[test]
+    fn sources_are_ipv4_addresses_and_ipv6_prefixes() {
+        assert_eq!(source_key(ip("192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(source_key(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(
+            source_key(ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")),
+            ip("2001:db8:1:2::")
+        );
+        assert_eq!(
+            source_key(ip("2001:db8:1:2::1")),
+            source_key(ip("2001:db8:1:2:ffff::9"))
+        );
+    }
+}

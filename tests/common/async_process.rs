@@ -1,0 +1,163 @@
+// Async (tokio) counterpart of `process`, from the pending-connections work; to be folded into
+// `process` (one way to spawn the binary).
+//! The `postbox` binary as a real process with its own metrics endpoint, for tests that need
+//! what only a whole process shows (the Prometheus gauges, which are process-global), plus
+//! raw sockets from chosen loopback source addresses.
+// Compiled into each test crate as a private `mod common`: `pub` is the harness API, and not
+// every test crate uses every helper.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::process::{Child, Command};
+
+use super::WAIT;
+
+/// A free loopback port (bound and released: another process may take it in between, which
+/// the broker's start then reports).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A running broker binary: MQTT on `addr`, metrics on `metrics_port`, in memory. Killed on
+/// drop.
+pub struct BrokerProcess {
+    child: Child,
+    /// Where its MQTT listener listens.
+    pub addr: SocketAddr,
+    /// Its metrics endpoint's port.
+    pub metrics_port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl BrokerProcess {
+    /// Starts the binary with one listener on loopback (plus the `listener` keys given, TOML
+    /// lines) and the `mqtt` keys given, and waits (bounded) until it logs that it runs.
+    pub async fn spawn(listener: &str, mqtt: &str) -> BrokerProcess {
+        let (port, metrics_port) = (free_port(), free_port());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("postbox.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[listener]\nbind = \"127.0.0.1:{port}\"\n{listener}\n\
+                 [metrics]\nbind = \"127.0.0.1:{metrics_port}\"\n\
+                 [storage]\npersistence = false\n\
+                 [mqtt]\n{mqtt}\n"
+            ),
+        )
+        .expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_postbox"))
+            .args(["-c", path.to_str().expect("utf8 path")])
+            .env("NO_COLOR", "1")
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn postbox");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        tokio::time::timeout(WAIT, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("postbox running") {
+                    return;
+                }
+            }
+            panic!("postbox exited before it was running");
+        })
+        .await
+        .expect("postbox starts");
+        // Keep draining its output so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        BrokerProcess {
+            child,
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            metrics_port,
+            _dir: dir,
+        }
+    }
+
+    /// The value of the sample `series` (a metric name, with its labels as exported, e.g.
+    /// `postbox_connections_refused_total{reason="pending_limit"}`) in one scrape; `None`
+    /// when the broker does not export it (yet).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port))
+            .await
+            .expect("connect metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut body = String::new();
+        tokio::time::timeout(WAIT, s.read_to_string(&mut body))
+            .await
+            .expect("metrics answer in time")
+            .expect("read metrics");
+        body.lines().find_map(|line| {
+            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+            value.trim().parse().ok()
+        })
+    }
+
+    /// Scrapes until `series` satisfies `ok` (absent counts as 0), for at most `WAIT`; returns
+    /// the last value. A poll, not an event: the test is another process, and a scrape is all
+    /// it can see of the broker's state. 20 ms apart, bounded.
+    pub async fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let value = self.metric(series).await.unwrap_or(0.0);
+            if ok(value) {
+                return value;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{series} stayed at {value}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Kills the process now (also done on drop).
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// A TCP connection to `addr` from the loopback source address `source` (any of 127.0.0.0/8
+/// is local on Linux), so tests can play several hosts.
+pub async fn connect_from(source: Ipv4Addr, addr: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("bind source address");
+    let stream = tokio::time::timeout(WAIT, socket.connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+}
+
+/// Waits (bounded by `WAIT`) until the broker closes `stream`: end of stream or a reset,
+/// discarding anything it sends first. Panics if it stays open.
+pub async fn closed(stream: &mut TcpStream) {
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the broker closes the connection");
+}
