@@ -542,9 +542,10 @@ mod tests {
     fn refused_with(decision: &Decision) -> Option<ReasonCode> {
         match decision {
             Decision::Judged {
-                answer: Answer::Refuse {
-                    refusal: (code, _), ..
-                },
+                answer:
+                    Answer::Refuse {
+                        refusal: (code, _), ..
+                    },
                 ..
             } => Some(*code),
             _ => None,
@@ -556,7 +557,10 @@ mod tests {
     #[test]
     fn empty_client_id_without_clean_session_is_refused() {
         let c = connect(ProtocolVersion::V3_1_1, "", false);
-        let d = judge(&bytes_of(&[Packet::Connect(Box::new(c))], ProtocolVersion::V3_1_1));
+        let d = judge(&bytes_of(
+            &[Packet::Connect(Box::new(c))],
+            ProtocolVersion::V3_1_1,
+        ));
         assert_eq!(
             refused_with(&d),
             Some(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID)
@@ -567,7 +571,10 @@ mod tests {
     #[test]
     fn empty_v5_client_id_is_assigned() {
         let c = connect(ProtocolVersion::V5, "", true);
-        let d = judge(&bytes_of(&[Packet::Connect(Box::new(c))], ProtocolVersion::V5));
+        let d = judge(&bytes_of(
+            &[Packet::Connect(Box::new(c))],
+            ProtocolVersion::V5,
+        ));
         let Decision::Judged {
             answer: Answer::Accept { connack, .. },
             ..
@@ -585,7 +592,10 @@ mod tests {
     fn no_connack_fits_closes_unanswered() {
         let mut c = connect(ProtocolVersion::V5, "small", true);
         c.properties.maximum_packet_size = Some(8);
-        let d = judge(&bytes_of(&[Packet::Connect(Box::new(c))], ProtocolVersion::V5));
+        let d = judge(&bytes_of(
+            &[Packet::Connect(Box::new(c))],
+            ProtocolVersion::V5,
+        ));
         assert!(
             matches!(
                 d,

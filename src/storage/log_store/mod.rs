@@ -170,7 +170,8 @@ impl LogStore {
     /// # Errors
     ///
     /// A `StorageError` when the directory cannot be created or written. A corrupt store is
-    /// moved aside rather than failing the call.
+    /// moved aside rather than failing the call, except one holding message id `u64::MAX`
+    /// (`StorageError::Corrupt`: no id would be left to allocate; the files are left as they are).
     pub fn open(dir: &Path, opts: LogOptions) -> Result<LogStore, StorageError> {
         fs::create_dir_all(dir)
             .map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;
@@ -179,6 +180,16 @@ impl LogStore {
             Ok(opened) => opened,
             Err(broken) => rebuild(dir, &store_dir, *broken)?,
         };
+        // Ids are never reused (`Store::next_message_id`): a store already holding the last
+        // one (only damage can put it there, with valid checksums) cannot allocate another, and
+        // wrapping to 0 would hand out ids it still holds. Refuse to open it; the files stay.
+        let next_message_id = opened.state.max_message_id.checked_add(1).ok_or_else(|| {
+            StorageError::Corrupt(format!(
+                "{}: message id {} is stored, no id is left to allocate",
+                store_dir.display(),
+                u64::MAX
+            ))
+        })?;
         let Opened {
             state,
             log,
@@ -191,7 +202,7 @@ impl LogStore {
             durable: watch::Sender::new(DurableState::default()),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
-            next_message_id: AtomicU64::new(state.max_message_id + 1),
+            next_message_id: AtomicU64::new(next_message_id),
             queued_ops: AtomicUsize::new(0),
             pending_growth: AtomicU64::new(0),
             live_bytes: AtomicU64::new(state.live_bytes),
