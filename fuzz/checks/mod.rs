@@ -20,7 +20,7 @@ use postbox::codec::{
 use postbox::config::MqttConfig;
 use postbox::connection::admission::{self, Answer, Decision, Policy};
 use postbox::storage::log_store::STORE_DIR;
-use postbox::storage::{FsyncPolicy, LogOptions, LogStore, Store};
+use postbox::storage::{FsyncPolicy, LogOptions, LogStore, StorageError, Store};
 
 /// A target's body: panics on a finding.
 pub(crate) type Check = fn(&[u8]);
@@ -78,9 +78,9 @@ fn level_of(packet: &Packet, version: Option<ProtocolVersion>) -> ProtocolVersio
 ///
 /// Checks: the rules only ever narrow `decode` (what `decode_with` accepts, plain `decode`
 /// accepts identically, and the whole stream decodes the same until the rules refuse);
-/// an accepted packet is within the maximum size, carries no control character in a topic
+/// an accepted packet was within the maximum size as sent, carries no control character in a topic
 /// name or filter when they are refused (5.0 §1.5.4 as `DecodeRules` documents it), and its
-/// re-encoding decodes to itself under the same rules.
+/// re-encoding decodes to itself under the same character rules.
 pub(crate) fn decode_rules(data: &[u8]) {
     let (Some(&b0), Some(&b1)) = (data.first(), data.get(1)) else {
         return;
@@ -99,6 +99,7 @@ pub(crate) fn decode_rules(data: &[u8]) {
     let mut lenient = BytesMut::from(stream);
     // Bounded: every accepted packet consumes at least 2 bytes.
     loop {
+        let before = strict.len();
         let narrow = decode_with(&mut strict, version, rules);
         let wide = decode(&mut lenient, version, rules.max_packet_size);
         let packet = match narrow {
@@ -114,13 +115,15 @@ pub(crate) fn decode_rules(data: &[u8]) {
             Ok(&Some(packet.clone())),
             "the rules changed an accepted packet"
         );
+        // The packet as sent, not its re-encoding: the encoder may spell it longer (an AUTH or
+        // DISCONNECT with Remaining Length 1 gets its Property Length written out).
+        assert!(
+            before - strict.len() <= rules.max_packet_size,
+            "accepted a packet above the maximum packet size"
+        );
         let level = level_of(&packet, version);
         let mut out = BytesMut::new();
         encode(&packet, level, &mut out).expect("a decoded packet is encodable");
-        assert!(
-            out.len() <= rules.max_packet_size,
-            "accepted a packet above the maximum packet size"
-        );
         if !rules.allow_control_characters {
             for name in topics(&packet) {
                 assert!(
@@ -129,7 +132,11 @@ pub(crate) fn decode_rules(data: &[u8]) {
                 );
             }
         }
-        let again = decode_with(&mut out, Some(level), rules);
+        let unlimited = DecodeRules {
+            max_packet_size: usize::MAX,
+            ..rules
+        };
+        let again = decode_with(&mut out, Some(level), unlimited);
         assert_eq!(again, Ok(Some(packet)), "re-encoding changed the packet");
         assert!(out.is_empty(), "re-encoding left trailing bytes");
     }
@@ -345,9 +352,9 @@ fn push_frame(out: &mut Vec<u8>, body: &[u8]) {
 /// valid header and valid frame checksums (so the fuzzer reaches the op decoder), where the
 /// last chunk may be cut short; otherwise the bytes are the file as they are.
 ///
-/// Checks (docs/ARCHITECTURE.md, "Recovery" and "Corruption"): opening never fails and never
-/// panics whatever the file holds ("`open` fails only when the directory cannot be created,
-/// written or renamed"); what it recovers loads, and a second open of the same directory
+/// Checks (docs/ARCHITECTURE.md, "Recovery" and "Corruption"): opening never panics whatever
+/// the file holds, and never fails ("`open` fails only when the directory cannot be created,
+/// written or renamed") except on a store holding the last message id; what it recovers loads, and a second open of the same directory
 /// recovers the same state (a torn tail or a corrupt store moved aside leaves a store that
 /// opens cleanly).
 pub(crate) fn recovery(data: &[u8]) {
@@ -396,15 +403,21 @@ pub(crate) fn recovery(data: &[u8]) {
 }
 
 /// Opens the store in `dir` (no fsync beyond what recovery always does), loads and closes it.
-fn open_and_load(dir: &Path) -> postbox::storage::Snapshot {
+/// `None`: the one refusal `LogStore::open` makes on file contents, a store holding message
+/// id `u64::MAX` (no id left to allocate; found by this target).
+fn open_and_load(dir: &Path) -> Option<postbox::storage::Snapshot> {
     let opts = LogOptions {
         fsync: FsyncPolicy::Never,
         ..LogOptions::from_config(&postbox::storage::StorageConfig::default())
     };
-    let store = LogStore::open(dir, opts).expect("open never fails on file contents");
+    let store = match LogStore::open(dir, opts) {
+        Ok(store) => store,
+        Err(StorageError::Corrupt(why)) if why.contains("no id is left") => return None,
+        Err(e) => panic!("open failed on file contents: {e}"),
+    };
     let snapshot = store.load().expect("a recovered store loads");
     store.close().expect("a recovered store closes");
-    snapshot
+    Some(snapshot)
 }
 
 /// A temporary directory, in memory when the machine has /dev/shm (recovery fsyncs).

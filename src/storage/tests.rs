@@ -1694,4 +1694,35 @@ fn a_second_store_on_the_same_directory_is_refused() {
     first.close().expect("close");
     let again = open_at(dir.path(), opts());
     again.close().expect("close");
+
+/// Found by the `recovery` fuzz target: a store holding message id `u64::MAX` (valid
+/// checksums, so only damage or a bug could write it) made `LogStore::open` overflow computing
+/// the next id (a panic with overflow checks, ids wrapping to 0 and being reused without).
+/// "Message ids are never reused, also across restarts" (docs/ARCHITECTURE.md, "Files"): open
+/// refuses such a store with `Corrupt` and leaves its files.
+#[test]
+fn store_holding_the_last_message_id_is_refused_not_wrapped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open_at(dir.path(), opts());
+    commit(
+        &store,
+        vec![Op::PutMessage {
+            id: u64::MAX,
+            message: message("t", b"last"),
+        }],
+    );
+    store.close().expect("close");
+    drop(store);
+    let files = store_files(dir.path());
+    match LogStore::open(dir.path(), opts()) {
+        Err(StorageError::Corrupt(why)) => assert!(why.contains("no id is left"), "{why}"),
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("opened a store whose next message id would wrap"),
+    }
+    assert_eq!(
+        store_files(dir.path()),
+        files,
+        "the files must be left as they are"
+    );
+    assert!(corrupt_dirs(dir.path()).is_empty());
 }

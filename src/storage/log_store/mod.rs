@@ -208,9 +208,10 @@ impl LogStore {
     /// # Errors
     ///
     /// A `StorageError` when the directory cannot be created, read or written
-    /// ([`StorageError::Unusable`] names the path and the fix; the store is left as it was), or
-    /// [`StorageError::Locked`] when another process uses it. Damaged data does not fail the
-    /// call.
+    /// ([`StorageError::Unusable`] names the path and the fix; the store is left as it was),
+    /// [`StorageError::Locked`] when another process uses it, or [`StorageError::Corrupt`] for
+    /// a store holding message id `u64::MAX` (no id would be left to allocate; the files are
+    /// left as they are). Other damaged data does not fail the call.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<LogStore, StorageError> {
         fs::create_dir_all(dir)
             .map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;
@@ -226,13 +227,23 @@ impl LogStore {
             snapshot_bytes,
             loss,
         } = recover(dir, &store_dir)?;
+        // Ids are never reused (`Store::next_message_id`): a store already holding the last
+        // one (only damage can put it there, with valid checksums) cannot allocate another, and
+        // wrapping to 0 would hand out ids it still holds. Refuse to open it; the files stay.
+        let next_message_id = state.max_message_id.checked_add(1).ok_or_else(|| {
+            StorageError::Corrupt(format!(
+                "{}: message id {} is stored, no id is left to allocate",
+                store_dir.display(),
+                u64::MAX
+            ))
+        })?;
         let shared = Arc::new(Shared {
             durable: watch::Sender::new(DurableState::default()),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             no_space: AtomicBool::new(false),
             no_space_reason: Mutex::new(String::new()),
-            next_message_id: AtomicU64::new(state.max_message_id + 1),
+            next_message_id: AtomicU64::new(next_message_id),
             queued_ops: AtomicUsize::new(0),
             pending_growth: AtomicU64::new(0),
             live_bytes: AtomicU64::new(state.live_bytes),
