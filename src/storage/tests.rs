@@ -1694,6 +1694,7 @@ fn a_second_store_on_the_same_directory_is_refused() {
     first.close().expect("close");
     let again = open_at(dir.path(), opts());
     again.close().expect("close");
+}
 
 /// Found by the `recovery` fuzz target: a store holding message id `u64::MAX` (valid
 /// checksums, so only damage or a bug could write it) made `LogStore::open` overflow computing
