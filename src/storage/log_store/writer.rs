@@ -178,19 +178,12 @@ impl Writer {
         let max_ops = opts.max_batch_ops;
         let deadline = Instant::now() + opts.commit_window;
         while batch.ops.len() < max_ops && batch.growth < MAX_BATCH_BYTES {
-            if let Some(cmd) = self.backlog.pop_front() {
-                match cmd {
-                    Cmd::Ops {
-                        ticket,
-                        ops,
-                        growth,
-                        waiter,
-                    } => self.take(batch, ticket, ops, growth, waiter),
-                    other => return Some(other),
-                }
-                continue;
-            }
-            let next = match self.rx.try_recv() {
+            // What waited behind a stalled write first, in order; then the channel.
+            let next = match self
+                .backlog
+                .pop_front()
+                .map_or_else(|| self.rx.try_recv(), Ok)
+            {
                 Ok(cmd) => cmd,
                 Err(mpsc::TryRecvError::Disconnected) => return None,
                 Err(mpsc::TryRecvError::Empty) => {
