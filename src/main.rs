@@ -70,31 +70,49 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
+        // Before the broker starts and says it is running: a SIGTERM from then on (systemd,
+        // a container runtime, a test) is a graceful shutdown, never the default action.
+        let stop = ShutdownSignals::install().context("cannot install the signal handlers")?;
         let server = postbox::server::start(config).await?;
         tracing::info!(version = env!("CARGO_PKG_VERSION"), "postbox running");
-        wait_for_signal().await;
+        stop.received().await;
         tracing::info!("shutting down");
         server.shutdown().await;
         anyhow::Ok(())
     })
 }
 
-/// Resolves on Ctrl-C or SIGTERM (systemd, containers).
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Ctrl-C and SIGTERM (systemd, containers), registered up front: a signal that arrives before
+/// [`ShutdownSignals::received`] is awaited is kept, not lost to the default action.
+struct ShutdownSignals {
     #[cfg(unix)]
-    {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            let _ = ctrl_c.await;
-            return;
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Self {
+                term: signal(SignalKind::terminate())?,
+                interrupt: signal(SignalKind::interrupt())?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Self {})
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+
+    /// Resolves on the first of the signals.
+    async fn received(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

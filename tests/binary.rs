@@ -277,3 +277,96 @@ fn duplicate_listener_names_name_file_line_and_key() {
         "error names file, line and key: {err}"
     );
 }
+
+/// A store of `count` retained messages in `data`, written through the library's own store so
+/// that recovering it takes the broker a while.
+fn write_large_store(data: &std::path::Path, count: usize) {
+    use postbox::storage::{FsyncPolicy, Op, StorageConfig, StoredMessage};
+    let config = StorageConfig {
+        dir: Some(data.to_path_buf()),
+        fsync: FsyncPolicy::Never,
+        ..StorageConfig::default()
+    };
+    let store = postbox::storage::open(&config).expect("open the store");
+    let payload = bytes::Bytes::from(vec![b'x'; 64]);
+    for chunk in 0..count.div_ceil(1000) {
+        let ops = (chunk * 1000..count.min((chunk + 1) * 1000))
+            .map(|i| {
+                let topic = bytestring::ByteString::from(format!("sensors/{i}/temperature"));
+                Op::PutRetained {
+                    topic: topic.clone(),
+                    message: StoredMessage {
+                        topic,
+                        payload: payload.clone(),
+                        qos: postbox::codec::QoS::AtLeastOnce,
+                        retain: true,
+                        properties: postbox::codec::PublishProperties::default(),
+                        received_at_unix_ms: postbox::storage::now_unix_ms(),
+                        expires_at_unix_ms: None,
+                    },
+                }
+            })
+            .collect();
+        // Not refused for a full queue: the writer catches up instead.
+        assert!(store.submit_awaited(ops).is_ok(), "store refused the ops");
+    }
+    // Returns once everything submitted is written; dropping the store closes it.
+    store.load().expect("load");
+}
+
+/// systemd, Docker and Kubernetes send SIGTERM whenever they stop a unit, also while it is
+/// still starting. The broker must take it as a graceful stop (exit 0, store closed), not die
+/// by the signal's default action: the handlers are installed before the store is opened.
+/// Here the signal arrives while a store of 200,000 retained messages is being recovered
+/// (the broker's warning about a stray file there comes before the recovery work).
+#[test]
+fn sigterm_while_starting_is_a_graceful_stop() {
+    let (mqtt, metrics) = (free_port(), free_port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    write_large_store(&data, 200_000);
+    let store_dir = data.join(postbox::storage::log_store::STORE_DIR);
+    std::fs::write(store_dir.join("stray.txt"), b"not the store's").expect("stray file");
+    let path = dir.path().join("postbox.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\ndir = {data:?}\n"
+        ),
+    )
+    .expect("write config");
+    let mut child = Command::new(BIN)
+        .args(["-c", path.to_str().expect("utf8 path")])
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn postbox");
+    let pid = child.id().to_string();
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("ignoring unknown file") {
+                let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            }
+            lines.push(line);
+        }
+        let _ = tx.send(lines);
+    });
+    let lines = rx
+        .recv_timeout(WAIT)
+        .expect("the broker exits after SIGTERM");
+    let status = child.wait().expect("wait");
+    assert!(
+        lines.iter().any(|l| l.contains("ignoring unknown file")),
+        "{lines:#?}"
+    );
+    assert!(status.success(), "graceful exit, not the signal: {status}");
+    assert!(
+        lines.iter().any(|l| l.contains("shutting down")),
+        "{lines:#?}"
+    );
+}
