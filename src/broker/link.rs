@@ -224,7 +224,7 @@ impl Link {
             payload: payload.into(),
             properties: PublishProperties::default(),
         };
-        if let Some(gate) = self.handle.publish(publish)?.gate {
+        if let Some(gate) = self.handle.publish(publish)?.answer.gate {
             gate.await?;
         }
         if qos == QoS::ExactlyOnce {

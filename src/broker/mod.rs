@@ -11,6 +11,7 @@
 //! indexes are never held together, and no index lock is taken while a session lock is held.
 
 mod arrival_order;
+pub mod flow;
 mod handle;
 mod level_map;
 mod lifecycle;
@@ -44,7 +45,8 @@ use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
 use crate::storage::{Durable, Op, Store};
 pub use arrival_order::{ArrivalOrder, ArrivalWaker};
-pub use handle::{Answer, ExpiryRaisedFromZero, Fill, SessionHandle};
+pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
+pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, SessionHandle};
 pub use message::{Delivery, Message, SessionId};
 use retained::RetainedIndex;
 pub use session::outbound::{AckMismatch, OutboundAck, Resend};
@@ -120,6 +122,8 @@ pub struct Broker {
     /// The order reads arrived in, for the PUBLISH of a quiet connection to wait for the
     /// reads that came before it (see [`ArrivalOrder`]).
     arrival_order: Arc<ArrivalOrder>,
+    /// Back-pressure and the memory budget.
+    flow: FlowControl,
     /// The durable store, when `storage.persistence` is on; `None` keeps everything in memory
     /// and skips building store ops entirely.
     store: Option<Arc<dyn Store>>,
@@ -152,6 +156,9 @@ pub struct Routed {
     /// Resolves once the message is durable for every persistent subscriber; the publisher's
     /// PUBACK / PUBREC waits for it. `None` when nothing had to be stored.
     pub durable: Option<Durable>,
+    /// A connected, draining session whose queue the message was queued to over its bound:
+    /// the publisher pauses until it has room (see [`flow`]).
+    pub pressure: Option<Arc<Session>>,
 }
 
 impl Broker {
@@ -168,7 +175,10 @@ impl Broker {
             max_bytes: config.max_queued_bytes,
             queue_qos0_offline: config.queue_qos0_messages,
             overflow: config.queue_overflow,
+            stalled_after_ms: u64::from(config.stalled_after) * 1000,
+            backpressure_qos0: config.backpressure_qos0,
         };
+        let flow = FlowControl::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
         Arc::new(Broker {
             config,
@@ -186,9 +196,15 @@ impl Broker {
             shutting_down: AtomicBool::new(false),
             subscribe_fence: SubscribeFence::default(),
             arrival_order: Arc::default(),
+            flow,
             store,
             metrics,
         })
+    }
+
+    /// Back-pressure and the memory budget (see [`flow`]).
+    pub fn flow(&self) -> &FlowControl {
+        &self.flow
     }
 
     /// The durable store, if persistence is on.

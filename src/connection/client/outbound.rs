@@ -225,7 +225,7 @@ fn encode_delivery(
         }
         Ok(_) => {
             out.truncate(start);
-            broker.metrics.messages_dropped_too_large.increment(1);
+            broker.metrics.messages_dropped_too_large[delivery.qos as usize].increment(1);
             false
         }
         Err(error) => {
