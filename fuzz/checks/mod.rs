@@ -1,6 +1,6 @@
 //! The bodies of the fuzz targets, one function per target, shared by the cargo-fuzz binaries
 //! (`fuzz/fuzz_targets/*.rs`, nightly) and the stable test that replays the committed corpus
-//! (`tests/fuzz_corpus.rs`), so the corpus is checked on every `cargo test` through the very
+//! (`tests/suite/fuzz_corpus.rs`), so the corpus is checked on every `cargo test` through the very
 //! code the fuzzer ran. Each function panics on a finding and returns quietly otherwise.
 //!
 //! Included with `#[path]` (not a crate): it needs nothing but `postbox`'s public API, `bytes`

@@ -1219,7 +1219,7 @@ fn a_log_cut_inside_its_header_is_recreated() {
         .and_then(|f| f.set_len(5))
         .expect("truncate");
     // The start of a header is what a crash while creating the log leaves: a warning (checked
-    // on the binary, tests/recovery.rs), a new empty log, and a working store.
+    // on the binary, tests/suite/recovery.rs), a new empty log, and a working store.
     let store = open_at(dir.path(), opts());
     assert!(store.load().expect("load").sessions.is_empty());
     commit(&store, vec![session("x")]);

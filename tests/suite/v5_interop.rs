@@ -5,7 +5,7 @@
 //!
 //! Statement ids follow the OASIS MQTT 5.0 text.
 
-mod common;
+use crate::common;
 
 use common::mosquitto::{mosquitto_pub, MosquittoSub};
 use common::rumq::{V4, V5};
@@ -167,7 +167,7 @@ async fn mosquitto_sees_outbound_topic_aliases_within_its_maximum() {
     // libmosquitto 2.0 announces a maximum but treats a PUBLISH with an empty topic as a
     // protocol error (eclipse/mosquitto#1468), so only distinct topics are sent here: every
     // PUBLISH binds (or, past the maximum, re-binds the least recently used) alias, with
-    // the topic. Reuse is covered by tests/v5_topic_alias.rs (raw client and rumqttc).
+    // the topic. Reuse is covered by tests/suite/v5_topic_alias.rs (raw client and rumqttc).
     let mut config = common::test_config();
     config.mqtt.outbound_topic_aliases = OutboundTopicAliases::Lru;
     let server = common::start_with(config).await;

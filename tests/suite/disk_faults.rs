@@ -8,7 +8,7 @@
 //! full-disk paragraph: refused while full (MQTT 5 0x97, MQTT 3 disconnected), QoS 0 and
 //! deliveries carry on, recovered by itself once space is freed.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@
 //! first bytes, plus one second per `min_packet_rate` bytes of its size; keep-alive 0 does not
 //! lift this".
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

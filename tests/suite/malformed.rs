@@ -1,7 +1,7 @@
 //! Bad input: every malformed or illegal packet gets the spec's reason code (v5 DISCONNECT or
 //! CONNACK) and closes only that connection; the broker keeps serving everyone else.
 
-mod common;
+use crate::common;
 
 use common::rumq::V4;
 use common::RawClient;

@@ -6,7 +6,7 @@
 //!
 //! Statement ids are those of `mqtt-5.0-normative-statements.txt` (the OASIS numbering).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

@@ -3,7 +3,7 @@
 //!
 //! Statement ids follow the OASIS MQTT 5.0 text.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! damage: "the broker refuses to start, naming the path and the fix, and leaves the store as
 //! it was". ARCHITECTURE.md, "Recovery" and "Damage".
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! Core broker behaviour over real sockets with rumqttc (MQTT 3.1.1) and a raw byte client.
 //! Normative statements are cited as "3.1.1 MQTT-x" or "5.0 MQTT-x" (their numbering differs).
 
-mod common;
+use crate::common;
 
 use common::rumq::V4;
 use common::{RawClient, WAIT};

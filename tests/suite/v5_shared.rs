@@ -4,7 +4,7 @@
 //!
 //! Statement ids follow the OASIS MQTT 5.0 text.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -167,7 +167,7 @@ async fn no_local_on_a_shared_subscription_is_a_protocol_error() {
 async fn malformed_share_names_are_refused_per_filter() {
     // MQTT-4.8.2-1 (empty ShareName), MQTT-4.8.2-2 (wildcard in it): 0x8F Topic Filter invalid,
     // the connection stays. A share with no Topic Filter after it (`$share/g`, `$share/g/`)
-    // is a Malformed Packet instead (MQTT-4.7.3-1): tests/input_validity.rs.
+    // is a Malformed Packet instead (MQTT-4.7.3-1): tests/suite/input_validity.rs.
     let server = common::start().await;
     let mut a = v5::connect_id(server.mqtt_addr, "bad-share").await;
     for bad in ["$share//x", "$share/g+/x", "$share/g#/x"] {

@@ -4,7 +4,7 @@
 //!
 //! Statement ids follow the OASIS MQTT 5.0 text.
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};

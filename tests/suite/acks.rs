@@ -8,7 +8,7 @@
 //! * a v5 publisher whose QoS 1/2 PUBLISH matched no subscription is told so: PUBACK / PUBREC
 //!   0x10 No matching subscribers (v5 §3.4.2.1, §3.5.2.1); 3.1.1 acks are unchanged.
 
-mod common;
+use crate::common;
 
 use common::v5::{self, V};
 use common::RawClient;

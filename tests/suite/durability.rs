@@ -2,7 +2,7 @@
 //! persistent sessions with their queues and in-flight messages, inbound QoS 2 ids, retained
 //! messages, session expiry, and a corrupt store.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! broker, the old single `[listener]` table still works, and shutdown stops every listener
 //! before telling the clients on all of them.
 
-mod common;
+use crate::common;
 
 use common::{v5, RawClient, WAIT};
 use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};

@@ -5,7 +5,7 @@
 //! Statement ids follow the OASIS MQTT 5.0 text; where `/work/shared/spec`'s list numbers one
 //! differently, its number is given as "list: …".
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Interop with the real Mosquitto command-line clients (`apt-get install mosquitto-clients`)
 //! at every protocol level: what users try first.
 
-mod common;
+use crate::common;
 
 use common::mosquitto::{mosquitto_pub, MosquittoSub};
 

@@ -1,7 +1,7 @@
 //! MQTT 5.0 behaviour of the core broker over real sockets: rumqttc v5 and a raw v5 client,
 //! plus 3.1.1 ↔ 5.0 interop.
 
-mod common;
+use crate::common;
 
 use common::rumq::{P5, V4, V5};
 use common::RawClient;

@@ -13,7 +13,7 @@
 //! connection that is not connected yet". Several hosts are played by loopback source
 //! addresses 127.0.0.x.
 
-mod common;
+use crate::common;
 
 use std::net::Ipv4Addr;
 use std::time::Instant;

@@ -8,7 +8,7 @@
 //! default one the oldest would be dropped (`queue_overflow`), which is a documented drop, not
 //! the loss this test looks for. Both are asserted below, so neither can drift silently.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::process::Stdio;

@@ -9,7 +9,7 @@
 //! answer with a reset instead of a FIN, and a reset can destroy the final packet before the
 //! client reads it. The flood in these tests leaves exactly that unread input behind.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;

@@ -3,7 +3,7 @@
 //! fuzzer kept (and every crash it found, once fixed) is checked by plain `cargo test`, without
 //! cargo-fuzz or nightly. A finding is a panic in a check: this test names the file.
 
-#[path = "../fuzz/checks/mod.rs"]
+#[path = "../../fuzz/checks/mod.rs"]
 mod checks;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

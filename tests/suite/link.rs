@@ -3,7 +3,7 @@
 //! session after a broker restart on the same data directory with what was not acknowledged
 //! (MQTT-4.4.0-1: unacknowledged PUBLISHes are sent again with DUP=1, MQTT-3.3.1-1).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

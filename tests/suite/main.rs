@@ -1,0 +1,44 @@
+//! The integration suite: every test that talks to a real broker (in-process on a loopback
+//! port, or the `postbox` binary as a child process) over real sockets, one module per area.
+//!
+//! One test binary rather than one per file: each integration-test file is a crate of its own,
+//! compiled and linked against the whole library, and with ~30 of them linking was most of CI's
+//! time. Tests that cannot share a process stay binaries of their own: `tests/ordering.rs`
+//! (it must not share the two cores with other tests while it measures arrival order),
+//! `tests/metrics_exporter.rs` and `tests/prometheus.rs` (each installs the process-wide
+//! metrics recorder, which a process can do once).
+//!
+//! Run one area with a filter: `cargo test --release --test suite v5_shared::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod acks;
+mod binary;
+mod closing;
+mod config_files;
+mod core_v311;
+mod core_v5;
+mod crash;
+mod deploy_files;
+mod disk_faults;
+mod durability;
+mod fuzz_corpus;
+mod input_validity;
+mod link;
+mod listeners;
+mod malformed;
+mod mosquitto_clients;
+mod partial_packets;
+mod pending_connections;
+mod recovery;
+mod v5_auth;
+mod v5_capabilities;
+mod v5_expiry;
+mod v5_flow_control;
+mod v5_interop;
+mod v5_payload_format;
+mod v5_shared;
+mod v5_subscriptions;
+mod v5_topic_alias;
+mod v5_will;
