@@ -111,11 +111,14 @@ fn available_memory() -> u64 {
         })
         .unwrap_or(FALLBACK);
     // cgroup v2, then v1; "max" (no limit) and absurd v1 values do not parse or are larger.
-    let cgroup = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
-        .iter()
-        .filter_map(|path| std::fs::read_to_string(path).ok())
-        .filter_map(|text| text.trim().parse::<u64>().ok())
-        .min();
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .filter_map(|text| text.trim().parse::<u64>().ok())
+    .min();
     cgroup.map_or(physical, |limit| limit.min(physical))
 }
 
@@ -221,7 +224,9 @@ impl super::Broker {
         let (paused, seconds) = self.flow.pause_figures();
         self.metrics.publishers_paused.set(paused as f64);
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        self.metrics.publisher_pause_seconds.absolute(seconds as u64);
+        self.metrics
+            .publisher_pause_seconds
+            .absolute(seconds as u64);
         self.metrics
             .memory_budget_bytes
             .set(self.flow.memory.limit as f64);

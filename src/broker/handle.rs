@@ -132,9 +132,8 @@ impl SessionHandle {
             let took = st.queue.len() < before;
             let mut freed = false;
             if took {
-                let now_ms = self.broker.clock_ms(now);
-                st.progress_at_ms = now_ms;
-                freed = st.pressured && st.lets_publishers_go(now_ms, self.broker.queue_limits());
+                st.progress_at_ms = self.broker.clock_ms(now);
+                freed = st.drained_for_publishers(self.broker.queue_limits());
             }
             (filled, took, freed)
         };
@@ -319,6 +318,9 @@ impl SessionHandle {
         if st.lets_publishers_go(now_ms, limits) {
             return Ok(());
         }
+        // Still waiting: the next drain to half must wake it, even if another publisher's
+        // resume took the last episode's mark away.
+        st.pressured = true;
         Err(st.progress_at_ms.saturating_add(limits.stalled_after_ms))
     }
 

@@ -29,7 +29,8 @@ impl Broker {
                 self.forget_stored_will(&existing.client_id);
             }
             if !req.clean_start && !st.ended {
-                let (generation, displaced) = Session::attach(&mut st, self.clock_ms(Instant::now()));
+                let (generation, displaced) =
+                    Session::attach(&mut st, self.clock_ms(Instant::now()));
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
                 let ops =

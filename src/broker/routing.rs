@@ -246,11 +246,21 @@ impl Broker {
 
     /// Counts the drops an enqueue of a `qos` delivery caused (the older deliveries it pushed
     /// out, or itself); true if the delivery was queued.
-    pub(super) fn count_enqueue(&self, outcome: EnqueueOutcome, qos: QoS, victims: &Victims) -> bool {
+    pub(super) fn count_enqueue(
+        &self,
+        outcome: EnqueueOutcome,
+        qos: QoS,
+        victims: &Victims,
+    ) -> bool {
         match outcome {
             EnqueueOutcome::Queued | EnqueueOutcome::QueuedOverBound => true,
             EnqueueOutcome::QueuedDroppedOldest => {
-                for (counter, n) in self.metrics.messages_dropped_queue_full.iter().zip(victims.dropped) {
+                for (counter, n) in self
+                    .metrics
+                    .messages_dropped_queue_full
+                    .iter()
+                    .zip(victims.dropped)
+                {
                     if n > 0 {
                         counter.increment(n);
                     }

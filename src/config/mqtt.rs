@@ -196,7 +196,7 @@ impl Default for MqttConfig {
             connect_timeout: 10,
             packet_timeout: 30,
             min_packet_rate: 4096,
-            max_inflight_messages: 20,
+            max_inflight_messages: 100,
             max_queued_messages: 1000,
             max_queued_bytes: 16 * 1024 * 1024,
             stalled_after: 5,
@@ -275,7 +275,10 @@ impl MqttConfig {
         if !(1..=3600).contains(&m.stalled_after) {
             return Err(invalid(
                 "mqtt.stalled_after",
-                format!("must be between 1 and 3600 seconds, got {}", m.stalled_after),
+                format!(
+                    "must be between 1 and 3600 seconds, got {}",
+                    m.stalled_after
+                ),
             ));
         }
         if m.max_memory == MemoryLimit::Bytes(0) {

@@ -419,17 +419,28 @@ impl SessionState {
     }
 
     /// Whether a publisher paused for this session may go on: it drained to half its bounds,
-    /// stalled, went offline or ended. Clears `pressured` when it drained.
-    pub(in crate::broker) fn lets_publishers_go(&mut self, now_ms: u64, limits: &QueueLimits) -> bool {
-        if self.ended || self.connection.is_none() || self.is_stalled(now_ms, limits) {
+    /// stalled, went offline or ended. Only looks: the draining side clears `pressured` (see
+    /// [`SessionState::drained_for_publishers`]), so every paused publisher gets the wake-up.
+    pub(in crate::broker) fn lets_publishers_go(&self, now_ms: u64, limits: &QueueLimits) -> bool {
+        self.ended
+            || self.connection.is_none()
+            || self.is_stalled(now_ms, limits)
+            || self.drained_to_half(limits)
+    }
+
+    fn drained_to_half(&self, limits: &QueueLimits) -> bool {
+        self.queue.len() <= limits.max_messages / 2
+            && (limits.max_bytes == 0 || self.queued_bytes <= limits.max_bytes / 2)
+    }
+
+    /// After the driver took deliveries: true (once per episode) when publishers were paused
+    /// for this session and it has now drained to half its bounds; they are to be woken.
+    pub(in crate::broker) fn drained_for_publishers(&mut self, limits: &QueueLimits) -> bool {
+        if self.pressured && self.drained_to_half(limits) {
+            self.pressured = false;
             return true;
         }
-        let drained = self.queue.len() <= limits.max_messages / 2
-            && (limits.max_bytes == 0 || self.queued_bytes <= limits.max_bytes / 2);
-        if drained {
-            self.pressured = false;
-        }
-        drained
+        false
     }
 
     /// Appends a delivery restored from the durable store (already admitted once).

@@ -84,7 +84,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let Some(unreleased) = self.session.unreleased_inbound(qos, packet_id) else {
             return Ok(());
         };
-        if unreleased + self.pending_inbound >= self.receive_maximum {
+        if unreleased + self.pending_inbound as usize >= self.receive_maximum as usize {
             return Err(self.violation(Violation::ReceiveMaximumExceeded));
         }
         Ok(())
@@ -156,7 +156,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if !self.version.is_v5() {
             return Err(Close::OverMemoryBudget);
         }
-        self.negative_ack(qos, packet_id, ReasonCode::QUOTA_EXCEEDED, super::pause::OVER_BUDGET);
+        self.negative_ack(
+            qos,
+            packet_id,
+            ReasonCode::QUOTA_EXCEEDED,
+            super::pause::OVER_BUDGET,
+        );
         Ok(())
     }
 

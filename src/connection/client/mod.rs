@@ -107,7 +107,7 @@ pub(super) struct Client<S> {
     /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
     will: Option<Box<LastWill>>,
     /// Outbound QoS 1/2 window: min(broker's max inflight, client's Receive Maximum).
-    window: usize,
+    window: u16,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
     /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
@@ -117,13 +117,13 @@ pub(super) struct Client<S> {
     alias_max_in: u16,
     /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
     aliases_out: Option<Box<OutboundAliases>>,
-    /// Our Receive Maximum for this client (v5); `usize::MAX` for 3.x, which cannot be told.
-    receive_maximum: usize,
+    /// Our Receive Maximum for this client (v5); `u32::MAX` for 3.x, which cannot be told.
+    receive_maximum: u32,
     /// Inbound QoS 1 PUBLISHes whose PUBACK has not been queued yet. Together with the QoS 2
     /// ids awaiting PUBREL (kept by the session) it is what Receive Maximum bounds, see
     /// [`Client::check_receive_maximum`]. An ack that has to wait (e.g. for a durable commit)
     /// keeps its PUBLISH counted here until it is queued.
-    pending_inbound: usize,
+    pending_inbound: u32,
     /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
     problem_info: bool,
     /// The connection's enhanced authentication, for re-authentication; boxed, most clients
@@ -168,13 +168,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         };
         let problem_info = admission::wants_problem_info(&connect);
         let our_receive_maximum = if v5 {
-            usize::from(config.receive_maximum)
+            u32::from(config.receive_maximum)
         } else {
-            usize::MAX
+            u32::MAX
         };
         let alias_max_in = config.topic_alias_maximum;
         let receive_maximum = connect.properties.receive_maximum.unwrap_or(u16::MAX);
-        let window = usize::from(config.max_inflight_messages.min(receive_maximum).max(1));
+        let window = config.max_inflight_messages.min(receive_maximum).max(1);
         let client_max_packet = connect
             .properties
             .maximum_packet_size
