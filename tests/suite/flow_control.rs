@@ -202,25 +202,37 @@ async fn two_clients_publishing_to_each_other_without_reading_recover_after_the_
     config.mqtt.stalled_after = 2;
     let server = common::start_with(config).await;
     let addr = server.mqtt_addr;
-    let mut halves = Vec::new();
-    for (me, mine, theirs) in [("a", "to/a", "to/b"), ("b", "to/b", "to/a")] {
+    let mut clients = Vec::new();
+    for (me, mine) in [("a", "to/a"), ("b", "to/b")] {
         let mut c = RawClient::connect(addr, ProtocolVersion::V3_1_1, me, true).await;
         v5::subscribe(&mut c, mine, QoS::AtLeastOnce).await;
-        let (read, mut write) = c.stream.into_split();
-        let bytes = encoded(&publishes(theirs, me, 3000), ProtocolVersion::V3_1_1);
-        // Written without reading anything back.
-        let writer = tokio::spawn(async move {
-            let _ = write.write_all(&bytes).await;
-            write
-        });
-        halves.push((read, writer));
+        clients.push((me, c));
     }
-    // Both are paused for each other now: the acknowledgements come once the broker counts
-    // both sessions as stalled (2 s), well within the bound.
-    for (mut read, writer) in halves {
-        let acks = pubacks(&mut read, ProtocolVersion::V3_1_1, 3000, WAIT).await;
-        assert_eq!(acks.len(), 3000, "every PUBLISH acknowledged");
-        drop(writer.await);
+    // Both subscribed; now each writes 3,000 QoS 1 PUBLISHes for the other and acknowledges
+    // none of what it receives (it reads only to collect its own PUBACKs).
+    let mut readers = Vec::new();
+    for (me, c) in clients {
+        let theirs = if me == "a" { "to/b" } else { "to/a" };
+        let (mut read, mut write) = c.stream.into_split();
+        let bytes = encoded(&publishes(theirs, me, 3000), ProtocolVersion::V3_1_1);
+        readers.push(tokio::spawn(async move {
+            let writer = tokio::spawn(async move {
+                let _ = write.write_all(&bytes).await;
+                write
+            });
+            let acks = pubacks(&mut read, ProtocolVersion::V3_1_1, 3000, WAIT).await;
+            drop(writer.await);
+            acks.len()
+        }));
+    }
+    // Each is paused for the other after 1,100 messages (window 100 + queue 1,000); the rest
+    // is acknowledged once the broker counts both sessions as stalled (2 s), within the bound.
+    for reader in readers {
+        assert_eq!(
+            reader.await.expect("task"),
+            3000,
+            "every PUBLISH acknowledged"
+        );
     }
 }
 
