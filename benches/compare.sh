@@ -61,10 +61,10 @@ command -v mosquitto >/dev/null || { echo "mosquitto is not on PATH (apt-get ins
 BROKERS=(postbox mosquitto)
 if command -v rumqttd >/dev/null; then BROKERS+=(rumqttd); fi
 # The defaults set runs Postbox and Mosquitto only. rumqttd has no defaults that can be run
-# simply: it has no port flag, its built-in default config listens on fixed ports (1883, 1884,
-# 8083 and its console), which clash with a free port per run, and a config file of our own
-# has to choose every router and connection value (none has a default), which is tuning, not
-# its defaults.
+# simply: it has no port flag and its config keys have no built-in defaults, so every run
+# needs a whole config file; the example it ships (rumqttd.toml) binds fixed ports (1883,
+# 1884, 8083, console 3030, prometheus 9042), which clash with a free port per run. A copy of
+# that file with only the ports changed would be its nearest "defaults"; not done here.
 DEFAULTS_BROKERS=(postbox mosquitto)
 
 OUT="${OUT:-$ROOT/target/bench-compare/$(date +%Y%m%d-%H%M%S)}"
@@ -360,7 +360,7 @@ for spec in "${CASES[@]}"; do
       if [ "$settings" = defaults ]; then
         rate="$rate; $(grep -E '^ +loss \|' "$log.txt" | sed 's/.*| //')"
       fi
-      printf '%-12s %-10s #%s  %-8s %s\n' "$case" "$broker" "$rep" "$status" "$rate"
+      printf '%-19s %-10s #%s  %-8s %s\n' "$case" "$broker" "$rep" "$status" "$rate"
       stop_broker
     done
   done

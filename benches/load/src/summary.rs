@@ -355,8 +355,8 @@ fn metric_line(
 type Cases<'a> = BTreeMap<String, (String, BTreeMap<String, Vec<&'a Value>>)>;
 
 /// The section on Postbox's own defaults: for every defaults case, its median throughput
-/// against the tuned case of the same shape (when the results hold one), the worst loss, and
-/// whether issue 12's goal is met. Empty when no case ran on defaults.
+/// against the tuned case of the same shape (when the results hold one), the worst loss, the
+/// median peak RSS, and whether issue 12's goal is met. Empty when no case ran on defaults.
 fn defaults_vs_tuned(order: &[String], cases: &Cases<'_>, width: usize) -> String {
     let runs = |case: &str| -> Option<&Vec<&Value>> { cases.get(case)?.1.get(REFERENCE) };
     let is_defaults =
@@ -373,6 +373,14 @@ fn defaults_vs_tuned(order: &[String], cases: &Cases<'_>, width: usize) -> Strin
             .iter()
             .find(|t| !is_defaults(t) && runs(t).is_some_and(|r| Shape::of(r[0]) == shape));
         let defaults_rate = aggregate(Some(rows), &rate);
+        let peak_rss = aggregate(
+            Some(rows),
+            &Metric {
+                field: "broker_peak_rss_kib",
+                scale: 1.0 / 1024.0,
+                ..METRICS[0]
+            },
+        );
         let tuned_rate = tuned.and_then(|t| aggregate(runs(t).map(Vec::as_slice), &rate));
         let worst = |field: &'static str| {
             let m = Metric {
@@ -412,20 +420,21 @@ fn defaults_vs_tuned(order: &[String], cases: &Cases<'_>, width: usize) -> Strin
         };
         let _ = writeln!(
             out,
-            "{case:<width$} {:<14} {:>15} {:>15} {:>7} {:>12}  {goal}",
+            "{case:<width$} {:<14} {:>15} {:>15} {:>7} {:>8} {:>10}  {goal}",
             tuned.map_or("-", String::as_str),
             cell(defaults_rate),
             cell(tuned_rate),
             ratio.map_or("-".into(), |r| format!("{r:.2}x")),
             lost_pct.map_or("-".into(), fmt_num),
+            peak_rss.map_or("-".into(), |(v, _)| fmt_num(v)),
         );
     }
     if out.is_empty() {
         return out;
     }
     let header = format!(
-        "{:<width$} {:<14} {:>15} {:>15} {:>7} {:>12}  goal",
-        "case", "tuned case", "defaults msg/s", "tuned msg/s", "D/T", "lost %"
+        "{:<width$} {:<14} {:>15} {:>15} {:>7} {:>8} {:>10}  goal",
+        "case", "tuned case", "defaults msg/s", "tuned msg/s", "D/T", "lost %", "peak MiB"
     );
     format!(
         "\nPostbox on its defaults vs tuned (goal: QoS >= 1 nothing lost, QoS 0 lost <= \
