@@ -356,9 +356,11 @@ for spec in "${CASES[@]}"; do
         status="FAILED (exit $?)"
         FAILED=$((FAILED + 1))
       fi
-      rate=$(grep -E '^ +(delivered|connect rate) \|' "$log.txt" | tail -1 | sed 's/.*| //')
+      # `|| true`: a run that failed before printing its table (no such line) must not end
+      # the whole comparison under `set -e -o pipefail`.
+      rate=$(grep -E '^ +(delivered|connect rate) \|' "$log.txt" | tail -1 | sed 's/.*| //' || true)
       if [ "$settings" = defaults ]; then
-        rate="$rate; $(grep -E '^ +loss \|' "$log.txt" | sed 's/.*| //')"
+        rate="$rate; $(grep -E '^ +loss \|' "$log.txt" | sed 's/.*| //' || true)"
       fi
       printf '%-19s %-10s #%s  %-8s %s\n' "$case" "$broker" "$rep" "$status" "$rate"
       stop_broker
