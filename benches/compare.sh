@@ -128,7 +128,7 @@ else
     # unthrottled publishers. Fan-in and fan-out have the tuned cases' shapes *and* message
     # counts, so "defaults / tuned" in the summary isolates the settings; every subscriber
     # gets 10,000 to 1,200,000 messages against a default queue of 1,000 (Mosquitto's and
-    # Postbox's; max_inflight 20 for both). p2p is one unthrottled pair: the tuned set has 500
+    # Postbox's; max_inflight 20 for Mosquitto, 100 for Postbox). p2p is one unthrottled pair: the tuned set has 500
     # pairs of 1,000 messages, which never overrun a queue of 1,000, so it has no tuned
     # counterpart.
     "defaults-fan-in-q0|fan-in|--qos 0 --publishers 100 --messages 12000"
@@ -226,8 +226,8 @@ EOF
 
 # Each broker on its own defaults, with only what a free port per run needs.
 #  - Postbox: no config file, so the embedded default config (config/postbox.toml) applies:
-#    persistence on with fsync after every group commit, 20 in-flight and 1,000 queued
-#    messages per client, drop-new on overflow, log level info. `-p` sets the port;
+#    persistence on with fsync after every group commit, 100 in-flight and 1,000 queued
+#    messages per client (publishers paused beyond that), drop-new on overflow, log level info. `-p` sets the port;
 #    `--metrics-port 0` turns the metrics endpoint off, because its default port (9883) is
 #    fixed and would clash between runs and with other brokers on the machine; `--data-dir`
 #    is a fresh directory per run, so no run recovers another's store.

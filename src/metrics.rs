@@ -38,6 +38,8 @@ pub mod names {
     pub const BYTES_SENT_TOTAL: &str = "postbox_bytes_sent_total";
     /// Counter (labels `reason`, `qos`): messages dropped instead of delivered.
     pub const MESSAGES_DROPPED_TOTAL: &str = "postbox_messages_dropped_total";
+    /// Counter: connected sessions found stalled, once per overflow episode.
+    pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
     /// Gauge: publishing connections paused by back-pressure now.
     pub const PUBLISHERS_PAUSED: &str = "postbox_publishers_paused";
     /// Counter: seconds publishers have spent paused, all together.
@@ -269,6 +271,9 @@ pub struct Metrics {
     /// PUBLISHes not routed because the broker was over its memory budget (QoS 1/2 refused,
     /// QoS 0 dropped), by QoS.
     pub messages_dropped_memory: [Counter; 3],
+    /// Connected sessions found stalled (full queue, no progress for `mqtt.stalled_after`):
+    /// once per overflow episode.
+    pub session_stalls: Counter,
     /// Publishing connections paused by back-pressure now (`broker::flow`); set at scrape.
     pub publishers_paused: Gauge,
     /// Seconds publishers have spent paused, all together; set at scrape.
@@ -368,6 +373,11 @@ impl Metrics {
             Unit::Count,
             "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory) and QoS."
         );
+        describe_counter!(
+            SESSION_STALLS_TOTAL,
+            Unit::Count,
+            "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per overflow episode)."
+        );
         describe_gauge!(
             PUBLISHERS_PAUSED,
             Unit::Count,
@@ -466,6 +476,7 @@ impl Metrics {
             ),
             messages_dropped_too_large: dropped_by_qos("too_large"),
             messages_dropped_memory: dropped_by_qos("memory"),
+            session_stalls: counter!(SESSION_STALLS_TOTAL),
             publishers_paused: gauge!(PUBLISHERS_PAUSED),
             publisher_pause_seconds: counter!(PUBLISHER_PAUSE_SECONDS_TOTAL),
             memory_budget_bytes: gauge!(MEMORY_BUDGET_BYTES),
@@ -606,6 +617,7 @@ mod tests {
             names::BYTES_RECEIVED_TOTAL,
             names::BYTES_SENT_TOTAL,
             names::MESSAGES_DROPPED_TOTAL,
+            names::SESSION_STALLS_TOTAL,
             names::PUBLISHERS_PAUSED,
             names::PUBLISHER_PAUSE_SECONDS_TOTAL,
             names::MEMORY_BUDGET_BYTES,

@@ -79,7 +79,7 @@ impl Broker {
                 .admit(delivery, &self.limits, persistence, now_ms);
             let session = &target.session;
             let (outcome, victims) = match admission {
-                Admission::Refused(outcome) => (outcome, Victims::default()),
+                Admission::Refused(outcome, victims) => (outcome, victims),
                 Admission::Pushed(outcome, victims) => {
                     persist::remove_victims(&mut ops, &session.client_id, &victims);
                     (outcome, victims)
@@ -252,6 +252,9 @@ impl Broker {
         qos: QoS,
         victims: &Victims,
     ) -> bool {
+        if victims.stall_began {
+            self.metrics.session_stalls.increment(1);
+        }
         match outcome {
             EnqueueOutcome::Queued | EnqueueOutcome::QueuedOverBound => true,
             EnqueueOutcome::QueuedDroppedOldest => {

@@ -291,6 +291,11 @@ async fn large_messages_for_a_stalled_subscriber_keep_memory_under_the_budget() 
         dropped > 0.0,
         "the overflow of the stalled session is counted"
     );
+    let stalls = broker
+        .metric("postbox_session_stalls_total")
+        .await
+        .unwrap_or(0.0);
+    assert_eq!(stalls, 1.0, "one stall episode");
     drop(stalled);
 }
 

@@ -110,6 +110,9 @@ pub struct Victims {
     pub dropped: [u64; 3],
     /// Stored queue positions among them.
     pub stored: SmallVec<[u64; 1]>,
+    /// This admission began an overflow episode of a connected session: it stalled
+    /// (counted as `session_stalls`).
+    pub stall_began: bool,
 }
 
 /// Result of [`Session::admit`]: pushed now, reserved for a stored push, or refused.
@@ -128,8 +131,8 @@ pub enum Admission {
         /// Deliveries dropped to make room (drop-oldest policy).
         victims: Victims,
     },
-    /// Not queued.
-    Refused(EnqueueOutcome),
+    /// Not queued; the victims carry only `stall_began`.
+    Refused(EnqueueOutcome, Victims),
 }
 
 /// What happened to a delivery handed to [`Session::enqueue`].
@@ -260,7 +263,7 @@ impl Session {
     ) -> (EnqueueOutcome, Victims) {
         match self.admit(delivery, limits, false, now_ms) {
             Admission::Pushed(outcome, victims) => (outcome, victims),
-            Admission::Refused(outcome) => (outcome, Victims::default()),
+            Admission::Refused(outcome, victims) => (outcome, victims),
             Admission::Reserved {
                 delivery,
                 outcome,
@@ -289,11 +292,11 @@ impl Session {
     ) -> Admission {
         let mut st = self.state.lock();
         if st.ended {
-            return Admission::Refused(EnqueueOutcome::SessionEnded);
+            return Admission::Refused(EnqueueOutcome::SessionEnded, Victims::default());
         }
         let online = st.connection.is_some();
         if !online && delivery.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
-            return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline);
+            return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline, Victims::default());
         }
         let size = delivery.message.payload.len();
         let mut outcome = EnqueueOutcome::Queued;
@@ -309,6 +312,9 @@ impl Session {
         while outcome != EnqueueOutcome::QueuedOverBound && st.is_full(limits, size) {
             if !st.overflowing {
                 st.overflowing = true;
+                // Connected and eligible for back-pressure: full only because it stalled.
+                victims.stall_began =
+                    online && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0);
                 tracing::warn!(
                     client = %self.client_id,
                     queued = st.queue.len(),
@@ -319,7 +325,7 @@ impl Session {
             }
             match limits.overflow {
                 OverflowPolicy::DropNew => {
-                    return Admission::Refused(EnqueueOutcome::DroppedQueueFull)
+                    return Admission::Refused(EnqueueOutcome::DroppedQueueFull, victims)
                 }
                 OverflowPolicy::DropOldest => match st.queue.pop_front() {
                     Some(old) => {
