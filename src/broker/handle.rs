@@ -311,6 +311,10 @@ impl SessionHandle {
     /// Whether a connection paused for `target` (a [`Published::pressure`]) may read again:
     /// the target drained to half its bounds, stalled, went offline or ended. Otherwise, the
     /// broker clock millisecond at which the target counts as stalled, to wake up for.
+    ///
+    /// # Errors
+    ///
+    /// Not yet: the deadline (broker clock ms) at which to look again without a wake-up.
     pub fn may_resume(&self, target: &Session, now: Instant) -> Result<(), u64> {
         let now_ms = self.broker.clock_ms(now);
         let limits = self.broker.queue_limits();

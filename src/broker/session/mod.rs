@@ -262,8 +262,9 @@ impl Session {
         now_ms: u64,
     ) -> (EnqueueOutcome, Victims) {
         match self.admit(delivery, limits, false, now_ms) {
-            Admission::Pushed(outcome, victims) => (outcome, victims),
-            Admission::Refused(outcome, victims) => (outcome, victims),
+            Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
+                (outcome, victims)
+            }
             Admission::Reserved {
                 delivery,
                 outcome,
