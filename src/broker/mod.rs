@@ -115,6 +115,9 @@ pub struct Broker {
     next_session_id: AtomicU64,
     /// Origin of [`Broker::clock_ms`].
     epoch: Instant,
+    /// [`Broker::clock_ms`] as of the last keep-alive sweep (every [`KEEP_ALIVE_SWEEP`]):
+    /// what routing stamps queue progress with, so a PUBLISH costs no clock read.
+    coarse_ms: AtomicU64,
     /// Set once the server stops; connections see it when woken and close with 0x8B.
     shutting_down: AtomicBool,
     /// Holds PUBLISHes back while a SUBSCRIBE read before them is handled.
@@ -193,6 +196,7 @@ impl Broker {
             authenticators: AuthRegistry::new(),
             next_session_id: AtomicU64::new(1),
             epoch: Instant::now(),
+            coarse_ms: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
             subscribe_fence: SubscribeFence::default(),
             arrival_order: Arc::default(),
@@ -290,11 +294,20 @@ impl Broker {
         at.saturating_duration_since(self.epoch).as_millis() as u64
     }
 
+    /// [`Broker::clock_ms`] as of the last keep-alive sweep, at most [`KEEP_ALIVE_SWEEP`]
+    /// behind: for the stall clock of session queues (`broker::flow`), whose seconds do not
+    /// need a clock read (54 ns here) per PUBLISH.
+    pub(crate) fn coarse_ms(&self) -> u64 {
+        self.coarse_ms.load(Ordering::Relaxed)
+    }
+
     /// Wakes every connection whose keep-alive ran out, so it closes (MQTT-3.1.2-24). Called
     /// periodically ([`KEEP_ALIVE_SWEEP`]) instead of each connection holding a timer: an idle
     /// connection then costs no timer entry and no timer future, only an atomic deadline.
+    /// Also advances [`Broker::coarse_ms`].
     pub fn wake_expired_keep_alives(&self) -> usize {
         let now_ms = self.clock_ms(Instant::now());
+        self.coarse_ms.store(now_ms, Ordering::Relaxed);
         let sessions = self.sessions.lock();
         let mut woken = 0;
         for session in sessions.iter() {

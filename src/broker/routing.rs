@@ -59,7 +59,7 @@ impl Broker {
             return Err(error);
         }
         let persistence = self.store.is_some();
-        let now_ms = self.clock_ms(Instant::now());
+        let now_ms = self.coarse_ms();
         let mut pressure: Option<Arc<Session>> = None;
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
@@ -354,7 +354,7 @@ impl Broker {
             }
         }
         tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");
-        let now_ms = self.clock_ms(Instant::now());
+        let now_ms = self.coarse_ms();
         for (target, delivery) in moves {
             let qos = delivery.qos;
             let (outcome, victims) = target.enqueue(delivery, &self.limits, now_ms);
