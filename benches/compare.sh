@@ -7,6 +7,10 @@
 # pinned to core 0 and the generator to core 1. Results go to <out>/results.jsonl; the
 # Postbox/other ratios of the medians are printed at the end and saved to <out>/summary.txt.
 #
+# Two sets of cases: the tuned set (every broker with the same generous limits, so the
+# figures compare the brokers' engines) and the defaults set (`defaults-*`: every broker on
+# its own defaults, bursts that overrun default queues, loss shown as a figure; issue 12).
+#
 # Installs nothing: needs `cargo build --release` done, and `mosquitto` on PATH.
 # See benches/README.md for how to read the output.
 set -euo pipefail
@@ -17,7 +21,9 @@ usage: benches/compare.sh [--quick] [--repeats N] [--only CASE[,CASE...]] [--out
 
   --quick      small counts, one repeat: a smoke test of the whole pipeline (~1 minute)
   --repeats N  runs per case and broker (default 3; medians are reported)
-  --only LIST  run only these cases (names as in the table, e.g. fan-in-q1,latency-q1)
+  --only LIST  run only these cases (names as in the table, e.g. fan-in-q1,latency-q1);
+               `defaults` selects every defaults-* case (each broker on its own defaults),
+               `tuned` every other case; e.g. --only defaults or --only tuned,defaults-p2p-q1
   --out DIR    where results, configs and logs go (default target/bench-compare/<time>)
   --no-pin     do not pin broker and generator to separate cores with taskset
 EOF
@@ -54,6 +60,12 @@ command -v mosquitto >/dev/null || { echo "mosquitto is not on PATH (apt-get ins
 
 BROKERS=(postbox mosquitto)
 if command -v rumqttd >/dev/null; then BROKERS+=(rumqttd); fi
+# The defaults set runs Postbox and Mosquitto only. rumqttd has no defaults that can be run
+# simply: it has no port flag and its config keys have no built-in defaults, so every run
+# needs a whole config file; the example it ships (rumqttd.toml) binds fixed ports (1883,
+# 1884, 8083, console 3030, prometheus 9042), which clash with a free port per run. A copy of
+# that file with only the ports changed would be its nearest "defaults"; not done here.
+DEFAULTS_BROKERS=(postbox mosquitto)
 
 OUT="${OUT:-$ROOT/target/bench-compare/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT/logs"
@@ -88,6 +100,15 @@ if [ "$QUICK" = 1 ]; then
     "connections|connections|--connections 1000"
     "retained|retained|--retained 5000"
     "durable-q1|durable|--qos 1 --publishers 2 --subscribers 2 --messages 2000"
+    # Defaults set, smoke sizes: the tuned quick shapes (4 publishers, 20 subscribers) so the
+    # defaults/tuned ratio is printed, with enough messages per subscriber to overrun
+    # Mosquitto's default queue of 1000.
+    "defaults-fan-in-q0|fan-in|--qos 0 --publishers 4 --messages 5000"
+    "defaults-fan-in-q1|fan-in|--qos 1 --publishers 4 --messages 5000"
+    "defaults-fan-out-q0|fan-out|--qos 0 --subscribers 20 --messages 5000"
+    "defaults-fan-out-q1|fan-out|--qos 1 --subscribers 20 --messages 5000"
+    "defaults-p2p-q0|p2p|--qos 0 --pairs 1 --messages 20000"
+    "defaults-p2p-q1|p2p|--qos 1 --pairs 1 --messages 20000"
   )
 else
   # Sized so a Mosquitto run takes roughly 4-10 s and a Postbox run ~0.3-2 s on a 2-core
@@ -103,6 +124,19 @@ else
     "connections|connections|--connections 10000"
     "retained|retained|--retained 100000"
     "durable-q1|durable|--qos 1 --publishers 4 --subscribers 4 --messages 20000"
+    # Defaults set (issue 12): each broker on its own defaults (see start_defaults_broker),
+    # unthrottled publishers. Fan-in and fan-out have the tuned cases' shapes *and* message
+    # counts, so "defaults / tuned" in the summary isolates the settings; every subscriber
+    # gets 10,000 to 1,200,000 messages against a default queue of 1,000 (Mosquitto's and
+    # Postbox's; max_inflight 20 for Mosquitto, 100 for Postbox). p2p is one unthrottled pair: the tuned set has 500
+    # pairs of 1,000 messages, which never overrun a queue of 1,000, so it has no tuned
+    # counterpart.
+    "defaults-fan-in-q0|fan-in|--qos 0 --publishers 100 --messages 12000"
+    "defaults-fan-in-q1|fan-in|--qos 1 --publishers 100 --messages 4000"
+    "defaults-fan-out-q0|fan-out|--qos 0 --subscribers 100 --messages 10000"
+    "defaults-fan-out-q1|fan-out|--qos 1 --subscribers 100 --messages 15000"
+    "defaults-p2p-q0|p2p|--qos 0 --pairs 1 --messages 300000"
+    "defaults-p2p-q1|p2p|--qos 1 --pairs 1 --messages 300000"
   )
 fi
 
@@ -190,9 +224,55 @@ EOF
   echo "$file"
 }
 
-BROKER_PID=""
-start_broker() { # broker port log
+# Each broker on its own defaults, with only what a free port per run needs.
+#  - Postbox: no config file, so the embedded default config (config/postbox.toml) applies:
+#    persistence on with fsync after every group commit, 100 in-flight and 1,000 queued
+#    messages per client (publishers paused beyond that), drop-new on overflow, log level info. `-p` sets the port;
+#    `--metrics-port 0` turns the metrics endpoint off, because its default port (9883) is
+#    fixed and would clash between runs and with other brokers on the machine; `--data-dir`
+#    is a fresh directory per run, so no run recovers another's store.
+#  - Mosquitto: a config holding only the listener line and `allow_anonymous true` (Mosquitto 2
+#    refuses anonymous clients once a listener is configured, and the generator sends no
+#    credentials); everything else is Mosquitto's default: max_inflight_messages 20,
+#    max_queued_messages 1000, no persistence, connection messages logged.
+POSTBOX_DATA=""
+start_defaults_broker() { # broker port log
   local broker=$1 port=$2 log=$3 conf
+  case "$broker" in
+    postbox)
+      mkdir -p "$OUT/data"
+      POSTBOX_DATA="$(mktemp -d "$OUT/data/postbox-defaults-$port.XXXXXX")"
+      "${BROKER_PIN[@]}" "$POSTBOX" -p "$port" --metrics-port 0 --data-dir "$POSTBOX_DATA" \
+        >"$log" 2>&1 &
+      ;;
+    mosquitto)
+      conf="$OUT/mosquitto-defaults.conf"
+      cat >"$conf" <<EOF
+listener $port 127.0.0.1
+allow_anonymous true
+EOF
+      "${BROKER_PIN[@]}" mosquitto -c "$conf" >"$log" 2>&1 &
+      ;;
+    *)
+      echo "  no defaults run for $broker" >&2
+      return 1
+      ;;
+  esac
+  BROKER_PID=$!
+  if ! "$BENCH" wait-port "127.0.0.1:$port" --timeout 10; then
+    echo "  $broker did not start; see $log" >&2
+    stop_broker
+    return 1
+  fi
+}
+
+BROKER_PID=""
+start_broker() { # broker port log [settings]
+  local broker=$1 port=$2 log=$3 settings=${4:-tuned} conf
+  if [ "$settings" = defaults ]; then
+    start_defaults_broker "$broker" "$port" "$log"
+    return
+  fi
   conf="$(write_config "$broker" "$port")"
   case "$broker" in
     postbox | postbox-durable) "${BROKER_PIN[@]}" "$POSTBOX" -c "$conf" >"$log" 2>&1 & ;;
@@ -217,12 +297,21 @@ stop_broker() {
   kill -KILL "$BROKER_PID" 2>/dev/null || true
   wait "$BROKER_PID" 2>/dev/null || true
   BROKER_PID=""
+  # A defaults run's store is of no further use, and the machine's disk is shared.
+  if [ -n "$POSTBOX_DATA" ]; then
+    rm -rf "$POSTBOX_DATA"
+    POSTBOX_DATA=""
+  fi
 }
 trap stop_broker EXIT INT TERM
 
 selected() { # case
   [ -z "$ONLY" ] && return 0
   case ",$ONLY," in *",$1,"*) return 0 ;; esac
+  case "$1" in
+    defaults-*) case ",$ONLY," in *",defaults,"*) return 0 ;; esac ;;
+    *) case ",$ONLY," in *",tuned,"*) return 0 ;; esac ;;
+  esac
   return 1
 }
 
@@ -233,7 +322,12 @@ START=$(date +%s)
 for spec in "${CASES[@]}"; do
   IFS='|' read -r case scenario args <<<"$spec"
   selected "$case" || continue
+  settings=tuned
   brokers=("${BROKERS[@]}")
+  if [[ "$case" == defaults-* ]]; then
+    settings=defaults
+    brokers=("${DEFAULTS_BROKERS[@]}")
+  fi
   if [ "$scenario" = durable ]; then
     # Durability on and off, both brokers: the cost of the promise, and Mosquitto's.
     brokers+=(postbox-durable mosquitto-persist)
@@ -247,18 +341,28 @@ for spec in "${CASES[@]}"; do
     for broker in "${order[@]}"; do
       port="$("$BENCH" free-port)"
       log="$OUT/logs/$case-$broker-$rep"
-      start_broker "$broker" "$port" "$log.broker.log" || { FAILED=$((FAILED + 1)); continue; }
+      start_broker "$broker" "$port" "$log.broker.log" "$settings" || {
+        FAILED=$((FAILED + 1))
+        continue
+      }
+      # On defaults, loss is the figure measured: `--settings defaults` keeps it from failing
+      # the run (a run that delivers nothing still fails).
       # shellcheck disable=SC2086 # $args is a list of flags
       if "${GEN_PIN[@]}" "$BENCH" run "$scenario" --host "127.0.0.1:$port" --broker "$broker" \
-        --broker-pid "$BROKER_PID" --case "$case" --json "$RESULTS" --timeout 60 $args \
-        >"$log.txt" 2>&1; then
+        --broker-pid "$BROKER_PID" --case "$case" --settings "$settings" --json "$RESULTS" \
+        --timeout 60 $args >"$log.txt" 2>&1; then
         status=ok
       else
         status="FAILED (exit $?)"
         FAILED=$((FAILED + 1))
       fi
-      rate=$(grep -E '^ +(delivered|connect rate) \|' "$log.txt" | tail -1 | sed 's/.*| //')
-      printf '%-12s %-10s #%s  %-8s %s\n' "$case" "$broker" "$rep" "$status" "$rate"
+      # `|| true`: a run that failed before printing its table (no such line) must not end
+      # the whole comparison under `set -e -o pipefail`.
+      rate=$(grep -E '^ +(delivered|connect rate) \|' "$log.txt" | tail -1 | sed 's/.*| //' || true)
+      if [ "$settings" = defaults ]; then
+        rate="$rate; $(grep -E '^ +loss \|' "$log.txt" | sed 's/.*| //' || true)"
+      fi
+      printf '%-19s %-10s #%s  %-8s %s\n' "$case" "$broker" "$rep" "$status" "$rate"
       stop_broker
     done
   done

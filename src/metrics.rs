@@ -36,8 +36,18 @@ pub mod names {
     pub const BYTES_RECEIVED_TOTAL: &str = "postbox_bytes_received_total";
     /// Counter: bytes written to client connections.
     pub const BYTES_SENT_TOTAL: &str = "postbox_bytes_sent_total";
-    /// Counter (label `reason`): messages dropped instead of delivered.
+    /// Counter (labels `reason`, `qos`): messages dropped instead of delivered.
     pub const MESSAGES_DROPPED_TOTAL: &str = "postbox_messages_dropped_total";
+    /// Counter: connected sessions found stalled, once per overflow episode.
+    pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
+    /// Gauge: publishing connections paused by back-pressure now.
+    pub const PUBLISHERS_PAUSED: &str = "postbox_publishers_paused";
+    /// Counter: seconds publishers have spent paused, all together.
+    pub const PUBLISHER_PAUSE_SECONDS_TOTAL: &str = "postbox_publisher_pause_seconds_total";
+    /// Gauge: the memory budget in bytes.
+    pub const MEMORY_BUDGET_BYTES: &str = "postbox_memory_budget_bytes";
+    /// Gauge: bytes counted against the memory budget.
+    pub const MEMORY_USED_BYTES: &str = "postbox_memory_used_bytes";
     /// Counter: connections closed because a packet could not be decoded.
     pub const MALFORMED_PACKETS_TOTAL: &str = "postbox_malformed_packets_total";
     /// Counter: connections closed for a protocol violation in a well-formed packet.
@@ -251,12 +261,27 @@ pub struct Metrics {
     pub bytes_received: Counter,
     /// Bytes written to client connections.
     pub bytes_sent: Counter,
-    /// Messages dropped because a session queue was full (`mqtt.max_queued_*`).
-    pub messages_dropped_queue_full: Counter,
+    /// Messages dropped because the queue of an offline or stalled session was full
+    /// (`mqtt.max_queued_*`), indexed by QoS.
+    pub messages_dropped_queue_full: [Counter; 3],
     /// QoS 0 messages dropped for offline persistent sessions (`mqtt.queue_qos0_messages`).
     pub messages_dropped_qos0_offline: Counter,
-    /// Messages not sent because they exceed the client's Maximum Packet Size (v5).
-    pub messages_dropped_too_large: Counter,
+    /// Messages not sent because they exceed the client's Maximum Packet Size (v5), by QoS.
+    pub messages_dropped_too_large: [Counter; 3],
+    /// PUBLISHes not routed because the broker was over its memory budget (QoS 1/2 refused,
+    /// QoS 0 dropped), by QoS.
+    pub messages_dropped_memory: [Counter; 3],
+    /// Connected sessions found stalled (full queue, no progress for `mqtt.stalled_after`):
+    /// once per overflow episode.
+    pub session_stalls: Counter,
+    /// Publishing connections paused by back-pressure now (`broker::flow`); set at scrape.
+    pub publishers_paused: Gauge,
+    /// Seconds publishers have spent paused, all together; set at scrape.
+    pub publisher_pause_seconds: Counter,
+    /// The memory budget in bytes (`mqtt.max_memory` resolved).
+    pub memory_budget_bytes: Gauge,
+    /// Bytes counted against the budget (messages alive, partial packets); set at scrape.
+    pub memory_used_bytes: Gauge,
     /// Connections closed because a packet could not be decoded.
     pub malformed_packets: Counter,
     /// Connections closed for a protocol violation in a well-formed packet.
@@ -282,6 +307,16 @@ pub struct Metrics {
     /// Bytes held by partially read packets; set from `connection::partial_packet_bytes`
     /// by the server's periodic sweep (the connections count into one process-wide atomic).
     pub partial_packet_bytes: Gauge,
+}
+
+/// `postbox_messages_dropped_total{reason, qos}`, one counter per QoS.
+fn dropped_by_qos(reason: &'static str) -> [Counter; 3] {
+    use names::MESSAGES_DROPPED_TOTAL;
+    [
+        counter!(MESSAGES_DROPPED_TOTAL, "reason" => reason, "qos" => "0"),
+        counter!(MESSAGES_DROPPED_TOTAL, "reason" => reason, "qos" => "1"),
+        counter!(MESSAGES_DROPPED_TOTAL, "reason" => reason, "qos" => "2"),
+    ]
 }
 
 impl Metrics {
@@ -336,7 +371,32 @@ impl Metrics {
         describe_counter!(
             MESSAGES_DROPPED_TOTAL,
             Unit::Count,
-            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large)."
+            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory) and QoS."
+        );
+        describe_counter!(
+            SESSION_STALLS_TOTAL,
+            Unit::Count,
+            "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per overflow episode)."
+        );
+        describe_gauge!(
+            PUBLISHERS_PAUSED,
+            Unit::Count,
+            "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."
+        );
+        describe_counter!(
+            PUBLISHER_PAUSE_SECONDS_TOTAL,
+            Unit::Seconds,
+            "Seconds publishers have spent paused by back-pressure, all together."
+        );
+        describe_gauge!(
+            MEMORY_BUDGET_BYTES,
+            Unit::Bytes,
+            "The memory budget for messages and partial packets (mqtt.max_memory)."
+        );
+        describe_gauge!(
+            MEMORY_USED_BYTES,
+            Unit::Bytes,
+            "Bytes counted against the memory budget: messages held and partial packets."
         );
         describe_counter!(
             MALFORMED_PACKETS_TOTAL,
@@ -408,12 +468,19 @@ impl Metrics {
             ],
             bytes_received: counter!(BYTES_RECEIVED_TOTAL),
             bytes_sent: counter!(BYTES_SENT_TOTAL),
-            messages_dropped_queue_full: counter!(MESSAGES_DROPPED_TOTAL, "reason" => "queue_full"),
+            messages_dropped_queue_full: dropped_by_qos("queue_full"),
             messages_dropped_qos0_offline: counter!(
                 MESSAGES_DROPPED_TOTAL,
-                "reason" => "qos0_offline"
+                "reason" => "qos0_offline",
+                "qos" => "0"
             ),
-            messages_dropped_too_large: counter!(MESSAGES_DROPPED_TOTAL, "reason" => "too_large"),
+            messages_dropped_too_large: dropped_by_qos("too_large"),
+            messages_dropped_memory: dropped_by_qos("memory"),
+            session_stalls: counter!(SESSION_STALLS_TOTAL),
+            publishers_paused: gauge!(PUBLISHERS_PAUSED),
+            publisher_pause_seconds: counter!(PUBLISHER_PAUSE_SECONDS_TOTAL),
+            memory_budget_bytes: gauge!(MEMORY_BUDGET_BYTES),
+            memory_used_bytes: gauge!(MEMORY_USED_BYTES),
             malformed_packets: counter!(MALFORMED_PACKETS_TOTAL),
             protocol_errors: counter!(PROTOCOL_ERRORS_TOTAL),
             keepalive_timeouts: counter!(KEEPALIVE_TIMEOUTS_TOTAL),
@@ -508,7 +575,7 @@ mod tests {
         m.connections_current.increment(2.0);
         m.messages_received[1].increment(5);
         m.messages_sent[2].increment(7);
-        m.messages_dropped_queue_full.increment(1);
+        m.messages_dropped_queue_full[1].increment(1);
         m.messages_dropped_qos0_offline.increment(4);
         m.bytes_received.increment(1234);
 
@@ -529,8 +596,8 @@ mod tests {
             "postbox_messages_received_total{qos=\"1\"} 5",
             "postbox_messages_received_total{qos=\"0\"} 0",
             "postbox_messages_sent_total{qos=\"2\"} 7",
-            "postbox_messages_dropped_total{reason=\"queue_full\"} 1",
-            "postbox_messages_dropped_total{reason=\"qos0_offline\"} 4",
+            "postbox_messages_dropped_total{reason=\"queue_full\",qos=\"1\"} 1",
+            "postbox_messages_dropped_total{reason=\"qos0_offline\",qos=\"0\"} 4",
             "postbox_bytes_received_total 1234",
             "postbox_store_commits_total 9",
         ] {
@@ -550,6 +617,11 @@ mod tests {
             names::BYTES_RECEIVED_TOTAL,
             names::BYTES_SENT_TOTAL,
             names::MESSAGES_DROPPED_TOTAL,
+            names::SESSION_STALLS_TOTAL,
+            names::PUBLISHERS_PAUSED,
+            names::PUBLISHER_PAUSE_SECONDS_TOTAL,
+            names::MEMORY_BUDGET_BYTES,
+            names::MEMORY_USED_BYTES,
             names::MALFORMED_PACKETS_TOTAL,
             names::PROTOCOL_ERRORS_TOTAL,
             names::KEEPALIVE_TIMEOUTS_TOTAL,

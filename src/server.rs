@@ -209,7 +209,8 @@ async fn stop_listeners_then_broker(
 
 /// Wakes connections whose keep-alive (or partial packet's deadline) ran out, every
 /// [`crate::broker::KEEP_ALIVE_SWEEP`], until shutdown: one task for all connections instead
-/// of a timer in each. Also copies the bytes held by partial packets into their gauge.
+/// of a timer in each. Also copies the bytes held by partial packets and the flow-control
+/// figures (paused publishers, memory used) into their metrics.
 async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(crate::broker::KEEP_ALIVE_SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -217,10 +218,9 @@ async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
         tokio::select! {
             _ = tick.tick() => {
                 broker.wake_expired_keep_alives();
-                broker
-                    .metrics
-                    .partial_packet_bytes
-                    .set(crate::connection::partial_packet_bytes() as f64);
+                let partial = crate::connection::partial_packet_bytes();
+                broker.metrics.partial_packet_bytes.set(partial as f64);
+                broker.update_flow_metrics(partial);
             }
             () = shutdown.cancelled() => return,
         }

@@ -53,6 +53,17 @@ pub struct Answer {
     pub gate: Option<Durable>,
 }
 
+/// The answer to a PUBLISH from the client, and the session it must pause for, if any.
+#[derive(Debug)]
+pub struct Published {
+    /// The PUBACK / PUBREC to send (nothing for QoS 0) and the commit it waits for.
+    pub answer: Answer,
+    /// A connected, draining session the message was queued to over its bound: the
+    /// connection reads nothing more until [`SessionHandle::may_resume`] says so
+    /// (`broker::flow`).
+    pub pressure: Option<Arc<Session>>,
+}
+
 /// The session expiry of a session opened with 0 cannot be raised at DISCONNECT
 /// (v5 §3.14.2.2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,13 +122,27 @@ impl SessionHandle {
     /// Hands queued deliveries to `sink` while it has room and at most `window` QoS 1/2
     /// messages are unacknowledged; records each one's new stage in the store.
     pub fn fill(&self, window: usize, now: Instant, sink: &mut dyn DeliverySink) -> Fill {
-        let filled = {
+        let (filled, took, freed) = {
             let mut st = self.session.lock();
             if !st.is_owned_by(self.generation) {
                 return Fill::TakenOver;
             }
-            st.fill(&self.session.client_id, window, now, sink)
+            let before = st.queue.len();
+            let filled = st.fill(&self.session.client_id, window, now, sink);
+            let took = st.queue.len() < before;
+            let mut freed = false;
+            if took {
+                st.progress_at_ms = self.broker.clock_ms(now);
+                freed = st.drained_for_publishers(self.broker.queue_limits());
+            }
+            (filled, took, freed)
         };
+        if took {
+            self.broker.flow().on_drained();
+        }
+        if freed {
+            self.broker.flow().wake_paused();
+        }
         for (qos, n) in filled.sent.into_iter().enumerate() {
             if n > 0 {
                 self.broker.metrics.messages_sent[qos].increment(n);
@@ -240,19 +265,22 @@ impl SessionHandle {
     /// # Errors
     ///
     /// The store's error when it refuses the message (see above); nothing may be acknowledged.
-    pub fn publish(&self, publish: Publish) -> Result<Answer, StorageError> {
+    pub fn publish(&self, publish: Publish) -> Result<Published, StorageError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
         if !receipt.fresh {
             // A re-send of a stored id: its first PUBREC may still wait (on an earlier
             // connection) for the commit that holds the message; this one waits for it too.
-            return Ok(Answer {
-                reason: ReasonCode::SUCCESS,
-                gate: if receipt.store_id {
-                    self.broker.barrier()
-                } else {
-                    None
+            return Ok(Published {
+                answer: Answer {
+                    reason: ReasonCode::SUCCESS,
+                    gate: if receipt.store_id {
+                        self.broker.barrier()
+                    } else {
+                        None
+                    },
                 },
+                pressure: None,
             });
         }
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
@@ -260,13 +288,16 @@ impl SessionHandle {
             .store_id
             .then_some((&self.session.client_id, packet_id));
         match self.broker.publish(message, inbound) {
-            Ok(routed) => Ok(Answer {
-                reason: if routed.matched == 0 {
-                    ReasonCode::NO_MATCHING_SUBSCRIBERS
-                } else {
-                    ReasonCode::SUCCESS
+            Ok(routed) => Ok(Published {
+                answer: Answer {
+                    reason: if routed.matched == 0 {
+                        ReasonCode::NO_MATCHING_SUBSCRIBERS
+                    } else {
+                        ReasonCode::SUCCESS
+                    },
+                    gate: routed.durable,
                 },
-                gate: routed.durable,
+                pressure: routed.pressure,
             }),
             Err(error) => {
                 if qos == QoS::ExactlyOnce {
@@ -275,6 +306,26 @@ impl SessionHandle {
                 Err(error)
             }
         }
+    }
+
+    /// Whether a connection paused for `target` (a [`Published::pressure`]) may read again:
+    /// the target drained to half its bounds, stalled, went offline or ended. Otherwise, the
+    /// broker clock millisecond at which the target counts as stalled, to wake up for.
+    ///
+    /// # Errors
+    ///
+    /// Not yet: the deadline (broker clock ms) at which to look again without a wake-up.
+    pub fn may_resume(&self, target: &Session, now: Instant) -> Result<(), u64> {
+        let now_ms = self.broker.clock_ms(now);
+        let limits = self.broker.queue_limits();
+        let mut st = target.lock();
+        if st.lets_publishers_go(now_ms, limits) {
+            return Ok(());
+        }
+        // Still waiting: the next drain to half must wake it, even if another publisher's
+        // resume took the last episode's mark away.
+        st.pressured = true;
+        Err(st.progress_at_ms.saturating_add(limits.stalled_after_ms))
     }
 
     /// PUBREL from the client: the PUBCOMP to send (0x92 for an unknown id) and the commit it

@@ -29,7 +29,8 @@ impl Broker {
                 self.forget_stored_will(&existing.client_id);
             }
             if !req.clean_start && !st.ended {
-                let (generation, displaced) = Session::attach(&mut st);
+                let (generation, displaced) =
+                    Session::attach(&mut st, self.clock_ms(Instant::now()));
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
                 let ops =
@@ -63,7 +64,7 @@ impl Broker {
         ));
         let (generation, ops) = {
             let mut st = session.lock();
-            let (generation, _) = Session::attach(&mut st);
+            let (generation, _) = Session::attach(&mut st, self.clock_ms(Instant::now()));
             let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
             (generation, ops)
         };
@@ -104,6 +105,8 @@ impl Broker {
             let will_at = st.pending_will.as_ref().map(|w| w.publish_at);
             (st.expiry_interval, will_at, st.holds_shared())
         };
+        // Publishers paused for it no longer wait: it is offline now.
+        self.flow.wake_paused();
         if holds_shared && expiry != 0 {
             // Let connected members of its groups have what it had not acknowledged yet.
             self.redistribute_shared(session, true);
@@ -267,6 +270,9 @@ impl Broker {
             }
             st.subscriptions.drain().map(|(f, _)| f).collect()
         };
+        // Publishers paused for it no longer wait, and its messages are gone.
+        self.flow.wake_paused();
+        self.flow.on_drained();
         if filters.is_empty() {
             return;
         }

@@ -191,6 +191,27 @@ impl Link {
         self.handle.unsubscribe(filter)
     }
 
+    /// Waits until `target`, which the last publish filled past its bound, has room again,
+    /// stalls or goes away (`broker::flow`); counted as a paused publisher meanwhile.
+    async fn wait_for_room(&self, target: &super::Session) {
+        let broker = Arc::clone(self.handle.broker());
+        let flow = broker.flow();
+        let since = Instant::now();
+        flow.pause_started();
+        loop {
+            // Before the check, so a wake-up in between is not lost.
+            let room = Arc::clone(flow.room()).notified_owned();
+            let now = Instant::now();
+            let Err(deadline_ms) = self.handle.may_resume(target, now) else {
+                break;
+            };
+            let wait = deadline_ms.saturating_sub(broker.clock_ms(now));
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(wait), room).await;
+        }
+        let paused = since.elapsed();
+        flow.pause_ended(u64::try_from(paused.as_micros()).unwrap_or(u64::MAX));
+    }
+
     /// Publishes and returns once the broker has accepted it as a PUBACK / PUBCOMP would
     /// promise: queued for every subscriber and, where the store is involved, durable.
     ///
@@ -224,7 +245,12 @@ impl Link {
             payload: payload.into(),
             properties: PublishProperties::default(),
         };
-        if let Some(gate) = self.handle.publish(publish)?.gate {
+        let published = self.handle.publish(publish)?;
+        if let Some(target) = published.pressure {
+            // Back-pressure, as a connection gets it: no next publish until there is room.
+            self.wait_for_room(&target).await;
+        }
+        if let Some(gate) = published.answer.gate {
             gate.await?;
         }
         if qos == QoS::ExactlyOnce {

@@ -63,6 +63,14 @@ fn boxed_properties(properties: PublishProperties) -> Option<Box<PublishProperti
     (!properties.is_empty()).then(|| Box::new(properties))
 }
 
+/// Uncounts the message from the memory budget (`broker::flow`), which counted it when it was
+/// made. Topic and payload are never replaced after that, so the two counts match.
+impl Drop for Message {
+    fn drop(&mut self) {
+        super::flow::message_dropped(self.topic.len() + self.payload.len());
+    }
+}
+
 impl Message {
     /// Builds a routable message from a decoded PUBLISH, taking its topic and payload without copying.
     pub fn from_publish(publish: Publish, origin: Option<SessionId>) -> Message {
@@ -73,6 +81,7 @@ impl Message {
         let expires_at = properties
             .message_expiry_interval
             .map(|secs| now + std::time::Duration::from_secs(u64::from(secs)));
+        super::flow::message_made(publish.topic.len() + publish.payload.len());
         Message {
             topic: publish.topic,
             payload: publish.payload,
@@ -117,6 +126,7 @@ impl Message {
     pub fn from_stored(stored: &crate::storage::StoredMessage, store_id: Option<u64>) -> Message {
         let (received_at, expires_at) =
             super::restore::instants(stored, Instant::now(), crate::storage::now_unix_ms());
+        super::flow::message_made(stored.topic.len() + stored.payload.len());
         Message {
             topic: stored.topic.clone(),
             payload: stored.payload.clone(),

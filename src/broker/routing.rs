@@ -59,6 +59,8 @@ impl Broker {
             return Err(error);
         }
         let persistence = self.store.is_some();
+        let now_ms = self.coarse_ms();
+        let mut pressure: Option<Arc<Session>> = None;
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
         let mut ops = Vec::new();
@@ -71,11 +73,15 @@ impl Broker {
                 seq: None,
                 shared: target.shared,
             };
-            let (outcome, victims) = match target.session.admit(delivery, &self.limits, persistence)
-            {
-                Admission::Refused(outcome) => (outcome, Victims::default()),
+            let qos = target.qos;
+            let admission = target
+                .session
+                .admit(delivery, &self.limits, persistence, now_ms);
+            let session = &target.session;
+            let (outcome, victims) = match admission {
+                Admission::Refused(outcome, victims) => (outcome, victims),
                 Admission::Pushed(outcome, victims) => {
-                    persist::remove_victims(&mut ops, &target.session.client_id, &victims);
+                    persist::remove_victims(&mut ops, &session.client_id, &victims);
                     (outcome, victims)
                 }
                 Admission::Reserved {
@@ -83,26 +89,16 @@ impl Broker {
                     outcome,
                     victims,
                 } => {
-                    persist::enqueue(&mut ops, &target.session.client_id, &delivery, &victims);
-                    reserved.push((target.session, delivery));
+                    persist::enqueue(&mut ops, &session.client_id, &delivery, &victims);
+                    reserved.push((Arc::clone(session), delivery));
                     (outcome, victims)
                 }
             };
-            match outcome {
-                EnqueueOutcome::Queued => queued += 1,
-                EnqueueOutcome::QueuedDroppedOldest => {
-                    queued += 1;
-                    self.metrics
-                        .messages_dropped_queue_full
-                        .increment(victims.dropped);
-                }
-                EnqueueOutcome::DroppedQueueFull => {
-                    self.metrics.messages_dropped_queue_full.increment(1);
-                }
-                EnqueueOutcome::DroppedQoS0Offline => {
-                    self.metrics.messages_dropped_qos0_offline.increment(1);
-                }
-                EnqueueOutcome::SessionEnded => {}
+            if self.count_enqueue(outcome, qos, &victims) {
+                queued += 1;
+            }
+            if outcome == EnqueueOutcome::QueuedOverBound && pressure.is_none() {
+                pressure = Some(Arc::clone(session));
             }
         }
         let Some(store) = self.store.as_ref() else {
@@ -113,6 +109,7 @@ impl Broker {
                 queued,
                 matched,
                 durable: None,
+                pressure,
             });
         };
         if !reserved.is_empty() {
@@ -134,6 +131,7 @@ impl Broker {
                 queued,
                 matched,
                 durable: None,
+                pressure,
             });
         }
         let submitted = store.submit(ops).map_err(|rejected| {
@@ -149,12 +147,13 @@ impl Broker {
             self.store_retained(&message);
         }
         for (session, delivery) in reserved {
-            session.push_reserved(delivery);
+            session.push_reserved(delivery, now_ms);
         }
         Ok(Routed {
             queued,
             matched,
             durable: Some(submitted.durable),
+            pressure,
         })
     }
 
@@ -225,33 +224,54 @@ impl Broker {
             .read()
             .for_each_match(filter, |_, m| found.push(Arc::clone(m)));
         let now = Instant::now();
+        let now_ms = self.clock_ms(now);
         for message in found {
             if message.is_expired(now) {
                 continue;
             }
             let qos = message.qos.min(options.qos);
-            session.enqueue_unbounded(Delivery {
-                message,
-                qos,
-                retain: true,
-                subscription_ids: identifier.into_iter().collect(),
-                seq: None, // re-sent from the retained store after a restart anyway
-                shared: None,
-            });
+            session.enqueue_unbounded(
+                Delivery {
+                    message,
+                    qos,
+                    retain: true,
+                    subscription_ids: identifier.into_iter().collect(),
+                    seq: None, // re-sent from the retained store after a restart anyway
+                    shared: None,
+                },
+                now_ms,
+            );
         }
     }
 
-    /// Counts the drops an enqueue caused (`dropped` older deliveries pushed out); true if
-    /// the delivery was queued.
-    pub(super) fn count_enqueue(&self, outcome: EnqueueOutcome, dropped: u64) -> bool {
+    /// Counts the drops an enqueue of a `qos` delivery caused (the older deliveries it pushed
+    /// out, or itself); true if the delivery was queued.
+    pub(super) fn count_enqueue(
+        &self,
+        outcome: EnqueueOutcome,
+        qos: QoS,
+        victims: &Victims,
+    ) -> bool {
+        if victims.stall_began {
+            self.metrics.session_stalls.increment(1);
+        }
         match outcome {
-            EnqueueOutcome::Queued => true,
+            EnqueueOutcome::Queued | EnqueueOutcome::QueuedOverBound => true,
             EnqueueOutcome::QueuedDroppedOldest => {
-                self.metrics.messages_dropped_queue_full.increment(dropped);
+                for (counter, n) in self
+                    .metrics
+                    .messages_dropped_queue_full
+                    .iter()
+                    .zip(victims.dropped)
+                {
+                    if n > 0 {
+                        counter.increment(n);
+                    }
+                }
                 true
             }
             EnqueueOutcome::DroppedQueueFull => {
-                self.metrics.messages_dropped_queue_full.increment(1);
+                self.metrics.messages_dropped_queue_full[qos as usize].increment(1);
                 false
             }
             EnqueueOutcome::DroppedQoS0Offline => {
@@ -334,10 +354,12 @@ impl Broker {
             }
         }
         tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");
+        let now_ms = self.coarse_ms();
         for (target, delivery) in moves {
-            let (outcome, victims) = target.enqueue(delivery, &self.limits);
+            let qos = delivery.qos;
+            let (outcome, victims) = target.enqueue(delivery, &self.limits, now_ms);
             persist::remove_victims(&mut removed, &target.client_id, &victims);
-            self.count_enqueue(outcome, victims.dropped);
+            self.count_enqueue(outcome, qos, &victims);
         }
         self.persist(removed);
     }

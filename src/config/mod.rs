@@ -29,8 +29,8 @@ pub use listener::{
     DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP, MAX_LISTENER_NAME_LEN,
 };
 pub use mqtt::{
-    MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy, MAX_CLIENT_ID_LEN,
-    MAX_PACKET_SIZE_LIMIT, MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,
+    MemoryLimit, MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy,
+    MAX_CLIENT_ID_LEN, MAX_PACKET_SIZE_LIMIT, MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,
 };
 pub use overrides::Overrides;
 pub use storage::{DiskFullPolicy, FsyncPolicy, StorageConfig, DEFAULT_DATA_DIR, MIN_DISK_BYTES};

@@ -42,6 +42,41 @@ impl fmt::Display for OverflowPolicy {
     }
 }
 
+/// The memory budget for messages and partly received packets (`mqtt.max_memory`).
+///
+/// Written `"auto"` or a number of bytes in the file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MemoryLimit {
+    /// Half of what the machine or the container may use (the cgroup's `memory.max` when it
+    /// is lower than physical memory), resolved at start.
+    #[default]
+    #[serde(with = "auto")]
+    Auto,
+    /// This many bytes.
+    Bytes(u64),
+}
+
+/// `"auto"` as the unit variant of [`MemoryLimit`].
+mod auto {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("auto")
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+        let text = String::deserialize(d)?;
+        if text == "auto" {
+            Ok(())
+        } else {
+            Err(de::Error::custom(format!(
+                "expected \"auto\" or a number of bytes, got {text:?}"
+            )))
+        }
+    }
+}
+
 /// Whether the broker uses topic aliases on PUBLISH packets it sends to MQTT 5 clients.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -91,10 +126,25 @@ pub struct MqttConfig {
     pub min_packet_rate: u32,
     /// Per-client window of unacknowledged outbound QoS 1/2 messages.
     pub max_inflight_messages: u16,
-    /// Per-session bound on messages queued beyond the in-flight window; at least 1.
+    /// Per-session bound on messages queued beyond the in-flight window; at least 1. For a
+    /// connected session that is taking messages it is the high-water mark at which its
+    /// publishers are paused; for an offline or stalled one the hard bound `queue_overflow`
+    /// applies at.
     pub max_queued_messages: usize,
-    /// Per-session bound on queued payload bytes; 0 = no byte bound.
+    /// Per-session bound on queued payload bytes, applied like `max_queued_messages`; 0 = no
+    /// byte bound.
     pub max_queued_bytes: usize,
+    /// Seconds a connected session with a full queue may go without taking a message off it
+    /// before it counts as stalled: its publishers are no longer paused for it and its
+    /// overflow goes to `queue_overflow`, as for an offline session. 1..=3600.
+    pub stalled_after: u32,
+    /// Pause publishers for QoS 0 messages too (not only QoS 1 and 2) when a connected,
+    /// draining subscriber's queue is full.
+    pub backpressure_qos0: bool,
+    /// Memory budget for messages held by the broker (queued, in flight, retained) and partly
+    /// received packets: near it every publisher is paused, over it QoS 1/2 PUBLISHes are
+    /// refused (v5 0x97, 3.x disconnect) and QoS 0 ones dropped and counted.
+    pub max_memory: MemoryLimit,
     /// Queue QoS 0 messages for offline persistent sessions (MQTT says drop them).
     pub queue_qos0_messages: bool,
     /// Which message to drop when a session queue is full.
@@ -146,9 +196,12 @@ impl Default for MqttConfig {
             connect_timeout: 10,
             packet_timeout: 30,
             min_packet_rate: 4096,
-            max_inflight_messages: 20,
+            max_inflight_messages: 100,
             max_queued_messages: 1000,
-            max_queued_bytes: 0,
+            max_queued_bytes: 16 * 1024 * 1024,
+            stalled_after: 5,
+            backpressure_qos0: true,
+            max_memory: MemoryLimit::Auto,
             queue_qos0_messages: false,
             queue_overflow: OverflowPolicy::DropNew,
             retain_available: true,
@@ -217,6 +270,21 @@ impl MqttConfig {
             return Err(invalid(
                 "mqtt.max_queued_messages",
                 "must be at least 1, got 0 (unbounded queues are not allowed)".to_owned(),
+            ));
+        }
+        if !(1..=3600).contains(&m.stalled_after) {
+            return Err(invalid(
+                "mqtt.stalled_after",
+                format!(
+                    "must be between 1 and 3600 seconds, got {}",
+                    m.stalled_after
+                ),
+            ));
+        }
+        if m.max_memory == MemoryLimit::Bytes(0) {
+            return Err(invalid(
+                "mqtt.max_memory",
+                "must be \"auto\" or a number of bytes above 0, got 0".to_owned(),
             ));
         }
         if m.max_qos > 2 {

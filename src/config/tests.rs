@@ -134,6 +134,18 @@ fn bad_enum_value_names_key_and_line() {
 }
 
 #[test]
+fn max_memory_is_auto_or_bytes() {
+    let auto = parse("[mqtt]\nmax_memory = \"auto\"\n").expect("auto");
+    assert_eq!(auto.mqtt.max_memory, MemoryLimit::Auto);
+    let bytes = parse("[mqtt]\nmax_memory = 536870912\n").expect("bytes");
+    assert_eq!(bytes.mqtt.max_memory, MemoryLimit::Bytes(512 << 20));
+    let err = parse("[mqtt]\nmax_memory = \"lots\"\n").expect_err("not a size");
+    let msg = err.to_string();
+    assert!(msg.contains("test.toml:2:"), "{msg}");
+    assert!(msg.contains("mqtt.max_memory"), "{msg}");
+}
+
+#[test]
 fn syntax_error_names_line() {
     let err = parse("[mqtt]\nmax_qos = = 1\n").expect_err("syntax error");
     match &err {
@@ -195,6 +207,9 @@ fn each_range_rule_is_enforced() {
             "mqtt.max_queued_messages",
         ),
         ("[mqtt]\nmax_qos = 3", "mqtt.max_qos"),
+        ("[mqtt]\nstalled_after = 0", "mqtt.stalled_after"),
+        ("[mqtt]\nstalled_after = 3601", "mqtt.stalled_after"),
+        ("[mqtt]\nmax_memory = 0", "mqtt.max_memory"),
         ("[mqtt]\nmax_client_id_len = 22", "mqtt.max_client_id_len"),
         (
             "[mqtt]\nmax_client_id_len = 65536",

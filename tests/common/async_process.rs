@@ -125,6 +125,11 @@ impl BrokerProcess {
         }
     }
 
+    /// The process id (for `/proc/<pid>`).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
     /// Kills the process now (also done on drop).
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;

@@ -23,6 +23,7 @@ mod crash;
 mod deploy_files;
 mod disk_faults;
 mod durability;
+mod flow_control;
 mod fuzz_corpus;
 mod input_validity;
 mod link;

@@ -22,6 +22,11 @@ pub struct Report {
     pub case: String,
     /// Which broker was measured (`postbox`, `mosquitto`, ...).
     pub broker: String,
+    /// The broker's settings: `tuned` (equal, generous limits for every broker) or `defaults`
+    /// (each broker on its own defaults, where loss is a figure measured, not a failure).
+    /// Results written before this field existed read as tuned.
+    #[serde(default = "tuned")]
+    pub settings: String,
     /// Unix time of the run, seconds.
     pub unix_time: u64,
     /// QoS used by publishers and subscriptions.
@@ -42,6 +47,9 @@ pub struct Report {
     pub delivered: u64,
     /// `expected - delivered`: must be 0 for QoS >= 1.
     pub lost: u64,
+    /// `lost` as a percentage of `expected` (message-flow scenarios; `None` when nothing was
+    /// expected), so runs of different sizes compare.
+    pub lost_pct: Option<f64>,
     /// Extra copies received.
     pub duplicates: u64,
     /// Deliveries out of per-publisher order.
@@ -84,6 +92,11 @@ pub struct Report {
     pub note: Option<String>,
 }
 
+/// Serde default of [`Report::settings`]: lines written before the field existed are tuned.
+fn tuned() -> String {
+    "tuned".into()
+}
+
 /// Microsecond percentiles of a nanosecond histogram: (p50, p99, p999, max).
 pub fn percentiles_us(h: &Histogram<u64>) -> Option<(f64, f64, f64, f64)> {
     if h.is_empty() {
@@ -105,6 +118,7 @@ impl Report {
         self.expected = o.expected;
         self.delivered = o.delivered;
         self.lost = o.expected.saturating_sub(o.delivered);
+        self.lost_pct = (o.expected > 0).then(|| self.lost as f64 * 100.0 / o.expected as f64);
         self.duplicates = o.duplicates;
         self.reordered = o.reordered;
         self.foreign = o.foreign;
@@ -137,7 +151,10 @@ impl Report {
     pub fn print(&self) {
         let mut rows: Vec<(&str, String)> = vec![
             ("scenario", format!("{} ({})", self.scenario, self.case)),
-            ("broker", self.broker.clone()),
+            (
+                "broker",
+                format!("{} ({} settings)", self.broker, self.settings),
+            ),
             (
                 "clients",
                 format!(
@@ -161,8 +178,11 @@ impl Report {
             rows.push((
                 "loss",
                 format!(
-                    "{} lost, {} duplicates, {} reordered",
-                    self.lost, self.duplicates, self.reordered
+                    "{} lost ({:.3}%), {} duplicates, {} reordered",
+                    self.lost,
+                    self.lost_pct.unwrap_or(0.0),
+                    self.duplicates,
+                    self.reordered
                 ),
             ));
         }

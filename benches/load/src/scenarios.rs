@@ -78,6 +78,58 @@ impl FromStr for Scenario {
     }
 }
 
+/// Which settings the measured broker runs with. The generator drives both the same way; the
+/// label goes into the report, and decides whether loss fails the run (see `postbox-bench
+/// run --settings`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BrokerSettings {
+    /// Equal, generous limits for every broker (compare.sh's main set): any loss at QoS >= 1
+    /// is a failure.
+    #[default]
+    Tuned,
+    /// Each broker on its own defaults: its queue limits may drop messages, and how many is
+    /// the figure measured.
+    Defaults,
+}
+
+impl BrokerSettings {
+    /// The name on the command line and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            BrokerSettings::Tuned => "tuned",
+            BrokerSettings::Defaults => "defaults",
+        }
+    }
+}
+
+impl FromStr for BrokerSettings {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tuned" => Ok(BrokerSettings::Tuned),
+            "defaults" => Ok(BrokerSettings::Defaults),
+            other => Err(format!(
+                "unknown settings `{other}` (one of: tuned, defaults)"
+            )),
+        }
+    }
+}
+
+/// Whether a finished run counts as failed (`postbox-bench run` exits 1): tuned, when
+/// messages that must arrive did not (QoS >= 1, every retained message, every idle
+/// connection); on a broker's defaults loss is the figure measured, so only a run that
+/// delivered nothing of what it expected fails.
+pub fn run_failed(scenario: Scenario, settings: BrokerSettings, report: &Report) -> bool {
+    match settings {
+        BrokerSettings::Tuned => {
+            let must_arrive =
+                report.qos > 0 || matches!(scenario, Scenario::Connections | Scenario::Retained);
+            must_arrive && (report.lost > 0 || !report.completed)
+        }
+        BrokerSettings::Defaults => report.expected > 0 && report.delivered == 0,
+    }
+}
+
 /// Everything a scenario needs; [`Params::defaults`] gives each scenario sensible sizes.
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -85,6 +137,8 @@ pub struct Params {
     pub addr: SocketAddr,
     /// Broker label for the report.
     pub broker: String,
+    /// Which settings the broker runs with (a label in the report).
+    pub settings: BrokerSettings,
     /// Case label for comparisons; defaults to `<scenario>-q<qos>`.
     pub case: Option<String>,
     /// Protocol level of every client.
@@ -127,6 +181,7 @@ impl Params {
         let mut p = Params {
             addr,
             broker: "broker".into(),
+            settings: BrokerSettings::Tuned,
             case: None,
             version: ProtocolVersion::V3_1_1,
             qos: QoS::AtMostOnce,
@@ -194,6 +249,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Report> {
             .clone()
             .unwrap_or_else(|| format!("{}-q{}", scenario.name(), p.qos as u8)),
         broker: p.broker.clone(),
+        settings: p.settings.name().into(),
         unix_time: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -330,5 +386,48 @@ async fn end_sessions(addr: SocketAddr, sessions: Vec<ConnectOptions>) {
         if let Ok(conn) = Conn::connect(addr, &opts).await {
             conn.disconnect().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(qos: u8, expected: u64, delivered: u64) -> Report {
+        Report {
+            qos,
+            expected,
+            delivered,
+            lost: expected - delivered,
+            completed: delivered == expected,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn loss_fails_tuned_runs_only() {
+        let lossy = report(1, 100, 60);
+        assert!(run_failed(Scenario::FanIn, BrokerSettings::Tuned, &lossy));
+        assert!(!run_failed(
+            Scenario::FanIn,
+            BrokerSettings::Defaults,
+            &lossy
+        ));
+        // QoS 0 may lose on tuned settings too.
+        assert!(!run_failed(
+            Scenario::FanIn,
+            BrokerSettings::Tuned,
+            &report(0, 100, 60)
+        ));
+        // Nothing delivered is a broken run, even on defaults.
+        let none = report(0, 100, 0);
+        assert!(run_failed(Scenario::FanIn, BrokerSettings::Defaults, &none));
+        assert!(!run_failed(
+            Scenario::FanIn,
+            BrokerSettings::Tuned,
+            &report(1, 100, 100)
+        ));
+        assert_eq!("defaults".parse(), Ok(BrokerSettings::Defaults));
+        assert!("default".parse::<BrokerSettings>().is_err());
     }
 }

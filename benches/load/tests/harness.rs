@@ -4,18 +4,19 @@
 
 use std::time::Duration;
 
-use loadgen::scenarios::{self, Params, Scenario};
+use loadgen::scenarios::{self, BrokerSettings, Params, Scenario};
 use postbox::codec::QoS;
 use postbox::config::Config;
 use postbox::server::{self, RunningServer};
 
 /// The broker with the test suite's config (tests/common/mod.rs at the root): loopback, port 0,
 /// no metrics exporter (it is process-global), in memory.
-async fn start() -> RunningServer {
+async fn start(tune: impl FnOnce(&mut Config)) -> RunningServer {
     let mut config = Config::default();
     config.listeners[0].bind = "127.0.0.1:0".parse().expect("literal address");
     config.metrics.enabled = false;
     config.storage.persistence = false;
+    tune(&mut config);
     server::start(config).await.expect("broker starts")
 }
 
@@ -23,7 +24,15 @@ async fn run_small(
     scenario: Scenario,
     configure: impl FnOnce(&mut Params),
 ) -> loadgen::report::Report {
-    let server = start().await;
+    run_small_on(scenario, |_| {}, configure).await
+}
+
+async fn run_small_on(
+    scenario: Scenario,
+    tune: impl FnOnce(&mut Config),
+    configure: impl FnOnce(&mut Params),
+) -> loadgen::report::Report {
+    let server = start(tune).await;
     let mut params = Params::defaults(scenario, server.mqtt_addr);
     params.broker = "postbox-in-process".into();
     params.qos = QoS::AtLeastOnce;
@@ -112,4 +121,74 @@ async fn connections_that_also_subscribe_are_all_served() {
     .await;
     assert_eq!(report.delivered, 100, "{report:?}");
     assert!(report.completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_on_a_broker_that_drops_is_measured_not_failed() {
+    // compare.sh's defaults set (benches/README.md, "Defaults set"): a broker whose queues
+    // overflow loses messages, and the generator must count them (lost, lost %), label the
+    // run, and not fail it; the same report under tuned settings fails. Postbox pauses
+    // publishers instead of dropping (broker::flow), except QoS 0 with
+    // `mqtt.backpressure_qos0 = false`: with a queue of 1 message, 8,000 unthrottled QoS 0
+    // messages against one subscriber make the overflow certain.
+    let report = run_small_on(
+        Scenario::FanIn,
+        |c| {
+            c.mqtt.max_queued_messages = 1;
+            c.mqtt.max_inflight_messages = 1;
+            c.mqtt.backpressure_qos0 = false;
+        },
+        |p| {
+            p.publishers = 4;
+            p.messages = 2000;
+            p.idle = Duration::from_millis(500);
+            p.settings = BrokerSettings::Defaults;
+            p.qos = QoS::AtMostOnce;
+            p.case = Some("defaults-fan-in-q0".into());
+            // The summary's defaults section is about the reference broker.
+            p.broker = loadgen::summary::REFERENCE.into();
+        },
+    )
+    .await;
+    assert_eq!(report.expected, 8000);
+    assert_eq!(
+        report.sent, 8000,
+        "every PUBLISH is acknowledged: {report:?}"
+    );
+    assert!(
+        report.lost > 0,
+        "the broker's queue of 1 must overflow: {report:?}"
+    );
+    assert_eq!(report.lost + report.delivered, report.expected);
+    let pct = report.lost_pct.expect("message-flow runs carry lost %");
+    assert!(
+        (pct - report.lost as f64 * 100.0 / 8000.0).abs() < 1e-9,
+        "{report:?}"
+    );
+    assert_eq!(report.settings, "defaults");
+    assert!(report.broker_peak_rss_kib.is_some_and(|kib| kib > 0));
+    assert!(!scenarios::run_failed(
+        Scenario::FanIn,
+        BrokerSettings::Defaults,
+        &report
+    ));
+    // Under tuned settings the same loss fails a run once it carries a promise (QoS 1).
+    let mut promised = report.clone();
+    promised.qos = 1;
+    assert!(scenarios::run_failed(
+        Scenario::FanIn,
+        BrokerSettings::Tuned,
+        &promised
+    ));
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("results.jsonl");
+    report.append_json(&path).expect("append");
+    let table = loadgen::summary::render(&loadgen::summary::load(&path).expect("load"));
+    assert!(table.contains("lost % (worst run)"), "{table}");
+    assert!(
+        table.contains("Postbox on its defaults vs tuned"),
+        "{table}"
+    );
+    assert!(table.contains("missed: loss"), "{table}");
 }

@@ -14,7 +14,7 @@ pub mod outbound;
 
 pub use outbound::{DeliverySink, Inflight, OutboundStage};
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -94,6 +94,11 @@ pub struct QueueLimits {
     pub queue_qos0_offline: bool,
     /// What a full queue drops: the oldest delivery or the new one.
     pub overflow: OverflowPolicy,
+    /// A connected session with a full queue that took nothing off it for this long is
+    /// stalled: the overflow policy applies to it as if it were offline (`mqtt.stalled_after`).
+    pub stalled_after_ms: u64,
+    /// QoS 0 deliveries pause their publisher too (`mqtt.backpressure_qos0`).
+    pub backpressure_qos0: bool,
 }
 
 /// The deliveries a drop-oldest admission pushed out of the queue: how many, and the stored
@@ -101,10 +106,13 @@ pub struct QueueLimits {
 /// come back at restart).
 #[derive(Debug, Default)]
 pub struct Victims {
-    /// Deliveries dropped (counted as `messages_dropped_queue_full`).
-    pub dropped: u64,
+    /// Deliveries dropped, by their QoS (counted as `messages_dropped_queue_full`).
+    pub dropped: [u64; 3],
     /// Stored queue positions among them.
     pub stored: SmallVec<[u64; 1]>,
+    /// This admission began an overflow episode of a connected session: it stalled
+    /// (counted as `session_stalls`).
+    pub stall_began: bool,
 }
 
 /// Result of [`Session::admit`]: pushed now, reserved for a stored push, or refused.
@@ -123,8 +131,8 @@ pub enum Admission {
         /// Deliveries dropped to make room (drop-oldest policy).
         victims: Victims,
     },
-    /// Not queued.
-    Refused(EnqueueOutcome),
+    /// Not queued; the victims carry only `stall_began`.
+    Refused(EnqueueOutcome, Victims),
 }
 
 /// What happened to a delivery handed to [`Session::enqueue`].
@@ -132,6 +140,9 @@ pub enum Admission {
 pub enum EnqueueOutcome {
     /// Appended to the queue.
     Queued,
+    /// Appended beyond the queue's bound, to a connected session that is taking messages:
+    /// the publisher pauses until it has room (`broker::flow`).
+    QueuedOverBound,
     /// Queued, and an older message was dropped to make room (drop-oldest policy).
     QueuedDroppedOldest,
     /// The queue was full and the new message was dropped (drop-new policy).
@@ -155,7 +166,7 @@ pub struct SessionState {
     pub(in crate::broker) inflight: VecDeque<Inflight>,
     next_packet_id: u16,
     /// Inbound QoS 2 packet ids acknowledged with PUBREC but not yet released (exactly-once).
-    pub(in crate::broker) inbound_qos2: HashSet<u16, foldhash::fast::RandomState>,
+    pub(in crate::broker) inbound_qos2: inbound::InboundIds,
     pub(in crate::broker) subscriptions:
         HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
     pub(in crate::broker) connection: Option<ConnectionSlot>,
@@ -175,6 +186,13 @@ pub struct SessionState {
     /// True from the first overflow drop until the queue drains, so overflow is logged once
     /// per episode rather than once per message.
     overflowing: bool,
+    /// True from a delivery queued over the bound (its publisher paused) until the queue has
+    /// drained to half of it, when paused publishers are woken (`broker::flow`).
+    pub(in crate::broker) pressured: bool,
+    /// When the session last made progress, in [`super::Broker::clock_ms`] milliseconds: its
+    /// driver took a delivery off the queue, a connection attached, or work arrived for an
+    /// idle session. A full queue with no progress for `stalled_after_ms` is stalled.
+    pub(in crate::broker) progress_at_ms: u64,
 }
 
 impl Session {
@@ -195,7 +213,7 @@ impl Session {
                 queued_bytes: 0,
                 inflight: VecDeque::new(),
                 next_packet_id: 0,
-                inbound_qos2: HashSet::default(),
+                inbound_qos2: inbound::InboundIds::default(),
                 subscriptions: HashMap::default(),
                 connection: None,
                 generation: 0,
@@ -205,6 +223,8 @@ impl Session {
                 stored: false,
                 pending_will: None,
                 overflowing: false,
+                pressured: false,
+                progress_at_ms: 0,
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
@@ -239,16 +259,18 @@ impl Session {
         &self,
         delivery: Delivery,
         limits: &QueueLimits,
+        now_ms: u64,
     ) -> (EnqueueOutcome, Victims) {
-        match self.admit(delivery, limits, false) {
-            Admission::Pushed(outcome, victims) => (outcome, victims),
-            Admission::Refused(outcome) => (outcome, Victims::default()),
+        match self.admit(delivery, limits, false, now_ms) {
+            Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
+                (outcome, victims)
+            }
             Admission::Reserved {
                 delivery,
                 outcome,
                 victims,
             } => {
-                self.push_reserved(delivery);
+                self.push_reserved(delivery, now_ms);
                 (outcome, victims)
             }
         }
@@ -257,43 +279,60 @@ impl Session {
     /// Applies the queue bounds to a delivery. With `persistence` on, a QoS 1/2 delivery to a
     /// persistent session gets a queue `seq` and is returned for the caller to persist and
     /// then [`push_reserved`](Self::push_reserved); anything else is pushed at once.
+    ///
+    /// A full queue of a connected session that is still taking messages (not stalled) takes
+    /// the delivery anyway and says so ([`EnqueueOutcome::QueuedOverBound`]): its publisher
+    /// pauses instead of the message being dropped after its PUBACK. Offline and stalled
+    /// sessions get the overflow policy.
     pub(in crate::broker) fn admit(
         &self,
         mut delivery: Delivery,
         limits: &QueueLimits,
         persistence: bool,
+        now_ms: u64,
     ) -> Admission {
         let mut st = self.state.lock();
         if st.ended {
-            return Admission::Refused(EnqueueOutcome::SessionEnded);
+            return Admission::Refused(EnqueueOutcome::SessionEnded, Victims::default());
         }
         let online = st.connection.is_some();
         if !online && delivery.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
-            return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline);
+            return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline, Victims::default());
         }
         let size = delivery.message.payload.len();
         let mut outcome = EnqueueOutcome::Queued;
         let mut victims = Victims::default();
-        while st.is_full(limits, size) {
+        if st.is_full(limits, size)
+            && online
+            && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0)
+            && !st.is_stalled(now_ms, limits)
+        {
+            st.pressured = true;
+            outcome = EnqueueOutcome::QueuedOverBound;
+        }
+        while outcome != EnqueueOutcome::QueuedOverBound && st.is_full(limits, size) {
             if !st.overflowing {
                 st.overflowing = true;
+                // Connected and eligible for back-pressure: full only because it stalled.
+                victims.stall_began =
+                    online && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0);
                 tracing::warn!(
                     client = %self.client_id,
                     queued = st.queue.len(),
                     policy = ?limits.overflow,
                     online,
-                    "session queue full: dropping messages until it drains"
+                    "session queue full (offline, stalled, or QoS 0 without back-pressure): dropping messages until it drains"
                 );
             }
             match limits.overflow {
                 OverflowPolicy::DropNew => {
-                    return Admission::Refused(EnqueueOutcome::DroppedQueueFull)
+                    return Admission::Refused(EnqueueOutcome::DroppedQueueFull, victims)
                 }
                 OverflowPolicy::DropOldest => match st.queue.pop_front() {
                     Some(old) => {
                         st.queued_bytes -= old.message.payload.len();
                         outcome = EnqueueOutcome::QueuedDroppedOldest;
-                        victims.dropped += 1;
+                        victims.dropped[old.qos as usize] += 1;
                         victims.stored.extend(old.seq);
                     }
                     None => break,
@@ -309,7 +348,7 @@ impl Session {
                 victims,
             };
         }
-        st.push(delivery);
+        st.push(delivery, now_ms);
         let wake = online && st.queue.len() == 1;
         drop(st);
         if wake {
@@ -327,12 +366,12 @@ impl Session {
 
     /// Makes a delivery visible to the connection, bypassing the queue bound: it was admitted
     /// already (a reserved delivery whose op is now submitted).
-    pub(in crate::broker) fn push_reserved(&self, delivery: Delivery) {
+    pub(in crate::broker) fn push_reserved(&self, delivery: Delivery, now_ms: u64) {
         let mut st = self.state.lock();
         if st.ended {
             return;
         }
-        st.push(delivery);
+        st.push(delivery, now_ms);
         let wake = st.connection.is_some() && st.queue.len() == 1;
         drop(st);
         if wake {
@@ -342,8 +381,8 @@ impl Session {
 
     /// Appends without the queue bound: for retained messages on subscribe, whose count is
     /// already bounded by the retained store and which must all arrive.
-    pub(in crate::broker) fn enqueue_unbounded(&self, delivery: Delivery) {
-        self.push_reserved(delivery);
+    pub(in crate::broker) fn enqueue_unbounded(&self, delivery: Delivery, now_ms: u64) {
+        self.push_reserved(delivery, now_ms);
     }
 
     /// Attaches a new connection in place of the current one (session takeover). Returns the
@@ -351,8 +390,10 @@ impl Session {
     /// session so the displaced connection notices and closes.
     ///
     /// [`wake`]: Session::wake
-    pub(in crate::broker) fn attach(st: &mut SessionState) -> (u64, bool) {
+    pub(in crate::broker) fn attach(st: &mut SessionState, now_ms: u64) -> (u64, bool) {
         let displaced = st.connection.take().is_some();
+        // A resumed backlog is not a stall: the new connection has had no chance yet.
+        st.progress_at_ms = now_ms;
         st.generation += 1;
         st.connection =
             NonZeroU64::new(st.generation).map(|generation| ConnectionSlot { generation });
@@ -378,12 +419,48 @@ impl SessionState {
             || (limits.max_bytes > 0 && self.queued_bytes + incoming > limits.max_bytes)
     }
 
-    /// Appends a delivery restored from the durable store (already admitted once).
-    pub fn restore_queued(&mut self, delivery: Delivery) {
-        self.push(delivery);
+    /// A connected session that has had work but made no progress for `stalled_after_ms`.
+    pub(in crate::broker) fn is_stalled(&self, now_ms: u64, limits: &QueueLimits) -> bool {
+        self.connection.is_some()
+            && now_ms.saturating_sub(self.progress_at_ms) >= limits.stalled_after_ms
     }
 
-    fn push(&mut self, delivery: Delivery) {
+    /// Whether a publisher paused for this session may go on: it drained to half its bounds,
+    /// stalled, went offline or ended. Only looks: the draining side clears `pressured` (see
+    /// [`SessionState::drained_for_publishers`]), so every paused publisher gets the wake-up.
+    pub(in crate::broker) fn lets_publishers_go(&self, now_ms: u64, limits: &QueueLimits) -> bool {
+        self.ended
+            || self.connection.is_none()
+            || self.is_stalled(now_ms, limits)
+            || self.drained_to_half(limits)
+    }
+
+    fn drained_to_half(&self, limits: &QueueLimits) -> bool {
+        self.queue.len() <= limits.max_messages / 2
+            && (limits.max_bytes == 0 || self.queued_bytes <= limits.max_bytes / 2)
+    }
+
+    /// After the driver took deliveries: true (once per episode) when publishers were paused
+    /// for this session and it has now drained to half its bounds; they are to be woken.
+    pub(in crate::broker) fn drained_for_publishers(&mut self, limits: &QueueLimits) -> bool {
+        if self.pressured && self.drained_to_half(limits) {
+            self.pressured = false;
+            return true;
+        }
+        false
+    }
+
+    /// Appends a delivery restored from the durable store (already admitted once).
+    pub fn restore_queued(&mut self, delivery: Delivery) {
+        self.queued_bytes += delivery.message.payload.len();
+        self.queue.push_back(delivery);
+    }
+
+    fn push(&mut self, delivery: Delivery, now_ms: u64) {
+        if self.queue.is_empty() && self.inflight.is_empty() {
+            // Work for an idle session: the stall clock starts now, not at its last delivery.
+            self.progress_at_ms = now_ms;
+        }
         self.queued_bytes += delivery.message.payload.len();
         self.queue.push_back(delivery);
     }

@@ -23,6 +23,10 @@ pub(super) enum Close {
     /// The store refused a 3.x client's PUBLISH, which 3.x cannot answer negatively: closing
     /// makes the client re-send it after reconnecting.
     StoreRefused(ReasonCode, StorageError),
+    /// A 3.x client's QoS 1/2 PUBLISH arrived while the broker was over its memory budget
+    /// (`mqtt.max_memory`); 3.x cannot refuse it in an ack, so the connection closes and the
+    /// client re-sends it after reconnecting.
+    OverMemoryBudget,
     /// Re-authentication failed (MQTT-4.12.1-2), with the authenticator's code.
     ReauthFailed(ReasonCode),
     /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
@@ -44,6 +48,10 @@ impl Close {
             Close::Violation(v) => Some((v.reason_code(), Some(v.describe()))),
             Close::StoreFailed(e) => Some((store_reason(e), Some(e.to_string()))),
             Close::StoreRefused(code, e) => Some((*code, Some(e.to_string()))),
+            Close::OverMemoryBudget => Some((
+                ReasonCode::QUOTA_EXCEEDED,
+                Some(super::pause::OVER_BUDGET.into()),
+            )),
             Close::ReauthFailed(code) => Some((*code, Some("re-authentication failed".into()))),
             Close::KeepAliveTimeout => Some((ReasonCode::KEEP_ALIVE_TIMEOUT, None)),
             // No code says "packet too slow"; 0x8D (no packet received in time) is the
@@ -102,7 +110,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 tracing::info!(peer = %self.info.peer, listener = %self.info.listener, client = %self.session.client_id(), reason = ?v.reason_code(), statement = v.statement(), why = %v.describe(), "closing connection: protocol violation");
             }
             (
-                Close::StoreRefused(..) | Close::StoreFailed(_) | Close::ReauthFailed(_),
+                Close::StoreRefused(..)
+                | Close::StoreFailed(_)
+                | Close::ReauthFailed(_)
+                | Close::OverMemoryBudget,
                 Some((code, why)),
             ) => {
                 tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::{store_reason, Close};
 use super::Client;
+use crate::broker::MemoryLevel;
 use crate::codec::{PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::violation::Violation;
@@ -46,14 +47,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         {
             return self.refuse_publish(qos, packet_id, Violation::PayloadFormatInvalid);
         }
+        let memory = self.memory_level();
+        if memory == MemoryLevel::Over {
+            return self.refuse_over_budget(qos, packet_id);
+        }
         if qos == QoS::AtLeastOnce {
             // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
             self.pending_inbound += 1;
         }
-        let answer = match self.session.publish(publish) {
-            Ok(answer) => answer,
+        let published = match self.session.publish(publish) {
+            Ok(published) => published,
             Err(error) => return self.refuse_unstored(qos, packet_id, error),
         };
+        // Queued (so acknowledged below); the connection reads on only once there is room.
+        if published.pressure.is_some() || memory == MemoryLevel::Near {
+            self.begin_pause(published.pressure);
+        }
+        let answer = published.answer;
         let kind = match qos {
             QoS::AtMostOnce => return Ok(()),
             QoS::AtLeastOnce => AckKind::Ack, // MQTT-4.3.2-2
@@ -74,7 +84,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let Some(unreleased) = self.session.unreleased_inbound(qos, packet_id) else {
             return Ok(());
         };
-        if unreleased + self.pending_inbound >= self.receive_maximum {
+        if unreleased + self.pending_inbound as usize >= self.receive_maximum as usize {
             return Err(self.violation(Violation::ReceiveMaximumExceeded));
         }
         Ok(())
@@ -132,6 +142,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             return Err(Close::StoreRefused(code, error));
         }
         self.negative_ack(qos, packet_id, code, &error.to_string());
+        Ok(())
+    }
+
+    /// Over the memory budget: a QoS 1/2 PUBLISH is refused (v5 PUBACK / PUBREC 0x97; 3.x
+    /// cannot be told, so the connection closes and the client re-sends later), a QoS 0 one
+    /// is dropped and counted. Nothing is routed.
+    fn refuse_over_budget(&mut self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+        self.broker().metrics.messages_dropped_memory[qos as usize].increment(1);
+        if qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        if !self.version.is_v5() {
+            return Err(Close::OverMemoryBudget);
+        }
+        self.negative_ack(
+            qos,
+            packet_id,
+            ReasonCode::QUOTA_EXCEEDED,
+            super::pause::OVER_BUDGET,
+        );
         Ok(())
     }
 

@@ -9,6 +9,7 @@
 mod closing;
 mod inbound;
 mod outbound;
+mod pause;
 mod reauth;
 mod subscribe;
 
@@ -48,6 +49,9 @@ enum Wake {
     /// The PUBLISH at the front of the read buffer may be routed now (see
     /// [`Input::PublishNext`]).
     PublishTurn,
+    /// The broker's flow-control notification fired while this connection is paused: see
+    /// whether it may read again ([`Client::pause_over`]).
+    Room,
 }
 
 /// Control packet type of PUBLISH (MQTT 2.1.2), read from the first byte of a packet.
@@ -80,6 +84,8 @@ enum Input {
     /// SUBSCRIBE read anywhere is being handled ([`crate::broker::SubscribeFence`]). Once per
     /// read, not per packet: a busy publisher's read carries many packets.
     PublishNext,
+    /// A PUBLISH paused the connection (`pause`): the rest waits in the buffer.
+    Paused,
 }
 
 /// Inbound topic alias table of one connection.
@@ -101,7 +107,7 @@ pub(super) struct Client<S> {
     /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
     will: Option<Box<LastWill>>,
     /// Outbound QoS 1/2 window: min(broker's max inflight, client's Receive Maximum).
-    window: usize,
+    window: u16,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
     /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
@@ -111,13 +117,13 @@ pub(super) struct Client<S> {
     alias_max_in: u16,
     /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
     aliases_out: Option<Box<OutboundAliases>>,
-    /// Our Receive Maximum for this client (v5); `usize::MAX` for 3.x, which cannot be told.
-    receive_maximum: usize,
+    /// Our Receive Maximum for this client (v5); `u32::MAX` for 3.x, which cannot be told.
+    receive_maximum: u32,
     /// Inbound QoS 1 PUBLISHes whose PUBACK has not been queued yet. Together with the QoS 2
     /// ids awaiting PUBREL (kept by the session) it is what Receive Maximum bounds, see
     /// [`Client::check_receive_maximum`]. An ack that has to wait (e.g. for a durable commit)
     /// keeps its PUBLISH counted here until it is queued.
-    pending_inbound: usize,
+    pending_inbound: u32,
     /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
     problem_info: bool,
     /// The connection's enhanced authentication, for re-authentication; boxed, most clients
@@ -130,6 +136,8 @@ pub(super) struct Client<S> {
     publish_waits: bool,
     /// The waker reads are polled with, which places them in arrival order.
     arrival: Arc<ArrivalWaker>,
+    /// Set while back-pressure pauses this publisher (`pause`); boxed, rare.
+    pause: Option<Box<pause::Pause>>,
 }
 
 /// Stop reading from a client while this many of its writes wait for the store: bounds the
@@ -160,13 +168,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         };
         let problem_info = admission::wants_problem_info(&connect);
         let our_receive_maximum = if v5 {
-            usize::from(config.receive_maximum)
+            u32::from(config.receive_maximum)
         } else {
-            usize::MAX
+            u32::MAX
         };
         let alias_max_in = config.topic_alias_maximum;
         let receive_maximum = connect.properties.receive_maximum.unwrap_or(u16::MAX);
-        let window = usize::from(config.max_inflight_messages.min(receive_maximum).max(1));
+        let window = config.max_inflight_messages.min(receive_maximum).max(1);
         let client_max_packet = connect
             .properties
             .maximum_packet_size
@@ -195,6 +203,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             gated: GatedWrites::default(),
             publish_waits: false,
             arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),
+            pause: None,
         }
     }
 
@@ -282,9 +291,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                         return close;
                     }
                 }
+                Wake::Session if self.pause.is_some() => {
+                    if let Err(close) = self.resume_if_room() {
+                        return close;
+                    }
+                }
                 Wake::Session => self.report_keep_alive_deadline(),
+                Wake::Room => {
+                    if let Err(close) = self.resume_if_room() {
+                        return close;
+                    }
+                }
             }
         }
+    }
+
+    /// A paused connection re-checks its pause; once over, it handles what it had read and
+    /// reads on.
+    fn resume_if_room(&mut self) -> Result<(), Close> {
+        if !self.pause_over(Instant::now()) {
+            return Ok(());
+        }
+        let processed = self.process_input(PublishTurn::Now);
+        self.io.release_read_buffer();
+        processed.map(|_| ())
     }
 
     /// Waits for the next thing to do, in priority order: a commit the front gated write waits
@@ -311,9 +341,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     return Poll::Ready(Wake::Verdict(verdict));
                 }
             }
+            if let Some(pause) = self.pause.as_deref_mut() {
+                if pause.poll_room(cx) {
+                    return Poll::Ready(Wake::Room);
+                }
+            }
             let can_write = !self.io.wbuf.is_empty();
-            let can_read =
-                self.io.wbuf.len() < WRITE_HIGH_WATER && self.gated.len() < MAX_GATED_WRITES;
+            let can_read = self.io.wbuf.len() < WRITE_HIGH_WATER
+                && self.gated.len() < MAX_GATED_WRITES
+                && self.pause.is_none();
             if can_write {
                 if let Poll::Ready(event) = self.io.poll_event(cx, true, false) {
                     return Poll::Ready(Wake::Io(event));
@@ -356,7 +392,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         // deadline does not run while the store holds reads back (the broker's delay, not the
         // client's); it does while the client's unread output does (its own).
         if !self.publish_waits {
-            let store_allows = self.gated.len() < MAX_GATED_WRITES;
+            // A pause is the broker's doing too.
+            let store_allows = self.gated.len() < MAX_GATED_WRITES && self.pause.is_none();
             match self
                 .io
                 .check_partial(now, store_allows, self.session.broker().config())
@@ -367,7 +404,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             }
         }
         match self.keep_alive_limit {
-            Some(limit) if now >= self.last_read + limit => Some(Close::KeepAliveTimeout),
+            // Not while paused: the client's packets wait unread in the socket.
+            Some(limit) if now >= self.last_read + limit && self.pause.is_none() => {
+                Some(Close::KeepAliveTimeout)
+            }
             _ => None,
         }
     }
@@ -384,6 +424,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         // so the wake-up does not come just before it).
         let deadline = match self.io.partial_deadline() {
             Some(at) => deadline.min(self.broker().clock_ms(at).saturating_add(1)),
+            None => deadline,
+        };
+        // A paused publisher re-checks when its target would count as stalled.
+        let deadline = match self.pause.as_deref() {
+            Some(pause) => deadline.min(pause.deadline_ms),
             None => deadline,
         };
         self.session.session().set_keep_alive_deadline(deadline);
@@ -425,6 +470,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     fn process_input(&mut self, turn: PublishTurn) -> Result<Input, Close> {
         let rules = super::decode_rules(self.broker().config());
         loop {
+            if self.pause.is_some() {
+                return Ok(Input::Paused);
+            }
             if turn == PublishTurn::NotYet
                 && self.io.rbuf.first().is_some_and(|b| b >> 4 == PUBLISH_TYPE)
             {

@@ -98,7 +98,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             aliases_out: self.aliases_out.as_deref_mut(),
             broker: &broker,
         };
-        let gate = match self.session.fill(self.window, now, &mut encoder) {
+        let gate = match self
+            .session
+            .fill(usize::from(self.window), now, &mut encoder)
+        {
             Fill::TakenOver => return false,
             Fill::Filled { gate } => gate,
         };
@@ -225,7 +228,7 @@ fn encode_delivery(
         }
         Ok(_) => {
             out.truncate(start);
-            broker.metrics.messages_dropped_too_large.increment(1);
+            broker.metrics.messages_dropped_too_large[delivery.qos as usize].increment(1);
             false
         }
         Err(error) => {

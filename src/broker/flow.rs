@@ -1,0 +1,285 @@
+//! Flow control: a burst is absorbed by pausing the publishers that cause it, not by dropping
+//! what was acknowledged.
+//!
+//! - **Back-pressure.** When a delivery finds the queue of a connected session that is still
+//!   taking messages full (`mqtt.max_queued_messages` / `_bytes`), it is queued anyway and the
+//!   publishing connection pauses (stops reading its socket) until that queue has drained to
+//!   half, the session stops draining ([`FlowControl::stalled_after`]) or it goes away. The
+//!   overshoot is at most one message per paused publisher.
+//! - **Stalled sessions.** A connected session with a full queue that took nothing off it for
+//!   `mqtt.stalled_after` is treated like an offline one: the overflow policy applies and
+//!   nobody waits for it, so two clients that publish to each other and stop reading both
+//!   recover after that time.
+//! - **Memory budget.** Messages the broker holds and partly received packets count against
+//!   `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses until usage is
+//!   back under [`MemoryBudget::resume_at`] (or `stalled_after` has passed), and over the
+//!   budget itself QoS 1/2 PUBLISHes are refused.
+//!
+//! Nothing here holds a lock across an `.await`: a paused connection waits on [`FlowControl`]'s
+//! notification and re-checks its target under that session's lock when woken.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::config::{MemoryLimit, MqttConfig};
+
+/// Bytes of every [`super::Message`] alive in the process (topic and payload), counted when one
+/// is made and when the last reference to it goes: queued, in flight, retained or being
+/// routed. One process-wide counter, like the partial-packet bytes, so a message needs no
+/// pointer back to its broker. Signed: a thread that mostly drops messages flushes negative
+/// deltas.
+static MESSAGE_BYTES: AtomicI64 = AtomicI64::new(0);
+
+/// How far a thread's own count may drift before it is added to [`MESSAGE_BYTES`]: messages
+/// are made on the publisher's worker and dropped on the subscriber's, so one shared counter
+/// touched per message would move its cache line between the cores twice per message (15% of
+/// broker CPU per message in fan-in QoS 0). The budget is off by at most this per thread.
+const FLUSH_BYTES: i64 = 256 * 1024;
+
+thread_local! {
+    /// This thread's not yet flushed share of [`MESSAGE_BYTES`].
+    static UNFLUSHED: Cell<i64> = const { Cell::new(0) };
+}
+
+fn add_message_bytes(delta: i64) {
+    UNFLUSHED.with(|local| {
+        let pending = local.get() + delta;
+        if pending.abs() >= FLUSH_BYTES {
+            MESSAGE_BYTES.fetch_add(pending, Ordering::Relaxed);
+            local.set(0);
+        } else {
+            local.set(pending);
+        }
+    });
+}
+
+/// Counts `bytes` of a new message.
+pub(super) fn message_made(bytes: usize) {
+    add_message_bytes(i64::try_from(bytes).unwrap_or(i64::MAX));
+}
+
+/// Uncounts a message's bytes when it is dropped.
+pub(super) fn message_dropped(bytes: usize) {
+    add_message_bytes(-i64::try_from(bytes).unwrap_or(i64::MAX));
+}
+
+/// Bytes of all messages alive in the process (see [`MESSAGE_BYTES`]), give or take
+/// [`FLUSH_BYTES`] per thread.
+pub fn message_bytes() -> u64 {
+    u64::try_from(MESSAGE_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
+/// Where memory use stands against the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryLevel {
+    /// Below the pause mark: nothing to do.
+    Normal,
+    /// Near the budget: publishers pause until usage is back under the resume mark.
+    Near,
+    /// Over the budget: QoS 1/2 PUBLISHes are refused, QoS 0 ones dropped.
+    Over,
+}
+
+/// The memory budget (`mqtt.max_memory`) and its marks.
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryBudget {
+    /// The budget in bytes.
+    pub limit: u64,
+    /// Publishers pause from here on (90% of the budget).
+    pub pause_at: u64,
+    /// Paused publishers resume below this (80%).
+    pub resume_at: u64,
+}
+
+impl MemoryBudget {
+    /// The budget for `limit` bytes.
+    pub fn new(limit: u64) -> MemoryBudget {
+        MemoryBudget {
+            limit,
+            pause_at: limit / 10 * 9,
+            resume_at: limit / 10 * 8,
+        }
+    }
+
+    /// Resolves `mqtt.max_memory`: `auto` is half of the memory this process may use.
+    pub fn from_setting(setting: MemoryLimit) -> MemoryBudget {
+        match setting {
+            MemoryLimit::Bytes(bytes) => MemoryBudget::new(bytes),
+            MemoryLimit::Auto => MemoryBudget::new(available_memory() / 2),
+        }
+    }
+
+    /// Where `used` bytes stand.
+    pub fn level(&self, used: u64) -> MemoryLevel {
+        if used > self.limit {
+            MemoryLevel::Over
+        } else if used >= self.pause_at {
+            MemoryLevel::Near
+        } else {
+            MemoryLevel::Normal
+        }
+    }
+}
+
+/// What this process may use: physical memory, or the cgroup's limit (a container's memory
+/// limit, a systemd `MemoryMax=`) when that is lower. 4 GiB if neither can be read.
+fn available_memory() -> u64 {
+    const FALLBACK: u64 = 4 << 30;
+    let physical = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(FALLBACK);
+    // cgroup v2, then v1; "max" (no limit) and absurd v1 values do not parse or are larger.
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .filter_map(|text| text.trim().parse::<u64>().ok())
+    .min();
+    cgroup.map_or(physical, |limit| limit.min(physical))
+}
+
+/// The broker's flow-control state: settings, the wake-up paused publishers wait on, the
+/// memory budget, and the figures behind the pause metrics.
+#[derive(Debug)]
+pub struct FlowControl {
+    /// `mqtt.stalled_after`, in milliseconds.
+    pub stalled_after_ms: u64,
+    /// `mqtt.backpressure_qos0`.
+    pub backpressure_qos0: bool,
+    /// The memory budget.
+    pub memory: MemoryBudget,
+    /// Woken when a session publishers were paused for has drained to its low-water mark,
+    /// detached or ended, and when memory use falls under the resume mark. One for the whole
+    /// broker: pauses are rare, and each woken publisher re-checks its own target.
+    room: Arc<Notify>,
+    /// Set while publishers are paused for memory, so draining subscribers know to wake them.
+    memory_alarm: AtomicBool,
+    /// Publishing connections paused now.
+    paused: AtomicUsize,
+    /// Microseconds publishers have spent paused, all together.
+    paused_us: AtomicU64,
+}
+
+impl FlowControl {
+    /// Flow control for the `[mqtt]` settings.
+    pub fn new(config: &MqttConfig) -> FlowControl {
+        FlowControl {
+            stalled_after_ms: u64::from(config.stalled_after) * 1000,
+            backpressure_qos0: config.backpressure_qos0,
+            memory: MemoryBudget::from_setting(config.max_memory),
+            room: Arc::new(Notify::new()),
+            memory_alarm: AtomicBool::new(false),
+            paused: AtomicUsize::new(0),
+            paused_us: AtomicU64::new(0),
+        }
+    }
+
+    /// The wake-up a paused publisher waits on. Create the future *before* checking whether
+    /// it may go on, so a wake-up in between is not lost.
+    pub fn room(&self) -> &Arc<Notify> {
+        &self.room
+    }
+
+    /// Wakes every paused publisher to re-check what it waits for.
+    pub(super) fn wake_paused(&self) {
+        if self.paused.load(Ordering::Relaxed) > 0 {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Where memory stands with `used` bytes (messages and partial packets); raises the alarm
+    /// that makes draining subscribers wake paused publishers once it is `Near` or worse.
+    pub fn memory_level(&self, used: u64) -> MemoryLevel {
+        let level = self.memory.level(used);
+        if level != MemoryLevel::Normal && !self.memory_alarm.load(Ordering::Relaxed) {
+            self.memory_alarm.store(true, Ordering::Relaxed);
+        }
+        level
+    }
+
+    /// True if paused publishers may resume for memory: usage under the resume mark.
+    pub fn memory_resumes(&self, used: u64) -> bool {
+        used < self.memory.resume_at
+    }
+
+    /// Called as deliveries leave queues: once the messages alive fall under the resume mark
+    /// during an alarm, the alarm ends and paused publishers are woken. One relaxed load when
+    /// there is no alarm.
+    pub(super) fn on_drained(&self) {
+        if self.memory_alarm.load(Ordering::Relaxed) && message_bytes() < self.memory.resume_at {
+            self.memory_alarm.store(false, Ordering::Relaxed);
+            self.room.notify_waiters();
+        }
+    }
+
+    /// A publisher paused.
+    pub fn pause_started(&self) {
+        self.paused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A publisher resumed after `micros` paused.
+    pub fn pause_ended(&self, micros: u64) {
+        self.paused.fetch_sub(1, Ordering::Relaxed);
+        self.paused_us.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Publishers paused now, and the time all of them have spent paused (seconds).
+    pub fn pause_figures(&self) -> (usize, f64) {
+        (
+            self.paused.load(Ordering::Relaxed),
+            self.paused_us.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+}
+
+impl super::Broker {
+    /// Copies the flow-control figures into their metrics (the server's periodic sweep):
+    /// paused publishers, time paused, and memory used with `partial` bytes of partly
+    /// received packets.
+    pub fn update_flow_metrics(&self, partial: u64) {
+        let (paused, seconds) = self.flow.pause_figures();
+        self.metrics.publishers_paused.set(paused as f64);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.metrics
+            .publisher_pause_seconds
+            .absolute(seconds as u64);
+        self.metrics
+            .memory_budget_bytes
+            .set(self.flow.memory.limit as f64);
+        self.metrics
+            .memory_used_bytes
+            .set((message_bytes() + partial) as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marks_are_ninety_and_eighty_percent() {
+        let budget = MemoryBudget::new(1000);
+        assert_eq!(budget.level(899), MemoryLevel::Normal);
+        assert_eq!(budget.level(900), MemoryLevel::Near);
+        assert_eq!(budget.level(1000), MemoryLevel::Near);
+        assert_eq!(budget.level(1001), MemoryLevel::Over);
+        assert_eq!(budget.resume_at, 800);
+    }
+
+    #[test]
+    fn auto_is_half_of_what_the_process_may_use() {
+        let auto = MemoryBudget::from_setting(MemoryLimit::Auto);
+        assert!(auto.limit > 0);
+        assert!(auto.limit <= available_memory() / 2);
+    }
+}

@@ -1,0 +1,111 @@
+//! Back-pressure on a publishing connection (`broker::flow`): after a PUBLISH that filled a
+//! connected, draining subscriber's queue past its bound, or while the broker is near its
+//! memory budget, the connection reads nothing more from its socket until there is room. Its
+//! acknowledgements are only later; nothing it was told is accepted gets dropped.
+//!
+//! A pause ends when the session it waits for has drained to half its bounds, stalled
+//! (`mqtt.stalled_after`), gone offline or ended; a memory pause when usage is under the resume
+//! mark or `stalled_after` has passed. The connection waits on the broker's one flow-control
+//! notification and re-checks under the target's lock only when woken, by a draining session
+//! or by the keep-alive sweep at the deadline it reported.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::futures::OwnedNotified;
+
+use super::Client;
+use crate::broker::{flow, MemoryLevel, Session};
+use crate::connection::partial::partial_packet_bytes;
+
+/// The Reason String of refusals over the memory budget.
+pub(super) const OVER_BUDGET: &str = "the broker is over its memory budget (mqtt.max_memory)";
+
+/// A paused publisher's state; boxed in the client, which holds it only while paused.
+pub(super) struct Pause {
+    /// The session it waits for; `None`: the memory budget.
+    target: Option<Arc<Session>>,
+    since: Instant,
+    /// Resolves on the broker's next flow-control wake-up (see `FlowControl::room`).
+    room: Pin<Box<OwnedNotified>>,
+    /// When to re-check without a wake-up, in broker clock milliseconds: the target's stall
+    /// deadline, or the end of a memory pause. Reported to the keep-alive sweep.
+    pub(super) deadline_ms: u64,
+}
+
+impl Pause {
+    /// True once the flow-control notification fired.
+    pub(super) fn poll_room(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        self.room.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    /// Where the broker's memory stands: messages alive and partly received packets.
+    pub(super) fn memory_level(&self) -> MemoryLevel {
+        let used = flow::message_bytes() + partial_packet_bytes();
+        self.broker().flow().memory_level(used)
+    }
+
+    /// Stops reading: for `target` (a session filled past its bound) or, with `None`, for the
+    /// memory budget. The input already read stays in the buffer, unhandled, until the pause
+    /// ends ([`Client::pause_over`]).
+    pub(super) fn begin_pause(&mut self, target: Option<Arc<Session>>) {
+        let now = Instant::now();
+        let flow = self.broker().flow();
+        flow.pause_started();
+        let room = Box::pin(Arc::clone(flow.room()).notified_owned());
+        self.pause = Some(Box::new(Pause {
+            target,
+            since: now,
+            room,
+            deadline_ms: 0,
+        }));
+        // Checked at once: the target may have drained meanwhile; this also sets the deadline.
+        if self.pause_over(now) {
+            tracing::trace!(client = %self.session.client_id(), "pause ended at once");
+        }
+    }
+
+    /// Whether the pause is over (true also when there is none). Re-arms the wake-up before
+    /// checking, so one that comes in between is not lost; on the way out counts the time
+    /// paused, and treats it as the client's activity for keep-alive (its PINGREQs were in
+    /// the socket, unread, meanwhile).
+    pub(super) fn pause_over(&mut self, now: Instant) -> bool {
+        let broker = Arc::clone(self.broker());
+        let Some(pause) = self.pause.as_deref_mut() else {
+            return true;
+        };
+        let flow = broker.flow();
+        pause.room = Box::pin(Arc::clone(flow.room()).notified_owned());
+        let verdict = match &pause.target {
+            Some(target) => self.session.may_resume(target, now),
+            None => {
+                let used = flow::message_bytes() + partial_packet_bytes();
+                let until = broker.clock_ms(pause.since) + flow.stalled_after_ms;
+                if flow.memory_resumes(used) || broker.clock_ms(now) >= until {
+                    Ok(())
+                } else {
+                    Err(until)
+                }
+            }
+        };
+        match verdict {
+            Ok(()) => {
+                let paused = now.saturating_duration_since(pause.since);
+                flow.pause_ended(u64::try_from(paused.as_micros()).unwrap_or(u64::MAX));
+                self.pause = None;
+                self.last_read = self.last_read.max(now);
+                true
+            }
+            Err(deadline_ms) => {
+                pause.deadline_ms = deadline_ms;
+                self.report_keep_alive_deadline();
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! Flow control (`broker::flow`): a burst pauses the publishers that cause it instead of
+//! dropping what they were told is accepted; a stalled subscriber pauses nobody for longer
+//! than `mqtt.stalled_after`; the memory budget bounds what the broker holds.
+//!
+//! MQTT leaves flow control beyond Receive Maximum to the server. What is checked is the
+//! promise of an acknowledgement (MQTT-4.3.2-2 / MQTT-4.3.3-8: the receiver takes ownership
+//! of a QoS 1 / QoS 2 message when it sends PUBACK / PUBREC, so a message acknowledged to its
+//! publisher must reach every subscriber that was taking messages), and that the refusal of a
+//! PUBLISH over the budget carries 0x97 Quota exceeded (v5 §3.4.2.1).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use postbox::codec::{Packet, ProtocolVersion, Publish, QoS, ReasonCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
+
+use crate::common;
+use common::async_process::BrokerProcess;
+use common::{v5, RawClient, WAIT};
+
+/// Encodes `packets` into one buffer, as a client pipelining them writes them.
+fn encoded(packets: &[Packet], version: ProtocolVersion) -> Vec<u8> {
+    let mut out = bytes::BytesMut::new();
+    for p in packets {
+        postbox::codec::encode(p, version, &mut out).expect("encode");
+    }
+    out.to_vec()
+}
+
+/// `n` QoS 1 PUBLISHes to `topic`, payload `"<tag>/<i>"`, packet ids 1..=n.
+fn publishes(topic: &str, tag: &str, n: u16) -> Vec<Packet> {
+    (1..=n)
+        .map(|i| {
+            Packet::Publish(v5::publish_packet(
+                topic,
+                QoS::AtLeastOnce,
+                format!("{tag}/{i}").as_bytes(),
+                i,
+            ))
+        })
+        .collect()
+}
+
+/// Reads packets from `read` until `want` PUBACKs arrived (their reason codes, in order) or
+/// `limit` passed.
+async fn pubacks(
+    read: &mut OwnedReadHalf,
+    version: ProtocolVersion,
+    want: usize,
+    limit: Duration,
+) -> Vec<ReasonCode> {
+    let mut buf = bytes::BytesMut::new();
+    let mut codes = Vec::with_capacity(want);
+    let deadline = tokio::time::Instant::now() + limit;
+    while codes.len() < want {
+        match postbox::codec::decode(&mut buf, Some(version), 1 << 28) {
+            Ok(Some(Packet::PubAck(ack))) => {
+                codes.push(ack.reason_code);
+                continue;
+            }
+            Ok(Some(_)) => continue,
+            Ok(None) => {}
+            Err(e) => panic!("undecodable packet from the broker: {e}"),
+        }
+        match tokio::time::timeout_at(deadline, read.read_buf(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => break,
+        }
+    }
+    codes
+}
+
+/// A 3.1.1 publisher (no Receive Maximum to respect) that writes `n` QoS 1 PUBLISHes to
+/// `topic` at once and returns how many PUBACKs it got back within `limit`.
+async fn pipelined_publisher(
+    addr: SocketAddr,
+    id: String,
+    topic: String,
+    n: u16,
+    limit: Duration,
+) -> usize {
+    let c = RawClient::connect(addr, ProtocolVersion::V3_1_1, &id, true).await;
+    let (mut read, mut write) = c.stream.into_split();
+    let bytes = encoded(&publishes(&topic, &id, n), ProtocolVersion::V3_1_1);
+    let writer = tokio::spawn(async move {
+        let _ = write.write_all(&bytes).await;
+        write // kept open until the acks are in
+    });
+    let acks = pubacks(&mut read, ProtocolVersion::V3_1_1, usize::from(n), limit).await;
+    drop(writer.await);
+    acks.len()
+}
+
+/// A v5 subscriber that reads and acknowledges every message, collecting the payloads.
+async fn draining_subscriber(c: &mut RawClient, want: usize, limit: Duration) -> HashSet<Vec<u8>> {
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + limit;
+    while seen.len() < want && Instant::now() < deadline {
+        let Ok(Some(packet)) = c.recv_within(deadline - Instant::now()).await else {
+            break;
+        };
+        if let Packet::Publish(p) = packet {
+            if p.qos != QoS::AtMostOnce {
+                v5::ack(c, &p).await;
+            }
+            seen.insert(p.payload.to_vec());
+        }
+    }
+    seen
+}
+
+/// The burst of the issue, on default settings: 100 publishers write 200 QoS 1 messages
+/// each as fast as they go to one subscriber. Every message acknowledged must arrive
+/// (MQTT-4.3.2-2): the subscriber's queue (1,000 by default) overflows many times over
+/// unless its publishers are paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_100_publishers_to_one_subscriber_loses_nothing_on_defaults() {
+    const PUBLISHERS: u16 = 100;
+    const EACH: u16 = 200;
+    let server = common::start().await;
+    let addr = server.mqtt_addr;
+    let mut sub = v5::connect_id(addr, "burst-sub").await;
+    v5::subscribe(&mut sub, "burst/t", QoS::AtLeastOnce).await;
+    let publishers: Vec<_> = (0..PUBLISHERS)
+        .map(|p| {
+            tokio::spawn(pipelined_publisher(
+                addr,
+                format!("burst-pub-{p}"),
+                "burst/t".into(),
+                EACH,
+                WAIT * 3,
+            ))
+        })
+        .collect();
+    let total = usize::from(PUBLISHERS) * usize::from(EACH);
+    let seen = draining_subscriber(&mut sub, total, WAIT * 4).await;
+    let mut acked = 0;
+    for p in publishers {
+        acked += p.await.expect("publisher task");
+    }
+    assert_eq!(acked, total, "every PUBLISH acknowledged");
+    assert_eq!(seen.len(), total, "every acknowledged message delivered");
+}
+
+/// A subscriber that stops reading (its socket full, its QoS 1 window unacknowledged) pauses
+/// its publisher only until it counts as stalled (`mqtt.stalled_after`); then its overflow is
+/// dropped by policy and counted, and that publisher goes on. Publishers to other topics are
+/// never held up: the other topic's subscriber gets all 3,000 of its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_holds_up_nobody_beyond_the_stall_time() {
+    let mut config = common::test_config();
+    config.mqtt.stalled_after = 2;
+    let server = common::start_with(config).await;
+    let addr = server.mqtt_addr;
+    let mut stalled = v5::connect_id(addr, "stalled-sub").await;
+    v5::subscribe(&mut stalled, "slow/t", QoS::AtLeastOnce).await;
+    let mut other = v5::connect_id(addr, "other-sub").await;
+    v5::subscribe(&mut other, "fast/t", QoS::AtLeastOnce).await;
+    // From here on `stalled` reads nothing.
+    let started = Instant::now();
+    let to_slow = tokio::spawn(pipelined_publisher(
+        addr,
+        "to-slow".into(),
+        "slow/t".into(),
+        3000,
+        WAIT * 2,
+    ));
+    let to_fast = tokio::spawn(pipelined_publisher(
+        addr,
+        "to-fast".into(),
+        "fast/t".into(),
+        3000,
+        WAIT * 2,
+    ));
+    let seen = draining_subscriber(&mut other, 3000, WAIT * 2).await;
+    assert_eq!(
+        seen.len(),
+        3000,
+        "the other topic's subscriber got every message"
+    );
+    assert_eq!(to_fast.await.expect("task"), 3000);
+    assert_eq!(
+        to_slow.await.expect("task"),
+        3000,
+        "the stalled subscriber's publisher was let go"
+    );
+    // It was paused for a while, but not much longer than the stall time.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2) + WAIT, "took {took:?}");
+    drop(stalled);
+}
+
+/// Two clients that each subscribe to what the other publishes, then both publish and stop
+/// reading: each fills the other's queue and would wait for the other forever. Both sessions
+/// count as stalled after `mqtt.stalled_after`, so both publishers are let go and every
+/// PUBLISH is acknowledged once they read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_publishing_to_each_other_without_reading_recover_after_the_stall_time() {
+    let mut config = common::test_config();
+    config.mqtt.stalled_after = 2;
+    let server = common::start_with(config).await;
+    let addr = server.mqtt_addr;
+    let mut clients = Vec::new();
+    for (me, mine) in [("a", "to/a"), ("b", "to/b")] {
+        let mut c = RawClient::connect(addr, ProtocolVersion::V3_1_1, me, true).await;
+        v5::subscribe(&mut c, mine, QoS::AtLeastOnce).await;
+        clients.push((me, c));
+    }
+    // Both subscribed; now each writes 3,000 QoS 1 PUBLISHes for the other and acknowledges
+    // none of what it receives (it reads only to collect its own PUBACKs).
+    let mut readers = Vec::new();
+    for (me, c) in clients {
+        let theirs = if me == "a" { "to/b" } else { "to/a" };
+        let (mut read, mut write) = c.stream.into_split();
+        let bytes = encoded(&publishes(theirs, me, 3000), ProtocolVersion::V3_1_1);
+        readers.push(tokio::spawn(async move {
+            let writer = tokio::spawn(async move {
+                let _ = write.write_all(&bytes).await;
+                write
+            });
+            let acks = pubacks(&mut read, ProtocolVersion::V3_1_1, 3000, WAIT).await;
+            drop(writer.await);
+            acks.len()
+        }));
+    }
+    // Each is paused for the other after 1,100 messages (window 100 + queue 1,000); the rest
+    // is acknowledged once the broker counts both sessions as stalled (2 s), within the bound.
+    for reader in readers {
+        assert_eq!(
+            reader.await.expect("task"),
+            3000,
+            "every PUBLISH acknowledged"
+        );
+    }
+}
+
+/// The resident set of process `pid` in bytes (Linux `/proc`).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// 300 messages of 1 MB for a subscriber that stopped reading: the broker keeps at most its
+/// queue's byte bound (`mqtt.max_queued_bytes`, 16 MiB by default) of them once it counts as
+/// stalled, so its RSS stays under the memory budget (128 MiB here) instead of growing by
+/// 300 MB; the rest is dropped and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_for_a_stalled_subscriber_keep_memory_under_the_budget() {
+    const BUDGET: u64 = 128 << 20;
+    let broker =
+        BrokerProcess::spawn("", &format!("max_memory = {BUDGET}\nstalled_after = 1")).await;
+    let mut stalled = v5::connect_id(broker.addr, "big-sub").await;
+    v5::subscribe(&mut stalled, "big/t", QoS::AtLeastOnce).await;
+    let c = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "big-pub", true).await;
+    let (mut read, mut write) = c.stream.into_split();
+    let payload = vec![0x5a; 1_000_000];
+    let writer = tokio::spawn(async move {
+        for i in 1..=300u16 {
+            let p = Packet::Publish(v5::publish_packet("big/t", QoS::AtLeastOnce, &payload, i));
+            if write
+                .write_all(&encoded(&[p], ProtocolVersion::V3_1_1))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        write
+    });
+    let acks = pubacks(&mut read, ProtocolVersion::V3_1_1, 300, WAIT * 3).await;
+    assert_eq!(acks.len(), 300, "every PUBLISH acknowledged");
+    drop(writer.await);
+    let rss = rss_bytes(broker.pid());
+    assert!(
+        rss < BUDGET,
+        "broker RSS {rss} B over the {BUDGET} B budget"
+    );
+    let dropped = broker
+        .metric("postbox_messages_dropped_total{reason=\"queue_full\",qos=\"1\"}")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        dropped > 0.0,
+        "the overflow of the stalled session is counted"
+    );
+    let stalls = broker
+        .metric("postbox_session_stalls_total")
+        .await
+        .unwrap_or(0.0);
+    assert_eq!(stalls, 1.0, "one stall episode");
+    drop(stalled);
+}
+
+/// Over the memory budget a QoS 1 PUBLISH is refused with 0x97 Quota exceeded (v5 §3.4.2.1)
+/// and counted; a 3.1.1 client, which has no negative acknowledgement, is disconnected
+/// instead. Retained messages fill the budget here: they are held until replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_memory_budget_publishes_are_refused_with_quota_exceeded() {
+    let broker =
+        BrokerProcess::spawn("", &format!("max_memory = {}\nstalled_after = 1", 8 << 20)).await;
+    let mut c = v5::connect_id(broker.addr, "filler").await;
+    let payload = vec![0x33; 1_000_000];
+    let mut refused = None;
+    for i in 0..20u16 {
+        let mut p: Publish =
+            v5::publish_packet(&format!("fill/{i}"), QoS::AtLeastOnce, &payload, i + 1);
+        p.retain = true;
+        let code = v5::publish(&mut c, p).await;
+        if code != ReasonCode::SUCCESS && code != ReasonCode::NO_MATCHING_SUBSCRIBERS {
+            refused = Some((i, code));
+            break;
+        }
+    }
+    let (at, code) = refused.expect("a PUBLISH over the budget is refused");
+    let used = broker.metric("postbox_memory_used_bytes").await;
+    println!("refused at {at}: {code:?}, memory used {used:?}");
+    assert_eq!(code, ReasonCode::QUOTA_EXCEEDED);
+    assert!(
+        at >= 7,
+        "refused at message {at}, before the budget was reached"
+    );
+    let counted = broker
+        .metric("postbox_messages_dropped_total{reason=\"memory\",qos=\"1\"}")
+        .await
+        .unwrap_or(0.0);
+    assert!(counted >= 1.0, "the refusal is counted");
+    // 3.1.1 cannot be told: the connection closes, and nothing is acknowledged. (Its 1 MB,
+    // partly received, counts too: usage is over the budget whatever the last message did.)
+    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old", true).await;
+    old.send(&Packet::Publish(v5::publish_packet(
+        "fill/x",
+        QoS::AtLeastOnce,
+        &payload,
+        1,
+    )))
+    .await;
+    let seen = old.expect_close().await;
+    assert!(
+        !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
+        "no PUBACK over the budget: {seen:?}"
+    );
+}
