@@ -194,10 +194,18 @@ impl Link {
     /// Waits until `target`, which the last publish filled past its bound, has room again,
     /// stalls or goes away (`broker::flow`); counted as a paused publisher meanwhile.
     async fn wait_for_room(&self, target: &super::Session) {
+        /// Counts the pause as ended however the wait ends (also when its future is dropped).
+        struct Paused<'a>(&'a super::FlowControl, Instant);
+        impl Drop for Paused<'_> {
+            fn drop(&mut self) {
+                let micros = u64::try_from(self.1.elapsed().as_micros()).unwrap_or(u64::MAX);
+                self.0.pause_ended(micros);
+            }
+        }
         let broker = Arc::clone(self.handle.broker());
         let flow = broker.flow();
-        let since = Instant::now();
         flow.pause_started();
+        let _paused = Paused(flow, Instant::now());
         loop {
             // Before the check, so a wake-up in between is not lost.
             let room = Arc::clone(flow.room()).notified_owned();
@@ -208,8 +216,6 @@ impl Link {
             let wait = deadline_ms.saturating_sub(broker.clock_ms(now));
             let _ = tokio::time::timeout(std::time::Duration::from_millis(wait), room).await;
         }
-        let paused = since.elapsed();
-        flow.pause_ended(u64::try_from(paused.as_micros()).unwrap_or(u64::MAX));
     }
 
     /// Publishes and returns once the broker has accepted it as a PUBACK / PUBCOMP would

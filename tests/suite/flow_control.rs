@@ -348,3 +348,30 @@ async fn over_the_memory_budget_publishes_are_refused_with_quota_exceeded() {
         "no PUBACK over the budget: {seen:?}"
     );
 }
+
+/// A paused publisher whose connection ends while it waits (here: taken over by a new
+/// connection with its client id, MQTT-3.1.4-3) is no longer counted as paused:
+/// `postbox_publishers_paused` goes back to 0 instead of keeping it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_publisher_that_is_taken_over_is_no_longer_counted() {
+    let broker = BrokerProcess::spawn("", "stalled_after = 60").await;
+    let mut slow = v5::connect_id(broker.addr, "slow-sub").await;
+    v5::subscribe(&mut slow, "held/t", QoS::AtLeastOnce).await;
+    // From here on `slow` reads nothing: its queue fills, and the publisher pauses for it.
+    let publisher =
+        RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "held-pub", true).await;
+    let (_read, mut write) = publisher.stream.into_split();
+    let bytes = encoded(
+        &publishes("held/t", "held-pub", 3000),
+        ProtocolVersion::V3_1_1,
+    );
+    write.write_all(&bytes).await.expect("write");
+    broker
+        .wait_metric("postbox_publishers_paused", |v| v == 1.0)
+        .await;
+    let _new = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "held-pub", true).await;
+    broker
+        .wait_metric("postbox_publishers_paused", |v| v == 0.0)
+        .await;
+    drop(slow);
+}

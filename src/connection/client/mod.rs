@@ -219,6 +219,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             self.retransmit_inflight();
         }
         let close = self.serve().await;
+        // A connection that closes while paused is no longer a paused publisher.
+        self.abandon_pause();
         // Boxed, like the handshake: needed once, at the end, so it should not widen the
         // future held while the connection lives.
         Box::pin(self.finish(close)).await;

@@ -70,6 +70,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
     }
 
+    /// Ends a pause without resuming (the connection is closing): counted as ended.
+    pub(super) fn abandon_pause(&mut self) {
+        if let Some(pause) = self.pause.take() {
+            let paused = pause.since.elapsed();
+            self.broker()
+                .flow()
+                .pause_ended(u64::try_from(paused.as_micros()).unwrap_or(u64::MAX));
+        }
+    }
+
     /// Whether the pause is over (true also when there is none). Re-arms the wake-up before
     /// checking, so one that comes in between is not lost; on the way out counts the time
     /// paused, and treats it as the client's activity for keep-alive (its PINGREQs were in
