@@ -279,6 +279,7 @@ async fn large_messages_for_a_stalled_subscriber_keep_memory_under_the_budget() 
     assert_eq!(acks.len(), 300, "every PUBLISH acknowledged");
     drop(writer.await);
     let rss = rss_bytes(broker.pid());
+    println!("broker RSS {} MiB (budget {} MiB)", rss >> 20, BUDGET >> 20);
     assert!(
         rss < BUDGET,
         "broker RSS {rss} B over the {BUDGET} B budget"
