@@ -321,22 +321,14 @@ fn write_large_store(data: &std::path::Path, count: usize) {
 /// (the broker's warning about a stray file there comes before the recovery work).
 #[test]
 fn sigterm_while_starting_is_a_graceful_stop() {
-    let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     write_large_store(&data, 200_000);
     let store_dir = data.join(postbox::storage::log_store::STORE_DIR);
     std::fs::write(store_dir.join("stray.txt"), b"not the store's").expect("stray file");
-    let path = dir.path().join("postbox.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\ndir = {data:?}\n"
-        ),
-    )
-    .expect("write config");
+    let config = crate::common::process::write_config(dir.path(), &data);
     let mut child = Command::new(BIN)
-        .args(["-c", path.to_str().expect("utf8 path")])
+        .args(["-c", config.path.to_str().expect("utf8 path")])
         .env("NO_COLOR", "1")
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())

@@ -43,11 +43,15 @@ impl Pause {
     }
 }
 
+/// What counts against the memory budget: messages alive and partly received packets.
+fn memory_used() -> u64 {
+    flow::message_bytes() + partial_packet_bytes()
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
-    /// Where the broker's memory stands: messages alive and partly received packets.
+    /// Where the broker's memory stands (see [`memory_used`]).
     pub(super) fn memory_level(&self) -> MemoryLevel {
-        let used = flow::message_bytes() + partial_packet_bytes();
-        self.broker().flow().memory_level(used)
+        self.broker().flow().memory_level(memory_used())
     }
 
     /// Stops reading: for `target` (a session filled past its bound) or, with `None`, for the
@@ -94,7 +98,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let verdict = match &pause.target {
             Some(target) => self.session.may_resume(target, now),
             None => {
-                let used = flow::message_bytes() + partial_packet_bytes();
+                let used = memory_used();
                 let until = broker.clock_ms(pause.since) + flow.stalled_after_ms;
                 if flow.memory_resumes(used) || broker.clock_ms(now) >= until {
                     Ok(())
