@@ -9,6 +9,7 @@ pub mod codec;
 pub mod config;
 pub mod connection;
 pub mod metrics;
+pub mod reload;
 pub mod server;
 pub mod storage;
 pub mod transport;

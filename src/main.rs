@@ -72,26 +72,41 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         // Before the broker starts and says it is running: a SIGTERM from then on (systemd,
         // a container runtime, a test) is a graceful shutdown, never the default action.
-        let stop = ShutdownSignals::install().context("cannot install the signal handlers")?;
+        let mut signals = Signals::install().context("cannot install the signal handlers")?;
         let server = postbox::server::start(config).await?;
         tracing::info!(version = env!("CARGO_PKG_VERSION"), "postbox running");
-        stop.received().await;
+        while signals.next().await == Signal::Reload {
+            tracing::info!("SIGHUP: reloading certificates, password file and ACL");
+            server.reload();
+        }
         tracing::info!("shutting down");
         server.shutdown().await;
         anyhow::Ok(())
     })
 }
 
-/// Ctrl-C and SIGTERM (systemd, containers), registered up front: a signal that arrives before
-/// [`ShutdownSignals::received`] is awaited is kept, not lost to the default action.
-struct ShutdownSignals {
+/// What a signal asks of the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// SIGTERM or Ctrl-C: a graceful stop.
+    Stop,
+    /// SIGHUP: re-read certificates, password file and ACL (Mosquitto's habit).
+    Reload,
+}
+
+/// Ctrl-C, SIGTERM (systemd, containers) and SIGHUP, registered up front: a signal that
+/// arrives before [`Signals::next`] is awaited is kept, not lost to the default action
+/// (which for SIGHUP and SIGTERM would end the process).
+struct Signals {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
     interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
 }
 
-impl ShutdownSignals {
+impl Signals {
     fn install() -> std::io::Result<Self> {
         #[cfg(unix)]
         {
@@ -99,20 +114,25 @@ impl ShutdownSignals {
             Ok(Self {
                 term: signal(SignalKind::terminate())?,
                 interrupt: signal(SignalKind::interrupt())?,
+                hangup: signal(SignalKind::hangup())?,
             })
         }
         #[cfg(not(unix))]
         Ok(Self {})
     }
 
-    /// Resolves on the first of the signals.
-    async fn received(mut self) {
+    /// Resolves on the next signal.
+    async fn next(&mut self) -> Signal {
         #[cfg(unix)]
         tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.interrupt.recv() => {}
+            _ = self.term.recv() => Signal::Stop,
+            _ = self.interrupt.recv() => Signal::Stop,
+            _ = self.hangup.recv() => Signal::Reload,
         }
         #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            Signal::Stop
+        }
     }
 }

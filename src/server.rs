@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::metrics::{self, Metrics};
+use crate::reload::{ReloadReport, Reloaders};
 use crate::transport;
 
 /// Why the broker could not start.
@@ -101,6 +102,8 @@ pub struct RunningServer {
     connections: TaskTracker,
     /// The metrics endpoint's task and the token that ends it (last, after the store closed).
     metrics: Option<(CancellationToken, JoinHandle<()>)>,
+    /// The file-backed parts SIGHUP re-reads (certificates, password file, ACL).
+    reloaders: Reloaders,
 }
 
 /// How long shutdown waits for connection tasks to send their DISCONNECTs and finish.
@@ -180,6 +183,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(addr = %config.metrics.bind, "metrics endpoint up");
         (stop, task)
     });
+    let reloaders = Reloaders::default();
     Ok(RunningServer {
         mqtt_addr,
         listeners,
@@ -188,6 +192,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         stopping,
         connections,
         metrics,
+        reloaders,
     })
 }
 
@@ -258,6 +263,15 @@ impl RunningServer {
     /// stop and the broker begins its shutdown; [`RunningServer::shutdown`] does the rest.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+
+    /// Re-reads every file-backed part (SIGHUP): certificates, password file, ACL. A part
+    /// whose new files are bad keeps its running state; connections are not touched.
+    pub fn reload(&self) -> ReloadReport {
+        if self.reloaders.is_empty() {
+            tracing::info!("reload: no file-backed parts configured");
+        }
+        self.reloaders.reload_all()
     }
 
     /// The address of the listener called `name`, if there is one.
