@@ -422,6 +422,13 @@ fn access(rest: &str) -> Result<(u8, &str), String> {
         "write" => (WRITE, filter),
         "readwrite" => (READ | WRITE, filter),
         "deny" => (DENY, filter),
+        // As Mosquitto: words are separated by spaces, so a second word after an unknown
+        // first one is a typo in the access word, not a topic with a space.
+        _ if !filter.is_empty() => {
+            return Err(format!(
+                "unknown access {word:?} (expected read, write, readwrite or deny)"
+            ))
+        }
         _ => (READ | WRITE, rest),
     };
     if filter.is_empty() {
@@ -432,6 +439,10 @@ fn access(rest: &str) -> Result<(u8, &str), String> {
 
 impl Authorizer for Acl {
     fn allow(&self, identity: Identity<'_>, action: Action, topic: &str) -> bool {
+        // `$SYS` is the broker's own: no client publishes there, whatever a rule says.
+        if action == Action::Write && (topic == "$SYS" || topic.starts_with("$SYS/")) {
+            return false;
+        }
         let mut bits = 0;
         for trie in self.tries(identity).into_iter().flatten() {
             bits |= trie.topic_bits(topic.split('/'), identity, true);
@@ -500,7 +511,10 @@ topic #
         assert!(!acl.allow(alice, Action::Write, "commands/alice/x"));
         assert!(acl.allow(alice, Action::Write, "clients/c1"));
         assert!(!acl.allow(alice, Action::Write, "clients/c2"));
-        assert!(!acl.allow(alice, Action::Read, "public/x"), "anonymous only");
+        assert!(
+            !acl.allow(alice, Action::Read, "public/x"),
+            "anonymous only"
+        );
         let anon = id(None, "c1");
         assert!(acl.allow(anon, Action::Read, "public/x"));
         assert!(!acl.allow(anon, Action::Write, "public/x"));
@@ -509,9 +523,14 @@ topic #
         assert!(!acl.allow(anon, Action::Write, "sensors//t"));
         let dash = id(Some("dashboard"), "d");
         assert!(acl.allow(dash, Action::Read, "sensors/bob/t"));
-        assert!(!acl.allow(dash, Action::Read, "sensors/secret/t"), "deny wins");
+        assert!(
+            !acl.allow(dash, Action::Read, "sensors/secret/t"),
+            "deny wins"
+        );
         assert!(acl.allow(dash, Action::Write, "commands/bob/x"));
         assert!(acl.allow(dash, Action::Read, "$SYS/broker/uptime"));
+        let sys = Acl::parse("topic readwrite $SYS/#\n").expect("parse");
+        assert!(!sys.allow(anon, Action::Write, "$SYS/broker/uptime"));
         let admin = id(Some("admin"), "a");
         assert!(acl.allow(admin, Action::Write, "anything/at/all"));
         // MQTT-4.7.2-1: `#` in a rule does not reach `$` topics.
@@ -524,7 +543,10 @@ topic #
         let acl = Acl::parse(EXAMPLE).expect("parse");
         let dash = id(Some("dashboard"), "d");
         assert_eq!(acl.filter_access(dash, "sensors/#"), FilterAccess::Partial);
-        assert_eq!(acl.filter_access(dash, "sensors/+/t"), FilterAccess::Partial);
+        assert_eq!(
+            acl.filter_access(dash, "sensors/+/t"),
+            FilterAccess::Partial
+        );
         assert_eq!(acl.filter_access(dash, "sensors/bob/#"), FilterAccess::Full);
         assert_eq!(
             acl.filter_access(dash, "sensors/secret/#"),
@@ -536,9 +558,18 @@ topic #
         assert_eq!(acl.filter_access(dash, "#"), FilterAccess::Partial);
         assert_eq!(acl.filter_access(dash, "$SYS/#"), FilterAccess::Full);
         let alice = id(Some("alice"), "c1");
-        assert_eq!(acl.filter_access(alice, "sensors/alice/#"), FilterAccess::Full);
-        assert_eq!(acl.filter_access(alice, "sensors/bob/#"), FilterAccess::Denied);
-        assert_eq!(acl.filter_access(alice, "sensors/+/x"), FilterAccess::Partial);
+        assert_eq!(
+            acl.filter_access(alice, "sensors/alice/#"),
+            FilterAccess::Full
+        );
+        assert_eq!(
+            acl.filter_access(alice, "sensors/bob/#"),
+            FilterAccess::Denied
+        );
+        assert_eq!(
+            acl.filter_access(alice, "sensors/+/x"),
+            FilterAccess::Partial
+        );
         let admin = id(Some("admin"), "a");
         assert_eq!(acl.filter_access(admin, "#"), FilterAccess::Full);
         assert_eq!(acl.filter_access(admin, "$SYS/#"), FilterAccess::Denied);
@@ -555,6 +586,7 @@ topic #
             ("topic read\n", 1),
             ("pattern a/x%u/b\n", 1),
             ("topic a+/b\n", 1),
+            ("topic raed a/b\n", 1),
         ] {
             let err = Acl::parse(text).expect_err(text);
             assert_eq!(err.0, line, "{text:?}: {}", err.1);

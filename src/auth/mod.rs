@@ -8,6 +8,7 @@
 //! so they never stall the runtime.
 
 pub mod acl;
+pub mod acl_slot;
 
 use std::any::Any;
 use std::collections::HashMap;

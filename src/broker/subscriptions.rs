@@ -43,10 +43,18 @@ impl Broker {
             );
             return existed;
         }
+        let acl_generation = match self.acl() {
+            Some(acl) => match session.filter_access(acl, filter) {
+                (crate::auth::acl::FilterAccess::Full, generation) => generation,
+                _ => 0,
+            },
+            None => 0,
+        };
         let subscriber = Subscriber {
             session: Arc::clone(session),
             options,
             identifier,
+            acl_generation,
         };
         let existed = {
             let mut tree = self.subscriptions.write();

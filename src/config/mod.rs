@@ -80,12 +80,16 @@ impl Default for Config {
 pub struct AuthConfig {
     /// Accept clients that send no username.
     pub allow_anonymous: bool,
+    /// Mosquitto-format ACL file; when set, every publish, subscription, delivery and will is
+    /// checked against it and what it does not allow is denied. Unset: no checks at all.
+    pub acl_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             allow_anonymous: true,
+            acl_file: None,
         }
     }
 }

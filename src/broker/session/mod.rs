@@ -17,6 +17,7 @@ pub use outbound::{DeliverySink, Inflight, OutboundStage};
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytestring::ByteString;
@@ -49,6 +50,9 @@ pub struct Session {
     /// milliseconds (`u64::MAX`: no keep-alive or no connection). Read by the broker's
     /// keep-alive sweep without taking the session lock.
     keep_alive_deadline_ms: AtomicU64,
+    /// The username of the connection last attached (its identity for ACL checks at
+    /// delivery); boxed behind `Option<Arc>` so a session without one costs 8 B.
+    username: parking_lot::RwLock<Option<Arc<str>>>,
 }
 
 /// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
@@ -228,6 +232,41 @@ impl Session {
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
+            username: parking_lot::RwLock::new(None),
+        }
+    }
+
+    /// Records who is attached now: the username ACL checks use (CONNECT username, or later a
+    /// TLS certificate's CN put in the same place).
+    pub fn set_username(&self, username: Option<&str>) {
+        *self.username.write() = username.map(Arc::from);
+    }
+
+    /// May this session's client do `action` on `topic` under `acl`? No allocation.
+    pub fn authorized(
+        &self,
+        acl: &crate::auth::acl_slot::AclSlot,
+        action: crate::auth::acl::Action,
+        topic: &str,
+    ) -> bool {
+        let username = self.username.read();
+        acl.allow(self.identity(username.as_deref()), action, topic)
+    }
+
+    /// What a subscription to `filter` may receive, and the ACL generation decided under.
+    pub fn filter_access(
+        &self,
+        acl: &crate::auth::acl_slot::AclSlot,
+        filter: &str,
+    ) -> (crate::auth::acl::FilterAccess, u32) {
+        let username = self.username.read();
+        acl.filter_access(self.identity(username.as_deref()), filter)
+    }
+
+    fn identity<'a>(&'a self, username: Option<&'a str>) -> crate::auth::acl::Identity<'a> {
+        crate::auth::acl::Identity {
+            username,
+            client_id: &self.client_id,
         }
     }
 
