@@ -640,6 +640,7 @@ mod tests {
             names::PROTOCOL_ERRORS_TOTAL,
             names::KEEPALIVE_TIMEOUTS_TOTAL,
             names::WILL_MESSAGES_PUBLISHED_TOTAL,
+            names::AUTHZ_DENIED_TOTAL,
             names::SESSION_TAKEOVERS_TOTAL,
             names::CONNECTIONS_REFUSED_TOTAL,
             names::CONNECT_TIMEOUTS_TOTAL,

@@ -17,7 +17,6 @@ pub use outbound::{DeliverySink, Inflight, OutboundStage};
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytestring::ByteString;
@@ -50,9 +49,6 @@ pub struct Session {
     /// milliseconds (`u64::MAX`: no keep-alive or no connection). Read by the broker's
     /// keep-alive sweep without taking the session lock.
     keep_alive_deadline_ms: AtomicU64,
-    /// The username of the connection last attached (its identity for ACL checks at
-    /// delivery); boxed behind `Option<Arc>` so a session without one costs 8 B.
-    username: parking_lot::RwLock<Option<Arc<str>>>,
 }
 
 /// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
@@ -174,6 +170,10 @@ pub struct SessionState {
     pub(in crate::broker) subscriptions:
         HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
     pub(in crate::broker) connection: Option<ConnectionSlot>,
+    /// The username of the connection last attached: the identity ACL checks use, also for
+    /// deliveries queued while offline. A thin box (8 B), set only when an ACL is configured.
+    #[allow(clippy::box_collection)]
+    pub(in crate::broker) username: Option<Box<String>>,
     /// Bumped on every attach; a connection only detaches if it still owns the session.
     pub(in crate::broker) generation: u64,
     pub(in crate::broker) disconnected_at: Option<Instant>,
@@ -220,6 +220,7 @@ impl Session {
                 inbound_qos2: inbound::InboundIds::default(),
                 subscriptions: HashMap::default(),
                 connection: None,
+                username: None,
                 generation: 0,
                 disconnected_at: Some(Instant::now()),
                 ended: false,
@@ -232,14 +233,13 @@ impl Session {
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
-            username: parking_lot::RwLock::new(None),
         }
     }
 
     /// Records who is attached now: the username ACL checks use (CONNECT username, or later a
     /// TLS certificate's CN put in the same place).
     pub fn set_username(&self, username: Option<&str>) {
-        *self.username.write() = username.map(Arc::from);
+        self.lock().username = username.map(|u| Box::new(u.to_owned()));
     }
 
     /// May this session's client do `action` on `topic` under `acl`? No allocation.
@@ -249,8 +249,12 @@ impl Session {
         action: crate::auth::acl::Action,
         topic: &str,
     ) -> bool {
-        let username = self.username.read();
-        acl.allow(self.identity(username.as_deref()), action, topic)
+        let st = self.lock();
+        acl.allow(
+            self.identity(st.username.as_deref().map(String::as_str)),
+            action,
+            topic,
+        )
     }
 
     /// What a subscription to `filter` may receive, and the ACL generation decided under.
@@ -259,8 +263,11 @@ impl Session {
         acl: &crate::auth::acl_slot::AclSlot,
         filter: &str,
     ) -> (crate::auth::acl::FilterAccess, u32) {
-        let username = self.username.read();
-        acl.filter_access(self.identity(username.as_deref()), filter)
+        let st = self.lock();
+        acl.filter_access(
+            self.identity(st.username.as_deref().map(String::as_str)),
+            filter,
+        )
     }
 
     fn identity<'a>(&'a self, username: Option<&'a str>) -> crate::auth::acl::Identity<'a> {
