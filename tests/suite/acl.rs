@@ -434,3 +434,52 @@ async fn bad_acl_line_stops_the_start_naming_file_and_line() {
     let msg = err.to_string();
     assert!(msg.contains(&format!("{}:2:", path.display())), "{msg}");
 }
+
+/// The real binary: SIGHUP re-reads the ACL; the connected client is not dropped and its next
+/// PUBLISH is judged by the new file.
+#[tokio::test]
+async fn sighup_reloads_the_acl_of_the_binary() {
+    use crate::common::process::{write_config_with, Broker};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, ACL).expect("write acl");
+    let config = write_config_with(
+        dir.path(),
+        &dir.path().join("data"),
+        &format!("\n[auth]\nacl_file = {acl:?}\n"),
+    );
+    let broker = Broker::start(&config);
+    let mut c = RawClient::open(config.mqtt, V5).await;
+    c.send(&Packet::Connect(Box::new(connect_packet(
+        V5,
+        "a1",
+        Some("alice"),
+    ))))
+    .await;
+    assert!(matches!(c.recv().await, Some(Packet::ConnAck(a)) if a.reason_code.0 == 0));
+    assert_eq!(
+        publish(&mut c, "extra/x", "before", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    std::fs::write(&acl, format!("{ACL}\nuser alice\ntopic write extra/#\n")).expect("write");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &broker.pid().to_string()])
+        .status()
+        .expect("kill -HUP");
+    assert!(status.success());
+    // Bounded wait for the broker's own word that it swapped the ACL in.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !broker.log().iter().any(|l| l.contains("ACL reloaded")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reload: {:?}",
+            broker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        publish(&mut c, "extra/x", "after", false).await,
+        ReasonCode::SUCCESS
+    );
+    broker.terminate();
+}
