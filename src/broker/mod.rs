@@ -43,7 +43,7 @@ use crate::auth::AuthRegistry;
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
-use crate::storage::{Durable, Op, Store};
+use crate::storage::{Durable, Op, StorageError, Store};
 pub use arrival_order::{ArrivalOrder, ArrivalWaker};
 pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
 pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, SessionHandle};
@@ -162,6 +162,32 @@ pub struct Routed {
     /// A connected, draining session whose queue the message was queued to over its bound:
     /// the publisher pauses until it has room (see [`flow`]).
     pub pressure: Option<Arc<Session>>,
+}
+
+/// Why a PUBLISH was not accepted: nothing was queued for anyone, so its publisher must not be
+/// told it was (v5 gets a failure code in PUBACK / PUBREC, a 3.x publisher is disconnected).
+#[derive(Debug, thiserror::Error)]
+pub enum PublishRefused {
+    /// The durable store did not take it (budget, backlog, full filesystem, I/O failure).
+    #[error(transparent)]
+    Store(#[from] StorageError),
+    /// A subscriber's queue is full and `mqtt.queue_overflow = "refuse"`.
+    #[error("the queue of subscriber {client_id:?} is full (queue_overflow = \"refuse\")")]
+    QueueFull {
+        /// The client id of the full session (for the log and the v5 reason string).
+        client_id: ByteString,
+    },
+}
+
+impl PublishRefused {
+    /// True for "too much for now" (a full queue, the store's budget or filesystem): v5
+    /// 0x97 Quota exceeded, so the client may try again later; false for a broken store.
+    pub fn is_quota(&self) -> bool {
+        match self {
+            PublishRefused::Store(error) => error.is_quota(),
+            PublishRefused::QueueFull { .. } => true,
+        }
+    }
 }
 
 impl Broker {

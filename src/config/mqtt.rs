@@ -31,6 +31,13 @@ pub enum OverflowPolicy {
     DropNew,
     /// Drop the oldest queued message to make room: freshest data wins (telemetry).
     DropOldest,
+    /// Drop nothing: a QoS 1/2 PUBLISH that would overflow any of its targets is refused for
+    /// all of them (v5 PUBACK / PUBREC 0x97 Quota exceeded; a 3.x publisher is disconnected
+    /// and re-sends after reconnecting), so its publisher keeps it. QoS 0 overflow is dropped
+    /// as with `drop-new`. Also refuses the message to every other subscriber of the topic
+    /// until the full session drains or expires: choose it where losing a message is worse
+    /// than stopping its producers.
+    Refuse,
 }
 
 impl fmt::Display for OverflowPolicy {
@@ -38,6 +45,7 @@ impl fmt::Display for OverflowPolicy {
         f.write_str(match self {
             OverflowPolicy::DropNew => "drop-new",
             OverflowPolicy::DropOldest => "drop-oldest",
+            OverflowPolicy::Refuse => "refuse",
         })
     }
 }

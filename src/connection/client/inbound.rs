@@ -10,13 +10,12 @@
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::closing::{store_reason, Close};
+use super::closing::{refused_reason, Close};
 use super::Client;
-use crate::broker::MemoryLevel;
+use crate::broker::{MemoryLevel, PublishRefused};
 use crate::codec::{PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::violation::Violation;
-use crate::storage::StorageError;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     pub(super) fn on_publish(&mut self, mut publish: Publish) -> Result<(), Close> {
@@ -129,7 +128,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         &mut self,
         qos: QoS,
         packet_id: u16,
-        error: StorageError,
+        error: PublishRefused,
     ) -> Result<(), Close> {
         if qos == QoS::AtMostOnce {
             return Ok(());
@@ -137,7 +136,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if qos == QoS::AtLeastOnce {
             self.pending_inbound = self.pending_inbound.saturating_sub(1);
         }
-        let code = store_reason(&error);
+        let code = refused_reason(&error);
         if !self.version.is_v5() {
             return Err(Close::StoreRefused(code, error));
         }
