@@ -45,6 +45,8 @@ pub mod names {
     pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
     /// Gauge: connected sessions stalled now (full queue, no progress for `stalled_after`).
     pub const SESSIONS_STALLED: &str = "postbox_sessions_stalled";
+    /// Counter: pauses of a client that published faster than its rate limit.
+    pub const PUBLISH_RATE_PAUSES_TOTAL: &str = "postbox_publish_rate_pauses_total";
     /// Gauge: publishing connections paused by back-pressure now.
     pub const PUBLISHERS_PAUSED: &str = "postbox_publishers_paused";
     /// Counter: seconds publishers have spent paused, all together.
@@ -99,7 +101,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 36] = [
+    pub const ALL: [&str; 37] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -115,6 +117,7 @@ pub mod names {
         SESSIONS_STALLED,
         PUBLISHERS_PAUSED,
         PUBLISHER_PAUSE_SECONDS_TOTAL,
+        PUBLISH_RATE_PAUSES_TOTAL,
         MEMORY_BUDGET_BYTES,
         MEMORY_USED_BYTES,
         MALFORMED_PACKETS_TOTAL,
@@ -291,6 +294,9 @@ pub struct Metrics {
     pub session_stalls: Counter,
     /// Connected sessions stalled now; set by the sweep.
     pub sessions_stalled: Gauge,
+    /// Pauses of clients that published faster than `mqtt.max_publish_rate` /
+    /// `max_publish_bytes_rate`.
+    pub publish_rate_pauses: Counter,
     /// Publishing connections paused by back-pressure now (`broker::flow`); set at scrape.
     pub publishers_paused: Gauge,
     /// Seconds publishers have spent paused, all together; set at scrape.
@@ -411,6 +417,11 @@ impl Metrics {
             "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."
         );
         describe_counter!(
+            PUBLISH_RATE_PAUSES_TOTAL,
+            Unit::Count,
+            "Pauses of clients that published faster than mqtt.max_publish_rate / max_publish_bytes_rate (their socket is read no faster)."
+        );
+        describe_counter!(
             PUBLISHER_PAUSE_SECONDS_TOTAL,
             Unit::Seconds,
             "Seconds publishers have spent paused by back-pressure, all together."
@@ -511,6 +522,7 @@ impl Metrics {
             session_stalls: counter!(SESSION_STALLS_TOTAL),
             sessions_stalled: gauge!(SESSIONS_STALLED),
             publishers_paused: gauge!(PUBLISHERS_PAUSED),
+            publish_rate_pauses: counter!(PUBLISH_RATE_PAUSES_TOTAL),
             publisher_pause_seconds: counter!(PUBLISHER_PAUSE_SECONDS_TOTAL),
             memory_budget_bytes: gauge!(MEMORY_BUDGET_BYTES),
             memory_used_bytes: gauge!(MEMORY_USED_BYTES),
@@ -653,6 +665,7 @@ mod tests {
             names::MESSAGES_REFUSED_TOTAL,
             names::SESSION_STALLS_TOTAL,
             names::PUBLISHER_PAUSE_SECONDS_TOTAL,
+            names::PUBLISH_RATE_PAUSES_TOTAL,
             names::MALFORMED_PACKETS_TOTAL,
             names::PROTOCOL_ERRORS_TOTAL,
             names::KEEPALIVE_TIMEOUTS_TOTAL,

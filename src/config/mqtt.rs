@@ -146,6 +146,13 @@ pub struct MqttConfig {
     /// before it counts as stalled: its publishers are no longer paused for it and its
     /// overflow goes to `queue_overflow`, as for an offline session. 1..=3600.
     pub stalled_after: u32,
+    /// Per-client limit on PUBLISH packets per second, enforced by reading that client's
+    /// socket no faster (back-pressure, nothing dropped), with one second's worth as burst;
+    /// 0 = none.
+    pub max_publish_rate: u32,
+    /// Per-client limit on PUBLISH payload bytes per second, enforced like
+    /// `max_publish_rate`; 0 = none.
+    pub max_publish_bytes_rate: u64,
     /// Pause publishers for QoS 0 messages too (not only QoS 1 and 2) when a connected,
     /// draining subscriber's queue is full.
     pub backpressure_qos0: bool,
@@ -209,6 +216,8 @@ impl Default for MqttConfig {
             max_queued_bytes: 16 * 1024 * 1024,
             stalled_after: 5,
             backpressure_qos0: true,
+            max_publish_rate: 0,
+            max_publish_bytes_rate: 0,
             max_memory: MemoryLimit::Auto,
             queue_qos0_messages: false,
             queue_overflow: OverflowPolicy::DropNew,

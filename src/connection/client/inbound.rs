@@ -7,6 +7,8 @@
 //! [`SessionHandle::publish`]: crate::broker::SessionHandle::publish
 //! [`SessionHandle::on_pubrel`]: crate::broker::SessionHandle::on_pubrel
 
+use std::time::Instant;
+
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -54,6 +56,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
             self.pending_inbound += 1;
         }
+        let size = publish.payload.len();
         let published = match self.session.publish(publish) {
             Ok(published) => published,
             Err(error) => return self.refuse_unstored(qos, packet_id, error),
@@ -61,6 +64,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         // Queued (so acknowledged below); the connection reads on only once there is room.
         if published.pressure.is_some() || memory == MemoryLevel::Near {
             self.begin_pause(published.pressure);
+        } else if let Some(rate) = self.rate.as_deref_mut() {
+            let now = Instant::now();
+            if let Some(wait) = rate.take(size, now) {
+                self.begin_rate_pause(wait, now);
+            }
         }
         let answer = published.answer;
         let kind = match qos {
