@@ -429,6 +429,16 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
                 "will topic is not a valid topic name",
             ));
         }
+        if topic::exceeds_limits(
+            &will.topic,
+            config.max_topic_length,
+            config.max_topic_levels,
+        ) {
+            return Err((
+                ReasonCode::TOPIC_NAME_INVALID,
+                "will topic over mqtt.max_topic_length or max_topic_levels",
+            ));
+        }
         if will.qos as u8 > config.max_qos {
             // MQTT-3.2.2-12
             return Err((

@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::closing::{refused_reason, Close};
 use super::Client;
 use crate::broker::{MemoryLevel, PublishRefused};
-use crate::codec::{PubResponse, Publish, QoS, ReasonCode};
+use crate::codec::{topic, PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::violation::Violation;
 
@@ -34,6 +34,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             return Err(self.violation(Violation::RetainNotSupported));
         }
         let validate_utf8 = config.validate_utf8_payload;
+        let (max_topic_length, max_topic_levels) =
+            (config.max_topic_length, config.max_topic_levels);
         if let Some(alias) = publish.properties.topic_alias {
             self.resolve_alias(alias, &mut publish)?;
         }
@@ -41,6 +43,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let qos = publish.qos;
         if qos != QoS::AtMostOnce {
             self.check_receive_maximum(qos, packet_id)?;
+        }
+        if topic::exceeds_limits(&publish.topic, max_topic_length, max_topic_levels) {
+            // 3.x has no negative ack: acknowledging would say it was accepted.
+            if !self.version.is_v5() {
+                return Err(self.violation(Violation::TopicOverLimit));
+            }
+            return self.refuse_publish(qos, packet_id, Violation::TopicOverLimit);
         }
         if validate_utf8
             && publish.properties.payload_format_indicator == Some(1)
