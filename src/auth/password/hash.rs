@@ -24,8 +24,11 @@ use thiserror::Error;
 /// any count, so files with this one work with Mosquitto too.
 pub const DEFAULT_PBKDF2_ITERATIONS: u32 = 210_000;
 
-/// Salt length `postbox passwd` writes for `$7$` (Mosquitto 2.1's; 2.0 writes 12).
-const PBKDF2_SALT_LEN: usize = 64;
+/// Salt length `postbox passwd` writes for `$7$`: Mosquitto 2.0's 12 bytes (96 bits, plenty
+/// against precomputation). Mosquitto 2.0 cannot decode a longer salt ("Unable to decode
+/// password salt", measured with 2.0.11) and drops the user, so 2.1's 64 would break files
+/// shared with it; Postbox reads either.
+const PBKDF2_SALT_LEN: usize = 12;
 
 /// Key length of `$7$` (SHA-512's output, as Mosquitto).
 const PBKDF2_KEY_LEN: usize = 64;
@@ -161,7 +164,7 @@ impl PasswordHash {
         }
     }
 
-    /// A new `$7$` hash of `password` with a random 64-byte salt.
+    /// A new `$7$` hash of `password` with a random 12-byte salt.
     pub fn new_pbkdf2(password: &[u8], iterations: u32) -> PasswordHash {
         let mut salt = vec![0u8; PBKDF2_SALT_LEN];
         rand::fill(&mut salt[..]);
@@ -246,14 +249,21 @@ mod tests {
     }
 
     #[test]
-    fn pbkdf2_64_byte_salt_round_trip() {
-        let h = PasswordHash::new_pbkdf2(b"pw", 1000);
-        let text = h.encode();
-        let back = PasswordHash::parse(&text).expect("parse");
+    fn pbkdf2_64_byte_salt_and_round_trip() {
+        // Mosquitto 2.1's layout: 64-byte salt (made here with the same derivation).
+        let salt = [7u8; 64];
+        let mut key = [0u8; 64];
+        pbkdf2::pbkdf2_hmac::<Sha512>(b"pw", &salt, 1000, &mut key);
+        let text = format!("$7$1000${}${}", STANDARD.encode(salt), STANDARD.encode(key));
+        let long = PasswordHash::parse(&text).expect("parse");
+        assert!(long.verify(b"pw"));
+        assert!(!long.verify(b"pW"));
+        let made = PasswordHash::new_pbkdf2(b"pw", 1000);
+        let back = PasswordHash::parse(&made.encode()).expect("parse");
         let PasswordHash::Pbkdf2 { salt, .. } = &back else {
             panic!("{back:?}")
         };
-        assert_eq!(salt.len(), 64);
+        assert_eq!(salt.len(), 12, "what Mosquitto 2.0 can read");
         assert!(back.verify(b"pw"));
         assert!(!back.verify(b"pW"));
     }
