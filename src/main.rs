@@ -194,7 +194,10 @@ fn passwd(args: &PasswdArgs) -> anyhow::Result<()> {
         if args.argon2id {
             PasswordHash::new_argon2id(password.as_bytes()).map_err(|e| anyhow::anyhow!(e))
         } else {
-            Ok(PasswordHash::new_pbkdf2(password.as_bytes(), args.iterations))
+            Ok(PasswordHash::new_pbkdf2(
+                password.as_bytes(),
+                args.iterations,
+            ))
         }
     };
     let read = |path: &std::path::Path| {

@@ -82,7 +82,10 @@ async fn connack_code(
     };
     c.send(&Packet::Connect(Box::new(connect))).await;
     if version == ProtocolVersion::V5 {
-        match tokio::time::timeout(WAIT, c.recv()).await.expect("CONNACK in time") {
+        match tokio::time::timeout(WAIT, c.recv())
+            .await
+            .expect("CONNACK in time")
+        {
             Some(Packet::ConnAck(ack)) => ack.reason_code.0,
             other => panic!("expected CONNACK, got {other:?}"),
         }
@@ -119,7 +122,14 @@ fn sighup(broker: &Broker) {
 
 fn mosquitto_pub(addr: SocketAddr, version: &str, args: &[&str]) -> Output {
     Command::new("mosquitto_pub")
-        .args(["-h", "127.0.0.1", "-p", &addr.port().to_string(), "-V", version])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &addr.port().to_string(),
+            "-V",
+            version,
+        ])
         .args(["-t", "pw/test", "-m", "hello", "-q", "1"])
         .args(args)
         .output()
@@ -148,11 +158,29 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
     let f = file.to_str().expect("utf8");
     // Every format this mosquitto_passwd (2.0) writes: `-H sha512` ($6$) and `-H
     // sha512-pbkdf2` ($7$, its default).
-    run(Command::new("mosquitto_passwd").args(["-H", "sha512", "-c", "-b", f, "alice", "alice-secret"]));
-    run(Command::new("mosquitto_passwd").args(["-H", "sha512-pbkdf2", "-b", f, "bob", "bob-secret"]));
+    run(Command::new("mosquitto_passwd").args([
+        "-H",
+        "sha512",
+        "-c",
+        "-b",
+        f,
+        "alice",
+        "alice-secret",
+    ]));
+    run(Command::new("mosquitto_passwd").args([
+        "-H",
+        "sha512-pbkdf2",
+        "-b",
+        f,
+        "bob",
+        "bob-secret",
+    ]));
     run(Command::new("mosquitto_passwd").args(["-b", f, "dave", "dave-secret"]));
     let text = std::fs::read_to_string(&file).expect("read");
-    assert!(text.contains("alice:$6$") && text.contains("bob:$7$"), "{text}");
+    assert!(
+        text.contains("alice:$6$") && text.contains("bob:$7$"),
+        "{text}"
+    );
 
     let s = setup(dir.path(), &file, 4096);
     let broker = Broker::start(&s.config);
@@ -169,8 +197,16 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
         (Some("mallory"), Some("alice-secret")),
         (Some("bob"), None),
     ] {
-        assert_eq!(connack_code(addr, V5, user, password).await, 0x86, "{user:?}");
-        assert_eq!(connack_code(addr, V3_1_1, user, password).await, 4, "{user:?}");
+        assert_eq!(
+            connack_code(addr, V5, user, password).await,
+            0x86,
+            "{user:?}"
+        );
+        assert_eq!(
+            connack_code(addr, V3_1_1, user, password).await,
+            4,
+            "{user:?}"
+        );
     }
     // Anonymous: refused on `tcp` (auth.allow_anonymous = false), let in on `local`.
     assert_eq!(connack_code(addr, V5, None, None).await, 0x87);
@@ -178,22 +214,34 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
     assert_eq!(connack_code(s.local, V5, None, None).await, 0);
     assert_eq!(connack_code(s.local, V3_1_1, None, None).await, 0);
     // A user name is still checked where anonymous clients are allowed.
-    assert_eq!(connack_code(s.local, V5, Some("alice"), Some("nope")).await, 0x86);
-    assert_eq!(connack_code(s.local, V5, Some("alice"), Some("alice-secret")).await, 0);
+    assert_eq!(
+        connack_code(s.local, V5, Some("alice"), Some("nope")).await,
+        0x86
+    );
+    assert_eq!(
+        connack_code(s.local, V5, Some("alice"), Some("alice-secret")).await,
+        0
+    );
 
     let out = mosquitto_pub(addr, "mqttv311", &["-u", "alice", "-P", "wrong"]);
     assert!(!out.status.success());
 
     let scrape = http_get(s.config.metrics, "/metrics");
     let failures = |reason: &str| {
-        sample(&scrape, &format!("postbox_auth_failures_total{{reason=\"{reason}\"}}"))
-            .unwrap_or(0.0)
+        sample(
+            &scrape,
+            &format!("postbox_auth_failures_total{{reason=\"{reason}\"}}"),
+        )
+        .unwrap_or(0.0)
     };
     assert!(failures("bad_password") >= 6.0, "{scrape}");
     assert!(failures("unknown_user") >= 2.0, "{scrape}");
     assert!(failures("anonymous") >= 2.0, "{scrape}");
     let log = broker.log().join("\n");
-    assert!(log.contains("reason=\"bad_password\"") || log.contains("reason=bad_password"), "{log}");
+    assert!(
+        log.contains("reason=\"bad_password\"") || log.contains("reason=bad_password"),
+        "{log}"
+    );
     for secret in ["alice-secret", "bob-secret", "wrong"] {
         assert!(!log.contains(secret), "the log must not carry passwords");
     }
@@ -228,7 +276,10 @@ async fn postbox_passwd_round_trip_is_accepted_by_the_broker() {
     std::fs::write(&plain, "# devices\nu5:p5\n").expect("write");
     postbox_passwd(&["-U", plain.to_str().expect("utf8")]);
     let hashed = std::fs::read_to_string(&plain).expect("read");
-    assert!(hashed.starts_with("# devices\nu5:$7$210000$") && !hashed.contains("p5\n"), "{hashed}");
+    assert!(
+        hashed.starts_with("# devices\nu5:$7$210000$") && !hashed.contains("p5\n"),
+        "{hashed}"
+    );
     let text = std::fs::read_to_string(&file).expect("read") + &hashed;
     assert!(text.contains("u4:$argon2id$"), "{text}");
     std::fs::write(&file, text).expect("write");
@@ -239,7 +290,11 @@ async fn postbox_passwd_round_trip_is_accepted_by_the_broker() {
     for (user, password) in [("u1", "p1"), ("u3", "p3"), ("u4", "p4"), ("u5", "p5")] {
         pub_ok(addr, user, password);
     }
-    assert_eq!(connack_code(addr, ProtocolVersion::V5, Some("u2"), Some("p2")).await, 0x86, "deleted");
+    assert_eq!(
+        connack_code(addr, ProtocolVersion::V5, Some("u2"), Some("p2")).await,
+        0x86,
+        "deleted"
+    );
     broker.terminate();
 }
 
@@ -255,15 +310,27 @@ async fn sighup_reloads_the_file_and_a_broken_one_keeps_the_old() {
 
     // An established client, subscribed with its password.
     let sub = tokio::process::Command::new("mosquitto_sub")
-        .args(["-h", "127.0.0.1", "-p", &addr.port().to_string(), "-V", "mqttv5"])
-        .args(["-u", "alice", "-P", "a", "-i", "pw-sub", "-t", "pw/test", "-q", "1", "-C", "1"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &addr.port().to_string(),
+            "-V",
+            "mqttv5",
+        ])
+        .args([
+            "-u", "alice", "-P", "a", "-i", "pw-sub", "-t", "pw/test", "-q", "1", "-C", "1",
+        ])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("mosquitto_sub");
     wait_subscribed(s.config.metrics);
 
-    assert_eq!(connack_code(addr, ProtocolVersion::V5, Some("carol"), Some("c")).await, 0x86);
+    assert_eq!(
+        connack_code(addr, ProtocolVersion::V5, Some("carol"), Some("c")).await,
+        0x86
+    );
     postbox_passwd(&["-b", "--iterations", "1000", f, "carol", "c"]);
     let before = broker.log().len();
     sighup(&broker);
@@ -291,8 +358,33 @@ async fn sighup_reloads_the_file_and_a_broken_one_keeps_the_old() {
 /// served).
 fn wait_subscribed(metrics: u16) {
     let start = Instant::now();
-    while sample(&http_get(metrics, "/metrics"), "postbox_subscriptions_current").unwrap_or(0.0) < 1.0 {
+    while sample(
+        &http_get(metrics, "/metrics"),
+        "postbox_subscriptions_current",
+    )
+    .unwrap_or(0.0)
+        < 1.0
+    {
         assert!(start.elapsed() < WAIT, "the subscriber never subscribed");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_password_file_works() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let s = setup(dir.path(), &file, 4096);
+    let broker = Broker::start(&s.config);
+    for user in ["sensor1", "sensor2", "dashboard"] {
+        pub_ok(s.config.mqtt, user, &format!("{user}-secret"));
+    }
+    let code = connack_code(
+        s.config.mqtt,
+        ProtocolVersion::V5,
+        Some("sensor1"),
+        Some("sensor2-secret"),
+    );
+    assert_eq!(code.await, 0x86);
+    broker.terminate();
 }

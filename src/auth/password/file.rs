@@ -95,7 +95,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Users, FileError> {
         if hash.is_empty() {
             return Err(bad(format!("user {user:?}: no password hash (`user:hash` expected; a plaintext file needs `postbox passwd -U`)")));
         }
-        let parsed = PasswordHash::parse(hash).map_err(|e: HashError| bad(format!("user {user:?}: {e}")))?;
+        let parsed =
+            PasswordHash::parse(hash).map_err(|e: HashError| bad(format!("user {user:?}: {e}")))?;
         if users.by_name.contains_key(user) {
             return Err(bad(format!("user {user:?} is listed twice")));
         }
@@ -171,10 +172,9 @@ pub fn write_atomically(path: &Path, text: &str) -> Result<(), FileError> {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
     };
-    let name = path.file_name().map_or_else(
-        || "passwd".into(),
-        |n| n.to_string_lossy().into_owned(),
-    );
+    let name = path
+        .file_name()
+        .map_or_else(|| "passwd".into(), |n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
@@ -207,7 +207,9 @@ mod tests {
         let path = Path::new("/etc/pw");
         let users = parse(&format!("# fleet\n\n  \n{ALICE}\r\n"), path).expect("parse");
         assert_eq!(users.len(), 1);
-        assert!(users.get("alice").is_some_and(|h| h.verify(b"alice-secret")));
+        assert!(users
+            .get("alice")
+            .is_some_and(|h| h.verify(b"alice-secret")));
         assert!(users.dummy().is_some());
 
         let e = parse(&format!("{ALICE}\nbob:$7$101$short\n"), path).expect_err("bad");

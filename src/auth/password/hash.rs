@@ -124,8 +124,8 @@ impl PasswordHash {
                 hash,
             })
         } else if text.starts_with("$argon2id$") {
-            let phc = argon2::PasswordHash::new(text)
-                .map_err(|_| HashError::Malformed("$argon2id$"))?;
+            let phc =
+                argon2::PasswordHash::new(text).map_err(|_| HashError::Malformed("$argon2id$"))?;
             if phc.hash.is_none() || argon2::Params::try_from(&phc).is_err() {
                 return Err(HashError::Malformed("$argon2id$"));
             }

@@ -217,3 +217,55 @@ impl crate::reload::Reload for PasswordStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reload::Reload;
+
+    fn store(dir: &Path, lines: &str) -> (PathBuf, PasswordStore) {
+        let path = dir.join("passwd");
+        std::fs::write(&path, lines).expect("write");
+        let store = PasswordStore::open(&path, 16, 1, AuthMetrics::register()).expect("open");
+        (path, store)
+    }
+
+    fn line(user: &str, password: &str) -> String {
+        format!(
+            "{user}:{}\n",
+            PasswordHash::new_pbkdf2(password.as_bytes(), 10).encode()
+        )
+    }
+
+    #[tokio::test]
+    async fn verdicts_cache_and_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, store) = store(dir.path(), &line("a", "pa"));
+        assert_eq!(store.verify("a", b"pa").await, Verdict::Ok);
+        assert_eq!(store.cache.lock().len(), 1, "success remembered");
+        assert_eq!(store.verify("a", b"pa").await, Verdict::Ok);
+        assert_eq!(store.verify("a", b"pb").await, Verdict::BadPassword);
+        assert_eq!(store.cache.lock().len(), 1, "failures are not remembered");
+        assert_eq!(store.verify("b", b"pa").await, Verdict::UnknownUser);
+
+        // A new file: the cached success of the old password no longer counts.
+        std::fs::write(&path, line("a", "new") + &line("b", "pb")).expect("write");
+        store.reload().expect("reload");
+        assert!(store.cache.lock().is_empty());
+        assert_eq!(store.verify("a", b"pa").await, Verdict::BadPassword);
+        assert_eq!(store.verify("b", b"pb").await, Verdict::Ok);
+
+        // A broken file keeps the one in force, and the error names file and line.
+        std::fs::write(&path, line("a", "x") + "b:$7$oops\n").expect("write");
+        let error = store.reload().expect_err("broken");
+        assert!(error.contains("passwd:2:"), "{error}");
+        assert_eq!(store.verify("b", b"pb").await, Verdict::Ok);
+    }
+
+    #[tokio::test]
+    async fn an_empty_file_knows_nobody() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, store) = store(dir.path(), "# nobody yet\n");
+        assert_eq!(store.verify("a", b"").await, Verdict::UnknownUser);
+    }
+}
