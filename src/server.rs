@@ -36,6 +36,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    #[error("cannot use the password file: {0}")]
+    /// The password file (`auth.password_file`) could not be read or has a bad line.
+    Passwords(#[from] crate::auth::password::FileError),
     #[error("cannot start the metrics endpoint: {0}")]
     /// The Prometheus exporter could not start.
     Metrics(String),
@@ -126,6 +129,16 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         None
     };
     let broker = open_broker(&config).await?;
+    let logins = crate::auth::login::Logins::from_config(&config)?;
+    let passwords = logins.passwords().cloned();
+    if let Some(store) = &passwords {
+        tracing::info!(users = store.users(), "password file loaded");
+        let open = logins.anonymous_listeners();
+        if !open.is_empty() {
+            tracing::warn!(listeners = ?open, "a password file is set but clients without a user name are still let in on these listeners; set allow_anonymous = false to refuse them");
+        }
+    }
+    broker.set_logins(logins);
     let mut bound = Vec::with_capacity(config.listeners.len());
     for (listener, name) in config.listeners.iter().zip(config.listener_names()) {
         let l =
@@ -183,7 +196,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(addr = %config.metrics.bind, "metrics endpoint up");
         (stop, task)
     });
-    let reloaders = Reloaders::default();
+    let mut reloaders = Reloaders::default();
+    if let Some(store) = passwords {
+        reloaders.register(store);
+    }
     Ok(RunningServer {
         mqtt_addr,
         listeners,

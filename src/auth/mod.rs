@@ -8,6 +8,8 @@
 //! so they never stall the runtime.
 
 pub mod jwt;
+pub mod login;
+pub mod password;
 
 use std::any::Any;
 use std::collections::HashMap;

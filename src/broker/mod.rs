@@ -112,6 +112,9 @@ pub struct Broker {
     shared_members: AtomicUsize,
     /// Enhanced authentication methods offered (MQTT 5 §4.12).
     authenticators: AuthRegistry,
+    /// Password file and per-listener anonymous rules, installed once by `server::start`
+    /// (unset in brokers built directly: `auth.allow_anonymous` alone then decides).
+    logins: std::sync::OnceLock<crate::auth::login::Logins>,
     next_session_id: AtomicU64,
     /// Origin of [`Broker::clock_ms`].
     epoch: Instant,
@@ -220,6 +223,7 @@ impl Broker {
             has_shared: AtomicBool::new(false),
             shared_members: AtomicUsize::new(0),
             authenticators: AuthRegistry::new(),
+            logins: std::sync::OnceLock::new(),
             next_session_id: AtomicU64::new(1),
             epoch: Instant::now(),
             coarse_ms: AtomicU64::new(0),
@@ -304,6 +308,17 @@ impl Broker {
     /// Whether clients without credentials may connect.
     pub fn allow_anonymous(&self) -> bool {
         self.auth.allow_anonymous
+    }
+
+    /// The login rules (password file, per-listener anonymous access), if installed.
+    pub fn logins(&self) -> Option<&crate::auth::login::Logins> {
+        self.logins.get()
+    }
+
+    /// Installs the login rules; a second call is ignored (they are set once, at start-up;
+    /// SIGHUP reloads the password file inside them).
+    pub fn set_logins(&self, logins: crate::auth::login::Logins) {
+        let _ = self.logins.set(logins);
     }
 
     /// Whether a client with this id currently has a live connection (for operators and tests).

@@ -78,14 +78,27 @@ impl Default for Config {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
-    /// Accept clients that send no username.
+    /// Accept clients that send no username (a listener's `allow_anonymous` overrides it).
     pub allow_anonymous: bool,
+    /// A `mosquitto_passwd` file: clients that send a user name must match a line of it.
+    /// None: any user name and password is accepted (see `allow_anonymous`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<std::path::PathBuf>,
+    /// How many recent successful logins are remembered, so reconnecting clients skip the
+    /// (deliberately slow) hash; 0 = none.
+    pub password_cache_size: usize,
 }
+
+/// Default of [`AuthConfig::password_cache_size`]: a reconnect storm of a few thousand devices
+/// costs one hash each at most once per file generation; 32 bytes per entry.
+pub const DEFAULT_PASSWORD_CACHE_SIZE: usize = 4096;
 
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             allow_anonymous: true,
+            password_file: None,
+            password_cache_size: DEFAULT_PASSWORD_CACHE_SIZE,
         }
     }
 }

@@ -27,11 +27,22 @@ pub type Refusal = (ReasonCode, &'static str);
 pub struct Policy<'a> {
     /// The `[mqtt]` section in force.
     pub config: &'a MqttConfig,
-    /// `auth.allow_anonymous`.
+    /// Whether a client without a user name may connect (the listener's `allow_anonymous`,
+    /// else `auth.allow_anonymous`).
     pub allow_anonymous: bool,
+    /// Whether a password file checks user names and passwords (after these checks, in the
+    /// handshake); without one and with anonymous access off, a user name alone is refused.
+    pub password_file: bool,
     /// The enhanced-authentication methods offered.
     pub authenticators: &'a AuthRegistry,
 }
+
+/// The refusal of a client without a user name where anonymous access is off (the handshake
+/// counts these in `postbox_auth_failures_total{reason="anonymous"}`).
+pub const ANONYMOUS_REFUSED: Refusal = (
+    ReasonCode::NOT_AUTHORIZED,
+    "anonymous access is not allowed",
+);
 
 /// A CONNECT that passed the checks made before authentication.
 #[derive(Clone, Debug, PartialEq)]
@@ -406,21 +417,21 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
             "control character in the user name",
         ));
     }
-    // No user store yet: with anonymous access off, only enhanced authentication can
-    // authenticate a client (the exchange runs after these checks).
+    // With anonymous access off, a client is authenticated by enhanced authentication or by
+    // the password file (both run after these checks); without a password file a user name
+    // proves nothing.
     let enhanced = connect.protocol.is_v5() && connect.properties.authentication_method.is_some();
     if !policy.allow_anonymous && !enhanced {
-        return Err(if connect.username.is_some() {
-            (
-                ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-                "bad user name or password",
-            )
-        } else {
-            (
-                ReasonCode::NOT_AUTHORIZED,
-                "anonymous access is not allowed",
-            )
-        });
+        match (&connect.username, policy.password_file) {
+            (Some(_), true) => {}
+            (Some(_), false) => {
+                return Err((
+                    ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+                    "bad user name or password",
+                ))
+            }
+            (None, _) => return Err(ANONYMOUS_REFUSED),
+        }
     }
     if let Some(will) = &connect.will {
         if topic::topic_name_error(&will.topic).is_some() {
@@ -544,6 +555,7 @@ mod tests {
             &Policy {
                 config: &config,
                 allow_anonymous: true,
+                password_file: false,
                 authenticators: &authenticators,
             },
         )

@@ -32,6 +32,7 @@ mod listeners;
 mod malformed;
 mod mosquitto_clients;
 mod partial_packets;
+mod passwords;
 mod pending_connections;
 mod proxy_protocol;
 mod recovery;
