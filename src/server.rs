@@ -36,6 +36,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The JWT keys (`[auth.jwt]`) could not be read or hold no usable key.
+    #[error("cannot use the JWT keys: {0}")]
+    Jwt(#[from] crate::auth::jwt::JwtError),
     #[error("cannot use the password file: {0}")]
     /// The password file (`auth.password_file`) could not be read or has a bad line.
     Passwords(#[from] crate::auth::password::FileError),
@@ -129,7 +132,13 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         None
     };
     let broker = open_broker(&config).await?;
-    let logins = crate::auth::login::Logins::from_config(&config)?;
+    let jwt = match &config.auth.jwt {
+        Some(settings) => Some(Arc::new(crate::auth::jwt::JwtVerifier::load(
+            settings.clone(),
+        )?)),
+        None => None,
+    };
+    let logins = crate::auth::login::Logins::from_config(&config)?.with_jwt(jwt.clone());
     let passwords = logins.passwords().cloned();
     if let Some(store) = &passwords {
         tracing::info!(users = store.users(), "password file loaded");
@@ -197,6 +206,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         (stop, task)
     });
     let mut reloaders = Reloaders::default();
+    if let Some(jwt) = jwt {
+        reloaders.register(jwt);
+    }
     if let Some(store) = passwords {
         reloaders.register(store);
     }

@@ -18,42 +18,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::RwLock;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use thiserror::Error;
 
-/// `[auth.jwt]`: where the keys are and what the tokens must say.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JwtConfig {
-    /// A PEM public key (`-----BEGIN PUBLIC KEY-----`, RSA or EC P-256) tokens are signed
-    /// with. One of `public_key` and `jwks` must be set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub public_key: Option<PathBuf>,
-    /// A JWKS file (`{"keys": [...]}`, as identity providers publish at their `jwks_uri`):
-    /// the key is picked by the token's `kid`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jwks: Option<PathBuf>,
-    /// The claim that becomes the client's username (for the ACL and the logs).
-    #[serde(default = "default_username_claim")]
-    pub username_claim: String,
-    /// Required `iss`, when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub issuer: Option<String>,
-    /// Required `aud` (one of the token's audiences), when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audience: Option<String>,
-    /// Seconds of clock skew allowed on `exp` and `nbf`.
-    #[serde(default = "default_leeway")]
-    pub leeway: u64,
-}
-
-fn default_username_claim() -> String {
-    "sub".to_owned()
-}
-
-fn default_leeway() -> u64 {
-    30
-}
+pub use crate::config::JwtConfig;
 
 /// Why a token was not accepted (or a key file could not be used). The messages never
 /// contain the token.
@@ -316,7 +284,7 @@ mod tests {
         JwtConfig {
             public_key: Some(certs("rsa.pub")),
             jwks: None,
-            username_claim: default_username_claim(),
+            username_claim: "sub".to_owned(),
             issuer: None,
             audience: None,
             leeway: 0,

@@ -26,6 +26,7 @@ mod durability;
 mod flow_control;
 mod fuzz_corpus;
 mod input_validity;
+mod jwt;
 mod limits;
 mod link;
 mod listeners;
