@@ -80,12 +80,16 @@ impl Default for Config {
 pub struct AuthConfig {
     /// Accept clients that send no username.
     pub allow_anonymous: bool,
+    /// SCRAM credentials file (`user:$scram-sha-256$...` lines, see `auth::scram_file`): when
+    /// set, the enhanced authentication methods `SCRAM-SHA-256` and `SCRAM-SHA-512` are offered.
+    pub scram_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             allow_anonymous: true,
+            scram_file: None,
         }
     }
 }
