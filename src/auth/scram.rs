@@ -205,10 +205,7 @@ impl Scram {
             .zip(&client_signature)
             .map(|(p, s)| p ^ s)
             .collect();
-        let matches: bool = kind
-            .hash(&client_key)
-            .ct_eq(&credential.stored_key)
-            .into();
+        let matches: bool = kind.hash(&client_key).ct_eq(&credential.stored_key).into();
         if !(matches && pending.known) {
             return AuthStep::Fail(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         }
@@ -429,7 +426,10 @@ mod tests {
         let scram = Scram::new(ScramKind::Sha256, rfc_store());
         let bad_proof = CLIENT_FINAL.replace("p=dHzb", "p=dHzc");
         let step = run(&scram, CLIENT_FIRST, SERVER_NONCE, |_| bad_proof.clone());
-        assert!(matches!(step, AuthStep::Fail(ReasonCode::BAD_USER_NAME_OR_PASSWORD)));
+        assert!(matches!(
+            step,
+            AuthStep::Fail(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+        ));
         let bad_nonce = CLIENT_FINAL.replace("k0,p=", "k1,p=");
         let step = run(&scram, CLIENT_FIRST, SERVER_NONCE, |_| bad_nonce.clone());
         assert!(matches!(step, AuthStep::Fail(ReasonCode::NOT_AUTHORIZED)));
@@ -459,7 +459,10 @@ mod tests {
             let nonce = sf.split(',').next().expect("r").to_owned();
             format!("c=biws,{nonce},p={}", B64.encode([0u8; 32]))
         });
-        assert!(matches!(step, AuthStep::Fail(ReasonCode::BAD_USER_NAME_OR_PASSWORD)));
+        assert!(matches!(
+            step,
+            AuthStep::Fail(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+        ));
     }
 
     #[test]
@@ -484,7 +487,10 @@ mod tests {
         let (user, kind, cred) = super::super::scram_file::parse_line(&line).expect("line");
         assert_eq!((user.as_str(), kind), ("a,b=c", ScramKind::Sha512));
         creds.insert(kind, user, cred);
-        let scram = Scram::new(ScramKind::Sha512, Arc::new(ScramStore::from_credentials(creds)));
+        let scram = Scram::new(
+            ScramKind::Sha512,
+            Arc::new(ScramStore::from_credentials(creds)),
+        );
         let first = "n,,n=a=2Cb=3Dc,r=cn";
         let step = run(&scram, first, "sn", |sf| {
             client_final(ScramKind::Sha512, b"pw", "n=a=2Cb=3Dc,r=cn", sf)
@@ -574,7 +580,10 @@ mod tests {
         for _ in 0..2000 {
             let len = rand::random_range(0..64);
             let junk: Vec<u8> = (0..len).map(|_| rand::random()).collect();
-            assert!(!matches!(scram.first(Some(&junk), "s"), AuthStep::Success(_)));
+            assert!(!matches!(
+                scram.first(Some(&junk), "s"),
+                AuthStep::Success(_)
+            ));
             let step = run(&scram, CLIENT_FIRST, SERVER_NONCE, |_| {
                 String::from_utf8_lossy(&junk).into_owned()
             });
@@ -597,7 +606,9 @@ mod tests {
         let n = 200u32;
         let started = std::time::Instant::now();
         for _ in 0..n {
-            let step = run(&scram, CLIENT_FIRST, SERVER_NONCE, |_| CLIENT_FINAL.to_owned());
+            let step = run(&scram, CLIENT_FIRST, SERVER_NONCE, |_| {
+                CLIENT_FINAL.to_owned()
+            });
             assert!(matches!(step, AuthStep::Success(_)));
         }
         let each = started.elapsed() / n;

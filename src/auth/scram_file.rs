@@ -197,7 +197,12 @@ pub fn load(path: &Path) -> Result<ScramCredentials, ScramFileError> {
 /// A credential line for `user` with a random 16-byte salt, for `postbox passwd --scram`
 /// (and tests). Runs PBKDF2 `iterations` times: slow on purpose. The file splits a line at
 /// its last `:$`, so user names may contain `:`.
-pub fn scram_credential_line(kind: ScramKind, user: &str, password: &str, iterations: u32) -> String {
+pub fn scram_credential_line(
+    kind: ScramKind,
+    user: &str,
+    password: &str,
+    iterations: u32,
+) -> String {
     let salt: [u8; 16] = rand::random();
     let c = ScramCredential::derive(kind, password.as_bytes(), &salt, iterations);
     format!(
@@ -358,7 +363,10 @@ mod tests {
             let text = format!("# c\n{case}\n");
             let err = parse(&text, Path::new("/etc/scram")).expect_err(&case);
             let msg = err.to_string();
-            assert!(msg.starts_with("/etc/scram:2: ") || msg.starts_with("/etc/scram:3: "), "{msg}");
+            assert!(
+                msg.starts_with("/etc/scram:2: ") || msg.starts_with("/etc/scram:3: "),
+                "{msg}"
+            );
             assert!(!msg.contains("SECRET") && !msg.contains("c2Fsd"), "{msg}");
         }
     }
@@ -367,15 +375,21 @@ mod tests {
     fn reload_swaps_in_a_good_file_and_keeps_the_old_on_a_bad_one() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("scram");
-        std::fs::write(&path, scram_credential_line(ScramKind::Sha256, "a", "p", 4096))
-            .expect("write");
+        std::fs::write(
+            &path,
+            scram_credential_line(ScramKind::Sha256, "a", "p", 4096),
+        )
+        .expect("write");
         let store = ScramStore::open(&path).expect("opens");
         assert!(store.get(ScramKind::Sha256, "a").is_some());
         std::fs::write(&path, "garbage\n").expect("write");
         assert!(store.reload().expect_err("bad").contains(":1:"));
         assert!(store.get(ScramKind::Sha256, "a").is_some(), "old kept");
-        std::fs::write(&path, scram_credential_line(ScramKind::Sha256, "b", "p", 4096))
-            .expect("write");
+        std::fs::write(
+            &path,
+            scram_credential_line(ScramKind::Sha256, "b", "p", 4096),
+        )
+        .expect("write");
         store.reload().expect("good");
         assert!(store.get(ScramKind::Sha256, "a").is_none());
         assert!(store.get(ScramKind::Sha256, "b").is_some());
