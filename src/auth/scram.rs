@@ -1,12 +1,12 @@
 //! SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, RFC 7677) as MQTT 5 enhanced authentication
-//! methods (§4.12), named as EMQX and HiveMQ name them.
+//! methods (§4.12), named as EMQX and `HiveMQ` name them.
 //!
 //! The exchange: CONNECT carries the client-first-message; the broker answers AUTH 0x18 with
 //! the server-first-message (combined nonce, salt, iterations); the client's AUTH 0x18 carries
 //! the client-final-message (channel binding, proof); CONNACK 0x00 carries the
 //! server-final-message (`v=` signature). Re-authentication (AUTH 0x19) runs the same steps.
 //!
-//! The server stores StoredKey and ServerKey (see [`super::scram_file`]), so a step is a few
+//! The server stores `StoredKey` and `ServerKey` (see [`super::scram_file`]), so a step is a few
 //! HMACs and one hash — microseconds — and [`Authenticator::is_expensive`] is false: a hop to
 //! the blocking pool would cost more than the step. No PBKDF2 ever runs on the server.
 //! Unknown users get a salt derived from their name and a per-process secret and fail at the
@@ -55,7 +55,7 @@ impl ScramKind {
     }
 
     /// Output length of the hash, which is also the length of keys and proofs.
-    pub fn len(self) -> usize {
+    pub fn key_len(self) -> usize {
         match self {
             ScramKind::Sha256 => 32,
             ScramKind::Sha512 => 64,
@@ -80,7 +80,7 @@ impl ScramKind {
 
     /// Hi(password, salt, i) of RFC 5802: PBKDF2 with HMAC of this hash.
     pub(crate) fn salted_password(self, password: &[u8], salt: &[u8], iterations: u32) -> Vec<u8> {
-        let mut out = vec![0u8; self.len()];
+        let mut out = vec![0u8; self.key_len()];
         match self {
             ScramKind::Sha256 => {
                 pbkdf2::pbkdf2_hmac::<Sha256>(password, salt, iterations, &mut out);
@@ -192,7 +192,7 @@ impl Scram {
         };
         let kind = self.kind;
         let credential = &pending.credential;
-        if proof.len() != kind.len() {
+        if proof.len() != kind.key_len() {
             return AuthStep::Fail(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         }
         let auth_message = format!(
@@ -256,7 +256,7 @@ impl Authenticator for Scram {
 struct ClientFirst<'a> {
     /// `gs2-cbind-flag "," [authzid] ","`, echoed back (base64) in the final message.
     gs2_header: &'a str,
-    /// client-first-message-bare, part of AuthMessage.
+    /// client-first-message-bare, part of `AuthMessage`.
     bare: &'a str,
     /// The user name, saslname escapes decoded.
     username: String,
@@ -345,7 +345,7 @@ struct ClientFinal<'a> {
     channel_binding: &'a str,
     nonce: &'a str,
     proof: &'a str,
-    /// client-final-message-without-proof, part of AuthMessage.
+    /// client-final-message-without-proof, part of `AuthMessage`.
     without_proof: &'a str,
 }
 

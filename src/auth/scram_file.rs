@@ -140,7 +140,7 @@ pub fn parse_line(line: &str) -> Result<(String, ScramKind, ScramCredential), &'
     }
     let stored_key = B64.decode(stored).map_err(|_| "StoredKey is not base64")?;
     let server_key = B64.decode(server).map_err(|_| "ServerKey is not base64")?;
-    if stored_key.len() != kind.len() || server_key.len() != kind.len() {
+    if stored_key.len() != kind.key_len() || server_key.len() != kind.key_len() {
         return Err("StoredKey or ServerKey has the wrong length for the hash");
     }
     Ok((

@@ -73,7 +73,7 @@ struct ScramClient {
     password: String,
     nonce: String,
     first_bare: String,
-    /// AuthMessage and SaltedPassword, kept to check the server's signature.
+    /// `AuthMessage` and `SaltedPassword`, kept to check the server's signature.
     auth_message: String,
     salted: Vec<u8>,
 }
@@ -130,7 +130,7 @@ impl ScramClient {
         format!("{without_proof},p={}", B64.encode(proof))
     }
 
-    /// True if the server-final-message proves the server knows ServerKey.
+    /// True if the server-final-message proves the server knows `ServerKey`.
     fn server_final_ok(&self, server_final: &[u8]) -> bool {
         let server_key = self.hash.hmac(&self.salted, b"Server Key");
         let want = self.hash.hmac(&server_key, self.auth_message.as_bytes());
