@@ -62,15 +62,40 @@ impl ScramCredential {
 }
 
 /// Every user's credentials, by kind.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct ScramCredentials {
     by_kind: HashMap<(ScramKind, String), ScramCredential>,
+    /// The iteration count most lines use: what unknown users are offered, so the count
+    /// does not tell them apart from real ones.
+    usual_iterations: u32,
+}
+
+impl Default for ScramCredentials {
+    fn default() -> Self {
+        ScramCredentials {
+            by_kind: HashMap::new(),
+            usual_iterations: MIN_ITERATIONS,
+        }
+    }
 }
 
 impl ScramCredentials {
-    /// Adds (or replaces) `user`'s credential of `kind`.
+    /// Adds (or replaces) `user`'s credential of `kind` (recounts the usual iterations: for
+    /// building small sets in code; files go through [`parse`]).
     pub fn insert(&mut self, kind: ScramKind, user: String, credential: ScramCredential) {
         self.by_kind.insert((kind, user), credential);
+        self.usual_iterations = self.most_common_iterations();
+    }
+
+    fn most_common_iterations(&self) -> u32 {
+        let mut counts: HashMap<u32, usize> = HashMap::new();
+        for c in self.by_kind.values() {
+            *counts.entry(c.iterations).or_default() += 1;
+        }
+        counts
+            .into_iter()
+            .max_by_key(|&(iterations, n)| (n, iterations))
+            .map_or(MIN_ITERATIONS, |(iterations, _)| iterations)
     }
 
     /// How many lines were loaded.
@@ -176,8 +201,9 @@ pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, ScramFileError
         if creds.by_kind.contains_key(&(kind, user.clone())) {
             return Err(bad("second line of the same kind for this user"));
         }
-        creds.insert(kind, user, cred);
+        creds.by_kind.insert((kind, user), cred);
     }
+    creds.usual_iterations = creds.most_common_iterations();
     Ok(creds)
 }
 
@@ -275,7 +301,7 @@ impl ScramStore {
         let mut salt = derive(b"salt");
         salt.truncate(16);
         ScramCredential {
-            iterations: MIN_ITERATIONS,
+            iterations: self.credentials.read().usual_iterations,
             salt,
             stored_key: derive(b"stored"),
             server_key: derive(b"server"),
@@ -344,6 +370,19 @@ mod tests {
         assert_eq!(c.stored_key.len(), 64);
         assert!(store.get(ScramKind::Sha256, "u").is_some());
         assert!(store.get(ScramKind::Sha256, "v").is_none());
+        assert_eq!(store.fake(ScramKind::Sha256, "v").iterations, 4096);
+    }
+
+    #[test]
+    fn unknown_users_get_the_usual_iteration_count() {
+        let text = [
+            scram_credential_line(ScramKind::Sha256, "a", "p", 5000),
+            scram_credential_line(ScramKind::Sha256, "b", "p", 5000),
+            scram_credential_line(ScramKind::Sha256, "c", "p", 4096),
+        ]
+        .join("\n");
+        let store = ScramStore::from_credentials(parse(&text, Path::new("f")).expect("parses"));
+        assert_eq!(store.fake(ScramKind::Sha256, "nobody").iterations, 5000);
     }
 
     #[test]

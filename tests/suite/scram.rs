@@ -186,6 +186,18 @@ struct Scrammed {
 }
 
 fn start(lines: &[String]) -> Scrammed {
+    let (dir, file, config) = prepare(lines);
+    let broker = Broker::start(&config);
+    Scrammed {
+        _dir: dir,
+        file,
+        config,
+        broker,
+    }
+}
+
+/// A config with `lines` as the SCRAM file and anonymous access off, not started.
+fn prepare(lines: &[String]) -> (tempfile::TempDir, std::path::PathBuf, BrokerConfig) {
     let dir = tempfile::tempdir().expect("dir");
     let data = dir.path().join("data");
     let config = write_config(dir.path(), &data);
@@ -197,13 +209,7 @@ fn start(lines: &[String]) -> Scrammed {
         file.display().to_string()
     ));
     std::fs::write(&config.path, text).expect("config");
-    let broker = Broker::start(&config);
-    Scrammed {
-        _dir: dir,
-        file,
-        config,
-        broker,
-    }
+    (dir, file, config)
 }
 
 fn write_lines(path: &Path, lines: &[String]) {
@@ -463,4 +469,24 @@ fn hup_and_wait(s: &Scrammed, nth: usize, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+#[test]
+fn a_bad_credentials_file_stops_start_up_naming_file_and_line_not_keys() {
+    let good = line(ScramKind::Sha256, "gina", "pw");
+    let secret = good.rsplit('$').next().expect("ServerKey").to_owned();
+    let bad = good.replace("$scram-sha-256$", "$scram-sha-257$");
+    // Line 1 is the comment write_lines puts first.
+    let (_dir, file, config) = prepare(&[good, bad]);
+    let Err(exited) = Broker::try_start(&config) else {
+        panic!("started with a bad SCRAM file")
+    };
+    assert!(!exited.status.success());
+    let want = format!("{}:3:", file.display());
+    assert!(exited.output.contains(&want), "{want} in {}", exited.output);
+    assert!(
+        !exited.output.contains(&secret),
+        "key material in {}",
+        exited.output
+    );
 }
