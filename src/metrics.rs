@@ -323,6 +323,8 @@ pub struct Metrics {
     pub connections_refused_per_ip: Counter,
     /// CONNECTs refused (CONNACK 0x89 / 0x03): the listener had `max_connections` clients.
     pub connections_refused_max: Counter,
+    /// Connections closed on a `proxy_protocol` listener: no valid PROXY header in time.
+    pub connections_refused_proxy: Counter,
     /// Connections closed because their CONNECT was not accepted within `mqtt.connect_timeout`.
     pub connect_timeouts: Counter,
     /// Connections closed because a started packet did not complete in time.
@@ -470,7 +472,7 @@ impl Metrics {
         describe_counter!(
             CONNECTIONS_REFUSED_TOTAL,
             Unit::Count,
-            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections)."
+            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, proxy_header)."
         );
         describe_counter!(
             CONNECT_TIMEOUTS_TOTAL,
@@ -543,6 +545,10 @@ impl Metrics {
             connections_refused_max: counter!(
                 CONNECTIONS_REFUSED_TOTAL,
                 "reason" => "max_connections"
+            ),
+            connections_refused_proxy: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "proxy_header"
             ),
             connect_timeouts: counter!(CONNECT_TIMEOUTS_TOTAL),
             packet_timeouts: counter!(PACKET_TIMEOUTS_TOTAL),

@@ -7,6 +7,8 @@
 //! [`Authenticator::is_expensive`] and the connection then runs them on tokio's blocking pool,
 //! so they never stall the runtime.
 
+pub mod jwt;
+
 use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;

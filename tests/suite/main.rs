@@ -33,6 +33,7 @@ mod malformed;
 mod mosquitto_clients;
 mod partial_packets;
 mod pending_connections;
+mod proxy_protocol;
 mod recovery;
 mod scram;
 mod v5_auth;
