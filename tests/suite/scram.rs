@@ -256,7 +256,9 @@ fn connack_code(p: Option<&Packet>) -> ReasonCode {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sha256_and_sha512_succeed_and_the_server_proves_itself() {
-    // MQTT-4.12.0-3 (CONNACK 0x00 ends the exchange), MQTT-4.12.0-5 (method in CONNACK).
+    // MQTT-4.12.0-2 (AUTH 0x18 from the server), MQTT-4.12.0-3 (our answer is AUTH 0x18),
+    // MQTT-4.12.0-5 (the method in every AUTH and in CONNACK), MQTT-3.15.2-1 (Authenticate
+    // Reason Codes only).
     let s = start(&[
         line(ScramKind::Sha256, "alice", "wonderland"),
         line(ScramKind::Sha512, "alice", "wonderland"),
@@ -389,7 +391,12 @@ async fn reauthentication_succeeds_and_a_wrong_password_disconnects() {
         if password == "pw" {
             match c.recv().await {
                 Some(Packet::Auth(a)) => {
-                    assert_eq!(a.reason_code, ReasonCode::SUCCESS);
+                    assert_eq!(a.reason_code, ReasonCode::SUCCESS, "MQTT-3.15.2-1");
+                    assert_eq!(
+                        a.properties.authentication_method.as_deref(),
+                        Some(method),
+                        "MQTT-4.12.0-5"
+                    );
                     let data = a.properties.authentication_data.expect("server-final");
                     assert!(again.server_final_ok(&data));
                 }
