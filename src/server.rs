@@ -48,6 +48,9 @@ pub enum StartError {
     #[error("cannot open the durable store: {0}")]
     /// The durable store could not be opened or recovered.
     Storage(#[from] crate::storage::StorageError),
+    #[error("{0}")]
+    /// The SCRAM credentials file (`auth.scram_file`) could not be loaded.
+    Scram(#[from] crate::auth::scram_file::ScramFileError),
 }
 
 /// Opens the store, restores what it holds into a new broker (blocking I/O, off the runtime).
@@ -148,6 +151,11 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         }
     }
     broker.set_logins(logins);
+    let mut reloaders = Reloaders::default();
+    if let Some(path) = &config.auth.scram_file {
+        let store = crate::auth::scram_file::register(broker.authenticators(), path)?;
+        reloaders.register(store);
+    }
     let mut bound = Vec::with_capacity(config.listeners.len());
     for (listener, name) in config.listeners.iter().zip(config.listener_names()) {
         let l =
@@ -205,7 +213,6 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(addr = %config.metrics.bind, "metrics endpoint up");
         (stop, task)
     });
-    let mut reloaders = Reloaders::default();
     if let Some(jwt) = jwt {
         reloaders.register(jwt);
     }

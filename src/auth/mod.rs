@@ -23,6 +23,9 @@ use thiserror::Error;
 
 use crate::codec::ReasonCode;
 
+pub mod scram;
+pub mod scram_file;
+
 /// Method-specific state carried from one step of an exchange to the next (e.g. the server
 /// nonce of a challenge). Boxed `Any` so the registry can hold methods of different types.
 pub type AuthState = Box<dyn Any + Send>;

@@ -91,6 +91,9 @@ pub struct AuthConfig {
     /// these keys and its claim becomes the user name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jwt: Option<JwtConfig>,
+    /// SCRAM credentials file (`user:$scram-sha-256$...` lines, see `auth::scram_file`): when
+    /// set, the enhanced authentication methods `SCRAM-SHA-256` and `SCRAM-SHA-512` are offered.
+    pub scram_file: Option<std::path::PathBuf>,
 }
 
 /// `[auth.jwt]`: where the keys are and what the tokens must say.
@@ -138,6 +141,7 @@ impl Default for AuthConfig {
             password_file: None,
             password_cache_size: DEFAULT_PASSWORD_CACHE_SIZE,
             jwt: None,
+            scram_file: None,
         }
     }
 }

@@ -37,6 +37,7 @@ mod passwords;
 mod pending_connections;
 mod proxy_protocol;
 mod recovery;
+mod scram;
 mod v5_auth;
 mod v5_capabilities;
 mod v5_expiry;
