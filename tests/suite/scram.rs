@@ -497,3 +497,58 @@ fn a_bad_credentials_file_stops_start_up_naming_file_and_line_not_keys() {
         exited.output
     );
 }
+
+/// `postbox passwd --scram sha-256|sha-512 -b FILE USER PASSWORD` writes credential lines the
+/// broker accepts (a second run for the same user and kind replaces its line, another kind
+/// adds one); `-D --scram` removes one, after which that method fails for the user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postbox_passwd_scram_writes_lines_the_broker_accepts() {
+    let passwd = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_postbox"))
+            .arg("passwd")
+            .args(args)
+            .output()
+            .expect("postbox passwd runs");
+        assert!(
+            out.status.success(),
+            "postbox passwd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let s = start(&[]);
+    let file = s.file.to_str().expect("utf8").to_owned();
+    let it = ["--iterations", "4096"];
+    passwd(&[&["--scram", "sha-256", "-b", &file, "bob", "old"][..], &it].concat());
+    passwd(
+        &[
+            &["--scram", "sha-256", "-b", &file, "bob", "builder"][..],
+            &it,
+        ]
+        .concat(),
+    );
+    passwd(
+        &[
+            &["--scram", "sha-512", "-b", &file, "bob", "builder"][..],
+            &it,
+        ]
+        .concat(),
+    );
+    let text = std::fs::read_to_string(&s.file).expect("file");
+    assert_eq!(text.matches("bob:$scram-sha-256$").count(), 1, "{text}");
+    assert_eq!(text.matches("bob:$scram-sha-512$").count(), 1, "{text}");
+    hup_and_wait(&s, 1, "reloaded");
+    for hash in [Hash::Sha256, Hash::Sha512] {
+        let mut client = ScramClient::new(hash, "bob", "builder");
+        let (c, answer) = exchange(&s, "bob", &mut client, false).await;
+        assert_eq!(connack_code(answer.as_ref()), ReasonCode::SUCCESS);
+        v5::disconnect(c).await;
+    }
+    passwd(&["--scram", "sha-512", "-D", &file, "bob"]);
+    hup_and_wait(&s, 1, "reloaded");
+    let mut client = ScramClient::new(Hash::Sha512, "bob", "builder");
+    let (_c, answer) = exchange(&s, "bob", &mut client, false).await;
+    assert_eq!(
+        connack_code(answer.as_ref()),
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+}
