@@ -18,6 +18,9 @@ use postbox::config::{Config, Overrides};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// A tool instead of the broker (none: run the broker).
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Configuration file (TOML). Without it, the embedded default config is used.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     config: Option<PathBuf>,
@@ -35,8 +38,59 @@ struct Cli {
     verbose: bool,
 }
 
+/// Tools that share the binary.
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Manage a password file (`auth.password_file`), like `mosquitto_passwd`.
+    Passwd(PasswdArgs),
+}
+
+/// `postbox passwd`: the same flags as `mosquitto_passwd`.
+///
+/// Writes `$7$` (PBKDF2-HMAC-SHA512) by default because Mosquitto 2.0 (Debian, Ubuntu) reads
+/// only `$6$` and `$7$`, so the file stays usable by both brokers; with 210,000 iterations
+/// rather than Mosquitto 2.0's 101, which offer little against a stolen file. `--argon2id`
+/// writes argon2id (Mosquitto 2.1 and Postbox read it).
+#[derive(Debug, clap::Args)]
+#[command(
+    override_usage = "postbox passwd [-c] FILE USER\n       postbox passwd [-c] -b FILE USER PASSWORD\n       postbox passwd -D FILE USER\n       postbox passwd -U FILE"
+)]
+struct PasswdArgs {
+    /// Create a new file (overwrites an existing one).
+    #[arg(short = 'c')]
+    create: bool,
+    /// Batch mode: the password is the third argument.
+    #[arg(short = 'b', conflicts_with_all = ["delete", "update"])]
+    batch: bool,
+    /// Delete USER.
+    #[arg(short = 'D', conflicts_with_all = ["create", "update"])]
+    delete: bool,
+    /// Hash a plaintext `user:password` file in place.
+    #[arg(short = 'U', conflicts_with_all = ["create", "batch"])]
+    update: bool,
+    /// Write argon2id hashes instead of `$7$` (Mosquitto 2.0 cannot read them).
+    #[arg(long = "argon2id")]
+    argon2id: bool,
+    /// PBKDF2 iterations of `$7$` hashes (and of SCRAM credentials with `--scram`).
+    #[arg(long = "iterations", default_value_t = postbox::auth::password::DEFAULT_PBKDF2_ITERATIONS)]
+    iterations: u32,
+    /// Edit a SCRAM credentials file (`auth.scram_file`) instead: write (or with -D remove)
+    /// the user's `sha-256` or `sha-512` line.
+    #[arg(long = "scram", value_name = "sha-256|sha-512", conflicts_with_all = ["update", "argon2id"])]
+    scram: Option<String>,
+    /// The password file.
+    file: PathBuf,
+    /// The user name (not with -U).
+    user: Option<String>,
+    /// The password (with -b only).
+    password: Option<String>,
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(Command::Passwd(args)) = cli.command {
+        return passwd(&args);
+    }
     // Overrides are applied before validation, so they are checked like the file is.
     let overrides = Overrides {
         port: cli.port,
@@ -135,4 +189,205 @@ impl Signals {
             Signal::Stop
         }
     }
+}
+
+/// `postbox passwd`: edits the file and replaces it atomically.
+fn passwd(args: &PasswdArgs) -> anyhow::Result<()> {
+    use postbox::auth::password::{file, PasswordHash};
+    let hash = |password: &str| -> anyhow::Result<PasswordHash> {
+        if args.argon2id {
+            PasswordHash::new_argon2id(password.as_bytes()).map_err(|e| anyhow::anyhow!(e))
+        } else {
+            Ok(PasswordHash::new_pbkdf2(
+                password.as_bytes(),
+                args.iterations,
+            ))
+        }
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    if args.update {
+        anyhow::ensure!(args.user.is_none(), "-U takes only the file");
+        let text = read(&args.file)?;
+        let mut out = String::with_capacity(text.len() * 2);
+        for (i, line) in text.lines().enumerate() {
+            let trimmed = line.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                out.push_str(line);
+                out.push('\n');
+                continue;
+            }
+            let (user, password) = line.split_once(':').with_context(|| {
+                format!("{}:{}: not `user:password`", args.file.display(), i + 1)
+            })?;
+            // Already hashed lines stay as they are (running -U twice is harmless).
+            let hashed = PasswordHash::parse(password).is_ok();
+            let value = if hashed {
+                password.to_owned()
+            } else {
+                hash(password)?.encode()
+            };
+            out.push_str(&format!("{user}:{value}\n"));
+        }
+        file::write_atomically(&args.file, &out)?;
+        return Ok(());
+    }
+    let user = args.user.as_deref().context("a user name is needed")?;
+    anyhow::ensure!(
+        !user.is_empty() && !user.contains(':'),
+        "a user name must be non-empty and must not contain ':'"
+    );
+    let existing = if args.create {
+        String::new()
+    } else {
+        read(&args.file)?
+    };
+    if args.delete && args.scram.is_some() {
+        let kind = scram_kind(args.scram.as_deref().unwrap_or_default())?;
+        let text = scram_edit(&existing, user, kind, None);
+        anyhow::ensure!(
+            text != existing,
+            "user {user} has no {} line in {}",
+            kind.method(),
+            args.file.display()
+        );
+        file::write_atomically(&args.file, &text)?;
+        return Ok(());
+    }
+    if args.delete {
+        anyhow::ensure!(args.password.is_none(), "-D takes a file and a user");
+        let (text, found) = file::edit(&existing, &file::Edit::Delete(user));
+        anyhow::ensure!(found, "user {user} not in {}", args.file.display());
+        file::write_atomically(&args.file, &text)?;
+        return Ok(());
+    }
+    let password = match (&args.password, args.batch) {
+        (Some(password), true) => password.clone(),
+        (None, true) => anyhow::bail!("-b needs a password"),
+        (Some(_), false) => anyhow::bail!("a password on the command line needs -b"),
+        (None, false) => read_password()?,
+    };
+    if let Some(kind) = &args.scram {
+        let kind = scram_kind(kind)?;
+        let line = postbox::auth::scram_file::scram_credential_line(
+            kind,
+            user,
+            &password,
+            args.iterations,
+        );
+        let text = scram_edit(&existing, user, kind, Some(&line));
+        file::write_atomically(&args.file, &text)?;
+        return Ok(());
+    }
+    let hash = hash(&password)?;
+    let (text, _) = file::edit(&existing, &file::Edit::Set(user, &hash));
+    file::write_atomically(&args.file, &text)?;
+    Ok(())
+}
+
+/// The password: prompted twice without echo on a terminal, else the first line of stdin.
+fn read_password() -> anyhow::Result<String> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        let mut line = String::new();
+        stdin.lock().read_line(&mut line)?;
+        let password = line.trim_end_matches(['\r', '\n']).to_owned();
+        anyhow::ensure!(!password.is_empty(), "no password on stdin");
+        return Ok(password);
+    }
+    let prompt = |text: &str| -> anyhow::Result<String> {
+        eprint!("{text}");
+        std::io::stderr().flush()?;
+        let _echo = EchoOff::new();
+        let mut line = String::new();
+        stdin.lock().read_line(&mut line)?;
+        eprintln!();
+        Ok(line.trim_end_matches(['\r', '\n']).to_owned())
+    };
+    let first = prompt("Password: ")?;
+    let second = prompt("Reenter password: ")?;
+    anyhow::ensure!(first == second, "passwords do not match");
+    anyhow::ensure!(!first.is_empty(), "empty password");
+    Ok(first)
+}
+
+/// Turns the terminal's echo off while it lives.
+struct EchoOff {
+    #[cfg(unix)]
+    saved: Option<libc::termios>,
+}
+
+impl EchoOff {
+    fn new() -> EchoOff {
+        #[cfg(unix)]
+        {
+            // SAFETY: tcgetattr/tcsetattr on stdin with a zeroed termios they fill in.
+            unsafe {
+                let mut t: libc::termios = std::mem::zeroed();
+                if libc::tcgetattr(libc::STDIN_FILENO, &raw mut t) != 0 {
+                    return EchoOff { saved: None };
+                }
+                let saved = t;
+                t.c_lflag &= !libc::ECHO;
+                libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw const t);
+                EchoOff { saved: Some(saved) }
+            }
+        }
+        #[cfg(not(unix))]
+        EchoOff {}
+    }
+}
+
+impl Drop for EchoOff {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(saved) = &self.saved {
+            // SAFETY: restores the attributes read in `new`.
+            unsafe {
+                libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, saved);
+            }
+        }
+    }
+}
+
+/// The `--scram` argument.
+fn scram_kind(name: &str) -> anyhow::Result<postbox::auth::scram::ScramKind> {
+    use postbox::auth::scram::ScramKind;
+    match name.to_ascii_lowercase().as_str() {
+        "sha-256" | "sha256" | "scram-sha-256" => Ok(ScramKind::Sha256),
+        "sha-512" | "sha512" | "scram-sha-512" => Ok(ScramKind::Sha512),
+        other => anyhow::bail!("--scram takes sha-256 or sha-512, not {other:?}"),
+    }
+}
+
+/// `text` with `user`'s line of `kind` replaced by `line` (appended if it had none), or
+/// removed when `line` is `None`; every other line as it was.
+fn scram_edit(
+    text: &str,
+    user: &str,
+    kind: postbox::auth::scram::ScramKind,
+    line: Option<&str>,
+) -> String {
+    let prefix = format!("{user}:${}$", kind.method().to_ascii_lowercase());
+    let mut out = String::with_capacity(text.len() + 200);
+    let mut placed = false;
+    for existing in text.lines() {
+        if existing.starts_with(&prefix) {
+            if let (Some(line), false) = (line, placed) {
+                out.push_str(line);
+                out.push('\n');
+                placed = true;
+            }
+            continue;
+        }
+        out.push_str(existing);
+        out.push('\n');
+    }
+    if let (Some(line), false) = (line, placed) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }

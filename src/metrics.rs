@@ -38,8 +38,15 @@ pub mod names {
     pub const BYTES_SENT_TOTAL: &str = "postbox_bytes_sent_total";
     /// Counter (labels `reason`, `qos`): messages dropped instead of delivered.
     pub const MESSAGES_DROPPED_TOTAL: &str = "postbox_messages_dropped_total";
-    /// Counter: connected sessions found stalled, once per overflow episode.
+    /// Counter (labels `reason`, `qos`): PUBLISHes refused (not acknowledged as accepted,
+    /// the publisher keeps them) instead of being dropped for some subscriber.
+    pub const MESSAGES_REFUSED_TOTAL: &str = "postbox_messages_refused_total";
+    /// Counter: connected sessions found stalled, once per stall.
     pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
+    /// Gauge: connected sessions stalled now (full queue, no progress for `stalled_after`).
+    pub const SESSIONS_STALLED: &str = "postbox_sessions_stalled";
+    /// Counter: pauses of a client that published faster than its rate limit.
+    pub const PUBLISH_RATE_PAUSES_TOTAL: &str = "postbox_publish_rate_pauses_total";
     /// Gauge: publishing connections paused by back-pressure now.
     pub const PUBLISHERS_PAUSED: &str = "postbox_publishers_paused";
     /// Counter: seconds publishers have spent paused, all together.
@@ -96,7 +103,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 30] = [
+    pub const ALL: [&str; 38] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -107,6 +114,14 @@ pub mod names {
         BYTES_RECEIVED_TOTAL,
         BYTES_SENT_TOTAL,
         MESSAGES_DROPPED_TOTAL,
+        MESSAGES_REFUSED_TOTAL,
+        SESSION_STALLS_TOTAL,
+        SESSIONS_STALLED,
+        PUBLISHERS_PAUSED,
+        PUBLISHER_PAUSE_SECONDS_TOTAL,
+        PUBLISH_RATE_PAUSES_TOTAL,
+        MEMORY_BUDGET_BYTES,
+        MEMORY_USED_BYTES,
         MALFORMED_PACKETS_TOTAL,
         PROTOCOL_ERRORS_TOTAL,
         KEEPALIVE_TIMEOUTS_TOTAL,
@@ -274,9 +289,17 @@ pub struct Metrics {
     /// PUBLISHes not routed because the broker was over its memory budget (QoS 1/2 refused,
     /// QoS 0 dropped), by QoS.
     pub messages_dropped_memory: [Counter; 3],
+    /// Client PUBLISHes refused because a subscriber's queue was full and
+    /// `mqtt.queue_overflow = "refuse"`, by QoS.
+    pub messages_refused_queue_full: [Counter; 3],
     /// Connected sessions found stalled (full queue, no progress for `mqtt.stalled_after`):
-    /// once per overflow episode.
+    /// once per stall.
     pub session_stalls: Counter,
+    /// Connected sessions stalled now; set by the sweep.
+    pub sessions_stalled: Gauge,
+    /// Pauses of clients that published faster than `mqtt.max_publish_rate` /
+    /// `max_publish_bytes_rate`.
+    pub publish_rate_pauses: Counter,
     /// Publishing connections paused by back-pressure now (`broker::flow`); set at scrape.
     pub publishers_paused: Gauge,
     /// Seconds publishers have spent paused, all together; set at scrape.
@@ -305,6 +328,8 @@ pub struct Metrics {
     pub connections_refused_per_ip: Counter,
     /// CONNECTs refused (CONNACK 0x89 / 0x03): the listener had `max_connections` clients.
     pub connections_refused_max: Counter,
+    /// Connections closed on a `proxy_protocol` listener: no valid PROXY header in time.
+    pub connections_refused_proxy: Counter,
     /// Connections closed because their CONNECT was not accepted within `mqtt.connect_timeout`.
     pub connect_timeouts: Counter,
     /// Connections closed because a started packet did not complete in time.
@@ -381,12 +406,27 @@ impl Metrics {
         describe_counter!(
             SESSION_STALLS_TOTAL,
             Unit::Count,
-            "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per overflow episode)."
+            "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per stall)."
+        );
+        describe_gauge!(
+            SESSIONS_STALLED,
+            Unit::Count,
+            "Connected sessions stalled now: a full queue that took nothing off for mqtt.stalled_after; their overflow goes to mqtt.queue_overflow."
+        );
+        describe_counter!(
+            MESSAGES_REFUSED_TOTAL,
+            Unit::Count,
+            "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse) and QoS."
         );
         describe_gauge!(
             PUBLISHERS_PAUSED,
             Unit::Count,
             "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."
+        );
+        describe_counter!(
+            PUBLISH_RATE_PAUSES_TOTAL,
+            Unit::Count,
+            "Pauses of clients that published faster than mqtt.max_publish_rate / max_publish_bytes_rate (their socket is read no faster)."
         );
         describe_counter!(
             PUBLISHER_PAUSE_SECONDS_TOTAL,
@@ -442,7 +482,7 @@ impl Metrics {
         describe_counter!(
             CONNECTIONS_REFUSED_TOTAL,
             Unit::Count,
-            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections)."
+            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, proxy_header)."
         );
         describe_counter!(
             CONNECT_TIMEOUTS_TOTAL,
@@ -486,8 +526,15 @@ impl Metrics {
             ),
             messages_dropped_too_large: dropped_by_qos("too_large"),
             messages_dropped_memory: dropped_by_qos("memory"),
+            messages_refused_queue_full: [
+                counter!(MESSAGES_REFUSED_TOTAL, "reason" => "queue_full", "qos" => "0"),
+                counter!(MESSAGES_REFUSED_TOTAL, "reason" => "queue_full", "qos" => "1"),
+                counter!(MESSAGES_REFUSED_TOTAL, "reason" => "queue_full", "qos" => "2"),
+            ],
             session_stalls: counter!(SESSION_STALLS_TOTAL),
+            sessions_stalled: gauge!(SESSIONS_STALLED),
             publishers_paused: gauge!(PUBLISHERS_PAUSED),
+            publish_rate_pauses: counter!(PUBLISH_RATE_PAUSES_TOTAL),
             publisher_pause_seconds: counter!(PUBLISHER_PAUSE_SECONDS_TOTAL),
             memory_budget_bytes: gauge!(MEMORY_BUDGET_BYTES),
             memory_used_bytes: gauge!(MEMORY_USED_BYTES),
@@ -512,6 +559,10 @@ impl Metrics {
             connections_refused_max: counter!(
                 CONNECTIONS_REFUSED_TOTAL,
                 "reason" => "max_connections"
+            ),
+            connections_refused_proxy: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "proxy_header"
             ),
             connect_timeouts: counter!(CONNECT_TIMEOUTS_TOTAL),
             packet_timeouts: counter!(PACKET_TIMEOUTS_TOTAL),
@@ -631,11 +682,10 @@ mod tests {
             names::BYTES_RECEIVED_TOTAL,
             names::BYTES_SENT_TOTAL,
             names::MESSAGES_DROPPED_TOTAL,
+            names::MESSAGES_REFUSED_TOTAL,
             names::SESSION_STALLS_TOTAL,
-            names::PUBLISHERS_PAUSED,
             names::PUBLISHER_PAUSE_SECONDS_TOTAL,
-            names::MEMORY_BUDGET_BYTES,
-            names::MEMORY_USED_BYTES,
+            names::PUBLISH_RATE_PAUSES_TOTAL,
             names::MALFORMED_PACKETS_TOTAL,
             names::PROTOCOL_ERRORS_TOTAL,
             names::KEEPALIVE_TIMEOUTS_TOTAL,

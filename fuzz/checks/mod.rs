@@ -204,6 +204,8 @@ pub(crate) fn connect(data: &[u8]) {
     let policy = Policy {
         config: &config,
         allow_anonymous: b1 & 0x10 == 0,
+        password_file: false,
+        jwt: false,
         authenticators: &authenticators,
     };
     match admission::decide(&data[2..], &policy) {

@@ -9,6 +9,9 @@
 
 pub mod acl;
 pub mod acl_slot;
+pub mod jwt;
+pub mod login;
+pub mod password;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -21,6 +24,9 @@ use parking_lot::RwLock;
 use thiserror::Error;
 
 use crate::codec::ReasonCode;
+
+pub mod scram;
+pub mod scram_file;
 
 /// Method-specific state carried from one step of an exchange to the next (e.g. the server
 /// nonce of a challenge). Boxed `Any` so the registry can hold methods of different types.

@@ -33,6 +33,21 @@ use crate::config::{MemoryLimit, MqttConfig};
 /// deltas.
 static MESSAGE_BYTES: AtomicI64 = AtomicI64::new(0);
 
+/// Connected sessions stalled now (`SessionState::stalled`), process-wide like
+/// [`MESSAGE_BYTES`]: a session changes it when it stalls and when it makes progress again,
+/// detaches or ends, so the gauge costs no walk over the sessions.
+static STALLED_SESSIONS: AtomicI64 = AtomicI64::new(0);
+
+/// A session stalled (`up`) or stopped being stalled.
+pub(in crate::broker) fn count_stalled(up: bool) {
+    STALLED_SESSIONS.fetch_add(if up { 1 } else { -1 }, Ordering::Relaxed);
+}
+
+/// Connected sessions stalled now, in this process.
+pub fn stalled_sessions() -> u64 {
+    u64::try_from(STALLED_SESSIONS.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
 /// How far a thread's own count may drift before it is added to [`MESSAGE_BYTES`]: messages
 /// are made on the publisher's worker and dropped on the subscriber's, so one shared counter
 /// touched per message would move its cache line between the cores twice per message (15% of
@@ -253,6 +268,7 @@ impl super::Broker {
         self.metrics
             .publisher_pause_seconds
             .absolute(seconds as u64);
+        self.metrics.sessions_stalled.set(stalled_sessions() as f64);
         self.metrics
             .memory_budget_bytes
             .set(self.flow.memory.limit as f64);

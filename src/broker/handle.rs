@@ -20,9 +20,9 @@ use tokio::sync::futures::Notified;
 
 use super::session::outbound::{AckMismatch, OutboundAck, PubRecAnswer, Resend};
 use super::session::{DeliverySink, Session};
-use super::{Broker, Message, SessionId};
+use super::{Broker, Message, PublishRefused, SessionId};
 use crate::codec::{LastWill, Publish, QoS, ReasonCode, SubscriptionOptions};
-use crate::storage::{Durable, StorageError};
+use crate::storage::Durable;
 
 /// A driver's claim on a session: the broker, the session and the generation of this attach.
 pub struct SessionHandle {
@@ -132,7 +132,7 @@ impl SessionHandle {
             let took = st.queue.len() < before;
             let mut freed = false;
             if took {
-                st.progress_at_ms = self.broker.clock_ms(now);
+                st.made_progress(self.broker.clock_ms(now));
                 freed = st.drained_for_publishers(self.broker.queue_limits());
             }
             (filled, took, freed)
@@ -264,8 +264,9 @@ impl SessionHandle {
     ///
     /// # Errors
     ///
-    /// The store's error when it refuses the message (see above); nothing may be acknowledged.
-    pub fn publish(&self, publish: Publish) -> Result<Published, StorageError> {
+    /// Why the message was refused (the store, or a full queue under `queue_overflow =
+    /// "refuse"`); nothing may be acknowledged.
+    pub fn publish(&self, publish: Publish) -> Result<Published, PublishRefused> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
         if !receipt.fresh {
@@ -352,6 +353,16 @@ impl SessionHandle {
     ) -> bool {
         self.broker
             .subscribe(&self.session, filter, options, identifier)
+    }
+
+    /// Whether one more subscription to `filter` fits the per-client bound `max` (0 = none):
+    /// a filter the session already holds is replaced, not added (MQTT-3.8.4-3).
+    pub fn may_add_subscription(&self, filter: &str, max: usize) -> bool {
+        if max == 0 {
+            return true;
+        }
+        let st = self.session.lock();
+        st.subscriptions.len() < max || st.subscriptions.contains_key(filter)
     }
 
     /// Removes a subscription; true if it existed.

@@ -93,6 +93,7 @@ impl Broker {
                 return; // taken over: the new connection owns it now
             }
             st.connection = None;
+            st.end_stall(); // offline now: counted as offline, not as stalled
             session.set_keep_alive_deadline(u64::MAX);
             st.disconnected_at = Some(Instant::now());
             if st.stored && st.is_persistent() {
@@ -271,6 +272,7 @@ impl Broker {
         let filters: Vec<ByteString> = {
             let mut st = session.lock();
             st.ended = true;
+            st.end_stall();
             st.queue.clear();
             st.inflight.clear();
             st.inbound_qos2.clear();

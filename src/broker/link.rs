@@ -18,7 +18,9 @@ use thiserror::Error;
 
 use super::message::Delivery;
 use super::session::DeliverySink;
-use super::{AckMismatch, Broker, Fill, Message, Resend, SessionHandle, SessionRequest};
+use super::{
+    AckMismatch, Broker, Fill, Message, PublishRefused, Resend, SessionHandle, SessionRequest,
+};
 use crate::codec::{topic, ProtocolVersion, Publish, PublishProperties, QoS, SubscriptionOptions};
 use crate::storage::StorageError;
 
@@ -59,6 +61,10 @@ pub enum LinkError {
     /// The durable store refused or failed: nothing was acknowledged.
     #[error("durable store: {0}")]
     Storage(#[from] StorageError),
+    /// The message was not published: the store refused it, or a subscriber's queue is full
+    /// and `mqtt.queue_overflow = "refuse"`. Nothing was acknowledged.
+    #[error("not published: {0}")]
+    Refused(#[from] PublishRefused),
     /// [`Link::ack`] of a delivery whose packet id now holds a delivery of another QoS or
     /// stage (a stale [`LinkDelivery`], acknowledged twice): what a socket client would be
     /// disconnected for (a Protocol Error); the session is unchanged.

@@ -43,7 +43,7 @@ use crate::auth::AuthRegistry;
 use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
-use crate::storage::{Durable, Op, Store};
+use crate::storage::{Durable, Op, StorageError, Store};
 pub use arrival_order::{ArrivalOrder, ArrivalWaker};
 pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
 pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, SessionHandle};
@@ -116,6 +116,9 @@ pub struct Broker {
     shared_members: AtomicUsize,
     /// Enhanced authentication methods offered (MQTT 5 §4.12).
     authenticators: AuthRegistry,
+    /// Password file and per-listener anonymous rules, installed once by `server::start`
+    /// (unset in brokers built directly: `auth.allow_anonymous` alone then decides).
+    logins: std::sync::OnceLock<crate::auth::login::Logins>,
     next_session_id: AtomicU64,
     /// Origin of [`Broker::clock_ms`].
     epoch: Instant,
@@ -170,6 +173,32 @@ pub struct Routed {
     pub pressure: Option<Arc<Session>>,
 }
 
+/// Why a PUBLISH was not accepted: nothing was queued for anyone, so its publisher must not be
+/// told it was (v5 gets a failure code in PUBACK / PUBREC, a 3.x publisher is disconnected).
+#[derive(Debug, thiserror::Error)]
+pub enum PublishRefused {
+    /// The durable store did not take it (budget, backlog, full filesystem, I/O failure).
+    #[error(transparent)]
+    Store(#[from] StorageError),
+    /// A subscriber's queue is full and `mqtt.queue_overflow = "refuse"`.
+    #[error("the queue of subscriber {client_id:?} is full (queue_overflow = \"refuse\")")]
+    QueueFull {
+        /// The client id of the full session (for the log and the v5 reason string).
+        client_id: ByteString,
+    },
+}
+
+impl PublishRefused {
+    /// True for "too much for now" (a full queue, the store's budget or filesystem): v5
+    /// 0x97 Quota exceeded, so the client may try again later; false for a broken store.
+    pub fn is_quota(&self) -> bool {
+        match self {
+            PublishRefused::Store(error) => error.is_quota(),
+            PublishRefused::QueueFull { .. } => true,
+        }
+    }
+}
+
 impl Broker {
     /// Creates the broker state from the `[mqtt]` config section.
     pub fn new(
@@ -200,6 +229,7 @@ impl Broker {
             has_shared: AtomicBool::new(false),
             shared_members: AtomicUsize::new(0),
             authenticators: AuthRegistry::new(),
+            logins: std::sync::OnceLock::new(),
             next_session_id: AtomicU64::new(1),
             epoch: Instant::now(),
             coarse_ms: AtomicU64::new(0),
@@ -302,6 +332,17 @@ impl Broker {
     /// Whether clients without credentials may connect.
     pub fn allow_anonymous(&self) -> bool {
         self.auth.allow_anonymous
+    }
+
+    /// The login rules (password file, per-listener anonymous access), if installed.
+    pub fn logins(&self) -> Option<&crate::auth::login::Logins> {
+        self.logins.get()
+    }
+
+    /// Installs the login rules; a second call is ignored (they are set once, at start-up;
+    /// SIGHUP reloads the password file inside them).
+    pub fn set_logins(&self, logins: crate::auth::login::Logins) {
+        let _ = self.logins.set(logins);
     }
 
     /// Whether a client with this id currently has a live connection (for operators and tests).

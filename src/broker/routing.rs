@@ -11,10 +11,12 @@ use smallvec::SmallVec;
 
 use super::session::Victims;
 use super::{
-    persist, Admission, Broker, Delivery, EnqueueOutcome, Message, Routed, Session, SessionId,
+    persist, Admission, Broker, Delivery, EnqueueOutcome, Message, PublishRefused, Routed, Session,
+    SessionId,
 };
 use crate::auth::acl::{Action, FilterAccess};
 use crate::codec::{QoS, SubscriptionOptions};
+use crate::config::OverflowPolicy;
 use crate::storage::{Op, StorageError, StoreHealth};
 
 impl Broker {
@@ -26,15 +28,16 @@ impl Broker {
     ///
     /// # Errors
     ///
-    /// The store refused the message: nothing durable was queued and the publisher must not
-    /// be told it was accepted.
+    /// The store refused the message, or (`queue_overflow = "refuse"`) a target's queue is
+    /// full: nothing was queued for anyone and the publisher must not be told it was
+    /// accepted.
     // Callers hand over the message (a fresh `Arc`); each target and the retained index clone it.
     #[allow(clippy::needless_pass_by_value)]
     pub fn publish(
         &self,
         message: Arc<Message>,
         inbound_qos2: Option<(&ByteString, u16)>,
-    ) -> Result<Routed, StorageError> {
+    ) -> Result<Routed, PublishRefused> {
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
         let acl = self.acl();
         let acl_generation = acl.map_or(0, |a| a.generation());
@@ -68,10 +71,13 @@ impl Broker {
         // Counted from this one walk (no second trie walk for the publisher's ack).
         let matched = targets.len();
         if let Some(error) = self.refused_before_routing(&message, inbound_qos2, &targets) {
-            return Err(error);
+            return Err(error.into());
+        }
+        let now_ms = self.coarse_ms();
+        if let Some(refused) = self.refused_for_full_queue(&message, &targets, now_ms) {
+            return Err(refused);
         }
         let persistence = self.store.is_some();
-        let now_ms = self.coarse_ms();
         let mut pressure: Option<Arc<Session>> = None;
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
@@ -195,6 +201,35 @@ impl Broker {
         let error = store.refuse_growth()?;
         tracing::debug!(%error, topic = %message.topic, "message refused: the durable store cannot take it now");
         Some(error)
+    }
+
+    /// With `queue_overflow = "refuse"`, a client's QoS 1/2 message that would overflow the
+    /// queue of any target (offline or stalled, and full) is refused before it is queued for
+    /// anyone: a refusal after some subscribers got it would make the publisher's re-send a
+    /// duplicate for them (exactly-once broken for QoS 2). Wills (no publisher to tell) and
+    /// QoS 0 are not refused; they overflow as with `drop-new`. Costs nothing under the other
+    /// policies; one session lock per target under this one.
+    fn refused_for_full_queue(
+        &self,
+        message: &Message,
+        targets: &[Target],
+        now_ms: u64,
+    ) -> Option<PublishRefused> {
+        if self.limits.overflow != OverflowPolicy::Refuse
+            || message.qos == QoS::AtMostOnce
+            || message.origin.is_none()
+        {
+            return None;
+        }
+        let size = message.payload.len();
+        let full = targets.iter().find(|t| {
+            t.qos != QoS::AtMostOnce && t.session.would_overflow(size, &self.limits, now_ms)
+        })?;
+        self.metrics.messages_refused_queue_full[message.qos as usize].increment(1);
+        tracing::debug!(topic = %message.topic, subscriber = %full.session.client_id, "message refused: a subscriber's queue is full (queue_overflow = \"refuse\")");
+        Some(PublishRefused::QueueFull {
+            client_id: full.session.client_id.clone(),
+        })
     }
 
     /// Adds one delivery per matching shared subscription group: the member the strategy

@@ -78,17 +78,73 @@ impl Default for Config {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
-    /// Accept clients that send no username.
+    /// Accept clients that send no username (a listener's `allow_anonymous` overrides it).
     pub allow_anonymous: bool,
+    /// A `mosquitto_passwd` file: clients that send a user name must match a line of it.
+    /// None: any user name and password is accepted (see `allow_anonymous`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<std::path::PathBuf>,
+    /// How many recent successful logins are remembered, so reconnecting clients skip the
+    /// (deliberately slow) hash; 0 = none.
+    pub password_cache_size: usize,
+    /// JWT as password (`[auth.jwt]`): a password shaped like a token is verified against
+    /// these keys and its claim becomes the user name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<JwtConfig>,
+    /// SCRAM credentials file (`user:$scram-sha-256$...` lines, see `auth::scram_file`): when
+    /// set, the enhanced authentication methods `SCRAM-SHA-256` and `SCRAM-SHA-512` are offered.
+    pub scram_file: Option<std::path::PathBuf>,
     /// Mosquitto-format ACL file; when set, every publish, subscription, delivery and will is
     /// checked against it and what it does not allow is denied. Unset: no checks at all.
     pub acl_file: Option<std::path::PathBuf>,
 }
 
+/// `[auth.jwt]`: where the keys are and what the tokens must say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// A PEM public key (`-----BEGIN PUBLIC KEY-----`, RSA or EC P-256) tokens are signed
+    /// with. One of `public_key` and `jwks` must be set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<std::path::PathBuf>,
+    /// A JWKS file (`{"keys": [...]}`, as identity providers publish at their `jwks_uri`):
+    /// the key is picked by the token's `kid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks: Option<std::path::PathBuf>,
+    /// The claim that becomes the client's username (for the ACL and the logs).
+    #[serde(default = "default_username_claim")]
+    pub username_claim: String,
+    /// Required `iss`, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    /// Required `aud` (one of the token's audiences), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    /// Seconds of clock skew allowed on `exp` and `nbf`.
+    #[serde(default = "default_leeway")]
+    pub leeway: u64,
+}
+
+fn default_username_claim() -> String {
+    "sub".to_owned()
+}
+
+fn default_leeway() -> u64 {
+    30
+}
+
+/// Default of [`AuthConfig::password_cache_size`]: a reconnect storm of a few thousand devices
+/// costs one hash each at most once per file generation; 32 bytes per entry.
+pub const DEFAULT_PASSWORD_CACHE_SIZE: usize = 4096;
+
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             allow_anonymous: true,
+            password_file: None,
+            password_cache_size: DEFAULT_PASSWORD_CACHE_SIZE,
+            jwt: None,
+            scram_file: None,
             acl_file: None,
         }
     }

@@ -27,11 +27,25 @@ pub type Refusal = (ReasonCode, &'static str);
 pub struct Policy<'a> {
     /// The `[mqtt]` section in force.
     pub config: &'a MqttConfig,
-    /// `auth.allow_anonymous`.
+    /// Whether a client without a user name may connect (the listener's `allow_anonymous`,
+    /// else `auth.allow_anonymous`).
     pub allow_anonymous: bool,
+    /// Whether a password file checks user names and passwords (after these checks, in the
+    /// handshake); without one and with anonymous access off, a user name alone is refused.
+    pub password_file: bool,
+    /// Whether a password may be a JWT (`[auth.jwt]`, checked in the handshake): a client
+    /// that sends a password without a user name is then not anonymous.
+    pub jwt: bool,
     /// The enhanced-authentication methods offered.
     pub authenticators: &'a AuthRegistry,
 }
+
+/// The refusal of a client without a user name where anonymous access is off (the handshake
+/// counts these in `postbox_auth_failures_total{reason="anonymous"}`).
+pub const ANONYMOUS_REFUSED: Refusal = (
+    ReasonCode::NOT_AUTHORIZED,
+    "anonymous access is not allowed",
+);
 
 /// A CONNECT that passed the checks made before authentication.
 #[derive(Clone, Debug, PartialEq)]
@@ -406,27 +420,39 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
             "control character in the user name",
         ));
     }
-    // No user store yet: with anonymous access off, only enhanced authentication can
-    // authenticate a client (the exchange runs after these checks).
+    // With anonymous access off, a client is authenticated by enhanced authentication or by
+    // the password file (both run after these checks); without a password file a user name
+    // proves nothing.
     let enhanced = connect.protocol.is_v5() && connect.properties.authentication_method.is_some();
     if !policy.allow_anonymous && !enhanced {
-        return Err(if connect.username.is_some() {
-            (
-                ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-                "bad user name or password",
-            )
-        } else {
-            (
-                ReasonCode::NOT_AUTHORIZED,
-                "anonymous access is not allowed",
-            )
-        });
+        match (&connect.username, policy.password_file) {
+            (Some(_), true) => {}
+            // A token names its user; the handshake verifies it.
+            _ if policy.jwt && connect.password.is_some() => {}
+            (Some(_), false) => {
+                return Err((
+                    ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+                    "bad user name or password",
+                ))
+            }
+            (None, _) => return Err(ANONYMOUS_REFUSED),
+        }
     }
     if let Some(will) = &connect.will {
         if topic::topic_name_error(&will.topic).is_some() {
             return Err((
                 ReasonCode::TOPIC_NAME_INVALID,
                 "will topic is not a valid topic name",
+            ));
+        }
+        if topic::exceeds_limits(
+            &will.topic,
+            config.max_topic_length,
+            config.max_topic_levels,
+        ) {
+            return Err((
+                ReasonCode::TOPIC_NAME_INVALID,
+                "will topic over mqtt.max_topic_length or max_topic_levels",
             ));
         }
         if will.qos as u8 > config.max_qos {
@@ -534,6 +560,8 @@ mod tests {
             &Policy {
                 config: &config,
                 allow_anonymous: true,
+                password_file: false,
+                jwt: false,
                 authenticators: &authenticators,
             },
         )

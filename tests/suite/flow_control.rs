@@ -150,10 +150,8 @@ async fn a_burst_of_100_publishers_to_one_subscriber_loses_nothing_on_defaults()
 /// never held up: the other topic's subscriber gets all 3,000 of its messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_subscriber_holds_up_nobody_beyond_the_stall_time() {
-    let mut config = common::test_config();
-    config.mqtt.stalled_after = 2;
-    let server = common::start_with(config).await;
-    let addr = server.mqtt_addr;
+    let broker = BrokerProcess::spawn("", "stalled_after = 2").await;
+    let addr = broker.addr;
     let mut stalled = v5::connect_id(addr, "stalled-sub").await;
     v5::subscribe(&mut stalled, "slow/t", QoS::AtLeastOnce).await;
     let mut other = v5::connect_id(addr, "other-sub").await;
@@ -189,7 +187,30 @@ async fn a_stalled_subscriber_holds_up_nobody_beyond_the_stall_time() {
     // It was paused for a while, but not much longer than the stall time.
     let took = started.elapsed();
     assert!(took < Duration::from_secs(2) + WAIT, "took {took:?}");
+    // Counted as stalled now (the gauge is refreshed by the sweep), and no more once it
+    // has gone: an offline session is not a stalled one.
+    assert_eq!(stalled_gauge_becomes(&broker, 1.0).await, 1.0);
+    assert_eq!(
+        broker.metric("postbox_session_stalls_total").await,
+        Some(1.0)
+    );
     drop(stalled);
+    assert_eq!(stalled_gauge_becomes(&broker, 0.0).await, 0.0);
+}
+
+/// Polls `postbox_sessions_stalled` until it reads `want` (bounded: `WAIT`); the last value.
+async fn stalled_gauge_becomes(broker: &BrokerProcess, want: f64) -> f64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = broker
+            .metric("postbox_sessions_stalled")
+            .await
+            .unwrap_or(-1.0);
+        if now == want || Instant::now() >= deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Two clients that each subscribe to what the other publishes, then both publish and stop
@@ -375,4 +396,161 @@ async fn a_paused_publisher_that_is_taken_over_is_no_longer_counted() {
         .wait_metric("postbox_publishers_paused", |v| v == 0.0)
         .await;
     drop(slow);
+}
+
+/// `queue_overflow = "refuse"`: a QoS 1/2 PUBLISH that would overflow an offline subscriber's
+/// full queue is refused for everyone, with PUBACK / PUBREC 0x97 Quota exceeded (v5
+/// §3.4.2.1, §3.5.2.1), so the publisher keeps it; a 3.1.1 publisher, which has no negative
+/// ack, is disconnected without a PUBACK (its client re-sends after reconnecting, MQTT-4.4.0-1).
+/// No other subscriber got the refused message either: a re-send is then no duplicate
+/// (exactly-once, MQTT-4.3.3). Once the full session drains, publishes are accepted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
+    let broker = BrokerProcess::spawn(
+        "",
+        "max_queued_messages = 3\nqueue_overflow = \"refuse\"\nstalled_after = 60",
+    )
+    .await;
+    let mut offline = v5::connect_packet("away");
+    offline.clean_start = false;
+    offline.properties.session_expiry_interval = Some(600);
+    let (mut away, _) = v5::connect(broker.addr, offline.clone()).await;
+    v5::subscribe(&mut away, "refuse/t", QoS::AtLeastOnce).await;
+    v5::disconnect(away).await;
+
+    let mut live = v5::connect_id(broker.addr, "live").await;
+    v5::subscribe(&mut live, "refuse/t", QoS::ExactlyOnce).await;
+    let mut publisher = v5::connect_id(broker.addr, "producer").await;
+    for i in 1..=3u16 {
+        let p = v5::publish_packet("refuse/t", QoS::AtLeastOnce, &[i as u8], i);
+        assert_eq!(v5::publish(&mut publisher, p).await, ReasonCode::SUCCESS);
+    }
+    let p = v5::publish_packet("refuse/t", QoS::AtLeastOnce, b"four", 4);
+    assert_eq!(
+        v5::publish(&mut publisher, p).await,
+        ReasonCode::QUOTA_EXCEEDED,
+        "the fourth would overflow the offline session's queue of 3"
+    );
+    let p = v5::publish_packet("refuse/t", QoS::ExactlyOnce, b"five", 5);
+    assert_eq!(
+        v5::publish(&mut publisher, p).await,
+        ReasonCode::QUOTA_EXCEEDED,
+        "QoS 2: PUBREC 0x97"
+    );
+    // QoS 0 is not refused (it has no ack): dropped for the full session, delivered to `live`.
+    let p = v5::publish_packet("refuse/t", QoS::AtMostOnce, b"six", 0);
+    v5::publish(&mut publisher, p).await;
+
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let p = v5::receive(&mut live).await;
+        v5::ack(&mut live, &p).await;
+        seen.push(p.payload.to_vec());
+    }
+    assert_eq!(
+        seen,
+        vec![vec![1], vec![2], vec![3], b"six".to_vec()],
+        "the live subscriber got the accepted messages and not the refused ones"
+    );
+    let refused = broker
+        .metric("postbox_messages_refused_total{reason=\"queue_full\",qos=\"1\"}")
+        .await;
+    assert_eq!(refused, Some(1.0), "the QoS 1 refusal is counted");
+
+    // 3.1.1: no negative ack exists, so the connection closes and nothing is acknowledged.
+    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old", true).await;
+    old.send(&Packet::Publish(v5::publish_packet(
+        "refuse/t",
+        QoS::AtLeastOnce,
+        b"seven",
+        7,
+    )))
+    .await;
+    let closed = old.expect_close().await;
+    assert!(
+        !closed.iter().any(|p| matches!(p, Packet::PubAck(_))),
+        "no PUBACK for a refused 3.1.1 PUBLISH: {closed:?}"
+    );
+
+    // The full session comes back and drains: its queue has room again.
+    offline.clean_start = false;
+    let (mut away, ack) = v5::connect(broker.addr, offline).await;
+    assert!(ack.session_present);
+    for i in 1..=3u8 {
+        let p = v5::receive(&mut away).await;
+        assert_eq!(p.payload.to_vec(), vec![i]);
+        v5::ack(&mut away, &p).await;
+    }
+    let p = v5::publish_packet("refuse/t", QoS::AtLeastOnce, b"eight", 8);
+    assert_eq!(v5::publish(&mut publisher, p).await, ReasonCode::SUCCESS);
+}
+
+/// `mqtt.max_publish_rate`: a client that floods (1,000 QoS 1 PUBLISHes written at once) is
+/// read no faster than its limit (200/s, after a burst of one second's worth) instead of being
+/// cut off or losing anything: within the first second it gets far fewer than 1,000 PUBACKs,
+/// yet in the end every message is acknowledged and delivered (MQTT-4.3.2-2). Meanwhile another
+/// client's round trips on another topic are not held up: all 20 finish while the flooder is
+/// still being throttled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_client_is_throttled_to_its_rate_while_others_keep_going() {
+    let broker = BrokerProcess::spawn("", "max_publish_rate = 200").await;
+    let addr = broker.addr;
+    let mut sink = v5::connect_id(addr, "flood-sink").await;
+    v5::subscribe(&mut sink, "flood/t", QoS::AtLeastOnce).await;
+    let mut calm_sub = v5::connect_id(addr, "calm-sub").await;
+    v5::subscribe(&mut calm_sub, "calm/t", QoS::AtLeastOnce).await;
+
+    let flooder = RawClient::connect(addr, ProtocolVersion::V3_1_1, "flooder", true).await;
+    let (mut read, mut write) = flooder.stream.into_split();
+    let bytes = encoded(&publishes("flood/t", "f", 1000), ProtocolVersion::V3_1_1);
+    let writer = tokio::spawn(async move {
+        let _ = write.write_all(&bytes).await;
+        write
+    });
+    let sink_task =
+        tokio::spawn(async move { draining_subscriber(&mut sink, 1000, WAIT * 3).await.len() });
+    let early = pubacks(
+        &mut read,
+        ProtocolVersion::V3_1_1,
+        1000,
+        Duration::from_secs(1),
+    )
+    .await;
+    println!("PUBACKs in the first second: {}", early.len());
+    assert!(
+        early.len() < 600,
+        "a client limited to 200 PUBLISHes/s (plus a second's burst) got {} acks in 1 s",
+        early.len()
+    );
+
+    // Another client is served as usual while the flooder waits.
+    let mut calm = v5::connect_id(addr, "calm-pub").await;
+    for i in 1..=20u16 {
+        let p = v5::publish_packet("calm/t", QoS::AtLeastOnce, &i.to_be_bytes(), i);
+        assert_eq!(v5::publish(&mut calm, p).await, ReasonCode::SUCCESS);
+        let got = v5::receive(&mut calm_sub).await;
+        v5::ack(&mut calm_sub, &got).await;
+        assert_eq!(got.payload.to_vec(), i.to_be_bytes().to_vec());
+    }
+    let mid = pubacks(
+        &mut read,
+        ProtocolVersion::V3_1_1,
+        1000 - early.len(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let so_far = early.len() + mid.len();
+    assert!(
+        so_far < 1000,
+        "the flooder was still being throttled when the calm client had finished"
+    );
+    let rest = pubacks(&mut read, ProtocolVersion::V3_1_1, 1000 - so_far, WAIT * 3).await;
+    assert_eq!(so_far + rest.len(), 1000, "every PUBLISH acknowledged");
+    assert_eq!(sink_task.await.expect("task"), 1000, "and delivered");
+    let pauses = broker
+        .metric("postbox_publish_rate_pauses_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(pauses >= 1.0, "rate pauses are counted: {pauses}");
+    drop(writer.await);
 }

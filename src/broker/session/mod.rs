@@ -110,8 +110,8 @@ pub struct Victims {
     pub dropped: [u64; 3],
     /// Stored queue positions among them.
     pub stored: SmallVec<[u64; 1]>,
-    /// This admission began an overflow episode of a connected session: it stalled
-    /// (counted as `session_stalls`).
+    /// This admission found a connected session stalled that was not yet counted as stalled
+    /// (counted as `session_stalls`, and in the stalled gauge until it makes progress).
     pub stall_began: bool,
 }
 
@@ -197,6 +197,9 @@ pub struct SessionState {
     /// driver took a delivery off the queue, a connection attached, or work arrived for an
     /// idle session. A full queue with no progress for `stalled_after_ms` is stalled.
     pub(in crate::broker) progress_at_ms: u64,
+    /// Counted as stalled (`flow::count_stalled`): set when its overflow first goes to the
+    /// policy while connected, cleared by progress, detach or end.
+    stalled: bool,
 }
 
 impl Session {
@@ -230,6 +233,7 @@ impl Session {
                 overflowing: false,
                 pressured: false,
                 progress_at_ms: 0,
+                stalled: false,
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
@@ -357,11 +361,17 @@ impl Session {
             outcome = EnqueueOutcome::QueuedOverBound;
         }
         while outcome != EnqueueOutcome::QueuedOverBound && st.is_full(limits, size) {
+            // Connected and eligible for back-pressure: full only because it stalled.
+            if !st.stalled
+                && online
+                && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0)
+            {
+                st.stalled = true;
+                super::flow::count_stalled(true);
+                victims.stall_began = true;
+            }
             if !st.overflowing {
                 st.overflowing = true;
-                // Connected and eligible for back-pressure: full only because it stalled.
-                victims.stall_began =
-                    online && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0);
                 tracing::warn!(
                     client = %self.client_id,
                     queued = st.queue.len(),
@@ -371,7 +381,16 @@ impl Session {
                 );
             }
             match limits.overflow {
-                OverflowPolicy::DropNew => {
+                // A client's QoS 1/2 message passed `Broker::refused_for_full_queue` just
+                // before: this queue filled up since (another publisher raced it in). The
+                // publisher will be told it was accepted, so it is kept: the overshoot is at
+                // most one message per publisher racing.
+                OverflowPolicy::Refuse
+                    if delivery.qos != QoS::AtMostOnce && delivery.message.origin.is_some() =>
+                {
+                    break
+                }
+                OverflowPolicy::DropNew | OverflowPolicy::Refuse => {
                     return Admission::Refused(EnqueueOutcome::DroppedQueueFull, victims)
                 }
                 OverflowPolicy::DropOldest => match st.queue.pop_front() {
@@ -401,6 +420,22 @@ impl Session {
             self.wake();
         }
         Admission::Pushed(outcome, victims)
+    }
+
+    /// Whether a delivery of `size` payload bytes would overflow this session's queue under
+    /// its overflow policy now: full, and offline or stalled (a connected session that takes
+    /// messages is queued over its bound and pauses the publisher instead). Read by the
+    /// `refuse` policy before anything is queued for anyone.
+    pub(in crate::broker) fn would_overflow(
+        &self,
+        size: usize,
+        limits: &QueueLimits,
+        now_ms: u64,
+    ) -> bool {
+        let st = self.state.lock();
+        !st.ended
+            && st.is_full(limits, size)
+            && (st.connection.is_none() || st.is_stalled(now_ms, limits))
     }
 
     /// Whether a QoS 1/2 delivery to this session is stored (it lives on, and persistence is
@@ -439,7 +474,7 @@ impl Session {
     pub(in crate::broker) fn attach(st: &mut SessionState, now_ms: u64) -> (u64, bool) {
         let displaced = st.connection.take().is_some();
         // A resumed backlog is not a stall: the new connection has had no chance yet.
-        st.progress_at_ms = now_ms;
+        st.made_progress(now_ms);
         st.generation += 1;
         st.connection =
             NonZeroU64::new(st.generation).map(|generation| ConnectionSlot { generation });
@@ -463,6 +498,20 @@ impl SessionState {
     fn is_full(&self, limits: &QueueLimits, incoming: usize) -> bool {
         self.queue.len() >= limits.max_messages
             || (limits.max_bytes > 0 && self.queued_bytes + incoming > limits.max_bytes)
+    }
+
+    /// Its driver took deliveries (or a connection attached): the stall clock restarts and a
+    /// stalled session is stalled no more.
+    pub(in crate::broker) fn made_progress(&mut self, now_ms: u64) {
+        self.progress_at_ms = now_ms;
+        self.end_stall();
+    }
+
+    /// No longer counted as stalled (progress, detach or end).
+    pub(in crate::broker) fn end_stall(&mut self) {
+        if std::mem::take(&mut self.stalled) {
+            super::flow::count_stalled(false);
+        }
     }
 
     /// A connected session that has had work but made no progress for `stalled_after_ms`.

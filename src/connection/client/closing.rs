@@ -4,6 +4,7 @@
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::Client;
+use crate::broker::PublishRefused;
 use crate::codec::{Disconnect, DisconnectProperties, Packet, ReasonCode};
 use crate::connection::violation::Violation;
 use crate::storage::StorageError;
@@ -20,9 +21,10 @@ pub(super) enum Close {
     /// The durable store failed, or refused an update, that a waiting answer depends on: that
     /// answer is not sent (v5 DISCONNECT 0x97 when the store was only full, else 0x80).
     StoreFailed(StorageError),
-    /// The store refused a 3.x client's PUBLISH, which 3.x cannot answer negatively: closing
-    /// makes the client re-send it after reconnecting.
-    StoreRefused(ReasonCode, StorageError),
+    /// A 3.x client's PUBLISH was refused (by the store, or a full queue under
+    /// `queue_overflow = "refuse"`), which 3.x cannot answer negatively: closing makes the
+    /// client re-send it after reconnecting.
+    StoreRefused(ReasonCode, PublishRefused),
     /// A 3.x client's QoS 1/2 PUBLISH arrived while the broker was over its memory budget
     /// (`mqtt.max_memory`); 3.x cannot refuse it in an ack, so the connection closes and the
     /// client re-sends it after reconnecting.
@@ -80,6 +82,16 @@ impl Close {
 /// exceeded for "too much for now" (queue, budget, full filesystem; it may try again later),
 /// 0x80 Unspecified error for a broken store.
 pub(super) fn store_reason(error: &StorageError) -> ReasonCode {
+    if error.is_quota() {
+        ReasonCode::QUOTA_EXCEEDED
+    } else {
+        ReasonCode::UNSPECIFIED_ERROR
+    }
+}
+
+/// The reason code for a refused PUBLISH: 0x97 for a full queue and the store's "too much
+/// for now", 0x80 for a broken store.
+pub(super) fn refused_reason(error: &PublishRefused) -> ReasonCode {
     if error.is_quota() {
         ReasonCode::QUOTA_EXCEEDED
     } else {

@@ -1,0 +1,108 @@
+//! Who may log in on which listener: the password file (if any) and whether clients without a
+//! user name are let in, per listener (`[[listener]] allow_anonymous`, else
+//! `auth.allow_anonymous`).
+//!
+//! Built by `server::start` from the config and handed to the broker once; the handshake asks
+//! it for every CONNECT.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::Config;
+
+use super::jwt::JwtVerifier;
+use super::password::{AuthMetrics, FileError, PasswordStore};
+
+/// The login rules in force.
+#[derive(Debug)]
+pub struct Logins {
+    passwords: Option<Arc<PasswordStore>>,
+    /// `[auth.jwt]`: passwords shaped like tokens are verified as JWTs.
+    jwt: Option<Arc<JwtVerifier>>,
+    /// Effective `allow_anonymous` by listener name.
+    anonymous: HashMap<Arc<str>, bool>,
+    default_anonymous: bool,
+    metrics: AuthMetrics,
+}
+
+impl Logins {
+    /// Reads the password file named by `auth.password_file`, if any, and each listener's
+    /// anonymous rule.
+    ///
+    /// # Errors
+    ///
+    /// [`FileError`] when the password file cannot be read or has a bad line.
+    pub fn from_config(config: &Config) -> Result<Logins, FileError> {
+        let metrics = AuthMetrics::register();
+        let passwords = match &config.auth.password_file {
+            Some(path) => Some(Arc::new(PasswordStore::open(
+                path,
+                config.auth.password_cache_size,
+                0,
+                metrics.clone(),
+            )?)),
+            None => None,
+        };
+        let default_anonymous = config.auth.allow_anonymous;
+        let anonymous = config
+            .listeners
+            .iter()
+            .zip(config.listener_names())
+            .map(|(l, name)| {
+                (
+                    Arc::from(name.as_str()),
+                    l.allow_anonymous.unwrap_or(default_anonymous),
+                )
+            })
+            .collect();
+        Ok(Logins {
+            passwords,
+            jwt: None,
+            anonymous,
+            default_anonymous,
+            metrics,
+        })
+    }
+
+    /// The password file, if one is configured.
+    pub fn passwords(&self) -> Option<&Arc<PasswordStore>> {
+        self.passwords.as_ref()
+    }
+
+    /// Adds the JWT verifier (`[auth.jwt]`, loaded by the server: its key errors are its own).
+    pub fn with_jwt(mut self, jwt: Option<Arc<JwtVerifier>>) -> Logins {
+        self.jwt = jwt;
+        self
+    }
+
+    /// The JWT verifier, if `[auth.jwt]` is configured.
+    pub fn jwt(&self) -> Option<&Arc<JwtVerifier>> {
+        self.jwt.as_ref()
+    }
+
+    /// Whether a client without a user name may connect through `listener`.
+    pub fn anonymous_allowed(&self, listener: &str) -> bool {
+        self.anonymous
+            .get(listener)
+            .copied()
+            .unwrap_or(self.default_anonymous)
+    }
+
+    /// Listeners that let anonymous clients in although a password file is configured (the
+    /// server warns about them: Mosquitto 2.x refuses anonymous clients unless told).
+    pub fn anonymous_listeners(&self) -> Vec<Arc<str>> {
+        let mut names: Vec<_> = self
+            .anonymous
+            .iter()
+            .filter(|(_, &on)| on)
+            .map(|(name, _)| Arc::clone(name))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The metric handles.
+    pub fn metrics(&self) -> &AuthMetrics {
+        &self.metrics
+    }
+}

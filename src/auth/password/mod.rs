@@ -1,0 +1,274 @@
+//! Password-file authentication (`auth.password_file`), in the `mosquitto_passwd` format so
+//! existing files work unchanged.
+//!
+//! [`PasswordStore`] holds the parsed file and checks a CONNECT's user name and password:
+//! hashing runs on tokio's blocking pool, at most one hash per CPU at a time (a semaphore:
+//! an argon2id hash may take tens of MiB), so it never stalls the runtime or other clients'
+//! traffic. Recent successes are remembered ([`cache`]), so a reconnect storm of a fleet whose
+//! passwords were just checked does not queue behind key derivation. SIGHUP re-reads the file
+//! ([`crate::reload::Reload`]); a bad file keeps the old one.
+//!
+//! Layout: `hash` reads, verifies and creates one hash; `file` reads and edits the file's
+//! lines; `cache` is the success cache; this file ties them together.
+
+pub mod cache;
+pub mod file;
+pub mod hash;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use metrics::{counter, Counter};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Semaphore;
+
+pub use file::{FileError, Users};
+pub use hash::{HashError, PasswordHash, DEFAULT_PBKDF2_ITERATIONS};
+
+use cache::SuccessCache;
+
+/// Counter of refused logins, labelled by `reason`.
+pub const AUTH_FAILURES: &str = "postbox_auth_failures_total";
+/// Counter of logins accepted by the password file (`cached` = whether the cache answered).
+pub const AUTH_SUCCESSES: &str = "postbox_auth_successes_total";
+
+/// The outcome of a password check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// User known, password right.
+    Ok,
+    /// User known, password wrong.
+    BadPassword,
+    /// No such user in the file.
+    UnknownUser,
+}
+
+impl Verdict {
+    /// The `reason` label of the failure metric and log line.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Verdict::Ok => "ok",
+            Verdict::BadPassword => "bad_password",
+            Verdict::UnknownUser => "unknown_user",
+        }
+    }
+}
+
+/// The file as loaded, with the generation that keys the cache.
+#[derive(Debug)]
+struct Loaded {
+    users: Users,
+    generation: u64,
+}
+
+/// Metric handles, registered once.
+#[derive(Debug, Clone)]
+pub struct AuthMetrics {
+    /// Refused: wrong password.
+    pub bad_password: Counter,
+    /// Refused: unknown user.
+    pub unknown_user: Counter,
+    /// Refused: no user name where anonymous access is off.
+    pub anonymous: Counter,
+    /// Refused: a password shaped like a JWT that did not verify (`[auth.jwt]`).
+    pub jwt_refused: Counter,
+    /// Accepted after hashing.
+    pub success_hashed: Counter,
+    /// Accepted from the success cache.
+    pub success_cached: Counter,
+}
+
+impl AuthMetrics {
+    /// Registers the handles with the installed recorder.
+    pub fn register() -> AuthMetrics {
+        AuthMetrics {
+            bad_password: counter!(AUTH_FAILURES, "reason" => "bad_password"),
+            unknown_user: counter!(AUTH_FAILURES, "reason" => "unknown_user"),
+            anonymous: counter!(AUTH_FAILURES, "reason" => "anonymous"),
+            jwt_refused: counter!(AUTH_FAILURES, "reason" => "jwt"),
+            success_hashed: counter!(AUTH_SUCCESSES, "cached" => "false"),
+            success_cached: counter!(AUTH_SUCCESSES, "cached" => "true"),
+        }
+    }
+}
+
+/// The password file in force, and the machinery to check passwords against it.
+#[derive(Debug)]
+pub struct PasswordStore {
+    path: PathBuf,
+    current: RwLock<Arc<Loaded>>,
+    /// One permit per hash that may run at once.
+    permits: Arc<Semaphore>,
+    cache: Mutex<SuccessCache>,
+    metrics: AuthMetrics,
+}
+
+impl PasswordStore {
+    /// Loads the file at `path`. `cache_size` successes are remembered (0: none);
+    /// `max_hashes` hashes run at once (0: one per CPU).
+    ///
+    /// # Errors
+    ///
+    /// [`FileError`] when the file cannot be read or a line is bad.
+    pub fn open(
+        path: &Path,
+        cache_size: usize,
+        max_hashes: usize,
+        metrics: AuthMetrics,
+    ) -> Result<PasswordStore, FileError> {
+        let users = file::load(path)?;
+        let max_hashes = if max_hashes == 0 {
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        } else {
+            max_hashes
+        };
+        Ok(PasswordStore {
+            path: path.to_owned(),
+            current: RwLock::new(Arc::new(Loaded {
+                users,
+                generation: 1,
+            })),
+            permits: Arc::new(Semaphore::new(max_hashes)),
+            cache: Mutex::new(SuccessCache::new(cache_size)),
+            metrics,
+        })
+    }
+
+    /// The metric handles (the handshake counts anonymous refusals with them).
+    pub fn metrics(&self) -> &AuthMetrics {
+        &self.metrics
+    }
+
+    /// How many users the file in force has.
+    pub fn users(&self) -> usize {
+        self.current.read().users.len()
+    }
+
+    /// Checks `user` and `password`, counting the outcome. Hashing waits for a permit and
+    /// runs on the blocking pool; the caller bounds the whole with its own deadline (dropping
+    /// the future leaves a running hash to finish and free its permit).
+    pub async fn verify(&self, user: &str, password: &[u8]) -> Verdict {
+        let loaded = Arc::clone(&self.current.read());
+        let key = {
+            let cache = self.cache.lock();
+            let key = cache.key(loaded.generation, user, password);
+            if cache.contains(&key) {
+                self.metrics.success_cached.increment(1);
+                return Verdict::Ok;
+            }
+            key
+        };
+        let (hash, known) = match loaded.users.get(user) {
+            Some(hash) => (hash.clone(), true),
+            // Same work as a wrong password: no user enumeration by timing.
+            None => match loaded.users.dummy() {
+                Some(hash) => (hash.clone(), false),
+                None => {
+                    self.metrics.unknown_user.increment(1);
+                    return Verdict::UnknownUser;
+                }
+            },
+        };
+        let matched = match Arc::clone(&self.permits).acquire_owned().await {
+            Ok(permit) => {
+                let password = password.to_vec();
+                tokio::task::spawn_blocking(move || {
+                    let matched = hash.verify(&password);
+                    drop(permit);
+                    matched
+                })
+                .await
+                .unwrap_or(false)
+            }
+            Err(_) => false, // the semaphore is never closed
+        };
+        let verdict = match (known, matched) {
+            (true, true) => Verdict::Ok,
+            (true, false) => Verdict::BadPassword,
+            (false, _) => Verdict::UnknownUser,
+        };
+        match verdict {
+            Verdict::Ok => {
+                self.metrics.success_hashed.increment(1);
+                // Only for the file still in force: a reload meanwhile cleared the cache.
+                if self.current.read().generation == loaded.generation {
+                    self.cache.lock().insert(key);
+                }
+            }
+            Verdict::BadPassword => self.metrics.bad_password.increment(1),
+            Verdict::UnknownUser => self.metrics.unknown_user.increment(1),
+        }
+        verdict
+    }
+}
+
+impl crate::reload::Reload for PasswordStore {
+    fn what(&self) -> String {
+        format!("password file {}", self.path.display())
+    }
+
+    fn reload(&self) -> Result<(), String> {
+        let users = file::load(&self.path).map_err(|e| e.to_string())?;
+        let count = users.len();
+        {
+            let mut current = self.current.write();
+            let generation = current.generation + 1;
+            *current = Arc::new(Loaded { users, generation });
+        }
+        self.cache.lock().clear();
+        tracing::info!(path = %self.path.display(), users = count, "password file loaded");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reload::Reload;
+
+    fn store(dir: &Path, lines: &str) -> (PathBuf, PasswordStore) {
+        let path = dir.join("passwd");
+        std::fs::write(&path, lines).expect("write");
+        let store = PasswordStore::open(&path, 16, 1, AuthMetrics::register()).expect("open");
+        (path, store)
+    }
+
+    fn line(user: &str, password: &str) -> String {
+        format!(
+            "{user}:{}\n",
+            PasswordHash::new_pbkdf2(password.as_bytes(), 10).encode()
+        )
+    }
+
+    #[tokio::test]
+    async fn verdicts_cache_and_reload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, store) = store(dir.path(), &line("a", "pa"));
+        assert_eq!(store.verify("a", b"pa").await, Verdict::Ok);
+        assert_eq!(store.cache.lock().len(), 1, "success remembered");
+        assert_eq!(store.verify("a", b"pa").await, Verdict::Ok);
+        assert_eq!(store.verify("a", b"pb").await, Verdict::BadPassword);
+        assert_eq!(store.cache.lock().len(), 1, "failures are not remembered");
+        assert_eq!(store.verify("b", b"pa").await, Verdict::UnknownUser);
+
+        // A new file: the cached success of the old password no longer counts.
+        std::fs::write(&path, line("a", "new") + &line("b", "pb")).expect("write");
+        store.reload().expect("reload");
+        assert!(store.cache.lock().is_empty());
+        assert_eq!(store.verify("a", b"pa").await, Verdict::BadPassword);
+        assert_eq!(store.verify("b", b"pb").await, Verdict::Ok);
+
+        // A broken file keeps the one in force, and the error names file and line.
+        std::fs::write(&path, line("a", "x") + "b:$7$oops\n").expect("write");
+        let error = store.reload().expect_err("broken");
+        assert!(error.contains("passwd:2:"), "{error}");
+        assert_eq!(store.verify("b", b"pb").await, Verdict::Ok);
+    }
+
+    #[tokio::test]
+    async fn an_empty_file_knows_nobody() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, store) = store(dir.path(), "# nobody yet\n");
+        assert_eq!(store.verify("a", b"").await, Verdict::UnknownUser);
+    }
+}
