@@ -483,3 +483,34 @@ async fn sighup_reloads_the_acl_of_the_binary() {
     );
     broker.terminate();
 }
+
+/// A session resumed by another user keeps its subscriptions, but they now deliver only what
+/// the new user may read (the grant was made for the old one).
+#[tokio::test]
+async fn resumed_session_of_another_user_is_checked_for_the_new_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let persistent = |user: &str| {
+        let mut c = connect_packet(V5, "shared-id", Some(user));
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(300);
+        c
+    };
+    let (mut alice, _) = v5::connect(server.mqtt_addr, persistent("alice")).await;
+    assert_eq!(suback(&mut alice, "sensors/alice/#").await, ReasonCode(1));
+    v5::disconnect(alice).await;
+    let (mut bob, ack) = v5::connect(server.mqtt_addr, persistent("bob")).await;
+    assert!(ack.session_present, "MQTT-3.2.2-2");
+    assert_eq!(suback(&mut bob, "sensors/bob/#").await, ReasonCode(1));
+    let mut admin = connect(&server, V5, "x1", Some("admin")).await;
+    assert_eq!(
+        publish(&mut admin, "sensors/alice/t", "alice-only", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        publish(&mut admin, "sensors/bob/t", "bob", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(next(&mut bob).await, ("sensors/bob/t".into(), "bob".into()));
+    v5::expect_silence(&mut bob, QUIET).await;
+}

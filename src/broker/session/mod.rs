@@ -242,8 +242,14 @@ impl Session {
 
     /// Records who is attached now: the username ACL checks use (CONNECT username, or later a
     /// TLS certificate's CN put in the same place).
-    pub fn set_username(&self, username: Option<&str>) {
-        self.lock().username = username.map(|u| Box::new(u.to_owned()));
+    /// True when it differs from the one before (a resumed session with another user).
+    pub fn set_username(&self, username: Option<&str>) -> bool {
+        let mut st = self.lock();
+        if st.username.as_deref().map(String::as_str) == username {
+            return false;
+        }
+        st.username = username.map(|u| Box::new(u.to_owned()));
+        true
     }
 
     /// May this session's client do `action` on `topic` under `acl`? No allocation.

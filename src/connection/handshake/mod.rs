@@ -276,10 +276,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     });
     // The one place the identity for ACL checks is set (a TLS certificate's CN would go here).
     if broker.acl().is_some() {
-        attached
-            .handle
-            .session()
-            .set_username(connect.username.as_deref());
+        broker.set_identity(attached.handle.session(), connect.username.as_deref());
     }
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
     // does not change the CONNACK's size, so the check above still holds.
