@@ -136,6 +136,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             })?;
         bound.push(l);
     }
+    let tls_reloaders: Vec<_> = bound.iter().filter_map(|l| l.reloader()).collect();
     let listeners: Vec<BoundListener> = bound
         .iter()
         .map(|l| BoundListener {
@@ -183,7 +184,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(addr = %config.metrics.bind, "metrics endpoint up");
         (stop, task)
     });
-    let reloaders = Reloaders::default();
+    let mut reloaders = Reloaders::default();
+    for part in tls_reloaders {
+        reloaders.register(part);
+    }
     Ok(RunningServer {
         mqtt_addr,
         listeners,

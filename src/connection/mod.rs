@@ -129,6 +129,8 @@ mod size_tests {
         let info = ConnectionInfo {
             peer: addr,
             listener: "tcp".into(),
+            tls_identity: None,
+            identity_as_username: false,
         };
         let admission = crate::transport::Admission::new(
             crate::transport::AdmissionLimits {

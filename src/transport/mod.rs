@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod fd_table;
 mod tcp;
+mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -20,11 +21,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::Broker;
-use crate::config::ListenerConfig;
+use crate::config::{ListenerConfig, ListenerKind};
 use crate::connection;
 
 pub use admission::{Admission, AdmissionLimits, ConnectedSlot, HandshakeSlot, Refused};
 pub use tcp::PlainTcpListener;
+pub use tls::{build_server_config, TlsListener, TlsState};
 
 /// What the transport knows about a connection, handed to the connection (and its handshake,
 /// so authentication can use it).
@@ -38,6 +40,11 @@ pub struct ConnectionInfo {
     pub peer: SocketAddr,
     /// Name of the listener the connection came through (`[[listener]] name`).
     pub listener: Arc<str>,
+    /// The identity (CN or SAN, per `tls.identity`) of the client's verified TLS certificate.
+    pub tls_identity: Option<Arc<str>>,
+    /// `tls.use_identity_as_username`: the handshake takes `tls_identity` as the user name,
+    /// ignoring CONNECT's, and refuses a client without one.
+    pub identity_as_username: bool,
 }
 
 /// Everything a listener needs to hand an accepted stream to the broker: one per server,
@@ -72,6 +79,27 @@ impl Handoff {
             .spawn(connection::serve(stream, info, broker, shutdown, slot));
     }
 
+    /// Like [`Handoff::spawn`], but the connection task first runs `upgrade` (a TLS
+    /// handshake) and serves the stream it yields; `None` closes the socket. Shutdown
+    /// abandons a pending upgrade.
+    pub fn spawn_upgraded<F, S>(&self, upgrade: F, slot: HandshakeSlot)
+    where
+        F: Future<Output = Option<(S, ConnectionInfo)>> + Send + 'static,
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let broker = Arc::clone(&self.broker);
+        let shutdown = self.shutdown.clone();
+        self.connections.spawn(async move {
+            let upgraded = tokio::select! {
+                upgraded = upgrade => upgraded,
+                () = shutdown.cancelled() => None,
+            };
+            if let Some((stream, info)) = upgraded {
+                connection::serve(stream, info, broker, shutdown, slot).await;
+            }
+        });
+    }
+
     /// The broker connections are handed to (its metrics, for the listener's counts).
     pub fn broker(&self) -> &Arc<Broker> {
         &self.broker
@@ -93,6 +121,11 @@ pub trait Listener: Send {
     /// closes its socket. Connections already handed over are not its business any more: the
     /// server stops those.
     fn run(self: Box<Self>, handoff: Handoff, stop: CancellationToken) -> ListenerTask;
+
+    /// What SIGHUP should re-read for this listener (a TLS listener's certificates).
+    fn reloader(&self) -> Option<Arc<dyn crate::reload::Reload>> {
+        None
+    }
 }
 
 /// Binds the listener `config` describes, named `name`. Binding is synchronous so a start-up
@@ -103,5 +136,11 @@ pub trait Listener: Send {
 /// The OS error when the address cannot be bound (in use, no permission) or the socket
 /// options cannot be set.
 pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
-    Ok(Box::new(PlainTcpListener::bind(name, config)?))
+    Ok(match config.kind {
+        ListenerKind::Tls => Box::new(TlsListener::bind(name, config)?),
+        // Validation refuses `ws`/`wss` until they are served.
+        ListenerKind::Tcp | ListenerKind::Ws | ListenerKind::Wss => {
+            Box::new(PlainTcpListener::bind(name, config)?)
+        }
+    })
 }

@@ -39,6 +39,13 @@ impl PlainTcpListener {
     }
 }
 
+impl PlainTcpListener {
+    /// The bound socket and what the accept loop needs, for listeners built on this one (TLS).
+    pub(super) fn into_parts(self) -> (Arc<str>, tokio::net::TcpListener, AdmissionLimits) {
+        (self.name, self.listener, self.limits)
+    }
+}
+
 impl Listener for PlainTcpListener {
     fn name(&self) -> &Arc<str> {
         &self.name
@@ -86,6 +93,8 @@ impl PlainTcpListener {
             let info = ConnectionInfo {
                 peer,
                 listener: Arc::clone(&name),
+                tls_identity: None,
+                identity_as_username: false,
             };
             handoff.spawn(stream, info, slot);
         }
