@@ -26,8 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use error::ConfigError;
 pub use listener::{
     ClientCertMode, ListenerConfig, ListenerKind, MetricsConfig, TlsConfig, TlsIdentity,
-    DEFAULT_MAX_PENDING_CONNECTIONS,
-    DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP, MAX_LISTENER_NAME_LEN,
+    DEFAULT_MAX_PENDING_CONNECTIONS, DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP, MAX_LISTENER_NAME_LEN,
 };
 pub use mqtt::{
     MemoryLimit, MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy,

@@ -98,9 +98,8 @@ impl TlsListener {
         let TlsListener { tcp, state } = self;
         let (name, listener, limits) = tcp.into_parts();
         let admission = Admission::new(limits, &handoff.broker().metrics);
-        let timeout = Duration::from_secs(u64::from(
-            handoff.broker().config().connect_timeout.max(1),
-        ));
+        let timeout =
+            Duration::from_secs(u64::from(handoff.broker().config().connect_timeout.max(1)));
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
         loop {
             let accepted = tokio::select! {

@@ -34,6 +34,7 @@ mod mosquitto_clients;
 mod partial_packets;
 mod pending_connections;
 mod recovery;
+mod tls;
 mod v5_auth;
 mod v5_capabilities;
 mod v5_expiry;

@@ -113,11 +113,16 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             Some(identity) => connect.username = Some(ByteString::from(&**identity)),
             None => {
                 let why = "no client certificate to take the user name from";
-                return reject(io, version, ReasonCode::NOT_AUTHORIZED, Some((why, &connect)))
-                    .await;
+                return reject(
+                    io,
+                    version,
+                    ReasonCode::NOT_AUTHORIZED,
+                    Some((why, &connect)),
+                )
+                .await;
             }
         }
-        tracing::debug!(%peer, username = ?connect.username, "user name from the TLS certificate");
+        tracing::info!(%peer, username = ?connect.username, "user name from the TLS certificate");
     }
     let policy = Policy {
         config: broker.config(),
