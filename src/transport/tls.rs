@@ -406,8 +406,8 @@ mod der {
         found
     }
 
-    /// The first GeneralName with `tag` in the subjectAltName extension; `after_subject` is
-    /// what follows the subject in the TBSCertificate.
+    /// The first `GeneralName` with `tag` in the `subjectAltName` extension; `after_subject` is
+    /// what follows the subject in the `TBSCertificate`.
     pub(super) fn san(after_subject: &[u8], tag: u8) -> Option<String> {
         let mut data = skip(after_subject)?; // subjectPublicKeyInfo
         while !data.is_empty() {
