@@ -40,11 +40,26 @@ pub struct ConnectionInfo {
     pub peer: SocketAddr,
     /// Name of the listener the connection came through (`[[listener]] name`).
     pub listener: Arc<str>,
-    /// The identity (CN or SAN, per `tls.identity`) of the client's verified TLS certificate.
-    pub tls_identity: Option<Arc<str>>,
-    /// `tls.use_identity_as_username`: the handshake takes `tls_identity` as the user name,
+    /// What a TLS listener learnt (`None` on plain TCP). One pointer, so `ConnectionInfo`,
+    /// which every connection keeps for its life, grows by 8 B only.
+    pub tls: Option<Arc<TlsPeer>>,
+}
+
+/// What the TLS handshake established about the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPeer {
+    /// The identity (CN or SAN, per `tls.identity`) of the client's verified certificate.
+    pub identity: Option<Arc<str>>,
+    /// `tls.use_identity_as_username`: the MQTT handshake takes `identity` as the user name,
     /// ignoring CONNECT's, and refuses a client without one.
     pub identity_as_username: bool,
+}
+
+impl ConnectionInfo {
+    /// The verified TLS client identity, if any (for authorisation rules).
+    pub fn tls_identity(&self) -> Option<&Arc<str>> {
+        self.tls.as_ref().and_then(|tls| tls.identity.as_ref())
+    }
 }
 
 /// Everything a listener needs to hand an accepted stream to the broker: one per server,

@@ -93,8 +93,7 @@ impl PlainTcpListener {
             let info = ConnectionInfo {
                 peer,
                 listener: Arc::clone(&name),
-                tls_identity: None,
-                identity_as_username: false,
+                tls: None,
             };
             handoff.spawn(stream, info, slot);
         }

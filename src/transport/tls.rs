@@ -26,7 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::Admission;
-use super::{ConnectionInfo, Handoff, Listener, ListenerTask, PlainTcpListener};
+use super::{ConnectionInfo, Handoff, Listener, ListenerTask, PlainTcpListener, TlsPeer};
 use crate::config::{ClientCertMode, ListenerConfig, TlsConfig, TlsIdentity};
 use crate::reload::Reload;
 
@@ -171,8 +171,10 @@ async fn handshake(
             let info = ConnectionInfo {
                 peer,
                 listener,
-                tls_identity: identity,
-                identity_as_username: rule.as_username,
+                tls: Some(Arc::new(TlsPeer {
+                    identity,
+                    identity_as_username: rule.as_username,
+                })),
             };
             return Some((tls, info));
         }

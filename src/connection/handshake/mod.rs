@@ -104,12 +104,12 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
 
     let version = connect.protocol;
     let mut connect = connect;
-    if info.identity_as_username {
+    if let Some(tls) = info.tls.as_deref().filter(|tls| tls.identity_as_username) {
         // `tls.use_identity_as_username` (Mosquitto's): the certificate names the user, the
         // CONNECT's user name is ignored; without a certificate the client is not
         // authorized (0x87, 3.1.1: 0x05). MQTT 5.0 §5.4.9 / 3.1.1 §5.4.9: a TLS client
         // certificate may serve to authenticate the client.
-        match &info.tls_identity {
+        match &tls.identity {
             Some(identity) => connect.username = Some(ByteString::from(&**identity)),
             None => {
                 let why = "no client certificate to take the user name from";
