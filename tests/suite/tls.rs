@@ -426,3 +426,25 @@ fn tls_listener_without_cert_is_a_config_error() {
         "{t}"
     );
 }
+
+#[test]
+fn changed_certificate_files_are_reloaded_without_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, pem) = (dir.path().join("srv.key"), dir.path().join("srv.pem"));
+    std::fs::copy(certs().join("server.key"), &key).unwrap();
+    std::fs::copy(certs().join("server.pem"), &pem).unwrap();
+    let (broker, config) = start(dir.path(), pem.to_str().unwrap(), key.to_str().unwrap(), "");
+    let new = dir.path().join("new");
+    std::fs::create_dir(&new).unwrap();
+    let (nk, np) = make_cert(
+        &new,
+        "srv3",
+        "watched.example",
+        Some((&cert("ca.pem"), &cert("ca.key"))),
+    );
+    std::fs::copy(&nk, &key).unwrap();
+    std::fs::copy(&np, &pem).unwrap();
+    // The 5 s modification-time poll, within WAIT (10 s).
+    wait_log(&broker, "files changed; reloaded");
+    assert!(subject_cn(config.mqtt.port()).contains("watched.example"));
+}
