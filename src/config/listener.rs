@@ -375,6 +375,29 @@ mod tests {
     }
 
     #[test]
+    fn tls_kind_rules_name_their_key() {
+        let (key, line, msg) = invalid_at("[[listener]]\nkind = \"ws\"\n");
+        assert_eq!((key.as_str(), line), ("listener[0].kind", Some(2)), "{msg}");
+        assert!(msg.contains("not supported yet"), "{msg}");
+        let (key, _, msg) = invalid_at("[[listener]]\nkind = \"tls\"\n");
+        assert_eq!(key, "listener[0].kind", "{msg}");
+        let (key, line, _) = invalid_at(
+            "[[listener]]\nkind = \"tls\"\n[listener.tls]\ncert = \"c\"\nkey = \"k\"\nclient_cert = \"required\"\n",
+        );
+        assert_eq!(
+            (key.as_str(), line),
+            ("listener[0].tls.client_cert", Some(6))
+        );
+        let c = parse("[[listener]]\nkind = \"tls\"\n[listener.tls]\ncert = \"c\"\nkey = \"k\"\n")
+            .expect("parses");
+        assert_eq!(c.listeners[0].kind, ListenerKind::Tls);
+        assert_eq!(
+            parse("").expect("default").listeners[0].kind,
+            ListenerKind::Tcp
+        );
+    }
+
+    #[test]
     fn listener_array_parses_in_order_with_default_names() {
         let c = parse(
             "[[listener]]\nname = \"inside\"\nbind = \"127.0.0.1:1883\"\n\n\

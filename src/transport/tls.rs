@@ -443,3 +443,36 @@ mod der {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(name: &str) -> CertificateDer<'static> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("certs")
+            .join(name);
+        CertificateDer::from_pem_file(path).expect("dev certificate")
+    }
+
+    #[test]
+    fn identity_is_read_from_cn_and_san() {
+        assert_eq!(
+            identity_of(&leaf("sensor1.pem"), TlsIdentity::Cn).as_deref(),
+            Some("sensor1")
+        );
+        assert_eq!(
+            identity_of(&leaf("server.pem"), TlsIdentity::SanDns).as_deref(),
+            Some("localhost")
+        );
+        assert_eq!(
+            identity_of(&leaf("sensor1.pem"), TlsIdentity::SanEmail),
+            None
+        );
+        assert_eq!(identity_of(&leaf("sensor1.pem"), TlsIdentity::None), None);
+        assert_eq!(
+            identity_of(&CertificateDer::from(vec![0x30, 0x05, 1]), TlsIdentity::Cn),
+            None
+        );
+    }
+}
