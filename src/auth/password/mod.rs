@@ -305,7 +305,12 @@ mod tests {
         // No time left for a hash: not started.
         let now = tokio::time::Instant::now();
         store.last_hash_ns.store(1_000_000_000, Ordering::Relaxed);
-        assert_eq!(store.verify("b", b"pb", now).await, Verdict::NoTime);
+        assert_eq!(store.verify("a", b"new", now).await, Verdict::NoTime);
+        assert_eq!(
+            store.verify("b", b"pb", now).await,
+            Verdict::Ok,
+            "cached: no hash needed"
+        );
     }
 
     #[tokio::test]
