@@ -71,9 +71,13 @@ struct PasswdArgs {
     /// Write argon2id hashes instead of `$7$` (Mosquitto 2.0 cannot read them).
     #[arg(long = "argon2id")]
     argon2id: bool,
-    /// PBKDF2 iterations of `$7$` hashes.
+    /// PBKDF2 iterations of `$7$` hashes (and of SCRAM credentials with `--scram`).
     #[arg(long = "iterations", default_value_t = postbox::auth::password::DEFAULT_PBKDF2_ITERATIONS)]
     iterations: u32,
+    /// Edit a SCRAM credentials file (`auth.scram_file`) instead: write (or with -D remove)
+    /// the user's `sha-256` or `sha-512` line.
+    #[arg(long = "scram", value_name = "sha-256|sha-512", conflicts_with_all = ["update", "argon2id"])]
+    scram: Option<String>,
     /// The password file.
     file: PathBuf,
     /// The user name (not with -U).
@@ -239,6 +243,18 @@ fn passwd(args: &PasswdArgs) -> anyhow::Result<()> {
     } else {
         read(&args.file)?
     };
+    if args.delete && args.scram.is_some() {
+        let kind = scram_kind(args.scram.as_deref().unwrap_or_default())?;
+        let text = scram_edit(&existing, user, kind, None);
+        anyhow::ensure!(
+            text != existing,
+            "user {user} has no {} line in {}",
+            kind.method(),
+            args.file.display()
+        );
+        file::write_atomically(&args.file, &text)?;
+        return Ok(());
+    }
     if args.delete {
         anyhow::ensure!(args.password.is_none(), "-D takes a file and a user");
         let (text, found) = file::edit(&existing, &file::Edit::Delete(user));
@@ -252,6 +268,18 @@ fn passwd(args: &PasswdArgs) -> anyhow::Result<()> {
         (Some(_), false) => anyhow::bail!("a password on the command line needs -b"),
         (None, false) => read_password()?,
     };
+    if let Some(kind) = &args.scram {
+        let kind = scram_kind(kind)?;
+        let line = postbox::auth::scram_file::scram_credential_line(
+            kind,
+            user,
+            &password,
+            args.iterations,
+        );
+        let text = scram_edit(&existing, user, kind, Some(&line));
+        file::write_atomically(&args.file, &text)?;
+        return Ok(());
+    }
     let hash = hash(&password)?;
     let (text, _) = file::edit(&existing, &file::Edit::Set(user, &hash));
     file::write_atomically(&args.file, &text)?;
@@ -322,4 +350,44 @@ impl Drop for EchoOff {
             }
         }
     }
+}
+
+/// The `--scram` argument.
+fn scram_kind(name: &str) -> anyhow::Result<postbox::auth::scram::ScramKind> {
+    use postbox::auth::scram::ScramKind;
+    match name.to_ascii_lowercase().as_str() {
+        "sha-256" | "sha256" | "scram-sha-256" => Ok(ScramKind::Sha256),
+        "sha-512" | "sha512" | "scram-sha-512" => Ok(ScramKind::Sha512),
+        other => anyhow::bail!("--scram takes sha-256 or sha-512, not {other:?}"),
+    }
+}
+
+/// `text` with `user`'s line of `kind` replaced by `line` (appended if it had none), or
+/// removed when `line` is `None`; every other line as it was.
+fn scram_edit(
+    text: &str,
+    user: &str,
+    kind: postbox::auth::scram::ScramKind,
+    line: Option<&str>,
+) -> String {
+    let prefix = format!("{user}:${}$", kind.method().to_ascii_lowercase());
+    let mut out = String::with_capacity(text.len() + 200);
+    let mut placed = false;
+    for existing in text.lines() {
+        if existing.starts_with(&prefix) {
+            if let (Some(line), false) = (line, placed) {
+                out.push_str(line);
+                out.push('\n');
+                placed = true;
+            }
+            continue;
+        }
+        out.push_str(existing);
+        out.push('\n');
+    }
+    if let (Some(line), false) = (line, placed) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }

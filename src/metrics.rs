@@ -45,6 +45,8 @@ pub mod names {
     pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
     /// Gauge: connected sessions stalled now (full queue, no progress for `stalled_after`).
     pub const SESSIONS_STALLED: &str = "postbox_sessions_stalled";
+    /// Counter: pauses of a client that published faster than its rate limit.
+    pub const PUBLISH_RATE_PAUSES_TOTAL: &str = "postbox_publish_rate_pauses_total";
     /// Gauge: publishing connections paused by back-pressure now.
     pub const PUBLISHERS_PAUSED: &str = "postbox_publishers_paused";
     /// Counter: seconds publishers have spent paused, all together.
@@ -99,7 +101,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 36] = [
+    pub const ALL: [&str; 37] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -115,6 +117,7 @@ pub mod names {
         SESSIONS_STALLED,
         PUBLISHERS_PAUSED,
         PUBLISHER_PAUSE_SECONDS_TOTAL,
+        PUBLISH_RATE_PAUSES_TOTAL,
         MEMORY_BUDGET_BYTES,
         MEMORY_USED_BYTES,
         MALFORMED_PACKETS_TOTAL,
@@ -291,6 +294,9 @@ pub struct Metrics {
     pub session_stalls: Counter,
     /// Connected sessions stalled now; set by the sweep.
     pub sessions_stalled: Gauge,
+    /// Pauses of clients that published faster than `mqtt.max_publish_rate` /
+    /// `max_publish_bytes_rate`.
+    pub publish_rate_pauses: Counter,
     /// Publishing connections paused by back-pressure now (`broker::flow`); set at scrape.
     pub publishers_paused: Gauge,
     /// Seconds publishers have spent paused, all together; set at scrape.
@@ -317,6 +323,8 @@ pub struct Metrics {
     pub connections_refused_per_ip: Counter,
     /// CONNECTs refused (CONNACK 0x89 / 0x03): the listener had `max_connections` clients.
     pub connections_refused_max: Counter,
+    /// Connections closed on a `proxy_protocol` listener: no valid PROXY header in time.
+    pub connections_refused_proxy: Counter,
     /// Connections closed because their CONNECT was not accepted within `mqtt.connect_timeout`.
     pub connect_timeouts: Counter,
     /// Connections closed because a started packet did not complete in time.
@@ -411,6 +419,11 @@ impl Metrics {
             "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."
         );
         describe_counter!(
+            PUBLISH_RATE_PAUSES_TOTAL,
+            Unit::Count,
+            "Pauses of clients that published faster than mqtt.max_publish_rate / max_publish_bytes_rate (their socket is read no faster)."
+        );
+        describe_counter!(
             PUBLISHER_PAUSE_SECONDS_TOTAL,
             Unit::Seconds,
             "Seconds publishers have spent paused by back-pressure, all together."
@@ -459,7 +472,7 @@ impl Metrics {
         describe_counter!(
             CONNECTIONS_REFUSED_TOTAL,
             Unit::Count,
-            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections)."
+            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, proxy_header)."
         );
         describe_counter!(
             CONNECT_TIMEOUTS_TOTAL,
@@ -511,6 +524,7 @@ impl Metrics {
             session_stalls: counter!(SESSION_STALLS_TOTAL),
             sessions_stalled: gauge!(SESSIONS_STALLED),
             publishers_paused: gauge!(PUBLISHERS_PAUSED),
+            publish_rate_pauses: counter!(PUBLISH_RATE_PAUSES_TOTAL),
             publisher_pause_seconds: counter!(PUBLISHER_PAUSE_SECONDS_TOTAL),
             memory_budget_bytes: gauge!(MEMORY_BUDGET_BYTES),
             memory_used_bytes: gauge!(MEMORY_USED_BYTES),
@@ -531,6 +545,10 @@ impl Metrics {
             connections_refused_max: counter!(
                 CONNECTIONS_REFUSED_TOTAL,
                 "reason" => "max_connections"
+            ),
+            connections_refused_proxy: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "proxy_header"
             ),
             connect_timeouts: counter!(CONNECT_TIMEOUTS_TOTAL),
             packet_timeouts: counter!(PACKET_TIMEOUTS_TOTAL),
@@ -653,6 +671,7 @@ mod tests {
             names::MESSAGES_REFUSED_TOTAL,
             names::SESSION_STALLS_TOTAL,
             names::PUBLISHER_PAUSE_SECONDS_TOTAL,
+            names::PUBLISH_RATE_PAUSES_TOTAL,
             names::MALFORMED_PACKETS_TOTAL,
             names::PROTOCOL_ERRORS_TOTAL,
             names::KEEPALIVE_TIMEOUTS_TOTAL,

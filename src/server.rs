@@ -36,6 +36,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The JWT keys (`[auth.jwt]`) could not be read or hold no usable key.
+    #[error("cannot use the JWT keys: {0}")]
+    Jwt(#[from] crate::auth::jwt::JwtError),
     #[error("cannot use the password file: {0}")]
     /// The password file (`auth.password_file`) could not be read or has a bad line.
     Passwords(#[from] crate::auth::password::FileError),
@@ -45,6 +48,9 @@ pub enum StartError {
     #[error("cannot open the durable store: {0}")]
     /// The durable store could not be opened or recovered.
     Storage(#[from] crate::storage::StorageError),
+    #[error("{0}")]
+    /// The SCRAM credentials file (`auth.scram_file`) could not be loaded.
+    Scram(#[from] crate::auth::scram_file::ScramFileError),
 }
 
 /// Opens the store, restores what it holds into a new broker (blocking I/O, off the runtime).
@@ -129,7 +135,13 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         None
     };
     let broker = open_broker(&config).await?;
-    let logins = crate::auth::login::Logins::from_config(&config)?;
+    let jwt = match &config.auth.jwt {
+        Some(settings) => Some(Arc::new(crate::auth::jwt::JwtVerifier::load(
+            settings.clone(),
+        )?)),
+        None => None,
+    };
+    let logins = crate::auth::login::Logins::from_config(&config)?.with_jwt(jwt.clone());
     let passwords = logins.passwords().cloned();
     if let Some(store) = &passwords {
         tracing::info!(users = store.users(), "password file loaded");
@@ -139,6 +151,11 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         }
     }
     broker.set_logins(logins);
+    let mut reloaders = Reloaders::default();
+    if let Some(path) = &config.auth.scram_file {
+        let store = crate::auth::scram_file::register(broker.authenticators(), path)?;
+        reloaders.register(store);
+    }
     let mut bound = Vec::with_capacity(config.listeners.len());
     for (listener, name) in config.listeners.iter().zip(config.listener_names()) {
         let l =
@@ -196,7 +213,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(addr = %config.metrics.bind, "metrics endpoint up");
         (stop, task)
     });
-    let mut reloaders = Reloaders::default();
+    if let Some(jwt) = jwt {
+        reloaders.register(jwt);
+    }
     if let Some(store) = passwords {
         reloaders.register(store);
     }

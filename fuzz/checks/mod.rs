@@ -205,6 +205,7 @@ pub(crate) fn connect(data: &[u8]) {
         config: &config,
         allow_anonymous: b1 & 0x10 == 0,
         password_file: false,
+        jwt: false,
         authenticators: &authenticators,
     };
     match admission::decide(&data[2..], &policy) {

@@ -10,12 +10,15 @@ use std::sync::Arc;
 
 use crate::config::Config;
 
+use super::jwt::JwtVerifier;
 use super::password::{AuthMetrics, FileError, PasswordStore};
 
 /// The login rules in force.
 #[derive(Debug)]
 pub struct Logins {
     passwords: Option<Arc<PasswordStore>>,
+    /// `[auth.jwt]`: passwords shaped like tokens are verified as JWTs.
+    jwt: Option<Arc<JwtVerifier>>,
     /// Effective `allow_anonymous` by listener name.
     anonymous: HashMap<Arc<str>, bool>,
     default_anonymous: bool,
@@ -54,6 +57,7 @@ impl Logins {
             .collect();
         Ok(Logins {
             passwords,
+            jwt: None,
             anonymous,
             default_anonymous,
             metrics,
@@ -63,6 +67,17 @@ impl Logins {
     /// The password file, if one is configured.
     pub fn passwords(&self) -> Option<&Arc<PasswordStore>> {
         self.passwords.as_ref()
+    }
+
+    /// Adds the JWT verifier (`[auth.jwt]`, loaded by the server: its key errors are its own).
+    pub fn with_jwt(mut self, jwt: Option<Arc<JwtVerifier>>) -> Logins {
+        self.jwt = jwt;
+        self
+    }
+
+    /// The JWT verifier, if `[auth.jwt]` is configured.
+    pub fn jwt(&self) -> Option<&Arc<JwtVerifier>> {
+        self.jwt.as_ref()
     }
 
     /// Whether a client without a user name may connect through `listener`.

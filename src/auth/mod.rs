@@ -7,6 +7,7 @@
 //! [`Authenticator::is_expensive`] and the connection then runs them on tokio's blocking pool,
 //! so they never stall the runtime.
 
+pub mod jwt;
 pub mod login;
 pub mod password;
 
@@ -21,6 +22,9 @@ use parking_lot::RwLock;
 use thiserror::Error;
 
 use crate::codec::ReasonCode;
+
+pub mod scram;
+pub mod scram_file;
 
 /// Method-specific state carried from one step of an exchange to the next (e.g. the server
 /// nonce of a challenge). Boxed `Any` so the registry can hold methods of different types.

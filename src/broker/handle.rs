@@ -355,6 +355,16 @@ impl SessionHandle {
             .subscribe(&self.session, filter, options, identifier)
     }
 
+    /// Whether one more subscription to `filter` fits the per-client bound `max` (0 = none):
+    /// a filter the session already holds is replaced, not added (MQTT-3.8.4-3).
+    pub fn may_add_subscription(&self, filter: &str, max: usize) -> bool {
+        if max == 0 {
+            return true;
+        }
+        let st = self.session.lock();
+        st.subscriptions.len() < max || st.subscriptions.contains_key(filter)
+    }
+
     /// Removes a subscription; true if it existed.
     pub fn unsubscribe(&self, filter: &str) -> bool {
         self.broker.unsubscribe(&self.session, filter)

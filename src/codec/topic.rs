@@ -18,6 +18,18 @@ pub fn topic_name_error(topic: &str) -> Option<&'static str> {
     None
 }
 
+/// True if `topic` (a name or a filter) is longer than `max_len` bytes or has more than
+/// `max_levels` levels: the broker's own limits (`mqtt.max_topic_length`, `max_topic_levels`),
+/// not the spec's. One pass over the bytes, only when the length alone does not decide.
+pub fn exceeds_limits(topic: &str, max_len: usize, max_levels: usize) -> bool {
+    if topic.len() > max_len {
+        return true;
+    }
+    // `n` bytes hold at most `n + 1` levels (all empty): topics shorter than the level limit
+    // need no count at all.
+    topic.len() >= max_levels && topic.bytes().filter(|&b| b == b'/').count() >= max_levels
+}
+
 /// True if `filter` is a syntactically valid topic filter (MQTT-4.7.1-1, -2, -3; MQTT-4.7.3-1).
 ///
 /// `#` must be alone in the last level; `+` must occupy a whole level. `$share/` prefixes are
@@ -95,6 +107,19 @@ pub fn split_shared(filter: &str) -> Option<Result<(&str, &str), ()>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topic_limits_count_bytes_and_levels() {
+        assert!(!exceeds_limits("a/b/c", 5, 3));
+        assert!(exceeds_limits("a/b/c", 4, 3), "5 bytes over a length of 4");
+        assert!(exceeds_limits("a/b/c/d", 100, 3), "4 levels over 3");
+        assert!(
+            !exceeds_limits("a/b/c/", 100, 4),
+            "an empty last level counts: 4"
+        );
+        assert!(exceeds_limits("////", 100, 4), "5 empty levels");
+        assert!(!exceeds_limits("abcdefgh", 100, 1));
+    }
 
     #[test]
     fn filters_follow_section_4_7() {

@@ -40,6 +40,10 @@ pub struct ListenerConfig {
     /// The same bound per source address (IPv4 address; IPv6 /64 prefix), so one host cannot
     /// take all of [`ListenerConfig::max_pending_connections`]. 0 = unlimited.
     pub max_pending_connections_per_ip: usize,
+    /// Expect a PROXY protocol (v1 or v2) header first on every connection, from a load
+    /// balancer: its client address replaces the socket's peer in logs, limits and ACLs. A
+    /// connection without one is closed. Only for listeners nothing else can reach.
+    pub proxy_protocol: bool,
     /// Whether clients without a user name may connect through this listener; when absent,
     /// `auth.allow_anonymous` decides (e.g. anonymous on a localhost listener only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,6 +69,7 @@ impl Default for ListenerConfig {
             max_connections: 0,
             max_pending_connections: DEFAULT_MAX_PENDING_CONNECTIONS,
             max_pending_connections_per_ip: DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
+            proxy_protocol: false,
             allow_anonymous: None,
         }
     }

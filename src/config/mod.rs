@@ -87,6 +87,47 @@ pub struct AuthConfig {
     /// How many recent successful logins are remembered, so reconnecting clients skip the
     /// (deliberately slow) hash; 0 = none.
     pub password_cache_size: usize,
+    /// JWT as password (`[auth.jwt]`): a password shaped like a token is verified against
+    /// these keys and its claim becomes the user name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<JwtConfig>,
+    /// SCRAM credentials file (`user:$scram-sha-256$...` lines, see `auth::scram_file`): when
+    /// set, the enhanced authentication methods `SCRAM-SHA-256` and `SCRAM-SHA-512` are offered.
+    pub scram_file: Option<std::path::PathBuf>,
+}
+
+/// `[auth.jwt]`: where the keys are and what the tokens must say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// A PEM public key (`-----BEGIN PUBLIC KEY-----`, RSA or EC P-256) tokens are signed
+    /// with. One of `public_key` and `jwks` must be set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key: Option<std::path::PathBuf>,
+    /// A JWKS file (`{"keys": [...]}`, as identity providers publish at their `jwks_uri`):
+    /// the key is picked by the token's `kid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwks: Option<std::path::PathBuf>,
+    /// The claim that becomes the client's username (for the ACL and the logs).
+    #[serde(default = "default_username_claim")]
+    pub username_claim: String,
+    /// Required `iss`, when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    /// Required `aud` (one of the token's audiences), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    /// Seconds of clock skew allowed on `exp` and `nbf`.
+    #[serde(default = "default_leeway")]
+    pub leeway: u64,
+}
+
+fn default_username_claim() -> String {
+    "sub".to_owned()
+}
+
+fn default_leeway() -> u64 {
+    30
 }
 
 /// Default of [`AuthConfig::password_cache_size`]: a reconnect storm of a few thousand devices
@@ -99,6 +140,8 @@ impl Default for AuthConfig {
             allow_anonymous: true,
             password_file: None,
             password_cache_size: DEFAULT_PASSWORD_CACHE_SIZE,
+            jwt: None,
+            scram_file: None,
         }
     }
 }

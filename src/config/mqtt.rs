@@ -19,6 +19,10 @@ pub const MIN_PACKET_SIZE: u32 = 20;
 /// characters (MQTT-3.1.3-5), and 3.1 clients are limited to 23.
 pub const MIN_CLIENT_ID_LEN: usize = 23;
 
+/// Default of `mqtt.max_topic_levels`: far more than any real hierarchy (EMQX uses the same
+/// number), and a bound on the work one topic can cost the tries' matching.
+pub(super) const DEFAULT_MAX_TOPIC_LEVELS: usize = 128;
+
 /// Longest client id that can exist on the wire (a UTF-8 string has a 16-bit length prefix).
 pub const MAX_CLIENT_ID_LEN: usize = 65_535;
 
@@ -146,6 +150,13 @@ pub struct MqttConfig {
     /// before it counts as stalled: its publishers are no longer paused for it and its
     /// overflow goes to `queue_overflow`, as for an offline session. 1..=3600.
     pub stalled_after: u32,
+    /// Per-client limit on PUBLISH packets per second, enforced by reading that client's
+    /// socket no faster (back-pressure, nothing dropped), with one second's worth as burst;
+    /// 0 = none.
+    pub max_publish_rate: u32,
+    /// Per-client limit on PUBLISH payload bytes per second, enforced like
+    /// `max_publish_rate`; 0 = none.
+    pub max_publish_bytes_rate: u64,
     /// Pause publishers for QoS 0 messages too (not only QoS 1 and 2) when a connected,
     /// draining subscriber's queue is full.
     pub backpressure_qos0: bool,
@@ -165,6 +176,12 @@ pub struct MqttConfig {
     pub allow_zero_length_clientid: bool,
     /// Longest client id accepted, in bytes.
     pub max_client_id_len: usize,
+    /// Longest topic name or filter accepted, in bytes (PUBLISH, will, SUBSCRIBE); 1..=65535.
+    pub max_topic_length: usize,
+    /// Most levels (`/`-separated parts) a topic name or filter may have; 1..=65535.
+    pub max_topic_levels: usize,
+    /// Most subscriptions one session may hold at once; 0 = no limit.
+    pub max_subscriptions_per_client: usize,
     /// Cap on the session expiry interval a client may request, in seconds.
     pub session_expiry_interval_max: u32,
     /// Accept the control characters U+0001..U+001F and U+007F..U+009F in topic names (PUBLISH,
@@ -209,6 +226,8 @@ impl Default for MqttConfig {
             max_queued_bytes: 16 * 1024 * 1024,
             stalled_after: 5,
             backpressure_qos0: true,
+            max_publish_rate: 0,
+            max_publish_bytes_rate: 0,
             max_memory: MemoryLimit::Auto,
             queue_qos0_messages: false,
             queue_overflow: OverflowPolicy::DropNew,
@@ -216,6 +235,9 @@ impl Default for MqttConfig {
             max_qos: 2,
             allow_zero_length_clientid: true,
             max_client_id_len: MAX_CLIENT_ID_LEN,
+            max_topic_length: 65_535,
+            max_topic_levels: DEFAULT_MAX_TOPIC_LEVELS,
+            max_subscriptions_per_client: 0,
             session_expiry_interval_max: u32::MAX,
             allow_control_characters: false,
             receive_maximum: 1024,
@@ -309,6 +331,17 @@ impl MqttConfig {
                     m.max_client_id_len
                 ),
             ));
+        }
+        for (key, value) in [
+            ("mqtt.max_topic_length", m.max_topic_length),
+            ("mqtt.max_topic_levels", m.max_topic_levels),
+        ] {
+            if !(1..=65_535).contains(&value) {
+                return Err(invalid(
+                    key,
+                    format!("must be between 1 and 65535, got {value}"),
+                ));
+            }
         }
         if m.receive_maximum == 0 {
             return Err(invalid(

@@ -33,6 +33,9 @@ pub struct Policy<'a> {
     /// Whether a password file checks user names and passwords (after these checks, in the
     /// handshake); without one and with anonymous access off, a user name alone is refused.
     pub password_file: bool,
+    /// Whether a password may be a JWT (`[auth.jwt]`, checked in the handshake): a client
+    /// that sends a password without a user name is then not anonymous.
+    pub jwt: bool,
     /// The enhanced-authentication methods offered.
     pub authenticators: &'a AuthRegistry,
 }
@@ -424,6 +427,8 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
     if !policy.allow_anonymous && !enhanced {
         match (&connect.username, policy.password_file) {
             (Some(_), true) => {}
+            // A token names its user; the handshake verifies it.
+            _ if policy.jwt && connect.password.is_some() => {}
             (Some(_), false) => {
                 return Err((
                     ReasonCode::BAD_USER_NAME_OR_PASSWORD,
@@ -438,6 +443,16 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
             return Err((
                 ReasonCode::TOPIC_NAME_INVALID,
                 "will topic is not a valid topic name",
+            ));
+        }
+        if topic::exceeds_limits(
+            &will.topic,
+            config.max_topic_length,
+            config.max_topic_levels,
+        ) {
+            return Err((
+                ReasonCode::TOPIC_NAME_INVALID,
+                "will topic over mqtt.max_topic_length or max_topic_levels",
             ));
         }
         if will.qos as u8 > config.max_qos {
@@ -546,6 +561,7 @@ mod tests {
                 config: &config,
                 allow_anonymous: true,
                 password_file: false,
+                jwt: false,
                 authenticators: &authenticators,
             },
         )

@@ -149,7 +149,8 @@ mod size_tests {
         assert!(size <= 256, "connection future is {size} B");
         let client = size_of::<client::Client<tokio::net::TcpStream>>();
         // Release (what ships) is the bound; a debug build lays the same state out 8 B larger.
-        let limit = if cfg!(debug_assertions) { 328 } else { 320 };
+        // 320 -> 328: the publish rate bucket's pointer (`client::rate`, issue 13's limits).
+        let limit = if cfg!(debug_assertions) { 336 } else { 328 };
         assert!(client <= limit, "client state is {client} B");
         // The Arc adds two counters (16 B).
         let session = size_of::<crate::broker::Session>();

@@ -41,6 +41,10 @@ pub enum Violation {
     /// A QoS 0 PUBLISH whose payload is not the UTF-8 its Payload Format Indicator says;
     /// QoS 1/2 get a negative ack instead (v5 §3.3.2.3.2, 0x99).
     PayloadFormatInvalid,
+    /// A PUBLISH topic over the broker's `mqtt.max_topic_length` / `max_topic_levels`: "The
+    /// Topic Name is correctly formed, but is not accepted by this Client or Server" (v5
+    /// §3.4.2.1, 0x90). QoS 1/2 v5 publishers get it in PUBACK / PUBREC; QoS 0 and 3.x close.
+    TopicOverLimit,
     /// No Local on a shared subscription (MQTT-3.8.3-4).
     NoLocalOnSharedSubscription,
     /// DISCONNECT raising a Session Expiry Interval that was 0 at CONNECT (v5 §3.14.2.2.2).
@@ -72,6 +76,7 @@ impl Violation {
             Violation::TopicAliasUnknown => "v5 §3.3.2.3.4",
             Violation::ReceiveMaximumExceeded => "MQTT-3.3.4-7",
             Violation::PayloadFormatInvalid => "v5 §3.3.2.3.2",
+            Violation::TopicOverLimit => "v5 §3.4.2.1 (0x90)",
             Violation::NoLocalOnSharedSubscription => "MQTT-3.8.3-4",
             Violation::SessionExpiryRaisedFromZero => "v5 §3.14.2.2.2",
             Violation::AuthWithoutMethod => "MQTT-4.12.0-7",
@@ -98,6 +103,7 @@ impl Violation {
             Violation::TopicAliasOutOfRange => ReasonCode::TOPIC_ALIAS_INVALID,
             Violation::ReceiveMaximumExceeded => ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
             Violation::PayloadFormatInvalid => ReasonCode::PAYLOAD_FORMAT_INVALID,
+            Violation::TopicOverLimit => ReasonCode::TOPIC_NAME_INVALID,
             Violation::SecondConnect
             | Violation::ServerPacket(_)
             | Violation::TopicAliasUnknown
@@ -135,6 +141,9 @@ impl Violation {
             }
             Violation::PayloadFormatInvalid => {
                 "payload is not valid UTF-8 (Payload Format Indicator 1)".to_owned()
+            }
+            Violation::TopicOverLimit => {
+                "topic name over mqtt.max_topic_length or max_topic_levels".to_owned()
             }
             Violation::NoLocalOnSharedSubscription => {
                 "No Local on a shared subscription".to_owned()

@@ -206,6 +206,14 @@ impl HandshakeSlot {
         self.accepted_at
     }
 
+    /// Counts the connection against `ip` instead of the socket's peer: the client a PROXY
+    /// header names. Only before the handshake took a pending slot (it is read first).
+    pub fn set_source(&mut self, ip: IpAddr) {
+        if self.state == State::Arrived {
+            self.source = source_key(ip);
+        }
+    }
+
     /// Called when the handshake has to wait for the client (what arrived does not complete
     /// the CONNECT, or an AUTH answer is due): takes a pending slot, once.
     ///

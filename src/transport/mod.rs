@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod fd_table;
+pub mod proxy;
 mod tcp;
 
 use std::future::Future;
@@ -30,8 +31,8 @@ pub use tcp::PlainTcpListener;
 /// so authentication can use it).
 ///
 /// This is the place for what later listener kinds learn before MQTT starts: the verified TLS
-/// client identity, or the real client address from a PROXY protocol header (which would then
-/// replace `peer`).
+/// client identity, or the real client address from a PROXY protocol header (which replaces
+/// `peer`, see [`Handoff::spawn_behind_proxy`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
     /// The remote address of the socket.
@@ -70,6 +71,45 @@ impl Handoff {
         let shutdown = self.shutdown.clone();
         self.connections
             .spawn(connection::serve(stream, info, broker, shutdown, slot));
+    }
+
+    /// Like [`Handoff::spawn`], for a listener behind a load balancer (`proxy_protocol`):
+    /// the task first reads the PROXY header (within `mqtt.connect_timeout` of accept), puts
+    /// the client address it names in place of the balancer's, in `info` and in the slot's
+    /// per-address count, then serves the connection. No valid header in time: closed and
+    /// counted (`postbox_connections_refused_total{reason="proxy_header"}`).
+    pub fn spawn_behind_proxy<S>(
+        &self,
+        mut stream: S,
+        mut info: ConnectionInfo,
+        mut slot: HandshakeSlot,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let broker = Arc::clone(&self.broker);
+        let shutdown = self.shutdown.clone();
+        let timeout = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
+        let deadline = slot.accepted_at() + timeout;
+        self.connections.spawn(async move {
+            match tokio::time::timeout_at(deadline, proxy::read_header(&mut stream)).await {
+                Ok(Ok(Some(client))) => {
+                    slot.set_source(client.ip());
+                    info.peer = client;
+                }
+                Ok(Ok(None)) => {} // the balancer's own check: its address stands
+                Ok(Err(error)) => {
+                    broker.metrics.connections_refused_proxy.increment(1);
+                    tracing::info!(peer = %info.peer, listener = %info.listener, %error, "closing connection: PROXY header");
+                    return;
+                }
+                Err(_) => {
+                    broker.metrics.connections_refused_proxy.increment(1);
+                    tracing::info!(peer = %info.peer, listener = %info.listener, "closing connection: no PROXY header within mqtt.connect_timeout");
+                    return;
+                }
+            }
+            connection::serve(stream, info, broker, shutdown, slot).await;
+        });
     }
 
     /// The broker connections are handed to (its metrics, for the listener's counts).

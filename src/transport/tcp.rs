@@ -18,6 +18,8 @@ pub struct PlainTcpListener {
     listener: tokio::net::TcpListener,
     local_addr: SocketAddr,
     limits: AdmissionLimits,
+    /// `proxy_protocol`: a PROXY header comes first on every connection.
+    proxy_protocol: bool,
 }
 
 impl PlainTcpListener {
@@ -35,6 +37,7 @@ impl PlainTcpListener {
             listener,
             local_addr,
             limits: AdmissionLimits::of(config),
+            proxy_protocol: config.proxy_protocol,
         })
     }
 }
@@ -63,6 +66,7 @@ impl PlainTcpListener {
             name,
             listener,
             limits,
+            proxy_protocol,
             ..
         } = self;
         let admission = Admission::new(limits, &handoff.broker().metrics);
@@ -87,7 +91,11 @@ impl PlainTcpListener {
                 peer,
                 listener: Arc::clone(&name),
             };
-            handoff.spawn(stream, info, slot);
+            if proxy_protocol {
+                handoff.spawn_behind_proxy(stream, info, slot);
+            } else {
+                handoff.spawn(stream, info, slot);
+            }
         }
     }
 }

@@ -484,3 +484,73 @@ async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
     let p = v5::publish_packet("refuse/t", QoS::AtLeastOnce, b"eight", 8);
     assert_eq!(v5::publish(&mut publisher, p).await, ReasonCode::SUCCESS);
 }
+
+/// `mqtt.max_publish_rate`: a client that floods (1,000 QoS 1 PUBLISHes written at once) is
+/// read no faster than its limit (200/s, after a burst of one second's worth) instead of being
+/// cut off or losing anything: within the first second it gets far fewer than 1,000 PUBACKs,
+/// yet in the end every message is acknowledged and delivered (MQTT-4.3.2-2). Meanwhile another
+/// client's round trips on another topic are not held up: all 20 finish while the flooder is
+/// still being throttled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_client_is_throttled_to_its_rate_while_others_keep_going() {
+    let broker = BrokerProcess::spawn("", "max_publish_rate = 200").await;
+    let addr = broker.addr;
+    let mut sink = v5::connect_id(addr, "flood-sink").await;
+    v5::subscribe(&mut sink, "flood/t", QoS::AtLeastOnce).await;
+    let mut calm_sub = v5::connect_id(addr, "calm-sub").await;
+    v5::subscribe(&mut calm_sub, "calm/t", QoS::AtLeastOnce).await;
+
+    let flooder = RawClient::connect(addr, ProtocolVersion::V3_1_1, "flooder", true).await;
+    let (mut read, mut write) = flooder.stream.into_split();
+    let bytes = encoded(&publishes("flood/t", "f", 1000), ProtocolVersion::V3_1_1);
+    let writer = tokio::spawn(async move {
+        let _ = write.write_all(&bytes).await;
+        write
+    });
+    let sink_task =
+        tokio::spawn(async move { draining_subscriber(&mut sink, 1000, WAIT * 3).await.len() });
+    let early = pubacks(
+        &mut read,
+        ProtocolVersion::V3_1_1,
+        1000,
+        Duration::from_secs(1),
+    )
+    .await;
+    println!("PUBACKs in the first second: {}", early.len());
+    assert!(
+        early.len() < 600,
+        "a client limited to 200 PUBLISHes/s (plus a second's burst) got {} acks in 1 s",
+        early.len()
+    );
+
+    // Another client is served as usual while the flooder waits.
+    let mut calm = v5::connect_id(addr, "calm-pub").await;
+    for i in 1..=20u16 {
+        let p = v5::publish_packet("calm/t", QoS::AtLeastOnce, &i.to_be_bytes(), i);
+        assert_eq!(v5::publish(&mut calm, p).await, ReasonCode::SUCCESS);
+        let got = v5::receive(&mut calm_sub).await;
+        v5::ack(&mut calm_sub, &got).await;
+        assert_eq!(got.payload.to_vec(), i.to_be_bytes().to_vec());
+    }
+    let mid = pubacks(
+        &mut read,
+        ProtocolVersion::V3_1_1,
+        1000 - early.len(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let so_far = early.len() + mid.len();
+    assert!(
+        so_far < 1000,
+        "the flooder was still being throttled when the calm client had finished"
+    );
+    let rest = pubacks(&mut read, ProtocolVersion::V3_1_1, 1000 - so_far, WAIT * 3).await;
+    assert_eq!(so_far + rest.len(), 1000, "every PUBLISH acknowledged");
+    assert_eq!(sink_task.await.expect("task"), 1000, "and delivered");
+    let pauses = broker
+        .metric("postbox_publish_rate_pauses_total")
+        .await
+        .unwrap_or(0.0);
+    assert!(pauses >= 1.0, "rate pauses are counted: {pauses}");
+    drop(writer.await);
+}

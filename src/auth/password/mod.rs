@@ -75,6 +75,8 @@ pub struct AuthMetrics {
     pub unknown_user: Counter,
     /// Refused: no user name where anonymous access is off.
     pub anonymous: Counter,
+    /// Refused: a password shaped like a JWT that did not verify (`[auth.jwt]`).
+    pub jwt_refused: Counter,
     /// Accepted after hashing.
     pub success_hashed: Counter,
     /// Accepted from the success cache.
@@ -88,6 +90,7 @@ impl AuthMetrics {
             bad_password: counter!(AUTH_FAILURES, "reason" => "bad_password"),
             unknown_user: counter!(AUTH_FAILURES, "reason" => "unknown_user"),
             anonymous: counter!(AUTH_FAILURES, "reason" => "anonymous"),
+            jwt_refused: counter!(AUTH_FAILURES, "reason" => "jwt"),
             success_hashed: counter!(AUTH_SUCCESSES, "cached" => "false"),
             success_cached: counter!(AUTH_SUCCESSES, "cached" => "true"),
         }

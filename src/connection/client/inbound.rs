@@ -7,13 +7,15 @@
 //! [`SessionHandle::publish`]: crate::broker::SessionHandle::publish
 //! [`SessionHandle::on_pubrel`]: crate::broker::SessionHandle::on_pubrel
 
+use std::time::Instant;
+
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::{refused_reason, Close};
 use super::Client;
 use crate::broker::{MemoryLevel, PublishRefused};
-use crate::codec::{PubResponse, Publish, QoS, ReasonCode};
+use crate::codec::{topic, PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::violation::Violation;
 
@@ -32,6 +34,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             return Err(self.violation(Violation::RetainNotSupported));
         }
         let validate_utf8 = config.validate_utf8_payload;
+        let (max_topic_length, max_topic_levels) =
+            (config.max_topic_length, config.max_topic_levels);
         if let Some(alias) = publish.properties.topic_alias {
             self.resolve_alias(alias, &mut publish)?;
         }
@@ -39,6 +43,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let qos = publish.qos;
         if qos != QoS::AtMostOnce {
             self.check_receive_maximum(qos, packet_id)?;
+        }
+        if topic::exceeds_limits(&publish.topic, max_topic_length, max_topic_levels) {
+            // 3.x has no negative ack: acknowledging would say it was accepted.
+            if !self.version.is_v5() {
+                return Err(self.violation(Violation::TopicOverLimit));
+            }
+            return self.refuse_publish(qos, packet_id, Violation::TopicOverLimit);
         }
         if validate_utf8
             && publish.properties.payload_format_indicator == Some(1)
@@ -54,6 +65,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
             self.pending_inbound += 1;
         }
+        let size = publish.payload.len();
         let published = match self.session.publish(publish) {
             Ok(published) => published,
             Err(error) => return self.refuse_unstored(qos, packet_id, error),
@@ -61,6 +73,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         // Queued (so acknowledged below); the connection reads on only once there is room.
         if published.pressure.is_some() || memory == MemoryLevel::Near {
             self.begin_pause(published.pressure);
+        } else if let Some(rate) = self.rate.as_deref_mut() {
+            let now = Instant::now();
+            if let Some(wait) = rate.take(size, now) {
+                self.begin_rate_pause(wait, now);
+            }
         }
         let answer = published.answer;
         let kind = match qos {

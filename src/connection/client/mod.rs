@@ -10,6 +10,7 @@ mod closing;
 mod inbound;
 mod outbound;
 mod pause;
+mod rate;
 mod reauth;
 mod subscribe;
 
@@ -138,6 +139,9 @@ pub(super) struct Client<S> {
     arrival: Arc<ArrivalWaker>,
     /// Set while back-pressure pauses this publisher (`pause`); boxed, rare.
     pause: Option<Box<pause::Pause>>,
+    /// The publish rate bucket, when `mqtt.max_publish_rate` / `max_publish_bytes_rate` set
+    /// a limit (see `rate`); boxed, none by default.
+    rate: Option<Box<rate::RateBucket>>,
 }
 
 /// Stop reading from a client while this many of its writes wait for the store: bounds the
@@ -204,6 +208,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             publish_waits: false,
             arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),
             pause: None,
+            rate: rate::RateBucket::new(
+                config.max_publish_rate,
+                config.max_publish_bytes_rate,
+                Instant::now(),
+            )
+            .map(Box::new),
         }
     }
 

@@ -5,7 +5,8 @@
 //!
 //! A pause ends when the session it waits for has drained to half its bounds, stalled
 //! (`mqtt.stalled_after`), gone offline or ended; a memory pause when usage is under the resume
-//! mark or `stalled_after` has passed. The connection waits on the broker's one flow-control
+//! mark or `stalled_after` has passed; a rate pause (the client's own `mqtt.max_publish_rate`,
+//! see `rate`) when its bucket is back to zero, on a timer of its own. The connection waits on the broker's one flow-control
 //! notification and re-checks under the target's lock only when woken, by a draining session
 //! or by the keep-alive sweep at the deadline it reported.
 
@@ -24,22 +25,41 @@ use crate::connection::partial::partial_packet_bytes;
 /// The Reason String of refusals over the memory budget.
 pub(super) const OVER_BUDGET: &str = "the broker is over its memory budget (mqtt.max_memory)";
 
+/// What a pause waits for.
+enum PauseFor {
+    /// A session filled past its bound to drain (or stall, or go).
+    Session(Arc<Session>),
+    /// The broker's memory use to fall under the resume mark.
+    Memory,
+    /// The client's own publish rate bucket to refill (`rate`).
+    Rate,
+}
+
+/// How a paused connection is woken to re-check.
+enum PauseWake {
+    /// The broker's next flow-control wake-up (see `FlowControl::room`).
+    Room(Pin<Box<OwnedNotified>>),
+    /// The moment its rate bucket is back to zero.
+    Timer(Pin<Box<tokio::time::Sleep>>),
+}
+
 /// A paused publisher's state; boxed in the client, which holds it only while paused.
 pub(super) struct Pause {
-    /// The session it waits for; `None`: the memory budget.
-    target: Option<Arc<Session>>,
+    target: PauseFor,
     since: Instant,
-    /// Resolves on the broker's next flow-control wake-up (see `FlowControl::room`).
-    room: Pin<Box<OwnedNotified>>,
+    wake: PauseWake,
     /// When to re-check without a wake-up, in broker clock milliseconds: the target's stall
     /// deadline, or the end of a memory pause. Reported to the keep-alive sweep.
     pub(super) deadline_ms: u64,
 }
 
 impl Pause {
-    /// True once the flow-control notification fired.
+    /// True once the wake-up it waits for fired.
     pub(super) fn poll_room(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        self.room.as_mut().poll(cx).is_ready()
+        match &mut self.wake {
+            PauseWake::Room(room) => room.as_mut().poll(cx).is_ready(),
+            PauseWake::Timer(timer) => timer.as_mut().poll(cx).is_ready(),
+        }
     }
 }
 
@@ -58,15 +78,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// memory budget. The input already read stays in the buffer, unhandled, until the pause
     /// ends ([`Client::pause_over`]).
     pub(super) fn begin_pause(&mut self, target: Option<Arc<Session>>) {
-        let now = Instant::now();
-        let flow = self.broker().flow();
-        flow.pause_started();
-        let room = Box::pin(Arc::clone(flow.room()).notified_owned());
+        let room = Box::pin(Arc::clone(self.broker().flow().room()).notified_owned());
+        let target = match target {
+            Some(session) => PauseFor::Session(session),
+            None => PauseFor::Memory,
+        };
+        self.start_pause(target, PauseWake::Room(room), Instant::now());
+    }
+
+    /// Stops reading for `wait`: the client published faster than `mqtt.max_publish_rate` /
+    /// `mqtt.max_publish_bytes_rate` allow (see `rate`).
+    pub(super) fn begin_rate_pause(&mut self, wait: std::time::Duration, now: Instant) {
+        self.broker().metrics.publish_rate_pauses.increment(1);
+        let timer = Box::pin(tokio::time::sleep_until((now + wait).into()));
+        self.start_pause(PauseFor::Rate, PauseWake::Timer(timer), now);
+    }
+
+    fn start_pause(&mut self, target: PauseFor, wake: PauseWake, now: Instant) {
+        self.broker().flow().pause_started();
         self.pause = Some(Box::new(Pause {
             target,
             since: now,
-            room,
-            deadline_ms: 0,
+            wake,
+            deadline_ms: u64::MAX,
         }));
         // Checked at once: the target may have drained meanwhile; this also sets the deadline.
         if self.pause_over(now) {
@@ -94,10 +128,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             return true;
         };
         let flow = broker.flow();
-        pause.room = Box::pin(Arc::clone(flow.room()).notified_owned());
+        if let PauseWake::Room(room) = &mut pause.wake {
+            *room = Box::pin(Arc::clone(flow.room()).notified_owned());
+        }
         let verdict = match &pause.target {
-            Some(target) => self.session.may_resume(target, now),
-            None => {
+            PauseFor::Session(target) => self.session.may_resume(target, now),
+            PauseFor::Rate => match self.rate.as_deref_mut().and_then(|r| r.wait_at(now)) {
+                None => Ok(()),
+                Some(wait) => {
+                    if let PauseWake::Timer(timer) = &mut pause.wake {
+                        timer.as_mut().reset((now + wait).into());
+                    }
+                    // The timer wakes it; the sweep need not.
+                    Err(u64::MAX)
+                }
+            },
+            PauseFor::Memory => {
                 let used = memory_used();
                 let until = broker.clock_ms(pause.since) + flow.stalled_after_ms;
                 if flow.memory_resumes(used) || broker.clock_ms(now) >= until {

@@ -28,6 +28,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             config.subscription_identifier_available,
             config.shared_subscription_available,
         );
+        let (max_topic_length, max_topic_levels, max_subscriptions) = (
+            config.max_topic_length,
+            config.max_topic_levels,
+            config.max_subscriptions_per_client,
+        );
         let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
         let mut reason_codes = Vec::with_capacity(subscribe.filters.len());
         let mut retained: SmallVec<[(ByteString, SubscriptionOptions); 4]> = SmallVec::new();
@@ -46,6 +51,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             } else if matches!(shared, Some(Err(()))) || !topic::is_valid_filter(&filter) {
                 // 3.x: 0x80 (MQTT-3.8.4-5 style failure)
                 Some((ReasonCode::TOPIC_FILTER_INVALID, "invalid topic filter"))
+            } else if topic::exceeds_limits(&filter, max_topic_length, max_topic_levels) {
+                // v5: "correctly formed but not allowed" (0x8F); 3.x: 0x80.
+                Some((
+                    ReasonCode::TOPIC_FILTER_INVALID,
+                    "topic filter over mqtt.max_topic_length or max_topic_levels",
+                ))
+            } else if !self
+                .session
+                .may_add_subscription(&filter, max_subscriptions)
+            {
+                Some((
+                    ReasonCode::QUOTA_EXCEEDED,
+                    "mqtt.max_subscriptions_per_client reached",
+                ))
             } else if shared.is_some() && !shared_ok {
                 Some((
                     ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,

@@ -110,6 +110,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             l.anonymous_allowed(&info.listener)
         }),
         password_file: logins.is_some_and(|l| l.passwords().is_some()),
+        jwt: logins.is_some_and(|l| l.jwt().is_some()),
         authenticators: broker.authenticators(),
     };
     let admitted = match admission::admit(&connect, &policy) {
@@ -124,12 +125,49 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return reject(io, version, code, Some((why, &connect))).await;
         }
     };
+    // A JWT as password (`[auth.jwt]`): its claim is the user name from here on, and the
+    // password file is not asked. A password that is not shaped like a token goes on to it.
+    let mut connect = connect;
+    let mut token_checked = false;
+    if let (Some(jwt), Some(password), None) = (
+        logins.and_then(|l| l.jwt()),
+        connect.password.as_deref(),
+        &admitted.auth_method,
+    ) {
+        if auth::jwt::looks_like_jwt(password) {
+            let verdict = std::str::from_utf8(password)
+                .map_err(|_| auth::jwt::JwtError::NotAToken)
+                .and_then(|token| jwt.verify(token));
+            let refusal = match verdict {
+                Ok(ok) => match connect.username.as_deref() {
+                    Some(user) if user != ok.username => Some("user name does not match the token"),
+                    _ => {
+                        connect.username = Some(ok.username.as_str().into());
+                        None
+                    }
+                },
+                Err(error) => {
+                    tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, %error, "authentication failed: JWT");
+                    Some("bad user name or password")
+                }
+            };
+            if let Some(why) = refusal {
+                if let Some(logins) = logins {
+                    logins.metrics().jwt_refused.increment(1);
+                }
+                let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
+                return reject(io, version, code, Some((why, &connect))).await;
+            }
+            token_checked = true;
+        }
+    }
     // The password file, for a client that sent a user name and no enhanced authentication
     // method (that method then decides). Within the handshake's deadline, like everything.
-    if let (Some(store), Some(user), None) = (
+    if let (Some(store), Some(user), None, false) = (
         logins.and_then(|l| l.passwords()),
         connect.username.as_deref(),
         &admitted.auth_method,
+        token_checked,
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
         match tokio::time::timeout_at(deadline, store.verify(user, password, deadline)).await {

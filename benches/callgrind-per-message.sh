@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Instructions the broker executes for a fixed workload, counted by callgrind: repeatable
+# (about 1% between runs) where seconds on a shared 2-core machine drift by 25%. Compare two
+# binaries with the same arguments; divide the totals by the messages (200,000).
+# usage: BENCH=target/release/postbox-bench [OUT=dir] benches/callgrind-per-message.sh BINARY LABEL SCENARIO QOS
+#   SCENARIO: p2p | fan-in | fan-out;  QOS: 0 | 1 | 2
+# Prints the generator's delivery line and callgrind's instruction total.
+set -euo pipefail
+bin=$1 label=$2 scen=$3 qos=$4
+port=$("${BENCH:?set BENCH to a postbox-bench binary}" free-port)
+conf="${OUT:-/tmp}"/$label-$scen-q$qos.toml
+cat > "$conf" <<EOC
+[listener]
+bind = "127.0.0.1:$port"
+[metrics]
+enabled = false
+[mqtt]
+max_queued_messages = 1000000
+max_inflight_messages = 100
+EOC
+out="${OUT:-/tmp}"/$label-$scen-q$qos.out
+valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$conf" > "${OUT:-/tmp}"/$label-$scen-q$qos.log 2>&1 &
+pid=$!
+"${BENCH:?set BENCH to a postbox-bench binary}" wait-port 127.0.0.1:$port --timeout 60
+case $scen in
+  p2p) args="--pairs 10 --messages 20000" ;;
+  fan-in) args="--publishers 10 --messages 20000" ;;
+  fan-out) args="--subscribers 10 --messages 20000" ;;
+esac
+"${BENCH:?set BENCH to a postbox-bench binary}" run $scen --host 127.0.0.1:$port --qos $qos $args --timeout 300 --idle 20 > "${OUT:-/tmp}"/$label-$scen-q$qos.bench 2>&1 || true
+kill -TERM $pid; wait $pid || true
+grep delivered "${OUT:-/tmp}"/$label-$scen-q$qos.bench
+grep -h "^summary\|^totals" "$out" | head -2

@@ -1,0 +1,166 @@
+//! JWT as password (`[auth.jwt]`, issue 13) through the real `postbox` binary. Tokens are
+//! made here with the `openssl` command line (not with the broker's library), signed with the
+//! development keys in `certs/jwt/`. A valid token lets a real client (`mosquitto_pub`, and a
+//! raw MQTT 5 client) in under the token's user name; an expired one, one signed by another
+//! key and one whose user name disagrees with the CONNECT's are refused with 0x86 Bad User
+//! Name or Password (3.1.1: return code 4), MQTT-3.1.4-2 and v5 §3.2.2.2.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
+
+use crate::common;
+use common::async_process::BrokerProcess;
+use common::mosquitto::MosquittoSub;
+use common::{v5, RawClient};
+
+fn jwt_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("certs/jwt")
+}
+
+fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(data)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// An RS256 token for `claims`, signed by `openssl dgst -sha256 -sign KEY`.
+fn rs256(key: &Path, claims: &str) -> String {
+    let signing_input = format!(
+        "{}.{}",
+        b64(br#"{"alg":"RS256","typ":"JWT"}"#),
+        b64(claims.as_bytes())
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("input");
+    std::fs::write(&input, &signing_input).expect("write");
+    let out = Command::new("openssl")
+        .args(["dgst", "-sha256", "-sign"])
+        .arg(key)
+        .arg(&input)
+        .output()
+        .expect("openssl is installed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!("{signing_input}.{}", b64(&out.stdout))
+}
+
+/// A broker that refuses anonymous clients and takes tokens signed by the dev RSA key.
+async fn broker() -> BrokerProcess {
+    let key = jwt_dir().join("rsa.pub");
+    BrokerProcess::spawn(
+        "",
+        &format!(
+            "\n[auth]\nallow_anonymous = false\n[auth.jwt]\npublic_key = {key:?}\nleeway = 0\n"
+        ),
+    )
+    .await
+}
+
+async fn connack_v5(broker: &BrokerProcess, user: Option<&str>, password: &str) -> ReasonCode {
+    let mut connect = v5::connect_packet("device");
+    connect.username = user.map(Into::into);
+    connect.password = Some(password.as_bytes().to_vec().into());
+    match v5::open(broker.addr, connect).await {
+        (_, Some(Packet::ConnAck(ack))) => ack.reason_code,
+        (_, other) => panic!("expected CONNACK, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valid_token_logs_in_under_its_subject() {
+    let broker = broker().await;
+    let token = rs256(
+        &jwt_dir().join("rsa.key"),
+        &format!(r#"{{"sub":"sensor1","exp":{}}}"#, now() + 300),
+    );
+    // No user name needed: the token names its user.
+    assert_eq!(connack_v5(&broker, None, &token).await, ReasonCode::SUCCESS);
+    assert_eq!(
+        connack_v5(&broker, Some("sensor1"), &token).await,
+        ReasonCode::SUCCESS
+    );
+    // A real client, with the token as its password, publishes to a subscriber.
+    let mut sub = MosquittoSub::spawn(
+        broker.addr.port(),
+        &[
+            "-t", "t/jwt", "-q", "1", "-u", "sensor1", "-P", &token, "-i", "sub",
+        ],
+    );
+    sub.wait_for("SUBACK").await;
+    common::mosquitto::mosquitto_pub(
+        broker.addr.port(),
+        &[
+            "-t", "t/jwt", "-q", "1", "-m", "signed", "-P", &token, "-u", "sensor1",
+        ],
+    )
+    .await;
+    sub.wait_for("signed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_foreign_and_mismatched_tokens_are_refused() {
+    let broker = broker().await;
+    let key = jwt_dir().join("rsa.key");
+    let expired = rs256(&key, &format!(r#"{{"sub":"s1","exp":{}}}"#, now() - 10));
+    assert_eq!(
+        connack_v5(&broker, None, &expired).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    // Signed by a key the broker does not trust.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = dir.path().join("other.key");
+    let status = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&other)
+        .output()
+        .expect("openssl");
+    assert!(status.status.success());
+    let foreign = rs256(&other, &format!(r#"{{"sub":"s1","exp":{}}}"#, now() + 300));
+    assert_eq!(
+        connack_v5(&broker, None, &foreign).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    // A token for s1 presented as s2.
+    let good = rs256(&key, &format!(r#"{{"sub":"s1","exp":{}}}"#, now() + 300));
+    assert_eq!(
+        connack_v5(&broker, Some("s2"), &good).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+    // 3.1.1: return code 4 (bad user name or password), which the codec reads as its v5
+    // equivalent 0x86.
+    let mut old = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+    let mut connect = v5::connect_packet("old");
+    connect.protocol = ProtocolVersion::V3_1_1;
+    connect.username = Some("s1".into());
+    connect.password = Some(expired.as_bytes().to_vec().into());
+    old.send(&Packet::Connect(Box::new(connect))).await;
+    match old.recv().await {
+        Some(Packet::ConnAck(ack)) => {
+            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        }
+        other => panic!("expected CONNACK 4, got {other:?}"),
+    }
+    let refused = broker
+        .metric("postbox_auth_failures_total{reason=\"jwt\"}")
+        .await;
+    assert_eq!(refused, Some(4.0));
+}

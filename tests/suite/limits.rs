@@ -1,0 +1,152 @@
+//! The broker's own limits on what one client may ask for (issue 13, "Limits"): topic length
+//! and levels (`mqtt.max_topic_length`, `max_topic_levels`) and subscriptions per client
+//! (`mqtt.max_subscriptions_per_client`). Each refusal uses the code MQTT 5 has for "correctly
+//! formed, but not accepted" and closes nothing it need not.
+
+use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
+
+use crate::common;
+use common::async_process::BrokerProcess;
+use common::{v5, RawClient};
+
+fn options(qos: QoS) -> SubscriptionOptions {
+    SubscriptionOptions {
+        qos,
+        ..Default::default()
+    }
+}
+
+/// A topic of `levels` levels.
+fn deep(levels: usize) -> String {
+    vec!["l"; levels].join("/")
+}
+
+/// PUBLISH over `max_topic_levels` / `max_topic_length`: v5 QoS 1 gets PUBACK 0x90 Topic Name
+/// invalid ("correctly formed, but not accepted", v5 §3.4.2.1) and stays connected; v5 QoS 0
+/// has no ack and gets DISCONNECT 0x90; 3.1.1 has no negative ack and is closed without a
+/// PUBACK. Nothing refused reaches a subscriber. One level under the limit passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_over_the_topic_limits_is_refused_with_0x90() {
+    let broker = BrokerProcess::spawn("", "max_topic_levels = 8\nmax_topic_length = 40").await;
+    let mut sub = v5::connect_id(broker.addr, "watcher").await;
+    v5::subscribe(&mut sub, "#", QoS::AtLeastOnce).await;
+    let mut c = v5::connect_id(broker.addr, "deep-publisher").await;
+    let code = v5::publish(
+        &mut c,
+        v5::publish_packet(&deep(9), QoS::AtLeastOnce, b"x", 1),
+    )
+    .await;
+    assert_eq!(code, ReasonCode::TOPIC_NAME_INVALID, "9 levels over 8");
+    let long = "a".repeat(41);
+    let code = v5::publish(&mut c, v5::publish_packet(&long, QoS::AtLeastOnce, b"x", 2)).await;
+    assert_eq!(code, ReasonCode::TOPIC_NAME_INVALID, "41 bytes over 40");
+    let code = v5::publish(
+        &mut c,
+        v5::publish_packet(&deep(8), QoS::AtLeastOnce, b"ok", 3),
+    )
+    .await;
+    assert_eq!(code, ReasonCode::SUCCESS, "8 levels are allowed");
+    let got = v5::receive(&mut sub).await;
+    assert_eq!(&got.payload[..], b"ok", "only the accepted message arrives");
+
+    c.send(&Packet::Publish(v5::publish_packet(
+        &deep(9),
+        QoS::AtMostOnce,
+        b"x",
+        0,
+    )))
+    .await;
+    v5::expect_disconnect(&mut c, ReasonCode::TOPIC_NAME_INVALID).await;
+
+    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old", true).await;
+    old.send(&Packet::Publish(v5::publish_packet(
+        &deep(9),
+        QoS::AtLeastOnce,
+        b"x",
+        9,
+    )))
+    .await;
+    let seen = old.expect_close().await;
+    assert!(
+        !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
+        "no PUBACK for a refused 3.1.1 PUBLISH: {seen:?}"
+    );
+}
+
+/// A SUBSCRIBE filter over the limits gets 0x8F Topic Filter invalid for that filter only
+/// (v5 §3.9.3; 3.1.1 0x80 Failure, MQTT-3.9.3-2), and the connection stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_over_the_topic_limits_gets_0x8f_and_3x_0x80() {
+    let broker = BrokerProcess::spawn("", "max_topic_levels = 4").await;
+    let mut c = v5::connect_id(broker.addr, "deep-subscriber").await;
+    let ack = v5::subscribe_with(&mut c, "a/b/c/d/#", options(QoS::AtLeastOnce), None).await;
+    assert_eq!(ack.reason_codes, vec![ReasonCode::TOPIC_FILTER_INVALID]);
+    let ack = v5::subscribe_with(&mut c, "a/b/c/#", options(QoS::AtLeastOnce), None).await;
+    assert_eq!(ack.reason_codes, vec![ReasonCode::GRANTED_QOS_1]);
+
+    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old-sub", true).await;
+    old.send(&Packet::Subscribe(postbox::codec::Subscribe {
+        packet_id: 5,
+        filters: vec![("a/b/c/d/e".into(), options(QoS::AtMostOnce))],
+        ..Default::default()
+    }))
+    .await;
+    match old.recv().await {
+        Some(Packet::SubAck(ack)) => assert_eq!(ack.reason_codes, vec![ReasonCode(0x80)]),
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+}
+
+/// `max_subscriptions_per_client = 2`: a third filter gets 0x97 Quota exceeded; subscribing
+/// again to a filter held replaces it (MQTT-3.8.4-3) and is granted; after an UNSUBSCRIBE
+/// there is room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_beyond_the_per_client_limit_get_quota_exceeded() {
+    let broker = BrokerProcess::spawn("", "max_subscriptions_per_client = 2").await;
+    let mut c = v5::connect_id(broker.addr, "collector").await;
+    v5::subscribe(&mut c, "one", QoS::AtLeastOnce).await;
+    v5::subscribe(&mut c, "two", QoS::AtLeastOnce).await;
+    let ack = v5::subscribe_with(&mut c, "three", options(QoS::AtLeastOnce), None).await;
+    assert_eq!(ack.reason_codes, vec![ReasonCode::QUOTA_EXCEEDED]);
+    let ack = v5::subscribe_with(&mut c, "two", options(QoS::AtMostOnce), None).await;
+    assert_eq!(
+        ack.reason_codes,
+        vec![ReasonCode::GRANTED_QOS_0],
+        "a replacement fits"
+    );
+    c.send(&Packet::Unsubscribe(postbox::codec::Unsubscribe {
+        packet_id: 9,
+        filters: vec!["one".into()],
+        ..Default::default()
+    }))
+    .await;
+    loop {
+        match c.recv().await {
+            Some(Packet::UnsubAck(_)) => break,
+            Some(_) => {}
+            None => panic!("closed before UNSUBACK"),
+        }
+    }
+    let ack = v5::subscribe_with(&mut c, "three", options(QoS::AtLeastOnce), None).await;
+    assert_eq!(ack.reason_codes, vec![ReasonCode::GRANTED_QOS_1]);
+}
+
+/// A will whose topic is over the limits is refused at CONNECT with 0x90 (v5 §3.2.2.2: "The
+/// Will Topic is correctly formed, but is not accepted").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_over_the_topic_limits_is_refused_at_connect() {
+    let broker = BrokerProcess::spawn("", "max_topic_levels = 3").await;
+    let mut connect = v5::connect_packet("deep-will");
+    connect.will = Some(postbox::codec::LastWill {
+        topic: deep(4).into(),
+        payload: b"bye".to_vec().into(),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: Default::default(),
+    });
+    let (_c, first) = v5::open(broker.addr, connect).await;
+    match first {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::TOPIC_NAME_INVALID),
+        other => panic!("expected CONNACK 0x90, got {other:?}"),
+    }
+}
