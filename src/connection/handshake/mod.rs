@@ -190,17 +190,17 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         token_checked,
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
-        match tokio::time::timeout_at(deadline, store.verify(user, password)).await {
+        match tokio::time::timeout_at(deadline, store.verify(user, password, deadline)).await {
             Ok(password::Verdict::Ok) => {}
+            Ok(password::Verdict::NoTime) | Err(_) => {
+                connect_timed_out(broker, info, io.rbuf.len());
+                return None;
+            }
             Ok(verdict) => {
                 tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, user, reason = verdict.reason(), "authentication failed");
                 let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
                 let why = "bad user name or password";
                 return reject(io, version, code, Some((why, &connect))).await;
-            }
-            Err(_elapsed) => {
-                connect_timed_out(broker, info, io.rbuf.len());
-                return None;
             }
         }
     }
