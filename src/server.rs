@@ -179,6 +179,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             })?;
         bound.push(l);
     }
+    let tls_reloaders: Vec<_> = bound.iter().filter_map(|l| l.reloader()).collect();
     let listeners: Vec<BoundListener> = bound
         .iter()
         .map(|l| BoundListener {
@@ -231,6 +232,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     }
     if let Some(store) = passwords {
         reloaders.register(store);
+    }
+    for part in tls_reloaders {
+        reloaders.register(part);
     }
     if let Some(acl) = acl {
         reloaders.register(acl);

@@ -10,6 +10,7 @@ pub mod admission;
 pub mod fd_table;
 pub mod proxy;
 mod tcp;
+mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,11 +22,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::Broker;
-use crate::config::ListenerConfig;
+use crate::config::{ListenerConfig, ListenerKind};
 use crate::connection;
 
 pub use admission::{Admission, AdmissionLimits, ConnectedSlot, HandshakeSlot, Refused};
 pub use tcp::PlainTcpListener;
+pub use tls::{build_server_config, TlsListener, TlsState};
 
 /// What the transport knows about a connection, handed to the connection (and its handshake,
 /// so authentication can use it).
@@ -39,6 +41,26 @@ pub struct ConnectionInfo {
     pub peer: SocketAddr,
     /// Name of the listener the connection came through (`[[listener]] name`).
     pub listener: Arc<str>,
+    /// What a TLS listener learnt (`None` on plain TCP). One pointer, so `ConnectionInfo`,
+    /// which every connection keeps for its life, grows by 8 B only.
+    pub tls: Option<Arc<TlsPeer>>,
+}
+
+/// What the TLS handshake established about the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPeer {
+    /// The identity (CN or SAN, per `tls.identity`) of the client's verified certificate.
+    pub identity: Option<Arc<str>>,
+    /// `tls.use_identity_as_username`: the MQTT handshake takes `identity` as the user name,
+    /// ignoring CONNECT's, and refuses a client without one.
+    pub identity_as_username: bool,
+}
+
+impl ConnectionInfo {
+    /// The verified TLS client identity, if any (for authorisation rules).
+    pub fn tls_identity(&self) -> Option<&Arc<str>> {
+        self.tls.as_ref().and_then(|tls| tls.identity.as_ref())
+    }
 }
 
 /// Everything a listener needs to hand an accepted stream to the broker: one per server,
@@ -112,6 +134,27 @@ impl Handoff {
         });
     }
 
+    /// Like [`Handoff::spawn`], but the connection task first runs `upgrade` (a TLS
+    /// handshake) and serves the stream it yields; `None` closes the socket. Shutdown
+    /// abandons a pending upgrade.
+    pub fn spawn_upgraded<F, S>(&self, upgrade: F, slot: HandshakeSlot)
+    where
+        F: Future<Output = Option<(S, ConnectionInfo)>> + Send + 'static,
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let broker = Arc::clone(&self.broker);
+        let shutdown = self.shutdown.clone();
+        self.connections.spawn(async move {
+            let upgraded = tokio::select! {
+                upgraded = upgrade => upgraded,
+                () = shutdown.cancelled() => None,
+            };
+            if let Some((stream, info)) = upgraded {
+                connection::serve(stream, info, broker, shutdown, slot).await;
+            }
+        });
+    }
+
     /// The broker connections are handed to (its metrics, for the listener's counts).
     pub fn broker(&self) -> &Arc<Broker> {
         &self.broker
@@ -133,6 +176,11 @@ pub trait Listener: Send {
     /// closes its socket. Connections already handed over are not its business any more: the
     /// server stops those.
     fn run(self: Box<Self>, handoff: Handoff, stop: CancellationToken) -> ListenerTask;
+
+    /// What SIGHUP should re-read for this listener (a TLS listener's certificates).
+    fn reloader(&self) -> Option<Arc<dyn crate::reload::Reload>> {
+        None
+    }
 }
 
 /// Binds the listener `config` describes, named `name`. Binding is synchronous so a start-up
@@ -143,5 +191,11 @@ pub trait Listener: Send {
 /// The OS error when the address cannot be bound (in use, no permission) or the socket
 /// options cannot be set.
 pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
-    Ok(Box::new(PlainTcpListener::bind(name, config)?))
+    Ok(match config.kind {
+        ListenerKind::Tls => Box::new(TlsListener::bind(name, config)?),
+        // Validation refuses `ws`/`wss` until they are served.
+        ListenerKind::Tcp | ListenerKind::Ws | ListenerKind::Wss => {
+            Box::new(PlainTcpListener::bind(name, config)?)
+        }
+    })
 }

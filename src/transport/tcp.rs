@@ -42,6 +42,13 @@ impl PlainTcpListener {
     }
 }
 
+impl PlainTcpListener {
+    /// The bound socket and what the accept loop needs, for listeners built on this one (TLS).
+    pub(super) fn into_parts(self) -> (Arc<str>, tokio::net::TcpListener, AdmissionLimits) {
+        (self.name, self.listener, self.limits)
+    }
+}
+
 impl Listener for PlainTcpListener {
     fn name(&self) -> &Arc<str> {
         &self.name
@@ -90,6 +97,7 @@ impl PlainTcpListener {
             let info = ConnectionInfo {
                 peer,
                 listener: Arc::clone(&name),
+                tls: None,
             };
             if proxy_protocol {
                 handoff.spawn_behind_proxy(stream, info, slot);

@@ -39,6 +39,7 @@ mod pending_connections;
 mod proxy_protocol;
 mod recovery;
 mod scram;
+mod tls;
 mod v5_auth;
 mod v5_capabilities;
 mod v5_expiry;

@@ -104,6 +104,27 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
 
     let version = connect.protocol;
     let logins = broker.logins();
+    let mut connect = connect;
+    if let Some(tls) = info.tls.as_deref().filter(|tls| tls.identity_as_username) {
+        // `tls.use_identity_as_username` (Mosquitto's): the certificate names the user, the
+        // CONNECT's user name is ignored; without a certificate the client is not
+        // authorized (0x87, 3.1.1: 0x05). MQTT 5.0 §5.4.9 / 3.1.1 §5.4.9: a TLS client
+        // certificate may serve to authenticate the client.
+        match &tls.identity {
+            Some(identity) => connect.username = Some(ByteString::from(&**identity)),
+            None => {
+                let why = "no client certificate to take the user name from";
+                return reject(
+                    io,
+                    version,
+                    ReasonCode::NOT_AUTHORIZED,
+                    Some((why, &connect)),
+                )
+                .await;
+            }
+        }
+        tracing::info!(%peer, username = ?connect.username, "user name from the TLS certificate");
+    }
     let policy = Policy {
         config: broker.config(),
         allow_anonymous: logins.map_or(broker.allow_anonymous(), |l| {
@@ -127,7 +148,6 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
     // A JWT as password (`[auth.jwt]`): its claim is the user name from here on, and the
     // password file is not asked. A password that is not shaped like a token goes on to it.
-    let mut connect = connect;
     let mut token_checked = false;
     if let (Some(jwt), Some(password), None) = (
         logins.and_then(|l| l.jwt()),
@@ -170,17 +190,17 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         token_checked,
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
-        match tokio::time::timeout_at(deadline, store.verify(user, password)).await {
+        match tokio::time::timeout_at(deadline, store.verify(user, password, deadline)).await {
             Ok(password::Verdict::Ok) => {}
+            Ok(password::Verdict::NoTime) | Err(_) => {
+                connect_timed_out(broker, info, io.rbuf.len());
+                return None;
+            }
             Ok(verdict) => {
                 tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, user, reason = verdict.reason(), "authentication failed");
                 let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
                 let why = "bad user name or password";
                 return reject(io, version, code, Some((why, &connect))).await;
-            }
-            Err(_elapsed) => {
-                connect_timed_out(broker, info, io.rbuf.len());
-                return None;
             }
         }
     }

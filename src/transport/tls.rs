@@ -1,0 +1,478 @@
+//! TLS listener (`kind = "tls"`): MQTT over TLS 1.2/1.3, optionally with client certificates.
+//!
+//! The accept loop only accepts; the TLS handshake runs in the connection's own task, bounded
+//! by `mqtt.connect_timeout`, so a slow or silent client cannot hold up the accepts of others.
+//! A failed handshake (plaintext on the TLS port, an unknown client certificate) closes that
+//! socket alone, is logged with the peer address and counted in
+//! `postbox_tls_handshake_failures_total{listener,reason}`.
+//!
+//! The server configuration sits in an [`ArcSwap`]: a reload (SIGHUP, or a changed file
+//! modification time seen by the 5 s poll) builds a new one from the files and swaps it in, so
+//! new connections get the new certificate while established ones keep theirs. A bad file
+//! keeps the old configuration and logs why.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::Admission;
+use super::{ConnectionInfo, Handoff, Listener, ListenerTask, PlainTcpListener, TlsPeer};
+use crate::config::{ClientCertMode, ListenerConfig, TlsConfig, TlsIdentity};
+use crate::reload::Reload;
+
+/// How often the certificate files' modification times are compared (one `stat` per file).
+const WATCH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The protocol name offered by ALPN (IANA registry: `mqtt`).
+const ALPN_MQTT: &[u8] = b"mqtt";
+
+/// A bound TLS listener: a TCP socket plus the swappable TLS configuration.
+#[derive(Debug)]
+pub struct TlsListener {
+    tcp: PlainTcpListener,
+    state: Arc<TlsState>,
+}
+
+/// The files of one TLS listener and the configuration built from them; the [`Reload`] of
+/// that listener.
+#[derive(Debug)]
+pub struct TlsState {
+    listener: Arc<str>,
+    files: TlsConfig,
+    current: ArcSwap<ServerConfig>,
+    mtimes: parking_lot::Mutex<Vec<Option<SystemTime>>>,
+}
+
+impl TlsListener {
+    /// Binds `config.bind` and loads the certificate files.
+    ///
+    /// # Errors
+    ///
+    /// The OS error when the address cannot be bound, or an `InvalidData` error naming the
+    /// file that cannot be read or used.
+    pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<TlsListener> {
+        let files = config.tls.clone().unwrap_or_default();
+        let server = build_server_config(&files).map_err(std::io::Error::other)?;
+        let state = Arc::new(TlsState {
+            listener: Arc::clone(&name),
+            mtimes: parking_lot::Mutex::new(mtimes(&files)),
+            files,
+            current: ArcSwap::from_pointee(server),
+        });
+        let tcp = PlainTcpListener::bind(name, config)?;
+        Ok(TlsListener { tcp, state })
+    }
+}
+
+impl Listener for TlsListener {
+    fn name(&self) -> &Arc<str> {
+        self.tcp.name()
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.tcp.local_addr()
+    }
+
+    fn reloader(&self) -> Option<Arc<dyn Reload>> {
+        Some(Arc::clone(&self.state) as Arc<dyn Reload>)
+    }
+
+    fn run(self: Box<Self>, handoff: Handoff, stop: CancellationToken) -> ListenerTask {
+        Box::pin(self.accept_loop(handoff, stop))
+    }
+}
+
+impl TlsListener {
+    /// Accepts until `stop`; each socket's TLS handshake runs in its connection task.
+    async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
+        let TlsListener { tcp, state } = self;
+        let (name, listener, limits) = tcp.into_parts();
+        let admission = Admission::new(limits, &handoff.broker().metrics);
+        let timeout =
+            Duration::from_secs(u64::from(handoff.broker().config().connect_timeout.max(1)));
+        tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = stop.cancelled() => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(listener = %name, %error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let slot = admission.arrive(peer.ip());
+            let _ = stream.set_nodelay(true);
+            let acceptor = TlsAcceptor::from(state.current.load_full());
+            let upgrade = handshake(
+                acceptor,
+                stream,
+                peer,
+                Arc::clone(&name),
+                state.files.clone_identity(),
+                timeout,
+            );
+            handoff.spawn_upgraded(upgrade, slot);
+        }
+    }
+}
+
+/// What the connection needs from the listener's identity settings.
+#[derive(Debug, Clone, Copy)]
+struct IdentityRule {
+    identity: TlsIdentity,
+    as_username: bool,
+}
+
+impl TlsConfig {
+    fn clone_identity(&self) -> IdentityRule {
+        IdentityRule {
+            identity: self.identity,
+            as_username: self.use_identity_as_username,
+        }
+    }
+}
+
+/// Runs the TLS handshake of one socket within `timeout`; `None` (socket closed) on failure.
+async fn handshake(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: Arc<str>,
+    rule: IdentityRule,
+    timeout: Duration,
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, ConnectionInfo)> {
+    let reason = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => {
+            let identity = match rule.identity {
+                TlsIdentity::None => None,
+                identity => tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| identity_of(leaf, identity))
+                    .map(Arc::<str>::from),
+            };
+            tracing::debug!(%peer, %listener, identity = ?identity, "TLS handshake done");
+            let info = ConnectionInfo {
+                peer,
+                listener,
+                tls: Some(Arc::new(TlsPeer {
+                    identity,
+                    identity_as_username: rule.as_username,
+                })),
+            };
+            return Some((tls, info));
+        }
+        Ok(Err(error)) => {
+            let reason = failure_reason(&error);
+            tracing::info!(%peer, %listener, %error, reason, "TLS handshake failed");
+            reason
+        }
+        Err(_) => {
+            tracing::info!(%peer, %listener, "TLS handshake timed out (mqtt.connect_timeout)");
+            "timeout"
+        }
+    };
+    metrics::counter!(
+        "postbox_tls_handshake_failures_total",
+        "listener" => listener.to_string(),
+        "reason" => reason,
+    )
+    .increment(1);
+    None
+}
+
+/// A short label for the metric: what kind of failure the handshake error was.
+fn failure_reason(error: &std::io::Error) -> &'static str {
+    match error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) => {
+            "certificate"
+        }
+        Some(rustls::Error::NoApplicationProtocol) => "alpn",
+        Some(_) => "protocol",
+        None => "io",
+    }
+}
+
+impl Reload for TlsState {
+    fn what(&self) -> String {
+        format!("listener {}: TLS certificates", self.listener)
+    }
+
+    fn reload(&self) -> Result<(), String> {
+        let server = build_server_config(&self.files)?;
+        self.current.store(Arc::new(server));
+        *self.mtimes.lock() = mtimes(&self.files);
+        Ok(())
+    }
+}
+
+/// Every [`WATCH_INTERVAL`], reloads `state` when a file's modification time changed. A failed
+/// reload is logged and tried again only when a file changes again.
+async fn watch_files(state: Arc<TlsState>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(WATCH_INTERVAL);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let now = mtimes(&state.files);
+        let changed = {
+            let mut seen = state.mtimes.lock();
+            let changed = *seen != now;
+            *seen = now;
+            changed
+        };
+        if changed {
+            match state.reload() {
+                Ok(()) => tracing::info!(part = %state.what(), "files changed; reloaded"),
+                Err(error) => tracing::error!(
+                    part = %state.what(), %error,
+                    "files changed but cannot be used; keeping the running state"
+                ),
+            }
+        }
+    }
+}
+
+/// Modification times of the listener's files (`None` for an absent or unreadable one).
+fn mtimes(files: &TlsConfig) -> Vec<Option<SystemTime>> {
+    [&files.cert, &files.key, &files.client_ca, &files.crl]
+        .into_iter()
+        .flatten()
+        .map(|path| std::fs::metadata(path).and_then(|m| m.modified()).ok())
+        .collect()
+}
+
+/// Builds the rustls server configuration from the files: TLS 1.3 and 1.2, ALPN `mqtt`, the
+/// client verifier `client_cert` asks for.
+///
+/// # Errors
+///
+/// Which file could not be read or used, and why.
+pub fn build_server_config(files: &TlsConfig) -> Result<ServerConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cert_path = required(files.cert.as_deref(), "tls.cert")?;
+    let key_path = required(files.key.as_deref(), "tls.key")?;
+    let chain = read_certs(cert_path)?;
+    let key = PrivateKeyDer::from_pem_file(key_path)
+        .map_err(|e| format!("{}: no usable private key: {e}", key_path.display()))?;
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| e.to_string())?;
+    let builder = if files.client_cert == ClientCertMode::None {
+        builder.with_no_client_auth()
+    } else {
+        let ca_path = required(files.client_ca.as_deref(), "tls.client_ca")?;
+        let mut roots = RootCertStore::empty();
+        for cert in read_certs(ca_path)? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: unusable CA certificate: {e}", ca_path.display()))?;
+        }
+        let mut verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider));
+        if let Some(crl_path) = &files.crl {
+            let crls = CertificateRevocationListDer::pem_file_iter(crl_path)
+                .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+                .map_err(|e| format!("{}: {e}", crl_path.display()))?;
+            verifier = verifier.with_crls(crls);
+        }
+        if files.client_cert == ClientCertMode::Optional {
+            verifier = verifier.allow_unauthenticated();
+        }
+        let verifier = verifier
+            .build()
+            .map_err(|e| format!("client certificate verifier: {e}"))?;
+        builder.with_client_cert_verifier(verifier)
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("{}: {e}", cert_path.display()))?;
+    config.alpn_protocols = vec![ALPN_MQTT.to_vec()];
+    Ok(config)
+}
+
+fn required<'a>(path: Option<&'a Path>, key: &str) -> Result<&'a Path, String> {
+    path.ok_or_else(|| format!("`{key}` is not set"))
+}
+
+/// All certificates of a PEM file; at least one.
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", path.display()));
+    }
+    Ok(certs)
+}
+
+/// The configured identity of a (verified) client certificate: its subject CN, or the first
+/// DNS / e-mail Subject Alternative Name. A minimal DER walk (RFC 5280 §4.1), enough for the
+/// fields read here; `None` when the field is absent or not UTF-8.
+fn identity_of(cert: &CertificateDer<'_>, identity: TlsIdentity) -> Option<String> {
+    let (_, tbs) = der::element(cert.as_ref(), 0x30)?;
+    let (_, mut tbs) = der::element(tbs, 0x30)?;
+    if tbs.first() == Some(&0xa0) {
+        tbs = der::skip(tbs)?; // version
+    }
+    tbs = der::skip(tbs)?; // serialNumber
+    tbs = der::skip(tbs)?; // signature
+    tbs = der::skip(tbs)?; // issuer
+    tbs = der::skip(tbs)?; // validity
+    let (rest, subject) = der::element(tbs, 0x30)?;
+    match identity {
+        TlsIdentity::None => None,
+        TlsIdentity::Cn => der::common_name(subject),
+        TlsIdentity::SanDns => der::san(rest, 0x82),
+        TlsIdentity::SanEmail => der::san(rest, 0x81),
+    }
+}
+
+/// Just enough DER for [`identity_of`].
+mod der {
+    /// OID 2.5.4.3 (id-at-commonName), DER-encoded.
+    const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
+    /// OID 2.5.29.17 (id-ce-subjectAltName), DER-encoded.
+    const OID_SAN: &[u8] = &[0x55, 0x1d, 0x11];
+
+    /// Splits the TLV at the start of `data`: (tag, contents, rest).
+    fn tlv(data: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let tag = *data.first()?;
+        let first = *data.get(1)?;
+        let (len, header) = if first < 0x80 {
+            (usize::from(first), 2)
+        } else {
+            let n = usize::from(first & 0x7f);
+            if n == 0 || n > 4 {
+                return None;
+            }
+            let mut len = 0usize;
+            for b in data.get(2..2 + n)? {
+                len = (len << 8) | usize::from(*b);
+            }
+            (len, 2 + n)
+        };
+        let end = header.checked_add(len)?;
+        Some((tag, data.get(header..end)?, data.get(end..)?))
+    }
+
+    /// The element with `tag` at the start of `data`: (rest, contents).
+    pub(super) fn element(data: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+        let (t, contents, rest) = tlv(data)?;
+        (t == tag).then_some((rest, contents))
+    }
+
+    /// `data` after its first element.
+    pub(super) fn skip(data: &[u8]) -> Option<&[u8]> {
+        tlv(data).map(|(_, _, rest)| rest)
+    }
+
+    /// The last CN of a Name (the most specific, as Mosquitto takes it).
+    pub(super) fn common_name(mut name: &[u8]) -> Option<String> {
+        let mut found = None;
+        while !name.is_empty() {
+            let (rest, set) = element(name, 0x31)?;
+            name = rest;
+            let mut set = set;
+            while !set.is_empty() {
+                let (rest, attr) = element(set, 0x30)?;
+                set = rest;
+                let (value, oid) = element(attr, 0x06)?;
+                if oid == OID_CN {
+                    let (_, text, _) = tlv(value)?;
+                    found = std::str::from_utf8(text).ok().map(str::to_owned);
+                }
+            }
+        }
+        found
+    }
+
+    /// The first `GeneralName` with `tag` in the `subjectAltName` extension; `after_subject` is
+    /// what follows the subject in the `TBSCertificate`.
+    pub(super) fn san(after_subject: &[u8], tag: u8) -> Option<String> {
+        let mut data = skip(after_subject)?; // subjectPublicKeyInfo
+        while !data.is_empty() {
+            let (t, contents, rest) = tlv(data)?;
+            data = rest;
+            if t != 0xa3 {
+                continue; // issuerUniqueID, subjectUniqueID
+            }
+            let (_, mut extensions) = element(contents, 0x30)?;
+            while !extensions.is_empty() {
+                let (rest, ext) = element(extensions, 0x30)?;
+                extensions = rest;
+                let (mut ext, oid) = element(ext, 0x06)?;
+                if oid != OID_SAN {
+                    continue;
+                }
+                if ext.first() == Some(&0x01) {
+                    ext = skip(ext)?; // critical
+                }
+                let (_, octets) = element(ext, 0x04)?;
+                let (_, mut names) = element(octets, 0x30)?;
+                while !names.is_empty() {
+                    let (t, value, rest) = tlv(names)?;
+                    names = rest;
+                    if t == tag {
+                        return std::str::from_utf8(value).ok().map(str::to_owned);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(name: &str) -> CertificateDer<'static> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("certs")
+            .join(name);
+        CertificateDer::from_pem_file(path).expect("dev certificate")
+    }
+
+    #[test]
+    fn identity_is_read_from_cn_and_san() {
+        assert_eq!(
+            identity_of(&leaf("sensor1.pem"), TlsIdentity::Cn).as_deref(),
+            Some("sensor1")
+        );
+        assert_eq!(
+            identity_of(&leaf("server.pem"), TlsIdentity::SanDns).as_deref(),
+            Some("localhost")
+        );
+        assert_eq!(
+            identity_of(&leaf("sensor1.pem"), TlsIdentity::SanEmail),
+            None
+        );
+        assert_eq!(identity_of(&leaf("sensor1.pem"), TlsIdentity::None), None);
+        assert_eq!(
+            identity_of(&CertificateDer::from(vec![0x30, 0x05, 1]), TlsIdentity::Cn),
+            None
+        );
+    }
+}
