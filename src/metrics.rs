@@ -61,6 +61,8 @@ pub mod names {
     pub const PROTOCOL_ERRORS_TOTAL: &str = "postbox_protocol_errors_total";
     /// Counter: connections closed because the client missed its keep-alive.
     pub const KEEPALIVE_TIMEOUTS_TOTAL: &str = "postbox_keepalive_timeouts_total";
+    /// Counter: actions the ACL refused, by `action` (`read`, `write`).
+    pub const AUTHZ_DENIED_TOTAL: &str = "postbox_authz_denied_total";
     /// Counter: will messages published.
     pub const WILL_MESSAGES_PUBLISHED_TOTAL: &str = "postbox_will_messages_published_total";
     /// Counter: connections closed because the same client id connected again.
@@ -101,7 +103,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 37] = [
+    pub const ALL: [&str; 38] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -124,6 +126,7 @@ pub mod names {
         PROTOCOL_ERRORS_TOTAL,
         KEEPALIVE_TIMEOUTS_TOTAL,
         WILL_MESSAGES_PUBLISHED_TOTAL,
+        AUTHZ_DENIED_TOTAL,
         SESSION_TAKEOVERS_TOTAL,
         CONNECTIONS_PENDING,
         CONNECTIONS_REFUSED_TOTAL,
@@ -313,6 +316,8 @@ pub struct Metrics {
     pub keepalive_timeouts: Counter,
     /// Will messages published (abnormal disconnect or will delay expiry).
     pub will_messages_published: Counter,
+    /// Actions the ACL refused: `[read, write]`.
+    pub authz_denied: [Counter; 2],
     /// Connections closed because another connection took over their client id.
     pub session_takeovers: Counter,
     /// Connections whose handshake waits for the client (every listener's pending slots).
@@ -454,6 +459,11 @@ impl Metrics {
             "Connections closed because the client missed its keep-alive."
         );
         describe_counter!(
+            AUTHZ_DENIED_TOTAL,
+            Unit::Count,
+            "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action."
+        );
+        describe_counter!(
             WILL_MESSAGES_PUBLISHED_TOTAL,
             Unit::Count,
             "Will messages published."
@@ -532,6 +542,10 @@ impl Metrics {
             protocol_errors: counter!(PROTOCOL_ERRORS_TOTAL),
             keepalive_timeouts: counter!(KEEPALIVE_TIMEOUTS_TOTAL),
             will_messages_published: counter!(WILL_MESSAGES_PUBLISHED_TOTAL),
+            authz_denied: [
+                counter!(AUTHZ_DENIED_TOTAL, "action" => "read"),
+                counter!(AUTHZ_DENIED_TOTAL, "action" => "write"),
+            ],
             session_takeovers: counter!(SESSION_TAKEOVERS_TOTAL),
             connections_pending: gauge!(CONNECTIONS_PENDING),
             connections_refused_pending: counter!(
@@ -676,6 +690,7 @@ mod tests {
             names::PROTOCOL_ERRORS_TOTAL,
             names::KEEPALIVE_TIMEOUTS_TOTAL,
             names::WILL_MESSAGES_PUBLISHED_TOTAL,
+            names::AUTHZ_DENIED_TOTAL,
             names::SESSION_TAKEOVERS_TOTAL,
             names::CONNECTIONS_REFUSED_TOTAL,
             names::CONNECT_TIMEOUTS_TOTAL,

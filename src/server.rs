@@ -45,6 +45,9 @@ pub enum StartError {
     #[error("cannot start the metrics endpoint: {0}")]
     /// The Prometheus exporter could not start.
     Metrics(String),
+    #[error("cannot load the ACL: {0}")]
+    /// `auth.acl_file` could not be read or has a bad line (file and line named).
+    Acl(#[from] crate::auth::acl::AclError),
     #[error("cannot open the durable store: {0}")]
     /// The durable store could not be opened or recovered.
     Storage(#[from] crate::storage::StorageError),
@@ -134,6 +137,13 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     } else {
         None
     };
+    // Before the broker opens: a bad ACL must stop the start, not leave it open to everyone.
+    let acl = match &config.auth.acl_file {
+        Some(path) => Some(Arc::new(crate::auth::acl_slot::AclSlot::load(
+            path.clone(),
+        )?)),
+        None => None,
+    };
     let broker = open_broker(&config).await?;
     let jwt = match &config.auth.jwt {
         Some(settings) => Some(Arc::new(crate::auth::jwt::JwtVerifier::load(
@@ -155,6 +165,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     if let Some(path) = &config.auth.scram_file {
         let store = crate::auth::scram_file::register(broker.authenticators(), path)?;
         reloaders.register(store);
+    }
+    if let Some(acl) = &acl {
+        broker.install_acl(Arc::clone(acl));
     }
     let mut bound = Vec::with_capacity(config.listeners.len());
     for (listener, name) in config.listeners.iter().zip(config.listener_names()) {
@@ -222,6 +235,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     }
     for part in tls_reloaders {
         reloaders.register(part);
+    }
+    if let Some(acl) = acl {
+        reloaders.register(acl);
     }
     Ok(RunningServer {
         mqtt_addr,

@@ -7,6 +7,8 @@
 //! [`Authenticator::is_expensive`] and the connection then runs them on tokio's blocking pool,
 //! so they never stall the runtime.
 
+pub mod acl;
+pub mod acl_slot;
 pub mod jwt;
 pub mod login;
 pub mod password;

@@ -408,7 +408,7 @@ impl SessionHandle {
             Some(delay) => self
                 .broker
                 .defer_will(&self.session, self.generation, will, delay),
-            None => self.broker.publish_will(will),
+            None => self.broker.publish_will(&self.session, will),
         }
     }
 

@@ -185,7 +185,18 @@ impl Broker {
 
     /// Publishes a will now: counted, and routed as a message from nobody (so No Local never
     /// suppresses it).
-    pub fn publish_will(&self, will: LastWill) {
+    ///
+    /// With an ACL, the will is published only if its client may write the topic at the time
+    /// it is published (as Mosquitto checks it: at publish time, so a reload in between
+    /// counts); otherwise it is dropped and counted.
+    pub fn publish_will(&self, session: &Session, will: LastWill) {
+        if let Some(acl) = self.acl() {
+            if !session.authorized(acl, crate::auth::acl::Action::Write, &will.topic) {
+                self.count_denied(crate::auth::acl::Action::Write);
+                tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: the ACL denies its topic");
+                return;
+            }
+        }
         self.metrics.will_messages_published.increment(1);
         if let Err(error) = self.publish(Arc::new(Message::from_will(will)), None) {
             tracing::warn!(%error, "will message refused by the durable store");
@@ -217,7 +228,7 @@ impl Broker {
                 st.pending_will.take()
             };
             if let Some(pending) = will {
-                broker.publish_will(pending.will);
+                broker.publish_will(&session, pending.will);
                 broker.forget_stored_will(&session.client_id);
             }
         });
@@ -252,7 +263,7 @@ impl Broker {
             (st.pending_will.take(), st.holds_shared())
         };
         if let Some(pending) = will {
-            self.publish_will(pending.will);
+            self.publish_will(session, pending.will);
             self.forget_stored_will(&session.client_id);
         }
         if holds_shared {

@@ -72,6 +72,10 @@ pub struct Subscriber {
     pub options: SubscriptionOptions,
     /// Subscription Identifier (MQTT 3.8.2.1.2) to put on matching PUBLISHes (v5).
     pub identifier: Option<u32>,
+    /// The ACL generation under which every topic of the filter was readable; 0 when only
+    /// some were (or no ACL). With an ACL, a delivery is checked unless this is the current
+    /// generation, so the common case costs nothing and a reload re-checks old grants.
+    pub acl_generation: u32,
 }
 
 /// What a client asks for when it connects.
@@ -135,6 +139,8 @@ pub struct Broker {
     store: Option<Arc<dyn Store>>,
     /// Metric handles, registered once.
     pub metrics: Metrics,
+    /// The ACL (`auth.acl_file`), installed once at start; unset, no check runs anywhere.
+    acl: std::sync::OnceLock<Arc<crate::auth::acl_slot::AclSlot>>,
 }
 
 // By hand: the session, subscription and retained state sit behind locks a `Debug` print must
@@ -233,7 +239,25 @@ impl Broker {
             flow,
             store,
             metrics,
+            acl: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Turns authorisation on (at start, before any client connects); a second call is
+    /// ignored.
+    pub fn install_acl(&self, acl: Arc<crate::auth::acl_slot::AclSlot>) {
+        let _ = self.acl.set(acl);
+    }
+
+    /// The ACL, when `auth.acl_file` is set.
+    pub fn acl(&self) -> Option<&Arc<crate::auth::acl_slot::AclSlot>> {
+        self.acl.get()
+    }
+
+    /// Counts one refused action.
+    pub fn count_denied(&self, action: crate::auth::acl::Action) {
+        let i = usize::from(action == crate::auth::acl::Action::Write);
+        self.metrics.authz_denied[i].increment(1);
     }
 
     /// Back-pressure and the memory budget (see [`flow`]).

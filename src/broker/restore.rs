@@ -138,6 +138,7 @@ impl Broker {
                             session: Arc::clone(&session),
                             options: record.options,
                             identifier: record.identifier,
+                            acl_generation: 0, // checked at delivery
                         },
                     );
                     st.subscriptions.insert(

@@ -14,6 +14,7 @@ use super::{
     persist, Admission, Broker, Delivery, EnqueueOutcome, Message, PublishRefused, Routed, Session,
     SessionId,
 };
+use crate::auth::acl::{Action, FilterAccess};
 use crate::codec::{QoS, SubscriptionOptions};
 use crate::config::OverflowPolicy;
 use crate::storage::{Op, StorageError, StoreHealth};
@@ -38,11 +39,22 @@ impl Broker {
         inbound_qos2: Option<(&ByteString, u16)>,
     ) -> Result<Routed, PublishRefused> {
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
+        let acl = self.acl();
+        let acl_generation = acl.map_or(0, |a| a.generation());
         self.subscriptions
             .read()
             .for_each_match(&message.topic, |sid, sub| {
                 if sub.options.no_local && message.origin == Some(*sid) {
                     return; // MQTT-3.8.3-3
+                }
+                if let Some(acl) = acl {
+                    // Only subscriptions granted in part, or under an older ACL.
+                    if sub.acl_generation != acl_generation
+                        && !sub.session.authorized(acl, Action::Read, &message.topic)
+                    {
+                        self.count_denied(Action::Read);
+                        return;
+                    }
                 }
                 targets.push(Target {
                     session: Arc::clone(&sub.session),
@@ -224,7 +236,19 @@ impl Broker {
     /// picks. Kept apart from `merge_overlapping`: a shared copy is separate from any copy
     /// the same session gets through its own non-shared subscriptions (MQTT 5 §4.8.2).
     fn shared_targets(&self, message: &Message, targets: &mut SmallVec<[Target; 8]>) {
+        let acl = self.acl();
         self.shared.read().pick_for_topic(&message.topic, |pick| {
+            // Shared members are few: with an ACL, the picked one is always checked.
+            if let Some(acl) = acl {
+                if !pick
+                    .member
+                    .session
+                    .authorized(acl, Action::Read, &message.topic)
+                {
+                    self.count_denied(Action::Read);
+                    return;
+                }
+            }
             targets.push(Target {
                 qos: message.qos.min(pick.member.options.qos), // MQTT-4.8.2-3
                 retain: pick.member.options.retain_as_published && message.retain,
@@ -258,6 +282,19 @@ impl Broker {
         self.retained
             .read()
             .for_each_match(filter, |_, m| found.push(Arc::clone(m)));
+        // Retained messages obey read rules like live ones; a fully readable filter needs
+        // no check per message.
+        if let Some(acl) = self.acl() {
+            if session.filter_access(acl, filter).0 != FilterAccess::Full {
+                found.retain(|m| {
+                    let allowed = session.authorized(acl, Action::Read, &m.topic);
+                    if !allowed {
+                        self.count_denied(Action::Read);
+                    }
+                    allowed
+                });
+            }
+        }
         let now = Instant::now();
         let now_ms = self.clock_ms(now);
         for message in found {

@@ -12,6 +12,35 @@ use crate::codec::{topic, SubscriptionOptions};
 use crate::storage::Op;
 
 impl Broker {
+    /// Sets the session's ACL identity. A session resumed under another username keeps its
+    /// subscriptions, but their grants were made for the old one: they are stamped "check
+    /// every delivery" (generation 0) so the new user's rules apply.
+    pub fn set_identity(&self, session: &Arc<Session>, username: Option<&str>) {
+        if !session.set_username(username) {
+            return;
+        }
+        let filters: Vec<(ByteString, SessionSubscription)> = session
+            .lock()
+            .subscriptions
+            .iter()
+            .filter(|(f, _)| topic::split_shared(f).is_none())
+            .map(|(f, r)| (f.clone(), *r))
+            .collect();
+        if filters.is_empty() {
+            return;
+        }
+        let mut tree = self.subscriptions.write();
+        for (filter, record) in filters {
+            let subscriber = Subscriber {
+                session: Arc::clone(session),
+                options: record.options,
+                identifier: record.identifier,
+                acl_generation: 0,
+            };
+            tree.insert(&filter, session.id, subscriber);
+        }
+    }
+
     /// Adds or replaces a subscription (MQTT-3.8.4-3). Returns whether one existed already.
     /// A valid `$share/{group}/{filter}` joins that shared subscription group.
     pub fn subscribe(
@@ -43,10 +72,18 @@ impl Broker {
             );
             return existed;
         }
+        let acl_generation = match self.acl() {
+            Some(acl) => match session.filter_access(acl, filter) {
+                (crate::auth::acl::FilterAccess::Full, generation) => generation,
+                _ => 0,
+            },
+            None => 0,
+        };
         let subscriber = Subscriber {
             session: Arc::clone(session),
             options,
             identifier,
+            acl_generation,
         };
         let existed = {
             let mut tree = self.subscriptions.write();

@@ -94,6 +94,9 @@ pub struct AuthConfig {
     /// SCRAM credentials file (`user:$scram-sha-256$...` lines, see `auth::scram_file`): when
     /// set, the enhanced authentication methods `SCRAM-SHA-256` and `SCRAM-SHA-512` are offered.
     pub scram_file: Option<std::path::PathBuf>,
+    /// Mosquitto-format ACL file; when set, every publish, subscription, delivery and will is
+    /// checked against it and what it does not allow is denied. Unset: no checks at all.
+    pub acl_file: Option<std::path::PathBuf>,
 }
 
 /// `[auth.jwt]`: where the keys are and what the tokens must say.
@@ -142,6 +145,7 @@ impl Default for AuthConfig {
             password_cache_size: DEFAULT_PASSWORD_CACHE_SIZE,
             jwt: None,
             scram_file: None,
+            acl_file: None,
         }
     }
 }

@@ -14,6 +14,7 @@
 mod common;
 
 mod acks;
+mod acl;
 mod binary;
 mod closing;
 mod config_files;

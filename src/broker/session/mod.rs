@@ -170,6 +170,10 @@ pub struct SessionState {
     pub(in crate::broker) subscriptions:
         HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
     pub(in crate::broker) connection: Option<ConnectionSlot>,
+    /// The username of the connection last attached: the identity ACL checks use, also for
+    /// deliveries queued while offline. A thin box (8 B), set only when an ACL is configured.
+    #[allow(clippy::box_collection)]
+    pub(in crate::broker) username: Option<Box<String>>,
     /// Bumped on every attach; a connection only detaches if it still owns the session.
     pub(in crate::broker) generation: u64,
     pub(in crate::broker) disconnected_at: Option<Instant>,
@@ -219,6 +223,7 @@ impl Session {
                 inbound_qos2: inbound::InboundIds::default(),
                 subscriptions: HashMap::default(),
                 connection: None,
+                username: None,
                 generation: 0,
                 disconnected_at: Some(Instant::now()),
                 ended: false,
@@ -232,6 +237,53 @@ impl Session {
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Records who is attached now: the username ACL checks use (CONNECT username, or later a
+    /// TLS certificate's CN put in the same place).
+    /// True when it differs from the one before (a resumed session with another user).
+    pub fn set_username(&self, username: Option<&str>) -> bool {
+        let mut st = self.lock();
+        if st.username.as_deref().map(String::as_str) == username {
+            return false;
+        }
+        st.username = username.map(|u| Box::new(u.to_owned()));
+        true
+    }
+
+    /// May this session's client do `action` on `topic` under `acl`? No allocation.
+    pub fn authorized(
+        &self,
+        acl: &crate::auth::acl_slot::AclSlot,
+        action: crate::auth::acl::Action,
+        topic: &str,
+    ) -> bool {
+        let st = self.lock();
+        acl.allow(
+            self.identity(st.username.as_deref().map(String::as_str)),
+            action,
+            topic,
+        )
+    }
+
+    /// What a subscription to `filter` may receive, and the ACL generation decided under.
+    pub fn filter_access(
+        &self,
+        acl: &crate::auth::acl_slot::AclSlot,
+        filter: &str,
+    ) -> (crate::auth::acl::FilterAccess, u32) {
+        let st = self.lock();
+        acl.filter_access(
+            self.identity(st.username.as_deref().map(String::as_str)),
+            filter,
+        )
+    }
+
+    fn identity<'a>(&'a self, username: Option<&'a str>) -> crate::auth::acl::Identity<'a> {
+        crate::auth::acl::Identity {
+            username,
+            client_id: &self.client_id,
         }
     }
 

@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::{refused_reason, Close};
 use super::Client;
+use crate::auth::acl::Action;
 use crate::broker::{MemoryLevel, PublishRefused};
 use crate::codec::{topic, PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
@@ -56,6 +57,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             && std::str::from_utf8(&publish.payload).is_err()
         {
             return self.refuse_publish(qos, packet_id, Violation::PayloadFormatInvalid);
+        }
+        if let Some(acl) = self.broker().acl() {
+            if !self
+                .session
+                .session()
+                .authorized(acl, Action::Write, &publish.topic)
+            {
+                return self.refuse_unauthorized(qos, packet_id);
+            }
         }
         let memory = self.memory_level();
         if memory == MemoryLevel::Over {
@@ -158,6 +168,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             return Err(Close::StoreRefused(code, error));
         }
         self.negative_ack(qos, packet_id, code, &error.to_string());
+        Ok(())
+    }
+
+    /// The ACL denies the topic: never routed, never retained, counted. v5 QoS 1/2: PUBACK /
+    /// PUBREC 0x87 Not authorized; 3.x cannot be told: acknowledged and dropped (as
+    /// Mosquitto does), QoS 0 dropped.
+    fn refuse_unauthorized(&mut self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+        self.broker().count_denied(Action::Write);
+        match qos {
+            QoS::AtMostOnce => {}
+            _ if self.version.is_v5() => self.negative_ack(
+                qos,
+                packet_id,
+                ReasonCode::NOT_AUTHORIZED,
+                "not authorized to publish to this topic",
+            ),
+            // 3.x: PUBACK / PUBREC (the PUBREL that follows a PUBREC finds no id held and is
+            // answered with PUBCOMP).
+            _ => self.negative_ack(qos, packet_id, ReasonCode::SUCCESS, ""),
+        }
         Ok(())
     }
 

@@ -7,6 +7,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::Close;
 use super::Client;
+use crate::auth::acl::{Action, FilterAccess};
 use crate::codec::{
     topic, Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
@@ -74,6 +75,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 Some((
                     ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
                     "wildcard subscriptions are not available",
+                ))
+            } else if self.broker().acl().is_some_and(|acl| {
+                self.session.session().filter_access(acl, inner).0 == FilterAccess::Denied
+            }) {
+                // A filter none of whose topics may be read: 0x87 (3.1.1: 0x80, via
+                // `SubAck`'s v3 mapping). One that covers some denied topics is granted and
+                // filtered at delivery (`Subscriber::acl_generation`).
+                self.broker().count_denied(Action::Read);
+                Some((
+                    ReasonCode::NOT_AUTHORIZED,
+                    "not authorized to subscribe to this filter",
                 ))
             } else {
                 None

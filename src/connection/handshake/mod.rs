@@ -294,6 +294,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         expiry_interval,
         protocol: version,
     });
+    // The one place the identity for ACL checks is set (a TLS certificate's CN would go here).
+    if broker.acl().is_some() {
+        broker.set_identity(attached.handle.session(), connect.username.as_deref());
+    }
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
     // does not change the CONNACK's size, so the check above still holds.
     connack.session_present = attached.session_present;

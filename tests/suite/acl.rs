@@ -1,0 +1,516 @@
+//! `auth.acl_file`: authorisation from a Mosquitto-format ACL, against the real broker over
+//! real sockets (raw v5 / 3.1.1 clients, `mosquitto_sub` / `mosquitto_pub` with `-u`).
+//!
+//! Normative statements: MQTT-3.9.3 / v5 §3.9.3 (SUBACK 0x87 Not authorized; 3.1.1 0x80
+//! Failure, MQTT-3.9.3-2 return codes), v5 §3.4.2.1 (PUBACK 0x87), MQTT-4.7.2-1 (`#` / `+`
+//! never match `$` topics), MQTT-3.3.1-5/-6 (retained messages on subscribe), MQTT-3.1.2-8
+//! (the will).
+
+use std::path::Path;
+use std::time::Duration;
+
+use postbox::codec::{
+    LastWill, Packet, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions, WillProperties,
+};
+use postbox::server::RunningServer;
+
+use crate::common::{self, v5, RawClient, WAIT};
+
+const ACL: &str = "\
+# anonymous clients
+topic read public/#
+
+pattern readwrite sensors/%u/#
+pattern read commands/%u/#
+
+user dashboard
+topic read sensors/#
+topic write commands/#
+topic deny sensors/secret/#
+topic read $SYS/#
+
+user admin
+topic readwrite #
+";
+
+/// Short: only for \"must not arrive\" checks, after a later message proved the path works.
+const QUIET: Duration = Duration::from_millis(300);
+
+async fn start(dir: &Path, acl: &str) -> RunningServer {
+    let path = dir.join("acl");
+    std::fs::write(&path, acl).expect("write acl");
+    let mut config = common::test_config();
+    config.auth.acl_file = Some(path);
+    common::start_with(config).await
+}
+
+fn connect_packet(
+    version: ProtocolVersion,
+    client: &str,
+    user: Option<&str>,
+) -> postbox::codec::Connect {
+    let mut c = v5::connect_packet(client);
+    c.protocol = version;
+    c.username = user.map(Into::into);
+    c
+}
+
+async fn connect(
+    server: &RunningServer,
+    version: ProtocolVersion,
+    client: &str,
+    user: Option<&str>,
+) -> RawClient {
+    let mut c = RawClient::open(server.mqtt_addr, version).await;
+    c.send(&Packet::Connect(Box::new(connect_packet(
+        version, client, user,
+    ))))
+    .await;
+    match c.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code.0, 0, "CONNACK"),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    c
+}
+
+async fn suback(c: &mut RawClient, filter: &str) -> ReasonCode {
+    let options = SubscriptionOptions {
+        qos: QoS::AtLeastOnce,
+        ..Default::default()
+    };
+    let ack = v5::subscribe_with(c, filter, options, None).await;
+    ack.reason_codes[0]
+}
+
+async fn publish(c: &mut RawClient, topic: &str, payload: &str, retain: bool) -> ReasonCode {
+    let mut p = v5::publish_packet(topic, QoS::AtLeastOnce, payload.as_bytes(), 9);
+    p.retain = retain;
+    match v5::publish(c, p).await {
+        // Accepted; whether anyone subscribes is not what these tests look at.
+        ReasonCode::NO_MATCHING_SUBSCRIBERS => ReasonCode::SUCCESS,
+        code => code,
+    }
+}
+
+/// The next PUBLISH's topic and payload (acknowledged).
+async fn next(c: &mut RawClient) -> (String, String) {
+    let p = tokio::time::timeout(WAIT, v5::receive(c))
+        .await
+        .expect("a PUBLISH in time");
+    (
+        p.topic.to_string(),
+        String::from_utf8_lossy(&p.payload).into_owned(),
+    )
+}
+
+const V5: ProtocolVersion = ProtocolVersion::V5;
+const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
+
+#[tokio::test]
+async fn subscribe_allowed_and_denied_per_topic_and_pattern() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut alice = connect(&server, V5, "a1", Some("alice")).await;
+    assert_eq!(
+        suback(&mut alice, "sensors/alice/#").await,
+        ReasonCode(1),
+        "pattern %u"
+    );
+    assert_eq!(
+        suback(&mut alice, "commands/alice/#").await,
+        ReasonCode(1),
+        "pattern read"
+    );
+    assert_eq!(
+        suback(&mut alice, "sensors/bob/#").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        suback(&mut alice, "other/#").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // 3.1.1: the only failure code is 0x80 (MQTT-3.9.3-2 list).
+    let mut old = connect(&server, V311, "a2", Some("alice")).await;
+    assert_eq!(suback(&mut old, "sensors/bob/#").await, ReasonCode(0x80));
+    assert_eq!(suback(&mut old, "sensors/alice/x").await, ReasonCode(1));
+    // A user not named in the file gets only the patterns.
+    let mut carol = connect(&server, V5, "c1", Some("carol")).await;
+    assert_eq!(
+        suback(&mut carol, "public/#").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(suback(&mut carol, "sensors/carol/t").await, ReasonCode(1));
+}
+
+#[tokio::test]
+async fn anonymous_lines_and_no_username_never_matches_percent_u() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut anon = connect(&server, V5, "n1", None).await;
+    assert_eq!(suback(&mut anon, "public/#").await, ReasonCode(1));
+    assert_eq!(
+        suback(&mut anon, "sensors/+/t").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        suback(&mut anon, "sensors/%u/t").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        publish(&mut anon, "sensors/x/t", "p", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        publish(&mut anon, "public/x", "p", false).await,
+        ReasonCode::NOT_AUTHORIZED,
+        "read only"
+    );
+}
+
+#[tokio::test]
+async fn denied_publish_is_refused_v5_and_dropped_v311() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
+    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
+    let mut alice = connect(&server, V5, "a1", Some("alice")).await;
+    assert_eq!(
+        publish(&mut alice, "sensors/bob/t", "v5-denied", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    let mut old = connect(&server, V311, "a2", Some("alice")).await;
+    // 3.1.1: acknowledged (no way to refuse) and dropped.
+    assert_eq!(
+        publish(&mut old, "sensors/bob/t", "v3-denied", false).await,
+        ReasonCode::SUCCESS
+    );
+    let mut q0 = v5::publish_packet("sensors/bob/t", QoS::AtMostOnce, b"q0-denied", 0);
+    q0.retain = false;
+    v5::publish(&mut old, q0).await;
+    assert_eq!(
+        publish(&mut old, "sensors/alice/t", "allowed", false).await,
+        ReasonCode::SUCCESS
+    );
+    // The first message the dashboard sees is the allowed one: none of the denied got through.
+    assert_eq!(
+        next(&mut dash).await,
+        ("sensors/alice/t".into(), "allowed".into())
+    );
+    v5::expect_silence(&mut dash, QUIET).await;
+}
+
+#[tokio::test]
+async fn retained_messages_obey_read_rules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut alice = connect(&server, V5, "a1", Some("alice")).await;
+    assert_eq!(
+        publish(&mut alice, "sensors/alice/r", "kept", true).await,
+        ReasonCode::SUCCESS
+    );
+    // Denied publishes are never retained.
+    assert_eq!(
+        publish(&mut alice, "sensors/bob/r", "not-kept", true).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // bob's `sensors/+/r` is granted (his own level is readable) but alice's retained message
+    // is not his to read.
+    let mut bob = connect(&server, V5, "b1", Some("bob")).await;
+    assert_eq!(suback(&mut bob, "sensors/+/r").await, ReasonCode(1));
+    v5::expect_silence(&mut bob, QUIET).await;
+    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
+    assert_eq!(suback(&mut dash, "sensors/+/r").await, ReasonCode(1));
+    assert_eq!(
+        next(&mut dash).await,
+        ("sensors/alice/r".into(), "kept".into())
+    );
+    v5::expect_silence(&mut dash, QUIET).await;
+}
+
+#[tokio::test]
+async fn will_to_a_denied_topic_is_never_delivered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
+    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
+    for (topic, payload) in [
+        ("sensors/bob/will", "denied-will"),
+        ("sensors/alice/will", "allowed-will"),
+    ] {
+        let mut connect = connect_packet(V5, "a1", Some("alice"));
+        connect.will = Some(LastWill {
+            topic: topic.into(),
+            payload: payload.as_bytes().to_vec().into(),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: WillProperties::default(),
+        });
+        let (c, first) = v5::open(server.mqtt_addr, connect).await;
+        assert!(
+            matches!(first, Some(Packet::ConnAck(ref a)) if a.reason_code.0 == 0),
+            "{first:?}"
+        );
+        drop(c); // abnormal close: the will is due (MQTT-3.1.2-8)
+    }
+    assert_eq!(
+        next(&mut dash).await,
+        ("sensors/alice/will".into(), "allowed-will".into())
+    );
+    v5::expect_silence(&mut dash, QUIET).await;
+}
+
+#[tokio::test]
+async fn partly_allowed_filter_is_granted_and_filtered_at_delivery() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
+    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
+    assert_eq!(
+        suback(&mut dash, "sensors/secret/#").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    let mut admin = connect(&server, V5, "x1", Some("admin")).await;
+    assert_eq!(
+        publish(&mut admin, "sensors/secret/k", "secret", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        publish(&mut admin, "sensors/open/k", "open", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        next(&mut dash).await,
+        ("sensors/open/k".into(), "open".into())
+    );
+    v5::expect_silence(&mut dash, QUIET).await;
+}
+
+#[tokio::test]
+async fn sys_topics_only_where_the_acl_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut admin = connect(&server, V5, "x1", Some("admin")).await;
+    // MQTT-4.7.2-1: admin's `#` rule does not reach `$SYS`.
+    assert_eq!(
+        suback(&mut admin, "$SYS/#").await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
+    assert_eq!(suback(&mut dash, "$SYS/#").await, ReasonCode(1));
+    // No client publishes to `$SYS`, not even one the ACL lets read it.
+    assert_eq!(
+        publish(&mut dash, "$SYS/fake", "x", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    assert_eq!(
+        publish(&mut admin, "$SYS/fake", "x", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    v5::expect_silence(&mut dash, QUIET).await;
+}
+
+#[tokio::test]
+async fn reload_applies_new_rules_without_dropping_anyone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
+    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
+    let mut alice = connect(&server, V5, "a1", Some("alice")).await;
+    assert_eq!(
+        publish(&mut alice, "extra/x", "before", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    // A bad file keeps the running ACL.
+    std::fs::write(dir.path().join("acl"), "topic read ok/#\nbogus line\n").expect("write");
+    let report = server.reload();
+    assert_eq!(report.kept.len(), 1, "{report:?}");
+    assert!(
+        report.kept[0].1.contains(":2:"),
+        "names the line: {report:?}"
+    );
+    assert_eq!(
+        publish(&mut alice, "sensors/alice/t", "still", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        next(&mut dash).await,
+        ("sensors/alice/t".into(), "still".into())
+    );
+    // New rules: alice may write `extra/#`; the dashboard loses `sensors/alice/#`.
+    let changed = format!("{ACL}\nuser alice\ntopic write extra/#\n").replace(
+        "topic deny sensors/secret/#",
+        "topic deny sensors/secret/#\ntopic deny sensors/alice/#",
+    );
+    std::fs::write(dir.path().join("acl"), changed).expect("write");
+    let report = server.reload();
+    assert_eq!(report.reloaded.len(), 1, "{report:?}");
+    assert_eq!(
+        publish(&mut alice, "extra/x", "after", false).await,
+        ReasonCode::SUCCESS
+    );
+    // The dashboard's subscription, fully granted under the old ACL, is re-checked.
+    assert_eq!(
+        publish(&mut alice, "sensors/alice/t", "now-denied", false).await,
+        ReasonCode::SUCCESS
+    );
+    let mut admin = connect(&server, V5, "x1", Some("admin")).await;
+    assert_eq!(
+        publish(&mut admin, "sensors/bob/t", "ok", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(next(&mut dash).await, ("sensors/bob/t".into(), "ok".into()));
+}
+
+#[tokio::test]
+async fn mosquitto_clients_with_username() {
+    use crate::common::mosquitto::{mosquitto_pub, MosquittoSub};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let port = server.mqtt_addr.port();
+    let mut sub = MosquittoSub::spawn(
+        port,
+        &[
+            "-V",
+            "mqttv311",
+            "-u",
+            "dashboard",
+            "-t",
+            "sensors/#",
+            "-q",
+            "1",
+            "-C",
+            "1",
+            "-F",
+            "MSG|%t|%p",
+        ],
+    );
+    sub.wait_for("SUBACK").await;
+    mosquitto_pub(
+        port,
+        &[
+            "-V",
+            "mqttv311",
+            "-u",
+            "alice",
+            "-t",
+            "sensors/bob/t",
+            "-m",
+            "denied",
+            "-q",
+            "1",
+        ],
+    )
+    .await;
+    mosquitto_pub(
+        port,
+        &[
+            "-V",
+            "mqttv311",
+            "-u",
+            "alice",
+            "-t",
+            "sensors/alice/t",
+            "-m",
+            "allowed",
+            "-q",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(sub.wait_for("MSG|").await, "MSG|sensors/alice/t|allowed");
+    sub.exit_ok().await;
+}
+
+#[tokio::test]
+async fn bad_acl_line_stops_the_start_naming_file_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("acl");
+    std::fs::write(&path, "# ok\ntopic read a/#/b\n").expect("write");
+    let mut config = common::test_config();
+    config.auth.acl_file = Some(path.clone());
+    let err = postbox::server::start(config)
+        .await
+        .expect_err("must not start");
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("{}:2:", path.display())), "{msg}");
+}
+
+/// The real binary: SIGHUP re-reads the ACL; the connected client is not dropped and its next
+/// PUBLISH is judged by the new file.
+#[tokio::test]
+async fn sighup_reloads_the_acl_of_the_binary() {
+    use crate::common::process::{write_config_with, Broker};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, ACL).expect("write acl");
+    let config = write_config_with(
+        dir.path(),
+        &dir.path().join("data"),
+        &format!("\n[auth]\nacl_file = {acl:?}\n"),
+    );
+    let broker = Broker::start(&config);
+    let mut c = RawClient::open(config.mqtt, V5).await;
+    c.send(&Packet::Connect(Box::new(connect_packet(
+        V5,
+        "a1",
+        Some("alice"),
+    ))))
+    .await;
+    assert!(matches!(c.recv().await, Some(Packet::ConnAck(a)) if a.reason_code.0 == 0));
+    assert_eq!(
+        publish(&mut c, "extra/x", "before", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    std::fs::write(&acl, format!("{ACL}\nuser alice\ntopic write extra/#\n")).expect("write");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &broker.pid().to_string()])
+        .status()
+        .expect("kill -HUP");
+    assert!(status.success());
+    // Bounded wait for the broker's own word that it swapped the ACL in.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !broker.log().iter().any(|l| l.contains("ACL reloaded")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reload: {:?}",
+            broker.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        publish(&mut c, "extra/x", "after", false).await,
+        ReasonCode::SUCCESS
+    );
+    broker.terminate();
+}
+
+/// A session resumed by another user keeps its subscriptions, but they now deliver only what
+/// the new user may read (the grant was made for the old one).
+#[tokio::test]
+async fn resumed_session_of_another_user_is_checked_for_the_new_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    let persistent = |user: &str| {
+        let mut c = connect_packet(V5, "shared-id", Some(user));
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(300);
+        c
+    };
+    let (mut alice, _) = v5::connect(server.mqtt_addr, persistent("alice")).await;
+    assert_eq!(suback(&mut alice, "sensors/alice/#").await, ReasonCode(1));
+    v5::disconnect(alice).await;
+    let (mut bob, ack) = v5::connect(server.mqtt_addr, persistent("bob")).await;
+    assert!(ack.session_present, "MQTT-3.2.2-2");
+    assert_eq!(suback(&mut bob, "sensors/bob/#").await, ReasonCode(1));
+    let mut admin = connect(&server, V5, "x1", Some("admin")).await;
+    assert_eq!(
+        publish(&mut admin, "sensors/alice/t", "alice-only", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(
+        publish(&mut admin, "sensors/bob/t", "bob", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(next(&mut bob).await, ("sensors/bob/t".into(), "bob".into()));
+    v5::expect_silence(&mut bob, QUIET).await;
+}
