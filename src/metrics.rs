@@ -69,6 +69,9 @@ pub mod names {
     pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
     /// Counter (label `reason`): connections refused by a listener's limits.
     pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
+    /// Counter: WebSocket upgrades refused or failed, by `listener` and `reason` (`path`,
+    /// `origin`, `subprotocol`, `handshake`, `timeout`).
+    pub const WS_UPGRADE_FAILURES_TOTAL: &str = "postbox_ws_upgrade_failures_total";
     /// Counter: connections closed because their CONNECT was not accepted within
     /// `mqtt.connect_timeout`.
     pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
@@ -101,7 +104,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 37] = [
+    pub const ALL: [&str; 38] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -127,6 +130,7 @@ pub mod names {
         SESSION_TAKEOVERS_TOTAL,
         CONNECTIONS_PENDING,
         CONNECTIONS_REFUSED_TOTAL,
+        WS_UPGRADE_FAILURES_TOTAL,
         CONNECT_TIMEOUTS_TOTAL,
         PACKET_TIMEOUTS_TOTAL,
         PARTIAL_PACKET_BYTES,
@@ -397,6 +401,11 @@ impl Metrics {
             MESSAGES_DROPPED_TOTAL,
             Unit::Count,
             "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory) and QoS."
+        );
+        describe_counter!(
+            WS_UPGRADE_FAILURES_TOTAL,
+            Unit::Count,
+            "WebSocket upgrades refused or failed on ws listeners, by listener and reason (path, origin, subprotocol, handshake, timeout)."
         );
         describe_counter!(
             SESSION_STALLS_TOTAL,

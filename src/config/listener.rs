@@ -44,6 +44,52 @@ pub struct ListenerConfig {
     /// balancer: its client address replaces the socket's peer in logs, limits and ACLs. A
     /// connection without one is closed. Only for listeners nothing else can reach.
     pub proxy_protocol: bool,
+    /// What the socket speaks: MQTT straight over TCP, or inside WebSocket frames.
+    pub kind: ListenerKind,
+    /// The HTTP upgrade rules of a `ws` listener (`[listener.websocket]`); ignored by others.
+    pub websocket: WebSocketConfig,
+}
+
+/// The protocol a listener speaks on its socket; one enum so every kind is chosen by the same
+/// `kind` key (the TLS listener adds its variants' support in parallel).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    /// MQTT straight over TCP (port 1883 by convention).
+    #[default]
+    Tcp,
+    /// MQTT over TLS (not supported on this branch yet).
+    Tls,
+    /// MQTT over WebSocket (MQTT 5.0 / 3.1.1 section 6; port 9001 or 8080 by convention), for
+    /// browsers and networks that only pass HTTP.
+    Ws,
+    /// MQTT over WebSocket over TLS (not supported yet).
+    Wss,
+}
+
+/// `[listener.websocket]`: which HTTP upgrade requests a `ws` listener accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebSocketConfig {
+    /// The request path the upgrade must name (`/mqtt`, as EMQX, HiveMQ and MQTT.js default
+    /// to); any other path gets HTTP 404. `/` is accepted only when configured, so a
+    /// misdirected web client is not silently served.
+    pub path: String,
+    /// `Origin` values a browser request may carry; empty = any. A request whose `Origin` is
+    /// not listed gets HTTP 403 (requests without `Origin`, from non-browser clients, pass).
+    pub allowed_origins: Vec<String>,
+}
+
+/// Default of [`WebSocketConfig::path`].
+pub const DEFAULT_WEBSOCKET_PATH: &str = "/mqtt";
+
+impl Default for WebSocketConfig {
+    fn default() -> Self {
+        WebSocketConfig {
+            path: DEFAULT_WEBSOCKET_PATH.to_owned(),
+            allowed_origins: Vec::new(),
+        }
+    }
 }
 
 /// Default of [`ListenerConfig::max_pending_connections`]: a real client's handshake does not
@@ -66,6 +112,8 @@ impl Default for ListenerConfig {
             max_pending_connections: DEFAULT_MAX_PENDING_CONNECTIONS,
             max_pending_connections_per_ip: DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
             proxy_protocol: false,
+            kind: ListenerKind::Tcp,
+            websocket: WebSocketConfig::default(),
         }
     }
 }
@@ -161,6 +209,7 @@ pub(super) fn validate(
         .map(|(i, l)| l.effective_name(i))
         .collect();
     for (i, listener) in listeners.iter().enumerate() {
+        check_kind(i, listener)?;
         if let Some(name) = &listener.name {
             check_name(name).map_err(|message| invalid(&format!("listener[{i}].name"), message))?;
         }
@@ -211,6 +260,26 @@ pub(super) fn validate(
         }
     }
     Ok(())
+}
+
+/// Kinds this build serves, and a `ws` listener's path.
+fn check_kind(i: usize, listener: &ListenerConfig) -> Result<(), ConfigError> {
+    match listener.kind {
+        ListenerKind::Tcp => Ok(()),
+        ListenerKind::Tls | ListenerKind::Wss => Err(invalid(
+            &format!("listener[{i}].kind"),
+            "TLS listeners (`tls`, `wss`) are not supported yet".to_owned(),
+        )),
+        ListenerKind::Ws => {
+            if !listener.websocket.path.starts_with('/') {
+                return Err(invalid(
+                    &format!("listener[{i}].websocket.path"),
+                    format!("must start with `/`, got {:?}", listener.websocket.path),
+                ));
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Names end up in logs and, later, metric labels and auth rules: keep them plain.

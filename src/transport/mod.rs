@@ -10,6 +10,7 @@ pub mod admission;
 pub mod fd_table;
 pub mod proxy;
 mod tcp;
+pub mod ws;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -112,6 +113,55 @@ impl Handoff {
         });
     }
 
+    /// Like [`Handoff::spawn`], for a `ws` listener: the task first runs the WebSocket
+    /// upgrade (after the PROXY header when `proxy_protocol`), within `mqtt.connect_timeout`
+    /// of accept, then serves MQTT over the WebSocket. A refused or failed upgrade is closed
+    /// and counted (`postbox_ws_upgrade_failures_total{listener,reason}`).
+    pub fn spawn_websocket<S>(
+        &self,
+        mut stream: S,
+        mut info: ConnectionInfo,
+        mut slot: HandshakeSlot,
+        proxy_protocol: bool,
+        settings: Arc<ws::WsSettings>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let broker = Arc::clone(&self.broker);
+        let shutdown = self.shutdown.clone();
+        let timeout = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
+        let deadline = slot.accepted_at() + timeout;
+        self.connections.spawn(async move {
+            if proxy_protocol
+                && !read_proxy_header(&mut stream, &mut info, &mut slot, deadline, &broker).await
+            {
+                return;
+            }
+            let failed = |reason: &'static str| {
+                metrics::counter!(
+                    crate::metrics::names::WS_UPGRADE_FAILURES_TOTAL,
+                    "listener" => info.listener.to_string(),
+                    "reason" => reason
+                )
+                .increment(1);
+            };
+            let stream = match tokio::time::timeout_at(deadline, ws::accept(stream, &settings)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    failed(error.reason());
+                    tracing::info!(peer = %info.peer, listener = %info.listener, %error, "closing connection: WebSocket upgrade");
+                    return;
+                }
+                Err(_) => {
+                    failed("timeout");
+                    tracing::info!(peer = %info.peer, listener = %info.listener, "closing connection: no WebSocket upgrade within mqtt.connect_timeout");
+                    return;
+                }
+            };
+            connection::serve(stream, info, broker, shutdown, slot).await;
+        });
+    }
+
     /// The broker connections are handed to (its metrics, for the listener's counts).
     pub fn broker(&self) -> &Arc<Broker> {
         &self.broker
@@ -144,4 +194,36 @@ pub trait Listener: Send {
 /// options cannot be set.
 pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
     Ok(Box::new(PlainTcpListener::bind(name, config)?))
+}
+
+/// Reads the PROXY header of `stream` by `deadline` and puts the client address it names in
+/// `info` and `slot`; `false` (logged and counted) when there is none in time.
+async fn read_proxy_header<S>(
+    stream: &mut S,
+    info: &mut ConnectionInfo,
+    slot: &mut HandshakeSlot,
+    deadline: tokio::time::Instant,
+    broker: &Broker,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout_at(deadline, proxy::read_header(stream)).await {
+        Ok(Ok(Some(client))) => {
+            slot.set_source(client.ip());
+            info.peer = client;
+            true
+        }
+        Ok(Ok(None)) => true, // the balancer's own check: its address stands
+        Ok(Err(error)) => {
+            broker.metrics.connections_refused_proxy.increment(1);
+            tracing::info!(peer = %info.peer, listener = %info.listener, %error, "closing connection: PROXY header");
+            false
+        }
+        Err(_) => {
+            broker.metrics.connections_refused_proxy.increment(1);
+            tracing::info!(peer = %info.peer, listener = %info.listener, "closing connection: no PROXY header within mqtt.connect_timeout");
+            false
+        }
+    }
 }

@@ -45,3 +45,4 @@ mod v5_shared;
 mod v5_subscriptions;
 mod v5_topic_alias;
 mod v5_will;
+mod websocket;
