@@ -70,7 +70,9 @@ pub mod names {
     /// Counter (label `reason`): connections refused by a listener's limits.
     pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
     /// Counter: WebSocket upgrades refused or failed, by `listener` and `reason` (`path`,
-    /// `origin`, `subprotocol`, `handshake`, `timeout`).
+    /// `origin`, `subprotocol`, `handshake`, `timeout`). Created at the first failure (its
+    /// labels name listeners), so not in [`ALL`] (whose tests want every series at start);
+    /// README lists it.
     pub const WS_UPGRADE_FAILURES_TOTAL: &str = "postbox_ws_upgrade_failures_total";
     /// Counter: connections closed because their CONNECT was not accepted within
     /// `mqtt.connect_timeout`.
@@ -104,7 +106,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 38] = [
+    pub const ALL: [&str; 37] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -130,7 +132,6 @@ pub mod names {
         SESSION_TAKEOVERS_TOTAL,
         CONNECTIONS_PENDING,
         CONNECTIONS_REFUSED_TOTAL,
-        WS_UPGRADE_FAILURES_TOTAL,
         CONNECT_TIMEOUTS_TOTAL,
         PACKET_TIMEOUTS_TOTAL,
         PARTIAL_PACKET_BYTES,

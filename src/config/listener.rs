@@ -71,7 +71,7 @@ pub enum ListenerKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebSocketConfig {
-    /// The request path the upgrade must name (`/mqtt`, as EMQX, HiveMQ and MQTT.js default
+    /// The request path the upgrade must name (`/mqtt`, as EMQX, `HiveMQ` and `MQTT.js` default
     /// to); any other path gets HTTP 404. `/` is accepted only when configured, so a
     /// misdirected web client is not silently served.
     pub path: String,
@@ -435,6 +435,28 @@ mod tests {
         assert_eq!(key, "metrics.bind");
         assert_eq!(line, None, "metrics.bind is not in the text");
         assert!(message.contains("(listener.bind = "), "{message}");
+    }
+
+    #[test]
+    fn websocket_kind_and_table() {
+        let c = parse(
+            "[[listener]]\nbind = \"127.0.0.1:9001\"\nkind = \"ws\"\n\
+             [listener.websocket]\nallowed_origins = [\"https://a.example\"]\n",
+        )
+        .expect("parses");
+        assert_eq!(c.listeners[0].kind, ListenerKind::Ws);
+        assert_eq!(c.listeners[0].websocket.path, DEFAULT_WEBSOCKET_PATH);
+        assert_eq!(
+            c.listeners[0].websocket.allowed_origins,
+            ["https://a.example"]
+        );
+        assert_eq!(Config::default().listeners[0].kind, ListenerKind::Tcp);
+        let (key, line, message) = invalid_at("[listener]\nkind = \"wss\"\n");
+        assert_eq!((key.as_str(), line), ("listener.kind", Some(2)));
+        assert!(message.contains("not supported yet"), "{message}");
+        let (key, _, _) =
+            invalid_at("[listener]\nkind = \"ws\"\n[listener.websocket]\npath = \"mqtt\"\n");
+        assert_eq!(key, "listener.websocket.path");
     }
 
     #[test]

@@ -90,6 +90,8 @@ impl UpgradeError {
 ///
 /// [`UpgradeError`] when the request is refused (an HTTP error answer has been sent) or is
 /// not a WebSocket upgrade.
+// The callback's error type is tungstenite's HTTP response.
+#[allow(clippy::result_large_err)]
 pub async fn accept<S>(stream: S, settings: &WsSettings) -> Result<WsStream<S>, UpgradeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -205,9 +207,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
                 }
                 // Answered (pong) or ignored by the WebSocket layer.
                 Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                Some(Ok(Message::Close(_)))
-                | None
-                | Some(Err(WsError::ConnectionClosed | WsError::AlreadyClosed)) => {
+                Some(
+                    Ok(Message::Close(_)) | Err(WsError::ConnectionClosed | WsError::AlreadyClosed),
+                )
+                | None => {
                     return Poll::Ready(Ok(()));
                 }
                 Some(Err(error)) => return Poll::Ready(Err(to_io(error))),
