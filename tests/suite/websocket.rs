@@ -272,7 +272,9 @@ async fn text_frame_closes_the_connection() {
     );
     ws.send_frame(BINARY, &connect_bytes("texter")).await;
     assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
-    ws.send_frame(TEXT, &[0xC0, 0x00]).await;
+    // A PUBLISH whose bytes are valid UTF-8, so the frame is a well-formed text frame.
+    ws.send_frame(TEXT, &[0x30, 0x04, 0x00, 0x01, b't', b'x'])
+        .await;
     assert!(ws.closed().await, "a text frame must close the connection");
 }
 
