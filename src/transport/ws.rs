@@ -68,7 +68,7 @@ pub enum UpgradeError {
     Subprotocol(String),
     /// Not a WebSocket upgrade at all (bad HTTP, a plain MQTT client, the peer went away).
     #[error("WebSocket handshake failed: {0}")]
-    Handshake(#[source] WsError),
+    Handshake(#[source] Box<WsError>),
 }
 
 impl UpgradeError {
@@ -116,7 +116,9 @@ where
             chunk: Bytes::new(),
             queued: 0,
         }),
-        Err(error) => Err(refused.take().unwrap_or(UpgradeError::Handshake(error))),
+        Err(error) => Err(refused
+            .take()
+            .unwrap_or_else(|| UpgradeError::Handshake(Box::new(error)))),
     }
 }
 
