@@ -71,6 +71,11 @@ pub mod names {
     pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
     /// Counter (label `reason`): connections refused by a listener's limits.
     pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
+    /// Counter: WebSocket upgrades refused or failed, by `listener` and `reason` (`path`,
+    /// `origin`, `subprotocol`, `handshake`, `timeout`). Created at the first failure (its
+    /// labels name listeners), so not in [`ALL`] (whose tests want every series at start);
+    /// README lists it.
+    pub const WS_UPGRADE_FAILURES_TOTAL: &str = "postbox_ws_upgrade_failures_total";
     /// Counter: connections closed because their CONNECT was not accepted within
     /// `mqtt.connect_timeout`.
     pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
@@ -402,6 +407,11 @@ impl Metrics {
             MESSAGES_DROPPED_TOTAL,
             Unit::Count,
             "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory) and QoS."
+        );
+        describe_counter!(
+            WS_UPGRADE_FAILURES_TOTAL,
+            Unit::Count,
+            "WebSocket upgrades refused or failed on ws listeners, by listener and reason (path, origin, subprotocol, handshake, timeout)."
         );
         describe_counter!(
             SESSION_STALLS_TOTAL,

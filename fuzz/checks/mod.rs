@@ -206,6 +206,7 @@ pub(crate) fn connect(data: &[u8]) {
         allow_anonymous: b1 & 0x10 == 0,
         password_file: false,
         jwt: false,
+        certified: false,
         authenticators: &authenticators,
     };
     match admission::decide(&data[2..], &policy) {

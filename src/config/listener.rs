@@ -49,11 +49,14 @@ pub struct ListenerConfig {
     /// `auth.allow_anonymous` decides (e.g. anonymous on a localhost listener only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_anonymous: Option<bool>,
-    /// What the listener speaks: plain MQTT over TCP (the default), or MQTT over TLS.
+    /// What the listener speaks: plain MQTT over TCP (the default), MQTT over TLS, or MQTT
+    /// inside WebSocket frames.
     pub kind: ListenerKind,
     /// Certificates of a `tls` listener (`[listener.tls]`); required for that kind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
+    /// The HTTP upgrade rules of a `ws` listener (`[listener.websocket]`); ignored by others.
+    pub websocket: WebSocketConfig,
 }
 
 /// The protocol a listener speaks on its socket; one enum so every kind is chosen by the same
@@ -66,7 +69,8 @@ pub enum ListenerKind {
     Tcp,
     /// MQTT over TLS 1.2/1.3 (port 8883 by convention), optionally with client certificates.
     Tls,
-    /// MQTT over WebSocket (not supported yet).
+    /// MQTT over WebSocket (MQTT 5.0 / 3.1.1 section 6; port 9001 or 8080 by convention), for
+    /// browsers and networks that only pass HTTP.
     Ws,
     /// MQTT over WebSocket over TLS (not supported yet).
     Wss,
@@ -127,6 +131,31 @@ pub struct TlsConfig {
     pub use_identity_as_username: bool,
 }
 
+/// `[listener.websocket]`: which HTTP upgrade requests a `ws` listener accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebSocketConfig {
+    /// The request path the upgrade must name (`/mqtt`, as EMQX, `HiveMQ` and `MQTT.js` default
+    /// to); any other path gets HTTP 404. `/` is accepted only when configured, so a
+    /// misdirected web client is not silently served.
+    pub path: String,
+    /// `Origin` values a browser request may carry; empty = any. A request whose `Origin` is
+    /// not listed gets HTTP 403 (requests without `Origin`, from non-browser clients, pass).
+    pub allowed_origins: Vec<String>,
+}
+
+/// Default of [`WebSocketConfig::path`].
+pub const DEFAULT_WEBSOCKET_PATH: &str = "/mqtt";
+
+impl Default for WebSocketConfig {
+    fn default() -> Self {
+        WebSocketConfig {
+            path: DEFAULT_WEBSOCKET_PATH.to_owned(),
+            allowed_origins: Vec::new(),
+        }
+    }
+}
+
 /// Default of [`ListenerConfig::max_pending_connections`]: a real client's handshake does not
 /// wait (the kernel hands the connection over once its CONNECT is in), so this only bounds
 /// silent and slow ones: room for plenty of slow links, far below what would pin much memory
@@ -150,6 +179,7 @@ impl Default for ListenerConfig {
             allow_anonymous: None,
             kind: ListenerKind::Tcp,
             tls: None,
+            websocket: WebSocketConfig::default(),
         }
     }
 }
@@ -245,6 +275,7 @@ pub(super) fn validate(
         .map(|(i, l)| l.effective_name(i))
         .collect();
     for (i, listener) in listeners.iter().enumerate() {
+        check_kind(i, listener)?;
         if let Some(name) = &listener.name {
             check_name(name).map_err(|message| invalid(&format!("listener[{i}].name"), message))?;
         }
@@ -300,23 +331,34 @@ pub(super) fn validate(
 
 /// The `kind` is one this build serves, and a `tls` listener has its files.
 fn check_kind(i: usize, listener: &ListenerConfig) -> Result<(), ConfigError> {
-    if listener.proxy_protocol && listener.kind != ListenerKind::Tcp {
+    if listener.proxy_protocol && !matches!(listener.kind, ListenerKind::Tcp | ListenerKind::Ws) {
         return Err(invalid(
             &format!("listener[{i}].proxy_protocol"),
-            "the PROXY protocol is supported on `tcp` listeners only so far".to_owned(),
+            "the PROXY protocol is supported on `tcp` and `ws` listeners only so far".to_owned(),
         ));
     }
     match listener.kind {
         ListenerKind::Tcp => Ok(()),
-        ListenerKind::Ws | ListenerKind::Wss => Err(invalid(
-            &format!("listener[{i}].kind"),
-            "WebSocket listeners (`ws`, `wss`) are not supported yet".to_owned(),
-        )),
-        ListenerKind::Tls => {
+        ListenerKind::Ws => {
+            if !listener.websocket.path.starts_with('/') {
+                return Err(invalid(
+                    &format!("listener[{i}].websocket.path"),
+                    format!("must start with `/`, got {:?}", listener.websocket.path),
+                ));
+            }
+            Ok(())
+        }
+        ListenerKind::Tls | ListenerKind::Wss => {
+            if listener.kind == ListenerKind::Wss && !listener.websocket.path.starts_with('/') {
+                return Err(invalid(
+                    &format!("listener[{i}].websocket.path"),
+                    format!("must start with `/`, got {:?}", listener.websocket.path),
+                ));
+            }
             let Some(tls) = &listener.tls else {
                 return Err(invalid(
                     &format!("listener[{i}].kind"),
-                    "a `tls` listener needs a `[listener.tls]` table with `cert` and `key`"
+                    "a `tls` or `wss` listener needs a `[listener.tls]` table with `cert` and `key`"
                         .to_owned(),
                 ));
             };
@@ -392,9 +434,9 @@ mod tests {
 
     #[test]
     fn tls_kind_rules_name_their_key() {
-        let (key, line, msg) = invalid_at("[[listener]]\nkind = \"ws\"\n");
+        let (key, line, msg) = invalid_at("[[listener]]\nkind = \"wss\"\n");
         assert_eq!((key.as_str(), line), ("listener[0].kind", Some(2)), "{msg}");
-        assert!(msg.contains("not supported yet"), "{msg}");
+        assert!(msg.contains("[listener.tls]"), "{msg}");
         let (key, _, msg) = invalid_at("[[listener]]\nkind = \"tls\"\n");
         assert_eq!(key, "listener[0].kind", "{msg}");
         let (key, line, _) = invalid_at(
@@ -528,6 +570,29 @@ mod tests {
         assert_eq!(key, "metrics.bind");
         assert_eq!(line, None, "metrics.bind is not in the text");
         assert!(message.contains("(listener.bind = "), "{message}");
+    }
+
+    #[test]
+    fn websocket_kind_and_table() {
+        let c = parse(
+            "[[listener]]\nbind = \"127.0.0.1:9001\"\nkind = \"ws\"\n\
+             [listener.websocket]\nallowed_origins = [\"https://a.example\"]\n",
+        )
+        .expect("parses");
+        assert_eq!(c.listeners[0].kind, ListenerKind::Ws);
+        assert_eq!(c.listeners[0].websocket.path, DEFAULT_WEBSOCKET_PATH);
+        assert_eq!(
+            c.listeners[0].websocket.allowed_origins,
+            ["https://a.example"]
+        );
+        assert_eq!(Config::default().listeners[0].kind, ListenerKind::Tcp);
+        // `wss` is TLS with the upgrade on top: it needs the TLS files.
+        let (key, line, message) = invalid_at("[listener]\nkind = \"wss\"\n");
+        assert_eq!((key.as_str(), line), ("listener.kind", Some(2)));
+        assert!(message.contains("[listener.tls]"), "{message}");
+        let (key, _, _) =
+            invalid_at("[listener]\nkind = \"ws\"\n[listener.websocket]\npath = \"mqtt\"\n");
+        assert_eq!(key, "listener.websocket.path");
     }
 
     #[test]

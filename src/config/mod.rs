@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 pub use error::ConfigError;
 pub use listener::{
     ClientCertMode, ListenerConfig, ListenerKind, MetricsConfig, TlsConfig, TlsIdentity,
-    DEFAULT_MAX_PENDING_CONNECTIONS, DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP, MAX_LISTENER_NAME_LEN,
+    WebSocketConfig, DEFAULT_MAX_PENDING_CONNECTIONS, DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
+    DEFAULT_WEBSOCKET_PATH, MAX_LISTENER_NAME_LEN,
 };
 pub use mqtt::{
     MemoryLimit, MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy,

@@ -36,6 +36,9 @@ pub struct Policy<'a> {
     /// Whether a password may be a JWT (`[auth.jwt]`, checked in the handshake): a client
     /// that sends a password without a user name is then not anonymous.
     pub jwt: bool,
+    /// Whether the user name comes from a verified TLS client certificate
+    /// (`tls.use_identity_as_username`): the client is authenticated, not anonymous.
+    pub certified: bool,
     /// The enhanced-authentication methods offered.
     pub authenticators: &'a AuthRegistry,
 }
@@ -424,7 +427,7 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
     // the password file (both run after these checks); without a password file a user name
     // proves nothing.
     let enhanced = connect.protocol.is_v5() && connect.properties.authentication_method.is_some();
-    if !policy.allow_anonymous && !enhanced {
+    if !policy.allow_anonymous && !enhanced && !policy.certified {
         match (&connect.username, policy.password_file) {
             (Some(_), true) => {}
             // A token names its user; the handshake verifies it.
@@ -562,6 +565,7 @@ mod tests {
                 allow_anonymous: true,
                 password_file: false,
                 jwt: false,
+                certified: false,
                 authenticators: &authenticators,
             },
         )

@@ -11,6 +11,7 @@ pub mod fd_table;
 pub mod proxy;
 mod tcp;
 mod tls;
+pub mod ws;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -113,22 +114,8 @@ impl Handoff {
         let timeout = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
         let deadline = slot.accepted_at() + timeout;
         self.connections.spawn(async move {
-            match tokio::time::timeout_at(deadline, proxy::read_header(&mut stream)).await {
-                Ok(Ok(Some(client))) => {
-                    slot.set_source(client.ip());
-                    info.peer = client;
-                }
-                Ok(Ok(None)) => {} // the balancer's own check: its address stands
-                Ok(Err(error)) => {
-                    broker.metrics.connections_refused_proxy.increment(1);
-                    tracing::info!(peer = %info.peer, listener = %info.listener, %error, "closing connection: PROXY header");
-                    return;
-                }
-                Err(_) => {
-                    broker.metrics.connections_refused_proxy.increment(1);
-                    tracing::info!(peer = %info.peer, listener = %info.listener, "closing connection: no PROXY header within mqtt.connect_timeout");
-                    return;
-                }
+            if !read_proxy_header(&mut stream, &mut info, &mut slot, deadline, &broker).await {
+                return;
             }
             connection::serve(stream, info, broker, shutdown, slot).await;
         });
@@ -152,6 +139,37 @@ impl Handoff {
             if let Some((stream, info)) = upgraded {
                 connection::serve(stream, info, broker, shutdown, slot).await;
             }
+        });
+    }
+
+    /// Like [`Handoff::spawn`], for a `ws` listener: the task first runs the WebSocket
+    /// upgrade (after the PROXY header when `proxy_protocol`), within `mqtt.connect_timeout`
+    /// of accept, then serves MQTT over the WebSocket. A refused or failed upgrade is closed
+    /// and counted (`postbox_ws_upgrade_failures_total{listener,reason}`).
+    pub fn spawn_websocket<S>(
+        &self,
+        mut stream: S,
+        mut info: ConnectionInfo,
+        mut slot: HandshakeSlot,
+        proxy_protocol: bool,
+        settings: Arc<ws::WsSettings>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let broker = Arc::clone(&self.broker);
+        let shutdown = self.shutdown.clone();
+        let timeout = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
+        let deadline = slot.accepted_at() + timeout;
+        self.connections.spawn(async move {
+            if proxy_protocol
+                && !read_proxy_header(&mut stream, &mut info, &mut slot, deadline, &broker).await
+            {
+                return;
+            }
+            let Some(stream) = ws::upgrade_by(deadline, stream, &settings, &info).await else {
+                return;
+            };
+            connection::serve(stream, info, broker, shutdown, slot).await;
         });
     }
 
@@ -192,10 +210,40 @@ pub trait Listener: Send {
 /// options cannot be set.
 pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
     Ok(match config.kind {
-        ListenerKind::Tls => Box::new(TlsListener::bind(name, config)?),
-        // Validation refuses `ws`/`wss` until they are served.
-        ListenerKind::Tcp | ListenerKind::Ws | ListenerKind::Wss => {
-            Box::new(PlainTcpListener::bind(name, config)?)
-        }
+        ListenerKind::Tls | ListenerKind::Wss => Box::new(TlsListener::bind(name, config)?),
+        // `ws` is plain TCP with the upgrade in the connection task.
+        ListenerKind::Tcp | ListenerKind::Ws => Box::new(PlainTcpListener::bind(name, config)?),
     })
+}
+
+/// Reads the PROXY header of `stream` by `deadline` and puts the client address it names in
+/// `info` and `slot`; `false` (logged and counted) when there is none in time.
+async fn read_proxy_header<S>(
+    stream: &mut S,
+    info: &mut ConnectionInfo,
+    slot: &mut HandshakeSlot,
+    deadline: tokio::time::Instant,
+    broker: &Broker,
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout_at(deadline, proxy::read_header(stream)).await {
+        Ok(Ok(Some(client))) => {
+            slot.set_source(client.ip());
+            info.peer = client;
+            true
+        }
+        Ok(Ok(None)) => true, // the balancer's own check: its address stands
+        Ok(Err(error)) => {
+            broker.metrics.connections_refused_proxy.increment(1);
+            tracing::info!(peer = %info.peer, listener = %info.listener, %error, "closing connection: PROXY header");
+            false
+        }
+        Err(_) => {
+            broker.metrics.connections_refused_proxy.increment(1);
+            tracing::info!(peer = %info.peer, listener = %info.listener, "closing connection: no PROXY header within mqtt.connect_timeout");
+            false
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! Plain TCP listener.
+//! TCP listener: plain MQTT, or MQTT inside WebSocket frames (`kind = "ws"`, the upgrade
+//! in the connection task, see `Handoff::spawn_websocket`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,8 +9,9 @@ use tokio::net::TcpSocket;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{Admission, AdmissionLimits};
+use super::ws::WsSettings;
 use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
-use crate::config::ListenerConfig;
+use crate::config::{ListenerConfig, ListenerKind, WebSocketConfig};
 
 /// A bound plain-TCP MQTT listener.
 #[derive(Debug)]
@@ -20,6 +22,8 @@ pub struct PlainTcpListener {
     limits: AdmissionLimits,
     /// `proxy_protocol`: a PROXY header comes first on every connection.
     proxy_protocol: bool,
+    /// `kind = "ws"`: the upgrade rules; `None` for plain MQTT.
+    websocket: Option<WebSocketConfig>,
 }
 
 impl PlainTcpListener {
@@ -38,6 +42,7 @@ impl PlainTcpListener {
             local_addr,
             limits: AdmissionLimits::of(config),
             proxy_protocol: config.proxy_protocol,
+            websocket: (config.kind == ListenerKind::Ws).then(|| config.websocket.clone()),
         })
     }
 }
@@ -74,8 +79,11 @@ impl PlainTcpListener {
             listener,
             limits,
             proxy_protocol,
+            websocket,
             ..
         } = self;
+        let websocket = websocket
+            .map(|config| WsSettings::new(&config, handoff.broker().config().max_packet_size));
         let admission = Admission::new(limits, &handoff.broker().metrics);
         loop {
             let accepted = tokio::select! {
@@ -99,7 +107,9 @@ impl PlainTcpListener {
                 listener: Arc::clone(&name),
                 tls: None,
             };
-            if proxy_protocol {
+            if let Some(settings) = &websocket {
+                handoff.spawn_websocket(stream, info, slot, proxy_protocol, Arc::clone(settings));
+            } else if proxy_protocol {
                 handoff.spawn_behind_proxy(stream, info, slot);
             } else {
                 handoff.spawn(stream, info, slot);

@@ -1,4 +1,5 @@
-//! TLS listener (`kind = "tls"`): MQTT over TLS 1.2/1.3, optionally with client certificates.
+//! TLS listener (`kind = "tls"`): MQTT over TLS 1.2/1.3, optionally with client certificates;
+//! `kind = "wss"`: the same, with the WebSocket upgrade (`transport::ws`) on the TLS stream.
 //!
 //! The accept loop only accepts; the TLS handshake runs in the connection's own task, bounded
 //! by `mqtt.connect_timeout`, so a slow or silent client cannot hold up the accepts of others.
@@ -41,6 +42,8 @@ const ALPN_MQTT: &[u8] = b"mqtt";
 pub struct TlsListener {
     tcp: PlainTcpListener,
     state: Arc<TlsState>,
+    /// `kind = "wss"`: the WebSocket upgrade rules, run on the TLS stream.
+    websocket: Option<crate::config::WebSocketConfig>,
 }
 
 /// The files of one TLS listener and the configuration built from them; the [`Reload`] of
@@ -70,7 +73,13 @@ impl TlsListener {
             current: ArcSwap::from_pointee(server),
         });
         let tcp = PlainTcpListener::bind(name, config)?;
-        Ok(TlsListener { tcp, state })
+        let websocket =
+            (config.kind == crate::config::ListenerKind::Wss).then(|| config.websocket.clone());
+        Ok(TlsListener {
+            tcp,
+            state,
+            websocket,
+        })
     }
 }
 
@@ -95,8 +104,15 @@ impl Listener for TlsListener {
 impl TlsListener {
     /// Accepts until `stop`; each socket's TLS handshake runs in its connection task.
     async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
-        let TlsListener { tcp, state } = self;
+        let TlsListener {
+            tcp,
+            state,
+            websocket,
+        } = self;
         let (name, listener, limits) = tcp.into_parts();
+        let websocket = websocket.map(|config| {
+            super::ws::WsSettings::new(&config, handoff.broker().config().max_packet_size)
+        });
         let admission = Admission::new(limits, &handoff.broker().metrics);
         let timeout =
             Duration::from_secs(u64::from(handoff.broker().config().connect_timeout.max(1)));
@@ -125,7 +141,20 @@ impl TlsListener {
                 state.files.clone_identity(),
                 timeout,
             );
-            handoff.spawn_upgraded(upgrade, slot);
+            match &websocket {
+                // `wss`: the WebSocket upgrade on the TLS stream, by the same deadline.
+                Some(settings) => {
+                    let settings = Arc::clone(settings);
+                    let deadline = slot.accepted_at() + timeout;
+                    let upgrade = async move {
+                        let (tls, info) = upgrade.await?;
+                        let ws = super::ws::upgrade_by(deadline, tls, &settings, &info).await?;
+                        Some((ws, info))
+                    };
+                    handoff.spawn_upgraded(upgrade, slot);
+                }
+                None => handoff.spawn_upgraded(upgrade, slot),
+            }
         }
     }
 }

@@ -105,6 +105,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     let version = connect.protocol;
     let logins = broker.logins();
     let mut connect = connect;
+    // Authenticated already (a verified certificate, a token): the password file is not asked.
+    let mut authenticated = false;
     if let Some(tls) = info.tls.as_deref().filter(|tls| tls.identity_as_username) {
         // `tls.use_identity_as_username` (Mosquitto's): the certificate names the user, the
         // CONNECT's user name is ignored; without a certificate the client is not
@@ -124,6 +126,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         tracing::info!(%peer, username = ?connect.username, "user name from the TLS certificate");
+        authenticated = true;
     }
     let policy = Policy {
         config: broker.config(),
@@ -132,6 +135,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         }),
         password_file: logins.is_some_and(|l| l.passwords().is_some()),
         jwt: logins.is_some_and(|l| l.jwt().is_some()),
+        certified: authenticated,
         authenticators: broker.authenticators(),
     };
     let admitted = match admission::admit(&connect, &policy) {
@@ -148,11 +152,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
     // A JWT as password (`[auth.jwt]`): its claim is the user name from here on, and the
     // password file is not asked. A password that is not shaped like a token goes on to it.
-    let mut token_checked = false;
-    if let (Some(jwt), Some(password), None) = (
+    if let (Some(jwt), Some(password), None, false) = (
         logins.and_then(|l| l.jwt()),
         connect.password.as_deref(),
         &admitted.auth_method,
+        authenticated,
     ) {
         if auth::jwt::looks_like_jwt(password) {
             let verdict = std::str::from_utf8(password)
@@ -178,7 +182,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
                 return reject(io, version, code, Some((why, &connect))).await;
             }
-            token_checked = true;
+            authenticated = true;
         }
     }
     // The password file, for a client that sent a user name and no enhanced authentication
@@ -187,7 +191,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         logins.and_then(|l| l.passwords()),
         connect.username.as_deref(),
         &admitted.auth_method,
-        token_checked,
+        authenticated,
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
         match tokio::time::timeout_at(deadline, store.verify(user, password, deadline)).await {

@@ -1,0 +1,408 @@
+//! `kind = "ws"` listeners (MQTT 5.0 / 3.1.1 section 6, issue 13): MQTT inside WebSocket
+//! binary frames. A real client (rumqttc's websocket transport) round-trips QoS 0 and 1; a
+//! hand-written WebSocket client (raw frames over a `TcpStream`, so frames can be split,
+//! packed and mistyped at will) checks the framing rules and the upgrade's refusals.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use postbox::codec::{self, Packet, ProtocolVersion};
+use rustls::pki_types::pem::PemObject;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::common;
+use common::async_process::BrokerProcess;
+use common::rumq::V4;
+use common::WAIT;
+
+const WS_LISTENER: &str =
+    "kind = \"ws\"\n[listener.websocket]\nallowed_origins = [\"http://good.example\"]\n";
+
+async fn ws_broker() -> BrokerProcess {
+    BrokerProcess::spawn(WS_LISTENER, "").await
+}
+
+/// A 3.1.1 packet, encoded.
+fn encode(packet: &Packet) -> Vec<u8> {
+    let mut out = bytes::BytesMut::new();
+    codec::encode(packet, ProtocolVersion::V3_1_1, &mut out).expect("encode");
+    out.to_vec()
+}
+
+fn connect_bytes(client_id: &str) -> Vec<u8> {
+    encode(&Packet::Connect(Box::new(codec::Connect {
+        protocol: ProtocolVersion::V3_1_1,
+        clean_start: true,
+        keep_alive: 60,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Default::default(),
+    })))
+}
+
+/// A byte stream a raw WebSocket client runs over: TCP (`ws`) or TLS over TCP (`wss`).
+trait WsIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> WsIo for T {}
+
+/// A raw WebSocket client: the upgrade and frames written by hand.
+struct RawWs {
+    stream: Box<dyn WsIo>,
+    /// Bytes read past the HTTP response or a frame.
+    pending: Vec<u8>,
+}
+
+/// The upgrade's HTTP status line and headers, or the connection's end.
+async fn upgrade(
+    addr: SocketAddr,
+    path: &str,
+    protocol: Option<&str>,
+    origin: Option<&str>,
+) -> (String, RawWs) {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    upgrade_over(Box::new(stream), addr, path, protocol, origin).await
+}
+
+/// [`upgrade`] over a stream already open (e.g. a TLS session, for `wss`).
+async fn upgrade_over(
+    mut stream: Box<dyn WsIo>,
+    addr: SocketAddr,
+    path: &str,
+    protocol: Option<&str>,
+    origin: Option<&str>,
+) -> (String, RawWs) {
+    let mut request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    );
+    if let Some(p) = protocol {
+        request.push_str(&format!("Sec-WebSocket-Protocol: {p}\r\n"));
+    }
+    if let Some(o) = origin {
+        request.push_str(&format!("Origin: {o}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let head_end = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                return i + 4;
+            }
+            let mut chunk = [0u8; 1024];
+            let n = stream.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                return buf.len();
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("an HTTP answer in time");
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let pending = buf[head_end..].to_vec();
+    (head, RawWs { stream, pending })
+}
+
+/// A client frame (masked, as clients must): `opcode` with FIN.
+fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mask = [0x12u8, 0x34, 0x56, 0x78];
+    let mut out = vec![0x80 | opcode];
+    match payload.len() {
+        n if n < 126 => out.push(0x80 | n as u8),
+        n if n <= 0xFFFF => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&mask);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    out
+}
+
+const BINARY: u8 = 2;
+const TEXT: u8 = 1;
+const PING: u8 = 9;
+
+impl RawWs {
+    async fn send_frame(&mut self, opcode: u8, payload: &[u8]) {
+        self.stream
+            .write_all(&frame(opcode, payload))
+            .await
+            .expect("write frame");
+    }
+
+    async fn fill(&mut self, want: usize) -> bool {
+        while self.pending.len() < want {
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
+            }
+        }
+        true
+    }
+
+    /// The next server frame (opcode, payload), or `None` when the connection ends; bounded
+    /// by `WAIT`.
+    async fn next_frame(&mut self) -> Option<(u8, Vec<u8>)> {
+        tokio::time::timeout(WAIT, async {
+            if !self.fill(2).await {
+                return None;
+            }
+            let opcode = self.pending[0] & 0x0F;
+            let (len, header) = match self.pending[1] & 0x7F {
+                126 => {
+                    if !self.fill(4).await {
+                        return None;
+                    }
+                    (
+                        usize::from(u16::from_be_bytes([self.pending[2], self.pending[3]])),
+                        4,
+                    )
+                }
+                127 => {
+                    if !self.fill(10).await {
+                        return None;
+                    }
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&self.pending[2..10]);
+                    (u64::from_be_bytes(b) as usize, 10)
+                }
+                n => (usize::from(n), 2),
+            };
+            if !self.fill(header + len).await {
+                return None;
+            }
+            let payload = self.pending[header..header + len].to_vec();
+            self.pending.drain(..header + len);
+            Some((opcode, payload))
+        })
+        .await
+        .expect("a frame or the end within WAIT")
+    }
+
+    /// MQTT bytes from binary frames until `n` are in (pings/pongs skipped).
+    async fn read_mqtt(&mut self, n: usize) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        for _ in 0..64 {
+            if out.len() >= n {
+                return Some(out);
+            }
+            let (opcode, payload) = self.next_frame().await?;
+            if opcode == BINARY {
+                out.extend_from_slice(&payload);
+            }
+        }
+        None
+    }
+
+    /// True once the server ends the connection (a close frame, then EOF) within `WAIT`.
+    async fn closed(&mut self) -> bool {
+        for _ in 0..64 {
+            match self.next_frame().await {
+                None => return true,
+                Some((8, _)) => {}
+                Some((opcode, _)) if opcode == BINARY || opcode == 10 => {}
+                Some(_) => return false,
+            }
+        }
+        false
+    }
+}
+
+const CONNACK_OK: [u8; 4] = [0x20, 0x02, 0x00, 0x00];
+
+/// A real client (rumqttc over `ws://…/mqtt`) publishes and receives at QoS 0 and 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rumqttc_round_trips_qos0_and_qos1_over_ws() {
+    let broker = ws_broker().await;
+    let url = format!("ws://{}/mqtt", broker.addr);
+    let mut options = rumqttc::MqttOptions::new("ws-client", url, broker.addr.port());
+    options.set_transport(rumqttc::Transport::Ws);
+    options.set_keep_alive(Duration::from_secs(30));
+    let mut client = V4::connect_with(options).await;
+    client.subscribe("ws/#", rumqttc::QoS::AtLeastOnce).await;
+    for (qos, payload) in [
+        (rumqttc::QoS::AtMostOnce, &b"zero"[..]),
+        (rumqttc::QoS::AtLeastOnce, &[7u8; 3000][..]),
+    ] {
+        client.publish("ws/t", qos, false, payload).await;
+        let got = client.next_publish().await;
+        assert_eq!(got.topic, "ws/t");
+        assert_eq!(&got.payload[..], payload);
+        assert_eq!(got.qos, qos);
+    }
+}
+
+/// [MQTT-6.0.0-2]: a CONNECT split over three frames is one packet, and two packets packed
+/// in one frame are both handled. [MQTT-6.0.0-4]: the answer names the `mqtt` subprotocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packets_split_across_and_packed_into_frames() {
+    let broker = ws_broker().await;
+    let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-protocol: mqtt\r\n"),
+        "{head}"
+    );
+    let connect = connect_bytes("split");
+    let third = connect.len() / 3;
+    ws.send_frame(BINARY, &connect[..third]).await;
+    ws.send_frame(BINARY, &connect[third..2 * third]).await;
+    ws.send_frame(BINARY, &connect[2 * third..]).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+
+    // SUBSCRIBE and PINGREQ in one frame: a SUBACK and a PINGRESP come back.
+    let mut packed = vec![0x82, 0x08, 0x00, 0x01, 0x00, 0x03, b'a', b'/', b'b', 0x00];
+    packed.extend_from_slice(&[0xC0, 0x00]);
+    ws.send_frame(BINARY, &packed).await;
+    let out = ws.read_mqtt(7).await.expect("SUBACK and PINGRESP");
+    assert_eq!(out, [0x90, 0x03, 0x00, 0x01, 0x00, 0xD0, 0x00]);
+
+    // A WebSocket ping is answered with a pong and disturbs nothing.
+    ws.send_frame(PING, b"hi").await;
+    assert_eq!(ws.next_frame().await, Some((10, b"hi".to_vec())));
+    ws.send_frame(BINARY, &[0xC0, 0x00]).await;
+    assert_eq!(ws.read_mqtt(2).await.as_deref(), Some(&[0xD0, 0x00][..]));
+}
+
+/// [MQTT-6.0.0-1]: a text frame closes the connection; `mqttv3.1` is accepted for old
+/// clients and named in the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_frame_closes_the_connection() {
+    let broker = ws_broker().await;
+    let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqttv3.1"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-protocol: mqttv3.1\r\n"),
+        "{head}"
+    );
+    ws.send_frame(BINARY, &connect_bytes("texter")).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+    // A PUBLISH whose bytes are valid UTF-8, so the frame is a well-formed text frame.
+    ws.send_frame(TEXT, &[0x30, 0x04, 0x00, 0x01, b't', b'x'])
+        .await;
+    assert!(ws.closed().await, "a text frame must close the connection");
+}
+
+/// The upgrade is refused without the `mqtt` subprotocol [MQTT-6.0.0-3] (400), on another
+/// path (404), from an Origin not allowed (403); each counted by reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_upgrades_are_refused_with_http_status() {
+    let broker = ws_broker().await;
+    for (path, protocol, origin, status) in [
+        ("/mqtt", None, None, "400"),
+        ("/mqtt", Some("chat, superchat"), None, "400"),
+        ("/other", Some("mqtt"), None, "404"),
+        ("/", Some("mqtt"), None, "404"),
+        ("/mqtt", Some("mqtt"), Some("http://evil.example"), "403"),
+    ] {
+        let (head, mut ws) = upgrade(broker.addr, path, protocol, origin).await;
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status}")),
+            "{path} {protocol:?} {origin:?}: {head}"
+        );
+        assert!(ws.closed().await);
+    }
+    // The allowed Origin passes.
+    let (head, _ws) = upgrade(
+        broker.addr,
+        "/mqtt",
+        Some("mqtt"),
+        Some("http://good.example"),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    for (reason, want) in [("subprotocol", 2.0), ("path", 2.0), ("origin", 1.0)] {
+        let series =
+            format!("postbox_ws_upgrade_failures_total{{listener=\"tcp\",reason=\"{reason}\"}}");
+        let got = broker.wait_metric(&series, |v| v >= want).await;
+        assert_eq!(got, want, "{series}");
+    }
+}
+
+/// A plain MQTT client on the ws port is closed without a CONNACK, while a WebSocket
+/// client on the same port carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_mqtt_on_the_ws_port_is_refused_without_disturbing_others() {
+    let broker = ws_broker().await;
+    let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    ws.send_frame(BINARY, &connect_bytes("bystander")).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+
+    let mut plain = TcpStream::connect(broker.addr).await.expect("connect");
+    plain
+        .write_all(&connect_bytes("plain"))
+        .await
+        .expect("write");
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(WAIT, plain.read(&mut buf))
+        .await
+        .expect("closed within WAIT");
+    if let Ok(n) = read {
+        // An HTTP 400 at most, never a CONNACK.
+        assert!(n == 0 || buf[0] != 0x20, "{:?}", &buf[..n]);
+    }
+    broker
+        .wait_metric(
+            "postbox_ws_upgrade_failures_total{listener=\"tcp\",reason=\"handshake\"}",
+            |v| v >= 1.0,
+        )
+        .await;
+
+    ws.send_frame(BINARY, &[0xC0, 0x00]).await;
+    assert_eq!(ws.read_mqtt(2).await.as_deref(), Some(&[0xD0, 0x00][..]));
+}
+
+/// `kind = "wss"`: the WebSocket upgrade on top of TLS (the dev server certificate), then MQTT
+/// in binary frames, as over `ws` [MQTT-6.0.0-4]; a client that skips TLS gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_is_the_websocket_upgrade_over_tls() {
+    let certs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("certs");
+    let listener = format!(
+        "kind = \"wss\"\n[listener.tls]\ncert = {:?}\nkey = {:?}\n",
+        certs.join("server.pem"),
+        certs.join("server.key")
+    );
+    let broker = BrokerProcess::spawn(&listener, "").await;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in rustls::pki_types::CertificateDer::pem_file_iter(certs.join("ca.pem")).expect("ca") {
+        roots.add(ca.expect("ca cert")).expect("add ca");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(broker.addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    let (head, mut ws) =
+        upgrade_over(Box::new(tls), broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-protocol: mqtt"),
+        "{head}"
+    );
+    ws.send_frame(BINARY, &connect_bytes("wss-client")).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+
+    // The same upgrade without TLS is not a TLS ClientHello: closed, no HTTP answer.
+    let (head, _) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(!head.contains("101"), "{head}");
+}
