@@ -85,23 +85,8 @@ impl PlainTcpListener {
         let websocket = websocket
             .map(|config| WsSettings::new(&config, handoff.broker().config().max_packet_size));
         let admission = Admission::new(limits, &handoff.broker().metrics);
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = stop.cancelled() => return,
-            };
-            let (stream, peer) = match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    // Typically EMFILE: back off briefly instead of spinning on the error.
-                    tracing::warn!(listener = %name, %error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
+        while let Some((stream, peer)) = next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
-            // Latency matters more than packet count: batching is done by the connection itself.
-            let _ = stream.set_nodelay(true);
             let info = ConnectionInfo {
                 peer,
                 listener: Arc::clone(&name),
@@ -113,6 +98,33 @@ impl PlainTcpListener {
                 handoff.spawn_behind_proxy(stream, info, slot);
             } else {
                 handoff.spawn(stream, info, slot);
+            }
+        }
+    }
+}
+
+/// The next accepted socket (`TCP_NODELAY` set), or `None` once `stop` is cancelled. Shared by
+/// every listener kind's accept loop. An accept error (typically EMFILE) is logged and backed
+/// off for 50 ms instead of spinning on it.
+pub(super) async fn next_accepted(
+    listener: &tokio::net::TcpListener,
+    name: &str,
+    stop: &CancellationToken,
+) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => return None,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                // Latency matters more than packet count: the connection batches its writes.
+                let _ = stream.set_nodelay(true);
+                return Some((stream, peer));
+            }
+            Err(error) => {
+                tracing::warn!(listener = %name, %error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }

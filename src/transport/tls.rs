@@ -117,21 +117,8 @@ impl TlsListener {
         let timeout =
             Duration::from_secs(u64::from(handoff.broker().config().connect_timeout.max(1)));
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = stop.cancelled() => return,
-            };
-            let (stream, peer) = match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    tracing::warn!(listener = %name, %error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
+        while let Some((stream, peer)) = super::tcp::next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
-            let _ = stream.set_nodelay(true);
             let acceptor = TlsAcceptor::from(state.current.load_full());
             let upgrade = handshake(
                 acceptor,

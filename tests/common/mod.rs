@@ -21,6 +21,29 @@ use postbox::server::{self, RunningServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// A clean 3.1.1 CONNECT for `client_id` (keep-alive 60), encoded: for tests that write raw
+/// bytes (split packets, PROXY headers, WebSocket frames).
+pub fn connect_bytes(client_id: &str) -> Vec<u8> {
+    let connect = codec::Connect {
+        protocol: ProtocolVersion::V3_1_1,
+        clean_start: true,
+        keep_alive: 60,
+        client_id: client_id.into(),
+        will: None,
+        username: None,
+        password: None,
+        properties: Default::default(),
+    };
+    let mut out = BytesMut::new();
+    codec::encode(
+        &Packet::Connect(Box::new(connect)),
+        ProtocolVersion::V3_1_1,
+        &mut out,
+    )
+    .expect("encode");
+    out.to_vec()
+}
+
 /// Upper bound for any single wait in a test; generous for a loaded 2-core CI machine.
 pub const WAIT: Duration = Duration::from_secs(10);
 

@@ -19,8 +19,8 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use common::async_process::{closed, connect_from, BrokerProcess};
-use common::{v5, RawClient, WAIT};
-use postbox::codec::{self, Connect, Packet, ProtocolVersion, ReasonCode};
+use common::{connect_bytes, v5, RawClient, WAIT};
+use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -37,28 +37,6 @@ async fn silent(broker: &BrokerProcess, hosts: &[u8], count: usize) -> Vec<TcpSt
         sockets.push(connect_from(host(hosts[i % hosts.len()]), broker.addr).await);
     }
     sockets
-}
-
-/// A 3.1.1 CONNECT, encoded.
-fn connect_bytes(client_id: &str) -> Vec<u8> {
-    let connect = Connect {
-        protocol: ProtocolVersion::V3_1_1,
-        clean_start: true,
-        keep_alive: 60,
-        client_id: client_id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
-    };
-    let mut out = bytes::BytesMut::new();
-    codec::encode(
-        &Packet::Connect(Box::new(connect)),
-        ProtocolVersion::V3_1_1,
-        &mut out,
-    )
-    .expect("encode");
-    out.to_vec()
 }
 
 /// 200 silent sockets are all held (pending), and a real client still connects, on a

@@ -5,33 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use postbox::codec::{self, Packet, ProtocolVersion};
+use postbox::codec::{Packet, ProtocolVersion};
 
 use crate::common;
 use common::async_process::BrokerProcess;
-use common::{RawClient, WAIT};
-
-/// A 3.1.1 CONNECT for `client_id`, encoded.
-fn connect_bytes(client_id: &str) -> Vec<u8> {
-    let mut out = bytes::BytesMut::new();
-    let connect = codec::Connect {
-        protocol: ProtocolVersion::V3_1_1,
-        clean_start: true,
-        keep_alive: 60,
-        client_id: client_id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
-    };
-    codec::encode(
-        &Packet::Connect(Box::new(connect)),
-        ProtocolVersion::V3_1_1,
-        &mut out,
-    )
-    .expect("encode");
-    out.to_vec()
-}
+use common::{connect_bytes, RawClient, WAIT};
 
 fn v1_header(client: &str, port: u16) -> Vec<u8> {
     format!("PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n").into_bytes()

@@ -14,7 +14,18 @@ fn the_shipped_secure_config_serves_tls_passwords_and_mtls() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(root.join("config/secure.toml")).expect("secure.toml");
     let dir = tempfile::tempdir().expect("dir");
-    let ports: Vec<u16> = (0..5).map(|_| free_port()).collect();
+    // Five distinct ports (the kernel may hand the same free port out twice in a row).
+    let mut ports: Vec<u16> = Vec::with_capacity(5);
+    for _ in 0..100 {
+        let port = free_port();
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+        if ports.len() == 5 {
+            break;
+        }
+    }
+    assert_eq!(ports.len(), 5, "five free ports");
     let text = text
         .replace("0.0.0.0:8883", &format!("127.0.0.1:{}", ports[0]))
         .replace("0.0.0.0:8884", &format!("127.0.0.1:{}", ports[1]))

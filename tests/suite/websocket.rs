@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use postbox::codec::{self, Packet, ProtocolVersion};
 use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -15,33 +14,13 @@ use tokio::net::TcpStream;
 use crate::common;
 use common::async_process::BrokerProcess;
 use common::rumq::V4;
-use common::WAIT;
+use common::{connect_bytes, WAIT};
 
 const WS_LISTENER: &str =
     "kind = \"ws\"\n[listener.websocket]\nallowed_origins = [\"http://good.example\"]\n";
 
 async fn ws_broker() -> BrokerProcess {
     BrokerProcess::spawn(WS_LISTENER, "").await
-}
-
-/// A 3.1.1 packet, encoded.
-fn encode(packet: &Packet) -> Vec<u8> {
-    let mut out = bytes::BytesMut::new();
-    codec::encode(packet, ProtocolVersion::V3_1_1, &mut out).expect("encode");
-    out.to_vec()
-}
-
-fn connect_bytes(client_id: &str) -> Vec<u8> {
-    encode(&Packet::Connect(Box::new(codec::Connect {
-        protocol: ProtocolVersion::V3_1_1,
-        clean_start: true,
-        keep_alive: 60,
-        client_id: client_id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
-    })))
 }
 
 /// A byte stream a raw WebSocket client runs over: TCP (`ws`) or TLS over TCP (`wss`).
