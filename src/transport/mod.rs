@@ -35,7 +35,7 @@ pub use tls::{build_server_config, TlsListener, TlsState};
 ///
 /// This is the place for what later listener kinds learn before MQTT starts: the verified TLS
 /// client identity, or the real client address from a PROXY protocol header (which replaces
-/// `peer`, see [`Handoff::spawn_behind_proxy`]).
+/// `peer`, see [`Handoff::spawn_prepared`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
     /// The remote address of the socket.
@@ -96,31 +96,6 @@ impl Handoff {
             .spawn(connection::serve(stream, info, broker, shutdown, slot));
     }
 
-    /// Like [`Handoff::spawn`], for a listener behind a load balancer (`proxy_protocol`):
-    /// the task first reads the PROXY header (within `mqtt.connect_timeout` of accept), puts
-    /// the client address it names in place of the balancer's, in `info` and in the slot's
-    /// per-address count, then serves the connection. No valid header in time: closed and
-    /// counted (`postbox_connections_refused_total{reason="proxy_header"}`).
-    pub fn spawn_behind_proxy<S>(
-        &self,
-        mut stream: S,
-        mut info: ConnectionInfo,
-        mut slot: HandshakeSlot,
-    ) where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let broker = Arc::clone(&self.broker);
-        let shutdown = self.shutdown.clone();
-        let timeout = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
-        let deadline = slot.accepted_at() + timeout;
-        self.connections.spawn(async move {
-            if !read_proxy_header(&mut stream, &mut info, &mut slot, deadline, &broker).await {
-                return;
-            }
-            connection::serve(stream, info, broker, shutdown, slot).await;
-        });
-    }
-
     /// Like [`Handoff::spawn`], but the connection task first runs `upgrade` (a TLS
     /// handshake) and serves the stream it yields; `None` closes the socket. Shutdown
     /// abandons a pending upgrade.
@@ -142,34 +117,41 @@ impl Handoff {
         });
     }
 
-    /// Like [`Handoff::spawn`], for a `ws` listener: the task first runs the WebSocket
-    /// upgrade (after the PROXY header when `proxy_protocol`), within `mqtt.connect_timeout`
-    /// of accept, then serves MQTT over the WebSocket. A refused or failed upgrade is closed
-    /// and counted (`postbox_ws_upgrade_failures_total{listener,reason}`).
-    pub fn spawn_websocket<S>(
+    /// Like [`Handoff::spawn`], for a plain TCP listener with work before MQTT: with
+    /// `proxy_protocol` the task first reads the PROXY header (the client it names replaces
+    /// the balancer in `info` and in the slot's per-address count; none in time: closed and
+    /// counted in `postbox_connections_refused_total{reason="proxy_header"}`), with
+    /// `websocket` it then runs the WebSocket upgrade (refusals counted in
+    /// `postbox_ws_upgrade_failures_total{listener,reason}`), all within `mqtt.connect_timeout`
+    /// of accept; then it serves MQTT over what is left.
+    pub fn spawn_prepared<S>(
         &self,
         mut stream: S,
         mut info: ConnectionInfo,
         mut slot: HandshakeSlot,
         proxy_protocol: bool,
-        settings: Arc<ws::WsSettings>,
+        websocket: Option<Arc<ws::WsSettings>>,
     ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let broker = Arc::clone(&self.broker);
         let shutdown = self.shutdown.clone();
-        let timeout = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
-        let deadline = slot.accepted_at() + timeout;
+        let deadline = connect_deadline(&broker, &slot);
         self.connections.spawn(async move {
             if proxy_protocol
                 && !read_proxy_header(&mut stream, &mut info, &mut slot, deadline, &broker).await
             {
                 return;
             }
-            let Some(stream) = ws::upgrade_by(deadline, stream, &settings, &info).await else {
-                return;
-            };
-            connection::serve(stream, info, broker, shutdown, slot).await;
+            match websocket {
+                Some(settings) => {
+                    let Some(ws) = ws::upgrade_by(deadline, stream, &settings, &info).await else {
+                        return;
+                    };
+                    connection::serve(ws, info, broker, shutdown, slot).await;
+                }
+                None => connection::serve(stream, info, broker, shutdown, slot).await,
+            }
         });
     }
 
@@ -214,6 +196,13 @@ pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn 
         // `ws` is plain TCP with the upgrade in the connection task.
         ListenerKind::Tcp | ListenerKind::Ws => Box::new(PlainTcpListener::bind(name, config)?),
     })
+}
+
+/// When a connection accepted into `slot` must have finished everything before MQTT (PROXY
+/// header, TLS, WebSocket upgrade) and its CONNECT: `mqtt.connect_timeout` after accept.
+pub(crate) fn connect_deadline(broker: &Broker, slot: &HandshakeSlot) -> tokio::time::Instant {
+    let timeout = std::time::Duration::from_secs(u64::from(broker.config().connect_timeout));
+    slot.accepted_at() + timeout
 }
 
 /// Reads the PROXY header of `stream` by `deadline` and puts the client address it names in

@@ -1,5 +1,5 @@
 //! TCP listener: plain MQTT, or MQTT inside WebSocket frames (`kind = "ws"`, the upgrade
-//! in the connection task, see `Handoff::spawn_websocket`).
+//! in the connection task, see `Handoff::spawn_prepared`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -92,10 +92,8 @@ impl PlainTcpListener {
                 listener: Arc::clone(&name),
                 tls: None,
             };
-            if let Some(settings) = &websocket {
-                handoff.spawn_websocket(stream, info, slot, proxy_protocol, Arc::clone(settings));
-            } else if proxy_protocol {
-                handoff.spawn_behind_proxy(stream, info, slot);
+            if proxy_protocol || websocket.is_some() {
+                handoff.spawn_prepared(stream, info, slot, proxy_protocol, websocket.clone());
             } else {
                 handoff.spawn(stream, info, slot);
             }

@@ -132,7 +132,7 @@ impl TlsListener {
                 // `wss`: the WebSocket upgrade on the TLS stream, by the same deadline.
                 Some(settings) => {
                     let settings = Arc::clone(settings);
-                    let deadline = slot.accepted_at() + timeout;
+                    let deadline = super::connect_deadline(handoff.broker(), &slot);
                     let upgrade = async move {
                         let (tls, info) = upgrade.await?;
                         let ws = super::ws::upgrade_by(deadline, tls, &settings, &info).await?;

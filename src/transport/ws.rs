@@ -3,7 +3,7 @@
 //!
 //! Generic over the underlying stream, so `wss` is [`accept`] over a TLS stream. The upgrade
 //! runs in the connection task (bounded by `mqtt.connect_timeout`, see
-//! `Handoff::spawn_websocket`), never in the accept loop. Built on `tokio-tungstenite`
+//! `Handoff::spawn_prepared`), never in the accept loop. Built on `tokio-tungstenite`
 //! (handshake feature only, no TLS, no client).
 
 use std::io;
