@@ -138,6 +138,9 @@ if [ "$QUICK" = 1 ]; then
     "defaults-fan-out-q1|fan-out|--qos 1 --subscribers 20 --messages 5000"
     "defaults-p2p-q0|p2p|--qos 0 --pairs 1 --messages 20000"
     "defaults-p2p-q1|p2p|--qos 1 --pairs 1 --messages 20000"
+    "tls-handshakes|handshakes|--connections 500 --connect-concurrency 32"
+    "tls-fan-in-q1|fan-in|--qos 1 --publishers 4 --messages 5000"
+    "tls-idle|connections|--connections 500"
   )
 else
   # Sized so a Mosquitto run takes roughly 4-10 s and a Postbox run ~0.3-2 s on a 2-core
@@ -166,9 +169,21 @@ else
     "defaults-fan-out-q1|fan-out|--qos 1 --subscribers 100 --messages 15000"
     "defaults-p2p-q0|p2p|--qos 0 --pairs 1 --messages 300000"
     "defaults-p2p-q1|p2p|--qos 1 --pairs 1 --messages 300000"
+    # TLS set (issue 13): `tls-*` cases run on a TLS listener with the same certfile / keyfile
+    # (and, for Mosquitto, cafile; client certificates are not requested by either) from
+    # certs/, and the generator speaks TLS trusting certs/ca.pem, full handshakes only (no
+    # resumption). tls-fan-in-q1 has fan-in-q1's shape and counts, so TLS's cost reads
+    # against the plain case; tls-idle is `connections` at 5,000 TLS clients.
+    "tls-handshakes|handshakes|--connections 5000 --connect-concurrency 64"
+    "tls-fan-in-q1|fan-in|--qos 1 --publishers 100 --messages 4000"
+    "tls-idle|connections|--connections 5000"
   )
 fi
 
+# The TLS listener's files (tls-* cases): the development certificates (ECDSA P-256 server
+# certificate for localhost / 127.0.0.1, signed by certs/ca.pem).
+CERTS="$ROOT/certs"
+CASE_TLS=0 # set per case: 1 for tls-* cases
 write_config() { # broker port -> path of its config file
   local broker=$1 port=$2 file storage
   case "$broker" in
@@ -205,6 +220,15 @@ $storage
 [log]
 level = "warn"
 EOF
+      if [ "$CASE_TLS" = 1 ]; then
+        cat >>"$file" <<EOF
+[listener.tls]
+cert = "$CERTS/server.pem"
+key = "$CERTS/server.key"
+EOF
+        # `kind` belongs to the [listener] table, before its first subtable.
+        sed -i 's/^max_connections = 0$/max_connections = 0\nkind = "tls"/' "$file"
+      fi
       ;;
     mosquitto | mosquitto-persist)
       file="$OUT/$broker.conf"
@@ -232,6 +256,14 @@ log_type error
 log_type warning
 connection_messages false
 EOF
+      if [ "$CASE_TLS" = 1 ]; then
+        # Applies to the listener above (the only one).
+        cat >>"$file" <<EOF
+certfile $CERTS/server.pem
+keyfile $CERTS/server.key
+cafile $CERTS/ca.pem
+EOF
+      fi
       ;;
     rumqttd)
       file="$OUT/rumqttd.toml"
@@ -362,6 +394,14 @@ for spec in "${CASES[@]}"; do
     settings=defaults
     brokers=("${DEFAULTS_BROKERS[@]}")
   fi
+  CASE_TLS=0
+  TLS_ARGS=()
+  if [[ "$case" == tls-* ]]; then
+    CASE_TLS=1
+    TLS_ARGS=(--tls-ca "$CERTS/ca.pem")
+    # rumqttd's TLS needs its own certificate setup; the TLS set compares Postbox and Mosquitto.
+    brokers=(postbox mosquitto)
+  fi
   if [ "$scenario" = durable ]; then
     # Durability on and off, both brokers: the cost of the promise, and Mosquitto's.
     brokers+=(postbox-durable mosquitto-persist)
@@ -384,7 +424,7 @@ for spec in "${CASES[@]}"; do
       # shellcheck disable=SC2086 # $args is a list of flags
       if "${GEN_PIN[@]}" "$BENCH" run "$scenario" --host "127.0.0.1:$port" --broker "$broker" \
         --broker-pid "$BROKER_PID" --case "$case" --settings "$settings" --json "$RESULTS" \
-        --timeout 60 $args >"$log.txt" 2>&1; then
+        --timeout 60 "${TLS_ARGS[@]}" $args >"$log.txt" 2>&1; then
         status=ok
       else
         status="FAILED (exit $?)"

@@ -6,6 +6,7 @@
 //! the generator stays cheaper per message than the broker it measures.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -15,7 +16,9 @@ use postbox::codec::{
     SubscriptionOptions,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
+
+use crate::transport::{Stream, TlsClient};
 
 /// Largest packet the client accepts from a broker (the protocol maximum): the generator
 /// never refuses what a broker sends, it only counts it.
@@ -54,6 +57,8 @@ pub struct ConnectOptions {
     pub reuse_source: bool,
     /// v5 Session Expiry Interval to request (ignored for 3.x).
     pub session_expiry: Option<u32>,
+    /// Speak TLS (the `--tls-ca` runs): the handshake happens before CONNECT.
+    pub tls: Option<Arc<TlsClient>>,
 }
 
 impl ConnectOptions {
@@ -68,6 +73,7 @@ impl ConnectOptions {
             nodelay: true,
             reuse_source: true,
             session_expiry: None,
+            tls: None,
         }
     }
 }
@@ -75,8 +81,8 @@ impl ConnectOptions {
 /// One connected client.
 #[derive(Debug)]
 pub struct Conn {
-    /// The socket; scenario loops use its readiness API directly.
-    pub stream: TcpStream,
+    /// The socket (plain or TLS); the plain-TCP publisher uses its readiness API directly.
+    pub stream: Stream,
     /// Bytes read but not yet decoded.
     pub rbuf: BytesMut,
     /// Packets queued but not yet written.
@@ -143,7 +149,7 @@ impl Conn {
     /// When tokio cannot register the socket (no runtime, or the reactor refuses it).
     pub fn from_connected(stream: std::net::TcpStream, version: ProtocolVersion) -> Result<Conn> {
         Ok(Conn {
-            stream: TcpStream::from_std(stream)?,
+            stream: Stream::Tcp(tokio::net::TcpStream::from_std(stream)?),
             rbuf: BytesMut::new(),
             wbuf: BytesMut::new(),
             version,
@@ -151,7 +157,7 @@ impl Conn {
         })
     }
 
-    /// Opens a TCP connection, sends CONNECT and waits for a successful CONNACK.
+    /// Opens a TCP connection (and TLS over it when `opts.tls` is set), sends CONNECT and waits for a successful CONNACK.
     ///
     /// # Errors
     ///
@@ -182,6 +188,10 @@ impl Conn {
         if opts.nodelay {
             stream.set_nodelay(true)?;
         }
+        let stream = match &opts.tls {
+            Some(tls) => tls.handshake(stream).await?,
+            None => Stream::Tcp(stream),
+        };
         let mut conn = Conn {
             stream,
             // Grown on demand: idle clients (the `connections` scenario) never need more.
@@ -248,6 +258,10 @@ impl Conn {
         if !self.wbuf.is_empty() {
             self.stream.write_all(&self.wbuf).await?;
             self.wbuf.clear();
+            if self.stream.is_tls() {
+                // rustls may hold records it could not write yet: push them to the socket.
+                self.stream.flush().await?;
+            }
         }
         Ok(())
     }
@@ -266,14 +280,18 @@ impl Conn {
         }
     }
 
-    /// Reads whatever the socket has without waiting; `Ok(0)` when nothing is there.
+    /// Reads whatever the socket has without waiting; `Ok(0)` when nothing is there. Plain
+    /// TCP only: on TLS it would read records past the decryption.
     ///
     /// # Errors
     ///
-    /// The socket's read error, or the broker closed the connection.
+    /// The socket's read error, the broker closed the connection, or a TLS connection.
     pub fn try_read_more(&mut self) -> Result<usize> {
+        if self.stream.is_tls() {
+            bail!("try_read_more on a TLS connection");
+        }
         self.rbuf.reserve(READ_CHUNK);
-        match self.stream.try_read_buf(&mut self.rbuf) {
+        match self.stream.tcp().try_read_buf(&mut self.rbuf) {
             Ok(0) => bail!("broker closed the connection"),
             Ok(n) => Ok(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(0),
@@ -281,16 +299,21 @@ impl Conn {
         }
     }
 
-    /// Writes as much of `wbuf` as the socket takes without waiting.
+    /// Writes as much of `wbuf` as the socket takes without waiting. Plain TCP only (see
+    /// [`Conn::try_read_more`]).
     ///
     /// # Errors
     ///
-    /// The socket's write error (not `WouldBlock`, which just stops the write).
+    /// The socket's write error (not `WouldBlock`, which just stops the write), or a TLS
+    /// connection.
     pub fn try_write_some(&mut self) -> Result<()> {
+        if self.stream.is_tls() {
+            bail!("try_write_some on a TLS connection");
+        }
         if self.wbuf.is_empty() {
             return Ok(());
         }
-        match self.stream.try_write(&self.wbuf) {
+        match self.stream.tcp().try_write(&self.wbuf) {
             Ok(n) => {
                 let _ = self.wbuf.split_to(n);
                 if self.wbuf.is_empty() {
@@ -392,7 +415,32 @@ impl Conn {
     /// Closes at once with a reset (`SO_LINGER` 0): no DISCONNECT and no `TIME_WAIT` left
     /// behind, for tearing down thousands of idle clients.
     pub fn abort(self) {
-        let _ = self.stream.set_zero_linger();
+        let _ = self.stream.tcp().set_zero_linger();
+    }
+
+    /// Sends DISCONNECT, closes its side, and waits (at most `limit`) until the broker has
+    /// closed the connection too: a handshake is only counted once the broker is done with it.
+    ///
+    /// # Errors
+    ///
+    /// A write error, or the broker still has the connection open after `limit`.
+    pub async fn disconnect_and_wait(mut self, limit: Duration) -> Result<()> {
+        self.queue(&Packet::Disconnect(Disconnect::default()))?;
+        self.flush().await?;
+        self.stream.shutdown().await?;
+        let closed = async {
+            loop {
+                self.rbuf.clear();
+                self.rbuf.reserve(CONTROL_READ_CHUNK);
+                // EOF, or a reset / a TLS close without close_notify: closed either way.
+                if matches!(self.stream.read_buf(&mut self.rbuf).await, Ok(0) | Err(_)) {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(limit, closed)
+            .await
+            .map_err(|_| anyhow!("broker kept the connection open {limit:?} after DISCONNECT"))
     }
 
     /// Sends DISCONNECT and closes; errors are ignored (the run's result is already known).

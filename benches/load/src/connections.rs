@@ -36,7 +36,7 @@ fn source_tuple(t: u64) -> SocketAddr {
 
 /// Connects from the next free source tuple, skipping tuples that are still in use (by
 /// another program, or in `TIME_WAIT` towards the same broker).
-async fn connect_from(
+pub(crate) async fn connect_from(
     addr: SocketAddr,
     opts: &mut ConnectOptions,
     tuples: &AtomicU64,
@@ -72,8 +72,8 @@ enum Connected {
     Sockets(Vec<std::net::TcpStream>),
 }
 
-/// The handshakes as one tokio task each: for IPv6 brokers and when every client also
-/// subscribes (the burst only does CONNECT / CONNACK).
+/// The handshakes as one tokio task each: for IPv6 brokers, for TLS, and when every client
+/// also subscribes (the burst only does plain-TCP CONNECT / CONNACK).
 async fn connect_with_tasks(
     p: &Params,
     run: u32,
@@ -93,6 +93,7 @@ async fn connect_with_tasks(
         // measured; the system call is saved (the generator's core is the bottleneck here).
         opts.nodelay = p.subscribe_each;
         opts.reuse_source = false;
+        opts.tls.clone_from(&p.tls);
         let (addr, subscribe, qos) = (p.addr, p.subscribe_each, p.qos);
         let tuples = Arc::clone(tuples);
         tasks.spawn(async move {
@@ -146,7 +147,7 @@ pub async fn run(p: &Params, report: &mut Report) -> Result<()> {
         // generator's own single-threaded runtime it simply runs on this thread (a hop to the
         // blocking pool cost a third of the rate); on a multi-threaded runtime (the harness
         // test, with the broker in-process) `block_in_place` moves the other tasks away first.
-        SocketAddr::V4(broker) if !p.subscribe_each => {
+        SocketAddr::V4(broker) if !p.subscribe_each && p.tls.is_none() => {
             let (version, concurrency, until) =
                 (p.version, p.connect_concurrency, start + p.timeout);
             let burst = || {

@@ -5,13 +5,15 @@
 //! stamps every message with run, publisher, sequence number and send time; [`tracker`] turns
 //! those stamps into loss, duplicate and reorder counts; [`pubsub`] runs publishers and
 //! subscribers against one broker; [`scenarios`] defines the named workloads (with
-//! [`connections`] and [`retained`] in their own modules); [`procfs`] reads
+//! [`connections`], [`handshakes`] and [`retained`] in their own modules); [`transport`] is
+//! plain TCP or TLS under the client; [`procfs`] reads
 //! the broker's CPU and memory; [`report`] prints and stores results; [`summary`] folds stored
 //! results into the Postbox/Mosquitto comparison.
 
 pub mod burst;
 pub mod client;
 pub mod connections;
+pub mod handshakes;
 pub mod payload;
 pub mod procfs;
 pub mod pubsub;
@@ -20,3 +22,4 @@ pub mod retained;
 pub mod scenarios;
 pub mod summary;
 pub mod tracker;
+pub mod transport;

@@ -8,12 +8,14 @@
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use loadgen::client::ensure_loopback;
 use loadgen::scenarios::{self, BrokerSettings, Params, Scenario};
+use loadgen::transport::TlsClient;
 use postbox::codec::{ProtocolVersion, QoS};
 
 #[derive(Parser)]
@@ -29,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one scenario: fan-in, fan-out, p2p, latency, connections, retained, durable.
+    /// Run one scenario: fan-in, fan-out, p2p, latency, connections, retained, durable,
+    /// handshakes.
     Run(Box<RunArgs>),
     /// Print the median/ratio table of JSON-lines results files (read as one).
     Summarize {
@@ -107,11 +110,12 @@ struct RunArgs {
     /// Broker process id, for its CPU and memory from /proc.
     #[arg(long)]
     broker_pid: Option<u32>,
-    /// Idle clients (connections) [default: 10000].
+    /// Idle clients (connections), or clients in all (handshakes) [default: 10000; handshakes
+    /// 5000].
     #[arg(long)]
     connections: Option<usize>,
-    /// Handshakes in progress at once (connections) [default: 64; above the broker's listen
-    /// backlog, SYNs are dropped and retried after 1 s].
+    /// Handshakes in progress at once (connections, handshakes) [default: 64; above the
+    /// broker's listen backlog, SYNs are dropped and retried after 1 s].
     #[arg(long)]
     connect_concurrency: Option<usize>,
     /// Each idle client also subscribes to its own topic (connections).
@@ -126,6 +130,19 @@ struct RunArgs {
     /// Runtime worker threads [default: CPUs this process may use; 1 = single-threaded].
     #[arg(long)]
     threads: Option<usize>,
+    /// Speak TLS, trusting the CA certificates in this PEM file (e.g. certs/ca.pem); every
+    /// handshake is a full one (no resumption).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) to present over TLS; needs --tls-key.
+    #[arg(long, requires = "tls_key", requires = "tls_ca")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Name the broker's certificate must carry.
+    #[arg(long, default_value = "localhost")]
+    tls_server_name: String,
 }
 
 impl RunArgs {
@@ -170,6 +187,14 @@ impl RunArgs {
         }
         p.broker_pid = self.broker_pid;
         p.subscribe_each = self.subscribe_each;
+        if let Some(ca) = &self.tls_ca {
+            let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+            p.tls = Some(Arc::new(TlsClient::new(
+                ca,
+                identity,
+                &self.tls_server_name,
+            )?));
+        }
         Ok(p)
     }
 }

@@ -22,6 +22,7 @@ use crate::client::{Conn, ConnectOptions, HANDSHAKE_TIMEOUT};
 use crate::payload::{Stamp, STAMP_LEN};
 use crate::procfs::{CpuMeter, CpuUse};
 use crate::tracker::{Seen, SeqTracker};
+use crate::transport::TlsClient;
 
 /// Stop appending to a publisher's write buffer beyond this: one write per ~64 KiB.
 const WRITE_BATCH: usize = 64 * 1024;
@@ -79,6 +80,8 @@ pub struct PubSubPlan {
     pub idle: Duration,
     /// Broker process to measure, if known.
     pub broker_pid: Option<u32>,
+    /// TLS for the publishers (subscribers carry theirs in their `connect` options).
+    pub tls: Option<Arc<TlsClient>>,
 }
 
 /// What a run measured.
@@ -142,6 +145,7 @@ struct RunCtx {
     inflight: usize,
     epoch: Instant,
     stop: CancellationToken,
+    tls: Option<Arc<TlsClient>>,
 }
 
 /// A latency histogram with the bounds every run uses.
@@ -169,6 +173,7 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
         inflight: plan.inflight.clamp(1, 65_000),
         epoch: Instant::now(),
         stop: CancellationToken::new(),
+        tls: plan.tls.clone(),
     };
     let guard = ctx.stop.clone().drop_guard();
     let progress = Arc::new(Progress {
@@ -400,7 +405,8 @@ async fn publisher(
     mut start: watch::Receiver<bool>,
     connected: Arc<AtomicU64>,
 ) -> Result<PublisherResult> {
-    let opts = ConnectOptions::new(plan.client_id.clone(), ctx.version);
+    let mut opts = ConnectOptions::new(plan.client_id.clone(), ctx.version);
+    opts.tls.clone_from(&ctx.tls);
     let mut conn = Conn::connect(ctx.addr, &opts).await?;
     connected.fetch_add(1, Ordering::AcqRel);
     start
@@ -453,23 +459,20 @@ async fn publisher(
             }
             _ => None,
         };
+        if conn.stream.is_tls() {
+            tls_step(&ctx, &mut conn, &mut inflight, rate_wait).await?;
+            continue;
+        }
         tokio::select! {
             biased;
             () = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
-            ready = async { conn.stream.ready(interest.unwrap_or(Interest::READABLE)).await }, if interest.is_some() => {
+            ready = async { conn.stream.tcp().ready(interest.unwrap_or(Interest::READABLE)).await }, if interest.is_some() => {
                 let ready = ready?;
                 if ready.is_writable() {
                     conn.try_write_some()?;
                 }
                 if ready.is_readable() && conn.try_read_more()? > 0 {
-                    while let Some(packet) = conn.next_packet()? {
-                        match packet {
-                            Packet::PubAck(_) | Packet::PubComp(_) => inflight = inflight.saturating_sub(1),
-                            Packet::PubRec(rec) => conn.queue(&Packet::PubRel(PubResponse::new(rec.packet_id)))?,
-                            Packet::Disconnect(d) => bail!("broker sent DISCONNECT {:#04x}", d.reason_code.0),
-                            _ => {}
-                        }
-                    }
+                    handle_acks(&mut conn, &mut inflight)?;
                 }
             }
             () = tokio::time::sleep_until(rate_wait.unwrap_or(t0).into()), if rate_wait.is_some() => {}
@@ -482,4 +485,48 @@ async fn publisher(
         sent: stamp.seq,
         finished,
     })
+}
+
+/// Decodes what a publisher has read: acknowledgements free window slots.
+fn handle_acks(conn: &mut Conn, inflight: &mut usize) -> Result<()> {
+    while let Some(packet) = conn.next_packet()? {
+        match packet {
+            Packet::PubAck(_) | Packet::PubComp(_) => *inflight = inflight.saturating_sub(1),
+            Packet::PubRec(rec) => conn.queue(&Packet::PubRel(PubResponse::new(rec.packet_id)))?,
+            Packet::Disconnect(d) => bail!("broker sent DISCONNECT {:#04x}", d.reason_code.0),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// One turn of a TLS publisher, which has no readiness API under rustls: write everything
+/// queued (the caller filled the window), then wait for acknowledgements or the rate
+/// limiter, whichever comes first. A blocking write cannot deadlock against the broker's
+/// acknowledgements: at most `window` messages are unacknowledged, far less than the socket
+/// buffers hold.
+async fn tls_step(
+    ctx: &RunCtx,
+    conn: &mut Conn,
+    inflight: &mut usize,
+    rate_wait: Option<Instant>,
+) -> Result<()> {
+    tokio::select! {
+        biased;
+        () = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
+        flushed = conn.flush() => flushed?,
+    }
+    if *inflight == 0 && rate_wait.is_none() {
+        return Ok(()); // nothing to wait for: refill, or done
+    }
+    tokio::select! {
+        biased;
+        () = ctx.stop.cancelled() => bail!("publisher stopped before finishing"),
+        read = conn.read_more(), if *inflight > 0 => {
+            read?;
+            handle_acks(conn, inflight)?;
+        }
+        () = tokio::time::sleep_until(rate_wait.unwrap_or_else(Instant::now).into()), if rate_wait.is_some() => {}
+    }
+    Ok(())
 }

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
@@ -12,7 +13,8 @@ use postbox::codec::{ProtocolVersion, QoS};
 use crate::client::{ensure_loopback, Conn, ConnectOptions};
 use crate::pubsub::{self, PubSubPlan, PublisherPlan, SubscriberPlan};
 use crate::report::Report;
-use crate::{connections, procfs, retained};
+use crate::transport::TlsClient;
+use crate::{connections, handshakes, procfs, retained};
 
 /// The workloads the generator knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,11 +33,14 @@ pub enum Scenario {
     Retained,
     /// N publishers → M persistent-session subscribers (clean session off), QoS 1.
     Durable,
+    /// C short-lived clients, a fixed number at a time: connect (TLS handshake with
+    /// `--tls-ca`), CONNECT/CONNACK, DISCONNECT, until the broker has closed. Handshakes/s.
+    Handshakes,
 }
 
 impl Scenario {
     /// Every scenario, in the order a comparison runs them.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::FanIn,
         Scenario::FanOut,
         Scenario::P2p,
@@ -43,6 +48,7 @@ impl Scenario {
         Scenario::Connections,
         Scenario::Retained,
         Scenario::Durable,
+        Scenario::Handshakes,
     ];
 
     /// The command-line name.
@@ -55,6 +61,7 @@ impl Scenario {
             Scenario::Connections => "connections",
             Scenario::Retained => "retained",
             Scenario::Durable => "durable",
+            Scenario::Handshakes => "handshakes",
         }
     }
 }
@@ -122,8 +129,11 @@ impl FromStr for BrokerSettings {
 pub fn run_failed(scenario: Scenario, settings: BrokerSettings, report: &Report) -> bool {
     match settings {
         BrokerSettings::Tuned => {
-            let must_arrive =
-                report.qos > 0 || matches!(scenario, Scenario::Connections | Scenario::Retained);
+            let must_arrive = report.qos > 0
+                || matches!(
+                    scenario,
+                    Scenario::Connections | Scenario::Retained | Scenario::Handshakes
+                );
             must_arrive && (report.lost > 0 || !report.completed)
         }
         BrokerSettings::Defaults => report.expected > 0 && report.delivered == 0,
@@ -173,6 +183,8 @@ pub struct Params {
     pub subscribe_each: bool,
     /// Retained topics (retained).
     pub retained: usize,
+    /// TLS for every client (`--tls-ca`); plain TCP when `None`.
+    pub tls: Option<Arc<TlsClient>>,
 }
 
 impl Params {
@@ -199,6 +211,7 @@ impl Params {
             connect_concurrency: 64,
             subscribe_each: false,
             retained: 100_000,
+            tls: None,
         };
         match scenario {
             Scenario::FanIn => {
@@ -226,6 +239,7 @@ impl Params {
                 p.subscribers = 4;
                 p.messages = 5_000;
             }
+            Scenario::Handshakes => p.connections = 5_000,
             Scenario::Connections | Scenario::Retained => {}
         }
         p
@@ -261,6 +275,7 @@ pub async fn run(scenario: Scenario, p: &Params) -> Result<Report> {
     match scenario {
         Scenario::Connections => connections::run(p, &mut report).await?,
         Scenario::Retained => retained::run(p, run_id, &mut report).await?,
+        Scenario::Handshakes => handshakes::run(p, &mut report).await?,
         _ => {
             let plan = pubsub_plan(scenario, p, run_id);
             report.publishers = plan.publishers.len();
@@ -311,6 +326,7 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
     let subscriber = |i: usize, filter: String, expected: u64, clean: bool| {
         let mut connect = ConnectOptions::new(id("s", i), p.version);
         connect.clean = clean;
+        connect.tls.clone_from(&p.tls);
         if !clean {
             connect.session_expiry = Some(u32::MAX);
         }
@@ -361,7 +377,9 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
                 .collect();
             (pubs, subs)
         }
-        Scenario::Connections | Scenario::Retained => (Vec::new(), Vec::new()),
+        Scenario::Connections | Scenario::Retained | Scenario::Handshakes => {
+            (Vec::new(), Vec::new())
+        }
     };
     PubSubPlan {
         addr: p.addr,
@@ -374,6 +392,7 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
         timeout: p.timeout,
         idle: p.idle,
         broker_pid: p.broker_pid,
+        tls: p.tls.clone(),
     }
 }
 

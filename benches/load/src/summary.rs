@@ -46,7 +46,7 @@ const METRICS: &[Metric] = &[
         scale: 1.0,
         better: Better::Higher,
         only: &[],
-        skip: &["connections"],
+        skip: &["connections", "handshakes"],
     },
     Metric {
         field: "duration_s",
@@ -117,7 +117,7 @@ const METRICS: &[Metric] = &[
         label: "broker CPU %",
         scale: 1.0,
         better: Better::Lower,
-        only: &["latency", "connections"],
+        only: &["latency", "connections", "handshakes"],
         skip: &[],
     },
     Metric {

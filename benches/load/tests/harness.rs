@@ -192,3 +192,67 @@ async fn loss_on_a_broker_that_drops_is_measured_not_failed() {
     );
     assert!(table.contains("missed: loss"), "{table}");
 }
+
+/// The repository's development certificates (certs/, as compare.sh's `tls-*` cases use).
+fn certs() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../certs")
+}
+
+/// The broker's only listener speaks TLS with certs/server.pem (issue 13's `tls-*` cases).
+fn tls_listener(config: &mut Config) {
+    use postbox::config::{ListenerKind, TlsConfig};
+    let listener = &mut config.listeners[0];
+    listener.kind = ListenerKind::Tls;
+    listener.tls = Some(TlsConfig {
+        cert: Some(certs().join("server.pem")),
+        key: Some(certs().join("server.key")),
+        ..TlsConfig::default()
+    });
+}
+
+/// Every client of the run speaks TLS, trusting certs/ca.pem.
+fn tls_client(p: &mut Params) {
+    let client = loadgen::transport::TlsClient::new(&certs().join("ca.pem"), None, "localhost")
+        .expect("TLS client config");
+    p.tls = Some(std::sync::Arc::new(client));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_fan_in_qos1_loses_nothing() {
+    // The TLS publisher has its own loop (no readiness API under rustls): every message must
+    // still be sent, acknowledged and delivered.
+    let report = run_small_on(Scenario::FanIn, tls_listener, |p| {
+        tls_client(p);
+        p.publishers = 4;
+        p.messages = 300;
+        p.inflight = 16;
+    })
+    .await;
+    assert_eq!(report.expected, 1_200);
+    assert_eq!(report.delivered, 1_200, "{report:?}");
+    assert_eq!(report.sent, 1_200, "{report:?}");
+    assert!(report.completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_handshakes_and_idle_clients_are_all_served() {
+    // `handshakes`: every client connects over TLS, gets its CONNACK and sees the broker close.
+    let report = run_small_on(Scenario::Handshakes, tls_listener, |p| {
+        tls_client(p);
+        p.connections = 60;
+        p.connect_concurrency = 8;
+    })
+    .await;
+    assert_eq!(report.delivered, 60, "{report:?}");
+    assert!(report.completed);
+    assert!(report.connect_per_s.is_some_and(|r| r > 0.0));
+    assert!(report.broker_cpu_us_per_msg.is_some());
+    // `connections` over TLS (the task path, not the plain-TCP burst): all answer PINGREQ.
+    let report = run_small_on(Scenario::Connections, tls_listener, |p| {
+        tls_client(p);
+        p.connections = 40;
+    })
+    .await;
+    assert_eq!(report.delivered, 40, "{report:?}");
+    assert!(report.completed);
+}
