@@ -176,21 +176,23 @@ async fn a_token_expiring_while_connected_ends_the_connection() {
     let key = jwt_dir().join("rsa.key");
     let soon = rs256(&key, &format!(r#"{{"sub":"s1","exp":{}}}"#, now() + 2));
     let lasting = rs256(&key, r#"{"sub":"s2"}"#);
-    let with_token = |id: &str, token: &str, protocol| {
+    // With the token's user name: 3.1.1 allows no password without one (MQTT-3.1.2-22).
+    let with_token = |id: &str, (user, token): (&str, &str), protocol| {
         let mut connect = v5::connect_packet(id);
         connect.protocol = protocol;
+        connect.username = Some(user.into());
         connect.password = Some(token.as_bytes().to_vec().into());
         Packet::Connect(Box::new(connect))
     };
     let mut v5_client = RawClient::open(broker.addr, ProtocolVersion::V5).await;
     let mut v3_client = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
     let mut staying = RawClient::open(broker.addr, ProtocolVersion::V5).await;
-    for (c, id, token) in [
-        (&mut v5_client, "expiring-v5", &soon),
-        (&mut v3_client, "expiring-v3", &soon),
-        (&mut staying, "no-exp", &lasting),
+    for (c, id, login) in [
+        (&mut v5_client, "expiring-v5", ("s1", soon.as_str())),
+        (&mut v3_client, "expiring-v3", ("s1", soon.as_str())),
+        (&mut staying, "no-exp", ("s2", lasting.as_str())),
     ] {
-        c.send(&with_token(id, token, c.version)).await;
+        c.send(&with_token(id, login, c.version)).await;
         match c.recv().await {
             Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}"),
             other => panic!("expected CONNACK for {id}, got {other:?}"),
