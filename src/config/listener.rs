@@ -494,7 +494,10 @@ mod tests {
         .expect("0 = unlimited");
         assert_eq!(unlimited.listeners[0].max_pending_connections, 0);
         assert_eq!(unlimited.listeners[0].max_pending_connections_per_ip, 3);
-        assert_eq!(unlimited.listeners[0].max_connections_per_ip, 0, "default: unlimited");
+        assert_eq!(
+            unlimited.listeners[0].max_connections_per_ip, 0,
+            "default: unlimited"
+        );
     }
 
     #[test]
@@ -521,7 +524,8 @@ mod tests {
         assert!(msg.contains("max_connections (5)"), "{msg}");
         let err = parse("[[listener]]\nmax_connections_per_ip = -1\n").expect_err("negative");
         assert!(
-            err.to_string().contains("listener[0].max_connections_per_ip"),
+            err.to_string()
+                .contains("listener[0].max_connections_per_ip"),
             "{err}"
         );
     }

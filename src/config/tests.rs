@@ -203,11 +203,11 @@ fn connection_bounds_parse_and_a_listener_bound_above_the_global_one_is_an_error
         );
         let err = parse(&text).expect_err("above the global bound");
         let msg = err.to_string();
+        assert!(msg.starts_with(&format!("test.toml:{line}: ")), "{msg}");
         assert!(
-            msg.starts_with(&format!("test.toml:{line}: ")),
+            msg.contains(&format!("listener[0].{listener_key}")),
             "{msg}"
         );
-        assert!(msg.contains(&format!("listener[0].{listener_key}")), "{msg}");
         assert!(msg.contains("mqtt.max_connections (10)"), "{msg}");
     }
 }

@@ -249,7 +249,11 @@ impl Admission {
     /// Takes a connected slot for a client from `source` under all three bounds, or says
     /// which one is reached (and counts that). `exempt` (asked only at a bound) lets the
     /// client in anyway. `Ok(true)` when the slot is counted per source.
-    fn take_connected(&self, source: IpAddr, exempt: &mut impl FnMut() -> bool) -> Result<bool, Full> {
+    fn take_connected(
+        &self,
+        source: IpAddr,
+        exempt: &mut impl FnMut() -> bool,
+    ) -> Result<bool, Full> {
         if !take_slot(&self.connected, self.limits.max_connections) {
             if !exempt() {
                 self.refused_max.increment(1);
@@ -446,7 +450,13 @@ mod tests {
     use super::*;
 
     fn admission(max_connections: usize, max_pending: usize, per_source: usize) -> Arc<Admission> {
-        connected_bounds(max_connections, 0, &ServerSlots::new(0), max_pending, per_source)
+        connected_bounds(
+            max_connections,
+            0,
+            &ServerSlots::new(0),
+            max_pending,
+            per_source,
+        )
     }
 
     fn connected_bounds(
@@ -470,7 +480,9 @@ mod tests {
 
     /// A connected slot for a client from `peer`, or the bound that refused it.
     fn connect(a: &Arc<Admission>, peer: &str) -> Result<ConnectedSlot, Full> {
-        a.arrive(ip(peer)).promote(|| false).map_err(|(_, full)| full)
+        a.arrive(ip(peer))
+            .promote(|| false)
+            .map_err(|(_, full)| full)
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -550,22 +562,26 @@ mod tests {
         let server = ServerSlots::new(0);
         let a = connected_bounds(0, 2, &server, 0, 0);
         let first = connect(&a, "10.0.0.1").expect("first");
-        let _second = connect(&a, "10.0.0.1").expect("second");
+        let second = connect(&a, "10.0.0.1").expect("second");
         assert_eq!(connect(&a, "10.0.0.1").map(drop), Err(Full::PerSource));
         // The /64 of an IPv6 host is one source; IPv4-mapped is its IPv4 address.
-        assert_eq!(connect(&a, "::ffff:10.0.0.1").map(drop), Err(Full::PerSource));
+        assert_eq!(
+            connect(&a, "::ffff:10.0.0.1").map(drop),
+            Err(Full::PerSource)
+        );
         let _other = connect(&a, "10.0.0.2").expect("another source");
         assert_eq!(a.connected_from(ip("10.0.0.1")), 2);
-        assert_eq!((a.connected(), server.connected()), (3, 3), "refusals give back");
+        assert_eq!(
+            (a.connected(), server.connected()),
+            (3, 3),
+            "refusals give back"
+        );
         drop(first);
         let again = connect(&a, "10.0.0.1").expect("the freed slot is taken again");
         // At the bound a takeover of a connected client id is let in.
-        let takeover = a
-            .arrive(ip("10.0.0.1"))
-            .promote(|| true)
-            .expect("takeover");
+        let takeover = a.arrive(ip("10.0.0.1")).promote(|| true).expect("takeover");
         assert_eq!(a.connected_from(ip("10.0.0.1")), 3);
-        drop((again, takeover, _second));
+        drop((again, takeover, second));
         assert_eq!(a.connected_from(ip("10.0.0.1")), 0);
         assert!(a.connected_by_source.lock().get(&ip("10.0.0.1")).is_none());
     }
@@ -584,7 +600,10 @@ mod tests {
         // The refusal on `one` took and gave back its per-source count.
         assert_eq!(one.connected_from(ip("10.0.0.2")), 0);
         assert_eq!((one.connected(), two.connected()), (1, 1));
-        let replacing = two.arrive(ip("10.0.0.3")).promote(|| true).expect("takeover");
+        let replacing = two
+            .arrive(ip("10.0.0.3"))
+            .promote(|| true)
+            .expect("takeover");
         assert_eq!(server.connected(), 3);
         drop((a, replacing));
         let c = connect(&one, "10.0.0.2").expect("a freed slot is taken again");

@@ -103,7 +103,7 @@ impl Listener for TlsListener {
 impl TlsListener {
     /// Accepts until `stop`; each socket's TLS handshake runs in its connection task, after
     /// the PROXY header when the listener has `proxy_protocol` (a balancer that passes TLS
-    /// through sends it in the clear, before the ClientHello).
+    /// through sends it in the clear, before the `ClientHello`).
     async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
         let TlsListener {
             tcp,
@@ -137,7 +137,8 @@ impl TlsListener {
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
                 None => {
-                    let upgrade = move |tcp, info, deadline| handshake(acceptor, tcp, info, rule, deadline);
+                    let upgrade =
+                        move |tcp, info, deadline| handshake(acceptor, tcp, info, rule, deadline);
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
             }

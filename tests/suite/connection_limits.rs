@@ -78,10 +78,7 @@ async fn max_connections_per_ip_refuses_with_quota_exceeded_and_every_exit_frees
     let addr = broker.addr;
     let mut a = connected(addr, 2, "a").await;
     let b = connected(addr, 2, "b").await;
-    assert_eq!(
-        connect_v5(addr, 2, "c").await.1,
-        ReasonCode::QUOTA_EXCEEDED
-    );
+    assert_eq!(connect_v5(addr, 2, "c").await.1, ReasonCode::QUOTA_EXCEEDED);
     assert_eq!(
         connect_v311(addr, 2, "d").await,
         ReasonCode::SERVER_UNAVAILABLE
@@ -141,10 +138,7 @@ async fn the_global_max_connections_spans_listeners() {
     let (one, two) = (broker.addrs[0], broker.addrs[1]);
     let first = connected(one, 2, "first").await;
     let mut second = connected(two, 3, "second").await;
-    assert_eq!(
-        connect_v5(one, 4, "third").await.1,
-        ReasonCode::SERVER_BUSY
-    );
+    assert_eq!(connect_v5(one, 4, "third").await.1, ReasonCode::SERVER_BUSY);
     assert_eq!(
         connect_v311(two, 5, "fourth").await,
         ReasonCode::SERVER_UNAVAILABLE

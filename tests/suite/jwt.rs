@@ -200,7 +200,10 @@ async fn a_token_expiring_while_connected_ends_the_connection() {
     }
     // Bounded by the harness's WAIT (10 s): the token has at most 2 s left.
     let disconnect = v5::expect_disconnect(&mut v5_client, ReasonCode::NOT_AUTHORIZED).await;
-    let why = disconnect.properties.reason_string.expect("a reason string");
+    let why = disconnect
+        .properties
+        .reason_string
+        .expect("a reason string");
     assert!(why.contains("expired"), "{why}");
     assert!(
         v3_client.expect_close().await.is_empty(),

@@ -218,7 +218,10 @@ async fn tls_listener_reads_the_header_before_the_handshake_and_counts_the_named
     let mut a = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
         .await
         .expect("TLS handshake after a v1 header");
-    assert_eq!(connack_over(&mut a, "tls-a").await, Some(ReasonCode::SUCCESS));
+    assert_eq!(
+        connack_over(&mut a, "tls-a").await,
+        Some(ReasonCode::SUCCESS)
+    );
     let mut b = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
         .await
         .expect("TLS handshake after a v1 header");
@@ -227,9 +230,12 @@ async fn tls_listener_reads_the_header_before_the_handshake_and_counts_the_named
         Some(ReasonCode::QUOTA_EXCEEDED),
         "203.0.113.7 has its one connection"
     );
-    let mut c = tls_after_header(broker.addr, &v2_header(Ipv4Addr::new(198, 51, 100, 9), port))
-        .await
-        .expect("TLS handshake after a v2 header");
+    let mut c = tls_after_header(
+        broker.addr,
+        &v2_header(Ipv4Addr::new(198, 51, 100, 9), port),
+    )
+    .await
+    .expect("TLS handshake after a v2 header");
     assert_eq!(
         connack_over(&mut c, "tls-c").await,
         Some(ReasonCode::SUCCESS),
@@ -237,7 +243,7 @@ async fn tls_listener_reads_the_header_before_the_handshake_and_counts_the_named
     );
 }
 
-/// A TLS client that skips the balancer (its ClientHello comes first) is closed before any
+/// A TLS client that skips the balancer (its `ClientHello` comes first) is closed before any
 /// handshake and counted; the listener keeps serving clients with a header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_connection_without_the_header_is_refused() {
@@ -255,7 +261,10 @@ async fn a_tls_connection_without_the_header_is_refused() {
     let mut ok = tls_after_header(broker.addr, &v1_header("203.0.113.9", broker.addr.port()))
         .await
         .expect("TLS handshake after the header");
-    assert_eq!(connack_over(&mut ok, "after").await, Some(ReasonCode::SUCCESS));
+    assert_eq!(
+        connack_over(&mut ok, "after").await,
+        Some(ReasonCode::SUCCESS)
+    );
 }
 
 /// `kind = "wss"`: header, TLS, WebSocket upgrade, MQTT. The named client is counted: a
