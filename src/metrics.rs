@@ -333,6 +333,12 @@ pub struct Metrics {
     pub connections_refused_per_ip: Counter,
     /// CONNECTs refused (CONNACK 0x89 / 0x03): the listener had `max_connections` clients.
     pub connections_refused_max: Counter,
+    /// CONNECTs refused (CONNACK 0x97 / 0x03): the client's source address had the
+    /// listener's `max_connections_per_ip` clients.
+    pub connections_refused_max_per_ip: Counter,
+    /// CONNECTs refused (CONNACK 0x89 / 0x03): the broker had `mqtt.max_connections` clients
+    /// over all its listeners.
+    pub connections_refused_server: Counter,
     /// Connections closed on a `proxy_protocol` listener: no valid PROXY header in time.
     pub connections_refused_proxy: Counter,
     /// Connections closed because their CONNECT was not accepted within `mqtt.connect_timeout`.
@@ -492,7 +498,7 @@ impl Metrics {
         describe_counter!(
             CONNECTIONS_REFUSED_TOTAL,
             Unit::Count,
-            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, proxy_header)."
+            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header)."
         );
         describe_counter!(
             CONNECT_TIMEOUTS_TOTAL,
@@ -569,6 +575,14 @@ impl Metrics {
             connections_refused_max: counter!(
                 CONNECTIONS_REFUSED_TOTAL,
                 "reason" => "max_connections"
+            ),
+            connections_refused_max_per_ip: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "max_connections_per_ip"
+            ),
+            connections_refused_server: counter!(
+                CONNECTIONS_REFUSED_TOTAL,
+                "reason" => "global_max_connections"
             ),
             connections_refused_proxy: counter!(
                 CONNECTIONS_REFUSED_TOTAL,

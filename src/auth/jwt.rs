@@ -241,6 +241,14 @@ impl JwtVerifier {
         })
     }
 
+    /// Until when a client logged in with `verified` may stay connected: its `exp` plus the
+    /// leeway (`verify` accepts the token until then, so a connection is not cut shorter
+    /// than a new CONNECT with the same token would be allowed); `None` without `exp`.
+    pub fn valid_until(&self, verified: &Verified) -> Option<SystemTime> {
+        let exp = verified.expires_at?.saturating_add(self.config.leeway);
+        UNIX_EPOCH.checked_add(std::time::Duration::from_secs(exp))
+    }
+
     /// Seconds until `verified` expires (0 when it has), `None` for a token without `exp`.
     pub fn seconds_left(verified: &Verified) -> Option<u64> {
         let now = SystemTime::now()

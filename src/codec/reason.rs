@@ -72,7 +72,11 @@ impl ReasonCode {
             | ReasonCode::SERVER_BUSY
             | ReasonCode::SERVER_SHUTTING_DOWN
             | ReasonCode::USE_ANOTHER_SERVER
-            | ReasonCode::SERVER_MOVED => 3,
+            | ReasonCode::SERVER_MOVED
+            // A limit on connections (per address, rate): "the MQTT service is unavailable"
+            // to this client, rather than 5, which would call its credentials wrong.
+            | ReasonCode::QUOTA_EXCEEDED
+            | ReasonCode::CONNECTION_RATE_EXCEEDED => 3,
             ReasonCode::BAD_USER_NAME_OR_PASSWORD | ReasonCode::BAD_AUTHENTICATION_METHOD => 4,
             _ => 5,
         }

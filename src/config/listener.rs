@@ -34,6 +34,11 @@ pub struct ListenerConfig {
     /// their own ([`ListenerConfig::max_pending_connections`]), so sockets that never send a
     /// CONNECT cannot hold the slots finished clients need.
     pub max_connections: usize,
+    /// Upper bound on clients connected at once through this listener from one source
+    /// address (IPv4 address; IPv6 /64 prefix; the client a PROXY header names), so one host
+    /// cannot take all of [`ListenerConfig::max_connections`]. 0 = unlimited (the default:
+    /// whole fleets connect from behind one NAT address).
+    pub max_connections_per_ip: usize,
     /// Upper bound on connections of this listener whose handshake waits for the client (its
     /// CONNECT not complete in what arrived, or an AUTH answer due); one that would be beyond
     /// it is closed at once. 0 = unlimited.
@@ -173,6 +178,7 @@ impl Default for ListenerConfig {
             name: None,
             bind: SocketAddr::from(([0, 0, 0, 0], 1883)),
             max_connections: 0,
+            max_connections_per_ip: 0,
             max_pending_connections: DEFAULT_MAX_PENDING_CONNECTIONS,
             max_pending_connections_per_ip: DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
             proxy_protocol: false,
@@ -275,11 +281,11 @@ pub(super) fn validate(
         .map(|(i, l)| l.effective_name(i))
         .collect();
     for (i, listener) in listeners.iter().enumerate() {
-        check_kind(i, listener)?;
         if let Some(name) = &listener.name {
             check_name(name).map_err(|message| invalid(&format!("listener[{i}].name"), message))?;
         }
         check_kind(i, listener)?;
+        check_connection_limits(i, listener)?;
         for j in 0..i {
             if names[j] == names[i] {
                 return Err(match &listener.name {
@@ -329,14 +335,24 @@ pub(super) fn validate(
     Ok(())
 }
 
-/// The `kind` is one this build serves, and a `tls` listener has its files.
-fn check_kind(i: usize, listener: &ListenerConfig) -> Result<(), ConfigError> {
-    if listener.proxy_protocol && !matches!(listener.kind, ListenerKind::Tcp | ListenerKind::Ws) {
+/// A per-address bound above the listener's own can never be reached: most likely the two
+/// keys were swapped, or one was meant per address and the other per listener.
+fn check_connection_limits(i: usize, listener: &ListenerConfig) -> Result<(), ConfigError> {
+    let (max, per_ip) = (listener.max_connections, listener.max_connections_per_ip);
+    if max > 0 && per_ip > max {
         return Err(invalid(
-            &format!("listener[{i}].proxy_protocol"),
-            "the PROXY protocol is supported on `tcp` and `ws` listeners only so far".to_owned(),
+            &format!("listener[{i}].max_connections_per_ip"),
+            format!(
+                "{per_ip} is above the listener's max_connections ({max}), so it would never \
+                 apply; lower it, or raise max_connections"
+            ),
         ));
     }
+    Ok(())
+}
+
+/// The `kind` is one this build serves, and a `tls` listener has its files.
+fn check_kind(i: usize, listener: &ListenerConfig) -> Result<(), ConfigError> {
     match listener.kind {
         ListenerKind::Tcp => Ok(()),
         ListenerKind::Ws => {
@@ -478,6 +494,52 @@ mod tests {
         .expect("0 = unlimited");
         assert_eq!(unlimited.listeners[0].max_pending_connections, 0);
         assert_eq!(unlimited.listeners[0].max_pending_connections_per_ip, 3);
+        assert_eq!(
+            unlimited.listeners[0].max_connections_per_ip, 0,
+            "default: unlimited"
+        );
+    }
+
+    #[test]
+    fn connection_limits_parse_and_a_per_address_bound_above_the_listeners_is_an_error() {
+        let c = parse(
+            "[[listener]]\nbind = \"127.0.0.1:1883\"\nmax_connections = 100\n\
+             max_connections_per_ip = 10\n",
+        )
+        .expect("parses");
+        assert_eq!(c.listeners[0].max_connections_per_ip, 10);
+        let unbounded_listener =
+            parse("[[listener]]\nbind = \"127.0.0.1:1883\"\nmax_connections_per_ip = 10\n")
+                .expect("a per-address bound alone is fine");
+        assert_eq!(unbounded_listener.listeners[0].max_connections, 0);
+        let (key, line, msg) = invalid_at(
+            "[[listener]]\nbind = \"127.0.0.1:1883\"\nmax_connections = 5\n\
+             max_connections_per_ip = 6\n",
+        );
+        assert_eq!(
+            (key.as_str(), line),
+            ("listener[0].max_connections_per_ip", Some(4)),
+            "{msg}"
+        );
+        assert!(msg.contains("max_connections (5)"), "{msg}");
+        let err = parse("[[listener]]\nmax_connections_per_ip = -1\n").expect_err("negative");
+        assert!(
+            err.to_string()
+                .contains("listener[0].max_connections_per_ip"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn proxy_protocol_is_allowed_on_every_kind() {
+        for kind in ["tcp", "ws", "tls", "wss"] {
+            let c = parse(&format!(
+                "[[listener]]\nkind = \"{kind}\"\nproxy_protocol = true\n\
+                 [listener.tls]\ncert = \"c\"\nkey = \"k\"\n"
+            ))
+            .expect("parses");
+            assert!(c.listeners[0].proxy_protocol, "{kind}");
+        }
     }
 
     #[test]

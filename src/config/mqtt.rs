@@ -119,6 +119,12 @@ pub enum SharedStrategy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MqttConfig {
+    /// Upper bound on clients connected at once over all listeners (CONNECT accepted); a
+    /// CONNECT beyond it is refused with 0x89 Server busy (3.x: 0x03). 0 = unlimited, the
+    /// default: what a broker can hold depends on its memory and file descriptors, which
+    /// `max_memory` and the descriptor limit already bound, so any fixed number would be too
+    /// low for some deployments and meaningless for others.
+    pub max_connections: usize,
     /// Largest whole MQTT packet accepted, in bytes (v5: announced as Maximum Packet Size).
     pub max_packet_size: u32,
     /// Cap on the client keep-alive, in seconds (v5: announced as Server Keep Alive).
@@ -216,6 +222,7 @@ pub struct MqttConfig {
 impl Default for MqttConfig {
     fn default() -> Self {
         MqttConfig {
+            max_connections: 0,
             max_packet_size: 1_048_576,
             max_keepalive: 65_535,
             connect_timeout: 10,

@@ -190,6 +190,29 @@ fn out_of_range_found_in_dotted_and_inline_keys() {
 }
 
 #[test]
+fn connection_bounds_parse_and_a_listener_bound_above_the_global_one_is_an_error() {
+    let c = parse("[mqtt]\nmax_connections = 1000\n").expect("parses");
+    assert_eq!(c.mqtt.max_connections, 1000);
+    assert_eq!(parse("").expect("default").mqtt.max_connections, 0);
+    let err = parse("[mqtt]\nmax_connections = -1\n").expect_err("negative");
+    assert!(err.to_string().contains("mqtt.max_connections"), "{err}");
+    for (listener_key, line) in [("max_connections", 3), ("max_connections_per_ip", 3)] {
+        let text = format!(
+            "[[listener]]\nbind = \"127.0.0.1:1883\"\n{listener_key} = 11\n\
+             [mqtt]\nmax_connections = 10\n"
+        );
+        let err = parse(&text).expect_err("above the global bound");
+        let msg = err.to_string();
+        assert!(msg.starts_with(&format!("test.toml:{line}: ")), "{msg}");
+        assert!(
+            msg.contains(&format!("listener[0].{listener_key}")),
+            "{msg}"
+        );
+        assert!(msg.contains("mqtt.max_connections (10)"), "{msg}");
+    }
+}
+
+#[test]
 fn each_range_rule_is_enforced() {
     let cases = [
         ("[mqtt]\nmax_packet_size = 0", "mqtt.max_packet_size"),

@@ -23,7 +23,34 @@ impl Config {
             return Err(invalid("log.level", message));
         }
         self.storage.validate()?;
-        listener::validate(&self.listeners, &self.metrics)
+        listener::validate(&self.listeners, &self.metrics)?;
+        self.check_connection_bounds()
+    }
+
+    /// A listener's connection bound above the broker's (`mqtt.max_connections`) would never
+    /// apply: reported on the listener's key, as the per-listener rule is.
+    fn check_connection_bounds(&self) -> Result<(), ConfigError> {
+        let global = self.mqtt.max_connections;
+        if global == 0 {
+            return Ok(());
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            for (key, value) in [
+                ("max_connections", l.max_connections),
+                ("max_connections_per_ip", l.max_connections_per_ip),
+            ] {
+                if value > global {
+                    return Err(invalid(
+                        &format!("listener[{i}].{key}"),
+                        format!(
+                            "{value} is above mqtt.max_connections ({global}), the bound of \
+                             all listeners together, so it would never apply"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

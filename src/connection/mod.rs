@@ -112,7 +112,9 @@ mod size_tests {
     /// partial packet's state (8 B, boxed), and stayed there when back-pressure added its
     /// pause state (8 B, boxed) by narrowing the window and Receive Maximum counts. The
     /// session went from 304 to 280 B when its inbound QoS 2 ids were boxed (40 B inline,
-    /// most sessions have none), which made room for its stall clock.
+    /// most sessions have none), which made room for its stall clock. The future went from
+    /// 224 to 232 B when the connected slot began to carry its source address for
+    /// `max_connections_per_ip` (boxed, only when that is set: 8 -> 16 B in the slot).
     /// `Client` and the session (inside its `Arc`) fit jemalloc's 320-byte class. Fails if
     /// any of them creeps back.
     #[tokio::test]
@@ -134,9 +136,11 @@ mod size_tests {
         let admission = crate::transport::Admission::new(
             crate::transport::AdmissionLimits {
                 max_connections: 10,
+                max_connections_per_source: 10,
                 max_pending: 10,
                 max_pending_per_source: 10,
             },
+            &crate::transport::ServerSlots::new(10),
             &broker.metrics,
         );
         let slot = admission.arrive(addr.ip());

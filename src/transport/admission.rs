@@ -1,7 +1,9 @@
 //! Who may hold a connection of a listener: slots for connections whose handshake waits for
 //! the client ("pending": CONNECT not complete in what arrived, or an AUTH answer due), bounded
-//! overall and per source address, and slots for connected clients (`max_connections`),
-//! counted apart.
+//! overall and per source address, and slots for connected clients, counted apart and bounded
+//! per listener (`max_connections`), per source address of the listener
+//! (`max_connections_per_ip`) and across every listener (`mqtt.max_connections`,
+//! [`ServerSlots`]).
 //!
 //! Why apart: a socket that never sends its CONNECT costs an attacker nothing, and when it
 //! held one of `max_connections` slots, a few hundred of them kept every real client out until
@@ -9,16 +11,18 @@
 //! [`HandshakeSlot`]; it takes a pending slot the first time its handshake has to wait for
 //! the client (or is closed at once when none is free, counted in
 //! `postbox_connections_refused_total`), and trades it for a connected slot when its CONNECT
-//! is accepted (or gets CONNACK 0x89 / 0x03 when `max_connections` is reached). Silent and
-//! slow sockets can fill the pending slots, but never the ones finished clients hold, and the
-//! per-address bound stops one host from filling all pending slots.
+//! is accepted (or is refused with a CONNACK when a connected bound is reached, [`Full`]).
+//! Silent and slow sockets can fill the pending slots, but never the ones finished clients
+//! hold, and the per-address bounds stop one host from filling all pending or connected slots.
 //!
 //! Why only when it waits: the kernel hands a connection over once its CONNECT has arrived
 //! (`TCP_DEFER_ACCEPT`), so a real client's handshake never waits, however many connect at
 //! once. Counting every accepted connection instead refused bursts of real clients: the
 //! accept loop takes a hundred connections from one host before their tasks have run, which
 //! the benchmark's 100 publishers on one address hit at a per-address bound of 64.
-//! Everything here is touched a few times per connection, never per packet.
+//! Everything here is touched a few times per connection, never per packet: the connected
+//! counts are atomics, the per-address ones a map under a lock taken at CONNECT and at close
+//! (and only when `max_connections_per_ip` is set).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -37,6 +41,8 @@ use crate::metrics::Metrics;
 pub struct AdmissionLimits {
     /// Connected clients at once (`max_connections`).
     pub max_connections: usize,
+    /// Connected clients at once from one source ([`source_key`]), (`max_connections_per_ip`).
+    pub max_connections_per_source: usize,
     /// Connections in their handshake at once (`max_pending_connections`).
     pub max_pending: usize,
     /// Connections in their handshake at once from one source ([`source_key`]),
@@ -49,6 +55,7 @@ impl AdmissionLimits {
     pub fn of(config: &ListenerConfig) -> AdmissionLimits {
         AdmissionLimits {
             max_connections: config.max_connections,
+            max_connections_per_source: config.max_connections_per_ip,
             max_pending: config.max_pending_connections,
             max_pending_per_source: config.max_pending_connections_per_ip,
         }
@@ -62,6 +69,66 @@ pub enum Refused {
     PendingLimit,
     /// Its source has `max_pending_connections_per_ip` pending already.
     PendingPerSource,
+}
+
+/// Why a CONNECT got no connected slot ([`HandshakeSlot::promote`]); the handshake refuses it
+/// with a CONNACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// The listener has its `max_connections` clients.
+    Listener,
+    /// The client's source address has `max_connections_per_ip` clients on the listener.
+    PerSource,
+    /// The broker has `mqtt.max_connections` clients over all its listeners.
+    Server,
+}
+
+impl Full {
+    /// The config key of the bound that was reached, for logs and Reason Strings.
+    pub fn key(self) -> &'static str {
+        match self {
+            Full::Listener => "max_connections",
+            Full::PerSource => "max_connections_per_ip",
+            Full::Server => "mqtt.max_connections",
+        }
+    }
+}
+
+/// Connected clients across every listener of a server, bounded by `mqtt.max_connections`
+/// (0 = unlimited): one per server, shared by every listener's [`Admission`] (through the
+/// `Handoff`), so one atomic add and subtract per connection.
+#[derive(Debug)]
+pub struct ServerSlots {
+    max: usize,
+    connected: AtomicUsize,
+}
+
+impl ServerSlots {
+    /// Slots for at most `max` connected clients (0 = unlimited).
+    pub fn new(max: usize) -> Arc<ServerSlots> {
+        Arc::new(ServerSlots {
+            max,
+            connected: AtomicUsize::new(0),
+        })
+    }
+
+    /// Connected clients of every listener now.
+    pub fn connected(&self) -> usize {
+        self.connected.load(Ordering::Relaxed)
+    }
+}
+
+/// Counts one more in `count` unless that passes `max` (0 = unlimited); `false` when full.
+fn take_slot(count: &AtomicUsize, max: usize) -> bool {
+    if max == 0 {
+        count.fetch_add(1, Ordering::AcqRel);
+        return true;
+    }
+    count
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .is_ok()
 }
 
 /// Pending connections by source, under one lock (taken at accept and when a handshake
@@ -79,9 +146,17 @@ pub struct Admission {
     limits: AdmissionLimits,
     pending: Mutex<Pending>,
     connected: AtomicUsize,
+    /// Connected clients by source, kept only when `max_connections_per_source` is set;
+    /// entries are removed at 0.
+    connected_by_source: Mutex<HashMap<IpAddr, usize, foldhash::fast::RandomState>>,
+    /// The broker-wide bound (`mqtt.max_connections`), shared with the other listeners.
+    server: Arc<ServerSlots>,
     pending_gauge: Gauge,
     refused_pending: Counter,
     refused_per_source: Counter,
+    refused_max: Counter,
+    refused_max_per_source: Counter,
+    refused_server: Counter,
     /// `postbox_connections_current` and `_total`, kept here so that the slots, which live
     /// as long as the connection anyway, also count it open and closed: the connection's own
     /// future then needs no handle for it.
@@ -90,15 +165,25 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Slot counts for a listener with `limits`, reporting into `metrics`.
-    pub fn new(limits: AdmissionLimits, metrics: &Metrics) -> Arc<Admission> {
+    /// Slot counts for a listener with `limits`, within the broker-wide `server` bound,
+    /// reporting into `metrics`.
+    pub fn new(
+        limits: AdmissionLimits,
+        server: &Arc<ServerSlots>,
+        metrics: &Metrics,
+    ) -> Arc<Admission> {
         Arc::new(Admission {
             limits,
             pending: Mutex::new(Pending::default()),
             connected: AtomicUsize::new(0),
+            connected_by_source: Mutex::new(HashMap::default()),
+            server: Arc::clone(server),
             pending_gauge: metrics.connections_pending.clone(),
             refused_pending: metrics.connections_refused_pending.clone(),
             refused_per_source: metrics.connections_refused_per_ip.clone(),
+            refused_max: metrics.connections_refused_max.clone(),
+            refused_max_per_source: metrics.connections_refused_max_per_ip.clone(),
+            refused_server: metrics.connections_refused_server.clone(),
             open_gauge: metrics.connections_current.clone(),
             accepted: metrics.connections_total.clone(),
         })
@@ -149,6 +234,73 @@ impl Admission {
     /// Connected clients of this listener now.
     pub fn connected(&self) -> usize {
         self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Connected clients of this listener from `ip`'s source now (0 when
+    /// `max_connections_per_ip` is not set: they are not counted then).
+    pub fn connected_from(&self, ip: IpAddr) -> usize {
+        self.connected_by_source
+            .lock()
+            .get(&source_key(ip))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Takes a connected slot for a client from `source` under all three bounds, or says
+    /// which one is reached (and counts that). `exempt` (asked only at a bound) lets the
+    /// client in anyway. `Ok(true)` when the slot is counted per source.
+    fn take_connected(
+        &self,
+        source: IpAddr,
+        exempt: &mut impl FnMut() -> bool,
+    ) -> Result<bool, Full> {
+        if !take_slot(&self.connected, self.limits.max_connections) {
+            if !exempt() {
+                self.refused_max.increment(1);
+                return Err(Full::Listener);
+            }
+            self.connected.fetch_add(1, Ordering::AcqRel);
+        }
+        let per_source = self.limits.max_connections_per_source;
+        let counted = per_source > 0;
+        if counted {
+            let mut by_source = self.connected_by_source.lock();
+            let at_bound = by_source.get(&source).is_some_and(|&n| n >= per_source);
+            if at_bound {
+                // `exempt` may take locks of its own: not under this one.
+                drop(by_source);
+                if !exempt() {
+                    self.connected.fetch_sub(1, Ordering::AcqRel);
+                    self.refused_max_per_source.increment(1);
+                    return Err(Full::PerSource);
+                }
+                by_source = self.connected_by_source.lock();
+            }
+            *by_source.entry(source).or_insert(0) += 1;
+        }
+        if !take_slot(&self.server.connected, self.server.max) {
+            if !exempt() {
+                self.release_connected(counted.then_some(source));
+                self.refused_server.increment(1);
+                return Err(Full::Server);
+            }
+            self.server.connected.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(counted)
+    }
+
+    /// Gives back the listener's and the source's connected slot (not the server's).
+    fn release_connected(&self, source: Option<IpAddr>) {
+        self.connected.fetch_sub(1, Ordering::AcqRel);
+        if let Some(source) = source {
+            let mut by_source = self.connected_by_source.lock();
+            if let Some(n) = by_source.get_mut(&source) {
+                *n -= 1;
+                if *n == 0 {
+                    by_source.remove(&source);
+                }
+            }
+        }
     }
 
     fn release_pending(&self, source: IpAddr) {
@@ -229,38 +381,36 @@ impl HandshakeSlot {
         Ok(())
     }
 
-    /// Trades this slot for a connected one, when `max_connections` allows. At the limit a
-    /// connection is still let in when `replacing()` (asked only then) says it takes over a
-    /// connected client id: the old connection is about to close, and refusing would keep a
-    /// device whose previous connection went stale out until its keep-alive runs out.
+    /// Trades this slot for a connected one, when the listener's `max_connections`, its
+    /// `max_connections_per_ip` for this source and the broker's `mqtt.max_connections`
+    /// allow. At a bound a connection is still let in when `replacing()` (asked only then,
+    /// once) says it takes over a connected client id: the old connection is about to close,
+    /// and refusing would keep a device whose previous connection went stale out until its
+    /// keep-alive runs out.
     ///
     /// # Errors
     ///
-    /// The slot back when the listener has `max_connections` clients connected.
+    /// The slot back, and the bound that was reached ([`Full`], counted in
+    /// `postbox_connections_refused_total`).
     pub fn promote(
         mut self,
         replacing: impl FnOnce() -> bool,
-    ) -> Result<ConnectedSlot, HandshakeSlot> {
-        let admission = &self.admission;
-        let max = admission.limits.max_connections;
-        let admitted = max == 0
-            || admission
-                .connected
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < max).then_some(n + 1)
-                })
-                .is_ok();
-        if !admitted && !replacing() {
-            return Err(self);
-        }
-        if max == 0 || !admitted {
-            admission.connected.fetch_add(1, Ordering::AcqRel);
-        }
+    ) -> Result<ConnectedSlot, (HandshakeSlot, Full)> {
+        let mut replacing = Some(replacing);
+        let mut answer = None;
+        let mut exempt = || *answer.get_or_insert_with(|| replacing.take().is_some_and(|f| f()));
+        let counted = match self.admission.take_connected(self.source, &mut exempt) {
+            Ok(counted) => counted,
+            Err(full) => return Err((self, full)),
+        };
         if self.state == State::Waiting {
-            admission.release_pending(self.source);
+            self.admission.release_pending(self.source);
         }
         self.state = State::Connected;
-        Ok(ConnectedSlot(Arc::clone(&self.admission)))
+        Ok(ConnectedSlot {
+            admission: Arc::clone(&self.admission),
+            source: counted.then(|| Box::new(self.source)),
+        })
     }
 }
 
@@ -276,14 +426,22 @@ impl Drop for HandshakeSlot {
     }
 }
 
-/// A connected client's slot, held until the connection is gone (8 bytes).
+/// A connected client's slot, held until the connection is gone, whatever ends it (a
+/// DISCONNECT, a takeover, an error, shutdown): dropping it gives back the listener's, the
+/// source's and the broker's count. 16 bytes; the source is boxed (and only there when
+/// `max_connections_per_ip` counts it), since every connected client holds this.
 #[derive(Debug)]
-pub struct ConnectedSlot(Arc<Admission>);
+pub struct ConnectedSlot {
+    admission: Arc<Admission>,
+    source: Option<Box<IpAddr>>,
+}
 
 impl Drop for ConnectedSlot {
     fn drop(&mut self) {
-        self.0.connected.fetch_sub(1, Ordering::AcqRel);
-        self.0.open_gauge.decrement(1.0);
+        let admission = &self.admission;
+        admission.release_connected(self.source.as_deref().copied());
+        admission.server.connected.fetch_sub(1, Ordering::AcqRel);
+        admission.open_gauge.decrement(1.0);
     }
 }
 
@@ -292,14 +450,39 @@ mod tests {
     use super::*;
 
     fn admission(max_connections: usize, max_pending: usize, per_source: usize) -> Arc<Admission> {
+        connected_bounds(
+            max_connections,
+            0,
+            &ServerSlots::new(0),
+            max_pending,
+            per_source,
+        )
+    }
+
+    fn connected_bounds(
+        max_connections: usize,
+        max_connections_per_source: usize,
+        server: &Arc<ServerSlots>,
+        max_pending: usize,
+        max_pending_per_source: usize,
+    ) -> Arc<Admission> {
         Admission::new(
             AdmissionLimits {
                 max_connections,
+                max_connections_per_source,
                 max_pending,
-                max_pending_per_source: per_source,
+                max_pending_per_source,
             },
+            server,
             &Metrics::register(),
         )
+    }
+
+    /// A connected slot for a client from `peer`, or the bound that refused it.
+    fn connect(a: &Arc<Admission>, peer: &str) -> Result<ConnectedSlot, Full> {
+        a.arrive(ip(peer))
+            .promote(|| false)
+            .map_err(|(_, full)| full)
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -363,14 +546,70 @@ mod tests {
         // The connected client does not take a pending slot: two more handshakes fit.
         let second = waiting(&a, "10.0.0.1").expect("pending");
         let _third = waiting(&a, "10.0.0.1").expect("pending");
-        let second = second
+        let (second, full) = second
             .promote(|| false)
             .expect_err("max_connections reached");
+        assert_eq!(full, Full::Listener);
         assert_eq!(a.pending(), 2, "the refused one keeps its pending slot");
         let taking_over = second.promote(|| true).expect("a takeover is let in");
         assert_eq!((a.pending(), a.connected()), (1, 2));
         drop((connected, taking_over));
         assert_eq!(a.connected(), 0);
+    }
+
+    #[test]
+    fn connected_per_source_bound_counts_sources_apart_and_frees_on_drop() {
+        let server = ServerSlots::new(0);
+        let a = connected_bounds(0, 2, &server, 0, 0);
+        let first = connect(&a, "10.0.0.1").expect("first");
+        let second = connect(&a, "10.0.0.1").expect("second");
+        assert_eq!(connect(&a, "10.0.0.1").map(drop), Err(Full::PerSource));
+        // The /64 of an IPv6 host is one source; IPv4-mapped is its IPv4 address.
+        assert_eq!(
+            connect(&a, "::ffff:10.0.0.1").map(drop),
+            Err(Full::PerSource)
+        );
+        let _other = connect(&a, "10.0.0.2").expect("another source");
+        assert_eq!(a.connected_from(ip("10.0.0.1")), 2);
+        assert_eq!(
+            (a.connected(), server.connected()),
+            (3, 3),
+            "refusals give back"
+        );
+        drop(first);
+        let again = connect(&a, "10.0.0.1").expect("the freed slot is taken again");
+        // At the bound a takeover of a connected client id is let in.
+        let takeover = a.arrive(ip("10.0.0.1")).promote(|| true).expect("takeover");
+        assert_eq!(a.connected_from(ip("10.0.0.1")), 3);
+        drop((again, takeover, second));
+        assert_eq!(a.connected_from(ip("10.0.0.1")), 0);
+        assert!(a.connected_by_source.lock().get(&ip("10.0.0.1")).is_none());
+    }
+
+    #[test]
+    fn the_server_bound_spans_listeners() {
+        let server = ServerSlots::new(2);
+        let (one, two) = (
+            connected_bounds(0, 1, &server, 0, 0),
+            connected_bounds(0, 0, &server, 0, 0),
+        );
+        let a = connect(&one, "10.0.0.1").expect("first");
+        let b = connect(&two, "10.0.0.1").expect("second, other listener");
+        assert_eq!(connect(&two, "10.0.0.2").map(drop), Err(Full::Server));
+        assert_eq!(connect(&one, "10.0.0.2").map(drop), Err(Full::Server));
+        // The refusal on `one` took and gave back its per-source count.
+        assert_eq!(one.connected_from(ip("10.0.0.2")), 0);
+        assert_eq!((one.connected(), two.connected()), (1, 1));
+        let replacing = two
+            .arrive(ip("10.0.0.3"))
+            .promote(|| true)
+            .expect("takeover");
+        assert_eq!(server.connected(), 3);
+        drop((a, replacing));
+        let c = connect(&one, "10.0.0.2").expect("a freed slot is taken again");
+        assert_eq!(server.connected(), 2);
+        drop((b, c));
+        assert_eq!(server.connected(), 0);
     }
 
     #[test]

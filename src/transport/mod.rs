@@ -26,16 +26,18 @@ use crate::broker::Broker;
 use crate::config::{ListenerConfig, ListenerKind};
 use crate::connection;
 
-pub use admission::{Admission, AdmissionLimits, ConnectedSlot, HandshakeSlot, Refused};
+pub use admission::{
+    Admission, AdmissionLimits, ConnectedSlot, Full, HandshakeSlot, Refused, ServerSlots,
+};
 pub use tcp::PlainTcpListener;
 pub use tls::{build_server_config, TlsListener, TlsState};
 
 /// What the transport knows about a connection, handed to the connection (and its handshake,
 /// so authentication can use it).
 ///
-/// This is the place for what later listener kinds learn before MQTT starts: the verified TLS
+/// This is the place for what listener kinds learn before MQTT starts: the verified TLS
 /// client identity, or the real client address from a PROXY protocol header (which replaces
-/// `peer`, see [`Handoff::spawn_prepared`]).
+/// `peer`, see [`Handoff::spawn_prepared`] and [`Handoff::spawn_upgraded`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
     /// The remote address of the socket.
@@ -71,17 +73,27 @@ pub struct Handoff {
     broker: Arc<Broker>,
     shutdown: CancellationToken,
     connections: TaskTracker,
+    /// Connected clients of every listener (`mqtt.max_connections`).
+    server_slots: Arc<ServerSlots>,
 }
 
 impl Handoff {
     /// `shutdown` is the token connections watch during their handshake; `connections` tracks
     /// every connection task so the server can wait for them at shutdown.
     pub fn new(broker: Arc<Broker>, shutdown: CancellationToken, connections: TaskTracker) -> Self {
+        let server_slots = ServerSlots::new(broker.config().max_connections);
         Handoff {
             broker,
             shutdown,
             connections,
+            server_slots,
         }
+    }
+
+    /// The slot counts of a listener with `limits`, within the broker-wide bound every
+    /// listener shares.
+    pub fn admission(&self, limits: AdmissionLimits) -> Arc<Admission> {
+        Admission::new(limits, &self.server_slots, &self.broker.metrics)
     }
 
     /// Spawns the connection task for `stream`, which holds `slot` (its place in the
@@ -96,19 +108,41 @@ impl Handoff {
             .spawn(connection::serve(stream, info, broker, shutdown, slot));
     }
 
-    /// Like [`Handoff::spawn`], but the connection task first runs `upgrade` (a TLS
-    /// handshake) and serves the stream it yields; `None` closes the socket. Shutdown
-    /// abandons a pending upgrade.
-    pub fn spawn_upgraded<F, S>(&self, upgrade: F, slot: HandshakeSlot)
-    where
-        F: Future<Output = Option<(S, ConnectionInfo)>> + Send + 'static,
+    /// Like [`Handoff::spawn`], for a listener whose connections are upgraded before MQTT (a
+    /// TLS handshake, and for `wss` the WebSocket upgrade on top): the connection task first
+    /// reads the PROXY header from `stream` when `proxy_protocol` is set (before the TLS
+    /// handshake, as a balancer sends it; see [`Handoff::spawn_prepared`] for what is done
+    /// with it), then runs `upgrade` on the stream with the connection's `info` and its
+    /// connect deadline, and serves the stream it yields; `None` closes the socket. All of it
+    /// within `mqtt.connect_timeout` of accept; shutdown abandons a pending upgrade.
+    pub fn spawn_upgraded<R, F, Fut, S>(
+        &self,
+        mut stream: R,
+        mut info: ConnectionInfo,
+        mut slot: HandshakeSlot,
+        proxy_protocol: bool,
+        upgrade: F,
+    ) where
+        R: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        F: FnOnce(R, ConnectionInfo, tokio::time::Instant) -> Fut + Send + 'static,
+        Fut: Future<Output = Option<(S, ConnectionInfo)>> + Send + 'static,
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let broker = Arc::clone(&self.broker);
         let shutdown = self.shutdown.clone();
+        let deadline = connect_deadline(&broker, &slot);
         self.connections.spawn(async move {
+            let upgrading = async {
+                if proxy_protocol
+                    && !read_proxy_header(&mut stream, &mut info, &mut slot, deadline, &broker)
+                        .await
+                {
+                    return None;
+                }
+                upgrade(stream, info, deadline).await
+            };
             let upgraded = tokio::select! {
-                upgraded = upgrade => upgraded,
+                upgraded = upgrading => upgraded,
                 () = shutdown.cancelled() => None,
             };
             if let Some((stream, info)) = upgraded {

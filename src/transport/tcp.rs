@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::net::TcpSocket;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::{Admission, AdmissionLimits};
+use super::admission::AdmissionLimits;
 use super::ws::WsSettings;
 use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
 use crate::config::{ListenerConfig, ListenerKind, WebSocketConfig};
@@ -48,9 +48,10 @@ impl PlainTcpListener {
 }
 
 impl PlainTcpListener {
-    /// The bound socket and what the accept loop needs, for listeners built on this one (TLS).
-    pub(super) fn into_parts(self) -> (Arc<str>, tokio::net::TcpListener, AdmissionLimits) {
-        (self.name, self.listener, self.limits)
+    /// The bound socket and what the accept loop needs (name, limits, `proxy_protocol`), for
+    /// listeners built on this one (TLS).
+    pub(super) fn into_parts(self) -> (Arc<str>, tokio::net::TcpListener, AdmissionLimits, bool) {
+        (self.name, self.listener, self.limits, self.proxy_protocol)
     }
 }
 
@@ -84,7 +85,7 @@ impl PlainTcpListener {
         } = self;
         let websocket = websocket
             .map(|config| WsSettings::new(&config, handoff.broker().config().max_packet_size));
-        let admission = Admission::new(limits, &handoff.broker().metrics);
+        let admission = handoff.admission(limits);
         while let Some((stream, peer)) = next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
             let info = ConnectionInfo {

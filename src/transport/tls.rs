@@ -26,7 +26,6 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::Admission;
 use super::{ConnectionInfo, Handoff, Listener, ListenerTask, PlainTcpListener, TlsPeer};
 use crate::config::{ClientCertMode, ListenerConfig, TlsConfig, TlsIdentity};
 use crate::reload::Reload;
@@ -102,45 +101,46 @@ impl Listener for TlsListener {
 }
 
 impl TlsListener {
-    /// Accepts until `stop`; each socket's TLS handshake runs in its connection task.
+    /// Accepts until `stop`; each socket's TLS handshake runs in its connection task, after
+    /// the PROXY header when the listener has `proxy_protocol` (a balancer that passes TLS
+    /// through sends it in the clear, before the `ClientHello`).
     async fn accept_loop(self, handoff: Handoff, stop: CancellationToken) {
         let TlsListener {
             tcp,
             state,
             websocket,
         } = self;
-        let (name, listener, limits) = tcp.into_parts();
+        let (name, listener, limits, proxy_protocol) = tcp.into_parts();
         let websocket = websocket.map(|config| {
             super::ws::WsSettings::new(&config, handoff.broker().config().max_packet_size)
         });
-        let admission = Admission::new(limits, &handoff.broker().metrics);
-        let timeout =
-            Duration::from_secs(u64::from(handoff.broker().config().connect_timeout.max(1)));
+        let admission = handoff.admission(limits);
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
         while let Some((stream, peer)) = super::tcp::next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
-            let acceptor = TlsAcceptor::from(state.current.load_full());
-            let upgrade = handshake(
-                acceptor,
-                stream,
+            let info = ConnectionInfo {
                 peer,
-                Arc::clone(&name),
-                state.files.clone_identity(),
-                timeout,
-            );
+                listener: Arc::clone(&name),
+                tls: None,
+            };
+            let acceptor = TlsAcceptor::from(state.current.load_full());
+            let rule = state.files.clone_identity();
             match &websocket {
                 // `wss`: the WebSocket upgrade on the TLS stream, by the same deadline.
                 Some(settings) => {
                     let settings = Arc::clone(settings);
-                    let deadline = super::connect_deadline(handoff.broker(), &slot);
-                    let upgrade = async move {
-                        let (tls, info) = upgrade.await?;
+                    let upgrade = move |tcp, info, deadline| async move {
+                        let (tls, info) = handshake(acceptor, tcp, info, rule, deadline).await?;
                         let ws = super::ws::upgrade_by(deadline, tls, &settings, &info).await?;
                         Some((ws, info))
                     };
-                    handoff.spawn_upgraded(upgrade, slot);
+                    handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
-                None => handoff.spawn_upgraded(upgrade, slot),
+                None => {
+                    let upgrade =
+                        move |tcp, info, deadline| handshake(acceptor, tcp, info, rule, deadline);
+                    handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
+                }
             }
         }
     }
@@ -162,16 +162,18 @@ impl TlsConfig {
     }
 }
 
-/// Runs the TLS handshake of one socket within `timeout`; `None` (socket closed) on failure.
+/// Runs the TLS handshake of one socket by `deadline` (the connection's connect deadline);
+/// `None` (socket closed) on failure. `info` names the client (the PROXY header's, if one
+/// was read) and gains what the handshake established.
 async fn handshake(
     acceptor: TlsAcceptor,
     stream: TcpStream,
-    peer: SocketAddr,
-    listener: Arc<str>,
+    mut info: ConnectionInfo,
     rule: IdentityRule,
-    timeout: Duration,
+    deadline: tokio::time::Instant,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, ConnectionInfo)> {
-    let reason = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+    let (peer, listener) = (info.peer, Arc::clone(&info.listener));
+    let reason = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => {
             let identity = match rule.identity {
                 TlsIdentity::None => None,
@@ -184,14 +186,10 @@ async fn handshake(
                     .map(Arc::<str>::from),
             };
             tracing::debug!(%peer, %listener, identity = ?identity, "TLS handshake done");
-            let info = ConnectionInfo {
-                peer,
-                listener,
-                tls: Some(Arc::new(TlsPeer {
-                    identity,
-                    identity_as_username: rule.as_username,
-                })),
-            };
+            info.tls = Some(Arc::new(TlsPeer {
+                identity,
+                identity_as_username: rule.as_username,
+            }));
             return Some((tls, info));
         }
         Ok(Err(error)) => {

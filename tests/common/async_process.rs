@@ -31,8 +31,10 @@ pub fn free_port() -> u16 {
 /// drop.
 pub struct BrokerProcess {
     child: Child,
-    /// Where its MQTT listener listens.
+    /// Where its (first) MQTT listener listens.
     pub addr: SocketAddr,
+    /// Where each of its listeners listens, in file order.
+    pub addrs: Vec<SocketAddr>,
     /// Its metrics endpoint's port.
     pub metrics_port: u16,
     _dir: tempfile::TempDir,
@@ -42,13 +44,31 @@ impl BrokerProcess {
     /// Starts the binary with one listener on loopback (plus the `listener` keys given, TOML
     /// lines) and the `mqtt` keys given, and waits (bounded) until it logs that it runs.
     pub async fn spawn(listener: &str, mqtt: &str) -> BrokerProcess {
-        let (port, metrics_port) = (free_port(), free_port());
+        let port = free_port();
+        let listeners = format!("[listener]\nbind = \"127.0.0.1:{port}\"\n{listener}\n");
+        BrokerProcess::start(&listeners, vec![port], mqtt).await
+    }
+
+    /// Like [`BrokerProcess::spawn`], with one `[[listener]]` entry (on a port of its own) per
+    /// element of `listeners`, each with those keys; `addr` is the first one's, `addrs` all.
+    pub async fn spawn_listeners(listeners: &[&str], mqtt: &str) -> BrokerProcess {
+        let ports: Vec<u16> = listeners.iter().map(|_| free_port()).collect();
+        let text: String = listeners
+            .iter()
+            .zip(&ports)
+            .map(|(keys, port)| format!("[[listener]]\nbind = \"127.0.0.1:{port}\"\n{keys}\n"))
+            .collect();
+        BrokerProcess::start(&text, ports, mqtt).await
+    }
+
+    async fn start(listeners: &str, ports: Vec<u16>, mqtt: &str) -> BrokerProcess {
+        let metrics_port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("postbox.toml");
         std::fs::write(
             &path,
             format!(
-                "[listener]\nbind = \"127.0.0.1:{port}\"\n{listener}\n\
+                "{listeners}\
                  [metrics]\nbind = \"127.0.0.1:{metrics_port}\"\n\
                  [storage]\npersistence = false\n\
                  [mqtt]\n{mqtt}\n"
@@ -78,9 +98,14 @@ impl BrokerProcess {
         .expect("postbox starts");
         // Keep draining its output so it never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let addrs: Vec<SocketAddr> = ports
+            .into_iter()
+            .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+            .collect();
         BrokerProcess {
             child,
-            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            addr: addrs[0],
+            addrs,
             metrics_port,
             _dir: dir,
         }

@@ -3,7 +3,9 @@
 //! development keys in `certs/jwt/`. A valid token lets a real client (`mosquitto_pub`, and a
 //! raw MQTT 5 client) in under the token's user name; an expired one, one signed by another
 //! key and one whose user name disagrees with the CONNECT's are refused with 0x86 Bad User
-//! Name or Password (3.1.1: return code 4), MQTT-3.1.4-2 and v5 §3.2.2.2.
+//! Name or Password (3.1.1: return code 4), MQTT-3.1.4-2 and v5 §3.2.2.2. A token that
+//! expires while its client is connected ends the connection: v5 with DISCONNECT 0x87 Not
+//! authorized (§3.14.2.1), 3.1.1 by closing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -163,4 +165,51 @@ async fn expired_foreign_and_mismatched_tokens_are_refused() {
         .metric("postbox_auth_failures_total{reason=\"jwt\"}")
         .await;
     assert_eq!(refused, Some(4.0));
+}
+
+/// A token with `exp` 2 s ahead: its v5 client gets DISCONNECT 0x87 Not authorized when it
+/// expires (enforced by the broker-wide sweep, no timer per connection), its 3.1.1 client is
+/// closed without a packet, and a client whose token has no `exp` stays connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_expiring_while_connected_ends_the_connection() {
+    let broker = broker().await;
+    let key = jwt_dir().join("rsa.key");
+    let soon = rs256(&key, &format!(r#"{{"sub":"s1","exp":{}}}"#, now() + 2));
+    let lasting = rs256(&key, r#"{"sub":"s2"}"#);
+    // With the token's user name: 3.1.1 allows no password without one (MQTT-3.1.2-22).
+    let with_token = |id: &str, (user, token): (&str, &str), protocol| {
+        let mut connect = v5::connect_packet(id);
+        connect.protocol = protocol;
+        connect.username = Some(user.into());
+        connect.password = Some(token.as_bytes().to_vec().into());
+        Packet::Connect(Box::new(connect))
+    };
+    let mut v5_client = RawClient::open(broker.addr, ProtocolVersion::V5).await;
+    let mut v3_client = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+    let mut staying = RawClient::open(broker.addr, ProtocolVersion::V5).await;
+    for (c, id, login) in [
+        (&mut v5_client, "expiring-v5", ("s1", soon.as_str())),
+        (&mut v3_client, "expiring-v3", ("s1", soon.as_str())),
+        (&mut staying, "no-exp", ("s2", lasting.as_str())),
+    ] {
+        c.send(&with_token(id, login, c.version)).await;
+        match c.recv().await {
+            Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}"),
+            other => panic!("expected CONNACK for {id}, got {other:?}"),
+        }
+    }
+    // Bounded by the harness's WAIT (10 s): the token has at most 2 s left.
+    let disconnect = v5::expect_disconnect(&mut v5_client, ReasonCode::NOT_AUTHORIZED).await;
+    let why = disconnect
+        .properties
+        .reason_string
+        .expect("a reason string");
+    assert!(why.contains("expired"), "{why}");
+    assert!(
+        v3_client.expect_close().await.is_empty(),
+        "a 3.1.1 client is closed without a packet"
+    );
+    // The client without `exp` is still served after the others' tokens ran out.
+    staying.send(&Packet::PingReq).await;
+    assert!(matches!(staying.recv().await, Some(Packet::PingResp)));
 }

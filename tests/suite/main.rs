@@ -18,6 +18,7 @@ mod acl;
 mod binary;
 mod closing;
 mod config_files;
+mod connection_limits;
 mod core_v311;
 mod core_v5;
 mod crash;

@@ -1,18 +1,114 @@
 //! Listeners behind a load balancer (`proxy_protocol = true`, issue 13): every connection
 //! starts with a PROXY protocol header (`HAProxy`'s spec, v1 text and v2 binary) that names the
 //! real client, and the broker counts and logs that client instead of the balancer. Here the
-//! test plays the balancer on 127.0.0.1 and names other clients.
+//! test plays the balancer on 127.0.0.1 and names other clients. On `tls` and `wss` listeners
+//! the header comes before the TLS handshake, in the clear, as a balancer that passes TLS
+//! through sends it.
 
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use postbox::codec::{Packet, ProtocolVersion};
+use bytes::BytesMut;
+use postbox::codec::{self, Packet, ProtocolVersion, ReasonCode};
+use rustls::pki_types::pem::PemObject;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::common;
+use crate::websocket::{upgrade_over, BINARY, CONNACK_OK};
 use common::async_process::BrokerProcess;
-use common::{connect_bytes, RawClient, WAIT};
+use common::{connect_bytes, v5, RawClient, WAIT};
 
 fn v1_header(client: &str, port: u16) -> Vec<u8> {
     format!("PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n").into_bytes()
+}
+
+/// A v2 header naming `client` (port 40001), as a balancer sends it for TCP over IPv4.
+fn v2_header(client: Ipv4Addr, port: u16) -> Vec<u8> {
+    [
+        b"\r\n\r\n\0\r\nQUIT\n".as_slice(),
+        &[0x21, 0x11, 0x00, 0x0c], // v2 PROXY, TCP over IPv4, 12 address bytes
+        &client.octets(),
+        &[127, 0, 0, 1],
+        &40001u16.to_be_bytes(),
+        &port.to_be_bytes(),
+    ]
+    .concat()
+}
+
+fn certs() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("certs")
+}
+
+/// The keys of a `kind` (`tls` or `wss`) listener with the dev server certificate behind a
+/// balancer, plus `extra` listener keys.
+fn tls_listener(kind: &str, extra: &str) -> String {
+    format!(
+        "proxy_protocol = true\nkind = \"{kind}\"\n{extra}\n\
+         [listener.tls]\ncert = {:?}\nkey = {:?}\n",
+        certs().join("server.pem"),
+        certs().join("server.key")
+    )
+}
+
+/// Plays a balancer that passes TLS through: writes `header` on a new connection to `addr`,
+/// then runs a TLS client (trusting the dev CA) over the same socket.
+async fn tls_after_header(
+    addr: SocketAddr,
+    header: &[u8],
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in rustls::pki_types::CertificateDer::pem_file_iter(certs().join("ca.pem")).expect("ca")
+    {
+        roots.add(ca.expect("ca cert")).expect("add ca");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(header).await.expect("write header");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    tokio::time::timeout(
+        WAIT,
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp),
+    )
+    .await
+    .expect("the TLS handshake ends within WAIT")
+}
+
+/// Sends a v5 CONNECT for `id` over `stream` and returns the CONNACK's reason code (`None`:
+/// closed without one).
+async fn connack_over<S>(stream: &mut S, id: &str) -> Option<ReasonCode>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut out = BytesMut::new();
+    let connect = Packet::Connect(Box::new(v5::connect_packet(id)));
+    codec::encode(&connect, v5::V, &mut out).expect("encode");
+    stream.write_all(&out).await.expect("write CONNECT");
+    let mut buf = BytesMut::new();
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match codec::decode(&mut buf, Some(v5::V), 1 << 20) {
+                Ok(Some(Packet::ConnAck(ack))) => return Some(ack.reason_code),
+                Ok(Some(other)) => panic!("expected CONNACK, got {other:?}"),
+                Ok(None) => {}
+                Err(e) => panic!("undecodable answer: {e}"),
+            }
+            match stream.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("an answer within WAIT")
 }
 
 /// Polls `postbox_connections_pending` until it reads `want` (bounded by `WAIT`).
@@ -41,14 +137,7 @@ async fn clients_behind_the_balancer_are_served() {
     c.send_raw(&first).await;
     assert!(matches!(c.recv().await, Some(Packet::ConnAck(_))));
 
-    let v2 = [
-        b"\r\n\r\n\0\r\nQUIT\n".as_slice(),
-        &[0x21, 0x11, 0x00, 0x0c], // v2 PROXY, TCP over IPv4, 12 address bytes
-        &[198, 51, 100, 9, 127, 0, 0, 1],
-        &40001u16.to_be_bytes(),
-        &broker.addr.port().to_be_bytes(),
-    ]
-    .concat();
+    let v2 = v2_header(Ipv4Addr::new(198, 51, 100, 9), broker.addr.port());
     let mut c2 = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
     let mut bytes = v2;
     bytes.extend(connect_bytes("behind-lb-v2"));
@@ -116,4 +205,88 @@ async fn per_address_limits_count_the_named_client() {
     assert!(matches!(other.recv().await, Some(Packet::ConnAck(_))));
     a.send_raw(&connect[2..]).await;
     assert!(matches!(a.recv().await, Some(Packet::ConnAck(_))));
+}
+
+/// `kind = "tls"` with `proxy_protocol`: the header (v1 or v2) is read before the TLS
+/// handshake, and the client it names is the one counted. With one connected client allowed
+/// per address, a second client named 203.0.113.7 is refused with 0x97 Quota exceeded, while
+/// one named 198.51.100.9 is let in, though all three sockets come from 127.0.0.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listener_reads_the_header_before_the_handshake_and_counts_the_named_client() {
+    let broker = BrokerProcess::spawn(&tls_listener("tls", "max_connections_per_ip = 1"), "").await;
+    let port = broker.addr.port();
+    let mut a = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
+        .await
+        .expect("TLS handshake after a v1 header");
+    assert_eq!(
+        connack_over(&mut a, "tls-a").await,
+        Some(ReasonCode::SUCCESS)
+    );
+    let mut b = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
+        .await
+        .expect("TLS handshake after a v1 header");
+    assert_eq!(
+        connack_over(&mut b, "tls-b").await,
+        Some(ReasonCode::QUOTA_EXCEEDED),
+        "203.0.113.7 has its one connection"
+    );
+    let mut c = tls_after_header(
+        broker.addr,
+        &v2_header(Ipv4Addr::new(198, 51, 100, 9), port),
+    )
+    .await
+    .expect("TLS handshake after a v2 header");
+    assert_eq!(
+        connack_over(&mut c, "tls-c").await,
+        Some(ReasonCode::SUCCESS),
+        "198.51.100.9 is counted apart from 203.0.113.7"
+    );
+}
+
+/// A TLS client that skips the balancer (its `ClientHello` comes first) is closed before any
+/// handshake and counted; the listener keeps serving clients with a header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_connection_without_the_header_is_refused() {
+    let broker = BrokerProcess::spawn(&tls_listener("tls", ""), "").await;
+    assert!(
+        tls_after_header(broker.addr, b"").await.is_err(),
+        "no TLS session without a PROXY header"
+    );
+    assert_eq!(
+        broker
+            .metric("postbox_connections_refused_total{reason=\"proxy_header\"}")
+            .await,
+        Some(1.0)
+    );
+    let mut ok = tls_after_header(broker.addr, &v1_header("203.0.113.9", broker.addr.port()))
+        .await
+        .expect("TLS handshake after the header");
+    assert_eq!(
+        connack_over(&mut ok, "after").await,
+        Some(ReasonCode::SUCCESS)
+    );
+}
+
+/// `kind = "wss"`: header, TLS, WebSocket upgrade, MQTT. The named client is counted: a
+/// second 3.1.1 client named 203.0.113.7 is refused (return code 0x03) at one per address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_listener_reads_the_header_before_the_handshake() {
+    let broker = BrokerProcess::spawn(&tls_listener("wss", "max_connections_per_ip = 1"), "").await;
+    let port = broker.addr.port();
+    let mut clients = Vec::new();
+    for (id, connack) in [("wss-a", CONNACK_OK), ("wss-b", [0x20, 0x02, 0x00, 0x03])] {
+        let tls = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
+            .await
+            .expect("TLS handshake after the header");
+        let (head, mut ws) =
+            upgrade_over(Box::new(tls), broker.addr, "/mqtt", Some("mqtt"), None).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        ws.send_frame(BINARY, &connect_bytes(id)).await;
+        assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&connack[..]), "{id}");
+        clients.push(ws);
+    }
+    assert!(
+        tls_after_header(broker.addr, b"").await.is_err(),
+        "no TLS session without a PROXY header"
+    );
 }

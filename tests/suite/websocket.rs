@@ -24,11 +24,11 @@ async fn ws_broker() -> BrokerProcess {
 }
 
 /// A byte stream a raw WebSocket client runs over: TCP (`ws`) or TLS over TCP (`wss`).
-trait WsIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub(crate) trait WsIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> WsIo for T {}
 
 /// A raw WebSocket client: the upgrade and frames written by hand.
-struct RawWs {
+pub(crate) struct RawWs {
     stream: Box<dyn WsIo>,
     /// Bytes read past the HTTP response or a frame.
     pending: Vec<u8>,
@@ -46,7 +46,7 @@ async fn upgrade(
 }
 
 /// [`upgrade`] over a stream already open (e.g. a TLS session, for `wss`).
-async fn upgrade_over(
+pub(crate) async fn upgrade_over(
     mut stream: Box<dyn WsIo>,
     addr: SocketAddr,
     path: &str,
@@ -106,12 +106,12 @@ fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-const BINARY: u8 = 2;
+pub(crate) const BINARY: u8 = 2;
 const TEXT: u8 = 1;
 const PING: u8 = 9;
 
 impl RawWs {
-    async fn send_frame(&mut self, opcode: u8, payload: &[u8]) {
+    pub(crate) async fn send_frame(&mut self, opcode: u8, payload: &[u8]) {
         self.stream
             .write_all(&frame(opcode, payload))
             .await
@@ -169,7 +169,7 @@ impl RawWs {
     }
 
     /// MQTT bytes from binary frames until `n` are in (pings/pongs skipped).
-    async fn read_mqtt(&mut self, n: usize) -> Option<Vec<u8>> {
+    pub(crate) async fn read_mqtt(&mut self, n: usize) -> Option<Vec<u8>> {
         let mut out = Vec::new();
         for _ in 0..64 {
             if out.len() >= n {
@@ -197,7 +197,7 @@ impl RawWs {
     }
 }
 
-const CONNACK_OK: [u8; 4] = [0x20, 0x02, 0x00, 0x00];
+pub(crate) const CONNACK_OK: [u8; 4] = [0x20, 0x02, 0x00, 0x00];
 
 /// A real client (rumqttc over `ws://…/mqtt`) publishes and receives at QoS 0 and 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,9 @@ pub(super) enum Close {
     OverMemoryBudget,
     /// Re-authentication failed (MQTT-4.12.1-2), with the authenticator's code.
     ReauthFailed(ReasonCode),
+    /// The credentials the client connected with expired (a JWT's `exp`): it is no longer
+    /// authorized (v5 DISCONNECT 0x87).
+    CredentialsExpired,
     /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
     KeepAliveTimeout,
     /// A started packet was not complete by its deadline (`mqtt.packet_timeout`,
@@ -55,6 +58,11 @@ impl Close {
                 Some(super::pause::OVER_BUDGET.into()),
             )),
             Close::ReauthFailed(code) => Some((*code, Some("re-authentication failed".into()))),
+            // MQTT 5.0 §3.14.2.1: 0x87 Not authorized, which a server may send in DISCONNECT.
+            Close::CredentialsExpired => Some((
+                ReasonCode::NOT_AUTHORIZED,
+                Some("the token the client connected with has expired".into()),
+            )),
             Close::KeepAliveTimeout => Some((ReasonCode::KEEP_ALIVE_TIMEOUT, None)),
             // No code says "packet too slow"; 0x8D (no packet received in time) is the
             // nearest, and the Reason String says which limit it was.
@@ -125,6 +133,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 Close::StoreRefused(..)
                 | Close::StoreFailed(_)
                 | Close::ReauthFailed(_)
+                | Close::CredentialsExpired
                 | Close::OverMemoryBudget,
                 Some((code, why)),
             ) => {

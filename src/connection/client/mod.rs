@@ -127,8 +127,8 @@ pub(super) struct Client<S> {
     pending_inbound: u32,
     /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
     problem_info: bool,
-    /// The connection's enhanced authentication, for re-authentication; boxed, most clients
-    /// have none.
+    /// The connection's enhanced authentication, for re-authentication, and when its
+    /// credentials expire; boxed, most clients have neither.
     auth: Option<Box<AuthContext>>,
     /// Writes waiting for the durable store (acks, PUBREL, outbound QoS 2).
     gated: GatedWrites,
@@ -156,6 +156,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             attached,
             keep_alive,
             auth,
+            credentials_expire,
         } = accepted;
         let broker = Arc::clone(attached.handle.broker());
         let config = broker.config();
@@ -203,7 +204,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             receive_maximum: our_receive_maximum,
             pending_inbound: 0,
             problem_info,
-            auth: auth.map(|method| Box::new(AuthContext::new(method))),
+            auth: AuthContext::new(auth, credentials_expire),
             gated: GatedWrites::default(),
             publish_waits: false,
             arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),
@@ -392,13 +393,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         })
     }
 
-    /// Why the connection must close now, if it must: the server is stopping, a started
-    /// packet missed its deadline (`connection::partial`), or no packet arrived within 1.5 ×
-    /// keep-alive (MQTT-3.1.2-24). Takeover is checked under the session lock in
+    /// Why the connection must close now, if it must: the server is stopping, the client's
+    /// credentials expired (`reauth`), a started packet missed its deadline
+    /// (`connection::partial`), or no packet arrived within 1.5 × keep-alive
+    /// (MQTT-3.1.2-24). Takeover is checked under the session lock in
     /// [`Client::fill_from_session`].
     fn check_standing(&mut self, now: Instant) -> Option<Close> {
         if self.broker().is_shutting_down() {
             return Some(Close::ServerShutdown);
+        }
+        if self.credentials_expire_at().is_some_and(|at| now >= at) {
+            return Some(Close::CredentialsExpired);
         }
         // While a PUBLISH waits its turn the buffer's front is complete: nothing to check. The
         // deadline does not run while the store holds reads back (the broker's delay, not the
@@ -443,7 +448,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             Some(pause) => deadline.min(pause.deadline_ms),
             None => deadline,
         };
+        // Expiring credentials are enforced by the same sweep.
+        let deadline = match self.credentials_expire_at() {
+            Some(at) => deadline.min(self.broker().clock_ms(at).saturating_add(1)),
+            None => deadline,
+        };
         self.session.session().set_keep_alive_deadline(deadline);
+    }
+
+    /// When the client's credentials expire, if they do (a JWT's `exp`).
+    fn credentials_expire_at(&self) -> Option<Instant> {
+        self.auth.as_deref().and_then(|auth| auth.expires_at)
     }
 
     /// The first pass over a read: everything before its first PUBLISH, fenced when it holds

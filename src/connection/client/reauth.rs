@@ -1,8 +1,14 @@
-//! Re-authentication after CONNACK (MQTT 5 §4.12.1): AUTH exchanges while other packets keep
-//! flowing. The method's steps run through [`crate::auth::run_step`] (off the runtime when
-//! they are slow); their verdicts arrive as wake-ups of the connection.
+//! Authentication after CONNACK: re-authentication (MQTT 5 §4.12.1), AUTH exchanges while
+//! other packets keep flowing, whose steps run through [`crate::auth::run_step`] (off the
+//! runtime when they are slow) and whose verdicts arrive as wake-ups of the connection; and
+//! the end of credentials that expire (a JWT's `exp`), which closes the connection.
+//!
+//! Expiry costs no timer: the deadline joins the keep-alive one the connection reports to the
+//! broker's sweep (`Client::report_keep_alive_deadline`), which wakes the connection once it
+//! has passed, and `Client::check_standing` closes it then.
 
 use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -14,23 +20,41 @@ use crate::codec::{Auth, AuthProperties, Packet, ReasonCode, ReasonContext};
 use crate::connection::handshake::EnhancedAuth;
 use crate::connection::violation::Violation;
 
-/// A connection's enhanced authentication (v5 §4.12): its method and any re-authentication
-/// in progress.
+/// A connection's authentication after CONNACK, for the few that need any (boxed in the
+/// client): its enhanced authentication method (v5 §4.12) and any re-authentication in
+/// progress, and when the credentials it connected with expire. One box for both, as the
+/// client's size is at its bound (`size_tests`).
 pub(super) struct AuthContext {
-    method: EnhancedAuth,
+    /// `None` for a client without an enhanced method (one whose token expires).
+    method: Option<EnhancedAuth>,
     /// Method state between the rounds of a re-authentication in progress.
     state: Option<AuthState>,
     /// An authentication step being computed (possibly on the blocking pool).
     pub(super) step: Option<PendingStep>,
+    /// When the client's credentials expire (a JWT's `exp` plus the leeway): the connection
+    /// is closed then, v5 with DISCONNECT 0x87 Not authorized.
+    pub(super) expires_at: Option<Instant>,
 }
 
 impl AuthContext {
-    pub(super) fn new(method: EnhancedAuth) -> AuthContext {
-        AuthContext {
-            method,
-            state: None,
-            step: None,
-        }
+    /// The context of a client that used `method` and whose credentials expire at `expires`;
+    /// `None` (no box) when it has neither.
+    pub(super) fn new(
+        method: Option<EnhancedAuth>,
+        expires: Option<SystemTime>,
+    ) -> Option<Box<AuthContext>> {
+        let expires_at = expires.map(|at| {
+            let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+            Instant::now() + left
+        });
+        (method.is_some() || expires_at.is_some()).then(|| {
+            Box::new(AuthContext {
+                method,
+                state: None,
+                step: None,
+                expires_at,
+            })
+        })
     }
 }
 
@@ -39,8 +63,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// (MQTT-4.12.1-1), 0x18 answers our challenge.
     pub(super) fn on_auth(&mut self, packet: Auth) -> Result<(), Close> {
         let started = match self.auth.as_deref_mut() {
-            None => Err(Violation::AuthWithoutMethod),
-            Some(auth) => start_reauth_step(auth, packet, self.session.client_id()),
+            Some(auth) if auth.method.is_some() => {
+                start_reauth_step(auth, packet, self.session.client_id())
+            }
+            _ => Err(Violation::AuthWithoutMethod),
         };
         started.map_err(|violation| self.violation(violation))
     }
@@ -50,6 +76,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     pub(super) fn on_auth_verdict(&mut self, verdict: AuthStep) -> Result<(), Close> {
         let Some(auth) = self.auth.as_deref_mut() else {
             return Ok(());
+        };
+        let Some(method) = auth.method.as_ref().map(|m| m.method.clone()) else {
+            return Ok(()); // no step runs without a method
         };
         let (reason_code, data) = match verdict {
             AuthStep::Success(data) => (ReasonCode::SUCCESS, data),
@@ -67,7 +96,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let packet = Packet::Auth(Auth {
             reason_code,
             properties: AuthProperties {
-                authentication_method: Some(auth.method.method.clone()), // MQTT-4.12.0-5
+                authentication_method: Some(method), // MQTT-4.12.0-5
                 authentication_data: data,
                 ..Default::default()
             },
@@ -85,9 +114,13 @@ fn start_reauth_step(
     packet: Auth,
     client_id: &ByteString,
 ) -> Result<(), Violation> {
-    if packet.properties.authentication_method.as_ref() != Some(&auth.method.method) {
+    let Some(method) = &auth.method else {
+        return Err(Violation::AuthWithoutMethod);
+    };
+    if packet.properties.authentication_method.as_ref() != Some(&method.method) {
         return Err(Violation::AuthMethodChanged);
     }
+    let authenticator = Arc::clone(&method.authenticator);
     if auth.step.is_some() {
         return Err(Violation::AuthOutOfSequence);
     }
@@ -97,7 +130,7 @@ fn start_reauth_step(
         _ => return Err(Violation::AuthOutOfSequence),
     };
     auth.step = Some(auth::run_step(
-        Arc::clone(&auth.method.authenticator),
+        authenticator,
         input,
         packet.properties.authentication_data,
     ));

@@ -20,7 +20,7 @@ use crate::codec::{
     self, Auth, AuthProperties, Connect, DecodeError, Packet, ProtocolVersion, ReasonCode,
     ReasonContext,
 };
-use crate::transport::{ConnectedSlot, ConnectionInfo, HandshakeSlot};
+use crate::transport::{ConnectedSlot, ConnectionInfo, Full, HandshakeSlot};
 use tokio::time::Instant;
 use wait::{connect_deadline, connect_timed_out, read_more, Exchange, ReadMore};
 
@@ -32,6 +32,9 @@ pub(super) struct Accepted {
     pub keep_alive: u16,
     /// The enhanced authentication method the client used, kept for re-authentication.
     pub auth: Option<EnhancedAuth>,
+    /// When the token the client logged in with expires (JWT `exp` + leeway): the connection
+    /// is closed then.
+    pub credentials_expire: Option<std::time::SystemTime>,
 }
 
 /// The enhanced authentication method of a connection (MQTT 5 §4.12).
@@ -49,8 +52,7 @@ pub(super) struct EnhancedAuth {
 /// `slot` is the connection's place in its listener: it takes a pending slot the first time
 /// the handshake has to wait for the client (none free: the connection is closed at once,
 /// see [`read_more`]), and becomes the returned connected slot just before the session is
-/// attached, or the CONNECT is refused with 0x89 Server busy (3.x: 0x03 Server unavailable)
-/// when the listener has its `max_connections` clients.
+/// attached, or the CONNECT is refused ([`full_refusal`]) when a connection bound is reached.
 ///
 /// The whole handshake, enhanced-authentication exchanges included, must be done within
 /// `mqtt.connect_timeout` of the listener accepting the socket: the one deadline of a
@@ -107,6 +109,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     let mut connect = connect;
     // Authenticated already (a verified certificate, a token): the password file is not asked.
     let mut authenticated = false;
+    let mut credentials_expire = None;
     if let Some(tls) = info.tls.as_deref().filter(|tls| tls.identity_as_username) {
         // `tls.use_identity_as_username` (Mosquitto's): the certificate names the user, the
         // CONNECT's user name is ignored; without a certificate the client is not
@@ -162,6 +165,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             let verdict = std::str::from_utf8(password)
                 .map_err(|_| auth::jwt::JwtError::NotAToken)
                 .and_then(|token| jwt.verify(token));
+            if let Ok(ok) = &verdict {
+                credentials_expire = jwt.valid_until(ok);
+            }
             let refusal = match verdict {
                 Ok(ok) => match connect.username.as_deref() {
                     Some(user) if user != ok.username => Some("user name does not match the token"),
@@ -279,17 +285,18 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return None;
         }
     };
-    // Only now does the connection take one of the listener's `max_connections` slots: until
+    // Only now does the connection take a connected slot (the listener's `max_connections`,
+    // its source's `max_connections_per_ip`, the broker's `mqtt.max_connections`): until
     // here it held a pending one, so sockets that never get this far cannot keep finished
-    // clients out. At the limit, a client taking over its own connection is still let in.
+    // clients out. At a bound, a client taking over its own connection is still let in.
     let connected = match slot.promote(|| broker.is_connected(&admitted.client_id)) {
         Ok(connected) => connected,
-        Err(_pending) => {
-            // `_pending` is held through the refusal's lingering close.
-            broker.metrics.connections_refused_max.increment(1);
-            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "refusing CONNECT: the listener has max_connections clients");
-            let why = "the listener has its maximum number of connections";
-            return reject(io, version, ReasonCode::SERVER_BUSY, Some((why, &connect))).await;
+        Err((_pending, full)) => {
+            // `_pending` is held through the refusal's lingering close; the refusal is
+            // counted by the slot (`postbox_connections_refused_total`).
+            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, limit = full.key(), "refusing CONNECT: connection limit reached");
+            let (code, why) = full_refusal(full);
+            return reject(io, version, code, Some((why, &connect))).await;
         }
     };
     let attached = broker.connect(SessionRequest {
@@ -313,6 +320,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             attached,
             keep_alive,
             auth,
+            credentials_expire,
         },
         connected,
     ))
@@ -405,6 +413,29 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
             // A timeout is counted by the caller, which sees the deadline passed.
             ReadMore::Gone | ReadMore::TimedOut | ReadMore::Refused(_) => return Ok(None),
         }
+    }
+}
+
+/// The CONNACK refusing a client that found a connection bound full (3.x: 0x03 Server
+/// unavailable for each, `ReasonCode::to_v3_connack`). MQTT 5.0 §3.2.2.2: 0x89 Server busy
+/// ("try again later") when the listener or the broker is full, which another client leaving
+/// cures; 0x97 Quota exceeded ("an implementation or administrative imposed limit") when the
+/// client's own address has its share, which only its own connections closing cures. 0x9F
+/// Connection rate exceeded is for a rate, not a count.
+fn full_refusal(full: Full) -> Refusal {
+    match full {
+        Full::Listener => (
+            ReasonCode::SERVER_BUSY,
+            "the listener has its maximum number of connections",
+        ),
+        Full::Server => (
+            ReasonCode::SERVER_BUSY,
+            "the server has its maximum number of connections",
+        ),
+        Full::PerSource => (
+            ReasonCode::QUOTA_EXCEEDED,
+            "too many connections from this address",
+        ),
     }
 }
 
