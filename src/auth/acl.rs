@@ -114,6 +114,8 @@ struct Node {
     hash: u8,
     /// OR of every bit anywhere below this node (for a subscribed `#`).
     below: u8,
+    /// No children at all (set by `seal`): a topic walk ends here.
+    leaf: bool,
     literal: Children,
     plus: Option<Box<Node>>,
     user: Option<Box<Node>>,
@@ -147,6 +149,13 @@ impl Children {
                 .find(|(name, _)| name.len() == level.len() && **name == *level)
                 .map(|(_, node)| node),
             Children::Many(map) => map.get(level),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Children::Few(list) => list.is_empty(),
+            Children::Many(map) => map.is_empty(),
         }
     }
 
@@ -272,6 +281,10 @@ impl Node {
             below |= child.seal();
         }
         self.below = below;
+        self.leaf = self.literal.is_empty()
+            && self.plus.is_none()
+            && self.user.is_none()
+            && self.client.is_none();
         below | self.here | self.hash
     }
 
@@ -306,12 +319,16 @@ impl Node {
     }
 
     /// OR of the bits of every rule matching the topic name `levels`.
-    fn topic_bits<'t>(
-        &self,
-        mut levels: impl Iterator<Item = &'t str> + Clone,
-        id: Identity<'_>,
-        first: bool,
-    ) -> u8 {
+    fn topic_bits(&self, mut levels: Levels<'_>, id: Identity<'_>, first: bool) -> u8 {
+        // A node without children (most rules end in one): what is left of the topic needs
+        // no scan, only whether there is any. (Not at the root: `$` topics need a look.)
+        if self.leaf && !first {
+            return if levels.rest.is_none() {
+                self.here | self.hash
+            } else {
+                self.hash
+            };
+        }
         let Some(level) = levels.next() else {
             return self.here | self.hash;
         };

@@ -3,14 +3,17 @@
 //!
 //! Why an `ArcSwap` and not a lock: every PUBLISH and every checked delivery reads it, from
 //! all workers at once; a read-write lock's counter is one cache line written by every
-//! reader, bouncing between cores. An `ArcSwap` load writes only the reading thread's own
-//! slot. A reload builds the new ACL first (file I/O and compiling, outside anything checks
-//! touch) and then swaps the pointer, so checks never wait.
+//! reader, bouncing between cores. Each worker thread keeps an `arc_swap::Cache` of the
+//! current ACL: a check costs one relaxed load of the pointer (compared with the cached one)
+//! instead of a full `ArcSwap` load (about 130 instructions, measured with callgrind). A reload
+//! builds the new ACL first (file I/O and compiling, outside anything checks touch) and then
+//! swaps the pointer, so checks never wait; a thread's next check picks the new one up.
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Cache};
 
 use super::acl::{Acl, AclError, Action, Authorizer, FilterAccess, Identity};
 
@@ -22,11 +25,18 @@ struct Installed {
     generation: u32,
 }
 
+/// Each thread's cached view of the ACL slot it last checked with.
+type LocalCache = Cache<Arc<ArcSwap<Installed>>, Arc<Installed>>;
+
+thread_local! {
+    static LOCAL: RefCell<Option<LocalCache>> = const { RefCell::new(None) };
+}
+
 /// The ACL in force and its generation (1 at start, +1 per successful reload).
 #[derive(Debug)]
 pub struct AclSlot {
     path: PathBuf,
-    current: ArcSwap<Installed>,
+    current: Arc<ArcSwap<Installed>>,
     reloading: parking_lot::Mutex<()>,
 }
 
@@ -42,28 +52,51 @@ impl AclSlot {
         tracing::info!(file = %path.display(), rules = acl.rules(), "ACL loaded");
         Ok(AclSlot {
             path,
-            current: ArcSwap::from_pointee(Installed { acl, generation: 1 }),
+            current: Arc::new(ArcSwap::from_pointee(Installed { acl, generation: 1 })),
             reloading: parking_lot::Mutex::new(()),
+        })
+    }
+
+    /// Runs `f` on the ACL in force, through this thread's cache (see the module doc).
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&Installed) -> R) -> R {
+        LOCAL.with(|local| {
+            let Ok(mut local) = local.try_borrow_mut() else {
+                return f(&self.current.load());
+            };
+            // One slot per process in the broker; tests run several brokers in one process,
+            // so the cache is for one slot and is replaced when another one asks.
+            let mine = local
+                .as_ref()
+                .is_some_and(|cache| std::ptr::eq(cache.arc_swap(), &*self.current));
+            if !mine {
+                *local = Some(Cache::new(Arc::clone(&self.current)));
+            }
+            match local.as_mut() {
+                Some(cache) => f(cache.load()),
+                None => f(&self.current.load()),
+            }
         })
     }
 
     /// The generation checks and grants are stamped with.
     pub fn generation(&self) -> u32 {
-        self.current.load().generation
+        self.with(|installed| installed.generation)
     }
 
     /// One decision on a topic name. No lock, no allocation.
     pub fn allow(&self, identity: Identity<'_>, action: Action, topic: &str) -> bool {
-        self.current.load().acl.allow(identity, action, topic)
+        self.with(|installed| installed.acl.allow(identity, action, topic))
     }
 
     /// One decision on a subscription filter, with the generation it was made under.
     pub fn filter_access(&self, identity: Identity<'_>, filter: &str) -> (FilterAccess, u32) {
-        let installed = self.current.load();
-        (
-            installed.acl.filter_access(identity, filter),
-            installed.generation,
-        )
+        self.with(|installed| {
+            (
+                installed.acl.filter_access(identity, filter),
+                installed.generation,
+            )
+        })
     }
 }
 
