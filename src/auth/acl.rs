@@ -146,7 +146,11 @@ impl Children {
         match self {
             Children::Few(list) => list
                 .iter()
-                .find(|(name, _)| name.len() == level.len() && **name == *level)
+                // Levels are short: an inline byte loop beats a call to `memcmp`.
+                .find(|(name, _)| {
+                    name.len() == level.len()
+                        && name.bytes().zip(level.bytes()).all(|(a, b)| a == b)
+                })
                 .map(|(_, node)| node),
             Children::Many(map) => map.get(level),
         }
@@ -316,6 +320,16 @@ impl Node {
                 f(child);
             }
         }
+    }
+
+    /// `topic_bits` at a root, with the topic's first level split already.
+    fn root_bits(&self, level: &str, levels: Levels<'_>, id: Identity<'_>) -> u8 {
+        // MQTT-4.7.2-1: a `#` rule at the root does not match a `$` topic.
+        let mut bits = if level.starts_with('$') { 0 } else { self.hash };
+        self.for_level(level, id, true, |child| {
+            bits |= child.topic_bits(levels.clone(), id, false);
+        });
+        bits
     }
 
     /// OR of the bits of every rule matching the topic name `levels`.
@@ -553,12 +567,20 @@ fn access(rest: &str) -> Result<(u8, &str), String> {
 impl Authorizer for Acl {
     fn allow(&self, identity: Identity<'_>, action: Action, topic: &str) -> bool {
         // `$SYS` is the broker's own: no client publishes there, whatever a rule says.
-        if action == Action::Write && (topic == "$SYS" || topic.starts_with("$SYS/")) {
+        if action == Action::Write
+            && topic.starts_with('$')
+            && (topic == "$SYS" || topic.starts_with("$SYS/"))
+        {
             return false;
         }
         let mut bits = 0;
+        // The first level is split once for both tries.
+        let mut rest = levels(topic);
+        let Some(first) = rest.next() else {
+            return false;
+        };
         for trie in self.tries(identity).into_iter().flatten() {
-            bits |= trie.topic_bits(levels(topic), identity, true);
+            bits |= trie.root_bits(first, rest.clone(), identity);
         }
         bits & DENY == 0 && bits & action.bit() != 0
     }
