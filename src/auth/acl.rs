@@ -323,7 +323,7 @@ impl Node {
     }
 
     /// `topic_bits` at a root, with the topic's first level split already.
-    fn root_bits(&self, level: &str, levels: Levels<'_>, id: Identity<'_>) -> u8 {
+    fn root_bits(&self, level: &str, levels: &Levels<'_>, id: Identity<'_>) -> u8 {
         // MQTT-4.7.2-1: a `#` rule at the root does not match a `$` topic.
         let mut bits = if level.starts_with('$') { 0 } else { self.hash };
         self.for_level(level, id, true, |child| {
@@ -580,7 +580,7 @@ impl Authorizer for Acl {
             return false;
         };
         for trie in self.tries(identity).into_iter().flatten() {
-            bits |= trie.root_bits(first, rest.clone(), identity);
+            bits |= trie.root_bits(first, &rest, identity);
         }
         bits & DENY == 0 && bits & action.bit() != 0
     }
@@ -710,6 +710,23 @@ topic #
         assert_eq!(acl.filter_access(admin, "$SYS/#"), FilterAccess::Denied);
         let anon = id(None, "c");
         assert_eq!(acl.filter_access(anon, "sensors/+/t"), FilterAccess::Denied);
+    }
+
+    #[test]
+    fn many_siblings_switch_to_a_map_and_still_match() {
+        // More than `FEW` literal children: the list becomes a hash map.
+        let mut text = String::new();
+        for i in 0..(FEW * 3) {
+            text.push_str(&format!("topic read site/{i}/+/data\n"));
+        }
+        let acl = Acl::parse(&text).expect("parse");
+        let anon = id(None, "c");
+        for i in 0..(FEW * 3) {
+            assert!(acl.allow(anon, Action::Read, &format!("site/{i}/x/data")));
+        }
+        assert!(!acl.allow(anon, Action::Read, &format!("site/{}/x/data", FEW * 3)));
+        assert!(!acl.allow(anon, Action::Read, "site/1/x/data/more"));
+        assert!(!acl.allow(anon, Action::Write, "site/1/x/data"));
     }
 
     #[test]

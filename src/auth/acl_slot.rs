@@ -68,7 +68,7 @@ impl AclSlot {
             // so the cache is for one slot and is replaced when another one asks.
             let mine = local
                 .as_ref()
-                .is_some_and(|cache| std::ptr::eq(cache.arc_swap(), &*self.current));
+                .is_some_and(|cache| std::ptr::eq(cache.arc_swap(), Arc::as_ptr(&self.current)));
             if !mine {
                 *local = Some(Cache::new(Arc::clone(&self.current)));
             }

@@ -92,7 +92,13 @@ impl Principal {
 
     /// One decision: the claims (if any) and the ACL (if any) must both allow it.
     /// No allocation, no lock.
-    pub fn allow(&self, acl: Option<&AclSlot>, client_id: &str, action: Action, topic: &str) -> bool {
+    pub fn allow(
+        &self,
+        acl: Option<&AclSlot>,
+        client_id: &str,
+        action: Action,
+        topic: &str,
+    ) -> bool {
         if let Some(claims) = &self.claims {
             if !claims.allow(action, topic) {
                 return false;
@@ -147,7 +153,7 @@ pub fn covers(claim: &str, filter: &str) -> bool {
     let mut first = true;
     loop {
         match (c.next(), f.next()) {
-            (None, None) | (Some("#"), None) => return true,
+            (None | Some("#"), None) => return true,
             (None, Some(_)) | (Some(_), None) => return false,
             (Some("#"), Some(fl)) => return !(first && fl.starts_with('$')),
             (Some("+"), Some(fl)) => {
@@ -173,12 +179,11 @@ pub fn intersects(claim: &str, filter: &str) -> bool {
     let mut first = true;
     loop {
         match (c.next(), f.next()) {
-            (None, None) | (Some("#"), None) | (None, Some("#")) => return true,
+            (None | Some("#"), None) | (None, Some("#")) => return true,
             (None, Some(_)) | (Some(_), None) => return false,
             (Some(cl), Some(fl)) => {
                 let wild = |l: &str| l == "#" || l == "+";
-                if first
-                    && ((wild(cl) && fl.starts_with('$')) || (wild(fl) && cl.starts_with('$')))
+                if first && ((wild(cl) && fl.starts_with('$')) || (wild(fl) && cl.starts_with('$')))
                 {
                     return false;
                 }
@@ -218,7 +223,11 @@ mod tests {
             ("sensors/s1/#", "sensors/+/t", false, true),
         ] {
             assert_eq!(covers(claim, filter), cov, "covers({claim}, {filter})");
-            assert_eq!(intersects(claim, filter), int, "intersects({claim}, {filter})");
+            assert_eq!(
+                intersects(claim, filter),
+                int,
+                "intersects({claim}, {filter})"
+            );
         }
     }
 

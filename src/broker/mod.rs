@@ -157,7 +157,8 @@ impl Authz<'_> {
     /// The generation a full grant is stamped with now (1 without an ACL file, which never
     /// reloads); a subscriber stamped otherwise is checked per delivery.
     pub fn generation(&self) -> u32 {
-        self.acl.map_or(1, crate::auth::acl_slot::AclSlot::generation)
+        self.acl
+            .map_or(1, crate::auth::acl_slot::AclSlot::generation)
     }
 }
 

@@ -50,7 +50,9 @@ impl Broker {
                 if let Some(authz) = authz {
                     // Only subscriptions granted in part, or under an older ACL.
                     if sub.acl_generation != acl_generation
-                        && !sub.session.authorized(authz.acl, Action::Read, &message.topic)
+                        && !sub
+                            .session
+                            .authorized(authz.acl, Action::Read, &message.topic)
                     {
                         self.count_denied(Action::Read);
                         return;

@@ -285,7 +285,11 @@ mod tests {
 
     fn picks(s: &SharedSubscriptions, topic: &str) -> Vec<SessionId> {
         let mut out = Vec::new();
-        s.pick_for_topic(topic, |_| true, |p| out.extend(p.map(|p| p.member.session.id)));
+        s.pick_for_topic(
+            topic,
+            |_| true,
+            |p| out.extend(p.map(|p| p.member.session.id)),
+        );
         out
     }
 
@@ -347,7 +351,9 @@ mod tests {
         // Nobody is connected in this unit test.
         assert!(s.pick_other(&key, "t", 1, true, |_| true).is_none());
         assert!(!s.has_other_connected(&key, 1));
-        let m = s.pick_other(&key, "t", 1, false, |_| true).expect("offline fallback");
+        let m = s
+            .pick_other(&key, "t", 1, false, |_| true)
+            .expect("offline fallback");
         assert_eq!(m.session.id, 2);
     }
 }

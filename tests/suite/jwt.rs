@@ -194,7 +194,11 @@ async fn publish_and_subscribe_claims_narrow_what_the_client_may_do() {
     let refused = v5::subscribe_with(&mut dev, "out/#", qos1, None).await;
     assert_eq!(refused.reason_codes[0], ReasonCode::NOT_AUTHORIZED);
     let partial = v5::subscribe_with(&mut dev, "#", qos1, None).await;
-    assert_eq!(partial.reason_codes[0], ReasonCode(1), "partly inside: granted");
+    assert_eq!(
+        partial.reason_codes[0],
+        ReasonCode(1),
+        "partly inside: granted"
+    );
     let p = v5::publish_packet("in/x", postbox::codec::QoS::AtLeastOnce, b"no", 4);
     assert_eq!(v5::publish(&mut dev, p).await, ReasonCode::NOT_AUTHORIZED);
     let p = v5::publish_packet("out/x", postbox::codec::QoS::AtLeastOnce, b"yes", 5);

@@ -590,13 +590,21 @@ async fn the_scram_user_is_the_acl_identity_and_reauth_as_another_is_refused() {
     let granted = v5::subscribe_with(&mut c, "erin/#", qos1, None).await;
     assert_eq!(granted.reason_codes[0], ReasonCode(1), "erin's own tree");
     let refused = v5::subscribe_with(&mut c, "fay/#", qos1, None).await;
-    assert_eq!(refused.reason_codes[0], ReasonCode::NOT_AUTHORIZED, "fay's tree");
+    assert_eq!(
+        refused.reason_codes[0],
+        ReasonCode::NOT_AUTHORIZED,
+        "fay's tree"
+    );
     let p = v5::publish_packet("fay/x", postbox::codec::QoS::AtLeastOnce, b"no", 3);
     assert_eq!(v5::publish(&mut c, p).await, ReasonCode::NOT_AUTHORIZED);
     // Re-authentication with fay's valid credentials on erin's connection.
     let mut fay = ScramClient::new(Hash::Sha256, "fay", "pw2");
-    c.send(&auth(ReasonCode::RE_AUTHENTICATE, method, &fay.client_first()))
-        .await;
+    c.send(&auth(
+        ReasonCode::RE_AUTHENTICATE,
+        method,
+        &fay.client_first(),
+    ))
+    .await;
     let server_first = challenge(c.recv().await, method);
     let fin = fay.client_final(&server_first, false);
     c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))

@@ -259,7 +259,9 @@ impl Session {
     }
 
     /// The identity in force (see [`Session::set_principal`]).
-    pub fn principal(&self) -> arc_swap::Guard<Option<std::sync::Arc<crate::auth::principal::Principal>>> {
+    pub fn principal(
+        &self,
+    ) -> arc_swap::Guard<Option<std::sync::Arc<crate::auth::principal::Principal>>> {
         self.identity.load()
     }
 
