@@ -2,7 +2,8 @@
 # Instructions the broker executes for a fixed workload, counted by callgrind: repeatable
 # (about 1% between runs) where seconds on a shared 2-core machine drift by 25%. Compare two
 # binaries with the same arguments; divide the totals by the messages (200,000).
-# usage: BENCH=target/release/postbox-bench [OUT=dir] benches/callgrind-per-message.sh BINARY LABEL SCENARIO QOS
+# With ACL_FILE=path (e.g. written by benches/write-acl.sh), the broker runs with that acl_file.
+# usage: BENCH=target/release/postbox-bench [OUT=dir] [ACL_FILE=path] benches/callgrind-per-message.sh BINARY LABEL SCENARIO QOS
 #   SCENARIO: p2p | fan-in | fan-out;  QOS: 0 | 1 | 2
 # Prints the generator's delivery line and callgrind's instruction total.
 set -euo pipefail
@@ -18,6 +19,7 @@ enabled = false
 max_queued_messages = 1000000
 max_inflight_messages = 100
 EOC
+if [ -n "${ACL_FILE:-}" ]; then printf '[auth]\nacl_file = "%s"\n' "$ACL_FILE" >>"$conf"; fi
 out="${OUT:-/tmp}"/$label-$scen-q$qos.out
 valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$conf" > "${OUT:-/tmp}"/$label-$scen-q$qos.log 2>&1 &
 pid=$!

@@ -114,10 +114,119 @@ struct Node {
     hash: u8,
     /// OR of every bit anywhere below this node (for a subscribed `#`).
     below: u8,
-    literal: HashMap<Box<str>, Node, foldhash::fast::RandomState>,
+    /// No children at all (set by `seal`): a topic walk ends here.
+    leaf: bool,
+    literal: Children,
     plus: Option<Box<Node>>,
     user: Option<Box<Node>>,
     client: Option<Box<Node>>,
+}
+
+/// The literal children of a node. Most nodes have a few (a root with a handful of trees, a
+/// level with one next level): a short list compared by length first costs less per check than
+/// hashing the level; a node with many (5,000 sites under `site/`) switches to a hash map.
+#[derive(Debug)]
+enum Children {
+    Few(Vec<(Box<str>, Node)>),
+    Many(HashMap<Box<str>, Node, foldhash::fast::RandomState>),
+}
+
+/// Up to this many literal children are kept as a list.
+const FEW: usize = 8;
+
+impl Default for Children {
+    fn default() -> Children {
+        Children::Few(Vec::new())
+    }
+}
+
+impl Children {
+    #[inline]
+    fn get(&self, level: &str) -> Option<&Node> {
+        match self {
+            Children::Few(list) => list
+                .iter()
+                // Levels are short: an inline byte loop beats a call to `memcmp`.
+                .find(|(name, _)| {
+                    name.len() == level.len()
+                        && name.bytes().zip(level.bytes()).all(|(a, b)| a == b)
+                })
+                .map(|(_, node)| node),
+            Children::Many(map) => map.get(level),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Children::Few(list) => list.is_empty(),
+            Children::Many(map) => map.is_empty(),
+        }
+    }
+
+    fn entry(&mut self, level: &str) -> &mut Node {
+        if let Children::Few(list) = self {
+            if list.len() >= FEW && !list.iter().any(|(name, _)| **name == *level) {
+                *self = Children::Many(std::mem::take(list).into_iter().collect());
+            }
+        }
+        match self {
+            Children::Few(list) => {
+                let at = match list.iter().position(|(name, _)| **name == *level) {
+                    Some(at) => at,
+                    None => {
+                        list.push((level.into(), Node::default()));
+                        list.len() - 1
+                    }
+                };
+                &mut list[at].1
+            }
+            Children::Many(map) => map.entry(level.into()).or_default(),
+        }
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = (&str, &Node)> + '_> {
+        match self {
+            Children::Few(list) => Box::new(list.iter().map(|(k, v)| (&**k, v))),
+            Children::Many(map) => Box::new(map.iter().map(|(k, v)| (&**k, v))),
+        }
+    }
+
+    fn nodes_mut(&mut self) -> Box<dyn Iterator<Item = &mut Node> + '_> {
+        match self {
+            Children::Few(list) => Box::new(list.iter_mut().map(|(_, v)| v)),
+            Children::Many(map) => Box::new(map.values_mut()),
+        }
+    }
+}
+
+/// The levels of a topic name or filter, split lazily on `/`: a plain byte scan (levels are
+/// short), and cheap to clone at each branch of a walk (two words), unlike `str::split`.
+#[derive(Clone)]
+struct Levels<'a> {
+    rest: Option<&'a str>,
+}
+
+fn levels(s: &str) -> Levels<'_> {
+    Levels { rest: Some(s) }
+}
+
+impl<'a> Iterator for Levels<'a> {
+    type Item = &'a str;
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a str> {
+        let rest = self.rest?;
+        match rest.bytes().position(|b| b == b'/') {
+            Some(at) => {
+                self.rest = rest.get(at + 1..);
+                rest.get(..at)
+            }
+            None => {
+                self.rest = None;
+                Some(rest)
+            }
+        }
+    }
 }
 
 /// A level of a rule filter.
@@ -131,7 +240,7 @@ enum RuleLevel<'a> {
 impl Node {
     fn insert(&mut self, filter: &str, bits: u8, patterns: bool) -> Result<(), String> {
         let mut node = self;
-        let mut levels = filter.split('/').peekable();
+        let mut levels = levels(filter).peekable();
         while let Some(level) = levels.next() {
             if level == "#" {
                 if levels.peek().is_some() {
@@ -153,7 +262,7 @@ impl Node {
                 l => RuleLevel::Literal(l),
             };
             node = match kind {
-                RuleLevel::Literal(l) => node.literal.entry(l.into()).or_default(),
+                RuleLevel::Literal(l) => node.literal.entry(l),
                 RuleLevel::Plus => node.plus.get_or_insert_with(Box::default),
                 RuleLevel::User => node.user.get_or_insert_with(Box::default),
                 RuleLevel::Client => node.client.get_or_insert_with(Box::default),
@@ -166,7 +275,7 @@ impl Node {
     /// Fills `below` bottom-up; returns everything at or below this node.
     fn seal(&mut self) -> u8 {
         let mut below = 0;
-        for child in self.literal.values_mut() {
+        for child in self.literal.nodes_mut() {
             below |= child.seal();
         }
         for child in [&mut self.plus, &mut self.user, &mut self.client]
@@ -176,6 +285,10 @@ impl Node {
             below |= child.seal();
         }
         self.below = below;
+        self.leaf = self.literal.is_empty()
+            && self.plus.is_none()
+            && self.user.is_none()
+            && self.client.is_none();
         below | self.here | self.hash
     }
 
@@ -209,13 +322,27 @@ impl Node {
         }
     }
 
+    /// `topic_bits` at a root, with the topic's first level split already.
+    fn root_bits(&self, level: &str, levels: &Levels<'_>, id: Identity<'_>) -> u8 {
+        // MQTT-4.7.2-1: a `#` rule at the root does not match a `$` topic.
+        let mut bits = if level.starts_with('$') { 0 } else { self.hash };
+        self.for_level(level, id, true, |child| {
+            bits |= child.topic_bits(levels.clone(), id, false);
+        });
+        bits
+    }
+
     /// OR of the bits of every rule matching the topic name `levels`.
-    fn topic_bits<'t>(
-        &self,
-        mut levels: impl Iterator<Item = &'t str> + Clone,
-        id: Identity<'_>,
-        first: bool,
-    ) -> u8 {
+    fn topic_bits(&self, mut levels: Levels<'_>, id: Identity<'_>, first: bool) -> u8 {
+        // A node without children (most rules end in one): what is left of the topic needs
+        // no scan, only whether there is any. (Not at the root: `$` topics need a look.)
+        if self.leaf && !first {
+            return if levels.rest.is_none() {
+                self.here | self.hash
+            } else {
+                self.hash
+            };
+        }
         let Some(level) = levels.next() else {
             return self.here | self.hash;
         };
@@ -246,7 +373,7 @@ impl Node {
             if first {
                 // MQTT-4.7.2-1: not the `$` topics.
                 let mut bits = self.hash;
-                for (name, child) in &self.literal {
+                for (name, child) in self.literal.iter() {
                     if !name.starts_with('$') {
                         bits |= child.here | child.hash | child.below;
                     }
@@ -260,7 +387,7 @@ impl Node {
         }
         let mut bits = self.hash;
         if level == "+" {
-            for (name, child) in &self.literal {
+            for (name, child) in self.literal.iter() {
                 if !(first && name.starts_with('$')) {
                     bits |= child.meets(levels.clone(), id, false);
                 }
@@ -440,12 +567,20 @@ fn access(rest: &str) -> Result<(u8, &str), String> {
 impl Authorizer for Acl {
     fn allow(&self, identity: Identity<'_>, action: Action, topic: &str) -> bool {
         // `$SYS` is the broker's own: no client publishes there, whatever a rule says.
-        if action == Action::Write && (topic == "$SYS" || topic.starts_with("$SYS/")) {
+        if action == Action::Write
+            && topic.starts_with('$')
+            && (topic == "$SYS" || topic.starts_with("$SYS/"))
+        {
             return false;
         }
         let mut bits = 0;
+        // The first level is split once for both tries.
+        let mut rest = levels(topic);
+        let Some(first) = rest.next() else {
+            return false;
+        };
         for trie in self.tries(identity).into_iter().flatten() {
-            bits |= trie.topic_bits(topic.split('/'), identity, true);
+            bits |= trie.root_bits(first, &rest, identity);
         }
         bits & DENY == 0 && bits & action.bit() != 0
     }
@@ -454,11 +589,11 @@ impl Authorizer for Acl {
         let mut met = 0;
         let mut read_covered = false;
         for trie in self.tries(identity).into_iter().flatten() {
-            if trie.covers(filter.split('/'), identity, DENY, true) {
+            if trie.covers(levels(filter), identity, DENY, true) {
                 return FilterAccess::Denied;
             }
-            met |= trie.meets(filter.split('/'), identity, true);
-            read_covered = read_covered || trie.covers(filter.split('/'), identity, READ, true);
+            met |= trie.meets(levels(filter), identity, true);
+            read_covered = read_covered || trie.covers(levels(filter), identity, READ, true);
         }
         if met & READ == 0 {
             FilterAccess::Denied
@@ -575,6 +710,23 @@ topic #
         assert_eq!(acl.filter_access(admin, "$SYS/#"), FilterAccess::Denied);
         let anon = id(None, "c");
         assert_eq!(acl.filter_access(anon, "sensors/+/t"), FilterAccess::Denied);
+    }
+
+    #[test]
+    fn many_siblings_switch_to_a_map_and_still_match() {
+        // More than `FEW` literal children: the list becomes a hash map.
+        let mut text = String::new();
+        for i in 0..(FEW * 3) {
+            text.push_str(&format!("topic read site/{i}/+/data\n"));
+        }
+        let acl = Acl::parse(&text).expect("parse");
+        let anon = id(None, "c");
+        for i in 0..(FEW * 3) {
+            assert!(acl.allow(anon, Action::Read, &format!("site/{i}/x/data")));
+        }
+        assert!(!acl.allow(anon, Action::Read, &format!("site/{}/x/data", FEW * 3)));
+        assert!(!acl.allow(anon, Action::Read, "site/1/x/data/more"));
+        assert!(!acl.allow(anon, Action::Write, "site/1/x/data"));
     }
 
     #[test]

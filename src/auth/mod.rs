@@ -12,6 +12,7 @@ pub mod acl_slot;
 pub mod jwt;
 pub mod login;
 pub mod password;
+pub mod principal;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -37,6 +38,15 @@ pub enum AuthStep {
     /// Authenticated; the optional data goes to the client in CONNACK (or the final AUTH of a
     /// re-authentication) as Authentication Data.
     Success(Option<Bytes>),
+    /// Authenticated as `user` (a method that names its user, as SCRAM does): like
+    /// `Success`, and `user` becomes the session's identity for the ACL (as a CONNECT user
+    /// name checked against the password file would).
+    Authenticated {
+        /// Authentication Data for the client, as with `Success`.
+        data: Option<Bytes>,
+        /// The user the exchange proved the client to be.
+        user: String,
+    },
     /// Another round is needed: `data` goes to the client in AUTH 0x18 and `state` comes back
     /// with the client's answer.
     Continue {
@@ -54,6 +64,11 @@ impl std::fmt::Debug for AuthStep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AuthStep::Success(data) => f.debug_tuple("Success").field(data).finish(),
+            AuthStep::Authenticated { data, user } => f
+                .debug_struct("Authenticated")
+                .field("data", data)
+                .field("user", user)
+                .finish(),
             AuthStep::Continue { data, .. } => f
                 .debug_struct("Continue")
                 .field("data", data)

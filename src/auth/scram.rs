@@ -128,6 +128,8 @@ struct Pending {
     server_first: String,
     nonce: String,
     credential: ScramCredential,
+    /// The user the client named (saslname escapes decoded): its identity once proven.
+    username: String,
     /// False for an unknown user: the exchange runs on a fake credential and always fails.
     known: bool,
 }
@@ -166,6 +168,7 @@ impl Scram {
                 server_first,
                 nonce,
                 credential,
+                username: first.username,
                 known,
             }),
         }
@@ -210,10 +213,10 @@ impl Scram {
             return AuthStep::Fail(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         }
         let server_signature = kind.hmac(&credential.server_key, auth_message.as_bytes());
-        AuthStep::Success(Some(Bytes::from(format!(
-            "v={}",
-            B64.encode(server_signature)
-        ))))
+        AuthStep::Authenticated {
+            data: Some(Bytes::from(format!("v={}", B64.encode(server_signature)))),
+            user: pending.username.clone(),
+        }
     }
 }
 
@@ -416,7 +419,10 @@ mod tests {
         };
         assert_eq!(text(data.as_ref()), SERVER_FIRST);
         match scram.continue_(state, Some(Bytes::from_static(CLIENT_FINAL.as_bytes()))) {
-            AuthStep::Success(data) => assert_eq!(text(data.as_ref()), SERVER_FINAL),
+            AuthStep::Authenticated { data, user } => {
+                assert_eq!(text(data.as_ref()), SERVER_FINAL);
+                assert_eq!(user, "user", "the proven user is the identity");
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -495,7 +501,10 @@ mod tests {
         let step = run(&scram, first, "sn", |sf| {
             client_final(ScramKind::Sha512, b"pw", "n=a=2Cb=3Dc,r=cn", sf)
         });
-        assert!(matches!(step, AuthStep::Success(Some(_))), "{step:?}");
+        assert!(
+            matches!(&step, AuthStep::Authenticated { data: Some(_), user } if user == "a,b=c"),
+            "{step:?}"
+        );
     }
 
     /// A minimal client side, for the tests above only.
@@ -582,7 +591,7 @@ mod tests {
             let junk: Vec<u8> = (0..len).map(|_| rand::random()).collect();
             assert!(!matches!(
                 scram.first(Some(&junk), "s"),
-                AuthStep::Success(_)
+                AuthStep::Authenticated { .. }
             ));
             let step = run(&scram, CLIENT_FIRST, SERVER_NONCE, |_| {
                 String::from_utf8_lossy(&junk).into_owned()
@@ -609,7 +618,7 @@ mod tests {
             let step = run(&scram, CLIENT_FIRST, SERVER_NONCE, |_| {
                 CLIENT_FINAL.to_owned()
             });
-            assert!(matches!(step, AuthStep::Success(_)));
+            assert!(matches!(step, AuthStep::Authenticated { .. }));
         }
         let each = started.elapsed() / n;
         println!("SCRAM-SHA-256 server exchange: {each:?} per client (both steps)");

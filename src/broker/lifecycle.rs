@@ -190,8 +190,8 @@ impl Broker {
     /// it is published (as Mosquitto checks it: at publish time, so a reload in between
     /// counts); otherwise it is dropped and counted.
     pub fn publish_will(&self, session: &Session, will: LastWill) {
-        if let Some(acl) = self.acl() {
-            if !session.authorized(acl, crate::auth::acl::Action::Write, &will.topic) {
+        if let Some(authz) = self.authz() {
+            if !session.authorized(authz.acl, crate::auth::acl::Action::Write, &will.topic) {
                 self.count_denied(crate::auth::acl::Action::Write);
                 tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: the ACL denies its topic");
                 return;

@@ -141,6 +141,25 @@ pub struct Broker {
     pub metrics: Metrics,
     /// The ACL (`auth.acl_file`), installed once at start; unset, no check runs anywhere.
     acl: std::sync::OnceLock<Arc<crate::auth::acl_slot::AclSlot>>,
+    /// Set for good once a session got an identity with JWT `publish` / `subscribe` claims:
+    /// from then on checks run even without an ACL file (until then, none do).
+    claims_seen: AtomicBool,
+}
+
+/// The authorisation in force, when anything restricts anyone (see [`Broker::authz`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Authz<'a> {
+    /// The ACL file, if one is configured.
+    pub acl: Option<&'a crate::auth::acl_slot::AclSlot>,
+}
+
+impl Authz<'_> {
+    /// The generation a full grant is stamped with now (1 without an ACL file, which never
+    /// reloads); a subscriber stamped otherwise is checked per delivery.
+    pub fn generation(&self) -> u32 {
+        self.acl
+            .map_or(1, crate::auth::acl_slot::AclSlot::generation)
+    }
 }
 
 // By hand: the session, subscription and retained state sit behind locks a `Debug` print must
@@ -240,6 +259,7 @@ impl Broker {
             store,
             metrics,
             acl: std::sync::OnceLock::new(),
+            claims_seen: AtomicBool::new(false),
         })
     }
 
@@ -252,6 +272,14 @@ impl Broker {
     /// The ACL, when `auth.acl_file` is set.
     pub fn acl(&self) -> Option<&Arc<crate::auth::acl_slot::AclSlot>> {
         self.acl.get()
+    }
+
+    /// What checks access: `None` when nothing restricts anyone (no ACL file, no JWT claims
+    /// seen), so the hot path checks nothing; else the ACL (if any) and the sessions' claims.
+    #[inline]
+    pub fn authz(&self) -> Option<Authz<'_>> {
+        let acl = self.acl.get().map(|a| &**a);
+        (acl.is_some() || self.claims_seen.load(Ordering::Relaxed)).then_some(Authz { acl })
     }
 
     /// Counts one refused action.

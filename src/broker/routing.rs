@@ -39,18 +39,20 @@ impl Broker {
         inbound_qos2: Option<(&ByteString, u16)>,
     ) -> Result<Routed, PublishRefused> {
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
-        let acl = self.acl();
-        let acl_generation = acl.map_or(0, |a| a.generation());
+        let authz = self.authz();
+        let acl_generation = authz.map_or(0, |a| a.generation());
         self.subscriptions
             .read()
             .for_each_match(&message.topic, |sid, sub| {
                 if sub.options.no_local && message.origin == Some(*sid) {
                     return; // MQTT-3.8.3-3
                 }
-                if let Some(acl) = acl {
+                if let Some(authz) = authz {
                     // Only subscriptions granted in part, or under an older ACL.
                     if sub.acl_generation != acl_generation
-                        && !sub.session.authorized(acl, Action::Read, &message.topic)
+                        && !sub
+                            .session
+                            .authorized(authz.acl, Action::Read, &message.topic)
                     {
                         self.count_denied(Action::Read);
                         return;
@@ -233,30 +235,27 @@ impl Broker {
     }
 
     /// Adds one delivery per matching shared subscription group: the member the strategy
-    /// picks. Kept apart from `merge_overlapping`: a shared copy is separate from any copy
-    /// the same session gets through its own non-shared subscriptions (MQTT 5 §4.8.2).
+    /// picks among those that may read the topic. Kept apart from `merge_overlapping`: a
+    /// shared copy is separate from any copy the same session gets through its own non-shared
+    /// subscriptions (MQTT 5 §4.8.2). Only when no member may read it is the group's copy
+    /// dropped (and counted as a denied read).
     fn shared_targets(&self, message: &Message, targets: &mut SmallVec<[Target; 8]>) {
-        let acl = self.acl();
-        self.shared.read().pick_for_topic(&message.topic, |pick| {
-            // Shared members are few: with an ACL, the picked one is always checked.
-            if let Some(acl) = acl {
-                if !pick
-                    .member
-                    .session
-                    .authorized(acl, Action::Read, &message.topic)
-                {
-                    self.count_denied(Action::Read);
-                    return;
-                }
-            }
-            targets.push(Target {
-                qos: message.qos.min(pick.member.options.qos), // MQTT-4.8.2-3
-                retain: pick.member.options.retain_as_published && message.retain,
-                subscription_ids: pick.member.identifier.into_iter().collect(),
-                session: pick.member.session,
-                shared: Some(pick.key),
+        let authz = self.authz();
+        let may_read = |session: &Session| {
+            authz.is_none_or(|authz| session.authorized(authz.acl, Action::Read, &message.topic))
+        };
+        self.shared
+            .read()
+            .pick_for_topic(&message.topic, may_read, |pick| match pick {
+                Some(pick) => targets.push(Target {
+                    qos: message.qos.min(pick.member.options.qos), // MQTT-4.8.2-3
+                    retain: pick.member.options.retain_as_published && message.retain,
+                    subscription_ids: pick.member.identifier.into_iter().collect(),
+                    session: pick.member.session,
+                    shared: Some(pick.key),
+                }),
+                None => self.count_denied(Action::Read),
             });
-        });
     }
 
     pub(super) fn store_retained(&self, message: &Arc<Message>) {
@@ -284,10 +283,10 @@ impl Broker {
             .for_each_match(filter, |_, m| found.push(Arc::clone(m)));
         // Retained messages obey read rules like live ones; a fully readable filter needs
         // no check per message.
-        if let Some(acl) = self.acl() {
-            if session.filter_access(acl, filter).0 != FilterAccess::Full {
+        if let Some(authz) = self.authz() {
+            if session.filter_access(authz.acl, filter).0 != FilterAccess::Full {
                 found.retain(|m| {
-                    let allowed = session.authorized(acl, Action::Read, &m.topic);
+                    let allowed = session.authorized(authz.acl, Action::Read, &m.topic);
                     if !allowed {
                         self.count_denied(Action::Read);
                     }
@@ -391,11 +390,16 @@ impl Broker {
         let mut moves: Vec<(Arc<Session>, Delivery)> = Vec::with_capacity(taken.len());
         {
             let index = self.shared.read();
+            let authz = self.authz();
             for d in taken {
                 let Some(key) = d.shared.as_deref() else {
                     continue;
                 };
-                match index.pick_other(key, &d.message.topic, session.id, connected_only) {
+                let may_read = |s: &Session| {
+                    authz.is_none_or(|a| s.authorized(a.acl, Action::Read, &d.message.topic))
+                };
+                match index.pick_other(key, &d.message.topic, session.id, connected_only, may_read)
+                {
                     Some(m) => {
                         // The leaving session no longer holds it: forget its stored entry, or a
                         // restart would deliver it there again. (The new member holds it in

@@ -162,34 +162,45 @@ impl SharedSubscriptions {
         removed
     }
 
-    /// Picks one member of every group whose filter matches `topic`.
-    pub fn pick_for_topic(&self, topic: &str, mut f: impl FnMut(Pick)) {
+    /// Picks one member of every group whose filter matches `topic`, among those `may_read`
+    /// accepts (the ACL: a member that may not read the topic is passed over). `f` gets
+    /// `None` for a group none of whose members may read it.
+    pub fn pick_for_topic(
+        &self,
+        topic: &str,
+        may_read: impl Fn(&Session) -> bool,
+        mut f: impl FnMut(Option<Pick>),
+    ) {
         let mut ids: smallvec::SmallVec<[GroupId; 4]> = smallvec::SmallVec::new();
         self.tree.for_each_match(topic, |id, ()| ids.push(*id));
         for id in ids {
             if let Some(group) = self.groups.get(&id) {
-                if let Some(member) = self.choose(group, topic, None, false) {
-                    f(Pick {
+                if group.members.is_empty() {
+                    continue;
+                }
+                f(self
+                    .choose(group, topic, None, false, &may_read)
+                    .map(|member| Pick {
                         key: Arc::clone(&group.key),
                         member: member.clone(),
-                    });
-                }
+                    }));
             }
         }
     }
 
     /// Picks a member of group `key` other than `exclude` for a message on `topic`, e.g. to
-    /// take over what a leaving member held. With `connected_only`, `None` unless a connected
-    /// member other than `exclude` exists.
+    /// take over what a leaving member held, among those `may_read` accepts. With
+    /// `connected_only`, `None` unless a connected member other than `exclude` exists.
     pub fn pick_other(
         &self,
         key: &str,
         topic: &str,
         exclude: SessionId,
         connected_only: bool,
+        may_read: impl Fn(&Session) -> bool,
     ) -> Option<Member> {
         let group = self.groups.get(self.by_key.get(key)?)?;
-        self.choose(group, topic, Some(exclude), connected_only)
+        self.choose(group, topic, Some(exclude), connected_only, &may_read)
             .cloned()
     }
 
@@ -207,12 +218,15 @@ impl SharedSubscriptions {
 
     /// The strategy's starting member, then the first connected one from there; failing that
     /// (and unless `connected_only`), the starting member itself even though it is offline.
+    /// Only members `may_read` accepts are candidates (the ACL, checked lazily: in pick order,
+    /// so a group whose first candidate may read costs one check).
     fn choose<'g>(
         &self,
         group: &'g Group,
         topic: &str,
         exclude: Option<SessionId>,
         connected_only: bool,
+        may_read: &dyn Fn(&Session) -> bool,
     ) -> Option<&'g Member> {
         let n = group.members.len();
         if n == 0 {
@@ -228,10 +242,14 @@ impl SharedSubscriptions {
             .filter(|m| Some(m.session.id) != exclude);
         let mut fallback = None;
         for m in candidates {
-            if is_connected(&m.session) {
+            let connected = is_connected(&m.session);
+            if (!connected && fallback.is_some()) || !may_read(&m.session) {
+                continue;
+            }
+            if connected {
                 return Some(m);
             }
-            fallback.get_or_insert(m);
+            fallback = Some(m);
         }
         if connected_only {
             None
@@ -267,7 +285,11 @@ mod tests {
 
     fn picks(s: &SharedSubscriptions, topic: &str) -> Vec<SessionId> {
         let mut out = Vec::new();
-        s.pick_for_topic(topic, |p| out.push(p.member.session.id));
+        s.pick_for_topic(
+            topic,
+            |_| true,
+            |p| out.extend(p.map(|p| p.member.session.id)),
+        );
         out
     }
 
@@ -327,9 +349,11 @@ mod tests {
         s.subscribe(&key, "t", member(1));
         s.subscribe(&key, "t", member(2));
         // Nobody is connected in this unit test.
-        assert!(s.pick_other(&key, "t", 1, true).is_none());
+        assert!(s.pick_other(&key, "t", 1, true, |_| true).is_none());
         assert!(!s.has_other_connected(&key, 1));
-        let m = s.pick_other(&key, "t", 1, false).expect("offline fallback");
+        let m = s
+            .pick_other(&key, "t", 1, false, |_| true)
+            .expect("offline fallback");
         assert_eq!(m.session.id, 2);
     }
 }

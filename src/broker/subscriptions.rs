@@ -8,15 +8,20 @@ use bytestring::ByteString;
 
 use super::shared::Member;
 use super::{persist, Broker, Session, SessionSubscription, Subscriber};
+use crate::auth::principal::Principal;
 use crate::codec::{topic, SubscriptionOptions};
 use crate::storage::Op;
 
 impl Broker {
-    /// Sets the session's ACL identity. A session resumed under another username keeps its
-    /// subscriptions, but their grants were made for the old one: they are stamped "check
-    /// every delivery" (generation 0) so the new user's rules apply.
-    pub fn set_identity(&self, session: &Arc<Session>, username: Option<&str>) {
-        if !session.set_username(username) {
+    /// Sets the session's identity for authorisation (user name, JWT claims). A session
+    /// resumed under another identity keeps its subscriptions, but their grants were made for
+    /// the old one: they are stamped "check every delivery" (generation 0) so the new user's
+    /// rules and claims apply.
+    pub fn set_identity(&self, session: &Arc<Session>, principal: Principal) {
+        if principal.claims().is_some() {
+            self.claims_seen.store(true, Ordering::Relaxed);
+        }
+        if !session.set_principal(principal) {
             return;
         }
         let filters: Vec<(ByteString, SessionSubscription)> = session
@@ -72,12 +77,12 @@ impl Broker {
             );
             return existed;
         }
-        let acl_generation = match self.acl() {
-            Some(acl) => match session.filter_access(acl, filter) {
+        let acl_generation = match self.authz() {
+            Some(authz) => match session.filter_access(authz.acl, filter) {
                 (crate::auth::acl::FilterAccess::Full, generation) => generation,
                 _ => 0,
             },
-            None => 0,
+            None => 1,
         };
         let subscriber = Subscriber {
             session: Arc::clone(session),

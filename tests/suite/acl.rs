@@ -514,3 +514,42 @@ async fn resumed_session_of_another_user_is_checked_for_the_new_one() {
     assert_eq!(next(&mut bob).await, ("sensors/bob/t".into(), "bob".into()));
     v5::expect_silence(&mut bob, QUIET).await;
 }
+
+#[tokio::test]
+async fn shared_group_picks_a_member_that_may_read() {
+    // MQTT 5 §4.8.2: each message goes to one member of each group; with an ACL, only to a
+    // member that may read it. A group none of whose members may read it gets no copy.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acl = "user alice\ntopic read jobs/#\nuser bob\ntopic read jobs/public/#\n\
+               user boss\ntopic write jobs/#\n";
+    let server = start(dir.path(), acl).await;
+    let mut alice = connect(&server, V5, "sa", Some("alice")).await;
+    let mut bob = connect(&server, V5, "sb", Some("bob")).await;
+    assert_eq!(suback(&mut alice, "$share/g/jobs/#").await, ReasonCode(1));
+    // Partly readable for bob: granted, filtered per message.
+    assert_eq!(suback(&mut bob, "$share/g/jobs/#").await, ReasonCode(1));
+    let mut lone = connect(&server, V5, "sl", Some("bob")).await;
+    assert_eq!(suback(&mut lone, "$share/h/jobs/#").await, ReasonCode(1));
+    let mut boss = connect(&server, V5, "sx", Some("boss")).await;
+    // Round-robin would hand bob every other one; he may read none of them.
+    for i in 0..6 {
+        let topic = format!("jobs/secret/{i}");
+        assert_eq!(
+            publish(&mut boss, &topic, "s", false).await,
+            ReasonCode::SUCCESS
+        );
+    }
+    for i in 0..6 {
+        assert_eq!(
+            next(&mut alice).await,
+            (format!("jobs/secret/{i}"), "s".into()),
+            "every secret job reaches alice"
+        );
+    }
+    // Group h (bob alone) got none of the secret ones: its first message is the public one.
+    assert_eq!(
+        publish(&mut boss, "jobs/public/p", "p", false).await,
+        ReasonCode::SUCCESS
+    );
+    assert_eq!(next(&mut lone).await, ("jobs/public/p".into(), "p".into()));
+}

@@ -213,3 +213,58 @@ async fn a_token_expiring_while_connected_ends_the_connection() {
     staying.send(&Packet::PingReq).await;
     assert!(matches!(staying.recv().await, Some(Packet::PingResp)));
 }
+
+/// Claims narrow the client: `publish` / `subscribe` filters in the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_subscribe_claims_narrow_what_the_client_may_do() {
+    // No ACL file: the token's claims alone narrow the client. v5 §3.4.2.1 (PUBACK 0x87),
+    // §3.9.3 (SUBACK 0x87); a filter partly inside the `subscribe` claim is granted and
+    // filtered at delivery, as the ACL's partial grants are.
+    let broker = broker().await;
+    let key = jwt_dir().join("rsa.key");
+    let narrow = rs256(
+        &key,
+        &format!(
+            r#"{{"sub":"dev","exp":{},"publish":["out/#"],"subscribe":["in/#"]}}"#,
+            now() + 300
+        ),
+    );
+    let free = rs256(&key, &format!(r#"{{"sub":"ops","exp":{}}}"#, now() + 300));
+    let login = |id: &str, token: &str| {
+        let mut connect = v5::connect_packet(id);
+        connect.password = Some(token.as_bytes().to_vec().into());
+        connect
+    };
+    let (mut dev, ack) = v5::open(broker.addr, login("dev", &narrow)).await;
+    assert!(matches!(ack, Some(Packet::ConnAck(a)) if a.reason_code == ReasonCode::SUCCESS));
+    let qos1 = postbox::codec::SubscriptionOptions {
+        qos: postbox::codec::QoS::AtLeastOnce,
+        ..Default::default()
+    };
+    let refused = v5::subscribe_with(&mut dev, "out/#", qos1, None).await;
+    assert_eq!(refused.reason_codes[0], ReasonCode::NOT_AUTHORIZED);
+    let partial = v5::subscribe_with(&mut dev, "#", qos1, None).await;
+    assert_eq!(
+        partial.reason_codes[0],
+        ReasonCode(1),
+        "partly inside: granted"
+    );
+    let p = v5::publish_packet("in/x", postbox::codec::QoS::AtLeastOnce, b"no", 4);
+    assert_eq!(v5::publish(&mut dev, p).await, ReasonCode::NOT_AUTHORIZED);
+    let p = v5::publish_packet("out/x", postbox::codec::QoS::AtLeastOnce, b"yes", 5);
+    assert_ne!(v5::publish(&mut dev, p).await, ReasonCode::NOT_AUTHORIZED);
+    // A token without claims is not narrowed; what it publishes reaches `dev` only inside
+    // `dev`'s claim: `out/1` (sent first) never arrives, `in/1` does.
+    let (mut ops, ack) = v5::open(broker.addr, login("ops", &free)).await;
+    assert!(matches!(ack, Some(Packet::ConnAck(a)) if a.reason_code == ReasonCode::SUCCESS));
+    for (topic, id) in [("out/1", 6), ("in/1", 7)] {
+        let p = v5::publish_packet(topic, postbox::codec::QoS::AtLeastOnce, b"m", id);
+        // out/1: 0x10 No matching subscribers, since `dev` may not read it.
+        let code = v5::publish(&mut ops, p).await;
+        assert_ne!(code, ReasonCode::NOT_AUTHORIZED, "{topic}");
+    }
+    let got = tokio::time::timeout(common::WAIT, v5::receive(&mut dev))
+        .await
+        .expect("a PUBLISH in time");
+    assert_eq!(&*got.topic, "in/1", "out/1 is outside the subscribe claim");
+}

@@ -552,3 +552,62 @@ async fn postbox_passwd_scram_writes_lines_the_broker_accepts() {
         ReasonCode::BAD_USER_NAME_OR_PASSWORD
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scram_user_is_the_acl_identity_and_reauth_as_another_is_refused() {
+    // The user a SCRAM exchange proves is the one the ACL file's `user` block applies to (no
+    // CONNECT user name is sent). MQTT 5 §4.12.1: re-authentication proves the client is
+    // still who it is; proving to be another user ends the connection with DISCONNECT 0x87
+    // (MQTT-4.12.1-2: a failed re-authentication SHOULD be answered with DISCONNECT).
+    let (dir, file, config) = prepare(&[
+        line(ScramKind::Sha256, "erin", "pw1"),
+        line(ScramKind::Sha256, "fay", "pw2"),
+    ]);
+    let acl = dir.path().join("acl");
+    std::fs::write(
+        &acl,
+        "user erin\ntopic readwrite erin/#\nuser fay\ntopic readwrite fay/#\n",
+    )
+    .expect("acl");
+    let mut text = std::fs::read_to_string(&config.path).expect("config");
+    text.push_str(&format!("acl_file = {:?}\n", acl.display().to_string()));
+    std::fs::write(&config.path, text).expect("config");
+    let broker = Broker::start(&config);
+    let s = Scrammed {
+        _dir: dir,
+        file,
+        config,
+        broker,
+    };
+    let method = "SCRAM-SHA-256";
+    let mut client = ScramClient::new(Hash::Sha256, "erin", "pw1");
+    let (mut c, answer) = exchange(&s, "scram-acl", &mut client, false).await;
+    assert_eq!(connack_code(answer.as_ref()), ReasonCode::SUCCESS);
+    let qos1 = postbox::codec::SubscriptionOptions {
+        qos: postbox::codec::QoS::AtLeastOnce,
+        ..Default::default()
+    };
+    let granted = v5::subscribe_with(&mut c, "erin/#", qos1, None).await;
+    assert_eq!(granted.reason_codes[0], ReasonCode(1), "erin's own tree");
+    let refused = v5::subscribe_with(&mut c, "fay/#", qos1, None).await;
+    assert_eq!(
+        refused.reason_codes[0],
+        ReasonCode::NOT_AUTHORIZED,
+        "fay's tree"
+    );
+    let p = v5::publish_packet("fay/x", postbox::codec::QoS::AtLeastOnce, b"no", 3);
+    assert_eq!(v5::publish(&mut c, p).await, ReasonCode::NOT_AUTHORIZED);
+    // Re-authentication with fay's valid credentials on erin's connection.
+    let mut fay = ScramClient::new(Hash::Sha256, "fay", "pw2");
+    c.send(&auth(
+        ReasonCode::RE_AUTHENTICATE,
+        method,
+        &fay.client_first(),
+    ))
+    .await;
+    let server_first = challenge(c.recv().await, method);
+    let fin = fay.client_final(&server_first, false);
+    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
+        .await;
+    v5::expect_disconnect(&mut c, ReasonCode::NOT_AUTHORIZED).await;
+}

@@ -49,6 +49,11 @@ pub struct Session {
     /// milliseconds (`u64::MAX`: no keep-alive or no connection). Read by the broker's
     /// keep-alive sweep without taking the session lock.
     keep_alive_deadline_ms: AtomicU64,
+    /// Who the connection last attached is for authorisation (user name, JWT claims): read
+    /// by every ACL check, also for deliveries queued while offline, from any task and without
+    /// the session lock; replaced whole at attach. `None`: anonymous, no claims (and always
+    /// without an ACL or claims).
+    identity: arc_swap::ArcSwapOption<crate::auth::principal::Principal>,
 }
 
 /// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
@@ -170,10 +175,6 @@ pub struct SessionState {
     pub(in crate::broker) subscriptions:
         HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
     pub(in crate::broker) connection: Option<ConnectionSlot>,
-    /// The username of the connection last attached: the identity ACL checks use, also for
-    /// deliveries queued while offline. A thin box (8 B), set only when an ACL is configured.
-    #[allow(clippy::box_collection)]
-    pub(in crate::broker) username: Option<Box<String>>,
     /// Bumped on every attach; a connection only detaches if it still owns the session.
     pub(in crate::broker) generation: u64,
     pub(in crate::broker) disconnected_at: Option<Instant>,
@@ -223,7 +224,6 @@ impl Session {
                 inbound_qos2: inbound::InboundIds::default(),
                 subscriptions: HashMap::default(),
                 connection: None,
-                username: None,
                 generation: 0,
                 disconnected_at: Some(Instant::now()),
                 ended: false,
@@ -237,54 +237,60 @@ impl Session {
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
+            identity: arc_swap::ArcSwapOption::empty(),
         }
     }
 
-    /// Records who is attached now: the username ACL checks use (CONNECT username, or later a
-    /// TLS certificate's CN put in the same place).
+    /// Records who is attached now: the identity ACL checks use (CONNECT user name, a
+    /// certificate's, a token's with its claims, or the SCRAM user's).
     /// True when it differs from the one before (a resumed session with another user).
-    pub fn set_username(&self, username: Option<&str>) -> bool {
-        let mut st = self.lock();
-        if st.username.as_deref().map(String::as_str) == username {
-            return false;
+    pub fn set_principal(&self, principal: crate::auth::principal::Principal) -> bool {
+        let anonymous = principal == crate::auth::principal::Principal::default();
+        let old = self.identity.load();
+        let same = match old.as_deref() {
+            Some(old) => *old == principal,
+            None => anonymous,
+        };
+        if !same {
+            self.identity
+                .store((!anonymous).then(|| std::sync::Arc::new(principal)));
         }
-        st.username = username.map(|u| Box::new(u.to_owned()));
-        true
+        !same
     }
 
-    /// May this session's client do `action` on `topic` under `acl`? No allocation.
+    /// The identity in force (see [`Session::set_principal`]).
+    pub fn principal(
+        &self,
+    ) -> arc_swap::Guard<Option<std::sync::Arc<crate::auth::principal::Principal>>> {
+        self.identity.load()
+    }
+
+    /// May this session's client do `action` on `topic` under `acl` (if any) and its claims
+    /// (if any)? No lock, no allocation.
     pub fn authorized(
         &self,
-        acl: &crate::auth::acl_slot::AclSlot,
+        acl: Option<&crate::auth::acl_slot::AclSlot>,
         action: crate::auth::acl::Action,
         topic: &str,
     ) -> bool {
-        let st = self.lock();
-        acl.allow(
-            self.identity(st.username.as_deref().map(String::as_str)),
-            action,
-            topic,
-        )
+        let identity = self.identity.load();
+        identity
+            .as_deref()
+            .unwrap_or(&crate::auth::principal::ANONYMOUS)
+            .allow(acl, &self.client_id, action, topic)
     }
 
     /// What a subscription to `filter` may receive, and the ACL generation decided under.
     pub fn filter_access(
         &self,
-        acl: &crate::auth::acl_slot::AclSlot,
+        acl: Option<&crate::auth::acl_slot::AclSlot>,
         filter: &str,
     ) -> (crate::auth::acl::FilterAccess, u32) {
-        let st = self.lock();
-        acl.filter_access(
-            self.identity(st.username.as_deref().map(String::as_str)),
-            filter,
-        )
-    }
-
-    fn identity<'a>(&'a self, username: Option<&'a str>) -> crate::auth::acl::Identity<'a> {
-        crate::auth::acl::Identity {
-            username,
-            client_id: &self.client_id,
-        }
+        let identity = self.identity.load();
+        identity
+            .as_deref()
+            .unwrap_or(&crate::auth::principal::ANONYMOUS)
+            .filter_access(acl, &self.client_id, filter)
     }
 
     /// Locks the session state (broker internals only). Never hold the guard across an `.await`.

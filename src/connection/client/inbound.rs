@@ -58,11 +58,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         {
             return self.refuse_publish(qos, packet_id, Violation::PayloadFormatInvalid);
         }
-        if let Some(acl) = self.broker().acl() {
+        if let Some(authz) = self.broker().authz() {
             if !self
                 .session
                 .session()
-                .authorized(acl, Action::Write, &publish.topic)
+                .authorized(authz.acl, Action::Write, &publish.topic)
             {
                 return self.refuse_unauthorized(qos, packet_id);
             }

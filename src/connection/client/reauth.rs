@@ -82,6 +82,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         };
         let (reason_code, data) = match verdict {
             AuthStep::Success(data) => (ReasonCode::SUCCESS, data),
+            // MQTT 5 §4.12.1: re-authentication proves the client is still who it was; the
+            // session's identity (and the ACL's grants made for it) stay as they are. A client
+            // proving to be someone else is refused (DISCONNECT 0x87) rather than silently
+            // keeping the old identity or switching grants mid-connection.
+            AuthStep::Authenticated { data, user } => {
+                if auth.method.user.as_deref() != Some(user.as_str()) {
+                    tracing::info!(client = %self.session.client_id(), "re-authentication as another user refused");
+                    return Err(Close::ReauthFailed(ReasonCode::NOT_AUTHORIZED));
+                }
+                (ReasonCode::SUCCESS, data)
+            }
             AuthStep::Continue { data, state } => {
                 auth.state = Some(state);
                 (ReasonCode::CONTINUE_AUTHENTICATION, data)

@@ -76,8 +76,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED,
                     "wildcard subscriptions are not available",
                 ))
-            } else if self.broker().acl().is_some_and(|acl| {
-                self.session.session().filter_access(acl, inner).0 == FilterAccess::Denied
+            } else if self.broker().authz().is_some_and(|authz| {
+                self.session.session().filter_access(authz.acl, inner).0 == FilterAccess::Denied
             }) {
                 // A filter none of whose topics may be read: 0x87 (3.1.1: 0x80, via
                 // `SubAck`'s v3 mapping). One that covers some denied topics is granted and

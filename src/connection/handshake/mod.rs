@@ -43,6 +43,9 @@ pub(super) struct EnhancedAuth {
     pub method: ByteString,
     /// The method's implementation.
     pub authenticator: Arc<dyn Authenticator>,
+    /// The user the exchange authenticated, for a method that names one (SCRAM): a
+    /// re-authentication must prove the same user (`client::reauth`).
+    pub user: Option<Box<str>>,
 }
 
 /// Reads CONNECT, validates it, attaches the session and queues CONNACK. `None` when the
@@ -155,6 +158,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
     // A JWT as password (`[auth.jwt]`): its claim is the user name from here on, and the
     // password file is not asked. A password that is not shaped like a token goes on to it.
+    // Its `publish` / `subscribe` claims narrow what the client may do (with the identity).
+    let mut claims = None;
     if let (Some(jwt), Some(password), None, false) = (
         logins.and_then(|l| l.jwt()),
         connect.password.as_deref(),
@@ -173,6 +178,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                     Some(user) if user != ok.username => Some("user name does not match the token"),
                     _ => {
                         connect.username = Some(ok.username.as_str().into());
+                        claims = auth::principal::TopicClaims::new(ok.publish, ok.subscribe);
                         None
                     }
                 },
@@ -222,9 +228,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 let code = ReasonCode::BAD_AUTHENTICATION_METHOD;
                 return reject(io, version, code, Some((why, &connect))).await;
             };
-            let auth = EnhancedAuth {
+            let mut auth = EnhancedAuth {
                 method: method.clone(),
                 authenticator,
+                user: None,
             };
             let exchange = Exchange {
                 slot: &mut slot,
@@ -241,7 +248,14 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             )
             .await
             {
-                Ok(data) => (Some(auth), data),
+                Ok((data, user)) => {
+                    // The method's user (SCRAM's) is the ACL identity, whatever CONNECT said.
+                    if let Some(user) = user {
+                        connect.username = Some(user.as_str().into());
+                        auth.user = Some(user.into());
+                    }
+                    (Some(auth), data)
+                }
                 Err(Some((code, why))) => {
                     tracing::info!(%peer, client = %admitted.client_id, method = %auth.method, reason = ?code, "authentication failed");
                     return reject(io, version, code, Some((why, &connect))).await;
@@ -305,9 +319,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         expiry_interval,
         protocol: version,
     });
-    // The one place the identity for ACL checks is set (a TLS certificate's CN would go here).
-    if broker.acl().is_some() {
-        broker.set_identity(attached.handle.session(), connect.username.as_deref());
+    // The one place the identity for ACL checks is set: the user name as authenticated above
+    // (CONNECT's, the certificate's, the token's or the SCRAM user's) and the token's claims.
+    if claims.is_some() || broker.authz().is_some() {
+        let principal = auth::principal::Principal::new(connect.username.as_deref(), claims);
+        broker.set_identity(attached.handle.session(), principal);
     }
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
     // does not change the CONNACK's size, so the check above still holds.
@@ -327,8 +343,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Runs the enhanced authentication exchange: CONNECT → (AUTH 0x18 ⇄ AUTH 0x18)* → verdict,
-/// all before the handshake's `deadline`. `Ok` carries the Authentication Data for CONNACK;
-/// `Err(None)` means the client left or the deadline passed.
+/// all before the handshake's `deadline`. `Ok` carries the Authentication Data for CONNACK
+/// and the user the method authenticated, if it names one; `Err(None)` means the client left
+/// or the deadline passed.
 async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
     broker: &Arc<Broker>,
@@ -337,7 +354,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     client_id: &ByteString,
     auth: &EnhancedAuth,
     exchange: Exchange<'_>,
-) -> Result<Option<Bytes>, Option<Refusal>> {
+) -> Result<(Option<Bytes>, Option<String>), Option<Refusal>> {
     let Exchange { slot, deadline } = exchange;
     let client_max = client_max_packet(connect);
     let mut step = auth::run_step(
@@ -348,7 +365,8 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     .await;
     loop {
         let state = match step {
-            AuthStep::Success(data) => return Ok(data),
+            AuthStep::Success(data) => return Ok((data, None)),
+            AuthStep::Authenticated { data, user } => return Ok((data, Some(user))),
             AuthStep::Fail(code) => {
                 return Err(Some((connack_failure(code), "authentication failed")))
             }

@@ -1,0 +1,249 @@
+//! Who a session acts as for authorisation: its [`Principal`] (the authenticated user name and,
+//! for a JWT login, the token's `publish` / `subscribe` claims), fixed per attachment.
+//!
+//! Why a value of its own, swapped whole: the checks on the hot path (every PUBLISH of the
+//! client, every delivery to it that must be checked) read it from other tasks without the
+//! session's lock (`Session::identity`, an `ArcSwapOption`); it changes only when a connection
+//! attaches. The claims narrow the ACL file: a topic must be allowed by both (no ACL file:
+//! by the claims alone), and a client without claims costs nothing more than the ACL.
+
+use super::acl::{Action, FilterAccess, Identity};
+use super::acl_slot::AclSlot;
+
+/// The topic filters a JWT's `publish` / `subscribe` claims list (`None`: that claim is
+/// absent, nothing is narrowed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicClaims {
+    publish: Option<Box<[Box<str>]>>,
+    subscribe: Option<Box<[Box<str>]>>,
+}
+
+impl TopicClaims {
+    /// The claims of a token; `None` when it has neither (so nothing is checked for them).
+    pub fn new(publish: Option<Vec<String>>, subscribe: Option<Vec<String>>) -> Option<Self> {
+        fn boxed(list: Option<Vec<String>>) -> Option<Box<[Box<str>]>> {
+            list.map(|l| l.into_iter().map(String::into_boxed_str).collect())
+        }
+        if publish.is_none() && subscribe.is_none() {
+            return None;
+        }
+        Some(TopicClaims {
+            publish: boxed(publish),
+            subscribe: boxed(subscribe),
+        })
+    }
+
+    fn list(&self, action: Action) -> Option<&[Box<str>]> {
+        match action {
+            Action::Write => self.publish.as_deref(),
+            Action::Read => self.subscribe.as_deref(),
+        }
+    }
+
+    /// May the holder do `action` on the topic name `topic`? (`publish` for writes,
+    /// `subscribe` for reads: a delivery on a partly granted filter is checked here too.)
+    pub fn allow(&self, action: Action, topic: &str) -> bool {
+        self.list(action)
+            .is_none_or(|filters| filters.iter().any(|f| intersects(f, topic)))
+    }
+
+    /// What a subscription to `filter` may receive under the `subscribe` claim: full when one
+    /// claimed filter matches every topic it matches, partial when one matches some.
+    pub fn filter_access(&self, filter: &str) -> FilterAccess {
+        let Some(filters) = self.subscribe.as_deref() else {
+            return FilterAccess::Full;
+        };
+        if filters.iter().any(|c| covers(c, filter)) {
+            FilterAccess::Full
+        } else if filters.iter().any(|c| intersects(c, filter)) {
+            FilterAccess::Partial
+        } else {
+            FilterAccess::Denied
+        }
+    }
+}
+
+/// The identity ACL checks use for one session attachment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Principal {
+    username: Option<Box<str>>,
+    claims: Option<TopicClaims>,
+}
+
+impl Principal {
+    /// `username` as authenticated (CONNECT, certificate, token or SCRAM), and the token's
+    /// claims if any.
+    pub fn new(username: Option<&str>, claims: Option<TopicClaims>) -> Principal {
+        Principal {
+            username: username.map(Box::from),
+            claims,
+        }
+    }
+
+    /// The user name the ACL file's `user` blocks and `%u` see.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+
+    /// The token's claims, if it had any.
+    pub fn claims(&self) -> Option<&TopicClaims> {
+        self.claims.as_ref()
+    }
+
+    /// One decision: the claims (if any) and the ACL (if any) must both allow it.
+    /// No allocation, no lock.
+    pub fn allow(
+        &self,
+        acl: Option<&AclSlot>,
+        client_id: &str,
+        action: Action,
+        topic: &str,
+    ) -> bool {
+        if let Some(claims) = &self.claims {
+            if !claims.allow(action, topic) {
+                return false;
+            }
+        }
+        acl.is_none_or(|acl| acl.allow(self.identity(client_id), action, topic))
+    }
+
+    /// What a subscription to `filter` may receive under both, and the ACL generation it was
+    /// decided under (1 without an ACL file).
+    pub fn filter_access(
+        &self,
+        acl: Option<&AclSlot>,
+        client_id: &str,
+        filter: &str,
+    ) -> (FilterAccess, u32) {
+        let (by_acl, generation) = match acl {
+            Some(acl) => acl.filter_access(self.identity(client_id), filter),
+            None => (FilterAccess::Full, 1),
+        };
+        let by_claims = self
+            .claims
+            .as_ref()
+            .map_or(FilterAccess::Full, |c| c.filter_access(filter));
+        let access = match (by_acl, by_claims) {
+            (FilterAccess::Denied, _) | (_, FilterAccess::Denied) => FilterAccess::Denied,
+            (FilterAccess::Full, FilterAccess::Full) => FilterAccess::Full,
+            _ => FilterAccess::Partial,
+        };
+        (access, generation)
+    }
+
+    fn identity<'a>(&'a self, client_id: &'a str) -> Identity<'a> {
+        Identity {
+            username: self.username.as_deref(),
+            client_id,
+        }
+    }
+}
+
+/// The identity of a session that has none recorded: anonymous, no claims.
+pub static ANONYMOUS: Principal = Principal {
+    username: None,
+    claims: None,
+};
+
+/// True when the claimed filter `claim` matches every topic the filter `filter` matches
+/// (MQTT-4.7.2-1: a wildcard first level never matches a `$` topic).
+pub fn covers(claim: &str, filter: &str) -> bool {
+    let mut c = claim.split('/');
+    let mut f = filter.split('/');
+    let mut first = true;
+    loop {
+        match (c.next(), f.next()) {
+            (None | Some("#"), None) => return true,
+            (None, Some(_)) | (Some(_), None) => return false,
+            (Some("#"), Some(fl)) => return !(first && fl.starts_with('$')),
+            (Some("+"), Some(fl)) => {
+                if fl == "#" || (first && fl.starts_with('$')) {
+                    return false;
+                }
+            }
+            (Some(cl), Some(fl)) => {
+                if cl != fl {
+                    return false;
+                }
+            }
+        }
+        first = false;
+    }
+}
+
+/// True when some topic matches both filters (a topic name is a filter without wildcards, so
+/// this is also "the topic matches the filter").
+pub fn intersects(claim: &str, filter: &str) -> bool {
+    let mut c = claim.split('/');
+    let mut f = filter.split('/');
+    let mut first = true;
+    loop {
+        match (c.next(), f.next()) {
+            (None | Some("#"), None) | (None, Some("#")) => return true,
+            (None, Some(_)) | (Some(_), None) => return false,
+            (Some(cl), Some(fl)) => {
+                let wild = |l: &str| l == "#" || l == "+";
+                if first && ((wild(cl) && fl.starts_with('$')) || (wild(fl) && cl.starts_with('$')))
+                {
+                    return false;
+                }
+                if cl == "#" || fl == "#" {
+                    return true;
+                }
+                if cl != "+" && fl != "+" && cl != fl {
+                    return false;
+                }
+            }
+        }
+        first = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covers_and_intersects() {
+        for (claim, filter, cov, int) in [
+            ("a/#", "a/b", true, true),
+            ("a/#", "a", true, true),
+            ("a/#", "a/#", true, true),
+            ("a/+", "a/#", false, true),
+            ("a/+", "a/b", true, true),
+            ("a/+", "a/b/c", false, false),
+            ("a/b", "a/+", false, true),
+            ("a/b", "#", false, true),
+            ("#", "$SYS/x", false, false),
+            ("+/x", "$SYS/x", false, false),
+            ("$SYS/#", "#", false, false),
+            ("#", "+/x", true, true),
+            ("a/b", "a/c", false, false),
+            ("a/b", "a/b", true, true),
+            ("sensors/s1/#", "sensors/+/t", false, true),
+        ] {
+            assert_eq!(covers(claim, filter), cov, "covers({claim}, {filter})");
+            assert_eq!(
+                intersects(claim, filter),
+                int,
+                "intersects({claim}, {filter})"
+            );
+        }
+    }
+
+    #[test]
+    fn claims_narrow_per_action() {
+        let claims = TopicClaims::new(Some(vec!["out/#".into()]), Some(vec!["in/+".into()]))
+            .expect("claims");
+        assert!(claims.allow(Action::Write, "out/x/y"));
+        assert!(!claims.allow(Action::Write, "in/x"));
+        assert!(claims.allow(Action::Read, "in/x"));
+        assert!(!claims.allow(Action::Read, "in/x/y"));
+        assert_eq!(claims.filter_access("in/x"), FilterAccess::Full);
+        assert_eq!(claims.filter_access("in/#"), FilterAccess::Partial);
+        assert_eq!(claims.filter_access("out/#"), FilterAccess::Denied);
+        let publish_only = TopicClaims::new(Some(vec!["p".into()]), None).expect("claims");
+        assert_eq!(publish_only.filter_access("#"), FilterAccess::Full);
+        assert!(TopicClaims::new(None, None).is_none());
+    }
+}
