@@ -87,7 +87,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             // proving to be someone else is refused (DISCONNECT 0x87) rather than silently
             // keeping the old identity or switching grants mid-connection.
             AuthStep::Authenticated { data, user } => {
-                if auth.method.user.as_deref() != Some(user.as_str()) {
+                if auth.method.as_ref().and_then(|m| m.user.as_deref()) != Some(user.as_str()) {
                     tracing::info!(client = %self.session.client_id(), "re-authentication as another user refused");
                     return Err(Close::ReauthFailed(ReasonCode::NOT_AUTHORIZED));
                 }
