@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Cache};
@@ -37,6 +38,10 @@ thread_local! {
 pub struct AclSlot {
     path: PathBuf,
     current: Arc<ArcSwap<Installed>>,
+    /// The generation of `current`, stored after each swap: one plain load for callers that
+    /// only need to know whether a decision they remember is still the ACL's
+    /// ([`AclSlot::epoch`]).
+    epoch: AtomicU32,
     reloading: parking_lot::Mutex<()>,
 }
 
@@ -53,6 +58,7 @@ impl AclSlot {
         Ok(AclSlot {
             path,
             current: Arc::new(ArcSwap::from_pointee(Installed { acl, generation: 1 })),
+            epoch: AtomicU32::new(1),
             reloading: parking_lot::Mutex::new(()),
         })
     }
@@ -77,6 +83,15 @@ impl AclSlot {
                 None => f(&self.current.load()),
             }
         })
+    }
+
+    /// The generation in force, by one atomic load: for a decision remembered by its caller
+    /// (a connection's last PUBLISH topic). Read it *before* deciding: a reload stores the new
+    /// ACL first and the new epoch after it, so a decision stamped with the epoch read before
+    /// it is never newer than its stamp, and is made again after any reload.
+    #[inline]
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Acquire)
     }
 
     /// The generation checks and grants are stamped with.
@@ -114,6 +129,7 @@ impl crate::reload::Reload for AclSlot {
             let _one_reload = self.reloading.lock();
             let generation = self.current.load().generation.wrapping_add(1);
             self.current.store(Arc::new(Installed { acl, generation }));
+            self.epoch.store(generation, Ordering::Release);
         }
         tracing::info!(file = %self.path.display(), rules, "ACL reloaded");
         Ok(())

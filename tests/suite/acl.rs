@@ -336,6 +336,12 @@ async fn reload_applies_new_rules_without_dropping_anyone() {
         next(&mut dash).await,
         ("sensors/alice/t".into(), "still".into())
     );
+    // Denied again just before the reload: the connection remembers this topic's answer
+    // (`client::write_memo`), which the reload must make stale.
+    assert_eq!(
+        publish(&mut alice, "extra/x", "denied", false).await,
+        ReasonCode::NOT_AUTHORIZED
+    );
     // New rules: alice may write `extra/#`; the dashboard loses `sensors/alice/#`.
     let changed = format!("{ACL}\nuser alice\ntopic write extra/#\n").replace(
         "topic deny sensors/secret/#",

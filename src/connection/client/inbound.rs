@@ -13,6 +13,7 @@ use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::{refused_reason, Close};
+use super::write_memo::WriteMemo;
 use super::Client;
 use crate::auth::acl::Action;
 use crate::broker::{MemoryLevel, PublishRefused};
@@ -58,12 +59,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         {
             return self.refuse_publish(qos, packet_id, Violation::PayloadFormatInvalid);
         }
-        if let Some(authz) = self.broker().authz() {
-            if !self
-                .session
-                .session()
-                .authorized(authz.acl, Action::Write, &publish.topic)
-            {
+        // Disjoint borrows: the session handle (broker, session) and the memo.
+        if let Some(authz) = self.session.broker().authz() {
+            // Read before deciding (a reload between the two only makes the memo stale).
+            let epoch = authz.acl.map_or(0, crate::auth::acl_slot::AclSlot::epoch);
+            let session = self.session.session();
+            let allowed = WriteMemo::allowed(&mut self.write_memo, epoch, &publish.topic, || {
+                session.authorized(authz.acl, Action::Write, &publish.topic)
+            });
+            if !allowed {
                 return self.refuse_unauthorized(qos, packet_id);
             }
         }

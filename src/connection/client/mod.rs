@@ -13,6 +13,7 @@ mod pause;
 mod rate;
 mod reauth;
 mod subscribe;
+mod write_memo;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -142,6 +143,9 @@ pub(super) struct Client<S> {
     /// The publish rate bucket, when `mqtt.max_publish_rate` / `max_publish_bytes_rate` set
     /// a limit (see `rate`); boxed, none by default.
     rate: Option<Box<rate::RateBucket>>,
+    /// The last PUBLISH topic's authorisation, when an ACL or token claims apply (see
+    /// `write_memo`); boxed, made at the first checked PUBLISH.
+    write_memo: Option<Box<write_memo::WriteMemo>>,
 }
 
 /// Stop reading from a client while this many of its writes wait for the store: bounds the
@@ -215,6 +219,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 Instant::now(),
             )
             .map(Box::new),
+            write_memo: None,
         }
     }
 
