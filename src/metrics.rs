@@ -61,6 +61,9 @@ pub mod names {
     pub const PROTOCOL_ERRORS_TOTAL: &str = "postbox_protocol_errors_total";
     /// Counter: connections closed because the client missed its keep-alive.
     pub const KEEPALIVE_TIMEOUTS_TOTAL: &str = "postbox_keepalive_timeouts_total";
+    /// Counter: connections closed because the credentials they connected with expired (a
+    /// JWT's `exp` passed while connected).
+    pub const CREDENTIALS_EXPIRED_TOTAL: &str = "postbox_credentials_expired_total";
     /// Counter: actions the ACL refused, by `action` (`read`, `write`).
     pub const AUTHZ_DENIED_TOTAL: &str = "postbox_authz_denied_total";
     /// Counter: will messages published.
@@ -108,7 +111,7 @@ pub mod names {
     pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
 
     /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 38] = [
+    pub const ALL: [&str; 39] = [
         CONNECTIONS_CURRENT,
         CONNECTIONS_TOTAL,
         SESSIONS_CURRENT,
@@ -130,6 +133,7 @@ pub mod names {
         MALFORMED_PACKETS_TOTAL,
         PROTOCOL_ERRORS_TOTAL,
         KEEPALIVE_TIMEOUTS_TOTAL,
+        CREDENTIALS_EXPIRED_TOTAL,
         WILL_MESSAGES_PUBLISHED_TOTAL,
         AUTHZ_DENIED_TOTAL,
         SESSION_TAKEOVERS_TOTAL,
@@ -319,6 +323,8 @@ pub struct Metrics {
     pub protocol_errors: Counter,
     /// Connections closed because the client missed its keep-alive.
     pub keepalive_timeouts: Counter,
+    /// Connections closed because their credentials (a JWT) expired.
+    pub credentials_expired: Counter,
     /// Will messages published (abnormal disconnect or will delay expiry).
     pub will_messages_published: Counter,
     /// Actions the ACL refused: `[read, write]`.
@@ -475,6 +481,11 @@ impl Metrics {
             "Connections closed because the client missed its keep-alive."
         );
         describe_counter!(
+            CREDENTIALS_EXPIRED_TOTAL,
+            Unit::Count,
+            "Connections closed because the credentials they connected with (a JWT) expired."
+        );
+        describe_counter!(
             AUTHZ_DENIED_TOTAL,
             Unit::Count,
             "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action."
@@ -557,6 +568,7 @@ impl Metrics {
             malformed_packets: counter!(MALFORMED_PACKETS_TOTAL),
             protocol_errors: counter!(PROTOCOL_ERRORS_TOTAL),
             keepalive_timeouts: counter!(KEEPALIVE_TIMEOUTS_TOTAL),
+            credentials_expired: counter!(CREDENTIALS_EXPIRED_TOTAL),
             will_messages_published: counter!(WILL_MESSAGES_PUBLISHED_TOTAL),
             authz_denied: [
                 counter!(AUTHZ_DENIED_TOTAL, "action" => "read"),
@@ -713,6 +725,7 @@ mod tests {
             names::MALFORMED_PACKETS_TOTAL,
             names::PROTOCOL_ERRORS_TOTAL,
             names::KEEPALIVE_TIMEOUTS_TOTAL,
+            names::CREDENTIALS_EXPIRED_TOTAL,
             names::WILL_MESSAGES_PUBLISHED_TOTAL,
             names::AUTHZ_DENIED_TOTAL,
             names::SESSION_TAKEOVERS_TOTAL,

@@ -212,6 +212,11 @@ async fn a_token_expiring_while_connected_ends_the_connection() {
     // The client without `exp` is still served after the others' tokens ran out.
     staying.send(&Packet::PingReq).await;
     assert!(matches!(staying.recv().await, Some(Packet::PingResp)));
+    // Both closes are counted, before the DISCONNECT or the close is written (`finish`).
+    assert_eq!(
+        broker.metric("postbox_credentials_expired_total").await,
+        Some(2.0)
+    );
 }
 
 /// Claims narrow the client: `publish` / `subscribe` filters in the token.

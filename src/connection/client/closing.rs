@@ -137,6 +137,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 | Close::OverMemoryBudget,
                 Some((code, why)),
             ) => {
+                if matches!(close, Close::CredentialsExpired) {
+                    self.broker().metrics.credentials_expired.increment(1);
+                }
                 tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");
             }
             (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
