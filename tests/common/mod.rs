@@ -179,3 +179,23 @@ impl RawClient {
         }
     }
 }
+
+/// A TLS connector that trusts the development CA (`certs/ca.pem`) and presents no client
+/// certificate, on the broker's own provider (ring): the client side of TLS listener tests
+/// that need a socket of their own (a PROXY header first, a WebSocket upgrade after).
+pub fn dev_ca_connector() -> tokio_rustls::TlsConnector {
+    let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("certs/ca.pem");
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("dev CA") {
+        roots.add(cert.expect("dev CA cert")).expect("add dev CA");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}

@@ -7,12 +7,10 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use postbox::codec::{self, Packet, ProtocolVersion, ReasonCode};
-use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -59,27 +57,12 @@ async fn tls_after_header(
     addr: SocketAddr,
     header: &[u8],
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in rustls::pki_types::CertificateDer::pem_file_iter(certs().join("ca.pem")).expect("ca")
-    {
-        roots.add(ca.expect("ca cert")).expect("add ca");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
     let mut tcp = TcpStream::connect(addr).await.expect("connect");
     tcp.write_all(header).await.expect("write header");
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-    tokio::time::timeout(
-        WAIT,
-        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp),
-    )
-    .await
-    .expect("the TLS handshake ends within WAIT")
+    tokio::time::timeout(WAIT, common::dev_ca_connector().connect(name, tcp))
+        .await
+        .expect("the TLS handshake ends within WAIT")
 }
 
 /// Sends a v5 CONNECT for `id` over `stream` and returns the CONNACK's reason code (`None`:

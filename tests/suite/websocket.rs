@@ -4,10 +4,8 @@
 //! packed and mistyped at will) checks the framing rules and the upgrade's refusals.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -355,18 +353,7 @@ async fn wss_is_the_websocket_upgrade_over_tls() {
         certs.join("server.key")
     );
     let broker = BrokerProcess::spawn(&listener, "").await;
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in rustls::pki_types::CertificateDer::pem_file_iter(certs.join("ca.pem")).expect("ca") {
-        roots.add(ca.expect("ca cert")).expect("add ca");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = common::dev_ca_connector();
     let tcp = TcpStream::connect(broker.addr).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
     let tls = connector.connect(name, tcp).await.expect("TLS handshake");
