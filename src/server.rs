@@ -41,7 +41,7 @@ pub enum StartError {
     Jwt(#[from] crate::auth::jwt::JwtError),
     #[error("cannot use the password file: {0}")]
     /// The password file (`auth.password_file`) could not be read or has a bad line.
-    Passwords(#[from] crate::auth::password::FileError),
+    Passwords(#[from] crate::auth::credential_file::CredentialFileError),
     #[error("cannot start the metrics endpoint: {0}")]
     /// The Prometheus exporter could not start.
     Metrics(String),

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use crate::config::Config;
 
+use super::credential_file::CredentialFileError;
 use super::jwt::JwtVerifier;
-use super::password::{AuthMetrics, FileError, PasswordStore};
+use super::password::{AuthMetrics, PasswordStore};
 
 /// The login rules in force.
 #[derive(Debug)]
@@ -31,8 +32,8 @@ impl Logins {
     ///
     /// # Errors
     ///
-    /// [`FileError`] when the password file cannot be read or has a bad line.
-    pub fn from_config(config: &Config) -> Result<Logins, FileError> {
+    /// [`CredentialFileError`] when the password file cannot be read or has a bad line.
+    pub fn from_config(config: &Config) -> Result<Logins, CredentialFileError> {
         let metrics = AuthMetrics::register();
         let passwords = match &config.auth.password_file {
             Some(path) => Some(Arc::new(PasswordStore::open(

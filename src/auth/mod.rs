@@ -9,6 +9,7 @@
 
 pub mod acl;
 pub mod acl_slot;
+pub mod credential_file;
 pub mod jwt;
 pub mod login;
 pub mod password;

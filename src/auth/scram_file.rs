@@ -15,6 +15,7 @@ use base64::Engine as _;
 use parking_lot::RwLock;
 use thiserror::Error;
 
+use super::credential_file::CredentialFileError;
 use super::scram::{Scram, ScramKind};
 use super::{AuthRegistry, RegistryError};
 use crate::reload::Reload;
@@ -109,27 +110,12 @@ impl ScramCredentials {
     }
 }
 
-/// Why the credentials file could not be used.
+/// Why SCRAM could not be offered from the credentials file.
 #[derive(Debug, Error)]
 pub enum ScramFileError {
-    /// The file could not be read.
-    #[error("{path}: cannot read the SCRAM credentials file: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A line is not a credential (the message never quotes the line).
-    #[error("{path}:{line}: {reason}")]
-    Line {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong.
-        reason: &'static str,
-    },
+    /// The file could not be read, or a line is not a credential.
+    #[error("cannot use the SCRAM credentials file: {0}")]
+    File(#[from] CredentialFileError),
     /// The methods could not be registered.
     #[error("cannot offer SCRAM: {0}")]
     Register(#[from] RegistryError),
@@ -185,17 +171,17 @@ pub fn parse_line(line: &str) -> Result<(String, ScramKind, ScramCredential), &'
 /// # Errors
 ///
 /// The first bad line (file and line number), or a user with two lines of the same kind.
-pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, ScramFileError> {
+pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, CredentialFileError> {
     let mut creds = ScramCredentials::default();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let bad = |reason| ScramFileError::Line {
+        let bad = |reason: &str| CredentialFileError::Line {
             path: path.to_owned(),
             line: i + 1,
-            reason,
+            reason: reason.to_owned(),
         };
         let (user, kind, cred) = parse_line(line).map_err(bad)?;
         if creds.by_kind.contains_key(&(kind, user.clone())) {
@@ -212,8 +198,8 @@ pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, ScramFileError
 /// # Errors
 ///
 /// As [`parse`], or the file cannot be read.
-pub fn load(path: &Path) -> Result<ScramCredentials, ScramFileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ScramFileError::Io {
+pub fn load(path: &Path) -> Result<ScramCredentials, CredentialFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CredentialFileError::Io {
         path: path.to_owned(),
         source,
     })?;

@@ -5,32 +5,8 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use thiserror::Error;
-
 use super::hash::{HashError, PasswordHash};
-
-/// Why a password file could not be used. Names the file and line, never the hash.
-#[derive(Debug, Error)]
-pub enum FileError {
-    /// The file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A line is not `user:hash`, or the hash is not readable.
-    #[error("{path}:{line}: {reason}")]
-    Line {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong (never the hash).
-        reason: String,
-    },
-}
+use crate::auth::credential_file::CredentialFileError;
 
 /// The users of one password file, in file order, by name.
 #[derive(Debug, Clone, Default)]
@@ -76,15 +52,15 @@ fn entry(line: &str) -> Option<(&str, &str)> {
 ///
 /// # Errors
 ///
-/// [`FileError::Line`] for the first bad line: no `:`, an empty user name, a hash that is not
+/// [`CredentialFileError::Line`] for the first bad line: no `:`, an empty user name, a hash that is not
 /// `$6$`/`$7$`/`$argon2id$` or malformed, or a user listed twice.
-pub fn parse(text: &str, path: &Path) -> Result<Users, FileError> {
+pub fn parse(text: &str, path: &Path) -> Result<Users, CredentialFileError> {
     let mut users = Users::default();
     for (i, raw) in text.lines().enumerate() {
         let Some((user, hash)) = entry(raw) else {
             continue;
         };
-        let bad = |reason: String| FileError::Line {
+        let bad = |reason: String| CredentialFileError::Line {
             path: path.to_owned(),
             line: i + 1,
             reason,
@@ -112,9 +88,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Users, FileError> {
 ///
 /// # Errors
 ///
-/// As [`parse`], or [`FileError::Io`] when it cannot be read.
-pub fn load(path: &Path) -> Result<Users, FileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Io {
+/// As [`parse`], or [`CredentialFileError::Io`] when it cannot be read.
+pub fn load(path: &Path) -> Result<Users, CredentialFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CredentialFileError::Io {
         path: path.to_owned(),
         source,
     })?;
@@ -162,9 +138,9 @@ pub fn edit(text: &str, edit: &Edit<'_>) -> (String, bool) {
 ///
 /// # Errors
 ///
-/// [`FileError::Io`] when the temporary file cannot be written or renamed.
-pub fn write_atomically(path: &Path, text: &str) -> Result<(), FileError> {
-    let io = |source| FileError::Io {
+/// [`CredentialFileError::Io`] when the temporary file cannot be written or renamed.
+pub fn write_atomically(path: &Path, text: &str) -> Result<(), CredentialFileError> {
+    let io = |source| CredentialFileError::Io {
         path: path.to_owned(),
         source,
     };

@@ -24,9 +24,10 @@ use metrics::{counter, Counter};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Semaphore;
 
-pub use file::{FileError, Users};
+pub use file::Users;
 pub use hash::{HashError, PasswordHash, DEFAULT_PBKDF2_ITERATIONS};
 
+use crate::auth::credential_file::CredentialFileError;
 use cache::SuccessCache;
 
 /// Counter of refused logins, labelled by `reason`.
@@ -116,13 +117,13 @@ impl PasswordStore {
     ///
     /// # Errors
     ///
-    /// [`FileError`] when the file cannot be read or a line is bad.
+    /// [`CredentialFileError`] when the file cannot be read or a line is bad.
     pub fn open(
         path: &Path,
         cache_size: usize,
         max_hashes: usize,
         metrics: AuthMetrics,
-    ) -> Result<PasswordStore, FileError> {
+    ) -> Result<PasswordStore, CredentialFileError> {
         let users = file::load(path)?;
         let max_hashes = if max_hashes == 0 {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
