@@ -73,7 +73,7 @@ pub(crate) fn alert_rules() -> Vec<Yaml> {
         .collect()
 }
 
-/// Every metric name in a PromQL expression: identifiers starting `postbox_` or `process_`
+/// Every metric name in a Prometheus query: identifiers starting `postbox_` or `process_`
 /// (the process collector's), not inside a longer identifier, not a label value.
 pub(crate) fn metric_names(expr: &str, out: &mut BTreeSet<String>) {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
@@ -106,7 +106,7 @@ pub(crate) fn deploy_metric_names() -> BTreeSet<String> {
     names
 }
 
-/// Every PromQL query of the dashboard: the panels' targets and the template variables'.
+/// Every Prometheus query of the dashboard: the panels' targets and the template variables'.
 pub(crate) fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
     let mut out = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {

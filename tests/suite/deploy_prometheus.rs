@@ -2,7 +2,7 @@
 //! config and alert rules, scrapes the `postbox` binary: its HTTP API returns the series the
 //! traffic made, with the right values; the rule groups are loaded and healthy; the "messages
 //! dropped" alert goes pending on a real drop and "broker down" once the broker is killed; every
-//! dashboard query is PromQL that Prometheus accepts.
+//! dashboard query is one Prometheus accepts.
 //!
 //! Prometheus scrapes and evaluates on its own schedule (every second here): there is no event
 //! to await, so the test polls its API, 100 ms apart and bounded by `PROMETHEUS_WAIT`.
