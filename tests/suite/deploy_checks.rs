@@ -517,8 +517,10 @@ async fn busy_broker(dir: &Path) -> BrokerProcess {
     )
     .await;
 
+    // A persistent subscriber: its QoS 1 deliveries go through the store (commit latency).
     let mut options = rumqttc::MqttOptions::new("sub", "127.0.0.1", broker.addr.port());
     options.set_credentials("alice", "secret");
+    options.set_clean_session(false);
     let mut sub = V4::connect_with(options).await;
     let mut options = rumqttc::MqttOptions::new("pub", "127.0.0.1", broker.addr.port());
     options.set_credentials("alice", "secret");
@@ -568,6 +570,9 @@ async fn busy_broker(dir: &Path) -> BrokerProcess {
     crate::common::async_process::closed(&mut s).await;
     broker
         .wait_metric(r#"postbox_messages_received_total{qos="1"}"#, |v| v >= 5.0)
+        .await;
+    broker
+        .wait_metric("postbox_store_commits_total", |v| v >= 1.0)
         .await;
     broker
 }

@@ -26,12 +26,13 @@ fn metric_names(text: &str) -> Vec<&str> {
     out
 }
 
-/// Metrics created with labels only known at run time (listener names, reasons), so not in
-/// [`names::ALL`], which the dashboard may still show.
-const LABELLED_AT_RUN_TIME: [&str; 4] = [
-    postbox::auth::password::AUTH_FAILURES,
-    postbox::auth::password::AUTH_SUCCESSES,
-    names::WS_UPGRADE_FAILURES_TOTAL,
+/// Metrics registered outside [`names::ALL`] (by the password store, or at the first failure of
+/// a listener, whose name is a label), which the dashboard may still show. Spelled out rather
+/// than imported: `deploy_checks.rs` checks them against a running broker's `/metrics`.
+const OUTSIDE_ALL: [&str; 4] = [
+    "postbox_auth_failures_total",
+    "postbox_auth_successes_total",
+    "postbox_ws_upgrade_failures_total",
     "postbox_tls_handshake_failures_total",
 ];
 
@@ -57,7 +58,7 @@ fn dashboard_uses_only_existing_metrics_and_all_of_them() {
         .collect();
     for name in &used {
         assert!(
-            names::ALL.contains(name) || LABELLED_AT_RUN_TIME.contains(name),
+            names::ALL.contains(name) || OUTSIDE_ALL.contains(name),
             "dashboard uses unknown metric {name}"
         );
     }
