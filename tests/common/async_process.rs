@@ -46,22 +46,29 @@ impl BrokerProcess {
     pub async fn spawn(listener: &str, mqtt: &str) -> BrokerProcess {
         let port = free_port();
         let listeners = format!("[listener]\nbind = \"127.0.0.1:{port}\"\n{listener}\n");
-        BrokerProcess::start(&listeners, vec![port], mqtt).await
+        BrokerProcess::start(&listeners, vec![port], &in_memory(mqtt)).await
     }
 
     /// Like [`BrokerProcess::spawn`], with one `[[listener]]` entry (on a port of its own) per
     /// element of `listeners`, each with those keys; `addr` is the first one's, `addrs` all.
     pub async fn spawn_listeners(listeners: &[&str], mqtt: &str) -> BrokerProcess {
+        BrokerProcess::spawn_sections(listeners, &in_memory(mqtt)).await
+    }
+
+    /// Like [`BrokerProcess::spawn_listeners`], with `sections` (TOML tables after the
+    /// listeners and `[metrics]`: `[storage]`, `[mqtt]`, `[auth]`, …) instead of an in-memory
+    /// store and `mqtt` keys: for tests that need the durable store or other sections.
+    pub async fn spawn_sections(listeners: &[&str], sections: &str) -> BrokerProcess {
         let ports: Vec<u16> = listeners.iter().map(|_| free_port()).collect();
         let text: String = listeners
             .iter()
             .zip(&ports)
             .map(|(keys, port)| format!("[[listener]]\nbind = \"127.0.0.1:{port}\"\n{keys}\n"))
             .collect();
-        BrokerProcess::start(&text, ports, mqtt).await
+        BrokerProcess::start(&text, ports, sections).await
     }
 
-    async fn start(listeners: &str, ports: Vec<u16>, mqtt: &str) -> BrokerProcess {
+    async fn start(listeners: &str, ports: Vec<u16>, sections: &str) -> BrokerProcess {
         let metrics_port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("postbox.toml");
@@ -70,8 +77,7 @@ impl BrokerProcess {
             format!(
                 "{listeners}\
                  [metrics]\nbind = \"127.0.0.1:{metrics_port}\"\n\
-                 [storage]\npersistence = false\n\
-                 [mqtt]\n{mqtt}\n"
+                 {sections}\n"
             ),
         )
         .expect("write config");
@@ -115,6 +121,16 @@ impl BrokerProcess {
     /// `postbox_connections_refused_total{reason="pending_limit"}`) in one scrape; `None`
     /// when the broker does not export it (yet).
     pub async fn metric(&self, series: &str) -> Option<f64> {
+        let body = self.scrape().await;
+        body.lines().find_map(|line| {
+            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+            value.trim().parse().ok()
+        })
+    }
+
+    /// One scrape of `/metrics`: the HTTP response, headers included (a sample line never
+    /// looks like a header).
+    pub async fn scrape(&self) -> String {
         let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port))
             .await
             .expect("connect metrics");
@@ -126,10 +142,7 @@ impl BrokerProcess {
             .await
             .expect("metrics answer in time")
             .expect("read metrics");
-        body.lines().find_map(|line| {
-            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-            value.trim().parse().ok()
-        })
+        body
     }
 
     /// Scrapes until `series` satisfies `ok` (absent counts as 0), for at most `WAIT`; returns
@@ -159,6 +172,11 @@ impl BrokerProcess {
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// The sections of a broker without a durable store, with `mqtt` keys.
+fn in_memory(mqtt: &str) -> String {
+    format!("[storage]\npersistence = false\n[mqtt]\n{mqtt}\n")
 }
 
 /// A TCP connection to `addr` from the loopback source address `source` (any of 127.0.0.0/8
