@@ -301,9 +301,12 @@ async fn violate(broker: &BrokerProcess, id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_the_log_level_and_keeps_the_config_when_the_file_is_bad() {
-    let broker =
-        BrokerProcess::spawn_file("[storage]\npersistence = false\n[log]\nlevel = \"info\"\n", &[])
-            .await;
+    // Text lines, NO_COLOR unset: stdout is a pipe, so no colour codes.
+    let broker = BrokerProcess::spawn_file(
+        "[storage]\npersistence = false\n[log]\nlevel = \"info\"\n",
+        &[("NO_COLOR", "")],
+    )
+    .await;
     let debug_line = |id: &'static str| {
         move |l: &str| l.contains("protocol violation") && l.contains(id) && l.contains("DEBUG")
     };
@@ -349,6 +352,9 @@ async fn sighup_applies_the_log_level_and_keeps_the_config_when_the_file_is_bad(
     assert!(rejected.contains("postbox.toml"), "{rejected}");
     violate(&broker, "again").await;
     broker.wait_log(debug_line("again")).await;
+    for line in broker.logs() {
+        assert!(!line.contains('\u{1b}'), "colour codes in a piped log: {line:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
