@@ -359,9 +359,10 @@ async fn sighup_applies_the_log_level_and_keeps_the_config_when_the_file_is_bad(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_restart() {
+    // NO_COLOR unset: stdout is a pipe, so no colour codes either.
     let broker = BrokerProcess::spawn_file(
         "[storage]\npersistence = false\n[mqtt]\nmax_connections = 1\n",
-        &[],
+        &[("NO_COLOR", "")],
     )
     .await;
     let first = v5::connect_id(broker.addr, "first").await;
@@ -387,4 +388,7 @@ async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_r
     assert_eq!(ack.properties.maximum_qos, None);
     v5::disconnect(second).await;
     v5::disconnect(first).await;
+    for line in broker.logs() {
+        assert!(!line.contains('\u{1b}'), "colour codes in a piped log: {line:?}");
+    }
 }
