@@ -48,7 +48,11 @@ pub enum FilterSource {
 
 /// Picks the filter text and its source from the environment's `RUST_LOG` (if set and not
 /// empty), the `-v` flag and the config: a pure function, so the precedence is tested.
-pub fn choose_filter(env: Option<&str>, verbose: bool, config: &LogConfig) -> (String, FilterSource) {
+pub fn choose_filter(
+    env: Option<&str>,
+    verbose: bool,
+    config: &LogConfig,
+) -> (String, FilterSource) {
     match env.map(str::trim).filter(|e| !e.is_empty()) {
         Some(env) => (env.to_owned(), FilterSource::Env),
         None if verbose => ("debug".to_owned(), FilterSource::Verbose),
@@ -111,10 +115,12 @@ impl LogHandle {
 pub fn init(config: &LogConfig, verbose: bool) -> Result<LogHandle, LogError> {
     let env = std::env::var("RUST_LOG").ok();
     let (text, source) = choose_filter(env.as_deref(), verbose, config);
-    let filter = EnvFilter::builder().parse(&text).map_err(|e| match source {
-        FilterSource::Env => LogError::Env(e.to_string()),
-        _ => LogError::Init(e.to_string()),
-    })?;
+    let filter = EnvFilter::builder()
+        .parse(&text)
+        .map_err(|e| match source {
+            FilterSource::Env => LogError::Env(e.to_string()),
+            _ => LogError::Init(e.to_string()),
+        })?;
     let (filter, handle) = reload::Layer::new(filter);
     // The stream actually written is stdout, so that is the one asked.
     let ansi = use_ansi(

@@ -344,11 +344,9 @@ impl RunningServer {
     pub fn reload_config(&self, new: &Config) -> crate::reload::config::ConfigChanges {
         let mut running = self.running_config.lock();
         let changes = crate::reload::config::compare(&running, new);
-        self.broker
-            .runtime_limits()
-            .set(crate::broker::runtime_limits::RuntimeLimits::from_config(
-                &changes.running.mqtt,
-            ));
+        self.broker.runtime_limits().set(
+            crate::broker::runtime_limits::RuntimeLimits::from_config(&changes.running.mqtt),
+        );
         self.server_slots
             .set_max(changes.running.mqtt.max_connections);
         for key in &changes.applied {

@@ -168,7 +168,9 @@ impl BrokerProcess {
             config_path: path,
             _dir: dir,
         };
-        broker.wait_log(|line| line.contains("postbox running")).await;
+        broker
+            .wait_log(|line| line.contains("postbox running"))
+            .await;
         broker
     }
 
@@ -216,10 +218,7 @@ impl BrokerProcess {
 
     /// Waits (bounded by `limit`) for the process to exit and returns its status and how long
     /// it took from the call.
-    pub async fn wait_exit(
-        &mut self,
-        limit: Duration,
-    ) -> (std::process::ExitStatus, Duration) {
+    pub async fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
         let started = tokio::time::Instant::now();
         let status = tokio::time::timeout(limit, self.child.wait())
             .await

@@ -5,9 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use postbox::codec::{
-    LastWill, Packet, Publish, QoS, ReasonCode, WillProperties,
-};
+use postbox::codec::{LastWill, Packet, Publish, QoS, ReasonCode, WillProperties};
 
 use crate::common;
 use crate::jwt::{jwt_dir, now, rs256};
@@ -88,7 +86,9 @@ async fn the_log_has_lifecycle_fields_and_no_secret() {
     assert_eq!(json["username"], "alice", "{json}");
     assert_eq!(json["clean"], true, "{json}");
     assert_eq!(json["keep_alive"], 60, "{json}");
-    assert!(json["peer"].as_str().is_some_and(|p| p.starts_with("127.0.0.1:")));
+    assert!(json["peer"]
+        .as_str()
+        .is_some_and(|p| p.starts_with("127.0.0.1:")));
     let gone = broker
         .wait_log(|l| l.contains("client disconnected") && l.contains("jwt-ok"))
         .await;
@@ -97,11 +97,17 @@ async fn the_log_has_lifecycle_fields_and_no_secret() {
     let logs = broker.logs();
     let (_, signature) = token.rsplit_once('.').expect("a JWT");
     for line in &logs {
-        assert!(serde_json::from_str::<serde_json::Value>(line).is_ok(), "{line}");
+        assert!(
+            serde_json::from_str::<serde_json::Value>(line).is_ok(),
+            "{line}"
+        );
         for secret in [password, wrong, token.as_str(), signature] {
             assert!(!line.contains(secret), "secret in the log: {line}");
         }
-        assert!(!line.contains('\u{1b}'), "colour codes in a piped log: {line:?}");
+        assert!(
+            !line.contains('\u{1b}'),
+            "colour codes in a piped log: {line:?}"
+        );
     }
 }
 
@@ -241,7 +247,10 @@ async fn with_wills_on_shutdown_false_no_will_is_published() {
     let publish = v5::publish_packet("wills/marker", QoS::AtLeastOnce, b"m", 1);
     assert_eq!(v5::publish(&mut marker, publish).await, ReasonCode::SUCCESS);
     let first = v5::receive(&mut sub).await;
-    assert_eq!(&*first.topic, "wills/marker", "a will was published at shutdown");
+    assert_eq!(
+        &*first.topic, "wills/marker",
+        "a will was published at shutdown"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,7 +362,10 @@ async fn sighup_applies_the_log_level_and_keeps_the_config_when_the_file_is_bad(
     violate(&broker, "again").await;
     broker.wait_log(debug_line("again")).await;
     for line in broker.logs() {
-        assert!(!line.contains('\u{1b}'), "colour codes in a piped log: {line:?}");
+        assert!(
+            !line.contains('\u{1b}'),
+            "colour codes in a piped log: {line:?}"
+        );
     }
 }
 
@@ -389,6 +401,9 @@ async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_r
     v5::disconnect(second).await;
     v5::disconnect(first).await;
     for line in broker.logs() {
-        assert!(!line.contains('\u{1b}'), "colour codes in a piped log: {line:?}");
+        assert!(
+            !line.contains('\u{1b}'),
+            "colour codes in a piped log: {line:?}"
+        );
     }
 }

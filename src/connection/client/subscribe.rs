@@ -33,7 +33,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             config.max_topic_length,
             config.max_topic_levels,
             // A reload may change it (`broker::runtime_limits`).
-            self.broker().runtime_limits().get().max_subscriptions_per_client,
+            self.broker()
+                .runtime_limits()
+                .get()
+                .max_subscriptions_per_client,
         );
         let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
         let mut reason_codes = Vec::with_capacity(subscribe.filters.len());
