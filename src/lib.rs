@@ -8,6 +8,7 @@ pub mod broker;
 pub mod codec;
 pub mod config;
 pub mod connection;
+pub mod logging;
 pub mod metrics;
 pub mod reload;
 pub mod server;

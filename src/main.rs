@@ -99,14 +99,7 @@ fn main() -> anyhow::Result<()> {
     };
     let config =
         Config::load_with(cli.config.as_deref(), &overrides).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let level = if cli.verbose {
-        "debug".to_string()
-    } else {
-        config.log.level.clone()
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&level));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let log = postbox::logging::init(&config.log, cli.verbose)?;
 
     // Before the runtime's threads exist: growing the descriptor table is free now and stalls
     // accepts later (see `transport::fd_table`).
@@ -130,13 +123,76 @@ fn main() -> anyhow::Result<()> {
         let server = postbox::server::start(config).await?;
         tracing::info!(version = env!("CARGO_PKG_VERSION"), "postbox running");
         while signals.next().await == Signal::Reload {
-            tracing::info!("SIGHUP: reloading certificates, password file and ACL");
-            server.reload();
+            reload(&server, cli.config.as_deref(), &overrides, &log);
         }
-        tracing::info!("shutting down");
-        server.shutdown().await;
+        tracing::info!(
+            grace_seconds = SHUTDOWN_BOUND.as_secs(),
+            "shutting down (a second SIGTERM or Ctrl-C exits at once)"
+        );
+        let started = std::time::Instant::now();
+        let stopped = tokio::select! {
+            finished = tokio::time::timeout(SHUTDOWN_BOUND, server.shutdown()) => finished.is_ok(),
+            () = signals.next_stop() => {
+                tracing::error!("second stop signal during shutdown: exiting at once, without closing the store");
+                std::process::exit(EXIT_INTERRUPTED_SHUTDOWN);
+            }
+        };
+        if !stopped {
+            tracing::error!(bound_seconds = SHUTDOWN_BOUND.as_secs(), "shutdown did not finish in time: exiting without closing the store");
+            std::process::exit(EXIT_INTERRUPTED_SHUTDOWN);
+        }
+        tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "stopped");
         anyhow::Ok(())
     })
+}
+
+/// How long a graceful shutdown may take in all (connections told and drained, wills routed,
+/// the store's final commit) before the process exits anyway, with
+/// [`EXIT_INTERRUPTED_SHUTDOWN`]. The connections get `server::SHUTDOWN_GRACE` (5 s) of it;
+/// the rest is for the store's final fsync. Below systemd's default `TimeoutStopSec` (90 s)
+/// and Kubernetes' default `terminationGracePeriodSeconds` (30 s), so the broker ends itself
+/// before it is killed.
+const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Exit status when a shutdown did not finish (second signal, or [`SHUTDOWN_BOUND`] passed):
+/// not 0, so a supervisor sees the store may not have been closed cleanly (recovery replays
+/// the log at the next start; nothing acknowledged is lost with `fsync = "always"`).
+const EXIT_INTERRUPTED_SHUTDOWN: i32 = 2;
+
+/// SIGHUP: the config file again (when one was given: the embedded default cannot change),
+/// then the file-backed parts (certificates, password file, SCRAM file, JWT keys, ACL). A
+/// config file that does not load is rejected whole and the running config kept; the
+/// file-backed parts are re-read either way (each keeps its own state when its files are bad).
+fn reload(
+    server: &postbox::server::RunningServer,
+    path: Option<&std::path::Path>,
+    overrides: &Overrides,
+    log: &postbox::logging::LogHandle,
+) {
+    tracing::info!("SIGHUP: reloading the config file, certificates, password file and ACL");
+    if let Some(path) = path {
+        match Config::load_with(Some(path), overrides) {
+            Ok(new) => {
+                let changes = server.reload_config(&new);
+                if changes.applied.iter().any(|k| k == "log.level") {
+                    match log.set_level(&new.log.level) {
+                        Ok(true) => {}
+                        Ok(false) => tracing::warn!(
+                            source = ?log.source(),
+                            "log.level changed but RUST_LOG or -v chose the filter; it stays"
+                        ),
+                        Err(error) => tracing::error!(%error, "log.level not applied"),
+                    }
+                }
+            }
+            Err(error) => tracing::error!(
+                file = %path.display(),
+                %error,
+                "config file rejected; keeping the running config"
+            ),
+        }
+    }
+    server.reload();
 }
 
 /// What a signal asks of the broker.
@@ -173,6 +229,14 @@ impl Signals {
         }
         #[cfg(not(unix))]
         Ok(Self {})
+    }
+
+    /// Resolves on the next SIGTERM or Ctrl-C (SIGHUPs meanwhile are ignored): during
+    /// shutdown, when only a stop means anything.
+    async fn next_stop(&mut self) {
+        while self.next().await != Signal::Stop {
+            tracing::info!("SIGHUP during shutdown: ignored");
+        }
     }
 
     /// Resolves on the next signal.

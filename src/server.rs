@@ -116,6 +116,11 @@ pub struct RunningServer {
     metrics: Option<(CancellationToken, JoinHandle<()>)>,
     /// The file-backed parts SIGHUP re-reads (certificates, password file, ACL).
     reloaders: Reloaders,
+    /// The config in force: the start-up one with the keys reloads applied
+    /// ([`RunningServer::reload_config`]); locked only by a reload.
+    running_config: parking_lot::Mutex<Config>,
+    /// The bound of all listeners together, which a reload of `mqtt.max_connections` sets.
+    server_slots: Arc<transport::ServerSlots>,
 }
 
 /// How long shutdown waits for connection tasks to send their DISCONNECTs and finish.
@@ -201,6 +206,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     let handoff =
         transport::Handoff::new(Arc::clone(&broker), shutdown.clone(), connections.clone());
+    let server_slots = Arc::clone(handoff.server_slots());
     let accepting: Vec<JoinHandle<()>> = bound
         .into_iter()
         .map(|listener| tokio::spawn(listener.run(handoff.clone(), shutdown.clone())))
@@ -248,6 +254,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         connections,
         metrics,
         reloaders,
+        running_config: parking_lot::Mutex::new(config),
+        server_slots,
     })
 }
 
@@ -327,6 +335,31 @@ impl RunningServer {
             tracing::info!("reload: no file-backed parts configured");
         }
         self.reloaders.reload_all()
+    }
+
+    /// Applies a reloaded config file (SIGHUP; already read and validated by the caller): the
+    /// keys of [`crate::reload::config::RUNTIME_KEYS`] take effect for new connections and
+    /// SUBSCRIBEs (`log.level` is the caller's to apply, see `logging`); every other changed
+    /// key is logged as needing a restart and keeps its running value.
+    pub fn reload_config(&self, new: &Config) -> crate::reload::config::ConfigChanges {
+        let mut running = self.running_config.lock();
+        let changes = crate::reload::config::compare(&running, new);
+        self.broker.runtime_limits().set(
+            crate::broker::runtime_limits::RuntimeLimits::from_config(&changes.running.mqtt),
+        );
+        self.server_slots
+            .set_max(changes.running.mqtt.max_connections);
+        for key in &changes.applied {
+            tracing::info!(%key, "reload: applied {key}");
+        }
+        for key in &changes.needs_restart {
+            tracing::warn!(%key, "reload: needs a restart: {key}");
+        }
+        if changes.applied.is_empty() && changes.needs_restart.is_empty() {
+            tracing::info!("reload: the config file did not change");
+        }
+        running.clone_from(&changes.running);
+        changes
     }
 
     /// The address of the listener called `name`, if there is one.

@@ -21,6 +21,7 @@ mod persist;
 mod restore;
 pub mod retained;
 mod routing;
+pub mod runtime_limits;
 pub mod session;
 mod session_map;
 pub mod shared;
@@ -127,6 +128,8 @@ pub struct Broker {
     coarse_ms: AtomicU64,
     /// Set once the server stops; connections see it when woken and close with 0x8B.
     shutting_down: AtomicBool,
+    /// The `[mqtt]` limits a reload may change (read per connection or per SUBSCRIBE).
+    runtime_limits: runtime_limits::RuntimeLimitsSlot,
     /// Holds PUBLISHes back while a SUBSCRIBE read before them is handled.
     subscribe_fence: SubscribeFence,
     /// The order reads arrived in, for the PUBLISH of a quiet connection to wait for the
@@ -236,6 +239,7 @@ impl Broker {
             backpressure_qos0: config.backpressure_qos0,
         };
         let flow = FlowControl::new(&config);
+        let runtime_limits = runtime_limits::RuntimeLimitsSlot::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
         Arc::new(Broker {
             config,
@@ -253,6 +257,7 @@ impl Broker {
             epoch: Instant::now(),
             coarse_ms: AtomicU64::new(0),
             shutting_down: AtomicBool::new(false),
+            runtime_limits,
             subscribe_fence: SubscribeFence::default(),
             arrival_order: Arc::default(),
             flow,
@@ -431,6 +436,12 @@ impl Broker {
     /// The arrival order connections' reads draw their tickets from (see [`ArrivalOrder`]).
     pub fn arrival_order(&self) -> &Arc<ArrivalOrder> {
         &self.arrival_order
+    }
+
+    /// The `[mqtt]` limits in force now: the start-up config's, or a reload's (see
+    /// [`runtime_limits`]). Read these rather than `config()` for the keys it holds.
+    pub fn runtime_limits(&self) -> &runtime_limits::RuntimeLimitsSlot {
+        &self.runtime_limits
     }
 
     /// True once [`Broker::begin_shutdown`] ran.

@@ -54,6 +54,16 @@ impl ProtocolVersion {
     pub fn is_v5(self) -> bool {
         self == ProtocolVersion::V5
     }
+
+    /// The version as operators write it (`"3.1"`, `"3.1.1"`, `"5.0"`): logs and metric labels
+    /// name the protocol, not its level byte.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProtocolVersion::V3_1 => "3.1",
+            ProtocolVersion::V3_1_1 => "3.1.1",
+            ProtocolVersion::V5 => "5.0",
+        }
+    }
 }
 
 /// A user property pair; order and duplicates are significant (MQTT-3.3.2-18), hence a Vec.

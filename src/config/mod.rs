@@ -151,18 +151,34 @@ impl Default for AuthConfig {
     }
 }
 
-/// Logging.
+/// Logging (set up by `logging::init`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// A `tracing` filter: a level (`info`) or directives (`info,postbox::broker=debug`).
+    /// `RUST_LOG` and `-v` take precedence; SIGHUP applies a new value.
     pub level: String,
+    /// How each event is written: plain text for people, JSON lines for a log stack.
+    pub format: LogFormat,
+}
+
+/// `log.format`: text lines (the default, for people and journald) or one JSON object per
+/// line whose keys are the event's fields (for Loki, Elasticsearch, ...).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// `2026-01-01T00:00:00Z  INFO postbox::...: message key=value ...`.
+    #[default]
+    Text,
+    /// `{"timestamp":...,"level":"INFO","message":...,"key":value,...}`.
+    Json,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             level: "info".to_owned(),
+            format: LogFormat::Text,
         }
     }
 }

@@ -217,6 +217,10 @@ pub struct MqttConfig {
     pub response_information: Option<String>,
     /// Check that payloads marked as UTF-8 (Payload Format Indicator 1) really are.
     pub validate_utf8_payload: bool,
+    /// Publish the wills of clients still connected at shutdown: MQTT-3.1.2-8 counts the
+    /// server closing the connection without the client's DISCONNECT among the triggers;
+    /// Mosquitto does not (false). See `config/postbox.toml` for the choice of default.
+    pub wills_on_shutdown: bool,
 }
 
 impl Default for MqttConfig {
@@ -256,6 +260,7 @@ impl Default for MqttConfig {
             shared_subscription_strategy: SharedStrategy::RoundRobin,
             response_information: None,
             validate_utf8_payload: false,
+            wills_on_shutdown: true,
         }
     }
 }

@@ -99,7 +99,8 @@ impl Full {
 /// `Handoff`), so one atomic add and subtract per connection.
 #[derive(Debug)]
 pub struct ServerSlots {
-    max: usize,
+    /// The bound, which a reload may change (SIGHUP): one relaxed load per CONNECT.
+    max: AtomicUsize,
     connected: AtomicUsize,
 }
 
@@ -107,9 +108,20 @@ impl ServerSlots {
     /// Slots for at most `max` connected clients (0 = unlimited).
     pub fn new(max: usize) -> Arc<ServerSlots> {
         Arc::new(ServerSlots {
-            max,
+            max: AtomicUsize::new(max),
             connected: AtomicUsize::new(0),
         })
+    }
+
+    /// A new bound for the CONNECTs that come next (a reload of `mqtt.max_connections`):
+    /// clients connected already stay, even above a lowered bound.
+    pub fn set_max(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// The bound in force (0 = unlimited).
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::Relaxed)
     }
 
     /// Connected clients of every listener now.
@@ -278,7 +290,7 @@ impl Admission {
             }
             *by_source.entry(source).or_insert(0) += 1;
         }
-        if !take_slot(&self.server.connected, self.server.max) {
+        if !take_slot(&self.server.connected, self.server.max()) {
             if !exempt() {
                 self.release_connected(counted.then_some(source));
                 self.refused_server.increment(1);

@@ -90,6 +90,11 @@ impl Handoff {
         }
     }
 
+    /// The bound of every listener together (`mqtt.max_connections`), which a reload sets.
+    pub fn server_slots(&self) -> &Arc<ServerSlots> {
+        &self.server_slots
+    }
+
     /// The slot counts of a listener with `limits`, within the broker-wide bound every
     /// listener shares.
     pub fn admission(&self, limits: AdmissionLimits) -> Arc<Admission> {

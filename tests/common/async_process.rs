@@ -37,7 +37,37 @@ pub struct BrokerProcess {
     pub addrs: Vec<SocketAddr>,
     /// Its metrics endpoint's port.
     pub metrics_port: u16,
+    /// Every line it wrote to stdout (its log), in order, and a count that moves with each.
+    output: Output,
+    /// The config file it was started with (`-c`): rewrite it, then [`BrokerProcess::signal`]
+    /// `SIGHUP`, to test a reload.
+    pub config_path: std::path::PathBuf,
     _dir: tempfile::TempDir,
+}
+
+/// The broker's stdout lines as they arrive, shared with the task that reads them.
+#[derive(Clone)]
+struct Output {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    count: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Output {
+    fn new() -> Output {
+        Output {
+            lines: std::sync::Arc::default(),
+            count: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+
+    fn push(&self, line: String) {
+        let n = {
+            let mut lines = self.lines.lock().expect("log lock");
+            lines.push(line);
+            lines.len()
+        };
+        self.count.send_replace(n);
+    }
 }
 
 impl BrokerProcess {
@@ -69,6 +99,25 @@ impl BrokerProcess {
     }
 
     async fn start(listeners: &str, ports: Vec<u16>, sections: &str) -> BrokerProcess {
+        BrokerProcess::start_file(listeners, ports, sections, &[]).await
+    }
+
+    /// Starts the binary with one listener on loopback and `rest` as the remainder of its
+    /// config file (any sections but `[listener]` and `[metrics]`: `[storage]`, `[mqtt]`,
+    /// `[log]`, `[auth]`, ...), with the environment variables `env` set; the output is
+    /// kept ([`BrokerProcess::logs`]).
+    pub async fn spawn_file(rest: &str, env: &[(&str, &str)]) -> BrokerProcess {
+        let port = free_port();
+        let listeners = format!("[listener]\nbind = \"127.0.0.1:{port}\"\n");
+        BrokerProcess::start_file(&listeners, vec![port], rest, env).await
+    }
+
+    async fn start_file(
+        listeners: &str,
+        ports: Vec<u16>,
+        rest: &str,
+        env: &[(&str, &str)],
+    ) -> BrokerProcess {
         let metrics_port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("postbox.toml");
@@ -77,44 +126,111 @@ impl BrokerProcess {
             format!(
                 "{listeners}\
                  [metrics]\nbind = \"127.0.0.1:{metrics_port}\"\n\
-                 {sections}\n"
+                 {rest}\n"
             ),
         )
         .expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_postbox"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_postbox"));
+        command
             .args(["-c", path.to_str().expect("utf8 path")])
             .env("NO_COLOR", "1")
-            .env_remove("RUST_LOG")
+            .env_remove("RUST_LOG");
+        for (key, value) in env {
+            // An empty value removes the variable (e.g. `NO_COLOR`, set by default).
+            if value.is_empty() {
+                command.env_remove(key);
+            } else {
+                command.env(key, value);
+            }
+        }
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn postbox");
         let stdout = child.stdout.take().expect("stdout");
+        let output = Output::new();
         let mut lines = BufReader::new(stdout).lines();
-        tokio::time::timeout(WAIT, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("postbox running") {
-                    return;
+        {
+            let output = output.clone();
+            // Keeps reading its output (so it never blocks on a full pipe) and keeps the lines.
+            tokio::spawn(async move {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    output.push(line);
                 }
-            }
-            panic!("postbox exited before it was running");
-        })
-        .await
-        .expect("postbox starts");
-        // Keep draining its output so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            });
+        }
         let addrs: Vec<SocketAddr> = ports
             .into_iter()
             .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
             .collect();
-        BrokerProcess {
+        let broker = BrokerProcess {
             child,
             addr: addrs[0],
             addrs,
             metrics_port,
+            output,
+            config_path: path,
             _dir: dir,
+        };
+        broker
+            .wait_log(|line| line.contains("postbox running"))
+            .await;
+        broker
+    }
+
+    /// Every line the broker has written to stdout so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.output.lines.lock().expect("log lock").clone()
+    }
+
+    /// Waits (bounded by `WAIT`) for a line of its output that satisfies `ok`, already
+    /// written or still to come, and returns it. Panics with the output when none comes.
+    pub async fn wait_log(&self, ok: impl Fn(&str) -> bool) -> String {
+        let mut count = self.output.count.subscribe();
+        let mut seen = 0;
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                {
+                    let lines = self.output.lines.lock().expect("log lock");
+                    if let Some(line) = lines[seen..].iter().find(|l| ok(l)) {
+                        return Some(line.clone());
+                    }
+                    seen = lines.len();
+                }
+                if count.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            _ => panic!(
+                "no such line in the broker's output:\n{}",
+                self.logs().join("\n")
+            ),
         }
+    }
+
+    /// Sends the process `signal` (`libc::SIGTERM`, `libc::SIGHUP`, ...).
+    pub fn signal(&self, signal: i32) {
+        let pid = i32::try_from(self.pid()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid, which is still running (not yet reaped).
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal})");
+    }
+
+    /// Waits (bounded by `limit`) for the process to exit and returns its status and how long
+    /// it took from the call.
+    pub async fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
+        let started = tokio::time::Instant::now();
+        let status = tokio::time::timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("postbox still running after {limit:?}"))
+            .expect("wait for postbox");
+        (status, started.elapsed())
     }
 
     /// The value of the sample `series` (a metric name, with its labels as exported, e.g.

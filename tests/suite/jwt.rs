@@ -19,7 +19,7 @@ use common::async_process::BrokerProcess;
 use common::mosquitto::MosquittoSub;
 use common::{v5, RawClient};
 
-fn jwt_dir() -> PathBuf {
+pub(crate) fn jwt_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("certs/jwt")
 }
 
@@ -27,7 +27,7 @@ fn b64(data: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(data)
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
@@ -35,7 +35,7 @@ fn now() -> u64 {
 }
 
 /// An RS256 token for `claims`, signed by `openssl dgst -sha256 -sign KEY`.
-fn rs256(key: &Path, claims: &str) -> String {
+pub(crate) fn rs256(key: &Path, claims: &str) -> String {
     let signing_input = format!(
         "{}.{}",
         b64(br#"{"alg":"RS256","typ":"JWT"}"#),

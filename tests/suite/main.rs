@@ -36,6 +36,7 @@ mod link;
 mod listeners;
 mod malformed;
 mod mosquitto_clients;
+mod operations;
 mod partial_packets;
 mod passwords;
 mod pending_connections;

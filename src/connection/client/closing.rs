@@ -75,13 +75,36 @@ impl Close {
         }
     }
 
-    /// Whether the will is published (MQTT-3.1.2-8): not after a normal DISCONNECT, not on
-    /// server shutdown (as Mosquitto).
-    fn publishes_will(&self) -> bool {
+    /// Whether the will is published (MQTT-3.1.2-8): not after a normal DISCONNECT; on server
+    /// shutdown as `mqtt.wills_on_shutdown` says (the spec counts "the server closes the
+    /// connection without a DISCONNECT" among the will's triggers; Mosquitto skips them).
+    fn publishes_will(&self, wills_on_shutdown: bool) -> bool {
         match self {
             Close::ClientDisconnect(code) => *code == ReasonCode::DISCONNECT_WITH_WILL,
-            Close::ServerShutdown => false,
+            Close::ServerShutdown => wills_on_shutdown,
             _ => true,
+        }
+    }
+
+    /// Why the connection ended, in the words of the `client disconnected` log line (a fixed
+    /// set, so a log stack can count them).
+    fn label(&self) -> &'static str {
+        match self {
+            Close::ClientDisconnect(code) if *code == ReasonCode::DISCONNECT_WITH_WILL => {
+                "client disconnect with will"
+            }
+            Close::ClientDisconnect(_) => "client disconnect",
+            Close::Lost => "connection lost",
+            Close::Violation(_) => "protocol error",
+            Close::StoreFailed(_) => "store failed",
+            Close::StoreRefused(..) => "publish refused",
+            Close::OverMemoryBudget => "over memory budget",
+            Close::ReauthFailed(_) => "re-authentication failed",
+            Close::CredentialsExpired => "credentials expired",
+            Close::KeepAliveTimeout => "keep-alive timeout",
+            Close::PacketTimeout => "packet timeout",
+            Close::TakenOver => "session taken over",
+            Close::ServerShutdown => "server shutdown",
         }
     }
 }
@@ -127,7 +150,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let server_reason = close.server_reason();
         match (&close, &server_reason) {
             (Close::Violation(v), _) => {
-                tracing::info!(peer = %self.info.peer, listener = %self.info.listener, client = %self.session.client_id(), reason = ?v.reason_code(), statement = v.statement(), why = %v.describe(), "closing connection: protocol violation");
+                tracing::debug!(peer = %self.info.peer, listener = %self.info.listener, client = %self.session.client_id(), reason = ?v.reason_code(), statement = v.statement(), why = %v.describe(), "closing connection: protocol violation");
             }
             (
                 Close::StoreRefused(..)
@@ -140,7 +163,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 if matches!(close, Close::CredentialsExpired) {
                     self.broker().metrics.credentials_expired.increment(1);
                 }
-                tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");
+                tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");
             }
             (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
             (Close::PacketTimeout, _) => {
@@ -153,6 +176,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             Close::Violation(v) => v.sends_disconnect(v5),
             _ => v5,
         };
+        let server_reason_text = server_reason.as_ref().and_then(|(_, why)| why.clone());
         if let (true, Some((code, why))) = (sends_disconnect, server_reason) {
             // v5 lets the server say why (MQTT-3.14.0-1: only after CONNACK, which we sent).
             let disconnect = Disconnect {
@@ -169,7 +193,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             );
         }
         let linger = self.io.finish_writing().await;
-        if close.publishes_will() {
+        let had_will = self.will.is_some();
+        let will_due = close.publishes_will(self.broker().config().wills_on_shutdown);
+        if will_due {
             if let Some(will) = self.will.take().map(|will| *will) {
                 // Held until the delay passes or the session ends (MQTT-3.1.2-8); v5 only.
                 let delay = will.properties.will_delay_interval.filter(|_| v5);
@@ -177,7 +203,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             }
         }
         self.session.detach();
-        tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), ?close, "disconnected");
+        // Mosquitto's "Client ID disconnected[: reason]", as fields (see the `connected` line).
+        let detail = server_reason_text.unwrap_or_default();
+        tracing::info!(
+            peer = %self.info.peer,
+            listener = %self.info.listener,
+            client = %self.session.client_id(),
+            reason = close.label(),
+            detail = %detail,
+            will = will_due && had_will,
+            "client disconnected"
+        );
         if linger {
             // Socket hygiene only, so after the will and the session are settled, and with
             // everything but the socket dropped first (the block ends before the linger).

@@ -164,6 +164,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         } = accepted;
         let broker = Arc::clone(attached.handle.broker());
         let config = broker.config();
+        let limits = broker.runtime_limits().get();
         let v5 = connect.protocol.is_v5();
         let aliases_out = match (
             config.outbound_topic_aliases,
@@ -213,9 +214,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             publish_waits: false,
             arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),
             pause: None,
+            // Read per connection from the limits a reload may change (`broker::runtime_limits`).
             rate: rate::RateBucket::new(
-                config.max_publish_rate,
-                config.max_publish_bytes_rate,
+                limits.max_publish_rate,
+                limits.max_publish_bytes_rate,
                 Instant::now(),
             )
             .map(Box::new),

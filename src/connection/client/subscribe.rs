@@ -32,7 +32,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let (max_topic_length, max_topic_levels, max_subscriptions) = (
             config.max_topic_length,
             config.max_topic_levels,
-            config.max_subscriptions_per_client,
+            // A reload may change it (`broker::runtime_limits`).
+            self.broker()
+                .runtime_limits()
+                .get()
+                .max_subscriptions_per_client,
         );
         let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
         let mut reason_codes = Vec::with_capacity(subscribe.filters.len());

@@ -329,7 +329,20 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // does not change the CONNACK's size, so the check above still holds.
     connack.session_present = attached.session_present;
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
-    tracing::debug!(%peer, client = %attached.handle.client_id(), ?version, "connected");
+    // Mosquitto's "New client connected from ADDRESS as ID (p5, c1, k60, u'name')", as fields
+    // so a JSON log has them as keys. The user name is not a secret (Mosquitto logs it too);
+    // the password, token or SCRAM messages are never logged.
+    tracing::info!(
+        %peer,
+        listener = %info.listener,
+        client = %attached.handle.client_id(),
+        protocol = version.label(),
+        clean = connect.clean_start,
+        keep_alive,
+        username = connect.username.as_deref().unwrap_or(""),
+        session_present = attached.session_present,
+        "client connected"
+    );
     Some((
         Accepted {
             connect,

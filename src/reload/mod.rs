@@ -76,3 +76,5 @@ impl Reloaders {
         report
     }
 }
+
+pub mod config;
