@@ -14,6 +14,7 @@
 mod common;
 
 mod acks;
+mod admin;
 mod acl;
 mod binary;
 mod closing;
