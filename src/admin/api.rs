@@ -53,28 +53,35 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response 
 
 type Params = Query<HashMap<String, String>>;
 
+/// A parameter the call cannot use: answered 400 with the message.
+struct BadRequest(String);
+
+impl IntoResponse for BadRequest {
+    fn into_response(self) -> Response {
+        error(StatusCode::BAD_REQUEST, self.0)
+    }
+}
+
 /// `limit` from the query: 1..=[`MAX_LIMIT`], [`DEFAULT_LIMIT`] when absent.
-fn limit(params: &HashMap<String, String>) -> Result<usize, Response> {
+fn limit(params: &HashMap<String, String>) -> Result<usize, BadRequest> {
     match params.get("limit") {
         None => Ok(DEFAULT_LIMIT),
         Some(text) => match text.parse::<usize>() {
             Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
-            _ => Err(error(
-                StatusCode::BAD_REQUEST,
-                format!("limit must be a number from 1 to {MAX_LIMIT}, not {text:?}"),
-            )),
+            _ => Err(BadRequest(format!(
+                "limit must be a number from 1 to {MAX_LIMIT}, not {text:?}"
+            ))),
         },
     }
 }
 
 /// Refuses query parameters the call does not know (a typo must not silently widen a list).
-fn known(params: &HashMap<String, String>, allowed: &[&str]) -> Result<(), Response> {
+fn known(params: &HashMap<String, String>, allowed: &[&str]) -> Result<(), BadRequest> {
     match params.keys().find(|k| !allowed.contains(&k.as_str())) {
         None => Ok(()),
-        Some(k) => Err(error(
-            StatusCode::BAD_REQUEST,
-            format!("unknown parameter {k:?}; this call takes {allowed:?}"),
-        )),
+        Some(k) => Err(BadRequest(format!(
+            "unknown parameter {k:?}; this call takes {allowed:?}"
+        ))),
     }
 }
 
@@ -83,7 +90,7 @@ async fn clients(State(state): State<AdminState>, Query(params): Params) -> Resp
     let result = known(&params, &["limit"]).and_then(|()| limit(&params));
     let limit = match result {
         Ok(n) => n,
-        Err(response) => return response,
+        Err(bad) => return bad.into_response(),
     };
     #[derive(Serialize)]
     struct Clients {
@@ -148,7 +155,7 @@ async fn retained(State(state): State<AdminState>, Query(params): Params) -> Res
     let result = known(&params, &["prefix", "after", "limit"]).and_then(|()| limit(&params));
     let limit = match result {
         Ok(n) => n,
-        Err(response) => return response,
+        Err(bad) => return bad.into_response(),
     };
     let prefix = params.get("prefix").map_or("", String::as_str);
     if topic::has_wildcards(prefix) {
@@ -176,7 +183,7 @@ async fn subscriptions(State(state): State<AdminState>, Query(params): Params) -
     let result = known(&params, &["filter", "topic", "limit"]).and_then(|()| limit(&params));
     let limit = match result {
         Ok(n) => n,
-        Err(response) => return response,
+        Err(bad) => return bad.into_response(),
     };
     let filter = params.get("filter").map(String::as_str);
     if let Some(f) = filter {
@@ -201,10 +208,9 @@ async fn subscriptions(State(state): State<AdminState>, Query(params): Params) -
             );
         }
     }
-    let (subscriptions, truncated) =
-        state
-            .broker
-            .subscriptions_matching(filter, topic_name, limit);
+    let (subscriptions, truncated) = state
+        .broker
+        .subscriptions_matching(filter, topic_name, limit);
     #[derive(Serialize)]
     struct List {
         subscriptions: Vec<crate::broker::admin::SubscriberView>,

@@ -153,11 +153,22 @@ async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
         let c = client(&list, id).unwrap_or_else(|| panic!("{id} missing: {list}"));
         assert_eq!(c["protocol"], protocol, "{c}");
         assert_eq!(c["listener"], LISTENER, "{c}");
-        let address: SocketAddr = c["address"].as_str().expect("address").parse().expect("ip:port");
+        let address: SocketAddr = c["address"]
+            .as_str()
+            .expect("address")
+            .parse()
+            .expect("ip:port");
         assert_eq!(address.ip(), IpAddr::from([127, 0, 0, 1]), "{c}");
-        assert_ne!(address.port(), addr.port(), "the client's port, not the listener's: {c}");
+        assert_ne!(
+            address.port(),
+            addr.port(),
+            "the client's port, not the listener's: {c}"
+        );
         let since = c["connected_since_unix_ms"].as_u64().expect("since");
-        assert!((before..=after).contains(&since), "{since} not in {before}..={after}");
+        assert!(
+            (before..=after).contains(&since),
+            "{since} not in {before}..={after}"
+        );
         assert_eq!(c["inflight"], 0, "{c}");
         assert_eq!(c["queued"], 0, "{c}");
     }
@@ -179,8 +190,13 @@ async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
     let (status, body) = http(&config, "DELETE", "/api/v1/clients/kick-me");
     assert_eq!(status, 200, "{body}");
     let disconnect = v5::expect_disconnect(&mut kicked, ReasonCode::ADMINISTRATIVE_ACTION).await;
-    assert!(disconnect.properties.reason_string.is_some(), "{disconnect:?}");
-    let session = await_json(&config, "/api/v1/sessions/kick-me", |s| s["connected"] == false);
+    assert!(
+        disconnect.properties.reason_string.is_some(),
+        "{disconnect:?}"
+    );
+    let session = await_json(&config, "/api/v1/sessions/kick-me", |s| {
+        s["connected"] == false
+    });
     assert_eq!(session["connected"], false, "{session}");
     assert_eq!(session["expiry_interval_secs"], 3600, "{session}");
     assert_eq!(session["subscriptions"][0]["filter"], "k/#", "{session}");
@@ -196,7 +212,10 @@ async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
     // A 3.1.1 client is closed without a DISCONNECT (3.x has none from the server).
     let mut v3 = v3;
     assert_eq!(http(&config, "DELETE", "/api/v1/clients/dev-b").0, 200);
-    assert!(v3.expect_close().await.is_empty(), "3.1.1: closed, no packet");
+    assert!(
+        v3.expect_close().await.is_empty(),
+        "3.1.1: closed, no packet"
+    );
     rumq.kill();
 }
 
@@ -220,7 +239,12 @@ async fn deleting_a_session_discards_it_and_its_store_records() {
     let session = get_json(&config, "/api/v1/sessions/gone");
     assert_eq!(session["backlog"], 5, "{session}");
     assert_eq!(session["connected"], false, "{session}");
-    assert!(session["expires_in_secs"].as_u64().is_some_and(|s| s <= 3600), "{session}");
+    assert!(
+        session["expires_in_secs"]
+            .as_u64()
+            .is_some_and(|s| s <= 3600),
+        "{session}"
+    );
 
     let (status, body) = http(&config, "DELETE", "/api/v1/sessions/gone");
     assert_eq!(status, 200, "{body}");
@@ -245,7 +269,10 @@ async fn deleting_a_session_discards_it_and_its_store_records() {
     assert!(status.success(), "{status}");
     let _broker = start(&config);
     let (_c, ack) = v5::connect(addr, persistent_v5("live")).await;
-    assert!(!ack.session_present, "the deleted session was restored from the store");
+    assert!(
+        !ack.session_present,
+        "the deleted session was restored from the store"
+    );
     let gone = get_json(&config, "/api/v1/sessions/gone");
     assert_eq!(gone["backlog"], 0, "the old backlog was restored: {gone}");
 }
@@ -294,9 +321,17 @@ async fn pages_retained_messages_and_filters_subscriptions() {
     assert_eq!(seen, want, "every retained topic once, in order");
     // A prefix inside a level; everything (other/x too) without one.
     let json = get_json(&config, "/api/v1/retained?prefix=r/01");
-    assert_eq!(json["retained"].as_array().map(Vec::len), Some(10), "{json}");
+    assert_eq!(
+        json["retained"].as_array().map(Vec::len),
+        Some(10),
+        "{json}"
+    );
     let json = get_json(&config, "/api/v1/retained");
-    assert_eq!(json["retained"].as_array().map(Vec::len), Some(26), "{json}");
+    assert_eq!(
+        json["retained"].as_array().map(Vec::len),
+        Some(26),
+        "{json}"
+    );
     for bad in [
         "/api/v1/retained?limit=0",
         "/api/v1/retained?limit=1001",
@@ -325,12 +360,24 @@ async fn pages_retained_messages_and_filters_subscriptions() {
         .as_array()
         .expect("subscriptions")
         .iter()
-        .map(|s| (s["client_id"].as_str().unwrap_or(""), s["filter"].as_str().unwrap_or("")))
+        .map(|s| {
+            (
+                s["client_id"].as_str().unwrap_or(""),
+                s["filter"].as_str().unwrap_or(""),
+            )
+        })
         .collect();
     assert_eq!(who, [("sa", "a/+/c"), ("sb", "a/#")], "{json}");
     let json = get_json(&config, "/api/v1/subscriptions?limit=2");
-    assert_eq!(json["subscriptions"].as_array().map(Vec::len), Some(2), "{json}");
-    assert_eq!(json["truncated"], true, "three subscriptions, limit 2: {json}");
+    assert_eq!(
+        json["subscriptions"].as_array().map(Vec::len),
+        Some(2),
+        "{json}"
+    );
+    assert_eq!(
+        json["truncated"], true,
+        "three subscriptions, limit 2: {json}"
+    );
     for bad in [
         "/api/v1/subscriptions?filter=a/%23/x",
         "/api/v1/subscriptions?topic=a/%2B",
@@ -342,7 +389,10 @@ async fn pages_retained_messages_and_filters_subscriptions() {
 
 /// An address of this machine other than loopback (`hostname -I`), if it has one.
 fn non_loopback_address() -> Option<IpAddr> {
-    let out = std::process::Command::new("hostname").arg("-I").output().ok()?;
+    let out = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .ok()?;
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .filter_map(|a| a.parse::<IpAddr>().ok())
@@ -374,10 +424,22 @@ async fn a_peer_other_than_loopback_needs_the_token() {
     assert_eq!(http(&config, "GET", "/api/v1/clients").0, 200);
     // Another address: 401 without the token or with a wrong one, 200 with it.
     for path in ["/api/v1/clients", "/api/v1/overview", "/"] {
-        assert_eq!(http_at(from_lan, "GET", path, "").0, 401, "{path} without a token");
+        assert_eq!(
+            http_at(from_lan, "GET", path, "").0,
+            401,
+            "{path} without a token"
+        );
         let wrong = "Authorization: Bearer tok-3f9a1c77e0b24d5f\r\n";
-        assert_eq!(http_at(from_lan, "GET", path, wrong).0, 401, "{path} with a wrong token");
-        assert_eq!(http_at(from_lan, "GET", path, &bearer).0, 200, "{path} with the token");
+        assert_eq!(
+            http_at(from_lan, "GET", path, wrong).0,
+            401,
+            "{path} with a wrong token"
+        );
+        assert_eq!(
+            http_at(from_lan, "GET", path, &bearer).0,
+            200,
+            "{path} with the token"
+        );
     }
     assert_eq!(http_at(from_lan, "DELETE", "/api/v1/sessions/x", "").0, 401);
     // Scrapes and probes need none.
@@ -549,9 +611,8 @@ async fn the_status_page_renders_live_numbers_in_headless_chromium() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    let shown = |id: &str| {
-        element_text(&dom, id).unwrap_or_else(|| panic!("no #{id} in the DOM:\n{dom}"))
-    };
+    let shown =
+        |id: &str| element_text(&dom, id).unwrap_or_else(|| panic!("no #{id} in the DOM:\n{dom}"));
     assert_eq!(shown("clients-connected"), "3", "{dom}");
     // slow-sub, publisher, watcher, old-device.
     assert_eq!(shown("sessions"), "4", "{dom}");
@@ -559,15 +620,17 @@ async fn the_status_page_renders_live_numbers_in_headless_chromium() {
     let received: u64 = shown("received-total").parse().expect("a number");
     assert!(received >= 5, "received since start: {received}");
     // Two readings at least: the page computed a rate (a number, not the dash).
-    let rate: f64 = shown("rate-in").parse().unwrap_or_else(|_| panic!("rate-in: {dom}"));
+    let rate: f64 = shown("rate-in")
+        .parse()
+        .unwrap_or_else(|_| panic!("rate-in: {dom}"));
     assert!(rate >= 0.0);
     assert_eq!(shown("store-health"), "ok", "{dom}");
     assert_eq!(shown("error"), "", "{dom}");
     // The backlog table: slow-sub with 5 queued.
-    let row = dom
+    let at = dom
         .find("data-client=\"slow-sub\"")
-        .map(|i| &dom[i..])
         .unwrap_or_else(|| panic!("slow-sub not among the largest backlogs:\n{dom}"));
+    let row = &dom[at..];
     let row = &row[..row.find("</tr>").expect("row end")];
     assert!(row.contains("<td class=\"num backlog\">5</td>"), "{row}");
     assert!(row.contains("<td>no</td>"), "offline: {row}");

@@ -14,8 +14,8 @@
 mod common;
 
 mod acks;
-mod admin;
 mod acl;
+mod admin;
 mod binary;
 mod closing;
 mod config_files;
