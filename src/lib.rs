@@ -3,6 +3,7 @@
 //! The library holds everything; `main.rs` is only the command line. Module map and data flow:
 //! see `docs/ARCHITECTURE.md` (and keep it true with every change).
 
+pub mod admin;
 pub mod auth;
 pub mod broker;
 pub mod codec;

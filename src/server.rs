@@ -54,6 +54,9 @@ pub enum StartError {
     #[error("{0}")]
     /// The SCRAM credentials file (`auth.scram_file`) could not be loaded.
     Scram(#[from] crate::auth::scram_file::ScramFileError),
+    /// `admin.token_file` could not be read or is empty.
+    #[error("cannot use the admin token: {0}")]
+    AdminToken(#[from] crate::admin::TokenError),
 }
 
 /// Opens the store, restores what it holds into a new broker (blocking I/O, off the runtime).
@@ -112,7 +115,8 @@ pub struct RunningServer {
     stopping: JoinHandle<()>,
     /// Every connection task, so shutdown can wait for their last store updates.
     connections: TaskTracker,
-    /// The metrics endpoint's task and the token that ends it (last, after the store closed).
+    /// The HTTP listener's task (metrics, probes, admin API, status page) and the token that
+    /// ends it (last, after the store closed).
     metrics: Option<(CancellationToken, JoinHandle<()>)>,
     /// The file-backed parts SIGHUP re-reads (certificates, password file, ACL).
     reloaders: Reloaders,
@@ -125,6 +129,9 @@ pub struct RunningServer {
 
 /// How long shutdown waits for connection tasks to send their DISCONNECTs and finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long shutdown waits for HTTP requests in progress (a scrape, an API call).
+const HTTP_GRACE: Duration = Duration::from_secs(2);
 
 /// Binds every configured listener and starts serving.
 ///
@@ -141,6 +148,11 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         )
     } else {
         None
+    };
+    // Validation checked the file; read now, before anything runs.
+    let admin_token = match &config.admin.token_file {
+        Some(path) if config.metrics.enabled => Some(crate::admin::Token::load(path)?),
+        _ => None,
     };
     // Before the broker opens: a bad ACL must stop the start, not leave it open to everyone.
     let acl = match &config.auth.acl_file {
@@ -197,6 +209,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
 
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
+    let readiness = Arc::new(crate::admin::Readiness::default());
     if let (Some(endpoint), Some(store)) = (&exporter, broker.store().cloned()) {
         // Copied at scrape time, so a scrape shows the store as it is (no periodic copy);
         // what recovery lost is there from the first scrape on.
@@ -214,23 +227,24 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     for l in &listeners {
         tracing::info!(listener = %l.name, addr = %l.addr, "MQTT listener up");
     }
+    readiness.listeners_up();
     let stopping = tokio::spawn(stop_listeners_then_broker(
         accepting,
         Arc::clone(&broker),
         shutdown.clone(),
     ));
     let metrics = exporter.map(|exporter| {
+        let (listener, render) = exporter.into_parts();
+        let state = crate::admin::AdminState::new(
+            Arc::clone(&broker),
+            render,
+            Arc::clone(&readiness),
+            admin_token,
+        )
+        .with_store_budget(config.storage.max_disk_bytes);
         let stop = CancellationToken::new();
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            async move {
-                tokio::select! {
-                    () = exporter.serve() => {}
-                    () = stop.cancelled() => {}
-                }
-            }
-        });
-        tracing::info!(addr = %config.metrics.bind, "metrics endpoint up");
+        let task = tokio::spawn(crate::admin::serve(listener, state, stop.clone()));
+        tracing::info!(addr = %config.metrics.bind, "HTTP endpoint up: /metrics, /healthz, /readyz, /api/v1, status page /");
         (stop, task)
     });
     if let Some(jwt) = jwt {
@@ -318,7 +332,10 @@ impl RunningServer {
         }
         if let Some((stop, task)) = self.metrics {
             stop.cancel();
-            let _ = task.await;
+            // Requests in progress finish; a client holding one open does not hold the exit.
+            if tokio::time::timeout(HTTP_GRACE, task).await.is_err() {
+                tracing::warn!("HTTP requests still open after the shutdown grace period");
+            }
         }
     }
 

@@ -113,8 +113,10 @@ impl SessionHandle {
     }
 
     /// True while this handle's connection still owns the session.
+    /// An operator's disconnect (`Broker::kick`) ends ownership too.
     pub fn is_owner(&self) -> bool {
-        self.session.lock().is_owned_by(self.generation)
+        let st = self.session.lock();
+        st.is_owned_by(self.generation) && !st.kicked
     }
 
     // ----- messages to the client -----
@@ -124,7 +126,9 @@ impl SessionHandle {
     pub fn fill(&self, window: usize, now: Instant, sink: &mut dyn DeliverySink) -> Fill {
         let (filled, took, freed) = {
             let mut st = self.session.lock();
-            if !st.is_owned_by(self.generation) {
+            // A kicked connection closes as a taken-over one does (it asks why:
+            // `SessionHandle::was_kicked`).
+            if !st.is_owned_by(self.generation) || st.kicked {
                 return Fill::TakenOver;
             }
             let before = st.queue.len();
@@ -412,8 +416,24 @@ impl SessionHandle {
         }
     }
 
+    /// Records this connection's facts for operators (`broker::admin`); once per attach, by
+    /// the handshake.
+    pub fn record_connection(&self, facts: super::admin::ConnectionFacts) {
+        self.broker
+            .connection_facts
+            .insert(&self.session.client_id, self.generation, facts);
+    }
+
+    /// True when an operator disconnected this connection or discarded its session
+    /// (`Broker::kick`, `Broker::discard_session`): it closes with 0x98.
+    pub fn was_kicked(&self) -> bool {
+        self.session.lock().kicked
+    }
+
     /// Detaches this driver; the session then ends, waits for its expiry, or lives on.
     pub fn detach(&self) {
+        self.broker
+            .forget_connection(&self.session.client_id, self.generation);
         self.broker.disconnect(&self.session, self.generation);
     }
 }

@@ -10,6 +10,7 @@
 //! Lock order: sessions map → subscription tree → shared index → one session's state. The two
 //! indexes are never held together, and no index lock is taken while a session lock is held.
 
+pub mod admin;
 mod arrival_order;
 pub mod flow;
 mod handle;
@@ -144,6 +145,9 @@ pub struct Broker {
     pub metrics: Metrics,
     /// The ACL (`auth.acl_file`), installed once at start; unset, no check runs anywhere.
     acl: std::sync::OnceLock<Arc<crate::auth::acl_slot::AclSlot>>,
+    /// The facts of each connected client that only operators read (peer, listener, protocol,
+    /// since when): set at attach, removed at detach, never touched per message.
+    connection_facts: admin::ConnectionFactsMap,
     /// Set for good once a session got an identity with JWT `publish` / `subscribe` claims:
     /// from then on checks run even without an ACL file (until then, none do).
     claims_seen: AtomicBool,
@@ -265,6 +269,7 @@ impl Broker {
             metrics,
             acl: std::sync::OnceLock::new(),
             claims_seen: AtomicBool::new(false),
+            connection_facts: admin::ConnectionFactsMap::default(),
         })
     }
 

@@ -60,6 +60,8 @@ pub struct Config {
     pub storage: StorageConfig,
     /// Logging.
     pub log: LogConfig,
+    /// The admin API and status page on the metrics listener.
+    pub admin: AdminConfig,
 }
 
 impl Default for Config {
@@ -71,6 +73,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             storage: StorageConfig::default(),
             log: LogConfig::default(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -149,6 +152,20 @@ impl Default for AuthConfig {
             acl_file: None,
         }
     }
+}
+
+/// The admin API (`/api/v1/...`) and status page (`/`) served on `[metrics] bind`.
+///
+/// Loopback peers need no token (whoever runs on the host can read the broker's files
+/// anyway); any other peer must send `Authorization: Bearer <token>` with the token this
+/// file holds, so binding the listener beyond loopback does not open the API to the network.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// A file whose content (surrounding whitespace trimmed) is the bearer token other than
+    /// loopback peers must send. Unset: only loopback peers may use the API.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// Logging (set up by `logging::init`).

@@ -15,6 +15,7 @@ mod common;
 
 mod acks;
 mod acl;
+mod admin;
 mod binary;
 mod closing;
 mod config_files;

@@ -201,6 +201,10 @@ pub struct SessionState {
     /// Counted as stalled (`flow::count_stalled`): set when its overflow first goes to the
     /// policy while connected, cleared by progress, detach or end.
     stalled: bool,
+    /// An operator disconnected the attached connection or discarded the session
+    /// (`Broker::kick`, `Broker::discard_session`): its connection closes with 0x98 when it
+    /// wakes. Cleared by the next attach.
+    pub(in crate::broker) kicked: bool,
 }
 
 impl Session {
@@ -234,6 +238,7 @@ impl Session {
                 pressured: false,
                 progress_at_ms: 0,
                 stalled: false,
+                kicked: false,
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
@@ -491,6 +496,7 @@ impl Session {
         st.connection =
             NonZeroU64::new(st.generation).map(|generation| ConnectionSlot { generation });
         st.disconnected_at = None;
+        st.kicked = false;
         (st.generation, displaced)
     }
 

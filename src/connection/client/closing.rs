@@ -43,6 +43,8 @@ pub(super) enum Close {
     TakenOver,
     /// The broker is stopping.
     ServerShutdown,
+    /// An operator disconnected the client or discarded its session (the admin API).
+    Administrative,
 }
 
 impl Close {
@@ -71,6 +73,11 @@ impl Close {
                 Some("packet not complete within mqtt.packet_timeout".into()),
             )),
             Close::TakenOver => Some((ReasonCode::SESSION_TAKEN_OVER, None)),
+            // MQTT 5.0 §3.14.2.1: 0x98 Administrative action.
+            Close::Administrative => Some((
+                ReasonCode::ADMINISTRATIVE_ACTION,
+                Some("disconnected by an operator".into()),
+            )),
             Close::ServerShutdown => Some((ReasonCode::SERVER_SHUTTING_DOWN, None)),
         }
     }
@@ -166,6 +173,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");
             }
             (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
+            (Close::Administrative, _) => {
+                tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: disconnected by an operator");
+            }
             (Close::PacketTimeout, _) => {
                 self.broker().metrics.packet_timeouts.increment(1);
                 tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: packet not complete in time");

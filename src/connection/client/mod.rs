@@ -255,7 +255,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 return close;
             }
             if !self.fill_from_session(now) {
-                return Close::TakenOver; // MQTT-3.1.4-3
+                // Taken over (MQTT-3.1.4-3), or an operator's disconnect (admin API).
+                return if self.session.was_kicked() {
+                    Close::Administrative
+                } else {
+                    Close::TakenOver
+                };
             }
             self.io.release_write_buffer();
             match self.next_wake(woken).await {

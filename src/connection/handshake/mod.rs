@@ -325,6 +325,14 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         let principal = auth::principal::Principal::new(connect.username.as_deref(), claims);
         broker.set_identity(attached.handle.session(), principal);
     }
+    attached
+        .handle
+        .record_connection(crate::broker::admin::ConnectionFacts {
+            peer: info.peer,
+            listener: Arc::clone(&info.listener),
+            protocol: version,
+            connected_at_unix_ms: crate::storage::now_unix_ms(),
+        });
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
     // does not change the CONNACK's size, so the check above still holds.
     connack.session_present = attached.session_present;

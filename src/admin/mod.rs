@@ -1,0 +1,203 @@
+//! The HTTP listener of `[metrics] bind`: one axum router for `/metrics`, the probes
+//! (`/healthz`, `/readyz`, and `/health` kept for old scrapers), the admin API (`/api/v1/...`,
+//! [`api`]) and the status page (`/`, [`status`]).
+//!
+//! One HTTP stack rather than the hand-routed hyper service it replaces: the API needs
+//! routing, path and query parameters, JSON and an access check, which axum gives in a few
+//! lines on the same hyper. `/metrics` renders whatever closure the server hands in
+//! ([`Render`]), so the metrics library behind it can change without touching this module.
+//!
+//! Access: `/metrics` and the probes are open (Prometheus, Kubernetes); the API and the page
+//! go through [`access::check`] (loopback free, other peers a bearer token).
+//!
+//! Must not block the runtime: every handler reads atomics or takes the broker's locks for
+//! short, bounded walks (see `broker::admin`).
+
+pub mod access;
+mod api;
+mod status;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::storage::StoreHealth;
+pub use access::{Token, TokenError};
+
+/// Renders the Prometheus text of `/metrics` (running whatever must be copied in first).
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What `/readyz` knows beyond the broker: whether every listener is bound and serving.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    listeners_up: AtomicBool,
+}
+
+impl Readiness {
+    /// Called once every MQTT listener is bound and accepting.
+    pub fn listeners_up(&self) {
+        self.listeners_up.store(true, Ordering::Release);
+    }
+}
+
+/// Everything the handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    broker: Arc<Broker>,
+    render: Render,
+    readiness: Arc<Readiness>,
+    token: Option<Arc<Token>>,
+    /// `storage.max_disk_bytes`, for the overview (0 = unlimited).
+    store_budget_bytes: u64,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field("token", &self.token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminState {
+    /// The handlers' state: the broker, the `/metrics` renderer, the listeners' readiness and
+    /// the token other than loopback peers need (none: loopback only).
+    pub fn new(
+        broker: Arc<Broker>,
+        render: Render,
+        readiness: Arc<Readiness>,
+        token: Option<Token>,
+    ) -> AdminState {
+        AdminState {
+            broker,
+            render,
+            readiness,
+            token: token.map(Arc::new),
+            store_budget_bytes: 0,
+        }
+    }
+
+    /// The store's budget (`storage.max_disk_bytes`) the overview shows beside its use.
+    #[must_use]
+    pub fn with_store_budget(mut self, bytes: u64) -> AdminState {
+        self.store_budget_bytes = bytes;
+        self
+    }
+}
+
+/// The whole router: open endpoints, and the API and page behind the access check.
+pub fn router(state: AdminState) -> Router {
+    let guarded =
+        api::routes()
+            .merge(status::routes())
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                require_access,
+            ));
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/health", get(health_legacy))
+        .route("/readyz", get(readyz))
+        .merge(guarded)
+        .with_state(state)
+}
+
+/// Serves `listener` until `stop` is cancelled; connections in progress then finish their
+/// request (bounded by the server's shutdown, which gives up waiting after a while).
+pub async fn serve(listener: tokio::net::TcpListener, state: AdminState, stop: CancellationToken) {
+    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
+    if let Err(error) = served {
+        tracing::warn!(%error, "admin HTTP listener stopped with an error");
+    }
+}
+
+async fn require_access(
+    State(state): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    match access::check(peer.ip(), authorization, state.token.as_deref()) {
+        access::Access::Allowed => next.run(request).await,
+        access::Access::Unauthorized => {
+            tracing::debug!(%peer, path = %request.uri().path(), "admin API: missing or wrong token");
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "a bearer token (admin.token_file) is needed from this address\n",
+            )
+                .into_response()
+        }
+        access::Access::Forbidden => (
+            StatusCode::FORBIDDEN,
+            "the admin API answers loopback only: set admin.token_file to allow other peers\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    // A few dozen series: rendering takes microseconds, no need for the blocking pool.
+    let body = (state.render)();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// 200 while the process serves HTTP at all (a liveness probe).
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// The path the endpoint answered before `/healthz` (kept for existing checks).
+async fn health_legacy() -> &'static str {
+    "OK"
+}
+
+/// 200 `ready` when every listener is bound, the broker is not stopping and the store (if
+/// persistence is on) is open and writable; else 503 with the reason on one line.
+async fn readyz(State(state): State<AdminState>) -> Response {
+    match not_ready(&state) {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
+}
+
+/// Why the broker is not ready, if it is not.
+fn not_ready(state: &AdminState) -> Option<&'static str> {
+    if !state.readiness.listeners_up.load(Ordering::Acquire) {
+        return Some("not ready: the MQTT listeners are not bound yet");
+    }
+    if state.broker.is_shutting_down() {
+        return Some("not ready: shutting down");
+    }
+    match state.broker.store().map(|s| s.health()) {
+        None | Some(StoreHealth::Ok) => None,
+        Some(StoreHealth::NoSpace) => {
+            Some("not ready: the store's filesystem is out of space (new persistent messages are refused)")
+        }
+        Some(StoreHealth::Failed) => Some("not ready: the store failed and stopped writing"),
+    }
+}
