@@ -112,6 +112,7 @@ impl Close {
             Close::PacketTimeout => "packet timeout",
             Close::TakenOver => "session taken over",
             Close::ServerShutdown => "server shutdown",
+            Close::Administrative => "administrative action",
         }
     }
 }
