@@ -75,6 +75,11 @@ async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
     );
     if persistence {
         let summary = broker.restore(snapshot);
+        // Sessions whose expiry passed while the broker was down expired all the same.
+        broker
+            .metrics
+            .sessions_expired
+            .increment(summary.expired_sessions as u64);
         tracing::info!(
             sessions = summary.sessions,
             expired_sessions = summary.expired_sessions,
@@ -193,7 +198,12 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
 
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
+    broker
+        .metrics
+        .store_budget_bytes
+        .set(config.storage.max_disk_bytes as f64);
     if let Some(store) = broker.store().cloned() {
+        store.observe_commits(broker.metrics.store_commit_seconds.clone());
         // Copied at each reading, so a scrape or snapshot shows the store as it is (no
         // periodic copy); what recovery lost is there from the first scrape on.
         broker

@@ -11,6 +11,8 @@
 //! indexes are never held together, and no index lock is taken while a session lock is held.
 
 mod arrival_order;
+mod backlog;
+pub use backlog::Backlog;
 pub mod flow;
 mod handle;
 mod level_map;
@@ -237,7 +239,7 @@ impl Broker {
         };
         let flow = FlowControl::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
-        Arc::new(Broker {
+        let broker = Arc::new(Broker {
             config,
             auth,
             limits,
@@ -260,7 +262,9 @@ impl Broker {
             metrics,
             acl: std::sync::OnceLock::new(),
             claims_seen: AtomicBool::new(false),
-        })
+        });
+        broker.watch_backlog();
+        broker
     }
 
     /// Turns authorisation on (at start, before any client connects); a second call is

@@ -92,8 +92,8 @@ impl Handoff {
 
     /// The slot counts of a listener with `limits`, within the broker-wide bound every
     /// listener shares.
-    pub fn admission(&self, limits: AdmissionLimits) -> Arc<Admission> {
-        Admission::new(limits, &self.server_slots, &self.broker.metrics)
+    pub fn admission(&self, name: &str, limits: AdmissionLimits) -> Arc<Admission> {
+        Admission::new(name, limits, &self.server_slots, &self.broker.metrics)
     }
 
     /// Spawns the connection task for `stream`, which holds `slot` (its place in the

@@ -114,7 +114,7 @@ impl TlsListener {
         let websocket = websocket.map(|config| {
             super::ws::WsSettings::new(&config, handoff.broker().config().max_packet_size)
         });
-        let admission = handoff.admission(limits);
+        let admission = handoff.admission(&name, limits);
         let tls_failures = handoff.broker().metrics.tls_handshake_failures();
         let ws_failures = handoff.broker().metrics.ws_upgrade_failures();
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
