@@ -78,6 +78,11 @@ async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
     );
     if persistence {
         let summary = broker.restore(snapshot);
+        // Sessions whose expiry passed while the broker was down expired all the same.
+        broker
+            .metrics
+            .sessions_expired
+            .increment(summary.expired_sessions as u64);
         tracing::info!(
             sessions = summary.sessions,
             expired_sessions = summary.expired_sessions,
@@ -140,7 +145,7 @@ const HTTP_GRACE: Duration = Duration::from_secs(2);
 /// A `StartError` when a listener cannot bind, the metrics endpoint cannot start, or the
 /// durable store cannot be opened. Nothing is left running then.
 pub async fn start(config: Config) -> Result<RunningServer, StartError> {
-    // Before the broker registers its metric handles (see `metrics`); bound now, served below.
+    // Bound first, so a taken port stops the start before the store opens; served below.
     let exporter = if config.metrics.enabled {
         Some(
             metrics::start_exporter(config.metrics.bind)
@@ -168,7 +173,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         )?)),
         None => None,
     };
-    let logins = crate::auth::login::Logins::from_config(&config)?.with_jwt(jwt.clone());
+    let logins =
+        crate::auth::login::Logins::from_config(&config, &broker.metrics)?.with_jwt(jwt.clone());
     let passwords = logins.passwords().cloned();
     if let Some(store) = &passwords {
         tracing::info!(users = store.users(), "password file loaded");
@@ -210,11 +216,17 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
     let readiness = Arc::new(crate::admin::Readiness::default());
-    if let (Some(endpoint), Some(store)) = (&exporter, broker.store().cloned()) {
-        // Copied at scrape time, so a scrape shows the store as it is (no periodic copy);
-        // what recovery lost is there from the first scrape on.
-        let metrics = metrics::StoreMetrics::register();
-        endpoint.before_scrape(move || metrics.update(&store.stats()));
+    broker
+        .metrics
+        .store_budget_bytes
+        .set(config.storage.max_disk_bytes as f64);
+    if let Some(store) = broker.store().cloned() {
+        store.observe_commits(broker.metrics.store_commit_seconds.clone());
+        // Copied at each reading, so a scrape or snapshot shows the store as it is (no
+        // periodic copy); what recovery lost is there from the first scrape on.
+        broker
+            .metrics
+            .on_scrape(move |figures| figures.store.update(&store.stats()));
     }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     let handoff =
@@ -234,7 +246,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         shutdown.clone(),
     ));
     let metrics = exporter.map(|exporter| {
-        let (listener, render) = exporter.into_parts();
+        let listener = exporter.into_listener();
+        let broker_metrics = broker.metrics.clone();
+        let render: Arc<dyn Fn() -> String + Send + Sync> =
+            Arc::new(move || broker_metrics.render());
         let state = crate::admin::AdminState::new(
             Arc::clone(&broker),
             render,

@@ -152,6 +152,11 @@ impl SessionHandle {
                 self.broker.metrics.messages_sent[qos].increment(n);
             }
         }
+        for (qos, n) in filled.expired.into_iter().enumerate() {
+            if n > 0 {
+                self.broker.metrics.messages_dropped_expired[qos].increment(n);
+            }
+        }
         if filled.gated {
             // A held QoS 2 PUBLISH waits for its stage: past the queue bound.
             return Fill::Filled {

@@ -132,15 +132,17 @@ impl Broker {
         expiry: u32,
     ) {
         match expiry {
-            0 => self.remove_session_if_idle(session, generation),
+            0 => {
+                self.remove_session_if_idle(session, generation);
+            }
             NEVER_EXPIRES => {}
-            _ if after.is_zero() => self.remove_session_if_idle(session, generation),
+            _ if after.is_zero() => self.expire_session_if_idle(session, generation),
             _ => {
                 let broker = Arc::clone(self);
                 let session = Arc::clone(session);
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    broker.remove_session_if_idle(&session, generation);
+                    broker.expire_session_if_idle(&session, generation);
                 });
             }
         }
@@ -234,13 +236,22 @@ impl Broker {
         });
     }
 
-    /// Ends `session` unless a connection re-attached since `generation` detached.
-    pub(super) fn remove_session_if_idle(&self, session: &Arc<Session>, generation: u64) {
+    /// Ends `session` because its expiry interval (not 0) passed, unless a connection
+    /// re-attached since `generation` detached; counted in `postbox_sessions_expired_total`.
+    fn expire_session_if_idle(&self, session: &Arc<Session>, generation: u64) {
+        if self.remove_session_if_idle(session, generation) {
+            self.metrics.sessions_expired.increment(1);
+        }
+    }
+
+    /// Ends `session` unless a connection re-attached since `generation` detached; true if it
+    /// ended it.
+    pub(super) fn remove_session_if_idle(&self, session: &Arc<Session>, generation: u64) -> bool {
         let mut sessions = self.sessions.lock();
         {
             let st = session.lock();
             if st.generation != generation || st.connection.is_some() || st.ended {
-                return;
+                return false;
             }
         }
         if sessions
@@ -252,6 +263,7 @@ impl Broker {
         self.metrics.sessions_current.set(sessions.len() as f64);
         drop(sessions);
         self.end_session(session);
+        true
     }
 
     /// Discards a session's subscriptions and queues; it accepts nothing afterwards. A pending

@@ -12,6 +12,8 @@
 
 pub mod admin;
 mod arrival_order;
+mod backlog;
+pub use backlog::Backlog;
 pub mod flow;
 mod handle;
 mod level_map;
@@ -245,7 +247,7 @@ impl Broker {
         let flow = FlowControl::new(&config);
         let runtime_limits = runtime_limits::RuntimeLimitsSlot::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
-        Arc::new(Broker {
+        let broker = Arc::new(Broker {
             config,
             auth,
             limits,
@@ -270,7 +272,9 @@ impl Broker {
             acl: std::sync::OnceLock::new(),
             claims_seen: AtomicBool::new(false),
             connection_facts: admin::ConnectionFactsMap::default(),
-        })
+        });
+        broker.watch_backlog();
+        broker
     }
 
     /// Turns authorisation on (at start, before any client connects); a second call is

@@ -55,6 +55,8 @@ impl Broker {
                             .authorized(authz.acl, Action::Read, &message.topic)
                     {
                         self.count_denied(Action::Read);
+                        let qos = message.qos.min(sub.options.qos) as usize;
+                        self.metrics.messages_dropped_denied[qos].increment(1);
                         return;
                     }
                 }
@@ -78,6 +80,11 @@ impl Broker {
         let now_ms = self.coarse_ms();
         if let Some(refused) = self.refused_for_full_queue(&message, &targets, now_ms) {
             return Err(refused);
+        }
+        if matched == 0 && message.qos != QoS::AtMostOnce && !message.retain {
+            // Accepted, and nobody gets it (a retained message is kept for later
+            // subscribers; QoS 0 with nobody listening is normal and not counted).
+            self.metrics.messages_dropped_no_subscribers[message.qos as usize].increment(1);
         }
         let persistence = self.store.is_some();
         let mut pressure: Option<Arc<Session>> = None;
@@ -254,7 +261,10 @@ impl Broker {
                     session: pick.member.session,
                     shared: Some(pick.key),
                 }),
-                None => self.count_denied(Action::Read),
+                None => {
+                    self.count_denied(Action::Read);
+                    self.metrics.messages_dropped_denied[message.qos as usize].increment(1);
+                }
             });
     }
 

@@ -134,6 +134,7 @@ mod size_tests {
             tls: None,
         };
         let admission = crate::transport::Admission::new(
+            "tcp",
             crate::transport::AdmissionLimits {
                 max_connections: 10,
                 max_connections_per_source: 10,

@@ -319,6 +319,12 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Counters for metrics and tests.
     fn stats(&self) -> StoreStats;
 
+    /// Times every group commit (write and fsync) into `histogram`, on the writer thread;
+    /// a store without commits ignores it. The first call wins.
+    fn observe_commits(&self, histogram: crate::metrics::Histogram) {
+        let _ = histogram;
+    }
+
     /// Whether new data can be stored now. Cheap (an atomic load): the broker reads it before
     /// routing a QoS 1/2 PUBLISH, to refuse one that needs the store before anyone gets it.
     fn health(&self) -> StoreHealth {

@@ -29,12 +29,11 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use metrics::{Counter, Gauge};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::config::ListenerConfig;
-use crate::metrics::Metrics;
+use crate::metrics::{Counter, Gauge, ListenerMetrics, Metrics};
 
 /// The bounds of one listener (from its `[[listener]]` entry); 0 means unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,12 +173,16 @@ pub struct Admission {
     /// future then needs no handle for it.
     open_gauge: Gauge,
     accepted: Counter,
+    /// `postbox_clients_connected{listener,protocol}` and `_connects_total`: taken once for
+    /// this listener, counted by [`ConnectedSlot::count_client`] and the slot's drop.
+    clients: ListenerMetrics,
 }
 
 impl Admission {
     /// Slot counts for a listener with `limits`, within the broker-wide `server` bound,
-    /// reporting into `metrics`.
+    /// reporting into `metrics` as listener `name`.
     pub fn new(
+        name: &str,
         limits: AdmissionLimits,
         server: &Arc<ServerSlots>,
         metrics: &Metrics,
@@ -198,6 +201,7 @@ impl Admission {
             refused_server: metrics.connections_refused_server.clone(),
             open_gauge: metrics.connections_current.clone(),
             accepted: metrics.connections_total.clone(),
+            clients: metrics.listener(name),
         })
     }
 
@@ -422,6 +426,7 @@ impl HandshakeSlot {
         Ok(ConnectedSlot {
             admission: Arc::clone(&self.admission),
             source: counted.then(|| Box::new(self.source)),
+            protocol: None,
         })
     }
 }
@@ -440,17 +445,34 @@ impl Drop for HandshakeSlot {
 
 /// A connected client's slot, held until the connection is gone, whatever ends it (a
 /// DISCONNECT, a takeover, an error, shutdown): dropping it gives back the listener's, the
-/// source's and the broker's count. 16 bytes; the source is boxed (and only there when
+/// source's and the broker's count. 24 bytes; the source is boxed (and only there when
 /// `max_connections_per_ip` counts it), since every connected client holds this.
 #[derive(Debug)]
 pub struct ConnectedSlot {
     admission: Arc<Admission>,
     source: Option<Box<IpAddr>>,
+    /// The protocol index ([`crate::metrics::PROTOCOL_LABELS`]) the client was counted
+    /// under in `postbox_clients_connected`, once counted.
+    protocol: Option<u8>,
+}
+
+impl ConnectedSlot {
+    /// Counts the client connected on this listener with protocol index `protocol` (0 = 3.1,
+    /// 1 = 3.1.1, 2 = 5.0) until the slot is dropped: called once the CONNECT is accepted.
+    pub fn count_client(&mut self, protocol: u8) {
+        if self.protocol.is_none() {
+            self.admission.clients.connected(usize::from(protocol));
+            self.protocol = Some(protocol);
+        }
+    }
 }
 
 impl Drop for ConnectedSlot {
     fn drop(&mut self) {
         let admission = &self.admission;
+        if let Some(protocol) = self.protocol {
+            admission.clients.disconnected(usize::from(protocol));
+        }
         admission.release_connected(self.source.as_deref().copied());
         admission.server.connected.fetch_sub(1, Ordering::AcqRel);
         admission.open_gauge.decrement(1.0);
@@ -479,6 +501,7 @@ mod tests {
         max_pending_per_source: usize,
     ) -> Arc<Admission> {
         Admission::new(
+            "test",
             AdmissionLimits {
                 max_connections,
                 max_connections_per_source,

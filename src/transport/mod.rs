@@ -97,8 +97,8 @@ impl Handoff {
 
     /// The slot counts of a listener with `limits`, within the broker-wide bound every
     /// listener shares.
-    pub fn admission(&self, limits: AdmissionLimits) -> Arc<Admission> {
-        Admission::new(limits, &self.server_slots, &self.broker.metrics)
+    pub fn admission(&self, name: &str, limits: AdmissionLimits) -> Arc<Admission> {
+        Admission::new(name, limits, &self.server_slots, &self.broker.metrics)
     }
 
     /// Spawns the connection task for `stream`, which holds `slot` (its place in the
@@ -184,7 +184,9 @@ impl Handoff {
             }
             match websocket {
                 Some(settings) => {
-                    let Some(ws) = ws::upgrade_by(deadline, stream, &settings, &info).await else {
+                    let failures = broker.metrics.ws_upgrade_failures();
+                    let upgrade = ws::upgrade_by(deadline, stream, &settings, &info, &failures);
+                    let Some(ws) = upgrade.await else {
                         return;
                     };
                     connection::serve(ws, info, broker, shutdown, slot).await;

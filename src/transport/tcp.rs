@@ -85,7 +85,7 @@ impl PlainTcpListener {
         } = self;
         let websocket = websocket
             .map(|config| WsSettings::new(&config, handoff.broker().config().max_packet_size));
-        let admission = handoff.admission(limits);
+        let admission = handoff.admission(&name, limits);
         while let Some((stream, peer)) = next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
             let info = ConnectionInfo {

@@ -130,6 +130,8 @@ pub struct Filled {
     pub gated: bool,
     /// Deliveries written, by QoS (for the metrics, once per batch).
     pub sent: [u64; 3],
+    /// Deliveries dropped because their message expired while queued, by QoS.
+    pub expired: [u64; 3],
 }
 
 /// One thing to send again on a resumed session (MQTT-4.4.0-1), in the original order.
@@ -183,6 +185,7 @@ impl SessionState {
                 if let Some(seq) = delivery.seq {
                     filled.ops.push(persist::remove_entry(client_id, seq));
                 }
+                filled.expired[delivery.qos as usize] += 1;
                 continue; // MQTT-3.3.2-5
             }
             let (packet_id, stage) = match delivery.qos {

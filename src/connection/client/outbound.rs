@@ -42,6 +42,8 @@ struct Encoder<'a> {
     client_max_packet: usize,
     aliases_out: Option<&'a mut OutboundAliases>,
     broker: &'a Broker,
+    /// The batch's one clock reading, for the delivery latency.
+    now: Instant,
 }
 
 impl DeliverySink for Encoder<'_> {
@@ -62,7 +64,7 @@ impl DeliverySink for Encoder<'_> {
         } else {
             &mut *self.wbuf
         };
-        encode_delivery(
+        let written = encode_delivery(
             out,
             self.version,
             self.client_max_packet,
@@ -71,7 +73,19 @@ impl DeliverySink for Encoder<'_> {
             delivery,
             packet_id,
             dup,
-        )
+        );
+        if written {
+            // From the PUBLISH being read (`Message::received_at`) to this write, with the
+            // batch's clock reading: no clock read per delivery.
+            let waited = self
+                .now
+                .saturating_duration_since(delivery.message.received_at);
+            self.broker
+                .metrics
+                .delivery_latency
+                .record(waited.as_secs_f64());
+        }
+        written
     }
 }
 
@@ -97,6 +111,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             client_max_packet: self.client_max_packet,
             aliases_out: self.aliases_out.as_deref_mut(),
             broker: &broker,
+            now,
         };
         let gate = match self
             .session

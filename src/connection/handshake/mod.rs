@@ -20,6 +20,7 @@ use crate::codec::{
     self, Auth, AuthProperties, Connect, DecodeError, Packet, ProtocolVersion, ReasonCode,
     ReasonContext,
 };
+use crate::metrics::Metrics;
 use crate::transport::{ConnectedSlot, ConnectionInfo, Full, HandshakeSlot};
 use tokio::time::Instant;
 use wait::{connect_deadline, connect_timed_out, read_more, Exchange, ReadMore};
@@ -89,7 +90,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);
                 tracing::info!(%peer, %error, "rejecting CONNECT");
-                reject_undecodable(io, &error, sniffed).await;
+                reject_undecodable(io, &broker.metrics, &error, sniffed).await;
                 return None;
             }
         }
@@ -124,6 +125,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 let why = "no client certificate to take the user name from";
                 return reject(
                     io,
+                    &broker.metrics,
                     version,
                     ReasonCode::NOT_AUTHORIZED,
                     Some((why, &connect)),
@@ -153,7 +155,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 tracing::info!(%peer, listener = %info.listener, client = %connect.client_id, "refusing CONNECT: anonymous access is not allowed");
             }
-            return reject(io, version, code, Some((why, &connect))).await;
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         }
     };
     // A JWT as password (`[auth.jwt]`): its claim is the user name from here on, and the
@@ -192,7 +194,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                     logins.metrics().jwt_refused.increment(1);
                 }
                 let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
-                return reject(io, version, code, Some((why, &connect))).await;
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
             authenticated = true;
         }
@@ -216,7 +218,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, user, reason = verdict.reason(), "authentication failed");
                 let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
                 let why = "bad user name or password";
-                return reject(io, version, code, Some((why, &connect))).await;
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
         }
     }
@@ -226,7 +228,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 // Offered when `admit` looked; gone since (tests may unregister): MQTT-4.12.0-1.
                 let why = "authentication method not supported";
                 let code = ReasonCode::BAD_AUTHENTICATION_METHOD;
-                return reject(io, version, code, Some((why, &connect))).await;
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             };
             let mut auth = EnhancedAuth {
                 method: method.clone(),
@@ -258,7 +260,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 Err(Some((code, why))) => {
                     tracing::info!(%peer, client = %admitted.client_id, method = %auth.method, reason = ?code, "authentication failed");
-                    return reject(io, version, code, Some((why, &connect))).await;
+                    return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
                 }
                 Err(None) => {
                     if Instant::now() >= deadline {
@@ -288,7 +290,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             explain,
         } => {
             let explain = explain.then_some((why, &*connect));
-            return reject(io, version, code, explain).await;
+            return reject(io, &broker.metrics, version, code, explain).await;
         }
         Answer::CloseUnanswered => {
             // MQTT-3.1.2-24 (list: -27): nothing above the client's Maximum Packet Size
@@ -303,14 +305,14 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // its source's `max_connections_per_ip`, the broker's `mqtt.max_connections`): until
     // here it held a pending one, so sockets that never get this far cannot keep finished
     // clients out. At a bound, a client taking over its own connection is still let in.
-    let connected = match slot.promote(|| broker.is_connected(&admitted.client_id)) {
+    let mut connected = match slot.promote(|| broker.is_connected(&admitted.client_id)) {
         Ok(connected) => connected,
         Err((_pending, full)) => {
             // `_pending` is held through the refusal's lingering close; the refusal is
             // counted by the slot (`postbox_connections_refused_total`).
             tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, limit = full.key(), "refusing CONNECT: connection limit reached");
             let (code, why) = full_refusal(full);
-            return reject(io, version, code, Some((why, &connect))).await;
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         }
     };
     let attached = broker.connect(SessionRequest {
@@ -337,6 +339,12 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // does not change the CONNACK's size, so the check above still holds.
     connack.session_present = attached.session_present;
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
+    // `postbox_clients_connected{listener,protocol}` until the slot is dropped.
+    connected.count_client(match version {
+        ProtocolVersion::V3_1 => 0,
+        ProtocolVersion::V3_1_1 => 1,
+        ProtocolVersion::V5 => 2,
+    });
     // Mosquitto's "New client connected from ADDRESS as ID (p5, c1, k60, u'name')", as fields
     // so a JSON log has them as keys. The user name is not a secret (Mosquitto logs it too);
     // the password, token or SCRAM messages are never logged.
@@ -490,11 +498,14 @@ fn connack_failure(code: ReasonCode) -> ReasonCode {
 /// `None`, whatever the handshake step returns.
 async fn reject<S: AsyncRead + AsyncWrite + Unpin, T>(
     io: &mut Io<S>,
+    metrics: &Metrics,
     version: ProtocolVersion,
     code: ReasonCode,
     explain: Option<(&str, &Connect)>,
 ) -> Option<T> {
     tracing::info!(?version, reason = ?code, "connection refused");
+    // `postbox_connack_refusals_total{reason}`: every refusing CONNACK goes through here.
+    metrics.connack_refused(code.0);
     let client_max = explain.map_or(usize::MAX, |(_, connect)| client_max_packet(connect));
     let connack = admission::refusal_connack(
         code,
@@ -515,11 +526,12 @@ async fn reject<S: AsyncRead + AsyncWrite + Unpin, T>(
 /// (v5: the reason code; 3.x: only "unacceptable protocol version" has a return code).
 async fn reject_undecodable<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut Io<S>,
+    metrics: &Metrics,
     error: &DecodeError,
     sniffed: Option<ProtocolVersion>,
 ) {
     // 3.x malformed CONNECT: close without CONNACK (MQTT-3.1.4-1)
     if let Some((version, code)) = admission::undecodable_answer(error, sniffed) {
-        reject::<S, ()>(io, version, code, None).await;
+        reject::<S, ()>(io, metrics, version, code, None).await;
     }
 }

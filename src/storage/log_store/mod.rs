@@ -149,6 +149,9 @@ struct Shared {
     rejected_no_space: AtomicU64,
     orphan_ops: AtomicU64,
     recovery: RecoveryLoss,
+    /// `postbox_store_commit_seconds`, once the broker's metrics are attached
+    /// ([`Store::observe_commits`]); the writer times each group commit into it.
+    commit_seconds: std::sync::OnceLock<crate::metrics::Histogram>,
 }
 
 impl Shared {
@@ -263,6 +266,7 @@ impl LogStore {
             rejected_no_space: AtomicU64::new(0),
             orphan_ops: AtomicU64::new(state.orphans),
             recovery: loss,
+            commit_seconds: std::sync::OnceLock::new(),
             opts,
         });
         let (tx, rx) = mpsc::channel();
@@ -423,6 +427,10 @@ impl Store for LogStore {
 
     fn survives_restart(&self) -> bool {
         true
+    }
+
+    fn observe_commits(&self, histogram: crate::metrics::Histogram) {
+        let _ = self.shared.commit_seconds.set(histogram);
     }
 
     fn stats(&self) -> StoreStats {

@@ -220,9 +220,15 @@ impl Writer {
             self.report(batch.last_ticket, batch.waiters);
             return;
         }
+        let started = Instant::now();
         self.encode(&batch.ops);
         match self.append() {
-            Ok(()) => self.complete(batch),
+            Ok(()) => {
+                self.complete(batch);
+                if let Some(histogram) = self.shared.commit_seconds.get() {
+                    histogram.record(started.elapsed().as_secs_f64());
+                }
+            }
             Err(Append::NoSpace(error)) => self.stall(batch, &error),
             Err(Append::Failed(error)) => {
                 self.fail(&error);
