@@ -217,6 +217,9 @@ pub struct MqttConfig {
     pub response_information: Option<String>,
     /// Check that payloads marked as UTF-8 (Payload Format Indicator 1) really are.
     pub validate_utf8_payload: bool,
+    /// Seconds between `$SYS` updates (Mosquitto's topics, retained); 0 = no `$SYS` topics.
+    /// 0..=86400.
+    pub sys_interval: u32,
 }
 
 impl Default for MqttConfig {
@@ -256,6 +259,7 @@ impl Default for MqttConfig {
             shared_subscription_strategy: SharedStrategy::RoundRobin,
             response_information: None,
             validate_utf8_payload: false,
+            sys_interval: 10,
         }
     }
 }
@@ -307,6 +311,15 @@ impl MqttConfig {
             return Err(invalid(
                 "mqtt.max_queued_messages",
                 "must be at least 1, got 0 (unbounded queues are not allowed)".to_owned(),
+            ));
+        }
+        if m.sys_interval > 86_400 {
+            return Err(invalid(
+                "mqtt.sys_interval",
+                format!(
+                    "must be between 0 (off) and 86400 seconds, got {}",
+                    m.sys_interval
+                ),
             ));
         }
         if !(1..=3600).contains(&m.stalled_after) {
