@@ -1,266 +1,155 @@
-//! Broker metrics, exported in the Prometheus text format.
+//! Broker metrics: one `prometheus::Registry` per broker, rendered in the Prometheus text
+//! format and readable in-process.
+//!
+//! Per broker, not process-global: every broker (several run in one test process) counts in
+//! its own registry, so tests read their own broker's figures and `$SYS` and the admin API
+//! read them with [`Metrics::snapshot`] or a handle's `get()`.
 //!
 //! Hot-path rule: nothing looks a metric up by name per message. [`Metrics::register`] runs
-//! once at start and returns cheap, cloneable handles (an `Arc` each); updating one is an atomic
-//! add. Register *after* [`install_exporter`]: handles taken before a recorder is installed stay
-//! no-ops forever (which is exactly what tests and `metrics.enabled = false` want).
+//! once per broker and returns cheap, cloneable handles (an `Arc` each, [`Counter`],
+//! [`Gauge`], [`Histogram`]); updating one is an atomic add. Labelled handles are taken once
+//! (per listener and protocol at start: [`Metrics::listener`]).
 //!
 //! Names follow Prometheus conventions: `postbox_` prefix, `_total` on counters, base units
-//! (bytes). The table in README.md lists them; a test keeps it complete.
+//! (bytes, seconds). The table in README.md lists them; a test keeps it complete.
 
 mod endpoint;
+mod handles;
+pub mod names;
+mod scrape;
+mod snapshot;
+#[cfg(test)]
+mod tests;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-use metrics::{counter, describe_counter, describe_gauge, gauge, Counter, Gauge, Unit};
+use handles::{counter_of, gauge_of, Reg};
 
 pub use endpoint::{start_exporter, MetricsEndpoint};
+pub use handles::{Counter, Gauge, Histogram};
+pub use scrape::{ScrapeFigures, StoreMetrics};
+pub use snapshot::MetricsSnapshot;
 
-/// Name of every metric, so dashboards, docs and tests refer to one spelling.
-pub mod names {
-    /// Gauge: client network connections currently open.
-    pub const CONNECTIONS_CURRENT: &str = "postbox_connections_current";
-    /// Counter: client network connections accepted since start.
-    pub const CONNECTIONS_TOTAL: &str = "postbox_connections_total";
-    /// Gauge: sessions held, connected or not (persistent sessions of offline clients count).
-    pub const SESSIONS_CURRENT: &str = "postbox_sessions_current";
-    /// Gauge: subscriptions held across all sessions.
-    pub const SUBSCRIPTIONS_CURRENT: &str = "postbox_subscriptions_current";
-    /// Gauge: retained messages stored.
-    pub const RETAINED_MESSAGES: &str = "postbox_retained_messages";
-    /// Counter (label `qos`): PUBLISH packets received from clients.
-    pub const MESSAGES_RECEIVED_TOTAL: &str = "postbox_messages_received_total";
-    /// Counter (label `qos`): PUBLISH packets sent to clients.
-    pub const MESSAGES_SENT_TOTAL: &str = "postbox_messages_sent_total";
-    /// Counter: bytes read from client connections.
-    pub const BYTES_RECEIVED_TOTAL: &str = "postbox_bytes_received_total";
-    /// Counter: bytes written to client connections.
-    pub const BYTES_SENT_TOTAL: &str = "postbox_bytes_sent_total";
-    /// Counter (labels `reason`, `qos`): messages dropped instead of delivered.
-    pub const MESSAGES_DROPPED_TOTAL: &str = "postbox_messages_dropped_total";
-    /// Counter (labels `reason`, `qos`): PUBLISHes refused (not acknowledged as accepted,
-    /// the publisher keeps them) instead of being dropped for some subscriber.
-    pub const MESSAGES_REFUSED_TOTAL: &str = "postbox_messages_refused_total";
-    /// Counter: connected sessions found stalled, once per stall.
-    pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
-    /// Gauge: connected sessions stalled now (full queue, no progress for `stalled_after`).
-    pub const SESSIONS_STALLED: &str = "postbox_sessions_stalled";
-    /// Counter: pauses of a client that published faster than its rate limit.
-    pub const PUBLISH_RATE_PAUSES_TOTAL: &str = "postbox_publish_rate_pauses_total";
-    /// Gauge: publishing connections paused by back-pressure now.
-    pub const PUBLISHERS_PAUSED: &str = "postbox_publishers_paused";
-    /// Counter: seconds publishers have spent paused, all together.
-    pub const PUBLISHER_PAUSE_SECONDS_TOTAL: &str = "postbox_publisher_pause_seconds_total";
-    /// Gauge: the memory budget in bytes.
-    pub const MEMORY_BUDGET_BYTES: &str = "postbox_memory_budget_bytes";
-    /// Gauge: bytes counted against the memory budget.
-    pub const MEMORY_USED_BYTES: &str = "postbox_memory_used_bytes";
-    /// Counter: connections closed because a packet could not be decoded.
-    pub const MALFORMED_PACKETS_TOTAL: &str = "postbox_malformed_packets_total";
-    /// Counter: connections closed for a protocol violation in a well-formed packet.
-    pub const PROTOCOL_ERRORS_TOTAL: &str = "postbox_protocol_errors_total";
-    /// Counter: connections closed because the client missed its keep-alive.
-    pub const KEEPALIVE_TIMEOUTS_TOTAL: &str = "postbox_keepalive_timeouts_total";
-    /// Counter: connections closed because the credentials they connected with expired (a
-    /// JWT's `exp` passed while connected).
-    pub const CREDENTIALS_EXPIRED_TOTAL: &str = "postbox_credentials_expired_total";
-    /// Counter: actions the ACL refused, by `action` (`read`, `write`).
-    pub const AUTHZ_DENIED_TOTAL: &str = "postbox_authz_denied_total";
-    /// Counter: will messages published.
-    pub const WILL_MESSAGES_PUBLISHED_TOTAL: &str = "postbox_will_messages_published_total";
-    /// Counter: connections closed because the same client id connected again.
-    pub const SESSION_TAKEOVERS_TOTAL: &str = "postbox_session_takeovers_total";
-    /// Gauge: connections whose handshake waits for the client (pending slots taken).
-    pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
-    /// Counter (label `reason`): connections refused by a listener's limits.
-    pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
-    /// Counter: WebSocket upgrades refused or failed, by `listener` and `reason` (`path`,
-    /// `origin`, `subprotocol`, `handshake`, `timeout`). Created at the first failure (its
-    /// labels name listeners), so not in [`ALL`] (whose tests want every series at start);
-    /// README lists it.
-    pub const WS_UPGRADE_FAILURES_TOTAL: &str = "postbox_ws_upgrade_failures_total";
-    /// Counter: connections closed because their CONNECT was not accepted within
-    /// `mqtt.connect_timeout`.
-    pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
-    /// Counter: connections closed because a started packet did not complete in time
-    /// (`mqtt.packet_timeout`, `mqtt.min_packet_rate`).
-    pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
-    /// Gauge: bytes held in read buffers by packets that have started to arrive and are not
-    /// complete yet (what a later memory budget counts).
-    pub const PARTIAL_PACKET_BYTES: &str = "postbox_partial_packet_bytes";
+/// Why a CONNECT was answered with a refusing CONNACK: the `reason` label of
+/// `postbox_connack_refusals_total`, from the CONNACK's v5 reason code or 3.x return code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnackRefusal {
+    /// 0x86 / 3.x 4: bad user name or password.
+    BadCredentials,
+    /// 0x87 / 3.x 5: not authorized.
+    NotAuthorized,
+    /// 0x85 / 3.x 2: client identifier not valid.
+    ClientIdInvalid,
+    /// 0x88 / 0x89 / 3.x 3: server unavailable or busy (connection limits).
+    ServerBusy,
+    /// 0x97: quota exceeded (a source's connection limit).
+    QuotaExceeded,
+    /// 0x84 / 3.x 1: unsupported protocol version.
+    UnsupportedProtocol,
+    /// 0x81 / 0x82: malformed packet or protocol error.
+    Malformed,
+    /// 0x8A: banned.
+    Banned,
+    /// 0x8C: bad authentication method.
+    BadAuthMethod,
+    /// Any other code.
+    Other,
+}
 
-    /// Gauge: bytes of live data in the durable store (what `storage.max_disk_bytes` limits).
-    pub const STORE_LIVE_BYTES: &str = "postbox_store_live_bytes";
-    /// Gauge: bytes on disk in the store's log and snapshot files.
-    pub const STORE_DISK_BYTES: &str = "postbox_store_disk_bytes";
-    /// Counter: group commits written by the durable store.
-    pub const STORE_COMMITS_TOTAL: &str = "postbox_store_commits_total";
-    /// Counter: fsyncs done by the durable store.
-    pub const STORE_FSYNCS_TOTAL: &str = "postbox_store_fsyncs_total";
-    /// Counter: log compactions (snapshots) of the durable store.
-    pub const STORE_COMPACTIONS_TOTAL: &str = "postbox_store_compactions_total";
-    /// Counter (label `reason`): store updates refused or dropped (`queue_full`, `disk_full`,
-    /// `disk_full_dropped`, `no_space`).
-    pub const STORE_REJECTED_TOTAL: &str = "postbox_store_rejected_total";
-    /// Gauge: 1 while the store's filesystem is full and the writer waits to write again.
-    pub const STORE_OUT_OF_SPACE: &str = "postbox_store_out_of_space";
-    /// Counter: frames of the durable store skipped at start because they failed their
-    /// checksums (or their log file was missing); everything else was kept.
-    pub const STORE_RECOVERY_LOST_FRAMES_TOTAL: &str = "postbox_store_recovery_lost_frames_total";
-    /// Counter (label `kind`: an op kind, or `unknown`): records in those frames.
-    pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
-
-    /// Every metric name above, for docs and completeness tests.
-    pub const ALL: [&str; 39] = [
-        CONNECTIONS_CURRENT,
-        CONNECTIONS_TOTAL,
-        SESSIONS_CURRENT,
-        SUBSCRIPTIONS_CURRENT,
-        RETAINED_MESSAGES,
-        MESSAGES_RECEIVED_TOTAL,
-        MESSAGES_SENT_TOTAL,
-        BYTES_RECEIVED_TOTAL,
-        BYTES_SENT_TOTAL,
-        MESSAGES_DROPPED_TOTAL,
-        MESSAGES_REFUSED_TOTAL,
-        SESSION_STALLS_TOTAL,
-        SESSIONS_STALLED,
-        PUBLISHERS_PAUSED,
-        PUBLISHER_PAUSE_SECONDS_TOTAL,
-        PUBLISH_RATE_PAUSES_TOTAL,
-        MEMORY_BUDGET_BYTES,
-        MEMORY_USED_BYTES,
-        MALFORMED_PACKETS_TOTAL,
-        PROTOCOL_ERRORS_TOTAL,
-        KEEPALIVE_TIMEOUTS_TOTAL,
-        CREDENTIALS_EXPIRED_TOTAL,
-        WILL_MESSAGES_PUBLISHED_TOTAL,
-        AUTHZ_DENIED_TOTAL,
-        SESSION_TAKEOVERS_TOTAL,
-        CONNECTIONS_PENDING,
-        CONNECTIONS_REFUSED_TOTAL,
-        CONNECT_TIMEOUTS_TOTAL,
-        PACKET_TIMEOUTS_TOTAL,
-        PARTIAL_PACKET_BYTES,
-        STORE_LIVE_BYTES,
-        STORE_DISK_BYTES,
-        STORE_COMMITS_TOTAL,
-        STORE_FSYNCS_TOTAL,
-        STORE_COMPACTIONS_TOTAL,
-        STORE_REJECTED_TOTAL,
-        STORE_OUT_OF_SPACE,
-        STORE_RECOVERY_LOST_FRAMES_TOTAL,
-        STORE_RECOVERY_LOST_RECORDS_TOTAL,
+impl ConnackRefusal {
+    /// Every reason, in label order.
+    pub const ALL: [ConnackRefusal; 10] = [
+        ConnackRefusal::BadCredentials,
+        ConnackRefusal::NotAuthorized,
+        ConnackRefusal::ClientIdInvalid,
+        ConnackRefusal::ServerBusy,
+        ConnackRefusal::QuotaExceeded,
+        ConnackRefusal::UnsupportedProtocol,
+        ConnackRefusal::Malformed,
+        ConnackRefusal::Banned,
+        ConnackRefusal::BadAuthMethod,
+        ConnackRefusal::Other,
     ];
-}
 
-/// Durable-store metrics, copied from [`crate::storage::StoreStats`] right before each scrape
-/// ([`MetricsEndpoint::before_scrape`]): the store counts on its own thread, in atomics of its
-/// own, and a copy made at scrape time shows them as they are at that moment.
-#[derive(Clone, Debug)]
-pub struct StoreMetrics {
-    live_bytes: Gauge,
-    disk_bytes: Gauge,
-    commits: Counter,
-    fsyncs: Counter,
-    compactions: Counter,
-    rejected_queue_full: Counter,
-    rejected_disk_full: Counter,
-    dropped_disk_full: Counter,
-    rejected_no_space: Counter,
-    out_of_space: Gauge,
-    recovery_lost_frames: Counter,
-    /// By op kind ([`crate::storage::Op::KIND_NAMES`]), then `unknown`.
-    recovery_lost_records: Vec<Counter>,
-}
-
-impl StoreMetrics {
-    /// Registers the store metrics (no-ops without a recorder).
-    pub fn register() -> StoreMetrics {
-        use names::*;
-        describe_gauge!(
-            STORE_LIVE_BYTES,
-            Unit::Bytes,
-            "Live data in the durable store."
-        );
-        describe_gauge!(
-            STORE_DISK_BYTES,
-            Unit::Bytes,
-            "Bytes of the durable store's files on disk right now (logs and snapshots)."
-        );
-        describe_counter!(
-            STORE_COMMITS_TOTAL,
-            Unit::Count,
-            "Group commits written by the durable store."
-        );
-        describe_counter!(
-            STORE_FSYNCS_TOTAL,
-            Unit::Count,
-            "fsyncs done by the durable store."
-        );
-        describe_counter!(
-            STORE_COMPACTIONS_TOTAL,
-            Unit::Count,
-            "Durable store log compactions."
-        );
-        describe_counter!(
-            STORE_REJECTED_TOTAL,
-            Unit::Count,
-            "Store updates refused (queue_full, disk_full, no_space) or dropped (disk_full_dropped)."
-        );
-        describe_gauge!(
-            STORE_OUT_OF_SPACE,
-            Unit::Count,
-            "1 while the store's filesystem is full: new persistent messages are refused."
-        );
-        describe_counter!(
-            STORE_RECOVERY_LOST_FRAMES_TOTAL,
-            Unit::Count,
-            "Store frames skipped at start because they failed their checksums."
-        );
-        describe_counter!(
-            STORE_RECOVERY_LOST_RECORDS_TOTAL,
-            Unit::Count,
-            "Records in the store frames skipped at start, by kind."
-        );
-        let kinds = crate::storage::Op::KIND_NAMES.iter().chain(&["unknown"]);
-        StoreMetrics {
-            live_bytes: gauge!(STORE_LIVE_BYTES),
-            disk_bytes: gauge!(STORE_DISK_BYTES),
-            commits: counter!(STORE_COMMITS_TOTAL),
-            fsyncs: counter!(STORE_FSYNCS_TOTAL),
-            compactions: counter!(STORE_COMPACTIONS_TOTAL),
-            rejected_queue_full: counter!(STORE_REJECTED_TOTAL, "reason" => "queue_full"),
-            rejected_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full"),
-            dropped_disk_full: counter!(STORE_REJECTED_TOTAL, "reason" => "disk_full_dropped"),
-            rejected_no_space: counter!(STORE_REJECTED_TOTAL, "reason" => "no_space"),
-            out_of_space: gauge!(STORE_OUT_OF_SPACE),
-            recovery_lost_frames: counter!(STORE_RECOVERY_LOST_FRAMES_TOTAL),
-            recovery_lost_records: kinds
-                .map(|kind| counter!(STORE_RECOVERY_LOST_RECORDS_TOTAL, "kind" => *kind))
-                .collect(),
+    /// The reason of an MQTT 5 CONNACK reason code (the broker decides in v5 codes and maps
+    /// them to 3.x return codes on the wire).
+    pub fn of_v5(code: u8) -> ConnackRefusal {
+        match code {
+            0x86 => ConnackRefusal::BadCredentials,
+            0x87 => ConnackRefusal::NotAuthorized,
+            0x85 => ConnackRefusal::ClientIdInvalid,
+            0x88 | 0x89 => ConnackRefusal::ServerBusy,
+            0x97 => ConnackRefusal::QuotaExceeded,
+            0x84 => ConnackRefusal::UnsupportedProtocol,
+            0x81 | 0x82 => ConnackRefusal::Malformed,
+            0x8A => ConnackRefusal::Banned,
+            0x8C => ConnackRefusal::BadAuthMethod,
+            _ => ConnackRefusal::Other,
         }
     }
 
-    /// Publishes a stats reading.
-    pub fn update(&self, stats: &crate::storage::StoreStats) {
-        self.live_bytes.set(stats.live_bytes as f64);
-        self.disk_bytes.set(stats.disk_bytes as f64);
-        self.commits.absolute(stats.commits);
-        self.fsyncs.absolute(stats.fsyncs);
-        self.compactions.absolute(stats.compactions);
-        self.rejected_queue_full.absolute(stats.rejected_queue_full);
-        self.rejected_disk_full.absolute(stats.rejected_disk_full);
-        self.dropped_disk_full.absolute(stats.dropped_disk_full);
-        self.rejected_no_space.absolute(stats.rejected_no_space);
-        self.out_of_space
-            .set(if stats.no_space { 1.0 } else { 0.0 });
-        let loss = &stats.recovery;
-        self.recovery_lost_frames.absolute(loss.frames);
-        let records = loss.records.iter().copied().chain([loss.unknown_records]);
-        for (counter, n) in self.recovery_lost_records.iter().zip(records) {
-            counter.absolute(n);
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ConnackRefusal::BadCredentials => "bad_credentials",
+            ConnackRefusal::NotAuthorized => "not_authorized",
+            ConnackRefusal::ClientIdInvalid => "client_id_invalid",
+            ConnackRefusal::ServerBusy => "server_busy",
+            ConnackRefusal::QuotaExceeded => "quota_exceeded",
+            ConnackRefusal::UnsupportedProtocol => "unsupported_protocol",
+            ConnackRefusal::Malformed => "malformed",
+            ConnackRefusal::Banned => "banned",
+            ConnackRefusal::BadAuthMethod => "bad_auth_method",
+            ConnackRefusal::Other => "other",
         }
+    }
+}
+
+/// The `protocol` label values, indexed like [`ListenerMetrics`]' arrays.
+pub const PROTOCOL_LABELS: [&str; 3] = ["3.1", "3.1.1", "5.0"];
+
+/// A `{listener, reason}` failure counter family (TLS handshakes, WebSocket upgrades): one
+/// `Arc`, cheap to hand to each connection; the label lookup happens only on failure.
+#[derive(Clone, Debug)]
+pub struct FailureCounts(prometheus::IntCounterVec);
+
+impl FailureCounts {
+    /// Counts one failure.
+    pub fn failed(&self, listener: &str, reason: &str) {
+        counter_of(&self.0, &[listener, reason]).increment(1);
+    }
+
+    /// Failures counted for `listener` and `reason`.
+    pub fn get(&self, listener: &str, reason: &str) -> u64 {
+        counter_of(&self.0, &[listener, reason]).get()
+    }
+}
+
+/// One listener's client gauges and counters, by protocol ([`PROTOCOL_LABELS`] order): taken
+/// once per listener at start, so a CONNECT updates them without a label lookup.
+#[derive(Clone, Debug)]
+pub struct ListenerMetrics {
+    /// `postbox_clients_connected{listener, protocol}`.
+    connected: [Gauge; 3],
+    /// `postbox_client_connects_total{listener, protocol}`.
+    connects: [Counter; 3],
+    /// The broker-wide count behind `postbox_clients_peak`.
+    clients: Arc<scrape::ClientCount>,
+}
+
+impl ListenerMetrics {
+    /// A CONNECT was accepted with protocol index `protocol` (0 = 3.1, 1 = 3.1.1, 2 = 5.0).
+    pub fn connected(&self, protocol: usize) {
+        self.connects[protocol].increment(1);
+        self.connected[protocol].increment(1.0);
+        self.clients.connected();
+    }
+
+    /// The client accepted with protocol index `protocol` disconnected.
+    pub fn disconnected(&self, protocol: usize) {
+        self.connected[protocol].decrement(1.0);
+        self.clients.disconnected();
     }
 }
 
@@ -270,6 +159,43 @@ impl StoreMetrics {
 /// arrays with `qos as usize` (0, 1, 2).
 #[derive(Clone, Debug)]
 pub struct Metrics {
+    /// This broker's registry: every series below, read by [`Metrics::render`].
+    registry: prometheus::Registry,
+    /// The figures refreshed at each reading, and their hooks.
+    scrape: Arc<scrape::ScrapeTime>,
+    /// Connected clients now and at most (feeds `postbox_clients_peak`).
+    clients: Arc<scrape::ClientCount>,
+    /// `postbox_clients_connected{listener,protocol}`.
+    clients_connected: prometheus::GaugeVec,
+    /// `postbox_client_connects_total{listener,protocol}`.
+    client_connects: prometheus::IntCounterVec,
+    /// `postbox_connack_refusals_total{reason}`, in [`ConnackRefusal`] order.
+    connack_refusals: [Counter; ConnackRefusal::ALL.len()],
+    /// `postbox_tls_certificate_expiry_timestamp_seconds{listener}`.
+    tls_certificate_expiry: prometheus::GaugeVec,
+    /// `postbox_tls_handshake_failures_total{listener,reason}`.
+    tls_handshake_failures: prometheus::IntCounterVec,
+    /// `postbox_ws_upgrade_failures_total{listener,reason}`.
+    ws_upgrade_failures: prometheus::IntCounterVec,
+    /// `postbox_auth_failures_total{reason}`.
+    auth_failures: prometheus::IntCounterVec,
+    /// `postbox_auth_successes_total{cached}`.
+    auth_successes: prometheus::IntCounterVec,
+    /// Sessions ended because their expiry interval passed.
+    pub sessions_expired: Counter,
+    /// MQTT 5 messages whose Message Expiry Interval passed while queued, by QoS.
+    pub messages_dropped_expired: [Counter; 3],
+    /// Deliveries the ACL refused (the subscriber may not read the topic), by QoS.
+    pub messages_dropped_denied: [Counter; 3],
+    /// QoS 1/2 PUBLISHes that matched no subscriber, by QoS (QoS 0 is never counted: a QoS 0
+    /// message nobody wants is normal).
+    pub messages_dropped_no_subscribers: [Counter; 3],
+    /// Seconds from a PUBLISH being read to its delivery being written to a subscriber.
+    pub delivery_latency: Histogram,
+    /// Seconds per durable-store group commit (write and fsync), on the writer thread.
+    pub store_commit_seconds: Histogram,
+    /// `storage.max_disk_bytes` (0 = unlimited).
+    pub store_budget_bytes: Gauge,
     /// Client network connections currently open (increment on accept, decrement on close).
     pub connections_current: Gauge,
     /// Client network connections accepted since start.
@@ -356,258 +282,274 @@ pub struct Metrics {
     pub partial_packet_bytes: Gauge,
 }
 
-/// `postbox_messages_dropped_total{reason, qos}`, one counter per QoS.
-fn dropped_by_qos(reason: &'static str) -> [Counter; 3] {
-    use names::MESSAGES_DROPPED_TOTAL;
-    [
-        counter!(MESSAGES_DROPPED_TOTAL, "reason" => reason, "qos" => "0"),
-        counter!(MESSAGES_DROPPED_TOTAL, "reason" => reason, "qos" => "1"),
-        counter!(MESSAGES_DROPPED_TOTAL, "reason" => reason, "qos" => "2"),
-    ]
+/// `[qos 0, 1, 2]` handles of a `{reason, qos}` family.
+fn by_qos(family: &prometheus::IntCounterVec, reason: &str) -> [Counter; 3] {
+    ["0", "1", "2"].map(|qos| counter_of(family, &[reason, qos]))
 }
 
 impl Metrics {
-    /// Describes and registers every metric with the installed recorder, returning the handles.
+    /// A new registry with every broker metric registered, and the handles to them.
     ///
-    /// Without a recorder (tests, metrics disabled) every handle is a no-op, so callers never
-    /// need to check whether metrics are on.
+    /// Each call makes an independent registry (one per broker): nothing is global, so a
+    /// test's broker counts only its own traffic.
     pub fn register() -> Metrics {
         use names::*;
-
-        describe_gauge!(
-            CONNECTIONS_CURRENT,
-            Unit::Count,
-            "Client network connections currently open."
+        let registry = prometheus::Registry::new();
+        let r = Reg(&registry);
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process metrics register once");
+        let build_info = r.gauge_vec(
+            BUILD_INFO,
+            "Always 1; the build's version is the version label.",
+            &["version"],
         );
-        describe_counter!(
-            CONNECTIONS_TOTAL,
-            Unit::Count,
-            "Client network connections accepted since start."
-        );
-        describe_gauge!(
-            SESSIONS_CURRENT,
-            Unit::Count,
-            "Sessions held, including persistent sessions of offline clients."
-        );
-        describe_gauge!(
-            SUBSCRIPTIONS_CURRENT,
-            Unit::Count,
-            "Subscriptions held across all sessions."
-        );
-        describe_gauge!(RETAINED_MESSAGES, Unit::Count, "Retained messages stored.");
-        describe_counter!(
+        gauge_of(&build_info, &[env!("CARGO_PKG_VERSION")]).set(1.0);
+        let clients = Arc::new(scrape::ClientCount::default());
+        let scrape = Arc::new(scrape::ScrapeTime::new(Arc::clone(&clients)));
+        registry
+            .register(Box::new(scrape::Shared(Arc::clone(&scrape))))
+            .expect("scrape-time metrics register once");
+        let received = r.counter_vec(
             MESSAGES_RECEIVED_TOTAL,
-            Unit::Count,
-            "PUBLISH packets received from clients, by QoS."
+            "PUBLISH packets received from clients, by QoS.",
+            &["qos"],
         );
-        describe_counter!(
+        let sent = r.counter_vec(
             MESSAGES_SENT_TOTAL,
-            Unit::Count,
-            "PUBLISH packets sent to clients, by QoS."
+            "PUBLISH packets sent to clients, by QoS.",
+            &["qos"],
         );
-        describe_counter!(
-            BYTES_RECEIVED_TOTAL,
-            Unit::Bytes,
-            "Bytes read from client connections."
-        );
-        describe_counter!(
-            BYTES_SENT_TOTAL,
-            Unit::Bytes,
-            "Bytes written to client connections."
-        );
-        describe_counter!(
+        let dropped = r.counter_vec(
             MESSAGES_DROPPED_TOTAL,
-            Unit::Count,
-            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory) and QoS."
+            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory, expired, denied, no_subscribers) and QoS.",
+            &["reason", "qos"],
         );
-        describe_counter!(
-            WS_UPGRADE_FAILURES_TOTAL,
-            Unit::Count,
-            "WebSocket upgrades refused or failed on ws listeners, by listener and reason (path, origin, subprotocol, handshake, timeout)."
-        );
-        describe_counter!(
-            SESSION_STALLS_TOTAL,
-            Unit::Count,
-            "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per stall)."
-        );
-        describe_gauge!(
-            SESSIONS_STALLED,
-            Unit::Count,
-            "Connected sessions stalled now: a full queue that took nothing off for mqtt.stalled_after; their overflow goes to mqtt.queue_overflow."
-        );
-        describe_counter!(
-            MESSAGES_REFUSED_TOTAL,
-            Unit::Count,
-            "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse) and QoS."
-        );
-        describe_gauge!(
-            PUBLISHERS_PAUSED,
-            Unit::Count,
-            "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."
-        );
-        describe_counter!(
-            PUBLISH_RATE_PAUSES_TOTAL,
-            Unit::Count,
-            "Pauses of clients that published faster than mqtt.max_publish_rate / max_publish_bytes_rate (their socket is read no faster)."
-        );
-        describe_counter!(
-            PUBLISHER_PAUSE_SECONDS_TOTAL,
-            Unit::Seconds,
-            "Seconds publishers have spent paused by back-pressure, all together."
-        );
-        describe_gauge!(
-            MEMORY_BUDGET_BYTES,
-            Unit::Bytes,
-            "The memory budget for messages and partial packets (mqtt.max_memory)."
-        );
-        describe_gauge!(
-            MEMORY_USED_BYTES,
-            Unit::Bytes,
-            "Bytes counted against the memory budget: messages held and partial packets."
-        );
-        describe_counter!(
-            MALFORMED_PACKETS_TOTAL,
-            Unit::Count,
-            "Connections closed because a packet could not be decoded."
-        );
-        describe_counter!(
-            PROTOCOL_ERRORS_TOTAL,
-            Unit::Count,
-            "Connections closed for a protocol violation in a well-formed packet."
-        );
-        describe_counter!(
-            KEEPALIVE_TIMEOUTS_TOTAL,
-            Unit::Count,
-            "Connections closed because the client missed its keep-alive."
-        );
-        describe_counter!(
-            CREDENTIALS_EXPIRED_TOTAL,
-            Unit::Count,
-            "Connections closed because the credentials they connected with (a JWT) expired."
-        );
-        describe_counter!(
+        let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse) and QoS.", &["reason", "qos"]);
+        let authz = r.counter_vec(
             AUTHZ_DENIED_TOTAL,
-            Unit::Count,
-            "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action."
+            "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action.",
+            &["action"],
         );
-        describe_counter!(
-            WILL_MESSAGES_PUBLISHED_TOTAL,
-            Unit::Count,
-            "Will messages published."
+        let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header).", &["reason"]);
+        let connack_refusals = r.counter_vec(
+            CONNACK_REFUSALS_TOTAL,
+            "CONNECTs answered with a refusing CONNACK, by reason.",
+            &["reason"],
         );
-        describe_counter!(
-            SESSION_TAKEOVERS_TOTAL,
-            Unit::Count,
-            "Connections closed because a new connection took over their client id."
+        let auth_failures = r.counter_vec(
+            AUTH_FAILURES_TOTAL,
+            "Logins refused by the password file or the JWT check, by reason.",
+            &["reason"],
         );
-
-        describe_gauge!(
-            CONNECTIONS_PENDING,
-            Unit::Count,
-            "Connections whose handshake waits for the client (CONNECT incomplete, AUTH answer due)."
-        );
-        describe_counter!(
-            CONNECTIONS_REFUSED_TOTAL,
-            Unit::Count,
-            "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header)."
-        );
-        describe_counter!(
-            CONNECT_TIMEOUTS_TOTAL,
-            Unit::Count,
-            "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."
-        );
-        describe_counter!(
-            PACKET_TIMEOUTS_TOTAL,
-            Unit::Count,
-            "Connections closed because a started packet did not complete in time."
-        );
-        describe_gauge!(
-            PARTIAL_PACKET_BYTES,
-            Unit::Bytes,
-            "Bytes held by packets that have started to arrive and are not complete."
-        );
-
-        Metrics {
-            connections_current: gauge!(CONNECTIONS_CURRENT),
-            connections_total: counter!(CONNECTIONS_TOTAL),
-            sessions_current: gauge!(SESSIONS_CURRENT),
-            subscriptions_current: gauge!(SUBSCRIPTIONS_CURRENT),
-            retained_messages: gauge!(RETAINED_MESSAGES),
-            messages_received: [
-                counter!(MESSAGES_RECEIVED_TOTAL, "qos" => "0"),
-                counter!(MESSAGES_RECEIVED_TOTAL, "qos" => "1"),
-                counter!(MESSAGES_RECEIVED_TOTAL, "qos" => "2"),
-            ],
-            messages_sent: [
-                counter!(MESSAGES_SENT_TOTAL, "qos" => "0"),
-                counter!(MESSAGES_SENT_TOTAL, "qos" => "1"),
-                counter!(MESSAGES_SENT_TOTAL, "qos" => "2"),
-            ],
-            bytes_received: counter!(BYTES_RECEIVED_TOTAL),
-            bytes_sent: counter!(BYTES_SENT_TOTAL),
-            messages_dropped_queue_full: dropped_by_qos("queue_full"),
-            messages_dropped_qos0_offline: counter!(
-                MESSAGES_DROPPED_TOTAL,
-                "reason" => "qos0_offline",
-                "qos" => "0"
-            ),
-            messages_dropped_too_large: dropped_by_qos("too_large"),
-            messages_dropped_memory: dropped_by_qos("memory"),
-            messages_refused_queue_full: [
-                counter!(MESSAGES_REFUSED_TOTAL, "reason" => "queue_full", "qos" => "0"),
-                counter!(MESSAGES_REFUSED_TOTAL, "reason" => "queue_full", "qos" => "1"),
-                counter!(MESSAGES_REFUSED_TOTAL, "reason" => "queue_full", "qos" => "2"),
-            ],
-            session_stalls: counter!(SESSION_STALLS_TOTAL),
-            sessions_stalled: gauge!(SESSIONS_STALLED),
-            publishers_paused: gauge!(PUBLISHERS_PAUSED),
-            publish_rate_pauses: counter!(PUBLISH_RATE_PAUSES_TOTAL),
-            publisher_pause_seconds: counter!(PUBLISHER_PAUSE_SECONDS_TOTAL),
-            memory_budget_bytes: gauge!(MEMORY_BUDGET_BYTES),
-            memory_used_bytes: gauge!(MEMORY_USED_BYTES),
-            malformed_packets: counter!(MALFORMED_PACKETS_TOTAL),
-            protocol_errors: counter!(PROTOCOL_ERRORS_TOTAL),
-            keepalive_timeouts: counter!(KEEPALIVE_TIMEOUTS_TOTAL),
-            credentials_expired: counter!(CREDENTIALS_EXPIRED_TOTAL),
-            will_messages_published: counter!(WILL_MESSAGES_PUBLISHED_TOTAL),
-            authz_denied: [
-                counter!(AUTHZ_DENIED_TOTAL, "action" => "read"),
-                counter!(AUTHZ_DENIED_TOTAL, "action" => "write"),
-            ],
-            session_takeovers: counter!(SESSION_TAKEOVERS_TOTAL),
-            connections_pending: gauge!(CONNECTIONS_PENDING),
-            connections_refused_pending: counter!(
-                CONNECTIONS_REFUSED_TOTAL,
-                "reason" => "pending_limit"
-            ),
-            connections_refused_per_ip: counter!(
-                CONNECTIONS_REFUSED_TOTAL,
-                "reason" => "pending_per_ip"
-            ),
-            connections_refused_max: counter!(
-                CONNECTIONS_REFUSED_TOTAL,
-                "reason" => "max_connections"
-            ),
-            connections_refused_max_per_ip: counter!(
-                CONNECTIONS_REFUSED_TOTAL,
-                "reason" => "max_connections_per_ip"
-            ),
-            connections_refused_server: counter!(
-                CONNECTIONS_REFUSED_TOTAL,
-                "reason" => "global_max_connections"
-            ),
-            connections_refused_proxy: counter!(
-                CONNECTIONS_REFUSED_TOTAL,
-                "reason" => "proxy_header"
-            ),
-            connect_timeouts: counter!(CONNECT_TIMEOUTS_TOTAL),
-            packet_timeouts: counter!(PACKET_TIMEOUTS_TOTAL),
-            partial_packet_bytes: gauge!(PARTIAL_PACKET_BYTES),
+        for reason in ["bad_password", "unknown_user", "anonymous", "jwt"] {
+            auth_failures.with_label_values(&[reason]);
         }
+        let auth_successes = r.counter_vec(
+            AUTH_SUCCESSES_TOTAL,
+            "Logins accepted by the password file, by whether the success cache answered.",
+            &["cached"],
+        );
+        for cached in ["false", "true"] {
+            auth_successes.with_label_values(&[cached]);
+        }
+        let latency_buckets = vec![
+            0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+            0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ];
+        let commit_buckets = vec![
+            0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+            1.0, 2.5,
+        ];
+        Metrics {
+            connections_current: r.gauge(CONNECTIONS_CURRENT, "Client network connections currently open."),
+            connections_total: r.counter(CONNECTIONS_TOTAL, "Client network connections accepted since start."),
+            sessions_current: r.gauge(SESSIONS_CURRENT, "Sessions held, including persistent sessions of offline clients."),
+            subscriptions_current: r.gauge(SUBSCRIPTIONS_CURRENT, "Subscriptions held across all sessions."),
+            retained_messages: r.gauge(RETAINED_MESSAGES, "Retained messages stored."),
+            messages_received: ["0", "1", "2"].map(|q| counter_of(&received, &[q])),
+            messages_sent: ["0", "1", "2"].map(|q| counter_of(&sent, &[q])),
+            bytes_received: r.counter(BYTES_RECEIVED_TOTAL, "Bytes read from client connections."),
+            bytes_sent: r.counter(BYTES_SENT_TOTAL, "Bytes written to client connections."),
+            messages_dropped_queue_full: by_qos(&dropped, "queue_full"),
+            messages_dropped_qos0_offline: counter_of(&dropped, &["qos0_offline", "0"]),
+            messages_dropped_too_large: by_qos(&dropped, "too_large"),
+            messages_dropped_memory: by_qos(&dropped, "memory"),
+            messages_dropped_expired: by_qos(&dropped, "expired"),
+            messages_dropped_denied: by_qos(&dropped, "denied"),
+            messages_dropped_no_subscribers: by_qos(&dropped, "no_subscribers"),
+            messages_refused_queue_full: by_qos(&refused, "queue_full"),
+            session_stalls: r.counter(SESSION_STALLS_TOTAL, "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per stall)."),
+            sessions_stalled: r.gauge(SESSIONS_STALLED, "Connected sessions stalled now: a full queue that took nothing off for mqtt.stalled_after; their overflow goes to mqtt.queue_overflow."),
+            publishers_paused: r.gauge(PUBLISHERS_PAUSED, "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."),
+            publish_rate_pauses: r.counter(PUBLISH_RATE_PAUSES_TOTAL, "Pauses of clients that published faster than mqtt.max_publish_rate / max_publish_bytes_rate (their socket is read no faster)."),
+            publisher_pause_seconds: r.counter(PUBLISHER_PAUSE_SECONDS_TOTAL, "Seconds publishers have spent paused by back-pressure, all together."),
+            memory_budget_bytes: r.gauge(MEMORY_BUDGET_BYTES, "The memory budget for messages and partial packets (mqtt.max_memory)."),
+            memory_used_bytes: r.gauge(MEMORY_USED_BYTES, "Bytes counted against the memory budget: messages held and partial packets."),
+            malformed_packets: r.counter(MALFORMED_PACKETS_TOTAL, "Connections closed because a packet could not be decoded."),
+            protocol_errors: r.counter(PROTOCOL_ERRORS_TOTAL, "Connections closed for a protocol violation in a well-formed packet."),
+            keepalive_timeouts: r.counter(KEEPALIVE_TIMEOUTS_TOTAL, "Connections closed because the client missed its keep-alive."),
+            credentials_expired: r.counter(CREDENTIALS_EXPIRED_TOTAL, "Connections closed because the credentials they connected with (a JWT) expired."),
+            will_messages_published: r.counter(WILL_MESSAGES_PUBLISHED_TOTAL, "Will messages published."),
+            authz_denied: ["read", "write"].map(|a| counter_of(&authz, &[a])),
+            session_takeovers: r.counter(SESSION_TAKEOVERS_TOTAL, "Connections closed because a new connection took over their client id."),
+            connections_pending: r.gauge(CONNECTIONS_PENDING, "Connections whose handshake waits for the client (CONNECT incomplete, AUTH answer due)."),
+            connections_refused_pending: counter_of(&conn_refused, &["pending_limit"]),
+            connections_refused_per_ip: counter_of(&conn_refused, &["pending_per_ip"]),
+            connections_refused_max: counter_of(&conn_refused, &["max_connections"]),
+            connections_refused_max_per_ip: counter_of(&conn_refused, &["max_connections_per_ip"]),
+            connections_refused_server: counter_of(&conn_refused, &["global_max_connections"]),
+            connections_refused_proxy: counter_of(&conn_refused, &["proxy_header"]),
+            connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
+            packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),
+            partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete."),
+            clients_connected: r.gauge_vec(
+                CLIENTS_CONNECTED,
+                "Clients whose CONNECT was accepted and who are connected, by listener and protocol.",
+                &["listener", "protocol"],
+            ),
+            client_connects: r.counter_vec(
+                CLIENT_CONNECTS_TOTAL,
+                "CONNECTs accepted, by listener and protocol.",
+                &["listener", "protocol"],
+            ),
+            connack_refusals: ConnackRefusal::ALL.map(|c| counter_of(&connack_refusals, &[c.label()])),
+            tls_certificate_expiry: r.gauge_vec(
+                TLS_CERTIFICATE_EXPIRY,
+                "notAfter of each tls/wss listener's certificate, Unix seconds (set at load and reload).",
+                &["listener"],
+            ),
+            tls_handshake_failures: r.counter_vec(
+                TLS_HANDSHAKE_FAILURES_TOTAL,
+                "TLS handshakes that failed or timed out, by listener and reason.",
+                &["listener", "reason"],
+            ),
+            ws_upgrade_failures: r.counter_vec(
+                WS_UPGRADE_FAILURES_TOTAL,
+                "WebSocket upgrades refused or failed on ws listeners, by listener and reason (path, origin, subprotocol, handshake, timeout).",
+                &["listener", "reason"],
+            ),
+            auth_failures,
+            auth_successes,
+            sessions_expired: r.counter(
+                SESSIONS_EXPIRED_TOTAL,
+                "Sessions ended because their expiry interval passed (Mosquitto's $SYS/broker/clients/expired).",
+            ),
+            delivery_latency: r.histogram(
+                DELIVERY_LATENCY_SECONDS,
+                "Seconds from a PUBLISH being read to its delivery being written to a subscriber's connection.",
+                latency_buckets,
+            ),
+            store_commit_seconds: r.histogram(
+                STORE_COMMIT_SECONDS,
+                "Seconds per durable-store group commit (write and fsync).",
+                commit_buckets,
+            ),
+            store_budget_bytes: r.gauge(
+                STORE_BUDGET_BYTES,
+                "storage.max_disk_bytes: the durable store's disk budget (0 = unlimited).",
+            ),
+            clients,
+            scrape,
+            registry,
+        }
+    }
+
+    /// This broker's registry (to register more collectors).
+    pub fn registry(&self) -> &prometheus::Registry {
+        &self.registry
+    }
+
+    /// The handles of listener `name`, one per protocol; taken once per listener at start
+    /// (the series exist, at 0, from then on).
+    pub fn listener(&self, name: &str) -> ListenerMetrics {
+        ListenerMetrics {
+            connected: PROTOCOL_LABELS.map(|p| gauge_of(&self.clients_connected, &[name, p])),
+            connects: PROTOCOL_LABELS.map(|p| counter_of(&self.client_connects, &[name, p])),
+            clients: Arc::clone(&self.clients),
+        }
+    }
+
+    /// Counts a refusing CONNACK with MQTT 5 reason code `code`.
+    pub fn connack_refused(&self, code: u8) {
+        let reason = ConnackRefusal::of_v5(code);
+        let index = ConnackRefusal::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(ConnackRefusal::ALL.len() - 1);
+        self.connack_refusals[index].increment(1);
+    }
+
+    /// Refusing CONNACKs counted for `reason`.
+    pub fn connack_refusals(&self, reason: ConnackRefusal) -> u64 {
+        let index = ConnackRefusal::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(ConnackRefusal::ALL.len() - 1);
+        self.connack_refusals[index].get()
+    }
+
+    /// Sets listener `listener`'s certificate expiry (notAfter, Unix seconds).
+    pub fn set_tls_certificate_expiry(&self, listener: &str, not_after: i64) {
+        gauge_of(&self.tls_certificate_expiry, &[listener]).set(not_after as f64);
+    }
+
+    /// `postbox_tls_handshake_failures_total{listener,reason}`, for a TLS listener.
+    pub fn tls_handshake_failures(&self) -> FailureCounts {
+        FailureCounts(self.tls_handshake_failures.clone())
+    }
+
+    /// `postbox_ws_upgrade_failures_total{listener,reason}`, for a ws/wss listener.
+    pub fn ws_upgrade_failures(&self) -> FailureCounts {
+        FailureCounts(self.ws_upgrade_failures.clone())
+    }
+
+    /// The `postbox_auth_failures_total{reason}` counter.
+    pub fn auth_failures(&self, reason: &str) -> Counter {
+        counter_of(&self.auth_failures, &[reason])
+    }
+
+    /// The `postbox_auth_successes_total{cached}` counter.
+    pub fn auth_successes(&self, cached: bool) -> Counter {
+        counter_of(
+            &self.auth_successes,
+            &[if cached { "true" } else { "false" }],
+        )
+    }
+
+    /// Runs `hook` before every reading ([`Metrics::render`], [`Metrics::snapshot`]), to
+    /// refresh figures kept elsewhere (the store's stats, the session backlog). It must only
+    /// read atomics or take short locks.
+    pub fn on_scrape(&self, hook: impl Fn(&ScrapeFigures) + Send + Sync + 'static) {
+        self.scrape.add_hook(Box::new(hook));
+    }
+
+    /// Every series in the Prometheus text format 0.0.4, as `/metrics` serves it.
+    pub fn render(&self) -> String {
+        use prometheus::Encoder as _;
+        let families = self.registry.gather();
+        let mut out = Vec::with_capacity(16 * 1024);
+        match prometheus::TextEncoder::new().encode(&families, &mut out) {
+            Ok(()) => String::from_utf8(out).unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(%error, "cannot render the metrics");
+                String::new()
+            }
+        }
+    }
+
+    /// The figures `$SYS` and the admin API show, read now (scrape-time figures refreshed
+    /// first).
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        self.scrape.refresh();
+        snapshot::take(self)
     }
 }
 
-/// Why the metrics exporter could not start.
+/// Why the metrics endpoint could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
     /// The HTTP listener could not bind (port in use, no permission, bad address).
@@ -615,149 +557,20 @@ pub enum MetricsError {
     Bind {
         /// The address from `metrics.bind`.
         bind: SocketAddr,
-        /// The underlying error, as text (the exporter reports it that way).
+        /// The underlying error, as text.
         message: String,
     },
-    /// The recorder could not be installed, typically because one is installed already.
-    #[error("cannot install the metrics recorder: {0}")]
-    Install(String),
 }
 
-/// Installs the global Prometheus recorder and serves it over HTTP at `bind` (path /metrics).
-///
-/// Inside a tokio runtime the HTTP server runs as a task on it; outside one it gets a thread of
-/// its own. Call it once, before [`Metrics::register`]. Any path except `/health` (which
-/// answers `OK`) returns the metrics, so `/metrics` works as Prometheus expects.
-///
-/// # Errors
-///
-/// `MetricsError::Bind` when the HTTP listener cannot bind; `MetricsError::Install` when a
-/// recorder is installed already.
-pub fn install_exporter(bind: SocketAddr) -> Result<(), MetricsError> {
-    use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
-
-    PrometheusBuilder::new()
-        .with_http_listener(bind)
-        .install()
-        .map_err(|e| match e {
-            BuildError::FailedToCreateHTTPListener(message) => MetricsError::Bind { bind, message },
-            other => MetricsError::Install(other.to_string()),
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use metrics_exporter_prometheus::PrometheusBuilder;
-
-    #[test]
-    fn register_without_recorder_is_noop() {
-        let m = Metrics::register();
-        m.connections_total.increment(1);
-        m.messages_received[2].increment(1);
-        m.connections_current.decrement(1.0);
-        let clone = m.clone();
-        clone.bytes_sent.increment(10);
-    }
-
-    #[test]
-    fn every_metric_is_exported_with_help_and_labels() {
-        let recorder = PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
-        let m = metrics::with_local_recorder(&recorder, Metrics::register);
-        let store = metrics::with_local_recorder(&recorder, StoreMetrics::register);
-        store.update(&crate::storage::StoreStats {
-            commits: 9,
-            ..Default::default()
-        });
-
-        // Handles keep working after registration: updates need no recorder lookup.
-        m.connections_total.increment(3);
-        m.connections_current.increment(2.0);
-        m.messages_received[1].increment(5);
-        m.messages_sent[2].increment(7);
-        m.messages_dropped_queue_full[1].increment(1);
-        m.messages_dropped_qos0_offline.increment(4);
-        m.bytes_received.increment(1234);
-
-        let out = handle.render();
-        for name in names::ALL {
-            assert!(
-                out.contains(&format!("# HELP {name} ")),
-                "no HELP for {name}:\n{out}"
-            );
-            assert!(
-                out.contains(&format!("# TYPE {name} ")),
-                "no TYPE for {name}:\n{out}"
-            );
-        }
-        for line in [
-            "postbox_connections_total 3",
-            "postbox_connections_current 2",
-            "postbox_messages_received_total{qos=\"1\"} 5",
-            "postbox_messages_received_total{qos=\"0\"} 0",
-            "postbox_messages_sent_total{qos=\"2\"} 7",
-            "postbox_messages_dropped_total{reason=\"queue_full\",qos=\"1\"} 1",
-            "postbox_messages_dropped_total{reason=\"qos0_offline\",qos=\"0\"} 4",
-            "postbox_bytes_received_total 1234",
-            "postbox_store_commits_total 9",
-        ] {
-            assert!(
-                out.lines().any(|l| l == line),
-                "missing `{line}` in:\n{out}"
-            );
-        }
-    }
-
-    #[test]
-    fn names_follow_prometheus_conventions() {
-        let counters = [
-            names::CONNECTIONS_TOTAL,
-            names::MESSAGES_RECEIVED_TOTAL,
-            names::MESSAGES_SENT_TOTAL,
-            names::BYTES_RECEIVED_TOTAL,
-            names::BYTES_SENT_TOTAL,
-            names::MESSAGES_DROPPED_TOTAL,
-            names::MESSAGES_REFUSED_TOTAL,
-            names::SESSION_STALLS_TOTAL,
-            names::PUBLISHER_PAUSE_SECONDS_TOTAL,
-            names::PUBLISH_RATE_PAUSES_TOTAL,
-            names::MALFORMED_PACKETS_TOTAL,
-            names::PROTOCOL_ERRORS_TOTAL,
-            names::KEEPALIVE_TIMEOUTS_TOTAL,
-            names::CREDENTIALS_EXPIRED_TOTAL,
-            names::WILL_MESSAGES_PUBLISHED_TOTAL,
-            names::AUTHZ_DENIED_TOTAL,
-            names::SESSION_TAKEOVERS_TOTAL,
-            names::CONNECTIONS_REFUSED_TOTAL,
-            names::CONNECT_TIMEOUTS_TOTAL,
-            names::PACKET_TIMEOUTS_TOTAL,
-            names::STORE_COMMITS_TOTAL,
-            names::STORE_FSYNCS_TOTAL,
-            names::STORE_COMPACTIONS_TOTAL,
-            names::STORE_REJECTED_TOTAL,
-            names::STORE_RECOVERY_LOST_FRAMES_TOTAL,
-            names::STORE_RECOVERY_LOST_RECORDS_TOTAL,
-        ];
-        for name in names::ALL {
-            assert!(name.starts_with("postbox_"), "{name}");
-            assert!(
-                name.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-                "{name}"
-            );
-            assert_eq!(name.ends_with("_total"), counters.contains(&name), "{name}");
-        }
-    }
-
-    #[test]
-    fn readme_lists_every_metric() {
-        let readme = include_str!("../README.md");
-        for name in names::ALL {
-            assert!(
-                readme.contains(&format!("`{name}`")),
-                "README.md lacks `{name}`"
-            );
-        }
+impl Metrics {
+    /// CONNECTs accepted since start, all listeners and protocols.
+    fn client_connects_total(&self) -> u64 {
+        use prometheus::core::Collector as _;
+        self.client_connects
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| metric.get_counter().get_value() as u64)
+            .sum()
     }
 }

@@ -128,7 +128,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// A `StartError` when a listener cannot bind, the metrics endpoint cannot start, or the
 /// durable store cannot be opened. Nothing is left running then.
 pub async fn start(config: Config) -> Result<RunningServer, StartError> {
-    // Before the broker registers its metric handles (see `metrics`); bound now, served below.
+    // Bound first, so a taken port stops the start before the store opens; served below.
     let exporter = if config.metrics.enabled {
         Some(
             metrics::start_exporter(config.metrics.bind)
@@ -151,7 +151,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         )?)),
         None => None,
     };
-    let logins = crate::auth::login::Logins::from_config(&config)?.with_jwt(jwt.clone());
+    let logins =
+        crate::auth::login::Logins::from_config(&config, &broker.metrics)?.with_jwt(jwt.clone());
     let passwords = logins.passwords().cloned();
     if let Some(store) = &passwords {
         tracing::info!(users = store.users(), "password file loaded");
@@ -192,11 +193,12 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
 
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
-    if let (Some(endpoint), Some(store)) = (&exporter, broker.store().cloned()) {
-        // Copied at scrape time, so a scrape shows the store as it is (no periodic copy);
-        // what recovery lost is there from the first scrape on.
-        let metrics = metrics::StoreMetrics::register();
-        endpoint.before_scrape(move || metrics.update(&store.stats()));
+    if let Some(store) = broker.store().cloned() {
+        // Copied at each reading, so a scrape or snapshot shows the store as it is (no
+        // periodic copy); what recovery lost is there from the first scrape on.
+        broker
+            .metrics
+            .on_scrape(move |figures| figures.store.update(&store.stats()));
     }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     if config.mqtt.sys_interval > 0 {
@@ -222,12 +224,13 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         shutdown.clone(),
     ));
     let metrics = exporter.map(|exporter| {
+        let broker_metrics = broker.metrics.clone();
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let stop = stop.clone();
             async move {
                 tokio::select! {
-                    () = exporter.serve() => {}
+                    () = exporter.serve(move || broker_metrics.render()) => {}
                     () = stop.cancelled() => {}
                 }
             }

@@ -33,8 +33,11 @@ impl Logins {
     /// # Errors
     ///
     /// [`CredentialFileError`] when the password file cannot be read or has a bad line.
-    pub fn from_config(config: &Config) -> Result<Logins, CredentialFileError> {
-        let metrics = AuthMetrics::register();
+    pub fn from_config(
+        config: &Config,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Logins, CredentialFileError> {
+        let metrics = AuthMetrics::register(metrics);
         let passwords = match &config.auth.password_file {
             Some(path) => Some(Arc::new(PasswordStore::open(
                 path,

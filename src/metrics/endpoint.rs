@@ -1,15 +1,9 @@
-//! The broker's `/metrics` HTTP endpoint: the Prometheus recorder's text, rendered per
-//! request, after the scrape hooks ran.
+//! The broker's `/metrics` HTTP endpoint on `hyper`: the broker's registry rendered per
+//! request ([`super::Metrics::render`], whose scrape-time collectors read the store's
+//! figures and the session backlog as they are at that moment). `/health` answers `OK`; any
+//! other path returns the metrics.
 //!
-//! Served here (on `hyper`, which the exporter's own listener uses too) rather than by the
-//! exporter's listener for one reason: figures kept outside the recorder — the store's
-//! counters and sizes, counted on its own thread — are copied in right before each scrape
-//! ([`MetricsEndpoint::before_scrape`]), so a scrape shows them as they are at that moment
-//! rather than as of the last periodic copy (issue 11: a full disk read 24 bytes for a 5 MB
-//! store, and refusals showed up to a second late). `/health` answers `OK`; any other path
-//! returns the metrics, as the exporter's listener does.
-//!
-//! Must not block the runtime: a hook only reads atomics.
+//! Must not block the runtime: rendering reads atomics and takes short locks.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,19 +15,12 @@ use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use parking_lot::Mutex;
 
 use super::MetricsError;
 
-/// Something to run before every scrape.
-type Hook = Box<dyn Fn() + Send + Sync>;
-
-/// The bound endpoint, not yet serving: register hooks, then run [`MetricsEndpoint::serve`].
+/// The bound endpoint, not yet serving: run [`MetricsEndpoint::serve`].
 pub struct MetricsEndpoint {
     listener: tokio::net::TcpListener,
-    handle: PrometheusHandle,
-    hooks: Arc<Mutex<Vec<Hook>>>,
 }
 
 impl std::fmt::Debug for MetricsEndpoint {
@@ -44,15 +31,14 @@ impl std::fmt::Debug for MetricsEndpoint {
     }
 }
 
-/// Installs the global Prometheus recorder and binds the HTTP endpoint at `bind`, for a
-/// caller that owns the endpoint's lifetime: the server runs [`MetricsEndpoint::serve`] and
-/// drops it at shutdown, which closes the port. Must be called inside a tokio runtime, and
-/// before [`super::Metrics::register`] (handles taken earlier stay no-ops).
+/// Binds the HTTP endpoint at `bind`, for a caller that owns the endpoint's lifetime: the
+/// server runs [`MetricsEndpoint::serve`] and drops it at shutdown, which closes the port.
+/// Bound before the broker opens, so a taken port stops the start early. Must be called
+/// inside a tokio runtime.
 ///
 /// # Errors
 ///
-/// `MetricsError::Bind` when the HTTP listener cannot bind; `MetricsError::Install` when a
-/// recorder is installed already.
+/// `MetricsError::Bind` when the HTTP listener cannot bind.
 pub fn start_exporter(bind: SocketAddr) -> Result<MetricsEndpoint, MetricsError> {
     let bind_error = |e: std::io::Error| MetricsError::Bind {
         bind,
@@ -61,24 +47,14 @@ pub fn start_exporter(bind: SocketAddr) -> Result<MetricsEndpoint, MetricsError>
     let listener = std::net::TcpListener::bind(bind).map_err(bind_error)?;
     listener.set_nonblocking(true).map_err(bind_error)?;
     let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;
-    let recorder = PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).map_err(|e| MetricsError::Install(e.to_string()))?;
-    Ok(MetricsEndpoint {
-        listener,
-        handle,
-        hooks: Arc::default(),
-    })
+    Ok(MetricsEndpoint { listener })
 }
 
 impl MetricsEndpoint {
-    /// Runs `hook` before every scrape, to copy figures kept elsewhere into the recorder.
-    pub fn before_scrape(&self, hook: impl Fn() + Send + Sync + 'static) {
-        self.hooks.lock().push(Box::new(hook));
-    }
-
-    /// Serves scrapes until dropped; each connection gets a task of its own.
-    pub async fn serve(self) {
+    /// Serves scrapes with the text `render` returns until dropped; each connection gets a
+    /// task of its own.
+    pub async fn serve(self, render: impl Fn() -> String + Send + Sync + 'static) {
+        let render = Arc::new(render);
         loop {
             let stream = match self.listener.accept().await {
                 Ok((stream, _)) => stream,
@@ -89,10 +65,9 @@ impl MetricsEndpoint {
                     continue;
                 }
             };
-            let handle = self.handle.clone();
-            let hooks = Arc::clone(&self.hooks);
+            let render = Arc::clone(&render);
             let service = hyper::service::service_fn(move |request: Request<_>| {
-                let response = respond(&request, &handle, &hooks);
+                let response = respond(&request, &*render);
                 async move { Ok::<_, Infallible>(response) }
             });
             tokio::spawn(async move {
@@ -107,22 +82,15 @@ impl MetricsEndpoint {
     }
 }
 
-/// `/health` → `OK`; anything else → the metrics, after the hooks ran.
-fn respond<B>(
-    request: &Request<B>,
-    handle: &PrometheusHandle,
-    hooks: &Mutex<Vec<Hook>>,
-) -> Response<Full<Bytes>> {
+/// `/health` → `OK`; anything else → the metrics.
+fn respond<B>(request: &Request<B>, render: &dyn Fn() -> String) -> Response<Full<Bytes>> {
     let (body, content_type) = if request.uri().path() == "/health" {
         (Bytes::from_static(b"OK"), "text/plain")
     } else {
-        for hook in hooks.lock().iter() {
-            hook();
-        }
-        handle.run_upkeep();
-        // A few dozen series: rendering takes microseconds, no need for the blocking pool.
+        // A few hundred series: rendering takes well under a millisecond, no need for the
+        // blocking pool.
         (
-            Bytes::from(handle.render()),
+            Bytes::from(render()),
             "text/plain; version=0.0.4; charset=utf-8",
         )
     };

@@ -29,12 +29,11 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use metrics::{Counter, Gauge};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::config::ListenerConfig;
-use crate::metrics::Metrics;
+use crate::metrics::{Counter, Gauge, Metrics};
 
 /// The bounds of one listener (from its `[[listener]]` entry); 0 means unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -179,7 +179,9 @@ impl Handoff {
             }
             match websocket {
                 Some(settings) => {
-                    let Some(ws) = ws::upgrade_by(deadline, stream, &settings, &info).await else {
+                    let failures = broker.metrics.ws_upgrade_failures();
+                    let upgrade = ws::upgrade_by(deadline, stream, &settings, &info, &failures);
+                    let Some(ws) = upgrade.await else {
                         return;
                     };
                     connection::serve(ws, info, broker, shutdown, slot).await;

@@ -115,6 +115,8 @@ impl TlsListener {
             super::ws::WsSettings::new(&config, handoff.broker().config().max_packet_size)
         });
         let admission = handoff.admission(limits);
+        let tls_failures = handoff.broker().metrics.tls_handshake_failures();
+        let ws_failures = handoff.broker().metrics.ws_upgrade_failures();
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
         while let Some((stream, peer)) = super::tcp::next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
@@ -129,16 +131,22 @@ impl TlsListener {
                 // `wss`: the WebSocket upgrade on the TLS stream, by the same deadline.
                 Some(settings) => {
                     let settings = Arc::clone(settings);
+                    let (failures, ws_failures) = (tls_failures.clone(), ws_failures.clone());
                     let upgrade = move |tcp, info, deadline| async move {
-                        let (tls, info) = handshake(acceptor, tcp, info, rule, deadline).await?;
-                        let ws = super::ws::upgrade_by(deadline, tls, &settings, &info).await?;
+                        let (tls, info) =
+                            handshake(acceptor, tcp, info, rule, deadline, failures).await?;
+                        let ws =
+                            super::ws::upgrade_by(deadline, tls, &settings, &info, &ws_failures)
+                                .await?;
                         Some((ws, info))
                     };
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
                 None => {
-                    let upgrade =
-                        move |tcp, info, deadline| handshake(acceptor, tcp, info, rule, deadline);
+                    let failures = tls_failures.clone();
+                    let upgrade = move |tcp, info, deadline| {
+                        handshake(acceptor, tcp, info, rule, deadline, failures)
+                    };
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
             }
@@ -171,6 +179,7 @@ async fn handshake(
     mut info: ConnectionInfo,
     rule: IdentityRule,
     deadline: tokio::time::Instant,
+    failures: crate::metrics::FailureCounts,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, ConnectionInfo)> {
     let (peer, listener) = (info.peer, Arc::clone(&info.listener));
     let reason = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
@@ -202,12 +211,7 @@ async fn handshake(
             "timeout"
         }
     };
-    metrics::counter!(
-        "postbox_tls_handshake_failures_total",
-        "listener" => listener.to_string(),
-        "reason" => reason,
-    )
-    .increment(1);
+    failures.failed(&listener, reason);
     None
 }
 

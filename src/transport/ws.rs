@@ -270,17 +270,13 @@ pub async fn upgrade_by<S>(
     stream: S,
     settings: &WsSettings,
     info: &super::ConnectionInfo,
+    failures: &crate::metrics::FailureCounts,
 ) -> Option<WsStream<S>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let failed = |reason: &'static str| {
-        metrics::counter!(
-            crate::metrics::names::WS_UPGRADE_FAILURES_TOTAL,
-            "listener" => info.listener.to_string(),
-            "reason" => reason
-        )
-        .increment(1);
+        failures.failed(&info.listener, reason);
     };
     match tokio::time::timeout_at(deadline, accept(stream, settings)).await {
         Ok(Ok(stream)) => Some(stream),

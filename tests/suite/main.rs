@@ -4,9 +4,9 @@
 //! One test binary rather than one per file: each integration-test file is a crate of its own,
 //! compiled and linked against the whole library, and with ~30 of them linking was most of CI's
 //! time. Tests that cannot share a process stay binaries of their own: `tests/ordering.rs`
-//! (it must not share the two cores with other tests while it measures arrival order),
-//! `tests/metrics_exporter.rs` and `tests/prometheus.rs` (each installs the process-wide
-//! metrics recorder, which a process can do once).
+//! (it must not share the two cores with other tests while it measures arrival order) and
+//! `tests/prometheus.rs` (a real Prometheus server). Metrics are per broker (no global
+//! recorder), so the metrics tests are a module here.
 //!
 //! Run one area with a filter: `cargo test --release --test suite v5_shared::`.
 
@@ -33,6 +33,7 @@ mod limits;
 mod link;
 mod listeners;
 mod malformed;
+mod metrics;
 mod mosquitto_clients;
 mod partial_packets;
 mod passwords;

@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::{counter, Counter};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Semaphore;
 
@@ -28,12 +27,13 @@ pub use file::Users;
 pub use hash::{HashError, PasswordHash, DEFAULT_PBKDF2_ITERATIONS};
 
 use crate::auth::credential_file::CredentialFileError;
+use crate::metrics::Counter;
 use cache::SuccessCache;
 
 /// Counter of refused logins, labelled by `reason`.
-pub const AUTH_FAILURES: &str = "postbox_auth_failures_total";
+pub const AUTH_FAILURES: &str = crate::metrics::names::AUTH_FAILURES_TOTAL;
 /// Counter of logins accepted by the password file (`cached` = whether the cache answered).
-pub const AUTH_SUCCESSES: &str = "postbox_auth_successes_total";
+pub const AUTH_SUCCESSES: &str = crate::metrics::names::AUTH_SUCCESSES_TOTAL;
 
 /// The outcome of a password check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,15 +85,16 @@ pub struct AuthMetrics {
 }
 
 impl AuthMetrics {
-    /// Registers the handles with the installed recorder.
-    pub fn register() -> AuthMetrics {
+    /// The handles in the broker's registry (`metrics`); taking them again gives the same
+    /// counters.
+    pub fn register(metrics: &crate::metrics::Metrics) -> AuthMetrics {
         AuthMetrics {
-            bad_password: counter!(AUTH_FAILURES, "reason" => "bad_password"),
-            unknown_user: counter!(AUTH_FAILURES, "reason" => "unknown_user"),
-            anonymous: counter!(AUTH_FAILURES, "reason" => "anonymous"),
-            jwt_refused: counter!(AUTH_FAILURES, "reason" => "jwt"),
-            success_hashed: counter!(AUTH_SUCCESSES, "cached" => "false"),
-            success_cached: counter!(AUTH_SUCCESSES, "cached" => "true"),
+            bad_password: metrics.auth_failures("bad_password"),
+            unknown_user: metrics.auth_failures("unknown_user"),
+            anonymous: metrics.auth_failures("anonymous"),
+            jwt_refused: metrics.auth_failures("jwt"),
+            success_hashed: metrics.auth_successes(false),
+            success_cached: metrics.auth_successes(true),
         }
     }
 }
@@ -258,7 +259,13 @@ mod tests {
     fn store(dir: &Path, lines: &str) -> (PathBuf, PasswordStore) {
         let path = dir.join("passwd");
         std::fs::write(&path, lines).expect("write");
-        let store = PasswordStore::open(&path, 16, 1, AuthMetrics::register()).expect("open");
+        let store = PasswordStore::open(
+            &path,
+            16,
+            1,
+            AuthMetrics::register(&crate::metrics::Metrics::register()),
+        )
+        .expect("open");
         (path, store)
     }
 

@@ -1,0 +1,160 @@
+//! Thin handles over the `prometheus` crate's metric types, with the method names the call
+//! sites used under the `metrics` facade (`increment`, `absolute`, `set`, `decrement`,
+//! `record`) plus `get()`: the figures are readable in-process (`$SYS`, the admin API, tests),
+//! which the write-only facade handles were not.
+//!
+//! Each handle is an `Arc` to the metric's atomics, shared with the registry it was
+//! registered in: updating one is an atomic add (a compare-and-swap loop for `f64` gauges),
+//! no lock and no allocation.
+
+/// A monotonically increasing integer count (`_total`).
+#[derive(Clone, Debug)]
+pub struct Counter(pub(super) prometheus::IntCounter);
+
+impl Counter {
+    /// A counter registered nowhere: for code paths that need a handle but no exported
+    /// series (unit tests of a single component).
+    pub fn detached() -> Counter {
+        Counter(prometheus::IntCounter::new("detached", "detached").expect("valid name"))
+    }
+
+    /// Adds `n`.
+    #[inline]
+    pub fn increment(&self, n: u64) {
+        self.0.inc_by(n);
+    }
+
+    /// Raises the counter to `value` (a figure counted elsewhere, copied at scrape time); a
+    /// lower value is ignored, so the counter never goes backwards.
+    pub fn absolute(&self, value: u64) {
+        let current = self.0.get();
+        if value > current {
+            self.0.inc_by(value - current);
+        }
+    }
+
+    /// The current count.
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+/// A value that goes up and down (`f64`, as Prometheus samples are).
+#[derive(Clone, Debug)]
+pub struct Gauge(pub(super) prometheus::Gauge);
+
+impl Gauge {
+    /// Adds `v`.
+    #[inline]
+    pub fn increment(&self, v: f64) {
+        self.0.add(v);
+    }
+
+    /// Subtracts `v`.
+    #[inline]
+    pub fn decrement(&self, v: f64) {
+        self.0.sub(v);
+    }
+
+    /// Sets the value.
+    #[inline]
+    pub fn set(&self, v: f64) {
+        self.0.set(v);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> f64 {
+        self.0.get()
+    }
+}
+
+/// A distribution of observations in fixed buckets (latencies, in seconds).
+#[derive(Clone, Debug)]
+pub struct Histogram(pub(super) prometheus::Histogram);
+
+impl Histogram {
+    /// Records one observation.
+    #[inline]
+    pub fn record(&self, v: f64) {
+        self.0.observe(v);
+    }
+
+    /// Observations recorded so far.
+    pub fn count(&self) -> u64 {
+        self.0.get_sample_count()
+    }
+
+    /// The sum of the observations recorded so far.
+    pub fn sum(&self) -> f64 {
+        self.0.get_sample_sum()
+    }
+}
+
+/// Registers metrics in one registry; a name registered twice is a programming error (the
+/// names are constants), hence the panics.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reg<'a>(pub(super) &'a prometheus::Registry);
+
+impl Reg<'_> {
+    /// Registers `collector`.
+    fn add(self, collector: impl prometheus::core::Collector + 'static) {
+        self.0
+            .register(Box::new(collector))
+            .expect("metric names are unique and valid");
+    }
+
+    /// An unlabelled counter.
+    pub(super) fn counter(self, name: &str, help: &str) -> Counter {
+        let c = prometheus::IntCounter::new(name, help).expect("valid metric name");
+        self.add(c.clone());
+        Counter(c)
+    }
+
+    /// A labelled counter family; take handles with [`counter_of`].
+    pub(super) fn counter_vec(
+        self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> prometheus::IntCounterVec {
+        let v = prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels)
+            .expect("valid metric name");
+        self.add(v.clone());
+        v
+    }
+
+    /// An unlabelled gauge.
+    pub(super) fn gauge(self, name: &str, help: &str) -> Gauge {
+        let g = prometheus::Gauge::new(name, help).expect("valid metric name");
+        self.add(g.clone());
+        Gauge(g)
+    }
+
+    /// A labelled gauge family; take handles with [`gauge_of`].
+    pub(super) fn gauge_vec(self, name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
+        let v = prometheus::GaugeVec::new(prometheus::Opts::new(name, help), labels)
+            .expect("valid metric name");
+        self.add(v.clone());
+        v
+    }
+
+    /// An unlabelled histogram with `buckets` (upper bounds, ascending).
+    pub(super) fn histogram(self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+        let h = prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(name, help).buckets(buckets),
+        )
+        .expect("valid metric name and buckets");
+        self.add(h.clone());
+        Histogram(h)
+    }
+}
+
+/// The counter of `family` with these label values (created on first use, then shared).
+pub(super) fn counter_of(family: &prometheus::IntCounterVec, values: &[&str]) -> Counter {
+    Counter(family.with_label_values(values))
+}
+
+/// The gauge of `family` with these label values.
+pub(super) fn gauge_of(family: &prometheus::GaugeVec, values: &[&str]) -> Gauge {
+    Gauge(family.with_label_values(values))
+}

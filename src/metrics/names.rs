@@ -1,0 +1,192 @@
+//! Name of every metric, so dashboards, docs and tests refer to one spelling.
+
+/// Gauge: client network connections currently open.
+pub const CONNECTIONS_CURRENT: &str = "postbox_connections_current";
+/// Counter: client network connections accepted since start.
+pub const CONNECTIONS_TOTAL: &str = "postbox_connections_total";
+/// Gauge: sessions held, connected or not (persistent sessions of offline clients count).
+pub const SESSIONS_CURRENT: &str = "postbox_sessions_current";
+/// Gauge: subscriptions held across all sessions.
+pub const SUBSCRIPTIONS_CURRENT: &str = "postbox_subscriptions_current";
+/// Gauge: retained messages stored.
+pub const RETAINED_MESSAGES: &str = "postbox_retained_messages";
+/// Counter (label `qos`): PUBLISH packets received from clients.
+pub const MESSAGES_RECEIVED_TOTAL: &str = "postbox_messages_received_total";
+/// Counter (label `qos`): PUBLISH packets sent to clients.
+pub const MESSAGES_SENT_TOTAL: &str = "postbox_messages_sent_total";
+/// Counter: bytes read from client connections.
+pub const BYTES_RECEIVED_TOTAL: &str = "postbox_bytes_received_total";
+/// Counter: bytes written to client connections.
+pub const BYTES_SENT_TOTAL: &str = "postbox_bytes_sent_total";
+/// Counter (labels `reason`, `qos`): messages dropped instead of delivered.
+pub const MESSAGES_DROPPED_TOTAL: &str = "postbox_messages_dropped_total";
+/// Counter (labels `reason`, `qos`): PUBLISHes refused (not acknowledged as accepted,
+/// the publisher keeps them) instead of being dropped for some subscriber.
+pub const MESSAGES_REFUSED_TOTAL: &str = "postbox_messages_refused_total";
+/// Counter: connected sessions found stalled, once per stall.
+pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
+/// Gauge: connected sessions stalled now (full queue, no progress for `stalled_after`).
+pub const SESSIONS_STALLED: &str = "postbox_sessions_stalled";
+/// Counter: pauses of a client that published faster than its rate limit.
+pub const PUBLISH_RATE_PAUSES_TOTAL: &str = "postbox_publish_rate_pauses_total";
+/// Gauge: publishing connections paused by back-pressure now.
+pub const PUBLISHERS_PAUSED: &str = "postbox_publishers_paused";
+/// Counter: seconds publishers have spent paused, all together.
+pub const PUBLISHER_PAUSE_SECONDS_TOTAL: &str = "postbox_publisher_pause_seconds_total";
+/// Gauge: the memory budget in bytes.
+pub const MEMORY_BUDGET_BYTES: &str = "postbox_memory_budget_bytes";
+/// Gauge: bytes counted against the memory budget.
+pub const MEMORY_USED_BYTES: &str = "postbox_memory_used_bytes";
+/// Counter: connections closed because a packet could not be decoded.
+pub const MALFORMED_PACKETS_TOTAL: &str = "postbox_malformed_packets_total";
+/// Counter: connections closed for a protocol violation in a well-formed packet.
+pub const PROTOCOL_ERRORS_TOTAL: &str = "postbox_protocol_errors_total";
+/// Counter: connections closed because the client missed its keep-alive.
+pub const KEEPALIVE_TIMEOUTS_TOTAL: &str = "postbox_keepalive_timeouts_total";
+/// Counter: connections closed because the credentials they connected with expired (a
+/// JWT's `exp` passed while connected).
+pub const CREDENTIALS_EXPIRED_TOTAL: &str = "postbox_credentials_expired_total";
+/// Counter: actions the ACL refused, by `action` (`read`, `write`).
+pub const AUTHZ_DENIED_TOTAL: &str = "postbox_authz_denied_total";
+/// Counter: will messages published.
+pub const WILL_MESSAGES_PUBLISHED_TOTAL: &str = "postbox_will_messages_published_total";
+/// Counter: connections closed because the same client id connected again.
+pub const SESSION_TAKEOVERS_TOTAL: &str = "postbox_session_takeovers_total";
+/// Gauge: connections whose handshake waits for the client (pending slots taken).
+pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
+/// Counter (label `reason`): connections refused by a listener's limits.
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
+/// Counter: WebSocket upgrades refused or failed, by `listener` and `reason` (`path`,
+/// `origin`, `subprotocol`, `handshake`, `timeout`). Created at the first failure (its
+/// labels name listeners), so not in [`ALL`] (whose tests want every series at start);
+/// README lists it.
+pub const WS_UPGRADE_FAILURES_TOTAL: &str = "postbox_ws_upgrade_failures_total";
+/// Counter: connections closed because their CONNECT was not accepted within
+/// `mqtt.connect_timeout`.
+pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
+/// Counter: connections closed because a started packet did not complete in time
+/// (`mqtt.packet_timeout`, `mqtt.min_packet_rate`).
+pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
+/// Gauge: bytes held in read buffers by packets that have started to arrive and are not
+/// complete yet (what a later memory budget counts).
+pub const PARTIAL_PACKET_BYTES: &str = "postbox_partial_packet_bytes";
+
+/// Gauge: bytes of live data in the durable store (what `storage.max_disk_bytes` limits).
+pub const STORE_LIVE_BYTES: &str = "postbox_store_live_bytes";
+/// Gauge: bytes on disk in the store's log and snapshot files.
+pub const STORE_DISK_BYTES: &str = "postbox_store_disk_bytes";
+/// Counter: group commits written by the durable store.
+pub const STORE_COMMITS_TOTAL: &str = "postbox_store_commits_total";
+/// Counter: fsyncs done by the durable store.
+pub const STORE_FSYNCS_TOTAL: &str = "postbox_store_fsyncs_total";
+/// Counter: log compactions (snapshots) of the durable store.
+pub const STORE_COMPACTIONS_TOTAL: &str = "postbox_store_compactions_total";
+/// Counter (label `reason`): store updates refused or dropped (`queue_full`, `disk_full`,
+/// `disk_full_dropped`, `no_space`).
+pub const STORE_REJECTED_TOTAL: &str = "postbox_store_rejected_total";
+/// Gauge: 1 while the store's filesystem is full and the writer waits to write again.
+pub const STORE_OUT_OF_SPACE: &str = "postbox_store_out_of_space";
+/// Counter: frames of the durable store skipped at start because they failed their
+/// checksums (or their log file was missing); everything else was kept.
+pub const STORE_RECOVERY_LOST_FRAMES_TOTAL: &str = "postbox_store_recovery_lost_frames_total";
+/// Counter (label `kind`: an op kind, or `unknown`): records in those frames.
+pub const STORE_RECOVERY_LOST_RECORDS_TOTAL: &str = "postbox_store_recovery_lost_records_total";
+
+/// Gauge (label `version`): always 1; the build's version as a label (join on it).
+pub const BUILD_INFO: &str = "postbox_build_info";
+/// Gauge (labels `listener`, `protocol`: `3.1`, `3.1.1`, `5.0`): clients whose CONNECT was
+/// accepted and who are still connected.
+pub const CLIENTS_CONNECTED: &str = "postbox_clients_connected";
+/// Counter (labels `listener`, `protocol`): CONNECTs accepted.
+pub const CLIENT_CONNECTS_TOTAL: &str = "postbox_client_connects_total";
+/// Gauge: most clients connected at once since start (Mosquitto's
+/// `$SYS/broker/clients/maximum`).
+pub const CLIENTS_PEAK: &str = "postbox_clients_peak";
+/// Counter (label `reason`): CONNECTs answered with a refusing CONNACK.
+pub const CONNACK_REFUSALS_TOTAL: &str = "postbox_connack_refusals_total";
+/// Counter: sessions ended because their expiry interval passed (Mosquitto's
+/// `$SYS/broker/clients/expired`).
+pub const SESSIONS_EXPIRED_TOTAL: &str = "postbox_sessions_expired_total";
+/// Gauge: messages waiting in session queues, all sessions (Mosquitto's `messages/stored`).
+pub const MESSAGES_QUEUED: &str = "postbox_messages_queued";
+/// Histogram: seconds from a PUBLISH being read to its delivery being written to a
+/// subscriber's connection.
+pub const DELIVERY_LATENCY_SECONDS: &str = "postbox_delivery_latency_seconds";
+/// Histogram: seconds one group commit of the durable store took (write and fsync).
+pub const STORE_COMMIT_SECONDS: &str = "postbox_store_commit_seconds";
+/// Gauge: sessions with at least one queued message not yet sent.
+pub const SESSIONS_BACKLOGGED: &str = "postbox_sessions_backlogged";
+/// Gauge: the largest queue of any session, in messages.
+pub const SESSION_BACKLOG_MAX: &str = "postbox_session_backlog_max";
+/// Gauge: age in seconds of the oldest queued message of any session.
+pub const SESSION_BACKLOG_OLDEST_SECONDS: &str = "postbox_session_backlog_oldest_seconds";
+/// Gauge: `storage.max_disk_bytes` (0 = unlimited).
+pub const STORE_BUDGET_BYTES: &str = "postbox_store_budget_bytes";
+/// Gauge (label `listener`): notAfter, in Unix seconds, of each tls/wss listener's
+/// certificate; set at load and on every reload, so absent without such a listener (not in
+/// [`ALL`]).
+pub const TLS_CERTIFICATE_EXPIRY: &str = "postbox_tls_certificate_expiry_timestamp_seconds";
+/// Counter (labels `listener`, `reason`): TLS handshakes that failed or timed out. Its
+/// series appear at the first failure (not in [`ALL`]).
+pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "postbox_tls_handshake_failures_total";
+/// Counter (label `reason`): logins refused by the password file or JWT check (README
+/// documents it with the password file; not in [`ALL`], which the dashboard must show).
+pub const AUTH_FAILURES_TOTAL: &str = "postbox_auth_failures_total";
+/// Counter (label `cached`): logins accepted by the password file.
+pub const AUTH_SUCCESSES_TOTAL: &str = "postbox_auth_successes_total";
+
+/// Every metric name above, for docs and completeness tests.
+pub const ALL: [&str; 52] = [
+    CONNECTIONS_CURRENT,
+    CONNECTIONS_TOTAL,
+    SESSIONS_CURRENT,
+    SUBSCRIPTIONS_CURRENT,
+    RETAINED_MESSAGES,
+    MESSAGES_RECEIVED_TOTAL,
+    MESSAGES_SENT_TOTAL,
+    BYTES_RECEIVED_TOTAL,
+    BYTES_SENT_TOTAL,
+    MESSAGES_DROPPED_TOTAL,
+    MESSAGES_REFUSED_TOTAL,
+    SESSION_STALLS_TOTAL,
+    SESSIONS_STALLED,
+    PUBLISHERS_PAUSED,
+    PUBLISHER_PAUSE_SECONDS_TOTAL,
+    PUBLISH_RATE_PAUSES_TOTAL,
+    MEMORY_BUDGET_BYTES,
+    MEMORY_USED_BYTES,
+    MALFORMED_PACKETS_TOTAL,
+    PROTOCOL_ERRORS_TOTAL,
+    KEEPALIVE_TIMEOUTS_TOTAL,
+    CREDENTIALS_EXPIRED_TOTAL,
+    WILL_MESSAGES_PUBLISHED_TOTAL,
+    AUTHZ_DENIED_TOTAL,
+    SESSION_TAKEOVERS_TOTAL,
+    CONNECTIONS_PENDING,
+    CONNECTIONS_REFUSED_TOTAL,
+    CONNECT_TIMEOUTS_TOTAL,
+    PACKET_TIMEOUTS_TOTAL,
+    PARTIAL_PACKET_BYTES,
+    STORE_LIVE_BYTES,
+    STORE_DISK_BYTES,
+    STORE_COMMITS_TOTAL,
+    STORE_FSYNCS_TOTAL,
+    STORE_COMPACTIONS_TOTAL,
+    STORE_REJECTED_TOTAL,
+    STORE_OUT_OF_SPACE,
+    STORE_RECOVERY_LOST_FRAMES_TOTAL,
+    STORE_RECOVERY_LOST_RECORDS_TOTAL,
+    BUILD_INFO,
+    CLIENTS_CONNECTED,
+    CLIENT_CONNECTS_TOTAL,
+    CLIENTS_PEAK,
+    CONNACK_REFUSALS_TOTAL,
+    SESSIONS_EXPIRED_TOTAL,
+    MESSAGES_QUEUED,
+    DELIVERY_LATENCY_SECONDS,
+    STORE_COMMIT_SECONDS,
+    SESSIONS_BACKLOGGED,
+    SESSION_BACKLOG_MAX,
+    SESSION_BACKLOG_OLDEST_SECONDS,
+    STORE_BUDGET_BYTES,
+];
