@@ -81,18 +81,18 @@ impl SysFigures {
             clients_total: m.sessions.saturating_sub(links),
             clients_connected: m.clients_connected,
             clients_maximum: m.clients_peak,
-            clients_expired: m.sessions_expired,
+            clients_expired: m.clients_expired,
             messages_received: m.messages_received,
             messages_sent: m.messages_sent,
             messages_dropped: m.messages_dropped,
             messages_queued: m.messages_queued,
-            message_bytes: m.message_bytes,
+            message_bytes: super::flow::message_bytes(),
             bytes_received: m.bytes_received,
             bytes_sent: m.bytes_sent,
             subscriptions: m.subscriptions,
             retained: m.retained,
-            connects: m.connects,
-            sockets: m.sockets,
+            connects: m.clients_total,
+            sockets: broker.metrics.connections_total.get(),
         }
     }
 }

@@ -75,10 +75,20 @@ impl MosquittoSub {
         .unwrap_or_else(|_| panic!("timed out waiting for {needle:?}"))
     }
 
-    /// Waits for a `-v` line `TOPIC PAYLOAD` of `topic` whose payload `accept`s; returns the
-    /// payload. Panics after `WAIT`.
+    /// Waits until the latest `-v` line `TOPIC PAYLOAD` of `topic` (read now or earlier) has a
+    /// payload that `accept`s; returns the payload. Panics after `WAIT`.
     pub async fn wait_for_value(&mut self, topic: &str, accept: impl Fn(&str) -> bool) -> String {
         let prefix = format!("{topic} ");
+        // The latest value read so far counts: a retained value may have come in while the
+        // caller waited for another topic, and it is only sent again when it changes.
+        let latest = self
+            .consumed
+            .iter()
+            .rev()
+            .find_map(|line| line.strip_prefix(&prefix));
+        if let Some(payload) = latest.filter(|p| accept(p)) {
+            return payload.to_owned();
+        }
         let mut seen = Vec::new();
         let found = tokio::time::timeout(WAIT, async {
             loop {
