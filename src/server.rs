@@ -229,6 +229,14 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .on_scrape(move |figures| figures.store.update(&store.stats()));
     }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
+    if config.mqtt.sys_interval > 0 {
+        let interval = Duration::from_secs(u64::from(config.mqtt.sys_interval));
+        tokio::spawn(crate::broker::sys::run(
+            Arc::clone(&broker),
+            interval,
+            shutdown.clone(),
+        ));
+    }
     let handoff =
         transport::Handoff::new(Arc::clone(&broker), shutdown.clone(), connections.clone());
     let server_slots = Arc::clone(handoff.server_slots());

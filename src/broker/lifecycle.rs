@@ -192,6 +192,12 @@ impl Broker {
     /// it is published (as Mosquitto checks it: at publish time, so a reload in between
     /// counts); otherwise it is dropped and counted.
     pub fn publish_will(&self, session: &Session, will: LastWill) {
+        if topic::is_sys(&will.topic) {
+            // No client publishes under `$SYS`, not even through its will.
+            self.count_denied(crate::auth::acl::Action::Write);
+            tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: $SYS topics are the broker's own");
+            return;
+        }
         if let Some(authz) = self.authz() {
             if !session.authorized(authz.acl, crate::auth::acl::Action::Write, &will.topic) {
                 self.count_denied(crate::auth::acl::Action::Write);

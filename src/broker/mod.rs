@@ -30,6 +30,7 @@ mod session_map;
 pub mod shared;
 mod subscribe_fence;
 mod subscriptions;
+pub mod sys;
 pub mod topic_tree;
 mod trie;
 

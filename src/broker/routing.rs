@@ -144,7 +144,9 @@ impl Broker {
             persist::fix_message_ids(&mut ops, id);
             ops.insert(0, persist::put_message(id, &message));
         }
-        if message.retain {
+        // `$SYS` values are the broker's own figures of this run, republished at start: they
+        // live in memory only (no store traffic every `sys_interval`, nothing stale restored).
+        if message.retain && !crate::codec::topic::is_sys(&message.topic) {
             ops.push(persist::retained(&message));
         }
         if let Some((client_id, packet_id)) = inbound_qos2 {
@@ -154,6 +156,9 @@ impl Broker {
             });
         }
         if ops.is_empty() {
+            if message.retain {
+                self.store_retained(&message); // a `$SYS` value: memory only
+            }
             return Ok(Routed {
                 queued,
                 matched,

@@ -18,6 +18,16 @@ pub fn topic_name_error(topic: &str) -> Option<&'static str> {
     None
 }
 
+/// True for a topic under `$SYS` (`$SYS` itself or `$SYS/...`): the broker's own statistics,
+/// which only the broker publishes (Mosquitto's rule too). One byte compare for every other
+/// topic, so it can sit on the PUBLISH path.
+pub fn is_sys(topic: &str) -> bool {
+    let bytes = topic.as_bytes();
+    bytes.first() == Some(&b'$')
+        && bytes.starts_with(b"$SYS")
+        && (bytes.len() == 4 || bytes[4] == b'/')
+}
+
 /// True if `topic` (a name or a filter) is longer than `max_len` bytes or has more than
 /// `max_levels` levels: the broker's own limits (`mqtt.max_topic_length`, `max_topic_levels`),
 /// not the spec's. One pass over the bytes, only when the length alone does not decide.
@@ -119,6 +129,16 @@ mod tests {
         );
         assert!(exceeds_limits("////", 100, 4), "5 empty levels");
         assert!(!exceeds_limits("abcdefgh", 100, 1));
+    }
+
+    #[test]
+    fn sys_topics_are_recognised() {
+        for sys in ["$SYS", "$SYS/broker/uptime", "$SYS/"] {
+            assert!(is_sys(sys), "{sys}");
+        }
+        for other in ["$SYSTEM/x", "$sys/x", "a/$SYS", "", "$", "SYS/x"] {
+            assert!(!is_sys(other), "{other}");
+        }
     }
 
     #[test]

@@ -221,6 +221,9 @@ pub struct MqttConfig {
     /// server closing the connection without the client's DISCONNECT among the triggers;
     /// Mosquitto does not (false). See `config/postbox.toml` for the choice of default.
     pub wills_on_shutdown: bool,
+    /// Seconds between `$SYS` updates (Mosquitto's topics, retained); 0 = no `$SYS` topics.
+    /// 0..=86400.
+    pub sys_interval: u32,
 }
 
 impl Default for MqttConfig {
@@ -261,6 +264,7 @@ impl Default for MqttConfig {
             response_information: None,
             validate_utf8_payload: false,
             wills_on_shutdown: true,
+            sys_interval: 10,
         }
     }
 }
@@ -312,6 +316,15 @@ impl MqttConfig {
             return Err(invalid(
                 "mqtt.max_queued_messages",
                 "must be at least 1, got 0 (unbounded queues are not allowed)".to_owned(),
+            ));
+        }
+        if m.sys_interval > 86_400 {
+            return Err(invalid(
+                "mqtt.sys_interval",
+                format!(
+                    "must be between 0 (off) and 86400 seconds, got {}",
+                    m.sys_interval
+                ),
             ));
         }
         if !(1..=3600).contains(&m.stalled_after) {

@@ -232,6 +232,7 @@ fn each_range_rule_is_enforced() {
         ("[mqtt]\nmax_qos = 3", "mqtt.max_qos"),
         ("[mqtt]\nstalled_after = 0", "mqtt.stalled_after"),
         ("[mqtt]\nstalled_after = 3601", "mqtt.stalled_after"),
+        ("[mqtt]\nsys_interval = 86401", "mqtt.sys_interval"),
         ("[mqtt]\nmax_memory = 0", "mqtt.max_memory"),
         ("[mqtt]\nmax_client_id_len = 22", "mqtt.max_client_id_len"),
         (

@@ -15,6 +15,8 @@ use super::WAIT;
 pub struct MosquittoSub {
     pub child: Child,
     lines: mpsc::UnboundedReceiver<String>,
+    /// Every line the waits have read so far, in order.
+    consumed: Vec<String>,
 }
 
 impl MosquittoSub {
@@ -47,7 +49,11 @@ impl MosquittoSub {
                 }
             }
         });
-        MosquittoSub { child, lines }
+        MosquittoSub {
+            child,
+            lines,
+            consumed: Vec::new(),
+        }
     }
 
     /// Waits for a line containing `needle`; panics after `WAIT`.
@@ -55,14 +61,58 @@ impl MosquittoSub {
         tokio::time::timeout(WAIT, async {
             loop {
                 match self.lines.recv().await {
-                    Some(line) if line.contains(needle) => return line,
-                    Some(_) => {}
+                    Some(line) => {
+                        self.consumed.push(line.clone());
+                        if line.contains(needle) {
+                            return line;
+                        }
+                    }
                     None => panic!("mosquitto_sub ended before printing {needle:?}"),
                 }
             }
         })
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {needle:?}"))
+    }
+
+    /// Waits until the latest `-v` line `TOPIC PAYLOAD` of `topic` (read now or earlier) has a
+    /// payload that `accept`s; returns the payload. Panics after `WAIT`.
+    pub async fn wait_for_value(&mut self, topic: &str, accept: impl Fn(&str) -> bool) -> String {
+        let prefix = format!("{topic} ");
+        // The latest value read so far counts: a retained value may have come in while the
+        // caller waited for another topic, and it is only sent again when it changes.
+        let latest = self
+            .consumed
+            .iter()
+            .rev()
+            .find_map(|line| line.strip_prefix(&prefix));
+        if let Some(payload) = latest.filter(|p| accept(p)) {
+            return payload.to_owned();
+        }
+        let mut seen = Vec::new();
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                match self.lines.recv().await {
+                    Some(line) => {
+                        self.consumed.push(line.clone());
+                        if let Some(payload) = line.strip_prefix(&prefix) {
+                            if accept(payload) {
+                                return payload.to_owned();
+                            }
+                            seen.push(payload.to_owned());
+                        }
+                    }
+                    None => panic!("mosquitto_sub ended before printing {topic}"),
+                }
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("timed out waiting for {topic}; values seen: {seen:?}"))
+    }
+
+    /// Every output line the waits have read so far.
+    pub fn consumed(&self) -> &[String] {
+        &self.consumed
     }
 
     /// Waits for the process to exit by itself and asserts success.

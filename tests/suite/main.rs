@@ -46,6 +46,7 @@ mod proxy_protocol;
 mod recovery;
 mod scram;
 mod secure_config;
+mod sys_topics;
 mod tls;
 mod v5_auth;
 mod v5_capabilities;

@@ -59,6 +59,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         {
             return self.refuse_publish(qos, packet_id, Violation::PayloadFormatInvalid);
         }
+        if topic::is_sys(&publish.topic) {
+            // `$SYS` is the broker's own: no client publishes there, ACL or not (the file's
+            // rules cannot grant it either, `auth::acl`).
+            return self.refuse_unauthorized(qos, packet_id);
+        }
         // Disjoint borrows: the session handle (broker, session) and the memo.
         if let Some(authz) = self.session.broker().authz() {
             // Read before deciding (a reload between the two only makes the memo stale).
