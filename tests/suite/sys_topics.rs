@@ -190,7 +190,7 @@ async fn the_acl_decides_who_reads_sys() {
     let _other = RawClient::connect(server.mqtt_addr, ProtocolVersion::V5, "other", true).await;
     ops.wait_for_value("$SYS/broker/clients/connected", is(2))
         .await;
-    crate::common::mosquitto::mosquitto_pub(
+    common::mosquitto::mosquitto_pub(
         server.mqtt_addr.port(),
         &["-u", "ops", "-t", "marker", "-m", "end", "-q", "1"],
     )
