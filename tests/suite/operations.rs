@@ -124,18 +124,16 @@ async fn publish_until_closed(
         let id = u16::try_from(n % 60_000 + 1).expect("id");
         let publish = v5::publish_packet("load/t", QoS::AtLeastOnce, payload.as_bytes(), id);
         c.send(&Packet::Publish(publish)).await;
-        loop {
-            match c.recv().await {
-                Some(Packet::PubAck(a)) if a.packet_id == id => {
-                    assert_eq!(a.reason_code, ReasonCode::SUCCESS);
-                    acked.push(payload);
-                    started.add_permits(1);
-                    break;
-                }
-                Some(Packet::Disconnect(d)) => return (acked, Some(d.reason_code)),
-                Some(other) => panic!("{name}: {other:?}"),
-                None => return (acked, None),
+        // One PUBLISH in flight: the next packet is its PUBACK, or the end.
+        match c.recv().await {
+            Some(Packet::PubAck(a)) if a.packet_id == id => {
+                assert_eq!(a.reason_code, ReasonCode::SUCCESS);
+                acked.push(payload);
+                started.add_permits(1);
             }
+            Some(Packet::Disconnect(d)) => return (acked, Some(d.reason_code)),
+            Some(other) => panic!("{name}: {other:?}"),
+            None => return (acked, None),
         }
     }
     panic!("{name}: the broker never stopped");
