@@ -564,12 +564,13 @@ pub enum MetricsError {
 
 impl Metrics {
     /// CONNECTs accepted since start, all listeners and protocols.
+    #[allow(clippy::cast_sign_loss)] // counter samples are whole, non-negative numbers
     fn client_connects_total(&self) -> u64 {
         use prometheus::core::Collector as _;
         self.client_connects
             .collect()
             .iter()
-            .flat_map(|family| family.get_metric())
+            .flat_map(prometheus::proto::MetricFamily::get_metric)
             .map(|metric| metric.get_counter().get_value() as u64)
             .sum()
     }

@@ -248,7 +248,7 @@ impl Collector for Shared {
 
     fn collect(&self) -> Vec<MetricFamily> {
         self.0.refresh();
-        self.0.collectors().flat_map(|c| c.collect()).collect()
+        self.0.collectors().flat_map(Collector::collect).collect()
     }
 }
 

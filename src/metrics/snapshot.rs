@@ -47,6 +47,7 @@ fn sum<'a>(counters: impl IntoIterator<Item = &'a Counter>) -> u64 {
 }
 
 /// A gauge's value as a count (gauges hold `f64`; these hold whole, non-negative numbers).
+#[allow(clippy::cast_sign_loss)] // only positive values are cast
 fn count(v: f64) -> u64 {
     if v > 0.0 {
         v as u64

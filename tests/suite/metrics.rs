@@ -80,7 +80,7 @@ async fn eventually(
 /// Traffic through two listeners with a 3.1.1 and a v5 client, read back from the broker's
 /// own registry: clients by listener and protocol and their peak, a refused CONNACK by
 /// reason (MQTT-3.2.2-5: a 3.1.1 server answers return code 2 to an empty client id with
-/// CleanSession 0), `no_subscribers` drops of QoS 1 only, the delivery latency histogram's
+/// `CleanSession` 0), `no_subscribers` drops of QoS 1 only, the delivery latency histogram's
 /// count equal to the deliveries written, the backlog of an offline persistent session
 /// (count, largest, age > 0), process metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
