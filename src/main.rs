@@ -146,13 +146,7 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-/// How long a graceful shutdown may take in all (connections told and drained, wills routed,
-/// the store's final commit) before the process exits anyway, with
-/// [`EXIT_INTERRUPTED_SHUTDOWN`]. The connections get `server::SHUTDOWN_GRACE` (5 s) of it;
-/// the rest is for the store's final fsync. Below systemd's default `TimeoutStopSec` (90 s)
-/// and Kubernetes' default `terminationGracePeriodSeconds` (30 s), so the broker ends itself
-/// before it is killed.
-const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+use postbox::server::SHUTDOWN_BOUND;
 
 /// Exit status when a shutdown did not finish (second signal, or [`SHUTDOWN_BOUND`] passed):
 /// not 0, so a supervisor sees the store may not have been closed cleanly (recovery replays

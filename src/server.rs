@@ -132,6 +132,14 @@ pub struct RunningServer {
     server_slots: Arc<transport::ServerSlots>,
 }
 
+/// How long a graceful shutdown may take in all (connections told and drained, wills routed,
+/// the store's final commit) before the binary exits anyway, with a non-zero status. The
+/// connections get [`SHUTDOWN_GRACE`] of it; the rest is for the store's final fsync. Below
+/// systemd's `TimeoutStopSec` (30 s in `deploy/systemd`) and Kubernetes'
+/// `terminationGracePeriodSeconds` (30 s in `deploy/kubernetes`), so the broker ends itself
+/// before it is killed (`tests/suite/deploy_checks.rs` keeps the files above it).
+pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(20);
+
 /// How long shutdown waits for connection tasks to send their DISCONNECTs and finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 

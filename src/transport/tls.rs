@@ -53,6 +53,21 @@ pub struct TlsState {
     files: TlsConfig,
     current: ArcSwap<ServerConfig>,
     mtimes: parking_lot::Mutex<Vec<Option<SystemTime>>>,
+    /// The served certificate's notAfter (Unix seconds; `i64::MIN` when it cannot be read),
+    /// for `postbox_tls_certificate_expiry_timestamp_seconds`.
+    not_after: std::sync::atomic::AtomicI64,
+    /// The broker's metrics, once the listener runs (the gauge follows every reload).
+    metrics: std::sync::OnceLock<crate::metrics::Metrics>,
+}
+
+impl TlsState {
+    /// Puts the certificate's notAfter into the broker's gauge (once the listener runs).
+    fn publish_expiry(&self) {
+        let not_after = self.not_after.load(std::sync::atomic::Ordering::Relaxed);
+        if let (Some(metrics), true) = (self.metrics.get(), not_after != i64::MIN) {
+            metrics.set_tls_certificate_expiry(&self.listener, not_after);
+        }
+    }
 }
 
 impl TlsListener {
@@ -64,12 +79,14 @@ impl TlsListener {
     /// file that cannot be read or used.
     pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<TlsListener> {
         let files = config.tls.clone().unwrap_or_default();
-        let server = build_server_config(&files).map_err(std::io::Error::other)?;
+        let (server, not_after) = build(&files).map_err(std::io::Error::other)?;
         let state = Arc::new(TlsState {
             listener: Arc::clone(&name),
             mtimes: parking_lot::Mutex::new(mtimes(&files)),
             files,
             current: ArcSwap::from_pointee(server),
+            not_after: std::sync::atomic::AtomicI64::new(not_after.unwrap_or(i64::MIN)),
+            metrics: std::sync::OnceLock::new(),
         });
         let tcp = PlainTcpListener::bind(name, config)?;
         let websocket =
@@ -117,6 +134,8 @@ impl TlsListener {
         let admission = handoff.admission(&name, limits);
         let tls_failures = handoff.broker().metrics.tls_handshake_failures();
         let ws_failures = handoff.broker().metrics.ws_upgrade_failures();
+        let _ = state.metrics.set(handoff.broker().metrics.clone());
+        state.publish_expiry();
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
         while let Some((stream, peer)) = super::tcp::next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
@@ -236,9 +255,14 @@ impl Reload for TlsState {
     }
 
     fn reload(&self) -> Result<(), String> {
-        let server = build_server_config(&self.files)?;
+        let (server, not_after) = build(&self.files)?;
         self.current.store(Arc::new(server));
         *self.mtimes.lock() = mtimes(&self.files);
+        self.not_after.store(
+            not_after.unwrap_or(i64::MIN),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.publish_expiry();
         Ok(())
     }
 }
@@ -288,10 +312,16 @@ fn mtimes(files: &TlsConfig) -> Vec<Option<SystemTime>> {
 ///
 /// Which file could not be read or used, and why.
 pub fn build_server_config(files: &TlsConfig) -> Result<ServerConfig, String> {
+    build(files).map(|(config, _)| config)
+}
+
+/// [`build_server_config`], and the leaf certificate's notAfter (Unix seconds) when it parses.
+fn build(files: &TlsConfig) -> Result<(ServerConfig, Option<i64>), String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cert_path = required(files.cert.as_deref(), "tls.cert")?;
     let key_path = required(files.key.as_deref(), "tls.key")?;
     let chain = read_certs(cert_path)?;
+    let not_after = chain.first().and_then(not_after);
     let key = PrivateKeyDer::from_pem_file(key_path)
         .map_err(|e| format!("{}: no usable private key: {e}", key_path.display()))?;
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
@@ -327,7 +357,62 @@ pub fn build_server_config(files: &TlsConfig) -> Result<ServerConfig, String> {
         .with_single_cert(chain, key)
         .map_err(|e| format!("{}: {e}", cert_path.display()))?;
     config.alpn_protocols = vec![ALPN_MQTT.to_vec()];
-    Ok(config)
+    Ok((config, not_after))
+}
+
+/// A certificate's notAfter as Unix seconds (RFC 5280 §4.1.2.5: UTCTime `YYMMDDHHMMSSZ`, years
+/// 50..99 meaning 19xx, or GeneralizedTime `YYYYMMDDHHMMSSZ`); `None` when it does not parse.
+fn not_after(cert: &CertificateDer<'_>) -> Option<i64> {
+    let (_, tbs) = der::element(cert.as_ref(), 0x30)?;
+    let (_, mut tbs) = der::element(tbs, 0x30)?;
+    if tbs.first() == Some(&0xa0) {
+        tbs = der::skip(tbs)?; // version
+    }
+    tbs = der::skip(tbs)?; // serialNumber
+    tbs = der::skip(tbs)?; // signature
+    tbs = der::skip(tbs)?; // issuer
+    let (_, validity) = der::element(tbs, 0x30)?;
+    let after_not_before = der::skip(validity)?;
+    let (tag, time) = der::any(after_not_before)?;
+    let digits = |s: &[u8]| -> Option<i64> {
+        s.iter().try_fold(0i64, |n, &b| {
+            b.is_ascii_digit().then(|| n * 10 + i64::from(b - b'0'))
+        })
+    };
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy = digits(time.get(..2)?)?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, time.get(2..)?)
+        }
+        0x18 => (digits(time.get(..4)?)?, time.get(4..)?),
+        _ => return None,
+    };
+    if rest.len() != 11 || rest[10] != b'Z' {
+        return None;
+    }
+    let field = |i: usize| digits(&rest[i..i + 2]);
+    let (month, day) = (field(0)?, field(2)?);
+    let (hour, minute, second) = (field(4)?, field(6)?, field(8)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 fn required<'a>(path: Option<&'a Path>, key: &str) -> Result<&'a Path, String> {
@@ -367,7 +452,7 @@ fn identity_of(cert: &CertificateDer<'_>, identity: TlsIdentity) -> Option<Strin
     }
 }
 
-/// Just enough DER for [`identity_of`].
+/// Just enough DER for [`identity_of`] and [`not_after`].
 mod der {
     /// OID 2.5.4.3 (id-at-commonName), DER-encoded.
     const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
@@ -399,6 +484,11 @@ mod der {
     pub(super) fn element(data: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
         let (t, contents, rest) = tlv(data)?;
         (t == tag).then_some((rest, contents))
+    }
+
+    /// The element at the start of `data`, whatever its tag: (tag, contents).
+    pub(super) fn any(data: &[u8]) -> Option<(u8, &[u8])> {
+        tlv(data).map(|(tag, contents, _)| (tag, contents))
     }
 
     /// `data` after its first element.
@@ -488,6 +578,21 @@ mod tests {
             None
         );
         assert_eq!(identity_of(&leaf("sensor1.pem"), TlsIdentity::None), None);
+    }
+
+    #[test]
+    fn not_after_reads_both_time_forms() {
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
+        assert_eq!(
+            days_from_civil(2038, 1, 19) * 86_400 + 3 * 3600 + 14 * 60 + 7,
+            i64::from(i32::MAX)
+        );
+        // The dev server certificate: `openssl x509 -enddate` says Nov 27 06:37:47 2036 GMT
+        // unless certs/gen.sh made it anew, so check the shape, not the date.
+        let t = not_after(&leaf("server.pem")).expect("parses");
+        assert!(t > 1_700_000_000, "{t}");
+        assert_eq!(not_after(&CertificateDer::from(vec![0x30, 0x05, 1])), None);
         assert_eq!(
             identity_of(&CertificateDer::from(vec![0x30, 0x05, 1]), TlsIdentity::Cn),
             None

@@ -17,11 +17,12 @@ use yaml_rust2::{Yaml, YamlLoader};
 use crate::common::async_process::BrokerProcess;
 use crate::common::rumq::V4;
 
-/// How long the broker's shutdown may take after SIGTERM: `SHUTDOWN_GRACE` in src/server.rs
-/// (5 s for connections to finish), plus the store's final commit and fsync, given 10 s here.
-/// The unit's `TimeoutStopSec` and the pod's `terminationGracePeriodSeconds` must exceed it, or
-/// systemd / the kubelet kills the broker before its final commit.
-const SHUTDOWN_BOUND_SECS: i64 = 5 + 10;
+/// How long the broker's shutdown may take after SIGTERM (`server::SHUTDOWN_BOUND`, after
+/// which the binary exits by itself). The unit's `TimeoutStopSec` and the pod's
+/// `terminationGracePeriodSeconds` must exceed it, or systemd / the kubelet kills the broker
+/// before its final commit.
+#[allow(clippy::cast_possible_wrap)]
+const SHUTDOWN_BOUND_SECS: i64 = postbox::server::SHUTDOWN_BOUND.as_secs() as i64;
 
 /// The alerts issue 14 asks for by name.
 const REQUIRED_ALERTS: [&str; 6] = [

@@ -448,3 +448,55 @@ fn changed_certificate_files_are_reloaded_without_sighup() {
     wait_log(&broker, "files changed; reloaded");
     assert!(subject_cn(config.mqtt.port()).contains("watched.example"));
 }
+
+/// A certificate's notAfter as Unix seconds, by `openssl x509 -enddate` and GNU `date`.
+fn openssl_not_after(pem: &str) -> f64 {
+    let out = Command::new("openssl")
+        .args(["x509", "-enddate", "-noout", "-in", pem])
+        .output()
+        .expect("openssl");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let date = stdout.trim().strip_prefix("notAfter=").expect("notAfter=");
+    let out = Command::new("date")
+        .args(["-u", "-d", date, "+%s"])
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("seconds")
+}
+
+#[test]
+fn certificate_expiry_is_exported_and_follows_a_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, pem) = (dir.path().join("srv.key"), dir.path().join("srv.pem"));
+    std::fs::copy(certs().join("server.key"), &key).unwrap();
+    std::fs::copy(certs().join("server.pem"), &pem).unwrap();
+    let (broker, config) = start(dir.path(), pem.to_str().unwrap(), key.to_str().unwrap(), "");
+    let series = "postbox_tls_certificate_expiry_timestamp_seconds{listener=\"tls\"}";
+    let scrape = http_get(config.metrics, "/metrics");
+    assert_eq!(
+        sample(&scrape, series),
+        Some(openssl_not_after(&cert("server.pem"))),
+        "{scrape}"
+    );
+    // A new certificate (30 days): the gauge follows the reload, so the alert sees it.
+    let new = dir.path().join("new");
+    std::fs::create_dir(&new).unwrap();
+    let (nk, np) = make_cert(
+        &new,
+        "srv4",
+        "renewed.example",
+        Some((&cert("ca.pem"), &cert("ca.key"))),
+    );
+    std::fs::copy(&nk, &key).unwrap();
+    std::fs::copy(&np, &pem).unwrap();
+    wait_log(&broker, "files changed; reloaded");
+    let scrape = http_get(config.metrics, "/metrics");
+    assert_eq!(
+        sample(&scrape, series),
+        Some(openssl_not_after(&np)),
+        "{scrape}"
+    );
+}
