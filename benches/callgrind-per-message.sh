@@ -3,18 +3,24 @@
 # (about 1% between runs) where seconds on a shared 2-core machine drift by 25%. Compare two
 # binaries with the same arguments; divide the totals by the messages (200,000).
 # With ACL_FILE=path (e.g. written by benches/write-acl.sh), the broker runs with that acl_file.
+# With METRICS=on the metrics endpoint is on, as in the default config (the counters are
+# counted either way since the per-broker registry; before it, `enabled = false` made them
+# no-ops, so compare such builds with METRICS=on).
 # usage: BENCH=target/release/postbox-bench [OUT=dir] [ACL_FILE=path] benches/callgrind-per-message.sh BINARY LABEL SCENARIO QOS
 #   SCENARIO: p2p | fan-in | fan-out;  QOS: 0 | 1 | 2
 # Prints the generator's delivery line and callgrind's instruction total.
 set -euo pipefail
 bin=$1 label=$2 scen=$3 qos=$4
 port=$("${BENCH:?set BENCH to a postbox-bench binary}" free-port)
+metrics_port=$("${BENCH:?set BENCH to a postbox-bench binary}" free-port)
+METRICS_ENABLED=$([ "${METRICS:-off}" = on ] && echo true || echo false)
 conf="${OUT:-/tmp}"/$label-$scen-q$qos.toml
 cat > "$conf" <<EOC
 [listener]
 bind = "127.0.0.1:$port"
 [metrics]
-enabled = false
+enabled = ${METRICS_ENABLED}
+bind = "127.0.0.1:$metrics_port"
 [mqtt]
 max_queued_messages = 1000000
 max_inflight_messages = 100

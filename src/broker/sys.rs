@@ -1,12 +1,14 @@
 //! `$SYS` topics: the broker's own figures under Mosquitto's names, for operators who watch a
 //! broker with `mosquitto_sub -t '$SYS/#' -v` rather than Prometheus.
 //!
-//! One task publishes them every `mqtt.sys_interval` seconds through an in-process
-//! [`Link`], so they are routed like any message: an ACL decides who may read them, retained
-//! (a new subscriber gets the current values at once), QoS 0. A value is published again only
-//! when it changed (the uptime always does), as Mosquitto does. They are kept in memory only
-//! (`broker::routing` stores no `$SYS` retained message), so a restart never serves a stale
-//! figure: the first round runs at start. Clients cannot publish under `$SYS`
+//! One task publishes them every `mqtt.sys_interval` seconds through the router, as a message
+//! from nobody (like a will: no origin session): routed like any message, so an ACL decides who
+//! may read them; retained (a new subscriber gets the current values at once), QoS 0. It holds
+//! no session, so it never shows in the session counts, the admin API or
+//! `$SYS/broker/clients/*` itself, and takes no client id from clients. A value is published
+//! again only when it changed (the uptime always does), as Mosquitto does. They are kept in
+//! memory only (`broker::routing` stores no `$SYS` retained message), so a restart never
+//! serves a stale figure: the first round runs at start. Clients cannot publish under `$SYS`
 //! (`connection::client::inbound`, wills in `broker::lifecycle`).
 //!
 //! The figures are read from the broker's metrics once per round (atomics, no lock);
@@ -15,20 +17,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytestring::ByteString;
 use tokio_util::sync::CancellationToken;
 
-use super::link::{Link, LinkOptions};
+use super::message::Message;
 use super::Broker;
-use crate::codec::QoS;
-
-/// The client id of the `$SYS` publisher's session. Clients may not use it (CONNACK 0x85,
-/// `connection::admission`), so none can take the publisher's session over.
-pub const SYS_CLIENT_ID: &str = "$SYS";
-
-/// True for the client ids only the broker's own links use.
-pub fn is_reserved_client_id(client_id: &str) -> bool {
-    client_id == SYS_CLIENT_ID
-}
+use crate::codec::{Publish, PublishProperties, QoS};
 
 /// The windows of the load averages, in seconds, and their topic suffixes.
 const LOAD_WINDOWS: [(f64, &str); 3] = [(60.0, "1min"), (300.0, "5min"), (900.0, "15min")];
@@ -38,7 +32,7 @@ const LOAD_WINDOWS: [(f64, &str); 3] = [(60.0, "1min"), (300.0, "5min"), (900.0,
 pub struct SysFigures {
     /// Seconds since the broker started.
     pub uptime_seconds: u64,
-    /// Sessions held, connected or not (the `$SYS` publisher's own excluded).
+    /// Sessions held, connected or not.
     pub clients_total: u64,
     /// Clients connected now.
     pub clients_connected: u64,
@@ -75,10 +69,9 @@ impl SysFigures {
     /// `started` is when the broker started.
     pub fn read(broker: &Broker, started: Instant) -> SysFigures {
         let m = broker.metrics.snapshot();
-        let links = 1; // this publisher's own session
         SysFigures {
             uptime_seconds: started.elapsed().as_secs(),
-            clients_total: m.sessions.saturating_sub(links),
+            clients_total: m.sessions,
             clients_connected: m.clients_connected,
             clients_maximum: m.clients_peak,
             clients_expired: m.clients_expired,
@@ -247,15 +240,6 @@ impl SysTopics {
 /// first round at once.
 pub async fn run(broker: Arc<Broker>, interval: Duration, shutdown: CancellationToken) {
     let started = Instant::now();
-    let mut link = Link::connect(
-        &broker,
-        LinkOptions {
-            client_id: SYS_CLIENT_ID.into(),
-            clean_start: true,
-            session_expiry: 0,
-            receive_maximum: 1,
-        },
-    );
     let mut topics = SysTopics::new();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -269,12 +253,26 @@ pub async fn run(broker: Arc<Broker>, interval: Duration, shutdown: Cancellation
         }
         let figures = SysFigures::read(&broker, started);
         for (topic, payload) in topics.round(&figures, Instant::now()) {
-            if let Err(error) = link.publish(&topic, payload, QoS::AtMostOnce, true).await {
-                tracing::debug!(%error, %topic, "$SYS value not published");
-            }
+            publish(&broker, topic, payload);
         }
     }
-    link.disconnect();
+}
+
+/// Routes one retained QoS 0 value from nobody. Nothing is stored for it (`$SYS` is memory
+/// only, and QoS 0 is never queued in the store), so there is no commit to wait for.
+fn publish(broker: &Broker, topic: String, payload: String) {
+    let publish = Publish {
+        dup: false,
+        qos: QoS::AtMostOnce,
+        retain: true,
+        topic: ByteString::from(topic),
+        packet_id: 0,
+        payload: payload.into(),
+        properties: PublishProperties::default(),
+    };
+    if let Err(error) = broker.publish(Arc::new(Message::from_publish(publish, None)), None) {
+        tracing::debug!(%error, "$SYS value not published");
+    }
 }
 
 #[cfg(test)]

@@ -381,7 +381,6 @@ fn client_identifier(
 ) -> Result<(ByteString, bool), ReasonCode> {
     if connect.client_id.len() > config.max_client_id_len
         || (!config.allow_control_characters && topic::has_control_characters(&connect.client_id))
-        || crate::broker::sys::is_reserved_client_id(&connect.client_id)
     {
         return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
     }

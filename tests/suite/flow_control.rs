@@ -306,7 +306,7 @@ async fn large_messages_for_a_stalled_subscriber_keep_memory_under_the_budget() 
         "broker RSS {rss} B over the {BUDGET} B budget"
     );
     let dropped = broker
-        .metric("postbox_messages_dropped_total{reason=\"queue_full\",qos=\"1\"}")
+        .metric("postbox_messages_dropped_total{qos=\"1\",reason=\"queue_full\"}")
         .await
         .unwrap_or(0.0);
     assert!(
@@ -350,7 +350,7 @@ async fn over_the_memory_budget_publishes_are_refused_with_quota_exceeded() {
         "refused at message {at}, before the budget was reached"
     );
     let counted = broker
-        .metric("postbox_messages_dropped_total{reason=\"memory\",qos=\"1\"}")
+        .metric("postbox_messages_dropped_total{qos=\"1\",reason=\"memory\"}")
         .await
         .unwrap_or(0.0);
     assert!(counted >= 1.0, "the refusal is counted");
@@ -453,7 +453,7 @@ async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
         "the live subscriber got the accepted messages and not the refused ones"
     );
     let refused = broker
-        .metric("postbox_messages_refused_total{reason=\"queue_full\",qos=\"1\"}")
+        .metric("postbox_messages_refused_total{qos=\"1\",reason=\"queue_full\"}")
         .await;
     assert_eq!(refused, Some(1.0), "the QoS 1 refusal is counted");
 

@@ -2,8 +2,7 @@
 //! with a real `mosquitto_sub`, after real traffic.
 //!
 //! Normative statements: MQTT-4.7.2-1 (`#` and `+` never match topics starting with `$`),
-//! v5 §3.4.2.1 (PUBACK 0x87 Not authorized for a topic the client may not publish to),
-//! MQTT-3.1.3-8 / v5 §3.2.2.2 (CONNACK 0x85 for a client id the server rejects).
+//! v5 §3.4.2.1 (PUBACK 0x87 Not authorized for a topic the client may not publish to).
 
 use std::time::Duration;
 
@@ -217,19 +216,4 @@ async fn the_acl_decides_who_reads_sys() {
     )
     .await;
     assert_eq!(ack.reason_codes[0], ReasonCode::NOT_AUTHORIZED);
-}
-
-#[tokio::test]
-async fn the_sys_publishers_client_id_is_reserved() {
-    // Nobody can take the $SYS publisher's session over: CONNACK 0x85 (3.1.1: 0x02).
-    let server = start(1).await;
-    let mut c = RawClient::open(server.mqtt_addr, ProtocolVersion::V5).await;
-    c.send(&Packet::Connect(Box::new(v5::connect_packet("$SYS"))))
-        .await;
-    match c.recv().await {
-        Some(Packet::ConnAck(ack)) => {
-            assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
-        }
-        other => panic!("expected CONNACK 0x85, got {other:?}"),
-    }
 }
