@@ -360,8 +360,8 @@ fn build(files: &TlsConfig) -> Result<(ServerConfig, Option<i64>), String> {
     Ok((config, not_after))
 }
 
-/// A certificate's notAfter as Unix seconds (RFC 5280 §4.1.2.5: UTCTime `YYMMDDHHMMSSZ`, years
-/// 50..99 meaning 19xx, or GeneralizedTime `YYYYMMDDHHMMSSZ`); `None` when it does not parse.
+/// A certificate's notAfter as Unix seconds (RFC 5280 §4.1.2.5: UTC time `YYMMDDHHMMSSZ`, years
+/// 50..99 meaning 19xx, or generalized time `YYYYMMDDHHMMSSZ`); `None` when it does not parse.
 fn not_after(cert: &CertificateDer<'_>) -> Option<i64> {
     let (_, tbs) = der::element(cert.as_ref(), 0x30)?;
     let (_, mut tbs) = der::element(tbs, 0x30)?;

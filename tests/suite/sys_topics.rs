@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
+use postbox::codec::{ProtocolVersion, QoS, ReasonCode};
 use postbox::server::RunningServer;
 use rumqttc::QoS as RQoS;
 
