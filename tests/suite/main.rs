@@ -3,10 +3,10 @@
 //!
 //! One test binary rather than one per file: each integration-test file is a crate of its own,
 //! compiled and linked against the whole library, and with ~30 of them linking was most of CI's
-//! time. Tests that cannot share a process stay binaries of their own: `tests/ordering.rs`
-//! (it must not share the two cores with other tests while it measures arrival order) and
-//! `tests/prometheus.rs` (a real Prometheus server). Metrics are per broker (no global
-//! recorder), so the metrics tests are a module here.
+//! time. A test that cannot share a process stays a binary of its own: `tests/ordering.rs`
+//! (it must not share the two cores with other tests while it measures arrival order).
+//! Metrics are per broker (no global recorder), so the metrics tests and the real-Prometheus
+//! test (`deploy_prometheus`) are modules here.
 //!
 //! Run one area with a filter: `cargo test --release --test suite v5_shared::`.
 
