@@ -363,15 +363,7 @@ fn build(files: &TlsConfig) -> Result<(ServerConfig, Option<i64>), String> {
 /// A certificate's notAfter as Unix seconds (RFC 5280 §4.1.2.5: UTC time `YYMMDDHHMMSSZ`, years
 /// 50..99 meaning 19xx, or generalized time `YYYYMMDDHHMMSSZ`); `None` when it does not parse.
 fn not_after(cert: &CertificateDer<'_>) -> Option<i64> {
-    let (_, tbs) = der::element(cert.as_ref(), 0x30)?;
-    let (_, mut tbs) = der::element(tbs, 0x30)?;
-    if tbs.first() == Some(&0xa0) {
-        tbs = der::skip(tbs)?; // version
-    }
-    tbs = der::skip(tbs)?; // serialNumber
-    tbs = der::skip(tbs)?; // signature
-    tbs = der::skip(tbs)?; // issuer
-    let (_, validity) = der::element(tbs, 0x30)?;
+    let (_, validity) = der::element(from_validity(cert)?, 0x30)?;
     let after_not_before = der::skip(validity)?;
     let (tag, time) = der::any(after_not_before)?;
     let digits = |s: &[u8]| -> Option<i64> {
@@ -430,10 +422,9 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
-/// The configured identity of a (verified) client certificate: its subject CN, or the first
-/// DNS / e-mail Subject Alternative Name. A minimal DER walk (RFC 5280 §4.1), enough for the
-/// fields read here; `None` when the field is absent or not UTF-8.
-fn identity_of(cert: &CertificateDer<'_>, identity: TlsIdentity) -> Option<String> {
+/// The `TBSCertificate` of `cert` from its `validity` on (RFC 5280 §4.1: version, serial
+/// number, signature algorithm and issuer skipped).
+fn from_validity<'a>(cert: &'a CertificateDer<'_>) -> Option<&'a [u8]> {
     let (_, tbs) = der::element(cert.as_ref(), 0x30)?;
     let (_, mut tbs) = der::element(tbs, 0x30)?;
     if tbs.first() == Some(&0xa0) {
@@ -441,8 +432,14 @@ fn identity_of(cert: &CertificateDer<'_>, identity: TlsIdentity) -> Option<Strin
     }
     tbs = der::skip(tbs)?; // serialNumber
     tbs = der::skip(tbs)?; // signature
-    tbs = der::skip(tbs)?; // issuer
-    tbs = der::skip(tbs)?; // validity
+    der::skip(tbs) // issuer
+}
+
+/// The configured identity of a (verified) client certificate: its subject CN, or the first
+/// DNS / e-mail Subject Alternative Name. A minimal DER walk (RFC 5280 §4.1), enough for the
+/// fields read here; `None` when the field is absent or not UTF-8.
+fn identity_of(cert: &CertificateDer<'_>, identity: TlsIdentity) -> Option<String> {
+    let tbs = der::skip(from_validity(cert)?)?; // validity
     let (rest, subject) = der::element(tbs, 0x30)?;
     match identity {
         TlsIdentity::None => None,

@@ -154,15 +154,7 @@ async fn sigterm_under_qos1_traffic_exits_0_and_keeps_every_acknowledged_message
     v5::subscribe(&mut sub, "wills/#", QoS::AtLeastOnce).await;
     v5::disconnect(sub).await;
     // A connected v5 client with a will and no delay: published at shutdown (MQTT-3.1.2-8).
-    let mut mortal = v5::connect_packet("mortal");
-    mortal.will = Some(LastWill {
-        topic: "wills/mortal".into(),
-        payload: b"gone".to_vec().into(),
-        qos: QoS::AtLeastOnce,
-        retain: false,
-        properties: WillProperties::default(),
-    });
-    let (mut mortal, _) = v5::connect(broker.addr, mortal).await;
+    let mut mortal = connect_mortal(broker.addr).await;
     let started = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let mut publishers = Vec::new();
     for p in 0..3 {
@@ -224,15 +216,7 @@ async fn with_wills_on_shutdown_false_no_will_is_published() {
     let (mut sub, _) = v5::connect(broker.addr, persistent("keeper", true)).await;
     v5::subscribe(&mut sub, "wills/#", QoS::AtLeastOnce).await;
     v5::disconnect(sub).await;
-    let mut mortal = v5::connect_packet("mortal");
-    mortal.will = Some(LastWill {
-        topic: "wills/mortal".into(),
-        payload: b"gone".to_vec().into(),
-        qos: QoS::AtLeastOnce,
-        retain: false,
-        properties: WillProperties::default(),
-    });
-    let (mut mortal, _) = v5::connect(broker.addr, mortal).await;
+    let mut mortal = connect_mortal(broker.addr).await;
     broker.signal(libc::SIGTERM);
     v5::expect_disconnect(&mut mortal, ReasonCode::SERVER_SHUTTING_DOWN).await;
     let (status, _) = broker.wait_exit(EXIT_LIMIT).await;
@@ -404,4 +388,17 @@ async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_r
             "colour codes in a piped log: {line:?}"
         );
     }
+}
+
+/// A v5 client `mortal` with a will on `wills/mortal` and no delay.
+async fn connect_mortal(addr: std::net::SocketAddr) -> RawClient {
+    let mut mortal = v5::connect_packet("mortal");
+    mortal.will = Some(LastWill {
+        topic: "wills/mortal".into(),
+        payload: b"gone".to_vec().into(),
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        properties: WillProperties::default(),
+    });
+    v5::connect(addr, mortal).await.0
 }
