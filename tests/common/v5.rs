@@ -31,6 +31,15 @@ pub fn connect_packet(client_id: &str) -> Connect {
     }
 }
 
+/// A v5 CONNECT (Clean Start 0) for a session that outlives the connection by `expiry`
+/// seconds (its Session Expiry Interval).
+pub fn persistent_connect(client_id: &str, expiry: u32) -> Connect {
+    let mut connect = connect_packet(client_id);
+    connect.clean_start = false;
+    connect.properties.session_expiry_interval = Some(expiry);
+    connect
+}
+
 /// Sends `connect` and returns the client with the broker's first answer (CONNACK, AUTH, or
 /// `None` if it closed).
 pub async fn open(addr: SocketAddr, connect: Connect) -> (RawClient, Option<Packet>) {

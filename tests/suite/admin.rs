@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::process::{free_port, Broker, BrokerConfig};
 use common::rumq::V5;
 use common::{v5, RawClient, WAIT};
-use postbox::codec::{ConnectProperties, Packet, ProtocolVersion, QoS, ReasonCode};
+use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
 use serde_json::Value;
 
 const LISTENER: &str = "plant-a";
@@ -93,17 +93,6 @@ fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .expect("clock")
         .as_millis() as u64
-}
-
-/// A v5 CONNECT whose session outlives the connection (an hour).
-fn persistent_v5(client_id: &str) -> postbox::codec::Connect {
-    let mut connect = v5::connect_packet(client_id);
-    connect.clean_start = false;
-    connect.properties = ConnectProperties {
-        session_expiry_interval: Some(3600),
-        ..Default::default()
-    };
-    connect
 }
 
 /// Polls `GET path` until `done(json)` holds (bounded by `WAIT`); the last answer.
@@ -185,7 +174,7 @@ async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
 
     // DELETE a client: a v5 connection is told 0x98 Administrative action (MQTT 5
     // §3.14.2.1); its session (an hour's expiry) stays, subscriptions and all.
-    let (mut kicked, _) = v5::connect(addr, persistent_v5("kick-me")).await;
+    let (mut kicked, _) = v5::connect(addr, v5::persistent_connect("kick-me", 3600)).await;
     v5::subscribe(&mut kicked, "k/#", QoS::AtLeastOnce).await;
     let (status, body) = http(&config, "DELETE", "/api/v1/clients/kick-me");
     assert_eq!(status, 200, "{body}");
@@ -206,7 +195,7 @@ async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
     assert_eq!(http(&config, "DELETE", "/api/v1/clients/kick-me").0, 404);
     assert_eq!(http(&config, "DELETE", "/api/v1/clients/nobody").0, 404);
     // The session is still there: a reconnect resumes it (Session Present 1).
-    let (_back, ack) = v5::connect(addr, persistent_v5("kick-me")).await;
+    let (_back, ack) = v5::connect(addr, v5::persistent_connect("kick-me", 3600)).await;
     assert!(ack.session_present, "the kicked client's session was kept");
 
     // A 3.1.1 client is closed without a DISCONNECT (3.x has none from the server).
@@ -228,7 +217,7 @@ async fn deleting_a_session_discards_it_and_its_store_records() {
     let addr = config.mqtt;
 
     // An offline persistent subscriber with a backlog of 5.
-    let (mut sub, _) = v5::connect(addr, persistent_v5("gone")).await;
+    let (mut sub, _) = v5::connect(addr, v5::persistent_connect("gone", 3600)).await;
     v5::subscribe(&mut sub, "q/#", QoS::AtLeastOnce).await;
     v5::disconnect(sub).await;
     let mut publisher = v5::connect_id(addr, "pub").await;
@@ -252,14 +241,14 @@ async fn deleting_a_session_discards_it_and_its_store_records() {
     assert_eq!(http(&config, "DELETE", "/api/v1/sessions/gone").0, 404);
 
     // A connected one is disconnected first (0x98), then discarded.
-    let (mut live, _) = v5::connect(addr, persistent_v5("live")).await;
+    let (mut live, _) = v5::connect(addr, v5::persistent_connect("live", 3600)).await;
     v5::subscribe(&mut live, "l/#", QoS::AtLeastOnce).await;
     assert_eq!(http(&config, "DELETE", "/api/v1/sessions/live").0, 200);
     v5::expect_disconnect(&mut live, ReasonCode::ADMINISTRATIVE_ACTION).await;
     assert_eq!(http(&config, "GET", "/api/v1/sessions/live").0, 404);
 
     // No session any more: Session Present 0 (MQTT-3.2.2-3) ...
-    let (c, ack) = v5::connect(addr, persistent_v5("gone")).await;
+    let (c, ack) = v5::connect(addr, v5::persistent_connect("gone", 3600)).await;
     assert!(!ack.session_present, "the deleted session came back");
     v5::disconnect(c).await;
     // ... and not after a restart either: its store records went with it. ("gone" now has a
@@ -268,7 +257,7 @@ async fn deleting_a_session_discards_it_and_its_store_records() {
     let status = tokio::task::block_in_place(|| broker.terminate());
     assert!(status.success(), "{status}");
     let _broker = start(&config);
-    let (_c, ack) = v5::connect(addr, persistent_v5("live")).await;
+    let (_c, ack) = v5::connect(addr, v5::persistent_connect("live", 3600)).await;
     assert!(
         !ack.session_present,
         "the deleted session was restored from the store"
@@ -517,7 +506,7 @@ async fn readyz_is_503_while_the_store_is_out_of_space() {
     // Fill the filesystem, then make the writer need room: it waits for space (NoSpace).
     let filler = tmpfs.path().join("filler");
     tokio::task::block_in_place(|| common::disk::fill_disk(&filler));
-    let (mut sub, _) = v5::connect(config.mqtt, persistent_v5("s")).await;
+    let (mut sub, _) = v5::connect(config.mqtt, v5::persistent_connect("s", 3600)).await;
     v5::subscribe(&mut sub, "big/#", QoS::AtLeastOnce).await;
     v5::disconnect(sub).await;
     let mut p = v5::connect_id(config.mqtt, "p").await;
@@ -559,7 +548,7 @@ async fn the_status_page_renders_live_numbers_in_headless_chromium() {
     let addr = config.mqtt;
 
     // An offline persistent subscriber with a backlog of 5 ...
-    let (mut slow, _) = v5::connect(addr, persistent_v5("slow-sub")).await;
+    let (mut slow, _) = v5::connect(addr, v5::persistent_connect("slow-sub", 3600)).await;
     v5::subscribe(&mut slow, "plant/#", QoS::AtLeastOnce).await;
     v5::disconnect(slow).await;
     // ... and three connected clients: a publisher, a rumqttc subscriber, a 3.1.1 one.

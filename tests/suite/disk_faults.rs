@@ -17,8 +17,7 @@ use common::disk::{dir_bytes, fill_disk, Tmpfs};
 use common::process::{sample as metric, write_config, write_config_with, Broker, BrokerConfig};
 use common::{v5, RawClient};
 use postbox::codec::{
-    ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, Subscribe,
-    SubscriptionOptions,
+    Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, Subscribe, SubscriptionOptions,
 };
 
 const V3: ProtocolVersion = ProtocolVersion::V3_1_1;
@@ -67,17 +66,6 @@ fn tmpfs_or_skip(test: &str) -> Option<Tmpfs> {
             None
         }
     }
-}
-
-/// A v5 CONNECT for a session that outlives the connection.
-fn persistent_v5(client_id: &str) -> postbox::codec::Connect {
-    let mut connect = v5::connect_packet(client_id);
-    connect.clean_start = false;
-    connect.properties = ConnectProperties {
-        session_expiry_interval: Some(3600),
-        ..Default::default()
-    };
-    connect
 }
 
 /// A 3.1.1 persistent subscriber to `filter` at QoS 1, left offline.
@@ -370,7 +358,7 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
     let addr = config.mqtt;
 
     // A persistent QoS 2 subscriber gets a stored message and holds its PUBREC.
-    let (mut s2, _) = v5::connect(addr, persistent_v5("s2")).await;
+    let (mut s2, _) = v5::connect(addr, v5::persistent_connect("s2", 3600)).await;
     v5::subscribe(&mut s2, "q/#", QoS::ExactlyOnce).await;
     let mut p = v5::connect_id(addr, "p").await;
     let one = v5::publish_packet("q/1", QoS::ExactlyOnce, b"one", 1);
@@ -388,7 +376,7 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
     await_metric(&config, OUT_OF_SPACE, 1.0);
     // Sessions coming and going fill the writer's queue with updates that wait for space.
     for _ in 0..12 {
-        let (churn, _) = v5::connect(addr, persistent_v5("churn")).await;
+        let (churn, _) = v5::connect(addr, v5::persistent_connect("churn", 3600)).await;
         v5::disconnect(churn).await;
     }
     let scrape = scrape_metrics(&config);

@@ -63,10 +63,7 @@ async fn publish_n(
 }
 
 fn persistent(id: &str, expiry: u32) -> postbox::codec::Connect {
-    let mut c = v5::connect_packet(id);
-    c.clean_start = false;
-    c.properties.session_expiry_interval = Some(expiry);
-    c
+    v5::persistent_connect(id, expiry)
 }
 
 #[tokio::test]
