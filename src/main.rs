@@ -167,9 +167,12 @@ fn reload(
     if let Some(path) = path {
         match Config::load_with(Some(path), overrides) {
             Ok(new) => {
+                // The filter first, so the server's "reload: applied log.level" line is true
+                // by the time anyone reads it (an unchanged level sets the same filter again).
+                let level = log.set_level(&new.log.level);
                 let changes = server.reload_config(&new);
                 if changes.applied.iter().any(|k| k == "log.level") {
-                    match log.set_level(&new.log.level) {
+                    match level {
                         Ok(true) => {}
                         Ok(false) => tracing::warn!(
                             source = ?log.source(),
