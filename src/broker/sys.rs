@@ -107,8 +107,10 @@ impl Load {
                 let decay = (-dt / window).exp();
                 *average = per_minute + decay * (*average - per_minute);
             }
+            // Only a round that measured moves the baseline: what was counted meanwhile
+            // belongs to the next rate.
+            self.last = now;
         }
-        self.last = now;
         self.averages
     }
 }
@@ -133,31 +135,24 @@ pub struct SysTopics {
     /// The payload last published per topic, in the order of [`SysTopics::round`].
     last: Vec<String>,
     loads: [Load; LOADED.len()],
-    last_round: Option<Instant>,
-}
-
-impl Default for SysTopics {
-    fn default() -> Self {
-        SysTopics::new()
-    }
+    last_round: Instant,
 }
 
 impl SysTopics {
-    /// Nothing published yet.
-    pub fn new() -> SysTopics {
+    /// Nothing published yet; the counters were 0 at `started` (the broker's start), so the
+    /// first round's rates cover everything since then, however late it runs.
+    pub fn new(started: Instant) -> SysTopics {
         SysTopics {
             last: Vec::new(),
             loads: [Load::default(); LOADED.len()],
-            last_round: None,
+            last_round: started,
         }
     }
 
     /// The topics and payloads of one round at `now`, only those that changed.
     pub fn round(&mut self, f: &SysFigures, now: Instant) -> Vec<(String, String)> {
-        let dt = self.last_round.map_or(0.0, |last| {
-            now.saturating_duration_since(last).as_secs_f64()
-        });
-        self.last_round = Some(now);
+        let dt = now.saturating_duration_since(self.last_round).as_secs_f64();
+        self.last_round = now;
         let mut all: Vec<(String, String)> = vec![
             (
                 "$SYS/broker/version".into(),
@@ -240,7 +235,7 @@ impl SysTopics {
 /// first round at once.
 pub async fn run(broker: Arc<Broker>, interval: Duration, shutdown: CancellationToken) {
     let started = Instant::now();
-    let mut topics = SysTopics::new();
+    let mut topics = SysTopics::new(started);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -291,8 +286,8 @@ mod tests {
 
     #[test]
     fn first_round_publishes_everything_then_only_changes() {
-        let mut topics = SysTopics::new();
         let start = Instant::now();
+        let mut topics = SysTopics::new(start);
         let first = topics.round(&figures(), start);
         let find = |round: &[(String, String)], topic: &str| {
             round
@@ -337,5 +332,11 @@ mod tests {
         }
         // The 1-minute average reacts fastest.
         assert!(a[0] > a[1] && a[1] > a[2]);
+
+        // What a round without elapsed time saw still counts in the next one (the first
+        // round may run after the first messages).
+        let mut late = Load::default();
+        assert_eq!(late.update(7, 0.0), [0.0; 3]);
+        assert!(late.update(7, 1.0)[0] > 0.0);
     }
 }
