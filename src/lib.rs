@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod bridge;
 pub mod broker;
 pub mod codec;
 pub mod config;

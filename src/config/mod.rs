@@ -12,6 +12,7 @@
 //! own has a file (`listener`, `mqtt`, `storage`), `validate` ties the sections' rules together,
 //! `error` turns problems into positioned messages, `overrides` applies the command line.
 
+mod bridge;
 mod error;
 mod listener;
 mod mqtt;
@@ -23,6 +24,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use bridge::{
+    BridgeConfig, BridgeProtocol, BridgeTlsConfig, Direction, StartMode, TopicRule,
+    BRIDGE_SESSION_PREFIX, HOPS_PROPERTY,
+};
 pub use error::ConfigError;
 pub use listener::{
     ClientCertMode, ListenerConfig, ListenerKind, MetricsConfig, TlsConfig, TlsIdentity,
@@ -62,6 +67,9 @@ pub struct Config {
     pub log: LogConfig,
     /// The admin API and status page on the metrics listener.
     pub admin: AdminConfig,
+    /// Links to remote brokers (`[[bridge]]`), in file order.
+    #[serde(rename = "bridge", skip_serializing_if = "Vec::is_empty")]
+    pub bridges: Vec<BridgeConfig>,
 }
 
 impl Default for Config {
@@ -74,6 +82,7 @@ impl Default for Config {
             storage: StorageConfig::default(),
             log: LogConfig::default(),
             admin: AdminConfig::default(),
+            bridges: Vec::new(),
         }
     }
 }
