@@ -57,6 +57,9 @@ pub enum StartError {
     /// `admin.token_file` could not be read or is empty.
     #[error("cannot use the admin token: {0}")]
     AdminToken(#[from] crate::admin::TokenError),
+    /// A bridge's TLS files (`[bridge.tls]`) could not be loaded.
+    #[error("cannot start a bridge: {0}")]
+    Bridge(#[from] crate::bridge::BridgeStartError),
 }
 
 /// Opens the store, restores what it holds into a new broker (blocking I/O, off the runtime).
@@ -115,6 +118,8 @@ pub struct RunningServer {
     pub listeners: Vec<BoundListener>,
     /// The broker state, for tests and embedding (sessions, metrics).
     pub broker: Arc<Broker>,
+    /// One status per `[[bridge]]`, in config order.
+    pub bridges: Vec<Arc<crate::bridge::BridgeStatus>>,
     shutdown: CancellationToken,
     /// Waits for the token, stops every listener, then begins the broker's shutdown.
     stopping: JoinHandle<()>,
@@ -174,6 +179,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         )?)),
         None => None,
     };
+    // Before the store opens: a bridge's bad TLS file must stop the start.
+    let bridge_tls = crate::bridge::load_tls(&config.bridges)?;
     let broker = open_broker(&config).await?;
     let jwt = match &config.auth.jwt {
         Some(settings) => Some(Arc::new(crate::auth::jwt::JwtVerifier::load(
@@ -256,6 +263,21 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(listener = %l.name, addr = %l.addr, "MQTT listener up");
     }
     readiness.listeners_up();
+    // The bridges' statuses exist from the start (metrics, `$SYS`, admin API), whether or not
+    // a remote is ever reached.
+    let bridges: Vec<Arc<crate::bridge::BridgeStatus>> = config
+        .bridges
+        .iter()
+        .map(|c| crate::bridge::BridgeStatus::new(c, &broker))
+        .collect();
+    crate::bridge::start(
+        &broker,
+        &config.bridges,
+        bridge_tls,
+        &bridges,
+        &connections,
+        &shutdown,
+    );
     let stopping = tokio::spawn(stop_listeners_then_broker(
         accepting,
         Arc::clone(&broker),
@@ -294,6 +316,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         mqtt_addr,
         listeners,
         broker,
+        bridges,
         shutdown,
         stopping,
         connections,

@@ -126,37 +126,49 @@ impl Link {
     /// On a resumed session, what was sent and not acknowledged is received again first,
     /// with `dup` set (MQTT-4.4.0-1).
     pub fn connect(broker: &Arc<Broker>, options: LinkOptions) -> Link {
+        let (mut link, resends) = Link::connect_driven(broker, options);
+        for resend in resends {
+            match resend {
+                Resend::Publish(delivery, packet_id) => {
+                    Inbox(&mut link.inbox).write(&delivery, packet_id, true, false);
+                }
+                // Our PUBREC was stored: the message was received; finish its handshake.
+                // The id awaits PUBCOMP (that is what `Release` means) and nothing else
+                // drives the session between the two calls, so it cannot mismatch.
+                Resend::Release(packet_id) => {
+                    if let Err(mismatch) = link.handle.on_pubcomp(packet_id) {
+                        tracing::warn!(%mismatch, "link: resumed PUBREL stage changed");
+                    }
+                }
+            }
+        }
+        link
+    }
+
+    /// Connects (or resumes) the session like [`Link::connect`], but hands what the session
+    /// holds unacknowledged to the caller instead of receiving it: a driver that forwards to
+    /// another broker (the bridge) re-sends those itself, under the same packet ids, and
+    /// finishes a PUBREL stage only when that broker answers.
+    pub fn connect_driven(broker: &Arc<Broker>, options: LinkOptions) -> (Link, Vec<Resend>) {
         let attached = broker.connect(SessionRequest {
             client_id: options.client_id,
             clean_start: options.clean_start,
             expiry_interval: options.session_expiry,
             protocol: ProtocolVersion::V5,
         });
-        let mut link = Link {
+        let link = Link {
             handle: attached.handle,
             session_present: attached.session_present,
             window: usize::from(options.receive_maximum.max(1)),
             inbox: VecDeque::new(),
             next_publish_id: 0,
         };
-        if link.session_present {
-            for resend in link.handle.retransmissions() {
-                match resend {
-                    Resend::Publish(delivery, packet_id) => {
-                        Inbox(&mut link.inbox).write(&delivery, packet_id, true, false);
-                    }
-                    // Our PUBREC was stored: the message was received; finish its handshake.
-                    // The id awaits PUBCOMP (that is what `Release` means) and nothing else
-                    // drives the session between the two calls, so it cannot mismatch.
-                    Resend::Release(packet_id) => {
-                        if let Err(mismatch) = link.handle.on_pubcomp(packet_id) {
-                            tracing::warn!(%mismatch, "link: resumed PUBREL stage changed");
-                        }
-                    }
-                }
-            }
-        }
-        link
+        let resends = if link.session_present {
+            link.handle.retransmissions()
+        } else {
+            Vec::new()
+        };
+        (link, resends)
     }
 
     /// True if the session existed before this link connected.
@@ -198,8 +210,9 @@ impl Link {
     }
 
     /// Waits until `target`, which the last publish filled past its bound, has room again,
-    /// stalls or goes away (`broker::flow`); counted as a paused publisher meanwhile.
-    async fn wait_for_room(&self, target: &super::Session) {
+    /// stalls or goes away (`broker::flow`); counted as a paused publisher meanwhile. Public
+    /// for drivers that publish through [`Link::handle`] (the bridge's inbound side).
+    pub async fn wait_for_room(&self, target: &super::Session) {
         /// Counts the pause as ended however the wait ends (also when its future is dropped).
         struct Paused<'a>(&'a super::FlowControl, Instant);
         impl Drop for Paused<'_> {

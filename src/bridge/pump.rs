@@ -1,0 +1,654 @@
+//! One remote connection's traffic: the bridge's local session ↔ the remote broker.
+//!
+//! Out: the local session's deliveries are encoded straight into the remote's write buffer
+//! under the packet ids the session gave them (so the session's stored in-flight window *is*
+//! the remote's, and a restart re-sends exactly what the remote may not have); a remote
+//! PUBACK / PUBCOMP is the local acknowledgement that finally removes the message from the
+//! store. In: a remote PUBLISH is routed through the session like a client's, and its PUBACK /
+//! PUBREC goes back only once the store holds it.
+//!
+//! One task, one `select!`: the remote's reads, single writes, the local session's wake-up,
+//! the acks waiting for commits, keep-alive and the forward rate all in one loop.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use bytestring::ByteString;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+
+use super::remote::{RemoteError, RemoteIo};
+use super::status::{BridgeStatus, Flow};
+use super::topics::Rules;
+use crate::broker::link::Link;
+use crate::broker::session::DeliverySink;
+use crate::broker::{Delivery, Fill, PublishRefused, Resend};
+use crate::codec::{
+    topic, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
+};
+use crate::config::{BridgeConfig, StartMode, HOPS_PROPERTY};
+use crate::storage::Durable;
+
+/// Encoded bytes waiting for the socket above which no more deliveries are taken.
+const WRITE_HIGH_WATER: usize = 256 * 1024;
+
+/// How a connection's pump ended without an error.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// The broker is stopping.
+    Shutdown,
+    /// `start = "lazy"`: nothing to send for `idle_timeout`.
+    Idle,
+}
+
+/// What the remote told us at connect that bounds what we send.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RemoteLimits {
+    /// QoS 1/2 messages in flight at once: `min(inflight, remote Receive Maximum)`.
+    pub(super) window: usize,
+    /// The remote's Maximum Packet Size (v5), else unbounded.
+    pub(super) max_packet_size: usize,
+    /// The remote's Maximum QoS (v5), else 2.
+    pub(super) max_qos: QoS,
+    /// Whether the remote keeps RETAIN (v5 Retain Available).
+    pub(super) retain_available: bool,
+}
+
+/// A write that waits for a commit: an ack to the remote, sent once the store holds what it
+/// promises.
+struct GatedAck {
+    gate: Option<Durable>,
+    packet: Packet,
+}
+
+/// The per-connection state of the pump.
+pub(super) struct Pump<'a, S> {
+    config: &'a BridgeConfig,
+    rules: &'a Rules,
+    status: &'a BridgeStatus,
+    link: &'a mut Link,
+    io: RemoteIo<S>,
+    limits: RemoteLimits,
+    /// Acks waiting for their commit, in the order they must be written.
+    gated: VecDeque<GatedAck>,
+    /// Forward-rate tokens (`max_forward_rate`), refilled continuously.
+    tokens: f64,
+    refilled_at: Instant,
+    last_write: Instant,
+    last_read: Instant,
+    ping_sent: Option<Instant>,
+    last_traffic: Instant,
+}
+
+impl<S> std::fmt::Debug for Pump<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pump")
+            .field("bridge", &self.config.name)
+            .finish()
+    }
+}
+
+impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
+    /// A pump over a connected remote.
+    pub(super) fn new(
+        config: &'a BridgeConfig,
+        rules: &'a Rules,
+        status: &'a BridgeStatus,
+        link: &'a mut Link,
+        io: RemoteIo<S>,
+        limits: RemoteLimits,
+    ) -> Pump<'a, S> {
+        let now = Instant::now();
+        Pump {
+            config,
+            rules,
+            status,
+            link,
+            io,
+            limits,
+            gated: VecDeque::new(),
+            tokens: f64::from(config.max_forward_rate.max(1)),
+            refilled_at: now,
+            last_write: now,
+            last_read: now,
+            ping_sent: None,
+            last_traffic: now,
+        }
+    }
+
+    /// Subscribes on the remote for the `in` rules (No Local and Retain As Published on v5,
+    /// so what the bridge sends is not echoed back), re-sends what the local session holds
+    /// unacknowledged, then moves messages both ways until an error, shutdown or idleness.
+    ///
+    /// # Errors
+    ///
+    /// Why the connection failed: the remote's I/O or protocol, the store, a takeover.
+    pub(super) async fn run(
+        mut self,
+        resends: Vec<Resend>,
+        shutdown: &CancellationToken,
+    ) -> Result<Ended, RemoteError> {
+        self.subscribe_remote()?;
+        self.resend(resends)?;
+        let result = self.pump(shutdown).await;
+        if matches!(result, Ok(Ended::Shutdown) | Ok(Ended::Idle)) {
+            self.io.close().await;
+        }
+        result
+    }
+
+    fn subscribe_remote(&mut self) -> Result<(), RemoteError> {
+        let filters: Vec<_> = self
+            .rules
+            .remote_subscriptions()
+            .into_iter()
+            .map(|(filter, qos)| {
+                let options = crate::codec::SubscriptionOptions {
+                    qos: qos.min(self.limits.max_qos),
+                    no_local: true,
+                    retain_as_published: true,
+                    ..Default::default()
+                };
+                (ByteString::from(filter), options)
+            })
+            .collect();
+        if filters.is_empty() {
+            return Ok(());
+        }
+        let subscribe = crate::codec::Subscribe {
+            packet_id: 1,
+            subscription_identifier: None,
+            user_properties: Vec::new(),
+            filters,
+        };
+        self.io.tx.push(&Packet::Subscribe(subscribe))
+    }
+
+    /// What the session held unacknowledged when it was resumed: PUBLISHes again with DUP
+    /// (MQTT-4.4.0-1), PUBRELs again; in the order they were first sent.
+    fn resend(&mut self, resends: Vec<Resend>) -> Result<(), RemoteError> {
+        for resend in resends {
+            match resend {
+                Resend::Publish(delivery, packet_id) => {
+                    let sent = self.sink().write(&delivery, packet_id, true, false);
+                    if !sent {
+                        // Not forwardable any more (its rule is gone, too many hops, too
+                        // large): the session lets it go, as a fill would.
+                        self.forget(delivery.qos, packet_id);
+                    }
+                }
+                Resend::Release(packet_id) => {
+                    self.io
+                        .tx
+                        .push(&Packet::PubRel(PubResponse::new(packet_id)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn forget(&mut self, qos: QoS, packet_id: u16) {
+        let handle = self.link.handle();
+        let result = match qos {
+            QoS::ExactlyOnce => handle.on_pubrec(packet_id, true).map(|_| ()),
+            _ => handle.on_puback(packet_id),
+        };
+        if let Err(mismatch) = result {
+            tracing::warn!(bridge = %self.config.name, %mismatch, "bridge: could not let go of an unforwardable message");
+        }
+    }
+
+    fn sink(&mut self) -> RemoteSink<'_> {
+        let version = self.io.version();
+        RemoteSink {
+            out: &mut self.io.tx.wbuf,
+            rules: self.rules,
+            status: self.status,
+            version,
+            limits: self.limits,
+            max_hops: self.config.max_hops,
+            keep_retain: self.config.keep_retain,
+            tokens: if self.config.max_forward_rate == 0 {
+                usize::MAX
+            } else {
+                self.tokens as usize
+            },
+            taken: 0,
+        }
+    }
+
+    fn refill_tokens(&mut self, now: Instant) {
+        let rate = f64::from(self.config.max_forward_rate);
+        if rate == 0.0 {
+            return;
+        }
+        let elapsed = now
+            .saturating_duration_since(self.refilled_at)
+            .as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(rate.max(1.0));
+        self.refilled_at = now;
+    }
+
+    /// Takes what the local session has ready into the write buffer, within the window, the
+    /// buffer's high-water mark and the forward rate.
+    async fn fill(&mut self) -> Result<bool, RemoteError> {
+        if self.io.tx.wbuf.len() >= WRITE_HIGH_WATER {
+            return Ok(false);
+        }
+        self.refill_tokens(Instant::now());
+        if self.config.max_forward_rate > 0 && self.tokens < 1.0 {
+            return Ok(false);
+        }
+        let window = self.limits.window;
+        let before = self.io.tx.wbuf.len();
+        let handle = self.link.handle();
+        let version = self.io.version();
+        let mut sink = RemoteSink {
+            out: &mut self.io.tx.wbuf,
+            rules: self.rules,
+            status: self.status,
+            version,
+            limits: self.limits,
+            max_hops: self.config.max_hops,
+            keep_retain: self.config.keep_retain,
+            tokens: if self.config.max_forward_rate == 0 {
+                usize::MAX
+            } else {
+                self.tokens as usize
+            },
+            taken: 0,
+        };
+        let fill = handle.fill(window, Instant::now(), &mut sink as &mut dyn DeliverySink);
+        let taken = sink.taken;
+        if self.config.max_forward_rate > 0 {
+            self.tokens -= taken as f64;
+        }
+        match fill {
+            Fill::TakenOver => return Err(RemoteError::TakenOver),
+            Fill::Filled { gate: Some(gate) } => {
+                // A delivery whose new stage is being stored must not reach the remote first
+                // (a crash would re-send it under another id): held until the commit.
+                gate.await?;
+            }
+            Fill::Filled { gate: None } => {}
+        }
+        Ok(self.io.tx.wbuf.len() > before)
+    }
+
+    async fn pump(&mut self, shutdown: &CancellationToken) -> Result<Ended, RemoteError> {
+        let session = Arc::clone(self.link.handle().session());
+        let keep_alive = Duration::from_secs(u64::from(self.config.keep_alive));
+        loop {
+            // Armed before the fill, so a delivery queued in between still wakes us.
+            let woken = session.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.fill().await? {
+                self.last_traffic = Instant::now();
+            }
+            self.release_gated()?;
+            let now = Instant::now();
+            let next_timer = self.next_timer(now, keep_alive);
+            let may_take = self.io.tx.wbuf.len() < WRITE_HIGH_WATER
+                && (self.config.max_forward_rate == 0 || self.tokens >= 1.0);
+            let has_gated = !self.gated.is_empty();
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(Ended::Shutdown),
+                read = self.io.rx.fill_read() => {
+                    read?;
+                    self.last_read = Instant::now();
+                    self.ping_sent = None;
+                    while let Some(packet) = self.io.rx.next_packet()? {
+                        self.on_packet(packet).await?;
+                    }
+                }
+                written = self.io.tx.write_some(), if !self.io.tx.wbuf.is_empty() => {
+                    written?;
+                    self.last_write = Instant::now();
+                }
+                durable = wait_front(&mut self.gated), if has_gated => {
+                    durable?;
+                }
+                () = &mut woken, if may_take => {}
+                () = tokio::time::sleep_until(next_timer.into()) => {
+                    if let Some(ended) = self.on_timer(keep_alive)? {
+                        return Ok(ended);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves acks whose commit is done (in order) into the write buffer.
+    fn release_gated(&mut self) -> Result<(), RemoteError> {
+        while self.gated.front().is_some_and(|g| g.gate.is_none()) {
+            if let Some(ack) = self.gated.pop_front() {
+                self.io.tx.push(&ack.packet)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn next_timer(&self, now: Instant, keep_alive: Duration) -> Instant {
+        let mut next = now + Duration::from_secs(1);
+        if !keep_alive.is_zero() {
+            let ping_at = match self.ping_sent {
+                Some(sent) => sent + keep_alive,
+                None => self.last_write + keep_alive,
+            };
+            next = next.min(ping_at.max(now + Duration::from_millis(1)));
+        }
+        if self.config.max_forward_rate > 0 && self.tokens < 1.0 {
+            let wait = (1.0 - self.tokens) / f64::from(self.config.max_forward_rate);
+            next = next.min(now + Duration::from_secs_f64(wait.max(0.001)));
+        }
+        next
+    }
+
+    fn on_timer(&mut self, keep_alive: Duration) -> Result<Option<Ended>, RemoteError> {
+        let now = Instant::now();
+        if !keep_alive.is_zero() {
+            match self.ping_sent {
+                Some(sent) if now.duration_since(sent) >= keep_alive => {
+                    return Err(RemoteError::KeepAlive(keep_alive));
+                }
+                None if now.duration_since(self.last_write) >= keep_alive => {
+                    self.io.tx.push(&Packet::PingReq)?;
+                    self.ping_sent = Some(now);
+                }
+                _ => {}
+            }
+        }
+        if self.config.start == StartMode::Lazy
+            && now.duration_since(self.last_traffic)
+                >= Duration::from_secs(u64::from(self.config.idle_timeout))
+            && self.gated.is_empty()
+            && self.io.tx.wbuf.is_empty()
+        {
+            let view = self
+                .link
+                .handle()
+                .broker()
+                .session_view(self.link.handle().client_id());
+            if view.is_none_or(|v| v.backlog == 0 && v.inflight == 0) {
+                return Ok(Some(Ended::Idle));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn on_packet(&mut self, packet: Packet) -> Result<(), RemoteError> {
+        self.last_traffic = Instant::now();
+        let handle = self.link.handle();
+        match packet {
+            Packet::PubAck(ack) => {
+                handle
+                    .on_puback(ack.packet_id)
+                    .map_err(|m| RemoteError::Protocol(m.to_string()))?;
+                self.count_outcome(ack.reason_code);
+            }
+            Packet::PubRec(rec) => {
+                let refused = rec.reason_code.0 >= 0x80;
+                let answer = handle
+                    .on_pubrec(rec.packet_id, refused)
+                    .map_err(|m| RemoteError::Protocol(m.to_string()))?;
+                if refused {
+                    self.count_outcome(rec.reason_code);
+                }
+                if let Some(answer) = answer {
+                    let mut rel = PubResponse::new(rec.packet_id);
+                    rel.reason_code = answer.reason;
+                    self.gated.push_back(GatedAck {
+                        gate: answer.gate,
+                        packet: Packet::PubRel(rel),
+                    });
+                }
+            }
+            Packet::PubComp(comp) => {
+                handle
+                    .on_pubcomp(comp.packet_id)
+                    .map_err(|m| RemoteError::Protocol(m.to_string()))?;
+                self.status.forwarded(Flow::Out);
+            }
+            Packet::Publish(publish) => self.on_remote_publish(publish).await?,
+            Packet::PubRel(rel) => {
+                let answer = handle.on_pubrel(rel.packet_id);
+                let mut comp = PubResponse::new(rel.packet_id);
+                comp.reason_code = answer.reason;
+                self.gated.push_back(GatedAck {
+                    gate: answer.gate,
+                    packet: Packet::PubComp(comp),
+                });
+            }
+            Packet::SubAck(ack) => {
+                let filters = self.rules.remote_subscriptions();
+                for (i, code) in ack.reason_codes.iter().enumerate() {
+                    if code.0 >= 0x80 {
+                        let filter = filters.get(i).map_or("?", |(f, _)| f.as_str());
+                        tracing::warn!(bridge = %self.config.name, filter, reason = code.0, "bridge: the remote refused a subscription; messages for it will not come in");
+                    }
+                }
+            }
+            Packet::UnsubAck(_) | Packet::PingResp => {}
+            Packet::Disconnect(d) => return Err(RemoteError::Disconnected(d.reason_code.0)),
+            other => {
+                return Err(RemoteError::Protocol(format!(
+                    "unexpected {} from the remote",
+                    other.name()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn count_outcome(&self, code: ReasonCode) {
+        if code.0 >= 0x80 {
+            tracing::warn!(bridge = %self.config.name, reason = code.0, "bridge: the remote refused a message; it is dropped");
+            self.status.dropped(Flow::Out, "refused");
+        } else {
+            self.status.forwarded(Flow::Out);
+        }
+    }
+
+    /// A PUBLISH from the remote: renamed by the `in` rules and routed through the bridge's
+    /// session like a client's; acknowledged once the store holds it.
+    async fn on_remote_publish(&mut self, mut publish: Publish) -> Result<(), RemoteError> {
+        let (qos, packet_id) = (publish.qos, publish.packet_id);
+        let v5 = self.io.version() == ProtocolVersion::V5;
+        let local = self
+            .rules
+            .incoming(&publish.topic)
+            .filter(|t| topic::topic_name_error(t).is_none() && !topic::is_sys(t));
+        let hops = hops_of(&publish.properties);
+        let verdict = match local {
+            None => Err("topic"),
+            Some(_) if v5 && hops >= self.config.max_hops => Err("max_hops"),
+            Some(name) => Ok(name),
+        };
+        let name = match verdict {
+            Ok(name) => name,
+            Err(reason) => {
+                // Acknowledged (the remote must not re-send it) and counted.
+                self.status.dropped(Flow::In, reason);
+                self.ack_remote(qos, packet_id, ReasonCode::SUCCESS, None);
+                return Ok(());
+            }
+        };
+        publish.topic = ByteString::from(name);
+        publish.dup = false;
+        publish.properties.topic_alias = None;
+        publish.properties.subscription_identifiers.clear();
+        if v5 {
+            set_hops(&mut publish.properties, hops.saturating_add(1));
+        }
+        let handle = self.link.handle();
+        match handle.publish(publish) {
+            Ok(published) => {
+                if let Some(target) = published.pressure {
+                    // A local subscriber is full: read nothing more from the remote until it
+                    // has room (back-pressure travels upstream instead of dropping).
+                    self.link.wait_for_room(&target).await;
+                }
+                self.status.forwarded(Flow::In);
+                let reason = if v5 {
+                    ReasonCode::SUCCESS
+                } else {
+                    published.answer.reason
+                };
+                self.ack_remote(qos, packet_id, reason, published.answer.gate);
+            }
+            Err(refused) => {
+                if qos == QoS::AtMostOnce {
+                    self.status.dropped(Flow::In, "refused");
+                    return Ok(());
+                }
+                if !v5 {
+                    // 3.x has no negative ack: closing makes the remote re-send it later.
+                    return Err(RemoteError::Protocol(format!(
+                        "a message from the remote was refused locally ({refused}); reconnecting so the remote keeps it"
+                    )));
+                }
+                self.status.dropped(Flow::In, "refused");
+                let code = match refused {
+                    PublishRefused::QueueFull { .. } => ReasonCode::QUOTA_EXCEEDED,
+                    PublishRefused::Store(ref e) if e.is_quota() => ReasonCode::QUOTA_EXCEEDED,
+                    PublishRefused::Store(_) => ReasonCode::UNSPECIFIED_ERROR,
+                };
+                self.ack_remote(qos, packet_id, code, None);
+            }
+        }
+        Ok(())
+    }
+
+    fn ack_remote(&mut self, qos: QoS, packet_id: u16, reason: ReasonCode, gate: Option<Durable>) {
+        let mut ack = PubResponse::new(packet_id);
+        ack.reason_code = reason;
+        let packet = match qos {
+            QoS::AtMostOnce => return,
+            QoS::AtLeastOnce => Packet::PubAck(ack),
+            QoS::ExactlyOnce => Packet::PubRec(ack),
+        };
+        self.gated.push_back(GatedAck { gate, packet });
+    }
+}
+
+/// Waits for the front gated ack's commit. Polled by reference, so a `select!` that picks
+/// another branch first loses nothing; the gate is cleared only once the commit is done.
+async fn wait_front(gated: &mut VecDeque<GatedAck>) -> Result<(), RemoteError> {
+    if let Some(front) = gated.front_mut() {
+        if let Some(gate) = front.gate.as_mut() {
+            gate.await?;
+            front.gate = None;
+        }
+    }
+    Ok(())
+}
+
+/// The hop count a message carries (0 when it has none).
+fn hops_of(properties: &PublishProperties) -> u8 {
+    properties
+        .user_properties
+        .iter()
+        .rev()
+        .find(|(k, _)| k == HOPS_PROPERTY)
+        .and_then(|(_, v)| v.parse::<u8>().ok())
+        .unwrap_or(0)
+}
+
+/// Sets the hop count, replacing any earlier one.
+fn set_hops(properties: &mut PublishProperties, hops: u8) {
+    properties
+        .user_properties
+        .retain(|(k, _)| k != HOPS_PROPERTY);
+    properties
+        .user_properties
+        .push((HOPS_PROPERTY.into(), hops.to_string().into()));
+}
+
+/// Encodes the local session's deliveries for the remote, renamed by the `out` rules.
+struct RemoteSink<'a> {
+    out: &'a mut BytesMut,
+    rules: &'a Rules,
+    status: &'a BridgeStatus,
+    version: ProtocolVersion,
+    limits: RemoteLimits,
+    max_hops: u8,
+    keep_retain: bool,
+    tokens: usize,
+    taken: usize,
+}
+
+impl DeliverySink for RemoteSink<'_> {
+    fn has_room(&self) -> bool {
+        self.out.len() < WRITE_HIGH_WATER && self.taken < self.tokens
+    }
+
+    fn write(&mut self, d: &Delivery, packet_id: u16, dup: bool, _after_commit: bool) -> bool {
+        self.taken += 1;
+        let message = &d.message;
+        let v5 = self.version == ProtocolVersion::V5;
+        let Some(name) = self.rules.outgoing(&message.topic) else {
+            self.status.dropped(Flow::Out, "topic");
+            return false;
+        };
+        let mut properties = message.properties().clone();
+        if v5 {
+            let hops = hops_of(&properties);
+            if hops >= self.max_hops {
+                self.status.dropped(Flow::Out, "max_hops");
+                return false;
+            }
+            set_hops(&mut properties, hops.saturating_add(1));
+            if let Some(interval) = properties.message_expiry_interval.as_mut() {
+                // The remaining lifetime, not the original (MQTT-3.3.2-6).
+                let elapsed = message.received_at.elapsed().as_secs();
+                *interval = interval.saturating_sub(elapsed.min(u64::from(u32::MAX)) as u32);
+            }
+        } else {
+            properties = PublishProperties::default();
+        }
+        properties.subscription_identifiers.clear();
+        properties.topic_alias = None;
+        let publish = Publish {
+            dup: dup && d.qos != QoS::AtMostOnce,
+            qos: d.qos,
+            retain: self.keep_retain && d.retain && self.limits.retain_available,
+            topic: ByteString::from(name),
+            packet_id,
+            payload: message.payload.clone(),
+            properties,
+        };
+        let start = self.out.len();
+        let encoded = crate::codec::encode(&Packet::Publish(publish), self.version, self.out);
+        if encoded.is_err() || self.out.len() - start > self.limits.max_packet_size {
+            self.out.truncate(start);
+            self.status.dropped(Flow::Out, "too_large");
+            return false;
+        }
+        if d.qos == QoS::AtMostOnce {
+            self.status.forwarded(Flow::Out);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hops_are_read_and_replaced() {
+        let mut p = PublishProperties::default();
+        assert_eq!(hops_of(&p), 0);
+        set_hops(&mut p, 1);
+        set_hops(&mut p, 2);
+        assert_eq!(hops_of(&p), 2);
+        assert_eq!(p.user_properties.len(), 1);
+        p.user_properties
+            .push((HOPS_PROPERTY.into(), "not a number".into()));
+        assert_eq!(hops_of(&p), 0);
+    }
+}
