@@ -246,7 +246,7 @@ impl Bridge {
                 ConnectProperties {
                     session_expiry_interval: Some(if c.clean_start { 0 } else { c.session_expiry }),
                     receive_maximum: Some(c.inflight.max(1)),
-                    maximum_packet_size: u32::try_from(self.broker.config().max_packet_size).ok(),
+                    maximum_packet_size: Some(self.broker.config().max_packet_size),
                     ..ConnectProperties::default()
                 }
             } else {

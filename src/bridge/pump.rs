@@ -133,7 +133,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         self.subscribe_remote()?;
         self.resend(resends)?;
         let result = self.pump(shutdown).await;
-        if matches!(result, Ok(Ended::Shutdown) | Ok(Ended::Idle)) {
+        if matches!(result, Ok(Ended::Shutdown | Ended::Idle)) {
             self.io.close().await;
         }
         result
@@ -210,11 +210,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             limits: self.limits,
             max_hops: self.config.max_hops,
             keep_retain: self.config.keep_retain,
-            tokens: if self.config.max_forward_rate == 0 {
-                usize::MAX
-            } else {
-                self.tokens as usize
-            },
+            tokens: whole_tokens(self.config.max_forward_rate, self.tokens),
             taken: 0,
         }
     }
@@ -253,11 +249,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             limits: self.limits,
             max_hops: self.config.max_hops,
             keep_retain: self.config.keep_retain,
-            tokens: if self.config.max_forward_rate == 0 {
-                usize::MAX
-            } else {
-                self.tokens as usize
-            },
+            tokens: whole_tokens(self.config.max_forward_rate, self.tokens),
             taken: 0,
         };
         let fill = handle.fill(window, Instant::now(), &mut sink as &mut dyn DeliverySink);
@@ -532,6 +524,17 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             QoS::ExactlyOnce => Packet::PubRec(ack),
         };
         self.gated.push_back(GatedAck { gate, packet });
+    }
+}
+
+/// Deliveries the forward rate lets through now (`usize::MAX` without a rate).
+#[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+fn whole_tokens(rate: u32, tokens: f64) -> usize {
+    if rate == 0 {
+        usize::MAX
+    } else {
+        // Clamped to 0..=rate first: the cast is exact for these values.
+        tokens.clamp(0.0, f64::from(rate)).floor() as usize
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 pub mod async_process;
 pub mod disk;
 pub mod mosquitto;
+pub mod mosquitto_broker;
 pub mod process;
 pub mod rumq;
 pub mod v5;
