@@ -354,3 +354,43 @@ async fn v5_properties_and_retain_cross_the_bridge() {
         ]
     );
 }
+
+/// `start = "lazy"` (Mosquitto's `start_type lazy`): no connection until `threshold` messages
+/// are queued for the remote, then all of them in order, and a disconnect after
+/// `idle_timeout` seconds with nothing to send.
+#[tokio::test]
+async fn a_lazy_bridge_connects_at_its_threshold_and_leaves_when_idle() {
+    let remote = MosquittoBroker::start("").await;
+    let mut remote_sub = persistent_subscriber(remote.port, "lazy-sub", "site1/#").await;
+    let postbox = BrokerProcess::spawn_file(
+        &format!(
+            "[storage]\npersistence = false\n{}",
+            bridge(
+                "cloud",
+                &[remote.port],
+                "5",
+                "start = \"lazy\"\nthreshold = 3\nidle_timeout = 1\n",
+                SITE_RULES
+            )
+        ),
+        &[],
+    )
+    .await;
+    publish_numbered(postbox.addr.port(), "sensors/l", "l", 2).await;
+    assert!(
+        !postbox
+            .logs()
+            .iter()
+            .any(|l| l.contains("bridge: connected to the remote")),
+        "a lazy bridge under its threshold stays down"
+    );
+    publish_numbered(postbox.addr.port(), "sensors/l", "m", 1).await;
+    wait_bridge_up(&postbox).await;
+    assert_eq!(
+        receive_payloads(&mut remote_sub, 3).await,
+        ["l0", "l1", "m0"]
+    );
+    postbox
+        .wait_log(|l| l.contains("bridge: idle, disconnected"))
+        .await;
+}
