@@ -7,5 +7,6 @@
 //! project's own codec.
 
 pub mod status;
+pub mod transport;
 
 pub use status::{BridgeStatus, Flow};
