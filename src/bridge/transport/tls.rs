@@ -192,3 +192,112 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         self.algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    fn dev(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("certs")
+            .join(name)
+    }
+
+    fn error_of(config: &BridgeTlsConfig) -> String {
+        match ClientTls::load(config) {
+            Ok(_) => panic!("{config:?} loaded"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn loads_the_dev_files_and_keeps_the_settings() {
+        let tls = ClientTls::load(&BridgeTlsConfig {
+            ca: Some(dev("ca.pem")),
+            cert: Some(dev("client.pem")),
+            key: Some(dev("client.key")),
+            alpn: vec!["mqtt".into(), "x-amzn-mqtt-ca".into()],
+            ..BridgeTlsConfig::default()
+        })
+        .expect("loads");
+        assert!(!tls.is_insecure());
+        assert!(tls.config().client_auth_cert_resolver.has_certs());
+        assert_eq!(
+            tls.config().alpn_protocols,
+            [&b"mqtt"[..], b"x-amzn-mqtt-ca"]
+        );
+        assert_eq!(
+            tls.server_name("127.0.0.1"),
+            Some(ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()))
+        );
+        assert_eq!(
+            tls.server_name("::1").map(|n| n.to_str().into_owned()),
+            Some("::1".into())
+        );
+        assert_eq!(
+            tls.server_name("broker.example.com")
+                .map(|n| n.to_str().into_owned()),
+            Some("broker.example.com".into())
+        );
+        let named = ClientTls::load(&BridgeTlsConfig {
+            ca: Some(dev("ca.pem")),
+            server_name: Some("cloud.example.com".into()),
+            ..BridgeTlsConfig::default()
+        })
+        .expect("loads");
+        assert_eq!(
+            named
+                .server_name("10.0.0.1")
+                .map(|n| n.to_str().into_owned()),
+            Some("cloud.example.com".into()),
+            "server_name wins over the address"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_problem() {
+        let missing = dev("no-such-ca.pem");
+        let text = error_of(&BridgeTlsConfig {
+            ca: Some(missing.clone()),
+            ..BridgeTlsConfig::default()
+        });
+        assert!(text.contains(&*missing.to_string_lossy()), "{text}");
+        // A key file is not a CA bundle.
+        let text = error_of(&BridgeTlsConfig {
+            ca: Some(dev("client.key")),
+            ..BridgeTlsConfig::default()
+        });
+        assert!(
+            text.contains("client.key") && text.contains("no PEM certificate"),
+            "{text}"
+        );
+        // A certificate is not a key.
+        let text = error_of(&BridgeTlsConfig {
+            ca: Some(dev("ca.pem")),
+            cert: Some(dev("client.pem")),
+            key: Some(dev("ca.pem")),
+            ..BridgeTlsConfig::default()
+        });
+        assert!(
+            text.contains("ca.pem") && text.contains("private key"),
+            "{text}"
+        );
+        let text = error_of(&BridgeTlsConfig {
+            ca: Some(dev("ca.pem")),
+            cert: Some(dev("client.pem")),
+            ..BridgeTlsConfig::default()
+        });
+        assert!(text.contains("tls.key"), "{text}");
+        let text = error_of(&BridgeTlsConfig {
+            ca: Some(dev("ca.pem")),
+            server_name: Some("not a name!".into()),
+            ..BridgeTlsConfig::default()
+        });
+        assert!(
+            text.contains("server_name") && text.contains("not a name!"),
+            "{text}"
+        );
+    }
+}
