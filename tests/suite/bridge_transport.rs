@@ -119,8 +119,8 @@ async fn mqtt_connect(stream: &mut RemoteStream, client_id: &str) -> std::io::Re
     .expect("CONNACK or an error within WAIT")
 }
 
-fn tls(config: BridgeTlsConfig) -> std::sync::Arc<ClientTls> {
-    ClientTls::load(&config).expect("bridge TLS config loads")
+fn tls(config: &BridgeTlsConfig) -> std::sync::Arc<ClientTls> {
+    ClientTls::load(config).expect("bridge TLS config loads")
 }
 
 fn dev_ca() -> BridgeTlsConfig {
@@ -156,7 +156,7 @@ fn other_ca(dir: &Path) -> PathBuf {
 #[tokio::test]
 async fn tls_with_the_ca_reaches_connack_by_name_and_by_ip() {
     let remote = Mosquitto::start().await;
-    let tls = tls(dev_ca());
+    let tls = tls(&dev_ca());
     // `localhost` resolves (maybe to ::1 first, refused: Mosquitto listens on 127.0.0.1 only;
     // the next result is tried) and is the name checked against the certificate's DNS SAN.
     for address in [
@@ -179,7 +179,7 @@ async fn tls_with_the_ca_reaches_connack_by_name_and_by_ip() {
 async fn a_wrong_ca_fails_the_handshake_as_unknown_issuer() {
     let remote = Mosquitto::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let tls = tls(BridgeTlsConfig {
+    let tls = tls(&BridgeTlsConfig {
         ca: Some(other_ca(dir.path())),
         ..BridgeTlsConfig::default()
     });
@@ -208,7 +208,7 @@ async fn a_wrong_ca_fails_the_handshake_as_unknown_issuer() {
 async fn insecure_accepts_a_certificate_of_an_unknown_ca() {
     let remote = Mosquitto::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let tls = tls(BridgeTlsConfig {
+    let tls = tls(&BridgeTlsConfig {
         ca: Some(other_ca(dir.path())),
         server_name: Some("not-the-name.example".into()),
         insecure: true,
@@ -230,7 +230,7 @@ async fn insecure_accepts_a_certificate_of_an_unknown_ca() {
 async fn mtls_works_with_a_client_certificate_and_fails_without() {
     let remote = Mosquitto::start().await;
     let address = format!("127.0.0.1:{}", remote.mtls);
-    let with_cert = tls(BridgeTlsConfig {
+    let with_cert = tls(&BridgeTlsConfig {
         cert: Some(cert("client.pem")),
         key: Some(cert("client.key")),
         ..dev_ca()
@@ -246,7 +246,7 @@ async fn mtls_works_with_a_client_certificate_and_fails_without() {
     // Without: the remote refuses by an alert. With TLS 1.3 the client's side of the
     // handshake is complete before the remote checks, so the alert may come on the first
     // read; either way it is a TLS error of the remote's making.
-    let without = tls(dev_ca());
+    let without = tls(&dev_ca());
     let error = match connect(&address, Some(&without), WAIT).await {
         Err(error) => error,
         Ok(mut stream) => {
@@ -272,7 +272,7 @@ async fn mtls_works_with_a_client_certificate_and_fails_without() {
 #[tokio::test]
 async fn a_server_name_the_certificate_does_not_name_is_refused() {
     let remote = Mosquitto::start().await;
-    let tls = tls(BridgeTlsConfig {
+    let tls = tls(&BridgeTlsConfig {
         server_name: Some("broker.example.com".into()),
         ..dev_ca()
     });
@@ -296,7 +296,7 @@ async fn a_server_name_the_certificate_does_not_name_is_refused() {
 async fn alpn_is_offered_and_a_remote_without_alpn_still_accepts() {
     // Mosquitto 2.0's listeners ignore the offer: no protocol chosen, handshake fine.
     let remote = Mosquitto::start().await;
-    let offer = tls(BridgeTlsConfig {
+    let offer = tls(&BridgeTlsConfig {
         alpn: vec!["mqtt".into()],
         ..dev_ca()
     });
@@ -328,7 +328,7 @@ async fn alpn_is_offered_and_a_remote_without_alpn_still_accepts() {
         mqtt_connect(&mut stream, "bt-alpn").await.expect("CONNACK"),
         0
     );
-    let foreign = tls(BridgeTlsConfig {
+    let foreign = tls(&BridgeTlsConfig {
         alpn: vec!["x-amzn-mqtt-ca".into()],
         ..dev_ca()
     });
@@ -402,7 +402,7 @@ async fn a_silent_remote_times_out_in_the_tls_handshake() {
     let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = silent.local_addr().expect("addr").to_string();
     let accept = tokio::spawn(async move { silent.accept().await.map(|(s, _)| s) });
-    let tls = tls(dev_ca());
+    let tls = tls(&dev_ca());
     let limit = Duration::from_millis(300);
     let error = tokio::time::timeout(WAIT, connect(&address, Some(&tls), limit))
         .await

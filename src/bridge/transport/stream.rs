@@ -273,3 +273,67 @@ async fn connect_tcp(
         address: address.to_owned(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_host_and_port() {
+        assert_eq!(split_address("broker:1883").ok(), Some(("broker", 1883)));
+        assert_eq!(
+            split_address("10.0.0.1:8883").ok(),
+            Some(("10.0.0.1", 8883))
+        );
+        assert_eq!(split_address("[::1]:1883").ok(), Some(("::1", 1883)));
+        for bad in [
+            "broker",
+            "broker:",
+            "broker:x",
+            "broker:0",
+            "::1:1883",
+            "[::1:1883",
+            ":1",
+        ] {
+            assert!(
+                matches!(split_address(bad), Err(TransportError::BadAddress { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    /// A loopback port nothing listens on (bound, then released).
+    async fn closed_port() -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        listener.local_addr().expect("addr")
+    }
+
+    #[tokio::test]
+    async fn every_resolved_address_is_tried_in_order() {
+        let open = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let open_addr = open.local_addr().expect("addr");
+        let (closed_a, closed_b) = (closed_port().await, closed_port().await);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (stream, peer) = connect_tcp("x:1", &[closed_a, open_addr], deadline, Duration::ZERO)
+            .await
+            .expect("the second address answers");
+        assert_eq!(peer, open_addr);
+        assert!(stream.nodelay().expect("nodelay"), "TCP_NODELAY is set");
+        match connect_tcp("x:1", &[closed_a, closed_b], deadline, Duration::ZERO).await {
+            Err(TransportError::Connect {
+                peer,
+                tried,
+                source,
+                ..
+            }) => {
+                assert_eq!((peer, tried), (closed_b, 2), "the last one's error");
+                assert_eq!(source.kind(), io::ErrorKind::ConnectionRefused);
+            }
+            other => panic!("expected a refused connect: {other:?}"),
+        }
+    }
+}
