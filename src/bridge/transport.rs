@@ -1,125 +1,29 @@
-//! TEMPORARY stand-in (plain TCP only) for helper C's module with the same interface; replaced
-//! wholesale at the merge.
+//! The bridge's way to a remote broker (issue 15): TCP or TLS to one `host:port`, the reconnect
+//! backoff, and which address to try next.
+//!
+//! The bridge engine (`bridge::engine`) runs one connect cycle after another: it asks the
+//! [`AddressPicker`] for the order of this cycle, calls [`connect`] on each address until one
+//! answers, tells the picker which one did, and waits [`Backoff::next_delay`] before the next
+//! cycle when none did. Everything here is about bytes reaching the remote; MQTT starts above
+//! [`RemoteStream`] (`bridge::remote`).
+//!
+//! - `tls`: [`ClientTls`], the rustls client configuration built once per bridge from
+//!   `[bridge.tls]` (ring provider, TLS 1.2 and 1.3, CA or system roots, mTLS, ALPN, SNI,
+//!   `insecure`).
+//! - `stream`: [`connect`] (resolve, TCP with `TCP_NODELAY`, handshake, all under one timeout)
+//!   and [`RemoteStream`].
+//! - `error`: [`TransportError`], which names the address, the step and the cause.
+//! - `backoff`: [`Backoff`], Mosquitto 2.1's `restart_timeout base cap` (decorrelated jitter).
+//! - `picker`: [`AddressPicker`], failover or Mosquitto's `round_robin`.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod backoff;
+mod error;
+mod picker;
+mod stream;
+mod tls;
 
-use tokio::net::TcpStream;
-
-/// TLS settings of one bridge (not in this stand-in).
-#[derive(Debug)]
-pub struct ClientTls;
-
-impl ClientTls {
-    /// Not in this stand-in.
-    ///
-    /// # Errors
-    ///
-    /// Always.
-    pub fn load(
-        _config: &crate::config::BridgeTlsConfig,
-    ) -> Result<Arc<ClientTls>, TransportError> {
-        Err(TransportError::Tls("TLS not built yet".into()))
-    }
-}
-
-/// The connected stream.
-pub type RemoteStream = TcpStream;
-
-/// Why connecting failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TransportError {
-    /// TCP.
-    #[error("cannot connect to {0}: {1}")]
-    Connect(String, std::io::Error),
-    /// Timeout.
-    #[error("cannot connect to {0}: timed out")]
-    Timeout(String),
-    /// TLS.
-    #[error("TLS: {0}")]
-    Tls(String),
-}
-
-/// Connects over TCP.
-///
-/// # Errors
-///
-/// The connect error.
-pub async fn connect(
-    address: &str,
-    _tls: Option<&ClientTls>,
-    timeout: Duration,
-) -> Result<RemoteStream, TransportError> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(address))
-        .await
-        .map_err(|_| TransportError::Timeout(address.to_owned()))?
-        .map_err(|e| TransportError::Connect(address.to_owned(), e))?;
-    let _ = stream.set_nodelay(true);
-    Ok(stream)
-}
-
-/// Reconnect delays.
-#[derive(Debug)]
-pub struct Backoff {
-    base: Duration,
-    cap: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// From `base` to `cap`.
-    pub fn new(base: Duration, cap: Duration) -> Backoff {
-        Backoff {
-            base,
-            cap,
-            next: base,
-        }
-    }
-    /// The next wait.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.cap);
-        d
-    }
-    /// After a connection that worked.
-    pub fn reset(&mut self) {
-        self.next = self.base;
-    }
-}
-
-/// Which address to try.
-#[derive(Debug)]
-pub struct AddressPicker {
-    addresses: Vec<String>,
-    round_robin: bool,
-    last: usize,
-}
-
-impl AddressPicker {
-    /// Over `addresses`.
-    pub fn new(addresses: Vec<String>, round_robin: bool) -> Self {
-        AddressPicker {
-            addresses,
-            round_robin,
-            last: 0,
-        }
-    }
-    /// Indexes to try now.
-    pub fn order(&self) -> Vec<usize> {
-        let n = self.addresses.len();
-        let start = if self.round_robin {
-            (self.last + 1) % n.max(1)
-        } else {
-            0
-        };
-        (0..n).map(|i| (start + i) % n).collect()
-    }
-    /// The address at `index`.
-    pub fn address(&self, index: usize) -> &str {
-        &self.addresses[index]
-    }
-    /// `index` worked.
-    pub fn succeeded(&mut self, index: usize) {
-        self.last = index;
-    }
-}
+pub use backoff::{Backoff, MIN_DELAY};
+pub use error::{Step, TlsFailure, TransportError};
+pub use picker::AddressPicker;
+pub use stream::{connect, RemoteStream};
+pub use tls::ClientTls;

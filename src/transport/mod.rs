@@ -30,6 +30,8 @@ pub use admission::{
     Admission, AdmissionLimits, ConnectedSlot, Full, HandshakeSlot, Refused, ServerSlots,
 };
 pub use tcp::PlainTcpListener;
+/// PEM certificate files, read the same way for the bridges' TLS (`bridge::transport`).
+pub(crate) use tls::read_certs;
 pub use tls::{build_server_config, TlsListener, TlsState};
 
 /// What the transport knows about a connection, handed to the connection (and its handshake,

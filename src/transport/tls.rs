@@ -411,8 +411,9 @@ fn required<'a>(path: Option<&'a Path>, key: &str) -> Result<&'a Path, String> {
     path.ok_or_else(|| format!("`{key}` is not set"))
 }
 
-/// All certificates of a PEM file; at least one.
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+/// All certificates of a PEM file; at least one (also the bridges' `ca` / `cert`,
+/// `bridge::transport`). The error names the file.
+pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(Iterator::collect::<Result<Vec<_>, _>>)
         .map_err(|e| format!("{}: {e}", path.display()))?;

@@ -1,0 +1,458 @@
+//! `bridge::transport` (issue 15) against a real remote: a Mosquitto (Debian package) started
+//! per test on free loopback ports with a plain, a TLS and an mTLS listener (the development
+//! certificates of `certs/`), and the broker's own TLS listener where ALPN must be seen
+//! negotiated (Mosquitto 2.0's listeners do not do ALPN). Each connect is followed by a real
+//! MQTT CONNECT (encoded by `postbox::codec`) and its CONNACK, so "connected" means the remote
+//! broker answered over that stream.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use postbox::bridge::transport::{
+    connect, AddressPicker, ClientTls, RemoteStream, Step, TlsFailure, TransportError,
+};
+use postbox::codec::{self, Packet, ProtocolVersion};
+use postbox::config::{BridgeTlsConfig, ListenerKind, TlsConfig};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+
+use crate::common::{self, WAIT};
+
+fn certs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("certs")
+}
+
+fn cert(name: &str) -> PathBuf {
+    certs().join(name)
+}
+
+/// A free loopback port: bound by the OS, then released for the remote to bind.
+async fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A Mosquitto remote: plain, TLS (server certificate for `localhost` / 127.0.0.1 by the
+/// dev CA) and mTLS (`require_certificate true`, clients of the dev CA) listeners.
+struct Mosquitto {
+    _child: Child,
+    plain: u16,
+    tls: u16,
+    mtls: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    async fn start() -> Mosquitto {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (plain, tls, mtls) = (free_port().await, free_port().await, free_port().await);
+        let (server, key, ca) = (cert("server.pem"), cert("server.key"), cert("ca.pem"));
+        let conf = format!(
+            "per_listener_settings false\nallow_anonymous true\nuser root\nlog_dest stdout\n\
+             listener {plain} 127.0.0.1\n\
+             listener {tls} 127.0.0.1\ncertfile {server}\nkeyfile {key}\n\
+             listener {mtls} 127.0.0.1\ncertfile {server}\nkeyfile {key}\ncafile {ca}\n\
+             require_certificate true\n",
+            server = server.display(),
+            key = key.display(),
+            ca = ca.display(),
+        );
+        let path = dir.path().join("mosquitto.conf");
+        std::fs::write(&path, conf).expect("write mosquitto.conf");
+        // stdbuf: line-buffered stdout, so the "running" line arrives when it is written.
+        let mut child = Command::new("stdbuf")
+            .args(["-oL", "mosquitto", "-c"])
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("mosquitto is installed (apt-get install mosquitto)");
+        // Ready when it says so (after every listener is open), not after a sleep.
+        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let mut seen = Vec::new();
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match lines.next_line().await {
+                    Ok(Some(line)) if line.contains(" running") => break,
+                    Ok(Some(line)) => seen.push(line),
+                    _ => panic!("mosquitto stopped before running: {seen:#?}"),
+                }
+            }
+        })
+        .await
+        .expect("mosquitto starts");
+        // Keep draining its output so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Mosquitto {
+            _child: child,
+            plain,
+            tls,
+            mtls,
+            _dir: dir,
+        }
+    }
+}
+
+/// Sends a 3.1.1 CONNECT over `stream`, returns the CONNACK's return code; an I/O error
+/// (the remote closed, or a TLS alert) as is. Bounded by `WAIT`.
+async fn mqtt_connect(stream: &mut RemoteStream, client_id: &str) -> std::io::Result<u8> {
+    tokio::time::timeout(WAIT, async {
+        stream.write_all(&common::connect_bytes(client_id)).await?;
+        let mut buf = BytesMut::new();
+        loop {
+            match codec::decode(&mut buf, Some(ProtocolVersion::V3_1_1), 1 << 20) {
+                Ok(Some(Packet::ConnAck(ack))) => return Ok(ack.reason_code.0),
+                Ok(Some(other)) => panic!("expected CONNACK, got {other:?}"),
+                Ok(None) => {}
+                Err(e) => panic!("undecodable answer: {e}"),
+            }
+            if stream.read_buf(&mut buf).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    })
+    .await
+    .expect("CONNACK or an error within WAIT")
+}
+
+fn tls(config: &BridgeTlsConfig) -> std::sync::Arc<ClientTls> {
+    ClientTls::load(config).expect("bridge TLS config loads")
+}
+
+fn dev_ca() -> BridgeTlsConfig {
+    BridgeTlsConfig {
+        ca: Some(cert("ca.pem")),
+        ..BridgeTlsConfig::default()
+    }
+}
+
+/// A CA of its own (made with `openssl` now) that signed nothing the remote presents.
+fn other_ca(dir: &Path) -> PathBuf {
+    let (pem, key) = (dir.join("other-ca.pem"), dir.join("other-ca.key"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=Some other CA"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&pem)
+        .output()
+        .expect("openssl is installed");
+    assert!(out.status.success(), "openssl: {out:?}");
+    pem
+}
+
+#[tokio::test]
+async fn tls_with_the_ca_reaches_connack_by_name_and_by_ip() {
+    let remote = Mosquitto::start().await;
+    let tls = tls(&dev_ca());
+    // `localhost` resolves (maybe to ::1 first, refused: Mosquitto listens on 127.0.0.1 only;
+    // the next result is tried) and is the name checked against the certificate's DNS SAN.
+    for address in [
+        format!("localhost:{}", remote.tls),
+        format!("127.0.0.1:{}", remote.tls), // checked against the IP SAN
+    ] {
+        let mut stream = connect(&address, Some(&tls), WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("{address}: {e}"));
+        assert!(stream.is_tls());
+        assert_eq!(stream.peer_addr().expect("peer").port(), remote.tls);
+        assert_eq!(
+            mqtt_connect(&mut stream, "bt-ca").await.expect("CONNACK"),
+            0
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_ca_fails_the_handshake_as_unknown_issuer() {
+    let remote = Mosquitto::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tls = tls(&BridgeTlsConfig {
+        ca: Some(other_ca(dir.path())),
+        ..BridgeTlsConfig::default()
+    });
+    let address = format!("127.0.0.1:{}", remote.tls);
+    let error = connect(&address, Some(&tls), WAIT)
+        .await
+        .expect_err("a certificate from another CA is refused");
+    assert!(
+        matches!(
+            error,
+            TransportError::Tls {
+                failure: TlsFailure::UnknownIssuer,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains(&address) && text.contains("certificate unknown"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn insecure_accepts_a_certificate_of_an_unknown_ca() {
+    let remote = Mosquitto::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tls = tls(&BridgeTlsConfig {
+        ca: Some(other_ca(dir.path())),
+        server_name: Some("not-the-name.example".into()),
+        insecure: true,
+        ..BridgeTlsConfig::default()
+    });
+    assert!(tls.is_insecure());
+    let mut stream = connect(&format!("127.0.0.1:{}", remote.tls), Some(&tls), WAIT)
+        .await
+        .expect("insecure: any certificate, any name");
+    assert_eq!(
+        mqtt_connect(&mut stream, "bt-insecure")
+            .await
+            .expect("CONNACK"),
+        0
+    );
+}
+
+#[tokio::test]
+async fn mtls_works_with_a_client_certificate_and_fails_without() {
+    let remote = Mosquitto::start().await;
+    let address = format!("127.0.0.1:{}", remote.mtls);
+    let with_cert = tls(&BridgeTlsConfig {
+        cert: Some(cert("client.pem")),
+        key: Some(cert("client.key")),
+        ..dev_ca()
+    });
+    let mut stream = connect(&address, Some(&with_cert), WAIT)
+        .await
+        .expect("mTLS handshake");
+    assert_eq!(
+        mqtt_connect(&mut stream, "bt-mtls").await.expect("CONNACK"),
+        0
+    );
+
+    // Without: the remote refuses by an alert. With TLS 1.3 the client's side of the
+    // handshake is complete before the remote checks, so the alert may come on the first
+    // read; either way it is a TLS error of the remote's making.
+    let without = tls(&dev_ca());
+    let error = match connect(&address, Some(&without), WAIT).await {
+        Err(error) => error,
+        Ok(mut stream) => {
+            let io = mqtt_connect(&mut stream, "bt-no-cert")
+                .await
+                .expect_err("no CONNACK without a client certificate");
+            stream.read_error(&address, io)
+        }
+    };
+    assert!(
+        matches!(
+            error,
+            TransportError::Tls {
+                failure: TlsFailure::AlertReceived(_),
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains(&address), "{error}");
+}
+
+#[tokio::test]
+async fn a_server_name_the_certificate_does_not_name_is_refused() {
+    let remote = Mosquitto::start().await;
+    let tls = tls(&BridgeTlsConfig {
+        server_name: Some("broker.example.com".into()),
+        ..dev_ca()
+    });
+    let error = connect(&format!("127.0.0.1:{}", remote.tls), Some(&tls), WAIT)
+        .await
+        .expect_err("the certificate is for localhost / 127.0.0.1 / ::1 only");
+    assert!(
+        matches!(
+            error,
+            TransportError::Tls {
+                failure: TlsFailure::NameMismatch,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("name mismatch"), "{error}");
+}
+
+#[tokio::test]
+async fn alpn_is_offered_and_a_remote_without_alpn_still_accepts() {
+    // Mosquitto 2.0's listeners ignore the offer: no protocol chosen, handshake fine.
+    let remote = Mosquitto::start().await;
+    let offer = tls(&BridgeTlsConfig {
+        alpn: vec!["mqtt".into()],
+        ..dev_ca()
+    });
+    let mut stream = connect(&format!("localhost:{}", remote.tls), Some(&offer), WAIT)
+        .await
+        .expect("handshake with an ALPN offer");
+    assert_eq!(stream.alpn_protocol(), None);
+    assert_eq!(
+        mqtt_connect(&mut stream, "bt-alpn").await.expect("CONNACK"),
+        0
+    );
+
+    // Postbox's TLS listener does ALPN `mqtt`: the offer is seen and chosen; a listener with
+    // ALPN and no common protocol refuses (RFC 7301 §3.2: no_application_protocol).
+    let mut config = common::test_config();
+    config.listeners[0].kind = ListenerKind::Tls;
+    config.listeners[0].tls = Some(TlsConfig {
+        cert: Some(cert("server.pem")),
+        key: Some(cert("server.key")),
+        ..TlsConfig::default()
+    });
+    let server = common::start_with(config).await;
+    let address = format!("localhost:{}", server.mqtt_addr.port());
+    let mut stream = connect(&address, Some(&offer), WAIT)
+        .await
+        .expect("handshake with Postbox");
+    assert_eq!(stream.alpn_protocol(), Some(&b"mqtt"[..]));
+    assert_eq!(
+        mqtt_connect(&mut stream, "bt-alpn").await.expect("CONNACK"),
+        0
+    );
+    let foreign = tls(&BridgeTlsConfig {
+        alpn: vec!["x-amzn-mqtt-ca".into()],
+        ..dev_ca()
+    });
+    let error = connect(&address, Some(&foreign), WAIT)
+        .await
+        .expect_err("no common ALPN protocol");
+    assert!(
+        matches!(
+            error,
+            TransportError::Tls {
+                failure: TlsFailure::AlertReceived(rustls::AlertDescription::NoApplicationProtocol),
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn failover_moves_past_a_closed_address_to_the_remote() {
+    let remote = Mosquitto::start().await;
+    let closed = free_port().await; // released: nothing listens there
+    let mut picker = AddressPicker::new(
+        vec![
+            format!("127.0.0.1:{closed}"),
+            format!("127.0.0.1:{}", remote.plain),
+        ],
+        false,
+    );
+    let mut errors = Vec::new();
+    let mut connected = None;
+    for index in picker.order() {
+        match connect(picker.address(index), None, WAIT).await {
+            Ok(stream) => {
+                connected = Some((index, stream));
+                break;
+            }
+            Err(error) => errors.push(error),
+        }
+    }
+    let (index, mut stream) = connected.unwrap_or_else(|| panic!("no address worked: {errors:?}"));
+    assert_eq!(index, 1);
+    assert!(!stream.is_tls());
+    picker.succeeded(index);
+    assert_eq!(
+        mqtt_connect(&mut stream, "bt-failover")
+            .await
+            .expect("CONNACK"),
+        0
+    );
+    match &errors[..] {
+        [TransportError::Connect { source, .. }] => {
+            assert_eq!(source.kind(), std::io::ErrorKind::ConnectionRefused);
+        }
+        other => panic!("expected one refused connect first: {other:?}"),
+    }
+    assert!(errors[0]
+        .to_string()
+        .contains(&format!("127.0.0.1:{closed}")));
+    assert_eq!(
+        picker.order(),
+        [0, 1],
+        "failover tries the main address first again"
+    );
+}
+
+#[tokio::test]
+async fn a_silent_remote_times_out_in_the_tls_handshake() {
+    // Accepts TCP and never answers the ClientHello.
+    let silent = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = silent.local_addr().expect("addr").to_string();
+    let accept = tokio::spawn(async move { silent.accept().await.map(|(s, _)| s) });
+    let tls = tls(&dev_ca());
+    let limit = Duration::from_millis(300);
+    let error = tokio::time::timeout(WAIT, connect(&address, Some(&tls), limit))
+        .await
+        .expect("connect returns by its own timeout")
+        .expect_err("no handshake");
+    assert!(
+        matches!(
+            error,
+            TransportError::Timeout {
+                step: Step::TlsHandshake,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("TLS handshake"), "{error}");
+    drop(accept.await);
+}
+
+#[tokio::test]
+async fn bad_addresses_and_unknown_hosts_are_named() {
+    for bad in [
+        "no-port",
+        "[::1:1883",
+        "::1:1883",
+        "host:0",
+        "host:99999",
+        ":1883",
+    ] {
+        let error = connect(bad, None, WAIT).await.expect_err(bad);
+        assert!(
+            matches!(error, TransportError::BadAddress { .. }),
+            "{bad}: {error:?}"
+        );
+        assert!(error.to_string().starts_with(bad), "{error}");
+    }
+    // RFC 6761: `.invalid` never resolves. Without a resolver the lookup may instead run
+    // into the timeout; both name the resolution.
+    let error = connect("no-such-host.invalid:1883", None, Duration::from_secs(5))
+        .await
+        .expect_err("does not resolve");
+    assert!(
+        matches!(
+            error,
+            TransportError::Resolve { .. }
+                | TransportError::Timeout {
+                    step: Step::Resolve,
+                    ..
+                }
+        ),
+        "{error:?}"
+    );
+}
