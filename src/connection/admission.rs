@@ -544,6 +544,7 @@ mod tests {
             username: None,
             password: None,
             properties: ConnectProperties::default(),
+            bridge: false,
         }
     }
 

@@ -33,6 +33,7 @@ pub fn connect_bytes(client_id: &str) -> Vec<u8> {
         username: None,
         password: None,
         properties: Default::default(),
+        bridge: false,
     };
     let mut out = BytesMut::new();
     codec::encode(
@@ -102,6 +103,7 @@ impl RawClient {
             username: None,
             password: None,
             properties: Default::default(),
+            bridge: false,
         };
         c.send(&Packet::Connect(Box::new(connect))).await;
         match c.recv().await {
