@@ -102,9 +102,7 @@ impl Broker {
             };
             let qos = target.qos;
             let limits = self.limits.of(&target.session.client_id);
-            let admission = target
-                .session
-                .admit(delivery, &limits, persistence, now_ms);
+            let admission = target.session.admit(delivery, &limits, persistence, now_ms);
             let session = &target.session;
             let (outcome, victims) = match admission {
                 Admission::Refused(outcome, victims) => (outcome, victims),
@@ -231,8 +229,7 @@ impl Broker {
         targets: &[Target],
         now_ms: u64,
     ) -> Option<PublishRefused> {
-        if !self.limits.may_refuse() || message.qos == QoS::AtMostOnce || message.origin.is_none()
-        {
+        if !self.limits.may_refuse() || message.qos == QoS::AtMostOnce || message.origin.is_none() {
             return None;
         }
         let size = message.payload.len();
