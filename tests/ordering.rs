@@ -90,6 +90,7 @@ impl Client {
             username: None,
             password: None,
             properties: Default::default(),
+            bridge: false,
         })));
         assert!(matches!(c.recv(), Packet::ConnAck(a) if a.reason_code.0 == 0));
         c

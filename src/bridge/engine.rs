@@ -18,7 +18,7 @@ use super::status::BridgeStatus;
 use super::topics::Rules;
 use super::transport::{self, AddressPicker, Backoff, ClientTls};
 use crate::broker::link::{Link, LinkOptions};
-use crate::broker::Broker;
+use crate::broker::{Broker, SessionQueueLimits};
 use crate::codec::{
     Connect, ConnectProperties, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions,
 };
@@ -129,6 +129,15 @@ impl Bridge {
     /// queues the matching retained messages, as for any subscriber (MQTT-3.3.1-9).
     fn prepare_local_session(&self, rules: &Rules) {
         let local_id = self.config.local_session_id();
+        // The bridge's own bound and policy, in place before the session takes a message.
+        self.broker.set_queue_limits(
+            &local_id,
+            SessionQueueLimits {
+                max_messages: self.config.max_queued_messages.max(1),
+                max_bytes: self.config.max_queued_bytes,
+                overflow: self.config.queue_overflow,
+            },
+        );
         let (link, _resends) =
             Link::connect_driven(&self.broker, LinkOptions::persistent(local_id.clone()));
         let handle = link.handle();
@@ -242,6 +251,9 @@ impl Bridge {
                 .password
                 .clone()
                 .map(|p| bytes::Bytes::from(p.into_bytes())),
+            // 3.1.1: Mosquitto's bridge flag (level 0x84), so a Mosquitto or Postbox remote
+            // does not echo what the bridge sends and keeps its RETAIN flag.
+            bridge: !v5 && c.try_private,
             properties: if v5 {
                 ConnectProperties {
                     session_expiry_interval: Some(if c.clean_start { 0 } else { c.session_expiry }),

@@ -112,6 +112,23 @@ impl SessionHandle {
         self.session.notified()
     }
 
+    /// Records that the connection attached through this handle is a bridge (its CONNECT
+    /// carried Mosquitto's bridge flag): see [`SessionHandle::is_bridge`]. Set by the
+    /// handshake right after attach, before the connection reads anything else.
+    pub fn set_bridge(&self, bridge: bool) {
+        let mut st = self.session.lock();
+        if st.is_owned_by(self.generation) {
+            st.bridge = bridge;
+        }
+    }
+
+    /// Whether the attached connection is a bridge (Mosquitto's `try_private`): its
+    /// subscriptions then get No Local and Retain As Published, so a 3.x bridge is not sent
+    /// its own messages back and RETAIN travels as published (what Mosquitto does).
+    pub fn is_bridge(&self) -> bool {
+        self.session.lock().bridge
+    }
+
     /// True while this handle's connection still owns the session.
     /// An operator's disconnect (`Broker::kick`) ends ownership too.
     pub fn is_owner(&self) -> bool {
@@ -137,7 +154,8 @@ impl SessionHandle {
             let mut freed = false;
             if took {
                 st.made_progress(self.broker.clock_ms(now));
-                freed = st.drained_for_publishers(self.broker.queue_limits());
+                let limits = self.broker.queue_limits_of(&self.session.client_id);
+                freed = st.drained_for_publishers(&limits);
             }
             (filled, took, freed)
         };
@@ -327,9 +345,9 @@ impl SessionHandle {
     /// Not yet: the deadline (broker clock ms) at which to look again without a wake-up.
     pub fn may_resume(&self, target: &Session, now: Instant) -> Result<(), u64> {
         let now_ms = self.broker.clock_ms(now);
-        let limits = self.broker.queue_limits();
+        let limits = self.broker.queue_limits_of(&target.client_id);
         let mut st = target.lock();
-        if st.lets_publishers_go(now_ms, limits) {
+        if st.lets_publishers_go(now_ms, &limits) {
             return Ok(());
         }
         // Still waiting: the next drain to half must wake it, even if another publisher's

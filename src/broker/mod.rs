@@ -21,6 +21,7 @@ mod lifecycle;
 pub mod link;
 pub mod message;
 mod persist;
+mod queue_limits;
 mod restore;
 pub mod retained;
 mod routing;
@@ -53,6 +54,7 @@ pub use arrival_order::{ArrivalOrder, ArrivalWaker};
 pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
 pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, SessionHandle};
 pub use message::{Delivery, Message, SessionId};
+pub use queue_limits::SessionQueueLimits;
 use retained::RetainedIndex;
 pub use session::outbound::{AckMismatch, OutboundAck, Resend};
 pub use session::{
@@ -110,7 +112,8 @@ pub struct Attached {
 pub struct Broker {
     config: MqttConfig,
     auth: AuthConfig,
-    limits: QueueLimits,
+    /// Queue bounds: the broker-wide ones and the sessions' own (bridges).
+    limits: queue_limits::QueueLimitsTable,
     sessions: Mutex<SessionMap>,
     subscriptions: RwLock<TopicTree<SessionId, Subscriber>>,
     retained: RwLock<RetainedIndex<Arc<Message>>>,
@@ -251,7 +254,7 @@ impl Broker {
         let broker = Arc::new(Broker {
             config,
             auth,
-            limits,
+            limits: queue_limits::QueueLimitsTable::new(limits),
             sessions: Mutex::new(SessionMap::default()),
             subscriptions: RwLock::new(TopicTree::new()),
             retained: RwLock::new(RetainedIndex::new()),
@@ -464,9 +467,28 @@ impl Broker {
         self.sessions.lock().len()
     }
 
-    /// Queue bounds in force.
+    /// The broker-wide queue bounds (`mqtt.max_queued_messages`, …): what every session
+    /// without bounds of its own gets (see [`Broker::queue_limits_of`]).
     pub fn queue_limits(&self) -> &QueueLimits {
-        &self.limits
+        self.limits.global()
+    }
+
+    /// The queue bounds of the session of `client_id`: its own if
+    /// [`Broker::set_queue_limits`] gave it some, else the broker-wide ones. One relaxed
+    /// atomic load while no session has its own.
+    #[inline]
+    pub fn queue_limits_of(&self, client_id: &str) -> QueueLimits {
+        self.limits.of(client_id)
+    }
+
+    /// Gives the session of `client_id` its own queue bound and overflow policy, in place of
+    /// `mqtt.max_queued_messages` / `max_queued_bytes` / `queue_overflow`. Why: a bridge's
+    /// local session (`$bridge/<name>`) buffers a remote broker's share of the traffic across
+    /// outages, under the bridge's own limits. May be called before the session exists (at
+    /// start, before the bridge's link connects); lasts for the life of the process (it is
+    /// configuration: nothing is stored), also across the session's end and re-creation.
+    pub fn set_queue_limits(&self, client_id: &str, limits: SessionQueueLimits) {
+        self.limits.set(client_id, limits);
     }
 
     /// Smallest QoS any subscription gets: the broker's maximum.

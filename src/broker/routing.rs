@@ -101,9 +101,8 @@ impl Broker {
                 shared: target.shared,
             };
             let qos = target.qos;
-            let admission = target
-                .session
-                .admit(delivery, &self.limits, persistence, now_ms);
+            let limits = self.limits.of(&target.session.client_id);
+            let admission = target.session.admit(delivery, &limits, persistence, now_ms);
             let session = &target.session;
             let (outcome, victims) = match admission {
                 Admission::Refused(outcome, victims) => (outcome, victims),
@@ -217,27 +216,32 @@ impl Broker {
         Some(error)
     }
 
-    /// With `queue_overflow = "refuse"`, a client's QoS 1/2 message that would overflow the
-    /// queue of any target (offline or stalled, and full) is refused before it is queued for
-    /// anyone: a refusal after some subscribers got it would make the publisher's re-send a
-    /// duplicate for them (exactly-once broken for QoS 2). Wills (no publisher to tell) and
-    /// QoS 0 are not refused; they overflow as with `drop-new`. Costs nothing under the other
-    /// policies; one session lock per target under this one.
+    /// With `queue_overflow = "refuse"` (broker-wide, or a session's own: a bridge's, see
+    /// `Broker::set_queue_limits`), a client's QoS 1/2 message that would overflow the queue
+    /// of any target under that policy (offline or stalled, and full) is refused before it is
+    /// queued for anyone: a refusal after some subscribers got it would make the publisher's
+    /// re-send a duplicate for them (exactly-once broken for QoS 2). Wills (no publisher to
+    /// tell) and QoS 0 are not refused; they overflow as with `drop-new`. Costs nothing while
+    /// no session is under `refuse`; one session lock per such target otherwise.
     fn refused_for_full_queue(
         &self,
         message: &Message,
         targets: &[Target],
         now_ms: u64,
     ) -> Option<PublishRefused> {
-        if self.limits.overflow != OverflowPolicy::Refuse
-            || message.qos == QoS::AtMostOnce
-            || message.origin.is_none()
-        {
+        if !self.limits.may_refuse() || message.qos == QoS::AtMostOnce || message.origin.is_none() {
             return None;
         }
         let size = message.payload.len();
+        // Each target under its own policy: a bridge's session may refuse where the others
+        // drop, or the other way round.
         let full = targets.iter().find(|t| {
-            t.qos != QoS::AtMostOnce && t.session.would_overflow(size, &self.limits, now_ms)
+            if t.qos == QoS::AtMostOnce {
+                return false;
+            }
+            let limits = self.limits.of(&t.session.client_id);
+            limits.overflow == OverflowPolicy::Refuse
+                && t.session.would_overflow(size, &limits, now_ms)
         })?;
         self.metrics.messages_refused_queue_full[message.qos as usize].increment(1);
         tracing::debug!(topic = %message.topic, subscriber = %full.session.client_id, "message refused: a subscriber's queue is full (queue_overflow = \"refuse\")");
@@ -448,7 +452,8 @@ impl Broker {
         let now_ms = self.coarse_ms();
         for (target, delivery) in moves {
             let qos = delivery.qos;
-            let (outcome, victims) = target.enqueue(delivery, &self.limits, now_ms);
+            let limits = self.limits.of(&target.client_id);
+            let (outcome, victims) = target.enqueue(delivery, &limits, now_ms);
             persist::remove_victims(&mut removed, &target.client_id, &victims);
             self.count_enqueue(outcome, qos, &victims);
         }

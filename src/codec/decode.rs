@@ -215,11 +215,8 @@ fn reason(r: &mut Reader, allowed: fn(u8) -> bool) -> Result<ReasonCode> {
 fn connect(r: &mut Reader, controls: bool) -> Result<Connect> {
     let name = r.binary()?;
     let level = r.u8()?;
-    let protocol = match (&name[..], level) {
-        (b"MQTT", 4) => ProtocolVersion::V3_1_1,
-        (b"MQTT", 5) => ProtocolVersion::V5,
-        (b"MQIsdp", 3) => ProtocolVersion::V3_1,
-        _ => return Err(DecodeError::UnsupportedProtocol(level)), // MQTT-3.1.2-1, -2
+    let Some((protocol, bridge)) = protocol_level(&name, level) else {
+        return Err(DecodeError::UnsupportedProtocol(level)); // MQTT-3.1.2-1, -2
     };
     let v5 = protocol.is_v5();
     let flags = r.u8()?;
@@ -300,7 +297,21 @@ fn connect(r: &mut Reader, controls: bool) -> Result<Connect> {
         username,
         password,
         properties,
+        bridge,
     })
+}
+
+/// The protocol a CONNECT's name and level byte say, and whether the level carries the bridge
+/// bit (0x80: Mosquitto's `try_private`, on 3.1 and 3.1.1 only; see [`Connect::bridge`]).
+pub(crate) fn protocol_level(name: &[u8], level: u8) -> Option<(ProtocolVersion, bool)> {
+    let bridge = level & 0x80 != 0;
+    let protocol = match (name, level & 0x7F) {
+        (b"MQTT", 4) => ProtocolVersion::V3_1_1,
+        (b"MQTT", 5) if !bridge => ProtocolVersion::V5,
+        (b"MQIsdp", 3) => ProtocolVersion::V3_1,
+        _ => return None,
+    };
+    Some((protocol, bridge))
 }
 
 /// CONNACK (3.1.1 §3.2, 5.0 §3.2). 3.x return codes come back as their v5 equivalents.

@@ -256,7 +256,11 @@ fn connect<S: Sink>(c: &Connect, version: ProtocolVersion, s: &mut S) -> Result 
     } else {
         "MQTT"
     })?;
-    s.u8(version as u8);
+    // The bridge bit (Mosquitto's `try_private`) exists at 3.1 and 3.1.1 only: at 5.0 it is left
+    // off, as Mosquitto does (a v5 bridge says the same per subscription: No Local, Retain As
+    // Published), rather than failing the CONNECT (see `Connect::bridge`).
+    let bridge = if c.bridge && !v5 { 0x80 } else { 0 };
+    s.u8(version as u8 | bridge);
     // 3.x cannot carry a password without a user name (MQTT-3.1.2-22): drop it.
     let password = c.password.as_ref().filter(|_| v5 || c.username.is_some());
     let mut flags = u8::from(c.clean_start) << 1;

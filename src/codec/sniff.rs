@@ -20,12 +20,8 @@ pub fn peek_connect_version(buf: &[u8]) -> Option<ProtocolVersion> {
     i += 1;
     let name_len = usize::from(u16::from_be_bytes([*buf.get(i)?, *buf.get(i + 1)?]));
     let level = *buf.get(i + 2 + name_len)?;
-    match (buf.get(i + 2..i + 2 + name_len)?, level) {
-        (b"MQTT", 5) => Some(ProtocolVersion::V5),
-        (b"MQTT", 4) => Some(ProtocolVersion::V3_1_1),
-        (b"MQIsdp", 3) => Some(ProtocolVersion::V3_1),
-        _ => None,
-    }
+    // A bridge's 3.x level (0x83 / 0x84) is answered in its own version too.
+    super::decode::protocol_level(buf.get(i + 2..i + 2 + name_len)?, level).map(|(v, _)| v)
 }
 
 /// Control packet type of SUBSCRIBE (MQTT 2.1.2).

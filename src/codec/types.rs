@@ -146,6 +146,14 @@ pub struct Connect {
     pub password: Option<Bytes>,
     /// CONNECT properties (MQTT 3.1.2.11); empty for 3.x.
     pub properties: ConnectProperties,
+    /// The client is a bridge (Mosquitto's `try_private true`): on the wire, the protocol level
+    /// with its high bit set, 0x83 (3.1) or 0x84 (3.1.1). Why: a 3.x subscription has no No
+    /// Local, so a broker that knows its peer is a bridge can still keep the bridge's own
+    /// messages from echoing back to it and pass RETAIN on as published (what Mosquitto does
+    /// for such a client). 3.x only: 5.0 has No Local and Retain As Published per subscription,
+    /// so Mosquitto never sets the bit on level 5; 0x85 is not decoded, and the encoder leaves
+    /// the bit off when encoding at 5.0.
+    pub bridge: bool,
 }
 
 /// The will message carried in CONNECT.

@@ -14,7 +14,7 @@ use crate::codec::{
     self, topic, ConnAck, ConnAckProperties, Connect, DecodeError, Packet, ProtocolVersion, QoS,
     ReasonCode,
 };
-use crate::config::MqttConfig;
+use crate::config::{MqttConfig, BRIDGE_SESSION_PREFIX};
 
 /// Why a handshake step refused the client: the CONNACK reason and an explanation for v5
 /// clients that accept problem information.
@@ -48,6 +48,13 @@ pub struct Policy<'a> {
 pub const ANONYMOUS_REFUSED: Refusal = (
     ReasonCode::NOT_AUTHORIZED,
     "anonymous access is not allowed",
+);
+
+/// The refusal of a client id starting with `$bridge/` ([`BRIDGE_SESSION_PREFIX`]): those name
+/// the bridges' local sessions, which only the bridges may hold.
+pub const BRIDGE_ID_REFUSED: Refusal = (
+    ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+    "client identifiers starting with $bridge/ are reserved for bridges",
 );
 
 /// A CONNECT that passed the checks made before authentication.
@@ -186,6 +193,12 @@ pub fn decide(bytes: &[u8], policy: &Policy<'_>) -> Decision {
 pub fn admit(connect: &Connect, policy: &Policy<'_>) -> Result<Admitted, Refusal> {
     let (client_id, assigned) = client_identifier(connect, policy.config)
         .map_err(|code| (code, "client identifier not valid"))?;
+    if client_id.starts_with(BRIDGE_SESSION_PREFIX) {
+        // The bridges' own sessions (`$bridge/<name>`, driven in-process by `broker::link`):
+        // a client taking one over would take a bridge's queue and its unacknowledged
+        // messages. v5 0x85, 3.x return code 2; counted as `client_id_invalid`.
+        return Err(BRIDGE_ID_REFUSED);
+    }
     check_connect(connect, policy)?;
     let auth_method = match &connect.properties.authentication_method {
         Some(method) if connect.protocol.is_v5() => {
@@ -544,6 +557,7 @@ mod tests {
             username: None,
             password: None,
             properties: ConnectProperties::default(),
+            bridge: false,
         }
     }
 
@@ -616,6 +630,29 @@ mod tests {
         };
         assert!(connack.properties.assigned_client_identifier.is_some());
         assert_eq!(connack.reason_code, ReasonCode::SUCCESS);
+    }
+
+    /// `$bridge/` ids are the bridges' sessions: refused with 0x85 (3.x: return code 2),
+    /// at every level; a look-alike outside the prefix is an ordinary id.
+    #[test]
+    fn bridge_session_ids_are_reserved() {
+        for v in [
+            ProtocolVersion::V3_1,
+            ProtocolVersion::V3_1_1,
+            ProtocolVersion::V5,
+        ] {
+            let c = connect(v, "$bridge/cloud", true);
+            let d = judge(&bytes_of(&[Packet::Connect(Box::new(c))], v));
+            assert_eq!(
+                refused_with(&d),
+                Some(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID),
+                "{v:?}"
+            );
+            let c = connect(v, "$bridgecloud", true);
+            let d = judge(&bytes_of(&[Packet::Connect(Box::new(c))], v));
+            assert_eq!(refused_with(&d), None, "{v:?}");
+        }
+        assert_eq!(super::BRIDGE_ID_REFUSED.0.to_v3_connack(), 2);
     }
 
     /// MQTT-3.1.2-24: no CONNACK above the client's Maximum Packet Size; when even the

@@ -34,6 +34,7 @@ pub fn connect_bytes(client_id: &str) -> Vec<u8> {
         username: None,
         password: None,
         properties: Default::default(),
+        bridge: false,
     };
     let mut out = BytesMut::new();
     codec::encode(
@@ -103,6 +104,7 @@ impl RawClient {
             username: None,
             password: None,
             properties: Default::default(),
+            bridge: false,
         };
         c.send(&Packet::Connect(Box::new(connect))).await;
         match c.recv().await {

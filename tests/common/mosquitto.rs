@@ -141,3 +141,98 @@ pub async fn mosquitto_pub(port: u16, args: &[&str]) {
     .expect("mosquitto_pub is installed (apt-get install mosquitto-clients)");
     assert!(status.success(), "mosquitto_pub {args:?} failed: {status}");
 }
+
+/// A real Mosquitto broker (`apt-get install mosquitto`) on a free loopback port, with a
+/// config of the test's own (listener, log to stdout, then `extra`: bridges and the like);
+/// its log lines arrive on a channel. Killed on drop.
+pub struct MosquittoBroker {
+    pub child: Child,
+    /// Its listener's port on 127.0.0.1.
+    pub port: u16,
+    lines: mpsc::UnboundedReceiver<String>,
+    /// Every log line the waits have read so far, in order.
+    consumed: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl MosquittoBroker {
+    /// Starts `mosquitto -c <conf>`: `listener <free port> 127.0.0.1`, anonymous access, every
+    /// log type to stdout, then the `extra` lines. Returns once it says it is running.
+    pub async fn start(extra: &str) -> MosquittoBroker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = super::process::free_port();
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                 log_dest stdout\nlog_type all\nlog_timestamp false\n{extra}\n"
+            ),
+        )
+        .expect("write mosquitto.conf");
+        // stdbuf: line-buffered stdout, so each log line arrives when it is written.
+        let mut child = Command::new("stdbuf")
+            .args(["-oL", "mosquitto", "-c"])
+            .arg(&conf)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("mosquitto is installed (apt-get install mosquitto)");
+        let (tx, lines) = mpsc::unbounded_channel();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        for pipe in [
+            Box::new(stdout) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            Box::new(stderr),
+        ] {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(pipe).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        let mut broker = MosquittoBroker {
+            child,
+            port,
+            lines,
+            consumed: Vec::new(),
+            _dir: dir,
+        };
+        broker.wait_log("running").await;
+        broker
+    }
+
+    /// Waits for a log line containing `needle` (read now or earlier: each line matches one
+    /// wait at most, in order); panics after `WAIT` with the lines seen.
+    pub async fn wait_log(&mut self, needle: &str) -> String {
+        if let Some(i) = self.consumed.iter().position(|l| l.contains(needle)) {
+            return self.consumed.remove(i);
+        }
+        let found = tokio::time::timeout(WAIT, async {
+            while let Some(line) = self.lines.recv().await {
+                if line.contains(needle) {
+                    return Some(line);
+                }
+                self.consumed.push(line);
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            Ok(None) => panic!(
+                "mosquitto ended before logging {needle:?}; its log: {:#?}",
+                self.consumed
+            ),
+            Err(_) => panic!(
+                "timed out waiting for mosquitto to log {needle:?}; its log: {:#?}",
+                self.consumed
+            ),
+        }
+    }
+}

@@ -28,6 +28,7 @@ pub fn connect_packet(client_id: &str) -> Connect {
         username: None,
         password: None,
         properties: Default::default(),
+        bridge: false,
     }
 }
 

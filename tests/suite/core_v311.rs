@@ -429,6 +429,7 @@ async fn connect_with_keep_alive(
         username: None,
         password: None,
         properties: Default::default(),
+        bridge: false,
     };
     raw.send(&Packet::Connect(Box::new(connect))).await;
     assert!(matches!(raw.recv().await, Some(Packet::ConnAck(_))));
@@ -503,6 +504,7 @@ async fn empty_client_id_needs_clean_session_in_311() {
             username: None,
             password: None,
             properties: Default::default(),
+            bridge: false,
         };
         raw.send(&Packet::Connect(Box::new(connect))).await;
         // CONNACK in the 3.1.1 layout: 0x20 0x02 flags return-code (0x02 = identifier rejected).

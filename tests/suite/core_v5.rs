@@ -158,6 +158,7 @@ async fn keep_alive_timeout_sends_disconnect_0x8d() {
         username: None,
         password: None,
         properties: Default::default(),
+        bridge: false,
     })))
     .await;
     assert!(matches!(c.recv().await, Some(Packet::ConnAck(_))));

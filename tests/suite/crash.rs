@@ -91,6 +91,7 @@ async fn connect(addr: SocketAddr, id: &str) -> RawClient {
                 username: None,
                 password: None,
                 properties: Default::default(),
+                bridge: false,
             })))
             .await;
             if let Ok(Some(Packet::ConnAck(ack))) = c.recv_within(Duration::from_secs(5)).await {

@@ -18,6 +18,7 @@ mod acl;
 mod admin;
 mod binary;
 mod bridge;
+mod bridge_broker;
 mod bridge_transport;
 mod closing;
 mod config_files;

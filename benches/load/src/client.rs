@@ -137,6 +137,7 @@ pub fn connect_packet(opts: &ConnectOptions) -> Packet {
         username: None,
         password: None,
         properties,
+        bridge: false,
     }))
 }
 

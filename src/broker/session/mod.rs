@@ -205,6 +205,11 @@ pub struct SessionState {
     /// (`Broker::kick`, `Broker::discard_session`): its connection closes with 0x98 when it
     /// wakes. Cleared by the next attach.
     pub(in crate::broker) kicked: bool,
+    /// The connection attached now said it is a bridge (a 3.x CONNECT with Mosquitto's
+    /// bridge flag, `codec::Connect::bridge`): its subscriptions get No Local and Retain As
+    /// Published, as Mosquitto gives them. Here, in the padding of the state's small fields,
+    /// not in the connection's state, which is at its size bound. Cleared by every attach.
+    pub(in crate::broker) bridge: bool,
 }
 
 impl Session {
@@ -239,6 +244,7 @@ impl Session {
                 progress_at_ms: 0,
                 stalled: false,
                 kicked: false,
+                bridge: false,
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
@@ -497,6 +503,7 @@ impl Session {
             NonZeroU64::new(st.generation).map(|generation| ConnectionSlot { generation });
         st.disconnected_at = None;
         st.kicked = false;
+        st.bridge = false;
         (st.generation, displaced)
     }
 

@@ -454,6 +454,21 @@ fn connect_protocol_name_and_level_mqtt_3_1_2_1() {
         0x10, 0x0E, 0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x04, 0x02, 0x00, 0x00, 0x00, 0x00,
     ];
     refuses!(mqisdp_level_4, None, UnsupportedProtocol(4));
+    // The bridge bit (Mosquitto's `try_private`) is a 3.x thing: 0x85 is no protocol we know,
+    // nor is a bridge level under the other level's name.
+    refuses!(
+        connect(0x85, 0x02, &[0x00, 0x00]),
+        None,
+        UnsupportedProtocol(0x85)
+    );
+    refuses!(
+        connect(0x83, 0x02, &[0x00, 0x00]),
+        None,
+        UnsupportedProtocol(0x83)
+    );
+    let mut mqisdp_bridge_4 = mqisdp_level_4;
+    mqisdp_bridge_4[10] = 0x84;
+    refuses!(mqisdp_bridge_4, None, UnsupportedProtocol(0x84));
     assert_eq!(
         UnsupportedProtocol(4).reason_code(),
         ReasonCode::UNSUPPORTED_PROTOCOL_VERSION

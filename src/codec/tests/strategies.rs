@@ -133,10 +133,18 @@ fn connect() -> impl Strategy<Value = Packet> {
         opt(will()),
         opt(text()),
         opt(bytes()),
-        connect_properties(),
+        (connect_properties(), any::<bool>()),
     )
         .prop_map(
-            |(clean_start, keep_alive, client_id, will, username, password, properties)| {
+            |(
+                clean_start,
+                keep_alive,
+                client_id,
+                will,
+                username,
+                password,
+                (properties, bridge),
+            )| {
                 Packet::Connect(Box::new(Connect {
                     protocol: V5,
                     clean_start,
@@ -146,6 +154,7 @@ fn connect() -> impl Strategy<Value = Packet> {
                     username,
                     password,
                     properties,
+                    bridge,
                 }))
             },
         )
@@ -396,7 +405,9 @@ pub(super) fn version() -> impl Strategy<Value = ProtocolVersion> {
 pub(super) fn for_version(p: Packet, version: ProtocolVersion) -> Packet {
     if let Packet::Connect(mut c) = p {
         c.protocol = version;
-        if !version.is_v5() {
+        if version.is_v5() {
+            c.bridge = false; // the bridge bit exists at 3.x only: not encoded at 5.0
+        } else {
             c.properties = ConnectProperties::default();
             if let Some(w) = &mut c.will {
                 w.properties = WillProperties::default();

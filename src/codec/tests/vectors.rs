@@ -51,6 +51,7 @@ fn connect_v3_1_minimal() {
         username: None,
         password: None,
         properties: ConnectProperties::default(),
+        bridge: false,
     };
     both(&bytes, V3, Packet::Connect(Box::new(c.clone())));
     // Before the handshake the CONNECT's own level decides (MQTT-3.1.0-1).
@@ -85,6 +86,7 @@ fn connect_v3_1_1_all_flags() {
         username: Some(s("u")),
         password: Some(b(b"p")),
         properties: ConnectProperties::default(),
+        bridge: false,
     };
     both(&bytes, V4, Packet::Connect(Box::new(c.clone())));
     assert_eq!(dec(&bytes, None), Ok(Packet::Connect(Box::new(c))));
@@ -130,6 +132,7 @@ fn connect_v5_with_properties_and_will() {
             user_properties: user("k", "v"),
             ..Default::default()
         },
+        bridge: false,
     };
     both(&bytes, V5, Packet::Connect(Box::new(c.clone())));
     assert_eq!(dec(&bytes, None), Ok(Packet::Connect(Box::new(c))));
@@ -154,8 +157,85 @@ fn connect_v5_password_without_user_name_is_allowed() {
         username: None,
         password: Some(Bytes::new()),
         properties: ConnectProperties::default(),
+        bridge: false,
     };
     both(&bytes, V5, Packet::Connect(Box::new(c)));
+}
+
+/// Mosquitto's bridge flag (`try_private true`): the protocol level with its high bit set,
+/// 0x84 for 3.1.1 and 0x83 for 3.1 ([`Connect::bridge`]).
+#[test]
+fn connect_bridge_flag_3_x() {
+    #[rustfmt::skip]
+    let v311 = [
+        0x10, 0x0F,
+        0x00, 0x04, b'M', b'Q', b'T', b'T', 0x84,
+        0x00, 0x00, 0x3C,
+        0x00, 0x03, b'b', b'r', b'1',
+    ];
+    let c = Connect {
+        protocol: V4,
+        clean_start: false,
+        keep_alive: 60,
+        client_id: s("br1"),
+        will: None,
+        username: None,
+        password: None,
+        properties: ConnectProperties::default(),
+        bridge: true,
+    };
+    both(&v311, V4, Packet::Connect(Box::new(c.clone())));
+    assert_eq!(dec(&v311, None), Ok(Packet::Connect(Box::new(c))));
+    #[rustfmt::skip]
+    let v31 = [
+        0x10, 0x11,
+        0x00, 0x06, b'M', b'Q', b'I', b's', b'd', b'p', 0x83,
+        0x02, 0x00, 0x3C,
+        0x00, 0x03, b'b', b'r', b'1',
+    ];
+    let c = Connect {
+        protocol: V3,
+        clean_start: true,
+        keep_alive: 60,
+        client_id: s("br1"),
+        will: None,
+        username: None,
+        password: None,
+        properties: ConnectProperties::default(),
+        bridge: true,
+    };
+    both(&v31, V3, Packet::Connect(Box::new(c.clone())));
+    assert_eq!(dec(&v31, None), Ok(Packet::Connect(Box::new(c.clone()))));
+    assert_eq!(peek_connect_version(&v31), Some(V3));
+    assert_eq!(peek_connect_version(&v311), Some(V4));
+    // Without the flag, the same CONNECT is an ordinary client's.
+    let mut plain = v31;
+    plain[10] = 0x03;
+    let c = Connect { bridge: false, ..c };
+    both(&plain, V3, Packet::Connect(Box::new(c)));
+}
+
+/// The bridge bit does not exist at 5.0 (Mosquitto never sends 0x85; a v5 bridge uses No Local
+/// per subscription): encoding a bridge CONNECT at 5.0 leaves it off.
+#[test]
+fn connect_bridge_flag_is_not_encoded_at_5() {
+    let c = Connect {
+        protocol: V5,
+        clean_start: true,
+        keep_alive: 0,
+        client_id: s("b"),
+        will: None,
+        username: None,
+        password: None,
+        properties: ConnectProperties::default(),
+        bridge: true,
+    };
+    let bytes = enc(&Packet::Connect(Box::new(c)), V5);
+    assert_eq!(bytes[8], 0x05);
+    match dec(&bytes, None) {
+        Ok(Packet::Connect(c)) => assert!(!c.bridge),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -39,6 +39,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 .max_subscriptions_per_client,
         );
         let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
+        // A 3.x bridge (Mosquitto's `try_private`) subscribes as Mosquitto lets it: No Local,
+        // so the messages it publishes here are not sent back to it (a loop between the two
+        // brokers), and Retain As Published, so RETAIN travels (3.x subscriptions have
+        // neither option). One session lock per SUBSCRIBE of a 3.x client.
+        let bridge = !self.version.is_v5() && self.session.is_bridge();
         let mut reason_codes = Vec::with_capacity(subscribe.filters.len());
         let mut retained: SmallVec<[(ByteString, SubscriptionOptions); 4]> = SmallVec::new();
         let mut problem: Option<&'static str> = None;
@@ -98,10 +103,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 problem.get_or_insert(why);
                 code
             } else {
-                let options = SubscriptionOptions {
+                let mut options = SubscriptionOptions {
                     qos: options.qos.min(max_qos), // granted ≤ requested (v5 §3.9.3)
                     ..options
                 };
+                if bridge {
+                    // Not on a shared subscription, which may not have No Local
+                    // (MQTT-3.8.3-4): a bridge's copy through a group can come back.
+                    options.no_local = shared.is_none();
+                    options.retain_as_published = true;
+                }
                 let existed =
                     self.session
                         .subscribe(&filter, options, subscribe.subscription_identifier);

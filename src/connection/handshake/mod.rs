@@ -321,6 +321,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         expiry_interval,
         protocol: version,
     });
+    if connect.bridge {
+        // Mosquitto's bridge flag (3.x `try_private`): its subscriptions get No Local and
+        // Retain As Published (`connection::client::subscribe`). Attach cleared it.
+        attached.handle.set_bridge(true);
+    }
     // The one place the identity for ACL checks is set: the user name as authenticated above
     // (CONNECT's, the certificate's, the token's or the SCRAM user's) and the token's claims.
     if claims.is_some() || broker.authz().is_some() {
@@ -357,6 +362,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         keep_alive,
         username = connect.username.as_deref().unwrap_or(""),
         session_present = attached.session_present,
+        bridge = connect.bridge,
         "client connected"
     );
     Some((
