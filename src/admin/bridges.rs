@@ -136,7 +136,8 @@ pub(super) fn summary(state: &AdminState) -> BridgesSummary {
         summary.queued_messages += held.messages;
         if let Some(age) = held.oldest {
             let secs = age.as_secs_f64();
-            summary.oldest_queued_secs = Some(summary.oldest_queued_secs.map_or(secs, |o| o.max(secs)));
+            summary.oldest_queued_secs =
+                Some(summary.oldest_queued_secs.map_or(secs, |o| o.max(secs)));
         }
     }
     summary

@@ -109,14 +109,13 @@ impl AdminState {
 
 /// The whole router: open endpoints, and the API and page behind the access check.
 pub fn router(state: AdminState) -> Router {
-    let guarded =
-        api::routes()
-            .merge(status::routes())
-            .merge(bridges::routes())
-            .route_layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                require_access,
-            ));
+    let guarded = api::routes()
+        .merge(status::routes())
+        .merge(bridges::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_access,
+        ));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))

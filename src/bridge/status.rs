@@ -89,9 +89,9 @@ impl BridgeStatus {
             name: config.name.clone(),
             local_session,
             addresses: config.addresses.clone(),
-            state_topic: config.notifications.then(|| {
-                ByteString::from(format!("$SYS/broker/connection/{}/state", config.name))
-            }),
+            state_topic: config
+                .notifications
+                .then(|| ByteString::from(format!("$SYS/broker/connection/{}/state", config.name))),
             broker: Arc::downgrade(broker),
             up: AtomicBool::new(false),
             link: Mutex::new(Link {

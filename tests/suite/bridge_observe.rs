@@ -122,14 +122,24 @@ async fn link_state_is_published_counted_and_listed() {
     let metrics = scrape(http).await;
     assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), 0.0);
     assert_eq!(
-        value(&metrics, r#"postbox_bridge_reconnects_total{bridge="cloud"}"#),
+        value(
+            &metrics,
+            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
+        ),
         0.0
     );
     // A watcher on an established QoS 1 subscription sees every change after the retained
     // value, with RETAIN 0 (MQTT-3.3.1-9), at QoS 1 (MQTT-3.3.5-1: both are 1).
     let mut watcher = MosquittoSub::spawn(
         port,
-        &["-q", "1", "-F", "%t %q %r %p", "-t", "$SYS/broker/connection/#"],
+        &[
+            "-q",
+            "1",
+            "-F",
+            "%t %q %r %p",
+            "-t",
+            "$SYS/broker/connection/#",
+        ],
     );
     watcher.wait_for_value(STATE_TOPIC, |v| v == "1 1 0").await;
 
@@ -169,7 +179,10 @@ async fn link_state_is_published_counted_and_listed() {
         ),
         (r#"postbox_bridge_queued_messages{bridge="cloud"}"#, 0.0),
         (r#"postbox_bridge_queued_bytes{bridge="cloud"}"#, 0.0),
-        (r#"postbox_bridge_oldest_queued_seconds{bridge="cloud"}"#, 0.0),
+        (
+            r#"postbox_bridge_oldest_queued_seconds{bridge="cloud"}"#,
+            0.0,
+        ),
     ] {
         assert_eq!(value(&metrics, series), want, "{series}");
     }
@@ -204,11 +217,18 @@ async fn link_state_is_published_counted_and_listed() {
         .filter_map(|l| l.strip_prefix(STATE_TOPIC))
         .map(str::trim)
         .collect();
-    assert_eq!(seen, ["1 1 0", "1 0 1", "1 0 0", "1 0 1"], "0 -> 1 -> 0 -> 1");
+    assert_eq!(
+        seen,
+        ["1 1 0", "1 0 1", "1 0 0", "1 0 1"],
+        "0 -> 1 -> 0 -> 1"
+    );
     let metrics = scrape(http).await;
     assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), 1.0);
     assert_eq!(
-        value(&metrics, r#"postbox_bridge_reconnects_total{bridge="cloud"}"#),
+        value(
+            &metrics,
+            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
+        ),
         1.0
     );
     bridge.disconnected(Some("keep-alive timeout".into()));
@@ -234,7 +254,15 @@ async fn without_notifications_nothing_is_published() {
     // before the marker published later.
     let mut watcher = MosquittoSub::spawn(
         port,
-        &["-q", "1", "-v", "-t", "$SYS/broker/connection/#", "-t", "marker"],
+        &[
+            "-q",
+            "1",
+            "-v",
+            "-t",
+            "$SYS/broker/connection/#",
+            "-t",
+            "marker",
+        ],
     );
     watcher.wait_for("SUBACK").await;
     bridge.connected("127.0.0.1:1", false);
@@ -269,13 +297,21 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     for payload in ["12.5", "13.25", "14"] {
         // PUBACK: queued for the offline session.
         publisher
-            .publish("sensors/t", rumqttc::QoS::AtLeastOnce, false, payload.as_bytes())
+            .publish(
+                "sensors/t",
+                rumqttc::QoS::AtLeastOnce,
+                false,
+                payload.as_bytes(),
+            )
             .await;
     }
     let metrics = scrape(http).await;
     let oldest_bound = first_published.elapsed().as_secs_f64();
     assert_eq!(
-        value(&metrics, r#"postbox_bridge_queued_messages{bridge="cloud"}"#),
+        value(
+            &metrics,
+            r#"postbox_bridge_queued_messages{bridge="cloud"}"#
+        ),
         3.0
     );
     assert_eq!(
@@ -293,7 +329,10 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     let b = get_json(http, "/api/v1/bridges").await["bridges"][0].clone();
     assert_eq!(b["queued_messages"], 3, "{b}");
     assert_eq!(b["queued_bytes"], 11, "{b}");
-    assert!(b["oldest_queued_secs"].as_f64().is_some_and(|s| s > 0.0), "{b}");
+    assert!(
+        b["oldest_queued_secs"].as_f64().is_some_and(|s| s > 0.0),
+        "{b}"
+    );
     let overview = get_json(http, "/api/v1/overview").await;
     assert_eq!(overview["bridges"]["queued_messages"], 3, "{overview}");
     server.bridges[0].forwarded(Flow::Out);
@@ -306,7 +345,10 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     let row = &row[..row.find("</tr>").expect("row end")];
     assert!(row.contains("<td class=\"num queued\">3</td>"), "{row}");
     assert!(row.contains("<td class=\"link bad\">down</td>"), "{row}");
-    assert!(row.contains("<td class=\"num forwarded-out\">1</td>"), "{row}");
+    assert!(
+        row.contains("<td class=\"num forwarded-out\">1</td>"),
+        "{row}"
+    );
     assert!(!dom.contains("id=\"bridges-section\" hidden"), "{dom}");
     server.shutdown().await;
 }
