@@ -316,7 +316,7 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     );
     assert_eq!(
         value(&metrics, r#"postbox_bridge_queued_bytes{bridge="cloud"}"#),
-        (4 + 5 + 2) as f64
+        f64::from(4 + 5 + 2)
     );
     let oldest = value(
         &metrics,
