@@ -13,6 +13,7 @@
 //! Names follow Prometheus conventions: `postbox_` prefix, `_total` on counters, base units
 //! (bytes, seconds). The table in README.md lists them; a test keeps it complete.
 
+pub mod bridge;
 mod endpoint;
 mod handles;
 pub mod names;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 
 use handles::{counter_of, gauge_of, Reg};
 
+pub use bridge::BridgeMetrics;
 pub use endpoint::{start_exporter, MetricsEndpoint};
 pub use handles::{Counter, Gauge, Histogram};
 pub use scrape::{ScrapeFigures, StoreMetrics};
@@ -181,6 +183,8 @@ pub struct Metrics {
     auth_failures: prometheus::IntCounterVec,
     /// `postbox_auth_successes_total{cached}`.
     auth_successes: prometheus::IntCounterVec,
+    /// The `postbox_bridge_*` families updated by the bridges' events.
+    bridges: bridge::BridgeFamilies,
     /// Sessions ended because their expiry interval passed.
     pub sessions_expired: Counter,
     /// MQTT 5 messages whose Message Expiry Interval passed while queued, by QoS.
@@ -434,6 +438,7 @@ impl Metrics {
             ),
             auth_failures,
             auth_successes,
+            bridges: bridge::BridgeFamilies::register(r),
             sessions_expired: r.counter(
                 SESSIONS_EXPIRED_TOTAL,
                 "Sessions ended because their expiry interval passed (Mosquitto's $SYS/broker/clients/expired).",
@@ -471,6 +476,12 @@ impl Metrics {
             connects: PROTOCOL_LABELS.map(|p| counter_of(&self.client_connects, &[name, p])),
             clients: Arc::clone(&self.clients),
         }
+    }
+
+    /// The handles of bridge `name` (`[[bridge]]`), taken once per bridge at start: its
+    /// `postbox_bridge_*` series exist, at 0, from then on.
+    pub fn bridge(&self, name: &str) -> BridgeMetrics {
+        BridgeMetrics::new(name, &self.bridges, &self.scrape.figures.bridge_queues)
     }
 
     /// Counts a refusing CONNACK with MQTT 5 reason code `code`.

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bridge::BridgeStatus;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::metrics::{self, Metrics};
@@ -118,8 +119,9 @@ pub struct RunningServer {
     pub listeners: Vec<BoundListener>,
     /// The broker state, for tests and embedding (sessions, metrics).
     pub broker: Arc<Broker>,
-    /// One status per `[[bridge]]`, in config order.
-    pub bridges: Vec<Arc<crate::bridge::BridgeStatus>>,
+    /// One status per `[[bridge]]`, in config order: what the bridge engine reports and the
+    /// metrics, `$SYS` and the admin API read.
+    pub bridges: Vec<Arc<BridgeStatus>>,
     shutdown: CancellationToken,
     /// Waits for the token, stops every listener, then begins the broker's shutdown.
     stopping: JoinHandle<()>,
@@ -243,6 +245,14 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .metrics
             .on_scrape(move |figures| figures.store.update(&store.stats()));
     }
+    // One status per `[[bridge]]`, in config order, made once the broker holds its restored
+    // state (a status publishes its `$SYS` state `0` now and registers its metrics).
+    // `bridge::start` (once the listeners run) drives them.
+    let bridges: Vec<Arc<BridgeStatus>> = config
+        .bridges
+        .iter()
+        .map(|bridge| BridgeStatus::new(bridge, &broker))
+        .collect();
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     if config.mqtt.sys_interval > 0 {
         let interval = Duration::from_secs(u64::from(config.mqtt.sys_interval));
@@ -263,13 +273,6 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(listener = %l.name, addr = %l.addr, "MQTT listener up");
     }
     readiness.listeners_up();
-    // The bridges' statuses exist from the start (metrics, `$SYS`, admin API), whether or not
-    // a remote is ever reached.
-    let bridges: Vec<Arc<crate::bridge::BridgeStatus>> = config
-        .bridges
-        .iter()
-        .map(|c| crate::bridge::BridgeStatus::new(c, &broker))
-        .collect();
     crate::bridge::start(
         &broker,
         &config.bridges,
@@ -294,7 +297,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             Arc::clone(&readiness),
             admin_token,
         )
-        .with_store_budget(config.storage.max_disk_bytes);
+        .with_store_budget(config.storage.max_disk_bytes)
+        .with_bridges(bridges.clone());
         let stop = CancellationToken::new();
         let task = tokio::spawn(crate::admin::serve(listener, state, stop.clone()));
         tracing::info!(addr = %config.metrics.bind, "HTTP endpoint up: /metrics, /healthz, /readyz, /api/v1, status page /");

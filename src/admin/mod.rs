@@ -15,6 +15,7 @@
 
 pub mod access;
 mod api;
+mod bridges;
 mod status;
 
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
+use crate::bridge::BridgeStatus;
 use crate::broker::Broker;
 use crate::storage::StoreHealth;
 pub use access::{Token, TokenError};
@@ -58,6 +60,8 @@ pub struct AdminState {
     token: Option<Arc<Token>>,
     /// `storage.max_disk_bytes`, for the overview (0 = unlimited).
     store_budget_bytes: u64,
+    /// Every `[[bridge]]`'s status, in config order (`/api/v1/bridges`, the overview).
+    bridges: Arc<[Arc<BridgeStatus>]>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -83,7 +87,16 @@ impl AdminState {
             readiness,
             token: token.map(Arc::new),
             store_budget_bytes: 0,
+            bridges: Arc::new([]),
         }
+    }
+
+    /// The bridges' statuses (`[[bridge]]`, in config order), for `/api/v1/bridges`, the
+    /// overview's summary and the status page's table.
+    #[must_use]
+    pub fn with_bridges(mut self, bridges: Vec<Arc<BridgeStatus>>) -> AdminState {
+        self.bridges = bridges.into();
+        self
     }
 
     /// The store's budget (`storage.max_disk_bytes`) the overview shows beside its use.
@@ -96,13 +109,13 @@ impl AdminState {
 
 /// The whole router: open endpoints, and the API and page behind the access check.
 pub fn router(state: AdminState) -> Router {
-    let guarded =
-        api::routes()
-            .merge(status::routes())
-            .route_layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                require_access,
-            ));
+    let guarded = api::routes()
+        .merge(status::routes())
+        .merge(bridges::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_access,
+        ));
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))

@@ -1,6 +1,7 @@
 //! The status page (`/`): one self-contained HTML file (`status.html`, compiled in; no CDN,
 //! no build step) whose script reads `GET /api/v1/overview` and `/metrics` every few seconds
-//! and computes message rates from successive counter readings. `overview` gathers what the
+//! and computes message rates from successive counter readings (and, when bridges are
+//! configured, `GET /api/v1/bridges` for its Bridges table). `overview` gathers what the
 //! page needs that `/metrics` does not say per session (the largest backlogs).
 
 use axum::extract::State;
@@ -61,6 +62,8 @@ struct Overview {
     retained: usize,
     largest_backlogs: Vec<BacklogView>,
     store: StoreView,
+    /// `[[bridge]]` links: how many, how many up, what they hold for their remotes.
+    bridges: super::bridges::BridgesSummary,
 }
 
 /// `GET /api/v1/overview`: connections, sessions and their largest backlogs, subscriptions,
@@ -106,6 +109,7 @@ pub(super) async fn overview(State(state): State<AdminState>) -> Response {
         retained: broker.retained_count(),
         largest_backlogs,
         store,
+        bridges: super::bridges::summary(&state),
     })
     .into_response()
 }

@@ -171,6 +171,18 @@ pub struct SubscriberView {
     pub subscription: SubscriptionView,
 }
 
+/// What one session holds for its driver: deliveries queued and those sent but not yet
+/// acknowledged (for a bridge, everything its remote has not acknowledged).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HeldFigures {
+    /// Messages queued or in flight.
+    pub messages: usize,
+    /// Their payload bytes.
+    pub bytes: usize,
+    /// Age of the oldest of them (`None`: nothing held).
+    pub oldest: Option<std::time::Duration>,
+}
+
 /// What [`Broker::kick`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kick {
@@ -325,6 +337,35 @@ impl Broker {
             inflight: st.inflight.len(),
             pending_will: st.pending_will.is_some(),
             subscriptions,
+        })
+    }
+
+    /// What the session of `client_id` holds for its driver, if there is such a session. Cheap
+    /// enough for every scrape: the queue's bytes are kept by the session (a bridge's queue may
+    /// hold a million entries), only the in-flight window (bounded by its Receive Maximum) is
+    /// walked, under the session's lock.
+    pub fn held_for(&self, client_id: &str) -> Option<HeldFigures> {
+        let session = self.session_arc(client_id)?;
+        let now = Instant::now();
+        let st = session.lock();
+        let inflight_bytes: usize = st
+            .inflight
+            .iter()
+            .map(|f| f.delivery.message.payload.len())
+            .sum();
+        // In flight were sent first, so the older of the two fronts is the oldest held.
+        let oldest = [
+            st.inflight.front().map(|f| f.delivery.message.received_at),
+            st.queue.front().map(|d| d.message.received_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|at| now.saturating_duration_since(at));
+        Some(HeldFigures {
+            messages: st.queue.len() + st.inflight.len(),
+            bytes: st.queued_bytes() + inflight_bytes,
+            oldest,
         })
     }
 

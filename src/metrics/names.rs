@@ -135,6 +135,38 @@ pub const AUTH_FAILURES_TOTAL: &str = "postbox_auth_failures_total";
 /// Counter (label `cached`): logins accepted by the password file.
 pub const AUTH_SUCCESSES_TOTAL: &str = "postbox_auth_successes_total";
 
+/// Gauge (label `bridge`): 1 while the bridge's link to its remote is up (CONNACK accepted),
+/// else 0.
+pub const BRIDGE_UP: &str = "postbox_bridge_up";
+/// Counter (label `bridge`): successful connects to the remote after the first.
+pub const BRIDGE_RECONNECTS_TOTAL: &str = "postbox_bridge_reconnects_total";
+/// Gauge (label `bridge`): messages the bridge's local session holds for the remote (queued,
+/// and sent but not acknowledged by it); computed at scrape.
+pub const BRIDGE_QUEUED_MESSAGES: &str = "postbox_bridge_queued_messages";
+/// Gauge (label `bridge`): payload bytes of those messages; computed at scrape.
+pub const BRIDGE_QUEUED_BYTES: &str = "postbox_bridge_queued_bytes";
+/// Gauge (label `bridge`): age in seconds of the oldest of them (0: none); computed at scrape.
+pub const BRIDGE_OLDEST_QUEUED_SECONDS: &str = "postbox_bridge_oldest_queued_seconds";
+/// Counter (labels `bridge`, `direction`: `out`, `in`): messages forwarded across the bridge
+/// (QoS 1/2: acknowledged by the receiving side).
+pub const BRIDGE_FORWARDED_TOTAL: &str = "postbox_bridge_forwarded_total";
+/// Counter (labels `bridge`, `direction`, `reason`: `max_hops`, `topic`, `refused`,
+/// `queue_full`): messages the bridge did not forward.
+pub const BRIDGE_DROPPED_TOTAL: &str = "postbox_bridge_dropped_total";
+
+/// Every per-bridge metric. Their series exist once a `[[bridge]]` is configured (the label is
+/// its name), so they are not in [`ALL`], whose tests want every series of a bare broker; the
+/// README and the dashboard must still list them (tests check both lists).
+pub const BRIDGE: [&str; 7] = [
+    BRIDGE_UP,
+    BRIDGE_RECONNECTS_TOTAL,
+    BRIDGE_QUEUED_MESSAGES,
+    BRIDGE_QUEUED_BYTES,
+    BRIDGE_OLDEST_QUEUED_SECONDS,
+    BRIDGE_FORWARDED_TOTAL,
+    BRIDGE_DROPPED_TOTAL,
+];
+
 /// Every metric name above, for docs and completeness tests.
 pub const ALL: [&str; 52] = [
     CONNECTIONS_CURRENT,

@@ -158,6 +158,9 @@ pub struct ScrapeFigures {
     /// Most clients connected at once since start.
     pub clients_peak: Gauge,
     pub(super) clients: Arc<ClientCount>,
+    /// `postbox_bridge_queued_*`, `postbox_bridge_oldest_queued_seconds`: one child per
+    /// bridge, set by that bridge's hook.
+    pub(super) bridge_queues: super::bridge::BridgeQueueFamilies,
 }
 
 /// The collector of the scrape-time figures and the hooks that refresh them.
@@ -202,6 +205,7 @@ impl ScrapeTime {
                     "Most clients connected at once since start (Mosquitto's $SYS/broker/clients/maximum).",
                 ),
                 clients,
+                bridge_queues: super::bridge::BridgeQueueFamilies::new(),
             },
             hooks: RwLock::default(),
         }
@@ -232,7 +236,10 @@ impl ScrapeTime {
             &f.session_backlog_oldest_seconds.0,
             &f.clients_peak.0,
         ];
-        gauges.into_iter().chain(f.store.collectors())
+        gauges
+            .into_iter()
+            .chain(f.store.collectors())
+            .chain(f.bridge_queues.collectors())
     }
 }
 

@@ -134,8 +134,11 @@ fn names_follow_prometheus_conventions() {
         names::CLIENT_CONNECTS_TOTAL,
         names::CONNACK_REFUSALS_TOTAL,
         names::SESSIONS_EXPIRED_TOTAL,
+        names::BRIDGE_RECONNECTS_TOTAL,
+        names::BRIDGE_FORWARDED_TOTAL,
+        names::BRIDGE_DROPPED_TOTAL,
     ];
-    for name in names::ALL {
+    for name in names::ALL.into_iter().chain(names::BRIDGE) {
         assert!(name.starts_with("postbox_"), "{name}");
         assert!(
             name.bytes()
@@ -149,10 +152,53 @@ fn names_follow_prometheus_conventions() {
 #[test]
 fn readme_lists_every_metric() {
     let readme = include_str!("../../README.md");
-    for name in names::ALL {
+    for name in names::ALL.into_iter().chain(names::BRIDGE) {
         assert!(
             readme.contains(&format!("`{name}`")),
             "README.md lacks `{name}`"
+        );
+    }
+}
+
+/// The per-bridge families have no series until a bridge takes its handles; from then on
+/// every name of `names::BRIDGE` is exported for it, at 0, and the handles move them.
+#[test]
+fn bridge_series_appear_with_a_bridge_and_follow_its_handles() {
+    let m = Metrics::register();
+    let bare = m.render();
+    for name in names::BRIDGE {
+        assert!(!bare.contains(name), "{name} without a bridge:\n{bare}");
+    }
+    let b = m.bridge("cloud");
+    b.up.set(1.0);
+    b.reconnects.increment(2);
+    b.forwarded(1).increment(3);
+    b.dropped(0, "queue_full")
+        .expect("a known reason")
+        .increment(4);
+    assert!(b.dropped(0, "no-such-reason").is_none());
+    m.on_scrape(move |_| b.queued_messages.set(5.0));
+    let out = m.render();
+    for name in names::BRIDGE {
+        assert!(
+            out.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}:\n{out}"
+        );
+    }
+    for line in [
+        "postbox_bridge_up{bridge=\"cloud\"} 1",
+        "postbox_bridge_reconnects_total{bridge=\"cloud\"} 2",
+        "postbox_bridge_forwarded_total{bridge=\"cloud\",direction=\"in\"} 3",
+        "postbox_bridge_forwarded_total{bridge=\"cloud\",direction=\"out\"} 0",
+        "postbox_bridge_dropped_total{bridge=\"cloud\",direction=\"out\",reason=\"queue_full\"} 4",
+        "postbox_bridge_dropped_total{bridge=\"cloud\",direction=\"in\",reason=\"max_hops\"} 0",
+        "postbox_bridge_queued_messages{bridge=\"cloud\"} 5",
+        "postbox_bridge_queued_bytes{bridge=\"cloud\"} 0",
+        "postbox_bridge_oldest_queued_seconds{bridge=\"cloud\"} 0",
+    ] {
+        assert!(
+            out.lines().any(|l| l == line),
+            "missing `{line}` in:\n{out}"
         );
     }
 }

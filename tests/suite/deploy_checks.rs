@@ -490,8 +490,13 @@ fn containerfile_is_multi_stage_small_and_non_root() {
     );
 }
 
-/// A broker with a durable store, a TLS, a WebSocket and a plain listener and a password file,
-/// after traffic that creates the series labelled at first use: messages both ways, a refused
+/// A bridge whose series (`postbox_bridge_*`, labelled by its name) the dashboard and the rules
+/// use: to a closed port, lazy with a threshold nobody reaches, so it never connects.
+const BRIDGE: &str = "[[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:1\"]\n\
+    start = \"lazy\"\nthreshold = 1000000\n[[bridge.topic]]\npattern = \"bridged/#\"\n";
+
+/// A broker with a durable store, a TLS, a WebSocket and a plain listener, a password file and
+/// a bridge, after traffic that creates the series labelled at first use: messages both ways, a refused
 /// password, a failed TLS handshake, a refused WebSocket upgrade.
 async fn busy_broker(dir: &Path) -> BrokerProcess {
     let passwd = dir.join("passwd");
@@ -512,7 +517,7 @@ async fn busy_broker(dir: &Path) -> BrokerProcess {
     let broker = BrokerProcess::spawn_sections(
         &["name = \"plain\"", &tls, "name = \"web\"\nkind = \"ws\""],
         &format!(
-            "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\n",
+            "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\n{BRIDGE}",
             dir.join("data")
         ),
     )

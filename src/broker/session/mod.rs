@@ -585,6 +585,11 @@ impl SessionState {
         self.queue.push_back(delivery);
     }
 
+    /// Payload bytes of the queued deliveries (kept as they come and go: no walk).
+    pub(in crate::broker) fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
     /// Takes the oldest queued delivery.
     pub fn pop(&mut self) -> Option<Delivery> {
         let d = self.queue.pop_front()?;
