@@ -6,6 +6,7 @@
 //! session only when the remote broker acknowledged it. The remote side is driven with the
 //! project's own codec.
 
+pub mod import;
 pub mod status;
 
 pub use status::{BridgeStatus, Flow};
