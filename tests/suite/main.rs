@@ -17,6 +17,7 @@ mod acks;
 mod acl;
 mod admin;
 mod binary;
+mod bridge_import;
 mod closing;
 mod config_files;
 mod connection_limits;
