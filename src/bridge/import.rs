@@ -101,8 +101,14 @@ const BRIDGE_OPTIONS: &[&str] = &[
 
 /// Options Postbox has no equivalent for, and what that means for the user.
 const NOT_MAPPED: &[(&str, &str)] = &[
-    ("bridge_attempt_unsubscribe", "Postbox does not send UNSUBSCRIBE for `out` rules"),
-    ("bridge_bind_address", "the operating system picks the source address"),
+    (
+        "bridge_attempt_unsubscribe",
+        "Postbox does not send UNSUBSCRIBE for `out` rules",
+    ),
+    (
+        "bridge_bind_address",
+        "the operating system picks the source address",
+    ),
     (
         "bridge_ciphers",
         "rustls offers its own safe cipher suites (TLS 1.2 and 1.3) and takes no list",
@@ -135,10 +141,19 @@ const NOT_MAPPED: &[(&str, &str)] = &[
         "no option for the Receive Maximum the bridge announces; `inflight` bounds the \
          other direction (messages sent to the remote and not yet acknowledged)",
     ),
-    ("bridge_reload_type", "bridge settings are applied at start (SIGHUP does not reconnect)"),
+    (
+        "bridge_reload_type",
+        "bridge settings are applied at start (SIGHUP does not reconnect)",
+    ),
     ("bridge_require_ocsp", "OCSP is not checked"),
-    ("bridge_tcp_keepalive", "no TCP keep-alive option; `keep_alive` (MQTT) detects a dead link"),
-    ("bridge_tcp_user_timeout", "no TCP_USER_TIMEOUT option; `keep_alive` (MQTT) detects a dead link"),
+    (
+        "bridge_tcp_keepalive",
+        "no TCP keep-alive option; `keep_alive` (MQTT) detects a dead link",
+    ),
+    (
+        "bridge_tcp_user_timeout",
+        "no TCP_USER_TIMEOUT option; `keep_alive` (MQTT) detects a dead link",
+    ),
     (
         "bridge_tls_version",
         "Postbox negotiates TLS 1.2 or 1.3 (the newest both sides speak) and cannot pin one",
@@ -255,9 +270,7 @@ impl Importer<'_> {
         if self.stanzas.is_empty() {
             self.note(
                 number,
-                format!(
-                    "`{option}` before any `connection` line: ignored (Mosquitto refuses it)"
-                ),
+                format!("`{option}` before any `connection` line: ignored (Mosquitto refuses it)"),
             );
             return;
         }
@@ -504,7 +517,11 @@ impl Importer<'_> {
         if !self.outside.is_empty() {
             let options: BTreeSet<&str> = self.outside.iter().map(|(_, o)| o.as_str()).collect();
             let shown: Vec<&str> = options.iter().copied().take(12).collect();
-            let more = if options.len() > shown.len() { ", ..." } else { "" };
+            let more = if options.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            };
             self.notes.push(format!(
                 "{}: {} line(s) that are not bridge options were ignored (lines {}): they \
                  configure the broker ({}{more}); see config/postbox.toml for their \
@@ -526,12 +543,18 @@ impl Importer<'_> {
         let c = &stanza.config;
         let line = stanza.line;
         if c.addresses.is_empty() {
-            self.note(line, format!("connection `{}` has no address: add `addresses`", c.name));
+            self.note(
+                line,
+                format!("connection `{}` has no address: add `addresses`", c.name),
+            );
         }
         if c.topics.is_empty() {
             self.note(
                 line,
-                format!("connection `{}` has no topic line: add a `[[bridge.topic]]`", c.name),
+                format!(
+                    "connection `{}` has no topic line: add a `[[bridge.topic]]`",
+                    c.name
+                ),
             );
         }
         if c.password.is_some() && c.username.is_none() {
@@ -651,7 +674,10 @@ fn topic(rest: &str) -> Result<(TopicRule, Vec<String>), String> {
     let remote_prefix = words.next().unwrap_or_default();
     let extra: Vec<String> = words.collect();
     if !extra.is_empty() {
-        notes.push(format!("words after the remote prefix ignored: {}", extra.join(" ")));
+        notes.push(format!(
+            "words after the remote prefix ignored: {}",
+            extra.join(" ")
+        ));
     }
     if pattern.is_empty() && (local_prefix.is_empty() || remote_prefix.is_empty()) {
         return Err(
@@ -731,7 +757,13 @@ fn line_list(lines: impl Iterator<Item = usize>) -> String {
     }
     ranges
         .iter()
-        .map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .map(|(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -828,7 +860,10 @@ fn write_bridge(out: &mut String, origin: &str, stanza: &Stanza) {
             }
         }
         if tls.ca.is_none() {
-            let _ = writeln!(out, "# no `ca`: the system's trust store verifies the remote");
+            let _ = writeln!(
+                out,
+                "# no `ca`: the system's trust store verifies the remote"
+            );
         }
         if !tls.alpn.is_empty() {
             let alpn: Vec<String> = tls.alpn.iter().map(|a| quoted(a)).collect();

@@ -22,7 +22,12 @@ fn note_at<'a>(result: &'a ImportResult, line: usize, needle: &str) -> &'a str {
         .notes
         .iter()
         .find(|n| n.starts_with(&prefix) && n.contains(needle))
-        .unwrap_or_else(|| panic!("no note at line {line} with {needle:?}: {:#?}", result.notes))
+        .unwrap_or_else(|| {
+            panic!(
+                "no note at line {line} with {needle:?}: {:#?}",
+                result.notes
+            )
+        })
 }
 
 const GATEWAY: &str = "\
@@ -79,7 +84,10 @@ fn stanzas_map_to_bridges() {
     assert_eq!(cloud.password.as_deref(), Some("s3cret with spaces"));
     assert_eq!(cloud.keep_alive, 30);
     assert!(!cloud.clean_start);
-    assert_eq!(cloud.session_expiry, 0, "Mosquitto's default for v5 bridges");
+    assert_eq!(
+        cloud.session_expiry, 0,
+        "Mosquitto's default for v5 bridges"
+    );
     assert_eq!(cloud.restart_timeout, [2, 120]);
     assert!(!cloud.keep_retain);
     assert!(!cloud.try_private);
@@ -89,11 +97,17 @@ fn stanzas_map_to_bridges() {
         (out.pattern.as_str(), out.direction, out.qos),
         ("sensors/#", Direction::Out, 1)
     );
-    assert_eq!((out.local_prefix.as_str(), out.remote_prefix.as_str()), ("", "site1/"));
+    assert_eq!(
+        (out.local_prefix.as_str(), out.remote_prefix.as_str()),
+        ("", "site1/")
+    );
     let inbound = &cloud.topics[1];
     assert_eq!((inbound.direction, inbound.qos), (Direction::In, 2));
     assert_eq!(
-        (inbound.local_prefix.as_str(), inbound.remote_prefix.as_str()),
+        (
+            inbound.local_prefix.as_str(),
+            inbound.remote_prefix.as_str()
+        ),
         ("site1/", "")
     );
     let single = &cloud.topics[2];
@@ -101,11 +115,19 @@ fn stanzas_map_to_bridges() {
     assert_eq!(single.local_filter(), "local/status");
     assert_eq!(single.remote_filter(), "remote/gw17/status");
     let both = &cloud.topics[3];
-    assert_eq!((both.direction, both.qos), (Direction::Both, 0), "Mosquitto's default QoS");
+    assert_eq!(
+        (both.direction, both.qos),
+        (Direction::Both, 0),
+        "Mosquitto's default QoS"
+    );
 
     let backup = &config.bridges[1];
     assert_eq!(backup.addresses, ["10.0.0.5:1883", "[::1]:1884"]);
-    assert_eq!(backup.protocol, BridgeProtocol::V3_1_1, "Mosquitto's default");
+    assert_eq!(
+        backup.protocol,
+        BridgeProtocol::V3_1_1,
+        "Mosquitto's default"
+    );
     assert_eq!(backup.start, StartMode::Lazy);
     assert_eq!((backup.threshold, backup.idle_timeout), (50, 300));
     assert_eq!(backup.restart_timeout, [10, 10], "a constant delay");
@@ -132,9 +154,18 @@ fn differences_and_ignored_lines_are_noted() {
         summary.contains("5 line(s)") && summary.contains("lines 2-5, 24"),
         "{summary}"
     );
-    assert!(summary.contains("listener") && summary.contains("log_type"), "{summary}");
+    assert!(
+        summary.contains("listener") && summary.contains("log_type"),
+        "{summary}"
+    );
     // The imported config says where each bridge came from.
-    assert!(result.toml.contains("# mosquitto.conf:25: connection backup"), "{}", result.toml);
+    assert!(
+        result
+            .toml
+            .contains("# mosquitto.conf:25: connection backup"),
+        "{}",
+        result.toml
+    );
 }
 
 /// A file in a fresh directory under the system temp dir, removed with the directory.
@@ -142,8 +173,7 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(tag: &str) -> TempDir {
-        let dir =
-            std::env::temp_dir().join(format!("postbox-import-{tag}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("postbox-import-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         TempDir(dir)
     }
@@ -178,10 +208,16 @@ fn tls_options() {
     let config = load(&result);
     let tls = config.bridges[0].tls.as_ref().expect("tls");
     assert_eq!(tls.ca.as_ref().map(|p| p.display().to_string()), Some(ca));
-    assert_eq!(tls.cert.as_ref().map(|p| p.display().to_string()), Some(cert));
+    assert_eq!(
+        tls.cert.as_ref().map(|p| p.display().to_string()),
+        Some(cert)
+    );
     assert_eq!(tls.key.as_ref().map(|p| p.display().to_string()), Some(key));
     assert_eq!(tls.alpn, ["x-amzn-mqtt-ca"]);
-    assert!(!tls.insecure, "bridge_insecure only skipped the host name check");
+    assert!(
+        !tls.insecure,
+        "bridge_insecure only skipped the host name check"
+    );
     note_at(&result, 7, "skips only the host name check");
     note_at(&result, 8, "TLS 1.2 or 1.3");
     let os = config.bridges[1].tls.as_ref().expect("os certs: TLS on");
@@ -190,7 +226,10 @@ fn tls_options() {
     note_at(&result, 16, "concatenate");
     note_at(&result, 17, "TLS-PSK is not supported");
     note_at(&result, 18, "TLS-PSK is not supported");
-    assert!(config.bridges[3].tls.is_none(), "ALPN alone is plain TCP in Mosquitto");
+    assert!(
+        config.bridges[3].tls.is_none(),
+        "ALPN alone is plain TCP in Mosquitto"
+    );
     note_at(&result, 20, "plain TCP");
 }
 
@@ -276,7 +315,11 @@ fn options_without_an_equivalent_are_noted() {
         note_at(&result, line, needle);
     }
     // v3.1.1 sends no session expiry, so no note about it; the one given is kept for v5.
-    assert!(!result.notes.iter().any(|n| n.contains("86400")), "{:#?}", result.notes);
+    assert!(
+        !result.notes.iter().any(|n| n.contains("86400")),
+        "{:#?}",
+        result.notes
+    );
 }
 
 #[test]
@@ -308,7 +351,10 @@ fn missing_addresses_and_topics_are_noted() {
 fn a_file_without_bridges_imports_to_nothing() {
     let result = import("listener 1883\nallow_anonymous true\n", "mosquitto.conf");
     assert_eq!(load(&result), Config::default());
-    assert!(result.notes.iter().any(|n| n.contains("no `connection` stanza")));
+    assert!(result
+        .notes
+        .iter()
+        .any(|n| n.contains("no `connection` stanza")));
 }
 
 #[test]
@@ -323,6 +369,9 @@ fn strings_are_quoted_for_toml() {
 
 #[test]
 fn a_password_without_a_user_name_is_noted() {
-    let result = import("connection q\naddress h\ntopic a\npassword p\n", "mosquitto.conf");
+    let result = import(
+        "connection q\naddress h\ntopic a\npassword p\n",
+        "mosquitto.conf",
+    );
     note_at(&result, 1, "remote_password without remote_username");
 }

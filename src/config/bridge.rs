@@ -469,9 +469,11 @@ impl TopicRule {
 /// character.
 fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
-        return Err("every bridge needs a `name` (its metrics, state topic and local \
+        return Err(
+            "every bridge needs a `name` (its metrics, state topic and local \
                     session are named after it)"
-            .to_owned());
+                .to_owned(),
+        );
     }
     if name.len() > MAX_BRIDGE_NAME_LEN {
         return Err(format!(
@@ -497,7 +499,9 @@ fn check_address(address: &str) -> Result<(), String> {
             return Err(format!("{address:?} is not an address; {help}"));
         };
         if v6.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("{address:?}: `{v6}` is not an IPv6 address; {help}"));
+            return Err(format!(
+                "{address:?}: `{v6}` is not an IPv6 address; {help}"
+            ));
         }
         (v6, port)
     } else {
@@ -511,9 +515,14 @@ fn check_address(address: &str) -> Result<(), String> {
         }
         (host, port)
     };
-    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control() || c == '/')
+    if host.is_empty()
+        || host
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
     {
-        return Err(format!("{address:?}: the host is empty or not a host name; {help}"));
+        return Err(format!(
+            "{address:?}: the host is empty or not a host name; {help}"
+        ));
     }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => Ok(()),
@@ -528,9 +537,11 @@ fn check_address(address: &str) -> Result<(), String> {
 /// `mqtt.max_client_id_len`); the remote's CONNACK says so at connect.
 fn check_client_id(id: &str) -> Result<(), String> {
     if id.is_empty() {
-        return Err("must not be empty (leave it out for `postbox-bridge-<name>`): a remote \
+        return Err(
+            "must not be empty (leave it out for `postbox-bridge-<name>`): a remote \
                     would assign a new id, and so a new session, at every connect"
-            .to_owned());
+                .to_owned(),
+        );
     }
     if id.len() > MAX_CLIENT_ID_LEN {
         return Err(format!(

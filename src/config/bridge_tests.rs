@@ -88,7 +88,8 @@ fn name_rules() {
 
 #[test]
 fn names_are_unique() {
-    let one = "[[bridge]]\nname = \"cloud\"\naddresses = [\"h:1\"]\n[[bridge.topic]]\npattern = \"a\"\n";
+    let one =
+        "[[bridge]]\nname = \"cloud\"\naddresses = [\"h:1\"]\n[[bridge.topic]]\npattern = \"a\"\n";
     let text = format!("{one}{one}");
     assert_invalid(&text, "bridge[1].name", 7, "already the name of bridge[0]");
     let other = one.replace("cloud", "backup");
@@ -148,22 +149,52 @@ fn topic_rules_are_needed_and_checked() {
     let text = "[[bridge]]\nname = \"a\"\naddresses = [\"h:1\"]\n[[bridge.topic]]\npattern = \"x\"\n\
                 [[bridge]]\nname = \"b\"\naddresses = [\"h:1\"]\n[[bridge.topic]]\npattern = \"x\"\n\
                 [[bridge.topic]]\npattern = \"x/#/y\"\n";
-    assert_invalid(text, "bridge[1].topic[1].pattern", 12, "not a valid topic filter");
-    assert_invalid(&rule_with("qos = 3"), "bridge[0].topic[0].qos", 6, "0, 1 or 2");
+    assert_invalid(
+        text,
+        "bridge[1].topic[1].pattern",
+        12,
+        "not a valid topic filter",
+    );
+    assert_invalid(
+        &rule_with("qos = 3"),
+        "bridge[0].topic[0].qos",
+        6,
+        "0, 1 or 2",
+    );
     for bad in ["a+b", "#/a", "a/#/b"] {
         let text = rule_with("").replace("sensors/#", bad);
-        assert_invalid(&text, "bridge[0].topic[0].pattern", 5, "not a valid topic filter");
+        assert_invalid(
+            &text,
+            "bridge[0].topic[0].pattern",
+            5,
+            "not a valid topic filter",
+        );
     }
     for (field, bad) in [("local_prefix", "a/+/"), ("remote_prefix", "#")] {
         let text = rule_with(&format!("{field} = \"{bad}\""));
-        assert_invalid(&text, &format!("bridge[0].topic[0].{field}"), 6, "plain topic prefix");
+        assert_invalid(
+            &text,
+            &format!("bridge[0].topic[0].{field}"),
+            6,
+            "plain topic prefix",
+        );
     }
     // prefix + pattern must be a filter: `site1` + `sensors/#` is `site1sensors/#`... valid,
     // but `site1` + `#` is not.
     let text = rule_with("remote_prefix = \"site1\"").replace("sensors/#", "#");
-    assert_invalid(&text, "bridge[0].topic[0].remote_prefix", 6, "usually ends with `/`");
+    assert_invalid(
+        &text,
+        "bridge[0].topic[0].remote_prefix",
+        6,
+        "usually ends with `/`",
+    );
     let text = rule_with("local_prefix = \"$share/g/\"");
-    assert_invalid(&text, "bridge[0].topic[0].local_prefix", 6, "shared subscription");
+    assert_invalid(
+        &text,
+        "bridge[0].topic[0].local_prefix",
+        6,
+        "shared subscription",
+    );
     for text in [
         rule_with("qos = 0\ndirection = \"both\"\nlocal_prefix = \"\"\nremote_prefix = \"site1/\""),
         rule_with("qos = 2\ndirection = \"in\""),
@@ -175,9 +206,12 @@ fn topic_rules_are_needed_and_checked() {
 #[test]
 fn an_empty_pattern_needs_both_prefixes() {
     // Mosquitto's remapping table: `topic "" out 0 local remote` maps one topic to another.
-    let base = "[[bridge]]\nname = \"c\"\naddresses = [\"h:1\"]\n[[bridge.topic]]\npattern = \"\"\n";
-    let c = parse(&format!("{base}local_prefix = \"here/t\"\nremote_prefix = \"there/t\"\n"))
-        .expect("both prefixes");
+    let base =
+        "[[bridge]]\nname = \"c\"\naddresses = [\"h:1\"]\n[[bridge.topic]]\npattern = \"\"\n";
+    let c = parse(&format!(
+        "{base}local_prefix = \"here/t\"\nremote_prefix = \"there/t\"\n"
+    ))
+    .expect("both prefixes");
     assert_eq!(c.bridges[0].topics[0].remote_filter(), "there/t");
     for prefixes in ["local_prefix = \"l\"", "remote_prefix = \"r\"", ""] {
         assert_invalid(
@@ -191,8 +225,18 @@ fn an_empty_pattern_needs_both_prefixes() {
 
 #[test]
 fn keep_alive_is_zero_or_at_least_five() {
-    assert_invalid(&bridge_with("keep_alive = 4"), "bridge[0].keep_alive", 4, "below 5");
-    assert_invalid(&bridge_with("keep_alive = 1"), "bridge[0].keep_alive", 4, "reconnects");
+    assert_invalid(
+        &bridge_with("keep_alive = 4"),
+        "bridge[0].keep_alive",
+        4,
+        "below 5",
+    );
+    assert_invalid(
+        &bridge_with("keep_alive = 1"),
+        "bridge[0].keep_alive",
+        4,
+        "reconnects",
+    );
     parse(&bridge_with("keep_alive = 0")).expect("0 = no keep-alive");
     parse(&bridge_with("keep_alive = 5")).expect("5 is the minimum");
 }
@@ -200,15 +244,36 @@ fn keep_alive_is_zero_or_at_least_five() {
 #[test]
 fn numeric_ranges() {
     for (extra, key, needle) in [
-        ("restart_timeout = [0, 30]", "restart_timeout", "at least 1 second"),
-        ("restart_timeout = [31, 30]", "restart_timeout", "above the cap"),
+        (
+            "restart_timeout = [0, 30]",
+            "restart_timeout",
+            "at least 1 second",
+        ),
+        (
+            "restart_timeout = [31, 30]",
+            "restart_timeout",
+            "above the cap",
+        ),
         ("inflight = 0", "inflight", "1..=65535"),
-        ("max_queued_messages = 0", "max_queued_messages", "at least 1"),
+        (
+            "max_queued_messages = 0",
+            "max_queued_messages",
+            "at least 1",
+        ),
         ("threshold = 0", "threshold", "at least 1"),
-        ("start = \"lazy\"\nidle_timeout = 0", "idle_timeout", "as soon as it connected"),
+        (
+            "start = \"lazy\"\nidle_timeout = 0",
+            "idle_timeout",
+            "as soon as it connected",
+        ),
     ] {
         let line = if key == "idle_timeout" { 5 } else { 4 };
-        assert_invalid(&bridge_with(extra), &format!("bridge[0].{key}"), line, needle);
+        assert_invalid(
+            &bridge_with(extra),
+            &format!("bridge[0].{key}"),
+            line,
+            needle,
+        );
     }
     for extra in [
         "restart_timeout = [1, 1]",
@@ -229,15 +294,28 @@ fn password_needs_a_user_name_on_3_1_1() {
         5,
         "MQTT-3.1.2-22",
     );
-    parse(&bridge_with("protocol = \"3.1.1\"\nusername = \"u\"\npassword = \"p\"")).expect("both");
+    parse(&bridge_with(
+        "protocol = \"3.1.1\"\nusername = \"u\"\npassword = \"p\"",
+    ))
+    .expect("both");
     // MQTT 5 allows a password without a user name (3.1.2.9).
     parse(&bridge_with("protocol = \"5\"\npassword = \"p\"")).expect("v5");
 }
 
 #[test]
 fn client_id_shape() {
-    assert_invalid(&bridge_with("client_id = \"\""), "bridge[0].client_id", 4, "not be empty");
-    assert_invalid(&bridge_with("client_id = \"a\\u0000b\""), "bridge[0].client_id", 4, "NUL");
+    assert_invalid(
+        &bridge_with("client_id = \"\""),
+        "bridge[0].client_id",
+        4,
+        "not be empty",
+    );
+    assert_invalid(
+        &bridge_with("client_id = \"a\\u0000b\""),
+        "bridge[0].client_id",
+        4,
+        "NUL",
+    );
     let long = "x".repeat(MAX_CLIENT_ID_LEN + 1);
     assert_invalid(
         &bridge_with(&format!("client_id = \"{long}\"")),
@@ -286,17 +364,44 @@ fn tls_files_go_together_and_must_be_readable() {
         6,
         "set `key` too",
     );
-    assert_invalid(&tls(&format!("key = \"{key}\"")), "bridge[0].tls.key", 5, "both or neither");
-    assert_invalid(&tls("ca = \"/nonexistent/ca.pem\""), "bridge[0].tls.ca", 5, "cannot read");
-    assert_invalid(&tls(&format!("ca = \"{empty}\"")), "bridge[0].tls.ca", 5, "is empty");
     assert_invalid(
-        &tls(&format!("cert = \"{cert}\"\nkey = \"/nonexistent/key.pem\"")),
+        &tls(&format!("key = \"{key}\"")),
+        "bridge[0].tls.key",
+        5,
+        "both or neither",
+    );
+    assert_invalid(
+        &tls("ca = \"/nonexistent/ca.pem\""),
+        "bridge[0].tls.ca",
+        5,
+        "cannot read",
+    );
+    assert_invalid(
+        &tls(&format!("ca = \"{empty}\"")),
+        "bridge[0].tls.ca",
+        5,
+        "is empty",
+    );
+    assert_invalid(
+        &tls(&format!(
+            "cert = \"{cert}\"\nkey = \"/nonexistent/key.pem\""
+        )),
         "bridge[0].tls.key",
         6,
         "cannot read",
     );
-    assert_invalid(&tls("server_name = \"not a name\""), "bridge[0].tls.server_name", 5, "DNS");
-    assert_invalid(&tls("alpn = [\"mqtt\", \"\"]"), "bridge[0].tls.alpn[1]", 5, "1 to 255");
+    assert_invalid(
+        &tls("server_name = \"not a name\""),
+        "bridge[0].tls.server_name",
+        5,
+        "DNS",
+    );
+    assert_invalid(
+        &tls("alpn = [\"mqtt\", \"\"]"),
+        "bridge[0].tls.alpn[1]",
+        5,
+        "1 to 255",
+    );
     let c = parse(&tls(&format!(
         "ca = \"{ca}\"\ncert = \"{cert}\"\nkey = \"{key}\"\nserver_name = \"broker.example\"\n\
          alpn = [\"mqtt\"]"

@@ -422,7 +422,9 @@ fn line_col_counts_characters() {
 #[test]
 fn default_file_documents_bridges_in_a_comment() {
     let text = Config::embedded_default_text();
-    let start = text.find("\n# [[bridge]]\n").expect("a commented [[bridge]] block");
+    let start = text
+        .find("\n# [[bridge]]\n")
+        .expect("a commented [[bridge]] block");
     let block: String = text[start..]
         .lines()
         .filter_map(|l| l.strip_prefix("# "))

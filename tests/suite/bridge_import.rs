@@ -32,7 +32,8 @@ fn imports_a_mosquitto_conf() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let config = Config::from_toml_str(&stdout, "stdout").unwrap_or_else(|e| panic!("{e}\n{stdout}"));
+    let config =
+        Config::from_toml_str(&stdout, "stdout").unwrap_or_else(|e| panic!("{e}\n{stdout}"));
     let bridge = &config.bridges[0];
     assert_eq!(bridge.name, "cloud");
     assert_eq!(bridge.addresses, ["127.0.0.1:1884"]);
@@ -40,10 +41,15 @@ fn imports_a_mosquitto_conf() {
     assert_eq!(bridge.topics[1].direction, Direction::In);
     let note = format!("note: {}:6: ", conf.display());
     assert!(
-        stderr.lines().any(|l| l.starts_with(&note) && l.contains("start_type once")),
+        stderr
+            .lines()
+            .any(|l| l.starts_with(&note) && l.contains("start_type once")),
         "{stderr}"
     );
-    assert!(stderr.contains("lines 1"), "the listener line is summed up: {stderr}");
+    assert!(
+        stderr.contains("lines 1"),
+        "the listener line is summed up: {stderr}"
+    );
     assert!(!stderr.contains("warning:"), "{stderr}");
 }
 

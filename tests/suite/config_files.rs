@@ -112,8 +112,18 @@ fn bridge_example_is_the_documented_gateway() {
     assert_eq!(
         rules,
         [
-            ("sensors/#".to_owned(), Direction::Out, 1, "site1/sensors/#".to_owned()),
-            ("commands/#".to_owned(), Direction::In, 1, "commands/#".to_owned()),
+            (
+                "sensors/#".to_owned(),
+                Direction::Out,
+                1,
+                "site1/sensors/#".to_owned()
+            ),
+            (
+                "commands/#".to_owned(),
+                Direction::In,
+                1,
+                "commands/#".to_owned()
+            ),
         ]
     );
 }
