@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::*;
-use crate::config::{Config, OverflowPolicy};
+use crate::config::{Config, Direction, OverflowPolicy};
 
 /// Parses and validates the imported TOML as the broker would.
 fn load(result: &ImportResult) -> Config {

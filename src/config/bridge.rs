@@ -6,6 +6,9 @@
 //! rules in Mosquitto's grammar (`pattern`, `direction`, `qos`, `local_prefix`,
 //! `remote_prefix`). The names follow Mosquitto's `connection` stanza where one exists, so
 //! `postbox bridge import mosquitto.conf` is a mechanical translation.
+//!
+//! A little over 600 lines: the section's types and the rules that check them stay together
+//! (each rule names the field it checks); the unit tests are in `bridge_tests.rs`.
 
 use std::path::{Path, PathBuf};
 
