@@ -43,6 +43,21 @@ struct Cli {
 enum Command {
     /// Manage a password file (`auth.password_file`), like `mosquitto_passwd`.
     Passwd(PasswdArgs),
+    /// Bridges to other brokers (`[[bridge]]`).
+    #[command(subcommand)]
+    Bridge(BridgeCommand),
+}
+
+/// `postbox bridge ...`.
+#[derive(Debug, clap::Subcommand)]
+enum BridgeCommand {
+    /// Print `[[bridge]]` TOML for the `connection` stanzas of a mosquitto.conf on stdout;
+    /// what does not map exactly is listed on stderr.
+    Import {
+        /// The Mosquitto configuration file.
+        #[arg(value_name = "MOSQUITTO_CONF")]
+        file: PathBuf,
+    },
 }
 
 /// `postbox passwd`: the same flags as `mosquitto_passwd`.
@@ -88,8 +103,10 @@ struct PasswdArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(Command::Passwd(args)) = cli.command {
-        return passwd(&args);
+    match cli.command {
+        Some(Command::Passwd(args)) => return passwd(&args),
+        Some(Command::Bridge(BridgeCommand::Import { file })) => return bridge_import(&file),
+        None => {}
     }
     // Overrides are applied before validation, so they are checked like the file is.
     let overrides = Overrides {
@@ -250,6 +267,25 @@ impl Signals {
             Signal::Stop
         }
     }
+}
+
+/// `postbox bridge import`: the TOML on stdout (ready to redirect into a file), the notes on
+/// stderr, then whether the TOML loads as it is (a TLS file missing on this machine, a stanza
+/// without topics): said as a warning, since the user is expected to edit the result anyway.
+fn bridge_import(file: &std::path::Path) -> anyhow::Result<()> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    // mosquitto.conf files are often Latin-1 in their comments; option values are ASCII.
+    let text = String::from_utf8_lossy(&bytes);
+    let origin = file.display().to_string();
+    let result = postbox::bridge::import::import(&text, &origin);
+    print!("{}", result.toml);
+    for note in &result.notes {
+        eprintln!("note: {note}");
+    }
+    if let Err(error) = Config::from_toml_str(&result.toml, "<imported TOML>") {
+        eprintln!("warning: the imported TOML does not load as it is: {error}");
+    }
+    Ok(())
 }
 
 /// `postbox passwd`: edits the file and replaces it atomically.

@@ -7,6 +7,7 @@
 //! project's own codec.
 
 mod engine;
+pub mod import;
 mod pump;
 pub mod remote;
 pub mod status;

@@ -173,24 +173,40 @@ pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// Works for `[table]` headers, dotted keys and inline tables alike, because the spanned
 /// document tree does not care how a key was spelled. A segment may index an array
 /// (`listener[1]`, as `serde_path_to_error` writes it): `[[listener]]` entries are arrays.
+///
+/// A key the text does not set inside an array entry (`bridge[0].addresses` left out) gets
+/// the line of the deepest entry that holds it (the `[[bridge]]` header): the entry is where
+/// the key is missing. Outside arrays a missing key has no line.
 pub(super) fn key_line(text: &str, key: &str) -> Option<usize> {
     let doc = toml::de::DeTable::parse(text).ok()?;
     let mut table = doc.get_ref();
     let mut segments = key.split('.').peekable();
+    let mut entry_line = None;
     while let Some(segment) = segments.next() {
-        let (name, indices) = split_indices(segment)?;
-        let (k, mut value) = table.get_key_value(name)?;
+        let Some((name, indices)) = split_indices(segment) else {
+            return entry_line;
+        };
+        let Some((k, mut value)) = table.get_key_value(name) else {
+            return entry_line;
+        };
         let mut span = k.span();
         for index in indices {
-            value = value.get_ref().get(index)?;
+            let Some(element) = value.get_ref().get(index) else {
+                return entry_line;
+            };
+            value = element;
             span = value.span();
+            entry_line = Some(line_col(text, span.start).0);
         }
         if segments.peek().is_none() {
             return Some(line_col(text, span.start).0);
         }
-        table = value.get_ref().as_table()?;
+        let Some(inner) = value.get_ref().as_table() else {
+            return entry_line;
+        };
+        table = inner;
     }
-    None
+    entry_line
 }
 
 /// `listener[1][2]` -> (`listener`, [1, 2]); `None` if the brackets are malformed.

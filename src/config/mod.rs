@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bridge::{
     BridgeConfig, BridgeProtocol, BridgeTlsConfig, Direction, StartMode, TopicRule,
-    BRIDGE_SESSION_PREFIX, HOPS_PROPERTY,
+    BRIDGE_SESSION_PREFIX, HOPS_PROPERTY, MAX_BRIDGE_NAME_LEN, MIN_BRIDGE_KEEP_ALIVE,
 };
 pub use error::ConfigError;
 pub use listener::{

@@ -416,3 +416,43 @@ fn line_col_counts_characters() {
     assert_eq!(line_col("ab\ncé=x", 7), (2, 4));
     assert_eq!(line_col("", 10), (1, 1));
 }
+
+/// `config/postbox.toml` documents `[[bridge]]` in a commented block (so the default has no
+/// bridge) whose keys, uncommented, are a valid bridge.
+#[test]
+fn default_file_documents_bridges_in_a_comment() {
+    let text = Config::embedded_default_text();
+    let start = text
+        .find("\n# [[bridge]]\n")
+        .expect("a commented [[bridge]] block");
+    let block: String = text[start..]
+        .lines()
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| {
+            l.starts_with('[')
+                || l.split_once(" = ").is_some_and(|(k, _)| {
+                    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                })
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut config = Config::parse_unvalidated(&block, "block").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(config.bridges.len(), 1, "{block}");
+    let bridge = &mut config.bridges[0];
+    assert_eq!(bridge.topics.len(), 2, "{block}");
+    // The block shows the defaults of every key it does not need to set.
+    let defaults = BridgeConfig {
+        name: bridge.name.clone(),
+        addresses: bridge.addresses.clone(),
+        client_id: bridge.client_id.clone(),
+        username: bridge.username.clone(),
+        password: bridge.password.clone(),
+        tls: bridge.tls.clone(),
+        topics: bridge.topics.clone(),
+        ..BridgeConfig::default()
+    };
+    assert_eq!(*bridge, defaults, "a documented default differs");
+    // Its TLS files are examples; the rest validates.
+    bridge.tls = None;
+    config.validate().unwrap_or_else(|e| panic!("{e}"));
+}

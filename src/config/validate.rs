@@ -5,7 +5,7 @@
 //! again after command-line overrides, so both are held to the same rules.
 
 use super::error::{invalid, ConfigError};
-use super::{listener, Config};
+use super::{bridge, listener, Config};
 
 impl Config {
     /// Cross-field validation: ranges the types cannot express and options that conflict.
@@ -25,7 +25,8 @@ impl Config {
         self.storage.validate()?;
         listener::validate(&self.listeners, &self.metrics)?;
         self.check_connection_bounds()?;
-        self.check_admin_token()
+        self.check_admin_token()?;
+        bridge::validate(&self.bridges)
     }
 
     /// `admin.token_file` must hold a token: an unreadable or empty file would leave the

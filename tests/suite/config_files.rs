@@ -90,3 +90,64 @@ fn kubernetes_configmap_config_parses() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// `config/bridge.toml` is the ready example: local listener on 1883, a bridge to
+/// 127.0.0.1:1884, `sensors/#` out under `site1/`, `commands/#` in, QoS 1, a durable store.
+#[test]
+fn bridge_example_is_the_documented_gateway() {
+    use postbox::config::Direction;
+    let c = Config::load(&root().join("config/bridge.toml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.listeners[0].bind.port(), 1883);
+    assert_eq!(c.metrics.bind, Config::default().metrics.bind);
+    assert!(c.storage.persistence && c.storage.dir.is_some());
+    let [bridge] = c.bridges.as_slice() else {
+        panic!("one bridge expected: {:?}", c.bridges)
+    };
+    assert_eq!(bridge.addresses, ["127.0.0.1:1884"]);
+    let rules: Vec<(String, Direction, u8, String)> = bridge
+        .topics
+        .iter()
+        .map(|t| (t.local_filter(), t.direction, t.qos, t.remote_filter()))
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            (
+                "sensors/#".to_owned(),
+                Direction::Out,
+                1,
+                "site1/sensors/#".to_owned()
+            ),
+            (
+                "commands/#".to_owned(),
+                Direction::In,
+                1,
+                "commands/#".to_owned()
+            ),
+        ]
+    );
+}
+
+/// `postbox bridge import` turns the stanza quoted at the end of `config/bridge.toml` into
+/// the same bridge the file defines (the comment stays true).
+#[test]
+fn bridge_example_matches_its_mosquitto_stanza() {
+    let text = std::fs::read_to_string(root().join("config/bridge.toml")).expect("read");
+    let start = text.find("#   connection cloud").expect("stanza quoted");
+    let stanza: String = text[start..]
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let imported = postbox::bridge::import::import(&stanza, "stanza");
+    let from_stanza = Config::from_toml_str(&imported.toml, "imported")
+        .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
+    let example = Config::load(&root().join("config/bridge.toml")).expect("loads");
+    let mut expected = example.bridges[0].clone();
+    // What the stanza cannot say: Postbox's own queue bound and replay rate.
+    let defaults = postbox::config::BridgeConfig::default();
+    expected.max_queued_messages = defaults.max_queued_messages;
+    expected.max_queued_bytes = defaults.max_queued_bytes;
+    expected.max_forward_rate = defaults.max_forward_rate;
+    assert_eq!(from_stanza.bridges, [expected]);
+}

@@ -19,6 +19,7 @@ mod admin;
 mod binary;
 mod bridge;
 mod bridge_broker;
+mod bridge_import;
 mod bridge_observe;
 mod bridge_transport;
 mod closing;
