@@ -2,6 +2,10 @@
 //! topic: subscription match, per-session enqueue, wake-up. Queues are drained between timed
 //! batches (untimed), so every publish takes the normal path, never the queue-full one.
 //!
+//! `route_publish_bridged` is the same with one bridge's session given queue limits of its own
+//! (`Broker::set_queue_limits`, not a subscriber here): what every other session's admission
+//! then pays for the lookup of its bounds.
+//!
 //! Run: `cargo bench --bench routing`.
 
 use std::hint::black_box;
@@ -10,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use postbox::broker::{Attached, Broker, Message, SessionRequest};
+use postbox::broker::{Attached, Broker, Message, SessionQueueLimits, SessionRequest};
 use postbox::codec::{ProtocolVersion, Publish, QoS, SubscriptionOptions};
 use postbox::config::Config;
 use postbox::metrics::Metrics;
@@ -66,10 +70,25 @@ fn drain(sessions: &[Attached]) {
 }
 
 fn routing(c: &mut Criterion) {
-    let mut group = c.benchmark_group("route_publish");
+    route(c, "route_publish", false);
+    route(c, "route_publish_bridged", true);
+}
+
+fn route(c: &mut Criterion, name: &str, bridged: bool) {
+    let mut group = c.benchmark_group(name);
     for qos in [QoS::AtMostOnce, QoS::AtLeastOnce] {
         for subscribers in [1usize, 100, 10_000] {
             let s = setup(subscribers, qos);
+            if bridged {
+                s.broker.set_queue_limits(
+                    "$bridge/cloud",
+                    SessionQueueLimits {
+                        max_messages: 100_000,
+                        max_bytes: 0,
+                        overflow: postbox::config::OverflowPolicy::Refuse,
+                    },
+                );
+            }
             // Stay well under the default 1,000-message queue and bound memory.
             let batch = (200_000 / subscribers).clamp(1, 500) as u64;
             group.throughput(Throughput::Elements(subscribers as u64));

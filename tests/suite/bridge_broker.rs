@@ -151,7 +151,7 @@ async fn bridge_session_ids_are_refused_to_clients() {
     let (mut c, ack) = v5::open(addr, v5::connect_packet("$bridge/x")).await;
     match ack {
         Some(Packet::ConnAck(ack)) => {
-            assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID)
+            assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
         }
         other => panic!("expected CONNACK 0x85, got {other:?}"),
     }
