@@ -202,17 +202,15 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
 
     fn sink(&mut self) -> RemoteSink<'_> {
         let version = self.io.version();
-        RemoteSink {
-            out: &mut self.io.tx.wbuf,
-            rules: self.rules,
-            status: self.status,
+        RemoteSink::new(
+            &mut self.io.tx.wbuf,
+            self.config,
+            self.rules,
+            self.status,
             version,
-            limits: self.limits,
-            max_hops: self.config.max_hops,
-            keep_retain: self.config.keep_retain,
-            tokens: whole_tokens(self.config.max_forward_rate, self.tokens),
-            taken: 0,
-        }
+            self.limits,
+            self.tokens,
+        )
     }
 
     fn refill_tokens(&mut self, now: Instant) {
@@ -241,17 +239,15 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         let before = self.io.tx.wbuf.len();
         let handle = self.link.handle();
         let version = self.io.version();
-        let mut sink = RemoteSink {
-            out: &mut self.io.tx.wbuf,
-            rules: self.rules,
-            status: self.status,
+        let mut sink = RemoteSink::new(
+            &mut self.io.tx.wbuf,
+            self.config,
+            self.rules,
+            self.status,
             version,
-            limits: self.limits,
-            max_hops: self.config.max_hops,
-            keep_retain: self.config.keep_retain,
-            tokens: whole_tokens(self.config.max_forward_rate, self.tokens),
-            taken: 0,
-        };
+            self.limits,
+            self.tokens,
+        );
         let fill = handle.fill(window, Instant::now(), &mut sink as &mut dyn DeliverySink);
         let taken = sink.taken;
         if self.config.max_forward_rate > 0 {
@@ -582,6 +578,32 @@ struct RemoteSink<'a> {
     keep_retain: bool,
     tokens: usize,
     taken: usize,
+}
+
+impl<'a> RemoteSink<'a> {
+    /// A sink into `out` for one fill, with what the bridge's config and the forward rate
+    /// (`tokens`) allow.
+    fn new(
+        out: &'a mut BytesMut,
+        config: &BridgeConfig,
+        rules: &'a Rules,
+        status: &'a BridgeStatus,
+        version: ProtocolVersion,
+        limits: RemoteLimits,
+        tokens: f64,
+    ) -> RemoteSink<'a> {
+        RemoteSink {
+            out,
+            rules,
+            status,
+            version,
+            limits,
+            max_hops: config.max_hops,
+            keep_retain: config.keep_retain,
+            tokens: whole_tokens(config.max_forward_rate, tokens),
+            taken: 0,
+        }
+    }
 }
 
 impl DeliverySink for RemoteSink<'_> {

@@ -10,7 +10,7 @@
 //! table (an `ArcSwap`, no lock) searched by client id.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -45,6 +45,10 @@ pub(super) struct QueueLimitsTable {
     global: QueueLimits,
     /// Set once any session has bounds of its own: until then no lookup is made.
     any: AtomicBool,
+    /// A bit per first byte of the client ids with bounds of their own (`$` for the bridges'
+    /// `$bridge/...`): a session whose id starts otherwise — every client, in practice — is
+    /// answered without hashing its id, also once a bridge is configured.
+    first_bytes: [AtomicU64; 4],
     /// Set once any session's own policy is `refuse`: `Broker::refused_for_full_queue` then
     /// looks at every QoS 1/2 publish even when the broker-wide policy is another.
     any_refuse: AtomicBool,
@@ -60,6 +64,7 @@ impl QueueLimitsTable {
         QueueLimitsTable {
             global,
             any: AtomicBool::new(false),
+            first_bytes: Default::default(),
             any_refuse: AtomicBool::new(false),
             overrides: ArcSwap::from_pointee(Overrides::default()),
             writer: Mutex::new(()),
@@ -75,6 +80,12 @@ impl QueueLimitsTable {
     #[inline]
     pub(super) fn of(&self, client_id: &str) -> QueueLimits {
         if !self.any.load(Ordering::Relaxed) {
+            return self.global;
+        }
+        let first = client_id.as_bytes().first().copied().unwrap_or(0);
+        if self.first_bytes[usize::from(first >> 6)].load(Ordering::Relaxed) & (1 << (first & 63))
+            == 0
+        {
             return self.global;
         }
         self.own(client_id)
@@ -110,6 +121,8 @@ impl QueueLimitsTable {
         next.insert(ByteString::from(client_id), own);
         let refuse = next.values().any(|l| l.overflow == OverflowPolicy::Refuse);
         self.overrides.store(Arc::new(next));
+        let first = client_id.as_bytes().first().copied().unwrap_or(0);
+        self.first_bytes[usize::from(first >> 6)].fetch_or(1 << (first & 63), Ordering::Relaxed);
         self.any_refuse.store(refuse, Ordering::Relaxed);
         self.any.store(true, Ordering::Release);
     }
@@ -160,5 +173,17 @@ mod tests {
         );
         assert!(!table.may_refuse());
         assert_eq!(table.of("$bridge/b").max_messages, 5);
+        // Same first byte, no bounds of its own (the hashed lookup); no first byte at all.
+        assert_eq!(table.of("$other").max_messages, 1000);
+        assert_eq!(table.of("").max_messages, 1000);
+        table.set(
+            "",
+            SessionQueueLimits {
+                max_messages: 7,
+                max_bytes: 0,
+                overflow: OverflowPolicy::DropNew,
+            },
+        );
+        assert_eq!(table.of("").max_messages, 7);
     }
 }

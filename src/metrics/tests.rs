@@ -173,7 +173,7 @@ fn bridge_series_appear_with_a_bridge_and_follow_its_handles() {
     b.up.set(1.0);
     b.reconnects.increment(2);
     b.forwarded(1).increment(3);
-    b.dropped(0, "queue_full")
+    b.dropped(0, "too_large")
         .expect("a known reason")
         .increment(4);
     assert!(b.dropped(0, "no-such-reason").is_none());
@@ -190,7 +190,7 @@ fn bridge_series_appear_with_a_bridge_and_follow_its_handles() {
         "postbox_bridge_reconnects_total{bridge=\"cloud\"} 2",
         "postbox_bridge_forwarded_total{bridge=\"cloud\",direction=\"in\"} 3",
         "postbox_bridge_forwarded_total{bridge=\"cloud\",direction=\"out\"} 0",
-        "postbox_bridge_dropped_total{bridge=\"cloud\",direction=\"out\",reason=\"queue_full\"} 4",
+        "postbox_bridge_dropped_total{bridge=\"cloud\",direction=\"out\",reason=\"too_large\"} 4",
         "postbox_bridge_dropped_total{bridge=\"cloud\",direction=\"in\",reason=\"max_hops\"} 0",
         "postbox_bridge_queued_messages{bridge=\"cloud\"} 5",
         "postbox_bridge_queued_bytes{bridge=\"cloud\"} 0",

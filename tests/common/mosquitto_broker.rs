@@ -22,7 +22,6 @@ pub struct MosquittoBroker {
     pub port: u16,
     /// Its directory: config, persistence, log.
     pub dir: tempfile::TempDir,
-    extra: String,
 }
 
 impl MosquittoBroker {
@@ -65,18 +64,10 @@ impl MosquittoBroker {
             ),
         )
         .expect("write mosquitto.conf");
-        let child = Command::new("mosquitto")
-            .args(["-c", path.to_str().expect("utf8 path")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("mosquitto is installed (apt-get install mosquitto)");
         let broker = MosquittoBroker {
-            child: Some(child),
+            child: Some(spawn(&path)),
             port,
             dir,
-            extra: extra.to_owned(),
         };
         broker.wait_accepting().await;
         broker
@@ -140,14 +131,18 @@ impl MosquittoBroker {
     pub async fn restart(&mut self) {
         self.stop().await;
         let path: PathBuf = self.dir.path().join("mosquitto.conf");
-        let child = Command::new("mosquitto")
-            .args(["-c", path.to_str().expect("utf8 path")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("mosquitto");
-        self.child = Some(child);
+        self.child = Some(spawn(&path));
         self.wait_accepting().await;
     }
+}
+
+/// `mosquitto -c path`, killed on drop.
+fn spawn(path: &std::path::Path) -> Child {
+    Command::new("mosquitto")
+        .args(["-c", path.to_str().expect("utf8 path")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("mosquitto is installed (apt-get install mosquitto)")
 }

@@ -9,7 +9,8 @@ use crate::common;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use common::mosquitto::{mosquitto_pub, MosquittoBroker, MosquittoSub};
+use common::mosquitto::{mosquitto_pub, MosquittoSub};
+use common::mosquitto_broker::MosquittoBroker;
 use common::{v5, RawClient};
 use postbox::broker::link::{Link, LinkDelivery, LinkOptions};
 use postbox::broker::SessionQueueLimits;
@@ -188,7 +189,7 @@ async fn a_mosquitto_bridge_into_postbox_does_not_echo() {
     v5::subscribe(&mut on_postbox, "bb/#", QoS::AtLeastOnce).await;
     let mut pb_pub = v5::connect_id(addr, "pb-pub").await;
 
-    let mut mosquitto = MosquittoBroker::start(&format!(
+    let mosquitto = MosquittoBroker::start(&format!(
         "connection postbox\naddress 127.0.0.1:{}\nbridge_protocol_version mqttv311\n\
          try_private true\ncleansession false\nremote_clientid mosquitto-edge\n\
          notifications false\nrestart_timeout 1\ntopic bb/# both 1\n",
