@@ -80,6 +80,9 @@ pub(super) struct Pump<'a, S> {
     last_read: Instant,
     ping_sent: Option<Instant>,
     last_traffic: Instant,
+    /// The packet id of the SUBSCRIBE sent at connect, until its SUBACK: no new delivery is
+    /// taken meanwhile, so no new PUBLISH can take that id (MQTT-2.2.1-3).
+    suback_pending: Option<u16>,
 }
 
 impl<S> std::fmt::Debug for Pump<'_, S> {
@@ -115,6 +118,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             last_read: now,
             ping_sent: None,
             last_traffic: now,
+            suback_pending: None,
         }
     }
 
@@ -130,7 +134,15 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         resends: Vec<Resend>,
         shutdown: &CancellationToken,
     ) -> Result<Ended, RemoteError> {
-        self.subscribe_remote()?;
+        // An id none of the re-sent PUBLISHes holds (they keep theirs across the reconnect).
+        let held: Vec<u16> = resends
+            .iter()
+            .map(|r| match r {
+                Resend::Publish(_, id) | Resend::Release(id) => *id,
+            })
+            .collect();
+        let subscribe_id = (1..=u16::MAX).find(|id| !held.contains(id)).unwrap_or(1);
+        self.subscribe_remote(subscribe_id)?;
         self.resend(resends)?;
         let result = self.pump(shutdown).await;
         if matches!(result, Ok(Ended::Shutdown | Ended::Idle)) {
@@ -139,7 +151,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         result
     }
 
-    fn subscribe_remote(&mut self) -> Result<(), RemoteError> {
+    fn subscribe_remote(&mut self, packet_id: u16) -> Result<(), RemoteError> {
         let filters: Vec<_> = self
             .rules
             .remote_subscriptions()
@@ -158,12 +170,14 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             return Ok(());
         }
         let subscribe = crate::codec::Subscribe {
-            packet_id: 1,
+            packet_id,
             subscription_identifier: None,
             user_properties: Vec::new(),
             filters,
         };
-        self.io.tx.push(&Packet::Subscribe(subscribe))
+        self.io.tx.push(&Packet::Subscribe(subscribe))?;
+        self.suback_pending = Some(packet_id);
+        Ok(())
     }
 
     /// What the session held unacknowledged when it was resumed: PUBLISHes again with DUP
@@ -228,7 +242,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     /// Takes what the local session has ready into the write buffer, within the window, the
     /// buffer's high-water mark and the forward rate.
     async fn fill(&mut self) -> Result<bool, RemoteError> {
-        if self.io.tx.wbuf.len() >= WRITE_HIGH_WATER {
+        if self.io.tx.wbuf.len() >= WRITE_HIGH_WATER || self.suback_pending.is_some() {
             return Ok(false);
         }
         self.refill_tokens(Instant::now());
@@ -280,6 +294,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             let now = Instant::now();
             let next_timer = self.next_timer(now, keep_alive);
             let may_take = self.io.tx.wbuf.len() < WRITE_HIGH_WATER
+                && self.suback_pending.is_none()
                 && (self.config.max_forward_rate == 0 || self.tokens >= 1.0);
             let has_gated = !self.gated.is_empty();
             tokio::select! {
@@ -412,6 +427,9 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 });
             }
             Packet::SubAck(ack) => {
+                if self.suback_pending == Some(ack.packet_id) {
+                    self.suback_pending = None;
+                }
                 let filters = self.rules.remote_subscriptions();
                 for (i, code) in ack.reason_codes.iter().enumerate() {
                     if code.0 >= 0x80 {
