@@ -22,6 +22,27 @@ pub struct MosquittoBroker {
     pub port: u16,
     /// Its directory: config, persistence, log.
     pub dir: tempfile::TempDir,
+    /// While stopped, the port stays bound here (not listening: connects are refused), so a
+    /// test running in parallel cannot take it and be taken for this broker.
+    held: Option<tokio::net::TcpSocket>,
+}
+
+/// Binds `127.0.0.1:port` without listening: connections to it are refused, and no other
+/// process can listen on it while the socket lives.
+pub fn hold_port(port: u16) -> tokio::net::TcpSocket {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    // Accepted connections of the broker that listened there may linger in TIME_WAIT.
+    socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .expect("hold the stopped broker's port");
+    socket
+}
+
+/// A loopback port nothing listens on, held for as long as the socket lives.
+pub fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let port = free_port();
+    (hold_port(port), port)
 }
 
 impl MosquittoBroker {
@@ -66,6 +87,7 @@ impl MosquittoBroker {
         .expect("write mosquitto.conf");
         let broker = MosquittoBroker {
             child: Some(spawn(&path)),
+            held: None,
             port,
             dir,
         };
@@ -124,6 +146,7 @@ impl MosquittoBroker {
                 }
             }
             let _ = tokio::time::timeout(WAIT, child.wait()).await;
+            self.held = Some(hold_port(self.port));
         }
     }
 
@@ -131,6 +154,7 @@ impl MosquittoBroker {
     pub async fn restart(&mut self) {
         self.stop().await;
         let path: PathBuf = self.dir.path().join("mosquitto.conf");
+        self.held = None; // released just before Mosquitto binds it again
         self.child = Some(spawn(&path));
         self.wait_accepting().await;
     }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use postbox::codec::{Packet, Publish, PublishProperties, QoS, SubscriptionOptions};
 
 use crate::common::async_process::{free_port, BrokerProcess};
-use crate::common::mosquitto_broker::MosquittoBroker;
+use crate::common::mosquitto_broker::{closed_port, MosquittoBroker};
 use crate::common::v5;
 use crate::common::RawClient;
 
@@ -171,7 +171,7 @@ async fn a_sigkill_with_a_backlog_loses_nothing() {
     // The remote's subscriber session exists before the outage, so Mosquitto keeps what the
     // bridge forwards for it.
     let mut remote = MosquittoBroker::start_on(remote_port, "").await;
-    let sub = persistent_subscriber(remote_port, "site-archive", "site1/#").await;
+    let sub = persistent_subscriber(remote_port, "site-archive-kill", "site1/#").await;
     v5::disconnect(sub).await;
     remote.stop().await;
 
@@ -189,7 +189,7 @@ async fn a_sigkill_with_a_backlog_loses_nothing() {
     let postbox = BrokerProcess::spawn_file(&rest, &[]).await;
     remote.restart().await;
     wait_bridge_up(&postbox).await;
-    let mut sub = resume_subscriber(remote_port, "site-archive").await;
+    let mut sub = resume_subscriber(remote_port, "site-archive-kill").await;
     assert_eq!(receive_payloads(&mut sub, N).await, numbered("k", N));
 }
 
@@ -197,7 +197,7 @@ async fn a_sigkill_with_a_backlog_loses_nothing() {
 #[tokio::test]
 async fn the_failover_address_is_used_when_the_first_is_down() {
     let remote = MosquittoBroker::start("").await;
-    let closed = free_port();
+    let (_held, closed) = closed_port();
     let postbox = BrokerProcess::spawn_file(
         &format!(
             "[storage]\npersistence = false\n{}",
