@@ -404,10 +404,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 if let Some(answer) = answer {
                     let mut rel = PubResponse::new(rec.packet_id);
                     rel.reason_code = answer.reason;
-                    self.gated.push_back(GatedAck {
-                        gate: answer.gate,
-                        packet: Packet::PubRel(rel),
-                    });
+                    self.send_after(answer.gate, Packet::PubRel(rel));
                 }
             }
             Packet::PubComp(comp) => {
@@ -421,10 +418,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 let answer = handle.on_pubrel(rel.packet_id);
                 let mut comp = PubResponse::new(rel.packet_id);
                 comp.reason_code = answer.reason;
-                self.gated.push_back(GatedAck {
-                    gate: answer.gate,
-                    packet: Packet::PubComp(comp),
-                });
+                self.send_after(answer.gate, Packet::PubComp(comp));
             }
             Packet::SubAck(ack) => {
                 if self.suback_pending == Some(ack.packet_id) {
@@ -537,6 +531,12 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             QoS::AtLeastOnce => Packet::PubAck(ack),
             QoS::ExactlyOnce => Packet::PubRec(ack),
         };
+        self.send_after(gate, packet);
+    }
+
+    /// Queues `packet` for the remote behind every earlier gated write, to be written once
+    /// `gate` (if any) is durable.
+    fn send_after(&mut self, gate: Option<Durable>, packet: Packet) {
         self.gated.push_back(GatedAck { gate, packet });
     }
 }

@@ -22,14 +22,8 @@ use postbox::metrics::ConnackRefusal;
 fn connect_packet(version: ProtocolVersion, client_id: &str, bridge: bool) -> Connect {
     Connect {
         protocol: version,
-        clean_start: true,
-        keep_alive: 60,
-        client_id: client_id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
         bridge,
+        ..v5::connect_packet(client_id)
     }
 }
 
