@@ -10,6 +10,7 @@ pub mod broker;
 pub mod codec;
 pub mod config;
 pub mod connection;
+pub mod guarantees;
 pub mod logging;
 pub mod metrics;
 pub mod reload;

@@ -58,13 +58,19 @@ pub enum StartError {
     /// `admin.token_file` could not be read or is empty.
     #[error("cannot use the admin token: {0}")]
     AdminToken(#[from] crate::admin::TokenError),
+    /// A `[[schema]]` file could not be read or compiled.
+    #[error("cannot load a schema: {0}")]
+    Schema(#[from] crate::guarantees::schema::SchemaError),
     /// A bridge's TLS files (`[bridge.tls]`) could not be loaded.
     #[error("cannot start a bridge: {0}")]
     Bridge(#[from] crate::bridge::BridgeStartError),
 }
 
 /// Opens the store, restores what it holds into a new broker (blocking I/O, off the runtime).
-async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
+async fn open_broker(
+    config: &Config,
+    guarantees: crate::guarantees::Guarantees,
+) -> Result<Arc<Broker>, StartError> {
     let storage_config = config.storage.clone();
     let (store, snapshot) = tokio::task::spawn_blocking(move || {
         let store = crate::storage::open(&storage_config)?;
@@ -80,6 +86,8 @@ async fn open_broker(config: &Config) -> Result<Arc<Broker>, StartError> {
         Some(store),
         Metrics::register(),
     );
+    // Before the restore: it hands the dedup window its stored keys.
+    broker.install_guarantees(guarantees);
     if persistence {
         let summary = broker.restore(snapshot);
         // Sessions whose expiry passed while the broker was down expired all the same.
@@ -183,7 +191,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     };
     // Before the store opens: a bridge's bad TLS file must stop the start.
     let bridge_tls = crate::bridge::load_tls(&config.bridges)?;
-    let broker = open_broker(&config).await?;
+    // Before the store opens: a schema that does not compile must stop the start.
+    let guarantees = crate::guarantees::Guarantees::from_config(&config)?;
+    let schemas = guarantees.schemas.clone();
+    let broker = open_broker(&config, guarantees).await?;
     let jwt = match &config.auth.jwt {
         Some(settings) => Some(Arc::new(crate::auth::jwt::JwtVerifier::load(
             settings.clone(),
@@ -208,6 +219,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     }
     if let Some(acl) = &acl {
         broker.install_acl(Arc::clone(acl));
+    }
+    if let Some(schemas) = schemas {
+        reloaders.register(schemas);
     }
     let mut bound = Vec::with_capacity(config.listeners.len());
     for (listener, name) in config.listeners.iter().zip(config.listener_names()) {

@@ -24,7 +24,7 @@ use super::status::{BridgeStatus, Flow};
 use super::topics::Rules;
 use crate::broker::link::Link;
 use crate::broker::session::DeliverySink;
-use crate::broker::{Delivery, Fill, PublishRefused, Resend};
+use crate::broker::{Delivery, Fill, Resend};
 use crate::codec::{
     topic, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
 };
@@ -512,11 +512,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     )));
                 }
                 self.status.dropped(Flow::In, "refused");
-                let code = match refused {
-                    PublishRefused::QueueFull { .. } => ReasonCode::QUOTA_EXCEEDED,
-                    PublishRefused::Store(ref e) if e.is_quota() => ReasonCode::QUOTA_EXCEEDED,
-                    PublishRefused::Store(_) => ReasonCode::UNSPECIFIED_ERROR,
-                };
+                let code = refused.reason_code();
                 self.ack_remote(qos, packet_id, code, None);
             }
         }

@@ -175,6 +175,16 @@ impl SessionHandle {
                 self.broker.metrics.messages_dropped_expired[qos].increment(n);
             }
         }
+        // Dead letters first: their submit lands before the removals in `ops` (one log, in
+        // submit order), so a crash between the two cannot lose both.
+        for (delivery, reason) in &filled.dead {
+            self.broker.dead_letter(
+                &delivery.message,
+                *reason,
+                Some(&self.session.client_id),
+                None,
+            );
+        }
         if filled.gated {
             // A held QoS 2 PUBLISH waits for its stage: past the queue bound.
             return Fill::Filled {
@@ -315,17 +325,30 @@ impl SessionHandle {
         let inbound = receipt
             .store_id
             .then_some((&self.session.client_id, packet_id));
-        match self.broker.publish(message, inbound) {
-            Ok(routed) => Ok(Published {
-                answer: Answer {
-                    reason: if routed.matched == 0 {
-                        ReasonCode::NO_MATCHING_SUBSCRIBERS
-                    } else {
-                        ReasonCode::SUCCESS
-                    },
-                    gate: routed.durable,
-                },
-                pressure: routed.pressure,
+        // Schema and dedup: once per PUBLISH, before fan-out (`crate::guarantees`).
+        let routed = self
+            .broker
+            .gate_publish(&message)
+            .and_then(|gate| match gate {
+                super::Gate::Route { dedup } => self
+                    .broker
+                    .publish_with(Arc::clone(&message), inbound, dedup.map(|op| *op))
+                    .map(|routed| {
+                        let reason = if routed.matched == 0 {
+                            ReasonCode::NO_MATCHING_SUBSCRIBERS
+                        } else {
+                            ReasonCode::SUCCESS
+                        };
+                        (reason, routed.durable, routed.pressure)
+                    }),
+                // Its first copy's commit may still be on its way: the ack waits for it too.
+                super::Gate::Duplicate => Ok((ReasonCode::SUCCESS, self.broker.barrier(), None)),
+                super::Gate::DeadLettered { gate } => Ok((ReasonCode::SUCCESS, gate, None)),
+            });
+        match routed {
+            Ok((reason, gate, pressure)) => Ok(Published {
+                answer: Answer { reason, gate },
+                pressure,
             }),
             Err(error) => {
                 if qos == QoS::ExactlyOnce {

@@ -15,6 +15,8 @@ mod arrival_order;
 mod backlog;
 pub use backlog::Backlog;
 pub mod flow;
+mod guarantees;
+pub use guarantees::Gate;
 mod handle;
 mod level_map;
 mod lifecycle;
@@ -157,6 +159,9 @@ pub struct Broker {
     /// Set for good once a session got an identity with JWT `publish` / `subscribe` claims:
     /// from then on checks run even without an ACL file (until then, none do).
     claims_seen: AtomicBool,
+    /// Dead letters, schema contracts, dedup (`crate::guarantees`), installed once by
+    /// `server::start`; unset, none of them costs anything.
+    guarantees: std::sync::OnceLock<crate::guarantees::Guarantees>,
 }
 
 /// The authorisation in force, when anything restricts anyone (see [`Broker::authz`]).
@@ -218,15 +223,37 @@ pub enum PublishRefused {
         /// The client id of the full session (for the log and the v5 reason string).
         client_id: ByteString,
     },
+    /// The payload breaks a `[[schema]]` whose action is `reject` (v5 0x99).
+    #[error("payload does not match schema {schema_id}: {why}")]
+    PayloadInvalid {
+        /// The schema's id.
+        schema_id: String,
+        /// The validator's first error.
+        why: String,
+        /// What a 3.x publisher gets.
+        on_invalid_v3: crate::config::InvalidV3,
+    },
 }
 
 impl PublishRefused {
+    /// The v5 PUBACK / PUBREC reason code that says why: 0x97 Quota exceeded for "too much
+    /// for now", 0x99 Payload format invalid for a schema's refusal, else 0x80.
+    pub fn reason_code(&self) -> crate::codec::ReasonCode {
+        use crate::codec::ReasonCode;
+        match self {
+            PublishRefused::PayloadInvalid { .. } => ReasonCode::PAYLOAD_FORMAT_INVALID,
+            other if other.is_quota() => ReasonCode::QUOTA_EXCEEDED,
+            _ => ReasonCode::UNSPECIFIED_ERROR,
+        }
+    }
+
     /// True for "too much for now" (a full queue, the store's budget or filesystem): v5
     /// 0x97 Quota exceeded, so the client may try again later; false for a broken store.
     pub fn is_quota(&self) -> bool {
         match self {
             PublishRefused::Store(error) => error.is_quota(),
             PublishRefused::QueueFull { .. } => true,
+            PublishRefused::PayloadInvalid { .. } => false,
         }
     }
 }
@@ -275,6 +302,7 @@ impl Broker {
             metrics,
             acl: std::sync::OnceLock::new(),
             claims_seen: AtomicBool::new(false),
+            guarantees: std::sync::OnceLock::new(),
             connection_facts: admin::ConnectionFactsMap::default(),
         });
         broker.watch_backlog();

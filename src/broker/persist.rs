@@ -151,6 +151,7 @@ pub(super) fn enqueue(
                 retain: delivery.retain,
                 subscription_ids: delivery.subscription_ids.clone(),
                 stage: EntryStage::Queued,
+                deliveries: 0,
             },
         });
     }

@@ -54,6 +54,9 @@ impl Broker {
             .map(|(id, stored)| (*id, Arc::new(Message::from_stored(stored, Some(*id)))))
             .collect();
         let now_ms = storage::now_unix_ms();
+        if let Some(dedup) = self.guarantees().and_then(|g| g.dedup.as_ref()) {
+            dedup.restore(snapshot.dedup);
+        }
         let mut expired_ops = Vec::new();
         for snap in snapshot.sessions {
             let Some(meta) = snap.meta else { continue };
@@ -122,6 +125,7 @@ impl Broker {
                         packet_id,
                         delivery,
                         stage,
+                        deliveries: entry.deliveries.max(1),
                     });
                 }
                 st.inbound_qos2.extend(snap.inbound_qos2);

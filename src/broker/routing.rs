@@ -38,6 +38,22 @@ impl Broker {
         message: Arc<Message>,
         inbound_qos2: Option<(&ByteString, u16)>,
     ) -> Result<Routed, PublishRefused> {
+        self.publish_with(message, inbound_qos2, None)
+    }
+
+    /// [`Broker::publish`] with one more op to store in the message's submit (a dedup key,
+    /// `Op::PutDedup`), so the two are durable together or not at all.
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::publish`].
+    #[allow(clippy::needless_pass_by_value)]
+    pub fn publish_with(
+        &self,
+        message: Arc<Message>,
+        inbound_qos2: Option<(&ByteString, u16)>,
+        extra: Option<Op>,
+    ) -> Result<Routed, PublishRefused> {
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
         let authz = self.authz();
         let acl_generation = authz.map_or(0, |a| a.generation());
@@ -154,6 +170,7 @@ impl Broker {
                 packet_id,
             });
         }
+        ops.extend(extra);
         if ops.is_empty() {
             if message.retain {
                 self.store_retained(&message); // a `$SYS` value: memory only

@@ -14,6 +14,7 @@
 
 mod bridge;
 mod error;
+mod guarantees;
 mod listener;
 mod mqtt;
 mod overrides;
@@ -29,6 +30,10 @@ pub use bridge::{
     BRIDGE_SESSION_PREFIX, HOPS_PROPERTY, MAX_BRIDGE_NAME_LEN, MIN_BRIDGE_KEEP_ALIVE,
 };
 pub use error::ConfigError;
+pub use guarantees::{
+    DeadLetterConfig, DedupConfig, InvalidV3, SchemaAction, SchemaConfig,
+    DEFAULT_DEAD_LETTER_PREFIX,
+};
 pub use listener::{
     ClientCertMode, ListenerConfig, ListenerKind, MetricsConfig, TlsConfig, TlsIdentity,
     WebSocketConfig, DEFAULT_MAX_PENDING_CONNECTIONS, DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
@@ -70,6 +75,13 @@ pub struct Config {
     /// Links to remote brokers (`[[bridge]]`), in file order.
     #[serde(rename = "bridge", skip_serializing_if = "Vec::is_empty")]
     pub bridges: Vec<BridgeConfig>,
+    /// Dead letters: where dropped messages go (`[dead_letter]`).
+    pub dead_letter: DeadLetterConfig,
+    /// Payload contracts (`[[schema]]`), in file order.
+    #[serde(rename = "schema", skip_serializing_if = "Vec::is_empty")]
+    pub schemas: Vec<SchemaConfig>,
+    /// Duplicate detection (`[dedup]`).
+    pub dedup: DedupConfig,
 }
 
 impl Default for Config {
@@ -83,6 +95,9 @@ impl Default for Config {
             log: LogConfig::default(),
             admin: AdminConfig::default(),
             bridges: Vec::new(),
+            dead_letter: DeadLetterConfig::default(),
+            schemas: Vec::new(),
+            dedup: DedupConfig::default(),
         }
     }
 }

@@ -144,6 +144,11 @@ pub struct MqttConfig {
     pub min_packet_rate: u32,
     /// Per-client window of unacknowledged outbound QoS 1/2 messages.
     pub max_inflight_messages: u16,
+    /// Poison messages: a QoS 1/2 message sent this many times to a session that never
+    /// acknowledged it (its client crashed or disconnected each time) is taken out of the
+    /// session's in-flight window and dead-lettered (`max_deliveries`), so the queue moves on.
+    /// The count is stored with the session. 0 = unlimited (the MQTT default).
+    pub max_deliveries: u16,
     /// Per-session bound on messages queued beyond the in-flight window; at least 1. For a
     /// connected session that is taking messages it is the high-water mark at which its
     /// publishers are paused; for an offline or stalled one the hard bound `queue_overflow`
@@ -236,6 +241,7 @@ impl Default for MqttConfig {
             packet_timeout: 30,
             min_packet_rate: 4096,
             max_inflight_messages: 100,
+            max_deliveries: 0,
             max_queued_messages: 1000,
             max_queued_bytes: 16 * 1024 * 1024,
             stalled_after: 5,

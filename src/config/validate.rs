@@ -5,7 +5,7 @@
 //! again after command-line overrides, so both are held to the same rules.
 
 use super::error::{invalid, ConfigError};
-use super::{bridge, listener, Config};
+use super::{bridge, guarantees, listener, Config};
 
 impl Config {
     /// Cross-field validation: ranges the types cannot express and options that conflict.
@@ -26,7 +26,8 @@ impl Config {
         listener::validate(&self.listeners, &self.metrics)?;
         self.check_connection_bounds()?;
         self.check_admin_token()?;
-        bridge::validate(&self.bridges)
+        bridge::validate(&self.bridges)?;
+        guarantees::validate(&self.dead_letter, &self.schemas, &self.dedup)
     }
 
     /// `admin.token_file` must hold a token: an unreadable or empty file would leave the

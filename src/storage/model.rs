@@ -119,12 +119,33 @@ pub enum Op {
         /// The session's client id.
         client_id: ByteString,
     },
+    /// Records how many times an in-flight entry was sent (`mqtt.max_deliveries`): written
+    /// when it is sent again after a reconnect, so a restart does not reset the count. The
+    /// first send is implied by the `UpdateEntry` that moved it out of `Queued`.
+    CountDelivery {
+        /// The session's client id.
+        client_id: ByteString,
+        /// Which entry.
+        seq: u64,
+        /// Times sent so far.
+        deliveries: u16,
+    },
+    /// Remembers a deduplication key (`[dedup]`) until `expires_at_unix_ms`, in the submit of
+    /// the message that carried it, so a restart inside the window still knows it.
+    PutDedup {
+        /// The message's topic.
+        topic: ByteString,
+        /// The value of the configured user property.
+        key: ByteString,
+        /// When the window closes, unix ms.
+        expires_at_unix_ms: u64,
+    },
 }
 
 impl Op {
     /// Name of every kind of op, in [`Op::kind`] order: how a metric label or a log line
     /// names records (`postbox_store_recovery_lost_records_total{kind}`).
-    pub const KIND_NAMES: [&'static str; 14] = [
+    pub const KIND_NAMES: [&'static str; 16] = [
         "put_session",
         "delete_session",
         "put_subscription",
@@ -139,6 +160,8 @@ impl Op {
         "delete_retained",
         "put_will",
         "delete_will",
+        "count_delivery",
+        "put_dedup",
     ];
 
     /// This op's index in [`Op::KIND_NAMES`], so records can be counted by kind.
@@ -158,6 +181,8 @@ impl Op {
             Op::DeleteRetained { .. } => 11,
             Op::PutWill { .. } => 12,
             Op::DeleteWill { .. } => 13,
+            Op::CountDelivery { .. } => 14,
+            Op::PutDedup { .. } => 15,
         }
     }
 
@@ -170,6 +195,7 @@ impl Op {
                 | Op::Enqueue { .. }
                 | Op::PutRetained { .. }
                 | Op::PutWill { .. }
+                | Op::PutDedup { .. }
         )
     }
 
@@ -188,6 +214,7 @@ impl Op {
                     client_id, will, ..
                 } => (client_id.len() + will.topic.len() + will.payload.len()) as u64,
                 Op::PutSession(meta) => meta.client_id.len() as u64,
+                Op::PutDedup { topic, key, .. } => (topic.len() + key.len()) as u64,
                 Op::PutSubscription {
                     client_id, filter, ..
                 } => (client_id.len() + filter.len()) as u64,
@@ -297,6 +324,10 @@ pub struct QueueEntry {
     pub subscription_ids: SmallVec<[u32; 1]>,
     /// Handshake stage.
     pub stage: EntryStage,
+    /// Times sent to the client (0 while `Queued`; at least 1 once in flight): what
+    /// `mqtt.max_deliveries` counts. Set by `UpdateEntry` (the first send) and
+    /// `CountDelivery` (every send after a reconnect).
+    pub deliveries: u16,
 }
 
 /// A session as restored: settings, subscriptions, queue (by `seq`) and inbound QoS 2 ids.
@@ -338,4 +369,17 @@ pub struct Snapshot {
     pub retained: Vec<(ByteString, StoredMessage)>,
     /// Pending wills sorted by client id.
     pub wills: Vec<StoredWill>,
+    /// Deduplication keys whose window is still open at load, oldest first.
+    pub dedup: Vec<DedupRecord>,
+}
+
+/// One remembered deduplication key (see [`Op::PutDedup`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DedupRecord {
+    /// The message's topic.
+    pub topic: ByteString,
+    /// The value of the configured user property.
+    pub key: ByteString,
+    /// When the window closes, unix ms.
+    pub expires_at_unix_ms: u64,
 }

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bytestring::ByteString;
 
 use super::{
-    EntryStage, MessageId, Op, QueueEntry, SessionMeta, SessionSnapshot, Snapshot, StoredMessage,
-    StoredWill, SubscriptionRecord,
+    DedupRecord, EntryStage, MessageId, Op, QueueEntry, SessionMeta, SessionSnapshot, Snapshot,
+    StoredMessage, StoredWill, SubscriptionRecord,
 };
 use crate::codec::LastWill;
 
@@ -40,6 +40,8 @@ pub(super) struct State {
     unreferenced: Vec<MessageId>,
     retained: BTreeMap<ByteString, StoredMessage>,
     wills: BTreeMap<ByteString, (LastWill, u64)>,
+    /// Deduplication keys (topic, key) → when their window closes, unix ms.
+    dedup: HashMap<(ByteString, ByteString), u64>,
     /// Approximate bytes of live data (`Op::size_estimate` of what is held).
     pub live_bytes: u64,
     /// Highest message id ever put (ids are never reused).
@@ -67,6 +69,10 @@ fn meta_size(meta: &SessionMeta) -> u64 {
 
 fn message_size(message: &StoredMessage) -> u64 {
     32 + message.size_estimate()
+}
+
+fn dedup_size(topic: &ByteString, key: &ByteString) -> u64 {
+    32 + (topic.len() + key.len()) as u64
 }
 
 fn will_size(client_id: &ByteString, will: &LastWill) -> u64 {
@@ -177,10 +183,39 @@ impl State {
                 Some(s) => {
                     if let Some(e) = s.queue.get_mut(&seq) {
                         e.stage = stage;
+                        if stage != EntryStage::Queued && e.deliveries == 0 {
+                            e.deliveries = 1; // the first send
+                        }
                     }
                 }
                 None => self.orphans += 1,
             },
+            Op::CountDelivery {
+                client_id,
+                seq,
+                deliveries,
+            } => match self.sessions.get_mut(&client_id) {
+                Some(s) => {
+                    if let Some(e) = s.queue.get_mut(&seq) {
+                        e.deliveries = deliveries;
+                    }
+                }
+                None => self.orphans += 1,
+            },
+            Op::PutDedup {
+                topic,
+                key,
+                expires_at_unix_ms,
+            } => {
+                let size = dedup_size(&topic, &key);
+                if self
+                    .dedup
+                    .insert((topic, key), expires_at_unix_ms)
+                    .is_none()
+                {
+                    self.live_bytes += size;
+                }
+            }
             Op::RemoveEntry { client_id, seq } => match self.sessions.get_mut(&client_id) {
                 Some(s) => {
                     if let Some(old) = s.queue.remove(&seq) {
@@ -296,6 +331,17 @@ impl State {
         for topic in topics {
             self.apply(Op::DeleteRetained { topic });
         }
+        let before = self.dedup.len();
+        let mut freed = 0;
+        self.dedup.retain(|(topic, key), expires| {
+            let keep = *expires > now_unix_ms;
+            if !keep {
+                freed += dedup_size(topic, key);
+            }
+            keep
+        });
+        self.live_bytes = self.live_bytes.saturating_sub(freed);
+        purged += before - self.dedup.len();
         purged
     }
 
@@ -379,6 +425,25 @@ impl State {
                     publish_at_unix_ms: *at,
                 })
                 .collect(),
+            dedup: {
+                let mut dedup: Vec<DedupRecord> = self
+                    .dedup
+                    .iter()
+                    .map(|((topic, key), at)| DedupRecord {
+                        topic: topic.clone(),
+                        key: key.clone(),
+                        expires_at_unix_ms: *at,
+                    })
+                    .collect();
+                dedup.sort_by(|a, b| {
+                    (a.expires_at_unix_ms, &a.topic, &a.key).cmp(&(
+                        b.expires_at_unix_ms,
+                        &b.topic,
+                        &b.key,
+                    ))
+                });
+                dedup
+            },
         }
     }
 
@@ -415,6 +480,14 @@ impl State {
                     seq: *seq,
                     entry: entry.clone(),
                 });
+                // The Enqueue record has no count: sent more than the stage implies.
+                if entry.deliveries > 1 {
+                    f(&Op::CountDelivery {
+                        client_id: s.meta.client_id.clone(),
+                        seq: *seq,
+                        deliveries: entry.deliveries,
+                    });
+                }
             }
         }
         for (topic, message) in &self.retained {
@@ -428,6 +501,13 @@ impl State {
                 client_id: client_id.clone(),
                 will: will.clone(),
                 publish_at_unix_ms: *at,
+            });
+        }
+        for ((topic, key), at) in &self.dedup {
+            f(&Op::PutDedup {
+                topic: topic.clone(),
+                key: key.clone(),
+                expires_at_unix_ms: *at,
             });
         }
     }

@@ -90,6 +90,7 @@ fn entry(id: MessageId) -> QueueEntry {
         retain: false,
         subscription_ids: smallvec![],
         stage: EntryStage::Queued,
+        deliveries: 0,
     }
 }
 
@@ -207,6 +208,7 @@ fn every_put_op() -> Vec<Op> {
                 retain: true,
                 subscription_ids: smallvec![1, 99],
                 stage: EntryStage::AwaitPubRec { packet_id: 65535 },
+                deliveries: 0,
             },
         },
         Op::Enqueue {
@@ -214,6 +216,7 @@ fn every_put_op() -> Vec<Op> {
             seq: 2,
             entry: QueueEntry {
                 stage: EntryStage::AwaitPubAck { packet_id: 1 },
+                deliveries: 0,
                 ..entry(7)
             },
         },
@@ -222,6 +225,7 @@ fn every_put_op() -> Vec<Op> {
             seq: 3,
             entry: QueueEntry {
                 stage: EntryStage::AwaitPubComp { packet_id: 2 },
+                deliveries: 0,
                 ..entry(7)
             },
         },
@@ -489,6 +493,7 @@ fn expiry_is_stored_as_absolute_wall_clock_time() {
                 seq: 1,
                 entry: QueueEntry {
                     stage: EntryStage::AwaitPubAck { packet_id: 5 },
+                    deliveries: 0,
                     ..entry(1)
                 },
             },
@@ -1092,6 +1097,7 @@ fn a_lost_frame_forgets_inbound_qos2_ids_and_requeues_colliding_inflight() {
         seq,
         entry: QueueEntry {
             stage: EntryStage::AwaitPubAck { packet_id: 5 },
+            deliveries: 0,
             ..entry(id)
         },
     };

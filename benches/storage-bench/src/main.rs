@@ -59,6 +59,7 @@ fn ops_for(store: &dyn Store, n: u64) -> Vec<Op> {
                 retain: false,
                 subscription_ids: Default::default(),
                 stage: EntryStage::Queued,
+                deliveries: 0,
             },
         },
     ]

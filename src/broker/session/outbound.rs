@@ -102,6 +102,10 @@ pub struct Inflight {
     pub delivery: Delivery,
     /// Which acknowledgement it waits for.
     pub stage: OutboundStage,
+    /// Times the PUBLISH was written to a client (1 at the first send, +1 per resend after a
+    /// reconnect): what `mqtt.max_deliveries` bounds. Stored with the entry
+    /// (`Op::CountDelivery`).
+    pub deliveries: u16,
 }
 
 /// Where deliveries go once the session hands them out: a connection's write buffer, a link's
@@ -132,6 +136,9 @@ pub struct Filled {
     pub sent: [u64; 3],
     /// Deliveries dropped because their message expired while queued, by QoS.
     pub expired: [u64; 3],
+    /// What was dropped instead of sent (expired, too large for the sink), for dead letters:
+    /// the caller publishes them, with the session unlocked, before it submits `ops`.
+    pub dead: Vec<(Delivery, crate::guarantees::DeadReason)>,
 }
 
 /// One thing to send again on a resumed session (MQTT-4.4.0-1), in the original order.
@@ -186,6 +193,9 @@ impl SessionState {
                     filled.ops.push(persist::remove_entry(client_id, seq));
                 }
                 filled.expired[delivery.qos as usize] += 1;
+                filled
+                    .dead
+                    .push((delivery, crate::guarantees::DeadReason::Expired));
                 continue; // MQTT-3.3.2-5
             }
             let (packet_id, stage) = match delivery.qos {
@@ -211,6 +221,9 @@ impl SessionState {
                 if let Some(seq) = delivery.seq {
                     filled.ops.push(persist::remove_entry(client_id, seq));
                 }
+                filled
+                    .dead
+                    .push((delivery, crate::guarantees::DeadReason::TooLarge));
                 continue;
             }
             filled.gated |= after_commit;
@@ -220,6 +233,7 @@ impl SessionState {
                     packet_id,
                     delivery,
                     stage,
+                    deliveries: 1,
                 });
             }
         }
@@ -380,6 +394,7 @@ mod tests {
             ..Default::default()
         };
         st.inflight.push_back(Inflight {
+            deliveries: 1,
             packet_id,
             delivery: Delivery {
                 message: Arc::new(Message::from_publish(publish, None)),

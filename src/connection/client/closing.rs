@@ -131,11 +131,7 @@ pub(super) fn store_reason(error: &StorageError) -> ReasonCode {
 /// The reason code for a refused PUBLISH: 0x97 for a full queue and the store's "too much
 /// for now", 0x80 for a broken store.
 pub(super) fn refused_reason(error: &PublishRefused) -> ReasonCode {
-    if error.is_quota() {
-        ReasonCode::QUOTA_EXCEEDED
-    } else {
-        ReasonCode::UNSPECIFIED_ERROR
-    }
+    error.reason_code()
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {

@@ -39,3 +39,5 @@ const PUT_RETAINED: u8 = 11;
 const DELETE_RETAINED: u8 = 12;
 const PUT_WILL: u8 = 13;
 const DELETE_WILL: u8 = 14;
+const COUNT_DELIVERY: u8 = 15;
+const PUT_DEDUP: u8 = 16;

@@ -272,6 +272,7 @@ impl<'a> Dec<'a> {
                         retain,
                         subscription_ids,
                         stage: self.stage()?,
+                        deliveries: 0,
                     },
                 }
             }
@@ -301,6 +302,16 @@ impl<'a> Dec<'a> {
                 client_id: self.str()?,
                 will: self.will()?,
                 publish_at_unix_ms: self.u64()?,
+            },
+            COUNT_DELIVERY => Op::CountDelivery {
+                client_id: self.str()?,
+                seq: self.u64()?,
+                deliveries: self.u16()?,
+            },
+            PUT_DEDUP => Op::PutDedup {
+                topic: self.str()?,
+                key: self.str()?,
+                expires_at_unix_ms: self.u64()?,
             },
             DELETE_WILL => Op::DeleteWill {
                 client_id: self.str()?,

@@ -249,6 +249,26 @@ impl Enc<'_> {
                 self.will(will);
                 self.u64(*publish_at_unix_ms);
             }
+            Op::CountDelivery {
+                client_id,
+                seq,
+                deliveries,
+            } => {
+                self.u8(COUNT_DELIVERY);
+                self.str(client_id);
+                self.u64(*seq);
+                self.u16(*deliveries);
+            }
+            Op::PutDedup {
+                topic,
+                key,
+                expires_at_unix_ms,
+            } => {
+                self.u8(PUT_DEDUP);
+                self.str(topic);
+                self.str(key);
+                self.u64(*expires_at_unix_ms);
+            }
             Op::DeleteWill { client_id } => {
                 self.u8(DELETE_WILL);
                 self.str(client_id);

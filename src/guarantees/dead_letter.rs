@@ -1,0 +1,208 @@
+//! Dead letters (`[dead_letter]`): a message dropped instead of delivered is published again
+//! on `<prefix><original topic>`, with its payload and properties and user properties saying
+//! why (`reason`), for which session (`client_id`), from whom (`publisher`) and when (`time`),
+//! so a persistent `<prefix>#` subscriber keeps every loss durably.
+//!
+//! This module builds the dead letter and bounds their rate; `Broker::dead_letter` routes
+//! it (as a message from nobody, like a will) with no session lock held. A dead letter is
+//! never dead-lettered again.
+
+use std::time::{Duration, SystemTime};
+
+use bytestring::ByteString;
+use parking_lot::Mutex;
+
+use crate::broker::Message;
+use crate::codec::{Publish, PublishProperties, QoS, ReasonCode};
+use crate::config::DeadLetterConfig;
+
+/// Why a message was dropped: the `reason` user property of its dead letter and the `reason`
+/// label of `postbox_dead_letters_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeadReason {
+    /// A session's queue overflowed (drop-new: the new message; drop-oldest: the oldest).
+    QueueFull,
+    /// Its Message Expiry Interval ran out while queued (MQTT-3.3.2-5).
+    Expired,
+    /// Larger than the client's Maximum Packet Size (MQTT-3.1.2-25).
+    TooLarge,
+    /// Its payload broke a `[[schema]]` whose action is `dead-letter`.
+    SchemaInvalid,
+    /// Sent `mqtt.max_deliveries` times without an acknowledgement.
+    MaxDeliveries,
+    /// A v5 subscriber answered PUBACK / PUBREC with a reason code ≥ 0x80.
+    Rejected,
+}
+
+impl DeadReason {
+    /// Every reason, in label order.
+    pub const ALL: [DeadReason; 6] = [
+        DeadReason::QueueFull,
+        DeadReason::Expired,
+        DeadReason::TooLarge,
+        DeadReason::SchemaInvalid,
+        DeadReason::MaxDeliveries,
+        DeadReason::Rejected,
+    ];
+
+    /// The value of the `reason` property and label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::QueueFull => "queue_full",
+            DeadReason::Expired => "expired",
+            DeadReason::TooLarge => "too_large",
+            DeadReason::SchemaInvalid => "schema_invalid",
+            DeadReason::MaxDeliveries => "max_deliveries",
+            DeadReason::Rejected => "rejected",
+        }
+    }
+
+    /// Index in [`DeadReason::ALL`] (metric arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One dropped message and its circumstances.
+#[derive(Debug, Clone, Copy)]
+pub struct Loss<'a> {
+    /// The message as routed.
+    pub message: &'a Message,
+    /// Why it was dropped.
+    pub reason: DeadReason,
+    /// The session that lost it, when there is one (not for `schema_invalid`).
+    pub client_id: Option<&'a str>,
+    /// The publisher's client id, when known.
+    pub publisher: Option<&'a str>,
+    /// The subscriber's reason code, for `rejected`.
+    pub reason_code: Option<ReasonCode>,
+}
+
+/// The dead-letter publisher's settings and rate bound.
+#[derive(Debug)]
+pub struct DeadLetters {
+    prefix: String,
+    bucket: Option<Mutex<Bucket>>,
+}
+
+/// A token bucket of `rate` per second, one second's worth as burst.
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl DeadLetters {
+    /// From `[dead_letter]` (only when `enabled`).
+    pub fn new(config: &DeadLetterConfig) -> DeadLetters {
+        DeadLetters {
+            prefix: config.prefix.clone(),
+            bucket: (config.max_rate > 0).then(|| {
+                let rate = f64::from(config.max_rate);
+                Mutex::new(Bucket {
+                    rate,
+                    tokens: rate,
+                    at: std::time::Instant::now(),
+                })
+            }),
+        }
+    }
+
+    /// The topic prefix of dead letters.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// True for a topic under the prefix: a dead letter (never dead-lettered again), and a
+    /// topic clients may not publish to.
+    pub fn is_dead_letter(&self, topic: &str) -> bool {
+        topic.starts_with(&self.prefix)
+    }
+
+    /// Takes one token; false when over `max_rate` (the caller counts the drop).
+    pub fn take(&self) -> bool {
+        let Some(bucket) = &self.bucket else {
+            return true;
+        };
+        let mut b = bucket.lock();
+        let now = std::time::Instant::now();
+        let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
+        b.at = now;
+        b.tokens = (b.tokens + elapsed * b.rate).min(b.rate);
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The dead letter of `loss`, stamped `now`: QoS 1, not retained, the original payload
+    /// and properties without Message Expiry, plus `reason`, `client_id`, `publisher`, `time`
+    /// (and `reason_code` for `rejected`) user properties.
+    pub fn build(&self, loss: &Loss<'_>, now: SystemTime) -> Message {
+        let original = loss.message;
+        let source = original.properties();
+        let mut properties = PublishProperties {
+            payload_format_indicator: source.payload_format_indicator,
+            message_expiry_interval: None,
+            topic_alias: None,
+            response_topic: source.response_topic.clone(),
+            correlation_data: source.correlation_data.clone(),
+            user_properties: source.user_properties.clone(),
+            subscription_identifiers: Default::default(),
+            content_type: source.content_type.clone(),
+        };
+        let user = &mut properties.user_properties;
+        user.push((
+            ByteString::from_static("reason"),
+            ByteString::from_static(loss.reason.as_str()),
+        ));
+        if let Some(client_id) = loss.client_id {
+            user.push((
+                ByteString::from_static("client_id"),
+                ByteString::from(client_id),
+            ));
+        }
+        if let Some(publisher) = loss.publisher {
+            user.push((
+                ByteString::from_static("publisher"),
+                ByteString::from(publisher),
+            ));
+        }
+        let time = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + Duration::from_millis(unix_ms(now)),
+        );
+        user.push((
+            ByteString::from_static("time"),
+            ByteString::from(time.to_string()),
+        ));
+        if let Some(code) = loss.reason_code {
+            user.push((
+                ByteString::from_static("reason_code"),
+                ByteString::from(format!("0x{:02X}", code.0)),
+            ));
+        }
+        let mut topic = String::with_capacity(self.prefix.len() + original.topic.len());
+        topic.push_str(&self.prefix);
+        topic.push_str(&original.topic);
+        Message::from_publish(
+            Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: ByteString::from(topic),
+                packet_id: 0,
+                payload: original.payload.clone(),
+                properties,
+            },
+            None,
+        )
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
