@@ -69,25 +69,44 @@ async fn the_same_id_from_two_connections_is_delivered_once() {
     let mut sub = subscriber(server.mqtt_addr, "sub", "orders/#").await;
     let mut first = v5::connect_id(server.mqtt_addr, "producer-1").await;
     let mut second = v5::connect_id(server.mqtt_addr, "producer-2").await;
-    let code = v5::publish(&mut first, keyed("orders/1", QoS::AtLeastOnce, b"a", 1, "42")).await;
+    let code = v5::publish(
+        &mut first,
+        keyed("orders/1", QoS::AtLeastOnce, b"a", 1, "42"),
+    )
+    .await;
     assert_eq!(code, ReasonCode::SUCCESS);
-    let code = v5::publish(&mut second, keyed("orders/1", QoS::AtLeastOnce, b"again", 9, "42")).await;
+    let code = v5::publish(
+        &mut second,
+        keyed("orders/1", QoS::AtLeastOnce, b"again", 9, "42"),
+    )
+    .await;
     assert_eq!(
         code,
         ReasonCode::SUCCESS,
         "a duplicate is acknowledged as accepted (the producer must not re-send it forever)"
     );
-    v5::publish(&mut second, keyed("orders/1", QoS::AtLeastOnce, b"marker", 10, "43")).await;
+    v5::publish(
+        &mut second,
+        keyed("orders/1", QoS::AtLeastOnce, b"marker", 10, "43"),
+    )
+    .await;
     assert_eq!(
         received(&mut sub, 2).await,
         [b"a".to_vec(), b"marker".to_vec()],
         "the duplicate was not routed"
     );
     let metrics = &server.broker.metrics;
-    assert_eq!(metrics.dedup.duplicates.get(), 1, "postbox_dedup_duplicates_total");
+    assert_eq!(
+        metrics.dedup.duplicates.get(),
+        1,
+        "postbox_dedup_duplicates_total"
+    );
     assert_eq!(metrics.dedup.entries.get(), 2.0, "postbox_dedup_entries");
     let scrape = metrics.render();
-    assert!(scrape.contains("postbox_dedup_duplicates_total 1"), "{scrape}");
+    assert!(
+        scrape.contains("postbox_dedup_duplicates_total 1"),
+        "{scrape}"
+    );
 }
 
 /// Issue 16 `[dedup]`: the key is the pair (topic, id): another topic or another id is another
@@ -147,7 +166,13 @@ async fn a_qos2_duplicate_completes_its_handshake_and_is_not_routed() {
     let code = v5::publish(&mut first, keyed("t", QoS::ExactlyOnce, b"one", 3, "q2")).await;
     assert_eq!(code, ReasonCode::SUCCESS);
     second
-        .send(&Packet::Publish(keyed("t", QoS::ExactlyOnce, b"dup", 5, "q2")))
+        .send(&Packet::Publish(keyed(
+            "t",
+            QoS::ExactlyOnce,
+            b"dup",
+            5,
+            "q2",
+        )))
         .await;
     match second.recv().await {
         Some(Packet::PubRec(r)) => {
@@ -167,7 +192,11 @@ async fn a_qos2_duplicate_completes_its_handshake_and_is_not_routed() {
         other => panic!("expected PUBCOMP, got {other:?}"),
     }
     // The id is free again: reused for the marker.
-    v5::publish(&mut second, keyed("t", QoS::ExactlyOnce, b"marker", 5, "q2-next")).await;
+    v5::publish(
+        &mut second,
+        keyed("t", QoS::ExactlyOnce, b"marker", 5, "q2-next"),
+    )
+    .await;
     assert_eq!(
         received(&mut sub, 2).await,
         [b"one".to_vec(), b"marker".to_vec()]
@@ -258,7 +287,11 @@ async fn the_window_survives_kill_9() {
     let mut publ = v5::connect_id(config.mqtt, "producer").await;
     let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "k9")).await;
     assert_eq!(code, ReasonCode::SUCCESS);
-    v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"marker", 2, "k9-next")).await;
+    v5::publish(
+        &mut publ,
+        keyed("t", QoS::AtLeastOnce, b"marker", 2, "k9-next"),
+    )
+    .await;
     assert_eq!(
         received(&mut sub, 1).await,
         [b"marker".to_vec()],
