@@ -14,6 +14,7 @@
 //! (bytes, seconds). The table in README.md lists them; a test keeps it complete.
 
 pub mod bridge;
+mod dedup;
 mod endpoint;
 mod handles;
 pub mod names;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 use handles::{counter_of, gauge_of, Reg};
 
 pub use bridge::BridgeMetrics;
+pub use dedup::DedupMetrics;
 pub use endpoint::{start_exporter, MetricsEndpoint};
 pub use handles::{Counter, Gauge, Histogram};
 pub use scrape::{ScrapeFigures, StoreMetrics};
@@ -185,6 +187,8 @@ pub struct Metrics {
     auth_successes: prometheus::IntCounterVec,
     /// The `postbox_bridge_*` families updated by the bridges' events.
     bridges: bridge::BridgeFamilies,
+    /// `[dedup]`: duplicates, entries, evictions (zero while off).
+    pub dedup: DedupMetrics,
     /// Sessions ended because their expiry interval passed.
     pub sessions_expired: Counter,
     /// MQTT 5 messages whose Message Expiry Interval passed while queued, by QoS.
@@ -439,6 +443,7 @@ impl Metrics {
             auth_failures,
             auth_successes,
             bridges: bridge::BridgeFamilies::register(r),
+            dedup: DedupMetrics::register(r),
             sessions_expired: r.counter(
                 SESSIONS_EXPIRED_TOTAL,
                 "Sessions ended because their expiry interval passed (Mosquitto's $SYS/broker/clients/expired).",

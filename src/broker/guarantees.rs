@@ -12,7 +12,7 @@ use bytestring::ByteString;
 use super::{Broker, Message, PublishRefused, SessionId};
 use crate::codec::ReasonCode;
 use crate::guarantees::dead_letter::Loss;
-use crate::guarantees::{DeadReason, DedupCheck, Guarantees, Verdict};
+use crate::guarantees::{DeadReason, Dedup, DedupCheck, Guarantees, Verdict};
 use crate::storage::{Durable, Op};
 
 /// What [`Broker::gate_publish`] decided for one PUBLISH.
@@ -36,7 +36,10 @@ pub enum Gate {
 impl Broker {
     /// Installs what `[dead_letter]`, `[[schema]]` and `[dedup]` turned on; once, by
     /// `server::start`, before the store's contents are restored. A second call is ignored.
-    pub fn install_guarantees(&self, guarantees: Guarantees) {
+    pub fn install_guarantees(&self, mut guarantees: Guarantees) {
+        if let Some(dedup) = guarantees.dedup.as_mut() {
+            dedup.attach_metrics(self.metrics.dedup.clone());
+        }
         if self.guarantees.set(guarantees).is_err() {
             tracing::warn!("guarantees installed twice; the first stays");
         }
@@ -81,25 +84,35 @@ impl Broker {
                 };
             }
         }
-        if let Some(dedup) = &g.dedup {
-            let key = message
-                .properties()
-                .user_properties
-                .iter()
-                .find(|(k, _)| k == dedup.property())
-                .map(|(_, v)| v);
-            if let Some(key) = key {
-                return Ok(
-                    match dedup.check(&message.topic, key, crate::storage::now_unix_ms()) {
-                        DedupCheck::Fresh { op } => Gate::Route {
-                            dedup: self.store.is_some().then_some(op),
-                        },
-                        DedupCheck::Duplicate => Gate::Duplicate,
+        if let Some((dedup, key)) = dedup_key(g, message) {
+            return Ok(
+                match dedup.check(&message.topic, key, crate::storage::now_unix_ms()) {
+                    DedupCheck::Fresh { op } => Gate::Route {
+                        dedup: self.store.is_some().then_some(op),
                     },
-                );
-            }
+                    DedupCheck::Duplicate => Gate::Duplicate,
+                },
+            );
         }
         Ok(Gate::Route { dedup: None })
+    }
+
+    /// Undoes [`Broker::gate_publish`]'s dedup check of a message whose routing was then
+    /// refused (`PublishRefused` from `publish_with`): nothing was routed, so the publisher's
+    /// re-send must be taken as new. Only for a `Gate::Route`d message (a schema refusal
+    /// never reached the window, and the pair may be an earlier message's).
+    pub fn forget_dedup(&self, message: &Message) {
+        if let Some((dedup, key)) = self.guarantees().and_then(|g| dedup_key(g, message)) {
+            dedup.forget(&message.topic, key);
+        }
+    }
+
+    /// The value of `[dedup] property` in `message` (`None`: dedup off, or no such user
+    /// property, e.g. MQTT 3.x), for the duplicate's log line.
+    pub fn dedup_key_of<'m>(&self, message: &'m Message) -> Option<&'m str> {
+        self.guarantees()
+            .and_then(|g| dedup_key(g, message))
+            .map(|(_, key)| key)
     }
 
     /// Publishes `message`'s dead letter, when dead letters are on, within their rate, and
@@ -146,4 +159,17 @@ impl Broker {
             .find(|s| s.id == id)
             .map(|s| s.client_id.clone())
     }
+}
+
+/// The window and the key of `message` when dedup is on and the message carries the configured
+/// user property (its first occurrence); MQTT 3.x messages have none.
+fn dedup_key<'g, 'm>(g: &'g Guarantees, message: &'m Message) -> Option<(&'g Dedup, &'m str)> {
+    let dedup = g.dedup.as_ref()?;
+    let key = message
+        .properties()
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == dedup.property())
+        .map(|(_, v)| &**v)?;
+    Some((dedup, key))
 }

@@ -333,6 +333,7 @@ impl SessionHandle {
                 super::Gate::Route { dedup } => self
                     .broker
                     .publish_with(Arc::clone(&message), inbound, dedup.map(|op| *op))
+                    .inspect_err(|_| self.broker.forget_dedup(&message))
                     .map(|routed| {
                         let reason = if routed.matched == 0 {
                             ReasonCode::NO_MATCHING_SUBSCRIBERS
@@ -342,7 +343,15 @@ impl SessionHandle {
                         (reason, routed.durable, routed.pressure)
                     }),
                 // Its first copy's commit may still be on its way: the ack waits for it too.
-                super::Gate::Duplicate => Ok((ReasonCode::SUCCESS, self.broker.barrier(), None)),
+                super::Gate::Duplicate => {
+                    tracing::debug!(
+                        topic = %message.topic,
+                        key = self.broker.dedup_key_of(&message),
+                        client = %self.session.client_id,
+                        "duplicate PUBLISH acknowledged, not routed ([dedup])"
+                    );
+                    Ok((ReasonCode::SUCCESS, self.broker.barrier(), None))
+                }
                 super::Gate::DeadLettered { gate } => Ok((ReasonCode::SUCCESS, gate, None)),
             });
         match routed {

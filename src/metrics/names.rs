@@ -167,8 +167,16 @@ pub const BRIDGE: [&str; 7] = [
     BRIDGE_DROPPED_TOTAL,
 ];
 
+/// Counter: PUBLISHes acknowledged and not routed, their (topic, `dedup.property`) seen within
+/// `dedup.window`.
+pub const DEDUP_DUPLICATES_TOTAL: &str = "postbox_dedup_duplicates_total";
+/// Gauge: (topic, message id) pairs the dedup window remembers now.
+pub const DEDUP_ENTRIES: &str = "postbox_dedup_entries";
+/// Counter: dedup pairs forgotten before their window closed (a bound reached, oldest first).
+pub const DEDUP_EVICTED_TOTAL: &str = "postbox_dedup_evicted_total";
+
 /// Every metric name above, for docs and completeness tests.
-pub const ALL: [&str; 52] = [
+pub const ALL: [&str; 55] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -221,4 +229,7 @@ pub const ALL: [&str; 52] = [
     SESSION_BACKLOG_MAX,
     SESSION_BACKLOG_OLDEST_SECONDS,
     STORE_BUDGET_BYTES,
+    DEDUP_DUPLICATES_TOTAL,
+    DEDUP_ENTRIES,
+    DEDUP_EVICTED_TOTAL,
 ];

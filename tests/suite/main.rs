@@ -28,6 +28,7 @@ mod connection_limits;
 mod core_v311;
 mod core_v5;
 mod crash;
+mod dedup;
 mod deploy_checks;
 mod deploy_files;
 mod deploy_prometheus;

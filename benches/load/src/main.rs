@@ -143,6 +143,10 @@ struct RunArgs {
     /// Name the broker's certificate must carry.
     #[arg(long, default_value = "localhost")]
     tls_server_name: String,
+    /// Give every PUBLISH a user property NAME with a value unique to that message (run,
+    /// publisher, sequence number), as a producer keyed for `[dedup]` does; needs --protocol 5.
+    #[arg(long, value_name = "NAME")]
+    message_id_property: Option<String>,
 }
 
 impl RunArgs {
@@ -187,6 +191,12 @@ impl RunArgs {
         }
         p.broker_pid = self.broker_pid;
         p.subscribe_each = self.subscribe_each;
+        if let Some(name) = &self.message_id_property {
+            if p.version != ProtocolVersion::V5 {
+                bail!("--message-id-property needs --protocol 5 (3.x has no user properties)");
+            }
+            p.message_id_property = Some(name.clone());
+        }
         if let Some(ca) = &self.tls_ca {
             let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
             p.tls = Some(Arc::new(TlsClient::new(

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
-use postbox::codec::{Packet, ProtocolVersion, PubResponse, QoS};
+use postbox::codec::{Packet, ProtocolVersion, PubResponse, PublishProperties, QoS};
 use tokio::io::Interest;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
@@ -82,6 +82,9 @@ pub struct PubSubPlan {
     pub broker_pid: Option<u32>,
     /// TLS for the publishers (subscribers carry theirs in their `connect` options).
     pub tls: Option<Arc<TlsClient>>,
+    /// A v5 user property every PUBLISH carries with a value unique to it (run, publisher,
+    /// sequence number): the key `[dedup]` looks up, so its cost can be measured.
+    pub message_id_property: Option<String>,
 }
 
 /// What a run measured.
@@ -146,6 +149,7 @@ struct RunCtx {
     epoch: Instant,
     stop: CancellationToken,
     tls: Option<Arc<TlsClient>>,
+    message_id_property: Option<Arc<str>>,
 }
 
 /// A latency histogram with the bounds every run uses.
@@ -174,6 +178,7 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
         epoch: Instant::now(),
         stop: CancellationToken::new(),
         tls: plan.tls.clone(),
+        message_id_property: plan.message_id_property.as_deref().map(Arc::from),
     };
     let guard = ctx.stop.clone().drop_guard();
     let progress = Arc::new(Progress {
@@ -425,6 +430,14 @@ async fn publisher(
     };
     let mut inflight = 0usize;
     let mut packet_id: u16 = 0;
+    // `--message-id-property`: one value (a small allocation) per message.
+    let mut id_properties = ctx
+        .message_id_property
+        .as_deref()
+        .map(|name| PublishProperties {
+            user_properties: vec![(name.into(), String::new().into())],
+            ..PublishProperties::default()
+        });
     let t0 = Instant::now();
     loop {
         let allowed = match plan.rate {
@@ -440,7 +453,20 @@ async fn publisher(
                 packet_id = packet_id.checked_add(1).unwrap_or(1);
                 inflight += 1;
             }
-            conn.queue_publish(&plan.topic, plan.qos, packet_id, plan.retain, &payload)?;
+            if let Some(properties) = id_properties.as_mut() {
+                properties.user_properties[0].1 =
+                    format!("{:08x}-{id}-{}", ctx.run, stamp.seq).into();
+                conn.queue_publish_with(
+                    &plan.topic,
+                    plan.qos,
+                    packet_id,
+                    plan.retain,
+                    &payload,
+                    Some(properties),
+                )?;
+            } else {
+                conn.queue_publish(&plan.topic, plan.qos, packet_id, plan.retain, &payload)?;
+            }
             stamp.seq += 1;
         }
         if stamp.seq == plan.count && inflight == 0 && conn.wbuf.is_empty() {

@@ -185,6 +185,8 @@ pub struct Params {
     pub retained: usize,
     /// TLS for every client (`--tls-ca`); plain TCP when `None`.
     pub tls: Option<Arc<TlsClient>>,
+    /// A v5 user property with a value unique per PUBLISH (`--message-id-property`).
+    pub message_id_property: Option<String>,
 }
 
 impl Params {
@@ -212,6 +214,7 @@ impl Params {
             subscribe_each: false,
             retained: 100_000,
             tls: None,
+            message_id_property: None,
         };
         match scenario {
             Scenario::FanIn => {
@@ -393,6 +396,7 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
         idle: p.idle,
         broker_pid: p.broker_pid,
         tls: p.tls.clone(),
+        message_id_property: p.message_id_property.clone(),
     }
 }
 

@@ -1,0 +1,211 @@
+//! The window alone: exact keys, expiry, bounds (oldest out, counted), forget, restore, and
+//! one `Fresh` among racing checks (issue 16, `[dedup]`).
+
+use std::sync::{Arc, Barrier};
+
+use bytestring::ByteString;
+
+use super::{Dedup, DedupCheck};
+use crate::config::DedupConfig;
+use crate::metrics::DedupMetrics;
+use crate::storage::{DedupRecord, Op};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn config(window: u32, max_entries: usize, max_bytes: usize) -> DedupConfig {
+    DedupConfig {
+        property: "message-id".to_owned(),
+        window,
+        max_entries,
+        max_bytes,
+    }
+}
+
+fn window(window: u32, max_entries: usize, max_bytes: usize) -> (Dedup, DedupMetrics) {
+    let mut dedup = Dedup::new(&config(window, max_entries, max_bytes));
+    let metrics = DedupMetrics::detached();
+    dedup.attach_metrics(metrics.clone());
+    (dedup, metrics)
+}
+
+fn fresh(d: &Dedup, topic: &str, key: &str, now: u64) -> bool {
+    matches!(
+        d.check(&ByteString::from(topic), key, now),
+        DedupCheck::Fresh { .. }
+    )
+}
+
+#[test]
+fn second_check_inside_the_window_is_a_duplicate() {
+    let (d, m) = window(60, 100, 1 << 20);
+    assert!(fresh(&d, "a/b", "m1", T0));
+    assert!(!fresh(&d, "a/b", "m1", T0 + 59_999), "inside the window");
+    assert!(fresh(&d, "a/c", "m1", T0), "another topic is another pair");
+    assert!(fresh(&d, "a/b", "m2", T0), "another id is another pair");
+    assert_eq!(m.duplicates.get(), 1);
+    assert_eq!(m.entries.get(), 3.0);
+}
+
+#[test]
+fn keys_are_compared_exactly_not_by_concatenation() {
+    let (d, _) = window(60, 100, 1 << 20);
+    assert!(fresh(&d, "ab", "c", T0));
+    assert!(fresh(&d, "a", "bc", T0), "(a, bc) is not (ab, c)");
+    assert!(!fresh(&d, "ab", "c", T0));
+}
+
+#[test]
+fn fresh_carries_the_store_op_with_the_window_end() {
+    let (d, _) = window(30, 100, 1 << 20);
+    match d.check(&ByteString::from("t"), "k", T0) {
+        DedupCheck::Fresh { op } => match *op {
+            Op::PutDedup {
+                topic,
+                key,
+                expires_at_unix_ms,
+            } => {
+                assert_eq!((&*topic, &*key), ("t", "k"));
+                assert_eq!(expires_at_unix_ms, T0 + 30_000);
+            }
+            other => panic!("{other:?}"),
+        },
+        DedupCheck::Duplicate => panic!("first sighting"),
+    }
+}
+
+#[test]
+fn the_window_closes_and_expired_pairs_leave_from_the_front() {
+    let (d, m) = window(1, 100, 1 << 20);
+    assert!(fresh(&d, "t", "1", T0));
+    assert!(fresh(&d, "t", "2", T0 + 500));
+    assert!(
+        fresh(&d, "t", "1", T0 + 1000),
+        "its window closed at T0 + 1 s"
+    );
+    // The front passed "1" (re-added) and "2" is still open.
+    assert!(!fresh(&d, "t", "2", T0 + 1499));
+    assert!(fresh(&d, "t", "3", T0 + 5000));
+    assert_eq!(d.len(), 1, "everything older than the window dropped");
+    assert_eq!(m.entries.get(), 1.0);
+    assert_eq!(m.evicted.get(), 0, "expiry is not eviction");
+}
+
+#[test]
+fn max_entries_evicts_the_oldest_and_counts_it() {
+    let (d, m) = window(60, 3, 1 << 20);
+    for k in ["1", "2", "3", "4"] {
+        assert!(fresh(&d, "t", k, T0));
+    }
+    assert_eq!(d.len(), 3);
+    assert_eq!(m.evicted.get(), 1);
+    assert!(!fresh(&d, "t", "4", T0), "the newest is kept");
+    assert!(!fresh(&d, "t", "2", T0));
+    assert!(fresh(&d, "t", "1", T0), "the oldest went first");
+    assert_eq!(
+        m.evicted.get(),
+        2,
+        "and adding it back pushed out the next oldest"
+    );
+    assert!(fresh(&d, "t", "2", T0));
+}
+
+#[test]
+fn max_bytes_evicts_the_oldest() {
+    // Each pair: 10-byte topic + 502-byte key = 512 bytes; 1024 bytes hold two.
+    let (d, m) = window(60, 100, 1024);
+    let topic = "0123456789";
+    let keys: Vec<String> = (0..3).map(|i| format!("{i}{}", "x".repeat(501))).collect();
+    for k in &keys {
+        assert!(fresh(&d, topic, k, T0));
+    }
+    assert_eq!(d.len(), 2);
+    assert_eq!(m.evicted.get(), 1);
+    assert!(!fresh(&d, topic, &keys[2], T0));
+    assert!(!fresh(&d, topic, &keys[1], T0));
+    assert!(fresh(&d, topic, &keys[0], T0), "the oldest went");
+}
+
+#[test]
+fn forget_lets_a_resend_through_and_keeps_the_queue_bounded() {
+    let (d, m) = window(60, 100, 1 << 20);
+    assert!(fresh(&d, "t", "k", T0));
+    d.forget("t", "k");
+    assert_eq!(m.entries.get(), 0.0);
+    assert!(
+        fresh(&d, "t", "k", T0),
+        "the refused message's re-send is new"
+    );
+    // Forgetting pairs that are not at the back leaves stale entries; they stay bounded.
+    assert!(fresh(&d, "t", "keep", T0));
+    for i in 0..10_000 {
+        let k = i.to_string();
+        assert!(fresh(&d, "u", &k, T0));
+        assert!(fresh(&d, "u", "tail", T0));
+        d.forget("u", &k);
+        d.forget("u", "tail");
+    }
+    let queued = d.pairs.lock().queue.len();
+    assert!(
+        queued <= 2 * d.len() + 65,
+        "queue {queued} for {} pairs",
+        d.len()
+    );
+    assert!(
+        !fresh(&d, "t", "keep", T0),
+        "live pairs survive the compactions"
+    );
+    assert!(!fresh(&d, "t", "k", T0));
+}
+
+#[test]
+fn restore_keeps_open_windows_within_the_bounds() {
+    let (d, m) = window(60, 2, 1 << 20);
+    let record = |key: &str, at: u64| DedupRecord {
+        topic: "t".into(),
+        key: key.into(),
+        expires_at_unix_ms: at,
+    };
+    d.restore_at(
+        vec![
+            record("closed", T0),
+            record("old", T0 + 1),
+            record("mid", T0 + 2),
+            record("new", T0 + 3),
+        ],
+        T0,
+    );
+    assert_eq!(d.len(), 2);
+    assert_eq!(m.evicted.get(), 1, "the oldest open one did not fit");
+    assert!(!fresh(&d, "t", "new", T0));
+    assert!(!fresh(&d, "t", "mid", T0));
+    assert!(fresh(&d, "t", "closed", T0), "its window had closed");
+}
+
+#[test]
+fn racing_checks_of_one_pair_give_exactly_one_fresh() {
+    const THREADS: usize = 8;
+    const KEYS: usize = 500;
+    let (d, m) = window(60, 100_000, 1 << 24);
+    let d = Arc::new(d);
+    let start = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (d, start) = (Arc::clone(&d), Arc::clone(&start));
+            std::thread::spawn(move || {
+                let topic = ByteString::from("race");
+                start.wait();
+                (0..KEYS)
+                    .filter(|k| {
+                        matches!(
+                            d.check(&topic, &k.to_string(), T0),
+                            DedupCheck::Fresh { .. }
+                        )
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let fresh: usize = handles.into_iter().map(|h| h.join().expect("thread")).sum();
+    assert_eq!(fresh, KEYS, "one Fresh per key, whichever thread got it");
+    assert_eq!(m.duplicates.get(), (KEYS * (THREADS - 1)) as u64);
+}

@@ -1,0 +1,306 @@
+//! Deduplication (`[dedup]`, issue 16): a v5 PUBLISH whose (topic, `message-id` user property)
+//! was seen within the window is acknowledged and not routed again, whichever connection sends
+//! it; the window survives a restart and a `kill -9` with persistence on; a refused message's
+//! key is forgotten so its re-send goes through.
+//!
+//! How "not delivered" is observed without waiting out a silence: after the message that must
+//! not arrive, the same publisher sends a marker (another id) on the same topic. Messages from
+//! one publisher on one topic keep their order (MQTT-4.6.0-5), so had the duplicate been
+//! routed it would arrive before the marker.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::process::{self, Broker as BrokerBinary};
+use common::{v5, RawClient};
+use postbox::codec::{Packet, PubResponse, Publish, PublishProperties, QoS, ReasonCode};
+use postbox::config::{Config, OverflowPolicy};
+
+const PROPERTY: &str = "message-id";
+
+fn dedup_config(window: u32) -> Config {
+    let mut config = common::test_config();
+    config.dedup.property = PROPERTY.to_owned();
+    config.dedup.window = window;
+    config
+}
+
+fn durable_dedup_config(dir: &Path) -> Config {
+    let mut config = dedup_config(60);
+    config.storage.persistence = true;
+    config.storage.dir = Some(dir.to_path_buf());
+    config
+}
+
+/// A PUBLISH on `topic` carrying `message-id = id`.
+fn keyed(topic: &str, qos: QoS, payload: &[u8], packet_id: u16, id: &str) -> Publish {
+    let mut p = v5::publish_packet(topic, qos, payload, packet_id);
+    p.properties = PublishProperties {
+        user_properties: vec![(PROPERTY.into(), id.into())],
+        ..PublishProperties::default()
+    };
+    p
+}
+
+/// A subscriber to `filter` at QoS 1.
+async fn subscriber(addr: std::net::SocketAddr, client_id: &str, filter: &str) -> RawClient {
+    let mut sub = v5::connect_id(addr, client_id).await;
+    v5::subscribe(&mut sub, filter, QoS::AtLeastOnce).await;
+    sub
+}
+
+/// The payloads of the next `n` PUBLISHes (each acknowledged).
+async fn received(sub: &mut RawClient, n: usize) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(v5::receive(sub).await.payload.to_vec());
+    }
+    out
+}
+
+/// Issue 16 `[dedup]`: "a second PUBLISH with the same (topic, id) inside the window is
+/// acknowledged and not routed again", from another connection too (a producer re-sending
+/// after a reconnect, under a new packet id, where MQTT's own QoS 2 cannot help).
+#[tokio::test]
+async fn the_same_id_from_two_connections_is_delivered_once() {
+    let server = common::start_with(dedup_config(60)).await;
+    let mut sub = subscriber(server.mqtt_addr, "sub", "orders/#").await;
+    let mut first = v5::connect_id(server.mqtt_addr, "producer-1").await;
+    let mut second = v5::connect_id(server.mqtt_addr, "producer-2").await;
+    let code = v5::publish(
+        &mut first,
+        keyed("orders/1", QoS::AtLeastOnce, b"a", 1, "42"),
+    )
+    .await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    let code = v5::publish(
+        &mut second,
+        keyed("orders/1", QoS::AtLeastOnce, b"again", 9, "42"),
+    )
+    .await;
+    assert_eq!(
+        code,
+        ReasonCode::SUCCESS,
+        "a duplicate is acknowledged as accepted (the producer must not re-send it forever)"
+    );
+    v5::publish(
+        &mut second,
+        keyed("orders/1", QoS::AtLeastOnce, b"marker", 10, "43"),
+    )
+    .await;
+    assert_eq!(
+        received(&mut sub, 2).await,
+        [b"a".to_vec(), b"marker".to_vec()],
+        "the duplicate was not routed"
+    );
+    let metrics = &server.broker.metrics;
+    assert_eq!(
+        metrics.dedup.duplicates.get(),
+        1,
+        "postbox_dedup_duplicates_total"
+    );
+    assert_eq!(metrics.dedup.entries.get(), 2.0, "postbox_dedup_entries");
+    let scrape = metrics.render();
+    assert!(
+        scrape.contains("postbox_dedup_duplicates_total 1"),
+        "{scrape}"
+    );
+}
+
+/// Issue 16 `[dedup]`: the key is the pair (topic, id): another topic or another id is another
+/// message; and a message without the property is never deduplicated.
+#[tokio::test]
+async fn another_topic_or_another_id_is_delivered() {
+    let server = common::start_with(dedup_config(60)).await;
+    let mut sub = subscriber(server.mqtt_addr, "sub", "orders/#").await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    for (i, (topic, id)) in [("orders/1", "7"), ("orders/2", "7"), ("orders/1", "8")]
+        .into_iter()
+        .enumerate()
+    {
+        let p = keyed(topic, QoS::AtLeastOnce, &[i as u8], i as u16 + 1, id);
+        assert_eq!(v5::publish(&mut publ, p).await, ReasonCode::SUCCESS);
+    }
+    for id in 4..6u16 {
+        let p = v5::publish_packet("orders/1", QoS::AtLeastOnce, b"plain", id);
+        assert_eq!(v5::publish(&mut publ, p).await, ReasonCode::SUCCESS);
+    }
+    assert_eq!(
+        received(&mut sub, 5).await,
+        [
+            vec![0],
+            vec![1],
+            vec![2],
+            b"plain".to_vec(),
+            b"plain".to_vec()
+        ]
+    );
+    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 0);
+}
+
+/// Issue 16 `[dedup]` `window`: "seconds a (topic, id) pair is remembered": once it has
+/// passed, the same pair is a new message.
+#[tokio::test]
+async fn after_the_window_the_same_id_is_delivered_again() {
+    let server = common::start_with(dedup_config(1)).await;
+    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"first", 1, "x")).await;
+    assert_eq!(received(&mut sub, 1).await, [b"first".to_vec()]);
+    // The event awaited is the wall clock passing the window's end (1 s): nothing to poll.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"second", 2, "x")).await;
+    assert_eq!(received(&mut sub, 1).await, [b"second".to_vec()]);
+}
+
+/// QoS 2 (MQTT-4.3.3): a duplicate's handshake completes normally: PUBREC 0x00, PUBREL,
+/// PUBCOMP 0x00 (the packet id was taken and released like any other), and nothing is routed.
+#[tokio::test]
+async fn a_qos2_duplicate_completes_its_handshake_and_is_not_routed() {
+    let server = common::start_with(dedup_config(60)).await;
+    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
+    let mut first = v5::connect_id(server.mqtt_addr, "producer-1").await;
+    let mut second = v5::connect_id(server.mqtt_addr, "producer-2").await;
+    let code = v5::publish(&mut first, keyed("t", QoS::ExactlyOnce, b"one", 3, "q2")).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    second
+        .send(&Packet::Publish(keyed(
+            "t",
+            QoS::ExactlyOnce,
+            b"dup",
+            5,
+            "q2",
+        )))
+        .await;
+    match second.recv().await {
+        Some(Packet::PubRec(r)) => {
+            assert_eq!((r.packet_id, r.reason_code), (5, ReasonCode::SUCCESS));
+        }
+        other => panic!("expected PUBREC, got {other:?}"),
+    }
+    second.send(&Packet::PubRel(PubResponse::new(5))).await;
+    match second.recv().await {
+        Some(Packet::PubComp(c)) => {
+            assert_eq!(
+                (c.packet_id, c.reason_code),
+                (5, ReasonCode::SUCCESS),
+                "the id was known (not 0x92)"
+            );
+        }
+        other => panic!("expected PUBCOMP, got {other:?}"),
+    }
+    // The id is free again: reused for the marker.
+    v5::publish(
+        &mut second,
+        keyed("t", QoS::ExactlyOnce, b"marker", 5, "q2-next"),
+    )
+    .await;
+    assert_eq!(
+        received(&mut sub, 2).await,
+        [b"one".to_vec(), b"marker".to_vec()]
+    );
+}
+
+/// The brief: "when the routing of a Fresh message is refused (`PublishRefused`), forget the
+/// key so the publisher's re-send is not taken for a duplicate". The refusal here is a full
+/// offline queue under `queue_overflow = "refuse"` (v5 PUBACK 0x97).
+#[tokio::test]
+async fn a_refused_message_is_forgotten_so_its_resend_is_delivered() {
+    let mut config = dedup_config(60);
+    config.mqtt.max_queued_messages = 1;
+    config.mqtt.queue_overflow = OverflowPolicy::Refuse;
+    let server = common::start_with(config).await;
+    let mut away = v5::connect(server.mqtt_addr, v5::persistent_connect("away", 600))
+        .await
+        .0;
+    v5::subscribe(&mut away, "t", QoS::AtLeastOnce).await;
+    v5::disconnect(away).await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"fills", 1, "a")).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"refused", 2, "b")).await;
+    assert_eq!(code, ReasonCode::QUOTA_EXCEEDED, "the queue of 1 is full");
+
+    // The subscriber comes back and drains its queue; the producer re-sends "b".
+    let (mut away, ack) = v5::connect(server.mqtt_addr, v5::persistent_connect("away", 600)).await;
+    assert!(ack.session_present);
+    assert_eq!(received(&mut away, 1).await, [b"fills".to_vec()]);
+    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"resent", 3, "b")).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    assert_eq!(
+        received(&mut away, 1).await,
+        [b"resent".to_vec()],
+        "the re-send of a refused message is no duplicate"
+    );
+    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 0);
+}
+
+/// Issue 16 `[dedup]`: "with [storage] persistence, in the store, so a restart does not
+/// forget" (in-process stop and start on the same data directory).
+#[tokio::test]
+async fn the_window_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_dedup_config(dir.path())).await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"before", 1, "r1")).await;
+    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    v5::disconnect(publ).await;
+    server.shutdown().await;
+
+    let server = common::start_with(durable_dedup_config(dir.path())).await;
+    assert_eq!(server.broker.metrics.dedup.entries.get(), 1.0, "restored");
+    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "r1")).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"marker", 2, "r2")).await;
+    assert_eq!(
+        received(&mut sub, 1).await,
+        [b"marker".to_vec()],
+        "not delivered again after the restart"
+    );
+    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 1);
+}
+
+/// The same across a crash of the broker binary (SIGKILL): the key is in the commit the
+/// PUBACK waited for, so it is on disk once the publisher has its PUBACK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_survives_kill_9() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let config = process::write_config_with(
+        dir.path(),
+        &data,
+        &format!("persistence = true\n[dedup]\nproperty = \"{PROPERTY}\"\n"),
+    );
+    let broker = tokio::task::block_in_place(|| BrokerBinary::start(&config));
+    let mut publ = v5::connect_id(config.mqtt, "producer").await;
+    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"before", 1, "k9")).await;
+    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    tokio::task::block_in_place(|| broker.kill());
+    drop(publ);
+
+    let broker = tokio::task::block_in_place(|| BrokerBinary::start(&config));
+    let mut sub = subscriber(config.mqtt, "sub", "t").await;
+    let mut publ = v5::connect_id(config.mqtt, "producer").await;
+    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "k9")).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::publish(
+        &mut publ,
+        keyed("t", QoS::AtLeastOnce, b"marker", 2, "k9-next"),
+    )
+    .await;
+    assert_eq!(
+        received(&mut sub, 1).await,
+        [b"marker".to_vec()],
+        "not delivered again after kill -9"
+    );
+    let scrape = tokio::task::block_in_place(|| process::http_get(config.metrics, "/metrics"));
+    assert_eq!(
+        process::sample(&scrape, "postbox_dedup_duplicates_total"),
+        Some(1.0)
+    );
+    drop(broker);
+}
