@@ -49,6 +49,7 @@ mod passwords;
 mod pending_connections;
 mod proxy_protocol;
 mod recovery;
+mod schema;
 mod scram;
 mod secure_config;
 mod sys_topics;

@@ -12,8 +12,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::BytesMut;
 use postbox::codec::{
-    self, Connect, Disconnect, Packet, ProtocolVersion, PublishHeader, QoS, ReasonCode, Subscribe,
-    SubscriptionOptions,
+    self, Connect, Disconnect, Packet, ProtocolVersion, PublishHeader, PublishProperties, QoS,
+    ReasonCode, Subscribe, SubscriptionOptions,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
@@ -237,13 +237,31 @@ impl Conn {
         retain: bool,
         payload: &[u8],
     ) -> Result<()> {
+        self.queue_publish_with(topic, qos, packet_id, retain, payload, None)
+    }
+
+    /// [`Conn::queue_publish`] with v5 properties (`--content-type`); ignored by 3.x.
+    ///
+    /// # Errors
+    ///
+    /// When the PUBLISH cannot be encoded.
+    #[inline]
+    pub fn queue_publish_with(
+        &mut self,
+        topic: &str,
+        qos: QoS,
+        packet_id: u16,
+        retain: bool,
+        payload: &[u8],
+        properties: Option<&PublishProperties>,
+    ) -> Result<()> {
         let header = PublishHeader {
             dup: false,
             qos,
             retain,
             topic,
             packet_id,
-            properties: None,
+            properties,
         };
         codec::encode_publish(&header, payload, self.version, &mut self.wbuf)
             .map(|_| ())

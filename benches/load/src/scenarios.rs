@@ -185,6 +185,11 @@ pub struct Params {
     pub retained: usize,
     /// TLS for every client (`--tls-ca`); plain TCP when `None`.
     pub tls: Option<Arc<TlsClient>>,
+    /// A fixed payload read from `--payload-file` (message-flow scenarios), replacing
+    /// `payload` zeros.
+    pub payload_template: Option<Arc<[u8]>>,
+    /// The v5 Content Type of every PUBLISH (`--content-type`).
+    pub content_type: Option<String>,
 }
 
 impl Params {
@@ -212,6 +217,8 @@ impl Params {
             subscribe_each: false,
             retained: 100_000,
             tls: None,
+            payload_template: None,
+            content_type: None,
         };
         match scenario {
             Scenario::FanIn => {
@@ -388,6 +395,8 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
         publishers,
         subscribers,
         payload_len: p.payload,
+        payload_template: p.payload_template.clone(),
+        content_type: p.content_type.clone(),
         inflight: p.inflight,
         timeout: p.timeout,
         idle: p.idle,
