@@ -235,6 +235,13 @@ pub struct Metrics {
     /// Client PUBLISHes refused because a subscriber's queue was full and
     /// `mqtt.queue_overflow = "refuse"`, by QoS.
     pub messages_refused_queue_full: [Counter; 3],
+    /// PUBLISHes whose payload broke a `[[schema]]` and that were dropped (QoS 0, a 3.x
+    /// publisher under `on_invalid_v3 = "ack"`, or dead-lettered under `action =
+    /// "dead-letter"`), by QoS.
+    pub messages_dropped_schema_invalid: [Counter; 3],
+    /// PUBLISHes whose payload broke a `[[schema]]` and that were refused (v5 0x99, or a 3.x
+    /// publisher disconnected under `on_invalid_v3 = "disconnect"`), by QoS.
+    pub messages_refused_schema_invalid: [Counter; 3],
     /// Connected sessions found stalled (full queue, no progress for `mqtt.stalled_after`):
     /// once per stall.
     pub session_stalls: Counter,
@@ -333,10 +340,10 @@ impl Metrics {
         );
         let dropped = r.counter_vec(
             MESSAGES_DROPPED_TOTAL,
-            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory, expired, denied, no_subscribers) and QoS.",
+            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory, expired, denied, no_subscribers, schema_invalid) and QoS.",
             &["reason", "qos"],
         );
-        let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse) and QoS.", &["reason", "qos"]);
+        let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse; schema_invalid: a [[schema]] refused the payload) and QoS.", &["reason", "qos"]);
         let authz = r.counter_vec(
             AUTHZ_DENIED_TOTAL,
             "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action.",
@@ -390,6 +397,8 @@ impl Metrics {
             messages_dropped_denied: by_qos(&dropped, "denied"),
             messages_dropped_no_subscribers: by_qos(&dropped, "no_subscribers"),
             messages_refused_queue_full: by_qos(&refused, "queue_full"),
+            messages_dropped_schema_invalid: by_qos(&dropped, "schema_invalid"),
+            messages_refused_schema_invalid: by_qos(&refused, "schema_invalid"),
             session_stalls: r.counter(SESSION_STALLS_TOTAL, "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per stall)."),
             sessions_stalled: r.gauge(SESSIONS_STALLED, "Connected sessions stalled now: a full queue that took nothing off for mqtt.stalled_after; their overflow goes to mqtt.queue_overflow."),
             publishers_paused: r.gauge(PUBLISHERS_PAUSED, "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."),

@@ -432,7 +432,8 @@ impl RunningServer {
     /// key is logged as needing a restart and keeps its running value.
     pub fn reload_config(&self, new: &Config) -> crate::reload::config::ConfigChanges {
         let mut running = self.running_config.lock();
-        let changes = crate::reload::config::compare(&running, new);
+        let mut changes = crate::reload::config::compare(&running, new);
+        self.reload_schemas(&running, &mut changes);
         self.broker.runtime_limits().set(
             crate::broker::runtime_limits::RuntimeLimits::from_config(&changes.running.mqtt),
         );
@@ -449,6 +450,42 @@ impl RunningServer {
         }
         running.clone_from(&changes.running);
         changes
+    }
+
+    /// A changed `[[schema]]` list (keys `schema`, `schema[i].*`): compiled and swapped into
+    /// the running slot. A file that does not compile keeps the running schemas (logged; the
+    /// next reload tries again); a broker started without any `[[schema]]` has no slot (its
+    /// publish path pays nothing for schemas), so there the list needs a restart.
+    fn reload_schemas(&self, running: &Config, changes: &mut crate::reload::config::ConfigChanges) {
+        let is_schema = |k: &String| k == "schema" || k.starts_with("schema[");
+        if !changes.applied.iter().any(is_schema) {
+            return;
+        }
+        let slot = self.broker.guarantees().and_then(|g| g.schemas.as_ref());
+        let outcome = match slot {
+            Some(slot) => slot.replace(&changes.running.schemas).map_err(Some),
+            None => Err(None),
+        };
+        let Err(error) = outcome else {
+            return;
+        };
+        changes.running.schemas.clone_from(&running.schemas);
+        let keys: Vec<String> = changes
+            .applied
+            .iter()
+            .filter(|k| is_schema(k))
+            .cloned()
+            .collect();
+        changes.applied.retain(|k| !is_schema(k));
+        match error {
+            Some(error) => {
+                tracing::error!(%error, "reload: [[schema]] not applied; keeping the running schemas");
+            }
+            None => {
+                changes.needs_restart.extend(keys);
+                changes.needs_restart.sort();
+            }
+        }
     }
 
     /// The address of the listener called `name`, if there is one.

@@ -505,6 +505,18 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     self.status.dropped(Flow::In, "refused");
                     return Ok(());
                 }
+                if !v5
+                    && matches!(
+                        refused,
+                        crate::broker::PublishRefused::PayloadInvalid { .. }
+                    )
+                {
+                    // A schema's refusal is final: re-sending after a reconnect would be
+                    // refused again, forever. Acknowledged (the remote drops it) and counted.
+                    self.status.dropped(Flow::In, "refused");
+                    self.ack_remote(qos, packet_id, ReasonCode::SUCCESS, None);
+                    return Ok(());
+                }
                 if !v5 {
                     // 3.x has no negative ack: closing makes the remote re-send it later.
                     return Err(RemoteError::Protocol(format!(

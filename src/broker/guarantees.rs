@@ -78,9 +78,15 @@ impl Broker {
                         why,
                         on_invalid_v3,
                     }),
-                    crate::config::SchemaAction::DeadLetter => Ok(Gate::DeadLettered {
-                        gate: self.dead_letter(message, DeadReason::SchemaInvalid, None, None),
-                    }),
+                    crate::config::SchemaAction::DeadLetter => {
+                        // Dropped from its topic (and dead-lettered): counted as a drop.
+                        self.metrics.messages_dropped_schema_invalid[message.qos as usize]
+                            .increment(1);
+                        tracing::debug!(topic = %message.topic, schema = %schema_id, %why, "payload dead-lettered by its schema");
+                        Ok(Gate::DeadLettered {
+                            gate: self.dead_letter(message, DeadReason::SchemaInvalid, None, None),
+                        })
+                    }
                 };
             }
         }

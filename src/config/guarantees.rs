@@ -178,6 +178,13 @@ pub(super) fn validate(
                 format!("`{}` is not a topic filter (no `$share/`)", schema.filter),
             ));
         }
+        if schema.action == SchemaAction::DeadLetter && !dead_letter.enabled {
+            return Err(invalid(
+                &key("action"),
+                "`dead-letter` needs `[dead_letter] enabled = true` (the payload would vanish)"
+                    .to_owned(),
+            ));
+        }
         if schema.default {
             if let Some(j) = schemas[..i]
                 .iter()

@@ -77,7 +77,8 @@ pub(super) fn take(m: &Metrics) -> MetricsSnapshot {
             .chain(&m.messages_dropped_memory)
             .chain(&m.messages_dropped_expired)
             .chain(&m.messages_dropped_denied)
-            .chain(&m.messages_dropped_no_subscribers)),
+            .chain(&m.messages_dropped_no_subscribers)
+            .chain(&m.messages_dropped_schema_invalid)),
         bytes_received: m.bytes_received.get(),
         bytes_sent: m.bytes_sent.get(),
         messages_queued: count(f.messages_queued.get()),

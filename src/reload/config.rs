@@ -20,7 +20,19 @@ pub const RUNTIME_KEYS: &[&str] = &[
     "mqtt.max_publish_rate",
     "mqtt.max_publish_bytes_rate",
     "mqtt.max_subscriptions_per_client",
+    "schema",
 ];
+
+/// True for a key a reload applies: one of [`RUNTIME_KEYS`], or a key inside it
+/// (`schema[0].file` is part of `schema`, the `[[schema]]` list, swapped whole).
+pub fn is_runtime(key: &str) -> bool {
+    RUNTIME_KEYS.iter().any(|k| {
+        key == *k
+            || key
+                .strip_prefix(k)
+                .is_some_and(|rest| rest.starts_with('[') || rest.starts_with('.'))
+    })
+}
 
 /// The outcome of comparing a reloaded config with the running one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +51,7 @@ pub fn compare(running: &Config, new: &Config) -> ConfigChanges {
     let mut applied = Vec::new();
     let mut needs_restart = Vec::new();
     for key in changed_keys(running, new) {
-        if RUNTIME_KEYS.contains(&key.as_str()) {
+        if is_runtime(&key) {
             applied.push(key);
         } else {
             needs_restart.push(key);
@@ -52,6 +64,9 @@ pub fn compare(running: &Config, new: &Config) -> ConfigChanges {
     after.mqtt.max_publish_rate = limits.max_publish_rate;
     after.mqtt.max_publish_bytes_rate = limits.max_publish_bytes_rate;
     after.mqtt.max_subscriptions_per_client = limits.max_subscriptions_per_client;
+    // Compiled and swapped in by the server (`RunningServer::reload_config`), which puts the
+    // running list back when a file does not compile or the broker started without schemas.
+    after.schemas.clone_from(&new.schemas);
     ConfigChanges {
         applied,
         needs_restart,
@@ -145,10 +160,33 @@ mod tests {
         new.mqtt.max_publish_rate = 7;
         new.mqtt.max_publish_bytes_rate = 7;
         new.mqtt.max_subscriptions_per_client = 7;
+        new.schemas.push(crate::config::SchemaConfig {
+            id: "a".into(),
+            filter: "a/#".into(),
+            file: "a.json".into(),
+            action: crate::config::SchemaAction::Reject,
+            on_invalid_v3: crate::config::InvalidV3::Ack,
+            default: false,
+        });
         let mut applied = compare(&running, &new).applied;
         applied.sort_unstable();
         let mut keys = RUNTIME_KEYS.to_vec();
         keys.sort_unstable();
         assert_eq!(applied, keys);
+    }
+
+    #[test]
+    fn a_changed_schema_list_is_applied_whole() {
+        let one = "[[schema]]\nid = \"a\"\nfilter = \"a/#\"\nfile = \"a.json\"\n";
+        let running = parse(one);
+        let new = parse(&one.replace("a.json", "b.json"));
+        let changes = compare(&running, &new);
+        assert_eq!(changes.applied, ["schema[0].file"]);
+        assert!(changes.needs_restart.is_empty());
+        assert_eq!(changes.running.schemas, new.schemas);
+        let two = format!("{one}[[schema]]\nid = \"b\"\nfilter = \"b\"\nfile = \"b.json\"\n");
+        assert_eq!(compare(&running, &parse(&two)).applied, ["schema"]);
+        assert_eq!(compare(&Config::default(), &running).applied, ["schema"]);
+        assert!(!is_runtime("schemas"), "a prefix is not a key");
     }
 }

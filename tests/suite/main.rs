@@ -50,6 +50,7 @@ mod passwords;
 mod pending_connections;
 mod proxy_protocol;
 mod recovery;
+mod schema;
 mod scram;
 mod secure_config;
 mod sys_topics;

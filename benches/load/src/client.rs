@@ -240,7 +240,7 @@ impl Conn {
         self.queue_publish_with(topic, qos, packet_id, retain, payload, None)
     }
 
-    /// [`Conn::queue_publish`] with v5 properties (dropped for 3.x).
+    /// [`Conn::queue_publish`] with v5 properties (`--content-type`); ignored by 3.x.
     ///
     /// # Errors
     ///

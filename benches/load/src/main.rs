@@ -95,6 +95,14 @@ struct RunArgs {
     /// Payload bytes (at least 24, the stamp) [default: 64].
     #[arg(long)]
     payload: Option<usize>,
+    /// Send this file's bytes as every payload (fan-in, fan-out, p2p, latency, durable),
+    /// e.g. a JSON document a `[[schema]]` checks; the stamp goes in hex in place of its first
+    /// run of 48 ASCII `0`s, which it must have. Overrides --payload.
+    #[arg(long)]
+    payload_file: Option<PathBuf>,
+    /// v5 Content Type of every PUBLISH (e.g. a `[[schema]]` id); needs --protocol 5.
+    #[arg(long)]
+    content_type: Option<String>,
     /// Total offered rate, messages/s; 0 = unthrottled [scenario default].
     #[arg(long)]
     rate: Option<f64>,
@@ -189,6 +197,16 @@ impl RunArgs {
         if let Some(t) = self.idle {
             p.idle = secs(t, "--idle")?;
         }
+        if let Some(path) = &self.payload_file {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("--payload-file {}", path.display()))?;
+            p.payload = bytes.len();
+            p.payload_template = Some(bytes.into());
+        }
+        if self.content_type.is_some() && p.version != ProtocolVersion::V5 {
+            bail!("--content-type needs --protocol 5 (3.x has no properties)");
+        }
+        p.content_type.clone_from(&self.content_type);
         p.broker_pid = self.broker_pid;
         p.subscribe_each = self.subscribe_each;
         if let Some(name) = &self.message_id_property {

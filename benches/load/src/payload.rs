@@ -3,6 +3,10 @@
 //!
 //! Layout (little endian), then zero padding up to the payload size:
 //! `run: u32 | publisher: u32 | seq: u64 | sent_ns: u64`.
+//!
+//! A fixed payload from a file (`--payload-file`, e.g. a JSON document a `[[schema]]` checks)
+//! carries the same 24 bytes as 48 lowercase hex digits in place of its first run of 48 ASCII
+//! `0`s ([`hex_slot`]), so the payload stays valid text and is still measured.
 
 /// Bytes taken by the stamp; payloads shorter than this cannot be measured.
 pub const STAMP_LEN: usize = 24;
@@ -49,6 +53,47 @@ impl Stamp {
     }
 }
 
+/// Characters taken by the hex form of the stamp.
+pub const STAMP_HEX_LEN: usize = 2 * STAMP_LEN;
+
+/// Where the hex stamp goes in a payload template: its first run of [`STAMP_HEX_LEN`] ASCII
+/// `0`s, `None` when it has none.
+pub fn hex_slot(template: &[u8]) -> Option<usize> {
+    template
+        .windows(STAMP_HEX_LEN)
+        .position(|w| w.iter().all(|&b| b == b'0'))
+}
+
+impl Stamp {
+    /// Writes the stamp as [`STAMP_HEX_LEN`] lowercase hex digits over the start of `buf`.
+    #[inline]
+    pub fn write_hex(&self, buf: &mut [u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut raw = [0u8; STAMP_LEN];
+        self.write(&mut raw);
+        for (i, b) in raw.iter().enumerate() {
+            buf[2 * i] = DIGITS[usize::from(b >> 4)];
+            buf[2 * i + 1] = DIGITS[usize::from(b & 0xf)];
+        }
+    }
+
+    /// Reads a stamp written by [`Stamp::write_hex`] at `at`; `None` when it is not there.
+    #[inline]
+    pub fn read_hex(payload: &[u8], at: usize) -> Option<Stamp> {
+        let hex = payload.get(at..at + STAMP_HEX_LEN)?;
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut raw = [0u8; STAMP_LEN];
+        for (i, pair) in hex.chunks_exact(2).enumerate() {
+            raw[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
+        }
+        Stamp::read(&raw)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +110,24 @@ mod tests {
         s.write(&mut buf);
         assert_eq!(Stamp::read(&buf), Some(s));
         assert_eq!(Stamp::read(&buf[..10]), None);
+    }
+
+    #[test]
+    fn hex_round_trip_in_a_template() {
+        let s = Stamp {
+            run: 0xdead_beef,
+            publisher: 1,
+            seq: 42,
+            sent_ns: u64::MAX,
+        };
+        let template = format!(r#"{{"id":"{}","qty":1}}"#, "0".repeat(STAMP_HEX_LEN));
+        let at = hex_slot(template.as_bytes()).expect("a slot");
+        assert_eq!(at, 7);
+        let mut buf = template.into_bytes();
+        s.write_hex(&mut buf[at..]);
+        assert!(std::str::from_utf8(&buf).is_ok());
+        assert_eq!(Stamp::read_hex(&buf, at), Some(s));
+        assert_eq!(Stamp::read_hex(b"{}", 0), None);
+        assert_eq!(hex_slot(b"{\"id\":\"000\"}"), None);
     }
 }

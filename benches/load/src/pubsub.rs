@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{Conn, ConnectOptions, HANDSHAKE_TIMEOUT};
-use crate::payload::{Stamp, STAMP_LEN};
+use crate::payload::{hex_slot, Stamp, STAMP_HEX_LEN, STAMP_LEN};
 use crate::procfs::{CpuMeter, CpuUse};
 use crate::tracker::{Seen, SeqTracker};
 use crate::transport::TlsClient;
@@ -72,6 +72,11 @@ pub struct PubSubPlan {
     pub subscribers: Vec<SubscriberPlan>,
     /// Payload size in bytes (at least the stamp).
     pub payload_len: usize,
+    /// A fixed payload (`--payload-file`) sent instead of `payload_len` zeros, its stamp in
+    /// hex in place of its first run of 48 `0`s ([`hex_slot`]).
+    pub payload_template: Option<Arc<[u8]>>,
+    /// The v5 Content Type of every PUBLISH (`--content-type`).
+    pub content_type: Option<String>,
     /// Unacknowledged QoS 1/2 messages a publisher may have outstanding.
     pub inflight: usize,
     /// Hard bound on the message phase.
@@ -145,6 +150,10 @@ struct RunCtx {
     run: u32,
     counts: Arc<Vec<u64>>,
     payload_len: usize,
+    /// The fixed payload and where its hex stamp goes.
+    template: Option<(Arc<[u8]>, usize)>,
+    /// Properties of every PUBLISH (v5 Content Type).
+    properties: Option<Arc<PublishProperties>>,
     inflight: usize,
     epoch: Instant,
     stop: CancellationToken,
@@ -165,15 +174,32 @@ pub fn new_histogram() -> Histogram<u64> {
 /// A payload too small for the stamp, or a publisher or subscriber failed (connect,
 /// subscribe, or the broker misbehaving).
 pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
-    if plan.payload_len < STAMP_LEN {
-        bail!("payload must be at least {STAMP_LEN} bytes to carry the stamp");
-    }
+    let template = match &plan.payload_template {
+        Some(t) => match hex_slot(t) {
+            Some(at) => Some((Arc::clone(t), at)),
+            None => bail!(
+                "the payload file needs a run of {STAMP_HEX_LEN} ASCII `0`s to carry the stamp"
+            ),
+        },
+        None if plan.payload_len < STAMP_LEN => {
+            bail!("payload must be at least {STAMP_LEN} bytes to carry the stamp")
+        }
+        None => None,
+    };
+    let properties = plan.content_type.as_ref().map(|ct| {
+        Arc::new(PublishProperties {
+            content_type: Some(ct.as_str().into()),
+            ..Default::default()
+        })
+    });
     let ctx = RunCtx {
         addr: plan.addr,
         version: plan.version,
         run: plan.run,
         counts: Arc::new(plan.publishers.iter().map(|p| p.count).collect()),
         payload_len: plan.payload_len,
+        template,
+        properties,
         inflight: plan.inflight.clamp(1, 65_000),
         epoch: Instant::now(),
         stop: CancellationToken::new(),
@@ -339,15 +365,16 @@ async fn subscriber(
         progress.notify.notify_one();
     }
     let mut pending = early;
+    let stamp_at = ctx.template.as_ref().map(|(_, at)| *at);
     loop {
         let now = Instant::now();
         let now_ns = (now - ctx.epoch).as_nanos() as u64;
         let before = result.tracker.unique;
         for packet in pending.drain(..) {
-            handle_delivery(&mut conn, &mut result, packet, now_ns)?;
+            handle_delivery(&mut conn, &mut result, packet, now_ns, stamp_at)?;
         }
         while let Some(packet) = conn.next_packet()? {
-            handle_delivery(&mut conn, &mut result, packet, now_ns)?;
+            handle_delivery(&mut conn, &mut result, packet, now_ns, stamp_at)?;
         }
         let fresh = result.tracker.unique - before;
         if fresh > 0 {
@@ -377,10 +404,15 @@ fn handle_delivery(
     result: &mut SubscriberResult,
     packet: Packet,
     now_ns: u64,
+    stamp_at: Option<usize>,
 ) -> Result<()> {
     match packet {
         Packet::Publish(p) => {
-            if let Some(stamp) = Stamp::read(&p.payload) {
+            let stamp = match stamp_at {
+                Some(at) => Stamp::read_hex(&p.payload, at),
+                None => Stamp::read(&p.payload),
+            };
+            if let Some(stamp) = stamp {
                 if result.tracker.record(&stamp) == Seen::New {
                     result
                         .latency
@@ -421,7 +453,12 @@ async fn publisher(
 
     let acked_qos = plan.qos != QoS::AtMostOnce;
     let window = if acked_qos { ctx.inflight } else { usize::MAX };
-    let mut payload = vec![0u8; ctx.payload_len];
+    let mut payload = match &ctx.template {
+        Some((template, _)) => template.to_vec(),
+        None => vec![0u8; ctx.payload_len],
+    };
+    let hex_at = ctx.template.as_ref().map(|(_, at)| *at);
+    let properties = ctx.properties.as_deref();
     let mut stamp = Stamp {
         run: ctx.run,
         publisher: id,
@@ -436,6 +473,7 @@ async fn publisher(
         .as_deref()
         .map(|name| PublishProperties {
             user_properties: vec![(name.into(), String::new().into())],
+            content_type: properties.and_then(|p| p.content_type.clone()),
             ..PublishProperties::default()
         });
     let t0 = Instant::now();
@@ -448,13 +486,16 @@ async fn publisher(
         };
         while stamp.seq < allowed && conn.wbuf.len() < WRITE_BATCH && inflight < window {
             stamp.sent_ns = ctx.epoch.elapsed().as_nanos() as u64;
-            stamp.write(&mut payload);
+            match hex_at {
+                Some(at) => stamp.write_hex(&mut payload[at..]),
+                None => stamp.write(&mut payload),
+            }
             if acked_qos {
                 packet_id = packet_id.checked_add(1).unwrap_or(1);
                 inflight += 1;
             }
-            if let Some(properties) = id_properties.as_mut() {
-                properties.user_properties[0].1 =
+            if let Some(id_props) = id_properties.as_mut() {
+                id_props.user_properties[0].1 =
                     format!("{:08x}-{id}-{}", ctx.run, stamp.seq).into();
                 conn.queue_publish_with(
                     &plan.topic,
@@ -462,10 +503,17 @@ async fn publisher(
                     packet_id,
                     plan.retain,
                     &payload,
-                    Some(properties),
+                    Some(&*id_props),
                 )?;
             } else {
-                conn.queue_publish(&plan.topic, plan.qos, packet_id, plan.retain, &payload)?;
+                conn.queue_publish_with(
+                    &plan.topic,
+                    plan.qos,
+                    packet_id,
+                    plan.retain,
+                    &payload,
+                    properties,
+                )?;
             }
             stamp.seq += 1;
         }

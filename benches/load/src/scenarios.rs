@@ -187,6 +187,11 @@ pub struct Params {
     pub tls: Option<Arc<TlsClient>>,
     /// A v5 user property with a value unique per PUBLISH (`--message-id-property`).
     pub message_id_property: Option<String>,
+    /// A fixed payload read from `--payload-file` (message-flow scenarios), replacing
+    /// `payload` zeros.
+    pub payload_template: Option<Arc<[u8]>>,
+    /// The v5 Content Type of every PUBLISH (`--content-type`).
+    pub content_type: Option<String>,
 }
 
 impl Params {
@@ -215,6 +220,8 @@ impl Params {
             retained: 100_000,
             tls: None,
             message_id_property: None,
+            payload_template: None,
+            content_type: None,
         };
         match scenario {
             Scenario::FanIn => {
@@ -391,6 +398,8 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
         publishers,
         subscribers,
         payload_len: p.payload,
+        payload_template: p.payload_template.clone(),
+        content_type: p.content_type.clone(),
         inflight: p.inflight,
         timeout: p.timeout,
         idle: p.idle,

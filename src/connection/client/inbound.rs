@@ -166,11 +166,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         packet_id: u16,
         error: PublishRefused,
     ) -> Result<(), Close> {
-        if qos == QoS::AtMostOnce {
-            return Ok(());
-        }
         if qos == QoS::AtLeastOnce {
             self.pending_inbound = self.pending_inbound.saturating_sub(1);
+        }
+        if let PublishRefused::PayloadInvalid { .. } = error {
+            return self.refuse_invalid_payload(qos, packet_id, error);
+        }
+        if qos == QoS::AtMostOnce {
+            return Ok(());
         }
         let code = refused_reason(&error);
         if !self.version.is_v5() {
@@ -178,6 +181,52 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
         self.negative_ack(qos, packet_id, code, &error.to_string());
         Ok(())
+    }
+
+    /// A `[[schema]]` with `action = "reject"` refused the payload; nothing was routed. QoS
+    /// 0: dropped. v5 QoS 1/2: PUBACK / PUBREC 0x99 Payload format invalid with the first
+    /// validation error as Reason String (when the client accepts problem information). 3.x
+    /// has no negative ack: `on_invalid_v3 = "ack"` acknowledges and drops it,
+    /// `"disconnect"` closes without an ack (the client re-sends after reconnecting).
+    fn refuse_invalid_payload(
+        &mut self,
+        qos: QoS,
+        packet_id: u16,
+        error: PublishRefused,
+    ) -> Result<(), Close> {
+        let PublishRefused::PayloadInvalid {
+            schema_id,
+            why,
+            on_invalid_v3,
+        } = &error
+        else {
+            return Ok(());
+        };
+        let v5 = self.version.is_v5();
+        let refused = qos != QoS::AtMostOnce
+            && (v5 || *on_invalid_v3 == crate::config::InvalidV3::Disconnect);
+        let metrics = &self.broker().metrics;
+        if refused {
+            metrics.messages_refused_schema_invalid[qos as usize].increment(1);
+        } else {
+            metrics.messages_dropped_schema_invalid[qos as usize].increment(1);
+        }
+        tracing::debug!(client = %self.session.client_id(), schema = %schema_id, %why, ?qos, "payload refused by its schema");
+        match qos {
+            QoS::AtMostOnce => Ok(()),
+            _ if v5 => {
+                let why = why.clone();
+                self.negative_ack(qos, packet_id, error.reason_code(), &why);
+                Ok(())
+            }
+            _ if refused => Err(Close::StoreRefused(error.reason_code(), error)),
+            // 3.x `ack`: PUBACK / PUBREC (a PUBREL after the PUBREC finds no id held and is
+            // answered with PUBCOMP).
+            _ => {
+                self.negative_ack(qos, packet_id, ReasonCode::SUCCESS, "");
+                Ok(())
+            }
+        }
     }
 
     /// The ACL denies the topic: never routed, never retained, counted. v5 QoS 1/2: PUBACK /
