@@ -431,8 +431,7 @@ impl Broker {
         let mut top_views: Vec<BacklogView> = largest
             .into_iter()
             .map(|std::cmp::Reverse((backlog, id))| {
-                let (age, bytes, connected) =
-                    ages.get(&id).copied().unwrap_or((0.0, 0, false));
+                let (age, bytes, connected) = ages.get(&id).copied().unwrap_or((0.0, 0, false));
                 BacklogView {
                     client_id: id.to_string(),
                     backlog,

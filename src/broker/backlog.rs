@@ -69,7 +69,9 @@ impl Broker {
             let groups = &figures.shared_groups;
             groups.groups.set(shared.groups as f64);
             groups.members.set(shared.members as f64);
-            groups.members_connected.set(shared.connected_members as f64);
+            groups
+                .members_connected
+                .set(shared.connected_members as f64);
             groups.messages_queued.set(shared.queued as f64);
             groups.backlog_max.set(shared.max as f64);
             groups

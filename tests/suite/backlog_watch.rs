@@ -145,8 +145,17 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
 
     let session = get_json(port, "/api/v1/sessions/stalled").await;
     assert_eq!(session["backlog"], SENT - 1, "{session}");
-    assert_eq!(session["backlog_bytes"], usize::from(SENT - 1) * SIZE, "{session}");
-    assert!(session["oldest_queued_secs"].as_f64().is_some_and(|a| a > 0.0), "{session}");
+    assert_eq!(
+        session["backlog_bytes"],
+        usize::from(SENT - 1) * SIZE,
+        "{session}"
+    );
+    assert!(
+        session["oldest_queued_secs"]
+            .as_f64()
+            .is_some_and(|a| a > 0.0),
+        "{session}"
+    );
     let clients = get_json(port, "/api/v1/clients").await;
     let listed = clients["clients"]
         .as_array()
@@ -155,8 +164,17 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
         .find(|c| c["client_id"] == "stalled")
         .unwrap_or_else(|| panic!("stalled not listed: {clients}"));
     assert_eq!(listed["queued"], SENT - 1, "{listed}");
-    assert_eq!(listed["queued_bytes"], usize::from(SENT - 1) * SIZE, "{listed}");
-    assert!(listed["oldest_queued_secs"].as_f64().is_some_and(|a| a > 0.0), "{listed}");
+    assert_eq!(
+        listed["queued_bytes"],
+        usize::from(SENT - 1) * SIZE,
+        "{listed}"
+    );
+    assert!(
+        listed["oldest_queued_secs"]
+            .as_f64()
+            .is_some_and(|a| a > 0.0),
+        "{listed}"
+    );
     let overview = get_json(port, "/api/v1/overview").await;
     assert_eq!(
         overview["sessions"]["queued_bytes"],
@@ -181,7 +199,10 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     .await;
     assert_eq!(value(&drained, "postbox_messages_queued_bytes"), 0.0);
     assert_eq!(value(&drained, "postbox_sessions_backlogged"), 0.0);
-    assert_eq!(value(&drained, "postbox_session_backlog_oldest_seconds"), 0.0);
+    assert_eq!(
+        value(&drained, "postbox_session_backlog_oldest_seconds"),
+        0.0
+    );
     let session = get_json(port, "/api/v1/sessions/stalled").await;
     assert_eq!(session["backlog"], 0, "{session}");
     assert_eq!(session["backlog_bytes"], 0, "{session}");
@@ -192,7 +213,7 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     server.shutdown().await;
 }
 
-/// The group whose full filter is `key` in a `/api/v1/shared` answer.
+/// The group named `name` in a `/api/v1/shared` answer.
 fn group<'a>(list: &'a Value, name: &str) -> &'a Value {
     list["groups"]
         .as_array()
@@ -213,19 +234,25 @@ async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
     let (server, port) = start().await;
     let addr = server.listeners[0].addr;
     // Two stalled members of one group (round-robin, the default strategy), a stalled plain
-    // subscriber of the same topics whose queue must not count for the group, and a second,
-    // idle group.
+    // subscriber of the same topics whose queue must not count for any group, an idle group,
+    // and an offline session that is both the only member of group `solo` and a plain
+    // subscriber of the same topics: only its `solo` deliveries count for `solo`.
     let w1 = narrow_subscriber(addr, "worker-1", "$share/workers/jobs/#").await;
     let w2 = narrow_subscriber(addr, "worker-2", "$share/workers/jobs/#").await;
     let plain = narrow_subscriber(addr, "auditor", "jobs/#").await;
     let idle = narrow_subscriber(addr, "archiver", "$share/archive/archive/#").await;
+    let mut mixed = narrow_subscriber(addr, "mixed", "$share/solo/jobs/#").await;
+    v5::subscribe(&mut mixed, "jobs/#", QoS::AtLeastOnce).await;
+    v5::disconnect(mixed).await;
+    json_until(port, "/api/v1/sessions/mixed", |j| j["connected"] == false).await;
     let mut publisher = v5::connect_id(addr, "producer").await;
     publish_n(&mut publisher, "jobs/build", SENT, SIZE).await;
 
     // Each member holds one in flight; the group's other five are queued across them. The
-    // plain subscriber has one in flight and six queued.
+    // plain subscriber has one in flight and six queued; `mixed`, offline, all seven of each.
     let group_queued = usize::from(SENT) - 2;
     let plain_queued = usize::from(SENT) - 1;
+    let solo_queued = usize::from(SENT);
     let list = json_until(port, "/api/v1/shared", |j| {
         j["groups"]
             .as_array()
@@ -239,26 +266,42 @@ async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
     assert_eq!(workers["members"], 2, "{workers}");
     assert_eq!(workers["connected_members"], 2, "{workers}");
     assert_eq!(workers["backlog_bytes"], group_queued * SIZE, "{workers}");
-    assert!(workers["oldest_queued_secs"].as_f64().is_some_and(|a| a > 0.0), "{workers}");
+    assert!(
+        workers["oldest_queued_secs"]
+            .as_f64()
+            .is_some_and(|a| a > 0.0),
+        "{workers}"
+    );
     let archive = group(&list, "archive");
     assert_eq!(archive["filter"], "archive/#");
     assert_eq!(archive["members"], 1);
     assert_eq!(archive["backlog"], 0);
     assert!(archive["oldest_queued_secs"].is_null(), "{archive}");
+    let solo = group(&list, "solo");
+    assert_eq!(solo["members"], 1, "{solo}");
+    assert_eq!(solo["connected_members"], 0, "{solo}");
+    assert_eq!(
+        solo["backlog"], solo_queued,
+        "only its group's deliveries: {solo}"
+    );
+    assert_eq!(solo["backlog_bytes"], solo_queued * SIZE, "{solo}");
 
     let text = scrape_until(port, "the shared backlog", |t| {
-        sample(t, "postbox_shared_messages_queued") == Some(group_queued as f64)
+        sample(t, "postbox_shared_messages_queued") == Some((group_queued + solo_queued) as f64)
     })
     .await;
-    assert_eq!(value(&text, "postbox_shared_groups"), 2.0);
-    assert_eq!(value(&text, "postbox_shared_group_members"), 3.0);
+    assert_eq!(value(&text, "postbox_shared_groups"), 3.0);
+    assert_eq!(value(&text, "postbox_shared_group_members"), 4.0);
     assert_eq!(value(&text, "postbox_shared_group_members_connected"), 3.0);
-    assert_eq!(value(&text, "postbox_shared_group_backlog_max"), group_queued as f64);
+    assert_eq!(
+        value(&text, "postbox_shared_group_backlog_max"),
+        solo_queued as f64
+    );
     assert!(value(&text, "postbox_shared_group_backlog_oldest_seconds") > 0.0);
-    assert_eq!(value(&text, "postbox_shared_groups_unserved"), 0.0);
+    assert_eq!(value(&text, "postbox_shared_groups_unserved"), 1.0, "solo");
     assert_eq!(
         value(&text, "postbox_messages_queued"),
-        (group_queued + plain_queued) as f64
+        (group_queued + plain_queued + 2 * solo_queued) as f64
     );
     assert!(!text.contains("workers"), "no per-group series:\n{text}");
 
@@ -267,7 +310,11 @@ async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
     assert_eq!(first["truncated"], true, "{first}");
     assert_eq!(first["groups"].as_array().map(Vec::len), Some(1), "{first}");
     assert_eq!(first["groups"][0]["group"], "archive", "{first}");
-    for bad in ["/api/v1/shared?group=workers", "/api/v1/shared?limit=0", "/api/v1/shared?limit=1001"] {
+    for bad in [
+        "/api/v1/shared?group=workers",
+        "/api/v1/shared?limit=0",
+        "/api/v1/shared?limit=1001",
+    ] {
         let (status, body) = get(port, bad).await;
         assert_eq!(status, 400, "GET {bad}: {body}");
     }
@@ -286,11 +333,13 @@ async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
     let workers = group(&list, "workers");
     assert_eq!(workers["members"], 2, "{workers}");
     assert!(
-        workers["backlog"].as_u64().is_some_and(|b| b >= group_queued as u64),
+        workers["backlog"]
+            .as_u64()
+            .is_some_and(|b| b >= group_queued as u64),
         "{workers}"
     );
-    let text = scrape_until(port, "the unserved group", |t| {
-        sample(t, "postbox_shared_groups_unserved") == Some(1.0)
+    let text = scrape_until(port, "the unserved groups", |t| {
+        sample(t, "postbox_shared_groups_unserved") == Some(2.0)
     })
     .await;
     assert_eq!(value(&text, "postbox_shared_group_members_connected"), 1.0);
