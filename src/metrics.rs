@@ -32,7 +32,7 @@ pub use bridge::BridgeMetrics;
 pub use dedup::DedupMetrics;
 pub use endpoint::{start_exporter, MetricsEndpoint};
 pub use handles::{Counter, Gauge, Histogram};
-pub use scrape::{ScrapeFigures, StoreMetrics};
+pub use scrape::{ScrapeFigures, SharedGroupFigures, StoreMetrics};
 pub use snapshot::MetricsSnapshot;
 
 /// Why a CONNECT was answered with a refusing CONNACK: the `reason` label of

@@ -54,7 +54,7 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response 
 type Params = Query<HashMap<String, String>>;
 
 /// A parameter the call cannot use: answered 400 with the message.
-struct BadRequest(String);
+pub(super) struct BadRequest(String);
 
 impl IntoResponse for BadRequest {
     fn into_response(self) -> Response {
@@ -63,7 +63,7 @@ impl IntoResponse for BadRequest {
 }
 
 /// `limit` from the query: 1..=[`MAX_LIMIT`], [`DEFAULT_LIMIT`] when absent.
-fn limit(params: &HashMap<String, String>) -> Result<usize, BadRequest> {
+pub(super) fn limit(params: &HashMap<String, String>) -> Result<usize, BadRequest> {
     match params.get("limit") {
         None => Ok(DEFAULT_LIMIT),
         Some(text) => match text.parse::<usize>() {
@@ -76,7 +76,7 @@ fn limit(params: &HashMap<String, String>) -> Result<usize, BadRequest> {
 }
 
 /// Refuses query parameters the call does not know (a typo must not silently widen a list).
-fn known(params: &HashMap<String, String>, allowed: &[&str]) -> Result<(), BadRequest> {
+pub(super) fn known(params: &HashMap<String, String>, allowed: &[&str]) -> Result<(), BadRequest> {
     match params.keys().find(|k| !allowed.contains(&k.as_str())) {
         None => Ok(()),
         Some(k) => Err(BadRequest(format!(

@@ -16,6 +16,7 @@
 pub mod access;
 mod api;
 mod bridges;
+mod shared;
 mod status;
 
 use std::net::SocketAddr;
@@ -112,6 +113,7 @@ pub fn router(state: AdminState) -> Router {
     let guarded = api::routes()
         .merge(status::routes())
         .merge(bridges::routes())
+        .merge(shared::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_access,

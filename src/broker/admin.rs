@@ -76,6 +76,10 @@ pub struct ClientView {
     pub inflight: usize,
     /// Messages waiting in its session's queue.
     pub queued: usize,
+    /// Their payload bytes.
+    pub queued_bytes: usize,
+    /// Age of the oldest of them, in seconds (`null`: nothing queued).
+    pub oldest_queued_secs: Option<f64>,
 }
 
 /// One subscription of a session.
@@ -129,6 +133,8 @@ pub struct BacklogView {
     pub client_id: String,
     /// Messages queued and not yet sent.
     pub backlog: usize,
+    /// Their payload bytes.
+    pub backlog_bytes: usize,
     /// Age of the oldest of them, in seconds.
     pub oldest_queued_secs: f64,
     /// True while a connection is attached.
@@ -144,6 +150,8 @@ pub struct SessionTotals {
     pub connected: usize,
     /// Messages queued over all sessions.
     pub queued: usize,
+    /// Their payload bytes.
+    pub queued_bytes: usize,
     /// Messages in flight over all sessions.
     pub inflight: usize,
     /// Sessions with at least one queued message.
@@ -268,14 +276,21 @@ impl Broker {
             let map = self.sessions.lock();
             facts.iter().map(|(id, _)| map.get(id).cloned()).collect()
         };
+        let now = Instant::now();
         let views = facts
             .into_iter()
             .zip(sessions)
             .map(|((client_id, facts), session)| {
-                let (inflight, queued) = session.map_or((0, 0), |s| {
-                    let st = s.lock();
-                    (st.inflight.len(), st.queue.len())
-                });
+                let (inflight, queued, queued_bytes, oldest) =
+                    session.map_or((0, 0, 0, None), |s| {
+                        let st = s.lock();
+                        (
+                            st.inflight.len(),
+                            st.queue.len(),
+                            st.queued_bytes(),
+                            st.queue.front().map(|d| d.message.received_at),
+                        )
+                    });
                 ClientView {
                     client_id: client_id.to_string(),
                     address: facts.peer.to_string(),
@@ -284,6 +299,9 @@ impl Broker {
                     connected_since_unix_ms: facts.connected_at_unix_ms,
                     inflight,
                     queued,
+                    queued_bytes,
+                    oldest_queued_secs: oldest
+                        .map(|at| now.saturating_duration_since(at).as_secs_f64()),
                 }
             })
             .collect();
@@ -329,7 +347,7 @@ impl Broker {
             expiry_interval_secs: (!never).then_some(st.expiry_interval),
             expires_in_secs,
             backlog: st.queue.len(),
-            backlog_bytes: st.queue.iter().map(|d| d.message.payload.len()).sum(),
+            backlog_bytes: st.queued_bytes(),
             oldest_queued_secs: st.queue.front().map(|d| {
                 now.saturating_duration_since(d.message.received_at)
                     .as_secs_f64()
@@ -376,12 +394,13 @@ impl Broker {
         let mut totals = SessionTotals::default();
         // (backlog, client id) of the largest, kept as a min-heap of at most `top`.
         let mut largest: BinaryHeap<std::cmp::Reverse<(usize, ByteString)>> = BinaryHeap::new();
-        let mut ages: HashMap<ByteString, (f64, bool)> = HashMap::new();
+        let mut ages: HashMap<ByteString, (f64, usize, bool)> = HashMap::new();
         for session in self.all_sessions() {
             let st = session.lock();
             totals.sessions += 1;
             totals.connected += usize::from(st.connection.is_some());
             totals.queued += st.queue.len();
+            totals.queued_bytes += st.queued_bytes();
             totals.inflight += st.inflight.len();
             let Some(front) = st.queue.front() else {
                 continue;
@@ -404,15 +423,19 @@ impl Broker {
             let age = now
                 .saturating_duration_since(front.message.received_at)
                 .as_secs_f64();
-            ages.insert(session.client_id.clone(), (age, st.connection.is_some()));
+            ages.insert(
+                session.client_id.clone(),
+                (age, st.queued_bytes(), st.connection.is_some()),
+            );
         }
         let mut top_views: Vec<BacklogView> = largest
             .into_iter()
             .map(|std::cmp::Reverse((backlog, id))| {
-                let (age, connected) = ages.get(&id).copied().unwrap_or((0.0, false));
+                let (age, bytes, connected) = ages.get(&id).copied().unwrap_or((0.0, 0, false));
                 BacklogView {
                     client_id: id.to_string(),
                     backlog,
+                    backlog_bytes: bytes,
                     oldest_queued_secs: age,
                     connected,
                 }

@@ -31,6 +31,7 @@ pub mod runtime_limits;
 pub mod session;
 mod session_map;
 pub mod shared;
+pub mod shared_backlog;
 mod subscribe_fence;
 mod subscriptions;
 pub mod sys;

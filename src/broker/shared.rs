@@ -67,6 +67,16 @@ pub struct SharedSubscriptions {
     hasher: RandomState,
 }
 
+/// One group's key and its members' sessions, copied out of the index (see
+/// [`SharedSubscriptions::group_members`]).
+#[derive(Debug)]
+pub struct GroupMembers {
+    /// The full `$share/{group}/{filter}` string, as deliveries name their group.
+    pub key: Arc<str>,
+    /// Its members, in join order.
+    pub sessions: Vec<Arc<Session>>,
+}
+
 /// The member chosen for one message of one group.
 #[derive(Debug)]
 pub struct Pick {
@@ -97,6 +107,32 @@ impl SharedSubscriptions {
     /// Total memberships across groups (for the subscriptions gauge).
     pub fn len(&self) -> usize {
         self.groups.values().map(|g| g.members.len()).sum()
+    }
+
+    /// Groups existing now.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Every group's key and member sessions, sorted by key, at most `limit` groups (true when
+    /// more exist): what the backlog watch (`broker::shared_backlog`) walks after this index's
+    /// lock is released. Copies `Arc`s only; locks no session.
+    pub fn group_members(&self, limit: usize) -> (Vec<GroupMembers>, bool) {
+        let mut groups: Vec<&Group> = self.groups.values().collect();
+        let more = groups.len() > limit;
+        if more {
+            groups.select_nth_unstable_by(limit, |a, b| a.key.cmp(&b.key));
+            groups.truncate(limit);
+        }
+        groups.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let out = groups
+            .into_iter()
+            .map(|g| GroupMembers {
+                key: Arc::clone(&g.key),
+                sessions: g.members.iter().map(|m| Arc::clone(&m.session)).collect(),
+            })
+            .collect();
+        (out, more)
     }
 
     /// Adds `member` to the group `key` (= `$share/{group}/{inner}`), or replaces its options

@@ -120,6 +120,23 @@ pub const SESSIONS_BACKLOGGED: &str = "postbox_sessions_backlogged";
 pub const SESSION_BACKLOG_MAX: &str = "postbox_session_backlog_max";
 /// Gauge: age in seconds of the oldest queued message of any session.
 pub const SESSION_BACKLOG_OLDEST_SECONDS: &str = "postbox_session_backlog_oldest_seconds";
+/// Gauge: payload bytes of the messages waiting in session queues, all sessions; computed at
+/// scrape.
+pub const MESSAGES_QUEUED_BYTES: &str = "postbox_messages_queued_bytes";
+/// Gauge: shared-subscription groups (`$share/{group}/{filter}`) existing now.
+pub const SHARED_GROUPS: &str = "postbox_shared_groups";
+/// Gauge: memberships of shared groups, all groups, connected or not.
+pub const SHARED_GROUP_MEMBERS: &str = "postbox_shared_group_members";
+/// Gauge: memberships of shared groups whose session is connected now.
+pub const SHARED_GROUP_MEMBERS_CONNECTED: &str = "postbox_shared_group_members_connected";
+/// Gauge: messages queued for shared groups (across their members), all groups.
+pub const SHARED_MESSAGES_QUEUED: &str = "postbox_shared_messages_queued";
+/// Gauge: the largest backlog of any shared group, in messages.
+pub const SHARED_GROUP_BACKLOG_MAX: &str = "postbox_shared_group_backlog_max";
+/// Gauge: age in seconds of the oldest message queued for any shared group.
+pub const SHARED_GROUP_BACKLOG_OLDEST_SECONDS: &str = "postbox_shared_group_backlog_oldest_seconds";
+/// Gauge: shared groups holding a backlog with no member connected (nobody takes it now).
+pub const SHARED_GROUPS_UNSERVED: &str = "postbox_shared_groups_unserved";
 /// Gauge: `storage.max_disk_bytes` (0 = unlimited).
 pub const STORE_BUDGET_BYTES: &str = "postbox_store_budget_bytes";
 /// Gauge (label `listener`): notAfter, in Unix seconds, of each tls/wss listener's
@@ -176,7 +193,7 @@ pub const DEDUP_ENTRIES: &str = "postbox_dedup_entries";
 pub const DEDUP_EVICTED_TOTAL: &str = "postbox_dedup_evicted_total";
 
 /// Every metric name above, for docs and completeness tests.
-pub const ALL: [&str; 55] = [
+pub const ALL: [&str; 63] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -232,4 +249,12 @@ pub const ALL: [&str; 55] = [
     DEDUP_DUPLICATES_TOTAL,
     DEDUP_ENTRIES,
     DEDUP_EVICTED_TOTAL,
+    MESSAGES_QUEUED_BYTES,
+    SHARED_GROUPS,
+    SHARED_GROUP_MEMBERS,
+    SHARED_GROUP_MEMBERS_CONNECTED,
+    SHARED_MESSAGES_QUEUED,
+    SHARED_GROUP_BACKLOG_MAX,
+    SHARED_GROUP_BACKLOG_OLDEST_SECONDS,
+    SHARED_GROUPS_UNSERVED,
 ];

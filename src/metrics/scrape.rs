@@ -142,6 +142,74 @@ impl ClientCount {
     }
 }
 
+/// The shared-subscription groups in aggregate (no per-group labels: group names are chosen
+/// by clients), refreshed at each reading by the broker's backlog hook.
+#[derive(Clone, Debug)]
+pub struct SharedGroupFigures {
+    /// Groups existing now.
+    pub groups: Gauge,
+    /// Memberships, all groups.
+    pub members: Gauge,
+    /// Memberships whose session is connected.
+    pub members_connected: Gauge,
+    /// Messages queued for groups, all groups.
+    pub messages_queued: Gauge,
+    /// The largest group backlog, in messages.
+    pub backlog_max: Gauge,
+    /// Age of the oldest message queued for any group, seconds.
+    pub backlog_oldest_seconds: Gauge,
+    /// Groups with a backlog and no connected member.
+    pub unserved: Gauge,
+}
+
+impl SharedGroupFigures {
+    fn new() -> SharedGroupFigures {
+        use names::*;
+        SharedGroupFigures {
+            groups: gauge(
+                SHARED_GROUPS,
+                "Shared-subscription groups ($share/{group}/{filter}) existing now.",
+            ),
+            members: gauge(
+                SHARED_GROUP_MEMBERS,
+                "Memberships of shared groups, all groups, connected or not.",
+            ),
+            members_connected: gauge(
+                SHARED_GROUP_MEMBERS_CONNECTED,
+                "Memberships of shared groups whose session is connected now.",
+            ),
+            messages_queued: gauge(
+                SHARED_MESSAGES_QUEUED,
+                "Messages queued for shared groups across their members, all groups.",
+            ),
+            backlog_max: gauge(
+                SHARED_GROUP_BACKLOG_MAX,
+                "The largest backlog of any shared group, in messages.",
+            ),
+            backlog_oldest_seconds: gauge(
+                SHARED_GROUP_BACKLOG_OLDEST_SECONDS,
+                "Age of the oldest message queued for any shared group, seconds.",
+            ),
+            unserved: gauge(
+                SHARED_GROUPS_UNSERVED,
+                "Shared groups holding a backlog with no member connected.",
+            ),
+        }
+    }
+
+    fn collectors(&self) -> [&dyn Collector; 7] {
+        [
+            &self.groups.0,
+            &self.members.0,
+            &self.members_connected.0,
+            &self.messages_queued.0,
+            &self.backlog_max.0,
+            &self.backlog_oldest_seconds.0,
+            &self.unserved.0,
+        ]
+    }
+}
+
 /// The figures refreshed at each reading, handed to the hooks.
 #[derive(Clone, Debug)]
 pub struct ScrapeFigures {
@@ -149,6 +217,8 @@ pub struct ScrapeFigures {
     pub store: StoreMetrics,
     /// Messages waiting in session queues, all sessions.
     pub messages_queued: Gauge,
+    /// Payload bytes of the messages waiting in session queues, all sessions.
+    pub messages_queued_bytes: Gauge,
     /// Sessions with at least one queued message not yet sent.
     pub sessions_backlogged: Gauge,
     /// The largest queue of any session, in messages.
@@ -157,6 +227,8 @@ pub struct ScrapeFigures {
     pub session_backlog_oldest_seconds: Gauge,
     /// Most clients connected at once since start.
     pub clients_peak: Gauge,
+    /// The shared-subscription groups' members and backlog.
+    pub shared_groups: SharedGroupFigures,
     pub(super) clients: Arc<ClientCount>,
     /// `postbox_bridge_queued_*`, `postbox_bridge_oldest_queued_seconds`: one child per
     /// bridge, set by that bridge's hook.
@@ -188,6 +260,10 @@ impl ScrapeTime {
                     MESSAGES_QUEUED,
                     "Messages waiting in session queues, all sessions (Mosquitto's $SYS/broker/messages/stored).",
                 ),
+                messages_queued_bytes: gauge(
+                    MESSAGES_QUEUED_BYTES,
+                    "Payload bytes of the messages waiting in session queues, all sessions.",
+                ),
                 sessions_backlogged: gauge(
                     SESSIONS_BACKLOGGED,
                     "Sessions with at least one queued message not yet sent.",
@@ -204,6 +280,7 @@ impl ScrapeTime {
                     CLIENTS_PEAK,
                     "Most clients connected at once since start (Mosquitto's $SYS/broker/clients/maximum).",
                 ),
+                shared_groups: SharedGroupFigures::new(),
                 clients,
                 bridge_queues: super::bridge::BridgeQueueFamilies::new(),
             },
@@ -229,8 +306,9 @@ impl ScrapeTime {
     /// Every metric the collector reports.
     fn collectors(&self) -> impl Iterator<Item = &dyn Collector> {
         let f = &self.figures;
-        let gauges: [&dyn Collector; 5] = [
+        let gauges: [&dyn Collector; 6] = [
             &f.messages_queued.0,
+            &f.messages_queued_bytes.0,
             &f.sessions_backlogged.0,
             &f.session_backlog_max.0,
             &f.session_backlog_oldest_seconds.0,
@@ -239,6 +317,7 @@ impl ScrapeTime {
         gauges
             .into_iter()
             .chain(f.store.collectors())
+            .chain(f.shared_groups.collectors())
             .chain(f.bridge_queues.collectors())
     }
 }

@@ -16,6 +16,7 @@ mod common;
 mod acks;
 mod acl;
 mod admin;
+mod backlog_watch;
 mod binary;
 mod bridge;
 mod bridge_broker;
