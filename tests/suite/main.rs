@@ -45,6 +45,7 @@ mod metrics;
 mod mosquitto_clients;
 mod operations;
 mod partial_packets;
+mod poison;
 mod passwords;
 mod pending_connections;
 mod proxy_protocol;
