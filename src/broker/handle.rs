@@ -254,8 +254,7 @@ impl SessionHandle {
                 qos = delivery.qos as u8,
                 "poison message: sent max_deliveries times without acknowledgement, dead-lettered"
             );
-            self.broker.metrics.messages_dropped_max_deliveries[delivery.qos as usize]
-                .increment(1);
+            self.broker.metrics.messages_dropped_max_deliveries[delivery.qos as usize].increment(1);
             self.broker.dead_letter(
                 &delivery.message,
                 crate::guarantees::DeadReason::MaxDeliveries,

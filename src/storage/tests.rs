@@ -1875,7 +1875,11 @@ fn compaction_keeps_delivery_counts_and_dedup_keys() {
     assert!(
         matches!(
             rewritten.get(enqueue_at + 1),
-            Some(Op::CountDelivery { seq: 0, deliveries: 4, .. })
+            Some(Op::CountDelivery {
+                seq: 0,
+                deliveries: 4,
+                ..
+            })
         ),
         "{rewritten:?}"
     );
@@ -1897,7 +1901,11 @@ fn compaction_keeps_delivery_counts_and_dedup_keys() {
     commit(&store, ops);
     let deadline = Instant::now() + Duration::from_secs(20);
     while store.stats().compactions == 0 {
-        assert!(Instant::now() < deadline, "no compaction: {:?}", store.stats());
+        assert!(
+            Instant::now() < deadline,
+            "no compaction: {:?}",
+            store.stats()
+        );
         // Each commit past the threshold starts one (or collects the running one).
         commit(&store, vec![session("churn")]);
     }

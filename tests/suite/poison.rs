@@ -153,7 +153,11 @@ fn check_dead_letter(letter: &Publish) {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.to_string())
     };
-    assert_eq!(prop("reason").as_deref(), Some("max_deliveries"), "{letter:?}");
+    assert_eq!(
+        prop("reason").as_deref(),
+        Some("max_deliveries"),
+        "{letter:?}"
+    );
     assert_eq!(prop("client_id").as_deref(), Some(VICTIM), "{letter:?}");
 }
 
