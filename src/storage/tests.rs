@@ -1776,8 +1776,10 @@ fn deliveries_of(snap: &Snapshot, client: &str, seq: u64) -> u16 {
         .queue
         .iter()
         .find(|(s, _)| *s == seq)
-        .map(|(_, e)| e.deliveries)
-        .unwrap_or_else(|| panic!("entry {seq} of {client} missing"))
+        .map_or_else(
+            || panic!("entry {seq} of {client} missing"),
+            |(_, e)| e.deliveries,
+        )
 }
 
 /// Both new ops come back from the record format field for field, extremes included
