@@ -229,6 +229,9 @@ pub struct Metrics {
     pub messages_dropped_qos0_offline: Counter,
     /// Messages not sent because they exceed the client's Maximum Packet Size (v5), by QoS.
     pub messages_dropped_too_large: [Counter; 3],
+    /// Poison messages: QoS 1/2 deliveries given up after `mqtt.max_deliveries` sends
+    /// without an acknowledgement (and dead-lettered), by QoS.
+    pub messages_dropped_max_deliveries: [Counter; 3],
     /// PUBLISHes not routed because the broker was over its memory budget (QoS 1/2 refused,
     /// QoS 0 dropped), by QoS.
     pub messages_dropped_memory: [Counter; 3],
@@ -340,7 +343,7 @@ impl Metrics {
         );
         let dropped = r.counter_vec(
             MESSAGES_DROPPED_TOTAL,
-            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, memory, expired, denied, no_subscribers, schema_invalid) and QoS.",
+            "Messages dropped instead of delivered, by reason (queue_full, qos0_offline, too_large, max_deliveries, memory, expired, denied, no_subscribers, schema_invalid) and QoS.",
             &["reason", "qos"],
         );
         let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse; schema_invalid: a [[schema]] refused the payload) and QoS.", &["reason", "qos"]);
@@ -392,6 +395,7 @@ impl Metrics {
             messages_dropped_queue_full: by_qos(&dropped, "queue_full"),
             messages_dropped_qos0_offline: counter_of(&dropped, &["qos0_offline", "0"]),
             messages_dropped_too_large: by_qos(&dropped, "too_large"),
+            messages_dropped_max_deliveries: by_qos(&dropped, "max_deliveries"),
             messages_dropped_memory: by_qos(&dropped, "memory"),
             messages_dropped_expired: by_qos(&dropped, "expired"),
             messages_dropped_denied: by_qos(&dropped, "denied"),

@@ -43,6 +43,16 @@ pub enum Fill {
     },
 }
 
+/// What a resumed session sends again ([`SessionHandle::retransmit`]).
+#[derive(Debug)]
+pub struct Retransmit {
+    /// Unacknowledged PUBLISHes (DUP=1) and PUBRELs, in their original order.
+    pub resends: Vec<Resend>,
+    /// Write `resends` only once this is durable: the stored delivery counts (and poison
+    /// messages' removals). `None` when nothing was stored (`mqtt.max_deliveries` = 0).
+    pub gate: Option<Durable>,
+}
+
 /// An acknowledgement to send, and the commit it must wait for.
 #[derive(Debug)]
 pub struct Answer {
@@ -213,9 +223,70 @@ impl SessionHandle {
         purged
     }
 
-    /// Everything unacknowledged, to send again on a resumed session (MQTT-4.4.0-1).
+    /// Everything unacknowledged, to send again on a resumed session (MQTT-4.4.0-1), for a
+    /// driver that writes it at once (a link): [`SessionHandle::retransmit`] without its
+    /// commit (the new delivery counts are submitted all the same).
     pub fn retransmissions(&self) -> Vec<Resend> {
-        self.session.lock().resend()
+        self.retransmit().resends
+    }
+
+    /// Everything unacknowledged, to send again on a resumed session (MQTT-4.4.0-1), and
+    /// the commit to send it after. Each PUBLISH sent again counts one more delivery; with
+    /// `mqtt.max_deliveries` set, one already sent that many times is a poison message: it
+    /// leaves the in-flight window (the queue moves on), is dead-lettered (reason
+    /// `max_deliveries`) and counted, and a WARN line names it. The counts are stored, and
+    /// `gate` (their commit, after the removals and the dead letters) is what the resends
+    /// wait for, so a crash cannot send one more time than stored. Unconfigured (0), nothing
+    /// is stored and `gate` is `None`.
+    pub fn retransmit(&self) -> Retransmit {
+        let max_deliveries = self.max_deliveries();
+        let resent = self
+            .session
+            .lock()
+            .resend(&self.session.client_id, max_deliveries);
+        // With the session unlocked: the dead letters are routed (and submitted) before the
+        // removals in `ops`, so a crash between the two cannot lose both.
+        for (delivery, deliveries) in &resent.poisoned {
+            tracing::warn!(
+                client_id = %self.session.client_id,
+                topic = %delivery.message.topic,
+                deliveries,
+                qos = delivery.qos as u8,
+                "poison message: sent max_deliveries times without acknowledgement, dead-lettered"
+            );
+            self.broker.metrics.messages_dropped_max_deliveries[delivery.qos as usize].increment(1);
+            self.broker.dead_letter(
+                &delivery.message,
+                crate::guarantees::DeadReason::MaxDeliveries,
+                Some(&self.session.client_id),
+                None,
+            );
+        }
+        if !resent.poisoned.is_empty() {
+            // Window slots were freed: a driver already waiting fills them from the queue
+            // (a connection fills right after resending anyway).
+            self.session.wake();
+        }
+        Retransmit {
+            resends: resent.resends,
+            gate: self.broker.persist_awaited(resent.ops),
+        }
+    }
+
+    /// `mqtt.max_deliveries` for this session: 0 (unlimited) for a bridge's own session
+    /// (`$bridge/<name>`). A remote broker that keeps failing is an outage, not a poison
+    /// message: its messages wait for it, as the bridge's store-and-forward promises, rather
+    /// than being dead-lettered after a few reconnects.
+    fn max_deliveries(&self) -> u16 {
+        if self
+            .session
+            .client_id
+            .starts_with(crate::config::BRIDGE_SESSION_PREFIX)
+        {
+            0
+        } else {
+            self.broker.config().max_deliveries
+        }
     }
 
     /// PUBACK from the client: the QoS 1 message is done (it was unacknowledged until now,

@@ -55,7 +55,7 @@ use crate::metrics::Metrics;
 use crate::storage::{Durable, Op, StorageError, Store};
 pub use arrival_order::{ArrivalOrder, ArrivalWaker};
 pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
-pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, SessionHandle};
+pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, Retransmit, SessionHandle};
 pub use message::{Delivery, Message, SessionId};
 pub use queue_limits::SessionQueueLimits;
 use retained::RetainedIndex;

@@ -147,7 +147,10 @@ pub struct MqttConfig {
     /// Poison messages: a QoS 1/2 message sent this many times to a session that never
     /// acknowledged it (its client crashed or disconnected each time) is taken out of the
     /// session's in-flight window and dead-lettered (`max_deliveries`), so the queue moves on.
-    /// The count is stored with the session. 0 = unlimited (the MQTT default).
+    /// The count is stored with the session. 0 = unlimited (the MQTT default). A bridge's own
+    /// session (`$bridge/<name>`, [`crate::config::BRIDGE_SESSION_PREFIX`]) is exempt: a
+    /// remote that keeps failing is an outage, not a poison message; its messages wait for
+    /// it as the bridge's store-and-forward promises.
     pub max_deliveries: u16,
     /// Per-session bound on messages queued beyond the in-flight window; at least 1. For a
     /// connected session that is taking messages it is the high-water mark at which its

@@ -74,6 +74,7 @@ pub(super) fn take(m: &Metrics) -> MetricsSnapshot {
             .iter()
             .chain([&m.messages_dropped_qos0_offline])
             .chain(&m.messages_dropped_too_large)
+            .chain(&m.messages_dropped_max_deliveries)
             .chain(&m.messages_dropped_memory)
             .chain(&m.messages_dropped_expired)
             .chain(&m.messages_dropped_denied)

@@ -49,6 +49,7 @@ mod operations;
 mod partial_packets;
 mod passwords;
 mod pending_connections;
+mod poison;
 mod proxy_protocol;
 mod recovery;
 mod schema;

@@ -150,6 +150,21 @@ pub enum Resend {
     Release(u16),
 }
 
+/// What one [`SessionState::resend`] found on a resumed session.
+#[derive(Debug, Default)]
+pub struct Resent {
+    /// What to send again, in the original order.
+    pub resends: Vec<Resend>,
+    /// Poison messages: deliveries already sent `mqtt.max_deliveries` times without an
+    /// acknowledgement, taken out of flight, with that count. The caller dead-letters them,
+    /// with the session unlocked, before it submits `ops` (a crash between the two then
+    /// cannot lose both).
+    pub poisoned: Vec<(Delivery, u16)>,
+    /// Store ops: the poisoned entries' removals, then the new delivery counts
+    /// (`Op::CountDelivery`). Always empty with `max_deliveries` = 0.
+    pub ops: Vec<Op>,
+}
+
 /// The PUBREL to answer a PUBREC with.
 #[derive(Debug)]
 pub enum PubRecAnswer {
@@ -336,15 +351,46 @@ impl SessionState {
         })
     }
 
-    /// Everything unacknowledged, to send again on a resumed session, in send order.
-    pub(in crate::broker) fn resend(&self) -> Vec<Resend> {
-        self.inflight
-            .iter()
-            .map(|f| match f.stage {
-                OutboundStage::AwaitPubComp => Resend::Release(f.packet_id),
-                _ => Resend::Publish(f.delivery.clone(), f.packet_id),
-            })
-            .collect()
+    /// Everything unacknowledged, to send again on a resumed session, in send order; each
+    /// PUBLISH sent again counts one more delivery. With `max_deliveries` > 0, a PUBLISH
+    /// already sent that many times is not sent again but taken out of flight (its packet id
+    /// freed) as a poison message, and every new count is stored (`Op::CountDelivery`) so a
+    /// restart does not reset it. A PUBREL stage is never counted: the client has the
+    /// message. With 0 nothing is stored and nothing is given up on (MQTT-4.4.0-1).
+    pub(in crate::broker) fn resend(
+        &mut self,
+        client_id: &bytestring::ByteString,
+        max_deliveries: u16,
+    ) -> Resent {
+        let mut resent = Resent::default();
+        let mut counts = Vec::new();
+        self.inflight.retain_mut(|f| {
+            if f.stage == OutboundStage::AwaitPubComp {
+                resent.resends.push(Resend::Release(f.packet_id));
+                return true;
+            }
+            if max_deliveries > 0 && f.deliveries >= max_deliveries {
+                if let Some(seq) = f.delivery.seq {
+                    resent.ops.push(persist::remove_entry(client_id, seq));
+                }
+                resent.poisoned.push((f.delivery.clone(), f.deliveries));
+                return false;
+            }
+            f.deliveries = f.deliveries.saturating_add(1);
+            if let (true, Some(seq)) = (max_deliveries > 0, f.delivery.seq) {
+                counts.push(Op::CountDelivery {
+                    client_id: client_id.clone(),
+                    seq,
+                    deliveries: f.deliveries,
+                });
+            }
+            resent
+                .resends
+                .push(Resend::Publish(f.delivery.clone(), f.packet_id));
+            true
+        });
+        resent.ops.append(&mut counts);
+        resent
     }
 
     /// Allocates a packet id not used by any inflight message (MQTT-2.2.1-3).

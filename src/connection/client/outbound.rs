@@ -128,16 +128,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     }
 
     /// On a resumed session, resend every unacknowledged PUBLISH with DUP=1 and every
-    /// pending PUBREL, in their original order (MQTT-4.4.0-1, MQTT-3.3.1-1).
+    /// pending PUBREL, in their original order (MQTT-4.4.0-1, MQTT-3.3.1-1). With
+    /// `mqtt.max_deliveries` set, the session first gives up on poison messages and stores
+    /// the new delivery counts: the resends then wait for that commit (and everything after
+    /// them, in order), so a crash cannot deliver once more than counted.
     pub(super) fn retransmit_inflight(&mut self) {
-        for resend in self.session.retransmissions() {
+        let retransmit = self.session.retransmit();
+        let mut held = BytesMut::new();
+        let gated = retransmit.gate.is_some();
+        for resend in retransmit.resends {
+            let out = if gated { &mut held } else { &mut self.io.wbuf };
             match resend {
-                Resend::Release(packet_id) => self
-                    .io
-                    .queue(&Packet::PubRel(PubResponse::new(packet_id)), self.version),
+                Resend::Release(packet_id) => {
+                    let rel = Packet::PubRel(PubResponse::new(packet_id));
+                    if let Err(e) = crate::codec::encode(&rel, self.version, out) {
+                        tracing::warn!(packet = rel.name(), error = %e, "cannot encode packet");
+                    }
+                }
                 Resend::Publish(delivery, packet_id) => {
                     let written = encode_delivery(
-                        &mut self.io.wbuf,
+                        out,
                         self.version,
                         self.client_max_packet,
                         self.aliases_out.as_deref_mut(),
@@ -151,6 +161,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     }
                 }
             }
+        }
+        if gated {
+            // Even with nothing to resend: what the fill writes next waits behind it.
+            self.send_gated(retransmit.gate, Gated::Encoded(held.freeze()));
         }
     }
 
