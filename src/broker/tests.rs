@@ -400,3 +400,45 @@ fn perf_sanity_one_million_subscriptions() {
         );
     }
 }
+
+#[test]
+fn a_schema_check_on_a_topic_no_schema_covers_does_not_allocate() {
+    // `[[schema]]` costs a PUBLISH nothing but a walk over the filters when none matches.
+    use crate::config::{InvalidV3, SchemaAction, SchemaConfig};
+    use crate::guarantees::{SchemaRegistry, Verdict};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("order.json");
+    std::fs::write(&path, r#"{"type":"object","required":["id"]}"#).expect("write");
+    let entry = |id: &str, filter: &str| SchemaConfig {
+        id: id.to_owned(),
+        filter: filter.to_owned(),
+        file: path.clone(),
+        action: SchemaAction::Reject,
+        on_invalid_v3: InvalidV3::Ack,
+        default: false,
+    };
+    let registry = SchemaRegistry::load(&[
+        entry("order/v1", "orders/#"),
+        entry("order/v2", "orders/#"),
+        entry("reading", "sensors/+/reading"),
+        entry("all", "+/+/+/+/+/deep"),
+    ])
+    .expect("compiles");
+    for (topic, content_type) in [
+        ("fleet/device-7/telemetry", None),
+        ("sensors/x/state", Some("order/v1")),
+        ("$SYS/broker/uptime", None),
+        ("a/b/c/d/e/f", Some("reading")),
+    ] {
+        let mut verdict = None;
+        let payload = br#"not json at all"#;
+        let n = allocations_during(|| verdict = Some(registry.check(topic, content_type, payload)));
+        assert_eq!(n, 0, "{topic}");
+        assert!(matches!(verdict, Some(Verdict::Pass)));
+    }
+    // A covered topic does parse (and so allocate): the check is really made.
+    let n = allocations_during(|| {
+        let _ = registry.check("orders/1", None, br#"{"id":"a"}"#);
+    });
+    assert!(n > 0);
+}
