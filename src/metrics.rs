@@ -231,6 +231,15 @@ pub struct Metrics {
     /// Client PUBLISHes refused because a subscriber's queue was full and
     /// `mqtt.queue_overflow = "refuse"`, by QoS.
     pub messages_refused_queue_full: [Counter; 3],
+    /// Dead letters published, in [`DeadReason::ALL`] order (index with
+    /// `DeadReason::index`).
+    ///
+    /// [`DeadReason::ALL`]: crate::guarantees::DeadReason::ALL
+    pub dead_letters: [Counter; crate::guarantees::DeadReason::ALL.len()],
+    /// Dead letters not published because they were over `dead_letter.max_rate`.
+    pub dead_letters_dropped_rate: Counter,
+    /// Dead letters not published because the store (or a `refuse` queue) refused them.
+    pub dead_letters_dropped_refused: Counter,
     /// Connected sessions found stalled (full queue, no progress for `mqtt.stalled_after`):
     /// once per stall.
     pub session_stalls: Counter,
@@ -333,6 +342,16 @@ impl Metrics {
             &["reason", "qos"],
         );
         let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse) and QoS.", &["reason", "qos"]);
+        let dead_letters = r.counter_vec(
+            DEAD_LETTERS_TOTAL,
+            "Dead letters published ([dead_letter]), by the reason their message was dropped (queue_full, expired, too_large, schema_invalid, max_deliveries, rejected).",
+            &["reason"],
+        );
+        let dead_letters_dropped = r.counter_vec(
+            DEAD_LETTERS_DROPPED_TOTAL,
+            "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it).",
+            &["reason"],
+        );
         let authz = r.counter_vec(
             AUTHZ_DENIED_TOTAL,
             "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action.",
@@ -386,6 +405,10 @@ impl Metrics {
             messages_dropped_denied: by_qos(&dropped, "denied"),
             messages_dropped_no_subscribers: by_qos(&dropped, "no_subscribers"),
             messages_refused_queue_full: by_qos(&refused, "queue_full"),
+            dead_letters: crate::guarantees::DeadReason::ALL
+                .map(|reason| counter_of(&dead_letters, &[reason.as_str()])),
+            dead_letters_dropped_rate: counter_of(&dead_letters_dropped, &["rate"]),
+            dead_letters_dropped_refused: counter_of(&dead_letters_dropped, &["refused"]),
             session_stalls: r.counter(SESSION_STALLS_TOTAL, "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per stall)."),
             sessions_stalled: r.gauge(SESSIONS_STALLED, "Connected sessions stalled now: a full queue that took nothing off for mqtt.stalled_after; their overflow goes to mqtt.queue_overflow."),
             publishers_paused: r.gauge(PUBLISHERS_PAUSED, "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."),

@@ -83,6 +83,9 @@ pub struct Loss<'a> {
 pub struct DeadLetters {
     prefix: String,
     bucket: Option<Mutex<Bucket>>,
+    /// The last publisher looked up (session id → client id): a flood of drops from one
+    /// publisher walks the sessions once (`Broker::client_id_of`).
+    last_publisher: Mutex<Option<(crate::broker::SessionId, ByteString)>>,
 }
 
 /// A token bucket of `rate` per second, one second's worth as burst.
@@ -106,7 +109,22 @@ impl DeadLetters {
                     at: std::time::Instant::now(),
                 })
             }),
+            last_publisher: Mutex::new(None),
         }
+    }
+
+    /// The client id cached for session `id`, if it is the last one looked up.
+    pub fn cached_publisher(&self, id: crate::broker::SessionId) -> Option<ByteString> {
+        match &*self.last_publisher.lock() {
+            Some((cached, client_id)) if *cached == id => Some(client_id.clone()),
+            _ => None,
+        }
+    }
+
+    /// Remembers `client_id` as session `id`'s (session ids are never reused, so the entry
+    /// cannot go stale; it is only replaced by the next publisher's).
+    pub fn cache_publisher(&self, id: crate::broker::SessionId, client_id: ByteString) {
+        *self.last_publisher.lock() = Some((id, client_id));
     }
 
     /// The topic prefix of dead letters.
