@@ -591,6 +591,9 @@ struct RemoteSink<'a> {
     keep_retain: bool,
     tokens: usize,
     taken: usize,
+    /// Why the last refused delivery was dropped (`DeliverySink::refusal`): only one too
+    /// large for the remote is a dead letter.
+    refused_as: Option<crate::guarantees::DeadReason>,
 }
 
 impl<'a> RemoteSink<'a> {
@@ -606,6 +609,7 @@ impl<'a> RemoteSink<'a> {
         tokens: f64,
     ) -> RemoteSink<'a> {
         RemoteSink {
+            refused_as: None,
             out,
             rules,
             status,
@@ -624,8 +628,13 @@ impl DeliverySink for RemoteSink<'_> {
         self.out.len() < WRITE_HIGH_WATER && self.taken < self.tokens
     }
 
+    fn refusal(&self) -> Option<crate::guarantees::DeadReason> {
+        self.refused_as
+    }
+
     fn write(&mut self, d: &Delivery, packet_id: u16, dup: bool, _after_commit: bool) -> bool {
         self.taken += 1;
+        self.refused_as = None;
         let message = &d.message;
         let v5 = self.version == ProtocolVersion::V5;
         let Some(name) = self.rules.outgoing(&message.topic) else {
@@ -664,6 +673,7 @@ impl DeliverySink for RemoteSink<'_> {
         if encoded.is_err() || self.out.len() - start > self.limits.max_packet_size {
             self.out.truncate(start);
             self.status.dropped(Flow::Out, "too_large");
+            self.refused_as = Some(crate::guarantees::DeadReason::TooLarge);
             return false;
         }
         if d.qos == QoS::AtMostOnce {

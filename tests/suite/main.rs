@@ -27,6 +27,7 @@ mod config_files;
 mod connection_limits;
 mod core_v311;
 mod core_v5;
+mod dead_letters;
 mod crash;
 mod deploy_checks;
 mod deploy_files;

@@ -122,6 +122,13 @@ pub trait DeliverySink {
     /// (larger than the peer accepts): the session then forgets it.
     fn write(&mut self, delivery: &Delivery, packet_id: u16, dup: bool, after_commit: bool)
         -> bool;
+
+    /// Why the last delivery [`DeliverySink::write`] refused was dropped, for its dead letter:
+    /// too large for the peer unless the sink says otherwise; `None` for a drop that loses
+    /// nothing anyone expected (a bridge cutting a loop, or whose rules no longer match).
+    fn refusal(&self) -> Option<crate::guarantees::DeadReason> {
+        Some(crate::guarantees::DeadReason::TooLarge)
+    }
 }
 
 /// What one [`SessionState::fill`] did.
@@ -223,9 +230,9 @@ impl SessionState {
                 if let Some(seq) = delivery.seq {
                     filled.ops.push(persist::remove_entry(client_id, seq));
                 }
-                filled
-                    .dead
-                    .push((delivery, crate::guarantees::DeadReason::TooLarge));
+                if let Some(reason) = sink.refusal() {
+                    filled.dead.push((delivery, reason));
+                }
                 continue;
             }
             filled.gated |= after_commit;
@@ -242,9 +249,8 @@ impl SessionState {
         filled
     }
 
-    /// PUBACK (QoS 1) or PUBCOMP (QoS 2, after our PUBREL): the message is done and its
-    /// packet id is free again. Returns the removal of its stored entry, if it had one. An
-    /// unknown id is ignored (`Ok(None)`). PUBREC is [`SessionState::on_pubrec`]'s.
+    /// [`SessionState::finish`] returning the removal of the stored entry, if it had one (for
+    /// the unit tests). PUBREC is [`SessionState::on_pubrec`]'s.
     ///
     /// # Errors
     ///
@@ -263,12 +269,15 @@ impl SessionState {
             .map(|seq| persist::remove_entry(client_id, seq)))
     }
 
-    /// [`SessionState::complete`] handing back the finished delivery (a refusing PUBACK's
-    /// message becomes a dead letter); the caller removes its stored entry.
+    /// PUBACK (QoS 1) or PUBCOMP (QoS 2, after our PUBREL): the delivery is done and its
+    /// packet id free again. Hands back the finished delivery (a refusing PUBACK's message
+    /// becomes a dead letter); the caller removes its stored entry. An unknown id is ignored
+    /// (`Ok(None)`).
     ///
     /// # Errors
     ///
-    /// As [`SessionState::complete`].
+    /// [`AckMismatch`] when the delivery with this id waits for another acknowledgement; it
+    /// stays in flight.
     pub(in crate::broker) fn finish(
         &mut self,
         packet_id: u16,
