@@ -453,14 +453,11 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     async fn on_remote_publish(&mut self, mut publish: Publish) -> Result<(), RemoteError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let v5 = self.io.version() == ProtocolVersion::V5;
-        let local = self
-            .rules
-            .incoming(&publish.topic)
-            .filter(|t| {
-                topic::topic_name_error(t).is_none()
-                    && !topic::is_sys(t)
-                    && !self.link.handle().broker().is_dead_letter_topic(t)
-            });
+        let local = self.rules.incoming(&publish.topic).filter(|t| {
+            topic::topic_name_error(t).is_none()
+                && !topic::is_sys(t)
+                && !self.link.handle().broker().is_dead_letter_topic(t)
+        });
         let hops = hops_of(&publish.properties);
         let verdict = match local {
             None => Err("topic"),

@@ -353,7 +353,8 @@ impl Link {
             QoS::ExactlyOnce => {
                 if let Some(answer) = self
                     .handle
-                    .on_pubrec(delivery.packet_id, crate::codec::ReasonCode::SUCCESS)? {
+                    .on_pubrec(delivery.packet_id, crate::codec::ReasonCode::SUCCESS)?
+                {
                     if let Some(gate) = answer.gate {
                         gate.await?;
                     }

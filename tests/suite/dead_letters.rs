@@ -80,7 +80,11 @@ fn assert_letter(
     assert_eq!(&p.payload[..], payload, "{p:?}");
     assert_eq!(user(p, "reason"), [reason], "{p:?}");
     assert_eq!(user(p, "client_id"), [client_id], "{p:?}");
-    assert_eq!(user(p, "publisher"), publisher.into_iter().collect::<Vec<_>>(), "{p:?}");
+    assert_eq!(
+        user(p, "publisher"),
+        publisher.into_iter().collect::<Vec<_>>(),
+        "{p:?}"
+    );
     let time = user(p, "time");
     assert_eq!(time.len(), 1, "{p:?}");
     let at = humantime::parse_rfc3339(time[0]).expect("time is RFC 3339");
@@ -180,7 +184,14 @@ async fn too_large_for_the_client_is_dead_lettered() {
     publish(&mut p, "big/1", b"fits", 2).await;
     assert_eq!(&v5::receive(&mut small).await.payload[..], b"fits");
     let letter = next_letter(&mut dlq).await;
-    assert_letter(&letter, "big/1", "too_large", "small", Some("pub-big"), &[b'x'; 300]);
+    assert_letter(
+        &letter,
+        "big/1",
+        "too_large",
+        "small",
+        Some("pub-big"),
+        &[b'x'; 300],
+    );
     v5::expect_silence(&mut dlq, QUIET).await;
 }
 
@@ -203,7 +214,14 @@ async fn too_large_retransmission_is_dead_lettered_and_let_go() {
     connect.properties.maximum_packet_size = Some(128);
     let (mut sub, _) = v5::connect(server.mqtt_addr, connect).await;
     let letter = next_letter(&mut dlq).await;
-    assert_letter(&letter, "rt/1", "too_large", "shrinks", Some("pub-rt"), &[b'y'; 300]);
+    assert_letter(
+        &letter,
+        "rt/1",
+        "too_large",
+        "shrinks",
+        Some("pub-rt"),
+        &[b'y'; 300],
+    );
     // Out of flight: with Receive Maximum 1, the next message gets through.
     publish(&mut p, "rt/1", b"next", 2).await;
     assert_eq!(&v5::receive(&mut sub).await.payload[..], b"next");
@@ -225,7 +243,14 @@ async fn puback_with_a_failure_code_is_dead_lettered() {
     ack.reason_code = ReasonCode(0x80);
     sub.send(&Packet::PubAck(ack)).await;
     let letter = next_letter(&mut dlq).await;
-    assert_letter(&letter, "r/1", "rejected", "refuser", Some("pub-rej"), b"unwanted");
+    assert_letter(
+        &letter,
+        "r/1",
+        "rejected",
+        "refuser",
+        Some("pub-rej"),
+        b"unwanted",
+    );
     assert_eq!(user(&letter, "reason_code"), ["0x80"]);
     v5::expect_silence(&mut dlq, QUIET).await;
     // A successful PUBACK is no dead letter.
@@ -252,7 +277,14 @@ async fn pubrec_with_a_failure_code_is_dead_lettered() {
     rec.reason_code = ReasonCode::NOT_AUTHORIZED;
     sub.send(&Packet::PubRec(rec)).await;
     let letter = next_letter(&mut dlq).await;
-    assert_letter(&letter, "r2/1", "rejected", "refuser2", Some("pub-rej2"), b"nope");
+    assert_letter(
+        &letter,
+        "r2/1",
+        "rejected",
+        "refuser2",
+        Some("pub-rej2"),
+        b"nope",
+    );
     assert_eq!(user(&letter, "reason_code"), ["0x87"]);
     v5::expect_silence(&mut sub, QUIET).await; // no PUBREL
 }
@@ -273,7 +305,14 @@ async fn a_dropped_dead_letter_is_not_dead_lettered_again() {
     assert_eq!(dead_count(&server, DeadReason::QueueFull), 2);
     let (mut dlq, _) = v5::connect(server.mqtt_addr, v5::persistent_connect("dlq-off", 3600)).await;
     let letter = next_letter(&mut dlq).await;
-    assert_letter(&letter, "q/z", "queue_full", "slow", Some("pub-twice"), b"2");
+    assert_letter(
+        &letter,
+        "q/z",
+        "queue_full",
+        "slow",
+        Some("pub-twice"),
+        b"2",
+    );
     v5::expect_silence(&mut dlq, QUIET).await;
     assert_eq!(dead_count(&server, DeadReason::QueueFull), 2);
 }
@@ -293,7 +332,11 @@ async fn the_rate_bound_counts_the_excess() {
     }
     let published = dead_count(&server, DeadReason::QueueFull);
     let dropped = server.broker.metrics.dead_letters_dropped_rate.get();
-    assert_eq!(published + dropped, 10, "every loss is published or counted");
+    assert_eq!(
+        published + dropped,
+        10,
+        "every loss is published or counted"
+    );
     assert!(dropped >= 5, "published {published}, dropped {dropped}");
     for _ in 0..published {
         let letter = next_letter(&mut dlq).await;
@@ -335,7 +378,8 @@ async fn clients_cannot_publish_dead_letters() {
         publish(&mut c, "$dlq/q/x", b"forged", 1).await,
         ReasonCode::NOT_AUTHORIZED
     );
-    let mut old = RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "forger3", true).await;
+    let mut old =
+        RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "forger3", true).await;
     old.send(&Packet::Publish(v5::publish_packet(
         "$dlq/q/x",
         QoS::AtLeastOnce,
@@ -357,13 +401,17 @@ async fn clients_cannot_publish_dead_letters() {
     });
     let (w, _) = v5::connect(server.mqtt_addr, connect).await;
     drop(w); // abnormal close: the will is due at once
-    // The will's refusal is counted when the broker sees the close: wait for it (bounded).
+             // The will's refusal is counted when the broker sees the close: wait for it (bounded).
     let denied = &server.broker.metrics.authz_denied[1];
     let deadline = tokio::time::Instant::now() + WAIT;
     while denied.get() < 3 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(denied.get(), 3, "the v5, 3.x and will publishes were refused");
+    assert_eq!(
+        denied.get(),
+        3,
+        "the v5, 3.x and will publishes were refused"
+    );
     v5::expect_silence(&mut dlq, QUIET).await;
 }
 
