@@ -204,7 +204,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     }
 
     /// Lets go of a re-sent message the bridge can no longer forward. Not dead-lettered
-    /// here: mostly its rules changed or a loop was cut (max_hops), which lose nothing.
+    /// here: mostly its rules changed or a loop was cut (`max_hops`), which lose nothing.
     fn forget(&mut self, packet_id: u16) {
         self.link.handle().discard(packet_id, None);
     }

@@ -363,7 +363,13 @@ async fn an_unread_dead_letter_is_not_a_no_subscribers_drop() {
     publish(&mut p, "q/n", b"2", 2).await;
     assert_eq!(dead_count(&server, DeadReason::QueueFull), 1);
     let no_subscribers = &server.broker.metrics.messages_dropped_no_subscribers;
-    assert_eq!(no_subscribers.iter().map(|c| c.get()).sum::<u64>(), 0);
+    assert_eq!(
+        no_subscribers
+            .iter()
+            .map(postbox::metrics::Counter::get)
+            .sum::<u64>(),
+        0
+    );
 }
 
 /// Issue 16: `$dlq/` is reserved like `$SYS`: a v5 PUBLISH there is refused with 0x87 Not
