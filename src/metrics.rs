@@ -245,6 +245,15 @@ pub struct Metrics {
     /// PUBLISHes whose payload broke a `[[schema]]` and that were refused (v5 0x99, or a 3.x
     /// publisher disconnected under `on_invalid_v3 = "disconnect"`), by QoS.
     pub messages_refused_schema_invalid: [Counter; 3],
+    /// Dead letters published, in [`DeadReason::ALL`] order (index with
+    /// `DeadReason::index`).
+    ///
+    /// [`DeadReason::ALL`]: crate::guarantees::DeadReason::ALL
+    pub dead_letters: [Counter; crate::guarantees::DeadReason::ALL.len()],
+    /// Dead letters not published because they were over `dead_letter.max_rate`.
+    pub dead_letters_dropped_rate: Counter,
+    /// Dead letters not published because the store (or a `refuse` queue) refused them.
+    pub dead_letters_dropped_refused: Counter,
     /// Connected sessions found stalled (full queue, no progress for `mqtt.stalled_after`):
     /// once per stall.
     pub session_stalls: Counter,
@@ -347,6 +356,16 @@ impl Metrics {
             &["reason", "qos"],
         );
         let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse; schema_invalid: a [[schema]] refused the payload) and QoS.", &["reason", "qos"]);
+        let dead_letters = r.counter_vec(
+            DEAD_LETTERS_TOTAL,
+            "Dead letters published ([dead_letter]), by the reason their message was dropped (queue_full, expired, too_large, schema_invalid, max_deliveries, rejected).",
+            &["reason"],
+        );
+        let dead_letters_dropped = r.counter_vec(
+            DEAD_LETTERS_DROPPED_TOTAL,
+            "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it).",
+            &["reason"],
+        );
         let authz = r.counter_vec(
             AUTHZ_DENIED_TOTAL,
             "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action.",
@@ -403,6 +422,10 @@ impl Metrics {
             messages_refused_queue_full: by_qos(&refused, "queue_full"),
             messages_dropped_schema_invalid: by_qos(&dropped, "schema_invalid"),
             messages_refused_schema_invalid: by_qos(&refused, "schema_invalid"),
+            dead_letters: crate::guarantees::DeadReason::ALL
+                .map(|reason| counter_of(&dead_letters, &[reason.as_str()])),
+            dead_letters_dropped_rate: counter_of(&dead_letters_dropped, &["rate"]),
+            dead_letters_dropped_refused: counter_of(&dead_letters_dropped, &["refused"]),
             session_stalls: r.counter(SESSION_STALLS_TOTAL, "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per stall)."),
             sessions_stalled: r.gauge(SESSIONS_STALLED, "Connected sessions stalled now: a full queue that took nothing off for mqtt.stalled_after; their overflow goes to mqtt.queue_overflow."),
             publishers_paused: r.gauge(PUBLISHERS_PAUSED, "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."),

@@ -190,7 +190,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     if !sent {
                         // Not forwardable any more (its rule is gone, too many hops, too
                         // large): the session lets it go, as a fill would.
-                        self.forget(delivery.qos, packet_id);
+                        self.forget(packet_id);
                     }
                 }
                 Resend::Release(packet_id) => {
@@ -203,15 +203,10 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         Ok(())
     }
 
-    fn forget(&mut self, qos: QoS, packet_id: u16) {
-        let handle = self.link.handle();
-        let result = match qos {
-            QoS::ExactlyOnce => handle.on_pubrec(packet_id, true).map(|_| ()),
-            _ => handle.on_puback(packet_id),
-        };
-        if let Err(mismatch) = result {
-            tracing::warn!(bridge = %self.config.name, %mismatch, "bridge: could not let go of an unforwardable message");
-        }
+    /// Lets go of a re-sent message the bridge can no longer forward. Not dead-lettered
+    /// here: mostly its rules changed or a loop was cut (`max_hops`), which lose nothing.
+    fn forget(&mut self, packet_id: u16) {
+        self.link.handle().discard(packet_id, None);
     }
 
     fn sink(&mut self) -> RemoteSink<'_> {
@@ -389,14 +384,14 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         match packet {
             Packet::PubAck(ack) => {
                 handle
-                    .on_puback(ack.packet_id)
+                    .on_puback(ack.packet_id, ack.reason_code)
                     .map_err(|m| RemoteError::Protocol(m.to_string()))?;
                 self.count_outcome(ack.reason_code);
             }
             Packet::PubRec(rec) => {
                 let refused = rec.reason_code.0 >= 0x80;
                 let answer = handle
-                    .on_pubrec(rec.packet_id, refused)
+                    .on_pubrec(rec.packet_id, rec.reason_code)
                     .map_err(|m| RemoteError::Protocol(m.to_string()))?;
                 if refused {
                     self.count_outcome(rec.reason_code);
@@ -458,10 +453,11 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     async fn on_remote_publish(&mut self, mut publish: Publish) -> Result<(), RemoteError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let v5 = self.io.version() == ProtocolVersion::V5;
-        let local = self
-            .rules
-            .incoming(&publish.topic)
-            .filter(|t| topic::topic_name_error(t).is_none() && !topic::is_sys(t));
+        let local = self.rules.incoming(&publish.topic).filter(|t| {
+            topic::topic_name_error(t).is_none()
+                && !topic::is_sys(t)
+                && !self.link.handle().broker().is_dead_letter_topic(t)
+        });
         let hops = hops_of(&publish.properties);
         let verdict = match local {
             None => Err("topic"),
@@ -604,6 +600,9 @@ struct RemoteSink<'a> {
     keep_retain: bool,
     tokens: usize,
     taken: usize,
+    /// Why the last refused delivery was dropped (`DeliverySink::refusal`): only one too
+    /// large for the remote is a dead letter.
+    refused_as: Option<crate::guarantees::DeadReason>,
 }
 
 impl<'a> RemoteSink<'a> {
@@ -619,6 +618,7 @@ impl<'a> RemoteSink<'a> {
         tokens: f64,
     ) -> RemoteSink<'a> {
         RemoteSink {
+            refused_as: None,
             out,
             rules,
             status,
@@ -637,8 +637,13 @@ impl DeliverySink for RemoteSink<'_> {
         self.out.len() < WRITE_HIGH_WATER && self.taken < self.tokens
     }
 
+    fn refusal(&self) -> Option<crate::guarantees::DeadReason> {
+        self.refused_as
+    }
+
     fn write(&mut self, d: &Delivery, packet_id: u16, dup: bool, _after_commit: bool) -> bool {
         self.taken += 1;
+        self.refused_as = None;
         let message = &d.message;
         let v5 = self.version == ProtocolVersion::V5;
         let Some(name) = self.rules.outgoing(&message.topic) else {
@@ -677,6 +682,7 @@ impl DeliverySink for RemoteSink<'_> {
         if encoded.is_err() || self.out.len() - start > self.limits.max_packet_size {
             self.out.truncate(start);
             self.status.dropped(Flow::Out, "too_large");
+            self.refused_as = Some(crate::guarantees::DeadReason::TooLarge);
             return false;
         }
         if d.qos == QoS::AtMostOnce {

@@ -9,10 +9,11 @@ use std::time::SystemTime;
 
 use bytestring::ByteString;
 
-use super::{Broker, Message, PublishRefused, SessionId};
+use super::session::Victims;
+use super::{Broker, EnqueueOutcome, Message, PublishRefused, SessionId};
 use crate::codec::ReasonCode;
 use crate::guarantees::dead_letter::Loss;
-use crate::guarantees::{DeadReason, Dedup, DedupCheck, Guarantees, Verdict};
+use crate::guarantees::{DeadLetters, DeadReason, Dedup, DedupCheck, Guarantees, Verdict};
 use crate::storage::{Durable, Op};
 
 /// What [`Broker::gate_publish`] decided for one PUBLISH.
@@ -121,6 +122,19 @@ impl Broker {
             .map(|(_, key)| key)
     }
 
+    /// The dead-letter prefix in force, when dead letters are on.
+    pub fn dead_letters(&self) -> Option<&DeadLetters> {
+        self.guarantees()?.dead_letters.as_ref()
+    }
+
+    /// True for a topic under the dead-letter prefix: reserved like `$SYS`, so no client,
+    /// will or bridge publishes there (a dead letter is the broker's word), and a dead letter
+    /// is never dead-lettered again. One `OnceLock` read and a prefix compare.
+    pub fn is_dead_letter_topic(&self, topic: &str) -> bool {
+        self.dead_letters()
+            .is_some_and(|letters| letters.is_dead_letter(topic))
+    }
+
     /// Publishes `message`'s dead letter, when dead letters are on, within their rate, and
     /// `message` is not a dead letter itself. Call with no session lock held (it routes).
     /// Returns the dead letter's commit (`None`: nothing to wait for).
@@ -131,14 +145,15 @@ impl Broker {
         client_id: Option<&ByteString>,
         reason_code: Option<ReasonCode>,
     ) -> Option<Durable> {
-        let letters = self.guarantees()?.dead_letters.as_ref()?;
+        let letters = self.dead_letters()?;
         if letters.is_dead_letter(&message.topic) {
             return None; // never dead-lettered again
         }
         if !letters.take() {
+            self.metrics.dead_letters_dropped_rate.increment(1);
             return None;
         }
-        let publisher = message.origin.and_then(|id| self.client_id_of(id));
+        let publisher = message.origin.and_then(|id| self.client_id_of(letters, id));
         let loss = Loss {
             message,
             reason,
@@ -148,22 +163,99 @@ impl Broker {
         };
         let letter = letters.build(&loss, SystemTime::now());
         match self.publish(Arc::new(letter), None) {
-            Ok(routed) => routed.durable,
+            Ok(routed) => {
+                self.metrics.dead_letters[reason.index()].increment(1);
+                routed.durable
+            }
             Err(error) => {
+                self.metrics.dead_letters_dropped_refused.increment(1);
                 tracing::warn!(%error, topic = %message.topic, reason = reason.as_str(), "dead letter refused");
                 None
             }
         }
     }
 
-    /// The client id of a live session by its id (dead letters' `publisher`): a walk of the
-    /// sessions, only ever on a drop, bounded by the dead-letter rate.
-    fn client_id_of(&self, id: SessionId) -> Option<ByteString> {
-        self.sessions
+    /// The client id of a session by its id (dead letters' `publisher`). A flood of drops
+    /// usually comes from one publisher: the last answer is kept (session ids are never
+    /// reused, so it cannot go stale), and only another publisher's message walks the
+    /// sessions, which happens at most `max_rate` times a second.
+    fn client_id_of(&self, letters: &DeadLetters, id: SessionId) -> Option<ByteString> {
+        if let Some(client_id) = letters.cached_publisher(id) {
+            return Some(client_id);
+        }
+        let client_id = self
+            .sessions
             .lock()
             .iter()
             .find(|s| s.id == id)
-            .map(|s| s.client_id.clone())
+            .map(|s| s.client_id.clone())?;
+        letters.cache_publisher(id, client_id.clone());
+        Some(client_id)
+    }
+}
+
+/// Messages lost to full queues while routing: noted under no lock by the router (an `Arc`
+/// and a client id each, only for an actual drop and only with dead letters on) and
+/// dead-lettered once no session lock is held ([`Broker::dead_letter_losses`]). Empty, it
+/// allocates nothing.
+#[derive(Debug, Default)]
+pub(super) struct QueueLosses {
+    /// Deliveries a drop-oldest admission pushed out: gone from the session already.
+    victims: Vec<(ByteString, Arc<Message>)>,
+    /// New deliveries a drop-new admission refused: lost only once the message is accepted.
+    refused: Vec<(ByteString, Arc<Message>)>,
+}
+
+impl QueueLosses {
+    /// Notes what admitting a delivery of `message` to `client_id`'s session lost: the
+    /// drop-oldest victims (taken out of `victims`), and `message` itself for a drop-new
+    /// refusal. A publisher refused under `queue_overflow = "refuse"` never gets here (it
+    /// was refused before routing: not a drop), nor does QoS 0 to an offline session without
+    /// `queue_qos0_messages` (not a drop reason).
+    pub(super) fn note(
+        &mut self,
+        broker: &Broker,
+        client_id: &ByteString,
+        outcome: EnqueueOutcome,
+        message: &Arc<Message>,
+        victims: &mut Victims,
+    ) {
+        let dropped_new = outcome == EnqueueOutcome::DroppedQueueFull;
+        if !dropped_new && victims.messages.is_empty() {
+            return;
+        }
+        if broker.dead_letters().is_none() {
+            victims.messages.clear();
+            return;
+        }
+        for victim in victims.messages.drain(..) {
+            self.victims.push((client_id.clone(), victim));
+        }
+        if dropped_new {
+            self.refused.push((client_id.clone(), Arc::clone(message)));
+        }
+    }
+
+    /// True when nothing is left to dead-letter (the common case: one branch).
+    pub(super) fn is_empty(&self) -> bool {
+        self.victims.is_empty() && self.refused.is_empty()
+    }
+
+    /// Publishes the victims' dead letters (no session lock held). Before the submit that
+    /// removes their stored entries: one log, in submit order, so a crash between the two
+    /// keeps the message somewhere.
+    pub(super) fn publish_victims(&mut self, broker: &Broker) {
+        for (client_id, message) in self.victims.drain(..) {
+            broker.dead_letter(&message, DeadReason::QueueFull, Some(&client_id), None);
+        }
+    }
+
+    /// Publishes every dead letter noted (no session lock held).
+    pub(super) fn publish_all(&mut self, broker: &Broker) {
+        self.publish_victims(broker);
+        for (client_id, message) in self.refused.drain(..) {
+            broker.dead_letter(&message, DeadReason::QueueFull, Some(&client_id), None);
+        }
     }
 }
 

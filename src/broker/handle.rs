@@ -290,14 +290,16 @@ impl SessionHandle {
     }
 
     /// PUBACK from the client: the QoS 1 message is done (it was unacknowledged until now,
-    /// MQTT-4.3.2-3). An unknown id is ignored.
+    /// MQTT-4.3.2-3). An unknown id is ignored. A v5 PUBACK with a reason code ≥ 0x80 means
+    /// the subscriber refused the message (v5 §3.4.2.1): it is published as a dead letter
+    /// (reason `rejected`, with the code), before its stored entry is removed.
     ///
     /// # Errors
     ///
     /// [`AckMismatch`] when the id is a QoS 2 delivery's (MQTT-4.3.3-8 asks for PUBREC,
     /// MQTT-4.3.3-11 for PUBCOMP): a Protocol Error; the session is unchanged.
-    pub fn on_puback(&self, packet_id: u16) -> Result<(), AckMismatch> {
-        self.complete(packet_id, OutboundAck::PubAck)
+    pub fn on_puback(&self, packet_id: u16, reason: ReasonCode) -> Result<(), AckMismatch> {
+        self.complete(packet_id, OutboundAck::PubAck, reason)
     }
 
     /// PUBCOMP from the client: the QoS 2 message is done and its id free (the PUBREL was
@@ -309,35 +311,92 @@ impl SessionHandle {
     /// for PUBREC (no PUBREL was sent for it to answer, MQTT-4.3.3-11): a Protocol Error; the
     /// session is unchanged.
     pub fn on_pubcomp(&self, packet_id: u16) -> Result<(), AckMismatch> {
-        self.complete(packet_id, OutboundAck::PubComp)
+        self.complete(packet_id, OutboundAck::PubComp, ReasonCode::SUCCESS)
     }
 
-    fn complete(&self, packet_id: u16, ack: OutboundAck) -> Result<(), AckMismatch> {
-        let op = self
-            .session
-            .lock()
-            .complete(&self.session.client_id, packet_id, ack)?;
-        if let Some(op) = op {
-            self.broker.persist(vec![op]);
+    fn complete(
+        &self,
+        packet_id: u16,
+        ack: OutboundAck,
+        reason: ReasonCode,
+    ) -> Result<(), AckMismatch> {
+        let done = self.session.lock().finish(packet_id, ack)?;
+        let Some(done) = done else {
+            return Ok(());
+        };
+        if reason.is_error() {
+            // Unlocked; before the removal below (one log, in submit order).
+            self.broker.dead_letter(
+                &done.delivery.message,
+                crate::guarantees::DeadReason::Rejected,
+                Some(&self.session.client_id),
+                Some(reason),
+            );
+        }
+        if let Some(seq) = done.delivery.seq {
+            self.broker.persist(vec![super::persist::remove_entry(
+                &self.session.client_id,
+                seq,
+            )]);
         }
         Ok(())
     }
 
+    /// Lets go of the message in flight under `packet_id` that cannot be sent again: a
+    /// retransmission larger than the resumed client's Maximum Packet Size (MQTT-3.1.2-25:
+    /// discarded, and the session behaves as if it were sent and completed), or one a bridge
+    /// can no longer forward. With `dead`, it is published as a dead letter first. An
+    /// unknown or already released id is ignored.
+    pub fn discard(&self, packet_id: u16, dead: Option<crate::guarantees::DeadReason>) {
+        let done = self.session.lock().discard_unacknowledged(packet_id);
+        let Some(done) = done else {
+            return;
+        };
+        if let Some(reason) = dead {
+            self.broker.dead_letter(
+                &done.delivery.message,
+                reason,
+                Some(&self.session.client_id),
+                None,
+            );
+        }
+        if let Some(seq) = done.delivery.seq {
+            self.broker.persist(vec![super::persist::remove_entry(
+                &self.session.client_id,
+                seq,
+            )]);
+        }
+    }
+
     /// PUBREC from the client. `Ok(None)`: the receiver refused the message (reason ≥ 0x80),
-    /// no PUBREL; otherwise the PUBREL to send (again, for a delivery already awaiting
-    /// PUBCOMP; 0x92 for an unknown id) and the commit it waits for.
+    /// no PUBREL, and the message is published as a dead letter (reason `rejected`, with the
+    /// code) before its stored entry is removed; otherwise the PUBREL to send (again, for a
+    /// delivery already awaiting PUBCOMP; 0x92 for an unknown id) and the commit it waits for.
     ///
     /// # Errors
     ///
     /// [`AckMismatch`] when the id is a QoS 1 delivery's (MQTT-4.3.2-4 asks for PUBACK): a
     /// Protocol Error; the session is unchanged.
-    pub fn on_pubrec(&self, packet_id: u16, refused: bool) -> Result<Option<Answer>, AckMismatch> {
-        let answer = self
-            .session
-            .lock()
-            .on_pubrec(&self.session.client_id, packet_id, refused)?;
+    pub fn on_pubrec(
+        &self,
+        packet_id: u16,
+        reason: ReasonCode,
+    ) -> Result<Option<Answer>, AckMismatch> {
+        let answer =
+            self.session
+                .lock()
+                .on_pubrec(&self.session.client_id, packet_id, reason.is_error())?;
         Ok(match answer {
-            PubRecAnswer::Refused { ops } => {
+            PubRecAnswer::Refused { ops, message } => {
+                if let Some(message) = message {
+                    // Unlocked; before the removal in `ops` (one log, in submit order).
+                    self.broker.dead_letter(
+                        &message,
+                        crate::guarantees::DeadReason::Rejected,
+                        Some(&self.session.client_id),
+                        Some(reason),
+                    );
+                }
                 self.broker.persist(ops);
                 None
             }

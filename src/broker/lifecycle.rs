@@ -192,10 +192,11 @@ impl Broker {
     /// it is published (as Mosquitto checks it: at publish time, so a reload in between
     /// counts); otherwise it is dropped and counted.
     pub fn publish_will(&self, session: &Session, will: LastWill) {
-        if topic::is_sys(&will.topic) {
-            // No client publishes under `$SYS`, not even through its will.
+        if topic::is_sys(&will.topic) || self.is_dead_letter_topic(&will.topic) {
+            // No client publishes under `$SYS` or the dead-letter prefix, not even through
+            // its will.
             self.count_denied(crate::auth::acl::Action::Write);
-            tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: $SYS topics are the broker's own");
+            tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: $SYS and dead-letter topics are the broker's own");
             return;
         }
         if let Some(authz) = self.authz() {

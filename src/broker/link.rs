@@ -347,9 +347,14 @@ impl Link {
     pub async fn ack(&mut self, delivery: &LinkDelivery) -> Result<(), LinkError> {
         match delivery.qos {
             QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.handle.on_puback(delivery.packet_id)?,
+            QoS::AtLeastOnce => self
+                .handle
+                .on_puback(delivery.packet_id, crate::codec::ReasonCode::SUCCESS)?,
             QoS::ExactlyOnce => {
-                if let Some(answer) = self.handle.on_pubrec(delivery.packet_id, false)? {
+                if let Some(answer) = self
+                    .handle
+                    .on_pubrec(delivery.packet_id, crate::codec::ReasonCode::SUCCESS)?
+                {
                     if let Some(gate) = answer.gate {
                         gate.await?;
                     }

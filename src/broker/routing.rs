@@ -9,6 +9,7 @@ use std::time::Instant;
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
+use super::guarantees::QueueLosses;
 use super::session::Victims;
 use super::{
     persist, Admission, Broker, Delivery, EnqueueOutcome, Message, PublishRefused, Routed, Session,
@@ -97,9 +98,14 @@ impl Broker {
         if let Some(refused) = self.refused_for_full_queue(&message, &targets, now_ms) {
             return Err(refused);
         }
-        if matched == 0 && message.qos != QoS::AtMostOnce && !message.retain {
+        if matched == 0
+            && message.qos != QoS::AtMostOnce
+            && !message.retain
+            && !self.is_dead_letter_topic(&message.topic)
+        {
             // Accepted, and nobody gets it (a retained message is kept for later
-            // subscribers; QoS 0 with nobody listening is normal and not counted).
+            // subscribers; QoS 0 with nobody listening is normal and not counted; nor is a
+            // dead letter nobody reads: its loss is counted as the dead letter itself).
             self.metrics.messages_dropped_no_subscribers[message.qos as usize].increment(1);
         }
         let persistence = self.store.is_some();
@@ -107,6 +113,7 @@ impl Broker {
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
         let mut ops = Vec::new();
+        let mut losses = QueueLosses::default();
         for target in targets {
             let delivery = Delivery {
                 message: Arc::clone(&message),
@@ -120,7 +127,7 @@ impl Broker {
             let limits = self.limits.of(&target.session.client_id);
             let admission = target.session.admit(delivery, &limits, persistence, now_ms);
             let session = &target.session;
-            let (outcome, victims) = match admission {
+            let (outcome, mut victims) = match admission {
                 Admission::Refused(outcome, victims) => (outcome, victims),
                 Admission::Pushed(outcome, victims) => {
                     persist::remove_victims(&mut ops, &session.client_id, &victims);
@@ -139,6 +146,7 @@ impl Broker {
             if self.count_enqueue(outcome, qos, &victims) {
                 queued += 1;
             }
+            losses.note(self, &session.client_id, outcome, &message, &mut victims);
             if outcome == EnqueueOutcome::QueuedOverBound && pressure.is_none() {
                 pressure = Some(Arc::clone(session));
             }
@@ -146,6 +154,9 @@ impl Broker {
         let Some(store) = self.store.as_ref() else {
             if message.retain {
                 self.store_retained(&message);
+            }
+            if !losses.is_empty() {
+                losses.publish_all(self); // nothing stored: no order to keep
             }
             return Ok(Routed {
                 queued,
@@ -171,9 +182,20 @@ impl Broker {
             });
         }
         ops.extend(extra);
+        if !losses.is_empty() {
+            // No session lock is held here. The victims' dead letters are submitted before
+            // `ops`, which remove the victims' stored entries (one log, in submit order: a
+            // crash between the two keeps the message somewhere). The refused new deliveries'
+            // wait for this message's own submit: refused by the store, it was not accepted,
+            // so nobody lost it.
+            losses.publish_victims(self);
+        }
         if ops.is_empty() {
             if message.retain {
                 self.store_retained(&message); // a `$SYS` value: memory only
+            }
+            if !losses.is_empty() {
+                losses.publish_all(self);
             }
             return Ok(Routed {
                 queued,
@@ -196,6 +218,9 @@ impl Broker {
         }
         for (session, delivery) in reserved {
             session.push_reserved(delivery, now_ms);
+        }
+        if !losses.is_empty() {
+            losses.publish_all(self);
         }
         Ok(Routed {
             queued,
@@ -467,13 +492,19 @@ impl Broker {
         }
         tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");
         let now_ms = self.coarse_ms();
+        let mut losses = QueueLosses::default();
         for (target, delivery) in moves {
             let qos = delivery.qos;
+            let message = Arc::clone(&delivery.message);
             let limits = self.limits.of(&target.client_id);
-            let (outcome, victims) = target.enqueue(delivery, &limits, now_ms);
+            let (outcome, mut victims) = target.enqueue(delivery, &limits, now_ms);
             persist::remove_victims(&mut removed, &target.client_id, &victims);
             self.count_enqueue(outcome, qos, &victims);
+            losses.note(self, &target.client_id, outcome, &message, &mut victims);
         }
+        // No session lock held. Before `removed`, which forgets the leaving session's stored
+        // entries of the moved messages and the victims' (one log, in submit order).
+        losses.publish_all(self);
         self.persist(removed);
     }
 }

@@ -83,6 +83,9 @@ pub struct Loss<'a> {
 pub struct DeadLetters {
     prefix: String,
     bucket: Option<Mutex<Bucket>>,
+    /// The last publisher looked up (session id → client id): a flood of drops from one
+    /// publisher walks the sessions once (`Broker::client_id_of`).
+    last_publisher: Mutex<Option<(crate::broker::SessionId, ByteString)>>,
 }
 
 /// A token bucket of `rate` per second, one second's worth as burst.
@@ -106,7 +109,22 @@ impl DeadLetters {
                     at: std::time::Instant::now(),
                 })
             }),
+            last_publisher: Mutex::new(None),
         }
+    }
+
+    /// The client id cached for session `id`, if it is the last one looked up.
+    pub fn cached_publisher(&self, id: crate::broker::SessionId) -> Option<ByteString> {
+        match &*self.last_publisher.lock() {
+            Some((cached, client_id)) if *cached == id => Some(client_id.clone()),
+            _ => None,
+        }
+    }
+
+    /// Remembers `client_id` as session `id`'s (session ids are never reused, so the entry
+    /// cannot go stale; it is only replaced by the next publisher's).
+    pub fn cache_publisher(&self, id: crate::broker::SessionId, client_id: ByteString) {
+        *self.last_publisher.lock() = Some((id, client_id));
     }
 
     /// The topic prefix of dead letters.
@@ -205,4 +223,115 @@ impl DeadLetters {
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn letters(max_rate: u32) -> DeadLetters {
+        DeadLetters::new(&DeadLetterConfig {
+            enabled: true,
+            prefix: "$dlq/".to_owned(),
+            max_rate,
+        })
+    }
+
+    fn user<'a>(m: &'a Message, key: &str) -> Vec<&'a str> {
+        m.properties()
+            .user_properties
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, v)| &**v)
+            .collect()
+    }
+
+    /// The dead letter: `<prefix><topic>`, QoS 1, not retained, the payload and the
+    /// original properties without Message Expiry, plus `reason`, `client_id`, `publisher`,
+    /// `time` (RFC 3339, UTC) and, for `rejected`, `reason_code`.
+    #[test]
+    fn build_carries_the_message_and_why_it_was_lost() {
+        let original = Message::from_publish(
+            Publish {
+                qos: QoS::ExactlyOnce,
+                retain: true,
+                topic: "a/b".into(),
+                packet_id: 9,
+                payload: bytes::Bytes::from_static(b"payload"),
+                properties: PublishProperties {
+                    message_expiry_interval: Some(30),
+                    content_type: Some("application/json".into()),
+                    response_topic: Some("reply/x".into()),
+                    correlation_data: Some(bytes::Bytes::from_static(b"c")),
+                    payload_format_indicator: Some(1),
+                    user_properties: vec![("k".into(), "v".into())],
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            Some(4),
+        );
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(1_764_676_800_123);
+        let letter = letters(0).build(
+            &Loss {
+                message: &original,
+                reason: DeadReason::Rejected,
+                client_id: Some("sub-1"),
+                publisher: Some("pub-1"),
+                reason_code: Some(ReasonCode(0x83)),
+            },
+            at,
+        );
+        assert_eq!(&*letter.topic, "$dlq/a/b");
+        assert_eq!(letter.qos, QoS::AtLeastOnce);
+        assert!(!letter.retain);
+        assert_eq!(&letter.payload[..], b"payload");
+        assert_eq!(letter.origin, None);
+        let p = letter.properties();
+        assert_eq!(p.message_expiry_interval, None);
+        assert_eq!(p.content_type.as_deref(), Some("application/json"));
+        assert_eq!(p.response_topic.as_deref(), Some("reply/x"));
+        assert_eq!(p.correlation_data.as_deref(), Some(&b"c"[..]));
+        assert_eq!(p.payload_format_indicator, Some(1));
+        assert_eq!(user(&letter, "k"), ["v"]);
+        assert_eq!(user(&letter, "reason"), ["rejected"]);
+        assert_eq!(user(&letter, "client_id"), ["sub-1"]);
+        assert_eq!(user(&letter, "publisher"), ["pub-1"]);
+        assert_eq!(user(&letter, "time"), ["2025-12-02T12:00:00.123Z"]);
+        assert_eq!(user(&letter, "reason_code"), ["0x83"]);
+        // Without a session, a publisher or a code, those properties are left out.
+        let bare = letters(0).build(
+            &Loss {
+                message: &original,
+                reason: DeadReason::SchemaInvalid,
+                client_id: None,
+                publisher: None,
+                reason_code: None,
+            },
+            at,
+        );
+        for key in ["client_id", "publisher", "reason_code"] {
+            assert!(user(&bare, key).is_empty(), "{key}");
+        }
+        assert_eq!(user(&bare, "reason"), ["schema_invalid"]);
+    }
+
+    /// `max_rate` gives one second's worth as burst, then refuses; 0 never refuses.
+    #[test]
+    fn the_rate_bound_allows_a_seconds_worth() {
+        let bounded = letters(3);
+        let taken = (0..10).filter(|_| bounded.take()).count();
+        assert!((3..=4).contains(&taken), "{taken}");
+        let unbounded = letters(0);
+        assert!((0..1000).all(|_| unbounded.take()));
+    }
+
+    /// Only topics under the prefix are dead letters.
+    #[test]
+    fn is_dead_letter_is_a_prefix_test() {
+        let l = letters(0);
+        assert!(l.is_dead_letter("$dlq/a"));
+        assert!(!l.is_dead_letter("dlq/a"));
+        assert!(!l.is_dead_letter("$dlqx"));
+    }
 }

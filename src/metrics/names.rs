@@ -23,6 +23,13 @@ pub const MESSAGES_DROPPED_TOTAL: &str = "postbox_messages_dropped_total";
 /// Counter (labels `reason`, `qos`): PUBLISHes refused (not acknowledged as accepted,
 /// the publisher keeps them) instead of being dropped for some subscriber.
 pub const MESSAGES_REFUSED_TOTAL: &str = "postbox_messages_refused_total";
+/// Counter (label `reason`: `queue_full`, `expired`, `too_large`, `schema_invalid`,
+/// `max_deliveries`, `rejected`): dead letters published (`[dead_letter]`), one per message
+/// dropped for that reason.
+pub const DEAD_LETTERS_TOTAL: &str = "postbox_dead_letters_total";
+/// Counter (label `reason`: `rate`, over `dead_letter.max_rate`; `refused`, the store refused
+/// it): dead letters not published, so the loss they stood for is only counted.
+pub const DEAD_LETTERS_DROPPED_TOTAL: &str = "postbox_dead_letters_dropped_total";
 /// Counter: connected sessions found stalled, once per stall.
 pub const SESSION_STALLS_TOTAL: &str = "postbox_session_stalls_total";
 /// Gauge: connected sessions stalled now (full queue, no progress for `stalled_after`).
@@ -193,7 +200,7 @@ pub const DEDUP_ENTRIES: &str = "postbox_dedup_entries";
 pub const DEDUP_EVICTED_TOTAL: &str = "postbox_dedup_evicted_total";
 
 /// Every metric name above, for docs and completeness tests.
-pub const ALL: [&str; 63] = [
+pub const ALL: [&str; 65] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -205,6 +212,8 @@ pub const ALL: [&str; 63] = [
     BYTES_SENT_TOTAL,
     MESSAGES_DROPPED_TOTAL,
     MESSAGES_REFUSED_TOTAL,
+    DEAD_LETTERS_TOTAL,
+    DEAD_LETTERS_DROPPED_TOTAL,
     SESSION_STALLS_TOTAL,
     SESSIONS_STALLED,
     PUBLISHERS_PAUSED,

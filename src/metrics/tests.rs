@@ -134,6 +134,8 @@ fn names_follow_prometheus_conventions() {
         names::CLIENT_CONNECTS_TOTAL,
         names::CONNACK_REFUSALS_TOTAL,
         names::SESSIONS_EXPIRED_TOTAL,
+        names::DEAD_LETTERS_TOTAL,
+        names::DEAD_LETTERS_DROPPED_TOTAL,
         names::BRIDGE_RECONNECTS_TOTAL,
         names::BRIDGE_FORWARDED_TOTAL,
         names::BRIDGE_DROPPED_TOTAL,

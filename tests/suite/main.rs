@@ -29,6 +29,7 @@ mod connection_limits;
 mod core_v311;
 mod core_v5;
 mod crash;
+mod dead_letters;
 mod dedup;
 mod deploy_checks;
 mod deploy_files;

@@ -115,6 +115,9 @@ pub struct Victims {
     pub dropped: [u64; 3],
     /// Stored queue positions among them.
     pub stored: SmallVec<[u64; 1]>,
+    /// The messages pushed out, for their dead letters (`queue_full`): an `Arc` clone each,
+    /// and inline for the usual one victim, so the publish path allocates nothing for it.
+    pub messages: SmallVec<[std::sync::Arc<super::Message>; 1]>,
     /// This admission found a connected session stalled that was not yet counted as stalled
     /// (counted as `session_stalls`, and in the stalled gauge until it makes progress).
     pub stall_began: bool,
@@ -422,6 +425,7 @@ impl Session {
                         outcome = EnqueueOutcome::QueuedDroppedOldest;
                         victims.dropped[old.qos as usize] += 1;
                         victims.stored.extend(old.seq);
+                        victims.messages.push(old.message);
                     }
                     None => break,
                 },

@@ -122,6 +122,13 @@ pub trait DeliverySink {
     /// (larger than the peer accepts): the session then forgets it.
     fn write(&mut self, delivery: &Delivery, packet_id: u16, dup: bool, after_commit: bool)
         -> bool;
+
+    /// Why the last delivery [`DeliverySink::write`] refused was dropped, for its dead letter:
+    /// too large for the peer unless the sink says otherwise; `None` for a drop that loses
+    /// nothing anyone expected (a bridge cutting a loop, or whose rules no longer match).
+    fn refusal(&self) -> Option<crate::guarantees::DeadReason> {
+        Some(crate::guarantees::DeadReason::TooLarge)
+    }
 }
 
 /// What one [`SessionState::fill`] did.
@@ -180,6 +187,8 @@ pub enum PubRecAnswer {
     Refused {
         /// Store op removing the finished delivery, if it was persisted.
         ops: Vec<Op>,
+        /// The refused message, for its dead letter (`None`: the id was unknown).
+        message: Option<std::sync::Arc<crate::broker::Message>>,
     },
 }
 
@@ -236,9 +245,9 @@ impl SessionState {
                 if let Some(seq) = delivery.seq {
                     filled.ops.push(persist::remove_entry(client_id, seq));
                 }
-                filled
-                    .dead
-                    .push((delivery, crate::guarantees::DeadReason::TooLarge));
+                if let Some(reason) = sink.refusal() {
+                    filled.dead.push((delivery, reason));
+                }
                 continue;
             }
             filled.gated |= after_commit;
@@ -255,20 +264,40 @@ impl SessionState {
         filled
     }
 
-    /// PUBACK (QoS 1) or PUBCOMP (QoS 2, after our PUBREL): the message is done and its
-    /// packet id is free again. Returns the removal of its stored entry, if it had one. An
-    /// unknown id is ignored (`Ok(None)`). PUBREC is [`SessionState::on_pubrec`]'s.
+    /// [`SessionState::finish`] returning the removal of the stored entry, if it had one (for
+    /// the unit tests). PUBREC is [`SessionState::on_pubrec`]'s.
     ///
     /// # Errors
     ///
     /// [`AckMismatch`] when the delivery with this id waits for another acknowledgement; it
     /// stays in flight.
+    #[cfg(test)]
     pub(in crate::broker) fn complete(
         &mut self,
         client_id: &bytestring::ByteString,
         packet_id: u16,
         ack: OutboundAck,
     ) -> Result<Option<Op>, AckMismatch> {
+        Ok(self
+            .finish(packet_id, ack)?
+            .and_then(|done| done.delivery.seq)
+            .map(|seq| persist::remove_entry(client_id, seq)))
+    }
+
+    /// PUBACK (QoS 1) or PUBCOMP (QoS 2, after our PUBREL): the delivery is done and its
+    /// packet id free again. Hands back the finished delivery (a refusing PUBACK's message
+    /// becomes a dead letter); the caller removes its stored entry. An unknown id is ignored
+    /// (`Ok(None)`).
+    ///
+    /// # Errors
+    ///
+    /// [`AckMismatch`] when the delivery with this id waits for another acknowledgement; it
+    /// stays in flight.
+    pub(in crate::broker) fn finish(
+        &mut self,
+        packet_id: u16,
+        ack: OutboundAck,
+    ) -> Result<Option<Inflight>, AckMismatch> {
         let Some((i, found)) = self.find_inflight(packet_id) else {
             return Ok(None);
         };
@@ -279,11 +308,18 @@ impl SessionState {
                 stage: found.stage,
             });
         }
-        Ok(self.inflight.remove(i).and_then(|done| {
-            done.delivery
-                .seq
-                .map(|seq| persist::remove_entry(client_id, seq))
-        }))
+        Ok(self.inflight.remove(i))
+    }
+
+    /// Takes out the delivery in flight under `packet_id` whose PUBLISH awaits its PUBACK or
+    /// PUBREC: it cannot be sent again (too large for the resumed connection, not forwardable
+    /// any more), so the session behaves as if it had completed (MQTT-3.1.2-25). `None` for an
+    /// unknown id or one already released (awaiting PUBCOMP).
+    pub(in crate::broker) fn discard_unacknowledged(&mut self, packet_id: u16) -> Option<Inflight> {
+        let (i, _) = self
+            .find_inflight(packet_id)
+            .filter(|(_, f)| f.stage != OutboundStage::AwaitPubComp)?;
+        self.inflight.remove(i)
     }
 
     /// PUBREC: the receiver has the message (MQTT-4.3.3-4). Its stage moves to awaiting
@@ -313,7 +349,12 @@ impl SessionState {
             Some((i, f)) if f.stage == OutboundStage::AwaitPubRec => (i, f.delivery.seq),
             // A refusing PUBREC ends the exchange whatever the id: no PUBREL (MQTT-4.3.3-4
             // only asks for one after a successful PUBREC).
-            _ if refused => return Ok(PubRecAnswer::Refused { ops: Vec::new() }),
+            _ if refused => {
+                return Ok(PubRecAnswer::Refused {
+                    ops: Vec::new(),
+                    message: None,
+                })
+            }
             // Already awaiting PUBCOMP: the PUBREL is due again, nothing changes.
             Some(_) => {
                 return Ok(PubRecAnswer::Release {
@@ -329,12 +370,12 @@ impl SessionState {
             }
         };
         if refused {
-            self.inflight.remove(i);
+            let message = self.inflight.remove(i).map(|done| done.delivery.message);
             let ops = seq
                 .map(|seq| persist::remove_entry(client_id, seq))
                 .into_iter()
                 .collect();
-            return Ok(PubRecAnswer::Refused { ops });
+            return Ok(PubRecAnswer::Refused { ops, message });
         }
         if let Some(entry) = self.inflight.get_mut(i) {
             entry.stage = OutboundStage::AwaitPubComp;
@@ -464,7 +505,7 @@ mod tests {
         let id = bytestring::ByteString::from("c");
         assert!(matches!(
             st.on_pubrec(&id, 7, true),
-            Ok(PubRecAnswer::Refused { ops }) if ops.is_empty()
+            Ok(PubRecAnswer::Refused { ops, message: None }) if ops.is_empty()
         ));
         assert!(matches!(
             st.on_pubrec(&id, 7, false),

@@ -59,9 +59,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         {
             return self.refuse_publish(qos, packet_id, Violation::PayloadFormatInvalid);
         }
-        if topic::is_sys(&publish.topic) {
-            // `$SYS` is the broker's own: no client publishes there, ACL or not (the file's
-            // rules cannot grant it either, `auth::acl`).
+        if topic::is_sys(&publish.topic)
+            || self.session.broker().is_dead_letter_topic(&publish.topic)
+        {
+            // `$SYS` and the dead-letter prefix (`$dlq/`) are the broker's own: no client
+            // publishes there, ACL or not (the file's rules cannot grant it either,
+            // `auth::acl`); a forged dead letter would pass for a lost message.
             return self.refuse_unauthorized(qos, packet_id);
         }
         // Disjoint borrows: the session handle (broker, session) and the memo.

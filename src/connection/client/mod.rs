@@ -535,7 +535,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             // 3.1.1 MQTT-4.8.0-1); one for an id with nothing in flight is ignored.
             Packet::PubAck(ack) => self
                 .session
-                .on_puback(ack.packet_id)
+                .on_puback(ack.packet_id, ack.reason_code)
                 .map_err(|mismatch| self.violation(Violation::AckMismatch(mismatch))),
             Packet::PubRec(rec) => self.on_pubrec(rec),
             Packet::PubComp(comp) => self

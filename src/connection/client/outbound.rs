@@ -158,6 +158,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     );
                     if written {
                         self.broker().metrics.messages_sent[delivery.qos as usize].increment(1);
+                    } else {
+                        // Larger than this connection's Maximum Packet Size (it may be smaller
+                        // than the last one's): discarded, and the session goes on as if it
+                        // were completed (MQTT-3.1.2-25), or it would stay in flight forever.
+                        self.session
+                            .discard(packet_id, Some(crate::guarantees::DeadReason::TooLarge));
                     }
                 }
             }
@@ -176,7 +182,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     pub(super) fn on_pubrec(&mut self, rec: PubResponse) -> Result<(), Close> {
         let answer = self
             .session
-            .on_pubrec(rec.packet_id, rec.reason_code.is_error())
+            .on_pubrec(rec.packet_id, rec.reason_code)
             .map_err(|mismatch| self.violation(Violation::AckMismatch(mismatch)))?;
         let Some(answer) = answer else {
             return Ok(());
