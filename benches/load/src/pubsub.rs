@@ -494,27 +494,22 @@ async fn publisher(
                 packet_id = packet_id.checked_add(1).unwrap_or(1);
                 inflight += 1;
             }
-            if let Some(id_props) = id_properties.as_mut() {
-                id_props.user_properties[0].1 =
-                    format!("{:08x}-{id}-{}", ctx.run, stamp.seq).into();
-                conn.queue_publish_with(
-                    &plan.topic,
-                    plan.qos,
-                    packet_id,
-                    plan.retain,
-                    &payload,
-                    Some(&*id_props),
-                )?;
-            } else {
-                conn.queue_publish_with(
-                    &plan.topic,
-                    plan.qos,
-                    packet_id,
-                    plan.retain,
-                    &payload,
-                    properties,
-                )?;
-            }
+            let this_properties = match id_properties.as_mut() {
+                Some(id_props) => {
+                    id_props.user_properties[0].1 =
+                        format!("{:08x}-{id}-{}", ctx.run, stamp.seq).into();
+                    Some(&*id_props)
+                }
+                None => properties,
+            };
+            conn.queue_publish_with(
+                &plan.topic,
+                plan.qos,
+                packet_id,
+                plan.retain,
+                &payload,
+                this_properties,
+            )?;
             stamp.seq += 1;
         }
         if stamp.seq == plan.count && inflight == 0 && conn.wbuf.is_empty() {
