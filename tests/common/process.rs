@@ -185,6 +185,20 @@ pub fn http_get(port: u16, path: &str) -> String {
     body
 }
 
+/// A raw HTTP/1.1 response's status code and body (what `http_get` and the admin tests read).
+pub fn status_and_body(raw: &str) -> (u16, String) {
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {raw:?}"));
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// The value of the sample `series` (name and labels, as exported) in a scrape, if present.
 pub fn sample(scrape: &str, series: &str) -> Option<f64> {
     scrape.lines().find_map(|line| {

@@ -59,16 +59,7 @@ fn http_at(addr: SocketAddr, method: &str, path: &str, headers: &str) -> (u16, S
         .expect("write");
         let mut raw = String::new();
         s.read_to_string(&mut raw).expect("read");
-        let status = raw
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("no status line in {raw:?}"));
-        let body = raw
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+        common::process::status_and_body(&raw)
     })
 }
 

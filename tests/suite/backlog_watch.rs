@@ -18,7 +18,7 @@ use postbox::codec::QoS;
 use postbox::server::RunningServer;
 use serde_json::Value;
 
-use crate::common::process::{free_port, http_get, sample};
+use crate::common::process::{free_port, http_get, sample, status_and_body};
 use crate::common::{self, v5, RawClient, WAIT};
 
 /// A broker on loopback with its HTTP listener (metrics and admin API) on a port of its own.
@@ -36,16 +36,7 @@ async fn get(port: u16, path: &str) -> (u16, String) {
     let raw = tokio::task::spawn_blocking(move || http_get(port, &path))
         .await
         .expect("HTTP request");
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {raw:?}"));
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    status_and_body(&raw)
 }
 
 /// `GET path` answered 200 with JSON.
