@@ -14,7 +14,7 @@ use super::{Broker, EnqueueOutcome, Message, PublishRefused, SessionId};
 use crate::codec::ReasonCode;
 use crate::guarantees::dead_letter::Loss;
 use crate::guarantees::{DeadLetters, DeadReason, Dedup, DedupCheck, Guarantees, Verdict};
-use crate::storage::{Durable, Op};
+use crate::storage::{Durable, Op, Store};
 
 /// What [`Broker::gate_publish`] decided for one PUBLISH.
 #[derive(Debug)]
@@ -40,6 +40,9 @@ impl Broker {
     pub fn install_guarantees(&self, mut guarantees: Guarantees) {
         if let Some(dedup) = guarantees.dedup.as_mut() {
             dedup.attach_metrics(self.metrics.dedup.clone());
+            if let Some(store) = &self.store {
+                store.bound_dedup(dedup.max_entries());
+            }
         }
         if self.guarantees.set(guarantees).is_err() {
             tracing::warn!("guarantees installed twice; the first stays");
@@ -94,14 +97,37 @@ impl Broker {
         if let Some((dedup, key)) = dedup_key(g, message) {
             return Ok(
                 match dedup.check(&message.topic, key, crate::storage::now_unix_ms()) {
-                    DedupCheck::Fresh { op } => Gate::Route {
-                        dedup: self.store.is_some().then_some(op),
+                    DedupCheck::Fresh { expires_at_unix_ms } => Gate::Route {
+                        dedup: self.store.is_some().then(|| {
+                            Box::new(Op::PutDedup {
+                                // Copied: the topic may be a slice of its whole packet,
+                                // which the store's state must not keep alive.
+                                topic: ByteString::from(&*message.topic),
+                                key: ByteString::from(key),
+                                expires_at_unix_ms,
+                            })
+                        }),
                     },
                     DedupCheck::Duplicate => Gate::Duplicate,
                 },
             );
         }
         Ok(Gate::Route { dedup: None })
+    }
+
+    /// Stores a dedup key that came without anything of its message to store (no persistent
+    /// subscriber, not retained), batched with others ([`super::dedup_spool::DedupSpool`]); resolves once it is
+    /// durable, which the PUBACK awaits. A key that came *with* its message is never
+    /// spooled: both are in one submit, durable or not together.
+    pub(super) fn spool_dedup_key(&self, store: &Arc<dyn Store>, op: Op) -> Durable {
+        self.dedup_spool.submit(store, op)
+    }
+
+    /// What a duplicate's PUBACK waits for: everything stored so far, its first copy's key
+    /// included (which may still be waiting in the spool).
+    pub fn dedup_barrier(&self) -> Option<Durable> {
+        let store = self.store.as_ref()?;
+        Some(self.dedup_spool.barrier(store))
     }
 
     /// Undoes [`Broker::gate_publish`]'s dedup check of a message whose routing was then

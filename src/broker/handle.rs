@@ -480,7 +480,7 @@ impl SessionHandle {
                         client = %self.session.client_id,
                         "duplicate PUBLISH acknowledged, not routed ([dedup])"
                     );
-                    Ok((ReasonCode::SUCCESS, self.broker.barrier(), None))
+                    Ok((ReasonCode::SUCCESS, self.broker.dedup_barrier(), None))
                 }
                 super::Gate::DeadLettered { gate } => Ok((ReasonCode::SUCCESS, gate, None)),
             });

@@ -14,6 +14,7 @@ pub mod admin;
 mod arrival_order;
 mod backlog;
 pub use backlog::Backlog;
+mod dedup_spool;
 pub mod flow;
 mod guarantees;
 pub use guarantees::Gate;
@@ -163,6 +164,9 @@ pub struct Broker {
     /// Dead letters, schema contracts, dedup (`crate::guarantees`), installed once by
     /// `server::start`; unset, none of them costs anything.
     guarantees: std::sync::OnceLock<crate::guarantees::Guarantees>,
+    /// Dedup keys stored without a message of their own, gathered for one submit
+    /// (`Broker::spool_dedup_key`).
+    dedup_spool: Arc<dedup_spool::DedupSpool>,
 }
 
 /// The authorisation in force, when anything restricts anyone (see [`Broker::authz`]).
@@ -304,6 +308,7 @@ impl Broker {
             acl: std::sync::OnceLock::new(),
             claims_seen: AtomicBool::new(false),
             guarantees: std::sync::OnceLock::new(),
+            dedup_spool: Arc::default(),
             connection_facts: admin::ConnectionFactsMap::default(),
         });
         broker.watch_backlog();

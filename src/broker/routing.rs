@@ -181,6 +181,22 @@ impl Broker {
                 packet_id,
             });
         }
+        // A dedup key alone (nothing of the message itself stored): batched with other such
+        // keys (`DedupSpool`), its PUBACK waiting for that batch's commit.
+        if ops.is_empty() {
+            if let Some(op) = extra {
+                let durable = self.spool_dedup_key(store, op);
+                if !losses.is_empty() {
+                    losses.publish_all(self);
+                }
+                return Ok(Routed {
+                    queued,
+                    matched,
+                    durable: Some(durable),
+                    pressure,
+                });
+            }
+        }
         ops.extend(extra);
         if !losses.is_empty() {
             // No session lock is held here. The victims' dead letters are submitted before

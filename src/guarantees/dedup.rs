@@ -11,25 +11,24 @@
 //! are wall-clock unix ms, as stored, so a restart keeps the windows that are still open.
 
 use std::collections::VecDeque;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 
-use bytestring::ByteString;
 use foldhash::fast::RandomState;
-use hashbrown::{Equivalent, HashMap};
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::config::DedupConfig;
 use crate::metrics::DedupMetrics;
-use crate::storage::{DedupRecord, Op};
+use crate::storage::DedupRecord;
 
 /// What [`Dedup::check`] says about one PUBLISH.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum DedupCheck {
-    /// Not seen within the window (now remembered): route it, and store `op` in the
-    /// message's submit (with persistence on).
+    /// Not seen within the window (now remembered until `expires_at_unix_ms`): route it, and
+    /// with persistence on store the key (`Op::PutDedup`) in the message's submit.
     Fresh {
-        /// `Op::PutDedup` for the key.
-        op: Box<Op>,
+        /// When the pair's window closes, unix ms.
+        expires_at_unix_ms: u64,
     },
     /// Seen within the window: acknowledge it (once what the first one's commit holds is
     /// durable) and route nothing.
@@ -63,42 +62,44 @@ impl Dedup {
         self.metrics = metrics;
     }
 
+    /// How many pairs the window keeps at most (the store keeps no more: `Store::bound_dedup`).
+    pub fn max_entries(&self) -> usize {
+        self.config.max_entries
+    }
+
     /// The user property this window keys on.
     pub fn property(&self) -> &str {
         &self.config.property
     }
 
     /// Looks `key` up for `topic` and remembers it if new. Atomic: of two PUBLISHes racing
-    /// with the same pair, exactly one is `Fresh`.
-    pub fn check(&self, topic: &ByteString, key: &str, now_unix_ms: u64) -> DedupCheck {
+    /// with the same pair, exactly one is `Fresh`. A fresh pair costs one allocation (its
+    /// bytes, copied: the PUBLISH's topic may be a slice of its whole packet, which the
+    /// window must not keep alive); a duplicate none.
+    pub fn check(&self, topic: &str, key: &str, now_unix_ms: u64) -> DedupCheck {
         let (check, entries, evicted) = {
             let mut w = self.pairs.lock();
             w.drop_expired(now_unix_ms);
-            let probe = KeyRef { topic, key };
-            match w.map.get(&probe) {
-                Some(slot) if slot.expires_at > now_unix_ms => {
+            let hash = w.hash(topic, key);
+            match w.find(hash, topic, key) {
+                Some(pair) if pair.expires_at > now_unix_ms => {
                     drop(w);
                     self.metrics.duplicates.increment(1);
                     return DedupCheck::Duplicate;
                 }
-                Some(_) => w.remove(&probe), // closed, not yet passed by the front
+                Some(_) => w.remove(hash, topic, key), // closed, not yet passed by the front
                 None => {}
             }
-            // Copies: the PUBLISH's topic may be a slice of its whole packet, which the
-            // window must not keep alive.
-            let pair = Key {
-                topic: ByteString::from(&**topic),
-                key: ByteString::from(key),
-            };
             let expires_at = now_unix_ms.saturating_add(self.window_ms);
-            let op = Op::PutDedup {
-                topic: pair.topic.clone(),
-                key: pair.key.clone(),
-                expires_at_unix_ms: expires_at,
-            };
-            w.insert(pair, expires_at);
+            w.insert(hash, topic, key, expires_at);
             let evicted = w.enforce(&self.config);
-            (DedupCheck::Fresh { op: Box::new(op) }, w.map.len(), evicted)
+            (
+                DedupCheck::Fresh {
+                    expires_at_unix_ms: expires_at,
+                },
+                w.table.len(),
+                evicted,
+            )
         };
         self.count(entries, evicted);
         check
@@ -109,8 +110,9 @@ impl Dedup {
     pub fn forget(&self, topic: &str, key: &str) {
         let entries = {
             let mut w = self.pairs.lock();
-            w.remove(&KeyRef { topic, key });
-            w.map.len()
+            let hash = w.hash(topic, key);
+            w.remove(hash, topic, key);
+            w.table.len()
         };
         self.count(entries, 0);
     }
@@ -130,26 +132,19 @@ impl Dedup {
         let (entries, evicted) = {
             let mut w = self.pairs.lock();
             for r in records {
-                let probe = KeyRef {
-                    topic: &r.topic,
-                    key: &r.key,
-                };
-                w.remove(&probe);
-                let pair = Key {
-                    topic: ByteString::from(&*r.topic),
-                    key: ByteString::from(&*r.key),
-                };
-                w.insert(pair, r.expires_at_unix_ms);
+                let hash = w.hash(&r.topic, &r.key);
+                w.remove(hash, &r.topic, &r.key);
+                w.insert(hash, &r.topic, &r.key, r.expires_at_unix_ms);
             }
             let evicted = w.enforce(&self.config);
-            (w.map.len(), evicted)
+            (w.table.len(), evicted)
         };
         self.count(entries, evicted);
     }
 
     /// Pairs remembered now (expired ones not yet passed by the front included).
     pub fn len(&self) -> usize {
-        self.pairs.lock().map.len()
+        self.pairs.lock().table.len()
     }
 
     /// True when nothing is remembered.
@@ -165,65 +160,45 @@ impl Dedup {
     }
 }
 
-/// One remembered pair, owned (copies of the PUBLISH's topic and property value).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Key {
-    topic: ByteString,
-    key: ByteString,
-}
-
-impl Key {
-    fn as_ref(&self) -> KeyRef<'_> {
-        KeyRef {
-            topic: &self.topic,
-            key: &self.key,
-        }
-    }
-
-    /// What the pair counts against `max_bytes`.
-    fn size(&self) -> usize {
-        self.topic.len() + self.key.len()
-    }
-}
-
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_ref().hash(state);
-    }
-}
-
-/// A pair borrowed from a PUBLISH, to look it up without copying.
-#[derive(Clone, Copy, Debug, Hash)]
-struct KeyRef<'a> {
-    topic: &'a str,
-    key: &'a str,
-}
-
-impl Equivalent<Key> for KeyRef<'_> {
-    fn equivalent(&self, key: &Key) -> bool {
-        self.topic == &*key.topic && self.key == &*key.key
-    }
-}
-
-/// A pair's window and which queue entry is its own.
+/// One remembered pair: its topic and key in one allocation (never a hash alone: a
+/// collision would take a new message for a duplicate and lose it), its window and which
+/// queue entry is its own. 40 bytes in the table plus the bytes.
 #[derive(Debug)]
-struct Slot {
+struct Pair {
+    /// The topic's bytes, then the key's.
+    bytes: Box<[u8]>,
+    topic_len: usize,
     expires_at: u64,
     seq: u64,
 }
 
-/// A queue entry; stale once its pair is forgotten or remembered anew (another `seq`).
-#[derive(Debug)]
+impl Pair {
+    fn is(&self, topic: &str, key: &str) -> bool {
+        let (t, k) = self.bytes.split_at(self.topic_len);
+        t == topic.as_bytes() && k == key.as_bytes()
+    }
+
+    /// What the pair counts against `max_bytes`.
+    fn size(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// A queue entry: the pair's hash (to find it) and `seq` (stale once the pair is forgotten
+/// or remembered anew). 16 bytes, no copy of the key.
+#[derive(Clone, Copy, Debug)]
 struct Queued {
-    key: Key,
+    hash: u64,
     seq: u64,
 }
 
 /// What the lock guards.
 #[derive(Debug, Default)]
 struct Window {
-    map: HashMap<Key, Slot, RandomState>,
-    /// Insertion (= expiry) order; may hold stale entries, at most about as many as live ones.
+    table: HashTable<Pair>,
+    hasher: RandomState,
+    /// Insertion (= expiry: the window is one length for all) order; may hold stale entries,
+    /// at most about as many as live ones.
     queue: VecDeque<Queued>,
     /// Bytes of the live pairs.
     bytes: usize,
@@ -231,40 +206,57 @@ struct Window {
 }
 
 impl Window {
-    fn insert(&mut self, key: Key, expires_at: u64) {
+    fn hash(&self, topic: &str, key: &str) -> u64 {
+        // A pair, not a concatenation: (ab, c) and (a, bc) hash apart (and compare apart).
+        self.hasher.hash_one((topic, key))
+    }
+
+    fn find(&self, hash: u64, topic: &str, key: &str) -> Option<&Pair> {
+        self.table.find(hash, |p| p.is(topic, key))
+    }
+
+    fn insert(&mut self, hash: u64, topic: &str, key: &str, expires_at: u64) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.bytes += key.size();
-        self.queue.push_back(Queued {
-            key: key.clone(),
+        let mut bytes = Vec::with_capacity(topic.len() + key.len());
+        bytes.extend_from_slice(topic.as_bytes());
+        bytes.extend_from_slice(key.as_bytes());
+        let pair = Pair {
+            bytes: bytes.into_boxed_slice(),
+            topic_len: topic.len(),
+            expires_at,
             seq,
+        };
+        self.bytes += pair.size();
+        self.queue.push_back(Queued { hash, seq });
+        let hasher = &self.hasher;
+        self.table.insert_unique(hash, pair, |p| {
+            let (t, k) = p.bytes.split_at(p.topic_len);
+            hasher.hash_one((bytes_str(t), bytes_str(k)))
         });
-        self.map.insert(key, Slot { expires_at, seq });
     }
 
     /// Removes a live pair (its queue entry goes stale; dropped when the front passes it or
     /// by a compaction, so the queue stays within about twice the live pairs).
-    fn remove(&mut self, probe: &KeyRef<'_>) {
-        let Some((key, slot)) = self.map.remove_entry(probe) else {
+    fn remove(&mut self, hash: u64, topic: &str, key: &str) {
+        let Ok(entry) = self.table.find_entry(hash, |p| p.is(topic, key)) else {
             return;
         };
-        self.bytes -= key.size();
-        if self.queue.back().is_some_and(|q| q.seq == slot.seq) {
+        let (pair, _) = entry.remove();
+        self.bytes -= pair.size();
+        if self.queue.back().is_some_and(|q| q.seq == pair.seq) {
             self.queue.pop_back(); // the usual refusal: forgotten right after it was added
-        } else if self.queue.len() > 2 * self.map.len() + 64 {
-            let map = &self.map;
+        } else if self.queue.len() > 2 * self.table.len() + 64 {
+            let table = &self.table;
             self.queue
-                .retain(|q| map.get(&q.key.as_ref()).is_some_and(|s| s.seq == q.seq));
+                .retain(|q| table.find(q.hash, |p| p.seq == q.seq).is_some());
         }
     }
 
-    /// The front entry's slot, if it is live.
-    fn front_live(&self) -> Option<(&Queued, &Slot)> {
+    /// The front entry's pair, if it is live.
+    fn front_live(&self) -> Option<&Pair> {
         let front = self.queue.front()?;
-        self.map
-            .get(&front.key.as_ref())
-            .filter(|s| s.seq == front.seq)
-            .map(|s| (front, s))
+        self.table.find(front.hash, |p| p.seq == front.seq)
     }
 
     /// Pops the front entry, removing its pair when live; true if a live pair went.
@@ -272,13 +264,13 @@ impl Window {
         let Some(front) = self.queue.pop_front() else {
             return false;
         };
-        match self.map.get(&front.key.as_ref()) {
-            Some(slot) if slot.seq == front.seq => {
-                self.map.remove(&front.key.as_ref());
-                self.bytes -= front.key.size();
+        match self.table.find_entry(front.hash, |p| p.seq == front.seq) {
+            Ok(entry) => {
+                let (pair, _) = entry.remove();
+                self.bytes -= pair.size();
                 true
             }
-            _ => false,
+            Err(_) => false,
         }
     }
 
@@ -287,7 +279,7 @@ impl Window {
         while !self.queue.is_empty()
             && self
                 .front_live()
-                .is_none_or(|(_, slot)| slot.expires_at <= now_unix_ms)
+                .is_none_or(|pair| pair.expires_at <= now_unix_ms)
         {
             self.pop_front();
         }
@@ -296,7 +288,7 @@ impl Window {
     /// Pushes out the oldest pairs until both bounds hold; returns how many live pairs went.
     fn enforce(&mut self, config: &DedupConfig) -> u64 {
         let mut evicted = 0;
-        while (self.map.len() > config.max_entries || self.bytes > config.max_bytes)
+        while (self.table.len() > config.max_entries || self.bytes > config.max_bytes)
             && !self.queue.is_empty()
         {
             if self.pop_front() {
@@ -305,6 +297,12 @@ impl Window {
         }
         evicted
     }
+}
+
+/// A pair's stored half as the `&str` it was made from (it was copied from one, so this
+/// never fails; an empty string would only mis-hash, never mis-compare).
+fn bytes_str(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -41,7 +41,10 @@ pub(super) struct State {
     retained: BTreeMap<ByteString, StoredMessage>,
     wills: BTreeMap<ByteString, (LastWill, u64)>,
     /// Deduplication keys (topic, key) → when their window closes, unix ms.
-    dedup: HashMap<(ByteString, ByteString), u64>,
+    dedup: HashMap<(ByteString, ByteString), u64, foldhash::fast::RandomState>,
+    /// At most about this many `dedup` keys are kept, the newest (`Store::bound_dedup`);
+    /// `None`: unbounded (recovery, before the broker says).
+    dedup_cap: Option<usize>,
     /// Approximate bytes of live data (`Op::size_estimate` of what is held).
     pub live_bytes: u64,
     /// Highest message id ever put (ids are never reused).
@@ -215,6 +218,12 @@ impl State {
                 {
                     self.live_bytes += size;
                 }
+                if let Some(cap) = self.dedup_cap {
+                    // A quarter of slack: one sort per cap/4 inserts, not one per insert.
+                    if self.dedup.len() > cap.saturating_add(cap / 4).saturating_add(16) {
+                        self.trim_dedup(cap);
+                    }
+                }
             }
             Op::RemoveEntry { client_id, seq } => match self.sessions.get_mut(&client_id) {
                 Some(s) => {
@@ -291,6 +300,32 @@ impl State {
     }
 
     /// Ends a batch: messages put in it that no entry references are dropped.
+    /// Sets the bound on deduplication keys (`Store::bound_dedup`).
+    pub(super) fn bound_dedup(&mut self, max_entries: usize) {
+        self.dedup_cap = (max_entries != usize::MAX).then_some(max_entries);
+    }
+
+    /// Keeps the newest `cap` deduplication keys (by window end, i.e. insertion order;
+    /// keys tied at the cut all go).
+    fn trim_dedup(&mut self, cap: usize) {
+        let excess = self.dedup.len().saturating_sub(cap);
+        if excess == 0 {
+            return;
+        }
+        let mut ends: Vec<u64> = self.dedup.values().copied().collect();
+        let (_, cut, _) = ends.select_nth_unstable(excess - 1);
+        let cut = *cut;
+        let mut freed = 0;
+        self.dedup.retain(|(topic, key), expires| {
+            let keep = *expires > cut;
+            if !keep {
+                freed += dedup_size(topic, key);
+            }
+            keep
+        });
+        self.live_bytes = self.live_bytes.saturating_sub(freed);
+    }
+
     pub(super) fn end_batch(&mut self) {
         for id in std::mem::take(&mut self.unreferenced) {
             if self.messages.get(&id).is_some_and(|slot| slot.refs == 0) {

@@ -325,6 +325,14 @@ pub trait Store: Send + Sync + fmt::Debug {
         let _ = histogram;
     }
 
+    /// Keeps at most about `max_entries` deduplication keys, the newest, as the `[dedup]`
+    /// window does (`Broker::install_guarantees`): a key the window has pushed out decides
+    /// nothing after a restart either, so the store's state and snapshots stay as bounded
+    /// as the window. A store without state ignores it; unbounded until called.
+    fn bound_dedup(&self, max_entries: usize) {
+        let _ = max_entries;
+    }
+
     /// Whether new data can be stored now. Cheap (an atomic load): the broker reads it before
     /// routing a QoS 1/2 PUBLISH, to refuse one that needs the store before anyone gets it.
     fn health(&self) -> StoreHealth {

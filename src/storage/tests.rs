@@ -1854,6 +1854,31 @@ fn delivery_counts_and_dedup_keys_replay_after_reopen() {
     assert_eq!((&*after.dedup[0].topic, &*after.dedup[0].key), ("t", "k1"));
 }
 
+/// `Store::bound_dedup`: the store keeps about as many dedup keys as the window (the newest),
+/// not every key of the window's length (issue 16: "bounded memory (entries and bytes),
+/// persisted with the store"), in its state and so in what a restart restores.
+#[test]
+fn a_bounded_store_keeps_the_newest_dedup_keys_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open_at(dir.path(), opts());
+    store.bound_dedup(10);
+    let base = now_unix_ms() + 3_600_000;
+    for i in 0..100u64 {
+        commit(&store, vec![put_dedup("t", &format!("k{i}"), base + i)]);
+    }
+    let held = store.load().expect("load").dedup;
+    assert!(
+        (10..=10 + 10 / 4 + 16).contains(&held.len()),
+        "{} keys held for a bound of 10",
+        held.len()
+    );
+    assert!(held.iter().any(|r| &*r.key == "k99"), "the newest is kept");
+    assert!(!held.iter().any(|r| &*r.key == "k0"), "the oldest went");
+    store.close().expect("close");
+    let store = open_at(dir.path(), opts());
+    assert!(store.load().expect("load after reopen").dedup.len() <= 100);
+}
+
 /// Compaction writes the state back as ops (`State::for_each_op`): a count above what the
 /// stage implies must follow its `Enqueue` (the `Enqueue` record carries none), and dedup keys
 /// must be written too, or a compaction would reset poison counts and forget keys. Checked on

@@ -120,6 +120,8 @@ impl Default for LogOptions {
 #[derive(Debug)]
 struct Shared {
     opts: LogOptions,
+    /// `Store::bound_dedup`'s bound, read by the writer before each batch.
+    dedup_cap: AtomicUsize,
     durable: watch::Sender<DurableState>,
     failed: AtomicBool,
     failure: Mutex<Option<String>>,
@@ -242,6 +244,7 @@ impl LogStore {
         })?;
         let shared = Arc::new(Shared {
             durable: watch::Sender::new(DurableState::default()),
+            dedup_cap: AtomicUsize::new(usize::MAX),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             no_space: AtomicBool::new(false),
@@ -427,6 +430,10 @@ impl Store for LogStore {
 
     fn survives_restart(&self) -> bool {
         true
+    }
+
+    fn bound_dedup(&self, max_entries: usize) {
+        self.shared.dedup_cap.store(max_entries, Ordering::Relaxed);
     }
 
     fn observe_commits(&self, histogram: crate::metrics::Histogram) {

@@ -310,6 +310,8 @@ impl Writer {
             growth,
             waiters,
         } = batch;
+        self.state
+            .bound_dedup(self.shared.dedup_cap.load(Ordering::Relaxed));
         for op in ops {
             self.state.apply(op);
         }
