@@ -6,6 +6,8 @@
 # With METRICS=on the metrics endpoint is on, as in the default config (the counters are
 # counted either way since the per-broker registry; before it, `enabled = false` made them
 # no-ops, so compare such builds with METRICS=on).
+# With EXTRA_CONF=text it is appended to the broker's config (e.g. a [[schema]] or [dedup]), and
+# BENCH_ARGS=words are added to the generator's arguments (e.g. --protocol 5 --payload-file ...).
 # usage: BENCH=target/release/postbox-bench [OUT=dir] [ACL_FILE=path] benches/callgrind-per-message.sh BINARY LABEL SCENARIO QOS
 #   SCENARIO: p2p | fan-in | fan-out;  QOS: 0 | 1 | 2
 # Prints the generator's delivery line and callgrind's instruction total.
@@ -25,6 +27,7 @@ bind = "127.0.0.1:$metrics_port"
 max_queued_messages = 1000000
 max_inflight_messages = 100
 EOC
+if [ -n "${EXTRA_CONF:-}" ]; then printf '%s\n' "$EXTRA_CONF" >>"$conf"; fi
 if [ -n "${ACL_FILE:-}" ]; then printf '[auth]\nacl_file = "%s"\n' "$ACL_FILE" >>"$conf"; fi
 out="${OUT:-/tmp}"/$label-$scen-q$qos.out
 valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" -c "$conf" > "${OUT:-/tmp}"/$label-$scen-q$qos.log 2>&1 &
@@ -35,7 +38,7 @@ case $scen in
   fan-in) args="--publishers 10 --messages 20000" ;;
   fan-out) args="--subscribers 10 --messages 20000" ;;
 esac
-"${BENCH:?set BENCH to a postbox-bench binary}" run $scen --host 127.0.0.1:$port --qos $qos $args --timeout 300 --idle 20 > "${OUT:-/tmp}"/$label-$scen-q$qos.bench 2>&1 || true
+"${BENCH:?set BENCH to a postbox-bench binary}" run $scen --host 127.0.0.1:$port --qos $qos $args ${BENCH_ARGS:-} --timeout 300 --idle 20 > "${OUT:-/tmp}"/$label-$scen-q$qos.bench 2>&1 || true
 kill -TERM $pid; wait $pid || true
 grep delivered "${OUT:-/tmp}"/$label-$scen-q$qos.bench
 grep -h "^summary\|^totals" "$out" | head -2

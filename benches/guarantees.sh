@@ -9,7 +9,9 @@
 #   plain-mem, dedup-mem   the same two with [storage] persistence = false (the window's own cost)
 # Modes alternate within each repeat, a fresh broker and data directory per run, broker on core 0,
 # generator on core 1. After each run the broker's flow-control and guarantee metrics are scraped.
-# Run from the repository root: `REPEATS=5 benches/guarantees.sh` (MODES="plain dedup" to pick).
+# Run from the repository root: `REPEATS=5 benches/guarantees.sh` (MODES="plain dedup" to pick;
+# SCENARIO=durable for 4 publishers -> 4 persistent subscribers, where every message is stored
+# anyway and a dedup key rides in its message's submit).
 set -euo pipefail
 T="${CARGO_TARGET_DIR:-target}/release"
 OUT="${OUT:-target/bench-guarantees/$(date +%Y%m%d-%H%M%S)}"; mkdir -p "$OUT"
@@ -30,10 +32,12 @@ for i in $(seq "${REPEATS:-3}"); do
     taskset -c 0 "$T/postbox" -c "$OUT/$mode.toml" -p "$port" --metrics-port "$mport" "${dir[@]}" >"$OUT/broker-$mode-$i.log" 2>&1 &
     pid=$!
     "$T/postbox-bench" wait-port "127.0.0.1:$port" --timeout 10
-    taskset -c 1 "$T/postbox-bench" run fan-in --host "127.0.0.1:$port" --protocol 5 --qos 1 \
-      --publishers 100 --messages 4000 --payload-file benches/load/payloads/order.json \
+    shape=(--publishers 100 --messages 4000)
+    [ "${SCENARIO:-fan-in}" = durable ] && shape=()
+    taskset -c 1 "$T/postbox-bench" run "${SCENARIO:-fan-in}" --host "127.0.0.1:$port" --protocol 5 --qos 1 \
+      "${shape[@]}" --payload-file benches/load/payloads/order.json \
       --content-type order/v1 --message-id-property message-id \
-      --broker "$mode" --case fan-in-q1-v5-order --settings defaults --broker-pid "$pid" \
+      --broker "$mode" --case "${SCENARIO:-fan-in}-q1-v5-order" --settings defaults --broker-pid "$pid" \
       --json "$OUT/results.jsonl" --timeout 60 | grep -E "delivered|lost|CPU" || true
     curl -s "http://127.0.0.1:$mport/metrics" | grep -E '^postbox_(publishers_paused|publisher_pause|dedup_|messages_dropped|publishes_refused)' \
       | sed "s/^/  $mode: /" || true
