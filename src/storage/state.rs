@@ -314,16 +314,22 @@ impl State {
         }
         let mut ends: Vec<u64> = self.dedup.values().copied().collect();
         let (_, cut, _) = ends.select_nth_unstable(excess - 1);
-        let cut = *cut;
+        self.drop_dedup_through(*cut);
+    }
+
+    /// Drops the dedup keys whose window ends at or before `end`; returns how many went.
+    fn drop_dedup_through(&mut self, end: u64) -> usize {
+        let before = self.dedup.len();
         let mut freed = 0;
         self.dedup.retain(|(topic, key), expires| {
-            let keep = *expires > cut;
+            let keep = *expires > end;
             if !keep {
                 freed += dedup_size(topic, key);
             }
             keep
         });
         self.live_bytes = self.live_bytes.saturating_sub(freed);
+        before - self.dedup.len()
     }
 
     pub(super) fn end_batch(&mut self) {
@@ -366,17 +372,7 @@ impl State {
         for topic in topics {
             self.apply(Op::DeleteRetained { topic });
         }
-        let before = self.dedup.len();
-        let mut freed = 0;
-        self.dedup.retain(|(topic, key), expires| {
-            let keep = *expires > now_unix_ms;
-            if !keep {
-                freed += dedup_size(topic, key);
-            }
-            keep
-        });
-        self.live_bytes = self.live_bytes.saturating_sub(freed);
-        purged += before - self.dedup.len();
+        purged += self.drop_dedup_through(now_unix_ms);
         purged
     }
 

@@ -99,6 +99,19 @@ async fn publish_raw(
     }
 }
 
+/// An invalid order (`INVALID_V1`) on `orders/eu`, QoS 1, no properties: its PUBACK.
+async fn invalid_order(c: &mut RawClient, packet_id: u16) -> PubResponse {
+    publish_raw(
+        c,
+        "orders/eu",
+        QoS::AtLeastOnce,
+        INVALID_V1,
+        Default::default(),
+        packet_id,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn invalid_order_gets_0x99_with_a_reason_and_is_not_delivered_valid_one_is() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -170,15 +183,7 @@ async fn no_reason_string_without_problem_information() {
     let mut connect = v5::connect_packet("schema-quiet");
     connect.properties.request_problem_information = Some(false);
     let (mut c, _) = v5::connect(server.mqtt_addr, connect).await;
-    let ack = publish_raw(
-        &mut c,
-        "orders/eu",
-        QoS::AtLeastOnce,
-        INVALID_V1,
-        Default::default(),
-        1,
-    )
-    .await;
+    let ack = invalid_order(&mut c, 1).await;
     assert_eq!(ack.reason_code, ReasonCode::PAYLOAD_FORMAT_INVALID);
     assert_eq!(ack.properties.reason_string, None);
     server.shutdown().await;
@@ -307,15 +312,7 @@ async fn dead_letter_action_gives_one_dead_letter_with_reason_schema_invalid() {
     let mut dlq = subscriber(&server, "dl-dlq", "$dlq/#").await;
     let mut c = v5::connect_id(server.mqtt_addr, "dl-pub").await;
     // Accepted: success (the dead letter is the message's new home), not 0x99.
-    let ack = publish_raw(
-        &mut c,
-        "orders/eu",
-        QoS::AtLeastOnce,
-        INVALID_V1,
-        Default::default(),
-        1,
-    )
-    .await;
+    let ack = invalid_order(&mut c, 1).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
     let letter = dlq.next_publish().await;
     assert_eq!(&letter.topic[..], b"$dlq/orders/eu");
