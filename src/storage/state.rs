@@ -342,26 +342,12 @@ impl State {
         }
     }
 
-    /// Drops `Queued` entries whose message expired, and expired retained messages. In-flight
-    /// entries stay: their handshake must complete. Returns how many records went.
+    /// Drops expired retained messages and dedup keys whose window closed. Returns how many
+    /// records went. Queue entries whose message expired stay: the broker dead-letters each
+    /// (issue 16, reason `expired`) when it meets it in the session's queue, after a restart
+    /// too, and removes it then (`RemoveEntry`); purged here they would vanish uncounted.
     pub(super) fn purge_expired(&mut self, now_unix_ms: u64) -> usize {
-        let mut expired: Vec<(ByteString, u64)> = Vec::new();
-        for (client_id, s) in &self.sessions {
-            for (seq, entry) in &s.queue {
-                if entry.stage == EntryStage::Queued
-                    && self
-                        .messages
-                        .get(&entry.message)
-                        .is_some_and(|m| m.message.is_expired(now_unix_ms))
-                {
-                    expired.push((client_id.clone(), *seq));
-                }
-            }
-        }
-        let mut purged = expired.len();
-        for (client_id, seq) in expired {
-            self.apply(Op::RemoveEntry { client_id, seq });
-        }
+        let mut purged = 0;
         let topics: Vec<ByteString> = self
             .retained
             .iter()

@@ -524,8 +524,8 @@ fn expiry_is_stored_as_absolute_wall_clock_time() {
         .collect();
     assert_eq!(
         seqs,
-        vec![1, 2],
-        "expired queued entry dropped, in-flight kept"
+        vec![0, 1, 2],
+        "the expired queued entry is kept for the broker to dead-letter (issue 16), in-flight kept"
     );
     assert!(snap.retained.is_empty(), "expired retained message dropped");
     assert_eq!(snap.messages.get(&2), Some(&later));

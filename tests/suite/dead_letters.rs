@@ -478,3 +478,35 @@ async fn mosquitto_sub_sees_the_properties() {
         assert!(line.contains(part), "{part} in {line}");
     }
 }
+
+/// Issue 16, `expired`, across a restart: a message that expired in an offline session's
+/// queue while the broker was down is dead-lettered when the session comes back (MQTT-3.3.2-5:
+/// not sent), not dropped silently by the store's start-up purge.
+#[tokio::test]
+async fn expired_in_a_queue_across_a_restart_is_dead_lettered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let durable = || {
+        let mut config = common::test_config();
+        config.storage.persistence = true;
+        config.storage.dir = Some(dir.path().to_path_buf());
+        config
+    };
+    let server = common::start_with(durable()).await;
+    dlq_subscriber(&server, "dlq-r").await;
+    offline_subscriber(&server, "late-r", "er/#").await;
+    let mut p = v5::connect_id(server.mqtt_addr, "pub-er").await;
+    let mut publish = v5::publish_packet("er/1", QoS::AtLeastOnce, b"stale", 1);
+    publish.properties = original_properties();
+    publish.properties.message_expiry_interval = Some(1);
+    v5::publish(&mut p, publish).await;
+    server.shutdown().await;
+    // Waiting for the expiry itself (time must pass while the broker is down), not for an event.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let server = common::start_with(durable()).await;
+    let (mut dlq, _) = v5::connect(server.mqtt_addr, v5::persistent_connect("dlq-r", 3600)).await;
+    let (mut late, _) = v5::connect(server.mqtt_addr, v5::persistent_connect("late-r", 3600)).await;
+    let letter = next_letter(&mut dlq).await;
+    assert_letter(&letter, "er/1", "expired", "late-r", None, b"stale");
+    v5::expect_silence(&mut late, QUIET).await;
+}
