@@ -39,10 +39,13 @@ impl Broker {
     /// `server::start`, before the store's contents are restored. A second call is ignored.
     pub fn install_guarantees(&self, mut guarantees: Guarantees) {
         if let Some(dedup) = guarantees.dedup.as_mut() {
-            dedup.attach_metrics(self.metrics.dedup.clone());
+            if let Some(window) = Arc::get_mut(dedup) {
+                window.attach_metrics(self.metrics.dedup.clone());
+            }
             if let Some(store) = &self.store {
                 store.bound_dedup(dedup.max_entries());
             }
+            self.dedup_spool.forget_refused_in(Arc::clone(dedup));
         }
         if self.guarantees.set(guarantees).is_err() {
             tracing::warn!("guarantees installed twice; the first stays");
@@ -119,7 +122,11 @@ impl Broker {
     /// subscriber, not retained), batched with others ([`super::dedup_spool::DedupSpool`]); resolves once it is
     /// durable, which the PUBACK awaits. A key that came *with* its message is never
     /// spooled: both are in one submit, durable or not together.
-    pub(super) fn spool_dedup_key(&self, store: &Arc<dyn Store>, op: Op) -> Durable {
+    pub(super) fn spool_dedup_key(
+        &self,
+        store: &Arc<dyn Store>,
+        op: Op,
+    ) -> Result<Durable, crate::storage::StorageError> {
         self.dedup_spool.submit(store, op)
     }
 

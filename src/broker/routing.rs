@@ -185,7 +185,10 @@ impl Broker {
         // keys (`DedupSpool`), its PUBACK waiting for that batch's commit.
         if ops.is_empty() {
             if let Some(op) = extra {
-                let durable = self.spool_dedup_key(store, op);
+                let durable = self.spool_dedup_key(store, op).map_err(|error| {
+                    tracing::debug!(%error, topic = %message.topic, "message refused: the durable store cannot take its dedup key");
+                    error
+                })?;
                 if !losses.is_empty() {
                     losses.publish_all(self);
                 }

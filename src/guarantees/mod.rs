@@ -27,8 +27,9 @@ pub struct Guarantees {
     pub dead_letters: Option<DeadLetters>,
     /// `[[schema]]` entries, compiled; swapped whole on SIGHUP.
     pub schemas: Option<Arc<SchemaSlot>>,
-    /// `[dedup] property`.
-    pub dedup: Option<Dedup>,
+    /// `[dedup] property`. Shared with the broker's key spool, which forgets the keys of a
+    /// batch the store refused.
+    pub dedup: Option<Arc<Dedup>>,
 }
 
 impl Guarantees {
@@ -49,7 +50,10 @@ impl Guarantees {
                 .enabled
                 .then(|| DeadLetters::new(&config.dead_letter)),
             schemas,
-            dedup: config.dedup.is_enabled().then(|| Dedup::new(&config.dedup)),
+            dedup: config
+                .dedup
+                .is_enabled()
+                .then(|| Arc::new(Dedup::new(&config.dedup))),
         })
     }
 }

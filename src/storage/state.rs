@@ -299,7 +299,6 @@ impl State {
         }
     }
 
-    /// Ends a batch: messages put in it that no entry references are dropped.
     /// Sets the bound on deduplication keys (`Store::bound_dedup`).
     pub(super) fn bound_dedup(&mut self, max_entries: usize) {
         self.dedup_cap = (max_entries != usize::MAX).then_some(max_entries);
@@ -332,6 +331,7 @@ impl State {
         before - self.dedup.len()
     }
 
+    /// Ends a batch: messages put in it that no entry references are dropped.
     pub(super) fn end_batch(&mut self) {
         for id in std::mem::take(&mut self.unreferenced) {
             if self.messages.get(&id).is_some_and(|slot| slot.refs == 0) {

@@ -304,3 +304,50 @@ async fn the_window_survives_kill_9() {
     );
     drop(broker);
 }
+
+/// A key that is the only thing its PUBLISH stores, refused by the store (the disk budget is
+/// reached, `disk_full = "reject"`): not acknowledged (v5 PUBACK 0x97 Quota exceeded, the
+/// connection kept, as for any message the store refuses) and forgotten, so the publisher's
+/// re-send is not taken for a duplicate of a message that was never accepted.
+#[tokio::test]
+async fn a_key_the_store_refuses_gets_0x97_and_is_forgotten() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = durable_dedup_config(dir.path());
+    config.storage.max_disk_bytes = 1 << 20;
+    let server = common::start_with(config).await;
+    let mut c = v5::connect_id(server.mqtt_addr, "filler").await;
+    // Retained messages are stored: fill the budget with smaller and smaller ones until less
+    // than 1 KiB is left (each size until one is refused).
+    let mut id = 0u16;
+    for size in [64 * 1024, 8 * 1024, 1024] {
+        let mut refused = false;
+        for _ in 0..64 {
+            id += 1;
+            let mut p = v5::publish_packet(
+                &format!("fill/{id}"),
+                QoS::AtLeastOnce,
+                &vec![b'x'; size],
+                id,
+            );
+            p.retain = true;
+            if v5::publish(&mut c, p).await == ReasonCode::QUOTA_EXCEEDED {
+                refused = true;
+                break;
+            }
+        }
+        assert!(refused, "{size}-byte messages filled the budget");
+    }
+    // A key of 4 KiB: more than is left.
+    let key = "q".repeat(4096);
+    let code = v5::publish(&mut c, keyed("t", QoS::AtLeastOnce, b"k", 1000, &key)).await;
+    assert_eq!(code, ReasonCode::QUOTA_EXCEEDED);
+    assert_eq!(server.broker.metrics.dedup.entries.get(), 0.0, "forgotten");
+    let code = v5::publish(&mut c, keyed("t", QoS::AtLeastOnce, b"k", 1001, &key)).await;
+    assert_eq!(
+        code,
+        ReasonCode::QUOTA_EXCEEDED,
+        "the re-send is refused again, not acknowledged as a duplicate"
+    );
+    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 0);
+    server.shutdown().await;
+}
