@@ -78,8 +78,7 @@ impl DedupSpool {
     /// before this call, is durable (a duplicate's PUBACK waits for it: its first copy's key
     /// may still be waiting here).
     pub(super) fn barrier(self: &Arc<Self>, store: &Arc<dyn Store>) -> Durable {
-        self.enqueue(store, None)
-            .unwrap_or_else(|error| Durable::refused(error))
+        self.enqueue(store, None).unwrap_or_else(Durable::refused)
     }
 
     fn enqueue(
