@@ -152,16 +152,12 @@ impl DedupSpool {
                 }
                 Err(rejected) => {
                     self.forget(&rejected.ops);
-                    for waiter in keys {
-                        let _ = waiter.send(Err(same_kind(&rejected.error)));
-                    }
+                    finish(keys, Err(same_kind(&rejected.error)));
                     // Barriers carry no data of their own: alone, the store takes them.
                     match store.submit(Vec::new()) {
                         Ok(submitted) => (submitted, barriers),
                         Err(rejected) => {
-                            for waiter in barriers {
-                                let _ = waiter.send(Err(same_kind(&rejected.error)));
-                            }
+                            finish(barriers, Err(same_kind(&rejected.error)));
                             match self.next() {
                                 Some(next) => {
                                     batch = next;
