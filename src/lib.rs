@@ -7,6 +7,7 @@ pub mod admin;
 pub mod auth;
 pub mod bridge;
 pub mod broker;
+pub mod cluster;
 pub mod codec;
 pub mod config;
 pub mod connection;

@@ -14,6 +14,7 @@
 //! (bytes, seconds). The table in README.md lists them; a test keeps it complete.
 
 pub mod bridge;
+mod cluster;
 mod dedup;
 mod endpoint;
 mod handles;
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use handles::{counter_of, gauge_of, Reg};
 
 pub use bridge::BridgeMetrics;
+pub use cluster::ClusterMetrics;
 pub use dedup::DedupMetrics;
 pub use endpoint::{start_exporter, MetricsEndpoint};
 pub use handles::{Counter, Gauge, Histogram};
@@ -523,6 +525,12 @@ impl Metrics {
     /// `postbox_bridge_*` series exist, at 0, from then on.
     pub fn bridge(&self, name: &str) -> BridgeMetrics {
         BridgeMetrics::new(name, &self.bridges, &self.scrape.figures.bridge_queues)
+    }
+
+    /// Registers the `postbox_cluster_*` families (`[cluster]`), once, when the cluster
+    /// layer starts.
+    pub fn cluster(&self) -> ClusterMetrics {
+        ClusterMetrics::register(&self.registry)
     }
 
     /// Counts a refusing CONNACK with MQTT 5 reason code `code`.

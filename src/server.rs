@@ -267,6 +267,11 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .iter()
         .map(|bridge| BridgeStatus::new(bridge, &broker))
         .collect();
+    // Clustered: installed before the listeners run, so no PUBLISH can miss the cluster; it
+    // connects to NATS in the background and refuses QoS 1/2 until NATS is reached.
+    if let Some(cluster) = &config.cluster {
+        crate::cluster::Cluster::start(cluster, &broker);
+    }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     if config.mqtt.sys_interval > 0 {
         let interval = Duration::from_secs(u64::from(config.mqtt.sys_interval));

@@ -451,6 +451,13 @@ impl SessionHandle {
                 pressure: None,
             });
         }
+        // Clustered: refused before anyone gets it if the cluster cannot hold it now.
+        if let Err(refused) = self.broker.cluster_admit(qos) {
+            if qos == QoS::ExactlyOnce {
+                self.session.lock().forget_inbound(packet_id);
+            }
+            return Err(refused);
+        }
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
         let inbound = receipt
             .store_id
@@ -470,7 +477,8 @@ impl SessionHandle {
                         } else {
                             ReasonCode::SUCCESS
                         };
-                        (reason, routed.durable, routed.pressure)
+                        let durable = self.broker.cluster_forward(&message, routed.durable);
+                        (reason, durable, routed.pressure)
                     }),
                 // Its first copy's commit may still be on its way: the ack waits for it too.
                 super::Gate::Duplicate => {

@@ -207,8 +207,11 @@ impl Broker {
             }
         }
         self.metrics.will_messages_published.increment(1);
-        if let Err(error) = self.publish(Arc::new(Message::from_will(will)), None) {
-            tracing::warn!(%error, "will message refused by the durable store");
+        let message = Arc::new(Message::from_will(will));
+        match self.publish(Arc::clone(&message), None) {
+            // Clustered, the other nodes' subscribers get it too (nobody waits for the ack).
+            Ok(_) => drop(self.cluster_forward(&message, None)),
+            Err(error) => tracing::warn!(%error, "will message refused by the durable store"),
         }
     }
 

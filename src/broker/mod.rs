@@ -13,7 +13,9 @@
 pub mod admin;
 mod arrival_order;
 mod backlog;
+pub mod cluster_seam;
 pub use backlog::Backlog;
+pub use cluster_seam::ClusterSeam;
 mod dedup_spool;
 pub mod flow;
 mod guarantees;
@@ -167,6 +169,9 @@ pub struct Broker {
     /// Dedup keys stored without a message of their own, gathered for one submit
     /// (`Broker::spool_dedup_key`).
     dedup_spool: Arc<dedup_spool::DedupSpool>,
+    /// The cluster layer (`[cluster]`), installed once by `server::start`; unset on a single
+    /// node, where it costs one load per PUBLISH.
+    cluster: std::sync::OnceLock<Arc<dyn ClusterSeam>>,
 }
 
 /// The authorisation in force, when anything restricts anyone (see [`Broker::authz`]).
@@ -228,6 +233,10 @@ pub enum PublishRefused {
         /// The client id of the full session (for the log and the v5 reason string).
         client_id: ByteString,
     },
+    /// The cluster (`[cluster]`) cannot make the message durable cluster-wide now: its link
+    /// to NATS is down, or too many messages wait for it (v5 0x97).
+    #[error("the cluster cannot take it now: {0}")]
+    ClusterUnavailable(&'static str),
     /// The payload breaks a `[[schema]]` whose action is `reject` (v5 0x99).
     #[error("payload does not match schema {schema_id}: {why}")]
     PayloadInvalid {
@@ -257,7 +266,7 @@ impl PublishRefused {
     pub fn is_quota(&self) -> bool {
         match self {
             PublishRefused::Store(error) => error.is_quota(),
-            PublishRefused::QueueFull { .. } => true,
+            PublishRefused::QueueFull { .. } | PublishRefused::ClusterUnavailable(_) => true,
             PublishRefused::PayloadInvalid { .. } => false,
         }
     }
@@ -309,6 +318,7 @@ impl Broker {
             claims_seen: AtomicBool::new(false),
             guarantees: std::sync::OnceLock::new(),
             dedup_spool: Arc::default(),
+            cluster: std::sync::OnceLock::new(),
             connection_facts: admin::ConnectionFactsMap::default(),
         });
         broker.watch_backlog();

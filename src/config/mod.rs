@@ -13,6 +13,7 @@
 //! `error` turns problems into positioned messages, `overrides` applies the command line.
 
 mod bridge;
+mod cluster;
 mod error;
 mod guarantees;
 mod listener;
@@ -29,6 +30,7 @@ pub use bridge::{
     BridgeConfig, BridgeProtocol, BridgeTlsConfig, Direction, StartMode, TopicRule,
     BRIDGE_SESSION_PREFIX, HOPS_PROPERTY, MAX_BRIDGE_NAME_LEN, MIN_BRIDGE_KEEP_ALIVE,
 };
+pub use cluster::{ClusterConfig, MAX_NODE_ID_LEN};
 pub use error::ConfigError;
 pub use guarantees::{
     DeadLetterConfig, DedupConfig, InvalidV3, SchemaAction, SchemaConfig,
@@ -82,6 +84,9 @@ pub struct Config {
     pub schemas: Vec<SchemaConfig>,
     /// Duplicate detection (`[dedup]`).
     pub dedup: DedupConfig,
+    /// Several nodes as one broker over NATS JetStream (`[cluster]`); absent: one node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for Config {
@@ -98,6 +103,7 @@ impl Default for Config {
             dead_letter: DeadLetterConfig::default(),
             schemas: Vec::new(),
             dedup: DedupConfig::default(),
+            cluster: None,
         }
     }
 }

@@ -27,6 +27,9 @@ impl Config {
         self.check_connection_bounds()?;
         self.check_admin_token()?;
         bridge::validate(&self.bridges)?;
+        if let Some(cluster) = &self.cluster {
+            super::cluster::validate(cluster)?;
+        }
         guarantees::validate(&self.dead_letter, &self.schemas, &self.dedup)
     }
 

@@ -267,3 +267,36 @@ pub const ALL: [&str; 65] = [
     SHARED_GROUP_BACKLOG_OLDEST_SECONDS,
     SHARED_GROUPS_UNSERVED,
 ];
+
+/// Gauge: 1 while the cluster's link to NATS is up and its streams and buckets are ready.
+pub const CLUSTER_UP: &str = "postbox_cluster_up";
+/// Counter: connects to NATS after the first.
+pub const CLUSTER_RECONNECTS_TOTAL: &str = "postbox_cluster_reconnects_total";
+/// Counter (label `direction`: `out`, `in`): messages exchanged with the other nodes.
+pub const CLUSTER_MESSAGES_TOTAL: &str = "postbox_cluster_messages_total";
+/// Counter (label `direction`): bytes of those messages.
+pub const CLUSTER_BYTES_TOTAL: &str = "postbox_cluster_bytes_total";
+/// Gauge: messages sent to NATS awaiting their acknowledgement.
+pub const CLUSTER_PENDING: &str = "postbox_cluster_pending";
+/// Counter: QoS 1/2 PUBLISHes refused because the cluster could not take them.
+pub const CLUSTER_REFUSED_TOTAL: &str = "postbox_cluster_refused_total";
+/// Counter (label `reason`: `link_down`, `max_pending`): QoS 0 messages not forwarded.
+pub const CLUSTER_DROPPED_TOTAL: &str = "postbox_cluster_dropped_total";
+/// Gauge: other nodes' messages this node has not taken yet.
+pub const CLUSTER_LAG_MESSAGES: &str = "postbox_cluster_lag_messages";
+/// Counter: frames on the cluster's subjects that were not Postbox messages.
+pub const CLUSTER_BAD_FRAMES_TOTAL: &str = "postbox_cluster_bad_frames_total";
+
+/// Every cluster metric: registered only when `[cluster]` is configured (not in [`ALL`]); the
+/// README lists them.
+pub const CLUSTER: [&str; 9] = [
+    CLUSTER_UP,
+    CLUSTER_RECONNECTS_TOTAL,
+    CLUSTER_MESSAGES_TOTAL,
+    CLUSTER_BYTES_TOTAL,
+    CLUSTER_PENDING,
+    CLUSTER_REFUSED_TOTAL,
+    CLUSTER_DROPPED_TOTAL,
+    CLUSTER_LAG_MESSAGES,
+    CLUSTER_BAD_FRAMES_TOTAL,
+];

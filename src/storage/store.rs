@@ -40,13 +40,36 @@ pub struct Submitted {
 /// Completion of one submit: a future resolving to `Ok(())` once it is durable per the fsync
 /// policy, or to the writer's failure.
 #[derive(Debug)]
-pub struct Durable(oneshot::Receiver<Result<(), StorageError>>);
+pub struct Durable(Waiting);
+
+/// What a [`Durable`] waits for: one commit, or two (the local store's and the cluster's).
+#[derive(Debug)]
+enum Waiting {
+    One(oneshot::Receiver<Result<(), StorageError>>),
+    /// Each half is `None` once it resolved `Ok`; boxed, so the common case stays small.
+    Both(Box<[Option<Durable>; 2]>),
+}
 
 impl Durable {
     /// A pair: the future, and the sender the writer completes.
     pub(crate) fn channel() -> (oneshot::Sender<Result<(), StorageError>>, Durable) {
         let (tx, rx) = oneshot::channel();
-        (tx, Durable(rx))
+        (tx, Durable(Waiting::One(rx)))
+    }
+
+    /// Resolves once both `a` and `b` are durable, or to the first failure: a PUBACK that
+    /// needs the local store and the cluster (`[cluster]`) both to hold the message.
+    pub fn both(a: Option<Durable>, b: Option<Durable>) -> Option<Durable> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(Durable(Waiting::Both(Box::new([Some(a), Some(b)])))),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A pair for a commit made outside the store (the cluster's JetStream ack): the future,
+    /// and the sender to complete with `Ok` or the reason it failed.
+    pub fn pending() -> (oneshot::Sender<Result<(), StorageError>>, Durable) {
+        Durable::channel()
     }
 
     /// Already durable (in-memory engine).
@@ -72,9 +95,29 @@ impl std::future::Future for Durable {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0)
-            .poll(cx)
-            .map(|r| r.unwrap_or(Err(StorageError::Closed)))
+        match &mut self.0 {
+            Waiting::One(rx) => std::pin::Pin::new(rx)
+                .poll(cx)
+                .map(|r| r.unwrap_or(Err(StorageError::Closed))),
+            Waiting::Both(halves) => {
+                for half in halves.iter_mut() {
+                    if let Some(durable) = half {
+                        match std::pin::Pin::new(durable).poll(cx) {
+                            std::task::Poll::Ready(Ok(())) => *half = None,
+                            std::task::Poll::Ready(Err(e)) => {
+                                return std::task::Poll::Ready(Err(e))
+                            }
+                            std::task::Poll::Pending => {}
+                        }
+                    }
+                }
+                if halves.iter().all(Option::is_none) {
+                    std::task::Poll::Ready(Ok(()))
+                } else {
+                    std::task::Poll::Pending
+                }
+            }
+        }
     }
 }
 
@@ -216,6 +259,10 @@ pub enum StorageError {
     /// The store was closed.
     #[error("storage closed")]
     Closed,
+    /// The cluster (`[cluster]`, NATS JetStream) did not confirm it holds the message: it
+    /// is unreachable, or its acknowledgement did not come in time.
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 impl StorageError {
@@ -237,6 +284,7 @@ impl StorageError {
             StorageError::QueueFull { .. }
                 | StorageError::DiskBudgetExceeded { .. }
                 | StorageError::NoSpace(_)
+                | StorageError::Cluster(_)
         )
     }
 }

@@ -1,0 +1,261 @@
+//! What other nodes sent, routed through this node's topic tree like a local PUBLISH (queues,
+//! flow control and dead letters all apply):
+//!
+//! - QoS 1/2: the node's durable pull consumer of `PB_MSGS` (`node-<id>`, explicit ack). A
+//!   message is acknowledged to JetStream only once it is queued, durably where its sessions
+//!   are; until then JetStream keeps it and redelivers it after `ack_wait` (so a crash of
+//!   this node loses none of it). The node's own messages are skipped (routed when
+//!   published: loop-free).
+//! - QoS 0: a core subscription on `pb.q0.>`, at most once.
+//! - Retained: a watch of the retained bucket, with history, into the local retained index.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::{wire, Cluster, QOS0_SUBJECTS, RETAINED_BUCKET, STREAM, STREAM_SUBJECTS};
+use crate::broker::{Broker, Message};
+use crate::config::ClusterConfig;
+use crate::storage::Durable;
+
+/// Messages routed and waiting for their local commit before their JetStream ack.
+const ACK_QUEUE: usize = 4096;
+/// Pause before trying again after the consumer, subscription or watch failed.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Starts the three inbound tasks.
+pub(super) fn spawn(
+    client: async_nats::Client,
+    js: jetstream::Context,
+    cluster: Arc<Cluster>,
+    broker: Weak<Broker>,
+    config: ClusterConfig,
+) {
+    tokio::spawn(consume_stream(
+        js.clone(),
+        Arc::clone(&cluster),
+        broker.clone(),
+        config,
+    ));
+    tokio::spawn(consume_qos0(client, Arc::clone(&cluster), broker.clone()));
+    tokio::spawn(watch_retained(js, cluster, broker));
+}
+
+/// Decodes a frame from another node into a message (origin `None`: no session of this node
+/// published it, so No Local never applies). `None` for this node's own frames and for
+/// frames that are not Postbox messages (counted).
+fn from_other_node(cluster: &Cluster, frame: &[u8]) -> Option<Arc<Message>> {
+    if wire::origin(frame) == Some(cluster.node.as_bytes()) {
+        return None;
+    }
+    match wire::decode(frame) {
+        Ok((_, publish)) => {
+            cluster.metrics.messages[1].increment(1);
+            cluster.metrics.bytes[1].increment(frame.len() as u64);
+            Some(Arc::new(Message::from_publish(publish, None)))
+        }
+        Err(error) => {
+            cluster.metrics.bad_frames.increment(1);
+            tracing::debug!(%error, "cluster: skipped a frame that is not a Postbox message");
+            None
+        }
+    }
+}
+
+/// The node's consumer of `PB_MSGS`, made once and resumed where it stopped after every
+/// failure or restart.
+async fn consume_stream(
+    js: jetstream::Context,
+    cluster: Arc<Cluster>,
+    broker: Weak<Broker>,
+    config: ClusterConfig,
+) {
+    let name = format!("node-{}", config.node);
+    let (acks_tx, acks_rx) = mpsc::channel(ACK_QUEUE);
+    tokio::spawn(acknowledge(acks_rx));
+    loop {
+        if broker.strong_count() == 0 {
+            return;
+        }
+        let consumer = async {
+            let stream = js.get_stream(STREAM).await?;
+            let consumer: consumer::PullConsumer = stream
+                .get_or_create_consumer(
+                    &name,
+                    consumer::pull::Config {
+                        durable_name: Some(name.clone()),
+                        // A new node starts with what is published from now on; a known
+                        // one resumes where it stopped.
+                        deliver_policy: consumer::DeliverPolicy::New,
+                        ack_policy: consumer::AckPolicy::Explicit,
+                        ack_wait: Duration::from_secs(30),
+                        filter_subject: format!("{STREAM_SUBJECTS}.>"),
+                        max_ack_pending: 20_000,
+                        // A node gone for longer than messages are kept has nothing left
+                        // to resume: its consumer goes too.
+                        inactive_threshold: Duration::from_secs(config.retention),
+                        num_replicas: config.replicas,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            let messages = consumer
+                .stream()
+                .max_messages_per_batch(1000)
+                .heartbeat(Duration::from_secs(5))
+                .expires(Duration::from_secs(30))
+                .messages()
+                .await?;
+            Ok::<_, async_nats::Error>((consumer, messages))
+        }
+        .await;
+        let (mut consumer, mut messages) = match consumer {
+            Ok(pair) => pair,
+            Err(error) => {
+                tracing::warn!(%error, consumer = %name, "cluster: cannot consume the message stream; trying again");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        let mut lag_check = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            let next = tokio::select! {
+                next = messages.next() => next,
+                _ = lag_check.tick() => {
+                    if let Ok(info) = consumer.info().await {
+                        cluster.metrics.lag.set(info.num_pending as f64);
+                    }
+                    continue;
+                }
+            };
+            let message = match next {
+                Some(Ok(message)) => message,
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "cluster: the message stream's pull failed; resuming");
+                    break;
+                }
+                None => break,
+            };
+            let Some(broker) = broker.upgrade() else {
+                return;
+            };
+            let durable = match from_other_node(&cluster, &message.payload) {
+                None => None,
+                Some(routed) => match route(&broker, routed) {
+                    Ok(durable) => durable,
+                    Err(()) => {
+                        // Not taken here now (the store refused it): JetStream delivers
+                        // it again after a pause; nothing is acknowledged.
+                        let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
+                        continue;
+                    }
+                },
+            };
+            if acks_tx.send((durable, message)).await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Routes a message from another node; the commit its JetStream ack must wait for.
+fn route(broker: &Broker, message: Arc<Message>) -> Result<Option<Durable>, ()> {
+    match broker.publish(message, None) {
+        Ok(routed) => Ok(routed.durable),
+        Err(error) => {
+            tracing::warn!(%error, "cluster: a message from another node was refused here; it will be delivered again");
+            Err(())
+        }
+    }
+}
+
+/// Acknowledges stream messages in order, each once its local commit is durable (a failed
+/// commit: not acknowledged, JetStream redelivers).
+async fn acknowledge(mut acks: mpsc::Receiver<(Option<Durable>, jetstream::Message)>) {
+    while let Some((durable, message)) = acks.recv().await {
+        if let Some(durable) = durable {
+            if let Err(error) = durable.await {
+                tracing::warn!(%error, "cluster: a message from another node was not stored here; it will be delivered again");
+                let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
+                continue;
+            }
+        }
+        if let Err(error) = message.ack().await {
+            tracing::debug!(%error, "cluster: acknowledgement to JetStream failed; the message may come again");
+        }
+    }
+}
+
+/// QoS 0 messages of other nodes.
+async fn consume_qos0(client: async_nats::Client, cluster: Arc<Cluster>, broker: Weak<Broker>) {
+    loop {
+        let mut subscription = match client.subscribe(format!("{QOS0_SUBJECTS}.>")).await {
+            Ok(subscription) => subscription,
+            Err(error) => {
+                tracing::warn!(%error, "cluster: cannot subscribe to QoS 0 messages; trying again");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        while let Some(message) = subscription.next().await {
+            let Some(broker) = broker.upgrade() else {
+                return;
+            };
+            if let Some(routed) = from_other_node(&cluster, &message.payload) {
+                let _ = broker.publish(routed, None);
+            }
+        }
+        if broker.strong_count() == 0 {
+            return;
+        }
+    }
+}
+
+/// The retained bucket into the local retained index: its current content first, then each
+/// change. Entries this node wrote are applied too (a restarted node without persistence
+/// gets its own back); the bucket's order per key is the publish order.
+async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: Weak<Broker>) {
+    loop {
+        if broker.strong_count() == 0 {
+            return;
+        }
+        let watch = async {
+            let store = js.get_key_value(RETAINED_BUCKET).await?;
+            Ok::<_, async_nats::Error>(store.watch_with_history(">").await?)
+        }
+        .await;
+        let mut watch = match watch {
+            Ok(watch) => watch,
+            Err(error) => {
+                tracing::warn!(%error, "cluster: cannot watch the retained bucket; trying again");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        while let Some(entry) = watch.next().await {
+            let Ok(entry) = entry else {
+                break;
+            };
+            if entry.operation != kv::Operation::Put {
+                continue; // deletions are written as empty retained messages
+            }
+            let Some(broker) = broker.upgrade() else {
+                return;
+            };
+            match wire::decode(&entry.value) {
+                Ok((_, publish)) => {
+                    broker.apply_cluster_retained(&Arc::new(Message::from_publish(publish, None)));
+                }
+                Err(error) => {
+                    cluster.metrics.bad_frames.increment(1);
+                    tracing::debug!(%error, key = %entry.key, "cluster: skipped a retained entry that is not a Postbox message");
+                }
+            }
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}

@@ -1,0 +1,157 @@
+//! The NATS connection of one node: connect (in the background, forever), follow its state,
+//! make sure of the streams and buckets at every connect, and run the node's tasks.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use tokio::sync::mpsc;
+
+use super::{inbound, outbound, Cluster, RETAINED_BUCKET, STREAM, STREAM_SUBJECTS};
+use crate::broker::Broker;
+use crate::config::ClusterConfig;
+
+/// How long a message may wait in the stream for a duplicate publish to be recognised
+/// (`Nats-Msg-Id`); capped by the server to `max_age`.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Starts the link's task.
+pub(super) fn spawn(
+    config: ClusterConfig,
+    cluster: Arc<Cluster>,
+    broker: Weak<Broker>,
+    outgoing: mpsc::UnboundedReceiver<outbound::Outgoing>,
+) {
+    tokio::spawn(run(config, cluster, broker, outgoing));
+}
+
+async fn run(
+    config: ClusterConfig,
+    cluster: Arc<Cluster>,
+    broker: Weak<Broker>,
+    outgoing: mpsc::UnboundedReceiver<outbound::Outgoing>,
+) {
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let options = async_nats::ConnectOptions::new()
+        .name(format!("postbox-{}", config.node))
+        .retry_on_initial_connect()
+        .connection_timeout(Duration::from_secs(5))
+        .event_callback(move |event| {
+            let events_tx = events_tx.clone();
+            async move {
+                let _ = events_tx.send(event);
+            }
+        });
+    let servers = config.servers.join(",");
+    let client = match options.connect(servers.as_str()).await {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::error!(%error, servers = %servers, "cluster: cannot start the NATS client; this node refuses QoS 1/2 PUBLISHes");
+            return;
+        }
+    };
+    let js = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(config.publish_timeout))
+        .build(client.clone());
+    outbound::spawn(
+        client.clone(),
+        js.clone(),
+        Arc::clone(&cluster),
+        Duration::from_secs(config.publish_timeout),
+        outgoing,
+    );
+    let mut inbound_started = false;
+    let mut connects = 0u64;
+    while let Some(event) = events.recv().await {
+        match event {
+            async_nats::Event::Connected => {
+                connects += 1;
+                if connects > 1 {
+                    cluster.metrics.reconnects.increment(1);
+                }
+                tracing::info!(servers = %servers, node = %config.node, "cluster: connected to NATS");
+                if !ensure_state(&js, &config, &client).await {
+                    continue; // logged; the next connect tries again
+                }
+                cluster.set_up(true);
+                if !inbound_started {
+                    inbound_started = true;
+                    inbound::spawn(
+                        client.clone(),
+                        js.clone(),
+                        Arc::clone(&cluster),
+                        broker.clone(),
+                        config.clone(),
+                    );
+                }
+            }
+            async_nats::Event::Disconnected => {
+                cluster.set_up(false);
+                tracing::warn!(servers = %servers, "cluster: lost NATS; QoS 1/2 PUBLISHes are refused until it is back");
+            }
+            other => tracing::debug!(event = %other, "cluster: NATS client event"),
+        }
+        if broker.strong_count() == 0 {
+            break;
+        }
+    }
+}
+
+/// Creates or converges the stream and buckets; false (logged) if JetStream refused.
+async fn ensure_state(
+    js: &jetstream::Context,
+    config: &ClusterConfig,
+    client: &async_nats::Client,
+) -> bool {
+    let messages = stream::Config {
+        name: STREAM.to_owned(),
+        subjects: vec![format!("{STREAM_SUBJECTS}.>")],
+        retention: stream::RetentionPolicy::Limits,
+        max_age: Duration::from_secs(config.retention),
+        storage: stream::StorageType::File,
+        num_replicas: config.replicas,
+        duplicate_window: DUPLICATE_WINDOW.min(Duration::from_secs(config.retention)),
+        max_message_size: i32::try_from(client.server_info().max_payload).unwrap_or(i32::MAX),
+        discard: stream::DiscardPolicy::Old,
+        ..Default::default()
+    };
+    if let Err(error) = js.create_or_update_stream(messages).await {
+        tracing::error!(%error, stream = STREAM, "cluster: cannot create or update the message stream");
+        return false;
+    }
+    if let Err(error) = ensure_bucket(js, RETAINED_BUCKET, 1, config.replicas).await {
+        tracing::error!(%error, bucket = RETAINED_BUCKET, "cluster: cannot create the retained bucket");
+        return false;
+    }
+    true
+}
+
+/// Makes sure KV bucket `bucket` exists, shaped as `async-nats` makes buckets (stream
+/// `KV_<bucket>`, subjects `$KV.<bucket>.>`, one value per key kept `history` deep, rollups,
+/// direct gets, discard new). Made here because 0.51's `create_key_value` first asks for the
+/// account's info, whose 2.9 answer it cannot decode.
+async fn ensure_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    history: i64,
+    replicas: usize,
+) -> Result<(), async_nats::Error> {
+    if js.get_key_value(bucket).await.is_ok() {
+        return Ok(());
+    }
+    js.create_stream(stream::Config {
+        name: format!("KV_{bucket}"),
+        subjects: vec![format!("$KV.{bucket}.>")],
+        max_messages_per_subject: history,
+        storage: stream::StorageType::File,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: replicas,
+        discard: stream::DiscardPolicy::New,
+        duplicate_window: DUPLICATE_WINDOW,
+        ..Default::default()
+    })
+    .await?;
+    Ok(())
+}

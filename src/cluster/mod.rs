@@ -1,0 +1,174 @@
+//! Several Postbox nodes as one broker, over NATS JetStream (`[cluster]`, issue 17).
+//!
+//! The broker sees this layer through [`crate::broker::ClusterSeam`]; here is the engine side:
+//!
+//! - [`link`]: the NATS connection, its state (`postbox_cluster_up`), the streams and buckets
+//!   made sure of at every (re)connect.
+//! - [`outbound`]: what this node sends: a bounded queue (`max_pending`) drained by one
+//!   task that publishes in order and one that awaits the acknowledgements in order, each
+//!   resolving its publisher's PUBACK / PUBREC wait.
+//! - [`inbound`]: what other nodes sent: the node's durable consumer of `PB_MSGS` (QoS 1/2),
+//!   its core subscription (QoS 0), the retained bucket's watch.
+//! - [`subject`], [`wire`]: topics as subjects and keys, messages as frames.
+//!
+//! What is shared, and where (names are fixed; `R` = `[cluster] replicas`):
+//!
+//! | name | kind | what |
+//! | --- | --- | --- |
+//! | `PB_MSGS` | stream, subjects `pb.m.>`, Limits, `max_age` = `retention`, File, R | every QoS 1/2 message, once |
+//! | `pb.q0.>` | core subjects | QoS 0 messages, at most once |
+//! | `pb_retained` | KV bucket, history 1, File, R | the retained message of each topic (key: [`subject::key`]) |
+//!
+//! Delivery is node fan-in: one durable consumer per node (`node-<id>`), whatever the number
+//! of sessions and subscriptions; each node routes what it takes through its own topic tree.
+
+pub mod inbound;
+pub mod link;
+pub mod outbound;
+pub mod subject;
+pub mod wire;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::broker::{Broker, ClusterSeam, Message, PublishRefused};
+use crate::codec::QoS;
+use crate::config::ClusterConfig;
+use crate::metrics::ClusterMetrics;
+use crate::storage::Durable;
+
+/// The message stream.
+pub const STREAM: &str = "PB_MSGS";
+/// Subject prefix of the stream's messages.
+pub const STREAM_SUBJECTS: &str = "pb.m";
+/// Subject prefix of QoS 0 messages (core NATS).
+pub const QOS0_SUBJECTS: &str = "pb.q0";
+/// The retained messages' bucket.
+pub const RETAINED_BUCKET: &str = "pb_retained";
+
+/// The running cluster layer of one node: what the broker calls (as [`ClusterSeam`]) and
+/// what the tasks share.
+#[derive(Debug)]
+pub struct Cluster {
+    /// This node's id.
+    node: String,
+    /// Up: connected to NATS and the streams and buckets are there.
+    up: AtomicBool,
+    /// Messages handed to the outbound queue whose acknowledgement has not come.
+    pending: AtomicUsize,
+    /// `[cluster] max_pending`.
+    max_pending: usize,
+    /// The outbound queue (unbounded channel; `pending` is its bound, checked at admission).
+    outbound: tokio::sync::mpsc::UnboundedSender<outbound::Outgoing>,
+    /// Metric handles.
+    metrics: ClusterMetrics,
+}
+
+impl Cluster {
+    /// Starts the cluster layer of `broker`: the NATS client (it connects in the background
+    /// and reconnects forever), the outbound tasks and, once connected, the inbound ones.
+    /// Installs itself in the broker. Until NATS is reached, QoS 1/2 PUBLISHes are refused.
+    pub fn start(config: &ClusterConfig, broker: &Arc<Broker>) -> Arc<Cluster> {
+        let metrics = broker.metrics.cluster();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let cluster = Arc::new(Cluster {
+            node: config.node.clone(),
+            up: AtomicBool::new(false),
+            pending: AtomicUsize::new(0),
+            max_pending: config.max_pending,
+            outbound: tx,
+            metrics,
+        });
+        broker.install_cluster(Arc::clone(&cluster) as Arc<dyn ClusterSeam>);
+        link::spawn(
+            config.clone(),
+            Arc::clone(&cluster),
+            Arc::downgrade(broker),
+            rx,
+        );
+        cluster
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// True while NATS is reachable and the streams and buckets are ready.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Marks the link up or down (and its gauge).
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Release);
+        self.metrics.up.set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// One message fewer waits for NATS.
+    fn settled(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+        self.metrics.pending.decrement(1.0);
+    }
+}
+
+impl ClusterSeam for Cluster {
+    fn admit(&self, qos: QoS) -> Result<(), PublishRefused> {
+        if qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        let why = if !self.is_up() {
+            "NATS is unreachable"
+        } else if self.pending.load(Ordering::Acquire) >= self.max_pending {
+            "too many messages wait for NATS (cluster.max_pending)"
+        } else {
+            return Ok(());
+        };
+        self.metrics.refused.increment(1);
+        Err(PublishRefused::ClusterUnavailable(why))
+    }
+
+    fn forward(&self, message: &Arc<Message>) -> Option<Durable> {
+        if message.qos == QoS::AtMostOnce {
+            let reason = if !self.is_up() {
+                Some(0)
+            } else if self.pending.load(Ordering::Acquire) >= self.max_pending {
+                Some(1)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                self.metrics.dropped[reason].increment(1);
+                return None;
+            }
+        }
+        let frame = match wire::encode(&self.node, message) {
+            Ok(frame) => frame,
+            Err(error) => {
+                tracing::warn!(%error, topic = %message.topic, "cluster: message not forwarded, it cannot be encoded");
+                return None;
+            }
+        };
+        let (done, durable) = if message.qos == QoS::AtMostOnce {
+            (None, None)
+        } else {
+            let (tx, durable) = Durable::pending();
+            (Some(tx), Some(durable))
+        };
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.metrics.pending.increment(1.0);
+        let outgoing = outbound::Outgoing {
+            topic: message.topic.clone(),
+            qos: message.qos,
+            retain: message.retain,
+            frame,
+            done,
+        };
+        if self.outbound.send(outgoing).is_err() {
+            // The tasks are gone (shutdown): the sender dropped with the message answers
+            // its waiter with "closed".
+            self.settled();
+        }
+        durable
+    }
+}

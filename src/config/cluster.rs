@@ -1,0 +1,114 @@
+//! `[cluster]`: several Postbox nodes acting as one broker over NATS JetStream (issue 17).
+//! Absent, the broker is a single node and the cluster layer costs nothing.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::invalid;
+use super::ConfigError;
+
+/// Longest node id: it is part of NATS consumer names and headers.
+pub const MAX_NODE_ID_LEN: usize = 32;
+
+/// `[cluster]`: this node's identity and the NATS JetStream it shares state through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// This node's id, unique in the cluster: `[A-Za-z0-9_-]`, 1..=32 bytes. It names the
+    /// node's JetStream consumer (`node-<id>`) and marks what the node publishes (loop-free).
+    pub node: String,
+    /// NATS server URLs (`nats://host:port`, `tls://host:port`); the client fails over
+    /// between them and reconnects forever.
+    pub servers: Vec<String>,
+    /// JetStream replicas of every stream and bucket: 1 for a single `nats-server` (tests),
+    /// 3 in production (a power loss on R=1 can lose what 2.9's file store had not synced).
+    pub replicas: usize,
+    /// Seconds a message stays in the `PB_MSGS` stream: how long a session may be offline
+    /// and still be resumed on another node with everything queued for it. 60..=2592000.
+    pub retention: u64,
+    /// Most messages waiting for NATS (sent, PubAck not yet in). Beyond it a QoS 1/2 PUBLISH
+    /// is refused (v5 0x97, 3.x disconnect) and a QoS 0 one is dropped and counted.
+    pub max_pending: usize,
+    /// Seconds a message waits for the JetStream PubAck before its publisher's connection is
+    /// closed unacknowledged (the publisher re-sends). 1..=60.
+    pub publish_timeout: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            node: String::new(),
+            servers: vec!["nats://127.0.0.1:4222".to_owned()],
+            replicas: 1,
+            retention: 3600,
+            max_pending: 10_000,
+            publish_timeout: 5,
+        }
+    }
+}
+
+/// The rules of `[cluster]`.
+///
+/// # Errors
+///
+/// The first rule broken, keyed `cluster.node`, `cluster.servers`, …
+pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
+    if cluster.node.is_empty() {
+        return Err(invalid(
+            "cluster.node",
+            "name this node: every node of a cluster needs its own id".to_owned(),
+        ));
+    }
+    if cluster.node.len() > MAX_NODE_ID_LEN
+        || !cluster
+            .node
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(invalid(
+            "cluster.node",
+            format!(
+                "{:?}: use 1 to {MAX_NODE_ID_LEN} of A-Z a-z 0-9 _ -",
+                cluster.node
+            ),
+        ));
+    }
+    if cluster.servers.is_empty() {
+        return Err(invalid(
+            "cluster.servers",
+            "list at least one NATS server (nats://host:port)".to_owned(),
+        ));
+    }
+    if let Some(bad) = cluster.servers.iter().find(|s| {
+        !(s.starts_with("nats://") || s.starts_with("tls://")) || s.contains(char::is_whitespace)
+    }) {
+        return Err(invalid(
+            "cluster.servers",
+            format!("{bad:?}: expected nats://host:port or tls://host:port"),
+        ));
+    }
+    if !(1..=5).contains(&cluster.replicas) {
+        return Err(invalid(
+            "cluster.replicas",
+            format!("{}: JetStream allows 1 to 5", cluster.replicas),
+        ));
+    }
+    if !(60..=2_592_000).contains(&cluster.retention) {
+        return Err(invalid(
+            "cluster.retention",
+            format!("{}: use 60 to 2592000 seconds", cluster.retention),
+        ));
+    }
+    if cluster.max_pending == 0 {
+        return Err(invalid(
+            "cluster.max_pending",
+            "must be at least 1".to_owned(),
+        ));
+    }
+    if !(1..=60).contains(&cluster.publish_timeout) {
+        return Err(invalid(
+            "cluster.publish_timeout",
+            format!("{}: use 1 to 60 seconds", cluster.publish_timeout),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! Cluster metrics (`[cluster]`, issue 17): registered in the broker's registry when the
+//! cluster layer starts, so a single node exports none of them.
+
+use super::handles::{counter_of, Counter, Gauge, Reg};
+use super::names;
+
+/// The handles the cluster layer updates.
+#[derive(Clone, Debug)]
+pub struct ClusterMetrics {
+    /// 1 while the link to NATS is up and the streams and buckets are ready, else 0.
+    pub up: Gauge,
+    /// Connects to NATS after the first.
+    pub reconnects: Counter,
+    /// Messages sent to NATS (`[0]`) and received from other nodes (`[1]`).
+    pub messages: [Counter; 2],
+    /// Bytes of those frames, same order.
+    pub bytes: [Counter; 2],
+    /// Messages sent to NATS whose acknowledgement has not come yet.
+    pub pending: Gauge,
+    /// QoS 1/2 PUBLISHes refused because the cluster could not take them.
+    pub refused: Counter,
+    /// QoS 0 messages not forwarded: the link was down (`[0]`) or `max_pending` reached (`[1]`).
+    pub dropped: [Counter; 2],
+    /// Messages from other nodes this node has not taken yet (its consumer's pending count).
+    pub lag: Gauge,
+    /// Frames from NATS that were not Postbox messages of this version (skipped).
+    pub bad_frames: Counter,
+}
+
+impl ClusterMetrics {
+    /// Registers the families in `registry` (once per broker: a second call panics).
+    pub(super) fn register(registry: &prometheus::Registry) -> ClusterMetrics {
+        use names::*;
+        let r = Reg(registry);
+        let messages = r.counter_vec(
+            CLUSTER_MESSAGES_TOTAL,
+            "Messages exchanged with the cluster over NATS, by direction (out: sent by this node, in: taken from other nodes).",
+            &["direction"],
+        );
+        let bytes = r.counter_vec(
+            CLUSTER_BYTES_TOTAL,
+            "Bytes of the messages exchanged with the cluster, by direction.",
+            &["direction"],
+        );
+        let dropped = r.counter_vec(
+            CLUSTER_DROPPED_TOTAL,
+            "QoS 0 messages not forwarded to the other nodes, by reason (link_down, max_pending).",
+            &["reason"],
+        );
+        ClusterMetrics {
+            up: r.gauge(
+                CLUSTER_UP,
+                "1 while the link to NATS is up and the cluster's streams and buckets are ready, else 0.",
+            ),
+            reconnects: r.counter(
+                CLUSTER_RECONNECTS_TOTAL,
+                "Connects to NATS after the first.",
+            ),
+            messages: ["out", "in"].map(|d| counter_of(&messages, &[d])),
+            bytes: ["out", "in"].map(|d| counter_of(&bytes, &[d])),
+            pending: r.gauge(
+                CLUSTER_PENDING,
+                "Messages sent to NATS whose JetStream acknowledgement has not come yet.",
+            ),
+            refused: r.counter(
+                CLUSTER_REFUSED_TOTAL,
+                "QoS 1/2 PUBLISHes refused (v5 0x97) because the cluster could not make them durable: NATS unreachable or max_pending reached.",
+            ),
+            dropped: ["link_down", "max_pending"].map(|d| counter_of(&dropped, &[d])),
+            lag: r.gauge(
+                CLUSTER_LAG_MESSAGES,
+                "Messages of other nodes in the stream that this node has not taken yet (replication lag).",
+            ),
+            bad_frames: r.counter(
+                CLUSTER_BAD_FRAMES_TOTAL,
+                "Messages on the cluster's subjects that were not Postbox frames of this version (skipped).",
+            ),
+        }
+    }
+}
