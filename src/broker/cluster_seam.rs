@@ -9,21 +9,74 @@ use super::{Broker, Message, PublishRefused};
 use crate::codec::QoS;
 use crate::storage::Durable;
 
+/// A boxed future, for the seam's async calls (made once per CONNECT, not per message).
+pub type SeamFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What a cluster-wide claim of a session found: the state to restore when the session
+/// lived on another node (or this node lost it).
+#[derive(Debug, Clone, Default)]
+pub struct Claimed {
+    /// The subscriptions to restore and where the replay of its messages starts, when the
+    /// client resumes a session this node does not hold.
+    pub restore: Option<Restore>,
+}
+
+/// A session to rebuild here: its subscriptions, and the stream sequence from which every
+/// message it has not acknowledged can be found.
+#[derive(Debug, Clone, Default)]
+pub struct Restore {
+    /// Filter, options, identifier.
+    pub subscriptions: Vec<(
+        bytestring::ByteString,
+        crate::codec::SubscriptionOptions,
+        Option<u32>,
+    )>,
+    /// First stream sequence to replay.
+    pub cursor: u64,
+}
+
+/// Why a CONNECT could not claim its session cluster-wide (CONNACK 0x88 Server unavailable).
+#[derive(Debug, thiserror::Error)]
+#[error("the cluster cannot claim the session: {0}")]
+pub struct ClaimRefused(pub String);
+
 /// The engine-backed half of the cluster, as the broker sees it.
 pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// Before a client's PUBLISH is routed: whether this node can make it durable
     /// cluster-wide. A QoS 1/2 message is refused while the cluster link is down or its
-    /// queue to the engine is full, before anyone got it (v5 0x97, 3.x disconnect).
+    /// queue to the engine is full, before anyone got it (v5 0x97, 3.x disconnect). `Ok`
+    /// carries the message's local id, handed back to [`ClusterSeam::forward`].
     ///
     /// # Errors
     ///
     /// Why the message cannot be taken now.
-    fn admit(&self, qos: QoS) -> Result<(), PublishRefused>;
+    fn admit(&self, qos: QoS) -> Result<u64, PublishRefused>;
 
     /// After local routing: hands the message to the other nodes, once (not per
-    /// subscriber). For QoS 1/2, the commit its publisher's PUBACK / PUBREC must also wait
-    /// for (the engine's acknowledgement); `None` for QoS 0.
-    fn forward(&self, message: &Arc<Message>) -> Option<Durable>;
+    /// subscriber), with the local id [`ClusterSeam::admit`] gave it (`None`: take one now).
+    /// For QoS 1/2, the commit its publisher's PUBACK / PUBREC must also wait for (the
+    /// engine's acknowledgement); `None` for QoS 0.
+    fn forward(&self, message: &Arc<Message>, local_id: Option<u64>) -> Option<Durable>;
+
+    /// Before a CONNECT attaches: makes this node the session's owner cluster-wide (one
+    /// winner under races), closing the client's connection on any other node, and brings
+    /// back what the session held elsewhere.
+    fn claim<'a>(
+        &'a self,
+        broker: &'a Arc<Broker>,
+        client_id: &'a str,
+        clean_start: bool,
+        expiry_interval: u32,
+    ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>>;
+
+    /// After the CONNECT attached a new local session: rebuilds it from `restore` (its
+    /// subscriptions, then its messages replayed from the stream), before the CONNACK.
+    fn restore<'a>(
+        &'a self,
+        broker: &'a Arc<Broker>,
+        session: &'a Arc<super::Session>,
+        restore: Restore,
+    ) -> SeamFuture<'a, ()>;
 }
 
 impl Broker {
@@ -38,11 +91,11 @@ impl Broker {
         self.cluster.get()
     }
 
-    /// [`ClusterSeam::admit`] when clustered; `Ok` otherwise.
-    pub(crate) fn cluster_admit(&self, qos: QoS) -> Result<(), PublishRefused> {
+    /// [`ClusterSeam::admit`] when clustered (the local id); `Ok(None)` otherwise.
+    pub(crate) fn cluster_admit(&self, qos: QoS) -> Result<Option<u64>, PublishRefused> {
         match self.cluster.get() {
-            Some(cluster) => cluster.admit(qos),
-            None => Ok(()),
+            Some(cluster) => cluster.admit(qos).map(Some),
+            None => Ok(None),
         }
     }
 
@@ -51,10 +104,11 @@ impl Broker {
     pub(crate) fn cluster_forward(
         &self,
         message: &Arc<Message>,
+        local_id: Option<u64>,
         local: Option<Durable>,
     ) -> Option<Durable> {
         match self.cluster.get() {
-            Some(cluster) => Durable::both(local, cluster.forward(message)),
+            Some(cluster) => Durable::both(local, cluster.forward(message, local_id)),
             None => local,
         }
     }
@@ -69,5 +123,98 @@ impl Broker {
             drop(self.persist(vec![super::persist::retained(message)]));
         }
         self.store_retained(message);
+    }
+}
+
+/// What the cluster records of a local session (`pb_sessions`): enough for another node to
+/// take it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionView {
+    /// The client id.
+    pub client_id: bytestring::ByteString,
+    /// Seconds it outlives its connection (0: ends with it).
+    pub expiry_interval: u32,
+    /// Its subscriptions: filter, options, identifier.
+    pub subscriptions: Vec<(
+        bytestring::ByteString,
+        crate::codec::SubscriptionOptions,
+        Option<u32>,
+    )>,
+    /// The lowest cluster stream sequence among the QoS 1/2 messages it holds (queued or in
+    /// flight) whose sequence is known; `None` when it holds none.
+    pub lowest_pending_seq: Option<u64>,
+}
+
+impl Broker {
+    /// The view of one local session.
+    fn view_of(session: &super::Session) -> SessionView {
+        let st = session.lock();
+        let lowest_pending_seq = st
+            .queue
+            .iter()
+            .filter(|d| d.qos != QoS::AtMostOnce)
+            .map(|d| &d.message)
+            .chain(st.inflight.iter().map(|i| &i.delivery.message))
+            .filter_map(|m| m.cluster_seq())
+            .min();
+        let mut subscriptions: Vec<_> = st
+            .subscriptions
+            .iter()
+            .map(|(filter, sub)| (filter.clone(), sub.options, sub.identifier))
+            .collect();
+        subscriptions.sort_by(|a, b| a.0.cmp(&b.0));
+        SessionView {
+            client_id: session.client_id.clone(),
+            expiry_interval: st.expiry_interval,
+            subscriptions,
+            lowest_pending_seq,
+        }
+    }
+
+    /// Every local session (the cluster keeps records of them). One pass over the sessions
+    /// map (`Arc`s copied out), then one session lock each.
+    pub fn session_views(&self) -> Vec<SessionView> {
+        let sessions: Vec<Arc<super::Session>> = self.sessions.lock().iter().cloned().collect();
+        sessions
+            .iter()
+            .filter(|s| !s.lock().ended)
+            .map(|s| Broker::view_of(s))
+            .collect()
+    }
+
+    /// Whether a session with this client id exists on this node.
+    pub fn has_session(&self, client_id: &str) -> bool {
+        self.sessions.lock().get(client_id).is_some()
+    }
+
+    /// Gives up the local session of `client_id` because another node took it over: its
+    /// connection, if any, closes with v5 DISCONNECT 0x8E Session taken over (MQTT-3.1.4-3),
+    /// its delayed will goes with it (the new owner's connection cancels it, MQTT-3.1.3-9),
+    /// and it ends here without a trace in the store. Returns what it held, for the
+    /// hand-over record; `None` if there was no such session.
+    pub fn release_to_cluster(&self, client_id: &str) -> Option<SessionView> {
+        let session = {
+            let mut sessions = self.sessions.lock();
+            let session = sessions.get(client_id).cloned()?;
+            sessions.remove(client_id);
+            self.metrics.sessions_current.set(sessions.len() as f64);
+            session
+        };
+        let view = Broker::view_of(&session);
+        let (displaced, had_will) = {
+            let mut st = session.lock();
+            let displaced = st.connection.take().is_some();
+            st.disconnected_at = Some(std::time::Instant::now());
+            st.end_stall();
+            (displaced, st.pending_will.take().is_some())
+        };
+        if had_will {
+            self.forget_stored_will(&session.client_id);
+        }
+        if displaced {
+            self.took_over(&session);
+        }
+        self.end_session(&session);
+        Some(view)
     }
 }

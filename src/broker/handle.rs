@@ -452,12 +452,15 @@ impl SessionHandle {
             });
         }
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
-        if let Err(refused) = self.broker.cluster_admit(qos) {
-            if qos == QoS::ExactlyOnce {
-                self.session.lock().forget_inbound(packet_id);
+        let local_id = match self.broker.cluster_admit(qos) {
+            Ok(local_id) => local_id,
+            Err(refused) => {
+                if qos == QoS::ExactlyOnce {
+                    self.session.lock().forget_inbound(packet_id);
+                }
+                return Err(refused);
             }
-            return Err(refused);
-        }
+        };
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
         let inbound = receipt
             .store_id
@@ -477,7 +480,9 @@ impl SessionHandle {
                         } else {
                             ReasonCode::SUCCESS
                         };
-                        let durable = self.broker.cluster_forward(&message, routed.durable);
+                        let durable =
+                            self.broker
+                                .cluster_forward(&message, local_id, routed.durable);
                         (reason, durable, routed.pressure)
                     }),
                 // Its first copy's commit may still be on its way: the ack waits for it too.

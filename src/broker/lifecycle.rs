@@ -210,7 +210,7 @@ impl Broker {
         let message = Arc::new(Message::from_will(will));
         match self.publish(Arc::clone(&message), None) {
             // Clustered, the other nodes' subscribers get it too (nobody waits for the ack).
-            Ok(_) => drop(self.cluster_forward(&message, None)),
+            Ok(_) => drop(self.cluster_forward(&message, None, None)),
             Err(error) => tracing::warn!(%error, "will message refused by the durable store"),
         }
     }

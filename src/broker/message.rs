@@ -1,6 +1,5 @@
 //! An application message as the router holds it: received once, shared by every subscriber.
 
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -41,7 +40,12 @@ pub struct Message {
     pub origin: Option<SessionId>,
     /// Id of the stored body once the durable store holds it (set at most once, so every
     /// session that queues this message refers to one stored copy).
-    pub store_id: OnceLock<u64>,
+    pub store_id: OnceId,
+    /// Its sequence in the cluster's message stream (`[cluster]`), once known: at once for
+    /// a message from another node, at JetStream's acknowledgement for one published here;
+    /// 0 until then (and always on a single node). Where a session's replay starts when it
+    /// moves to another node.
+    cluster_seq: std::sync::atomic::AtomicU64,
     /// Shared encodings, made by the codec on first use.
     encoded: PublishEncodings,
 }
@@ -57,6 +61,47 @@ static NO_PROPERTIES: PublishProperties = PublishProperties {
     subscription_identifiers: SmallVec::new_const(),
     content_type: None,
 };
+
+/// An id set at most once, in 8 bytes (a `OnceLock<u64>` takes 16): the value plus one, 0
+/// while unset. Routing sets it once per message, so no two callers race to set it.
+#[derive(Debug, Default)]
+pub struct OnceId(std::sync::atomic::AtomicU64);
+
+impl OnceId {
+    /// The id, set by `init` if it was not yet.
+    pub fn get_or_init(&self, init: impl FnOnce() -> u64) -> u64 {
+        use std::sync::atomic::Ordering;
+        match self.0.load(Ordering::Acquire) {
+            0 => {
+                let id = init();
+                match self.0.compare_exchange(
+                    0,
+                    id.wrapping_add(1),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => id,
+                    Err(current) => current.wrapping_sub(1),
+                }
+            }
+            set => set.wrapping_sub(1),
+        }
+    }
+
+    /// The id, if set.
+    pub fn get(&self) -> Option<u64> {
+        match self.0.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            set => Some(set.wrapping_sub(1)),
+        }
+    }
+}
+
+impl From<u64> for OnceId {
+    fn from(id: u64) -> OnceId {
+        OnceId(std::sync::atomic::AtomicU64::new(id.wrapping_add(1)))
+    }
+}
 
 /// Boxes properties only when there are some.
 fn boxed_properties(properties: PublishProperties) -> Option<Box<PublishProperties>> {
@@ -91,7 +136,8 @@ impl Message {
             expires_at,
             received_at: now,
             origin,
-            store_id: OnceLock::new(),
+            store_id: OnceId::default(),
+            cluster_seq: std::sync::atomic::AtomicU64::new(0),
             encoded: PublishEncodings::default(),
         }
     }
@@ -136,9 +182,24 @@ impl Message {
             expires_at,
             received_at,
             origin: None,
-            store_id: store_id.map_or_else(OnceLock::new, OnceLock::from),
+            store_id: store_id.map_or_else(OnceId::default, OnceId::from),
+            cluster_seq: std::sync::atomic::AtomicU64::new(0),
             encoded: PublishEncodings::default(),
         }
+    }
+
+    /// Its sequence in the cluster's message stream, once known (see the field).
+    pub fn cluster_seq(&self) -> Option<u64> {
+        match self.cluster_seq.load(std::sync::atomic::Ordering::Acquire) {
+            0 => None,
+            seq => Some(seq),
+        }
+    }
+
+    /// Records its sequence in the cluster's message stream.
+    pub fn set_cluster_seq(&self, seq: u64) {
+        self.cluster_seq
+            .store(seq, std::sync::atomic::Ordering::Release);
     }
 
     /// The v5 properties forwarded with this message (empty for most messages).

@@ -108,6 +108,50 @@ impl Broker {
             // dead letter nobody reads: its loss is counted as the dead letter itself).
             self.metrics.messages_dropped_no_subscribers[message.qos as usize].increment(1);
         }
+        self.deliver(message, targets, inbound_qos2, extra, matched, now_ms)
+    }
+
+    /// Queues `message` for the session `session` alone, as if it matched one subscription
+    /// with `qos` (already the minimum of published and granted), `retain` and
+    /// `subscription_ids`: persisted in one submit like a routed message. For the cluster's
+    /// replay of a session that moved to this node. `message.retain` must be false (the
+    /// retained index is not touched).
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::publish`]: the store refused it.
+    pub fn enqueue_for(
+        &self,
+        session: &Arc<Session>,
+        message: Arc<Message>,
+        qos: QoS,
+        retain: bool,
+        subscription_ids: SmallVec<[u32; 1]>,
+    ) -> Result<Routed, PublishRefused> {
+        let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
+        targets.push(Target {
+            session: Arc::clone(session),
+            qos,
+            retain,
+            subscription_ids,
+            shared: None,
+        });
+        let now_ms = self.coarse_ms();
+        self.deliver(message, targets, None, None, 1, now_ms)
+    }
+
+    /// The second half of routing: admits `message` to each target's queue, persists what
+    /// must be stored in one submit, updates the retained index.
+    #[allow(clippy::needless_pass_by_value)]
+    fn deliver(
+        &self,
+        message: Arc<Message>,
+        targets: SmallVec<[Target; 8]>,
+        inbound_qos2: Option<(&ByteString, u16)>,
+        extra: Option<Op>,
+        matched: usize,
+        now_ms: u64,
+    ) -> Result<Routed, PublishRefused> {
         let persistence = self.store.is_some();
         let mut pressure: Option<Arc<Session>> = None;
         let mut queued = 0;
@@ -166,7 +210,7 @@ impl Broker {
             });
         };
         if !reserved.is_empty() {
-            let id = *message.store_id.get_or_init(|| store.next_message_id());
+            let id = message.store_id.get_or_init(|| store.next_message_id());
             persist::fix_message_ids(&mut ops, id);
             ops.insert(0, persist::put_message(id, &message));
         }

@@ -52,7 +52,7 @@ fn from_other_node(cluster: &Cluster, frame: &[u8]) -> Option<Arc<Message>> {
         return None;
     }
     match wire::decode(frame) {
-        Ok((_, publish)) => {
+        Ok((_, _, publish)) => {
             cluster.metrics.messages[1].increment(1);
             cluster.metrics.bytes[1].increment(frame.len() as u64);
             Some(Arc::new(Message::from_publish(publish, None)))
@@ -113,7 +113,17 @@ async fn consume_stream(
         }
         .await;
         let (mut consumer, mut messages) = match consumer {
-            Ok(pair) => pair,
+            Ok((mut consumer, messages)) => {
+                if let Ok(info) = consumer.info().await {
+                    // Where it resumes: what it had delivered (a new consumer: the stream's
+                    // end when it was made).
+                    cluster.consumer_floor.fetch_max(
+                        info.delivered.stream_sequence + 1,
+                        std::sync::atomic::Ordering::AcqRel,
+                    );
+                }
+                (consumer, messages)
+            }
             Err(error) => {
                 tracing::warn!(%error, consumer = %name, "cluster: cannot consume the message stream; trying again");
                 tokio::time::sleep(RETRY).await;
@@ -142,17 +152,33 @@ async fn consume_stream(
             let Some(broker) = broker.upgrade() else {
                 return;
             };
-            let durable = match from_other_node(&cluster, &message.payload) {
-                None => None,
-                Some(routed) => match route(&broker, routed) {
-                    Ok(durable) => durable,
-                    Err(()) => {
-                        // Not taken here now (the store refused it): JetStream delivers
-                        // it again after a pause; nothing is acknowledged.
-                        let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
-                        continue;
+            let seq = message.info().map_or(0, |info| info.stream_sequence);
+            cluster.saw(seq);
+            let routed = {
+                // Routed and the floor moved as one step for a restoring session.
+                let _gate = cluster.gate.lock();
+                let routed = match from_other_node(&cluster, &message.payload) {
+                    None => Ok(None),
+                    Some(routed) => {
+                        routed.set_cluster_seq(seq);
+                        route(&broker, routed)
                     }
-                },
+                };
+                if routed.is_ok() {
+                    cluster
+                        .consumer_floor
+                        .fetch_max(seq + 1, std::sync::atomic::Ordering::AcqRel);
+                }
+                routed
+            };
+            let durable = match routed {
+                Ok(durable) => durable,
+                Err(()) => {
+                    // Not taken here now (the store refused it): JetStream delivers it
+                    // again after a pause; nothing is acknowledged.
+                    let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
+                    continue;
+                }
             };
             if acks_tx.send((durable, message)).await.is_err() {
                 return;
@@ -247,7 +273,7 @@ async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: W
                 return;
             };
             match wire::decode(&entry.value) {
-                Ok((_, publish)) => {
+                Ok((_, _, publish)) => {
                     broker.apply_cluster_retained(&Arc::new(Message::from_publish(publish, None)));
                 }
                 Err(error) => {

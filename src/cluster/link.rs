@@ -7,7 +7,9 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 use tokio::sync::mpsc;
 
-use super::{inbound, outbound, Cluster, RETAINED_BUCKET, STREAM, STREAM_SUBJECTS};
+use super::{
+    inbound, outbound, Cluster, RETAINED_BUCKET, SESSIONS_BUCKET, STREAM, STREAM_SUBJECTS,
+};
 use crate::broker::Broker;
 use crate::config::ClusterConfig;
 
@@ -73,9 +75,25 @@ async fn run(
                 if !ensure_state(&js, &config, &client).await {
                     continue; // logged; the next connect tries again
                 }
+                match js.get_key_value(SESSIONS_BUCKET).await {
+                    Ok(bucket) => cluster.sessions.set_bucket(bucket),
+                    Err(error) => {
+                        tracing::error!(%error, bucket = SESSIONS_BUCKET, "cluster: cannot open the session bucket");
+                        continue;
+                    }
+                }
+                let _ = cluster.js.set(js.clone());
                 cluster.set_up(true);
                 if !inbound_started {
                     inbound_started = true;
+                    tokio::spawn(super::sessions::watch_claims(
+                        Arc::clone(&cluster),
+                        broker.clone(),
+                    ));
+                    tokio::spawn(super::sessions::keep_records(
+                        Arc::clone(&cluster),
+                        broker.clone(),
+                    ));
                     inbound::spawn(
                         client.clone(),
                         js.clone(),
@@ -119,9 +137,11 @@ async fn ensure_state(
         tracing::error!(%error, stream = STREAM, "cluster: cannot create or update the message stream");
         return false;
     }
-    if let Err(error) = ensure_bucket(js, RETAINED_BUCKET, 1, config.replicas).await {
-        tracing::error!(%error, bucket = RETAINED_BUCKET, "cluster: cannot create the retained bucket");
-        return false;
+    for bucket in [RETAINED_BUCKET, SESSIONS_BUCKET] {
+        if let Err(error) = ensure_bucket(js, bucket, 1, config.replicas).await {
+            tracing::error!(%error, bucket, "cluster: cannot create a bucket");
+            return false;
+        }
     }
     true
 }

@@ -18,6 +18,7 @@
 //! | `PB_MSGS` | stream, subjects `pb.m.>`, Limits, `max_age` = `retention`, File, R | every QoS 1/2 message, once |
 //! | `pb.q0.>` | core subjects | QoS 0 messages, at most once |
 //! | `pb_retained` | KV bucket, history 1, File, R | the retained message of each topic (key: [`subject::key`]) |
+//! | `pb_sessions` | KV bucket, history 1, File, R | each session's record: owner node, subscriptions, replay cursor ([`sessions`]) |
 //!
 //! Delivery is node fan-in: one durable consumer per node (`node-<id>`), whatever the number
 //! of sessions and subscriptions; each node routes what it takes through its own topic tree.
@@ -25,13 +26,17 @@
 pub mod inbound;
 pub mod link;
 pub mod outbound;
+pub mod sessions;
 pub mod subject;
 pub mod wire;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use crate::broker::{Broker, ClusterSeam, Message, PublishRefused};
+use crate::broker::cluster_seam::SeamFuture;
+use crate::broker::{
+    Broker, ClaimRefused, Claimed, ClusterSeam, Message, PublishRefused, Restore, Session,
+};
 use crate::codec::QoS;
 use crate::config::ClusterConfig;
 use crate::metrics::ClusterMetrics;
@@ -45,6 +50,8 @@ pub const STREAM_SUBJECTS: &str = "pb.m";
 pub const QOS0_SUBJECTS: &str = "pb.q0";
 /// The retained messages' bucket.
 pub const RETAINED_BUCKET: &str = "pb_retained";
+/// The session records' bucket.
+pub const SESSIONS_BUCKET: &str = "pb_sessions";
 
 /// The running cluster layer of one node: what the broker calls (as [`ClusterSeam`]) and
 /// what the tasks share.
@@ -62,6 +69,25 @@ pub struct Cluster {
     outbound: tokio::sync::mpsc::UnboundedSender<outbound::Outgoing>,
     /// Metric handles.
     metrics: ClusterMetrics,
+    /// The next local id ([`ClusterSeam::admit`]): this node's order of admission.
+    next_local_id: AtomicU64,
+    /// Every stream sequence below this has been routed here by the node's consumer.
+    consumer_floor: AtomicU64,
+    /// The lowest sequence the oldest message sent and not yet acknowledged can have
+    /// (`u64::MAX`: none pending): the front of `floors`.
+    pending_floor: AtomicU64,
+    /// One floor per QoS 1/2 message sent and not yet acknowledged, oldest first.
+    floors: parking_lot::Mutex<std::collections::VecDeque<u64>>,
+    /// The highest stream sequence seen (acknowledgements and the consumer).
+    seen_seq: AtomicU64,
+    /// Held while the consumer routes one message and moves `consumer_floor`, and while a
+    /// restored session subscribes and reads the floor: so each message is either routed
+    /// to it live or replayed, not both, not neither.
+    gate: parking_lot::Mutex<()>,
+    /// JetStream, once the link is up (for claims and replays).
+    js: OnceLock<async_nats::jetstream::Context>,
+    /// The session records, once the link is up.
+    sessions: sessions::Records,
 }
 
 impl Cluster {
@@ -78,6 +104,14 @@ impl Cluster {
             max_pending: config.max_pending,
             outbound: tx,
             metrics,
+            next_local_id: AtomicU64::new(1),
+            consumer_floor: AtomicU64::new(0),
+            pending_floor: AtomicU64::new(u64::MAX),
+            floors: parking_lot::Mutex::default(),
+            seen_seq: AtomicU64::new(0),
+            gate: parking_lot::Mutex::new(()),
+            js: OnceLock::new(),
+            sessions: sessions::Records::default(),
         });
         broker.install_cluster(Arc::clone(&cluster) as Arc<dyn ClusterSeam>);
         link::spawn(
@@ -105,6 +139,38 @@ impl Cluster {
         self.metrics.up.set(if up { 1.0 } else { 0.0 });
     }
 
+    /// Every stream sequence below this is routed here or will be routed to whoever is
+    /// subscribed when it is taken: what a session's replay cursor may not pass.
+    fn node_floor(&self) -> u64 {
+        self.consumer_floor
+            .load(Ordering::Acquire)
+            .min(self.pending_floor.load(Ordering::Acquire))
+    }
+
+    /// A QoS 1/2 message is about to be sent: its sequence will be above all seen so far.
+    fn push_floor(&self) {
+        let mut floors = self.floors.lock();
+        floors.push_back(self.seen_seq.load(Ordering::Acquire) + 1);
+        if let Some(&front) = floors.front() {
+            self.pending_floor.store(front, Ordering::Release);
+        }
+    }
+
+    /// The oldest message sent is acknowledged (or failed).
+    fn pop_floor(&self) {
+        let mut floors = self.floors.lock();
+        floors.pop_front();
+        self.pending_floor.store(
+            floors.front().copied().unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+    }
+
+    /// Notes a stream sequence seen.
+    fn saw(&self, seq: u64) {
+        self.seen_seq.fetch_max(seq, Ordering::AcqRel);
+    }
+
     /// One message fewer waits for NATS.
     fn settled(&self) {
         self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -113,22 +179,23 @@ impl Cluster {
 }
 
 impl ClusterSeam for Cluster {
-    fn admit(&self, qos: QoS) -> Result<(), PublishRefused> {
-        if qos == QoS::AtMostOnce {
-            return Ok(());
-        }
-        let why = if !self.is_up() {
+    fn admit(&self, qos: QoS) -> Result<u64, PublishRefused> {
+        let why = if qos == QoS::AtMostOnce {
+            return Ok(self.next_local_id.fetch_add(1, Ordering::AcqRel));
+        } else if !self.is_up() {
             "NATS is unreachable"
         } else if self.pending.load(Ordering::Acquire) >= self.max_pending {
             "too many messages wait for NATS (cluster.max_pending)"
         } else {
-            return Ok(());
+            return Ok(self.next_local_id.fetch_add(1, Ordering::AcqRel));
         };
         self.metrics.refused.increment(1);
         Err(PublishRefused::ClusterUnavailable(why))
     }
 
-    fn forward(&self, message: &Arc<Message>) -> Option<Durable> {
+    fn forward(&self, message: &Arc<Message>, local_id: Option<u64>) -> Option<Durable> {
+        let local_id =
+            local_id.unwrap_or_else(|| self.next_local_id.fetch_add(1, Ordering::AcqRel));
         if message.qos == QoS::AtMostOnce {
             let reason = if !self.is_up() {
                 Some(0)
@@ -142,7 +209,7 @@ impl ClusterSeam for Cluster {
                 return None;
             }
         }
-        let frame = match wire::encode(&self.node, message) {
+        let frame = match wire::encode(&self.node, local_id, message) {
             Ok(frame) => frame,
             Err(error) => {
                 tracing::warn!(%error, topic = %message.topic, "cluster: message not forwarded, it cannot be encoded");
@@ -158,6 +225,7 @@ impl ClusterSeam for Cluster {
         self.pending.fetch_add(1, Ordering::AcqRel);
         self.metrics.pending.increment(1.0);
         let outgoing = outbound::Outgoing {
+            message: (message.qos != QoS::AtMostOnce).then(|| Arc::clone(message)),
             topic: message.topic.clone(),
             qos: message.qos,
             retain: message.retain,
@@ -170,5 +238,30 @@ impl ClusterSeam for Cluster {
             self.settled();
         }
         durable
+    }
+
+    fn claim<'a>(
+        &'a self,
+        broker: &'a Arc<Broker>,
+        client_id: &'a str,
+        clean_start: bool,
+        expiry_interval: u32,
+    ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>> {
+        Box::pin(sessions::claim(
+            self,
+            broker,
+            client_id,
+            clean_start,
+            expiry_interval,
+        ))
+    }
+
+    fn restore<'a>(
+        &'a self,
+        broker: &'a Arc<Broker>,
+        session: &'a Arc<Session>,
+        restore: Restore,
+    ) -> SeamFuture<'a, ()> {
+        Box::pin(sessions::restore(self, broker, session, restore))
     }
 }

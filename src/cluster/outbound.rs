@@ -21,6 +21,8 @@ use crate::storage::StorageError;
 /// One message for the other nodes.
 #[derive(Debug)]
 pub struct Outgoing {
+    /// The message itself (QoS 1/2), to record its stream sequence when acknowledged.
+    pub message: Option<Arc<crate::broker::Message>>,
     /// Its topic (for the subject and the retained key).
     pub topic: ByteString,
     /// Its QoS: 0 goes on a core subject, 1/2 into the stream.
@@ -33,8 +35,10 @@ pub struct Outgoing {
     pub done: Option<oneshot::Sender<Result<(), StorageError>>>,
 }
 
-/// The acknowledgements one message waits for.
+/// The acknowledgements one message waits for: the stream's first, then the retained
+/// bucket's.
 struct Awaiting {
+    message: Option<Arc<crate::broker::Message>>,
     acks: [Option<PublishAckFuture>; 2],
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
 }
@@ -52,6 +56,11 @@ pub(super) fn spawn(
     tokio::spawn(async move {
         while let Some(out) = outgoing.recv().await {
             let bytes = out.frame.len() as u64;
+            if out.qos != QoS::AtMostOnce {
+                // Its sequence will be above everything seen so far: a floor for the
+                // cursors until its acknowledgement says exactly.
+                cluster.push_floor();
+            }
             let tail = subject::escape(&out.topic);
             if out.retain {
                 // Retained: the bucket holds it for nodes and subscribers to come.
@@ -71,7 +80,8 @@ pub(super) fn spawn(
                             .await;
                         let awaiting = match stream {
                             Ok(stream) => Awaiting {
-                                acks: [Some(ack), Some(stream)],
+                                message: out.message,
+                                acks: [Some(stream), Some(ack)],
                                 done: out.done,
                             },
                             Err(error) => {
@@ -109,6 +119,7 @@ pub(super) fn spawn(
             {
                 Ok(ack) => {
                     let _ = acks_tx.send(Awaiting {
+                        message: out.message,
                         acks: [Some(ack), None],
                         done: out.done,
                     });
@@ -134,6 +145,7 @@ fn fail(
     tracing::debug!(%error, "cluster: message not taken by NATS");
     if let Some(done) = done {
         let _ = done.send(Err(StorageError::Cluster(error.to_string())));
+        cluster.pop_floor();
     }
     cluster.settled();
 }
@@ -147,9 +159,19 @@ async fn acknowledge(
 ) {
     while let Some(awaiting) = acks.recv().await {
         let mut result = Ok(());
-        for ack in awaiting.acks.into_iter().flatten() {
+        for (i, ack) in awaiting.acks.into_iter().enumerate() {
+            let Some(ack) = ack else {
+                continue;
+            };
             match tokio::time::timeout(timeout, ack).await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(ack)) => {
+                    if i == 0 {
+                        cluster.saw(ack.sequence);
+                        if let Some(message) = &awaiting.message {
+                            message.set_cluster_seq(ack.sequence);
+                        }
+                    }
+                }
                 Ok(Err(error)) => {
                     result = Err(StorageError::Cluster(error.to_string()));
                     break;
@@ -168,6 +190,7 @@ async fn acknowledge(
         if let Some(done) = awaiting.done {
             let _ = done.send(result);
         }
+        cluster.pop_floor();
         cluster.settled();
     }
 }

@@ -1,4 +1,5 @@
-//! What a message looks like on NATS: one frame, `[1][origin length][origin node][PUBLISH]`,
+//! What a message looks like on NATS: one frame,
+//! `[1][origin length][origin node][local id, u64 big-endian][PUBLISH]`,
 //! where PUBLISH is the message encoded as an MQTT 5 PUBLISH packet by the codec (topic, QoS,
 //! RETAIN, properties with the remaining Message Expiry Interval, payload). No second format
 //! to keep in step with MQTT, and the receiving node decodes it with the same codec it
@@ -27,19 +28,21 @@ pub enum FrameError {
     NotPublish,
 }
 
-/// Encodes `message` from node `origin`.
+/// Encodes `message` from node `origin`, where it had `local_id` (the node's own order of
+/// admission, which a session replay uses to tell the node's own messages apart).
 ///
 /// # Errors
 ///
 /// The codec cannot encode it (a field beyond its wire limit; never for a message a client
 /// could send).
-pub fn encode(origin: &str, message: &Message) -> Result<Bytes, codec::EncodeError> {
+pub fn encode(origin: &str, local_id: u64, message: &Message) -> Result<Bytes, codec::EncodeError> {
     let mut buf = BytesMut::with_capacity(
-        2 + origin.len() + 16 + message.topic.len() + message.payload.len(),
+        10 + origin.len() + 16 + message.topic.len() + message.payload.len(),
     );
     buf.put_u8(VERSION);
     buf.put_u8(origin.len() as u8); // config: at most 32 bytes
     buf.put_slice(origin.as_bytes());
+    buf.put_u64(local_id);
     message.write_to(
         &mut buf,
         ProtocolVersion::V5,
@@ -65,18 +68,22 @@ pub fn origin(frame: &[u8]) -> Option<&[u8]> {
     rest.get(..usize::from(len))
 }
 
-/// Decodes a frame into its origin node and PUBLISH.
+/// Decodes a frame into its origin node, local id and PUBLISH.
 ///
 /// # Errors
 ///
 /// The frame is not one [`encode`] wrote.
-pub fn decode(frame: &[u8]) -> Result<(String, Publish), FrameError> {
+pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish), FrameError> {
     let origin = origin(frame).ok_or(FrameError::Header)?;
     let at = 2 + origin.len();
+    let id: [u8; 8] = frame
+        .get(at..at + 8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(FrameError::Header)?;
     let origin = String::from_utf8_lossy(origin).into_owned();
-    let mut body = BytesMut::from(&frame[at..]);
+    let mut body = BytesMut::from(&frame[at + 8..]);
     match codec::decode(&mut body, Some(ProtocolVersion::V5), usize::MAX)? {
-        Some(Packet::Publish(publish)) => Ok((origin, publish)),
+        Some(Packet::Publish(publish)) => Ok((origin, u64::from_be_bytes(id), publish)),
         Some(_) => Err(FrameError::NotPublish),
         None => Err(FrameError::Header),
     }
@@ -103,10 +110,11 @@ mod tests {
             },
         };
         let message = Message::from_publish(publish, None);
-        let frame = encode("node-a", &message).expect("encodes");
+        let frame = encode("node-a", 42, &message).expect("encodes");
         assert_eq!(origin(&frame), Some(&b"node-a"[..]));
-        let (from, back) = decode(&frame).expect("decodes");
+        let (from, id, back) = decode(&frame).expect("decodes");
         assert_eq!(from, "node-a");
+        assert_eq!(id, 42);
         assert_eq!(&*back.topic, "a/b");
         assert_eq!(back.qos, QoS::ExactlyOnce);
         assert!(back.retain);
@@ -123,6 +131,7 @@ mod tests {
             b"\x02\x00",
             b"\x01\x05ab",
             b"\x01\x00\x30",
+            b"\x01\x00\0\0\0\0\0\0\0\x01\x30",
         ] {
             assert!(decode(frame).is_err(), "{frame:?}");
         }

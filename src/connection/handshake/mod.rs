@@ -315,12 +315,53 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         }
     };
-    let attached = broker.connect(SessionRequest {
+    // Clustered: the session is claimed cluster-wide first (its connection on another node
+    // is closed, what it held there comes back here). A session that must outlive this
+    // connection is refused (0x88 Server unavailable) while the cluster cannot claim it; a
+    // clean one carries on here alone.
+    let mut restore = None;
+    if let Some(cluster) = broker.cluster() {
+        match cluster
+            .claim(
+                &broker,
+                &admitted.client_id,
+                connect.clean_start,
+                expiry_interval,
+            )
+            .await
+        {
+            Ok(claimed) => restore = claimed.restore,
+            Err(refused) if connect.clean_start && expiry_interval == 0 => {
+                tracing::warn!(%peer, client = %admitted.client_id, %refused, "clean session accepted on this node alone");
+            }
+            Err(refused) => {
+                tracing::info!(%peer, client = %admitted.client_id, %refused, "refusing CONNECT: the cluster cannot claim the session");
+                let why = "the cluster cannot take the session now";
+                return reject(
+                    io,
+                    &broker.metrics,
+                    version,
+                    ReasonCode::SERVER_UNAVAILABLE,
+                    Some((why, &connect)),
+                )
+                .await;
+            }
+        }
+    }
+    let mut attached = broker.connect(SessionRequest {
         client_id: admitted.client_id,
         clean_start: connect.clean_start,
         expiry_interval,
         protocol: version,
     });
+    if let (Some(cluster), Some(restore)) = (broker.cluster(), restore) {
+        if !attached.session_present {
+            cluster
+                .restore(&broker, attached.handle.session(), restore)
+                .await;
+            attached.session_present = true;
+        }
+    }
     if connect.bridge {
         // Mosquitto's bridge flag (3.x `try_private`): its subscriptions get No Local and
         // Retain As Published (`connection::client::subscribe`). Attach cleared it.

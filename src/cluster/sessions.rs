@@ -1,0 +1,560 @@
+//! Sessions across nodes: one record per client id in the `pb_sessions` bucket, written by
+//! the node that owns the session.
+//!
+//! - **Claim** (every CONNECT, before it attaches): the record's owner becomes this node by
+//!   compare-and-set on the record's revision, so of two nodes racing for one client id one
+//!   writes first and the other writes over it; the last writer owns the session and every
+//!   other node, watching the bucket, closes its connection (v5 DISCONNECT 0x8E).
+//! - **Hand-over**: the node that loses a session it holds writes what the session held
+//!   (subscriptions, and the replay cursor: the lowest stream sequence among the messages it
+//!   had not had acknowledged) into the new owner's record, and forgets it. The new owner
+//!   waits for that (at most [`HANDOVER_WAIT`]: a dead owner cannot answer, and its last
+//!   periodic record stands in).
+//! - **Restore**: the new owner subscribes the session here and replays the message stream
+//!   from the cursor through the session's own filters, so it receives what was queued for it
+//!   elsewhere, including what a dead node had acknowledged to publishers.
+//! - **Records kept current**: every [`RECORD_INTERVAL`], each persistent local session's
+//!   record is rewritten if its subscriptions or cursor moved; a session that ended here has
+//!   its record deleted.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, kv};
+use bytes::Bytes;
+use bytestring::ByteString;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+use super::{subject, wire, Cluster, STREAM, STREAM_SUBJECTS};
+use crate::broker::{Broker, ClaimRefused, Claimed, Message, Restore, Session, SessionView};
+use crate::codec::{QoS, SubscriptionOptions};
+
+/// How long a claim waits for the previous owner's hand-over.
+pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+/// How often the records of local sessions are brought up to date.
+pub const RECORD_INTERVAL: Duration = Duration::from_secs(1);
+/// Most attempts of a compare-and-set that keeps losing races.
+const CAS_ATTEMPTS: usize = 8;
+/// Longest a replay may take before the CONNACK goes out with what was found.
+const REPLAY_LIMIT: Duration = Duration::from_secs(30);
+
+/// One subscription in a record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SubRecord {
+    /// Topic filter.
+    f: String,
+    /// Granted QoS.
+    q: u8,
+    /// No Local.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    nl: bool,
+    /// Retain As Published.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    rap: bool,
+    /// Retain Handling.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    rh: u8,
+    /// Subscription Identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<u32>,
+}
+
+// serde's `skip_serializing_if` passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(v: &u8) -> bool {
+    *v == 0
+}
+
+/// A session's record (JSON in the bucket).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    /// The owning node.
+    owner: String,
+    /// Seconds the session outlives its connection (0: it ends with it).
+    expiry: u32,
+    /// Its subscriptions.
+    #[serde(default)]
+    subs: Vec<SubRecord>,
+    /// Replay from this stream sequence to find every message it has not acknowledged.
+    #[serde(default)]
+    cursor: u64,
+    /// Written by the previous owner: it gave the session up, `subs` and `cursor` are final.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    handed: bool,
+}
+
+impl Record {
+    fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    fn decode(value: &[u8]) -> Option<Record> {
+        serde_json::from_slice(value).ok()
+    }
+
+    fn from_view(owner: &str, view: &SessionView, cursor: u64) -> Record {
+        Record {
+            owner: owner.to_owned(),
+            expiry: view.expiry_interval,
+            subs: view
+                .subscriptions
+                .iter()
+                .map(|(filter, options, id)| SubRecord {
+                    f: filter.to_string(),
+                    q: options.qos as u8,
+                    nl: options.no_local,
+                    rap: options.retain_as_published,
+                    rh: options.retain_handling,
+                    id: *id,
+                })
+                .collect(),
+            cursor,
+            handed: false,
+        }
+    }
+
+    fn restore(&self) -> Restore {
+        Restore {
+            subscriptions: self
+                .subs
+                .iter()
+                .map(|s| {
+                    (
+                        ByteString::from(s.f.as_str()),
+                        SubscriptionOptions {
+                            qos: QoS::from_u8(s.q).unwrap_or(QoS::AtMostOnce),
+                            no_local: s.nl,
+                            retain_as_published: s.rap,
+                            retain_handling: s.rh,
+                        },
+                        s.id,
+                    )
+                })
+                .collect(),
+            cursor: self.cursor,
+        }
+    }
+}
+
+/// The records this node owns: the bucket, and per client id the revision and content it
+/// last wrote (to write only what changed, by compare-and-set).
+#[derive(Debug, Default)]
+pub struct Records {
+    bucket: std::sync::OnceLock<kv::Store>,
+    owned: parking_lot::Mutex<HashMap<String, (u64, Record)>>,
+}
+
+impl Records {
+    /// Sets the bucket once the link made sure of it.
+    pub(super) fn set_bucket(&self, bucket: kv::Store) {
+        let _ = self.bucket.set(bucket);
+    }
+}
+
+/// The cursor a session holding `view` may record now.
+fn cursor_of(cluster: &Cluster, view: &SessionView) -> u64 {
+    let floor = cluster.node_floor();
+    view.lowest_pending_seq.map_or(floor, |seq| seq.min(floor))
+}
+
+/// Claims `client_id` for this node (see the module's doc).
+pub(super) async fn claim(
+    cluster: &Cluster,
+    broker: &Arc<Broker>,
+    client_id: &str,
+    clean_start: bool,
+    expiry_interval: u32,
+) -> Result<Claimed, ClaimRefused> {
+    let Some(bucket) = cluster.sessions.bucket.get() else {
+        return Err(ClaimRefused("NATS has not been reached yet".to_owned()));
+    };
+    if !cluster.is_up() {
+        return Err(ClaimRefused("NATS is unreachable".to_owned()));
+    }
+    let key = subject::key(client_id);
+    let mut attempts = 0;
+    let (previous, revision, mine) = loop {
+        attempts += 1;
+        let entry = bucket
+            .entry(key.as_str())
+            .await
+            .map_err(|e| ClaimRefused(e.to_string()))?;
+        let (previous, last) = match entry {
+            Some(entry) if entry.operation == kv::Operation::Put => {
+                (Record::decode(&entry.value), Some(entry.revision))
+            }
+            Some(entry) => (None, Some(entry.revision)),
+            None => (None, None),
+        };
+        let mut mine = Record {
+            owner: cluster.node.clone(),
+            expiry: expiry_interval,
+            subs: Vec::new(),
+            cursor: 0,
+            handed: false,
+        };
+        if let Some(previous) = previous.as_ref().filter(|p| !clean_start && p.expiry > 0) {
+            // Until the previous owner hands over, its last record stands in.
+            mine.subs.clone_from(&previous.subs);
+            mine.cursor = previous.cursor;
+        }
+        let written = match last {
+            Some(last) => bucket
+                .update(key.as_str(), mine.encode(), last)
+                .await
+                .map_err(|e| {
+                    (
+                        e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                        e.to_string(),
+                    )
+                }),
+            None => bucket
+                .create(key.as_str(), mine.encode())
+                .await
+                .map_err(|e| {
+                    (
+                        e.kind() == kv::CreateErrorKind::AlreadyExists,
+                        e.to_string(),
+                    )
+                }),
+        };
+        match written {
+            Ok(revision) => break (previous, revision, mine),
+            Err((true, _)) if attempts < CAS_ATTEMPTS => {} // lost a race: read again
+            Err((_, error)) => return Err(ClaimRefused(error)),
+        }
+    };
+    cluster
+        .sessions
+        .owned
+        .lock()
+        .insert(client_id.to_owned(), (revision, mine.clone()));
+    let Some(previous) = previous else {
+        return Ok(Claimed::default());
+    };
+    if previous.owner == cluster.node {
+        // Ours already: the local session (if any) is the session.
+        let restore = (!clean_start && previous.expiry > 0 && !broker.has_session(client_id))
+            .then(|| previous.restore());
+        return Ok(Claimed { restore });
+    }
+    // Another node's: whatever this node still holds of it is stale.
+    if broker.release_to_cluster(client_id).is_some() {
+        tracing::debug!(
+            client = client_id,
+            "cluster: dropped a stale local copy of a session another node owned"
+        );
+    }
+    if clean_start || previous.expiry == 0 {
+        return Ok(Claimed::default());
+    }
+    let handed = wait_for_handover(bucket, &key, revision).await;
+    let record = match handed {
+        Some((revision, record)) => {
+            cluster
+                .sessions
+                .owned
+                .lock()
+                .insert(client_id.to_owned(), (revision, record.clone()));
+            record
+        }
+        None => {
+            tracing::info!(client = client_id, previous = %previous.owner, "cluster: no hand-over from the session's previous node; resuming from its last record");
+            mine
+        }
+    };
+    Ok(Claimed {
+        restore: Some(record.restore()),
+    })
+}
+
+/// Polls the record until the previous owner has written its hand-over over our claim
+/// (bounded by [`HANDOVER_WAIT`]).
+async fn wait_for_handover(bucket: &kv::Store, key: &str, claimed: u64) -> Option<(u64, Record)> {
+    let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(Some(entry)) = bucket.entry(key).await {
+            if entry.revision > claimed && entry.operation == kv::Operation::Put {
+                match Record::decode(&entry.value) {
+                    Some(record) if record.handed => return Some((entry.revision, record)),
+                    _ => return None, // someone else claimed it since
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Rebuilds a session that lived elsewhere: subscriptions, then the replay.
+pub(super) async fn restore(
+    cluster: &Cluster,
+    broker: &Arc<Broker>,
+    session: &Arc<Session>,
+    restore: Restore,
+) {
+    let (floor, local_floor) = {
+        // Subscribed and the floor read as one step against the consumer's routing.
+        let _gate = cluster.gate.lock();
+        for (filter, options, id) in &restore.subscriptions {
+            broker.subscribe(session, filter, *options, *id);
+        }
+        (
+            cluster.node_floor(),
+            cluster.next_local_id.load(Ordering::Acquire),
+        )
+    };
+    let Some(js) = cluster.js.get() else {
+        return;
+    };
+    if restore.subscriptions.is_empty() || restore.cursor == 0 {
+        return;
+    }
+    match tokio::time::timeout(
+        REPLAY_LIMIT,
+        replay(cluster, js, broker, session, &restore, floor, local_floor),
+    )
+    .await
+    {
+        Ok(Ok(n)) => {
+            tracing::info!(client = %session.client_id, from = restore.cursor, messages = n, "cluster: session resumed from another node");
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(client = %session.client_id, %error, "cluster: the replay of a resumed session failed; it may miss messages");
+        }
+        Err(_) => {
+            tracing::warn!(client = %session.client_id, "cluster: the replay of a resumed session took too long; it may miss messages");
+        }
+    }
+}
+
+/// Replays the stream from the cursor into the session. A message below `floor` was routed
+/// here before the session subscribed, so it is replayed if it matches; one at or above it
+/// comes live, except this node's own messages admitted before the subscribe
+/// (`local_floor`), which were routed here when nobody here had the session.
+async fn replay(
+    cluster: &Cluster,
+    js: &jetstream::Context,
+    broker: &Arc<Broker>,
+    session: &Arc<Session>,
+    restore: &Restore,
+    floor: u64,
+    local_floor: u64,
+) -> Result<usize, async_nats::Error> {
+    let mut stream = js.get_stream(STREAM).await?;
+    let last = stream.info().await?.state.last_sequence;
+    if restore.cursor > last {
+        return Ok(0);
+    }
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: format!("{STREAM_SUBJECTS}.>"),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: restore.cursor,
+            },
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let mut replayed = 0;
+    while let Some(message) = messages.next().await {
+        let message = message?;
+        let seq = message.info().map_or(0, |info| info.stream_sequence);
+        if let Ok((origin, local_id, mut publish)) = wire::decode(&message.payload) {
+            let own = origin == cluster.node;
+            if seq < floor || (own && local_id < local_floor) {
+                let retained = publish.retain;
+                publish.retain = false; // the retained index is not this replay's business
+                let routed = Arc::new(Message::from_publish(publish, None));
+                routed.set_cluster_seq(seq);
+                if enqueue_matching(broker, session, restore, routed, retained) {
+                    replayed += 1;
+                }
+            }
+        }
+        if seq >= last {
+            break;
+        }
+    }
+    Ok(replayed)
+}
+
+/// Queues a replayed message to the session if one of its (non-shared) filters matches:
+/// the highest granted QoS among them, every identifier (MQTT-3.3.4-3/4).
+fn enqueue_matching(
+    broker: &Arc<Broker>,
+    session: &Arc<Session>,
+    restore: &Restore,
+    message: Arc<Message>,
+    retained: bool,
+) -> bool {
+    let mut qos: Option<QoS> = None;
+    let mut retain = false;
+    let mut ids: SmallVec<[u32; 1]> = SmallVec::new();
+    for (filter, options, id) in &restore.subscriptions {
+        if crate::codec::topic::split_shared(filter).is_some()
+            || !crate::broker::admin::filter_matches(filter, &message.topic)
+        {
+            continue;
+        }
+        qos = Some(qos.map_or(options.qos, |q| q.max(options.qos)));
+        retain |= options.retain_as_published && retained;
+        ids.extend(*id);
+    }
+    let Some(granted) = qos else {
+        return false;
+    };
+    let qos = message.qos.min(granted);
+    if qos == QoS::AtMostOnce {
+        return false;
+    }
+    match broker.enqueue_for(session, message, qos, retain, ids) {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::warn!(client = %session.client_id, %error, "cluster: a replayed message was refused");
+            false
+        }
+    }
+}
+
+/// Watches the bucket for claims of sessions this node holds, and hands them over.
+pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
+    loop {
+        let Some(bucket) = cluster.sessions.bucket.get() else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let mut watch = match bucket.watch_all().await {
+            Ok(watch) => watch,
+            Err(error) => {
+                tracing::warn!(%error, "cluster: cannot watch the session records; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        while let Some(entry) = watch.next().await {
+            let Ok(entry) = entry else {
+                break;
+            };
+            if entry.operation != kv::Operation::Put {
+                continue;
+            }
+            let Some(record) = Record::decode(&entry.value) else {
+                continue;
+            };
+            if record.owner == cluster.node || record.handed {
+                continue;
+            }
+            let Some(broker) = broker.upgrade() else {
+                return;
+            };
+            hand_over(&cluster, bucket, &broker, &entry, record).await;
+        }
+        if broker.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Another node claimed a session: give it up here and write what it held into the claim.
+async fn hand_over(
+    cluster: &Cluster,
+    bucket: &kv::Store,
+    broker: &Arc<Broker>,
+    entry: &kv::Entry,
+    claim: Record,
+) {
+    let client_id = subject::unescape(&entry.key.replace('=', "~"));
+    let Some(client_id) = client_id else {
+        return;
+    };
+    cluster.sessions.owned.lock().remove(&client_id);
+    let Some(view) = broker.release_to_cluster(&client_id) else {
+        return;
+    };
+    tracing::info!(client = %client_id, to = %claim.owner, "cluster: session taken over by another node");
+    let mut handed = Record::from_view(&claim.owner, &view, cursor_of(cluster, &view));
+    handed.handed = true;
+    if view.expiry_interval == 0 || claim.expiry == 0 {
+        handed.expiry = claim.expiry;
+    }
+    if let Err(error) = bucket
+        .update(entry.key.as_str(), handed.encode(), entry.revision)
+        .await
+    {
+        tracing::debug!(client = %client_id, %error, "cluster: hand-over not written (claimed again since)");
+    }
+}
+
+/// Keeps the records of local sessions current, and deletes those of sessions that ended.
+pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
+    let mut tick = tokio::time::interval(RECORD_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        let Some(bucket) = cluster.sessions.bucket.get() else {
+            continue;
+        };
+        if !cluster.is_up() {
+            continue;
+        }
+        let views = broker.session_views();
+        drop(broker);
+        let mut writes = Vec::new();
+        let mut deletes = Vec::new();
+        {
+            let owned = cluster.sessions.owned.lock();
+            let live: HashMap<&str, &SessionView> =
+                views.iter().map(|v| (&*v.client_id, v)).collect();
+            for view in views.iter().filter(|v| v.expiry_interval > 0) {
+                let record = Record::from_view(&cluster.node, view, cursor_of(&cluster, view));
+                match owned.get(&*view.client_id) {
+                    Some((revision, written)) if *written != record => {
+                        writes.push((view.client_id.to_string(), *revision, record));
+                    }
+                    _ => {}
+                }
+            }
+            for (client_id, (revision, _)) in owned.iter() {
+                if !live.contains_key(client_id.as_str()) {
+                    deletes.push((client_id.clone(), *revision));
+                }
+            }
+        }
+        for (client_id, revision, record) in writes {
+            let key = subject::key(&client_id);
+            if let Ok(revision) = bucket.update(key.as_str(), record.encode(), revision).await {
+                cluster
+                    .sessions
+                    .owned
+                    .lock()
+                    .insert(client_id, (revision, record));
+            }
+        }
+        for (client_id, revision) in deletes {
+            // A session that connected again meanwhile has a newer revision: kept.
+            let gone = {
+                let mut owned = cluster.sessions.owned.lock();
+                let gone = owned.get(&client_id).map(|(r, _)| *r) == Some(revision);
+                if gone {
+                    owned.remove(&client_id);
+                }
+                gone
+            };
+            if !gone {
+                continue;
+            }
+            let key = subject::key(&client_id);
+            let _ = bucket
+                .delete_expect_revision(key.as_str(), Some(revision))
+                .await;
+        }
+    }
+}
