@@ -475,7 +475,8 @@ impl SessionHandle {
                     .publish_with(Arc::clone(&message), inbound, dedup.map(|op| *op))
                     .inspect_err(|_| self.broker.forget_dedup(&message))
                     .map(|routed| {
-                        let reason = if routed.matched == 0 {
+                        // Clustered, subscribers on other nodes are not known here.
+                        let reason = if routed.matched == 0 && self.broker.cluster().is_none() {
                             ReasonCode::NO_MATCHING_SUBSCRIBERS
                         } else {
                             ReasonCode::SUCCESS

@@ -86,7 +86,9 @@ impl Broker {
                 });
             });
         merge_overlapping(&mut targets);
-        if self.has_shared.load(Ordering::Acquire) {
+        // Clustered, shared groups get their messages through the cluster (one member
+        // cluster-wide: `cluster::shared`), not from each node's routing.
+        if self.has_shared.load(Ordering::Acquire) && self.cluster().is_none() {
             self.shared_targets(&message, &mut targets);
         }
         // Counted from this one walk (no second trie walk for the publisher's ack).
@@ -138,6 +140,48 @@ impl Broker {
         });
         let now_ms = self.coarse_ms();
         self.deliver(message, targets, None, None, 1, now_ms)
+    }
+
+    /// Queues `message` for one member of the shared group `key` (`$share/{group}/{filter}`)
+    /// on this node, chosen by the group's strategy among those that may read it: the
+    /// cluster's delivery of a group's message (one member cluster-wide). `Ok(None)` when
+    /// the group has no such member here (any more).
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::publish`]: the store refused it.
+    pub fn deliver_shared(
+        &self,
+        key: &str,
+        message: Arc<Message>,
+    ) -> Result<Option<Routed>, PublishRefused> {
+        let authz = self.authz();
+        let may_read = |session: &Session| {
+            authz.is_none_or(|authz| session.authorized(authz.acl, Action::Read, &message.topic))
+        };
+        let member =
+            self.shared
+                .read()
+                .pick_other(key, &message.topic, SessionId::MAX, false, may_read);
+        let Some(member) = member else {
+            return Ok(None);
+        };
+        let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
+        targets.push(Target {
+            qos: message.qos.min(member.options.qos), // MQTT-4.8.2-3
+            retain: member.options.retain_as_published && message.retain,
+            subscription_ids: member.identifier.into_iter().collect(),
+            session: member.session,
+            shared: Some(Arc::from(key)),
+        });
+        let now_ms = self.coarse_ms();
+        self.deliver(message, targets, None, None, 1, now_ms)
+            .map(Some)
+    }
+
+    /// Every shared group with a member on this node: its key and inner filter.
+    pub fn shared_group_keys(&self) -> Vec<(Arc<str>, ByteString)> {
+        self.shared.read().keys()
     }
 
     /// The second half of routing: admits `message` to each target's queue, persists what

@@ -135,6 +135,14 @@ impl SharedSubscriptions {
         (out, more)
     }
 
+    /// Every group's key and inner filter.
+    pub fn keys(&self) -> Vec<(Arc<str>, ByteString)> {
+        self.groups
+            .values()
+            .map(|g| (Arc::clone(&g.key), g.inner.clone()))
+            .collect()
+    }
+
     /// Adds `member` to the group `key` (= `$share/{group}/{inner}`), or replaces its options
     /// if it is a member already. Returns whether it was a member already.
     pub fn subscribe(&mut self, key: &str, inner: &str, member: Member) -> bool {

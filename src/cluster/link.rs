@@ -90,6 +90,13 @@ async fn run(
                         Arc::clone(&cluster),
                         broker.clone(),
                     ));
+                    tokio::spawn(super::shared::run(
+                        js.clone(),
+                        client.clone(),
+                        Arc::clone(&cluster),
+                        broker.clone(),
+                        Duration::from_secs(config.retention),
+                    ));
                     tokio::spawn(super::sessions::keep_records(
                         Arc::clone(&cluster),
                         broker.clone(),

@@ -27,6 +27,7 @@ pub mod inbound;
 pub mod link;
 pub mod outbound;
 pub mod sessions;
+pub mod shared;
 pub mod subject;
 pub mod wire;
 

@@ -79,6 +79,32 @@ pub fn unescape(subject: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// The subject filters (after the stream prefix) that cover MQTT filter `filter`: each
+/// level escaped as in [`escape`], `+` as `*`, a trailing `#` as `>` plus its parent level
+/// (MQTT's `a/#` matches `a` itself, NATS's `a.>` does not). The caller still checks the
+/// MQTT match (wildcards at the first level do not match `$` topics, MQTT-4.7.2-1).
+pub fn filter_subjects(filter: &str) -> Vec<String> {
+    let levels: Vec<&str> = filter.split('/').collect();
+    let mut mapped: Vec<String> = Vec::with_capacity(levels.len());
+    for level in &levels {
+        mapped.push(match *level {
+            "+" => "*".to_owned(),
+            "#" => ">".to_owned(),
+            level => escape(level),
+        });
+    }
+    let whole = mapped.join(".");
+    if whole.len() > MAX_SUBJECT {
+        return vec![">".to_owned()];
+    }
+    if levels.len() > 1 && levels.last() == Some(&"#") {
+        let parent = mapped[..mapped.len() - 1].join(".");
+        vec![whole, parent]
+    } else {
+        vec![whole]
+    }
+}
+
 /// A KV key for `topic` (`[-/_=.A-Za-z0-9]` only): the escaped subject with `~` as `=`.
 pub fn key(topic: &str) -> String {
     escape(topic).replace('~', "=")
@@ -125,6 +151,14 @@ mod tests {
             "{subject}"
         );
         assert_eq!(unescape(&subject), None);
+    }
+
+    #[test]
+    fn filters_map_onto_subject_wildcards() {
+        assert_eq!(filter_subjects("a/+/c"), ["a.*.c"]);
+        assert_eq!(filter_subjects("a/b c/#"), ["a.b~20c.>", "a.b~20c"]);
+        assert_eq!(filter_subjects("#"), [">"]);
+        assert_eq!(filter_subjects("a//b"), ["a.~.b"]);
     }
 
     #[test]
