@@ -8,7 +8,8 @@ use async_nats::jetstream::{self, stream};
 use tokio::sync::mpsc;
 
 use super::{
-    inbound, outbound, Cluster, RETAINED_BUCKET, SESSIONS_BUCKET, STREAM, STREAM_SUBJECTS,
+    inbound, outbound, Cluster, NODES_BUCKET, RETAINED_BUCKET, SESSIONS_BUCKET, STREAM,
+    STREAM_SUBJECTS,
 };
 use crate::broker::Broker;
 use crate::config::ClusterConfig;
@@ -16,6 +17,8 @@ use crate::config::ClusterConfig;
 /// How long a message may wait in the stream for a duplicate publish to be recognised
 /// (`Nats-Msg-Id`); capped by the server to `max_age`.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long a heartbeat stays in `pb_nodes` (cleanup only: liveness is judged by each node).
+const NODES_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// Starts the link's task.
 pub(super) fn spawn(
@@ -86,6 +89,18 @@ async fn run(
                 cluster.set_up(true);
                 if !inbound_started {
                     inbound_started = true;
+                    match js.get_key_value(NODES_BUCKET).await {
+                        Ok(bucket) => {
+                            tokio::spawn(super::nodes::run(
+                                Arc::clone(&cluster),
+                                bucket,
+                                broker.clone(),
+                            ));
+                        }
+                        Err(error) => {
+                            tracing::error!(%error, bucket = NODES_BUCKET, "cluster: cannot open the heartbeat bucket");
+                        }
+                    }
                     tokio::spawn(super::sessions::watch_claims(
                         Arc::clone(&cluster),
                         broker.clone(),
@@ -144,8 +159,12 @@ async fn ensure_state(
         tracing::error!(%error, stream = STREAM, "cluster: cannot create or update the message stream");
         return false;
     }
-    for bucket in [RETAINED_BUCKET, SESSIONS_BUCKET] {
-        if let Err(error) = ensure_bucket(js, bucket, 1, config.replicas).await {
+    for (bucket, max_age) in [
+        (RETAINED_BUCKET, Duration::ZERO),
+        (SESSIONS_BUCKET, Duration::ZERO),
+        (NODES_BUCKET, NODES_MAX_AGE),
+    ] {
+        if let Err(error) = ensure_bucket(js, bucket, max_age, config.replicas).await {
             tracing::error!(%error, bucket, "cluster: cannot create a bucket");
             return false;
         }
@@ -154,13 +173,13 @@ async fn ensure_state(
 }
 
 /// Makes sure KV bucket `bucket` exists, shaped as `async-nats` makes buckets (stream
-/// `KV_<bucket>`, subjects `$KV.<bucket>.>`, one value per key kept `history` deep, rollups,
+/// `KV_<bucket>`, subjects `$KV.<bucket>.>`, one value per key (`max_age` 0: kept), rollups,
 /// direct gets, discard new). Made here because 0.51's `create_key_value` first asks for the
 /// account's info, whose 2.9 answer it cannot decode.
 async fn ensure_bucket(
     js: &jetstream::Context,
     bucket: &str,
-    history: i64,
+    max_age: Duration,
     replicas: usize,
 ) -> Result<(), async_nats::Error> {
     if js.get_key_value(bucket).await.is_ok() {
@@ -169,14 +188,19 @@ async fn ensure_bucket(
     js.create_stream(stream::Config {
         name: format!("KV_{bucket}"),
         subjects: vec![format!("$KV.{bucket}.>")],
-        max_messages_per_subject: history,
+        max_messages_per_subject: 1,
+        max_age,
         storage: stream::StorageType::File,
         allow_rollup: true,
         deny_delete: true,
         allow_direct: true,
         num_replicas: replicas,
         discard: stream::DiscardPolicy::New,
-        duplicate_window: DUPLICATE_WINDOW,
+        duplicate_window: if max_age.is_zero() {
+            DUPLICATE_WINDOW
+        } else {
+            DUPLICATE_WINDOW.min(max_age)
+        },
         ..Default::default()
     })
     .await?;

@@ -19,12 +19,14 @@
 //! | `pb.q0.>` | core subjects | QoS 0 messages, at most once |
 //! | `pb_retained` | KV bucket, history 1, File, R | the retained message of each topic (key: [`subject::key`]) |
 //! | `pb_sessions` | KV bucket, history 1, File, R | each session's record: owner node, subscriptions, replay cursor ([`sessions`]) |
+//! | `pb_nodes` | KV bucket, history 1, `max_age` 60 s, File, R | each node's heartbeat ([`nodes`]) |
 //!
 //! Delivery is node fan-in: one durable consumer per node (`node-<id>`), whatever the number
 //! of sessions and subscriptions; each node routes what it takes through its own topic tree.
 
 pub mod inbound;
 pub mod link;
+pub mod nodes;
 pub mod outbound;
 pub mod sessions;
 pub mod shared;
@@ -53,6 +55,8 @@ pub const QOS0_SUBJECTS: &str = "pb.q0";
 pub const RETAINED_BUCKET: &str = "pb_retained";
 /// The session records' bucket.
 pub const SESSIONS_BUCKET: &str = "pb_sessions";
+/// The nodes' heartbeats' bucket.
+pub const NODES_BUCKET: &str = "pb_nodes";
 
 /// The running cluster layer of one node: what the broker calls (as [`ClusterSeam`]) and
 /// what the tasks share.
@@ -89,6 +93,8 @@ pub struct Cluster {
     js: OnceLock<async_nats::jetstream::Context>,
     /// The session records, once the link is up.
     sessions: sessions::Records,
+    /// What this node heard of the others' heartbeats.
+    liveness: nodes::Liveness,
 }
 
 impl Cluster {
@@ -113,6 +119,7 @@ impl Cluster {
             gate: parking_lot::Mutex::new(()),
             js: OnceLock::new(),
             sessions: sessions::Records::default(),
+            liveness: nodes::Liveness::default(),
         });
         broker.install_cluster(Arc::clone(&cluster) as Arc<dyn ClusterSeam>);
         link::spawn(

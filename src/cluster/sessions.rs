@@ -252,7 +252,12 @@ pub(super) async fn claim(
     if clean_start || previous.expiry == 0 {
         return Ok(Claimed::default());
     }
-    let handed = wait_for_handover(bucket, &key, revision).await;
+    // A dead node cannot hand over: its last record stands in at once.
+    let handed = if cluster.liveness.may_be_alive(&previous.owner) {
+        wait_for_handover(bucket, &key, revision).await
+    } else {
+        None
+    };
     let record = match handed {
         Some((revision, record)) => {
             cluster

@@ -25,6 +25,8 @@ pub struct ClusterMetrics {
     pub lag: Gauge,
     /// Frames from NATS that were not Postbox messages of this version (skipped).
     pub bad_frames: Counter,
+    /// Nodes whose heartbeat this node heard recently (itself included).
+    pub nodes: Gauge,
 }
 
 impl ClusterMetrics {
@@ -70,6 +72,10 @@ impl ClusterMetrics {
             lag: r.gauge(
                 CLUSTER_LAG_MESSAGES,
                 "Messages of other nodes in the stream that this node has not taken yet (replication lag).",
+            ),
+            nodes: r.gauge(
+                CLUSTER_NODES,
+                "Cluster nodes whose heartbeat this node heard within the last 7 s (itself included).",
             ),
             bad_frames: r.counter(
                 CLUSTER_BAD_FRAMES_TOTAL,

@@ -287,9 +287,13 @@ pub const CLUSTER_LAG_MESSAGES: &str = "postbox_cluster_lag_messages";
 /// Counter: frames on the cluster's subjects that were not Postbox messages.
 pub const CLUSTER_BAD_FRAMES_TOTAL: &str = "postbox_cluster_bad_frames_total";
 
+/// Gauge: nodes whose heartbeat this node heard recently (itself included).
+pub const CLUSTER_NODES: &str = "postbox_cluster_nodes";
+
 /// Every cluster metric: registered only when `[cluster]` is configured (not in [`ALL`]); the
 /// README lists them.
-pub const CLUSTER: [&str; 9] = [
+pub const CLUSTER: [&str; 10] = [
+    CLUSTER_NODES,
     CLUSTER_UP,
     CLUSTER_RECONNECTS_TOTAL,
     CLUSTER_MESSAGES_TOTAL,
