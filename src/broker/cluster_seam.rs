@@ -69,6 +69,11 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
         expiry_interval: u32,
     ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>>;
 
+    /// After the CONNECT attached its session (and restored it): if another node claimed the
+    /// client id after this one did, gives the session up here at once (its connection then
+    /// closes with 0x8E): of two racing CONNECTs, only the last claim's stays.
+    fn confirm(&self, broker: &Arc<Broker>, client_id: &str);
+
     /// After the CONNECT attached a new local session: rebuilds it from `restore` (its
     /// subscriptions, then its messages replayed from the stream), before the CONNACK.
     fn restore<'a>(

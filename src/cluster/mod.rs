@@ -264,6 +264,10 @@ impl ClusterSeam for Cluster {
         ))
     }
 
+    fn confirm(&self, broker: &Arc<Broker>, client_id: &str) {
+        sessions::confirm(self, broker, client_id);
+    }
+
     fn restore<'a>(
         &'a self,
         broker: &'a Arc<Broker>,

@@ -146,7 +146,14 @@ impl Record {
 pub struct Records {
     bucket: std::sync::OnceLock<kv::Store>,
     owned: parking_lot::Mutex<HashMap<String, (u64, Record)>>,
+    /// The latest claim by another node of each client id, seen by the watch (revision and
+    /// claim; kept [`CLAIM_MEMORY`]): a claim of ours that attaches after a later one of
+    /// another node lost, though the watch found nothing here to give up at the time.
+    claimed_elsewhere: parking_lot::Mutex<HashMap<String, (u64, Record, std::time::Instant)>>,
 }
+
+/// How long a claim by another node is remembered for [`confirm`].
+const CLAIM_MEMORY: Duration = Duration::from_secs(30);
 
 impl Records {
     /// Sets the bucket once the link made sure of it.
@@ -466,6 +473,43 @@ pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
     }
 }
 
+/// After a CONNECT claimed and attached its session: if another node claimed the client id
+/// after this node did (seen by the watch meanwhile), this node lost the race: the session is
+/// given up here at once (its connection gets DISCONNECT 0x8E) and handed over.
+pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str) {
+    let mine = cluster
+        .sessions
+        .owned
+        .lock()
+        .get(client_id)
+        .map(|(r, _)| *r);
+    let later = {
+        let claimed = cluster.sessions.claimed_elsewhere.lock();
+        claimed
+            .get(client_id)
+            .filter(|(revision, _, _)| mine.is_none_or(|mine| *revision > mine))
+            .map(|(revision, claim, _)| (*revision, claim.clone()))
+    };
+    let Some((revision, claim)) = later else {
+        return;
+    };
+    cluster.sessions.owned.lock().remove(client_id);
+    let Some(view) = broker.release_to_cluster(client_id) else {
+        return;
+    };
+    tracing::info!(client = client_id, to = %claim.owner, "cluster: session claimed by another node while connecting here");
+    let Some(bucket) = cluster.sessions.bucket.get().cloned() else {
+        return;
+    };
+    let mut handed = Record::from_view(&claim.owner, &view, cursor_of(cluster, &view));
+    handed.handed = true;
+    handed.expiry = claim.expiry;
+    let key = subject::key(client_id);
+    tokio::spawn(async move {
+        let _ = bucket.update(key.as_str(), handed.encode(), revision).await;
+    });
+}
+
 /// Another node claimed a session: give it up here and write what it held into the claim.
 async fn hand_over(
     cluster: &Cluster,
@@ -478,6 +522,16 @@ async fn hand_over(
     let Some(client_id) = client_id else {
         return;
     };
+    {
+        let mut claimed = cluster.sessions.claimed_elsewhere.lock();
+        if claimed.len() > 10_000 {
+            claimed.retain(|_, (_, _, at)| at.elapsed() < CLAIM_MEMORY);
+        }
+        claimed.insert(
+            client_id.clone(),
+            (entry.revision, claim.clone(), std::time::Instant::now()),
+        );
+    }
     cluster.sessions.owned.lock().remove(&client_id);
     let Some(view) = broker.release_to_cluster(&client_id) else {
         return;

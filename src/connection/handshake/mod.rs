@@ -354,13 +354,14 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         expiry_interval,
         protocol: version,
     });
-    if let (Some(cluster), Some(restore)) = (broker.cluster(), restore) {
-        if !attached.session_present {
+    if let Some(cluster) = broker.cluster() {
+        if let Some(restore) = restore.filter(|_| !attached.session_present) {
             cluster
                 .restore(&broker, attached.handle.session(), restore)
                 .await;
             attached.session_present = true;
         }
+        cluster.confirm(&broker, attached.handle.client_id());
     }
     if connect.bridge {
         // Mosquitto's bridge flag (3.x `try_private`): its subscriptions get No Local and
