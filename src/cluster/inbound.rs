@@ -143,6 +143,13 @@ async fn consume_stream(
             };
             let message = match next {
                 Some(Ok(message)) => message,
+                // A missed heartbeat or a failed pull request leaves the stream usable (it
+                // pulls again); starting over would strand what the old pull was given until
+                // `ack_wait` passes.
+                Some(Err(error)) if !is_terminal(&error) => {
+                    tracing::debug!(%error, "cluster: the message stream's pull had a hiccup");
+                    continue;
+                }
                 Some(Err(error)) => {
                     tracing::debug!(%error, "cluster: the message stream's pull failed; resuming");
                     break;
@@ -186,6 +193,18 @@ async fn consume_stream(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Whether a pull consumer's stream ended with `error` (it must be made again).
+pub(super) fn is_terminal(error: &consumer::pull::MessagesError) -> bool {
+    use consumer::pull::MessagesErrorKind as Kind;
+    matches!(
+        error.kind(),
+        Kind::ConsumerDeleted
+            | Kind::NoResponders
+            | Kind::PushBasedConsumer
+            | Kind::RequestLimitExceeded
+    )
 }
 
 /// Routes a message from another node; the commit its JetStream ack must wait for.

@@ -167,8 +167,10 @@ async fn pull(
             }
         };
         while let Some(message) = messages.next().await {
-            let Ok(message) = message else {
-                break;
+            let message = match message {
+                Ok(message) => message,
+                Err(error) if !super::inbound::is_terminal(&error) => continue,
+                Err(_) => break,
             };
             let Some(broker) = broker.upgrade() else {
                 return;

@@ -62,6 +62,10 @@ struct RunArgs {
     /// Broker address; only loopback addresses are accepted.
     #[arg(long, default_value = "127.0.0.1:1883")]
     host: SocketAddr,
+    /// Subscribers connect here instead of `--host` (another node of a cluster: cross-node
+    /// delivery); loopback only.
+    #[arg(long)]
+    subscribe_host: Option<SocketAddr>,
     /// Name of the broker in the report (postbox, mosquitto, ...).
     #[arg(long, default_value = "broker")]
     broker: String,
@@ -161,6 +165,10 @@ impl RunArgs {
     fn params(&self) -> Result<Params> {
         ensure_loopback(self.host)?;
         let mut p = Params::defaults(self.scenario, self.host);
+        if let Some(addr) = self.subscribe_host {
+            ensure_loopback(addr)?;
+            p.subscribe_addr = Some(addr);
+        }
         p.broker = self.broker.clone();
         p.settings = self.settings;
         p.case = self.case.clone();

@@ -62,6 +62,8 @@ pub struct SubscriberPlan {
 pub struct PubSubPlan {
     /// Broker address (loopback only).
     pub addr: SocketAddr,
+    /// Where subscribers connect, when not `addr` (another cluster node).
+    pub subscribe_addr: Option<SocketAddr>,
     /// Protocol level of every client.
     pub version: ProtocolVersion,
     /// Run identifier stamped into every payload.
@@ -146,6 +148,7 @@ struct PublisherResult {
 #[derive(Clone)]
 struct RunCtx {
     addr: SocketAddr,
+    subscribe_addr: SocketAddr,
     version: ProtocolVersion,
     run: u32,
     counts: Arc<Vec<u64>>,
@@ -194,6 +197,7 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
     });
     let ctx = RunCtx {
         addr: plan.addr,
+        subscribe_addr: plan.subscribe_addr.unwrap_or(plan.addr),
         version: plan.version,
         run: plan.run,
         counts: Arc::new(plan.publishers.iter().map(|p| p.count).collect()),
@@ -351,7 +355,7 @@ async fn subscriber(
     ready: tokio::sync::mpsc::Sender<()>,
     progress: Arc<Progress>,
 ) -> Result<SubscriberResult> {
-    let mut conn = Conn::connect(ctx.addr, &plan.connect).await?;
+    let mut conn = Conn::connect(ctx.subscribe_addr, &plan.connect).await?;
     let early = conn.subscribe(&plan.filters, 1).await?;
     let mut result = SubscriberResult {
         tracker: SeqTracker::new(ctx.run, ctx.counts.to_vec()),

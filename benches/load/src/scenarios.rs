@@ -145,6 +145,8 @@ pub fn run_failed(scenario: Scenario, settings: BrokerSettings, report: &Report)
 pub struct Params {
     /// Broker address (loopback only).
     pub addr: SocketAddr,
+    /// Where subscribers connect, when not `addr` (another cluster node).
+    pub subscribe_addr: Option<SocketAddr>,
     /// Broker label for the report.
     pub broker: String,
     /// Which settings the broker runs with (a label in the report).
@@ -199,6 +201,7 @@ impl Params {
     pub fn defaults(scenario: Scenario, addr: SocketAddr) -> Params {
         let mut p = Params {
             addr,
+            subscribe_addr: None,
             broker: "broker".into(),
             settings: BrokerSettings::Tuned,
             case: None,
@@ -393,6 +396,7 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
     };
     PubSubPlan {
         addr: p.addr,
+        subscribe_addr: p.subscribe_addr,
         version: p.version,
         run,
         publishers,

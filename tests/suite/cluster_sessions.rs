@@ -1,0 +1,304 @@
+//! Sessions and shared groups across cluster nodes (issue 17), with a real `nats-server -js`
+//! and real `postbox` nodes: a persistent session moves to another node with its queue, a
+//! node killed with `kill -9` loses none of what it acknowledged for its offline sessions,
+//! takeover across nodes has one winner and closes the other connection with 0x8E, and a
+//! shared group with members on two nodes gets each message once.
+
+use crate::common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use common::cluster::{wait_linked, Node};
+use common::nats::NatsServer;
+use common::{v5, RawClient, WAIT};
+use postbox::codec::{Packet, Publish, QoS, ReasonCode};
+
+/// NATS and `count` linked nodes (`a`, `b`, ...).
+async fn cluster(count: usize) -> (NatsServer, Vec<Node>) {
+    let nats = tokio::task::block_in_place(NatsServer::start);
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c"].into_iter().take(count) {
+        nodes.push(Node::start_async(id, &nats.url(), "").await);
+    }
+    for from in &nodes {
+        for to in &nodes {
+            if from.id != to.id {
+                wait_linked(from, to).await;
+            }
+        }
+    }
+    (nats, nodes)
+}
+
+/// Publishes `count` numbered QoS 1 messages `<prefix><n>` on `topic`; every one must be
+/// acknowledged with success.
+async fn publish_numbered(c: &mut RawClient, topic: &str, prefix: &str, count: u16) {
+    for n in 1..=count {
+        let payload = format!("{prefix}{n}");
+        let code = v5::publish(
+            c,
+            v5::publish_packet(topic, QoS::AtLeastOnce, payload.as_bytes(), n),
+        )
+        .await;
+        assert!(!code.is_error(), "{payload} refused: {code:?}");
+    }
+}
+
+/// Receives (and acknowledges) PUBLISHes until `want` distinct payloads arrived; returns them
+/// in arrival order (duplicates kept). Bounded by `WAIT` overall.
+async fn receive_distinct(c: &mut RawClient, want: usize) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut seen = HashSet::new();
+    let mut all = Vec::new();
+    while seen.len() < want {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match c.recv_within(left).await {
+            Ok(Some(Packet::Publish(p))) => {
+                v5::ack(c, &p).await;
+                let text = String::from_utf8_lossy(&p.payload).into_owned();
+                seen.insert(text.clone());
+                all.push(text);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("closed after {} of {want} messages", seen.len()),
+            Err(()) => panic!("only {} of {want} messages arrived: {all:?}", seen.len()),
+        }
+    }
+    all
+}
+
+/// The subsequence of `received` that starts with `prefix`, as numbers: one publisher's
+/// messages, which must keep their order (MQTT 4.6), a re-delivered one allowed.
+fn numbers(received: &[String], prefix: &str) -> Vec<u32> {
+    received
+        .iter()
+        .filter_map(|m| m.strip_prefix(prefix)?.parse().ok())
+        .collect()
+}
+
+/// Asserts `ns` is `1..=count` in order, where a number may repeat right after a lower one
+/// only as a re-delivery of something seen before.
+fn assert_ordered(ns: &[u32], count: u32) {
+    let mut next = 1;
+    for &n in ns {
+        if n == next {
+            next += 1;
+        } else {
+            assert!(n < next, "{n} arrived before {next}: {ns:?}");
+        }
+    }
+    assert_eq!(next, count + 1, "not all of 1..={count}: {ns:?}");
+}
+
+/// Issue 17: "a persistent session's subscriptions and its queue of QoS ≥ 1 messages survive
+/// its node: a client that reconnects to another node resumes the session there with
+/// session-present = 1 (MQTT-3.2.2-2) and receives what was queued while it was away" —
+/// published on both nodes, in order per publisher (MQTT 4.6); then live messages too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_session_moves_to_another_node_with_its_queue() {
+    let (_nats, nodes) = cluster(2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+
+    let (mut mover, ack) = v5::connect(a.mqtt(), v5::persistent_connect("mover", 3600)).await;
+    assert!(!ack.session_present);
+    v5::subscribe(&mut mover, "move/#", QoS::AtLeastOnce).await;
+    v5::disconnect(mover).await;
+
+    let mut on_a = v5::connect_id(a.mqtt(), "pub-a").await;
+    let mut on_b = v5::connect_id(b.mqtt(), "pub-b").await;
+    publish_numbered(&mut on_a, "move/a", "a", 30).await;
+    publish_numbered(&mut on_b, "move/b", "b", 30).await;
+
+    let (mut mover, ack) = v5::connect(b.mqtt(), v5::persistent_connect("mover", 3600)).await;
+    assert!(
+        ack.session_present,
+        "the session moved to node b (MQTT-3.2.2-2)"
+    );
+    let received = receive_distinct(&mut mover, 60).await;
+    assert_ordered(&numbers(&received, "a"), 30);
+    assert_ordered(&numbers(&received, "b"), 30);
+
+    // Its subscription came along: live messages from either node keep arriving.
+    publish_numbered(&mut on_a, "move/a", "live-a", 3).await;
+    let live = receive_distinct(&mut mover, 3).await;
+    assert_ordered(&numbers(&live, "live-a"), 3);
+    v5::disconnect(mover).await;
+}
+
+/// Issue 17, Tests: "`kill -9` of a node under QoS 1 load and every acknowledged message for
+/// its offline persistent sessions still arrives via another node" (the cluster version of
+/// `crash.rs`): what node a acknowledged to its own publisher and what node b acknowledged,
+/// all queued for a session offline on a, reach the client on node b after a dies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_node_loses_nothing_it_acknowledged_for_offline_sessions() {
+    let (_nats, mut nodes) = cluster(2).await;
+    let (mut reader, _) =
+        v5::connect(nodes[0].mqtt(), v5::persistent_connect("survivor", 3600)).await;
+    v5::subscribe(&mut reader, "crash/#", QoS::AtLeastOnce).await;
+    v5::disconnect(reader).await;
+
+    let mut on_a = v5::connect_id(nodes[0].mqtt(), "crash-pub-a").await;
+    let mut on_b = v5::connect_id(nodes[1].mqtt(), "crash-pub-b").await;
+    publish_numbered(&mut on_a, "crash/a", "a", 100).await;
+    publish_numbered(&mut on_b, "crash/b", "b", 100).await;
+    drop(on_a);
+    tokio::task::block_in_place(|| nodes[0].kill9());
+
+    let (mut reader, ack) =
+        v5::connect(nodes[1].mqtt(), v5::persistent_connect("survivor", 3600)).await;
+    assert!(ack.session_present);
+    let received = receive_distinct(&mut reader, 200).await;
+    assert_ordered(&numbers(&received, "a"), 100);
+    assert_ordered(&numbers(&received, "b"), 100);
+}
+
+/// Issue 17: "Takeover works across nodes: the same client id connecting elsewhere closes the
+/// old connection (v5: DISCONNECT 0x8E), with one winner under races" (MQTT-3.1.4-3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_across_nodes_closes_the_old_connection_with_0x8e() {
+    let (_nats, nodes) = cluster(2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+
+    let (mut first, _) = v5::connect(a.mqtt(), v5::persistent_connect("twin", 600)).await;
+    let (mut second, _) = v5::connect(b.mqtt(), v5::persistent_connect("twin", 600)).await;
+    v5::expect_disconnect(&mut first, ReasonCode::SESSION_TAKEN_OVER).await;
+    // The winner stays connected and usable.
+    v5::subscribe(&mut second, "twin/t", QoS::AtLeastOnce).await;
+
+    // A race: both nodes at once, several rounds; each round ends with exactly one
+    // connection left, the other closed with 0x8E.
+    for round in 0..3 {
+        let id = format!("racer-{round}");
+        let (x, y) = tokio::join!(
+            v5::open(a.mqtt(), v5::persistent_connect(&id, 600)),
+            v5::open(b.mqtt(), v5::persistent_connect(&id, 600)),
+        );
+        let mut alive = Vec::new();
+        for (mut client, first) in [x, y] {
+            match first {
+                Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => {
+                    alive.push(client);
+                }
+                other => panic!("round {round}: CONNECT not accepted: {other:?}"),
+            }
+        }
+        // Within a bounded time one of them is closed with 0x8E, and only one.
+        let mut closed = 0;
+        let mut open = 0;
+        for client in &mut alive {
+            match client.recv_within(Duration::from_secs(5)).await {
+                Ok(Some(Packet::Disconnect(d))) => {
+                    assert_eq!(d.reason_code, ReasonCode::SESSION_TAKEN_OVER);
+                    closed += 1;
+                }
+                Ok(None) => closed += 1,
+                Ok(Some(other)) => panic!("round {round}: unexpected {other:?}"),
+                Err(()) => open += 1,
+            }
+        }
+        assert_eq!(
+            (open, closed),
+            (1, 1),
+            "round {round}: one winner, one taken over"
+        );
+    }
+}
+
+/// Issue 17: "Shared subscriptions span nodes: each message goes to exactly one member of the
+/// group cluster-wide" (MQTT 4.8.2) — members on two nodes, QoS 1 published on both nodes:
+/// every message arrives once across the group, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_group_across_two_nodes_gets_each_message_once() {
+    let (_nats, nodes) = cluster(2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut member_a = v5::connect_id(a.mqtt(), "member-a").await;
+    let mut member_b = v5::connect_id(b.mqtt(), "member-b").await;
+    v5::subscribe(&mut member_a, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    v5::subscribe(&mut member_b, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    // The group's consumer is made when a node first sees a member: probe until a job
+    // published on each node arrives somewhere.
+    settle_group(&mut member_a, &mut member_b, a, b).await;
+
+    let mut on_a = v5::connect_id(a.mqtt(), "jobs-a").await;
+    let mut on_b = v5::connect_id(b.mqtt(), "jobs-b").await;
+    publish_numbered(&mut on_a, "jobs/a", "a", 50).await;
+    publish_numbered(&mut on_b, "jobs", "b", 50).await;
+
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while counts.len() < 100 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of 100 jobs arrived",
+            counts.len()
+        );
+        for member in [&mut member_a, &mut member_b] {
+            while let Ok(Some(Packet::Publish(p))) =
+                member.recv_within(Duration::from_millis(50)).await
+            {
+                v5::ack(member, &p).await;
+                *counts
+                    .entry(String::from_utf8_lossy(&p.payload).into_owned())
+                    .or_default() += 1;
+            }
+        }
+    }
+    // Nothing more comes: no second copy to the other member.
+    for member in [&mut member_a, &mut member_b] {
+        while let Ok(Some(Packet::Publish(p))) = member.recv_within(Duration::from_millis(300)).await {
+            let text = String::from_utf8_lossy(&p.payload).into_owned();
+            *counts.entry(text).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered to more than one member: {twice:?}");
+}
+
+/// Publishes a probe on each node until one of each has arrived at some member (the group's
+/// consumers exist from then on); the probes are acknowledged and left out.
+async fn settle_group(member_a: &mut RawClient, member_b: &mut RawClient, a: &Node, b: &Node) {
+    let mut probe_a = v5::connect_id(a.mqtt(), "probe-jobs-a").await;
+    let mut probe_b = v5::connect_id(b.mqtt(), "probe-jobs-b").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (mut from_a, mut from_b) = (false, false);
+    let mut id = 0u16;
+    while !(from_a && from_b) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shared group never received from both nodes"
+        );
+        id += 1;
+        let _ = v5::publish(
+            &mut probe_a,
+            v5::publish_packet("jobs/probe", QoS::AtLeastOnce, b"probe-a", id),
+        )
+        .await;
+        let _ = v5::publish(
+            &mut probe_b,
+            v5::publish_packet("jobs/probe", QoS::AtLeastOnce, b"probe-b", id),
+        )
+        .await;
+        for member in [&mut *member_a, &mut *member_b] {
+            while let Ok(Some(Packet::Publish(p))) =
+                member.recv_within(Duration::from_millis(100)).await
+            {
+                v5::ack(member, &p).await;
+                from_a |= &p.payload[..] == b"probe-a";
+                from_b |= &p.payload[..] == b"probe-b";
+            }
+        }
+    }
+    // Late probes still on their way are drained by the caller's loop as non-job payloads.
+    drain_probes(member_a).await;
+    drain_probes(member_b).await;
+}
+
+/// Takes what arrives within a short quiet period (late probes).
+async fn drain_probes(member: &mut RawClient) {
+    while let Ok(Some(Packet::Publish(p))) = member.recv_within(Duration::from_millis(300)).await {
+        let p: Publish = p;
+        v5::ack(member, &p).await;
+        assert!(p.payload.starts_with(b"probe"), "a job arrived before any was published");
+    }
+}
