@@ -387,7 +387,10 @@ fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
         .env_remove("RUST_LOG")
         .output()
         .expect("run");
-    assert!(!out.status.success(), "must refuse to start: {args:?} {env:?}");
+    assert!(
+        !out.status.success(),
+        "must refuse to start: {args:?} {env:?}"
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

@@ -492,7 +492,11 @@ fn hardened_pod_with_volume<'a>(set: &'a Yaml, data_dir: &str, config_map: &str)
     );
     let sc = &c["securityContext"];
     assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{name}");
-    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false), "{name}");
+    assert_eq!(
+        sc["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "{name}"
+    );
     assert_eq!(
         sc["capabilities"]["drop"][0].as_str(),
         Some("ALL"),
@@ -526,7 +530,11 @@ fn hardened_pod_with_volume<'a>(set: &'a Yaml, data_dir: &str, config_map: &str)
         "{name}: state in {data_dir}, volume at {mount_path}"
     );
     for m in mounts.iter().filter(|m| m["name"].as_str() != Some(claim)) {
-        assert_eq!(m["readOnly"].as_bool(), Some(true), "{name}: {m:?} read-only");
+        assert_eq!(
+            m["readOnly"].as_bool(),
+            Some(true),
+            "{name}: {m:?} read-only"
+        );
     }
     let volumes = pod["volumes"].as_vec().expect("volumes");
     assert!(
@@ -558,7 +566,11 @@ fn env_from_pod_name(container: &Yaml, var: &str) -> bool {
 #[test]
 fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
     let objects = kustomization_objects("deploy/kubernetes/cluster");
-    assert_eq!(of_kind(&objects, "StatefulSet").len(), 2, "NATS and Postbox");
+    assert_eq!(
+        of_kind(&objects, "StatefulSet").len(),
+        2,
+        "NATS and Postbox"
+    );
 
     // NATS.
     let nats = stateful_set(&objects, "nats");
@@ -579,7 +591,9 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
     assert!(conf.contains("jetstream {"), "{conf}");
     let c = hardened_pod_with_volume(nats, store_dir, "nats-config");
     assert!(
-        c["image"].as_str().is_some_and(|i| i.starts_with("nats:2.")),
+        c["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("nats:2.")),
         "{:?}",
         c["image"]
     );
@@ -604,7 +618,10 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
     assert_eq!(*conf_path, format!("{conf_mount}/nats.conf"));
     // One stable server_name per pod: the pod's name through the environment.
     assert!(conf.contains("server_name: $SERVER_NAME"), "{conf}");
-    assert!(env_from_pod_name(c, "SERVER_NAME"), "SERVER_NAME from the pod name");
+    assert!(
+        env_from_pod_name(c, "SERVER_NAME"),
+        "SERVER_NAME from the pod name"
+    );
     // A route to every pod through the headless Service, on the port it publishes.
     for i in 0..nats_replicas {
         let route = format!("nats://nats-{i}.{headless}:6222");
@@ -616,12 +633,17 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
     for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
         let get = &c[probe]["httpGet"];
         assert!(
-            get["path"].as_str().is_some_and(|p| p.starts_with("/healthz")),
+            get["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/healthz")),
             "{probe}"
         );
         assert_eq!(container_port(c, &get["port"]), 8222, "{probe}");
     }
-    assert_eq!(c["readinessProbe"]["httpGet"]["path"].as_str(), Some("/healthz"));
+    assert_eq!(
+        c["readinessProbe"]["httpGet"]["path"].as_str(),
+        Some("/healthz")
+    );
     // The client Service.
     let client = service(&objects, "nats");
     assert_ne!(client["spec"]["clusterIP"].as_str(), Some("None"));
@@ -663,7 +685,10 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         .and_then(|i| args.get(i + 1))
         .expect("--cluster-node <ID>");
     assert_eq!(*node_arg, "$(POD_NAME)", "{args:?}");
-    assert!(env_from_pod_name(c, "POD_NAME"), "POD_NAME from the pod name");
+    assert!(
+        env_from_pod_name(c, "POD_NAME"),
+        "POD_NAME from the pod name"
+    );
     for (probe, path) in [
         ("startupProbe", "/healthz"),
         ("readinessProbe", "/readyz"),
@@ -690,7 +715,10 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         .unwrap_or_else(|e| panic!("{pod_name}: {e}"));
         let cluster = config.cluster.expect("[cluster]");
         assert_eq!(cluster.node, pod_name);
-        assert_eq!(cluster.replicas, 3, "every stream on the three NATS servers");
+        assert_eq!(
+            cluster.replicas, 3,
+            "every stream on the three NATS servers"
+        );
         assert!(i64::try_from(cluster.replicas).is_ok_and(|r| r <= nats_replicas));
         assert_eq!(cluster.servers, ["nats://nats:4222"], "the client Service");
         assert_eq!(config.storage.persistence_dir(), Some(Path::new(data_dir)));
@@ -703,7 +731,10 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         client["metadata"]["name"].as_str().expect("name"),
         client["spec"]["ports"][0]["port"].as_i64().expect("port")
     );
-    assert!(toml_text.contains(&format!("servers = [\"{url}\"]")), "{url}");
+    assert!(
+        toml_text.contains(&format!("servers = [\"{url}\"]")),
+        "{url}"
+    );
 
     // MQTT in front of every Postbox pod, and the governing Service; neither selects NATS.
     let pod_labels = spec["template"]["metadata"]["labels"]
@@ -714,7 +745,10 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         .expect("nats labels");
     let mqtt = service(&objects, "postbox");
     assert_ne!(mqtt["spec"]["clusterIP"].as_str(), Some("None"));
-    for s in [mqtt, service(&objects, spec["serviceName"].as_str().expect("serviceName"))] {
+    for s in [
+        mqtt,
+        service(&objects, spec["serviceName"].as_str().expect("serviceName")),
+    ] {
         let selector = s["spec"]["selector"].as_hash().expect("selector");
         for (k, v) in selector {
             assert_eq!(pod_labels.get(k), Some(v), "selects the Postbox pods");
