@@ -379,14 +379,27 @@ fn cluster_file(dir: &std::path::Path, nats_port: u16) -> std::path::PathBuf {
     path
 }
 
-/// Runs the binary with `args` and `env`; it must refuse to start. Returns its stderr.
+/// Runs the binary with `args` and `env`; it must refuse to start (within [`WAIT`]: one that
+/// starts instead is killed). Returns its stderr.
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
-    let out = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(args)
         .envs(env.iter().copied())
         .env_remove("RUST_LOG")
-        .output()
-        .expect("run");
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn postbox");
+    let pid = child.id().to_string();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(WAIT) else {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        panic!("started instead of refusing: {args:?} {env:?}");
+    };
+    let out = out.expect("wait");
     assert!(
         !out.status.success(),
         "must refuse to start: {args:?} {env:?}"
