@@ -49,7 +49,8 @@ pub struct Overrides {
     /// `storage.dir` (`--data-dir`); also turns persistence on.
     pub data_dir: Option<PathBuf>,
     /// `cluster.node` (`--cluster-node`, else `POSTBOX_CLUSTER_NODE`): the one key that differs
-    /// between the nodes of a cluster, so one file serves them all (a StatefulSet's pods).
+    /// between the nodes of a cluster, so one file serves them all (every pod of a Kubernetes
+    /// stateful set).
     pub cluster_node: Option<ClusterNode>,
 }
 

@@ -445,7 +445,7 @@ fn kubernetes_statefulset_services_and_config_fit_together() {
     assert_eq!(headless["spec"]["clusterIP"].as_str(), Some("None"));
 }
 
-/// The one StatefulSet of `objects` named `name`.
+/// The one `StatefulSet` of `objects` named `name`.
 fn stateful_set<'a>(objects: &'a [Yaml], name: &str) -> &'a Yaml {
     of_kind(objects, "StatefulSet")
         .into_iter()
