@@ -12,7 +12,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use anyhow::Context;
 use clap::Parser;
-use postbox::config::{Config, Overrides};
+use postbox::config::{ClusterNode, Config, Overrides, CLUSTER_NODE_ENV};
 
 /// Postbox: an MQTT 3.1 / 3.1.1 / 5.0 broker for IoT fleets.
 #[derive(Debug, Parser)]
@@ -33,6 +33,10 @@ struct Cli {
     /// Directory for durable state (overrides `storage.dir` and turns persistence on).
     #[arg(long = "data-dir", value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// This node's id in a cluster (overrides `cluster.node`; needs a `[cluster]` section), so
+    /// one config file serves every node. Without the flag, `POSTBOX_CLUSTER_NODE` if set.
+    #[arg(long = "cluster-node", value_name = "ID")]
+    cluster_node: Option<String>,
     /// Log at debug level (overrides `log.level`).
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -113,6 +117,7 @@ fn main() -> anyhow::Result<()> {
         port: cli.port,
         metrics_port: cli.metrics_port,
         data_dir: cli.data_dir.clone(),
+        cluster_node: cluster_node(cli.cluster_node.clone())?,
     };
     let config =
         Config::load_with(cli.config.as_deref(), &overrides).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -164,6 +169,22 @@ fn main() -> anyhow::Result<()> {
 }
 
 use postbox::server::SHUTDOWN_BOUND;
+
+/// `--cluster-node`, else `POSTBOX_CLUSTER_NODE` (an empty variable counts as unset, as a pod
+/// spec may leave it so); the id is validated with the file in `Config::load_with`.
+fn cluster_node(flag: Option<String>) -> anyhow::Result<Option<ClusterNode>> {
+    if let Some(id) = flag {
+        return Ok(Some(ClusterNode::Flag(id)));
+    }
+    match std::env::var(CLUSTER_NODE_ENV) {
+        Ok(id) if id.is_empty() => Ok(None),
+        Ok(id) => Ok(Some(ClusterNode::Env(id))),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            anyhow::bail!("{CLUSTER_NODE_ENV} is not valid UTF-8 (a node id is A-Z a-z 0-9 _ -)")
+        }
+    }
+}
 
 /// Exit status when a shutdown did not finish (second signal, or [`SHUTDOWN_BOUND`] passed):
 /// not 0, so a supervisor sees the store may not have been closed cleanly (recovery replays

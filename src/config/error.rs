@@ -44,6 +44,15 @@ pub enum ConfigError {
         /// What is wrong and what is allowed.
         message: String,
     },
+    /// A command-line override that the file cannot take (`--cluster-node` without a
+    /// `[cluster]` section): no key of the file is wrong, the combination is.
+    #[error("{origin}: {message}")]
+    Override {
+        /// The file name (or the embedded default's description).
+        origin: String,
+        /// Which flag, and what it needs.
+        message: String,
+    },
 }
 
 fn fmt_parse(origin: &str, line: usize, column: usize, key: Option<&str>, message: &str) -> String {

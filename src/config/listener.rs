@@ -676,7 +676,7 @@ mod tests {
         let clash = Overrides {
             port: Some(9000),
             metrics_port: Some(9000),
-            data_dir: None,
+            ..Overrides::default()
         };
         let err = Config::load_with(None, &clash).expect_err("same port twice");
         let msg = err.to_string();
@@ -693,6 +693,7 @@ mod tests {
             port: Some(9000),
             metrics_port: Some(0),
             data_dir: Some("/tmp/x".into()),
+            ..Overrides::default()
         };
         let c = Config::load_with(None, &ok).expect("metrics off");
         assert_eq!(c.listeners[0].bind.port(), 9000);

@@ -45,7 +45,7 @@ pub use mqtt::{
     MemoryLimit, MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy,
     MAX_CLIENT_ID_LEN, MAX_PACKET_SIZE_LIMIT, MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,
 };
-pub use overrides::Overrides;
+pub use overrides::{ClusterNode, Overrides, CLUSTER_NODE_ENV};
 pub use storage::{DiskFullPolicy, FsyncPolicy, StorageConfig, DEFAULT_DATA_DIR, MIN_DISK_BYTES};
 
 /// The documented default configuration file, compiled into the binary.
@@ -290,7 +290,7 @@ impl Config {
             None => (EMBEDDED_DEFAULT.to_owned(), EMBEDDED_ORIGIN.to_owned()),
         };
         let mut config = Config::parse_unvalidated(&text, &origin)?;
-        overrides.apply(&mut config);
+        overrides.apply(&mut config, &origin)?;
         config
             .validate()
             .map_err(|e| match e.locate(&text, &origin) {

@@ -156,7 +156,11 @@ fn names_follow_prometheus_conventions() {
 #[test]
 fn readme_lists_every_metric() {
     let readme = include_str!("../../README.md");
-    for name in names::ALL.into_iter().chain(names::BRIDGE) {
+    for name in names::ALL
+        .into_iter()
+        .chain(names::BRIDGE)
+        .chain(names::CLUSTER)
+    {
         assert!(
             readme.contains(&format!("`{name}`")),
             "README.md lacks `{name}`"

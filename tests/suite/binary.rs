@@ -184,6 +184,8 @@ fn version_and_help() {
         "--port",
         "--metrics-port",
         "--data-dir",
+        "--cluster-node",
+        "POSTBOX_CLUSTER_NODE",
         "--verbose",
     ] {
         assert!(help.contains(flag), "{help}");
@@ -361,4 +363,178 @@ fn sigterm_while_starting_is_a_graceful_stop() {
         lines.iter().any(|l| l.contains("shutting down")),
         "{lines:#?}"
     );
+}
+
+/// A `[cluster]` section naming the node `file-node`, on NATS at `nats_port`.
+fn cluster_file(dir: &std::path::Path, nats_port: u16) -> std::path::PathBuf {
+    let path = dir.join("cluster.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[listener]\nbind = \"127.0.0.1:0\"\n[metrics]\nenabled = false\n[storage]\npersistence = false\n\
+             [cluster]\nnode = \"file-node\"\nservers = [\"nats://127.0.0.1:{nats_port}\"]\n"
+        ),
+    )
+    .expect("write config");
+    path
+}
+
+/// Runs the binary with `args` and `env`; it must refuse to start (within [`WAIT`]: one that
+/// starts instead is killed). Returns its stderr.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
+    let child = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn postbox");
+    let pid = child.id().to_string();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(WAIT) else {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        panic!("started instead of refusing: {args:?} {env:?}");
+    };
+    let out = out.expect("wait");
+    assert!(
+        !out.status.success(),
+        "must refuse to start: {args:?} {env:?}"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Issue 17's deployment: `--cluster-node` (else `POSTBOX_CLUSTER_NODE`) sets `[cluster] node`
+/// and is held to the file's rules (1 to 32 of A-Z a-z 0-9 _ -); the error names the flag or
+/// the variable. Without a `[cluster]` section the flag is an error, not a silent single node.
+#[test]
+fn cluster_node_flag_is_validated_like_the_file_and_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = cluster_file(dir.path(), 4222);
+    let path = path.to_str().expect("utf8");
+    let err = refused(&["-c", path, "--cluster-node", "pod.0"], &[]);
+    assert!(
+        err.contains("cluster.node") && err.contains("from `--cluster-node`"),
+        "{err}"
+    );
+    let err = refused(&["-c", path], &[("POSTBOX_CLUSTER_NODE", "pod 0")]);
+    assert!(
+        err.contains("cluster.node") && err.contains("from `POSTBOX_CLUSTER_NODE`"),
+        "{err}"
+    );
+    let single = dir.path().join("single.toml");
+    std::fs::write(&single, "[storage]\npersistence = false\n").expect("write");
+    let err = refused(
+        &["-c", single.to_str().expect("utf8"), "--cluster-node", "a"],
+        &[],
+    );
+    assert!(
+        err.contains("--cluster-node needs a [cluster] section"),
+        "{err}"
+    );
+}
+
+/// A real `nats-server` with JetStream on 127.0.0.1 (stopped when dropped).
+struct Nats {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Nats {
+    /// Starts it and waits (bounded) for its "Server is ready" line.
+    fn start() -> Nats {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let mut child = Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nats-server is installed (apt-get install nats-server)");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("Server is ready") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let nats = Nats {
+            child,
+            port,
+            _dir: dir,
+        };
+        rx.recv_timeout(WAIT).expect("nats-server is ready");
+        nats
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the binary and waits (bounded) for a stdout line containing `wanted`; returns it.
+fn spawn_until(args: &[&str], env: &[(&str, &str)], wanted: &'static str) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn postbox");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains(wanted) {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    match rx.recv_timeout(WAIT) {
+        Ok(line) => (child, line),
+        Err(_) => {
+            let _ = child.kill();
+            panic!("no `{wanted}` line from {args:?} {env:?}");
+        }
+    }
+}
+
+/// What the flag is for (issue 17, one ConfigMap for every pod of a StatefulSet): two nodes run
+/// from one file, told apart by `--cluster-node` and by `POSTBOX_CLUSTER_NODE`, each connects
+/// to NATS under its own id (its `cluster: connected to NATS ... node=<id>` line); the flag
+/// wins over the variable, and either wins over the file's `node`.
+#[test]
+fn one_file_serves_two_nodes_named_by_flag_and_environment() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = cluster_file(dir.path(), nats.port);
+    let path = path.to_str().expect("utf8");
+    let connected = "cluster: connected to NATS";
+    let (first, line) = spawn_until(
+        &["-c", path, "--cluster-node", "pod-0"],
+        &[("POSTBOX_CLUSTER_NODE", "ignored")],
+        connected,
+    );
+    assert!(line.contains("node=pod-0"), "{line}");
+    let (second, line) = spawn_until(
+        &["-c", path],
+        &[("POSTBOX_CLUSTER_NODE", "pod-1")],
+        connected,
+    );
+    assert!(line.contains("node=pod-1"), "{line}");
+    assert!(terminate(first).success());
+    assert!(terminate(second).success());
+    drop(nats);
 }

@@ -14,6 +14,8 @@ use rumqttc::QoS;
 use tokio::io::AsyncWriteExt;
 use yaml_rust2::{Yaml, YamlLoader};
 
+use postbox::config::{ClusterNode, Config, Overrides};
+
 use crate::common::async_process::BrokerProcess;
 use crate::common::rumq::V4;
 
@@ -276,12 +278,17 @@ fn systemd_analyze_verifies_the_unit_and_rates_its_sandbox() {
 
 /// The Kubernetes objects of the kustomization, by kind.
 fn kubernetes_objects() -> Vec<Yaml> {
-    let kustomization = yaml("deploy/kubernetes/kustomization.yaml");
+    kustomization_objects("deploy/kubernetes")
+}
+
+/// The objects of the kustomization in `dir` (its `resources` files, every document).
+fn kustomization_objects(dir: &str) -> Vec<Yaml> {
+    let kustomization = yaml(&format!("{dir}/kustomization.yaml"));
     let mut objects = Vec::new();
     for file in kustomization[0]["resources"].as_vec().expect("resources") {
         let file = file.as_str().expect("file name");
         objects.extend(
-            yaml(&format!("deploy/kubernetes/{file}"))
+            yaml(&format!("{dir}/{file}"))
                 .into_iter()
                 .filter(|d| !d.is_null()),
         );
@@ -436,6 +443,332 @@ fn kubernetes_statefulset_services_and_config_fit_together() {
         .find(|s| s["metadata"]["name"].as_str() == Some(governing))
         .expect("the governing service exists");
     assert_eq!(headless["spec"]["clusterIP"].as_str(), Some("None"));
+}
+
+/// The one `StatefulSet` of `objects` named `name`.
+fn stateful_set<'a>(objects: &'a [Yaml], name: &str) -> &'a Yaml {
+    of_kind(objects, "StatefulSet")
+        .into_iter()
+        .find(|s| s["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("a StatefulSet named {name}"))
+}
+
+/// The one Service of `objects` named `name`.
+fn service<'a>(objects: &'a [Yaml], name: &str) -> &'a Yaml {
+    of_kind(objects, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("a Service named {name}"))
+}
+
+/// The `data` entry `key` of the ConfigMap named `name`.
+fn config_map_entry<'a>(objects: &'a [Yaml], name: &str, key: &str) -> &'a str {
+    of_kind(objects, "ConfigMap")
+        .into_iter()
+        .find(|m| m["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("a ConfigMap named {name}"))["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name} has {key}"))
+}
+
+/// What the single node's pod has and every pod of the cluster variant keeps: non-root, no
+/// capabilities, read-only root filesystem, the claimed volume the only writable mount (at
+/// `data_dir`, where the server keeps its state), the ConfigMap mounted read-only, a grace
+/// period. Returns the first container.
+fn hardened_pod_with_volume<'a>(set: &'a Yaml, data_dir: &str, config_map: &str) -> &'a Yaml {
+    let name = set["metadata"]["name"].as_str().expect("name");
+    let pod = &set["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(
+        pod["securityContext"]["runAsNonRoot"].as_bool(),
+        Some(true),
+        "{name}"
+    );
+    assert!(
+        pod["securityContext"]["runAsUser"]
+            .as_i64()
+            .is_some_and(|u| u > 0),
+        "{name}"
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{name}");
+    assert_eq!(
+        sc["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "{name}"
+    );
+    assert_eq!(
+        sc["capabilities"]["drop"][0].as_str(),
+        Some("ALL"),
+        "{name}"
+    );
+    assert!(!c["resources"]["limits"]["memory"].is_badvalue(), "{name}");
+    assert!(
+        pod["terminationGracePeriodSeconds"]
+            .as_i64()
+            .is_some_and(|g| g > SHUTDOWN_BOUND_SECS),
+        "{name}: grace period"
+    );
+    let claims = set["spec"]["volumeClaimTemplates"]
+        .as_vec()
+        .unwrap_or_else(|| panic!("{name}: volumeClaimTemplates"));
+    assert_eq!(claims.len(), 1, "{name}");
+    assert_eq!(
+        claims[0]["spec"]["accessModes"][0].as_str(),
+        Some("ReadWriteOnce"),
+        "{name}"
+    );
+    let claim = claims[0]["metadata"]["name"].as_str().expect("claim name");
+    let mounts = c["volumeMounts"].as_vec().expect("volumeMounts");
+    let data = mounts
+        .iter()
+        .find(|m| m["name"].as_str() == Some(claim))
+        .unwrap_or_else(|| panic!("{name}: the claim is mounted"));
+    let mount_path = data["mountPath"].as_str().expect("mountPath");
+    assert!(
+        Path::new(data_dir).starts_with(mount_path),
+        "{name}: state in {data_dir}, volume at {mount_path}"
+    );
+    for m in mounts.iter().filter(|m| m["name"].as_str() != Some(claim)) {
+        assert_eq!(
+            m["readOnly"].as_bool(),
+            Some(true),
+            "{name}: {m:?} read-only"
+        );
+    }
+    let volumes = pod["volumes"].as_vec().expect("volumes");
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["configMap"]["name"].as_str() == Some(config_map)),
+        "{name} mounts {config_map}"
+    );
+    c
+}
+
+/// Whether the container's `env` sets `var` from the pod's name (the downward API).
+fn env_from_pod_name(container: &Yaml, var: &str) -> bool {
+    container["env"].as_vec().is_some_and(|env| {
+        env.iter().any(|e| {
+            e["name"].as_str() == Some(var)
+                && e["valueFrom"]["fieldRef"]["fieldPath"].as_str() == Some("metadata.name")
+        })
+    })
+}
+
+/// Issue 17's deployment: deploy/kubernetes/cluster/ runs three Postbox nodes on a
+/// three-server NATS JetStream cluster. NATS: 3 replicas routed to each other through the
+/// headless Service (a route per pod), a `server_name` per pod, JetStream on the claimed
+/// volume, `/healthz` probes on the monitoring port, a client Service on 4222, and a config
+/// `nats-server -t` accepts. Postbox: 3 replicas, `--cluster-node $(POD_NAME)` from the
+/// downward API, the single node's probes and hardening, and a ConfigMap whose TOML loads with
+/// every pod's name as the node (and not without one) and names the NATS client Service.
+#[test]
+fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
+    let objects = kustomization_objects("deploy/kubernetes/cluster");
+    assert_eq!(
+        of_kind(&objects, "StatefulSet").len(),
+        2,
+        "NATS and Postbox"
+    );
+
+    // NATS.
+    let nats = stateful_set(&objects, "nats");
+    let spec = &nats["spec"];
+    let nats_replicas = spec["replicas"].as_i64().expect("replicas");
+    assert_eq!(nats_replicas, 3, "three NATS servers");
+    let headless = spec["serviceName"].as_str().expect("serviceName");
+    assert_eq!(
+        service(&objects, headless)["spec"]["clusterIP"].as_str(),
+        Some("None")
+    );
+    let conf = config_map_entry(&objects, "nats-config", "nats.conf");
+    let store_dir = conf
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("store_dir:"))
+        .map(str::trim)
+        .expect("jetstream { store_dir: ... }");
+    assert!(conf.contains("jetstream {"), "{conf}");
+    let c = hardened_pod_with_volume(nats, store_dir, "nats-config");
+    assert!(
+        c["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("nats:2.")),
+        "{:?}",
+        c["image"]
+    );
+    let args: Vec<&str> = c["args"]
+        .as_vec()
+        .expect("args")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    let conf_path = args
+        .iter()
+        .position(|a| *a == "--config" || *a == "-c")
+        .and_then(|i| args.get(i + 1))
+        .expect("nats-server --config <file>");
+    let conf_mount = c["volumeMounts"]
+        .as_vec()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| m["name"].as_str() == Some("config"))
+        .and_then(|m| m["mountPath"].as_str())
+        .expect("config mounted");
+    assert_eq!(*conf_path, format!("{conf_mount}/nats.conf"));
+    // One stable server_name per pod: the pod's name through the environment.
+    assert!(conf.contains("server_name: $SERVER_NAME"), "{conf}");
+    assert!(
+        env_from_pod_name(c, "SERVER_NAME"),
+        "SERVER_NAME from the pod name"
+    );
+    // A route to every pod through the headless Service, on the port it publishes.
+    for i in 0..nats_replicas {
+        let route = format!("nats://nats-{i}.{headless}:6222");
+        assert!(conf.contains(&route), "route {route}: {conf}");
+    }
+    assert_eq!(container_port(c, &Yaml::String("cluster".into())), 6222);
+    // Probes on the monitoring port (`http:` in the config), /healthz.
+    assert!(conf.contains("http: 0.0.0.0:8222"), "{conf}");
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let get = &c[probe]["httpGet"];
+        assert!(
+            get["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/healthz")),
+            "{probe}"
+        );
+        assert_eq!(container_port(c, &get["port"]), 8222, "{probe}");
+    }
+    assert_eq!(
+        c["readinessProbe"]["httpGet"]["path"].as_str(),
+        Some("/healthz")
+    );
+    // The client Service.
+    let client = service(&objects, "nats");
+    assert_ne!(client["spec"]["clusterIP"].as_str(), Some("None"));
+    assert_eq!(client["spec"]["ports"][0]["port"].as_i64(), Some(4222));
+    assert_eq!(
+        container_port(c, &client["spec"]["ports"][0]["targetPort"]),
+        4222
+    );
+    // The real nats-server accepts the file, with SERVER_NAME set as in the pod.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf_file = dir.path().join("nats.conf");
+    std::fs::write(&conf_file, conf).expect("write nats.conf");
+    let out = Command::new("nats-server")
+        .arg("-t")
+        .arg("-c")
+        .arg(&conf_file)
+        .env("SERVER_NAME", "nats-0")
+        .output()
+        .expect("nats-server is installed (apt-get install nats-server)");
+    assert!(out.status.success(), "nats-server -t: {}", text(&out));
+
+    // Postbox.
+    let postbox = stateful_set(&objects, "postbox");
+    let spec = &postbox["spec"];
+    assert_eq!(spec["replicas"].as_i64(), Some(3), "three Postbox nodes");
+    let toml_text = config_map_entry(&objects, "postbox-config", "postbox.toml");
+    let raw: toml::Table = toml::from_str(toml_text).expect("the embedded config is TOML");
+    let data_dir = raw["storage"]["dir"].as_str().expect("storage.dir");
+    let c = hardened_pod_with_volume(postbox, data_dir, "postbox-config");
+    let args: Vec<&str> = c["args"]
+        .as_vec()
+        .expect("args")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    let node_arg = args
+        .iter()
+        .position(|a| *a == "--cluster-node")
+        .and_then(|i| args.get(i + 1))
+        .expect("--cluster-node <ID>");
+    assert_eq!(*node_arg, "$(POD_NAME)", "{args:?}");
+    assert!(
+        env_from_pod_name(c, "POD_NAME"),
+        "POD_NAME from the pod name"
+    );
+    for (probe, path) in [
+        ("startupProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+    ] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["path"].as_str(), Some(path), "{probe}");
+        assert_eq!(container_port(c, &get["port"]), 9883, "{probe}");
+    }
+    // The TOML loads as every pod runs it (the pod's name as the node: a valid id), and not
+    // without the flag: a forgotten flag stops the pod rather than giving all one id.
+    let path = dir.path().join("postbox.toml");
+    std::fs::write(&path, toml_text).expect("write postbox.toml");
+    let set_name = postbox["metadata"]["name"].as_str().expect("name");
+    for i in 0..3 {
+        let pod_name = format!("{set_name}-{i}");
+        let config = Config::load_with(
+            Some(&path),
+            &Overrides {
+                cluster_node: Some(ClusterNode::Flag(pod_name.clone())),
+                ..Overrides::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{pod_name}: {e}"));
+        let cluster = config.cluster.expect("[cluster]");
+        assert_eq!(cluster.node, pod_name);
+        assert_eq!(
+            cluster.replicas, 3,
+            "every stream on the three NATS servers"
+        );
+        assert!(i64::try_from(cluster.replicas).is_ok_and(|r| r <= nats_replicas));
+        assert_eq!(cluster.servers, ["nats://nats:4222"], "the client Service");
+        assert_eq!(config.storage.persistence_dir(), Some(Path::new(data_dir)));
+    }
+    let err = Config::load(&path).expect_err("no node without the flag");
+    assert!(err.to_string().contains("cluster.node"), "{err}");
+    // The servers name the client Service, on its port.
+    let url = format!(
+        "nats://{}:{}",
+        client["metadata"]["name"].as_str().expect("name"),
+        client["spec"]["ports"][0]["port"].as_i64().expect("port")
+    );
+    assert!(
+        toml_text.contains(&format!("servers = [\"{url}\"]")),
+        "{url}"
+    );
+
+    // MQTT in front of every Postbox pod, and the governing Service; neither selects NATS.
+    let pod_labels = spec["template"]["metadata"]["labels"]
+        .as_hash()
+        .expect("pod labels");
+    let nats_labels = nats["spec"]["template"]["metadata"]["labels"]
+        .as_hash()
+        .expect("nats labels");
+    let mqtt = service(&objects, "postbox");
+    assert_ne!(mqtt["spec"]["clusterIP"].as_str(), Some("None"));
+    for s in [
+        mqtt,
+        service(&objects, spec["serviceName"].as_str().expect("serviceName")),
+    ] {
+        let selector = s["spec"]["selector"].as_hash().expect("selector");
+        for (k, v) in selector {
+            assert_eq!(pod_labels.get(k), Some(v), "selects the Postbox pods");
+        }
+        assert!(
+            selector.iter().any(|(k, v)| nats_labels.get(k) != Some(v)),
+            "does not select the NATS pods"
+        );
+        for port in s["spec"]["ports"].as_vec().expect("ports") {
+            assert_eq!(
+                container_port(c, &port["targetPort"]),
+                port["port"].as_i64().expect("port")
+            );
+        }
+    }
+    assert!(mqtt["spec"]["ports"]
+        .as_vec()
+        .expect("ports")
+        .iter()
+        .any(|p| p["port"].as_i64() == Some(1883)));
 }
 
 /// The Containerfile, read (no container engine in the test environment): two stages, the
@@ -606,9 +939,24 @@ fn body(response: &str) -> &str {
 async fn every_metric_the_dashboard_and_rules_name_is_exported() {
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = busy_broker(dir.path()).await;
-    let exported = exported_names(body(&broker.scrape().await));
+    let mut exported = exported_names(body(&broker.scrape().await));
     let used = deploy_metric_names();
     assert!(used.len() > 40, "the scan finds the names: {used:?}");
+    // The cluster's families exist only with `[cluster]` (they are registered, at 0, whether
+    // or not NATS is reachable): a second broker has one, towards a closed port.
+    let cluster = BrokerProcess::spawn_sections(
+        &["name = \"plain\""],
+        "[cluster]\nnode = \"dashboard\"\nservers = [\"nats://127.0.0.1:1\"]\n",
+    )
+    .await;
+    let clustered = exported_names(body(&cluster.scrape().await));
+    assert!(
+        postbox::metrics::names::CLUSTER
+            .iter()
+            .all(|n| !exported.contains(*n) && clustered.contains(*n)),
+        "cluster families only with [cluster]"
+    );
+    exported.extend(clustered);
     let missing: Vec<&String> = used.iter().filter(|n| !exported.contains(*n)).collect();
     assert!(
         missing.is_empty(),

@@ -59,12 +59,20 @@ fn dashboard_uses_only_existing_metrics_and_all_of_them() {
         .collect();
     for name in &used {
         assert!(
-            names::ALL.contains(name) || names::BRIDGE.contains(name) || OUTSIDE_ALL.contains(name),
+            names::ALL.contains(name)
+                || names::BRIDGE.contains(name)
+                || names::CLUSTER.contains(name)
+                || OUTSIDE_ALL.contains(name),
             "dashboard uses unknown metric {name}"
         );
     }
-    // The per-bridge series exist only with a `[[bridge]]`; the dashboard shows them all.
-    for name in names::ALL.into_iter().chain(names::BRIDGE) {
+    // The per-bridge series exist only with a `[[bridge]]`, the cluster's only with
+    // `[cluster]`; the dashboard shows them all.
+    for name in names::ALL
+        .into_iter()
+        .chain(names::BRIDGE)
+        .chain(names::CLUSTER)
+    {
         assert!(used.contains(&name), "dashboard does not show {name}");
     }
 }
