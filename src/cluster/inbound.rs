@@ -178,14 +178,11 @@ async fn consume_stream(
                 }
                 routed
             };
-            let durable = match routed {
-                Ok(durable) => durable,
-                Err(()) => {
-                    // Not taken here now (the store refused it): JetStream delivers it
-                    // again after a pause; nothing is acknowledged.
-                    let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
-                    continue;
-                }
+            let Ok(durable) = routed else {
+                // Not taken here now (the store refused it): JetStream delivers it again
+                // after a pause; nothing is acknowledged.
+                let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
+                continue;
             };
             if acks_tx.send((durable, message)).await.is_err() {
                 return;

@@ -323,7 +323,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     if let Some(cluster) = broker.cluster() {
         match cluster
             .claim(
-                &broker,
+                broker,
                 &admitted.client_id,
                 connect.clean_start,
                 expiry_interval,
@@ -357,11 +357,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     if let Some(cluster) = broker.cluster() {
         if let Some(restore) = restore.filter(|_| !attached.session_present) {
             cluster
-                .restore(&broker, attached.handle.session(), restore)
+                .restore(broker, attached.handle.session(), restore)
                 .await;
             attached.session_present = true;
         }
-        cluster.confirm(&broker, attached.handle.client_id());
+        cluster.confirm(broker, attached.handle.client_id());
     }
     if connect.bridge {
         // Mosquitto's bridge flag (3.x `try_private`): its subscriptions get No Local and
