@@ -50,6 +50,15 @@ pub fn write_node_config(dir: &std::path::Path, id: &str, nats: &str, extra: &st
     }
 }
 
+impl Drop for Node {
+    /// A failed test shows what its nodes logged.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- node {} log ---\n{}", self.id, self.log().join("\n"));
+        }
+    }
+}
+
 impl Node {
     /// Writes node `id`'s config (see [`write_node_config`]), starts the binary and waits
     /// (bounded) until it runs and its metrics show `postbox_cluster_up 1`.

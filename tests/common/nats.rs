@@ -121,7 +121,6 @@ impl NatsServer {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        self.held = Some(hold_port(self.port));
         if let Ok(pid) = i32::try_from(child.id()) {
             // SAFETY: kill(2) on our own child's pid, not reaped yet.
             unsafe {
@@ -131,6 +130,8 @@ impl NatsServer {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Ok(Some(_)) = child.try_wait() {
+                // Its listener is closed now; keep the port from parallel tests.
+                self.held = Some(hold_port(self.port));
                 return;
             }
             if Instant::now() >= deadline {
