@@ -442,14 +442,19 @@ fn collect_numbers(mut c: RawClient, got: Arc<Mutex<HashSet<u32>>>) -> tokio::ta
                 Ok(Some(_)) => continue,
                 Ok(None) | Err(()) => return,
             };
-            if p.qos == QoS::AtLeastOnce {
-                c.send(&Packet::PubAck(PubResponse::new(p.packet_id))).await;
-            }
+            // Recorded before it is acknowledged: it arrived. The PUBACK's write may fail
+            // (the node was just killed): then the node sends it again, which is allowed.
             if let Some(n) = std::str::from_utf8(&p.payload)
                 .ok()
                 .and_then(|s| s.parse().ok())
             {
                 got.lock().expect("lock").insert(n);
+            }
+            if p.qos == QoS::AtLeastOnce {
+                let mut out = bytes::BytesMut::new();
+                let ack = Packet::PubAck(PubResponse::new(p.packet_id));
+                postbox::codec::encode(&ack, ProtocolVersion::V5, &mut out).expect("encode");
+                c.send_raw(&out).await;
             }
         }
     })
