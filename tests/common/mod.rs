@@ -8,9 +8,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod async_process;
+pub mod cluster;
 pub mod disk;
 pub mod mosquitto;
 pub mod mosquitto_broker;
+pub mod nats;
 pub mod process;
 pub mod rumq;
 pub mod v5;

@@ -24,6 +24,8 @@ mod bridge_import;
 mod bridge_observe;
 mod bridge_transport;
 mod closing;
+mod cluster;
+mod cluster_sessions;
 mod config_files;
 mod connection_limits;
 mod core_v311;
