@@ -81,27 +81,7 @@ async fn consume_stream(
             return;
         }
         let consumer = async {
-            let stream = js.get_stream(STREAM).await?;
-            let consumer: consumer::PullConsumer = stream
-                .get_or_create_consumer(
-                    &name,
-                    consumer::pull::Config {
-                        durable_name: Some(name.clone()),
-                        // A new node starts with what is published from now on; a known
-                        // one resumes where it stopped.
-                        deliver_policy: consumer::DeliverPolicy::New,
-                        ack_policy: consumer::AckPolicy::Explicit,
-                        ack_wait: Duration::from_secs(30),
-                        filter_subject: format!("{STREAM_SUBJECTS}.>"),
-                        max_ack_pending: 20_000,
-                        // A node gone for longer than messages are kept has nothing left
-                        // to resume: its consumer goes too.
-                        inactive_threshold: Duration::from_secs(config.retention),
-                        num_replicas: config.replicas,
-                        ..Default::default()
-                    },
-                )
-                .await?;
+            let consumer = node_consumer(&js, &config).await?;
             let messages = consumer
                 .stream()
                 .max_messages_per_batch(1000)
@@ -202,6 +182,42 @@ pub(super) fn is_terminal(error: &consumer::pull::MessagesError) -> bool {
             | Kind::PushBasedConsumer
             | Kind::RequestLimitExceeded
     )
+}
+
+/// The node's durable consumer of `PB_MSGS`, made if it does not exist. Made by the link
+/// before the node counts as up, so nothing published once a client here could have
+/// subscribed is missed by a new node.
+///
+/// # Errors
+///
+/// JetStream did not answer or refused.
+pub(super) async fn node_consumer(
+    js: &jetstream::Context,
+    config: &ClusterConfig,
+) -> Result<consumer::PullConsumer, async_nats::Error> {
+    let name = format!("node-{}", config.node);
+    let stream = js.get_stream(STREAM).await?;
+    Ok(stream
+        .get_or_create_consumer(
+            &name,
+            consumer::pull::Config {
+                durable_name: Some(name.clone()),
+                // A new node starts with what is published from now on; a known one resumes
+                // where it stopped.
+                deliver_policy: consumer::DeliverPolicy::New,
+                ack_policy: consumer::AckPolicy::Explicit,
+                // A message pulled by a node that then crashed comes again after this.
+                ack_wait: Duration::from_secs(30),
+                filter_subject: format!("{STREAM_SUBJECTS}.>"),
+                max_ack_pending: 20_000,
+                // A node gone for longer than messages are kept has nothing left to resume:
+                // its consumer goes too.
+                inactive_threshold: Duration::from_secs(config.retention),
+                num_replicas: config.replicas,
+                ..Default::default()
+            },
+        )
+        .await?)
 }
 
 /// Routes a message from another node; the commit its JetStream ack must wait for.

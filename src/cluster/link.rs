@@ -85,6 +85,10 @@ async fn run(
                         continue;
                     }
                 }
+                if let Err(error) = inbound::node_consumer(&js, &config).await {
+                    tracing::error!(%error, "cluster: cannot make this node's consumer");
+                    continue;
+                }
                 let _ = cluster.js.set(js.clone());
                 cluster.set_up(true);
                 if !inbound_started {

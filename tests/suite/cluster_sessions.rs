@@ -246,13 +246,18 @@ async fn a_shared_group_across_two_nodes_gets_each_message_once() {
     }
     // Nothing more comes: no second copy to the other member.
     for member in [&mut member_a, &mut member_b] {
-        while let Ok(Some(Packet::Publish(p))) = member.recv_within(Duration::from_millis(300)).await {
+        while let Ok(Some(Packet::Publish(p))) =
+            member.recv_within(Duration::from_millis(300)).await
+        {
             let text = String::from_utf8_lossy(&p.payload).into_owned();
             *counts.entry(text).or_default() += 1;
         }
     }
     let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "delivered to more than one member: {twice:?}");
+    assert!(
+        twice.is_empty(),
+        "delivered to more than one member: {twice:?}"
+    );
 }
 
 /// Publishes a probe on each node until one of each has arrived at some member (the group's
@@ -299,6 +304,9 @@ async fn drain_probes(member: &mut RawClient) {
     while let Ok(Some(Packet::Publish(p))) = member.recv_within(Duration::from_millis(300)).await {
         let p: Publish = p;
         v5::ack(member, &p).await;
-        assert!(p.payload.starts_with(b"probe"), "a job arrived before any was published");
+        assert!(
+            p.payload.starts_with(b"probe"),
+            "a job arrived before any was published"
+        );
     }
 }
