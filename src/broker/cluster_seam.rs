@@ -19,6 +19,8 @@ pub struct Claimed {
     /// The subscriptions to restore and where the replay of its messages starts, when the
     /// client resumes a session this node does not hold.
     pub restore: Option<Restore>,
+    /// The revision of the record this claim wrote, for [`ClusterSeam::confirm`].
+    pub revision: u64,
 }
 
 /// A session to rebuild here: its subscriptions, and the stream sequence from which every
@@ -72,7 +74,7 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// After the CONNECT attached its session (and restored it): if another node claimed the
     /// client id after this one did, gives the session up here at once (its connection then
     /// closes with 0x8E): of two racing CONNECTs, only the last claim's stays.
-    fn confirm(&self, broker: &Arc<Broker>, client_id: &str);
+    fn confirm(&self, broker: &Arc<Broker>, client_id: &str, claimed: u64);
 
     /// After the CONNECT attached a new local session: rebuilds it from `restore` (its
     /// subscriptions, then its messages replayed from the stream), before the CONNACK.

@@ -264,8 +264,8 @@ impl ClusterSeam for Cluster {
         ))
     }
 
-    fn confirm(&self, broker: &Arc<Broker>, client_id: &str) {
-        sessions::confirm(self, broker, client_id);
+    fn confirm(&self, broker: &Arc<Broker>, client_id: &str, claimed: u64) {
+        sessions::confirm(self, broker, client_id, claimed);
     }
 
     fn restore<'a>(

@@ -241,13 +241,16 @@ pub(super) async fn claim(
         .lock()
         .insert(client_id.to_owned(), (revision, mine.clone()));
     let Some(previous) = previous else {
-        return Ok(Claimed::default());
+        return Ok(Claimed {
+            restore: None,
+            revision,
+        });
     };
     if previous.owner == cluster.node {
         // Ours already: the local session (if any) is the session.
         let restore = (!clean_start && previous.expiry > 0 && !broker.has_session(client_id))
             .then(|| previous.restore());
-        return Ok(Claimed { restore });
+        return Ok(Claimed { restore, revision });
     }
     // Another node's: whatever this node still holds of it is stale.
     if broker.release_to_cluster(client_id).is_some() {
@@ -257,7 +260,10 @@ pub(super) async fn claim(
         );
     }
     if clean_start || previous.expiry == 0 {
-        return Ok(Claimed::default());
+        return Ok(Claimed {
+            restore: None,
+            revision,
+        });
     }
     // A dead node cannot hand over: its last record stands in at once.
     let handed = if cluster.liveness.may_be_alive(&previous.owner) {
@@ -281,6 +287,7 @@ pub(super) async fn claim(
     };
     Ok(Claimed {
         restore: Some(record.restore()),
+        revision,
     })
 }
 
@@ -476,18 +483,12 @@ pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
 /// After a CONNECT claimed and attached its session: if another node claimed the client id
 /// after this node did (seen by the watch meanwhile), this node lost the race: the session is
 /// given up here at once (its connection gets DISCONNECT 0x8E) and handed over.
-pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str) {
-    let mine = cluster
-        .sessions
-        .owned
-        .lock()
-        .get(client_id)
-        .map(|(r, _)| *r);
+pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, mine: u64) {
     let later = {
         let claimed = cluster.sessions.claimed_elsewhere.lock();
         claimed
             .get(client_id)
-            .filter(|(revision, _, _)| mine.is_none_or(|mine| *revision > mine))
+            .filter(|(revision, _, _)| *revision > mine)
             .map(|(revision, claim, _)| (*revision, claim.clone()))
     };
     let Some((revision, claim)) = later else {
@@ -523,6 +524,17 @@ async fn hand_over(
         return;
     };
     {
+        // The watch may lag: a record older than our own claim says nothing of now.
+        let mut owned = cluster.sessions.owned.lock();
+        if owned
+            .get(&client_id)
+            .is_some_and(|(mine, _)| *mine > entry.revision)
+        {
+            return;
+        }
+        owned.remove(&client_id);
+    }
+    {
         let mut claimed = cluster.sessions.claimed_elsewhere.lock();
         if claimed.len() > 10_000 {
             claimed.retain(|_, (_, _, at)| at.elapsed() < CLAIM_MEMORY);
@@ -532,7 +544,6 @@ async fn hand_over(
             (entry.revision, claim.clone(), std::time::Instant::now()),
         );
     }
-    cluster.sessions.owned.lock().remove(&client_id);
     let Some(view) = broker.release_to_cluster(&client_id) else {
         return;
     };

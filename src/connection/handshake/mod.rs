@@ -319,7 +319,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // is closed, what it held there comes back here). A session that must outlive this
     // connection is refused (0x88 Server unavailable) while the cluster cannot claim it; a
     // clean one carries on here alone.
-    let mut restore = None;
+    let (mut restore, mut claimed) = (None, None);
     if let Some(cluster) = broker.cluster() {
         match cluster
             .claim(
@@ -330,7 +330,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             )
             .await
         {
-            Ok(claimed) => restore = claimed.restore,
+            Ok(claim) => {
+                restore = claim.restore;
+                claimed = Some(claim.revision);
+            }
             Err(refused) if connect.clean_start && expiry_interval == 0 => {
                 tracing::warn!(%peer, client = %admitted.client_id, %refused, "clean session accepted on this node alone");
             }
@@ -361,7 +364,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 .await;
             attached.session_present = true;
         }
-        cluster.confirm(broker, attached.handle.client_id());
+        if let Some(claimed) = claimed {
+            cluster.confirm(broker, attached.handle.client_id(), claimed);
+        }
     }
     if connect.bridge {
         // Mosquitto's bridge flag (3.x `try_private`): its subscriptions get No Local and
