@@ -76,6 +76,10 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// closes with 0x8E): of two racing CONNECTs, only the last claim's stays.
     fn confirm(&self, broker: &Arc<Broker>, client_id: &str, claimed: u64);
 
+    /// A local session's subscriptions or connection changed: its record is brought up to
+    /// date soon (not on this call's path).
+    fn session_changed(&self, client_id: &str);
+
     /// After the CONNECT attached a new local session: rebuilds it from `restore` (its
     /// subscriptions, then its messages replayed from the stream), before the CONNACK.
     fn restore<'a>(
@@ -96,6 +100,19 @@ impl Broker {
     /// The cluster layer, when `[cluster]` is configured.
     pub fn cluster(&self) -> Option<&Arc<dyn ClusterSeam>> {
         self.cluster.get()
+    }
+
+    /// [`ClusterSeam::session_changed`] when clustered.
+    pub(crate) fn cluster_session_changed(&self, client_id: &str) {
+        if let Some(cluster) = self.cluster.get() {
+            cluster.session_changed(client_id);
+        }
+    }
+
+    /// The view of the local session of `client_id`, if there is one.
+    pub fn held_session(&self, client_id: &str) -> Option<HeldSession> {
+        let session = self.sessions.lock().get(client_id).cloned()?;
+        Some(Broker::view_of(&session))
     }
 
     /// [`ClusterSeam::admit`] when clustered (the local id); `Ok(None)` otherwise.
@@ -136,7 +153,7 @@ impl Broker {
 /// What the cluster records of a local session (`pb_sessions`): enough for another node to
 /// take it over.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionView {
+pub struct HeldSession {
     /// The client id.
     pub client_id: bytestring::ByteString,
     /// Seconds it outlives its connection (0: ends with it).
@@ -154,7 +171,7 @@ pub struct SessionView {
 
 impl Broker {
     /// The view of one local session.
-    fn view_of(session: &super::Session) -> SessionView {
+    fn view_of(session: &super::Session) -> HeldSession {
         let st = session.lock();
         let lowest_pending_seq = st
             .queue
@@ -170,7 +187,7 @@ impl Broker {
             .map(|(filter, sub)| (filter.clone(), sub.options, sub.identifier))
             .collect();
         subscriptions.sort_by(|a, b| a.0.cmp(&b.0));
-        SessionView {
+        HeldSession {
             client_id: session.client_id.clone(),
             expiry_interval: st.expiry_interval,
             subscriptions,
@@ -180,7 +197,7 @@ impl Broker {
 
     /// Every local session (the cluster keeps records of them). One pass over the sessions
     /// map (`Arc`s copied out), then one session lock each.
-    pub fn session_views(&self) -> Vec<SessionView> {
+    pub fn held_sessions(&self) -> Vec<HeldSession> {
         let sessions: Vec<Arc<super::Session>> = self.sessions.lock().iter().cloned().collect();
         sessions
             .iter()
@@ -199,7 +216,7 @@ impl Broker {
     /// its delayed will goes with it (the new owner's connection cancels it, MQTT-3.1.3-9),
     /// and it ends here without a trace in the store. Returns what it held, for the
     /// hand-over record; `None` if there was no such session.
-    pub fn release_to_cluster(&self, client_id: &str) -> Option<SessionView> {
+    pub fn release_to_cluster(&self, client_id: &str) -> Option<HeldSession> {
         let session = {
             let mut sessions = self.sessions.lock();
             let session = sessions.get(client_id).cloned()?;

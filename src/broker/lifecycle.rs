@@ -106,6 +106,7 @@ impl Broker {
             let will_at = st.pending_will.as_ref().map(|w| w.publish_at);
             (st.expiry_interval, will_at, st.holds_shared())
         };
+        self.cluster_session_changed(&session.client_id);
         // Publishers paused for it no longer wait: it is offline now.
         self.flow.wake_paused();
         if holds_shared && expiry != 0 {

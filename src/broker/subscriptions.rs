@@ -55,6 +55,7 @@ impl Broker {
         options: SubscriptionOptions,
         identifier: Option<u32>,
     ) -> bool {
+        self.cluster_session_changed(&session.client_id);
         if let Some(Ok((_, inner))) = topic::split_shared(filter) {
             let member = Member {
                 session: Arc::clone(session),
@@ -122,6 +123,7 @@ impl Broker {
 
     /// Removes a subscription; returns whether it existed (v5 reason 0x11 otherwise).
     pub fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
+        self.cluster_session_changed(&session.client_id);
         if topic::split_shared(filter).is_some() {
             let removed = {
                 let mut index = self.shared.write();

@@ -85,9 +85,18 @@ async fn run(
                         continue;
                     }
                 }
-                if let Err(error) = inbound::node_consumer(&js, &config).await {
-                    tracing::error!(%error, "cluster: cannot make this node's consumer");
-                    continue;
+                match inbound::node_consumer(&js, &config).await {
+                    Ok(consumer) => {
+                        // Where its delivery starts (a new consumer: the stream's end).
+                        let delivered = consumer.cached_info().delivered.stream_sequence;
+                        cluster
+                            .consumer_floor
+                            .fetch_max(delivered + 1, std::sync::atomic::Ordering::AcqRel);
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "cluster: cannot make this node's consumer");
+                        continue;
+                    }
                 }
                 let _ = cluster.js.set(js.clone());
                 cluster.set_up(true);

@@ -264,6 +264,10 @@ impl ClusterSeam for Cluster {
         ))
     }
 
+    fn session_changed(&self, client_id: &str) {
+        self.sessions.changed(client_id);
+    }
+
     fn confirm(&self, broker: &Arc<Broker>, client_id: &str, claimed: u64) {
         sessions::confirm(self, broker, client_id, claimed);
     }

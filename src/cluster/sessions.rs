@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::{subject, wire, Cluster, STREAM, STREAM_SUBJECTS};
-use crate::broker::{Broker, ClaimRefused, Claimed, Message, Restore, Session, SessionView};
+use crate::broker::{Broker, ClaimRefused, Claimed, HeldSession, Message, Restore, Session};
 use crate::codec::{QoS, SubscriptionOptions};
 
 /// How long a claim waits for the previous owner's hand-over.
@@ -96,7 +96,7 @@ impl Record {
         serde_json::from_slice(value).ok()
     }
 
-    fn from_view(owner: &str, view: &SessionView, cursor: u64) -> Record {
+    fn from_view(owner: &str, view: &HeldSession, cursor: u64) -> Record {
         Record {
             owner: owner.to_owned(),
             expiry: view.expiry_interval,
@@ -150,12 +150,25 @@ pub struct Records {
     /// claim; kept [`CLAIM_MEMORY`]): a claim of ours that attaches after a later one of
     /// another node lost, though the watch found nothing here to give up at the time.
     claimed_elsewhere: parking_lot::Mutex<HashMap<String, (u64, Record, std::time::Instant)>>,
+    /// Sessions whose subscriptions or connection changed since their record was written.
+    dirty: parking_lot::Mutex<std::collections::HashSet<String>>,
+    /// Wakes [`keep_records`] for them.
+    wake: tokio::sync::Notify,
 }
 
 /// How long a claim by another node is remembered for [`confirm`].
 const CLAIM_MEMORY: Duration = Duration::from_secs(30);
 
 impl Records {
+    /// Marks a session's record for a prompt rewrite (a SUBSCRIBE, an UNSUBSCRIBE, a
+    /// disconnect): a crash right after must not lose a subscription the client was told of.
+    pub(super) fn changed(&self, client_id: &str) {
+        if self.owned.lock().contains_key(client_id) {
+            self.dirty.lock().insert(client_id.to_owned());
+            self.wake.notify_one();
+        }
+    }
+
     /// Sets the bucket once the link made sure of it.
     pub(super) fn set_bucket(&self, bucket: kv::Store) {
         let _ = self.bucket.set(bucket);
@@ -163,7 +176,7 @@ impl Records {
 }
 
 /// The cursor a session holding `view` may record now.
-fn cursor_of(cluster: &Cluster, view: &SessionView) -> u64 {
+fn cursor_of(cluster: &Cluster, view: &HeldSession) -> u64 {
     let floor = cluster.node_floor();
     view.lowest_pending_seq.map_or(floor, |seq| seq.min(floor))
 }
@@ -204,6 +217,8 @@ pub(super) async fn claim(
             cursor: 0,
             handed: false,
         };
+        // A new session wants what is published from now on.
+        mine.cursor = cluster.node_floor();
         if let Some(previous) = previous.as_ref().filter(|p| !clean_start && p.expiry > 0) {
             // Until the previous owner hands over, its last record stands in.
             mine.subs.clone_from(&previous.subs);
@@ -565,7 +580,10 @@ async fn hand_over(
 pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
     let mut tick = tokio::time::interval(RECORD_INTERVAL);
     loop {
-        tick.tick().await;
+        let full = tokio::select! {
+            _ = tick.tick() => true,
+            () = cluster.sessions.wake.notified() => false,
+        };
         let Some(broker) = broker.upgrade() else {
             return;
         };
@@ -575,39 +593,33 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
         if !cluster.is_up() {
             continue;
         }
-        let views = broker.session_views();
+        let dirty = std::mem::take(&mut *cluster.sessions.dirty.lock());
+        let views = if full {
+            broker.held_sessions()
+        } else {
+            // Only the changed ones: no pass over every session per SUBSCRIBE.
+            let views: Vec<HeldSession> = dirty
+                .iter()
+                .filter_map(|client_id| broker.held_session(client_id))
+                .collect();
+            drop(broker);
+            write_changed(&cluster, bucket, &views).await;
+            continue;
+        };
         drop(broker);
-        let mut writes = Vec::new();
+        let writes = changed_records(&cluster, &views);
         let mut deletes = Vec::new();
         {
             let owned = cluster.sessions.owned.lock();
-            let live: HashMap<&str, &SessionView> =
+            let live: HashMap<&str, &HeldSession> =
                 views.iter().map(|v| (&*v.client_id, v)).collect();
-            for view in views.iter().filter(|v| v.expiry_interval > 0) {
-                let record = Record::from_view(&cluster.node, view, cursor_of(&cluster, view));
-                match owned.get(&*view.client_id) {
-                    Some((revision, written)) if *written != record => {
-                        writes.push((view.client_id.to_string(), *revision, record));
-                    }
-                    _ => {}
-                }
-            }
             for (client_id, (revision, _)) in owned.iter() {
                 if !live.contains_key(client_id.as_str()) {
                     deletes.push((client_id.clone(), *revision));
                 }
             }
         }
-        for (client_id, revision, record) in writes {
-            let key = subject::key(&client_id);
-            if let Ok(revision) = bucket.update(key.as_str(), record.encode(), revision).await {
-                cluster
-                    .sessions
-                    .owned
-                    .lock()
-                    .insert(client_id, (revision, record));
-            }
-        }
+        write(&cluster, bucket, writes).await;
         for (client_id, revision) in deletes {
             // A session that connected again meanwhile has a newer revision: kept.
             let gone = {
@@ -625,6 +637,46 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
             let _ = bucket
                 .delete_expect_revision(key.as_str(), Some(revision))
                 .await;
+        }
+    }
+}
+
+/// The records of `views` (persistent sessions owned here) that differ from what was last
+/// written: client id, revision to replace, new record.
+fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64, Record)> {
+    let owned = cluster.sessions.owned.lock();
+    views
+        .iter()
+        .filter(|v| v.expiry_interval > 0)
+        .filter_map(|view| {
+            let record = Record::from_view(&cluster.node, view, cursor_of(cluster, view));
+            match owned.get(&*view.client_id) {
+                Some((revision, written)) if *written != record => {
+                    Some((view.client_id.to_string(), *revision, record))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Writes the changed records of `views`.
+async fn write_changed(cluster: &Cluster, bucket: &kv::Store, views: &[HeldSession]) {
+    let writes = changed_records(cluster, views);
+    write(cluster, bucket, writes).await;
+}
+
+/// Writes records by compare-and-set; one that lost (claimed elsewhere since) is left to the
+/// watch.
+async fn write(cluster: &Cluster, bucket: &kv::Store, writes: Vec<(String, u64, Record)>) {
+    for (client_id, revision, record) in writes {
+        let key = subject::key(&client_id);
+        if let Ok(revision) = bucket.update(key.as_str(), record.encode(), revision).await {
+            cluster
+                .sessions
+                .owned
+                .lock()
+                .insert(client_id, (revision, record));
         }
     }
 }
