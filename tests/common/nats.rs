@@ -25,7 +25,7 @@ pub struct NatsServer {
     starts: u32,
     /// The port, bound but not listening, from before each start until the server is ready
     /// and while it is stopped: a test running in parallel cannot take it (nats-server binds
-    /// with SO_REUSEADDR, as the hold does, so it binds beside the hold).
+    /// with `SO_REUSEADDR`, as the hold does, so it binds beside the hold).
     held: Option<tokio::net::TcpSocket>,
 }
 

@@ -363,6 +363,7 @@ async fn nats_down_refuses_qos1_keeps_qos0_local_and_recovers() {
 /// (0x97) or not acknowledged before its connection closed, one every `pace` at most, until every one got a successful
 /// PUBACK (returned: the numbers acknowledged, in order of their PUBACK). `acked` counts them
 /// as they come and `refusals` the refusals, for the test to act on.
+#[allow(clippy::too_many_arguments)]
 async fn publish_all(
     node: std::net::SocketAddr,
     client: &str,

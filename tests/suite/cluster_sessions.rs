@@ -175,7 +175,7 @@ async fn takeover_across_nodes_closes_the_old_connection_with_0x8e() {
             v5::open(b.mqtt(), v5::persistent_connect(&id, 600)),
         );
         let mut alive = Vec::new();
-        for (mut client, first) in [x, y] {
+        for (client, first) in [x, y] {
             match first {
                 Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => {
                     alive.push(client);
