@@ -89,6 +89,15 @@ async fn open_broker(
     // Before the restore: it hands the dedup window its stored keys.
     broker.install_guarantees(guarantees);
     if persistence {
+        let mut snapshot = snapshot;
+        if config.cluster.is_some() {
+            // Clustered, a delayed will belongs to its session's record in the cluster,
+            // whichever node fires it (`cluster::orphans`): published from here too, it
+            // would go out twice. The store's copies are dropped with the first compaction.
+            for will in std::mem::take(&mut snapshot.wills) {
+                broker.forget_will_of(&will.client_id);
+            }
+        }
         let summary = broker.restore(snapshot);
         // Sessions whose expiry passed while the broker was down expired all the same.
         broker

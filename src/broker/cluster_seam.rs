@@ -62,13 +62,15 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
 
     /// Before a CONNECT attaches: makes this node the session's owner cluster-wide (one
     /// winner under races), closing the client's connection on any other node, and brings
-    /// back what the session held elsewhere.
+    /// back what the session held elsewhere. The CONNECT's will goes into the session's
+    /// record, so another node can publish it if this one dies with the connection.
     fn claim<'a>(
         &'a self,
         broker: &'a Arc<Broker>,
         client_id: &'a str,
         clean_start: bool,
         expiry_interval: u32,
+        will: Option<&'a crate::codec::LastWill>,
     ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>>;
 
     /// After the CONNECT attached its session (and restored it): if another node claimed the
@@ -152,7 +154,7 @@ impl Broker {
 
 /// What the cluster records of a local session (`pb_sessions`): enough for another node to
 /// take it over.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HeldSession {
     /// The client id.
     pub client_id: bytestring::ByteString,
@@ -167,6 +169,10 @@ pub struct HeldSession {
     /// The lowest cluster stream sequence among the QoS 1/2 messages it holds (queued or in
     /// flight) whose sequence is known; `None` when it holds none.
     pub lowest_pending_seq: Option<u64>,
+    /// A connection holds it now.
+    pub connected: bool,
+    /// The will waiting for its delay after an abnormal close, and when it is due (unix ms).
+    pub pending_will: Option<(crate::codec::LastWill, u64)>,
 }
 
 impl Broker {
@@ -192,6 +198,11 @@ impl Broker {
             expiry_interval: st.expiry_interval,
             subscriptions,
             lowest_pending_seq,
+            connected: st.connection.is_some(),
+            pending_will: st
+                .pending_will
+                .as_ref()
+                .map(|p| (p.will.clone(), p.publish_at_unix_ms)),
         }
     }
 

@@ -177,6 +177,12 @@ impl Broker {
         }));
     }
 
+    /// Drops the stored copy of `client_id`'s delayed will at start: clustered, the will
+    /// belongs to the session's record in the cluster, which fires it.
+    pub fn forget_will_of(&self, client_id: &ByteString) {
+        self.forget_stored_will(client_id);
+    }
+
     /// Drops the stored copy of a delayed will (published, or cancelled by a reconnect).
     pub(super) fn forget_stored_will(&self, client_id: &ByteString) {
         if self.store.is_some() {
@@ -211,6 +217,21 @@ impl Broker {
         let message = Arc::new(Message::from_will(will));
         match self.publish(Arc::clone(&message), None) {
             // Clustered, the other nodes' subscribers get it too (nobody waits for the ack).
+            Ok(_) => drop(self.cluster_forward(&message, None, None)),
+            Err(error) => tracing::warn!(%error, "will message refused by the durable store"),
+        }
+    }
+
+    /// Publishes the will of a session that lived on a node that died (`cluster::orphans`):
+    /// as [`Broker::publish_will`], without the ACL check (no identity is held here for its
+    /// client; its CONNECT was checked on its node) and with the other nodes' subscribers
+    /// reached through the cluster.
+    pub fn publish_orphan_will(&self, message: Arc<Message>) {
+        if topic::is_sys(&message.topic) || self.is_dead_letter_topic(&message.topic) {
+            return;
+        }
+        self.metrics.will_messages_published.increment(1);
+        match self.publish(Arc::clone(&message), None) {
             Ok(_) => drop(self.cluster_forward(&message, None, None)),
             Err(error) => tracing::warn!(%error, "will message refused by the durable store"),
         }

@@ -21,12 +21,16 @@
 //! | `pb_sessions` | KV bucket, history 1, File, R | each session's record: owner node, subscriptions, replay cursor ([`sessions`]) |
 //! | `pb_nodes` | KV bucket, history 1, `max_age` 60 s, File, R | each node's heartbeat ([`nodes`]) |
 //!
+//! A dead node's sessions are adopted by a live one ([`orphans`]), which fires their wills
+//! and expires them, once, by compare-and-set on their records.
+//!
 //! Delivery is node fan-in: one durable consumer per node (`node-<id>`), whatever the number
 //! of sessions and subscriptions; each node routes what it takes through its own topic tree.
 
 pub mod inbound;
 pub mod link;
 pub mod nodes;
+pub mod orphans;
 pub mod outbound;
 pub mod sessions;
 pub mod shared;
@@ -95,6 +99,8 @@ pub struct Cluster {
     sessions: sessions::Records,
     /// What this node heard of the others' heartbeats.
     liveness: nodes::Liveness,
+    /// Wakes the search for sessions of dead nodes ([`orphans`]).
+    orphans: tokio::sync::Notify,
 }
 
 impl Cluster {
@@ -118,8 +124,9 @@ impl Cluster {
             seen_seq: AtomicU64::new(0),
             gate: parking_lot::Mutex::new(()),
             js: OnceLock::new(),
-            sessions: sessions::Records::default(),
+            sessions: sessions::Records::new(crate::storage::now_unix_ms()),
             liveness: nodes::Liveness::default(),
+            orphans: tokio::sync::Notify::new(),
         });
         broker.install_cluster(Arc::clone(&cluster) as Arc<dyn ClusterSeam>);
         link::spawn(
@@ -254,6 +261,7 @@ impl ClusterSeam for Cluster {
         client_id: &'a str,
         clean_start: bool,
         expiry_interval: u32,
+        will: Option<&'a crate::codec::LastWill>,
     ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>> {
         Box::pin(sessions::claim(
             self,
@@ -261,6 +269,7 @@ impl ClusterSeam for Cluster {
             client_id,
             clean_start,
             expiry_interval,
+            will,
         ))
     }
 

@@ -23,9 +23,10 @@ pub const DEAD_AFTER: Duration = Duration::from_secs(7);
 /// What this node has heard of the others.
 #[derive(Debug)]
 pub struct Liveness {
-    /// When this node started watching (before [`DEAD_AFTER`] has passed, a node not heard of
-    /// yet may just not have been heard of yet).
-    since: Instant,
+    /// When this node last started listening: at start and whenever its link to NATS came
+    /// back (before [`DEAD_AFTER`] has passed since, a node not heard of may just not have
+    /// been heard of yet).
+    since: parking_lot::Mutex<Instant>,
     /// Each node's last heartbeat, as received here.
     last_heard: parking_lot::Mutex<HashMap<String, Instant>>,
 }
@@ -33,7 +34,7 @@ pub struct Liveness {
 impl Default for Liveness {
     fn default() -> Self {
         Liveness {
-            since: Instant::now(),
+            since: parking_lot::Mutex::new(Instant::now()),
             last_heard: parking_lot::Mutex::default(),
         }
     }
@@ -43,10 +44,30 @@ impl Liveness {
     /// Whether `node` may be alive: heard of within [`DEAD_AFTER`], or not heard of but this
     /// node has not listened that long yet.
     pub fn may_be_alive(&self, node: &str) -> bool {
-        match self.last_heard.lock().get(node) {
-            Some(at) => at.elapsed() < DEAD_AFTER,
-            None => self.since.elapsed() < DEAD_AFTER,
+        self.since.lock().elapsed() < DEAD_AFTER
+            || self
+                .last_heard
+                .lock()
+                .get(node)
+                .is_some_and(|at| at.elapsed() < DEAD_AFTER)
+    }
+
+    /// Listening (again) from now: what was not heard while the link was down says nothing.
+    fn listening(&self) {
+        *self.since.lock() = Instant::now();
+    }
+
+    /// Nodes heard of before that are dead now.
+    fn dead(&self) -> std::collections::HashSet<String> {
+        if self.since.lock().elapsed() < DEAD_AFTER {
+            return std::collections::HashSet::new();
         }
+        self.last_heard
+            .lock()
+            .iter()
+            .filter(|(_, at)| at.elapsed() >= DEAD_AFTER)
+            .map(|(node, _)| node.clone())
+            .collect()
     }
 
     /// Nodes heard of within [`DEAD_AFTER`] (this one included once its heartbeat is back).
@@ -60,11 +81,32 @@ impl Liveness {
 }
 
 /// Writes this node's heartbeat and watches everyone's, for as long as the broker lives.
+///
+/// Each beat also looks for what calls for a search of orphaned sessions
+/// ([`super::orphans`]): a node heard of before and silent now, and [`DEAD_AFTER`] after this
+/// node (re)joined (nodes that died while it was away, and its own earlier run).
 pub(super) async fn run(cluster: Arc<Cluster>, bucket: kv::Store, broker: Weak<Broker>) {
     let watcher = tokio::spawn(watch(Arc::clone(&cluster), bucket.clone()));
+    let orphans = tokio::spawn(super::orphans::run(Arc::clone(&cluster), broker.clone()));
     let mut tick = tokio::time::interval(HEARTBEAT);
+    let mut was_up = false;
+    let mut search_at: Option<Instant> = None;
+    let mut known_dead = std::collections::HashSet::new();
     while broker.strong_count() > 0 {
         tick.tick().await;
+        let up = cluster.is_up();
+        if up && !was_up {
+            cluster.liveness.listening();
+            search_at = Some(Instant::now() + DEAD_AFTER);
+        }
+        was_up = up;
+        let dead = cluster.liveness.dead();
+        let newly_dead = dead.iter().any(|node| !known_dead.contains(node));
+        known_dead = dead;
+        if up && (newly_dead || search_at.is_some_and(|at| at <= Instant::now())) {
+            search_at = None;
+            cluster.orphans.notify_one();
+        }
         let now = crate::storage::now_unix_ms().to_string();
         if let Err(error) = bucket.put(cluster.node.as_str(), Bytes::from(now)).await {
             tracing::debug!(%error, "cluster: heartbeat not written");
@@ -72,6 +114,7 @@ pub(super) async fn run(cluster: Arc<Cluster>, bucket: kv::Store, broker: Weak<B
         cluster.metrics.nodes.set(cluster.liveness.alive() as f64);
     }
     watcher.abort();
+    orphans.abort();
 }
 
 async fn watch(cluster: Arc<Cluster>, bucket: kv::Store) {

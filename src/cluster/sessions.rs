@@ -31,7 +31,7 @@ use smallvec::SmallVec;
 
 use super::{subject, wire, Cluster, STREAM, STREAM_SUBJECTS};
 use crate::broker::{Broker, ClaimRefused, Claimed, HeldSession, Message, Restore, Session};
-use crate::codec::{QoS, SubscriptionOptions};
+use crate::codec::{LastWill, QoS, SubscriptionOptions};
 
 /// How long a claim waits for the previous owner's hand-over.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
@@ -44,7 +44,7 @@ const REPLAY_LIMIT: Duration = Duration::from_secs(30);
 
 /// One subscription in a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct SubRecord {
+pub(super) struct SubRecord {
     /// Topic filter.
     f: String,
     /// Granted QoS.
@@ -70,34 +70,117 @@ fn is_zero(v: &u8) -> bool {
 }
 
 /// A session's record (JSON in the bucket).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Record {
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Record {
     /// The owning node.
-    owner: String,
+    pub(super) owner: String,
     /// Seconds the session outlives its connection (0: it ends with it).
-    expiry: u32,
+    pub(super) expiry: u32,
     /// Its subscriptions.
     #[serde(default)]
-    subs: Vec<SubRecord>,
+    pub(super) subs: Vec<SubRecord>,
     /// Replay from this stream sequence to find every message it has not acknowledged.
     #[serde(default)]
-    cursor: u64,
+    pub(super) cursor: u64,
     /// Written by the previous owner: it gave the session up, `subs` and `cursor` are final.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    handed: bool,
+    pub(super) handed: bool,
+    /// The owner's incarnation ([`Records::life`]): a record of this node's id from an
+    /// earlier run is an orphan like a dead node's.
+    #[serde(default)]
+    pub(super) life: u64,
+    /// The will while it may still be published: an MQTT 5 PUBLISH frame ([`wire`]),
+    /// base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) will: Option<String>,
+    /// Its Will Delay Interval (seconds), while a connection holds the session.
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub(super) wd: u32,
+    /// When the will is due (unix ms), once the connection ended with it pending.
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub(super) wat: u64,
+    /// When the session's connection ended (unix ms); 0 while one holds it.
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub(super) gone: u64,
+    /// Held by a node that took it over from a dead one, with no connection: its will and
+    /// expiry run there ([`super::orphans`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) adopted: bool,
+}
+
+// serde's `skip_serializing_if` passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero32(v: &u32) -> bool {
+    *v == 0
+}
+
+// serde's `skip_serializing_if` passes a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero64(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A will as it goes into a record: the message as a frame, base64.
+pub(super) fn encode_will(node: &str, will: &LastWill) -> Option<String> {
+    use base64::Engine as _;
+    let message = Message::from_will(will.clone());
+    let frame = wire::encode(node, 0, &message).ok()?;
+    Some(base64::engine::general_purpose::STANDARD.encode(frame))
+}
+
+/// The message of a record's will.
+pub(super) fn decode_will(will: &str) -> Option<Message> {
+    use base64::Engine as _;
+    let frame = base64::engine::general_purpose::STANDARD
+        .decode(will)
+        .ok()?;
+    let (_, _, publish) = wire::decode(&frame).ok()?;
+    Some(Message::from_publish(publish, None))
 }
 
 impl Record {
-    fn encode(&self) -> Bytes {
+    pub(super) fn encode(&self) -> Bytes {
         Bytes::from(serde_json::to_vec(self).unwrap_or_default())
     }
 
-    fn decode(value: &[u8]) -> Option<Record> {
+    pub(super) fn decode(value: &[u8]) -> Option<Record> {
         serde_json::from_slice(value).ok()
     }
 
-    fn from_view(owner: &str, view: &HeldSession, cursor: u64) -> Record {
+    /// The record of a session held here: `will` is its connection's (from the claim),
+    /// `written` the record last written (when its connection ended stays what it was).
+    fn from_view(
+        owner: &str,
+        life: u64,
+        view: &HeldSession,
+        cursor: u64,
+        will: Option<&(String, u32)>,
+        written: Option<&Record>,
+    ) -> Record {
+        let (will, wd, wat, gone) = if view.connected {
+            (
+                will.map(|(w, _)| w.clone()),
+                will.map_or(0, |(_, d)| *d),
+                0,
+                0,
+            )
+        } else {
+            let gone = written
+                .map(|w| w.gone)
+                .filter(|g| *g != 0)
+                .unwrap_or_else(crate::storage::now_unix_ms);
+            match &view.pending_will {
+                Some((pending, at)) => (encode_will(owner, pending), 0, *at, gone),
+                None => (None, 0, 0, gone),
+            }
+        };
         Record {
+            life,
+            will,
+            wd,
+            wat,
+            gone,
+            adopted: false,
             owner: owner.to_owned(),
             expiry: view.expiry_interval,
             subs: view
@@ -117,7 +200,7 @@ impl Record {
         }
     }
 
-    fn restore(&self) -> Restore {
+    pub(super) fn restore(&self) -> Restore {
         Restore {
             subscriptions: self
                 .subs
@@ -144,7 +227,13 @@ impl Record {
 /// last wrote (to write only what changed, by compare-and-set).
 #[derive(Debug, Default)]
 pub struct Records {
-    bucket: std::sync::OnceLock<kv::Store>,
+    /// This run's incarnation (unix ms at start), written into every record it owns.
+    pub(super) life: u64,
+    pub(super) bucket: std::sync::OnceLock<kv::Store>,
+    /// The will of each local connection that has one (frame, delay), from its claim.
+    wills: parking_lot::Mutex<HashMap<String, (String, u32)>>,
+    /// Sessions this node adopted from a dead node ([`super::orphans`]): revision written.
+    pub(super) adopted: parking_lot::Mutex<HashMap<String, u64>>,
     owned: parking_lot::Mutex<HashMap<String, (u64, Record)>>,
     /// The latest claim by another node of each client id, seen by the watch (revision and
     /// claim; kept [`CLAIM_MEMORY`]): a claim of ours that attaches after a later one of
@@ -160,6 +249,14 @@ pub struct Records {
 const CLAIM_MEMORY: Duration = Duration::from_secs(30);
 
 impl Records {
+    /// The records of a node that started at `life` (unix ms).
+    pub(super) fn new(life: u64) -> Records {
+        Records {
+            life,
+            ..Records::default()
+        }
+    }
+
     /// Marks a session's record for a prompt rewrite (a SUBSCRIBE, an UNSUBSCRIBE, a
     /// disconnect): a crash right after must not lose a subscription the client was told of.
     pub(super) fn changed(&self, client_id: &str) {
@@ -188,7 +285,12 @@ pub(super) async fn claim(
     client_id: &str,
     clean_start: bool,
     expiry_interval: u32,
+    will: Option<&LastWill>,
 ) -> Result<Claimed, ClaimRefused> {
+    let will = will.and_then(|w| {
+        let delay = w.properties.will_delay_interval.unwrap_or(0);
+        encode_will(&cluster.node, w).map(|frame| (frame, delay))
+    });
     let Some(bucket) = cluster.sessions.bucket.get() else {
         return Err(ClaimRefused("NATS has not been reached yet".to_owned()));
     };
@@ -212,10 +314,11 @@ pub(super) async fn claim(
         };
         let mut mine = Record {
             owner: cluster.node.clone(),
+            life: cluster.sessions.life,
             expiry: expiry_interval,
-            subs: Vec::new(),
-            cursor: 0,
-            handed: false,
+            will: will.as_ref().map(|(frame, _)| frame.clone()),
+            wd: will.as_ref().map_or(0, |(_, delay)| *delay),
+            ..Record::default()
         };
         // A new session wants what is published from now on.
         mine.cursor = cluster.node_floor();
@@ -255,7 +358,18 @@ pub(super) async fn claim(
         .owned
         .lock()
         .insert(client_id.to_owned(), (revision, mine.clone()));
+    cluster.sessions.adopted.lock().remove(client_id);
+    {
+        let mut wills = cluster.sessions.wills.lock();
+        match will {
+            Some(will) => wills.insert(client_id.to_owned(), will),
+            None => wills.remove(client_id),
+        };
+    }
     let Some(previous) = previous else {
+        // No record: the session ended cluster-wide (expired, or cleaned elsewhere), so a
+        // copy this node kept from an earlier run is stale.
+        drop(broker.release_to_cluster(client_id));
         return Ok(Claimed {
             restore: None,
             revision,
@@ -280,8 +394,9 @@ pub(super) async fn claim(
             revision,
         });
     }
-    // A dead node cannot hand over: its last record stands in at once.
-    let handed = if cluster.liveness.may_be_alive(&previous.owner) {
+    // A dead node cannot hand over, nor can one that only adopted it from a dead node: the
+    // last record stands in at once.
+    let handed = if !previous.adopted && cluster.liveness.may_be_alive(&previous.owner) {
         wait_for_handover(bucket, &key, revision).await
     } else {
         None
@@ -517,9 +632,18 @@ pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, 
     let Some(bucket) = cluster.sessions.bucket.get().cloned() else {
         return;
     };
-    let mut handed = Record::from_view(&claim.owner, &view, cursor_of(cluster, &view));
+    let mut handed = Record::from_view(
+        &claim.owner,
+        claim.life,
+        &view,
+        cursor_of(cluster, &view),
+        None,
+        None,
+    );
     handed.handed = true;
     handed.expiry = claim.expiry;
+    handed.will = claim.will;
+    handed.wd = claim.wd;
     let key = subject::key(client_id);
     tokio::spawn(async move {
         let _ = bucket.update(key.as_str(), handed.encode(), revision).await;
@@ -538,7 +662,7 @@ async fn hand_over(
     let Some(client_id) = client_id else {
         return;
     };
-    {
+    let owned_here = {
         // The watch may lag: a record older than our own claim says nothing of now.
         let mut owned = cluster.sessions.owned.lock();
         if owned
@@ -547,7 +671,14 @@ async fn hand_over(
         {
             return;
         }
-        owned.remove(&client_id);
+        owned.remove(&client_id).is_some()
+    };
+    cluster.sessions.wills.lock().remove(&client_id);
+    if cluster.sessions.adopted.lock().remove(&client_id).is_some() {
+        // Adopted here from a dead node: the claimer took the record as it stood, without
+        // waiting. A copy kept from this node's earlier run is stale.
+        drop(broker.release_to_cluster(&client_id));
+        return;
     }
     {
         let mut claimed = cluster.sessions.claimed_elsewhere.lock();
@@ -563,8 +694,18 @@ async fn hand_over(
         return;
     };
     tracing::info!(client = %client_id, to = %claim.owner, "cluster: session taken over by another node");
-    let mut handed = Record::from_view(&claim.owner, &view, cursor_of(cluster, &view));
+    // A session not claimed in this run came back from the store at a restart: the
+    // sequences of what it holds are not known, its last record's cursor (the claim's copy)
+    // finds them.
+    let cursor = if owned_here || claim.cursor == 0 {
+        cursor_of(cluster, &view)
+    } else {
+        claim.cursor
+    };
+    let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
     handed.handed = true;
+    handed.will = claim.will;
+    handed.wd = claim.wd;
     if view.expiry_interval == 0 || claim.expiry == 0 {
         handed.expiry = claim.expiry;
     }
@@ -594,28 +735,39 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
             continue;
         }
         let dirty = std::mem::take(&mut *cluster.sessions.dirty.lock());
-        let views = if full {
+        // A full pass every period; otherwise only the changed ones (no pass over every
+        // session per SUBSCRIBE or disconnect).
+        let views: Vec<HeldSession> = if full {
             broker.held_sessions()
         } else {
-            // Only the changed ones: no pass over every session per SUBSCRIBE.
-            let views: Vec<HeldSession> = dirty
+            dirty
                 .iter()
                 .filter_map(|client_id| broker.held_session(client_id))
-                .collect();
-            drop(broker);
-            write_changed(&cluster, bucket, &views).await;
-            continue;
+                .collect()
         };
         drop(broker);
         let writes = changed_records(&cluster, &views);
+        // Records of sessions that ended here (a clean session's at its disconnect: its
+        // will must not outlive it in the record).
         let mut deletes = Vec::new();
         {
             let owned = cluster.sessions.owned.lock();
             let live: HashMap<&str, &HeldSession> =
                 views.iter().map(|v| (&*v.client_id, v)).collect();
-            for (client_id, (revision, _)) in owned.iter() {
+            let mut ended = |client_id: &String, revision: u64| {
                 if !live.contains_key(client_id.as_str()) {
-                    deletes.push((client_id.clone(), *revision));
+                    deletes.push((client_id.clone(), revision));
+                }
+            };
+            if full {
+                for (client_id, (revision, _)) in owned.iter() {
+                    ended(client_id, *revision);
+                }
+            } else {
+                for client_id in &dirty {
+                    if let Some((revision, _)) = owned.get(client_id) {
+                        ended(client_id, *revision);
+                    }
                 }
             }
         }
@@ -633,6 +785,7 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
             if !gone {
                 continue;
             }
+            cluster.sessions.wills.lock().remove(&client_id);
             let key = subject::key(&client_id);
             let _ = bucket
                 .delete_expect_revision(key.as_str(), Some(revision))
@@ -644,12 +797,21 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
 /// The records of `views` (persistent sessions owned here) that differ from what was last
 /// written: client id, revision to replace, new record.
 fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64, Record)> {
+    let wills = cluster.sessions.wills.lock();
     let owned = cluster.sessions.owned.lock();
     views
         .iter()
         .filter(|v| v.expiry_interval > 0)
         .filter_map(|view| {
-            let record = Record::from_view(&cluster.node, view, cursor_of(cluster, view));
+            let written = owned.get(&*view.client_id).map(|(_, r)| r);
+            let record = Record::from_view(
+                &cluster.node,
+                cluster.sessions.life,
+                view,
+                cursor_of(cluster, view),
+                wills.get(&*view.client_id),
+                written,
+            );
             match owned.get(&*view.client_id) {
                 Some((revision, written)) if *written != record => {
                     Some((view.client_id.to_string(), *revision, record))
@@ -660,23 +822,46 @@ fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64
         .collect()
 }
 
-/// Writes the changed records of `views`.
-async fn write_changed(cluster: &Cluster, bucket: &kv::Store, views: &[HeldSession]) {
-    let writes = changed_records(cluster, views);
-    write(cluster, bucket, writes).await;
-}
-
 /// Writes records by compare-and-set; one that lost (claimed elsewhere since) is left to the
 /// watch.
 async fn write(cluster: &Cluster, bucket: &kv::Store, writes: Vec<(String, u64, Record)>) {
     for (client_id, revision, record) in writes {
         let key = subject::key(&client_id);
-        if let Ok(revision) = bucket.update(key.as_str(), record.encode(), revision).await {
-            cluster
-                .sessions
-                .owned
-                .lock()
-                .insert(client_id, (revision, record));
+        let mut expected = revision;
+        for _ in 0..2 {
+            match bucket.update(key.as_str(), record.encode(), expected).await {
+                Ok(revision) => {
+                    cluster
+                        .sessions
+                        .owned
+                        .lock()
+                        .insert(client_id.clone(), (revision, record.clone()));
+                    break;
+                }
+                Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    // A hand-over written after its claim stopped waiting for it still
+                    // names this node (and run) as the owner: write over it.
+                    let current = bucket.entry(key.as_str()).await.ok().flatten();
+                    let ours = current.as_ref().and_then(|entry| {
+                        (entry.operation == kv::Operation::Put)
+                            .then(|| Record::decode(&entry.value))
+                            .flatten()
+                            .filter(|r| r.owner == cluster.node && r.life == cluster.sessions.life)
+                            .map(|_| entry.revision)
+                    });
+                    let still_mine = cluster
+                        .sessions
+                        .owned
+                        .lock()
+                        .get(&client_id)
+                        .is_some_and(|(r, _)| *r == revision);
+                    match ours {
+                        Some(current) if still_mine => expected = current,
+                        _ => break, // claimed elsewhere since: left to the watch
+                    }
+                }
+                Err(_) => break,
+            }
         }
     }
 }

@@ -194,3 +194,21 @@ pub async fn wait_linked(from: &Node, to: &Node) {
     v5::disconnect(publisher).await;
     v5::disconnect(sub).await;
 }
+
+/// NATS and `count` linked nodes (`a`, `b`, `c`, ...; at most five) with `extra` config
+/// lines each (see [`write_node_config`]), from an async test (multi-thread runtime).
+pub async fn start_cluster(count: usize, extra: &str) -> (super::nats::NatsServer, Vec<Node>) {
+    let nats = tokio::task::block_in_place(super::nats::NatsServer::start);
+    let mut nodes = Vec::new();
+    for id in ["a", "b", "c", "d", "e"].into_iter().take(count) {
+        nodes.push(Node::start_async(id, &nats.url(), extra).await);
+    }
+    for from in &nodes {
+        for to in &nodes {
+            if from.id != to.id {
+                wait_linked(from, to).await;
+            }
+        }
+    }
+    (nats, nodes)
+}

@@ -327,6 +327,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 &admitted.client_id,
                 connect.clean_start,
                 expiry_interval,
+                connect.will.as_ref(),
             )
             .await
         {
