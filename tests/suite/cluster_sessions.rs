@@ -169,11 +169,7 @@ async fn kill_9_of_a_node_loses_nothing_it_acknowledged_for_offline_sessions() {
     publish_numbered(&mut on_a, "crash/a", "a", 100).await;
     publish_numbered(&mut on_b, "crash/b", "b", 100).await;
     drop(on_a);
-    // The scenario, not a synchronisation: node a dies after at least one record period
-    // with the messages queued, so what node b resumes from is a record node a rewrote
-    // while it held them (its replay cursor), not the one its disconnect wrote.
-    tokio::time::sleep(RECORD_INTERVAL * 2).await;
-    tokio::task::block_in_place(|| nodes[0].kill9());
+    kill_after_a_record_period(&mut nodes[0]).await;
 
     let (mut reader, ack) =
         v5::connect(nodes[1].mqtt(), v5::persistent_connect("survivor", 3600)).await;
@@ -247,9 +243,7 @@ async fn a_clean_started_session_survives_its_node_without_the_discarded_one() {
     let mut on_b = v5::connect_id(nodes[1].mqtt(), "phoenix-pub-b").await;
     publish_numbered(&mut on_b, "new/t", "new", 5).await;
     drop(on_b);
-    // The scenario, as in the kill -9 test: node b dies after at least one record period.
-    tokio::time::sleep(RECORD_INTERVAL * 2).await;
-    tokio::task::block_in_place(|| nodes[1].kill9());
+    kill_after_a_record_period(&mut nodes[1]).await;
 
     let (mut resumed, ack) =
         v5::connect(nodes[0].mqtt(), v5::persistent_connect("phoenix", 3600)).await;
@@ -266,6 +260,14 @@ async fn a_clean_started_session_survives_its_node_without_the_discarded_one() {
     if let Ok(Some(p)) = resumed.recv_within(Duration::from_millis(1500)).await {
         panic!("more than the new session's queue: {p:?}");
     }
+}
+
+/// `kill -9` of `node` after at least two record periods: the scenario, not a
+/// synchronisation. What another node resumes from is then a record the dead node rewrote
+/// while it held the queued messages (their replay cursor), not the one a disconnect wrote.
+async fn kill_after_a_record_period(node: &mut Node) {
+    tokio::time::sleep(RECORD_INTERVAL * 2).await;
+    tokio::task::block_in_place(|| node.kill9());
 }
 
 /// Issue 17: "Takeover works across nodes: the same client id connecting elsewhere closes the
