@@ -1,43 +1,20 @@
 //! The `postbox` binary as users run it: flags, config errors, metrics endpoint, signals.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::common::nats::NatsServer;
+use crate::common::process::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_postbox");
 const WAIT: Duration = Duration::from_secs(15);
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 /// Starts the binary and waits (bounded) until it logs that it is running.
 fn spawn_broker(args: &[&str]) -> Child {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn postbox");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains("postbox running") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    rx.recv_timeout(WAIT).expect("broker reports it is running");
-    child
+    spawn_until(args, &[], "postbox running").0
 }
 
 fn http_get(port: u16, path: &str) -> String {
@@ -365,14 +342,14 @@ fn sigterm_while_starting_is_a_graceful_stop() {
     );
 }
 
-/// A `[cluster]` section naming the node `file-node`, on NATS at `nats_port`.
-fn cluster_file(dir: &std::path::Path, nats_port: u16) -> std::path::PathBuf {
+/// A `[cluster]` section naming the node `file-node`, on the NATS server at `nats` (a URL).
+fn cluster_file(dir: &std::path::Path, nats: &str) -> std::path::PathBuf {
     let path = dir.join("cluster.toml");
     std::fs::write(
         &path,
         format!(
             "[listener]\nbind = \"127.0.0.1:0\"\n[metrics]\nenabled = false\n[storage]\npersistence = false\n\
-             [cluster]\nnode = \"file-node\"\nservers = [\"nats://127.0.0.1:{nats_port}\"]\n"
+             [cluster]\nnode = \"file-node\"\nservers = [\"{nats}\"]\n"
         ),
     )
     .expect("write config");
@@ -413,7 +390,7 @@ fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
 #[test]
 fn cluster_node_flag_is_validated_like_the_file_and_named() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = cluster_file(dir.path(), 4222);
+    let path = cluster_file(dir.path(), "nats://127.0.0.1:4222");
     let path = path.to_str().expect("utf8");
     let err = refused(&["-c", path, "--cluster-node", "pod.0"], &[]);
     assert!(
@@ -435,51 +412,6 @@ fn cluster_node_flag_is_validated_like_the_file_and_named() {
         err.contains("--cluster-node needs a [cluster] section"),
         "{err}"
     );
-}
-
-/// A real `nats-server` with JetStream on 127.0.0.1 (stopped when dropped).
-struct Nats {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Nats {
-    /// Starts it and waits (bounded) for its "Server is ready" line.
-    fn start() -> Nats {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let mut child = Command::new("nats-server")
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nats-server is installed (apt-get install nats-server)");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("Server is ready") {
-                    let _ = tx.send(());
-                }
-            }
-        });
-        let nats = Nats {
-            child,
-            port,
-            _dir: dir,
-        };
-        rx.recv_timeout(WAIT).expect("nats-server is ready");
-        nats
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Starts the binary and waits (bounded) for a stdout line containing `wanted`; returns it.
@@ -517,9 +449,9 @@ fn spawn_until(args: &[&str], env: &[(&str, &str)], wanted: &'static str) -> (Ch
 /// wins over the variable, and either wins over the file's `node`.
 #[test]
 fn one_file_serves_two_nodes_named_by_flag_and_environment() {
-    let nats = Nats::start();
+    let nats = NatsServer::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = cluster_file(dir.path(), nats.port);
+    let path = cluster_file(dir.path(), &nats.url());
     let path = path.to_str().expect("utf8");
     let connected = "cluster: connected to NATS";
     let (first, line) = spawn_until(
