@@ -226,13 +226,13 @@ impl Broker {
     /// as [`Broker::publish_will`], without the ACL check (no identity is held here for its
     /// client; its CONNECT was checked on its node) and with the other nodes' subscribers
     /// reached through the cluster.
-    pub fn publish_orphan_will(&self, message: Arc<Message>) {
+    pub fn publish_orphan_will(&self, message: &Arc<Message>) {
         if topic::is_sys(&message.topic) || self.is_dead_letter_topic(&message.topic) {
             return;
         }
         self.metrics.will_messages_published.increment(1);
-        match self.publish(Arc::clone(&message), None) {
-            Ok(_) => drop(self.cluster_forward(&message, None, None)),
+        match self.publish(Arc::clone(message), None) {
+            Ok(_) => drop(self.cluster_forward(message, None, None)),
             Err(error) => tracing::warn!(%error, "will message refused by the durable store"),
         }
     }

@@ -215,10 +215,10 @@ async fn keep(
         match (decode_will(&will), broker.upgrade()) {
             (Some(message), Some(broker)) => {
                 tracing::info!(client = %client_id, topic = %message.topic, "cluster: publishing the will of a session whose node died");
-                broker.publish_orphan_will(Arc::new(message));
+                broker.publish_orphan_will(&Arc::new(message));
             }
             _ => {
-                tracing::warn!(client = %client_id, "cluster: the will of a session whose node died cannot be read; not published")
+                tracing::warn!(client = %client_id, "cluster: the will of a session whose node died cannot be read; not published");
             }
         }
     }

@@ -106,6 +106,9 @@ pub(super) struct Record {
     /// expiry run there ([`super::orphans`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) adopted: bool,
+    /// Claimed with Clean Start: the previous owner hands nothing over (MQTT-3.1.2-4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) fresh: bool,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -181,6 +184,7 @@ impl Record {
             wat,
             gone,
             adopted: false,
+            fresh: false,
             owner: owner.to_owned(),
             expiry: view.expiry_interval,
             subs: view
@@ -318,6 +322,7 @@ pub(super) async fn claim(
             expiry: expiry_interval,
             will: will.as_ref().map(|(frame, _)| frame.clone()),
             wd: will.as_ref().map_or(0, |(_, delay)| *delay),
+            fresh: clean_start,
             ..Record::default()
         };
         // A new session wants what is published from now on.
@@ -694,6 +699,12 @@ async fn hand_over(
         return;
     };
     tracing::info!(client = %client_id, to = %claim.owner, "cluster: session taken over by another node");
+    if claim.fresh || view.expiry_interval == 0 {
+        // The claimer does not wait for a hand-over of a session that ends here (Clean
+        // Start, or one that ends with its connection): written over its claim, the old
+        // subscriptions and cursor would come back with the new session.
+        return;
+    }
     // A session not claimed in this run came back from the store at a restart: the
     // sequences of what it holds are not known, its last record's cursor (the claim's copy)
     // finds them.

@@ -9,7 +9,7 @@ use crate::common;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use common::cluster::{wait_linked, Node};
+use common::cluster::Node;
 use common::nats::NatsServer;
 use common::{v5, RawClient, WAIT};
 use postbox::cluster::sessions::RECORD_INTERVAL;
@@ -17,19 +17,7 @@ use postbox::codec::{Packet, Publish, QoS, ReasonCode};
 
 /// NATS and `count` linked nodes (`a`, `b`, ...).
 async fn cluster(count: usize) -> (NatsServer, Vec<Node>) {
-    let nats = tokio::task::block_in_place(NatsServer::start);
-    let mut nodes = Vec::new();
-    for id in ["a", "b", "c"].into_iter().take(count) {
-        nodes.push(Node::start_async(id, &nats.url(), "").await);
-    }
-    for from in &nodes {
-        for to in &nodes {
-            if from.id != to.id {
-                wait_linked(from, to).await;
-            }
-        }
-    }
-    (nats, nodes)
+    common::cluster::start_cluster(count, "").await
 }
 
 /// Publishes `count` numbered QoS 1 messages `<prefix><n>` on `topic`; every one must be
@@ -222,10 +210,6 @@ async fn clean_start_on_another_node_discards_the_session_cluster_wide() {
 /// messages survive its node"): resumed on node a it is the new session, with the
 /// subscription made on node b and what was queued for it, and nothing of the discarded one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug (issue 17): a Clean Start claim does not wait for the hand-over, so the old \
-            owner's hand-over record (the discarded session's subscriptions and cursor) stays \
-            over the claim, the new owner's record writes then fail their compare-and-set for \
-            good, and after its node dies the discarded session is resumed instead"]
 async fn a_clean_started_session_survives_its_node_without_the_discarded_one() {
     let (_nats, mut nodes) = cluster(2).await;
     let (mut old, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("phoenix", 3600)).await;
