@@ -99,6 +99,8 @@ async fn run(
                     }
                 }
                 let _ = cluster.js.set(js.clone());
+                // Heartbeats missed while the link was down say nothing of the other nodes.
+                cluster.liveness.listening();
                 cluster.set_up(true);
                 if !inbound_started {
                     inbound_started = true;

@@ -53,7 +53,8 @@ impl Liveness {
     }
 
     /// Listening (again) from now: what was not heard while the link was down says nothing.
-    fn listening(&self) {
+    /// Called at every (re)connect, however short the outage was.
+    pub(super) fn listening(&self) {
         *self.since.lock() = Instant::now();
     }
 
