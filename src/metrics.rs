@@ -198,7 +198,8 @@ pub struct Metrics {
     /// Deliveries the ACL refused (the subscriber may not read the topic), by QoS.
     pub messages_dropped_denied: [Counter; 3],
     /// QoS 1/2 PUBLISHes that matched no subscriber, by QoS (QoS 0 is never counted: a QoS 0
-    /// message nobody wants is normal).
+    /// message nobody wants is normal); also a shared group's QoS 1/2 messages that a
+    /// member's ending session held with no other member to take them.
     pub messages_dropped_no_subscribers: [Counter; 3],
     /// Seconds from a PUBLISH being read to its delivery being written to a subscriber.
     pub delivery_latency: Histogram,

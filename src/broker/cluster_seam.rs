@@ -82,14 +82,27 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// date soon (not on this call's path).
     fn session_changed(&self, client_id: &str);
 
+    /// A QoS 1/2 message of shared group `group` that a session ending here still held
+    /// (queued, or sent and not acknowledged), with no other member of the group on this
+    /// node: given back to the group cluster-wide, so a member on another node gets it
+    /// (a group's message is redelivered to another member when its member's session ends).
+    /// False when it cannot be (QoS 0, or the engine is unreachable or its queue full): the
+    /// caller counts the drop.
+    fn regroup(&self, group: &str, message: &Arc<Message>) -> bool;
+
     /// After the CONNECT attached a new local session: rebuilds it from `restore` (its
     /// subscriptions, then its messages replayed from the stream), before the CONNACK.
+    /// Called whenever [`ClusterSeam::claim`] gave a `restore` (an empty one when the
+    /// session was found here after all). All or nothing: false when the session could not
+    /// be rebuilt whole; it is then discarded here (its record keeps what it held, for the
+    /// next attempt) and the CONNECT is refused (0x88 Server unavailable) rather than
+    /// answered with a session missing messages.
     fn restore<'a>(
         &'a self,
         broker: &'a Arc<Broker>,
         session: &'a Arc<super::Session>,
         restore: Restore,
-    ) -> SeamFuture<'a, ()>;
+    ) -> SeamFuture<'a, bool>;
 }
 
 impl Broker {
@@ -215,6 +228,32 @@ impl Broker {
             .filter(|s| !s.lock().ended)
             .map(|s| Broker::view_of(s))
             .collect()
+    }
+
+    /// Ends `session`, attached by a CONNECT whose cluster restore failed: the CONNECT is
+    /// refused, so its will never took effect and nobody is told of a takeover; the session
+    /// leaves no trace here (the cluster's record still holds what it had).
+    pub fn discard_unrestored(&self, session: &Arc<super::Session>) {
+        {
+            let mut sessions = self.sessions.lock();
+            if sessions
+                .get(&session.client_id)
+                .is_some_and(|s| Arc::ptr_eq(s, session))
+            {
+                sessions.remove(&session.client_id);
+                self.metrics.sessions_current.set(sessions.len() as f64);
+            }
+        }
+        {
+            let mut st = session.lock();
+            if st.ended {
+                return;
+            }
+            st.connection = None;
+            st.pending_will = None;
+            st.end_stall();
+        }
+        self.end_session(session);
     }
 
     /// Whether a session with this client id exists on this node.

@@ -525,7 +525,8 @@ impl Broker {
     /// groups. On disconnect (`connected_only`): its queued messages and its sent but
     /// unacknowledged QoS 1 messages, for groups with another connected member (QoS 2
     /// messages already sent stay, MQTT-4.8.2-4). On session end: everything still held,
-    /// to any remaining member; QoS 2 messages already sent are dropped (MQTT-4.8.2-5).
+    /// to any remaining member (clustered, with none here: to the group on other nodes);
+    /// QoS 2 messages already sent are dropped (MQTT-4.8.2-5).
     pub(super) fn redistribute_shared(&self, session: &Arc<Session>, connected_only: bool) {
         let taken = if connected_only {
             let keys: Vec<ByteString> = {
@@ -556,6 +557,9 @@ impl Broker {
         }
         let mut removed: Vec<Op> = Vec::new();
         let mut moves: Vec<(Arc<Session>, Delivery)> = Vec::with_capacity(taken.len());
+        // An ending session's messages with no other member here: to the group's members on
+        // other nodes when clustered, otherwise dropped (counted).
+        let mut homeless: Vec<Delivery> = Vec::new();
         {
             let index = self.shared.read();
             let authz = self.authz();
@@ -591,10 +595,19 @@ impl Broker {
                         ));
                     }
                     // The other members left meanwhile: a disconnecting member keeps it; an
-                    // ending session's messages have nowhere to go.
+                    // ending session's messages have no other member here.
                     None if connected_only => moves.push((Arc::clone(session), d)),
-                    None => {}
+                    None => homeless.push(d),
                 }
+            }
+        }
+        for d in homeless {
+            let given_back = match (self.cluster(), d.shared.as_deref()) {
+                (Some(cluster), Some(key)) => cluster.regroup(key, &d.message),
+                _ => false,
+            };
+            if !given_back && d.qos != QoS::AtMostOnce {
+                self.metrics.messages_dropped_no_subscribers[d.qos as usize].increment(1);
             }
         }
         tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");

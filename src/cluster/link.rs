@@ -8,8 +8,8 @@ use async_nats::jetstream::{self, stream};
 use tokio::sync::mpsc;
 
 use super::{
-    inbound, outbound, Cluster, NODES_BUCKET, RETAINED_BUCKET, SESSIONS_BUCKET, STREAM,
-    STREAM_SUBJECTS,
+    inbound, outbound, Cluster, NODES_BUCKET, REGROUP_SUBJECTS, RETAINED_BUCKET, SESSIONS_BUCKET,
+    STREAM, STREAM_SUBJECTS,
 };
 use crate::broker::Broker;
 use crate::config::ClusterConfig;
@@ -47,8 +47,23 @@ async fn run(
                 let _ = events_tx.send(event);
             }
         });
+    // Credentials in a server's URL (`nats://user:password@host`, `nats://token@host`): the
+    // client takes them only as options.
+    let options = match config.servers.iter().find_map(|s| url_credentials(s)) {
+        Some((user, Some(password))) => options.user_and_password(user, password),
+        Some((token, None)) => options.token(token),
+        None => options,
+    };
     let servers = config.servers.join(",");
-    let client = match options.connect(servers.as_str()).await {
+    let client = options.connect(servers.as_str()).await;
+    // What the log shows: no password.
+    let servers = config
+        .servers
+        .iter()
+        .map(|s| crate::config::redact_server(s))
+        .collect::<Vec<_>>()
+        .join(",");
+    let client = match client {
         Ok(client) => client,
         Err(error) => {
             tracing::error!(%error, servers = %servers, "cluster: cannot start the NATS client; this node refuses QoS 1/2 PUBLISHes");
@@ -152,6 +167,17 @@ async fn run(
     }
 }
 
+/// The user and password (or the token, alone) written before the host of a server URL.
+fn url_credentials(server: &str) -> Option<(String, Option<String>)> {
+    let (_, rest) = server.split_once("://")?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    Some(match userinfo.split_once(':') {
+        Some((user, password)) => (user.to_owned(), Some(password.to_owned())),
+        None => (userinfo.to_owned(), None),
+    })
+}
+
 /// Creates or converges the stream and buckets; false (logged) if JetStream refused.
 async fn ensure_state(
     js: &jetstream::Context,
@@ -160,7 +186,10 @@ async fn ensure_state(
 ) -> bool {
     let messages = stream::Config {
         name: STREAM.to_owned(),
-        subjects: vec![format!("{STREAM_SUBJECTS}.>")],
+        subjects: vec![
+            format!("{STREAM_SUBJECTS}.>"),
+            format!("{REGROUP_SUBJECTS}.>"),
+        ],
         retention: stream::RetentionPolicy::Limits,
         max_age: Duration::from_secs(config.retention),
         storage: stream::StorageType::File,
@@ -220,4 +249,22 @@ async fn ensure_bucket(
     })
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url_credentials;
+
+    #[test]
+    fn credentials_come_from_the_url() {
+        assert_eq!(
+            url_credentials("nats://node:s3cret@nats:4222"),
+            Some(("node".to_owned(), Some("s3cret".to_owned())))
+        );
+        assert_eq!(
+            url_credentials("tls://t0ken@nats:4222"),
+            Some(("t0ken".to_owned(), None))
+        );
+        assert_eq!(url_credentials("nats://nats:4222"), None);
+    }
 }

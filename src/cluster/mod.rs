@@ -15,7 +15,7 @@
 //!
 //! | name | kind | what |
 //! | --- | --- | --- |
-//! | `PB_MSGS` | stream, subjects `pb.m.>`, Limits, `max_age` = `retention`, File, R | every QoS 1/2 message, once |
+//! | `PB_MSGS` | stream, subjects `pb.m.>` and `pb.g.>`, Limits, `max_age` = `retention`, File, R | every QoS 1/2 message, once; a shared group's messages given back when their member's session ended (`pb.g.<group hash>`) |
 //! | `pb.q0.>` | core subjects | QoS 0 messages, at most once |
 //! | `pb_retained` | KV bucket, history 1, File, R | the retained message of each topic (key: [`subject::key`]) |
 //! | `pb_sessions` | KV bucket, history 1, File, R | each session's record: owner node, subscriptions, replay cursor ([`sessions`]) |
@@ -53,6 +53,8 @@ use crate::storage::Durable;
 pub const STREAM: &str = "PB_MSGS";
 /// Subject prefix of the stream's messages.
 pub const STREAM_SUBJECTS: &str = "pb.m";
+/// Subject prefix of shared groups' given-back messages (in the stream).
+pub const REGROUP_SUBJECTS: &str = "pb.g";
 /// Subject prefix of QoS 0 messages (core NATS).
 pub const QOS0_SUBJECTS: &str = "pb.q0";
 /// The retained messages' bucket.
@@ -246,6 +248,7 @@ impl ClusterSeam for Cluster {
             retain: message.retain,
             frame,
             done,
+            subject: None,
         };
         if self.outbound.send(outgoing).is_err() {
             // The tasks are gone (shutdown): the sender dropped with the message answers
@@ -281,12 +284,42 @@ impl ClusterSeam for Cluster {
         sessions::confirm(self, broker, client_id, claimed);
     }
 
+    fn regroup(&self, group: &str, message: &Arc<Message>) -> bool {
+        if message.qos == QoS::AtMostOnce
+            || !self.is_up()
+            || self.pending.load(Ordering::Acquire) >= self.max_pending
+        {
+            return false;
+        }
+        let local_id = self.next_local_id.fetch_add(1, Ordering::AcqRel);
+        let Ok(frame) = wire::encode(&self.node, local_id, message) else {
+            return false;
+        };
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.metrics.pending.increment(1.0);
+        let outgoing = outbound::Outgoing {
+            message: None,
+            topic: message.topic.clone(),
+            qos: message.qos,
+            retain: false, // the retained bucket has it already, if it was retained
+            frame,
+            done: None,
+            subject: Some(shared::regroup_subject(group)),
+        };
+        if self.outbound.send(outgoing).is_err() {
+            self.settled();
+            return false;
+        }
+        tracing::debug!(group, topic = %message.topic, "cluster: a shared group's message given back to the group");
+        true
+    }
+
     fn restore<'a>(
         &'a self,
         broker: &'a Arc<Broker>,
         session: &'a Arc<Session>,
         restore: Restore,
-    ) -> SeamFuture<'a, ()> {
+    ) -> SeamFuture<'a, bool> {
         Box::pin(sessions::restore(self, broker, session, restore))
     }
 }

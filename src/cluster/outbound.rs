@@ -33,6 +33,9 @@ pub struct Outgoing {
     pub frame: Bytes,
     /// The publisher's wait (QoS 1/2).
     pub done: Option<oneshot::Sender<Result<(), StorageError>>>,
+    /// The stream subject when it is not the topic's (a shared group's given-back message,
+    /// [`super::shared::regroup_subject`]).
+    pub subject: Option<String>,
 }
 
 /// The acknowledgements one message waits for: the stream's first, then the retained
@@ -113,10 +116,10 @@ pub(super) fn spawn(
                 cluster.settled();
                 continue;
             }
-            match js
-                .publish(format!("{STREAM_SUBJECTS}.{tail}"), out.frame)
-                .await
-            {
+            let subject = out
+                .subject
+                .unwrap_or_else(|| format!("{STREAM_SUBJECTS}.{tail}"));
+            match js.publish(subject, out.frame).await {
                 Ok(ack) => {
                     let _ = acks_tx.send(Awaiting {
                         message: out.message,

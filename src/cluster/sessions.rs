@@ -243,6 +243,11 @@ pub struct Records {
     /// claim; kept [`CLAIM_MEMORY`]): a claim of ours that attaches after a later one of
     /// another node lost, though the watch found nothing here to give up at the time.
     claimed_elsewhere: parking_lot::Mutex<HashMap<String, (u64, Record, std::time::Instant)>>,
+    /// Sessions being rebuilt here from another node's record ([`restore`]), with the cursor
+    /// their replay starts from: their records are not rewritten meanwhile (a cursor taken
+    /// from what the half-restored session holds would skip what the replay has not reached),
+    /// and a hand-over during the replay records no cursor past it.
+    restoring: parking_lot::Mutex<HashMap<String, u64>>,
     /// Sessions whose subscriptions or connection changed since their record was written.
     dirty: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Wakes [`keep_records`] for them.
@@ -384,7 +389,7 @@ pub(super) async fn claim(
         // Ours already: the local session (if any) is the session.
         let restore = (!clean_start && previous.expiry > 0 && !broker.has_session(client_id))
             .then(|| previous.restore());
-        return Ok(Claimed { restore, revision });
+        return Ok(claimed(cluster, client_id, restore, revision));
     }
     // Another node's: whatever this node still holds of it is stale.
     if broker.release_to_cluster(client_id).is_some() {
@@ -420,10 +425,25 @@ pub(super) async fn claim(
             mine
         }
     };
-    Ok(Claimed {
-        restore: Some(record.restore()),
+    Ok(claimed(
+        cluster,
+        client_id,
+        Some(record.restore()),
         revision,
-    })
+    ))
+}
+
+/// A claim's answer; a session to restore is marked as being restored until [`restore`]
+/// ends (the caller always calls it when there is one).
+fn claimed(cluster: &Cluster, client_id: &str, restore: Option<Restore>, revision: u64) -> Claimed {
+    if let Some(restore) = &restore {
+        cluster
+            .sessions
+            .restoring
+            .lock()
+            .insert(client_id.to_owned(), restore.cursor);
+    }
+    Claimed { restore, revision }
 }
 
 /// Polls the record until the previous owner has written its hand-over over our claim
@@ -444,13 +464,22 @@ async fn wait_for_handover(bucket: &kv::Store, key: &str, claimed: u64) -> Optio
     None
 }
 
-/// Rebuilds a session that lived elsewhere: subscriptions, then the replay.
+/// Rebuilds a session that lived elsewhere: subscriptions, then the replay. All or nothing:
+/// false when the replay failed or took longer than [`REPLAY_LIMIT`] (or this future was
+/// dropped, its CONNECT gone): the half-restored session is discarded here and its record
+/// keeps the cursor it had, so the next claim, here or on another node, replays it whole.
 pub(super) async fn restore(
     cluster: &Cluster,
     broker: &Arc<Broker>,
     session: &Arc<Session>,
     restore: Restore,
-) {
+) -> bool {
+    let mut unrestored = Unrestored {
+        cluster,
+        broker,
+        session,
+        done: false,
+    };
     let (floor, local_floor) = {
         // Subscribed and the floor read as one step against the consumer's routing.
         let _gate = cluster.gate.lock();
@@ -462,12 +491,14 @@ pub(super) async fn restore(
             cluster.next_local_id.load(Ordering::Acquire),
         )
     };
-    let Some(js) = cluster.js.get() else {
-        return;
-    };
     if restore.subscriptions.is_empty() || restore.cursor == 0 {
-        return;
+        unrestored.done = true;
+        return true;
     }
+    let Some(js) = cluster.js.get() else {
+        tracing::warn!(client = %session.client_id, "cluster: a resumed session cannot be replayed before NATS is reached; refusing its CONNECT");
+        return false;
+    };
     match tokio::time::timeout(
         REPLAY_LIMIT,
         replay(cluster, js, broker, session, &restore, floor, local_floor),
@@ -476,20 +507,59 @@ pub(super) async fn restore(
     {
         Ok(Ok(n)) => {
             tracing::info!(client = %session.client_id, from = restore.cursor, messages = n, "cluster: session resumed from another node");
+            unrestored.done = true;
+            true
         }
         Ok(Err(error)) => {
-            tracing::warn!(client = %session.client_id, %error, "cluster: the replay of a resumed session failed; it may miss messages");
+            tracing::warn!(client = %session.client_id, %error, "cluster: the replay of a resumed session failed; refusing its CONNECT (the session's record is kept for the next attempt)");
+            false
         }
         Err(_) => {
-            tracing::warn!(client = %session.client_id, "cluster: the replay of a resumed session took too long; it may miss messages");
+            tracing::warn!(client = %session.client_id, limit = ?REPLAY_LIMIT, "cluster: the replay of a resumed session took too long; refusing its CONNECT (the session's record is kept for the next attempt)");
+            false
         }
     }
 }
 
-/// Replays the stream from the cursor into the session. A message below `floor` was routed
-/// here before the session subscribed, so it is replayed if it matches; one at or above it
-/// comes live, except this node's own messages admitted before the subscribe
-/// (`local_floor`), which were routed here when nobody here had the session.
+/// A restore in progress. Dropped before it is `done` (failed, or its future dropped), it
+/// undoes it: the local session is discarded, and the record this node claimed is given
+/// back as the claim wrote it, less the refused CONNECT's will, and no longer kept current
+/// from here.
+struct Unrestored<'a> {
+    cluster: &'a Cluster,
+    broker: &'a Arc<Broker>,
+    session: &'a Arc<Session>,
+    done: bool,
+}
+
+impl Drop for Unrestored<'_> {
+    fn drop(&mut self) {
+        let client_id = &*self.session.client_id;
+        let records = &self.cluster.sessions;
+        records.restoring.lock().remove(client_id);
+        if self.done {
+            return;
+        }
+        let claimed = records.owned.lock().remove(client_id);
+        records.wills.lock().remove(client_id);
+        self.broker.discard_unrestored(self.session);
+        // The claim's record, without the will of a connection that was never accepted.
+        if let (Some((revision, mut record)), Some(bucket)) = (claimed, records.bucket.get()) {
+            if record.will.is_some() {
+                record.will = None;
+                record.wd = 0;
+                let bucket = bucket.clone();
+                let key = subject::key(client_id);
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        let _ = bucket.update(key.as_str(), record.encode(), revision).await;
+                    });
+                }
+            }
+        }
+    }
+}
+
 async fn replay(
     cluster: &Cluster,
     js: &jetstream::Context,
@@ -708,11 +778,16 @@ async fn hand_over(
     // A session not claimed in this run came back from the store at a restart: the
     // sequences of what it holds are not known, its last record's cursor (the claim's copy)
     // finds them.
-    let cursor = if owned_here || claim.cursor == 0 {
+    let mut cursor = if owned_here || claim.cursor == 0 {
         cursor_of(cluster, &view)
     } else {
         claim.cursor
     };
+    if let Some(&replay_from) = cluster.sessions.restoring.lock().get(&client_id) {
+        // Taken while its replay here is still under way: what the replay has not reached
+        // is not in the session yet.
+        cursor = cursor.min(replay_from);
+    }
     let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
     handed.handed = true;
     handed.will = claim.will;
@@ -810,9 +885,10 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
 fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64, Record)> {
     let wills = cluster.sessions.wills.lock();
     let owned = cluster.sessions.owned.lock();
+    let restoring = cluster.sessions.restoring.lock();
     views
         .iter()
-        .filter(|v| v.expiry_interval > 0)
+        .filter(|v| v.expiry_interval > 0 && !restoring.contains_key(&*v.client_id))
         .filter_map(|view| {
             let written = owned.get(&*view.client_id).map(|(_, r)| r);
             let record = Record::from_view(

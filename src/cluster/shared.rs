@@ -9,6 +9,10 @@
 //! strategy) and acknowledges it once queued; a puller whose members left meanwhile gives it
 //! back (nak) for another node. QoS 0 messages of a group come through a NATS queue group on
 //! the core subjects, which likewise gives each to one subscriber.
+//!
+//! A member's session that ends on a node with no other member of its group gives what it
+//! still held back to the group (`pb.g.<group hash>` in the stream, one more consumer per
+//! group), so a member on another node gets it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -19,7 +23,7 @@ use bytestring::ByteString;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{subject, wire, Cluster, QOS0_SUBJECTS, STREAM, STREAM_SUBJECTS};
+use super::{subject, wire, Cluster, QOS0_SUBJECTS, REGROUP_SUBJECTS, STREAM, STREAM_SUBJECTS};
 use crate::broker::{Broker, Message};
 
 /// How often the set of local groups is compared with the running pullers.
@@ -27,17 +31,32 @@ const SCAN: Duration = Duration::from_millis(200);
 /// Pause before a puller tries again after a failure.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// A group's key as a subject token: the hex of its hash's first 10 bytes (a group's key
+/// holds characters subjects and consumer names may not).
+fn group_hash(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    let mut hash = String::with_capacity(20);
+    for byte in &digest[..10] {
+        hash.push_str(&format!("{byte:02x}"));
+    }
+    hash
+}
+
 /// The consumer name of group `key`'s `i`-th subject filter.
 fn consumer_name(key: &str, i: usize) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    let mut name = String::from("share-");
-    for byte in &digest[..10] {
-        name.push_str(&format!("{byte:02x}"));
-    }
+    let mut name = format!("share-{}", group_hash(key));
     if i > 0 {
         name.push_str(&format!("-{i}"));
     }
     name
+}
+
+/// The stream subject of group `key`'s given-back messages: those a member's session still
+/// held when it ended on a node with no other member ([`crate::broker::ClusterSeam::regroup`]).
+/// Each node with a member pulls them through one more consumer of the group
+/// (`share-<hash>-r`), so one member elsewhere gets each.
+pub(super) fn regroup_subject(key: &str) -> String {
+    format!("{REGROUP_SUBJECTS}.{}", group_hash(key))
 }
 
 /// Keeps one set of pullers per local group: started when a group gets its first member
@@ -80,10 +99,26 @@ pub(super) async fn run(
                     inner.clone(),
                     consumer_name(&key, i),
                     format!("{STREAM_SUBJECTS}.{filter}"),
-                    start,
+                    consumer::DeliverPolicy::ByStartSequence {
+                        start_sequence: start,
+                    },
                     retention,
                 )));
             }
+            // Given-back messages: all still in the stream. One that was taken is older than
+            // the consumer that took it, which outlives it (`inactive_threshold` = the
+            // stream's `max_age`); one that was not went to no member yet.
+            tasks.push(tokio::spawn(pull(
+                js.clone(),
+                Arc::clone(&cluster),
+                broker.clone(),
+                Arc::clone(&key),
+                inner.clone(),
+                format!("share-{}-r", group_hash(&key)),
+                regroup_subject(&key),
+                consumer::DeliverPolicy::All,
+                retention,
+            )));
             tasks.push(tokio::spawn(pull_qos0(
                 client.clone(),
                 Arc::clone(&cluster),
@@ -130,7 +165,7 @@ async fn pull(
     inner: ByteString,
     name: String,
     filter: String,
-    start: u64,
+    deliver_policy: consumer::DeliverPolicy,
     retention: Duration,
 ) {
     loop {
@@ -143,9 +178,7 @@ async fn pull(
                         durable_name: Some(name.clone()),
                         // The first member anywhere makes it: from what was published when
                         // it subscribed on.
-                        deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                            start_sequence: start,
-                        },
+                        deliver_policy,
                         ack_policy: consumer::AckPolicy::Explicit,
                         ack_wait: Duration::from_secs(30),
                         filter_subject: filter.clone(),

@@ -50,6 +50,21 @@ impl Default for ClusterConfig {
 ///
 /// # Errors
 ///
+/// `server` as it may be logged or shown in an error: the password of a
+/// `nats://user:password@host:port` URL replaced by `***` (user and host kept, to say which).
+pub fn redact_server(server: &str) -> std::borrow::Cow<'_, str> {
+    let Some((scheme, rest)) = server.split_once("://") else {
+        return server.into();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return server.into();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}").into(),
+        None => server.into(), // a token or user alone: the user name is not a secret
+    }
+}
+
 /// The first rule broken, keyed `cluster.node`, `cluster.servers`, …
 pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
     if cluster.node.is_empty() {
@@ -83,7 +98,10 @@ pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
     }) {
         return Err(invalid(
             "cluster.servers",
-            format!("{bad:?}: expected nats://host:port or tls://host:port"),
+            format!(
+                "{:?}: expected nats://host:port or tls://host:port",
+                redact_server(bad)
+            ),
         ));
     }
     if !(1..=5).contains(&cluster.replicas) {
@@ -111,4 +129,22 @@ pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_server;
+
+    #[test]
+    fn a_servers_password_is_never_shown() {
+        assert_eq!(
+            redact_server("nats://node:s3cret@nats:4222"),
+            "nats://node:***@nats:4222"
+        );
+        assert_eq!(redact_server("tls://nats:4222"), "tls://nats:4222");
+        assert_eq!(
+            redact_server("nats://token@nats:4222"),
+            "nats://token@nats:4222"
+        );
+    }
 }

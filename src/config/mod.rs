@@ -30,7 +30,7 @@ pub use bridge::{
     BridgeConfig, BridgeProtocol, BridgeTlsConfig, Direction, StartMode, TopicRule,
     BRIDGE_SESSION_PREFIX, HOPS_PROPERTY, MAX_BRIDGE_NAME_LEN, MIN_BRIDGE_KEEP_ALIVE,
 };
-pub use cluster::{ClusterConfig, MAX_NODE_ID_LEN};
+pub use cluster::{redact_server, ClusterConfig, MAX_NODE_ID_LEN};
 pub use error::ConfigError;
 pub use guarantees::{
     DeadLetterConfig, DedupConfig, InvalidV3, SchemaAction, SchemaConfig,

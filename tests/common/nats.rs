@@ -23,6 +23,8 @@ pub struct NatsServer {
     pub dir: tempfile::TempDir,
     /// Starts so far (names the log file).
     starts: u32,
+    /// A config file (`-c`), for what has no command-line flag (users and permissions).
+    config: Option<PathBuf>,
     /// The port, bound but not listening, from before each start until the server is ready
     /// and while it is stopped: a test running in parallel cannot take it (nats-server binds
     /// with `SO_REUSEADDR`, as the hold does, so it binds beside the hold).
@@ -42,12 +44,25 @@ impl NatsServer {
     /// Starts `nats-server -js -sd <dir>/js -a 127.0.0.1 -p <free port>` and waits (bounded)
     /// until it logs "Server is ready".
     pub fn start() -> NatsServer {
+        NatsServer::start_with_config(None)
+    }
+
+    /// [`NatsServer::start`] with `config` (nats-server's config syntax) as its config file
+    /// too; the command-line flags (JetStream, store, address, port, log) still apply.
+    pub fn start_with_config(config: Option<&str>) -> NatsServer {
         let port = free_port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = config.map(|text| {
+            let path = dir.path().join("nats.conf");
+            std::fs::write(&path, text).expect("write nats.conf");
+            path
+        });
         let mut server = NatsServer {
             child: None,
             port,
-            dir: tempfile::tempdir().expect("tempdir"),
+            dir,
             starts: 0,
+            config,
             held: Some(hold_port(port)),
         };
         server.spawn();
@@ -72,7 +87,11 @@ impl NatsServer {
         assert!(self.child.is_none(), "nats-server is already running");
         self.starts += 1;
         let store = self.dir.path().join("js");
-        let child = Command::new("nats-server")
+        let mut command = Command::new("nats-server");
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
+        }
+        let child = command
             .args(["-js", "-sd"])
             .arg(&store)
             .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-l"])

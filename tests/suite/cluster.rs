@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::cluster::{wait_linked, write_node_config, Node};
+use common::cluster::{write_node_config, Node};
 use common::nats::NatsServer;
 use common::rumq::V5;
 use common::{v5, RawClient, WAIT};
@@ -23,19 +23,7 @@ use rumqttc::v5::mqttbytes::v5::{PublishProperties, SubscribeReasonCode};
 
 /// NATS and `count` linked nodes (`a`, `b`, `c`, ...) with `extra` `[cluster]` keys.
 async fn cluster(count: usize, extra: &str) -> (NatsServer, Vec<Node>) {
-    let nats = tokio::task::block_in_place(NatsServer::start);
-    let mut nodes = Vec::new();
-    for id in ["a", "b", "c"].into_iter().take(count) {
-        nodes.push(Node::start_async(id, &nats.url(), extra).await);
-    }
-    for from in &nodes {
-        for to in &nodes {
-            if from.id != to.id {
-                wait_linked(from, to).await;
-            }
-        }
-    }
-    (nats, nodes)
+    common::cluster::start_cluster(count, extra).await
 }
 
 fn rqos(q: u8) -> rumqttc::v5::mqttbytes::QoS {

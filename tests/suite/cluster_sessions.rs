@@ -2,7 +2,9 @@
 //! and real `postbox` nodes: a persistent session moves to another node with its queue, a
 //! node killed with `kill -9` loses none of what it acknowledged for its offline sessions,
 //! takeover across nodes has one winner and closes the other connection with 0x8E, and a
-//! shared group with members on two nodes gets each message once.
+//! shared group with members on two nodes gets each message once, and what a member's ended
+//! session held goes to a member on another node; a session a node cannot replay is refused
+//! there and kept whole.
 
 use crate::common;
 
@@ -128,6 +130,68 @@ async fn a_persistent_session_moves_to_another_node_with_its_queue() {
     let live = receive_distinct(&mut back, 3).await;
     assert_ordered(&numbers(&live, "back-b"), 3);
     v5::disconnect(back).await;
+}
+
+/// Issue 17: a session resumed on another node "receives what was queued while it was away"
+/// — so a node that cannot replay it must not answer the CONNECT with a session missing it
+/// (brief: never acknowledge what you might lose). Node b's NATS user may not create the
+/// replay's consumer (a real permission, set in nats-server's config): its CONNACK is 0x88
+/// Server unavailable (MQTT-3.2.2-6: a refusing CONNACK has Session Present 0), not a
+/// session without its messages; the session's record keeps its cursor, so the client
+/// resumes it on node a afterwards with every message. Before the fix node b answered
+/// Session Present with no messages and recorded a cursor past them: they were lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_cannot_be_replayed_is_refused_and_kept_whole() {
+    let nats = tokio::task::block_in_place(|| {
+        NatsServer::start_with_config(Some(
+            r#"authorization {
+  users = [
+    { user: "a", password: "pa" }
+    { user: "b", password: "pb", permissions: { publish: { deny: ["$JS.API.CONSUMER.CREATE.PB_MSGS"] } } }
+  ]
+}
+"#,
+        ))
+    });
+    let url = |user: &str| format!("nats://{user}:p{user}@127.0.0.1:{}", nats.port);
+    let a = Node::start_async("a", &url("a"), "").await;
+    let b = Node::start_async("b", &url("b"), "").await;
+    common::cluster::wait_linked(&a, &b).await;
+    common::cluster::wait_linked(&b, &a).await;
+    assert!(
+        !a.log().iter().any(|line| line.contains("pa@")),
+        "node a logged its NATS password"
+    );
+
+    let (mut kept, _) = v5::connect(a.mqtt(), v5::persistent_connect("kept", 3600)).await;
+    v5::subscribe(&mut kept, "kept/#", QoS::AtLeastOnce).await;
+    v5::disconnect(kept).await;
+    let mut publisher = v5::connect_id(b.mqtt(), "kept-publisher").await;
+    publish_numbered(&mut publisher, "kept/x", "k", 10).await;
+
+    let (_refused, answer) = v5::open(b.mqtt(), v5::persistent_connect("kept", 3600)).await;
+    match answer {
+        Some(Packet::ConnAck(ack)) => {
+            assert_eq!(
+                ack.reason_code,
+                ReasonCode::SERVER_UNAVAILABLE,
+                "node b cannot replay the session, yet answered {ack:?}"
+            );
+            assert!(!ack.session_present, "MQTT-3.2.2-6");
+        }
+        other => panic!("expected a CONNACK from node b, got {other:?}"),
+    }
+    // Node b's periodic record pass (every RECORD_INTERVAL) must not have moved the cursor.
+    tokio::time::sleep(RECORD_INTERVAL * 2).await;
+
+    let (mut kept, ack) = v5::connect(a.mqtt(), v5::persistent_connect("kept", 3600)).await;
+    assert!(
+        ack.session_present,
+        "the session is still whole (MQTT-3.2.2-2)"
+    );
+    let received = receive_distinct(&mut kept, 10).await;
+    assert_ordered(&numbers(&received, "k"), 10);
+    v5::disconnect(kept).await;
 }
 
 /// Waits (bounded) for a PINGRESP: the node has read every PUBACK the client sent before
@@ -358,6 +422,88 @@ async fn a_shared_group_across_two_nodes_gets_each_message_once() {
     assert!(
         twice.is_empty(),
         "delivered to more than one member: {twice:?}"
+    );
+}
+
+/// Issue 17: "Shared subscriptions span nodes: ... QoS ≥ 1: exactly one until acknowledged,
+/// redelivered to another member if that member's session ends" (MQTT-4.8.2: a shared
+/// group's message goes to one member; the server "SHOULD" give the unacknowledged ones of
+/// a member's ended session to another). Member A (a session that ends with its
+/// connection) on node a takes jobs and acknowledges none; its connection drops; member B on
+/// node b then gets every job, A's unacknowledged ones included. Before the fix they were
+/// dropped on node a, which had no other member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_when_its_session_ends()
+{
+    let (_nats, nodes) = cluster(2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut member_a = v5::connect_id(a.mqtt(), "member-a").await;
+    let mut member_b = v5::connect_id(b.mqtt(), "member-b").await;
+    v5::subscribe(&mut member_a, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    v5::subscribe(&mut member_b, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    settle_group(&mut member_a, &mut member_b, a, b).await;
+
+    // Jobs until member A holds a few unacknowledged (JetStream splits them between the
+    // nodes' pullers as it likes); member B acknowledges what it gets.
+    let mut publisher = v5::connect_id(b.mqtt(), "jobs-publisher").await;
+    let (mut held_by_a, mut at_b) = (HashSet::new(), HashSet::new());
+    let mut published = 0u16;
+    while held_by_a.len() < 3 {
+        assert!(published < 400, "member A never got a job (of {published})");
+        for _ in 0..10 {
+            published += 1;
+            let payload = format!("job{published}");
+            let code = v5::publish(
+                &mut publisher,
+                v5::publish_packet("jobs/x", QoS::AtLeastOnce, payload.as_bytes(), published),
+            )
+            .await;
+            assert!(!code.is_error(), "{payload} refused: {code:?}");
+        }
+        while let Ok(Some(Packet::Publish(p))) =
+            member_a.recv_within(Duration::from_millis(200)).await
+        {
+            held_by_a.insert(String::from_utf8_lossy(&p.payload).into_owned()); // not acked
+        }
+        while let Ok(Some(Packet::Publish(p))) =
+            member_b.recv_within(Duration::from_millis(50)).await
+        {
+            v5::ack(&mut member_b, &p).await;
+            at_b.insert(String::from_utf8_lossy(&p.payload).into_owned());
+        }
+    }
+    // Member A's session ends with its connection (expiry 0).
+    drop(member_a);
+
+    let all: HashSet<String> = (1..=published).map(|n| format!("job{n}")).collect();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !all.is_subset(&at_b) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match member_b
+            .recv_within(left.min(Duration::from_millis(500)))
+            .await
+        {
+            Ok(Some(Packet::Publish(p))) => {
+                v5::ack(&mut member_b, &p).await;
+                at_b.insert(String::from_utf8_lossy(&p.payload).into_owned());
+            }
+            _ if tokio::time::Instant::now() >= deadline => {
+                let missing: Vec<_> = all.difference(&at_b).collect();
+                let lost_of_a: Vec<_> =
+                    missing.iter().filter(|m| held_by_a.contains(**m)).collect();
+                panic!(
+                    "member B never got {} jobs ({} of them held by member A when its session ended): {missing:?}",
+                    missing.len(),
+                    lost_of_a.len()
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        a.metric(r#"postbox_messages_dropped_total{reason="no_subscribers",qos="1"}"#),
+        0.0,
+        "node a counted a job as dropped"
     );
 }
 

@@ -359,10 +359,29 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         protocol: version,
     });
     if let Some(cluster) = broker.cluster() {
-        if let Some(restore) = restore.filter(|_| !attached.session_present) {
-            cluster
+        if let Some(restore) = restore {
+            // Found here after all (a racing CONNECT resumed it): nothing to rebuild.
+            let restore = if attached.session_present {
+                crate::broker::Restore::default()
+            } else {
+                restore
+            };
+            if !cluster
                 .restore(broker, attached.handle.session(), restore)
+                .await
+            {
+                // Discarded: a CONNACK with a session missing what it held would lose it.
+                tracing::info!(%peer, client = %attached.handle.client_id(), "refusing CONNECT: the session could not be rebuilt from the cluster");
+                let why = "the cluster cannot rebuild the session now";
+                return reject(
+                    io,
+                    &broker.metrics,
+                    version,
+                    ReasonCode::SERVER_UNAVAILABLE,
+                    Some((why, &connect)),
+                )
                 .await;
+            }
             attached.session_present = true;
         }
         if let Some(claimed) = claimed {
