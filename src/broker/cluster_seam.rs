@@ -35,6 +35,32 @@ pub struct Restore {
     )>,
     /// First stream sequence to replay.
     pub cursor: u64,
+    /// QoS 2 deliveries the session had in flight: packet id and stream sequence (0: its
+    /// PUBREL was sent, the PUBCOMP had not come). Sent again with the same packet ids, so
+    /// the client receives each message once across the move (MQTT-4.3.3, MQTT-4.4.0-1).
+    pub qos2: Vec<(u16, u64)>,
+}
+
+/// A PUBLISH admitted by [`ClusterSeam::admit`]: its local id, and (QoS 1/2) a hold on the
+/// node's publish fence until it has been routed here and handed to the cluster. A session
+/// being restored here takes the fence whole while it subscribes, so each of this node's own
+/// messages was either routed before (and is replayed) or is routed after (and delivered
+/// live): never both (a QoS 2 duplicate), never neither (a loss).
+#[derive(Debug)]
+pub struct ClusterAdmission<'a> {
+    /// This node's order of admission ([`ClusterSeam::forward`]).
+    pub local_id: u64,
+    _fence: Option<parking_lot::RwLockReadGuard<'a, ()>>,
+}
+
+impl<'a> ClusterAdmission<'a> {
+    /// An admission holding `fence` (if any) until dropped.
+    pub fn new(local_id: u64, fence: Option<parking_lot::RwLockReadGuard<'a, ()>>) -> Self {
+        ClusterAdmission {
+            local_id,
+            _fence: fence,
+        }
+    }
 }
 
 /// Why a CONNECT could not claim its session cluster-wide (CONNACK 0x88 Server unavailable).
@@ -47,12 +73,17 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// Before a client's PUBLISH is routed: whether this node can make it durable
     /// cluster-wide. A QoS 1/2 message is refused while the cluster link is down or its
     /// queue to the engine is full, before anyone got it (v5 0x97, 3.x disconnect). `Ok`
-    /// carries the message's local id, handed back to [`ClusterSeam::forward`].
+    /// carries the message's local id, handed back to [`ClusterSeam::forward`], and holds
+    /// the publish fence: keep it until the message is routed and forwarded.
     ///
     /// # Errors
     ///
     /// Why the message cannot be taken now.
-    fn admit(&self, qos: QoS) -> Result<u64, PublishRefused>;
+    fn admit(&self, qos: QoS) -> Result<ClusterAdmission<'_>, PublishRefused>;
+
+    /// The publish fence for a message the broker itself publishes (a will): held from
+    /// before it is routed until it is forwarded, as [`ClusterAdmission`] holds it.
+    fn fence(&self) -> parking_lot::RwLockReadGuard<'_, ()>;
 
     /// After local routing: hands the message to the other nodes, once (not per
     /// subscriber), with the local id [`ClusterSeam::admit`] gave it (`None`: take one now).
@@ -130,12 +161,17 @@ impl Broker {
         Some(Broker::view_of(&session))
     }
 
-    /// [`ClusterSeam::admit`] when clustered (the local id); `Ok(None)` otherwise.
-    pub(crate) fn cluster_admit(&self, qos: QoS) -> Result<Option<u64>, PublishRefused> {
+    /// [`ClusterSeam::admit`] when clustered; `Ok(None)` otherwise.
+    pub(crate) fn cluster_admit(&self, qos: QoS) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
         match self.cluster.get() {
             Some(cluster) => cluster.admit(qos).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// [`ClusterSeam::fence`] when clustered.
+    pub(crate) fn cluster_fence(&self) -> Option<parking_lot::RwLockReadGuard<'_, ()>> {
+        self.cluster.get().map(|cluster| cluster.fence())
     }
 
     /// [`ClusterSeam::forward`] when clustered, joined with the local commit `local`: the
@@ -180,8 +216,12 @@ pub struct HeldSession {
         Option<u32>,
     )>,
     /// The lowest cluster stream sequence among the QoS 1/2 messages it holds (queued or in
-    /// flight) whose sequence is known; `None` when it holds none.
+    /// flight, not counting QoS 2 ones the client has received) whose sequence is known;
+    /// `None` when it holds none.
     pub lowest_pending_seq: Option<u64>,
+    /// Its QoS 2 deliveries in flight: packet id and stream sequence, 0 once the client has
+    /// the message (PUBREL sent). Deliveries of unknown sequence are left out.
+    pub qos2: Vec<(u16, u64)>,
     /// A connection holds it now.
     pub connected: bool,
     /// The will waiting for its delay after an abnormal close, and when it is due (unix ms).
@@ -197,9 +237,25 @@ impl Broker {
             .iter()
             .filter(|d| d.qos != QoS::AtMostOnce)
             .map(|d| &d.message)
-            .chain(st.inflight.iter().map(|i| &i.delivery.message))
+            .chain(
+                st.inflight
+                    .iter()
+                    .filter(|i| i.stage != super::OutboundStage::AwaitPubComp)
+                    .map(|i| &i.delivery.message),
+            )
             .filter_map(|m| m.cluster_seq())
             .min();
+        let qos2 = st
+            .inflight
+            .iter()
+            .filter_map(|i| match i.stage {
+                super::OutboundStage::AwaitPubComp => Some((i.packet_id, 0)),
+                super::OutboundStage::AwaitPubRec => {
+                    i.delivery.message.cluster_seq().map(|seq| (i.packet_id, seq))
+                }
+                super::OutboundStage::AwaitPubAck => None,
+            })
+            .collect();
         let mut subscriptions: Vec<_> = st
             .subscriptions
             .iter()
@@ -211,6 +267,7 @@ impl Broker {
             expiry_interval: st.expiry_interval,
             subscriptions,
             lowest_pending_seq,
+            qos2,
             connected: st.connection.is_some(),
             pending_will: st
                 .pending_will
@@ -254,6 +311,43 @@ impl Broker {
             st.end_stall();
         }
         self.end_session(session);
+    }
+
+    /// A QoS 2 delivery the session had in flight on another node, restored with its packet
+    /// id: `delivery` sent again (DUP) awaiting PUBREC, or, with none, a PUBREL sent again
+    /// awaiting PUBCOMP. In memory only: the cluster's record keeps it until it completes.
+    /// Ignored if the packet id is in flight here already.
+    pub fn restore_cluster_inflight(
+        &self,
+        session: &Arc<super::Session>,
+        packet_id: u16,
+        delivery: Option<super::Delivery>,
+    ) {
+        let mut st = session.lock();
+        if packet_id == 0 || st.inflight.iter().any(|i| i.packet_id == packet_id) {
+            return;
+        }
+        let (delivery, stage) = match delivery {
+            Some(delivery) => (delivery, super::OutboundStage::AwaitPubRec),
+            None => (
+                super::Delivery {
+                    // Not sent again: a PUBREL carries no message.
+                    message: Arc::new(Message::released_placeholder()),
+                    qos: QoS::ExactlyOnce,
+                    retain: false,
+                    subscription_ids: smallvec::SmallVec::new(),
+                    seq: None,
+                    shared: None,
+                },
+                super::OutboundStage::AwaitPubComp,
+            ),
+        };
+        st.inflight.push_back(super::session::Inflight {
+            packet_id,
+            delivery,
+            stage,
+            deliveries: 1,
+        });
     }
 
     /// Whether a session with this client id exists on this node.

@@ -452,8 +452,9 @@ impl SessionHandle {
             });
         }
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
-        let local_id = match self.broker.cluster_admit(qos) {
-            Ok(local_id) => local_id,
+        // Held until the message is routed here and handed to the cluster.
+        let admission = match self.broker.cluster_admit(qos) {
+            Ok(admission) => admission,
             Err(refused) => {
                 if qos == QoS::ExactlyOnce {
                     self.session.lock().forget_inbound(packet_id);
@@ -461,6 +462,7 @@ impl SessionHandle {
                 return Err(refused);
             }
         };
+        let local_id = admission.as_ref().map(|a| a.local_id);
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
         let inbound = receipt
             .store_id
@@ -498,6 +500,7 @@ impl SessionHandle {
                 }
                 super::Gate::DeadLettered { gate } => Ok((ReasonCode::SUCCESS, gate, None)),
             });
+        drop(admission);
         match routed {
             Ok((reason, gate, pressure)) => Ok(Published {
                 answer: Answer { reason, gate },

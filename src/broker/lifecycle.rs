@@ -215,6 +215,7 @@ impl Broker {
         }
         self.metrics.will_messages_published.increment(1);
         let message = Arc::new(Message::from_will(will));
+        let _fence = self.cluster_fence();
         match self.publish(Arc::clone(&message), None) {
             // Clustered, the other nodes' subscribers get it too (nobody waits for the ack).
             Ok(_) => drop(self.cluster_forward(&message, None, None)),
@@ -231,6 +232,7 @@ impl Broker {
             return;
         }
         self.metrics.will_messages_published.increment(1);
+        let _fence = self.cluster_fence();
         match self.publish(Arc::clone(message), None) {
             Ok(_) => drop(self.cluster_forward(message, None, None)),
             Err(error) => tracing::warn!(%error, "will message refused by the durable store"),

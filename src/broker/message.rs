@@ -142,6 +142,24 @@ impl Message {
         }
     }
 
+    /// The message of a QoS 2 delivery restored at its PUBREL stage from another node
+    /// (`ClusterSeam::restore`): only its PUBREL is ever sent again, so nothing of it is
+    /// kept.
+    pub fn released_placeholder() -> Message {
+        Message::from_publish(
+            Publish {
+                dup: false,
+                qos: QoS::ExactlyOnce,
+                retain: false,
+                topic: ByteString::new(),
+                packet_id: 0,
+                payload: Bytes::new(),
+                properties: PublishProperties::default(),
+            },
+            None,
+        )
+    }
+
     /// Turns a will into an ordinary message from nobody (so No Local never suppresses it),
     /// forwarding its properties (MQTT 5 §3.1.3.2).
     pub fn from_will(will: LastWill) -> Message {

@@ -25,7 +25,7 @@ pub(super) fn spawn(
     config: ClusterConfig,
     cluster: Arc<Cluster>,
     broker: Weak<Broker>,
-    outgoing: mpsc::UnboundedReceiver<outbound::Outgoing>,
+    outgoing: mpsc::UnboundedReceiver<outbound::Queued>,
 ) {
     tokio::spawn(run(config, cluster, broker, outgoing));
 }
@@ -34,7 +34,7 @@ async fn run(
     config: ClusterConfig,
     cluster: Arc<Cluster>,
     broker: Weak<Broker>,
-    outgoing: mpsc::UnboundedReceiver<outbound::Outgoing>,
+    outgoing: mpsc::UnboundedReceiver<outbound::Queued>,
 ) {
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let options = async_nats::ConnectOptions::new()

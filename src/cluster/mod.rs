@@ -42,7 +42,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::broker::cluster_seam::SeamFuture;
 use crate::broker::{
-    Broker, ClaimRefused, Claimed, ClusterSeam, Message, PublishRefused, Restore, Session,
+    ClusterAdmission, Broker, ClaimRefused, Claimed, ClusterSeam, Message, PublishRefused, Restore, Session,
 };
 use crate::codec::QoS;
 use crate::config::ClusterConfig;
@@ -77,7 +77,7 @@ pub struct Cluster {
     /// `[cluster] max_pending`.
     max_pending: usize,
     /// The outbound queue (unbounded channel; `pending` is its bound, checked at admission).
-    outbound: tokio::sync::mpsc::UnboundedSender<outbound::Outgoing>,
+    outbound: tokio::sync::mpsc::UnboundedSender<outbound::Queued>,
     /// Metric handles.
     metrics: ClusterMetrics,
     /// The next local id ([`ClusterSeam::admit`]): this node's order of admission.
@@ -95,6 +95,10 @@ pub struct Cluster {
     /// restored session subscribes and reads the floor: so each message is either routed
     /// to it live or replayed, not both, not neither.
     gate: parking_lot::Mutex<()>,
+    /// Held (shared) by each QoS 1/2 PUBLISH of this node from its admission until it is
+    /// routed and forwarded; held whole by a restore while it subscribes and reads
+    /// `next_local_id` ([`crate::broker::ClusterAdmission`]).
+    fence: parking_lot::RwLock<()>,
     /// JetStream, once the link is up (for claims and replays).
     js: OnceLock<async_nats::jetstream::Context>,
     /// The session records, once the link is up.
@@ -125,6 +129,7 @@ impl Cluster {
             floors: parking_lot::Mutex::default(),
             seen_seq: AtomicU64::new(0),
             gate: parking_lot::Mutex::new(()),
+            fence: parking_lot::RwLock::new(()),
             js: OnceLock::new(),
             sessions: sessions::Records::new(crate::storage::now_unix_ms()),
             liveness: nodes::Liveness::default(),
@@ -196,18 +201,30 @@ impl Cluster {
 }
 
 impl ClusterSeam for Cluster {
-    fn admit(&self, qos: QoS) -> Result<u64, PublishRefused> {
+    fn admit(&self, qos: QoS) -> Result<ClusterAdmission<'_>, PublishRefused> {
         let why = if qos == QoS::AtMostOnce {
-            return Ok(self.next_local_id.fetch_add(1, Ordering::AcqRel));
+            // Never replayed: no fence.
+            let local_id = self.next_local_id.fetch_add(1, Ordering::AcqRel);
+            return Ok(ClusterAdmission::new(local_id, None));
         } else if !self.is_up() {
             "NATS is unreachable"
         } else if self.pending.load(Ordering::Acquire) >= self.max_pending {
             "too many messages wait for NATS (cluster.max_pending)"
         } else {
-            return Ok(self.next_local_id.fetch_add(1, Ordering::AcqRel));
+            // The fence before the id: a restore that read the next id saw every message
+            // below it routed.
+            let fence = self.fence();
+            let local_id = self.next_local_id.fetch_add(1, Ordering::AcqRel);
+            return Ok(ClusterAdmission::new(local_id, Some(fence)));
         };
         self.metrics.refused.increment(1);
         Err(PublishRefused::ClusterUnavailable(why))
+    }
+
+    fn fence(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        // Recursive: a will published while this thread routes a message under the fence
+        // must not wait behind a restore waiting for that very fence.
+        self.fence.read_recursive()
     }
 
     fn forward(&self, message: &Arc<Message>, local_id: Option<u64>) -> Option<Durable> {
@@ -250,7 +267,7 @@ impl ClusterSeam for Cluster {
             done,
             subject: None,
         };
-        if self.outbound.send(outgoing).is_err() {
+        if self.outbound.send(outbound::Queued::Message(outgoing)).is_err() {
             // The tasks are gone (shutdown): the sender dropped with the message answers
             // its waiter with "closed".
             self.settled();
@@ -306,7 +323,7 @@ impl ClusterSeam for Cluster {
             done: None,
             subject: Some(shared::regroup_subject(group)),
         };
-        if self.outbound.send(outgoing).is_err() {
+        if self.outbound.send(outbound::Queued::Message(outgoing)).is_err() {
             self.settled();
             return false;
         }

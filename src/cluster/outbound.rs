@@ -18,6 +18,17 @@ use super::{subject, Cluster, QOS0_SUBJECTS, RETAINED_BUCKET, STREAM_SUBJECTS};
 use crate::codec::QoS;
 use crate::storage::StorageError;
 
+/// What the outbound queue carries.
+#[derive(Debug)]
+pub enum Queued {
+    /// A message to send.
+    Message(Outgoing),
+    /// Answered once every message queued before it is acknowledged or failed: a restore's
+    /// replay waits for it, so this node's own messages routed before the session
+    /// subscribed here are in the stream when the replay reads it.
+    Barrier(oneshot::Sender<()>),
+}
+
 /// One message for the other nodes.
 #[derive(Debug)]
 pub struct Outgoing {
@@ -44,6 +55,8 @@ struct Awaiting {
     message: Option<Arc<crate::broker::Message>>,
     acks: [Option<PublishAckFuture>; 2],
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
+    /// A [`Queued::Barrier`] (no message).
+    barrier: Option<oneshot::Sender<()>>,
 }
 
 /// Starts the publishing and acknowledging tasks.
@@ -52,12 +65,24 @@ pub(super) fn spawn(
     js: jetstream::Context,
     cluster: Arc<Cluster>,
     timeout: Duration,
-    mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
+    mut outgoing: mpsc::UnboundedReceiver<Queued>,
 ) {
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
     tokio::spawn(acknowledge(Arc::clone(&cluster), timeout, acks_rx));
     tokio::spawn(async move {
-        while let Some(out) = outgoing.recv().await {
+        while let Some(queued) = outgoing.recv().await {
+            let out = match queued {
+                Queued::Message(out) => out,
+                Queued::Barrier(barrier) => {
+                    let _ = acks_tx.send(Awaiting {
+                        message: None,
+                        acks: [None, None],
+                        done: None,
+                        barrier: Some(barrier),
+                    });
+                    continue;
+                }
+            };
             let bytes = out.frame.len() as u64;
             if out.qos != QoS::AtMostOnce {
                 // Its sequence will be above everything seen so far: a floor for the
@@ -86,6 +111,7 @@ pub(super) fn spawn(
                                 message: out.message,
                                 acks: [Some(stream), Some(ack)],
                                 done: out.done,
+                                barrier: None,
                             },
                             Err(error) => {
                                 fail(&cluster, out.done, &error);
@@ -125,6 +151,7 @@ pub(super) fn spawn(
                         message: out.message,
                         acks: [Some(ack), None],
                         done: out.done,
+                        barrier: None,
                     });
                     count_out(&cluster, bytes);
                 }
@@ -161,6 +188,10 @@ async fn acknowledge(
     mut acks: mpsc::UnboundedReceiver<Awaiting>,
 ) {
     while let Some(awaiting) = acks.recv().await {
+        if let Some(barrier) = awaiting.barrier {
+            let _ = barrier.send(());
+            continue;
+        }
         let mut result = Ok(());
         for (i, ack) in awaiting.acks.into_iter().enumerate() {
             let Some(ack) = ack else {

@@ -109,6 +109,10 @@ pub(super) struct Record {
     /// Claimed with Clean Start: the previous owner hands nothing over (MQTT-3.1.2-4).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) fresh: bool,
+    /// QoS 2 deliveries in flight: packet id and stream sequence (0: PUBREL sent, awaiting
+    /// PUBCOMP). The next owner sends them again with their packet ids ([`Restore::qos2`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) q2: Vec<(u16, u64)>,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -201,6 +205,7 @@ impl Record {
                 .collect(),
             cursor,
             handed: false,
+            q2: view.qos2.clone(),
         }
     }
 
@@ -223,6 +228,7 @@ impl Record {
                 })
                 .collect(),
             cursor: self.cursor,
+            qos2: self.q2.clone(),
         }
     }
 }
@@ -336,6 +342,7 @@ pub(super) async fn claim(
             // Until the previous owner hands over, its last record stands in.
             mine.subs.clone_from(&previous.subs);
             mine.cursor = previous.cursor;
+            mine.q2.clone_from(&previous.q2);
         }
         let written = match last {
             Some(last) => bucket
@@ -480,18 +487,33 @@ pub(super) async fn restore(
         session,
         done: false,
     };
-    let (floor, local_floor) = {
-        // Subscribed and the floor read as one step against the consumer's routing.
+    let replays = !restore.subscriptions.is_empty() && restore.cursor > 0;
+    let (floor, local_floor, sent) = {
+        // Subscribed and the floors read as one step against the consumer's routing (the
+        // gate) and this node's own publishers (the fence: each of their messages was
+        // routed before, below `local_floor`, or will be after).
         let _gate = cluster.gate.lock();
+        let _fence = cluster.fence.write();
         for (filter, options, id) in &restore.subscriptions {
             broker.subscribe(session, filter, *options, *id);
         }
+        // PUBRELs to send again (MQTT-4.4.0-1): the client has those messages.
+        for &(packet_id, _) in restore.qos2.iter().filter(|(_, seq)| *seq == 0) {
+            broker.restore_cluster_inflight(session, packet_id, None);
+        }
+        // Answered when this node's messages routed before are all in the stream.
+        let sent = replays.then(|| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = cluster.outbound.send(super::outbound::Queued::Barrier(tx));
+            rx
+        });
         (
             cluster.node_floor(),
             cluster.next_local_id.load(Ordering::Acquire),
+            sent,
         )
     };
-    if restore.subscriptions.is_empty() || restore.cursor == 0 {
+    if !replays {
         unrestored.done = true;
         return true;
     }
@@ -501,7 +523,13 @@ pub(super) async fn restore(
     };
     match tokio::time::timeout(
         REPLAY_LIMIT,
-        replay(cluster, js, broker, session, &restore, floor, local_floor),
+        async {
+            if let Some(sent) = sent {
+                sent.await
+                    .map_err(|_| "the queue to NATS is gone (shutting down)")?;
+            }
+            replay(cluster, js, broker, session, &restore, floor, local_floor).await
+        },
     )
     .await
     {
@@ -635,6 +663,27 @@ fn enqueue_matching(
     let qos = message.qos.min(granted);
     if qos == QoS::AtMostOnce {
         return false;
+    }
+    if qos == QoS::ExactlyOnce {
+        let seq = message.cluster_seq();
+        if let Some(&(packet_id, _)) = restore
+            .qos2
+            .iter()
+            .find(|(_, s)| *s != 0 && Some(*s) == seq)
+        {
+            // Sent before with this packet id and not yet received: sent again with it
+            // (DUP), so the client takes it once (MQTT-4.3.3).
+            let delivery = crate::broker::Delivery {
+                message,
+                qos,
+                retain,
+                subscription_ids: ids,
+                seq: None,
+                shared: None,
+            };
+            broker.restore_cluster_inflight(session, packet_id, Some(delivery));
+            return true;
+        }
     }
     match broker.enqueue_for(session, message, qos, retain, ids) {
         Ok(_) => true,

@@ -110,6 +110,25 @@ async fn the_wills_of_a_dead_nodes_clients_are_published_once_by_another_node() 
             );
         }
     }
+    // One adopter per session (compare-and-set on the record), though both surviving nodes
+    // found it: the will's own compare-and-set would hide a double adoption from the
+    // subscribers, not from the record.
+    for client in ["will-clean", "will-kept"] {
+        let field = format!("client={client} ");
+        let adoptions: usize = nodes[1..]
+            .iter()
+            .map(|node| {
+                node.log()
+                    .iter()
+                    .filter(|line| {
+                        line.contains("adopted the session of a dead node")
+                            && format!("{line} ").contains(&field)
+                    })
+                    .count()
+            })
+            .sum();
+        assert_eq!(adoptions, 1, "{client} adopted by one node");
+    }
 }
 
 /// MQTT-3.1.2-8 / MQTT-3.1.3-9 (a will waits for its Will Delay Interval, or for the session

@@ -194,6 +194,104 @@ async fn a_session_that_cannot_be_replayed_is_refused_and_kept_whole() {
     v5::disconnect(kept).await;
 }
 
+/// Issue 17 ("reaches every matching subscriber on every node, once, at the granted QoS")
+/// and MQTT-4.3.3 (QoS 2: exactly once) across a move: a QoS 2 session moves to the node
+/// where its publisher keeps publishing, and back, three times, while the messages flow;
+/// every message arrives, none twice. The node's own messages routed just before the
+/// session subscribes there are replayed, those routed after are delivered live: a message
+/// on the edge must be one or the other (the publish fence), and must be in the stream
+/// before the replay reads it (the outbound barrier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qos2_session_moving_to_its_publishers_node_gets_each_message_exactly_once() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::sync::Arc;
+
+    let (_nats, nodes) = cluster(2).await;
+    let (mut first, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("mover2", 3600)).await;
+    v5::subscribe(&mut first, "m2/#", QoS::ExactlyOnce).await;
+    v5::disconnect(first).await;
+
+    const EACH: u16 = 150;
+    let mut got: HashMap<String, usize> = HashMap::new();
+    // The client's QoS 2 state, kept across its connections as a persistent client keeps it.
+    let mut awaiting_release: HashSet<u16> = HashSet::new();
+    for round in 0..3u16 {
+        // The publisher on the node the session moves to, publishing as it moves.
+        let to = &nodes[usize::from(round % 2 == 0)];
+        let progress = Arc::new(AtomicU16::new(0));
+        let mut publisher = v5::connect_id(to.mqtt(), &format!("m2-pub-{round}")).await;
+        let publishing = {
+            let progress = Arc::clone(&progress);
+            tokio::spawn(async move {
+                for n in 1..=EACH {
+                    let payload = format!("r{round}-{n}");
+                    let code = v5::publish(
+                        &mut publisher,
+                        v5::publish_packet("m2/x", QoS::ExactlyOnce, payload.as_bytes(), n),
+                    )
+                    .await;
+                    assert!(!code.is_error(), "{payload} refused: {code:?}");
+                    progress.store(n, Ordering::Release);
+                }
+                v5::disconnect(publisher).await;
+            })
+        };
+        // Moves while about a third has been published.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while progress.load(Ordering::Acquire) < EACH / 3 {
+            assert!(tokio::time::Instant::now() < deadline, "round {round}: publisher stuck");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (mut mover, ack) =
+            v5::connect(to.mqtt(), v5::persistent_connect("mover2", 3600)).await;
+        assert!(ack.session_present, "round {round}: MQTT-3.2.2-2");
+        publishing.await.expect("publisher");
+        // Everything of this round (and anything left of earlier ones).
+        let want: usize = usize::from(EACH) * usize::from(round + 1);
+        receive_exactly_once(&mut mover, &mut awaiting_release, &mut got, want).await;
+        v5::disconnect(mover).await;
+    }
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "QoS 2 delivered more than once (MQTT-4.3.3): {twice:?}");
+}
+
+/// A QoS 2 receiver as MQTT-4.3.3 describes it, until `want` distinct payloads arrived
+/// (bounded by `WAIT`): a PUBLISH is taken (counted in `got`) unless its packet id awaits a
+/// PUBREL (then it is the same message again, MQTT-4.3.3-9), and answered with PUBREC; a
+/// PUBREL frees its id and is answered with PUBCOMP (MQTT-4.3.3-11). `awaiting` is the
+/// client's state, kept by the caller across connections.
+async fn receive_exactly_once(
+    c: &mut RawClient,
+    awaiting: &mut HashSet<u16>,
+    got: &mut HashMap<String, usize>,
+    want: usize,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while got.len() < want {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match c.recv_within(left).await {
+            Ok(Some(Packet::Publish(p))) => {
+                assert_eq!(p.qos, QoS::ExactlyOnce, "granted QoS 2");
+                if awaiting.insert(p.packet_id) {
+                    *got
+                        .entry(String::from_utf8_lossy(&p.payload).into_owned())
+                        .or_default() += 1;
+                }
+                c.send(&Packet::PubRec(postbox::codec::PubResponse::new(p.packet_id)))
+                    .await;
+            }
+            Ok(Some(Packet::PubRel(r))) => {
+                awaiting.remove(&r.packet_id);
+                c.send(&Packet::PubComp(postbox::codec::PubResponse::new(r.packet_id)))
+                    .await;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("closed with {} of {want} messages", got.len()),
+            Err(()) => panic!("only {} of {want} messages arrived", got.len()),
+        }
+    }
+}
+
 /// Waits (bounded) for a PINGRESP: the node has read every PUBACK the client sent before
 /// (one connection's packets are handled in order).
 async fn acknowledged(c: &mut RawClient) {
