@@ -162,7 +162,10 @@ impl Broker {
     }
 
     /// [`ClusterSeam::admit`] when clustered; `Ok(None)` otherwise.
-    pub(crate) fn cluster_admit(&self, qos: QoS) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
+    pub(crate) fn cluster_admit(
+        &self,
+        qos: QoS,
+    ) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
         match self.cluster.get() {
             Some(cluster) => cluster.admit(qos).map(Some),
             None => Ok(None),
@@ -250,9 +253,11 @@ impl Broker {
             .iter()
             .filter_map(|i| match i.stage {
                 super::OutboundStage::AwaitPubComp => Some((i.packet_id, 0)),
-                super::OutboundStage::AwaitPubRec => {
-                    i.delivery.message.cluster_seq().map(|seq| (i.packet_id, seq))
-                }
+                super::OutboundStage::AwaitPubRec => i
+                    .delivery
+                    .message
+                    .cluster_seq()
+                    .map(|seq| (i.packet_id, seq)),
                 super::OutboundStage::AwaitPubAck => None,
             })
             .collect();

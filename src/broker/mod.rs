@@ -15,7 +15,9 @@ mod arrival_order;
 mod backlog;
 pub mod cluster_seam;
 pub use backlog::Backlog;
-pub use cluster_seam::{ClaimRefused, ClusterAdmission, Claimed, ClusterSeam, HeldSession, Restore};
+pub use cluster_seam::{
+    ClaimRefused, Claimed, ClusterAdmission, ClusterSeam, HeldSession, Restore,
+};
 mod dedup_spool;
 pub mod flow;
 mod guarantees;

@@ -42,7 +42,8 @@ use std::sync::{Arc, OnceLock};
 
 use crate::broker::cluster_seam::SeamFuture;
 use crate::broker::{
-    ClusterAdmission, Broker, ClaimRefused, Claimed, ClusterSeam, Message, PublishRefused, Restore, Session,
+    Broker, ClaimRefused, Claimed, ClusterAdmission, ClusterSeam, Message, PublishRefused, Restore,
+    Session,
 };
 use crate::codec::QoS;
 use crate::config::ClusterConfig;
@@ -267,7 +268,11 @@ impl ClusterSeam for Cluster {
             done,
             subject: None,
         };
-        if self.outbound.send(outbound::Queued::Message(outgoing)).is_err() {
+        if self
+            .outbound
+            .send(outbound::Queued::Message(outgoing))
+            .is_err()
+        {
             // The tasks are gone (shutdown): the sender dropped with the message answers
             // its waiter with "closed".
             self.settled();
@@ -323,7 +328,11 @@ impl ClusterSeam for Cluster {
             done: None,
             subject: Some(shared::regroup_subject(group)),
         };
-        if self.outbound.send(outbound::Queued::Message(outgoing)).is_err() {
+        if self
+            .outbound
+            .send(outbound::Queued::Message(outgoing))
+            .is_err()
+        {
             self.settled();
             return false;
         }

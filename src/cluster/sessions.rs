@@ -521,16 +521,13 @@ pub(super) async fn restore(
         tracing::warn!(client = %session.client_id, "cluster: a resumed session cannot be replayed before NATS is reached; refusing its CONNECT");
         return false;
     };
-    match tokio::time::timeout(
-        REPLAY_LIMIT,
-        async {
-            if let Some(sent) = sent {
-                sent.await
-                    .map_err(|_| "the queue to NATS is gone (shutting down)")?;
-            }
-            replay(cluster, js, broker, session, &restore, floor, local_floor).await
-        },
-    )
+    match tokio::time::timeout(REPLAY_LIMIT, async {
+        if let Some(sent) = sent {
+            sent.await
+                .map_err(|_| "the queue to NATS is gone (shutting down)")?;
+        }
+        replay(cluster, js, broker, session, &restore, floor, local_floor).await
+    })
     .await
     {
         Ok(Ok(n)) => {
