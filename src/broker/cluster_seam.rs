@@ -114,7 +114,8 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     fn session_changed(&self, client_id: &str);
 
     /// A QoS 1/2 message of shared group `group` that a session ending here still held
-    /// (queued, or sent and not acknowledged), with no other member of the group on this
+    /// (queued, or a QoS 1 one sent and not acknowledged; a QoS 2 one already sent is
+    /// dropped, MQTT-4.8.2-5), with no other member of the group on this
     /// node: given back to the group cluster-wide, so a member on another node gets it
     /// (a group's message is redelivered to another member when its member's session ends).
     /// False when it cannot be (QoS 0, or the engine is unreachable or its queue full): the
@@ -132,6 +133,7 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
         &'a self,
         broker: &'a Arc<Broker>,
         session: &'a Arc<super::Session>,
+        generation: u64,
         restore: Restore,
     ) -> SeamFuture<'a, bool>;
 }
@@ -292,6 +294,12 @@ impl Broker {
             .collect()
     }
 
+    /// Whether the connection of `generation` still holds `session` (a newer CONNECT of the
+    /// client may have taken it meanwhile).
+    pub fn is_held_by(&self, session: &super::Session, generation: u64) -> bool {
+        session.lock().is_owned_by(generation)
+    }
+
     /// Ends `session`, attached by a CONNECT whose cluster restore failed: the CONNECT is
     /// refused, so its will never took effect and nobody is told of a takeover; the session
     /// leaves no trace here (the cluster's record still holds what it had).
@@ -321,16 +329,17 @@ impl Broker {
     /// A QoS 2 delivery the session had in flight on another node, restored with its packet
     /// id: `delivery` sent again (DUP) awaiting PUBREC, or, with none, a PUBREL sent again
     /// awaiting PUBCOMP. In memory only: the cluster's record keeps it until it completes.
-    /// Ignored if the packet id is in flight here already.
+    /// Not done if the packet id is in flight here already: the delivery is given back.
+    #[must_use]
     pub fn restore_cluster_inflight(
         &self,
         session: &Arc<super::Session>,
         packet_id: u16,
         delivery: Option<super::Delivery>,
-    ) {
+    ) -> Option<super::Delivery> {
         let mut st = session.lock();
         if packet_id == 0 || st.inflight.iter().any(|i| i.packet_id == packet_id) {
-            return;
+            return delivery;
         }
         let (delivery, stage) = match delivery {
             Some(delivery) => (delivery, super::OutboundStage::AwaitPubRec),
@@ -353,6 +362,7 @@ impl Broker {
             stage,
             deliveries: 1,
         });
+        None
     }
 
     /// Whether a session with this client id exists on this node.

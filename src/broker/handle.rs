@@ -107,6 +107,12 @@ impl SessionHandle {
         &self.session
     }
 
+    /// The generation of the connection this handle belongs to: whether it still holds the
+    /// session (`SessionState::is_owned_by`).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// The client id of the session.
     pub fn client_id(&self) -> &ByteString {
         &self.session.client_id

@@ -8,8 +8,8 @@ use async_nats::jetstream::{self, stream};
 use tokio::sync::mpsc;
 
 use super::{
-    inbound, outbound, Cluster, NODES_BUCKET, REGROUP_SUBJECTS, RETAINED_BUCKET, SESSIONS_BUCKET,
-    STREAM, STREAM_SUBJECTS,
+    inbound, outbound, Cluster, NODES_BUCKET, REGROUP_STREAM, REGROUP_SUBJECTS, RETAINED_BUCKET,
+    SESSIONS_BUCKET, STREAM, STREAM_SUBJECTS,
 };
 use crate::broker::Broker;
 use crate::config::ClusterConfig;
@@ -186,10 +186,7 @@ async fn ensure_state(
 ) -> bool {
     let messages = stream::Config {
         name: STREAM.to_owned(),
-        subjects: vec![
-            format!("{STREAM_SUBJECTS}.>"),
-            format!("{REGROUP_SUBJECTS}.>"),
-        ],
+        subjects: vec![format!("{STREAM_SUBJECTS}.>")],
         retention: stream::RetentionPolicy::Limits,
         max_age: Duration::from_secs(config.retention),
         storage: stream::StorageType::File,
@@ -199,9 +196,16 @@ async fn ensure_state(
         discard: stream::DiscardPolicy::Old,
         ..Default::default()
     };
-    if let Err(error) = js.create_or_update_stream(messages).await {
-        tracing::error!(%error, stream = STREAM, "cluster: cannot create or update the message stream");
-        return false;
+    let regroup = stream::Config {
+        name: REGROUP_STREAM.to_owned(),
+        subjects: vec![format!("{REGROUP_SUBJECTS}.>")],
+        ..messages.clone()
+    };
+    for (config, name) in [(messages, STREAM), (regroup, REGROUP_STREAM)] {
+        if let Err(error) = js.create_or_update_stream(config).await {
+            tracing::error!(%error, stream = name, "cluster: cannot create or update a message stream");
+            return false;
+        }
     }
     for (bucket, max_age) in [
         (RETAINED_BUCKET, Duration::ZERO),

@@ -15,7 +15,8 @@
 //!
 //! | name | kind | what |
 //! | --- | --- | --- |
-//! | `PB_MSGS` | stream, subjects `pb.m.>` and `pb.g.>`, Limits, `max_age` = `retention`, File, R | every QoS 1/2 message, once; a shared group's messages given back when their member's session ended (`pb.g.<group hash>`) |
+//! | `PB_MSGS` | stream, subjects `pb.m.>`, Limits, `max_age` = `retention`, File, R | every QoS 1/2 message, once |
+//! | `PB_REGROUP` | stream, subjects `pb.g.>`, as `PB_MSGS` | a shared group's messages given back when their member's session ended (`pb.g.<group hash>`); a stream of its own, so `PB_MSGS` sequences (cursors, floors) count only messages |
 //! | `pb.q0.>` | core subjects | QoS 0 messages, at most once |
 //! | `pb_retained` | KV bucket, history 1, File, R | the retained message of each topic (key: [`subject::key`]) |
 //! | `pb_sessions` | KV bucket, history 1, File, R | each session's record: owner node, subscriptions, replay cursor ([`sessions`]) |
@@ -54,7 +55,9 @@ use crate::storage::Durable;
 pub const STREAM: &str = "PB_MSGS";
 /// Subject prefix of the stream's messages.
 pub const STREAM_SUBJECTS: &str = "pb.m";
-/// Subject prefix of shared groups' given-back messages (in the stream).
+/// The stream of shared groups' given-back messages.
+pub const REGROUP_STREAM: &str = "PB_REGROUP";
+/// Subject prefix of shared groups' given-back messages (in [`REGROUP_STREAM`]).
 pub const REGROUP_SUBJECTS: &str = "pb.g";
 /// Subject prefix of QoS 0 messages (core NATS).
 pub const QOS0_SUBJECTS: &str = "pb.q0";
@@ -213,8 +216,8 @@ impl ClusterSeam for Cluster {
             "too many messages wait for NATS (cluster.max_pending)"
         } else {
             // The fence before the id: a restore that read the next id saw every message
-            // below it routed.
-            let fence = self.fence();
+            // below it routed. Not recursive: a waiting restore goes first.
+            let fence = self.fence.read();
             let local_id = self.next_local_id.fetch_add(1, Ordering::AcqRel);
             return Ok(ClusterAdmission::new(local_id, Some(fence)));
         };
@@ -344,8 +347,11 @@ impl ClusterSeam for Cluster {
         &'a self,
         broker: &'a Arc<Broker>,
         session: &'a Arc<Session>,
+        generation: u64,
         restore: Restore,
     ) -> SeamFuture<'a, bool> {
-        Box::pin(sessions::restore(self, broker, session, restore))
+        Box::pin(sessions::restore(
+            self, broker, session, generation, restore,
+        ))
     }
 }

@@ -57,6 +57,9 @@ struct Awaiting {
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
     /// A [`Queued::Barrier`] (no message).
     barrier: Option<oneshot::Sender<()>>,
+    /// Its first acknowledgement is a `PB_MSGS` sequence (not a given-back message's, in
+    /// `PB_REGROUP`).
+    sequenced: bool,
 }
 
 /// Starts the publishing and acknowledging tasks.
@@ -79,6 +82,7 @@ pub(super) fn spawn(
                         acks: [None, None],
                         done: None,
                         barrier: Some(barrier),
+                        sequenced: false,
                     });
                     continue;
                 }
@@ -112,9 +116,10 @@ pub(super) fn spawn(
                                 acks: [Some(stream), Some(ack)],
                                 done: out.done,
                                 barrier: None,
+                                sequenced: true,
                             },
                             Err(error) => {
-                                fail(&cluster, out.done, &error);
+                                fail(&cluster, out.qos, out.done, &error);
                                 continue;
                             }
                         };
@@ -123,7 +128,7 @@ pub(super) fn spawn(
                         continue;
                     }
                     (Err(error), _) => {
-                        fail(&cluster, out.done, &error);
+                        fail(&cluster, out.qos, out.done, &error);
                         continue;
                     }
                 }
@@ -142,6 +147,7 @@ pub(super) fn spawn(
                 cluster.settled();
                 continue;
             }
+            let sequenced = out.subject.is_none();
             let subject = out
                 .subject
                 .unwrap_or_else(|| format!("{STREAM_SUBJECTS}.{tail}"));
@@ -152,10 +158,11 @@ pub(super) fn spawn(
                         acks: [Some(ack), None],
                         done: out.done,
                         barrier: None,
+                        sequenced,
                     });
                     count_out(&cluster, bytes);
                 }
-                Err(error) => fail(&cluster, out.done, &error),
+                Err(error) => fail(&cluster, out.qos, out.done, &error),
             }
         }
     });
@@ -166,15 +173,20 @@ fn count_out(cluster: &Cluster, bytes: u64) {
     cluster.metrics.bytes[0].increment(bytes);
 }
 
-/// A message NATS did not take: its publisher is told (no acknowledgement).
+/// A message NATS did not take: its publisher is told (no acknowledgement), and the floor
+/// it pushed (QoS 1/2, whether or not a publisher waits: a given-back message has none) is
+/// taken off again.
 fn fail(
     cluster: &Cluster,
+    qos: QoS,
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
     error: &dyn std::fmt::Display,
 ) {
     tracing::debug!(%error, "cluster: message not taken by NATS");
     if let Some(done) = done {
         let _ = done.send(Err(StorageError::Cluster(error.to_string())));
+    }
+    if qos != QoS::AtMostOnce {
         cluster.pop_floor();
     }
     cluster.settled();
@@ -199,7 +211,7 @@ async fn acknowledge(
             };
             match tokio::time::timeout(timeout, ack).await {
                 Ok(Ok(ack)) => {
-                    if i == 0 {
+                    if i == 0 && awaiting.sequenced {
                         cluster.saw(ack.sequence);
                         if let Some(message) = &awaiting.message {
                             message.set_cluster_seq(ack.sequence);

@@ -39,7 +39,8 @@ pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 pub const RECORD_INTERVAL: Duration = Duration::from_secs(1);
 /// Most attempts of a compare-and-set that keeps losing races.
 const CAS_ATTEMPTS: usize = 8;
-/// Longest a replay may take before the CONNACK goes out with what was found.
+/// Longest a replay may take; longer, the CONNECT is refused (0x88) and the session kept
+/// whole in its record for the next attempt.
 const REPLAY_LIMIT: Duration = Duration::from_secs(30);
 
 /// One subscription in a record.
@@ -253,11 +254,24 @@ pub struct Records {
     /// their replay starts from: their records are not rewritten meanwhile (a cursor taken
     /// from what the half-restored session holds would skip what the replay has not reached),
     /// and a hand-over during the replay records no cursor past it.
-    restoring: parking_lot::Mutex<HashMap<String, u64>>,
+    restoring: parking_lot::Mutex<HashMap<String, Restoring>>,
     /// Sessions whose subscriptions or connection changed since their record was written.
     dirty: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Wakes [`keep_records`] for them.
     wake: tokio::sync::Notify,
+}
+
+/// A restore under way here ([`restore`]).
+#[derive(Debug, Clone)]
+pub(super) struct Restoring {
+    /// Where its replay starts.
+    cursor: u64,
+    /// The revision of the session's record this node held when its claim ended: a later
+    /// claim (a newer CONNECT) is not undone by this restore failing.
+    revision: u64,
+    /// The QoS 2 deliveries in flight it brings ([`Restore::qos2`]), for a hand-over while
+    /// the replay has not reached them.
+    qos2: Vec<(u16, u64)>,
 }
 
 /// How long a claim by another node is remembered for [`confirm`].
@@ -444,11 +458,20 @@ pub(super) async fn claim(
 /// ends (the caller always calls it when there is one).
 fn claimed(cluster: &Cluster, client_id: &str, restore: Option<Restore>, revision: u64) -> Claimed {
     if let Some(restore) = &restore {
-        cluster
+        let held = cluster
             .sessions
-            .restoring
+            .owned
             .lock()
-            .insert(client_id.to_owned(), restore.cursor);
+            .get(client_id)
+            .map_or(revision, |(r, _)| *r);
+        cluster.sessions.restoring.lock().insert(
+            client_id.to_owned(),
+            Restoring {
+                cursor: restore.cursor,
+                revision: held,
+                qos2: restore.qos2.clone(),
+            },
+        );
     }
     Claimed { restore, revision }
 }
@@ -479,12 +502,14 @@ pub(super) async fn restore(
     cluster: &Cluster,
     broker: &Arc<Broker>,
     session: &Arc<Session>,
+    generation: u64,
     restore: Restore,
 ) -> bool {
     let mut unrestored = Unrestored {
         cluster,
         broker,
         session,
+        generation,
         done: false,
     };
     let replays = !restore.subscriptions.is_empty() && restore.cursor > 0;
@@ -499,7 +524,7 @@ pub(super) async fn restore(
         }
         // PUBRELs to send again (MQTT-4.4.0-1): the client has those messages.
         for &(packet_id, _) in restore.qos2.iter().filter(|(_, seq)| *seq == 0) {
-            broker.restore_cluster_inflight(session, packet_id, None);
+            drop(broker.restore_cluster_inflight(session, packet_id, None));
         }
         // Answered when this node's messages routed before are all in the stream.
         let sent = replays.then(|| {
@@ -514,6 +539,7 @@ pub(super) async fn restore(
         )
     };
     if !replays {
+        release_unmatched(broker, session, &restore);
         unrestored.done = true;
         return true;
     }
@@ -532,6 +558,7 @@ pub(super) async fn restore(
     {
         Ok(Ok(n)) => {
             tracing::info!(client = %session.client_id, from = restore.cursor, messages = n, "cluster: session resumed from another node");
+            release_unmatched(broker, session, &restore);
             unrestored.done = true;
             true
         }
@@ -546,14 +573,26 @@ pub(super) async fn restore(
     }
 }
 
+/// QoS 2 deliveries the session had in flight that the replay did not meet (no longer in
+/// the stream, or the session no longer subscribed): their packet ids stay taken until a
+/// PUBREL sent again completes them, since the client may hold them (MQTT-4.3.3-9).
+fn release_unmatched(broker: &Broker, session: &Arc<Session>, restore: &Restore) {
+    for &(packet_id, _) in &restore.qos2 {
+        drop(broker.restore_cluster_inflight(session, packet_id, None));
+    }
+}
+
 /// A restore in progress. Dropped before it is `done` (failed, or its future dropped), it
 /// undoes it: the local session is discarded, and the record this node claimed is given
-/// back as the claim wrote it, less the refused CONNECT's will, and no longer kept current
-/// from here.
+/// back as the claim wrote it (less the refused CONNECT's will, its connection gone now) and
+/// no longer kept current from here. Unless a newer CONNECT of the client has the session
+/// by then: it is that connection's, and so is the record.
 struct Unrestored<'a> {
     cluster: &'a Cluster,
     broker: &'a Arc<Broker>,
     session: &'a Arc<Session>,
+    /// The restoring connection's generation.
+    generation: u64,
     done: bool,
 }
 
@@ -561,26 +600,41 @@ impl Drop for Unrestored<'_> {
     fn drop(&mut self) {
         let client_id = &*self.session.client_id;
         let records = &self.cluster.sessions;
-        records.restoring.lock().remove(client_id);
+        let mine = records.restoring.lock().remove(client_id);
         if self.done {
             return;
         }
-        let claimed = records.owned.lock().remove(client_id);
-        records.wills.lock().remove(client_id);
-        self.broker.discard_unrestored(self.session);
-        // The claim's record, without the will of a connection that was never accepted.
-        if let (Some((revision, mut record)), Some(bucket)) = (claimed, records.bucket.get()) {
-            if record.will.is_some() {
-                record.will = None;
-                record.wd = 0;
-                let bucket = bucket.clone();
-                let key = subject::key(client_id);
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move {
-                        let _ = bucket.update(key.as_str(), record.encode(), revision).await;
-                    });
-                }
+        if !self.broker.is_held_by(self.session, self.generation) {
+            tracing::warn!(client = %client_id, "cluster: a resumed session's replay failed after a newer connection took it; that connection keeps what was replayed");
+            return;
+        }
+        let claimed = {
+            let mut owned = records.owned.lock();
+            let ours = matches!((owned.get(client_id), &mine), (Some((r, _)), Some(m)) if *r == m.revision);
+            if ours {
+                owned.remove(client_id)
+            } else {
+                None
             }
+        };
+        if claimed.is_some() {
+            records.wills.lock().remove(client_id);
+        }
+        self.broker.discard_unrestored(self.session);
+        let (Some((revision, mut record)), Some(bucket)) = (claimed, records.bucket.get()) else {
+            return;
+        };
+        record.will = None;
+        record.wd = 0;
+        if record.gone == 0 {
+            record.gone = crate::storage::now_unix_ms();
+        }
+        let bucket = bucket.clone();
+        let key = subject::key(client_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = bucket.update(key.as_str(), record.encode(), revision).await;
+            });
         }
     }
 }
@@ -678,8 +732,21 @@ fn enqueue_matching(
                 seq: None,
                 shared: None,
             };
-            broker.restore_cluster_inflight(session, packet_id, Some(delivery));
-            return true;
+            match broker.restore_cluster_inflight(session, packet_id, Some(delivery)) {
+                None => return true,
+                // Its packet id is taken here already: sent as a new delivery instead.
+                Some(delivery) => {
+                    return broker
+                        .enqueue_for(
+                            session,
+                            delivery.message,
+                            qos,
+                            delivery.retain,
+                            delivery.subscription_ids,
+                        )
+                        .is_ok();
+                }
+            }
         }
     }
     match broker.enqueue_for(session, message, qos, retain, ids) {
@@ -829,12 +896,18 @@ async fn hand_over(
     } else {
         claim.cursor
     };
-    if let Some(&replay_from) = cluster.sessions.restoring.lock().get(&client_id) {
+    let restoring = cluster.sessions.restoring.lock().get(&client_id).cloned();
+    if let Some(restoring) = &restoring {
         // Taken while its replay here is still under way: what the replay has not reached
         // is not in the session yet.
-        cursor = cursor.min(replay_from);
+        cursor = cursor.min(restoring.cursor);
     }
     let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
+    for &(packet_id, seq) in restoring.iter().flat_map(|r| &r.qos2) {
+        if !handed.q2.iter().any(|(p, _)| *p == packet_id) {
+            handed.q2.push((packet_id, seq));
+        }
+    }
     handed.handed = true;
     handed.will = claim.will;
     handed.wd = claim.wd;

@@ -11,7 +11,7 @@
 //! the core subjects, which likewise gives each to one subscriber.
 //!
 //! A member's session that ends on a node with no other member of its group gives what it
-//! still held back to the group (`pb.g.<group hash>` in the stream, one more consumer per
+//! still held back to the group (`pb.g.<group hash>` in `PB_REGROUP`, one more consumer per
 //! group), so a member on another node gets it.
 
 use std::collections::HashMap;
@@ -23,7 +23,10 @@ use bytestring::ByteString;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use super::{subject, wire, Cluster, QOS0_SUBJECTS, REGROUP_SUBJECTS, STREAM, STREAM_SUBJECTS};
+use super::{
+    subject, wire, Cluster, QOS0_SUBJECTS, REGROUP_STREAM, REGROUP_SUBJECTS, STREAM,
+    STREAM_SUBJECTS,
+};
 use crate::broker::{Broker, Message};
 
 /// How often the set of local groups is compared with the running pullers.
@@ -89,36 +92,42 @@ pub(super) async fn run(
                 continue;
             }
             let start = cluster.seen_seq.load(std::sync::atomic::Ordering::Acquire) + 1;
+            let from_now = consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            };
+            let mut consumers: Vec<(&'static str, String, String, consumer::DeliverPolicy)> =
+                subject::filter_subjects(&inner)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, filter)| {
+                        let subject = format!("{STREAM_SUBJECTS}.{filter}");
+                        (STREAM, consumer_name(&key, i), subject, from_now)
+                    })
+                    .collect();
+            // Given-back messages: all still in the stream. One that was taken is older than
+            // the consumer that took it, which outlives it (`inactive_threshold` = the
+            // stream's `max_age`); one that was not went to no member yet.
+            consumers.push((
+                REGROUP_STREAM,
+                format!("share-{}-r", group_hash(&key)),
+                regroup_subject(&key),
+                consumer::DeliverPolicy::All,
+            ));
             let mut tasks = Vec::new();
-            for (i, filter) in subject::filter_subjects(&inner).into_iter().enumerate() {
+            for (stream, name, filter, deliver_policy) in consumers {
                 tasks.push(tokio::spawn(pull(
                     js.clone(),
+                    stream,
                     Arc::clone(&cluster),
                     broker.clone(),
                     Arc::clone(&key),
                     inner.clone(),
-                    consumer_name(&key, i),
-                    format!("{STREAM_SUBJECTS}.{filter}"),
-                    consumer::DeliverPolicy::ByStartSequence {
-                        start_sequence: start,
-                    },
+                    name,
+                    filter,
+                    deliver_policy,
                     retention,
                 )));
             }
-            // Given-back messages: all still in the stream. One that was taken is older than
-            // the consumer that took it, which outlives it (`inactive_threshold` = the
-            // stream's `max_age`); one that was not went to no member yet.
-            tasks.push(tokio::spawn(pull(
-                js.clone(),
-                Arc::clone(&cluster),
-                broker.clone(),
-                Arc::clone(&key),
-                inner.clone(),
-                format!("share-{}-r", group_hash(&key)),
-                regroup_subject(&key),
-                consumer::DeliverPolicy::All,
-                retention,
-            )));
             tasks.push(tokio::spawn(pull_qos0(
                 client.clone(),
                 Arc::clone(&cluster),
@@ -159,6 +168,7 @@ fn matching(cluster: &Cluster, frame: &[u8], inner: &str) -> Option<Arc<Message>
 #[allow(clippy::too_many_arguments)]
 async fn pull(
     js: jetstream::Context,
+    stream: &'static str,
     cluster: Arc<Cluster>,
     broker: Weak<Broker>,
     key: Arc<str>,
@@ -170,7 +180,7 @@ async fn pull(
 ) {
     loop {
         let messages = async {
-            let stream = js.get_stream(STREAM).await?;
+            let stream = js.get_stream(stream).await?;
             let consumer: consumer::PullConsumer = stream
                 .get_or_create_consumer(
                     &name,
@@ -212,8 +222,12 @@ async fn pull(
                 let _ = message.ack().await;
                 continue;
             };
-            if let Some(seq) = message.info().ok().map(|i| i.stream_sequence) {
-                routed.set_cluster_seq(seq);
+            // A `PB_MSGS` sequence is where a replay finds it again (a session's cursor);
+            // a given-back message has none there.
+            if stream == STREAM {
+                if let Some(seq) = message.info().ok().map(|i| i.stream_sequence) {
+                    routed.set_cluster_seq(seq);
+                }
             }
             let delivered = broker.deliver_shared(&key, routed);
             drop(broker);

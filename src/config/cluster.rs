@@ -46,12 +46,9 @@ impl Default for ClusterConfig {
     }
 }
 
-/// The rules of `[cluster]`.
-///
-/// # Errors
-///
 /// `server` as it may be logged or shown in an error: the password of a
-/// `nats://user:password@host:port` URL replaced by `***` (user and host kept, to say which).
+/// `nats://user:password@host:port` URL replaced by `***` (user and host kept, to say which),
+/// and so is a token (`nats://token@host:port`).
 pub fn redact_server(server: &str) -> std::borrow::Cow<'_, str> {
     let Some((scheme, rest)) = server.split_once("://") else {
         return server.into();
@@ -61,10 +58,14 @@ pub fn redact_server(server: &str) -> std::borrow::Cow<'_, str> {
     };
     match userinfo.split_once(':') {
         Some((user, _)) => format!("{scheme}://{user}:***@{host}").into(),
-        None => server.into(), // a token or user alone: the user name is not a secret
+        None => format!("{scheme}://***@{host}").into(), // a token
     }
 }
 
+/// The rules of `[cluster]`.
+///
+/// # Errors
+///
 /// The first rule broken, keyed `cluster.node`, `cluster.servers`, …
 pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
     if cluster.node.is_empty() {
@@ -143,8 +144,8 @@ mod tests {
         );
         assert_eq!(redact_server("tls://nats:4222"), "tls://nats:4222");
         assert_eq!(
-            redact_server("nats://token@nats:4222"),
-            "nats://token@nats:4222"
+            redact_server("nats://t0ken@nats:4222"),
+            "nats://***@nats:4222"
         );
     }
 }

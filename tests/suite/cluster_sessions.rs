@@ -483,13 +483,7 @@ async fn takeover_across_nodes_closes_the_old_connection_with_0x8e() {
 async fn a_shared_group_across_two_nodes_gets_each_message_once() {
     let (_nats, nodes) = cluster(2).await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let mut member_a = v5::connect_id(a.mqtt(), "member-a").await;
-    let mut member_b = v5::connect_id(b.mqtt(), "member-b").await;
-    v5::subscribe(&mut member_a, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
-    v5::subscribe(&mut member_b, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
-    // The group's consumer is made when a node first sees a member: probe until a job
-    // published on each node arrives somewhere.
-    settle_group(&mut member_a, &mut member_b, a, b).await;
+    let (mut member_a, mut member_b) = group_across(a, b).await;
 
     let mut on_a = v5::connect_id(a.mqtt(), "jobs-a").await;
     let mut on_b = v5::connect_id(b.mqtt(), "jobs-b").await;
@@ -543,11 +537,7 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
 {
     let (_nats, nodes) = cluster(2).await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let mut member_a = v5::connect_id(a.mqtt(), "member-a").await;
-    let mut member_b = v5::connect_id(b.mqtt(), "member-b").await;
-    v5::subscribe(&mut member_a, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
-    v5::subscribe(&mut member_b, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
-    settle_group(&mut member_a, &mut member_b, a, b).await;
+    let (mut member_a, mut member_b) = group_across(a, b).await;
 
     // Jobs until member A holds a few unacknowledged (JetStream splits them between the
     // nodes' pullers as it likes); member B acknowledges what it gets.
@@ -611,6 +601,19 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
         0.0,
         "node a counted a job as dropped"
     );
+}
+
+/// Members `member-a` on node `a` and `member-b` on node `b` of `$share/workers/jobs/#`
+/// (QoS 1, sessions that end with their connections), once the group's consumers deliver
+/// from both nodes: a group's consumer is made when a node first sees a member, so a job
+/// published on each node is probed for until it arrives somewhere.
+async fn group_across(a: &Node, b: &Node) -> (RawClient, RawClient) {
+    let mut member_a = v5::connect_id(a.mqtt(), "member-a").await;
+    let mut member_b = v5::connect_id(b.mqtt(), "member-b").await;
+    v5::subscribe(&mut member_a, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    v5::subscribe(&mut member_b, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    settle_group(&mut member_a, &mut member_b, a, b).await;
+    (member_a, member_b)
 }
 
 /// Publishes a probe on each node until one of each has arrived at some member (the group's

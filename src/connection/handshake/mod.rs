@@ -366,10 +366,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 restore
             };
-            if !cluster
-                .restore(broker, attached.handle.session(), restore)
-                .await
-            {
+            let (session, generation) = (attached.handle.session(), attached.handle.generation());
+            if !cluster.restore(broker, session, generation, restore).await {
                 // Discarded: a CONNACK with a session missing what it held would lose it.
                 tracing::info!(%peer, client = %attached.handle.client_id(), "refusing CONNECT: the session could not be rebuilt from the cluster");
                 let why = "the cluster cannot rebuild the session now";
