@@ -36,8 +36,9 @@ pub struct Message {
     pub expires_at: Option<Instant>,
     /// When the broker received it; persisted so expiry survives a restart.
     pub received_at: Instant,
-    /// The publishing session, for No Local.
-    pub origin: Option<SessionId>,
+    /// The publishing session, for No Local (read through [`Message::origin`]; session
+    /// ids start at 1, so `None` costs no extra word).
+    origin: Option<std::num::NonZeroU64>,
     /// Id of the stored body once the durable store holds it (set at most once, so every
     /// session that queues this message refers to one stored copy).
     pub store_id: OnceId,
@@ -46,8 +47,24 @@ pub struct Message {
     /// 0 until then (and always on a single node). Where a session's replay starts when it
     /// moves to another node.
     cluster_seq: std::sync::atomic::AtomicU64,
+    /// What the engine that handed this message over waits for (a clustered shared group's
+    /// message: JetStream's acknowledgement): settled when the last holder drops the
+    /// message, given back by [`Message::give_back`]. `None` for every other message.
+    /// Boxed twice so that the slot is one word (`Box<dyn _>` is two).
+    settlement: Option<Box<Box<dyn Settlement>>>,
     /// Shared encodings, made by the codec on first use.
     encoded: PublishEncodings,
+}
+
+/// A message's receipt to the engine it came from, settled when the message is done with:
+/// its `Drop` says "done" (delivered and acknowledged, or dropped and counted), and
+/// [`Settlement::give_back`] says "not taken here, hand it to someone else". A message
+/// carrying one is not written to the local store: the engine keeps it until settled, so a
+/// crash of this node has it delivered again elsewhere rather than lost.
+pub trait Settlement: Send + Sync + std::fmt::Debug {
+    /// The message was not taken here after all: the engine hands it to another receiver
+    /// (at once), and the later drop settles nothing. True when that was done.
+    fn give_back(&self) -> bool;
 }
 
 /// What [`Message::properties`] lends when a message has no properties.
@@ -135,9 +152,10 @@ impl Message {
             properties: boxed_properties(properties),
             expires_at,
             received_at: now,
-            origin,
+            origin: origin.and_then(std::num::NonZeroU64::new),
             store_id: OnceId::default(),
             cluster_seq: std::sync::atomic::AtomicU64::new(0),
+            settlement: None,
             encoded: PublishEncodings::default(),
         }
     }
@@ -202,8 +220,15 @@ impl Message {
             origin: None,
             store_id: store_id.map_or_else(OnceId::default, OnceId::from),
             cluster_seq: std::sync::atomic::AtomicU64::new(0),
+            settlement: None,
             encoded: PublishEncodings::default(),
         }
+    }
+
+    /// The publishing session, for No Local; `None` for a will, a bridge's or another
+    /// node's message.
+    pub fn origin(&self) -> Option<SessionId> {
+        self.origin.map(std::num::NonZeroU64::get)
     }
 
     /// Its sequence in the cluster's message stream, once known (see the field).
@@ -212,6 +237,26 @@ impl Message {
             0 => None,
             seq => Some(seq),
         }
+    }
+
+    /// The message, settled with the engine it came from through `settlement` once
+    /// nobody holds it any more (see [`Settlement`]).
+    #[must_use]
+    pub fn with_settlement(mut self, settlement: Box<dyn Settlement>) -> Message {
+        self.settlement = Some(Box::new(settlement));
+        self
+    }
+
+    /// Whether an engine waits for this message to be settled: it is then kept in memory
+    /// only (the engine holds the durable copy).
+    pub fn awaits_settlement(&self) -> bool {
+        self.settlement.is_some()
+    }
+
+    /// Hands the message back to the engine it came from, for another receiver: true when
+    /// it had one and took it back (the holder then just drops it).
+    pub fn give_back(&self) -> bool {
+        self.settlement.as_ref().is_some_and(|s| s.give_back())
     }
 
     /// Records its sequence in the cluster's message stream.

@@ -61,7 +61,7 @@ use crate::storage::{Durable, Op, StorageError, Store};
 pub use arrival_order::{ArrivalOrder, ArrivalWaker};
 pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
 pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, Retransmit, SessionHandle};
-pub use message::{Delivery, Message, SessionId};
+pub use message::{Delivery, Message, SessionId, Settlement};
 pub use queue_limits::SessionQueueLimits;
 use retained::RetainedIndex;
 pub use session::outbound::{AckMismatch, OutboundAck, Resend};

@@ -61,7 +61,7 @@ impl Broker {
         self.subscriptions
             .read()
             .for_each_match(&message.topic, |sid, sub| {
-                if sub.options.no_local && message.origin == Some(*sid) {
+                if sub.options.no_local && message.origin() == Some(*sid) {
                     return; // MQTT-3.8.3-3
                 }
                 if let Some(authz) = authz {
@@ -143,9 +143,9 @@ impl Broker {
     }
 
     /// Queues `message` for one member of the shared group `key` (`$share/{group}/{filter}`)
-    /// on this node, chosen by the group's strategy among those that may read it: the
-    /// cluster's delivery of a group's message (one member cluster-wide). `Ok(None)` when
-    /// the group has no such member here (any more).
+    /// on this node, chosen by the group's strategy among those that may read it (only
+    /// connected ones if `connected_only`): the cluster's delivery of a group's message (one
+    /// member cluster-wide). `Ok(None)` when the group has no such member here (any more).
     ///
     /// # Errors
     ///
@@ -154,15 +154,19 @@ impl Broker {
         &self,
         key: &str,
         message: Arc<Message>,
+        connected_only: bool,
     ) -> Result<Option<Routed>, PublishRefused> {
         let authz = self.authz();
         let may_read = |session: &Session| {
             authz.is_none_or(|authz| session.authorized(authz.acl, Action::Read, &message.topic))
         };
-        let member =
-            self.shared
-                .read()
-                .pick_other(key, &message.topic, SessionId::MAX, false, may_read);
+        let member = self.shared.read().pick_other(
+            key,
+            &message.topic,
+            SessionId::MAX,
+            connected_only,
+            may_read,
+        );
         let Some(member) = member else {
             return Ok(None);
         };
@@ -184,6 +188,13 @@ impl Broker {
         self.shared.read().keys()
     }
 
+    /// Whether the shared group `key` has a connected member on this node (the cluster
+    /// pulls a group's messages only then, so none waits in an offline member's queue while
+    /// a member elsewhere is connected).
+    pub fn shared_group_has_connected(&self, key: &str) -> bool {
+        self.shared.read().has_other_connected(key, SessionId::MAX)
+    }
+
     /// The second half of routing: admits `message` to each target's queue, persists what
     /// must be stored in one submit, updates the retained index.
     #[allow(clippy::needless_pass_by_value)]
@@ -196,7 +207,9 @@ impl Broker {
         matched: usize,
         now_ms: u64,
     ) -> Result<Routed, PublishRefused> {
-        let persistence = self.store.is_some();
+        // A message an engine keeps until it is settled is not stored here too (a restart
+        // would deliver it twice: once from here, once from the engine).
+        let persistence = self.store.is_some() && !message.awaits_settlement();
         let mut pressure: Option<Arc<Session>> = None;
         let mut queued = 0;
         let mut reserved: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
@@ -378,7 +391,7 @@ impl Broker {
         targets: &[Target],
         now_ms: u64,
     ) -> Option<PublishRefused> {
-        if !self.limits.may_refuse() || message.qos == QoS::AtMostOnce || message.origin.is_none() {
+        if !self.limits.may_refuse() || message.qos == QoS::AtMostOnce || message.origin().is_none() {
             return None;
         }
         let size = message.payload.len();

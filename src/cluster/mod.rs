@@ -36,6 +36,7 @@ pub mod outbound;
 pub mod sessions;
 pub mod shared;
 pub mod subject;
+pub mod unsettled;
 pub mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -310,6 +311,12 @@ impl ClusterSeam for Cluster {
     }
 
     fn regroup(&self, group: &str, message: &Arc<Message>) -> bool {
+        // Pulled from the group's consumer and not yet acknowledged there: given back to it
+        // (a nak), so JetStream hands it to a member's node at once.
+        if message.give_back() {
+            tracing::debug!(group, topic = %message.topic, "cluster: a shared group's message given back to its consumer");
+            return true;
+        }
         if message.qos == QoS::AtMostOnce
             || !self.is_up()
             || self.pending.load(Ordering::Acquire) >= self.max_pending

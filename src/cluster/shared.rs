@@ -23,6 +23,7 @@ use bytestring::ByteString;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
+use super::unsettled::Unsettled;
 use super::{
     subject, wire, Cluster, QOS0_SUBJECTS, REGROUP_STREAM, REGROUP_SUBJECTS, STREAM,
     STREAM_SUBJECTS,
@@ -33,6 +34,13 @@ use crate::broker::{Broker, Message};
 const SCAN: Duration = Duration::from_millis(200);
 /// Pause before a puller tries again after a failure.
 const RETRY: Duration = Duration::from_secs(1);
+/// Messages asked for in one pull.
+const BATCH: usize = 200;
+/// How long one pull waits for messages (then the puller checks its members again); below
+/// [`super::unsettled::REOFFER`].
+pub(super) const PULL_WAIT: Duration = Duration::from_secs(1);
+/// A group consumer's `max_ack_pending`: its messages held unacknowledged cluster-wide.
+const MAX_UNSETTLED: i64 = 1000;
 
 /// A group's key as a subject token: the hex of its hash's first 10 bytes (a group's key
 /// holds characters subjects and consumer names may not).
@@ -72,6 +80,7 @@ pub(super) async fn run(
     retention: Duration,
 ) {
     let mut running: HashMap<Arc<str>, Vec<tokio::task::JoinHandle<()>>> = HashMap::new();
+    let unsettled = Unsettled::start(client.clone(), Arc::clone(&cluster));
     let mut scan = tokio::time::interval(SCAN);
     loop {
         scan.tick().await;
@@ -119,6 +128,7 @@ pub(super) async fn run(
                     js.clone(),
                     stream,
                     Arc::clone(&cluster),
+                    Arc::clone(&unsettled),
                     broker.clone(),
                     Arc::clone(&key),
                     inner.clone(),
@@ -149,13 +159,13 @@ pub(super) async fn run(
 
 /// Decodes a frame of a group's subjects into a message, if it matches the group's filter
 /// (the subject filter is coarser at the first level: `$` topics).
-fn matching(cluster: &Cluster, frame: &[u8], inner: &str) -> Option<Arc<Message>> {
+fn matching(cluster: &Cluster, frame: &[u8], inner: &str) -> Option<Message> {
     match wire::decode(frame) {
         Ok((_, _, publish)) => {
             if !crate::broker::admin::filter_matches(inner, &publish.topic) {
                 return None;
             }
-            Some(Arc::new(Message::from_publish(publish, None)))
+            Some(Message::from_publish(publish, None))
         }
         Err(_) => {
             cluster.metrics.bad_frames.increment(1);
@@ -164,12 +174,46 @@ fn matching(cluster: &Cluster, frame: &[u8], inner: &str) -> Option<Arc<Message>
     }
 }
 
-/// Pulls one of a group's consumers for as long as the group has members here.
+/// Makes sure of a group's durable consumer (the first member anywhere makes it).
+async fn group_consumer(
+    js: &jetstream::Context,
+    stream: &'static str,
+    name: &str,
+    filter: &str,
+    deliver_policy: consumer::DeliverPolicy,
+    retention: Duration,
+) -> Result<consumer::PullConsumer, async_nats::Error> {
+    let stream = js.get_stream(stream).await?;
+    Ok(stream
+        .get_or_create_consumer(
+            name,
+            consumer::pull::Config {
+                durable_name: Some(name.to_owned()),
+                deliver_policy,
+                ack_policy: consumer::AckPolicy::Explicit,
+                // A message waits this long for its member's acknowledgement (extended
+                // while a member holds it): then another node gets it.
+                ack_wait: super::unsettled::ACK_WAIT,
+                filter_subject: filter.to_owned(),
+                // The group's messages held by members and not acknowledged, cluster-wide:
+                // beyond it JetStream hands out no more (back-pressure on slow members).
+                max_ack_pending: MAX_UNSETTLED,
+                inactive_threshold: retention,
+                ..Default::default()
+            },
+        )
+        .await?)
+}
+
+/// Pulls one of a group's consumers for as long as the group has members here, and only
+/// while one of them is connected: a group's messages wait in JetStream, not in an offline
+/// member's queue, while no member here can take them (a member on another node may).
 #[allow(clippy::too_many_arguments)]
 async fn pull(
     js: jetstream::Context,
     stream: &'static str,
     cluster: Arc<Cluster>,
+    unsettled: Arc<Unsettled>,
     broker: Weak<Broker>,
     key: Arc<str>,
     inner: ByteString,
@@ -179,77 +223,110 @@ async fn pull(
     retention: Duration,
 ) {
     loop {
-        let messages = async {
-            let stream = js.get_stream(stream).await?;
-            let consumer: consumer::PullConsumer = stream
-                .get_or_create_consumer(
-                    &name,
-                    consumer::pull::Config {
-                        durable_name: Some(name.clone()),
-                        // The first member anywhere makes it: from what was published when
-                        // it subscribed on.
-                        deliver_policy,
-                        ack_policy: consumer::AckPolicy::Explicit,
-                        ack_wait: Duration::from_secs(30),
-                        filter_subject: filter.clone(),
-                        max_ack_pending: 1000,
-                        inactive_threshold: retention,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            Ok::<_, async_nats::Error>(consumer.messages().await?)
-        }
-        .await;
-        let mut messages = match messages {
-            Ok(messages) => messages,
+        let consumer = match group_consumer(&js, stream, &name, &filter, deliver_policy, retention)
+            .await
+        {
+            Ok(consumer) => consumer,
             Err(error) => {
                 tracing::warn!(%error, group = %key, "cluster: cannot pull a shared group's consumer; trying again");
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
         };
-        while let Some(message) = messages.next().await {
-            let message = match message {
-                Ok(message) => message,
-                Err(error) if !super::inbound::is_terminal(&error) => continue,
-                Err(_) => break,
-            };
-            let Some(broker) = broker.upgrade() else {
-                return;
-            };
-            let Some(routed) = matching(&cluster, &message.payload, &inner) else {
-                let _ = message.ack().await;
-                continue;
-            };
-            // A `PB_MSGS` sequence is where a replay finds it again (a session's cursor);
-            // a given-back message has none there.
-            if stream == STREAM {
-                if let Some(seq) = message.info().ok().map(|i| i.stream_sequence) {
-                    routed.set_cluster_seq(seq);
+        loop {
+            match broker.upgrade() {
+                None => return,
+                Some(broker) if !broker.shared_group_has_connected(&key) => {
+                    drop(broker);
+                    tokio::time::sleep(SCAN).await;
+                    continue;
                 }
+                Some(_) => {}
             }
-            let delivered = broker.deliver_shared(&key, routed);
-            drop(broker);
-            match delivered {
-                Ok(Some(routed)) => {
-                    let stored = match routed.durable {
-                        Some(durable) => durable.await.is_ok(),
-                        None => true,
-                    };
-                    if stored {
-                        let _ = message.ack().await;
-                    } else {
-                        let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
-                    }
+            let batch = consumer
+                .batch()
+                .max_messages(BATCH)
+                .expires(PULL_WAIT)
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(batch) => batch,
+                Err(error) => {
+                    tracing::debug!(%error, group = %key, "cluster: a shared group's pull failed; trying again");
+                    break;
                 }
-                // No member here any more, or not stored now: another puller gets it.
-                Ok(None) | Err(_) => {
-                    let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
+            };
+            while let Some(message) = batch.next().await {
+                let message = match message {
+                    Ok(message) => message,
+                    Err(error) => {
+                        tracing::debug!(%error, group = %key, "cluster: a shared group's pull ended");
+                        break;
+                    }
+                };
+                match take(
+                    &cluster, &unsettled, &broker, stream, &key, &inner, &message,
+                ) {
+                    Taken::Yes => {}
+                    // No connected member here any more: this pull ends, so JetStream
+                    // hands the rest to other nodes' pulls.
+                    Taken::NoMember => break,
+                    Taken::BrokerGone => return,
                 }
             }
         }
         tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// What became of one pulled message.
+enum Taken {
+    /// Queued for a member here (or not the group's, and acknowledged).
+    Yes,
+    /// No connected member here could take it: nak'ed for another node.
+    NoMember,
+    /// The broker is gone.
+    BrokerGone,
+}
+
+/// Hands one pulled message to a connected member here, holding its [`super::unsettled::Ticket`]
+/// (acknowledged once the member is done with it); naks it for another node if no member
+/// here can take it.
+fn take(
+    cluster: &Cluster,
+    unsettled: &Arc<Unsettled>,
+    broker: &Weak<Broker>,
+    stream: &'static str,
+    key: &str,
+    inner: &str,
+    message: &jetstream::Message,
+) -> Taken {
+    let Some(broker) = broker.upgrade() else {
+        return Taken::BrokerGone;
+    };
+    let Some(reply) = message.reply.clone() else {
+        return Taken::Yes; // not a JetStream delivery
+    };
+    let seq = message.info().ok().map(|i| i.stream_sequence);
+    let ticket = unsettled.ticket(reply);
+    let Some(routed) = matching(cluster, &message.payload, inner) else {
+        drop(ticket); // not the group's: acknowledged
+        return Taken::Yes;
+    };
+    let id = ticket.id();
+    let routed = Arc::new(routed.with_settlement(Box::new(ticket)));
+    // A `PB_MSGS` sequence is where a replay finds it again (a session's cursor); a
+    // given-back message has none there.
+    if let (STREAM, Some(seq)) = (stream, seq) {
+        routed.set_cluster_seq(seq);
+    }
+    match broker.deliver_shared(key, routed, true) {
+        Ok(Some(_)) => Taken::Yes,
+        // No connected member here any more: another puller gets it.
+        Ok(None) | Err(_) => {
+            unsettled.nak(id);
+            Taken::NoMember
+        }
     }
 }
 
@@ -279,7 +356,7 @@ async fn pull_qos0(
             return;
         };
         if let Some(routed) = matching(&cluster, &message.payload, &inner) {
-            let _ = broker.deliver_shared(&key, routed);
+            let _ = broker.deliver_shared(&key, Arc::new(routed), false);
         }
     }
 }

@@ -286,7 +286,7 @@ mod tests {
         assert_eq!(letter.qos, QoS::AtLeastOnce);
         assert!(!letter.retain);
         assert_eq!(&letter.payload[..], b"payload");
-        assert_eq!(letter.origin, None);
+        assert_eq!(letter.origin(), None);
         let p = letter.properties();
         assert_eq!(p.message_expiry_interval, None);
         assert_eq!(p.content_type.as_deref(), Some("application/json"));

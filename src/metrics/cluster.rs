@@ -23,6 +23,9 @@ pub struct ClusterMetrics {
     pub dropped: [Counter; 2],
     /// Messages from other nodes this node has not taken yet (its consumer's pending count).
     pub lag: Gauge,
+    /// Shared groups' messages pulled here and not yet settled with JetStream (held by a
+    /// member until it acknowledges them).
+    pub shared_unsettled: Gauge,
     /// Frames from NATS that were not Postbox messages of this version (skipped).
     pub bad_frames: Counter,
     /// Nodes whose heartbeat this node heard recently (itself included).
@@ -72,6 +75,10 @@ impl ClusterMetrics {
             lag: r.gauge(
                 CLUSTER_LAG_MESSAGES,
                 "Messages of other nodes in the stream that this node has not taken yet (replication lag).",
+            ),
+            shared_unsettled: r.gauge(
+                CLUSTER_SHARED_UNSETTLED,
+                "Shared groups' messages this node pulled and has not settled with JetStream yet (held by a member until it acknowledges them; a node that dies has them delivered elsewhere).",
             ),
             nodes: r.gauge(
                 CLUSTER_NODES,

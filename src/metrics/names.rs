@@ -284,6 +284,8 @@ pub const CLUSTER_REFUSED_TOTAL: &str = "postbox_cluster_refused_total";
 pub const CLUSTER_DROPPED_TOTAL: &str = "postbox_cluster_dropped_total";
 /// Gauge: other nodes' messages this node has not taken yet.
 pub const CLUSTER_LAG_MESSAGES: &str = "postbox_cluster_lag_messages";
+/// Gauge: shared groups' messages this node pulled and has not settled with JetStream yet.
+pub const CLUSTER_SHARED_UNSETTLED: &str = "postbox_cluster_shared_unsettled";
 /// Counter: frames on the cluster's subjects that were not Postbox messages.
 pub const CLUSTER_BAD_FRAMES_TOTAL: &str = "postbox_cluster_bad_frames_total";
 
@@ -292,7 +294,7 @@ pub const CLUSTER_NODES: &str = "postbox_cluster_nodes";
 
 /// Every cluster metric: registered only when `[cluster]` is configured (not in [`ALL`]); the
 /// README lists them.
-pub const CLUSTER: [&str; 10] = [
+pub const CLUSTER: [&str; 11] = [
     CLUSTER_NODES,
     CLUSTER_UP,
     CLUSTER_RECONNECTS_TOTAL,
@@ -302,5 +304,6 @@ pub const CLUSTER: [&str; 10] = [
     CLUSTER_REFUSED_TOTAL,
     CLUSTER_DROPPED_TOTAL,
     CLUSTER_LAG_MESSAGES,
+    CLUSTER_SHARED_UNSETTLED,
     CLUSTER_BAD_FRAMES_TOTAL,
 ];

@@ -538,10 +538,52 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
     let (_nats, nodes) = cluster(2).await;
     let (a, b) = (&nodes[0], &nodes[1]);
     let (mut member_a, mut member_b) = group_across(a, b).await;
-
-    // Jobs until member A holds a few unacknowledged (JetStream splits them between the
-    // nodes' pullers as it likes); member B acknowledges what it gets.
     let mut publisher = v5::connect_id(b.mqtt(), "jobs-publisher").await;
+    let (held_by_a, mut at_b, published) =
+        jobs_until_a_holds_some(&mut publisher, &mut member_a, &mut member_b).await;
+    // Member A's session ends with its connection (expiry 0).
+    drop(member_a);
+    every_job_reaches(&mut member_b, &mut at_b, &held_by_a, published, WAIT).await;
+    assert_eq!(
+        a.metric(r#"postbox_messages_dropped_total{reason="no_subscribers",qos="1"}"#),
+        0.0,
+        "node a counted a job as dropped"
+    );
+}
+
+/// Issue 17: "QoS ≥ 1: exactly one until acknowledged" across nodes, and "Never acknowledge
+/// what you might lose": member A on node a holds jobs it has not acknowledged when node a
+/// is killed (`kill -9`); member B on node b then gets every job, A's included, once the
+/// group's wait for them has passed. Before, node a acknowledged each job to JetStream as
+/// soon as it was queued for A, and the jobs died with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_when_its_node_dies() {
+    let (_nats, mut nodes) = cluster(2).await;
+    let (mut member_a, mut member_b) = group_across(&nodes[0], &nodes[1]).await;
+    let mut publisher = v5::connect_id(nodes[1].mqtt(), "jobs-publisher").await;
+    let (held_by_a, mut at_b, published) =
+        jobs_until_a_holds_some(&mut publisher, &mut member_a, &mut member_b).await;
+    tokio::task::block_in_place(|| nodes[0].kill9());
+    drop(member_a);
+    // The jobs come again once the group's acknowledgement wait (10 s) has passed.
+    every_job_reaches(
+        &mut member_b,
+        &mut at_b,
+        &held_by_a,
+        published,
+        WAIT + Duration::from_secs(10),
+    )
+    .await;
+}
+
+/// Publishes numbered jobs on `jobs/x` until member A holds a few unacknowledged
+/// (JetStream splits them between the nodes' pullers as it likes); member B acknowledges
+/// what it gets. Returns A's jobs, B's, and how many were published.
+async fn jobs_until_a_holds_some(
+    publisher: &mut RawClient,
+    member_a: &mut RawClient,
+    member_b: &mut RawClient,
+) -> (HashSet<String>, HashSet<String>, u16) {
     let (mut held_by_a, mut at_b) = (HashSet::new(), HashSet::new());
     let mut published = 0u16;
     while held_by_a.len() < 3 {
@@ -550,7 +592,7 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
             published += 1;
             let payload = format!("job{published}");
             let code = v5::publish(
-                &mut publisher,
+                publisher,
                 v5::publish_packet("jobs/x", QoS::AtLeastOnce, payload.as_bytes(), published),
             )
             .await;
@@ -564,31 +606,41 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
         while let Ok(Some(Packet::Publish(p))) =
             member_b.recv_within(Duration::from_millis(50)).await
         {
-            v5::ack(&mut member_b, &p).await;
+            v5::ack(member_b, &p).await;
             at_b.insert(String::from_utf8_lossy(&p.payload).into_owned());
         }
     }
-    // Member A's session ends with its connection (expiry 0).
-    drop(member_a);
+    (held_by_a, at_b, published)
+}
 
+/// Member B acknowledges what comes until it has had every one of jobs 1..=`published`
+/// (`at_b`: those it had already), within `limit`; the failure names the missing ones and
+/// how many of them member A held.
+async fn every_job_reaches(
+    member_b: &mut RawClient,
+    at_b: &mut HashSet<String>,
+    held_by_a: &HashSet<String>,
+    published: u16,
+    limit: Duration,
+) {
     let all: HashSet<String> = (1..=published).map(|n| format!("job{n}")).collect();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !all.is_subset(&at_b) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !all.is_subset(at_b) {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match member_b
             .recv_within(left.min(Duration::from_millis(500)))
             .await
         {
             Ok(Some(Packet::Publish(p))) => {
-                v5::ack(&mut member_b, &p).await;
+                v5::ack(member_b, &p).await;
                 at_b.insert(String::from_utf8_lossy(&p.payload).into_owned());
             }
             _ if tokio::time::Instant::now() >= deadline => {
-                let missing: Vec<_> = all.difference(&at_b).collect();
+                let missing: Vec<_> = all.difference(at_b).collect();
                 let lost_of_a: Vec<_> =
                     missing.iter().filter(|m| held_by_a.contains(**m)).collect();
                 panic!(
-                    "member B never got {} jobs ({} of them held by member A when its session ended): {missing:?}",
+                    "member B never got {} jobs ({} of them held by member A): {missing:?}",
                     missing.len(),
                     lost_of_a.len()
                 );
@@ -596,11 +648,6 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
             _ => {}
         }
     }
-    assert_eq!(
-        a.metric(r#"postbox_messages_dropped_total{reason="no_subscribers",qos="1"}"#),
-        0.0,
-        "node a counted a job as dropped"
-    );
 }
 
 /// Members `member-a` on node `a` and `member-b` on node `b` of `$share/workers/jobs/#`

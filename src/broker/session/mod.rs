@@ -412,7 +412,7 @@ impl Session {
                 // publisher will be told it was accepted, so it is kept: the overshoot is at
                 // most one message per publisher racing.
                 OverflowPolicy::Refuse
-                    if delivery.qos != QoS::AtMostOnce && delivery.message.origin.is_some() =>
+                    if delivery.qos != QoS::AtMostOnce && delivery.message.origin().is_some() =>
                 {
                     break
                 }
