@@ -186,7 +186,9 @@ impl Broker {
             self.metrics.dead_letters_dropped_rate.increment(1);
             return None;
         }
-        let publisher = message.origin().and_then(|id| self.client_id_of(letters, id));
+        let publisher = message
+            .origin()
+            .and_then(|id| self.client_id_of(letters, id));
         let loss = Loss {
             message,
             reason,

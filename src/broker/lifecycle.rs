@@ -319,6 +319,17 @@ impl Broker {
             let mut st = session.lock();
             st.ended = true;
             st.end_stall();
+            // What a cluster's engine still holds for it and no member took (one admitted
+            // after the redistribution above): back to the engine, not settled by the drop.
+            // QoS 2 ones sent are not (MQTT-4.8.2-5).
+            for d in &st.queue {
+                d.message.give_back();
+            }
+            for f in &st.inflight {
+                if f.stage == super::OutboundStage::AwaitPubAck {
+                    f.delivery.message.give_back();
+                }
+            }
             st.queue.clear();
             st.inflight.clear();
             st.inbound_qos2.clear();

@@ -253,7 +253,8 @@ impl Broker {
             }
         }
         let Some(store) = self.store.as_ref() else {
-            if message.retain {
+            // A cluster shared group's message: the cluster's bucket keeps the retained ones.
+            if message.retain && !message.awaits_settlement() {
                 self.store_retained(&message);
             }
             if !losses.is_empty() {
@@ -333,7 +334,8 @@ impl Broker {
             }
             rejected.error
         })?;
-        if message.retain {
+        // A cluster shared group's message: the cluster's bucket keeps the retained ones.
+        if message.retain && !message.awaits_settlement() {
             self.store_retained(&message);
         }
         for (session, delivery) in reserved {
@@ -391,7 +393,8 @@ impl Broker {
         targets: &[Target],
         now_ms: u64,
     ) -> Option<PublishRefused> {
-        if !self.limits.may_refuse() || message.qos == QoS::AtMostOnce || message.origin().is_none() {
+        if !self.limits.may_refuse() || message.qos == QoS::AtMostOnce || message.origin().is_none()
+        {
             return None;
         }
         let size = message.payload.len();
@@ -556,12 +559,21 @@ impl Broker {
                     .filter(|k| index.has_other_connected(k, session.id))
                     .collect()
             };
-            if eligible.is_empty() {
+            // Clustered, a group's message its engine still holds goes back to it when no
+            // member here is connected (a connected member on another node takes it).
+            let clustered = self.cluster().is_some();
+            if eligible.is_empty() && !clustered {
                 return;
             }
-            session
-                .lock()
-                .take_shared(|g| eligible.iter().any(|k| k == g), true)
+            session.lock().take_shared(
+                |d| {
+                    d.message.awaits_settlement()
+                        || d.shared
+                            .as_deref()
+                            .is_some_and(|g| eligible.iter().any(|k| k == g))
+                },
+                true,
+            )
         } else {
             session.lock().take_shared(|_| true, true)
         };
@@ -583,8 +595,15 @@ impl Broker {
                 let may_read = |s: &Session| {
                     authz.is_none_or(|a| s.authorized(a.acl, Action::Read, &d.message.topic))
                 };
-                match index.pick_other(key, &d.message.topic, session.id, connected_only, may_read)
-                {
+                // One its engine holds goes to a connected member here, else back to it.
+                let settles = d.message.awaits_settlement();
+                match index.pick_other(
+                    key,
+                    &d.message.topic,
+                    session.id,
+                    connected_only || settles,
+                    may_read,
+                ) {
                     Some(m) => {
                         // The leaving session no longer holds it: forget its stored entry, or a
                         // restart would deliver it there again. (The new member holds it in
@@ -609,7 +628,7 @@ impl Broker {
                     }
                     // The other members left meanwhile: a disconnecting member keeps it; an
                     // ending session's messages have no other member here.
-                    None if connected_only => moves.push((Arc::clone(session), d)),
+                    None if connected_only && !settles => moves.push((Arc::clone(session), d)),
                     None => homeless.push(d),
                 }
             }

@@ -39,6 +39,9 @@ const BATCH: usize = 200;
 /// How long one pull waits for messages (then the puller checks its members again); below
 /// [`super::unsettled::REOFFER`].
 pub(super) const PULL_WAIT: Duration = Duration::from_secs(1);
+/// How often a puller with no connected member here still pulls (one message, given back):
+/// a consumer nobody pulls is deleted after `inactive_threshold` (`retention`, at least 60 s).
+const KEEP_ALIVE: Duration = Duration::from_secs(20);
 /// A group consumer's `max_ack_pending`: its messages held unacknowledged cluster-wide.
 const MAX_UNSETTLED: i64 = 1000;
 
@@ -233,19 +236,22 @@ async fn pull(
                 continue;
             }
         };
-        loop {
-            match broker.upgrade() {
+        let mut last_pull = tokio::time::Instant::now();
+        'pulling: loop {
+            let connected = match broker.upgrade() {
                 None => return,
-                Some(broker) if !broker.shared_group_has_connected(&key) => {
-                    drop(broker);
-                    tokio::time::sleep(SCAN).await;
-                    continue;
-                }
-                Some(_) => {}
+                Some(broker) => broker.shared_group_has_connected(&key),
+            };
+            // With no member here connected, one small pull now and then keeps the
+            // consumer from being deleted as inactive (what it gets goes back at once).
+            if !connected && last_pull.elapsed() < KEEP_ALIVE {
+                tokio::time::sleep(SCAN).await;
+                continue;
             }
+            last_pull = tokio::time::Instant::now();
             let batch = consumer
                 .batch()
-                .max_messages(BATCH)
+                .max_messages(if connected { BATCH } else { 1 })
                 .expires(PULL_WAIT)
                 .messages()
                 .await;
@@ -253,25 +259,25 @@ async fn pull(
                 Ok(batch) => batch,
                 Err(error) => {
                     tracing::debug!(%error, group = %key, "cluster: a shared group's pull failed; trying again");
-                    break;
+                    break 'pulling;
                 }
             };
             while let Some(message) = batch.next().await {
                 let message = match message {
                     Ok(message) => message,
+                    // A status that ends the pull (the consumer deleted, a leader change, no
+                    // responders): the consumer is made sure of again.
                     Err(error) => {
                         tracing::debug!(%error, group = %key, "cluster: a shared group's pull ended");
-                        break;
+                        break 'pulling;
                     }
                 };
-                match take(
+                // Each one no member here can take goes back at once: the rest of this
+                // pull too, then pulls wait for a connected member.
+                if !take(
                     &cluster, &unsettled, &broker, stream, &key, &inner, &message,
                 ) {
-                    Taken::Yes => {}
-                    // No connected member here any more: this pull ends, so JetStream
-                    // hands the rest to other nodes' pulls.
-                    Taken::NoMember => break,
-                    Taken::BrokerGone => return,
+                    return;
                 }
             }
         }
@@ -279,19 +285,9 @@ async fn pull(
     }
 }
 
-/// What became of one pulled message.
-enum Taken {
-    /// Queued for a member here (or not the group's, and acknowledged).
-    Yes,
-    /// No connected member here could take it: nak'ed for another node.
-    NoMember,
-    /// The broker is gone.
-    BrokerGone,
-}
-
-/// Hands one pulled message to a connected member here, holding its [`super::unsettled::Ticket`]
-/// (acknowledged once the member is done with it); naks it for another node if no member
-/// here can take it.
+/// Hands one pulled message to a connected member here, holding its
+/// [`super::unsettled::Ticket`] (acknowledged once the member is done with it), or gives it
+/// back for another node if no member here can take it. False once the broker is gone.
 fn take(
     cluster: &Cluster,
     unsettled: &Arc<Unsettled>,
@@ -300,34 +296,34 @@ fn take(
     key: &str,
     inner: &str,
     message: &jetstream::Message,
-) -> Taken {
+) -> bool {
     let Some(broker) = broker.upgrade() else {
-        return Taken::BrokerGone;
+        return false;
     };
     let Some(reply) = message.reply.clone() else {
-        return Taken::Yes; // not a JetStream delivery
+        return true; // not a JetStream delivery
     };
     let seq = message.info().ok().map(|i| i.stream_sequence);
     let ticket = unsettled.ticket(reply);
     let Some(routed) = matching(cluster, &message.payload, inner) else {
         drop(ticket); // not the group's: acknowledged
-        return Taken::Yes;
+        return true;
     };
-    let id = ticket.id();
     let routed = Arc::new(routed.with_settlement(Box::new(ticket)));
     // A `PB_MSGS` sequence is where a replay finds it again (a session's cursor); a
     // given-back message has none there.
     if let (STREAM, Some(seq)) = (stream, seq) {
         routed.set_cluster_seq(seq);
     }
-    match broker.deliver_shared(key, routed, true) {
-        Ok(Some(_)) => Taken::Yes,
-        // No connected member here any more: another puller gets it.
+    match broker.deliver_shared(key, Arc::clone(&routed), true) {
+        Ok(Some(_)) => {}
+        // No connected member here (any more): given back before its last handle goes,
+        // which would acknowledge it.
         Ok(None) | Err(_) => {
-            unsettled.nak(id);
-            Taken::NoMember
+            routed.give_back();
         }
     }
+    true
 }
 
 /// A group's QoS 0 messages: a NATS queue group, so one subscriber cluster-wide gets each.

@@ -74,12 +74,16 @@ impl Unsettled {
 
     /// Sends `kind` for ticket `id`, once: false if it was settled already.
     fn settle(&self, id: u64, kind: AckKind) -> bool {
-        let Some(reply) = self.held.lock().remove(&id) else {
+        // Sent under the lock, as the progress replies are: none for this message can
+        // follow its settlement (a late "in progress" would stretch a nak's re-offer).
+        let mut held = self.held.lock();
+        let Some(reply) = held.remove(&id) else {
             return false;
         };
-        self.cluster.metrics.shared_unsettled.decrement(1.0);
         // No task any more (shutdown): JetStream delivers it again after its wait.
         let _ = self.replies.send((reply, kind.into()));
+        drop(held);
+        self.cluster.metrics.shared_unsettled.decrement(1.0);
         true
     }
 }
@@ -89,21 +93,6 @@ impl Unsettled {
 pub(super) struct Ticket {
     id: u64,
     unsettled: Arc<Unsettled>,
-}
-
-impl Ticket {
-    /// Its id, for [`Unsettled::nak`] once the message holds it.
-    pub(super) fn id(&self) -> u64 {
-        self.id
-    }
-}
-
-impl Unsettled {
-    /// Ticket `id`'s message was not taken here (no connected member any more): JetStream
-    /// offers it again after [`REOFFER`], and the ticket's drop settles nothing.
-    pub(super) fn nak(&self, id: u64) {
-        self.settle(id, AckKind::Nak(Some(REOFFER)));
-    }
 }
 
 impl Drop for Ticket {
@@ -143,9 +132,11 @@ async fn keep_waiting(unsettled: Weak<Unsettled>) {
         if !unsettled.cluster.is_up() {
             continue;
         }
-        let held: Vec<Subject> = unsettled.held.lock().values().cloned().collect();
-        for reply in held {
-            let _ = unsettled.replies.send((reply, AckKind::Progress.into()));
+        let held = unsettled.held.lock();
+        for reply in held.values() {
+            let _ = unsettled
+                .replies
+                .send((reply.clone(), AckKind::Progress.into()));
         }
     }
 }

@@ -576,15 +576,99 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
     .await;
 }
 
+/// Issue 17: "QoS ≥ 1: exactly one until acknowledged" (MQTT-4.8.2: each message of a
+/// shared group goes to one member). Member A on node a holds jobs unacknowledged for longer
+/// than the group's acknowledgement wait in JetStream (10 s): node a keeps extending it, so
+/// member B on node b never gets a copy; once A acknowledges them, node a settles them all
+/// (`postbox_cluster_shared_unsettled` back to 0). Without the extension JetStream would
+/// hand A's jobs to B after the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_members_held_jobs_stay_with_it_past_the_groups_acknowledgement_wait() {
+    let (_nats, nodes) = cluster(2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (mut member_a, mut member_b) = group_across(a, b).await;
+    let mut publisher = v5::connect_id(b.mqtt(), "jobs-publisher").await;
+    let (held_by_a, _, _) =
+        jobs_until_a_holds_some(&mut publisher, &mut member_a, &mut member_b).await;
+    let mut held: Vec<Publish> = Vec::new();
+    // The scenario: longer than the group's wait (10 s) with A holding its jobs.
+    let until = tokio::time::Instant::now() + Duration::from_secs(15);
+    while tokio::time::Instant::now() < until {
+        if let Ok(Some(Packet::Publish(p))) = member_b.recv_within(Duration::from_millis(500)).await
+        {
+            let job = String::from_utf8_lossy(&p.payload).into_owned();
+            assert!(
+                !held_by_a.contains_key(&job),
+                "{job}, held unacknowledged by member A, was also delivered to member B"
+            );
+            v5::ack(&mut member_b, &p).await;
+        }
+        while let Ok(Some(Packet::Publish(p))) =
+            member_a.recv_within(Duration::from_millis(10)).await
+        {
+            held.push(p); // late ones of the same batch; acknowledged below
+        }
+    }
+    assert!(
+        a.metric("postbox_cluster_shared_unsettled") >= held_by_a.len() as f64,
+        "node a does not count A's held jobs as unsettled"
+    );
+    // Member A acknowledges what it held: node a settles every one.
+    for p in held_by_a.values().chain(&held) {
+        v5::ack(&mut member_a, p).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.metric("postbox_cluster_shared_unsettled") > 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node a still holds {} unsettled jobs after member A acknowledged them",
+            a.metric("postbox_cluster_shared_unsettled")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// MQTT 5, 4.8.2: a shared group's message goes to one member, and Postbox prefers a
+/// connected member to an offline one (as on one node). Across nodes: member A's session on
+/// node a outlives its connection; while A is offline, every job goes to member B on node b,
+/// none waits in A's queue (node a pulls the group only while a member there is connected),
+/// and A, back, gets none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_groups_jobs_go_to_a_connected_member_on_another_node_not_to_an_offline_one() {
+    let (_nats, nodes) = cluster(2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let member = || v5::persistent_connect("member-a", 3600);
+    let (mut member_a, _) = v5::connect(a.mqtt(), member()).await;
+    let mut member_b = v5::connect_id(b.mqtt(), "member-b").await;
+    v5::subscribe(&mut member_a, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    v5::subscribe(&mut member_b, "$share/workers/jobs/#", QoS::AtLeastOnce).await;
+    settle_group(&mut member_a, &mut member_b, a, b).await;
+    v5::disconnect(member_a).await;
+
+    let mut publisher = v5::connect_id(a.mqtt(), "jobs-publisher").await;
+    publish_numbered(&mut publisher, "jobs/x", "job", 40).await;
+    let mut at_b = HashSet::new();
+    every_job_reaches(&mut member_b, &mut at_b, &HashMap::new(), 40, WAIT).await;
+
+    let (mut member_a, ack) = v5::connect(a.mqtt(), member()).await;
+    assert!(ack.session_present);
+    if let Ok(Some(Packet::Publish(p))) = member_a.recv_within(Duration::from_millis(500)).await {
+        panic!(
+            "offline member A was also given {:?}",
+            String::from_utf8_lossy(&p.payload)
+        );
+    }
+}
+
 /// Publishes numbered jobs on `jobs/x` until member A holds a few unacknowledged
 /// (JetStream splits them between the nodes' pullers as it likes); member B acknowledges
-/// what it gets. Returns A's jobs, B's, and how many were published.
+/// what it gets. Returns A's jobs (by payload), B's, and how many were published.
 async fn jobs_until_a_holds_some(
     publisher: &mut RawClient,
     member_a: &mut RawClient,
     member_b: &mut RawClient,
-) -> (HashSet<String>, HashSet<String>, u16) {
-    let (mut held_by_a, mut at_b) = (HashSet::new(), HashSet::new());
+) -> (HashMap<String, Publish>, HashSet<String>, u16) {
+    let (mut held_by_a, mut at_b) = (HashMap::new(), HashSet::new());
     let mut published = 0u16;
     while held_by_a.len() < 3 {
         assert!(published < 400, "member A never got a job (of {published})");
@@ -601,7 +685,8 @@ async fn jobs_until_a_holds_some(
         while let Ok(Some(Packet::Publish(p))) =
             member_a.recv_within(Duration::from_millis(200)).await
         {
-            held_by_a.insert(String::from_utf8_lossy(&p.payload).into_owned()); // not acked
+            held_by_a.insert(String::from_utf8_lossy(&p.payload).into_owned(), p);
+            // not acked
         }
         while let Ok(Some(Packet::Publish(p))) =
             member_b.recv_within(Duration::from_millis(50)).await
@@ -619,7 +704,7 @@ async fn jobs_until_a_holds_some(
 async fn every_job_reaches(
     member_b: &mut RawClient,
     at_b: &mut HashSet<String>,
-    held_by_a: &HashSet<String>,
+    held_by_a: &HashMap<String, Publish>,
     published: u16,
     limit: Duration,
 ) {
@@ -637,8 +722,10 @@ async fn every_job_reaches(
             }
             _ if tokio::time::Instant::now() >= deadline => {
                 let missing: Vec<_> = all.difference(at_b).collect();
-                let lost_of_a: Vec<_> =
-                    missing.iter().filter(|m| held_by_a.contains(**m)).collect();
+                let lost_of_a: Vec<_> = missing
+                    .iter()
+                    .filter(|m| held_by_a.contains_key(**m))
+                    .collect();
                 panic!(
                     "member B never got {} jobs ({} of them held by member A): {missing:?}",
                     missing.len(),

@@ -609,14 +609,14 @@ impl SessionState {
     /// QoS 1 ones sent but not acknowledged. QoS 2 messages already sent stay (MQTT-4.8.2-4).
     pub fn take_shared(
         &mut self,
-        mut group: impl FnMut(&str) -> bool,
+        mut group: impl FnMut(&Delivery) -> bool,
         include_sent_qos1: bool,
     ) -> Vec<Delivery> {
         let mut taken = Vec::new();
         let mut kept = VecDeque::with_capacity(self.queue.len());
         for d in self.queue.drain(..) {
             match &d.shared {
-                Some(g) if group(g) => {
+                Some(_) if group(&d) => {
                     self.queued_bytes -= d.message.payload.len();
                     taken.push(d);
                 }
@@ -631,7 +631,8 @@ impl SessionState {
             let mut sent = Vec::new();
             self.inflight.retain(|f| {
                 let move_it = f.stage == OutboundStage::AwaitPubAck
-                    && f.delivery.shared.as_deref().is_some_and(&mut group);
+                    && f.delivery.shared.is_some()
+                    && group(&f.delivery);
                 if move_it {
                     sent.push(f.delivery.clone());
                 }

@@ -379,6 +379,12 @@ impl SessionState {
         }
         if let Some(entry) = self.inflight.get_mut(i) {
             entry.stage = OutboundStage::AwaitPubComp;
+            // The client has it: its engine (a clustered shared group's JetStream) is done
+            // with it now, and only the packet id is needed for the PUBREL.
+            if entry.delivery.message.awaits_settlement() {
+                entry.delivery.message =
+                    std::sync::Arc::new(crate::broker::Message::released_placeholder());
+            }
         }
         let ops = seq
             .map(|seq| {
