@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What the cluster (issue 17) costs and gives, on one machine: QoS 1 fan-in and p2p through
+# What the cluster (issue 17) costs and gives, on one machine: QoS 1 fan-in, p2p and a shared
+# group (4 publishers → 4 members of one `$share` group) through
 #   single   one Postbox, no [cluster] (the baseline)
 #   local    node a of a two-node cluster, publishers and subscribers both on a
 #   cross    publishers on node a, subscribers on node b (every message crosses NATS)
@@ -23,7 +24,7 @@ up() { # metrics port: until postbox_cluster_up 1, bounded
   done; echo "node on metrics $1 never joined" >&2; exit 1
 }
 for i in $(seq "${REPEATS:-3}"); do
-  for case in ${CASES:-fan-in p2p}; do
+  for case in ${CASES:-fan-in p2p shared}; do
     for mode in ${MODES:-single local cross}; do
       pids=(); pa=$("$T/postbox-bench" free-port); ma=$("$T/postbox-bench" free-port)
       pb=$("$T/postbox-bench" free-port); mb=$("$T/postbox-bench" free-port)
@@ -40,7 +41,8 @@ for i in $(seq "${REPEATS:-3}"); do
         "$T/postbox-bench" wait-port "127.0.0.1:$pb" --timeout 10; up "$mb"; sub=(--subscribe-host "127.0.0.1:$pb")
       fi
       [ -n "$nats" ] && up "$ma"
-      case $case in fan-in) shape=(--publishers 10 --messages 10000) ;; p2p) shape=(--pairs 10 --messages 10000) ;; esac
+      case $case in fan-in) shape=(--publishers 10 --messages 10000) ;; p2p) shape=(--pairs 10 --messages 10000) ;;
+        shared) shape=(--publishers 4 --subscribers 4 --messages 5000) ;; esac
       "$T/postbox-bench" run "$case" --host "127.0.0.1:$pa" "${sub[@]}" --qos 1 "${shape[@]}" \
         --broker "$mode" --case "$case-q1" --settings defaults --broker-pid "$a" \
         --json "$OUT/results.jsonl" --timeout 120 | grep -E "delivered|lost|latency|CPU" || true

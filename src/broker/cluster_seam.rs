@@ -113,13 +113,14 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// date soon (not on this call's path).
     fn session_changed(&self, client_id: &str);
 
-    /// A QoS 1/2 message of shared group `group` that a session ending here still held
-    /// (queued, or a QoS 1 one sent and not acknowledged; a QoS 2 one already sent is
-    /// dropped, MQTT-4.8.2-5), with no other member of the group on this
-    /// node: given back to the group cluster-wide, so a member on another node gets it
-    /// (a group's message is redelivered to another member when its member's session ends).
-    /// False when it cannot be (QoS 0, or the engine is unreachable or its queue full): the
-    /// caller counts the drop.
+    /// A message of shared group `group` that a session ending here still held (queued, or
+    /// a QoS 1 one sent and not acknowledged; a QoS 2 one already sent is dropped,
+    /// MQTT-4.8.2-5), with no other member of the group on this node (or, for one the
+    /// engine still holds, a disconnecting member's with no other member connected here):
+    /// given back to the group cluster-wide, so a member on another node gets it (a group's
+    /// message is redelivered to another member when its member's session ends). False
+    /// when it cannot be (QoS 0 with no ticket, or the engine is unreachable or its queue
+    /// full): the caller counts the drop.
     fn regroup(&self, group: &str, message: &Arc<Message>) -> bool;
 
     /// After the CONNECT attached a new local session: rebuilds it from `restore` (its

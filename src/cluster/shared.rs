@@ -5,14 +5,18 @@
 //! Instead, for each group with a member here, this node pulls from the group's durable
 //! consumer of `PB_MSGS` (`share-<hash of the group's key>[-parent]`, the group's filter
 //! mapped onto subjects), which every node with a member pulls from too: JetStream hands each
-//! message to one puller, which queues it for one of its local members (the group's
-//! strategy) and acknowledges it once queued; a puller whose members left meanwhile gives it
-//! back (nak) for another node. QoS 0 messages of a group come through a NATS queue group on
-//! the core subjects, which likewise gives each to one subscriber.
+//! message to one puller, which queues it for one of its connected local members (the
+//! group's strategy) with a ticket ([`super::unsettled`]): it is acknowledged to JetStream
+//! only when that member is done with it, so a node that dies with it has it delivered
+//! elsewhere. A node pulls only while a member there is connected; a puller whose members
+//! left meanwhile gives it back (nak) for another node. QoS 0 messages of a group come
+//! through a NATS queue group on the core subjects, which likewise gives each to one
+//! subscriber.
 //!
-//! A member's session that ends on a node with no other member of its group gives what it
-//! still held back to the group (`pb.g.<group hash>` in `PB_REGROUP`, one more consumer per
-//! group), so a member on another node gets it.
+//! A member's session that ends (or disconnects) on a node with no other connected member
+//! of its group gives what it still held back to the group: a nak, or, for a message with no
+//! ticket, a copy to `pb.g.<group hash>` in `PB_REGROUP` (one more consumer per group), so a
+//! member on another node gets it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -92,6 +92,9 @@ pub struct PubSubPlan {
     /// A v5 user property every PUBLISH carries with a value unique to it (run, publisher,
     /// sequence number): the key `[dedup]` looks up, so its cost can be measured.
     pub message_id_property: Option<String>,
+    /// Distinct messages the subscribers must receive between them, whoever gets each (a
+    /// shared group's members); 0 when each subscriber has its own `expected`.
+    pub group_expected: u64,
 }
 
 /// What a run measured.
@@ -269,7 +272,10 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
     let mut last_delivered = 0;
     let n_subs = plan.subscribers.len();
     let completed = loop {
-        if progress.subs_done.load(Ordering::Acquire) >= n_subs && pubs.is_empty() {
+        if progress.subs_done.load(Ordering::Acquire) >= n_subs
+            && pubs.is_empty()
+            && progress.delivered.load(Ordering::Relaxed) >= plan.group_expected
+        {
             break true;
         }
         if Instant::now() >= deadline {
@@ -318,7 +324,7 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
         latency.add(&r.latency).context("merge histograms")?;
         last_new = last_new.max(r.last_new);
     }
-    let expected = plan.subscribers.iter().map(|s| s.expected).sum();
+    let expected = plan.group_expected + plan.subscribers.iter().map(|s| s.expected).sum::<u64>();
     let since_start = |t: Option<Instant>| t.map_or(0.0, |t| (t - start).as_secs_f64());
     Ok(PubSubOutcome {
         sent,

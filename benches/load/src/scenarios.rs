@@ -36,11 +36,14 @@ pub enum Scenario {
     /// C short-lived clients, a fixed number at a time: connect (TLS handshake with
     /// `--tls-ca`), CONNECT/CONNACK, DISCONNECT, until the broker has closed. Handshakes/s.
     Handshakes,
+    /// N publishers → one shared group (`$share/bench/...`) of M members: each message
+    /// once, to any member (a work queue).
+    Shared,
 }
 
 impl Scenario {
     /// Every scenario, in the order a comparison runs them.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::FanIn,
         Scenario::FanOut,
         Scenario::P2p,
@@ -49,6 +52,7 @@ impl Scenario {
         Scenario::Retained,
         Scenario::Durable,
         Scenario::Handshakes,
+        Scenario::Shared,
     ];
 
     /// The command-line name.
@@ -62,6 +66,7 @@ impl Scenario {
             Scenario::Retained => "retained",
             Scenario::Durable => "durable",
             Scenario::Handshakes => "handshakes",
+            Scenario::Shared => "shared",
         }
     }
 }
@@ -252,6 +257,12 @@ impl Params {
                 p.subscribers = 4;
                 p.messages = 5_000;
             }
+            Scenario::Shared => {
+                p.qos = QoS::AtLeastOnce;
+                p.publishers = 4;
+                p.subscribers = 4;
+                p.messages = 5_000;
+            }
             Scenario::Handshakes => p.connections = 5_000,
             Scenario::Connections | Scenario::Retained => {}
         }
@@ -390,9 +401,24 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
                 .collect();
             (pubs, subs)
         }
+        Scenario::Shared => {
+            let n = p.publishers;
+            let pubs = (0..n)
+                .map(|i| publisher(i, format!("{base}/jobs/{i}"), n))
+                .collect();
+            // The group as a whole must receive every message (`group_expected`).
+            let subs = (0..p.subscribers)
+                .map(|i| subscriber(i, format!("$share/bench/{base}/jobs/#"), 0, true))
+                .collect();
+            (pubs, subs)
+        }
         Scenario::Connections | Scenario::Retained | Scenario::Handshakes => {
             (Vec::new(), Vec::new())
         }
+    };
+    let group_expected = match scenario {
+        Scenario::Shared => p.publishers as u64 * p.messages,
+        _ => 0,
     };
     PubSubPlan {
         addr: p.addr,
@@ -410,6 +436,7 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
         broker_pid: p.broker_pid,
         tls: p.tls.clone(),
         message_id_property: p.message_id_property.clone(),
+        group_expected,
     }
 }
 
