@@ -251,13 +251,7 @@ impl Params {
                 p.messages = 3_000;
                 p.rate = Some(10_000.0);
             }
-            Scenario::Durable => {
-                p.qos = QoS::AtLeastOnce;
-                p.publishers = 4;
-                p.subscribers = 4;
-                p.messages = 5_000;
-            }
-            Scenario::Shared => {
+            Scenario::Durable | Scenario::Shared => {
                 p.qos = QoS::AtLeastOnce;
                 p.publishers = 4;
                 p.subscribers = 4;
