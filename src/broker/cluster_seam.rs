@@ -113,6 +113,11 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// date soon (not on this call's path).
     fn session_changed(&self, client_id: &str);
 
+    /// Shared group `key` got its first member on this node (before the SUBACK): the
+    /// group's messages from now on are this node's to take, so its pulling starts from
+    /// here, not from when the puller is started.
+    fn shared_group_joined(&self, key: &str);
+
     /// A message of shared group `group` that a session ending here still held (queued, or
     /// a QoS 1 one sent and not acknowledged; a QoS 2 one already sent is dropped,
     /// MQTT-4.8.2-5), with no other member of the group on this node (or, for one the

@@ -135,6 +135,11 @@ impl SharedSubscriptions {
         (out, more)
     }
 
+    /// Whether group `key` exists (has a member here).
+    pub fn has_group(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
     /// Every group's key and inner filter.
     pub fn keys(&self) -> Vec<(Arc<str>, ByteString)> {
         self.groups

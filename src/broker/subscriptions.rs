@@ -62,12 +62,16 @@ impl Broker {
                 options,
                 identifier,
             };
-            let existed = {
+            let (existed, new_group) = {
                 let mut index = self.shared.write();
+                let new_group = !index.has_group(filter);
                 let existed = index.subscribe(filter, inner, member);
                 self.has_shared.store(true, Ordering::Release);
-                existed
+                (existed, new_group)
             };
+            if let (true, Some(cluster)) = (new_group, self.cluster()) {
+                cluster.shared_group_joined(filter);
+            }
             self.update_subscription_gauge();
             session.lock().subscriptions.insert(
                 filter.clone(),

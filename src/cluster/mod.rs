@@ -112,6 +112,12 @@ pub struct Cluster {
     liveness: nodes::Liveness,
     /// Wakes the search for sessions of dead nodes ([`orphans`]).
     orphans: tokio::sync::Notify,
+    /// Where a shared group that got its first member here starts, if its consumer is new:
+    /// the stream sequence after the highest seen when it was joined
+    /// ([`ClusterSeam::shared_group_joined`]), taken by [`shared`] when it starts pulling.
+    /// With when it was joined, so starts of groups that went before their pullers started
+    /// are forgotten.
+    group_starts: parking_lot::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>,
 }
 
 impl Cluster {
@@ -139,6 +145,7 @@ impl Cluster {
             sessions: sessions::Records::new(crate::storage::now_unix_ms()),
             liveness: nodes::Liveness::default(),
             orphans: tokio::sync::Notify::new(),
+            group_starts: parking_lot::Mutex::default(),
         });
         broker.install_cluster(Arc::clone(&cluster) as Arc<dyn ClusterSeam>);
         link::spawn(
@@ -304,6 +311,13 @@ impl ClusterSeam for Cluster {
 
     fn session_changed(&self, client_id: &str) {
         self.sessions.changed(client_id);
+    }
+
+    fn shared_group_joined(&self, key: &str) {
+        let start = self.seen_seq.load(Ordering::Acquire) + 1;
+        self.group_starts
+            .lock()
+            .insert(key.to_owned(), (start, std::time::Instant::now()));
     }
 
     fn confirm(&self, broker: &Arc<Broker>, client_id: &str, claimed: u64) {

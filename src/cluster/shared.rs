@@ -96,6 +96,11 @@ pub(super) async fn run(
         };
         let groups = strong.shared_group_keys();
         drop(strong);
+        // Starts of groups that went before their pullers started (one joined since the
+        // snapshot above is younger than a few scans).
+        cluster.group_starts.lock().retain(|key, (_, joined)| {
+            joined.elapsed() < SCAN * 10 || groups.iter().any(|(k, _)| **k == **key)
+        });
         running.retain(|key, tasks| {
             let kept = groups.iter().any(|(k, _)| k == key);
             if !kept {
@@ -107,7 +112,11 @@ pub(super) async fn run(
             if running.contains_key(&key) {
                 continue;
             }
-            let start = cluster.seen_seq.load(std::sync::atomic::Ordering::Acquire) + 1;
+            // From when the group was joined here (a message published after its SUBACK
+            // is the group's), else from now.
+            let joined = cluster.group_starts.lock().remove(&*key).map(|(s, _)| s);
+            let start = joined
+                .unwrap_or_else(|| cluster.seen_seq.load(std::sync::atomic::Ordering::Acquire) + 1);
             let from_now = consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: start,
             };

@@ -660,6 +660,22 @@ async fn a_shared_groups_jobs_go_to_a_connected_member_on_another_node_not_to_an
     }
 }
 
+/// MQTT 5, 4.8.2 / 3.3: a message published after the SUBACK of a shared subscription
+/// matches it. Clustered, a group's messages come through its JetStream consumer, which a
+/// node makes when it first sees the group: jobs published on the member's node right after
+/// its SUBACK all arrive. Before, the consumer started from when the puller was started
+/// (up to a scan later), and the first jobs were never delivered to the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_shared_groups_first_member_gets_the_jobs_published_right_after_its_suback() {
+    let (_nats, nodes) = cluster(2).await;
+    let a = &nodes[0];
+    let mut member = v5::connect_id(a.mqtt(), "fresh-member").await;
+    let mut publisher = v5::connect_id(a.mqtt(), "fresh-publisher").await;
+    v5::subscribe(&mut member, "$share/fresh/jobs/#", QoS::AtLeastOnce).await;
+    publish_numbered(&mut publisher, "jobs/x", "job", 20).await;
+    every_job_reaches(&mut member, &mut HashSet::new(), &HashMap::new(), 20, WAIT).await;
+}
+
 /// Publishes numbered jobs on `jobs/x` until member A holds a few unacknowledged
 /// (JetStream splits them between the nodes' pullers as it likes); member B acknowledges
 /// what it gets. Returns A's jobs (by payload), B's, and how many were published.
