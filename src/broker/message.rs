@@ -63,7 +63,7 @@ pub struct Message {
 /// crash of this node has it delivered again elsewhere rather than lost.
 pub trait Settlement: Send + Sync + std::fmt::Debug {
     /// The message was not taken here after all: the engine hands it to another receiver
-    /// (at once), and the later drop settles nothing. True when that was done.
+    /// (soon), and the later drop settles nothing. True when that was done.
     fn give_back(&self) -> bool;
 }
 

@@ -326,7 +326,7 @@ impl ClusterSeam for Cluster {
 
     fn regroup(&self, group: &str, message: &Arc<Message>) -> bool {
         // Pulled from the group's consumer and not yet acknowledged there: given back to it
-        // (a nak), so JetStream hands it to a member's node at once.
+        // (a nak), so JetStream offers it to a member's node again (after `REOFFER`).
         if message.give_back() {
             tracing::debug!(group, topic = %message.topic, "cluster: a shared group's message given back to its consumer");
             return true;
