@@ -371,6 +371,16 @@ impl Broker {
         None
     }
 
+    /// Whether `session` has a delivery in flight under `packet_id` (a resumed session's
+    /// QoS 2 delivery the replay already sent again with it).
+    pub fn has_inflight(&self, session: &super::Session, packet_id: u16) -> bool {
+        session
+            .lock()
+            .inflight
+            .iter()
+            .any(|i| i.packet_id == packet_id)
+    }
+
     /// Whether a session with this client id exists on this node.
     pub fn has_session(&self, client_id: &str) -> bool {
         self.sessions.lock().get(client_id).is_some()

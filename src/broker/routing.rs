@@ -170,6 +170,7 @@ impl Broker {
         let Some(member) = member else {
             return Ok(None);
         };
+        let session = Arc::clone(&member.session);
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
         targets.push(Target {
             qos: message.qos.min(member.options.qos), // MQTT-4.8.2-3
@@ -179,8 +180,13 @@ impl Broker {
             shared: Some(Arc::from(key)),
         });
         let now_ms = self.coarse_ms();
-        self.deliver(message, targets, None, None, 1, now_ms)
-            .map(Some)
+        match self.deliver(message, targets, None, None, 1, now_ms) {
+            // The member's session ended between the pick and the admission (not a drop:
+            // nothing was counted): as if there had been no member, so the caller gives the
+            // message back to its group rather than letting it go.
+            Ok(routed) if routed.queued == 0 && session.lock().ended => Ok(None),
+            other => other.map(Some),
+        }
     }
 
     /// Every shared group with a member on this node: its key and inner filter.

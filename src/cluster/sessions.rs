@@ -552,7 +552,9 @@ pub(super) async fn restore(
             sent.await
                 .map_err(|_| "the queue to NATS is gone (shutting down)")?;
         }
-        replay(cluster, js, broker, session, &restore, floor, local_floor).await
+        let replayed = replay(cluster, js, broker, session, &restore, floor, local_floor).await?;
+        resend_unmet(js, broker, session, &restore).await?;
+        Ok::<_, async_nats::Error>(replayed)
     })
     .await
     {
@@ -573,9 +575,78 @@ pub(super) async fn restore(
     }
 }
 
-/// QoS 2 deliveries the session had in flight that the replay did not meet (no longer in
-/// the stream, or the session no longer subscribed): their packet ids stay taken until a
-/// PUBREL sent again completes them, since the client may hold them (MQTT-4.3.3-9).
+/// QoS 2 deliveries awaiting PUBREC that the replay did not meet, sent again with their
+/// packet ids (MQTT-4.4.0-1), fetched from the stream by their sequence. The replay skips
+/// shared groups' messages (they reach the group through its consumer), so this is how a
+/// shared group's QoS 2 job in flight to a member that moved reaches it again, on its new
+/// node, and no other member (MQTT-4.8.2-4/5): the old node settled it with the group when it
+/// handed the session over. One no longer in the stream (older than `retention`) is released
+/// below ([`release_unmatched`]).
+async fn resend_unmet(
+    js: &jetstream::Context,
+    broker: &Arc<Broker>,
+    session: &Arc<Session>,
+    restore: &Restore,
+) -> Result<(), async_nats::Error> {
+    let unmet: Vec<(u16, u64)> = restore
+        .qos2
+        .iter()
+        .copied()
+        .filter(|&(packet_id, seq)| seq != 0 && !broker.has_inflight(session, packet_id))
+        .collect();
+    if unmet.is_empty() {
+        return Ok(());
+    }
+    let stream = js.get_stream(STREAM).await?;
+    for (packet_id, seq) in unmet {
+        let raw = match stream.get_raw_message(seq).await {
+            Ok(raw) => raw,
+            Err(error)
+                if error.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+            {
+                tracing::warn!(client = %session.client_id, packet_id, seq, "cluster: a QoS 2 message in flight to a resumed session is no longer in the stream; its packet id is released");
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let Ok((_, _, mut publish)) = wire::decode(&raw.payload) else {
+            continue;
+        };
+        let retained = publish.retain;
+        publish.retain = false;
+        let message = Arc::new(Message::from_publish(publish, None));
+        message.set_cluster_seq(seq);
+        let mut retain = false;
+        let mut ids: SmallVec<[u32; 1]> = SmallVec::new();
+        for (filter, options, id) in &restore.subscriptions {
+            let inner = match crate::codec::topic::split_shared(filter) {
+                None => &**filter,
+                Some(Ok((_, inner))) => inner,
+                Some(Err(())) => continue,
+            };
+            if crate::broker::admin::filter_matches(inner, &message.topic) {
+                retain |= options.retain_as_published && retained;
+                ids.extend(*id);
+            }
+        }
+        let delivery = crate::broker::Delivery {
+            message,
+            qos: QoS::ExactlyOnce,
+            retain,
+            subscription_ids: ids,
+            seq: None,
+            shared: None,
+        };
+        // Its packet id taken here meanwhile (a delivery the replay queued cannot hold it:
+        // those get ids only when sent): released below instead.
+        drop(broker.restore_cluster_inflight(session, packet_id, Some(delivery)));
+    }
+    Ok(())
+}
+
+/// QoS 2 deliveries the session had in flight that were not sent again (no longer in the
+/// stream): their packet ids stay taken until a PUBREL sent again completes them, since the
+/// client may hold them (MQTT-4.3.3-9).
 fn release_unmatched(broker: &Broker, session: &Arc<Session>, restore: &Restore) {
     for &(packet_id, _) in &restore.qos2 {
         drop(broker.restore_cluster_inflight(session, packet_id, None));

@@ -87,7 +87,7 @@ pub(super) async fn run(
     retention: Duration,
 ) {
     let mut running: HashMap<Arc<str>, Vec<tokio::task::JoinHandle<()>>> = HashMap::new();
-    let unsettled = Unsettled::start(client.clone(), Arc::clone(&cluster));
+    let unsettled = Unsettled::start(client.clone(), Arc::clone(&cluster), broker.clone());
     let mut scan = tokio::time::interval(SCAN);
     loop {
         scan.tick().await;

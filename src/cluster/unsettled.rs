@@ -1,13 +1,14 @@
 //! Shared groups' messages this node pulled from JetStream and has not settled yet.
 //!
 //! A group's message is acknowledged to JetStream only when its member is done with it (its
-//! PUBACK / PUBCOMP, or a drop that was counted), not when it is queued here: until then
+//! PUBACK / PUBREC, or a drop that was counted), not when it is queued here: until then
 //! JetStream holds it, so a node that dies with it queued has it delivered to a member on
 //! another node once `ACK_WAIT` has passed. Each pulled message carries a [`Ticket`] (the
 //! broker's [`Settlement`]); dropping the message's last handle acknowledges it, giving it
 //! back (a session ending here with no other member) naks it. While a member holds it, its
 //! wait is extended every `PROGRESS` ("work in progress"), so a slow or offline member does
-//! not have it redelivered to another. The replies go out in order through one task.
+//! not have it redelivered to another. The replies go out in order through one task. A
+//! ticket dropped with the broker itself (embedded, the runtime going on) sends nothing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +21,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::Cluster;
-use crate::broker::Settlement;
+use crate::broker::{Broker, Settlement};
 
 /// The group consumers' `ack_wait`: how long a message a node pulled waits for its
 /// settlement (or a progress reply) before JetStream hands it to another node, which is how
@@ -44,17 +45,26 @@ pub(super) struct Unsettled {
     /// Replies to send, in order (the sending task publishes them).
     replies: mpsc::UnboundedSender<(Subject, Bytes)>,
     cluster: Arc<Cluster>,
+    /// The broker whose sessions hold the tickets: once it is gone (dropped while the
+    /// runtime goes on, as when Postbox is embedded), a ticket dropped with it is not an
+    /// acknowledgement, its member never had the message.
+    broker: Weak<Broker>,
 }
 
 impl Unsettled {
     /// Starts the reply and progress tasks; they end when the last handle is dropped.
-    pub(super) fn start(client: async_nats::Client, cluster: Arc<Cluster>) -> Arc<Unsettled> {
+    pub(super) fn start(
+        client: async_nats::Client,
+        cluster: Arc<Cluster>,
+        broker: Weak<Broker>,
+    ) -> Arc<Unsettled> {
         let (replies, rx) = mpsc::unbounded_channel();
         let unsettled = Arc::new(Unsettled {
             held: parking_lot::Mutex::default(),
             next: AtomicU64::new(1),
             replies,
             cluster,
+            broker,
         });
         tokio::spawn(send_replies(client, rx));
         tokio::spawn(keep_waiting(Arc::downgrade(&unsettled)));
@@ -69,6 +79,13 @@ impl Unsettled {
         Ticket {
             id,
             unsettled: Arc::clone(self),
+        }
+    }
+
+    /// Stops holding ticket `id` without a reply.
+    fn forget(&self, id: u64) {
+        if self.held.lock().remove(&id).is_some() {
+            self.cluster.metrics.shared_unsettled.decrement(1.0);
         }
     }
 
@@ -97,6 +114,13 @@ pub(super) struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        // The broker being dropped drops its sessions' queues: not settled, just forgotten
+        // here (JetStream offers the message again after its wait). Its last strong handle
+        // is gone from the moment its drop began.
+        if self.unsettled.broker.strong_count() == 0 {
+            self.unsettled.forget(self.id);
+            return;
+        }
         self.unsettled.settle(self.id, AckKind::Ack);
     }
 }

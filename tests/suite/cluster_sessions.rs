@@ -676,6 +676,98 @@ async fn a_new_shared_groups_first_member_gets_the_jobs_published_right_after_it
     every_job_reaches(&mut member, &mut HashSet::new(), &HashMap::new(), 20, WAIT).await;
 }
 
+/// MQTT-4.8.2-4/5 (a shared group's QoS 2 message sent to a member whose session goes on is
+/// completed with that member, not sent to another) and MQTT-4.4.0-1 (a resumed session has
+/// its unacknowledged PUBLISHes sent again with their packet ids), across nodes: member M on
+/// node a has QoS 2 jobs in flight (no PUBREC) when its session moves to node b; node b
+/// sends each again with its packet id and DUP, and member B, connected on node b, gets none
+/// of them. Before, node b released the packet ids with a PUBREL and the jobs were gone (the
+/// replay of a moved session leaves shared groups' messages out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_qos2_job_in_flight_to_a_member_follows_its_session_to_another_node() {
+    let (_nats, nodes) = cluster(2).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let member = || v5::persistent_connect("q2-member", 3600);
+    let (mut moving, _) = v5::connect(a.mqtt(), member()).await;
+    v5::subscribe(&mut moving, "$share/q2/jobs2/#", QoS::ExactlyOnce).await;
+    let mut publisher = v5::connect_id(a.mqtt(), "q2-publisher").await;
+    let mut in_flight: HashMap<String, u16> = HashMap::new();
+    for n in 1..=3u16 {
+        let payload = format!("q2job{n}");
+        let code = v5::publish(
+            &mut publisher,
+            v5::publish_packet("jobs2/x", QoS::ExactlyOnce, payload.as_bytes(), n),
+        )
+        .await;
+        assert!(!code.is_error(), "{payload} refused: {code:?}");
+    }
+    while in_flight.len() < 3 {
+        match moving.recv_within(WAIT).await {
+            Ok(Some(Packet::Publish(p))) => {
+                assert_eq!(p.qos, QoS::ExactlyOnce, "granted QoS 2");
+                // No PUBREC: in flight.
+                in_flight.insert(
+                    String::from_utf8_lossy(&p.payload).into_owned(),
+                    p.packet_id,
+                );
+            }
+            Ok(Some(_)) => {}
+            other => panic!("only {} of 3 jobs arrived: {other:?}", in_flight.len()),
+        }
+    }
+    let mut member_b = v5::connect_id(b.mqtt(), "q2-member-b").await;
+    v5::subscribe(&mut member_b, "$share/q2/jobs2/#", QoS::ExactlyOnce).await;
+    v5::disconnect(moving).await;
+
+    let (mut moved, ack) = v5::connect(b.mqtt(), member()).await;
+    assert!(
+        ack.session_present,
+        "the session moved to node b (MQTT-3.2.2-2)"
+    );
+    let mut again: HashMap<String, u16> = HashMap::new();
+    while again.len() < in_flight.len() {
+        match moved.recv_within(WAIT).await {
+            Ok(Some(Packet::Publish(p))) => {
+                let job = String::from_utf8_lossy(&p.payload).into_owned();
+                assert_eq!(
+                    in_flight.get(&job),
+                    Some(&p.packet_id),
+                    "{job} sent again under another packet id (MQTT-4.4.0-1)"
+                );
+                assert!(p.dup, "{job} sent again without DUP (MQTT-3.3.1-1)");
+                again.insert(job, p.packet_id);
+                moved
+                    .send(&Packet::PubRec(postbox::codec::PubResponse::new(
+                        p.packet_id,
+                    )))
+                    .await;
+            }
+            Ok(Some(Packet::PubRel(r))) => {
+                assert!(
+                    again.values().any(|id| *id == r.packet_id),
+                    "node b released packet id {} instead of sending its job again (sent again: {again:?})",
+                    r.packet_id
+                );
+                moved
+                    .send(&Packet::PubComp(postbox::codec::PubResponse::new(
+                        r.packet_id,
+                    )))
+                    .await;
+            }
+            Ok(Some(_)) => {}
+            other => {
+                panic!("jobs in flight never sent again: {again:?} of {in_flight:?}: {other:?}")
+            }
+        }
+    }
+    if let Ok(Some(Packet::Publish(p))) = member_b.recv_within(Duration::from_secs(3)).await {
+        panic!(
+            "member B also got {:?}, in flight to the moved member (MQTT-4.8.2-5)",
+            String::from_utf8_lossy(&p.payload)
+        );
+    }
+}
+
 /// Publishes numbered jobs on `jobs/x` until member A holds a few unacknowledged
 /// (JetStream splits them between the nodes' pullers as it likes); member B acknowledges
 /// what it gets. Returns A's jobs (by payload), B's, and how many were published.
