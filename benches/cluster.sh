@@ -18,6 +18,9 @@ node() { # name port mport nats data
   "$T/postbox" -c "$OUT/$1.toml" -p "$2" --metrics-port "$3" >"$OUT/$1.log" 2>&1 &
   echo $!
 }
+ticks() { # pid: its CPU time so far (user + system, clock ticks); 0 without one
+  if [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi
+}
 up() { # metrics port: until postbox_cluster_up 1, bounded
   for _ in $(seq 100); do
     curl -s "http://127.0.0.1:$1/metrics" | grep -q '^postbox_cluster_up 1' && return 0; sleep 0.1
@@ -28,10 +31,10 @@ for i in $(seq "${REPEATS:-3}"); do
     for mode in ${MODES:-single local cross}; do
       pids=(); pa=$("$T/postbox-bench" free-port); ma=$("$T/postbox-bench" free-port)
       pb=$("$T/postbox-bench" free-port); mb=$("$T/postbox-bench" free-port)
-      work=$(mktemp -d "$OUT/run-XXXXXX"); nats=""
+      work=$(mktemp -d "$OUT/run-XXXXXX"); nats=""; natspid=""; b=""
       if [ "$mode" != single ]; then
         np=$("$T/postbox-bench" free-port)
-        nats-server -js -sd "$work/js" -a 127.0.0.1 -p "$np" >"$OUT/nats.log" 2>&1 & pids+=($!)
+        nats-server -js -sd "$work/js" -a 127.0.0.1 -p "$np" >"$OUT/nats.log" 2>&1 & natspid=$!; pids+=($natspid)
         "$T/postbox-bench" wait-port "127.0.0.1:$np" --timeout 10; nats="nats://127.0.0.1:$np"
       fi
       a=$(node a "$pa" "$ma" "$nats" "$work/a"); pids+=($a)
@@ -43,9 +46,24 @@ for i in $(seq "${REPEATS:-3}"); do
       [ -n "$nats" ] && up "$ma"
       case $case in fan-in) shape=(--publishers 10 --messages 10000) ;; p2p) shape=(--pairs 10 --messages 10000) ;;
         shared) shape=(--publishers 4 --subscribers 4 --messages 5000) ;; esac
+      n0=$(ticks "$natspid"); b0=$(ticks "$b")
       "$T/postbox-bench" run "$case" --host "127.0.0.1:$pa" "${sub[@]}" --qos 1 "${shape[@]}" \
         --broker "$mode" --case "$case-q1" --settings defaults --broker-pid "$a" \
         --json "$OUT/results.jsonl" --timeout 120 | grep -E "delivered|lost|latency|CPU" || true
+      # The CPU the run cost nats-server and node b (not in the publishing node's figure),
+      # per delivered message, added to the run's line.
+      python3 - "$OUT/results.jsonl" "$(( $(ticks "$natspid") - n0 ))" "$(( $(ticks "$b") - b0 ))" "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+path, nats, other, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+lines = open(path).read().splitlines()
+run = json.loads(lines[-1])
+n = max(run.get("delivered") or 0, 1)
+run["nats_cpu_us_per_msg"] = nats * 1e6 / hz / n
+run["other_node_cpu_us_per_msg"] = other * 1e6 / hz / n
+lines[-1] = json.dumps(run)
+open(path, "w").write("\n".join(lines) + "\n")
+print("  nats-server CPU | %.2f us/msg; node b %.2f us/msg" % (run["nats_cpu_us_per_msg"], run["other_node_cpu_us_per_msg"]))
+PY
       kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"
     done
   done
@@ -53,7 +71,8 @@ done
 python3 - "$OUT/results.jsonl" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-keys = ("delivered_per_s", "p50_us", "p99_us", "broker_cpu_us_per_msg", "lost")
+keys = ("delivered_per_s", "p50_us", "p99_us", "broker_cpu_us_per_msg",
+        "nats_cpu_us_per_msg", "other_node_cpu_us_per_msg", "lost")
 for case in sorted({r["case"] for r in runs}):
     med = {}
     for m in ("single", "local", "cross"):

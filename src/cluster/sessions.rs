@@ -303,8 +303,24 @@ impl Records {
 
 /// The cursor a session holding `view` may record now.
 fn cursor_of(cluster: &Cluster, view: &HeldSession) -> u64 {
-    let floor = cluster.node_floor();
+    cursor_at(cluster.node_floor(), view)
+}
+
+/// The cursor of a session holding `view` with the node's floor at `floor`.
+fn cursor_at(floor: u64, view: &HeldSession) -> u64 {
     view.lowest_pending_seq.map_or(floor, |seq| seq.min(floor))
+}
+
+/// Gives up the local session of `client_id` ([`Broker::release_to_cluster`]) and reads the
+/// node's floor in the same step against the consumer's routing (the gate): a message the
+/// consumer routes after the release never reaches the session, so the cursor handed over
+/// must not pass it (read after the gate's release, the floor could). Returns what the
+/// session held and the cursor it hands over.
+fn release(cluster: &Cluster, broker: &Broker, client_id: &str) -> Option<(HeldSession, u64)> {
+    let _gate = cluster.gate.lock();
+    let view = broker.release_to_cluster(client_id)?;
+    let cursor = cursor_at(cluster.node_floor(), &view);
+    Some((view, cursor))
 }
 
 /// Claims `client_id` for this node (see the module's doc).
@@ -884,21 +900,14 @@ pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, 
         return;
     };
     cluster.sessions.owned.lock().remove(client_id);
-    let Some(view) = broker.release_to_cluster(client_id) else {
+    let Some((view, cursor)) = release(cluster, broker, client_id) else {
         return;
     };
     tracing::info!(client = client_id, to = %claim.owner, "cluster: session claimed by another node while connecting here");
     let Some(bucket) = cluster.sessions.bucket.get().cloned() else {
         return;
     };
-    let mut handed = Record::from_view(
-        &claim.owner,
-        claim.life,
-        &view,
-        cursor_of(cluster, &view),
-        None,
-        None,
-    );
+    let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
     handed.handed = true;
     handed.expiry = claim.expiry;
     handed.will = claim.will;
@@ -949,7 +958,7 @@ async fn hand_over(
             (entry.revision, claim.clone(), std::time::Instant::now()),
         );
     }
-    let Some(view) = broker.release_to_cluster(&client_id) else {
+    let Some((view, released_cursor)) = release(cluster, broker, &client_id) else {
         return;
     };
     tracing::info!(client = %client_id, to = %claim.owner, "cluster: session taken over by another node");
@@ -963,7 +972,7 @@ async fn hand_over(
     // sequences of what it holds are not known, its last record's cursor (the claim's copy)
     // finds them.
     let mut cursor = if owned_here || claim.cursor == 0 {
-        cursor_of(cluster, &view)
+        released_cursor
     } else {
         claim.cursor
     };
