@@ -21,6 +21,9 @@ node() { # name port mport nats data
 ticks() { # pid: its CPU time so far (user + system, clock ticks); 0 without one
   if [ -n "${1:-}" ] && [ -r "/proc/$1/stat" ]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi
 }
+runs() { # how many runs results.jsonl holds
+  if [ -f "$OUT/results.jsonl" ]; then wc -l <"$OUT/results.jsonl"; else echo 0; fi
+}
 up() { # metrics port: until postbox_cluster_up 1, bounded
   for _ in $(seq 100); do
     curl -s "http://127.0.0.1:$1/metrics" | grep -q '^postbox_cluster_up 1' && return 0; sleep 0.1
@@ -46,13 +49,13 @@ for i in $(seq "${REPEATS:-3}"); do
       [ -n "$nats" ] && up "$ma"
       case $case in fan-in) shape=(--publishers 10 --messages 10000) ;; p2p) shape=(--pairs 10 --messages 10000) ;;
         shared) shape=(--publishers 4 --subscribers 4 --messages 5000) ;; esac
-      n0=$(ticks "$natspid"); b0=$(ticks "$b")
+      n0=$(ticks "$natspid"); b0=$(ticks "$b"); lines0=$(runs)
       "$T/postbox-bench" run "$case" --host "127.0.0.1:$pa" "${sub[@]}" --qos 1 "${shape[@]}" \
         --broker "$mode" --case "$case-q1" --settings defaults --broker-pid "$a" \
         --json "$OUT/results.jsonl" --timeout 120 | grep -E "delivered|lost|latency|CPU" || true
       # The CPU the run cost nats-server and node b (not in the publishing node's figure),
       # per delivered message, added to the run's line.
-      python3 - "$OUT/results.jsonl" "$(( $(ticks "$natspid") - n0 ))" "$(( $(ticks "$b") - b0 ))" "$(getconf CLK_TCK)" <<'PY'
+      [ "$(runs)" -gt "$lines0" ] && python3 - "$OUT/results.jsonl" "$(( $(ticks "$natspid") - n0 ))" "$(( $(ticks "$b") - b0 ))" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
 path, nats, other, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 lines = open(path).read().splitlines()

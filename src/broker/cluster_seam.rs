@@ -228,7 +228,10 @@ pub struct HeldSession {
     )>,
     /// The lowest cluster stream sequence among the QoS 1/2 messages it holds (queued or in
     /// flight, not counting QoS 2 ones the client has received) whose sequence is known;
-    /// `None` when it holds none.
+    /// `None` when it holds none. Shared groups' messages are left out: the replay of a
+    /// moved session does not send them (a group's queued jobs go back to the group, its
+    /// QoS 2 ones in flight are fetched by sequence, [`HeldSession::qos2`]), and a job from
+    /// a group's backlog can be far older than anything else the session holds.
     pub lowest_pending_seq: Option<u64>,
     /// Its QoS 2 deliveries in flight: packet id and stream sequence, 0 once the client has
     /// the message (PUBREL sent). Deliveries of unknown sequence are left out.
@@ -246,12 +249,14 @@ impl Broker {
         let lowest_pending_seq = st
             .queue
             .iter()
-            .filter(|d| d.qos != QoS::AtMostOnce)
+            .filter(|d| d.qos != QoS::AtMostOnce && d.shared.is_none())
             .map(|d| &d.message)
             .chain(
                 st.inflight
                     .iter()
-                    .filter(|i| i.stage != super::OutboundStage::AwaitPubComp)
+                    .filter(|i| {
+                        i.stage != super::OutboundStage::AwaitPubComp && i.delivery.shared.is_none()
+                    })
                     .map(|i| &i.delivery.message),
             )
             .filter_map(|m| m.cluster_seq())
@@ -392,6 +397,20 @@ impl Broker {
     /// and it ends here without a trace in the store. Returns what it held, for the
     /// hand-over record; `None` if there was no such session.
     pub fn release_to_cluster(&self, client_id: &str) -> Option<HeldSession> {
+        self.release_to_cluster_holding(client_id)
+            .map(|(view, _)| view)
+    }
+
+    /// As [`Broker::release_to_cluster`], and also returns the shared groups' QoS 2
+    /// messages the session had sent and not had received (awaiting PUBREC) that the next
+    /// owner sends again (their sequence is in the view's `qos2`): they stay the member's
+    /// (MQTT-4.8.2-4), and their settlement with the group (dropping the last handle) waits
+    /// until the hand-over record that lists them is written. Those of unknown sequence,
+    /// which the next owner cannot fetch, are given back to their group here.
+    pub fn release_to_cluster_holding(
+        &self,
+        client_id: &str,
+    ) -> Option<(HeldSession, Vec<Arc<Message>>)> {
         let session = {
             let mut sessions = self.sessions.lock();
             let session = sessions.get(client_id).cloned()?;
@@ -400,8 +419,22 @@ impl Broker {
             session
         };
         let view = Broker::view_of(&session);
+        let mut held = Vec::new();
         let (displaced, had_will) = {
             let mut st = session.lock();
+            for inflight in &st.inflight {
+                let message = &inflight.delivery.message;
+                if inflight.stage == super::OutboundStage::AwaitPubRec
+                    && inflight.delivery.shared.is_some()
+                    && message.awaits_settlement()
+                {
+                    if message.cluster_seq().is_some() {
+                        held.push(Arc::clone(message));
+                    } else {
+                        let _ = message.give_back();
+                    }
+                }
+            }
             let displaced = st.connection.take().is_some();
             st.disconnected_at = Some(std::time::Instant::now());
             st.end_stall();
@@ -414,6 +447,6 @@ impl Broker {
             self.took_over(&session);
         }
         self.end_session(&session);
-        Some(view)
+        Some((view, held))
     }
 }

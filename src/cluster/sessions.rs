@@ -311,16 +311,36 @@ fn cursor_at(floor: u64, view: &HeldSession) -> u64 {
     view.lowest_pending_seq.map_or(floor, |seq| seq.min(floor))
 }
 
-/// Gives up the local session of `client_id` ([`Broker::release_to_cluster`]) and reads the
-/// node's floor in the same step against the consumer's routing (the gate): a message the
-/// consumer routes after the release never reaches the session, so the cursor handed over
-/// must not pass it (read after the gate's release, the floor could). Returns what the
-/// session held and the cursor it hands over.
-fn release(cluster: &Cluster, broker: &Broker, client_id: &str) -> Option<(HeldSession, u64)> {
+/// Gives up the local session of `client_id` ([`Broker::release_to_cluster_holding`]) and
+/// reads the node's floor in the same step against the consumer's routing (the gate): a
+/// message the consumer routes after the release never reaches the session, so the cursor
+/// handed over must not pass it (read after the gate's release, the floor could). Returns
+/// what the session held, the cursor it hands over, and its shared QoS 2 jobs in flight
+/// ([`Handed`]).
+fn release(
+    cluster: &Cluster,
+    broker: &Broker,
+    client_id: &str,
+) -> Option<(HeldSession, u64, Handed)> {
     let _gate = cluster.gate.lock();
-    let view = broker.release_to_cluster(client_id)?;
+    let (view, jobs) = broker.release_to_cluster_holding(client_id)?;
     let cursor = cursor_at(cluster.node_floor(), &view);
-    Some((view, cursor))
+    Some((view, cursor, Handed(jobs)))
+}
+
+/// A released session's shared QoS 2 jobs in flight, which its hand-over record lists for
+/// the next owner to send again: settled with their groups (acknowledged, as the member
+/// has them) when this is dropped, once the record is written; given back to their groups
+/// if it could not be ([`Handed::not_written`]), so none is lost between the two.
+struct Handed(Vec<Arc<Message>>);
+
+impl Handed {
+    /// The record listing them was not written: the next owner may not know of them.
+    fn not_written(self) {
+        for job in &self.0 {
+            let _ = job.give_back();
+        }
+    }
 }
 
 /// Claims `client_id` for this node (see the module's doc).
@@ -549,12 +569,29 @@ pub(super) async fn restore(
             rx
         });
         (
-            cluster.node_floor(),
+            // Other nodes' messages below it were routed here before the subscriptions
+            // (this node's own are told apart by their local id: the consumer skips them).
+            cluster.consumer_floor.load(Ordering::Acquire),
             cluster.next_local_id.load(Ordering::Acquire),
             sent,
         )
     };
     if !replays {
+        // Nothing to replay (no subscription left, or no cursor), but a QoS 2 delivery in
+        // flight is sent again all the same (MQTT-4.4.0-1).
+        if let Some(js) = cluster
+            .js
+            .get()
+            .filter(|_| restore.qos2.iter().any(|q| q.1 != 0))
+        {
+            let resent =
+                tokio::time::timeout(REPLAY_LIMIT, resend_unmet(js, broker, session, &restore))
+                    .await;
+            if !matches!(resent, Ok(Ok(()))) {
+                tracing::warn!(client = %session.client_id, "cluster: a resumed session's QoS 2 messages in flight could not be fetched; refusing its CONNECT (the session's record is kept for the next attempt)");
+                return false;
+            }
+        }
         release_unmatched(broker, session, &restore);
         unrestored.done = true;
         return true;
@@ -632,26 +669,20 @@ async fn resend_unmet(
         publish.retain = false;
         let message = Arc::new(Message::from_publish(publish, None));
         message.set_cluster_seq(seq);
-        let mut retain = false;
-        let mut ids: SmallVec<[u32; 1]> = SmallVec::new();
-        for (filter, options, id) in &restore.subscriptions {
-            let inner = match crate::codec::topic::split_shared(filter) {
-                None => &**filter,
-                Some(Ok((_, inner))) => inner,
-                Some(Err(())) => continue,
-            };
-            if crate::broker::admin::filter_matches(inner, &message.topic) {
-                retain |= options.retain_as_published && retained;
-                ids.extend(*id);
-            }
-        }
+        // Its group: the session's first shared subscription it matches (a session with
+        // two groups matching one topic cannot tell which one sent it; either is right for
+        // the client). None if the member left the group since: sent again all the same.
+        let group = restore.subscriptions.iter().find(|(filter, _, _)| {
+            matches!(crate::codec::topic::split_shared(filter),
+                Some(Ok((_, inner))) if crate::broker::admin::filter_matches(inner, &message.topic))
+        });
         let delivery = crate::broker::Delivery {
-            message,
             qos: QoS::ExactlyOnce,
-            retain,
-            subscription_ids: ids,
+            retain: group.is_some_and(|(_, options, _)| options.retain_as_published && retained),
+            subscription_ids: group.and_then(|(_, _, id)| *id).into_iter().collect(),
             seq: None,
-            shared: None,
+            shared: group.map(|(filter, _, _)| Arc::from(&**filter)),
+            message,
         };
         // Its packet id taken here meanwhile (a delivery the replay queued cannot hold it:
         // those get ids only when sent): released below instead.
@@ -756,7 +787,7 @@ async fn replay(
         let seq = message.info().map_or(0, |info| info.stream_sequence);
         if let Ok((origin, local_id, mut publish)) = wire::decode(&message.payload) {
             let own = origin == cluster.node;
-            if seq < floor || (own && local_id < local_floor) {
+            if (!own && seq < floor) || (own && local_id < local_floor) {
                 let retained = publish.retain;
                 publish.retain = false; // the retained index is not this replay's business
                 let routed = Arc::new(Message::from_publish(publish, None));
@@ -900,7 +931,7 @@ pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, 
         return;
     };
     cluster.sessions.owned.lock().remove(client_id);
-    let Some((view, cursor)) = release(cluster, broker, client_id) else {
+    let Some((view, cursor, jobs)) = release(cluster, broker, client_id) else {
         return;
     };
     tracing::info!(client = client_id, to = %claim.owner, "cluster: session claimed by another node while connecting here");
@@ -914,7 +945,13 @@ pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, 
     handed.wd = claim.wd;
     let key = subject::key(client_id);
     tokio::spawn(async move {
-        let _ = bucket.update(key.as_str(), handed.encode(), revision).await;
+        if bucket
+            .update(key.as_str(), handed.encode(), revision)
+            .await
+            .is_err()
+        {
+            jobs.not_written();
+        }
     });
 }
 
@@ -958,7 +995,7 @@ async fn hand_over(
             (entry.revision, claim.clone(), std::time::Instant::now()),
         );
     }
-    let Some((view, released_cursor)) = release(cluster, broker, &client_id) else {
+    let Some((view, released_cursor, jobs)) = release(cluster, broker, &client_id) else {
         return;
     };
     tracing::info!(client = %client_id, to = %claim.owner, "cluster: session taken over by another node");
@@ -999,6 +1036,7 @@ async fn hand_over(
         .await
     {
         tracing::debug!(client = %client_id, %error, "cluster: hand-over not written (claimed again since)");
+        jobs.not_written();
     }
 }
 
