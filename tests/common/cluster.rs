@@ -33,12 +33,18 @@ pub fn write_node_config(dir: &std::path::Path, id: &str, nats: &str, extra: &st
     let (mqtt, metrics) = (free_port(), free_port());
     let data = dir.join("data");
     let path = dir.join("postbox.toml");
+    // An `extra` that starts with `[storage]` adds its keys (up to the next table) to the
+    // node's own `[storage]` table: TOML has one table of a name.
+    let (storage, extra) = match extra.strip_prefix("[storage]\n") {
+        Some(rest) => rest.split_at(rest.find("\n[").map_or(rest.len(), |i| i + 1)),
+        None => ("", extra),
+    };
     std::fs::write(
         &path,
         format!(
             "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n\
              [metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
-             [storage]\ndir = {data:?}\n\
+             [storage]\ndir = {data:?}\n{storage}\n\
              [cluster]\nnode = \"{id}\"\nservers = [\"{nats}\"]\n{extra}\n"
         ),
     )

@@ -353,6 +353,68 @@ async fn a_session_moving_while_both_nodes_publish_gets_every_message() {
     }
 }
 
+/// "Never acknowledge what you might lose", on the receiving node: a message from another
+/// node that this node's store refuses (its disk budget, `storage.max_disk_bytes`, is
+/// reached) is given back to JetStream and comes again, and the node's cumulative
+/// acknowledgement of a later message it did store must not cover it. Node b holds an
+/// offline persistent session's queue on a 1 MiB budget; node a's publisher sends large and
+/// small messages alternately, so near the budget the large ones are refused while the
+/// small ones are stored; once the session drains its queue, every message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_nodes_store_refused_come_again_despite_later_ones_stored() {
+    let (_nats, nodes) =
+        common::cluster::start_cluster(2, "[storage]\nmax_disk_bytes = 1048576\n").await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let session = || v5::persistent_connect("budgeted", 3600);
+    let (mut c, _) = v5::connect(b.mqtt(), session()).await;
+    v5::subscribe(&mut c, "fill/#", QoS::AtLeastOnce).await;
+    v5::disconnect(c).await;
+
+    let mut publisher = v5::connect_id(a.mqtt(), "fill-publisher").await;
+    const COUNT: u16 = 40;
+    for n in 1..=COUNT {
+        let size = if n % 2 == 0 { 1024 } else { 96 * 1024 };
+        let mut payload = format!("m{n}-").into_bytes();
+        payload.resize(size, b'x');
+        let code = v5::publish(
+            &mut publisher,
+            v5::publish_packet("fill/x", QoS::AtLeastOnce, &payload, n),
+        )
+        .await;
+        assert!(!code.is_error(), "m{n} refused by node a: {code:?}");
+    }
+    let (mut c, ack) = v5::connect(b.mqtt(), session()).await;
+    assert!(ack.session_present);
+    let mut seen = HashSet::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seen.len() < usize::from(COUNT) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match c.recv_within(left).await {
+            Ok(Some(Packet::Publish(p))) => {
+                v5::ack(&mut c, &p).await;
+                let name = p
+                    .payload
+                    .split(|b| *b == b'-')
+                    .next()
+                    .unwrap_or_default()
+                    .to_vec();
+                seen.insert(String::from_utf8_lossy(&name).into_owned());
+            }
+            Ok(Some(_)) => {}
+            other => {
+                let missing: Vec<String> = (1..=COUNT)
+                    .map(|n| format!("m{n}"))
+                    .filter(|m| !seen.contains(m))
+                    .collect();
+                panic!(
+                    "{} of {COUNT} arrived ({other:?}); missing: {missing:?}",
+                    seen.len()
+                );
+            }
+        }
+    }
+}
+
 /// A QoS 2 receiver as MQTT-4.3.3 describes it, until `want` distinct payloads arrived
 /// (bounded by `WAIT`): a PUBLISH is taken (counted in `got`) unless its packet id awaits a
 /// PUBREL (then it is the same message again, MQTT-4.3.3-9), and answered with PUBREC; a
