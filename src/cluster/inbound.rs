@@ -1,18 +1,14 @@
 //! What other nodes sent, routed through this node's topic tree like a local PUBLISH (queues,
 //! flow control and dead letters all apply):
 //!
-//! - QoS 1/2: the node's durable pull consumer of `PB_MSGS` (`node-<id>`). A message is
-//!   acknowledged to JetStream only once it is queued, durably where its sessions are; until
-//!   then JetStream keeps it and redelivers it after `ack_wait` (so a crash of this node
-//!   loses none of it). The node's own messages are skipped (routed when published:
-//!   loop-free). The consumer acknowledges cumulatively (`AckPolicy::All`): one
-//!   acknowledgement per burst covers every message before it, which is a quarter of
-//!   nats-server's work per message saved (`benches/README.md`); see [`Acknowledger`].
-//!   A consumer made by an earlier version (`Explicit`) keeps one acknowledgement each.
+//! - QoS 1/2: the node's durable pull consumer of `PB_MSGS` (`node-<id>`, explicit ack). A
+//!   message is acknowledged to JetStream only once it is queued, durably where its sessions
+//!   are; until then JetStream keeps it and redelivers it after `ack_wait` (so a crash of
+//!   this node loses none of it). The node's own messages are skipped (routed when
+//!   published: loop-free).
 //! - QoS 0: a core subscription on `pb.q0.>`, at most once.
 //! - Retained: a watch of the retained bucket, with history, into the local retained index.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -27,13 +23,6 @@ use crate::storage::Durable;
 
 /// Messages routed and waiting for their local commit before their JetStream ack.
 const ACK_QUEUE: usize = 4096;
-/// Most messages one cumulative acknowledgement waits for (then it is sent, even if more
-/// are queued).
-const ACK_BURST: usize = 256;
-/// How long a message whose local commit failed holds back the cumulative acknowledgements
-/// without coming again: JetStream offers it again after [`RETRY`], so one not seen for this
-/// long is gone from the stream (its `max_age`), and waiting for it would stall the node.
-const FAILED_FORGOTTEN: Duration = Duration::from_secs(300);
 /// Pause before trying again after the consumer, subscription or watch failed.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -103,12 +92,8 @@ async fn consume_stream(
             Ok::<_, async_nats::Error>((consumer, messages))
         }
         .await;
-        // Whether the consumer acknowledges cumulatively (one made by an earlier version
-        // does not).
-        let ack_all;
         let (mut consumer, mut messages) = match consumer {
             Ok((mut consumer, messages)) => {
-                ack_all = consumer.cached_info().config.ack_policy == consumer::AckPolicy::All;
                 if let Ok(info) = consumer.info().await {
                     // Where it resumes: what it had delivered (a new consumer: the stream's
                     // end when it was made).
@@ -176,16 +161,10 @@ async fn consume_stream(
             let Ok(durable) = routed else {
                 // Not taken here now (the store refused it): JetStream delivers it again
                 // after a pause; nothing is acknowledged.
-                if acks_tx.send((None, message, ack_all, false)).await.is_err() {
-                    return;
-                }
+                let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
                 continue;
             };
-            if acks_tx
-                .send((durable, message, ack_all, true))
-                .await
-                .is_err()
-            {
+            if acks_tx.send((durable, message)).await.is_err() {
                 return;
             }
         }
@@ -226,8 +205,7 @@ pub(super) async fn node_consumer(
                 // A new node starts with what is published from now on; a known one resumes
                 // where it stopped.
                 deliver_policy: consumer::DeliverPolicy::New,
-                // One acknowledgement covers every message before it ([`Acknowledger`]).
-                ack_policy: consumer::AckPolicy::All,
+                ack_policy: consumer::AckPolicy::Explicit,
                 // A message pulled by a node that then crashed comes again after this.
                 ack_wait: Duration::from_secs(30),
                 filter_subject: format!("{STREAM_SUBJECTS}.>"),
@@ -253,89 +231,19 @@ fn route(broker: &Broker, message: Arc<Message>) -> Result<Option<Durable>, ()> 
     }
 }
 
-/// One routed stream message for [`acknowledge`]: the commit its acknowledgement waits for,
-/// the message, whether its consumer acknowledges cumulatively, and whether it was taken
-/// here at all (false: refused, given back with a nak).
-type Routed = (Option<Durable>, jetstream::Message, bool, bool);
-
-/// Acknowledges stream messages in order, each once its local commit is durable; a message
-/// refused here or whose commit failed is given back (nak: JetStream offers it again after
-/// [`RETRY`]). Cumulatively for an `AckPolicy::All` consumer ([`Acknowledger`]), else one by
-/// one.
-async fn acknowledge(mut acks: mpsc::Receiver<Routed>) {
-    let mut cumulative = Acknowledger::default();
-    while let Some(first) = acks.recv().await {
-        let mut next = Some(first);
-        let mut burst = 0;
-        while let Some((durable, message, ack_all, taken)) = next.take() {
-            let mut stored = taken;
-            if let Some(durable) = durable {
-                if let Err(error) = durable.await {
-                    tracing::warn!(%error, "cluster: a message from another node was not stored here; it will be delivered again");
-                    stored = false;
-                }
-            }
-            if ack_all {
-                cumulative.note(message, stored).await;
-            } else if !stored {
+/// Acknowledges stream messages in order, each once its local commit is durable (a failed
+/// commit: not acknowledged, JetStream redelivers).
+async fn acknowledge(mut acks: mpsc::Receiver<(Option<Durable>, jetstream::Message)>) {
+    while let Some((durable, message)) = acks.recv().await {
+        if let Some(durable) = durable {
+            if let Err(error) = durable.await {
+                tracing::warn!(%error, "cluster: a message from another node was not stored here; it will be delivered again");
                 let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
-            } else if let Err(error) = message.ack().await {
-                tracing::debug!(%error, "cluster: acknowledgement to JetStream failed; the message may come again");
-            }
-            burst += 1;
-            if burst < ACK_BURST {
-                next = acks.try_recv().ok();
+                continue;
             }
         }
-        cumulative.flush().await;
-    }
-}
-
-/// The cumulative acknowledgements of an `AckPolicy::All` consumer: acknowledging a message
-/// acknowledges every one at or below its stream sequence, so a burst of routed messages
-/// costs one. A message that was not taken here (nak) must not be covered by a later one
-/// until it came again and was taken: while any such is outstanding nothing is
-/// acknowledged (JetStream's `max_ack_pending` then holds new deliveries back: the node's
-/// back-pressure), and the highest taken one is acknowledged once none is.
-#[derive(Default)]
-struct Acknowledger {
-    /// The taken message with the highest stream sequence not acknowledged yet.
-    best: Option<(u64, jetstream::Message)>,
-    /// Messages given back and not yet taken since, by stream sequence: when last given back.
-    outstanding: HashMap<u64, std::time::Instant>,
-}
-
-impl Acknowledger {
-    /// Notes one routed message: taken (`stored`), or given back.
-    async fn note(&mut self, message: jetstream::Message, stored: bool) {
-        let seq = message.info().map_or(0, |info| info.stream_sequence);
-        if !stored {
-            self.outstanding.insert(seq, std::time::Instant::now());
-            let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
-            return;
-        }
-        self.outstanding.remove(&seq);
-        if self.best.as_ref().is_none_or(|(best, _)| *best < seq) {
-            self.best = Some((seq, message));
-        }
-    }
-
-    /// Acknowledges the highest taken message if nothing given back is outstanding.
-    async fn flush(&mut self) {
-        self.outstanding.retain(|seq, at| {
-            let kept = at.elapsed() < FAILED_FORGOTTEN;
-            if !kept {
-                tracing::warn!(seq, "cluster: a message given back has not come again for 5 minutes (gone from the stream); acknowledging past it");
-            }
-            kept
-        });
-        if !self.outstanding.is_empty() {
-            return;
-        }
-        if let Some((_, message)) = self.best.take() {
-            if let Err(error) = message.ack().await {
-                tracing::debug!(%error, "cluster: acknowledgement to JetStream failed; the messages may come again");
-            }
+        if let Err(error) = message.ack().await {
+            tracing::debug!(%error, "cluster: acknowledgement to JetStream failed; the message may come again");
         }
     }
 }

@@ -355,8 +355,8 @@ async fn a_session_moving_while_both_nodes_publish_gets_every_message() {
 
 /// "Never acknowledge what you might lose", on the receiving node: a message from another
 /// node that this node's store refuses (its disk budget, `storage.max_disk_bytes`, is
-/// reached) is given back to JetStream and comes again, and the node's cumulative
-/// acknowledgement of a later message it did store must not cover it. Node b holds an
+/// reached) is given back to JetStream and comes again, though later ones were stored and
+/// acknowledged (an acknowledgement must never cover it). Node b holds an
 /// offline persistent session's queue on a 1 MiB budget; node a's publisher sends large and
 /// small messages alternately, so near the budget the large ones are refused while the
 /// small ones are stored; once the session drains its queue, every message arrives.
