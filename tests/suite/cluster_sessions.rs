@@ -203,9 +203,6 @@ async fn a_session_that_cannot_be_replayed_is_refused_and_kept_whole() {
 /// before the replay reads it (the outbound barrier).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qos2_session_moving_to_its_publishers_node_gets_each_message_exactly_once() {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    use std::sync::Arc;
-
     let (_nats, nodes) = cluster(2).await;
     let (mut first, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("mover2", 3600)).await;
     v5::subscribe(&mut first, "m2/#", QoS::ExactlyOnce).await;
@@ -218,33 +215,17 @@ async fn a_qos2_session_moving_to_its_publishers_node_gets_each_message_exactly_
     for round in 0..6u16 {
         // The publisher on the node the session moves to, publishing as it moves.
         let to = &nodes[usize::from(round % 2 == 0)];
-        let progress = Arc::new(AtomicU16::new(0));
-        let mut publisher = v5::connect_id(to.mqtt(), &format!("m2-pub-{round}")).await;
-        let publishing = {
-            let progress = Arc::clone(&progress);
-            tokio::spawn(async move {
-                for n in 1..=EACH {
-                    let payload = format!("r{round}-{n}");
-                    let code = v5::publish(
-                        &mut publisher,
-                        v5::publish_packet("m2/x", QoS::ExactlyOnce, payload.as_bytes(), n),
-                    )
-                    .await;
-                    assert!(!code.is_error(), "{payload} refused: {code:?}");
-                    progress.store(n, Ordering::Release);
-                }
-                v5::disconnect(publisher).await;
-            })
-        };
+        let (publishing, mut progress) = publish_in_background(
+            to.mqtt(),
+            format!("m2-pub-{round}"),
+            "m2/x".into(),
+            QoS::ExactlyOnce,
+            format!("r{round}-"),
+            EACH,
+        )
+        .await;
         // Moves while about a third has been published.
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while progress.load(Ordering::Acquire) < EACH / 3 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "round {round}: publisher stuck"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        reached(&mut progress, EACH / 3, round).await;
         let (mut mover, ack) = v5::connect(to.mqtt(), v5::persistent_connect("mover2", 3600)).await;
         assert!(ack.session_present, "round {round}: MQTT-3.2.2-2");
         publishing.await.expect("publisher");
@@ -269,9 +250,6 @@ async fn a_qos2_session_moving_to_its_publishers_node_gets_each_message_exactly_
 /// consumer had routed were neither replayed nor delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_moving_while_both_nodes_publish_gets_every_message() {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    use std::sync::Arc;
-
     let (_nats, nodes) = cluster(2).await;
     let (mut first, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("mover3", 3600)).await;
     v5::subscribe(&mut first, "m3/#", QoS::AtLeastOnce).await;
@@ -281,39 +259,26 @@ async fn a_session_moving_while_both_nodes_publish_gets_every_message() {
     let mut seen: HashSet<String> = HashSet::new();
     for round in 0..4u16 {
         let to = usize::from(round % 2 == 0);
-        let progress = Arc::new(AtomicU16::new(0));
         let mut publishing = Vec::new();
+        let mut progress = None;
         for (i, node) in nodes.iter().enumerate() {
-            let mut publisher = v5::connect_id(node.mqtt(), &format!("m3-pub-{round}-{i}")).await;
-            let progress = Arc::clone(&progress);
-            publishing.push(tokio::spawn(async move {
-                for n in 1..=EACH {
-                    let payload = format!("r{round}-{i}-{n}");
-                    let code = v5::publish(
-                        &mut publisher,
-                        v5::publish_packet(
-                            &format!("m3/{i}"),
-                            QoS::AtLeastOnce,
-                            payload.as_bytes(),
-                            n,
-                        ),
-                    )
-                    .await;
-                    assert!(!code.is_error(), "{payload} refused: {code:?}");
-                    if i == to {
-                        progress.store(n, Ordering::Release);
-                    }
-                }
-                v5::disconnect(publisher).await;
-            }));
+            let (task, of_node) = publish_in_background(
+                node.mqtt(),
+                format!("m3-pub-{round}-{i}"),
+                format!("m3/{i}"),
+                QoS::AtLeastOnce,
+                format!("r{round}-{i}-"),
+                EACH,
+            )
+            .await;
+            publishing.push(task);
+            if i == to {
+                progress = Some(of_node);
+            }
         }
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while progress.load(Ordering::Acquire) < EACH / 3 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "round {round}: publisher stuck"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        // Moves while the destination's publisher is about a third through.
+        if let Some(progress) = progress.as_mut() {
+            reached(progress, EACH / 3, round).await;
         }
         let (mut mover, ack) =
             v5::connect(nodes[to].mqtt(), v5::persistent_connect("mover3", 3600)).await;
@@ -413,6 +378,43 @@ async fn messages_a_nodes_store_refused_come_again_despite_later_ones_stored() {
             }
         }
     }
+}
+
+/// Publishes `<prefix>1..=count` on `topic` at `qos` from a new connection `client_id` to
+/// `node`, in a task (each one must be accepted); the receiver follows how many are done.
+async fn publish_in_background(
+    node: std::net::SocketAddr,
+    client_id: String,
+    topic: String,
+    qos: QoS,
+    prefix: String,
+    count: u16,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<u16>,
+) {
+    let mut publisher = v5::connect_id(node, &client_id).await;
+    let (done, progress) = tokio::sync::watch::channel(0u16);
+    let task = tokio::spawn(async move {
+        for n in 1..=count {
+            let payload = format!("{prefix}{n}");
+            let code = v5::publish(
+                &mut publisher,
+                v5::publish_packet(&topic, qos, payload.as_bytes(), n),
+            )
+            .await;
+            assert!(!code.is_error(), "{payload} refused: {code:?}");
+            done.send_replace(n);
+        }
+        v5::disconnect(publisher).await;
+    });
+    (task, progress)
+}
+
+/// Waits (bounded by `WAIT`) until a background publisher has `at` messages done.
+async fn reached(progress: &mut tokio::sync::watch::Receiver<u16>, at: u16, round: u16) {
+    let done = tokio::time::timeout(WAIT, progress.wait_for(|n| *n >= at)).await;
+    assert!(matches!(done, Ok(Ok(_))), "round {round}: publisher stuck");
 }
 
 /// A QoS 2 receiver as MQTT-4.3.3 describes it, until `want` distinct payloads arrived
