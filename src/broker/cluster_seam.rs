@@ -39,6 +39,8 @@ pub struct Restore {
     /// PUBREL was sent, the PUBCOMP had not come). Sent again with the same packet ids, so
     /// the client receives each message once across the move (MQTT-4.3.3, MQTT-4.4.0-1).
     pub qos2: Vec<(u16, u64)>,
+    /// The packet ids among `qos2` of shared groups' deliveries ([`HeldSession::qos2_shared`]).
+    pub qos2_shared: Vec<u16>,
 }
 
 /// A PUBLISH admitted by [`ClusterSeam::admit`]: its local id, and (QoS 1/2) a hold on the
@@ -236,6 +238,10 @@ pub struct HeldSession {
     /// Its QoS 2 deliveries in flight: packet id and stream sequence, 0 once the client has
     /// the message (PUBREL sent). Deliveries of unknown sequence are left out.
     pub qos2: Vec<(u16, u64)>,
+    /// The packet ids among `qos2` (awaiting PUBREC) of shared groups' deliveries: the next
+    /// owner sends those again as its group's, and its consumer's routing (plain
+    /// subscriptions only) never brings them.
+    pub qos2_shared: Vec<u16>,
     /// A connection holds it now.
     pub connected: bool,
     /// The will waiting for its delay after an abnormal close, and when it is due (unix ms).
@@ -274,6 +280,12 @@ impl Broker {
                 super::OutboundStage::AwaitPubAck => None,
             })
             .collect();
+        let qos2_shared = st
+            .inflight
+            .iter()
+            .filter(|i| i.stage == super::OutboundStage::AwaitPubRec && i.delivery.shared.is_some())
+            .map(|i| i.packet_id)
+            .collect();
         let mut subscriptions: Vec<_> = st
             .subscriptions
             .iter()
@@ -286,6 +298,7 @@ impl Broker {
             subscriptions,
             lowest_pending_seq,
             qos2,
+            qos2_shared,
             connected: st.connection.is_some(),
             pending_will: st
                 .pending_will
@@ -376,14 +389,15 @@ impl Broker {
         None
     }
 
-    /// Whether `session` has a delivery in flight under `packet_id` (a resumed session's
-    /// QoS 2 delivery the replay already sent again with it).
-    pub fn has_inflight(&self, session: &super::Session, packet_id: u16) -> bool {
+    /// Whether `session` has the message of cluster stream sequence `seq` in flight under
+    /// `packet_id` (a resumed session's QoS 2 delivery the replay already sent again with
+    /// it; the id taken by another message does not count).
+    pub fn has_inflight(&self, session: &super::Session, packet_id: u16, seq: u64) -> bool {
         session
             .lock()
             .inflight
             .iter()
-            .any(|i| i.packet_id == packet_id)
+            .any(|i| i.packet_id == packet_id && i.delivery.message.cluster_seq() == Some(seq))
     }
 
     /// Whether a session with this client id exists on this node.

@@ -55,7 +55,36 @@ impl Broker {
         inbound_qos2: Option<(&ByteString, u16)>,
         extra: Option<Op>,
     ) -> Result<Routed, PublishRefused> {
+        self.route(message, inbound_qos2, extra, &[])
+    }
+
+    /// [`Broker::publish`] of a message from another cluster node that the sessions `skip`
+    /// already have in flight: a session that moved here was sent it again under the packet
+    /// id it had on its old node before this node's consumer reached it, and must not get
+    /// it a second time under a new one (QoS 2: exactly once, MQTT-4.3.3).
+    ///
+    /// # Errors
+    ///
+    /// As [`Broker::publish`].
+    pub fn publish_skipping(
+        &self,
+        message: Arc<Message>,
+        skip: &[SessionId],
+    ) -> Result<Routed, PublishRefused> {
+        self.route(message, None, None, skip)
+    }
+
+    /// Routing itself, the sessions in `skip` left out.
+    #[allow(clippy::needless_pass_by_value)]
+    fn route(
+        &self,
+        message: Arc<Message>,
+        inbound_qos2: Option<(&ByteString, u16)>,
+        extra: Option<Op>,
+        skip: &[SessionId],
+    ) -> Result<Routed, PublishRefused> {
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
+        let mut skipped = false;
         let authz = self.authz();
         let acl_generation = authz.map_or(0, |a| a.generation());
         self.subscriptions
@@ -63,6 +92,10 @@ impl Broker {
             .for_each_match(&message.topic, |sid, sub| {
                 if sub.options.no_local && message.origin() == Some(*sid) {
                     return; // MQTT-3.8.3-3
+                }
+                if !skip.is_empty() && skip.contains(sid) {
+                    skipped = true; // it has the message in flight already
+                    return;
                 }
                 if let Some(authz) = authz {
                     // Only subscriptions granted in part, or under an older ACL.
@@ -101,6 +134,7 @@ impl Broker {
             return Err(refused);
         }
         if matched == 0
+            && !skipped
             && message.qos != QoS::AtMostOnce
             && !message.retain
             && !self.is_dead_letter_topic(&message.topic)

@@ -117,6 +117,7 @@ async fn consume_stream(
                 _ = lag_check.tick() => {
                     if let Ok(info) = consumer.info().await {
                         cluster.metrics.lag.set(info.num_pending as f64);
+                        cluster.resent_ahead.acknowledged_to(info.ack_floor.stream_sequence);
                     }
                     continue;
                 }
@@ -148,7 +149,7 @@ async fn consume_stream(
                     None => Ok(None),
                     Some(routed) => {
                         routed.set_cluster_seq(seq);
-                        route(&broker, routed)
+                        route(&broker, routed, &cluster.resent_ahead.skipped_at(seq))
                     }
                 };
                 if routed.is_ok() {
@@ -220,9 +221,14 @@ pub(super) async fn node_consumer(
         .await?)
 }
 
-/// Routes a message from another node; the commit its JetStream ack must wait for.
-fn route(broker: &Broker, message: Arc<Message>) -> Result<Option<Durable>, ()> {
-    match broker.publish(message, None) {
+/// Routes a message from another node (the sessions in `skip` have it in flight already:
+/// [`super::ahead`]); the commit its JetStream ack must wait for.
+fn route(
+    broker: &Broker,
+    message: Arc<Message>,
+    skip: &[crate::broker::SessionId],
+) -> Result<Option<Durable>, ()> {
+    match broker.publish_skipping(message, skip) {
         Ok(routed) => Ok(routed.durable),
         Err(error) => {
             tracing::warn!(%error, "cluster: a message from another node was refused here; it will be delivered again");

@@ -10,6 +10,8 @@
 //! - [`inbound`]: what other nodes sent: the node's durable consumer of `PB_MSGS` (QoS 1/2),
 //!   its core subscription (QoS 0), the retained bucket's watch.
 //! - [`subject`], [`wire`]: topics as subjects and keys, messages as frames.
+//! - [`ahead`]: QoS 2 deliveries a moved session was sent again before the consumer reached
+//!   them, which the consumer's routing then leaves out for that session.
 //!
 //! What is shared, and where (names are fixed; `R` = `[cluster] replicas`):
 //!
@@ -28,6 +30,7 @@
 //! Delivery is node fan-in: one durable consumer per node (`node-<id>`), whatever the number
 //! of sessions and subscriptions; each node routes what it takes through its own topic tree.
 
+mod ahead;
 pub mod inbound;
 pub mod link;
 pub mod nodes;
@@ -104,6 +107,9 @@ pub struct Cluster {
     /// routed and forwarded; held whole by a restore while it subscribes and reads
     /// `next_local_id` ([`crate::broker::ClusterAdmission`]).
     fence: parking_lot::RwLock<()>,
+    /// QoS 2 deliveries restored sessions were sent again ahead of the consumer: the
+    /// consumer leaves those sessions out when it routes them ([`ahead`]).
+    resent_ahead: ahead::ResentAhead,
     /// JetStream, once the link is up (for claims and replays).
     js: OnceLock<async_nats::jetstream::Context>,
     /// The session records, once the link is up.
@@ -141,6 +147,7 @@ impl Cluster {
             seen_seq: AtomicU64::new(0),
             gate: parking_lot::Mutex::new(()),
             fence: parking_lot::RwLock::new(()),
+            resent_ahead: ahead::ResentAhead::default(),
             js: OnceLock::new(),
             sessions: sessions::Records::new(crate::storage::now_unix_ms()),
             liveness: nodes::Liveness::default(),

@@ -114,6 +114,9 @@ pub(super) struct Record {
     /// PUBCOMP). The next owner sends them again with their packet ids ([`Restore::qos2`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) q2: Vec<(u16, u64)>,
+    /// The packet ids among `q2` of shared groups' deliveries ([`Restore::qos2_shared`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) q2s: Vec<u16>,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -207,6 +210,7 @@ impl Record {
             cursor,
             handed: false,
             q2: view.qos2.clone(),
+            q2s: view.qos2_shared.clone(),
         }
     }
 
@@ -230,6 +234,7 @@ impl Record {
                 .collect(),
             cursor: self.cursor,
             qos2: self.q2.clone(),
+            qos2_shared: self.q2s.clone(),
         }
     }
 }
@@ -272,6 +277,8 @@ pub(super) struct Restoring {
     /// The QoS 2 deliveries in flight it brings ([`Restore::qos2`]), for a hand-over while
     /// the replay has not reached them.
     qos2: Vec<(u16, u64)>,
+    /// Which of them are shared groups' ([`Restore::qos2_shared`]).
+    qos2_shared: Vec<u16>,
 }
 
 /// How long a claim by another node is remembered for [`confirm`].
@@ -506,6 +513,7 @@ fn claimed(cluster: &Cluster, client_id: &str, restore: Option<Restore>, revisio
                 cursor: restore.cursor,
                 revision: held,
                 qos2: restore.qos2.clone(),
+                qos2_shared: restore.qos2_shared.clone(),
             },
         );
     }
@@ -546,6 +554,7 @@ pub(super) async fn restore(
         broker,
         session,
         generation,
+        ahead: Vec::new(),
         done: false,
     };
     let replays = !restore.subscriptions.is_empty() && restore.cursor > 0;
@@ -568,25 +577,36 @@ pub(super) async fn restore(
             let _ = cluster.outbound.send(super::outbound::Queued::Barrier(tx));
             rx
         });
-        (
-            // Other nodes' messages below it were routed here before the subscriptions
-            // (this node's own are told apart by their local id: the consumer skips them).
-            cluster.consumer_floor.load(Ordering::Acquire),
-            cluster.next_local_id.load(Ordering::Acquire),
-            sent,
-        )
+        // Other nodes' messages below it were routed here before the subscriptions (this
+        // node's own are told apart by their local id: the consumer skips them).
+        let floor = cluster.consumer_floor.load(Ordering::Acquire);
+        // Plain QoS 2 deliveries in flight: sent again below under their packet ids (by
+        // the replay, or fetched), so the consumer's routing must leave this session out of
+        // them: when it has not reached one yet, and when it brings one again (a redelivery
+        // after a refusal here, a lost acknowledgement, a restart).
+        if !restore.subscriptions.is_empty() {
+            for &(packet_id, seq) in &restore.qos2 {
+                if seq != 0 && !restore.qos2_shared.contains(&packet_id) {
+                    cluster.resent_ahead.note(seq, session.id);
+                    unrestored.ahead.push((packet_id, seq));
+                }
+            }
+        }
+        (floor, cluster.next_local_id.load(Ordering::Acquire), sent)
     };
     if !replays {
         // Nothing to replay (no subscription left, or no cursor), but a QoS 2 delivery in
         // flight is sent again all the same (MQTT-4.4.0-1).
-        if let Some(js) = cluster
-            .js
-            .get()
-            .filter(|_| restore.qos2.iter().any(|q| q.1 != 0))
-        {
-            let resent =
-                tokio::time::timeout(REPLAY_LIMIT, resend_unmet(js, broker, session, &restore))
-                    .await;
+        if restore.qos2.iter().any(|q| q.1 != 0) {
+            let Some(js) = cluster.js.get() else {
+                tracing::warn!(client = %session.client_id, "cluster: a resumed session's QoS 2 messages in flight cannot be fetched before NATS is reached; refusing its CONNECT");
+                return false;
+            };
+            let resent = tokio::time::timeout(
+                REPLAY_LIMIT,
+                resend_unmet(cluster, js, broker, session, &restore),
+            )
+            .await;
             if !matches!(resent, Ok(Ok(()))) {
                 tracing::warn!(client = %session.client_id, "cluster: a resumed session's QoS 2 messages in flight could not be fetched; refusing its CONNECT (the session's record is kept for the next attempt)");
                 return false;
@@ -606,7 +626,7 @@ pub(super) async fn restore(
                 .map_err(|_| "the queue to NATS is gone (shutting down)")?;
         }
         let replayed = replay(cluster, js, broker, session, &restore, floor, local_floor).await?;
-        resend_unmet(js, broker, session, &restore).await?;
+        resend_unmet(cluster, js, broker, session, &restore).await?;
         Ok::<_, async_nats::Error>(replayed)
     })
     .await
@@ -629,13 +649,20 @@ pub(super) async fn restore(
 }
 
 /// QoS 2 deliveries awaiting PUBREC that the replay did not meet, sent again with their
-/// packet ids (MQTT-4.4.0-1), fetched from the stream by their sequence. The replay skips
-/// shared groups' messages (they reach the group through its consumer), so this is how a
-/// shared group's QoS 2 job in flight to a member that moved reaches it again, on its new
-/// node, and no other member (MQTT-4.8.2-4/5): the old node settled it with the group when it
-/// handed the session over. One no longer in the stream (older than `retention`) is released
-/// below ([`release_unmatched`]).
+/// packet ids (MQTT-4.4.0-1), fetched from the stream by their sequence:
+///
+/// - a shared group's (the replay skips them: they reach the group through its consumer):
+///   so a shared group's QoS 2 job in flight to a member that moved reaches it again, on its
+///   new node, and no other member (MQTT-4.8.2-4/5): the old node settled it with the group
+///   when it handed the session over;
+/// - another node's that this node's consumer had not routed when the session subscribed
+///   (beyond the replay): the consumer leaves the session out when it gets there
+///   ([`super::ahead`]), so it is not taken a second time under a new packet id.
+///
+/// One no longer in the stream (older than `retention`) is released below
+/// ([`release_unmatched`]).
 async fn resend_unmet(
+    cluster: &Cluster,
     js: &jetstream::Context,
     broker: &Arc<Broker>,
     session: &Arc<Session>,
@@ -645,7 +672,7 @@ async fn resend_unmet(
         .qos2
         .iter()
         .copied()
-        .filter(|&(packet_id, seq)| seq != 0 && !broker.has_inflight(session, packet_id))
+        .filter(|&(packet_id, seq)| seq != 0 && !broker.has_inflight(session, packet_id, seq))
         .collect();
     if unmet.is_empty() {
         return Ok(());
@@ -658,6 +685,7 @@ async fn resend_unmet(
                 if error.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound =>
             {
                 tracing::warn!(client = %session.client_id, packet_id, seq, "cluster: a QoS 2 message in flight to a resumed session is no longer in the stream; its packet id is released");
+                cluster.resent_ahead.forget(seq, session.id);
                 continue;
             }
             Err(error) => return Err(error.into()),
@@ -669,26 +697,70 @@ async fn resend_unmet(
         publish.retain = false;
         let message = Arc::new(Message::from_publish(publish, None));
         message.set_cluster_seq(seq);
-        // Its group: the session's first shared subscription it matches (a session with
-        // two groups matching one topic cannot tell which one sent it; either is right for
-        // the client). None if the member left the group since: sent again all the same.
-        let group = restore.subscriptions.iter().find(|(filter, _, _)| {
-            matches!(crate::codec::topic::split_shared(filter),
-                Some(Ok((_, inner))) if crate::broker::admin::filter_matches(inner, &message.topic))
-        });
-        let delivery = crate::broker::Delivery {
-            qos: QoS::ExactlyOnce,
-            retain: group.is_some_and(|(_, options, _)| options.retain_as_published && retained),
-            subscription_ids: group.and_then(|(_, _, id)| *id).into_iter().collect(),
-            seq: None,
-            shared: group.map(|(filter, _, _)| Arc::from(&**filter)),
+        let delivery = resent_delivery(
+            restore,
             message,
-        };
-        // Its packet id taken here meanwhile (a delivery the replay queued cannot hold it:
-        // those get ids only when sent): released below instead.
-        drop(broker.restore_cluster_inflight(session, packet_id, Some(delivery)));
+            retained,
+            restore.qos2_shared.contains(&packet_id),
+        );
+        if let Some(delivery) = broker.restore_cluster_inflight(session, packet_id, Some(delivery))
+        {
+            // Its packet id taken here meanwhile (a newer connection of the client took the
+            // session during the fetch and sent something under it; a delivery the replay
+            // queued cannot hold it: those get ids only when sent): queued as a new delivery
+            // rather than lost (the client may take it twice).
+            tracing::debug!(client = %session.client_id, packet_id, seq, "cluster: a QoS 2 message in flight to a resumed session found its packet id taken; queued again");
+            if let Err(error) = broker.enqueue_for(
+                session,
+                delivery.message,
+                QoS::ExactlyOnce,
+                delivery.retain,
+                delivery.subscription_ids,
+            ) {
+                tracing::warn!(client = %session.client_id, %error, "cluster: a QoS 2 message in flight to a resumed session was refused here");
+            }
+        }
     }
     Ok(())
+}
+
+/// A QoS 2 delivery in flight sent again as the subscription that sent it: a shared
+/// group's (`shared`) under the session's first shared filter matching it (a session in two
+/// groups matching one topic cannot tell which one sent it; either is right for the
+/// client), a plain one with the session's plain filters matching it (their identifiers,
+/// MQTT-3.3.4-3). No such filter (the subscription went since): sent again all the same.
+fn resent_delivery(
+    restore: &Restore,
+    message: Arc<Message>,
+    retained: bool,
+    shared: bool,
+) -> crate::broker::Delivery {
+    let mut retain = false;
+    let mut subscription_ids: SmallVec<[u32; 1]> = SmallVec::new();
+    let mut group = None;
+    for (filter, options, id) in &restore.subscriptions {
+        let inner = match crate::codec::topic::split_shared(filter) {
+            Some(Ok((_, inner))) if shared => inner,
+            None if !shared => filter,
+            _ => continue,
+        };
+        if crate::broker::admin::filter_matches(inner, &message.topic) {
+            retain |= options.retain_as_published && retained;
+            subscription_ids.extend(*id);
+            if shared {
+                group = Some(Arc::from(&**filter));
+                break;
+            }
+        }
+    }
+    crate::broker::Delivery {
+        qos: QoS::ExactlyOnce,
+        retain,
+        subscription_ids,
+        seq: None,
+        shared: group,
+        message,
+    }
 }
 
 /// QoS 2 deliveries the session had in flight that were not sent again (no longer in the
@@ -711,6 +783,9 @@ struct Unrestored<'a> {
     session: &'a Arc<Session>,
     /// The restoring connection's generation.
     generation: u64,
+    /// QoS 2 deliveries (packet id, sequence) noted in [`Cluster::resent_ahead`] for this
+    /// session.
+    ahead: Vec<(u16, u64)>,
     done: bool,
 }
 
@@ -722,7 +797,15 @@ impl Drop for Unrestored<'_> {
         if self.done {
             return;
         }
-        if !self.broker.is_held_by(self.session, self.generation) {
+        let held_elsewhere = !self.broker.is_held_by(self.session, self.generation);
+        for &(packet_id, seq) in &self.ahead {
+            // Kept while the session lives on with that message in flight (a newer
+            // connection took it): the consumer must still leave it out.
+            if !held_elsewhere || !self.broker.has_inflight(self.session, packet_id, seq) {
+                self.cluster.resent_ahead.forget(seq, self.session.id);
+            }
+        }
+        if held_elsewhere {
             tracing::warn!(client = %client_id, "cluster: a resumed session's replay failed after a newer connection took it; that connection keeps what was replayed");
             return;
         }
@@ -835,11 +918,9 @@ fn enqueue_matching(
     }
     if qos == QoS::ExactlyOnce {
         let seq = message.cluster_seq();
-        if let Some(&(packet_id, _)) = restore
-            .qos2
-            .iter()
-            .find(|(_, s)| *s != 0 && Some(*s) == seq)
-        {
+        if let Some(&(packet_id, _)) = restore.qos2.iter().find(|(packet_id, s)| {
+            *s != 0 && Some(*s) == seq && !restore.qos2_shared.contains(packet_id)
+        }) {
             // Sent before with this packet id and not yet received: sent again with it
             // (DUP), so the client takes it once (MQTT-4.3.3).
             let delivery = crate::broker::Delivery {
@@ -1020,9 +1101,14 @@ async fn hand_over(
         cursor = cursor.min(restoring.cursor);
     }
     let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
-    for &(packet_id, seq) in restoring.iter().flat_map(|r| &r.qos2) {
-        if !handed.q2.iter().any(|(p, _)| *p == packet_id) {
-            handed.q2.push((packet_id, seq));
+    if let Some(restoring) = &restoring {
+        for &(packet_id, seq) in &restoring.qos2 {
+            if !handed.q2.iter().any(|(p, _)| *p == packet_id) {
+                handed.q2.push((packet_id, seq));
+                if restoring.qos2_shared.contains(&packet_id) {
+                    handed.q2s.push(packet_id);
+                }
+            }
         }
     }
     handed.handed = true;
