@@ -1275,3 +1275,97 @@ async fn write(cluster: &Cluster, bucket: &kv::Store, writes: Vec<(String, u64, 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::Publish;
+
+    fn options(qos: QoS, retain_as_published: bool) -> SubscriptionOptions {
+        SubscriptionOptions {
+            qos,
+            no_local: false,
+            retain_as_published,
+            retain_handling: 0,
+        }
+    }
+
+    fn message(topic: &str) -> Arc<Message> {
+        Arc::new(Message::from_publish(
+            Publish {
+                qos: QoS::ExactlyOnce,
+                topic: topic.into(),
+                packet_id: 1,
+                payload: Bytes::from_static(b"x"),
+                ..Default::default()
+            },
+            None,
+        ))
+    }
+
+    /// A record written before `q2s` existed (a node of the previous version, during a
+    /// rolling upgrade) still decodes: its QoS 2 deliveries count as plain ones.
+    #[test]
+    fn a_record_without_the_shared_marks_decodes_as_plain() {
+        let json = br#"{"owner":"a","expiry":60,"subs":[{"f":"t/#","q":2}],"cursor":5,"life":1,"q2":[[3,7],[4,0]]}"#;
+        let record = Record::decode(json).expect("decodes");
+        let restore = record.restore();
+        assert_eq!(restore.qos2, vec![(3, 7), (4, 0)]);
+        assert!(restore.qos2_shared.is_empty());
+        assert_eq!(restore.cursor, 5);
+    }
+
+    #[test]
+    fn the_shared_marks_survive_a_round_trip() {
+        let record = Record {
+            owner: "b".into(),
+            q2: vec![(3, 7), (9, 8)],
+            q2s: vec![9],
+            ..Record::default()
+        };
+        let decoded = Record::decode(&record.encode()).expect("decodes");
+        assert_eq!(decoded, record);
+        assert_eq!(decoded.restore().qos2_shared, vec![9]);
+        // Nothing shared: nothing written for it.
+        let plain = Record {
+            q2s: Vec::new(),
+            ..record
+        };
+        assert!(!String::from_utf8_lossy(&plain.encode()).contains("q2s"));
+    }
+
+    /// A delivery sent again goes out as the subscription that sent it: a plain one with
+    /// every matching plain filter's identifier (MQTT-3.3.4-3), a shared one under its
+    /// group (so its settlement and a later hand-over treat it as the group's).
+    #[test]
+    fn a_resent_delivery_is_its_own_subscriptions() {
+        let restore = Restore {
+            subscriptions: vec![
+                (
+                    "$share/g/t/#".into(),
+                    options(QoS::ExactlyOnce, false),
+                    Some(1),
+                ),
+                ("t/+".into(), options(QoS::ExactlyOnce, true), Some(2)),
+                ("t/#".into(), options(QoS::AtLeastOnce, false), Some(3)),
+                ("other".into(), options(QoS::ExactlyOnce, false), Some(4)),
+            ],
+            ..Restore::default()
+        };
+        let plain = resent_delivery(&restore, message("t/x"), true, false);
+        assert!(plain.shared.is_none());
+        assert_eq!(plain.subscription_ids.as_slice(), &[2, 3]);
+        assert!(plain.retain, "retain as published on t/+");
+        assert_eq!(plain.qos, QoS::ExactlyOnce);
+
+        let shared = resent_delivery(&restore, message("t/x"), true, true);
+        assert_eq!(shared.shared.as_deref(), Some("$share/g/t/#"));
+        assert_eq!(shared.subscription_ids.as_slice(), &[1]);
+        assert!(!shared.retain);
+
+        // Its subscription went since: sent again all the same, with nothing to name.
+        let orphan = resent_delivery(&restore, message("u/x"), false, true);
+        assert!(orphan.shared.is_none());
+        assert!(orphan.subscription_ids.is_empty());
+    }
+}
