@@ -66,7 +66,26 @@ pub async fn start() -> RunningServer {
 }
 
 /// Starts a broker with a given config.
+///
+/// A restart in this process right after a shutdown on the same data directory may find
+/// the store's lock still held by this very process: the shutdown released it, but a child
+/// process another test is spawning at that moment holds a copy of the lock file's
+/// descriptor until its exec closes it (a `flock` belongs to the open file, not to one
+/// descriptor). Nothing signals that exec, so the start is tried again, at most 50 times
+/// 20 ms apart; a lock held by another process fails at once.
 pub async fn start_with(config: Config) -> RunningServer {
+    let ours = format!("pid {},", std::process::id());
+    for _ in 0..50 {
+        match server::start(config.clone()).await {
+            Err(server::StartError::Storage(postbox::storage::StorageError::Locked {
+                holder,
+                ..
+            })) if holder.starts_with(&ours) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            started => return started.expect("broker starts"),
+        }
+    }
     server::start(config).await.expect("broker starts")
 }
 
