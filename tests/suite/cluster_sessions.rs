@@ -25,13 +25,14 @@ async fn cluster(count: usize) -> (NatsServer, Vec<Node>) {
 /// Publishes `count` numbered QoS 1 messages `<prefix><n>` on `topic`; every one must be
 /// acknowledged with success.
 async fn publish_numbered(c: &mut RawClient, topic: &str, prefix: &str, count: u16) {
+    publish_numbered_at(c, topic, prefix, count, QoS::AtLeastOnce).await;
+}
+
+/// [`publish_numbered`] at `qos` (packet id `n`).
+async fn publish_numbered_at(c: &mut RawClient, topic: &str, prefix: &str, count: u16, qos: QoS) {
     for n in 1..=count {
         let payload = format!("{prefix}{n}");
-        let code = v5::publish(
-            c,
-            v5::publish_packet(topic, QoS::AtLeastOnce, payload.as_bytes(), n),
-        )
-        .await;
+        let code = v5::publish(c, v5::publish_packet(topic, qos, payload.as_bytes(), n)).await;
         assert!(!code.is_error(), "{payload} refused: {code:?}");
     }
 }
@@ -397,15 +398,7 @@ async fn a_qos2_delivery_in_flight_moving_to_a_lagging_node_arrives_once() {
     let mut publisher = v5::connect_id(nodes[0].mqtt(), "m4-publisher").await;
     publish_pipelined(&mut publisher, "m4-backlog/x", 40_000).await;
     const IN_FLIGHT: u16 = 5;
-    for n in 1..=IN_FLIGHT {
-        let payload = format!("m4-{n}");
-        let code = v5::publish(
-            &mut publisher,
-            v5::publish_packet("m4/x", QoS::ExactlyOnce, payload.as_bytes(), n),
-        )
-        .await;
-        assert!(!code.is_error(), "{payload} refused: {code:?}");
-    }
+    publish_numbered_at(&mut publisher, "m4/x", "m4-", IN_FLIGHT, QoS::ExactlyOnce).await;
     // The client's QoS 2 state: taken, not yet answered (the connection ends first).
     let mut awaiting_release: HashSet<u16> = HashSet::new();
     let mut got: HashMap<String, usize> = HashMap::new();
@@ -963,15 +956,7 @@ async fn a_shared_qos2_job_in_flight_to_a_member_follows_its_session_to_another_
     v5::subscribe(&mut moving, "$share/q2/jobs2/#", QoS::ExactlyOnce).await;
     let mut publisher = v5::connect_id(a.mqtt(), "q2-publisher").await;
     let mut in_flight: HashMap<String, u16> = HashMap::new();
-    for n in 1..=3u16 {
-        let payload = format!("q2job{n}");
-        let code = v5::publish(
-            &mut publisher,
-            v5::publish_packet("jobs2/x", QoS::ExactlyOnce, payload.as_bytes(), n),
-        )
-        .await;
-        assert!(!code.is_error(), "{payload} refused: {code:?}");
-    }
+    publish_numbered_at(&mut publisher, "jobs2/x", "q2job", 3, QoS::ExactlyOnce).await;
     while in_flight.len() < 3 {
         match moving.recv_within(WAIT).await {
             Ok(Some(Packet::Publish(p))) => {
