@@ -246,21 +246,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// The first half of closing: writes out the batch (the final DISCONNECT or refusing
     /// CONNACK, and whatever was queued before it), then shuts down our side of the stream
-    /// (a FIN after the last byte), within [`FINAL_WRITE_LIMIT`].
+    /// within [`FINAL_WRITE_LIMIT`]: a FIN after the last byte, preceded on a TLS stream by
+    /// its close_notify and on a WebSocket by its close frame.
     ///
-    /// `true` when there was something to deliver and all of it, FIN included, was handed to
-    /// the kernel: only then does the peer have something to read that a reset could destroy,
-    /// so only then is [`Io::linger`] worth its time. Separate from it so the caller can
-    /// settle the will and the session in between: nothing of the broker's state waits for
-    /// the linger.
+    /// `true` when all of it, FIN included, was handed to the kernel: the peer then has
+    /// something to read that a reset could destroy (every shutdown writes at least the FIN;
+    /// a WebSocket peer also answers the close frame, and RFC 6455 §7.1.1 has it wait for
+    /// the server to close the TCP connection after that answer), so [`Io::linger`] is worth
+    /// its time. Before, a close with nothing queued (a client's DISCONNECT, a 3.x
+    /// keep-alive timeout) dropped the socket at once: a WebSocket client's close frame then
+    /// met a reset (MQTT.js: `write EPIPE` on a clean `end()`). Separate from the linger so
+    /// the caller can settle the will and the session in between: nothing of the broker's
+    /// state waits for it.
     pub(super) async fn finish_writing(&mut self) -> bool {
-        let had_output = !self.wbuf.is_empty();
         let written = tokio::time::timeout(FINAL_WRITE_LIMIT, async {
             self.flush().await?;
             self.stream.shutdown().await
         })
         .await;
-        had_output && matches!(written, Ok(Ok(())))
+        matches!(written, Ok(Ok(())))
     }
 
     /// The second half of closing, after [`Io::finish_writing`]: reads and discards input

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 pub mod async_process;
 pub mod cluster;
+pub mod cutting;
 pub mod disk;
 pub mod mosquitto;
 pub mod mosquitto_broker;

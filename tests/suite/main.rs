@@ -32,6 +32,7 @@ mod connection_limits;
 mod core_v311;
 mod core_v5;
 mod crash;
+mod cuttings;
 mod dead_letters;
 mod dedup;
 mod deploy_checks;

@@ -388,3 +388,81 @@ async fn the_example_password_file_works() {
     assert_eq!(code.await, 0x86);
     broker.terminate();
 }
+
+/// Every password file the repository ships (`passwd*` under `config/` and `deploy/`), run
+/// through the real `mosquitto_passwd` (Mosquitto's README: its files and tools work
+/// unchanged): adding a user keeps every user, with the same hash, and deleting one keeps the
+/// others; the broker's own parser still reads the result. Issue 34, finding 4: the example
+/// file's comment lines made `mosquitto_passwd -b` print "Corrupt password file at line 1",
+/// exit 0 and rewrite the file with only the new user.
+#[test]
+fn shipped_password_files_survive_the_real_mosquitto_passwd() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut shipped = Vec::new();
+    let mut dirs = vec![root.join("config"), root.join("deploy")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("passwd"))
+            {
+                shipped.push(path);
+            }
+        }
+    }
+    assert!(!shipped.is_empty(), "no shipped password file found");
+    let users = |text: &str| -> Vec<(String, String)> {
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let (user, hash) = l.split_once(':').unwrap_or((l, ""));
+                (user.to_owned(), hash.to_owned())
+            })
+            .collect()
+    };
+    for file in shipped {
+        let original = std::fs::read_to_string(&file).expect("read");
+        let before = users(&original);
+        assert!(!before.is_empty(), "{}: no users", file.display());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let copy = dir.path().join("passwd");
+        std::fs::write(&copy, &original).expect("copy");
+
+        let out = run(Command::new("mosquitto_passwd")
+            .arg("-b")
+            .arg(&copy)
+            .args(["newcomer", "newcomer-secret"]));
+        let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(!said.contains("Corrupt"), "{}: {said}", file.display());
+        let after = users(&std::fs::read_to_string(&copy).expect("read"));
+        for (user, hash) in &before {
+            assert!(
+                after.iter().any(|(u, h)| u == user && h == hash),
+                "{}: user {user} lost or changed by mosquitto_passwd -b: {after:?}",
+                file.display()
+            );
+        }
+        assert!(after.iter().any(|(u, _)| u == "newcomer"));
+
+        let gone = &before[0].0;
+        run(Command::new("mosquitto_passwd")
+            .arg("-D")
+            .arg(&copy)
+            .arg(gone));
+        let text = std::fs::read_to_string(&copy).expect("read");
+        let left = users(&text);
+        for (user, hash) in before.iter().skip(1) {
+            assert!(
+                left.iter().any(|(u, h)| u == user && h == hash),
+                "{}: user {user} lost by mosquitto_passwd -D {gone}",
+                file.display()
+            );
+        }
+        assert!(!left.iter().any(|(u, _)| u == gone));
+        postbox::auth::password::file::parse(&text, &copy)
+            .unwrap_or_else(|e| panic!("{}: Postbox cannot read it back: {e}", file.display()));
+    }
+}

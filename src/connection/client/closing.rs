@@ -117,6 +117,11 @@ impl Close {
     }
 }
 
+/// How long a client's DISCONNECT waits for the commits its earlier packets' answers wait
+/// for ([`Client::answer_before_closing`]): one group commit is milliseconds; a store that
+/// takes longer is stalled, and the close does not wait for it.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The reason code a v5 client is told when the store did not take what it sent: 0x97 Quota
 /// exceeded for "too much for now" (queue, budget, full filesystem; it may try again later),
 /// 0x80 Unspecified error for a broken store.
@@ -145,6 +150,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             }
         }
         Err(Close::ClientDisconnect(disconnect.reason_code))
+    }
+
+    /// Writes the deliveries already queued for the session and the answers still waiting
+    /// for a commit (PUBACK, PUBREC, held QoS 2 deliveries) before a client's DISCONNECT
+    /// closes the connection, within [`ANSWER_WAIT`]. The client
+    /// sent those packets before its DISCONNECT, without waiting for their answers (MQTT does
+    /// not ask it to wait), and their answers come before the close, as Mosquitto's do: a
+    /// QoS 1 publisher that pipelines PUBLISH then DISCONNECT learns its message was taken
+    /// and does not send it again on its next connection. A commit that fails or takes
+    /// longer leaves its answer unsent (the message is not lost: the client sends it again).
+    async fn answer_before_closing(&mut self) {
+        let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+        // Messages routed to the session before the DISCONNECT was read (its own PUBLISHes
+        // to a topic it subscribes to, pipelined before it) go out first, up to the window.
+        self.fill_from_session(std::time::Instant::now());
+        self.release_gated();
+        while self.gated.waiting() {
+            let front = std::future::poll_fn(|cx| self.gated.poll_front_durable(cx));
+            match tokio::time::timeout_at(deadline, front).await {
+                Ok(Ok(())) => {
+                    self.gated.release_front();
+                    self.release_gated();
+                }
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
     }
 
     /// Sends the closing DISCONNECT (v5), publishes the will if due, releases the session,
@@ -198,6 +229,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 self.version,
                 self.client_max_packet,
             );
+        }
+        if matches!(close, Close::ClientDisconnect(_)) {
+            self.answer_before_closing().await;
         }
         let linger = self.io.finish_writing().await;
         let had_will = self.will.is_some();

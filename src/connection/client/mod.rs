@@ -246,6 +246,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 
     async fn serve(&mut self) -> Close {
         let session = Arc::clone(self.session.session());
+        // The byte stream is one stream from its first byte: a client need not wait for
+        // CONNACK before sending more (5.0 and 3.1.1 §3.1.4: "Clients are allowed to send
+        // further MQTT Control Packets immediately after sending a CONNECT"), so whatever the
+        // handshake read past CONNECT (one write carrying CONNECT + SUBSCRIBE, say) is this
+        // loop's first input: the socket will not wake the loop for bytes already read. It is
+        // handled after the first fill, so a resumed session's queued messages go out first,
+        // as they would to a client that waited for CONNACK.
+        let mut read_ahead = !self.io.rbuf.is_empty();
         loop {
             // Created before the checks below, so a wake-up that lands between a check and
             // the select is not lost (`Session::notified`).
@@ -261,6 +269,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 } else {
                     Close::TakenOver
                 };
+            }
+            if std::mem::take(&mut read_ahead) {
+                if let Err(close) = self.process_before_publish(true) {
+                    return close;
+                }
+                continue;
             }
             self.io.release_write_buffer();
             match self.next_wake(woken).await {
