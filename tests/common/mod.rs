@@ -91,10 +91,43 @@ pub async fn start_with(config: Config) -> RunningServer {
 }
 
 /// A byte-level MQTT client for malformed-input and protocol-detail tests.
+///
+/// Its packets go out cut: [`RawClient::send`] writes each one in one to three pieces at
+/// seeded random places ([`cutting::XorShift`], seeded per client from `POSTBOX_TEST_SEED`
+/// or the test's thread name), each flushed on its own, so every test that drives the
+/// broker with it also checks that a packet split across reads is handled like a whole
+/// one (issue 34). With `POSTBOX_TEST_PIPELINE=1`, [`RawClient::connect`] does not wait for
+/// the CONNACK either: the test's next packets follow the CONNECT at once, as a pipelining
+/// client's do, and the first [`RawClient::recv`] checks the CONNACK (a way to run the
+/// whole suite as such a client: see `tests/common/cutting.rs`).
 pub struct RawClient {
     pub stream: TcpStream,
     pub buf: BytesMut,
     pub version: ProtocolVersion,
+    /// Where the cuts of [`RawClient::send`] fall.
+    cuts: cutting::XorShift,
+    /// A CONNACK is owed and not read yet (`POSTBOX_TEST_PIPELINE`).
+    connack_owed: bool,
+}
+
+/// The seed of a new [`RawClient`]'s cuts: `POSTBOX_TEST_SEED` if set, else a hash of the
+/// test's name (the thread's), so a failure replays; mixed with a per-process count so two
+/// clients of one test cut differently.
+fn cut_seed() -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CLIENTS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    match std::env::var("POSTBOX_TEST_SEED") {
+        Ok(seed) => seed.hash(&mut hasher),
+        Err(_) => std::thread::current().name().hash(&mut hasher),
+    }
+    hasher.finish() ^ CLIENTS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Whether [`RawClient::connect`] pipelines (`POSTBOX_TEST_PIPELINE=1`).
+fn pipelining() -> bool {
+    std::env::var("POSTBOX_TEST_PIPELINE").is_ok_and(|v| v == "1")
 }
 
 impl RawClient {
@@ -102,10 +135,17 @@ impl RawClient {
     pub async fn open(addr: SocketAddr, version: ProtocolVersion) -> RawClient {
         let stream = TcpStream::connect(addr).await.expect("tcp connect");
         stream.set_nodelay(true).expect("nodelay");
+        RawClient::over(stream, version)
+    }
+
+    /// A client on a socket opened by the caller (a source address, a small window).
+    pub fn over(stream: TcpStream, version: ProtocolVersion) -> RawClient {
         RawClient {
             stream,
             buf: BytesMut::new(),
             version,
+            cuts: cutting::XorShift::new(cut_seed()),
+            connack_owed: false,
         }
     }
 
@@ -129,6 +169,10 @@ impl RawClient {
             bridge: false,
         };
         c.send(&Packet::Connect(Box::new(connect))).await;
+        if pipelining() {
+            c.connack_owed = true;
+            return c;
+        }
         match c.recv().await {
             Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code.0, 0, "CONNACK refused"),
             other => panic!("expected CONNACK, got {other:?}"),
@@ -136,11 +180,25 @@ impl RawClient {
         c
     }
 
-    /// Encodes and sends a packet.
+    /// Encodes and sends a packet, cut in one to three writes (see [`RawClient`]). A write
+    /// the broker's close (or death) made fail ends the sending: the next [`RawClient::recv`]
+    /// reports the close, as it would have for a write the kernel took before the reset.
     pub async fn send(&mut self, packet: &Packet) {
         let mut out = BytesMut::new();
         codec::encode(packet, self.version, &mut out).expect("encode");
-        self.stream.write_all(&out).await.expect("write");
+        let mut rest = &out[..];
+        for _ in 0..2 {
+            if rest.len() < 2 || self.cuts.below(2) == 0 {
+                break;
+            }
+            let at = 1 + self.cuts.below(rest.len() as u64 - 1) as usize;
+            let (piece, after) = rest.split_at(at);
+            if self.stream.write_all(piece).await.is_err() || self.stream.flush().await.is_err() {
+                return;
+            }
+            rest = after;
+        }
+        let _ = self.stream.write_all(rest).await;
     }
 
     /// Sends raw bytes as they are.
@@ -180,6 +238,16 @@ impl RawClient {
     }
 
     async fn recv_inner(&mut self) -> Option<Packet> {
+        if std::mem::take(&mut self.connack_owed) {
+            match self.next_packet().await {
+                Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code.0, 0, "CONNACK refused"),
+                other => panic!("expected CONNACK, got {other:?}"),
+            }
+        }
+        self.next_packet().await
+    }
+
+    async fn next_packet(&mut self) -> Option<Packet> {
         loop {
             match codec::decode(&mut self.buf, Some(self.version), 1 << 28) {
                 Ok(Some(p)) => return Some(p),

@@ -81,11 +81,7 @@ async fn open_small_window(addr: SocketAddr) -> RawClient {
     socket.set_recv_buffer_size(1024).expect("SO_RCVBUF");
     let stream = socket.connect(addr).await.expect("tcp connect");
     stream.set_nodelay(true).expect("nodelay");
-    RawClient {
-        stream,
-        buf: BytesMut::new(),
-        version: v5::V,
-    }
+    RawClient::over(stream, v5::V)
 }
 
 /// Every packet until the broker ends the connection, and how it ended: `Ok` for an orderly

@@ -13,7 +13,6 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use bytes::BytesMut;
 use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
 
 use crate::common;
@@ -28,11 +27,7 @@ fn host(n: u8) -> Ipv4Addr {
 
 /// A client socket to `addr` from 127.0.0.`source`, no CONNECT sent yet.
 async fn open_from(addr: SocketAddr, source: u8, version: ProtocolVersion) -> RawClient {
-    RawClient {
-        stream: connect_from(host(source), addr).await,
-        buf: BytesMut::new(),
-        version,
-    }
+    RawClient::over(connect_from(host(source), addr).await, version)
 }
 
 /// A v5 CONNECT for `id` from 127.0.0.`source`: the client and the CONNACK's reason code.

@@ -77,11 +77,7 @@ async fn connect(addr: SocketAddr, id: &str) -> RawClient {
             tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await
         {
             let _ = stream.set_nodelay(true);
-            let mut c = RawClient {
-                stream,
-                buf: Default::default(),
-                version: V,
-            };
+            let mut c = RawClient::over(stream, V);
             c.send(&Packet::Connect(Box::new(Connect {
                 protocol: V,
                 clean_start: false,

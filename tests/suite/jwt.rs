@@ -273,3 +273,79 @@ async fn publish_and_subscribe_claims_narrow_what_the_client_may_do() {
         .expect("a PUBLISH in time");
     assert_eq!(&*got.topic, "in/1", "out/1 is outside the subscribe claim");
 }
+
+/// Issue 35, finding 1 (critical): with `[auth.jwt]` any password that did not look like a
+/// token was admitted (the README's own setup let `dashboard` / `not-a-token` in and publish
+/// as dashboard), with anonymous access on or off; and next to a password file, an MQTT 5
+/// CONNECT with a password and no user name passed as anonymous. Now a password no configured
+/// method verifies is refused with 0x86 Bad User Name or Password (MQTT-3.1.4-2, v5
+/// §3.2.2.2; 3.1.1: return code 4), and a client without credentials is still anonymous
+/// where that is allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_no_method_verifies_is_refused() {
+    let key = jwt_dir().join("rsa.pub");
+    let passwd = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let setups = [
+        ("jwt, anonymous allowed", format!("\n[auth]\nallow_anonymous = true\n[auth.jwt]\npublic_key = {key:?}\n")),
+        ("jwt, anonymous refused", format!("\n[auth]\nallow_anonymous = false\n[auth.jwt]\npublic_key = {key:?}\n")),
+        (
+            "jwt and a password file, anonymous refused",
+            format!("\n[auth]\nallow_anonymous = false\npassword_file = {passwd:?}\n[auth.jwt]\npublic_key = {key:?}\n"),
+        ),
+        (
+            "a password file, anonymous allowed",
+            format!("\n[auth]\nallow_anonymous = true\npassword_file = {passwd:?}\n"),
+        ),
+    ];
+    for (setup, auth) in setups {
+        let broker = BrokerProcess::spawn("", &auth).await;
+        for (user, password) in [
+            (Some("dashboard"), "not-a-token"),
+            (None, "not-a-token"),
+            (None, "dashboard-secret"),
+            (Some("dashboard"), "eyJub3QiOiJhIHRva2VuIn0.e30.c2ln"),
+        ] {
+            assert_eq!(
+                connack_v5(&broker, user, password).await,
+                ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+                "{setup}: user {user:?}, password {password:?}"
+            );
+        }
+        // 3.1.1 too (return code 4).
+        let mut c = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+        let mut connect = v5::connect_packet("device-v3");
+        connect.protocol = ProtocolVersion::V3_1_1;
+        connect.username = Some("dashboard".into());
+        connect.password = Some(b"not-a-token".to_vec().into());
+        c.send(&Packet::Connect(Box::new(connect))).await;
+        match c.recv().await {
+            Some(Packet::ConnAck(ack)) => assert_eq!(
+                ack.reason_code,
+                ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+                "{setup}: 3.1.1"
+            ),
+            other => panic!("{setup}: expected CONNACK, got {other:?}"),
+        }
+        // The right password through the file still works where there is one.
+        if auth.contains("password_file") {
+            assert_eq!(
+                connack_v5(&broker, Some("dashboard"), "dashboard-secret").await,
+                ReasonCode::SUCCESS,
+                "{setup}"
+            );
+        }
+        // No credentials at all: anonymous where allowed, 0x87 where not.
+        let mut connect = v5::connect_packet("nobody");
+        connect.username = None;
+        connect.password = None;
+        let expected = if auth.contains("allow_anonymous = true") {
+            ReasonCode::SUCCESS
+        } else {
+            ReasonCode::NOT_AUTHORIZED
+        };
+        match v5::open(broker.addr, connect).await {
+            (_, Some(Packet::ConnAck(ack))) => assert_eq!(ack.reason_code, expected, "{setup}"),
+            (_, other) => panic!("{setup}: expected CONNACK, got {other:?}"),
+        }
+    }
+}

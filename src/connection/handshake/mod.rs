@@ -199,6 +199,29 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             authenticated = true;
         }
     }
+    // Fail closed (issue 35, finding 1): where a method that checks passwords is configured
+    // (a password file, JWT), a password none of them will verify is refused, not taken for
+    // anonymous access: a password that is not a token goes to the password file, which
+    // needs a user name to check it by. Before, with `[auth.jwt]` alone any password that
+    // did not look like a token was admitted, and one without a user name passed as
+    // anonymous next to a password file.
+    let passwords_checked = logins.is_some_and(|l| l.passwords().is_some() || l.jwt().is_some());
+    let file_will_check =
+        logins.is_some_and(|l| l.passwords().is_some()) && connect.username.is_some();
+    if passwords_checked
+        && connect.password.is_some()
+        && admitted.auth_method.is_none()
+        && !authenticated
+        && !file_will_check
+    {
+        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "authentication failed: a password no configured method checks");
+        if let Some(logins) = logins {
+            logins.metrics().bad_password.increment(1);
+        }
+        let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
+        let why = "bad user name or password";
+        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+    }
     // The password file, for a client that sent a user name and no enhanced authentication
     // method (that method then decides). Within the handshake's deadline, like everything.
     if let (Some(store), Some(user), None, false) = (
