@@ -260,6 +260,12 @@ pub struct Records {
     /// from what the half-restored session holds would skip what the replay has not reached),
     /// and a hand-over during the replay records no cursor past it.
     restoring: parking_lot::Mutex<HashMap<String, Restoring>>,
+    /// Client ids claimed here whose CONNECT has not attached (and restored) its session
+    /// yet ([`confirm`] takes them out): no local session, yet not ended. A claim that waits
+    /// for the previous owner's hand-over ([`HANDOVER_WAIT`]) or replays the session holds
+    /// the only record of it; [`keep_records`] must not take it for a session that ended
+    /// here and delete it.
+    unattached: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Sessions whose subscriptions or connection changed since their record was written.
     dirty: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Wakes [`keep_records`] for them.
@@ -432,6 +438,11 @@ pub(super) async fn claim(
         .owned
         .lock()
         .insert(client_id.to_owned(), (revision, mine.clone()));
+    cluster
+        .sessions
+        .unattached
+        .lock()
+        .insert(client_id.to_owned());
     cluster.sessions.adopted.lock().remove(client_id);
     {
         let mut wills = cluster.sessions.wills.lock();
@@ -820,6 +831,7 @@ impl Drop for Unrestored<'_> {
         };
         if claimed.is_some() {
             records.wills.lock().remove(client_id);
+            records.unattached.lock().remove(client_id);
         }
         self.broker.discard_unrestored(self.session);
         let (Some((revision, mut record)), Some(bucket)) = (claimed, records.bucket.get()) else {
@@ -1001,6 +1013,8 @@ pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
 /// after this node did (seen by the watch meanwhile), this node lost the race: the session is
 /// given up here at once (its connection gets DISCONNECT 0x8E) and handed over.
 pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, mine: u64) {
+    // Attached: from now on, no local session means it ended here.
+    cluster.sessions.unattached.lock().remove(client_id);
     let later = {
         let claimed = cluster.sessions.claimed_elsewhere.lock();
         claimed
@@ -1059,6 +1073,7 @@ async fn hand_over(
         }
         owned.remove(&client_id).is_some()
     };
+    cluster.sessions.unattached.lock().remove(&client_id);
     cluster.sessions.wills.lock().remove(&client_id);
     if cluster.sessions.adopted.lock().remove(&client_id).is_some() {
         // Adopted here from a dead node: the claimer took the record as it stood, without
@@ -1161,10 +1176,13 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
         let mut deletes = Vec::new();
         {
             let owned = cluster.sessions.owned.lock();
+            // Claimed and not attached yet (waiting for a hand-over, or being replayed
+            // before it is in the sessions map): its record is the session, not a leftover.
+            let unattached = cluster.sessions.unattached.lock();
             let live: HashMap<&str, &HeldSession> =
                 views.iter().map(|v| (&*v.client_id, v)).collect();
             let mut ended = |client_id: &String, revision: u64| {
-                if !live.contains_key(client_id.as_str()) {
+                if !live.contains_key(client_id.as_str()) && !unattached.contains(client_id) {
                     deletes.push((client_id.clone(), revision));
                 }
             };
