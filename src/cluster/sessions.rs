@@ -117,6 +117,16 @@ pub(super) struct Record {
     /// The packet ids among `q2` of shared groups' deliveries ([`Restore::qos2_shared`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) q2s: Vec<u16>,
+    /// Written by a claim: the owner of the record it replaced (empty: none, or not a claim).
+    /// Only that node may answer with a hand-over ([`hand_over`]): another node's local copy
+    /// of the session (one its store brought back after the session moved away while it
+    /// was down) is stale, and written over the claim it would replace the live session's
+    /// state.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) from: String,
+    /// The life of that owner ([`Record::life`]).
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub(super) from_life: u64,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -211,6 +221,8 @@ impl Record {
             handed: false,
             q2: view.qos2.clone(),
             q2s: view.qos2_shared.clone(),
+            from: String::new(),
+            from_life: 0,
         }
     }
 
@@ -399,6 +411,11 @@ pub(super) async fn claim(
             fresh: clean_start,
             ..Record::default()
         };
+        if let Some(previous) = &previous {
+            // Whose it was: the one node that may hand it over.
+            mine.from.clone_from(&previous.owner);
+            mine.from_life = previous.life;
+        }
         // A new session wants what is published from now on.
         mine.cursor = cluster.node_floor();
         if let Some(previous) = previous.as_ref().filter(|p| !clean_start && p.expiry > 0) {
@@ -969,6 +986,69 @@ fn enqueue_matching(
     }
 }
 
+/// Gives up this node's local copy of `client_id`, which `owner` holds: kept from an earlier
+/// run of this node, it is not the session any more (no will, no hand-over, no trace in the
+/// store).
+fn drop_stale_copy(broker: &Broker, client_id: &str, owner: &str) {
+    if broker.release_to_cluster(client_id).is_some() {
+        tracing::info!(
+            client = client_id,
+            owner,
+            "cluster: dropped a stale local copy of a session that moved to another node"
+        );
+    }
+}
+
+/// Drops the local copies of sessions that moved to another node while this node was down:
+/// every local session this node has not claimed, adopted or restored in this run (those
+/// its store brought back) whose record names another owner. Run once the watch of claims
+/// is in place (so a claim after the read is handed over, not missed): a stale copy must
+/// not collect messages, nor be taken for the session by anything that looks at this node.
+/// A record naming this node's earlier run leaves the copy to the claims and the search for
+/// orphans ([`super::orphans`]); no record leaves it to the next CONNECT's claim.
+async fn drop_moved_copies(cluster: Arc<Cluster>, broker: Weak<Broker>, bucket: kv::Store) {
+    let candidates: Vec<String> = {
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        let views = broker.held_sessions();
+        let owned = cluster.sessions.owned.lock();
+        let adopted = cluster.sessions.adopted.lock();
+        let restoring = cluster.sessions.restoring.lock();
+        views
+            .iter()
+            .filter(|v| v.expiry_interval > 0)
+            .map(|v| v.client_id.to_string())
+            .filter(|id| {
+                !owned.contains_key(id) && !adopted.contains_key(id) && !restoring.contains_key(id)
+            })
+            .collect()
+    };
+    for client_id in candidates {
+        let key = subject::key(&client_id);
+        let Ok(Some(entry)) = bucket.entry(key.as_str()).await else {
+            continue;
+        };
+        if entry.operation != kv::Operation::Put {
+            continue;
+        }
+        let Some(record) = Record::decode(&entry.value) else {
+            continue;
+        };
+        if record.owner == cluster.node {
+            continue;
+        }
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        // Claimed here since the list was made: this node's now.
+        if cluster.sessions.owned.lock().contains_key(&client_id) {
+            continue;
+        }
+        drop_stale_copy(&broker, &client_id, &record.owner);
+    }
+}
+
 /// Watches the bucket for claims of sessions this node holds, and hands them over.
 pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
     loop {
@@ -984,6 +1064,11 @@ pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
                 continue;
             }
         };
+        tokio::spawn(drop_moved_copies(
+            Arc::clone(&cluster),
+            broker.clone(),
+            bucket.clone(),
+        ));
         while let Some(entry) = watch.next().await {
             let Ok(entry) = entry else {
                 break;
@@ -1079,6 +1164,18 @@ async fn hand_over(
         // Adopted here from a dead node: the claimer took the record as it stood, without
         // waiting. A copy kept from this node's earlier run is stale.
         drop(broker.release_to_cluster(&client_id));
+        return;
+    }
+    if !owned_here
+        && claim.from != cluster.node
+        && !cluster.sessions.restoring.lock().contains_key(&client_id)
+    {
+        // Held here without a claim of this run (brought back from this node's store at a
+        // restart), and the record this one replaced was not this node's: the session moved
+        // while this node was down, or this is the owner's own rewrite, not a claim. The
+        // copy here is stale and the record is the session (the authority on who holds it):
+        // the copy goes, and nothing of it is written.
+        drop_stale_copy(broker, &client_id, &claim.owner);
         return;
     }
     {

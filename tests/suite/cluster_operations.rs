@@ -146,3 +146,90 @@ async fn a_node_restarted_after_its_session_moved_resumes_it_with_what_was_ackno
     );
     v5::disconnect(w).await;
 }
+
+/// Unsubscribes `filter` and waits for the UNSUBACK.
+async fn unsubscribe(c: &mut RawClient, filter: &str) {
+    c.send(&Packet::Unsubscribe(postbox::codec::Unsubscribe {
+        packet_id: 78,
+        filters: vec![filter.into()],
+        ..Default::default()
+    }))
+    .await;
+    loop {
+        match c.recv().await {
+            Some(Packet::UnsubAck(ack)) if ack.packet_id == 78 => return,
+            Some(_) => {}
+            None => panic!("closed before UNSUBACK"),
+        }
+    }
+}
+
+/// Issue 34, finding 2, the record's side: a node that comes back on its data directory
+/// after its session moved must not act for that session. Its store brings back W as it was
+/// on a (subscribed to `ops/old/#`); on b, W has since subscribed to `ops/new/#` and dropped
+/// `ops/old/#`. The record in `pb_sessions` is the authority: a drops its copy (and says so)
+/// and leaves b's record as b wrote it — before, a took b's first rewrite of the record for
+/// a claim and "handed over" its stale copy over it (owner b, `ops/old/#`), so the node
+/// that adopted or resumed the session next brought the old subscription back and lost the
+/// new one. Then b dies (`kill -9`) and W resumes on a from b's record: what is published to
+/// `ops/new/` arrives, nothing of `ops/old/` does (MQTT-3.1.2-4/-5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_drops_its_stale_copy_of_a_moved_session_and_leaves_its_record() {
+    let (nats, mut nodes) = start_cluster(2, "").await;
+    let url = nats.url();
+    let (a, b) = (0, 1);
+
+    let (mut w, _) = v5::connect(nodes[a].mqtt(), v5::persistent_connect("W2", 3600)).await;
+    v5::subscribe(&mut w, "ops/old/#", QoS::AtLeastOnce).await;
+    wait_record(&url, "W2", |r| owned_with(r, "a", "ops/old/#")).await;
+    tokio::task::block_in_place(|| nodes[a].terminate());
+    v5::expect_disconnect(&mut w, ReasonCode::SERVER_SHUTTING_DOWN).await;
+
+    let (mut w, ack) = v5::connect(nodes[b].mqtt(), v5::persistent_connect("W2", 3600)).await;
+    assert!(ack.session_present, "W2 resumed on node b");
+    v5::subscribe(&mut w, "ops/new/#", QoS::AtLeastOnce).await;
+    unsubscribe(&mut w, "ops/old/#").await;
+    let only_new =
+        |r: &serde_json::Value| owned_with(r, "b", "ops/new/#") && !owned_with(r, "b", "ops/old/#");
+    wait_record(&url, "W2", only_new).await;
+    v5::disconnect(w).await;
+
+    // a comes back with its copy of W2 (ops/old/#) and drops it: the record names b.
+    tokio::task::block_in_place(|| nodes[a].restart());
+    nodes[a]
+        .wait_log_async(|l| l.contains("dropped a stale local copy") && l.contains("W2"))
+        .await;
+    // Traffic both ways: b rewrites W2's record as its stream position moves (what a took
+    // for a claim before).
+    common::cluster::wait_linked(&nodes[b], &nodes[a]).await;
+    common::cluster::wait_linked(&nodes[a], &nodes[b]).await;
+    let record = wait_record(&url, "W2", |_| true).await;
+    assert!(
+        only_new(&record) && record.get("handed").is_none(),
+        "b's record of W2 was written over by node a's stale copy: {record}"
+    );
+    assert!(
+        !nodes[a]
+            .log()
+            .iter()
+            .any(|l| l.contains("session taken over by another node") && l.contains("W2")),
+        "node a handed over a session it did not hold"
+    );
+
+    // b dies; W2 resumes on a from b's record.
+    tokio::task::block_in_place(|| nodes[b].kill9());
+    let (mut w, ack) = v5::connect(nodes[a].mqtt(), v5::persistent_connect("W2", 3600)).await;
+    assert!(ack.session_present, "W2 resumed on node a from b's record");
+    let mut publisher = v5::connect_id(nodes[a].mqtt(), "W2-publisher").await;
+    for (topic, payload) in [("ops/old/1", "old"), ("ops/new/1", "new")] {
+        let code = v5::publish(
+            &mut publisher,
+            v5::publish_packet(topic, QoS::AtLeastOnce, payload.as_bytes(), 1),
+        )
+        .await;
+        assert!(!code.is_error(), "{topic} refused: {code:?}");
+    }
+    let received = receive_until(&mut w, "new").await;
+    assert_eq!(received, ["new"], "only ops/new/# is W2's subscription");
+    v5::disconnect(w).await;
+}
