@@ -15,7 +15,13 @@
 //!   elsewhere, including what a dead node had acknowledged to publishers.
 //! - **Records kept current**: every [`RECORD_INTERVAL`], each persistent local session's
 //!   record is rewritten if its subscriptions or cursor moved; a session that ended here has
-//!   its record deleted.
+//!   its record deleted (not one claimed here whose CONNECT has not attached yet: while it
+//!   waits for the hand-over, the record is all there is of the session).
+//! - **Stale copies**: the record is the authority on who holds a session. A node's store
+//!   brings its sessions back at a restart, including those that moved while it was down:
+//!   such a copy is dropped (once the claims watch is in place, and whenever the record is
+//!   seen naming another node), never handed over nor written into the record; a claim
+//!   notes whose record it replaced, and only that node answers it with a hand-over.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -1428,6 +1434,29 @@ mod tests {
         assert_eq!(restore.qos2, vec![(3, 7), (4, 0)]);
         assert!(restore.qos2_shared.is_empty());
         assert_eq!(restore.cursor, 5);
+    }
+
+    /// A claim notes whose record it replaced (the one node that may hand over); a record
+    /// written without it (a node of the previous version) decodes as naming nobody, and a
+    /// record that is not a claim carries none.
+    #[test]
+    fn a_claims_previous_owner_survives_a_round_trip_and_defaults_to_none() {
+        let claim = Record {
+            owner: "b".into(),
+            from: "a".into(),
+            from_life: 7,
+            ..Record::default()
+        };
+        let decoded = Record::decode(&claim.encode()).expect("decodes");
+        assert_eq!((decoded.from.as_str(), decoded.from_life), ("a", 7));
+        let old =
+            Record::decode(br#"{"owner":"b","expiry":60,"cursor":5,"life":1}"#).expect("decodes");
+        assert!(old.from.is_empty() && old.from_life == 0);
+        let plain = Record {
+            owner: "b".into(),
+            ..Record::default()
+        };
+        assert!(!String::from_utf8_lossy(&plain.encode()).contains("from"));
     }
 
     #[test]
