@@ -130,6 +130,9 @@ async fn adopt(
     mine.life = cluster.sessions.life;
     mine.adopted = true;
     mine.handed = false;
+    // Not a claim: nobody is to hand it over.
+    mine.from.clear();
+    mine.from_life = 0;
     if mine.gone == 0 {
         // Connected when its node died: the connection ended now, as far as anyone can
         // tell, abnormally (the will is due after its delay).

@@ -15,7 +15,13 @@
 //!   elsewhere, including what a dead node had acknowledged to publishers.
 //! - **Records kept current**: every [`RECORD_INTERVAL`], each persistent local session's
 //!   record is rewritten if its subscriptions or cursor moved; a session that ended here has
-//!   its record deleted.
+//!   its record deleted (not one claimed here whose CONNECT has not attached yet: while it
+//!   waits for the hand-over, the record is all there is of the session).
+//! - **Stale copies**: the record is the authority on who holds a session. A node's store
+//!   brings its sessions back at a restart, including those that moved while it was down:
+//!   such a copy is dropped (once the claims watch is in place, and whenever the record is
+//!   seen naming another node), never handed over nor written into the record; a claim
+//!   notes whose record it replaced, and only that node answers it with a hand-over.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -117,6 +123,16 @@ pub(super) struct Record {
     /// The packet ids among `q2` of shared groups' deliveries ([`Restore::qos2_shared`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) q2s: Vec<u16>,
+    /// Written by a claim: the owner of the record it replaced (empty: none, or not a claim).
+    /// Only that node may answer with a hand-over ([`hand_over`]): another node's local copy
+    /// of the session (one its store brought back after the session moved away while it
+    /// was down) is stale, and written over the claim it would replace the live session's
+    /// state.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) from: String,
+    /// The life of that owner ([`Record::life`]).
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub(super) from_life: u64,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -211,6 +227,8 @@ impl Record {
             handed: false,
             q2: view.qos2.clone(),
             q2s: view.qos2_shared.clone(),
+            from: String::new(),
+            from_life: 0,
         }
     }
 
@@ -260,6 +278,12 @@ pub struct Records {
     /// from what the half-restored session holds would skip what the replay has not reached),
     /// and a hand-over during the replay records no cursor past it.
     restoring: parking_lot::Mutex<HashMap<String, Restoring>>,
+    /// Client ids claimed here whose CONNECT has not attached (and restored) its session
+    /// yet ([`confirm`] takes them out): no local session, yet not ended. A claim that waits
+    /// for the previous owner's hand-over ([`HANDOVER_WAIT`]) or replays the session holds
+    /// the only record of it; [`keep_records`] must not take it for a session that ended
+    /// here and delete it.
+    unattached: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Sessions whose subscriptions or connection changed since their record was written.
     dirty: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Wakes [`keep_records`] for them.
@@ -393,6 +417,11 @@ pub(super) async fn claim(
             fresh: clean_start,
             ..Record::default()
         };
+        if let Some(previous) = &previous {
+            // Whose it was: the one node that may hand it over.
+            mine.from.clone_from(&previous.owner);
+            mine.from_life = previous.life;
+        }
         // A new session wants what is published from now on.
         mine.cursor = cluster.node_floor();
         if let Some(previous) = previous.as_ref().filter(|p| !clean_start && p.expiry > 0) {
@@ -432,6 +461,11 @@ pub(super) async fn claim(
         .owned
         .lock()
         .insert(client_id.to_owned(), (revision, mine.clone()));
+    cluster
+        .sessions
+        .unattached
+        .lock()
+        .insert(client_id.to_owned());
     cluster.sessions.adopted.lock().remove(client_id);
     {
         let mut wills = cluster.sessions.wills.lock();
@@ -820,6 +854,7 @@ impl Drop for Unrestored<'_> {
         };
         if claimed.is_some() {
             records.wills.lock().remove(client_id);
+            records.unattached.lock().remove(client_id);
         }
         self.broker.discard_unrestored(self.session);
         let (Some((revision, mut record)), Some(bucket)) = (claimed, records.bucket.get()) else {
@@ -957,6 +992,69 @@ fn enqueue_matching(
     }
 }
 
+/// Gives up this node's local copy of `client_id`, which `owner` holds: kept from an earlier
+/// run of this node, it is not the session any more (no will, no hand-over, no trace in the
+/// store).
+fn drop_stale_copy(broker: &Broker, client_id: &str, owner: &str) {
+    if broker.release_to_cluster(client_id).is_some() {
+        tracing::info!(
+            client = client_id,
+            owner,
+            "cluster: dropped a stale local copy of a session that moved to another node"
+        );
+    }
+}
+
+/// Drops the local copies of sessions that moved to another node while this node was down:
+/// every local session this node has not claimed, adopted or restored in this run (those
+/// its store brought back) whose record names another owner. Run once the watch of claims
+/// is in place (so a claim after the read is handed over, not missed): a stale copy must
+/// not collect messages, nor be taken for the session by anything that looks at this node.
+/// A record naming this node's earlier run leaves the copy to the claims and the search for
+/// orphans ([`super::orphans`]); no record leaves it to the next CONNECT's claim.
+async fn drop_moved_copies(cluster: Arc<Cluster>, broker: Weak<Broker>, bucket: kv::Store) {
+    let candidates: Vec<String> = {
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        let views = broker.held_sessions();
+        let owned = cluster.sessions.owned.lock();
+        let adopted = cluster.sessions.adopted.lock();
+        let restoring = cluster.sessions.restoring.lock();
+        views
+            .iter()
+            .filter(|v| v.expiry_interval > 0)
+            .map(|v| v.client_id.to_string())
+            .filter(|id| {
+                !owned.contains_key(id) && !adopted.contains_key(id) && !restoring.contains_key(id)
+            })
+            .collect()
+    };
+    for client_id in candidates {
+        let key = subject::key(&client_id);
+        let Ok(Some(entry)) = bucket.entry(key.as_str()).await else {
+            continue;
+        };
+        if entry.operation != kv::Operation::Put {
+            continue;
+        }
+        let Some(record) = Record::decode(&entry.value) else {
+            continue;
+        };
+        if record.owner == cluster.node {
+            continue;
+        }
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        // Claimed here since the list was made: this node's now.
+        if cluster.sessions.owned.lock().contains_key(&client_id) {
+            continue;
+        }
+        drop_stale_copy(&broker, &client_id, &record.owner);
+    }
+}
+
 /// Watches the bucket for claims of sessions this node holds, and hands them over.
 pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
     loop {
@@ -972,6 +1070,11 @@ pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
                 continue;
             }
         };
+        tokio::spawn(drop_moved_copies(
+            Arc::clone(&cluster),
+            broker.clone(),
+            bucket.clone(),
+        ));
         while let Some(entry) = watch.next().await {
             let Ok(entry) = entry else {
                 break;
@@ -1001,6 +1104,8 @@ pub(super) async fn watch_claims(cluster: Arc<Cluster>, broker: Weak<Broker>) {
 /// after this node did (seen by the watch meanwhile), this node lost the race: the session is
 /// given up here at once (its connection gets DISCONNECT 0x8E) and handed over.
 pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, mine: u64) {
+    // Attached: from now on, no local session means it ended here.
+    cluster.sessions.unattached.lock().remove(client_id);
     let later = {
         let claimed = cluster.sessions.claimed_elsewhere.lock();
         claimed
@@ -1059,11 +1164,24 @@ async fn hand_over(
         }
         owned.remove(&client_id).is_some()
     };
+    cluster.sessions.unattached.lock().remove(&client_id);
     cluster.sessions.wills.lock().remove(&client_id);
     if cluster.sessions.adopted.lock().remove(&client_id).is_some() {
         // Adopted here from a dead node: the claimer took the record as it stood, without
         // waiting. A copy kept from this node's earlier run is stale.
         drop(broker.release_to_cluster(&client_id));
+        return;
+    }
+    if !owned_here
+        && claim.from != cluster.node
+        && !cluster.sessions.restoring.lock().contains_key(&client_id)
+    {
+        // Held here without a claim of this run (brought back from this node's store at a
+        // restart), and the record this one replaced was not this node's: the session moved
+        // while this node was down, or this is the owner's own rewrite, not a claim. The
+        // copy here is stale and the record is the session (the authority on who holds it):
+        // the copy goes, and nothing of it is written.
+        drop_stale_copy(broker, &client_id, &claim.owner);
         return;
     }
     {
@@ -1161,10 +1279,13 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
         let mut deletes = Vec::new();
         {
             let owned = cluster.sessions.owned.lock();
+            // Claimed and not attached yet (waiting for a hand-over, or being replayed
+            // before it is in the sessions map): its record is the session, not a leftover.
+            let unattached = cluster.sessions.unattached.lock();
             let live: HashMap<&str, &HeldSession> =
                 views.iter().map(|v| (&*v.client_id, v)).collect();
             let mut ended = |client_id: &String, revision: u64| {
-                if !live.contains_key(client_id.as_str()) {
+                if !live.contains_key(client_id.as_str()) && !unattached.contains(client_id) {
                     deletes.push((client_id.clone(), revision));
                 }
             };
@@ -1313,6 +1434,29 @@ mod tests {
         assert_eq!(restore.qos2, vec![(3, 7), (4, 0)]);
         assert!(restore.qos2_shared.is_empty());
         assert_eq!(restore.cursor, 5);
+    }
+
+    /// A claim notes whose record it replaced (the one node that may hand over); a record
+    /// written without it (a node of the previous version) decodes as naming nobody, and a
+    /// record that is not a claim carries none.
+    #[test]
+    fn a_claims_previous_owner_survives_a_round_trip_and_defaults_to_none() {
+        let claim = Record {
+            owner: "b".into(),
+            from: "a".into(),
+            from_life: 7,
+            ..Record::default()
+        };
+        let decoded = Record::decode(&claim.encode()).expect("decodes");
+        assert_eq!((decoded.from.as_str(), decoded.from_life), ("a", 7));
+        let old =
+            Record::decode(br#"{"owner":"b","expiry":60,"cursor":5,"life":1}"#).expect("decodes");
+        assert!(old.from.is_empty() && old.from_life == 0);
+        let plain = Record {
+            owner: "b".into(),
+            ..Record::default()
+        };
+        assert!(!String::from_utf8_lossy(&plain.encode()).contains("from"));
     }
 
     #[test]

@@ -148,6 +148,55 @@ impl Node {
             broker.kill();
         }
     }
+
+    /// SIGTERM (a graceful stop, as a rolling upgrade or systemd does it) and waits
+    /// (bounded) for the exit, which must be a success; the data directory stays for
+    /// [`Node::restart`]. The log of the run that ended is returned.
+    pub fn terminate(&mut self) -> Vec<String> {
+        let broker = self.broker.take().expect("node is running");
+        let log = broker.log();
+        let status = broker.terminate();
+        assert!(
+            status.success(),
+            "node {} exited with {status} on SIGTERM; log:\n{}",
+            self.id,
+            log.join("\n")
+        );
+        log
+    }
+
+    /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`, ...) to the running process.
+    pub fn signal(&self, signal: i32) {
+        let broker = self.broker.as_ref().expect("node is running");
+        let pid = i32::try_from(broker.pid()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid, which is still running (not yet reaped).
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal})");
+    }
+
+    /// Waits (bounded by `WAIT`) until a line of this run's log satisfies `ok`, already
+    /// written or still to come, and returns it. A poll of the lines the reader threads
+    /// keep (20 ms apart): the log is the event.
+    pub fn wait_log(&self, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(line) = self.log().into_iter().find(|l| ok(l)) {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {}: no such line within {WAIT:?}; log:\n{}",
+                self.id,
+                self.log().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// [`Node::wait_log`] from an async test (multi-thread runtime).
+    pub async fn wait_log_async(&self, ok: impl Fn(&str) -> bool) -> String {
+        tokio::task::block_in_place(|| self.wait_log(ok))
+    }
 }
 
 /// Waits (bounded) until node `to` delivers what is published on node `from`, at QoS 0 and
