@@ -180,6 +180,7 @@ int main(int argc, char **argv) {
             execl(self, self, "will-child", uri, id, (char *)NULL);
             _exit(1);
         }
+        close(ready[1]); /* a child that dies first ends the read below */
         char byte;
         /* The child's first output is its connack line. */
         if (read(ready[0], &byte, 1) != 1) fail("will child connects", 0);
