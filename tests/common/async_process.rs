@@ -90,6 +90,17 @@ impl BrokerProcess {
     /// store and `mqtt` keys: for tests that need the durable store or other sections.
     pub async fn spawn_sections(listeners: &[&str], sections: &str) -> BrokerProcess {
         let ports: Vec<u16> = listeners.iter().map(|_| free_port()).collect();
+        BrokerProcess::spawn_sections_on(ports, listeners, sections).await
+    }
+
+    /// Like [`BrokerProcess::spawn_sections`], on the given `ports` (one per listener): to
+    /// start a broker again on the addresses its clients know (a restart on the same data
+    /// directory).
+    pub async fn spawn_sections_on(
+        ports: Vec<u16>,
+        listeners: &[&str],
+        sections: &str,
+    ) -> BrokerProcess {
         let text: String = listeners
             .iter()
             .zip(&ports)

@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 use super::WAIT;
 
 /// How a conversation's bytes are cut into writes. Every write is flushed before the next
-/// one starts (TCP_NODELAY, so each leaves as its own segment), and none waits for an answer.
+/// one starts (`TCP_NODELAY`, so each leaves as its own segment), and none waits for an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cutting {
     /// Every packet of the conversation in one write (CONNECT and all that follows).
@@ -177,7 +177,7 @@ impl Transport {
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
-/// One connection's wire: the stream, and for WebSockets the framing both ways.
+/// One connection's wire: the stream, and for a WebSocket the framing both ways.
 struct Wire {
     stream: Box<dyn Stream>,
     ws: bool,

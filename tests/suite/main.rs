@@ -44,6 +44,7 @@ mod durability;
 mod flow_control;
 mod fuzz_corpus;
 mod input_validity;
+mod interop;
 mod jwt;
 mod limits;
 mod link;
