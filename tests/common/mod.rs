@@ -221,8 +221,17 @@ impl RawClient {
             .map_err(|_| ())
     }
 
-    /// Exactly `n` raw bytes from the broker (for checking wire layouts).
+    /// Exactly `n` raw bytes from the broker (for checking wire layouts), after the CONNACK
+    /// when one is owed (`POSTBOX_TEST_PIPELINE`).
     pub async fn recv_bytes(&mut self, n: usize) -> Vec<u8> {
+        if std::mem::take(&mut self.connack_owed) {
+            match tokio::time::timeout(WAIT, self.next_packet()).await {
+                Ok(Some(Packet::ConnAck(ack))) => {
+                    assert_eq!(ack.reason_code.0, 0, "CONNACK refused");
+                }
+                other => panic!("expected CONNACK, got {other:?}"),
+            }
+        }
         tokio::time::timeout(WAIT, async {
             while self.buf.len() < n {
                 match self.stream.read_buf(&mut self.buf).await {
