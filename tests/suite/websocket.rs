@@ -84,26 +84,6 @@ pub(crate) async fn upgrade_over(
     (head, RawWs { stream, pending })
 }
 
-/// A client frame (masked, as clients must): `opcode` with FIN.
-fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [0x12u8, 0x34, 0x56, 0x78];
-    let mut out = vec![0x80 | opcode];
-    match payload.len() {
-        n if n < 126 => out.push(0x80 | n as u8),
-        n if n <= 0xFFFF => {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(0x80 | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    out.extend_from_slice(&mask);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    out
-}
-
 pub(crate) const BINARY: u8 = 2;
 const TEXT: u8 = 1;
 const PING: u8 = 9;
@@ -111,7 +91,7 @@ const PING: u8 = 9;
 impl RawWs {
     pub(crate) async fn send_frame(&mut self, opcode: u8, payload: &[u8]) {
         self.stream
-            .write_all(&frame(opcode, payload))
+            .write_all(&common::cutting::client_frame(opcode, payload))
             .await
             .expect("write frame");
     }
