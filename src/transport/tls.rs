@@ -113,6 +113,11 @@ impl Listener for TlsListener {
     }
 
     fn run(self: Box<Self>, handoff: Handoff, stop: CancellationToken) -> ListenerTask {
+        // The expiry gauge is there once the listener runs: set here, not in the accept task,
+        // whose first poll may come after the broker logs that it runs (a scrape right then
+        // found no gauge).
+        let _ = self.state.metrics.set(handoff.broker().metrics.clone());
+        self.state.publish_expiry();
         Box::pin(self.accept_loop(handoff, stop))
     }
 }
@@ -134,8 +139,6 @@ impl TlsListener {
         let admission = handoff.admission(&name, limits);
         let tls_failures = handoff.broker().metrics.tls_handshake_failures();
         let ws_failures = handoff.broker().metrics.ws_upgrade_failures();
-        let _ = state.metrics.set(handoff.broker().metrics.clone());
-        state.publish_expiry();
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
         while let Some((stream, peer)) = super::tcp::next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());
