@@ -108,6 +108,21 @@ pub async fn subscribe(c: &mut RawClient, filter: &str, qos: QoS) {
     );
 }
 
+/// A SUBSCRIBE of one filter at `qos` with default options, packet id `id`.
+pub fn subscribe_packet(id: u16, filter: &str, qos: QoS) -> Subscribe {
+    Subscribe {
+        packet_id: id,
+        filters: vec![(
+            filter.into(),
+            SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+        )],
+        ..Default::default()
+    }
+}
+
 /// A PUBLISH with the given fields (packet id 0 for QoS 0, else `id`).
 pub fn publish_packet(topic: &str, qos: QoS, payload: &[u8], id: u16) -> Publish {
     Publish {

@@ -18,9 +18,9 @@ use crate::common;
 
 use common::cutting::{self, Conversation, Scenario, TcpTarget, Transport};
 use common::mosquitto_broker::MosquittoBroker;
+use common::v5;
 use postbox::codec::{
-    Connect, Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, Publish, QoS, Subscribe,
-    SubscriptionOptions, Unsubscribe,
+    Disconnect, LastWill, Packet, ProtocolVersion, PubResponse, QoS, Unsubscribe,
 };
 use postbox::server::RunningServer;
 use proptest::prelude::*;
@@ -53,17 +53,9 @@ async fn broker() -> RunningServer {
 }
 
 fn connect(version: ProtocolVersion, id: &str, clean: bool) -> Packet {
-    let mut connect = Connect {
-        protocol: version,
-        clean_start: clean,
-        keep_alive: 60,
-        client_id: id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
-        bridge: false,
-    };
+    let mut connect = v5::connect_packet(id);
+    connect.protocol = version;
+    connect.clean_start = clean;
     if version == V5 && !clean {
         connect.properties.session_expiry_interval = Some(300);
     }
@@ -93,17 +85,7 @@ fn with_login(packet: Packet, user: &str, password: &str) -> Packet {
 }
 
 fn subscribe(id: u16, filter: &str, qos: QoS) -> Packet {
-    Packet::Subscribe(Subscribe {
-        packet_id: id,
-        filters: vec![(
-            filter.into(),
-            SubscriptionOptions {
-                qos,
-                ..Default::default()
-            },
-        )],
-        ..Default::default()
-    })
+    Packet::Subscribe(v5::subscribe_packet(id, filter, qos))
 }
 
 fn unsubscribe(id: u16, filter: &str) -> Packet {
@@ -115,14 +97,9 @@ fn unsubscribe(id: u16, filter: &str) -> Packet {
 }
 
 fn publish(topic: &str, qos: QoS, id: u16, payload: &str, retain: bool) -> Packet {
-    Packet::Publish(Publish {
-        qos,
-        retain,
-        topic: topic.into(),
-        packet_id: if qos == QoS::AtMostOnce { 0 } else { id },
-        payload: payload.as_bytes().to_vec().into(),
-        ..Default::default()
-    })
+    let mut publish = v5::publish_packet(topic, qos, payload.as_bytes(), id);
+    publish.retain = retain;
+    Packet::Publish(publish)
 }
 
 fn pubrel(id: u16) -> Packet {
