@@ -205,10 +205,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // needs a user name to check it by. Before, with `[auth.jwt]` alone any password that
     // did not look like a token was admitted, and one without a user name passed as
     // anonymous next to a password file.
-    let passwords_checked = logins.is_some_and(|l| l.passwords().is_some() || l.jwt().is_some());
-    let file_will_check =
-        logins.is_some_and(|l| l.passwords().is_some()) && connect.username.is_some();
-    if passwords_checked
+    let file_will_check = policy.password_file && connect.username.is_some();
+    if (policy.password_file || policy.jwt)
         && connect.password.is_some()
         && admitted.auth_method.is_none()
         && !authenticated
