@@ -287,6 +287,8 @@ pub struct Metrics {
     pub authz_denied: [Counter; 2],
     /// Connections closed because another connection took over their client id.
     pub session_takeovers: Counter,
+    /// CONNECTs naming another identity's session: `[refused, replaced]` (issue 35).
+    pub session_binding: [Counter; 2],
     /// Connections whose handshake waits for the client (every listener's pending slots).
     pub connections_pending: Gauge,
     /// Waiting handshakes closed: the listener's `max_pending_connections` were taken.
@@ -369,6 +371,11 @@ impl Metrics {
             "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it).",
             &["reason"],
         );
+        let binding = r.counter_vec(
+            SESSION_BINDING_TOTAL,
+            "CONNECTs naming the client id of a session another identity owns, by outcome (refused; replaced: a fresh session in its place).",
+            &["outcome"],
+        );
         let authz = r.counter_vec(
             AUTHZ_DENIED_TOTAL,
             "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action.",
@@ -442,6 +449,7 @@ impl Metrics {
             credentials_expired: r.counter(CREDENTIALS_EXPIRED_TOTAL, "Connections closed because the credentials they connected with (a JWT) expired."),
             will_messages_published: r.counter(WILL_MESSAGES_PUBLISHED_TOTAL, "Will messages published."),
             authz_denied: ["read", "write"].map(|a| counter_of(&authz, &[a])),
+            session_binding: ["refused", "replaced"].map(|o| counter_of(&binding, &[o])),
             session_takeovers: r.counter(SESSION_TAKEOVERS_TOTAL, "Connections closed because a new connection took over their client id."),
             connections_pending: r.gauge(CONNECTIONS_PENDING, "Connections whose handshake waits for the client (CONNECT incomplete, AUTH answer due)."),
             connections_refused_pending: counter_of(&conn_refused, &["pending_limit"]),

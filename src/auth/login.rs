@@ -23,6 +23,11 @@ pub struct Logins {
     /// Effective `allow_anonymous` by listener name.
     anonymous: HashMap<Arc<str>, bool>,
     default_anonymous: bool,
+    /// Listeners with `use_username_as_clientid` (usually none: then nothing is looked up).
+    username_as_client_id: Vec<Arc<str>>,
+    /// A SCRAM file, or a listener taking user names from certificates: identities a
+    /// session can be bound to, besides the password file and JWT.
+    other_methods: bool,
     metrics: AuthMetrics,
 }
 
@@ -59,11 +64,25 @@ impl Logins {
                 )
             })
             .collect();
+        let username_as_client_id = config
+            .listeners
+            .iter()
+            .zip(config.listener_names())
+            .filter(|(l, _)| l.use_username_as_clientid)
+            .map(|(_, name)| Arc::from(name.as_str()))
+            .collect();
+        let other_methods = config.auth.scram_file.is_some()
+            || config
+                .listeners
+                .iter()
+                .any(|l| l.tls.as_ref().is_some_and(|t| t.use_identity_as_username));
         Ok(Logins {
             passwords,
             jwt: None,
             anonymous,
             default_anonymous,
+            username_as_client_id,
+            other_methods,
             metrics,
         })
     }
@@ -90,6 +109,19 @@ impl Logins {
             .get(listener)
             .copied()
             .unwrap_or(self.default_anonymous)
+    }
+
+    /// Whether `listener` takes the user name as the client id (`use_username_as_clientid`).
+    pub fn username_as_client_id(&self, listener: &str) -> bool {
+        !self.username_as_client_id.is_empty()
+            && self.username_as_client_id.iter().any(|l| &**l == listener)
+    }
+
+    /// Whether some method can tell identities apart (a password file, JWT, SCRAM, user names
+    /// from certificates), so a session belongs to the identity that made it (issue 35).
+    /// Without one every client is anonymous and sessions stay unbound, as in Mosquitto.
+    pub fn binds_sessions(&self) -> bool {
+        self.passwords.is_some() || self.jwt.is_some() || self.other_methods
     }
 
     /// Listeners that let anonymous clients in although a password file is configured (the

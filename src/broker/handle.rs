@@ -165,7 +165,27 @@ impl SessionHandle {
                 return Fill::TakenOver;
             }
             let before = st.queue.len();
-            let filled = st.fill(&self.session.client_id, window, now, sink);
+            // Issue 35, finding 3: while the queue may hold deliveries routed under other
+            // rules (an ACL reloaded since, a restored or re-identified session), each one is
+            // checked again as it goes out; once the queue has drained under the rules in
+            // force, nothing is (one compare per fill).
+            let recheck = self
+                .broker
+                .authz()
+                .map(|authz| (authz, authz.generation()))
+                .filter(|(_, generation)| *generation != st.acl_checked);
+            let filled = match recheck {
+                None => st.fill(&self.session.client_id, window, now, sink, None),
+                Some((authz, generation)) => {
+                    let may_read = |d: &super::Delivery| self.may_read(authz, d);
+                    let filled =
+                        st.fill(&self.session.client_id, window, now, sink, Some(&may_read));
+                    if st.queue.is_empty() {
+                        st.acl_checked = generation;
+                    }
+                    filled
+                }
+            };
             let took = st.queue.len() < before;
             let mut freed = false;
             if took {
@@ -191,6 +211,7 @@ impl SessionHandle {
                 self.broker.metrics.messages_dropped_expired[qos].increment(n);
             }
         }
+        self.count_denied(filled.denied);
         // Dead letters first: their submit lands before the removals in `ops` (one log, in
         // submit order), so a crash between the two cannot lose both.
         for (delivery, reason) in &filled.dead {
@@ -246,10 +267,29 @@ impl SessionHandle {
     /// is stored and `gate` is `None`.
     pub fn retransmit(&self) -> Retransmit {
         let max_deliveries = self.max_deliveries();
-        let resent = self
-            .session
-            .lock()
-            .resend(&self.session.client_id, max_deliveries);
+        // Issue 35, finding 3: on a resume every PUBLISH in flight is checked again (the
+        // rules or the identity may have changed while the client was away; resumes are
+        // rare, so always).
+        let authz = self.broker.authz();
+        let may_read = authz.map(|authz| move |d: &super::Delivery| self.may_read(authz, d));
+        let resent = self.session.lock().resend(
+            &self.session.client_id,
+            max_deliveries,
+            may_read
+                .as_ref()
+                .map(|f| f as &dyn Fn(&super::Delivery) -> bool),
+        );
+        let mut denied = [0; 3];
+        for delivery in &resent.denied {
+            denied[delivery.qos as usize] += 1;
+            self.broker.dead_letter(
+                &delivery.message,
+                crate::guarantees::DeadReason::NotAuthorized,
+                Some(&self.session.client_id),
+                None,
+            );
+        }
+        self.count_denied(denied);
         // With the session unlocked: the dead letters are routed (and submitted) before the
         // removals in `ops`, so a crash between the two cannot lose both.
         for (delivery, deliveries) in &resent.poisoned {
@@ -268,7 +308,7 @@ impl SessionHandle {
                 None,
             );
         }
-        if !resent.poisoned.is_empty() {
+        if !resent.poisoned.is_empty() || !resent.denied.is_empty() {
             // Window slots were freed: a driver already waiting fills them from the queue
             // (a connection fills right after resending anyway).
             self.session.wake();
@@ -276,6 +316,26 @@ impl SessionHandle {
         Retransmit {
             resends: resent.resends,
             gate: self.broker.persist_awaited(resent.ops),
+        }
+    }
+
+    /// Whether the session's identity may read `delivery`'s topic under the rules in force.
+    fn may_read(&self, authz: super::Authz<'_>, delivery: &super::Delivery) -> bool {
+        self.session.authorized(
+            authz.acl,
+            crate::auth::acl::Action::Read,
+            &delivery.message.topic,
+        )
+    }
+
+    /// Counts deliveries dropped as no longer readable, by QoS (each also a refused read).
+    fn count_denied(&self, denied: [u64; 3]) {
+        for (qos, n) in denied.into_iter().enumerate() {
+            if n > 0 {
+                self.broker.metrics.messages_dropped_denied[qos].increment(n);
+                let reads = &self.broker.metrics.authz_denied[0];
+                reads.increment(n);
+            }
         }
     }
 

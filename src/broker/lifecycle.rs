@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
 
+use super::owner::{self, NotOwner, OwnerCheck};
 use super::{
     persist, Attached, Broker, Message, PendingWill, Session, SessionHandle, SessionRequest,
     NEVER_EXPIRES,
 };
 use crate::codec::{topic, LastWill};
-use crate::storage::{self, Op};
+use crate::storage::{self, Op, SessionOwner};
 
 impl Broker {
     /// Opens or resumes the session for a client, evicting any connection that holds it
@@ -20,19 +21,58 @@ impl Broker {
     // Callers build the request for this call (a struct literal); by value keeps them plain.
     #[allow(clippy::needless_pass_by_value)]
     pub fn connect(self: &Arc<Self>, req: SessionRequest) -> Attached {
+        match self.connect_as(req, SessionOwner::Unbound) {
+            Ok(attached) => attached,
+            // An unbound newcomer resumes any session (`owner::check`).
+            Err(NotOwner) => unreachable!("an unbound CONNECT is never refused"),
+        }
+    }
+
+    /// [`Broker::connect`] for a client authenticated as `owner` (issue 35): a session
+    /// another identity owns is resumed by nobody else; the newcomer is refused, or gets a
+    /// fresh session, as `owner::check` and `auth.session_binding` decide. A refused CONNECT
+    /// changes nothing: the owner's connection, will and queue stay as they are.
+    ///
+    /// # Errors
+    ///
+    /// [`NotOwner`] when the session belongs to another identity and may not be replaced.
+    // By value like `connect`.
+    #[allow(clippy::needless_pass_by_value)]
+    pub fn connect_as(
+        self: &Arc<Self>,
+        req: SessionRequest,
+        owner: SessionOwner,
+    ) -> Result<Attached, NotOwner> {
         let mut sessions = self.sessions.lock();
         if let Some(existing) = sessions.get(&req.client_id).cloned() {
             let mut st = existing.lock();
+            let verdict = if st.ended {
+                OwnerCheck::Resume
+            } else {
+                owner::check(
+                    &st.owner,
+                    st.connection.is_some(),
+                    &owner,
+                    self.auth.session_binding,
+                )
+            };
+            if verdict == OwnerCheck::Refuse {
+                self.metrics.session_binding[0].increment(1);
+                return Err(NotOwner);
+            }
             // A new connection for the client id cancels a delayed will, whether or not it
             // resumes the session (MQTT-3.1.2-8, MQTT-3.1.3-9).
             if st.pending_will.take().is_some() {
                 self.forget_stored_will(&existing.client_id);
             }
-            if !req.clean_start && !st.ended {
+            if !req.clean_start && !st.ended && verdict == OwnerCheck::Resume {
                 let (generation, displaced) =
                     Session::attach(&mut st, self.clock_ms(Instant::now()));
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
+                if st.owner != owner {
+                    st.owner = owner;
+                }
                 let ops =
                     persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
                 drop(st);
@@ -40,10 +80,13 @@ impl Broker {
                     self.took_over(&existing);
                 }
                 self.persist(ops);
-                return Attached {
+                return Ok(Attached {
                     handle: SessionHandle::new(Arc::clone(self), existing, generation),
                     session_present: true,
-                };
+                });
+            }
+            if verdict == OwnerCheck::Fresh {
+                self.metrics.session_binding[1].increment(1);
             }
             let displaced = st.connection.take().is_some();
             drop(st);
@@ -65,16 +108,17 @@ impl Broker {
         let (generation, ops) = {
             let mut st = session.lock();
             let (generation, _) = Session::attach(&mut st, self.clock_ms(Instant::now()));
+            st.owner = owner;
             let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
             (generation, ops)
         };
         self.persist(ops);
         sessions.insert(session.clone());
         self.metrics.sessions_current.set(sessions.len() as f64);
-        Attached {
+        Ok(Attached {
             handle: SessionHandle::new(Arc::clone(self), session, generation),
             session_present: false,
-        }
+        })
     }
 
     /// Counts a takeover and wakes the displaced connection, which then finds it no longer

@@ -49,6 +49,7 @@ pub(super) fn session_meta(
         protocol: st.protocol,
         expiry_interval: st.expiry_interval,
         disconnected_at_unix_ms,
+        owner: st.owner.clone(),
     }
 }
 

@@ -24,6 +24,8 @@ impl Broker {
         if !session.set_principal(principal) {
             return;
         }
+        // What is queued was routed for the identity before: checked again as it goes out.
+        session.lock().acl_checked = super::session::UNCHECKED;
         let filters: Vec<(ByteString, SessionSubscription)> = session
             .lock()
             .subscriptions

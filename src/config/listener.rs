@@ -54,6 +54,11 @@ pub struct ListenerConfig {
     /// `auth.allow_anonymous` decides (e.g. anonymous on a localhost listener only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_anonymous: Option<bool>,
+    /// Use the user name as the client id, whatever CONNECT said (Mosquitto's
+    /// `use_username_as_clientid`): one session per user, so no device can take another's
+    /// client id. A client without a user name is refused (0x87, 3.x: 5). With
+    /// `tls.use_identity_as_username`, the certificate's identity becomes the client id.
+    pub use_username_as_clientid: bool,
     /// What the listener speaks: plain MQTT over TCP (the default), MQTT over TLS, or MQTT
     /// inside WebSocket frames.
     pub kind: ListenerKind,
@@ -183,6 +188,7 @@ impl Default for ListenerConfig {
             max_pending_connections_per_ip: DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
             proxy_protocol: false,
             allow_anonymous: None,
+            use_username_as_clientid: false,
             kind: ListenerKind::Tcp,
             tls: None,
             websocket: WebSocketConfig::default(),

@@ -131,6 +131,23 @@ pub struct AuthConfig {
     /// Mosquitto-format ACL file; when set, every publish, subscription, delivery and will is
     /// checked against it and what it does not allow is denied. Unset: no checks at all.
     pub acl_file: Option<std::path::PathBuf>,
+    /// What a client gets that connects, authenticated as another identity, with the client
+    /// id of a session someone else owns (issue 35): refused (the default), or a fresh session
+    /// that replaces the offline owner's. Never the owner's queue, and never its connection:
+    /// a connected owner is not kicked either way.
+    pub session_binding: SessionBinding,
+}
+
+/// [`AuthConfig::session_binding`]: a session's client id used by another identity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionBinding {
+    /// CONNACK 0x87 Not authorized (3.x: 5): the owner's session stays as it is.
+    #[default]
+    Refuse,
+    /// The owner's session (offline) is discarded and the newcomer starts a clean one: for
+    /// fleets whose devices change credentials and keep their client id.
+    Fresh,
 }
 
 /// `[auth.jwt]`: where the keys are and what the tokens must say.
@@ -180,6 +197,7 @@ impl Default for AuthConfig {
             jwt: None,
             scram_file: None,
             acl_file: None,
+            session_binding: SessionBinding::Refuse,
         }
     }
 }

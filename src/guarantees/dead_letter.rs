@@ -32,17 +32,21 @@ pub enum DeadReason {
     MaxDeliveries,
     /// A v5 subscriber answered PUBACK / PUBREC with a reason code ≥ 0x80.
     Rejected,
+    /// Queued or in flight for a session whose identity may no longer read its topic: the
+    /// ACL changed (SIGHUP), or the session came back under other claims (issue 35).
+    NotAuthorized,
 }
 
 impl DeadReason {
     /// Every reason, in label order.
-    pub const ALL: [DeadReason; 6] = [
+    pub const ALL: [DeadReason; 7] = [
         DeadReason::QueueFull,
         DeadReason::Expired,
         DeadReason::TooLarge,
         DeadReason::SchemaInvalid,
         DeadReason::MaxDeliveries,
         DeadReason::Rejected,
+        DeadReason::NotAuthorized,
     ];
 
     /// The value of the `reason` property and label.
@@ -54,6 +58,7 @@ impl DeadReason {
             DeadReason::SchemaInvalid => "schema_invalid",
             DeadReason::MaxDeliveries => "max_deliveries",
             DeadReason::Rejected => "rejected",
+            DeadReason::NotAuthorized => "not_authorized",
         }
     }
 

@@ -59,6 +59,9 @@ pub const AUTHZ_DENIED_TOTAL: &str = "postbox_authz_denied_total";
 pub const WILL_MESSAGES_PUBLISHED_TOTAL: &str = "postbox_will_messages_published_total";
 /// Counter: connections closed because the same client id connected again.
 pub const SESSION_TAKEOVERS_TOTAL: &str = "postbox_session_takeovers_total";
+/// Counter (label `outcome`: `refused`, `replaced`): CONNECTs naming the client id of a
+/// session another identity owns (issue 35, `auth.session_binding`).
+pub const SESSION_BINDING_TOTAL: &str = "postbox_session_binding_total";
 /// Gauge: connections whose handshake waits for the client (pending slots taken).
 pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
 /// Counter (label `reason`): connections refused by a listener's limits.
@@ -200,7 +203,7 @@ pub const DEDUP_ENTRIES: &str = "postbox_dedup_entries";
 pub const DEDUP_EVICTED_TOTAL: &str = "postbox_dedup_evicted_total";
 
 /// Every metric name above, for docs and completeness tests.
-pub const ALL: [&str; 65] = [
+pub const ALL: [&str; 66] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -228,6 +231,7 @@ pub const ALL: [&str; 65] = [
     WILL_MESSAGES_PUBLISHED_TOTAL,
     AUTHZ_DENIED_TOTAL,
     SESSION_TAKEOVERS_TOTAL,
+    SESSION_BINDING_TOTAL,
     CONNECTIONS_PENDING,
     CONNECTIONS_REFUSED_TOTAL,
     CONNECT_TIMEOUTS_TOTAL,

@@ -122,6 +122,7 @@ fn names_follow_prometheus_conventions() {
         names::WILL_MESSAGES_PUBLISHED_TOTAL,
         names::AUTHZ_DENIED_TOTAL,
         names::SESSION_TAKEOVERS_TOTAL,
+        names::SESSION_BINDING_TOTAL,
         names::CONNECTIONS_REFUSED_TOTAL,
         names::CONNECT_TIMEOUTS_TOTAL,
         names::PACKET_TIMEOUTS_TOTAL,

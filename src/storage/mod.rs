@@ -47,8 +47,8 @@ pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
 pub use log_store::{LogOptions, LogStore};
 pub use memory::MemoryStore;
 pub use model::{
-    DedupRecord, EntryStage, MessageId, Op, QueueEntry, SessionMeta, SessionSnapshot, Snapshot,
-    StoredMessage, StoredWill, SubscriptionRecord,
+    DedupRecord, EntryStage, MessageId, Op, QueueEntry, SessionMeta, SessionOwner, SessionSnapshot,
+    Snapshot, StoredMessage, StoredWill, SubscriptionRecord,
 };
 pub use store::{
     wait_durable, Durable, DurableState, RecoveryLoss, Rejected, StorageError, Store, StoreHealth,

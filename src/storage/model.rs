@@ -235,6 +235,35 @@ pub struct SessionMeta {
     /// When the client disconnected, unix ms; `None` while connected. A session restored with
     /// `None` was connected when the broker stopped: count its expiry from the restart.
     pub disconnected_at_unix_ms: Option<u64>,
+    /// Whose session it is (issue 35): only that identity may resume it.
+    pub owner: SessionOwner,
+}
+
+/// Who a session belongs to: the identity that created it, the only one that may resume it
+/// or take over its connection (issue 35, finding 2). Plain data, stored with the session so
+/// the binding survives a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum SessionOwner {
+    /// Not bound: no authentication method is configured (nobody can be told apart), or a
+    /// session stored before sessions had owners. The next identity to attach binds it.
+    #[default]
+    Unbound,
+    /// A client that authenticated with nothing (anonymous access). Anonymous clients cannot
+    /// be told apart, so any of them resumes it; an authenticated client gets a fresh
+    /// session in its place, never its queue.
+    Anonymous,
+    /// The user name a configured method verified (password file, JWT, SCRAM, certificate).
+    User(Box<str>),
+}
+
+impl SessionOwner {
+    /// The user name, if the session is bound to one.
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            SessionOwner::User(user) => Some(user),
+            _ => None,
+        }
+    }
 }
 
 /// A subscription as persisted: what SUBACK granted.

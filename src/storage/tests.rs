@@ -80,6 +80,7 @@ fn session(client: &str) -> Op {
         protocol: ProtocolVersion::V5,
         expiry_interval: 3600,
         disconnected_at_unix_ms: None,
+        owner: SessionOwner::Unbound,
     })
 }
 
@@ -173,6 +174,8 @@ fn every_put_op() -> Vec<Op> {
             protocol: ProtocolVersion::V3_1_1,
             expiry_interval: u32::MAX,
             disconnected_at_unix_ms: Some(1_700_000_000_123),
+            // The owned tag (issue 35) round-trips too.
+            owner: SessionOwner::User("sensor-1".into()),
         }),
         Op::PutSubscription {
             client_id: bs("c1"),

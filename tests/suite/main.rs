@@ -62,6 +62,7 @@ mod recovery;
 mod schema;
 mod scram;
 mod secure_config;
+mod session_binding;
 mod sys_topics;
 mod tls;
 mod v5_auth;

@@ -125,6 +125,7 @@ fn open_log(dir: &Path) -> LogStore {
             protocol: postbox::codec::ProtocolVersion::V5,
             expiry_interval: u32::MAX,
             disconnected_at_unix_ms: Some(0),
+            owner: postbox::storage::SessionOwner::Unbound,
         })])
         .expect("session");
     block_on((&store as &dyn Store).wait_durable(t.ticket));

@@ -213,7 +213,17 @@ pub struct SessionState {
     /// Published, as Mosquitto gives them. Here, in the padding of the state's small fields,
     /// not in the connection's state, which is at its size bound. Cleared by every attach.
     pub(in crate::broker) bridge: bool,
+    /// Whose session it is (issue 35): only that identity resumes it (`broker::owner`).
+    pub(in crate::broker) owner: crate::storage::SessionOwner,
+    /// The ACL generation under which everything queued is known to be readable by the
+    /// identity in force ([`Authz::generation`](crate::broker::Authz::generation)); anything
+    /// else (`UNCHECKED` for a restored or re-identified session) and each delivery is checked
+    /// again as it is handed out, until the queue has been drained once (issue 35, finding 3).
+    pub(in crate::broker) acl_checked: u32,
 }
+
+/// [`SessionState::acl_checked`] of a session whose queue no ACL generation has vouched for.
+pub(in crate::broker) const UNCHECKED: u32 = u32::MAX;
 
 impl Session {
     /// A fresh, empty session for `client_id`.
@@ -248,6 +258,8 @@ impl Session {
                 stalled: false,
                 kicked: false,
                 bridge: false,
+                owner: crate::storage::SessionOwner::Unbound,
+                acl_checked: UNCHECKED,
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),

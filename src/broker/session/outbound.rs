@@ -143,6 +143,8 @@ pub struct Filled {
     pub sent: [u64; 3],
     /// Deliveries dropped because their message expired while queued, by QoS.
     pub expired: [u64; 3],
+    /// Deliveries dropped because the session may no longer read their topic, by QoS.
+    pub denied: [u64; 3],
     /// What was dropped instead of sent (expired, too large for the sink), for dead letters:
     /// the caller publishes them, with the session unlocked, before it submits `ops`.
     pub dead: Vec<(Delivery, crate::guarantees::DeadReason)>,
@@ -167,6 +169,10 @@ pub struct Resent {
     /// with the session unlocked, before it submits `ops` (a crash between the two then
     /// cannot lose both).
     pub poisoned: Vec<(Delivery, u16)>,
+    /// Deliveries in flight whose topic the session's identity may no longer read (issue 35,
+    /// finding 3): taken out of flight and not sent again; the caller dead-letters them
+    /// (`not_authorized`) before it submits `ops`, which remove their entries.
+    pub denied: Vec<Delivery>,
     /// Store ops: the poisoned entries' removals, then the new delivery counts
     /// (`Op::CountDelivery`). Always empty with `max_deliveries` = 0.
     pub ops: Vec<Op>,
@@ -196,12 +202,17 @@ impl SessionState {
     /// Moves queued deliveries into `sink` while it has room and the inflight window
     /// (`window` messages) allows. QoS 0 passes freely; QoS 1/2 waits for a free inflight
     /// slot, preserving order (MQTT-4.6.0-6). Expired messages are dropped (MQTT-3.3.2-5).
+    ///
+    /// With `may_read`, each delivery is checked before it is handed out (issue 35, finding
+    /// 3: queued under rules or an identity no longer in force); one it refuses is dropped,
+    /// its stored entry removed, and handed back for its dead letter (`not_authorized`).
     pub(in crate::broker) fn fill(
         &mut self,
         client_id: &bytestring::ByteString,
         window: usize,
         now: Instant,
         sink: &mut dyn DeliverySink,
+        may_read: Option<&dyn Fn(&Delivery) -> bool>,
     ) -> Filled {
         let mut filled = Filled::default();
         while sink.has_room() {
@@ -221,6 +232,16 @@ impl SessionState {
                     .dead
                     .push((delivery, crate::guarantees::DeadReason::Expired));
                 continue; // MQTT-3.3.2-5
+            }
+            if may_read.is_some_and(|may_read| !may_read(&delivery)) {
+                if let Some(seq) = delivery.seq {
+                    filled.ops.push(persist::remove_entry(client_id, seq));
+                }
+                filled.denied[delivery.qos as usize] += 1;
+                filled
+                    .dead
+                    .push((delivery, crate::guarantees::DeadReason::NotAuthorized));
+                continue;
             }
             let (packet_id, stage) = match delivery.qos {
                 QoS::AtMostOnce => (0, None),
@@ -404,10 +425,15 @@ impl SessionState {
     /// freed) as a poison message, and every new count is stored (`Op::CountDelivery`) so a
     /// restart does not reset it. A PUBREL stage is never counted: the client has the
     /// message. With 0 nothing is stored and nothing is given up on (MQTT-4.4.0-1).
+    ///
+    /// With `may_read`, an unacknowledged PUBLISH the session may no longer read is not sent
+    /// again (issue 35, finding 3): its packet id is freed, as for a poison message. A PUBREL
+    /// is sent again whatever the rules: the client has the message already.
     pub(in crate::broker) fn resend(
         &mut self,
         client_id: &bytestring::ByteString,
         max_deliveries: u16,
+        may_read: Option<&dyn Fn(&Delivery) -> bool>,
     ) -> Resent {
         let mut resent = Resent::default();
         let mut counts = Vec::new();
@@ -415,6 +441,13 @@ impl SessionState {
             if f.stage == OutboundStage::AwaitPubComp {
                 resent.resends.push(Resend::Release(f.packet_id));
                 return true;
+            }
+            if may_read.is_some_and(|may_read| !may_read(&f.delivery)) {
+                if let Some(seq) = f.delivery.seq {
+                    resent.ops.push(persist::remove_entry(client_id, seq));
+                }
+                resent.denied.push(f.delivery.clone());
+                return false;
             }
             if max_deliveries > 0 && f.deliveries >= max_deliveries {
                 if let Some(seq) = f.delivery.seq {

@@ -21,6 +21,7 @@ use crate::codec::{
     ReasonContext,
 };
 use crate::metrics::Metrics;
+use crate::storage::SessionOwner;
 use crate::transport::{ConnectedSlot, ConnectionInfo, Full, HandshakeSlot};
 use tokio::time::Instant;
 use wait::{connect_deadline, connect_timed_out, read_more, Exchange, ReadMore};
@@ -146,7 +147,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         certified: authenticated,
         authenticators: broker.authenticators(),
     };
-    let admitted = match admission::admit(&connect, &policy) {
+    let mut admitted = match admission::admit(&connect, &policy) {
         Ok(admitted) => admitted,
         Err((code, why)) => {
             if (code, why) == admission::ANONYMOUS_REFUSED {
@@ -230,7 +231,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
         match tokio::time::timeout_at(deadline, store.verify(user, password, deadline)).await {
-            Ok(password::Verdict::Ok) => {}
+            Ok(password::Verdict::Ok) => authenticated = true,
             Ok(password::Verdict::NoTime) | Err(_) => {
                 connect_timed_out(broker, info, io.rbuf.len());
                 return None;
@@ -276,6 +277,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                     if let Some(user) = user {
                         connect.username = Some(user.as_str().into());
                         auth.user = Some(user.into());
+                        authenticated = true;
                     }
                     (Some(auth), data)
                 }
@@ -294,6 +296,33 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         None => (None, None),
     };
 
+    // `use_username_as_clientid` (Mosquitto's): the user name, as authenticated above, is the
+    // client id; v5 clients are told in CONNACK's Assigned Client Identifier.
+    if logins.is_some_and(|l| l.username_as_client_id(&info.listener)) {
+        let Some(user) = connect.username.clone() else {
+            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "refusing CONNECT: no user name to use as the client id");
+            let why = "a user name is required on this listener";
+            let code = ReasonCode::NOT_AUTHORIZED;
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        };
+        admitted.assigned = admitted.client_id != user || admitted.assigned;
+        admitted.client_id = user;
+    }
+    // Whose session this CONNECT may resume (issue 35): the identity a method verified, or
+    // anonymous; nobody's where no method could tell identities apart.
+    let owner = match (
+        logins.is_some_and(auth::login::Logins::binds_sessions),
+        authenticated,
+    ) {
+        (false, _) => SessionOwner::Unbound,
+        (true, true) => connect
+            .username
+            .as_deref()
+            .map_or(SessionOwner::Anonymous, |user| {
+                SessionOwner::User(user.into())
+            }),
+        (true, false) => SessionOwner::Anonymous,
+    };
     let client_max = client_max_packet(&connect);
     let (mut connack, keep_alive, expiry_interval) = match admission::answer(
         &connect,
@@ -373,12 +402,21 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
     }
-    let mut attached = broker.connect(SessionRequest {
+    let request = SessionRequest {
         client_id: admitted.client_id,
         clean_start: connect.clean_start,
         expiry_interval,
         protocol: version,
-    });
+    };
+    let client_id = request.client_id.clone();
+    let Ok(mut attached) = broker.connect_as(request, owner) else {
+        // The client id's session belongs to another identity (issue 35): the owner's
+        // session and connection stay as they are.
+        tracing::info!(%peer, listener = %info.listener, client = %client_id, username = connect.username.as_deref().unwrap_or(""), "refusing CONNECT: the client id's session belongs to another identity");
+        let why = "not authorized";
+        let code = ReasonCode::NOT_AUTHORIZED;
+        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+    };
     if let Some(cluster) = broker.cluster() {
         if let Some(restore) = restore {
             // Found here after all (a racing CONNECT resumed it): nothing to rebuild.

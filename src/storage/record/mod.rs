@@ -41,3 +41,6 @@ const PUT_WILL: u8 = 13;
 const DELETE_WILL: u8 = 14;
 const COUNT_DELIVERY: u8 = 15;
 const PUT_DEDUP: u8 = 16;
+/// `PUT_SESSION` followed by the owner (issue 35): written only for a bound session, so a
+/// store of a broker without authentication keeps the older tag.
+const PUT_SESSION_OWNED: u8 = 17;

@@ -10,7 +10,9 @@ use crate::codec::{
     LastWill, ProtocolVersion, PublishProperties, QoS, SubscriptionOptions, UserProperties,
     WillProperties,
 };
-use crate::storage::{EntryStage, Op, QueueEntry, SessionMeta, StoredMessage, SubscriptionRecord};
+use crate::storage::{
+    EntryStage, Op, QueueEntry, SessionMeta, SessionOwner, StoredMessage, SubscriptionRecord,
+};
 
 /// Reads encodings back, bounds-checked.
 pub(crate) struct Dec<'a> {
@@ -232,6 +234,18 @@ impl<'a> Dec<'a> {
                 protocol: self.protocol()?,
                 expiry_interval: self.u32()?,
                 disconnected_at_unix_ms: self.opt_u64()?,
+                owner: SessionOwner::Unbound,
+            }),
+            PUT_SESSION_OWNED => Op::PutSession(SessionMeta {
+                client_id: self.str()?,
+                protocol: self.protocol()?,
+                expiry_interval: self.u32()?,
+                disconnected_at_unix_ms: self.opt_u64()?,
+                owner: match self.u8()? {
+                    1 => SessionOwner::Anonymous,
+                    2 => SessionOwner::User(Box::from(&*self.str()?)),
+                    _ => return Err(self.err("session owner")),
+                },
             }),
             DELETE_SESSION => Op::DeleteSession {
                 client_id: self.str()?,

@@ -6,7 +6,7 @@ use bytestring::ByteString;
 
 use super::*;
 use crate::codec::{LastWill, QoS, SubscriptionOptions, UserProperties};
-use crate::storage::{EntryStage, Op, StoredMessage};
+use crate::storage::{EntryStage, Op, SessionOwner, StoredMessage};
 
 /// Appends encodings to a `Vec<u8>`.
 pub(crate) struct Enc<'a>(pub &'a mut Vec<u8>);
@@ -151,11 +151,24 @@ impl Enc<'_> {
     pub(crate) fn op(&mut self, op: &Op) {
         match op {
             Op::PutSession(meta) => {
-                self.u8(PUT_SESSION);
+                let owned = meta.owner != SessionOwner::Unbound;
+                self.u8(if owned {
+                    PUT_SESSION_OWNED
+                } else {
+                    PUT_SESSION
+                });
                 self.str(&meta.client_id);
                 self.u8(meta.protocol as u8);
                 self.u32(meta.expiry_interval);
                 self.opt_u64(meta.disconnected_at_unix_ms);
+                match &meta.owner {
+                    SessionOwner::Unbound => {}
+                    SessionOwner::Anonymous => self.u8(1),
+                    SessionOwner::User(user) => {
+                        self.u8(2);
+                        self.bytes(user.as_bytes());
+                    }
+                }
             }
             Op::DeleteSession { client_id } => {
                 self.u8(DELETE_SESSION);

@@ -1,0 +1,299 @@
+//! Sessions belong to the identity that made them (issue 35, finding 2), Mosquitto's
+//! `use_username_as_clientid`, and the read ACL checked again on what was queued or in flight
+//! under other rules (finding 3). Real sockets against an in-process broker with the shipped
+//! example password file (`config/passwd.example`: sensor1, sensor2, dashboard, each with
+//! the password `<user>-secret`).
+//!
+//! Normative statements: MQTT-3.1.4-2 (a CONNECT for a connected client id takes the session
+//! over: only for its owner here; the spec lets the server refuse a client it does not
+//! authorize, v5 §3.2.2.2 0x87 / 3.1.1 §3.2.2.3 return code 5), MQTT-3.2.2-2 / MQTT-3.2.2-3
+//! (Session Present), MQTT-3.1.3-6 / v5 §3.2.2.3.7 (Assigned Client Identifier),
+//! MQTT-4.4.0-1 (unacknowledged PUBLISHes are sent again on a resumed session: not one the
+//! client may no longer read).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use postbox::codec::{Connect, Packet, ProtocolVersion, QoS, ReasonCode};
+use postbox::config::{Config, SessionBinding};
+use postbox::server::RunningServer;
+
+use crate::common::{self, v5, RawClient, WAIT};
+
+/// Short: only for "must not arrive" checks, after a later message proved the path works.
+const QUIET: Duration = Duration::from_millis(300);
+
+fn passwd() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example")
+}
+
+fn config(binding: SessionBinding, anonymous: bool) -> Config {
+    let mut config = common::test_config();
+    config.auth.password_file = Some(passwd());
+    config.auth.allow_anonymous = anonymous;
+    config.auth.session_binding = binding;
+    config
+}
+
+/// A v5 CONNECT for a session that outlives the connection, as `user` (password
+/// `<user>-secret`) or anonymous.
+fn persistent(client: &str, user: Option<&str>) -> Connect {
+    let mut c = v5::persistent_connect(client, 3600);
+    c.username = user.map(Into::into);
+    c.password = user.map(|u| bytes::Bytes::from(format!("{u}-secret")));
+    c
+}
+
+/// The CONNACK's reason code and Session Present, and the client when it was accepted.
+async fn try_connect(server: &RunningServer, connect: Connect) -> (ReasonCode, bool, RawClient) {
+    let (c, first) = v5::open(server.mqtt_addr, connect).await;
+    match first {
+        Some(Packet::ConnAck(ack)) => (ack.reason_code, ack.session_present, c),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+}
+
+/// A 3.1.1 CONNECT's return code (the raw CONNACK's last byte).
+async fn v311_code(server: &RunningServer, client: &str, user: Option<&str>) -> u8 {
+    let version = ProtocolVersion::V3_1_1;
+    let mut c = RawClient::open(server.mqtt_addr, version).await;
+    let mut connect = persistent(client, user);
+    connect.protocol = version;
+    connect.properties = Default::default();
+    c.send(&Packet::Connect(Box::new(connect))).await;
+    let bytes = tokio::time::timeout(WAIT, c.recv_bytes(4))
+        .await
+        .expect("CONNACK in time");
+    assert_eq!(&bytes[..2], &[0x20, 0x02], "{bytes:?}");
+    bytes[3]
+}
+
+/// sensor1's persistent session subscribed to its commands, with one QoS 1 command queued
+/// while it is offline.
+async fn queued_command(server: &RunningServer) {
+    let (code, _, mut sensor1) = try_connect(server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut sensor1, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    v5::disconnect(sensor1).await;
+    let (code, _, mut dashboard) = try_connect(server, persistent("dash", Some("dashboard"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    let command = v5::publish_packet("commands/sensor1/reboot", QoS::AtLeastOnce, b"now", 1);
+    assert_eq!(
+        v5::publish(&mut dashboard, command).await,
+        ReasonCode::SUCCESS
+    );
+    v5::disconnect(dashboard).await;
+}
+
+#[tokio::test]
+async fn another_identity_never_gets_the_owners_queue_nor_kicks_it() {
+    let server = common::start_with(config(SessionBinding::Refuse, true)).await;
+    queued_command(&server).await;
+    // Another user, and an anonymous client, with sensor1's client id: refused, whether they
+    // ask to resume (Clean Start 0) or to start over (which would discard the owner's queue).
+    for user in [Some("sensor2"), None] {
+        for clean in [false, true] {
+            let mut connect = persistent("sensor1", user);
+            connect.clean_start = clean;
+            let (code, present, _) = try_connect(&server, connect).await;
+            assert_eq!(code, ReasonCode::NOT_AUTHORIZED, "{user:?} clean {clean}");
+            assert!(!present, "MQTT-3.2.2-6: Session Present 0 with a refusal");
+        }
+        assert_eq!(v311_code(&server, "sensor1", user).await, 5, "{user:?}");
+    }
+    // The owner resumes its session and gets its command.
+    let (code, present, mut sensor1) =
+        try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    assert!(present, "MQTT-3.2.2-3: the owner's session is there");
+    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
+        .await
+        .expect("the queued command");
+    assert_eq!(&*p.topic, "commands/sensor1/reboot");
+    // Connected, it is not taken over by another identity (MQTT-3.1.4-2 is for the owner).
+    let (code, _, _) = try_connect(&server, persistent("sensor1", Some("sensor2"))).await;
+    assert_eq!(code, ReasonCode::NOT_AUTHORIZED);
+    let (_, _, mut dashboard) = try_connect(&server, persistent("dash", Some("dashboard"))).await;
+    let command = v5::publish_packet("commands/sensor1/ping", QoS::AtLeastOnce, b"1", 2);
+    assert_eq!(
+        v5::publish(&mut dashboard, command).await,
+        ReasonCode::SUCCESS
+    );
+    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
+        .await
+        .expect("still connected and served");
+    assert_eq!(&*p.topic, "commands/sensor1/ping");
+    // Its own second connection still takes the session over (MQTT-3.1.4-2).
+    let (code, present, _again) =
+        try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!((code, present), (ReasonCode::SUCCESS, true));
+    v5::expect_disconnect(&mut sensor1, ReasonCode::SESSION_TAKEN_OVER).await;
+    let refused = server.broker.metrics.session_binding[0].get();
+    assert_eq!(refused, 7, "counted: postbox_session_binding_total");
+}
+
+#[tokio::test]
+async fn fresh_binding_gives_another_identity_a_clean_session_without_the_queue() {
+    let server = common::start_with(config(SessionBinding::Fresh, false)).await;
+    queued_command(&server).await;
+    let (code, present, mut sensor2) =
+        try_connect(&server, persistent("sensor1", Some("sensor2"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    assert!(!present, "a fresh session, not the owner's");
+    v5::expect_silence(&mut sensor2, QUIET).await;
+    // Connected now, sensor2 owns the id: sensor1 may not kick it, even under `fresh`.
+    let (code, _, _) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!(code, ReasonCode::NOT_AUTHORIZED);
+    v5::disconnect(sensor2).await;
+    let (code, present, _) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!((code, present), (ReasonCode::SUCCESS, false));
+}
+
+#[tokio::test]
+async fn an_authenticated_device_replaces_an_anonymous_squatter() {
+    let server = common::start_with(config(SessionBinding::Refuse, true)).await;
+    let (code, _, mut squatter) = try_connect(&server, persistent("sensor1", None)).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut squatter, "commands/#", QoS::AtLeastOnce).await;
+    let (code, present, mut sensor1) =
+        try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!((code, present), (ReasonCode::SUCCESS, false));
+    v5::expect_disconnect(&mut squatter, ReasonCode::SESSION_TAKEN_OVER).await;
+    // None of the squatter's subscriptions came with it.
+    let (_, _, mut dashboard) = try_connect(&server, persistent("dash", Some("dashboard"))).await;
+    let command = v5::publish_packet("commands/sensor2/x", QoS::AtLeastOnce, b"1", 1);
+    assert_eq!(
+        v5::publish(&mut dashboard, command).await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
+    v5::expect_silence(&mut sensor1, QUIET).await;
+}
+
+#[tokio::test]
+async fn the_binding_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = config(SessionBinding::Refuse, false);
+    config.storage.persistence = true;
+    config.storage.dir = Some(dir.path().to_path_buf());
+    let server = common::start_with(config.clone()).await;
+    queued_command(&server).await;
+    server.shutdown().await;
+    let server = common::start_with(config).await;
+    let (code, _, _) = try_connect(&server, persistent("sensor1", Some("sensor2"))).await;
+    assert_eq!(code, ReasonCode::NOT_AUTHORIZED, "restored with its owner");
+    let (code, present, mut sensor1) =
+        try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!((code, present), (ReasonCode::SUCCESS, true));
+    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
+        .await
+        .expect("the queued command");
+    assert_eq!(&*p.topic, "commands/sensor1/reboot");
+}
+
+#[tokio::test]
+async fn username_as_client_id_gives_every_user_its_own_session() {
+    let mut config = config(SessionBinding::Refuse, true);
+    config.listeners[0].use_username_as_clientid = true;
+    let server = common::start_with(config).await;
+    let (code, _, mut sensor1) =
+        try_connect(&server, persistent("whatever", Some("sensor1"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut sensor1, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    // sensor2 naming sensor1's id gets its own session, under its own name.
+    let (c, first) = v5::open(server.mqtt_addr, persistent("sensor1", Some("sensor2"))).await;
+    let Some(Packet::ConnAck(ack)) = first else {
+        panic!("expected CONNACK, got {first:?}")
+    };
+    assert_eq!(
+        (ack.reason_code, ack.session_present),
+        (ReasonCode::SUCCESS, false)
+    );
+    let assigned = ack.properties.assigned_client_identifier.as_deref();
+    assert_eq!(assigned, Some("sensor2"), "v5 §3.2.2.3.7");
+    drop(c);
+    // sensor1 was not taken over: it still gets its commands.
+    let (_, _, mut dashboard) = try_connect(&server, persistent("dash", Some("dashboard"))).await;
+    let command = v5::publish_packet("commands/sensor1/ping", QoS::AtLeastOnce, b"1", 1);
+    assert_eq!(
+        v5::publish(&mut dashboard, command).await,
+        ReasonCode::SUCCESS
+    );
+    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
+        .await
+        .expect("still connected");
+    assert_eq!(&*p.topic, "commands/sensor1/ping");
+    // No user name, no client id: refused as Mosquitto does.
+    let (code, _, _) = try_connect(&server, persistent("anon", None)).await;
+    assert_eq!(code, ReasonCode::NOT_AUTHORIZED);
+}
+
+const ACL: &str = "\
+user dashboard
+topic read sensors/#
+topic write sensors/#
+";
+
+/// A queued message, and one in flight unacknowledged, for the dashboard's persistent session
+/// on `sensors/sensor1/…`; then the ACL takes `sensors/sensor1/#` from it (SIGHUP's reload):
+/// neither is delivered when it comes back (Mosquitto delivers none either), and both are
+/// dead-lettered as `not_authorized` (a PUBACK promised them).
+#[tokio::test]
+async fn queued_and_in_flight_messages_follow_an_acl_change() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, ACL).expect("write acl");
+    let mut config = common::test_config();
+    config.auth.acl_file = Some(acl.clone());
+    let server = common::start_with(config).await;
+    let dashboard = || {
+        let mut c = v5::persistent_connect("dash", 3600);
+        c.username = Some("dashboard".into());
+        c
+    };
+    let (mut dash, _) = v5::connect(server.mqtt_addr, dashboard()).await;
+    v5::subscribe(&mut dash, "sensors/#", QoS::AtLeastOnce).await;
+    let mut publisher = {
+        let mut c = v5::connect_packet("pub");
+        c.username = Some("dashboard".into());
+        v5::connect(server.mqtt_addr, c).await.0
+    };
+    let first = v5::publish_packet("sensors/sensor1/t", QoS::AtLeastOnce, b"in-flight", 1);
+    assert_eq!(
+        v5::publish(&mut publisher, first).await,
+        ReasonCode::SUCCESS
+    );
+    let p = tokio::time::timeout(WAIT, v5::expect_publish(&mut dash))
+        .await
+        .expect("delivered once");
+    assert_eq!(&*p.payload, b"in-flight");
+    // Gone without its PUBACK: in flight. The broker detaches the session before it closes
+    // the socket, so it is offline once the close arrives.
+    v5::disconnect(dash).await;
+    let second = v5::publish_packet("sensors/sensor1/t", QoS::AtLeastOnce, b"queued", 2);
+    assert_eq!(
+        v5::publish(&mut publisher, second).await,
+        ReasonCode::SUCCESS
+    );
+    std::fs::write(&acl, format!("{ACL}topic deny sensors/sensor1/#\n")).expect("write acl");
+    assert_eq!(server.reload().reloaded.len(), 1);
+    let allowed = v5::publish_packet("sensors/sensor2/t", QoS::AtLeastOnce, b"allowed", 3);
+    assert_eq!(
+        v5::publish(&mut publisher, allowed).await,
+        ReasonCode::SUCCESS
+    );
+    let (mut dash, ack) = v5::connect(server.mqtt_addr, dashboard()).await;
+    assert!(ack.session_present);
+    // The first thing it gets is the message it may still read.
+    let p = tokio::time::timeout(WAIT, v5::receive(&mut dash))
+        .await
+        .expect("the allowed message");
+    assert_eq!(
+        (&*p.topic, &*p.payload),
+        ("sensors/sensor2/t", &b"allowed"[..])
+    );
+    v5::expect_silence(&mut dash, QUIET).await;
+    let dead = server.broker.metrics.dead_letters
+        [postbox::guarantees::DeadReason::NotAuthorized.index()]
+    .get();
+    assert_eq!(dead, 2, "both dead-lettered as not_authorized");
+}
