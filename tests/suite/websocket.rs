@@ -161,6 +161,28 @@ impl RawWs {
         None
     }
 
+    /// How the TCP connection ends after the closing handshake: `Some(Ok(()))` for a clean
+    /// end (EOF, nothing more), `Some(Err(_))` for a reset or stray bytes, `None` while it is
+    /// still open after `limit`.
+    async fn tcp_end_within(&mut self, limit: Duration) -> Option<Result<(), String>> {
+        if !self.pending.is_empty() {
+            return Some(Err(format!(
+                "bytes after the close frame: {:?}",
+                self.pending
+            )));
+        }
+        let mut chunk = [0u8; 64];
+        match tokio::time::timeout(limit, self.stream.read(&mut chunk)).await {
+            Err(_) => None,
+            Ok(Ok(0)) => Some(Ok(())),
+            Ok(Ok(n)) => Some(Err(format!(
+                "bytes after the close frame: {:?}",
+                &chunk[..n]
+            ))),
+            Ok(Err(e)) => Some(Err(e.to_string())),
+        }
+    }
+
     /// True once the server ends the connection (a close frame, then EOF) within `WAIT`.
     async fn closed(&mut self) -> bool {
         for _ in 0..64 {
@@ -176,6 +198,45 @@ impl RawWs {
 }
 
 pub(crate) const CONNACK_OK: [u8; 4] = [0x20, 0x02, 0x00, 0x00];
+
+/// RFC 6455 §7.1.1-§7.1.2 (issue 34, finding 3): after a client's DISCONNECT, and when the
+/// server ends a connection itself (here for a second CONNECT, MQTT-3.1.0-2), the server
+/// sends a close frame and then waits for the client's: it closes the TCP connection only
+/// after the client answered (a client that writes its close frame into a closed socket gets
+/// `EPIPE` or a reset, as MQTT.js did on every clean `end()`), and the end is a clean EOF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_closing_handshake_waits_for_the_clients_close_frame() {
+    const CLOSE: u8 = 8;
+    // Short: the server must still be waiting for the answer after it ("must not" check).
+    const QUIET: Duration = Duration::from_millis(200);
+    let broker = ws_broker().await;
+    for (client, ending) in [
+        ("ws-disconnect", &[0xE0, 0x00][..]),
+        ("ws-violation", &connect_bytes("ws-violation")[..]),
+    ] {
+        let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        ws.send_frame(BINARY, &connect_bytes(client)).await;
+        assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+        ws.send_frame(BINARY, ending).await;
+        let frame = ws.next_frame().await;
+        assert!(
+            matches!(frame, Some((CLOSE, _))),
+            "{client}: a close frame first, got {frame:?}"
+        );
+        assert_eq!(
+            ws.tcp_end_within(QUIET).await,
+            None,
+            "{client}: the TCP connection must wait for the client's close frame"
+        );
+        ws.send_frame(CLOSE, &1000u16.to_be_bytes()).await;
+        assert_eq!(
+            ws.tcp_end_within(WAIT).await,
+            Some(Ok(())),
+            "{client}: a clean end after the client's close frame"
+        );
+    }
+}
 
 /// A real client (rumqttc over `ws://…/mqtt`) publishes and receives at QoS 0 and 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
