@@ -413,10 +413,23 @@ fn open_and_load(dir: &Path) -> Option<postbox::storage::Snapshot> {
         fsync: FsyncPolicy::Never,
         ..LogOptions::from_config(&postbox::storage::StorageConfig::default())
     };
-    let store = match LogStore::open(dir, opts) {
-        Ok(store) => store,
-        Err(StorageError::Corrupt(why)) if why.contains("no id is left") => return None,
-        Err(e) => panic!("open failed on file contents: {e}"),
+    // The lock the previous open released may still be held by a copy of its descriptor in
+    // a child process another test of the same process is spawning (a `flock` belongs to the
+    // open file, not the descriptor; the copy goes at the child's exec). Nothing signals
+    // that exec, so an open refused for a lock this process holds is tried again, at most 50
+    // times 20 ms apart, as `tests/common::start_with` does.
+    let ours = format!("pid {},", std::process::id());
+    let mut tries = 0;
+    let store = loop {
+        match LogStore::open(dir, opts.clone()) {
+            Ok(store) => break store,
+            Err(StorageError::Corrupt(why)) if why.contains("no id is left") => return None,
+            Err(StorageError::Locked { holder, .. }) if holder.starts_with(&ours) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("open failed on file contents: {e}"),
+        }
     };
     let snapshot = store.load().expect("a recovered store loads");
     store.close().expect("a recovered store closes");

@@ -65,10 +65,17 @@ impl<'a> ClusterAdmission<'a> {
     }
 }
 
-/// Why a CONNECT could not claim its session cluster-wide (CONNACK 0x88 Server unavailable).
+/// Why a CONNECT could not claim its session cluster-wide.
 #[derive(Debug, thiserror::Error)]
-#[error("the cluster cannot claim the session: {0}")]
-pub struct ClaimRefused(pub String);
+pub enum ClaimRefused {
+    /// The engine cannot take the claim now (CONNACK 0x88 Server unavailable).
+    #[error("the cluster cannot claim the session: {0}")]
+    Unavailable(String),
+    /// The session belongs to another identity (issue 35; CONNACK 0x87 Not authorized): its
+    /// owner's connection, wherever it is, stays.
+    #[error("the session belongs to another identity")]
+    NotOwner,
+}
 
 /// The engine-backed half of the cluster, as the broker sees it.
 pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
@@ -95,7 +102,8 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
 
     /// Before a CONNECT attaches: makes this node the session's owner cluster-wide (one
     /// winner under races), closing the client's connection on any other node, and brings
-    /// back what the session held elsewhere. The CONNECT's will goes into the session's
+    /// back what the session held elsewhere; unless the session belongs to another identity
+    /// than `owner` (`broker::owner`, issue 35). The CONNECT's will goes into the session's
     /// record, so another node can publish it if this one dies with the connection.
     fn claim<'a>(
         &'a self,
@@ -104,6 +112,7 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
         clean_start: bool,
         expiry_interval: u32,
         will: Option<&'a crate::codec::LastWill>,
+        owner: &'a crate::storage::SessionOwner,
     ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>>;
 
     /// After the CONNECT attached its session (and restored it): if another node claimed the
@@ -246,6 +255,9 @@ pub struct HeldSession {
     pub connected: bool,
     /// The will waiting for its delay after an abnormal close, and when it is due (unix ms).
     pub pending_will: Option<(crate::codec::LastWill, u64)>,
+    /// Whose session it is (issue 35): carried in its record, so no node lets another
+    /// identity resume it.
+    pub owner: crate::storage::SessionOwner,
 }
 
 impl Broker {
@@ -304,6 +316,7 @@ impl Broker {
                 .pending_will
                 .as_ref()
                 .map(|p| (p.will.clone(), p.publish_at_unix_ms)),
+            owner: st.owner.clone(),
         }
     }
 

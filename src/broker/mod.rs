@@ -27,7 +27,7 @@ mod level_map;
 mod lifecycle;
 pub mod link;
 pub mod message;
-mod owner;
+pub(crate) mod owner;
 mod persist;
 mod queue_limits;
 mod restore;
@@ -421,6 +421,11 @@ impl Broker {
     /// The enhanced authentication methods on offer; register more at start-up.
     pub fn authenticators(&self) -> &AuthRegistry {
         &self.authenticators
+    }
+
+    /// `auth.session_binding`: what another identity gets for a session it does not own.
+    pub fn session_binding(&self) -> crate::config::SessionBinding {
+        self.auth.session_binding
     }
 
     /// Whether clients without credentials may connect.

@@ -305,14 +305,15 @@ impl ClusterSeam for Cluster {
         clean_start: bool,
         expiry_interval: u32,
         will: Option<&'a crate::codec::LastWill>,
+        owner: &'a crate::storage::SessionOwner,
     ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>> {
         Box::pin(sessions::claim(
             self,
             broker,
             client_id,
-            clean_start,
-            expiry_interval,
+            (clean_start, expiry_interval),
             will,
+            owner,
         ))
     }
 

@@ -36,8 +36,10 @@ use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
 use super::{subject, wire, Cluster, STREAM, STREAM_SUBJECTS};
+use crate::broker::owner::{self, OwnerCheck};
 use crate::broker::{Broker, ClaimRefused, Claimed, HeldSession, Message, Restore, Session};
 use crate::codec::{LastWill, QoS, SubscriptionOptions};
+use crate::storage::SessionOwner;
 
 /// How long a claim waits for the previous owner's hand-over.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
@@ -133,6 +135,11 @@ pub(super) struct Record {
     /// The life of that owner ([`Record::life`]).
     #[serde(default, skip_serializing_if = "is_zero64")]
     pub(super) from_life: u64,
+    /// Whose session it is (issue 35, [`Who`]): a claim by another identity is refused (or
+    /// starts clean, as `auth.session_binding` says). Absent in records of older nodes:
+    /// unbound, the next claim binds it.
+    #[serde(default, skip_serializing_if = "Who::is_unbound")]
+    pub(super) who: Who,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -163,6 +170,42 @@ pub(super) fn decode_will(will: &str) -> Option<Message> {
         .ok()?;
     let (_, _, publish) = wire::decode(&frame).ok()?;
     Some(Message::from_publish(publish, None))
+}
+
+/// [`SessionOwner`] as a record holds it: absent (unbound), `"anonymous"`, or
+/// `{"user": "<name>"}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Who {
+    /// [`SessionOwner::Unbound`].
+    #[default]
+    Unbound,
+    /// [`SessionOwner::Anonymous`].
+    Anonymous,
+    /// [`SessionOwner::User`].
+    User(String),
+}
+
+impl Who {
+    fn is_unbound(&self) -> bool {
+        *self == Who::Unbound
+    }
+
+    fn of(owner: &SessionOwner) -> Who {
+        match owner {
+            SessionOwner::Unbound => Who::Unbound,
+            SessionOwner::Anonymous => Who::Anonymous,
+            SessionOwner::User(user) => Who::User(user.to_string()),
+        }
+    }
+
+    fn owner(&self) -> SessionOwner {
+        match self {
+            Who::Unbound => SessionOwner::Unbound,
+            Who::Anonymous => SessionOwner::Anonymous,
+            Who::User(user) => SessionOwner::User(user.as_str().into()),
+        }
+    }
 }
 
 impl Record {
@@ -229,6 +272,7 @@ impl Record {
             q2s: view.qos2_shared.clone(),
             from: String::new(),
             from_life: 0,
+            who: Who::of(&view.owner),
         }
     }
 
@@ -379,19 +423,21 @@ pub(super) async fn claim(
     cluster: &Cluster,
     broker: &Arc<Broker>,
     client_id: &str,
-    clean_start: bool,
-    expiry_interval: u32,
+    (clean_start, expiry_interval): (bool, u32),
     will: Option<&LastWill>,
+    owner: &SessionOwner,
 ) -> Result<Claimed, ClaimRefused> {
     let will = will.and_then(|w| {
         let delay = w.properties.will_delay_interval.unwrap_or(0);
         encode_will(&cluster.node, w).map(|frame| (frame, delay))
     });
     let Some(bucket) = cluster.sessions.bucket.get() else {
-        return Err(ClaimRefused("NATS has not been reached yet".to_owned()));
+        return Err(ClaimRefused::Unavailable(
+            "NATS has not been reached yet".to_owned(),
+        ));
     };
     if !cluster.is_up() {
-        return Err(ClaimRefused("NATS is unreachable".to_owned()));
+        return Err(ClaimRefused::Unavailable("NATS is unreachable".to_owned()));
     }
     let key = subject::key(client_id);
     let mut attempts = 0;
@@ -400,7 +446,7 @@ pub(super) async fn claim(
         let entry = bucket
             .entry(key.as_str())
             .await
-            .map_err(|e| ClaimRefused(e.to_string()))?;
+            .map_err(|e| ClaimRefused::Unavailable(e.to_string()))?;
         let (previous, last) = match entry {
             Some(entry) if entry.operation == kv::Operation::Put => {
                 (Record::decode(&entry.value), Some(entry.revision))
@@ -408,6 +454,15 @@ pub(super) async fn claim(
             Some(entry) => (None, Some(entry.revision)),
             None => (None, None),
         };
+        // Whose it is (issue 35): another identity never resumes it nor closes its owner's
+        // connection; it is refused, or starts clean, as `auth.session_binding` says.
+        let verdict = previous.as_ref().map_or(OwnerCheck::Resume, |p| {
+            owner::check(&p.who.owner(), p.gone == 0, owner, broker.session_binding())
+        });
+        if verdict == OwnerCheck::Refuse {
+            return Err(ClaimRefused::NotOwner);
+        }
+        let clean_start = clean_start || verdict == OwnerCheck::Fresh;
         let mut mine = Record {
             owner: cluster.node.clone(),
             life: cluster.sessions.life,
@@ -415,6 +470,7 @@ pub(super) async fn claim(
             will: will.as_ref().map(|(frame, _)| frame.clone()),
             wd: will.as_ref().map_or(0, |(_, delay)| *delay),
             fresh: clean_start,
+            who: Who::of(owner),
             ..Record::default()
         };
         if let Some(previous) = &previous {
@@ -453,9 +509,11 @@ pub(super) async fn claim(
         match written {
             Ok(revision) => break (previous, revision, mine),
             Err((true, _)) if attempts < CAS_ATTEMPTS => {} // lost a race: read again
-            Err((_, error)) => return Err(ClaimRefused(error)),
+            Err((_, error)) => return Err(ClaimRefused::Unavailable(error)),
         }
     };
+    // Clean Start, or another identity's session started over (`session_binding`).
+    let clean_start = mine.fresh;
     cluster
         .sessions
         .owned

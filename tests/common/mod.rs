@@ -246,6 +246,20 @@ impl RawClient {
         self.buf.split_to(take).to_vec()
     }
 
+    /// Reads the CONNACK still owed (`POSTBOX_TEST_PIPELINE`), for a test whose next step
+    /// needs the client connected, not just its CONNECT sent (a server shutdown that must
+    /// find it connected to tell it so). Without pipelining it was read already.
+    pub async fn connected(&mut self) {
+        if std::mem::take(&mut self.connack_owed) {
+            match tokio::time::timeout(WAIT, self.next_packet()).await {
+                Ok(Some(Packet::ConnAck(ack))) => {
+                    assert_eq!(ack.reason_code.0, 0, "CONNACK refused");
+                }
+                other => panic!("expected CONNACK, got {other:?}"),
+            }
+        }
+    }
+
     async fn recv_inner(&mut self) -> Option<Packet> {
         if std::mem::take(&mut self.connack_owed) {
             match self.next_packet().await {

@@ -219,6 +219,7 @@ async fn no_local_and_retain_as_published() {
 async fn server_shutdown_sends_disconnect_0x8b() {
     let server = common::start().await;
     let mut c = RawClient::connect(server.mqtt_addr, V, "bye", true).await;
+    c.connected().await; // the shutdown tells connected clients
     server.shutdown().await;
     match c.expect_close().await.as_slice() {
         [Packet::Disconnect(d)] => assert_eq!(d.reason_code, ReasonCode::SERVER_SHUTTING_DOWN),

@@ -73,7 +73,9 @@ async fn shutdown_stops_every_listener_and_tells_clients_on_each() {
     let addrs: Vec<_> = server.listeners.iter().map(|l| l.addr).collect();
     let mut clients = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        clients.push(RawClient::connect(*addr, ProtocolVersion::V5, &format!("c{i}"), true).await);
+        let mut c = RawClient::connect(*addr, ProtocolVersion::V5, &format!("c{i}"), true).await;
+        c.connected().await; // the shutdown tells connected clients
+        clients.push(c);
     }
     tokio::time::timeout(WAIT, server.shutdown())
         .await

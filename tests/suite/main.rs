@@ -25,6 +25,7 @@ mod bridge_observe;
 mod bridge_transport;
 mod closing;
 mod cluster;
+mod cluster_binding;
 mod cluster_operations;
 mod cluster_orphans;
 mod cluster_sessions;

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::admission::{self, client_max_packet, Answer, Policy, Refusal};
 use super::io::Io;
 use crate::auth::{self, password, AuthStep, Authenticator, StepInput};
-use crate::broker::{Attached, Broker, SessionRequest};
+use crate::broker::{Attached, Broker, ClaimRefused, SessionRequest};
 use crate::codec::{
     self, Auth, AuthProperties, Connect, DecodeError, Packet, ProtocolVersion, ReasonCode,
     ReasonContext,
@@ -378,12 +378,20 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 connect.clean_start,
                 expiry_interval,
                 connect.will.as_ref(),
+                &owner,
             )
             .await
         {
             Ok(claim) => {
                 restore = claim.restore;
                 claimed = Some(claim.revision);
+            }
+            Err(ClaimRefused::NotOwner) => {
+                // Issue 35: another identity's session, here or on another node.
+                tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, username = connect.username.as_deref().unwrap_or(""), "refusing CONNECT: the client id's session belongs to another identity");
+                let why = "not authorized";
+                let code = ReasonCode::NOT_AUTHORIZED;
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
             Err(refused) if connect.clean_start && expiry_interval == 0 => {
                 tracing::warn!(%peer, client = %admitted.client_id, %refused, "clean session accepted on this node alone");
