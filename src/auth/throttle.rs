@@ -13,9 +13,9 @@
 //!
 //! A success forgets the user's failures, not the address's: otherwise an attacker holding
 //! one account could wipe its address's record between guesses at others. A success the
-//! password cache answers never reaches the throttle (`auth::password`), so devices whose
-//! passwords were accepted lately keep getting in while their user name or their NAT address
-//! is throttled: a flood cannot lock a working fleet out.
+//! password cache answers is never refused here (`auth::password` asks the cache first), so
+//! devices whose passwords were accepted lately keep getting in while their user name or
+//! their NAT address is throttled: a flood cannot lock a working fleet out.
 //!
 //! Memory is bounded: each table holds at most `login_limit_entries` keys; an entry is
 //! forgotten `FORGET_AFTER` (or the cap, if longer) after its last failure, and when a table

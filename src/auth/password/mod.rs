@@ -217,11 +217,15 @@ impl PasswordStore {
         let key = {
             let cache = self.cache.lock();
             let key = cache.key(loaded.generation, user, password);
-            if cache.contains(&key) {
+            if !cache.contains(&key) {
+                key
+            } else {
+                drop(cache);
                 self.metrics.success_cached.increment(1);
+                // The right password, as surely as a hash would say: the user's failures go.
+                self.throttle.succeeded(user);
                 return Verdict::Ok;
             }
-            key
         };
         if let Err(throttled) = self.throttle.check(source, user, std::time::Instant::now()) {
             match throttled {
