@@ -206,12 +206,27 @@ impl PasswordStore {
     /// `source` is the client's `transport::admission::source_key`: the failed-login limits
     /// and the share of the workers are kept per source. A success from the cache is neither
     /// throttled nor hashed.
-    pub async fn verify(
+    pub fn verify<'a>(
+        &'a self,
+        user: &'a str,
+        password: &'a [u8],
+        source: IpAddr,
+        deadline: tokio::time::Instant,
+    ) -> impl std::future::Future<Output = Verdict> + 'a {
+        // Armed now, not at the first poll: a check dropped before it ever ran (its client
+        // had closed already) counts as skipped too.
+        let unhashed = Unhashed(Some(&self.metrics.hashes_skipped));
+        self.check(user, password, source, deadline, unhashed)
+    }
+
+    /// [`PasswordStore::verify`]'s work; `unhashed` is disarmed where no hash is needed.
+    async fn check(
         &self,
         user: &str,
         password: &[u8],
         source: IpAddr,
         deadline: tokio::time::Instant,
+        mut unhashed: Unhashed<'_>,
     ) -> Verdict {
         let loaded = Arc::clone(&self.current.read());
         let key = {
@@ -221,6 +236,7 @@ impl PasswordStore {
                 key
             } else {
                 drop(cache);
+                unhashed.0 = None;
                 self.metrics.success_cached.increment(1);
                 // The right password, as surely as a hash would say: the user's failures go.
                 self.throttle.succeeded(user);
@@ -228,6 +244,7 @@ impl PasswordStore {
             }
         };
         if let Err(throttled) = self.throttle.check(source, user, std::time::Instant::now()) {
+            unhashed.0 = None;
             match throttled {
                 Throttled::Address => self.metrics.throttled_address.increment(1),
                 Throttled::User => self.metrics.throttled_user.increment(1),
@@ -240,13 +257,12 @@ impl PasswordStore {
             None => match loaded.users.dummy() {
                 Some(hash) => (hash.clone(), false),
                 None => {
+                    unhashed.0 = None;
                     self.metrics.unknown_user.increment(1);
                     return Verdict::UnknownUser;
                 }
             },
         };
-        // Counts this verification as skipped if it ends (dropped, or no time) unhashed.
-        let mut unhashed = Unhashed(Some(&self.metrics.hashes_skipped));
         let share = self.shares.acquire(source).await;
         let matched = match Arc::clone(&self.permits).acquire_owned().await {
             Ok(permit) => {
@@ -448,6 +464,9 @@ mod tests {
         drop(all);
         assert_eq!(store.metrics.hashes.get(), 4);
         assert_eq!(store.metrics.hashes_skipped.get(), 1);
+        // One dropped before it ever ran (its client had closed already) too.
+        drop(store.verify("a", b"z", other, later()));
+        assert_eq!(store.metrics.hashes_skipped.get(), 2);
     }
 
     #[tokio::test]
