@@ -104,11 +104,6 @@ async fn connack(
     }
 }
 
-fn cpus() -> f64 {
-    let n = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    f64::from(u32::try_from(n).unwrap_or(u32::MAX))
-}
-
 /// Issue 35, finding 4: 300 wrong-password connections from one address delayed a first login
 /// from another to 9.95 s, because every hash waited in one first-come queue. Now one
 /// address holds at most half of the hash workers (at least one): the login from 127.0.0.1
@@ -169,9 +164,11 @@ async fn connections_closed_before_their_turn_are_not_hashed() {
     );
     let broker = broker(&file, LIMITS_OFF).await;
     let addr = broker.addr;
-    let blockers = (cpus() / 2.0).floor().max(1.0);
+    // The broker's share per address: half its hash workers (one per CPU), at least one.
+    let share = (std::thread::available_parallelism().map_or(1, std::num::NonZero::get) / 2).max(1);
+    let blockers = f64::from(u32::try_from(share).unwrap_or(u32::MAX));
     let mut held = Vec::new();
-    for i in 0..blockers as usize {
+    for i in 0..share {
         let id = format!("blocker-{i}");
         held.push(send_connect(host(2), addr, v5::V, &id, "slow", "wrong").await);
     }
