@@ -187,6 +187,12 @@ pub struct Metrics {
     auth_failures: prometheus::IntCounterVec,
     /// `postbox_auth_successes_total{cached}`.
     auth_successes: prometheus::IntCounterVec,
+    /// `postbox_auth_throttled_total{key}`.
+    auth_throttled: prometheus::IntCounterVec,
+    /// Password hashes run (`postbox_auth_hashes_total`).
+    pub auth_hashes: Counter,
+    /// Password verifications ended before their hash (`postbox_auth_hashes_skipped_total`).
+    pub auth_hashes_skipped: Counter,
     /// The `postbox_bridge_*` families updated by the bridges' events.
     bridges: bridge::BridgeFamilies,
     /// `[dedup]`: duplicates, entries, evictions (zero while off).
@@ -403,6 +409,14 @@ impl Metrics {
         for cached in ["false", "true"] {
             auth_successes.with_label_values(&[cached]);
         }
+        let auth_throttled = r.counter_vec(
+            AUTH_THROTTLED_TOTAL,
+            "Logins refused without a password check because their source address or user name failed too often lately, by key (address, user).",
+            &["key"],
+        );
+        for key in ["address", "user"] {
+            auth_throttled.with_label_values(&[key]);
+        }
         let latency_buckets = vec![
             0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
             0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -489,6 +503,9 @@ impl Metrics {
             ),
             auth_failures,
             auth_successes,
+            auth_throttled,
+            auth_hashes: r.counter(AUTH_HASHES_TOTAL, "Password hashes run for logins (a success the cache remembers runs none)."),
+            auth_hashes_skipped: r.counter(AUTH_HASHES_SKIPPED_TOTAL, "Password checks that ended before their hash: the client closed, or its handshake's deadline came, while they waited for a hash worker."),
             bridges: bridge::BridgeFamilies::register(r),
             dedup: DedupMetrics::register(r),
             sessions_expired: r.counter(
@@ -587,6 +604,11 @@ impl Metrics {
             &self.auth_successes,
             &[if cached { "true" } else { "false" }],
         )
+    }
+
+    /// The `postbox_auth_throttled_total{key}` counter.
+    pub fn auth_throttled(&self, key: &str) -> Counter {
+        counter_of(&self.auth_throttled, &[key])
     }
 
     /// Runs `hook` before every reading ([`Metrics::render`], [`Metrics::snapshot`]), to

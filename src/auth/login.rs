@@ -13,6 +13,7 @@ use crate::config::Config;
 use super::credential_file::CredentialFileError;
 use super::jwt::JwtVerifier;
 use super::password::{AuthMetrics, PasswordStore};
+use super::throttle::LoginLimits;
 
 /// The login rules in force.
 #[derive(Debug)]
@@ -44,12 +45,10 @@ impl Logins {
     ) -> Result<Logins, CredentialFileError> {
         let metrics = AuthMetrics::register(metrics);
         let passwords = match &config.auth.password_file {
-            Some(path) => Some(Arc::new(PasswordStore::open(
-                path,
-                config.auth.password_cache_size,
-                0,
-                metrics.clone(),
-            )?)),
+            Some(path) => Some(Arc::new(
+                PasswordStore::open(path, config.auth.password_cache_size, 0, metrics.clone())?
+                    .with_limits(login_limits(&config.auth)),
+            )),
             None => None,
         };
         let default_anonymous = config.auth.allow_anonymous;
@@ -140,5 +139,16 @@ impl Logins {
     /// The metric handles.
     pub fn metrics(&self) -> &AuthMetrics {
         &self.metrics
+    }
+}
+
+/// The failed-login limits `[auth] login_*` set.
+fn login_limits(auth: &crate::config::AuthConfig) -> LoginLimits {
+    LoginLimits {
+        per_address: auth.login_failures_per_address,
+        per_user: auth.login_failures_per_user,
+        delay: std::time::Duration::from_millis(auth.login_delay_ms),
+        max_delay: std::time::Duration::from_millis(auth.login_delay_max_ms),
+        entries: auth.login_limit_entries,
     }
 }

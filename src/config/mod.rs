@@ -136,6 +136,19 @@ pub struct AuthConfig {
     /// that replaces the offline owner's. Never the owner's queue, and never its connection:
     /// a connected owner is not kicked either way.
     pub session_binding: SessionBinding,
+    /// Failed password-file logins allowed from one source address (IPv4 address, IPv6 /64)
+    /// before its attempts are refused unchecked for a growing delay (online guessing,
+    /// issue 35); 0: no limit.
+    pub login_failures_per_address: u32,
+    /// The same for one user name, from any address; 0: no limit.
+    pub login_failures_per_user: u32,
+    /// The first delay after the allowed failures, in ms; each further failure doubles it.
+    pub login_delay_ms: u64,
+    /// The longest delay, in ms.
+    pub login_delay_max_ms: u64,
+    /// Addresses, and user names, whose failures are remembered at most (each): the records'
+    /// memory stays bounded whatever number of addresses an attacker has.
+    pub login_limit_entries: usize,
 }
 
 /// [`AuthConfig::session_binding`]: a session's client id used by another identity.
@@ -148,6 +161,26 @@ pub enum SessionBinding {
     /// The owner's session (offline) is discarded and the newcomer starts a clean one: for
     /// fleets whose devices change credentials and keep their client id.
     Fresh,
+}
+
+impl AuthConfig {
+    /// The failed-login limits: a delay of 0, or a cap below the first delay, would make a
+    /// limit that never holds anyone back.
+    pub(crate) fn validate_login_limits(&self) -> Result<(), ConfigError> {
+        let on = self.login_failures_per_address > 0 || self.login_failures_per_user > 0;
+        if on && self.login_delay_ms == 0 {
+            let why = "must be at least 1 while a login_failures_per_* limit is set";
+            return Err(error::invalid("auth.login_delay_ms", why.to_owned()));
+        }
+        if self.login_delay_max_ms < self.login_delay_ms {
+            let why = format!(
+                "{} is below auth.login_delay_ms ({})",
+                self.login_delay_max_ms, self.login_delay_ms
+            );
+            return Err(error::invalid("auth.login_delay_max_ms", why));
+        }
+        Ok(())
+    }
 }
 
 /// `[auth.jwt]`: where the keys are and what the tokens must say.
@@ -198,6 +231,11 @@ impl Default for AuthConfig {
             scram_file: None,
             acl_file: None,
             session_binding: SessionBinding::Refuse,
+            login_failures_per_address: 20,
+            login_failures_per_user: 10,
+            login_delay_ms: 1_000,
+            login_delay_max_ms: 60_000,
+            login_limit_entries: 16_384,
         }
     }
 }

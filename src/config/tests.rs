@@ -456,3 +456,18 @@ fn default_file_documents_bridges_in_a_comment() {
     bridge.tls = None;
     config.validate().unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// `[auth] login_*` (issue 35, finding 4): a limit whose delay is 0, or whose cap is below its
+/// first delay, would hold nobody back, so it does not load; 0 failures turns a limit off.
+#[test]
+fn login_limits_that_would_never_hold_are_refused() {
+    let err = parse("[auth]\nlogin_delay_ms = 0\n").expect_err("no delay");
+    assert!(err.to_string().contains("auth.login_delay_ms"), "{err}");
+    let err = parse("[auth]\nlogin_delay_ms = 5000\nlogin_delay_max_ms = 1000\n")
+        .expect_err("cap below delay");
+    assert!(err.to_string().contains("auth.login_delay_max_ms"), "{err}");
+    let off = "[auth]\nlogin_failures_per_address = 0\nlogin_failures_per_user = 0\n\
+               login_delay_ms = 0\nlogin_delay_max_ms = 0\n";
+    let c = parse(off).expect("limits off");
+    assert_eq!(c.auth.login_failures_per_address, 0);
+}

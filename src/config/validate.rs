@@ -26,6 +26,7 @@ impl Config {
         listener::validate(&self.listeners, &self.metrics)?;
         self.check_connection_bounds()?;
         self.check_admin_token()?;
+        self.auth.validate_login_limits()?;
         bridge::validate(&self.bridges)?;
         if let Some(cluster) = &self.cluster {
             super::cluster::validate(cluster)?;

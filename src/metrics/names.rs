@@ -161,6 +161,13 @@ pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "postbox_tls_handshake_failures_t
 pub const AUTH_FAILURES_TOTAL: &str = "postbox_auth_failures_total";
 /// Counter (label `cached`): logins accepted by the password file.
 pub const AUTH_SUCCESSES_TOTAL: &str = "postbox_auth_successes_total";
+/// Counter (label `key`: `address`, `user`): logins refused unchecked by the failed-login
+/// limits (`auth::throttle`).
+pub const AUTH_THROTTLED_TOTAL: &str = "postbox_auth_throttled_total";
+/// Counter: password hashes run for logins.
+pub const AUTH_HASHES_TOTAL: &str = "postbox_auth_hashes_total";
+/// Counter: password checks that ended before their hash (client gone, deadline).
+pub const AUTH_HASHES_SKIPPED_TOTAL: &str = "postbox_auth_hashes_skipped_total";
 
 /// Gauge (label `bridge`): 1 while the bridge's link to its remote is up (CONNACK accepted),
 /// else 0.

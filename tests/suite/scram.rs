@@ -27,13 +27,13 @@ use sha2::{Digest, Sha256, Sha512};
 
 /// The client's hash: an independent implementation of RFC 5802's primitives.
 #[derive(Clone, Copy)]
-enum Hash {
+pub(crate) enum Hash {
     Sha256,
     Sha512,
 }
 
 impl Hash {
-    fn method(self) -> &'static str {
+    pub(crate) fn method(self) -> &'static str {
         match self {
             Hash::Sha256 => "SCRAM-SHA-256",
             Hash::Sha512 => "SCRAM-SHA-512",
@@ -68,7 +68,7 @@ impl Hash {
 }
 
 /// One SCRAM conversation, client side (RFC 5802 §3, §5).
-struct ScramClient {
+pub(crate) struct ScramClient {
     hash: Hash,
     password: String,
     nonce: String,
@@ -79,7 +79,7 @@ struct ScramClient {
 }
 
 impl ScramClient {
-    fn new(hash: Hash, user: &str, password: &str) -> ScramClient {
+    pub(crate) fn new(hash: Hash, user: &str, password: &str) -> ScramClient {
         let nonce = B64.encode(rand::random::<[u8; 18]>());
         let name = user.replace('=', "=3D").replace(',', "=2C");
         ScramClient {
@@ -92,12 +92,12 @@ impl ScramClient {
         }
     }
 
-    fn client_first(&self) -> String {
+    pub(crate) fn client_first(&self) -> String {
         format!("n,,{}", self.first_bare)
     }
 
     /// The client-final-message for `server_first`; `tamper` edits the nonce sent back.
-    fn client_final(&mut self, server_first: &str, tamper: bool) -> String {
+    pub(crate) fn client_final(&mut self, server_first: &str, tamper: bool) -> String {
         let mut attrs = server_first.split(',');
         let nonce = attrs.next().and_then(|a| a.strip_prefix("r=")).expect("r=");
         let salt = attrs.next().and_then(|a| a.strip_prefix("s=")).expect("s=");
@@ -138,7 +138,7 @@ impl ScramClient {
     }
 }
 
-fn auth(code: ReasonCode, method: &str, data: &str) -> Packet {
+pub(crate) fn auth(code: ReasonCode, method: &str, data: &str) -> Packet {
     Packet::Auth(Auth {
         reason_code: code,
         properties: AuthProperties {
@@ -149,7 +149,7 @@ fn auth(code: ReasonCode, method: &str, data: &str) -> Packet {
     })
 }
 
-fn scram_connect(id: &str, method: &str, data: &str) -> Connect {
+pub(crate) fn scram_connect(id: &str, method: &str, data: &str) -> Connect {
     let mut c = v5::connect_packet(id);
     c.properties.authentication_method = Some(method.into());
     c.properties.authentication_data = Some(Bytes::copy_from_slice(data.as_bytes()));
@@ -157,7 +157,7 @@ fn scram_connect(id: &str, method: &str, data: &str) -> Connect {
 }
 
 /// AUTH 0x18 with `method` (MQTT-4.12.0-2, MQTT-4.12.0-5): its data as text.
-fn challenge(packet: Option<Packet>, method: &str) -> String {
+pub(crate) fn challenge(packet: Option<Packet>, method: &str) -> String {
     match packet {
         Some(Packet::Auth(a)) => {
             assert_eq!(

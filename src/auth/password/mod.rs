@@ -8,13 +8,21 @@
 //! passwords were just checked does not queue behind key derivation. SIGHUP re-reads the file
 //! ([`crate::reload::Reload`]); a bad file keeps the old one.
 //!
+//! Under a flood (issue 35, finding 4): an address or user name that keeps failing is refused
+//! unhashed for a growing delay (`auth::throttle`), one address holds at most its share of
+//! the hash workers ([`share`]), and a verification whose client left while it waited is
+//! dropped before its hash (the handshake drops the future; counted as skipped).
+//!
 //! Layout: `hash` reads, verifies and creates one hash; `file` reads and edits the file's
-//! lines; `cache` is the success cache; this file ties them together.
+//! lines; `cache` is the success cache; `share` each address's share of the workers; this
+//! file ties them together.
 
 pub mod cache;
 pub mod file;
 pub mod hash;
+mod share;
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,8 +35,10 @@ pub use file::Users;
 pub use hash::{HashError, PasswordHash, DEFAULT_PBKDF2_ITERATIONS};
 
 use crate::auth::credential_file::CredentialFileError;
+use crate::auth::throttle::{LoginLimits, LoginThrottle, Throttled};
 use crate::metrics::Counter;
 use cache::SuccessCache;
+use share::HashShares;
 
 /// Counter of refused logins, labelled by `reason`.
 pub const AUTH_FAILURES: &str = crate::metrics::names::AUTH_FAILURES_TOTAL;
@@ -46,6 +56,9 @@ pub enum Verdict {
     UnknownUser,
     /// Not checked: the handshake's deadline would pass before a hash could finish.
     NoTime,
+    /// Not checked: the source address or the user name failed too often lately
+    /// (`auth::throttle`); answered CONNACK 0x9F Connection rate exceeded (3.x: 3).
+    Throttled,
 }
 
 impl Verdict {
@@ -56,6 +69,7 @@ impl Verdict {
             Verdict::BadPassword => "bad_password",
             Verdict::UnknownUser => "unknown_user",
             Verdict::NoTime => "no_time",
+            Verdict::Throttled => "throttled",
         }
     }
 }
@@ -82,6 +96,15 @@ pub struct AuthMetrics {
     pub success_hashed: Counter,
     /// Accepted from the success cache.
     pub success_cached: Counter,
+    /// Refused unhashed: the source address failed too often lately.
+    pub throttled_address: Counter,
+    /// Refused unhashed: the user name failed too often lately.
+    pub throttled_user: Counter,
+    /// Hashes run (a cached success runs none).
+    pub hashes: Counter,
+    /// Verifications that ended before their hash: the client left, or the deadline came,
+    /// while they waited for a worker.
+    pub hashes_skipped: Counter,
 }
 
 impl AuthMetrics {
@@ -95,6 +118,10 @@ impl AuthMetrics {
             jwt_refused: metrics.auth_failures("jwt"),
             success_hashed: metrics.auth_successes(false),
             success_cached: metrics.auth_successes(true),
+            throttled_address: metrics.auth_throttled(Throttled::Address.label()),
+            throttled_user: metrics.auth_throttled(Throttled::User.label()),
+            hashes: metrics.auth_hashes.clone(),
+            hashes_skipped: metrics.auth_hashes_skipped.clone(),
         }
     }
 }
@@ -106,6 +133,10 @@ pub struct PasswordStore {
     current: RwLock<Arc<Loaded>>,
     /// One permit per hash that may run at once.
     permits: Arc<Semaphore>,
+    /// Each source address's share of those permits, taken first.
+    shares: HashShares,
+    /// Failed-login limits (off until [`PasswordStore::with_limits`]).
+    throttle: LoginThrottle,
     cache: Mutex<SuccessCache>,
     metrics: AuthMetrics,
     /// How long the last hash took, in nanoseconds (see [`PasswordStore::verify`]).
@@ -138,10 +169,18 @@ impl PasswordStore {
                 generation: 1,
             })),
             permits: Arc::new(Semaphore::new(max_hashes)),
+            shares: HashShares::new(max_hashes),
+            throttle: LoginThrottle::new(LoginLimits::OFF),
             cache: Mutex::new(SuccessCache::new(cache_size)),
             metrics,
             last_hash_ns: AtomicU64::new(0),
         })
+    }
+
+    /// The store with the failed-login limits `limits` (`[auth] login_*`).
+    pub(crate) fn with_limits(mut self, limits: LoginLimits) -> PasswordStore {
+        self.throttle = LoginThrottle::new(limits);
+        self
     }
 
     /// The metric handles (the handshake counts anonymous refusals with them).
@@ -163,44 +202,81 @@ impl PasswordStore {
     /// waited longest, and without this check most hashes would finish after their client's
     /// handshake timed out, wasting the CPU the queue needs (measured: 4 instead of ~35
     /// logins/s on 2 cores with a 10,000-iteration `$7$` file).
-    pub async fn verify(
+    ///
+    /// `source` is the client's `transport::admission::source_key`: the failed-login limits
+    /// and the share of the workers are kept per source. A success from the cache is neither
+    /// throttled nor hashed.
+    pub fn verify<'a>(
+        &'a self,
+        user: &'a str,
+        password: &'a [u8],
+        source: IpAddr,
+        deadline: tokio::time::Instant,
+    ) -> impl std::future::Future<Output = Verdict> + 'a {
+        // Armed now, not at the first poll: a check dropped before it ever ran (its client
+        // had closed already) counts as skipped too.
+        let unhashed = Unhashed(Some(&self.metrics.hashes_skipped));
+        self.check(user, password, source, deadline, unhashed)
+    }
+
+    /// [`PasswordStore::verify`]'s work; `unhashed` is disarmed where no hash is needed.
+    async fn check(
         &self,
         user: &str,
         password: &[u8],
+        source: IpAddr,
         deadline: tokio::time::Instant,
+        mut unhashed: Unhashed<'_>,
     ) -> Verdict {
         let loaded = Arc::clone(&self.current.read());
         let key = {
             let cache = self.cache.lock();
             let key = cache.key(loaded.generation, user, password);
-            if cache.contains(&key) {
+            if !cache.contains(&key) {
+                key
+            } else {
+                drop(cache);
+                unhashed.0 = None;
                 self.metrics.success_cached.increment(1);
+                // The right password, as surely as a hash would say: the user's failures go.
+                self.throttle.succeeded(user);
                 return Verdict::Ok;
             }
-            key
         };
+        if let Err(throttled) = self.throttle.check(source, user, std::time::Instant::now()) {
+            unhashed.0 = None;
+            match throttled {
+                Throttled::Address => self.metrics.throttled_address.increment(1),
+                Throttled::User => self.metrics.throttled_user.increment(1),
+            }
+            return Verdict::Throttled;
+        }
         let (hash, known) = match loaded.users.get(user) {
             Some(hash) => (hash.clone(), true),
             // Same work as a wrong password: no user enumeration by timing.
             None => match loaded.users.dummy() {
                 Some(hash) => (hash.clone(), false),
                 None => {
+                    unhashed.0 = None;
                     self.metrics.unknown_user.increment(1);
                     return Verdict::UnknownUser;
                 }
             },
         };
+        let share = self.shares.acquire(source).await;
         let matched = match Arc::clone(&self.permits).acquire_owned().await {
             Ok(permit) => {
                 let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
                 if tokio::time::Instant::now() + last > deadline {
                     return Verdict::NoTime;
                 }
+                unhashed.0 = None;
+                self.metrics.hashes.increment(1);
                 let password = password.to_vec();
                 let started = std::time::Instant::now();
                 let matched = tokio::task::spawn_blocking(move || {
                     let matched = hash.verify(&password);
-                    drop(permit);
+                    drop((permit, share));
                     matched
                 })
                 .await
@@ -217,6 +293,12 @@ impl PasswordStore {
             (false, _) => Verdict::UnknownUser,
         };
         match verdict {
+            Verdict::Ok => self.throttle.succeeded(user),
+            _ => self
+                .throttle
+                .failed(source, user, std::time::Instant::now()),
+        }
+        match verdict {
             Verdict::Ok => {
                 self.metrics.success_hashed.increment(1);
                 // Only for the file still in force: a reload meanwhile cleared the cache.
@@ -226,9 +308,21 @@ impl PasswordStore {
             }
             Verdict::BadPassword => self.metrics.bad_password.increment(1),
             Verdict::UnknownUser => self.metrics.unknown_user.increment(1),
-            Verdict::NoTime => {}
+            Verdict::NoTime | Verdict::Throttled => {}
         }
         verdict
+    }
+}
+
+/// Counts a verification that ended without its hash into `postbox_auth_hashes_skipped_total`
+/// when dropped armed (`Some`).
+struct Unhashed<'a>(Option<&'a Counter>);
+
+impl Drop for Unhashed<'_> {
+    fn drop(&mut self) {
+        if let Some(skipped) = self.0 {
+            skipped.increment(1);
+        }
     }
 }
 
@@ -269,6 +363,8 @@ mod tests {
         (path, store)
     }
 
+    const SRC: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     fn later() -> tokio::time::Instant {
         tokio::time::Instant::now() + Duration::from_secs(60)
     }
@@ -284,16 +380,16 @@ mod tests {
     async fn verdicts_cache_and_reload() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (path, store) = store(dir.path(), &line("a", "pa"));
-        assert_eq!(store.verify("a", b"pa", later()).await, Verdict::Ok);
+        assert_eq!(store.verify("a", b"pa", SRC, later()).await, Verdict::Ok);
         assert_eq!(store.cache.lock().len(), 1, "success remembered");
-        assert_eq!(store.verify("a", b"pa", later()).await, Verdict::Ok);
+        assert_eq!(store.verify("a", b"pa", SRC, later()).await, Verdict::Ok);
         assert_eq!(
-            store.verify("a", b"pb", later()).await,
+            store.verify("a", b"pb", SRC, later()).await,
             Verdict::BadPassword
         );
         assert_eq!(store.cache.lock().len(), 1, "failures are not remembered");
         assert_eq!(
-            store.verify("b", b"pa", later()).await,
+            store.verify("b", b"pa", SRC, later()).await,
             Verdict::UnknownUser
         );
 
@@ -302,32 +398,84 @@ mod tests {
         store.reload().expect("reload");
         assert!(store.cache.lock().is_empty());
         assert_eq!(
-            store.verify("a", b"pa", later()).await,
+            store.verify("a", b"pa", SRC, later()).await,
             Verdict::BadPassword
         );
-        assert_eq!(store.verify("b", b"pb", later()).await, Verdict::Ok);
+        assert_eq!(store.verify("b", b"pb", SRC, later()).await, Verdict::Ok);
 
         // A broken file keeps the one in force, and the error names file and line.
         std::fs::write(&path, line("a", "x") + "b:$7$oops\n").expect("write");
         let error = store.reload().expect_err("broken");
         assert!(error.contains("passwd:2:"), "{error}");
-        assert_eq!(store.verify("b", b"pb", later()).await, Verdict::Ok);
+        assert_eq!(store.verify("b", b"pb", SRC, later()).await, Verdict::Ok);
 
         // No time left for a hash: not started.
         let now = tokio::time::Instant::now();
         store.last_hash_ns.store(1_000_000_000, Ordering::Relaxed);
-        assert_eq!(store.verify("a", b"new", now).await, Verdict::NoTime);
+        assert_eq!(store.verify("a", b"new", SRC, now).await, Verdict::NoTime);
         assert_eq!(
-            store.verify("b", b"pb", now).await,
+            store.verify("b", b"pb", SRC, now).await,
             Verdict::Ok,
             "cached: no hash needed"
         );
     }
 
     #[tokio::test]
+    async fn limits_refuse_unhashed_but_a_remembered_success_gets_in() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, store) = store(dir.path(), &line("a", "pa"));
+        let store = store.with_limits(LoginLimits {
+            per_address: 2,
+            per_user: 0,
+            delay: Duration::from_secs(60),
+            max_delay: Duration::from_secs(60),
+            entries: 16,
+        });
+        assert_eq!(store.verify("a", b"pa", SRC, later()).await, Verdict::Ok);
+        for _ in 0..2 {
+            let verdict = store.verify("a", b"x", SRC, later()).await;
+            assert_eq!(verdict, Verdict::BadPassword);
+        }
+        let verdict = store.verify("a", b"x", SRC, later()).await;
+        assert_eq!(verdict, Verdict::Throttled);
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
+        let verdict = store.verify("a", b"x", other, later()).await;
+        assert_eq!(verdict, Verdict::BadPassword, "another address is checked");
+        let verdict = store.verify("a", b"pa", SRC, later()).await;
+        assert_eq!(
+            verdict,
+            Verdict::Ok,
+            "remembered: neither throttled nor hashed"
+        );
+        assert_eq!(store.metrics.hashes.get(), 4);
+        assert_eq!(store.metrics.throttled_address.get(), 1);
+        assert_eq!(store.metrics.hashes_skipped.get(), 0);
+
+        // A verification dropped while it waits for a worker is skipped, not hashed.
+        let permits = Arc::clone(&store.permits);
+        let all = permits.acquire_many(1).await.expect("the only permit");
+        let waiting = store.verify("a", b"y", other, later());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(10), waiting)
+                .await
+                .is_err(),
+            "waits for the worker"
+        );
+        drop(all);
+        assert_eq!(store.metrics.hashes.get(), 4);
+        assert_eq!(store.metrics.hashes_skipped.get(), 1);
+        // One dropped before it ever ran (its client had closed already) too.
+        drop(store.verify("a", b"z", other, later()));
+        assert_eq!(store.metrics.hashes_skipped.get(), 2);
+    }
+
+    #[tokio::test]
     async fn an_empty_file_knows_nobody() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (_, store) = store(dir.path(), "# nobody yet\n");
-        assert_eq!(store.verify("a", b"", later()).await, Verdict::UnknownUser);
+        assert_eq!(
+            store.verify("a", b"", SRC, later()).await,
+            Verdict::UnknownUser
+        );
     }
 }

@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::storage::SessionOwner;
 use crate::transport::{ConnectedSlot, ConnectionInfo, Full, HandshakeSlot};
 use tokio::time::Instant;
-use wait::{connect_deadline, connect_timed_out, read_more, Exchange, ReadMore};
+use wait::{connect_deadline, connect_timed_out, read_more, while_connected, Exchange, ReadMore};
 
 /// A client that passed the handshake.
 pub(super) struct Accepted {
@@ -200,20 +200,24 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             authenticated = true;
         }
     }
-    // Fail closed (issue 35, finding 1): where a method that checks passwords is configured
-    // (a password file, JWT), a password none of them will verify is refused, not taken for
-    // anonymous access: a password that is not a token goes to the password file, which
-    // needs a user name to check it by. Before, with `[auth.jwt]` alone any password that
-    // did not look like a token was admitted, and one without a user name passed as
-    // anonymous next to a password file.
+    // Fail closed (issue 35, finding 1): where a method that verifies credentials is
+    // configured (a password file, JWT, an enhanced method such as SCRAM), credentials none
+    // of them will verify are refused, not taken for anonymous access: a password that is not
+    // a token goes to the password file, which needs a user name to check it by. Before,
+    // with `[auth.jwt]` alone any password that did not look like a token was admitted, one
+    // without a user name passed as anonymous next to a password file, and (the auth matrix)
+    // where anonymous access is on, a bare user name next to JWT or SCRAM was admitted as
+    // that user, with its ACL rights. Only a broker with no such method takes a user name
+    // unverified (Mosquitto's behaviour without a password file).
     let file_will_check = policy.password_file && connect.username.is_some();
-    if (policy.password_file || policy.jwt)
-        && connect.password.is_some()
+    let verifier = policy.password_file || policy.jwt || !broker.authenticators().is_empty();
+    if verifier
+        && (connect.password.is_some() || connect.username.is_some())
         && admitted.auth_method.is_none()
         && !authenticated
         && !file_will_check
     {
-        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "authentication failed: a password no configured method checks");
+        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "authentication failed: credentials no configured method checks");
         if let Some(logins) = logins {
             logins.metrics().bad_password.increment(1);
         }
@@ -230,11 +234,28 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         authenticated,
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
-        match tokio::time::timeout_at(deadline, store.verify(user, password, deadline)).await {
+        // Keyed as the connection bounds are (IPv4 address, IPv6 /64; a PROXY header's client).
+        let source = crate::transport::admission::source_key(peer.ip());
+        let verify =
+            tokio::time::timeout_at(deadline, store.verify(user, password, source, deadline));
+        // Watching the client meanwhile: one that leaves before its hash is not hashed.
+        let Some(verdict) = while_connected(io, shutdown, verify).await else {
+            tracing::debug!(%peer, listener = %info.listener, "closed while its password waited to be checked");
+            return None;
+        };
+        match verdict {
             Ok(password::Verdict::Ok) => authenticated = true,
             Ok(password::Verdict::NoTime) | Err(_) => {
                 connect_timed_out(broker, info, io.rbuf.len());
                 return None;
+            }
+            Ok(password::Verdict::Throttled) => {
+                // Not checked (`auth::throttle`): v5 0x9F, 3.x 3 (Server unavailable), which
+                // a client takes for "later", not for a wrong password.
+                tracing::debug!(%peer, listener = %info.listener, client = %admitted.client_id, user, "refusing CONNECT unchecked: too many failed logins");
+                let code = ReasonCode::CONNECTION_RATE_EXCEEDED;
+                let why = "too many failed logins; try again later";
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
             Ok(verdict) => {
                 tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, user, reason = verdict.reason(), "authentication failed");

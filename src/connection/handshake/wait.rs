@@ -63,6 +63,41 @@ pub(super) async fn read_more<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// What [`while_connected`] reads of a client at most while it waits (bytes a client
+/// pipelines behind CONNECT stay in the read buffer for the client loop); past it, only the
+/// work or a shutdown ends the wait.
+const WATCH_LIMIT: usize = 64 * 1024;
+
+/// Runs `work` (a password check) while watching the client: `None` when the client closed
+/// (end of stream, an error) or the server is stopping first. `work` is then dropped, so a
+/// check still waiting for a hash worker never runs: issue 35, finding 4 (hashes went on for
+/// connections that had closed). The read comes first, so a close that is already there is
+/// seen before the work starts.
+pub(super) async fn while_connected<S, F>(
+    io: &mut Io<S>,
+    shutdown: &CancellationToken,
+    work: F,
+) -> Option<F::Output>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: std::future::Future,
+{
+    let mut work = std::pin::pin!(work);
+    // Bounded: each turn reads at least a byte, and reading stops at WATCH_LIMIT.
+    loop {
+        let room = io.rbuf.len() < WATCH_LIMIT;
+        tokio::select! {
+            biased;
+            read = io.read_some(), if room => match read {
+                Ok(n) if n > 0 => {}
+                _ => return None,
+            },
+            () = shutdown.cancelled() => return None,
+            out = &mut work => return Some(out),
+        }
+    }
+}
+
 /// An enhanced-authentication exchange's share of the handshake: the connection's slot (the
 /// exchange waits for the client too) and the handshake's deadline.
 pub(super) struct Exchange<'a> {

@@ -1,0 +1,343 @@
+//! Failed-login limits (issue 35, finding 4): a source address (IPv4 address, IPv6 /64, the
+//! keys of `transport::admission`) or a user name that keeps failing the password check is
+//! refused without a hash for a delay that doubles with each further failure, up to a cap.
+//!
+//! An attempt inside the delay is answered at once (CONNACK 0x9F Connection rate exceeded,
+//! 3.x 3 Server unavailable), not held until the delay ends: holding it would keep a socket,
+//! a task and the handshake's deadline busy for the attacker, while an answer costs nothing
+//! and tells nothing about the password (it was not checked). Refused attempts do not count
+//! as failures, so the delay grows only with guesses actually checked: at the cap, one guess
+//! per `login_delay_max_ms` per address and per user. fail2ban bans the same way (failures
+//! within a window, then a ban); EMQX's flapping detection bans a client id; Mosquitto has
+//! none.
+//!
+//! A success forgets the user's failures, not the address's: otherwise an attacker holding
+//! one account could wipe its address's record between guesses at others. A success the
+//! password cache answers is never refused here (`auth::password` asks the cache first), so
+//! devices whose passwords were accepted lately keep getting in while their user name or
+//! their NAT address is throttled: a flood cannot lock a working fleet out.
+//!
+//! Memory is bounded: each table holds at most `login_limit_entries` keys; an entry is
+//! forgotten `FORGET_AFTER` (or the cap, if longer) after its last failure, and when a table
+//! is full the expired entries go first, then the one whose last failure is oldest. Only
+//! hashed failures insert, so insertions are bounded by the hash rate.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// How long a key's failures are remembered without a new one, at least (fail2ban's
+/// `findtime` is 10 minutes).
+const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// The limits, from `[auth]` (`login_*` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoginLimits {
+    /// Failures allowed from one source address before its delays start; 0: no limit.
+    pub(crate) per_address: u32,
+    /// Failures allowed for one user name before its delays start; 0: no limit.
+    pub(crate) per_user: u32,
+    /// The first delay; each further failure doubles it.
+    pub(crate) delay: Duration,
+    /// The longest delay.
+    pub(crate) max_delay: Duration,
+    /// Keys each table holds at most.
+    pub(crate) entries: usize,
+}
+
+impl LoginLimits {
+    /// No limits (the password store's default until the config's are set).
+    pub(crate) const OFF: LoginLimits = LoginLimits {
+        per_address: 0,
+        per_user: 0,
+        delay: Duration::ZERO,
+        max_delay: Duration::ZERO,
+        entries: 0,
+    };
+
+    /// How long after its last failure a key with `failures` stays refused, given `allowed`.
+    fn delay_after(&self, failures: u32, allowed: u32) -> Duration {
+        if allowed == 0 || failures < allowed {
+            return Duration::ZERO;
+        }
+        let doublings = (failures - allowed).min(31);
+        self.delay
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_delay)
+    }
+
+    fn forget_after(&self) -> Duration {
+        self.max_delay.max(FORGET_AFTER)
+    }
+}
+
+/// Which record refused an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Throttled {
+    /// The source address's.
+    Address,
+    /// The user name's.
+    User,
+}
+
+impl Throttled {
+    /// The `key` label of `postbox_auth_throttled_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Throttled::Address => "address",
+            Throttled::User => "user",
+        }
+    }
+}
+
+/// What a key has done lately.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    failures: u32,
+    last: Instant,
+}
+
+/// One kind of key's records.
+#[derive(Debug)]
+struct Table<K> {
+    map: HashMap<K, Entry>,
+    allowed: u32,
+}
+
+impl<K: Eq + Hash + Clone> Table<K> {
+    fn new(allowed: u32) -> Table<K> {
+        Table {
+            map: HashMap::new(),
+            allowed,
+        }
+    }
+
+    fn blocked<Q>(&self, key: &Q, now: Instant, limits: &LoginLimits) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.map.get(key).is_some_and(|e| {
+            now.saturating_duration_since(e.last) < limits.delay_after(e.failures, self.allowed)
+        })
+    }
+
+    /// Counts a failure; true when it is the one that starts the key's delays.
+    fn fail<Q>(&mut self, key: &Q, now: Instant, limits: &LoginLimits) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if self.allowed == 0 || limits.entries == 0 {
+            return false;
+        }
+        let forget = limits.forget_after();
+        if let Some(entry) = self.map.get_mut(key) {
+            if now.saturating_duration_since(entry.last) >= forget {
+                entry.failures = 0;
+            }
+            entry.failures = entry.failures.saturating_add(1);
+            entry.last = now;
+            return entry.failures == self.allowed;
+        }
+        if self.map.len() >= limits.entries {
+            self.map
+                .retain(|_, e| now.saturating_duration_since(e.last) < forget);
+        }
+        if self.map.len() >= limits.entries {
+            let oldest = self
+                .map
+                .iter()
+                .min_by_key(|(_, e)| e.last)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                self.map.remove::<K>(&oldest);
+            }
+        }
+        self.map.insert(
+            key.to_owned(),
+            Entry {
+                failures: 1,
+                last: now,
+            },
+        );
+        self.allowed == 1
+    }
+}
+
+/// The failure records of addresses and user names, asked before every password hash.
+#[derive(Debug)]
+pub(crate) struct LoginThrottle {
+    limits: LoginLimits,
+    tables: Mutex<(Table<IpAddr>, Table<String>)>,
+}
+
+impl LoginThrottle {
+    /// Records under `limits` (`LoginLimits::OFF`: every check passes, nothing is kept).
+    pub(crate) fn new(limits: LoginLimits) -> LoginThrottle {
+        LoginThrottle {
+            limits,
+            tables: Mutex::new((Table::new(limits.per_address), Table::new(limits.per_user))),
+        }
+    }
+
+    /// Whether an attempt from `source` (a `transport::admission::source_key`) for `user`
+    /// may be checked now, or which record refuses it.
+    pub(crate) fn check(&self, source: IpAddr, user: &str, now: Instant) -> Result<(), Throttled> {
+        if self.off() {
+            return Ok(());
+        }
+        let tables = self.tables.lock();
+        if tables.0.blocked(&source, now, &self.limits) {
+            return Err(Throttled::Address);
+        }
+        if tables.1.blocked(user, now, &self.limits) {
+            return Err(Throttled::User);
+        }
+        Ok(())
+    }
+
+    /// Counts a checked failure, and logs (WARN) each record whose delays it starts: once
+    /// per address or user, not per refused attempt.
+    pub(crate) fn failed(&self, source: IpAddr, user: &str, now: Instant) {
+        if self.off() {
+            return;
+        }
+        let (address_starts, user_starts) = {
+            let mut tables = self.tables.lock();
+            let address = tables.0.fail(&source, now, &self.limits);
+            let user = tables.1.fail(user, now, &self.limits);
+            (address, user)
+        };
+        let delay_ms = u64::try_from(self.limits.delay.as_millis()).unwrap_or(u64::MAX);
+        if address_starts {
+            let failures = self.limits.per_address;
+            tracing::warn!(%source, failures, delay_ms, "failed logins: address throttled, its next attempts refused unchecked until a delay passes");
+        }
+        if user_starts {
+            let failures = self.limits.per_user;
+            tracing::warn!(username = user, failures, delay_ms, "failed logins: user throttled, its next attempts refused unchecked until a delay passes");
+        }
+    }
+
+    /// A checked success for `user`: its failures are forgotten (its address's are not).
+    pub(crate) fn succeeded(&self, user: &str) {
+        if self.limits.per_user == 0 {
+            return;
+        }
+        self.tables.lock().1.map.remove(user);
+    }
+
+    /// Keys held, addresses and users.
+    #[cfg(test)]
+    fn len(&self) -> (usize, usize) {
+        let tables = self.tables.lock();
+        (tables.0.map.len(), tables.1.map.len())
+    }
+
+    fn off(&self) -> bool {
+        (self.limits.per_address == 0 && self.limits.per_user == 0) || self.limits.entries == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(per_address: u32, per_user: u32, entries: usize) -> LoginLimits {
+        LoginLimits {
+            per_address,
+            per_user,
+            delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(8),
+            entries,
+        }
+    }
+
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 2));
+
+    #[test]
+    fn delays_start_after_the_allowed_failures_double_and_stop_at_the_cap() {
+        let t = LoginThrottle::new(limits(3, 0, 100));
+        let start = Instant::now();
+        for _ in 0..2 {
+            t.failed(A, "u", start);
+            assert_eq!(t.check(A, "u", start), Ok(()));
+        }
+        t.failed(A, "u", start);
+        assert_eq!(t.check(A, "u", start), Err(Throttled::Address));
+        assert_eq!(t.check(B, "u", start), Ok(()), "other addresses go on");
+        let s = Duration::from_secs;
+        assert_eq!(t.check(A, "u", start + s(1)), Ok(()), "first delay: 1 s");
+        // Each further checked failure doubles the delay: 2, 4, 8, then the 8 s cap.
+        let mut now = start + s(1);
+        for delay in [2, 4, 8, 8, 8] {
+            t.failed(A, "u", now);
+            assert_eq!(
+                t.check(A, "u", now + s(delay) - Duration::from_millis(1)),
+                Err(Throttled::Address)
+            );
+            assert_eq!(t.check(A, "u", now + s(delay)), Ok(()));
+            now += s(delay);
+        }
+        // Forgotten after FORGET_AFTER without a failure: the allowance is back.
+        let later = now + FORGET_AFTER;
+        t.failed(A, "u", later);
+        assert_eq!(t.check(A, "u", later), Ok(()));
+    }
+
+    #[test]
+    fn a_user_is_throttled_from_every_address_and_a_success_clears_it() {
+        let t = LoginThrottle::new(limits(0, 2, 100));
+        let now = Instant::now();
+        t.failed(A, "alice", now);
+        t.failed(B, "alice", now);
+        assert_eq!(t.check(B, "alice", now), Err(Throttled::User));
+        assert_eq!(t.check(B, "bob", now), Ok(()));
+        t.succeeded("alice");
+        assert_eq!(t.check(A, "alice", now), Ok(()));
+    }
+
+    #[test]
+    fn a_success_does_not_clear_its_address() {
+        let t = LoginThrottle::new(limits(1, 0, 100));
+        let now = Instant::now();
+        t.failed(A, "alice", now);
+        t.succeeded("mallory");
+        assert_eq!(t.check(A, "alice", now), Err(Throttled::Address));
+    }
+
+    #[test]
+    fn tables_stay_within_their_bound() {
+        let t = LoginThrottle::new(limits(5, 5, 64));
+        let now = Instant::now();
+        for i in 0..10_000u32 {
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(i));
+            t.failed(
+                ip,
+                &format!("user{i}"),
+                now + Duration::from_millis(u64::from(i)),
+            );
+        }
+        assert_eq!(t.len(), (64, 64));
+        // The newest keys are the ones kept.
+        let newest = IpAddr::V4(std::net::Ipv4Addr::from(9_999u32));
+        assert!(t.tables.lock().0.map.contains_key(&newest));
+    }
+
+    #[test]
+    fn off_keeps_nothing() {
+        let t = LoginThrottle::new(LoginLimits::OFF);
+        let now = Instant::now();
+        for _ in 0..100 {
+            t.failed(A, "u", now);
+        }
+        assert_eq!(t.check(A, "u", now), Ok(()));
+        assert_eq!(t.len(), (0, 0));
+    }
+}
