@@ -128,6 +128,9 @@ pub(super) struct Client<S> {
     pending_inbound: u32,
     /// The client accepts Reason Strings and User Properties (v5 Request Problem Information).
     problem_info: bool,
+    /// No configured method authenticated the client: a DISCONNECT's Session Expiry Interval
+    /// is capped at `mqtt.max_session_expiry_anonymous` as the CONNECT's was.
+    unauthenticated: bool,
     /// The connection's enhanced authentication, for re-authentication, and when its
     /// credentials expire; boxed, most clients have neither.
     auth: Option<Box<AuthContext>>,
@@ -161,6 +164,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             keep_alive,
             auth,
             credentials_expire,
+            unauthenticated,
         } = accepted;
         let broker = Arc::clone(attached.handle.broker());
         let config = broker.config();
@@ -209,6 +213,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             receive_maximum: our_receive_maximum,
             pending_inbound: 0,
             problem_info,
+            unauthenticated,
             auth: AuthContext::new(auth, credentials_expire),
             gated: GatedWrites::default(),
             publish_waits: false,
