@@ -13,8 +13,9 @@
 //! - **Memory budget.** Messages the broker holds, subscriptions and partly received packets
 //!   count against `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses
 //!   until usage is back under [`MemoryBudget::resume_at`] (or `stalled_after` has passed),
-//!   and over the budget itself QoS 1/2 PUBLISHes are refused. A SUBSCRIBE that would take
-//!   usage to the pause mark is refused (0x97), so subscriptions alone never pause anyone.
+//!   and over the budget itself QoS 1/2 PUBLISHes are refused. A filter that would take the
+//!   subscriptions past half of the budget, or usage to the pause mark, is refused (0x97), so
+//!   subscriptions alone never pause anyone.
 //!
 //! Nothing here holds a lock across an `.await`: a paused connection waits on [`FlowControl`]'s
 //! notification and re-checks its target under that session's lock when woken.

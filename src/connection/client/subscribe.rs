@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::closing::Close;
 use super::{pause, Client};
 use crate::auth::acl::{Action, FilterAccess};
-use crate::broker::flow;
+use crate::broker::flow::{self, MemoryBudget};
 use crate::broker::SubscriptionQuota;
 use crate::codec::{
     topic, Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
@@ -16,6 +16,18 @@ use crate::codec::{
 use crate::connection::violation::Violation;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    /// Subscriptions count against `mqtt.max_memory` (issue 35, finding 6): a new filter is
+    /// refused when subscriptions would hold more than half of the budget, or the memory in
+    /// use would reach the pause mark. So subscriptions alone never pause the publishers, and
+    /// a flood of them leaves at least 40% of the budget to the messages.
+    fn over_subscription_budget(&self, filter: &str, budget: MemoryBudget) -> bool {
+        let cost = flow::subscription_cost(filter.len());
+        let over = flow::subscription_bytes().saturating_add(cost) > budget.limit / 2
+            || pause::memory_used().saturating_add(cost) >= budget.pause_at;
+        // Subscribing again to a filter it holds adds nothing (MQTT-3.8.4-3).
+        over && !self.session.holds_filter(filter)
+    }
+
     pub(super) fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
         if subscribe
             .filters
@@ -45,7 +57,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         } else {
             self.session.held_filter_bytes()
         };
-        let pause_at = self.broker().flow().memory.pause_at;
+        let budget = self.broker().flow().memory;
         let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
         // A 3.x bridge (Mosquitto's `try_private`) subscribes as Mosquitto lets it: No Local,
         // so the messages it publishes here are not sent back to it (a loop between the two
@@ -89,15 +101,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                         }
                     },
                 ))
-            } else if pause::memory_used().saturating_add(flow::subscription_cost(filter.len()))
-                >= pause_at
-                && !self.session.holds_filter(&filter)
-            {
-                // Subscriptions count against mqtt.max_memory: one that would take it to the
-                // pause mark is refused, so subscriptions alone never pause the publishers.
+            } else if self.over_subscription_budget(&filter, budget) {
                 Some((
                     ReasonCode::QUOTA_EXCEEDED,
-                    "the broker is near its memory budget (mqtt.max_memory)",
+                    "subscriptions are at their share of the memory budget (mqtt.max_memory)",
                 ))
             } else if shared.is_some() && !shared_ok {
                 Some((
