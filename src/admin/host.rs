@@ -46,7 +46,9 @@ impl AllowedHosts {
         }
         if let Ok(ip) = name.parse::<IpAddr>() {
             let ip = ip.to_canonical();
-            return ip.is_loopback() || ip == local.ip().to_canonical();
+            if ip.is_loopback() || ip == local.ip().to_canonical() {
+                return true;
+            }
         }
         self.names.iter().any(|n| n.eq_ignore_ascii_case(name))
     }

@@ -204,3 +204,50 @@ async fn an_anonymous_session_lasts_at_most_a_day_by_default() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// The cap is for clients nobody authenticated: a user the password file verified keeps the
+/// expiry it asked for, while a user name no method checks (no password file) does not lift
+/// the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_session_keeps_its_expiry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("passwd");
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_postbox"))
+        .args([
+            "passwd",
+            "-c",
+            "-b",
+            file.to_str().expect("utf8"),
+            "sensor1",
+            "s3cret",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("postbox passwd");
+    assert!(made.status.success(), "{made:?}");
+    let broker = BrokerProcess::spawn_file(
+        &format!("[storage]\npersistence = false\n[auth]\npassword_file = {file:?}\n"),
+        &[],
+    )
+    .await;
+    let mut connect = v5::persistent_connect("sensor1", u32::MAX);
+    connect.username = Some("sensor1".into());
+    connect.password = Some(bytes::Bytes::from_static(b"s3cret"));
+    let (c, ack) = v5::connect(broker.addr, connect).await;
+    assert_eq!(
+        ack.properties.session_expiry_interval, None,
+        "granted as asked"
+    );
+    v5::disconnect(c).await;
+
+    let unchecked = BrokerProcess::spawn("", "").await;
+    let mut connect = v5::persistent_connect("named", u32::MAX);
+    connect.username = Some("anyone".into());
+    let (c, ack) = v5::connect(unchecked.addr, connect).await;
+    assert_eq!(
+        ack.properties.session_expiry_interval,
+        Some(86_400),
+        "an unchecked user name is anonymous"
+    );
+    v5::disconnect(c).await;
+}
