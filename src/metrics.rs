@@ -456,7 +456,7 @@ impl Metrics {
             publish_rate_pauses: r.counter(PUBLISH_RATE_PAUSES_TOTAL, "Pauses of clients that published faster than mqtt.max_publish_rate / max_publish_bytes_rate (their socket is read no faster)."),
             publisher_pause_seconds: r.counter(PUBLISHER_PAUSE_SECONDS_TOTAL, "Seconds publishers have spent paused by back-pressure, all together."),
             memory_budget_bytes: r.gauge(MEMORY_BUDGET_BYTES, "The memory budget for messages and partial packets (mqtt.max_memory)."),
-            memory_used_bytes: r.gauge(MEMORY_USED_BYTES, "Bytes counted against the memory budget: messages held and partial packets."),
+            memory_used_bytes: r.gauge(MEMORY_USED_BYTES, "Bytes counted against the memory budget: messages held, subscriptions and partial packets."),
             malformed_packets: r.counter(MALFORMED_PACKETS_TOTAL, "Connections closed because a packet could not be decoded."),
             protocol_errors: r.counter(PROTOCOL_ERRORS_TOTAL, "Connections closed for a protocol violation in a well-formed packet."),
             keepalive_timeouts: r.counter(KEEPALIVE_TIMEOUTS_TOTAL, "Connections closed because the client missed its keep-alive."),

@@ -144,9 +144,10 @@ pub struct RunningServer {
     stopping: JoinHandle<()>,
     /// Every connection task, so shutdown can wait for their last store updates.
     connections: TaskTracker,
-    /// The HTTP listener's task (metrics, probes, admin API, status page) and the token that
-    /// ends it (last, after the store closed).
-    metrics: Option<(CancellationToken, JoinHandle<()>)>,
+    /// The HTTP listeners' tasks (metrics, probes, admin API, status page; the API on a
+    /// listener of its own with `admin.bind`) and the tokens that end them (last, after the
+    /// store closed).
+    http: Vec<(CancellationToken, JoinHandle<()>)>,
     /// The file-backed parts SIGHUP re-reads (certificates, password file, ACL).
     reloaders: Reloaders,
     /// The config in force: the start-up one with the keys reloads applied
@@ -186,9 +187,18 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     } else {
         None
     };
+    // The API's own listener (`admin.bind`), bound as early and for the same reason.
+    let api_exporter = match config.admin.bind {
+        Some(bind) => Some(
+            metrics::start_exporter(bind)
+                .map_err(|e| StartError::Metrics(format!("admin.bind: {e}")))?,
+        ),
+        None => None,
+    };
+    let api_served = config.metrics.enabled || api_exporter.is_some();
     // Validation checked the file; read now, before anything runs.
     let admin_token = match &config.admin.token_file {
-        Some(path) if config.metrics.enabled => Some(crate::admin::Token::load(path)?),
+        Some(path) if api_served => Some(crate::admin::Token::load(path)?),
         _ => None,
     };
     // Before the broker opens: a bad ACL must stop the start, not leave it open to everyone.
@@ -314,24 +324,56 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         Arc::clone(&broker),
         shutdown.clone(),
     ));
-    let metrics = exporter.map(|exporter| {
-        let listener = exporter.into_listener();
-        let broker_metrics = broker.metrics.clone();
-        let render: Arc<dyn Fn() -> String + Send + Sync> =
-            Arc::new(move || broker_metrics.render());
-        let state = crate::admin::AdminState::new(
-            Arc::clone(&broker),
-            render,
-            Arc::clone(&readiness),
-            admin_token,
-        )
-        .with_store_budget(config.storage.max_disk_bytes)
-        .with_bridges(bridges.clone());
+    let mut http = Vec::new();
+    let broker_metrics = broker.metrics.clone();
+    let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(move || broker_metrics.render());
+    let state = crate::admin::AdminState::new(
+        Arc::clone(&broker),
+        render,
+        Arc::clone(&readiness),
+        admin_token,
+    )
+    .with_rules(
+        &config.admin.allowed_hosts,
+        config.admin.require_token_on_loopback,
+    )
+    .with_store_budget(config.storage.max_disk_bytes)
+    .with_bridges(bridges.clone());
+    let apart = api_exporter.is_some();
+    for (endpoint, serves) in [
+        exporter.map(|e| {
+            let serves = if apart {
+                crate::admin::Serves::MetricsAndProbes
+            } else {
+                crate::admin::Serves::All
+            };
+            (e, serves)
+        }),
+        api_exporter.map(|e| (e, crate::admin::Serves::Api)),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let listener = endpoint.into_listener();
+        let addr = listener
+            .local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string());
         let stop = CancellationToken::new();
+        let state = state.clone().serving(serves);
         let task = tokio::spawn(crate::admin::serve(listener, state, stop.clone()));
-        tracing::info!(addr = %config.metrics.bind, "HTTP endpoint up: /metrics, /healthz, /readyz, /api/v1, status page /");
-        (stop, task)
-    });
+        match serves {
+            crate::admin::Serves::All => {
+                tracing::info!(addr = %addr, "HTTP endpoint up: /metrics, /healthz, /readyz, /api/v1, status page /");
+            }
+            crate::admin::Serves::MetricsAndProbes => {
+                tracing::info!(addr = %addr, "HTTP endpoint up: /metrics, /healthz, /readyz");
+            }
+            crate::admin::Serves::Api => {
+                tracing::info!(addr = %addr, "admin HTTP endpoint up: /api/v1, status page /");
+            }
+        }
+        http.push((stop, task));
+    }
     if let Some(jwt) = jwt {
         reloaders.register(jwt);
     }
@@ -352,7 +394,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         shutdown,
         stopping,
         connections,
-        metrics,
+        http,
         reloaders,
         running_config: parking_lot::Mutex::new(config),
         server_slots,
@@ -416,7 +458,7 @@ impl RunningServer {
                 Err(error) => tracing::error!(%error, "durable store close panicked"),
             }
         }
-        if let Some((stop, task)) = self.metrics {
+        for (stop, task) in self.http {
             stop.cancel();
             // Requests in progress finish; a client holding one open does not hold the exit.
             if tokio::time::timeout(HTTP_GRACE, task).await.is_err() {

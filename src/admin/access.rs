@@ -1,8 +1,12 @@
-//! Who may use the admin API and the status page: loopback peers always; other peers only
-//! with `Authorization: Bearer <token>` matching `[admin] token_file`.
+//! Who may use the admin API and the status page: peers on 127.0.0.1 / `::1` (unless
+//! `admin.require_token_on_loopback`); other peers only with `Authorization: Bearer <token>`
+//! matching `[admin] token_file`.
 //!
-//! Loopback needs no token because whoever can open a loopback connection runs on the host,
-//! where the broker's files (its data, its config, the token file) are as close. The token is
+//! Loopback needs no token by default because whoever can open a loopback connection runs on
+//! the host, where the broker's files (its data, its config, the token file) are as close.
+//! Only the two loopback addresses themselves are trusted, not the rest of 127.0.0.0/8: a
+//! proxy or tunnel on the host that connects from 127.0.0.2 (issue 35, finding 5) is not the
+//! operator, and nothing the operator runs needs another loopback source. The token is
 //! compared as SHA-256 digests in constant time (`subtle`), so neither its content nor its
 //! length leaks through timing, and it is never logged or echoed.
 
@@ -86,20 +90,26 @@ pub enum Access {
     Forbidden,
 }
 
-/// True for 127.0.0.0/8, `::1` and IPv4-mapped loopback (`::ffff:127.0.0.1`).
-pub fn is_loopback(ip: IpAddr) -> bool {
+/// True for exactly 127.0.0.1, `::1` and IPv4-mapped `::ffff:127.0.0.1`: the addresses a
+/// client on the host connects from unless it picks another source on purpose.
+pub(crate) fn is_loopback(ip: IpAddr) -> bool {
+    let localhost = std::net::Ipv4Addr::LOCALHOST;
     match ip {
-        IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => {
-            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-        }
+        IpAddr::V4(v4) => v4 == localhost,
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped() == Some(localhost),
     }
 }
 
-/// The access rule: loopback peers are let in; others need the configured token as
-/// `Authorization: Bearer <token>` (`authorization` is that header's value, if any).
-pub fn check(peer: IpAddr, authorization: Option<&[u8]>, token: Option<&Token>) -> Access {
-    if is_loopback(peer) {
+/// The access rule: loopback peers ([`is_loopback`]) are let in when `loopback_trusted`;
+/// others need the configured token as `Authorization: Bearer <token>` (`authorization` is
+/// that header's value, if any).
+pub fn check(
+    peer: IpAddr,
+    authorization: Option<&[u8]>,
+    token: Option<&Token>,
+    loopback_trusted: bool,
+) -> Access {
+    if loopback_trusted && is_loopback(peer) {
         return Access::Allowed;
     }
     let Some(token) = token else {
@@ -121,11 +131,35 @@ pub fn check(peer: IpAddr, authorization: Option<&[u8]>, token: Option<&Token>) 
 mod tests {
     use super::*;
 
+    fn check(peer: IpAddr, authorization: Option<&[u8]>, token: Option<&Token>) -> Access {
+        super::check(peer, authorization, token, true)
+    }
+
+    #[test]
+    fn only_the_loopback_addresses_themselves_are_trusted_and_only_when_asked() {
+        let token = Token::new("s3cret");
+        for lo in ["127.0.0.2", "127.1.2.3", "::ffff:127.0.0.2"] {
+            let ip: IpAddr = lo.parse().unwrap();
+            assert_eq!(check(ip, None, None), Access::Forbidden, "{lo}");
+            assert_eq!(check(ip, None, Some(&token)), Access::Unauthorized, "{lo}");
+        }
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        assert_eq!(
+            super::check(lo, None, Some(&token), false),
+            Access::Unauthorized,
+            "require_token_on_loopback"
+        );
+        assert_eq!(
+            super::check(lo, Some(b"Bearer s3cret"), Some(&token), false),
+            Access::Allowed
+        );
+    }
+
     #[test]
     fn loopback_needs_no_token_others_need_the_right_one() {
         let token = Token::new("s3cret\n");
         let lan: IpAddr = "192.0.2.7".parse().unwrap();
-        for lo in ["127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"] {
+        for lo in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
             let ip: IpAddr = lo.parse().unwrap();
             assert_eq!(check(ip, None, None), Access::Allowed, "{lo}");
         }

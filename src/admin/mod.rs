@@ -1,6 +1,7 @@
 //! The HTTP listener of `[metrics] bind`: one axum router for `/metrics`, the probes
 //! (`/healthz`, `/readyz`, and `/health` kept for old scrapers), the admin API (`/api/v1/...`,
-//! [`api`]) and the status page (`/`, [`status`]).
+//! [`api`]) and the status page (`/`, [`status`]). With `admin.bind` the API and the page are
+//! served by a second listener of their own ([`Serves`]).
 //!
 //! One HTTP stack rather than the hand-routed hyper service it replaces: the API needs
 //! routing, path and query parameters, JSON and an access check, which axum gives in a few
@@ -8,7 +9,9 @@
 //! ([`Render`]), so the metrics library behind it can change without touching this module.
 //!
 //! Access: `/metrics` and the probes are open (Prometheus, Kubernetes); the API and the page
-//! go through [`access::check`] (loopback free, other peers a bearer token).
+//! go through the Host check ([`host`], 421 for a name that is not the broker's) and then
+//! [`access::check`] (127.0.0.1 / `::1` free unless `admin.require_token_on_loopback`, other
+//! peers a bearer token).
 //!
 //! Must not block the runtime: every handler reads atomics or takes the broker's locks for
 //! short, bounded walks (see `broker::admin`).
@@ -16,6 +19,7 @@
 pub mod access;
 mod api;
 mod bridges;
+mod host;
 mod shared;
 mod status;
 
@@ -23,6 +27,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -63,6 +68,44 @@ pub struct AdminState {
     store_budget_bytes: u64,
     /// Every `[[bridge]]`'s status, in config order (`/api/v1/bridges`, the overview).
     bridges: Arc<[Arc<BridgeStatus>]>,
+    /// The Host names the API answers beyond `localhost` and addresses.
+    allowed_hosts: Arc<host::AllowedHosts>,
+    /// Whether 127.0.0.1 / `::1` may use the API without the token.
+    loopback_trusted: bool,
+    /// Which routes this listener serves.
+    serves: Serves,
+}
+
+/// Which of the routes one HTTP listener serves: both kinds (the default, one listener on
+/// `[metrics] bind`), or one kind each when `admin.bind` gives the API its own listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serves {
+    /// `/metrics`, the probes, the API and the status page.
+    All,
+    /// `/metrics` and the probes only (`[metrics] bind` while `admin.bind` is set).
+    MetricsAndProbes,
+    /// The API and the status page only (`admin.bind`).
+    Api,
+}
+
+/// Both ends of an HTTP connection: the peer decides the token rule, the local address is a
+/// Host the API answers to.
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    peer: SocketAddr,
+    local: SocketAddr,
+}
+
+impl Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>> for Ends {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Ends {
+        let peer = *stream.remote_addr();
+        // A socket that lost its local address is gone; unspecified matches no Host.
+        let local = stream
+            .io()
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        Ends { peer, local }
+    }
 }
 
 impl std::fmt::Debug for AdminState {
@@ -89,7 +132,26 @@ impl AdminState {
             token: token.map(Arc::new),
             store_budget_bytes: 0,
             bridges: Arc::new([]),
+            allowed_hosts: Arc::default(),
+            loopback_trusted: true,
+            serves: Serves::All,
         }
+    }
+
+    /// The `[admin]` rules beyond the token: the Host names the API answers besides
+    /// `localhost` and addresses, and whether loopback needs the token too.
+    #[must_use]
+    pub fn with_rules(mut self, allowed_hosts: &[String], require_token_on_loopback: bool) -> Self {
+        self.allowed_hosts = Arc::new(host::AllowedHosts::new(allowed_hosts));
+        self.loopback_trusted = !require_token_on_loopback;
+        self
+    }
+
+    /// Which routes the listener this state is served on answers (default: all).
+    #[must_use]
+    pub fn serving(mut self, serves: Serves) -> AdminState {
+        self.serves = serves;
+        self
     }
 
     /// The bridges' statuses (`[[bridge]]`, in config order), for `/api/v1/bridges`, the
@@ -108,7 +170,8 @@ impl AdminState {
     }
 }
 
-/// The whole router: open endpoints, and the API and page behind the access check.
+/// The router of one listener (see [`Serves`]): open endpoints, and the API and page behind
+/// the Host and access checks.
 pub fn router(state: AdminState) -> Router {
     let guarded = api::routes()
         .merge(status::routes())
@@ -118,19 +181,23 @@ pub fn router(state: AdminState) -> Router {
             state.clone(),
             require_access,
         ));
-    Router::new()
+    let open = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/health", get(health_legacy))
-        .route("/readyz", get(readyz))
-        .merge(guarded)
-        .with_state(state)
+        .route("/readyz", get(readyz));
+    match state.serves {
+        Serves::All => open.merge(guarded),
+        Serves::MetricsAndProbes => open,
+        Serves::Api => guarded,
+    }
+    .with_state(state)
 }
 
 /// Serves `listener` until `stop` is cancelled; connections in progress then finish their
 /// request (bounded by the server's shutdown, which gives up waiting after a while).
 pub async fn serve(listener: tokio::net::TcpListener, state: AdminState, stop: CancellationToken) {
-    let app = router(state).into_make_service_with_connect_info::<SocketAddr>();
+    let app = router(state).into_make_service_with_connect_info::<Ends>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await;
@@ -141,15 +208,31 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AdminState, stop: C
 
 async fn require_access(
     State(state): State<AdminState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Ends { peer, local }): ConnectInfo<Ends>,
     request: Request,
     next: Next,
 ) -> Response {
+    // Before the token: a rebound page is refused whatever it sends, and learns nothing.
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(HeaderValue::as_bytes)
+        .or_else(|| request.uri().authority().map(|a| a.as_str().as_bytes()));
+    if !state.allowed_hosts.allows(host, local) {
+        tracing::debug!(%peer, path = %request.uri().path(), "admin API: Host names another server");
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "the admin API answers only requests whose Host is localhost, a loopback address, \
+             the address they arrived on, or a name in admin.allowed_hosts\n",
+        )
+            .into_response();
+    }
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    match access::check(peer.ip(), authorization, state.token.as_deref()) {
+    let trusted = state.loopback_trusted;
+    match access::check(peer.ip(), authorization, state.token.as_deref(), trusted) {
         access::Access::Allowed => next.run(request).await,
         access::Access::Unauthorized => {
             tracing::debug!(%peer, path = %request.uri().path(), "admin API: missing or wrong token");
@@ -162,7 +245,8 @@ async fn require_access(
         }
         access::Access::Forbidden => (
             StatusCode::FORBIDDEN,
-            "the admin API answers loopback only: set admin.token_file to allow other peers\n",
+            "the admin API answers 127.0.0.1 and ::1 only: set admin.token_file to allow other \
+             peers\n",
         )
             .into_response(),
     }

@@ -10,10 +10,12 @@
 //!   `mqtt.stalled_after` is treated like an offline one: the overflow policy applies and
 //!   nobody waits for it, so two clients that publish to each other and stop reading both
 //!   recover after that time.
-//! - **Memory budget.** Messages the broker holds and partly received packets count against
-//!   `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses until usage is
-//!   back under [`MemoryBudget::resume_at`] (or `stalled_after` has passed), and over the
-//!   budget itself QoS 1/2 PUBLISHes are refused.
+//! - **Memory budget.** Messages the broker holds, subscriptions and partly received packets
+//!   count against `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses
+//!   until usage is back under [`MemoryBudget::resume_at`] (or `stalled_after` has passed),
+//!   and over the budget itself QoS 1/2 PUBLISHes are refused. A filter that would take the
+//!   subscriptions past half of the budget, or usage to the pause mark, is refused (0x97), so
+//!   subscriptions alone never pause anyone.
 //!
 //! Nothing here holds a lock across an `.await`: a paused connection waits on [`FlowControl`]'s
 //! notification and re-checks its target under that session's lock when woken.
@@ -81,10 +83,46 @@ pub(super) fn message_dropped(bytes: usize) {
     add_message_bytes(-i64::try_from(bytes).unwrap_or(i64::MAX));
 }
 
-/// Bytes of all messages alive in the process (see [`MESSAGE_BYTES`]), give or take
-/// [`FLUSH_BYTES`] per thread.
+/// Bytes counted against the budget besides partial packets: every message alive in the
+/// process (see [`MESSAGE_BYTES`]), give or take [`FLUSH_BYTES`] per thread, and every
+/// subscription ([`subscription_cost`]), which is added to the same counter so the publish
+/// path reads one counter as before.
 pub fn message_bytes() -> u64 {
     u64::try_from(MESSAGE_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
+/// The part of [`message_bytes`] that is subscriptions (for `$SYS`, which reports messages).
+static SUBSCRIPTION_BYTES: AtomicI64 = AtomicI64::new(0);
+
+/// What one subscription is taken to cost beside its filter: the session's record and the
+/// tree's or the shared index's entry, measured at about this (issue 35 finding 6: 20,000
+/// filters of 10 KB took 377 MB, twice their bytes and a little more).
+const SUBSCRIPTION_OVERHEAD: usize = 256;
+
+/// The bytes a subscription to a filter of `len` bytes counts against the budget: the filter
+/// is held twice (the session's record and the index's levels) plus the entries around it.
+pub(crate) fn subscription_cost(len: usize) -> u64 {
+    u64::try_from(len.saturating_mul(2).saturating_add(SUBSCRIPTION_OVERHEAD)).unwrap_or(u64::MAX)
+}
+
+/// A session took a new filter of `len` bytes. Straight to the shared counter (SUBSCRIBE is
+/// rare next to PUBLISH): the check of the next SUBSCRIBE sees it.
+pub(super) fn subscription_added(len: usize) {
+    let cost = i64::try_from(subscription_cost(len)).unwrap_or(i64::MAX);
+    MESSAGE_BYTES.fetch_add(cost, Ordering::Relaxed);
+    SUBSCRIPTION_BYTES.fetch_add(cost, Ordering::Relaxed);
+}
+
+/// A session let go of a filter of `len` bytes.
+pub(super) fn subscription_removed(len: usize) {
+    let cost = i64::try_from(subscription_cost(len)).unwrap_or(i64::MAX);
+    MESSAGE_BYTES.fetch_sub(cost, Ordering::Relaxed);
+    SUBSCRIPTION_BYTES.fetch_sub(cost, Ordering::Relaxed);
+}
+
+/// The bytes subscriptions count against the budget now, in this process.
+pub(crate) fn subscription_bytes() -> u64 {
+    u64::try_from(SUBSCRIPTION_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// Where memory use stands against the budget.

@@ -31,6 +31,16 @@ pub struct SessionHandle {
     generation: u64,
 }
 
+/// Which per-client subscription bound a filter would pass (`SessionHandle::subscription_fits`):
+/// each is refused with 0x97 Quota exceeded (3.x 0x80), with its own Reason String.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscriptionQuota {
+    /// `mqtt.max_subscriptions_per_client`.
+    Count,
+    /// `mqtt.max_subscription_bytes_per_client`.
+    Bytes,
+}
+
 /// What [`SessionHandle::fill`] did.
 #[derive(Debug)]
 pub enum Fill {
@@ -627,14 +637,47 @@ impl SessionHandle {
             .subscribe(&self.session, filter, options, identifier)
     }
 
-    /// Whether one more subscription to `filter` fits the per-client bound `max` (0 = none):
-    /// a filter the session already holds is replaced, not added (MQTT-3.8.4-3).
-    pub fn may_add_subscription(&self, filter: &str, max: usize) -> bool {
-        if max == 0 {
-            return true;
+    /// Whether one more subscription to `filter` fits the per-client bounds: `max` filters
+    /// and `max_bytes` bytes of filters (0 = none), `held_bytes` being what the session holds
+    /// now (from [`SessionHandle::held_filter_bytes`], plus what this SUBSCRIBE added). A
+    /// filter the session already holds is replaced, not added (MQTT-3.8.4-3), so it always
+    /// fits.
+    ///
+    /// # Errors
+    ///
+    /// The bound the filter would pass.
+    pub fn subscription_fits(
+        &self,
+        filter: &str,
+        max: usize,
+        max_bytes: usize,
+        held_bytes: usize,
+    ) -> Result<(), SubscriptionQuota> {
+        if max == 0 && max_bytes == 0 {
+            return Ok(());
         }
         let st = self.session.lock();
-        st.subscriptions.len() < max || st.subscriptions.contains_key(filter)
+        if st.subscriptions.contains_key(filter) {
+            return Ok(());
+        }
+        if max != 0 && st.subscriptions.len() >= max {
+            return Err(SubscriptionQuota::Count);
+        }
+        if max_bytes != 0 && held_bytes.saturating_add(filter.len()) > max_bytes {
+            return Err(SubscriptionQuota::Bytes);
+        }
+        Ok(())
+    }
+
+    /// Whether the session holds a subscription to `filter` (a SUBSCRIBE to it replaces it).
+    pub fn holds_filter(&self, filter: &str) -> bool {
+        self.session.lock().subscriptions.contains_key(filter)
+    }
+
+    /// The bytes of the filters the session holds now (one walk of its subscriptions, read
+    /// once per SUBSCRIBE when `mqtt.max_subscription_bytes_per_client` is set).
+    pub fn held_filter_bytes(&self) -> usize {
+        self.session.lock().subscriptions.filter_bytes()
     }
 
     /// Removes a subscription; true if it existed.

@@ -61,7 +61,9 @@ use crate::metrics::Metrics;
 use crate::storage::{Durable, Op, StorageError, Store};
 pub use arrival_order::{ArrivalOrder, ArrivalWaker};
 pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
-pub use handle::{Answer, ExpiryRaisedFromZero, Fill, Published, Retransmit, SessionHandle};
+pub use handle::{
+    Answer, ExpiryRaisedFromZero, Fill, Published, Retransmit, SessionHandle, SubscriptionQuota,
+};
 pub use message::{Delivery, Message, SessionId, Settlement};
 pub use owner::NotOwner;
 pub use queue_limits::SessionQueueLimits;

@@ -21,6 +21,8 @@ pub struct RuntimeLimits {
     pub max_publish_bytes_rate: u64,
     /// `mqtt.max_subscriptions_per_client`: read at every SUBSCRIBE.
     pub max_subscriptions_per_client: usize,
+    /// `mqtt.max_subscription_bytes_per_client`: read at every SUBSCRIBE.
+    pub max_subscription_bytes_per_client: usize,
 }
 
 impl RuntimeLimits {
@@ -31,6 +33,7 @@ impl RuntimeLimits {
         "mqtt.max_publish_rate",
         "mqtt.max_publish_bytes_rate",
         "mqtt.max_subscriptions_per_client",
+        "mqtt.max_subscription_bytes_per_client",
     ];
 
     /// The values in `config`.
@@ -39,6 +42,7 @@ impl RuntimeLimits {
             max_publish_rate: config.max_publish_rate,
             max_publish_bytes_rate: config.max_publish_bytes_rate,
             max_subscriptions_per_client: config.max_subscriptions_per_client,
+            max_subscription_bytes_per_client: config.max_subscription_bytes_per_client,
         }
     }
 }

@@ -79,7 +79,8 @@ impl SysFigures {
             messages_sent: m.messages_sent,
             messages_dropped: m.messages_dropped,
             messages_queued: m.messages_queued,
-            message_bytes: super::flow::message_bytes(),
+            message_bytes: super::flow::message_bytes()
+                .saturating_sub(super::flow::subscription_bytes()),
             bytes_received: m.bytes_received,
             bytes_sent: m.bytes_sent,
             subscriptions: m.subscriptions,

@@ -429,7 +429,7 @@ fn check_name(name: &str) -> Result<(), String> {
 }
 
 /// True when two sockets would compete for the same port (port 0 = ephemeral never clashes).
-fn addresses_clash(a: SocketAddr, b: SocketAddr) -> bool {
+pub(super) fn addresses_clash(a: SocketAddr, b: SocketAddr) -> bool {
     a.port() != 0
         && a.port() == b.port()
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())

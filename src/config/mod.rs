@@ -12,6 +12,7 @@
 //! own has a file (`listener`, `mqtt`, `storage`), `validate` ties the sections' rules together,
 //! `error` turns problems into positioned messages, `overrides` applies the command line.
 
+mod admin;
 mod bridge;
 mod cluster;
 mod error;
@@ -26,6 +27,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use admin::AdminConfig;
 pub use bridge::{
     BridgeConfig, BridgeProtocol, BridgeTlsConfig, Direction, StartMode, TopicRule,
     BRIDGE_SESSION_PREFIX, HOPS_PROPERTY, MAX_BRIDGE_NAME_LEN, MIN_BRIDGE_KEEP_ALIVE,
@@ -72,7 +74,7 @@ pub struct Config {
     pub storage: StorageConfig,
     /// Logging.
     pub log: LogConfig,
-    /// The admin API and status page on the metrics listener.
+    /// The admin API and status page (on the metrics listener, or on `admin.bind`).
     pub admin: AdminConfig,
     /// Links to remote brokers (`[[bridge]]`), in file order.
     #[serde(rename = "bridge", skip_serializing_if = "Vec::is_empty")]
@@ -238,20 +240,6 @@ impl Default for AuthConfig {
             login_limit_entries: 16_384,
         }
     }
-}
-
-/// The admin API (`/api/v1/...`) and status page (`/`) served on `[metrics] bind`.
-///
-/// Loopback peers need no token (whoever runs on the host can read the broker's files
-/// anyway); any other peer must send `Authorization: Bearer <token>` with the token this
-/// file holds, so binding the listener beyond loopback does not open the API to the network.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AdminConfig {
-    /// A file whose content (surrounding whitespace trimmed) is the bearer token other than
-    /// loopback peers must send. Unset: only loopback peers may use the API.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// Logging (set up by `logging::init`).

@@ -194,10 +194,19 @@ pub struct MqttConfig {
     pub max_topic_length: usize,
     /// Most levels (`/`-separated parts) a topic name or filter may have; 1..=65535.
     pub max_topic_levels: usize,
-    /// Most subscriptions one session may hold at once; 0 = no limit.
+    /// Most subscriptions one session may hold at once; 0 = no limit. Finite by default
+    /// (issue 35, finding 6): any client, anonymous ones too, could otherwise pin filters
+    /// without bound.
     pub max_subscriptions_per_client: usize,
+    /// Most bytes of topic filters one session may hold at once (the sum of its filters'
+    /// lengths); 0 = no limit. Bounds what long filters cost beside the count above.
+    pub max_subscription_bytes_per_client: usize,
     /// Cap on the session expiry interval a client may request, in seconds.
     pub session_expiry_interval_max: u32,
+    /// Cap on the session expiry interval of a client no configured method authenticated
+    /// (no password checked, no certificate, token or SCRAM), in seconds; MQTT 5 clients are
+    /// told it in CONNACK. Bounds how long a stranger's session outlives it.
+    pub max_session_expiry_anonymous: u32,
     /// Accept the control characters U+0001..U+001F and U+007F..U+009F in topic names (PUBLISH,
     /// will), topic filters (SUBSCRIBE, UNSUBSCRIBE), client ids and user names. MQTT says they
     /// SHOULD NOT appear and lets a receiver treat them as malformed (5.0 §1.5.4, 3.1.1
@@ -234,6 +243,17 @@ pub struct MqttConfig {
     pub sys_interval: u32,
 }
 
+/// Default of [`MqttConfig::max_subscriptions_per_client`]: far above what a device (a few
+/// command and config filters) or a dashboard (one per panel) holds.
+pub(crate) const DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT: usize = 1000;
+
+/// Default of [`MqttConfig::max_subscription_bytes_per_client`]: 1,000 filters of 256 bytes.
+pub(crate) const DEFAULT_MAX_SUBSCRIPTION_BYTES_PER_CLIENT: usize = 256 * 1024;
+
+/// Default of [`MqttConfig::max_session_expiry_anonymous`]: one day, so an unauthenticated
+/// device that drops off overnight keeps its session, and nobody's lasts forever.
+pub(crate) const DEFAULT_MAX_SESSION_EXPIRY_ANONYMOUS: u32 = 86_400;
+
 impl Default for MqttConfig {
     fn default() -> Self {
         MqttConfig {
@@ -260,8 +280,10 @@ impl Default for MqttConfig {
             max_client_id_len: MAX_CLIENT_ID_LEN,
             max_topic_length: 65_535,
             max_topic_levels: DEFAULT_MAX_TOPIC_LEVELS,
-            max_subscriptions_per_client: 0,
+            max_subscriptions_per_client: DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
+            max_subscription_bytes_per_client: DEFAULT_MAX_SUBSCRIPTION_BYTES_PER_CLIENT,
             session_expiry_interval_max: u32::MAX,
+            max_session_expiry_anonymous: DEFAULT_MAX_SESSION_EXPIRY_ANONYMOUS,
             allow_control_characters: false,
             receive_maximum: 1024,
             topic_alias_maximum: 10,

@@ -5,7 +5,7 @@
 //! again after command-line overrides, so both are held to the same rules.
 
 use super::error::{invalid, ConfigError};
-use super::{bridge, guarantees, listener, Config};
+use super::{admin, bridge, guarantees, listener, Config};
 
 impl Config {
     /// Cross-field validation: ranges the types cannot express and options that conflict.
@@ -25,32 +25,13 @@ impl Config {
         self.storage.validate()?;
         listener::validate(&self.listeners, &self.metrics)?;
         self.check_connection_bounds()?;
-        self.check_admin_token()?;
+        admin::validate(&self.admin, &self.metrics, &self.listeners)?;
         self.auth.validate_login_limits()?;
         bridge::validate(&self.bridges)?;
         if let Some(cluster) = &self.cluster {
             super::cluster::validate(cluster)?;
         }
         guarantees::validate(&self.dead_letter, &self.schemas, &self.dedup)
-    }
-
-    /// `admin.token_file` must hold a token: an unreadable or empty file would leave the
-    /// operator believing the API is protected by a token that matches nothing.
-    fn check_admin_token(&self) -> Result<(), ConfigError> {
-        let Some(path) = &self.admin.token_file else {
-            return Ok(());
-        };
-        match std::fs::read_to_string(path) {
-            Ok(text) if text.trim().is_empty() => Err(invalid(
-                "admin.token_file",
-                format!("{} is empty; put the bearer token in it", path.display()),
-            )),
-            Ok(_) => Ok(()),
-            Err(e) => Err(invalid(
-                "admin.token_file",
-                format!("cannot read {}: {e}", path.display()),
-            )),
-        }
     }
 
     /// A listener's connection bound above the broker's (`mqtt.max_connections`) would never

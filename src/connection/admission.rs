@@ -499,6 +499,28 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
     Ok(())
 }
 
+/// Caps the Session Expiry Interval of a client no configured method authenticated at
+/// `mqtt.max_session_expiry_anonymous`: a stranger's session must not outlive it for ever
+/// (issue 35, finding 6). A v5 client is told the value in CONNACK's Session Expiry Interval
+/// (MQTT 5 §3.2.2.3.2: the server says so when it uses another value than requested); a 3.x
+/// client with clean session 0 gets a session that ends this long after it disconnects.
+pub fn cap_unauthenticated_expiry(
+    connect: &Connect,
+    config: &MqttConfig,
+    connack: &mut ConnAck,
+    expiry_interval: &mut u32,
+) {
+    let cap = config.max_session_expiry_anonymous;
+    if *expiry_interval <= cap {
+        return;
+    }
+    *expiry_interval = cap;
+    if connect.protocol.is_v5() {
+        let requested = connect.properties.session_expiry_interval.unwrap_or(0);
+        connack.properties.session_expiry_interval = (cap != requested).then_some(cap);
+    }
+}
+
 /// v5 CONNACK properties: tell the client every limit the broker enforces.
 fn connack_properties(
     config: &MqttConfig,

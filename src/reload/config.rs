@@ -20,6 +20,7 @@ pub const RUNTIME_KEYS: &[&str] = &[
     "mqtt.max_publish_rate",
     "mqtt.max_publish_bytes_rate",
     "mqtt.max_subscriptions_per_client",
+    "mqtt.max_subscription_bytes_per_client",
     "schema",
 ];
 
@@ -64,6 +65,7 @@ pub fn compare(running: &Config, new: &Config) -> ConfigChanges {
     after.mqtt.max_publish_rate = limits.max_publish_rate;
     after.mqtt.max_publish_bytes_rate = limits.max_publish_bytes_rate;
     after.mqtt.max_subscriptions_per_client = limits.max_subscriptions_per_client;
+    after.mqtt.max_subscription_bytes_per_client = limits.max_subscription_bytes_per_client;
     // Compiled and swapped in by the server (`RunningServer::reload_config`), which puts the
     // running list back when a file does not compile or the broker started without schemas.
     after.schemas.clone_from(&new.schemas);
@@ -160,6 +162,7 @@ mod tests {
         new.mqtt.max_publish_rate = 7;
         new.mqtt.max_publish_bytes_rate = 7;
         new.mqtt.max_subscriptions_per_client = 7;
+        new.mqtt.max_subscription_bytes_per_client = 7;
         new.schemas.push(crate::config::SchemaConfig {
             id: "a".into(),
             filter: "a/#".into(),

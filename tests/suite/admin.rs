@@ -54,7 +54,7 @@ fn http_at(addr: SocketAddr, method: &str, path: &str, headers: &str) -> (u16, S
         s.set_read_timeout(Some(WAIT)).expect("timeout");
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: postbox\r\n{headers}Connection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n"
         )
         .expect("write");
         let mut raw = String::new();

@@ -74,7 +74,11 @@ async fn a_session_within_its_expiry_keeps_its_queue() {
 async fn expiry_0xffffffff_never_expires_and_the_cap_applies() {
     // v5 §3.1.2.11.2: 0xFFFFFFFF = the session does not expire; the broker's cap
     // (mqtt.session_expiry_interval_max) is announced in CONNACK when it lowers the request.
-    let server = common::start().await;
+    // These clients are anonymous: their own cap (mqtt.max_session_expiry_anonymous, one day
+    // by default, see `client_bounds`) is lifted here.
+    let mut config = common::test_config();
+    config.mqtt.max_session_expiry_anonymous = u32::MAX;
+    let server = common::start_with(config).await;
     let (sub, ack) = v5::connect(server.mqtt_addr, resume("se-never", u32::MAX)).await;
     assert_eq!(
         ack.properties.session_expiry_interval, None,

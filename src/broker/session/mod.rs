@@ -11,10 +11,11 @@
 
 pub mod inbound;
 pub mod outbound;
+mod subscription_map;
 
 pub use outbound::{DeliverySink, Inflight, OutboundStage};
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -175,8 +176,8 @@ pub struct SessionState {
     next_packet_id: u16,
     /// Inbound QoS 2 packet ids acknowledged with PUBREC but not yet released (exactly-once).
     pub(in crate::broker) inbound_qos2: inbound::InboundIds,
-    pub(in crate::broker) subscriptions:
-        HashMap<ByteString, SessionSubscription, foldhash::fast::RandomState>,
+    /// Counted against the memory budget (see `subscription_map`).
+    pub(in crate::broker) subscriptions: subscription_map::SubscriptionMap,
     pub(in crate::broker) connection: Option<ConnectionSlot>,
     /// Bumped on every attach; a connection only detaches if it still owns the session.
     pub(in crate::broker) generation: u64,
@@ -244,7 +245,7 @@ impl Session {
                 inflight: VecDeque::new(),
                 next_packet_id: 0,
                 inbound_qos2: inbound::InboundIds::default(),
-                subscriptions: HashMap::default(),
+                subscriptions: subscription_map::SubscriptionMap::default(),
                 connection: None,
                 generation: 0,
                 disconnected_at: Some(Instant::now()),

@@ -144,7 +144,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     // Like every packet handler, takes the decoded packet it is dispatched with.
     #[allow(clippy::needless_pass_by_value)]
     pub(super) fn on_disconnect(&mut self, disconnect: Disconnect) -> Result<(), Close> {
-        if let Some(expiry) = disconnect.properties.session_expiry_interval {
+        if let Some(mut expiry) = disconnect.properties.session_expiry_interval {
+            if self.settled.unauthenticated() {
+                // At least 1: a session that had 0 still sees a raise from 0 (a violation).
+                let cap = self.broker().config().max_session_expiry_anonymous.max(1);
+                expiry = expiry.min(cap);
+            }
             if self.session.set_expiry_at_disconnect(expiry).is_err() {
                 return Err(self.violation(Violation::SessionExpiryRaisedFromZero));
             }

@@ -100,7 +100,9 @@ pub(super) struct Client<S> {
     /// Where the connection came from (peer address, listener), for logs.
     info: ConnectionInfo,
     version: ProtocolVersion,
-    session_present: bool,
+    /// What the handshake settled that the connection reads later (session present, not
+    /// authenticated), packed in one byte: the client state is at its size bound.
+    settled: Settled,
     /// 1.5 × keep-alive, or `None` when keep-alive is off. Enforced without a timer: the
     /// broker's periodic sweep wakes the connection once the deadline it last reported to the
     /// session has passed, and the connection then compares against `last_read`.
@@ -148,6 +150,33 @@ pub(super) struct Client<S> {
     write_memo: Option<Box<write_memo::WriteMemo>>,
 }
 
+/// Two facts of the handshake in one byte (see [`Client::settled`]).
+#[derive(Debug, Clone, Copy)]
+struct Settled(u8);
+
+impl Settled {
+    const SESSION_PRESENT: u8 = 1;
+    const UNAUTHENTICATED: u8 = 2;
+
+    fn new(session_present: bool, unauthenticated: bool) -> Settled {
+        Settled(
+            (u8::from(session_present) * Self::SESSION_PRESENT)
+                | (u8::from(unauthenticated) * Self::UNAUTHENTICATED),
+        )
+    }
+
+    /// The client resumed a session: what it had in flight is sent again.
+    fn session_present(self) -> bool {
+        self.0 & Self::SESSION_PRESENT != 0
+    }
+
+    /// No configured method authenticated the client: a DISCONNECT's Session Expiry
+    /// Interval is capped at `mqtt.max_session_expiry_anonymous` as the CONNECT's was.
+    fn unauthenticated(self) -> bool {
+        self.0 & Self::UNAUTHENTICATED != 0
+    }
+}
+
 /// Stop reading from a client while this many of its writes wait for the store: bounds the
 /// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
 const MAX_GATED_WRITES: usize = 1024;
@@ -161,6 +190,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             keep_alive,
             auth,
             credentials_expire,
+            unauthenticated,
         } = accepted;
         let broker = Arc::clone(attached.handle.broker());
         let config = broker.config();
@@ -196,7 +226,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             session: attached.handle,
             info,
             version: connect.protocol,
-            session_present: attached.session_present,
+            settled: Settled::new(attached.session_present, unauthenticated),
             keep_alive_limit: (keep_alive > 0)
                 .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
             last_read: Instant::now(),
@@ -233,7 +263,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Runs until the connection ends, then settles the will and the session.
     pub(super) async fn run(mut self: Box<Self>) {
         self.report_keep_alive_deadline();
-        if self.session_present {
+        if self.settled.session_present() {
             self.retransmit_inflight();
         }
         let close = self.serve().await;

@@ -63,8 +63,9 @@ impl Pause {
     }
 }
 
-/// What counts against the memory budget: messages alive and partly received packets.
-fn memory_used() -> u64 {
+/// What counts against the memory budget: messages alive, subscriptions and partly received
+/// packets.
+pub(super) fn memory_used() -> u64 {
     flow::message_bytes() + partial_packet_bytes()
 }
 

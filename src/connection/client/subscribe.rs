@@ -6,14 +6,28 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::Close;
-use super::Client;
+use super::{pause, Client};
 use crate::auth::acl::{Action, FilterAccess};
+use crate::broker::flow::{self, MemoryBudget};
+use crate::broker::SubscriptionQuota;
 use crate::codec::{
     topic, Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 use crate::connection::violation::Violation;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+    /// Subscriptions count against `mqtt.max_memory` (issue 35, finding 6): a new filter is
+    /// refused when subscriptions would hold more than half of the budget, or the memory in
+    /// use would reach the pause mark. So subscriptions alone never pause the publishers, and
+    /// a flood of them leaves at least 40% of the budget to the messages.
+    fn over_subscription_budget(&self, filter: &str, budget: MemoryBudget) -> bool {
+        let cost = flow::subscription_cost(filter.len());
+        let over = flow::subscription_bytes().saturating_add(cost) > budget.limit / 2
+            || pause::memory_used().saturating_add(cost) >= budget.pause_at;
+        // Subscribing again to a filter it holds adds nothing (MQTT-3.8.4-3).
+        over && !self.session.holds_filter(filter)
+    }
+
     pub(super) fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
         if subscribe
             .filters
@@ -29,15 +43,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             config.subscription_identifier_available,
             config.shared_subscription_available,
         );
-        let (max_topic_length, max_topic_levels, max_subscriptions) = (
+        // A reload may change the per-client bounds (`broker::runtime_limits`).
+        let limits = self.broker().runtime_limits().get();
+        let (max_topic_length, max_topic_levels, max_subscriptions, max_bytes) = (
             config.max_topic_length,
             config.max_topic_levels,
-            // A reload may change it (`broker::runtime_limits`).
-            self.broker()
-                .runtime_limits()
-                .get()
-                .max_subscriptions_per_client,
+            limits.max_subscriptions_per_client,
+            limits.max_subscription_bytes_per_client,
         );
+        // What the session's filters take now, once per SUBSCRIBE; grows with each granted.
+        let mut held_bytes = if max_bytes == 0 {
+            0
+        } else {
+            self.session.held_filter_bytes()
+        };
+        let budget = self.broker().flow().memory;
         let ids_refused = subscribe.subscription_identifier.is_some() && !ids_ok;
         // A 3.x bridge (Mosquitto's `try_private`) subscribes as Mosquitto lets it: No Local,
         // so the messages it publishes here are not sent back to it (a loop between the two
@@ -67,13 +87,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     ReasonCode::TOPIC_FILTER_INVALID,
                     "topic filter over mqtt.max_topic_length or max_topic_levels",
                 ))
-            } else if !self
-                .session
-                .may_add_subscription(&filter, max_subscriptions)
+            } else if let Err(quota) =
+                self.session
+                    .subscription_fits(&filter, max_subscriptions, max_bytes, held_bytes)
             {
+                // v5 0x97 (MQTT-3.9.3-1: one code per filter, in order); 3.x 0x80 Failure.
                 Some((
                     ReasonCode::QUOTA_EXCEEDED,
-                    "mqtt.max_subscriptions_per_client reached",
+                    match quota {
+                        SubscriptionQuota::Count => "mqtt.max_subscriptions_per_client reached",
+                        SubscriptionQuota::Bytes => {
+                            "mqtt.max_subscription_bytes_per_client reached"
+                        }
+                    },
+                ))
+            } else if self.over_subscription_budget(&filter, budget) {
+                Some((
+                    ReasonCode::QUOTA_EXCEEDED,
+                    "subscriptions are at their share of the memory budget (mqtt.max_memory)",
                 ))
             } else if shared.is_some() && !shared_ok {
                 Some((
@@ -116,6 +147,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 let existed =
                     self.session
                         .subscribe(&filter, options, subscribe.subscription_identifier);
+                if !existed {
+                    held_bytes = held_bytes.saturating_add(filter.len());
+                }
                 // Retain Handling: 0 always, 1 only for a new subscription, 2 never (MQTT-3.3.1-9..11).
                 // Retained messages go only to new non-shared subscriptions (v5 §3.3.1.3).
                 let send_retained = shared.is_none()

@@ -37,6 +37,9 @@ pub(super) struct Accepted {
     /// When the token the client logged in with expires (JWT `exp` + leeway): the connection
     /// is closed then.
     pub credentials_expire: Option<std::time::SystemTime>,
+    /// No configured method authenticated the client: its session expiry stays capped at
+    /// `mqtt.max_session_expiry_anonymous`, also when DISCONNECT asks for more.
+    pub unauthenticated: bool,
 }
 
 /// The enhanced authentication method of a connection (MQTT 5 §4.12).
@@ -345,7 +348,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         (true, false) => SessionOwner::Anonymous,
     };
     let client_max = client_max_packet(&connect);
-    let (mut connack, keep_alive, expiry_interval) = match admission::answer(
+    let (mut connack, keep_alive, mut expiry_interval) = match admission::answer(
         &connect,
         broker.config(),
         &admitted,
@@ -372,6 +375,18 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return None;
         }
     };
+    // A client no configured method authenticated (a password file checked no password, no
+    // certificate, token or SCRAM exchange named it) keeps its session at most
+    // `mqtt.max_session_expiry_anonymous` (issue 35, finding 6).
+    let unauthenticated = !(authenticated || file_will_check || auth.is_some());
+    if unauthenticated {
+        admission::cap_unauthenticated_expiry(
+            &connect,
+            broker.config(),
+            &mut connack,
+            &mut expiry_interval,
+        );
+    }
     // Only now does the connection take a connected slot (the listener's `max_connections`,
     // its source's `max_connections_per_ip`, the broker's `mqtt.max_connections`): until
     // here it held a pending one, so sockets that never get this far cannot keep finished
@@ -525,6 +540,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             keep_alive,
             auth,
             credentials_expire,
+            unauthenticated,
         },
         connected,
     ))
