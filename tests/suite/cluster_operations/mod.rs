@@ -7,8 +7,15 @@
 //!
 //! Every wait is bounded and awaits an event (a packet, a log line, a record in the
 //! cluster's `pb_sessions` bucket); each test stops by itself, on 127.0.0.1 only.
+//!
+//! Here: a session that moved and its node's stale copy. `load`: the operations under load
+//! (rolling restarts at QoS 1 and 2, a node added, nats-server restarted, a node paused),
+//! each checked message by message by `checker`.
 
 use crate::common;
+
+mod checker;
+mod load;
 
 use std::time::Duration;
 
@@ -232,136 +239,4 @@ async fn a_restarted_node_drops_its_stale_copy_of_a_moved_session_and_leaves_its
     let received = receive_until(&mut w, "new").await;
     assert_eq!(received, ["new"], "only ops/new/# is W2's subscription");
     v5::disconnect(w).await;
-}
-
-/// Publishes numbered QoS 1 messages `<n>` on `topic` through node `addr`, one at a time,
-/// until `stop` is set (or the connection or a refusal ends it; at most 10,000); returns
-/// the numbers the node acknowledged with success.
-fn publish_until(
-    addr: std::net::SocketAddr,
-    client_id: &'static str,
-    topic: &'static str,
-    first: u32,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> tokio::task::JoinHandle<Vec<u32>> {
-    tokio::spawn(async move {
-        let mut c = v5::connect_id(addr, client_id).await;
-        let mut acked = Vec::new();
-        for n in first..first + 10_000 {
-            if stop.load(std::sync::atomic::Ordering::Acquire) {
-                break;
-            }
-            let id = u16::try_from(n % 60_000 + 1).expect("packet id");
-            c.send(&Packet::Publish(v5::publish_packet(
-                topic,
-                QoS::AtLeastOnce,
-                n.to_string().as_bytes(),
-                id,
-            )))
-            .await;
-            match c.recv_within(WAIT).await {
-                Ok(Some(Packet::PubAck(ack)))
-                    if ack.packet_id == id && !ack.reason_code.is_error() =>
-                {
-                    acked.push(n);
-                }
-                _ => break,
-            }
-        }
-        acked
-    })
-}
-
-/// Receives (and acknowledges) until every number in `want` arrived; adds them to `got`.
-/// Bounded by `WAIT`.
-async fn receive_all(
-    c: &mut RawClient,
-    want: &std::collections::BTreeSet<u32>,
-    got: &mut std::collections::BTreeSet<u32>,
-) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !want.is_subset(got) {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match c.recv_within(left).await {
-            Ok(Some(Packet::Publish(p))) => {
-                v5::ack(c, &p).await;
-                if let Ok(n) = String::from_utf8_lossy(&p.payload).parse() {
-                    got.insert(n);
-                }
-            }
-            Ok(Some(_)) => {}
-            Ok(None) | Err(()) => {
-                let lost: Vec<_> = want.difference(got).collect();
-                panic!("acknowledged to the publisher, never received: {lost:?}");
-            }
-        }
-    }
-}
-
-/// Issue 34 (a rolling upgrade drops data): every node restarted in turn under QoS 1 load
-/// — twice with SIGTERM, once with `kill -9` — while a persistent subscriber follows its
-/// session from the node going down to the one that stays: each message acknowledged to
-/// its publisher reaches the subscriber (MQTT-4.3.2, at least once; MQTT-3.1.2-4/-5: the
-/// session and its queue survive every move). Publishing goes on during each stop, each
-/// move of the session and each start.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rolling_restart_under_qos1_load_loses_no_acknowledged_message() {
-    let (_nats, mut nodes) = start_cluster(2, "").await;
-    let mut acked = std::collections::BTreeSet::new();
-    let mut got = std::collections::BTreeSet::new();
-    let (mut sub, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("roller", 3600)).await;
-    v5::subscribe(&mut sub, "roll/#", QoS::AtLeastOnce).await;
-    let mut first = 1;
-    // (node going down, how): the subscriber is on it, the publisher on the other one.
-    for (round, (down, kill)) in [(0, false), (1, false), (0, true)].into_iter().enumerate() {
-        let up = 1 - down;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ids = ["roll-pub-0", "roll-pub-1", "roll-pub-2"];
-        let publisher = publish_until(nodes[up].mqtt(), ids[round], "roll/t", first, stop.clone());
-        tokio::task::block_in_place(|| {
-            if kill {
-                nodes[down].kill9();
-            } else {
-                nodes[down].terminate();
-            }
-        });
-        drop(sub);
-        let (moved, ack) =
-            v5::connect(nodes[up].mqtt(), v5::persistent_connect("roller", 3600)).await;
-        assert!(
-            ack.session_present,
-            "round {round}: the session moved to node {up}"
-        );
-        sub = moved;
-        tokio::task::block_in_place(|| nodes[down].restart());
-        common::cluster::wait_linked(&nodes[up], &nodes[down]).await;
-        common::cluster::wait_linked(&nodes[down], &nodes[up]).await;
-        stop.store(true, std::sync::atomic::Ordering::Release);
-        let numbers = publisher.await.expect("publisher");
-        assert!(!numbers.is_empty(), "round {round}: nothing was published");
-        first = numbers.last().copied().unwrap_or(first) + 1;
-        acked.extend(numbers);
-        receive_all(&mut sub, &acked, &mut got).await;
-        // Back to the restarted node for the next round: the session moves once more.
-        drop(sub);
-        let (back, ack) =
-            v5::connect(nodes[down].mqtt(), v5::persistent_connect("roller", 3600)).await;
-        assert!(
-            ack.session_present,
-            "round {round}: the session moved back to node {down}"
-        );
-        sub = back;
-        if round < 2 {
-            // The next round stops the other node: the subscriber goes there first.
-            drop(sub);
-            let (next, ack) =
-                v5::connect(nodes[up].mqtt(), v5::persistent_connect("roller", 3600)).await;
-            assert!(
-                ack.session_present,
-                "round {round}: the session moved to node {up}"
-            );
-            sub = next;
-        }
-    }
-    assert!(acked.is_subset(&got));
 }
