@@ -196,11 +196,14 @@ impl SessionState {
     /// Moves queued deliveries into `sink` while it has room and the inflight window
     /// (`window` messages) allows. QoS 0 passes freely; QoS 1/2 waits for a free inflight
     /// slot, preserving order (MQTT-4.6.0-6). Expired messages are dropped (MQTT-3.3.2-5).
+    /// With `hold_qos2` (a clustered persistent session: its record lists the QoS 2
+    /// deliveries in flight) every QoS 2 PUBLISH is held for a commit, stored or not.
     pub(in crate::broker) fn fill(
         &mut self,
         client_id: &bytestring::ByteString,
         window: usize,
         now: Instant,
+        hold_qos2: bool,
         sink: &mut dyn DeliverySink,
     ) -> Filled {
         let mut filled = Filled::default();
@@ -234,12 +237,12 @@ impl SessionState {
                     }
                 },
             };
-            let mut after_commit = false;
+            let mut after_commit = hold_qos2 && delivery.qos == QoS::ExactlyOnce;
             if let (Some(seq), Some(stage)) = (delivery.seq, stage) {
                 filled
                     .ops
                     .push(persist::update_entry(client_id, seq, stage, packet_id));
-                after_commit = delivery.qos == QoS::ExactlyOnce;
+                after_commit |= delivery.qos == QoS::ExactlyOnce;
             }
             if !sink.write(&delivery, packet_id, false, after_commit) {
                 if let Some(seq) = delivery.seq {

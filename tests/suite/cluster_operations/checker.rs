@@ -254,7 +254,7 @@ async fn answer(c: &mut RawClient, qos: QoS, id: u16) -> Outcome {
             Ok(Some(Packet::PubComp(p))) if released && p.packet_id == id => {
                 return Outcome::Acked;
             }
-            Ok(Some(Packet::Disconnect(_))) | Ok(None) | Err(()) => return Outcome::Failed,
+            Ok(Some(Packet::Disconnect(_)) | None) | Err(()) => return Outcome::Failed,
             Ok(Some(_)) => {}
         }
     }
@@ -459,7 +459,6 @@ async fn follow(
             continue;
         }
         match c.recv_within(Duration::from_millis(100)).await {
-            Err(()) => {}
             Ok(Some(Packet::Publish(p))) => {
                 let mut reply = None;
                 state.send_modify(|r| reply = r.take(&p));
@@ -474,11 +473,11 @@ async fn follow(
                 c.send(&Packet::PubComp(PubResponse::new(r.packet_id)))
                     .await;
             }
-            Ok(Some(Packet::Disconnect(_))) | Ok(None) => {
+            Ok(Some(Packet::Disconnect(_)) | None) => {
                 client = None;
                 state.send_modify(|r| r.node = None);
             }
-            Ok(Some(_)) => {}
+            Err(()) | Ok(Some(_)) => {}
         }
     }
 }
