@@ -124,6 +124,12 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// date soon (not on this call's path).
     fn session_changed(&self, client_id: &str);
 
+    /// A commit that completes once the record of local session `client_id` has been
+    /// written with what the session holds at this call (or found already so); `None` when
+    /// this node keeps no record of it. A write to the client that the next owner must know
+    /// of waits for it ([`crate::broker::SessionHandle::cluster_record_barrier`]).
+    fn record_barrier(&self, client_id: &str) -> Option<Durable>;
+
     /// Shared group `key` got its first member on this node (before the SUBACK): the
     /// group's messages from now on are this node's to take, so its pulling starts from
     /// here, not from when the puller is started.
@@ -247,6 +253,15 @@ pub struct HeldSession {
     /// Its QoS 2 deliveries in flight: packet id and stream sequence, 0 once the client has
     /// the message (PUBREL sent). Deliveries of unknown sequence are left out.
     pub qos2: Vec<(u16, u64)>,
+    /// A plain QoS 2 delivery awaiting PUBREC whose sequence is still to come (this node's
+    /// own message, before JetStream acknowledged it, [`Message::awaits_cluster_seq`]):
+    /// [`HeldSession::qos2`] cannot list it yet, so a record written now does not cover it.
+    pub unsequenced_qos2: bool,
+    /// It holds a QoS 1/2 message (queued, or in flight and not yet received by the client)
+    /// whose stream sequence is unknown and will not come: one the store brought back at a
+    /// restart (the store does not keep sequences). [`HeldSession::lowest_pending_seq`]
+    /// cannot count it, so the cursor must not pass the last one recorded.
+    pub unsequenced_pending: bool,
     /// The packet ids among `qos2` (awaiting PUBREC) of shared groups' deliveries: the next
     /// owner sends those again as its group's, and its consumer's routing (plain
     /// subscriptions only) never brings them.
@@ -292,6 +307,25 @@ impl Broker {
                 super::OutboundStage::AwaitPubAck => None,
             })
             .collect();
+        let unsequenced_pending = st
+            .queue
+            .iter()
+            .filter(|d| d.qos != QoS::AtMostOnce && d.shared.is_none())
+            .map(|d| &d.message)
+            .chain(
+                st.inflight
+                    .iter()
+                    .filter(|i| {
+                        i.stage != super::OutboundStage::AwaitPubComp && i.delivery.shared.is_none()
+                    })
+                    .map(|i| &i.delivery.message),
+            )
+            .any(|m| m.cluster_seq().is_none() && !m.awaits_cluster_seq());
+        let unsequenced_qos2 = st.inflight.iter().any(|i| {
+            i.stage == super::OutboundStage::AwaitPubRec
+                && i.delivery.shared.is_none()
+                && i.delivery.message.awaits_cluster_seq()
+        });
         let qos2_shared = st
             .inflight
             .iter()
@@ -310,6 +344,8 @@ impl Broker {
             subscriptions,
             lowest_pending_seq,
             qos2,
+            unsequenced_qos2,
+            unsequenced_pending,
             qos2_shared,
             connected: st.connection.is_some(),
             pending_will: st

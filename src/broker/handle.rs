@@ -175,6 +175,7 @@ impl SessionHandle {
                 return Fill::TakenOver;
             }
             let before = st.queue.len();
+            let hold_qos2 = st.expiry_interval > 0 && self.broker.cluster().is_some();
             // Issue 35, finding 3: while the queue may hold deliveries routed under other
             // rules (an ACL reloaded since, a restored or re-identified session), each one is
             // checked again as it goes out; once the queue has drained under the rules in
@@ -185,11 +186,11 @@ impl SessionHandle {
                 .map(|authz| (authz, authz.generation()))
                 .filter(|(_, generation)| *generation != st.acl_checked);
             let filled = match recheck {
-                None => st.fill(&self.session.client_id, window, now, sink, None),
+                None => st.fill(&self.session.client_id, window, now, hold_qos2, sink, None),
                 Some((authz, generation)) => {
                     let may_read = |d: &super::Delivery| self.may_read(authz, d);
-                    let filled =
-                        st.fill(&self.session.client_id, window, now, sink, Some(&may_read));
+                    let client_id = &self.session.client_id;
+                    let filled = st.fill(client_id, window, now, hold_qos2, sink, Some(&may_read));
                     if st.queue.is_empty() {
                         st.acl_checked = generation;
                     }
@@ -233,9 +234,14 @@ impl SessionHandle {
             );
         }
         if filled.gated {
-            // A held QoS 2 PUBLISH waits for its stage: past the queue bound.
+            // A held QoS 2 PUBLISH waits for its stage: past the queue bound; clustered, for
+            // the session's record too, so that a node taking the session over after this
+            // one died sends it again under its packet id, not as a new message.
             return Fill::Filled {
-                gate: self.broker.persist_awaited(filled.ops),
+                gate: Durable::both(
+                    self.broker.persist_awaited(filled.ops),
+                    self.cluster_record_barrier(),
+                ),
             };
         }
         self.broker.persist(filled.ops);
@@ -476,9 +482,14 @@ impl SessionHandle {
                 self.broker.persist(ops);
                 None
             }
+            // Clustered, the PUBREL waits for the record too: once the client has it, it
+            // forgets the packet id, so a next owner must not send the message again.
             PubRecAnswer::Release { reason, ops } => Some(Answer {
                 reason,
-                gate: self.broker.persist_awaited(ops),
+                gate: Durable::both(
+                    self.broker.persist_awaited(ops),
+                    self.cluster_record_barrier(),
+                ),
             }),
         })
     }
@@ -540,6 +551,11 @@ impl SessionHandle {
         };
         let local_id = admission.as_ref().map(|a| a.local_id);
         let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
+        if admission.is_some() && qos != QoS::AtMostOnce {
+            // Its stream sequence comes with JetStream's acknowledgement; until then a
+            // record cannot list a QoS 2 delivery of it (`cluster_record_barrier` waits).
+            message.await_cluster_seq();
+        }
         let inbound = receipt
             .store_id
             .then_some((&self.session.client_id, packet_id));
@@ -622,6 +638,20 @@ impl SessionHandle {
             reason,
             gate: op.and_then(|op| self.broker.persist_awaited(vec![op])),
         }
+    }
+
+    /// Clustered, for a persistent session: a commit that completes once the session's
+    /// record in the cluster holds its state as of this call, so what a SUBACK, UNSUBACK,
+    /// QoS 2 PUBLISH or PUBREL promises survives this node dying (the next owner resumes
+    /// from the record). `None` on one node, for a session that ends with its connection,
+    /// and for one whose record this node does not keep.
+    pub(crate) fn cluster_record_barrier(&self) -> Option<Durable> {
+        if self.session.lock().expiry_interval == 0 {
+            return None;
+        }
+        self.broker
+            .cluster()?
+            .record_barrier(&self.session.client_id)
     }
 
     // ----- subscriptions -----

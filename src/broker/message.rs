@@ -67,6 +67,9 @@ pub trait Settlement: Send + Sync + std::fmt::Debug {
     fn give_back(&self) -> bool;
 }
 
+/// [`Message::cluster_seq`]'s mark for "sent to JetStream, sequence still to come".
+const AWAITED_SEQ: u64 = u64::MAX;
+
 /// What [`Message::properties`] lends when a message has no properties.
 static NO_PROPERTIES: PublishProperties = PublishProperties {
     payload_format_indicator: None,
@@ -234,9 +237,28 @@ impl Message {
     /// Its sequence in the cluster's message stream, once known (see the field).
     pub fn cluster_seq(&self) -> Option<u64> {
         match self.cluster_seq.load(std::sync::atomic::Ordering::Acquire) {
-            0 => None,
+            0 | AWAITED_SEQ => None,
             seq => Some(seq),
         }
+    }
+
+    /// Marks a message published here as on its way to the cluster's stream: its sequence
+    /// comes with JetStream's acknowledgement ([`Message::awaits_cluster_seq`] until then).
+    pub(crate) fn await_cluster_seq(&self) {
+        let _ = self.cluster_seq.compare_exchange(
+            0,
+            AWAITED_SEQ,
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        );
+    }
+
+    /// Whether its stream sequence is still to come (published here, not yet acknowledged
+    /// by JetStream): a session's record cannot list it yet. False once known, and for a
+    /// message whose sequence will never be known (not clustered, brought back by the store,
+    /// or refused by JetStream).
+    pub fn awaits_cluster_seq(&self) -> bool {
+        self.cluster_seq.load(std::sync::atomic::Ordering::Acquire) == AWAITED_SEQ
     }
 
     /// The message, settled with the engine it came from through `settlement` once

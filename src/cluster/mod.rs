@@ -31,6 +31,7 @@
 //! of sessions and subscriptions; each node routes what it takes through its own topic tree.
 
 mod ahead;
+mod barriers;
 pub mod inbound;
 pub mod link;
 pub mod nodes;
@@ -266,6 +267,7 @@ impl ClusterSeam for Cluster {
             Ok(frame) => frame,
             Err(error) => {
                 tracing::warn!(%error, topic = %message.topic, "cluster: message not forwarded, it cannot be encoded");
+                message.set_cluster_seq(0); // no sequence will come
                 return None;
             }
         };
@@ -319,6 +321,10 @@ impl ClusterSeam for Cluster {
 
     fn session_changed(&self, client_id: &str) {
         self.sessions.changed(client_id);
+    }
+
+    fn record_barrier(&self, client_id: &str) -> Option<Durable> {
+        self.sessions.barrier(client_id)
     }
 
     fn shared_group_joined(&self, key: &str) {

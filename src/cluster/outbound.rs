@@ -232,6 +232,10 @@ async fn acknowledge(
         }
         if let Err(error) = &result {
             tracing::warn!(%error, "cluster: a message was not acknowledged by JetStream; its publisher is not acknowledged either");
+            if let Some(message) = awaiting.message.as_ref().filter(|m| m.awaits_cluster_seq()) {
+                // Its sequence will not come: nothing waits for it any more.
+                message.set_cluster_seq(0);
+            }
         }
         if let Some(done) = awaiting.done {
             let _ = done.send(result);

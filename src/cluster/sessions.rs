@@ -332,6 +332,8 @@ pub struct Records {
     dirty: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Wakes [`keep_records`] for them.
     wake: tokio::sync::Notify,
+    /// Writes to clients waiting for their session's record ([`super::barriers`]).
+    barriers: super::barriers::Barriers,
 }
 
 /// A restore under way here ([`restore`]).
@@ -370,6 +372,18 @@ impl Records {
         }
     }
 
+    /// A commit completed once the record of `client_id` holds the session as it is now
+    /// ([`super::barriers`]); `None` when this node keeps no record of it.
+    pub(super) fn barrier(&self, client_id: &str) -> Option<crate::storage::Durable> {
+        if !self.owned.lock().contains_key(client_id) {
+            return None;
+        }
+        let durable = self.barriers.add(client_id);
+        self.dirty.lock().insert(client_id.to_owned());
+        self.wake.notify_one();
+        Some(durable)
+    }
+
     /// Sets the bucket once the link made sure of it.
     pub(super) fn set_bucket(&self, bucket: kv::Store) {
         let _ = self.bucket.set(bucket);
@@ -379,6 +393,18 @@ impl Records {
 /// The cursor a session holding `view` may record now.
 fn cursor_of(cluster: &Cluster, view: &HeldSession) -> u64 {
     cursor_at(cluster.node_floor(), view)
+}
+
+/// The cursor to record for a session holding `view`: `computed`, unless it holds a message
+/// of unknown stream sequence (brought back by this node's store at a restart,
+/// [`HeldSession::unsequenced_pending`]): then no further than `written`, the cursor its
+/// record had, which still finds that message. Replaying more is at least once; passing it
+/// would lose an acknowledged message.
+fn kept_cursor(view: &HeldSession, computed: u64, written: Option<u64>) -> u64 {
+    match written.filter(|w| *w != 0) {
+        Some(written) if view.unsequenced_pending => computed.min(written),
+        _ => computed,
+    }
 }
 
 /// The cursor of a session holding `view` with the node's floor at `floor`.
@@ -1174,10 +1200,16 @@ pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, 
     let Some((revision, claim)) = later else {
         return;
     };
-    cluster.sessions.owned.lock().remove(client_id);
+    let written = cluster
+        .sessions
+        .owned
+        .lock()
+        .remove(client_id)
+        .map(|(_, r)| r.cursor);
     let Some((view, cursor, jobs)) = release(cluster, broker, client_id) else {
         return;
     };
+    let cursor = kept_cursor(&view, cursor, written);
     tracing::info!(client = client_id, to = %claim.owner, "cluster: session claimed by another node while connecting here");
     let Some(bucket) = cluster.sessions.bucket.get().cloned() else {
         return;
@@ -1211,7 +1243,7 @@ async fn hand_over(
     let Some(client_id) = client_id else {
         return;
     };
-    let owned_here = {
+    let (owned_here, written_cursor) = {
         // The watch may lag: a record older than our own claim says nothing of now.
         let mut owned = cluster.sessions.owned.lock();
         if owned
@@ -1220,7 +1252,8 @@ async fn hand_over(
         {
             return;
         }
-        owned.remove(&client_id).is_some()
+        let removed = owned.remove(&client_id);
+        (removed.is_some(), removed.map(|(_, r)| r.cursor))
     };
     cluster.sessions.unattached.lock().remove(&client_id);
     cluster.sessions.wills.lock().remove(&client_id);
@@ -1266,7 +1299,7 @@ async fn hand_over(
     // sequences of what it holds are not known, its last record's cursor (the claim's copy)
     // finds them.
     let mut cursor = if owned_here || claim.cursor == 0 {
-        released_cursor
+        kept_cursor(&view, released_cursor, written_cursor)
     } else {
         claim.cursor
     };
@@ -1305,10 +1338,13 @@ async fn hand_over(
 /// Keeps the records of local sessions current, and deletes those of sessions that ended.
 pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
     let mut tick = tokio::time::interval(RECORD_INTERVAL);
+    // Barriers wait on (a sequence still to come, a write to retry): soon another pass.
+    let mut retry = false;
     loop {
         let full = tokio::select! {
             _ = tick.tick() => true,
             () = cluster.sessions.wake.notified() => false,
+            () = tokio::time::sleep(BARRIER_RETRY), if retry => false,
         };
         let Some(broker) = broker.upgrade() else {
             return;
@@ -1319,7 +1355,11 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
         if !cluster.is_up() {
             continue;
         }
-        let dirty = std::mem::take(&mut *cluster.sessions.dirty.lock());
+        // The barriers before the views: each was added after the change it waits for, so
+        // the views taken below hold it.
+        let barriers = cluster.sessions.barriers.take();
+        let mut dirty = std::mem::take(&mut *cluster.sessions.dirty.lock());
+        dirty.extend(barriers.keys().cloned());
         // A full pass every period; otherwise only the changed ones (no pass over every
         // session per SUBSCRIBE or disconnect).
         let views: Vec<HeldSession> = if full {
@@ -1359,7 +1399,16 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
                 }
             }
         }
-        write(&cluster, bucket, writes).await;
+        let failed = write(&cluster, bucket, writes).await;
+        retry = false;
+        for (client_id, waiters) in barriers {
+            let view = views.iter().find(|v| *v.client_id == *client_id);
+            let verdict = barrier_verdict(&cluster, view, failed.contains(&client_id), &client_id);
+            retry |= cluster
+                .sessions
+                .barriers
+                .settle(client_id, waiters, verdict);
+        }
         for (client_id, revision) in deletes {
             // A session that connected again meanwhile has a newer revision: kept.
             let gone = {
@@ -1382,6 +1431,45 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
     }
 }
 
+/// How long barriers that wait on are left before the next pass.
+const BARRIER_RETRY: Duration = Duration::from_millis(5);
+
+/// Whether the pass that took `view` (after a barrier of `client_id` was added) wrote what
+/// it waits for; `failed`: its record's write failed in that pass.
+fn barrier_verdict(
+    cluster: &Cluster,
+    view: Option<&HeldSession>,
+    failed: bool,
+    client_id: &str,
+) -> super::barriers::Verdict {
+    use super::barriers::Verdict;
+    let Some(view) = view else {
+        return Verdict::Lost("the session is no longer held here");
+    };
+    if view.expiry_interval == 0 {
+        return Verdict::Written; // it ends with its connection: no record to keep
+    }
+    if cluster.sessions.restoring.lock().contains_key(client_id) {
+        return Verdict::Later {
+            awaiting_sequence: false,
+        };
+    }
+    if !cluster.sessions.owned.lock().contains_key(client_id) {
+        return Verdict::Lost("the session was taken over by another node");
+    }
+    if failed {
+        return Verdict::Later {
+            awaiting_sequence: false,
+        };
+    }
+    if view.unsequenced_qos2 {
+        return Verdict::Later {
+            awaiting_sequence: true,
+        };
+    }
+    Verdict::Written
+}
+
 /// The records of `views` (persistent sessions owned here) that differ from what was last
 /// written: client id, revision to replace, new record.
 fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64, Record)> {
@@ -1397,7 +1485,7 @@ fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64
                 &cluster.node,
                 cluster.sessions.life,
                 view,
-                cursor_of(cluster, view),
+                kept_cursor(view, cursor_of(cluster, view), written.map(|w| w.cursor)),
                 wills.get(&*view.client_id),
                 written,
             );
@@ -1412,11 +1500,17 @@ fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64
 }
 
 /// Writes records by compare-and-set; one that lost (claimed elsewhere since) is left to the
-/// watch.
-async fn write(cluster: &Cluster, bucket: &kv::Store, writes: Vec<(String, u64, Record)>) {
+/// watch. Returns the client ids whose record was not written.
+async fn write(
+    cluster: &Cluster,
+    bucket: &kv::Store,
+    writes: Vec<(String, u64, Record)>,
+) -> std::collections::HashSet<String> {
+    let mut failed = std::collections::HashSet::new();
     for (client_id, revision, record) in writes {
         let key = subject::key(&client_id);
         let mut expected = revision;
+        let mut written = false;
         for _ in 0..2 {
             match bucket.update(key.as_str(), record.encode(), expected).await {
                 Ok(revision) => {
@@ -1425,6 +1519,7 @@ async fn write(cluster: &Cluster, bucket: &kv::Store, writes: Vec<(String, u64, 
                         .owned
                         .lock()
                         .insert(client_id.clone(), (revision, record.clone()));
+                    written = true;
                     break;
                 }
                 Err(error) if error.kind() == kv::UpdateErrorKind::WrongLastRevision => {
@@ -1452,7 +1547,11 @@ async fn write(cluster: &Cluster, bucket: &kv::Store, writes: Vec<(String, u64, 
                 Err(_) => break,
             }
         }
+        if !written {
+            failed.insert(client_id);
+        }
     }
+    failed
 }
 
 #[cfg(test)]
@@ -1569,5 +1668,38 @@ mod tests {
         let orphan = resent_delivery(&restore, message("u/x"), false, true);
         assert!(orphan.shared.is_none());
         assert!(orphan.subscription_ids.is_empty());
+    }
+
+    fn view(unsequenced_pending: bool, lowest: Option<u64>) -> HeldSession {
+        HeldSession {
+            client_id: "w".into(),
+            expiry_interval: 60,
+            subscriptions: Vec::new(),
+            lowest_pending_seq: lowest,
+            qos2: Vec::new(),
+            unsequenced_qos2: false,
+            unsequenced_pending,
+            qos2_shared: Vec::new(),
+            connected: false,
+            pending_will: None,
+            owner: SessionOwner::Unbound,
+        }
+    }
+
+    #[test]
+    fn a_message_of_unknown_sequence_holds_the_cursor_at_the_recorded_one() {
+        // Nothing of unknown sequence: the cursor follows what the session holds.
+        let plain = view(false, Some(40));
+        assert_eq!(kept_cursor(&plain, cursor_at(100, &plain), Some(10)), 40);
+        // A message the store brought back: no further than the record's cursor.
+        let restored = view(true, None);
+        assert_eq!(
+            kept_cursor(&restored, cursor_at(100, &restored), Some(10)),
+            10
+        );
+        assert_eq!(kept_cursor(&view(true, Some(5)), 5, Some(10)), 5);
+        // No recorded cursor (0: none): nothing to hold it at.
+        assert_eq!(kept_cursor(&restored, 100, Some(0)), 100);
+        assert_eq!(kept_cursor(&restored, 100, None), 100);
     }
 }

@@ -206,11 +206,14 @@ impl SessionState {
     /// With `may_read`, each delivery is checked before it is handed out (issue 35, finding
     /// 3: queued under rules or an identity no longer in force); one it refuses is dropped,
     /// its stored entry removed, and handed back for its dead letter (`not_authorized`).
+    /// With `hold_qos2` (a clustered persistent session: its record lists the QoS 2
+    /// deliveries in flight) every QoS 2 PUBLISH is held for a commit, stored or not.
     pub(in crate::broker) fn fill(
         &mut self,
         client_id: &bytestring::ByteString,
         window: usize,
         now: Instant,
+        hold_qos2: bool,
         sink: &mut dyn DeliverySink,
         may_read: Option<&dyn Fn(&Delivery) -> bool>,
     ) -> Filled {
@@ -255,12 +258,12 @@ impl SessionState {
                     }
                 },
             };
-            let mut after_commit = false;
+            let mut after_commit = hold_qos2 && delivery.qos == QoS::ExactlyOnce;
             if let (Some(seq), Some(stage)) = (delivery.seq, stage) {
                 filled
                     .ops
                     .push(persist::update_entry(client_id, seq, stage, packet_id));
-                after_commit = delivery.qos == QoS::ExactlyOnce;
+                after_commit |= delivery.qos == QoS::ExactlyOnce;
             }
             if !sink.write(&delivery, packet_id, false, after_commit) {
                 if let Some(seq) = delivery.seq {

@@ -13,6 +13,7 @@ use crate::broker::SubscriptionQuota;
 use crate::codec::{
     topic, Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
+use crate::connection::gated::Gated;
 use crate::connection::violation::Violation;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
@@ -171,12 +172,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             ..Default::default()
         };
         suback.properties.reason_string = problem.and_then(|why| self.problem_string(why));
-        // MQTT-3.8.4-1
-        self.io.queue_within(
-            &Packet::SubAck(suback),
-            self.version,
-            self.client_max_packet,
-        );
+        // MQTT-3.8.4-1; clustered, once the session's record holds the subscriptions.
+        self.answer_after_record(&Packet::SubAck(suback));
         for (filter, options) in retained {
             self.session
                 .deliver_retained(&filter, options, subscribe.subscription_identifier);
@@ -203,6 +200,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             reason_codes,
             ..Default::default()
         };
-        self.io.queue(&Packet::UnsubAck(unsuback), self.version); // MQTT-3.10.4-4
+        self.answer_after_record(&Packet::UnsubAck(unsuback)); // MQTT-3.10.4-4
+    }
+
+    /// Sends a SUBACK or UNSUBACK: clustered, once the session's record in the cluster holds
+    /// what it confirms (a node that takes the session over after this one died resumes from
+    /// the record: written up to a second late, it would not have the subscription the client
+    /// was told of); at once otherwise.
+    fn answer_after_record(&mut self, packet: &Packet) {
+        let Some(barrier) = self.session.cluster_record_barrier() else {
+            self.io
+                .queue_within(packet, self.version, self.client_max_packet);
+            return;
+        };
+        let mut out = bytes::BytesMut::new();
+        match crate::codec::encode_within(packet, self.version, self.client_max_packet, &mut out) {
+            Ok(true) => self.send_gated(Some(barrier), Gated::Encoded(out.freeze())),
+            Ok(false) => tracing::debug!(
+                packet = packet.name(),
+                "packet above the peer's maximum size not sent"
+            ),
+            Err(e) => tracing::warn!(packet = packet.name(), error = %e, "cannot encode packet"),
+        }
     }
 }
