@@ -212,11 +212,18 @@ impl JwtVerifier {
         validation.validate_nbf = true;
         validation.required_spec_claims.clear();
         validation.validate_exp = true;
+        // A configured `iss` / `aud` is required, not only checked when present: a token the
+        // same issuer minted without an audience (for another service) must not get in
+        // (issue 35, second adversarial pass).
         if let Some(issuer) = &self.config.issuer {
             validation.set_issuer(&[issuer]);
+            validation.required_spec_claims.insert("iss".to_owned());
         }
         match &self.config.audience {
-            Some(audience) => validation.set_audience(&[audience]),
+            Some(audience) => {
+                validation.set_audience(&[audience]);
+                validation.required_spec_claims.insert("aud".to_owned());
+            }
             None => validation.validate_aud = false,
         }
         let data = jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|e| match e
@@ -415,6 +422,17 @@ mod tests {
             &serde_json::json!({"sub": "s", "exp": now() + 60, "iss": "https://evil.example", "aud": "postbox"}),
         );
         assert!(matches!(v.verify(&wrong), Err(JwtError::Invalid(_))));
+        // Configured claims are required: a token without them is refused.
+        for claims in [
+            serde_json::json!({"sub": "s", "exp": now() + 60, "iss": "https://idp.example"}),
+            serde_json::json!({"sub": "s", "exp": now() + 60, "aud": "postbox"}),
+        ] {
+            let missing = sign(Algorithm::RS256, None, &claims);
+            assert!(
+                matches!(v.verify(&missing), Err(JwtError::Invalid(_))),
+                "{claims}"
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! `max_queued_messages` / `max_queued_bytes` / `queue_overflow`).
 //!
 //! Why a side table and not a field of [`Session`](super::Session): the session stays within
-//! its size bound (288 B, a test holds it), and a bound can be set before its session exists
+//! its size bound (320 B, a test holds it), and a bound can be set before its session exists
 //! (the bridge sets it at start, before its link connects) and outlives it (a discarded
 //! session that comes back keeps it). Every reader goes through [`QueueLimitsTable::of`], which
 //! costs one relaxed atomic load while no session has bounds of its own; only then is the
