@@ -279,21 +279,24 @@ impl Broker {
     /// The view of one local session.
     fn view_of(session: &super::Session) -> HeldSession {
         let st = session.lock();
-        let lowest_pending_seq = st
-            .queue
-            .iter()
-            .filter(|d| d.qos != QoS::AtMostOnce && d.shared.is_none())
-            .map(|d| &d.message)
-            .chain(
-                st.inflight
-                    .iter()
-                    .filter(|i| {
-                        i.stage != super::OutboundStage::AwaitPubComp && i.delivery.shared.is_none()
-                    })
-                    .map(|i| &i.delivery.message),
-            )
-            .filter_map(|m| m.cluster_seq())
-            .min();
+        // The QoS 1/2 messages it holds that a replay must find again: queued, or in flight
+        // and not yet received by the client; shared groups' left out (see the fields).
+        let pending = || {
+            st.queue
+                .iter()
+                .filter(|d| d.qos != QoS::AtMostOnce && d.shared.is_none())
+                .map(|d| &d.message)
+                .chain(
+                    st.inflight
+                        .iter()
+                        .filter(|i| {
+                            i.stage != super::OutboundStage::AwaitPubComp
+                                && i.delivery.shared.is_none()
+                        })
+                        .map(|i| &i.delivery.message),
+                )
+        };
+        let lowest_pending_seq = pending().filter_map(|m| m.cluster_seq()).min();
         let qos2 = st
             .inflight
             .iter()
@@ -307,20 +310,8 @@ impl Broker {
                 super::OutboundStage::AwaitPubAck => None,
             })
             .collect();
-        let unsequenced_pending = st
-            .queue
-            .iter()
-            .filter(|d| d.qos != QoS::AtMostOnce && d.shared.is_none())
-            .map(|d| &d.message)
-            .chain(
-                st.inflight
-                    .iter()
-                    .filter(|i| {
-                        i.stage != super::OutboundStage::AwaitPubComp && i.delivery.shared.is_none()
-                    })
-                    .map(|i| &i.delivery.message),
-            )
-            .any(|m| m.cluster_seq().is_none() && !m.awaits_cluster_seq());
+        let unsequenced_pending =
+            pending().any(|m| m.cluster_seq().is_none() && !m.awaits_cluster_seq());
         let unsequenced_qos2 = st.inflight.iter().any(|i| {
             i.stage == super::OutboundStage::AwaitPubRec
                 && i.delivery.shared.is_none()

@@ -14,16 +14,8 @@ const V: ProtocolVersion = ProtocolVersion::V5;
 
 fn sub(filter: &str, qos: QoS, id: Option<u32>, packet_id: u16) -> Packet {
     Packet::Subscribe(Subscribe {
-        packet_id,
         subscription_identifier: id,
-        filters: vec![(
-            filter.into(),
-            SubscriptionOptions {
-                qos,
-                ..Default::default()
-            },
-        )],
-        ..Default::default()
+        ..common::v5::subscribe_packet(packet_id, filter, qos)
     })
 }
 

@@ -8,9 +8,7 @@ use std::path::Path;
 
 use common::rumq::V4;
 use common::RawClient;
-use postbox::codec::{
-    Packet, ProtocolVersion, PubResponse, Publish, QoS as Q, Subscribe, SubscriptionOptions,
-};
+use postbox::codec::{Packet, ProtocolVersion, PubResponse, Publish, QoS as Q};
 use postbox::config::Config;
 use rumqttc::QoS;
 
@@ -24,17 +22,7 @@ fn durable_config(dir: &Path) -> Config {
 }
 
 fn subscribe_packet(filter: &str, qos: Q) -> Packet {
-    Packet::Subscribe(Subscribe {
-        packet_id: 1,
-        filters: vec![(
-            filter.into(),
-            SubscriptionOptions {
-                qos,
-                ..Default::default()
-            },
-        )],
-        ..Default::default()
-    })
+    Packet::Subscribe(common::v5::subscribe_packet(1, filter, qos))
 }
 
 #[tokio::test]
