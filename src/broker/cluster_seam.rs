@@ -39,6 +39,10 @@ pub struct Restore {
     /// PUBREL was sent, the PUBCOMP had not come). Sent again with the same packet ids, so
     /// the client receives each message once across the move (MQTT-4.3.3, MQTT-4.4.0-1).
     pub qos2: Vec<(u16, u64)>,
+    /// Stream sequences at or above `cursor` of QoS 2 messages the client has taken already
+    /// (`cluster::taken`), ascending: left out of the replay and of the consumer's routing
+    /// to this session (MQTT-4.3.3: delivered once).
+    pub taken: Vec<u64>,
     /// The packet ids among `qos2` of shared groups' deliveries ([`HeldSession::qos2_shared`]).
     pub qos2_shared: Vec<u16>,
 }
@@ -123,6 +127,11 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// A local session's subscriptions or connection changed: its record is brought up to
     /// date soon (not on this call's path).
     fn session_changed(&self, client_id: &str);
+
+    /// The client of local session `client_id` acknowledged `message` (QoS 2, PUBREC), one
+    /// the cluster's stream holds or will: the session's next node must not send it again
+    /// (`cluster::taken`). Called under the session's lock; takes only a leaf lock.
+    fn taken(&self, client_id: &str, message: &Arc<Message>);
 
     /// A commit that completes once the record of local session `client_id` has been
     /// written with what the session holds at this call (or found already so); `None` when

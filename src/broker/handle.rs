@@ -464,10 +464,22 @@ impl SessionHandle {
         packet_id: u16,
         reason: ReasonCode,
     ) -> Result<Option<Answer>, AckMismatch> {
-        let answer =
-            self.session
-                .lock()
-                .on_pubrec(&self.session.client_id, packet_id, reason.is_error())?;
+        let answer = {
+            let mut st = self.session.lock();
+            let answer = st.on_pubrec(&self.session.client_id, packet_id, reason.is_error())?;
+            if let PubRecAnswer::Release {
+                taken: Some(message),
+                ..
+            } = &answer
+            {
+                // Under the session's lock: a hand-over that releases the session after this
+                // PUBREC finds the message noted (the cluster's note is a leaf lock).
+                if let Some(cluster) = self.broker.cluster() {
+                    cluster.taken(&self.session.client_id, message);
+                }
+            }
+            answer
+        };
         Ok(match answer {
             PubRecAnswer::Refused { ops, message } => {
                 if let Some(message) = message {
@@ -484,7 +496,7 @@ impl SessionHandle {
             }
             // Clustered, the PUBREL waits for the record too: once the client has it, it
             // forgets the packet id, so a next owner must not send the message again.
-            PubRecAnswer::Release { reason, ops } => Some(Answer {
+            PubRecAnswer::Release { reason, ops, .. } => Some(Answer {
                 reason,
                 gate: Durable::both(
                     self.broker.persist_awaited(ops),

@@ -40,6 +40,7 @@ pub mod outbound;
 pub mod sessions;
 pub mod shared;
 pub mod subject;
+mod taken;
 pub mod unsettled;
 pub mod wire;
 
@@ -321,6 +322,10 @@ impl ClusterSeam for Cluster {
 
     fn session_changed(&self, client_id: &str) {
         self.sessions.changed(client_id);
+    }
+
+    fn taken(&self, client_id: &str, message: &Arc<Message>) {
+        self.sessions.taken.note(client_id, message);
     }
 
     fn record_barrier(&self, client_id: &str) -> Option<Durable> {

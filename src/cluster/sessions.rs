@@ -140,6 +140,11 @@ pub(super) struct Record {
     /// unbound, the next claim binds it.
     #[serde(default, skip_serializing_if = "Who::is_unbound")]
     pub(super) who: Who,
+    /// Sequences at or above `cursor` of QoS 2 messages the client has taken already
+    /// ([`super::taken`]): the next owner leaves them out. Absent in records of older
+    /// nodes: none known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) tk: Vec<u64>,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -273,6 +278,7 @@ impl Record {
             from: String::new(),
             from_life: 0,
             who: Who::of(&view.owner),
+            tk: Vec::new(),
         }
     }
 
@@ -297,6 +303,12 @@ impl Record {
             cursor: self.cursor,
             qos2: self.q2.clone(),
             qos2_shared: self.q2s.clone(),
+            taken: {
+                let mut taken = self.tk.clone();
+                taken.sort_unstable();
+                taken.dedup();
+                taken
+            },
         }
     }
 }
@@ -334,6 +346,8 @@ pub struct Records {
     wake: tokio::sync::Notify,
     /// Writes to clients waiting for their session's record ([`super::barriers`]).
     barriers: super::barriers::Barriers,
+    /// QoS 2 messages local sessions' clients took ahead of their cursors ([`super::taken`]).
+    pub(super) taken: super::taken::TakenLog,
 }
 
 /// A restore under way here ([`restore`]).
@@ -349,6 +363,8 @@ pub(super) struct Restoring {
     qos2: Vec<(u16, u64)>,
     /// Which of them are shared groups' ([`Restore::qos2_shared`]).
     qos2_shared: Vec<u16>,
+    /// What the client had taken above the cursor ([`Restore::taken`]).
+    taken: Vec<u64>,
 }
 
 /// How long a claim by another node is remembered for [`confirm`].
@@ -511,6 +527,7 @@ pub(super) async fn claim(
             mine.subs.clone_from(&previous.subs);
             mine.cursor = previous.cursor;
             mine.q2.clone_from(&previous.q2);
+            mine.tk.clone_from(&previous.tk);
         }
         let written = match last {
             Some(last) => bucket
@@ -540,6 +557,11 @@ pub(super) async fn claim(
     };
     // Clean Start, or another identity's session started over (`session_binding`).
     let clean_start = mine.fresh;
+    if clean_start || previous.as_ref().is_none_or(|p| p.owner != cluster.node) {
+        // What a session held here before took is not this session's (or it is in the
+        // record now).
+        cluster.sessions.taken.forget(client_id);
+    }
     cluster
         .sessions
         .owned
@@ -632,6 +654,7 @@ fn claimed(cluster: &Cluster, client_id: &str, restore: Option<Restore>, revisio
                 revision: held,
                 qos2: restore.qos2.clone(),
                 qos2_shared: restore.qos2_shared.clone(),
+                taken: restore.taken.clone(),
             },
         );
     }
@@ -673,6 +696,7 @@ pub(super) async fn restore(
         session,
         generation,
         ahead: Vec::new(),
+        taken_ahead: Vec::new(),
         done: false,
     };
     let replays = !restore.subscriptions.is_empty() && restore.cursor > 0;
@@ -709,6 +733,12 @@ pub(super) async fn restore(
                     unrestored.ahead.push((packet_id, seq));
                 }
             }
+            // Messages the client took already: the replay skips those below the floor,
+            // and the consumer must leave the session out of those it has not routed yet.
+            for &seq in restore.taken.iter().filter(|&&seq| seq >= floor) {
+                cluster.resent_ahead.note(seq, session.id);
+                unrestored.taken_ahead.push(seq);
+            }
         }
         (floor, cluster.next_local_id.load(Ordering::Acquire), sent)
     };
@@ -731,6 +761,10 @@ pub(super) async fn restore(
             }
         }
         release_unmatched(broker, session, &restore);
+        cluster
+            .sessions
+            .taken
+            .seed(&session.client_id, &restore.taken);
         unrestored.done = true;
         return true;
     }
@@ -752,6 +786,10 @@ pub(super) async fn restore(
         Ok(Ok(n)) => {
             tracing::info!(client = %session.client_id, from = restore.cursor, messages = n, "cluster: session resumed from another node");
             release_unmatched(broker, session, &restore);
+            cluster
+                .sessions
+                .taken
+                .seed(&session.client_id, &restore.taken);
             unrestored.done = true;
             true
         }
@@ -904,6 +942,8 @@ struct Unrestored<'a> {
     /// QoS 2 deliveries (packet id, sequence) noted in [`Cluster::resent_ahead`] for this
     /// session.
     ahead: Vec<(u16, u64)>,
+    /// Sequences the client had taken ([`Restore::taken`]) noted there for it.
+    taken_ahead: Vec<u64>,
     done: bool,
 }
 
@@ -920,6 +960,12 @@ impl Drop for Unrestored<'_> {
             // Kept while the session lives on with that message in flight (a newer
             // connection took it): the consumer must still leave it out.
             if !held_elsewhere || !self.broker.has_inflight(self.session, packet_id, seq) {
+                self.cluster.resent_ahead.forget(seq, self.session.id);
+            }
+        }
+        if !held_elsewhere {
+            // Kept for a newer connection that has the session: the client has them.
+            for &seq in &self.taken_ahead {
                 self.cluster.resent_ahead.forget(seq, self.session.id);
             }
         }
@@ -989,7 +1035,8 @@ async fn replay(
         let seq = message.info().map_or(0, |info| info.stream_sequence);
         if let Ok((origin, local_id, mut publish)) = wire::decode(&message.payload) {
             let own = origin == cluster.node;
-            if (!own && seq < floor) || (own && local_id < local_floor) {
+            let taken = restore.taken.binary_search(&seq).is_ok();
+            if !taken && ((!own && seq < floor) || (own && local_id < local_floor)) {
                 let retained = publish.retain;
                 publish.retain = false; // the retained index is not this replay's business
                 let routed = Arc::new(Message::from_publish(publish, None));
@@ -1215,6 +1262,8 @@ pub(super) fn confirm(cluster: &Cluster, broker: &Arc<Broker>, client_id: &str, 
         return;
     };
     let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
+    handed.tk = cluster.sessions.taken.above(client_id, cursor).seqs;
+    cluster.sessions.taken.forget(client_id);
     handed.handed = true;
     handed.expiry = claim.expiry;
     handed.will = claim.will;
@@ -1293,6 +1342,7 @@ async fn hand_over(
         // The claimer does not wait for a hand-over of a session that ends here (Clean
         // Start, or one that ends with its connection): written over its claim, the old
         // subscriptions and cursor would come back with the new session.
+        cluster.sessions.taken.forget(&client_id);
         return;
     }
     // A session not claimed in this run came back from the store at a restart: the
@@ -1310,7 +1360,14 @@ async fn hand_over(
         cursor = cursor.min(restoring.cursor);
     }
     let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
+    handed.tk = taken_when_settled(cluster, &client_id, cursor).await;
+    cluster.sessions.taken.forget(&client_id);
     if let Some(restoring) = &restoring {
+        handed
+            .tk
+            .extend(restoring.taken.iter().filter(|&&seq| seq >= cursor));
+        handed.tk.sort_unstable();
+        handed.tk.dedup();
         for &(packet_id, seq) in &restoring.qos2 {
             if !handed.q2.iter().any(|(p, _)| *p == packet_id) {
                 handed.q2.push((packet_id, seq));
@@ -1332,6 +1389,28 @@ async fn hand_over(
     {
         tracing::debug!(client = %client_id, %error, "cluster: hand-over not written (claimed again since)");
         jobs.not_written();
+    }
+}
+
+/// Longest a hand-over waits for the sequences of messages its client took before
+/// JetStream acknowledged them (normally milliseconds): listed, the next owner does not send
+/// them again.
+const TAKEN_WAIT: Duration = Duration::from_secs(1);
+
+/// The taken messages of a released session its hand-over lists ([`super::taken`]), once
+/// their sequences are known (bounded by [`TAKEN_WAIT`]; past it, one still to come is not
+/// listed and may reach the client twice).
+async fn taken_when_settled(cluster: &Cluster, client_id: &str, cursor: u64) -> Vec<u64> {
+    let deadline = tokio::time::Instant::now() + TAKEN_WAIT;
+    loop {
+        let listed = cluster.sessions.taken.above(client_id, cursor);
+        if !listed.awaiting || tokio::time::Instant::now() >= deadline {
+            if listed.awaiting {
+                tracing::warn!(client = client_id, "cluster: a message the client took has no stream sequence yet; the session's next node may send it again");
+            }
+            return listed.seqs;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
@@ -1371,6 +1450,17 @@ pub(super) async fn keep_records(cluster: Arc<Cluster>, broker: Weak<Broker>) {
                 .collect()
         };
         drop(broker);
+        if full {
+            let held: std::collections::HashSet<&str> = views
+                .iter()
+                .filter(|v| v.expiry_interval > 0)
+                .map(|v| &*v.client_id)
+                .collect();
+            cluster
+                .sessions
+                .taken
+                .retain(|client_id| held.contains(client_id));
+        }
         let writes = changed_records(&cluster, &views);
         // Records of sessions that ended here (a clean session's at its disconnect: its
         // will must not outlive it in the record).
@@ -1462,7 +1552,7 @@ fn barrier_verdict(
             awaiting_sequence: false,
         };
     }
-    if view.unsequenced_qos2 {
+    if view.unsequenced_qos2 || cluster.sessions.taken.awaiting(client_id) {
         return Verdict::Later {
             awaiting_sequence: true,
         };
@@ -1481,14 +1571,16 @@ fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64
         .filter(|v| v.expiry_interval > 0 && !restoring.contains_key(&*v.client_id))
         .filter_map(|view| {
             let written = owned.get(&*view.client_id).map(|(_, r)| r);
-            let record = Record::from_view(
+            let cursor = kept_cursor(view, cursor_of(cluster, view), written.map(|w| w.cursor));
+            let mut record = Record::from_view(
                 &cluster.node,
                 cluster.sessions.life,
                 view,
-                kept_cursor(view, cursor_of(cluster, view), written.map(|w| w.cursor)),
+                cursor,
                 wills.get(&*view.client_id),
                 written,
             );
+            record.tk = cluster.sessions.taken.above(&view.client_id, cursor).seqs;
             match owned.get(&*view.client_id) {
                 Some((revision, written)) if *written != record => {
                     Some((view.client_id.to_string(), *revision, record))
@@ -1614,6 +1706,23 @@ mod tests {
             ..Record::default()
         };
         assert!(!String::from_utf8_lossy(&plain.encode()).contains("from"));
+    }
+
+    /// What the client took above the cursor travels with the record, ascending for the
+    /// replay's search; a record of an older node has none.
+    #[test]
+    fn the_taken_sequences_survive_a_round_trip_sorted() {
+        let record = Record {
+            owner: "b".into(),
+            cursor: 5,
+            tk: vec![9, 7, 9],
+            ..Record::default()
+        };
+        let decoded = Record::decode(&record.encode()).expect("decodes");
+        assert_eq!(decoded.restore().taken, vec![7, 9]);
+        let old = Record::decode(br#"{"owner":"b","expiry":60,"cursor":5}"#).expect("decodes");
+        assert!(old.restore().taken.is_empty());
+        assert!(!String::from_utf8_lossy(&old.encode()).contains("tk"));
     }
 
     #[test]

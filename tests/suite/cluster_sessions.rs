@@ -455,6 +455,84 @@ async fn a_qos2_delivery_in_flight_moving_to_a_lagging_node_arrives_once() {
     }
 }
 
+/// MQTT-4.3.3 (QoS 2: exactly once) across a move, where the client took messages out of
+/// stream order. A session on node a holds a message from node b in flight (sent, no PUBREC
+/// yet) while it takes and completes a later one published on node a itself (a node's own
+/// messages reach its sessions at once; other nodes' come through its consumer). The
+/// session's cursor is the in-flight message's sequence, below the completed one's. Moved
+/// to node b, the session gets the in-flight message again under its packet id with DUP
+/// (MQTT-4.4.0-1), and the completed one not at all. Before, node b's replay from the
+/// cursor sent the completed one a second time under a new packet id (found by
+/// cluster_operations' node-added test, issue 34).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qos2_message_taken_above_the_cursor_is_not_sent_again_after_a_move() {
+    let (_nats, nodes) = cluster(2).await;
+    let (mut mover, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("mover5", 3600)).await;
+    v5::subscribe(&mut mover, "m5/#", QoS::ExactlyOnce).await;
+    // From node b, through node a's consumer: held in flight (no PUBREC).
+    let mut remote = v5::connect_id(nodes[1].mqtt(), "m5-remote").await;
+    let code = v5::publish(
+        &mut remote,
+        v5::publish_packet("m5/x", QoS::ExactlyOnce, b"m5-remote", 1),
+    )
+    .await;
+    assert!(!code.is_error(), "m5-remote refused: {code:?}");
+    let held = match mover.recv_within(WAIT).await {
+        Ok(Some(Packet::Publish(p))) => p,
+        other => panic!("expected m5-remote, got {other:?}"),
+    };
+    assert_eq!(&held.payload[..], b"m5-remote");
+    // From node a: delivered at once, taken (PUBREC) and completed (PUBCOMP).
+    let mut local = v5::connect_id(nodes[0].mqtt(), "m5-local").await;
+    let code = v5::publish(
+        &mut local,
+        v5::publish_packet("m5/x", QoS::ExactlyOnce, b"m5-local", 1),
+    )
+    .await;
+    assert!(!code.is_error(), "m5-local refused: {code:?}");
+    let taken = match mover.recv_within(WAIT).await {
+        Ok(Some(Packet::Publish(p))) => p,
+        other => panic!("expected m5-local, got {other:?}"),
+    };
+    assert_eq!(&taken.payload[..], b"m5-local");
+    mover
+        .send(&Packet::PubRec(postbox::codec::PubResponse::new(
+            taken.packet_id,
+        )))
+        .await;
+    match mover.recv_within(WAIT).await {
+        Ok(Some(Packet::PubRel(r))) if r.packet_id == taken.packet_id => {}
+        other => panic!("expected the PUBREL of m5-local, got {other:?}"),
+    }
+    mover
+        .send(&Packet::PubComp(postbox::codec::PubResponse::new(
+            taken.packet_id,
+        )))
+        .await;
+    acknowledged(&mut mover).await;
+    v5::disconnect(mover).await;
+
+    let (mut moved, ack) =
+        v5::connect(nodes[1].mqtt(), v5::persistent_connect("mover5", 3600)).await;
+    assert!(ack.session_present, "the session moved (MQTT-3.2.2-2)");
+    // Published after both: a second copy of either would come before it.
+    let code = v5::publish(
+        &mut remote,
+        v5::publish_packet("m5/x", QoS::ExactlyOnce, b"m5-last", 2),
+    )
+    .await;
+    assert!(!code.is_error(), "m5-last refused: {code:?}");
+    let mut awaiting_release = HashSet::from([held.packet_id]);
+    let mut got: HashMap<String, usize> = HashMap::from([("m5-remote".to_owned(), 1)]);
+    got.insert("m5-local".to_owned(), 1);
+    receive_exactly_once(&mut moved, &mut awaiting_release, &mut got, 3).await;
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "QoS 2 delivered more than once (MQTT-4.3.3): {twice:?}"
+    );
+}
+
 /// Publishes `count` QoS 1 messages on `topic`, up to 500 unacknowledged at a time (each
 /// must be accepted).
 async fn publish_pipelined(c: &mut RawClient, topic: &str, count: u32) {

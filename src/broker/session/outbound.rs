@@ -188,6 +188,10 @@ pub enum PubRecAnswer {
         reason: ReasonCode,
         /// Store op recording the new handshake stage, if the delivery was persisted.
         ops: Vec<Op>,
+        /// The message the client has now, when it is a plain (not a shared group's) one the
+        /// cluster's stream holds (or will): its sequence goes into the session's record so
+        /// the session's next node does not send it again (`cluster::taken`).
+        taken: Option<std::sync::Arc<crate::broker::Message>>,
     },
     /// The receiver refused the message (reason ≥ 0x80): it is done, no PUBREL (v5 §4.3.3).
     Refused {
@@ -384,12 +388,14 @@ impl SessionState {
                 return Ok(PubRecAnswer::Release {
                     reason: ReasonCode::SUCCESS,
                     ops: Vec::new(),
+                    taken: None,
                 })
             }
             None => {
                 return Ok(PubRecAnswer::Release {
                     reason: ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
                     ops: Vec::new(),
+                    taken: None,
                 })
             }
         };
@@ -401,8 +407,15 @@ impl SessionState {
                 .collect();
             return Ok(PubRecAnswer::Refused { ops, message });
         }
+        let mut taken = None;
         if let Some(entry) = self.inflight.get_mut(i) {
             entry.stage = OutboundStage::AwaitPubComp;
+            let message = &entry.delivery.message;
+            if entry.delivery.shared.is_none()
+                && (message.cluster_seq().is_some() || message.awaits_cluster_seq())
+            {
+                taken = Some(std::sync::Arc::clone(message));
+            }
             // The client has it: its engine (a clustered shared group's JetStream) is done
             // with it now, and only the packet id is needed for the PUBREL.
             if entry.delivery.message.awaits_settlement() {
@@ -419,6 +432,7 @@ impl SessionState {
         Ok(PubRecAnswer::Release {
             reason: ReasonCode::SUCCESS,
             ops,
+            taken,
         })
     }
 

@@ -86,7 +86,6 @@ async fn a_rolling_restart_under_qos2_load_loses_and_duplicates_nothing() {
 /// subscriber there and after the session moved on again; nothing acknowledged is lost,
 /// nothing taken twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finds an open defect (issue 34): one QoS 2 message taken twice (1000095) in 1 of 2 full-suite runs on 2026-12-05; run it with --ignored"]
 async fn a_node_added_under_load_takes_sessions_over_and_loses_nothing() {
     let (nats, mut nodes) = start_cluster(2, "").await;
     let (a, b) = (nodes[0].mqtt(), nodes[1].mqtt());
