@@ -463,7 +463,7 @@ async fn a_qos2_delivery_in_flight_moving_to_a_lagging_node_arrives_once() {
 /// to node b, the session gets the in-flight message again under its packet id with DUP
 /// (MQTT-4.4.0-1), and the completed one not at all. Before, node b's replay from the
 /// cursor sent the completed one a second time under a new packet id (found by
-/// cluster_operations' node-added test, issue 34).
+/// the cluster operations suite's node-added test, issue 34).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qos2_message_taken_above_the_cursor_is_not_sent_again_after_a_move() {
     let (_nats, nodes) = cluster(2).await;
