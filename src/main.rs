@@ -386,6 +386,9 @@ fn passwd(args: &PasswdArgs) -> anyhow::Result<()> {
         (Some(_), false) => anyhow::bail!("a password on the command line needs -b"),
         (None, false) => read_password()?,
     };
+    // `$7$` cannot tell `pw` from `pw\0` (HMAC pads keys with zeros) and the broker refuses
+    // passwords ending in NUL for it: none is written, so the broker's refusal is exact.
+    anyhow::ensure!(!password.contains('\0'), "a password must not contain NUL");
     if let Some(kind) = &args.scram {
         let kind = scram_kind(kind)?;
         let line = postbox::auth::scram_file::scram_credential_line(

@@ -213,11 +213,13 @@ async fn require_access(
     next: Next,
 ) -> Response {
     // Before the token: a rebound page is refused whatever it sends, and learns nothing.
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .map(HeaderValue::as_bytes)
-        .or_else(|| request.uri().authority().map(|a| a.as_str().as_bytes()));
+    let host = match host::request_host(request.headers(), request.uri()) {
+        Ok(host) => host,
+        Err(why) => {
+            tracing::debug!(%peer, path = %request.uri().path(), why, "admin API: ambiguous Host");
+            return (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response();
+        }
+    };
     if !state.allowed_hosts.allows(host, local) {
         tracing::debug!(%peer, path = %request.uri().path(), "admin API: Host names another server");
         return (

@@ -311,12 +311,12 @@ impl Node {
             f(child);
         }
         if let Some(child) = &self.user {
-            if id.username == Some(level) {
+            if id.username.is_some_and(one_level) && id.username == Some(level) {
                 f(child);
             }
         }
         if let Some(child) = &self.client {
-            if id.client_id == level {
+            if one_level(id.client_id) && id.client_id == level {
                 f(child);
             }
         }
@@ -392,12 +392,14 @@ impl Node {
                     bits |= child.meets(levels.clone(), id, false);
                 }
             }
-            // `%u` only stands for a level when there is a username.
-            let user = self.user.as_ref().filter(|_| id.username.is_some());
-            for child in [self.plus.as_ref(), user, self.client.as_ref()]
-                .into_iter()
-                .flatten()
-            {
+            // `%u` only stands for a level when there is a username, and one that can be a
+            // level (`one_level`); `%c` likewise.
+            let user = self
+                .user
+                .as_ref()
+                .filter(|_| id.username.is_some_and(one_level));
+            let client = self.client.as_ref().filter(|_| one_level(id.client_id));
+            for child in [self.plus.as_ref(), user, client].into_iter().flatten() {
                 bits |= child.meets(levels.clone(), id, false);
             }
             return bits;
@@ -441,6 +443,20 @@ impl Node {
             }
         }
     }
+}
+
+/// Whether a user name or client id can stand for one topic level in a `pattern` rule's `%u`
+/// or `%c`: not empty, and none of `+`, `#`, `/`, NUL (issue 35, third adversarial pass).
+///
+/// Why: Mosquitto substitutes the name into the pattern's text and matches the result as a
+/// filter, so a user named `+` or `#` would widen `sensors/%u/#` to every user's subtree;
+/// it denies such "dangerous" names all access. Here `%u` is compared with a whole level,
+/// which cannot widen, but a name that is not a level (an empty one would meet the empty
+/// level of `sensors//x`) matches no `%u` / `%c` at all rather than relying on that: the
+/// JWT path refuses such subjects at login (`auth::jwt::usable_username`), and a password
+/// file or certificate naming one gets only its non-pattern rules.
+pub(crate) fn one_level(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['+', '#', '/', '\0'])
 }
 
 /// A compiled ACL file. Built at start and on each reload; checks read it without locks of
@@ -671,6 +687,34 @@ topic #
         // MQTT-4.7.2-1: `#` in a rule does not reach `$` topics.
         assert!(!acl.allow(admin, Action::Read, "$SYS/broker/uptime"));
         assert!(!acl.allow(id(Some("nobody"), "n"), Action::Read, "public/x"));
+    }
+
+    /// Issue 35, third adversarial pass: a user name or client id that cannot be one topic
+    /// level never stands for `%u` / `%c`, so it cannot widen a pattern (Mosquitto denies
+    /// such names outright); the empty name met the empty level of `sensors//t` before.
+    #[test]
+    fn names_that_are_not_one_level_never_match_a_pattern() {
+        let acl = Acl::parse(EXAMPLE).expect("parse");
+        for name in ["", "+", "#", "a/b", "a\0"] {
+            let user = id(Some(name), "c1");
+            for topic in ["sensors//t", "sensors/+/t", "sensors/#", "sensors/a/b/t"] {
+                assert!(!acl.allow(user, Action::Write, topic), "{name:?} {topic}");
+            }
+            for filter in ["sensors/+/#", "sensors//#", "commands/+/x"] {
+                assert_eq!(
+                    acl.filter_access(user, filter),
+                    FilterAccess::Denied,
+                    "{name:?} {filter}"
+                );
+            }
+            // `#` below a level with `%u` children is granted in part for any user (the
+            // documented overestimate of `meets`); each delivery is then checked, and the
+            // topics above are refused.
+            assert_ne!(acl.filter_access(user, "sensors/#"), FilterAccess::Full);
+            let client = id(Some("alice"), name);
+            assert!(!acl.allow(client, Action::Write, "clients/"), "{name:?}");
+        }
+        assert!(one_level("alice") && one_level("a b") && !one_level("a+"));
     }
 
     #[test]

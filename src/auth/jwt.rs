@@ -45,6 +45,10 @@ pub enum JwtError {
     /// The username claim is missing or not a string.
     #[error("token has no string claim {0:?} for the username")]
     NoUsername(String),
+    /// The username claim cannot be a user name: empty, or holding `+`, `#`, `/` or NUL
+    /// (see [`usable_username`]). Names the claim, never its value.
+    #[error("the token's claim {0:?} is not a usable user name (empty, or holding + # / or NUL)")]
+    BadUsername(String),
     /// A key file could not be read or used.
     #[error("{}: {reason}", path.display())]
     Key {
@@ -53,6 +57,21 @@ pub enum JwtError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+/// Whether a token's subject may be a user name: not empty, and none of `+`, `#`, `/`, NUL
+/// (issue 35, third adversarial pass).
+///
+/// Why: the subject becomes the identity the ACL sees, and its `pattern` rules stand `%u`
+/// for one topic level (`sensors/%u/#`). A level is never empty as a name, holds no `/`
+/// (the separator), no wildcard and no NUL (MQTT-4.7.1-1, MQTT-4.7.3-2); a subject that could
+/// not be one is refused like any bad credential (0x86, 3.1.1: 4) rather than trusted to
+/// match nothing. The ACL refuses such names in `%u` as well (`auth::acl`), as Mosquitto
+/// denies access to a "dangerous username" with `+` or `#`; an empty subject is also how a
+/// token for nobody in particular looks, and must not become an identity sessions bind to.
+/// The issuer is a third party: its subject namespace is not the operator's to vet.
+pub(crate) fn usable_username(name: &str) -> bool {
+    super::acl::one_level(name)
 }
 
 /// What a valid token says about its client.
@@ -240,6 +259,9 @@ impl JwtVerifier {
             .and_then(|v| v.as_str())
             .ok_or_else(|| JwtError::NoUsername(claim.clone()))?
             .to_owned();
+        if !usable_username(&username) {
+            return Err(JwtError::BadUsername(claim.clone()));
+        }
         Ok(Verified {
             username,
             expires_at: claims.exp,
@@ -332,6 +354,33 @@ mod tests {
         assert_eq!(ok.expires_at, Some(exp));
         assert_eq!(ok.publish, Some(vec!["sensors/sensor1/#".to_owned()]));
         assert_eq!(ok.subscribe, None);
+    }
+
+    /// Issue 35, third adversarial pass: a subject that cannot be one topic level (what `%u`
+    /// stands for in the ACL) is refused; one that can is taken as it is.
+    #[test]
+    fn subjects_that_cannot_be_a_user_name_are_refused() {
+        let v = JwtVerifier::load(config()).expect("load");
+        for bad in ["", "+", "#", "a/b", "sensors/+", "x\0", "#/../"] {
+            let token = sign(
+                Algorithm::RS256,
+                None,
+                &serde_json::json!({"sub": bad, "exp": now() + 60}),
+            );
+            assert_eq!(
+                v.verify(&token),
+                Err(JwtError::BadUsername("sub".to_owned())),
+                "{bad:?}"
+            );
+        }
+        for good in ["sensor-1", "user@example.com", "auth0|5f1c", "ü"] {
+            let token = sign(
+                Algorithm::RS256,
+                None,
+                &serde_json::json!({"sub": good, "exp": now() + 60}),
+            );
+            assert_eq!(v.verify(&token).map(|ok| ok.username), Ok(good.to_owned()));
+        }
     }
 
     #[test]

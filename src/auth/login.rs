@@ -13,7 +13,7 @@ use crate::config::Config;
 use super::credential_file::CredentialFileError;
 use super::jwt::JwtVerifier;
 use super::password::{AuthMetrics, PasswordStore};
-use super::throttle::LoginLimits;
+use super::throttle::{LoginLimits, LoginThrottle};
 
 /// The login rules in force.
 #[derive(Debug)]
@@ -29,6 +29,9 @@ pub struct Logins {
     /// A SCRAM file, or a listener taking user names from certificates: identities a
     /// session can be bound to, besides the password file and JWT.
     other_methods: bool,
+    /// The failed-login records, one for every method that checks a secret (the password
+    /// file and SCRAM): a guesser gets one limit, not one per method (issue 35).
+    throttle: Arc<LoginThrottle>,
     metrics: AuthMetrics,
 }
 
@@ -44,10 +47,11 @@ impl Logins {
         metrics: &crate::metrics::Metrics,
     ) -> Result<Logins, CredentialFileError> {
         let metrics = AuthMetrics::register(metrics);
+        let throttle = Arc::new(LoginThrottle::new(login_limits(&config.auth)));
         let passwords = match &config.auth.password_file {
             Some(path) => Some(Arc::new(
                 PasswordStore::open(path, config.auth.password_cache_size, 0, metrics.clone())?
-                    .with_limits(login_limits(&config.auth)),
+                    .with_throttle(Arc::clone(&throttle)),
             )),
             None => None,
         };
@@ -82,6 +86,7 @@ impl Logins {
             default_anonymous,
             username_as_client_id,
             other_methods,
+            throttle,
             metrics,
         })
     }
@@ -139,6 +144,12 @@ impl Logins {
     /// The metric handles.
     pub fn metrics(&self) -> &AuthMetrics {
         &self.metrics
+    }
+
+    /// The failed-login records the password file uses, for the SCRAM exchange to count in
+    /// and be refused by the same way.
+    pub(crate) fn throttle(&self) -> &LoginThrottle {
+        &self.throttle
     }
 }
 

@@ -99,6 +99,16 @@ pub trait Authenticator: Send + Sync + 'static {
     fn is_expensive(&self) -> bool {
         false
     }
+
+    /// The user an exchange in progress claims to be, once a step has read it (SCRAM's
+    /// client-first-message), before any proof is judged: the handshake asks the failed-login
+    /// limits with it and counts a failed exchange against it and the address, as it does for
+    /// passwords (issue 35: otherwise a method that names its user is an unthrottled way to
+    /// guess). `None` (the default): the method names no user; its exchanges are not
+    /// counted (such a method, an embedder's, keeps its own limits).
+    fn claimed_user(&self, _state: &AuthState) -> Option<String> {
+        None
+    }
 }
 
 /// Why a method could not be registered.

@@ -252,6 +252,14 @@ impl Authenticator for Scram {
     fn is_expensive(&self) -> bool {
         false
     }
+
+    /// The user the client-first-message named (known or not): the failed-login limits are
+    /// asked with it before the proof is judged.
+    fn claimed_user(&self, state: &AuthState) -> Option<String> {
+        state
+            .downcast_ref::<Pending>()
+            .map(|pending| pending.username.clone())
+    }
 }
 
 /// The parts of a client-first-message the server uses.

@@ -11,16 +11,31 @@
 //! within a window, then a ban); EMQX's flapping detection bans a client id; Mosquitto has
 //! none.
 //!
-//! A success forgets the user's failures, not the address's: otherwise an attacker holding
-//! one account could wipe its address's record between guesses at others. A success the
-//! password cache answers is never refused here (`auth::password` asks the cache first), so
-//! devices whose passwords were accepted lately keep getting in while their user name or
-//! their NAT address is throttled: a flood cannot lock a working fleet out.
+//! The throttle answers before anything looks at the password, the success cache included
+//! (issue 35, third adversarial pass): when the cache was asked first, a throttled guesser
+//! got a fast yes (remembered) or no (0x9F) at line rate, about 120 guesses/s, and a
+//! remembered success cleared the user's record. Devices are not locked out by that order:
+//! a (user name, address) pair that proved the credentials before and has not failed since
+//! ([`trust`]) passes a throttled user name or address, so a device whose user is attacked
+//! from elsewhere, or whose NAT address an attacker shares, still gets in; an attacker at
+//! such an address gets one checked guess, whose failure revokes the pair.
+//!
+//! A success forgets the user's failures only when the last of them came from the same
+//! address (a device's own typos), never the address's: otherwise an attacker holding one
+//! account could wipe its address's record between guesses at others, and a device
+//! reconnecting every few seconds would hand an attacker elsewhere a fresh allowance of
+//! guesses at its user each time.
+//!
+//! The same records count failed SCRAM exchanges (`connection::handshake`): one limit per
+//! address and per user, whatever the method guessed through.
 //!
 //! Memory is bounded: each table holds at most `login_limit_entries` keys; an entry is
 //! forgotten `FORGET_AFTER` (or the cap, if longer) after its last failure, and when a table
 //! is full the expired entries go first, then the one whose last failure is oldest. Only
-//! hashed failures insert, so insertions are bounded by the hash rate.
+//! checked failures insert, so insertions are bounded by the hash rate. The trusted pairs are
+//! bounded by the same number.
+
+mod trust;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -99,6 +114,9 @@ impl Throttled {
 struct Entry {
     failures: u32,
     last: Instant,
+    /// Where the last failure came from: a success from there may forget a user's failures
+    /// (they were its own device's), one from elsewhere may not.
+    source: IpAddr,
 }
 
 /// One kind of key's records.
@@ -126,8 +144,8 @@ impl<K: Eq + Hash + Clone> Table<K> {
         })
     }
 
-    /// Counts a failure; true when it is the one that starts the key's delays.
-    fn fail<Q>(&mut self, key: &Q, now: Instant, limits: &LoginLimits) -> bool
+    /// Counts a failure from `source`; true when it is the one that starts the key's delays.
+    fn fail<Q>(&mut self, key: &Q, source: IpAddr, now: Instant, limits: &LoginLimits) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -142,6 +160,7 @@ impl<K: Eq + Hash + Clone> Table<K> {
             }
             entry.failures = entry.failures.saturating_add(1);
             entry.last = now;
+            entry.source = source;
             return entry.failures == self.allowed;
         }
         if self.map.len() >= limits.entries {
@@ -163,17 +182,27 @@ impl<K: Eq + Hash + Clone> Table<K> {
             Entry {
                 failures: 1,
                 last: now,
+                source,
             },
         );
         self.allowed == 1
     }
 }
 
-/// The failure records of addresses and user names, asked before every password hash.
+/// The failure records of addresses and user names, and the pairs that may pass them
+/// ([`trust`]); asked before every password check (cache and hash) and every SCRAM proof.
 #[derive(Debug)]
 pub(crate) struct LoginThrottle {
     limits: LoginLimits,
-    tables: Mutex<(Table<IpAddr>, Table<String>)>,
+    tables: Mutex<Tables>,
+}
+
+/// All records, under one lock: a check reads the three together.
+#[derive(Debug)]
+struct Tables {
+    addresses: Table<IpAddr>,
+    users: Table<String>,
+    trusted: trust::Trusted,
 }
 
 impl LoginThrottle {
@@ -181,36 +210,47 @@ impl LoginThrottle {
     pub(crate) fn new(limits: LoginLimits) -> LoginThrottle {
         LoginThrottle {
             limits,
-            tables: Mutex::new((Table::new(limits.per_address), Table::new(limits.per_user))),
+            tables: Mutex::new(Tables {
+                addresses: Table::new(limits.per_address),
+                users: Table::new(limits.per_user),
+                trusted: trust::Trusted::default(),
+            }),
         }
     }
 
     /// Whether an attempt from `source` (a `transport::admission::source_key`) for `user`
-    /// may be checked now, or which record refuses it.
+    /// may be checked now, or which record refuses it. Asked before anything looks at the
+    /// credentials (the success cache included): a refusal must tell nothing about them. A
+    /// pair that proved `user`'s credentials from `source` and has not failed since passes.
     pub(crate) fn check(&self, source: IpAddr, user: &str, now: Instant) -> Result<(), Throttled> {
         if self.off() {
             return Ok(());
         }
         let tables = self.tables.lock();
-        if tables.0.blocked(&source, now, &self.limits) {
-            return Err(Throttled::Address);
+        let refused = if tables.addresses.blocked(&source, now, &self.limits) {
+            Throttled::Address
+        } else if tables.users.blocked(user, now, &self.limits) {
+            Throttled::User
+        } else {
+            return Ok(());
+        };
+        if tables.trusted.contains(user, source) {
+            return Ok(());
         }
-        if tables.1.blocked(user, now, &self.limits) {
-            return Err(Throttled::User);
-        }
-        Ok(())
+        Err(refused)
     }
 
-    /// Counts a checked failure, and logs (WARN) each record whose delays it starts: once
-    /// per address or user, not per refused attempt.
+    /// Counts a checked failure, revokes the pair's trust, and logs (WARN) each record whose
+    /// delays it starts: once per address or user, not per refused attempt.
     pub(crate) fn failed(&self, source: IpAddr, user: &str, now: Instant) {
         if self.off() {
             return;
         }
         let (address_starts, user_starts) = {
             let mut tables = self.tables.lock();
-            let address = tables.0.fail(&source, now, &self.limits);
-            let user = tables.1.fail(user, now, &self.limits);
+            tables.trusted.revoke(user, source);
+            let address = tables.addresses.fail(&source, source, now, &self.limits);
+            let user = tables.users.fail(user, source, now, &self.limits);
             (address, user)
         };
         let delay_ms = u64::try_from(self.limits.delay.as_millis()).unwrap_or(u64::MAX);
@@ -224,19 +264,32 @@ impl LoginThrottle {
         }
     }
 
-    /// A checked success for `user`: its failures are forgotten (its address's are not).
-    pub(crate) fn succeeded(&self, user: &str) {
-        if self.limits.per_user == 0 {
+    /// A checked success (hashed, remembered, or a SCRAM proof) for `user` from `source`: the
+    /// pair is trusted from now on; the user's failures are forgotten only when the last one
+    /// came from `source` (its own device's typos), its address's never.
+    pub(crate) fn succeeded(&self, source: IpAddr, user: &str, now: Instant) {
+        if self.off() {
             return;
         }
-        self.tables.lock().1.map.remove(user);
+        let mut tables = self.tables.lock();
+        tables
+            .trusted
+            .insert(user, source, now, self.limits.entries);
+        if tables
+            .users
+            .map
+            .get(user)
+            .is_some_and(|entry| entry.source == source)
+        {
+            tables.users.map.remove(user);
+        }
     }
 
     /// Keys held, addresses and users.
     #[cfg(test)]
     fn len(&self) -> (usize, usize) {
         let tables = self.tables.lock();
-        (tables.0.map.len(), tables.1.map.len())
+        (tables.addresses.map.len(), tables.users.map.len())
     }
 
     fn off(&self) -> bool {
@@ -291,15 +344,18 @@ mod tests {
         assert_eq!(t.check(A, "u", later), Ok(()));
     }
 
+    const C: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 3));
+
     #[test]
-    fn a_user_is_throttled_from_every_address_and_a_success_clears_it() {
+    fn a_user_is_throttled_from_every_address_and_its_own_success_clears_it() {
         let t = LoginThrottle::new(limits(0, 2, 100));
         let now = Instant::now();
         t.failed(A, "alice", now);
         t.failed(B, "alice", now);
         assert_eq!(t.check(B, "alice", now), Err(Throttled::User));
         assert_eq!(t.check(B, "bob", now), Ok(()));
-        t.succeeded("alice");
+        // The last failure came from B: a success from B (its typos) clears the user.
+        t.succeeded(B, "alice", now);
         assert_eq!(t.check(A, "alice", now), Ok(()));
     }
 
@@ -308,8 +364,45 @@ mod tests {
         let t = LoginThrottle::new(limits(1, 0, 100));
         let now = Instant::now();
         t.failed(A, "alice", now);
-        t.succeeded("mallory");
+        t.succeeded(A, "mallory", now);
         assert_eq!(t.check(A, "alice", now), Err(Throttled::Address));
+    }
+
+    /// Third adversarial pass: a device's success must not hand an attacker elsewhere a fresh
+    /// allowance of guesses at its user.
+    #[test]
+    fn a_success_elsewhere_does_not_clear_the_attackers_failures() {
+        let t = LoginThrottle::new(limits(0, 2, 100));
+        let now = Instant::now();
+        t.failed(A, "alice", now);
+        t.failed(A, "alice", now);
+        t.succeeded(B, "alice", now);
+        assert_eq!(t.check(C, "alice", now), Err(Throttled::User));
+        assert_eq!(t.check(A, "alice", now), Err(Throttled::User));
+    }
+
+    /// Third adversarial pass: the pair that proved the credentials passes a throttled user
+    /// or address; nobody else does, and a failure revokes the pair.
+    #[test]
+    fn a_trusted_pair_passes_until_it_fails() {
+        let t = LoginThrottle::new(limits(2, 2, 100));
+        let now = Instant::now();
+        t.succeeded(B, "alice", now);
+        // Attacked from A: the user and A are throttled.
+        t.failed(A, "alice", now);
+        t.failed(A, "alice", now);
+        assert_eq!(t.check(A, "alice", now), Err(Throttled::Address));
+        assert_eq!(t.check(C, "alice", now), Err(Throttled::User));
+        assert_eq!(t.check(B, "alice", now), Ok(()), "the device's own pair");
+        // Behind A, a device of bob that succeeded there passes A's throttle.
+        t.succeeded(A, "bob", now);
+        assert_eq!(t.check(A, "bob", now), Ok(()));
+        assert_eq!(t.check(A, "carol", now), Err(Throttled::Address));
+        // A guess from a trusted pair is checked once; its failure revokes the pair.
+        t.failed(A, "bob", now);
+        assert_eq!(t.check(A, "bob", now), Err(Throttled::Address));
+        t.failed(B, "alice", now);
+        assert_eq!(t.check(B, "alice", now), Err(Throttled::User));
     }
 
     #[test]
@@ -327,7 +420,7 @@ mod tests {
         assert_eq!(t.len(), (64, 64));
         // The newest keys are the ones kept.
         let newest = IpAddr::V4(std::net::Ipv4Addr::from(9_999u32));
-        assert!(t.tables.lock().0.map.contains_key(&newest));
+        assert!(t.tables.lock().addresses.map.contains_key(&newest));
     }
 
     #[test]

@@ -152,3 +152,61 @@ async fn the_api_can_listen_apart_and_ask_loopback_for_its_token() {
     let log = broker.logs().join("\n");
     assert!(!log.contains(secret), "the token was logged:\n{log}");
 }
+
+/// Issue 35, third adversarial pass: with two Host headers the first was checked (a proxy in
+/// front may route by another), and an absolute-form request's authority was ignored for the
+/// Host header (`DELETE http://attacker.example/… ` with `Host: 127.0.0.1` passed). Now more
+/// than one Host is 400 Bad Request (RFC 9112 §3.2: "A server MUST respond with a 400 … to
+/// any HTTP/1.1 request message that … contains more than one Host header field line"), and
+/// the authority of an absolute-form URI is the host checked (RFC 9112 §3.2.2: the server
+/// "MUST ignore the received Host header field … and instead use the host information of the
+/// request-target"), one with a user name in it refused (RFC 9110 §4.2.4). (On the old code
+/// the first DELETE got 200 and deleted the session.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_host_headers_and_absolute_form_uris_name_the_host_checked() {
+    let broker = BrokerProcess::spawn_file(IN_MEMORY, &[]).await;
+    let http_addr = SocketAddr::from((LOOPBACK, broker.metrics_port));
+    let own = format!("127.0.0.1:{}", broker.metrics_port);
+    offline_session(&broker, "victim").await;
+    let path = "/api/v1/sessions/victim";
+
+    let foreign = "Host: attacker.example\r\n";
+    let (status, body) = http(LOOPBACK, http_addr, "DELETE", path, &own, foreign).await;
+    assert_eq!(status, 400, "own Host, then a foreign one: {body}");
+    let second_own = format!("Host: {own}\r\n");
+    let (status, body) = http(
+        LOOPBACK,
+        http_addr,
+        "DELETE",
+        path,
+        "attacker.example",
+        &second_own,
+    )
+    .await;
+    assert_eq!(status, 400, "a foreign Host, then the own one: {body}");
+
+    let absolute = format!("http://attacker.example{path}");
+    let (status, body) = http(LOOPBACK, http_addr, "DELETE", &absolute, &own, "").await;
+    assert_eq!(
+        status, 421,
+        "the request-target names another server: {body}"
+    );
+    let disguised = format!("http://127.0.0.1@attacker.example{path}");
+    let (status, body) = http(LOOPBACK, http_addr, "DELETE", &disguised, &own, "").await;
+    assert!(status == 400 || status == 421, "{status}: {body}");
+
+    // The absolute form naming this broker works, whatever the Host header says.
+    let absolute_own = format!("http://{own}{path}");
+    let (status, body) = http(
+        LOOPBACK,
+        http_addr,
+        "GET",
+        &absolute_own,
+        "attacker.example",
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "the session is still there: {body}");
+    let (status, body) = http(LOOPBACK, http_addr, "GET", path, &own, "").await;
+    assert_eq!(status, 200, "one own Host, origin form: {body}");
+}

@@ -349,3 +349,38 @@ async fn a_password_no_method_verifies_is_refused() {
         }
     }
 }
+
+/// Issue 35, third adversarial pass: a verified token whose `sub` is empty or holds `+`, `#`,
+/// `/` or NUL was admitted under that name, which becomes the ACL identity that `%u` in a
+/// `pattern` rule stands for (one topic level). Now it is refused like any bad credential:
+/// v5 0x86 Bad User Name or Password, 3.1.1 return code 4 (MQTT-3.1.4-2, v5 §3.2.2.2). (On
+/// the old code each got 0x00.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_that_cannot_be_one_topic_level_is_refused() {
+    let broker = broker().await;
+    let key = jwt_dir().join("rsa.key");
+    let exp = now() + 300;
+    for sub in ["", "+", "#", "sensors/+", "a/b", "x\\u0000"] {
+        let token = rs256(&key, &format!(r#"{{"sub":"{sub}","exp":{exp}}}"#));
+        assert_eq!(
+            connack_v5(&broker, None, &token).await,
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "sub {sub:?}"
+        );
+    }
+    let plus = rs256(&key, &format!(r#"{{"sub":"+","exp":{exp}}}"#));
+    let mut old = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+    let mut connect = v5::connect_packet("old");
+    connect.protocol = ProtocolVersion::V3_1_1;
+    connect.username = Some("+".into());
+    connect.password = Some(plus.as_bytes().to_vec().into());
+    old.send(&Packet::Connect(Box::new(connect))).await;
+    match old.recv().await {
+        Some(Packet::ConnAck(ack)) => {
+            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        }
+        other => panic!("expected CONNACK 4, got {other:?}"),
+    }
+    let fine = rs256(&key, &format!(r#"{{"sub":"sensor-1@site","exp":{exp}}}"#));
+    assert_eq!(connack_v5(&broker, None, &fine).await, ReasonCode::SUCCESS);
+}

@@ -150,6 +150,15 @@ impl PasswordHash {
                 salt,
                 hash,
             } => {
+                // HMAC pads a key shorter than its block (128 bytes for SHA-512) with zeros
+                // (RFC 2104 §2), so PBKDF2-HMAC cannot tell `secret` from `secret\0`: both
+                // derive the same key, and a password with NULs appended passed (issue 35,
+                // third adversarial pass). No `$7$` hash is of a password ending in NUL
+                // (`mosquitto_passwd` takes C strings; `postbox passwd` refuses them), so
+                // such a password is refused here and the comparison is exact.
+                if password.last() == Some(&0) {
+                    return false;
+                }
                 let mut key = vec![0u8; hash.len()];
                 pbkdf2::pbkdf2_hmac::<Sha512>(password, salt, *iterations, &mut key);
                 key.ct_eq(hash).into()
@@ -222,6 +231,29 @@ mod tests {
     const SHA512: &str = "$6$Eutey7htKAMgCbLQ$YH27dvlErrE9Wy3BHo27H62I7p0Z5KmPyRLNqq8u9crCifkBNgvkumrmUy20wakpY9wJ49EA5FHpejLoSm+cQg==";
     // `mosquitto_passwd -H sha512-pbkdf2 -c -b f bob bob-secret` (12-byte salt, 101 iterations).
     const PBKDF2_12: &str = "$7$101$yKLkIWm4PyNFL8gy$0SzgdK9kMgY8LNpCGsJrp3YOwmx8TohGoKa6ox8BdY3f7Zu3NT8Kp8BdhHxIQZntkOkrQ/Zb126hfrTMRM2o/Q==";
+
+    /// Issue 35, third adversarial pass: HMAC's zero padding made `$7$` accept a password
+    /// with NULs appended; every format compares exactly now.
+    #[test]
+    fn trailing_nul_bytes_do_not_pass() {
+        let hashes = [
+            PasswordHash::new_pbkdf2(b"secret", 10),
+            PasswordHash::parse(PBKDF2_12).expect("parse"),
+            PasswordHash::parse(SHA512).expect("parse"),
+            PasswordHash::new_argon2id(b"secret").expect("argon2id"),
+        ];
+        for (h, right) in
+            hashes
+                .iter()
+                .zip([&b"secret"[..], b"bob-secret", b"alice-secret", b"secret"])
+        {
+            assert!(h.verify(right), "{h:?}");
+            for suffix in [&b"\0"[..], b"\0\0", b"\0x"] {
+                let padded = [right, suffix].concat();
+                assert!(!h.verify(&padded), "{h:?} {suffix:?}");
+            }
+        }
+    }
 
     #[test]
     fn mosquitto_sha512_vector() {

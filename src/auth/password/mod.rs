@@ -135,8 +135,9 @@ pub struct PasswordStore {
     permits: Arc<Semaphore>,
     /// Each source address's share of those permits, taken first.
     shares: HashShares,
-    /// Failed-login limits (off until [`PasswordStore::with_limits`]).
-    throttle: LoginThrottle,
+    /// Failed-login limits (off until [`PasswordStore::with_throttle`]), shared with the
+    /// other methods that check a secret (SCRAM): one limit whatever the method guessed.
+    throttle: Arc<LoginThrottle>,
     cache: Mutex<SuccessCache>,
     metrics: AuthMetrics,
     /// How long the last hash took, in nanoseconds (see [`PasswordStore::verify`]).
@@ -170,16 +171,17 @@ impl PasswordStore {
             })),
             permits: Arc::new(Semaphore::new(max_hashes)),
             shares: HashShares::new(max_hashes),
-            throttle: LoginThrottle::new(LoginLimits::OFF),
+            throttle: Arc::new(LoginThrottle::new(LoginLimits::OFF)),
             cache: Mutex::new(SuccessCache::new(cache_size)),
             metrics,
             last_hash_ns: AtomicU64::new(0),
         })
     }
 
-    /// The store with the failed-login limits `limits` (`[auth] login_*`).
-    pub(crate) fn with_limits(mut self, limits: LoginLimits) -> PasswordStore {
-        self.throttle = LoginThrottle::new(limits);
+    /// The store with the failed-login records `throttle` (`[auth] login_*`, shared with
+    /// SCRAM by `auth::login::Logins`).
+    pub(crate) fn with_throttle(mut self, throttle: Arc<LoginThrottle>) -> PasswordStore {
+        self.throttle = throttle;
         self
     }
 
@@ -204,8 +206,10 @@ impl PasswordStore {
     /// logins/s on 2 cores with a 10,000-iteration `$7$` file).
     ///
     /// `source` is the client's `transport::admission::source_key`: the failed-login limits
-    /// and the share of the workers are kept per source. A success from the cache is neither
-    /// throttled nor hashed.
+    /// and the share of the workers are kept per source. The limits are asked first, before
+    /// the cache: a throttled attempt is refused whatever its password, so a refusal tells a
+    /// guesser nothing (issue 35, third adversarial pass; the pair that proved the password
+    /// before passes, `auth::throttle::trust`). A success from the cache is not hashed.
     pub fn verify<'a>(
         &'a self,
         user: &'a str,
@@ -228,6 +232,16 @@ impl PasswordStore {
         deadline: tokio::time::Instant,
         mut unhashed: Unhashed<'_>,
     ) -> Verdict {
+        // The throttle first (issue 35, third adversarial pass): when the cache answered
+        // before it, a throttled guesser got a fast yes or no at line rate.
+        if let Err(throttled) = self.throttle.check(source, user, std::time::Instant::now()) {
+            unhashed.0 = None;
+            match throttled {
+                Throttled::Address => self.metrics.throttled_address.increment(1),
+                Throttled::User => self.metrics.throttled_user.increment(1),
+            }
+            return Verdict::Throttled;
+        }
         let loaded = Arc::clone(&self.current.read());
         let key = {
             let cache = self.cache.lock();
@@ -238,19 +252,12 @@ impl PasswordStore {
                 drop(cache);
                 unhashed.0 = None;
                 self.metrics.success_cached.increment(1);
-                // The right password, as surely as a hash would say: the user's failures go.
-                self.throttle.succeeded(user);
+                // The right password, as surely as a hash would say.
+                self.throttle
+                    .succeeded(source, user, std::time::Instant::now());
                 return Verdict::Ok;
             }
         };
-        if let Err(throttled) = self.throttle.check(source, user, std::time::Instant::now()) {
-            unhashed.0 = None;
-            match throttled {
-                Throttled::Address => self.metrics.throttled_address.increment(1),
-                Throttled::User => self.metrics.throttled_user.increment(1),
-            }
-            return Verdict::Throttled;
-        }
         let (hash, known) = match loaded.users.get(user) {
             Some(hash) => (hash.clone(), true),
             // Same work as a wrong password: no user enumeration by timing.
@@ -293,7 +300,9 @@ impl PasswordStore {
             (false, _) => Verdict::UnknownUser,
         };
         match verdict {
-            Verdict::Ok => self.throttle.succeeded(user),
+            Verdict::Ok => self
+                .throttle
+                .succeeded(source, user, std::time::Instant::now()),
             _ => self
                 .throttle
                 .failed(source, user, std::time::Instant::now()),
@@ -421,16 +430,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn limits_refuse_unhashed_but_a_remembered_success_gets_in() {
+    async fn limits_refuse_unhashed_and_only_a_known_device_passes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (_, store) = store(dir.path(), &line("a", "pa"));
-        let store = store.with_limits(LoginLimits {
+        let store = store.with_throttle(Arc::new(LoginThrottle::new(LoginLimits {
             per_address: 2,
             per_user: 0,
             delay: Duration::from_secs(60),
             max_delay: Duration::from_secs(60),
             entries: 16,
-        });
+        })));
+        let device = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 9));
+        assert_eq!(store.verify("a", b"pa", device, later()).await, Verdict::Ok);
         assert_eq!(store.verify("a", b"pa", SRC, later()).await, Verdict::Ok);
         for _ in 0..2 {
             let verdict = store.verify("a", b"x", SRC, later()).await;
@@ -441,14 +452,22 @@ mod tests {
         let other = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
         let verdict = store.verify("a", b"x", other, later()).await;
         assert_eq!(verdict, Verdict::BadPassword, "another address is checked");
+        // The remembered password is no oracle from the throttled address, even though it
+        // succeeded there once (its failures since revoked that)…
         let verdict = store.verify("a", b"pa", SRC, later()).await;
+        assert_eq!(verdict, Verdict::Throttled, "no answer past the throttle");
+        // … and the device whose address proved it is not throttled.
+        for _ in 0..2 {
+            let verdict = store.verify("a", b"y", device, later()).await;
+            assert_eq!(verdict, Verdict::BadPassword);
+        }
+        let device2 = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 10));
         assert_eq!(
-            verdict,
-            Verdict::Ok,
-            "remembered: neither throttled nor hashed"
+            store.verify("a", b"pa", device2, later()).await,
+            Verdict::Ok
         );
-        assert_eq!(store.metrics.hashes.get(), 4);
-        assert_eq!(store.metrics.throttled_address.get(), 1);
+        assert_eq!(store.metrics.hashes.get(), 6);
+        assert_eq!(store.metrics.throttled_address.get(), 2);
         assert_eq!(store.metrics.hashes_skipped.get(), 0);
 
         // A verification dropped while it waits for a worker is skipped, not hashed.
@@ -462,7 +481,7 @@ mod tests {
             "waits for the worker"
         );
         drop(all);
-        assert_eq!(store.metrics.hashes.get(), 4);
+        assert_eq!(store.metrics.hashes.get(), 6);
         assert_eq!(store.metrics.hashes_skipped.get(), 1);
         // One dropped before it ever ran (its client had closed already) too.
         drop(store.verify("a", b"z", other, later()));

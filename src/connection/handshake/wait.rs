@@ -103,6 +103,8 @@ where
 pub(super) struct Exchange<'a> {
     pub(super) slot: &'a mut HandshakeSlot,
     pub(super) deadline: Instant,
+    /// The client's `transport::admission::source_key`: the failed-login limits' key.
+    pub(super) source: std::net::IpAddr,
 }
 
 /// When the handshake of the connection holding `slot` must be done: `mqtt.connect_timeout`
