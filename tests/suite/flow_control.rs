@@ -417,6 +417,11 @@ async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
     let (mut away, _) = v5::connect(broker.addr, offline.clone()).await;
     v5::subscribe(&mut away, "refuse/t", QoS::AtLeastOnce).await;
     v5::disconnect(away).await;
+    // Offline once its connection is gone from the broker's side too (the socket closes
+    // first): a message routed before would go to it in flight, not into its queue.
+    broker
+        .wait_metric("postbox_connections_current", |v| v == 0.0)
+        .await;
 
     let mut live = v5::connect_id(broker.addr, "live").await;
     v5::subscribe(&mut live, "refuse/t", QoS::ExactlyOnce).await;
