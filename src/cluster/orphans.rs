@@ -131,22 +131,22 @@ async fn adopt(
     mine.adopted = true;
     mine.handed = false;
     // Not a claim: nobody is to hand it over.
-    mine.from.clear();
-    mine.from_life = 0;
-    if mine.gone == 0 {
+    mine.claimed_from.clear();
+    mine.claimed_from_life = 0;
+    if mine.ended_at == 0 {
         // Connected when its node died: the connection ended now, as far as anyone can
         // tell, abnormally (the will is due after its delay).
-        mine.gone = now;
+        mine.ended_at = now;
         if mine.will.is_some() {
-            mine.wat = now.saturating_add(u64::from(mine.wd).saturating_mul(1000));
+            mine.will_at = now.saturating_add(u64::from(mine.will_delay).saturating_mul(1000));
         }
     }
-    mine.wd = 0;
+    mine.will_delay = 0;
     let ends = ends_at(&mine);
     if mine.will.is_some() {
         // Published when the delay ends or the session does, whichever comes first
         // (MQTT-3.1.2-8).
-        mine.wat = mine.wat.min(ends);
+        mine.will_at = mine.will_at.min(ends);
     }
     let Ok(revision) = bucket.update(key.as_str(), mine.encode(), revision).await else {
         return false; // another node adopted it, or its client came back
@@ -176,7 +176,7 @@ fn ends_at(record: &Record) -> u64 {
         u64::MAX
     } else {
         record
-            .gone
+            .ended_at
             .saturating_add(u64::from(record.expiry).saturating_mul(1000))
     }
 }
@@ -201,11 +201,11 @@ async fn keep(
     let still_adopted =
         |revision: u64| cluster.sessions.adopted.lock().get(&client_id).copied() == Some(revision);
     if let Some(will) = record.will.take() {
-        sleep_until_unix_ms(record.wat).await;
+        sleep_until_unix_ms(record.will_at).await;
         if !still_adopted(revision) {
             return;
         }
-        record.wat = 0;
+        record.will_at = 0;
         match bucket.update(key.as_str(), record.encode(), revision).await {
             Ok(written) => revision = written,
             Err(_) => return,

@@ -8,7 +8,7 @@
 //! in its queue. Replayed from 90, the new owner would send 97 again under a new packet id,
 //! and the client takes it twice (MQTT-4.3.3: exactly once). So each QoS 2 message a local
 //! session's client acknowledged with PUBREC is noted here, its sequence goes into the
-//! session's record (`tk`) while it is at or above the cursor, and the next owner leaves
+//! session's record (`taken`, `tk` in its JSON) while it is at or above the cursor, and the next owner leaves
 //! those sequences out of the replay and of its consumer's routing.
 //!
 //! A message published here may be taken before JetStream gave it its sequence: it is kept

@@ -55,7 +55,12 @@ pub(in crate::cluster) async fn claim(
         // Whose it is (issue 35): another identity never resumes it nor closes its owner's
         // connection; it is refused, or starts clean, as `auth.session_binding` says.
         let verdict = previous.as_ref().map_or(OwnerCheck::Resume, |p| {
-            owner::check(&p.who.owner(), p.gone == 0, owner, broker.session_binding())
+            owner::check(
+                &p.who.owner(),
+                p.ended_at == 0,
+                owner,
+                broker.session_binding(),
+            )
         });
         if verdict == OwnerCheck::Refuse {
             return Err(ClaimRefused::NotOwner);
@@ -66,24 +71,24 @@ pub(in crate::cluster) async fn claim(
             life: cluster.sessions.life,
             expiry: expiry_interval,
             will: will.as_ref().map(|(frame, _)| frame.clone()),
-            wd: will.as_ref().map_or(0, |(_, delay)| *delay),
+            will_delay: will.as_ref().map_or(0, |(_, delay)| *delay),
             fresh: clean_start,
             who: Who::of(owner),
             ..Record::default()
         };
         if let Some(previous) = &previous {
             // Whose it was: the one node that may hand it over.
-            mine.from.clone_from(&previous.owner);
-            mine.from_life = previous.life;
+            mine.claimed_from.clone_from(&previous.owner);
+            mine.claimed_from_life = previous.life;
         }
         // A new session wants what is published from now on.
         mine.cursor = cluster.node_floor();
         if let Some(previous) = previous.as_ref().filter(|p| !clean_start && p.expiry > 0) {
             // Until the previous owner hands over, its last record stands in.
-            mine.subs.clone_from(&previous.subs);
+            mine.subscriptions.clone_from(&previous.subscriptions);
             mine.cursor = previous.cursor;
-            mine.q2.clone_from(&previous.q2);
-            mine.tk.clone_from(&previous.tk);
+            mine.qos2.clone_from(&previous.qos2);
+            mine.taken.clone_from(&previous.taken);
         }
         let written = match last {
             Some(last) => bucket
@@ -148,7 +153,7 @@ pub(in crate::cluster) async fn claim(
     if previous.owner == cluster.node {
         // What it took above its cursor, as this node's earlier run recorded it (a restart
         // forgot it).
-        cluster.sessions.taken.seed(client_id, &previous.tk);
+        cluster.sessions.taken.seed(client_id, &previous.taken);
         // Ours already: the local session (if any) is the session.
         let restore = (!clean_start && previous.expiry > 0 && !broker.has_session(client_id))
             .then(|| previous.restore());
@@ -274,12 +279,12 @@ pub(in crate::cluster) fn confirm(
         return;
     };
     let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
-    handed.tk = cluster.sessions.taken.above(client_id, cursor).seqs;
+    handed.taken = cluster.sessions.taken.above(client_id, cursor).seqs;
     cluster.sessions.taken.forget(client_id);
     handed.handed = true;
     handed.expiry = claim.expiry;
     handed.will = claim.will;
-    handed.wd = claim.wd;
+    handed.will_delay = claim.will_delay;
     let key = subject::key(client_id);
     tokio::spawn(async move {
         if bucket

@@ -207,7 +207,7 @@ async fn hand_over(
         return;
     }
     if !owned_here
-        && claim.from != cluster.node
+        && claim.claimed_from != cluster.node
         && !cluster.sessions.restoring.lock().contains_key(&client_id)
     {
         // Held here without a claim of this run (brought back from this node's store at a
@@ -254,7 +254,7 @@ async fn hand_over(
         cursor = cursor.min(restoring.cursor);
     }
     let mut handed = Record::from_view(&claim.owner, claim.life, &view, cursor, None, None);
-    handed.tk = taken_when_settled(cluster, &client_id, cursor).await;
+    handed.taken = taken_when_settled(cluster, &client_id, cursor).await;
     cluster.sessions.taken.forget(&client_id);
     // The claim's copy of the last record lists what was taken before this node's restart
     // (if it restarted), and a restore under way here what it brought.
@@ -262,24 +262,28 @@ async fn hand_over(
         .as_ref()
         .map(|r| r.taken.as_slice())
         .unwrap_or_default();
-    handed
-        .tk
-        .extend(claim.tk.iter().chain(brought).filter(|&&seq| seq >= cursor));
-    handed.tk.sort_unstable();
-    handed.tk.dedup();
+    handed.taken.extend(
+        claim
+            .taken
+            .iter()
+            .chain(brought)
+            .filter(|&&seq| seq >= cursor),
+    );
+    handed.taken.sort_unstable();
+    handed.taken.dedup();
     if let Some(restoring) = &restoring {
         for &(packet_id, seq) in &restoring.qos2 {
-            if !handed.q2.iter().any(|(p, _)| *p == packet_id) {
-                handed.q2.push((packet_id, seq));
+            if !handed.qos2.iter().any(|(p, _)| *p == packet_id) {
+                handed.qos2.push((packet_id, seq));
                 if restoring.qos2_shared.contains(&packet_id) {
-                    handed.q2s.push(packet_id);
+                    handed.qos2_shared.push(packet_id);
                 }
             }
         }
     }
     handed.handed = true;
     handed.will = claim.will;
-    handed.wd = claim.wd;
+    handed.will_delay = claim.will_delay;
     if view.expiry_interval == 0 || claim.expiry == 0 {
         handed.expiry = claim.expiry;
     }

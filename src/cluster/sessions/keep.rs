@@ -178,7 +178,7 @@ fn changed_records(cluster: &Cluster, views: &[HeldSession]) -> Vec<(String, u64
                 wills.get(&*view.client_id),
                 written,
             );
-            record.tk = cluster.sessions.taken.above(&view.client_id, cursor).seqs;
+            record.taken = cluster.sessions.taken.above(&view.client_id, cursor).seqs;
             match owned.get(&*view.client_id) {
                 Some((revision, written)) if *written != record => {
                     Some((view.client_id.to_string(), *revision, record))

@@ -14,21 +14,27 @@ use crate::storage::SessionOwner;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(in crate::cluster) struct SubRecord {
     /// Topic filter.
-    f: String,
+    #[serde(rename = "f")]
+    filter: String,
     /// Granted QoS.
-    q: u8,
+    #[serde(rename = "q")]
+    qos: u8,
     /// No Local.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    nl: bool,
+    #[serde(rename = "nl")]
+    no_local: bool,
     /// Retain As Published.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    rap: bool,
+    #[serde(rename = "rap")]
+    retain_as_published: bool,
     /// Retain Handling.
     #[serde(default, skip_serializing_if = "is_zero")]
-    rh: u8,
+    #[serde(rename = "rh")]
+    retain_handling: u8,
     /// Subscription Identifier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    id: Option<u32>,
+    #[serde(rename = "id")]
+    identifier: Option<u32>,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -37,7 +43,9 @@ fn is_zero(v: &u8) -> bool {
     *v == 0
 }
 
-/// A session's record (JSON in the bucket).
+/// A session's record (JSON in the bucket). The JSON keeps the short names the first nodes
+/// wrote (`subs`, `wd`, `q2`, ...): a rolling upgrade mixes versions, and every record is
+/// read by both.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(in crate::cluster) struct Record {
     /// The owning node.
@@ -46,11 +54,12 @@ pub(in crate::cluster) struct Record {
     pub(in crate::cluster) expiry: u32,
     /// Its subscriptions.
     #[serde(default)]
-    pub(in crate::cluster) subs: Vec<SubRecord>,
+    #[serde(rename = "subs")]
+    pub(in crate::cluster) subscriptions: Vec<SubRecord>,
     /// Replay from this stream sequence to find every message it has not acknowledged.
     #[serde(default)]
     pub(in crate::cluster) cursor: u64,
-    /// Written by the previous owner: it gave the session up, `subs` and `cursor` are final.
+    /// Written by the previous owner: it gave the session up, `subscriptions` and `cursor` are final.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(in crate::cluster) handed: bool,
     /// The owner's incarnation ([`Records::life`]): a record of this node's id from an
@@ -63,13 +72,16 @@ pub(in crate::cluster) struct Record {
     pub(in crate::cluster) will: Option<String>,
     /// Its Will Delay Interval (seconds), while a connection holds the session.
     #[serde(default, skip_serializing_if = "is_zero32")]
-    pub(in crate::cluster) wd: u32,
+    #[serde(rename = "wd")]
+    pub(in crate::cluster) will_delay: u32,
     /// When the will is due (unix ms), once the connection ended with it pending.
     #[serde(default, skip_serializing_if = "is_zero64")]
-    pub(in crate::cluster) wat: u64,
+    #[serde(rename = "wat")]
+    pub(in crate::cluster) will_at: u64,
     /// When the session's connection ended (unix ms); 0 while one holds it.
     #[serde(default, skip_serializing_if = "is_zero64")]
-    pub(in crate::cluster) gone: u64,
+    #[serde(rename = "gone")]
+    pub(in crate::cluster) ended_at: u64,
     /// Held by a node that took it over from a dead one, with no connection: its will and
     /// expiry run there ([`crate::cluster::orphans`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -80,20 +92,24 @@ pub(in crate::cluster) struct Record {
     /// QoS 2 deliveries in flight: packet id and stream sequence (0: PUBREL sent, awaiting
     /// PUBCOMP). The next owner sends them again with their packet ids ([`Restore::qos2`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(in crate::cluster) q2: Vec<(u16, u64)>,
-    /// The packet ids among `q2` of shared groups' deliveries ([`Restore::qos2_shared`]).
+    #[serde(rename = "q2")]
+    pub(in crate::cluster) qos2: Vec<(u16, u64)>,
+    /// The packet ids among `qos2` of shared groups' deliveries ([`Restore::qos2_shared`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(in crate::cluster) q2s: Vec<u16>,
+    #[serde(rename = "q2s")]
+    pub(in crate::cluster) qos2_shared: Vec<u16>,
     /// Written by a claim: the owner of the record it replaced (empty: none, or not a claim).
     /// Only that node may answer with a hand-over ([`hand_over`]): another node's local copy
     /// of the session (one its store brought back after the session moved away while it
     /// was down) is stale, and written over the claim it would replace the live session's
     /// state.
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub(in crate::cluster) from: String,
+    #[serde(rename = "from")]
+    pub(in crate::cluster) claimed_from: String,
     /// The life of that owner ([`Record::life`]).
     #[serde(default, skip_serializing_if = "is_zero64")]
-    pub(in crate::cluster) from_life: u64,
+    #[serde(rename = "from_life")]
+    pub(in crate::cluster) claimed_from_life: u64,
     /// Whose session it is (issue 35, [`Who`]): a claim by another identity is refused (or
     /// starts clean, as `auth.session_binding` says). Absent in records of older nodes:
     /// unbound, the next claim binds it.
@@ -103,7 +119,8 @@ pub(in crate::cluster) struct Record {
     /// ([`crate::cluster::taken`]): the next owner leaves them out. Absent in records of older
     /// nodes: none known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(in crate::cluster) tk: Vec<u64>,
+    #[serde(rename = "tk")]
+    pub(in crate::cluster) taken: Vec<u64>,
 }
 
 // serde's `skip_serializing_if` passes a reference.
@@ -200,7 +217,7 @@ impl Record {
             )
         } else {
             let gone = written
-                .map(|w| w.gone)
+                .map(|w| w.ended_at)
                 .filter(|g| *g != 0)
                 .unwrap_or_else(crate::storage::now_unix_ms);
             match &view.pending_will {
@@ -211,59 +228,59 @@ impl Record {
         Record {
             life,
             will,
-            wd,
-            wat,
-            gone,
+            will_delay: wd,
+            will_at: wat,
+            ended_at: gone,
             adopted: false,
             fresh: false,
             owner: owner.to_owned(),
             expiry: view.expiry_interval,
-            subs: view
+            subscriptions: view
                 .subscriptions
                 .iter()
                 .map(|(filter, options, id)| SubRecord {
-                    f: filter.to_string(),
-                    q: options.qos as u8,
-                    nl: options.no_local,
-                    rap: options.retain_as_published,
-                    rh: options.retain_handling,
-                    id: *id,
+                    filter: filter.to_string(),
+                    qos: options.qos as u8,
+                    no_local: options.no_local,
+                    retain_as_published: options.retain_as_published,
+                    retain_handling: options.retain_handling,
+                    identifier: *id,
                 })
                 .collect(),
             cursor,
             handed: false,
-            q2: view.qos2.clone(),
-            q2s: view.qos2_shared.clone(),
-            from: String::new(),
-            from_life: 0,
+            qos2: view.qos2.clone(),
+            qos2_shared: view.qos2_shared.clone(),
+            claimed_from: String::new(),
+            claimed_from_life: 0,
             who: Who::of(&view.owner),
-            tk: Vec::new(),
+            taken: Vec::new(),
         }
     }
 
     pub(in crate::cluster) fn restore(&self) -> Restore {
         Restore {
             subscriptions: self
-                .subs
+                .subscriptions
                 .iter()
                 .map(|s| {
                     (
-                        ByteString::from(s.f.as_str()),
+                        ByteString::from(s.filter.as_str()),
                         SubscriptionOptions {
-                            qos: QoS::from_u8(s.q).unwrap_or(QoS::AtMostOnce),
-                            no_local: s.nl,
-                            retain_as_published: s.rap,
-                            retain_handling: s.rh,
+                            qos: QoS::from_u8(s.qos).unwrap_or(QoS::AtMostOnce),
+                            no_local: s.no_local,
+                            retain_as_published: s.retain_as_published,
+                            retain_handling: s.retain_handling,
                         },
-                        s.id,
+                        s.identifier,
                     )
                 })
                 .collect(),
             cursor: self.cursor,
-            qos2: self.q2.clone(),
-            qos2_shared: self.q2s.clone(),
+            qos2: self.qos2.clone(),
+            qos2_shared: self.qos2_shared.clone(),
             taken: {
-                let mut taken = self.tk.clone();
+                let mut taken = self.taken.clone();
                 taken.sort_unstable();
                 taken.dedup();
                 taken
@@ -295,15 +312,18 @@ mod tests {
     fn a_claims_previous_owner_survives_a_round_trip_and_defaults_to_none() {
         let claim = Record {
             owner: "b".into(),
-            from: "a".into(),
-            from_life: 7,
+            claimed_from: "a".into(),
+            claimed_from_life: 7,
             ..Record::default()
         };
         let decoded = Record::decode(&claim.encode()).expect("decodes");
-        assert_eq!((decoded.from.as_str(), decoded.from_life), ("a", 7));
+        assert_eq!(
+            (decoded.claimed_from.as_str(), decoded.claimed_from_life),
+            ("a", 7)
+        );
         let old =
             Record::decode(br#"{"owner":"b","expiry":60,"cursor":5,"life":1}"#).expect("decodes");
-        assert!(old.from.is_empty() && old.from_life == 0);
+        assert!(old.claimed_from.is_empty() && old.claimed_from_life == 0);
         let plain = Record {
             owner: "b".into(),
             ..Record::default()
@@ -318,7 +338,7 @@ mod tests {
         let record = Record {
             owner: "b".into(),
             cursor: 5,
-            tk: vec![9, 7, 9],
+            taken: vec![9, 7, 9],
             ..Record::default()
         };
         let decoded = Record::decode(&record.encode()).expect("decodes");
@@ -332,8 +352,8 @@ mod tests {
     fn the_shared_marks_survive_a_round_trip() {
         let record = Record {
             owner: "b".into(),
-            q2: vec![(3, 7), (9, 8)],
-            q2s: vec![9],
+            qos2: vec![(3, 7), (9, 8)],
+            qos2_shared: vec![9],
             ..Record::default()
         };
         let decoded = Record::decode(&record.encode()).expect("decodes");
@@ -341,7 +361,7 @@ mod tests {
         assert_eq!(decoded.restore().qos2_shared, vec![9]);
         // Nothing shared: nothing written for it.
         let plain = Record {
-            q2s: Vec::new(),
+            qos2_shared: Vec::new(),
             ..record
         };
         assert!(!String::from_utf8_lossy(&plain.encode()).contains("q2s"));

@@ -328,9 +328,9 @@ impl Drop for Unrestored<'_> {
             return;
         };
         record.will = None;
-        record.wd = 0;
-        if record.gone == 0 {
-            record.gone = crate::storage::now_unix_ms();
+        record.will_delay = 0;
+        if record.ended_at == 0 {
+            record.ended_at = crate::storage::now_unix_ms();
         }
         let bucket = bucket.clone();
         let key = subject::key(client_id);
