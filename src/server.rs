@@ -225,9 +225,11 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let passwords = logins.passwords().cloned();
     if let Some(store) = &passwords {
         tracing::info!(users = store.users(), "password file loaded");
+    }
+    if logins.binds_sessions() {
         let open = logins.anonymous_listeners();
         if !open.is_empty() {
-            tracing::warn!(listeners = ?open, "a password file is set but clients without a user name are still let in on these listeners; set allow_anonymous = false to refuse them");
+            tracing::warn!(listeners = ?open, "an authentication method is set but clients without credentials are still let in on these listeners; set allow_anonymous = false to refuse them");
         }
     }
     broker.set_logins(logins);

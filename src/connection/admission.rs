@@ -416,6 +416,31 @@ fn client_identifier(
     ))
 }
 
+/// A user name about to become the client id (`use_username_as_clientid`): it gets the
+/// checks a client id gets (length, control characters, not empty), and the bridges'
+/// reserved prefix, since [`admit`] checked the client id the CONNECT carried, not this one
+/// (the third adversarial pass of issue 35: a user named `$bridge/<name>` took that
+/// bridge's session).
+///
+/// # Errors
+///
+/// The CONNACK code (0x85 Client Identifier not valid) and reason to refuse the client with.
+pub fn user_as_client_id(user: &str, config: &MqttConfig) -> Result<(), Refusal> {
+    if user.starts_with(BRIDGE_SESSION_PREFIX) {
+        return Err(BRIDGE_ID_REFUSED);
+    }
+    if user.is_empty()
+        || user.len() > config.max_client_id_len
+        || (!config.allow_control_characters && topic::has_control_characters(user))
+    {
+        return Err((
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "the user name cannot be the client identifier",
+        ));
+    }
+    Ok(())
+}
+
 /// Authentication and will checks that can refuse the connection.
 ///
 /// A user name with a control character (5.0 §1.5.4: SHOULD NOT appear) is refused unless

@@ -148,7 +148,9 @@ fn expected(m: Methods, shape: Shape, transport: Transport) -> u8 {
         return if shape == Shape::Right { OK } else { BAD };
     }
     // Credentials offered that no method verified.
-    let verifier = m.file || m.jwt || m.scram;
+    // Certificate identities name users: on a listener without a certificate, a bare user
+    // name must not pass for one (the third adversarial pass of issue 35).
+    let verifier = m.file || m.jwt || m.scram || m.mtls;
     match (m.anonymous, verifier) {
         (true, true) => BAD,
         (true, false) => OK,

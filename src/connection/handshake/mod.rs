@@ -210,10 +210,14 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // with `[auth.jwt]` alone any password that did not look like a token was admitted, one
     // without a user name passed as anonymous next to a password file, and (the auth matrix)
     // where anonymous access is on, a bare user name next to JWT or SCRAM was admitted as
-    // that user, with its ACL rights. Only a broker with no such method takes a user name
-    // unverified (Mosquitto's behaviour without a password file).
+    // that user, with its ACL rights. Certificate identities (`use_identity_as_username` on
+    // any listener) name users too: on another listener that lets anonymous clients in, a
+    // bare user name would pass for a certificate's (the third adversarial pass). Only a
+    // broker with no such method takes a user name unverified (Mosquitto's behaviour
+    // without a password file).
     let file_will_check = policy.password_file && connect.username.is_some();
-    let verifier = policy.password_file || policy.jwt || !broker.authenticators().is_empty();
+    let verifier = logins.is_some_and(auth::login::Logins::binds_sessions)
+        || !broker.authenticators().is_empty();
     if verifier
         && (connect.password.is_some() || connect.username.is_some())
         && admitted.auth_method.is_none()
@@ -330,6 +334,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             let code = ReasonCode::NOT_AUTHORIZED;
             return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         };
+        if let Err((code, why)) = admission::user_as_client_id(&user, broker.config()) {
+            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "refusing CONNECT: {why}");
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        }
         admitted.assigned = admitted.client_id != user || admitted.assigned;
         admitted.client_id = user;
     }
