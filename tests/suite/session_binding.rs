@@ -227,6 +227,28 @@ async fn username_as_client_id_gives_every_user_its_own_session() {
     assert_eq!(code, ReasonCode::NOT_AUTHORIZED);
 }
 
+/// A user name that becomes the client id (`use_username_as_clientid`) gets the client id's
+/// checks: one starting with `$bridge/` (the bridges' own sessions) is refused with 0x85
+/// Client Identifier not valid (v5 §3.2.2.2), as that client id would be; before, the check
+/// ran on the client id the CONNECT carried, and a user named `$bridge/<name>` (unverified
+/// where no method is configured, as in Mosquitto) took that bridge's session (third
+/// adversarial pass of issue 35).
+#[tokio::test]
+async fn a_user_name_used_as_the_client_id_gets_the_client_id_checks() {
+    let mut config = common::test_config();
+    config.listeners[0].use_username_as_clientid = true;
+    let server = common::start_with(config).await;
+    let mut connect = v5::persistent_connect("plain", 60);
+    connect.username = Some("$bridge/cloud".into());
+    let (code, _, _) = try_connect(&server, connect).await;
+    assert_eq!(code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+    // An ordinary user name is still the client id.
+    let mut connect = v5::persistent_connect("plain", 60);
+    connect.username = Some("device-7".into());
+    let (code, _, _) = try_connect(&server, connect).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+}
+
 const ACL: &str = "\
 user dashboard
 topic read sensors/#
