@@ -63,6 +63,17 @@ struct Methods {
     anonymous: bool,
 }
 
+impl Methods {
+    /// No method and no anonymous access: each setup turns on what it tests.
+    const NONE: Methods = Methods {
+        file: false,
+        jwt: false,
+        scram: false,
+        mtls: false,
+        anonymous: false,
+    };
+}
+
 /// What a client offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
@@ -336,13 +347,7 @@ async fn try_shape(
 }
 
 fn setups() -> Vec<(&'static str, Methods)> {
-    let none = Methods {
-        file: false,
-        jwt: false,
-        scram: false,
-        mtls: false,
-        anonymous: false,
-    };
+    let none = Methods::NONE;
     vec![
         (
             "anonymous",
@@ -467,13 +472,7 @@ async fn every_method_combination_admits_only_verified_or_anonymous_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postbox_never_admits_what_mosquitto_refuses() {
     let f = files();
-    let none = Methods {
-        file: false,
-        jwt: false,
-        scram: false,
-        mtls: false,
-        anonymous: false,
-    };
+    let none = Methods::NONE;
     let setups = [
         (
             "anonymous",

@@ -203,6 +203,18 @@ async fn connections_closed_before_their_turn_are_not_hashed() {
     );
 }
 
+/// Three failures per address, five per user, and a delay of 10 minutes: no delay passes
+/// during a test.
+const NO_DELAY_PASSES: &str = "login_failures_per_address = 3\nlogin_failures_per_user = 5\n\
+                               login_delay_ms = 600000\nlogin_delay_max_ms = 600000\n";
+
+/// The CONNACK codes these tests expect: accepted, bad credentials, throttled (0x9F).
+const CODES: (u8, u8, u8) = (
+    ReasonCode::SUCCESS.0,
+    ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
+    ReasonCode::CONNECTION_RATE_EXCEEDED.0,
+);
+
 /// Issue 35, finding 4: nothing limited guessing (about 24 guesses/s from one address). Now
 /// after `login_failures_per_address` hashed failures, an address is refused without a hash
 /// (0x9F, 3.1.1: 3) until its delay passes (10 minutes here: no delay passes during the test);
@@ -220,15 +232,9 @@ async fn repeated_failures_are_throttled_per_address_and_per_user() {
             ("carol", "carol-secret", 1_000),
         ],
     );
-    let limits = "login_failures_per_address = 3\nlogin_failures_per_user = 5\n\
-                  login_delay_ms = 600000\nlogin_delay_max_ms = 600000\n";
-    let broker = broker(&file, limits).await;
+    let broker = broker(&file, NO_DELAY_PASSES).await;
     let addr = broker.addr;
-    let (ok, bad, throttled) = (
-        ReasonCode::SUCCESS.0,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
-        ReasonCode::CONNECTION_RATE_EXCEEDED.0,
-    );
+    let (ok, bad, throttled) = CODES;
 
     // Per address: alice logs in once (remembered), then guesses from 127.0.0.2.
     assert_eq!(
@@ -324,15 +330,9 @@ async fn a_remembered_password_is_no_oracle_while_throttled() {
             ("bob", "bob-secret", 1_000),
         ],
     );
-    let limits = "login_failures_per_address = 3\nlogin_failures_per_user = 5\n\
-                  login_delay_ms = 600000\nlogin_delay_max_ms = 600000\n";
-    let broker = broker(&file, limits).await;
+    let broker = broker(&file, NO_DELAY_PASSES).await;
     let addr = broker.addr;
-    let (ok, bad, throttled) = (
-        ReasonCode::SUCCESS.0,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
-        ReasonCode::CONNECTION_RATE_EXCEEDED.0,
-    );
+    let (ok, bad, throttled) = CODES;
     let (device, attacker) = (host(4), host(2));
     // alice's device logs in from 127.0.0.4 (now remembered), bob's from the address the
     // attacker will use (a shared NAT).

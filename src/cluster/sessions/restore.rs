@@ -97,12 +97,7 @@ pub(in crate::cluster) async fn restore(
                 return false;
             }
         }
-        release_unmatched(broker, session, &restore);
-        cluster
-            .sessions
-            .taken
-            .seed(&session.client_id, &restore.taken);
-        unrestored.done = true;
+        unrestored.restored(&restore);
         return true;
     }
     let Some(js) = cluster.js.get() else {
@@ -122,12 +117,7 @@ pub(in crate::cluster) async fn restore(
     {
         Ok(Ok(n)) => {
             tracing::info!(client = %session.client_id, from = restore.cursor, messages = n, "cluster: session resumed from another node");
-            release_unmatched(broker, session, &restore);
-            cluster
-                .sessions
-                .taken
-                .seed(&session.client_id, &restore.taken);
-            unrestored.done = true;
+            unrestored.restored(&restore);
             true
         }
         Ok(Err(error)) => {
@@ -282,6 +272,19 @@ struct Unrestored<'a> {
     /// Sequences the client had taken ([`Restore::taken`]) noted there for it.
     taken_ahead: Vec<u64>,
     done: bool,
+}
+
+impl Unrestored<'_> {
+    /// The restore succeeded: the QoS 2 packet ids it did not send again stay taken, what
+    /// the client had taken stays noted for its next move, and nothing is undone.
+    fn restored(&mut self, restore: &Restore) {
+        release_unmatched(self.broker, self.session, restore);
+        self.cluster
+            .sessions
+            .taken
+            .seed(&self.session.client_id, &restore.taken);
+        self.done = true;
+    }
 }
 
 impl Drop for Unrestored<'_> {
