@@ -29,13 +29,21 @@
 //! The same records count failed SCRAM exchanges (`connection::handshake`): one limit per
 //! address and per user, whatever the method guessed through.
 //!
+//! The check reserves (issue 35, fourth adversarial pass): an attempt it lets through counts
+//! as a possible failure until its verdict is in ([`flight`]), so guesses sent in parallel
+//! get no more checks than guesses sent one by one: at most the allowance at once, and at the
+//! delay, one at a time. A trusted pair passes a throttled key one attempt at a time.
+//!
 //! Memory is bounded: each table holds at most `login_limit_entries` keys; an entry is
 //! forgotten `FORGET_AFTER` (or the cap, if longer) after its last failure, and when a table
 //! is full the expired entries go first, then the one whose last failure is oldest. Only
 //! checked failures insert, so insertions are bounded by the hash rate. The trusted pairs are
 //! bounded by the same number.
 
+mod flight;
 mod trust;
+
+pub(crate) use flight::Reservation;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -123,6 +131,8 @@ struct Entry {
 #[derive(Debug)]
 struct Table<K> {
     map: HashMap<K, Entry>,
+    /// Attempts let through and not judged yet: each may be a failure.
+    flight: flight::InFlight<K>,
     allowed: u32,
 }
 
@@ -130,18 +140,53 @@ impl<K: Eq + Hash + Clone> Table<K> {
     fn new(allowed: u32) -> Table<K> {
         Table {
             map: HashMap::new(),
+            flight: flight::InFlight::default(),
             allowed,
         }
     }
 
+    /// Whether `key` must wait: its delay runs, or, with attempts in flight, they would start
+    /// it if they all failed now (`failures + in flight >= allowed`).
     fn blocked<Q>(&self, key: &Q, now: Instant, limits: &LoginLimits) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.map.get(key).is_some_and(|e| {
+        if self.allowed == 0 {
+            return false;
+        }
+        let entry = self.map.get(key);
+        let in_flight = self.flight.count(key);
+        if in_flight > 0 {
+            let failures = entry
+                .filter(|e| now.saturating_duration_since(e.last) < limits.forget_after())
+                .map_or(0, |e| e.failures);
+            return failures.saturating_add(in_flight) >= self.allowed;
+        }
+        entry.is_some_and(|e| {
             now.saturating_duration_since(e.last) < limits.delay_after(e.failures, self.allowed)
         })
+    }
+
+    /// Whether an attempt of `key` can be counted in flight (always, for an unlimited table:
+    /// it counts nothing).
+    fn has_room<Q>(&self, key: &Q, limits: &LoginLimits) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.allowed == 0 || self.flight.has_room(key, limits.entries)
+    }
+
+    /// Counts an attempt of `key` in flight (nothing for an unlimited table).
+    fn reserve<Q>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if self.allowed > 0 {
+            self.flight.reserve(key);
+        }
     }
 
     /// Counts a failure from `source`; true when it is the one that starts the key's delays.
@@ -221,37 +266,76 @@ impl LoginThrottle {
     /// Whether an attempt from `source` (a `transport::admission::source_key`) for `user`
     /// may be checked now, or which record refuses it. Asked before anything looks at the
     /// credentials (the success cache included): a refusal must tell nothing about them. A
-    /// pair that proved `user`'s credentials from `source` and has not failed since passes.
-    pub(crate) fn check(&self, source: IpAddr, user: &str, now: Instant) -> Result<(), Throttled> {
+    /// pair that proved `user`'s credentials from `source` and has not failed since passes,
+    /// one attempt at a time.
+    ///
+    /// The attempt let through is counted in flight until its [`Reservation`] is settled or
+    /// dropped: attempts sent in parallel see each other, so no more are checked at once than
+    /// the allowance left, and past it one at a time per delay (issue 35, fourth pass).
+    pub(crate) fn check(
+        &self,
+        source: IpAddr,
+        user: &str,
+        now: Instant,
+    ) -> Result<Reservation<'_>, Throttled> {
         if self.off() {
-            return Ok(());
+            return Ok(Reservation::none());
         }
-        let tables = self.tables.lock();
+        let mut tables = self.tables.lock();
         let refused = if tables.addresses.blocked(&source, now, &self.limits) {
-            Throttled::Address
+            Some(Throttled::Address)
         } else if tables.users.blocked(user, now, &self.limits) {
-            Throttled::User
+            Some(Throttled::User)
         } else {
-            return Ok(());
+            None
         };
-        if tables.trusted.contains(user, source) {
-            return Ok(());
+        if let Some(refused) = refused {
+            if !tables.trusted.may_pass(user, source) {
+                return Err(refused);
+            }
         }
-        Err(refused)
+        // More keys in flight than the tables hold: refused unchecked, never uncounted.
+        if !tables.addresses.has_room(&source, &self.limits) {
+            return Err(Throttled::Address);
+        }
+        if !tables.users.has_room(user, &self.limits) {
+            return Err(Throttled::User);
+        }
+        let trusted_pass = refused.is_some();
+        if trusted_pass {
+            tables.trusted.set_passing(user, source, true);
+        }
+        tables.addresses.reserve(&source);
+        tables.users.reserve(user);
+        Ok(Reservation::held(flight::Held {
+            throttle: self,
+            source,
+            user: user.to_owned(),
+            trusted_pass,
+        }))
     }
 
-    /// Counts a checked failure, revokes the pair's trust, and logs (WARN) each record whose
-    /// delays it starts: once per address or user, not per refused attempt.
-    pub(crate) fn failed(&self, source: IpAddr, user: &str, now: Instant) {
-        if self.off() {
-            return;
-        }
+    /// Settles a reservation: its attempt leaves the in-flight counts and, in the same step,
+    /// is counted as a failure or a success (`outcome`), so no check sees it twice or not at
+    /// all. A failure logs (WARN) each record whose delays it starts: once per address or
+    /// user, not per refused attempt.
+    fn settle(&self, held: &flight::Held<'_>, outcome: flight::Outcome, now: Instant) {
+        let (source, user) = (held.source, held.user.as_str());
         let (address_starts, user_starts) = {
             let mut tables = self.tables.lock();
-            tables.trusted.revoke(user, source);
-            let address = tables.addresses.fail(&source, source, now, &self.limits);
-            let user = tables.users.fail(user, source, now, &self.limits);
-            (address, user)
+            tables.addresses.flight.release(&source);
+            tables.users.flight.release(user);
+            if held.trusted_pass {
+                tables.trusted.set_passing(user, source, false);
+            }
+            match outcome {
+                flight::Outcome::Failed => self.count_failure(&mut tables, source, user, now),
+                flight::Outcome::Succeeded => {
+                    self.count_success(&mut tables, source, user, now);
+                    (false, false)
+                }
+                flight::Outcome::Abandoned => (false, false),
+            }
         };
         let delay_ms = u64::try_from(self.limits.delay.as_millis()).unwrap_or(u64::MAX);
         if address_starts {
@@ -264,14 +348,24 @@ impl LoginThrottle {
         }
     }
 
-    /// A checked success (hashed, remembered, or a SCRAM proof) for `user` from `source`: the
-    /// pair is trusted from now on; the user's failures are forgotten only when the last one
-    /// came from `source` (its own device's typos), its address's never.
-    pub(crate) fn succeeded(&self, source: IpAddr, user: &str, now: Instant) {
-        if self.off() {
-            return;
-        }
-        let mut tables = self.tables.lock();
+    /// Counts a checked failure and revokes the pair's trust; which records it starts the
+    /// delays of (address, user).
+    fn count_failure(
+        &self,
+        tables: &mut Tables,
+        source: IpAddr,
+        user: &str,
+        now: Instant,
+    ) -> (bool, bool) {
+        tables.trusted.revoke(user, source);
+        let address = tables.addresses.fail(&source, source, now, &self.limits);
+        let user = tables.users.fail(user, source, now, &self.limits);
+        (address, user)
+    }
+
+    /// A checked success: the pair is trusted from now on; the user's failures are forgotten
+    /// only when the last one came from `source` (its own device's typos), its address's never.
+    fn count_success(&self, tables: &mut Tables, source: IpAddr, user: &str, now: Instant) {
         tables
             .trusted
             .insert(user, source, now, self.limits.entries);
@@ -283,6 +377,32 @@ impl LoginThrottle {
         {
             tables.users.map.remove(user);
         }
+    }
+
+    /// A checked success (hashed, remembered, or a SCRAM proof) for `user` from `source` that
+    /// holds no reservation: an enhanced-authentication method that names its user only when
+    /// it succeeds (`Authenticator::claimed_user` is `None`).
+    pub(crate) fn succeeded(&self, source: IpAddr, user: &str, now: Instant) {
+        if self.off() {
+            return;
+        }
+        let mut tables = self.tables.lock();
+        self.count_success(&mut tables, source, user, now);
+    }
+
+    /// A checked failure without a reservation (the tests' shorthand for check + fail).
+    #[cfg(test)]
+    fn failed(&self, source: IpAddr, user: &str, now: Instant) {
+        if self.off() {
+            return;
+        }
+        let held = flight::Held {
+            throttle: self,
+            source,
+            user: user.to_owned(),
+            trusted_pass: false,
+        };
+        self.settle(&held, flight::Outcome::Failed, now);
     }
 
     /// Keys held, addresses and users.
@@ -311,6 +431,11 @@ mod tests {
         }
     }
 
+    /// A check whose attempt is released at once (never judged).
+    fn ask(t: &LoginThrottle, source: IpAddr, user: &str, now: Instant) -> Result<(), Throttled> {
+        t.check(source, user, now).map(drop)
+    }
+
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
     const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 2));
 
@@ -320,28 +445,28 @@ mod tests {
         let start = Instant::now();
         for _ in 0..2 {
             t.failed(A, "u", start);
-            assert_eq!(t.check(A, "u", start), Ok(()));
+            assert_eq!(ask(&t, A, "u", start), Ok(()));
         }
         t.failed(A, "u", start);
-        assert_eq!(t.check(A, "u", start), Err(Throttled::Address));
-        assert_eq!(t.check(B, "u", start), Ok(()), "other addresses go on");
+        assert_eq!(ask(&t, A, "u", start), Err(Throttled::Address));
+        assert_eq!(ask(&t, B, "u", start), Ok(()), "other addresses go on");
         let s = Duration::from_secs;
-        assert_eq!(t.check(A, "u", start + s(1)), Ok(()), "first delay: 1 s");
+        assert_eq!(ask(&t, A, "u", start + s(1)), Ok(()), "first delay: 1 s");
         // Each further checked failure doubles the delay: 2, 4, 8, then the 8 s cap.
         let mut now = start + s(1);
         for delay in [2, 4, 8, 8, 8] {
             t.failed(A, "u", now);
             assert_eq!(
-                t.check(A, "u", now + s(delay) - Duration::from_millis(1)),
+                ask(&t, A, "u", now + s(delay) - Duration::from_millis(1)),
                 Err(Throttled::Address)
             );
-            assert_eq!(t.check(A, "u", now + s(delay)), Ok(()));
+            assert_eq!(ask(&t, A, "u", now + s(delay)), Ok(()));
             now += s(delay);
         }
         // Forgotten after FORGET_AFTER without a failure: the allowance is back.
         let later = now + FORGET_AFTER;
         t.failed(A, "u", later);
-        assert_eq!(t.check(A, "u", later), Ok(()));
+        assert_eq!(ask(&t, A, "u", later), Ok(()));
     }
 
     const C: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 3));
@@ -352,11 +477,11 @@ mod tests {
         let now = Instant::now();
         t.failed(A, "alice", now);
         t.failed(B, "alice", now);
-        assert_eq!(t.check(B, "alice", now), Err(Throttled::User));
-        assert_eq!(t.check(B, "bob", now), Ok(()));
+        assert_eq!(ask(&t, B, "alice", now), Err(Throttled::User));
+        assert_eq!(ask(&t, B, "bob", now), Ok(()));
         // The last failure came from B: a success from B (its typos) clears the user.
         t.succeeded(B, "alice", now);
-        assert_eq!(t.check(A, "alice", now), Ok(()));
+        assert_eq!(ask(&t, A, "alice", now), Ok(()));
     }
 
     #[test]
@@ -365,7 +490,7 @@ mod tests {
         let now = Instant::now();
         t.failed(A, "alice", now);
         t.succeeded(A, "mallory", now);
-        assert_eq!(t.check(A, "alice", now), Err(Throttled::Address));
+        assert_eq!(ask(&t, A, "alice", now), Err(Throttled::Address));
     }
 
     /// Third adversarial pass: a device's success must not hand an attacker elsewhere a fresh
@@ -377,8 +502,8 @@ mod tests {
         t.failed(A, "alice", now);
         t.failed(A, "alice", now);
         t.succeeded(B, "alice", now);
-        assert_eq!(t.check(C, "alice", now), Err(Throttled::User));
-        assert_eq!(t.check(A, "alice", now), Err(Throttled::User));
+        assert_eq!(ask(&t, C, "alice", now), Err(Throttled::User));
+        assert_eq!(ask(&t, A, "alice", now), Err(Throttled::User));
     }
 
     /// Third adversarial pass: the pair that proved the credentials passes a throttled user
@@ -391,18 +516,18 @@ mod tests {
         // Attacked from A: the user and A are throttled.
         t.failed(A, "alice", now);
         t.failed(A, "alice", now);
-        assert_eq!(t.check(A, "alice", now), Err(Throttled::Address));
-        assert_eq!(t.check(C, "alice", now), Err(Throttled::User));
-        assert_eq!(t.check(B, "alice", now), Ok(()), "the device's own pair");
+        assert_eq!(ask(&t, A, "alice", now), Err(Throttled::Address));
+        assert_eq!(ask(&t, C, "alice", now), Err(Throttled::User));
+        assert_eq!(ask(&t, B, "alice", now), Ok(()), "the device's own pair");
         // Behind A, a device of bob that succeeded there passes A's throttle.
         t.succeeded(A, "bob", now);
-        assert_eq!(t.check(A, "bob", now), Ok(()));
-        assert_eq!(t.check(A, "carol", now), Err(Throttled::Address));
+        assert_eq!(ask(&t, A, "bob", now), Ok(()));
+        assert_eq!(ask(&t, A, "carol", now), Err(Throttled::Address));
         // A guess from a trusted pair is checked once; its failure revokes the pair.
         t.failed(A, "bob", now);
-        assert_eq!(t.check(A, "bob", now), Err(Throttled::Address));
+        assert_eq!(ask(&t, A, "bob", now), Err(Throttled::Address));
         t.failed(B, "alice", now);
-        assert_eq!(t.check(B, "alice", now), Err(Throttled::User));
+        assert_eq!(ask(&t, B, "alice", now), Err(Throttled::User));
     }
 
     #[test]
@@ -430,7 +555,101 @@ mod tests {
         for _ in 0..100 {
             t.failed(A, "u", now);
         }
-        assert_eq!(t.check(A, "u", now), Ok(()));
+        assert_eq!(ask(&t, A, "u", now), Ok(()));
         assert_eq!(t.len(), (0, 0));
+    }
+
+    /// Issue 35, fourth adversarial pass: attempts in flight count as possible failures, so
+    /// a burst gets no more checks than the allowance, and the rest are refused unchecked.
+    #[test]
+    fn attempts_in_flight_count_against_the_allowance() {
+        let t = LoginThrottle::new(limits(3, 0, 100));
+        let now = Instant::now();
+        let held: Vec<_> = (0..3)
+            .map(|_| t.check(A, "u", now).expect("within the allowance"))
+            .collect();
+        assert_eq!(ask(&t, A, "u", now), Err(Throttled::Address), "a burst");
+        assert_eq!(ask(&t, B, "u", now), Ok(()), "other addresses go on");
+        // One settled as a success (not counted): its place is free again.
+        let mut held = held.into_iter();
+        held.next().expect("three").succeeded(now);
+        let fourth = t.check(A, "u", now).expect("a place was freed");
+        assert_eq!(ask(&t, A, "u", now), Err(Throttled::Address));
+        // Failures take the places of their attempts; dropped ones free theirs uncounted.
+        for reservation in held {
+            reservation.failed(now);
+        }
+        assert_eq!(
+            ask(&t, A, "u", now),
+            Err(Throttled::Address),
+            "two failures and one in flight"
+        );
+        drop(fourth);
+        assert_eq!(ask(&t, A, "u", now), Ok(()));
+        let last = t.check(A, "u", now).expect("third attempt");
+        last.failed(now);
+        assert_eq!(ask(&t, A, "u", now), Err(Throttled::Address));
+        // Past the delay, one attempt at a time: the next waits for its verdict.
+        let later = now + Duration::from_secs(1);
+        let one = t.check(A, "u", later).expect("the delay passed");
+        assert_eq!(ask(&t, A, "u", later), Err(Throttled::Address));
+        one.failed(later);
+        assert_eq!(
+            ask(&t, A, "u", later + Duration::from_millis(1999)),
+            Err(Throttled::Address),
+            "its failure doubled the delay"
+        );
+        assert_eq!(
+            t.tables.lock().addresses.flight.len(),
+            0,
+            "nothing left held"
+        );
+    }
+
+    /// A user's in-flight attempts count from every address; a trusted pair passes one at a
+    /// time, and a remembered success frees its pass at once.
+    #[test]
+    fn a_trusted_pair_passes_a_busy_key_one_attempt_at_a_time() {
+        let t = LoginThrottle::new(limits(0, 2, 100));
+        let now = Instant::now();
+        t.succeeded(B, "alice", now);
+        let held = [
+            t.check(A, "alice", now).expect("first"),
+            t.check(C, "alice", now).expect("second"),
+        ];
+        assert_eq!(ask(&t, C, "alice", now), Err(Throttled::User));
+        // The device's pair: a remembered password settles at once, again and again.
+        for _ in 0..3 {
+            t.check(B, "alice", now).expect("trusted").succeeded(now);
+        }
+        // A pair's attempt still being judged holds its pass.
+        let hashing = t.check(B, "alice", now).expect("trusted");
+        assert_eq!(ask(&t, B, "alice", now), Err(Throttled::User));
+        hashing.failed(now);
+        assert_eq!(ask(&t, B, "alice", now), Err(Throttled::User), "revoked");
+        drop(held);
+        assert_eq!(t.tables.lock().users.flight.len(), 0);
+    }
+
+    /// In-flight keys are bounded by `login_limit_entries`; past it attempts are refused
+    /// unchecked (fail closed), and released keys make room again.
+    #[test]
+    fn keys_in_flight_are_bounded() {
+        let t = LoginThrottle::new(limits(5, 5, 4));
+        let now = Instant::now();
+        let ip = |i: u32| IpAddr::V4(std::net::Ipv4Addr::from(i));
+        let held: Vec<_> = (0..4)
+            .map(|i| t.check(ip(i), &format!("u{i}"), now).expect("room"))
+            .collect();
+        assert_eq!(ask(&t, ip(9), "u0", now), Err(Throttled::Address));
+        assert_eq!(ask(&t, ip(0), "u9", now), Err(Throttled::User));
+        assert_eq!(ask(&t, ip(0), "u0", now), Ok(()), "keys held fit");
+        drop(held);
+        assert_eq!(ask(&t, ip(9), "u9", now), Ok(()));
+        let tables = t.tables.lock();
+        assert_eq!(
+            (tables.addresses.flight.len(), tables.users.flight.len()),
+            (0, 0)
+        );
     }
 }

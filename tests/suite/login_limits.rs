@@ -505,3 +505,221 @@ async fn failed_scram_exchanges_count_in_the_login_limits() {
     assert_eq!(broker.metric(by_address).await, Some(2.0));
     assert_eq!(broker.metric(by_user).await, Some(1.0));
 }
+
+/// The CONNACK code on `stream` (a 3.1.1 return code as its 5.0 equivalent).
+async fn connack_on(stream: TcpStream, version: ProtocolVersion) -> u8 {
+    let mut c = RawClient::over(stream, version);
+    match tokio::time::timeout(WAIT, c.recv()).await {
+        Ok(Some(Packet::ConnAck(ack))) => ack.reason_code.0,
+        other => panic!("expected a CONNACK, got {other:?}"),
+    }
+}
+
+/// How many of `codes` are `code`.
+fn count(codes: &[u8], code: u8) -> usize {
+    codes.iter().filter(|&&c| c == code).count()
+}
+
+/// Issue 35, fourth adversarial pass: the limits read only the failures already judged, so
+/// every guess in flight passed: 60 CONNECTs sent at once with wrong passwords got 59 checked
+/// guesses (0x86) and the right one 0x00, with 20 allowed per address and 10 per user. Now
+/// the check reserves: of a burst for one user from one address at most the user's allowance
+/// is judged (the right password sent last included), the rest are refused unchecked
+/// (0x9F); a burst at many user names stops at the address's allowance. A device that logged
+/// in before from its own address still gets in, at once, from its remembered password.
+/// (On the old code all 40 guesses of the first burst were judged, and the right one let in.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_parallel_guesses_gets_no_more_checks_than_allowed() {
+    const BURST: usize = 40;
+    const PER_USER: usize = 10;
+    const PER_ADDRESS: usize = 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // ~25 ms a hash: the burst is all in flight before the first guesses are judged.
+    let file = password_file(dir.path(), &[("alice", "alice-secret", 50_000)]);
+    let limits = format!(
+        "login_failures_per_address = {PER_ADDRESS}\nlogin_failures_per_user = {PER_USER}\n\
+         login_delay_ms = 600000\nlogin_delay_max_ms = 600000\n"
+    );
+    let broker = broker(&file, &limits).await;
+    let addr = broker.addr;
+    let (ok, bad, throttled) = (
+        ReasonCode::SUCCESS.0,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
+        ReasonCode::CONNECTION_RATE_EXCEEDED.0,
+    );
+    let (device, attacker) = (host(4), host(2));
+    assert_eq!(
+        connack(device, addr, v5::V, "alice", "alice-secret").await,
+        ok
+    );
+
+    // One user from one address: every CONNECT is written before any answer is read.
+    let mut burst = Vec::with_capacity(BURST + 1);
+    for i in 0..BURST {
+        let id = format!("burst-{i}");
+        let guess = format!("guess-{i}");
+        burst.push(send_connect(attacker, addr, v5::V, &id, "alice", &guess).await);
+    }
+    burst.push(send_connect(attacker, addr, v5::V, "right", "alice", "alice-secret").await);
+    // The device logs in while the burst is in flight: its pair passes, from the cache.
+    assert_eq!(
+        connack(device, addr, v5::V, "alice", "alice-secret").await,
+        ok
+    );
+    let mut codes = Vec::with_capacity(burst.len());
+    for stream in burst {
+        codes.push(connack_on(stream, v5::V).await);
+    }
+    let right = codes.last().copied();
+    let judged = count(&codes, bad) + count(&codes, ok);
+    assert!(
+        judged <= PER_USER,
+        "{judged} of {} attempts judged (right password: {right:?}): {codes:?}",
+        codes.len()
+    );
+    assert!(judged >= 1, "the allowance is used: {codes:?}");
+    assert_eq!(
+        count(&codes, throttled),
+        codes.len() - judged,
+        "the rest refused unchecked: {codes:?}"
+    );
+    let hashed = broker.metric(BAD_PASSWORD).await.unwrap_or(0.0);
+    assert!(hashed <= PER_USER as f64, "{hashed} wrong passwords hashed");
+    // Whatever the burst did, the device that proved the password gets in.
+    assert_eq!(
+        connack(device, addr, v5::V, "alice", "alice-secret").await,
+        ok
+    );
+
+    // Many user names from one address: the address's allowance (unknown users are hashed
+    // as a wrong password would be, and counted the same).
+    let other = host(3);
+    let mut burst = Vec::with_capacity(BURST);
+    for i in 0..BURST {
+        let (id, user) = (format!("names-{i}"), format!("user-{i}"));
+        burst.push(send_connect(other, addr, v5::V, &id, &user, "guess").await);
+    }
+    let mut codes = Vec::with_capacity(BURST);
+    for stream in burst {
+        codes.push(connack_on(stream, v5::V).await);
+    }
+    let judged = count(&codes, bad);
+    assert!(
+        judged <= PER_ADDRESS,
+        "{judged} of {BURST} judged: {codes:?}"
+    );
+    assert!(judged >= 1, "the allowance is used: {codes:?}");
+    assert_eq!(count(&codes, throttled), BURST - judged, "{codes:?}");
+}
+
+/// A SCRAM-SHA-256 exchange from `source` for `user` whose first answer is read: `Ok` with
+/// the client, connection and server-first-message when challenged, `Err` with the CONNACK
+/// code when refused at once.
+async fn scram_start(
+    source: Ipv4Addr,
+    addr: SocketAddr,
+    id: &str,
+    user: &str,
+    password: &str,
+) -> Result<(crate::scram::ScramClient, RawClient, String), u8> {
+    use crate::scram::{challenge, scram_connect, Hash, ScramClient};
+    let method = Hash::Sha256.method();
+    let client = ScramClient::new(Hash::Sha256, user, password);
+    let connect = scram_connect(id, method, &client.client_first());
+    let mut c = RawClient::over(connect_from(source, addr).await, v5::V);
+    c.send(&Packet::Connect(Box::new(connect))).await;
+    let first = tokio::time::timeout(WAIT, c.recv())
+        .await
+        .expect("an answer");
+    if let Some(Packet::ConnAck(ack)) = first {
+        return Err(ack.reason_code.0);
+    }
+    let server_first = challenge(first, method);
+    Ok((client, c, server_first))
+}
+
+/// Issue 35, fourth adversarial pass: 60 SCRAM exchanges started at once were all challenged
+/// and all 60 proofs judged, with 10 failures allowed per user. Now an exchange holds its
+/// place from its challenge to its verdict: of a burst for one user from one address only
+/// the user's allowance is challenged, the others get 0x9F before any challenge, and so does
+/// the right secret started while those are open. The device that proved the secret before
+/// still gets in. (On the old code all 30 were challenged and the right one let in.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_parallel_scram_exchanges_gets_no_more_proofs_judged() {
+    use crate::scram::{auth, Hash};
+    use postbox::auth::scram::ScramKind;
+    const BURST: usize = 30;
+    const PER_USER: usize = 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = password_file(dir.path(), &[("alice", "alice-secret", 1_000)]);
+    let scram = dir.path().join("scram");
+    let line = postbox::auth::scram_file::scram_credential_line(
+        ScramKind::Sha256,
+        "alice",
+        "alice-scram",
+        4096,
+    );
+    std::fs::write(&scram, format!("{line}\n")).expect("scram file");
+    let limits = format!(
+        "scram_file = {scram:?}\nlogin_failures_per_address = 20\n\
+         login_failures_per_user = {PER_USER}\nlogin_delay_ms = 600000\n\
+         login_delay_max_ms = 600000\n"
+    );
+    let broker = broker(&file, &limits).await;
+    let addr = broker.addr;
+    let (ok, bad, throttled) = (
+        ReasonCode::SUCCESS.0,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
+        ReasonCode::CONNECTION_RATE_EXCEEDED.0,
+    );
+    let (device, attacker) = (host(4), host(2));
+    assert_eq!(
+        scram_connack(device, addr, "alice", "alice-scram").await,
+        ok
+    );
+    // Every exchange of the burst is started (its first answer read) before any proof.
+    let mut open = Vec::new();
+    let mut refused = 0;
+    for i in 0..BURST {
+        let id = format!("scram-burst-{i}");
+        match scram_start(attacker, addr, &id, "alice", "guess").await {
+            Ok(exchange) => open.push(exchange),
+            Err(code) => {
+                assert_eq!(code, throttled, "refused before the challenge");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(open.len(), PER_USER, "challenged: the user's allowance");
+    assert_eq!(refused, BURST - PER_USER);
+    let right = scram_start(attacker, addr, "scram-right", "alice", "alice-scram").await;
+    assert_eq!(
+        right.as_ref().err(),
+        Some(&throttled),
+        "the right secret while the burst's exchanges are open"
+    );
+    // The device's pair passes the busy user.
+    assert_eq!(
+        scram_connack(device, addr, "alice", "alice-scram").await,
+        ok
+    );
+    let method = Hash::Sha256.method();
+    for (mut client, mut c, server_first) in open {
+        let fin = client.client_final(&server_first, false);
+        c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
+            .await;
+        match tokio::time::timeout(WAIT, c.recv()).await {
+            Ok(Some(Packet::ConnAck(ack))) => assert_eq!(ack.reason_code.0, bad),
+            other => panic!("expected a CONNACK, got {other:?}"),
+        }
+    }
+    // Judged and failed: the user is throttled now, the right secret too, from elsewhere.
+    assert_eq!(
+        scram_connack(host(12), addr, "alice", "alice-scram").await,
+        throttled
+    );
+    assert_eq!(
+        scram_connack(device, addr, "alice", "alice-scram").await,
+        ok
+    );
+}

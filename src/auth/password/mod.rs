@@ -234,14 +234,20 @@ impl PasswordStore {
     ) -> Verdict {
         // The throttle first (issue 35, third adversarial pass): when the cache answered
         // before it, a throttled guesser got a fast yes or no at line rate.
-        if let Err(throttled) = self.throttle.check(source, user, std::time::Instant::now()) {
-            unhashed.0 = None;
-            match throttled {
-                Throttled::Address => self.metrics.throttled_address.increment(1),
-                Throttled::User => self.metrics.throttled_user.increment(1),
+        // It reserves (fourth pass): this attempt counts as a possible failure until its
+        // verdict, so parallel guesses see each other; dropped (the client left, no time for
+        // a hash) it is released uncounted.
+        let reservation = match self.throttle.check(source, user, std::time::Instant::now()) {
+            Ok(reservation) => reservation,
+            Err(throttled) => {
+                unhashed.0 = None;
+                match throttled {
+                    Throttled::Address => self.metrics.throttled_address.increment(1),
+                    Throttled::User => self.metrics.throttled_user.increment(1),
+                }
+                return Verdict::Throttled;
             }
-            return Verdict::Throttled;
-        }
+        };
         let loaded = Arc::clone(&self.current.read());
         let key = {
             let cache = self.cache.lock();
@@ -253,8 +259,7 @@ impl PasswordStore {
                 unhashed.0 = None;
                 self.metrics.success_cached.increment(1);
                 // The right password, as surely as a hash would say.
-                self.throttle
-                    .succeeded(source, user, std::time::Instant::now());
+                reservation.succeeded(std::time::Instant::now());
                 return Verdict::Ok;
             }
         };
@@ -300,12 +305,8 @@ impl PasswordStore {
             (false, _) => Verdict::UnknownUser,
         };
         match verdict {
-            Verdict::Ok => self
-                .throttle
-                .succeeded(source, user, std::time::Instant::now()),
-            _ => self
-                .throttle
-                .failed(source, user, std::time::Instant::now()),
+            Verdict::Ok => reservation.succeeded(std::time::Instant::now()),
+            _ => reservation.failed(std::time::Instant::now()),
         }
         match verdict {
             Verdict::Ok => {

@@ -19,25 +19,63 @@
 //! Bounded: at most `capacity` pairs (`login_limit_entries`); when full the oldest eighth goes
 //! at once, so a full table costs one scan per `capacity / 8` new pairs, not one per login.
 //! Only successes insert, so insertions are bounded by the rate of right passwords.
+//!
+//! One attempt at a time (issue 35, fourth adversarial pass): a failure revokes the pair only
+//! once it is judged, so guesses sent in parallel from the pair would all pass before the
+//! first revoked it. A pair passes a throttled key with one attempt in flight at most
+//! ([`Pair::passing`]); a device's remembered password is answered at once and frees the
+//! pass in the same step, so only an attempt still being hashed holds it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Instant;
 
+/// One trusted pair.
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    /// When it last succeeded (the oldest go first when the table is full).
+    last: Instant,
+    /// Whether an attempt of the pair is past a throttled key now, not judged yet: a second
+    /// one waits for its verdict (a failure revokes the pair).
+    passing: bool,
+}
+
 /// The pairs, by user name, with when each last succeeded.
 #[derive(Debug, Default)]
 pub(super) struct Trusted {
-    users: HashMap<String, HashMap<IpAddr, Instant>>,
+    users: HashMap<String, HashMap<IpAddr, Pair>>,
     /// Pairs held, over all users.
     pairs: usize,
 }
 
 impl Trusted {
     /// Whether `source` proved `user`'s credentials and has not failed for it since.
+    #[cfg(test)]
     pub(super) fn contains(&self, user: &str, source: IpAddr) -> bool {
         self.users
             .get(user)
             .is_some_and(|sources| sources.contains_key(&source))
+    }
+
+    /// Whether an attempt of `user` from `source` may pass a throttled key now: the pair is
+    /// trusted and no other attempt of it is passing.
+    pub(super) fn may_pass(&self, user: &str, source: IpAddr) -> bool {
+        self.users
+            .get(user)
+            .and_then(|sources| sources.get(&source))
+            .is_some_and(|pair| !pair.passing)
+    }
+
+    /// Marks an attempt of the pair as passing a throttled key (`true`), or its end (`false`;
+    /// nothing when the pair was revoked or evicted meanwhile).
+    pub(super) fn set_passing(&mut self, user: &str, source: IpAddr, passing: bool) {
+        if let Some(pair) = self
+            .users
+            .get_mut(user)
+            .and_then(|sources| sources.get_mut(&source))
+        {
+            pair.passing = passing;
+        }
     }
 
     /// A success of `user` from `source` at `now`; at most `capacity` pairs are kept.
@@ -45,21 +83,24 @@ impl Trusted {
         if capacity == 0 {
             return;
         }
-        if let Some(last) = self
+        if let Some(pair) = self
             .users
             .get_mut(user)
             .and_then(|sources| sources.get_mut(&source))
         {
-            *last = now;
+            pair.last = now;
             return;
         }
         if self.pairs >= capacity {
             self.evict_oldest(capacity);
         }
-        self.users
-            .entry(user.to_owned())
-            .or_default()
-            .insert(source, now);
+        self.users.entry(user.to_owned()).or_default().insert(
+            source,
+            Pair {
+                last: now,
+                passing: false,
+            },
+        );
         self.pairs += 1;
     }
 
@@ -89,7 +130,7 @@ impl Trusted {
             .users
             .values()
             .flat_map(|s| s.values())
-            .copied()
+            .map(|pair| pair.last)
             .collect();
         if ages.is_empty() {
             return;
@@ -99,9 +140,9 @@ impl Trusted {
         let cutoff = *cutoff;
         let mut left = drop;
         self.users.retain(|_, sources| {
-            sources.retain(|_, last| {
+            sources.retain(|_, pair| {
                 // Ties at the cutoff: only as many as needed go.
-                if *last <= cutoff && left > 0 {
+                if pair.last <= cutoff && left > 0 {
                     left -= 1;
                     return false;
                 }
@@ -138,6 +179,30 @@ mod tests {
         assert_eq!(t.len(), 0);
         t.revoke("alice", ip(1));
         assert_eq!(t.len(), 0, "revoking twice is harmless");
+    }
+
+    #[test]
+    fn a_pair_passes_one_attempt_at_a_time() {
+        let mut t = Trusted::default();
+        let now = Instant::now();
+        assert!(!t.may_pass("alice", ip(1)), "not trusted");
+        t.insert("alice", ip(1), now, 16);
+        assert!(t.may_pass("alice", ip(1)));
+        t.set_passing("alice", ip(1), true);
+        assert!(!t.may_pass("alice", ip(1)), "one attempt in flight");
+        t.insert("alice", ip(1), now, 16);
+        assert!(
+            !t.may_pass("alice", ip(1)),
+            "a refresh keeps the pass taken"
+        );
+        t.set_passing("alice", ip(1), false);
+        assert!(t.may_pass("alice", ip(1)));
+        t.revoke("alice", ip(1));
+        t.set_passing("alice", ip(1), false);
+        assert!(
+            !t.may_pass("alice", ip(1)),
+            "a revoked pair is not brought back"
+        );
     }
 
     #[test]

@@ -576,7 +576,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     let client_max = client_max_packet(connect);
     // The user the exchange claims, once the method has read it: asked of the failed-login
     // limits before any proof is judged, and charged with a failure (issue 35).
-    let mut claimed: Option<String> = None;
+    let mut limit = auth::login::ExchangeLimit::new(broker.logins(), source);
     let mut step = auth::run_step(
         Arc::clone(&auth.authenticator),
         StepInput::Start(client_id.to_string()),
@@ -587,25 +587,21 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         let state = match step {
             AuthStep::Success(data) => return Ok((data, None)),
             AuthStep::Authenticated { data, user } => {
-                if let Some(logins) = broker.logins() {
-                    let now = std::time::Instant::now();
-                    logins.throttle().succeeded(source, &user, now);
-                }
+                limit.succeeded(&user);
                 return Ok((data, Some(user)));
             }
             AuthStep::Fail(code) => {
-                if let (Some(logins), Some(user)) = (broker.logins(), &claimed) {
-                    let now = std::time::Instant::now();
-                    logins.throttle().failed(source, user, now);
-                }
+                limit.failed();
                 return Err(Some((connack_failure(code), "authentication failed")));
             }
             AuthStep::Continue { data, state } => {
-                if claimed.is_none() {
-                    claimed = auth.authenticator.claimed_user(&state);
-                    if let Some(user) = &claimed {
-                        throttled_exchange(broker, source, user)?;
-                    }
+                // Refused unchecked as a password would be (0x9F), before the challenge.
+                if limit
+                    .claim(|| auth.authenticator.claimed_user(&state))
+                    .is_err()
+                {
+                    let why = "too many failed logins; try again later";
+                    return Err(Some((ReasonCode::CONNECTION_RATE_EXCEEDED, why)));
                 }
                 let challenge = Auth {
                     reason_code: ReasonCode::CONTINUE_AUTHENTICATION, // MQTT-4.12.0-2
@@ -640,37 +636,6 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         )
         .await;
     }
-}
-
-/// The failed-login limits for an enhanced-authentication exchange that claims `user` from
-/// `source`, asked before the client's proof is read (issue 35): refused unchecked as a
-/// password would be (v5 0x9F Connection rate exceeded), so SCRAM is no unthrottled way to
-/// guess the password file's or SCRAM file's secrets.
-fn throttled_exchange(
-    broker: &Broker,
-    source: std::net::IpAddr,
-    user: &str,
-) -> Result<(), Option<Refusal>> {
-    let Some(logins) = broker.logins() else {
-        return Ok(());
-    };
-    let Err(throttled) = logins
-        .throttle()
-        .check(source, user, std::time::Instant::now())
-    else {
-        return Ok(());
-    };
-    let metrics = logins.metrics();
-    match throttled {
-        auth::throttle::Throttled::Address => metrics.throttled_address.increment(1),
-        auth::throttle::Throttled::User => metrics.throttled_user.increment(1),
-    }
-    tracing::debug!(
-        user,
-        "refusing the exchange unchecked: too many failed logins"
-    );
-    let why = "too many failed logins; try again later";
-    Err(Some((ReasonCode::CONNECTION_RATE_EXCEEDED, why)))
 }
 
 /// Reads the next packet during the handshake, before its `deadline`.
