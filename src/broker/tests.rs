@@ -1,4 +1,6 @@
-//! Model-based tests: both indexes against a plainly written reference matcher.
+//! Model-based tests: both indexes against the string matcher
+//! ([`crate::codec::topic::matching`]), and that matcher, `covers` and `intersects` against the
+//! topic tree and their definitions.
 
 use std::collections::BTreeMap;
 
@@ -6,37 +8,8 @@ use proptest::prelude::*;
 
 use super::retained::RetainedIndex;
 use super::topic_tree::TopicTree;
+use crate::codec::topic::matching::{covers, intersects, matches};
 use crate::codec::topic::{is_valid_filter, topic_name_error};
-
-/// Reference matcher, written for obviousness rather than speed (MQTT §4.7).
-fn matches(filter: &str, topic: &str) -> bool {
-    // MQTT-4.7.2-1: wildcard-first filters never match '$' topics.
-    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
-        return false;
-    }
-    let filter: Vec<&str> = filter.split('/').collect();
-    let topic: Vec<&str> = topic.split('/').collect();
-    for (i, f) in filter.iter().enumerate() {
-        if *f == "#" {
-            return true; // matches the parent level and any number of children
-        }
-        match topic.get(i) {
-            Some(t) if *f == "+" || f == t => {}
-            _ => return false,
-        }
-    }
-    filter.len() == topic.len()
-}
-
-#[test]
-fn reference_matcher_agrees_with_the_spec() {
-    assert!(matches("sport/#", "sport"));
-    assert!(matches("sport/+", "sport/"));
-    assert!(!matches("sport/+", "sport"));
-    assert!(!matches("+", "/finance"));
-    assert!(!matches("#", "$SYS/x"));
-    assert!(matches("$SYS/#", "$SYS"));
-}
 
 const LEVELS: [&str; 6] = ["", "$SYS", "a", "b", "+", "#"];
 
@@ -441,4 +414,71 @@ fn a_schema_check_on_a_topic_no_schema_covers_does_not_allocate() {
         let _ = registry.check("orders/1", None, br#"{"id":"a"}"#);
     });
     assert!(n > 0);
+}
+
+/// Every valid topic name of 1..=5 levels over the non-wildcard [`LEVELS`] (1,363 of them).
+/// Why all of them: a filter of at most 4 levels over [`LEVELS`] that matches a topic the
+/// other does not, or shares one with it, has such a witness among these (at most one level
+/// longer than the filters, each level one of theirs or another literal), so `covers` and
+/// `intersects` can be checked against their definitions exactly, not on luck.
+static ALL_TOPICS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+    let mut all: Vec<String> = Vec::new();
+    let mut last: Vec<String> = vec![String::new()];
+    for depth in 1..=5 {
+        let mut next = Vec::with_capacity(last.len() * 4);
+        for prefix in &last {
+            for level in &LEVELS[..4] {
+                next.push(if depth == 1 {
+                    (*level).to_owned()
+                } else {
+                    format!("{prefix}/{level}")
+                });
+            }
+        }
+        all.extend(next.iter().cloned());
+        last = next;
+    }
+    all.retain(|t| topic_name_error(t).is_none());
+    all
+});
+
+proptest! {
+    // 1,363 topics per case, each looked up in the tree: 64 cases keep this under a second in
+    // a debug build on a 2-core CI runner.
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `matches` agrees with the topic tree (the routing path: insert the filter, look the topic
+    /// up) on every topic; `covers` and `intersects` agree with their definitions ("every
+    /// topic `inner` matches, `outer` matches"; "some topic matches both") over the same
+    /// topics; and with a topic name for a filter both are `matches`.
+    #[test]
+    fn matching_agrees_with_topic_tree_and_definitions(outer in filter(), inner in filter()) {
+        let mut tree = TopicTree::new();
+        tree.insert(&outer, 0, 0);
+        tree.insert(&inner, 1, 1);
+        let mut inner_not_outer = None;
+        let mut both = None;
+        for topic in ALL_TOPICS.iter() {
+            let found = tree_matches(&tree, topic);
+            let (o, i) = (matches(&outer, topic), matches(&inner, topic));
+            prop_assert_eq!(found.contains(&(0, 0)), o, "{} on {:?}", outer, topic);
+            prop_assert_eq!(found.contains(&(1, 1)), i, "{} on {:?}", inner, topic);
+            prop_assert_eq!(covers(&outer, topic), o, "covers({}, {:?})", outer, topic);
+            prop_assert_eq!(intersects(&outer, topic), o, "{} ∩ {:?}", outer, topic);
+            prop_assert_eq!(intersects(topic, &outer), o, "{:?} ∩ {}", topic, outer);
+            if i && !o {
+                inner_not_outer.get_or_insert(topic);
+            }
+            if i && o {
+                both.get_or_insert(topic);
+            }
+        }
+        prop_assert_eq!(
+            covers(&outer, &inner),
+            inner_not_outer.is_none(),
+            "covers({}, {}); witness {:?}", outer, inner, inner_not_outer
+        );
+        prop_assert_eq!(intersects(&outer, &inner), both.is_some(), "{} ∩ {}; {:?}", outer, inner, both);
+        prop_assert_eq!(intersects(&inner, &outer), both.is_some(), "{} ∩ {}", inner, outer);
+    }
 }
