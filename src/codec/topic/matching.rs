@@ -87,7 +87,9 @@ pub(crate) fn covers(outer: &str, inner: &str) -> bool {
 }
 
 /// True when some topic name matches both filters (symmetric). With a topic name for `b` it
-/// is `matches(a, b)`.
+/// is `matches(a, b)`. The empty name counts as a topic (one empty level), though
+/// MQTT-4.7.3-1 forbids it: `+` meets `/#` through it alone, an overestimate kept from the
+/// copy this replaced (safe where it is used: a partial grant is checked per delivery).
 ///
 /// Why it exists: a subscription may receive something under a JWT `subscribe` claim only
 /// when the two meet (a partial grant, checked per delivery).
@@ -192,6 +194,7 @@ mod tests {
             ("+/+/#", "+/#", false, true),
             ("a/+/#", "a/#", false, true),
             ("+", "#", false, true),
+            ("+", "/#", false, true), // through the empty name only, see `intersects`
         ] {
             assert_eq!(covers(outer, inner), cov, "covers({outer}, {inner})");
             assert_eq!(intersects(outer, inner), int, "{outer} ∩ {inner}");
