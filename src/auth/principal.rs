@@ -9,6 +9,7 @@
 
 use super::acl::{Action, FilterAccess, Identity};
 use super::acl_slot::AclSlot;
+use crate::codec::topic::matching::{covers, intersects, matches};
 
 /// The topic filters a JWT's `publish` / `subscribe` claims list (`None`: that claim is
 /// absent, nothing is narrowed).
@@ -44,7 +45,7 @@ impl TopicClaims {
     /// `subscribe` for reads: a delivery on a partly granted filter is checked here too.)
     pub fn allow(&self, action: Action, topic: &str) -> bool {
         self.list(action)
-            .is_none_or(|filters| filters.iter().any(|f| intersects(f, topic)))
+            .is_none_or(|filters| filters.iter().any(|f| matches(f, topic)))
     }
 
     /// What a subscription to `filter` may receive under the `subscribe` claim: full when one
@@ -145,91 +146,9 @@ pub static ANONYMOUS: Principal = Principal {
     claims: None,
 };
 
-/// True when the claimed filter `claim` matches every topic the filter `filter` matches
-/// (MQTT-4.7.2-1: a wildcard first level never matches a `$` topic).
-pub fn covers(claim: &str, filter: &str) -> bool {
-    let mut c = claim.split('/');
-    let mut f = filter.split('/');
-    let mut first = true;
-    loop {
-        match (c.next(), f.next()) {
-            (None | Some("#"), None) => return true,
-            (None, Some(_)) | (Some(_), None) => return false,
-            (Some("#"), Some(fl)) => return !(first && fl.starts_with('$')),
-            (Some("+"), Some(fl)) => {
-                if fl == "#" || (first && fl.starts_with('$')) {
-                    return false;
-                }
-            }
-            (Some(cl), Some(fl)) => {
-                if cl != fl {
-                    return false;
-                }
-            }
-        }
-        first = false;
-    }
-}
-
-/// True when some topic matches both filters (a topic name is a filter without wildcards, so
-/// this is also "the topic matches the filter").
-pub fn intersects(claim: &str, filter: &str) -> bool {
-    let mut c = claim.split('/');
-    let mut f = filter.split('/');
-    let mut first = true;
-    loop {
-        match (c.next(), f.next()) {
-            (None | Some("#"), None) | (None, Some("#")) => return true,
-            (None, Some(_)) | (Some(_), None) => return false,
-            (Some(cl), Some(fl)) => {
-                let wild = |l: &str| l == "#" || l == "+";
-                if first && ((wild(cl) && fl.starts_with('$')) || (wild(fl) && cl.starts_with('$')))
-                {
-                    return false;
-                }
-                if cl == "#" || fl == "#" {
-                    return true;
-                }
-                if cl != "+" && fl != "+" && cl != fl {
-                    return false;
-                }
-            }
-        }
-        first = false;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn covers_and_intersects() {
-        for (claim, filter, cov, int) in [
-            ("a/#", "a/b", true, true),
-            ("a/#", "a", true, true),
-            ("a/#", "a/#", true, true),
-            ("a/+", "a/#", false, true),
-            ("a/+", "a/b", true, true),
-            ("a/+", "a/b/c", false, false),
-            ("a/b", "a/+", false, true),
-            ("a/b", "#", false, true),
-            ("#", "$SYS/x", false, false),
-            ("+/x", "$SYS/x", false, false),
-            ("$SYS/#", "#", false, false),
-            ("#", "+/x", true, true),
-            ("a/b", "a/c", false, false),
-            ("a/b", "a/b", true, true),
-            ("sensors/s1/#", "sensors/+/t", false, true),
-        ] {
-            assert_eq!(covers(claim, filter), cov, "covers({claim}, {filter})");
-            assert_eq!(
-                intersects(claim, filter),
-                int,
-                "intersects({claim}, {filter})"
-            );
-        }
-    }
 
     #[test]
     fn claims_narrow_per_action() {
@@ -245,5 +164,17 @@ mod tests {
         let publish_only = TopicClaims::new(Some(vec!["p".into()]), None).expect("claims");
         assert_eq!(publish_only.filter_access("#"), FilterAccess::Full);
         assert!(TopicClaims::new(None, None).is_none());
+    }
+
+    /// A `subscribe` claim of `+/#` matches every topic `#` does (`#` has no parent level at
+    /// the first level; neither matches `$` topics, MQTT-4.7.2-1), so a subscription to `#` is
+    /// a full grant. The copy of `covers` this module had said partial (issue 36: one module).
+    #[test]
+    fn plus_hash_claim_grants_hash_in_full() {
+        let claims = TopicClaims::new(None, Some(vec!["+/#".into()])).expect("claims");
+        assert_eq!(claims.filter_access("#"), FilterAccess::Full);
+        assert_eq!(claims.filter_access("$SYS/#"), FilterAccess::Denied);
+        assert!(claims.allow(Action::Read, "a"));
+        assert!(!claims.allow(Action::Read, "$SYS/x"));
     }
 }

@@ -6,7 +6,7 @@
 //! message going out loses `local_prefix` and gains `remote_prefix`, one coming in the
 //! reverse. Where several rules match a topic, the first in file order names it.
 
-use crate::broker::admin::filter_matches;
+use crate::codec::topic::matching::matches;
 use crate::codec::QoS;
 use crate::config::{Direction, TopicRule};
 
@@ -71,7 +71,7 @@ impl Rules {
         self.rules
             .iter()
             .filter(|r| r.direction.is_out())
-            .find(|r| filter_matches(&r.local_filter, local_topic))
+            .find(|r| matches(&r.local_filter, local_topic))
             .and_then(|r| swap_prefix(local_topic, &r.local_prefix, &r.remote_prefix))
     }
 
@@ -81,7 +81,7 @@ impl Rules {
         self.rules
             .iter()
             .filter(|r| r.direction.is_in())
-            .find(|r| filter_matches(&r.remote_filter, remote_topic))
+            .find(|r| matches(&r.remote_filter, remote_topic))
             .and_then(|r| swap_prefix(remote_topic, &r.remote_prefix, &r.local_prefix))
     }
 }

@@ -1,4 +1,6 @@
-//! Model-based tests: both indexes against a plainly written reference matcher.
+//! Model-based tests: both indexes against the string matcher
+//! ([`crate::codec::topic::matching`]), and that matcher, `covers` and `intersects` against the
+//! topic tree and their definitions.
 
 use std::collections::BTreeMap;
 
@@ -6,37 +8,8 @@ use proptest::prelude::*;
 
 use super::retained::RetainedIndex;
 use super::topic_tree::TopicTree;
+use crate::codec::topic::matching::{covers, intersects, matches};
 use crate::codec::topic::{is_valid_filter, topic_name_error};
-
-/// Reference matcher, written for obviousness rather than speed (MQTT §4.7).
-fn matches(filter: &str, topic: &str) -> bool {
-    // MQTT-4.7.2-1: wildcard-first filters never match '$' topics.
-    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
-        return false;
-    }
-    let filter: Vec<&str> = filter.split('/').collect();
-    let topic: Vec<&str> = topic.split('/').collect();
-    for (i, f) in filter.iter().enumerate() {
-        if *f == "#" {
-            return true; // matches the parent level and any number of children
-        }
-        match topic.get(i) {
-            Some(t) if *f == "+" || f == t => {}
-            _ => return false,
-        }
-    }
-    filter.len() == topic.len()
-}
-
-#[test]
-fn reference_matcher_agrees_with_the_spec() {
-    assert!(matches("sport/#", "sport"));
-    assert!(matches("sport/+", "sport/"));
-    assert!(!matches("sport/+", "sport"));
-    assert!(!matches("+", "/finance"));
-    assert!(!matches("#", "$SYS/x"));
-    assert!(matches("$SYS/#", "$SYS"));
-}
 
 const LEVELS: [&str; 6] = ["", "$SYS", "a", "b", "+", "#"];
 
@@ -441,4 +414,132 @@ fn a_schema_check_on_a_topic_no_schema_covers_does_not_allocate() {
         let _ = registry.check("orders/1", None, br#"{"id":"a"}"#);
     });
     assert!(n > 0);
+}
+
+/// Every valid topic name of 1..=5 levels over the non-wildcard [`LEVELS`] (1,363 of them).
+/// Why all of them: a filter of at most 4 levels over [`LEVELS`] that matches a topic the
+/// other does not, or shares one with it, has such a witness among these (at most one level
+/// longer than the filters, each level one of theirs or another literal), so `covers` and
+/// `intersects` can be checked against their definitions exactly, not on luck.
+static ALL_TOPICS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+    let mut all: Vec<String> = Vec::new();
+    let mut last: Vec<String> = vec![String::new()];
+    for depth in 1..=5 {
+        let mut next = Vec::with_capacity(last.len() * 4);
+        for prefix in &last {
+            for level in &LEVELS[..4] {
+                next.push(if depth == 1 {
+                    (*level).to_owned()
+                } else {
+                    format!("{prefix}/{level}")
+                });
+            }
+        }
+        all.extend(next.iter().cloned());
+        last = next;
+    }
+    all.retain(|t| topic_name_error(t).is_none());
+    all
+});
+
+/// Checks `matches` of both filters against the topic tree on every topic of `topics`,
+/// `covers` / `intersects` of a topic name against `matches`, and `covers(outer, inner)` /
+/// `intersects(outer, inner)` against their definitions over `topics` (which must hold the
+/// witnesses, see [`ALL_TOPICS`]). Why a function: the proptest and the exhaustive test of
+/// short filters share it.
+fn agree(outer: &str, inner: &str, topics: &[String]) -> Result<(), TestCaseError> {
+    let mut tree = TopicTree::new();
+    tree.insert(outer, 0, 0);
+    tree.insert(inner, 1, 1);
+    let mut inner_not_outer = None;
+    let mut both = None;
+    for topic in topics {
+        let found = tree_matches(&tree, topic);
+        let (o, i) = (matches(outer, topic), matches(inner, topic));
+        prop_assert_eq!(found.contains(&(0, 0)), o, "{} on {:?}", outer, topic);
+        prop_assert_eq!(found.contains(&(1, 1)), i, "{} on {:?}", inner, topic);
+        prop_assert_eq!(covers(outer, topic), o, "covers({}, {:?})", outer, topic);
+        prop_assert_eq!(intersects(outer, topic), o, "{} ∩ {:?}", outer, topic);
+        prop_assert_eq!(intersects(topic, outer), o, "{:?} ∩ {}", topic, outer);
+        if i && !o {
+            inner_not_outer.get_or_insert(topic.as_str());
+        }
+        if i && o {
+            both.get_or_insert(topic.as_str());
+        }
+    }
+    // The functions read the empty name as a topic of one empty level. MQTT-4.7.3-1 forbids
+    // it as a topic name (the tree never sees one), but it is the witness of `+` ∩ `/#`.
+    let (o, i) = (matches(outer, ""), matches(inner, ""));
+    if i && !o {
+        inner_not_outer.get_or_insert("");
+    }
+    if i && o {
+        both.get_or_insert("");
+    }
+    prop_assert_eq!(
+        covers(outer, inner),
+        inner_not_outer.is_none(),
+        "covers({}, {}); witness {:?}",
+        outer,
+        inner,
+        inner_not_outer
+    );
+    prop_assert_eq!(
+        intersects(outer, inner),
+        both.is_some(),
+        "{} ∩ {}; {:?}",
+        outer,
+        inner,
+        both
+    );
+    prop_assert_eq!(
+        intersects(inner, outer),
+        both.is_some(),
+        "{} ∩ {}",
+        inner,
+        outer
+    );
+    Ok(())
+}
+
+proptest! {
+    // 1,363 topics per case, each looked up in the tree: 64 cases keep this well under a
+    // second in a debug build on a 2-core CI runner.
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `matches` agrees with the topic tree (the routing path: insert the filter, look the topic
+    /// up) on every topic; `covers` and `intersects` agree with their definitions ("every
+    /// topic `inner` matches, `outer` matches"; "some topic matches both") over the same
+    /// topics; and with a topic name for a filter both are `matches`.
+    #[test]
+    fn matching_agrees_with_topic_tree_and_definitions(outer in filter(), inner in filter()) {
+        agree(&outer, &inner, &ALL_TOPICS)?;
+    }
+}
+
+/// The same checks on every pair of valid filters of one or two levels over [`LEVELS`] (the
+/// corner cases, such as `+/#` covering `#`, every time rather than by chance), over the
+/// topics of up to three levels (where their witnesses are).
+#[test]
+fn matching_agrees_on_every_pair_of_short_filters() {
+    let mut filters: Vec<String> = LEVELS.iter().map(|l| (*l).to_owned()).collect();
+    for a in LEVELS {
+        for b in LEVELS {
+            filters.push(format!("{a}/{b}"));
+        }
+    }
+    filters.retain(|f| is_valid_filter(f));
+    let topics: Vec<String> = ALL_TOPICS
+        .iter()
+        .filter(|t| t.split('/').count() <= 3)
+        .cloned()
+        .collect();
+    for outer in &filters {
+        for inner in &filters {
+            if let Err(e) = agree(outer, inner, &topics) {
+                panic!("{e}");
+            }
+        }
+    }
 }

@@ -178,7 +178,7 @@ pub(super) async fn run(
 fn matching(cluster: &Cluster, frame: &[u8], inner: &str) -> Option<Message> {
     match wire::decode(frame) {
         Ok((_, _, publish)) => {
-            if !crate::broker::admin::filter_matches(inner, &publish.topic) {
+            if !crate::codec::topic::matching::matches(inner, &publish.topic) {
                 return None;
             }
             Some(Message::from_publish(publish, None))

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::broker::admin::filter_matches;
+use crate::codec::topic::matching::matches;
 use crate::config::{InvalidV3, SchemaAction, SchemaConfig};
 
 /// Longest `why` handed out (bytes): it becomes a v5 Reason String and a log field, and a
@@ -125,7 +125,7 @@ impl SchemaRegistry {
     fn select(&self, topic: &str, content_type: Option<&str>) -> Option<&Entry> {
         let mut first = None;
         for (i, entry) in self.entries.iter().enumerate() {
-            if !filter_matches(&entry.config.filter, topic) {
+            if !matches(&entry.config.filter, topic) {
                 continue;
             }
             if content_type == Some(entry.config.id.as_str()) {

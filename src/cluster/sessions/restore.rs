@@ -227,7 +227,7 @@ fn resent_delivery(
             None if !shared => filter,
             _ => continue,
         };
-        if crate::broker::admin::filter_matches(inner, &message.topic) {
+        if crate::codec::topic::matching::matches(inner, &message.topic) {
             retain |= options.retain_as_published && retained;
             subscription_ids.extend(*id);
             if shared {
@@ -407,7 +407,7 @@ fn enqueue_matching(
     let mut ids: SmallVec<[u32; 1]> = SmallVec::new();
     for (filter, options, id) in &restore.subscriptions {
         if crate::codec::topic::split_shared(filter).is_some()
-            || !crate::broker::admin::filter_matches(filter, &message.topic)
+            || !crate::codec::topic::matching::matches(filter, &message.topic)
         {
             continue;
         }

@@ -1,5 +1,8 @@
 //! Topic name and topic filter rules (spec §4.7), shared by the decoder and the broker, and
 //! the control characters MQTT asks strings not to carry (5.0 §1.5.4, 3.1.1 §1.5.3).
+//! Which topics a filter matches is the `matching` submodule.
+
+pub(crate) mod matching;
 
 /// Why a topic name may not be published to.
 pub fn topic_name_error(topic: &str) -> Option<&'static str> {
