@@ -12,6 +12,8 @@ pub mod codec;
 pub mod config;
 pub mod connection;
 pub mod guarantees;
+#[cfg(test)]
+mod layering;
 pub mod logging;
 pub mod metrics;
 pub mod reload;

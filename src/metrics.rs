@@ -12,10 +12,14 @@
 //!
 //! Names follow Prometheus conventions: `postbox_` prefix, `_total` on counters, base units
 //! (bytes, seconds). The table in README.md lists them; a test keeps it complete.
+//!
+//! A leaf: this module imports nothing else of the crate (the crate's `layering` test checks it).
+//! It holds the registry, the handles, every name and the broker core's series; each other
+//! owner declares its own group against the registry ([`Metrics::registrar`],
+//! [`Metrics::scrape_registrar`]): `storage::StoreMetrics`, `guarantees::GuaranteeMetrics`,
+//! `cluster::ClusterMetrics`.
 
 pub mod bridge;
-mod cluster;
-mod dedup;
 mod endpoint;
 mod handles;
 pub mod names;
@@ -27,14 +31,14 @@ mod tests;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use handles::{counter_of, gauge_of, Reg};
+use handles::{counter_of, gauge_of};
 
 pub use bridge::BridgeMetrics;
-pub use cluster::ClusterMetrics;
-pub use dedup::DedupMetrics;
 pub use endpoint::{start_exporter, MetricsEndpoint};
+pub(crate) use handles::Reg;
 pub use handles::{Counter, Gauge, Histogram};
-pub use scrape::{ScrapeFigures, SharedGroupFigures, StoreMetrics};
+pub(crate) use scrape::ScrapeReg;
+pub use scrape::{ScrapeFigures, SharedGroupFigures};
 pub use snapshot::MetricsSnapshot;
 
 /// Why a CONNECT was answered with a refusing CONNACK: the `reason` label of
@@ -195,8 +199,6 @@ pub struct Metrics {
     pub auth_hashes_skipped: Counter,
     /// The `postbox_bridge_*` families updated by the bridges' events.
     bridges: bridge::BridgeFamilies,
-    /// `[dedup]`: duplicates, entries, evictions (zero while off).
-    pub dedup: DedupMetrics,
     /// Sessions ended because their expiry interval passed.
     pub sessions_expired: Counter,
     /// MQTT 5 messages whose Message Expiry Interval passed while queued, by QoS.
@@ -209,10 +211,6 @@ pub struct Metrics {
     pub messages_dropped_no_subscribers: [Counter; 3],
     /// Seconds from a PUBLISH being read to its delivery being written to a subscriber.
     pub delivery_latency: Histogram,
-    /// Seconds per durable-store group commit (write and fsync), on the writer thread.
-    pub store_commit_seconds: Histogram,
-    /// `storage.max_disk_bytes` (0 = unlimited).
-    pub store_budget_bytes: Gauge,
     /// Client network connections currently open (increment on accept, decrement on close).
     pub connections_current: Gauge,
     /// Client network connections accepted since start.
@@ -254,15 +252,6 @@ pub struct Metrics {
     /// PUBLISHes whose payload broke a `[[schema]]` and that were refused (v5 0x99, or a 3.x
     /// publisher disconnected under `on_invalid_v3 = "disconnect"`), by QoS.
     pub messages_refused_schema_invalid: [Counter; 3],
-    /// Dead letters published, in [`DeadReason::ALL`] order (index with
-    /// `DeadReason::index`).
-    ///
-    /// [`DeadReason::ALL`]: crate::guarantees::DeadReason::ALL
-    pub dead_letters: [Counter; crate::guarantees::DeadReason::ALL.len()],
-    /// Dead letters not published because they were over `dead_letter.max_rate`.
-    pub dead_letters_dropped_rate: Counter,
-    /// Dead letters not published because the store (or a `refuse` queue) refused them.
-    pub dead_letters_dropped_refused: Counter,
     /// Connected sessions found stalled (full queue, no progress for `mqtt.stalled_after`):
     /// once per stall.
     pub session_stalls: Counter,
@@ -367,16 +356,6 @@ impl Metrics {
             &["reason", "qos"],
         );
         let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse; schema_invalid: a [[schema]] refused the payload) and QoS.", &["reason", "qos"]);
-        let dead_letters = r.counter_vec(
-            DEAD_LETTERS_TOTAL,
-            "Dead letters published ([dead_letter]), by the reason their message was dropped (queue_full, expired, too_large, schema_invalid, max_deliveries, rejected).",
-            &["reason"],
-        );
-        let dead_letters_dropped = r.counter_vec(
-            DEAD_LETTERS_DROPPED_TOTAL,
-            "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it).",
-            &["reason"],
-        );
         let binding = r.counter_vec(
             SESSION_BINDING_TOTAL,
             "CONNECTs naming the client id of a session another identity owns, by outcome (refused; replaced: a fresh session in its place).",
@@ -421,10 +400,6 @@ impl Metrics {
             0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
             0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
         ];
-        let commit_buckets = vec![
-            0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-            1.0, 2.5,
-        ];
         Metrics {
             connections_current: r.gauge(CONNECTIONS_CURRENT, "Client network connections currently open."),
             connections_total: r.counter(CONNECTIONS_TOTAL, "Client network connections accepted since start."),
@@ -446,10 +421,6 @@ impl Metrics {
             messages_refused_queue_full: by_qos(&refused, "queue_full"),
             messages_dropped_schema_invalid: by_qos(&dropped, "schema_invalid"),
             messages_refused_schema_invalid: by_qos(&refused, "schema_invalid"),
-            dead_letters: crate::guarantees::DeadReason::ALL
-                .map(|reason| counter_of(&dead_letters, &[reason.as_str()])),
-            dead_letters_dropped_rate: counter_of(&dead_letters_dropped, &["rate"]),
-            dead_letters_dropped_refused: counter_of(&dead_letters_dropped, &["refused"]),
             session_stalls: r.counter(SESSION_STALLS_TOTAL, "Connected sessions found stalled: a full queue that took nothing off for mqtt.stalled_after (once per stall)."),
             sessions_stalled: r.gauge(SESSIONS_STALLED, "Connected sessions stalled now: a full queue that took nothing off for mqtt.stalled_after; their overflow goes to mqtt.queue_overflow."),
             publishers_paused: r.gauge(PUBLISHERS_PAUSED, "Publishing connections paused by back-pressure (a full subscriber queue or the memory budget)."),
@@ -507,7 +478,6 @@ impl Metrics {
             auth_hashes: r.counter(AUTH_HASHES_TOTAL, "Password hashes run for logins (a success the cache remembers runs none)."),
             auth_hashes_skipped: r.counter(AUTH_HASHES_SKIPPED_TOTAL, "Password checks that ended before their hash: the client closed, or its handshake's deadline came, while they waited for a hash worker."),
             bridges: bridge::BridgeFamilies::register(r),
-            dedup: DedupMetrics::register(r),
             sessions_expired: r.counter(
                 SESSIONS_EXPIRED_TOTAL,
                 "Sessions ended because their expiry interval passed (Mosquitto's $SYS/broker/clients/expired).",
@@ -516,15 +486,6 @@ impl Metrics {
                 DELIVERY_LATENCY_SECONDS,
                 "Seconds from a PUBLISH being read to its delivery being written to a subscriber's connection.",
                 latency_buckets,
-            ),
-            store_commit_seconds: r.histogram(
-                STORE_COMMIT_SECONDS,
-                "Seconds per durable-store group commit (write and fsync).",
-                commit_buckets,
-            ),
-            store_budget_bytes: r.gauge(
-                STORE_BUDGET_BYTES,
-                "storage.max_disk_bytes: the durable store's disk budget (0 = unlimited).",
             ),
             clients,
             scrape,
@@ -535,6 +496,18 @@ impl Metrics {
     /// This broker's registry (to register more collectors).
     pub fn registry(&self) -> &prometheus::Registry {
         &self.registry
+    }
+
+    /// Registers an owner's group in this broker's registry: how `storage`, `guarantees`
+    /// and `cluster` declare their own series without `metrics` knowing them (a leaf).
+    pub(crate) fn registrar(&self) -> Reg<'_> {
+        Reg(&self.registry)
+    }
+
+    /// Registers an owner's series whose values a hook ([`Metrics::on_scrape`]) copies in at
+    /// each reading: they are reported after the hooks ran, so a scrape shows that moment.
+    pub(crate) fn scrape_registrar(&self) -> ScrapeReg<'_> {
+        ScrapeReg(&self.scrape)
     }
 
     /// The handles of listener `name`, one per protocol; taken once per listener at start
@@ -551,12 +524,6 @@ impl Metrics {
     /// `postbox_bridge_*` series exist, at 0, from then on.
     pub fn bridge(&self, name: &str) -> BridgeMetrics {
         BridgeMetrics::new(name, &self.bridges, &self.scrape.figures.bridge_queues)
-    }
-
-    /// Registers the `postbox_cluster_*` families (`[cluster]`), once, when the cluster
-    /// layer starts.
-    pub fn cluster(&self) -> ClusterMetrics {
-        ClusterMetrics::register(&self.registry)
     }
 
     /// Counts a refusing CONNACK with MQTT 5 reason code `code`.

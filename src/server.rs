@@ -268,17 +268,19 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let shutdown = CancellationToken::new();
     let connections = TaskTracker::new();
     let readiness = Arc::new(crate::admin::Readiness::default());
-    broker
-        .metrics
-        .store_budget_bytes
+    // The store's own metric group, declared against the broker's registry before anything
+    // serves it.
+    let store_metrics = crate::storage::StoreMetrics::register(&broker.metrics);
+    store_metrics
+        .budget_bytes
         .set(config.storage.max_disk_bytes as f64);
     if let Some(store) = broker.store().cloned() {
-        store.observe_commits(broker.metrics.store_commit_seconds.clone());
+        store.observe_commits(store_metrics.commit_seconds.clone());
         // Copied at each reading, so a scrape or snapshot shows the store as it is (no
         // periodic copy); what recovery lost is there from the first scrape on.
         broker
             .metrics
-            .on_scrape(move |figures| figures.store.update(&store.stats()));
+            .on_scrape(move |_| store_metrics.update(&store.stats()));
     }
     // One status per `[[bridge]]`, in config order, made once the broker holds its restored
     // state (a status publishes its `$SYS` state `0` now and registers its metrics).

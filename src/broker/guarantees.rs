@@ -40,7 +40,7 @@ impl Broker {
     pub fn install_guarantees(&self, mut guarantees: Guarantees) {
         if let Some(dedup) = guarantees.dedup.as_mut() {
             if let Some(window) = Arc::get_mut(dedup) {
-                window.attach_metrics(self.metrics.dedup.clone());
+                window.attach_metrics(self.guarantee_metrics.dedup.clone());
             }
             if let Some(store) = &self.store {
                 store.bound_dedup(dedup.max_entries());
@@ -183,7 +183,9 @@ impl Broker {
             return None; // never dead-lettered again
         }
         if !letters.take() {
-            self.metrics.dead_letters_dropped_rate.increment(1);
+            self.guarantee_metrics
+                .dead_letters_dropped_rate
+                .increment(1);
             return None;
         }
         let publisher = message
@@ -199,11 +201,13 @@ impl Broker {
         let letter = letters.build(&loss, SystemTime::now());
         match self.publish(Arc::new(letter), None) {
             Ok(routed) => {
-                self.metrics.dead_letters[reason.index()].increment(1);
+                self.guarantee_metrics.dead_letters[reason.index()].increment(1);
                 routed.durable
             }
             Err(error) => {
-                self.metrics.dead_letters_dropped_refused.increment(1);
+                self.guarantee_metrics
+                    .dead_letters_dropped_refused
+                    .increment(1);
                 tracing::warn!(%error, topic = %message.topic, reason = reason.as_str(), "dead letter refused");
                 None
             }

@@ -161,6 +161,9 @@ pub struct Broker {
     store: Option<Arc<dyn Store>>,
     /// Metric handles, registered once.
     pub metrics: Metrics,
+    /// The guarantees' own metric group (dead letters, dedup), declared by `guarantees`
+    /// against `metrics`' registry so `metrics` stays a leaf; registered with every broker.
+    guarantee_metrics: crate::guarantees::GuaranteeMetrics,
     /// The ACL (`auth.acl_file`), installed once at start; unset, no check runs anywhere.
     acl: std::sync::OnceLock<Arc<crate::auth::acl_slot::AclSlot>>,
     /// The facts of each connected client that only operators read (peer, listener, protocol,
@@ -298,6 +301,7 @@ impl Broker {
         let flow = FlowControl::new(&config);
         let runtime_limits = runtime_limits::RuntimeLimitsSlot::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
+        let guarantee_metrics = crate::guarantees::GuaranteeMetrics::register(&metrics);
         let broker = Arc::new(Broker {
             config,
             auth,
@@ -320,6 +324,7 @@ impl Broker {
             flow,
             store,
             metrics,
+            guarantee_metrics,
             acl: std::sync::OnceLock::new(),
             claims_seen: AtomicBool::new(false),
             guarantees: std::sync::OnceLock::new(),
@@ -359,6 +364,12 @@ impl Broker {
     /// Back-pressure and the memory budget (see [`flow`]).
     pub fn flow(&self) -> &FlowControl {
         &self.flow
+    }
+
+    /// The guarantees' metric handles (dead letters, dedup): read by tests and counted into
+    /// by the dead-letter path; the group lives with its owner, not in [`Metrics`].
+    pub fn guarantee_metrics(&self) -> &crate::guarantees::GuaranteeMetrics {
+        &self.guarantee_metrics
     }
 
     /// The durable store, if persistence is on.

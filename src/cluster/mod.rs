@@ -34,6 +34,7 @@ mod ahead;
 mod barriers;
 pub mod inbound;
 pub mod link;
+mod metrics;
 pub mod nodes;
 pub mod orphans;
 pub mod outbound;
@@ -43,6 +44,8 @@ pub mod subject;
 mod taken;
 pub mod unsettled;
 pub mod wire;
+
+pub(crate) use metrics::ClusterMetrics;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -54,7 +57,6 @@ use crate::broker::{
 };
 use crate::codec::QoS;
 use crate::config::ClusterConfig;
-use crate::metrics::ClusterMetrics;
 use crate::storage::Durable;
 
 /// The message stream.
@@ -133,7 +135,7 @@ impl Cluster {
     /// and reconnects forever), the outbound tasks and, once connected, the inbound ones.
     /// Installs itself in the broker. Until NATS is reached, QoS 1/2 PUBLISHes are refused.
     pub fn start(config: &ClusterConfig, broker: &Arc<Broker>) -> Arc<Cluster> {
-        let metrics = broker.metrics.cluster();
+        let metrics = ClusterMetrics::register(&broker.metrics);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let cluster = Arc::new(Cluster {
             node: config.node.clone(),

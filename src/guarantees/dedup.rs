@@ -17,8 +17,8 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use super::DedupMetrics;
 use crate::config::DedupConfig;
-use crate::metrics::DedupMetrics;
 use crate::storage::DedupRecord;
 
 /// What [`Dedup::check`] says about one PUBLISH.

@@ -12,10 +12,12 @@
 
 pub mod dead_letter;
 pub mod dedup;
+mod metrics;
 pub mod schema;
 
 pub use dead_letter::{DeadLetters, DeadReason};
 pub use dedup::{Dedup, DedupCheck};
+pub use metrics::{DedupMetrics, GuaranteeMetrics};
 pub use schema::{SchemaRegistry, SchemaSlot, Verdict};
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! The HTTP listener of `[metrics] bind`, bound at start so a taken port stops the start
-//! early (before the store opens); served by `crate::admin` (`/metrics` rendered from the
+//! early (before the store opens); served by the `admin` module (`/metrics` rendered from the
 //! broker's registry by [`super::Metrics::render`], whose scrape-time collectors read the
 //! store's figures and the session backlog as they are at that moment; the probes, the admin
 //! API and the status page).
@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use super::MetricsError;
 
-/// The bound listener, not yet serving: the server hands it to `crate::admin::serve`.
+/// The bound listener, not yet serving: the server hands it to `admin::serve`.
 pub struct MetricsEndpoint {
     listener: tokio::net::TcpListener,
 }
@@ -22,7 +22,7 @@ impl std::fmt::Debug for MetricsEndpoint {
 }
 
 /// Binds the HTTP listener at `bind`, for a caller that owns its lifetime: the server serves
-/// it (`crate::admin::serve`) until shutdown, which closes the port. Must be called inside a
+/// it (`admin::serve`) until shutdown, which closes the port. Must be called inside a
 /// tokio runtime.
 ///
 /// # Errors

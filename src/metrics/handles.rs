@@ -44,6 +44,12 @@ impl Counter {
 pub struct Gauge(pub(super) prometheus::Gauge);
 
 impl Gauge {
+    /// A gauge registered nowhere: a component built outside a broker (unit tests) still
+    /// gets a handle to write to, so it needs no `Option` on its hot path.
+    pub fn detached() -> Gauge {
+        Gauge(prometheus::Gauge::new("detached", "detached").expect("valid name"))
+    }
+
     /// Adds `v`.
     #[inline]
     pub fn increment(&self, v: f64) {
@@ -90,10 +96,25 @@ impl Histogram {
     }
 }
 
+/// A labelled counter family, for an owner's group (`storage`, `guarantees`, `cluster`):
+/// wraps the backend's type so owners name no `prometheus` item. Take each child once, at
+/// registration ([`CounterFamily::counter`] hashes its labels), and keep the [`Counter`].
+#[derive(Clone, Debug)]
+pub(crate) struct CounterFamily(pub(super) prometheus::IntCounterVec);
+
+impl CounterFamily {
+    /// The child with these label values (created at 0 on first use, then shared).
+    pub(crate) fn counter(&self, values: &[&str]) -> Counter {
+        counter_of(&self.0, values)
+    }
+}
+
 /// Registers metrics in one registry; a name registered twice is a programming error (the
-/// names are constants), hence the panics.
+/// names are constants), hence the panics. Owners get one from
+/// [`super::Metrics::registrar`] to declare their own group against the broker's registry,
+/// so `metrics` needs to know none of them.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Reg<'a>(pub(super) &'a prometheus::Registry);
+pub(crate) struct Reg<'a>(pub(super) &'a prometheus::Registry);
 
 impl Reg<'_> {
     /// Registers `collector`.
@@ -104,7 +125,7 @@ impl Reg<'_> {
     }
 
     /// An unlabelled counter.
-    pub(super) fn counter(self, name: &str, help: &str) -> Counter {
+    pub(crate) fn counter(self, name: &str, help: &str) -> Counter {
         let c = prometheus::IntCounter::new(name, help).expect("valid metric name");
         self.add(c.clone());
         Counter(c)
@@ -124,7 +145,7 @@ impl Reg<'_> {
     }
 
     /// An unlabelled gauge.
-    pub(super) fn gauge(self, name: &str, help: &str) -> Gauge {
+    pub(crate) fn gauge(self, name: &str, help: &str) -> Gauge {
         let g = prometheus::Gauge::new(name, help).expect("valid metric name");
         self.add(g.clone());
         Gauge(g)
@@ -139,13 +160,20 @@ impl Reg<'_> {
     }
 
     /// An unlabelled histogram with `buckets` (upper bounds, ascending).
-    pub(super) fn histogram(self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    pub(crate) fn histogram(self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
         let h = prometheus::Histogram::with_opts(
             prometheus::HistogramOpts::new(name, help).buckets(buckets),
         )
         .expect("valid metric name and buckets");
         self.add(h.clone());
         Histogram(h)
+    }
+}
+
+impl Reg<'_> {
+    /// A labelled counter family, for an owner's group; take its children once.
+    pub(crate) fn counter_family(self, name: &str, help: &str, labels: &[&str]) -> CounterFamily {
+        CounterFamily(self.counter_vec(name, help, labels))
     }
 }
 

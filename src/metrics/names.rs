@@ -209,6 +209,34 @@ pub const DEDUP_ENTRIES: &str = "postbox_dedup_entries";
 /// Counter: dedup pairs forgotten before their window closed (a bound reached, oldest first).
 pub const DEDUP_EVICTED_TOTAL: &str = "postbox_dedup_evicted_total";
 
+/// The names of [`ALL`] that `storage::StoreMetrics` registers (with the broker's store, at
+/// start), not `metrics` itself: its own tests leave them to the owner's tests.
+#[cfg(test)]
+pub(crate) const STORE: [&str; 11] = [
+    STORE_LIVE_BYTES,
+    STORE_DISK_BYTES,
+    STORE_COMMITS_TOTAL,
+    STORE_FSYNCS_TOTAL,
+    STORE_COMPACTIONS_TOTAL,
+    STORE_REJECTED_TOTAL,
+    STORE_OUT_OF_SPACE,
+    STORE_RECOVERY_LOST_FRAMES_TOTAL,
+    STORE_RECOVERY_LOST_RECORDS_TOTAL,
+    STORE_COMMIT_SECONDS,
+    STORE_BUDGET_BYTES,
+];
+
+/// The names of [`ALL`] that `guarantees::GuaranteeMetrics` registers (with every broker),
+/// not `metrics` itself: its own tests leave them to the owner's tests.
+#[cfg(test)]
+pub(crate) const GUARANTEES: [&str; 5] = [
+    DEAD_LETTERS_TOTAL,
+    DEAD_LETTERS_DROPPED_TOTAL,
+    DEDUP_DUPLICATES_TOTAL,
+    DEDUP_ENTRIES,
+    DEDUP_EVICTED_TOTAL,
+];
+
 /// Every metric name above, for docs and completeness tests.
 pub const ALL: [&str; 66] = [
     CONNECTIONS_CURRENT,

@@ -1,9 +1,10 @@
-//! Figures computed when they are read: the durable store's counters (kept by the store on
-//! its own thread), the session backlog (a walk over the sessions) and the peak of connected
-//! clients. One [`prometheus::core::Collector`] holds their metrics and, on every gather (a
-//! scrape) or [`super::Metrics::snapshot`], first runs the hooks that refresh them, so a
-//! reading shows them as they are at that moment (issue 11: a periodic copy showed a full
-//! disk late) and nothing is computed between readings.
+//! Figures computed when they are read: the session backlog (a walk over the sessions), the
+//! peak of connected clients, and any owner's scrape-time group ([`ScrapeReg`]: the durable
+//! store's counters, kept by the store on its own thread, are `storage::StoreMetrics`). One
+//! [`prometheus::core::Collector`] holds their metrics and, on every gather (a scrape) or
+//! [`super::Metrics::snapshot`], first runs the hooks that refresh them, so a reading shows
+//! them as they are at that moment (issue 11: a periodic copy showed a full disk late) and
+//! nothing is computed between readings.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,114 +13,11 @@ use parking_lot::RwLock;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 
-use super::handles::{Counter, Gauge};
+use super::handles::{Counter, CounterFamily, Gauge};
 use super::names;
 
 /// A refresh run before every reading.
 type Hook = Box<dyn Fn(&ScrapeFigures) + Send + Sync>;
-
-/// Durable-store metrics, copied from [`crate::storage::StoreStats`] at each reading.
-#[derive(Clone, Debug)]
-pub struct StoreMetrics {
-    /// Live data in the store, bytes.
-    pub live_bytes: Gauge,
-    /// The store's files on disk, bytes.
-    pub disk_bytes: Gauge,
-    commits: Counter,
-    fsyncs: Counter,
-    compactions: Counter,
-    rejected: prometheus::IntCounterVec,
-    out_of_space: Gauge,
-    recovery_lost_frames: Counter,
-    recovery_lost_records: prometheus::IntCounterVec,
-}
-
-impl StoreMetrics {
-    /// The store's metrics, not registered (the [`ScrapeTime`] collector reports them).
-    fn new() -> StoreMetrics {
-        use names::*;
-        let rejected = counter_vec(
-            STORE_REJECTED_TOTAL,
-            "Store updates refused (queue_full, disk_full, no_space) or dropped (disk_full_dropped).",
-            &["reason"],
-        );
-        for reason in ["queue_full", "disk_full", "disk_full_dropped", "no_space"] {
-            rejected.with_label_values(&[reason]);
-        }
-        let recovery_lost_records = counter_vec(
-            STORE_RECOVERY_LOST_RECORDS_TOTAL,
-            "Records in the store frames skipped at start, by kind.",
-            &["kind"],
-        );
-        for kind in crate::storage::Op::KIND_NAMES.iter().chain(&["unknown"]) {
-            recovery_lost_records.with_label_values(&[kind]);
-        }
-        StoreMetrics {
-            live_bytes: gauge(STORE_LIVE_BYTES, "Live data in the durable store, bytes."),
-            disk_bytes: gauge(
-                STORE_DISK_BYTES,
-                "Bytes of the durable store's files on disk right now (logs and snapshots).",
-            ),
-            commits: counter(
-                STORE_COMMITS_TOTAL,
-                "Group commits written by the durable store.",
-            ),
-            fsyncs: counter(STORE_FSYNCS_TOTAL, "fsyncs done by the durable store."),
-            compactions: counter(STORE_COMPACTIONS_TOTAL, "Durable store log compactions."),
-            rejected,
-            out_of_space: gauge(
-                STORE_OUT_OF_SPACE,
-                "1 while the store's filesystem is full: new persistent messages are refused.",
-            ),
-            recovery_lost_frames: counter(
-                STORE_RECOVERY_LOST_FRAMES_TOTAL,
-                "Store frames skipped at start because they failed their checksums.",
-            ),
-            recovery_lost_records,
-        }
-    }
-
-    /// Copies a stats reading in.
-    pub fn update(&self, stats: &crate::storage::StoreStats) {
-        self.live_bytes.set(stats.live_bytes as f64);
-        self.disk_bytes.set(stats.disk_bytes as f64);
-        self.commits.absolute(stats.commits);
-        self.fsyncs.absolute(stats.fsyncs);
-        self.compactions.absolute(stats.compactions);
-        for (reason, n) in [
-            ("queue_full", stats.rejected_queue_full),
-            ("disk_full", stats.rejected_disk_full),
-            ("disk_full_dropped", stats.dropped_disk_full),
-            ("no_space", stats.rejected_no_space),
-        ] {
-            Counter(self.rejected.with_label_values(&[reason])).absolute(n);
-        }
-        self.out_of_space
-            .set(if stats.no_space { 1.0 } else { 0.0 });
-        let loss = &stats.recovery;
-        self.recovery_lost_frames.absolute(loss.frames);
-        let kinds = crate::storage::Op::KIND_NAMES.iter().chain(&["unknown"]);
-        let records = loss.records.iter().copied().chain([loss.unknown_records]);
-        for (kind, n) in kinds.zip(records) {
-            Counter(self.recovery_lost_records.with_label_values(&[kind])).absolute(n);
-        }
-    }
-
-    /// Every metric, for the collector.
-    fn collectors(&self) -> [&dyn Collector; 9] {
-        [
-            &self.live_bytes.0,
-            &self.disk_bytes.0,
-            &self.commits.0,
-            &self.fsyncs.0,
-            &self.compactions.0,
-            &self.rejected,
-            &self.out_of_space.0,
-            &self.recovery_lost_frames.0,
-            &self.recovery_lost_records,
-        ]
-    }
-}
 
 /// Connected clients now and at most, counted at CONNECT and disconnect (two atomics, no
 /// lock); the peak gauge is refreshed from it at each reading.
@@ -213,8 +111,6 @@ impl SharedGroupFigures {
 /// The figures refreshed at each reading, handed to the hooks.
 #[derive(Clone, Debug)]
 pub struct ScrapeFigures {
-    /// The durable store's figures.
-    pub store: StoreMetrics,
     /// Messages waiting in session queues, all sessions.
     pub messages_queued: Gauge,
     /// Payload bytes of the messages waiting in session queues, all sessions.
@@ -239,12 +135,16 @@ pub struct ScrapeFigures {
 pub(super) struct ScrapeTime {
     pub(super) figures: ScrapeFigures,
     hooks: RwLock<Vec<Hook>>,
+    /// The metrics owners declared through [`ScrapeReg`] (the store's group): reported
+    /// after the hooks ran, like the figures above, so one reading is one moment.
+    owned: RwLock<Vec<Box<dyn Collector>>>,
 }
 
 impl std::fmt::Debug for ScrapeTime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScrapeTime")
             .field("hooks", &self.hooks.read().len())
+            .field("owned", &self.owned.read().len())
             .finish_non_exhaustive()
     }
 }
@@ -255,7 +155,6 @@ impl ScrapeTime {
         use names::*;
         ScrapeTime {
             figures: ScrapeFigures {
-                store: StoreMetrics::new(),
                 messages_queued: gauge(
                     MESSAGES_QUEUED,
                     "Messages waiting in session queues, all sessions (Mosquitto's $SYS/broker/messages/stored).",
@@ -285,6 +184,7 @@ impl ScrapeTime {
                 bridge_queues: super::bridge::BridgeQueueFamilies::new(),
             },
             hooks: RwLock::default(),
+            owned: RwLock::default(),
         }
     }
 
@@ -316,7 +216,6 @@ impl ScrapeTime {
         ];
         gauges
             .into_iter()
-            .chain(f.store.collectors())
             .chain(f.shared_groups.collectors())
             .chain(f.bridge_queues.collectors())
     }
@@ -328,13 +227,55 @@ impl ScrapeTime {
 pub(super) struct Shared(pub(super) Arc<ScrapeTime>);
 
 impl Collector for Shared {
+    /// The fixed figures' descriptions only: the registry asks once, at registration, before
+    /// any owner declared a group (owners' names are constants of [`names`], unique by test).
     fn desc(&self) -> Vec<&Desc> {
         self.0.collectors().flat_map(Collector::desc).collect()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         self.0.refresh();
-        self.0.collectors().flat_map(Collector::collect).collect()
+        let mut families: Vec<MetricFamily> =
+            self.0.collectors().flat_map(Collector::collect).collect();
+        for owned in self.0.owned.read().iter() {
+            families.extend(owned.collect());
+        }
+        families
+    }
+}
+
+/// Declares an owner's metrics whose values are copied in at each reading (by a hook added
+/// with [`super::Metrics::on_scrape`]): they are reported after the hooks run, so a scrape
+/// never shows the previous reading's copy. From [`super::Metrics::scrape_registrar`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScrapeReg<'a>(pub(super) &'a ScrapeTime);
+
+impl ScrapeReg<'_> {
+    /// Adds `collector` to the scrape-time collector.
+    fn add(self, collector: impl Collector + 'static) {
+        self.0.owned.write().push(Box::new(collector));
+    }
+
+    /// An unlabelled gauge, reported at each reading.
+    pub(crate) fn gauge(self, name: &str, help: &str) -> Gauge {
+        let g = gauge(name, help);
+        self.add(g.0.clone());
+        g
+    }
+
+    /// An unlabelled counter, reported at each reading.
+    pub(crate) fn counter(self, name: &str, help: &str) -> Counter {
+        let c = counter(name, help);
+        self.add(c.0.clone());
+        c
+    }
+
+    /// A labelled counter family, reported at each reading; take its children once.
+    pub(crate) fn counter_family(self, name: &str, help: &str, labels: &[&str]) -> CounterFamily {
+        let v = prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels)
+            .expect("valid metric name");
+        self.add(v.clone());
+        CounterFamily(v)
     }
 }
 
@@ -346,10 +287,4 @@ fn gauge(name: &str, help: &str) -> Gauge {
 /// An unregistered counter.
 fn counter(name: &str, help: &str) -> Counter {
     Counter(prometheus::IntCounter::new(name, help).expect("valid metric name"))
-}
-
-/// An unregistered labelled counter family.
-fn counter_vec(name: &str, help: &str, labels: &[&str]) -> prometheus::IntCounterVec {
-    prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels)
-        .expect("valid metric name")
 }

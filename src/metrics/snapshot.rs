@@ -35,10 +35,6 @@ pub struct MetricsSnapshot {
     pub bytes_sent: u64,
     /// Messages waiting in session queues, all sessions.
     pub messages_queued: u64,
-    /// Live data in the durable store, bytes.
-    pub store_live_bytes: u64,
-    /// The durable store's files on disk, bytes.
-    pub store_disk_bytes: u64,
 }
 
 /// Sum of counters.
@@ -83,7 +79,5 @@ pub(super) fn take(m: &Metrics) -> MetricsSnapshot {
         bytes_received: m.bytes_received.get(),
         bytes_sent: m.bytes_sent.get(),
         messages_queued: count(f.messages_queued.get()),
-        store_live_bytes: count(f.store.live_bytes.get()),
-        store_disk_bytes: count(f.store.disk_bytes.get()),
     }
 }

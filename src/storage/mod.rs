@@ -34,6 +34,7 @@
 
 pub mod log_store;
 mod memory;
+mod metrics;
 mod model;
 mod record;
 mod state;
@@ -46,6 +47,7 @@ use std::sync::Arc;
 pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
 pub use log_store::{LogOptions, LogStore};
 pub use memory::MemoryStore;
+pub(crate) use metrics::StoreMetrics;
 pub use model::{
     DedupRecord, EntryStage, MessageId, Op, QueueEntry, SessionMeta, SessionOwner, SessionSnapshot,
     Snapshot, StoredMessage, StoredWill, SubscriptionRecord,

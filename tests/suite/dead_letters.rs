@@ -108,7 +108,7 @@ async fn next_letter(dlq: &mut RawClient) -> Publish {
 }
 
 fn dead_count(server: &RunningServer, reason: DeadReason) -> u64 {
-    server.broker.metrics.dead_letters[reason.index()].get()
+    server.broker.guarantee_metrics().dead_letters[reason.index()].get()
 }
 
 /// Issue 16, `queue_full` with drop-new: the new message refused by a full queue is the
@@ -331,7 +331,11 @@ async fn the_rate_bound_counts_the_excess() {
         publish(&mut p, "q/f", format!("{i}").as_bytes(), i).await;
     }
     let published = dead_count(&server, DeadReason::QueueFull);
-    let dropped = server.broker.metrics.dead_letters_dropped_rate.get();
+    let dropped = server
+        .broker
+        .guarantee_metrics()
+        .dead_letters_dropped_rate
+        .get();
     assert_eq!(
         published + dropped,
         10,

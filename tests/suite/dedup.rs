@@ -95,14 +95,14 @@ async fn the_same_id_from_two_connections_is_delivered_once() {
         [b"a".to_vec(), b"marker".to_vec()],
         "the duplicate was not routed"
     );
-    let metrics = &server.broker.metrics;
+    let metrics = server.broker.guarantee_metrics();
     assert_eq!(
         metrics.dedup.duplicates.get(),
         1,
         "postbox_dedup_duplicates_total"
     );
     assert_eq!(metrics.dedup.entries.get(), 2.0, "postbox_dedup_entries");
-    let scrape = metrics.render();
+    let scrape = server.broker.metrics.render();
     assert!(
         scrape.contains("postbox_dedup_duplicates_total 1"),
         "{scrape}"
@@ -137,7 +137,7 @@ async fn another_topic_or_another_id_is_delivered() {
             b"plain".to_vec()
         ]
     );
-    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 0);
+    assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 0);
 }
 
 /// Issue 16 `[dedup]` `window`: "seconds a (topic, id) pair is remembered": once it has
@@ -234,7 +234,7 @@ async fn a_refused_message_is_forgotten_so_its_resend_is_delivered() {
         [b"resent".to_vec()],
         "the re-send of a refused message is no duplicate"
     );
-    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 0);
+    assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 0);
 }
 
 /// Issue 16 `[dedup]`: "with [storage] persistence, in the store, so a restart does not
@@ -250,7 +250,11 @@ async fn the_window_survives_a_restart() {
     server.shutdown().await;
 
     let server = common::start_with(durable_dedup_config(dir.path())).await;
-    assert_eq!(server.broker.metrics.dedup.entries.get(), 1.0, "restored");
+    assert_eq!(
+        server.broker.guarantee_metrics().dedup.entries.get(),
+        1.0,
+        "restored"
+    );
     let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
     let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "r1")).await;
@@ -261,7 +265,7 @@ async fn the_window_survives_a_restart() {
         [b"marker".to_vec()],
         "not delivered again after the restart"
     );
-    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 1);
+    assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 1);
 }
 
 /// The same across a crash of the broker binary (SIGKILL): the key is in the commit the
@@ -341,13 +345,17 @@ async fn a_key_the_store_refuses_gets_0x97_and_is_forgotten() {
     let key = "q".repeat(4096);
     let code = v5::publish(&mut c, keyed("t", QoS::AtLeastOnce, b"k", 1000, &key)).await;
     assert_eq!(code, ReasonCode::QUOTA_EXCEEDED);
-    assert_eq!(server.broker.metrics.dedup.entries.get(), 0.0, "forgotten");
+    assert_eq!(
+        server.broker.guarantee_metrics().dedup.entries.get(),
+        0.0,
+        "forgotten"
+    );
     let code = v5::publish(&mut c, keyed("t", QoS::AtLeastOnce, b"k", 1001, &key)).await;
     assert_eq!(
         code,
         ReasonCode::QUOTA_EXCEEDED,
         "the re-send is refused again, not acknowledged as a duplicate"
     );
-    assert_eq!(server.broker.metrics.dedup.duplicates.get(), 0);
+    assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 0);
     server.shutdown().await;
 }

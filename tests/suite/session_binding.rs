@@ -314,7 +314,7 @@ async fn queued_and_in_flight_messages_follow_an_acl_change() {
         ("sensors/sensor2/t", &b"allowed"[..])
     );
     v5::expect_silence(&mut dash, QUIET).await;
-    let dead = server.broker.metrics.dead_letters
+    let dead = server.broker.guarantee_metrics().dead_letters
         [postbox::guarantees::DeadReason::NotAuthorized.index()]
     .get();
     assert_eq!(dead, 2, "both dead-lettered as not_authorized");

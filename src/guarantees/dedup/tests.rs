@@ -5,7 +5,7 @@ use std::sync::{Arc, Barrier};
 
 use super::{Dedup, DedupCheck};
 use crate::config::DedupConfig;
-use crate::metrics::DedupMetrics;
+use crate::guarantees::DedupMetrics;
 use crate::storage::DedupRecord;
 
 const T0: u64 = 1_700_000_000_000;

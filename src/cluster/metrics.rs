@@ -1,12 +1,12 @@
-//! Cluster metrics (`[cluster]`, issue 17): registered in the broker's registry when the
-//! cluster layer starts, so a single node exports none of them.
+//! Cluster metrics (`[cluster]`, issue 17): declared here by their owner against the broker's
+//! registry when the cluster layer starts, so a single node exports none of them and
+//! `metrics` stays a leaf (issue 36).
 
-use super::handles::{counter_of, Counter, Gauge, Reg};
-use super::names;
+use crate::metrics::{names, Counter, Gauge, Metrics};
 
 /// The handles the cluster layer updates.
 #[derive(Clone, Debug)]
-pub struct ClusterMetrics {
+pub(crate) struct ClusterMetrics {
     /// 1 while the link to NATS is up and the streams and buckets are ready, else 0.
     pub up: Gauge,
     /// Connects to NATS after the first.
@@ -33,21 +33,22 @@ pub struct ClusterMetrics {
 }
 
 impl ClusterMetrics {
-    /// Registers the families in `registry` (once per broker: a second call panics).
-    pub(super) fn register(registry: &prometheus::Registry) -> ClusterMetrics {
+    /// Declares the families in `metrics`' registry (once per broker, when the cluster
+    /// layer starts: a second call panics on the duplicate names).
+    pub(crate) fn register(metrics: &Metrics) -> ClusterMetrics {
         use names::*;
-        let r = Reg(registry);
-        let messages = r.counter_vec(
+        let r = metrics.registrar();
+        let messages = r.counter_family(
             CLUSTER_MESSAGES_TOTAL,
             "Messages exchanged with the cluster over NATS, by direction (out: sent by this node, in: taken from other nodes).",
             &["direction"],
         );
-        let bytes = r.counter_vec(
+        let bytes = r.counter_family(
             CLUSTER_BYTES_TOTAL,
             "Bytes of the messages exchanged with the cluster, by direction.",
             &["direction"],
         );
-        let dropped = r.counter_vec(
+        let dropped = r.counter_family(
             CLUSTER_DROPPED_TOTAL,
             "QoS 0 messages not forwarded to the other nodes, by reason (link_down, max_pending).",
             &["reason"],
@@ -61,8 +62,8 @@ impl ClusterMetrics {
                 CLUSTER_RECONNECTS_TOTAL,
                 "Connects to NATS after the first.",
             ),
-            messages: ["out", "in"].map(|d| counter_of(&messages, &[d])),
-            bytes: ["out", "in"].map(|d| counter_of(&bytes, &[d])),
+            messages: ["out", "in"].map(|d| messages.counter(&[d])),
+            bytes: ["out", "in"].map(|d| bytes.counter(&[d])),
             pending: r.gauge(
                 CLUSTER_PENDING,
                 "Messages sent to NATS whose JetStream acknowledgement has not come yet.",
@@ -71,7 +72,7 @@ impl ClusterMetrics {
                 CLUSTER_REFUSED_TOTAL,
                 "QoS 1/2 PUBLISHes refused (v5 0x97) because the cluster could not make them durable: NATS unreachable or max_pending reached.",
             ),
-            dropped: ["link_down", "max_pending"].map(|d| counter_of(&dropped, &[d])),
+            dropped: ["link_down", "max_pending"].map(|d| dropped.counter(&[d])),
             lag: r.gauge(
                 CLUSTER_LAG_MESSAGES,
                 "Messages of other nodes in the stream that this node has not taken yet (replication lag).",
