@@ -565,37 +565,42 @@ mod tests {
     fn attempts_in_flight_count_against_the_allowance() {
         let t = LoginThrottle::new(limits(3, 0, 100));
         let now = Instant::now();
+        // The burst's attempts name other users than the later asks (`v`): the success
+        // below trusts its pair (`u0`, A), which would pass a throttled address once.
         let held: Vec<_> = (0..3)
-            .map(|_| t.check(A, "u", now).expect("within the allowance"))
+            .map(|i| {
+                t.check(A, &format!("u{i}"), now)
+                    .expect("within the allowance")
+            })
             .collect();
-        assert_eq!(ask(&t, A, "u", now), Err(Throttled::Address), "a burst");
-        assert_eq!(ask(&t, B, "u", now), Ok(()), "other addresses go on");
+        assert_eq!(ask(&t, A, "v", now), Err(Throttled::Address), "a burst");
+        assert_eq!(ask(&t, B, "v", now), Ok(()), "other addresses go on");
         // One settled as a success (not counted): its place is free again.
         let mut held = held.into_iter();
         held.next().expect("three").succeeded(now);
-        let fourth = t.check(A, "u", now).expect("a place was freed");
-        assert_eq!(ask(&t, A, "u", now), Err(Throttled::Address));
+        let fourth = t.check(A, "v", now).expect("a place was freed");
+        assert_eq!(ask(&t, A, "v", now), Err(Throttled::Address));
         // Failures take the places of their attempts; dropped ones free theirs uncounted.
         for reservation in held {
             reservation.failed(now);
         }
         assert_eq!(
-            ask(&t, A, "u", now),
+            ask(&t, A, "v", now),
             Err(Throttled::Address),
             "two failures and one in flight"
         );
         drop(fourth);
-        assert_eq!(ask(&t, A, "u", now), Ok(()));
-        let last = t.check(A, "u", now).expect("third attempt");
+        assert_eq!(ask(&t, A, "v", now), Ok(()));
+        let last = t.check(A, "v", now).expect("third attempt");
         last.failed(now);
-        assert_eq!(ask(&t, A, "u", now), Err(Throttled::Address));
+        assert_eq!(ask(&t, A, "v", now), Err(Throttled::Address));
         // Past the delay, one attempt at a time: the next waits for its verdict.
         let later = now + Duration::from_secs(1);
-        let one = t.check(A, "u", later).expect("the delay passed");
-        assert_eq!(ask(&t, A, "u", later), Err(Throttled::Address));
+        let one = t.check(A, "v", later).expect("the delay passed");
+        assert_eq!(ask(&t, A, "v", later), Err(Throttled::Address));
         one.failed(later);
         assert_eq!(
-            ask(&t, A, "u", later + Duration::from_millis(1999)),
+            ask(&t, A, "v", later + Duration::from_millis(1999)),
             Err(Throttled::Address),
             "its failure doubled the delay"
         );
