@@ -26,6 +26,8 @@ pub struct Logins {
     default_anonymous: bool,
     /// Listeners with `use_username_as_clientid` (usually none: then nothing is looked up).
     username_as_client_id: Vec<Arc<str>>,
+    /// `auth.client_ids_start_with_user`.
+    client_ids_start_with_user: bool,
     /// A SCRAM file, or a listener taking user names from certificates: identities a
     /// session can be bound to, besides the password file and JWT.
     other_methods: bool,
@@ -85,6 +87,7 @@ impl Logins {
             anonymous,
             default_anonymous,
             username_as_client_id,
+            client_ids_start_with_user: config.auth.client_ids_start_with_user,
             other_methods,
             throttle,
             metrics,
@@ -113,6 +116,16 @@ impl Logins {
             .get(listener)
             .copied()
             .unwrap_or(self.default_anonymous)
+    }
+
+    /// Whether `user`, authenticated, may use `client_id` (`auth.client_ids_start_with_user`):
+    /// always when the rule is off; else when the id is the user name, or starts with it and
+    /// a separator (`sensor1`, `sensor1-backup`, `sensor1/7`), so it names its user.
+    pub fn client_id_allowed(&self, user: &str, client_id: &str) -> bool {
+        !self.client_ids_start_with_user
+            || client_id.strip_prefix(user).is_some_and(|rest| {
+                rest.is_empty() || rest.starts_with(['-', '_', ':', '/', '.', '@'])
+            })
     }
 
     /// Whether `listener` takes the user name as the client id (`use_username_as_clientid`).

@@ -69,6 +69,10 @@ pub struct ScramCredentials {
     /// The iteration count most lines use: what unknown users are offered, so the count
     /// does not tell them apart from real ones.
     usual_iterations: u32,
+    /// The server key of the first credential added (the file's first line): the secret
+    /// unknown users' fake salts are derived from ([`ScramStore::fake`]). Stable across
+    /// restarts and reloads while that line stays, and as secret as the key itself.
+    first_server_key: Option<Vec<u8>>,
 }
 
 impl Default for ScramCredentials {
@@ -76,6 +80,7 @@ impl Default for ScramCredentials {
         ScramCredentials {
             by_kind: HashMap::new(),
             usual_iterations: MIN_ITERATIONS,
+            first_server_key: None,
         }
     }
 }
@@ -84,6 +89,8 @@ impl ScramCredentials {
     /// Adds (or replaces) `user`'s credential of `kind` (recounts the usual iterations: for
     /// building small sets in code; files go through [`parse`]).
     pub fn insert(&mut self, kind: ScramKind, user: String, credential: ScramCredential) {
+        self.first_server_key
+            .get_or_insert_with(|| credential.server_key.clone());
         self.by_kind.insert((kind, user), credential);
         self.usual_iterations = self.most_common_iterations();
     }
@@ -187,6 +194,9 @@ pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, CredentialFile
         if creds.by_kind.contains_key(&(kind, user.clone())) {
             return Err(bad("second line of the same kind for this user"));
         }
+        creds
+            .first_server_key
+            .get_or_insert_with(|| cred.server_key.clone());
         creds.by_kind.insert((kind, user), cred);
     }
     creds.usual_iterations = creds.most_common_iterations();
@@ -227,11 +237,29 @@ pub fn scram_credential_line(
     )
 }
 
+/// The key unknown users' fake salts are derived from: from the first credential's server
+/// key, so an unknown name gets the same salt after a restart as before it, as a real user
+/// does (a key random per process gave every unknown name a new salt at each restart, which
+/// told them apart; issue 35, fourth pass). Without credentials every name is unknown and
+/// nothing can be told apart: random then. Kept across reloads.
+fn decoy_secret(credentials: &ScramCredentials) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    credentials
+        .first_server_key
+        .as_ref()
+        .map_or_else(rand::random, |key| {
+            let mut digest = Sha256::new();
+            digest.update(b"postbox scram decoy salt key\0");
+            digest.update(key);
+            digest.finalize().into()
+        })
+}
+
 /// The credentials the SCRAM methods read, swapped whole on reload.
 pub struct ScramStore {
     path: Option<PathBuf>,
     credentials: RwLock<Arc<ScramCredentials>>,
-    /// Derives unknown users' fake salts; random per process.
+    /// Derives unknown users' fake salts ([`decoy_secret`]).
     secret: [u8; 32],
 }
 
@@ -249,8 +277,8 @@ impl ScramStore {
     pub fn from_credentials(credentials: ScramCredentials) -> ScramStore {
         ScramStore {
             path: None,
+            secret: decoy_secret(&credentials),
             credentials: RwLock::new(Arc::new(credentials)),
-            secret: rand::random(),
         }
     }
 
@@ -341,6 +369,40 @@ pub fn register(registry: &AuthRegistry, path: &Path) -> Result<Arc<ScramStore>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An unknown name gets the same fake salt from a store opened again on the same file
+    /// (a restart), as a real user keeps its salt; a key random per process told unknown
+    /// names apart across a restart (issue 35, fourth pass).
+    #[test]
+    fn an_unknown_users_fake_salt_survives_a_restart() {
+        let text = format!(
+            "{}\n{}\n",
+            scram_credential_line(ScramKind::Sha256, "u", "p", 4096),
+            scram_credential_line(ScramKind::Sha256, "v", "q", 4096)
+        );
+        let open = || ScramStore::from_credentials(parse(&text, Path::new("f")).expect("parses"));
+        let (before, after) = (open(), open());
+        assert_eq!(
+            before.fake(ScramKind::Sha256, "nobody").salt,
+            after.fake(ScramKind::Sha256, "nobody").salt
+        );
+        assert_ne!(
+            before.fake(ScramKind::Sha256, "nobody").salt,
+            before.fake(ScramKind::Sha256, "somebody").salt
+        );
+        // Another first line (another file): another key.
+        let other = ScramStore::from_credentials(
+            parse(
+                &scram_credential_line(ScramKind::Sha256, "u", "other", 4096),
+                Path::new("f"),
+            )
+            .expect("parses"),
+        );
+        assert_ne!(
+            before.fake(ScramKind::Sha256, "nobody").salt,
+            other.fake(ScramKind::Sha256, "nobody").salt
+        );
+    }
 
     #[test]
     fn lines_round_trip_and_a_user_may_have_both_kinds() {

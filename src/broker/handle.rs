@@ -716,6 +716,12 @@ impl SessionHandle {
         self.session.lock().subscriptions.contains_key(filter)
     }
 
+    /// Whether the session is anonymous where a method tells identities apart: its filters
+    /// take from the anonymous sessions' share of the memory budget.
+    pub fn is_anonymous(&self) -> bool {
+        self.session.lock().is_anonymous()
+    }
+
     /// The bytes of the filters the session holds now (one walk of its subscriptions, read
     /// once per SUBSCRIBE when `mqtt.max_subscription_bytes_per_client` is set).
     pub fn held_filter_bytes(&self) -> usize {

@@ -71,7 +71,7 @@ impl Broker {
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
                 if st.owner != owner {
-                    st.owner = owner;
+                    st.set_owner(owner);
                 }
                 let ops =
                     persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
@@ -108,7 +108,7 @@ impl Broker {
         let (generation, ops) = {
             let mut st = session.lock();
             let (generation, _) = Session::attach(&mut st, self.clock_ms(Instant::now()));
-            st.owner = owner;
+            st.set_owner(owner);
             let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
             (generation, ops)
         };

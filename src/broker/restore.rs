@@ -88,7 +88,7 @@ impl Broker {
             {
                 let mut st = session.lock();
                 st.stored = true;
-                st.owner = meta.owner.clone();
+                st.set_owner(meta.owner.clone());
                 for (seq, entry) in snap.queue {
                     let Some(message) = messages.get(&entry.message) else {
                         tracing::warn!(client = %meta.client_id, seq, "stored queue entry without its message; skipped");

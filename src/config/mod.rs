@@ -138,6 +138,11 @@ pub struct AuthConfig {
     /// that replaces the offline owner's. Never the owner's queue, and never its connection:
     /// a connected owner is not kicked either way.
     pub session_binding: SessionBinding,
+    /// An authenticated client's client id must be its user name, or start with it and one
+    /// of `-` `_` `:` `/` `.` `@` (issue 35, fourth pass): no account can make a session
+    /// under another device's client id, which `session_binding` would then keep from the
+    /// device for as long as that session lives. Ids the broker assigned are exempt.
+    pub client_ids_start_with_user: bool,
     /// Failed password-file logins allowed from one source address (IPv4 address, IPv6 /64)
     /// before its attempts are refused unchecked for a growing delay (online guessing,
     /// issue 35); 0: no limit.
@@ -233,6 +238,7 @@ impl Default for AuthConfig {
             scram_file: None,
             acl_file: None,
             session_binding: SessionBinding::Refuse,
+            client_ids_start_with_user: false,
             login_failures_per_address: 20,
             login_failures_per_user: 10,
             login_delay_ms: 1_000,

@@ -251,3 +251,55 @@ async fn an_authenticated_session_keeps_its_expiry() {
     );
     v5::disconnect(c).await;
 }
+
+/// Where a method tells identities apart, anonymous sessions' subscriptions share an eighth of
+/// `mqtt.max_memory` (4 MiB here: 512 KiB) between them: one stranger opening session after
+/// session, each under the per-client bounds, is refused (0x97) within the first few, and an
+/// authenticated device still gets its filters granted. Before, the flood took the
+/// subscriptions' whole half and every client got 0x97 (issue 35, fourth adversarial pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_clients_cannot_take_the_subscription_budget_from_authenticated_ones() {
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 4194304\n\
+             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n"
+        ),
+    )
+    .await;
+    let filters = |n: u16| -> Vec<String> {
+        (0..20)
+            .map(|i| format!("{n:03}/{i:03}/{}", "y".repeat(9_992)))
+            .collect()
+    };
+    let mut strangers = Vec::new();
+    let mut refused_at = None;
+    for n in 0..40u16 {
+        let mut c = v5::connect_id(broker.addr, &format!("stranger-{n}")).await;
+        let codes = subscribe_all(&mut c, 1, &filters(n)).await;
+        strangers.push(c);
+        if let Some(i) = codes.iter().position(|c| *c != GRANTED) {
+            assert_eq!(
+                codes[i],
+                ReasonCode::QUOTA_EXCEEDED,
+                "client {n}: {codes:?}"
+            );
+            refused_at = Some(n);
+            break;
+        }
+    }
+    let n = refused_at.expect("40 anonymous clients of 200 KB of filters each were all granted");
+    // 512 KiB at ~20 KB per filter: about 25 filters, in the second client of 20.
+    assert!(n <= 2, "anonymous clients were refused only at client {n}");
+    // The device a password verified keeps its share: all 20 granted.
+    let mut connect = v5::persistent_connect("sensor1", 600);
+    connect.username = Some("sensor1".into());
+    connect.password = Some(bytes::Bytes::from_static(b"sensor1-secret"));
+    let (mut device, _) = v5::connect(broker.addr, connect).await;
+    let codes = subscribe_all(&mut device, 1, &filters(999)).await;
+    assert!(
+        codes.iter().all(|c| *c == GRANTED),
+        "the authenticated device was refused: {codes:?}"
+    );
+}

@@ -249,6 +249,53 @@ async fn a_user_name_used_as_the_client_id_gets_the_client_id_checks() {
     assert_eq!(code, ReasonCode::SUCCESS);
 }
 
+/// `auth.client_ids_start_with_user`: an account cannot make a session under another
+/// device's client id (CONNACK 0x85, 3.1.1: 2), so it cannot squat the id and keep the device
+/// out (with the default binding, the first comer owns the session until it expires; issue
+/// 35, fourth adversarial pass). The device's own ids, its user name or that and a
+/// separator, are admitted; a broker-assigned id is exempt. With the key off (the default)
+/// the squat succeeds and the device is refused: the case this key exists for.
+#[tokio::test]
+async fn client_ids_that_must_start_with_the_user_keep_squatters_off_a_devices_id() {
+    // The default: sensor2 takes sensor1's id first, and sensor1 is then refused.
+    let server = common::start_with(config(SessionBinding::Refuse, false)).await;
+    let (code, _, squatter) = try_connect(&server, persistent("sensor1", Some("sensor2"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    drop(squatter);
+    let (code, _, _) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!(code, ReasonCode::NOT_AUTHORIZED, "the squatter owns the id");
+
+    let mut rule = config(SessionBinding::Refuse, false);
+    rule.auth.client_ids_start_with_user = true;
+    let server = common::start_with(rule).await;
+    for id in ["sensor1", "sensor1-backup", "sensor10"] {
+        let (code, _, _) = try_connect(&server, persistent(id, Some("sensor2"))).await;
+        assert_eq!(
+            code,
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "sensor2 as {id}"
+        );
+    }
+    assert_eq!(v311_code(&server, "sensor1", Some("sensor2")).await, 2);
+    for id in [
+        "sensor1",
+        "sensor1-backup",
+        "sensor1/7",
+        "sensor1.a",
+        "sensor1@b",
+    ] {
+        let (code, _, c) = try_connect(&server, persistent(id, Some("sensor1"))).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "sensor1 as {id}");
+        v5::disconnect(c).await;
+    }
+    // An id the broker assigns (an empty client id) is not the client's choice.
+    let mut assigned = v5::connect_packet("");
+    assigned.username = Some("sensor2".into());
+    assigned.password = Some(bytes::Bytes::from_static(b"sensor2-secret"));
+    let (code, _, _) = try_connect(&server, assigned).await;
+    assert_eq!(code, ReasonCode::SUCCESS, "an assigned id");
+}
+
 const ACL: &str = "\
 user dashboard
 topic read sensors/#

@@ -12,9 +12,12 @@ use crate::auth::credential_file::CredentialFileError;
 #[derive(Debug, Clone, Default)]
 pub struct Users {
     by_name: HashMap<String, PasswordHash>,
-    /// The first user's hash: unknown users are verified against it, so that they take as
-    /// long as a wrong password (no user enumeration by timing).
-    first: Option<PasswordHash>,
+    /// A hash of the cost most users' hashes have ([`PasswordHash::cost_class`]): unknown
+    /// users are verified against it, so that they take as long as a wrong password for most
+    /// users (no user enumeration by timing). The first user's hash alone would single out
+    /// every user whose hash costs more or less than it (a file part-way through a move from
+    /// `$6$` to `$7$`, or with iterations raised for new users; issue 35, fourth pass).
+    dummy: Option<PasswordHash>,
 }
 
 impl Users {
@@ -25,7 +28,7 @@ impl Users {
 
     /// A hash of the same cost as real ones, for unknown users.
     pub fn dummy(&self) -> Option<&PasswordHash> {
-        self.first.as_ref()
+        self.dummy.as_ref()
     }
 
     /// How many users.
@@ -56,6 +59,8 @@ fn entry(line: &str) -> Option<(&str, &str)> {
 /// `$6$`/`$7$`/`$argon2id$` or malformed, or a user listed twice.
 pub fn parse(text: &str, path: &Path) -> Result<Users, CredentialFileError> {
     let mut users = Users::default();
+    // Per cost class: how many users, and the first one's hash (ties: the class seen first).
+    let mut classes: Vec<(String, usize, PasswordHash)> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let Some((user, hash)) = entry(raw) else {
             continue;
@@ -76,11 +81,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Users, CredentialFileError> {
         if users.by_name.contains_key(user) {
             return Err(bad(format!("user {user:?} is listed twice")));
         }
-        if users.first.is_none() {
-            users.first = Some(parsed.clone());
+        let class = parsed.cost_class();
+        match classes.iter_mut().find(|(c, _, _)| *c == class) {
+            Some((_, count, _)) => *count += 1,
+            None => classes.push((class, 1, parsed.clone())),
         }
         users.by_name.insert(user.to_owned(), parsed);
     }
+    // `max_by_key` keeps the last of equal maxima: reversed, the first class seen wins ties.
+    users.dummy = classes
+        .into_iter()
+        .rev()
+        .max_by_key(|(_, count, _)| *count)
+        .map(|(_, _, hash)| hash);
     Ok(users)
 }
 
@@ -177,6 +190,36 @@ mod tests {
     use super::*;
 
     const ALICE: &str = "alice:$6$Eutey7htKAMgCbLQ$YH27dvlErrE9Wy3BHo27H62I7p0Z5KmPyRLNqq8u9crCifkBNgvkumrmUy20wakpY9wJ49EA5FHpejLoSm+cQg==";
+
+    /// Unknown users are verified against a hash of the cost most users have, not the first
+    /// user's (issue 35, fourth pass: a `$6$` first user made every unknown name answer
+    /// faster than the `$7$` users, so a guesser could tell names apart by timing).
+    #[test]
+    fn the_decoy_for_unknown_users_costs_what_most_users_cost() {
+        let path = Path::new("/etc/pw");
+        let pbkdf2 = |user: &str, iterations| {
+            format!(
+                "{user}:{}",
+                PasswordHash::new_pbkdf2(b"pw", iterations).encode()
+            )
+        };
+        let text = [
+            ALICE.to_owned(),
+            pbkdf2("bob", 101),
+            pbkdf2("carol", 101),
+            pbkdf2("dave", 202),
+        ]
+        .join("\n");
+        let users = parse(&text, path).expect("parse");
+        let decoy = users.dummy().expect("a decoy");
+        assert_eq!(decoy.cost_class(), "7:101", "{decoy:?}");
+        // A tie goes to the class seen first.
+        let users = parse(&format!("{ALICE}\n{}", pbkdf2("bob", 101)), path).expect("parse");
+        assert_eq!(
+            users.dummy().map(PasswordHash::cost_class).as_deref(),
+            Some("6")
+        );
+    }
 
     #[test]
     fn comments_blank_lines_and_errors_name_the_line() {

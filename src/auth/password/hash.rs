@@ -87,6 +87,24 @@ fn b64(field: &str, what: &'static str) -> Result<Vec<u8>, HashError> {
 }
 
 impl PasswordHash {
+    /// What verifying against this hash costs, as a key: equal keys take the same work (the
+    /// format and its cost parameters; salts and digests aside). For the decoy that unknown
+    /// users are verified against ([`super::file::Users::dummy`]).
+    pub(crate) fn cost_class(&self) -> String {
+        match self {
+            PasswordHash::Sha512 { .. } => "6".to_owned(),
+            PasswordHash::Pbkdf2 { iterations, .. } => format!("7:{iterations}"),
+            // `$argon2id$v=19$m=…,t=…,p=…$salt$hash`: the version and parameters.
+            PasswordHash::Argon2id(phc) => {
+                let fields: Vec<&str> = phc.split('$').collect();
+                format!(
+                    "argon2id:{}",
+                    fields.get(2..4).unwrap_or_default().join("$")
+                )
+            }
+        }
+    }
+
     /// Reads the part after `user:` of a password file line.
     ///
     /// # Errors

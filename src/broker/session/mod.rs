@@ -223,6 +223,22 @@ pub struct SessionState {
     pub(in crate::broker) acl_checked: u32,
 }
 
+impl SessionState {
+    /// Binds the session to `owner` ([`SessionState::owner`]); an anonymous session's
+    /// filters count in the anonymous sessions' share of the memory budget
+    /// (`flow::ANONYMOUS_SUBSCRIPTION_SHARE`).
+    pub(in crate::broker) fn set_owner(&mut self, owner: crate::storage::SessionOwner) {
+        self.subscriptions
+            .set_anonymous(owner == crate::storage::SessionOwner::Anonymous);
+        self.owner = owner;
+    }
+
+    /// Whether the session is anonymous where a method tells identities apart.
+    pub(in crate::broker) fn is_anonymous(&self) -> bool {
+        self.owner == crate::storage::SessionOwner::Anonymous
+    }
+}
+
 /// [`SessionState::acl_checked`] of a session whose queue no ACL generation has vouched for.
 pub(in crate::broker) const UNCHECKED: u32 = u32::MAX;
 

@@ -20,13 +20,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Subscriptions count against `mqtt.max_memory` (issue 35, finding 6): a new filter is
     /// refused when subscriptions would hold more than half of the budget, or the memory in
     /// use would reach the pause mark. So subscriptions alone never pause the publishers, and
-    /// a flood of them leaves at least 40% of the budget to the messages.
-    fn over_subscription_budget(&self, filter: &str, budget: MemoryBudget) -> bool {
+    /// a flood of them leaves at least 40% of the budget to the messages. Anonymous sessions
+    /// (where a method tells identities apart) have an eighth of the budget between them
+    /// ([`flow::ANONYMOUS_SUBSCRIPTION_SHARE`]), so strangers cannot take it from the clients
+    /// a method verified. `Some(why)` when the filter is refused.
+    fn over_subscription_budget(&self, filter: &str, budget: MemoryBudget) -> Option<&'static str> {
         let cost = flow::subscription_cost(filter.len());
-        let over = flow::subscription_bytes().saturating_add(cost) > budget.limit / 2
-            || pause::memory_used().saturating_add(cost) >= budget.pause_at;
+        let why = if flow::subscription_bytes().saturating_add(cost) > budget.limit / 2
+            || pause::memory_used().saturating_add(cost) >= budget.pause_at
+        {
+            "subscriptions are at their share of the memory budget (mqtt.max_memory)"
+        } else if flow::anonymous_subscription_bytes().saturating_add(cost)
+            > budget.limit / flow::ANONYMOUS_SUBSCRIPTION_SHARE
+            && self.session.is_anonymous()
+        {
+            "anonymous clients' subscriptions are at their share of the memory budget (mqtt.max_memory / 8)"
+        } else {
+            return None;
+        };
         // Subscribing again to a filter it holds adds nothing (MQTT-3.8.4-3).
-        over && !self.session.holds_filter(filter)
+        (!self.session.holds_filter(filter)).then_some(why)
     }
 
     pub(super) fn on_subscribe(&mut self, subscribe: Subscribe) -> Result<(), Close> {
@@ -102,11 +115,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                         }
                     },
                 ))
-            } else if self.over_subscription_budget(&filter, budget) {
-                Some((
-                    ReasonCode::QUOTA_EXCEEDED,
-                    "subscriptions are at their share of the memory budget (mqtt.max_memory)",
-                ))
+            } else if let Some(why) = self.over_subscription_budget(&filter, budget) {
+                Some((ReasonCode::QUOTA_EXCEEDED, why))
             } else if shared.is_some() && !shared_ok {
                 Some((
                     ReasonCode::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,

@@ -356,6 +356,16 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             }),
         (true, false) => SessionOwner::Anonymous,
     };
+    // `auth.client_ids_start_with_user`: an account names only its own client ids, so none
+    // can hold a session under another device's (issue 35, fourth pass). 0x85 (3.x: 2).
+    if let (SessionOwner::User(user), Some(logins)) = (&owner, logins) {
+        if !admitted.assigned && !logins.client_id_allowed(user, &admitted.client_id) {
+            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, user = %user, "refusing CONNECT: the client id does not start with the user name (auth.client_ids_start_with_user)");
+            let why = "the client identifier must start with the user name";
+            let code = ReasonCode::CLIENT_IDENTIFIER_NOT_VALID;
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        }
+    }
     let client_max = client_max_packet(&connect);
     let (mut connack, keep_alive, mut expiry_interval) = match admission::answer(
         &connect,
