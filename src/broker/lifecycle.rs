@@ -382,7 +382,7 @@ impl Broker {
                     client_id: session.client_id.clone(),
                 }]);
             }
-            st.subscriptions.drain().map(|(f, _)| f).collect()
+            st.drain_subscriptions().map(|(f, _)| f).collect()
         };
         // Publishers paused for it no longer wait, and its messages are gone.
         self.flow.wake_paused();

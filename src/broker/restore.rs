@@ -146,7 +146,7 @@ impl Broker {
                             acl_generation: 0, // checked at delivery
                         },
                     );
-                    st.subscriptions.insert(
+                    st.add_subscription(
                         filter,
                         super::SessionSubscription {
                             options: record.options,

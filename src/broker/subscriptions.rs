@@ -75,7 +75,7 @@ impl Broker {
                 cluster.shared_group_joined(filter);
             }
             self.update_subscription_gauge();
-            session.lock().subscriptions.insert(
+            session.lock().add_subscription(
                 filter.clone(),
                 SessionSubscription {
                     options,
@@ -107,7 +107,7 @@ impl Broker {
         };
         let stored = {
             let mut st = session.lock();
-            st.subscriptions.insert(
+            st.add_subscription(
                 filter.clone(),
                 SessionSubscription {
                     options,
@@ -138,7 +138,7 @@ impl Broker {
                 removed
             };
             self.update_subscription_gauge();
-            session.lock().subscriptions.remove(filter);
+            session.lock().remove_subscription(filter);
             return removed;
         }
         let removed = {
@@ -151,7 +151,7 @@ impl Broker {
         };
         let stored = {
             let mut st = session.lock();
-            st.subscriptions.remove(filter);
+            st.remove_subscription(filter);
             st.stored
         };
         if stored && removed {

@@ -228,14 +228,52 @@ impl SessionState {
     /// filters count in the anonymous sessions' share of the memory budget
     /// (`flow::ANONYMOUS_SUBSCRIPTION_SHARE`).
     pub(in crate::broker) fn set_owner(&mut self, owner: crate::storage::SessionOwner) {
-        self.subscriptions
-            .set_anonymous(owner == crate::storage::SessionOwner::Anonymous);
+        let anonymous = owner == crate::storage::SessionOwner::Anonymous;
+        if anonymous != self.is_anonymous() {
+            self.subscriptions.owner_changed(anonymous);
+        }
         self.owner = owner;
     }
 
     /// Whether the session is anonymous where a method tells identities apart.
     pub(in crate::broker) fn is_anonymous(&self) -> bool {
         self.owner == crate::storage::SessionOwner::Anonymous
+    }
+
+    /// Records `filter` in the session (counted in the memory budget, see
+    /// `subscription_map`); the record it replaces, if any.
+    pub(in crate::broker) fn add_subscription(
+        &mut self,
+        filter: ByteString,
+        record: SessionSubscription,
+    ) -> Option<SessionSubscription> {
+        let anonymous = self.is_anonymous();
+        self.subscriptions.insert(filter, record, anonymous)
+    }
+
+    /// Forgets `filter` (uncounted); its record, if it was held.
+    pub(in crate::broker) fn remove_subscription(
+        &mut self,
+        filter: &str,
+    ) -> Option<SessionSubscription> {
+        let anonymous = self.is_anonymous();
+        self.subscriptions.remove(filter, anonymous)
+    }
+
+    /// Takes every subscription out (uncounted).
+    pub(in crate::broker) fn drain_subscriptions(
+        &mut self,
+    ) -> impl Iterator<Item = (ByteString, SessionSubscription)> + '_ {
+        let anonymous = self.is_anonymous();
+        self.subscriptions.drain(anonymous)
+    }
+}
+
+impl Drop for SessionState {
+    /// What the session still holds leaves the memory budget with it.
+    fn drop(&mut self) {
+        let anonymous = self.is_anonymous();
+        self.subscriptions.uncount_all(anonymous);
     }
 }
 
