@@ -107,7 +107,21 @@ fn opts() -> LogOptions {
     LogOptions::default()
 }
 
+/// Opens the store in `dir`. A reopen right after a close may find the lock still held by
+/// this very process: a child process another test spawns at that moment holds a copy of the
+/// lock file's descriptor until its exec closes it (a `flock` belongs to the open file).
+/// Nothing signals that exec, so the open is tried again, at most 50 times 20 ms apart (as
+/// the suite's `common::start_with` does); a lock held by another process fails at once.
 fn open_at(dir: &Path, opts: LogOptions) -> LogStore {
+    let ours = format!("pid {},", std::process::id());
+    for _ in 0..50 {
+        match LogStore::open(dir, opts.clone()) {
+            Err(StorageError::Locked { holder, .. }) if holder.contains(&ours) => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            result => return result.expect("open store"),
+        }
+    }
     LogStore::open(dir, opts).expect("open store")
 }
 
