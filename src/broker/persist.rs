@@ -101,12 +101,30 @@ pub(super) fn put_subscription(
     }
 }
 
-/// The body of a message, stored once under `id`.
-pub(super) fn put_message(id: u64, message: &Message) -> Op {
-    Op::PutMessage {
+/// Puts the body of a message, stored once under `id`, in front of `ops` (the entries that
+/// reference it), with its cluster stream sequence when it is known already (a message from
+/// another node, a replayed one: `Op::SequenceMessage`, issue 34). On a single node the
+/// sequence is never known: nothing more is written.
+pub(super) fn put_message(ops: &mut Vec<Op>, id: u64, message: &Message) {
+    let put = Op::PutMessage {
         id,
         message: StoredMessage::from(message),
+    };
+    match message.cluster_seq() {
+        None => ops.insert(0, put),
+        Some(stream_seq) => {
+            ops.splice(0..0, [put, Op::SequenceMessage { id, stream_seq }]);
+        }
     }
+}
+
+/// The cluster stream sequence of a body stored earlier, known now (this node's own
+/// message, at JetStream's acknowledgement); `None` when the message was not stored.
+pub(super) fn sequence(message: &Message) -> Option<Op> {
+    Some(Op::SequenceMessage {
+        id: message.store_id.get()?,
+        stream_seq: message.cluster_seq()?,
+    })
 }
 
 /// The retained-store update a RETAIN=1 PUBLISH implies (empty payload clears).

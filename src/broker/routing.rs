@@ -310,7 +310,7 @@ impl Broker {
         if !reserved.is_empty() {
             let id = message.store_id.get_or_init(|| store.next_message_id());
             persist::fix_message_ids(&mut ops, id);
-            ops.insert(0, persist::put_message(id, &message));
+            persist::put_message(&mut ops, id, &message);
         }
         // `$SYS` values are the broker's own figures of this run, republished at start: they
         // live in memory only (no store traffic every `sys_interval`, nothing stale restored).
