@@ -101,30 +101,26 @@ pub(super) fn put_subscription(
     }
 }
 
-/// Puts the body of a message, stored once under `id`, in front of `ops` (the entries that
-/// reference it), with its cluster stream sequence when it is known already (a message from
-/// another node, a replayed one: `Op::SequenceMessage`, issue 34). On a single node the
-/// sequence is never known: nothing more is written.
-pub(super) fn put_message(ops: &mut Vec<Op>, id: u64, message: &Message) {
-    let put = Op::PutMessage {
+/// The body of a message, stored once under `id`.
+pub(super) fn put_message(id: u64, message: &Message) -> Op {
+    Op::PutMessage {
         id,
         message: StoredMessage::from(message),
-    };
-    match message.cluster_seq() {
-        None => ops.insert(0, put),
-        Some(stream_seq) => {
-            ops.splice(0..0, [put, Op::SequenceMessage { id, stream_seq }]);
-        }
     }
+}
+
+/// The cluster stream sequence of body `id` (issue 34): right after its `put_message` when
+/// it is known at routing (another node's message, a replayed one), so a restart brings the
+/// message back with its place in the stream. Never written on a single node.
+#[cold]
+pub(super) fn sequenced(id: u64, stream_seq: u64) -> Op {
+    Op::SequenceMessage { id, stream_seq }
 }
 
 /// The cluster stream sequence of a body stored earlier, known now (this node's own
 /// message, at JetStream's acknowledgement); `None` when the message was not stored.
 pub(super) fn sequence(message: &Message) -> Option<Op> {
-    Some(Op::SequenceMessage {
-        id: message.store_id.get()?,
-        stream_seq: message.cluster_seq()?,
-    })
+    Some(sequenced(message.store_id.get()?, message.cluster_seq()?))
 }
 
 /// The retained-store update a RETAIN=1 PUBLISH implies (empty payload clears).
