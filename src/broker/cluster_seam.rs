@@ -195,6 +195,14 @@ impl Broker {
         Some(Broker::view_of(&session))
     }
 
+    /// The stream sequence of `message`, published here, came with JetStream's
+    /// acknowledgement: stored with its body when the store holds it (issue 34), so a
+    /// restart brings it back with its place in the stream. The commit to await before the
+    /// publisher's acknowledgement; `None` when nothing of the message is stored.
+    pub(crate) fn store_cluster_seq(&self, message: &Message) -> Option<Durable> {
+        self.persist(vec![super::persist::sequence(message)?])
+    }
+
     /// [`ClusterSeam::admit`] when clustered; `Ok(None)` otherwise.
     pub(crate) fn cluster_admit(
         &self,
@@ -268,7 +276,8 @@ pub struct HeldSession {
     pub unsequenced_qos2: bool,
     /// It holds a QoS 1/2 message (queued, or in flight and not yet received by the client)
     /// whose stream sequence is unknown and will not come: one the store brought back at a
-    /// restart (the store does not keep sequences). [`HeldSession::lowest_pending_seq`]
+    /// restart without its sequence (stored before the store kept sequences, issue 34, or
+    /// its `Op::SequenceMessage` lost with a crash before it was durable). [`HeldSession::lowest_pending_seq`]
     /// cannot count it, so the cursor must not pass the last one recorded.
     pub unsequenced_pending: bool,
     /// The packet ids among `qos2` (awaiting PUBREC) of shared groups' deliveries: the next

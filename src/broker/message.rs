@@ -255,8 +255,8 @@ impl Message {
 
     /// Whether its stream sequence is still to come (published here, not yet acknowledged
     /// by JetStream): a session's record cannot list it yet. False once known, and for a
-    /// message whose sequence will never be known (not clustered, brought back by the store,
-    /// or refused by JetStream).
+    /// message whose sequence will never be known (not clustered, brought back by the store
+    /// without one, or refused by JetStream).
     pub fn awaits_cluster_seq(&self) -> bool {
         self.cluster_seq.load(std::sync::atomic::Ordering::Acquire) == AWAITED_SEQ
     }

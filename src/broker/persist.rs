@@ -109,6 +109,20 @@ pub(super) fn put_message(id: u64, message: &Message) -> Op {
     }
 }
 
+/// The cluster stream sequence of body `id` (issue 34): right after its `put_message` when
+/// it is known at routing (another node's message, a replayed one), so a restart brings the
+/// message back with its place in the stream. Never written on a single node.
+#[cold]
+pub(super) fn sequenced(id: u64, stream_seq: u64) -> Op {
+    Op::SequenceMessage { id, stream_seq }
+}
+
+/// The cluster stream sequence of a body stored earlier, known now (this node's own
+/// message, at JetStream's acknowledgement); `None` when the message was not stored.
+pub(super) fn sequence(message: &Message) -> Option<Op> {
+    Some(sequenced(message.store_id.get()?, message.cluster_seq()?))
+}
+
 /// The retained-store update a RETAIN=1 PUBLISH implies (empty payload clears).
 pub(super) fn retained(message: &Message) -> Op {
     if message.payload.is_empty() {

@@ -51,7 +51,15 @@ impl Broker {
         let messages: HashMap<u64, Arc<Message>> = snapshot
             .messages
             .iter()
-            .map(|(id, stored)| (*id, Arc::new(Message::from_stored(stored, Some(*id)))))
+            .map(|(id, stored)| {
+                let message = Message::from_stored(stored, Some(*id));
+                // Its place in the cluster's stream, if it had one (issue 34): a session
+                // brought back here still knows its replay cursor and what its client took.
+                if let Some(&seq) = snapshot.stream_seqs.get(id) {
+                    message.set_cluster_seq(seq);
+                }
+                (*id, Arc::new(message))
+            })
             .collect();
         let now_ms = storage::now_unix_ms();
         if let Some(dedup) = self.guarantees().and_then(|g| g.dedup.as_ref()) {

@@ -311,6 +311,11 @@ impl Broker {
             let id = message.store_id.get_or_init(|| store.next_message_id());
             persist::fix_message_ids(&mut ops, id);
             ops.insert(0, persist::put_message(id, &message));
+            // Clustered, its place in the stream when known already (another node's
+            // message, a replay; issue 34). Never on a single node: one load, no op.
+            if let Some(stream_seq) = message.cluster_seq() {
+                ops.insert(1, persist::sequenced(id, stream_seq));
+            }
         }
         // `$SYS` values are the broker's own figures of this run, republished at start: they
         // live in memory only (no store traffic every `sys_interval`, nothing stale restored).

@@ -77,6 +77,7 @@ async fn run(
         client.clone(),
         js.clone(),
         Arc::clone(&cluster),
+        broker.clone(),
         Duration::from_secs(config.publish_timeout),
         outgoing,
     );

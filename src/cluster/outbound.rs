@@ -5,8 +5,13 @@
 //! QoS 0 on core subjects); a second awaits the JetStream acknowledgements and resolves each
 //! publisher's wait. A message not acknowledged within `publish_timeout` fails its wait: the
 //! publisher's connection closes unacknowledged and its client re-sends.
+//!
+//! A message the local store holds (queued for a persistent session here) gets its stream
+//! sequence stored too when the acknowledgement brings it (`Op::SequenceMessage`, issue 34),
+//! and its publisher's wait resolves only once that is durable ([`settle`]): a restart,
+//! even `kill -9` after the acknowledgement, brings the message back with its sequence.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishAckFuture};
@@ -62,16 +67,33 @@ struct Awaiting {
     sequenced: bool,
 }
 
+/// A publisher's wait, resolved with `result` once the commit that stores its message's
+/// stream sequence is durable.
+type Settling = (
+    crate::storage::Durable,
+    oneshot::Sender<Result<(), StorageError>>,
+    Result<(), StorageError>,
+);
+
 /// Starts the publishing and acknowledging tasks.
 pub(super) fn spawn(
     client: async_nats::Client,
     js: jetstream::Context,
     cluster: Arc<Cluster>,
+    broker: Weak<crate::broker::Broker>,
     timeout: Duration,
     mut outgoing: mpsc::UnboundedReceiver<Queued>,
 ) {
     let (acks_tx, acks_rx) = mpsc::unbounded_channel();
-    tokio::spawn(acknowledge(Arc::clone(&cluster), timeout, acks_rx));
+    let (settle_tx, settle_rx) = mpsc::unbounded_channel();
+    tokio::spawn(settle(settle_rx));
+    tokio::spawn(acknowledge(
+        Arc::clone(&cluster),
+        broker,
+        timeout,
+        acks_rx,
+        settle_tx,
+    ));
     tokio::spawn(async move {
         while let Some(queued) = outgoing.recv().await {
             let out = match queued {
@@ -193,11 +215,14 @@ fn fail(
 }
 
 /// Awaits acknowledgements in publish order; each message's wait resolves when all of its
-/// acknowledgements are in, or fails at the first error or after `timeout`.
+/// acknowledgements are in (and its stored sequence is durable, through `settling`), or
+/// fails at the first error or after `timeout`.
 async fn acknowledge(
     cluster: Arc<Cluster>,
+    broker: Weak<crate::broker::Broker>,
     timeout: Duration,
     mut acks: mpsc::UnboundedReceiver<Awaiting>,
+    settling: mpsc::UnboundedSender<Settling>,
 ) {
     while let Some(awaiting) = acks.recv().await {
         if let Some(barrier) = awaiting.barrier {
@@ -237,10 +262,41 @@ async fn acknowledge(
                 message.set_cluster_seq(0);
             }
         }
-        if let Some(done) = awaiting.done {
-            let _ = done.send(result);
+        // Stored here (queued for a persistent session): its sequence is stored with it.
+        let stored = match (&result, &awaiting.message) {
+            (Ok(()), Some(message)) if awaiting.sequenced => broker
+                .upgrade()
+                .and_then(|broker| broker.store_cluster_seq(message)),
+            _ => None,
+        };
+        match (awaiting.done, stored) {
+            (Some(done), Some(stored)) => {
+                if let Err(mpsc::error::SendError((_, done, result))) =
+                    settling.send((stored, done, result))
+                {
+                    let _ = done.send(result);
+                }
+            }
+            (Some(done), None) => {
+                let _ = done.send(result);
+            }
+            (None, _) => {}
         }
         cluster.pop_floor();
         cluster.settled();
+    }
+}
+
+/// Resolves publishers' waits in acknowledgement order, each once the commit storing its
+/// message's sequence is durable (one group commit: the store batches them). A failed
+/// commit does not fail the wait: the message itself was stored by its own commit, which
+/// the publisher awaits as well; without its sequence it is only replayed from an older
+/// cursor after a move (at least once), as before sequences were stored.
+async fn settle(mut settling: mpsc::UnboundedReceiver<Settling>) {
+    while let Some((stored, done, result)) = settling.recv().await {
+        if let Err(error) = stored.await {
+            tracing::debug!(%error, "cluster: a stored message's stream sequence was not stored");
+        }
+        let _ = done.send(result);
     }
 }

@@ -37,6 +37,8 @@ mod memory;
 mod metrics;
 mod model;
 mod record;
+#[cfg(test)]
+mod seq_tests;
 mod state;
 mod store;
 #[cfg(test)]

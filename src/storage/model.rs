@@ -140,12 +140,24 @@ pub enum Op {
         /// When the window closes, unix ms.
         expires_at_unix_ms: u64,
     },
+    /// Records the cluster stream sequence (`[cluster]`, `PB_MSGS`) of a stored message body,
+    /// so a session the store brings back at a restart still knows where each of its
+    /// messages lies in the stream (its replay cursor, the QoS 2 messages its client took:
+    /// issue 34). Written only on a clustered node: with the message for one that came from
+    /// another node, after JetStream's acknowledgement for one published here. Ignored when
+    /// the body is gone already.
+    SequenceMessage {
+        /// The stored body ([`Op::PutMessage`]).
+        id: MessageId,
+        /// Its sequence in the cluster's message stream (never 0).
+        stream_seq: u64,
+    },
 }
 
 impl Op {
     /// Name of every kind of op, in [`Op::kind`] order: how a metric label or a log line
     /// names records (`postbox_store_recovery_lost_records_total{kind}`).
-    pub const KIND_NAMES: [&'static str; 16] = [
+    pub const KIND_NAMES: [&'static str; 17] = [
         "put_session",
         "delete_session",
         "put_subscription",
@@ -162,6 +174,7 @@ impl Op {
         "delete_will",
         "count_delivery",
         "put_dedup",
+        "sequence_message",
     ];
 
     /// This op's index in [`Op::KIND_NAMES`], so records can be counted by kind.
@@ -183,6 +196,7 @@ impl Op {
             Op::DeleteWill { .. } => 13,
             Op::CountDelivery { .. } => 14,
             Op::PutDedup { .. } => 15,
+            Op::SequenceMessage { .. } => 16,
         }
     }
 
@@ -400,6 +414,10 @@ pub struct Snapshot {
     pub wills: Vec<StoredWill>,
     /// Deduplication keys whose window is still open at load, oldest first.
     pub dedup: Vec<DedupRecord>,
+    /// The cluster stream sequences of bodies in `messages` ([`Op::SequenceMessage`]);
+    /// empty on a node that never was clustered (and for bodies stored before sequences
+    /// were: those stay of unknown sequence).
+    pub stream_seqs: HashMap<MessageId, u64>,
 }
 
 /// One remembered deduplication key (see [`Op::PutDedup`]).

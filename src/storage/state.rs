@@ -36,6 +36,10 @@ struct MessageSlot {
 pub(super) struct State {
     sessions: BTreeMap<ByteString, SessionState>,
     messages: HashMap<MessageId, MessageSlot>,
+    /// The cluster stream sequence of bodies in `messages` ([`Op::SequenceMessage`]): a map
+    /// of its own (not a field of every slot), so a store that never was clustered holds
+    /// nothing more per message.
+    stream_seqs: HashMap<MessageId, u64>,
     /// Messages put during the current batch; dropped at its end if still unreferenced.
     unreferenced: Vec<MessageId>,
     retained: BTreeMap<ByteString, StoredMessage>,
@@ -284,6 +288,20 @@ impl State {
                     self.live_bytes = self.live_bytes.saturating_sub(size);
                 }
             }
+            Op::SequenceMessage { id, stream_seq } => {
+                // A body already gone (every delivery of it acknowledged before JetStream's
+                // acknowledgement came) needs no sequence: not an orphan.
+                if stream_seq != 0 && self.messages.contains_key(&id) {
+                    self.stream_seqs.insert(id, stream_seq);
+                }
+            }
+        }
+    }
+
+    /// A body left the store: its sequence goes with it.
+    fn forget_seq(&mut self, id: MessageId) {
+        if !self.stream_seqs.is_empty() {
+            self.stream_seqs.remove(&id);
         }
     }
 
@@ -294,6 +312,7 @@ impl State {
             if slot.refs == 0 {
                 if let Some(slot) = self.messages.remove(&id) {
                     self.live_bytes = self.live_bytes.saturating_sub(message_size(&slot.message));
+                    self.forget_seq(id);
                 }
             }
         }
@@ -337,6 +356,7 @@ impl State {
             if self.messages.get(&id).is_some_and(|slot| slot.refs == 0) {
                 if let Some(slot) = self.messages.remove(&id) {
                     self.live_bytes = self.live_bytes.saturating_sub(message_size(&slot.message));
+                    self.forget_seq(id);
                 }
             }
         }
@@ -461,6 +481,7 @@ impl State {
                 });
                 dedup
             },
+            stream_seqs: self.stream_seqs.clone(),
         }
     }
 
@@ -488,6 +509,12 @@ impl State {
             f(&Op::PutMessage {
                 id: *id,
                 message: slot.message.clone(),
+            });
+        }
+        for (id, stream_seq) in &self.stream_seqs {
+            f(&Op::SequenceMessage {
+                id: *id,
+                stream_seq: *stream_seq,
             });
         }
         for s in self.sessions.values() {

@@ -31,6 +31,7 @@ mod cluster;
 mod cluster_binding;
 mod cluster_operations;
 mod cluster_orphans;
+mod cluster_restart;
 mod cluster_sessions;
 mod config_files;
 mod connection_limits;

@@ -18,9 +18,10 @@ pub(super) fn cursor_of(cluster: &Cluster, view: &HeldSession) -> u64 {
 }
 
 /// The cursor to record for a session holding `view`: `computed`, unless it holds a message
-/// of unknown stream sequence (brought back by this node's store at a restart,
-/// [`HeldSession::unsequenced_pending`]): then no further than `written`, the cursor its
-/// record had, which still finds that message. Replaying more is at least once; passing it
+/// of unknown stream sequence (brought back by this node's store at a restart without one,
+/// [`HeldSession::unsequenced_pending`]; the store keeps sequences since issue 34, so that is
+/// an older store's message, or one whose sequence a crash lost): then no further than
+/// `written`, the cursor its record had, which still finds that message. Replaying more is at least once; passing it
 /// would lose an acknowledged message.
 pub(super) fn kept_cursor(view: &HeldSession, computed: u64, written: Option<u64>) -> u64 {
     match written.filter(|w| *w != 0) {

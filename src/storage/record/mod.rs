@@ -44,3 +44,7 @@ const PUT_DEDUP: u8 = 16;
 /// `PUT_SESSION` followed by the owner (issue 35): written only for a bound session, so a
 /// store of a broker without authentication keeps the older tag.
 const PUT_SESSION_OWNED: u8 = 17;
+/// [`Op::SequenceMessage`](crate::storage::Op::SequenceMessage): a body's cluster stream
+/// sequence. A tag of its own, written only by a clustered node, so a single node's store
+/// holds the same bytes as before (and an older store, without it, loads as it did).
+const SEQUENCE_MESSAGE: u8 = 18;

@@ -330,6 +330,10 @@ impl<'a> Dec<'a> {
             DELETE_WILL => Op::DeleteWill {
                 client_id: self.str()?,
             },
+            SEQUENCE_MESSAGE => Op::SequenceMessage {
+                id: self.u64()?,
+                stream_seq: self.u64()?,
+            },
             _ => {
                 return Err(DecodeError {
                     what: "op tag",

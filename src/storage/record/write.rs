@@ -286,6 +286,11 @@ impl Enc<'_> {
                 self.u8(DELETE_WILL);
                 self.str(client_id);
             }
+            Op::SequenceMessage { id, stream_seq } => {
+                self.u8(SEQUENCE_MESSAGE);
+                self.u64(*id);
+                self.u64(*stream_seq);
+            }
         }
     }
 }
