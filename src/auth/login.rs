@@ -119,13 +119,18 @@ impl Logins {
     }
 
     /// Whether `user`, authenticated, may use `client_id` (`auth.client_ids_start_with_user`):
-    /// always when the rule is off; else when the id is the user name, or starts with it and
-    /// a separator (`sensor1`, `sensor1-backup`, `sensor1/7`), so it names its user.
+    /// always when the rule is off; else when the id is the user name, or the user name, `:`
+    /// and anything (`sensor1`, `sensor1:backup`). The separator is one no user name can
+    /// hold (password and SCRAM files split their lines at the first `:`; a token's or a
+    /// certificate's name with one is refused here), so an id names exactly one user: with
+    /// `-` as a separator, user `sensor1` could take `sensor1-eu`, another user's own id
+    /// (issue 35, fifth adversarial pass).
     pub fn client_id_allowed(&self, user: &str, client_id: &str) -> bool {
         !self.client_ids_start_with_user
-            || client_id.strip_prefix(user).is_some_and(|rest| {
-                rest.is_empty() || rest.starts_with(['-', '_', ':', '/', '.', '@'])
-            })
+            || (!user.contains(':')
+                && client_id
+                    .strip_prefix(user)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(':')))
     }
 
     /// Whether `listener` takes the user name as the client id (`use_username_as_clientid`).

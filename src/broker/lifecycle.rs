@@ -53,6 +53,7 @@ impl Broker {
                     &st.owner,
                     st.connection.is_some(),
                     &owner,
+                    &req.client_id,
                     self.auth.session_binding,
                 )
             };
@@ -87,6 +88,9 @@ impl Broker {
             }
             if verdict == OwnerCheck::Fresh {
                 self.metrics.session_binding[1].increment(1);
+                if st.owner == SessionOwner::Unbound {
+                    tracing::warn!(client = %req.client_id, queued = st.queue.len() + st.inflight.len(), "a session stored before authentication was configured is replaced by a clean one: only a user whose name is the client id may resume it; its queued messages are dropped");
+                }
             }
             let displaced = st.connection.take().is_some();
             drop(st);

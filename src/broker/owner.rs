@@ -22,11 +22,15 @@ pub(crate) enum OwnerCheck {
 }
 
 /// Decides what `newcomer` may do with a session `owner` holds (`connected`: a connection is
-/// attached to it now).
+/// attached to it now) under `client_id`.
 ///
-/// - Nobody is told apart (no authentication method configured: the newcomer is `Unbound`)
-///   or the session was never bound (stored before sessions had owners): resume, and the
-///   newcomer binds it.
+/// - Nobody is told apart (no authentication method configured: the newcomer is `Unbound`):
+///   resume.
+/// - A session never bound (stored before a method was configured, or before sessions had
+///   owners): nobody can prove it is theirs, so only a user whose name is the client id
+///   resumes (and binds) it; anyone else gets a fresh one in its place. Resumed by whoever
+///   came first, it gave an account or an anonymous client the device's queue (issue 35,
+///   fifth adversarial pass).
 /// - The same identity: resume.
 /// - An anonymous session and an authenticated newcomer: fresh. Anonymous clients cannot be
 ///   told apart, so one of them could otherwise squat a device's client id forever; the
@@ -37,10 +41,15 @@ pub(crate) fn check(
     owner: &SessionOwner,
     connected: bool,
     newcomer: &SessionOwner,
+    client_id: &str,
     binding: SessionBinding,
 ) -> OwnerCheck {
     match (owner, newcomer) {
-        (_, SessionOwner::Unbound) | (SessionOwner::Unbound, _) => OwnerCheck::Resume,
+        (_, SessionOwner::Unbound) => OwnerCheck::Resume,
+        (SessionOwner::Unbound, SessionOwner::User(user)) if **user == *client_id => {
+            OwnerCheck::Resume
+        }
+        (SessionOwner::Unbound, _) => OwnerCheck::Fresh,
         (a, b) if a == b => OwnerCheck::Resume,
         (SessionOwner::Anonymous, SessionOwner::User(_)) => OwnerCheck::Fresh,
         _ if connected => OwnerCheck::Refuse,
@@ -68,23 +77,38 @@ mod tests {
     fn the_owner_and_the_unbound_resume() {
         let refuse = SessionBinding::Refuse;
         assert_eq!(
-            check(&user("a"), true, &user("a"), refuse),
+            check(&user("a"), true, &user("a"), "c", refuse),
             OwnerCheck::Resume
         );
         let anonymous = SessionOwner::Anonymous;
         assert_eq!(
-            check(&anonymous, true, &anonymous, refuse),
+            check(&anonymous, true, &anonymous, "c", refuse),
             OwnerCheck::Resume
         );
         let unbound = SessionOwner::Unbound;
         assert_eq!(
-            check(&unbound, false, &user("b"), refuse),
+            check(&user("a"), true, &unbound, "c", refuse),
             OwnerCheck::Resume
         );
-        assert_eq!(
-            check(&user("a"), true, &unbound, refuse),
-            OwnerCheck::Resume
-        );
+    }
+
+    /// A session stored before any method was configured is resumed only by the user whose
+    /// name is its client id; any other identity gets a fresh session, never its queue.
+    #[test]
+    fn an_unbound_session_is_resumed_only_by_the_user_its_client_id_names() {
+        let unbound = SessionOwner::Unbound;
+        for binding in [SessionBinding::Refuse, SessionBinding::Fresh] {
+            assert_eq!(
+                check(&unbound, false, &user("sensor1"), "sensor1", binding),
+                OwnerCheck::Resume
+            );
+            for other in [user("mallory"), SessionOwner::Anonymous] {
+                assert_eq!(
+                    check(&unbound, false, &other, "sensor1", binding),
+                    OwnerCheck::Fresh
+                );
+            }
+        }
     }
 
     #[test]
@@ -92,8 +116,11 @@ mod tests {
         for binding in [SessionBinding::Refuse, SessionBinding::Fresh] {
             for other in [user("b"), SessionOwner::Anonymous] {
                 // Connected: never kicked, whatever the binding.
-                assert_eq!(check(&user("a"), true, &other, binding), OwnerCheck::Refuse);
-                let offline = check(&user("a"), false, &other, binding);
+                assert_eq!(
+                    check(&user("a"), true, &other, "c", binding),
+                    OwnerCheck::Refuse
+                );
+                let offline = check(&user("a"), false, &other, "c", binding);
                 assert_ne!(offline, OwnerCheck::Resume);
                 assert_eq!(
                     offline == OwnerCheck::Fresh,
@@ -107,7 +134,13 @@ mod tests {
     fn an_authenticated_client_replaces_an_anonymous_squatter() {
         let anonymous = SessionOwner::Anonymous;
         for connected in [false, true] {
-            let verdict = check(&anonymous, connected, &user("a"), SessionBinding::Refuse);
+            let verdict = check(
+                &anonymous,
+                connected,
+                &user("a"),
+                "c",
+                SessionBinding::Refuse,
+            );
             assert_eq!(verdict, OwnerCheck::Fresh);
         }
     }

@@ -97,6 +97,11 @@ impl Broker {
                 let mut st = session.lock();
                 st.stored = true;
                 st.set_owner(meta.owner.clone());
+                // Until its client comes back: the stored owner's name, reads checked at
+                // hand-out (`Principal::restored`).
+                session.set_principal(crate::auth::principal::Principal::restored(
+                    meta.owner.user(),
+                ));
                 for (seq, entry) in snap.queue {
                     let Some(message) = messages.get(&entry.message) else {
                         tracing::warn!(client = %meta.client_id, seq, "stored queue entry without its message; skipped");

@@ -138,10 +138,10 @@ pub struct AuthConfig {
     /// that replaces the offline owner's. Never the owner's queue, and never its connection:
     /// a connected owner is not kicked either way.
     pub session_binding: SessionBinding,
-    /// An authenticated client's client id must be its user name, or start with it and one
-    /// of `-` `_` `:` `/` `.` `@` (issue 35, fourth pass): no account can make a session
-    /// under another device's client id, which `session_binding` would then keep from the
-    /// device for as long as that session lives. Ids the broker assigned are exempt.
+    /// An authenticated client's client id must be its user name, or the user name, `:` and
+    /// anything (issue 35, fourth and fifth passes): no account can make a session under
+    /// another device's client id, which `session_binding` would then keep from the device
+    /// for as long as that session lives. Ids the broker assigned are exempt.
     pub client_ids_start_with_user: bool,
     /// Failed password-file logins allowed from one source address (IPv4 address, IPv6 /64)
     /// before its attempts are refused unchecked for a growing delay (online guessing,

@@ -252,8 +252,9 @@ async fn a_user_name_used_as_the_client_id_gets_the_client_id_checks() {
 /// `auth.client_ids_start_with_user`: an account cannot make a session under another
 /// device's client id (CONNACK 0x85, 3.1.1: 2), so it cannot squat the id and keep the device
 /// out (with the default binding, the first comer owns the session until it expires; issue
-/// 35, fourth adversarial pass). The device's own ids, its user name or that and a
-/// separator, are admitted; a broker-assigned id is exempt. With the key off (the default)
+/// 35, fourth adversarial pass). The device's own ids, its user name or that, a colon and
+/// more, are admitted (`-` is no separator: user `sensor1` would take user `sensor1-eu`'s
+/// id, fifth pass); a broker-assigned id is exempt. With the key off (the default)
 /// the squat succeeds and the device is refused: the case this key exists for.
 #[tokio::test]
 async fn client_ids_that_must_start_with_the_user_keep_squatters_off_a_devices_id() {
@@ -268,7 +269,13 @@ async fn client_ids_that_must_start_with_the_user_keep_squatters_off_a_devices_i
     let mut rule = config(SessionBinding::Refuse, false);
     rule.auth.client_ids_start_with_user = true;
     let server = common::start_with(rule).await;
-    for id in ["sensor1", "sensor1-backup", "sensor10"] {
+    for id in [
+        "sensor1",
+        "sensor1:backup",
+        "sensor10",
+        "sensor2-x",
+        "sensor2/x",
+    ] {
         let (code, _, _) = try_connect(&server, persistent(id, Some("sensor2"))).await;
         assert_eq!(
             code,
@@ -277,13 +284,7 @@ async fn client_ids_that_must_start_with_the_user_keep_squatters_off_a_devices_i
         );
     }
     assert_eq!(v311_code(&server, "sensor1", Some("sensor2")).await, 2);
-    for id in [
-        "sensor1",
-        "sensor1-backup",
-        "sensor1/7",
-        "sensor1.a",
-        "sensor1@b",
-    ] {
+    for id in ["sensor1", "sensor1:backup", "sensor1:7:a"] {
         let (code, _, c) = try_connect(&server, persistent(id, Some("sensor1"))).await;
         assert_eq!(code, ReasonCode::SUCCESS, "sensor1 as {id}");
         v5::disconnect(c).await;
@@ -365,4 +366,107 @@ async fn queued_and_in_flight_messages_follow_an_acl_change() {
         [postbox::guarantees::DeadReason::NotAuthorized.index()]
     .get();
     assert_eq!(dead, 2, "both dead-lettered as not_authorized");
+}
+
+/// The password file and the shipped example ACL (`config/acl.example`: devices read
+/// `commands/<user>/#`, the dashboard writes `commands/#`), persistence in `dir`.
+fn durable_with_acl(dir: &Path) -> Config {
+    let mut config = config(SessionBinding::Refuse, false);
+    config.auth.acl_file = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/acl.example"));
+    config.storage.persistence = true;
+    config.storage.dir = Some(dir.to_path_buf());
+    config
+}
+
+/// After a restart, a QoS 1 command the dashboard publishes (and is acknowledged) for a
+/// device whose session the store brought back reaches the device when it comes back. Before,
+/// the restored session was anonymous for the ACL until its client connected, and the command
+/// was dropped as a denied read although its PUBACK had promised it (issue 35, fifth
+/// adversarial pass; MQTT-4.3.2-2 / MQTT-4.5.0-1: an acknowledged QoS 1 message is delivered
+/// to the matching subscriptions). What the ACL denies the device is still not delivered:
+/// reads are checked as the queue is handed out, under the identity it connects with.
+#[tokio::test]
+async fn a_restored_session_gets_the_commands_published_for_it_before_its_device_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_with_acl(dir.path())).await;
+    let (code, _, mut sensor1) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    // Granted in part: `commands/sensor1/#` is readable, the rest of `commands/#` is not.
+    v5::subscribe(&mut sensor1, "commands/#", QoS::AtLeastOnce).await;
+    v5::disconnect(sensor1).await;
+    server.shutdown().await;
+
+    let server = common::start_with(durable_with_acl(dir.path())).await;
+    let (code, _, mut dashboard) =
+        try_connect(&server, persistent("dash", Some("dashboard"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    for (id, topic) in [
+        (1, "commands/sensor2/reboot"),
+        (2, "commands/sensor1/reboot"),
+    ] {
+        let command = v5::publish_packet(topic, QoS::AtLeastOnce, b"now", id);
+        assert_eq!(
+            v5::publish(&mut dashboard, command).await,
+            ReasonCode::SUCCESS,
+            "{topic}"
+        );
+    }
+    let (code, present, mut sensor1) =
+        try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!((code, present), (ReasonCode::SUCCESS, true));
+    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
+        .await
+        .expect("the command published after the restart");
+    assert_eq!(&*p.topic, "commands/sensor1/reboot");
+    v5::expect_silence(&mut sensor1, QUIET).await;
+}
+
+/// A persistent session with one QoS 1 command queued, stored by a broker without any
+/// authentication method (every session unbound) in `dir`.
+async fn stored_before_authentication(dir: &Path) {
+    let mut config = common::test_config();
+    config.storage.persistence = true;
+    config.storage.dir = Some(dir.to_path_buf());
+    let server = common::start_with(config).await;
+    let (mut device, _) =
+        v5::connect(server.mqtt_addr, v5::persistent_connect("sensor1", 3600)).await;
+    v5::subscribe(&mut device, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    v5::disconnect(device).await;
+    let mut publisher = v5::connect_id(server.mqtt_addr, "ops").await;
+    let command = v5::publish_packet("commands/sensor1/unlock", QoS::AtLeastOnce, b"4711", 1);
+    assert_eq!(
+        v5::publish(&mut publisher, command).await,
+        ReasonCode::SUCCESS
+    );
+    server.shutdown().await;
+}
+
+/// Sessions stored before a method was configured belong to nobody anyone can prove: after
+/// the password file is turned on, only the user whose name is the client id resumes one (and
+/// gets its queue); another account, or an anonymous client, gets a clean session with none
+/// of it. Before, whoever came first resumed it and read the device's queue (issue 35, fifth
+/// adversarial pass). Normative: MQTT-3.2.2-2 / MQTT-3.2.2-3 (Session Present says which).
+#[tokio::test]
+async fn a_session_stored_before_authentication_is_resumed_only_by_the_user_it_names() {
+    for first in [None, Some("sensor2"), Some("sensor1")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        stored_before_authentication(dir.path()).await;
+        let mut config = config(SessionBinding::Refuse, true);
+        config.storage.persistence = true;
+        config.storage.dir = Some(dir.path().to_path_buf());
+        let server = common::start_with(config).await;
+        let (code, present, mut c) = try_connect(&server, persistent("sensor1", first)).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "{first:?}");
+        if first == Some("sensor1") {
+            assert!(present, "the device resumes its session");
+            let p = tokio::time::timeout(WAIT, v5::receive(&mut c))
+                .await
+                .expect("its queued command");
+            assert_eq!(&*p.payload, b"4711");
+        } else {
+            assert!(!present, "{first:?} resumed the device's session");
+            v5::expect_silence(&mut c, QUIET).await;
+        }
+        server.shutdown().await;
+    }
 }

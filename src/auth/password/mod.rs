@@ -142,6 +142,11 @@ pub struct PasswordStore {
     metrics: AuthMetrics,
     /// How long the last hash took, in nanoseconds (see [`PasswordStore::verify`]).
     last_hash_ns: AtomicU64,
+    /// The slowest recent hash, in nanoseconds (each hash takes 1/64 off it, and raises it
+    /// to its own duration): every failure is answered no sooner than this after its hash
+    /// began, so users whose hashes cost less than most (device secrets made with fewer
+    /// iterations) cannot be told from unknown names by timing (issue 35, fifth pass).
+    slowest_hash_ns: AtomicU64,
 }
 
 impl PasswordStore {
@@ -175,6 +180,7 @@ impl PasswordStore {
             cache: Mutex::new(SuccessCache::new(cache_size)),
             metrics,
             last_hash_ns: AtomicU64::new(0),
+            slowest_hash_ns: AtomicU64::new(0),
         })
     }
 
@@ -276,6 +282,7 @@ impl PasswordStore {
             },
         };
         let share = self.shares.acquire(source).await;
+        let mut hashed_for = Duration::ZERO;
         let matched = match Arc::clone(&self.permits).acquire_owned().await {
             Ok(permit) => {
                 let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
@@ -293,8 +300,12 @@ impl PasswordStore {
                 })
                 .await
                 .unwrap_or(false);
-                let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                hashed_for = started.elapsed();
+                let took = u64::try_from(hashed_for.as_nanos()).unwrap_or(u64::MAX);
                 self.last_hash_ns.store(took, Ordering::Relaxed);
+                let slowest = self.slowest_hash_ns.load(Ordering::Relaxed);
+                self.slowest_hash_ns
+                    .store(took.max(slowest - slowest / 64), Ordering::Relaxed);
                 matched
             }
             Err(_) => false, // the semaphore is never closed
@@ -306,7 +317,15 @@ impl PasswordStore {
         };
         match verdict {
             Verdict::Ok => reservation.succeeded(std::time::Instant::now()),
-            _ => reservation.failed(std::time::Instant::now()),
+            _ => {
+                reservation.failed(std::time::Instant::now());
+                // A failure takes as long as the slowest recent hash (within the deadline).
+                let slowest = Duration::from_nanos(self.slowest_hash_ns.load(Ordering::Relaxed));
+                if let Some(pad) = slowest.checked_sub(hashed_for) {
+                    let until = (tokio::time::Instant::now() + pad).min(deadline);
+                    tokio::time::sleep_until(until).await;
+                }
+            }
         }
         match verdict {
             Verdict::Ok => {

@@ -59,6 +59,7 @@ pub(in crate::cluster) async fn claim(
                 &p.who.owner(),
                 p.ended_at == 0,
                 owner,
+                client_id,
                 broker.session_binding(),
             )
         });
