@@ -231,6 +231,19 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         if !open.is_empty() {
             tracing::warn!(listeners = ?open, "an authentication method is set but clients without credentials are still let in on these listeners; set allow_anonymous = false to refuse them");
         }
+    } else {
+        // The embedded default: say so when anyone on the network may connect (Mosquitto
+        // 2.x listens on loopback only without a config; issue 35, fifth adversarial pass).
+        let exposed: Vec<String> = config
+            .listeners
+            .iter()
+            .zip(config.listener_names())
+            .filter(|(l, name)| !l.bind.ip().is_loopback() && logins.anonymous_allowed(name))
+            .map(|(l, _)| l.bind.to_string())
+            .collect();
+        if !exposed.is_empty() {
+            tracing::warn!(listeners = ?exposed, "no authentication method is configured: any client that reaches these addresses may connect, publish and subscribe; see the README's Security section (allow_anonymous = false and a password_file)");
+        }
     }
     broker.set_logins(logins);
     let mut reloaders = Reloaders::default();

@@ -470,3 +470,28 @@ fn one_file_serves_two_nodes_named_by_flag_and_environment() {
     assert!(terminate(second).success());
     drop(nats);
 }
+
+/// The embedded default lets anyone who reaches its port in (as Mosquitto with
+/// `allow_anonymous true`); it says so at start-up, naming the exposed addresses, where
+/// before it logged nothing (issue 35, fifth adversarial pass: Mosquitto 2.x without a config
+/// listens on loopback only and says "Starting in local only mode").
+#[test]
+fn the_open_default_warns_that_anyone_may_connect() {
+    let (mqtt, metrics) = (free_port(), free_port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (child, line) = spawn_until(
+        &[
+            "-p",
+            &mqtt.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+            "--data-dir",
+            dir.path().to_str().expect("utf8"),
+        ],
+        &[],
+        "no authentication method is configured",
+    );
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains(&format!("0.0.0.0:{mqtt}")), "{line}");
+    terminate(child);
+}
