@@ -49,10 +49,10 @@ fn connect_packet(
     client: &str,
     user: Option<&str>,
 ) -> postbox::codec::Connect {
-    let mut c = v5::connect_packet(client);
-    c.protocol = version;
-    c.username = user.map(Into::into);
-    c
+    postbox::codec::Connect {
+        username: user.map(Into::into),
+        ..common::connect_packet(version, client)
+    }
 }
 
 async fn connect(

@@ -14,7 +14,8 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use common::disk::{dir_bytes, fill_disk, Tmpfs};
-use common::process::{sample as metric, write_config, write_config_with, Broker, BrokerConfig};
+use common::http::sample as metric;
+use common::process::{write_config, write_config_with, Broker, BrokerConfig};
 use common::{v5, RawClient};
 use postbox::codec::{
     Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, Subscribe, SubscriptionOptions,
@@ -36,7 +37,7 @@ fn start(config: &BrokerConfig) -> Broker {
 }
 
 fn scrape_metrics(config: &BrokerConfig) -> String {
-    tokio::task::block_in_place(|| common::process::http_get(config.metrics, "/metrics"))
+    tokio::task::block_in_place(|| common::http::http_get(config.metrics, "/metrics"))
 }
 
 fn await_metric(config: &BrokerConfig, series: &str, want: f64) -> String {
