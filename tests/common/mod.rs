@@ -296,6 +296,27 @@ impl RawClient {
     }
 }
 
+/// Subscribes `c` (a persistent session) to `filter` at `qos`, awaits the SUBACK and
+/// disconnects cleanly: a subscriber left offline, for what is published next to queue for
+/// it (the durability and crash tests' setup).
+pub async fn subscribe_and_leave(mut c: RawClient, filter: &str, qos: codec::QoS) {
+    c.send(&Packet::Subscribe(codec::Subscribe {
+        packet_id: 1,
+        filters: vec![(
+            filter.into(),
+            codec::SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+        )],
+        ..Default::default()
+    }))
+    .await;
+    assert!(matches!(c.recv().await, Some(Packet::SubAck(_))));
+    c.send(&Packet::Disconnect(Default::default())).await;
+    assert!(c.expect_close().await.is_empty());
+}
+
 /// A TLS connector that trusts the development CA (`certs/ca.pem`) and presents no client
 /// certificate, on the broker's own provider (ring): the client side of TLS listener tests
 /// that need a socket of their own (a PROXY header first, a WebSocket upgrade after).

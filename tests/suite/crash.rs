@@ -17,9 +17,7 @@ use std::time::Duration;
 
 use common::process::{free_port, Broker};
 use common::RawClient;
-use postbox::codec::{
-    Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS, Subscribe, SubscriptionOptions,
-};
+use postbox::codec::{Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS};
 use rand::Rng;
 use tokio::sync::Mutex;
 
@@ -221,22 +219,8 @@ async fn run() {
 
     // Two persistent subscribers, then offline.
     for (id, qos) in [("sub-q1", QoS::AtLeastOnce), ("sub-q2", QoS::ExactlyOnce)] {
-        let mut c = connect(addr, id).await;
-        c.send(&Packet::Subscribe(Subscribe {
-            packet_id: 1,
-            filters: vec![(
-                format!("crash/q{}", qos as u8).into(),
-                SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            )],
-            ..Default::default()
-        }))
-        .await;
-        assert!(matches!(c.recv().await, Some(Packet::SubAck(_))));
-        c.send(&Packet::Disconnect(Default::default())).await;
-        assert!(c.expect_close().await.is_empty());
+        let filter = format!("crash/q{}", qos as u8);
+        common::subscribe_and_leave(connect(addr, id).await, &filter, qos).await;
     }
 
     let progress = Arc::new(AtomicUsize::new(0));
