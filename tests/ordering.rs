@@ -4,55 +4,29 @@
 //! Runs the real binary (its own runtime, as users run it) and drives it with blocking
 //! sockets from one thread, so the gap between the two writes is what the test says.
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use postbox::codec::{self, Packet, ProtocolVersion, QoS};
 
-const BIN: &str = env!("CARGO_BIN_EXE_postbox");
+use common::process::{free_port, Broker};
+
 const WAIT: Duration = Duration::from_secs(15);
 const V4: ProtocolVersion = ProtocolVersion::V3_1_1;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-/// The binary on its defaults, metrics off, killed when dropped.
-struct Broker(Child);
-
-impl Broker {
-    fn start(port: u16, dir: &std::path::Path) -> Broker {
-        let child = Command::new(BIN)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--metrics-port",
-                "0",
-                "--data-dir",
-            ])
-            .arg(dir)
-            .env("NO_COLOR", "1")
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn postbox");
-        Broker(child)
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// The binary on its defaults, metrics off, running (killed when dropped).
+fn start(port: u16, dir: &std::path::Path) -> Broker {
+    let dir = dir.to_str().expect("utf8 path");
+    let port = port.to_string();
+    Broker::start_args(
+        &["--port", &port, "--metrics-port", "0", "--data-dir", dir],
+        &[],
+    )
 }
 
 /// A blocking MQTT 3.1.1 client.
@@ -62,44 +36,22 @@ struct Client {
 }
 
 impl Client {
-    /// Connects (retrying while the broker starts) and completes CONNECT / CONNACK.
+    /// Connects to the running broker and completes CONNECT / CONNACK.
     fn connect(port: u16, id: &str) -> Client {
-        let deadline = Instant::now() + WAIT;
-        let stream = loop {
-            match TcpStream::connect(("127.0.0.1", port)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => panic!("broker never accepted: {e}"),
-            }
-        };
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("broker accepts");
         stream.set_nodelay(true).expect("nodelay");
         stream.set_read_timeout(Some(WAIT)).expect("timeout");
         let mut c = Client {
             stream,
             buf: BytesMut::new(),
         };
-        c.send(&Packet::Connect(Box::new(codec::Connect {
-            protocol: V4,
-            clean_start: true,
-            keep_alive: 60,
-            client_id: id.into(),
-            will: None,
-            username: None,
-            password: None,
-            properties: Default::default(),
-            bridge: false,
-        })));
+        c.send(&Packet::Connect(Box::new(common::connect_packet(V4, id))));
         assert!(matches!(c.recv(), Packet::ConnAck(a) if a.reason_code.0 == 0));
         c
     }
 
     fn encode(packet: &Packet) -> Vec<u8> {
-        let mut out = BytesMut::new();
-        codec::encode(packet, V4, &mut out).expect("encode");
-        out.to_vec()
+        common::encode(packet, V4)
     }
 
     fn send(&mut self, packet: &Packet) {
@@ -158,7 +110,7 @@ fn spin(gap: Duration) {
 fn subscribe_that_arrived_first_sees_the_publish_after_it() {
     let port = free_port();
     let dir = tempfile::tempdir().expect("temp dir");
-    let _broker = Broker::start(port, dir.path());
+    let _broker = start(port, dir.path());
     let mut subscriber = Client::connect(port, "ordering-sub");
     let mut publisher = Client::connect(port, "ordering-pub");
     let rounds = 50u16;

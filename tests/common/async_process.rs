@@ -1,73 +1,35 @@
-// Async (tokio) counterpart of `process`, from the pending-connections work; to be folded into
-// `process` (one way to spawn the binary).
-//! The `postbox` binary as a real process with its own metrics endpoint, for tests that need
-//! what only a whole process shows (the Prometheus gauges, which are process-global), plus
-//! raw sockets from chosen loopback source addresses.
+//! The `postbox` binary as a real process in a config of its own (a temporary directory),
+//! for `async` tests that need what only a whole process shows (its metrics endpoint, its
+//! log, signals, its exit), plus raw sockets from chosen loopback source addresses. A thin
+//! layer on `process::Broker`, the one way the tests start the binary.
 // Compiled into each test crate as a private `mod common`: `pub` is the harness API, and not
 // every test crate uses every helper.
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::process::{Child, Command};
 
+pub use super::process::free_port;
+use super::process::Broker;
 use super::WAIT;
-
-/// A free loopback port (bound and released: another process may take it in between, which
-/// the broker's start then reports).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 /// A running broker binary: MQTT on `addr`, metrics on `metrics_port`, in memory. Killed on
 /// drop.
 pub struct BrokerProcess {
-    child: Child,
+    broker: Broker,
     /// Where its (first) MQTT listener listens.
     pub addr: SocketAddr,
     /// Where each of its listeners listens, in file order.
     pub addrs: Vec<SocketAddr>,
     /// Its metrics endpoint's port.
     pub metrics_port: u16,
-    /// Every line it wrote to stdout (its log), in order, and a count that moves with each.
-    output: Output,
     /// The config file it was started with (`-c`): rewrite it, then [`BrokerProcess::signal`]
     /// `SIGHUP`, to test a reload.
     pub config_path: std::path::PathBuf,
     _dir: tempfile::TempDir,
-}
-
-/// The broker's stdout lines as they arrive, shared with the task that reads them.
-#[derive(Clone)]
-struct Output {
-    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-    count: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
-}
-
-impl Output {
-    fn new() -> Output {
-        Output {
-            lines: std::sync::Arc::default(),
-            count: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
-        }
-    }
-
-    fn push(&self, line: String) {
-        let n = {
-            let mut lines = self.lines.lock().expect("log lock");
-            lines.push(line);
-            lines.len()
-        };
-        self.count.send_replace(n);
-    }
 }
 
 impl BrokerProcess {
@@ -141,106 +103,47 @@ impl BrokerProcess {
             ),
         )
         .expect("write config");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_postbox"));
-        command
-            .args(["-c", path.to_str().expect("utf8 path")])
-            .env("NO_COLOR", "1")
-            .env_remove("RUST_LOG");
-        for (key, value) in env {
-            // An empty value removes the variable (e.g. `NO_COLOR`, set by default).
-            if value.is_empty() {
-                command.env_remove(key);
-            } else {
-                command.env(key, value);
-            }
-        }
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn postbox");
-        let stdout = child.stdout.take().expect("stdout");
-        let output = Output::new();
-        let mut lines = BufReader::new(stdout).lines();
-        {
-            let output = output.clone();
-            // Keeps reading its output (so it never blocks on a full pipe) and keeps the lines.
-            tokio::spawn(async move {
-                while let Ok(Some(line)) = lines.next_line().await {
-                    output.push(line);
-                }
-            });
-        }
+        let broker =
+            Broker::start_args_async(&["-c", path.to_str().expect("utf8 path")], env).await;
         let addrs: Vec<SocketAddr> = ports
             .into_iter()
             .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
             .collect();
-        let broker = BrokerProcess {
-            child,
+        BrokerProcess {
+            broker,
             addr: addrs[0],
             addrs,
             metrics_port,
-            output,
             config_path: path,
             _dir: dir,
-        };
-        broker
-            .wait_log(|line| line.contains("postbox running"))
-            .await;
-        broker
+        }
     }
 
-    /// Every line the broker has written to stdout so far.
+    /// Every line the broker has written so far (stdout and stderr).
     pub fn logs(&self) -> Vec<String> {
-        self.output.lines.lock().expect("log lock").clone()
+        self.broker.log()
     }
 
     /// Waits (bounded by `WAIT`) for a line of its output that satisfies `ok`, already
     /// written or still to come, and returns it. Panics with the output when none comes.
     pub async fn wait_log(&self, ok: impl Fn(&str) -> bool) -> String {
-        let mut count = self.output.count.subscribe();
-        let mut seen = 0;
-        let found = tokio::time::timeout(WAIT, async {
-            loop {
-                {
-                    let lines = self.output.lines.lock().expect("log lock");
-                    if let Some(line) = lines[seen..].iter().find(|l| ok(l)) {
-                        return Some(line.clone());
-                    }
-                    seen = lines.len();
-                }
-                if count.changed().await.is_err() {
-                    return None;
-                }
-            }
-        })
-        .await;
-        match found {
-            Ok(Some(line)) => line,
-            _ => panic!(
-                "no such line in the broker's output:\n{}",
-                self.logs().join("\n")
-            ),
-        }
+        self.broker.wait_log_async(ok).await
     }
 
     /// Sends the process `signal` (`libc::SIGTERM`, `libc::SIGHUP`, ...).
     pub fn signal(&self, signal: i32) {
-        let pid = i32::try_from(self.pid()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid, which is still running (not yet reaped).
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "kill({pid}, {signal})");
+        self.broker.signal(signal);
     }
 
     /// Waits (bounded by `limit`) for the process to exit and returns its status and how long
     /// it took from the call.
     pub async fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
         let started = tokio::time::Instant::now();
-        let status = tokio::time::timeout(limit, self.child.wait())
+        let status = self
+            .broker
+            .wait_exit_async(limit)
             .await
-            .unwrap_or_else(|_| panic!("postbox still running after {limit:?}"))
-            .expect("wait for postbox");
+            .unwrap_or_else(|| panic!("postbox still running after {limit:?}"));
         (status, started.elapsed())
     }
 
@@ -248,28 +151,16 @@ impl BrokerProcess {
     /// `postbox_connections_refused_total{reason="pending_limit"}`) in one scrape; `None`
     /// when the broker does not export it (yet).
     pub async fn metric(&self, series: &str) -> Option<f64> {
-        let body = self.scrape().await;
-        body.lines().find_map(|line| {
-            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-            value.trim().parse().ok()
-        })
+        super::http::sample(&self.scrape().await, series)
     }
 
     /// One scrape of `/metrics`: the HTTP response, headers included (a sample line never
     /// looks like a header).
     pub async fn scrape(&self) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port))
+        let port = self.metrics_port;
+        tokio::task::spawn_blocking(move || super::http::http_get(port, "/metrics"))
             .await
-            .expect("connect metrics");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("write");
-        let mut body = String::new();
-        tokio::time::timeout(WAIT, s.read_to_string(&mut body))
-            .await
-            .expect("metrics answer in time")
-            .expect("read metrics");
-        body
+            .expect("scrape")
     }
 
     /// Scrapes until `series` satisfies `ok` (absent counts as 0), for at most `WAIT`; returns
@@ -292,12 +183,12 @@ impl BrokerProcess {
 
     /// The process id (for `/proc/<pid>`).
     pub fn pid(&self) -> u32 {
-        self.child.id().expect("running")
+        self.broker.pid()
     }
 
     /// Kills the process now (also done on drop).
-    pub async fn kill(mut self) {
-        let _ = self.child.kill().await;
+    pub async fn kill(self) {
+        self.broker.kill();
     }
 }
 

@@ -10,7 +10,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::process::{free_port, http_get, sample, Broker, BrokerConfig, Exited};
+use super::http::{http_get, sample};
+use super::process::{free_port, Broker, BrokerConfig, Exited};
 use super::WAIT;
 
 /// A cluster node: config and data directory (kept for restarts), and the running process.
@@ -167,35 +168,36 @@ impl Node {
 
     /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`, ...) to the running process.
     pub fn signal(&self, signal: i32) {
-        let broker = self.broker.as_ref().expect("node is running");
-        let pid = i32::try_from(broker.pid()).expect("pid");
-        // SAFETY: kill(2) on our own child's pid, which is still running (not yet reaped).
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "kill({pid}, {signal})");
+        self.running().signal(signal);
     }
 
     /// Waits (bounded by `WAIT`) until a line of this run's log satisfies `ok`, already
-    /// written or still to come, and returns it. A poll of the lines the reader threads
-    /// keep (20 ms apart): the log is the event.
+    /// written or still to come, and returns it.
     pub fn wait_log(&self, ok: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(line) = self.log().into_iter().find(|l| ok(l)) {
-                return line;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {}: no such line within {WAIT:?}; log:\n{}",
+        self.running().wait_log(ok)
+    }
+
+    /// [`Node::wait_log`] from an async test.
+    pub async fn wait_log_async(&self, ok: impl Fn(&str) -> bool) -> String {
+        self.running().wait_log_async(ok).await
+    }
+
+    /// [`Node::wait_log_async`] bounded by `limit` instead of `WAIT`.
+    pub async fn wait_log_within(&self, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
+        match self.running().output().wait_async(0, limit, ok).await {
+            Some(line) => line,
+            None => panic!(
+                "node {}: no such line within {limit:?}; log:\n{}",
                 self.id,
                 self.log().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
+            ),
         }
     }
 
-    /// [`Node::wait_log`] from an async test (multi-thread runtime).
-    pub async fn wait_log_async(&self, ok: impl Fn(&str) -> bool) -> String {
-        tokio::task::block_in_place(|| self.wait_log(ok))
+    fn running(&self) -> &Broker {
+        self.broker
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {} is not running", self.id))
     }
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::process::{http_get, sample};
+use super::http::{http_get, sample};
 use super::WAIT;
 
 /// A tmpfs of a fixed size, mounted on a temporary directory for one test and unmounted when

@@ -11,6 +11,7 @@ pub mod async_process;
 pub mod cluster;
 pub mod cutting;
 pub mod disk;
+pub mod http;
 pub mod mosquitto;
 pub mod mosquitto_broker;
 pub mod nats;
@@ -25,11 +26,12 @@ use postbox::server::{self, RunningServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A clean 3.1.1 CONNECT for `client_id` (keep-alive 60), encoded: for tests that write raw
-/// bytes (split packets, PROXY headers, WebSocket frames).
-pub fn connect_bytes(client_id: &str) -> Vec<u8> {
-    let connect = codec::Connect {
-        protocol: ProtocolVersion::V3_1_1,
+/// A clean-start CONNECT at `version` for `client_id` (keep-alive 60, no will, no
+/// credentials, no properties): the one CONNECT builder every test starts from and adjusts
+/// (`Connect { clean_start: false, ..connect_packet(..) }`).
+pub fn connect_packet(version: ProtocolVersion, client_id: &str) -> codec::Connect {
+    codec::Connect {
+        protocol: version,
         clean_start: true,
         keep_alive: 60,
         client_id: client_id.into(),
@@ -38,15 +40,21 @@ pub fn connect_bytes(client_id: &str) -> Vec<u8> {
         password: None,
         properties: Default::default(),
         bridge: false,
-    };
+    }
+}
+
+/// `packet` encoded at `version`: for tests that write raw bytes (split packets, PROXY
+/// headers, WebSocket frames, several packets in one write).
+pub fn encode(packet: &Packet, version: ProtocolVersion) -> Vec<u8> {
     let mut out = BytesMut::new();
-    codec::encode(
-        &Packet::Connect(Box::new(connect)),
-        ProtocolVersion::V3_1_1,
-        &mut out,
-    )
-    .expect("encode");
+    codec::encode(packet, version, &mut out).expect("encode");
     out.to_vec()
+}
+
+/// A clean 3.1.1 CONNECT for `client_id` (keep-alive 60), encoded.
+pub fn connect_bytes(client_id: &str) -> Vec<u8> {
+    let connect = connect_packet(ProtocolVersion::V3_1_1, client_id);
+    encode(&Packet::Connect(Box::new(connect)), ProtocolVersion::V3_1_1)
 }
 
 /// Upper bound for any single wait in a test; generous for a loaded 2-core CI machine.
@@ -158,15 +166,8 @@ impl RawClient {
     ) -> RawClient {
         let mut c = RawClient::open(addr, version).await;
         let connect = codec::Connect {
-            protocol: version,
             clean_start: clean,
-            keep_alive: 60,
-            client_id: client_id.into(),
-            will: None,
-            username: None,
-            password: None,
-            properties: Default::default(),
-            bridge: false,
+            ..connect_packet(version, client_id)
         };
         c.send(&Packet::Connect(Box::new(connect))).await;
         if pipelining() {
@@ -184,8 +185,7 @@ impl RawClient {
     /// the broker's close (or death) made fail ends the sending: the next [`RawClient::recv`]
     /// reports the close, as it would have for a write the kernel took before the reset.
     pub async fn send(&mut self, packet: &Packet) {
-        let mut out = BytesMut::new();
-        codec::encode(packet, self.version, &mut out).expect("encode");
+        let out = encode(packet, self.version);
         let mut rest = &out[..];
         for _ in 0..2 {
             if rest.len() < 2 || self.cuts.below(2) == 0 {
@@ -294,6 +294,27 @@ impl RawClient {
             }
         }
     }
+}
+
+/// Subscribes `c` (a persistent session) to `filter` at `qos`, awaits the SUBACK and
+/// disconnects cleanly: a subscriber left offline, for what is published next to queue for
+/// it (the durability and crash tests' setup).
+pub async fn subscribe_and_leave(mut c: RawClient, filter: &str, qos: codec::QoS) {
+    c.send(&Packet::Subscribe(codec::Subscribe {
+        packet_id: 1,
+        filters: vec![(
+            filter.into(),
+            codec::SubscriptionOptions {
+                qos,
+                ..Default::default()
+            },
+        )],
+        ..Default::default()
+    }))
+    .await;
+    assert!(matches!(c.recv().await, Some(Packet::SubAck(_))));
+    c.send(&Packet::Disconnect(Default::default())).await;
+    assert!(c.expect_close().await.is_empty());
 }
 
 /// A TLS connector that trusts the development CA (`certs/ca.pem`) and presents no client

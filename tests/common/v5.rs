@@ -19,17 +19,7 @@ pub const V: ProtocolVersion = ProtocolVersion::V5;
 
 /// A clean-start v5 CONNECT with keep-alive 60 and no properties; adjust fields as needed.
 pub fn connect_packet(client_id: &str) -> Connect {
-    Connect {
-        protocol: V,
-        clean_start: true,
-        keep_alive: 60,
-        client_id: client_id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
-        bridge: false,
-    }
+    super::connect_packet(V, client_id)
 }
 
 /// A v5 CONNECT (Clean Start 0) for a session that outlives the connection by `expiry`

@@ -49,10 +49,10 @@ fn connect_packet(
     client: &str,
     user: Option<&str>,
 ) -> postbox::codec::Connect {
-    let mut c = v5::connect_packet(client);
-    c.protocol = version;
-    c.username = user.map(Into::into);
-    c
+    postbox::codec::Connect {
+        username: user.map(Into::into),
+        ..common::connect_packet(version, client)
+    }
 }
 
 async fn connect(
@@ -103,6 +103,31 @@ async fn next(c: &mut RawClient) -> (String, String) {
     )
 }
 
+/// [`suback`] must be `code` (the granted QoS or a refusal).
+async fn expect_suback(c: &mut RawClient, filter: &str, code: ReasonCode) {
+    assert_eq!(suback(c, filter).await, code, "SUBSCRIBE {filter}");
+}
+
+/// [`publish`] must be answered `code`.
+async fn expect_publish(
+    c: &mut RawClient,
+    topic: &str,
+    payload: &str,
+    retain: bool,
+    code: ReasonCode,
+) {
+    assert_eq!(
+        publish(c, topic, payload, retain).await,
+        code,
+        "PUBLISH {topic} {payload}"
+    );
+}
+
+/// The next PUBLISH ([`next`]) must be `payload` on `topic`.
+async fn expect_next(c: &mut RawClient, topic: &str, payload: &str) {
+    assert_eq!(next(c).await, (topic.into(), payload.into()));
+}
+
 const V5: ProtocolVersion = ProtocolVersion::V5;
 const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
 
@@ -121,25 +146,16 @@ async fn subscribe_allowed_and_denied_per_topic_and_pattern() {
         ReasonCode(1),
         "pattern read"
     );
-    assert_eq!(
-        suback(&mut alice, "sensors/bob/#").await,
-        ReasonCode::NOT_AUTHORIZED
-    );
-    assert_eq!(
-        suback(&mut alice, "other/#").await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_suback(&mut alice, "sensors/bob/#", ReasonCode::NOT_AUTHORIZED).await;
+    expect_suback(&mut alice, "other/#", ReasonCode::NOT_AUTHORIZED).await;
     // 3.1.1: the only failure code is 0x80 (MQTT-3.9.3-2 list).
     let mut old = connect(&server, V311, "a2", Some("alice")).await;
-    assert_eq!(suback(&mut old, "sensors/bob/#").await, ReasonCode(0x80));
-    assert_eq!(suback(&mut old, "sensors/alice/x").await, ReasonCode(1));
+    expect_suback(&mut old, "sensors/bob/#", ReasonCode(0x80)).await;
+    expect_suback(&mut old, "sensors/alice/x", ReasonCode(1)).await;
     // A user not named in the file gets only the patterns.
     let mut carol = connect(&server, V5, "c1", Some("carol")).await;
-    assert_eq!(
-        suback(&mut carol, "public/#").await,
-        ReasonCode::NOT_AUTHORIZED
-    );
-    assert_eq!(suback(&mut carol, "sensors/carol/t").await, ReasonCode(1));
+    expect_suback(&mut carol, "public/#", ReasonCode::NOT_AUTHORIZED).await;
+    expect_suback(&mut carol, "sensors/carol/t", ReasonCode(1)).await;
 }
 
 #[tokio::test]
@@ -147,19 +163,17 @@ async fn anonymous_lines_and_no_username_never_matches_percent_u() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(dir.path(), ACL).await;
     let mut anon = connect(&server, V5, "n1", None).await;
-    assert_eq!(suback(&mut anon, "public/#").await, ReasonCode(1));
-    assert_eq!(
-        suback(&mut anon, "sensors/+/t").await,
-        ReasonCode::NOT_AUTHORIZED
-    );
-    assert_eq!(
-        suback(&mut anon, "sensors/%u/t").await,
-        ReasonCode::NOT_AUTHORIZED
-    );
-    assert_eq!(
-        publish(&mut anon, "sensors/x/t", "p", false).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_suback(&mut anon, "public/#", ReasonCode(1)).await;
+    expect_suback(&mut anon, "sensors/+/t", ReasonCode::NOT_AUTHORIZED).await;
+    expect_suback(&mut anon, "sensors/%u/t", ReasonCode::NOT_AUTHORIZED).await;
+    expect_publish(
+        &mut anon,
+        "sensors/x/t",
+        "p",
+        false,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
     assert_eq!(
         publish(&mut anon, "public/x", "p", false).await,
         ReasonCode::NOT_AUTHORIZED,
@@ -172,30 +186,39 @@ async fn denied_publish_is_refused_v5_and_dropped_v311() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(dir.path(), ACL).await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
+    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
-    assert_eq!(
-        publish(&mut alice, "sensors/bob/t", "v5-denied", false).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_publish(
+        &mut alice,
+        "sensors/bob/t",
+        "v5-denied",
+        false,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
     let mut old = connect(&server, V311, "a2", Some("alice")).await;
     // 3.1.1: acknowledged (no way to refuse) and dropped.
-    assert_eq!(
-        publish(&mut old, "sensors/bob/t", "v3-denied", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(
+        &mut old,
+        "sensors/bob/t",
+        "v3-denied",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
     let mut q0 = v5::publish_packet("sensors/bob/t", QoS::AtMostOnce, b"q0-denied", 0);
     q0.retain = false;
     v5::publish(&mut old, q0).await;
-    assert_eq!(
-        publish(&mut old, "sensors/alice/t", "allowed", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(
+        &mut old,
+        "sensors/alice/t",
+        "allowed",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
     // The first message the dashboard sees is the allowed one: none of the denied got through.
-    assert_eq!(
-        next(&mut dash).await,
-        ("sensors/alice/t".into(), "allowed".into())
-    );
+    expect_next(&mut dash, "sensors/alice/t", "allowed").await;
     v5::expect_silence(&mut dash, QUIET).await;
 }
 
@@ -204,26 +227,31 @@ async fn retained_messages_obey_read_rules() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(dir.path(), ACL).await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
-    assert_eq!(
-        publish(&mut alice, "sensors/alice/r", "kept", true).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(
+        &mut alice,
+        "sensors/alice/r",
+        "kept",
+        true,
+        ReasonCode::SUCCESS,
+    )
+    .await;
     // Denied publishes are never retained.
-    assert_eq!(
-        publish(&mut alice, "sensors/bob/r", "not-kept", true).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_publish(
+        &mut alice,
+        "sensors/bob/r",
+        "not-kept",
+        true,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
     // bob's `sensors/+/r` is granted (his own level is readable) but alice's retained message
     // is not his to read.
     let mut bob = connect(&server, V5, "b1", Some("bob")).await;
-    assert_eq!(suback(&mut bob, "sensors/+/r").await, ReasonCode(1));
+    expect_suback(&mut bob, "sensors/+/r", ReasonCode(1)).await;
     v5::expect_silence(&mut bob, QUIET).await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    assert_eq!(suback(&mut dash, "sensors/+/r").await, ReasonCode(1));
-    assert_eq!(
-        next(&mut dash).await,
-        ("sensors/alice/r".into(), "kept".into())
-    );
+    expect_suback(&mut dash, "sensors/+/r", ReasonCode(1)).await;
+    expect_next(&mut dash, "sensors/alice/r", "kept").await;
     v5::expect_silence(&mut dash, QUIET).await;
 }
 
@@ -232,7 +260,7 @@ async fn will_to_a_denied_topic_is_never_delivered() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(dir.path(), ACL).await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
+    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
     for (topic, payload) in [
         ("sensors/bob/will", "denied-will"),
         ("sensors/alice/will", "allowed-will"),
@@ -252,10 +280,7 @@ async fn will_to_a_denied_topic_is_never_delivered() {
         );
         drop(c); // abnormal close: the will is due (MQTT-3.1.2-8)
     }
-    assert_eq!(
-        next(&mut dash).await,
-        ("sensors/alice/will".into(), "allowed-will".into())
-    );
+    expect_next(&mut dash, "sensors/alice/will", "allowed-will").await;
     v5::expect_silence(&mut dash, QUIET).await;
 }
 
@@ -264,24 +289,26 @@ async fn partly_allowed_filter_is_granted_and_filtered_at_delivery() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(dir.path(), ACL).await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
-    assert_eq!(
-        suback(&mut dash, "sensors/secret/#").await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
+    expect_suback(&mut dash, "sensors/secret/#", ReasonCode::NOT_AUTHORIZED).await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
-    assert_eq!(
-        publish(&mut admin, "sensors/secret/k", "secret", false).await,
-        ReasonCode::SUCCESS
-    );
-    assert_eq!(
-        publish(&mut admin, "sensors/open/k", "open", false).await,
-        ReasonCode::SUCCESS
-    );
-    assert_eq!(
-        next(&mut dash).await,
-        ("sensors/open/k".into(), "open".into())
-    );
+    expect_publish(
+        &mut admin,
+        "sensors/secret/k",
+        "secret",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
+    expect_publish(
+        &mut admin,
+        "sensors/open/k",
+        "open",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
+    expect_next(&mut dash, "sensors/open/k", "open").await;
     v5::expect_silence(&mut dash, QUIET).await;
 }
 
@@ -291,21 +318,26 @@ async fn sys_topics_only_where_the_acl_says() {
     let server = start(dir.path(), ACL).await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
     // MQTT-4.7.2-1: admin's `#` rule does not reach `$SYS`.
-    assert_eq!(
-        suback(&mut admin, "$SYS/#").await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_suback(&mut admin, "$SYS/#", ReasonCode::NOT_AUTHORIZED).await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    assert_eq!(suback(&mut dash, "$SYS/#").await, ReasonCode(1));
+    expect_suback(&mut dash, "$SYS/#", ReasonCode(1)).await;
     // No client publishes to `$SYS`, not even one the ACL lets read it.
-    assert_eq!(
-        publish(&mut dash, "$SYS/fake", "x", false).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
-    assert_eq!(
-        publish(&mut admin, "$SYS/fake", "x", false).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_publish(
+        &mut dash,
+        "$SYS/fake",
+        "x",
+        false,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
+    expect_publish(
+        &mut admin,
+        "$SYS/fake",
+        "x",
+        false,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
     // The broker's own `$SYS` values reach the dashboard; the forged one never does.
     let mut got = Vec::new();
     while let Ok(Some(packet)) = dash.recv_within(QUIET).await {
@@ -322,12 +354,16 @@ async fn reload_applies_new_rules_without_dropping_anyone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = start(dir.path(), ACL).await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    assert_eq!(suback(&mut dash, "sensors/#").await, ReasonCode(1));
+    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
-    assert_eq!(
-        publish(&mut alice, "extra/x", "before", false).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_publish(
+        &mut alice,
+        "extra/x",
+        "before",
+        false,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
     // A bad file keeps the running ACL.
     std::fs::write(dir.path().join("acl"), "topic read ok/#\nbogus line\n").expect("write");
     let report = server.reload();
@@ -336,20 +372,25 @@ async fn reload_applies_new_rules_without_dropping_anyone() {
         report.kept[0].1.contains(":2:"),
         "names the line: {report:?}"
     );
-    assert_eq!(
-        publish(&mut alice, "sensors/alice/t", "still", false).await,
-        ReasonCode::SUCCESS
-    );
-    assert_eq!(
-        next(&mut dash).await,
-        ("sensors/alice/t".into(), "still".into())
-    );
+    expect_publish(
+        &mut alice,
+        "sensors/alice/t",
+        "still",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
+    expect_next(&mut dash, "sensors/alice/t", "still").await;
     // Denied again just before the reload: the connection remembers this topic's answer
     // (`client::write_memo`), which the reload must make stale.
-    assert_eq!(
-        publish(&mut alice, "extra/x", "denied", false).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_publish(
+        &mut alice,
+        "extra/x",
+        "denied",
+        false,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
     // New rules: alice may write `extra/#`; the dashboard loses `sensors/alice/#`.
     let changed = format!("{ACL}\nuser alice\ntopic write extra/#\n").replace(
         "topic deny sensors/secret/#",
@@ -358,20 +399,25 @@ async fn reload_applies_new_rules_without_dropping_anyone() {
     std::fs::write(dir.path().join("acl"), changed).expect("write");
     let report = server.reload();
     assert_eq!(report.reloaded.len(), 1, "{report:?}");
-    assert_eq!(
-        publish(&mut alice, "extra/x", "after", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(&mut alice, "extra/x", "after", false, ReasonCode::SUCCESS).await;
     // The dashboard's subscription, fully granted under the old ACL, is re-checked.
-    assert_eq!(
-        publish(&mut alice, "sensors/alice/t", "now-denied", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(
+        &mut alice,
+        "sensors/alice/t",
+        "now-denied",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
-    assert_eq!(
-        publish(&mut admin, "sensors/bob/t", "ok", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(
+        &mut admin,
+        "sensors/bob/t",
+        "ok",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
     assert_eq!(next(&mut dash).await, ("sensors/bob/t".into(), "ok".into()));
 }
 
@@ -471,10 +517,14 @@ async fn sighup_reloads_the_acl_of_the_binary() {
     ))))
     .await;
     assert!(matches!(c.recv().await, Some(Packet::ConnAck(a)) if a.reason_code.0 == 0));
-    assert_eq!(
-        publish(&mut c, "extra/x", "before", false).await,
-        ReasonCode::NOT_AUTHORIZED
-    );
+    expect_publish(
+        &mut c,
+        "extra/x",
+        "before",
+        false,
+        ReasonCode::NOT_AUTHORIZED,
+    )
+    .await;
     std::fs::write(&acl, format!("{ACL}\nuser alice\ntopic write extra/#\n")).expect("write");
     let status = std::process::Command::new("kill")
         .args(["-HUP", &broker.pid().to_string()])
@@ -491,10 +541,7 @@ async fn sighup_reloads_the_acl_of_the_binary() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        publish(&mut c, "extra/x", "after", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(&mut c, "extra/x", "after", false, ReasonCode::SUCCESS).await;
     broker.terminate();
 }
 
@@ -511,20 +558,28 @@ async fn resumed_session_of_another_user_is_checked_for_the_new_one() {
         c
     };
     let (mut alice, _) = v5::connect(server.mqtt_addr, persistent("alice")).await;
-    assert_eq!(suback(&mut alice, "sensors/alice/#").await, ReasonCode(1));
+    expect_suback(&mut alice, "sensors/alice/#", ReasonCode(1)).await;
     v5::disconnect(alice).await;
     let (mut bob, ack) = v5::connect(server.mqtt_addr, persistent("bob")).await;
     assert!(ack.session_present, "MQTT-3.2.2-2");
-    assert_eq!(suback(&mut bob, "sensors/bob/#").await, ReasonCode(1));
+    expect_suback(&mut bob, "sensors/bob/#", ReasonCode(1)).await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
-    assert_eq!(
-        publish(&mut admin, "sensors/alice/t", "alice-only", false).await,
-        ReasonCode::SUCCESS
-    );
-    assert_eq!(
-        publish(&mut admin, "sensors/bob/t", "bob", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(
+        &mut admin,
+        "sensors/alice/t",
+        "alice-only",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
+    expect_publish(
+        &mut admin,
+        "sensors/bob/t",
+        "bob",
+        false,
+        ReasonCode::SUCCESS,
+    )
+    .await;
     assert_eq!(next(&mut bob).await, ("sensors/bob/t".into(), "bob".into()));
     v5::expect_silence(&mut bob, QUIET).await;
 }
@@ -539,19 +594,16 @@ async fn shared_group_picks_a_member_that_may_read() {
     let server = start(dir.path(), acl).await;
     let mut alice = connect(&server, V5, "sa", Some("alice")).await;
     let mut bob = connect(&server, V5, "sb", Some("bob")).await;
-    assert_eq!(suback(&mut alice, "$share/g/jobs/#").await, ReasonCode(1));
+    expect_suback(&mut alice, "$share/g/jobs/#", ReasonCode(1)).await;
     // Partly readable for bob: granted, filtered per message.
-    assert_eq!(suback(&mut bob, "$share/g/jobs/#").await, ReasonCode(1));
+    expect_suback(&mut bob, "$share/g/jobs/#", ReasonCode(1)).await;
     let mut lone = connect(&server, V5, "sl", Some("bob")).await;
-    assert_eq!(suback(&mut lone, "$share/h/jobs/#").await, ReasonCode(1));
+    expect_suback(&mut lone, "$share/h/jobs/#", ReasonCode(1)).await;
     let mut boss = connect(&server, V5, "sx", Some("boss")).await;
     // Round-robin would hand bob every other one; he may read none of them.
     for i in 0..6 {
         let topic = format!("jobs/secret/{i}");
-        assert_eq!(
-            publish(&mut boss, &topic, "s", false).await,
-            ReasonCode::SUCCESS
-        );
+        expect_publish(&mut boss, &topic, "s", false, ReasonCode::SUCCESS).await;
     }
     for i in 0..6 {
         assert_eq!(
@@ -561,9 +613,6 @@ async fn shared_group_picks_a_member_that_may_read() {
         );
     }
     // Group h (bob alone) got none of the secret ones: its first message is the public one.
-    assert_eq!(
-        publish(&mut boss, "jobs/public/p", "p", false).await,
-        ReasonCode::SUCCESS
-    );
+    expect_publish(&mut boss, "jobs/public/p", "p", false, ReasonCode::SUCCESS).await;
     assert_eq!(next(&mut lone).await, ("jobs/public/p".into(), "p".into()));
 }

@@ -9,8 +9,7 @@
 
 use crate::common;
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -49,18 +48,7 @@ fn start(config: &BrokerConfig) -> Broker {
 
 /// One HTTP/1.1 request to `addr` (blocking, bounded by `WAIT`): status and body.
 fn http_at(addr: SocketAddr, method: &str, path: &str, headers: &str) -> (u16, String) {
-    tokio::task::block_in_place(|| {
-        let mut s = TcpStream::connect_timeout(&addr, WAIT).expect("connect HTTP");
-        s.set_read_timeout(Some(WAIT)).expect("timeout");
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n"
-        )
-        .expect("write");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("read");
-        common::process::status_and_body(&raw)
-    })
+    tokio::task::block_in_place(|| common::http::request(addr, method, path, headers))
 }
 
 fn http(config: &BrokerConfig, method: &str, path: &str) -> (u16, String) {
@@ -74,9 +62,7 @@ fn http(config: &BrokerConfig, method: &str, path: &str) -> (u16, String) {
 
 /// `GET path` answered 200 with JSON.
 fn get_json(config: &BrokerConfig, path: &str) -> Value {
-    let (status, body) = http(config, "GET", path);
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    tokio::task::block_in_place(|| common::http::get_json(config.metrics, path))
 }
 
 fn unix_ms() -> u64 {

@@ -40,7 +40,7 @@ async fn http(
         .await
         .expect("answer in time")
         .expect("read");
-    common::process::status_and_body(&String::from_utf8_lossy(&raw))
+    common::http::status_and_body(&String::from_utf8_lossy(&raw))
 }
 
 const IN_MEMORY: &str = "[storage]\npersistence = false\n";

@@ -18,7 +18,8 @@ use postbox::codec::QoS;
 use postbox::server::RunningServer;
 use serde_json::Value;
 
-use crate::common::process::{free_port, http_get, sample, status_and_body};
+use crate::common::http::{get_async as get, get_json_async as get_json, sample};
+use crate::common::process::free_port;
 use crate::common::{self, v5, RawClient, WAIT};
 
 /// A broker on loopback with its HTTP listener (metrics and admin API) on a port of its own.
@@ -28,22 +29,6 @@ async fn start() -> (RunningServer, u16) {
     config.metrics.enabled = true;
     config.metrics.bind = SocketAddr::from(([127, 0, 0, 1], port));
     (common::start_with(config).await, port)
-}
-
-/// `GET path`: status line's code and body.
-async fn get(port: u16, path: &str) -> (u16, String) {
-    let path = path.to_owned();
-    let raw = tokio::task::spawn_blocking(move || http_get(port, &path))
-        .await
-        .expect("HTTP request");
-    status_and_body(&raw)
-}
-
-/// `GET path` answered 200 with JSON.
-async fn get_json(port: u16, path: &str) -> Value {
-    let (status, body) = get(port, path).await;
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }
 
 /// Scrapes `/metrics` until `ok` holds (bounded by `WAIT`); the last scrape.

@@ -1,53 +1,24 @@
 //! The `postbox` binary as users run it: flags, config errors, metrics endpoint, signals.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
+use crate::common::http::http_get;
 use crate::common::nats::NatsServer;
-use crate::common::process::free_port;
+use crate::common::process::{free_port, Broker};
 
-const BIN: &str = env!("CARGO_BIN_EXE_postbox");
+const BIN: &str = crate::common::process::BIN;
 const WAIT: Duration = Duration::from_secs(15);
 
 /// Starts the binary and waits (bounded) until it logs that it is running.
-fn spawn_broker(args: &[&str]) -> Child {
-    spawn_until(args, &[], "postbox running").0
+fn spawn_broker(args: &[&str]) -> Broker {
+    Broker::start_args(args, &[])
 }
 
-fn http_get(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read");
-    body
-}
-
-fn terminate(mut child: Child) -> std::process::ExitStatus {
-    // SIGTERM, as systemd and container runtimes send it; then await the exit (bounded).
-    let pid = child.id().to_string();
-    Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    match rx.recv_timeout(WAIT) {
-        Ok(status) => status.expect("wait"),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-            panic!("postbox did not stop on SIGTERM");
-        }
-    }
+/// SIGTERM, as systemd and container runtimes send it; the exit (bounded).
+fn terminate(broker: Broker) -> std::process::ExitStatus {
+    broker.terminate()
 }
 
 #[test]
@@ -306,35 +277,13 @@ fn sigterm_while_starting_is_a_graceful_stop() {
     let store_dir = data.join(postbox::storage::log_store::STORE_DIR);
     std::fs::write(store_dir.join("stray.txt"), b"not the store's").expect("stray file");
     let config = crate::common::process::write_config(dir.path(), &data);
-    let mut child = Command::new(BIN)
-        .args(["-c", config.path.to_str().expect("utf8 path")])
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn postbox");
-    let pid = child.id().to_string();
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = Vec::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains("ignoring unknown file") {
-                let _ = Command::new("kill").args(["-TERM", &pid]).status();
-            }
-            lines.push(line);
-        }
-        let _ = tx.send(lines);
-    });
-    let lines = rx
-        .recv_timeout(WAIT)
+    let mut broker = Broker::spawn(&["-c", config.path.to_str().expect("utf8 path")], &[]);
+    broker.wait_log(|l| l.contains("ignoring unknown file"));
+    broker.signal(libc::SIGTERM);
+    let status = broker
+        .wait_exit(WAIT)
         .expect("the broker exits after SIGTERM");
-    let status = child.wait().expect("wait");
-    assert!(
-        lines.iter().any(|l| l.contains("ignoring unknown file")),
-        "{lines:#?}"
-    );
+    let lines = broker.log();
     assert!(status.success(), "graceful exit, not the signal: {status}");
     assert!(
         lines.iter().any(|l| l.contains("shutting down")),
@@ -359,29 +308,12 @@ fn cluster_file(dir: &std::path::Path, nats: &str) -> std::path::PathBuf {
 /// Runs the binary with `args` and `env`; it must refuse to start (within [`WAIT`]: one that
 /// starts instead is killed). Returns its stderr.
 fn refused(args: &[&str], env: &[(&str, &str)]) -> String {
-    let child = Command::new(BIN)
-        .args(args)
-        .envs(env.iter().copied())
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn postbox");
-    let pid = child.id().to_string();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let Ok(out) = rx.recv_timeout(WAIT) else {
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    let mut broker = Broker::spawn(args, env);
+    let Some(status) = broker.wait_exit(WAIT) else {
         panic!("started instead of refusing: {args:?} {env:?}");
     };
-    let out = out.expect("wait");
-    assert!(
-        !out.status.success(),
-        "must refuse to start: {args:?} {env:?}"
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    assert!(!status.success(), "must refuse to start: {args:?} {env:?}");
+    broker.log().join("\n")
 }
 
 /// Issue 17's deployment: `--cluster-node` (else `POSTBOX_CLUSTER_NODE`) sets `[cluster] node`
@@ -414,33 +346,11 @@ fn cluster_node_flag_is_validated_like_the_file_and_named() {
     );
 }
 
-/// Starts the binary and waits (bounded) for a stdout line containing `wanted`; returns it.
-fn spawn_until(args: &[&str], env: &[(&str, &str)], wanted: &'static str) -> (Child, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .envs(env.iter().copied())
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn postbox");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains(wanted) {
-                let _ = tx.send(line);
-            }
-        }
-    });
-    match rx.recv_timeout(WAIT) {
-        Ok(line) => (child, line),
-        Err(_) => {
-            let _ = child.kill();
-            panic!("no `{wanted}` line from {args:?} {env:?}");
-        }
-    }
+/// Starts the binary and waits (bounded) for a line containing `wanted`; returns it.
+fn spawn_until(args: &[&str], env: &[(&str, &str)], wanted: &'static str) -> (Broker, String) {
+    let broker = Broker::spawn(args, env);
+    let line = broker.wait_log(|l| l.contains(wanted));
+    (broker, line)
 }
 
 /// What the flag is for (issue 17, one ConfigMap for every pod of a StatefulSet): two nodes run

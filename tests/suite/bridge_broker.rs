@@ -8,30 +8,26 @@ use crate::common;
 
 use std::time::Duration;
 
-use bytes::BytesMut;
 use common::mosquitto::{mosquitto_pub, MosquittoSub};
 use common::mosquitto_broker::MosquittoBroker;
 use common::{v5, RawClient};
 use postbox::broker::link::{Link, LinkDelivery, LinkOptions};
 use postbox::broker::SessionQueueLimits;
-use postbox::codec::{self, Connect, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
+use postbox::codec::{Connect, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use postbox::config::OverflowPolicy;
 use postbox::metrics::ConnackRefusal;
 
 /// A CONNECT of `version` for `client_id`, with Mosquitto's bridge flag as asked.
 fn connect_packet(version: ProtocolVersion, client_id: &str, bridge: bool) -> Connect {
     Connect {
-        protocol: version,
         bridge,
-        ..v5::connect_packet(client_id)
+        ..common::connect_packet(version, client_id)
     }
 }
 
 fn encoded(connect: Connect) -> Vec<u8> {
     let version = connect.protocol;
-    let mut out = BytesMut::new();
-    codec::encode(&Packet::Connect(Box::new(connect)), version, &mut out).expect("encode");
-    out.to_vec()
+    common::encode(&Packet::Connect(Box::new(connect)), version)
 }
 
 /// Connects a raw client with the bridge flag (3.x) and expects CONNACK 0.

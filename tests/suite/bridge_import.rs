@@ -6,7 +6,7 @@ use std::process::Command;
 
 use postbox::config::{Config, Direction};
 
-const BIN: &str = env!("CARGO_BIN_EXE_postbox");
+const BIN: &str = crate::common::process::BIN;
 
 #[test]
 fn imports_a_mosquitto_conf() {

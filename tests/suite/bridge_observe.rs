@@ -23,8 +23,9 @@ use postbox::server::RunningServer;
 use serde_json::Value;
 
 use crate::common;
+use crate::common::http::{get_async as get, get_json_async as get_json, sample};
 use crate::common::mosquitto::MosquittoSub;
-use crate::common::process::{free_port, http_get, sample};
+use crate::common::process::free_port;
 use crate::common::rumq::V4;
 
 const BRIDGE: &str = "cloud";
@@ -64,27 +65,6 @@ fn status(server: &RunningServer) -> &BridgeStatus {
     assert_eq!(status.name(), BRIDGE);
     assert_eq!(status.local_session(), "$bridge/cloud");
     status
-}
-
-/// `GET path` on the broker's HTTP listener (a real socket): status code and body.
-async fn get(http: u16, path: &str) -> (u16, String) {
-    let path = path.to_owned();
-    let raw = tokio::task::spawn_blocking(move || http_get(http, &path))
-        .await
-        .expect("HTTP request");
-    let code = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {raw:?}"));
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (code, body)
-}
-
-async fn get_json(http: u16, path: &str) -> Value {
-    let (code, body) = get(http, path).await;
-    assert_eq!(code, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }
 
 async fn scrape(http: u16) -> String {

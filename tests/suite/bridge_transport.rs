@@ -19,6 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 
+use crate::common::process::free_port;
 use crate::common::{self, WAIT};
 
 fn certs() -> PathBuf {
@@ -27,12 +28,6 @@ fn certs() -> PathBuf {
 
 fn cert(name: &str) -> PathBuf {
     certs().join(name)
-}
-
-/// A free loopback port: bound by the OS, then released for the remote to bind.
-async fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    listener.local_addr().expect("local addr").port()
 }
 
 /// A Mosquitto remote: plain, TLS (server certificate for `localhost` / 127.0.0.1 by the
@@ -48,7 +43,7 @@ struct Mosquitto {
 impl Mosquitto {
     async fn start() -> Mosquitto {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (plain, tls, mtls) = (free_port().await, free_port().await, free_port().await);
+        let (plain, tls, mtls) = (free_port(), free_port(), free_port());
         let (server, key, ca) = (cert("server.pem"), cert("server.key"), cert("ca.pem"));
         let conf = format!(
             "per_listener_settings false\nallow_anonymous true\nuser root\nlog_dest stdout\n\
@@ -351,12 +346,12 @@ async fn alpn_is_offered_and_a_remote_without_alpn_still_accepts() {
 #[tokio::test]
 async fn failover_moves_past_a_closed_address_to_the_remote() {
     let remote = Mosquitto::start().await;
-    let closed = free_port().await; // released: nothing listens there
+    let closed = free_port(); // released: nothing listens there
     let mut picker = AddressPicker::new(
         vec![
             format!("127.0.0.1:{closed}"),
             format!("127.0.0.1:{}", remote.plain),
-            format!("127.0.0.1:{}", free_port().await),
+            format!("127.0.0.1:{}", free_port()),
         ],
         false,
     );

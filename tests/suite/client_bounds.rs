@@ -186,21 +186,12 @@ async fn an_anonymous_session_lasts_at_most_a_day_by_default() {
     let port = broker.metrics_port;
     let deadline = std::time::Instant::now() + common::WAIT;
     loop {
-        let (status, body) = tokio::task::spawn_blocking(move || {
-            common::process::status_and_body(&common::process::http_get(
-                port,
-                "/api/v1/sessions/anon-311",
-            ))
-        })
-        .await
-        .expect("HTTP");
-        assert_eq!(status, 200, "{body}");
-        let view: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let view = common::http::get_json_async(port, "/api/v1/sessions/anon-311").await;
         if view["connected"] == false {
-            assert_eq!(view["expiry_interval_secs"], 86_400, "{body}");
+            assert_eq!(view["expiry_interval_secs"], 86_400, "{view}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "{body}");
+        assert!(std::time::Instant::now() < deadline, "{view}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
@@ -212,7 +203,7 @@ async fn an_anonymous_session_lasts_at_most_a_day_by_default() {
 async fn an_authenticated_session_keeps_its_expiry() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("passwd");
-    let made = std::process::Command::new(env!("CARGO_BIN_EXE_postbox"))
+    let made = std::process::Command::new(common::process::BIN)
         .args([
             "passwd",
             "-c",

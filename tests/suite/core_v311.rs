@@ -421,15 +421,8 @@ async fn connect_with_keep_alive(
 ) -> RawClient {
     let mut raw = RawClient::open(addr, ProtocolVersion::V3_1_1).await;
     let connect = postbox::codec::Connect {
-        protocol: ProtocolVersion::V3_1_1,
-        clean_start: true,
         keep_alive,
-        client_id: client_id.into(),
-        will: None,
-        username: None,
-        password: None,
-        properties: Default::default(),
-        bridge: false,
+        ..common::connect_packet(ProtocolVersion::V3_1_1, client_id)
     };
     raw.send(&Packet::Connect(Box::new(connect))).await;
     assert!(matches!(raw.recv().await, Some(Packet::ConnAck(_))));

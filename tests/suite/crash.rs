@@ -11,18 +11,14 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::process::{free_port, Broker};
 use common::RawClient;
-use postbox::codec::{
-    Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS, Subscribe, SubscriptionOptions,
-};
+use postbox::codec::{Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS};
 use rand::Rng;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 const V: ProtocolVersion = ProtocolVersion::V3_1_1;
@@ -33,40 +29,9 @@ const QUEUE_LIMIT: usize = 2 * MESSAGES as usize;
 const KILLS: usize = 4;
 const TEST_LIMIT: Duration = Duration::from_secs(150);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 /// Starts the broker binary and waits until it logs that it is running (restore included).
-async fn spawn_broker(config: &std::path::Path) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_postbox"))
-        .args(["-c", config.to_str().expect("utf8 path")])
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn postbox");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    tokio::time::timeout(common::WAIT, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.contains("postbox running") {
-                return;
-            }
-        }
-        panic!("postbox exited before it was running");
-    })
-    .await
-    .expect("postbox starts");
-    // Keep draining its output so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
+async fn spawn_broker(config: &std::path::Path) -> Broker {
+    Broker::start_args_async(&["-c", config.to_str().expect("utf8 path")], &[]).await
 }
 
 /// Connects (retrying while the broker restarts), persistent session.
@@ -79,15 +44,8 @@ async fn connect(addr: SocketAddr, id: &str) -> RawClient {
             let _ = stream.set_nodelay(true);
             let mut c = RawClient::over(stream, V);
             c.send(&Packet::Connect(Box::new(Connect {
-                protocol: V,
                 clean_start: false,
-                keep_alive: 60,
-                client_id: id.into(),
-                will: None,
-                username: None,
-                password: None,
-                properties: Default::default(),
-                bridge: false,
+                ..common::connect_packet(V, id)
             })))
             .await;
             if let Ok(Some(Packet::ConnAck(ack))) = c.recv_within(Duration::from_secs(5)).await {
@@ -257,26 +215,12 @@ async fn run() {
         ),
     )
     .expect("config");
-    let broker = Arc::new(Mutex::new(spawn_broker(&config).await));
+    let broker = Arc::new(Mutex::new(Some(spawn_broker(&config).await)));
 
     // Two persistent subscribers, then offline.
     for (id, qos) in [("sub-q1", QoS::AtLeastOnce), ("sub-q2", QoS::ExactlyOnce)] {
-        let mut c = connect(addr, id).await;
-        c.send(&Packet::Subscribe(Subscribe {
-            packet_id: 1,
-            filters: vec![(
-                format!("crash/q{}", qos as u8).into(),
-                SubscriptionOptions {
-                    qos,
-                    ..Default::default()
-                },
-            )],
-            ..Default::default()
-        }))
-        .await;
-        assert!(matches!(c.recv().await, Some(Packet::SubAck(_))));
-        c.send(&Packet::Disconnect(Default::default())).await;
-        assert!(c.expect_close().await.is_empty());
+        let filter = format!("crash/q{}", qos as u8);
+        common::subscribe_and_leave(connect(addr, id).await, &filter, qos).await;
     }
 
     let progress = Arc::new(AtomicUsize::new(0));
@@ -301,11 +245,10 @@ async fn run() {
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await; // watch progress, bounded
                 }
-                let mut child = broker.lock().await;
-                child.start_kill().expect("SIGKILL"); // tokio's kill is SIGKILL on unix
-                let _ = child.wait().await;
+                let mut running = broker.lock().await;
+                running.take().expect("running").kill(); // SIGKILL, then reaped
                 kills += 1;
-                *child = spawn_broker(&config).await;
+                *running = Some(spawn_broker(&config).await);
             }
             kills
         })
@@ -349,5 +292,8 @@ async fn run() {
             "acknowledged QoS 2 message {n} lost"
         );
     }
-    broker.lock().await.start_kill().ok();
+    let last = broker.lock().await.take();
+    if let Some(running) = last {
+        running.kill();
+    }
 }

@@ -301,9 +301,9 @@ async fn the_window_survives_kill_9() {
         [b"marker".to_vec()],
         "not delivered again after kill -9"
     );
-    let scrape = tokio::task::block_in_place(|| process::http_get(config.metrics, "/metrics"));
+    let scrape = tokio::task::block_in_place(|| common::http::http_get(config.metrics, "/metrics"));
     assert_eq!(
-        process::sample(&scrape, "postbox_dedup_duplicates_total"),
+        common::http::sample(&scrape, "postbox_dedup_duplicates_total"),
         Some(1.0)
     );
     drop(broker);

@@ -211,7 +211,7 @@ fn unit_for_this_build(dir: &Path) -> PathBuf {
     assert!(unit.contains("ExecStart=/usr/local/bin/postbox "));
     let unit = unit.replace(
         "ExecStart=/usr/local/bin/postbox ",
-        &format!("ExecStart={} ", env!("CARGO_BIN_EXE_postbox")),
+        &format!("ExecStart={} ", crate::common::process::BIN),
     );
     let path = dir.join("postbox.service");
     std::fs::write(&path, unit).expect("write unit");
@@ -833,7 +833,7 @@ const BRIDGE: &str = "[[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:1\"
 /// password, a failed TLS handshake, a refused WebSocket upgrade.
 async fn busy_broker(dir: &Path) -> BrokerProcess {
     let passwd = dir.join("passwd");
-    let status = Command::new(env!("CARGO_BIN_EXE_postbox"))
+    let status = Command::new(crate::common::process::BIN)
         .args(["passwd", "-c", "-b", "--iterations", "1000"])
         .arg(&passwd)
         .args(["alice", "secret"])

@@ -14,11 +14,10 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use common::disk::{dir_bytes, fill_disk, Tmpfs};
-use common::process::{sample as metric, write_config, write_config_with, Broker, BrokerConfig};
+use common::http::sample as metric;
+use common::process::{write_config, write_config_with, Broker, BrokerConfig};
 use common::{v5, RawClient};
-use postbox::codec::{
-    Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, Subscribe, SubscriptionOptions,
-};
+use postbox::codec::{Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode};
 
 const V3: ProtocolVersion = ProtocolVersion::V3_1_1;
 const OUT_OF_SPACE: &str = "postbox_store_out_of_space";
@@ -36,7 +35,7 @@ fn start(config: &BrokerConfig) -> Broker {
 }
 
 fn scrape_metrics(config: &BrokerConfig) -> String {
-    tokio::task::block_in_place(|| common::process::http_get(config.metrics, "/metrics"))
+    tokio::task::block_in_place(|| common::http::http_get(config.metrics, "/metrics"))
 }
 
 fn await_metric(config: &BrokerConfig, series: &str, want: f64) -> String {
@@ -70,22 +69,8 @@ fn tmpfs_or_skip(test: &str) -> Option<Tmpfs> {
 
 /// A 3.1.1 persistent subscriber to `filter` at QoS 1, left offline.
 async fn offline_v3_subscriber(addr: SocketAddr, id: &str, filter: &str) {
-    let mut c = RawClient::connect(addr, V3, id, false).await;
-    c.send(&Packet::Subscribe(Subscribe {
-        packet_id: 1,
-        filters: vec![(
-            filter.into(),
-            SubscriptionOptions {
-                qos: QoS::AtLeastOnce,
-                ..Default::default()
-            },
-        )],
-        ..Default::default()
-    }))
-    .await;
-    assert!(matches!(c.recv().await, Some(Packet::SubAck(_))));
-    c.send(&Packet::Disconnect(Default::default())).await;
-    assert!(c.expect_close().await.is_empty());
+    let c = RawClient::connect(addr, V3, id, false).await;
+    common::subscribe_and_leave(c, filter, QoS::AtLeastOnce).await;
 }
 
 /// Reconnects a 3.1.1 persistent QoS 1 subscriber and takes what is queued for it, acking

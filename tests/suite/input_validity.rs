@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use common::v5::{self, expect_disconnect};
 use common::RawClient;
 use postbox::codec::{
-    Connect, LastWill, Packet, ProtocolVersion, PubResponse, PublishProperties, QoS, ReasonCode,
-    Subscribe, SubscriptionOptions, Unsubscribe,
+    LastWill, Packet, ProtocolVersion, PubResponse, PublishProperties, QoS, ReasonCode, Subscribe,
+    SubscriptionOptions, Unsubscribe,
 };
 
 const V5: ProtocolVersion = ProtocolVersion::V5;
@@ -52,14 +52,6 @@ fn unsubscribe(filters: &[&str]) -> Packet {
 /// A QoS 1 PUBLISH to `topic` with `payload`.
 fn publish(topic: &str, payload: &[u8]) -> Packet {
     Packet::Publish(v5::publish_packet(topic, QoS::AtLeastOnce, payload, 1))
-}
-
-/// A clean CONNECT at `version` (v5 properties left empty).
-fn connect_packet(version: ProtocolVersion, client_id: &str) -> Connect {
-    Connect {
-        protocol: version,
-        ..v5::connect_packet(client_id)
-    }
 }
 
 /// Sends `packet` on a fresh session at `version` and expects what the spec asks of a packet
@@ -302,7 +294,7 @@ async fn control_characters_in_client_ids_are_refused_by_default() {
     let server = common::start().await;
     for control in CONTROLS {
         let id = format!("id{control}");
-        match v5::open(server.mqtt_addr, connect_packet(V5, &id)).await {
+        match v5::open(server.mqtt_addr, common::connect_packet(V5, &id)).await {
             (mut c, Some(Packet::ConnAck(ack))) => {
                 assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
                 assert!(c.expect_close().await.is_empty());
@@ -310,8 +302,10 @@ async fn control_characters_in_client_ids_are_refused_by_default() {
             (_, other) => panic!("expected CONNACK 0x85 for {id:?}, got {other:?}"),
         }
         let mut c = RawClient::open(server.mqtt_addr, V311).await;
-        c.send(&Packet::Connect(Box::new(connect_packet(V311, &id))))
-            .await;
+        c.send(&Packet::Connect(Box::new(common::connect_packet(
+            V311, &id,
+        ))))
+        .await;
         assert_eq!(c.recv_bytes(4).await, [0x20, 0x02, 0x00, 0x02], "{id:?}");
         assert!(c.expect_close().await.is_empty());
     }
@@ -325,7 +319,7 @@ async fn control_characters_in_user_names_are_refused_by_default() {
     let server = common::start().await;
     for control in CONTROLS {
         let user = format!("user{control}");
-        let mut connect = connect_packet(V5, "named");
+        let mut connect = common::connect_packet(V5, "named");
         connect.username = Some(user.as_str().into());
         match v5::open(server.mqtt_addr, connect.clone()).await {
             (_, Some(Packet::ConnAck(ack))) => {
@@ -352,7 +346,7 @@ async fn control_characters_in_user_names_are_refused_by_default() {
 async fn control_characters_in_will_topics_are_malformed_by_default() {
     let server = common::start().await;
     for control in CONTROLS {
-        let mut connect = connect_packet(V5, "willing");
+        let mut connect = common::connect_packet(V5, "willing");
         connect.will = Some(LastWill {
             topic: format!("will/{control}").into(),
             payload: "gone".into(),
@@ -386,7 +380,7 @@ async fn control_characters_are_accepted_when_allowed() {
     let addr = server.mqtt_addr;
     for (n, control) in CONTROLS.into_iter().enumerate() {
         let topic = format!("t{n}/{control}");
-        let mut connect = connect_packet(V5, &format!("id{n}{control}"));
+        let mut connect = common::connect_packet(V5, &format!("id{n}{control}"));
         connect.username = Some(format!("user{control}").into());
         connect.will = Some(LastWill {
             topic: topic.as_str().into(),

@@ -16,9 +16,8 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use bytes::BytesMut;
 use postbox::auth::password::PasswordHash;
-use postbox::codec::{self, Packet, ProtocolVersion, ReasonCode};
+use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -60,13 +59,12 @@ async fn broker(file: &Path, extra: &str) -> BrokerProcess {
 
 /// The bytes of a CONNECT for `id` with `user` and `password`.
 fn connect_bytes(version: ProtocolVersion, id: &str, user: &str, password: &str) -> Vec<u8> {
-    let mut connect = v5::connect_packet(id);
-    connect.protocol = version;
-    connect.username = Some(user.into());
-    connect.password = Some(password.as_bytes().to_vec().into());
-    let mut out = BytesMut::new();
-    codec::encode(&Packet::Connect(Box::new(connect)), version, &mut out).expect("encode");
-    out.to_vec()
+    let connect = postbox::codec::Connect {
+        username: Some(user.into()),
+        password: Some(password.as_bytes().to_vec().into()),
+        ..common::connect_packet(version, id)
+    };
+    common::encode(&Packet::Connect(Box::new(connect)), version)
 }
 
 /// A connection from `source` that has sent its CONNECT in one write.

@@ -5,7 +5,7 @@ use std::net::TcpListener;
 
 use postbox::metrics::names;
 
-use crate::common::{self, process::http_get, process::sample};
+use crate::common::{self, http::http_get, http::sample};
 
 /// The endpoint serves this broker's registry (every name of `names::ALL`, the traffic
 /// counted), `/health` answers, and a taken port is a start error naming the address.

@@ -31,7 +31,7 @@ async fn the_log_has_lifecycle_fields_and_no_secret() {
     let dir = tempfile::tempdir().expect("tempdir");
     let passwords = dir.path().join("passwd");
     let password = "correct-horse-battery-staple-7731";
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_postbox"))
+    let status = std::process::Command::new(common::process::BIN)
         .args(["passwd", "-c", "-b"])
         .arg(&passwords)
         .args(["alice", password])

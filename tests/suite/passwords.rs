@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use postbox::codec::{Connect, Packet, ProtocolVersion};
 
-use crate::common::process::{free_port, http_get, sample, Broker, BrokerConfig};
+use crate::common::http::{http_get, sample};
+use crate::common::process::{free_port, Broker, BrokerConfig};
 use crate::common::{v5, RawClient, WAIT};
 
 /// Two listeners: `tcp` follows `auth.allow_anonymous = false`, `local` lets anonymous in.
@@ -59,7 +60,7 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 fn postbox_passwd(args: &[&str]) -> Output {
-    run(Command::new(env!("CARGO_BIN_EXE_postbox"))
+    run(Command::new(crate::common::process::BIN)
         .arg("passwd")
         .args(args)
         .stdin(Stdio::null()))
@@ -101,23 +102,11 @@ async fn connack_code(
 /// Waits (bounded) until the broker has logged a line containing every one of `needles`
 /// after the first `skip` lines.
 fn wait_log(broker: &Broker, skip: usize, needles: &[&str]) -> String {
-    let start = Instant::now();
-    loop {
-        if let Some(line) = broker
-            .log()
-            .into_iter()
-            .skip(skip)
-            .find(|l| needles.iter().all(|n| l.contains(n)))
-        {
-            return line;
-        }
-        assert!(start.elapsed() < WAIT, "no log line with {needles:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    broker.wait_log_after(skip, |l| needles.iter().all(|n| l.contains(n)))
 }
 
 fn sighup(broker: &Broker) {
-    run(Command::new("kill").args(["-HUP", &broker.pid().to_string()]));
+    broker.signal(libc::SIGHUP);
 }
 
 fn mosquitto_pub(addr: SocketAddr, version: &str, args: &[&str]) -> Output {
@@ -257,7 +246,7 @@ async fn postbox_passwd_round_trip_is_accepted_by_the_broker() {
     postbox_passwd(&["-b", f, "u2", "p2"]);
     postbox_passwd(&["--argon2id", "-b", f, "u4", "p4"]);
     // Not a tty: the password is read from stdin.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_postbox"))
+    let mut child = Command::new(crate::common::process::BIN)
         .args(["passwd", f, "u3"])
         .stdin(Stdio::piped())
         .spawn()

@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::process::{http_get, sample, write_config, Broker, BrokerConfig};
+use common::http::{http_get, sample};
+use common::process::{write_config, Broker, BrokerConfig};
 use common::rumq::V4;
 use rumqttc::QoS;
 

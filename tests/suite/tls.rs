@@ -9,7 +9,8 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::common::process::{free_port, http_get, sample, Broker, BrokerConfig};
+use crate::common::http::{http_get, sample};
+use crate::common::process::{free_port, Broker, BrokerConfig};
 use crate::common::WAIT;
 
 fn certs() -> PathBuf {
@@ -72,18 +73,7 @@ fn text(out: &Output) -> String {
 
 /// Waits (bounded by `WAIT`) for a log line containing `needle`.
 fn wait_log(broker: &Broker, needle: &str) -> String {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        if let Some(line) = broker.log().into_iter().find(|l| l.contains(needle)) {
-            return line;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no log line with {needle:?}: {:#?}",
-            broker.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    broker.wait_log(|l| l.contains(needle))
 }
 
 /// The subject of the certificate the listener presents, as `openssl s_client` prints it,
@@ -415,7 +405,7 @@ fn tls_listener_without_cert_is_a_config_error() {
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_postbox"))
+    let out = Command::new(crate::common::process::BIN)
         .args(["-c", path.to_str().unwrap()])
         .output()
         .unwrap();

@@ -167,23 +167,6 @@ async fn nats_restarted_under_load_loses_and_duplicates_nothing() {
     assert_exact("nats restarted", &published, &received, true);
 }
 
-/// Waits (bounded by `limit`) until a line of `node`'s log satisfies `ok`.
-async fn wait_log_within(node: &Node, limit: Duration, ok: impl Fn(&str) -> bool) {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if node.log().iter().any(|l| ok(l)) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node {}: no such line within {limit:?}; log:\n{}",
-            node.id,
-            node.log().join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// A node frozen (SIGSTOP) past the time after which the others take it for dead, under
 /// QoS 2 load, with the subscriber's connection open on it: the other node adopts the
 /// session and queues for it what is published meanwhile. Then the node goes on (SIGCONT)
@@ -200,10 +183,11 @@ async fn a_node_paused_past_the_heartbeat_and_resumed_splits_no_session() {
 
     nodes[0].signal(libc::SIGSTOP);
     // b takes a for dead (no heartbeat for 7 s) and adopts its session.
-    wait_log_within(&nodes[1], WAIT * 3, |l| {
-        l.contains("adopted the session of a dead node") && l.contains("pause-sub")
-    })
-    .await;
+    nodes[1]
+        .wait_log_within(WAIT * 3, |l| {
+            l.contains("adopted the session of a dead node") && l.contains("pause-sub")
+        })
+        .await;
     publisher.wait_acked(STEP, WAIT).await;
     nodes[0].signal(libc::SIGCONT);
     // a is heard again.
