@@ -15,6 +15,12 @@
 //! Silent and slow sockets can fill the pending slots, but never the ones finished clients
 //! hold, and the per-address bounds stop one host from filling all pending or connected slots.
 //!
+//! The steps before MQTT that wait for the client take the same slot the first time they
+//! wait (`transport::paced_by_client`): a PROXY header, a TLS handshake, a WebSocket upgrade;
+//! the MQTT handshake after them keeps it. Before (issue 35, fifth pass, finding 2) they
+//! waited uncounted, and 8000 half-finished TLS handshakes from one address held 8000 file
+//! descriptors until `mqtt.connect_timeout`.
+//!
 //! Why only when it waits: the kernel hands a connection over once its CONNECT has arrived
 //! (`TCP_DEFER_ACCEPT`), so a real client's handshake never waits, however many connect at
 //! once. Counting every accepted connection instead refused bursts of real clients: the
