@@ -300,6 +300,9 @@ pub struct Metrics {
     pub connections_refused_server: Counter,
     /// Connections closed on a `proxy_protocol` listener: no valid PROXY header in time.
     pub connections_refused_proxy: Counter,
+    /// HTTP connections closed at accept: `[max_connections, max_connections_per_ip]` of
+    /// `[metrics]` were open.
+    pub http_connections_refused: [Counter; 2],
     /// Connections closed because their CONNECT was not accepted within `mqtt.connect_timeout`.
     pub connect_timeouts: Counter,
     /// Connections closed because a started packet did not complete in time.
@@ -367,6 +370,11 @@ impl Metrics {
             &["action"],
         );
         let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header).", &["reason"]);
+        let http_refused = r.counter_vec(
+            HTTP_CONNECTIONS_REFUSED_TOTAL,
+            "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections or max_connections_per_ip, by reason.",
+            &["reason"],
+        );
         let connack_refusals = r.counter_vec(
             CONNACK_REFUSALS_TOTAL,
             "CONNECTs answered with a refusing CONNACK, by reason.",
@@ -443,6 +451,8 @@ impl Metrics {
             connections_refused_max_per_ip: counter_of(&conn_refused, &["max_connections_per_ip"]),
             connections_refused_server: counter_of(&conn_refused, &["global_max_connections"]),
             connections_refused_proxy: counter_of(&conn_refused, &["proxy_header"]),
+            http_connections_refused: ["max_connections", "max_connections_per_ip"]
+                .map(|reason| counter_of(&http_refused, &[reason])),
             connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
             packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),
             partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete."),

@@ -357,6 +357,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     .with_store_budget(config.storage.max_disk_bytes)
     .with_bridges(bridges.clone());
     let apart = api_exporter.is_some();
+    // One set of bounds for both HTTP listeners: together they take at most
+    // `metrics.max_connections` file descriptors.
+    let http_bounds = crate::admin::HttpBounds::new(&config.metrics);
     for (endpoint, serves) in [
         exporter.map(|e| {
             let serves = if apart {
@@ -377,7 +380,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .map_or_else(|e| e.to_string(), |a| a.to_string());
         let stop = CancellationToken::new();
         let state = state.clone().serving(serves);
-        let task = tokio::spawn(crate::admin::serve(listener, state, stop.clone()));
+        let bounds = Arc::clone(&http_bounds);
+        let task = tokio::spawn(crate::admin::serve(listener, state, bounds, stop.clone()));
         match serves {
             crate::admin::Serves::All => {
                 tracing::info!(addr = %addr, "HTTP endpoint up: /metrics, /healthz, /readyz, /api/v1, status page /");

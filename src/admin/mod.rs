@@ -20,6 +20,7 @@ pub mod access;
 mod api;
 mod bridges;
 mod host;
+mod serve;
 mod shared;
 mod status;
 
@@ -27,7 +28,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -40,6 +40,7 @@ use crate::bridge::BridgeStatus;
 use crate::broker::Broker;
 use crate::storage::StoreHealth;
 pub use access::{Token, TokenError};
+pub use serve::HttpBounds;
 
 /// Renders the Prometheus text of `/metrics` (running whatever must be copied in first).
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -94,18 +95,6 @@ pub enum Serves {
 struct Ends {
     peer: SocketAddr,
     local: SocketAddr,
-}
-
-impl Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>> for Ends {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Ends {
-        let peer = *stream.remote_addr();
-        // A socket that lost its local address is gone; unspecified matches no Host.
-        let local = stream
-            .io()
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-        Ends { peer, local }
-    }
 }
 
 impl std::fmt::Debug for AdminState {
@@ -194,16 +183,18 @@ pub fn router(state: AdminState) -> Router {
     .with_state(state)
 }
 
-/// Serves `listener` until `stop` is cancelled; connections in progress then finish their
-/// request (bounded by the server's shutdown, which gives up waiting after a while).
-pub async fn serve(listener: tokio::net::TcpListener, state: AdminState, stop: CancellationToken) {
-    let app = router(state).into_make_service_with_connect_info::<Ends>();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await;
-    if let Err(error) = served {
-        tracing::warn!(%error, "admin HTTP listener stopped with an error");
-    }
+/// Serves `listener` until `stop` is cancelled, within `bounds` (`[metrics]`: connections in
+/// all and per address, the header read timeout; see [`serve`](self::serve) the module);
+/// connections in progress then finish their request (bounded by the server's shutdown,
+/// which gives up waiting after a while).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AdminState,
+    bounds: Arc<HttpBounds>,
+    stop: CancellationToken,
+) {
+    let refused = state.broker.metrics.http_connections_refused.clone();
+    serve::accept_loop(listener, router(state), bounds, refused, stop).await;
 }
 
 async fn require_access(

@@ -1,4 +1,6 @@
-//! `[admin]`: who may use the admin API and the status page, and where they are served.
+//! `[admin]`: who may use the admin API and the status page, and where they are served; and
+//! `[metrics]`: the HTTP listener of `/metrics` and the probes, and the bounds on its
+//! connections (which the `admin.bind` listener shares).
 //!
 //! Why a section of its own rather than keys of `[metrics]`: `/metrics` and the probes are
 //! meant for Prometheus and Kubernetes on the network, while the API can kick clients and
@@ -12,7 +14,6 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, ConfigError};
 use super::listener::{addresses_clash, ListenerConfig};
-use super::MetricsConfig;
 
 /// The admin API (`/api/v1/...`) and status page (`/`), served on `[metrics] bind` or on their
 /// own `bind`.
@@ -42,6 +43,80 @@ pub struct AdminConfig {
     /// loopback. Unset: both on `[metrics] bind`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bind: Option<SocketAddr>,
+}
+
+/// The Prometheus exporter: scraped over HTTP at `http://<bind>/metrics`; the probes, and the
+/// admin API unless `admin.bind` gives it a listener of its own. The connection bounds apply
+/// to both HTTP listeners together: `/metrics` is open without credentials by design, so they
+/// are what keeps idle or slow HTTP connections from taking the file descriptors MQTT clients
+/// need (issue 35, fifth pass, finding 3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Serve metrics at all; when false no port is opened and metric updates are no-ops.
+    pub enabled: bool,
+    /// Address and port of the metrics HTTP endpoint (`0.0.0.0:9883`).
+    pub bind: SocketAddr,
+    /// Seconds an HTTP connection may take to send a request's headers, counted from when
+    /// the server starts waiting for them: after accept, and after each response (so it also
+    /// bounds an idle keep-alive connection). Past it the connection is closed.
+    pub header_timeout: u32,
+    /// HTTP connections open at once over both HTTP listeners; one more is closed at once.
+    /// 0 = unlimited.
+    pub max_connections: usize,
+    /// HTTP connections open at once from one source address (IPv4 address, IPv6 /64);
+    /// one more is closed at once. 0 = unlimited.
+    pub max_connections_per_ip: usize,
+}
+
+/// Default `metrics.header_timeout`: `mqtt.connect_timeout`'s default, the broker's other
+/// bound on a peer that has not said what it wants yet.
+pub(crate) const DEFAULT_HTTP_HEADER_TIMEOUT: u32 = 10;
+/// Default `metrics.max_connections`: scrapers, probes and a few people with the status page
+/// open need a handful; 128 leaves room for many and still caps what an idle flood can take.
+pub(crate) const DEFAULT_HTTP_MAX_CONNECTIONS: usize = 128;
+/// Default `metrics.max_connections_per_ip`: a browser opens up to 6 connections to a host,
+/// a scraper or kubelet one or two; 16 per address leaves room for all on one host.
+pub(crate) const DEFAULT_HTTP_MAX_CONNECTIONS_PER_IP: usize = 16;
+
+/// Longest `metrics.header_timeout` taken (an hour): beyond it the bound bounds nothing.
+const MAX_HTTP_HEADER_TIMEOUT: u32 = 3600;
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: true,
+            bind: SocketAddr::from(([0, 0, 0, 0], 9883)),
+            header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
+            max_connections: DEFAULT_HTTP_MAX_CONNECTIONS,
+            max_connections_per_ip: DEFAULT_HTTP_MAX_CONNECTIONS_PER_IP,
+        }
+    }
+}
+
+/// `[metrics]`'s bounds: a header timeout of 1 s to an hour, a per-address bound not above
+/// the overall one.
+pub(super) fn validate_metrics(metrics: &MetricsConfig) -> Result<(), ConfigError> {
+    if !(1..=MAX_HTTP_HEADER_TIMEOUT).contains(&metrics.header_timeout) {
+        return Err(invalid(
+            "metrics.header_timeout",
+            format!(
+                "{} is out of range: 1 to {MAX_HTTP_HEADER_TIMEOUT} seconds",
+                metrics.header_timeout
+            ),
+        ));
+    }
+    let (max, per_ip) = (metrics.max_connections, metrics.max_connections_per_ip);
+    if max > 0 && per_ip > max {
+        return Err(invalid(
+            "metrics.max_connections_per_ip",
+            format!(
+                "{per_ip} is above metrics.max_connections ({max}), so it would never apply; \
+                 lower it, or raise max_connections"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Longest name `admin.allowed_hosts` takes (a DNS name's limit).

@@ -1,4 +1,4 @@
-//! `[[listener]]` and `[metrics]`: the sockets the broker opens, and the rules that keep them
+//! `[[listener]]` (and `[metrics] bind` against them): the sockets the broker opens, and the rules that keep them
 //! apart.
 //!
 //! The broker serves any number of MQTT listeners (`[[listener]]` entries, in file order); the
@@ -15,6 +15,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::error::{invalid, ConfigError};
+use super::MetricsConfig;
 
 /// Longest listener name accepted.
 pub const MAX_LISTENER_NAME_LEN: usize = 64;
@@ -247,25 +248,6 @@ pub(super) fn one_or_many<'de, D: Deserializer<'de>>(
     }
 
     deserializer.deserialize_any(OneOrMany)
-}
-
-/// The Prometheus exporter: scraped over HTTP at `http://<bind>/metrics`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MetricsConfig {
-    /// Serve metrics at all; when false no port is opened and metric updates are no-ops.
-    pub enabled: bool,
-    /// Address and port of the metrics HTTP endpoint (`0.0.0.0:9883`).
-    pub bind: SocketAddr,
-}
-
-impl Default for MetricsConfig {
-    fn default() -> Self {
-        MetricsConfig {
-            enabled: true,
-            bind: SocketAddr::from(([0, 0, 0, 0], 9883)),
-        }
-    }
 }
 
 /// At least one listener, valid unique names, no two sockets on one port. Keys of entries are

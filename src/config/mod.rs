@@ -28,6 +28,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub use admin::AdminConfig;
+pub use admin::MetricsConfig;
 pub use bridge::{
     BridgeConfig, BridgeProtocol, BridgeTlsConfig, Direction, StartMode, TopicRule,
     BRIDGE_SESSION_PREFIX, HOPS_PROPERTY, MAX_BRIDGE_NAME_LEN, MIN_BRIDGE_KEEP_ALIVE,
@@ -39,8 +40,8 @@ pub use guarantees::{
     DEFAULT_DEAD_LETTER_PREFIX,
 };
 pub use listener::{
-    ClientCertMode, ListenerConfig, ListenerKind, MetricsConfig, TlsConfig, TlsIdentity,
-    WebSocketConfig, DEFAULT_MAX_PENDING_CONNECTIONS, DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
+    ClientCertMode, ListenerConfig, ListenerKind, TlsConfig, TlsIdentity, WebSocketConfig,
+    DEFAULT_MAX_PENDING_CONNECTIONS, DEFAULT_MAX_PENDING_CONNECTIONS_PER_IP,
     DEFAULT_WEBSOCKET_PATH, MAX_LISTENER_NAME_LEN,
 };
 pub use mqtt::{

@@ -26,6 +26,7 @@ impl Config {
         listener::validate(&self.listeners, &self.metrics)?;
         self.check_connection_bounds()?;
         admin::validate(&self.admin, &self.metrics, &self.listeners)?;
+        admin::validate_metrics(&self.metrics)?;
         self.auth.validate_login_limits()?;
         bridge::validate(&self.bridges)?;
         if let Some(cluster) = &self.cluster {

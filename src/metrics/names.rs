@@ -66,6 +66,9 @@ pub const SESSION_BINDING_TOTAL: &str = "postbox_session_binding_total";
 pub const CONNECTIONS_PENDING: &str = "postbox_connections_pending";
 /// Counter (label `reason`): connections refused by a listener's limits.
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "postbox_connections_refused_total";
+/// Counter (label `reason`: `max_connections`, `max_connections_per_ip`): connections to the
+/// HTTP listeners (`[metrics] bind`, `admin.bind`) closed at accept by `[metrics]`'s bounds.
+pub const HTTP_CONNECTIONS_REFUSED_TOTAL: &str = "postbox_http_connections_refused_total";
 /// Counter: WebSocket upgrades refused or failed, by `listener` and `reason` (`path`,
 /// `origin`, `subprotocol`, `handshake`, `timeout`). Created at the first failure (its
 /// labels name listeners), so not in [`ALL`] (whose tests want every series at start);
@@ -238,7 +241,7 @@ pub(crate) const GUARANTEES: [&str; 5] = [
 ];
 
 /// Every metric name above, for docs and completeness tests.
-pub const ALL: [&str; 66] = [
+pub const ALL: [&str; 67] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -269,6 +272,7 @@ pub const ALL: [&str; 66] = [
     SESSION_BINDING_TOTAL,
     CONNECTIONS_PENDING,
     CONNECTIONS_REFUSED_TOTAL,
+    HTTP_CONNECTIONS_REFUSED_TOTAL,
     CONNECT_TIMEOUTS_TOTAL,
     PACKET_TIMEOUTS_TOTAL,
     PARTIAL_PACKET_BYTES,

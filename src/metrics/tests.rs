@@ -119,6 +119,7 @@ fn names_follow_prometheus_conventions() {
         names::SESSION_TAKEOVERS_TOTAL,
         names::SESSION_BINDING_TOTAL,
         names::CONNECTIONS_REFUSED_TOTAL,
+        names::HTTP_CONNECTIONS_REFUSED_TOTAL,
         names::CONNECT_TIMEOUTS_TOTAL,
         names::PACKET_TIMEOUTS_TOTAL,
         names::STORE_COMMITS_TOTAL,

@@ -15,6 +15,12 @@
 //! Silent and slow sockets can fill the pending slots, but never the ones finished clients
 //! hold, and the per-address bounds stop one host from filling all pending or connected slots.
 //!
+//! The steps before MQTT that wait for the client take the same slot the first time they
+//! wait (`transport::paced_by_client`): a PROXY header, a TLS handshake, a WebSocket upgrade;
+//! the MQTT handshake after them keeps it. Before (issue 35, fifth pass, finding 2) they
+//! waited uncounted, and 8000 half-finished TLS handshakes from one address held 8000 file
+//! descriptors until `mqtt.connect_timeout`.
+//!
 //! Why only when it waits: the kernel hands a connection over once its CONNECT has arrived
 //! (`TCP_DEFER_ACCEPT`), so a real client's handshake never waits, however many connect at
 //! once. Counting every accepted connection instead refused bursts of real clients: the
@@ -242,6 +248,30 @@ impl Admission {
         Ok(())
     }
 
+    /// Moves one pending slot from `from` to `to` (the listener's total stays), unless `to`
+    /// has its per-source bound already (counted).
+    fn move_pending(&self, from: IpAddr, to: IpAddr) -> Result<(), Refused> {
+        if from == to {
+            return Ok(());
+        }
+        let mut pending = self.pending.lock();
+        let to_count = pending.by_source.get(&to).copied().unwrap_or(0);
+        let bound = self.limits.max_pending_per_source;
+        if bound > 0 && to_count >= bound {
+            drop(pending);
+            self.refused_per_source.increment(1);
+            return Err(Refused::PendingPerSource);
+        }
+        *pending.by_source.entry(to).or_insert(0) += 1;
+        if let Some(n) = pending.by_source.get_mut(&from) {
+            *n -= 1;
+            if *n == 0 {
+                pending.by_source.remove(&from);
+            }
+        }
+        Ok(())
+    }
+
     /// Connections of this listener whose handshake waits for the client now.
     pub fn pending(&self) -> usize {
         self.pending.lock().total
@@ -375,11 +405,24 @@ impl HandshakeSlot {
     }
 
     /// Counts the connection against `ip` instead of the socket's peer: the client a PROXY
-    /// header names. Only before the handshake took a pending slot (it is read first).
-    pub fn set_source(&mut self, ip: IpAddr) {
-        if self.state == State::Arrived {
-            self.source = source_key(ip);
+    /// header names. When waiting for the header took a pending slot (counted against the
+    /// balancer's address), that slot moves to `ip`'s source, within its per-address bound.
+    ///
+    /// # Errors
+    ///
+    /// [`Refused::PendingPerSource`] when `ip`'s source has its pending bound already (the
+    /// slot stays where it was; the caller closes the connection).
+    pub fn set_source(&mut self, ip: IpAddr) -> Result<(), Refused> {
+        let source = source_key(ip);
+        match self.state {
+            State::Arrived => self.source = source,
+            State::Waiting => {
+                self.admission.move_pending(self.source, source)?;
+                self.source = source;
+            }
+            State::Connected => {}
         }
+        Ok(())
     }
 
     /// Called when the handshake has to wait for the client (what arrived does not complete
@@ -645,6 +688,29 @@ mod tests {
         assert_eq!(server.connected(), 2);
         drop((b, c));
         assert_eq!(server.connected(), 0);
+    }
+
+    #[test]
+    fn a_waiting_slot_moves_to_the_source_a_proxy_header_names() {
+        let a = admission(0, 0, 2);
+        let mut first = waiting(&a, "10.0.0.1").expect("pending, as the balancer");
+        first.set_source(ip("192.0.2.1")).expect("moved");
+        assert_eq!(a.pending(), 1);
+        let _second = waiting(&a, "10.0.0.1").expect("the balancer's count went down");
+        let _third = waiting(&a, "10.0.0.1").expect("and has room for two");
+        let _named = waiting(&a, "192.0.2.1").expect("the named source's second");
+        let mut fourth = a.arrive(ip("10.0.0.5"));
+        fourth.wait_for_client().expect("another balancer address");
+        assert_eq!(
+            fourth.set_source(ip("192.0.2.1")),
+            Err(Refused::PendingPerSource),
+            "192.0.2.1 has its two"
+        );
+        assert_eq!(a.pending(), 5);
+        drop(fourth);
+        assert_eq!(a.pending(), 4);
+        drop(first);
+        let _again = waiting(&a, "192.0.2.1").expect("the moved slot came back to 192.0.2.1");
     }
 
     #[test]

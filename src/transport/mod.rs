@@ -146,7 +146,14 @@ impl Handoff {
                 {
                     return None;
                 }
-                upgrade(stream, info, deadline).await
+                let peer = (info.peer, Arc::clone(&info.listener));
+                match paced_by_client(&mut slot, upgrade(stream, info, deadline)).await {
+                    Ok(upgraded) => upgraded,
+                    Err(refused) => {
+                        no_pending_slot(&peer.0, &peer.1, refused);
+                        None
+                    }
+                }
             };
             let upgraded = tokio::select! {
                 upgraded = upgrading => upgraded,
@@ -188,8 +195,13 @@ impl Handoff {
                 Some(settings) => {
                     let failures = broker.metrics.ws_upgrade_failures();
                     let upgrade = ws::upgrade_by(deadline, stream, &settings, &info, &failures);
-                    let Some(ws) = upgrade.await else {
-                        return;
+                    let ws = match paced_by_client(&mut slot, upgrade).await {
+                        Ok(Some(ws)) => ws,
+                        Ok(None) => return,
+                        Err(refused) => {
+                            no_pending_slot(&info.peer, &info.listener, refused);
+                            return;
+                        }
                     };
                     connection::serve(ws, info, broker, shutdown, slot).await;
                 }
@@ -248,8 +260,46 @@ pub(crate) fn connect_deadline(broker: &Broker, slot: &HandshakeSlot) -> tokio::
     slot.accepted_at() + timeout
 }
 
+/// Runs `step`, a step before MQTT that waits for the client (the PROXY header, the TLS
+/// handshake, the WebSocket upgrade), taking the connection's pending slot the first time the
+/// step has to wait, as the MQTT handshake does for its reads (`connection::handshake`): a
+/// step whose bytes are all there (what `TCP_DEFER_ACCEPT` handed over) never takes one. The
+/// slot, once taken, is the one the MQTT handshake goes on holding (never a second).
+///
+/// Why: without it a socket that stops in its TLS handshake, its upgrade or its PROXY header
+/// held a file descriptor and memory until `mqtt.connect_timeout` uncounted and unbounded
+/// (issue 35, fifth pass, finding 2: 8000 half-finished TLS handshakes from one address).
+///
+/// # Errors
+///
+/// [`Refused`] when no pending slot is free (counted in `postbox_connections_refused_total`);
+/// `step` is dropped, and the caller closes the connection at once.
+async fn paced_by_client<F: Future>(
+    slot: &mut HandshakeSlot,
+    step: F,
+) -> Result<F::Output, Refused> {
+    let mut step = std::pin::pin!(step);
+    std::future::poll_fn(|cx| match step.as_mut().poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Ok(out)),
+        // Taken once; later calls only look at the slot's state.
+        std::task::Poll::Pending => match slot.wait_for_client() {
+            Ok(()) => std::task::Poll::Pending,
+            Err(refused) => std::task::Poll::Ready(Err(refused)),
+        },
+    })
+    .await
+}
+
+/// Logs a connection closed before MQTT for want of a pending slot (debug: a flood would
+/// flood the log; `postbox_connections_refused_total` counts them).
+fn no_pending_slot(peer: &SocketAddr, listener: &str, refused: Refused) {
+    tracing::debug!(%peer, %listener, ?refused, "closing: no pending slot for a connection that waits before MQTT");
+}
+
 /// Reads the PROXY header of `stream` by `deadline` and puts the client address it names in
-/// `info` and `slot`; `false` (logged and counted) when there is none in time.
+/// `info` and `slot`; `false` (logged and counted) when there is none in time, or when
+/// waiting for it needs a pending slot and none is free (for the balancer's address, or for
+/// the client's once it is named: [`HandshakeSlot::set_source`]).
 async fn read_proxy_header<S>(
     stream: &mut S,
     info: &mut ConnectionInfo,
@@ -260,9 +310,20 @@ async fn read_proxy_header<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::time::timeout_at(deadline, proxy::read_header(stream)).await {
+    let read = tokio::time::timeout_at(deadline, proxy::read_header(stream));
+    let read = match paced_by_client(slot, read).await {
+        Ok(read) => read,
+        Err(refused) => {
+            no_pending_slot(&info.peer, &info.listener, refused);
+            return false;
+        }
+    };
+    match read {
         Ok(Ok(Some(client))) => {
-            slot.set_source(client.ip());
+            if let Err(refused) = slot.set_source(client.ip()) {
+                no_pending_slot(&client, &info.listener, refused);
+                return false;
+            }
             info.peer = client;
             true
         }

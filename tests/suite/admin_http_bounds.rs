@@ -1,0 +1,219 @@
+//! The HTTP listener's bounds (`[metrics]`, issue 35, fifth pass, finding 3), against the
+//! binary over real sockets: a connection that sends no request, or only part of its headers,
+//! or stays idle after a response, is closed after `metrics.header_timeout`; connections past
+//! `metrics.max_connections_per_ip` (one address) or `metrics.max_connections` (all) are
+//! closed at once and counted in `postbox_http_connections_refused_total`; `/metrics` keeps
+//! answering meanwhile. Before, all of them stayed open for as long as the peer liked.
+//!
+//! Most of these run on the defaults (10 s, 128, 16), which the README documents.
+
+use crate::common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::async_process::{connect_from, BrokerProcess};
+use common::WAIT;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// `metrics.header_timeout`'s default.
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// `metrics.max_connections_per_ip`'s default.
+const DEFAULT_PER_IP: usize = 16;
+/// `metrics.max_connections`'s default.
+const DEFAULT_MAX: usize = 128;
+
+fn host(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, n)
+}
+
+fn http_addr(broker: &BrokerProcess) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, broker.metrics_port))
+}
+
+/// How long until the broker closes `stream` (EOF or reset), at most `limit`: `None` when it
+/// is still open then. What it sends first is read and dropped.
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .ok()
+    .map(|()| started.elapsed())
+}
+
+/// Whether `/metrics` answers a GET from 127.0.0.1 now.
+async fn scrape_works(broker: &BrokerProcess) -> bool {
+    broker.scrape().await.starts_with("HTTP/1.1 200")
+}
+
+/// On the defaults: a connection that sends nothing, one that sends half its headers, and a
+/// keep-alive connection idle after its response are all closed by the 10 s header timeout
+/// (not much sooner, and well before twice that), while `/metrics` answers meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_half_sent_http_connections_are_closed_by_the_header_timeout() {
+    let broker = BrokerProcess::spawn("", "").await;
+    let addr = http_addr(&broker);
+    let started = Instant::now();
+    let mut idle = connect_from(host(3), addr).await;
+    let mut half = connect_from(host(3), addr).await;
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .expect("write half the headers");
+    let mut kept = connect_from(host(3), addr).await;
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("write a request");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 1024];
+        while !answer.ends_with(b"ok\n") {
+            let n = kept.read(&mut buf).await.expect("read the answer");
+            assert!(n > 0, "closed before answering");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("/healthz answers within WAIT");
+    assert!(scrape_works(&broker).await, "/metrics answers meanwhile");
+
+    let limit = DEFAULT_HEADER_TIMEOUT * 2;
+    for (what, stream) in [
+        ("idle", &mut idle),
+        ("half-sent", &mut half),
+        ("kept-alive", &mut kept),
+    ] {
+        let left = limit.saturating_sub(started.elapsed());
+        assert!(
+            closed_within(stream, left).await.is_some(),
+            "the {what} connection is still open after {limit:?}"
+        );
+        let at = started.elapsed();
+        assert!(
+            at >= DEFAULT_HEADER_TIMEOUT - Duration::from_secs(1),
+            "the {what} connection was closed after {at:?}, before the header timeout"
+        );
+    }
+    assert!(scrape_works(&broker).await);
+    broker.kill().await;
+}
+
+/// A configured `metrics.header_timeout` of 1 s closes an idle connection after about a
+/// second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_header_timeout_is_configurable() {
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        "header_timeout = 1\n[storage]\npersistence = false\n",
+    )
+    .await;
+    let mut idle = connect_from(host(3), http_addr(&broker)).await;
+    let after = closed_within(&mut idle, WAIT)
+        .await
+        .expect("closed within WAIT");
+    assert!(after < Duration::from_secs(5), "closed after {after:?}");
+    broker.kill().await;
+}
+
+/// On the defaults: 16 idle connections from one address are held, the 17th is closed at
+/// once and counted, and `/metrics` from another address answers meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connections_past_the_per_address_bound_are_closed_at_once() {
+    let broker = BrokerProcess::spawn("", "").await;
+    let addr = http_addr(&broker);
+    let mut held = Vec::with_capacity(DEFAULT_PER_IP);
+    for _ in 0..DEFAULT_PER_IP {
+        held.push(connect_from(host(4), addr).await);
+    }
+    let mut over = connect_from(host(4), addr).await;
+    let after = closed_within(&mut over, WAIT)
+        .await
+        .expect("the 17th connection is closed");
+    assert!(
+        after < DEFAULT_HEADER_TIMEOUT / 2,
+        "closed at once, not at the timeout: {after:?}"
+    );
+    assert!(
+        scrape_works(&broker).await,
+        "/metrics answers another address"
+    );
+    assert_eq!(
+        broker
+            .metric("postbox_http_connections_refused_total{reason=\"max_connections_per_ip\"}")
+            .await,
+        Some(1.0)
+    );
+    // The held ones are still open: a request on one is answered.
+    let mut first = held.swap_remove(0);
+    first
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, first.read_to_string(&mut answer))
+        .await
+        .expect("answered within WAIT")
+        .expect("read");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(held);
+    broker.kill().await;
+}
+
+/// On the defaults: 128 idle connections (16 from each of 8 addresses) are held, one more
+/// from a ninth address is closed at once and counted; once one closes, `/metrics` answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connections_past_the_overall_bound_are_closed_at_once() {
+    let broker = BrokerProcess::spawn("", "").await;
+    let addr = http_addr(&broker);
+    let hosts = DEFAULT_MAX / DEFAULT_PER_IP;
+    let mut held = Vec::with_capacity(DEFAULT_MAX);
+    for i in 0..DEFAULT_MAX {
+        let n = u8::try_from(10 + i % hosts).expect("small");
+        held.push(connect_from(host(n), addr).await);
+    }
+    let mut over = connect_from(host(30), addr).await;
+    let after = closed_within(&mut over, WAIT)
+        .await
+        .expect("the 129th connection is closed");
+    assert!(
+        after < DEFAULT_HEADER_TIMEOUT / 2,
+        "closed at once, not at the timeout: {after:?}"
+    );
+    // One held connection closes: its slot comes back when the broker sees the end. A poll
+    // (another process), bounded by WAIT.
+    drop(held.pop());
+    let deadline = Instant::now() + WAIT;
+    let mut answered = None;
+    while answered.is_none() && Instant::now() < deadline {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .ok();
+        let mut body = String::new();
+        let _ = tokio::time::timeout(WAIT, s.read_to_string(&mut body)).await;
+        if body.starts_with("HTTP/1.1 200") {
+            answered = Some(body);
+        } else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let body = answered.expect("/metrics answers once a slot is free");
+    assert!(
+        body.lines().any(|l| {
+            l.strip_prefix("postbox_http_connections_refused_total{reason=\"max_connections\"} ")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .is_some_and(|v| v >= 1.0)
+        }),
+        "the closed one is counted (and the scrapes refused while the bound held)"
+    );
+    drop(held);
+    broker.kill().await;
+}

@@ -1,0 +1,281 @@
+//! The pending-connection bounds before MQTT (issue 35, fifth pass, finding 2): a connection
+//! that stops in its PROXY header, its TLS handshake or its WebSocket upgrade waits for the
+//! client just as one that stops in its CONNECT, so it takes the same pending slot (per source
+//! address, per listener, broker-wide gauge) and is closed at once when none is free. Before,
+//! on `tls`, `ws`, `wss` and `proxy_protocol` listeners all of them were held until
+//! `mqtt.connect_timeout`, uncounted (`postbox_connections_pending` 0), none refused.
+//!
+//! README promise checked: "sockets that never send a CONNECT cannot keep real clients out":
+//! a real client still connects while the bound holds the stalled ones.
+
+use crate::common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use bytes::BytesMut;
+use postbox::codec::{self, Packet, ReasonCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::websocket::{upgrade_over, BINARY, CONNACK_OK};
+use common::async_process::{connect_from, BrokerProcess};
+use common::{connect_bytes, v5, WAIT};
+
+/// The per-address pending bound of every listener here.
+const PER_IP: usize = 4;
+/// Stalled sockets opened from one address: three more than the bound.
+const STALLED: usize = PER_IP + 3;
+const PENDING: &str = "postbox_connections_pending";
+const REFUSED_PER_IP: &str = "postbox_connections_refused_total{reason=\"pending_per_ip\"}";
+
+/// The source address of the stalled sockets (the real clients use 127.0.0.1).
+const STALLER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+/// The start of a TLS `ClientHello` record: its header promises 512 bytes that never come.
+const HALF_CLIENT_HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01];
+/// The first line of a WebSocket upgrade request, without the rest.
+const HALF_UPGRADE: &[u8] = b"GET /mqtt HTTP/1.1\r\n";
+/// The start of a PROXY v1 header, without its end.
+const HALF_PROXY_HEADER: &[u8] = b"PROXY TCP4 ";
+
+fn certs() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("certs")
+}
+
+/// A broker with one listener of `kind` (plus `extra` keys) at [`PER_IP`] pending
+/// connections per address, and a connect timeout far past the test's waits, so only the
+/// bound can close a stalled socket in time.
+async fn broker(kind: &str, extra: &str) -> BrokerProcess {
+    let tls = if kind == "tls" || kind == "wss" {
+        format!(
+            "[listener.tls]\ncert = {:?}\nkey = {:?}\n",
+            certs().join("server.pem"),
+            certs().join("server.key")
+        )
+    } else {
+        String::new()
+    };
+    let listener =
+        format!("kind = \"{kind}\"\nmax_pending_connections_per_ip = {PER_IP}\n{extra}\n{tls}");
+    BrokerProcess::spawn(&listener, "connect_timeout = 120").await
+}
+
+/// Opens [`STALLED`] sockets from [`STALLER`] that each send `opening` and then nothing;
+/// the receiver gets a socket's index when the broker closes it (read to end or reset). The
+/// watchers are aborted with the returned handles.
+async fn stall(
+    addr: SocketAddr,
+    opening: &'static [u8],
+) -> (Vec<tokio::task::JoinHandle<()>>, UnboundedReceiver<usize>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut watchers = Vec::with_capacity(STALLED);
+    for i in 0..STALLED {
+        let mut socket = connect_from(STALLER, addr).await;
+        socket.write_all(opening).await.expect("write the opening");
+        let tx = tx.clone();
+        watchers.push(tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            // Ends at the broker's close (EOF or reset); aborted at the end of the test.
+            while let Ok(n) = socket.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+            let _ = tx.send(i);
+        }));
+    }
+    (watchers, rx)
+}
+
+/// Stalls [`STALLED`] sockets with `opening`: those past the bound are closed at once and
+/// counted, the others held and counted pending. Returns the watchers of the held ones.
+async fn bound_holds(
+    broker: &BrokerProcess,
+    opening: &'static [u8],
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let started = std::time::Instant::now();
+    let (watchers, mut closed) = stall(broker.addr, opening).await;
+    for n in 0..STALLED - PER_IP {
+        tokio::time::timeout(WAIT, closed.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "only {n} of the {} past the bound were closed within {WAIT:?}",
+                    STALLED - PER_IP
+                )
+            })
+            .expect("watchers alive");
+    }
+    assert!(
+        started.elapsed() < WAIT,
+        "closed at once, not at a timeout: {:?}",
+        started.elapsed()
+    );
+    broker.wait_metric(PENDING, |n| n >= PER_IP as f64).await;
+    assert_eq!(
+        broker.metric(PENDING).await,
+        Some(PER_IP as f64),
+        "the held ones are pending"
+    );
+    assert_eq!(
+        broker.metric(REFUSED_PER_IP).await,
+        Some((STALLED - PER_IP) as f64),
+        "the closed ones are counted"
+    );
+    assert!(closed.try_recv().is_err(), "the other {PER_IP} are held");
+    watchers
+}
+
+/// Sends a v5 CONNECT for `id` over `stream` and returns the CONNACK's reason code (`None`:
+/// closed without one).
+async fn connack_over<S>(stream: &mut S, id: &str) -> Option<ReasonCode>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut out = BytesMut::new();
+    let connect = Packet::Connect(Box::new(v5::connect_packet(id)));
+    codec::encode(&connect, v5::V, &mut out).expect("encode");
+    stream.write_all(&out).await.expect("write CONNECT");
+    let mut buf = BytesMut::new();
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match codec::decode(&mut buf, Some(v5::V), 1 << 20) {
+                Ok(Some(Packet::ConnAck(ack))) => return Some(ack.reason_code),
+                Ok(Some(other)) => panic!("expected CONNACK, got {other:?}"),
+                Ok(None) => {}
+                Err(e) => panic!("undecodable answer: {e}"),
+            }
+            match stream.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("an answer within WAIT")
+}
+
+/// A TLS session to `addr` from 127.0.0.1, trusting the dev CA.
+async fn tls_client(addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    tokio::time::timeout(WAIT, common::dev_ca_connector().connect(name, tcp))
+        .await
+        .expect("the TLS handshake ends within WAIT")
+        .expect("TLS handshake")
+}
+
+/// `kind = "tls"`: half-sent `ClientHello`s past the bound are closed at once; a real TLS
+/// client connects meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_handshakes_that_stall_take_pending_slots() {
+    let broker = broker("tls", "").await;
+    let watchers = bound_holds(&broker, HALF_CLIENT_HELLO).await;
+    let mut real = tls_client(broker.addr).await;
+    assert_eq!(
+        connack_over(&mut real, "real-tls").await,
+        Some(ReasonCode::SUCCESS)
+    );
+    // The real client's handshake waited for it, so it held a slot too, and gave it back.
+    assert_eq!(broker.metric(PENDING).await, Some(PER_IP as f64));
+    watchers.iter().for_each(tokio::task::JoinHandle::abort);
+    broker.kill().await;
+}
+
+/// `kind = "ws"`: upgrade requests that stop after their first line, past the bound, are
+/// closed at once; a real WebSocket client connects meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_upgrades_that_stall_take_pending_slots() {
+    let broker = broker("ws", "").await;
+    let watchers = bound_holds(&broker, HALF_UPGRADE).await;
+    let tcp = TcpStream::connect(broker.addr).await.expect("connect");
+    let (head, mut ws) =
+        upgrade_over(Box::new(tcp), broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    ws.send_frame(BINARY, &connect_bytes("real-ws")).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+    watchers.iter().for_each(tokio::task::JoinHandle::abort);
+    broker.kill().await;
+}
+
+/// `kind = "wss"`: half-sent `ClientHello`s past the bound are closed at once; a real client
+/// (TLS, upgrade, CONNECT) connects meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_handshakes_that_stall_take_pending_slots() {
+    let broker = broker("wss", "").await;
+    let watchers = bound_holds(&broker, HALF_CLIENT_HELLO).await;
+    let tls = tls_client(broker.addr).await;
+    let (head, mut ws) =
+        upgrade_over(Box::new(tls), broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    ws.send_frame(BINARY, &connect_bytes("real-wss")).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+    watchers.iter().for_each(tokio::task::JoinHandle::abort);
+    broker.kill().await;
+}
+
+/// `proxy_protocol = true`: sockets that stop in their PROXY header count against the
+/// socket's address (the header that would name another is not there); past the bound they
+/// are closed at once, and a client behind the balancer connects meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_headers_that_stall_take_pending_slots() {
+    let broker = broker("tcp", "proxy_protocol = true").await;
+    let watchers = bound_holds(&broker, HALF_PROXY_HEADER).await;
+    let mut real = TcpStream::connect(broker.addr).await.expect("connect");
+    let header = format!(
+        "PROXY TCP4 203.0.113.5 127.0.0.1 40000 {}\r\n",
+        broker.addr.port()
+    );
+    real.write_all(header.as_bytes())
+        .await
+        .expect("write header");
+    assert_eq!(
+        connack_over(&mut real, "real-proxied").await,
+        Some(ReasonCode::SUCCESS)
+    );
+    watchers.iter().for_each(tokio::task::JoinHandle::abort);
+    broker.kill().await;
+}
+
+/// `kind = "tls"` behind a balancer: a client whose TLS handshake stalls after its header
+/// holds the pending slot of the address the header names, not the balancer's: at one per
+/// address, a second such client of that address is closed at once, one of another address
+/// is held, and the balancer's own address keeps its room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_tls_handshake_behind_a_balancer_counts_the_named_client() {
+    let certs = certs();
+    let listener = format!(
+        "kind = \"tls\"\nproxy_protocol = true\nmax_pending_connections_per_ip = 1\n\
+         [listener.tls]\ncert = {:?}\nkey = {:?}\n",
+        certs.join("server.pem"),
+        certs.join("server.key")
+    );
+    let broker = BrokerProcess::spawn(&listener, "connect_timeout = 120").await;
+    let port = broker.addr.port();
+    let stalled = |client: &str| {
+        let header = format!("PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n");
+        [header.as_bytes(), HALF_CLIENT_HELLO].concat()
+    };
+    let mut first = TcpStream::connect(broker.addr).await.expect("connect");
+    first
+        .write_all(&stalled("203.0.113.7"))
+        .await
+        .expect("write");
+    broker.wait_metric(PENDING, |n| n >= 1.0).await;
+    let mut second = TcpStream::connect(broker.addr).await.expect("connect");
+    second
+        .write_all(&stalled("203.0.113.7"))
+        .await
+        .expect("write");
+    common::async_process::closed(&mut second).await;
+    let mut other = TcpStream::connect(broker.addr).await.expect("connect");
+    other
+        .write_all(&stalled("198.51.100.9"))
+        .await
+        .expect("write");
+    broker.wait_metric(PENDING, |n| n >= 2.0).await;
+    assert_eq!(broker.metric(REFUSED_PER_IP).await, Some(1.0));
+    drop((first, other));
+}
