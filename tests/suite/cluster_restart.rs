@@ -122,7 +122,7 @@ async fn wait_backlog(node: &Node, client_id: &str, want: usize) {
     let path = format!("/api/v1/sessions/{client_id}");
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let body = tokio::task::block_in_place(|| common::process::http_get(port, &path));
+        let body = tokio::task::block_in_place(|| common::http::http_get(port, &path));
         let backlog = body
             .split_once("\r\n\r\n")
             .and_then(|(_, json)| serde_json::from_str::<serde_json::Value>(json).ok())
