@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::super::{Config, ConfigError};
+use crate::config::{Config, ConfigError};
 use super::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {

@@ -3,8 +3,9 @@
 //!
 //! The broker keeps its working state in memory; this module only *records* changes to it
 //! as [`Op`]s and hands everything back at restart as a [`Snapshot`]. It never reads on the
-//! hot path. It is a leaf: it must not import `crate::broker` or `crate::connection` (the
-//! broker converts its types in `broker::persist` and `broker::restore`).
+//! hot path. It imports only the codec's types, its config and the metrics registry, never
+//! the broker or the connections (the broker converts its types in `broker::persist` and
+//! `broker::restore`); the layering test (`src/layering.rs`) checks it.
 //! `docs/ARCHITECTURE.md` ("Durability protocol") describes the protocol: which ops exist,
 //! group commit, when an ack may be sent, snapshots, recovery, corruption, fsync modes and the
 //! disk budget.

@@ -5,7 +5,7 @@
 //! Why one module: these rules must say the same thing wherever they are asked (a bridge's
 //! rule, a cluster replay, a schema selection, a JWT claim, the admin API); four hand-written
 //! copies had drifted in small ways (issue 36). The subscription trie
-//! ([`crate::broker::topic_tree::TopicTree`]) stays the routing path and the reference the
+//! (the broker's `topic_tree::TopicTree`) stays the routing path and the reference the
 //! property test in `broker::tests` checks these functions against; the ACL's tries walk their
 //! own nodes. Why in the codec: it is the leaf every layer may import, and the filter syntax
 //! ([`super::is_valid_filter`]) already lives here.
