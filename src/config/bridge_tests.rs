@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::config::{Config, ConfigError};
 use super::*;
+use crate::config::{Config, ConfigError};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, "test.toml")
