@@ -237,3 +237,34 @@ pub async fn disconnect_with(mut c: RawClient, d: Disconnect) {
     c.send(&Packet::Disconnect(d)).await;
     let _ = c.expect_close().await;
 }
+
+/// Sends a v5 CONNECT for `id` over `stream` and returns the CONNACK's reason code (`None`:
+/// closed without one).
+pub async fn connack_over<S>(stream: &mut S, id: &str) -> Option<ReasonCode>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut out = bytes::BytesMut::new();
+    let connect = Packet::Connect(Box::new(connect_packet(id)));
+    postbox::codec::encode(&connect, V, &mut out).expect("encode");
+    tokio::io::AsyncWriteExt::write_all(stream, &out)
+        .await
+        .expect("write CONNECT");
+    let mut buf = bytes::BytesMut::new();
+    tokio::time::timeout(super::WAIT, async {
+        loop {
+            match postbox::codec::decode(&mut buf, Some(V), 1 << 20) {
+                Ok(Some(Packet::ConnAck(ack))) => return Some(ack.reason_code),
+                Ok(Some(other)) => panic!("expected CONNACK, got {other:?}"),
+                Ok(None) => {}
+                Err(e) => panic!("undecodable answer: {e}"),
+            }
+            match tokio::io::AsyncReadExt::read_buf(stream, &mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("an answer within WAIT")
+}

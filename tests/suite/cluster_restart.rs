@@ -7,6 +7,7 @@ use crate::common;
 
 use std::collections::{HashMap, HashSet};
 
+use crate::cluster_sessions::receive_exactly_once;
 use common::cluster::Node;
 use common::{v5, RawClient, WAIT};
 use postbox::codec::{Packet, PubResponse, QoS};
@@ -188,38 +189,4 @@ async fn take_all_but_the_first(
         other => panic!("expected PINGRESP, got {other:?}"),
     }
     (held.expect("a message held in flight"), got)
-}
-
-/// A QoS 2 receiver (MQTT-4.3.3) until `want` distinct payloads arrived (bounded by
-/// `WAIT`): a PUBLISH whose packet id awaits a PUBREL is the same message again
-/// (MQTT-4.3.3-10), any other is taken and counted in `got`; PUBREL frees its id
-/// (MQTT-4.3.3-11, -12).
-async fn receive_exactly_once(
-    c: &mut RawClient,
-    awaiting: &mut HashSet<u16>,
-    got: &mut HashMap<String, usize>,
-    want: usize,
-) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while got.len() < want {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match c.recv_within(left).await {
-            Ok(Some(Packet::Publish(p))) => {
-                assert_eq!(p.qos, QoS::ExactlyOnce, "granted QoS 2");
-                if awaiting.insert(p.packet_id) {
-                    *got.entry(String::from_utf8_lossy(&p.payload).into_owned())
-                        .or_default() += 1;
-                }
-                c.send(&Packet::PubRec(PubResponse::new(p.packet_id))).await;
-            }
-            Ok(Some(Packet::PubRel(r))) => {
-                awaiting.remove(&r.packet_id);
-                c.send(&Packet::PubComp(PubResponse::new(r.packet_id)))
-                    .await;
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => panic!("closed with {} of {want} messages: {got:?}", got.len()),
-            Err(()) => panic!("only {} of {want} messages arrived: {got:?}", got.len()),
-        }
-    }
 }

@@ -607,7 +607,7 @@ async fn reached(progress: &mut tokio::sync::watch::Receiver<u16>, at: u16, roun
 /// PUBREL (then it is the same message again, MQTT-4.3.3-9), and answered with PUBREC; a
 /// PUBREL frees its id and is answered with PUBCOMP (MQTT-4.3.3-11). `awaiting` is the
 /// client's state, kept by the caller across connections.
-async fn receive_exactly_once(
+pub(crate) async fn receive_exactly_once(
     c: &mut RawClient,
     awaiting: &mut HashSet<u16>,
     got: &mut HashMap<String, usize>,
@@ -636,8 +636,8 @@ async fn receive_exactly_once(
                 .await;
             }
             Ok(Some(_)) => {}
-            Ok(None) => panic!("closed with {} of {want} messages", got.len()),
-            Err(()) => panic!("only {} of {want} messages arrived", got.len()),
+            Ok(None) => panic!("closed with {} of {want} messages: {got:?}", got.len()),
+            Err(()) => panic!("only {} of {want} messages arrived: {got:?}", got.len()),
         }
     }
 }

@@ -13,8 +13,7 @@ use crate::common;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
-use bytes::BytesMut;
-use postbox::codec::{self, Packet, ReasonCode};
+use postbox::codec::ReasonCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -128,35 +127,6 @@ async fn bound_holds(
     watchers
 }
 
-/// Sends a v5 CONNECT for `id` over `stream` and returns the CONNACK's reason code (`None`:
-/// closed without one).
-async fn connack_over<S>(stream: &mut S, id: &str) -> Option<ReasonCode>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut out = BytesMut::new();
-    let connect = Packet::Connect(Box::new(v5::connect_packet(id)));
-    codec::encode(&connect, v5::V, &mut out).expect("encode");
-    stream.write_all(&out).await.expect("write CONNECT");
-    let mut buf = BytesMut::new();
-    tokio::time::timeout(WAIT, async {
-        loop {
-            match codec::decode(&mut buf, Some(v5::V), 1 << 20) {
-                Ok(Some(Packet::ConnAck(ack))) => return Some(ack.reason_code),
-                Ok(Some(other)) => panic!("expected CONNACK, got {other:?}"),
-                Ok(None) => {}
-                Err(e) => panic!("undecodable answer: {e}"),
-            }
-            match stream.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .expect("an answer within WAIT")
-}
-
 /// A TLS session to `addr` from 127.0.0.1, trusting the dev CA.
 async fn tls_client(addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
     let tcp = TcpStream::connect(addr).await.expect("connect");
@@ -175,7 +145,7 @@ async fn tls_handshakes_that_stall_take_pending_slots() {
     let watchers = bound_holds(&broker, HALF_CLIENT_HELLO).await;
     let mut real = tls_client(broker.addr).await;
     assert_eq!(
-        connack_over(&mut real, "real-tls").await,
+        v5::connack_over(&mut real, "real-tls").await,
         Some(ReasonCode::SUCCESS)
     );
     // The real client's handshake waited for it, so it held a slot too, and gave it back.
@@ -232,7 +202,7 @@ async fn proxy_headers_that_stall_take_pending_slots() {
         .await
         .expect("write header");
     assert_eq!(
-        connack_over(&mut real, "real-proxied").await,
+        v5::connack_over(&mut real, "real-proxied").await,
         Some(ReasonCode::SUCCESS)
     );
     watchers.iter().for_each(tokio::task::JoinHandle::abort);

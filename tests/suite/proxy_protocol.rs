@@ -9,9 +9,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use postbox::codec::{self, Packet, ProtocolVersion, ReasonCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::common;
@@ -63,35 +62,6 @@ async fn tls_after_header(
     tokio::time::timeout(WAIT, common::dev_ca_connector().connect(name, tcp))
         .await
         .expect("the TLS handshake ends within WAIT")
-}
-
-/// Sends a v5 CONNECT for `id` over `stream` and returns the CONNACK's reason code (`None`:
-/// closed without one).
-async fn connack_over<S>(stream: &mut S, id: &str) -> Option<ReasonCode>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    let mut out = BytesMut::new();
-    let connect = Packet::Connect(Box::new(v5::connect_packet(id)));
-    codec::encode(&connect, v5::V, &mut out).expect("encode");
-    stream.write_all(&out).await.expect("write CONNECT");
-    let mut buf = BytesMut::new();
-    tokio::time::timeout(WAIT, async {
-        loop {
-            match codec::decode(&mut buf, Some(v5::V), 1 << 20) {
-                Ok(Some(Packet::ConnAck(ack))) => return Some(ack.reason_code),
-                Ok(Some(other)) => panic!("expected CONNACK, got {other:?}"),
-                Ok(None) => {}
-                Err(e) => panic!("undecodable answer: {e}"),
-            }
-            match stream.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .expect("an answer within WAIT")
 }
 
 /// Polls `postbox_connections_pending` until it reads `want` (bounded by `WAIT`).
@@ -202,14 +172,14 @@ async fn tls_listener_reads_the_header_before_the_handshake_and_counts_the_named
         .await
         .expect("TLS handshake after a v1 header");
     assert_eq!(
-        connack_over(&mut a, "tls-a").await,
+        v5::connack_over(&mut a, "tls-a").await,
         Some(ReasonCode::SUCCESS)
     );
     let mut b = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
         .await
         .expect("TLS handshake after a v1 header");
     assert_eq!(
-        connack_over(&mut b, "tls-b").await,
+        v5::connack_over(&mut b, "tls-b").await,
         Some(ReasonCode::QUOTA_EXCEEDED),
         "203.0.113.7 has its one connection"
     );
@@ -220,7 +190,7 @@ async fn tls_listener_reads_the_header_before_the_handshake_and_counts_the_named
     .await
     .expect("TLS handshake after a v2 header");
     assert_eq!(
-        connack_over(&mut c, "tls-c").await,
+        v5::connack_over(&mut c, "tls-c").await,
         Some(ReasonCode::SUCCESS),
         "198.51.100.9 is counted apart from 203.0.113.7"
     );
@@ -245,7 +215,7 @@ async fn a_tls_connection_without_the_header_is_refused() {
         .await
         .expect("TLS handshake after the header");
     assert_eq!(
-        connack_over(&mut ok, "after").await,
+        v5::connack_over(&mut ok, "after").await,
         Some(ReasonCode::SUCCESS)
     );
 }
