@@ -197,10 +197,17 @@ impl Broker {
     }
 
     /// Publishes a will that was waiting for its delay when the broker stopped, at its time,
-    /// unless its client is connected again by then.
+    /// unless its client is connected again by then, through [`Broker::publish_will`]: the
+    /// same `$SYS`, dead-letter and ACL checks as a will published without a restart, under
+    /// its restored session's identity (`Principal::restored`: its owner's name). Published
+    /// directly, a restored will went out unchecked: any client could write anywhere,
+    /// retained, by arming a will and waiting for a restart (issue 35, sixth adversarial
+    /// pass). A will whose session is gone is published only where no ACL decides (its
+    /// owner's rights cannot be checked).
     fn schedule_stored_will(self: &Arc<Self>, will: StoredWill, now_ms: u64) {
         let delay = Duration::from_millis(will.publish_at_unix_ms.saturating_sub(now_ms));
         let broker = Arc::clone(self);
+        let session = self.sessions.lock().get(&will.client_id).cloned();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let connected = broker
@@ -209,9 +216,20 @@ impl Broker {
                 .get(&will.client_id)
                 .is_some_and(|s| s.lock().connection.is_some());
             if !connected {
-                let message = Message::from_will(will.will);
-                if let Err(error) = broker.publish(Arc::new(message), None) {
-                    tracing::warn!(%error, "stored will refused by the durable store");
+                match &session {
+                    Some(session) => broker.publish_will(session, will.will),
+                    None if broker.authz().is_some() => {
+                        tracing::info!(client = %will.client_id, topic = %will.will.topic, "stored will not published: its session is gone, so its owner's rights cannot be checked");
+                    }
+                    None => {
+                        let owner = Session::new(
+                            0,
+                            will.client_id.clone(),
+                            crate::codec::ProtocolVersion::V5,
+                            0,
+                        );
+                        broker.publish_will(&owner, will.will);
+                    }
                 }
             }
             broker.persist(vec![Op::DeleteWill {

@@ -470,3 +470,54 @@ async fn a_session_stored_before_authentication_is_resumed_only_by_the_user_it_n
         server.shutdown().await;
     }
 }
+
+/// A delayed will that a restart kept is published only where its owner may write, as
+/// without the restart: sensor2's will on its own topic arrives, its will on sensor1's
+/// commands (retained) does not, neither live nor as a retained message (issue 35, sixth
+/// adversarial pass: a restored will was published unchecked, so any client could write
+/// anywhere by arming a will and waiting for a restart). MQTT-3.1.2-8 (the will is published
+/// after its delay); the ACL applies to a will as to its client's PUBLISH (MQTT 5 §5.4.2).
+#[tokio::test]
+async fn a_will_kept_over_a_restart_is_published_only_where_its_owner_may_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_with_acl(dir.path())).await;
+    let mut armed = Vec::new();
+    for (id, topic) in [
+        ("s2-own", "sensors/sensor2/status"),
+        ("s2-forged", "commands/sensor1/reboot"),
+    ] {
+        let mut connect = persistent(id, Some("sensor2"));
+        connect.will = Some(postbox::codec::LastWill {
+            topic: topic.into(),
+            payload: "will".into(),
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            properties: postbox::codec::WillProperties {
+                will_delay_interval: Some(2),
+                ..Default::default()
+            },
+        });
+        let (code, _, c) = try_connect(&server, connect).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "{id}");
+        armed.push(c);
+    }
+    // Stopped while they are connected: their delayed wills are stored for after the restart.
+    server.shutdown().await;
+    drop(armed);
+    let server = common::start_with(durable_with_acl(dir.path())).await;
+    let (code, _, mut dash) = try_connect(&server, persistent("dash", Some("dashboard"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut dash, "sensors/#", QoS::AtLeastOnce).await;
+    let (code, _, mut sensor1) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut sensor1, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    let own = tokio::time::timeout(WAIT, v5::receive(&mut dash))
+        .await
+        .expect("sensor2's will on its own topic");
+    assert_eq!(&*own.topic, "sensors/sensor2/status");
+    v5::expect_silence(&mut sensor1, QUIET).await;
+    // Nor kept as a retained message for later subscribers.
+    let (_, _, mut later) = try_connect(&server, persistent("sensor1b", Some("sensor1"))).await;
+    v5::subscribe(&mut later, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    v5::expect_silence(&mut later, QUIET).await;
+}
