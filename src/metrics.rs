@@ -28,6 +28,22 @@ mod snapshot;
 #[cfg(test)]
 mod tests;
 
+/// Asserts every metric of `names` is exported with its `# HELP` and `# TYPE` lines in
+/// `out` (a render): for the tests of each owner's group, here and in its owner.
+#[cfg(test)]
+pub(crate) fn assert_described<'a>(out: &str, names: impl IntoIterator<Item = &'a str>) {
+    for name in names {
+        assert!(
+            out.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}:\n{out}"
+        );
+        assert!(
+            out.contains(&format!("# TYPE {name} ")),
+            "no TYPE for {name}:\n{out}"
+        );
+    }
+}
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

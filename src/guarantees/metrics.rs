@@ -103,16 +103,7 @@ mod tests {
         g.dead_letters_dropped_rate.increment(1);
         g.dedup.entries.set(3.0);
         let out = m.render();
-        for name in names::GUARANTEES {
-            assert!(
-                out.contains(&format!("# HELP {name} ")),
-                "no HELP for {name}:\n{out}"
-            );
-            assert!(
-                out.contains(&format!("# TYPE {name} ")),
-                "no TYPE for {name}:\n{out}"
-            );
-        }
+        crate::metrics::assert_described(&out, names::GUARANTEES.iter().copied());
         for line in [
             "postbox_dead_letters_total{reason=\"expired\"} 2",
             "postbox_dead_letters_total{reason=\"queue_full\"} 0",

@@ -157,16 +157,7 @@ mod tests {
             hook.update(&stats);
         });
         let out = m.render();
-        for name in names::STORE {
-            assert!(
-                out.contains(&format!("# HELP {name} ")),
-                "no HELP for {name}:\n{out}"
-            );
-            assert!(
-                out.contains(&format!("# TYPE {name} ")),
-                "no TYPE for {name}:\n{out}"
-            );
-        }
+        crate::metrics::assert_described(&out, names::STORE.iter().copied());
         let second = Op::KIND_NAMES[1];
         for line in [
             "postbox_store_commits_total 9".to_owned(),
