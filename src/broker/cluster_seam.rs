@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{Broker, Message, PublishRefused};
+use super::{Broker, Message, PublishRefused, SessionId};
 use crate::codec::QoS;
 use crate::storage::Durable;
 
@@ -193,6 +193,28 @@ impl Broker {
     pub fn held_session(&self, client_id: &str) -> Option<HeldSession> {
         let session = self.sessions.lock().get(client_id).cloned()?;
         Some(Broker::view_of(&session))
+    }
+
+    /// Every (stream sequence, session) of the deliveries local sessions hold, queued or in
+    /// flight, that came through the cluster's stream. Read once at start, before anyone
+    /// connects: what the store brought back. The node's consumer may be offered those
+    /// sequences again (routed and committed here, but the JetStream acknowledgement was
+    /// lost to a crash) and must leave these sessions out (`cluster::ahead`).
+    pub fn held_stream_seqs(&self) -> Vec<(u64, SessionId)> {
+        let sessions: Vec<Arc<super::Session>> = self.sessions.lock().iter().cloned().collect();
+        let mut held = Vec::new();
+        for session in &sessions {
+            let st = session.lock();
+            let queued = st.queue.iter();
+            let inflight = st.inflight.iter().map(|i| &i.delivery);
+            held.extend(
+                queued
+                    .chain(inflight)
+                    .filter_map(|d| d.message.cluster_seq())
+                    .map(|seq| (seq, session.id)),
+            );
+        }
+        held
     }
 
     /// The stream sequence of `message`, published here, came with JetStream's

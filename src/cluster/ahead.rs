@@ -1,4 +1,4 @@
-//! QoS 2 deliveries a session that moved here was sent again ahead of this node's consumer.
+//! Deliveries a session here holds already, ahead of this node's consumer.
 //!
 //! A session's QoS 2 delivery in flight on its old node (sent, no PUBREC) is sent again on
 //! its new node under the same packet id with DUP (MQTT-4.4.0-1): met by the replay, or
@@ -11,6 +11,12 @@
 //! that sequence. An entry goes once the consumer's acknowledgement floor passes it
 //! (JetStream never offers it again), or when the message is gone from the stream or the
 //! restore that noted it failed.
+//!
+//! The same holds after a restart of this node for what its own store brought back: a
+//! message the consumer routed and committed here, whose JetStream acknowledgement a crash
+//! kept from leaving, is offered again after `ack_wait`, and the sessions holding it must
+//! not queue it a second time. The consumer notes those above its acknowledgement floor
+//! before it routes anything.
 
 use std::collections::BTreeMap;
 

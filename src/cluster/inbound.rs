@@ -94,13 +94,22 @@ async fn consume_stream(
         .await;
         let (mut consumer, mut messages) = match consumer {
             Ok((mut consumer, messages)) => {
-                if let Ok(info) = consumer.info().await {
+                let info = consumer.info().await.ok();
+                if let Some(info) = &info {
                     // Where it resumes: what it had delivered (a new consumer: the stream's
                     // end when it was made).
                     cluster.consumer_floor.fetch_max(
                         info.delivered.stream_sequence + 1,
                         std::sync::atomic::Ordering::AcqRel,
                     );
+                }
+                // Before anything is routed: what the store brought back and JetStream may
+                // offer again (above the floor, the acknowledgement may have been lost).
+                let floor = info.map_or(0, |info| info.ack_floor.stream_sequence);
+                for (seq, session) in std::mem::take(&mut *cluster.restored_ahead.lock()) {
+                    if seq > floor {
+                        cluster.resent_ahead.note(seq, session);
+                    }
                 }
                 (consumer, messages)
             }

@@ -10,8 +10,9 @@
 //! - [`inbound`]: what other nodes sent: the node's durable consumer of `PB_MSGS` (QoS 1/2),
 //!   its core subscription (QoS 0), the retained bucket's watch.
 //! - [`subject`], [`wire`]: topics as subjects and keys, messages as frames.
-//! - [`ahead`]: QoS 2 deliveries a moved session was sent again before the consumer reached
-//!   them, which the consumer's routing then leaves out for that session.
+//! - [`ahead`]: deliveries a session here holds before the consumer reaches them (a moved
+//!   session's QoS 2 in flight, what the store brought back at start), which the
+//!   consumer's routing then leaves out for that session.
 //!
 //! What is shared, and where (names are fixed; `R` = `[cluster] replicas`):
 //!
@@ -111,9 +112,13 @@ pub struct Cluster {
     /// routed and forwarded; held whole by a restore while it subscribes and reads
     /// `next_local_id` ([`crate::broker::ClusterAdmission`]).
     fence: parking_lot::RwLock<()>,
-    /// QoS 2 deliveries restored sessions were sent again ahead of the consumer: the
-    /// consumer leaves those sessions out when it routes them ([`ahead`]).
+    /// Deliveries sessions here hold ahead of the consumer: the consumer leaves those
+    /// sessions out when it routes them ([`ahead`]).
     resent_ahead: ahead::ResentAhead,
+    /// What the store brought back at start that came through the stream (sequence,
+    /// session), until the consumer knows its acknowledgement floor and notes those above
+    /// it in `resent_ahead` ([`ahead`]).
+    restored_ahead: parking_lot::Mutex<Vec<(u64, crate::broker::SessionId)>>,
     /// JetStream, once the link is up (for claims and replays).
     js: OnceLock<async_nats::jetstream::Context>,
     /// The session records, once the link is up.
@@ -152,6 +157,7 @@ impl Cluster {
             gate: parking_lot::Mutex::new(()),
             fence: parking_lot::RwLock::new(()),
             resent_ahead: ahead::ResentAhead::default(),
+            restored_ahead: parking_lot::Mutex::new(broker.held_stream_seqs()),
             js: OnceLock::new(),
             sessions: sessions::Records::new(crate::storage::now_unix_ms()),
             liveness: nodes::Liveness::default(),

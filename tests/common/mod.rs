@@ -17,6 +17,7 @@ pub mod mosquitto_broker;
 pub mod nats;
 pub mod process;
 pub mod rumq;
+pub mod tap;
 pub mod v5;
 
 use bytes::BytesMut;

@@ -103,6 +103,66 @@ async fn restored_qos2_messages_arrive_once_after_a_kill_9_restart_and_a_move() 
     restored_qos2_messages_arrive_once_after_a_move(Stop::Kill).await;
 }
 
+/// MQTT-4.3.3 (exactly once), MQTT-4.4.0-1 (a session's messages survive its node's
+/// restart) and issue 34's rule "never acknowledge what you might lose", from the other
+/// side: node a's consumer routes a message from node b to an offline persistent session and
+/// commits it, then node a crashes before its JetStream acknowledgement leaves (the tap
+/// swallows it: the window between commit and acknowledgement a `kill -9` may hit).
+/// JetStream offers the message again once `ack_wait` (30 s) passes; the store brought it
+/// back queued for the session already, so the client must take it once. Before the fix the
+/// consumer routed it to the session a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_stored_but_not_acknowledged_to_jetstream_before_a_crash_arrives_once() {
+    let nats = tokio::task::block_in_place(common::nats::NatsServer::start);
+    let tap = common::tap::Tap::start(nats.port).await;
+    let mut a = Node::start_async("a", &format!("nats://127.0.0.1:{}", tap.port), "").await;
+    let b = Node::start_async("b", &nats.url(), "").await;
+    common::cluster::wait_linked(&a, &b).await;
+    common::cluster::wait_linked(&b, &a).await;
+    let client_id = "unacknowledged";
+    let (mut client, _) = v5::connect(a.mqtt(), v5::persistent_connect(client_id, 3600)).await;
+    v5::subscribe(&mut client, "ua/#", QoS::ExactlyOnce).await;
+    v5::disconnect(client).await;
+
+    tap.swallow_upstream();
+    let mut on_b = v5::connect_id(b.mqtt(), "unacknowledged-pub").await;
+    publish_numbered(&mut on_b, "ua/m", "m", 1).await;
+    wait_backlog(&a, client_id, 1).await;
+    // Sent only once the commit is durable.
+    tap.wait_swallowed(b"$JS.ACK").await;
+    tokio::task::block_in_place(|| a.kill9());
+    tokio::task::block_in_place(|| a.restart());
+
+    // The only message from another node since the restart: "m1" offered again.
+    let offered = r#"postbox_cluster_messages_total{direction="in"}"#;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while tokio::task::block_in_place(|| a.metric(offered)) < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "JetStream never offered the unacknowledged message again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Routed after it: a second copy of "m1" would come before it.
+    let code = v5::publish(
+        &mut on_b,
+        v5::publish_packet("ua/m", QoS::ExactlyOnce, b"last", 99),
+    )
+    .await;
+    assert!(!code.is_error(), "last refused: {code:?}");
+
+    let (mut client, ack) = v5::connect(a.mqtt(), v5::persistent_connect(client_id, 3600)).await;
+    assert!(ack.session_present, "node a's store kept the session");
+    let mut got = HashMap::new();
+    receive_exactly_once(&mut client, &mut HashSet::new(), &mut got, 2).await;
+    assert_eq!(
+        got.get("m1"),
+        Some(&1),
+        "taken more than once after the crash (MQTT-4.3.3): {got:?}"
+    );
+    drop((a, b, tap, nats));
+}
+
 /// Publishes `<prefix>1..=count` on `topic` at QoS 2; every one must be accepted.
 async fn publish_numbered(c: &mut RawClient, topic: &str, prefix: &str, count: u16) {
     for n in 1..=count {
