@@ -16,9 +16,12 @@
 //! message the consumer routed and committed here, whose JetStream acknowledgement a crash
 //! kept from leaving, is offered again after `ack_wait`, and the sessions holding it must
 //! not queue it a second time. The consumer notes those above its acknowledgement floor
-//! before it routes anything.
+//! before it routes anything. And while this process runs, an acknowledgement lost with a
+//! dropped connection to NATS has the same effect on every session the message reached,
+//! connected ones too: the consumer keeps the sequences it routed and committed until the
+//! floor passes them, and acknowledges one offered again without routing it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use smallvec::SmallVec;
 
@@ -28,6 +31,10 @@ use crate::broker::SessionId;
 #[derive(Debug, Default)]
 pub(super) struct ResentAhead {
     entries: parking_lot::Mutex<BTreeMap<u64, SmallVec<[SessionId; 1]>>>,
+    /// Sequences this process's consumer routed and committed, until the acknowledgement
+    /// floor passes them: one whose acknowledgement was lost (the connection to NATS dropped
+    /// with it unsent) is offered again and acknowledged again, not routed a second time.
+    committed: parking_lot::Mutex<BTreeSet<u64>>,
 }
 
 impl ResentAhead {
@@ -50,12 +57,28 @@ impl ResentAhead {
         entries.get(&seq).cloned().unwrap_or_default()
     }
 
+    /// The consumer routed `seq` here and its commit is durable: about to be acknowledged.
+    pub(super) fn committed(&self, seq: u64) {
+        self.committed.lock().insert(seq);
+    }
+
+    /// Whether `seq`, offered again, was routed and committed here already.
+    pub(super) fn was_committed(&self, seq: u64) -> bool {
+        self.committed.lock().contains(&seq)
+    }
+
     /// The node consumer's acknowledgement floor is `ack_floor`: every sequence up to it is
     /// acknowledged and never offered again, so no routing of it is left to skip.
     pub(super) fn acknowledged_to(&self, ack_floor: u64) {
+        let above = ack_floor.saturating_add(1);
         let mut entries = self.entries.lock();
         if !entries.is_empty() {
-            *entries = entries.split_off(&(ack_floor.saturating_add(1)));
+            *entries = entries.split_off(&above);
+        }
+        drop(entries);
+        let mut committed = self.committed.lock();
+        if !committed.is_empty() {
+            *committed = committed.split_off(&above);
         }
     }
 
@@ -99,6 +122,18 @@ mod tests {
         assert_eq!(ahead.skipped_at(9).as_slice(), &[1]);
         ahead.acknowledged_to(u64::MAX);
         assert_eq!(ahead.len(), 0);
+    }
+
+    #[test]
+    fn a_committed_sequence_is_known_until_acknowledged() {
+        let ahead = ResentAhead::default();
+        ahead.committed(5);
+        ahead.committed(8);
+        assert!(ahead.was_committed(5) && ahead.was_committed(8));
+        assert!(!ahead.was_committed(6));
+        ahead.acknowledged_to(5);
+        assert!(!ahead.was_committed(5), "never offered again");
+        assert!(ahead.was_committed(8));
     }
 
     #[test]

@@ -75,7 +75,7 @@ async fn consume_stream(
 ) {
     let name = format!("node-{}", config.node);
     let (acks_tx, acks_rx) = mpsc::channel(ACK_QUEUE);
-    tokio::spawn(acknowledge(acks_rx));
+    tokio::spawn(acknowledge(acks_rx, Arc::clone(&cluster)));
     loop {
         if broker.strong_count() == 0 {
             return;
@@ -149,8 +149,17 @@ async fn consume_stream(
             let Some(broker) = broker.upgrade() else {
                 return;
             };
-            let seq = message.info().map_or(0, |info| info.stream_sequence);
+            let (seq, delivered) = message
+                .info()
+                .map_or((0, 1), |info| (info.stream_sequence, info.delivered));
             cluster.saw(seq);
+            if delivered > 1 && cluster.resent_ahead.was_committed(seq) {
+                // Routed and stored here before; its acknowledgement was lost.
+                if acks_tx.send((None, message)).await.is_err() {
+                    return;
+                }
+                continue;
+            }
             let routed = {
                 // Routed and the floor moved as one step for a restoring session.
                 let _gate = cluster.gate.lock();
@@ -247,8 +256,11 @@ fn route(
 }
 
 /// Acknowledges stream messages in order, each once its local commit is durable (a failed
-/// commit: not acknowledged, JetStream redelivers).
-async fn acknowledge(mut acks: mpsc::Receiver<(Option<Durable>, jetstream::Message)>) {
+/// commit: not acknowledged, JetStream redelivers), noting it committed first ([`super::ahead`]).
+async fn acknowledge(
+    mut acks: mpsc::Receiver<(Option<Durable>, jetstream::Message)>,
+    cluster: Arc<Cluster>,
+) {
     while let Some((durable, message)) = acks.recv().await {
         if let Some(durable) = durable {
             if let Err(error) = durable.await {
@@ -256,6 +268,9 @@ async fn acknowledge(mut acks: mpsc::Receiver<(Option<Durable>, jetstream::Messa
                 let _ = message.ack_with(jetstream::AckKind::Nak(Some(RETRY))).await;
                 continue;
             }
+        }
+        if let Ok(info) = message.info() {
+            cluster.resent_ahead.committed(info.stream_sequence);
         }
         if let Err(error) = message.ack().await {
             tracing::debug!(%error, "cluster: acknowledgement to JetStream failed; the message may come again");

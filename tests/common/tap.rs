@@ -2,8 +2,9 @@
 //! client-to-server direction can be swallowed from a chosen moment on: what the client
 //! writes after that never arrives, as if it had crashed right before writing it, while
 //! what the server sends still reaches it. Connections made after the swallowing began are
-//! relayed whole (a restarted client reconnects normally). For the window a crash can hit
-//! but a test cannot time: after a node's commit, before its JetStream acknowledgement.
+//! relayed whole (a restarted client reconnects normally), and the connections made so far
+//! can be cut. For the window a crash or a dropped connection can hit but a test cannot
+//! time: after a node's commit, before its JetStream acknowledgement.
 // Compiled into each test crate as a private `mod common`: `pub` is the harness API, and not
 // every test crate uses every helper.
 #![allow(dead_code, unreachable_pub)]
@@ -35,6 +36,8 @@ struct Shared {
     /// What was swallowed (the first `KEPT` bytes), and a wake-up per addition.
     swallowed: parking_lot::Mutex<Vec<u8>>,
     more: tokio::sync::Notify,
+    /// Connections numbered below this are closed.
+    cut_below: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drop for Tap {
@@ -53,6 +56,7 @@ impl Tap {
             next: AtomicU64::new(0),
             swallowed: parking_lot::Mutex::new(Vec::new()),
             more: tokio::sync::Notify::new(),
+            cut_below: tokio::sync::watch::Sender::new(0),
         });
         let accept = tokio::spawn(accept(listener, upstream, Arc::clone(&shared)));
         Tap {
@@ -66,6 +70,12 @@ impl Tap {
     pub fn swallow_upstream(&self) {
         let next = self.shared.next.load(Ordering::Acquire);
         self.shared.swallow_below.store(next, Ordering::Release);
+    }
+
+    /// Closes the connections made so far, both ways: their clients see them drop.
+    pub fn cut(&self) {
+        let next = self.shared.next.load(Ordering::Acquire);
+        self.shared.cut_below.send_replace(next);
     }
 
     /// Waits (bounded by `WAIT`) until the swallowed bytes contain `needle`.
@@ -102,7 +112,12 @@ async fn accept(listener: TcpListener, upstream: u16, shared: Arc<Shared>) {
         };
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        relays.spawn(downstream(server_read, client_write));
+        relays.spawn(downstream(
+            server_read,
+            client_write,
+            number,
+            Arc::clone(&shared),
+        ));
         relays.spawn(upstream_of(
             client_read,
             server_write,
@@ -112,26 +127,36 @@ async fn accept(listener: TcpListener, upstream: u16, shared: Arc<Shared>) {
     }
 }
 
-/// Server to client, always relayed.
+/// Server to client, always relayed (until cut).
 async fn downstream(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
+    number: u64,
+    shared: Arc<Shared>,
 ) {
-    let _ = tokio::io::copy(&mut from, &mut to).await;
+    let mut cut = shared.cut_below.subscribe();
+    tokio::select! {
+        _ = tokio::io::copy(&mut from, &mut to) => {}
+        _ = cut.wait_for(|below| number < *below) => {}
+    }
 }
 
-/// Client to server, relayed until the connection's swallowing begins.
+/// Client to server, relayed until the connection's swallowing begins (or it is cut).
 async fn upstream_of(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     number: u64,
     shared: Arc<Shared>,
 ) {
+    let mut cut = shared.cut_below.subscribe();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = cut.wait_for(|below| number < *below) => return,
         };
         if number < shared.swallow_below.load(Ordering::Acquire) {
             let mut swallowed = shared.swallowed.lock();

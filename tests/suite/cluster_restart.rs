@@ -163,6 +163,91 @@ async fn a_message_stored_but_not_acknowledged_to_jetstream_before_a_crash_arriv
     drop((a, b, tap, nats));
 }
 
+/// MQTT-4.3.3 (exactly once) across a dropped connection to NATS: node a's consumer routes
+/// a message from node b to a connected session, commits it, and the client completes it;
+/// node a's JetStream acknowledgement is lost with its connection (the tap swallows it, then
+/// cuts the connection). Node a reconnects, and JetStream offers the message again once
+/// `ack_wait` (30 s) passes: node a must acknowledge it without routing it again. Before the
+/// fix the client took it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_acknowledgement_a_dropped_nats_connection_lost_arrives_once() {
+    let nats = tokio::task::block_in_place(common::nats::NatsServer::start);
+    let tap = common::tap::Tap::start(nats.port).await;
+    let a = Node::start_async("a", &format!("nats://127.0.0.1:{}", tap.port), "").await;
+    let b = Node::start_async("b", &nats.url(), "").await;
+    common::cluster::wait_linked(&a, &b).await;
+    common::cluster::wait_linked(&b, &a).await;
+    // A session without expiry: nothing of it waits for NATS, which hears nothing from node
+    // a while the tap swallows.
+    let mut client = v5::connect_id(a.mqtt(), "lost-ack").await;
+    v5::subscribe(&mut client, "la/#", QoS::ExactlyOnce).await;
+
+    tap.swallow_upstream();
+    let mut on_b = v5::connect_id(b.mqtt(), "lost-ack-pub").await;
+    publish_numbered(&mut on_b, "la/m", "m", 1).await;
+    let (mut awaiting, mut got) = (HashSet::new(), HashMap::new());
+    receive_exactly_once(&mut client, &mut awaiting, &mut got, 1).await;
+    tap.wait_swallowed(b"$JS.ACK").await;
+    let seq = stream_end(&nats.url()).await;
+    tap.cut();
+
+    // Acknowledged at last: offered again and taken (or, before the fix, routed again).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while ack_floor(&nats.url(), "node-a").await < seq {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node a never acknowledged the message offered again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Routed after it: a second copy of "m1" would come before it.
+    let code = v5::publish(
+        &mut on_b,
+        v5::publish_packet("la/m", QoS::ExactlyOnce, b"last", 99),
+    )
+    .await;
+    assert!(!code.is_error(), "last refused: {code:?}");
+    receive_exactly_once(&mut client, &mut awaiting, &mut got, 2).await;
+    assert_eq!(
+        got.get("m1"),
+        Some(&1),
+        "taken more than once after a lost acknowledgement (MQTT-4.3.3): {got:?}"
+    );
+    drop((a, b, tap, nats));
+}
+
+/// The last sequence of the cluster's message stream.
+async fn stream_end(nats: &str) -> u64 {
+    let js = async_nats::jetstream::new(async_nats::connect(nats).await.expect("connect to NATS"));
+    let mut stream = js
+        .get_stream(postbox::cluster::STREAM)
+        .await
+        .expect("the message stream");
+    stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence
+}
+
+/// The acknowledgement floor (stream sequence) of `consumer` on the message stream.
+async fn ack_floor(nats: &str, consumer: &str) -> u64 {
+    let js = async_nats::jetstream::new(async_nats::connect(nats).await.expect("connect to NATS"));
+    let stream = js
+        .get_stream(postbox::cluster::STREAM)
+        .await
+        .expect("the message stream");
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer(consumer).await.expect("the consumer");
+    consumer
+        .info()
+        .await
+        .expect("consumer info")
+        .ack_floor
+        .stream_sequence
+}
+
 /// Publishes `<prefix>1..=count` on `topic` at QoS 2; every one must be accepted.
 async fn publish_numbered(c: &mut RawClient, topic: &str, prefix: &str, count: u16) {
     for n in 1..=count {
