@@ -180,7 +180,8 @@ impl Who {
         }
     }
 
-    pub(super) fn owner(&self) -> SessionOwner {
+    /// The session owner it stands for (the identity its will is checked under).
+    pub(in crate::cluster) fn owner(&self) -> SessionOwner {
         match self {
             Who::Unbound => SessionOwner::Unbound,
             Who::Anonymous => SessionOwner::Anonymous,
