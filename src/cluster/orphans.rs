@@ -218,7 +218,7 @@ async fn keep(
             .insert(client_id.clone(), revision);
         match (decode_will(&will), broker.upgrade()) {
             (Some(message), Some(broker)) => {
-                tracing::info!(client = %client_id, topic = %message.topic, "cluster: publishing the will of a session whose node died");
+                tracing::info!(client = %client_id, topic = %message.topic, "cluster: the will of a session whose node died is due");
                 // Checked as its node would have: under the session's owner (`who`), a
                 // record without one as anonymous (issue 35, sixth adversarial pass, F1b).
                 broker.publish_will_of(&client_id, &record.who.owner(), &Arc::new(message));
