@@ -266,7 +266,12 @@ impl Broker {
     /// waiting for its node to die (issue 35, sixth adversarial pass, F1b). A token's claims
     /// are not kept with the session: a will its claims deny is dropped at CONNECT
     /// (`connection::handshake`), so none is left to check here.
-    pub fn publish_will_of(&self, client_id: &str, owner: &SessionOwner, message: &Arc<Message>) {
+    pub(crate) fn publish_will_of(
+        &self,
+        client_id: &str,
+        owner: &SessionOwner,
+        message: &Arc<Message>,
+    ) {
         let principal = Principal::restored(owner.user());
         if self.will_allowed(&principal, client_id, &message.topic) {
             self.publish_allowed_will(message);
