@@ -91,7 +91,9 @@ impl Principal {
     /// queue is unchecked, `SessionState::acl_checked`). Before, a restored session was
     /// anonymous for the ACL, so every message routed to it before its client came back was
     /// dropped as denied although its publisher had been acknowledged (issue 35, fifth
-    /// adversarial pass). Writes (a restored will) are checked against the ACL.
+    /// adversarial pass). Writes (a restored will, `Broker::publish_will`) are checked
+    /// against the ACL under the user name; a will the token's claims denied was dropped at
+    /// CONNECT, so the claims need not be kept for it (sixth adversarial pass).
     pub fn restored(username: Option<&str>) -> Principal {
         Principal {
             username: username.map(Box::from),

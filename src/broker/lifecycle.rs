@@ -12,6 +12,8 @@ use super::{
     persist, Attached, Broker, Message, PendingWill, Session, SessionHandle, SessionRequest,
     NEVER_EXPIRES,
 };
+use crate::auth::acl::Action;
+use crate::auth::principal::{Principal, ANONYMOUS};
 use crate::codec::{topic, LastWill};
 use crate::storage::{self, Op, SessionOwner};
 
@@ -247,38 +249,58 @@ impl Broker {
     /// it is published (as Mosquitto checks it: at publish time, so a reload in between
     /// counts); otherwise it is dropped and counted.
     pub fn publish_will(&self, session: &Session, will: LastWill) {
-        if topic::is_sys(&will.topic) || self.is_dead_letter_topic(&will.topic) {
-            // No client publishes under `$SYS` or the dead-letter prefix, not even through
-            // its will.
-            self.count_denied(crate::auth::acl::Action::Write);
-            tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: $SYS and dead-letter topics are the broker's own");
-            return;
-        }
-        if let Some(authz) = self.authz() {
-            if !session.authorized(authz.acl, crate::auth::acl::Action::Write, &will.topic) {
-                self.count_denied(crate::auth::acl::Action::Write);
-                tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: the ACL denies its topic");
-                return;
-            }
-        }
-        self.metrics.will_messages_published.increment(1);
-        let message = Arc::new(Message::from_will(will));
-        let _fence = self.cluster_fence();
-        match self.publish(Arc::clone(&message), None) {
-            // Clustered, the other nodes' subscribers get it too (nobody waits for the ack).
-            Ok(_) => drop(self.cluster_forward(&message, None, None)),
-            Err(error) => tracing::warn!(%error, "will message refused by the durable store"),
+        let identity = session.principal();
+        let principal = identity.as_deref().unwrap_or(&ANONYMOUS);
+        if self.will_allowed(principal, &session.client_id, &will.topic) {
+            self.publish_allowed_will(&Arc::new(Message::from_will(will)));
         }
     }
 
-    /// Publishes the will of a session that lived on a node that died (`cluster::orphans`):
-    /// as [`Broker::publish_will`], without the ACL check (no identity is held here for its
-    /// client; its CONNECT was checked on its node) and with the other nodes' subscribers
-    /// reached through the cluster.
-    pub fn publish_orphan_will(&self, message: &Arc<Message>) {
-        if topic::is_sys(&message.topic) || self.is_dead_letter_topic(&message.topic) {
-            return;
+    /// Publishes a will whose session is not held here, checked exactly as
+    /// [`Broker::publish_will`] checks a session's (`$SYS`, dead-letter prefix, ACL and
+    /// claims), under the identity of the session's owner: `owner`'s user name, anonymous
+    /// for a session bound to no user (an anonymous one, or one recorded before sessions
+    /// had owners). Used for the will of a session whose node died (`cluster::orphans`) and
+    /// for a stored will whose session expired while the broker was down. Published
+    /// unchecked, such a will let any client write anywhere, retained, by arming a will and
+    /// waiting for its node to die (issue 35, sixth adversarial pass, F1b). A token's claims
+    /// are not kept with the session: a will its claims deny is dropped at CONNECT
+    /// (`connection::handshake`), so none is left to check here.
+    pub(crate) fn publish_will_of(
+        &self,
+        client_id: &str,
+        owner: &SessionOwner,
+        message: &Arc<Message>,
+    ) {
+        let principal = Principal::restored(owner.user());
+        if self.will_allowed(&principal, client_id, &message.topic) {
+            self.publish_allowed_will(message);
         }
+    }
+
+    /// Whether `principal` (the will's client `client_id`) may have a will published on
+    /// `topic`; a refusal is counted and logged. The one check every will goes through.
+    fn will_allowed(&self, principal: &Principal, client_id: &str, topic: &str) -> bool {
+        if topic::is_sys(topic) || self.is_dead_letter_topic(topic) {
+            // No client publishes under `$SYS` or the dead-letter prefix, not even through
+            // its will.
+            self.count_denied(Action::Write);
+            tracing::info!(client = %client_id, %topic, "will not published: $SYS and dead-letter topics are the broker's own");
+            return false;
+        }
+        if let Some(authz) = self.authz() {
+            if !principal.allow(authz.acl, client_id, Action::Write, topic) {
+                self.count_denied(Action::Write);
+                tracing::info!(client = %client_id, %topic, "will not published: the ACL denies its topic");
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Publishes a will [`Broker::will_allowed`] let through: counted, and clustered, to the
+    /// other nodes' subscribers too (nobody waits for the ack).
+    fn publish_allowed_will(&self, message: &Arc<Message>) {
         self.metrics.will_messages_published.increment(1);
         let _fence = self.cluster_fence();
         match self.publish(Arc::clone(message), None) {

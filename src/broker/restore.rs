@@ -8,10 +8,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytestring::ByteString;
+
 use super::message::{Delivery, Message};
 use super::session::{Inflight, OutboundStage, Session};
-use super::{Broker, Subscriber, NEVER_EXPIRES};
-use crate::storage::{self, EntryStage, Op, Snapshot, StoredMessage, StoredWill};
+use super::{Broker, PendingWill, Subscriber, NEVER_EXPIRES};
+use crate::storage::{self, EntryStage, Op, SessionOwner, Snapshot, StoredMessage, StoredWill};
 
 /// The monotonic `(received_at, expires_at)` to rebuild a [`Message`] from `stored` with,
 /// given the current instant and wall-clock time (the inverse of `StoredMessage::from`).
@@ -66,6 +68,7 @@ impl Broker {
             dedup.restore(snapshot.dedup);
         }
         let mut expired_ops = Vec::new();
+        let mut expired_owners: HashMap<ByteString, SessionOwner> = HashMap::new();
         for snap in snapshot.sessions {
             let Some(meta) = snap.meta else { continue };
             let (remaining, expiry) = match (meta.expiry_interval, meta.disconnected_at_unix_ms) {
@@ -81,6 +84,8 @@ impl Broker {
             };
             if remaining.is_zero() {
                 summary.expired_sessions += 1;
+                // Its will (due now) is checked under its owner all the same.
+                expired_owners.insert(meta.client_id.clone(), meta.owner.clone());
                 expired_ops.push(Op::DeleteSession {
                     client_id: meta.client_id.clone(),
                 });
@@ -191,23 +196,53 @@ impl Broker {
         }
         for will in snapshot.wills {
             summary.wills += 1;
-            self.schedule_stored_will(will, now_ms);
+            let expired_owner = expired_owners.remove(&will.client_id);
+            self.restore_will(will, expired_owner, now_ms);
         }
         summary
     }
 
-    /// Publishes a will that was waiting for its delay when the broker stopped, at its time,
-    /// unless its client is connected again by then, through [`Broker::publish_will`]: the
-    /// same `$SYS`, dead-letter and ACL checks as a will published without a restart, under
-    /// its restored session's identity (`Principal::restored`: its owner's name). Published
-    /// directly, a restored will went out unchecked: any client could write anywhere,
-    /// retained, by arming a will and waiting for a restart (issue 35, sixth adversarial
-    /// pass). A will whose session is gone is published only where no ACL decides (its
-    /// owner's rights cannot be checked).
-    fn schedule_stored_will(self: &Arc<Self>, will: StoredWill, now_ms: u64) {
+    /// Brings back a will that was waiting for its delay when the broker stopped.
+    ///
+    /// Its session's, the common case: it becomes the session's pending will again, on the
+    /// timer a disconnect arms ([`Broker::schedule_will`]), so it is published as without the
+    /// restart: at its time (or when the session ends, if sooner), through
+    /// [`Broker::publish_will`] (the `$SYS`, dead-letter and ACL checks under the restored
+    /// session's identity, `Principal::restored`: its owner's name), and cancelled, and
+    /// forgotten by the store, when its client connects again before then (MQTT-3.1.3-9).
+    /// Before, a detached task published it whenever its client was not connected at that
+    /// very moment: a client that came back within the delay and left again still had it
+    /// published (issue 35, sixth adversarial pass, F2); and published directly, unchecked,
+    /// any client could write anywhere, retained, by arming a will and waiting for a
+    /// restart (F1).
+    ///
+    /// A will whose session expired while the broker was down (it is due now) is checked
+    /// under the identity of that session's owner, `expired_owner`, as
+    /// [`Broker::publish_will_of`] checks it; one with no session at all, as anonymous.
+    fn restore_will(
+        self: &Arc<Self>,
+        will: StoredWill,
+        expired_owner: Option<SessionOwner>,
+        now_ms: u64,
+    ) {
         let delay = Duration::from_millis(will.publish_at_unix_ms.saturating_sub(now_ms));
-        let broker = Arc::clone(self);
+        let publish_at = Instant::now() + delay;
         let session = self.sessions.lock().get(&will.client_id).cloned();
+        if let Some(session) = session {
+            let (generation, expiry) = {
+                let mut st = session.lock();
+                st.pending_will = Some(Box::new(PendingWill {
+                    will: will.will,
+                    publish_at,
+                    publish_at_unix_ms: will.publish_at_unix_ms,
+                }));
+                (st.generation, st.expiry_interval)
+            };
+            self.schedule_will(&session, generation, publish_at, expiry);
+            return;
+        }
+        let owner = expired_owner.unwrap_or(SessionOwner::Unbound);
+        let broker = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let connected = broker
@@ -216,25 +251,10 @@ impl Broker {
                 .get(&will.client_id)
                 .is_some_and(|s| s.lock().connection.is_some());
             if !connected {
-                match &session {
-                    Some(session) => broker.publish_will(session, will.will),
-                    None if broker.authz().is_some() => {
-                        tracing::info!(client = %will.client_id, topic = %will.will.topic, "stored will not published: its session is gone, so its owner's rights cannot be checked");
-                    }
-                    None => {
-                        let owner = Session::new(
-                            0,
-                            will.client_id.clone(),
-                            crate::codec::ProtocolVersion::V5,
-                            0,
-                        );
-                        broker.publish_will(&owner, will.will);
-                    }
-                }
+                let message = Arc::new(Message::from_will(will.will));
+                broker.publish_will_of(&will.client_id, &owner, &message);
             }
-            broker.persist(vec![Op::DeleteWill {
-                client_id: will.client_id,
-            }]);
+            broker.forget_stored_will(&will.client_id);
         });
     }
 }

@@ -12,7 +12,8 @@
 //! - publishes the will when it is due (a connection that was open when its node died
 //!   ended then: its delay counts from the adoption), after a compare-and-set that takes it
 //!   out of the record, so it goes out once (at most once: an adopter that dies between the
-//!   two loses it);
+//!   two loses it), and only where the session's owner (the record's `who`; anonymous for
+//!   a record without one) may write, as [`Broker::publish_will`] checks every will;
 //! - deletes the record when the session's expiry interval has passed since its connection
 //!   ended (counted in `postbox_sessions_expired_total`).
 //!
@@ -217,8 +218,10 @@ async fn keep(
             .insert(client_id.clone(), revision);
         match (decode_will(&will), broker.upgrade()) {
             (Some(message), Some(broker)) => {
-                tracing::info!(client = %client_id, topic = %message.topic, "cluster: publishing the will of a session whose node died");
-                broker.publish_orphan_will(&Arc::new(message));
+                tracing::info!(client = %client_id, topic = %message.topic, "cluster: the will of a session whose node died is due");
+                // Checked as its node would have: under the session's owner (`who`), a
+                // record without one as anonymous (issue 35, sixth adversarial pass, F1b).
+                broker.publish_will_of(&client_id, &record.who.owner(), &Arc::new(message));
             }
             _ => {
                 tracing::warn!(client = %client_id, "cluster: the will of a session whose node died cannot be read; not published");

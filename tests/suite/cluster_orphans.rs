@@ -204,3 +204,89 @@ async fn a_client_back_on_another_node_within_its_will_delay_cancels_the_will() 
         "the will was published though its client came back: {got:?}"
     );
 }
+
+/// `connect` as `user` of the example password file (password `<user>-secret`).
+fn as_user(mut connect: Connect, user: &str) -> Connect {
+    connect.username = Some(user.into());
+    connect.password = Some(format!("{user}-secret").into_bytes().into());
+    connect
+}
+
+/// Issue 35, sixth adversarial pass (F1b, high): the will of a session whose node died is
+/// published by the adopting node only where the session's owner may write, as its own node
+/// would have published it. Before, the adopter published every will unchecked, so any
+/// client could write anywhere (retained, too) by connecting with a will to a node that
+/// then died. sensor2 (example ACL: it writes `sensors/sensor2/#` only) has two sessions on
+/// node a: a will on its own topic (the control: it must arrive) and a retained will on
+/// sensor1's commands (denied: it must arrive neither live nor as a retained message).
+/// MQTT-3.1.2-8 (the will is published when the connection is lost); the ACL applies to a
+/// will as to its client's PUBLISH (MQTT 5 §5.4.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_will_is_published_only_where_its_owner_may_write() {
+    // The example ACL, and anonymous clients let in to write and read `probe/#` only: the
+    // probes that tell the nodes are linked (`wait_linked`) are anonymous.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acl = dir.path().join("acl");
+    let example = std::fs::read_to_string(root.join("config/acl.example")).expect("example ACL");
+    std::fs::write(&acl, format!("topic readwrite probe/#\n{example}")).expect("write ACL");
+    let extra = format!(
+        "[auth]\nallow_anonymous = true\npassword_file = {:?}\nacl_file = {acl:?}\n",
+        root.join("config/passwd.example")
+    );
+    let (_nats, mut nodes) = start_cluster(2, &extra).await;
+    let (mut dash, _) = v5::connect(
+        nodes[1].mqtt(),
+        as_user(v5::connect_packet("dash"), "dashboard"),
+    )
+    .await;
+    v5::subscribe(&mut dash, "sensors/#", QoS::AtLeastOnce).await;
+    let (mut sensor1, _) = v5::connect(
+        nodes[1].mqtt(),
+        as_user(v5::connect_packet("sensor1"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut sensor1, "commands/sensor1/#", QoS::AtLeastOnce).await;
+
+    let (_own, _) = v5::connect(
+        nodes[0].mqtt(),
+        as_user(
+            with_will(
+                v5::persistent_connect("s2-own", 600),
+                "sensors/sensor2/status",
+                None,
+            ),
+            "sensor2",
+        ),
+    )
+    .await;
+    let mut forged = with_will(
+        v5::persistent_connect("s2-forged", 600),
+        "commands/sensor1/reboot",
+        None,
+    );
+    if let Some(will) = forged.will.as_mut() {
+        will.retain = true;
+    }
+    let (_forged, _) = v5::connect(nodes[0].mqtt(), as_user(forged, "sensor2")).await;
+    tokio::task::block_in_place(|| nodes[0].kill9());
+
+    // The allowed will shows node a's sessions were adopted and their wills came due.
+    wait_for(&mut dash, "s2-own").await;
+    nodes[1]
+        .wait_log_within(DEATH, |line| {
+            line.contains("will not published") && format!("{line} ").contains("client=s2-forged ")
+        })
+        .await;
+    let got = collect(&mut sensor1, Duration::from_millis(500)).await;
+    assert!(got.is_empty(), "the denied will arrived: {got:?}");
+    // Nor is it kept as a retained message for later subscribers.
+    let (mut later, _) = v5::connect(
+        nodes[1].mqtt(),
+        as_user(v5::connect_packet("sensor1-later"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut later, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    let got = collect(&mut later, Duration::from_millis(500)).await;
+    assert!(got.is_empty(), "the denied will was retained: {got:?}");
+}

@@ -384,3 +384,76 @@ async fn a_subject_that_cannot_be_one_topic_level_is_refused() {
     let fine = rs256(&key, &format!(r#"{{"sub":"sensor-1@site","exp":{exp}}}"#));
     assert_eq!(connack_v5(&broker, None, &fine).await, ReasonCode::SUCCESS);
 }
+
+/// Issue 35, sixth adversarial pass (F1, JWT variant, high): a token's `publish` claim holds
+/// for its will also when the will outlives the broker. Claims are stored nowhere, so a
+/// delayed will kept over a restart was published where no ACL file decides, wherever its
+/// topic: mallory (`publish: ["mallory/#"]`) armed a retained will on sensor1's commands and
+/// a restart published it. Now a will outside the claim is dropped at CONNECT; mallory's will
+/// on its own topic (the control) is still published after the restart. MQTT-3.1.2-8 (a
+/// delayed will is published after its delay); the claims narrow writes as the ACL does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_outside_the_publish_claim_is_not_published_after_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let public = jwt_dir().join("rsa.pub");
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[auth]\nallow_anonymous = false\n[auth.jwt]\npublic_key = {public:?}\n",
+        data.path()
+    );
+    let key = jwt_dir().join("rsa.key");
+    let exp = now() + 300;
+    let mallory = rs256(
+        &key,
+        &format!(r#"{{"sub":"mallory","exp":{exp},"publish":["mallory/#"]}}"#),
+    );
+    let ops = rs256(&key, &format!(r#"{{"sub":"ops","exp":{exp}}}"#));
+    let login = |id: &str, token: &str| {
+        let mut connect = v5::persistent_connect(id, 600);
+        connect.password = Some(token.as_bytes().to_vec().into());
+        connect
+    };
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    // A persistent watcher: what is published after the restart is queued for it, however
+    // soon after the start the wills come due.
+    let (mut watch, _) = v5::connect(broker.addr, login("watch", &ops)).await;
+    v5::subscribe(&mut watch, "#", postbox::codec::QoS::AtLeastOnce).await;
+    v5::disconnect(watch).await;
+    let mut armed = Vec::new();
+    for (id, topic) in [
+        ("m-forged", "commands/sensor1/reboot"),
+        ("m-own", "mallory/will"),
+    ] {
+        let mut connect = login(id, &mallory);
+        connect.will = Some(postbox::codec::LastWill {
+            topic: topic.into(),
+            payload: id.as_bytes().to_vec().into(),
+            qos: postbox::codec::QoS::AtLeastOnce,
+            retain: true,
+            properties: postbox::codec::WillProperties {
+                will_delay_interval: Some(2),
+                ..Default::default()
+            },
+        });
+        let (c, ack) = v5::connect(broker.addr, connect).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}");
+        armed.push(c);
+    }
+    // Stopped while they are connected: their delayed wills are stored for after it.
+    broker.signal(libc::SIGTERM);
+    let (status, _) = broker.wait_exit(common::WAIT).await;
+    assert!(status.success(), "{status}");
+    drop(armed);
+
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let (mut watch, ack) = v5::connect(broker.addr, login("watch", &ops)).await;
+    assert!(ack.session_present);
+    let own = tokio::time::timeout(common::WAIT, v5::receive(&mut watch))
+        .await
+        .expect("mallory's will on its own topic");
+    assert_eq!(&*own.topic, "mallory/will");
+    v5::expect_silence(&mut watch, std::time::Duration::from_secs(1)).await;
+    // Nor kept as a retained message.
+    let (mut later, _) = v5::connect(broker.addr, login("later", &ops)).await;
+    v5::subscribe(&mut later, "commands/#", postbox::codec::QoS::AtLeastOnce).await;
+    v5::expect_silence(&mut later, std::time::Duration::from_millis(300)).await;
+}

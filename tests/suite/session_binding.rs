@@ -521,3 +521,66 @@ async fn a_will_kept_over_a_restart_is_published_only_where_its_owner_may_write(
     v5::subscribe(&mut later, "commands/sensor1/#", QoS::AtLeastOnce).await;
     v5::expect_silence(&mut later, QUIET).await;
 }
+
+/// A delayed will whose session expired while the broker was down is due at the restart; it
+/// is checked under that session's owner, as the will of a session still there is: sensor2's
+/// will on its own topic is published, its will on sensor1's commands is not (issue 35, sixth
+/// adversarial pass). MQTT-3.1.2-8 (a delayed will is published when the session ends, if
+/// that is before its delay); the ACL applies to a will as to its client's PUBLISH (MQTT 5
+/// §5.4.2). The readers' sessions outlive the downtime, so what is published before they
+/// reconnect is queued for them.
+#[tokio::test]
+async fn a_will_whose_session_expired_during_a_restart_is_checked_under_its_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::start_with(durable_with_acl(dir.path())).await;
+    for (id, user, filter) in [
+        ("dash", "dashboard", "sensors/#"),
+        ("sensor1", "sensor1", "commands/sensor1/#"),
+    ] {
+        let (code, _, mut c) = try_connect(&server, persistent(id, Some(user))).await;
+        assert_eq!(code, ReasonCode::SUCCESS);
+        v5::subscribe(&mut c, filter, QoS::AtLeastOnce).await;
+        v5::disconnect(c).await;
+    }
+    let mut armed = Vec::new();
+    for (id, topic) in [
+        ("s2-forged", "commands/sensor1/reboot"),
+        ("s2-own", "sensors/sensor2/status"),
+    ] {
+        let mut connect = persistent(id, Some("sensor2"));
+        // The session ends 1 s after its connection, long before the will's delay.
+        connect.properties.session_expiry_interval = Some(1);
+        connect.will = Some(postbox::codec::LastWill {
+            topic: topic.into(),
+            payload: id.into(),
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            properties: postbox::codec::WillProperties {
+                will_delay_interval: Some(600),
+                ..Default::default()
+            },
+        });
+        let (code, _, c) = try_connect(&server, connect).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "{id}");
+        armed.push(c);
+    }
+    server.shutdown().await;
+    drop(armed);
+    // Down for longer than their sessions last (the scenario, not a synchronisation).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let server = common::start_with(durable_with_acl(dir.path())).await;
+    let (code, present, mut dash) =
+        try_connect(&server, persistent("dash", Some("dashboard"))).await;
+    assert_eq!((code, present), (ReasonCode::SUCCESS, true));
+    let own = tokio::time::timeout(WAIT, v5::receive(&mut dash))
+        .await
+        .expect("sensor2's will on its own topic");
+    assert_eq!(&*own.topic, "sensors/sensor2/status");
+    let (code, present, mut sensor1) =
+        try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
+    assert_eq!((code, present), (ReasonCode::SUCCESS, true));
+    v5::expect_silence(&mut sensor1, QUIET).await;
+    let (_, _, mut later) = try_connect(&server, persistent("sensor1b", Some("sensor1"))).await;
+    v5::subscribe(&mut later, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    v5::expect_silence(&mut later, QUIET).await;
+}

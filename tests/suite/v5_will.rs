@@ -232,3 +232,47 @@ async fn will_without_delay_is_published_at_once() {
         .expect("immediate will");
     assert_eq!(&got.payload[..], b"gone");
 }
+
+/// MQTT-3.1.3-9 ("the Server MUST NOT send the Will Message if ... a new Network Connection
+/// for that Session is made before the Will Delay Interval has passed") across a restart,
+/// through the real binary: a delayed will the store kept over a SIGTERM is cancelled when
+/// its client comes back within the delay, as without the restart. Before, the restored will
+/// ran on a detached timer that only looked whether its client was connected when it fired:
+/// a client that came back and left again with DISCONNECT 0x00 still had it published
+/// (issue 35, sixth adversarial pass, F2). A second client's will with the same delay,
+/// not cancelled, shows when the first would have been due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_kept_over_a_restart_is_cancelled_by_its_clients_return() {
+    use common::async_process::BrokerProcess;
+    let data = tempfile::tempdir().expect("tempdir");
+    let sections = format!("[storage]\ndir = {:?}\n", data.path());
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    // A persistent watcher: the wills are queued for it however soon they come due.
+    let (mut watch, _) = v5::connect(broker.addr, v5::persistent_connect("watch", 600)).await;
+    v5::subscribe(&mut watch, "wills/#", QoS::AtLeastOnce).await;
+    v5::disconnect(watch).await;
+    let mut armed = Vec::new();
+    for id in ["back", "control"] {
+        let connect = with_will(id, &format!("wills/{id}"), Some(5), 600);
+        let (c, ack) = v5::connect(broker.addr, connect).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}");
+        armed.push(c);
+    }
+    // Stopped while they are connected: their delayed wills are stored for after it.
+    broker.signal(libc::SIGTERM);
+    let (status, _) = broker.wait_exit(common::WAIT).await;
+    assert!(status.success(), "{status}");
+    drop(armed);
+
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    // Back within the delay, and gone again with a normal DISCONNECT (no will).
+    let (back, ack) = v5::connect(broker.addr, v5::persistent_connect("back", 600)).await;
+    assert!(ack.session_present);
+    v5::disconnect(back).await;
+    let (mut watch, _) = v5::connect(broker.addr, v5::persistent_connect("watch", 600)).await;
+    let control = tokio::time::timeout(common::WAIT, v5::receive(&mut watch))
+        .await
+        .expect("the control will");
+    assert_eq!(&*control.topic, "wills/control");
+    v5::expect_silence(&mut watch, Duration::from_secs(1)).await;
+}

@@ -180,7 +180,8 @@ impl Who {
         }
     }
 
-    pub(super) fn owner(&self) -> SessionOwner {
+    /// The session owner it stands for (the identity its will is checked under).
+    pub(in crate::cluster) fn owner(&self) -> SessionOwner {
         match self {
             Who::Unbound => SessionOwner::Unbound,
             Who::Anonymous => SessionOwner::Anonymous,
@@ -346,6 +347,24 @@ mod tests {
         let old = Record::decode(br#"{"owner":"b","expiry":60,"cursor":5}"#).expect("decodes");
         assert!(old.restore().taken.is_empty());
         assert!(!String::from_utf8_lossy(&old.encode()).contains("tk"));
+    }
+
+    /// The owner a record names is who an adopted will is checked under (issue 35, sixth
+    /// adversarial pass, F1b): it survives a round trip, and a record of an older node,
+    /// without one, stands for no user (checked as anonymous).
+    #[test]
+    fn the_owner_of_an_adopted_will_survives_a_round_trip_and_defaults_to_none() {
+        let record = Record {
+            owner: "a".into(),
+            who: Who::User("sensor2".into()),
+            ..Record::default()
+        };
+        let decoded = Record::decode(&record.encode()).expect("decodes");
+        assert_eq!(decoded.who.owner(), SessionOwner::User("sensor2".into()));
+        assert_eq!(decoded.who.owner().user(), Some("sensor2"));
+        let old = Record::decode(br#"{"owner":"a","expiry":60,"cursor":5,"will":"AA=="}"#)
+            .expect("decodes");
+        assert_eq!(old.who.owner().user(), None);
     }
 
     #[test]

@@ -420,6 +420,19 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         }
     };
+    // A will the token's `publish` claim denies is dropped here, not kept to be denied when
+    // it is due: claims are fixed for the connection, so the answer is the same now, and a
+    // will that outlives it (stored for after a restart, or in the session's record for
+    // the node that adopts it when this one dies) is then checked under its owner's name
+    // alone, since claims are stored nowhere. Kept, such a will was published after a
+    // restart where no ACL file decides (issue 35, sixth adversarial pass, F1 JWT variant).
+    if let (Some(claims), Some(will)) = (&claims, &connect.will) {
+        if !claims.allow(auth::acl::Action::Write, &will.topic) {
+            broker.count_denied(auth::acl::Action::Write);
+            tracing::info!(%peer, client = %admitted.client_id, topic = %will.topic, "will not published: the token's publish claim denies its topic");
+            connect.will = None;
+        }
+    }
     // Clustered: the session is claimed cluster-wide first (its connection on another node
     // is closed, what it held there comes back here). A session that must outlive this
     // connection is refused (0x88 Server unavailable) while the cluster cannot claim it; a
