@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use postbox::broker::{Attached, Broker, Message, SessionQueueLimits, SessionRequest};
+use postbox::broker::{Attached, Broker, Message, Parts, SessionQueueLimits, SessionRequest};
 use postbox::codec::{ProtocolVersion, Publish, QoS, SubscriptionOptions};
 use postbox::config::Config;
 use postbox::metrics::Metrics;
@@ -29,7 +29,7 @@ struct Setup {
 
 fn setup(subscribers: usize, qos: QoS) -> Setup {
     let config = Config::default();
-    let broker = Broker::new(config.mqtt, config.auth, None, Metrics::register());
+    let broker = Broker::new(Parts::bare(config.mqtt, config.auth, Metrics::register()));
     let filter = ByteString::from(TOPIC);
     let sessions: Vec<Attached> = (0..subscribers)
         .map(|i| {

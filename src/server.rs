@@ -69,7 +69,7 @@ pub enum StartError {
 /// Opens the store, restores what it holds into a new broker (blocking I/O, off the runtime).
 async fn open_broker(
     config: &Config,
-    guarantees: crate::guarantees::Guarantees,
+    mut parts: crate::broker::Parts,
 ) -> Result<Arc<Broker>, StartError> {
     let storage_config = config.storage.clone();
     let (store, snapshot) = tokio::task::spawn_blocking(move || {
@@ -80,14 +80,9 @@ async fn open_broker(
     .await
     .map_err(|e| StartError::Storage(crate::storage::StorageError::Failed(e.to_string())))??;
     let persistence = store.survives_restart();
-    let broker = Broker::new(
-        config.mqtt.clone(),
-        config.auth.clone(),
-        Some(store),
-        Metrics::register(),
-    );
-    // Before the restore: it hands the dedup window its stored keys.
-    broker.install_guarantees(guarantees);
+    parts.store = Some(store);
+    // Built with its guarantees: the restore hands the dedup window its stored keys.
+    let broker = Broker::new(parts);
     if persistence {
         let mut snapshot = snapshot;
         if config.cluster.is_some() {
@@ -213,15 +208,14 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     // Before the store opens: a schema that does not compile must stop the start.
     let guarantees = crate::guarantees::Guarantees::from_config(&config)?;
     let schemas = guarantees.schemas.clone();
-    let broker = open_broker(&config, guarantees).await?;
     let jwt = match &config.auth.jwt {
         Some(settings) => Some(Arc::new(crate::auth::jwt::JwtVerifier::load(
             settings.clone(),
         )?)),
         None => None,
     };
-    let logins =
-        crate::auth::login::Logins::from_config(&config, &broker.metrics)?.with_jwt(jwt.clone());
+    let metrics = Metrics::register();
+    let logins = crate::auth::login::Logins::from_config(&config, &metrics)?.with_jwt(jwt.clone());
     let passwords = logins.passwords().cloned();
     if let Some(store) = &passwords {
         tracing::info!(users = store.users(), "password file loaded");
@@ -245,14 +239,22 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             tracing::warn!(listeners = ?exposed, "no authentication method is configured: any client that reaches these addresses may connect, publish and subscribe; see the README's Security section (allow_anonymous = false and a password_file)");
         }
     }
-    broker.set_logins(logins);
+    let cluster = config
+        .cluster
+        .as_ref()
+        .map(|cluster| crate::cluster::Cluster::new(cluster, &metrics));
+    let mut parts = crate::broker::Parts::bare(config.mqtt.clone(), config.auth.clone(), metrics);
+    parts.logins = Some(logins);
+    parts.acl = acl.clone();
+    parts.guarantees = Some(guarantees);
+    parts.cluster = cluster
+        .clone()
+        .map(|cluster| cluster as Arc<dyn crate::broker::ClusterSeam>);
+    let broker = open_broker(&config, parts).await?;
     let mut reloaders = Reloaders::default();
     if let Some(path) = &config.auth.scram_file {
         let store = crate::auth::scram_file::register(broker.authenticators(), path)?;
         reloaders.register(store);
-    }
-    if let Some(acl) = &acl {
-        broker.install_acl(Arc::clone(acl));
     }
     if let Some(schemas) = schemas {
         reloaders.register(schemas);
@@ -305,8 +307,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .collect();
     // Clustered: installed before the listeners run, so no PUBLISH can miss the cluster; it
     // connects to NATS in the background and refuses QoS 1/2 until NATS is reached.
-    if let Some(cluster) = &config.cluster {
-        crate::cluster::Cluster::start(cluster, &broker);
+    if let Some(cluster) = &cluster {
+        cluster.run(&broker);
     }
     tokio::spawn(sweep_keep_alives(Arc::clone(&broker), shutdown.clone()));
     if config.mqtt.sys_interval > 0 {

@@ -1,7 +1,7 @@
 //! The cluster seam (`../shared/ARCHITECTURE.md`): what the broker asks of the layer that
-//! makes several nodes one broker (`crate::cluster`, NATS JetStream). The broker holds it in a
-//! `OnceLock`, installed once by `server::start` when `[cluster]` is configured; unset (one
-//! node), every hook below is one relaxed load of an empty cell.
+//! makes several nodes one broker (`crate::cluster`, NATS JetStream). The broker is built
+//! with it ([`super::Parts`]) when `[cluster]` is configured; without (one node), every hook
+//! below is one check of an empty `Option`.
 
 use std::sync::Arc;
 
@@ -171,20 +171,14 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
 }
 
 impl Broker {
-    /// Installs the cluster layer (at start, before any client connects); a second call is
-    /// ignored.
-    pub fn install_cluster(&self, cluster: Arc<dyn ClusterSeam>) {
-        let _ = self.cluster.set(cluster);
-    }
-
     /// The cluster layer, when `[cluster]` is configured.
     pub fn cluster(&self) -> Option<&Arc<dyn ClusterSeam>> {
-        self.cluster.get()
+        self.cluster.as_ref()
     }
 
     /// [`ClusterSeam::session_changed`] when clustered.
     pub(crate) fn cluster_session_changed(&self, client_id: &str) {
-        if let Some(cluster) = self.cluster.get() {
+        if let Some(cluster) = self.cluster.as_ref() {
             cluster.session_changed(client_id);
         }
     }
@@ -230,7 +224,7 @@ impl Broker {
         &self,
         qos: QoS,
     ) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
-        match self.cluster.get() {
+        match self.cluster.as_ref() {
             Some(cluster) => cluster.admit(qos).map(Some),
             None => Ok(None),
         }
@@ -238,7 +232,7 @@ impl Broker {
 
     /// [`ClusterSeam::fence`] when clustered.
     pub(crate) fn cluster_fence(&self) -> Option<parking_lot::RwLockReadGuard<'_, ()>> {
-        self.cluster.get().map(|cluster| cluster.fence())
+        self.cluster.as_ref().map(|cluster| cluster.fence())
     }
 
     /// [`ClusterSeam::forward`] when clustered, joined with the local commit `local`: the
@@ -249,7 +243,7 @@ impl Broker {
         local_id: Option<u64>,
         local: Option<Durable>,
     ) -> Option<Durable> {
-        match self.cluster.get() {
+        match self.cluster.as_ref() {
             Some(cluster) => Durable::both(local, cluster.forward(message, local_id)),
             None => local,
         }

@@ -27,7 +27,7 @@ use crate::storage::{Durable, Op, StorageError, Store};
 #[derive(Debug, Default)]
 pub(super) struct DedupSpool {
     state: Mutex<Pending>,
-    /// The window whose keys a refused batch forgets (`Broker::install_guarantees`).
+    /// The window whose keys a refused batch forgets (`Broker::new`, when the guarantees have a dedup window).
     window: OnceLock<Arc<Dedup>>,
 }
 

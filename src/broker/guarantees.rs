@@ -2,7 +2,7 @@
 //! schema check and the dedup window (`gate_publish`, once per PUBLISH, before fan-out), and
 //! where a dropped message becomes a dead letter (`dead_letter`).
 //!
-//! Unconfigured, every entry point is one `OnceLock` read that finds nothing.
+//! Unconfigured, every entry point is one check of an empty `Option`.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -35,26 +35,9 @@ pub enum Gate {
 }
 
 impl Broker {
-    /// Installs what `[dead_letter]`, `[[schema]]` and `[dedup]` turned on; once, by
-    /// `server::start`, before the store's contents are restored. A second call is ignored.
-    pub fn install_guarantees(&self, mut guarantees: Guarantees) {
-        if let Some(dedup) = guarantees.dedup.as_mut() {
-            if let Some(window) = Arc::get_mut(dedup) {
-                window.attach_metrics(self.guarantee_metrics.dedup.clone());
-            }
-            if let Some(store) = &self.store {
-                store.bound_dedup(dedup.max_entries());
-            }
-            self.dedup_spool.forget_refused_in(Arc::clone(dedup));
-        }
-        if self.guarantees.set(guarantees).is_err() {
-            tracing::warn!("guarantees installed twice; the first stays");
-        }
-    }
-
     /// What is configured; `None` in a broker built without `server::start`.
     pub fn guarantees(&self) -> Option<&Guarantees> {
-        self.guarantees.get()
+        self.guarantees.as_ref()
     }
 
     /// The schema check, then the dedup window, for one PUBLISH from a client (or a bridge).
@@ -162,7 +145,7 @@ impl Broker {
 
     /// True for a topic under the dead-letter prefix: reserved like `$SYS`, so no client,
     /// will or bridge publishes there (a dead letter is the broker's word), and a dead letter
-    /// is never dead-lettered again. One `OnceLock` read and a prefix compare.
+    /// is never dead-lettered again. One `Option` check and a prefix compare.
     pub fn is_dead_letter_topic(&self, topic: &str) -> bool {
         self.dead_letters()
             .is_some_and(|letters| letters.is_dead_letter(topic))

@@ -28,6 +28,7 @@ mod lifecycle;
 pub mod link;
 pub mod message;
 pub(crate) mod owner;
+mod parts;
 mod persist;
 mod queue_limits;
 mod restore;
@@ -66,6 +67,7 @@ pub use handle::{
 };
 pub use message::{Delivery, Message, SessionId, Settlement};
 pub use owner::NotOwner;
+pub use parts::Parts;
 pub use queue_limits::SessionQueueLimits;
 use retained::RetainedIndex;
 pub use session::outbound::{AckMismatch, OutboundAck, Resend};
@@ -136,9 +138,9 @@ pub struct Broker {
     shared_members: AtomicUsize,
     /// Enhanced authentication methods offered (MQTT 5 §4.12).
     authenticators: AuthRegistry,
-    /// Password file and per-listener anonymous rules, installed once by `server::start`
-    /// (unset in brokers built directly: `auth.allow_anonymous` alone then decides).
-    logins: std::sync::OnceLock<crate::auth::login::Logins>,
+    /// Password file and per-listener anonymous rules (unset in brokers built directly:
+    /// `auth.allow_anonymous` alone then decides).
+    logins: Option<crate::auth::login::Logins>,
     next_session_id: AtomicU64,
     /// Origin of [`Broker::clock_ms`].
     epoch: Instant,
@@ -164,23 +166,23 @@ pub struct Broker {
     /// The guarantees' own metric group (dead letters, dedup), declared by `guarantees`
     /// against `metrics`' registry so `metrics` stays a leaf; registered with every broker.
     guarantee_metrics: crate::guarantees::GuaranteeMetrics,
-    /// The ACL (`auth.acl_file`), installed once at start; unset, no check runs anywhere.
-    acl: std::sync::OnceLock<Arc<crate::auth::acl_slot::AclSlot>>,
+    /// The ACL (`auth.acl_file`); unset, no check runs anywhere.
+    acl: Option<Arc<crate::auth::acl_slot::AclSlot>>,
     /// The facts of each connected client that only operators read (peer, listener, protocol,
     /// since when): set at attach, removed at detach, never touched per message.
     connection_facts: admin::ConnectionFactsMap,
     /// Set for good once a session got an identity with JWT `publish` / `subscribe` claims:
     /// from then on checks run even without an ACL file (until then, none do).
     claims_seen: AtomicBool,
-    /// Dead letters, schema contracts, dedup (`crate::guarantees`), installed once by
-    /// `server::start`; unset, none of them costs anything.
-    guarantees: std::sync::OnceLock<crate::guarantees::Guarantees>,
+    /// Dead letters, schema contracts, dedup (`crate::guarantees`); unset, none of them
+    /// costs anything.
+    guarantees: Option<crate::guarantees::Guarantees>,
     /// Dedup keys stored without a message of their own, gathered for one submit
     /// (`Broker::spool_dedup_key`).
     dedup_spool: Arc<dedup_spool::DedupSpool>,
-    /// The cluster layer (`[cluster]`), installed once by `server::start`; unset on a single
-    /// node, where it costs one load per PUBLISH.
-    cluster: std::sync::OnceLock<Arc<dyn ClusterSeam>>,
+    /// The cluster layer (`[cluster]`); unset on a single node, where it costs one check
+    /// per PUBLISH.
+    cluster: Option<Arc<dyn ClusterSeam>>,
 }
 
 /// The authorisation in force, when anything restricts anyone (see [`Broker::authz`]).
@@ -282,13 +284,18 @@ impl PublishRefused {
 }
 
 impl Broker {
-    /// Creates the broker state from the `[mqtt]` config section.
-    pub fn new(
-        config: MqttConfig,
-        auth: AuthConfig,
-        store: Option<Arc<dyn Store>>,
-        metrics: Metrics,
-    ) -> Arc<Broker> {
+    /// Creates the broker state from its configuration and parts ([`Parts`]).
+    pub fn new(parts: Parts) -> Arc<Broker> {
+        let Parts {
+            config,
+            auth,
+            store,
+            metrics,
+            logins,
+            acl,
+            mut guarantees,
+            cluster,
+        } = parts;
         let store = store.filter(|s| s.survives_restart());
         let limits = QueueLimits {
             max_messages: config.max_queued_messages.max(1),
@@ -302,6 +309,16 @@ impl Broker {
         let runtime_limits = runtime_limits::RuntimeLimitsSlot::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
         let guarantee_metrics = crate::guarantees::GuaranteeMetrics::register(&metrics);
+        let dedup_spool = Arc::new(dedup_spool::DedupSpool::default());
+        if let Some(dedup) = guarantees.as_mut().and_then(|g| g.dedup.as_mut()) {
+            if let Some(window) = Arc::get_mut(dedup) {
+                window.attach_metrics(guarantee_metrics.dedup.clone());
+            }
+            if let Some(store) = &store {
+                store.bound_dedup(dedup.max_entries());
+            }
+            dedup_spool.forget_refused_in(Arc::clone(dedup));
+        }
         let broker = Arc::new(Broker {
             config,
             auth,
@@ -313,7 +330,7 @@ impl Broker {
             has_shared: AtomicBool::new(false),
             shared_members: AtomicUsize::new(0),
             authenticators: AuthRegistry::new(),
-            logins: std::sync::OnceLock::new(),
+            logins,
             next_session_id: AtomicU64::new(1),
             epoch: Instant::now(),
             coarse_ms: AtomicU64::new(0),
@@ -325,33 +342,27 @@ impl Broker {
             store,
             metrics,
             guarantee_metrics,
-            acl: std::sync::OnceLock::new(),
+            acl,
             claims_seen: AtomicBool::new(false),
-            guarantees: std::sync::OnceLock::new(),
-            dedup_spool: Arc::default(),
-            cluster: std::sync::OnceLock::new(),
+            guarantees,
+            dedup_spool,
+            cluster,
             connection_facts: admin::ConnectionFactsMap::default(),
         });
         broker.watch_backlog();
         broker
     }
 
-    /// Turns authorisation on (at start, before any client connects); a second call is
-    /// ignored.
-    pub fn install_acl(&self, acl: Arc<crate::auth::acl_slot::AclSlot>) {
-        let _ = self.acl.set(acl);
-    }
-
     /// The ACL, when `auth.acl_file` is set.
     pub fn acl(&self) -> Option<&Arc<crate::auth::acl_slot::AclSlot>> {
-        self.acl.get()
+        self.acl.as_ref()
     }
 
     /// What checks access: `None` when nothing restricts anyone (no ACL file, no JWT claims
     /// seen), so the hot path checks nothing; else the ACL (if any) and the sessions' claims.
     #[inline]
     pub fn authz(&self) -> Option<Authz<'_>> {
-        let acl = self.acl.get().map(|a| &**a);
+        let acl = self.acl.as_deref();
         (acl.is_some() || self.claims_seen.load(Ordering::Relaxed)).then_some(Authz { acl })
     }
 
@@ -446,15 +457,10 @@ impl Broker {
         self.auth.allow_anonymous
     }
 
-    /// The login rules (password file, per-listener anonymous access), if installed.
+    /// The login rules (password file, per-listener anonymous access), if any (SIGHUP
+    /// reloads the password file inside them).
     pub fn logins(&self) -> Option<&crate::auth::login::Logins> {
-        self.logins.get()
-    }
-
-    /// Installs the login rules; a second call is ignored (they are set once, at start-up;
-    /// SIGHUP reloads the password file inside them).
-    pub fn set_logins(&self, logins: crate::auth::login::Logins) {
-        let _ = self.logins.set(logins);
+        self.logins.as_ref()
     }
 
     /// Whether a client with this id currently has a live connection (for operators and tests).

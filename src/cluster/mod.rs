@@ -83,6 +83,8 @@ pub const NODES_BUCKET: &str = "pb_nodes";
 pub struct Cluster {
     /// This node's id.
     node: String,
+    /// `[cluster]`, for the tasks [`Cluster::run`] starts.
+    config: ClusterConfig,
     /// Up: connected to NATS and the streams and buckets are there.
     up: AtomicBool,
     /// Messages handed to the outbound queue whose acknowledgement has not come.
@@ -91,6 +93,8 @@ pub struct Cluster {
     max_pending: usize,
     /// The outbound queue (unbounded channel; `pending` is its bound, checked at admission).
     outbound: tokio::sync::mpsc::UnboundedSender<outbound::Queued>,
+    /// Its receiving end, until [`Cluster::run`] hands it to the outbound task.
+    outbound_rx: parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<outbound::Queued>>>,
     /// Metric handles.
     metrics: ClusterMetrics,
     /// The next local id ([`ClusterSeam::admit`]): this node's order of admission.
@@ -136,18 +140,20 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the cluster layer of `broker`: the NATS client (it connects in the background
-    /// and reconnects forever), the outbound tasks and, once connected, the inbound ones.
-    /// Installs itself in the broker. Until NATS is reached, QoS 1/2 PUBLISHes are refused.
-    pub fn start(config: &ClusterConfig, broker: &Arc<Broker>) -> Arc<Cluster> {
-        let metrics = ClusterMetrics::register(&broker.metrics);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let cluster = Arc::new(Cluster {
+    /// The cluster layer of a broker about to be built ([`crate::broker::Parts`]): its
+    /// metric group declared in `metrics`. Nothing runs until [`Cluster::run`]; until NATS is
+    /// reached, QoS 1/2 PUBLISHes are refused.
+    pub fn new(config: &ClusterConfig, metrics: &crate::metrics::Metrics) -> Arc<Cluster> {
+        let metrics = ClusterMetrics::register(metrics);
+        let (outbound, outbound_rx) = tokio::sync::mpsc::unbounded_channel();
+        Arc::new(Cluster {
             node: config.node.clone(),
+            config: config.clone(),
             up: AtomicBool::new(false),
             pending: AtomicUsize::new(0),
             max_pending: config.max_pending,
-            outbound: tx,
+            outbound,
+            outbound_rx: parking_lot::Mutex::new(Some(outbound_rx)),
             metrics,
             next_local_id: AtomicU64::new(1),
             consumer_floor: AtomicU64::new(0),
@@ -157,21 +163,30 @@ impl Cluster {
             gate: parking_lot::Mutex::new(()),
             fence: parking_lot::RwLock::new(()),
             resent_ahead: ahead::ResentAhead::default(),
-            restored_ahead: parking_lot::Mutex::new(broker.held_stream_seqs()),
+            restored_ahead: parking_lot::Mutex::default(),
             js: OnceLock::new(),
             sessions: sessions::Records::new(crate::storage::now_unix_ms()),
             liveness: nodes::Liveness::default(),
             orphans: tokio::sync::Notify::new(),
             group_starts: parking_lot::Mutex::default(),
-        });
-        broker.install_cluster(Arc::clone(&cluster) as Arc<dyn ClusterSeam>);
+        })
+    }
+
+    /// Starts the layer's tasks for `broker`, built with it and holding its restored state,
+    /// before any client connects: the NATS client (it connects in the background and
+    /// reconnects forever), the outbound tasks and, once connected, the inbound ones. A
+    /// second call does nothing.
+    pub fn run(self: &Arc<Self>, broker: &Arc<Broker>) {
+        let Some(outbound_rx) = self.outbound_rx.lock().take() else {
+            return;
+        };
+        *self.restored_ahead.lock() = broker.held_stream_seqs();
         link::spawn(
-            config.clone(),
-            Arc::clone(&cluster),
+            self.config.clone(),
+            Arc::clone(self),
             Arc::downgrade(broker),
-            rx,
+            outbound_rx,
         );
-        cluster
     }
 
     /// This node's id.

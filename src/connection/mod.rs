@@ -122,12 +122,11 @@ mod size_tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let broker = Broker::new(
+        let broker = Broker::new(crate::broker::Parts::bare(
             Default::default(),
             Default::default(),
-            None,
             crate::metrics::Metrics::register(),
-        );
+        ));
         let info = ConnectionInfo {
             peer: addr,
             listener: "tcp".into(),

@@ -56,8 +56,8 @@ impl Dedup {
         }
     }
 
-    /// Counts into the broker's `postbox_dedup_*` series from now on (`Broker::
-    /// install_guarantees`, before the restore); a window built alone counts nowhere.
+    /// Counts into the broker's `postbox_dedup_*` series from now on (`Broker::new`, before
+    /// the restore); a window built alone counts nowhere.
     pub fn attach_metrics(&mut self, metrics: DedupMetrics) {
         self.metrics = metrics;
     }

@@ -2,9 +2,8 @@
 //! limits), schema contracts and deduplication. The backlog watch lives with the broker's
 //! other figures (`broker::backlog`).
 //!
-//! Every part is optional: [`Guarantees`] is installed once into the broker by
-//! `server::start` (`Broker::install_guarantees`), holding only what the configuration turns
-//! on, so a broker without schemas or dedup pays one pointer test per PUBLISH for them. The
+//! Every part is optional: [`Guarantees`] is one of the parts the broker is built with
+//! (`broker::Parts`, by `server::start`), holding only what the configuration turns on, so a broker without schemas or dedup pays one pointer test per PUBLISH for them. The
 //! broker calls in at fixed points: `Broker::gate_publish` (schema, then dedup: once per
 //! PUBLISH, before fan-out) and `Broker::dead_letter` (every drop that has a reason, called
 //! with no session lock held). Nothing here takes a session lock or does I/O on the publish

@@ -374,7 +374,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     }
 
     /// Keeps at most about `max_entries` deduplication keys, the newest, as the `[dedup]`
-    /// window does (`Broker::install_guarantees`): a key the window has pushed out decides
+    /// window does (`Broker::new`): a key the window has pushed out decides
     /// nothing after a restart either, so the store's state and snapshots stay as bounded
     /// as the window. A store without state ignores it; unbounded until called.
     fn bound_dedup(&self, max_entries: usize) {
