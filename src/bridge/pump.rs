@@ -10,7 +10,6 @@
 //! One task, one `select!`: the remote's reads, single writes, the local session's wake-up,
 //! the acks waiting for commits, keep-alive and the forward rate all in one loop.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,7 @@ use crate::codec::{
     topic, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
 };
 use crate::config::{BridgeConfig, StartMode, HOPS_PROPERTY};
-use crate::storage::Durable;
+use crate::storage::{Durable, InOrder};
 
 /// Encoded bytes waiting for the socket above which no more deliveries are taken.
 const WRITE_HIGH_WATER: usize = 256 * 1024;
@@ -56,13 +55,6 @@ pub(super) struct RemoteLimits {
     pub(super) retain_available: bool,
 }
 
-/// A write that waits for a commit: an ack to the remote, sent once the store holds what it
-/// promises.
-struct GatedAck {
-    gate: Option<Durable>,
-    packet: Packet,
-}
-
 /// The per-connection state of the pump.
 pub(super) struct Pump<'a, S> {
     config: &'a BridgeConfig,
@@ -72,7 +64,7 @@ pub(super) struct Pump<'a, S> {
     io: RemoteIo<S>,
     limits: RemoteLimits,
     /// Acks waiting for their commit, in the order they must be written.
-    gated: VecDeque<GatedAck>,
+    gated: InOrder<Packet>,
     /// Forward-rate tokens (`max_forward_rate`), refilled continuously.
     tokens: f64,
     refilled_at: Instant,
@@ -111,7 +103,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             link,
             io,
             limits,
-            gated: VecDeque::new(),
+            gated: InOrder::default(),
             tokens: f64::from(config.max_forward_rate.max(1)),
             refilled_at: now,
             last_write: now,
@@ -307,7 +299,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     written?;
                     self.last_write = Instant::now();
                 }
-                durable = wait_front(&mut self.gated), if has_gated => {
+                durable = self.gated.wait_front(), if has_gated => {
                     durable?;
                 }
                 () = &mut woken, if may_take => {}
@@ -322,10 +314,8 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
 
     /// Moves acks whose commit is done (in order) into the write buffer.
     fn release_gated(&mut self) -> Result<(), RemoteError> {
-        while self.gated.front().is_some_and(|g| g.gate.is_none()) {
-            if let Some(ack) = self.gated.pop_front() {
-                self.io.tx.push(&ack.packet)?;
-            }
+        while let Some(packet) = self.gated.pop_ready() {
+            self.io.tx.push(&packet)?;
         }
         Ok(())
     }
@@ -541,7 +531,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     /// Queues `packet` for the remote behind every earlier gated write, to be written once
     /// `gate` (if any) is durable.
     fn send_after(&mut self, gate: Option<Durable>, packet: Packet) {
-        self.gated.push_back(GatedAck { gate, packet });
+        self.gated.push(gate, packet);
     }
 }
 
@@ -554,18 +544,6 @@ fn whole_tokens(rate: u32, tokens: f64) -> usize {
         // Clamped to 0..=rate first: the cast is exact for these values.
         tokens.clamp(0.0, f64::from(rate)).floor() as usize
     }
-}
-
-/// Waits for the front gated ack's commit. Polled by reference, so a `select!` that picks
-/// another branch first loses nothing; the gate is cleared only once the commit is done.
-async fn wait_front(gated: &mut VecDeque<GatedAck>) -> Result<(), RemoteError> {
-    if let Some(front) = gated.front_mut() {
-        if let Some(gate) = front.gate.as_mut() {
-            gate.await?;
-            front.gate = None;
-        }
-    }
-    Ok(())
 }
 
 /// The hop count a message carries (0 when it has none).

@@ -33,6 +33,7 @@
 //! (`storage.persistence`): nothing survives a restart, tickets are durable at once. With
 //! persistence on it picks the log engine ([`LogStore`], module [`log_store`]).
 
+mod in_order;
 pub mod log_store;
 mod memory;
 mod metrics;
@@ -48,6 +49,7 @@ mod tests;
 use std::sync::Arc;
 
 pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
+pub use in_order::InOrder;
 pub use log_store::{LogOptions, LogStore};
 pub use memory::MemoryStore;
 pub(crate) use metrics::StoreMetrics;
