@@ -133,6 +133,21 @@ impl Logins {
                     .is_some_and(|rest| rest.is_empty() || rest.starts_with(':')))
     }
 
+    /// Whether `client_id` is a user's own under `auth.client_ids_start_with_user`: the id,
+    /// or its part before the first `:`, names a user of the password file. An anonymous
+    /// client is refused such an id (issue 35, sixth pass), so an id names one user for
+    /// strangers too. Users only a token, a certificate or a SCRAM exchange names are not
+    /// listed anywhere the broker can look; `%c` rules do not match anonymous clients
+    /// anyway (`Principal::stranger`). Always false with the rule off.
+    pub fn client_id_names_a_user(&self, client_id: &str) -> bool {
+        let user = client_id.split(':').next().unwrap_or(client_id);
+        self.client_ids_start_with_user
+            && self
+                .passwords
+                .as_ref()
+                .is_some_and(|passwords| passwords.has_user(user))
+    }
+
     /// Whether `listener` takes the user name as the client id (`use_username_as_clientid`).
     pub fn username_as_client_id(&self, listener: &str) -> bool {
         !self.username_as_client_id.is_empty()

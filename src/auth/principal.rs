@@ -71,6 +71,8 @@ pub struct Principal {
     claims: Option<TopicClaims>,
     /// Restored from the store before its client came back ([`Principal::restored`]).
     restored: bool,
+    /// Anonymous where a method tells identities apart ([`Principal::stranger`]).
+    stranger: bool,
 }
 
 impl Principal {
@@ -81,7 +83,19 @@ impl Principal {
             username: username.map(Box::from),
             claims,
             restored: false,
+            stranger: false,
         }
+    }
+
+    /// This identity for a client no method authenticated, where one could have (a password
+    /// file, JWT, SCRAM, certificate identities): `%c` in `pattern` rules does not stand for
+    /// its client id, as `%u` does not without a user name. Its client id is whatever it
+    /// chose, so with `%c` rules a stranger took a device's id and read and forged the
+    /// device's topics (issue 35, sixth adversarial pass).
+    #[must_use]
+    pub fn stranger(mut self) -> Principal {
+        self.stranger = true;
+        self
     }
 
     /// The identity of a session the store brought back at a restart, until its client
@@ -99,6 +113,7 @@ impl Principal {
             username: username.map(Box::from),
             claims: None,
             restored: true,
+            stranger: false,
         }
     }
 
@@ -159,7 +174,8 @@ impl Principal {
     fn identity<'a>(&'a self, client_id: &'a str) -> Identity<'a> {
         Identity {
             username: self.username.as_deref(),
-            client_id,
+            // An empty id stands for no level (`acl::one_level`): `%c` matches nothing.
+            client_id: if self.stranger { "" } else { client_id },
         }
     }
 }
@@ -169,6 +185,7 @@ pub static ANONYMOUS: Principal = Principal {
     username: None,
     claims: None,
     restored: false,
+    stranger: false,
 };
 
 #[cfg(test)]

@@ -10,8 +10,8 @@
 //!   `mqtt.stalled_after` is treated like an offline one: the overflow policy applies and
 //!   nobody waits for it, so two clients that publish to each other and stop reading both
 //!   recover after that time.
-//! - **Memory budget.** Messages the broker holds, subscriptions and partly received packets
-//!   count against `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses
+//! - **Memory budget.** Messages the broker holds, subscriptions, anonymous sessions and
+//!   partly received packets of connected clients count against `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses
 //!   until usage is back under [`MemoryBudget::resume_at`] (or `stalled_after` has passed),
 //!   and over the budget itself QoS 1/2 PUBLISHes are refused. A filter that would take the
 //!   subscriptions past half of the budget, or usage to the pause mark, is refused (0x97), so
@@ -84,9 +84,10 @@ pub(super) fn message_dropped(bytes: usize) {
 }
 
 /// Bytes counted against the budget besides partial packets: every message alive in the
-/// process (see [`MESSAGE_BYTES`]), give or take [`FLUSH_BYTES`] per thread, and every
-/// subscription ([`subscription_cost`]), which is added to the same counter so the publish
-/// path reads one counter as before.
+/// process (see [`MESSAGE_BYTES`]), give or take [`FLUSH_BYTES`] per thread, every
+/// subscription ([`subscription_cost`]) and every anonymous session
+/// ([`anonymous_session_cost`]), which are added to the same counter so the publish path
+/// reads one counter as before.
 pub fn message_bytes() -> u64 {
     u64::try_from(MESSAGE_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
 }
@@ -105,26 +106,78 @@ pub(crate) fn subscription_cost(len: usize) -> u64 {
     u64::try_from(len.saturating_mul(2).saturating_add(SUBSCRIPTION_OVERHEAD)).unwrap_or(u64::MAX)
 }
 
-/// The part of [`SUBSCRIPTION_BYTES`] held by anonymous sessions where a method tells
-/// identities apart ([`crate::storage::SessionOwner::Anonymous`]).
-static ANONYMOUS_SUBSCRIPTION_BYTES: AtomicI64 = AtomicI64::new(0);
+/// What anonymous sessions hold, where a method tells identities apart
+/// ([`crate::storage::SessionOwner::Anonymous`]): their subscriptions ([`subscription_cost`]),
+/// the sessions themselves ([`anonymous_session_cost`]), the payload bytes queued for them
+/// and the retained messages they published. Bounded together by [`ANONYMOUS_SHARE`].
+static ANONYMOUS_BYTES: AtomicI64 = AtomicI64::new(0);
 
-/// Anonymous sessions' subscriptions may take at most this part of the budget (an eighth: a
-/// quarter of the subscriptions' half), where a method tells identities apart. One stranger
-/// with many sessions (each under the per-client bounds) filled the whole share in two
-/// seconds, and every client then got 0x97 for a day (issue 35, fourth adversarial pass);
-/// now strangers fill only theirs, and the clients a method verified keep the rest.
-pub(crate) const ANONYMOUS_SUBSCRIPTION_SHARE: u64 = 8;
+/// The part of [`MESSAGE_BYTES`] that is anonymous sessions themselves (not messages: `$SYS`
+/// reports messages).
+static ANONYMOUS_SESSION_BYTES: AtomicI64 = AtomicI64::new(0);
+
+/// What anonymous clients make the broker hold may take at most this part of the budget (an
+/// eighth), where a method tells identities apart: their subscriptions, their sessions and the
+/// retained messages they publish, together. One stranger with many sessions (each under the
+/// per-client bounds) filled the subscriptions' whole share in two seconds, and every client
+/// then got 0x97 for a day (issue 35, fourth adversarial pass); the sixth pass pinned
+/// unbounded persistent sessions (64 KB client ids, counted nowhere) and filled the budget
+/// with retained messages. Now strangers fill only their eighth, and the clients a method
+/// verified keep the rest.
+pub(crate) const ANONYMOUS_SHARE: u64 = 8;
+
+/// What one session is taken to cost beside its client id: the session's state, its entry in
+/// the session map and its record in the store (a little over 500 B of state measured by
+/// `size_of`, rounded up for the map and the store).
+const SESSION_OVERHEAD: usize = 1024;
+
+/// The bytes an anonymous session with a client id of `len` bytes counts in the budget and in
+/// the anonymous share.
+pub(crate) fn anonymous_session_cost(len: usize) -> u64 {
+    u64::try_from(len.saturating_add(SESSION_OVERHEAD)).unwrap_or(u64::MAX)
+}
+
+/// Whether what anonymous sessions hold may grow by `cost` bytes within their share of
+/// `budget` ([`ANONYMOUS_SHARE`]).
+pub(crate) fn anonymous_share_has_room(cost: u64, budget: &MemoryBudget) -> bool {
+    anonymous_bytes().saturating_add(cost) <= budget.limit / ANONYMOUS_SHARE
+}
+
+/// A session became anonymous (`up`) or stopped being one (changed owner, dropped): its cost
+/// enters or leaves the budget and the anonymous share.
+pub(super) fn anonymous_session_counted(client_id_len: usize, up: bool) {
+    let cost = i64::try_from(anonymous_session_cost(client_id_len)).unwrap_or(i64::MAX);
+    let delta = if up { cost } else { -cost };
+    MESSAGE_BYTES.fetch_add(delta, Ordering::Relaxed);
+    ANONYMOUS_SESSION_BYTES.fetch_add(delta, Ordering::Relaxed);
+    ANONYMOUS_BYTES.fetch_add(delta, Ordering::Relaxed);
+}
+
+/// A retained message of `bytes` (topic and payload) published by an anonymous client entered
+/// (`up`) or left the retained store. Its bytes are in [`MESSAGE_BYTES`] already, as every
+/// message's; here they are charged to the anonymous share too.
+pub(super) fn anonymous_retained_counted(bytes: usize, up: bool) {
+    let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+    ANONYMOUS_BYTES.fetch_add(if up { bytes } else { -bytes }, Ordering::Relaxed);
+}
+
+/// `bytes` of payload joined (`up`) or left an anonymous session's queue: charged to the
+/// anonymous share (the messages themselves are in [`MESSAGE_BYTES`] already, once however
+/// many queues hold them; here each queue's copy counts, as it is what that session pins).
+pub(super) fn anonymous_queued_counted(bytes: usize, up: bool) {
+    let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+    ANONYMOUS_BYTES.fetch_add(if up { bytes } else { -bytes }, Ordering::Relaxed);
+}
 
 /// A session took a new filter of `len` bytes (`anonymous`: the session is counted in
-/// [`anonymous_subscription_bytes`]). Straight to the shared counter (SUBSCRIBE is rare
-/// next to PUBLISH): the check of the next SUBSCRIBE sees it.
+/// [`anonymous_bytes`]). Straight to the shared counter (SUBSCRIBE is rare next to
+/// PUBLISH): the check of the next SUBSCRIBE sees it.
 pub(super) fn subscription_added(len: usize, anonymous: bool) {
     let cost = i64::try_from(subscription_cost(len)).unwrap_or(i64::MAX);
     MESSAGE_BYTES.fetch_add(cost, Ordering::Relaxed);
     SUBSCRIPTION_BYTES.fetch_add(cost, Ordering::Relaxed);
     if anonymous {
-        ANONYMOUS_SUBSCRIPTION_BYTES.fetch_add(cost, Ordering::Relaxed);
+        ANONYMOUS_BYTES.fetch_add(cost, Ordering::Relaxed);
     }
 }
 
@@ -134,7 +187,7 @@ pub(super) fn subscription_removed(len: usize, anonymous: bool) {
     MESSAGE_BYTES.fetch_sub(cost, Ordering::Relaxed);
     SUBSCRIPTION_BYTES.fetch_sub(cost, Ordering::Relaxed);
     if anonymous {
-        ANONYMOUS_SUBSCRIPTION_BYTES.fetch_sub(cost, Ordering::Relaxed);
+        ANONYMOUS_BYTES.fetch_sub(cost, Ordering::Relaxed);
     }
 }
 
@@ -143,13 +196,18 @@ pub(super) fn subscription_removed(len: usize, anonymous: bool) {
 pub(super) fn subscription_owner_changed(len: usize, anonymous: bool) {
     let cost = i64::try_from(subscription_cost(len)).unwrap_or(i64::MAX);
     let delta = if anonymous { cost } else { -cost };
-    ANONYMOUS_SUBSCRIPTION_BYTES.fetch_add(delta, Ordering::Relaxed);
+    ANONYMOUS_BYTES.fetch_add(delta, Ordering::Relaxed);
 }
 
-/// The bytes anonymous sessions' subscriptions count against the budget now, in this
-/// process (see [`ANONYMOUS_SUBSCRIPTION_SHARE`]).
-pub(crate) fn anonymous_subscription_bytes() -> u64 {
-    u64::try_from(ANONYMOUS_SUBSCRIPTION_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
+/// What anonymous sessions hold now, in this process (see [`ANONYMOUS_SHARE`]).
+pub(crate) fn anonymous_bytes() -> u64 {
+    u64::try_from(ANONYMOUS_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
+}
+
+/// The part of [`message_bytes`] that is not messages: subscriptions and anonymous sessions.
+pub(crate) fn bookkeeping_bytes() -> u64 {
+    subscription_bytes()
+        + u64::try_from(ANONYMOUS_SESSION_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// The bytes subscriptions count against the budget now, in this process.

@@ -562,7 +562,12 @@ impl SessionHandle {
             }
         };
         let local_id = admission.as_ref().map(|a| a.local_id);
-        let message = Arc::new(Message::from_publish(publish, Some(self.session.id)));
+        let mut message = Message::from_publish(publish, Some(self.session.id));
+        // A retained message of an anonymous client counts in their share while the retained
+        // store holds it (`Broker::store_retained`).
+        message.from_anonymous =
+            message.retain && !message.payload.is_empty() && self.session.lock().is_anonymous();
+        let message = Arc::new(message);
         if admission.is_some() && qos != QoS::AtMostOnce {
             // Its stream sequence comes with JetStream's acknowledgement; until then a
             // record cannot list a QoS 2 delivery of it (`cluster_record_barrier` waits).

@@ -74,7 +74,7 @@ impl Broker {
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
                 if st.owner != owner {
-                    st.set_owner(owner);
+                    st.set_owner(&existing.client_id, owner);
                 }
                 let ops =
                     persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
@@ -114,7 +114,7 @@ impl Broker {
         let (generation, ops) = {
             let mut st = session.lock();
             let (generation, _) = Session::attach(&mut st, self.clock_ms(Instant::now()));
-            st.set_owner(owner);
+            st.set_owner(&session.client_id, owner);
             let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
             (generation, ops)
         };
@@ -251,9 +251,25 @@ impl Broker {
     pub fn publish_will(&self, session: &Session, will: LastWill) {
         let identity = session.principal();
         let principal = identity.as_deref().unwrap_or(&ANONYMOUS);
-        if self.will_allowed(principal, &session.client_id, &will.topic) {
-            self.publish_allowed_will(&Arc::new(Message::from_will(will)));
+        if !self.will_allowed(principal, &session.client_id, &will.topic) {
+            return;
         }
+        // A retained will of an anonymous client is a retained message of theirs: it counts in
+        // their share of the budget, and past it is not published, as their PUBLISH is
+        // refused (`flow::ANONYMOUS_SHARE`; kept without RETAIN it would break MQTT-3.1.2-17).
+        let anonymous = will.retain && !will.payload.is_empty() && session.lock().is_anonymous();
+        if anonymous
+            && !super::flow::anonymous_share_has_room(
+                (will.topic.len() + will.payload.len()) as u64,
+                &self.flow.memory,
+            )
+        {
+            tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: anonymous clients are at their share of the memory budget");
+            return;
+        }
+        let mut message = Message::from_will(will);
+        message.from_anonymous = anonymous;
+        self.publish_allowed_will(&Arc::new(message));
     }
 
     /// Publishes a will whose session is not held here, checked exactly as

@@ -28,6 +28,10 @@ pub struct Message {
     pub qos: QoS,
     /// RETAIN flag as published: the message is also the topic's retained message.
     pub retain: bool,
+    /// Published by an anonymous client (where a method tells identities apart): as a
+    /// retained message its bytes count in the anonymous share of the budget
+    /// (`flow::ANONYMOUS_SHARE`). Set by the publishing session's handle only.
+    pub(crate) from_anonymous: bool,
     /// v5 properties to forward (topic alias and subscription ids stripped); `None` when there
     /// are none, as for every 3.x message: 8 bytes instead of 160 in each queued message.
     /// Read through [`Message::properties`].
@@ -160,6 +164,7 @@ impl Message {
             cluster_seq: std::sync::atomic::AtomicU64::new(0),
             settlement: None,
             encoded: PublishEncodings::default(),
+            from_anonymous: false,
         }
     }
 
@@ -225,6 +230,7 @@ impl Message {
             cluster_seq: std::sync::atomic::AtomicU64::new(0),
             settlement: None,
             encoded: PublishEncodings::default(),
+            from_anonymous: false,
         }
     }
 

@@ -297,6 +297,7 @@ impl Broker {
             cluster,
         } = parts;
         let store = store.filter(|s| s.survives_restart());
+        let flow = FlowControl::new(&config);
         let limits = QueueLimits {
             max_messages: config.max_queued_messages.max(1),
             max_bytes: config.max_queued_bytes,
@@ -304,8 +305,8 @@ impl Broker {
             overflow: config.queue_overflow,
             stalled_after_ms: u64::from(config.stalled_after) * 1000,
             backpressure_qos0: config.backpressure_qos0,
+            anonymous_share: flow.memory.limit / flow::ANONYMOUS_SHARE,
         };
-        let flow = FlowControl::new(&config);
         let runtime_limits = runtime_limits::RuntimeLimitsSlot::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
         let guarantee_metrics = crate::guarantees::GuaranteeMetrics::register(&metrics);

@@ -140,6 +140,7 @@ mod tests {
             overflow: OverflowPolicy::DropNew,
             stalled_after_ms: 30_000,
             backpressure_qos0: false,
+            anonymous_share: u64::MAX,
         }
     }
 

@@ -101,12 +101,16 @@ impl Broker {
             {
                 let mut st = session.lock();
                 st.stored = true;
-                st.set_owner(meta.owner.clone());
+                st.set_owner(&session.client_id, meta.owner.clone());
                 // Until its client comes back: the stored owner's name, reads checked at
                 // hand-out (`Principal::restored`).
-                session.set_principal(crate::auth::principal::Principal::restored(
-                    meta.owner.user(),
-                ));
+                let principal = crate::auth::principal::Principal::restored(meta.owner.user());
+                // An anonymous owner's `%c` stands for nothing (`Principal::stranger`).
+                session.set_principal(if meta.owner == SessionOwner::Anonymous {
+                    principal.stranger()
+                } else {
+                    principal
+                });
                 for (seq, entry) in snap.queue {
                     let Some(message) = messages.get(&entry.message) else {
                         tracing::warn!(client = %meta.client_id, seq, "stored queue entry without its message; skipped");

@@ -487,12 +487,24 @@ impl Broker {
             });
     }
 
+    /// Makes `message` its topic's retained message, or (empty payload) clears it. What an
+    /// anonymous client's retained message takes is charged to their share of the budget
+    /// while it is held (`flow::ANONYMOUS_SHARE`).
     pub(super) fn store_retained(&self, message: &Arc<Message>) {
         let mut retained = self.retained.write();
-        if message.payload.is_empty() {
-            retained.remove(&message.topic); // MQTT-3.3.1-10
+        let old = if message.payload.is_empty() {
+            retained.remove(&message.topic) // MQTT-3.3.1-10
         } else {
-            retained.insert(&message.topic, Arc::clone(message)); // MQTT-3.3.1-5
+            if message.from_anonymous {
+                super::flow::anonymous_retained_counted(
+                    message.topic.len() + message.payload.len(),
+                    true,
+                );
+            }
+            retained.insert(&message.topic, Arc::clone(message)) // MQTT-3.3.1-5
+        };
+        if let Some(old) = old.filter(|old| old.from_anonymous) {
+            super::flow::anonymous_retained_counted(old.topic.len() + old.payload.len(), false);
         }
         self.metrics.retained_messages.set(retained.len() as f64);
     }

@@ -80,7 +80,7 @@ impl SysFigures {
             messages_dropped: m.messages_dropped,
             messages_queued: m.messages_queued,
             message_bytes: super::flow::message_bytes()
-                .saturating_sub(super::flow::subscription_bytes()),
+                .saturating_sub(super::flow::bookkeeping_bytes()),
             bytes_received: m.bytes_received,
             bytes_sent: m.bytes_sent,
             subscriptions: m.subscriptions,

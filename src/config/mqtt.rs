@@ -26,6 +26,20 @@ pub(super) const DEFAULT_MAX_TOPIC_LEVELS: usize = 128;
 /// Longest client id that can exist on the wire (a UTF-8 string has a 16-bit length prefix).
 pub const MAX_CLIENT_ID_LEN: usize = 65_535;
 
+/// Default of `mqtt.max_client_id_len`: room for any id in common use (UUIDs are 36 bytes,
+/// cloud thing names up to 128) while a session's id stays small; MQTT 3.1.1 guarantees only
+/// 23 (MQTT-3.1.3-5). Was 65,535: one anonymous address pinned sessions of 64 KB ids (issue
+/// 35, sixth adversarial pass).
+pub(super) const DEFAULT_MAX_CLIENT_ID_LEN: usize = 256;
+
+/// Default of `mqtt.max_connect_size`: 256 KiB. A CONNECT carries at most a client id
+/// (`max_client_id_len`), a user name, a password or token, a will topic and a will payload
+/// (each at most 64 KiB, 2-byte lengths) and properties; real ones are a few KiB, and one
+/// with a full 64 KiB will and a large token fits with room to spare. A quarter of the
+/// default `max_packet_size`, so a connection that sent no credentials yet holds at most
+/// this while its CONNECT arrives (issue 35, sixth adversarial pass).
+pub(super) const DEFAULT_MAX_CONNECT_SIZE: u32 = 262_144;
+
 /// What the broker does when a session's outbound queue is full.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -127,6 +141,10 @@ pub struct MqttConfig {
     pub max_connections: usize,
     /// Largest whole MQTT packet accepted, in bytes (v5: announced as Maximum Packet Size).
     pub max_packet_size: u32,
+    /// Largest CONNECT accepted, in bytes (the smaller of this and `max_packet_size` applies):
+    /// what a connection nobody authenticated yet may make the broker hold while it arrives
+    /// (issue 35, sixth pass: half-sent CONNECTs of 1 MiB filled the memory budget).
+    pub max_connect_size: u32,
     /// Cap on the client keep-alive, in seconds (v5: announced as Server Keep Alive).
     pub max_keepalive: u16,
     /// Seconds from the broker accepting a TCP connection until its CONNECT must be accepted
@@ -259,6 +277,7 @@ impl Default for MqttConfig {
         MqttConfig {
             max_connections: 0,
             max_packet_size: 1_048_576,
+            max_connect_size: DEFAULT_MAX_CONNECT_SIZE,
             max_keepalive: 65_535,
             connect_timeout: 10,
             packet_timeout: 30,
@@ -277,7 +296,7 @@ impl Default for MqttConfig {
             retain_available: true,
             max_qos: 2,
             allow_zero_length_clientid: true,
-            max_client_id_len: MAX_CLIENT_ID_LEN,
+            max_client_id_len: DEFAULT_MAX_CLIENT_ID_LEN,
             max_topic_length: 65_535,
             max_topic_levels: DEFAULT_MAX_TOPIC_LEVELS,
             max_subscriptions_per_client: DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
@@ -310,6 +329,15 @@ impl MqttConfig {
                 format!(
                     "must be between {MIN_PACKET_SIZE} and {MAX_PACKET_SIZE_LIMIT} bytes, got {}",
                     m.max_packet_size
+                ),
+            ));
+        }
+        if !(MIN_PACKET_SIZE..=MAX_PACKET_SIZE_LIMIT).contains(&m.max_connect_size) {
+            return Err(invalid(
+                "mqtt.max_connect_size",
+                format!(
+                    "must be between {MIN_PACKET_SIZE} and {MAX_PACKET_SIZE_LIMIT} bytes, got {}",
+                    m.max_connect_size
                 ),
             ));
         }

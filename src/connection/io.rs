@@ -148,7 +148,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         if self.rbuf.is_empty() && self.partial.is_none() {
             return PartialCheck::Clear;
         }
-        PartialPacket::check(&mut self.partial, &self.rbuf, now, reading, config)
+        PartialPacket::check(&mut self.partial, &self.rbuf, now, reading, false, config)
+    }
+
+    /// [`Io::check_partial`] for a CONNECT still arriving: its bytes are counted apart, out of
+    /// the memory budget publishers pause for (`partial::budgeted_partial_bytes`).
+    pub(super) fn check_partial_before_connect(
+        &mut self,
+        now: std::time::Instant,
+        config: &MqttConfig,
+    ) -> PartialCheck {
+        PartialPacket::check(&mut self.partial, &self.rbuf, now, true, true, config)
     }
 
     /// When the partial packet in `rbuf` must be complete, if one is held.
@@ -164,6 +174,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     pub(super) fn release_read_buffer(&mut self) {
         if self.rbuf.is_empty() {
             self.rbuf = BytesMut::new();
+            // The CONNECT's partial-packet count, if it was ever partial, goes with it.
+            self.partial = None;
         }
     }
 

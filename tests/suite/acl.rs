@@ -616,3 +616,46 @@ async fn shared_group_picks_a_member_that_may_read() {
     expect_publish(&mut boss, "jobs/public/p", "p", false, ReasonCode::SUCCESS).await;
     assert_eq!(next(&mut lone).await, ("jobs/public/p".into(), "p".into()));
 }
+
+/// Where an authentication method is configured, `%c` does not stand for the client id of a
+/// client no method authenticated (as `%u` stands for nothing without a user name): its id is
+/// whatever it chose. With `pattern readwrite clients/%c/#` and anonymous clients let in, a
+/// stranger connecting as `kiosk` is refused `clients/kiosk/#` (SUBACK 0x87, v5 §3.9.3) and
+/// its PUBLISH there (PUBACK 0x87, v5 §3.4.2.1), while `sensor1`, whom the password file
+/// verified, has its own. Before, the stranger took a device's id and read and forged its
+/// topics (issue 35, sixth adversarial pass, finding 11).
+#[tokio::test]
+async fn percent_c_does_not_stand_for_the_client_id_of_a_stranger() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("acl");
+    std::fs::write(&path, "pattern readwrite clients/%c/#\n").expect("write acl");
+    let mut config = common::test_config();
+    config.auth.acl_file = Some(path);
+    config.auth.password_file =
+        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example"));
+    config.auth.allow_anonymous = true;
+    let server = common::start_with(config).await;
+
+    let mut stranger = v5::connect_id(server.mqtt_addr, "kiosk").await;
+    let ack = v5::subscribe_with(
+        &mut stranger,
+        "clients/kiosk/#",
+        SubscriptionOptions::default(),
+        None,
+    )
+    .await;
+    assert_eq!(ack.reason_codes, [ReasonCode::NOT_AUTHORIZED]);
+    let code = v5::publish(
+        &mut stranger,
+        v5::publish_packet("clients/kiosk/state", QoS::AtLeastOnce, b"forged", 1),
+    )
+    .await;
+    assert_eq!(code, ReasonCode::NOT_AUTHORIZED);
+
+    let mut connect = v5::connect_packet("sensor1");
+    connect.username = Some("sensor1".into());
+    connect.password = Some(bytes::Bytes::from_static(b"sensor1-secret"));
+    let (mut device, ack) = v5::connect(server.mqtt_addr, connect).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut device, "clients/sensor1/#", QoS::AtLeastOnce).await;
+}

@@ -294,3 +294,280 @@ async fn anonymous_clients_cannot_take_the_subscription_budget_from_authenticate
         "the authenticated device was refused: {codes:?}"
     );
 }
+
+/// A broker with the example password file (`sensor1` / `sensor1-secret`, ...), anonymous
+/// clients let in, in memory, with `max_memory` bytes of budget: its anonymous clients share
+/// an eighth of it.
+async fn password_and_anonymous(max_memory: u64) -> BrokerProcess {
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = {max_memory}\n\
+             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n"
+        ),
+    )
+    .await
+}
+
+/// A v5 CONNECT as `sensor1` (password from the example file) for a session of 600 s.
+fn sensor1(client_id: &str) -> postbox::codec::Connect {
+    let mut connect = v5::persistent_connect(client_id, 600);
+    connect.username = Some("sensor1".into());
+    connect.password = Some(bytes::Bytes::from_static(b"sensor1-secret"));
+    connect
+}
+
+/// The return code of a 3.1.1 CONNECT for `client_id` (the raw CONNACK's last byte).
+async fn v311_return_code(addr: std::net::SocketAddr, client_id: &str, clean: bool) -> u8 {
+    let version = ProtocolVersion::V3_1_1;
+    let mut c = RawClient::open(addr, version).await;
+    let connect = postbox::codec::Connect {
+        clean_start: clean,
+        ..common::connect_packet(version, client_id)
+    };
+    c.send(&Packet::Connect(Box::new(connect))).await;
+    let bytes = tokio::time::timeout(common::WAIT, c.recv_bytes(4))
+        .await
+        .expect("CONNACK in time");
+    assert_eq!(&bytes[..2], &[0x20, 0x02], "{bytes:?}");
+    bytes[3]
+}
+
+/// Anonymous sessions count in the anonymous eighth of `mqtt.max_memory` (1 KiB plus the client
+/// id each; 256 KiB here: 32 KiB, some 26 sessions of 200-byte ids). Past it a new anonymous
+/// session is not kept: MQTT 5 is told Session Expiry Interval 0 in CONNACK (v5 §3.2.2.3.2:
+/// the server may use another value than the client's, and says so), MQTT 3.1.1 clean session
+/// 0 is refused with 3 (Server unavailable, 3.1.1 §3.2.2.3 table 3.1); a clean 3.1.1 session is
+/// still admitted, a kept session is still resumed, and an authenticated client keeps what it
+/// asks for. Before, one anonymous address pinned a session of a 64 KB id per CONNECT, for a
+/// day each, counted nowhere (issue 35, sixth adversarial pass, finding 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_sessions_are_kept_only_within_their_share_of_the_budget() {
+    let broker = password_and_anonymous(262_144).await;
+    let id = |n: u16| format!("anon-{n:03}-{}", "s".repeat(191));
+    let mut not_kept_at = None;
+    for n in 0..100u16 {
+        let (c, ack) = v5::connect(broker.addr, v5::persistent_connect(&id(n), 600)).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "session {n}");
+        match ack.properties.session_expiry_interval {
+            None => v5::disconnect(c).await,
+            Some(0) => {
+                not_kept_at = Some(n);
+                // A DISCONNECT asking for a session now is the client's right (CONNECT asked
+                // for one; v5 §3.14.2.2.2 forbids only a raise from a CONNECT's 0): no
+                // DISCONNECT 0x82 for it, and it is not heeded: the session ends with its
+                // connection.
+                let mut c = c;
+                let mut d = postbox::codec::Disconnect::default();
+                d.properties.session_expiry_interval = Some(600);
+                c.send(&Packet::Disconnect(d)).await;
+                let seen = c.expect_close().await;
+                assert!(seen.is_empty(), "answered {seen:?}");
+                let path = format!("/api/v1/sessions/{}", id(n));
+                let deadline = std::time::Instant::now() + common::WAIT;
+                while common::http::get_async(broker.metrics_port, &path).await.0 != 404 {
+                    assert!(std::time::Instant::now() < deadline, "{} kept", id(n));
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                break;
+            }
+            other => panic!("session {n}: Session Expiry Interval {other:?}"),
+        }
+    }
+    let n = not_kept_at.expect("100 anonymous sessions of 200-byte ids were all kept");
+    // 32 KiB at 1,224 B a session: 26 of them, give or take the broker's own.
+    assert!((10..=27).contains(&n), "the first session not kept was {n}");
+    // 3.1.1 cannot be told: a session to keep is refused, a clean one admitted.
+    assert_eq!(v311_return_code(broker.addr, &id(500), false).await, 3);
+    assert_eq!(v311_return_code(broker.addr, &id(501), true).await, 0);
+    // A kept session is resumed as before: it is counted already.
+    let (c, ack) = v5::connect(broker.addr, v5::persistent_connect(&id(0), 600)).await;
+    assert!(ack.session_present, "{ack:?}");
+    assert_eq!(ack.properties.session_expiry_interval, None, "{ack:?}");
+    v5::disconnect(c).await;
+    // The clients a method verified keep their sessions.
+    let (c, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    assert_eq!(ack.properties.session_expiry_interval, None, "{ack:?}");
+    v5::disconnect(c).await;
+}
+
+/// `mqtt.max_client_id_len` is 256 by default (it was 65,535, so a session's id could take
+/// 64 KB): a 257-byte id is refused with 0x85 (MQTT-3.1.3-8: the server may reject a client id;
+/// 3.1.1: return code 2, §3.2.2.3), a 256-byte one admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ids_are_at_most_256_bytes_by_default() {
+    let broker = BrokerProcess::spawn("", "").await;
+    let (c, ack) = v5::connect(broker.addr, v5::connect_packet(&"i".repeat(256))).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    v5::disconnect(c).await;
+    let (_, answer) = v5::open(broker.addr, v5::connect_packet(&"i".repeat(257))).await;
+    match answer {
+        Some(Packet::ConnAck(ack)) => {
+            assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+        }
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    assert_eq!(
+        v311_return_code(broker.addr, &"i".repeat(257), true).await,
+        2
+    );
+}
+
+/// Retained messages of anonymous clients count in their eighth of `mqtt.max_memory` (4 MiB
+/// here: 512 KiB, eight messages of 64 KiB). Past it an anonymous client's retained PUBLISH is
+/// refused: v5 PUBACK 0x97 Quota exceeded (v5 §3.4.2.1); 3.1.1 cannot be told, so it is
+/// acknowledged and dropped, neither routed nor retained, as a PUBLISH the server does not
+/// authorize (3.1.1's MQTT-3.3.5-2: a positive acknowledgement or a close). An authenticated client's retained message is kept. Before, one
+/// stranger filled the whole budget with retained messages and every publisher paused (issue
+/// 35, sixth adversarial pass, finding 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_budget() {
+    use postbox::codec::QoS;
+    let broker = password_and_anonymous(4_194_304).await;
+    let payload = vec![b'r'; 65_536];
+    let mut anon = v5::connect_id(broker.addr, "retainer").await;
+    let mut refused_at = None;
+    for i in 0..20u16 {
+        let mut p = v5::publish_packet(&format!("ret/anon/{i}"), QoS::AtLeastOnce, &payload, i + 1);
+        p.retain = true;
+        let code = v5::publish(&mut anon, p).await;
+        if code.is_error() {
+            assert_eq!(code, ReasonCode::QUOTA_EXCEEDED, "message {i}");
+            refused_at = Some(i);
+            break;
+        }
+    }
+    let i = refused_at.expect("20 anonymous retained messages of 64 KiB were all kept");
+    assert!((4..=8).contains(&i), "refused at message {i}");
+
+    // 3.1.1: acknowledged, not retained.
+    let mut old =
+        RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "retainer-311", true).await;
+    let mut p = v5::publish_packet("ret/v311", QoS::AtLeastOnce, &payload, 1);
+    p.retain = true;
+    old.send(&Packet::Publish(p)).await;
+    match tokio::time::timeout(common::WAIT, old.recv()).await {
+        Ok(Some(Packet::PubAck(ack))) => assert_eq!(ack.packet_id, 1),
+        other => panic!("expected PUBACK, got {other:?}"),
+    }
+
+    // sensor1's own retained message is kept; of `ret/+` it finds that one, not the 3.1.1 one.
+    let (mut device, _) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    let mut p = v5::publish_packet("ret/sensor1", QoS::AtLeastOnce, &payload, 1);
+    p.retain = true;
+    let code = v5::publish(&mut device, p).await;
+    assert!(
+        !code.is_error(),
+        "the authenticated device was refused: {code:?}"
+    );
+    v5::subscribe(&mut device, "ret/+", QoS::AtMostOnce).await;
+    let first = v5::receive(&mut device).await;
+    assert_eq!(&*first.topic, "ret/sensor1");
+    v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
+}
+
+/// A v5 CONNECT of about `size` bytes without credentials (user properties make up the size).
+fn big_connect(client_id: &str, size: usize) -> Vec<u8> {
+    let mut connect = v5::connect_packet(client_id);
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(60_000);
+        connect
+            .properties
+            .user_properties
+            .push(("k".into(), "v".repeat(n).into()));
+        left -= n;
+    }
+    common::encode(&Packet::Connect(Box::new(connect)), ProtocolVersion::V5)
+}
+
+/// A CONNECT still arriving holds what it has sent, before any credentials are checked; such
+/// bytes no longer count in `mqtt.max_memory` (1 MiB here), so five half-sent CONNECTs of
+/// 240 KB (1.2 MB) leave an authenticated publisher's QoS 1 PUBLISH accepted; before, they
+/// took the budget past 100% and it got 0x97 (issue 35, sixth adversarial pass, finding 7).
+/// And a CONNECT is at most `mqtt.max_connect_size` (256 KiB by default, below the 1 MiB
+/// `max_packet_size`): one announcing more gets CONNACK 0x95 Packet too large (v5
+/// §3.2.2.2) as soon as its fixed header and version are in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_connects_do_not_take_the_budget_from_authenticated_publishers() {
+    use postbox::codec::QoS;
+    use tokio::io::AsyncWriteExt;
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 1048576\n\
+             [auth]\npassword_file = {passwd:?}\n"
+        ),
+    )
+    .await;
+    let mut held = Vec::new();
+    let mut sent = 0;
+    for n in 0..5 {
+        let bytes = big_connect(&format!("half-{n}"), 240_000);
+        let mut stream = tokio::net::TcpStream::connect(broker.addr)
+            .await
+            .expect("connect");
+        stream
+            .write_all(&bytes[..bytes.len() - 1])
+            .await
+            .expect("write");
+        sent += bytes.len() - 1;
+        held.push(stream);
+    }
+    let sent = sent as f64;
+    broker
+        .wait_metric("postbox_partial_packet_bytes", |v| v >= sent)
+        .await;
+    let (mut device, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let code = v5::publish(
+        &mut device,
+        v5::publish_packet("sensors/sensor1/t", QoS::AtLeastOnce, b"21.5", 1),
+    )
+    .await;
+    assert!(
+        !code.is_error(),
+        "the authenticated publisher was refused: {code:?}"
+    );
+
+    // A CONNECT announcing 300 KB: refused as soon as its fixed header and version are in.
+    let bytes = big_connect("too-big", 300_000);
+    let mut c = RawClient::open(broker.addr, ProtocolVersion::V5).await;
+    c.send_raw(&bytes[..64]).await;
+    match tokio::time::timeout(common::WAIT, c.recv()).await {
+        Ok(Some(Packet::ConnAck(ack))) => {
+            assert_eq!(ack.reason_code, ReasonCode::PACKET_TOO_LARGE);
+        }
+        other => panic!("expected CONNACK 0x95, got {other:?}"),
+    }
+    drop(held);
+}
+
+/// What is queued for an offline anonymous session counts in the anonymous eighth of
+/// `mqtt.max_memory` (4 MiB here: 512 KiB): once anonymous sessions hold it, the session's
+/// queue is full and its overflow policy applies (`drop-new` by default; the publisher's PUBACK
+/// still stands, MQTT-4.3.2-2, and the drop is counted). Of twenty 64 KiB messages at most
+/// eight are kept for it; before, its queue took `max_queued_bytes` (16 MiB) like anyone's,
+/// so a stranger's kept sessions could fill the budget with their own messages (issue 35,
+/// sixth adversarial pass, finding 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_offline_anonymous_session_queues_is_kept_within_their_share() {
+    use postbox::codec::QoS;
+    let broker = password_and_anonymous(4_194_304).await;
+    let (mut sink, _) = v5::connect(broker.addr, v5::persistent_connect("sink", 600)).await;
+    v5::subscribe(&mut sink, "q/#", QoS::AtLeastOnce).await;
+    v5::disconnect(sink).await;
+    let payload = vec![b'q'; 65_536];
+    let mut feeder = v5::connect_id(broker.addr, "feeder").await;
+    for i in 0..20u16 {
+        let p = v5::publish_packet("q/x", QoS::AtLeastOnce, &payload, i + 1);
+        let code = v5::publish(&mut feeder, p).await;
+        assert!(!code.is_error(), "message {i}: {code:?}");
+    }
+    let view = common::http::get_json_async(broker.metrics_port, "/api/v1/sessions/sink").await;
+    let backlog = view["backlog"].as_u64().expect("backlog");
+    assert!((4..=8).contains(&backlog), "{view}");
+}

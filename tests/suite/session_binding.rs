@@ -297,6 +297,33 @@ async fn client_ids_that_must_start_with_the_user_keep_squatters_off_a_devices_i
     assert_eq!(code, ReasonCode::SUCCESS, "an assigned id");
 }
 
+/// With `auth.client_ids_start_with_user`, a client no method authenticated may not take a
+/// password-file user's id either, `sensor1` or `sensor1:...` (CONNACK 0x85, 3.1.1: 2;
+/// MQTT-3.1.3-8: the server may reject a client id with 0x85), so an id names one user for strangers
+/// too; other ids, and an id the broker assigns, are theirs. Before, an anonymous client
+/// connected as `sensor1` and, with `%c` rules, read and forged the device's topics (issue 35,
+/// sixth adversarial pass, finding 11).
+#[tokio::test]
+async fn an_anonymous_client_may_not_take_a_users_client_id() {
+    let mut rule = config(SessionBinding::Refuse, true);
+    rule.auth.client_ids_start_with_user = true;
+    let server = common::start_with(rule).await;
+    for id in ["sensor1", "sensor1:main", "dashboard"] {
+        let (code, _, _) = try_connect(&server, persistent(id, None)).await;
+        assert_eq!(
+            code,
+            ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            "anonymous as {id}"
+        );
+    }
+    assert_eq!(v311_code(&server, "sensor1", None).await, 2);
+    for id in ["sensor10", "kiosk", ""] {
+        let (code, _, c) = try_connect(&server, persistent(id, None)).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "anonymous as {id:?}");
+        v5::disconnect(c).await;
+    }
+}
+
 const ACL: &str = "\
 user dashboard
 topic read sensors/#

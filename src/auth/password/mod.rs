@@ -196,6 +196,11 @@ impl PasswordStore {
         &self.metrics
     }
 
+    /// Whether the file in force has a line for `user`.
+    pub fn has_user(&self, user: &str) -> bool {
+        self.current.read().users.get(user).is_some()
+    }
+
     /// How many users the file in force has.
     pub fn users(&self) -> usize {
         self.current.read().users.len()

@@ -105,6 +105,11 @@ pub struct QueueLimits {
     pub stalled_after_ms: u64,
     /// QoS 0 deliveries pause their publisher too (`mqtt.backpressure_qos0`).
     pub backpressure_qos0: bool,
+    /// What anonymous sessions may hold together (`flow::ANONYMOUS_SHARE` of the memory
+    /// budget, queued payload bytes included): an offline anonymous session's queue counts as
+    /// full once they hold it, so its overflow policy applies (issue 35, sixth pass: a
+    /// stranger's kept sessions could otherwise queue up to `max_queued_bytes` each).
+    pub anonymous_share: u64,
 }
 
 /// The deliveries a drop-oldest admission pushed out of the queue: how many, and the stored
@@ -224,13 +229,21 @@ pub struct SessionState {
 }
 
 impl SessionState {
-    /// Binds the session to `owner` ([`SessionState::owner`]); an anonymous session's
-    /// filters count in the anonymous sessions' share of the memory budget
-    /// (`flow::ANONYMOUS_SUBSCRIPTION_SHARE`).
-    pub(in crate::broker) fn set_owner(&mut self, owner: crate::storage::SessionOwner) {
+    /// Binds the session of `client_id` to `owner` ([`SessionState::owner`]); an anonymous
+    /// session, and its filters, count in the anonymous sessions' share of the memory budget
+    /// (`flow::ANONYMOUS_SHARE`, issue 35 sixth pass: one address pinned unbounded sessions
+    /// of 64 KB ids, counted nowhere). Uncounted when the owner changes or the session is
+    /// dropped (`Drop for Session`).
+    pub(in crate::broker) fn set_owner(
+        &mut self,
+        client_id: &str,
+        owner: crate::storage::SessionOwner,
+    ) {
         let anonymous = owner == crate::storage::SessionOwner::Anonymous;
         if anonymous != self.is_anonymous() {
             self.subscriptions.owner_changed(anonymous);
+            super::flow::anonymous_session_counted(client_id.len(), anonymous);
+            super::flow::anonymous_queued_counted(self.queued_bytes, anonymous);
         }
         self.owner = owner;
     }
@@ -274,6 +287,19 @@ impl Drop for SessionState {
     fn drop(&mut self) {
         let anonymous = self.is_anonymous();
         self.subscriptions.uncount_all(anonymous);
+        if anonymous {
+            super::flow::anonymous_queued_counted(self.queued_bytes, false);
+        }
+    }
+}
+
+impl Drop for Session {
+    /// An anonymous session leaves the anonymous share with its state
+    /// ([`SessionState::set_owner`]).
+    fn drop(&mut self) {
+        if self.state.get_mut().is_anonymous() {
+            super::flow::anonymous_session_counted(self.client_id.len(), false);
+        }
     }
 }
 
@@ -453,7 +479,9 @@ impl Session {
             st.pressured = true;
             outcome = EnqueueOutcome::QueuedOverBound;
         }
-        while outcome != EnqueueOutcome::QueuedOverBound && st.is_full(limits, size) {
+        while outcome != EnqueueOutcome::QueuedOverBound
+            && (st.is_full(limits, size) || st.over_anonymous_share(online, limits, size))
+        {
             // Connected and eligible for back-pressure: full only because it stalled.
             if !st.stalled
                 && online
@@ -488,7 +516,7 @@ impl Session {
                 }
                 OverflowPolicy::DropOldest => match st.queue.pop_front() {
                     Some(old) => {
-                        st.queued_bytes -= old.message.payload.len();
+                        st.uncount_queued(old.message.payload.len());
                         outcome = EnqueueOutcome::QueuedDroppedOldest;
                         victims.dropped[old.qos as usize] += 1;
                         victims.stored.extend(old.seq);
@@ -527,9 +555,10 @@ impl Session {
         now_ms: u64,
     ) -> bool {
         let st = self.state.lock();
+        let online = st.connection.is_some();
         !st.ended
-            && st.is_full(limits, size)
-            && (st.connection.is_none() || st.is_stalled(now_ms, limits))
+            && ((st.is_full(limits, size) && (!online || st.is_stalled(now_ms, limits)))
+                || st.over_anonymous_share(online, limits, size))
     }
 
     /// Whether a QoS 1/2 delivery to this session is stored (it lives on, and persistence is
@@ -643,7 +672,7 @@ impl SessionState {
 
     /// Appends a delivery restored from the durable store (already admitted once).
     pub fn restore_queued(&mut self, delivery: Delivery) {
-        self.queued_bytes += delivery.message.payload.len();
+        self.count_queued(delivery.message.payload.len());
         self.queue.push_back(delivery);
     }
 
@@ -652,8 +681,34 @@ impl SessionState {
             // Work for an idle session: the stall clock starts now, not at its last delivery.
             self.progress_at_ms = now_ms;
         }
-        self.queued_bytes += delivery.message.payload.len();
+        self.count_queued(delivery.message.payload.len());
         self.queue.push_back(delivery);
+    }
+
+    /// `bytes` of payload joined the queue; an anonymous session's count in the anonymous
+    /// share with them (`flow::ANONYMOUS_SHARE`).
+    fn count_queued(&mut self, bytes: usize) {
+        self.queued_bytes += bytes;
+        if self.is_anonymous() {
+            super::flow::anonymous_queued_counted(bytes, true);
+        }
+    }
+
+    /// `bytes` of payload left the queue.
+    fn uncount_queued(&mut self, bytes: usize) {
+        self.queued_bytes -= bytes;
+        if self.is_anonymous() {
+            super::flow::anonymous_queued_counted(bytes, false);
+        }
+    }
+
+    /// Whether an offline anonymous session's queue is full because anonymous sessions hold
+    /// their share of the budget ([`QueueLimits::anonymous_share`]) with `incoming` more.
+    fn over_anonymous_share(&self, online: bool, limits: &QueueLimits, incoming: usize) -> bool {
+        !online
+            && self.is_anonymous()
+            && super::flow::anonymous_bytes().saturating_add(incoming as u64)
+                > limits.anonymous_share
     }
 
     /// Payload bytes of the queued deliveries (kept as they come and go: no walk).
@@ -664,7 +719,7 @@ impl SessionState {
     /// Takes the oldest queued delivery.
     pub fn pop(&mut self) -> Option<Delivery> {
         let d = self.queue.pop_front()?;
-        self.queued_bytes -= d.message.payload.len();
+        self.uncount_queued(d.message.payload.len());
         if self.queue.is_empty() {
             self.overflowing = false;
         }
@@ -681,15 +736,17 @@ impl SessionState {
     ) -> Vec<Delivery> {
         let mut taken = Vec::new();
         let mut kept = VecDeque::with_capacity(self.queue.len());
+        let mut taken_bytes = 0;
         for d in self.queue.drain(..) {
             match &d.shared {
                 Some(_) if group(&d) => {
-                    self.queued_bytes -= d.message.payload.len();
+                    taken_bytes += d.message.payload.len();
                     taken.push(d);
                 }
                 _ => kept.push_back(d),
             }
         }
+        self.uncount_queued(taken_bytes);
         self.queue = kept;
         if self.queue.is_empty() {
             self.overflowing = false;

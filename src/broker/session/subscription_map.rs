@@ -5,7 +5,7 @@
 //! start, the session's end, its drop); counting in the map itself, on insert, remove and
 //! drain, and in the session state's drop, keeps the count right on all of them without each
 //! path remembering to. Each mutator is told whether the session is anonymous (its filters
-//! also count in the anonymous sessions' share, `flow::ANONYMOUS_SUBSCRIPTION_SHARE`): the
+//! also count in the anonymous sessions' share, `flow::ANONYMOUS_SHARE`): the
 //! session state knows from its owner, and passes it (`SessionState::add_subscription` and
 //! the rest), so the map stays as large as the map it wraps. Nothing here is touched per
 //! PUBLISH.

@@ -145,7 +145,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     #[allow(clippy::needless_pass_by_value)]
     pub(super) fn on_disconnect(&mut self, disconnect: Disconnect) -> Result<(), Close> {
         if let Some(mut expiry) = disconnect.properties.session_expiry_interval {
-            if self.settled.unauthenticated() {
+            if self.settled.not_kept() {
+                // CONNACK lowered it to 0 for the anonymous share: it stays 0 (and the
+                // client, which asked for more in CONNECT, may name any value here).
+                expiry = 0;
+            } else if self.settled.unauthenticated() {
                 // At least 1: a session that had 0 still sees a raise from 0 (a violation).
                 let cap = self.broker().config().max_session_expiry_anonymous.max(1);
                 expiry = expiry.min(cap);

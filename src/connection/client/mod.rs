@@ -157,11 +157,13 @@ struct Settled(u8);
 impl Settled {
     const SESSION_PRESENT: u8 = 1;
     const UNAUTHENTICATED: u8 = 2;
+    const NOT_KEPT: u8 = 4;
 
-    fn new(session_present: bool, unauthenticated: bool) -> Settled {
+    fn new(session_present: bool, unauthenticated: bool, not_kept: bool) -> Settled {
         Settled(
             (u8::from(session_present) * Self::SESSION_PRESENT)
-                | (u8::from(unauthenticated) * Self::UNAUTHENTICATED),
+                | (u8::from(unauthenticated) * Self::UNAUTHENTICATED)
+                | (u8::from(not_kept) * Self::NOT_KEPT),
         )
     }
 
@@ -174,6 +176,12 @@ impl Settled {
     /// Interval is capped at `mqtt.max_session_expiry_anonymous` as the CONNECT's was.
     fn unauthenticated(self) -> bool {
         self.0 & Self::UNAUTHENTICATED != 0
+    }
+
+    /// The anonymous share had no room for the session the client asked to keep (CONNACK
+    /// said Session Expiry Interval 0): a DISCONNECT asking for more is not heeded.
+    fn not_kept(self) -> bool {
+        self.0 & Self::NOT_KEPT != 0
     }
 }
 
@@ -191,6 +199,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             auth,
             credentials_expire,
             unauthenticated,
+            not_kept,
         } = accepted;
         let broker = Arc::clone(attached.handle.broker());
         let config = broker.config();
@@ -226,7 +235,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             session: attached.handle,
             info,
             version: connect.protocol,
-            settled: Settled::new(attached.session_present, unauthenticated),
+            settled: Settled::new(attached.session_present, unauthenticated, not_kept),
             keep_alive_limit: (keep_alive > 0)
                 .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
             last_read: Instant::now(),

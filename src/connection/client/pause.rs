@@ -20,7 +20,7 @@ use tokio::sync::futures::OwnedNotified;
 
 use super::Client;
 use crate::broker::{flow, MemoryLevel, Session};
-use crate::connection::partial::partial_packet_bytes;
+use crate::connection::partial::budgeted_partial_bytes;
 
 /// The Reason String of refusals over the memory budget.
 pub(super) const OVER_BUDGET: &str = "the broker is over its memory budget (mqtt.max_memory)";
@@ -63,10 +63,11 @@ impl Pause {
     }
 }
 
-/// What counts against the memory budget: messages alive, subscriptions and partly received
-/// packets.
+/// What counts against the memory budget: messages alive, subscriptions, anonymous sessions
+/// and partly received packets of connected clients (not CONNECTs still arriving:
+/// `partial::budgeted_partial_bytes`).
 pub(super) fn memory_used() -> u64 {
-    flow::message_bytes() + partial_packet_bytes()
+    flow::message_bytes() + budgeted_partial_bytes()
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {

@@ -21,20 +21,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// refused when subscriptions would hold more than half of the budget, or the memory in
     /// use would reach the pause mark. So subscriptions alone never pause the publishers, and
     /// a flood of them leaves at least 40% of the budget to the messages. Anonymous sessions
-    /// (where a method tells identities apart) have an eighth of the budget between them
-    /// ([`flow::ANONYMOUS_SUBSCRIPTION_SHARE`]), so strangers cannot take it from the clients
-    /// a method verified. `Some(why)` when the filter is refused.
+    /// (where a method tells identities apart) have an eighth of the budget between them for
+    /// what they hold, subscriptions included ([`flow::ANONYMOUS_SHARE`]), so strangers
+    /// cannot take it from the clients a method verified. `Some(why)` when the filter is refused.
     fn over_subscription_budget(&self, filter: &str, budget: MemoryBudget) -> Option<&'static str> {
         let cost = flow::subscription_cost(filter.len());
         let why = if flow::subscription_bytes().saturating_add(cost) > budget.limit / 2
             || pause::memory_used().saturating_add(cost) >= budget.pause_at
         {
             "subscriptions are at their share of the memory budget (mqtt.max_memory)"
-        } else if flow::anonymous_subscription_bytes().saturating_add(cost)
-            > budget.limit / flow::ANONYMOUS_SUBSCRIPTION_SHARE
-            && self.session.is_anonymous()
-        {
-            "anonymous clients' subscriptions are at their share of the memory budget (mqtt.max_memory / 8)"
+        } else if !flow::anonymous_share_has_room(cost, &budget) && self.session.is_anonymous() {
+            "anonymous clients are at their share of the memory budget (mqtt.max_memory / 8)"
         } else {
             return None;
         };

@@ -40,6 +40,10 @@ pub(super) struct Accepted {
     /// No configured method authenticated the client: its session expiry stays capped at
     /// `mqtt.max_session_expiry_anonymous`, also when DISCONNECT asks for more.
     pub unauthenticated: bool,
+    /// The anonymous share of the budget had no room for the session this v5 client asked to
+    /// keep: CONNACK said Session Expiry Interval 0, and a DISCONNECT asking for more is not
+    /// heeded either.
+    pub not_kept: bool,
 }
 
 /// The enhanced authentication method of a connection (MQTT 5 §4.12).
@@ -74,7 +78,12 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     mut slot: HandshakeSlot,
 ) -> Option<(Accepted, ConnectedSlot)> {
     let peer = info.peer;
-    let rules = super::decode_rules(broker.config());
+    // A CONNECT is bounded by `mqtt.max_connect_size` too: a connection nobody has
+    // authenticated holds at most that much while it arrives (issue 35, sixth pass).
+    let mut rules = super::decode_rules(broker.config());
+    rules.max_packet_size = rules
+        .max_packet_size
+        .min(broker.config().max_connect_size as usize);
     let deadline = connect_deadline(broker, &slot);
     let connect = loop {
         // Read before decoding: a failed decode may already have consumed the bytes.
@@ -87,9 +96,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 return None;
             }
             Ok(None) => {
-                // Counted in `postbox_partial_packet_bytes` while it arrives; its deadline is
-                // this handshake's.
-                io.check_partial(std::time::Instant::now(), true, broker.config());
+                // Counted in `postbox_partial_packet_bytes` while it arrives, but not in the
+                // memory budget that pauses publishers (`partial::budgeted_partial_bytes`); its
+                // deadline is this handshake's.
+                io.check_partial_before_connect(std::time::Instant::now(), broker.config());
             }
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);
@@ -366,6 +376,17 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         }
     }
+    // With the rule on, the ids of the password file's users are theirs alone: an anonymous
+    // client may not take `user` or `user:...` either (issue 35, sixth pass: a stranger on an
+    // anonymous listener connected as a device's id and read and forged its `%c` topics).
+    if let (SessionOwner::Anonymous, Some(logins)) = (&owner, logins) {
+        if !admitted.assigned && logins.client_id_names_a_user(&admitted.client_id) {
+            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "refusing CONNECT: an anonymous client may not use a user's client id (auth.client_ids_start_with_user)");
+            let why = "the client identifier belongs to a user";
+            let code = ReasonCode::CLIENT_IDENTIFIER_NOT_VALID;
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        }
+    }
     let client_max = client_max_packet(&connect);
     let (mut connack, keep_alive, mut expiry_interval) = match admission::answer(
         &connect,
@@ -405,6 +426,31 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             &mut connack,
             &mut expiry_interval,
         );
+    }
+    // What anonymous clients hold has an eighth of the memory budget (`flow::ANONYMOUS_SHARE`):
+    // past it, a new anonymous session is not kept beyond its connection (issue 35, sixth
+    // pass: one address pinned a session of a 64 KB id per CONNECT, counted nowhere). v5 is
+    // told Session Expiry Interval 0 in CONNACK (the server may lower it, §3.2.2.3.2); 3.x
+    // cannot be, so clean session 0 is refused with 3 (Server unavailable). A session the
+    // client id already has is counted already (resumed, or replaced by this one).
+    let mut not_kept = false;
+    if owner == SessionOwner::Anonymous
+        && expiry_interval > 0
+        && !crate::broker::flow::anonymous_share_has_room(
+            crate::broker::flow::anonymous_session_cost(admitted.client_id.len()),
+            &broker.flow().memory,
+        )
+        && !broker.has_session(&admitted.client_id)
+    {
+        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "anonymous clients are at their share of the memory budget: the session is not kept");
+        if !version.is_v5() {
+            let why = "anonymous clients are at their share of the memory budget";
+            let code = ReasonCode::SERVER_UNAVAILABLE;
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        }
+        expiry_interval = 0;
+        connack.properties.session_expiry_interval = Some(0);
+        not_kept = true;
     }
     // Only now does the connection take a connected slot (the listener's `max_connections`,
     // its source's `max_connections_per_ip`, the broker's `mqtt.max_connections`): until
@@ -485,6 +531,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         protocol: version,
     };
     let client_id = request.client_id.clone();
+    // Anonymous where a method tells identities apart: `%c` does not stand for its client id
+    // in the ACL (`Principal::stranger`).
+    let stranger = owner == SessionOwner::Anonymous;
     let Ok(mut attached) = broker.connect_as(request, owner) else {
         // The client id's session belongs to another identity (issue 35): the owner's
         // session and connection stay as they are.
@@ -529,7 +578,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // The one place the identity for ACL checks is set: the user name as authenticated above
     // (CONNECT's, the certificate's, the token's or the SCRAM user's) and the token's claims.
     if claims.is_some() || broker.authz().is_some() {
-        let principal = auth::principal::Principal::new(connect.username.as_deref(), claims);
+        let mut principal = auth::principal::Principal::new(connect.username.as_deref(), claims);
+        if stranger {
+            principal = principal.stranger();
+        }
         broker.set_identity(attached.handle.session(), principal);
     }
     attached
@@ -573,6 +625,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             auth,
             credentials_expire,
             unauthenticated,
+            not_kept,
         },
         connected,
     ))
