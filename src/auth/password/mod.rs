@@ -45,6 +45,10 @@ pub const AUTH_FAILURES: &str = crate::metrics::names::AUTH_FAILURES_TOTAL;
 /// Counter of logins accepted by the password file (`cached` = whether the cache answered).
 pub const AUTH_SUCCESSES: &str = crate::metrics::names::AUTH_SUCCESSES_TOTAL;
 
+/// The `reason` of `postbox_auth_failures_total` for a wrong password and an unknown user
+/// alike (the same word as `postbox_connack_refusals_total`'s).
+pub const BAD_CREDENTIALS: &str = "bad_credentials";
+
 /// The outcome of a password check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -62,7 +66,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The `reason` label of the failure metric and log line.
+    /// The `reason` of the log line (the metric joins `bad_password` and `unknown_user` into
+    /// [`BAD_CREDENTIALS`]).
     pub fn reason(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
@@ -84,10 +89,10 @@ struct Loaded {
 /// Metric handles, registered once.
 #[derive(Debug, Clone)]
 pub struct AuthMetrics {
-    /// Refused: wrong password.
-    pub bad_password: Counter,
-    /// Refused: unknown user.
-    pub unknown_user: Counter,
+    /// Refused: wrong password or unknown user, one series for both. `/metrics` is open to
+    /// any peer, so two series would tell real user names from unknown ones (issue 35, sixth
+    /// adversarial pass, finding 10); the log line still names the [`Verdict::reason`].
+    pub bad_credentials: Counter,
     /// Refused: no user name where anonymous access is off.
     pub anonymous: Counter,
     /// Refused: a password shaped like a JWT that did not verify (`[auth.jwt]`).
@@ -112,8 +117,7 @@ impl AuthMetrics {
     /// counters.
     pub fn register(metrics: &crate::metrics::Metrics) -> AuthMetrics {
         AuthMetrics {
-            bad_password: metrics.auth_failures("bad_password"),
-            unknown_user: metrics.auth_failures("unknown_user"),
+            bad_credentials: metrics.auth_failures(BAD_CREDENTIALS),
             anonymous: metrics.auth_failures("anonymous"),
             jwt_refused: metrics.auth_failures("jwt"),
             success_hashed: metrics.auth_successes(false),
@@ -276,7 +280,7 @@ impl PasswordStore {
                 Some(hash) => (hash.clone(), false),
                 None => {
                     unhashed.0 = None;
-                    self.metrics.unknown_user.increment(1);
+                    self.metrics.bad_credentials.increment(1);
                     return Verdict::UnknownUser;
                 }
             },
@@ -335,8 +339,9 @@ impl PasswordStore {
                     self.cache.lock().insert(key);
                 }
             }
-            Verdict::BadPassword => self.metrics.bad_password.increment(1),
-            Verdict::UnknownUser => self.metrics.unknown_user.increment(1),
+            Verdict::BadPassword | Verdict::UnknownUser => {
+                self.metrics.bad_credentials.increment(1);
+            }
             Verdict::NoTime | Verdict::Throttled => {}
         }
         verdict
