@@ -388,7 +388,7 @@ impl Metrics {
         let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header).", &["reason"]);
         let http_refused = r.counter_vec(
             HTTP_CONNECTIONS_REFUSED_TOTAL,
-            "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections or max_connections_per_ip, by reason.",
+            "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.",
             &["reason"],
         );
         let connack_refusals = r.counter_vec(
