@@ -151,6 +151,34 @@ pub struct PasswordStore {
     /// began, so users whose hashes cost less than most (device secrets made with fewer
     /// iterations) cannot be told from unknown names by timing (issue 35, fifth pass).
     slowest_hash_ns: AtomicU64,
+    /// What one hash of the slowest cost class in the file took when it was loaded, in
+    /// nanoseconds: the padding never goes below it. The recent value alone started at 0
+    /// after a restart and decayed under cheap hashes, and then the minority of users with
+    /// slow hashes (people's accounts next to cheap device secrets) stood out from unknown
+    /// names, which are hashed at the majority's cost (issue 35, sixth pass, finding 4).
+    /// Shared with the thread that measures it again after a reload.
+    floor_ns: Arc<AtomicU64>,
+}
+
+/// A wrong password to time each cost class with (a right one costs the same).
+const FLOOR_PASSWORD: &[u8] = b"\0postbox: measuring the hash cost";
+
+/// The padding floor for `classes` (one hash per cost class): the longest `cost` of one.
+fn floor_of(classes: &[PasswordHash], cost: impl Fn(&PasswordHash) -> Duration) -> Duration {
+    classes.iter().map(cost).max().unwrap_or(Duration::ZERO)
+}
+
+/// Hashes once per cost class of `users` and returns what the slowest took.
+fn measure_floor(users: &Users) -> Duration {
+    floor_of(users.cost_classes(), |hash| {
+        let started = std::time::Instant::now();
+        let _ = hash.verify(FLOOR_PASSWORD);
+        started.elapsed()
+    })
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl PasswordStore {
@@ -167,6 +195,8 @@ impl PasswordStore {
         metrics: AuthMetrics,
     ) -> Result<PasswordStore, CredentialFileError> {
         let users = file::load(path)?;
+        // Before the first client: right after a start is when the padding mattered most.
+        let floor = measure_floor(&users);
         let max_hashes = if max_hashes == 0 {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         } else {
@@ -185,6 +215,7 @@ impl PasswordStore {
             metrics,
             last_hash_ns: AtomicU64::new(0),
             slowest_hash_ns: AtomicU64::new(0),
+            floor_ns: Arc::new(AtomicU64::new(nanos(floor))),
         })
     }
 
@@ -231,6 +262,14 @@ impl PasswordStore {
         // had closed already) counts as skipped too.
         let unhashed = Unhashed(Some(&self.metrics.hashes_skipped));
         self.check(user, password, source, deadline, unhashed)
+    }
+
+    /// How long a failure takes at least, counted from when its hash began: the floor
+    /// measured at load, or the slowest recent hash if longer.
+    fn pad_target(&self) -> Duration {
+        let floor = self.floor_ns.load(Ordering::Relaxed);
+        let recent = self.slowest_hash_ns.load(Ordering::Relaxed);
+        Duration::from_nanos(floor.max(recent))
     }
 
     /// [`PasswordStore::verify`]'s work; `unhashed` is disarmed where no hash is needed.
@@ -305,7 +344,7 @@ impl PasswordStore {
                 .await
                 .unwrap_or(false);
                 hashed_for = started.elapsed();
-                let took = u64::try_from(hashed_for.as_nanos()).unwrap_or(u64::MAX);
+                let took = nanos(hashed_for);
                 self.last_hash_ns.store(took, Ordering::Relaxed);
                 let slowest = self.slowest_hash_ns.load(Ordering::Relaxed);
                 self.slowest_hash_ns
@@ -323,9 +362,9 @@ impl PasswordStore {
             Verdict::Ok => reservation.succeeded(std::time::Instant::now()),
             _ => {
                 reservation.failed(std::time::Instant::now());
-                // A failure takes as long as the slowest recent hash (within the deadline).
-                let slowest = Duration::from_nanos(self.slowest_hash_ns.load(Ordering::Relaxed));
-                if let Some(pad) = slowest.checked_sub(hashed_for) {
+                // A failure takes as long as the slowest class's hash, or the slowest recent
+                // hash if longer (a loaded machine), within the deadline.
+                if let Some(pad) = self.pad_target().checked_sub(hashed_for) {
                     let until = (tokio::time::Instant::now() + pad).min(deadline);
                     tokio::time::sleep_until(until).await;
                 }
@@ -368,10 +407,20 @@ impl crate::reload::Reload for PasswordStore {
     fn reload(&self) -> Result<(), String> {
         let users = file::load(&self.path).map_err(|e| e.to_string())?;
         let count = users.len();
-        {
+        let loaded = {
             let mut current = self.current.write();
             let generation = current.generation + 1;
             *current = Arc::new(Loaded { users, generation });
+            Arc::clone(&current)
+        };
+        // The new file's floor, measured off the caller's thread (the signal handler runs on
+        // the runtime); until it is known the old one stays (it never drops to 0).
+        let floor = Arc::clone(&self.floor_ns);
+        let measuring = std::thread::Builder::new()
+            .name("postbox-hash-floor".into())
+            .spawn(move || floor.store(nanos(measure_floor(&loaded.users)), Ordering::Relaxed));
+        if let Err(error) = measuring {
+            tracing::warn!(%error, "the padding floor of the reloaded password file is not measured; the old one stays");
         }
         self.cache.lock().clear();
         tracing::info!(path = %self.path.display(), users = count, "password file loaded");
@@ -511,6 +560,58 @@ mod tests {
         // One dropped before it ever ran (its client had closed already) too.
         drop(store.verify("a", b"z", other, later()));
         assert_eq!(store.metrics.hashes_skipped.get(), 2);
+    }
+
+    /// The floor is the slowest class's cost whatever the order, 0 for no class.
+    #[test]
+    fn the_floor_is_the_slowest_class() {
+        let classes = [
+            PasswordHash::new_pbkdf2(b"x", 10),
+            PasswordHash::new_pbkdf2(b"x", 300),
+            PasswordHash::new_pbkdf2(b"x", 20),
+        ];
+        let by_iterations = |h: &PasswordHash| {
+            let class = h.cost_class();
+            let n: u64 = class
+                .rsplit(':')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            Duration::from_millis(n)
+        };
+        assert_eq!(
+            floor_of(&classes, by_iterations),
+            Duration::from_millis(300)
+        );
+        assert_eq!(floor_of(&[], by_iterations), Duration::ZERO);
+    }
+
+    /// The padding does not start at 0 after a load and does not decay below the floor with
+    /// cheap hashes (issue 35, sixth pass, finding 4): many failures on the cheap user leave
+    /// the pad at the floor measured for the slow class.
+    #[tokio::test]
+    async fn the_padding_does_not_decay_below_the_slowest_class() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let slow = format!("slow:{}\n", PasswordHash::new_pbkdf2(b"ps", 5_000).encode());
+        let (path, store) = store(dir.path(), &(line("cheap", "pc") + &slow));
+        let floor = store.floor_ns.load(Ordering::Relaxed);
+        assert!(floor > 0, "measured at load");
+        assert!(
+            store.pad_target() >= Duration::from_nanos(floor),
+            "from the start"
+        );
+        for _ in 0..100 {
+            let verdict = store.verify("cheap", b"wrong", SRC, later()).await;
+            assert_eq!(verdict, Verdict::BadPassword);
+        }
+        assert!(
+            store.pad_target() >= Duration::from_nanos(floor),
+            "no decay below the floor"
+        );
+        // A reload measures the new file (on its own thread); the old floor stays meanwhile.
+        std::fs::write(&path, line("cheap", "pc")).expect("write");
+        store.reload().expect("reload");
+        assert!(store.pad_target() > Duration::ZERO);
     }
 
     #[tokio::test]
