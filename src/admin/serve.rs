@@ -351,7 +351,7 @@ impl<S> WriteDeadline<S> {
     ) -> Poll<io::Result<T>> {
         match polled {
             Poll::Pending => self.pending(cx),
-            ready => {
+            ready @ Poll::Ready(_) => {
                 self.stalled = None;
                 ready
             }
