@@ -156,8 +156,12 @@ pub struct PasswordStore {
     /// after a restart and decayed under cheap hashes, and then the minority of users with
     /// slow hashes (people's accounts next to cheap device secrets) stood out from unknown
     /// names, which are hashed at the majority's cost (issue 35, sixth pass, finding 4).
-    /// Shared with the thread that measures it again after a reload.
+    /// Measured on a thread of its own (the slowest class may take seconds: a start or a
+    /// SIGHUP is not held up by it); until then the previous floor stays (0 at the start,
+    /// where the recent value alone pads).
     floor_ns: Arc<AtomicU64>,
+    /// The thread measuring [`PasswordStore::floor_ns`] now, if any.
+    measuring: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// A wrong password to time each cost class with (a right one costs the same).
@@ -195,19 +199,18 @@ impl PasswordStore {
         metrics: AuthMetrics,
     ) -> Result<PasswordStore, CredentialFileError> {
         let users = file::load(path)?;
-        // Before the first client: right after a start is when the padding mattered most.
-        let floor = measure_floor(&users);
         let max_hashes = if max_hashes == 0 {
             std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
         } else {
             max_hashes
         };
-        Ok(PasswordStore {
+        let loaded = Arc::new(Loaded {
+            users,
+            generation: 1,
+        });
+        let store = PasswordStore {
             path: path.to_owned(),
-            current: RwLock::new(Arc::new(Loaded {
-                users,
-                generation: 1,
-            })),
+            current: RwLock::new(Arc::clone(&loaded)),
             permits: Arc::new(Semaphore::new(max_hashes)),
             shares: HashShares::new(max_hashes),
             throttle: Arc::new(LoginThrottle::new(LoginLimits::OFF)),
@@ -215,8 +218,13 @@ impl PasswordStore {
             metrics,
             last_hash_ns: AtomicU64::new(0),
             slowest_hash_ns: AtomicU64::new(0),
-            floor_ns: Arc::new(AtomicU64::new(nanos(floor))),
-        })
+            floor_ns: Arc::new(AtomicU64::new(0)),
+            measuring: Mutex::new(None),
+        };
+        // Started before the listeners are: normally done before the first client, right
+        // after a start being when the padding mattered most.
+        store.measure_floor_of(loaded);
+        Ok(store)
     }
 
     /// The store with the failed-login records `throttle` (`[auth] login_*`, shared with
@@ -262,6 +270,36 @@ impl PasswordStore {
         // had closed already) counts as skipped too.
         let unhashed = Unhashed(Some(&self.metrics.hashes_skipped));
         self.check(user, password, source, deadline, unhashed)
+    }
+
+    /// Measures the padding floor of `loaded` on a thread of its own, which stores it when
+    /// done (one at a time: a reload meanwhile waits for the previous measurement's thread
+    /// there, not here).
+    fn measure_floor_of(&self, loaded: Arc<Loaded>) {
+        let floor = Arc::clone(&self.floor_ns);
+        let previous = self.measuring.lock().take();
+        let spawned = std::thread::Builder::new()
+            .name("postbox-hash-floor".into())
+            .spawn(move || {
+                if let Some(previous) = previous {
+                    let _ = previous.join();
+                }
+                floor.store(nanos(measure_floor(&loaded.users)), Ordering::Relaxed);
+            });
+        match spawned {
+            Ok(thread) => *self.measuring.lock() = Some(thread),
+            Err(error) => {
+                tracing::warn!(%error, "the padding floor of the password file is not measured; the previous one stays");
+            }
+        }
+    }
+
+    /// Waits for the measurement of the floor in progress, if any (tests).
+    #[cfg(test)]
+    fn floor_measured(&self) {
+        if let Some(thread) = self.measuring.lock().take() {
+            let _ = thread.join();
+        }
     }
 
     /// How long a failure takes at least, counted from when its hash began: the floor
@@ -413,15 +451,7 @@ impl crate::reload::Reload for PasswordStore {
             *current = Arc::new(Loaded { users, generation });
             Arc::clone(&current)
         };
-        // The new file's floor, measured off the caller's thread (the signal handler runs on
-        // the runtime); until it is known the old one stays (it never drops to 0).
-        let floor = Arc::clone(&self.floor_ns);
-        let measuring = std::thread::Builder::new()
-            .name("postbox-hash-floor".into())
-            .spawn(move || floor.store(nanos(measure_floor(&loaded.users)), Ordering::Relaxed));
-        if let Err(error) = measuring {
-            tracing::warn!(%error, "the padding floor of the reloaded password file is not measured; the old one stays");
-        }
+        self.measure_floor_of(loaded);
         self.cache.lock().clear();
         tracing::info!(path = %self.path.display(), users = count, "password file loaded");
         Ok(())
@@ -594,6 +624,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let slow = format!("slow:{}\n", PasswordHash::new_pbkdf2(b"ps", 5_000).encode());
         let (path, store) = store(dir.path(), &(line("cheap", "pc") + &slow));
+        store.floor_measured();
         let floor = store.floor_ns.load(Ordering::Relaxed);
         assert!(floor > 0, "measured at load");
         assert!(
