@@ -177,8 +177,10 @@ async fn connections_closed_before_their_turn_are_not_hashed() {
         let id = format!("closer-{i}");
         drop(send_connect(host(2), addr, v5::V, &id, "alice", "wrong").await);
     }
-    let code = connack(host(3), addr, v5::V, "alice", "also-wrong").await;
-    assert_eq!(code, ReasonCode::BAD_USER_NAME_OR_PASSWORD.0);
+    // The right password: a failure would be padded to the slow user's hash (the file's
+    // slowest class, issue 35, sixth pass, finding 4), past this test's wait.
+    let code = connack(host(3), addr, v5::V, "alice", "alice-secret").await;
+    assert_eq!(code, ReasonCode::SUCCESS.0);
     let hashes = broker
         .metric("postbox_auth_hashes_total")
         .await

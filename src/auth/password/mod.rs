@@ -157,11 +157,14 @@ pub struct PasswordStore {
     /// slow hashes (people's accounts next to cheap device secrets) stood out from unknown
     /// names, which are hashed at the majority's cost (issue 35, sixth pass, finding 4).
     /// Measured on a thread of its own (the slowest class may take seconds: a start or a
-    /// SIGHUP is not held up by it); until then the previous floor stays (0 at the start,
-    /// where the recent value alone pads).
+    /// SIGHUP is not held up by it); until then the previous floor stays, and before the
+    /// first one is known a failure waits for it ([`PasswordStore::floor_known`]).
     floor_ns: Arc<AtomicU64>,
     /// The thread measuring [`PasswordStore::floor_ns`] now, if any.
     measuring: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// True once the first floor is known: a failure before that waits for it (within its
+    /// deadline), so the first probes after a start are padded too.
+    floor_known: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 /// A wrong password to time each cost class with (a right one costs the same).
@@ -220,6 +223,7 @@ impl PasswordStore {
             slowest_hash_ns: AtomicU64::new(0),
             floor_ns: Arc::new(AtomicU64::new(0)),
             measuring: Mutex::new(None),
+            floor_known: Arc::new(tokio::sync::watch::channel(false).0),
         };
         // Started before the listeners are: normally done before the first client, right
         // after a start being when the padding mattered most.
@@ -277,6 +281,7 @@ impl PasswordStore {
     /// there, not here).
     fn measure_floor_of(&self, loaded: Arc<Loaded>) {
         let floor = Arc::clone(&self.floor_ns);
+        let known = Arc::clone(&self.floor_known);
         let previous = self.measuring.lock().take();
         let spawned = std::thread::Builder::new()
             .name("postbox-hash-floor".into())
@@ -285,10 +290,13 @@ impl PasswordStore {
                     let _ = previous.join();
                 }
                 floor.store(nanos(measure_floor(&loaded.users)), Ordering::Relaxed);
+                known.send_replace(true);
             });
         match spawned {
             Ok(thread) => *self.measuring.lock() = Some(thread),
             Err(error) => {
+                // Nothing to wait for: the recent value pads.
+                self.floor_known.send_replace(true);
                 tracing::warn!(%error, "the padding floor of the password file is not measured; the previous one stays");
             }
         }
@@ -400,12 +408,18 @@ impl PasswordStore {
             Verdict::Ok => reservation.succeeded(std::time::Instant::now()),
             _ => {
                 reservation.failed(std::time::Instant::now());
+                // When the hash began (the verdict is in now).
+                let now = tokio::time::Instant::now();
+                let began = now.checked_sub(hashed_for).unwrap_or(now);
+                // Right after a start the floor may still be being measured: wait for it
+                // (bounded by the deadline) rather than answer unpadded.
+                let mut known = self.floor_known.subscribe();
+                let _ = tokio::time::timeout_at(deadline, known.wait_for(|known| *known)).await;
                 // A failure takes as long as the slowest class's hash, or the slowest recent
-                // hash if longer (a loaded machine), within the deadline.
-                if let Some(pad) = self.pad_target().checked_sub(hashed_for) {
-                    let until = (tokio::time::Instant::now() + pad).min(deadline);
-                    tokio::time::sleep_until(until).await;
-                }
+                // hash if longer (a loaded machine), from when its hash began, within the
+                // deadline.
+                let until = (began + self.pad_target()).min(deadline);
+                tokio::time::sleep_until(until).await;
             }
         }
         match verdict {
