@@ -388,7 +388,7 @@ impl Metrics {
         let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header).", &["reason"]);
         let http_refused = r.counter_vec(
             HTTP_CONNECTIONS_REFUSED_TOTAL,
-            "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections or max_connections_per_ip, by reason.",
+            "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.",
             &["reason"],
         );
         let connack_refusals = r.counter_vec(
@@ -398,10 +398,12 @@ impl Metrics {
         );
         let auth_failures = r.counter_vec(
             AUTH_FAILURES_TOTAL,
-            "Logins refused by the password file or the JWT check, by reason.",
+            "Logins refused by the password file or the JWT check, by reason (bad_credentials: a wrong password or an unknown user alike, so this page does not tell user names apart; anonymous; jwt).",
             &["reason"],
         );
-        for reason in ["bad_password", "unknown_user", "anonymous", "jwt"] {
+        // One reason for a wrong password and an unknown user: this page is open to anyone
+        // (issue 35, sixth adversarial pass, finding 10).
+        for reason in ["bad_credentials", "anonymous", "jwt"] {
             auth_failures.with_label_values(&[reason]);
         }
         let auth_successes = r.counter_vec(

@@ -253,7 +253,13 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let broker = open_broker(&config, parts).await?;
     let mut reloaders = Reloaders::default();
     if let Some(path) = &config.auth.scram_file {
-        let store = crate::auth::scram_file::register(broker.authenticators(), path)?;
+        // The decoy key in the data directory: one node's own (a cluster's nodes must
+        // answer an unknown name alike, so they derive it from the file).
+        let key_dir = config
+            .storage
+            .persistence_dir()
+            .filter(|_| config.cluster.is_none());
+        let store = crate::auth::scram_file::register(broker.authenticators(), path, key_dir)?;
         reloaders.register(store);
     }
     if let Some(schemas) = schemas {

@@ -62,48 +62,63 @@ impl ScramCredential {
     }
 }
 
+/// What a challenge shows of a credential besides its salt's bytes: the iteration count and
+/// the salt's length.
+type Shape = (u32, usize);
+
+/// The shape of an unknown user's credential when the file has none to copy.
+const DEFAULT_SHAPE: Shape = (MIN_ITERATIONS, 16);
+
 /// Every user's credentials, by kind.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ScramCredentials {
     by_kind: HashMap<(ScramKind, String), ScramCredential>,
-    /// The iteration count most lines use: what unknown users are offered, so the count
-    /// does not tell them apart from real ones.
-    usual_iterations: u32,
-    /// The server key of the first credential added (the file's first line): the secret
-    /// unknown users' fake salts are derived from ([`ScramStore::fake`]). Stable across
-    /// restarts and reloads while that line stays, and as secret as the key itself.
+    /// Every line's [`Shape`], by kind, sorted: an unknown user's is drawn from these, so
+    /// unknown names show the counts and salt lengths real users do, as often as the file
+    /// has them (issue 35, sixth pass, finding 3: the most common count for every unknown
+    /// name singled out the users with another count).
+    shapes: HashMap<ScramKind, Vec<Shape>>,
+    /// The server key of the first credential added (the file's first line): the decoy
+    /// secret where no key of its own can be kept ([`decoy_secret`]).
     first_server_key: Option<Vec<u8>>,
 }
 
-impl Default for ScramCredentials {
-    fn default() -> Self {
-        ScramCredentials {
-            by_kind: HashMap::new(),
-            usual_iterations: MIN_ITERATIONS,
-            first_server_key: None,
-        }
-    }
-}
-
 impl ScramCredentials {
-    /// Adds (or replaces) `user`'s credential of `kind` (recounts the usual iterations: for
-    /// building small sets in code; files go through [`parse`]).
+    /// Adds (or replaces) `user`'s credential of `kind` (for building small sets in code;
+    /// files go through [`parse`]).
     pub fn insert(&mut self, kind: ScramKind, user: String, credential: ScramCredential) {
         self.first_server_key
             .get_or_insert_with(|| credential.server_key.clone());
         self.by_kind.insert((kind, user), credential);
-        self.usual_iterations = self.most_common_iterations();
+        self.count_shapes();
     }
 
-    fn most_common_iterations(&self) -> u32 {
-        let mut counts: HashMap<u32, usize> = HashMap::new();
-        for c in self.by_kind.values() {
-            *counts.entry(c.iterations).or_default() += 1;
+    fn count_shapes(&mut self) {
+        let mut shapes: HashMap<ScramKind, Vec<Shape>> = HashMap::new();
+        for ((kind, _), c) in &self.by_kind {
+            shapes
+                .entry(*kind)
+                .or_default()
+                .push((c.iterations, c.salt.len()));
         }
-        counts
-            .into_iter()
-            .max_by_key(|&(iterations, n)| (n, iterations))
-            .map_or(MIN_ITERATIONS, |(iterations, _)| iterations)
+        for list in shapes.values_mut() {
+            list.sort_unstable();
+        }
+        self.shapes = shapes;
+    }
+
+    /// The shapes an unknown user's credential of `kind` is drawn from: the lines of that
+    /// kind, else of any kind, else [`DEFAULT_SHAPE`].
+    fn shapes_for(&self, kind: ScramKind) -> Vec<Shape> {
+        if let Some(list) = self.shapes.get(&kind) {
+            return list.clone();
+        }
+        let mut all: Vec<Shape> = self.shapes.values().flatten().copied().collect();
+        all.sort_unstable();
+        if all.is_empty() {
+            all.push(DEFAULT_SHAPE);
+        }
+        all
     }
 
     /// How many lines were loaded.
@@ -126,6 +141,9 @@ pub enum ScramFileError {
     /// The methods could not be registered.
     #[error("cannot offer SCRAM: {0}")]
     Register(#[from] RegistryError),
+    /// The decoy key in the data directory could not be read or made.
+    #[error("cannot offer SCRAM: {0}")]
+    DecoyKey(#[from] DecoyKeyError),
 }
 
 /// Parses one credential line into user, kind and keys.
@@ -199,7 +217,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, CredentialFile
             .get_or_insert_with(|| cred.server_key.clone());
         creds.by_kind.insert((kind, user), cred);
     }
-    creds.usual_iterations = creds.most_common_iterations();
+    creds.count_shapes();
     Ok(creds)
 }
 
@@ -237,12 +255,39 @@ pub fn scram_credential_line(
     )
 }
 
-/// The key unknown users' fake salts are derived from: from the first credential's server
-/// key, so an unknown name gets the same salt after a restart as before it, as a real user
-/// does (a key random per process gave every unknown name a new salt at each restart, which
-/// told them apart; issue 35, fourth pass). Without credentials every name is unknown and
-/// nothing can be told apart: random then. Kept across reloads.
-fn decoy_secret(credentials: &ScramCredentials) -> [u8; 32] {
+/// Name of the decoy key's file in `storage.dir`.
+pub const DECOY_KEY_FILE: &str = "scram-decoy.key";
+
+/// Why the decoy key in the data directory could not be used.
+#[derive(Debug, Error)]
+#[error("SCRAM decoy key {path}: {reason} (delete the file to have a new one made)", path = .path.display())]
+pub struct DecoyKeyError {
+    path: PathBuf,
+    reason: String,
+}
+
+/// The key unknown users' fake credentials are derived from. It must survive restarts (a
+/// key random per process gave every unknown name a new salt at each restart while real
+/// users kept theirs; issue 35, fourth pass) and edits of the file (derived from the first
+/// line, it changed for every unknown name when that line was edited, and a before / after
+/// comparison listed the real names; sixth pass, finding 3). So, with `key_dir` (the data
+/// directory: storage on, one node), 32 random bytes kept in [`DECOY_KEY_FILE`] there, made
+/// once, 0600. Without one (no storage, or a cluster, whose nodes must all answer a name
+/// alike) nothing of the broker's own survives a restart, so the file's first credential's
+/// server key, as secret as the keys themselves, stable while that line stays. Without
+/// credentials every name is unknown and nothing can be told apart: random then.
+fn decoy_secret(
+    credentials: &ScramCredentials,
+    key_dir: Option<&Path>,
+) -> Result<[u8; 32], DecoyKeyError> {
+    match key_dir {
+        Some(dir) => decoy_key_file(&dir.join(DECOY_KEY_FILE)),
+        None => Ok(file_secret(credentials)),
+    }
+}
+
+/// The decoy key derived from the file's first credential (random without any).
+fn file_secret(credentials: &ScramCredentials) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     credentials
         .first_server_key
@@ -255,11 +300,54 @@ fn decoy_secret(credentials: &ScramCredentials) -> [u8; 32] {
         })
 }
 
+/// Reads the 32-byte key at `path`, or makes it (random, 0600) when there is none.
+fn decoy_key_file(path: &Path) -> Result<[u8; 32], DecoyKeyError> {
+    use std::io::Write;
+    let error = |reason: String| DecoyKeyError {
+        path: path.to_owned(),
+        reason,
+    };
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            return <[u8; 32]>::try_from(bytes.as_slice())
+                .map_err(|_| error(format!("{} bytes, 32 expected", bytes.len())));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(error(e.to_string())),
+    }
+    let key: [u8; 32] = rand::random();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let written = options
+        .open(path)
+        .and_then(|mut f| f.write_all(&key).and_then(|()| f.sync_all()));
+    written.map_err(|e| error(e.to_string()))?;
+    Ok(key)
+}
+
+/// The shape at the point `random` (its first 8 bytes as a fraction of 2^64) of the sorted
+/// `shapes`, each as likely as it is frequent; [`DEFAULT_SHAPE`] for none.
+fn draw(shapes: &[Shape], random: &[u8]) -> Shape {
+    let mut head = [0u8; 8];
+    for (to, from) in head.iter_mut().zip(random) {
+        *to = *from;
+    }
+    let point = u128::from(u64::from_be_bytes(head));
+    let len = u128::try_from(shapes.len()).unwrap_or(u128::MAX);
+    let index = usize::try_from((point * len) >> 64).unwrap_or(0);
+    shapes.get(index).copied().unwrap_or(DEFAULT_SHAPE)
+}
+
 /// The credentials the SCRAM methods read, swapped whole on reload.
 pub struct ScramStore {
     path: Option<PathBuf>,
     credentials: RwLock<Arc<ScramCredentials>>,
-    /// Derives unknown users' fake salts ([`decoy_secret`]).
+    /// Derives unknown users' fake credentials ([`decoy_secret`]).
     secret: [u8; 32],
 }
 
@@ -273,22 +361,31 @@ impl std::fmt::Debug for ScramStore {
 }
 
 impl ScramStore {
-    /// A store of fixed credentials (no file: reload keeps them).
+    /// A store of fixed credentials (no file: reload keeps them), its decoy key derived
+    /// from them.
     pub fn from_credentials(credentials: ScramCredentials) -> ScramStore {
+        let secret = file_secret(&credentials);
+        ScramStore::with_secret(credentials, secret)
+    }
+
+    fn with_secret(credentials: ScramCredentials, secret: [u8; 32]) -> ScramStore {
         ScramStore {
             path: None,
-            secret: decoy_secret(&credentials),
+            secret,
             credentials: RwLock::new(Arc::new(credentials)),
         }
     }
 
-    /// Loads the file at `path`.
+    /// Loads the file at `path`; the decoy key is kept in `key_dir` if given (see
+    /// [`decoy_secret`]).
     ///
     /// # Errors
     ///
-    /// As [`load`].
-    pub fn open(path: &Path) -> Result<ScramStore, ScramFileError> {
-        let mut store = ScramStore::from_credentials(load(path)?);
+    /// As [`load`], or the decoy key file cannot be read or made.
+    pub fn open(path: &Path, key_dir: Option<&Path>) -> Result<ScramStore, ScramFileError> {
+        let credentials = load(path)?;
+        let secret = decoy_secret(&credentials, key_dir)?;
+        let mut store = ScramStore::with_secret(credentials, secret);
         store.path = Some(path.to_owned());
         Ok(store)
     }
@@ -302,8 +399,12 @@ impl ScramStore {
             .cloned()
     }
 
-    /// A credential for an unknown user: salt and keys derived from the name and the secret,
-    /// so the same name always gets the same salt (as a real user does) and no proof matches.
+    /// A credential for an unknown user: derived from the name and the secret, so the same
+    /// name always gets the same one (as a real user does) and no proof matches. Its
+    /// iteration count and salt length are drawn, by the name, from the file's lines of
+    /// `kind` as often as the file has each; the draw places the name at a fixed point of
+    /// the distribution, so an edit of the file moves only names near a boundary between
+    /// two shapes.
     pub fn fake(&self, kind: ScramKind, user: &str) -> ScramCredential {
         let derive = |label: &[u8]| {
             let mut input = label.to_vec();
@@ -312,10 +413,19 @@ impl ScramStore {
             input.extend_from_slice(user.as_bytes());
             kind.hmac(&self.secret, &input)
         };
+        let shapes = self.credentials.read().shapes_for(kind);
+        let (iterations, salt_len) = draw(&shapes, &derive(b"shape"));
         let mut salt = derive(b"salt");
-        salt.truncate(16);
+        let mut more = 1u32;
+        while salt.len() < salt_len {
+            let mut label = b"salt".to_vec();
+            label.extend_from_slice(&more.to_be_bytes());
+            salt.extend_from_slice(&derive(&label));
+            more += 1;
+        }
+        salt.truncate(salt_len);
         ScramCredential {
-            iterations: self.credentials.read().usual_iterations,
+            iterations,
             salt,
             stored_key: derive(b"stored"),
             server_key: derive(b"server"),
@@ -357,8 +467,12 @@ impl Reload for ScramStore {
 /// # Errors
 ///
 /// The file is bad (as [`load`]) or a method name is taken.
-pub fn register(registry: &AuthRegistry, path: &Path) -> Result<Arc<ScramStore>, ScramFileError> {
-    let store = Arc::new(ScramStore::open(path)?);
+pub fn register(
+    registry: &AuthRegistry,
+    path: &Path,
+    key_dir: Option<&Path>,
+) -> Result<Arc<ScramStore>, ScramFileError> {
+    let store = Arc::new(ScramStore::open(path, key_dir)?);
     for kind in ScramKind::ALL {
         registry.register(Arc::new(Scram::new(kind, Arc::clone(&store))))?;
     }
@@ -421,16 +535,94 @@ mod tests {
         assert_eq!(store.fake(ScramKind::Sha256, "v").iterations, 4096);
     }
 
+    /// A line of `kind` for `user` with a salt of `salt_len` bytes (imported credentials
+    /// need not have 16).
+    fn line_with_salt(user: &str, iterations: u32, salt_len: usize) -> String {
+        let salt: Vec<u8> = (0..salt_len).map(|_| rand::random()).collect();
+        let c = ScramCredential::derive(ScramKind::Sha256, b"p", &salt, iterations);
+        format!(
+            "{user}:$scram-sha-256${iterations}${}${}${}",
+            B64.encode(&c.salt),
+            B64.encode(&c.stored_key),
+            B64.encode(&c.server_key)
+        )
+    }
+
+    /// Unknown names show the iteration counts and salt lengths of the file's lines, each
+    /// about as often as the file has it, the same for a name every time (issue 35, sixth
+    /// pass, finding 3: every unknown name got the most common count, so a user with another
+    /// count stood out).
     #[test]
-    fn unknown_users_get_the_usual_iteration_count() {
+    fn unknown_users_get_counts_and_salt_lengths_as_the_file_has_them() {
         let text = [
-            scram_credential_line(ScramKind::Sha256, "a", "p", 5000),
-            scram_credential_line(ScramKind::Sha256, "b", "p", 5000),
-            scram_credential_line(ScramKind::Sha256, "c", "p", 4096),
+            line_with_salt("a", 4096, 16),
+            line_with_salt("b", 4096, 16),
+            line_with_salt("c", 100_000, 16),
+            line_with_salt("d", 4096, 24),
         ]
         .join("\n");
         let store = ScramStore::from_credentials(parse(&text, Path::new("f")).expect("parses"));
-        assert_eq!(store.fake(ScramKind::Sha256, "nobody").iterations, 5000);
+        let mut seen: HashMap<Shape, usize> = HashMap::new();
+        for i in 0..2000 {
+            let name = format!("nobody-{i}");
+            let fake = store.fake(ScramKind::Sha256, &name);
+            assert_eq!(fake, store.fake(ScramKind::Sha256, &name), "stable");
+            *seen.entry((fake.iterations, fake.salt.len())).or_default() += 1;
+        }
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        // Expected 1000, 500, 500 (binomial: a standard deviation of about 22).
+        let share = |shape: Shape| seen.get(&shape).copied().unwrap_or(0);
+        assert!((850..=1150).contains(&share((4096, 16))), "{seen:?}");
+        assert!((380..=620).contains(&share((100_000, 16))), "{seen:?}");
+        assert!((380..=620).contains(&share((4096, 24))), "{seen:?}");
+        // No line of the kind: any kind's; none at all: the default.
+        let fake512 = store.fake(ScramKind::Sha512, "nobody");
+        assert!(seen.contains_key(&(fake512.iterations, fake512.salt.len())));
+        let empty = ScramStore::from_credentials(ScramCredentials::default());
+        let fake = empty.fake(ScramKind::Sha256, "nobody");
+        assert_eq!((fake.iterations, fake.salt.len()), DEFAULT_SHAPE);
+    }
+
+    #[test]
+    fn the_draw_follows_the_point_and_stays_in_bounds() {
+        let shapes = [(4096, 16), (4096, 16), (9000, 16)];
+        assert_eq!(draw(&shapes, &[0; 8]), (4096, 16));
+        assert_eq!(draw(&shapes, &[0xAA; 8]), (4096, 16), "just below 2/3");
+        assert_eq!(draw(&shapes, &[0xAB; 8]), (9000, 16), "2/3 and above");
+        assert_eq!(draw(&shapes, &[0xFF; 32]), (9000, 16));
+        assert_eq!(draw(&shapes, &[]), (4096, 16));
+        assert_eq!(draw(&[], &[0x80; 8]), DEFAULT_SHAPE);
+    }
+
+    /// With a data directory, the decoy key is its own file (0600), so an unknown name
+    /// keeps its fake salt when the file's first line is edited, as real users keep theirs
+    /// (issue 35, sixth pass, finding 3; derived from the first line, it changed for every
+    /// unknown name).
+    #[test]
+    fn with_a_data_directory_fake_salts_survive_an_edit_of_the_first_line() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("scram");
+        let first = scram_credential_line(ScramKind::Sha256, "first", "p", 4096);
+        let second = scram_credential_line(ScramKind::Sha256, "second", "q", 4096);
+        std::fs::write(&path, format!("{first}\n{second}\n")).expect("write");
+        let before = ScramStore::open(&path, Some(dir.path())).expect("opens");
+        let key = dir.path().join(DECOY_KEY_FILE);
+        let mode = std::fs::metadata(&key)
+            .expect("key made")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::write(&path, format!("{second}\n")).expect("write");
+        let after = ScramStore::open(&path, Some(dir.path())).expect("opens again");
+        assert_eq!(
+            before.fake(ScramKind::Sha256, "nobody"),
+            after.fake(ScramKind::Sha256, "nobody")
+        );
+        // A damaged key stops the start, naming the file.
+        std::fs::write(&key, b"short").expect("write");
+        let error = ScramStore::open(&path, Some(dir.path())).expect_err("bad key");
+        assert!(error.to_string().contains(DECOY_KEY_FILE), "{error}");
     }
 
     #[test]
@@ -467,7 +659,7 @@ mod tests {
             scram_credential_line(ScramKind::Sha256, "a", "p", 4096),
         )
         .expect("write");
-        let store = ScramStore::open(&path).expect("opens");
+        let store = ScramStore::open(&path, None).expect("opens");
         assert!(store.get(ScramKind::Sha256, "a").is_some());
         std::fs::write(&path, "garbage\n").expect("write");
         assert!(store.reload().expect_err("bad").contains(":1:"));

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::async_process::{connect_from, BrokerProcess};
 use common::WAIT;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// `metrics.header_timeout`'s default.
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -23,6 +23,8 @@ const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_PER_IP: usize = 16;
 /// `metrics.max_connections`'s default.
 const DEFAULT_MAX: usize = 128;
+/// Connections past `metrics.max_connections` kept for the health probes.
+const PROBE_SLOTS: usize = 4;
 
 fn host(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, n)
@@ -167,8 +169,8 @@ async fn http_connections_past_the_per_address_bound_are_closed_at_once() {
     broker.kill().await;
 }
 
-/// On the defaults: 128 idle connections (16 from each of 8 addresses) are held, one more
-/// from a ninth address is closed at once and counted; once one closes, `/metrics` answers.
+/// On the defaults: 128 idle connections (16 from each of 8 addresses) are held, and the 4
+/// probe slots; one more is closed at once and counted; once one closes, `/metrics` answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_connections_past_the_overall_bound_are_closed_at_once() {
     let broker = BrokerProcess::spawn("", "").await;
@@ -179,10 +181,18 @@ async fn http_connections_past_the_overall_bound_are_closed_at_once() {
         let n = u8::try_from(10 + i % hosts).expect("small");
         held.push(connect_from(host(n), addr).await);
     }
-    let mut over = connect_from(host(30), addr).await;
+    // The probe slots past the bound (one per address, see
+    // `probes_answer_while_the_pool_is_full`) are taken by idle connections too…
+    let mut probes = Vec::with_capacity(PROBE_SLOTS);
+    for i in 0..PROBE_SLOTS {
+        let n = u8::try_from(30 + i).expect("small");
+        probes.push(connect_from(host(n), addr).await);
+    }
+    // … so the next one is closed at once.
+    let mut over = connect_from(host(40), addr).await;
     let after = closed_within(&mut over, WAIT)
         .await
-        .expect("the 129th connection is closed");
+        .expect("the connection past the bound and the probe slots is closed");
     assert!(
         after < DEFAULT_HEADER_TIMEOUT / 2,
         "closed at once, not at the timeout: {after:?}"
@@ -215,5 +225,141 @@ async fn http_connections_past_the_overall_bound_are_closed_at_once() {
         "the closed one is counted (and the scrapes refused while the bound held)"
     );
     drop(held);
+    broker.kill().await;
+}
+
+/// A connection from `source` with a 1 KiB receive buffer that pipelines `requests` GETs of
+/// `path` and never reads the answers (the writing runs in its own task: it may block once
+/// the broker stops reading). The stream is kept open by the returned task's handle.
+async fn never_reading(
+    source: Ipv4Addr,
+    addr: SocketAddr,
+    path: &str,
+    requests: usize,
+) -> tokio::task::JoinHandle<TcpStream> {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .set_recv_buffer_size(1024)
+        .expect("small receive buffer");
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("bind source address");
+    let mut stream = tokio::time::timeout(WAIT, socket.connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").repeat(requests);
+    tokio::spawn(async move {
+        // Bounded: once the broker closes the connection the write fails.
+        let _ = tokio::time::timeout(WAIT * 3, stream.write_all(request.as_bytes())).await;
+        stream
+    })
+}
+
+/// One GET of `path` from `source` with `Connection: close`: the status, or `None` when the
+/// connection was closed without an answer.
+async fn get_from(source: Ipv4Addr, addr: SocketAddr, path: &str) -> Option<u16> {
+    let mut s = connect_from(source, addr).await;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+}
+
+/// A peer that pipelines requests and never reads the answers loses its slot within bounded
+/// time (issue 35, sixth adversarial pass, finding 5: hyper waited for its window for ever, so
+/// 8 addresses x 16 of them held every slot and the Kubernetes probes failed). With
+/// `max_connections_per_ip = 1` and `header_timeout = 1`, the address's one slot comes back:
+/// a later request from it is answered. Before, every later connection from the address was
+/// closed at accept for as long as the non-reader stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_reads_its_answers_loses_its_slot() {
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        "header_timeout = 1\nmax_connections_per_ip = 1\n[storage]\npersistence = false\n",
+    )
+    .await;
+    let addr = http_addr(&broker);
+    let source = host(5);
+    // /metrics answers are tens of KB: 500 of them are far more than the socket buffers hold.
+    let held = never_reading(source, addr, "/metrics", 500).await;
+    // The slot is taken (accepted in order, before the next connection from the address).
+    assert_eq!(
+        get_from(source, addr, "/healthz").await,
+        None,
+        "the non-reader holds the address's slot"
+    );
+    // Until the broker gives up on it. A poll (another connection from the address), bounded
+    // in count and time.
+    let mut answered = None;
+    for _ in 0..200 {
+        answered = get_from(source, addr, "/healthz").await;
+        if answered.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        answered,
+        Some(200),
+        "the non-reader's slot never came back: a later request from the address is still refused"
+    );
+    assert!(
+        broker
+            .metric("postbox_http_connections_refused_total{reason=\"max_connections_per_ip\"}")
+            .await
+            .is_some_and(|v| v >= 1.0),
+        "the refusals while it held the slot are counted"
+    );
+    held.abort();
+    broker.kill().await;
+}
+
+/// With every slot of `max_connections` held (here by peers that never read), `/healthz` and
+/// `/readyz` still answer from another address (the probe slots: Kubernetes probes the same
+/// port), anything else there is answered 503, and one address holds one probe slot at most.
+/// Before, the probes were closed at accept and the kubelet restarted the pod (issue 35, sixth
+/// adversarial pass, finding 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_while_the_pool_is_full() {
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        "max_connections = 4\nmax_connections_per_ip = 2\n[storage]\npersistence = false\n",
+    )
+    .await;
+    let addr = http_addr(&broker);
+    let mut held = Vec::new();
+    for n in [10, 10, 11, 11] {
+        held.push(never_reading(host(n), addr, "/metrics", 500).await);
+    }
+    // The pool is full once a fifth connection from a third address is not served in full.
+    let deadline = Instant::now() + WAIT;
+    while get_from(host(12), addr, "/metrics").await == Some(200) {
+        assert!(Instant::now() < deadline, "the pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Each from its own address: a probe slot comes back when the broker has closed it,
+    // which may be a moment after the client read the end.
+    assert_eq!(get_from(host(13), addr, "/healthz").await, Some(200));
+    assert_eq!(get_from(host(14), addr, "/readyz").await, Some(200));
+    assert_eq!(get_from(host(15), addr, "/metrics").await, Some(503));
+    // One probe slot per address: a second connection from one address while its first is
+    // open is closed at once.
+    let _probe = connect_from(host(16), addr).await;
+    let mut second = connect_from(host(16), addr).await;
+    assert!(
+        closed_within(&mut second, DEFAULT_HEADER_TIMEOUT / 2)
+            .await
+            .is_some(),
+        "a second probe slot for one address"
+    );
+    for h in held {
+        h.abort();
+    }
     broker.kill().await;
 }

@@ -883,7 +883,7 @@ async fn busy_broker(dir: &Path) -> BrokerProcess {
     assert!(!refused.status.success());
     broker
         .wait_metric(
-            r#"postbox_auth_failures_total{reason="bad_password"}"#,
+            r#"postbox_auth_failures_total{reason="bad_credentials"}"#,
             |v| v >= 1.0,
         )
         .await;

@@ -7,7 +7,7 @@
 //!
 //! Other hosts are played from other loopback addresses (`connect_from`: 127.0.0.0/8 is local
 //! on Linux). No assertion is on a duration: each one compares counts the broker exports
-//! (`postbox_auth_failures_total{reason="bad_password"}` is counted once per hash of a wrong
+//! (`postbox_auth_failures_total{reason="bad_credentials"}` is counted once per hash of a wrong
 //! password) at a moment an answer fixes.
 //!
 //! MQTT-3.1.4-2 (the Server MAY check the credentials), MQTT 5 §3.2.2.2 (0x86 Bad User Name
@@ -28,7 +28,7 @@ use common::{v5, RawClient, WAIT};
 /// The failed-login limits switched off: the tests of the hash workers see the workers alone.
 const LIMITS_OFF: &str = "login_failures_per_address = 0\nlogin_failures_per_user = 0\n";
 
-const BAD_PASSWORD: &str = "postbox_auth_failures_total{reason=\"bad_password\"}";
+const BAD_CREDENTIALS: &str = "postbox_auth_failures_total{reason=\"bad_credentials\"}";
 
 fn host(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, last)
@@ -128,10 +128,10 @@ async fn a_flood_from_one_address_leaves_hash_workers_for_another() {
         flood.push(send_connect(host(2), addr, v5::V, &id, "alice", "wrong").await);
     }
     // The flood is being hashed.
-    broker.wait_metric(BAD_PASSWORD, |v| v >= 1.0).await;
+    broker.wait_metric(BAD_CREDENTIALS, |v| v >= 1.0).await;
     let code = connack(host(1), addr, v5::V, "bob", "bob-secret").await;
     assert_eq!(code, ReasonCode::SUCCESS.0, "bob from another address");
-    let hashed = broker.metric(BAD_PASSWORD).await.unwrap_or(0.0);
+    let hashed = broker.metric(BAD_CREDENTIALS).await.unwrap_or(0.0);
     assert!(
         hashed < 50.0,
         "{hashed} of the flood's {FLOOD} passwords were hashed before bob's login was"
@@ -177,8 +177,10 @@ async fn connections_closed_before_their_turn_are_not_hashed() {
         let id = format!("closer-{i}");
         drop(send_connect(host(2), addr, v5::V, &id, "alice", "wrong").await);
     }
-    let code = connack(host(3), addr, v5::V, "alice", "also-wrong").await;
-    assert_eq!(code, ReasonCode::BAD_USER_NAME_OR_PASSWORD.0);
+    // The right password: a failure would be padded to the slow user's hash (the file's
+    // slowest class, issue 35, sixth pass, finding 4), past this test's wait.
+    let code = connack(host(3), addr, v5::V, "alice", "alice-secret").await;
+    assert_eq!(code, ReasonCode::SUCCESS.0);
     let hashes = broker
         .metric("postbox_auth_hashes_total")
         .await
@@ -188,7 +190,7 @@ async fn connections_closed_before_their_turn_are_not_hashed() {
         blockers + 1.0,
         "hashes run when the one client waiting for an answer got it"
     );
-    let hashed = broker.metric(BAD_PASSWORD).await.unwrap_or(0.0);
+    let hashed = broker.metric(BAD_CREDENTIALS).await.unwrap_or(0.0);
     assert!(hashed <= 1.0 + blockers, "{hashed} wrong passwords hashed");
     // Every closer ends skipped; none is hashed later either.
     broker
@@ -268,7 +270,7 @@ async fn repeated_failures_are_throttled_per_address_and_per_user() {
     // Other addresses are not concerned.
     assert_eq!(connack(host(3), addr, V5, "bob", "bob-secret").await, ok);
     assert_eq!(
-        broker.metric(BAD_PASSWORD).await,
+        broker.metric(BAD_CREDENTIALS).await,
         Some(3.0),
         "throttled ones unhashed"
     );
@@ -381,7 +383,7 @@ async fn a_remembered_password_is_no_oracle_while_throttled() {
         "no fresh allowance after the device's login"
     );
     assert_eq!(
-        broker.metric(BAD_PASSWORD).await,
+        broker.metric(BAD_CREDENTIALS).await,
         Some(5.0),
         "only the five checked guesses were hashed"
     );
@@ -581,7 +583,7 @@ async fn a_burst_of_parallel_guesses_gets_no_more_checks_than_allowed() {
         codes.len() - judged,
         "the rest refused unchecked: {codes:?}"
     );
-    let hashed = broker.metric(BAD_PASSWORD).await.unwrap_or(0.0);
+    let hashed = broker.metric(BAD_CREDENTIALS).await.unwrap_or(0.0);
     assert!(hashed <= PER_USER as f64, "{hashed} wrong passwords hashed");
     // Whatever the burst did, the device that proved the password gets in.
     assert_eq!(

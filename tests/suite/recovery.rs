@@ -364,3 +364,83 @@ async fn a_log_truncated_to_five_bytes_is_warned_about() {
     );
     assert!(broker.terminate().success());
 }
+
+/// The mode bits of `path`.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// Every regular file under `dir` (recursively) with its mode.
+fn file_modes(dir: &Path) -> BTreeMap<PathBuf, u32> {
+    tree(dir)
+        .into_iter()
+        .filter(|(_, bytes)| bytes.is_some())
+        .map(|(path, _)| {
+            let m = mode(&path);
+            (path, m)
+        })
+        .collect()
+}
+
+/// The store holds every client's queued messages, retained messages and wills: other local
+/// accounts must not read it, whatever the umask the broker was started with (issue 35, sixth
+/// adversarial pass, finding 9: under umask 0022 the data directory was 0755 and every file
+/// 0644). A directory the operator made keeps its mode (one WARN names it); the store's own
+/// files written by an older version lose their group and other access.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_is_private_whatever_the_umask() {
+    // The usual umask, which lets others read what is created: the broker inherits it. (The
+    // test process's own, set to the value it has on most systems anyway.)
+    // SAFETY: umask only swaps the process's file mode mask.
+    unsafe { libc::umask(0o022) };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), &data);
+    populate(&config).await;
+    assert_eq!(mode(&data), 0o700, "the data directory");
+    assert_eq!(mode(&data.join("store")), 0o700, "store/");
+    let files = file_modes(&data);
+    assert!(
+        files.keys().any(|p| p.ends_with("postbox.lock"))
+            && files
+                .keys()
+                .any(|p| p.extension().is_some_and(|e| e == "pbl")),
+        "{files:?}"
+    );
+    for (path, m) in &files {
+        assert_eq!(*m, 0o600, "{}", path.display());
+    }
+
+    // As an older version left it: everything readable by everyone.
+    let chmod = |m: u32, path: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(m)).expect("chmod");
+    };
+    chmod(0o755, &data);
+    for path in files.keys() {
+        chmod(0o644, path);
+    }
+    let broker = Broker::start(&config);
+    let warned = broker.log().join("\n");
+    assert_eq!(
+        mode(&data),
+        0o755,
+        "the operator's directory is left as it is"
+    );
+    let data_name = data.display().to_string();
+    let warnings = broker
+        .log()
+        .iter()
+        .filter(|l| l.contains("WARN") && l.contains(&data_name) && l.contains("other local users"))
+        .count();
+    assert_eq!(warnings, 1, "one WARN naming the directory: {warned}");
+    for (path, m) in file_modes(&data) {
+        assert_eq!(m, 0o600, "{}", path.display());
+    }
+    assert!(broker.terminate().success(), "clean exit on SIGTERM");
+}

@@ -611,3 +611,79 @@ async fn the_scram_user_is_the_acl_identity_and_reauth_as_another_is_refused() {
         .await;
     v5::expect_disconnect(&mut c, ReasonCode::NOT_AUTHORIZED).await;
 }
+
+/// The iteration count and salt the broker challenges `user` with (SCRAM-SHA-256; the
+/// exchange is left there).
+async fn challenge_of(addr: std::net::SocketAddr, user: &str) -> (u32, Vec<u8>) {
+    let client = ScramClient::new(Hash::Sha256, user, "any");
+    let method = Hash::Sha256.method();
+    let (_c, first) = v5::open(addr, scram_connect("probe", method, &client.client_first())).await;
+    let server_first = challenge(first, method);
+    let attr = |name: &str| {
+        server_first
+            .split(',')
+            .find_map(|a| a.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} in {server_first}"))
+            .to_owned()
+    };
+    let iterations = attr("i=").parse().expect("iterations");
+    let salt = B64.decode(attr("s=")).expect("salt");
+    (iterations, salt)
+}
+
+/// Unknown names are challenged with the iteration counts the file's users have, each about
+/// as often as the file has it, so a user whose count differs from most does not stand out
+/// (issue 35, sixth adversarial pass, finding 3: every unknown name got the most common
+/// count); and with the data directory's decoy key an unknown name keeps its salt and count
+/// when the file's first line is replaced, as the real users do (derived from that line, every
+/// unknown name's salt changed, and a before / after comparison listed the real names).
+/// MQTT-4.12.0-2 (the challenge is AUTH 0x18); RFC 5802 §5.1 (s=, i=).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_names_are_challenged_like_the_files_users_also_after_an_edit() {
+    let mut lines = vec![
+        line(ScramKind::Sha256, "a", "pa"),
+        line(ScramKind::Sha256, "b", "pb"),
+        line(ScramKind::Sha256, "c", "pc"),
+        scram_credential_line(ScramKind::Sha256, "admin", "admin-secret", 100_000),
+    ];
+    let (dir, file, config) = prepare(&lines);
+    let broker = Broker::start(&config);
+    let mut shown = Vec::new();
+    for i in 0..60 {
+        let name = format!("nobody-{i}");
+        let challenged = challenge_of(config.mqtt, &name).await;
+        shown.push((name, challenged));
+    }
+    let counts: std::collections::BTreeSet<u32> = shown.iter().map(|(_, (i, _))| *i).collect();
+    // Each of 60 names gets 100,000 with probability 1/4: none does with 0.75^60 < 1e-7.
+    assert_eq!(
+        counts,
+        [4096, 100_000].into(),
+        "unknown names show both counts"
+    );
+    let (admin, _) = challenge_of(config.mqtt, "admin").await;
+    assert_eq!(admin, 100_000);
+    assert!(broker.terminate().success());
+
+    // The decoy key is the data directory's own, private.
+    use std::os::unix::fs::PermissionsExt;
+    let key = dir.path().join("data").join("scram-decoy.key");
+    let mode = std::fs::metadata(&key)
+        .expect("decoy key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // The operator replaces the first line (a new password for a: new salt and keys).
+    lines[0] = line(ScramKind::Sha256, "a", "new");
+    write_lines(&file, &lines);
+    let broker = Broker::start(&config);
+    for (name, before) in shown.iter().take(10) {
+        assert_eq!(
+            &challenge_of(config.mqtt, name).await,
+            before,
+            "{name}: another fake challenge after the edit"
+        );
+    }
+    assert!(broker.terminate().success());
+}

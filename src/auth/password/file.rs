@@ -18,6 +18,10 @@ pub struct Users {
     /// every user whose hash costs more or less than it (a file part-way through a move from
     /// `$6$` to `$7$`, or with iterations raised for new users; issue 35, fourth pass).
     dummy: Option<PasswordHash>,
+    /// One hash of each cost class in the file (the first user's of each, in file order):
+    /// the store measures the slowest to pad every failure to it (issue 35, sixth pass,
+    /// finding 4).
+    classes: Vec<PasswordHash>,
 }
 
 impl Users {
@@ -29,6 +33,11 @@ impl Users {
     /// A hash of the same cost as real ones, for unknown users.
     pub fn dummy(&self) -> Option<&PasswordHash> {
         self.dummy.as_ref()
+    }
+
+    /// One hash of each cost class present, for measuring what the slowest costs.
+    pub fn cost_classes(&self) -> &[PasswordHash] {
+        &self.classes
     }
 
     /// How many users.
@@ -88,6 +97,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Users, CredentialFileError> {
         }
         users.by_name.insert(user.to_owned(), parsed);
     }
+    users.classes = classes.iter().map(|(_, _, hash)| hash.clone()).collect();
     // `max_by_key` keeps the last of equal maxima: reversed, the first class seen wins ties.
     users.dummy = classes
         .into_iter()
@@ -213,6 +223,16 @@ mod tests {
         let users = parse(&text, path).expect("parse");
         let decoy = users.dummy().expect("a decoy");
         assert_eq!(decoy.cost_class(), "7:101", "{decoy:?}");
+        let classes: Vec<String> = users
+            .cost_classes()
+            .iter()
+            .map(PasswordHash::cost_class)
+            .collect();
+        assert_eq!(
+            classes,
+            ["6", "7:101", "7:202"],
+            "one of each, in file order"
+        );
         // A tie goes to the class seen first.
         let users = parse(&format!("{ALICE}\n{}", pbkdf2("bob", 101)), path).expect("parse");
         assert_eq!(

@@ -236,7 +236,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     {
         tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "authentication failed: credentials no configured method checks");
         if let Some(logins) = logins {
-            logins.metrics().bad_password.increment(1);
+            logins.metrics().bad_credentials.increment(1);
         }
         let code = ReasonCode::BAD_USER_NAME_OR_PASSWORD;
         let why = "bad user name or password";

@@ -195,7 +195,7 @@ fn keep_copy(dir: &Path, files: &[PathBuf]) -> Result<PathBuf, StorageError> {
         copy = dir.join(format!("{STORE_DIR}.corrupt-{secs}-{n}"));
         n += 1;
     }
-    fs::create_dir(&copy)
+    super::private::create_dir(&copy)
         .map_err(|e| StorageError::io(format!("creating {}", copy.display()), e))?;
     for file in files {
         let Some(name) = file.file_name() else {

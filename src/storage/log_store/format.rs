@@ -298,7 +298,7 @@ pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
 pub(super) fn create_log(dir: &Path, gen: u64) -> Result<File, StorageError> {
     let path = dir.join(log_name(gen));
     let create = || -> std::io::Result<File> {
-        let mut f = OpenOptions::new()
+        let mut f = super::private::options()
             .create(true)
             .truncate(true)
             .write(true)

@@ -10,7 +10,7 @@
 //!
 //! Must not block: a second broker is refused at once, not queued behind the first.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
@@ -35,7 +35,9 @@ pub(super) struct DirLock {
 pub(super) fn lock_dir(dir: &Path) -> Result<DirLock, StorageError> {
     let path = dir.join(LOCK_FILE);
     // Not truncated on open: a refused broker must not wipe the holder's pid.
-    let opened = OpenOptions::new()
+    // 0600 when created; one left 0644 by an older version loses the group and other bits.
+    super::private::narrow(&path);
+    let opened = super::private::options()
         .read(true)
         .write(true)
         .create(true)

@@ -38,12 +38,12 @@ mod damage;
 mod format;
 mod lock;
 mod no_space;
+mod private;
 mod recovery;
 mod snapshot;
 mod unusable;
 mod writer;
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -218,11 +218,23 @@ impl LogStore {
     /// a store holding message id `u64::MAX` (no id would be left to allocate; the files are
     /// left as they are). Other damaged data does not fail the call.
     pub fn open(dir: &Path, opts: LogOptions) -> Result<LogStore, StorageError> {
-        fs::create_dir_all(dir)
-            .map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;
+        // 0700 when created here; an existing directory is the operator's: warned, not
+        // changed (`private`).
+        if dir.is_dir() {
+            private::warn_if_open(&[dir]);
+        } else {
+            private::create_dir_all(dir)
+                .map_err(|e| StorageError::io(format!("creating {}", dir.display()), e))?;
+        }
         // Before recovery reads anything: another broker may be writing these files.
         let store_dir = dir.join(STORE_DIR);
         let dir_lock = lock::lock_dir(dir).map_err(|e| unusable::explain(e, &store_dir))?;
+        // The store's own files, written 0644 by an older version under the usual umask: made
+        // private before recovery copies any of them (a damaged store's copy keeps the mode).
+        let narrowed = private::narrow_files(&store_dir);
+        if narrowed > 0 {
+            tracing::info!(dir = %store_dir.display(), files = narrowed, "store files made private (group and other access removed)");
+        }
         let Opened {
             state,
             log,

@@ -64,7 +64,7 @@ fn read_error(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
 
 fn open_store(dir: &Path, store_dir: &Path) -> Result<Opened, StorageError> {
     if !store_dir.exists() {
-        fs::create_dir_all(store_dir)
+        super::private::create_dir_all(store_dir)
             .map_err(|e| StorageError::io(format!("creating {}", store_dir.display()), e))?;
         if let Some(parent) = store_dir.parent() {
             let _ = sync_dir(parent);

@@ -5,7 +5,7 @@
 //! Must not decide when to snapshot (that is `compaction`) or what to do with a damaged one
 //! (that is `recovery`); reading keeps every intact frame and records the rest as damage.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::Write;
 use std::path::Path;
 
@@ -70,7 +70,11 @@ pub(super) fn write_snapshot(dir: &Path, gen: u64, bytes: &[u8]) -> Result<(), S
     let path = dir.join(snapshot_name(gen));
     let tmp = dir.join(format!("{}.tmp", snapshot_name(gen)));
     let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
+        let mut f = super::private::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
