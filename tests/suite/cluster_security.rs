@@ -237,3 +237,37 @@ async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_e
         "sensor2 received what it may not read: {leaked:?}"
     );
 }
+
+/// Issue 37, seventh adversarial pass, N8 (README, Security: passwords "are never logged, at
+/// any level"): a node whose `[cluster] servers` URL holds a NATS user and password, logging
+/// at `trace`, connects (and reconnects after NATS restarts) without the password in its
+/// log. Before the fix the NATS client logged each server's URL, password in clear, at every
+/// connection attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_log_at_trace_holds_no_nats_password() {
+    const PASSWORD: &str = "nats-pw-not-for-logs-7";
+    let mut nats = tokio::task::block_in_place(|| {
+        NatsServer::start_with_config(Some(&format!(
+            "authorization {{\n  users = [ {{ user: \"node\", password: \"{PASSWORD}\" }} ]\n}}\n"
+        )))
+    });
+    let url = format!("nats://node:{PASSWORD}@127.0.0.1:{}", nats.port);
+    let node = Node::start_async("a", &url, "[log]\nlevel = \"trace\"\n").await;
+    // A reconnect: every connection attempt is logged.
+    tokio::task::block_in_place(|| {
+        nats.stop();
+        node.wait_up(false);
+        nats.start_again();
+        node.wait_up(true);
+    });
+    let log = node.log();
+    assert!(
+        log.iter().any(|line| line.contains("async_nats")),
+        "the NATS client's own lines are in the log at trace: {log:?}"
+    );
+    let leaked: Vec<&String> = log.iter().filter(|line| line.contains(PASSWORD)).collect();
+    assert!(
+        leaked.is_empty(),
+        "the NATS password was logged: {leaked:?}"
+    );
+}
