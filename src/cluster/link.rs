@@ -54,7 +54,14 @@ async fn run(
         Some((token, None)) => options.token(token),
         None => options,
     };
-    let servers = config.servers.join(",");
+    // The client is handed the URLs without them: it logs each server's URL at debug
+    // level, password included (issue 37, seventh pass N8).
+    let servers = config
+        .servers
+        .iter()
+        .map(|s| without_credentials(s))
+        .collect::<Vec<_>>()
+        .join(",");
     let client = options.connect(servers.as_str()).await;
     // What the log shows: no password.
     let servers = config
@@ -179,6 +186,18 @@ fn url_credentials(server: &str) -> Option<(String, Option<String>)> {
     })
 }
 
+/// `server` without the user and password (or token) written before its host.
+fn without_credentials(server: &str) -> String {
+    let Some((scheme, rest)) = server.split_once("://") else {
+        return server.to_owned();
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://{host}{}", &rest[end..]),
+        None => server.to_owned(),
+    }
+}
+
 /// Creates or converges the stream and buckets; false (logged) if JetStream refused.
 async fn ensure_state(
     js: &jetstream::Context,
@@ -258,7 +277,21 @@ async fn ensure_bucket(
 
 #[cfg(test)]
 mod tests {
-    use super::url_credentials;
+    use super::{url_credentials, without_credentials};
+
+    #[test]
+    fn the_client_gets_urls_without_credentials() {
+        assert_eq!(
+            without_credentials("nats://node:s3cret@nats:4222"),
+            "nats://nats:4222"
+        );
+        assert_eq!(
+            without_credentials("tls://t0ken@nats:4222/"),
+            "tls://nats:4222/"
+        );
+        assert_eq!(without_credentials("nats://nats:4222"), "nats://nats:4222");
+        assert_eq!(without_credentials("nats:4222"), "nats:4222");
+    }
 
     #[test]
     fn credentials_come_from_the_url() {

@@ -373,10 +373,33 @@ impl ClusterSeam for Cluster {
             tracing::debug!(group, topic = %message.topic, "cluster: a shared group's message given back to its consumer");
             return true;
         }
-        if message.qos == QoS::AtMostOnce
-            || !self.is_up()
-            || self.pending.load(Ordering::Acquire) >= self.max_pending
-        {
+        if message.qos == QoS::AtMostOnce {
+            return false;
+        }
+        self.offer_to_group(group, message)
+    }
+
+    fn restore<'a>(
+        &'a self,
+        broker: &'a Arc<Broker>,
+        session: &'a Arc<Session>,
+        generation: u64,
+        restore: Restore,
+    ) -> SeamFuture<'a, bool> {
+        Box::pin(sessions::restore(
+            self, broker, session, generation, restore,
+        ))
+    }
+}
+
+impl Cluster {
+    /// Publishes `message` to shared group `group`'s given-back subject in `PB_REGROUP`, so
+    /// that JetStream offers it to one member's node (issue 37, seventh pass N1: also a QoS 0
+    /// message that no member here may read, which the group's other nodes may). False
+    /// when it cannot be (the link is down, the outbound queue is full, the frame is too
+    /// big): the caller counts the drop.
+    fn offer_to_group(&self, group: &str, message: &Arc<Message>) -> bool {
+        if !self.is_up() || self.pending.load(Ordering::Acquire) >= self.max_pending {
             return false;
         }
         let local_id = self.next_local_id.fetch_add(1, Ordering::AcqRel);
@@ -404,17 +427,5 @@ impl ClusterSeam for Cluster {
         }
         tracing::debug!(group, topic = %message.topic, "cluster: a shared group's message given back to the group");
         true
-    }
-
-    fn restore<'a>(
-        &'a self,
-        broker: &'a Arc<Broker>,
-        session: &'a Arc<Session>,
-        generation: u64,
-        restore: Restore,
-    ) -> SeamFuture<'a, bool> {
-        Box::pin(sessions::restore(
-            self, broker, session, generation, restore,
-        ))
     }
 }

@@ -41,7 +41,7 @@ pub struct Outgoing {
     pub message: Option<Arc<crate::broker::Message>>,
     /// Its topic (for the subject and the retained key).
     pub topic: ByteString,
-    /// Its QoS: 0 goes on a core subject, 1/2 into the stream.
+    /// Its QoS: 0 goes on a core subject (unless `subject` says where), 1/2 into the stream.
     pub qos: QoS,
     /// Retained: also the topic's entry in the retained bucket.
     pub retain: bool,
@@ -110,7 +110,10 @@ pub(super) fn spawn(
                 }
             };
             let bytes = out.frame.len() as u64;
-            if out.qos != QoS::AtMostOnce {
+            // Into a stream: QoS 1/2, and a shared group's message offered to its other
+            // nodes whatever its QoS (`PB_REGROUP`).
+            let streamed = out.qos != QoS::AtMostOnce || out.subject.is_some();
+            if streamed {
                 // Its sequence will be above everything seen so far: a floor for the
                 // cursors until its acknowledgement says exactly.
                 cluster.push_floor();
@@ -141,7 +144,7 @@ pub(super) fn spawn(
                                 sequenced: true,
                             },
                             Err(error) => {
-                                fail(&cluster, out.qos, out.done, &error);
+                                fail(&cluster, streamed, out.done, &error);
                                 continue;
                             }
                         };
@@ -150,12 +153,12 @@ pub(super) fn spawn(
                         continue;
                     }
                     (Err(error), _) => {
-                        fail(&cluster, out.qos, out.done, &error);
+                        fail(&cluster, streamed, out.done, &error);
                         continue;
                     }
                 }
             }
-            if out.qos == QoS::AtMostOnce {
+            if !streamed {
                 let published = tokio::time::timeout(
                     timeout,
                     client.publish(format!("{QOS0_SUBJECTS}.{tail}"), out.frame),
@@ -184,7 +187,7 @@ pub(super) fn spawn(
                     });
                     count_out(&cluster, bytes);
                 }
-                Err(error) => fail(&cluster, out.qos, out.done, &error),
+                Err(error) => fail(&cluster, streamed, out.done, &error),
             }
         }
     });
@@ -196,11 +199,11 @@ fn count_out(cluster: &Cluster, bytes: u64) {
 }
 
 /// A message NATS did not take: its publisher is told (no acknowledgement), and the floor
-/// it pushed (QoS 1/2, whether or not a publisher waits: a given-back message has none) is
-/// taken off again.
+/// it pushed (`streamed`: for a stream, whether or not a publisher waits: a given-back
+/// message has none) is taken off again.
 fn fail(
     cluster: &Cluster,
-    qos: QoS,
+    streamed: bool,
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
     error: &dyn std::fmt::Display,
 ) {
@@ -208,7 +211,7 @@ fn fail(
     if let Some(done) = done {
         let _ = done.send(Err(StorageError::Cluster(error.to_string())));
     }
-    if qos != QoS::AtMostOnce {
+    if streamed {
         cluster.pop_floor();
     }
     cluster.settled();

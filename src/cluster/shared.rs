@@ -13,6 +13,17 @@
 //! through a NATS queue group on the core subjects, which likewise gives each to one
 //! subscriber.
 //!
+//! A node whose members here may not read a message (an ACL that grants a member only part
+//! of the group's filter, issue 37, seventh pass N1) does not take it away from the group: a
+//! pulled one goes back (nak), and that puller then steps aside ([`STEP_ASIDE`]) so that
+//! JetStream's re-offer finds another node's pull, not this one's again (JetStream hands a
+//! message to whichever pull waits, and would otherwise hand it to this node time after
+//! time while another node's member waits for it); a QoS 0 one from the queue group is
+//! offered to the group's other nodes through `PB_REGROUP`. Only a QoS 0 message nobody took
+//! after [`QOS0_OFFERS`] offers is dropped, and counted (`reason="denied"`); a QoS 1/2 one
+//! waits in JetStream for a member that may read it, as it does while no member is
+//! connected.
+//!
 //! A member's session that ends (or disconnects) on a node with no other connected member
 //! of its group gives what it still held back to the group: a nak, or, for a message with no
 //! ticket, a copy to `pb.g.<group hash>` in `PB_REGROUP` (one more consumer per group), so a
@@ -33,6 +44,7 @@ use super::{
     STREAM_SUBJECTS,
 };
 use crate::broker::{Broker, Message};
+use crate::codec::QoS;
 
 /// How often the set of local groups is compared with the running pullers.
 const SCAN: Duration = Duration::from_millis(200);
@@ -48,6 +60,17 @@ pub(super) const PULL_WAIT: Duration = Duration::from_secs(1);
 const KEEP_ALIVE: Duration = Duration::from_secs(20);
 /// A group consumer's `max_ack_pending`: its messages held unacknowledged cluster-wide.
 const MAX_UNSETTLED: i64 = 1000;
+/// How long a puller that gave a message back because no member here may read it (or
+/// take it) pulls nothing: past the message's re-offer ([`super::unsettled::REOFFER`])
+/// plus one pull that was waiting already ([`PULL_WAIT`]), so the re-offer goes to a pull
+/// of another node.
+const STEP_ASIDE: Duration = Duration::from_millis(
+    super::unsettled::REOFFER.as_millis() as u64 + PULL_WAIT.as_millis() as u64 + 500,
+);
+/// How many times a QoS 0 message offered to the group's other nodes (no member of the
+/// node it reached first may read it) is offered before it is dropped and counted: at most
+/// once, but not dropped while another node's member may read it.
+const QOS0_OFFERS: i64 = 6;
 
 /// A group's key as a subject token: the hex of its hash's first 10 bytes (a group's key
 /// holds characters subjects and consumer names may not).
@@ -250,7 +273,12 @@ async fn pull(
             }
         };
         let mut last_pull = tokio::time::Instant::now();
+        // Until when this puller leaves the group's messages to other nodes' pulls.
+        let mut aside_until: Option<tokio::time::Instant> = None;
         'pulling: loop {
+            if let Some(until) = aside_until.take() {
+                tokio::time::sleep_until(until).await;
+            }
             let connected = match broker.upgrade() {
                 None => return,
                 Some(broker) => broker.shared_group_has_connected(&key),
@@ -286,11 +314,16 @@ async fn pull(
                     }
                 };
                 // Each one no member here can take goes back at once: the rest of this
-                // pull too, then pulls wait for a connected member.
-                if !take(
+                // pull too, then pulls wait for a connected member, and for its re-offer
+                // to have gone elsewhere.
+                match take(
                     &cluster, &unsettled, &broker, stream, &key, &inner, &message,
                 ) {
-                    return;
+                    Took::Taken => {}
+                    Took::GivenBack => {
+                        aside_until = Some(tokio::time::Instant::now() + STEP_ASIDE);
+                    }
+                    Took::BrokerGone => return,
                 }
             }
         }
@@ -298,9 +331,20 @@ async fn pull(
     }
 }
 
-/// Hands one pulled message to a connected member here, holding its
+/// What became of one pulled message.
+enum Took {
+    /// Queued for a member here (or not the group's, or dropped and counted): settled.
+    Taken,
+    /// No member here may read it or can take it: given back for another node.
+    GivenBack,
+    /// The broker is gone: the puller ends.
+    BrokerGone,
+}
+
+/// Hands one pulled message to a connected member here that may read it, holding its
 /// [`super::unsettled::Ticket`] (acknowledged once the member is done with it), or gives it
-/// back for another node if no member here can take it. False once the broker is gone.
+/// back for another node if no member here can take it (a QoS 0 one offered
+/// [`QOS0_OFFERS`] times already is dropped and counted instead).
 fn take(
     cluster: &Cluster,
     unsettled: &Arc<Unsettled>,
@@ -309,18 +353,20 @@ fn take(
     key: &str,
     inner: &str,
     message: &jetstream::Message,
-) -> bool {
+) -> Took {
     let Some(broker) = broker.upgrade() else {
-        return false;
+        return Took::BrokerGone;
     };
     let Some(reply) = message.reply.clone() else {
-        return true; // not a JetStream delivery
+        return Took::Taken; // not a JetStream delivery
     };
-    let seq = message.info().ok().map(|i| i.stream_sequence);
+    let info = message.info().ok();
+    let seq = info.as_ref().map(|i| i.stream_sequence);
+    let offers = info.as_ref().map_or(1, |i| i.delivered);
     let ticket = unsettled.ticket(reply);
     let Some(routed) = matching(cluster, &message.payload, inner) else {
         drop(ticket); // not the group's: acknowledged
-        return true;
+        return Took::Taken;
     };
     let routed = Arc::new(routed.with_settlement(Box::new(ticket)));
     // A `PB_MSGS` sequence is where a replay finds it again (a session's cursor); a
@@ -329,14 +375,21 @@ fn take(
         routed.set_cluster_seq(seq);
     }
     match broker.deliver_shared(key, Arc::clone(&routed), true) {
-        Ok(Some(_)) => {}
-        // No connected member here (any more): given back before its last handle goes,
-        // which would acknowledge it.
+        Ok(Some(_)) => Took::Taken,
+        // A QoS 0 message no member took after its offers: dropped (its last handle
+        // acknowledges it), and counted.
+        Ok(None) if routed.qos == QoS::AtMostOnce && offers >= QOS0_OFFERS => {
+            broker.metrics.messages_dropped_denied[0].increment(1);
+            tracing::debug!(group = %key, topic = %routed.topic, "cluster: a shared group's QoS 0 message no member may read was dropped");
+            Took::Taken
+        }
+        // No connected member here (any more) that may read it: given back before its
+        // last handle goes, which would acknowledge it.
         Ok(None) | Err(_) => {
             routed.give_back();
+            Took::GivenBack
         }
     }
-    true
 }
 
 /// A group's QoS 0 messages: a NATS queue group, so one subscriber cluster-wide gets each.
@@ -364,8 +417,19 @@ async fn pull_qos0(
         let Some(broker) = broker.upgrade() else {
             return;
         };
-        if let Some(routed) = matching(&cluster, &message.payload, &inner) {
-            let _ = broker.deliver_shared(&key, Arc::new(routed), false);
+        let Some(routed) = matching(&cluster, &message.payload, &inner) else {
+            continue;
+        };
+        let routed = Arc::new(routed);
+        // No member here may read it (or the store refused it): one on another node may,
+        // so it is offered to the group's nodes through `PB_REGROUP` rather than dropped
+        // (at most once still: one member gets it, or nobody).
+        if matches!(
+            broker.deliver_shared(&key, Arc::clone(&routed), false),
+            Ok(None) | Err(_)
+        ) && !cluster.offer_to_group(&key, &routed)
+        {
+            broker.metrics.messages_dropped_denied[0].increment(1);
         }
     }
 }

@@ -206,7 +206,7 @@ async fn a_client_back_on_another_node_within_its_will_delay_cancels_the_will() 
 }
 
 /// `connect` as `user` of the example password file (password `<user>-secret`).
-fn as_user(mut connect: Connect, user: &str) -> Connect {
+pub(crate) fn as_user(mut connect: Connect, user: &str) -> Connect {
     connect.username = Some(user.into());
     connect.password = Some(format!("{user}-secret").into_bytes().into());
     connect

@@ -644,6 +644,27 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         c["readinessProbe"]["httpGet"]["path"].as_str(),
         Some("/healthz")
     );
+    // Only the Postbox pods (and the NATS pods) reach NATS's client port: the nodes trust
+    // what comes over NATS (seventh pass N2).
+    let policy = of_kind(&objects, "NetworkPolicy")
+        .into_iter()
+        .find(|p| p["metadata"]["name"].as_str() == Some("nats"))
+        .expect("a NetworkPolicy for NATS");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+        Some("nats")
+    );
+    let rules = policy["spec"]["ingress"].as_vec().expect("ingress rules");
+    for rule in rules {
+        let from = rule["from"].as_vec().expect("from");
+        assert!(
+            from.iter().all(|f| matches!(
+                f["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+                Some("postbox" | "nats")
+            )),
+            "NATS admits only Postbox and NATS pods: {rule:?}"
+        );
+    }
     // The client Service.
     let client = service(&objects, "nats");
     assert_ne!(client["spec"]["clusterIP"].as_str(), Some("None"));

@@ -33,6 +33,7 @@ mod cluster_binding;
 mod cluster_operations;
 mod cluster_orphans;
 mod cluster_restart;
+mod cluster_security;
 mod cluster_sessions;
 mod config_files;
 mod connection_limits;

@@ -1,0 +1,273 @@
+//! A cluster's trust boundaries (issue 37, seventh adversarial pass), with a real
+//! `nats-server -js` and real `postbox` nodes: a shared group's messages reach the member
+//! that may read them even when a member on another node may not (N1), and a node's log at
+//! `trace` holds no NATS password (N8).
+
+use crate::cluster_orphans::as_user;
+use crate::common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::cluster::{start_cluster, Node};
+use common::nats::NatsServer;
+use common::{v5, RawClient, WAIT};
+use postbox::codec::{Packet, QoS};
+
+/// The `[auth]` of every node: the example password file and ACL (dashboard reads
+/// `sensors/#`; sensor<n> reads and writes `sensors/sensor<n>/#` only), and anonymous clients
+/// let in to write and read `probe/#` only (`wait_linked`'s probes).
+fn example_auth(dir: &std::path::Path) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let acl = dir.join("acl");
+    let example = std::fs::read_to_string(root.join("config/acl.example")).expect("example ACL");
+    std::fs::write(&acl, format!("topic readwrite probe/#\n{example}")).expect("write ACL");
+    format!(
+        "[auth]\nallow_anonymous = true\npassword_file = {:?}\nacl_file = {acl:?}\n",
+        root.join("config/passwd.example")
+    )
+}
+
+/// Receives (and acknowledges) for up to `within`, until every one of `<prefix>1` ..
+/// `<prefix><count>` arrived: the numbers that did, and every payload received.
+async fn receive_numbered(
+    c: &mut RawClient,
+    prefix: &str,
+    count: u32,
+    within: Duration,
+) -> (BTreeSet<u32>, Vec<String>) {
+    let deadline = tokio::time::Instant::now() + within;
+    let (mut numbers, mut all) = (BTreeSet::new(), Vec::new());
+    while numbers.len() < count as usize {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match c.recv_within(left).await {
+            Ok(Some(Packet::Publish(p))) => {
+                v5::ack(c, &p).await;
+                let text = String::from_utf8_lossy(&p.payload).into_owned();
+                if let Some(n) = text.strip_prefix(prefix).and_then(|n| n.parse().ok()) {
+                    numbers.insert(n);
+                }
+                all.push(text);
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("subscriber closed"),
+            Err(()) => break,
+        }
+    }
+    (numbers, all)
+}
+
+/// Takes what arrives at `c` within a quiet `period`: its payloads.
+async fn drain(c: &mut RawClient, period: Duration) -> Vec<String> {
+    let mut got = Vec::new();
+    while let Ok(Some(packet)) = c.recv_within(period).await {
+        if let Packet::Publish(p) = packet {
+            v5::ack(c, &p).await;
+            got.push(String::from_utf8_lossy(&p.payload).into_owned());
+        }
+    }
+    got
+}
+
+/// Until `member` (sensor2 on node b) has received a QoS 1 and a QoS 0 message of the group
+/// (its own sensor's, which the dashboard may read too): node b's pullers of the group are
+/// running from then on. The probes are published on node a by sensor2's publisher.
+async fn wait_member_pulls(member: &mut RawClient, others: &mut RawClient, a: &Node) {
+    let (mut probe, _) = v5::connect(
+        a.mqtt(),
+        as_user(v5::connect_packet("sensor2-probe"), "sensor2"),
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (mut qos0, mut qos1) = (false, false);
+    let mut id = 0u16;
+    while !(qos0 && qos1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node b's member never got the group's messages (QoS 0 {qos0}, QoS 1 {qos1})"
+        );
+        id += 1;
+        let code = v5::publish(
+            &mut probe,
+            v5::publish_packet("sensors/sensor2/probe", QoS::AtLeastOnce, b"probe1", id),
+        )
+        .await;
+        assert!(!code.is_error(), "probe refused: {code:?}");
+        v5::publish(
+            &mut probe,
+            v5::publish_packet("sensors/sensor2/probe", QoS::AtMostOnce, b"probe0", 0),
+        )
+        .await;
+        while let Ok(Some(Packet::Publish(p))) =
+            member.recv_within(Duration::from_millis(200)).await
+        {
+            v5::ack(member, &p).await;
+            match p.qos {
+                QoS::AtMostOnce => qos0 = true,
+                _ => qos1 = true,
+            }
+        }
+        drain(others, Duration::from_millis(10)).await;
+    }
+    drain(member, Duration::from_millis(300)).await;
+    drain(others, Duration::from_millis(300)).await;
+}
+
+/// Issue 37, seventh adversarial pass, N1 (README, Access control: "each message goes to a
+/// member that may read its topic (the others are passed over)"), on a cluster: the
+/// dashboard (reads `sensors/#`) on node a and sensor2 (reads `sensors/sensor2/#` only) on
+/// node b are members of `$share/g/sensors/#` (sensor2's subscription is granted: the
+/// filter is partly readable to it). Every one of sensor1's messages, QoS 1 and QoS 0, must
+/// reach the dashboard, and none sensor2 (MQTT 5 §4.8.2: one member gets each message;
+/// MQTT-4.3.2-4: a PUBACK'd QoS 1 message is the server's to deliver). Before the fix node b
+/// pulled the messages it had no reader for and gave them back, and JetStream offered them
+/// to node b's next pull again and again: some acknowledged QoS 1 messages never reached the
+/// dashboard, and node b discarded the QoS 0 ones it got (about half), uncounted. Then, with
+/// the dashboard gone, a QoS 0 message no member may read is dropped and counted
+/// (`reason="denied"`), as on one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_elsewhere_that_may_not(
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_nats, nodes) = start_cluster(2, &example_auth(dir.path())).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (mut dash, _) =
+        v5::connect(a.mqtt(), as_user(v5::connect_packet("dash"), "dashboard")).await;
+    v5::subscribe(&mut dash, "$share/g/sensors/#", QoS::AtLeastOnce).await;
+    let (mut s2, _) = v5::connect(b.mqtt(), as_user(v5::connect_packet("s2"), "sensor2")).await;
+    v5::subscribe(&mut s2, "$share/g/sensors/#", QoS::AtLeastOnce).await;
+    wait_member_pulls(&mut s2, &mut dash, a).await;
+
+    let (mut sensor1, _) =
+        v5::connect(a.mqtt(), as_user(v5::connect_packet("sensor1"), "sensor1")).await;
+    // Enough that, before the fix, halving the ones node b had in each 2 s re-offer round
+    // took longer than `WAIT` even when none stuck for good.
+    const COUNT: u32 = 200;
+    // Sent at once (within the Receive Maximum), as a fleet publishes, then every PUBACK
+    // awaited.
+    for n in 1..=COUNT {
+        let payload = format!("one-{n}");
+        let id = u16::try_from(n).expect("small");
+        sensor1
+            .send(&Packet::Publish(v5::publish_packet(
+                "sensors/sensor1/temp",
+                QoS::AtLeastOnce,
+                payload.as_bytes(),
+                id,
+            )))
+            .await;
+    }
+    for acked in 0..COUNT {
+        match sensor1.recv_within(WAIT).await {
+            Ok(Some(Packet::PubAck(ack))) => {
+                assert!(!ack.reason_code.is_error(), "refused: {ack:?}");
+            }
+            other => panic!("{acked} of {COUNT} acknowledged, then {other:?}"),
+        }
+    }
+    let (got, all) = receive_numbered(&mut dash, "one-", COUNT, WAIT).await;
+    let missing: Vec<u32> = (1..=COUNT).filter(|n| !got.contains(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "acknowledged QoS 1 messages never reached the dashboard: {missing:?} (got {all:?})"
+    );
+
+    for n in 1..=COUNT {
+        let payload = format!("zero-{n}");
+        v5::publish(
+            &mut sensor1,
+            v5::publish_packet(
+                "sensors/sensor1/temp",
+                QoS::AtMostOnce,
+                payload.as_bytes(),
+                0,
+            ),
+        )
+        .await;
+    }
+    let (got, all) = receive_numbered(&mut dash, "zero-", COUNT, WAIT).await;
+    let missing: Vec<u32> = (1..=COUNT).filter(|n| !got.contains(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "QoS 0 messages never reached the dashboard: {missing:?} (got {all:?})"
+    );
+    let leaked = drain(&mut s2, Duration::from_millis(300)).await;
+    assert!(
+        leaked.is_empty(),
+        "sensor2 received what it may not read: {leaked:?}"
+    );
+    for node in [a, b] {
+        assert_eq!(
+            node.metric(r#"postbox_messages_dropped_total{qos="0",reason="denied"}"#),
+            0.0,
+            "node {} dropped a message the dashboard may read",
+            node.id
+        );
+    }
+
+    // No member may read it any more: node b offers it to the group a few times, then
+    // drops it and counts it.
+    v5::disconnect(dash).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut n = 0;
+    while b.metric(r#"postbox_messages_dropped_total{qos="0",reason="denied"}"#) < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the QoS 0 message no member may read was never counted as dropped"
+        );
+        // Node a leaves the group once its member is gone (a scan later): one message a
+        // second until node b counts one.
+        n += 1;
+        let payload = format!("alone-{n}");
+        v5::publish(
+            &mut sensor1,
+            v5::publish_packet(
+                "sensors/sensor1/temp",
+                QoS::AtMostOnce,
+                payload.as_bytes(),
+                0,
+            ),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let leaked = drain(&mut s2, Duration::from_millis(300)).await;
+    assert!(
+        leaked.is_empty(),
+        "sensor2 received what it may not read: {leaked:?}"
+    );
+}
+
+/// Issue 37, seventh adversarial pass, N8 (README, Security: passwords "are never logged, at
+/// any level"): a node whose `[cluster] servers` URL holds a NATS user and password, logging
+/// at `trace`, connects (and reconnects after NATS restarts) without the password in its
+/// log. Before the fix the NATS client logged each server's URL, password in clear, at every
+/// connection attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_log_at_trace_holds_no_nats_password() {
+    const PASSWORD: &str = "nats-pw-not-for-logs-7";
+    let mut nats = tokio::task::block_in_place(|| {
+        NatsServer::start_with_config(Some(&format!(
+            "authorization {{\n  users = [ {{ user: \"node\", password: \"{PASSWORD}\" }} ]\n}}\n"
+        )))
+    });
+    let url = format!("nats://node:{PASSWORD}@127.0.0.1:{}", nats.port);
+    let node = Node::start_async("a", &url, "[log]\nlevel = \"trace\"\n").await;
+    // A reconnect: every connection attempt is logged.
+    tokio::task::block_in_place(|| {
+        nats.stop();
+        node.wait_up(false);
+        nats.start_again();
+        node.wait_up(true);
+    });
+    let log = node.log();
+    assert!(
+        log.iter().any(|line| line.contains("async_nats")),
+        "the NATS client's own lines are in the log at trace: {log:?}"
+    );
+    let leaked: Vec<&String> = log.iter().filter(|line| line.contains(PASSWORD)).collect();
+    assert!(
+        leaked.is_empty(),
+        "the NATS password was logged: {leaked:?}"
+    );
+}
