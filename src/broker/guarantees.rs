@@ -170,7 +170,14 @@ impl Broker {
         if letters.is_dead_letter(&message.topic) {
             return None; // never dead-lettered again
         }
-        if !letters.take() {
+        // The source whose share it spends: the session where it was lost, else its
+        // publisher's session, else the broker's own.
+        let source = match (client_id, message.origin()) {
+            (Some(client_id), _) => std::borrow::Cow::Borrowed(&**client_id),
+            (None, Some(id)) => std::borrow::Cow::Owned(format!("\u{0}{id}")),
+            (None, None) => std::borrow::Cow::Borrowed(""),
+        };
+        if !letters.take(&source) {
             self.guarantee_metrics
                 .dead_letters_dropped_rate
                 .increment(1);
