@@ -404,7 +404,10 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         http.push((stop, task));
     }
     if let Some(jwt) = jwt {
-        reloaders.register(jwt);
+        reloaders.register(Arc::new(JwtReload {
+            jwt,
+            broker: Arc::downgrade(&broker),
+        }));
     }
     if let Some(store) = passwords {
         reloaders.register(store);
@@ -579,5 +582,27 @@ impl RunningServer {
             .iter()
             .find(|l| &*l.name == name)
             .map(|l| l.addr)
+    }
+}
+
+/// The JWT keys' reload, then a wake-up of every connection: each client that logged in with
+/// a token checks it against the new keys and is disconnected (v5 0x87) when they refuse it
+/// (issue 35, seventh pass, N7: a key rotation revoked no connected client).
+struct JwtReload {
+    jwt: Arc<crate::auth::jwt::JwtVerifier>,
+    broker: std::sync::Weak<Broker>,
+}
+
+impl crate::reload::Reload for JwtReload {
+    fn what(&self) -> String {
+        self.jwt.what()
+    }
+
+    fn reload(&self) -> Result<(), String> {
+        self.jwt.reload()?;
+        if let Some(broker) = self.broker.upgrade() {
+            broker.wake_connections();
+        }
+        Ok(())
     }
 }

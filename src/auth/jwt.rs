@@ -99,6 +99,9 @@ enum Keys {
 pub struct JwtVerifier {
     config: JwtConfig,
     keys: RwLock<Arc<Keys>>,
+    /// Bumped by each reload that took new keys: a connection that logged in with a token
+    /// checks it again when this moved (see [`JwtVerifier::generation`]).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -196,6 +199,7 @@ impl JwtVerifier {
         Ok(JwtVerifier {
             config,
             keys: RwLock::new(Arc::new(keys)),
+            generation: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -278,6 +282,14 @@ impl JwtVerifier {
         UNIX_EPOCH.checked_add(std::time::Duration::from_secs(exp))
     }
 
+    /// How many reloads took new keys. A connected client's token was verified under the
+    /// keys of one generation; when the generation moves on, the connection verifies it again
+    /// and closes if the new keys refuse it (issue 35, seventh pass, N7: after a key rotation
+    /// every client of the old key stayed connected with its rights, for ever without `exp`).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Seconds until `verified` expires (0 when it has), `None` for a token without `exp`.
     pub fn seconds_left(verified: &Verified) -> Option<u64> {
         let now = SystemTime::now()
@@ -295,6 +307,8 @@ impl crate::reload::Reload for JwtVerifier {
     fn reload(&self) -> Result<(), String> {
         let keys = load_keys(&self.config).map_err(|e| e.to_string())?;
         *self.keys.write() = Arc::new(keys);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
     }
 }

@@ -430,6 +430,16 @@ impl Broker {
         (totals, top_views)
     }
 
+    /// Wakes every connected client's task, so each checks its standing again: after a reload
+    /// of the JWT keys, a client whose token the new keys refuse closes (issue 35, seventh
+    /// pass, N7). The session map is locked only to copy the handles.
+    pub fn wake_connections(&self) {
+        let sessions: Vec<_> = self.sessions.lock().iter().cloned().collect();
+        for session in sessions {
+            session.wake();
+        }
+    }
+
     /// Disconnects `client_id`'s connection, keeping its session (which then lives on for
     /// its expiry interval, as after any disconnect). The connection closes when it wakes:
     /// v5 DISCONNECT 0x98 Administrative action (MQTT 5 §3.14.2.1), 3.x a plain close; a will

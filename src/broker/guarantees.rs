@@ -82,14 +82,19 @@ impl Broker {
         }
         if let Some((dedup, key)) = dedup_key(g, message) {
             return Ok(
-                match dedup.check(&message.topic, key, crate::storage::now_unix_ms()) {
+                match dedup.check_from(
+                    &message.topic,
+                    &key,
+                    message.origin().unwrap_or(0),
+                    crate::storage::now_unix_ms(),
+                ) {
                     DedupCheck::Fresh { expires_at_unix_ms } => Gate::Route {
                         dedup: self.store.is_some().then(|| {
                             Box::new(Op::PutDedup {
                                 // Copied: the topic may be a slice of its whole packet,
                                 // which the store's state must not keep alive.
                                 topic: ByteString::from(&*message.topic),
-                                key: ByteString::from(key),
+                                key: ByteString::from(&*key),
                                 expires_at_unix_ms,
                             })
                         }),
@@ -126,7 +131,7 @@ impl Broker {
     /// never reached the window, and the pair may be an earlier message's).
     pub fn forget_dedup(&self, message: &Message) {
         if let Some((dedup, key)) = self.guarantees().and_then(|g| dedup_key(g, message)) {
-            dedup.forget(&message.topic, key);
+            dedup.forget(&message.topic, &key);
         }
     }
 
@@ -134,7 +139,7 @@ impl Broker {
     /// property, e.g. MQTT 3.x), for the duplicate's log line.
     pub fn dedup_key_of<'m>(&self, message: &'m Message) -> Option<&'m str> {
         self.guarantees()
-            .and_then(|g| dedup_key(g, message))
+            .and_then(|g| raw_dedup_key(g, message))
             .map(|(_, key)| key)
     }
 
@@ -165,7 +170,14 @@ impl Broker {
         if letters.is_dead_letter(&message.topic) {
             return None; // never dead-lettered again
         }
-        if !letters.take() {
+        // The source whose share it spends: the session where it was lost, else its
+        // publisher's session, else the broker's own.
+        let source = match (client_id, message.origin()) {
+            (Some(client_id), _) => std::borrow::Cow::Borrowed(&**client_id),
+            (None, Some(id)) => std::borrow::Cow::Owned(format!("\u{0}{id}")),
+            (None, None) => std::borrow::Cow::Borrowed(""),
+        };
+        if !letters.take(&source) {
             self.guarantee_metrics
                 .dead_letters_dropped_rate
                 .increment(1);
@@ -282,8 +294,17 @@ impl QueueLosses {
 }
 
 /// The window and the key of `message` when dedup is on and the message carries the configured
-/// user property (its first occurrence); MQTT 3.x messages have none.
-fn dedup_key<'g, 'm>(g: &'g Guarantees, message: &'m Message) -> Option<(&'g Dedup, &'m str)> {
+/// user property (its first occurrence; a long one as its digest, `guarantees::key_of`); MQTT
+/// 3.x messages have none.
+fn dedup_key<'g, 'm>(
+    g: &'g Guarantees,
+    message: &'m Message,
+) -> Option<(&'g Dedup, std::borrow::Cow<'m, str>)> {
+    raw_dedup_key(g, message).map(|(dedup, key)| (dedup, crate::guarantees::key_of(key)))
+}
+
+/// [`dedup_key`] as the message carries it (for the log).
+fn raw_dedup_key<'g, 'm>(g: &'g Guarantees, message: &'m Message) -> Option<(&'g Dedup, &'m str)> {
     let dedup = g.dedup.as_ref()?;
     let key = message
         .properties()

@@ -108,6 +108,10 @@ pub struct DedupConfig {
     pub max_entries: usize,
     /// Most bytes of topics and ids remembered; the oldest go first beyond it. At least 1024.
     pub max_bytes: usize,
+    /// Percent of `max_entries` and of `max_bytes` one publishing session may hold: beyond
+    /// it its own oldest pairs go, not other publishers' (issue 35, seventh pass, N4: one
+    /// client's ~280 publishes with 60 KB ids pushed everyone else's out). 1..=100.
+    pub publisher_share: u8,
 }
 
 impl Default for DedupConfig {
@@ -117,6 +121,7 @@ impl Default for DedupConfig {
             window: 60,
             max_entries: 100_000,
             max_bytes: 16 * 1024 * 1024,
+            publisher_share: 10,
         }
     }
 }
@@ -211,6 +216,12 @@ pub(super) fn validate(
             return Err(invalid(
                 "dedup.max_entries",
                 "must be at least 1".to_owned(),
+            ));
+        }
+        if !(1..=100).contains(&dedup.publisher_share) {
+            return Err(invalid(
+                "dedup.publisher_share",
+                format!("must be 1..=100 percent, got {}", dedup.publisher_share),
             ));
         }
         if dedup.max_bytes < 1024 {

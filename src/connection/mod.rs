@@ -23,7 +23,8 @@ use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
 use crate::transport::{ConnectedSlot, ConnectionInfo, HandshakeSlot};
 pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
-pub use partial::{budgeted_partial_bytes, packet_time_limit, partial_packet_bytes};
+pub(crate) use partial::TransportHeld;
+pub use partial::{budgeted_partial_bytes, packet_time_limit, partial_packet_bytes, time_limit};
 
 /// Serves one client connection until it closes; never panics on client input.
 ///

@@ -87,7 +87,7 @@ pub struct Loss<'a> {
 #[derive(Debug)]
 pub struct DeadLetters {
     prefix: String,
-    bucket: Option<Mutex<Bucket>>,
+    bucket: Option<Mutex<Buckets>>,
     /// The last publisher looked up (session id → client id): a flood of drops from one
     /// publisher walks the sessions once (`Broker::client_id_of`).
     last_publisher: Mutex<Option<(crate::broker::SessionId, ByteString)>>,
@@ -101,6 +101,39 @@ struct Bucket {
     at: std::time::Instant,
 }
 
+impl Bucket {
+    fn full(rate: f64, at: std::time::Instant) -> Bucket {
+        Bucket {
+            rate,
+            tokens: rate,
+            at,
+        }
+    }
+
+    /// Refills for the time passed; true when a token is there (not taken).
+    fn refill(&mut self, now: std::time::Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.rate);
+        self.tokens >= 1.0
+    }
+}
+
+/// One source's part of `max_rate`, in tenths: the session where messages are lost (or their
+/// publisher) gets a tenth of the broker's dead-letter rate, so one client cannot spend all
+/// of it (issue 35, seventh pass, N5: one client's own drops took the whole budget and
+/// others' dead letters were not published).
+const SOURCE_SHARE_DIVISOR: f64 = 10.0;
+/// Sources remembered at most; beyond it, the full ones (which are as good as new) go.
+const MAX_SOURCES: usize = 1024;
+
+/// The broker's bucket and one per source, under one lock.
+#[derive(Debug)]
+struct Buckets {
+    all: Bucket,
+    sources: std::collections::HashMap<Box<str>, Bucket>,
+}
+
 impl DeadLetters {
     /// From `[dead_letter]` (only when `enabled`).
     pub fn new(config: &DeadLetterConfig) -> DeadLetters {
@@ -108,10 +141,9 @@ impl DeadLetters {
             prefix: config.prefix.clone(),
             bucket: (config.max_rate > 0).then(|| {
                 let rate = f64::from(config.max_rate);
-                Mutex::new(Bucket {
-                    rate,
-                    tokens: rate,
-                    at: std::time::Instant::now(),
+                Mutex::new(Buckets {
+                    all: Bucket::full(rate, std::time::Instant::now()),
+                    sources: std::collections::HashMap::new(),
                 })
             }),
             last_publisher: Mutex::new(None),
@@ -143,22 +175,29 @@ impl DeadLetters {
         topic.starts_with(&self.prefix)
     }
 
-    /// Takes one token; false when over `max_rate` (the caller counts the drop).
-    pub fn take(&self) -> bool {
+    /// Takes one token of the broker's and one of `source`'s (the session where the message
+    /// was lost, or its publisher); false when either is spent (the caller counts the drop).
+    pub fn take(&self, source: &str) -> bool {
         let Some(bucket) = &self.bucket else {
             return true;
         };
         let mut b = bucket.lock();
         let now = std::time::Instant::now();
-        let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
-        b.at = now;
-        b.tokens = (b.tokens + elapsed * b.rate).min(b.rate);
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            true
-        } else {
-            false
+        let rate = (b.all.rate / SOURCE_SHARE_DIVISOR).max(1.0);
+        if !b.sources.contains_key(source) && b.sources.len() >= MAX_SOURCES {
+            b.sources.retain(|_, s| !s.refill(now) || s.tokens < s.rate);
         }
+        let all_has = b.all.refill(now);
+        let mine = b
+            .sources
+            .entry(Box::from(source))
+            .or_insert_with(|| Bucket::full(rate, now));
+        if !mine.refill(now) || !all_has {
+            return false;
+        }
+        mine.tokens -= 1.0;
+        b.all.tokens -= 1.0;
+        true
     }
 
     /// The dead letter of `loss`, stamped `now`: QoS 1, not retained, the original payload
@@ -325,10 +364,27 @@ mod tests {
     #[test]
     fn the_rate_bound_allows_a_seconds_worth() {
         let bounded = letters(3);
-        let taken = (0..10).filter(|_| bounded.take()).count();
+        let taken = (0..10).filter(|i| bounded.take(&format!("s{i}"))).count();
         assert!((3..=4).contains(&taken), "{taken}");
         let unbounded = letters(0);
-        assert!((0..1000).all(|_| unbounded.take()));
+        assert!((0..1000).all(|_| unbounded.take("s")));
+    }
+
+    /// Issue 35, seventh pass, N5: one source (the session where messages are lost) gets a
+    /// tenth of `max_rate`, so its flood leaves the rest for others' dead letters; before,
+    /// one client's own drops spent the broker-wide budget.
+    #[test]
+    fn one_source_cannot_spend_everyone_elses_rate() {
+        let bounded = letters(100);
+        let flooder = (0..1000).filter(|_| bounded.take("mallory")).count();
+        assert!((10..=11).contains(&flooder), "{flooder}");
+        assert!(
+            bounded.take("sensor1"),
+            "another source still gets its dead letter"
+        );
+        // Many sources together still stay within the broker's rate.
+        let many = (0..1000).filter(|i| bounded.take(&format!("c{i}"))).count();
+        assert!(many <= 100, "{many}");
     }
 
     /// Only topics under the prefix are dead letters.

@@ -10,7 +10,8 @@
 //! A duplicate is found by borrowing the PUBLISH's own topic and key: no allocation. Times
 //! are wall-clock unix ms, as stored, so a restart keeps the windows that are still open.
 
-use std::collections::VecDeque;
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
@@ -20,6 +21,28 @@ use parking_lot::Mutex;
 use super::DedupMetrics;
 use crate::config::DedupConfig;
 use crate::storage::DedupRecord;
+
+/// Longest id kept as it is; a longer one is kept as its SHA-256 ([`key_of`]).
+pub const MAX_KEY_LEN: usize = 64;
+
+/// The key the window keeps for the id `raw`: the id itself up to [`MAX_KEY_LEN`] bytes,
+/// else `sha256:` and its digest in hex (71 bytes). An id's length was bounded only by the
+/// packet size, so one client's ~280 publishes with 60 KB ids filled the 16 MiB window
+/// (issue 35, seventh pass, N4); a digest keeps a pair's cost bounded, and unlike a fast hash
+/// no two ids share one in practice (a collision would take a new message for a duplicate).
+pub fn key_of(raw: &str) -> Cow<'_, str> {
+    if raw.len() <= MAX_KEY_LEN {
+        return Cow::Borrowed(raw);
+    }
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(raw.as_bytes());
+    let mut key = String::with_capacity(7 + 64);
+    key.push_str("sha256:");
+    for byte in digest {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    Cow::Owned(key)
+}
 
 /// What [`Dedup::check`] says about one PUBLISH.
 #[derive(Debug, PartialEq, Eq)]
@@ -77,6 +100,20 @@ impl Dedup {
     /// bytes, copied: the PUBLISH's topic may be a slice of its whole packet, which the
     /// window must not keep alive); a duplicate none.
     pub fn check(&self, topic: &str, key: &str, now_unix_ms: u64) -> DedupCheck {
+        self.check_from(topic, key, NO_PUBLISHER, now_unix_ms)
+    }
+
+    /// [`Dedup::check`] for a PUBLISH of the session `publisher` (its id; 0: none, e.g. a
+    /// bridge's): a fresh pair beyond the publisher's share (`publisher_share` percent of
+    /// either bound) pushes out that publisher's own oldest pairs, so one client cannot push
+    /// out everyone else's (issue 35, seventh pass, N4).
+    pub fn check_from(
+        &self,
+        topic: &str,
+        key: &str,
+        publisher: u64,
+        now_unix_ms: u64,
+    ) -> DedupCheck {
         let (check, entries, evicted) = {
             let mut w = self.pairs.lock();
             w.drop_expired(now_unix_ms);
@@ -91,8 +128,8 @@ impl Dedup {
                 None => {}
             }
             let expires_at = now_unix_ms.saturating_add(self.window_ms);
-            w.insert(hash, topic, key, expires_at);
-            let evicted = w.enforce(&self.config);
+            w.insert(hash, topic, key, expires_at, publisher);
+            let evicted = w.enforce_share(publisher, &self.config) + w.enforce(&self.config);
             (
                 DedupCheck::Fresh {
                     expires_at_unix_ms: expires_at,
@@ -134,7 +171,7 @@ impl Dedup {
             for r in records {
                 let hash = w.hash(&r.topic, &r.key);
                 w.remove(hash, &r.topic, &r.key);
-                w.insert(hash, &r.topic, &r.key, r.expires_at_unix_ms);
+                w.insert(hash, &r.topic, &r.key, r.expires_at_unix_ms, NO_PUBLISHER);
             }
             let evicted = w.enforce(&self.config);
             (w.table.len(), evicted)
@@ -170,6 +207,20 @@ struct Pair {
     topic_len: usize,
     expires_at: u64,
     seq: u64,
+    /// The publishing session whose share the pair counts in ([`NO_PUBLISHER`]: none).
+    publisher: u64,
+}
+
+/// The publisher of pairs that count in no share: restored ones, a bridge's.
+const NO_PUBLISHER: u64 = 0;
+
+/// What one publishing session holds of the window, and its pairs oldest first (may hold
+/// stale entries, compacted like the window's queue).
+#[derive(Debug, Default)]
+struct Share {
+    entries: usize,
+    bytes: usize,
+    queue: VecDeque<Queued>,
 }
 
 impl Pair {
@@ -203,6 +254,8 @@ struct Window {
     /// Bytes of the live pairs.
     bytes: usize,
     next_seq: u64,
+    /// Each publishing session's share, while it holds pairs.
+    shares: HashMap<u64, Share>,
 }
 
 impl Window {
@@ -215,7 +268,7 @@ impl Window {
         self.table.find(hash, |p| p.is(topic, key))
     }
 
-    fn insert(&mut self, hash: u64, topic: &str, key: &str, expires_at: u64) {
+    fn insert(&mut self, hash: u64, topic: &str, key: &str, expires_at: u64, publisher: u64) {
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut bytes = Vec::with_capacity(topic.len() + key.len());
@@ -226,9 +279,16 @@ impl Window {
             topic_len: topic.len(),
             expires_at,
             seq,
+            publisher,
         };
         self.bytes += pair.size();
         self.queue.push_back(Queued { hash, seq });
+        if publisher != NO_PUBLISHER {
+            let share = self.shares.entry(publisher).or_default();
+            share.entries += 1;
+            share.bytes += pair.size();
+            share.queue.push_back(Queued { hash, seq });
+        }
         let hasher = &self.hasher;
         self.table.insert_unique(hash, pair, |p| {
             let (t, k) = p.bytes.split_at(p.topic_len);
@@ -243,7 +303,7 @@ impl Window {
             return;
         };
         let (pair, _) = entry.remove();
-        self.bytes -= pair.size();
+        self.gone(&pair);
         if self.queue.back().is_some_and(|q| q.seq == pair.seq) {
             self.queue.pop_back(); // the usual refusal: forgotten right after it was added
         } else if self.queue.len() > 2 * self.table.len() + 64 {
@@ -267,7 +327,7 @@ impl Window {
         match self.table.find_entry(front.hash, |p| p.seq == front.seq) {
             Ok(entry) => {
                 let (pair, _) = entry.remove();
-                self.bytes -= pair.size();
+                self.gone(&pair);
                 true
             }
             Err(_) => false,
@@ -282,6 +342,56 @@ impl Window {
                 .is_none_or(|pair| pair.expires_at <= now_unix_ms)
         {
             self.pop_front();
+        }
+    }
+
+    /// Takes a removed pair out of the byte count and its publisher's share.
+    fn gone(&mut self, pair: &Pair) {
+        self.bytes -= pair.size();
+        if pair.publisher == NO_PUBLISHER {
+            return;
+        }
+        let Some(share) = self.shares.get_mut(&pair.publisher) else {
+            return;
+        };
+        share.entries -= 1;
+        share.bytes -= pair.size();
+        if share.entries == 0 {
+            self.shares.remove(&pair.publisher);
+        } else if share.queue.len() > 2 * share.entries + 64 {
+            let table = &self.table;
+            share
+                .queue
+                .retain(|q| table.find(q.hash, |p| p.seq == q.seq).is_some());
+        }
+    }
+
+    /// Pushes out `publisher`'s own oldest pairs until it holds no more than its share of
+    /// either bound; returns how many went.
+    fn enforce_share(&mut self, publisher: u64, config: &DedupConfig) -> u64 {
+        if publisher == NO_PUBLISHER {
+            return 0;
+        }
+        let percent = usize::from(config.publisher_share.clamp(1, 100));
+        let max_entries = (config.max_entries.saturating_mul(percent) / 100).max(1);
+        let max_bytes = (config.max_bytes.saturating_mul(percent) / 100).max(1);
+        let mut evicted = 0;
+        loop {
+            let Some(share) = self.shares.get_mut(&publisher) else {
+                return evicted;
+            };
+            // The newest pair stays, whatever its size: the message it came with is routed.
+            if share.entries <= 1 || (share.entries <= max_entries && share.bytes <= max_bytes) {
+                return evicted;
+            }
+            let Some(oldest) = share.queue.pop_front() else {
+                return evicted;
+            };
+            if let Ok(entry) = self.table.find_entry(oldest.hash, |p| p.seq == oldest.seq) {
+                let (pair, _) = entry.remove();
+                self.gone(&pair);
+                evicted += 1;
+            }
         }
     }
 

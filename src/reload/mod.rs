@@ -4,8 +4,9 @@
 //! ACL) registers a [`Reload`] with the server at start-up. On SIGHUP (or
 //! [`crate::server::RunningServer::reload`]) every one re-reads its files. A part whose new
 //! files are bad keeps what it had and says why: a typo in a file must never lock a fleet
-//! out. Connections already established are never touched; the new state applies to what
-//! comes next (new handshakes, the next ACL check).
+//! out. The new state applies to what comes next (new handshakes, the next ACL check);
+//! connections already established are not touched, except that new JWT keys make every
+//! client connected with a token check it again (`server::JwtReload`).
 
 use std::fmt;
 use std::sync::Arc;

@@ -83,8 +83,7 @@ impl PlainTcpListener {
             websocket,
             ..
         } = self;
-        let websocket = websocket
-            .map(|config| WsSettings::new(&config, handoff.broker().config().max_packet_size));
+        let websocket = websocket.map(|config| WsSettings::new(&config, handoff.broker().config()));
         let admission = handoff.admission(&name, limits);
         while let Some((stream, peer)) = next_accepted(&listener, &name, &stop).await {
             let slot = admission.arrive(peer.ip());

@@ -133,9 +133,8 @@ impl TlsListener {
             websocket,
         } = self;
         let (name, listener, limits, proxy_protocol) = tcp.into_parts();
-        let websocket = websocket.map(|config| {
-            super::ws::WsSettings::new(&config, handoff.broker().config().max_packet_size)
-        });
+        let websocket =
+            websocket.map(|config| super::ws::WsSettings::new(&config, handoff.broker().config()));
         let admission = handoff.admission(&name, limits);
         let tls_failures = handoff.broker().metrics.tls_handshake_failures();
         let ws_failures = handoff.broker().metrics.ws_upgrade_failures();

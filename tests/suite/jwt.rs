@@ -457,3 +457,124 @@ async fn a_will_outside_the_publish_claim_is_not_published_after_a_restart() {
     v5::subscribe(&mut later, "commands/#", postbox::codec::QoS::AtLeastOnce).await;
     v5::expect_silence(&mut later, std::time::Duration::from_millis(300)).await;
 }
+
+/// Issue 35, seventh pass, N7: a reload of the JWT keys (SIGHUP) that drops the key a
+/// connected client's token was signed with disconnects that client: v5 with DISCONNECT 0x87
+/// Not authorized (§3.14.2.1; the re-check of a client's credentials failing is what
+/// MQTT-4.12.1-2 asks a DISCONNECT "with an appropriate Reason Code" for, and 0x87 is the one
+/// an expired token gets: 0x8C is about the method, 0x86 is not a DISCONNECT code), 3.1.1 by
+/// closing. Tokens without `exp`, which stayed connected until a restart before. A reload
+/// that keeps the key touches nobody; a token of the new key logs in and stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_rotation_disconnects_the_old_keys_clients() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key_file = dir.path().join("current.pub");
+    std::fs::copy(jwt_dir().join("rsa.pub"), &key_file).expect("copy the key");
+    let new_key = dir.path().join("new.key");
+    let new_pub = dir.path().join("new.pub");
+    for args in [
+        vec![
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ],
+        vec![
+            "pkey",
+            "-pubout",
+            "-in",
+            new_key.to_str().expect("utf-8"),
+            "-out",
+        ],
+    ] {
+        let out = Command::new("openssl")
+            .args(&args)
+            .arg(if args[0] == "genpkey" {
+                &new_key
+            } else {
+                &new_pub
+            })
+            .output()
+            .expect("openssl is installed");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let broker = BrokerProcess::spawn(
+        "",
+        &format!(
+            "\n[auth]\nallow_anonymous = false\n[auth.jwt]\npublic_key = {key_file:?}\nleeway = 0\n"
+        ),
+    )
+    .await;
+    let old = rs256(&jwt_dir().join("rsa.key"), r#"{"sub":"mallory"}"#);
+    let login = |c: &RawClient, id: &str, token: &str| {
+        let mut connect = v5::connect_packet(id);
+        connect.protocol = c.version;
+        connect.username = Some("mallory".into());
+        connect.password = Some(token.as_bytes().to_vec().into());
+        Packet::Connect(Box::new(connect))
+    };
+    let mut v5_client = RawClient::open(broker.addr, ProtocolVersion::V5).await;
+    let mut v3_client = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+    for (c, id) in [(&mut v5_client, "old-v5"), (&mut v3_client, "old-v3")] {
+        c.send(&login(c, id, &old)).await;
+        match c.recv().await {
+            Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}"),
+            other => panic!("expected CONNACK for {id}, got {other:?}"),
+        }
+    }
+
+    // The same key again: nobody is touched.
+    broker.signal(libc::SIGHUP);
+    broker
+        .wait_log(|l| l.contains("reloaded") && l.contains("JWT keys"))
+        .await;
+    for c in [&mut v5_client, &mut v3_client] {
+        c.send(&Packet::PingReq).await;
+        assert!(matches!(c.recv().await, Some(Packet::PingResp)));
+    }
+
+    // Rotated: the old key's clients are disconnected; a new key's token gets in and stays.
+    std::fs::copy(&new_pub, &key_file).expect("replace the key");
+    broker.signal(libc::SIGHUP);
+    let disconnect = v5::expect_disconnect(&mut v5_client, ReasonCode::NOT_AUTHORIZED).await;
+    let why = disconnect
+        .properties
+        .reason_string
+        .expect("a reason string");
+    assert!(why.contains("no longer passes"), "{why}");
+    assert!(
+        v3_client.expect_close().await.is_empty(),
+        "a 3.1.1 client is closed without a packet"
+    );
+    let fresh = rs256(&new_key, r#"{"sub":"mallory"}"#);
+    let mut newcomer = RawClient::open(broker.addr, ProtocolVersion::V5).await;
+    newcomer.send(&login(&newcomer, "new-v5", &fresh)).await;
+    match newcomer.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    broker.signal(libc::SIGHUP);
+    // The third reload's line (the output of another process: polled, bounded).
+    let reloads = || {
+        broker
+            .logs()
+            .iter()
+            .filter(|l| l.contains("reloaded") && l.contains("JWT keys"))
+            .count()
+    };
+    for _ in 0..500 {
+        if reloads() >= 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(reloads(), 3, "the third reload was logged");
+    newcomer.send(&Packet::PingReq).await;
+    assert!(matches!(newcomer.recv().await, Some(Packet::PingResp)));
+}

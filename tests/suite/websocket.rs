@@ -413,3 +413,103 @@ async fn wss_is_the_websocket_upgrade_over_tls() {
     let (head, _) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
     assert!(!head.contains("101"), "{head}");
 }
+
+/// Issue 35, seventh pass, N6: the WebSocket layer buffers a frame whole (reserving what its
+/// header announces) before the connection sees a byte of it, so the CONNECT bound and the
+/// partial-packet count of the TCP path must hold there too. Before the CONNECT is answered,
+/// a frame announcing more than `mqtt.max_connect_size` is refused at its header (64 such
+/// half-sent 1 MiB frames held ~133 MB until `connect_timeout`); one under it is counted in
+/// `postbox_partial_packet_bytes` while it arrives, outside the memory budget publishers
+/// pause for. Once connected, frames may be as large as a packet again, and a half-sent one
+/// counts in `postbox_memory_used_bytes` like a half-sent packet over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_before_connect_are_bounded_and_counted() {
+    const PARTIAL: &str = "postbox_partial_packet_bytes";
+    const MEMORY: &str = "postbox_memory_used_bytes";
+    // A long connect_timeout: without the bound the frames below would be held for all of it.
+    let broker = BrokerProcess::spawn(
+        WS_LISTENER,
+        "connect_timeout = 60\nmax_connect_size = 65536",
+    )
+    .await;
+    let open = || async {
+        let (head, ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        ws
+    };
+
+    let mut big = open().await;
+    let frame = common::cutting::client_frame(BINARY, &vec![0x10; 300_000]);
+    big.stream.write_all(&frame[..4096]).await.expect("write");
+    assert!(
+        big.closed().await,
+        "a 300 kB frame before CONNECT is refused"
+    );
+
+    let mut half = open().await;
+    let frame = common::cutting::client_frame(BINARY, &vec![0x10; 60_000]);
+    half.stream
+        .write_all(&frame[..30_000])
+        .await
+        .expect("write");
+    broker.wait_metric(PARTIAL, |n| n >= 60_000.0).await;
+    let memory = broker.metric(MEMORY).await.unwrap_or(0.0);
+    assert!(memory < 60_000.0, "not in the memory budget: {memory}");
+
+    let mut client = open().await;
+    client.send_frame(BINARY, &connect_bytes("ws-large")).await;
+    assert_eq!(client.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+    // QoS 1 PUBLISH (3.1.1) of 200,000 bytes, topic "t", packet id 1.
+    let body: u32 = 2 + 1 + 2 + 200_000;
+    let mut publish = vec![
+        0x32,
+        0x80 | (body & 0x7F) as u8,
+        0x80 | ((body >> 7) & 0x7F) as u8,
+    ];
+    publish.push((body >> 14) as u8);
+    publish.extend_from_slice(&[0x00, 0x01, b't', 0x00, 0x01]);
+    publish.extend(std::iter::repeat_n(0x5a, 200_000));
+    let frame = common::cutting::client_frame(BINARY, &publish);
+    client
+        .stream
+        .write_all(&frame[..100_000])
+        .await
+        .expect("write");
+    broker.wait_metric(MEMORY, |n| n >= 200_000.0).await;
+    client
+        .stream
+        .write_all(&frame[100_000..])
+        .await
+        .expect("write");
+    assert_eq!(
+        client.read_mqtt(4).await.as_deref(),
+        Some(&[0x40, 0x02, 0x00, 0x01][..]),
+        "the large PUBLISH after CONNACK is acknowledged"
+    );
+}
+
+/// Issue 35, seventh pass, N6: a WebSocket frame that has started to arrive must be complete
+/// by the deadline a packet of its size gets (`mqtt.packet_timeout + size /
+/// mqtt.min_packet_rate`), keep-alive 0 or not, as over TCP: the connection's own deadline
+/// only ever sees complete frames, so half a frame was held for as long as the socket stayed
+/// open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_frame_is_dropped_after_the_packet_deadline() {
+    use postbox::codec::{Packet, ProtocolVersion};
+    let broker = BrokerProcess::spawn(
+        WS_LISTENER,
+        "packet_timeout = 1\nmin_packet_rate = 100000000",
+    )
+    .await;
+    let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let mut connect = common::connect_packet(ProtocolVersion::V3_1_1, "ws-stalled");
+    connect.keep_alive = 0;
+    let connect = common::encode(&Packet::Connect(Box::new(connect)), ProtocolVersion::V3_1_1);
+    ws.send_frame(BINARY, &connect).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+    let frame = common::cutting::client_frame(BINARY, &[0x30; 10_000]);
+    ws.stream.write_all(&frame[..5_000]).await.expect("write");
+    // Bounded by WAIT (10 s); the deadline is ~1 s.
+    assert!(ws.closed().await, "the half-sent frame ends the connection");
+}

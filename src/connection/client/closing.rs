@@ -34,6 +34,9 @@ pub(super) enum Close {
     /// The credentials the client connected with expired (a JWT's `exp`): it is no longer
     /// authorized (v5 DISCONNECT 0x87).
     CredentialsExpired,
+    /// The JWT keys were reloaded and no longer accept the token the client connected with
+    /// (v5 DISCONNECT 0x87, as for an expired one).
+    CredentialsRevoked,
     /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
     KeepAliveTimeout,
     /// A started packet was not complete by its deadline (`mqtt.packet_timeout`,
@@ -64,6 +67,15 @@ impl Close {
             Close::CredentialsExpired => Some((
                 ReasonCode::NOT_AUTHORIZED,
                 Some("the token the client connected with has expired".into()),
+            )),
+            // The same code: the client is no longer authorized. 0x8C Bad authentication
+            // method is for a method that is not supported or not the connection's; 0x86 is
+            // not a DISCONNECT code (MQTT 5.0 §3.14.2.1).
+            Close::CredentialsRevoked => Some((
+                ReasonCode::NOT_AUTHORIZED,
+                Some(
+                    "the token the client connected with no longer passes the server's keys".into(),
+                ),
             )),
             Close::KeepAliveTimeout => Some((ReasonCode::KEEP_ALIVE_TIMEOUT, None)),
             // No code says "packet too slow"; 0x8D (no packet received in time) is the
@@ -108,6 +120,7 @@ impl Close {
             Close::OverMemoryBudget => "over memory budget",
             Close::ReauthFailed(_) => "re-authentication failed",
             Close::CredentialsExpired => "credentials expired",
+            Close::CredentialsRevoked => "credentials revoked",
             Close::KeepAliveTimeout => "keep-alive timeout",
             Close::PacketTimeout => "packet timeout",
             Close::TakenOver => "session taken over",
@@ -201,6 +214,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 | Close::StoreFailed(_)
                 | Close::ReauthFailed(_)
                 | Close::CredentialsExpired
+                | Close::CredentialsRevoked
                 | Close::OverMemoryBudget,
                 Some((code, why)),
             ) => {

@@ -198,6 +198,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             keep_alive,
             auth,
             credentials_expire,
+            token,
             unauthenticated,
             not_kept,
         } = accepted;
@@ -248,7 +249,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             receive_maximum: our_receive_maximum,
             pending_inbound: 0,
             problem_info,
-            auth: AuthContext::new(auth, credentials_expire),
+            auth: AuthContext::new(auth, credentials_expire, token),
             gated: GatedWrites::default(),
             publish_waits: false,
             arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),
@@ -470,6 +471,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if self.credentials_expire_at().is_some_and(|at| now >= at) {
             return Some(Close::CredentialsExpired);
         }
+        if self.token_revoked() {
+            return Some(Close::CredentialsRevoked);
+        }
         // While a PUBLISH waits its turn the buffer's front is complete: nothing to check. The
         // deadline does not run while the store holds reads back (the broker's delay, not the
         // client's); it does while the client's unread output does (its own).
@@ -519,6 +523,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             None => deadline,
         };
         self.session.session().set_keep_alive_deadline(deadline);
+    }
+
+    /// True when the JWT keys were reloaded since the client's token last passed and the new
+    /// keys refuse it (issue 35, seventh pass, N7). A reload wakes every connection
+    /// (`Broker::wake_connections`), so this runs once per connection and reload; the rest of
+    /// the time it is one atomic load, and nothing for a client without a token.
+    fn token_revoked(&mut self) -> bool {
+        let Some((token, checked)) = self.auth.as_deref_mut().and_then(|a| a.token.as_mut()) else {
+            return false;
+        };
+        let Some(jwt) = self.session.broker().logins().and_then(|l| l.jwt()) else {
+            return false;
+        };
+        let generation = jwt.generation();
+        if generation == *checked {
+            return false;
+        }
+        match jwt.verify(token) {
+            Ok(_) => {
+                *checked = generation;
+                false
+            }
+            Err(error) => {
+                tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), %error, "closing connection: the JWT keys now in force refuse its token");
+                true
+            }
+        }
     }
 
     /// When the client's credentials expire, if they do (a JWT's `exp`).

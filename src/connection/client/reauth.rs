@@ -34,6 +34,9 @@ pub(super) struct AuthContext {
     /// When the client's credentials expire (a JWT's `exp` plus the leeway): the connection
     /// is closed then, v5 with DISCONNECT 0x87 Not authorized.
     pub(super) expires_at: Option<Instant>,
+    /// The JWT the client logged in with and the key generation it last passed under
+    /// (`JwtVerifier::generation`): checked again after a reload of the keys.
+    pub(super) token: Option<(Box<str>, u64)>,
 }
 
 impl AuthContext {
@@ -42,17 +45,19 @@ impl AuthContext {
     pub(super) fn new(
         method: Option<EnhancedAuth>,
         expires: Option<SystemTime>,
+        token: Option<(Box<str>, u64)>,
     ) -> Option<Box<AuthContext>> {
         let expires_at = expires.map(|at| {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             Instant::now() + left
         });
-        (method.is_some() || expires_at.is_some()).then(|| {
+        (method.is_some() || expires_at.is_some() || token.is_some()).then(|| {
             Box::new(AuthContext {
                 method,
                 state: None,
                 step: None,
                 expires_at,
+                token,
             })
         })
     }

@@ -37,6 +37,10 @@ pub(super) struct Accepted {
     /// When the token the client logged in with expires (JWT `exp` + leeway): the connection
     /// is closed then.
     pub credentials_expire: Option<std::time::SystemTime>,
+    /// The JWT the client logged in with and the key generation it was verified under: it is
+    /// verified again when the keys are reloaded, and the connection closed if it no longer
+    /// passes.
+    pub token: Option<(Box<str>, u64)>,
     /// No configured method authenticated the client: its session expiry stays capped at
     /// `mqtt.max_session_expiry_anonymous`, also when DISCONNECT asks for more.
     pub unauthenticated: bool,
@@ -176,6 +180,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // password file is not asked. A password that is not shaped like a token goes on to it.
     // Its `publish` / `subscribe` claims narrow what the client may do (with the identity).
     let mut claims = None;
+    let mut token = None;
     if let (Some(jwt), Some(password), None, false) = (
         logins.and_then(|l| l.jwt()),
         connect.password.as_deref(),
@@ -183,11 +188,16 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         authenticated,
     ) {
         if auth::jwt::looks_like_jwt(password) {
+            let generation = jwt.generation();
             let verdict = std::str::from_utf8(password)
                 .map_err(|_| auth::jwt::JwtError::NotAToken)
                 .and_then(|token| jwt.verify(token));
             if let Ok(ok) = &verdict {
                 credentials_expire = jwt.valid_until(ok);
+                // The generation before the check: a reload during it makes a second check.
+                token = std::str::from_utf8(password)
+                    .ok()
+                    .map(|t| (Box::from(t), generation));
             }
             let refusal = match verdict {
                 Ok(ok) => match connect.username.as_deref() {
@@ -624,6 +634,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             keep_alive,
             auth,
             credentials_expire,
+            token,
             unauthenticated,
             not_kept,
         },

@@ -16,6 +16,7 @@ fn config(window: u32, max_entries: usize, max_bytes: usize) -> DedupConfig {
         window,
         max_entries,
         max_bytes,
+        ..DedupConfig::default()
     }
 }
 
@@ -192,4 +193,56 @@ fn racing_checks_of_one_pair_give_exactly_one_fresh() {
     let fresh: usize = handles.into_iter().map(|h| h.join().expect("thread")).sum();
     assert_eq!(fresh, KEYS, "one Fresh per key, whichever thread got it");
     assert_eq!(m.duplicates.get(), (KEYS * (THREADS - 1)) as u64);
+}
+
+/// Issue 35, seventh pass, N4: one publisher's pairs beyond its share (10% of either bound by
+/// default) push out its own oldest, never another publisher's; before, 280 publishes with
+/// 60 KB ids from one client pushed every other client's key out of the 16 MiB window.
+#[test]
+fn one_publisher_cannot_push_out_anothers_keys() {
+    let (d, m) = window(600, 1_000, 64 * 1024);
+    const VICTIM: u64 = 1;
+    const FLOODER: u64 = 2;
+    assert!(matches!(
+        d.check_from("commands/s1", "cmd-1", VICTIM, T0),
+        DedupCheck::Fresh { .. }
+    ));
+    // Short ids past the entries share (100), then ids past the bytes share (6.5 KB).
+    for n in 0..500 {
+        let _ = d.check_from("junk", &format!("j{n}"), FLOODER, T0 + 1);
+    }
+    let long = "x".repeat(2_000);
+    for n in 0..50 {
+        let _ = d.check_from(&format!("junk/{n}"), &long, FLOODER, T0 + 2);
+    }
+    assert_eq!(
+        d.check_from("commands/s1", "cmd-1", VICTIM, T0 + 3),
+        DedupCheck::Duplicate,
+        "the other publisher's key is still there"
+    );
+    assert!(
+        d.len() <= 100 + 1,
+        "the flooder holds its share: {}",
+        d.len()
+    );
+    assert!(m.evicted.get() > 0, "its own pairs went, counted");
+    // Its most recent pair is still remembered.
+    assert_eq!(
+        d.check_from("junk/49", &long, FLOODER, T0 + 4),
+        DedupCheck::Duplicate
+    );
+}
+
+/// A long id is kept as its digest: bounded bytes, and still exact for the same id.
+#[test]
+fn long_ids_are_kept_as_their_digest() {
+    use super::{key_of, MAX_KEY_LEN};
+    let short = "k".repeat(MAX_KEY_LEN);
+    assert_eq!(key_of(&short), short.as_str());
+    let long = "k".repeat(60_000);
+    let key = key_of(&long);
+    assert_eq!(key.len(), 7 + 64);
+    assert!(key.starts_with("sha256:"));
+    assert_eq!(key, key_of(&long));
+    assert_ne!(key, key_of(&"k".repeat(60_001)));
 }
