@@ -135,6 +135,14 @@ impl BrokerProcess {
         self.broker.signal(signal);
     }
 
+    /// A graceful stop: SIGTERM, then waits (bounded by `WAIT`) for the process to exit
+    /// successfully (what it stores at shutdown, e.g. delayed wills, is on disk then).
+    pub async fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        let (status, _) = self.wait_exit(WAIT).await;
+        assert!(status.success(), "{status}");
+    }
+
     /// Waits (bounded by `limit`) for the process to exit and returns its status and how long
     /// it took from the call.
     pub async fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {

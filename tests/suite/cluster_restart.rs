@@ -113,12 +113,7 @@ async fn restored_qos2_messages_arrive_once_after_a_kill_9_restart_and_a_move() 
 /// consumer routed it to the session a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_stored_but_not_acknowledged_to_jetstream_before_a_crash_arrives_once() {
-    let nats = tokio::task::block_in_place(common::nats::NatsServer::start);
-    let tap = common::tap::Tap::start(nats.port).await;
-    let mut a = Node::start_async("a", &format!("nats://127.0.0.1:{}", tap.port), "").await;
-    let b = Node::start_async("b", &nats.url(), "").await;
-    common::cluster::wait_linked(&a, &b).await;
-    common::cluster::wait_linked(&b, &a).await;
+    let (nats, tap, mut a, b) = tapped_pair().await;
     let client_id = "unacknowledged";
     let (mut client, _) = v5::connect(a.mqtt(), v5::persistent_connect(client_id, 3600)).await;
     v5::subscribe(&mut client, "ua/#", QoS::ExactlyOnce).await;
@@ -171,12 +166,7 @@ async fn a_message_stored_but_not_acknowledged_to_jetstream_before_a_crash_arriv
 /// fix the client took it a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_whose_acknowledgement_a_dropped_nats_connection_lost_arrives_once() {
-    let nats = tokio::task::block_in_place(common::nats::NatsServer::start);
-    let tap = common::tap::Tap::start(nats.port).await;
-    let a = Node::start_async("a", &format!("nats://127.0.0.1:{}", tap.port), "").await;
-    let b = Node::start_async("b", &nats.url(), "").await;
-    common::cluster::wait_linked(&a, &b).await;
-    common::cluster::wait_linked(&b, &a).await;
+    let (nats, tap, a, b) = tapped_pair().await;
     // A session without expiry: nothing of it waits for NATS, which hears nothing from node
     // a while the tap swallows.
     let mut client = v5::connect_id(a.mqtt(), "lost-ack").await;
@@ -214,6 +204,17 @@ async fn a_message_whose_acknowledgement_a_dropped_nats_connection_lost_arrives_
         "taken more than once after a lost acknowledgement (MQTT-4.3.3): {got:?}"
     );
     drop((a, b, tap, nats));
+}
+
+/// NATS, and two linked nodes: `a` reaches NATS through a [`common::tap::Tap`], `b` directly.
+async fn tapped_pair() -> (common::nats::NatsServer, common::tap::Tap, Node, Node) {
+    let nats = tokio::task::block_in_place(common::nats::NatsServer::start);
+    let tap = common::tap::Tap::start(nats.port).await;
+    let a = Node::start_async("a", &format!("nats://127.0.0.1:{}", tap.port), "").await;
+    let b = Node::start_async("b", &nats.url(), "").await;
+    common::cluster::wait_linked(&a, &b).await;
+    common::cluster::wait_linked(&b, &a).await;
+    (nats, tap, a, b)
 }
 
 /// The last sequence of the cluster's message stream.

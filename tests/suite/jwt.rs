@@ -439,9 +439,7 @@ async fn a_will_outside_the_publish_claim_is_not_published_after_a_restart() {
         armed.push(c);
     }
     // Stopped while they are connected: their delayed wills are stored for after it.
-    broker.signal(libc::SIGTERM);
-    let (status, _) = broker.wait_exit(common::WAIT).await;
-    assert!(status.success(), "{status}");
+    broker.stop().await;
     drop(armed);
 
     let broker = BrokerProcess::spawn_sections(&[""], &sections).await;

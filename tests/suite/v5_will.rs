@@ -259,9 +259,7 @@ async fn a_will_kept_over_a_restart_is_cancelled_by_its_clients_return() {
         armed.push(c);
     }
     // Stopped while they are connected: their delayed wills are stored for after it.
-    broker.signal(libc::SIGTERM);
-    let (status, _) = broker.wait_exit(common::WAIT).await;
-    assert!(status.success(), "{status}");
+    broker.stop().await;
     drop(armed);
 
     let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
