@@ -194,7 +194,7 @@ impl Broker {
     /// connects: what the store brought back. The node's consumer may be offered those
     /// sequences again (routed and committed here, but the JetStream acknowledgement was
     /// lost to a crash) and must leave these sessions out (`cluster::ahead`).
-    pub fn held_stream_seqs(&self) -> Vec<(u64, SessionId)> {
+    pub(crate) fn held_stream_seqs(&self) -> Vec<(u64, SessionId)> {
         let sessions: Vec<Arc<super::Session>> = self.sessions.lock().iter().cloned().collect();
         let mut held = Vec::new();
         for session in &sessions {

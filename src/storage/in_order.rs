@@ -14,7 +14,7 @@ use super::{Durable, StorageError};
 
 /// A FIFO of writes, each held back until its commit (if any) is durable.
 #[derive(Debug)]
-pub struct InOrder<T> {
+pub(crate) struct InOrder<T> {
     queue: VecDeque<(Option<Durable>, T)>,
 }
 
@@ -28,28 +28,31 @@ impl<T> Default for InOrder<T> {
 
 impl<T> InOrder<T> {
     /// True when nothing waits: a new ungated write may go straight out.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     /// Writes waiting; bounds how much a peer may have unacknowledged.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.queue.len()
     }
 
     /// True when the front write waits for a commit (a driver's select arm).
-    pub fn waiting(&self) -> bool {
+    pub(crate) fn waiting(&self) -> bool {
         matches!(self.queue.front(), Some((Some(_), _)))
     }
 
     /// Queues a write behind everything already waiting, to go once `durable` (if any) is.
-    pub fn push(&mut self, durable: Option<Durable>, item: T) {
+    pub(crate) fn push(&mut self, durable: Option<Durable>, item: T) {
         self.queue.push_back((durable, item));
     }
 
     /// Ready when the front write's commit is durable (or failed). The commit stays in place
     /// until [`Self::release_front`], so polling it again is harmless.
-    pub fn poll_front_durable(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StorageError>> {
+    pub(crate) fn poll_front_durable(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), StorageError>> {
         match self.queue.front_mut() {
             Some((Some(durable), _)) => Pin::new(durable).poll(cx),
             _ => Poll::Ready(Ok(())),
@@ -57,7 +60,7 @@ impl<T> InOrder<T> {
     }
 
     /// Marks the front write as no longer waiting (its commit is durable).
-    pub fn release_front(&mut self) {
+    pub(crate) fn release_front(&mut self) {
         if let Some(front) = self.queue.front_mut() {
             front.0 = None;
         }
@@ -70,14 +73,14 @@ impl<T> InOrder<T> {
     /// # Errors
     ///
     /// The commit failed: what the write promises is not stored.
-    pub async fn wait_front(&mut self) -> Result<(), StorageError> {
+    pub(crate) async fn wait_front(&mut self) -> Result<(), StorageError> {
         std::future::poll_fn(|cx| self.poll_front_durable(cx)).await?;
         self.release_front();
         Ok(())
     }
 
     /// Takes the front write if nothing holds it back any more.
-    pub fn pop_ready(&mut self) -> Option<T> {
+    pub(crate) fn pop_ready(&mut self) -> Option<T> {
         match self.queue.front() {
             Some((None, _)) => self.queue.pop_front().map(|(_, item)| item),
             _ => None,

@@ -49,7 +49,7 @@ mod tests;
 use std::sync::Arc;
 
 pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
-pub use in_order::InOrder;
+pub(crate) use in_order::InOrder;
 pub use log_store::{LogOptions, LogStore};
 pub use memory::MemoryStore;
 pub(crate) use metrics::StoreMetrics;
