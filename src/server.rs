@@ -61,6 +61,9 @@ pub enum StartError {
     /// A `[[schema]]` file could not be read or compiled.
     #[error("cannot load a schema: {0}")]
     Schema(#[from] crate::guarantees::schema::SchemaError),
+    /// The NATS password (`cluster.password_file`) could not be read.
+    #[error("cannot connect the cluster: {0}")]
+    Cluster(#[from] crate::cluster::CredentialsError),
     /// A bridge's TLS files (`[bridge.tls]`) could not be loaded.
     #[error("cannot start a bridge: {0}")]
     Bridge(#[from] crate::bridge::BridgeStartError),
@@ -242,7 +245,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let cluster = config
         .cluster
         .as_ref()
-        .map(|cluster| crate::cluster::Cluster::new(cluster, &metrics));
+        .map(|cluster| crate::cluster::Cluster::new(cluster, &metrics))
+        .transpose()?;
     let mut parts = crate::broker::Parts::bare(config.mqtt.clone(), config.auth.clone(), metrics);
     parts.logins = Some(logins);
     parts.acl = acl.clone();

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 use tokio::sync::mpsc;
 
+use super::credentials::{self, NatsCredentials};
 use super::{
     inbound, outbound, Cluster, NODES_BUCKET, REGROUP_STREAM, REGROUP_SUBJECTS, RETAINED_BUCKET,
     SESSIONS_BUCKET, STREAM, STREAM_SUBJECTS,
@@ -47,11 +48,13 @@ async fn run(
                 let _ = events_tx.send(event);
             }
         });
-    // Credentials in a server's URL (`nats://user:password@host`, `nats://token@host`): the
-    // client takes them only as options.
-    let options = match config.servers.iter().find_map(|s| url_credentials(s)) {
-        Some((user, Some(password))) => options.user_and_password(user, password),
-        Some((token, None)) => options.token(token),
+    // `[cluster] user` and `password_file`, or what a server's URL holds: the client takes
+    // them only as options.
+    let options = match cluster.credentials.clone() {
+        Some(NatsCredentials::UserPassword { user, password }) => {
+            options.user_and_password(user, password)
+        }
+        Some(NatsCredentials::Token(token)) => options.token(token),
         None => options,
     };
     // The client is handed the URLs without them: it logs each server's URL at debug
@@ -59,7 +62,7 @@ async fn run(
     let servers = config
         .servers
         .iter()
-        .map(|s| without_credentials(s))
+        .map(|s| credentials::without_credentials(s))
         .collect::<Vec<_>>()
         .join(",");
     let client = options.connect(servers.as_str()).await;
@@ -175,29 +178,6 @@ async fn run(
     }
 }
 
-/// The user and password (or the token, alone) written before the host of a server URL.
-fn url_credentials(server: &str) -> Option<(String, Option<String>)> {
-    let (_, rest) = server.split_once("://")?;
-    let authority = rest.split('/').next().unwrap_or(rest);
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    Some(match userinfo.split_once(':') {
-        Some((user, password)) => (user.to_owned(), Some(password.to_owned())),
-        None => (userinfo.to_owned(), None),
-    })
-}
-
-/// `server` without the user and password (or token) written before its host.
-fn without_credentials(server: &str) -> String {
-    let Some((scheme, rest)) = server.split_once("://") else {
-        return server.to_owned();
-    };
-    let end = rest.find('/').unwrap_or(rest.len());
-    match rest[..end].rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}://{host}{}", &rest[end..]),
-        None => server.to_owned(),
-    }
-}
-
 /// Creates or converges the stream and buckets; false (logged) if JetStream refused.
 async fn ensure_state(
     js: &jetstream::Context,
@@ -273,36 +253,4 @@ async fn ensure_bucket(
     })
     .await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{url_credentials, without_credentials};
-
-    #[test]
-    fn the_client_gets_urls_without_credentials() {
-        assert_eq!(
-            without_credentials("nats://node:s3cret@nats:4222"),
-            "nats://nats:4222"
-        );
-        assert_eq!(
-            without_credentials("tls://t0ken@nats:4222/"),
-            "tls://nats:4222/"
-        );
-        assert_eq!(without_credentials("nats://nats:4222"), "nats://nats:4222");
-        assert_eq!(without_credentials("nats:4222"), "nats:4222");
-    }
-
-    #[test]
-    fn credentials_come_from_the_url() {
-        assert_eq!(
-            url_credentials("nats://node:s3cret@nats:4222"),
-            Some(("node".to_owned(), Some("s3cret".to_owned())))
-        );
-        assert_eq!(
-            url_credentials("tls://t0ken@nats:4222"),
-            Some(("t0ken".to_owned(), None))
-        );
-        assert_eq!(url_credentials("nats://nats:4222"), None);
-    }
 }

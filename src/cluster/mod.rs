@@ -33,6 +33,7 @@
 
 mod ahead;
 mod barriers;
+mod credentials;
 pub mod inbound;
 pub mod link;
 mod metrics;
@@ -45,6 +46,9 @@ pub mod subject;
 mod taken;
 pub mod unsettled;
 pub mod wire;
+
+pub use credentials::CredentialsError;
+use credentials::NatsCredentials;
 
 pub(crate) use metrics::ClusterMetrics;
 
@@ -85,6 +89,8 @@ pub struct Cluster {
     node: String,
     /// `[cluster]`, for the tasks [`Cluster::run`] starts.
     config: ClusterConfig,
+    /// What the NATS client presents (`[cluster] user` and `password_file`, or a URL's).
+    credentials: Option<NatsCredentials>,
     /// Up: connected to NATS and the streams and buckets are there.
     up: AtomicBool,
     /// Messages handed to the outbound queue whose acknowledgement has not come.
@@ -143,12 +149,21 @@ impl Cluster {
     /// The cluster layer of a broker about to be built ([`crate::broker::Parts`]): its
     /// metric group declared in `metrics`. Nothing runs until [`Cluster::run`]; until NATS is
     /// reached, QoS 1/2 PUBLISHes are refused.
-    pub fn new(config: &ClusterConfig, metrics: &crate::metrics::Metrics) -> Arc<Cluster> {
+    ///
+    /// # Errors
+    ///
+    /// [`CredentialsError`] when `cluster.password_file` cannot be read or is empty.
+    pub fn new(
+        config: &ClusterConfig,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Arc<Cluster>, CredentialsError> {
+        let credentials = NatsCredentials::load(config)?;
         let metrics = ClusterMetrics::register(metrics);
         let (outbound, outbound_rx) = tokio::sync::mpsc::unbounded_channel();
-        Arc::new(Cluster {
+        Ok(Arc::new(Cluster {
             node: config.node.clone(),
             config: config.clone(),
+            credentials,
             up: AtomicBool::new(false),
             pending: AtomicUsize::new(0),
             max_pending: config.max_pending,
@@ -169,7 +184,7 @@ impl Cluster {
             liveness: nodes::Liveness::default(),
             orphans: tokio::sync::Notify::new(),
             group_starts: parking_lot::Mutex::default(),
-        })
+        }))
     }
 
     /// Starts the layer's tasks for `broker`, built with it and holding its restored state,

@@ -31,6 +31,13 @@ pub struct ClusterConfig {
     /// Seconds a message waits for the JetStream PubAck before its publisher's connection is
     /// closed unacknowledged (the publisher re-sends). 1..=60.
     pub publish_timeout: u64,
+    /// The NATS user this node connects as, with `password_file`: NATS is inside the trust
+    /// boundary, so it should admit the Postbox nodes alone.
+    pub user: Option<String>,
+    /// A file holding the NATS password of `user` (surrounding whitespace trimmed): kept
+    /// out of this file so one config serves every node while a Kubernetes Secret (or a
+    /// file only the service can read) holds the password. Read at start.
+    pub password_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -42,6 +49,8 @@ impl Default for ClusterConfig {
             retention: 3600,
             max_pending: 10_000,
             publish_timeout: 5,
+            user: None,
+            password_file: None,
         }
     }
 }
@@ -104,6 +113,39 @@ pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
                 redact_server(bad)
             ),
         ));
+    }
+    match (&cluster.user, &cluster.password_file) {
+        (Some(user), Some(_)) => {
+            if user.is_empty() {
+                return Err(invalid(
+                    "cluster.user",
+                    "empty: name the NATS user".to_owned(),
+                ));
+            }
+            if cluster.servers.iter().any(|s| {
+                s.split_once("://").is_some_and(|(_, rest)| {
+                    rest.split('/').next().is_some_and(|a| a.contains('@'))
+                })
+            }) {
+                return Err(invalid(
+                    "cluster.user",
+                    "credentials are also written in a server URL (user:password@host): give them in one place".to_owned(),
+                ));
+            }
+        }
+        (Some(_), None) => {
+            return Err(invalid(
+                "cluster.user",
+                "needs cluster.password_file, the file holding its NATS password".to_owned(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "cluster.password_file",
+                "needs cluster.user, the NATS user the password is for".to_owned(),
+            ))
+        }
+        (None, None) => {}
     }
     if !(1..=5).contains(&cluster.replicas) {
         return Err(invalid(

@@ -471,3 +471,38 @@ fn login_limits_that_would_never_hold_are_refused() {
     let c = parse(off).expect("limits off");
     assert_eq!(c.auth.login_failures_per_address, 0);
 }
+
+/// The NATS credentials of `[cluster]` come as a pair, and in one place only (issue 35,
+/// seventh adversarial pass N2).
+#[test]
+fn cluster_credentials_come_as_a_pair_in_one_place() {
+    let base = "[cluster]\nnode = \"a\"\n";
+    let cases = [
+        (format!("{base}user = \"postbox\"\n"), "cluster.user"),
+        (
+            format!("{base}password_file = \"/run/secrets/nats\"\n"),
+            "cluster.password_file",
+        ),
+        (
+            format!(
+                "{base}servers = [\"nats://u:p@nats:4222\"]\nuser = \"postbox\"\npassword_file = \"/p\"\n"
+            ),
+            "cluster.user",
+        ),
+    ];
+    for (text, want) in cases {
+        match parse(&text) {
+            Err(ConfigError::Invalid { key, line, .. }) => {
+                assert_eq!(key, want, "{text}");
+                assert!(line.is_some(), "{text}: the line is named");
+            }
+            other => panic!("{text}: expected Invalid for {want}, got {other:?}"),
+        }
+    }
+    let config = parse(&format!(
+        "{base}user = \"postbox\"\npassword_file = \"/run/secrets/nats\"\n"
+    ))
+    .expect("a user with its password file");
+    let cluster = config.cluster.expect("cluster");
+    assert_eq!(cluster.user.as_deref(), Some("postbox"));
+}

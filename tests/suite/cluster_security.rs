@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::cluster::{start_cluster, Node};
 use common::nats::NatsServer;
 use common::{v5, RawClient, WAIT};
-use postbox::codec::{Packet, QoS};
+use postbox::codec::{Packet, QoS, ReasonCode};
 
 /// The `[auth]` of every node: the example password file and ACL (dashboard reads
 /// `sensors/#`; sensor<n> reads and writes `sensors/sensor<n>/#` only), and anonymous clients
@@ -269,5 +269,73 @@ async fn a_nodes_log_at_trace_holds_no_nats_password() {
     assert!(
         leaked.is_empty(),
         "the NATS password was logged: {leaked:?}"
+    );
+}
+
+/// Issue 35, seventh adversarial pass, N2: NATS is inside the trust boundary, so it should
+/// admit the Postbox nodes alone, and one config should serve every node while a Secret holds
+/// the password. `[cluster] user` with `password_file` (whitespace trimmed) connects to a
+/// NATS that requires that user; the same config with a wrong password is turned away by
+/// NATS, logged as such, and the node stays down (QoS 1/2 refused, not accepted and lost).
+/// A file that cannot be read stops the node at start with the key named. Before the fix
+/// `user` and `password_file` were unknown keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_connects_with_the_nats_password_from_its_file_and_no_other() {
+    const PASSWORD: &str = "from-a-secret-n2";
+    let nats = tokio::task::block_in_place(|| {
+        NatsServer::start_with_config(Some(&format!(
+            "authorization {{\n  users = [ {{ user: \"postbox\", password: \"{PASSWORD}\" }} ]\n}}\n"
+        )))
+    });
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let right = secrets.path().join("right");
+    std::fs::write(&right, format!("{PASSWORD}\n")).expect("write the password");
+    let wrong = secrets.path().join("wrong");
+    std::fs::write(&wrong, "guessed\n").expect("write a wrong password");
+    let with = |file: &std::path::Path| format!("user = \"postbox\"\npassword_file = {file:?}\n");
+
+    // The right password: up, and a QoS 1 message is accepted.
+    let a = Node::start_async("a", &nats.url(), &with(&right)).await;
+    let mut publisher = v5::connect_id(a.mqtt(), "n2-pub").await;
+    let code = v5::publish(
+        &mut publisher,
+        v5::publish_packet("sensors/n2", QoS::AtLeastOnce, b"held", 1),
+    )
+    .await;
+    assert_eq!(
+        code,
+        ReasonCode::SUCCESS,
+        "accepted once NATS admitted the node"
+    );
+
+    // A wrong one: NATS refuses the node, which says why and refuses QoS 1 itself.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = common::cluster::write_node_config(dir.path(), "b", &nats.url(), &with(&wrong));
+    let b = tokio::task::block_in_place(|| common::process::Broker::start(&config));
+    b.wait_log_async(|line| line.to_ascii_lowercase().contains("authorization"))
+        .await;
+    let mut refused = v5::connect_id(config.mqtt, "n2-pub-b").await;
+    let code = v5::publish(
+        &mut refused,
+        v5::publish_packet("sensors/n2", QoS::AtLeastOnce, b"x", 1),
+    )
+    .await;
+    assert_eq!(
+        code,
+        ReasonCode::QUOTA_EXCEEDED,
+        "a node NATS turned away must not accept QoS 1"
+    );
+
+    // A password file that is not there: the node does not start, and says which key.
+    let missing = secrets.path().join("missing");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = common::cluster::write_node_config(dir.path(), "c", &nats.url(), &with(&missing));
+    let Err(exited) = tokio::task::block_in_place(|| common::process::Broker::try_start(&config))
+    else {
+        panic!("the node started without its password file");
+    };
+    assert!(
+        exited.output.contains("cluster.password_file"),
+        "the error names the key: {exited:?}"
     );
 }

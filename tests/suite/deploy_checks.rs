@@ -296,6 +296,58 @@ fn kustomization_objects(dir: &str) -> Vec<Yaml> {
     objects
 }
 
+/// The name of the one Secret a kustomization generates (`secretGenerator`), with its one
+/// key `password` (the Secret is made from a file the user creates, so it is not among the
+/// resources).
+fn kustomization_secret(dir: &str) -> String {
+    let kustomization = yaml(&format!("{dir}/kustomization.yaml"));
+    let generators = kustomization[0]["secretGenerator"]
+        .as_vec()
+        .expect("secretGenerator");
+    assert_eq!(generators.len(), 1, "one generated Secret");
+    let files = generators[0]["files"].as_vec().expect("files");
+    assert!(
+        files
+            .iter()
+            .all(|f| f.as_str().is_some_and(|f| f.starts_with("password="))),
+        "{files:?}"
+    );
+    generators[0]["name"].as_str().expect("name").to_owned()
+}
+
+/// True when `container` has `var` from the key `password` of the Secret `secret`.
+fn env_from_secret(container: &Yaml, var: &str, secret: &str) -> bool {
+    container["env"].as_vec().is_some_and(|env| {
+        env.iter().any(|e| {
+            let key = &e["valueFrom"]["secretKeyRef"];
+            e["name"].as_str() == Some(var)
+                && key["name"].as_str() == Some(secret)
+                && key["key"].as_str() == Some("password")
+        })
+    })
+}
+
+/// True when `container` of `set` mounts the Secret `secret` (read-only) at `path`.
+fn secret_mounted_at(set: &Yaml, container: &Yaml, secret: &str, path: &str) -> bool {
+    let volumes = set["spec"]["template"]["spec"]["volumes"]
+        .as_vec()
+        .expect("volumes");
+    let Some(volume) = volumes
+        .iter()
+        .find(|v| v["secret"]["secretName"].as_str() == Some(secret))
+        .and_then(|v| v["name"].as_str())
+    else {
+        return false;
+    };
+    container["volumeMounts"].as_vec().is_some_and(|mounts| {
+        mounts.iter().any(|m| {
+            m["name"].as_str() == Some(volume)
+                && m["mountPath"].as_str() == Some(path)
+                && m["readOnly"].as_bool() == Some(true)
+        })
+    })
+}
+
 fn of_kind<'a>(objects: &'a [Yaml], kind: &str) -> Vec<&'a Yaml> {
     objects
         .iter()
@@ -673,7 +725,24 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         container_port(c, &client["spec"]["ports"][0]["targetPort"]),
         4222
     );
-    // The real nats-server accepts the file, with SERVER_NAME set as in the pod.
+    // Clients log in with the password of the generated Secret, given as an environment
+    // variable (N2: a pod that only carries Postbox's label is not a peer).
+    let secret = kustomization_secret("deploy/kubernetes/cluster");
+    assert!(
+        conf.contains("authorization {") && conf.contains("password: $POSTBOX_NATS_PASSWORD"),
+        "{conf}"
+    );
+    let nats_user = conf
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("{ user: "))
+        .and_then(|rest| rest.split(',').next())
+        .expect("{ user: <name>, password: ... }");
+    assert!(
+        env_from_secret(c, "POSTBOX_NATS_PASSWORD", &secret),
+        "POSTBOX_NATS_PASSWORD from the Secret {secret:?}"
+    );
+    // The real nats-server accepts the file, with SERVER_NAME and the password set as in
+    // the pod (a password as the kustomization's comment makes it).
     let dir = tempfile::tempdir().expect("tempdir");
     let conf_file = dir.path().join("nats.conf");
     std::fs::write(&conf_file, conf).expect("write nats.conf");
@@ -682,6 +751,10 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         .arg("-c")
         .arg(&conf_file)
         .env("SERVER_NAME", "nats-0")
+        .env(
+            "POSTBOX_NATS_PASSWORD",
+            "q3ZkR0xv9Yw2LmTnB8sPa4DfHjU6cEgK1oViWyXz7Q",
+        )
         .output()
         .expect("nats-server is installed (apt-get install nats-server)");
     assert!(out.status.success(), "nats-server -t: {}", text(&out));
@@ -743,6 +816,21 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         assert!(i64::try_from(cluster.replicas).is_ok_and(|r| r <= nats_replicas));
         assert_eq!(cluster.servers, ["nats://nats:4222"], "the client Service");
         assert_eq!(config.storage.persistence_dir(), Some(Path::new(data_dir)));
+        // The NATS user of nats.conf, its password from the Secret's volume.
+        assert_eq!(cluster.user.as_deref(), Some(nats_user));
+        let password_file = cluster.password_file.expect("cluster.password_file");
+        let (mount, key) = (
+            password_file.parent().and_then(Path::to_str).expect("dir"),
+            password_file
+                .file_name()
+                .and_then(|f| f.to_str())
+                .expect("key"),
+        );
+        assert!(
+            secret_mounted_at(postbox, c, &secret, mount),
+            "the Secret {secret:?} is mounted at {mount}"
+        );
+        assert_eq!(key, "password", "the Secret's key");
     }
     let err = Config::load(&path).expect_err("no node without the flag");
     assert!(err.to_string().contains("cluster.node"), "{err}");
