@@ -4,8 +4,9 @@
 //! module (`src/<module>.rs`, `src/<module>/**`) names a module of the crate it may not
 //! import, by a `crate::` path or by a `super::` chain that climbs out of it. Comments and
 //! doc links count too: a doc link is a dependency rustdoc resolves, and the rule is easier
-//! to keep when it has no exceptions. The layers above (broker, auth, cluster, connection,
-//! …) still import each other in a cycle; their rows come as it is broken up.
+//! to keep when it has no exceptions. Above them every top-level module has its place in one
+//! stack ([`STACK`]) and imports only modules below it: no import cycle between top-level
+//! modules, and a new edge that would close one fails here.
 
 use std::path::{Path, PathBuf};
 
@@ -91,6 +92,87 @@ const LOWER_LAYERS: &[(&str, &[&str])] = &[
     ("storage", &["codec", "config", "metrics"]),
 ];
 
+/// Every top-level module of the crate, bottom first: each may import only those before it.
+/// The core (`broker`) sits on what it is given (`auth` decisions, `guarantees`, `storage`);
+/// `cluster` plugs into it; `connection` drives sessions; `transport` accepts sockets and
+/// hands them to connections; `bridge`, `admin` and `server` are the outer layers.
+const STACK: &[&str] = &[
+    "metrics",
+    "codec",
+    "config",
+    "logging",
+    "storage",
+    "reload",
+    "auth",
+    "guarantees",
+    "broker",
+    "cluster",
+    "connection",
+    "transport",
+    "bridge",
+    "admin",
+    "server",
+];
+
+/// The one edge that still points up the stack, named so it cannot grow unseen: the dead
+/// letters build and read the broker's `Message` (and key their cache by its `SessionId`).
+/// It goes when the guarantees plug into the core through a seam of the broker's, as the
+/// cluster does (`broker::cluster_seam`).
+const STILL_UPWARD: &[(&str, &str)] = &[("guarantees", "broker")];
+
+/// Every top-level module imports only the modules below it in [`STACK`], and every
+/// top-level module of `src/` has its place there.
+#[test]
+fn every_module_imports_only_the_layers_below_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut modules: Vec<String> = std::fs::read_dir(&src)
+        .expect("src/")
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let name = name.strip_suffix(".rs").map_or(name.clone(), str::to_owned);
+            let file = e.path().is_file();
+            (!file || e.path().extension().is_some_and(|x| x == "rs")).then_some(name)
+        })
+        .filter(|m| !["lib", "main", "layering"].contains(&m.as_str()))
+        .collect();
+    modules.sort();
+    modules.dedup();
+    let mut stacked: Vec<String> = STACK.iter().map(|m| (*m).to_owned()).collect();
+    stacked.sort();
+    assert_eq!(
+        modules, stacked,
+        "every module of src/ has its place in STACK"
+    );
+    let mut violations = Vec::new();
+    let mut excepted = Vec::new();
+    for (at, module) in STACK.iter().enumerate() {
+        for (path, depth) in module_files(module) {
+            let text = std::fs::read_to_string(&path).expect("a source file of the crate");
+            for (line, code) in reaches_outside(module, &STACK[..at], &text, depth) {
+                let exception = STILL_UPWARD
+                    .iter()
+                    .find(|(from, to)| from == module && code.contains(&format!("crate::{to}::")));
+                match exception {
+                    Some(edge) => excepted.push(*edge),
+                    None => violations.push(format!("{}:{line}: {code}", path.display())),
+                }
+            }
+        }
+    }
+    for edge in STILL_UPWARD {
+        assert!(
+            excepted.contains(edge),
+            "{edge:?} no longer imports upward: remove it from STILL_UPWARD"
+        );
+    }
+    assert!(
+        violations.is_empty(),
+        "these lines import a module above their own in the layering stack:\n{}",
+        violations.join("\n")
+    );
+}
+
 /// Every lower layer imports only what [`LOWER_LAYERS`] allows it.
 #[test]
 fn the_lower_layers_import_only_what_the_map_allows() {
@@ -146,4 +228,30 @@ fn the_detector_tells_inside_from_outside() {
         reaches_outside("metrics", &[], "use super::broker;", 0).len(),
         1
     );
+}
+
+/// README's "Repository layout" names every entry of `src/`, so the layout a newcomer reads
+/// is the tree (issue 36: it had left out `cluster/`, `guarantees/`, `reload/`).
+#[test]
+fn the_readme_layout_names_every_entry_of_src() {
+    let readme = include_str!("../README.md");
+    let layout = readme
+        .split("## Repository layout")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("README has a Repository layout section");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&src).expect("src/").flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let shown = if entry.path().is_dir() {
+            format!("`src/{name}/`")
+        } else {
+            format!("`src/{name}`")
+        };
+        if !layout.contains(&shown) {
+            missing.push(shown);
+        }
+    }
+    assert!(missing.is_empty(), "README's layout leaves out {missing:?}");
 }

@@ -526,9 +526,11 @@ impl RunningServer {
         let mut running = self.running_config.lock();
         let mut changes = crate::reload::config::compare(&running, new);
         self.reload_schemas(&running, &mut changes);
-        self.broker.runtime_limits().set(
-            crate::broker::runtime_limits::RuntimeLimits::from_config(&changes.running.mqtt),
-        );
+        self.broker
+            .runtime_limits()
+            .set(crate::config::RuntimeLimits::from_config(
+                &changes.running.mqtt,
+            ));
         self.server_slots
             .set_max(changes.running.mqtt.max_connections);
         for key in &changes.applied {

@@ -7,7 +7,7 @@
 //! for ever, and 1100 of them from one address kept MQTT clients out of a broker limited to
 //! 1024 file descriptors (issue 35, fifth pass, finding 3). Here a connection is counted at
 //! accept against `metrics.max_connections` (both HTTP listeners together) and
-//! `metrics.max_connections_per_ip` (by `transport::admission::source_key`: IPv4 address,
+//! `metrics.max_connections_per_ip` (by `connection::slots::source_key`: IPv4 address,
 //! IPv6 /64) and closed at once past either (`postbox_http_connections_refused_total`); hyper
 //! closes one that takes longer than `metrics.header_timeout` to send a request's headers,
 //! which it counts from when it starts waiting for them: after accept and after every
@@ -47,8 +47,8 @@ use tower_service::Service;
 
 use super::Ends;
 use crate::config::MetricsConfig;
+use crate::connection::slots::source_key;
 use crate::metrics::Counter;
-use crate::transport::admission::source_key;
 
 /// The bounds on the HTTP listeners' connections (`[metrics]`), and the connections open now;
 /// one per server, shared by the `[metrics] bind` and `admin.bind` listeners.

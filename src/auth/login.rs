@@ -208,7 +208,7 @@ pub(crate) struct ExchangeLimit<'a> {
 }
 
 impl<'a> ExchangeLimit<'a> {
-    /// The limits for an exchange from `source` (a `transport::admission::source_key`);
+    /// The limits for an exchange from `source` (a `connection::slots::source_key`);
     /// without login rules nothing is limited.
     pub(crate) fn new(logins: Option<&'a Logins>, source: std::net::IpAddr) -> ExchangeLimit<'a> {
         ExchangeLimit {

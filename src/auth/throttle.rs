@@ -1,5 +1,5 @@
 //! Failed-login limits (issue 35, finding 4): a source address (IPv4 address, IPv6 /64, the
-//! keys of `transport::admission`) or a user name that keeps failing the password check is
+//! keys of `connection::slots`) or a user name that keeps failing the password check is
 //! refused without a hash for a delay that doubles with each further failure, up to a cap.
 //!
 //! An attempt inside the delay is answered at once (CONNACK 0x9F Connection rate exceeded,
@@ -263,7 +263,7 @@ impl LoginThrottle {
         }
     }
 
-    /// Whether an attempt from `source` (a `transport::admission::source_key`) for `user`
+    /// Whether an attempt from `source` (a `connection::slots::source_key`) for `user`
     /// may be checked now, or which record refuses it. Asked before anything looks at the
     /// credentials (the success cache included): a refusal must tell nothing about them. A
     /// pair that proved `user`'s credentials from `source` and has not failed since passes,

@@ -1,5 +1,5 @@
 //! The cluster seam (`../shared/ARCHITECTURE.md`): what the broker asks of the layer that
-//! makes several nodes one broker (`crate::cluster`, NATS JetStream). The broker is built
+//! makes several nodes one broker (the `cluster` module, NATS JetStream, which implements it). The broker is built
 //! with it ([`super::Parts`]) when `[cluster]` is configured; without (one node), every hook
 //! below is one check of an empty `Option`.
 

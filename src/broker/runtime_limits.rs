@@ -11,41 +11,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::config::MqttConfig;
-
-/// The `[mqtt]` keys a reload applies, with the config key each one is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RuntimeLimits {
-    /// `mqtt.max_publish_rate`: read when a connection starts (its token bucket).
-    pub max_publish_rate: u32,
-    /// `mqtt.max_publish_bytes_rate`: read when a connection starts.
-    pub max_publish_bytes_rate: u64,
-    /// `mqtt.max_subscriptions_per_client`: read at every SUBSCRIBE.
-    pub max_subscriptions_per_client: usize,
-    /// `mqtt.max_subscription_bytes_per_client`: read at every SUBSCRIBE.
-    pub max_subscription_bytes_per_client: usize,
-}
-
-impl RuntimeLimits {
-    /// The config keys (dotted) a reload applies, in the order [`RuntimeLimits`] lists them;
-    /// `mqtt.max_connections` (the listeners' shared slot bound) and `log.level` are applied
-    /// by the server and the binary.
-    pub const KEYS: &'static [&'static str] = &[
-        "mqtt.max_publish_rate",
-        "mqtt.max_publish_bytes_rate",
-        "mqtt.max_subscriptions_per_client",
-        "mqtt.max_subscription_bytes_per_client",
-    ];
-
-    /// The values in `config`.
-    pub fn from_config(config: &MqttConfig) -> RuntimeLimits {
-        RuntimeLimits {
-            max_publish_rate: config.max_publish_rate,
-            max_publish_bytes_rate: config.max_publish_bytes_rate,
-            max_subscriptions_per_client: config.max_subscriptions_per_client,
-            max_subscription_bytes_per_client: config.max_subscription_bytes_per_client,
-        }
-    }
-}
+pub use crate::config::RuntimeLimits;
 
 /// The limits in force, swapped whole on reload.
 #[derive(Debug)]

@@ -45,7 +45,7 @@ pub use listener::{
     DEFAULT_WEBSOCKET_PATH, MAX_LISTENER_NAME_LEN,
 };
 pub use mqtt::{
-    MemoryLimit, MqttConfig, OutboundTopicAliases, OverflowPolicy, SharedStrategy,
+    MemoryLimit, MqttConfig, OutboundTopicAliases, OverflowPolicy, RuntimeLimits, SharedStrategy,
     MAX_CLIENT_ID_LEN, MAX_PACKET_SIZE_LIMIT, MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,
 };
 pub use overrides::{ClusterNode, Overrides, CLUSTER_NODE_ENV};

@@ -8,8 +8,10 @@ pub mod admission;
 mod client;
 mod gated;
 mod handshake;
+pub mod info;
 mod io;
 mod partial;
+pub mod slots;
 pub mod topic_alias;
 pub mod violation;
 
@@ -21,10 +23,11 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
-use crate::transport::{ConnectedSlot, ConnectionInfo, HandshakeSlot};
+pub use info::{ConnectionInfo, TlsPeer};
 pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
 pub(crate) use partial::TransportHeld;
 pub use partial::{budgeted_partial_bytes, packet_time_limit, partial_packet_bytes, time_limit};
+use slots::{ConnectedSlot, HandshakeSlot};
 
 /// Serves one client connection until it closes; never panics on client input.
 ///
@@ -37,7 +40,7 @@ pub use partial::{budgeted_partial_bytes, packet_time_limit, partial_packet_byte
 /// life, and `ConnectionInfo` would cost every idle connection 48 B. Instead the handshake
 /// future takes them, boxed here but (being lazy) not started until the first poll.
 ///
-/// `slot` is the connection's place in its listener's admission (`transport::admission`):
+/// `slot` is the connection's place in its listener's admission (`connection::slots`):
 /// the handshake takes a pending slot with it when it has to wait for the client, trades it
 /// for a connected slot when it accepts the CONNECT (or refuses the CONNECT when the
 /// listener's `max_connections` are taken), and the connected slot is held here until the
@@ -133,15 +136,15 @@ mod size_tests {
             listener: "tcp".into(),
             tls: None,
         };
-        let admission = crate::transport::Admission::new(
+        let admission = slots::Admission::new(
             "tcp",
-            crate::transport::AdmissionLimits {
+            slots::AdmissionLimits {
                 max_connections: 10,
                 max_connections_per_source: 10,
                 max_pending: 10,
                 max_pending_per_source: 10,
             },
-            &crate::transport::ServerSlots::new(10),
+            &slots::ServerSlots::new(10),
             &broker.metrics,
         );
         let slot = admission.arrive(addr.ip());

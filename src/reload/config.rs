@@ -9,8 +9,7 @@
 //! running value stays; [`ConfigChanges::running`] is the config actually in force after the
 //! reload, so the next reload compares against it and reports the same keys again.
 
-use crate::broker::runtime_limits::RuntimeLimits;
-use crate::config::Config;
+use crate::config::{Config, RuntimeLimits};
 
 /// The keys a reload applies to the running broker. `log.level` is applied by the binary
 /// (the log subscriber is the process's), unless `RUST_LOG` or `-v` chose the filter.

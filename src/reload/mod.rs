@@ -2,7 +2,7 @@
 //!
 //! Each file-backed part of the broker (a TLS listener's certificate, the password file, the
 //! ACL) registers a [`Reload`] with the server at start-up. On SIGHUP (or
-//! [`crate::server::RunningServer::reload`]) every one re-reads its files. A part whose new
+//! `server::RunningServer::reload`) every one re-reads its files. A part whose new
 //! files are bad keeps what it had and says why: a typo in a file must never lock a fleet
 //! out. The new state applies to what comes next (new handshakes, the next ACL check);
 //! connections already established are not touched, except that new JWT keys make every

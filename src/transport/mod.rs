@@ -6,7 +6,6 @@
 //! the server. What a listener learns about a connection travels with it as
 //! [`ConnectionInfo`].
 
-pub mod admission;
 pub mod fd_table;
 pub mod proxy;
 mod tcp;
@@ -26,47 +25,16 @@ use crate::broker::Broker;
 use crate::config::{ListenerConfig, ListenerKind};
 use crate::connection;
 
-pub use admission::{
+/// The slots a listener admits connections into live with the connection that holds them.
+pub use crate::connection::slots::{
     Admission, AdmissionLimits, ConnectedSlot, Full, HandshakeSlot, Refused, ServerSlots,
 };
+/// What a listener learns of a connection is the connection's ([`crate::connection::info`]).
+pub use crate::connection::{ConnectionInfo, TlsPeer};
 pub use tcp::PlainTcpListener;
 /// PEM certificate files, read the same way for the bridges' TLS (`bridge::transport`).
 pub(crate) use tls::read_certs;
 pub use tls::{build_server_config, TlsListener, TlsState};
-
-/// What the transport knows about a connection, handed to the connection (and its handshake,
-/// so authentication can use it).
-///
-/// This is the place for what listener kinds learn before MQTT starts: the verified TLS
-/// client identity, or the real client address from a PROXY protocol header (which replaces
-/// `peer`, see [`Handoff::spawn_prepared`] and [`Handoff::spawn_upgraded`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectionInfo {
-    /// The remote address of the socket.
-    pub peer: SocketAddr,
-    /// Name of the listener the connection came through (`[[listener]] name`).
-    pub listener: Arc<str>,
-    /// What a TLS listener learnt (`None` on plain TCP). One pointer, so `ConnectionInfo`,
-    /// which every connection keeps for its life, grows by 8 B only.
-    pub tls: Option<Arc<TlsPeer>>,
-}
-
-/// What the TLS handshake established about the client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsPeer {
-    /// The identity (CN or SAN, per `tls.identity`) of the client's verified certificate.
-    pub identity: Option<Arc<str>>,
-    /// `tls.use_identity_as_username`: the MQTT handshake takes `identity` as the user name,
-    /// ignoring CONNECT's, and refuses a client without one.
-    pub identity_as_username: bool,
-}
-
-impl ConnectionInfo {
-    /// The verified TLS client identity, if any (for authorisation rules).
-    pub fn tls_identity(&self) -> Option<&Arc<str>> {
-        self.tls.as_ref().and_then(|tls| tls.identity.as_ref())
-    }
-}
 
 /// Everything a listener needs to hand an accepted stream to the broker: one per server,
 /// cloned into every listener.

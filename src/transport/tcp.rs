@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::net::TcpSocket;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::AdmissionLimits;
 use super::ws::WsSettings;
+use super::AdmissionLimits;
 use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
 use crate::config::{ListenerConfig, ListenerKind, WebSocketConfig};
 

@@ -263,7 +263,7 @@ impl PasswordStore {
     /// handshake timed out, wasting the CPU the queue needs (measured: 4 instead of ~35
     /// logins/s on 2 cores with a 10,000-iteration `$7$` file).
     ///
-    /// `source` is the client's `transport::admission::source_key`: the failed-login limits
+    /// `source` is the client's `connection::slots::source_key`: the failed-login limits
     /// and the share of the workers are kept per source. The limits are asked first, before
     /// the cache: a throttled attempt is refused whatever its password, so a refusal tells a
     /// guesser nothing (issue 35, third adversarial pass; the pair that proved the password

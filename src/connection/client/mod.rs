@@ -37,8 +37,8 @@ use crate::auth::AuthStep;
 use crate::broker::{ArrivalWaker, Broker, SessionHandle};
 use crate::codec::{self, LastWill, Packet, ProtocolVersion};
 use crate::config::OutboundTopicAliases;
+use crate::connection::ConnectionInfo;
 use crate::storage::StorageError;
-use crate::transport::ConnectionInfo;
 use closing::Close;
 use reauth::AuthContext;
 

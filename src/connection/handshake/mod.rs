@@ -19,9 +19,10 @@ use crate::broker::{Attached, Broker, ClaimRefused, SessionRequest};
 use crate::codec::{
     self, Connect, DecodeError, Packet, ProtocolVersion, ReasonCode, ReasonContext,
 };
+use crate::connection::slots::{ConnectedSlot, Full, HandshakeSlot};
+use crate::connection::ConnectionInfo;
 use crate::metrics::Metrics;
 use crate::storage::SessionOwner;
-use crate::transport::{ConnectedSlot, ConnectionInfo, Full, HandshakeSlot};
 use enhanced::authenticate;
 use tokio::time::Instant;
 use wait::{connect_deadline, connect_timed_out, read_more, while_connected, Exchange, ReadMore};
@@ -262,7 +263,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
         // Keyed as the connection bounds are (IPv4 address, IPv6 /64; a PROXY header's client).
-        let source = crate::transport::admission::source_key(peer.ip());
+        let source = crate::connection::slots::source_key(peer.ip());
         let verify =
             tokio::time::timeout_at(deadline, store.verify(user, password, source, deadline));
         // Watching the client meanwhile: one that leaves before its hash is not hashed.
@@ -308,7 +309,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             let exchange = Exchange {
                 slot: &mut slot,
                 deadline,
-                source: crate::transport::admission::source_key(peer.ip()),
+                source: crate::connection::slots::source_key(peer.ip()),
             };
             match authenticate(
                 io,

@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::io::Io;
 use crate::broker::Broker;
-use crate::transport::{ConnectionInfo, HandshakeSlot, Refused};
+use crate::connection::slots::{HandshakeSlot, Refused};
+use crate::connection::ConnectionInfo;
 
 /// What the next read of a handshake found (see [`read_more`]).
 pub(super) enum ReadMore {
@@ -103,7 +104,7 @@ where
 pub(super) struct Exchange<'a> {
     pub(super) slot: &'a mut HandshakeSlot,
     pub(super) deadline: Instant,
-    /// The client's `transport::admission::source_key`: the failed-login limits' key.
+    /// The client's `connection::slots::source_key`: the failed-login limits' key.
     pub(super) source: std::net::IpAddr,
 }
 
