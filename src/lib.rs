@@ -3,7 +3,7 @@
 //! The library holds everything; `main.rs` is only the command line. Module map and data flow:
 //! see `docs/ARCHITECTURE.md` (and keep it true with every change).
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod auth;
 pub mod bridge;
 pub mod broker;
@@ -16,7 +16,11 @@ pub mod guarantees;
 mod layering;
 pub mod logging;
 pub mod metrics;
-pub mod reload;
+pub(crate) mod reload;
 pub mod server;
 pub mod storage;
-pub mod transport;
+pub(crate) mod transport;
+
+/// The open-file limit and the kernel's fd table, prepared by the binary before anything
+/// else runs (a connect storm must not stall on growing them).
+pub use transport::fd_table;

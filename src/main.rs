@@ -125,7 +125,7 @@ fn main() -> anyhow::Result<()> {
 
     // Before the runtime's threads exist: growing the descriptor table is free now and stalls
     // accepts later (see `transport::fd_table`).
-    match postbox::transport::fd_table::prepare() {
+    match postbox::fd_table::prepare() {
         Some(fds) => tracing::debug!(
             open_file_limit = fds.soft_limit,
             pregrown = fds.pregrown,

@@ -18,7 +18,7 @@ use subtle::ConstantTimeEq;
 
 /// The configured token, kept only as its digest.
 #[derive(Clone)]
-pub struct Token {
+pub(crate) struct Token {
     digest: [u8; 32],
 }
 
@@ -49,7 +49,7 @@ pub enum TokenError {
 
 impl Token {
     /// The token `text` stands for (surrounding whitespace trimmed, as the file holds it).
-    pub fn new(text: &str) -> Token {
+    pub(crate) fn new(text: &str) -> Token {
         Token {
             digest: Sha256::digest(text.trim().as_bytes()).into(),
         }
@@ -60,7 +60,7 @@ impl Token {
     /// # Errors
     ///
     /// A `TokenError` when the file cannot be read or is empty.
-    pub fn load(path: &Path) -> Result<Token, TokenError> {
+    pub(crate) fn load(path: &Path) -> Result<Token, TokenError> {
         let text = std::fs::read_to_string(path).map_err(|source| TokenError::Read {
             path: path.to_owned(),
             source,
@@ -81,7 +81,7 @@ impl Token {
 
 /// The answer of [`check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub(crate) enum Access {
     /// Serve the request.
     Allowed,
     /// 401: a token is configured and the request carries none, or a wrong one.
@@ -103,7 +103,7 @@ pub(crate) fn is_loopback(ip: IpAddr) -> bool {
 /// The access rule: loopback peers ([`is_loopback`]) are let in when `loopback_trusted`;
 /// others need the configured token as `Authorization: Bearer <token>` (`authorization` is
 /// that header's value, if any).
-pub fn check(
+pub(crate) fn check(
     peer: IpAddr,
     authorization: Option<&[u8]>,
     token: Option<&Token>,

@@ -16,7 +16,7 @@
 //! Must not block the runtime: every handler reads atomics or takes the broker's locks for
 //! short, bounded walks (see `broker::admin`).
 
-pub mod access;
+pub(crate) mod access;
 mod api;
 mod bridges;
 mod host;
@@ -39,28 +39,28 @@ use tokio_util::sync::CancellationToken;
 use crate::bridge::BridgeStatus;
 use crate::broker::Broker;
 use crate::storage::StoreHealth;
-pub use access::{Token, TokenError};
-pub use serve::HttpBounds;
+pub(crate) use access::{Token, TokenError};
+pub(crate) use serve::HttpBounds;
 
 /// Renders the Prometheus text of `/metrics` (running whatever must be copied in first).
-pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// What `/readyz` knows beyond the broker: whether every listener is bound and serving.
 #[derive(Debug, Default)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     listeners_up: AtomicBool,
 }
 
 impl Readiness {
     /// Called once every MQTT listener is bound and accepting.
-    pub fn listeners_up(&self) {
+    pub(crate) fn listeners_up(&self) {
         self.listeners_up.store(true, Ordering::Release);
     }
 }
 
 /// Everything the handlers share.
 #[derive(Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     broker: Arc<Broker>,
     render: Render,
     /// The last `/metrics` body and when its rendering started: one rendering at a time,
@@ -83,7 +83,7 @@ pub struct AdminState {
 /// Which of the routes one HTTP listener serves: both kinds (the default, one listener on
 /// `[metrics] bind`), or one kind each when `admin.bind` gives the API its own listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Serves {
+pub(crate) enum Serves {
     /// `/metrics`, the probes, the API and the status page.
     All,
     /// `/metrics` and the probes only (`[metrics] bind` while `admin.bind` is set).
@@ -111,7 +111,7 @@ impl std::fmt::Debug for AdminState {
 impl AdminState {
     /// The handlers' state: the broker, the `/metrics` renderer, the listeners' readiness and
     /// the token other than loopback peers need (none: loopback only).
-    pub fn new(
+    pub(crate) fn new(
         broker: Arc<Broker>,
         render: Render,
         readiness: Arc<Readiness>,
@@ -134,7 +134,11 @@ impl AdminState {
     /// The `[admin]` rules beyond the token: the Host names the API answers besides
     /// `localhost` and addresses, and whether loopback needs the token too.
     #[must_use]
-    pub fn with_rules(mut self, allowed_hosts: &[String], require_token_on_loopback: bool) -> Self {
+    pub(crate) fn with_rules(
+        mut self,
+        allowed_hosts: &[String],
+        require_token_on_loopback: bool,
+    ) -> Self {
         self.allowed_hosts = Arc::new(host::AllowedHosts::new(allowed_hosts));
         self.loopback_trusted = !require_token_on_loopback;
         self
@@ -142,7 +146,7 @@ impl AdminState {
 
     /// Which routes the listener this state is served on answers (default: all).
     #[must_use]
-    pub fn serving(mut self, serves: Serves) -> AdminState {
+    pub(crate) fn serving(mut self, serves: Serves) -> AdminState {
         self.serves = serves;
         self
     }
@@ -150,14 +154,14 @@ impl AdminState {
     /// The bridges' statuses (`[[bridge]]`, in config order), for `/api/v1/bridges`, the
     /// overview's summary and the status page's table.
     #[must_use]
-    pub fn with_bridges(mut self, bridges: Vec<Arc<BridgeStatus>>) -> AdminState {
+    pub(crate) fn with_bridges(mut self, bridges: Vec<Arc<BridgeStatus>>) -> AdminState {
         self.bridges = bridges.into();
         self
     }
 
     /// The store's budget (`storage.max_disk_bytes`) the overview shows beside its use.
     #[must_use]
-    pub fn with_store_budget(mut self, bytes: u64) -> AdminState {
+    pub(crate) fn with_store_budget(mut self, bytes: u64) -> AdminState {
         self.store_budget_bytes = bytes;
         self
     }
@@ -165,7 +169,7 @@ impl AdminState {
 
 /// The router of one listener (see [`Serves`]): open endpoints, and the API and page behind
 /// the Host and access checks.
-pub fn router(state: AdminState) -> Router {
+pub(crate) fn router(state: AdminState) -> Router {
     let guarded = api::routes()
         .merge(status::routes())
         .merge(bridges::routes())
@@ -191,7 +195,7 @@ pub fn router(state: AdminState) -> Router {
 /// all and per address, the header read timeout; see [`serve`](self::serve) the module);
 /// connections in progress then finish their request (bounded by the server's shutdown,
 /// which gives up waiting after a while).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     state: AdminState,
     bounds: Arc<HttpBounds>,

@@ -53,7 +53,7 @@ use crate::metrics::Counter;
 /// The bounds on the HTTP listeners' connections (`[metrics]`), and the connections open now;
 /// one per server, shared by the `[metrics] bind` and `admin.bind` listeners.
 #[derive(Debug)]
-pub struct HttpBounds {
+pub(crate) struct HttpBounds {
     header_timeout: Duration,
     max: usize,
     max_per_source: usize,
@@ -100,7 +100,7 @@ enum Over {
 
 impl HttpBounds {
     /// The bounds `[metrics]` configures.
-    pub fn new(config: &MetricsConfig) -> Arc<HttpBounds> {
+    pub(crate) fn new(config: &MetricsConfig) -> Arc<HttpBounds> {
         Arc::new(HttpBounds {
             header_timeout: Duration::from_secs(u64::from(config.header_timeout)),
             max: config.max_connections,

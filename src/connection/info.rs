@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// client identity, or the real client address from a PROXY protocol header (which replaces
 /// `peer`, see `transport::Handoff`'s `spawn_prepared` and `spawn_upgraded`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectionInfo {
+pub(crate) struct ConnectionInfo {
     /// The remote address of the socket.
     pub peer: SocketAddr,
     /// Name of the listener the connection came through (`[[listener]] name`).
@@ -25,17 +25,10 @@ pub struct ConnectionInfo {
 
 /// What the TLS handshake established about the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsPeer {
+pub(crate) struct TlsPeer {
     /// The identity (CN or SAN, per `tls.identity`) of the client's verified certificate.
     pub identity: Option<Arc<str>>,
     /// `tls.use_identity_as_username`: the MQTT handshake takes `identity` as the user name,
     /// ignoring CONNECT's, and refuses a client without one.
     pub identity_as_username: bool,
-}
-
-impl ConnectionInfo {
-    /// The verified TLS client identity, if any (for authorisation rules).
-    pub fn tls_identity(&self) -> Option<&Arc<str>> {
-        self.tls.as_ref().and_then(|tls| tls.identity.as_ref())
-    }
 }

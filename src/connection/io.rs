@@ -18,14 +18,14 @@ use crate::config::MqttConfig;
 
 /// A read that finds the buffer with less spare room than this goes through the worker's
 /// scratch buffer instead of reserving: an idle connection then holds no read buffer at all.
-pub const READ_CHUNK: usize = 4096;
+pub(super) const READ_CHUNK: usize = 4096;
 /// Size of the per-worker-thread scratch buffer reads land in before they are copied into the
 /// connection's own buffer (exactly as many bytes as arrived). Large, so a busy publisher still
 /// gets many packets per system call; shared, so it costs nothing per connection.
 const SCRATCH: usize = 16 * 1024;
 /// Stop moving queued messages into the write buffer beyond this many bytes; the socket
 /// (and so the client) sets the pace, the session queue absorbs the rest.
-pub const WRITE_HIGH_WATER: usize = 64 * 1024;
+pub(super) const WRITE_HIGH_WATER: usize = 64 * 1024;
 
 /// How long the last writes of a closing connection (its final packet, then the FIN) may
 /// take: a client that does not read cannot hold the task longer.

@@ -8,12 +8,12 @@ pub mod admission;
 mod client;
 mod gated;
 mod handshake;
-pub mod info;
+pub(crate) mod info;
 mod io;
 mod partial;
-pub mod slots;
-pub mod topic_alias;
-pub mod violation;
+pub(crate) mod slots;
+pub(crate) mod topic_alias;
+pub(crate) mod violation;
 
 use std::sync::Arc;
 
@@ -23,10 +23,9 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
-pub use info::{ConnectionInfo, TlsPeer};
-pub use io::{READ_CHUNK, WRITE_HIGH_WATER};
+pub(crate) use info::{ConnectionInfo, TlsPeer};
 pub(crate) use partial::TransportHeld;
-pub use partial::{budgeted_partial_bytes, packet_time_limit, partial_packet_bytes, time_limit};
+pub(crate) use partial::{budgeted_partial_bytes, partial_packet_bytes, time_limit};
 use slots::{ConnectedSlot, HandshakeSlot};
 
 /// Serves one client connection until it closes; never panics on client input.
@@ -45,7 +44,7 @@ use slots::{ConnectedSlot, HandshakeSlot};
 /// for a connected slot when it accepts the CONNECT (or refuses the CONNECT when the
 /// listener's `max_connections` are taken), and the connected slot is held here until the
 /// connection is gone (8 bytes, in place of the broker handle this future held before).
-pub fn serve<S>(
+pub(crate) fn serve<S>(
     stream: S,
     info: ConnectionInfo,
     broker: Arc<Broker>,

@@ -38,13 +38,13 @@ static HELD_BEFORE_CONNECT: AtomicU64 = AtomicU64::new(0);
 /// Bytes currently held in read buffers by packets that have started to arrive and are not
 /// complete (every connection in the process, handshakes included): what the gauge
 /// `postbox_partial_packet_bytes` shows, and what a memory budget has to count.
-pub fn partial_packet_bytes() -> u64 {
+pub(crate) fn partial_packet_bytes() -> u64 {
     HELD.load(Ordering::Relaxed) + HELD_BEFORE_CONNECT.load(Ordering::Relaxed)
 }
 
 /// The part of [`partial_packet_bytes`] held by connected clients' packets: what counts in
 /// the memory budget (`mqtt.max_memory`).
-pub fn budgeted_partial_bytes() -> u64 {
+pub(crate) fn budgeted_partial_bytes() -> u64 {
     HELD.load(Ordering::Relaxed)
 }
 
@@ -102,13 +102,13 @@ impl Drop for TransportHeld {
 
 /// How long a packet whose fixed header announces `len` bytes may take to arrive once its
 /// first bytes are in: `packet_timeout` plus `len / min_packet_rate` seconds.
-pub fn packet_time_limit(config: &MqttConfig, len: usize) -> Duration {
+pub(super) fn packet_time_limit(config: &MqttConfig, len: usize) -> Duration {
     time_limit(config.packet_timeout, config.min_packet_rate, len)
 }
 
 /// [`packet_time_limit`] from `mqtt.packet_timeout` and `mqtt.min_packet_rate` themselves (a
 /// WebSocket frame's deadline, `transport::ws`).
-pub fn time_limit(packet_timeout: u32, min_packet_rate: u32, len: usize) -> Duration {
+pub(crate) fn time_limit(packet_timeout: u32, min_packet_rate: u32, len: usize) -> Duration {
     let rate = u64::from(min_packet_rate.max(1));
     let allowance_ms = (len as u64).saturating_mul(1000) / rate;
     Duration::from_secs(u64::from(packet_timeout)) + Duration::from_millis(allowance_ms)

@@ -43,7 +43,7 @@ use crate::metrics::{Counter, Gauge, ListenerMetrics, Metrics};
 
 /// The bounds of one listener (from its `[[listener]]` entry); 0 means unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AdmissionLimits {
+pub(crate) struct AdmissionLimits {
     /// Connected clients at once (`max_connections`).
     pub max_connections: usize,
     /// Connected clients at once from one source ([`source_key`]), (`max_connections_per_ip`).
@@ -57,7 +57,7 @@ pub struct AdmissionLimits {
 
 impl AdmissionLimits {
     /// The limits a listener entry configures.
-    pub fn of(config: &ListenerConfig) -> AdmissionLimits {
+    pub(crate) fn of(config: &ListenerConfig) -> AdmissionLimits {
         AdmissionLimits {
             max_connections: config.max_connections,
             max_connections_per_source: config.max_connections_per_ip,
@@ -69,7 +69,7 @@ impl AdmissionLimits {
 
 /// Why a connection got no pending slot; it is closed at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// The listener's `max_pending_connections` are all taken.
     PendingLimit,
     /// Its source has `max_pending_connections_per_ip` pending already.
@@ -79,7 +79,7 @@ pub enum Refused {
 /// Why a CONNECT got no connected slot ([`HandshakeSlot::promote`]); the handshake refuses it
 /// with a CONNACK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Full {
+pub(crate) enum Full {
     /// The listener has its `max_connections` clients.
     Listener,
     /// The client's source address has `max_connections_per_ip` clients on the listener.
@@ -90,7 +90,7 @@ pub enum Full {
 
 impl Full {
     /// The config key of the bound that was reached, for logs and Reason Strings.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Full::Listener => "max_connections",
             Full::PerSource => "max_connections_per_ip",
@@ -103,7 +103,7 @@ impl Full {
 /// (0 = unlimited): one per server, shared by every listener's [`Admission`] (through the
 /// `Handoff`), so one atomic add and subtract per connection.
 #[derive(Debug)]
-pub struct ServerSlots {
+pub(crate) struct ServerSlots {
     /// The bound, which a reload may change (SIGHUP): one relaxed load per CONNECT.
     max: AtomicUsize,
     connected: AtomicUsize,
@@ -111,7 +111,7 @@ pub struct ServerSlots {
 
 impl ServerSlots {
     /// Slots for at most `max` connected clients (0 = unlimited).
-    pub fn new(max: usize) -> Arc<ServerSlots> {
+    pub(crate) fn new(max: usize) -> Arc<ServerSlots> {
         Arc::new(ServerSlots {
             max: AtomicUsize::new(max),
             connected: AtomicUsize::new(0),
@@ -120,17 +120,18 @@ impl ServerSlots {
 
     /// A new bound for the CONNECTs that come next (a reload of `mqtt.max_connections`):
     /// clients connected already stay, even above a lowered bound.
-    pub fn set_max(&self, max: usize) {
+    pub(crate) fn set_max(&self, max: usize) {
         self.max.store(max, Ordering::Relaxed);
     }
 
     /// The bound in force (0 = unlimited).
-    pub fn max(&self) -> usize {
+    pub(crate) fn max(&self) -> usize {
         self.max.load(Ordering::Relaxed)
     }
 
     /// Connected clients of every listener now.
-    pub fn connected(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn connected(&self) -> usize {
         self.connected.load(Ordering::Relaxed)
     }
 }
@@ -159,7 +160,7 @@ struct Pending {
 
 /// The slot counts of one listener, shared by its accept loop and its connections.
 #[derive(Debug)]
-pub struct Admission {
+pub(crate) struct Admission {
     limits: AdmissionLimits,
     pending: Mutex<Pending>,
     connected: AtomicUsize,
@@ -187,7 +188,7 @@ pub struct Admission {
 impl Admission {
     /// Slot counts for a listener with `limits`, within the broker-wide `server` bound,
     /// reporting into `metrics` as listener `name`.
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         limits: AdmissionLimits,
         server: &Arc<ServerSlots>,
@@ -214,7 +215,7 @@ impl Admission {
     /// The slot of a connection just accepted from `peer`: it counts the connection open,
     /// and takes a pending slot only once its handshake waits for the client
     /// ([`HandshakeSlot::wait_for_client`]).
-    pub fn arrive(self: &Arc<Self>, peer: IpAddr) -> HandshakeSlot {
+    pub(crate) fn arrive(self: &Arc<Self>, peer: IpAddr) -> HandshakeSlot {
         self.accepted.increment(1);
         self.open_gauge.increment(1.0);
         HandshakeSlot {
@@ -273,18 +274,21 @@ impl Admission {
     }
 
     /// Connections of this listener whose handshake waits for the client now.
-    pub fn pending(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
         self.pending.lock().total
     }
 
     /// Connected clients of this listener now.
-    pub fn connected(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn connected(&self) -> usize {
         self.connected.load(Ordering::Relaxed)
     }
 
     /// Connected clients of this listener from `ip`'s source now (0 when
     /// `max_connections_per_ip` is not set: they are not counted then).
-    pub fn connected_from(&self, ip: IpAddr) -> usize {
+    #[cfg(test)]
+    pub(crate) fn connected_from(&self, ip: IpAddr) -> usize {
         self.connected_by_source
             .lock()
             .get(&source_key(ip))
@@ -366,7 +370,7 @@ impl Admission {
 /// The source a pending bound counts against: the IPv4 address (also when it arrives
 /// IPv4-mapped on an IPv6 socket), or the /64 prefix of an IPv6 address, since one host
 /// commonly has a whole /64 to pick addresses from.
-pub fn source_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -391,7 +395,7 @@ enum State {
 /// ([`HandshakeSlot::promote`]) or it closes; holds a pending slot from the first time its
 /// handshake waits for the client.
 #[derive(Debug)]
-pub struct HandshakeSlot {
+pub(crate) struct HandshakeSlot {
     admission: Arc<Admission>,
     source: IpAddr,
     accepted_at: Instant,
@@ -400,7 +404,7 @@ pub struct HandshakeSlot {
 
 impl HandshakeSlot {
     /// When the listener accepted the connection: its CONNECT deadline counts from here.
-    pub fn accepted_at(&self) -> Instant {
+    pub(crate) fn accepted_at(&self) -> Instant {
         self.accepted_at
     }
 
@@ -412,7 +416,7 @@ impl HandshakeSlot {
     ///
     /// [`Refused::PendingPerSource`] when `ip`'s source has its pending bound already (the
     /// slot stays where it was; the caller closes the connection).
-    pub fn set_source(&mut self, ip: IpAddr) -> Result<(), Refused> {
+    pub(crate) fn set_source(&mut self, ip: IpAddr) -> Result<(), Refused> {
         let source = source_key(ip);
         match self.state {
             State::Arrived => self.source = source,
@@ -432,7 +436,7 @@ impl HandshakeSlot {
     ///
     /// [`Refused`] when the listener's or the source's pending bound is reached; the caller
     /// closes the connection.
-    pub fn wait_for_client(&mut self) -> Result<(), Refused> {
+    pub(crate) fn wait_for_client(&mut self) -> Result<(), Refused> {
         if self.state == State::Arrived {
             self.admission.take_pending(self.source)?;
             self.state = State::Waiting;
@@ -451,7 +455,7 @@ impl HandshakeSlot {
     ///
     /// The slot back, and the bound that was reached ([`Full`], counted in
     /// `postbox_connections_refused_total`).
-    pub fn promote(
+    pub(crate) fn promote(
         mut self,
         replacing: impl FnOnce() -> bool,
     ) -> Result<ConnectedSlot, (HandshakeSlot, Full)> {
@@ -491,7 +495,7 @@ impl Drop for HandshakeSlot {
 /// source's and the broker's count. 24 bytes; the source is boxed (and only there when
 /// `max_connections_per_ip` counts it), since every connected client holds this.
 #[derive(Debug)]
-pub struct ConnectedSlot {
+pub(crate) struct ConnectedSlot {
     admission: Arc<Admission>,
     source: Option<Box<IpAddr>>,
     /// The protocol index ([`crate::metrics::PROTOCOL_LABELS`]) the client was counted
@@ -502,7 +506,7 @@ pub struct ConnectedSlot {
 impl ConnectedSlot {
     /// Counts the client connected on this listener with protocol index `protocol` (0 = 3.1,
     /// 1 = 3.1.1, 2 = 5.0) until the slot is dropped: called once the CONNECT is accepted.
-    pub fn count_client(&mut self, protocol: u8) {
+    pub(crate) fn count_client(&mut self, protocol: u8) {
         if self.protocol.is_none() {
             self.admission.clients.connected(usize::from(protocol));
             self.protocol = Some(protocol);

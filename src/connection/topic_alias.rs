@@ -21,7 +21,7 @@ const NIL: u16 = 0;
 
 /// How one PUBLISH uses the alias table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AliasChoice {
+pub(crate) enum AliasChoice {
     /// The topic is bound to this alias: send the alias with an empty topic name.
     Known(u16),
     /// Bind the topic to this alias (a free one, or the least recently used): send both.
@@ -30,14 +30,14 @@ pub enum AliasChoice {
 
 impl AliasChoice {
     /// The alias to put in the PUBLISH.
-    pub fn alias(self) -> u16 {
+    pub(crate) fn alias(self) -> u16 {
         match self {
             AliasChoice::Known(a) | AliasChoice::Bind(a) => a,
         }
     }
 
     /// Whether the topic name must go along with the alias.
-    pub fn sends_topic(self) -> bool {
+    pub(crate) fn sends_topic(self) -> bool {
         matches!(self, AliasChoice::Bind(_))
     }
 }
@@ -52,7 +52,7 @@ struct Slot {
 
 /// The aliases this connection has bound, at most the client's Topic Alias Maximum.
 #[derive(Debug)]
-pub struct OutboundAliases {
+pub(crate) struct OutboundAliases {
     /// Aliases the client accepts: 1..=max.
     max: u16,
     /// Index = alias; slot 0 is unused (alias 0 is not allowed, MQTT-3.3.2-8).
@@ -65,7 +65,7 @@ pub struct OutboundAliases {
 
 impl OutboundAliases {
     /// A table for a client whose CONNECT said Topic Alias Maximum = `max` (> 0).
-    pub fn new(max: u16) -> OutboundAliases {
+    pub(crate) fn new(max: u16) -> OutboundAliases {
         OutboundAliases {
             max,
             slots: vec![Slot::default()],
@@ -76,7 +76,7 @@ impl OutboundAliases {
     }
 
     /// What to send for `topic`; does not change the table (see [`Self::commit`]).
-    pub fn choose(&self, topic: &str) -> AliasChoice {
+    pub(crate) fn choose(&self, topic: &str) -> AliasChoice {
         if let Some(&alias) = self.by_topic.get(topic) {
             return AliasChoice::Known(alias);
         }
@@ -89,7 +89,7 @@ impl OutboundAliases {
     }
 
     /// Records that a PUBLISH using `choice` for `topic` was sent.
-    pub fn commit(&mut self, topic: &ByteString, choice: AliasChoice) {
+    pub(crate) fn commit(&mut self, topic: &ByteString, choice: AliasChoice) {
         let alias = choice.alias();
         if alias == NIL || alias > self.max {
             return; // not a choice this table made
@@ -112,13 +112,9 @@ impl OutboundAliases {
     }
 
     /// Number of aliases bound so far.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_topic.len()
-    }
-
-    /// True when no alias is bound yet.
-    pub fn is_empty(&self) -> bool {
-        self.by_topic.is_empty()
     }
 
     fn unlink(&mut self, alias: u16) {

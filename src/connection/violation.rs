@@ -12,7 +12,7 @@ use crate::codec::{DecodeError, ReasonCode, ReasonContext};
 
 /// A protocol violation by the client; the connection closes because of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Violation {
+pub(crate) enum Violation {
     /// The packet could not be decoded (the codec's error says which rule it broke and so
     /// which of 0x81 Malformed / 0x82 Protocol Error / 0x95 Packet Too Large applies).
     Undecodable(DecodeError),
@@ -65,7 +65,7 @@ pub enum Violation {
 
 impl Violation {
     /// The normative statement (or section) this violation breaks, for logs.
-    pub fn statement(&self) -> &'static str {
+    pub(crate) fn statement(&self) -> &'static str {
         match self {
             Violation::Undecodable(_) | Violation::ServerPacket(_) => "MQTT-4.13.1-1",
             Violation::SecondConnect => "MQTT-3.1.0-2",
@@ -91,7 +91,7 @@ impl Violation {
     }
 
     /// The reason code of the DISCONNECT a v5 client gets (always one DISCONNECT may carry).
-    pub fn reason_code(&self) -> ReasonCode {
+    pub(crate) fn reason_code(&self) -> ReasonCode {
         match self {
             // The codec's code, unless DISCONNECT may not carry it (0x84 Unsupported Protocol
             // Version from a second CONNECT, 0x85): then it is a Protocol Error.
@@ -117,14 +117,8 @@ impl Violation {
         }
     }
 
-    /// A v5 client gets a DISCONNECT with [`Violation::reason_code`]; a 3.x client's
-    /// connection is closed without a packet (3.1.1 has no server DISCONNECT).
-    pub fn sends_disconnect(&self, v5: bool) -> bool {
-        v5
-    }
-
     /// What went wrong, for the log and the v5 Reason String.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Violation::Undecodable(error) => error.to_string(),
             Violation::SecondConnect => "second CONNECT".to_owned(),

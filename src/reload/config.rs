@@ -13,7 +13,7 @@ use crate::config::{Config, RuntimeLimits};
 
 /// The keys a reload applies to the running broker. `log.level` is applied by the binary
 /// (the log subscriber is the process's), unless `RUST_LOG` or `-v` chose the filter.
-pub const RUNTIME_KEYS: &[&str] = &[
+pub(crate) const RUNTIME_KEYS: &[&str] = &[
     "log.level",
     "mqtt.max_connections",
     "mqtt.max_publish_rate",
@@ -25,7 +25,7 @@ pub const RUNTIME_KEYS: &[&str] = &[
 
 /// True for a key a reload applies: one of [`RUNTIME_KEYS`], or a key inside it
 /// (`schema[0].file` is part of `schema`, the `[[schema]]` list, swapped whole).
-pub fn is_runtime(key: &str) -> bool {
+pub(crate) fn is_runtime(key: &str) -> bool {
     RUNTIME_KEYS.iter().any(|k| {
         key == *k
             || key
@@ -47,7 +47,7 @@ pub struct ConfigChanges {
 
 /// Compares `new` with `running`: which keys changed, which of those apply now, and the
 /// config in force afterwards.
-pub fn compare(running: &Config, new: &Config) -> ConfigChanges {
+pub(crate) fn compare(running: &Config, new: &Config) -> ConfigChanges {
     let mut applied = Vec::new();
     let mut needs_restart = Vec::new();
     for key in changed_keys(running, new) {
@@ -77,7 +77,7 @@ pub fn compare(running: &Config, new: &Config) -> ConfigChanges {
 
 /// The dotted keys (`mqtt.max_qos`, `listener[1].bind`) whose values differ, sorted by key;
 /// a list of tables that changed length is one key (`listener`).
-pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
+pub(crate) fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
     let (Ok(old), Ok(new)) = (toml::Value::try_from(old), toml::Value::try_from(new)) else {
         // Not expected (a `Config` always serializes); say the whole file differs.
         return vec!["<config>".to_owned()];

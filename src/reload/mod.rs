@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// One part of the broker that can re-read its files while running.
-pub trait Reload: Send + Sync + 'static {
+pub(crate) trait Reload: Send + Sync + 'static {
     /// What it is, for the log line (`listener tls: certificate`, `password file`).
     fn what(&self) -> String;
 
@@ -26,7 +26,7 @@ pub trait Reload: Send + Sync + 'static {
 
 /// Everything registered for reload, in registration order.
 #[derive(Clone, Default)]
-pub struct Reloaders {
+pub(crate) struct Reloaders {
     parts: Vec<Arc<dyn Reload>>,
 }
 
@@ -49,17 +49,17 @@ pub struct ReloadReport {
 
 impl Reloaders {
     /// Adds a part to reload on SIGHUP.
-    pub fn register(&mut self, part: Arc<dyn Reload>) {
+    pub(crate) fn register(&mut self, part: Arc<dyn Reload>) {
         self.parts.push(part);
     }
 
     /// True when nothing is registered (SIGHUP then only logs that there is nothing to do).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.parts.is_empty()
     }
 
     /// Reloads every part, logging each outcome; one part's failure does not stop the others.
-    pub fn reload_all(&self) -> ReloadReport {
+    pub(crate) fn reload_all(&self) -> ReloadReport {
         let mut report = ReloadReport::default();
         for part in &self.parts {
             let what = part.what();
@@ -78,4 +78,4 @@ impl Reloaders {
     }
 }
 
-pub mod config;
+pub(crate) mod config;

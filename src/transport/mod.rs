@@ -7,10 +7,10 @@
 //! [`ConnectionInfo`].
 
 pub mod fd_table;
-pub mod proxy;
+pub(crate) mod proxy;
 mod tcp;
 mod tls;
-pub mod ws;
+pub(crate) mod ws;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -26,20 +26,20 @@ use crate::config::{ListenerConfig, ListenerKind};
 use crate::connection;
 
 /// The slots a listener admits connections into live with the connection that holds them.
-pub use crate::connection::slots::{
-    Admission, AdmissionLimits, ConnectedSlot, Full, HandshakeSlot, Refused, ServerSlots,
+pub(crate) use crate::connection::slots::{
+    Admission, AdmissionLimits, HandshakeSlot, Refused, ServerSlots,
 };
 /// What a listener learns of a connection is the connection's ([`crate::connection::info`]).
-pub use crate::connection::{ConnectionInfo, TlsPeer};
-pub use tcp::PlainTcpListener;
+pub(crate) use crate::connection::{ConnectionInfo, TlsPeer};
+pub(crate) use tcp::PlainTcpListener;
 /// PEM certificate files, read the same way for the bridges' TLS (`bridge::transport`).
 pub(crate) use tls::read_certs;
-pub use tls::{build_server_config, TlsListener, TlsState};
+pub(crate) use tls::TlsListener;
 
 /// Everything a listener needs to hand an accepted stream to the broker: one per server,
 /// cloned into every listener.
 #[derive(Clone, Debug)]
-pub struct Handoff {
+pub(crate) struct Handoff {
     broker: Arc<Broker>,
     shutdown: CancellationToken,
     connections: TaskTracker,
@@ -50,7 +50,11 @@ pub struct Handoff {
 impl Handoff {
     /// `shutdown` is the token connections watch during their handshake; `connections` tracks
     /// every connection task so the server can wait for them at shutdown.
-    pub fn new(broker: Arc<Broker>, shutdown: CancellationToken, connections: TaskTracker) -> Self {
+    pub(crate) fn new(
+        broker: Arc<Broker>,
+        shutdown: CancellationToken,
+        connections: TaskTracker,
+    ) -> Self {
         let server_slots = ServerSlots::new(broker.config().max_connections);
         Handoff {
             broker,
@@ -61,19 +65,19 @@ impl Handoff {
     }
 
     /// The bound of every listener together (`mqtt.max_connections`), which a reload sets.
-    pub fn server_slots(&self) -> &Arc<ServerSlots> {
+    pub(crate) fn server_slots(&self) -> &Arc<ServerSlots> {
         &self.server_slots
     }
 
     /// The slot counts of a listener with `limits`, within the broker-wide bound every
     /// listener shares.
-    pub fn admission(&self, name: &str, limits: AdmissionLimits) -> Arc<Admission> {
+    pub(crate) fn admission(&self, name: &str, limits: AdmissionLimits) -> Arc<Admission> {
         Admission::new(name, limits, &self.server_slots, &self.broker.metrics)
     }
 
     /// Spawns the connection task for `stream`, which holds `slot` (its place in the
     /// listener's [`Admission`]) until its CONNECT is accepted, and a connected slot then.
-    pub fn spawn<S>(&self, stream: S, info: ConnectionInfo, slot: HandshakeSlot)
+    pub(crate) fn spawn<S>(&self, stream: S, info: ConnectionInfo, slot: HandshakeSlot)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -90,7 +94,7 @@ impl Handoff {
     /// with it), then runs `upgrade` on the stream with the connection's `info` and its
     /// connect deadline, and serves the stream it yields; `None` closes the socket. All of it
     /// within `mqtt.connect_timeout` of accept; shutdown abandons a pending upgrade.
-    pub fn spawn_upgraded<R, F, Fut, S>(
+    pub(crate) fn spawn_upgraded<R, F, Fut, S>(
         &self,
         mut stream: R,
         mut info: ConnectionInfo,
@@ -140,7 +144,7 @@ impl Handoff {
     /// `websocket` it then runs the WebSocket upgrade (refusals counted in
     /// `postbox_ws_upgrade_failures_total{listener,reason}`), all within `mqtt.connect_timeout`
     /// of accept; then it serves MQTT over what is left.
-    pub fn spawn_prepared<S>(
+    pub(crate) fn spawn_prepared<S>(
         &self,
         mut stream: S,
         mut info: ConnectionInfo,
@@ -179,16 +183,16 @@ impl Handoff {
     }
 
     /// The broker connections are handed to (its metrics, for the listener's counts).
-    pub fn broker(&self) -> &Arc<Broker> {
+    pub(crate) fn broker(&self) -> &Arc<Broker> {
         &self.broker
     }
 }
 
 /// The future a listener runs as, until it is told to stop.
-pub type ListenerTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+pub(crate) type ListenerTask = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A bound listener of some kind, ready to accept.
-pub trait Listener: Send {
+pub(crate) trait Listener: Send {
     /// Its name (unique within the server).
     fn name(&self) -> &Arc<str>;
 
@@ -213,7 +217,7 @@ pub trait Listener: Send {
 ///
 /// The OS error when the address cannot be bound (in use, no permission) or the socket
 /// options cannot be set.
-pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
+pub(crate) fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<Box<dyn Listener>> {
     Ok(match config.kind {
         ListenerKind::Tls | ListenerKind::Wss => Box::new(TlsListener::bind(name, config)?),
         // `ws` is plain TCP with the upgrade in the connection task.

@@ -24,7 +24,7 @@ const V2_MAX: usize = 4096;
 
 /// Why a connection's PROXY header was not accepted; the connection is closed.
 #[derive(Debug, Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     /// The socket failed or closed before the header was complete.
     #[error("reading the PROXY header: {0}")]
     Io(#[from] std::io::Error),
@@ -43,7 +43,7 @@ pub enum ProxyError {
 /// # Errors
 ///
 /// [`ProxyError`] when the header is missing, malformed or cut short.
-pub async fn read_header<S: AsyncRead + Unpin>(
+pub(crate) async fn read_header<S: AsyncRead + Unpin>(
     stream: &mut S,
 ) -> Result<Option<SocketAddr>, ProxyError> {
     // 16 bytes: all of a v2 fixed header, and more than any v1 header's shortest form

@@ -15,7 +15,7 @@ use crate::config::{ListenerConfig, ListenerKind, WebSocketConfig};
 
 /// A bound plain-TCP MQTT listener.
 #[derive(Debug)]
-pub struct PlainTcpListener {
+pub(crate) struct PlainTcpListener {
     name: Arc<str>,
     listener: tokio::net::TcpListener,
     local_addr: SocketAddr,
@@ -33,7 +33,10 @@ impl PlainTcpListener {
     ///
     /// The OS error when the address cannot be bound (in use, no permission) or the socket
     /// options cannot be set.
-    pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<PlainTcpListener> {
+    pub(crate) fn bind(
+        name: Arc<str>,
+        config: &ListenerConfig,
+    ) -> std::io::Result<PlainTcpListener> {
         let listener = bind_listener(config.bind)?;
         let local_addr = listener.local_addr()?;
         Ok(PlainTcpListener {

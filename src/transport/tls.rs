@@ -38,7 +38,7 @@ const ALPN_MQTT: &[u8] = b"mqtt";
 
 /// A bound TLS listener: a TCP socket plus the swappable TLS configuration.
 #[derive(Debug)]
-pub struct TlsListener {
+pub(crate) struct TlsListener {
     tcp: PlainTcpListener,
     state: Arc<TlsState>,
     /// `kind = "wss"`: the WebSocket upgrade rules, run on the TLS stream.
@@ -48,7 +48,7 @@ pub struct TlsListener {
 /// The files of one TLS listener and the configuration built from them; the [`Reload`] of
 /// that listener.
 #[derive(Debug)]
-pub struct TlsState {
+pub(super) struct TlsState {
     listener: Arc<str>,
     files: TlsConfig,
     current: ArcSwap<ServerConfig>,
@@ -77,7 +77,7 @@ impl TlsListener {
     ///
     /// The OS error when the address cannot be bound, or an `InvalidData` error naming the
     /// file that cannot be read or used.
-    pub fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<TlsListener> {
+    pub(crate) fn bind(name: Arc<str>, config: &ListenerConfig) -> std::io::Result<TlsListener> {
         let files = config.tls.clone().unwrap_or_default();
         let (server, not_after) = build(&files).map_err(std::io::Error::other)?;
         let state = Arc::new(TlsState {
@@ -307,17 +307,13 @@ fn mtimes(files: &TlsConfig) -> Vec<Option<SystemTime>> {
         .collect()
 }
 
-/// Builds the rustls server configuration from the files: TLS 1.3 and 1.2, ALPN `mqtt`, the
-/// client verifier `client_cert` asks for.
+/// Builds the rustls server configuration from the files (TLS 1.3 and 1.2, ALPN `mqtt`, the
+/// client verifier `client_cert` asks for), and the leaf certificate's notAfter (Unix
+/// seconds) when it parses.
 ///
 /// # Errors
 ///
 /// Which file could not be read or used, and why.
-pub fn build_server_config(files: &TlsConfig) -> Result<ServerConfig, String> {
-    build(files).map(|(config, _)| config)
-}
-
-/// [`build_server_config`], and the leaf certificate's notAfter (Unix seconds) when it parses.
 fn build(files: &TlsConfig) -> Result<(ServerConfig, Option<i64>), String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cert_path = required(files.cert.as_deref(), "tls.cert")?;

@@ -38,7 +38,7 @@ const READ_BUFFER_SIZE: usize = 4096;
 
 /// What a `ws` listener accepts, fixed at bind time and shared by its connections.
 #[derive(Debug, Clone)]
-pub struct WsSettings {
+pub(crate) struct WsSettings {
     path: String,
     allowed_origins: Vec<String>,
     max_message_size: usize,
@@ -62,7 +62,7 @@ impl WsSettings {
     /// A frame that has started to arrive must be complete by the deadline a packet of its
     /// size gets (`mqtt.packet_timeout + size / mqtt.min_packet_rate`), as over TCP: the
     /// connection's own deadline sees only complete frames.
-    pub fn new(config: &WebSocketConfig, mqtt: &MqttConfig) -> Arc<WsSettings> {
+    pub(crate) fn new(config: &WebSocketConfig, mqtt: &MqttConfig) -> Arc<WsSettings> {
         let max_message_size = (mqtt.max_packet_size as usize).saturating_add(64 * 1024);
         Arc::new(WsSettings {
             path: config.path.clone(),
@@ -77,7 +77,7 @@ impl WsSettings {
 
 /// Why an upgrade was refused; `reason()` is the metric label.
 #[derive(Debug, thiserror::Error)]
-pub enum UpgradeError {
+pub(crate) enum UpgradeError {
     /// The request named another path (HTTP 404).
     #[error("WebSocket upgrade for path {0:?}, not the listener's path")]
     Path(String),
@@ -94,7 +94,7 @@ pub enum UpgradeError {
 
 impl UpgradeError {
     /// The `reason` label of `postbox_ws_upgrade_failures_total`.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             UpgradeError::Path(_) => "path",
             UpgradeError::Origin(_) => "origin",
@@ -113,7 +113,7 @@ impl UpgradeError {
 /// not a WebSocket upgrade.
 // The callback's error type is tungstenite's HTTP response.
 #[allow(clippy::result_large_err)]
-pub async fn accept<S>(stream: S, settings: &WsSettings) -> Result<WsStream<S>, UpgradeError>
+pub(crate) async fn accept<S>(stream: S, settings: &WsSettings) -> Result<WsStream<S>, UpgradeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -199,7 +199,7 @@ fn check_request(
 /// A text message is an error that closes the connection [MQTT-6.0.0-1]; pings are answered
 /// by the WebSocket layer; a close message reads as the end of the stream.
 #[derive(Debug)]
-pub struct WsStream<S> {
+pub(crate) struct WsStream<S> {
     ws: WebSocketStream<Metered<S>>,
     /// What is left of the binary message being read.
     chunk: Bytes,
@@ -392,7 +392,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsStream<S> {
 /// Runs the upgrade on `stream` by `deadline`; a refused, failed or late one is logged and
 /// counted (`postbox_ws_upgrade_failures_total{listener,reason}`) and gives `None`. Shared by
 /// `ws` (over TCP) and `wss` (over the TLS stream) listeners.
-pub async fn upgrade_by<S>(
+pub(crate) async fn upgrade_by<S>(
     deadline: tokio::time::Instant,
     stream: S,
     settings: &WsSettings,

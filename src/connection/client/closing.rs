@@ -233,12 +233,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             }
             _ => {}
         }
-        let sends_disconnect = match &close {
-            Close::Violation(v) => v.sends_disconnect(v5),
-            _ => v5,
-        };
         let server_reason_text = server_reason.as_ref().and_then(|(_, why)| why.clone());
-        if let (true, Some((code, why))) = (sends_disconnect, server_reason) {
+        // A v5 client gets a DISCONNECT with the reason; a 3.x client's connection is closed
+        // without a packet (3.1.1 has no server DISCONNECT).
+        if let (true, Some((code, why))) = (v5, server_reason) {
             // v5 lets the server say why (MQTT-3.14.0-1: only after CONNACK, which we sent).
             let disconnect = Disconnect {
                 reason_code: code,
