@@ -258,8 +258,7 @@ impl Broker {
         // their share of the budget, and past it is not published, as their PUBLISH is
         // refused (`flow::ANONYMOUS_SHARE`; kept without RETAIN it would break MQTT-3.1.2-17).
         let anonymous = will.retain && !will.payload.is_empty() && session.lock().is_anonymous();
-        if anonymous && !self.anonymous_will_fits(&session.client_id, &will.topic, &will.payload)
-        {
+        if anonymous && !self.anonymous_will_fits(&session.client_id, &will.topic, &will.payload) {
             return;
         }
         let mut message = Message::from_will(will);
@@ -291,9 +290,8 @@ impl Broker {
         if !self.will_allowed(&principal, client_id, &message.topic) {
             return;
         }
-        let anonymous = *owner == SessionOwner::Anonymous
-            && message.retain
-            && !message.payload.is_empty();
+        let anonymous =
+            *owner == SessionOwner::Anonymous && message.retain && !message.payload.is_empty();
         if anonymous && !self.anonymous_will_fits(client_id, &message.topic, &message.payload) {
             return;
         }

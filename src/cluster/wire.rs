@@ -151,6 +151,46 @@ mod tests {
         assert_eq!(back.properties.user_properties.len(), 1);
     }
 
+    /// An anonymous client's retained message is marked by one byte after the PUBLISH; every
+    /// other message's frame is the bytes it always was, and a frame without the byte (as a
+    /// node of an earlier version writes every frame) decodes as not anonymous. The marked
+    /// frame's PUBLISH decodes as before, as a node of an earlier version reads it (it leaves
+    /// what follows the PUBLISH unread): a rolling upgrade works both ways (pass 7B, P6).
+    #[test]
+    fn the_anonymous_mark_is_a_trailer_older_frames_lack() {
+        let publish = Publish {
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            topic: "a/b".into(),
+            packet_id: 1,
+            payload: Bytes::from_static(b"hello"),
+            ..Default::default()
+        };
+        let plain = Message::from_publish(publish.clone(), None);
+        let mut marked = Message::from_publish(publish, None);
+        marked.from_anonymous = true;
+        let old = encode("node-a", 3, &plain).expect("encodes");
+        let new = encode("node-a", 3, &marked).expect("encodes");
+        assert_eq!(
+            new[..new.len() - 1],
+            old[..],
+            "the PUBLISH before the mark changed"
+        );
+        assert_eq!(new[new.len() - 1], ANONYMOUS);
+
+        let (_, _, from_old, anonymous) = decode_marked(&old).expect("decodes");
+        assert!(!anonymous, "a frame without the mark is not anonymous");
+        let (origin, id, from_new, anonymous) = decode_marked(&new).expect("decodes");
+        assert!(anonymous);
+        assert_eq!((origin.as_str(), id), ("node-a", 3));
+        assert_eq!(from_new, from_old);
+        // What an older node reads: the PUBLISH at the front, the rest left.
+        let mut body = BytesMut::from(&new[2 + 6 + 8..]);
+        let read = codec::decode(&mut body, Some(ProtocolVersion::V5), usize::MAX);
+        assert!(matches!(read, Ok(Some(Packet::Publish(p))) if p == from_old));
+        assert_eq!(&body[..], &[ANONYMOUS]);
+    }
+
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         for frame in [
