@@ -468,6 +468,85 @@ async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_bud
     v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
 }
 
+/// Publishes `payload` retained at QoS 1 as `c` on `<prefix>/0`, `<prefix>/1`, ... (at most
+/// `max` of them) until one is refused, which must be with PUBACK 0x97 Quota exceeded; how
+/// many were kept before it. Panics when none is refused.
+pub(crate) async fn retain_until_refused(
+    c: &mut RawClient,
+    prefix: &str,
+    payload: &[u8],
+    max: u16,
+) -> u16 {
+    use postbox::codec::QoS;
+    for i in 0..max {
+        let mut p = v5::publish_packet(&format!("{prefix}/{i}"), QoS::AtLeastOnce, payload, i + 1);
+        p.retain = true;
+        let code = v5::publish(c, p).await;
+        if code.is_error() {
+            assert_eq!(code, ReasonCode::QUOTA_EXCEEDED, "message {i}");
+            return i;
+        }
+    }
+    panic!(
+        "{max} anonymous retained messages of {} bytes were all kept",
+        payload.len()
+    );
+}
+
+/// Pass 7B, P1: the anonymous share (an eighth of `mqtt.max_memory`, 4 MiB here: 512 KiB,
+/// eight retained messages of 60 KB) still holds after a restart. A stranger fills it, the
+/// broker restarts on the same store, and the retained messages it brings back count in
+/// the share again: a new anonymous retained PUBLISH is refused with 0x97 Quota exceeded (v5
+/// §3.4.2.1), while `sensor1`'s is kept. Before, restored messages were uncounted and each
+/// restart gave strangers another eighth, until every publisher got 0x97. The restored
+/// messages themselves are kept, as retained messages must be (MQTT-3.3.1-5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
+    use postbox::codec::QoS;
+    let data = tempfile::tempdir().expect("tempdir");
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
+         [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n",
+        data.path()
+    );
+    let payload = vec![b'r'; 60_000];
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let mut anon = v5::connect_id(broker.addr, "retainer").await;
+    let kept = retain_until_refused(&mut anon, "ret/anon", &payload, 20).await;
+    assert!((6..=8).contains(&kept), "refused after {kept}");
+    v5::disconnect(anon).await;
+    broker.stop().await;
+
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let mut anon = v5::connect_id(broker.addr, "retainer").await;
+    let mut p = v5::publish_packet("ret/anon/after", QoS::AtLeastOnce, &payload, 1);
+    p.retain = true;
+    assert_eq!(
+        v5::publish(&mut anon, p).await,
+        ReasonCode::QUOTA_EXCEEDED,
+        "a restart gave anonymous clients their share back"
+    );
+    let (mut device, _) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    let mut p = v5::publish_packet("ret/sensor1", QoS::AtLeastOnce, &payload, 1);
+    p.retain = true;
+    let code = v5::publish(&mut device, p).await;
+    assert!(
+        !code.is_error(),
+        "the authenticated device was refused: {code:?}"
+    );
+    // The restored messages are all there (and the refused one is not).
+    v5::subscribe(&mut device, "ret/anon/#", QoS::AtMostOnce).await;
+    for _ in 0..kept {
+        let p = v5::receive(&mut device).await;
+        assert!(
+            p.topic.starts_with("ret/anon/") && &*p.topic != "ret/anon/after",
+            "{p:?}"
+        );
+    }
+    v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
+}
+
 /// A v5 CONNECT of about `size` bytes without credentials (user properties make up the size).
 fn big_connect(client_id: &str, size: usize) -> Vec<u8> {
     let mut connect = v5::connect_packet(client_id);
