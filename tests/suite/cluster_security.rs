@@ -250,7 +250,13 @@ async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_retained_messages_stay_within_their_share_on_every_node() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let extra = format!("{}[mqtt]\nmax_memory = 4194304\n", example_auth(dir.path()));
+    // The example users and ACL, their passwords hashed cheaply (`fast_passwd`).
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let fast = crate::client_bounds::fast_passwd(dir.path());
+    let extra = format!(
+        "{}[mqtt]\nmax_memory = 4194304\n",
+        example_auth(dir.path()).replace(&format!("{example:?}"), &format!("{fast:?}"))
+    );
     let (_nats, nodes) = start_cluster(2, &extra).await;
     let (a, b) = (&nodes[0], &nodes[1]);
     let payload = vec![b'r'; 60_000];
