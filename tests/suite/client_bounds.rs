@@ -562,6 +562,56 @@ async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
     v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
 }
 
+/// Pass 7B (P1, wills): a delayed retained will of an anonymous session that expired while
+/// the broker was down is published at the restart under its owner's identity
+/// (`Broker::publish_will_of`), and so counts in the anonymous share as their PUBLISH does:
+/// with the share full of restored anonymous retained messages it is not published, as a
+/// live anonymous session's retained will is not (README, "What a client can pin"). Before,
+/// it went out uncounted, one more stranger's retained message past the share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_will_published_after_a_restart_counts_in_their_share() {
+    use postbox::codec::QoS;
+    let data = tempfile::tempdir().expect("tempdir");
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
+         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
+        data.path().join("store"),
+        fast_passwd(data.path())
+    );
+    let payload = vec![b'r'; 60_000];
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    // The session ends 1 s after its connection, long before the will's delay.
+    let mut connect = v5::persistent_connect("armed", 1);
+    connect.will = Some(postbox::codec::LastWill {
+        topic: "ret/will".into(),
+        payload: payload.clone().into(),
+        qos: QoS::AtLeastOnce,
+        retain: true,
+        properties: postbox::codec::WillProperties {
+            will_delay_interval: Some(600),
+            ..Default::default()
+        },
+    });
+    let (armed, _) = v5::connect(broker.addr, connect).await;
+    let mut anon = v5::connect_id(broker.addr, "retainer").await;
+    retain_until_refused(&mut anon, "ret/anon", &payload, 20).await;
+    broker.stop().await;
+    drop(armed);
+    // Down for longer than the session lasts (the scenario, not a synchronisation).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    broker
+        .wait_log(|line| {
+            line.contains("will not published: anonymous clients are at their share")
+                && line.contains("armed")
+        })
+        .await;
+    let (mut device, _) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    v5::subscribe(&mut device, "ret/will", QoS::AtMostOnce).await;
+    v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
+}
+
 /// A v5 CONNECT of about `size` bytes without credentials (user properties make up the size).
 fn big_connect(client_id: &str, size: usize) -> Vec<u8> {
     let mut connect = v5::connect_packet(client_id);
