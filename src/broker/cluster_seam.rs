@@ -254,6 +254,9 @@ impl Broker {
     /// Makes `message` the retained message of its topic (an empty payload deletes it,
     /// MQTT-3.3.1-10) without routing it: the cluster's retained bucket changed on another
     /// node. Stored like a local retained message, so a restart without NATS still has it.
+    /// An anonymous client's message (`from_anonymous`, carried by the cluster's frame)
+    /// counts in the anonymous share here too; the echo of this node's own replaces the
+    /// copy counted at publish, so it is counted once (pass 7B, P6).
     pub fn apply_cluster_retained(&self, message: &Arc<Message>) {
         if self.store.is_some() {
             drop(self.persist(vec![super::persist::retained(message)]));

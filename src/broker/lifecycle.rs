@@ -258,13 +258,7 @@ impl Broker {
         // their share of the budget, and past it is not published, as their PUBLISH is
         // refused (`flow::ANONYMOUS_SHARE`; kept without RETAIN it would break MQTT-3.1.2-17).
         let anonymous = will.retain && !will.payload.is_empty() && session.lock().is_anonymous();
-        if anonymous
-            && !super::flow::anonymous_share_has_room(
-                (will.topic.len() + will.payload.len()) as u64,
-                &self.flow.memory,
-            )
-        {
-            tracing::info!(client = %session.client_id, topic = %will.topic, "will not published: anonymous clients are at their share of the memory budget");
+        if anonymous && !self.anonymous_will_fits(&session.client_id, &will.topic, &will.payload) {
             return;
         }
         let mut message = Message::from_will(will);
@@ -282,16 +276,40 @@ impl Broker {
     /// waiting for its node to die (issue 35, sixth adversarial pass, F1b). A token's claims
     /// are not kept with the session: a will its claims deny is dropped at CONNECT
     /// (`connection::handshake`), so none is left to check here.
+    ///
+    /// A retained will of an anonymous session counts in the anonymous share as
+    /// [`Broker::publish_will`] counts it, and past the share is not published (pass 7B:
+    /// published uncounted, it was an anonymous retained message outside the share).
     pub(crate) fn publish_will_of(
         &self,
         client_id: &str,
         owner: &SessionOwner,
-        message: &Arc<Message>,
+        mut message: Message,
     ) {
         let principal = Principal::restored(owner.user());
-        if self.will_allowed(&principal, client_id, &message.topic) {
-            self.publish_allowed_will(message);
+        if !self.will_allowed(&principal, client_id, &message.topic) {
+            return;
         }
+        let anonymous =
+            *owner == SessionOwner::Anonymous && message.retain && !message.payload.is_empty();
+        if anonymous && !self.anonymous_will_fits(client_id, &message.topic, &message.payload) {
+            return;
+        }
+        message.from_anonymous = anonymous;
+        self.publish_allowed_will(&Arc::new(message));
+    }
+
+    /// Whether a retained will of `topic` and `payload` of an anonymous client fits in their
+    /// share of the budget (`flow::ANONYMOUS_SHARE`); logged when it does not.
+    fn anonymous_will_fits(&self, client_id: &str, topic: &str, payload: &[u8]) -> bool {
+        let fits = super::flow::anonymous_share_has_room(
+            (topic.len() + payload.len()) as u64,
+            &self.flow.memory,
+        );
+        if !fits {
+            tracing::info!(client = %client_id, %topic, "will not published: anonymous clients are at their share of the memory budget");
+        }
+        fits
     }
 
     /// Whether `principal` (the will's client `client_id`) may have a will published on

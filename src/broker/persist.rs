@@ -34,6 +34,8 @@ impl From<&Message> for StoredMessage {
                 let left = t.saturating_duration_since(now).as_millis() as u64;
                 now_ms + left
             }),
+            // Set for a retained message only ([`retained`]): only its record keeps it.
+            from_anonymous: false,
         }
     }
 }
@@ -130,9 +132,14 @@ pub(super) fn retained(message: &Message) -> Op {
             topic: message.topic.clone(),
         }
     } else {
+        // An anonymous client's retained message keeps that in its record, so a restart
+        // charges it to their share again (pass 7B, P1).
         Op::PutRetained {
             topic: message.topic.clone(),
-            message: StoredMessage::from(message),
+            message: StoredMessage {
+                from_anonymous: message.from_anonymous,
+                ..StoredMessage::from(message)
+            },
         }
     }
 }

@@ -190,13 +190,15 @@ impl Broker {
             .set(self.sessions.lock().len() as f64);
         self.persist(expired_ops);
 
-        {
-            let mut retained = self.retained.write();
-            for (topic, stored) in &snapshot.retained {
-                retained.insert(topic, Arc::new(Message::from_stored(stored, None)));
-                summary.retained += 1;
-            }
-            self.metrics.retained_messages.set(retained.len() as f64);
+        for (_, stored) in &snapshot.retained {
+            let mut message = Message::from_stored(stored, None);
+            // An anonymous client's retained message counts in their share again, as before
+            // the restart (`Broker::store_retained` charges it): never refused here, but new
+            // ones are while these hold the share (pass 7B, P1: restored uncounted, each
+            // restart gave strangers another eighth of the budget).
+            message.from_anonymous = stored.from_anonymous;
+            self.store_retained(&Arc::new(message));
+            summary.retained += 1;
         }
         for will in snapshot.wills {
             summary.wills += 1;
@@ -255,8 +257,7 @@ impl Broker {
                 .get(&will.client_id)
                 .is_some_and(|s| s.lock().connection.is_some());
             if !connected {
-                let message = Arc::new(Message::from_will(will.will));
-                broker.publish_will_of(&will.client_id, &owner, &message);
+                broker.publish_will_of(&will.client_id, &owner, Message::from_will(will.will));
             }
             broker.forget_stored_will(&will.client_id);
         });

@@ -51,11 +51,11 @@ fn from_other_node(cluster: &Cluster, frame: &[u8]) -> Option<Arc<Message>> {
     if wire::origin(frame) == Some(cluster.node.as_bytes()) {
         return None;
     }
-    match wire::decode(frame) {
-        Ok((_, _, publish)) => {
+    match wire::decode_marked(frame) {
+        Ok((_, _, publish, anonymous)) => {
             cluster.metrics.messages[1].increment(1);
             cluster.metrics.bytes[1].increment(frame.len() as u64);
-            Some(Arc::new(Message::from_publish(publish, None)))
+            Some(Arc::new(message_of(publish, anonymous)))
         }
         Err(error) => {
             cluster.metrics.bad_frames.increment(1);
@@ -63,6 +63,16 @@ fn from_other_node(cluster: &Cluster, frame: &[u8]) -> Option<Arc<Message>> {
             None
         }
     }
+}
+
+/// The message of a frame from the cluster (origin `None`, as [`from_other_node`] says),
+/// marked as an anonymous client's retained message when its frame says so
+/// ([`wire::decode_marked`]): its retained copy here then counts in the anonymous share, as
+/// on the node that took it (pass 7B, P6).
+fn message_of(publish: crate::codec::Publish, anonymous: bool) -> Message {
+    let mut message = Message::from_publish(publish, None);
+    message.from_anonymous = anonymous && message.retain && !message.payload.is_empty();
+    message
 }
 
 /// The node's consumer of `PB_MSGS`, made once and resumed where it stopped after every
@@ -334,9 +344,9 @@ async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: W
             let Some(broker) = broker.upgrade() else {
                 return;
             };
-            match wire::decode(&entry.value) {
-                Ok((_, _, publish)) => {
-                    broker.apply_cluster_retained(&Arc::new(Message::from_publish(publish, None)));
+            match wire::decode_marked(&entry.value) {
+                Ok((_, _, publish, anonymous)) => {
+                    broker.apply_cluster_retained(&Arc::new(message_of(publish, anonymous)));
                 }
                 Err(error) => {
                     cluster.metrics.bad_frames.increment(1);

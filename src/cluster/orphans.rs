@@ -221,7 +221,7 @@ async fn keep(
                 tracing::info!(client = %client_id, topic = %message.topic, "cluster: the will of a session whose node died is due");
                 // Checked as its node would have: under the session's owner (`who`), a
                 // record without one as anonymous (issue 35, sixth adversarial pass, F1b).
-                broker.publish_will_of(&client_id, &record.who.owner(), &Arc::new(message));
+                broker.publish_will_of(&client_id, &record.who.owner(), message);
             }
             _ => {
                 tracing::warn!(client = %client_id, "cluster: the will of a session whose node died cannot be read; not published");

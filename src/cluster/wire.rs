@@ -4,6 +4,11 @@
 //! RETAIN, properties with the remaining Message Expiry Interval, payload). No second format
 //! to keep in step with MQTT, and the receiving node decodes it with the same codec it
 //! decodes clients with.
+//!
+//! A frame may end with one byte after the PUBLISH, [`ANONYMOUS`] and bits to come: written
+//! only when a bit is set, so other frames are the bytes they always were. Nodes of earlier
+//! versions decode the PUBLISH and leave what follows it unread, and a frame without the
+//! byte reads as every bit clear, so a rolling upgrade works both ways.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -12,6 +17,12 @@ use crate::codec::{self, Packet, ProtocolVersion, Publish, PublishFlags};
 
 /// The frame format's version byte.
 const VERSION: u8 = 1;
+
+/// The trailer's bit for a retained message an anonymous client published: every node that
+/// holds it charges it to the anonymous share of its memory budget (pass 7B, P6: without
+/// it, a node's copy from the retained bucket replaced the counted one uncounted, and one
+/// stranger filled every node's budget).
+const ANONYMOUS: u8 = 0b1;
 
 /// Why a frame from NATS could not be read (counted, the message skipped: it was written by
 /// something that is not a Postbox node of this version).
@@ -55,6 +66,9 @@ pub fn encode(origin: &str, local_id: u64, message: &Message) -> Result<Bytes, c
             topic_alias: None,
         },
     )?;
+    if message.from_anonymous {
+        buf.put_u8(ANONYMOUS);
+    }
     Ok(buf.freeze())
 }
 
@@ -74,6 +88,16 @@ pub fn origin(frame: &[u8]) -> Option<&[u8]> {
 ///
 /// The frame is not one [`encode`] wrote.
 pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish), FrameError> {
+    decode_marked(frame).map(|(origin, id, publish, _)| (origin, id, publish))
+}
+
+/// [`decode`], and whether the frame marks its message as an anonymous client's retained
+/// message ([`ANONYMOUS`]; `false` for a frame of a node that does not mark it).
+///
+/// # Errors
+///
+/// The frame is not one [`encode`] wrote.
+pub fn decode_marked(frame: &[u8]) -> Result<(String, u64, Publish, bool), FrameError> {
     let origin = origin(frame).ok_or(FrameError::Header)?;
     let at = 2 + origin.len();
     let id: [u8; 8] = frame
@@ -83,7 +107,11 @@ pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish), FrameError> {
     let origin = String::from_utf8_lossy(origin).into_owned();
     let mut body = BytesMut::from(&frame[at + 8..]);
     match codec::decode(&mut body, Some(ProtocolVersion::V5), usize::MAX)? {
-        Some(Packet::Publish(publish)) => Ok((origin, u64::from_be_bytes(id), publish)),
+        Some(Packet::Publish(publish)) => {
+            // What follows the PUBLISH: the trailer, if any (unknown bits are ignored).
+            let anonymous = body.first().is_some_and(|flags| flags & ANONYMOUS != 0);
+            Ok((origin, u64::from_be_bytes(id), publish, anonymous))
+        }
         Some(_) => Err(FrameError::NotPublish),
         None => Err(FrameError::Header),
     }
@@ -121,6 +149,46 @@ mod tests {
         assert_eq!(&back.payload[..], b"hello");
         assert_eq!(back.properties.content_type.as_deref(), Some("text/plain"));
         assert_eq!(back.properties.user_properties.len(), 1);
+    }
+
+    /// An anonymous client's retained message is marked by one byte after the PUBLISH; every
+    /// other message's frame is the bytes it always was, and a frame without the byte (as a
+    /// node of an earlier version writes every frame) decodes as not anonymous. The marked
+    /// frame's PUBLISH decodes as before, as a node of an earlier version reads it (it leaves
+    /// what follows the PUBLISH unread): a rolling upgrade works both ways (pass 7B, P6).
+    #[test]
+    fn the_anonymous_mark_is_a_trailer_older_frames_lack() {
+        let publish = Publish {
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            topic: "a/b".into(),
+            packet_id: 1,
+            payload: Bytes::from_static(b"hello"),
+            ..Default::default()
+        };
+        let plain = Message::from_publish(publish.clone(), None);
+        let mut marked = Message::from_publish(publish, None);
+        marked.from_anonymous = true;
+        let old = encode("node-a", 3, &plain).expect("encodes");
+        let new = encode("node-a", 3, &marked).expect("encodes");
+        assert_eq!(
+            new[..new.len() - 1],
+            old[..],
+            "the PUBLISH before the mark changed"
+        );
+        assert_eq!(new[new.len() - 1], ANONYMOUS);
+
+        let (_, _, from_old, anonymous) = decode_marked(&old).expect("decodes");
+        assert!(!anonymous, "a frame without the mark is not anonymous");
+        let (origin, id, from_new, anonymous) = decode_marked(&new).expect("decodes");
+        assert!(anonymous);
+        assert_eq!((origin.as_str(), id), ("node-a", 3));
+        assert_eq!(from_new, from_old);
+        // What an older node reads: the PUBLISH at the front, the rest left.
+        let mut body = BytesMut::from(&new[2 + 6 + 8..]);
+        let read = codec::decode(&mut body, Some(ProtocolVersion::V5), usize::MAX);
+        assert!(matches!(read, Ok(Some(Packet::Publish(p))) if p == from_old));
+        assert_eq!(&body[..], &[ANONYMOUS]);
     }
 
     #[test]

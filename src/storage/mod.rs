@@ -33,6 +33,8 @@
 //! (`storage.persistence`): nothing survives a restart, tickets are durable at once. With
 //! persistence on it picks the log engine ([`LogStore`], module [`log_store`]).
 
+#[cfg(test)]
+mod anonymous_tests;
 mod in_order;
 pub mod log_store;
 mod memory;

@@ -22,6 +22,7 @@ fn body(topic: &str) -> StoredMessage {
         properties: PublishProperties::default(),
         received_at_unix_ms: 1_700_000_000_000,
         expires_at_unix_ms: None,
+        from_anonymous: false,
     }
 }
 

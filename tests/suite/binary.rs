@@ -253,6 +253,7 @@ fn write_large_store(data: &std::path::Path, count: usize) {
                         properties: postbox::codec::PublishProperties::default(),
                         received_at_unix_ms: postbox::storage::now_unix_ms(),
                         expires_at_unix_ms: None,
+                        from_anonymous: false,
                     },
                 }
             })

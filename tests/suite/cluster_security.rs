@@ -1,7 +1,8 @@
 //! A cluster's trust boundaries (issue 37, seventh adversarial pass), with a real
 //! `nats-server -js` and real `postbox` nodes: a shared group's messages reach the member
-//! that may read them even when a member on another node may not (N1), and a node's log at
-//! `trace` holds no NATS password (N8).
+//! that may read them even when a member on another node may not (N1), a node's log at
+//! `trace` holds no NATS password (N8), and anonymous clients' retained messages stay
+//! within their share of every node's memory budget (pass 7B, P6).
 
 use crate::cluster_orphans::as_user;
 use crate::common;
@@ -236,6 +237,66 @@ async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_e
         leaked.is_empty(),
         "sensor2 received what it may not read: {leaked:?}"
     );
+}
+
+/// Pass 7B, P6: an anonymous client's retained messages count in the anonymous share (an
+/// eighth of `mqtt.max_memory`, 4 MiB here: 512 KiB, eight messages of 60 KB) on every
+/// node that holds them. A stranger on node a is refused with 0x97 Quota exceeded (v5
+/// §3.4.2.1) at the share, not sooner (node a's own copy and its echo from the retained
+/// bucket are counted once); node b, which got them through the bucket, refuses a stranger's
+/// next retained message too; `sensor1` publishing on node b is still accepted. Before, the
+/// bucket's copy replaced the counted one uncounted: no node bounded them, and one stranger
+/// filled every node's budget until verified publishers got 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_retained_messages_stay_within_their_share_on_every_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The example users and ACL, their passwords hashed cheaply (`fast_passwd`).
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let fast = crate::client_bounds::fast_passwd(dir.path());
+    let extra = format!(
+        "{}[mqtt]\nmax_memory = 4194304\n",
+        example_auth(dir.path()).replace(&format!("{example:?}"), &format!("{fast:?}"))
+    );
+    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let payload = vec![b'r'; 60_000];
+
+    let mut stranger = v5::connect_id(a.mqtt(), "retainer-a").await;
+    let kept =
+        crate::client_bounds::retain_until_refused(&mut stranger, "probe/ret", &payload, 20).await;
+    assert!((6..=8).contains(&kept), "node a refused after {kept}");
+    v5::disconnect(stranger).await;
+
+    // Node b holds them once the retained bucket brought them: a subscriber there gets
+    // them all (bounded; subscribed again until it does).
+    let mut watcher = v5::connect_id(b.mqtt(), "watcher-b").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        v5::subscribe(&mut watcher, "probe/ret/#", QoS::AtMostOnce).await;
+        let held = drain(&mut watcher, Duration::from_millis(300)).await.len();
+        if held == usize::from(kept) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node b holds {held} of node a's {kept} retained messages"
+        );
+    }
+    let mut stranger = v5::connect_id(b.mqtt(), "retainer-b").await;
+    let mut p = v5::publish_packet("probe/ret/b", QoS::AtLeastOnce, &payload, 1);
+    p.retain = true;
+    assert_eq!(
+        v5::publish(&mut stranger, p).await,
+        postbox::codec::ReasonCode::QUOTA_EXCEEDED,
+        "node b did not count node a's anonymous retained messages"
+    );
+
+    let (mut sensor1, _) =
+        v5::connect(b.mqtt(), as_user(v5::connect_packet("sensor1"), "sensor1")).await;
+    let mut p = v5::publish_packet("sensors/sensor1/state", QoS::AtLeastOnce, &payload, 1);
+    p.retain = true;
+    let code = v5::publish(&mut sensor1, p).await;
+    assert!(!code.is_error(), "sensor1 was refused on node b: {code:?}");
 }
 
 /// Issue 37, seventh adversarial pass, N8 (README, Security: passwords "are never logged, at

@@ -48,3 +48,8 @@ const PUT_SESSION_OWNED: u8 = 17;
 /// sequence. A tag of its own, written only by a clustered node, so a single node's store
 /// holds the same bytes as before (and an older store, without it, loads as it did).
 const SEQUENCE_MESSAGE: u8 = 18;
+/// `PUT_RETAINED` of a retained message an anonymous client published (pass 7B, P1): the
+/// same fields, the tag says it counts in the anonymous share when restored. Written only for
+/// such a message, so a store without anonymous retained messages holds the same bytes as
+/// before (and an older store, without it, loads as it did).
+const PUT_RETAINED_ANONYMOUS: u8 = 19;

@@ -185,6 +185,7 @@ impl<'a> Dec<'a> {
             properties,
             received_at_unix_ms: self.u64()?,
             expires_at_unix_ms: self.opt_u64()?,
+            from_anonymous: false, // only `PUT_RETAINED_ANONYMOUS` says otherwise
         })
     }
     fn will(&mut self) -> Result<LastWill, DecodeError> {
@@ -310,6 +311,13 @@ impl<'a> Dec<'a> {
             PUT_RETAINED => Op::PutRetained {
                 topic: self.str()?,
                 message: self.message()?,
+            },
+            PUT_RETAINED_ANONYMOUS => Op::PutRetained {
+                topic: self.str()?,
+                message: StoredMessage {
+                    from_anonymous: true,
+                    ..self.message()?
+                },
             },
             DELETE_RETAINED => Op::DeleteRetained { topic: self.str()? },
             PUT_WILL => Op::PutWill {

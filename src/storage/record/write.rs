@@ -244,7 +244,11 @@ impl Enc<'_> {
                 self.u16(*packet_id);
             }
             Op::PutRetained { topic, message } => {
-                self.u8(PUT_RETAINED);
+                self.u8(if message.from_anonymous {
+                    PUT_RETAINED_ANONYMOUS
+                } else {
+                    PUT_RETAINED
+                });
                 self.str(topic);
                 self.message(message);
             }

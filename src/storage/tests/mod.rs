@@ -33,6 +33,7 @@ fn message(topic: &str, payload: &[u8]) -> StoredMessage {
         properties: PublishProperties::default(),
         received_at_unix_ms: 1_700_000_000_000,
         expires_at_unix_ms: None,
+        from_anonymous: false,
     }
 }
 
@@ -53,6 +54,7 @@ fn rich_message() -> StoredMessage {
         },
         received_at_unix_ms: now_unix_ms(),
         expires_at_unix_ms: Some(now_unix_ms() + 3_600_000),
+        from_anonymous: false,
     }
 }
 
