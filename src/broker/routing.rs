@@ -287,7 +287,7 @@ impl Broker {
             if self.count_enqueue(outcome, qos, &victims) {
                 queued += 1;
             }
-            losses.note(self, &session, outcome, &message, &mut victims);
+            losses.note(self, session, outcome, &message, &mut victims);
             if outcome == EnqueueOutcome::QueuedOverBound && pressure.is_none() {
                 pressure = Some(Arc::clone(session));
             }
