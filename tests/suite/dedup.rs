@@ -268,6 +268,45 @@ async fn the_window_survives_a_restart() {
     assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 1);
 }
 
+/// Issue 35, pass 7b, P2: a long topic's key is stored as its digest (NUL, `sha256:`, hex)
+/// and found again after a restart by the topic itself.
+#[tokio::test]
+async fn a_long_topics_key_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topic = format!("long/{}", "t".repeat(5_000));
+    let server = common::start_with(durable_dedup_config(dir.path())).await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    let code = v5::publish(
+        &mut publ,
+        keyed(&topic, QoS::AtLeastOnce, b"before", 1, "r1"),
+    )
+    .await;
+    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    v5::disconnect(publ).await;
+    server.shutdown().await;
+
+    let server = common::start_with(durable_dedup_config(dir.path())).await;
+    let mut sub = subscriber(server.mqtt_addr, "sub", "long/#").await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    let code = v5::publish(
+        &mut publ,
+        keyed(&topic, QoS::AtLeastOnce, b"again", 1, "r1"),
+    )
+    .await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    v5::publish(
+        &mut publ,
+        keyed(&topic, QoS::AtLeastOnce, b"marker", 2, "r2"),
+    )
+    .await;
+    assert_eq!(
+        received(&mut sub, 1).await,
+        [b"marker".to_vec()],
+        "not delivered again after the restart"
+    );
+    assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 1);
+}
+
 /// The same across a crash of the broker binary (SIGKILL): the key is in the commit the
 /// PUBACK waited for, so it is on disk once the publisher has its PUBACK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
