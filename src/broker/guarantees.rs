@@ -41,11 +41,17 @@ impl Broker {
     }
 
     /// The schema check, then the dedup window, for one PUBLISH from a client (or a bridge).
+    /// `publisher`: whose shares it spends, the publishing session's
+    /// [`Session::share_key`](super::Session::share_key) (its identity, not the session).
     ///
     /// # Errors
     ///
     /// [`PublishRefused::PayloadInvalid`]: a schema whose action is `reject` refused it.
-    pub fn gate_publish(&self, message: &Arc<Message>) -> Result<Gate, PublishRefused> {
+    pub fn gate_publish(
+        &self,
+        message: &Arc<Message>,
+        publisher: u64,
+    ) -> Result<Gate, PublishRefused> {
         let Some(g) = self.guarantees() else {
             return Ok(Gate::Route { dedup: None });
         };
@@ -74,26 +80,29 @@ impl Broker {
                             .increment(1);
                         tracing::debug!(topic = %message.topic, schema = %schema_id, %why, "payload dead-lettered by its schema");
                         Ok(Gate::DeadLettered {
-                            gate: self.dead_letter(message, DeadReason::SchemaInvalid, None, None),
+                            gate: self.dead_letter(
+                                message,
+                                DeadReason::SchemaInvalid,
+                                None,
+                                publisher,
+                                None,
+                            ),
                         })
                     }
                 };
             }
         }
         if let Some((dedup, key)) = dedup_key(g, message) {
+            // A long topic as its digest, in the window and in the store alike.
+            let topic = crate::guarantees::topic_key(&message.topic);
             return Ok(
-                match dedup.check_from(
-                    &message.topic,
-                    &key,
-                    message.origin().unwrap_or(0),
-                    crate::storage::now_unix_ms(),
-                ) {
+                match dedup.check_from(&topic, &key, publisher, crate::storage::now_unix_ms()) {
                     DedupCheck::Fresh { expires_at_unix_ms } => Gate::Route {
                         dedup: self.store.is_some().then(|| {
                             Box::new(Op::PutDedup {
                                 // Copied: the topic may be a slice of its whole packet,
                                 // which the store's state must not keep alive.
-                                topic: ByteString::from(&*message.topic),
+                                topic: ByteString::from(&*topic),
                                 key: ByteString::from(&*key),
                                 expires_at_unix_ms,
                             })
@@ -158,26 +167,24 @@ impl Broker {
 
     /// Publishes `message`'s dead letter, when dead letters are on, within their rate, and
     /// `message` is not a dead letter itself. Call with no session lock held (it routes).
+    /// `client_id`: the session where it was lost, if any; `source`: whose share of the rate
+    /// it spends, that session's (else the publisher's)
+    /// [`Session::share_key`](super::Session::share_key), an identity (issue 35, pass 7b,
+    /// P3: a client id was a source, so twelve of one user's spent the whole rate).
     /// Returns the dead letter's commit (`None`: nothing to wait for).
     pub fn dead_letter(
         &self,
         message: &Message,
         reason: DeadReason,
         client_id: Option<&ByteString>,
+        source: u64,
         reason_code: Option<ReasonCode>,
     ) -> Option<Durable> {
         let letters = self.dead_letters()?;
         if letters.is_dead_letter(&message.topic) {
             return None; // never dead-lettered again
         }
-        // The source whose share it spends: the session where it was lost, else its
-        // publisher's session, else the broker's own.
-        let source = match (client_id, message.origin()) {
-            (Some(client_id), _) => std::borrow::Cow::Borrowed(&**client_id),
-            (None, Some(id)) => std::borrow::Cow::Owned(format!("\u{0}{id}")),
-            (None, None) => std::borrow::Cow::Borrowed(""),
-        };
-        if !letters.take(&source) {
+        if !letters.take(source) {
             self.guarantee_metrics
                 .dead_letters_dropped_rate
                 .increment(1);
@@ -234,14 +241,15 @@ impl Broker {
 /// allocates nothing.
 #[derive(Debug, Default)]
 pub(super) struct QueueLosses {
-    /// Deliveries a drop-oldest admission pushed out: gone from the session already.
-    victims: Vec<(ByteString, Arc<Message>)>,
+    /// Deliveries a drop-oldest admission pushed out: gone from the session already (with
+    /// the session's client id and share key).
+    victims: Vec<(ByteString, u64, Arc<Message>)>,
     /// New deliveries a drop-new admission refused: lost only once the message is accepted.
-    refused: Vec<(ByteString, Arc<Message>)>,
+    refused: Vec<(ByteString, u64, Arc<Message>)>,
 }
 
 impl QueueLosses {
-    /// Notes what admitting a delivery of `message` to `client_id`'s session lost: the
+    /// Notes what admitting a delivery of `message` to `session` lost: the
     /// drop-oldest victims (taken out of `victims`), and `message` itself for a drop-new
     /// refusal. A publisher refused under `queue_overflow = "refuse"` never gets here (it
     /// was refused before routing: not a drop), nor does QoS 0 to an offline session without
@@ -249,7 +257,7 @@ impl QueueLosses {
     pub(super) fn note(
         &mut self,
         broker: &Broker,
-        client_id: &ByteString,
+        session: &super::Session,
         outcome: EnqueueOutcome,
         message: &Arc<Message>,
         victims: &mut Victims,
@@ -262,11 +270,14 @@ impl QueueLosses {
             victims.messages.clear();
             return;
         }
+        let source = session.share_key();
         for victim in victims.messages.drain(..) {
-            self.victims.push((client_id.clone(), victim));
+            self.victims
+                .push((session.client_id.clone(), source, victim));
         }
         if dropped_new {
-            self.refused.push((client_id.clone(), Arc::clone(message)));
+            self.refused
+                .push((session.client_id.clone(), source, Arc::clone(message)));
         }
     }
 
@@ -279,16 +290,28 @@ impl QueueLosses {
     /// removes their stored entries: one log, in submit order, so a crash between the two
     /// keeps the message somewhere.
     pub(super) fn publish_victims(&mut self, broker: &Broker) {
-        for (client_id, message) in self.victims.drain(..) {
-            broker.dead_letter(&message, DeadReason::QueueFull, Some(&client_id), None);
+        for (client_id, source, message) in self.victims.drain(..) {
+            broker.dead_letter(
+                &message,
+                DeadReason::QueueFull,
+                Some(&client_id),
+                source,
+                None,
+            );
         }
     }
 
     /// Publishes every dead letter noted (no session lock held).
     pub(super) fn publish_all(&mut self, broker: &Broker) {
         self.publish_victims(broker);
-        for (client_id, message) in self.refused.drain(..) {
-            broker.dead_letter(&message, DeadReason::QueueFull, Some(&client_id), None);
+        for (client_id, source, message) in self.refused.drain(..) {
+            broker.dead_letter(
+                &message,
+                DeadReason::QueueFull,
+                Some(&client_id),
+                source,
+                None,
+            );
         }
     }
 }

@@ -232,6 +232,7 @@ impl SessionHandle {
                 &delivery.message,
                 *reason,
                 Some(&self.session.client_id),
+                self.session.share_key(),
                 None,
             );
         }
@@ -304,6 +305,7 @@ impl SessionHandle {
                 &delivery.message,
                 crate::guarantees::DeadReason::NotAuthorized,
                 Some(&self.session.client_id),
+                self.session.share_key(),
                 None,
             );
         }
@@ -323,6 +325,7 @@ impl SessionHandle {
                 &delivery.message,
                 crate::guarantees::DeadReason::MaxDeliveries,
                 Some(&self.session.client_id),
+                self.session.share_key(),
                 None,
             );
         }
@@ -414,6 +417,7 @@ impl SessionHandle {
                 &done.delivery.message,
                 crate::guarantees::DeadReason::Rejected,
                 Some(&self.session.client_id),
+                self.session.share_key(),
                 Some(reason),
             );
         }
@@ -441,6 +445,7 @@ impl SessionHandle {
                 &done.delivery.message,
                 reason,
                 Some(&self.session.client_id),
+                self.session.share_key(),
                 None,
             );
         }
@@ -490,6 +495,7 @@ impl SessionHandle {
                         &message,
                         crate::guarantees::DeadReason::Rejected,
                         Some(&self.session.client_id),
+                        self.session.share_key(),
                         Some(reason),
                     );
                 }
@@ -581,7 +587,7 @@ impl SessionHandle {
         // Schema and dedup: once per PUBLISH, before fan-out (`crate::guarantees`).
         let routed = self
             .broker
-            .gate_publish(&message)
+            .gate_publish(&message, self.session.share_key())
             .and_then(|gate| match gate {
                 super::Gate::Route { dedup } => self
                     .broker
@@ -705,8 +711,13 @@ impl SessionHandle {
     }
 
     /// Records this connection's facts for operators (`broker::admin`); once per attach, by
-    /// the handshake.
+    /// the handshake. Also keys the session's shares (dedup window, dead-letter rate) by its owner, or,
+    /// when nobody was verified, by this address (`broker::owner::share_key`).
     pub fn record_connection(&self, facts: super::admin::ConnectionFacts) {
+        {
+            let st = self.session.lock();
+            self.session.set_share_key(&st.owner, Some(facts.peer.ip()));
+        }
         self.broker
             .connection_facts
             .insert(&self.session.client_id, self.generation, facts);

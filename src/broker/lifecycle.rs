@@ -74,6 +74,7 @@ impl Broker {
                 st.protocol = req.protocol;
                 st.expiry_interval = req.expiry_interval;
                 if st.owner != owner {
+                    existing.set_share_key(&owner, None);
                     st.set_owner(&existing.client_id, owner);
                 }
                 let ops =
@@ -114,6 +115,7 @@ impl Broker {
         let (generation, ops) = {
             let mut st = session.lock();
             let (generation, _) = Session::attach(&mut st, self.clock_ms(Instant::now()));
+            session.set_share_key(&owner, None);
             st.set_owner(&session.client_id, owner);
             let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());
             (generation, ops)

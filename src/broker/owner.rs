@@ -60,6 +60,36 @@ pub(crate) fn check(
     }
 }
 
+/// Whose share of a bounded resource a session's traffic spends: the dedup window's
+/// `publisher_share` (`guarantees::Dedup::check_from`) and the dead-letter rate's per-source
+/// part (`guarantees::DeadLetters::take`). Keyed by identity, not by session or client id:
+/// both are free, so one user with a dozen clean sessions or client ids got a dozen shares
+/// and pushed out everyone's dedup keys, or spent the whole dead-letter rate (issue 35,
+/// pass 7b, P2 and P3).
+///
+/// - A verified user (`SessionOwner::User`): its name, whatever the session or address.
+/// - Nobody verified (anonymous, or no method configured): the client's address (its IP,
+///   not the port; the PROXY header's where there is one). Such clients cannot be told
+///   apart otherwise, and the address is the one thing about them they cannot choose
+///   freely; one common share for all of them would give every client of a broker without
+///   authentication one tenth of the window together, and let one stranger evict the keys
+///   of every other. Without an address (an in-process link, a session restored or adopted
+///   before its client came back): one common key.
+///
+/// Never 0 (`guarantees`: the key of what counts in no share). Hashed with a per-process
+/// seed: the keys live in memory only.
+pub(crate) fn share_key(owner: &SessionOwner, peer: Option<std::net::IpAddr>) -> u64 {
+    use std::hash::BuildHasher as _;
+    static SEED: std::sync::LazyLock<foldhash::quality::RandomState> =
+        std::sync::LazyLock::new(foldhash::quality::RandomState::default);
+    let key = match (owner, peer) {
+        (SessionOwner::User(user), _) => SEED.hash_one((0u8, &**user)),
+        (_, Some(ip)) => SEED.hash_one((1u8, ip)),
+        (_, None) => SEED.hash_one(2u8),
+    };
+    key.max(1)
+}
+
 /// A CONNECT refused because the client id's session belongs to another identity.
 #[derive(Debug, thiserror::Error)]
 #[error("the session of this client id belongs to another identity")]
@@ -71,6 +101,38 @@ mod tests {
 
     fn user(name: &str) -> SessionOwner {
         SessionOwner::User(name.into())
+    }
+
+    /// Issue 35, pass 7b, P2/P3: a user's key is its name's, whatever the address; clients
+    /// nobody verified share one per address, and none is 0 (no share).
+    #[test]
+    fn share_keys_are_by_identity_not_by_session() {
+        let a: std::net::IpAddr = [127, 0, 0, 1].into();
+        let b: std::net::IpAddr = [127, 0, 0, 2].into();
+        assert_eq!(
+            share_key(&user("m"), Some(a)),
+            share_key(&user("m"), Some(b))
+        );
+        assert_eq!(share_key(&user("m"), Some(a)), share_key(&user("m"), None));
+        assert_ne!(
+            share_key(&user("m"), Some(a)),
+            share_key(&user("s"), Some(a))
+        );
+        let anonymous = SessionOwner::Anonymous;
+        let unbound = SessionOwner::Unbound;
+        assert_eq!(share_key(&anonymous, Some(a)), share_key(&unbound, Some(a)));
+        assert_ne!(
+            share_key(&anonymous, Some(a)),
+            share_key(&anonymous, Some(b))
+        );
+        assert_ne!(
+            share_key(&anonymous, Some(a)),
+            share_key(&user("m"), Some(a))
+        );
+        assert_eq!(share_key(&anonymous, None), share_key(&unbound, None));
+        for key in [share_key(&anonymous, None), share_key(&user(""), None)] {
+            assert_ne!(key, 0);
+        }
     }
 
     #[test]

@@ -101,6 +101,7 @@ impl Broker {
             {
                 let mut st = session.lock();
                 st.stored = true;
+                session.set_share_key(&meta.owner, None);
                 st.set_owner(&session.client_id, meta.owner.clone());
                 // Until its client comes back: the stored owner's name, reads checked at
                 // hand-out (`Principal::restored`).

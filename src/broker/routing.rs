@@ -287,7 +287,7 @@ impl Broker {
             if self.count_enqueue(outcome, qos, &victims) {
                 queued += 1;
             }
-            losses.note(self, &session.client_id, outcome, &message, &mut victims);
+            losses.note(self, session, outcome, &message, &mut victims);
             if outcome == EnqueueOutcome::QueuedOverBound && pressure.is_none() {
                 pressure = Some(Arc::clone(session));
             }
@@ -709,7 +709,7 @@ impl Broker {
             let (outcome, mut victims) = target.enqueue(delivery, &limits, now_ms);
             persist::remove_victims(&mut removed, &target.client_id, &victims);
             self.count_enqueue(outcome, qos, &victims);
-            losses.note(self, &target.client_id, outcome, &message, &mut victims);
+            losses.note(self, &target, outcome, &message, &mut victims);
         }
         // No session lock held. Before `removed`, which forgets the leaving session's stored
         // entries of the moved messages and the victims' (one log, in submit order).

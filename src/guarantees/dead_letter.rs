@@ -119,11 +119,18 @@ impl Bucket {
     }
 }
 
-/// One source's part of `max_rate`, in tenths: the session where messages are lost (or their
-/// publisher) gets a tenth of the broker's dead-letter rate, so one client cannot spend all
-/// of it (issue 35, seventh pass, N5: one client's own drops took the whole budget and
-/// others' dead letters were not published).
+/// One source's part of `max_rate`, in tenths: the identity of the session where messages are
+/// lost (or of their publisher; `broker::owner::share_key`: a user, else an address) gets a
+/// tenth of the broker's dead-letter rate, so one client cannot spend all of it (issue 35,
+/// seventh pass, N5: one client's own drops took the whole budget and others' dead letters
+/// were not published; pass 7b, P3: keyed by client id, twelve sessions of one user took it
+/// all again).
 const SOURCE_SHARE_DIVISOR: f64 = 10.0;
+/// The part of the broker's bucket kept for sources that have used little: a source that
+/// has spent more than half of its own burst takes a token only while the broker's bucket
+/// holds more than this part of its rate, so sources flooding at their share together can
+/// never empty it, and a quiet source's dead letter still finds one (pass 7b, P3).
+const RESERVED: f64 = 0.5;
 /// Sources remembered at most; beyond it, the full ones (which are as good as new) go.
 const MAX_SOURCES: usize = 1024;
 
@@ -131,7 +138,7 @@ const MAX_SOURCES: usize = 1024;
 #[derive(Debug)]
 struct Buckets {
     all: Bucket,
-    sources: std::collections::HashMap<Box<str>, Bucket>,
+    sources: std::collections::HashMap<u64, Bucket>,
 }
 
 impl DeadLetters {
@@ -175,27 +182,43 @@ impl DeadLetters {
         topic.starts_with(&self.prefix)
     }
 
-    /// Takes one token of the broker's and one of `source`'s (the session where the message
-    /// was lost, or its publisher); false when either is spent (the caller counts the drop).
-    pub fn take(&self, source: &str) -> bool {
+    /// Takes one token of the broker's and one of `source`'s (the share key of the identity
+    /// where the message was lost, or of its publisher; 0: the broker's own); false when
+    /// either is spent, or when the source has used more than half of its own burst and the
+    /// broker's bucket is down to its [`RESERVED`] part (the caller counts the drop).
+    pub fn take(&self, source: u64) -> bool {
+        self.take_at(source, std::time::Instant::now())
+    }
+
+    /// [`DeadLetters::take`] at `now`.
+    fn take_at(&self, source: u64, now: std::time::Instant) -> bool {
         let Some(bucket) = &self.bucket else {
             return true;
         };
         let mut b = bucket.lock();
-        let now = std::time::Instant::now();
         let rate = (b.all.rate / SOURCE_SHARE_DIVISOR).max(1.0);
-        if !b.sources.contains_key(source) && b.sources.len() >= MAX_SOURCES {
+        if !b.sources.contains_key(&source) && b.sources.len() >= MAX_SOURCES {
             b.sources.retain(|_, s| !s.refill(now) || s.tokens < s.rate);
         }
         let all_has = b.all.refill(now);
+        let reserve = b.all.rate * RESERVED;
+        let all_tokens = b.all.tokens;
         let mine = b
             .sources
-            .entry(Box::from(source))
+            .entry(source)
             .or_insert_with(|| Bucket::full(rate, now));
-        if !mine.refill(now) || !all_has {
+        if !mine.refill(now) {
             return false;
         }
+        // A source that has used little draws from the whole bucket; one that has used more
+        // only from above the reserve. What it asks for is spent from its own bucket even
+        // when the broker's refuses it: a flood refused by the reserve stays a flood, it
+        // does not grow quiet again while waiting.
+        let quiet = mine.tokens > mine.rate / 2.0;
         mine.tokens -= 1.0;
+        if !all_has || (!quiet && all_tokens < reserve + 1.0) {
+            return false;
+        }
         b.all.tokens -= 1.0;
         true
     }
@@ -364,10 +387,10 @@ mod tests {
     #[test]
     fn the_rate_bound_allows_a_seconds_worth() {
         let bounded = letters(3);
-        let taken = (0..10).filter(|i| bounded.take(&format!("s{i}"))).count();
+        let taken = (1..=10).filter(|&i| bounded.take(i)).count();
         assert!((3..=4).contains(&taken), "{taken}");
         let unbounded = letters(0);
-        assert!((0..1000).all(|_| unbounded.take("s")));
+        assert!((0..1000).all(|_| unbounded.take(1)));
     }
 
     /// Issue 35, seventh pass, N5: one source (the session where messages are lost) gets a
@@ -376,15 +399,64 @@ mod tests {
     #[test]
     fn one_source_cannot_spend_everyone_elses_rate() {
         let bounded = letters(100);
-        let flooder = (0..1000).filter(|_| bounded.take("mallory")).count();
+        let (mallory, sensor1) = (1, 2);
+        let flooder = (0..1000).filter(|_| bounded.take(mallory)).count();
         assert!((10..=11).contains(&flooder), "{flooder}");
         assert!(
-            bounded.take("sensor1"),
+            bounded.take(sensor1),
             "another source still gets its dead letter"
         );
         // Many sources together still stay within the broker's rate.
-        let many = (0..1000).filter(|i| bounded.take(&format!("c{i}"))).count();
+        let many = (100..1100).filter(|&i| bounded.take(i)).count();
         assert!(many <= 100, "{many}");
+    }
+
+    /// Issue 35, pass 7b, P3: sources that keep flooding at their share (here twelve, each
+    /// as much as it may, second after second) take the broker's bucket down to its reserve
+    /// and no further: a quiet source's dead letter still gets through. Before, twelve
+    /// sources at a tenth each spent it all.
+    #[test]
+    fn floods_at_their_share_leave_the_reserve_to_quiet_sources() {
+        let bounded = letters(100);
+        let start = std::time::Instant::now();
+        let mut taken = 0;
+        // Ten seconds, every 10 ms each flooder asks for as much as it gets; flooder k
+        // starts at 30k ms, so their refills do not come all in one tick.
+        for tick in 0..1000u32 {
+            let now = start + Duration::from_millis(u64::from(tick) * 10);
+            for source in (1..=12u64).filter(|k| u64::from(tick) >= 3 * k) {
+                for _ in 0..20 {
+                    if bounded.take_at(source, now) {
+                        taken += 1;
+                    }
+                }
+            }
+            if tick >= 150 && tick % 25 == 0 {
+                // After the first bursts: a quiet source always gets its letter.
+                assert!(bounded.take_at(1000 + u64::from(tick), now), "tick {tick}");
+            }
+        }
+        // Within the broker's rate, and far from the reserve's half.
+        assert!(taken <= 100 * 11, "{taken}");
+        assert!(taken >= 200, "{taken}");
+    }
+
+    /// A source over half its own burst takes no token from the broker's reserve; one
+    /// under it does (deterministic, one instant).
+    #[test]
+    fn a_busy_source_stops_at_the_reserve_a_quiet_one_does_not() {
+        let bounded = letters(20); // broker 20, each source 2, reserve 10
+        let now = std::time::Instant::now();
+        // Quiet sources (each its first of two tokens) bring the broker's bucket to 11.
+        for source in 1..=9 {
+            assert!(bounded.take_at(source, now));
+        }
+        // Source 1 has used half its burst: busy. 11 > the reserve: it gets one more.
+        assert!(bounded.take_at(1, now));
+        // Source 2, busy too, finds the broker's bucket at 10: the reserve, refused.
+        assert!(!bounded.take_at(2, now));
+        // A quiet source still takes from the reserve.
+        assert!(bounded.take_at(50, now));
     }
 
     /// Only topics under the prefix are dead letters.

@@ -11,7 +11,7 @@
 //! are wall-clock unix ms, as stored, so a restart keeps the windows that are still open.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
 
 use foldhash::fast::RandomState;
@@ -34,14 +34,33 @@ pub fn key_of(raw: &str) -> Cow<'_, str> {
     if raw.len() <= MAX_KEY_LEN {
         return Cow::Borrowed(raw);
     }
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(raw.as_bytes());
-    let mut key = String::with_capacity(7 + 64);
-    key.push_str("sha256:");
-    for byte in digest {
-        key.push_str(&format!("{byte:02x}"));
+    Cow::Owned(digest("sha256:", raw))
+}
+
+/// The topic the window (and the store's `Op::PutDedup`) keeps for `topic`: the topic itself
+/// up to [`MAX_KEY_LEN`] bytes, else a NUL, `sha256:` and its digest in hex (72 bytes). A
+/// pair's topic counted in full (up to 64 KiB) while only the id was digested, so 12 clean
+/// sessions of 30 long-topic publishes filled the window again (issue 35, pass 7b, P2). No
+/// topic name contains U+0000 (MQTT-1.5.4-2), so a digest is never taken for a real topic,
+/// and one given again (a stored record, a refused key forgotten) is kept as it is.
+pub fn topic_key(topic: &str) -> Cow<'_, str> {
+    if topic.len() <= MAX_KEY_LEN || topic.starts_with('\0') {
+        return Cow::Borrowed(topic);
     }
-    Cow::Owned(key)
+    Cow::Owned(digest("\0sha256:", topic))
+}
+
+/// `prefix` and the SHA-256 of `raw` in hex.
+fn digest(prefix: &str, raw: &str) -> String {
+    use sha2::Digest as _;
+    use std::fmt::Write as _;
+    let digest = sha2::Sha256::digest(raw.as_bytes());
+    let mut key = String::with_capacity(prefix.len() + 64);
+    key.push_str(prefix);
+    for byte in digest {
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
 }
 
 /// What [`Dedup::check`] says about one PUBLISH.
@@ -103,10 +122,14 @@ impl Dedup {
         self.check_from(topic, key, NO_PUBLISHER, now_unix_ms)
     }
 
-    /// [`Dedup::check`] for a PUBLISH of the session `publisher` (its id; 0: none, e.g. a
-    /// bridge's): a fresh pair beyond the publisher's share (`publisher_share` percent of
-    /// either bound) pushes out that publisher's own oldest pairs, so one client cannot push
-    /// out everyone else's (issue 35, seventh pass, N4).
+    /// [`Dedup::check`] for a PUBLISH of `publisher` (its identity's share key,
+    /// `broker::owner::share_key`: the user's, else the client's address; 0: none): a fresh
+    /// pair beyond the publisher's share (`publisher_share` percent of either bound) pushes
+    /// out that publisher's own oldest pairs, so one client cannot push out everyone else's
+    /// (issue 35, seventh pass, N4); keyed by identity, not by session, so reconnecting does
+    /// not bring a fresh share (pass 7b, P2). At the window's bounds the largest share loses
+    /// its oldest pair, not the window its oldest: a flood pushes out its own keys first.
+    /// `topic` is kept as [`topic_key`] makes it.
     pub fn check_from(
         &self,
         topic: &str,
@@ -114,6 +137,8 @@ impl Dedup {
         publisher: u64,
         now_unix_ms: u64,
     ) -> DedupCheck {
+        let topic = topic_key(topic);
+        let topic = &*topic;
         let (check, entries, evicted) = {
             let mut w = self.pairs.lock();
             w.drop_expired(now_unix_ms);
@@ -128,8 +153,8 @@ impl Dedup {
                 None => {}
             }
             let expires_at = now_unix_ms.saturating_add(self.window_ms);
-            w.insert(hash, topic, key, expires_at, publisher);
-            let evicted = w.enforce_share(publisher, &self.config) + w.enforce(&self.config);
+            let seq = w.insert(hash, topic, key, expires_at, publisher);
+            let evicted = w.enforce_share(publisher, &self.config) + w.enforce(&self.config, seq);
             (
                 DedupCheck::Fresh {
                     expires_at_unix_ms: expires_at,
@@ -145,6 +170,8 @@ impl Dedup {
     /// Forgets `key` again: the message it came with was refused (nothing was routed, so a
     /// re-send must not be taken for a duplicate).
     pub fn forget(&self, topic: &str, key: &str) {
+        let topic = topic_key(topic);
+        let topic = &*topic;
         let entries = {
             let mut w = self.pairs.lock();
             let hash = w.hash(topic, key);
@@ -169,11 +196,13 @@ impl Dedup {
         let (entries, evicted) = {
             let mut w = self.pairs.lock();
             for r in records {
-                let hash = w.hash(&r.topic, &r.key);
-                w.remove(hash, &r.topic, &r.key);
-                w.insert(hash, &r.topic, &r.key, r.expires_at_unix_ms, NO_PUBLISHER);
+                // A record stored before topics were digested holds the whole topic.
+                let topic = topic_key(&r.topic);
+                let hash = w.hash(&topic, &r.key);
+                w.remove(hash, &topic, &r.key);
+                w.insert(hash, &topic, &r.key, r.expires_at_unix_ms, NO_PUBLISHER);
             }
-            let evicted = w.enforce(&self.config);
+            let evicted = w.enforce(&self.config, KEEP_NONE);
             (w.table.len(), evicted)
         };
         self.count(entries, evicted);
@@ -207,14 +236,19 @@ struct Pair {
     topic_len: usize,
     expires_at: u64,
     seq: u64,
-    /// The publishing session whose share the pair counts in ([`NO_PUBLISHER`]: none).
+    /// The identity whose share the pair counts in ([`NO_PUBLISHER`]: nobody's).
     publisher: u64,
 }
 
-/// The publisher of pairs that count in no share: restored ones, a bridge's.
+/// The publisher of pairs that are nobody's: restored ones (the store does not keep who
+/// published them). They share one share, never bounded on its own (`enforce_share`), but,
+/// as any share, where the window's bounds evict when it is the largest.
 const NO_PUBLISHER: u64 = 0;
 
-/// What one publishing session holds of the window, and its pairs oldest first (may hold
+/// A `seq` no pair has: [`Window::enforce`] with nothing to keep.
+const KEEP_NONE: u64 = u64::MAX;
+
+/// What one publishing identity holds of the window, and its pairs oldest first (may hold
 /// stale entries, compacted like the window's queue).
 #[derive(Debug, Default)]
 struct Share {
@@ -254,8 +288,12 @@ struct Window {
     /// Bytes of the live pairs.
     bytes: usize,
     next_seq: u64,
-    /// Each publishing session's share, while it holds pairs.
+    /// Each publishing identity's share, while it holds pairs.
     shares: HashMap<u64, Share>,
+    /// The shares by (entries, publisher) and by (bytes, publisher), largest last: where the
+    /// window's bounds evict from (`enforce`).
+    by_entries: BTreeSet<(usize, u64)>,
+    by_bytes: BTreeSet<(usize, u64)>,
 }
 
 impl Window {
@@ -268,7 +306,15 @@ impl Window {
         self.table.find(hash, |p| p.is(topic, key))
     }
 
-    fn insert(&mut self, hash: u64, topic: &str, key: &str, expires_at: u64, publisher: u64) {
+    /// Remembers a pair (not there yet); returns its `seq`.
+    fn insert(
+        &mut self,
+        hash: u64,
+        topic: &str,
+        key: &str,
+        expires_at: u64,
+        publisher: u64,
+    ) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut bytes = Vec::with_capacity(topic.len() + key.len());
@@ -283,17 +329,32 @@ impl Window {
         };
         self.bytes += pair.size();
         self.queue.push_back(Queued { hash, seq });
-        if publisher != NO_PUBLISHER {
-            let share = self.shares.entry(publisher).or_default();
-            share.entries += 1;
-            share.bytes += pair.size();
-            share.queue.push_back(Queued { hash, seq });
-        }
+        let share = self.shares.entry(publisher).or_default();
+        let before = (share.entries, share.bytes);
+        share.entries += 1;
+        share.bytes += pair.size();
+        share.queue.push_back(Queued { hash, seq });
+        let after = (share.entries, share.bytes);
+        self.reindex(publisher, before, after);
         let hasher = &self.hasher;
         self.table.insert_unique(hash, pair, |p| {
             let (t, k) = p.bytes.split_at(p.topic_len);
             hasher.hash_one((bytes_str(t), bytes_str(k)))
         });
+        seq
+    }
+
+    /// Moves `publisher` in the size indexes from `before` to `after` (entries, bytes; no
+    /// entries: not indexed).
+    fn reindex(&mut self, publisher: u64, before: (usize, usize), after: (usize, usize)) {
+        if before.0 > 0 {
+            self.by_entries.remove(&(before.0, publisher));
+            self.by_bytes.remove(&(before.1, publisher));
+        }
+        if after.0 > 0 {
+            self.by_entries.insert((after.0, publisher));
+            self.by_bytes.insert((after.1, publisher));
+        }
     }
 
     /// Removes a live pair (its queue entry goes stale; dropped when the front passes it or
@@ -348,20 +409,70 @@ impl Window {
     /// Takes a removed pair out of the byte count and its publisher's share.
     fn gone(&mut self, pair: &Pair) {
         self.bytes -= pair.size();
-        if pair.publisher == NO_PUBLISHER {
-            return;
-        }
         let Some(share) = self.shares.get_mut(&pair.publisher) else {
             return;
         };
+        let before = (share.entries, share.bytes);
         share.entries -= 1;
         share.bytes -= pair.size();
+        let after = (share.entries, share.bytes);
         if share.entries == 0 {
             self.shares.remove(&pair.publisher);
         } else if share.queue.len() > 2 * share.entries + 64 {
             let table = &self.table;
             share
                 .queue
+                .retain(|q| table.find(q.hash, |p| p.seq == q.seq).is_some());
+        }
+        self.reindex(pair.publisher, before, after);
+    }
+
+    /// Pushes out `publisher`'s oldest live pair unless it is `keep` (the pair just
+    /// remembered: the message it came with is routed); true if one went.
+    fn evict_oldest_of(&mut self, publisher: u64, keep: u64) -> bool {
+        loop {
+            let Some(share) = self.shares.get_mut(&publisher) else {
+                return false;
+            };
+            let Some(&oldest) = share.queue.front() else {
+                return false;
+            };
+            match self.table.find_entry(oldest.hash, |p| p.seq == oldest.seq) {
+                Ok(_) if oldest.seq == keep => return false,
+                Ok(entry) => {
+                    share.queue.pop_front();
+                    let (pair, _) = entry.remove();
+                    self.gone(&pair);
+                    return true;
+                }
+                Err(_) => {
+                    share.queue.pop_front(); // stale
+                }
+            }
+        }
+    }
+
+    /// Pushes out the window's oldest live pair unless it is `keep`; true if one went.
+    fn evict_oldest(&mut self, keep: u64) -> bool {
+        loop {
+            let Some(&front) = self.queue.front() else {
+                return false;
+            };
+            if front.seq == keep && self.front_live().is_some() {
+                return false;
+            }
+            if self.pop_front() {
+                return true;
+            }
+        }
+    }
+
+    /// Drops the queue's stale entries once they outnumber the live pairs (evictions from a
+    /// share leave them anywhere in it).
+    fn compact_queue(&mut self) {
+        if self.queue.len() > 2 * self.table.len() + 64 {
+            let table = &self.table;
+            self.queue
                 .retain(|q| table.find(q.hash, |p| p.seq == q.seq).is_some());
         }
     }
@@ -384,26 +495,37 @@ impl Window {
             if share.entries <= 1 || (share.entries <= max_entries && share.bytes <= max_bytes) {
                 return evicted;
             }
-            let Some(oldest) = share.queue.pop_front() else {
+            if !self.evict_oldest_of(publisher, KEEP_NONE) {
                 return evicted;
-            };
-            if let Ok(entry) = self.table.find_entry(oldest.hash, |p| p.seq == oldest.seq) {
-                let (pair, _) = entry.remove();
-                self.gone(&pair);
-                evicted += 1;
             }
+            evicted += 1;
         }
     }
 
-    /// Pushes out the oldest pairs until both bounds hold; returns how many live pairs went.
-    fn enforce(&mut self, config: &DedupConfig) -> u64 {
+    /// Until both bounds hold, pushes out the oldest pair of the largest share (by entries
+    /// while over `max_entries`, else by bytes), so a flood spread over several identities
+    /// pushes out its own pairs before anyone else's (issue 35, pass 7b, P2: the window's
+    /// oldest went, whoever's). The pair `keep` stays; when the largest share holds only
+    /// it, the window's oldest goes. Returns how many live pairs went.
+    fn enforce(&mut self, config: &DedupConfig, keep: u64) -> u64 {
         let mut evicted = 0;
-        while (self.table.len() > config.max_entries || self.bytes > config.max_bytes)
-            && !self.queue.is_empty()
-        {
-            if self.pop_front() {
-                evicted += 1;
+        while self.table.len() > config.max_entries || self.bytes > config.max_bytes {
+            let largest = if self.table.len() > config.max_entries {
+                self.by_entries.last()
+            } else {
+                self.by_bytes.last()
+            };
+            let went = match largest.map(|&(_, publisher)| publisher) {
+                Some(publisher) => self.evict_oldest_of(publisher, keep),
+                None => false,
+            };
+            if !went && !self.evict_oldest(keep) {
+                break;
             }
+            evicted += 1;
+        }
+        if evicted > 0 {
+            self.compact_queue();
         }
         evicted
     }

@@ -15,7 +15,7 @@ mod metrics;
 pub mod schema;
 
 pub use dead_letter::{DeadLetters, DeadReason};
-pub use dedup::{key_of, Dedup, DedupCheck};
+pub use dedup::{key_of, topic_key, Dedup, DedupCheck};
 pub use metrics::{DedupMetrics, GuaranteeMetrics};
 pub use schema::{SchemaRegistry, SchemaSlot, Verdict};
 

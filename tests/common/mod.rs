@@ -337,3 +337,18 @@ pub fn dev_ca_connector() -> tokio_rustls::TlsConnector {
     .with_no_client_auth();
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
 }
+
+/// The users of `config/passwd.example` (sensor1, sensor2, dashboard; password
+/// `<user>-secret`) hashed with 101 PBKDF2 iterations instead of 210 000, written to
+/// `dir/passwd`: a broker in a debug build verifies a login at once, so tests that log in
+/// many times stay within their waits.
+pub fn fast_example_passwords(dir: &std::path::Path) -> std::path::PathBuf {
+    const LINES: [&str; 3] = [
+    "sensor1:$7$101$NilWHcWjBCPy2itQ$K/GWk1NQni7SbHIsP/lax4FsCpUylDupBceX14jcQIzfWomMobLv+qj6Ys96Qrw0uZG9MmKz6McQQIgIXxDN9A==\n",
+    "sensor2:$7$101$zmrBedfkLeBJMX6r$aHCZnqx1fj3WJq7SP+Y4Bq+tJilxTTCrdOTUN1S950FEdv2eVlBCNX4zwon4JF2jfqP+nkx0D13Bd8klikk+Qg==\n",
+    "dashboard:$7$101$FVa0+laaNHwa08k2$TwtN043zxVbtZgdGPno+c5Xk7cyNllYeVEPKGijXhf9qzH9XQBRa125vvrCjYntRrBzQAV7nFgIf7fqTUO+a4Q==\n",
+    ];
+    let path = dir.join("passwd");
+    std::fs::write(&path, LINES.concat()).expect("write the password file");
+    path
+}

@@ -268,3 +268,11 @@ where
     .await
     .expect("an answer within WAIT")
 }
+
+/// `connect` as `user` with the password `<user>-secret` (the example password file's,
+/// `common::fast_example_passwords`).
+pub fn as_user(mut connect: Connect, user: &str) -> Connect {
+    connect.username = Some(user.into());
+    connect.password = Some(bytes::Bytes::from(format!("{user}-secret")));
+    connect
+}

@@ -514,3 +514,113 @@ async fn expired_in_a_queue_across_a_restart_is_dead_lettered() {
     assert_letter(&letter, "er/1", "expired", "late-r", None, b"stale");
     v5::expect_silence(&mut late, QUIET).await;
 }
+
+/// Issue 35, pass 7b, P3 (the dead-letter rate's share was per client id): one user's twelve
+/// sessions, each losing a flood of messages too large for it (MQTT-3.1.2-25), spent the
+/// whole `max_rate`, and another user's command that expired in its queue (MQTT-3.3.2-5)
+/// was not dead-lettered. The share is the user's now, and a source that keeps losing
+/// messages cannot take the broker's last half: the command reaches `$dlq/`.
+#[tokio::test]
+async fn one_users_many_sessions_cannot_stop_anothers_dead_letter() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let mut c = common::test_config();
+    let dir = tempfile::tempdir().expect("tempdir");
+    c.auth.password_file = Some(common::fast_example_passwords(dir.path()));
+    c.auth.allow_anonymous = false;
+    c.dead_letter.enabled = true;
+    // 5/s: a source's share is the least, 1/s; twelve of them ask for more than all.
+    c.dead_letter.max_rate = 5;
+    let server = common::start_with(c).await;
+    let addr = server.mqtt_addr;
+    let (mut watcher, _) = v5::connect(
+        addr,
+        v5::as_user(v5::connect_packet("dashboard"), "dashboard"),
+    )
+    .await;
+    v5::subscribe(&mut watcher, "$dlq/commands/#", QoS::AtLeastOnce).await;
+    let sensor1 = v5::as_user(v5::persistent_connect("sensor1", 3600), "sensor1");
+    let (mut s1, _) = v5::connect(addr, sensor1.clone()).await;
+    v5::subscribe(&mut s1, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    v5::disconnect(s1).await;
+    // sensor2's twelve client ids, each with room for nothing the flood carries.
+    let mut small = Vec::new();
+    for i in 0..12 {
+        let mut connect = v5::as_user(v5::connect_packet(&format!("sensor2-{i}")), "sensor2");
+        connect.properties.maximum_packet_size = Some(64);
+        let (mut s, _) = v5::connect(addr, connect).await;
+        v5::subscribe(&mut s, "flood/#", QoS::AtMostOnce).await;
+        small.push(s);
+    }
+    let (mut flooder, _) = v5::connect(
+        addr,
+        v5::as_user(v5::connect_packet("sensor2-pub"), "sensor2"),
+    )
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flood = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            let began = std::time::Instant::now();
+            let payload = [b'y'; 200];
+            for _ in 0..2_000_000u32 {
+                if stop.load(Ordering::Relaxed) || began.elapsed() > Duration::from_secs(60) {
+                    break;
+                }
+                let p = v5::publish_packet("flood/x", QoS::AtMostOnce, &payload, 0);
+                flooder.send(&Packet::Publish(p)).await;
+            }
+            flooder
+        }
+    });
+    // The flood is over its share (rate drops counted) before the command is sent.
+    let dropped = || {
+        server
+            .broker
+            .guarantee_metrics()
+            .dead_letters_dropped_rate
+            .get()
+    };
+    let began = std::time::Instant::now();
+    while dropped() == 0 {
+        assert!(
+            began.elapsed() < WAIT,
+            "the flood never reached the rate bound"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (mut dashboard, _) = v5::connect(
+        addr,
+        v5::as_user(v5::connect_packet("dashboard-pub"), "dashboard"),
+    )
+    .await;
+    let mut command = v5::publish_packet(
+        "commands/sensor1/unlock",
+        QoS::AtLeastOnce,
+        b"must-be-dead-lettered",
+        1,
+    );
+    command.properties.message_expiry_interval = Some(1);
+    v5::publish(&mut dashboard, command).await;
+    // Waiting for the expiry itself (time must pass), not for an event.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let dropped_before = dropped();
+    // The expiry is noticed as the resumed session's queue is read.
+    let (_s1, ack) = v5::connect(addr, sensor1).await;
+    assert!(ack.session_present);
+    let letter = watcher.recv_within(WAIT).await;
+    stop.store(true, Ordering::Relaxed);
+    let _ = flood.await;
+    assert!(
+        dropped() > dropped_before,
+        "the flood was still over the rate while the command expired"
+    );
+    match letter {
+        Ok(Some(Packet::Publish(letter))) => {
+            assert_eq!(&*letter.topic, "$dlq/commands/sensor1/unlock");
+            assert_eq!(user(&letter, "reason"), ["expired"]);
+            assert_eq!(user(&letter, "client_id"), ["sensor1"]);
+        }
+        other => panic!("sensor1's expired command was not dead-lettered: {other:?}"),
+    }
+}

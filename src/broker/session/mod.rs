@@ -55,6 +55,10 @@ pub struct Session {
     /// the session lock; replaced whole at attach. `None`: anonymous, no claims (and always
     /// without an ACL or claims).
     identity: arc_swap::ArcSwapOption<crate::auth::principal::Principal>,
+    /// Whose share of the dedup window and of the dead-letter rate this session's traffic
+    /// spends (`broker::owner::share_key`: its owner's name, else its client's address); set
+    /// at each CONNECT and restore, read without the session lock.
+    share_key: AtomicU64,
 }
 
 /// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
@@ -345,7 +349,28 @@ impl Session {
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),
             identity: arc_swap::ArcSwapOption::empty(),
+            share_key: AtomicU64::new(super::owner::share_key(
+                &crate::storage::SessionOwner::Unbound,
+                None,
+            )),
         }
+    }
+
+    /// Whose shares this session spends (see [`Session::set_share_key`]).
+    pub fn share_key(&self) -> u64 {
+        self.share_key.load(Ordering::Relaxed)
+    }
+
+    /// Keys the session's shares by `owner` and its client's address `peer`
+    /// (`broker::owner::share_key`; issue 35, pass 7b, P2 and P3: by identity, no longer
+    /// by session or client id).
+    pub(in crate::broker) fn set_share_key(
+        &self,
+        owner: &crate::storage::SessionOwner,
+        peer: Option<std::net::IpAddr>,
+    ) {
+        self.share_key
+            .store(super::owner::share_key(owner, peer), Ordering::Relaxed);
     }
 
     /// Records who is attached now: the identity ACL checks use (CONNECT user name, a

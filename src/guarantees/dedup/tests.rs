@@ -1,5 +1,5 @@
-//! The window alone: exact keys, expiry, bounds (oldest out, counted), forget, restore, and
-//! one `Fresh` among racing checks (issue 16, `[dedup]`).
+//! The window alone: exact keys, expiry, bounds (the largest share's oldest out, counted),
+//! forget, restore, and one `Fresh` among racing checks (issue 16, `[dedup]`).
 
 use std::sync::{Arc, Barrier};
 
@@ -245,4 +245,149 @@ fn long_ids_are_kept_as_their_digest() {
     assert!(key.starts_with("sha256:"));
     assert_eq!(key, key_of(&long));
     assert_ne!(key, key_of(&"k".repeat(60_001)));
+}
+
+/// Issue 35, pass 7b, P2: a long topic is kept as its digest too (it was counted in full, up
+/// to 64 KiB a pair, so a dozen sessions of long-topic publishes filled the window): bounded
+/// bytes, still exact, never taken for a real topic, and the same when given again (a
+/// stored record, a refused key forgotten).
+#[test]
+fn long_topics_are_kept_as_their_digest() {
+    use super::{topic_key, MAX_KEY_LEN};
+    let short = "t".repeat(MAX_KEY_LEN);
+    assert_eq!(topic_key(&short), short.as_str());
+    let long = format!("mallory/{}/1", "T".repeat(60_000));
+    let digest = topic_key(&long);
+    assert_eq!(digest.len(), 8 + 64);
+    assert!(digest.starts_with("\0sha256:"));
+    assert_eq!(topic_key(&digest), digest, "kept as it is when given again");
+    assert_ne!(
+        digest,
+        topic_key(&format!("mallory/{}/2", "T".repeat(60_000)))
+    );
+    // The `sha256:` form a client could name is no digest: it is a topic, kept as one.
+    let named = digest.trim_start_matches('\0');
+    assert_ne!(topic_key(named), digest);
+
+    let (d, m) = window(600, 1_000, 1 << 20);
+    assert!(matches!(
+        d.check_from(&long, "id1", 7, T0),
+        DedupCheck::Fresh { .. }
+    ));
+    assert_eq!(d.check_from(&long, "id1", 7, T0), DedupCheck::Duplicate);
+    assert_eq!(d.check_from(&digest, "id1", 7, T0), DedupCheck::Duplicate);
+    assert_eq!(
+        d.pairs.lock().bytes,
+        72 + 3,
+        "the digest's bytes, not the topic's"
+    );
+    d.forget(&digest, "id1");
+    assert_eq!(m.entries.get(), 0.0, "forgotten by its stored form");
+    // A record stored before topics were digested holds the whole topic; one stored since,
+    // the digest: either is found by the topic.
+    d.restore_at(
+        vec![
+            DedupRecord {
+                topic: long.as_str().into(),
+                key: "old".into(),
+                expires_at_unix_ms: T0 + 1_000,
+            },
+            DedupRecord {
+                topic: (*digest).into(),
+                key: "new".into(),
+                expires_at_unix_ms: T0 + 1_000,
+            },
+        ],
+        T0,
+    );
+    assert_eq!(d.check_from(&long, "old", 7, T0), DedupCheck::Duplicate);
+    assert_eq!(d.check_from(&long, "new", 7, T0), DedupCheck::Duplicate);
+}
+
+/// Issue 35, pass 7b, P2: at the window's bounds the largest share loses its oldest pair,
+/// not the window its oldest: identities flooding within their shares push out their own
+/// keys, never the quiet publisher's older one (before, the window's oldest went, whoever's).
+#[test]
+fn the_bounds_evict_from_the_largest_share_first() {
+    let mut c = config(600, 10, 1 << 20);
+    c.publisher_share = 50; // 5 pairs each
+    let mut d = Dedup::new(&c);
+    let m = DedupMetrics::detached();
+    d.attach_metrics(m.clone());
+    const VICTIM: u64 = 1;
+    assert!(matches!(
+        d.check_from("commands/s1", "cmd-1", VICTIM, T0),
+        DedupCheck::Fresh { .. }
+    ));
+    // Three identities, each within its share: 15 pairs for 9 places.
+    for flooder in [2u64, 3, 4] {
+        for n in 0..5 {
+            let _ = d.check_from("junk", &format!("{flooder}-{n}"), flooder, T0 + 1);
+        }
+    }
+    assert_eq!(d.len(), 10);
+    assert_eq!(m.evicted.get(), 6);
+    assert_eq!(
+        d.check_from("commands/s1", "cmd-1", VICTIM, T0 + 2),
+        DedupCheck::Duplicate,
+        "the oldest pair, but of the smallest share: kept"
+    );
+    // Each flooder's newest pair is still there; the evictions took their oldest.
+    for flooder in [2u64, 3, 4] {
+        let newest = format!("{flooder}-4");
+        assert_eq!(
+            d.check_from("junk", &newest, flooder, T0 + 2),
+            DedupCheck::Duplicate
+        );
+    }
+    // By bytes the same: the largest share by bytes pays.
+    let mut c = config(600, 1_000, 2_048);
+    c.publisher_share = 60;
+    let d = Dedup::new(&c);
+    let _ = d.check_from("t", "victim", VICTIM, T0);
+    let big = "b".repeat(500);
+    for n in 0..4 {
+        let _ = d.check_from(&format!("t/{n}"), &big, 2, T0 + 1);
+    }
+    assert_eq!(
+        d.check_from("t", "victim", VICTIM, T0 + 2),
+        DedupCheck::Duplicate
+    );
+    // When every share holds one pair, the new one stays and the window's oldest goes.
+    let d = Dedup::new(&config(600, 2, 1 << 20));
+    for publisher in 1..=3u64 {
+        assert!(matches!(
+            d.check_from("t", &publisher.to_string(), publisher, T0),
+            DedupCheck::Fresh { .. }
+        ));
+    }
+    assert_eq!(d.check_from("t", "3", 3, T0), DedupCheck::Duplicate);
+    assert_eq!(d.check_from("t", "2", 2, T0), DedupCheck::Duplicate);
+    assert!(matches!(
+        d.check_from("t", "1", 1, T0),
+        DedupCheck::Fresh { .. }
+    ));
+}
+
+/// The size indexes follow every change (insert, forget, expiry, eviction): they hold each
+/// share once, with its counts, and nothing else.
+#[test]
+fn the_share_indexes_match_the_shares() {
+    let (d, _) = window(1, 50, 1 << 20);
+    for n in 0..200u64 {
+        let publisher = n % 7 + 1;
+        let _ = d.check_from("t", &n.to_string(), publisher, T0 + n * 10);
+        if n % 5 == 0 {
+            d.forget("t", &(n / 2).to_string());
+        }
+    }
+    let w = d.pairs.lock();
+    assert_eq!(w.by_entries.len(), w.shares.len());
+    assert_eq!(w.by_bytes.len(), w.shares.len());
+    for (publisher, share) in &w.shares {
+        assert!(w.by_entries.contains(&(share.entries, *publisher)));
+        assert!(w.by_bytes.contains(&(share.bytes, *publisher)));
+    }
+    let entries: usize = w.shares.values().map(|s| s.entries).sum();
+    assert_eq!(entries, w.table.len());
 }
