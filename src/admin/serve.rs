@@ -22,9 +22,11 @@
 //! request and closes; forced `header_timeout` later), so a slow reader that trickles too is
 //! bounded. And [`PROBE_SLOTS`] connections past `max_connections` are kept for the probes:
 //! one per source address that is under its own bound, serving only `/healthz`, `/readyz` and
-//! `/health` (anything else 503), one request, closed within `header_timeout`: with the pool
-//! full, a kubelet still gets its answer unless the attacker also races for those few
-//! short-lived slots from yet more addresses.
+//! `/health` (anything else 503), one request, closed within `header_timeout`, and within
+//! [`PROBE_HEADER_TIMEOUT`] (1 s) when its request has not come by then: with the pool full,
+//! a kubelet still gets its answer unless the attacker also races for those few short-lived
+//! slots from yet more addresses, reconnecting at once each time (a socket that sends
+//! nothing no longer keeps a slot for `header_timeout`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -66,6 +68,12 @@ pub(crate) const PROBE_SLOTS: usize = 4;
 /// A connection lives at most this many `header_timeout`s (100 s by default): then it is
 /// asked to finish its request and close.
 pub(crate) const LIFETIME_TIMEOUTS: u32 = 10;
+
+/// How long a connection in a probe slot may take to send its request's headers (at most
+/// `header_timeout`): a probe sends its request at once, and a socket that sends nothing
+/// held the slot for `header_timeout` (10 s), so four addresses past a full pool kept the
+/// kubelet's probes out (issue 35, pass 7, note under F5).
+pub(crate) const PROBE_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The paths a probe slot serves.
 const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/health"];
@@ -240,7 +248,11 @@ async fn serve_connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        .header_read_timeout(if probe {
+            header_timeout.min(PROBE_HEADER_TIMEOUT)
+        } else {
+            header_timeout
+        })
         .keep_alive(!probe);
     let io = TokioIo::new(WriteDeadline::new(stream, header_timeout));
     let connection = builder.serve_connection(io, service);

@@ -138,10 +138,15 @@ impl Broker {
             && message.qos != QoS::AtMostOnce
             && !message.retain
             && !self.is_dead_letter_topic(&message.topic)
+            && self.cluster().is_none()
         {
             // Accepted, and nobody gets it (a retained message is kept for later
             // subscribers; QoS 0 with nobody listening is normal and not counted; nor is a
             // dead letter nobody reads: its loss is counted as the dead letter itself).
+            // Clustered, this walk sees this node's subscribers only, and shared groups are
+            // served through the cluster, never by it: another node's subscriber or a group
+            // may get the message, so nobody here is no drop (issue 35, pass 7, P5; the
+            // PUBACK says 0x00, not 0x10, for the same reason: `SessionHandle::publish`).
             self.metrics.messages_dropped_no_subscribers[message.qos as usize].increment(1);
         }
         self.deliver(message, targets, inbound_qos2, extra, matched, now_ms)

@@ -363,3 +363,56 @@ async fn probes_answer_while_the_pool_is_full() {
     }
     broker.kill().await;
 }
+
+/// Pass 7, note under F5: a probe slot was held `header_timeout` (10 s) by a socket that sent
+/// nothing, so with the pool full four addresses holding silent sockets kept `/healthz` out
+/// (33 of 33 failed). Now a probe slot's request must come within 1 s: with the pool full and
+/// every probe slot taken by a silent socket, `/healthz` from another address is answered
+/// well before the header timeout would have freed a slot, and the silent sockets are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_socket_does_not_keep_a_probe_slot() {
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        "max_connections = 4\nmax_connections_per_ip = 2\n[storage]\npersistence = false\n",
+    )
+    .await;
+    let addr = http_addr(&broker);
+    let mut held = Vec::new();
+    for n in [10, 10, 11, 11] {
+        held.push(never_reading(host(n), addr, "/metrics", 500).await);
+    }
+    let deadline = Instant::now() + WAIT;
+    while get_from(host(12), addr, "/metrics").await == Some(200) {
+        assert!(Instant::now() < deadline, "the pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every probe slot: a silent socket each, from four addresses.
+    let mut silent = Vec::new();
+    for n in 20..20 + PROBE_SLOTS {
+        silent.push(connect_from(host(u8::try_from(n).expect("host")), addr).await);
+    }
+    let started = Instant::now();
+    let limit = DEFAULT_HEADER_TIMEOUT / 2;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        if get_from(host(30), addr, "/healthz").await == Some(200) {
+            break;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "/healthz not answered in {limit:?} ({tries} tries) while silent sockets held the probe slots"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for mut s in silent {
+        assert!(
+            closed_within(&mut s, limit).await.is_some(),
+            "a silent socket kept its probe slot"
+        );
+    }
+    for h in held {
+        h.abort();
+    }
+    broker.kill().await;
+}

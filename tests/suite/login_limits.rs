@@ -8,13 +8,15 @@
 //! Other hosts are played from other loopback addresses (`connect_from`: 127.0.0.0/8 is local
 //! on Linux). No assertion is on a duration: each one compares counts the broker exports
 //! (`postbox_auth_failures_total{reason="bad_credentials"}` is counted once per hash of a wrong
-//! password) at a moment an answer fixes.
+//! password) at a moment an answer fixes. Except the padding test, where time is the property:
+//! it compares two answer times with each other, never with a constant.
 //!
 //! MQTT-3.1.4-2 (the Server MAY check the credentials), MQTT 5 §3.2.2.2 (0x86 Bad User Name
 //! or Password, 0x9F Connection rate exceeded), 3.1.1 §3.2.2.3 (return codes 3 and 4).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use postbox::auth::password::PasswordHash;
 use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
@@ -722,4 +724,110 @@ async fn a_burst_of_parallel_scram_exchanges_gets_no_more_proofs_judged() {
         scram_connack(device, addr, "alice", "alice-scram").await,
         ok
     );
+}
+
+/// How long the broker takes to answer a CONNECT from `source` for `user` with a wrong
+/// password, counted from before the connection is made, and its CONNACK code.
+async fn timed_failure(source: Ipv4Addr, addr: SocketAddr, user: &str) -> (Duration, u8) {
+    let started = std::time::Instant::now();
+    let stream = send_connect(source, addr, v5::V, "timed", user, "wrong").await;
+    let code = connack_on(stream, v5::V).await;
+    (started.elapsed(), code)
+}
+
+/// One probe of the P4 attack: `places` wrong-password CONNECTs for `candidate` from
+/// 127.0.0.1 (all of that address's places), when `busy_from` is given as many for the slow
+/// user from it (with them every hash worker is busy), then, once all are being hashed, one
+/// wrong-password CONNECT for an unknown name from `probe_from`. Returns the candidates'
+/// shortest answer time and the probe's.
+async fn probe_after(
+    broker: &BrokerProcess,
+    places: usize,
+    candidate: &str,
+    busy_from: Option<Ipv4Addr>,
+    probe_from: Ipv4Addr,
+) -> (Duration, Duration) {
+    let addr = broker.addr;
+    let before = broker
+        .metric("postbox_auth_hashes_total")
+        .await
+        .unwrap_or(0.0);
+    let mut tasks = Vec::new();
+    for _ in 0..places {
+        let candidate = candidate.to_owned();
+        tasks.push(tokio::spawn(async move {
+            timed_failure(host(1), addr, &candidate).await
+        }));
+    }
+    let mut fillers = Vec::new();
+    if let Some(busy) = busy_from {
+        for _ in 0..places {
+            fillers.push(tokio::spawn(timed_failure(busy, addr, "slow")));
+        }
+    }
+    let in_flight = (places + fillers.len()) as f64;
+    broker
+        .wait_metric("postbox_auth_hashes_total", |v| v >= before + in_flight)
+        .await;
+    let (probe, code) = timed_failure(probe_from, addr, "no-such-user").await;
+    assert_eq!(code, ReasonCode::BAD_USER_NAME_OR_PASSWORD.0, "probe");
+    let mut own = Duration::MAX;
+    for task in tasks.into_iter().chain(fillers) {
+        let (took, code) = task.await.expect("candidate task");
+        assert_eq!(code, ReasonCode::BAD_USER_NAME_OR_PASSWORD.0, "candidate");
+        own = own.min(took);
+    }
+    (own, probe)
+}
+
+/// Issue 35, pass 7, P4 (F4 bypass): a failure was padded to the slowest class's hash, but
+/// its address's hash place and its worker were given back when its real hash ended, so the
+/// next verification waiting for them (a second probe from the same address, or with every
+/// worker busy one from anywhere) began at the candidate's true hash time: a second probe
+/// sent right after a slow-class user's wrong password was answered a whole slow hash later
+/// than one sent after an unknown name (pass 7: 4.3 s against 2.35 s). Now a failure holds
+/// both until its padded answer, so the probe waits as long after either.
+///
+/// The one assertion in this file on time, and on no absolute duration: the probe's quickest
+/// answer after the slow user against after an unknown name (two tries each, interleaved, so a
+/// burst of load on the machine does not decide), with a third of one padded failure as the
+/// margin (the difference the attack finds is most of one: 55-70 % seen on the old binary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_probe_does_not_tell_a_slow_hash_from_an_unknown_name() {
+    const TRIES: usize = 2;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Most users cheap (unknown names are hashed at their cost), one 30 times dearer.
+    let file = password_file(
+        dir.path(),
+        &[
+            ("alice", "alice-secret", 1_000),
+            ("bob", "bob-secret", 1_000),
+            ("slow", "slow-secret", 30_000),
+        ],
+    );
+    let broker = broker(&file, LIMITS_OFF).await;
+    // The broker's share per address: half its hash workers (one per CPU), at least one.
+    let places =
+        (std::thread::available_parallelism().map_or(1, std::num::NonZero::get) / 2).max(1);
+    // The same address's next probe (it waits for the address's place), then one from another
+    // address while 127.0.0.2 keeps the other half of the workers busy (it waits for a worker).
+    for (busy, probe_from) in [(None, host(1)), (Some(host(2)), host(3))] {
+        let (mut padded, mut after_slow, mut after_unknown) =
+            (Duration::MAX, Duration::MAX, Duration::MAX);
+        for _ in 0..TRIES {
+            for (candidate, after) in [
+                ("slow", &mut after_slow),
+                ("nobody-here", &mut after_unknown),
+            ] {
+                let (own, probe) = probe_after(&broker, places, candidate, busy, probe_from).await;
+                padded = padded.min(own);
+                *after = (*after).min(probe);
+            }
+        }
+        assert!(
+            after_slow.abs_diff(after_unknown) < padded / 3,
+            "probe from {probe_from}: {after_slow:?} after the slow user, {after_unknown:?} \
+             after an unknown name (a padded failure: {padded:?})"
+        );
+    }
 }

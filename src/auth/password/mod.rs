@@ -377,6 +377,8 @@ impl PasswordStore {
         };
         let share = self.shares.acquire(source).await;
         let mut hashed_for = Duration::ZERO;
+        // The source's place and the worker, held past the hash by a failure (below).
+        let mut held: Option<(tokio::sync::OwnedSemaphorePermit, share::Share)> = None;
         let matched = match Arc::clone(&self.permits).acquire_owned().await {
             Ok(permit) => {
                 let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
@@ -387,20 +389,27 @@ impl PasswordStore {
                 self.metrics.hashes.increment(1);
                 let password = password.to_vec();
                 let started = std::time::Instant::now();
-                let matched = tokio::task::spawn_blocking(move || {
+                // Place and permit go into the blocking task and come back with the verdict:
+                // a check dropped meanwhile (its client left) frees them when the hash is done,
+                // not before, so at most `workers` hashes run.
+                let outcome = tokio::task::spawn_blocking(move || {
                     let matched = hash.verify(&password);
-                    drop((permit, share));
-                    matched
+                    (matched, (permit, share))
                 })
-                .await
-                .unwrap_or(false);
+                .await;
                 hashed_for = started.elapsed();
                 let took = nanos(hashed_for);
                 self.last_hash_ns.store(took, Ordering::Relaxed);
                 let slowest = self.slowest_hash_ns.load(Ordering::Relaxed);
                 self.slowest_hash_ns
                     .store(took.max(slowest - slowest / 64), Ordering::Relaxed);
-                matched
+                match outcome {
+                    Ok((matched, places)) => {
+                        held = Some(places);
+                        matched
+                    }
+                    Err(_) => false, // the hash panicked: its place and permit went with it
+                }
             }
             Err(_) => false, // the semaphore is never closed
         };
@@ -410,7 +419,10 @@ impl PasswordStore {
             (false, _) => Verdict::UnknownUser,
         };
         match verdict {
-            Verdict::Ok => reservation.succeeded(std::time::Instant::now()),
+            Verdict::Ok => {
+                drop(held);
+                reservation.succeeded(std::time::Instant::now());
+            }
             _ => {
                 reservation.failed(std::time::Instant::now());
                 // When the hash began (the verdict is in now).
@@ -425,6 +437,16 @@ impl PasswordStore {
                 // deadline.
                 let until = (began + self.pad_target()).min(deadline);
                 tokio::time::sleep_until(until).await;
+                // The source's place and the worker are given back at the padded answer, not
+                // when the hash ended (issue 35, pass 7, P4): released at the real end, the
+                // next verification waiting for them (the same address's next probe, or any
+                // address's once all workers are busy) began at the candidate's true hash
+                // time and its own padded answer told a slow-class user from an unknown name.
+                // Held, a failure occupies them for the padded time whatever its class, so
+                // every wait for them is the same after any failure. The cost: a failure of a
+                // cheap class keeps a worker as long as one of the slowest class (nothing when
+                // all hashes cost the same).
+                drop(held);
             }
         }
         match verdict {

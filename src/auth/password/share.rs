@@ -39,7 +39,8 @@ impl HashShares {
     }
 
     /// Waits for a place in `source`'s share; held until the hash it allows has finished
-    /// (the place moves into the blocking task). Dropping the future gives the place up.
+    /// (the place moves into the blocking task), and after a failure until its padded answer
+    /// (`PasswordStore::verify`). Dropping the future gives the place up.
     pub(crate) async fn acquire(&self, source: IpAddr) -> Share {
         let places = {
             let mut queues = self.queues.lock();
