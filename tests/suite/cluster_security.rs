@@ -287,7 +287,7 @@ async fn anonymous_retained_messages_stay_within_their_share_on_every_node() {
     p.retain = true;
     assert_eq!(
         v5::publish(&mut stranger, p).await,
-        postbox::codec::ReasonCode::QUOTA_EXCEEDED,
+        ReasonCode::QUOTA_EXCEEDED,
         "node b did not count node a's anonymous retained messages"
     );
 
