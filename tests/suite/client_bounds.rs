@@ -468,21 +468,6 @@ async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_bud
     v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
 }
 
-/// Writes `<dir>/passwd`: `sensor1` and `dashboard` with the example file's passwords
-/// (`<user>-secret`) but hashed with 101 PBKDF2 iterations instead of 210,000, so a test
-/// about something else does not wait seconds for each login (a debug build on a busy
-/// machine took longer than the handshake deadline); its path.
-pub(crate) fn fast_passwd(dir: &std::path::Path) -> std::path::PathBuf {
-    let path = dir.join("passwd");
-    std::fs::write(
-        &path,
-        "sensor1:$7$101$NilWHcWjBCPy2itQ$K/GWk1NQni7SbHIsP/lax4FsCpUylDupBceX14jcQIzfWomMobLv+qj6Ys96Qrw0uZG9MmKz6McQQIgIXxDN9A==\n\
-         dashboard:$7$101$FVa0+laaNHwa08k2$TwtN043zxVbtZgdGPno+c5Xk7cyNllYeVEPKGijXhf9qzH9XQBRa125vvrCjYntRrBzQAV7nFgIf7fqTUO+a4Q==\n",
-    )
-    .expect("write passwd");
-    path
-}
-
 /// Publishes `payload` retained at QoS 1 as `c` on `<prefix>/0`, `<prefix>/1`, ... (at most
 /// `max` of them) until one is refused, which must be with PUBACK 0x97 Quota exceeded; how
 /// many were kept before it. Panics when none is refused.
@@ -519,7 +504,7 @@ pub(crate) async fn retain_until_refused(
 async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
     use postbox::codec::QoS;
     let data = tempfile::tempdir().expect("tempdir");
-    let passwd = fast_passwd(data.path());
+    let passwd = common::fast_example_passwords(data.path());
     let sections = format!(
         "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
          [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n",
@@ -576,7 +561,7 @@ async fn an_anonymous_will_published_after_a_restart_counts_in_their_share() {
         "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
          [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
         data.path().join("store"),
-        fast_passwd(data.path())
+        common::fast_example_passwords(data.path())
     );
     let payload = vec![b'r'; 60_000];
     let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;

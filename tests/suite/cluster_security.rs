@@ -250,9 +250,9 @@ async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_retained_messages_stay_within_their_share_on_every_node() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // The example users and ACL, their passwords hashed cheaply (`fast_passwd`).
+    // The example users and ACL, their passwords hashed cheaply (`common::fast_example_passwords`).
     let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
-    let fast = crate::client_bounds::fast_passwd(dir.path());
+    let fast = common::fast_example_passwords(dir.path());
     let extra = format!(
         "{}[mqtt]\nmax_memory = 4194304\n",
         example_auth(dir.path()).replace(&format!("{example:?}"), &format!("{fast:?}"))
