@@ -13,6 +13,8 @@
 //! `pattern [read|write|readwrite|deny] <filter>` applies to every client, `%u` standing for
 //! its username and `%c` for its client id. Deviation: `%u` / `%c` must be a whole level
 //! (`sensors/%u/#`), not part of one; a client without a username never matches `%u`.
+//!
+//! Must not: allocate or lock per check.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

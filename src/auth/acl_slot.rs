@@ -8,6 +8,8 @@
 //! instead of a full `ArcSwap` load (about 130 instructions, measured with callgrind). A reload
 //! builds the new ACL first (file I/O and compiling, outside anything checks touch) and then
 //! swaps the pointer, so checks never wait; a thread's next check picks the new one up.
+//!
+//! Must not: lock on the check path.
 
 use std::cell::RefCell;
 use std::path::PathBuf;

@@ -1,6 +1,8 @@
 //! The error of a credentials file (the password file, the SCRAM credentials file): one type,
 //! since both are read the same way (whole file, one credential per line) and a user of either
 //! needs the same two answers: which file could not be read, or which line is bad.
+//!
+//! Must not: quote a secret or a line's text.
 
 use std::path::PathBuf;
 

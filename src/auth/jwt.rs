@@ -10,6 +10,8 @@
 //! Verification uses `jsonwebtoken` on `ring` (the TLS listeners' crypto provider too), so it
 //! adds no second crypto stack. A check is one signature verification (tens of microseconds
 //! for RS256 2048): cheap enough to run on the connection's task.
+//!
+//! Must not: accept HS256 or `none`; log a token.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -4,6 +4,8 @@
 //!
 //! Built by `server::start` from the config and handed to the broker once; the handshake asks
 //! it for every CONNECT.
+//!
+//! Must not: read files after start-up (reload is `PasswordStore`'s).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -6,6 +6,8 @@
 //! session's lock (`Session::identity`, an `ArcSwapOption`); it changes only when a connection
 //! attaches. The claims narrow the ACL file: a topic must be allowed by both (no ACL file:
 //! by the claims alone), and a client without claims costs nothing more than the ACL.
+//!
+//! Must not: lock or allocate per check.
 
 use super::acl::{Action, FilterAccess, Identity};
 use super::acl_slot::AclSlot;

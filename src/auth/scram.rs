@@ -11,6 +11,8 @@
 //! the blocking pool would cost more than the step. No PBKDF2 ever runs on the server.
 //! Unknown users get a salt derived from their name and a per-process secret and fail at the
 //! proof, like known users with a wrong password (RFC 5802 §9: no user enumeration).
+//!
+//! Must not: run PBKDF2 on the connection path; echo key material in errors; panic on client data.
 
 use std::sync::Arc;
 

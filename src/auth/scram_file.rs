@@ -5,6 +5,8 @@
 //! Only the derived keys are stored (RFC 5802 §3): the file does not reveal the password, and
 //! the server never runs PBKDF2. Errors name the file and line but never quote key material.
 //! SIGHUP re-reads the file ([`Reload`]); a bad file keeps the credentials already loaded.
+//!
+//! Must not: run PBKDF2 on the connection path; echo key material in errors; panic on client data.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

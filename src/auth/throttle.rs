@@ -39,6 +39,9 @@
 //! is full the expired entries go first, then the one whose last failure is oldest. Only
 //! checked failures insert, so insertions are bounded by the hash rate. The trusted pairs are
 //! bounded by the same number.
+//!
+//! Must not: answer a throttled attempt from the cache (a yes/no oracle at line rate); hold its
+//! lock across an await.
 
 mod flight;
 mod trust;

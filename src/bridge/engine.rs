@@ -5,6 +5,8 @@
 //! first connect, with the `out` rules' subscriptions, so messages published while the
 //! remote was never reached are kept too. Between connections it is detached: it is an
 //! offline session then, whose bound and overflow policy are the bridge's own.
+//!
+//! Must not: keep messages anywhere but the session.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -16,6 +16,8 @@
 //! Layout: this file reads the lines and keeps the notes; `words` reads values as `conf.c`
 //! does, `options` holds the option tables, `emit` writes the TOML (by hand, not serialized,
 //! so it carries the origin of each bridge and comments on keys whose defaults differ).
+//!
+//! Must not: read files (the binary does, and validates the result).
 
 mod emit;
 mod options;

@@ -9,6 +9,9 @@
 //!
 //! One task, one `select!`: the remote's reads, single writes, the local session's wake-up,
 //! the acks waiting for commits, keep-alive and the forward rate all in one loop.
+//!
+//! Must not: send a delivery before its stored stage (`Fill` gate); ack the remote before the store
+//! holds the message.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -9,6 +9,8 @@
 //! [`RemoteIo`] owns the two halves of the stream and the two buffers; it does no waiting of
 //! its own beyond what the engine's `select!` polls (reads into the read buffer and single
 //! writes from the write buffer are both cancel-safe).
+//!
+//! Must not: decide what to send.
 
 use std::time::Duration;
 

@@ -11,6 +11,9 @@
 //! With `notifications` on, the link state is published as Mosquitto does:
 //! `$SYS/broker/connection/<name>/state`, retained, `0` at creation and `1` / `0` at every
 //! change (see [`BridgeStatus::connected`] for the QoS and why).
+//!
+//! Must not: know how the link is driven; keep the broker alive (holds it weakly); publish
+//! when the state did not change.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

@@ -15,6 +15,8 @@
 //! - `error`: [`TransportError`], which names the address, the step and the cause.
 //! - `backoff`: [`Backoff`], Mosquitto 2.1's `restart_timeout base cap` (decorrelated jitter).
 //! - `picker`: [`AddressPicker`], failover or Mosquitto's `round_robin`.
+//!
+//! Must not: speak MQTT; retry by itself (the engine runs the cycles).
 
 mod backoff;
 mod error;

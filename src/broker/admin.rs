@@ -9,6 +9,9 @@
 //! `Session` nor the connection grows a byte for them. Reads take the sessions map's lock
 //! only to copy out `Arc`s, then each session's lock briefly; every list is bounded by its
 //! caller's limit.
+//!
+//! Must not: take an index lock while a session lock is held; hold the sessions map's lock beyond
+//! copying `Arc`s out.
 
 use std::collections::{BinaryHeap, HashMap};
 use std::net::SocketAddr;

@@ -20,6 +20,9 @@
 //! was quiet before its PUBLISH (see the client's `QUIET`), never on a busy publisher's path.
 //! Bounded: tickets live in a ring of [`RING`] slots (an outstanding ticket [`RING`] wakes
 //! old is forgotten, not waited for) and a wait ends after [`MAX_WAIT`] whatever is left.
+//!
+//! Must not: wait without bound (5 ms at most; ring of 1,024 tickets) or cost a busy publisher a
+//! scan.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

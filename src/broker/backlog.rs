@@ -2,6 +2,9 @@
 //! on the hot path: how many messages wait in session queues and their payload bytes, how many
 //! sessions have some, the largest queue and the age of the oldest queued message; and, with
 //! them, the shared groups' backlog (`shared_backlog`).
+//!
+//! Must not: count anything on the publish path; hold the sessions map's lock beyond copying `Arc`s
+//! out.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};

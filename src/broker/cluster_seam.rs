@@ -2,6 +2,8 @@
 //! makes several nodes one broker (the `cluster` module, NATS JetStream, which implements it). The broker is built
 //! with it ([`super::Parts`]) when `[cluster]` is configured; without (one node), every hook
 //! below is one check of an empty `Option`.
+//!
+//! Must not: do I/O; know NATS.
 
 use std::sync::Arc;
 

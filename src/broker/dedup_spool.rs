@@ -14,6 +14,9 @@
 //! connection, as for any refused message) and forgets the keys in the window, so the re-send
 //! is routed; the barriers in it (duplicates waiting for earlier commits) are submitted
 //! again alone, which the store never refuses.
+//!
+//! Must not: spool a key that came with its message (both go in one submit, durable together or not
+//! at all); acknowledge before the batch is durable.
 
 use std::sync::{Arc, OnceLock};
 

@@ -19,6 +19,8 @@
 //!
 //! Nothing here holds a lock across an `.await`: a paused connection waits on [`FlowControl`]'s
 //! notification and re-checks its target under that session's lock when woken.
+//!
+//! Must not: keep per-publisher state (the connection has it) or wait.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};

@@ -3,6 +3,9 @@
 //! where a dropped message becomes a dead letter (`dead_letter`).
 //!
 //! Unconfigured, every entry point is one check of an empty `Option`.
+//!
+//! Must not: take a session lock; be called with one held; forget a dedup pair on a schema
+//! refusal (it may be an earlier message's).
 
 use std::sync::Arc;
 use std::time::SystemTime;

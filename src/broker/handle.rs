@@ -11,6 +11,8 @@
 //! [`SessionHandle::fill`] (which reports the takeover, and then the driver closes); until
 //! then its acks still apply (they are about messages it was sent), and a DISCONNECT's
 //! expiry from it is ignored.
+//!
+//! Must not: encode packets.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -4,6 +4,8 @@
 //! are a `Vec` scanned linearly (one cache line or two, exact capacity); above [`SMALL_MAX`]
 //! children they become a foldhash map. Level names up to 16 bytes are stored inline in the
 //! entry, so comparing a key does not chase a pointer. Lookups take `&str` and never allocate.
+//!
+//! Must not: allocate per match.
 
 use std::collections::hash_map;
 use std::collections::HashMap;

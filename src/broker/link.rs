@@ -6,6 +6,8 @@
 //! client (the per-connection counters — bytes, packets received — are a socket's only). Users:
 //! tests of routing and durability, and later the bridge (a durable session per remote broker),
 //! the `$SYS` publisher and the cluster layer. It never encodes a packet.
+//!
+//! Must not: encode packets, bypass the router.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -1,4 +1,6 @@
 //! An application message as the router holds it: received once, shared by every subscriber.
+//!
+//! Must not: write bytes itself (asks `codec::publish_cache`).
 
 use std::time::Instant;
 

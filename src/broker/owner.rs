@@ -5,6 +5,8 @@
 //!
 //! A pure function of the owner, the newcomer and `auth.session_binding`, so every case is a
 //! unit test; `Broker::connect_as` applies it under the sessions lock.
+//!
+//! Must not: kick a connected owner for another identity.
 
 use crate::config::SessionBinding;
 use crate::storage::SessionOwner;

@@ -4,6 +4,8 @@
 //! Built by `server::start` in the order the parts need (metrics, then logins, the ACL,
 //! the guarantees and the cluster, each before the store opens), so the broker has no
 //! setters and no construction order of its own.
+//!
+//! Must not: grow setters.
 
 use std::sync::Arc;
 

@@ -8,6 +8,8 @@
 //! session that comes back keeps it). Every reader goes through [`QueueLimitsTable::of`], which
 //! costs one relaxed atomic load while no session has bounds of its own; only then is the
 //! table (an `ArcSwap`, no lock) searched by client id.
+//!
+//! Must not: grow `Session` (it stays within 328 B); lock on the publish path.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

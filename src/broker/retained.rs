@@ -5,6 +5,8 @@
 //! full topic string so matches are reported without rebuilding names. A wildcard subscribe walks
 //! only the branches its filter can match; `#` walks a whole subtree with a stack of child
 //! iterators (depth-bounded, so no per-node allocation).
+//!
+//! Must not: allocate per match.
 
 use std::fmt;
 use std::mem;

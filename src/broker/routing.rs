@@ -1,6 +1,8 @@
 //! Routing one PUBLISH: match, merge overlapping subscriptions, pick shared-group members,
 //! admit to each target's queue, persist in one submit, update retained messages; and moving
 //! shared-group deliveries to another member when a session leaves.
+//!
+//! Must not: hold an index lock while taking a session lock.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

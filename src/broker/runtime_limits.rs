@@ -5,6 +5,9 @@
 //! it under running sessions would break promises already made: those need a restart. The
 //! keys here are read once per new connection or per SUBSCRIBE, never per PUBLISH, through
 //! an `ArcSwap` (no lock; a reload swaps the whole set at once).
+//!
+//! Must not: be read per PUBLISH; hold a key announced in CONNACK or copied into queue bounds at
+//! start.
 
 use std::sync::Arc;
 

@@ -10,6 +10,9 @@
 //! The lock order (shared index before any session) is kept by never holding both.
 //!
 //! [`SharedSubscriptions::group_members`]: super::shared::SharedSubscriptions::group_members
+//!
+//! Must not: label a metric by client id or group (clients choose them); hold the shared index's
+//! lock while a session is locked.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

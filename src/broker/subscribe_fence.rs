@@ -10,6 +10,8 @@
 //!
 //! Cheap by construction: the publish side is one atomic load when no SUBSCRIBE is being
 //! handled (the usual case); SUBSCRIBEs are rare next to PUBLISHes.
+//!
+//! Must not: block without bound (8 finishes at most).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

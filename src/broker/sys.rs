@@ -13,6 +13,8 @@
 //!
 //! The figures are read from the broker's metrics once per round (atomics, no lock);
 //! nothing here touches the message path.
+//!
+//! Must not: touch the message path; persist its values; hold a session.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -10,6 +10,8 @@
 //! needs no allocation), fast to iterate for fan-out, plus, once a set grows past `INDEX_ABOVE`
 //! (8) entries, a key -> position map so that insert and remove stay O(1) for nodes with 10k+
 //! subscribers. Removal is `swap_remove`.
+//!
+//! Must not: allocate per match.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,4 +1,6 @@
 //! Path operations shared by the two level tries (subscriptions and retained messages).
+//!
+//! Must not: allocate per match.
 
 /// What the shared path operations need from a trie node.
 pub(super) trait TrieNode: Sized {

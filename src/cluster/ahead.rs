@@ -20,6 +20,9 @@
 //! dropped connection to NATS has the same effect on every session the message reached,
 //! connected ones too: the consumer keeps the sequences it routed and committed until the
 //! floor passes them, and acknowledges one offered again without routing it.
+//!
+//! Must not: outlive the ack floor (pruned on the 2 s lag tick; forgotten when the message is gone
+//! or the restore fails).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -7,6 +7,9 @@
 //! again as a new one. So each such write carries a [`Durable`] that
 //! [`super::sessions::keep_records`] completes once a record holding the session's state as
 //! of that write is in the bucket (as a PUBACK waits for JetStream): a promise kept.
+//!
+//! Must not: let a crash of this node give back a subscription a SUBACK confirmed, or a QoS 2
+//! message the client completed as a new one.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

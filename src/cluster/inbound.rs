@@ -8,6 +8,8 @@
 //!   published: loop-free).
 //! - QoS 0: a core subscription on `pb.q0.>`, at most once.
 //! - Retained: a watch of the retained bucket, with history, into the local retained index.
+//!
+//! Must not: acknowledge a message before its local commit.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

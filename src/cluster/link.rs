@@ -1,5 +1,8 @@
 //! The NATS connection of one node: connect (in the background, forever), follow its state,
 //! make sure of the streams and buckets at every connect, and run the node's tasks.
+//!
+//! Must not: refuse to start the broker when NATS is down (the node starts and refuses QoS 1/2
+//! instead).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

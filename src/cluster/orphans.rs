@@ -22,6 +22,8 @@
 //! connection within the will's delay means the will is not published (MQTT-3.1.3-9).
 //!
 //! [`nodes::DEAD_AFTER`]: super::nodes::DEAD_AFTER
+//!
+//! Must not: hold a local session; publish a will twice.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

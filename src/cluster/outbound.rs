@@ -10,6 +10,8 @@
 //! sequence stored too when the acknowledgement brings it (`Op::SequenceMessage`, issue 34),
 //! and its publisher's wait resolves only once that is durable ([`settle`]): a restart,
 //! even `kill -9` after the acknowledgement, brings the message back with its sequence.
+//!
+//! Must not: ack a publisher before JetStream did.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

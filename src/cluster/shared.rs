@@ -28,6 +28,8 @@
 //! of its group gives what it still held back to the group: a nak, or, for a message with no
 //! ticket, a copy to `pb.g.<group hash>` in `PB_REGROUP` (one more consumer per group), so a
 //! member on another node gets it.
+//!
+//! Must not: route a group's message from the node fan-in.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -14,6 +14,8 @@
 //! A message published here may be taken before JetStream gave it its sequence: it is kept
 //! until the sequence comes (or the send failed: then no replay can find it), and the
 //! record's writes that must cover it (the PUBREL's barrier, a hand-over) wait for it.
+//!
+//! Must not: keep a sequence below the recorded cursor; grow past 4096 per session.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

@@ -9,6 +9,9 @@
 //! wait is extended every `PROGRESS` ("work in progress"), so a slow or offline member does
 //! not have it redelivered to another. The replies go out in order through one task. A
 //! ticket dropped with the broker itself (embedded, the runtime going on) sends nothing.
+//!
+//! Must not: acknowledge a message a member still holds; send anything after a message's
+//! settlement.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,6 +1,9 @@
 //! Packet decoding: fixed header first (so oversized or impossible packets are refused before
 //! their body arrives), then one zero-copy `Bytes` per packet that every string and payload
 //! slices into.
+//!
+//! Must not: allocate per field (slices of the read buffer); read the config (the caller fills in
+//! the rules).
 
 use bytes::{Buf, BytesMut};
 use bytestring::ByteString;

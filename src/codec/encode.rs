@@ -1,5 +1,8 @@
 //! Packet encoding. Every body is measured, then written once into a single reservation.
 //! PUBLISH, the hot path, has its own straight-line encoder.
+//!
+//! Must not: allocate per field (slices of the read buffer); read the config (the caller fills in
+//! the rules).
 
 use bytes::{BufMut, BytesMut};
 

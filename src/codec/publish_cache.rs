@@ -1,6 +1,8 @@
 //! Shared PUBLISH encodings: encode a message once per kind of subscriber, then copy it and
 //! patch only the flags byte and the packet id per subscriber ("encode once per subscriber
 //! group"). The byte layout stays here; the broker only asks for a copy.
+//!
+//! Must not: hold per-subscriber state.
 
 use std::sync::OnceLock;
 

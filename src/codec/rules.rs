@@ -1,4 +1,7 @@
 //! [`DecodeRules`]: the receiver's choices the decoder applies.
+//!
+//! Must not: allocate per field (slices of the read buffer); read the config (the caller fills in
+//! the rules).
 
 /// What a receiver refuses beyond the spec's MUSTs: the limits and SHOULD NOTs the spec leaves
 /// to it, chosen by its configuration (the codec knows no config; the caller fills this in).

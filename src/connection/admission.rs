@@ -5,6 +5,8 @@
 //! close) and attaches the session; every rule it applies lives here, as plain functions of the
 //! packet and the broker's configuration, so the same code can be driven by a fuzzer or a test
 //! from bytes alone ([`decide`]).
+//!
+//! Must not: do I/O, attach sessions or run authenticators.
 
 use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;

@@ -5,6 +5,8 @@
 //! One FIFO per connection ([`InOrder`]) keeps every write in order: a write with nothing to
 //! wait for still queues behind earlier gated ones (PUBACKs go out in PUBLISH order,
 //! MQTT-4.6.0-2).
+//!
+//! Must not: reorder writes.
 
 use bytes::Bytes;
 

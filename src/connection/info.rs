@@ -2,6 +2,8 @@
 //! listener's name, a TLS client identity), handed to the connection and its handshake. It
 //! lives here, not in `transport`, so the connection layer needs nothing of the listeners
 //! above it (the layering rule, `src/layering.rs`).
+//!
+//! Must not: name a listener type.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

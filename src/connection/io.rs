@@ -1,5 +1,7 @@
 //! The byte side of a connection: read buffer, batched write buffer, the stream, and how it
 //! ends (the lingering close).
+//!
+//! Must not: know packet fields.
 
 use std::cell::RefCell;
 use std::pin::Pin;

@@ -13,6 +13,8 @@
 //! Cost: nothing for a connection whose reads end on packet boundaries (the common case); the
 //! state is boxed and exists only while a partial packet is held, and the deadline is enforced
 //! by the broker's keep-alive sweep, not a timer per connection.
+//!
+//! Must not: arm anything for a read that ends on a packet boundary.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

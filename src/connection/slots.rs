@@ -29,6 +29,8 @@
 //! Everything here is touched a few times per connection, never per packet: the connected
 //! counts are atomics, the per-address ones a map under a lock taken at CONNECT and at close
 //! (and only when `max_connections_per_ip` is set).
+//!
+//! Must not: be touched per packet.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};

@@ -6,6 +6,8 @@
 //! This module builds the dead letter and bounds their rate; `Broker::dead_letter` routes
 //! it (as a message from nobody, like a will) with no session lock held. A dead letter is
 //! never dead-lettered again.
+//!
+//! Must not: route (the broker does).
 
 use std::time::{Duration, SystemTime};
 

@@ -9,6 +9,9 @@
 //! expired pairs are dropped from the front as it passes, and the bounds push out the front.
 //! A duplicate is found by borrowing the PUBLISH's own topic and key: no allocation. Times
 //! are wall-clock unix ms, as stored, so a restart keeps the windows that are still open.
+//!
+//! Must not: keep a PUBLISH's buffers alive (the topic may be a slice of its packet); hold the lock
+//! beyond one check; cost anything while `dedup.property` is empty (the window does not exist).
 
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, VecDeque};

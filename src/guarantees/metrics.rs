@@ -3,6 +3,8 @@
 //! dead letters published and not published (`[dead_letter]`), and the dedup window's
 //! duplicates, entries and evictions (`[dedup]`). Registered with every broker, so the
 //! series exist (at 0) while a part is off.
+//!
+//! Must not: look a handle up by label per message.
 
 use crate::metrics::{names, Counter, Gauge, Metrics};
 

@@ -9,6 +9,9 @@
 //!
 //! The validator is `jsonschema` without its default features: no HTTP or file resolving, so
 //! a `$ref` to anything outside the file fails at load instead of reaching out at run time.
+//!
+//! Must not: echo payload values into reasons or logs; fetch anything at run time; exist when no
+//! `[[schema]]` is configured.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -8,6 +8,8 @@
 //! running session was told. Every other changed key is reported as needing a restart and the
 //! running value stays; [`ConfigChanges::running`] is the config actually in force after the
 //! reload, so the next reload compares against it and reports the same keys again.
+//!
+//! Must not: read files (the binary loads and validates the file).
 
 use crate::config::{Config, RuntimeLimits};
 

@@ -4,6 +4,8 @@
 //! nothing to wait for still queues behind earlier gated ones, so answers go out in the order
 //! their requests came (PUBACKs in PUBLISH order, MQTT-4.6.0-2). With the in-memory store
 //! nothing is ever gated and the queue stays empty.
+//!
+//! Must not: reorder writes.
 
 use std::collections::VecDeque;
 use std::future::Future;

@@ -3,6 +3,8 @@
 //! It deliberately keeps no copy of the state: the broker's own structures are the only
 //! memory there is, and a restart starts empty either way. Callers can check
 //! [`Store::survives_restart`] and skip building ops altogether.
+//!
+//! Must not: keep a copy.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -4,6 +4,8 @@
 //! Plain data only. Must not know about files, threads or the broker's own types (the
 //! broker converts in `broker::persist` / `broker::restore`); the only outside types are
 //! MQTT value types from `crate::codec` (QoS, properties, will, subscription options).
+//!
+//! Must not: know files, threads or broker types.
 
 use std::collections::HashMap;
 

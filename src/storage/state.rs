@@ -4,6 +4,8 @@
 //! Applying an op never fails: ops that name a missing session are ignored and counted
 //! (`orphans`), ops on missing entries are no-ops. That keeps replay deterministic, which is
 //! what makes "snapshot + log" equal to the state the writer had.
+//!
+//! Must not: fail on apply (replay is deterministic).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -4,6 +4,8 @@
 //! Here "durable" means one thing only: a commit has been written and synced as the fsync
 //! policy demands ([`Durable`], [`DurableState`], [`Store::durable`], [`wait_durable`]).
 //! Must not hold engine logic: engines implement the trait (`memory`, `log_store`).
+//!
+//! Must not: know files, threads or broker types.
 
 use std::fmt;
 

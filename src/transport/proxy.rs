@@ -8,6 +8,8 @@
 //! Parsing is the `ppp` crate's. A listener with `proxy_protocol = true` requires the header:
 //! a connection without one is closed, because trusting a client-supplied address would let
 //! anyone pose as anyone.
+//!
+//! Must not: consume a byte past the header; accept a connection without one.
 
 use std::net::SocketAddr;
 

@@ -11,6 +11,8 @@
 //! modification time seen by the 5 s poll) builds a new one from the files and swaps it in, so
 //! new connections get the new certificate while established ones keep theirs. A bad file
 //! keeps the old configuration and logs why.
+//!
+//! Must not: do anything per packet (after the handshake the stream is served as is).
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -5,6 +5,8 @@
 //! runs in the connection task (bounded by `mqtt.connect_timeout`, see
 //! `Handoff::spawn_prepared`), never in the accept loop. Built on `tokio-tungstenite`
 //! (handshake feature only, no TLS, no client).
+//!
+//! Must not: frame per packet; buffer more than `mqtt.max_packet_size` + 64 KiB per message.
 
 use std::io;
 use std::pin::Pin;

@@ -16,6 +16,8 @@
 //! Layout: `hash` reads, verifies and creates one hash; `file` reads and edits the file's
 //! lines; `cache` is the success cache; `share` each address's share of the workers; this
 //! file ties them together.
+//!
+//! Must not: hash on the async runtime; log or keep a password; echo a hash in an error.
 
 pub mod cache;
 pub mod file;

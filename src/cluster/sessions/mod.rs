@@ -28,6 +28,9 @@
 //!
 //! One submodule per step: [`record`] (the JSON), [`claim`], [`handover`], [`restore`],
 //! [`keep`] (records kept current).
+//!
+//! Must not: wait more than `HANDOVER_WAIT` (3 s) for a dead owner; write a record for a session
+//! this node does not hold by right (the record is the authority on ownership).
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -24,6 +24,8 @@
 //! take them in); on an invalid one the answer is defined (a `+` or `#` inside a level is an
 //! ordinary character) but meaningless. Nothing here allocates: levels are walked with
 //! `split`, so [`matches`] can sit on a per-message path (cluster replay, schema selection).
+//!
+//! Must not: allocate; route (the trie does); be copied.
 
 /// True when the topic name `topic` matches the filter `filter` (a plain filter, not a
 /// `$share/` one: strip that with [`super::split_shared`] first).

@@ -5,6 +5,8 @@
 //! keep-alive, topic aliases, Receive Maximum accounting, the will, re-authentication. By
 //! concern: [`inbound`] (PUBLISH and PUBREL from the client), [`outbound`] (deliveries and
 //! their acks), [`subscribe`], [`reauth`], [`closing`].
+//!
+//! Must not: touch session state except through `SessionHandle`; hold a lock while paused.
 
 mod closing;
 mod inbound;

@@ -2,6 +2,8 @@
 //! CONNACK or refusal, the lingering close) and the session attach; the rules it applies are
 //! `connection::admission`'s. Its deadline and its reads that wait for the client are in
 //! `wait`, the enhanced authentication exchange in `enhanced`.
+//!
+//! Must not: decide who is refused (asks `connection::admission`).
 
 mod enhanced;
 mod wait;

@@ -31,6 +31,9 @@
 //! `submit` pushes onto a channel bounded by op count; one `std::thread` (the writer) owns
 //! the files and the `State`; a snapshot is written by a short-lived
 //! second thread.
+//!
+//! Must not: report a ticket durable before write and sync; retry a failed fsync; take an I/O error
+//! for corruption; delete or move damaged data before its replacement is complete.
 
 mod budget;
 mod compaction;

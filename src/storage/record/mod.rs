@@ -7,6 +7,8 @@
 //! Must not do integrity or framing: the frames around these bytes carry CRCs (see
 //! `log_store::format`). Must not change an existing tag or field order: logs and snapshots
 //! on disk are decoded with it.
+//!
+//! Must not: frame, checksum, or trust lengths when reading.
 
 mod read;
 mod write;
