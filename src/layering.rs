@@ -114,12 +114,6 @@ const STACK: &[&str] = &[
     "server",
 ];
 
-/// The one edge that still points up the stack, named so it cannot grow unseen: the dead
-/// letters build and read the broker's `Message` (and key their cache by its `SessionId`).
-/// It goes when the guarantees plug into the core through a seam of the broker's, as the
-/// cluster does (`broker::cluster_seam`).
-const STILL_UPWARD: &[(&str, &str)] = &[("guarantees", "broker")];
-
 /// Every top-level module imports only the modules below it in [`STACK`], and every
 /// top-level module of `src/` has its place there.
 #[test]
@@ -145,26 +139,13 @@ fn every_module_imports_only_the_layers_below_it() {
         "every module of src/ has its place in STACK"
     );
     let mut violations = Vec::new();
-    let mut excepted = Vec::new();
     for (at, module) in STACK.iter().enumerate() {
         for (path, depth) in module_files(module) {
             let text = std::fs::read_to_string(&path).expect("a source file of the crate");
             for (line, code) in reaches_outside(module, &STACK[..at], &text, depth) {
-                let exception = STILL_UPWARD
-                    .iter()
-                    .find(|(from, to)| from == module && code.contains(&format!("crate::{to}::")));
-                match exception {
-                    Some(edge) => excepted.push(*edge),
-                    None => violations.push(format!("{}:{line}: {code}", path.display())),
-                }
+                violations.push(format!("{}:{line}: {code}", path.display()));
             }
         }
-    }
-    for edge in STILL_UPWARD {
-        assert!(
-            excepted.contains(edge),
-            "{edge:?} no longer imports upward: remove it from STILL_UPWARD"
-        );
     }
     assert!(
         violations.is_empty(),

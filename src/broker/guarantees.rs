@@ -197,13 +197,15 @@ impl Broker {
             .origin()
             .and_then(|id| self.client_id_of(letters, id));
         let loss = Loss {
-            message,
+            topic: &message.topic,
+            payload: &message.payload,
+            properties: message.properties(),
             reason,
             client_id: client_id.map(|c| &**c),
             publisher: publisher.as_deref(),
             reason_code,
         };
-        let letter = letters.build(&loss, SystemTime::now());
+        let letter = Message::from_publish(letters.build(&loss, SystemTime::now()), None);
         match self.publish(Arc::new(letter), None) {
             Ok(routed) => {
                 self.guarantee_metrics.dead_letters[reason.index()].increment(1);

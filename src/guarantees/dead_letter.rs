@@ -14,7 +14,6 @@ use std::time::{Duration, SystemTime};
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
-use crate::broker::Message;
 use crate::codec::{Publish, PublishProperties, QoS, ReasonCode};
 use crate::config::DeadLetterConfig;
 
@@ -70,11 +69,16 @@ impl DeadReason {
     }
 }
 
-/// One dropped message and its circumstances.
+/// One dropped message (its topic, payload and properties as routed) and its circumstances.
+/// Plain parts rather than the broker's `Message`, so this module needs nothing of the broker.
 #[derive(Debug, Clone, Copy)]
 pub struct Loss<'a> {
-    /// The message as routed.
-    pub message: &'a Message,
+    /// The topic it was published on.
+    pub topic: &'a str,
+    /// Its payload.
+    pub payload: &'a bytes::Bytes,
+    /// Its properties as routed.
+    pub properties: &'a PublishProperties,
     /// Why it was dropped.
     pub reason: DeadReason,
     /// The session that lost it, when there is one (not for `schema_invalid`).
@@ -90,9 +94,9 @@ pub struct Loss<'a> {
 pub struct DeadLetters {
     prefix: String,
     bucket: Option<Mutex<Buckets>>,
-    /// The last publisher looked up (session id → client id): a flood of drops from one
-    /// publisher walks the sessions once (`Broker::client_id_of`).
-    last_publisher: Mutex<Option<(crate::broker::SessionId, ByteString)>>,
+    /// The last publisher looked up (the broker's session id → client id): a flood of drops
+    /// from one publisher walks the sessions once (`Broker::client_id_of`).
+    last_publisher: Mutex<Option<(u64, ByteString)>>,
 }
 
 /// A token bucket of `rate` per second, one second's worth as burst.
@@ -160,7 +164,7 @@ impl DeadLetters {
     }
 
     /// The client id cached for session `id`, if it is the last one looked up.
-    pub fn cached_publisher(&self, id: crate::broker::SessionId) -> Option<ByteString> {
+    pub fn cached_publisher(&self, id: u64) -> Option<ByteString> {
         match &*self.last_publisher.lock() {
             Some((cached, client_id)) if *cached == id => Some(client_id.clone()),
             _ => None,
@@ -169,7 +173,7 @@ impl DeadLetters {
 
     /// Remembers `client_id` as session `id`'s (session ids are never reused, so the entry
     /// cannot go stale; it is only replaced by the next publisher's).
-    pub fn cache_publisher(&self, id: crate::broker::SessionId, client_id: ByteString) {
+    pub fn cache_publisher(&self, id: u64, client_id: ByteString) {
         *self.last_publisher.lock() = Some((id, client_id));
     }
 
@@ -227,10 +231,10 @@ impl DeadLetters {
 
     /// The dead letter of `loss`, stamped `now`: QoS 1, not retained, the original payload
     /// and properties without Message Expiry, plus `reason`, `client_id`, `publisher`, `time`
-    /// (and `reason_code` for `rejected`) user properties.
-    pub fn build(&self, loss: &Loss<'_>, now: SystemTime) -> Message {
-        let original = loss.message;
-        let source = original.properties();
+    /// (and `reason_code` for `rejected`) user properties; the broker publishes it as a
+    /// message from nobody.
+    pub fn build(&self, loss: &Loss<'_>, now: SystemTime) -> Publish {
+        let source = loss.properties;
         let mut properties = PublishProperties {
             payload_format_indicator: source.payload_format_indicator,
             message_expiry_interval: None,
@@ -271,21 +275,18 @@ impl DeadLetters {
                 ByteString::from(format!("0x{:02X}", code.0)),
             ));
         }
-        let mut topic = String::with_capacity(self.prefix.len() + original.topic.len());
+        let mut topic = String::with_capacity(self.prefix.len() + loss.topic.len());
         topic.push_str(&self.prefix);
-        topic.push_str(&original.topic);
-        Message::from_publish(
-            Publish {
-                dup: false,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                topic: ByteString::from(topic),
-                packet_id: 0,
-                payload: original.payload.clone(),
-                properties,
-            },
-            None,
-        )
+        topic.push_str(loss.topic);
+        Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: ByteString::from(topic),
+            packet_id: 0,
+            payload: loss.payload.clone(),
+            properties,
+        }
     }
 }
 
@@ -306,8 +307,8 @@ mod tests {
         })
     }
 
-    fn user<'a>(m: &'a Message, key: &str) -> Vec<&'a str> {
-        m.properties()
+    fn user<'a>(m: &'a Publish, key: &str) -> Vec<&'a str> {
+        m.properties
             .user_properties
             .iter()
             .filter(|(k, _)| k == key)
@@ -320,30 +321,29 @@ mod tests {
     /// `time` (RFC 3339, UTC) and, for `rejected`, `reason_code`.
     #[test]
     fn build_carries_the_message_and_why_it_was_lost() {
-        let original = Message::from_publish(
-            Publish {
-                qos: QoS::ExactlyOnce,
-                retain: true,
-                topic: "a/b".into(),
-                packet_id: 9,
-                payload: bytes::Bytes::from_static(b"payload"),
-                properties: PublishProperties {
-                    message_expiry_interval: Some(30),
-                    content_type: Some("application/json".into()),
-                    response_topic: Some("reply/x".into()),
-                    correlation_data: Some(bytes::Bytes::from_static(b"c")),
-                    payload_format_indicator: Some(1),
-                    user_properties: vec![("k".into(), "v".into())],
-                    ..Default::default()
-                },
+        let original = Publish {
+            qos: QoS::ExactlyOnce,
+            retain: true,
+            topic: "a/b".into(),
+            packet_id: 9,
+            payload: bytes::Bytes::from_static(b"payload"),
+            properties: PublishProperties {
+                message_expiry_interval: Some(30),
+                content_type: Some("application/json".into()),
+                response_topic: Some("reply/x".into()),
+                correlation_data: Some(bytes::Bytes::from_static(b"c")),
+                payload_format_indicator: Some(1),
+                user_properties: vec![("k".into(), "v".into())],
                 ..Default::default()
             },
-            Some(4),
-        );
+            ..Default::default()
+        };
         let at = std::time::UNIX_EPOCH + Duration::from_millis(1_764_676_800_123);
         let letter = letters(0).build(
             &Loss {
-                message: &original,
+                topic: &original.topic,
+                payload: &original.payload,
+                properties: &original.properties,
                 reason: DeadReason::Rejected,
                 client_id: Some("sub-1"),
                 publisher: Some("pub-1"),
@@ -355,8 +355,7 @@ mod tests {
         assert_eq!(letter.qos, QoS::AtLeastOnce);
         assert!(!letter.retain);
         assert_eq!(&letter.payload[..], b"payload");
-        assert_eq!(letter.origin(), None);
-        let p = letter.properties();
+        let p = &letter.properties;
         assert_eq!(p.message_expiry_interval, None);
         assert_eq!(p.content_type.as_deref(), Some("application/json"));
         assert_eq!(p.response_topic.as_deref(), Some("reply/x"));
@@ -371,7 +370,9 @@ mod tests {
         // Without a session, a publisher or a code, those properties are left out.
         let bare = letters(0).build(
             &Loss {
-                message: &original,
+                topic: &original.topic,
+                payload: &original.payload,
+                properties: &original.properties,
                 reason: DeadReason::SchemaInvalid,
                 client_id: None,
                 publisher: None,
