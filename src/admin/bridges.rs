@@ -60,7 +60,7 @@ pub(super) struct BridgeView {
     dropped: DropsByDirection,
     /// Messages the local session holds for the remote (queued or unacknowledged).
     queued_messages: usize,
-    /// Their payload bytes.
+    /// Their bytes (topic, payload, properties).
     queued_bytes: usize,
     /// Age of the oldest of them, seconds (`null`: none).
     oldest_queued_secs: Option<f64>,

@@ -1,6 +1,6 @@
 //! `GET /api/v1/shared?limit=`: the shared-subscription groups (`$share/{group}/{filter}`),
 //! each with its members (all, connected) and its backlog (messages queued for the group
-//! across its members: count, payload bytes, oldest age). Sorted by the group's full filter,
+//! across its members: count, bytes, oldest age). Sorted by the group's full filter,
 //! bounded by `limit` like every list (`truncated` says more exist); an unknown parameter is
 //! a 400. The walk is `Broker::shared_groups` (each member session locked once, briefly).
 

@@ -29,6 +29,7 @@ use crate::codec::ReasonCode;
 
 pub mod scram;
 pub mod scram_file;
+pub(crate) mod source;
 pub(crate) mod throttle;
 
 /// Method-specific state carried from one step of an exchange to the next (e.g. the server

@@ -79,7 +79,7 @@ pub struct ClientView {
     pub inflight: usize,
     /// Messages waiting in its session's queue.
     pub queued: usize,
-    /// Their payload bytes.
+    /// Their bytes (topic, payload, properties: `Message::size`).
     pub queued_bytes: usize,
     /// Age of the oldest of them, in seconds (`null`: nothing queued).
     pub oldest_queued_secs: Option<f64>,
@@ -117,7 +117,7 @@ pub struct SessionView {
     pub expires_in_secs: Option<u64>,
     /// Messages queued and not yet sent.
     pub backlog: usize,
-    /// Payload bytes of the queued messages.
+    /// Bytes (topic, payload, properties) of the queued messages.
     pub backlog_bytes: usize,
     /// Age of the oldest queued message, in seconds (`null`: nothing queued).
     pub oldest_queued_secs: Option<f64>,
@@ -136,7 +136,7 @@ pub struct BacklogView {
     pub client_id: String,
     /// Messages queued and not yet sent.
     pub backlog: usize,
-    /// Their payload bytes.
+    /// Their bytes (topic, payload, properties: `Message::size`).
     pub backlog_bytes: usize,
     /// Age of the oldest of them, in seconds.
     pub oldest_queued_secs: f64,
@@ -153,7 +153,7 @@ pub struct SessionTotals {
     pub connected: usize,
     /// Messages queued over all sessions.
     pub queued: usize,
-    /// Their payload bytes.
+    /// Their bytes (topic, payload, properties: `Message::size`).
     pub queued_bytes: usize,
     /// Messages in flight over all sessions.
     pub inflight: usize,
@@ -188,7 +188,7 @@ pub struct SubscriberView {
 pub struct HeldFigures {
     /// Messages queued or in flight.
     pub messages: usize,
-    /// Their payload bytes.
+    /// Their bytes (topic, payload, properties: `Message::size`).
     pub bytes: usize,
     /// Age of the oldest of them (`None`: nothing held).
     pub oldest: Option<std::time::Duration>,
@@ -350,11 +350,7 @@ impl Broker {
         let session = self.session_arc(client_id)?;
         let now = Instant::now();
         let st = session.lock();
-        let inflight_bytes: usize = st
-            .inflight
-            .iter()
-            .map(|f| f.delivery.message.payload.len())
-            .sum();
+        let inflight_bytes: usize = st.inflight.iter().map(|f| f.delivery.message.size()).sum();
         // In flight were sent first, so the older of the two fronts is the oldest held.
         let oldest = [
             st.inflight.front().map(|f| f.delivery.message.received_at),

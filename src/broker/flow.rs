@@ -171,6 +171,38 @@ pub(super) fn anonymous_queued_counted(bytes: usize, up: bool) {
     ANONYMOUS_BYTES.fetch_add(if up { bytes } else { -bytes }, Ordering::Relaxed);
 }
 
+/// A delayed will's bytes ([`crate::codec::LastWill::held_bytes`]) while it waits for its
+/// delay: counted in the budget, and for an anonymous session's in the anonymous share, from
+/// the moment it is held until it is published or cancelled (made and dropped with its
+/// `PendingWill`). A v5 will may carry up to `max_connect_size` and wait as long as its
+/// session: counted nowhere, hundreds of them pinned memory past every bound (issue 35,
+/// eighth adversarial pass, Q1).
+#[derive(Debug)]
+pub(crate) struct HeldWill {
+    bytes: usize,
+    anonymous: bool,
+}
+
+impl HeldWill {
+    /// Counts `bytes` (and in the anonymous share when `anonymous`).
+    pub(crate) fn new(bytes: usize, anonymous: bool) -> HeldWill {
+        message_made(bytes);
+        if anonymous {
+            anonymous_retained_counted(bytes, true);
+        }
+        HeldWill { bytes, anonymous }
+    }
+}
+
+impl Drop for HeldWill {
+    fn drop(&mut self) {
+        message_dropped(self.bytes);
+        if self.anonymous {
+            anonymous_retained_counted(self.bytes, false);
+        }
+    }
+}
+
 /// A session took a new filter of `len` bytes (`anonymous`: the session is counted in
 /// [`anonymous_bytes`]). Straight to the shared counter (SUBSCRIBE is rare next to
 /// PUBLISH): the check of the next SUBSCRIBE sees it.

@@ -222,10 +222,12 @@ impl Broker {
                 publish_at_unix_ms: publish_at_unix_ms.min(ends),
             }]);
         }
+        let held = super::flow::HeldWill::new(will.held_bytes(), st.is_anonymous());
         st.pending_will = Some(Box::new(PendingWill {
             will,
             publish_at: Instant::now() + delay,
             publish_at_unix_ms,
+            _held: held,
         }));
     }
 
@@ -260,7 +262,9 @@ impl Broker {
         // their share of the budget, and past it is not published, as their PUBLISH is
         // refused (`flow::ANONYMOUS_SHARE`; kept without RETAIN it would break MQTT-3.1.2-17).
         let anonymous = will.retain && !will.payload.is_empty() && session.lock().is_anonymous();
-        if anonymous && !self.anonymous_will_fits(&session.client_id, &will.topic, &will.payload) {
+        if anonymous
+            && !self.anonymous_will_fits(&session.client_id, &will.topic, will.held_bytes())
+        {
             return;
         }
         let mut message = Message::from_will(will);
@@ -294,20 +298,18 @@ impl Broker {
         }
         let anonymous =
             *owner == SessionOwner::Anonymous && message.retain && !message.payload.is_empty();
-        if anonymous && !self.anonymous_will_fits(client_id, &message.topic, &message.payload) {
+        if anonymous && !self.anonymous_will_fits(client_id, &message.topic, message.size()) {
             return;
         }
         message.from_anonymous = anonymous;
         self.publish_allowed_will(&Arc::new(message));
     }
 
-    /// Whether a retained will of `topic` and `payload` of an anonymous client fits in their
-    /// share of the budget (`flow::ANONYMOUS_SHARE`); logged when it does not.
-    fn anonymous_will_fits(&self, client_id: &str, topic: &str, payload: &[u8]) -> bool {
-        let fits = super::flow::anonymous_share_has_room(
-            (topic.len() + payload.len()) as u64,
-            &self.flow.memory,
-        );
+    /// Whether a retained will on `topic` of `size` bytes (topic, payload, properties) of an
+    /// anonymous client fits in their share of the budget (`flow::ANONYMOUS_SHARE`); logged
+    /// when it does not.
+    fn anonymous_will_fits(&self, client_id: &str, topic: &str, size: usize) -> bool {
+        let fits = super::flow::anonymous_share_has_room(size as u64, &self.flow.memory);
         if !fits {
             tracing::info!(client = %client_id, %topic, "will not published: anonymous clients are at their share of the memory budget");
         }

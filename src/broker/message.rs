@@ -34,6 +34,10 @@ pub struct Message {
     /// retained message its bytes count in the anonymous share of the budget
     /// (`flow::ANONYMOUS_SHARE`). Set by the publishing session's handle only.
     pub(crate) from_anonymous: bool,
+    /// What the message makes the broker hold, counted in every bound (the memory budget,
+    /// queued bytes, the anonymous share): topic, payload and properties
+    /// ([`Message::size`]). Fixed at construction: none of them changes after.
+    size: u32,
     /// v5 properties to forward (topic alias and subscription ids stripped); `None` when there
     /// are none, as for every 3.x message: 8 bytes instead of 160 in each queued message.
     /// Read through [`Message::properties`].
@@ -134,11 +138,17 @@ fn boxed_properties(properties: PublishProperties) -> Option<Box<PublishProperti
     (!properties.is_empty()).then(|| Box::new(properties))
 }
 
+/// What a message of `topic`, `payload` and `properties` holds: see [`Message::size`].
+fn held_size(topic: &str, payload: &Bytes, properties: Option<&PublishProperties>) -> u32 {
+    let bytes = topic.len() + payload.len() + properties.map_or(0, PublishProperties::held_bytes);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
 /// Uncounts the message from the memory budget (`broker::flow`), which counted it when it was
-/// made. Topic and payload are never replaced after that, so the two counts match.
+/// made. Its size is fixed at construction, so the two counts match.
 impl Drop for Message {
     fn drop(&mut self) {
-        super::flow::message_dropped(self.topic.len() + self.payload.len());
+        super::flow::message_dropped(self.size());
     }
 }
 
@@ -152,13 +162,16 @@ impl Message {
         let expires_at = properties
             .message_expiry_interval
             .map(|secs| now + std::time::Duration::from_secs(u64::from(secs)));
-        super::flow::message_made(publish.topic.len() + publish.payload.len());
+        let properties = boxed_properties(properties);
+        let size = held_size(&publish.topic, &publish.payload, properties.as_deref());
+        super::flow::message_made(size as usize);
         Message {
             topic: publish.topic,
             payload: publish.payload,
             qos: publish.qos,
             retain: publish.retain,
-            properties: boxed_properties(properties),
+            size,
+            properties,
             expires_at,
             received_at: now,
             origin: origin.and_then(std::num::NonZeroU64::new),
@@ -218,13 +231,16 @@ impl Message {
     pub fn from_stored(stored: &crate::storage::StoredMessage, store_id: Option<u64>) -> Message {
         let (received_at, expires_at) =
             super::restore::instants(stored, Instant::now(), crate::storage::now_unix_ms());
-        super::flow::message_made(stored.topic.len() + stored.payload.len());
+        let properties = boxed_properties(stored.properties.clone());
+        let size = held_size(&stored.topic, &stored.payload, properties.as_deref());
+        super::flow::message_made(size as usize);
         Message {
+            size,
             topic: stored.topic.clone(),
             payload: stored.payload.clone(),
             qos: stored.qos,
             retain: stored.retain,
-            properties: boxed_properties(stored.properties.clone()),
+            properties,
             expires_at,
             received_at,
             origin: None,
@@ -298,6 +314,13 @@ impl Message {
     /// The v5 properties forwarded with this message (empty for most messages).
     pub fn properties(&self) -> &PublishProperties {
         self.properties.as_deref().unwrap_or(&NO_PROPERTIES)
+    }
+
+    /// The bytes this message makes the broker hold: its topic, payload and properties
+    /// (`PublishProperties::held_bytes`). Every bound on what messages hold counts this, so
+    /// a PUBLISH cannot carry past them in its properties (issue 35, eighth pass, Q1).
+    pub fn size(&self) -> usize {
+        self.size as usize
     }
 
     /// True once the Message Expiry Interval has passed (MQTT-3.3.2-5).
@@ -404,6 +427,22 @@ mod tests {
     fn message_stays_small() {
         let size = size_of::<Message>();
         assert!(size <= 224, "Message is {size} B");
+    }
+
+    /// Issue 35, eighth pass, Q1: what a message holds counts its properties, not only its
+    /// topic and payload, so no bound can be passed by carrying bytes in them.
+    #[test]
+    fn a_messages_size_counts_its_properties() {
+        let mut publish = Publish {
+            topic: "a/b".into(),
+            payload: Bytes::from_static(b"x"),
+            ..Publish::default()
+        };
+        assert_eq!(Message::from_publish(publish.clone(), None).size(), 4);
+        publish.properties.user_properties = vec![("k".into(), "v".repeat(1000).into())];
+        publish.properties.correlation_data = Some(Bytes::from(vec![0; 500]));
+        let size = Message::from_publish(publish, None).size();
+        assert!(size >= 4 + 1000 + 500, "{size}");
     }
 
     #[test]

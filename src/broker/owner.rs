@@ -70,8 +70,9 @@ pub(crate) fn check(
 /// pass 7b, P2 and P3).
 ///
 /// - A verified user (`SessionOwner::User`): its name, whatever the session or address.
-/// - Nobody verified (anonymous, or no method configured): the client's address (its IP,
-///   not the port; the PROXY header's where there is one). Such clients cannot be told
+/// - Nobody verified (anonymous, or no method configured): the client's source
+///   (`auth::source`: the IPv4 address, or the /64 of an IPv6 one, as every per-source bound
+///   counts it; the PROXY header's address where there is one; eighth pass, Q2). Such clients cannot be told
 ///   apart otherwise, and the address is the one thing about them they cannot choose
 ///   freely; one common share for all of them would give every client of a broker without
 ///   authentication one tenth of the window together, and let one stranger evict the keys
@@ -86,7 +87,7 @@ pub(crate) fn share_key(owner: &SessionOwner, peer: Option<std::net::IpAddr>) ->
         std::sync::LazyLock::new(foldhash::quality::RandomState::default);
     let key = match (owner, peer) {
         (SessionOwner::User(user), _) => SEED.hash_one((0u8, &**user)),
-        (_, Some(ip)) => SEED.hash_one((1u8, ip)),
+        (_, Some(ip)) => SEED.hash_one((1u8, crate::auth::source::source_key(ip))),
         (_, None) => SEED.hash_one(2u8),
     };
     key.max(1)
@@ -132,6 +133,16 @@ mod tests {
             share_key(&user("m"), Some(a))
         );
         assert_eq!(share_key(&anonymous, None), share_key(&unbound, None));
+        // Eighth pass, Q2: one /64 is one source, as for every per-source bound.
+        let v6 = |s: &str| Some(s.parse::<std::net::IpAddr>().expect("address"));
+        assert_eq!(
+            share_key(&anonymous, v6("2001:db8::1")),
+            share_key(&anonymous, v6("2001:db8::ffff:2"))
+        );
+        assert_ne!(
+            share_key(&anonymous, v6("2001:db8::1")),
+            share_key(&anonymous, v6("2001:db8:0:1::1"))
+        );
         for key in [share_key(&anonymous, None), share_key(&user(""), None)] {
             assert_ne!(key, 0);
         }

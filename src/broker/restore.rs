@@ -238,10 +238,12 @@ impl Broker {
         if let Some(session) = session {
             let (generation, expiry) = {
                 let mut st = session.lock();
+                let held = super::flow::HeldWill::new(will.will.held_bytes(), st.is_anonymous());
                 st.pending_will = Some(Box::new(PendingWill {
                     will: will.will,
                     publish_at,
                     publish_at_unix_ms: will.publish_at_unix_ms,
+                    _held: held,
                 }));
                 (st.generation, st.expiry_interval)
             };

@@ -449,7 +449,7 @@ impl Broker {
         {
             return None;
         }
-        let size = message.payload.len();
+        let size = message.size();
         // Each target under its own policy: a bridge's session may refuse where the others
         // drop, or the other way round.
         let full = targets.iter().find(|t| {
@@ -503,15 +503,12 @@ impl Broker {
             retained.remove(&message.topic) // MQTT-3.3.1-10
         } else {
             if message.from_anonymous {
-                super::flow::anonymous_retained_counted(
-                    message.topic.len() + message.payload.len(),
-                    true,
-                );
+                super::flow::anonymous_retained_counted(message.size(), true);
             }
             retained.insert(&message.topic, Arc::clone(message)) // MQTT-3.3.1-5
         };
         if let Some(old) = old.filter(|old| old.from_anonymous) {
-            super::flow::anonymous_retained_counted(old.topic.len() + old.payload.len(), false);
+            super::flow::anonymous_retained_counted(old.size(), false);
         }
         self.metrics.retained_messages.set(retained.len() as f64);
     }

@@ -116,7 +116,7 @@ fn walk(groups: &[GroupMembers]) -> Vec<GroupFigures> {
             };
             let f = &mut figures[i];
             f.queued += 1;
-            f.bytes += delivery.message.payload.len();
+            f.bytes += delivery.message.size();
             let at = delivery.message.received_at;
             f.oldest = Some(f.oldest.map_or(at, |o| o.min(at)));
         }

@@ -171,6 +171,25 @@ pub struct LastWill {
     pub properties: WillProperties,
 }
 
+impl LastWill {
+    /// The bytes this will makes a broker hold while it waits (topic, payload, properties'
+    /// variable-length fields): counted like a message's (issue 35, eighth pass, Q1).
+    pub fn held_bytes(&self) -> usize {
+        let p = &self.properties;
+        let user: usize = p
+            .user_properties
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 4)
+            .sum();
+        16 + self.topic.len()
+            + self.payload.len()
+            + user
+            + p.response_topic.as_ref().map_or(0, |t| t.len())
+            + p.correlation_data.as_ref().map_or(0, Bytes::len)
+            + p.content_type.as_ref().map_or(0, |t| t.len())
+    }
+}
+
 /// CONNECT properties (v5 only; empty for 3.x).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConnectProperties {
@@ -314,6 +333,29 @@ impl PublishProperties {
             && self.user_properties.is_empty()
             && self.subscription_identifiers.is_empty()
             && self.content_type.is_none()
+    }
+
+    /// The bytes these properties make a broker hold: the variable-length fields (Response
+    /// Topic, Correlation Data, Content Type, every User Property's name and value with
+    /// their two length prefixes) and a few for the fixed ones. A PUBLISH may carry up to
+    /// its maximum packet size of them, so every bound on what a message holds counts this
+    /// with its topic and payload (issue 35, eighth adversarial pass, Q1).
+    pub fn held_bytes(&self) -> usize {
+        const FIXED: usize = 16;
+        if self.is_empty() {
+            return 0;
+        }
+        let user: usize = self
+            .user_properties
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 4)
+            .sum();
+        FIXED
+            + user
+            + self.response_topic.as_ref().map_or(0, |t| t.len())
+            + self.correlation_data.as_ref().map_or(0, Bytes::len)
+            + self.content_type.as_ref().map_or(0, |t| t.len())
+            + 4 * self.subscription_identifiers.len()
     }
 }
 

@@ -175,8 +175,8 @@ pub struct MqttConfig {
     /// publishers are paused; for an offline or stalled one the hard bound `queue_overflow`
     /// applies at.
     pub max_queued_messages: usize,
-    /// Per-session bound on queued payload bytes, applied like `max_queued_messages`; 0 = no
-    /// byte bound.
+    /// Per-session bound on queued bytes (topic, payload, properties), applied like
+    /// `max_queued_messages`; 0 = no byte bound.
     pub max_queued_bytes: usize,
     /// Seconds a connected session with a full queue may go without taking a message off it
     /// before it counts as stalled: its publishers are no longer paused for it and its
@@ -186,7 +186,7 @@ pub struct MqttConfig {
     /// socket no faster (back-pressure, nothing dropped), with one second's worth as burst;
     /// 0 = none.
     pub max_publish_rate: u32,
-    /// Per-client limit on PUBLISH payload bytes per second, enforced like
+    /// Per-client limit on PUBLISH payload and property bytes per second, enforced like
     /// `max_publish_rate`; 0 = none.
     pub max_publish_bytes_rate: u64,
     /// Pause publishers for QoS 0 messages too (not only QoS 1 and 2) when a connected,

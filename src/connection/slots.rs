@@ -33,7 +33,7 @@
 //! Must not: be touched per packet.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -369,18 +369,8 @@ impl Admission {
     }
 }
 
-/// The source a pending bound counts against: the IPv4 address (also when it arrives
-/// IPv4-mapped on an IPv6 socket), or the /64 prefix of an IPv6 address, since one host
-/// commonly has a whole /64 to pick addresses from.
-pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
-        },
-    }
-}
+/// The source a pending bound counts against (`auth::source`).
+pub(crate) use crate::auth::source::source_key;
 
 /// Where a [`HandshakeSlot`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

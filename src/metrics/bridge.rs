@@ -81,7 +81,7 @@ impl BridgeQueueFamilies {
             ),
             bytes: vec(
                 BRIDGE_QUEUED_BYTES,
-                "Payload bytes of the messages the bridge's local session holds for the remote.",
+                "Bytes (topic, payload, properties) of the messages the bridge's local session holds for the remote.",
             ),
             oldest_seconds: vec(
                 BRIDGE_OLDEST_QUEUED_SECONDS,

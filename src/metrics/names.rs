@@ -133,7 +133,7 @@ pub const SESSIONS_BACKLOGGED: &str = "postbox_sessions_backlogged";
 pub const SESSION_BACKLOG_MAX: &str = "postbox_session_backlog_max";
 /// Gauge: age in seconds of the oldest queued message of any session.
 pub const SESSION_BACKLOG_OLDEST_SECONDS: &str = "postbox_session_backlog_oldest_seconds";
-/// Gauge: payload bytes of the messages waiting in session queues, all sessions; computed at
+/// Gauge: bytes (topic, payload, properties) of the messages waiting in session queues, all sessions; computed at
 /// scrape.
 pub const MESSAGES_QUEUED_BYTES: &str = "postbox_messages_queued_bytes";
 /// Gauge: shared-subscription groups (`$share/{group}/{filter}`) existing now.
@@ -180,7 +180,7 @@ pub const BRIDGE_RECONNECTS_TOTAL: &str = "postbox_bridge_reconnects_total";
 /// Gauge (label `bridge`): messages the bridge's local session holds for the remote (queued,
 /// and sent but not acknowledged by it); computed at scrape.
 pub const BRIDGE_QUEUED_MESSAGES: &str = "postbox_bridge_queued_messages";
-/// Gauge (label `bridge`): payload bytes of those messages; computed at scrape.
+/// Gauge (label `bridge`): bytes (topic, payload, properties) of those messages; computed at scrape.
 pub const BRIDGE_QUEUED_BYTES: &str = "postbox_bridge_queued_bytes";
 /// Gauge (label `bridge`): age in seconds of the oldest of them (0: none); computed at scrape.
 pub const BRIDGE_OLDEST_QUEUED_SECONDS: &str = "postbox_bridge_oldest_queued_seconds";

@@ -113,7 +113,7 @@ impl SharedGroupFigures {
 pub struct ScrapeFigures {
     /// Messages waiting in session queues, all sessions.
     pub messages_queued: Gauge,
-    /// Payload bytes of the messages waiting in session queues, all sessions.
+    /// Bytes (topic, payload, properties) of the messages waiting in session queues, all sessions.
     pub messages_queued_bytes: Gauge,
     /// Sessions with at least one queued message not yet sent.
     pub sessions_backlogged: Gauge,
@@ -161,7 +161,7 @@ impl ScrapeTime {
                 ),
                 messages_queued_bytes: gauge(
                     MESSAGES_QUEUED_BYTES,
-                    "Payload bytes of the messages waiting in session queues, all sessions.",
+                    "Bytes (topic, payload, properties) of the messages waiting in session queues, all sessions.",
                 ),
                 sessions_backlogged: gauge(
                     SESSIONS_BACKLOGGED,

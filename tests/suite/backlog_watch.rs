@@ -89,6 +89,8 @@ async fn publish_n(c: &mut RawClient, topic: &str, n: u16, size: usize) {
 async fn backlog_metrics_follow_a_stalled_consumer() {
     const SENT: u16 = 6;
     const SIZE: usize = 100;
+    // What a queued message counts: its topic and payload (no properties here).
+    const HELD: usize = SIZE + "watch/t".len();
     let (server, port) = start().await;
     let addr = server.listeners[0].addr;
     let mut consumer = narrow_subscriber(addr, "stalled", "watch/#").await;
@@ -103,7 +105,7 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     .await;
     assert_eq!(
         value(&first, "postbox_messages_queued_bytes"),
-        queued * SIZE as f64
+        queued * HELD as f64
     );
     assert_eq!(value(&first, "postbox_sessions_backlogged"), 1.0);
     assert_eq!(value(&first, "postbox_session_backlog_max"), queued);
@@ -123,7 +125,7 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     assert_eq!(session["backlog"], SENT - 1, "{session}");
     assert_eq!(
         session["backlog_bytes"],
-        usize::from(SENT - 1) * SIZE,
+        usize::from(SENT - 1) * HELD,
         "{session}"
     );
     assert!(
@@ -142,7 +144,7 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     assert_eq!(listed["queued"], SENT - 1, "{listed}");
     assert_eq!(
         listed["queued_bytes"],
-        usize::from(SENT - 1) * SIZE,
+        usize::from(SENT - 1) * HELD,
         "{listed}"
     );
     assert!(
@@ -154,13 +156,13 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     let overview = get_json(port, "/api/v1/overview").await;
     assert_eq!(
         overview["sessions"]["queued_bytes"],
-        usize::from(SENT - 1) * SIZE,
+        usize::from(SENT - 1) * HELD,
         "{overview}"
     );
     assert_eq!(overview["largest_backlogs"][0]["client_id"], "stalled");
     assert_eq!(
         overview["largest_backlogs"][0]["backlog_bytes"],
-        usize::from(SENT - 1) * SIZE
+        usize::from(SENT - 1) * HELD
     );
 
     // It resumes: reads and acknowledges everything, and the backlog drains.
@@ -207,6 +209,8 @@ fn group<'a>(list: &'a Value, name: &str) -> &'a Value {
 async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
     const SENT: u16 = 7;
     const SIZE: usize = 10;
+    // What a queued message counts: its topic and payload (no properties here).
+    const HELD: usize = SIZE + "jobs/build".len();
     let (server, port) = start().await;
     let addr = server.listeners[0].addr;
     // Two stalled members of one group (round-robin, the default strategy), a stalled plain
@@ -241,7 +245,7 @@ async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
     assert_eq!(workers["filter"], "jobs/#", "{workers}");
     assert_eq!(workers["members"], 2, "{workers}");
     assert_eq!(workers["connected_members"], 2, "{workers}");
-    assert_eq!(workers["backlog_bytes"], group_queued * SIZE, "{workers}");
+    assert_eq!(workers["backlog_bytes"], group_queued * HELD, "{workers}");
     assert!(
         workers["oldest_queued_secs"]
             .as_f64()
@@ -260,7 +264,7 @@ async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
         solo["backlog"], solo_queued,
         "only its group's deliveries: {solo}"
     );
-    assert_eq!(solo["backlog_bytes"], solo_queued * SIZE, "{solo}");
+    assert_eq!(solo["backlog_bytes"], solo_queued * HELD, "{solo}");
 
     let text = scrape_until(port, "the shared backlog", |t| {
         sample(t, "postbox_shared_messages_queued") == Some((group_queued + solo_queued) as f64)

@@ -296,7 +296,8 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     );
     assert_eq!(
         value(&metrics, r#"postbox_bridge_queued_bytes{bridge="cloud"}"#),
-        f64::from(4 + 5 + 2)
+        // Each message's topic (`sensors/t`) and payload: what the session holds.
+        f64::from(3 * 9 + 4 + 5 + 2)
     );
     let oldest = value(
         &metrics,
@@ -308,7 +309,7 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     );
     let b = get_json(http, "/api/v1/bridges").await["bridges"][0].clone();
     assert_eq!(b["queued_messages"], 3, "{b}");
-    assert_eq!(b["queued_bytes"], 11, "{b}");
+    assert_eq!(b["queued_bytes"], 3 * 9 + 11, "{b}");
     assert!(
         b["oldest_queued_secs"].as_f64().is_some_and(|s| s > 0.0),
         "{b}"

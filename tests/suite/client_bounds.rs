@@ -700,3 +700,94 @@ async fn what_an_offline_anonymous_session_queues_is_kept_within_their_share() {
     let backlog = view["backlog"].as_u64().expect("backlog");
     assert!((4..=8).contains(&backlog), "{view}");
 }
+
+/// 64,000 bytes of User Property (MQTT 5 §3.3.2.3.7): what a PUBLISH or a will may carry
+/// besides its payload.
+fn heavy_properties() -> postbox::codec::UserProperties {
+    vec![("note".into(), "p".repeat(64_000).into())]
+}
+
+/// Issue 35, eighth adversarial pass, Q1: a message counts its properties as well as its
+/// topic and payload. Retained messages of a 1-byte payload and 64 KB of User Property from
+/// a stranger are refused at the anonymous share (an eighth of 4 MiB: some eight of them;
+/// v5 §3.4.2.1, 0x97 Quota exceeded), and what an offline anonymous session queues stops there
+/// too (the overflow policy, `drop-new`). Before, only topic and payload were counted: a
+/// hundred such messages took 94 MB and the share still had room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn properties_count_in_the_anonymous_share() {
+    use postbox::codec::QoS;
+    let broker = password_and_anonymous(4_194_304).await;
+    let heavy = |topic: &str, id: u16, retain: bool| {
+        let mut p = v5::publish_packet(topic, QoS::AtLeastOnce, b"x", id);
+        p.retain = retain;
+        p.properties.user_properties = heavy_properties();
+        p
+    };
+    let mut anon = v5::connect_id(broker.addr, "prop-retainer").await;
+    let mut refused_at = None;
+    for i in 0..20u16 {
+        let code = v5::publish(&mut anon, heavy(&format!("prop/ret/{i}"), i + 1, true)).await;
+        if code.is_error() {
+            assert_eq!(code, ReasonCode::QUOTA_EXCEEDED, "message {i}");
+            refused_at = Some(i);
+            break;
+        }
+    }
+    let i = refused_at.expect("20 retained messages with 64 KB of properties were all kept");
+    assert!((1..=8).contains(&i), "refused at message {i}");
+
+    // Queued for an offline anonymous session (the share is full already: none is kept).
+    let (mut sink, _) = v5::connect(broker.addr, v5::persistent_connect("prop-sink", 600)).await;
+    v5::subscribe(&mut sink, "prop/q/#", QoS::AtLeastOnce).await;
+    v5::disconnect(sink).await;
+    let (mut feeder, _) = v5::connect(broker.addr, sensor1("prop-feeder")).await;
+    for i in 0..20u16 {
+        let code = v5::publish(&mut feeder, heavy("prop/q/x", i + 1, false)).await;
+        assert!(!code.is_error(), "message {i}: {code:?}");
+    }
+    let view =
+        common::http::get_json_async(broker.metrics_port, "/api/v1/sessions/prop-sink").await;
+    let backlog = view["backlog"].as_u64().expect("backlog");
+    assert!(backlog <= 8, "{view}");
+}
+
+/// Issue 35, eighth adversarial pass, Q1: a will with a delay (MQTT 5 §3.1.3.2.2) waits as
+/// long as its session, so an anonymous session's counts in the anonymous share: past it a new
+/// anonymous session with such a will is not kept (CONNACK Session Expiry Interval 0, v5
+/// §3.2.2.3.2; its will is then published when its connection ends, MQTT-3.1.2-8). Before,
+/// 300 sessions with 240 KB wills pinned 87 MB, counted nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_delayed_wills_count_in_their_share() {
+    use postbox::codec::{LastWill, QoS, WillProperties};
+    let broker = password_and_anonymous(4_194_304).await;
+    let mut not_kept_at = None;
+    for n in 0..40u16 {
+        let mut connect = v5::persistent_connect(&format!("will-pin-{n}"), 3600);
+        connect.will = Some(LastWill {
+            topic: format!("wills/{n}").into(),
+            payload: bytes::Bytes::from_static(b"gone"),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: WillProperties {
+                will_delay_interval: Some(3600),
+                user_properties: heavy_properties(),
+                ..WillProperties::default()
+            },
+        });
+        let (c, ack) = v5::connect(broker.addr, connect).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "session {n}");
+        // Closed without DISCONNECT: the will waits for its delay.
+        drop(c);
+        if ack.properties.session_expiry_interval == Some(0) {
+            not_kept_at = Some(n);
+            break;
+        }
+    }
+    let n = not_kept_at.expect("40 anonymous sessions with 64 KB delayed wills were all kept");
+    // 512 KiB at some 66 KB a session: about eight (the last closes may still be counting).
+    assert!((4..=12).contains(&n), "the first session not kept was {n}");
+    // The clients a method verified keep their sessions.
+    let (c, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    assert_eq!(ack.properties.session_expiry_interval, None, "{ack:?}");
+    v5::disconnect(c).await;
+}

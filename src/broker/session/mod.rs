@@ -75,9 +75,10 @@ pub struct SessionSubscription {
 
 /// A will held back by its Will Delay Interval after an abnormal close (MQTT-3.1.2-8).
 ///
-/// Plain data, kept in the session state so that the durable store can persist it
+/// Kept in the session state, its bytes counted while it waits (`_held`, kept for its `Drop`), so that the durable
+/// store can persist it
 /// (`storage::Op::PutWill` takes the will and `publish_at_unix_ms`).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PendingWill {
     /// The will as sent in CONNECT (its properties are forwarded when it is published).
     pub will: LastWill,
@@ -85,6 +86,8 @@ pub struct PendingWill {
     pub publish_at: Instant,
     /// `publish_at` as unix milliseconds, for persistence.
     pub publish_at_unix_ms: u64,
+    /// Its bytes, counted in the budget (and the anonymous share) while it waits.
+    pub(crate) _held: super::flow::HeldWill,
 }
 
 /// The live connection attached to a session. A newer connection replaces it (takeover); the
@@ -496,7 +499,7 @@ impl Session {
         if !online && delivery.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
             return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline, Victims::default());
         }
-        let size = delivery.message.payload.len();
+        let size = delivery.message.size();
         let mut outcome = EnqueueOutcome::Queued;
         let mut victims = Victims::default();
         if st.is_full(limits, size)
@@ -544,7 +547,7 @@ impl Session {
                 }
                 OverflowPolicy::DropOldest => match st.queue.pop_front() {
                     Some(old) => {
-                        st.uncount_queued(old.message.payload.len());
+                        st.uncount_queued(old.message.size());
                         outcome = EnqueueOutcome::QueuedDroppedOldest;
                         victims.dropped[old.qos as usize] += 1;
                         victims.stored.extend(old.seq);

@@ -59,7 +59,7 @@ impl SessionState {
 
     /// Appends a delivery restored from the durable store (already admitted once).
     pub fn restore_queued(&mut self, delivery: Delivery) {
-        self.count_queued(delivery.message.payload.len());
+        self.count_queued(delivery.message.size());
         self.queue.push_back(delivery);
     }
 
@@ -68,7 +68,7 @@ impl SessionState {
             // Work for an idle session: the stall clock starts now, not at its last delivery.
             self.progress_at_ms = now_ms;
         }
-        self.count_queued(delivery.message.payload.len());
+        self.count_queued(delivery.message.size());
         self.queue.push_back(delivery);
     }
 
@@ -103,7 +103,7 @@ impl SessionState {
                 > limits.anonymous_share
     }
 
-    /// Payload bytes of the queued deliveries (kept as they come and go: no walk).
+    /// Bytes (`Message::size`) of the queued deliveries (kept as they come and go: no walk).
     pub(in crate::broker) fn queued_bytes(&self) -> usize {
         self.queued_bytes
     }
@@ -111,7 +111,7 @@ impl SessionState {
     /// Takes the oldest queued delivery.
     pub fn pop(&mut self) -> Option<Delivery> {
         let d = self.queue.pop_front()?;
-        self.uncount_queued(d.message.payload.len());
+        self.uncount_queued(d.message.size());
         if self.queue.is_empty() {
             self.overflowing = false;
         }
@@ -132,7 +132,7 @@ impl SessionState {
         for d in self.queue.drain(..) {
             match &d.shared {
                 Some(_) if group(&d) => {
-                    taken_bytes += d.message.payload.len();
+                    taken_bytes += d.message.size();
                     taken.push(d);
                 }
                 _ => kept.push_back(d),

@@ -86,7 +86,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if publish.retain
             && !publish.payload.is_empty()
             && !flow::anonymous_share_has_room(
-                (publish.topic.len() + publish.payload.len()) as u64,
+                (publish.topic.len() + publish.payload.len() + publish.properties.held_bytes())
+                    as u64,
                 &self.broker().flow().memory,
             )
             && self.session.is_anonymous()
@@ -97,7 +98,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
             self.pending_inbound += 1;
         }
-        let size = publish.payload.len();
+        // What the rate counts: payload and properties (a PUBLISH may carry most of its bytes
+        // in the latter).
+        let size = publish.payload.len() + publish.properties.held_bytes();
         let published = match self.session.publish(publish) {
             Ok(published) => published,
             Err(error) => return self.refuse_unstored(qos, packet_id, error),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 pub(super) struct RateBucket {
     /// Messages per second; 0 = no limit on the count.
     messages_per_s: f64,
-    /// Payload bytes per second; 0 = no limit on the bytes.
+    /// Payload and property bytes per second; 0 = no limit on the bytes.
     bytes_per_s: f64,
     messages: f64,
     bytes: f64,

@@ -445,12 +445,19 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // pass: one address pinned a session of a 64 KB id per CONNECT, counted nowhere). v5 is
     // told Session Expiry Interval 0 in CONNACK (the server may lower it, §3.2.2.3.2); 3.x
     // cannot be, so clean session 0 is refused with 3 (Server unavailable). A session the
-    // client id already has is counted already (resumed, or replaced by this one).
+    // client id already has is counted already (resumed, or replaced by this one). A will
+    // with a delay may wait as long as the session, so it counts too (eighth pass, Q1): a
+    // session not kept ends with its connection, and its will is published then.
     let mut not_kept = false;
+    let delayed_will = connect
+        .will
+        .as_ref()
+        .filter(|w| w.properties.will_delay_interval.is_some_and(|d| d > 0))
+        .map_or(0, |w| w.held_bytes() as u64);
     if owner == SessionOwner::Anonymous
         && expiry_interval > 0
         && !crate::broker::flow::anonymous_share_has_room(
-            crate::broker::flow::anonymous_session_cost(admitted.client_id.len()),
+            crate::broker::flow::anonymous_session_cost(admitted.client_id.len()) + delayed_will,
             &broker.flow().memory,
         )
         && !broker.has_session(&admitted.client_id)
