@@ -207,33 +207,55 @@ impl Node {
 /// after it exists. Probes on `probe/<from>/<to>` every 200 ms until one of each QoS arrives.
 pub async fn wait_linked(from: &Node, to: &Node) {
     use super::v5;
-    use postbox::codec::{Packet, QoS};
+    use postbox::codec::QoS;
 
     let topic = format!("probe/{}/{}", from.id, to.id);
     let mut sub = v5::connect_id(to.mqtt(), &format!("probe-sub-{}-{}", from.id, to.id)).await;
     v5::subscribe(&mut sub, &topic, QoS::AtLeastOnce).await;
     let mut publisher =
         v5::connect_id(from.mqtt(), &format!("probe-pub-{}-{}", from.id, to.id)).await;
+    let what = format!(
+        "node {} never delivered what node {} published",
+        to.id, from.id
+    );
+    probe_until_both_qos(&mut publisher, &topic, &mut sub, &mut [], &what).await;
+    v5::disconnect(publisher).await;
+    v5::disconnect(sub).await;
+}
+
+/// Publishes on `publisher` to `topic` a QoS 1 probe (payload `1`, which must be accepted)
+/// and a QoS 0 one (payload `0`) every 200 ms until `sub` has received one of each
+/// (acknowledging what it gets), within `WAIT`, else fails saying `what`. After each round
+/// what reached `others` (members of the same shared group, say) is taken and acknowledged.
+/// For waiting until a path across the cluster carries both QoS.
+pub async fn probe_until_both_qos(
+    publisher: &mut super::RawClient,
+    topic: &str,
+    sub: &mut super::RawClient,
+    others: &mut [&mut super::RawClient],
+    what: &str,
+) {
+    use super::v5;
+    use postbox::codec::{Packet, QoS};
+
     let deadline = tokio::time::Instant::now() + WAIT;
     let (mut qos0, mut qos1) = (false, false);
     let mut id = 0u16;
     while !(qos0 && qos1) {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "node {} never delivered what node {} published (QoS 0 {qos0}, QoS 1 {qos1})",
-            to.id,
-            from.id
+            "{what} (QoS 0 {qos0}, QoS 1 {qos1})"
         );
         id = id % 60_000 + 1;
         let code = v5::publish(
-            &mut publisher,
-            v5::publish_packet(&topic, QoS::AtLeastOnce, b"1", id),
+            publisher,
+            v5::publish_packet(topic, QoS::AtLeastOnce, b"1", id),
         )
         .await;
         assert!(!code.is_error(), "probe refused: {code:?}");
         v5::publish(
-            &mut publisher,
-            v5::publish_packet(&topic, QoS::AtMostOnce, b"0", 0),
+            publisher,
+            v5::publish_packet(topic, QoS::AtMostOnce, b"0", 0),
         )
         .await;
         let until = tokio::time::Instant::now() + Duration::from_millis(200);
@@ -241,15 +263,20 @@ pub async fn wait_linked(from: &Node, to: &Node) {
             .recv_within(until.saturating_duration_since(tokio::time::Instant::now()))
             .await
         {
-            v5::ack(&mut sub, &p).await;
+            v5::ack(sub, &p).await;
             match &p.payload[..] {
                 b"0" => qos0 = true,
                 _ => qos1 = true,
             }
         }
+        for other in others.iter_mut() {
+            while let Ok(Some(Packet::Publish(p))) =
+                other.recv_within(Duration::from_millis(10)).await
+            {
+                v5::ack(other, &p).await;
+            }
+        }
     }
-    v5::disconnect(publisher).await;
-    v5::disconnect(sub).await;
 }
 
 /// NATS and `count` linked nodes (`a`, `b`, `c`, ...; at most five) with `extra` config

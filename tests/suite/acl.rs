@@ -44,6 +44,14 @@ async fn start(dir: &Path, acl: &str) -> RunningServer {
     common::start_with(config).await
 }
 
+/// [`start`] with the file's [`ACL`] in a fresh directory (kept alive by the caller, which may
+/// rewrite the ACL there for a reload).
+async fn start_acl() -> (tempfile::TempDir, RunningServer) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), ACL).await;
+    (dir, server)
+}
+
 fn connect_packet(
     version: ProtocolVersion,
     client: &str,
@@ -61,7 +69,18 @@ async fn connect(
     client: &str,
     user: Option<&str>,
 ) -> RawClient {
-    let mut c = RawClient::open(server.mqtt_addr, version).await;
+    connect_to(server.mqtt_addr, version, client, user).await
+}
+
+/// [`connect`] to any broker's address (the in-process server's or the binary's); the CONNACK
+/// must be a success.
+async fn connect_to(
+    addr: std::net::SocketAddr,
+    version: ProtocolVersion,
+    client: &str,
+    user: Option<&str>,
+) -> RawClient {
+    let mut c = RawClient::open(addr, version).await;
     c.send(&Packet::Connect(Box::new(connect_packet(
         version, client, user,
     ))))
@@ -123,6 +142,17 @@ async fn expect_publish(
     );
 }
 
+/// A non-retained PUBLISH the ACL lets through: acknowledged with success (also what a 3.1.1
+/// client hears for a denied one, which it cannot be told about).
+async fn publish_ok(c: &mut RawClient, topic: &str, payload: &str) {
+    expect_publish(c, topic, payload, false, ReasonCode::SUCCESS).await;
+}
+
+/// A non-retained PUBLISH the ACL refuses: v5 PUBACK 0x87 Not authorized (§3.4.2.1).
+async fn publish_denied(c: &mut RawClient, topic: &str, payload: &str) {
+    expect_publish(c, topic, payload, false, ReasonCode::NOT_AUTHORIZED).await;
+}
+
 /// The next PUBLISH ([`next`]) must be `payload` on `topic`.
 async fn expect_next(c: &mut RawClient, topic: &str, payload: &str) {
     assert_eq!(next(c).await, (topic.into(), payload.into()));
@@ -133,8 +163,7 @@ const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
 
 #[tokio::test]
 async fn subscribe_allowed_and_denied_per_topic_and_pattern() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
     assert_eq!(
         suback(&mut alice, "sensors/alice/#").await,
@@ -160,20 +189,12 @@ async fn subscribe_allowed_and_denied_per_topic_and_pattern() {
 
 #[tokio::test]
 async fn anonymous_lines_and_no_username_never_matches_percent_u() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let mut anon = connect(&server, V5, "n1", None).await;
     expect_suback(&mut anon, "public/#", ReasonCode(1)).await;
     expect_suback(&mut anon, "sensors/+/t", ReasonCode::NOT_AUTHORIZED).await;
     expect_suback(&mut anon, "sensors/%u/t", ReasonCode::NOT_AUTHORIZED).await;
-    expect_publish(
-        &mut anon,
-        "sensors/x/t",
-        "p",
-        false,
-        ReasonCode::NOT_AUTHORIZED,
-    )
-    .await;
+    publish_denied(&mut anon, "sensors/x/t", "p").await;
     assert_eq!(
         publish(&mut anon, "public/x", "p", false).await,
         ReasonCode::NOT_AUTHORIZED,
@@ -183,40 +204,18 @@ async fn anonymous_lines_and_no_username_never_matches_percent_u() {
 
 #[tokio::test]
 async fn denied_publish_is_refused_v5_and_dropped_v311() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
     expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
-    expect_publish(
-        &mut alice,
-        "sensors/bob/t",
-        "v5-denied",
-        false,
-        ReasonCode::NOT_AUTHORIZED,
-    )
-    .await;
+    publish_denied(&mut alice, "sensors/bob/t", "v5-denied").await;
     let mut old = connect(&server, V311, "a2", Some("alice")).await;
     // 3.1.1: acknowledged (no way to refuse) and dropped.
-    expect_publish(
-        &mut old,
-        "sensors/bob/t",
-        "v3-denied",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
+    publish_ok(&mut old, "sensors/bob/t", "v3-denied").await;
     let mut q0 = v5::publish_packet("sensors/bob/t", QoS::AtMostOnce, b"q0-denied", 0);
     q0.retain = false;
     v5::publish(&mut old, q0).await;
-    expect_publish(
-        &mut old,
-        "sensors/alice/t",
-        "allowed",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
+    publish_ok(&mut old, "sensors/alice/t", "allowed").await;
     // The first message the dashboard sees is the allowed one: none of the denied got through.
     expect_next(&mut dash, "sensors/alice/t", "allowed").await;
     v5::expect_silence(&mut dash, QUIET).await;
@@ -224,8 +223,7 @@ async fn denied_publish_is_refused_v5_and_dropped_v311() {
 
 #[tokio::test]
 async fn retained_messages_obey_read_rules() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
     expect_publish(
         &mut alice,
@@ -257,8 +255,7 @@ async fn retained_messages_obey_read_rules() {
 
 #[tokio::test]
 async fn will_to_a_denied_topic_is_never_delivered() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
     expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
     for (topic, payload) in [
@@ -286,58 +283,28 @@ async fn will_to_a_denied_topic_is_never_delivered() {
 
 #[tokio::test]
 async fn partly_allowed_filter_is_granted_and_filtered_at_delivery() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
     expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
     expect_suback(&mut dash, "sensors/secret/#", ReasonCode::NOT_AUTHORIZED).await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
-    expect_publish(
-        &mut admin,
-        "sensors/secret/k",
-        "secret",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
-    expect_publish(
-        &mut admin,
-        "sensors/open/k",
-        "open",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
+    publish_ok(&mut admin, "sensors/secret/k", "secret").await;
+    publish_ok(&mut admin, "sensors/open/k", "open").await;
     expect_next(&mut dash, "sensors/open/k", "open").await;
     v5::expect_silence(&mut dash, QUIET).await;
 }
 
 #[tokio::test]
 async fn sys_topics_only_where_the_acl_says() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
     // MQTT-4.7.2-1: admin's `#` rule does not reach `$SYS`.
     expect_suback(&mut admin, "$SYS/#", ReasonCode::NOT_AUTHORIZED).await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
     expect_suback(&mut dash, "$SYS/#", ReasonCode(1)).await;
     // No client publishes to `$SYS`, not even one the ACL lets read it.
-    expect_publish(
-        &mut dash,
-        "$SYS/fake",
-        "x",
-        false,
-        ReasonCode::NOT_AUTHORIZED,
-    )
-    .await;
-    expect_publish(
-        &mut admin,
-        "$SYS/fake",
-        "x",
-        false,
-        ReasonCode::NOT_AUTHORIZED,
-    )
-    .await;
+    publish_denied(&mut dash, "$SYS/fake", "x").await;
+    publish_denied(&mut admin, "$SYS/fake", "x").await;
     // The broker's own `$SYS` values reach the dashboard; the forged one never does.
     let mut got = Vec::new();
     while let Ok(Some(packet)) = dash.recv_within(QUIET).await {
@@ -351,19 +318,11 @@ async fn sys_topics_only_where_the_acl_says() {
 
 #[tokio::test]
 async fn reload_applies_new_rules_without_dropping_anyone() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (dir, server) = start_acl().await;
     let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
     expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
-    expect_publish(
-        &mut alice,
-        "extra/x",
-        "before",
-        false,
-        ReasonCode::NOT_AUTHORIZED,
-    )
-    .await;
+    publish_denied(&mut alice, "extra/x", "before").await;
     // A bad file keeps the running ACL.
     std::fs::write(dir.path().join("acl"), "topic read ok/#\nbogus line\n").expect("write");
     let report = server.reload();
@@ -372,25 +331,11 @@ async fn reload_applies_new_rules_without_dropping_anyone() {
         report.kept[0].1.contains(":2:"),
         "names the line: {report:?}"
     );
-    expect_publish(
-        &mut alice,
-        "sensors/alice/t",
-        "still",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
+    publish_ok(&mut alice, "sensors/alice/t", "still").await;
     expect_next(&mut dash, "sensors/alice/t", "still").await;
     // Denied again just before the reload: the connection remembers this topic's answer
     // (`client::write_memo`), which the reload must make stale.
-    expect_publish(
-        &mut alice,
-        "extra/x",
-        "denied",
-        false,
-        ReasonCode::NOT_AUTHORIZED,
-    )
-    .await;
+    publish_denied(&mut alice, "extra/x", "denied").await;
     // New rules: alice may write `extra/#`; the dashboard loses `sensors/alice/#`.
     let changed = format!("{ACL}\nuser alice\ntopic write extra/#\n").replace(
         "topic deny sensors/secret/#",
@@ -399,33 +344,18 @@ async fn reload_applies_new_rules_without_dropping_anyone() {
     std::fs::write(dir.path().join("acl"), changed).expect("write");
     let report = server.reload();
     assert_eq!(report.reloaded.len(), 1, "{report:?}");
-    expect_publish(&mut alice, "extra/x", "after", false, ReasonCode::SUCCESS).await;
+    publish_ok(&mut alice, "extra/x", "after").await;
     // The dashboard's subscription, fully granted under the old ACL, is re-checked.
-    expect_publish(
-        &mut alice,
-        "sensors/alice/t",
-        "now-denied",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
+    publish_ok(&mut alice, "sensors/alice/t", "now-denied").await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
-    expect_publish(
-        &mut admin,
-        "sensors/bob/t",
-        "ok",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
-    assert_eq!(next(&mut dash).await, ("sensors/bob/t".into(), "ok".into()));
+    publish_ok(&mut admin, "sensors/bob/t", "ok").await;
+    expect_next(&mut dash, "sensors/bob/t", "ok").await;
 }
 
 #[tokio::test]
 async fn mosquitto_clients_with_username() {
     use crate::common::mosquitto::{mosquitto_pub, MosquittoSub};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let port = server.mqtt_addr.port();
     let mut sub = MosquittoSub::spawn(
         port,
@@ -445,38 +375,13 @@ async fn mosquitto_clients_with_username() {
         ],
     );
     sub.wait_for("SUBACK").await;
-    mosquitto_pub(
-        port,
-        &[
-            "-V",
-            "mqttv311",
-            "-u",
-            "alice",
-            "-t",
-            "sensors/bob/t",
-            "-m",
-            "denied",
-            "-q",
-            "1",
-        ],
-    )
-    .await;
-    mosquitto_pub(
-        port,
-        &[
-            "-V",
-            "mqttv311",
-            "-u",
-            "alice",
-            "-t",
-            "sensors/alice/t",
-            "-m",
-            "allowed",
-            "-q",
-            "1",
-        ],
-    )
-    .await;
+    // The denied one first: had it got through, the subscriber's one message would be it.
+    for (topic, message) in [("sensors/bob/t", "denied"), ("sensors/alice/t", "allowed")] {
+        let args = [
+            "-V", "mqttv311", "-u", "alice", "-t", topic, "-m", message, "-q", "1",
+        ];
+        mosquitto_pub(port, &args).await;
+    }
     assert_eq!(sub.wait_for("MSG|").await, "MSG|sensors/alice/t|allowed");
     sub.exit_ok().await;
 }
@@ -509,22 +414,8 @@ async fn sighup_reloads_the_acl_of_the_binary() {
         &format!("\n[auth]\nacl_file = {acl:?}\n"),
     );
     let broker = Broker::start(&config);
-    let mut c = RawClient::open(config.mqtt, V5).await;
-    c.send(&Packet::Connect(Box::new(connect_packet(
-        V5,
-        "a1",
-        Some("alice"),
-    ))))
-    .await;
-    assert!(matches!(c.recv().await, Some(Packet::ConnAck(a)) if a.reason_code.0 == 0));
-    expect_publish(
-        &mut c,
-        "extra/x",
-        "before",
-        false,
-        ReasonCode::NOT_AUTHORIZED,
-    )
-    .await;
+    let mut c = connect_to(config.mqtt, V5, "a1", Some("alice")).await;
+    publish_denied(&mut c, "extra/x", "before").await;
     std::fs::write(&acl, format!("{ACL}\nuser alice\ntopic write extra/#\n")).expect("write");
     let status = std::process::Command::new("kill")
         .args(["-HUP", &broker.pid().to_string()])
@@ -541,7 +432,7 @@ async fn sighup_reloads_the_acl_of_the_binary() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    expect_publish(&mut c, "extra/x", "after", false, ReasonCode::SUCCESS).await;
+    publish_ok(&mut c, "extra/x", "after").await;
     broker.terminate();
 }
 
@@ -549,8 +440,7 @@ async fn sighup_reloads_the_acl_of_the_binary() {
 /// the new user may read (the grant was made for the old one).
 #[tokio::test]
 async fn resumed_session_of_another_user_is_checked_for_the_new_one() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), ACL).await;
+    let (_dir, server) = start_acl().await;
     let persistent = |user: &str| {
         let mut c = connect_packet(V5, "shared-id", Some(user));
         c.clean_start = false;
@@ -564,23 +454,9 @@ async fn resumed_session_of_another_user_is_checked_for_the_new_one() {
     assert!(ack.session_present, "MQTT-3.2.2-2");
     expect_suback(&mut bob, "sensors/bob/#", ReasonCode(1)).await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
-    expect_publish(
-        &mut admin,
-        "sensors/alice/t",
-        "alice-only",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
-    expect_publish(
-        &mut admin,
-        "sensors/bob/t",
-        "bob",
-        false,
-        ReasonCode::SUCCESS,
-    )
-    .await;
-    assert_eq!(next(&mut bob).await, ("sensors/bob/t".into(), "bob".into()));
+    publish_ok(&mut admin, "sensors/alice/t", "alice-only").await;
+    publish_ok(&mut admin, "sensors/bob/t", "bob").await;
+    expect_next(&mut bob, "sensors/bob/t", "bob").await;
     v5::expect_silence(&mut bob, QUIET).await;
 }
 
@@ -603,7 +479,7 @@ async fn shared_group_picks_a_member_that_may_read() {
     // Round-robin would hand bob every other one; he may read none of them.
     for i in 0..6 {
         let topic = format!("jobs/secret/{i}");
-        expect_publish(&mut boss, &topic, "s", false, ReasonCode::SUCCESS).await;
+        publish_ok(&mut boss, &topic, "s").await;
     }
     for i in 0..6 {
         assert_eq!(
@@ -613,8 +489,8 @@ async fn shared_group_picks_a_member_that_may_read() {
         );
     }
     // Group h (bob alone) got none of the secret ones: its first message is the public one.
-    expect_publish(&mut boss, "jobs/public/p", "p", false, ReasonCode::SUCCESS).await;
-    assert_eq!(next(&mut lone).await, ("jobs/public/p".into(), "p".into()));
+    publish_ok(&mut boss, "jobs/public/p", "p").await;
+    expect_next(&mut lone, "jobs/public/p", "p").await;
 }
 
 /// Where an authentication method is configured, `%c` does not stand for the client id of a

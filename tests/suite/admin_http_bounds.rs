@@ -112,11 +112,7 @@ async fn idle_and_half_sent_http_connections_are_closed_by_the_header_timeout() 
 /// second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_header_timeout_is_configurable() {
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        "header_timeout = 1\n[storage]\npersistence = false\n",
-    )
-    .await;
+    let broker = spawn_with_metrics("header_timeout = 1\n").await;
     let mut idle = connect_from(host(3), http_addr(&broker)).await;
     let after = closed_within(&mut idle, WAIT)
         .await
@@ -271,6 +267,35 @@ async fn get_from(source: Ipv4Addr, addr: SocketAddr, path: &str) -> Option<u16>
         .and_then(|code| code.parse().ok())
 }
 
+/// A broker whose `[metrics]` section has `keys` (and storage not persisted).
+async fn spawn_with_metrics(keys: &str) -> BrokerProcess {
+    let sections = format!("{keys}[storage]\npersistence = false\n");
+    BrokerProcess::spawn_sections(&[""], &sections).await
+}
+
+/// A broker with `max_connections = 4` and `max_connections_per_ip = 2`, its pool full of
+/// peers that never read (two from each of two addresses): the broker, its HTTP address and
+/// the peers' tasks. Full once a fifth connection, from a third address, is not served in
+/// full (polled, bounded by `WAIT`).
+async fn full_pool() -> (
+    BrokerProcess,
+    SocketAddr,
+    Vec<tokio::task::JoinHandle<TcpStream>>,
+) {
+    let broker = spawn_with_metrics("max_connections = 4\nmax_connections_per_ip = 2\n").await;
+    let addr = http_addr(&broker);
+    let mut held = Vec::new();
+    for n in [10, 10, 11, 11] {
+        held.push(never_reading(host(n), addr, "/metrics", 500).await);
+    }
+    let deadline = Instant::now() + WAIT;
+    while get_from(host(12), addr, "/metrics").await == Some(200) {
+        assert!(Instant::now() < deadline, "the pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (broker, addr, held)
+}
+
 /// A peer that pipelines requests and never reads the answers loses its slot within bounded
 /// time (issue 35, sixth adversarial pass, finding 5: hyper waited for its window for ever, so
 /// 8 addresses x 16 of them held every slot and the Kubernetes probes failed). With
@@ -279,11 +304,7 @@ async fn get_from(source: Ipv4Addr, addr: SocketAddr, path: &str) -> Option<u16>
 /// closed at accept for as long as the non-reader stayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_reads_its_answers_loses_its_slot() {
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        "header_timeout = 1\nmax_connections_per_ip = 1\n[storage]\npersistence = false\n",
-    )
-    .await;
+    let broker = spawn_with_metrics("header_timeout = 1\nmax_connections_per_ip = 1\n").await;
     let addr = http_addr(&broker);
     let source = host(5);
     // /metrics answers are tens of KB: 500 of them are far more than the socket buffers hold.
@@ -327,22 +348,7 @@ async fn a_peer_that_never_reads_its_answers_loses_its_slot() {
 /// adversarial pass, finding 5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_answer_while_the_pool_is_full() {
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        "max_connections = 4\nmax_connections_per_ip = 2\n[storage]\npersistence = false\n",
-    )
-    .await;
-    let addr = http_addr(&broker);
-    let mut held = Vec::new();
-    for n in [10, 10, 11, 11] {
-        held.push(never_reading(host(n), addr, "/metrics", 500).await);
-    }
-    // The pool is full once a fifth connection from a third address is not served in full.
-    let deadline = Instant::now() + WAIT;
-    while get_from(host(12), addr, "/metrics").await == Some(200) {
-        assert!(Instant::now() < deadline, "the pool never filled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (broker, addr, held) = full_pool().await;
     // Each from its own address: a probe slot comes back when the broker has closed it,
     // which may be a moment after the client read the end.
     assert_eq!(get_from(host(13), addr, "/healthz").await, Some(200));
@@ -371,21 +377,7 @@ async fn probes_answer_while_the_pool_is_full() {
 /// well before the header timeout would have freed a slot, and the silent sockets are closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_socket_does_not_keep_a_probe_slot() {
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        "max_connections = 4\nmax_connections_per_ip = 2\n[storage]\npersistence = false\n",
-    )
-    .await;
-    let addr = http_addr(&broker);
-    let mut held = Vec::new();
-    for n in [10, 10, 11, 11] {
-        held.push(never_reading(host(n), addr, "/metrics", 500).await);
-    }
-    let deadline = Instant::now() + WAIT;
-    while get_from(host(12), addr, "/metrics").await == Some(200) {
-        assert!(Instant::now() < deadline, "the pool never filled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (broker, addr, held) = full_pool().await;
     // Every probe slot: a silent socket each, from four addresses.
     let mut silent = Vec::new();
     for n in 20..20 + PROBE_SLOTS {

@@ -21,19 +21,32 @@ fn terminate(broker: Broker) -> std::process::ExitStatus {
     broker.terminate()
 }
 
+/// A `postbox.toml` in `dir`: one listener on 127.0.0.1:`mqtt`, metrics on 127.0.0.1:`metrics`,
+/// and `storage` as the `[storage]` section's keys.
+fn config_file(
+    dir: &std::path::Path,
+    mqtt: u16,
+    metrics: u16,
+    storage: &str,
+) -> std::path::PathBuf {
+    let path = dir.join("postbox.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+             [storage]\n{storage}\n"
+        ),
+    )
+    .expect("write config");
+    path
+}
+
 #[test]
 fn runs_from_config_file_serves_mqtt_and_metrics_and_stops_on_sigterm() {
     let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("postbox.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\ndir = {:?}\n",
-            dir.path().join("data")
-        ),
-    )
-    .expect("write config");
+    let data = format!("dir = {:?}", dir.path().join("data"));
+    let path = config_file(dir.path(), mqtt, metrics, &data);
     let child = spawn_broker(&["-c", path.to_str().expect("utf8 path")]);
 
     let status = Command::new("mosquitto_pub")
@@ -70,12 +83,8 @@ fn runs_from_config_file_serves_mqtt_and_metrics_and_stops_on_sigterm() {
 fn port_flag_overrides_the_config() {
     let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("postbox.toml");
-    std::fs::write(
-        &path,
-        format!("[listener]\nbind = \"127.0.0.1:1\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\npersistence = false\n"),
-    )
-    .expect("write config");
+    // The file's listener port (1) is not the one the broker must listen on.
+    let path = config_file(dir.path(), 1, metrics, "persistence = false");
     let child = spawn_broker(&[
         "-c",
         path.to_str().expect("utf8"),
@@ -176,12 +185,7 @@ fn metrics_port_flag_lets_two_brokers_run_side_by_side() {
 fn metrics_port_zero_turns_the_endpoint_off() {
     let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("postbox.toml");
-    std::fs::write(
-        &path,
-        format!("[listener]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\npersistence = false\n"),
-    )
-    .expect("write config");
+    let path = config_file(dir.path(), mqtt, metrics, "persistence = false");
     let child = spawn_broker(&["-c", path.to_str().expect("utf8"), "--metrics-port", "0"]);
     // Running (it logged so) and serving MQTT, but nothing on the configured metrics port.
     TcpStream::connect(("127.0.0.1", mqtt)).expect("MQTT listening");

@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::cluster::{start_cluster, Node};
+use common::cluster::{probe_until_both_qos, start_cluster, Node};
 use common::nats::NatsServer;
 use common::{v5, RawClient, WAIT};
 use postbox::codec::{Packet, QoS, ReasonCode};
@@ -79,39 +79,28 @@ async fn wait_member_pulls(member: &mut RawClient, others: &mut RawClient, a: &N
         as_user(v5::connect_packet("sensor2-probe"), "sensor2"),
     )
     .await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let (mut qos0, mut qos1) = (false, false);
-    let mut id = 0u16;
-    while !(qos0 && qos1) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node b's member never got the group's messages (QoS 0 {qos0}, QoS 1 {qos1})"
-        );
-        id += 1;
-        let code = v5::publish(
-            &mut probe,
-            v5::publish_packet("sensors/sensor2/probe", QoS::AtLeastOnce, b"probe1", id),
-        )
-        .await;
-        assert!(!code.is_error(), "probe refused: {code:?}");
-        v5::publish(
-            &mut probe,
-            v5::publish_packet("sensors/sensor2/probe", QoS::AtMostOnce, b"probe0", 0),
-        )
-        .await;
-        while let Ok(Some(Packet::Publish(p))) =
-            member.recv_within(Duration::from_millis(200)).await
-        {
-            v5::ack(member, &p).await;
-            match p.qos {
-                QoS::AtMostOnce => qos0 = true,
-                _ => qos1 = true,
-            }
-        }
-        drain(others, Duration::from_millis(10)).await;
-    }
+    let what = "node b's member never got the group's messages";
+    probe_until_both_qos(
+        &mut probe,
+        "sensors/sensor2/probe",
+        member,
+        &mut [others],
+        what,
+    )
+    .await;
     drain(member, Duration::from_millis(300)).await;
     drain(others, Duration::from_millis(300)).await;
+}
+
+/// A QoS 0 PUBLISH of `payload` on sensor1's `sensors/sensor1/temp`.
+async fn sensor1_temp_qos0(sensor1: &mut RawClient, payload: &str) {
+    let p = v5::publish_packet(
+        "sensors/sensor1/temp",
+        QoS::AtMostOnce,
+        payload.as_bytes(),
+        0,
+    );
+    v5::publish(sensor1, p).await;
 }
 
 /// Issue 37, seventh adversarial pass, N1 (README, Access control: "each message goes to a
@@ -175,16 +164,7 @@ async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_e
 
     for n in 1..=COUNT {
         let payload = format!("zero-{n}");
-        v5::publish(
-            &mut sensor1,
-            v5::publish_packet(
-                "sensors/sensor1/temp",
-                QoS::AtMostOnce,
-                payload.as_bytes(),
-                0,
-            ),
-        )
-        .await;
+        sensor1_temp_qos0(&mut sensor1, &payload).await;
     }
     let (got, all) = receive_numbered(&mut dash, "zero-", COUNT, WAIT).await;
     let missing: Vec<u32> = (1..=COUNT).filter(|n| !got.contains(n)).collect();
@@ -220,16 +200,7 @@ async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_e
         // second until node b counts one.
         n += 1;
         let payload = format!("alone-{n}");
-        v5::publish(
-            &mut sensor1,
-            v5::publish_packet(
-                "sensors/sensor1/temp",
-                QoS::AtMostOnce,
-                payload.as_bytes(),
-                0,
-            ),
-        )
-        .await;
+        sensor1_temp_qos0(&mut sensor1, &payload).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let leaked = drain(&mut s2, Duration::from_millis(300)).await;

@@ -832,25 +832,7 @@ async fn a_shared_group_across_two_nodes_gets_each_message_once() {
     publish_numbered(&mut on_a, "jobs/a", "a", 50).await;
     publish_numbered(&mut on_b, "jobs", "b", 50).await;
 
-    let mut counts: HashMap<String, usize> = HashMap::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while counts.len() < 100 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "only {} of 100 jobs arrived",
-            counts.len()
-        );
-        for member in [&mut member_a, &mut member_b] {
-            while let Ok(Some(Packet::Publish(p))) =
-                member.recv_within(Duration::from_millis(50)).await
-            {
-                v5::ack(member, &p).await;
-                *counts
-                    .entry(String::from_utf8_lossy(&p.payload).into_owned())
-                    .or_default() += 1;
-            }
-        }
-    }
+    let mut counts = receive_across(&mut member_a, &mut member_b, 100).await;
     // Nothing more comes: no second copy to the other member.
     for member in [&mut member_a, &mut member_b] {
         while let Ok(Some(Packet::Publish(p))) =
@@ -1181,6 +1163,35 @@ async fn every_job_reaches(
     }
 }
 
+/// Takes (and acknowledges) what reaches the two members until `count` distinct payloads
+/// have arrived, within `WAIT`: how many times each arrived.
+async fn receive_across(
+    member_a: &mut RawClient,
+    member_b: &mut RawClient,
+    count: usize,
+) -> HashMap<String, usize> {
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while counts.len() < count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {count} jobs arrived: {counts:?}",
+            counts.len()
+        );
+        for member in [&mut *member_a, &mut *member_b] {
+            while let Ok(Some(Packet::Publish(p))) =
+                member.recv_within(Duration::from_millis(50)).await
+            {
+                v5::ack(member, &p).await;
+                *counts
+                    .entry(String::from_utf8_lossy(&p.payload).into_owned())
+                    .or_default() += 1;
+            }
+        }
+    }
+    counts
+}
+
 /// Members `member-a` on node `a` and `member-b` on node `b` of `$share/workers/jobs/#`
 /// (QoS 1, sessions that end with their connections), once the group's consumers deliver
 /// from both nodes: a group's consumer is made when a node first sees a member, so a job
@@ -1283,25 +1294,7 @@ async fn messages_delivered_elsewhere_in_the_cluster_are_not_counted_as_dropped(
     );
     assert_eq!(receive_distinct(&mut plain, 1).await, ["plain"]);
 
-    let mut jobs: HashMap<String, usize> = HashMap::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while jobs.len() < usize::from(JOBS) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "only {} of {JOBS} jobs arrived: {jobs:?}",
-            jobs.len()
-        );
-        for member in [&mut member_a, &mut member_b] {
-            while let Ok(Some(Packet::Publish(p))) =
-                member.recv_within(Duration::from_millis(50)).await
-            {
-                v5::ack(member, &p).await;
-                *jobs
-                    .entry(String::from_utf8_lossy(&p.payload).into_owned())
-                    .or_default() += 1;
-            }
-        }
-    }
+    receive_across(&mut member_a, &mut member_b, usize::from(JOBS)).await;
     for node in [a, b] {
         let dropped = tokio::task::block_in_place(|| node.metric(NO_SUBSCRIBERS));
         assert_eq!(dropped, 0.0, "node {}: {NO_SUBSCRIBERS}", node.id);

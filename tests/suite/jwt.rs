@@ -80,6 +80,36 @@ async fn connack_v5(broker: &BrokerProcess, user: Option<&str>, password: &str) 
     }
 }
 
+/// The v5 client gets DISCONNECT 0x87 Not authorized with a reason string that says `why`;
+/// the 3.1.1 client is closed without a packet (3.1.1 has no DISCONNECT from the server).
+async fn expect_both_dropped(v5_client: &mut RawClient, v3_client: &mut RawClient, why: &str) {
+    let disconnect = v5::expect_disconnect(v5_client, ReasonCode::NOT_AUTHORIZED).await;
+    let reason = disconnect
+        .properties
+        .reason_string
+        .expect("a reason string");
+    assert!(reason.contains(why), "{reason}");
+    assert!(
+        v3_client.expect_close().await.is_empty(),
+        "a 3.1.1 client is closed without a packet"
+    );
+}
+
+/// A 3.1.1 CONNECT's CONNACK code as `user` with `password` (a return code read as its v5
+/// equivalent: 4 is 0x86).
+async fn connack_v311(broker: &BrokerProcess, user: &str, password: &str) -> ReasonCode {
+    let mut old = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+    let mut connect = v5::connect_packet("old");
+    connect.protocol = ProtocolVersion::V3_1_1;
+    connect.username = Some(user.into());
+    connect.password = Some(password.as_bytes().to_vec().into());
+    old.send(&Packet::Connect(Box::new(connect))).await;
+    match old.recv().await {
+        Some(Packet::ConnAck(ack)) => ack.reason_code,
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_token_logs_in_under_its_subject() {
     let broker = broker().await;
@@ -149,18 +179,10 @@ async fn expired_foreign_and_mismatched_tokens_are_refused() {
     );
     // 3.1.1: return code 4 (bad user name or password), which the codec reads as its v5
     // equivalent 0x86.
-    let mut old = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
-    let mut connect = v5::connect_packet("old");
-    connect.protocol = ProtocolVersion::V3_1_1;
-    connect.username = Some("s1".into());
-    connect.password = Some(expired.as_bytes().to_vec().into());
-    old.send(&Packet::Connect(Box::new(connect))).await;
-    match old.recv().await {
-        Some(Packet::ConnAck(ack)) => {
-            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
-        }
-        other => panic!("expected CONNACK 4, got {other:?}"),
-    }
+    assert_eq!(
+        connack_v311(&broker, "s1", &expired).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
     let refused = broker
         .metric("postbox_auth_failures_total{reason=\"jwt\"}")
         .await;
@@ -199,16 +221,7 @@ async fn a_token_expiring_while_connected_ends_the_connection() {
         }
     }
     // Bounded by the harness's WAIT (10 s): the token has at most 2 s left.
-    let disconnect = v5::expect_disconnect(&mut v5_client, ReasonCode::NOT_AUTHORIZED).await;
-    let why = disconnect
-        .properties
-        .reason_string
-        .expect("a reason string");
-    assert!(why.contains("expired"), "{why}");
-    assert!(
-        v3_client.expect_close().await.is_empty(),
-        "a 3.1.1 client is closed without a packet"
-    );
+    expect_both_dropped(&mut v5_client, &mut v3_client, "expired").await;
     // The client without `exp` is still served after the others' tokens ran out.
     staying.send(&Packet::PingReq).await;
     assert!(matches!(staying.recv().await, Some(Packet::PingResp)));
@@ -369,18 +382,10 @@ async fn a_subject_that_cannot_be_one_topic_level_is_refused() {
         );
     }
     let plus = rs256(&key, &format!(r#"{{"sub":"+","exp":{exp}}}"#));
-    let mut old = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
-    let mut connect = v5::connect_packet("old");
-    connect.protocol = ProtocolVersion::V3_1_1;
-    connect.username = Some("+".into());
-    connect.password = Some(plus.as_bytes().to_vec().into());
-    old.send(&Packet::Connect(Box::new(connect))).await;
-    match old.recv().await {
-        Some(Packet::ConnAck(ack)) => {
-            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
-        }
-        other => panic!("expected CONNACK 4, got {other:?}"),
-    }
+    assert_eq!(
+        connack_v311(&broker, "+", &plus).await,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
     let fine = rs256(&key, &format!(r#"{{"sub":"sensor-1@site","exp":{exp}}}"#));
     assert_eq!(connack_v5(&broker, None, &fine).await, ReasonCode::SUCCESS);
 }
@@ -540,16 +545,7 @@ async fn a_key_rotation_disconnects_the_old_keys_clients() {
     // Rotated: the old key's clients are disconnected; a new key's token gets in and stays.
     std::fs::copy(&new_pub, &key_file).expect("replace the key");
     broker.signal(libc::SIGHUP);
-    let disconnect = v5::expect_disconnect(&mut v5_client, ReasonCode::NOT_AUTHORIZED).await;
-    let why = disconnect
-        .properties
-        .reason_string
-        .expect("a reason string");
-    assert!(why.contains("no longer passes"), "{why}");
-    assert!(
-        v3_client.expect_close().await.is_empty(),
-        "a 3.1.1 client is closed without a packet"
-    );
+    expect_both_dropped(&mut v5_client, &mut v3_client, "no longer passes").await;
     let fresh = rs256(&new_key, r#"{"sub":"mallory"}"#);
     let mut newcomer = RawClient::open(broker.addr, ProtocolVersion::V5).await;
     newcomer.send(&login(&newcomer, "new-v5", &fresh)).await;

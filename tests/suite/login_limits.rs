@@ -36,11 +36,13 @@ fn host(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, last)
 }
 
-/// A password file of `(user, password, PBKDF2 iterations)` in `dir`.
-fn password_file(dir: &Path, users: &[(&str, &str, u32)]) -> PathBuf {
+/// A password file of `(user, PBKDF2 iterations)` in `dir`; each user's password is
+/// `<user>-secret`.
+fn password_file(dir: &Path, users: &[(&str, u32)]) -> PathBuf {
     let text: String = users
         .iter()
-        .map(|(user, password, iterations)| {
+        .map(|(user, iterations)| {
+            let password = format!("{user}-secret");
             let hash = PasswordHash::new_pbkdf2(password.as_bytes(), *iterations);
             format!("{user}:{}\n", hash.encode())
         })
@@ -48,6 +50,14 @@ fn password_file(dir: &Path, users: &[(&str, &str, u32)]) -> PathBuf {
     let path = dir.join("passwd");
     std::fs::write(&path, text).expect("write the password file");
     path
+}
+
+/// [`broker`] with a fresh [`password_file`] of `users` (the directory kept alive by the
+/// caller).
+async fn broker_of(users: &[(&str, u32)], extra: &str) -> (tempfile::TempDir, BrokerProcess) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = password_file(dir.path(), users);
+    (dir, broker(&file, extra).await)
 }
 
 /// A broker that refuses anonymous clients, with `file` and the `[auth]` keys `extra`.
@@ -97,10 +107,27 @@ async fn connack(
     password: &str,
 ) -> u8 {
     let stream = send_connect(source, addr, version, "limits", user, password).await;
-    let mut c = RawClient::over(stream, version);
+    connack_on(stream, version).await
+}
+
+/// [`connack`] must be `code`.
+async fn expect_connack(
+    source: Ipv4Addr,
+    addr: SocketAddr,
+    version: ProtocolVersion,
+    (user, password): (&str, &str),
+    code: u8,
+) {
+    let got = connack(source, addr, version, user, password).await;
+    assert_eq!(got, code, "{user}:{password:?} from {source} ({version:?})");
+}
+
+/// The next packet on `c` must be a CONNACK, in time: its code (a 3.1.1 return code as its
+/// 5.0 equivalent).
+async fn read_connack(c: &mut RawClient) -> u8 {
     match tokio::time::timeout(WAIT, c.recv()).await {
         Ok(Some(Packet::ConnAck(ack))) => ack.reason_code.0,
-        other => panic!("expected a CONNACK from {source}, got {other:?}"),
+        other => panic!("expected a CONNACK, got {other:?}"),
     }
 }
 
@@ -113,16 +140,8 @@ async fn connack(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_from_one_address_leaves_hash_workers_for_another() {
     const FLOOD: usize = 300;
-    let dir = tempfile::tempdir().expect("tempdir");
     // ~50 ms per hash of alice's: the flood's hashes take seconds, each.
-    let file = password_file(
-        dir.path(),
-        &[
-            ("alice", "alice-secret", 50_000),
-            ("bob", "bob-secret", 1_000),
-        ],
-    );
-    let broker = broker(&file, LIMITS_OFF).await;
+    let (_dir, broker) = broker_of(&[("alice", 50_000), ("bob", 1_000)], LIMITS_OFF).await;
     let addr = broker.addr;
     let mut flood = Vec::with_capacity(FLOOD);
     for i in 0..FLOOD {
@@ -154,15 +173,7 @@ async fn a_flood_from_one_address_leaves_hash_workers_for_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_closed_before_their_turn_are_not_hashed() {
     const CLOSERS: usize = 200;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = password_file(
-        dir.path(),
-        &[
-            ("alice", "alice-secret", 1_000),
-            ("slow", "slow-secret", 6_000_000),
-        ],
-    );
-    let broker = broker(&file, LIMITS_OFF).await;
+    let (_dir, broker) = broker_of(&[("alice", 1_000), ("slow", 6_000_000)], LIMITS_OFF).await;
     let addr = broker.addr;
     // The broker's share per address: half its hash workers (one per CPU), at least one.
     let share = (std::thread::available_parallelism().map_or(1, std::num::NonZero::get) / 2).max(1);
@@ -225,52 +236,32 @@ const CODES: (u8, u8, u8) = (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_failures_are_throttled_per_address_and_per_user() {
     use ProtocolVersion::{V3_1_1, V5};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = password_file(
-        dir.path(),
-        &[
-            ("alice", "alice-secret", 1_000),
-            ("bob", "bob-secret", 1_000),
-            ("carol", "carol-secret", 1_000),
-        ],
-    );
-    let broker = broker(&file, NO_DELAY_PASSES).await;
+    let (_dir, broker) = broker_of(
+        &[("alice", 1_000), ("bob", 1_000), ("carol", 1_000)],
+        NO_DELAY_PASSES,
+    )
+    .await;
     let addr = broker.addr;
     let (ok, bad, throttled) = CODES;
 
     // Per address: alice logs in once (remembered), then guesses from 127.0.0.2.
-    assert_eq!(
-        connack(host(2), addr, V5, "alice", "alice-secret").await,
-        ok
-    );
+    expect_connack(host(2), addr, V5, ("alice", "alice-secret"), ok).await;
     for _ in 0..3 {
-        assert_eq!(connack(host(2), addr, V5, "alice", "guess").await, bad);
+        expect_connack(host(2), addr, V5, ("alice", "guess"), bad).await;
     }
     for _ in 0..3 {
-        assert_eq!(
-            connack(host(2), addr, V5, "alice", "guess").await,
-            throttled
-        );
+        expect_connack(host(2), addr, V5, ("alice", "guess"), throttled).await;
     }
     // 3.1.1 return code 3 (Server unavailable), read back as its 5.0 equivalent, 0x88.
     let unavailable = ReasonCode::SERVER_UNAVAILABLE.0;
-    assert_eq!(
-        connack(host(2), addr, V3_1_1, "alice", "guess").await,
-        unavailable
-    );
+    expect_connack(host(2), addr, V3_1_1, ("alice", "guess"), unavailable).await;
     // Unchecked: even a right password not seen lately waits out the delay…
-    assert_eq!(
-        connack(host(2), addr, V5, "bob", "bob-secret").await,
-        throttled
-    );
+    expect_connack(host(2), addr, V5, ("bob", "bob-secret"), throttled).await;
     // … and so does alice's, accepted from here before: its address failed for alice since,
     // so the pair is no longer trusted (`a_remembered_password_is_no_oracle_while_throttled`).
-    assert_eq!(
-        connack(host(2), addr, V5, "alice", "alice-secret").await,
-        throttled
-    );
+    expect_connack(host(2), addr, V5, ("alice", "alice-secret"), throttled).await;
     // Other addresses are not concerned.
-    assert_eq!(connack(host(3), addr, V5, "bob", "bob-secret").await, ok);
+    expect_connack(host(3), addr, V5, ("bob", "bob-secret"), ok).await;
     assert_eq!(
         broker.metric(BAD_CREDENTIALS).await,
         Some(3.0),
@@ -281,16 +272,10 @@ async fn repeated_failures_are_throttled_per_address_and_per_user() {
 
     // Per user: carol guessed from five addresses (each under its own limit), then a sixth.
     for last in 10..15 {
-        assert_eq!(connack(host(last), addr, V5, "carol", "guess").await, bad);
+        expect_connack(host(last), addr, V5, ("carol", "guess"), bad).await;
     }
-    assert_eq!(
-        connack(host(15), addr, V5, "carol", "guess").await,
-        throttled
-    );
-    assert_eq!(
-        connack(host(16), addr, V5, "carol", "carol-secret").await,
-        throttled
-    );
+    expect_connack(host(15), addr, V5, ("carol", "guess"), throttled).await;
+    expect_connack(host(16), addr, V5, ("carol", "carol-secret"), throttled).await;
     let by_user = "postbox_auth_throttled_total{key=\"user\"}";
     assert_eq!(broker.metric(by_user).await, Some(2.0));
 
@@ -324,30 +309,16 @@ async fn repeated_failures_are_throttled_per_address_and_per_user() {
 /// address got 0x00, and the guess after the device's reconnect was checked: 0x86.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remembered_password_is_no_oracle_while_throttled() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = password_file(
-        dir.path(),
-        &[
-            ("alice", "alice-secret", 1_000),
-            ("bob", "bob-secret", 1_000),
-        ],
-    );
-    let broker = broker(&file, NO_DELAY_PASSES).await;
+    let (_dir, broker) = broker_of(&[("alice", 1_000), ("bob", 1_000)], NO_DELAY_PASSES).await;
     let addr = broker.addr;
     let (ok, bad, throttled) = CODES;
     let (device, attacker) = (host(4), host(2));
     // alice's device logs in from 127.0.0.4 (now remembered), bob's from the address the
     // attacker will use (a shared NAT).
-    assert_eq!(
-        connack(device, addr, v5::V, "alice", "alice-secret").await,
-        ok
-    );
-    assert_eq!(
-        connack(attacker, addr, v5::V, "bob", "bob-secret").await,
-        ok
-    );
+    expect_connack(device, addr, v5::V, ("alice", "alice-secret"), ok).await;
+    expect_connack(attacker, addr, v5::V, ("bob", "bob-secret"), ok).await;
     for _ in 0..3 {
-        assert_eq!(connack(attacker, addr, v5::V, "alice", "guess").await, bad);
+        expect_connack(attacker, addr, v5::V, ("alice", "guess"), bad).await;
     }
     // The throttled address learns nothing: the remembered password is refused like a guess.
     for password in ["alice-secret", "guess", "alice-secret"] {
@@ -358,16 +329,10 @@ async fn a_remembered_password_is_no_oracle_while_throttled() {
         );
     }
     // bob's device behind the same address proved its password there: not locked out.
-    assert_eq!(
-        connack(attacker, addr, v5::V, "bob", "bob-secret").await,
-        ok
-    );
+    expect_connack(attacker, addr, v5::V, ("bob", "bob-secret"), ok).await;
     // Two more guesses from elsewhere: alice's user name is throttled (5 failures).
     for last in [10, 11] {
-        assert_eq!(
-            connack(host(last), addr, v5::V, "alice", "guess").await,
-            bad
-        );
+        expect_connack(host(last), addr, v5::V, ("alice", "guess"), bad).await;
     }
     assert_eq!(
         connack(host(12), addr, v5::V, "alice", "alice-secret").await,
@@ -375,10 +340,7 @@ async fn a_remembered_password_is_no_oracle_while_throttled() {
         "the right password from an address that never proved it"
     );
     // The device still gets in, and its success does not clear the attackers' failures.
-    assert_eq!(
-        connack(device, addr, v5::V, "alice", "alice-secret").await,
-        ok
-    );
+    expect_connack(device, addr, v5::V, ("alice", "alice-secret"), ok).await;
     assert_eq!(
         connack(host(13), addr, v5::V, "alice", "guess").await,
         throttled,
@@ -396,9 +358,7 @@ async fn a_remembered_password_is_no_oracle_while_throttled() {
 /// key. Now the comparison is exact: 0x86 (3.1.1: 4), MQTT-3.1.4-2 and v5 §3.2.2.2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_with_nul_bytes_appended_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = password_file(dir.path(), &[("alice", "alice-secret", 1_000)]);
-    let broker = broker(&file, LIMITS_OFF).await;
+    let (_dir, broker) = broker_of(&[("alice", 1_000)], LIMITS_OFF).await;
     let addr = broker.addr;
     let bad = ReasonCode::BAD_USER_NAME_OR_PASSWORD.0;
     for padded in ["alice-secret\0", "alice-secret\0\0\0"] {
@@ -410,35 +370,34 @@ async fn a_password_with_nul_bytes_appended_is_refused() {
             );
         }
     }
-    assert_eq!(
-        connack(host(1), addr, v5::V, "alice", "alice-secret").await,
-        ReasonCode::SUCCESS.0
-    );
+    let ok = ReasonCode::SUCCESS.0;
+    expect_connack(host(1), addr, v5::V, ("alice", "alice-secret"), ok).await;
 }
 
 /// The CONNACK code a SCRAM-SHA-256 exchange for `user` with `password` from `source` ends
 /// with: at once when the broker answers CONNECT with a CONNACK (no challenge), else after
 /// the client's proof.
 async fn scram_connack(source: Ipv4Addr, addr: SocketAddr, user: &str, password: &str) -> u8 {
-    use crate::scram::{auth, challenge, scram_connect, Hash, ScramClient};
-    let method = Hash::Sha256.method();
-    let mut client = ScramClient::new(Hash::Sha256, user, password);
-    let connect = scram_connect("scram-limits", method, &client.client_first());
-    let mut c = RawClient::over(connect_from(source, addr).await, v5::V);
-    c.send(&Packet::Connect(Box::new(connect))).await;
-    let first = tokio::time::timeout(WAIT, c.recv())
-        .await
-        .expect("an answer");
-    if let Some(Packet::ConnAck(ack)) = first {
-        return ack.reason_code.0;
+    match scram_start(source, addr, "scram-limits", user, password).await {
+        Ok(exchange) => scram_finish(exchange).await,
+        Err(code) => code,
     }
-    let fin = client.client_final(&challenge(first, method), false);
-    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
-        .await;
-    match tokio::time::timeout(WAIT, c.recv()).await {
-        Ok(Some(Packet::ConnAck(ack))) => ack.reason_code.0,
-        other => panic!("expected a CONNACK from {source}, got {other:?}"),
-    }
+}
+
+/// [`scram_connack`] must be `code`.
+async fn expect_scram(source: Ipv4Addr, addr: SocketAddr, (user, secret): (&str, &str), code: u8) {
+    let got = scram_connack(source, addr, user, secret).await;
+    assert_eq!(got, code, "SCRAM {user}:{secret:?} from {source}");
+}
+
+/// A SCRAM-SHA-256 credential line for `user` with `secret`, written to `dir`/scram.
+fn scram_file(dir: &Path, user: &str, secret: &str) -> PathBuf {
+    use postbox::auth::scram::ScramKind;
+    let line =
+        postbox::auth::scram_file::scram_credential_line(ScramKind::Sha256, user, secret, 4096);
+    let path = dir.join("scram");
+    std::fs::write(&path, format!("{line}\n")).expect("scram file");
+    path
 }
 
 /// Issue 35, third adversarial pass: failed SCRAM exchanges (MQTT 5 enhanced authentication,
@@ -449,59 +408,32 @@ async fn scram_connack(source: Ipv4Addr, addr: SocketAddr, user: &str, password:
 /// was checked.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_scram_exchanges_count_in_the_login_limits() {
-    use postbox::auth::scram::ScramKind;
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = password_file(dir.path(), &[("alice", "alice-secret", 1_000)]);
-    let scram = dir.path().join("scram");
-    let line = postbox::auth::scram_file::scram_credential_line(
-        ScramKind::Sha256,
-        "alice",
-        "alice-scram",
-        4096,
-    );
-    std::fs::write(&scram, format!("{line}\n")).expect("scram file");
+    let file = password_file(dir.path(), &[("alice", 1_000)]);
+    let scram = scram_file(dir.path(), "alice", "alice-scram");
     let limits = format!(
         "scram_file = {scram:?}\nlogin_failures_per_address = 3\nlogin_failures_per_user = 5\n\
          login_delay_ms = 600000\nlogin_delay_max_ms = 600000\n"
     );
     let broker = broker(&file, &limits).await;
     let addr = broker.addr;
-    let (ok, bad, throttled) = (
-        ReasonCode::SUCCESS.0,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
-        ReasonCode::CONNECTION_RATE_EXCEEDED.0,
-    );
+    let (ok, bad, throttled) = CODES;
     // A device proves alice's SCRAM credentials from 127.0.0.4.
-    assert_eq!(
-        scram_connack(host(4), addr, "alice", "alice-scram").await,
-        ok
-    );
+    expect_scram(host(4), addr, ("alice", "alice-scram"), ok).await;
     for _ in 0..3 {
-        assert_eq!(scram_connack(host(2), addr, "alice", "guess").await, bad);
+        expect_scram(host(2), addr, ("alice", "guess"), bad).await;
     }
     // Per address: refused before the challenge, the right secret too, and the password
     // file's login from there as well (one record, whatever the method).
-    assert_eq!(
-        scram_connack(host(2), addr, "alice", "alice-scram").await,
-        throttled
-    );
-    assert_eq!(
-        connack(host(2), addr, v5::V, "alice", "alice-secret").await,
-        throttled
-    );
+    expect_scram(host(2), addr, ("alice", "alice-scram"), throttled).await;
+    expect_connack(host(2), addr, v5::V, ("alice", "alice-secret"), throttled).await;
     // Per user: two more failures from elsewhere, then alice is refused from a third.
     for last in [10, 11] {
-        assert_eq!(scram_connack(host(last), addr, "alice", "guess").await, bad);
+        expect_scram(host(last), addr, ("alice", "guess"), bad).await;
     }
-    assert_eq!(
-        scram_connack(host(12), addr, "alice", "alice-scram").await,
-        throttled
-    );
+    expect_scram(host(12), addr, ("alice", "alice-scram"), throttled).await;
     // The device that proved the credentials still gets in.
-    assert_eq!(
-        scram_connack(host(4), addr, "alice", "alice-scram").await,
-        ok
-    );
+    expect_scram(host(4), addr, ("alice", "alice-scram"), ok).await;
     let by_address = "postbox_auth_throttled_total{key=\"address\"}";
     let by_user = "postbox_auth_throttled_total{key=\"user\"}";
     assert_eq!(broker.metric(by_address).await, Some(2.0));
@@ -510,11 +442,7 @@ async fn failed_scram_exchanges_count_in_the_login_limits() {
 
 /// The CONNACK code on `stream` (a 3.1.1 return code as its 5.0 equivalent).
 async fn connack_on(stream: TcpStream, version: ProtocolVersion) -> u8 {
-    let mut c = RawClient::over(stream, version);
-    match tokio::time::timeout(WAIT, c.recv()).await {
-        Ok(Some(Packet::ConnAck(ack))) => ack.reason_code.0,
-        other => panic!("expected a CONNACK, got {other:?}"),
-    }
+    read_connack(&mut RawClient::over(stream, version)).await
 }
 
 /// How many of `codes` are `code`.
@@ -535,25 +463,16 @@ async fn a_burst_of_parallel_guesses_gets_no_more_checks_than_allowed() {
     const BURST: usize = 40;
     const PER_USER: usize = 10;
     const PER_ADDRESS: usize = 20;
-    let dir = tempfile::tempdir().expect("tempdir");
-    // ~25 ms a hash: the burst is all in flight before the first guesses are judged.
-    let file = password_file(dir.path(), &[("alice", "alice-secret", 50_000)]);
     let limits = format!(
         "login_failures_per_address = {PER_ADDRESS}\nlogin_failures_per_user = {PER_USER}\n\
          login_delay_ms = 600000\nlogin_delay_max_ms = 600000\n"
     );
-    let broker = broker(&file, &limits).await;
+    // ~25 ms a hash: the burst is all in flight before the first guesses are judged.
+    let (_dir, broker) = broker_of(&[("alice", 50_000)], &limits).await;
     let addr = broker.addr;
-    let (ok, bad, throttled) = (
-        ReasonCode::SUCCESS.0,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
-        ReasonCode::CONNECTION_RATE_EXCEEDED.0,
-    );
+    let (ok, bad, throttled) = CODES;
     let (device, attacker) = (host(4), host(2));
-    assert_eq!(
-        connack(device, addr, v5::V, "alice", "alice-secret").await,
-        ok
-    );
+    expect_connack(device, addr, v5::V, ("alice", "alice-secret"), ok).await;
 
     // One user from one address: every CONNECT is written before any answer is read.
     let mut burst = Vec::with_capacity(BURST + 1);
@@ -564,10 +483,7 @@ async fn a_burst_of_parallel_guesses_gets_no_more_checks_than_allowed() {
     }
     burst.push(send_connect(attacker, addr, v5::V, "right", "alice", "alice-secret").await);
     // The device logs in while the burst is in flight: its pair passes, from the cache.
-    assert_eq!(
-        connack(device, addr, v5::V, "alice", "alice-secret").await,
-        ok
-    );
+    expect_connack(device, addr, v5::V, ("alice", "alice-secret"), ok).await;
     let mut codes = Vec::with_capacity(burst.len());
     for stream in burst {
         codes.push(connack_on(stream, v5::V).await);
@@ -588,10 +504,7 @@ async fn a_burst_of_parallel_guesses_gets_no_more_checks_than_allowed() {
     let hashed = broker.metric(BAD_CREDENTIALS).await.unwrap_or(0.0);
     assert!(hashed <= PER_USER as f64, "{hashed} wrong passwords hashed");
     // Whatever the burst did, the device that proved the password gets in.
-    assert_eq!(
-        connack(device, addr, v5::V, "alice", "alice-secret").await,
-        ok
-    );
+    expect_connack(device, addr, v5::V, ("alice", "alice-secret"), ok).await;
 
     // Many user names from one address: the address's allowance (unknown users are hashed
     // as a wrong password would be, and counted the same).
@@ -640,6 +553,18 @@ async fn scram_start(
     Ok((client, c, server_first))
 }
 
+/// The end of an exchange [`scram_start`] began: the client's proof sent, the CONNACK code.
+async fn scram_finish(
+    (mut client, mut c, server_first): (crate::scram::ScramClient, RawClient, String),
+) -> u8 {
+    use crate::scram::{auth, Hash};
+    let fin = client.client_final(&server_first, false);
+    let method = Hash::Sha256.method();
+    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
+        .await;
+    read_connack(&mut c).await
+}
+
 /// Issue 35, fourth adversarial pass: 60 SCRAM exchanges started at once were all challenged
 /// and all 60 proofs judged, with 10 failures allowed per user. Now an exchange holds its
 /// place from its challenge to its verdict: of a burst for one user from one address only
@@ -648,20 +573,11 @@ async fn scram_start(
 /// still gets in. (On the old code all 30 were challenged and the right one let in.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_parallel_scram_exchanges_gets_no_more_proofs_judged() {
-    use crate::scram::{auth, Hash};
-    use postbox::auth::scram::ScramKind;
     const BURST: usize = 30;
     const PER_USER: usize = 10;
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = password_file(dir.path(), &[("alice", "alice-secret", 1_000)]);
-    let scram = dir.path().join("scram");
-    let line = postbox::auth::scram_file::scram_credential_line(
-        ScramKind::Sha256,
-        "alice",
-        "alice-scram",
-        4096,
-    );
-    std::fs::write(&scram, format!("{line}\n")).expect("scram file");
+    let file = password_file(dir.path(), &[("alice", 1_000)]);
+    let scram = scram_file(dir.path(), "alice", "alice-scram");
     let limits = format!(
         "scram_file = {scram:?}\nlogin_failures_per_address = 20\n\
          login_failures_per_user = {PER_USER}\nlogin_delay_ms = 600000\n\
@@ -669,16 +585,9 @@ async fn a_burst_of_parallel_scram_exchanges_gets_no_more_proofs_judged() {
     );
     let broker = broker(&file, &limits).await;
     let addr = broker.addr;
-    let (ok, bad, throttled) = (
-        ReasonCode::SUCCESS.0,
-        ReasonCode::BAD_USER_NAME_OR_PASSWORD.0,
-        ReasonCode::CONNECTION_RATE_EXCEEDED.0,
-    );
+    let (ok, bad, throttled) = CODES;
     let (device, attacker) = (host(4), host(2));
-    assert_eq!(
-        scram_connack(device, addr, "alice", "alice-scram").await,
-        ok
-    );
+    expect_scram(device, addr, ("alice", "alice-scram"), ok).await;
     // Every exchange of the burst is started (its first answer read) before any proof.
     let mut open = Vec::new();
     let mut refused = 0;
@@ -701,29 +610,17 @@ async fn a_burst_of_parallel_scram_exchanges_gets_no_more_proofs_judged() {
         "the right secret while the burst's exchanges are open"
     );
     // The device's pair passes the busy user.
-    assert_eq!(
-        scram_connack(device, addr, "alice", "alice-scram").await,
-        ok
-    );
-    let method = Hash::Sha256.method();
-    for (mut client, mut c, server_first) in open {
-        let fin = client.client_final(&server_first, false);
-        c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
-            .await;
-        match tokio::time::timeout(WAIT, c.recv()).await {
-            Ok(Some(Packet::ConnAck(ack))) => assert_eq!(ack.reason_code.0, bad),
-            other => panic!("expected a CONNACK, got {other:?}"),
-        }
+    expect_scram(device, addr, ("alice", "alice-scram"), ok).await;
+    for exchange in open {
+        assert_eq!(
+            scram_finish(exchange).await,
+            bad,
+            "a judged proof of a guess"
+        );
     }
     // Judged and failed: the user is throttled now, the right secret too, from elsewhere.
-    assert_eq!(
-        scram_connack(host(12), addr, "alice", "alice-scram").await,
-        throttled
-    );
-    assert_eq!(
-        scram_connack(device, addr, "alice", "alice-scram").await,
-        ok
-    );
+    expect_scram(host(12), addr, ("alice", "alice-scram"), throttled).await;
+    expect_scram(device, addr, ("alice", "alice-scram"), ok).await;
 }
 
 /// How long the broker takes to answer a CONNECT from `source` for `user` with a wrong
@@ -795,17 +692,12 @@ async fn probe_after(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_probe_does_not_tell_a_slow_hash_from_an_unknown_name() {
     const TRIES: usize = 2;
-    let dir = tempfile::tempdir().expect("tempdir");
     // Most users cheap (unknown names are hashed at their cost), one 30 times dearer.
-    let file = password_file(
-        dir.path(),
-        &[
-            ("alice", "alice-secret", 1_000),
-            ("bob", "bob-secret", 1_000),
-            ("slow", "slow-secret", 30_000),
-        ],
-    );
-    let broker = broker(&file, LIMITS_OFF).await;
+    let (_dir, broker) = broker_of(
+        &[("alice", 1_000), ("bob", 1_000), ("slow", 30_000)],
+        LIMITS_OFF,
+    )
+    .await;
     // The broker's share per address: half its hash workers (one per CPU), at least one.
     let places =
         (std::thread::available_parallelism().map_or(1, std::num::NonZero::get) / 2).max(1);

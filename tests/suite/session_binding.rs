@@ -53,6 +53,20 @@ async fn try_connect(server: &RunningServer, connect: Connect) -> (ReasonCode, b
     }
 }
 
+/// [`try_connect`] as `user` (see [`persistent`]), which must be accepted: the client.
+async fn connect_ok(server: &RunningServer, client: &str, user: &str) -> RawClient {
+    let (code, _, c) = try_connect(server, persistent(client, Some(user))).await;
+    assert_eq!(code, ReasonCode::SUCCESS, "{client} as {user}");
+    c
+}
+
+/// The next PUBLISH on `c` within `WAIT`, acknowledged (`what` names it when it is missing).
+async fn next_publish(c: &mut RawClient, what: &str) -> postbox::codec::Publish {
+    tokio::time::timeout(WAIT, v5::receive(c))
+        .await
+        .expect(what)
+}
+
 /// A 3.1.1 CONNECT's return code (the raw CONNACK's last byte).
 async fn v311_code(server: &RunningServer, client: &str, user: Option<&str>) -> u8 {
     let version = ProtocolVersion::V3_1_1;
@@ -71,12 +85,10 @@ async fn v311_code(server: &RunningServer, client: &str, user: Option<&str>) -> 
 /// sensor1's persistent session subscribed to its commands, with one QoS 1 command queued
 /// while it is offline.
 async fn queued_command(server: &RunningServer) {
-    let (code, _, mut sensor1) = try_connect(server, persistent("sensor1", Some("sensor1"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let mut sensor1 = connect_ok(server, "sensor1", "sensor1").await;
     v5::subscribe(&mut sensor1, "commands/sensor1/#", QoS::AtLeastOnce).await;
     v5::disconnect(sensor1).await;
-    let (code, _, mut dashboard) = try_connect(server, persistent("dash", Some("dashboard"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let mut dashboard = connect_ok(server, "dash", "dashboard").await;
     let command = v5::publish_packet("commands/sensor1/reboot", QoS::AtLeastOnce, b"now", 1);
     assert_eq!(
         v5::publish(&mut dashboard, command).await,
@@ -106,9 +118,7 @@ async fn another_identity_never_gets_the_owners_queue_nor_kicks_it() {
         try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
     assert_eq!(code, ReasonCode::SUCCESS);
     assert!(present, "MQTT-3.2.2-3: the owner's session is there");
-    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
-        .await
-        .expect("the queued command");
+    let p = next_publish(&mut sensor1, "the queued command").await;
     assert_eq!(&*p.topic, "commands/sensor1/reboot");
     // Connected, it is not taken over by another identity (MQTT-3.1.4-2 is for the owner).
     let (code, _, _) = try_connect(&server, persistent("sensor1", Some("sensor2"))).await;
@@ -119,9 +129,7 @@ async fn another_identity_never_gets_the_owners_queue_nor_kicks_it() {
         v5::publish(&mut dashboard, command).await,
         ReasonCode::SUCCESS
     );
-    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
-        .await
-        .expect("still connected and served");
+    let p = next_publish(&mut sensor1, "still connected and served").await;
     assert_eq!(&*p.topic, "commands/sensor1/ping");
     // Its own second connection still takes the session over (MQTT-3.1.4-2).
     let (code, present, _again) =
@@ -184,9 +192,7 @@ async fn the_binding_survives_a_restart() {
     let (code, present, mut sensor1) =
         try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
     assert_eq!((code, present), (ReasonCode::SUCCESS, true));
-    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
-        .await
-        .expect("the queued command");
+    let p = next_publish(&mut sensor1, "the queued command").await;
     assert_eq!(&*p.topic, "commands/sensor1/reboot");
 }
 
@@ -195,9 +201,7 @@ async fn username_as_client_id_gives_every_user_its_own_session() {
     let mut config = config(SessionBinding::Refuse, true);
     config.listeners[0].use_username_as_clientid = true;
     let server = common::start_with(config).await;
-    let (code, _, mut sensor1) =
-        try_connect(&server, persistent("whatever", Some("sensor1"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let mut sensor1 = connect_ok(&server, "whatever", "sensor1").await;
     v5::subscribe(&mut sensor1, "commands/sensor1/#", QoS::AtLeastOnce).await;
     // sensor2 naming sensor1's id gets its own session, under its own name.
     let (c, first) = v5::open(server.mqtt_addr, persistent("sensor1", Some("sensor2"))).await;
@@ -218,9 +222,7 @@ async fn username_as_client_id_gives_every_user_its_own_session() {
         v5::publish(&mut dashboard, command).await,
         ReasonCode::SUCCESS
     );
-    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
-        .await
-        .expect("still connected");
+    let p = next_publish(&mut sensor1, "still connected").await;
     assert_eq!(&*p.topic, "commands/sensor1/ping");
     // No user name, no client id: refused as Mosquitto does.
     let (code, _, _) = try_connect(&server, persistent("anon", None)).await;
@@ -260,8 +262,7 @@ async fn a_user_name_used_as_the_client_id_gets_the_client_id_checks() {
 async fn client_ids_that_must_start_with_the_user_keep_squatters_off_a_devices_id() {
     // The default: sensor2 takes sensor1's id first, and sensor1 is then refused.
     let server = common::start_with(config(SessionBinding::Refuse, false)).await;
-    let (code, _, squatter) = try_connect(&server, persistent("sensor1", Some("sensor2"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let squatter = connect_ok(&server, "sensor1", "sensor2").await;
     drop(squatter);
     let (code, _, _) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
     assert_eq!(code, ReasonCode::NOT_AUTHORIZED, "the squatter owns the id");
@@ -381,9 +382,7 @@ async fn queued_and_in_flight_messages_follow_an_acl_change() {
     let (mut dash, ack) = v5::connect(server.mqtt_addr, dashboard()).await;
     assert!(ack.session_present);
     // The first thing it gets is the message it may still read.
-    let p = tokio::time::timeout(WAIT, v5::receive(&mut dash))
-        .await
-        .expect("the allowed message");
+    let p = next_publish(&mut dash, "the allowed message").await;
     assert_eq!(
         (&*p.topic, &*p.payload),
         ("sensors/sensor2/t", &b"allowed"[..])
@@ -416,17 +415,14 @@ fn durable_with_acl(dir: &Path) -> Config {
 async fn a_restored_session_gets_the_commands_published_for_it_before_its_device_returns() {
     let dir = tempfile::tempdir().expect("tempdir");
     let server = common::start_with(durable_with_acl(dir.path())).await;
-    let (code, _, mut sensor1) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let mut sensor1 = connect_ok(&server, "sensor1", "sensor1").await;
     // Granted in part: `commands/sensor1/#` is readable, the rest of `commands/#` is not.
     v5::subscribe(&mut sensor1, "commands/#", QoS::AtLeastOnce).await;
     v5::disconnect(sensor1).await;
     server.shutdown().await;
 
     let server = common::start_with(durable_with_acl(dir.path())).await;
-    let (code, _, mut dashboard) =
-        try_connect(&server, persistent("dash", Some("dashboard"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let mut dashboard = connect_ok(&server, "dash", "dashboard").await;
     for (id, topic) in [
         (1, "commands/sensor2/reboot"),
         (2, "commands/sensor1/reboot"),
@@ -441,9 +437,7 @@ async fn a_restored_session_gets_the_commands_published_for_it_before_its_device
     let (code, present, mut sensor1) =
         try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
     assert_eq!((code, present), (ReasonCode::SUCCESS, true));
-    let p = tokio::time::timeout(WAIT, v5::receive(&mut sensor1))
-        .await
-        .expect("the command published after the restart");
+    let p = next_publish(&mut sensor1, "the command published after the restart").await;
     assert_eq!(&*p.topic, "commands/sensor1/reboot");
     v5::expect_silence(&mut sensor1, QUIET).await;
 }
@@ -486,9 +480,7 @@ async fn a_session_stored_before_authentication_is_resumed_only_by_the_user_it_n
         assert_eq!(code, ReasonCode::SUCCESS, "{first:?}");
         if first == Some("sensor1") {
             assert!(present, "the device resumes its session");
-            let p = tokio::time::timeout(WAIT, v5::receive(&mut c))
-                .await
-                .expect("its queued command");
+            let p = next_publish(&mut c, "its queued command").await;
             assert_eq!(&*p.payload, b"4711");
         } else {
             assert!(!present, "{first:?} resumed the device's session");
@@ -496,6 +488,38 @@ async fn a_session_stored_before_authentication_is_resumed_only_by_the_user_it_n
         }
         server.shutdown().await;
     }
+}
+
+/// `connect` (sensor2's) with a retained QoS 1 will on `topic` (payload `id`) delayed `delay`
+/// seconds, which must be accepted: the client, to be dropped (an abnormal end) or kept
+/// connected over a shutdown.
+async fn arm_will(
+    server: &RunningServer,
+    id: &str,
+    topic: &str,
+    delay: u32,
+    mut connect: Connect,
+) -> RawClient {
+    connect.will = Some(postbox::codec::LastWill {
+        topic: topic.into(),
+        payload: bytes::Bytes::copy_from_slice(id.as_bytes()),
+        qos: QoS::AtLeastOnce,
+        retain: true,
+        properties: postbox::codec::WillProperties {
+            will_delay_interval: Some(delay),
+            ..Default::default()
+        },
+    });
+    let (code, _, c) = try_connect(server, connect).await;
+    assert_eq!(code, ReasonCode::SUCCESS, "{id}");
+    c
+}
+
+/// A new subscriber of sensor1's commands gets nothing: no retained message was kept there.
+async fn no_retained_command_for_sensor1(server: &RunningServer) {
+    let mut later = connect_ok(server, "sensor1b", "sensor1").await;
+    v5::subscribe(&mut later, "commands/sensor1/#", QoS::AtLeastOnce).await;
+    v5::expect_silence(&mut later, QUIET).await;
 }
 
 /// A delayed will that a restart kept is published only where its owner may write, as
@@ -513,40 +537,21 @@ async fn a_will_kept_over_a_restart_is_published_only_where_its_owner_may_write(
         ("s2-own", "sensors/sensor2/status"),
         ("s2-forged", "commands/sensor1/reboot"),
     ] {
-        let mut connect = persistent(id, Some("sensor2"));
-        connect.will = Some(postbox::codec::LastWill {
-            topic: topic.into(),
-            payload: "will".into(),
-            qos: QoS::AtLeastOnce,
-            retain: true,
-            properties: postbox::codec::WillProperties {
-                will_delay_interval: Some(2),
-                ..Default::default()
-            },
-        });
-        let (code, _, c) = try_connect(&server, connect).await;
-        assert_eq!(code, ReasonCode::SUCCESS, "{id}");
-        armed.push(c);
+        armed.push(arm_will(&server, id, topic, 2, persistent(id, Some("sensor2"))).await);
     }
     // Stopped while they are connected: their delayed wills are stored for after the restart.
     server.shutdown().await;
     drop(armed);
     let server = common::start_with(durable_with_acl(dir.path())).await;
-    let (code, _, mut dash) = try_connect(&server, persistent("dash", Some("dashboard"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let mut dash = connect_ok(&server, "dash", "dashboard").await;
     v5::subscribe(&mut dash, "sensors/#", QoS::AtLeastOnce).await;
-    let (code, _, mut sensor1) = try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    let mut sensor1 = connect_ok(&server, "sensor1", "sensor1").await;
     v5::subscribe(&mut sensor1, "commands/sensor1/#", QoS::AtLeastOnce).await;
-    let own = tokio::time::timeout(WAIT, v5::receive(&mut dash))
-        .await
-        .expect("sensor2's will on its own topic");
+    let own = next_publish(&mut dash, "sensor2's will on its own topic").await;
     assert_eq!(&*own.topic, "sensors/sensor2/status");
     v5::expect_silence(&mut sensor1, QUIET).await;
     // Nor kept as a retained message for later subscribers.
-    let (_, _, mut later) = try_connect(&server, persistent("sensor1b", Some("sensor1"))).await;
-    v5::subscribe(&mut later, "commands/sensor1/#", QoS::AtLeastOnce).await;
-    v5::expect_silence(&mut later, QUIET).await;
+    no_retained_command_for_sensor1(&server).await;
 }
 
 /// A delayed will whose session expired while the broker was down is due at the restart; it
@@ -577,19 +582,7 @@ async fn a_will_whose_session_expired_during_a_restart_is_checked_under_its_owne
         let mut connect = persistent(id, Some("sensor2"));
         // The session ends 1 s after its connection, long before the will's delay.
         connect.properties.session_expiry_interval = Some(1);
-        connect.will = Some(postbox::codec::LastWill {
-            topic: topic.into(),
-            payload: id.into(),
-            qos: QoS::AtLeastOnce,
-            retain: true,
-            properties: postbox::codec::WillProperties {
-                will_delay_interval: Some(600),
-                ..Default::default()
-            },
-        });
-        let (code, _, c) = try_connect(&server, connect).await;
-        assert_eq!(code, ReasonCode::SUCCESS, "{id}");
-        armed.push(c);
+        armed.push(arm_will(&server, id, topic, 600, connect).await);
     }
     server.shutdown().await;
     drop(armed);
@@ -599,15 +592,11 @@ async fn a_will_whose_session_expired_during_a_restart_is_checked_under_its_owne
     let (code, present, mut dash) =
         try_connect(&server, persistent("dash", Some("dashboard"))).await;
     assert_eq!((code, present), (ReasonCode::SUCCESS, true));
-    let own = tokio::time::timeout(WAIT, v5::receive(&mut dash))
-        .await
-        .expect("sensor2's will on its own topic");
+    let own = next_publish(&mut dash, "sensor2's will on its own topic").await;
     assert_eq!(&*own.topic, "sensors/sensor2/status");
     let (code, present, mut sensor1) =
         try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
     assert_eq!((code, present), (ReasonCode::SUCCESS, true));
     v5::expect_silence(&mut sensor1, QUIET).await;
-    let (_, _, mut later) = try_connect(&server, persistent("sensor1b", Some("sensor1"))).await;
-    v5::subscribe(&mut later, "commands/sensor1/#", QoS::AtLeastOnce).await;
-    v5::expect_silence(&mut later, QUIET).await;
+    no_retained_command_for_sensor1(&server).await;
 }

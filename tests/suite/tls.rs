@@ -43,6 +43,41 @@ fn start(dir: &Path, cert_file: &str, key_file: &str, tls: &str) -> (Broker, Bro
     (Broker::start(&config), config)
 }
 
+/// [`start`] with copies of the dev server key and certificate in `dir` (the tests overwrite
+/// them to reload): the broker, its config and the copies' paths (key, certificate).
+fn start_with_copies(dir: &Path) -> (Broker, BrokerConfig, (PathBuf, PathBuf)) {
+    let (key, pem) = (dir.join("srv.key"), dir.join("srv.pem"));
+    std::fs::copy(certs().join("server.key"), &key).unwrap();
+    std::fs::copy(certs().join("server.pem"), &pem).unwrap();
+    let (broker, config) = start(dir, pem.to_str().unwrap(), key.to_str().unwrap(), "");
+    (broker, config, (key, pem))
+}
+
+/// A new dev-CA-signed key and certificate `CN=<cn>` made in `dir`/new and copied over the
+/// served `key` and `pem`: the certificate's path.
+fn renew(dir: &Path, name: &str, cn: &str, (key, pem): (&Path, &Path)) -> String {
+    let new = dir.join("new");
+    std::fs::create_dir(&new).unwrap();
+    let (nk, np) = make_cert(&new, name, cn, Some((&cert("ca.pem"), &cert("ca.key"))));
+    std::fs::copy(&nk, key).unwrap();
+    std::fs::copy(&np, pem).unwrap();
+    np
+}
+
+/// `mosquitto_sub` over TLS with the dev CA to the listener on `port` (more arguments to add).
+fn subscriber(port: u16) -> Command {
+    let mut sub = Command::new("mosquitto_sub");
+    sub.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--cafile",
+        &cert("ca.pem"),
+    ]);
+    sub
+}
+
 fn start_server_cert(dir: &Path, tls: &str) -> (Broker, BrokerConfig) {
     start(dir, &cert("server.pem"), &cert("server.key"), tls)
 }
@@ -183,15 +218,7 @@ fn qos1_round_trip_over_tls() {
     let port = config.mqtt.port();
     let out = publish(port, &["-t", "tls/a", "-m", "over-tls", "-r"]);
     assert!(ok(&out), "{}", text(&out));
-    let out = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--cafile",
-            &cert("ca.pem"),
-        ])
+    let out = subscriber(port)
         .args(["-t", "tls/a", "-q", "1", "-C", "1", "-W", "10"])
         .output()
         .expect("mosquitto_sub");
@@ -267,23 +294,18 @@ fn mtls_optional_accepts_both_and_cn_becomes_the_user_name() {
     assert!(line.contains("\"sensor2\""), "{line}");
     // Without a certificate the TLS handshake succeeds, but CONNECT is refused: there is
     // no identity to take the user name from (CONNACK 0x87 / 3.1.1 0x05).
-    let out = publish(
-        port,
-        &["-t", "t", "-m", "x", "-u", "sensor2", "-V", "mqttv5"],
-    );
-    assert!(!ok(&out), "{}", text(&out));
-    assert!(
-        text(&out).to_lowercase().contains("not authori"),
-        "{}",
-        text(&out)
-    );
-    let out = publish(port, &["-t", "t", "-m", "x", "-V", "mqttv311"]);
-    assert!(!ok(&out), "{}", text(&out));
-    assert!(
-        text(&out).to_lowercase().contains("not authori"),
-        "{}",
-        text(&out)
-    );
+    for extra in [
+        ["-u", "sensor2", "-V", "mqttv5"].as_slice(),
+        &["-V", "mqttv311"],
+    ] {
+        let out = publish(port, &[&["-t", "t", "-m", "x"], extra].concat());
+        assert!(!ok(&out), "{}", text(&out));
+        assert!(
+            text(&out).to_lowercase().contains("not authori"),
+            "{}",
+            text(&out)
+        );
+    }
 }
 
 #[test]
@@ -332,24 +354,13 @@ fn plaintext_on_the_tls_port_is_closed_and_others_are_served() {
 #[test]
 fn sighup_swaps_the_certificate_and_keeps_it_on_a_bad_file() {
     let dir = tempfile::tempdir().unwrap();
-    let (key, pem) = (dir.path().join("srv.key"), dir.path().join("srv.pem"));
-    std::fs::copy(certs().join("server.key"), &key).unwrap();
-    std::fs::copy(certs().join("server.pem"), &pem).unwrap();
-    let (broker, config) = start(dir.path(), pem.to_str().unwrap(), key.to_str().unwrap(), "");
+    let (broker, config, (key, pem)) = start_with_copies(dir.path());
     let port = config.mqtt.port();
     assert!(subject_cn(port).contains("localhost"));
 
     // An established subscriber, known to be subscribed once it has the retained message.
     assert!(ok(&publish(port, &["-t", "r/x", "-m", "first", "-r"])));
-    let mut sub = Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--cafile",
-            &cert("ca.pem"),
-        ])
+    let mut sub = subscriber(port)
         .args(["-t", "r/x", "-q", "1", "-C", "2", "-W", "20"])
         .stdout(Stdio::piped())
         .spawn()
@@ -357,16 +368,7 @@ fn sighup_swaps_the_certificate_and_keeps_it_on_a_bad_file() {
     let mut lines = BufReader::new(sub.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "first");
 
-    let new = dir.path().join("new");
-    std::fs::create_dir(&new).unwrap();
-    let (nk, np) = make_cert(
-        &new,
-        "srv2",
-        "reloaded.example",
-        Some((&cert("ca.pem"), &cert("ca.key"))),
-    );
-    std::fs::copy(&nk, &key).unwrap();
-    std::fs::copy(&np, &pem).unwrap();
+    renew(dir.path(), "srv2", "reloaded.example", (&key, &pem));
     let hup = |n: usize| {
         Command::new("kill")
             .args(["-HUP", &broker.pid().to_string()])
@@ -420,20 +422,8 @@ fn tls_listener_without_cert_is_a_config_error() {
 #[test]
 fn changed_certificate_files_are_reloaded_without_sighup() {
     let dir = tempfile::tempdir().unwrap();
-    let (key, pem) = (dir.path().join("srv.key"), dir.path().join("srv.pem"));
-    std::fs::copy(certs().join("server.key"), &key).unwrap();
-    std::fs::copy(certs().join("server.pem"), &pem).unwrap();
-    let (broker, config) = start(dir.path(), pem.to_str().unwrap(), key.to_str().unwrap(), "");
-    let new = dir.path().join("new");
-    std::fs::create_dir(&new).unwrap();
-    let (nk, np) = make_cert(
-        &new,
-        "srv3",
-        "watched.example",
-        Some((&cert("ca.pem"), &cert("ca.key"))),
-    );
-    std::fs::copy(&nk, &key).unwrap();
-    std::fs::copy(&np, &pem).unwrap();
+    let (broker, config, (key, pem)) = start_with_copies(dir.path());
+    renew(dir.path(), "srv3", "watched.example", (&key, &pem));
     // The 5 s modification-time poll, within WAIT (10 s).
     wait_log(&broker, "files changed; reloaded");
     assert!(subject_cn(config.mqtt.port()).contains("watched.example"));
@@ -460,10 +450,7 @@ fn openssl_not_after(pem: &str) -> f64 {
 #[test]
 fn certificate_expiry_is_exported_and_follows_a_reload() {
     let dir = tempfile::tempdir().unwrap();
-    let (key, pem) = (dir.path().join("srv.key"), dir.path().join("srv.pem"));
-    std::fs::copy(certs().join("server.key"), &key).unwrap();
-    std::fs::copy(certs().join("server.pem"), &pem).unwrap();
-    let (broker, config) = start(dir.path(), pem.to_str().unwrap(), key.to_str().unwrap(), "");
+    let (broker, config, (key, pem)) = start_with_copies(dir.path());
     let series = "postbox_tls_certificate_expiry_timestamp_seconds{listener=\"tls\"}";
     let scrape = http_get(config.metrics, "/metrics");
     assert_eq!(
@@ -472,16 +459,7 @@ fn certificate_expiry_is_exported_and_follows_a_reload() {
         "{scrape}"
     );
     // A new certificate (30 days): the gauge follows the reload, so the alert sees it.
-    let new = dir.path().join("new");
-    std::fs::create_dir(&new).unwrap();
-    let (nk, np) = make_cert(
-        &new,
-        "srv4",
-        "renewed.example",
-        Some((&cert("ca.pem"), &cert("ca.key"))),
-    );
-    std::fs::copy(&nk, &key).unwrap();
-    std::fs::copy(&np, &pem).unwrap();
+    let np = renew(dir.path(), "srv4", "renewed.example", (&key, &pem));
     wait_log(&broker, "files changed; reloaded");
     let scrape = http_get(config.metrics, "/metrics");
     assert_eq!(
