@@ -171,6 +171,11 @@ pub struct LastWill {
     pub properties: WillProperties,
 }
 
+/// What one User Property holds in memory besides its name's and value's bytes: the pair of
+/// `ByteString` handles (32 B each) in its vector. Counted per property, so many empty
+/// properties cannot hide behind their 4 wire bytes each (issue 35, ninth pass, R3).
+pub const USER_PROPERTY_HELD: usize = 64;
+
 impl LastWill {
     /// The bytes this will makes a broker hold while it waits (topic, payload, properties'
     /// variable-length fields): counted like a message's (issue 35, eighth pass, Q1).
@@ -179,7 +184,7 @@ impl LastWill {
         let user: usize = p
             .user_properties
             .iter()
-            .map(|(name, value)| name.len() + value.len() + 4)
+            .map(|(name, value)| name.len() + value.len() + USER_PROPERTY_HELD)
             .sum();
         16 + self.topic.len()
             + self.payload.len()
@@ -348,7 +353,7 @@ impl PublishProperties {
         let user: usize = self
             .user_properties
             .iter()
-            .map(|(name, value)| name.len() + value.len() + 4)
+            .map(|(name, value)| name.len() + value.len() + USER_PROPERTY_HELD)
             .sum();
         FIXED
             + user

@@ -758,23 +758,10 @@ async fn properties_count_in_the_anonymous_share() {
 /// 300 sessions with 240 KB wills pinned 87 MB, counted nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_delayed_wills_count_in_their_share() {
-    use postbox::codec::{LastWill, QoS, WillProperties};
     let broker = password_and_anonymous(4_194_304).await;
     let mut not_kept_at = None;
     for n in 0..40u16 {
-        let mut connect = v5::persistent_connect(&format!("will-pin-{n}"), 3600);
-        connect.will = Some(LastWill {
-            topic: format!("wills/{n}").into(),
-            payload: bytes::Bytes::from_static(b"gone"),
-            qos: QoS::AtMostOnce,
-            retain: false,
-            properties: WillProperties {
-                will_delay_interval: Some(3600),
-                user_properties: heavy_properties(),
-                ..WillProperties::default()
-            },
-        });
-        let (c, ack) = v5::connect(broker.addr, connect).await;
+        let (c, ack) = v5::connect(broker.addr, with_delayed_will(&format!("will-pin-{n}"))).await;
         assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "session {n}");
         // Closed without DISCONNECT: the will waits for its delay.
         drop(c);
@@ -790,4 +777,96 @@ async fn anonymous_delayed_wills_count_in_their_share() {
     let (c, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
     assert_eq!(ack.properties.session_expiry_interval, None, "{ack:?}");
     v5::disconnect(c).await;
+}
+
+/// A v5 CONNECT for a session of an hour with a will delayed by an hour, carrying
+/// [`heavy_properties`].
+fn with_delayed_will(client_id: &str) -> postbox::codec::Connect {
+    use postbox::codec::{LastWill, QoS, WillProperties};
+    let mut connect = v5::persistent_connect(client_id, 3600);
+    connect.will = Some(LastWill {
+        topic: format!("wills/{client_id}").into(),
+        payload: bytes::Bytes::from_static(b"gone"),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: WillProperties {
+            will_delay_interval: Some(3600),
+            user_properties: heavy_properties(),
+            ..WillProperties::default()
+        },
+    });
+    connect
+}
+
+/// Issue 35, ninth adversarial pass, R1: a delayed will counts in the anonymous share from
+/// its CONNECT, also when the client resumes a session it already has and while its
+/// connection is still open. (a) Anonymous sessions kept without a will, each resumed with a
+/// 64 KB delayed will: past the share the CONNECT is refused, 0x97 Quota exceeded (v5
+/// §3.2.2.2). (b) Connections held open together, each with such a will: past the share a
+/// new one's session is not kept (Session Expiry Interval 0 in CONNACK, v5 §3.2.2.3.2).
+/// Before, resumed sessions were not checked (300 took 72 MB) and a will counted only once
+/// its connection ended (200 open ones took 48 MB); either ended with 0x97 for sensor1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_wills_count_from_their_connect_also_for_resumed_sessions() {
+    let broker = password_and_anonymous(4_194_304).await;
+    for n in 0..40u16 {
+        let (c, _) = v5::connect(
+            broker.addr,
+            v5::persistent_connect(&format!("resume-{n}"), 3600),
+        )
+        .await;
+        v5::disconnect(c).await;
+    }
+    let mut refused_at = None;
+    for n in 0..40u16 {
+        let (c, answer) = v5::open(broker.addr, with_delayed_will(&format!("resume-{n}"))).await;
+        drop(c);
+        match answer {
+            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::QUOTA_EXCEEDED => {
+                refused_at = Some(n);
+                break;
+            }
+            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => {}
+            other => panic!("resumed session {n}: {other:?}"),
+        }
+    }
+    let n = refused_at.expect("40 resumed anonymous sessions took 64 KB delayed wills");
+    assert!((3..=12).contains(&n), "refused at {n}");
+
+    let broker = password_and_anonymous(4_194_304).await;
+    let mut open = Vec::new();
+    let mut not_kept_at = None;
+    for n in 0..40u16 {
+        let (c, ack) = v5::connect(broker.addr, with_delayed_will(&format!("open-{n}"))).await;
+        open.push(c);
+        if ack.properties.session_expiry_interval == Some(0) {
+            not_kept_at = Some(n);
+            break;
+        }
+    }
+    let n = not_kept_at.expect("40 open anonymous connections all kept 64 KB delayed wills");
+    assert!((3..=12).contains(&n), "the first session not kept was {n}");
+    let (c, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    v5::disconnect(c).await;
+    drop(open);
+}
+
+/// Issue 35, ninth adversarial pass, R3: a User Property costs a 64-byte pair in memory
+/// whatever its wire size, so a will of 5,000 empty ones (20 KB on the wire, 320 KB held)
+/// is refused like a CONNECT over `mqtt.max_connect_size` (256 KiB): 0x95 Packet too large
+/// (v5 §3.2.2.2). Before, 50 such connections held 185 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_of_many_empty_properties_counts_what_it_holds() {
+    let broker = password_and_anonymous(4_194_304).await;
+    let mut connect = with_delayed_will("many-props");
+    if let Some(will) = connect.will.as_mut() {
+        will.properties.user_properties = vec![(String::new().into(), String::new().into()); 5_000];
+    }
+    match v5::open(broker.addr, connect).await {
+        (_, Some(Packet::ConnAck(ack))) => {
+            assert_eq!(ack.reason_code, ReasonCode::PACKET_TOO_LARGE, "{ack:?}");
+        }
+        (_, other) => panic!("expected a CONNACK, got {other:?}"),
+    }
 }

@@ -37,3 +37,45 @@ fn enc(packet: &Packet, version: ProtocolVersion) -> Vec<u8> {
     encode(packet, version, &mut buf).expect("encodable");
     buf.to_vec()
 }
+
+/// Issue 35, ninth adversarial pass, R5: what a decoded packet's parts keep alive is their own
+/// allocation, not the read buffer they arrived in. A 1-byte PUBLISH read right behind a
+/// 100 KB one (one buffer, as one `read` delivers them) must not point into that buffer;
+/// the large one may (it is split off without copying).
+#[test]
+fn a_small_packet_does_not_keep_the_read_buffer_alive() {
+    use crate::codec::{Publish, QoS};
+    let publish = |topic: &str, payload: Vec<u8>| {
+        Packet::Publish(Publish {
+            qos: QoS::AtMostOnce,
+            topic: topic.into(),
+            payload: payload.into(),
+            ..Publish::default()
+        })
+    };
+    let mut wire = enc(&publish("junk", vec![0; 100_000]), V5);
+    wire.extend(enc(&publish("kept", vec![1]), V5));
+    let mut buf = BytesMut::from(&wire[..]);
+    let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+    let Some(Packet::Publish(big)) = decode(&mut buf, Some(V5), MAX).expect("decodes") else {
+        panic!("the large PUBLISH");
+    };
+    let Some(Packet::Publish(small)) = decode(&mut buf, Some(V5), MAX).expect("decodes") else {
+        panic!("the small PUBLISH");
+    };
+    assert!(buf.is_empty());
+    assert_eq!(&small.payload[..], [1]);
+    for (what, at) in [
+        ("payload", small.payload.as_ptr() as usize),
+        ("topic", small.topic.as_bytes().as_ptr() as usize),
+    ] {
+        assert!(
+            !range.contains(&at),
+            "the small packet's {what} is a slice of the read buffer"
+        );
+    }
+    assert!(
+        range.contains(&(big.payload.as_ptr() as usize)),
+        "large packets stay zero-copy"
+    );
+}

@@ -258,7 +258,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let had_will = self.will.is_some();
         let will_due = close.publishes_will(self.broker().config().wills_on_shutdown);
         if will_due {
-            if let Some(will) = self.will.take().map(|will| *will) {
+            if let Some(will) = self.will.take().map(|held| held.will) {
                 // Held until the delay passes or the session ends (MQTT-3.1.2-8); v5 only.
                 let delay = will.properties.will_delay_interval.filter(|_| v5);
                 self.session.publish_will(will, delay);

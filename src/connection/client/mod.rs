@@ -111,7 +111,7 @@ pub(super) struct Client<S> {
     keep_alive_limit: Option<Duration>,
     last_read: Instant,
     /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
-    will: Option<Box<LastWill>>,
+    will: Option<Box<HeldLastWill>>,
     /// Outbound QoS 1/2 window: min(broker's max inflight, client's Receive Maximum).
     window: u16,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
@@ -191,6 +191,13 @@ impl Settled {
 /// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
 const MAX_GATED_WRITES: usize = 1024;
 
+/// The will a connection holds, with its bytes counted while it may outlive the connection
+/// (a delayed will of a kept session, `flow::HeldWill`: ninth adversarial pass, R1).
+struct HeldLastWill {
+    will: LastWill,
+    _held: Option<crate::broker::flow::HeldWill>,
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Takes over the connection from the handshake.
     pub(super) fn new(mut io: Io<S>, accepted: Accepted, info: ConnectionInfo) -> Client<S> {
@@ -203,6 +210,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             token,
             unauthenticated,
             not_kept,
+            will_held,
         } = accepted;
         let broker = Arc::clone(attached.handle.broker());
         let config = broker.config();
@@ -242,7 +250,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             keep_alive_limit: (keep_alive > 0)
                 .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
             last_read: Instant::now(),
-            will: connect.will.map(Box::new),
+            will: connect.will.map(|will| {
+                Box::new(HeldLastWill {
+                    will,
+                    _held: will_held,
+                })
+            }),
             window,
             client_max_packet,
             aliases: None,

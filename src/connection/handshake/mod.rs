@@ -51,6 +51,9 @@ pub(super) struct Accepted {
     /// keep: CONNACK said Session Expiry Interval 0, and a DISCONNECT asking for more is not
     /// heeded either.
     pub not_kept: bool,
+    /// The delayed will's bytes, counted while the connection holds the will (see
+    /// `flow::HeldWill`).
+    pub will_held: Option<crate::broker::flow::HeldWill>,
 }
 
 /// The enhanced authentication method of a connection (MQTT 5 §4.12).
@@ -130,8 +133,20 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     };
 
     let version = connect.protocol;
-    let logins = broker.logins();
     let mut connect = connect;
+    // What the decoded will holds may be far more than its wire bytes (a User Property is a
+    // 64-byte pair in memory, 4 bytes on the wire): bounded like the CONNECT itself, since the
+    // connection keeps it for its life (issue 35, ninth adversarial pass, R3).
+    if connect
+        .will
+        .as_ref()
+        .is_some_and(|will| will.held_bytes() > broker.config().max_connect_size as usize)
+    {
+        let why = "the will holds more than mqtt.max_connect_size";
+        let code = ReasonCode::PACKET_TOO_LARGE;
+        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+    }
+    let logins = broker.logins();
     // Authenticated already (a verified certificate, a token): the password file is not asked.
     let mut authenticated = false;
     let mut credentials_expire = None;
@@ -472,6 +487,25 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         connack.properties.session_expiry_interval = Some(0);
         not_kept = true;
     }
+    // A session it resumes is counted already, its delayed will not: past the share it is
+    // refused (0x97 Quota exceeded, v5 §3.2.2.2; delays exist in v5 only), as the session
+    // cannot be dropped here (ninth pass, R1: 300 resumed sessions took 72 MB of wills).
+    let anonymous = owner == SessionOwner::Anonymous;
+    if anonymous
+        && delayed_will > 0
+        && expiry_interval > 0
+        && !crate::broker::flow::anonymous_share_has_room(delayed_will, &broker.flow().memory)
+    {
+        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "anonymous clients are at their share of the memory budget: the delayed will is refused");
+        let why = "anonymous clients are at their share of the memory budget";
+        let code = ReasonCode::QUOTA_EXCEEDED;
+        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+    }
+    // Counted from now, not from when the connection ends: connections held open together
+    // would otherwise all pass the check above (ninth pass, R1). The session's own count
+    // takes over when the will is deferred (`Broker::defer_will`).
+    let will_held = (delayed_will > 0 && expiry_interval > 0)
+        .then(|| crate::broker::flow::HeldWill::new(delayed_will as usize, anonymous));
     // Only now does the connection take a connected slot (the listener's `max_connections`,
     // its source's `max_connections_per_ip`, the broker's `mqtt.max_connections`): until
     // here it held a pending one, so sockets that never get this far cannot keep finished
@@ -647,6 +681,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             token,
             unauthenticated,
             not_kept,
+            will_held,
         },
         connected,
     ))
