@@ -12,6 +12,7 @@
 //! flight untouched. An ack for an id with nothing in flight stays ignored: a client may
 //! legitimately repeat acks after a reconnect.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::broker::message::Delivery;
@@ -106,6 +107,127 @@ pub struct Inflight {
     /// reconnect): what `mqtt.max_deliveries` bounds. Stored with the entry
     /// (`Op::CountDelivery`).
     pub deliveries: u16,
+}
+
+/// The inflight window: unacknowledged deliveries in send order, with the bytes
+/// (`Message::size`) they hold. An anonymous session's in-flight bytes stay in the anonymous
+/// share (`flow::ANONYMOUS_SHARE`) until the entry leaves the window, as its queued bytes do
+/// (issue 35, ninth pass R2: uncounted when they left the queue, an anonymous subscriber that
+/// never acknowledged held `max_inflight_messages` messages outside the share). Every change
+/// goes through a method here, so each entry is counted once and uncounted once; reads go
+/// through `Deref`.
+#[derive(Debug, Default)]
+pub struct InflightWindow {
+    entries: VecDeque<Inflight>,
+    /// Sum of `Message::size` over `entries`.
+    bytes: usize,
+    /// Counted in the anonymous share ([`SessionState::set_owner`] keeps it in step).
+    anonymous: bool,
+}
+
+impl std::ops::Deref for InflightWindow {
+    type Target = VecDeque<Inflight>;
+
+    fn deref(&self) -> &VecDeque<Inflight> {
+        &self.entries
+    }
+}
+
+impl InflightWindow {
+    fn counted(&mut self, bytes: usize, up: bool) {
+        if up {
+            self.bytes += bytes;
+        } else {
+            self.bytes -= bytes;
+        }
+        if self.anonymous {
+            crate::broker::flow::anonymous_queued_counted(bytes, up);
+        }
+    }
+
+    /// Bytes (`Message::size`) of the entries in flight.
+    pub(in crate::broker) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The session became anonymous or stopped being one: its in-flight bytes enter or leave
+    /// the anonymous share.
+    pub(in crate::broker) fn set_anonymous(&mut self, anonymous: bool) {
+        if anonymous != self.anonymous {
+            crate::broker::flow::anonymous_queued_counted(self.bytes, anonymous);
+            self.anonymous = anonymous;
+        }
+    }
+
+    /// Puts `entry` in flight (last).
+    pub(in crate::broker) fn push_back(&mut self, entry: Inflight) {
+        self.counted(entry.delivery.message.size(), true);
+        self.entries.push_back(entry);
+    }
+
+    /// Takes the entry at `i` out of flight.
+    pub(in crate::broker) fn remove(&mut self, i: usize) -> Option<Inflight> {
+        let entry = self.entries.remove(i)?;
+        self.counted(entry.delivery.message.size(), false);
+        Some(entry)
+    }
+
+    /// Changes the entry at `i` with `change` (its message may be swapped: recounted).
+    pub(in crate::broker) fn update<R>(
+        &mut self,
+        i: usize,
+        change: impl FnOnce(&mut Inflight) -> R,
+    ) -> Option<R> {
+        let entry = self.entries.get_mut(i)?;
+        let before = entry.delivery.message.size();
+        let r = change(entry);
+        let after = entry.delivery.message.size();
+        self.counted(before, false);
+        self.counted(after, true);
+        Some(r)
+    }
+
+    /// Keeps the entries `keep` says to keep (it may change them), uncounting the others.
+    pub(in crate::broker) fn retain_mut(&mut self, mut keep: impl FnMut(&mut Inflight) -> bool) {
+        let mut gone = 0;
+        let mut changed = (0, 0);
+        self.entries.retain_mut(|f| {
+            let before = f.delivery.message.size();
+            let kept = keep(f);
+            if kept {
+                changed.0 += before;
+                changed.1 += f.delivery.message.size();
+            } else {
+                gone += before;
+            }
+            kept
+        });
+        self.counted(gone + changed.0, false);
+        self.counted(changed.1, true);
+    }
+
+    /// Takes every entry out of flight.
+    pub(in crate::broker) fn clear(&mut self) {
+        self.entries.clear();
+        let bytes = self.bytes;
+        self.counted(bytes, false);
+    }
+}
+
+impl<'a> IntoIterator for &'a InflightWindow {
+    type Item = &'a Inflight;
+    type IntoIter = std::collections::vec_deque::Iter<'a, Inflight>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.iter()
+    }
+}
+
+impl Drop for InflightWindow {
+    /// What is still in flight leaves the anonymous share with the session.
+    fn drop(&mut self) {
+        self.clear();
+    }
 }
 
 /// Where deliveries go once the session hands them out: a connection's write buffer, a link's
@@ -408,7 +530,7 @@ impl SessionState {
             return Ok(PubRecAnswer::Refused { ops, message });
         }
         let mut taken = None;
-        if let Some(entry) = self.inflight.get_mut(i) {
+        self.inflight.update(i, |entry| {
             entry.stage = OutboundStage::AwaitPubComp;
             let message = &entry.delivery.message;
             if entry.delivery.shared.is_none()
@@ -422,7 +544,7 @@ impl SessionState {
                 entry.delivery.message =
                     std::sync::Arc::new(crate::broker::Message::released_placeholder());
             }
-        }
+        });
         let ops = seq
             .map(|seq| {
                 persist::update_entry(client_id, seq, OutboundStage::AwaitPubComp, packet_id)
