@@ -116,9 +116,11 @@ pub struct QueueLimits {
     /// QoS 0 deliveries pause their publisher too (`mqtt.backpressure_qos0`).
     pub backpressure_qos0: bool,
     /// What anonymous sessions may hold together (`flow::ANONYMOUS_SHARE` of the memory
-    /// budget, queued payload bytes included): an offline anonymous session's queue counts as
-    /// full once they hold it, so its overflow policy applies (issue 35, sixth pass: a
-    /// stranger's kept sessions could otherwise queue up to `max_queued_bytes` each).
+    /// budget, queued and in-flight message bytes included): an anonymous session's queue,
+    /// connected or not, counts as full once they hold it, so its overflow policy applies
+    /// (issue 35, sixth pass: a stranger's kept sessions could otherwise queue up to
+    /// `max_queued_bytes` each; ninth pass R2: a connected one that never acknowledged took
+    /// the whole budget into its inflight window).
     pub anonymous_share: u64,
 }
 
@@ -254,7 +256,7 @@ impl SessionState {
             self.subscriptions.owner_changed(anonymous);
             super::flow::anonymous_session_counted(client_id.len(), anonymous);
             super::flow::anonymous_queued_counted(self.queued_bytes, anonymous);
-            self.inflight.set_anonymous(anonymous);
+            super::flow::anonymous_queued_counted(self.inflight.bytes(), anonymous);
         }
         self.owner = owner;
     }
@@ -300,6 +302,7 @@ impl Drop for SessionState {
         self.subscriptions.uncount_all(anonymous);
         if anonymous {
             super::flow::anonymous_queued_counted(self.queued_bytes, false);
+            super::flow::anonymous_queued_counted(self.inflight.bytes(), false);
         }
     }
 }

@@ -109,20 +109,19 @@ pub struct Inflight {
     pub deliveries: u16,
 }
 
-/// The inflight window: unacknowledged deliveries in send order, with the bytes
-/// (`Message::size`) they hold. An anonymous session's in-flight bytes stay in the anonymous
-/// share (`flow::ANONYMOUS_SHARE`) until the entry leaves the window, as its queued bytes do
-/// (issue 35, ninth pass R2: uncounted when they left the queue, an anonymous subscriber that
-/// never acknowledged held `max_inflight_messages` messages outside the share). Every change
-/// goes through a method here, so each entry is counted once and uncounted once; reads go
-/// through `Deref`.
+/// The inflight window: unacknowledged deliveries in send order. An anonymous session's
+/// in-flight bytes (`Message::size`) stay in the anonymous share (`flow::ANONYMOUS_SHARE`)
+/// until the entry leaves the window, as its queued bytes do (issue 35, ninth pass R2:
+/// uncounted when they left the queue, an anonymous subscriber that never acknowledged held
+/// `max_inflight_messages` messages outside the share). Every change goes through a method
+/// here, told whether the session is anonymous ([`SessionState::is_anonymous`]), so each
+/// entry is counted once and uncounted once, at its message's size then (a message swapped
+/// in place is recounted); reads go through `Deref`. No running total and no flag of its
+/// own: the session's state stays at its size bound, and the rare whole-window changes
+/// (owner change, end, drop: [`SessionState::set_owner`], `Drop for SessionState`) walk it.
 #[derive(Debug, Default)]
 pub struct InflightWindow {
     entries: VecDeque<Inflight>,
-    /// Sum of `Message::size` over `entries`.
-    bytes: usize,
-    /// Counted in the anonymous share ([`SessionState::set_owner`] keeps it in step).
-    anonymous: bool,
 }
 
 impl std::ops::Deref for InflightWindow {
@@ -133,42 +132,28 @@ impl std::ops::Deref for InflightWindow {
     }
 }
 
+fn counted(anonymous: bool, bytes: usize, up: bool) {
+    if anonymous && bytes > 0 {
+        crate::broker::flow::anonymous_queued_counted(bytes, up);
+    }
+}
+
 impl InflightWindow {
-    fn counted(&mut self, bytes: usize, up: bool) {
-        if up {
-            self.bytes += bytes;
-        } else {
-            self.bytes -= bytes;
-        }
-        if self.anonymous {
-            crate::broker::flow::anonymous_queued_counted(bytes, up);
-        }
-    }
-
-    /// Bytes (`Message::size`) of the entries in flight.
+    /// Bytes (`Message::size`) of the entries in flight (a walk).
     pub(in crate::broker) fn bytes(&self) -> usize {
-        self.bytes
+        self.entries.iter().map(|f| f.delivery.message.size()).sum()
     }
 
-    /// The session became anonymous or stopped being one: its in-flight bytes enter or leave
-    /// the anonymous share.
-    pub(in crate::broker) fn set_anonymous(&mut self, anonymous: bool) {
-        if anonymous != self.anonymous {
-            crate::broker::flow::anonymous_queued_counted(self.bytes, anonymous);
-            self.anonymous = anonymous;
-        }
-    }
-
-    /// Puts `entry` in flight (last).
-    pub(in crate::broker) fn push_back(&mut self, entry: Inflight) {
-        self.counted(entry.delivery.message.size(), true);
+    /// Puts `entry` in flight (last), in the anonymous share when `anonymous`.
+    pub(in crate::broker) fn push_back(&mut self, entry: Inflight, anonymous: bool) {
+        counted(anonymous, entry.delivery.message.size(), true);
         self.entries.push_back(entry);
     }
 
     /// Takes the entry at `i` out of flight.
-    pub(in crate::broker) fn remove(&mut self, i: usize) -> Option<Inflight> {
+    pub(in crate::broker) fn remove(&mut self, i: usize, anonymous: bool) -> Option<Inflight> {
         let entry = self.entries.remove(i)?;
-        self.counted(entry.delivery.message.size(), false);
+        counted(anonymous, entry.delivery.message.size(), false);
         Some(entry)
     }
 
@@ -176,41 +161,41 @@ impl InflightWindow {
     pub(in crate::broker) fn update<R>(
         &mut self,
         i: usize,
+        anonymous: bool,
         change: impl FnOnce(&mut Inflight) -> R,
     ) -> Option<R> {
         let entry = self.entries.get_mut(i)?;
         let before = entry.delivery.message.size();
         let r = change(entry);
         let after = entry.delivery.message.size();
-        self.counted(before, false);
-        self.counted(after, true);
+        counted(anonymous, before, false);
+        counted(anonymous, after, true);
         Some(r)
     }
 
     /// Keeps the entries `keep` says to keep (it may change them), uncounting the others.
-    pub(in crate::broker) fn retain_mut(&mut self, mut keep: impl FnMut(&mut Inflight) -> bool) {
-        let mut gone = 0;
-        let mut changed = (0, 0);
+    pub(in crate::broker) fn retain_mut(
+        &mut self,
+        anonymous: bool,
+        mut keep: impl FnMut(&mut Inflight) -> bool,
+    ) {
+        let (mut before, mut after) = (0, 0);
         self.entries.retain_mut(|f| {
-            let before = f.delivery.message.size();
+            before += f.delivery.message.size();
             let kept = keep(f);
             if kept {
-                changed.0 += before;
-                changed.1 += f.delivery.message.size();
-            } else {
-                gone += before;
+                after += f.delivery.message.size();
             }
             kept
         });
-        self.counted(gone + changed.0, false);
-        self.counted(changed.1, true);
+        counted(anonymous, before, false);
+        counted(anonymous, after, true);
     }
 
     /// Takes every entry out of flight.
-    pub(in crate::broker) fn clear(&mut self) {
+    pub(in crate::broker) fn clear(&mut self, anonymous: bool) {
+        counted(anonymous, self.bytes(), false);
         self.entries.clear();
-        let bytes = self.bytes;
-        self.counted(bytes, false);
     }
 }
 
@@ -220,13 +205,6 @@ impl<'a> IntoIterator for &'a InflightWindow {
 
     fn into_iter(self) -> Self::IntoIter {
         self.entries.iter()
-    }
-}
-
-impl Drop for InflightWindow {
-    /// What is still in flight leaves the anonymous share with the session.
-    fn drop(&mut self) {
-        self.clear();
     }
 }
 
@@ -403,12 +381,16 @@ impl SessionState {
             filled.gated |= after_commit;
             filled.sent[delivery.qos as usize] += 1;
             if let Some(stage) = stage {
-                self.inflight.push_back(Inflight {
-                    packet_id,
-                    delivery,
-                    stage,
-                    deliveries: 1,
-                });
+                let anonymous = self.is_anonymous();
+                self.inflight.push_back(
+                    Inflight {
+                        packet_id,
+                        delivery,
+                        stage,
+                        deliveries: 1,
+                    },
+                    anonymous,
+                );
             }
         }
         filled
@@ -458,7 +440,7 @@ impl SessionState {
                 stage: found.stage,
             });
         }
-        Ok(self.inflight.remove(i))
+        Ok(self.inflight.remove(i, self.is_anonymous()))
     }
 
     /// Takes out the delivery in flight under `packet_id` whose PUBLISH awaits its PUBACK or
@@ -469,7 +451,7 @@ impl SessionState {
         let (i, _) = self
             .find_inflight(packet_id)
             .filter(|(_, f)| f.stage != OutboundStage::AwaitPubComp)?;
-        self.inflight.remove(i)
+        self.inflight.remove(i, self.is_anonymous())
     }
 
     /// PUBREC: the receiver has the message (MQTT-4.3.3-4). Its stage moves to awaiting
@@ -522,7 +504,10 @@ impl SessionState {
             }
         };
         if refused {
-            let message = self.inflight.remove(i).map(|done| done.delivery.message);
+            let message = self
+                .inflight
+                .remove(i, self.is_anonymous())
+                .map(|done| done.delivery.message);
             let ops = seq
                 .map(|seq| persist::remove_entry(client_id, seq))
                 .into_iter()
@@ -530,7 +515,7 @@ impl SessionState {
             return Ok(PubRecAnswer::Refused { ops, message });
         }
         let mut taken = None;
-        self.inflight.update(i, |entry| {
+        self.inflight.update(i, self.is_anonymous(), |entry| {
             entry.stage = OutboundStage::AwaitPubComp;
             let message = &entry.delivery.message;
             if entry.delivery.shared.is_none()
@@ -576,7 +561,7 @@ impl SessionState {
     ) -> Resent {
         let mut resent = Resent::default();
         let mut counts = Vec::new();
-        self.inflight.retain_mut(|f| {
+        self.inflight.retain_mut(self.is_anonymous(), |f| {
             if f.stage == OutboundStage::AwaitPubComp {
                 resent.resends.push(Resend::Release(f.packet_id));
                 return true;
@@ -658,19 +643,22 @@ mod tests {
             packet_id: 1,
             ..Default::default()
         };
-        st.inflight.push_back(Inflight {
-            deliveries: 1,
-            packet_id,
-            delivery: Delivery {
-                message: Arc::new(Message::from_publish(publish, None)),
-                qos,
-                retain: false,
-                subscription_ids: Default::default(),
-                seq: None,
-                shared: None,
+        st.inflight.push_back(
+            Inflight {
+                deliveries: 1,
+                packet_id,
+                delivery: Delivery {
+                    message: Arc::new(Message::from_publish(publish, None)),
+                    qos,
+                    retain: false,
+                    subscription_ids: Default::default(),
+                    seq: None,
+                    shared: None,
+                },
+                stage,
             },
-            stage,
-        });
+            false,
+        );
     }
 
     /// A PUBREC with a failure code ends the QoS 2 exchange even for an id the session does not

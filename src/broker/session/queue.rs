@@ -141,7 +141,7 @@ impl SessionState {
         }
         if include_sent_qos1 {
             let mut sent = Vec::new();
-            self.inflight.retain_mut(|f| {
+            self.inflight.retain_mut(self.is_anonymous(), |f| {
                 let move_it = f.stage == OutboundStage::AwaitPubAck
                     && f.delivery.shared.is_some()
                     && group(&f.delivery);
