@@ -350,7 +350,7 @@ impl Broker {
         let session = self.session_arc(client_id)?;
         let now = Instant::now();
         let st = session.lock();
-        let inflight_bytes: usize = st.inflight.iter().map(|f| f.delivery.message.size()).sum();
+        let inflight_bytes = st.inflight.bytes();
         // In flight were sent first, so the older of the two fronts is the oldest held.
         let oldest = [
             st.inflight.front().map(|f| f.delivery.message.received_at),

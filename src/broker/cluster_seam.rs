@@ -459,12 +459,16 @@ impl Broker {
                 super::OutboundStage::AwaitPubComp,
             ),
         };
-        st.inflight.push_back(super::session::Inflight {
-            packet_id,
-            delivery,
-            stage,
-            deliveries: 1,
-        });
+        let anonymous = st.is_anonymous();
+        st.inflight.push_back(
+            super::session::Inflight {
+                packet_id,
+                delivery,
+                stage,
+                deliveries: 1,
+            },
+            anonymous,
+        );
         None
     }
 

@@ -75,6 +75,13 @@ fn add_message_bytes(delta: i64) {
     });
 }
 
+/// This thread's not yet flushed count (for tests: one thread's messages, whatever other
+/// tests do meanwhile, while it stays under [`FLUSH_BYTES`]).
+#[cfg(test)]
+pub(super) fn unflushed_message_bytes() -> i64 {
+    UNFLUSHED.with(Cell::get)
+}
+
 /// Counts `bytes` of a new message.
 pub(super) fn message_made(bytes: usize) {
     add_message_bytes(i64::try_from(bytes).unwrap_or(i64::MAX));

@@ -439,7 +439,8 @@ impl Broker {
                 }
             }
             st.queue.clear();
-            st.inflight.clear();
+            let anonymous = st.is_anonymous();
+            st.inflight.clear(anonymous);
             st.inbound_qos2.clear();
             if std::mem::take(&mut st.stored) {
                 self.persist(vec![Op::DeleteSession {

@@ -145,10 +145,11 @@ fn held_size(topic: &str, payload: &Bytes, properties: Option<&PublishProperties
 }
 
 /// Uncounts the message from the memory budget (`broker::flow`), which counted it when it was
-/// made. Its size is fixed at construction, so the two counts match.
+/// made. Its size is fixed at construction, so the two counts match; each cached encoding was
+/// counted when it was made ([`Message::write_to`]) and leaves with it.
 impl Drop for Message {
     fn drop(&mut self) {
-        super::flow::message_dropped(self.size());
+        super::flow::message_dropped(self.size() + self.encoded.held_bytes());
     }
 }
 
@@ -385,7 +386,7 @@ impl Message {
             codec::encode_publish(&header, &self.payload, version, out)?;
             return Ok(out.len() - start);
         }
-        self.encoded.write(
+        let (written, made) = self.encoded.write(
             out,
             version,
             PublishBody {
@@ -394,7 +395,13 @@ impl Message {
                 properties: self.properties.as_deref(),
             },
             &delivery,
-        )
+        )?;
+        if made > 0 {
+            // A cached encoding is another copy held as long as the message (issue 35, ninth
+            // pass R4): counted once as it is made, at most four per message.
+            super::flow::message_made(made);
+        }
+        Ok(written)
     }
 }
 
@@ -443,6 +450,51 @@ mod tests {
         publish.properties.correlation_data = Some(Bytes::from(vec![0; 500]));
         let size = Message::from_publish(publish, None).size();
         assert!(size >= 4 + 1000 + 500, "{size}");
+    }
+
+    /// Issue 35, ninth pass, R4: each cached encoding of a message (v3 / v5 × with or without
+    /// a packet id) is counted in the memory budget as it is made, once, and uncounted with
+    /// the message. Before, only the message's own size was: four more copies went uncounted.
+    #[test]
+    fn cached_encodings_count_while_the_message_lives() {
+        let counted = super::super::flow::unflushed_message_bytes;
+        let start = counted();
+        let message = Message::from_publish(
+            Publish {
+                topic: "a/b".into(),
+                payload: Bytes::from(vec![b'p'; 1000]),
+                ..Publish::default()
+            },
+            None,
+        );
+        assert_eq!(counted() - start, 1003);
+        let mut written = 0;
+        for version in [ProtocolVersion::V3_1_1, ProtocolVersion::V5] {
+            for (qos, packet_id) in [(QoS::AtMostOnce, 0), (QoS::AtLeastOnce, 7)] {
+                let flags = PublishFlags {
+                    qos,
+                    retain: false,
+                    dup: false,
+                    packet_id,
+                    subscription_ids: &[],
+                    topic_alias: None,
+                };
+                let mut out = BytesMut::new();
+                let n = message.write_to(&mut out, version, flags).unwrap();
+                written += i64::try_from(n).unwrap();
+                assert_eq!(counted() - start, 1003 + written, "{version:?} {qos:?}");
+                // Again: the copy comes from the cache and adds nothing.
+                message.write_to(&mut out, version, flags).unwrap();
+                assert_eq!(
+                    counted() - start,
+                    1003 + written,
+                    "{version:?} {qos:?} again"
+                );
+            }
+        }
+        assert!(written > 4 * 1000, "four encodings counted: {written}");
+        drop(message);
+        assert_eq!(counted(), start);
     }
 
     #[test]

@@ -145,12 +145,16 @@ impl Broker {
                         }
                     };
                     summary.inflight += 1;
-                    st.inflight.push_back(Inflight {
-                        packet_id,
-                        delivery,
-                        stage,
-                        deliveries: entry.deliveries.max(1),
-                    });
+                    let anonymous = st.is_anonymous();
+                    st.inflight.push_back(
+                        Inflight {
+                            packet_id,
+                            delivery,
+                            stage,
+                            deliveries: entry.deliveries.max(1),
+                        },
+                        anonymous,
+                    );
                 }
                 st.inbound_qos2.extend(snap.inbound_qos2);
                 st.disconnected_at = Some(Instant::now());

@@ -74,7 +74,9 @@ impl PublishEncodings {
     /// `version` (made now if nobody made it yet), with `flags`' DUP, QoS, RETAIN and packet
     /// id patched in. Subscriber-specific properties (`flags.subscription_ids`,
     /// `flags.topic_alias`) are not applied: use [`encode_publish`] for those. Returns the
-    /// number of bytes written.
+    /// number of bytes written, and the bytes of the encoding made and cached by this call (0
+    /// when it was cached already), for the caller's memory count: a cached encoding lives as
+    /// long as the message (issue 35, ninth pass R4), see [`PublishEncodings::held_bytes`].
     ///
     /// # Errors
     ///
@@ -86,31 +88,51 @@ impl PublishEncodings {
         version: ProtocolVersion,
         body: PublishBody<'_>,
         flags: &PublishFlags<'_>,
-    ) -> Result<usize, EncodeError> {
+    ) -> Result<(usize, usize), EncodeError> {
         let start = out.len();
         let with_id = flags.qos != QoS::AtMostOnce;
         let slot = usize::from(version.is_v5()) * 2 + usize::from(with_id);
-        let cached = self.get_or_try_init(slot, || encode_shared(body, version, with_id))?;
+        let mut made = 0;
+        let cached =
+            self.get_or_try_init(slot, &mut made, || encode_shared(body, version, with_id))?;
         out.extend_from_slice(&cached.bytes);
         out[start] =
             0x30 | (u8::from(flags.dup) << 3) | ((flags.qos as u8) << 1) | u8::from(flags.retain);
         if let Some(off) = cached.packet_id_offset {
             out[start + off..start + off + 2].copy_from_slice(&flags.packet_id.to_be_bytes());
         }
-        Ok(out.len() - start)
+        Ok((out.len() - start, made))
     }
 
-    /// The encoding for `slot`, made with `encode` if nobody made it yet.
+    /// Bytes of the encodings cached: what [`PublishEncodings::write`] reported made, summed.
+    pub fn held_bytes(&self) -> usize {
+        let first = self.first.get().map_or(0, |(_, e)| e.bytes.len());
+        let others = self.others.get().map_or(0, |others| {
+            others
+                .iter()
+                .filter_map(OnceLock::get)
+                .map(|e| e.bytes.len())
+                .sum()
+        });
+        first + others
+    }
+
+    /// The encoding for `slot`, made with `encode` if nobody made it yet; `made` is set to its
+    /// bytes when this call's encoding is the one cached (a racing thread's may win instead).
     fn get_or_try_init(
         &self,
         slot: usize,
+        made: &mut usize,
         encode: impl Fn() -> Result<EncodedPublish, EncodeError>,
     ) -> Result<&EncodedPublish, EncodeError> {
         let first = match self.first.get() {
             Some(first) => first,
             None => {
                 let encoded = encode()?;
-                self.first.get_or_init(|| (slot as u8, encoded))
+                self.first.get_or_init(|| {
+                    *made = encoded.bytes.len();
+                    (slot as u8, encoded)
+                })
             }
         };
         if usize::from(first.0) == slot {
@@ -123,7 +145,10 @@ impl PublishEncodings {
             Some(cached) => Ok(cached),
             None => {
                 let encoded = encode()?;
-                Ok(others[slot].get_or_init(|| encoded))
+                Ok(others[slot].get_or_init(|| {
+                    *made = encoded.bytes.len();
+                    encoded
+                }))
             }
         }
     }

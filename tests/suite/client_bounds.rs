@@ -875,3 +875,72 @@ async fn a_will_of_many_empty_properties_counts_what_it_holds() {
         (_, other) => panic!("expected a CONNACK, got {other:?}"),
     }
 }
+
+/// Issue 35, ninth adversarial pass, R2: what an anonymous session holds in flight (sent,
+/// not acknowledged: MQTT-4.4.0-1 keeps it for the session) counts in the anonymous eighth of
+/// `mqtt.max_memory` (4 MiB here: 512 KiB) as what it queues does, online or not. An anonymous
+/// subscriber that never acknowledges is sent fifteen 256 KiB QoS 1 messages and leaves: at
+/// most two are kept for it, and `sensor1` still subscribes (MQTT-3.9.3-1: a granted QoS, not
+/// 0x97) and publishes (PUBACK 0x00 or 0x10). Once the subscriber comes back and acknowledges
+/// them, the share is whole again: a stranger keeps six 64 KiB retained messages. Before,
+/// the messages left the share as they entered the window: 3.9 MB held for the stranger took
+/// the budget past its pause mark, and `sensor1`'s SUBSCRIBE got 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_anonymous_session_holds_in_flight_counts_in_their_share() {
+    use postbox::codec::QoS;
+    let broker = password_and_anonymous(4_194_304).await;
+    let (mut sink, _) = v5::connect(broker.addr, v5::persistent_connect("if-sink", 600)).await;
+    v5::subscribe(&mut sink, "if/#", QoS::AtLeastOnce).await;
+    let payload = vec![b'i'; 262_144];
+    let mut feeder = v5::connect_id(broker.addr, "if-feeder").await;
+    for i in 0..15u16 {
+        let p = v5::publish_packet("if/x", QoS::AtLeastOnce, &payload, i + 1);
+        let code = v5::publish(&mut feeder, p).await;
+        assert!(!code.is_error(), "message {i}: {code:?}");
+    }
+    // It leaves without acknowledging anything it was sent.
+    drop(sink);
+
+    let (mut dashboard, _) = v5::connect(broker.addr, sensor1("if-dashboard")).await;
+    let ack = v5::subscribe_with(
+        &mut dashboard,
+        "sensors/#",
+        SubscriptionOptions {
+            qos: QoS::AtLeastOnce,
+            ..Default::default()
+        },
+        None,
+    )
+    .await;
+    assert_eq!(ack.reason_codes, [ReasonCode::GRANTED_QOS_1], "{ack:?}");
+    let p = v5::publish_packet("sensors/sensor1/t", QoS::AtLeastOnce, b"21.5", 9);
+    let code = tokio::time::timeout(
+        std::time::Duration::from_secs(3),
+        v5::publish(&mut dashboard, p),
+    )
+    .await
+    .expect("sensor1's PUBACK without a pause");
+    assert!(!code.is_error(), "sensor1's PUBLISH: {code:?}");
+
+    // Back, it is sent again what it holds (MQTT-4.4.0-1) and acknowledges all of it.
+    let (mut sink, _) = v5::connect(broker.addr, v5::persistent_connect("if-sink", 600)).await;
+    let mut held = 0;
+    while let Ok(Some(Packet::Publish(p))) = sink
+        .recv_within(std::time::Duration::from_millis(500))
+        .await
+    {
+        v5::ack(&mut sink, &p).await;
+        held += 1;
+        assert!(held <= 15, "more messages than were published");
+    }
+    assert!(
+        held <= 2,
+        "{held} messages of 256 KiB were kept for the stranger"
+    );
+    let mut stranger = v5::connect_id(broker.addr, "if-retainer").await;
+    let kept = retain_until_refused(&mut stranger, "ifret", &[b'r'; 65_536], 20).await;
+    assert!(
+        kept >= 6,
+        "the share kept only {kept} retained messages of 64 KiB"
+    );
+}

@@ -16,7 +16,7 @@ pub mod outbound;
 mod queue;
 mod subscription_map;
 
-pub use outbound::{DeliverySink, Inflight, OutboundStage};
+pub use outbound::{DeliverySink, Inflight, InflightWindow, OutboundStage};
 
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
@@ -116,9 +116,11 @@ pub struct QueueLimits {
     /// QoS 0 deliveries pause their publisher too (`mqtt.backpressure_qos0`).
     pub backpressure_qos0: bool,
     /// What anonymous sessions may hold together (`flow::ANONYMOUS_SHARE` of the memory
-    /// budget, queued payload bytes included): an offline anonymous session's queue counts as
-    /// full once they hold it, so its overflow policy applies (issue 35, sixth pass: a
-    /// stranger's kept sessions could otherwise queue up to `max_queued_bytes` each).
+    /// budget, queued and in-flight message bytes included): an anonymous session's queue,
+    /// connected or not, counts as full once they hold it, so its overflow policy applies
+    /// (issue 35, sixth pass: a stranger's kept sessions could otherwise queue up to
+    /// `max_queued_bytes` each; ninth pass R2: a connected one that never acknowledged took
+    /// the whole budget into its inflight window).
     pub anonymous_share: u64,
 }
 
@@ -187,7 +189,7 @@ pub struct SessionState {
     pub(in crate::broker) queue: VecDeque<Delivery>,
     queued_bytes: usize,
     /// Sent QoS 1/2 messages awaiting acknowledgement, in send order.
-    pub(in crate::broker) inflight: VecDeque<Inflight>,
+    pub(in crate::broker) inflight: InflightWindow,
     next_packet_id: u16,
     /// Inbound QoS 2 packet ids acknowledged with PUBREC but not yet released (exactly-once).
     pub(in crate::broker) inbound_qos2: inbound::InboundIds,
@@ -254,6 +256,7 @@ impl SessionState {
             self.subscriptions.owner_changed(anonymous);
             super::flow::anonymous_session_counted(client_id.len(), anonymous);
             super::flow::anonymous_queued_counted(self.queued_bytes, anonymous);
+            super::flow::anonymous_queued_counted(self.inflight.bytes(), anonymous);
         }
         self.owner = owner;
     }
@@ -299,6 +302,7 @@ impl Drop for SessionState {
         self.subscriptions.uncount_all(anonymous);
         if anonymous {
             super::flow::anonymous_queued_counted(self.queued_bytes, false);
+            super::flow::anonymous_queued_counted(self.inflight.bytes(), false);
         }
     }
 }
@@ -332,7 +336,7 @@ impl Session {
                 expiry_interval,
                 queue: VecDeque::new(),
                 queued_bytes: 0,
-                inflight: VecDeque::new(),
+                inflight: InflightWindow::default(),
                 next_packet_id: 0,
                 inbound_qos2: inbound::InboundIds::default(),
                 subscriptions: subscription_map::SubscriptionMap::default(),
@@ -511,11 +515,12 @@ impl Session {
             outcome = EnqueueOutcome::QueuedOverBound;
         }
         while outcome != EnqueueOutcome::QueuedOverBound
-            && (st.is_full(limits, size) || st.over_anonymous_share(online, limits, size))
+            && (st.is_full(limits, size) || st.over_anonymous_share(limits, size))
         {
             // Connected and eligible for back-pressure: full only because it stalled.
             if !st.stalled
                 && online
+                && st.is_full(limits, size)
                 && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0)
             {
                 st.stalled = true;
@@ -553,6 +558,11 @@ impl Session {
                         victims.stored.extend(old.seq);
                         victims.messages.push(old.message);
                     }
+                    // Nothing queued to drop, and the share is taken (by what is in flight
+                    // or held elsewhere): this one does not come in.
+                    None if st.over_anonymous_share(limits, size) => {
+                        return Admission::Refused(EnqueueOutcome::DroppedQueueFull, victims)
+                    }
                     None => break,
                 },
             }
@@ -589,7 +599,7 @@ impl Session {
         let online = st.connection.is_some();
         !st.ended
             && ((st.is_full(limits, size) && (!online || st.is_stalled(now_ms, limits)))
-                || st.over_anonymous_share(online, limits, size))
+                || st.over_anonymous_share(limits, size))
     }
 
     /// Whether a QoS 1/2 delivery to this session is stored (it lives on, and persistence is

@@ -12,6 +12,7 @@
 //! flight untouched. An ack for an id with nothing in flight stays ignored: a client may
 //! legitimately repeat acks after a reconnect.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::broker::message::Delivery;
@@ -106,6 +107,105 @@ pub struct Inflight {
     /// reconnect): what `mqtt.max_deliveries` bounds. Stored with the entry
     /// (`Op::CountDelivery`).
     pub deliveries: u16,
+}
+
+/// The inflight window: unacknowledged deliveries in send order. An anonymous session's
+/// in-flight bytes (`Message::size`) stay in the anonymous share (`flow::ANONYMOUS_SHARE`)
+/// until the entry leaves the window, as its queued bytes do (issue 35, ninth pass R2:
+/// uncounted when they left the queue, an anonymous subscriber that never acknowledged held
+/// `max_inflight_messages` messages outside the share). Every change goes through a method
+/// here, told whether the session is anonymous ([`SessionState::is_anonymous`]), so each
+/// entry is counted once and uncounted once, at its message's size then (a message swapped
+/// in place is recounted); reads go through `Deref`. No running total and no flag of its
+/// own: the session's state stays at its size bound, and the rare whole-window changes
+/// (owner change, end, drop: [`SessionState::set_owner`], `Drop for SessionState`) walk it.
+#[derive(Debug, Default)]
+pub struct InflightWindow {
+    entries: VecDeque<Inflight>,
+}
+
+impl std::ops::Deref for InflightWindow {
+    type Target = VecDeque<Inflight>;
+
+    fn deref(&self) -> &VecDeque<Inflight> {
+        &self.entries
+    }
+}
+
+fn counted(anonymous: bool, bytes: usize, up: bool) {
+    if anonymous && bytes > 0 {
+        crate::broker::flow::anonymous_queued_counted(bytes, up);
+    }
+}
+
+impl InflightWindow {
+    /// Bytes (`Message::size`) of the entries in flight (a walk).
+    pub(in crate::broker) fn bytes(&self) -> usize {
+        self.entries.iter().map(|f| f.delivery.message.size()).sum()
+    }
+
+    /// Puts `entry` in flight (last), in the anonymous share when `anonymous`.
+    pub(in crate::broker) fn push_back(&mut self, entry: Inflight, anonymous: bool) {
+        counted(anonymous, entry.delivery.message.size(), true);
+        self.entries.push_back(entry);
+    }
+
+    /// Takes the entry at `i` out of flight.
+    pub(in crate::broker) fn remove(&mut self, i: usize, anonymous: bool) -> Option<Inflight> {
+        let entry = self.entries.remove(i)?;
+        counted(anonymous, entry.delivery.message.size(), false);
+        Some(entry)
+    }
+
+    /// Changes the entry at `i` with `change` (its message may be swapped: recounted).
+    pub(in crate::broker) fn update<R>(
+        &mut self,
+        i: usize,
+        anonymous: bool,
+        change: impl FnOnce(&mut Inflight) -> R,
+    ) -> Option<R> {
+        let entry = self.entries.get_mut(i)?;
+        let before = entry.delivery.message.size();
+        let r = change(entry);
+        let after = entry.delivery.message.size();
+        counted(anonymous, before, false);
+        counted(anonymous, after, true);
+        Some(r)
+    }
+
+    /// Keeps the entries `keep` says to keep (it may change them), uncounting the others.
+    pub(in crate::broker) fn retain_mut(
+        &mut self,
+        anonymous: bool,
+        mut keep: impl FnMut(&mut Inflight) -> bool,
+    ) {
+        let (mut before, mut after) = (0, 0);
+        self.entries.retain_mut(|f| {
+            before += f.delivery.message.size();
+            let kept = keep(f);
+            if kept {
+                after += f.delivery.message.size();
+            }
+            kept
+        });
+        counted(anonymous, before, false);
+        counted(anonymous, after, true);
+    }
+
+    /// Takes every entry out of flight.
+    pub(in crate::broker) fn clear(&mut self, anonymous: bool) {
+        counted(anonymous, self.bytes(), false);
+        self.entries.clear();
+    }
+}
+
+impl<'a> IntoIterator for &'a InflightWindow {
+    type Item = &'a Inflight;
+    type IntoIter = std::collections::vec_deque::Iter<'a, Inflight>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.entries.iter()
+    }
 }
 
 /// Where deliveries go once the session hands them out: a connection's write buffer, a link's
@@ -281,12 +381,16 @@ impl SessionState {
             filled.gated |= after_commit;
             filled.sent[delivery.qos as usize] += 1;
             if let Some(stage) = stage {
-                self.inflight.push_back(Inflight {
-                    packet_id,
-                    delivery,
-                    stage,
-                    deliveries: 1,
-                });
+                let anonymous = self.is_anonymous();
+                self.inflight.push_back(
+                    Inflight {
+                        packet_id,
+                        delivery,
+                        stage,
+                        deliveries: 1,
+                    },
+                    anonymous,
+                );
             }
         }
         filled
@@ -336,7 +440,7 @@ impl SessionState {
                 stage: found.stage,
             });
         }
-        Ok(self.inflight.remove(i))
+        Ok(self.inflight.remove(i, self.is_anonymous()))
     }
 
     /// Takes out the delivery in flight under `packet_id` whose PUBLISH awaits its PUBACK or
@@ -347,7 +451,7 @@ impl SessionState {
         let (i, _) = self
             .find_inflight(packet_id)
             .filter(|(_, f)| f.stage != OutboundStage::AwaitPubComp)?;
-        self.inflight.remove(i)
+        self.inflight.remove(i, self.is_anonymous())
     }
 
     /// PUBREC: the receiver has the message (MQTT-4.3.3-4). Its stage moves to awaiting
@@ -400,7 +504,10 @@ impl SessionState {
             }
         };
         if refused {
-            let message = self.inflight.remove(i).map(|done| done.delivery.message);
+            let message = self
+                .inflight
+                .remove(i, self.is_anonymous())
+                .map(|done| done.delivery.message);
             let ops = seq
                 .map(|seq| persist::remove_entry(client_id, seq))
                 .into_iter()
@@ -408,7 +515,7 @@ impl SessionState {
             return Ok(PubRecAnswer::Refused { ops, message });
         }
         let mut taken = None;
-        if let Some(entry) = self.inflight.get_mut(i) {
+        self.inflight.update(i, self.is_anonymous(), |entry| {
             entry.stage = OutboundStage::AwaitPubComp;
             let message = &entry.delivery.message;
             if entry.delivery.shared.is_none()
@@ -422,7 +529,7 @@ impl SessionState {
                 entry.delivery.message =
                     std::sync::Arc::new(crate::broker::Message::released_placeholder());
             }
-        }
+        });
         let ops = seq
             .map(|seq| {
                 persist::update_entry(client_id, seq, OutboundStage::AwaitPubComp, packet_id)
@@ -454,7 +561,7 @@ impl SessionState {
     ) -> Resent {
         let mut resent = Resent::default();
         let mut counts = Vec::new();
-        self.inflight.retain_mut(|f| {
+        self.inflight.retain_mut(self.is_anonymous(), |f| {
             if f.stage == OutboundStage::AwaitPubComp {
                 resent.resends.push(Resend::Release(f.packet_id));
                 return true;
@@ -536,19 +643,22 @@ mod tests {
             packet_id: 1,
             ..Default::default()
         };
-        st.inflight.push_back(Inflight {
-            deliveries: 1,
-            packet_id,
-            delivery: Delivery {
-                message: Arc::new(Message::from_publish(publish, None)),
-                qos,
-                retain: false,
-                subscription_ids: Default::default(),
-                seq: None,
-                shared: None,
+        st.inflight.push_back(
+            Inflight {
+                deliveries: 1,
+                packet_id,
+                delivery: Delivery {
+                    message: Arc::new(Message::from_publish(publish, None)),
+                    qos,
+                    retain: false,
+                    subscription_ids: Default::default(),
+                    seq: None,
+                    shared: None,
+                },
+                stage,
             },
-            stage,
-        });
+            false,
+        );
     }
 
     /// A PUBREC with a failure code ends the QoS 2 exchange even for an id the session does not

@@ -89,16 +89,12 @@ impl SessionState {
         }
     }
 
-    /// Whether an offline anonymous session's queue is full because anonymous sessions hold
-    /// their share of the budget ([`QueueLimits::anonymous_share`]) with `incoming` more.
-    pub(super) fn over_anonymous_share(
-        &self,
-        online: bool,
-        limits: &QueueLimits,
-        incoming: usize,
-    ) -> bool {
-        !online
-            && self.is_anonymous()
+    /// Whether an anonymous session's queue is full because anonymous sessions hold their
+    /// share of the budget ([`QueueLimits::anonymous_share`]) with `incoming` more: queued
+    /// and in flight, online or not (issue 35, ninth pass R2: an online anonymous subscriber
+    /// that never acknowledged took the whole budget into its window, and kept it offline).
+    pub(super) fn over_anonymous_share(&self, limits: &QueueLimits, incoming: usize) -> bool {
+        self.is_anonymous()
             && super::super::flow::anonymous_bytes().saturating_add(incoming as u64)
                 > limits.anonymous_share
     }
@@ -145,7 +141,7 @@ impl SessionState {
         }
         if include_sent_qos1 {
             let mut sent = Vec::new();
-            self.inflight.retain(|f| {
+            self.inflight.retain_mut(self.is_anonymous(), |f| {
                 let move_it = f.stage == OutboundStage::AwaitPubAck
                     && f.delivery.shared.is_some()
                     && group(&f.delivery);
