@@ -149,7 +149,11 @@ fn held_size(topic: &str, payload: &Bytes, properties: Option<&PublishProperties
 /// counted when it was made ([`Message::write_to`]) and leaves with it.
 impl Drop for Message {
     fn drop(&mut self) {
-        super::flow::message_dropped(self.size() + self.encoded.held_bytes());
+        let encoded = self.encoded.held_bytes();
+        super::flow::message_dropped(self.size() + encoded);
+        if self.from_anonymous && encoded > 0 {
+            super::flow::anonymous_retained_counted(encoded, false);
+        }
     }
 }
 
@@ -398,8 +402,12 @@ impl Message {
         )?;
         if made > 0 {
             // A cached encoding is another copy held as long as the message (issue 35, ninth
-            // pass R4): counted once as it is made, at most four per message.
+            // pass R4): counted once as it is made, at most four per message; an anonymous
+            // client's retained message's in their share too (tenth pass, S2).
             super::flow::message_made(made);
+            if self.from_anonymous {
+                super::flow::anonymous_retained_counted(made, true);
+            }
         }
         Ok(written)
     }

@@ -108,7 +108,7 @@ fn check_byte1(byte1: u8, version: Option<ProtocolVersion>) -> Result<()> {
     Ok(())
 }
 
-/// Decodes one packet from the front of `buf` (see [`decode_with`] for when it copies), with
+/// Decodes one packet from the front of `buf` (copied out of it, see [`decode_with`]), with
 /// only the spec's MUSTs enforced ([`DecodeRules::new`]); see [`decode_with`].
 ///
 /// # Errors
@@ -123,17 +123,14 @@ pub fn decode(
     decode_with(buf, version, DecodeRules::new(max_packet_size))
 }
 
-/// Packets shorter than this are copied out of the read buffer into an allocation of their own;
-/// longer ones are split off it without copying, and what follows them moves to a buffer of its
-/// own. A slice keeps its whole allocation alive, not only its bytes: a 1-byte retained
-/// message (or a filter) read behind a 1 MB packet kept that megabyte for as long as it was
-/// held, while the bounds counted 27 bytes (issue 35, ninth adversarial pass, R5). So what a
-/// packet's parts keep alive is its own bytes (small packets), or at most its own allocation
-/// with the few kilobytes read before it (large ones, where the copy would cost).
-pub(crate) const COPY_BELOW: usize = 4096;
-
-/// Decodes one packet from the front of `buf`: copied when short, split off without copying
-/// when long ([`COPY_BELOW`]).
+/// Decodes one packet from the front of `buf`, copied out of it into an allocation of its
+/// own: its topic, payload, properties and filters are slices of that copy. A slice keeps its
+/// whole allocation alive, not only its bytes: split off the read buffer, a 1-byte retained
+/// message (or a filter) read behind a 1 MB packet kept that megabyte alive while the bounds
+/// counted 27 bytes (issue 35, ninth adversarial pass, R5), and a packet of any size split
+/// off a buffer that went on to hold the next large packet kept that one too (tenth pass,
+/// S1). So what is kept of a packet holds its own bytes and nothing else; the copy costs one
+/// allocation and one `memcpy` per packet, no more than one write of it to a subscriber.
 ///
 /// `Ok(None)`: incomplete, `buf` untouched. `version` is `None` before the handshake, when only
 /// CONNECT is legal (MQTT-3.1.0-1); afterwards it is the connection's protocol level.
@@ -161,21 +158,8 @@ pub fn decode_with(
     if buf.len() < total {
         return Ok(None);
     }
-    let mut body = if total < COPY_BELOW {
-        let body = bytes::Bytes::copy_from_slice(&buf[..total]);
-        buf.advance(total);
-        body
-    } else {
-        let body = buf.split_to(total).freeze();
-        // The next packets must not share this one's allocation (it may be megabytes).
-        *buf = if buf.is_empty() {
-            BytesMut::new()
-        } else {
-            BytesMut::from(&buf[..])
-        };
-        body
-    };
-    body.advance(header.header_len);
+    let body = bytes::Bytes::copy_from_slice(&buf[header.header_len..total]);
+    buf.advance(total);
     let mut r = Reader::new(body);
     let v5 = version == Some(ProtocolVersion::V5);
     if byte1 >> 4 == PUBLISH {
