@@ -1,9 +1,9 @@
 //! Packet decoding: fixed header first (so oversized or impossible packets are refused before
-//! their body arrives), then one zero-copy `Bytes` per packet that every string and payload
-//! slices into.
+//! their body arrives), then one `Bytes` per packet, copied out of the read buffer, that every
+//! string and payload slices into (so what is kept of a packet holds only its own bytes).
 //!
-//! Must not: allocate per field (slices of the read buffer); read the config (the caller fills in
-//! the rules).
+//! Must not: allocate per field (slices of the packet's copy); keep a slice of the read buffer;
+//! read the config (the caller fills in the rules).
 
 use bytes::{Buf, BytesMut};
 use bytestring::ByteString;
