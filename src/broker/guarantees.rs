@@ -295,21 +295,18 @@ impl QueueLosses {
     /// removes their stored entries: one log, in submit order, so a crash between the two
     /// keeps the message somewhere.
     pub(super) fn publish_victims(&mut self, broker: &Broker) {
-        for (client_id, source, message) in self.victims.drain(..) {
-            broker.dead_letter(
-                &message,
-                DeadReason::QueueFull,
-                Some(&client_id),
-                source,
-                None,
-            );
-        }
+        Self::publish(broker, &mut self.victims);
     }
 
     /// Publishes every dead letter noted (no session lock held).
     pub(super) fn publish_all(&mut self, broker: &Broker) {
-        self.publish_victims(broker);
-        for (client_id, source, message) in self.refused.drain(..) {
+        Self::publish(broker, &mut self.victims);
+        Self::publish(broker, &mut self.refused);
+    }
+
+    /// Publishes (and empties) `lost`: each a full queue's loss in its session.
+    fn publish(broker: &Broker, lost: &mut Vec<(ByteString, u64, Arc<Message>)>) {
+        for (client_id, source, message) in lost.drain(..) {
             broker.dead_letter(
                 &message,
                 DeadReason::QueueFull,

@@ -454,18 +454,26 @@ async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_bud
     }
 
     // sensor1's own retained message is kept; of `ret/+` it finds that one, not the 3.1.1 one.
-    let (mut device, _) = v5::connect(broker.addr, sensor1("sensor1")).await;
-    let mut p = v5::publish_packet("ret/sensor1", QoS::AtLeastOnce, &payload, 1);
+    let mut device = sensor1_retains(broker.addr, &payload).await;
+    v5::subscribe(&mut device, "ret/+", QoS::AtMostOnce).await;
+    let first = v5::receive(&mut device).await;
+    assert_eq!(&*first.topic, "ret/sensor1");
+    v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
+}
+
+/// Connects as `sensor1` and publishes `payload` retained at QoS 1 on `ret/sensor1`, which
+/// must be accepted: the clients a method verified keep their part of the budget.
+async fn sensor1_retains(addr: std::net::SocketAddr, payload: &[u8]) -> RawClient {
+    use postbox::codec::QoS;
+    let (mut device, _) = v5::connect(addr, sensor1("sensor1")).await;
+    let mut p = v5::publish_packet("ret/sensor1", QoS::AtLeastOnce, payload, 1);
     p.retain = true;
     let code = v5::publish(&mut device, p).await;
     assert!(
         !code.is_error(),
         "the authenticated device was refused: {code:?}"
     );
-    v5::subscribe(&mut device, "ret/+", QoS::AtMostOnce).await;
-    let first = v5::receive(&mut device).await;
-    assert_eq!(&*first.topic, "ret/sensor1");
-    v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
+    device
 }
 
 /// Publishes `payload` retained at QoS 1 as `c` on `<prefix>/0`, `<prefix>/1`, ... (at most
@@ -527,14 +535,7 @@ async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
         ReasonCode::QUOTA_EXCEEDED,
         "a restart gave anonymous clients their share back"
     );
-    let (mut device, _) = v5::connect(broker.addr, sensor1("sensor1")).await;
-    let mut p = v5::publish_packet("ret/sensor1", QoS::AtLeastOnce, &payload, 1);
-    p.retain = true;
-    let code = v5::publish(&mut device, p).await;
-    assert!(
-        !code.is_error(),
-        "the authenticated device was refused: {code:?}"
-    );
+    let mut device = sensor1_retains(broker.addr, &payload).await;
     // The restored messages are all there (and the refused one is not).
     v5::subscribe(&mut device, "ret/anon/#", QoS::AtMostOnce).await;
     for _ in 0..kept {
