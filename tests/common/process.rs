@@ -19,13 +19,27 @@ use super::WAIT;
 pub const BIN: &str = env!("CARGO_BIN_EXE_postbox");
 
 /// A free loopback port (bound, then released: another process may take it in between,
-/// which the broker's start then reports). The one copy every harness and test uses.
+/// which the broker's start then reports), never one handed out before in this process:
+/// the kernel gives a released port out again, and two parallel tests got the same metrics
+/// port. The one copy every harness and test uses.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    static GIVEN: Mutex<std::collections::BTreeSet<u16>> =
+        Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..256 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        if GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(port)
+        {
+            return port;
+        }
+    }
+    panic!("no port not handed out before in 256 tries");
 }
 
 /// Ports and a config file for one broker whose durable state is in `data`.
