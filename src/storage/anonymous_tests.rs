@@ -2,11 +2,10 @@
 //! `PUT_RETAINED_ANONYMOUS`, pass 7B P1): the record round trip, the bytes of every other
 //! retained record unchanged, and the mark kept across a reopen and a snapshot.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use bytestring::ByteString;
 
+use super::seq_tests::commit;
 use super::state::State;
 use super::*;
 use crate::codec::{PublishProperties, QoS};
@@ -122,22 +121,4 @@ fn the_mark_survives_reopen_replacement_and_snapshot() {
     again.end_batch();
     assert_eq!(again.to_snapshot(), state.to_snapshot());
     assert!(again.to_snapshot().retained[0].1.from_anonymous);
-}
-
-/// Submits and waits until durable.
-fn commit(store: &dyn Store, ops: Vec<Op>) {
-    let submitted = store.submit(ops).expect("submit");
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime")
-        .block_on(async {
-            tokio::time::timeout(
-                Duration::from_secs(20),
-                store.wait_durable(submitted.ticket),
-            )
-            .await
-        })
-        .expect("timed out waiting for durability")
-        .expect("durable");
 }

@@ -195,8 +195,8 @@ fn a_sequence_goes_with_its_body() {
     assert!(state.to_snapshot().stream_seqs.is_empty());
 }
 
-/// Submits and waits until durable.
-fn commit(store: &dyn Store, ops: Vec<Op>) {
+/// Submits and waits until durable (also for `anonymous_tests`).
+pub(super) fn commit(store: &dyn Store, ops: Vec<Op>) {
     let submitted = store.submit(ops).expect("submit");
     tokio::runtime::Builder::new_current_thread()
         .enable_time()
