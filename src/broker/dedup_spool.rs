@@ -18,7 +18,7 @@
 //! Must not: spool a key that came with its message (both go in one submit, durable together or not
 //! at all); acknowledge before the batch is durable.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -27,11 +27,11 @@ use crate::guarantees::Dedup;
 use crate::storage::{Durable, Op, StorageError, Store};
 
 /// Keys (and barriers) waiting for the batch in flight to commit.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct DedupSpool {
     state: Mutex<Pending>,
-    /// The window whose keys a refused batch forgets (`Broker::new`, when the guarantees have a dedup window).
-    window: OnceLock<Arc<Dedup>>,
+    /// The window whose keys a refused batch forgets (when the guarantees have a dedup window).
+    window: Option<Arc<Dedup>>,
 }
 
 type Waiter = oneshot::Sender<Result<(), StorageError>>;
@@ -56,9 +56,12 @@ struct Batch {
 }
 
 impl DedupSpool {
-    /// The window to forget refused keys in; once.
-    pub(super) fn forget_refused_in(&self, window: Arc<Dedup>) {
-        let _ = self.window.set(window);
+    /// A spool that forgets refused keys in `window` (none: no dedup window configured).
+    pub(super) fn new(window: Option<Arc<Dedup>>) -> DedupSpool {
+        DedupSpool {
+            state: Mutex::default(),
+            window,
+        }
     }
 
     /// Stores `op` (an `Op::PutDedup`); the future resolves once it is durable.
@@ -232,7 +235,7 @@ impl DedupSpool {
     /// Forgets the refused keys in the window: nothing was stored for them, so their
     /// publishers' re-sends must be routed.
     fn forget(&self, ops: &[Op]) {
-        let Some(window) = self.window.get() else {
+        let Some(window) = &self.window else {
             return;
         };
         for op in ops {

@@ -310,7 +310,7 @@ impl Broker {
         let runtime_limits = runtime_limits::RuntimeLimitsSlot::new(&config);
         let shared = SharedSubscriptions::new(config.shared_subscription_strategy);
         let guarantee_metrics = crate::guarantees::GuaranteeMetrics::register(&metrics);
-        let dedup_spool = Arc::new(dedup_spool::DedupSpool::default());
+        let mut dedup_window = None;
         if let Some(dedup) = guarantees.as_mut().and_then(|g| g.dedup.as_mut()) {
             if let Some(window) = Arc::get_mut(dedup) {
                 window.attach_metrics(guarantee_metrics.dedup.clone());
@@ -318,8 +318,9 @@ impl Broker {
             if let Some(store) = &store {
                 store.bound_dedup(dedup.max_entries());
             }
-            dedup_spool.forget_refused_in(Arc::clone(dedup));
+            dedup_window = Some(Arc::clone(dedup));
         }
+        let dedup_spool = Arc::new(dedup_spool::DedupSpool::new(dedup_window));
         let broker = Arc::new(Broker {
             config,
             auth,

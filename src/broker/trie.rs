@@ -19,8 +19,12 @@ pub(super) trait TrieNode: Sized {
 /// Splits off the first level: `"a/b/c"` -> `("a", Some("b/c"))`, `"a"` -> `("a", None)`.
 #[inline]
 pub(super) fn split_level(levels: &str) -> (&str, Option<&str>) {
-    match levels.split_once('/') {
-        Some((level, rest)) => (level, Some(rest)),
+    // A byte loop, not `split_once('/')`: levels are a few bytes long, and the general char
+    // searcher (set up for `memchr` at each call) cost about 130 instructions a level, 5% of a
+    // routed QoS 1 message (callgrind, fan-in). `/` is ASCII, so both slices are on char
+    // boundaries.
+    match levels.bytes().position(|b| b == b'/') {
+        Some(i) => (&levels[..i], Some(&levels[i + 1..])),
         None => (levels, None),
     }
 }

@@ -1,12 +1,14 @@
 //! MQTT 3.1 / 3.1.1 / 5.0 wire format: pure, synchronous, no I/O.
 //!
-//! The only module that knows byte layouts. Decoding borrows nothing and copies nothing: topics,
-//! strings and payloads are `Bytes` slices of the connection's read buffer.
+//! The only module that knows byte layouts. Decoding borrows nothing: what a caller may keep of
+//! a packet (topics, strings, payloads) owns its bytes, never a slice of the connection's read
+//! buffer (`owned`).
 
 mod codes;
 mod decode;
 mod encode;
 mod error;
+mod owned;
 mod properties;
 mod publish_cache;
 mod reader;

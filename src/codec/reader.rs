@@ -1,5 +1,6 @@
-//! A cursor over one packet's body that hands out zero-copy `Bytes` slices and turns every
-//! short read into `DecodeError::Malformed` (never a panic).
+//! A cursor over one packet's body that hands out its fields as `Bytes` (slices of the body,
+//! or copies of their own: [`Reader::owning`]) and turns every short read into
+//! `DecodeError::Malformed` (never a panic).
 
 use bytes::{Buf, Bytes};
 use bytestring::ByteString;
@@ -9,16 +10,36 @@ use super::DecodeError;
 
 const TRUNCATED: DecodeError = DecodeError::Malformed("field runs past the end of the packet");
 
-/// Owns the not-yet-read part of a packet body. Reading advances it; slices share its buffer.
+/// Owns the not-yet-read part of a packet body. Reading advances it.
 pub(super) struct Reader {
     buf: Bytes,
+    /// Whether the fields handed out are copies ([`Reader::owning`]) or slices of `buf`.
+    copies: bool,
 }
 
 impl Reader {
-    /// Wraps a packet body (the bytes after the fixed header).
+    /// Wraps a packet body (the bytes after the fixed header) whose fields are handed out as
+    /// slices of it: for what nothing is kept of (acknowledgements, pings), or a body that is
+    /// a copy of its own already.
     #[inline]
     pub(super) fn new(buf: Bytes) -> Self {
-        Reader { buf }
+        Reader { buf, copies: false }
+    }
+
+    /// Wraps a packet body sliced off the read buffer whose every field is handed out as a
+    /// copy of its own: what a caller keeps of the packet (a filter, a will, a payload) then
+    /// holds its own bytes, not the packet and not the read buffer it came in (issue 35,
+    /// adversarial passes 9-11: a 1-byte retained message, a kept filter or a delayed will
+    /// pinned the megabytes around it while the bounds counted its few bytes).
+    #[inline]
+    pub(super) fn owning(buf: Bytes) -> Self {
+        Reader { buf, copies: true }
+    }
+
+    /// Whether fields are handed out as copies ([`Reader::owning`]).
+    #[inline]
+    pub(super) fn copies(&self) -> bool {
+        self.copies
     }
 
     /// True when everything has been read.
@@ -75,9 +96,21 @@ impl Reader {
         }
     }
 
-    /// The next `n` bytes, as a slice sharing the packet's buffer.
+    /// The next `n` bytes: a copy when [`Reader::owning`], else a slice of the body.
     #[inline]
     pub(super) fn take(&mut self, n: usize) -> Result<Bytes, DecodeError> {
+        let field = self.take_slice(n)?;
+        Ok(if self.copies {
+            Bytes::copy_from_slice(&field)
+        } else {
+            field
+        })
+    }
+
+    /// The next `n` bytes as a slice of the body whatever the mode: for a field the caller
+    /// looks at and then copies itself (the PUBLISH topic, `codec::owned`).
+    #[inline]
+    pub(super) fn take_slice(&mut self, n: usize) -> Result<Bytes, DecodeError> {
         if n > self.buf.len() {
             return Err(TRUNCATED);
         }
@@ -117,7 +150,10 @@ impl Reader {
                 "property length runs past the end of the packet",
             ));
         }
-        Ok(Reader::new(self.buf.split_to(n)))
+        Ok(Reader {
+            buf: self.buf.split_to(n),
+            copies: self.copies,
+        })
     }
 
     /// Consumes a zero property length if that is what comes next: the common case, which
@@ -132,10 +168,16 @@ impl Reader {
         }
     }
 
-    /// Everything not read yet (a PUBLISH payload, a list of reason codes).
+    /// Everything not read yet (a PUBLISH payload, a list of reason codes): a copy when
+    /// [`Reader::owning`].
     #[inline]
     pub(super) fn rest(&mut self) -> Bytes {
-        std::mem::take(&mut self.buf)
+        let rest = std::mem::take(&mut self.buf);
+        if self.copies && !rest.is_empty() {
+            Bytes::copy_from_slice(&rest)
+        } else {
+            rest
+        }
     }
 
     /// Fails if bytes are left over: the remaining length claimed more than the content.
