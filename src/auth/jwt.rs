@@ -44,6 +44,10 @@ pub enum JwtError {
     /// The token failed verification: signature, `nbf`, `iss`, `aud`, or its shape.
     #[error("token rejected: {0}")]
     Invalid(String),
+    /// The header lists critical extensions (`crit`): Postbox understands none, and RFC 7515
+    /// §4.1.11 says such a token MUST be rejected (issue 35, eleventh adversarial pass, T5).
+    #[error("token header lists critical extensions (crit), none of which is understood")]
+    CriticalHeader,
     /// The username claim is missing or not a string.
     #[error("token has no string claim {0:?} for the username")]
     NoUsername(String),
@@ -212,6 +216,9 @@ impl JwtVerifier {
     /// Why it is not accepted ([`JwtError`]); the caller refuses the CONNECT (0x86 / 4).
     pub fn verify(&self, token: &str) -> Result<Verified, JwtError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| JwtError::NotAToken)?;
+        if lists_critical_extensions(token) {
+            return Err(JwtError::CriticalHeader);
+        }
         if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
             return Err(JwtError::Algorithm(format!("{:?}", header.alg)));
         }
@@ -315,6 +322,24 @@ impl crate::reload::Reload for JwtVerifier {
     }
 }
 
+/// Whether the header of `token` (a well-formed JWT: `decode_header` read it) has a `crit`
+/// member. `jsonwebtoken`'s header has no such field and ignores it, so it is read here.
+fn lists_critical_extensions(token: &str) -> bool {
+    use base64::Engine as _;
+    /// The one header member this looks for.
+    #[derive(serde::Deserialize)]
+    struct Crit {
+        crit: Option<serde::de::IgnoredAny>,
+    }
+    let Some(encoded) = token.split('.').next() else {
+        return false;
+    };
+    let Ok(json) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded) else {
+        return false;
+    };
+    serde_json::from_slice::<Crit>(&json).is_ok_and(|h| h.crit.is_some())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +378,32 @@ mod tests {
         let mut header = Header::new(alg);
         header.kid = kid.map(str::to_owned);
         encode(&header, claims, &key(&pem).expect("key")).expect("sign")
+    }
+
+    /// RFC 7515 §4.1.11: a token whose header lists a critical extension the verifier does
+    /// not understand is invalid, however well it is signed (eleventh pass, T5).
+    #[test]
+    fn a_token_with_critical_extensions_is_refused() {
+        use base64::Engine as _;
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let header = b64(br#"{"alg":"RS256","typ":"JWT","crit":["x"],"x":true}"#);
+        let claims = serde_json::json!({"sub": "sensor1", "exp": now() + 600});
+        let claims = b64(&serde_json::to_vec(&claims).expect("json"));
+        let message = format!("{header}.{claims}");
+        let pem = std::fs::read(certs("rsa.key")).expect("dev key");
+        let key = EncodingKey::from_rsa_pem(&pem).expect("key");
+        let signature =
+            jsonwebtoken::crypto::sign(message.as_bytes(), &key, Algorithm::RS256).expect("sign");
+        let token = format!("{message}.{signature}");
+        let v = JwtVerifier::load(config()).expect("load");
+        assert_eq!(v.verify(&token), Err(JwtError::CriticalHeader));
+        // The same claims under a plain header pass: only `crit` refused it.
+        let plain = sign(
+            Algorithm::RS256,
+            None,
+            &serde_json::json!({"sub": "sensor1", "exp": now() + 600}),
+        );
+        assert!(v.verify(&plain).is_ok());
     }
 
     #[test]

@@ -191,11 +191,17 @@ impl Broker {
             NEVER_EXPIRES => {}
             _ if after.is_zero() => self.expire_session_if_idle(session, generation),
             _ => {
+                // The timer holds the session weakly: one that ends before it fires (a clean
+                // start replaced it) goes at once, with what it counts in the budget and the
+                // anonymous share, not when its old expiry runs out (issue 35, eleventh
+                // adversarial pass, T4: a stranger's reset sessions kept the share full).
                 let broker = Arc::clone(self);
-                let session = Arc::clone(session);
+                let session = Arc::downgrade(session);
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    broker.expire_session_if_idle(&session, generation);
+                    if let Some(session) = session.upgrade() {
+                        broker.expire_session_if_idle(&session, generation);
+                    }
                 });
             }
         }
@@ -361,9 +367,13 @@ impl Broker {
             return;
         }
         let broker = Arc::clone(self);
-        let session = Arc::clone(session);
+        // Weakly, as the expiry timer: a session that ended meanwhile published its will.
+        let session = Arc::downgrade(session);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
+            let Some(session) = session.upgrade() else {
+                return;
+            };
             let will = {
                 let mut st = session.lock();
                 if st.generation != generation || st.connection.is_some() || st.ended {

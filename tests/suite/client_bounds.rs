@@ -393,6 +393,34 @@ async fn anonymous_sessions_are_kept_only_within_their_share_of_the_budget() {
     v5::disconnect(c).await;
 }
 
+/// A session ended by a clean start leaves the anonymous share at once, not when the expiry
+/// it had runs out: 60 anonymous sessions of 200-byte ids (twice the 32 KiB share of a 256 KiB
+/// budget), each kept for 600 s and then reset by a clean-start CONNECT with expiry 0 (a common
+/// idiom), leave room for the next one to be kept (v5 §3.1.2.4: Clean Start discards the
+/// existing session). Before, each ended session stayed counted for its old 600 s, and after
+/// about 26 of them every new anonymous session was told Session Expiry 0 with no session left
+/// (issue 35, eleventh adversarial pass, T4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_reset_by_clean_start_leaves_the_anonymous_share_at_once() {
+    let broker = password_and_anonymous(262_144).await;
+    let id = |n: u16| format!("reset-{n:03}-{}", "s".repeat(190));
+    for n in 0..60u16 {
+        let (c, ack) = v5::connect(broker.addr, v5::persistent_connect(&id(n), 600)).await;
+        assert_eq!(
+            ack.properties.session_expiry_interval, None,
+            "session {n} was not kept: {ack:?}"
+        );
+        v5::disconnect(c).await;
+        let reset = postbox::codec::Connect {
+            clean_start: true,
+            ..v5::persistent_connect(&id(n), 0)
+        };
+        let (c, ack) = v5::connect(broker.addr, reset).await;
+        assert!(!ack.session_present, "session {n}: {ack:?}");
+        v5::disconnect(c).await;
+    }
+}
+
 /// `mqtt.max_client_id_len` is 256 by default (it was 65,535, so a session's id could take
 /// 64 KB): a 257-byte id is refused with 0x85 (MQTT-3.1.3-8: the server may reject a client id;
 /// 3.1.1: return code 2, §3.2.2.3), a 256-byte one admitted.
