@@ -1,9 +1,9 @@
 //! Packet decoding: fixed header first (so oversized or impossible packets are refused before
-//! their body arrives), then one `Bytes` per packet, copied out of the read buffer, that every
-//! string and payload slices into (so what is kept of a packet holds only its own bytes).
+//! their body arrives), then the body, read from a slice of the read buffer that lives only
+//! while it is decoded: every field a caller may keep is a copy of its own (`owned`).
 //!
-//! Must not: allocate per field (slices of the packet's copy); keep a slice of the read buffer;
-//! read the config (the caller fills in the rules).
+//! Must not: hand out a slice of the read buffer for anything a caller may keep; read the
+//! config (the caller fills in the rules).
 
 use bytes::{Buf, BytesMut};
 use bytestring::ByteString;

@@ -1,7 +1,7 @@
 //! Packet encoding. Every body is measured, then written once into a single reservation.
 //! PUBLISH, the hot path, has its own straight-line encoder.
 //!
-//! Must not: allocate per field (slices of the read buffer); read the config (the caller fills in
+//! Must not: allocate per field; read the config (the caller fills in
 //! the rules).
 
 use bytes::{BufMut, BytesMut};

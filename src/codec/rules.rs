@@ -1,6 +1,6 @@
 //! [`DecodeRules`]: the receiver's choices the decoder applies.
 //!
-//! Must not: allocate per field (slices of the read buffer); read the config (the caller fills in
+//! Must not: allocate per field; read the config (the caller fills in
 //! the rules).
 
 /// What a receiver refuses beyond the spec's MUSTs: the limits and SHOULD NOTs the spec leaves

@@ -2,8 +2,8 @@
 //!
 //! Version differences live in the decoder/encoder, not here: a v3.1.1 packet is simply a v5
 //! packet whose properties are empty and whose reason codes follow the v3 return-code rules.
-//! Strings are `ByteString` (UTF-8 validated `Bytes`) and payloads are `Bytes`, so decoding
-//! never copies them out of the read buffer.
+//! Strings are `ByteString` (UTF-8 validated `Bytes`) and payloads are `Bytes`: cheap to
+//! share between the queues, the store and the encodings that hold one message.
 
 use bytes::Bytes;
 use bytestring::ByteString;

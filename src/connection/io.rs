@@ -168,9 +168,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         self.partial.as_deref().map(PartialPacket::deadline)
     }
 
-    /// Drops the read buffer once every packet has been taken from it (each packet is a copy
-    /// of its own, `codec::decode`), so an idle connection holds none, whatever size a large
-    /// packet made the buffer grow to.
+    /// Drops the read buffer once every packet has been taken from it (what is kept of a
+    /// packet is a copy of its own, `codec::decode`), so an idle connection holds none,
+    /// whatever size a large packet made the buffer grow to.
     #[inline]
     pub(super) fn release_read_buffer(&mut self) {
         if self.rbuf.is_empty() {
