@@ -536,11 +536,13 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         match cluster
             .claim(
                 broker,
-                &admitted.client_id,
-                connect.clean_start,
-                expiry_interval,
-                connect.will.as_ref(),
-                &owner,
+                crate::broker::ClaimRequest {
+                    client_id: &admitted.client_id,
+                    clean_start: connect.clean_start,
+                    expiry_interval,
+                    will: connect.will.as_ref(),
+                    owner: &owner,
+                },
             )
             .await
         {
