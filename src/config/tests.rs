@@ -7,8 +7,21 @@ use std::path::{Path, PathBuf};
 use super::error::line_col;
 use super::*;
 
-fn parse(text: &str) -> Result<Config, ConfigError> {
+/// `text` parsed as a config file named `test.toml`: the config module's tests (here, the
+/// listener's and the bridge's) all parse through this one.
+pub(super) fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, "test.toml")
+}
+
+/// The `Invalid` error's key, line and message, or a panic naming what came instead: how the
+/// rule tests check that a rule refuses with the key and the line of the offending value.
+pub(super) fn invalid_at(text: &str) -> (String, Option<usize>, String) {
+    match parse(text) {
+        Err(ConfigError::Invalid {
+            key, line, message, ..
+        }) => (key, line, message),
+        other => panic!("{text}\nexpected Invalid, got {other:?}"),
+    }
 }
 
 #[test]
