@@ -44,6 +44,19 @@ pub(crate) fn assert_described<'a>(out: &str, names: impl IntoIterator<Item = &'
     }
 }
 
+/// Asserts each of `lines` is a whole line of `out` (a render): a series with its value, for
+/// the tests of each owner's group, here and in its owner.
+#[cfg(test)]
+pub(crate) fn assert_has_lines<L: AsRef<str>>(out: &str, lines: impl IntoIterator<Item = L>) {
+    for line in lines {
+        let line = line.as_ref();
+        assert!(
+            out.lines().any(|l| l == line),
+            "missing `{line}` in:\n{out}"
+        );
+    }
+}
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -106,19 +106,17 @@ mod tests {
         g.dedup.entries.set(3.0);
         let out = m.render();
         crate::metrics::assert_described(&out, names::GUARANTEES.iter().copied());
-        for line in [
-            "postbox_dead_letters_total{reason=\"expired\"} 2",
-            "postbox_dead_letters_total{reason=\"queue_full\"} 0",
-            "postbox_dead_letters_dropped_total{reason=\"rate\"} 1",
-            "postbox_dead_letters_dropped_total{reason=\"refused\"} 0",
-            "postbox_dedup_entries 3",
-            "postbox_dedup_duplicates_total 0",
-        ] {
-            assert!(
-                out.lines().any(|l| l == line),
-                "missing `{line}` in:\n{out}"
-            );
-        }
+        crate::metrics::assert_has_lines(
+            &out,
+            [
+                "postbox_dead_letters_total{reason=\"expired\"} 2",
+                "postbox_dead_letters_total{reason=\"queue_full\"} 0",
+                "postbox_dead_letters_dropped_total{reason=\"rate\"} 1",
+                "postbox_dead_letters_dropped_total{reason=\"refused\"} 0",
+                "postbox_dedup_entries 3",
+                "postbox_dedup_duplicates_total 0",
+            ],
+        );
         assert_eq!(
             out.matches("postbox_dead_letters_total{").count(),
             DeadReason::ALL.len()

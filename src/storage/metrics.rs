@@ -159,20 +159,18 @@ mod tests {
         let out = m.render();
         crate::metrics::assert_described(&out, names::STORE.iter().copied());
         let second = Op::KIND_NAMES[1];
-        for line in [
-            "postbox_store_commits_total 9".to_owned(),
-            "postbox_store_rejected_total{reason=\"no_space\"} 2".to_owned(),
-            "postbox_store_rejected_total{reason=\"queue_full\"} 0".to_owned(),
-            "postbox_store_out_of_space 1".to_owned(),
-            "postbox_store_budget_bytes 1024".to_owned(),
-            format!("postbox_store_recovery_lost_records_total{{kind=\"{second}\"}} 3"),
-            "postbox_store_recovery_lost_records_total{kind=\"unknown\"} 4".to_owned(),
-        ] {
-            assert!(
-                out.lines().any(|l| l == line),
-                "missing `{line}` in:\n{out}"
-            );
-        }
+        crate::metrics::assert_has_lines(
+            &out,
+            [
+                "postbox_store_commits_total 9".to_owned(),
+                "postbox_store_rejected_total{reason=\"no_space\"} 2".to_owned(),
+                "postbox_store_rejected_total{reason=\"queue_full\"} 0".to_owned(),
+                "postbox_store_out_of_space 1".to_owned(),
+                "postbox_store_budget_bytes 1024".to_owned(),
+                format!("postbox_store_recovery_lost_records_total{{kind=\"{second}\"}} 3"),
+                "postbox_store_recovery_lost_records_total{kind=\"unknown\"} 4".to_owned(),
+            ],
+        );
         assert_eq!(
             out.matches("postbox_store_recovery_lost_records_total{")
                 .count(),
