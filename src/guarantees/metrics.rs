@@ -31,20 +31,21 @@ impl GuaranteeMetrics {
     /// second call panics on the duplicate names).
     pub(crate) fn register(metrics: &Metrics) -> GuaranteeMetrics {
         let r = metrics.registrar();
-        let dead_letters = r.counter_family(
-            names::DEAD_LETTERS_TOTAL,
-            "Dead letters published ([dead_letter]), by the reason their message was dropped (queue_full, expired, too_large, schema_invalid, max_deliveries, rejected).",
-            &["reason"],
-        );
-        let dead_letters_dropped = r.counter_family(
+        let [dead_letters_dropped_rate, dead_letters_dropped_refused] = r.counter_family(
             names::DEAD_LETTERS_DROPPED_TOTAL,
             "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it).",
-            &["reason"],
-        );
+            "reason",
+        )
+        .counters(["rate", "refused"]);
         GuaranteeMetrics {
-            dead_letters: DeadReason::ALL.map(|reason| dead_letters.counter(&[reason.as_str()])),
-            dead_letters_dropped_rate: dead_letters_dropped.counter(&["rate"]),
-            dead_letters_dropped_refused: dead_letters_dropped.counter(&["refused"]),
+            dead_letters: r.counter_family(
+                names::DEAD_LETTERS_TOTAL,
+                "Dead letters published ([dead_letter]), by the reason their message was dropped (queue_full, expired, too_large, schema_invalid, max_deliveries, rejected).",
+                "reason",
+            )
+            .counters(DeadReason::ALL.map(DeadReason::as_str)),
+            dead_letters_dropped_rate,
+            dead_letters_dropped_refused,
             dedup: DedupMetrics {
                 duplicates: r.counter(
                     names::DEDUP_DUPLICATES_TOTAL,

@@ -54,19 +54,8 @@ impl StoreMetrics {
     pub(crate) fn register(metrics: &Metrics) -> StoreMetrics {
         use names::*;
         let s = metrics.scrape_registrar();
-        let rejected = s.counter_family(
-            STORE_REJECTED_TOTAL,
-            "Store updates refused (queue_full, disk_full, no_space) or dropped (disk_full_dropped).",
-            &["reason"],
-        );
-        let lost_records = s.counter_family(
-            STORE_RECOVERY_LOST_RECORDS_TOTAL,
-            "Records in the store frames skipped at start, by kind.",
-            &["kind"],
-        );
-        let recovery_lost_records = std::array::from_fn(|kind| {
-            lost_records.counter(&[Op::KIND_NAMES.get(kind).copied().unwrap_or("unknown")])
-        });
+        let lost_kinds: [&str; LOST_KINDS] =
+            std::array::from_fn(|kind| Op::KIND_NAMES.get(kind).copied().unwrap_or("unknown"));
         let r = metrics.registrar();
         let commit_buckets = vec![
             0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -84,7 +73,12 @@ impl StoreMetrics {
             ),
             fsyncs: s.counter(STORE_FSYNCS_TOTAL, "fsyncs done by the durable store."),
             compactions: s.counter(STORE_COMPACTIONS_TOTAL, "Durable store log compactions."),
-            rejected: REJECTED_REASONS.map(|reason| rejected.counter(&[reason])),
+            rejected: s.counter_family(
+                STORE_REJECTED_TOTAL,
+                "Store updates refused (queue_full, disk_full, no_space) or dropped (disk_full_dropped).",
+                "reason",
+            )
+            .counters(REJECTED_REASONS),
             out_of_space: s.gauge(
                 STORE_OUT_OF_SPACE,
                 "1 while the store's filesystem is full: new persistent messages are refused.",
@@ -93,7 +87,12 @@ impl StoreMetrics {
                 STORE_RECOVERY_LOST_FRAMES_TOTAL,
                 "Store frames skipped at start because they failed their checksums.",
             ),
-            recovery_lost_records,
+            recovery_lost_records: s.counter_family(
+                STORE_RECOVERY_LOST_RECORDS_TOTAL,
+                "Records in the store frames skipped at start, by kind.",
+                "kind",
+            )
+            .counters(lost_kinds),
             commit_seconds: r.histogram(
                 STORE_COMMIT_SECONDS,
                 "Seconds per durable-store group commit (write and fsync).",
