@@ -5,13 +5,15 @@
 //! Run: `cargo bench --bench codec` (filter: `cargo bench --bench codec -- decode/v5`).
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use bytes::BytesMut;
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{BatchSize, Criterion, Throughput};
 use postbox::codec::{
     self, Packet, ProtocolVersion, Publish, PublishHeader, PublishProperties, QoS,
 };
+
+#[macro_use]
+mod common;
 
 /// Packets per decode batch: one iteration decodes a whole buffer of them.
 const BATCH: usize = 256;
@@ -105,17 +107,4 @@ fn encode(c: &mut Criterion) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    // Short by default: the development machine is shared. Override on the command line.
-    Criterion::default()
-        .sample_size(30)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
-}
-
-criterion_group! {
-    name = benches;
-    config = config();
-    targets = decode, encode
-}
-criterion_main!(benches);
+short_benches!(30; decode, encode);

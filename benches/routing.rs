@@ -13,11 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use postbox::broker::{Attached, Broker, Message, Parts, SessionQueueLimits, SessionRequest};
 use postbox::codec::{ProtocolVersion, Publish, QoS, SubscriptionOptions};
 use postbox::config::Config;
 use postbox::metrics::Metrics;
+
+#[macro_use]
+mod common;
 
 const TOPIC: &str = "fleet/site-042/device-12345/telemetry";
 
@@ -115,16 +118,4 @@ fn route(c: &mut Criterion, name: &str, bridged: bool) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .sample_size(20)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
-}
-
-criterion_group! {
-    name = benches;
-    config = config();
-    targets = routing
-}
-criterion_main!(benches);
+short_benches!(20; routing);

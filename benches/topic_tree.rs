@@ -7,10 +7,13 @@
 //! `TOPIC_TREE_SIZES=10000 cargo bench --bench topic_tree`.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use postbox::broker::topic_tree::TopicTree;
+
+#[macro_use]
+mod common;
 
 const SITES: u64 = 100;
 const METRICS: [&str; 4] = ["temp", "humidity", "pressure", "status"];
@@ -128,16 +131,4 @@ fn matching(c: &mut Criterion) {
     group.finish();
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .sample_size(20)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2))
-}
-
-criterion_group! {
-    name = benches;
-    config = config();
-    targets = matching
-}
-criterion_main!(benches);
+short_benches!(20; matching);

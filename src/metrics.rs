@@ -44,6 +44,19 @@ pub(crate) fn assert_described<'a>(out: &str, names: impl IntoIterator<Item = &'
     }
 }
 
+/// Asserts each of `lines` is a whole line of `out` (a render): a series with its value, for
+/// the tests of each owner's group, here and in its owner.
+#[cfg(test)]
+pub(crate) fn assert_has_lines<L: AsRef<str>>(out: &str, lines: impl IntoIterator<Item = L>) {
+    for line in lines {
+        let line = line.as_ref();
+        assert!(
+            out.lines().any(|l| l == line),
+            "missing `{line}` in:\n{out}"
+        );
+    }
+}
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -375,27 +388,7 @@ impl Metrics {
             &["reason", "qos"],
         );
         let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse; schema_invalid: a [[schema]] refused the payload) and QoS.", &["reason", "qos"]);
-        let binding = r.counter_vec(
-            SESSION_BINDING_TOTAL,
-            "CONNECTs naming the client id of a session another identity owns, by outcome (refused; replaced: a fresh session in its place).",
-            &["outcome"],
-        );
-        let authz = r.counter_vec(
-            AUTHZ_DENIED_TOTAL,
-            "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action.",
-            &["action"],
-        );
         let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header).", &["reason"]);
-        let http_refused = r.counter_vec(
-            HTTP_CONNECTIONS_REFUSED_TOTAL,
-            "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.",
-            &["reason"],
-        );
-        let connack_refusals = r.counter_vec(
-            CONNACK_REFUSALS_TOTAL,
-            "CONNECTs answered with a refusing CONNACK, by reason.",
-            &["reason"],
-        );
         let auth_failures = r.counter_vec(
             AUTH_FAILURES_TOTAL,
             "Logins refused by the password file or the JWT check, by reason (bad_credentials: a wrong password or an unknown user alike, so this page does not tell user names apart; anonymous; jwt).",
@@ -459,8 +452,8 @@ impl Metrics {
             keepalive_timeouts: r.counter(KEEPALIVE_TIMEOUTS_TOTAL, "Connections closed because the client missed its keep-alive."),
             credentials_expired: r.counter(CREDENTIALS_EXPIRED_TOTAL, "Connections closed because the credentials they connected with (a JWT) expired."),
             will_messages_published: r.counter(WILL_MESSAGES_PUBLISHED_TOTAL, "Will messages published."),
-            authz_denied: ["read", "write"].map(|a| counter_of(&authz, &[a])),
-            session_binding: ["refused", "replaced"].map(|o| counter_of(&binding, &[o])),
+            authz_denied: r.counter_family(AUTHZ_DENIED_TOTAL, "Actions the ACL refused: publishes, subscriptions, deliveries, wills, by action.", "action").counters(["read", "write"]),
+            session_binding: r.counter_family(SESSION_BINDING_TOTAL, "CONNECTs naming the client id of a session another identity owns, by outcome (refused; replaced: a fresh session in its place).", "outcome").counters(["refused", "replaced"]),
             session_takeovers: r.counter(SESSION_TAKEOVERS_TOTAL, "Connections closed because a new connection took over their client id."),
             connections_pending: r.gauge(CONNECTIONS_PENDING, "Connections whose handshake waits for the client (CONNECT incomplete, AUTH answer due)."),
             connections_refused_pending: counter_of(&conn_refused, &["pending_limit"]),
@@ -469,8 +462,7 @@ impl Metrics {
             connections_refused_max_per_ip: counter_of(&conn_refused, &["max_connections_per_ip"]),
             connections_refused_server: counter_of(&conn_refused, &["global_max_connections"]),
             connections_refused_proxy: counter_of(&conn_refused, &["proxy_header"]),
-            http_connections_refused: ["max_connections", "max_connections_per_ip"]
-                .map(|reason| counter_of(&http_refused, &[reason])),
+            http_connections_refused: r.counter_family(HTTP_CONNECTIONS_REFUSED_TOTAL, "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.", "reason").counters(["max_connections", "max_connections_per_ip"]),
             connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
             packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),
             partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete."),
@@ -484,7 +476,7 @@ impl Metrics {
                 "CONNECTs accepted, by listener and protocol.",
                 &["listener", "protocol"],
             ),
-            connack_refusals: ConnackRefusal::ALL.map(|c| counter_of(&connack_refusals, &[c.label()])),
+            connack_refusals: r.counter_family(CONNACK_REFUSALS_TOTAL, "CONNECTs answered with a refusing CONNACK, by reason.", "reason").counters(ConnackRefusal::ALL.map(ConnackRefusal::label)),
             tls_certificate_expiry: r.gauge_vec(
                 TLS_CERTIFICATE_EXPIRY,
                 "notAfter of each tls/wss listener's certificate, Unix seconds (set at load and reload).",

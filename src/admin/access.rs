@@ -169,27 +169,18 @@ mod tests {
             Access::Forbidden,
             "no token configured: nothing opens it"
         );
-        assert_eq!(check(lan, None, Some(&token)), Access::Unauthorized);
-        assert_eq!(
-            check(lan, Some(b"Bearer wrong"), Some(&token)),
-            Access::Unauthorized
-        );
-        assert_eq!(
-            check(lan, Some(b"Bearer s3cret2"), Some(&token)),
-            Access::Unauthorized
-        );
-        assert_eq!(
-            check(lan, Some(b"Basic s3cret"), Some(&token)),
-            Access::Unauthorized
-        );
-        assert_eq!(
-            check(lan, Some(b"Bearer s3cret"), Some(&token)),
-            Access::Allowed
-        );
-        assert_eq!(
-            check(lan, Some(b"bearer  s3cret "), Some(&token)),
-            Access::Allowed
-        );
+        // Each Authorization header a LAN client may send, with the token configured.
+        let headers: [(Option<&[u8]>, Access); 6] = [
+            (None, Access::Unauthorized),
+            (Some(b"Bearer wrong"), Access::Unauthorized),
+            (Some(b"Bearer s3cret2"), Access::Unauthorized),
+            (Some(b"Basic s3cret"), Access::Unauthorized),
+            (Some(b"Bearer s3cret"), Access::Allowed),
+            (Some(b"bearer  s3cret "), Access::Allowed),
+        ];
+        for (header, access) in headers {
+            assert_eq!(check(lan, header, Some(&token)), access, "{header:?}");
+        }
         assert_eq!(format!("{token:?}"), "Token(<redacted>)");
     }
 }

@@ -26,7 +26,7 @@ use super::status::{BridgeStatus, Flow};
 use super::topics::Rules;
 use crate::broker::link::Link;
 use crate::broker::session::DeliverySink;
-use crate::broker::{Delivery, Fill, Resend};
+use crate::broker::{Delivery, Fill, Resend, SessionHandle};
 use crate::codec::{
     topic, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
 };
@@ -205,8 +205,14 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     }
 
     fn sink(&mut self) -> RemoteSink<'_> {
+        self.handle_and_sink().1
+    }
+
+    /// The local session's handle and a sink into the write buffer, borrowed together (a
+    /// fill hands the one to the other): the one place a [`RemoteSink`] is made.
+    fn handle_and_sink(&mut self) -> (&SessionHandle, RemoteSink<'_>) {
         let version = self.io.version();
-        RemoteSink::new(
+        let sink = RemoteSink::new(
             &mut self.io.tx.wbuf,
             self.config,
             self.rules,
@@ -214,7 +220,8 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             version,
             self.limits,
             self.tokens,
-        )
+        );
+        (self.link.handle(), sink)
     }
 
     fn refill_tokens(&mut self, now: Instant) {
@@ -241,17 +248,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         }
         let window = self.limits.window;
         let before = self.io.tx.wbuf.len();
-        let handle = self.link.handle();
-        let version = self.io.version();
-        let mut sink = RemoteSink::new(
-            &mut self.io.tx.wbuf,
-            self.config,
-            self.rules,
-            self.status,
-            version,
-            self.limits,
-            self.tokens,
-        );
+        let (handle, mut sink) = self.handle_and_sink();
         let fill = handle.fill(window, Instant::now(), &mut sink as &mut dyn DeliverySink);
         let taken = sink.taken;
         if self.config.max_forward_rate > 0 {

@@ -217,13 +217,25 @@ mod tests {
         f.poll(&mut cx)
     }
 
-    #[test]
-    fn tickets_follow_the_order_of_wakes_and_only_earlier_ones_are_waited_for() {
+    /// An arrival order with two connections' wakers on it, the first made first: the setup
+    /// of every test here.
+    fn two_connections() -> (Arc<ArrivalOrder>, Arc<ArrivalWaker>, Arc<ArrivalWaker>) {
         let order = Arc::new(ArrivalOrder::default());
         let first = ArrivalWaker::new(Arc::clone(&order));
         let second = ArrivalWaker::new(Arc::clone(&order));
-        Waker::from(Arc::clone(&first)).wake_by_ref();
-        Waker::from(Arc::clone(&second)).wake_by_ref();
+        (order, first, second)
+    }
+
+    /// What the reactor does when `connection`'s socket becomes readable.
+    fn wake(connection: &Arc<ArrivalWaker>) {
+        Waker::from(Arc::clone(connection)).wake_by_ref();
+    }
+
+    #[test]
+    fn tickets_follow_the_order_of_wakes_and_only_earlier_ones_are_waited_for() {
+        let (order, first, second) = two_connections();
+        wake(&first);
+        wake(&second);
         let (a, b) = (first.take_ticket(), second.take_ticket());
         assert!(a < b);
         assert!(order.has_earlier(b), "the first read is not handled yet");
@@ -234,13 +246,11 @@ mod tests {
 
     #[test]
     fn a_second_wake_before_the_read_supersedes_the_first() {
-        let order = Arc::new(ArrivalOrder::default());
-        let twice = ArrivalWaker::new(Arc::clone(&order));
-        let later = ArrivalWaker::new(Arc::clone(&order));
+        let (order, twice, later) = two_connections();
         let waker = Waker::from(Arc::clone(&twice));
         waker.wake_by_ref();
         waker.wake_by_ref();
-        Waker::from(Arc::clone(&later)).wake_by_ref();
+        wake(&later);
         let last = later.take_ticket();
         order.settle(twice.take_ticket());
         assert!(!order.has_earlier(last), "the superseded ticket is settled");
@@ -248,22 +258,18 @@ mod tests {
 
     #[test]
     fn a_dropped_connection_settles_its_ticket() {
-        let order = Arc::new(ArrivalOrder::default());
-        let gone = ArrivalWaker::new(Arc::clone(&order));
-        let later = ArrivalWaker::new(Arc::clone(&order));
-        Waker::from(Arc::clone(&gone)).wake_by_ref();
-        Waker::from(Arc::clone(&later)).wake_by_ref();
+        let (order, gone, later) = two_connections();
+        wake(&gone);
+        wake(&later);
         drop(gone);
         assert!(!order.has_earlier(later.take_ticket()));
     }
 
     #[tokio::test]
     async fn a_waiting_publisher_goes_once_the_earlier_read_settles() {
-        let order = Arc::new(ArrivalOrder::default());
-        let subscriber = ArrivalWaker::new(Arc::clone(&order));
-        let publisher = ArrivalWaker::new(Arc::clone(&order));
-        Waker::from(Arc::clone(&subscriber)).wake_by_ref();
-        Waker::from(Arc::clone(&publisher)).wake_by_ref();
+        let (order, subscriber, publisher) = two_connections();
+        wake(&subscriber);
+        wake(&publisher);
         let mine = publisher.take_ticket();
         let mut waiting = std::pin::pin!(order.wait_for_earlier(mine));
         assert!(poll_once(waiting.as_mut()).is_pending());
@@ -273,11 +279,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_wait_is_bounded() {
-        let order = Arc::new(ArrivalOrder::default());
-        let stuck = ArrivalWaker::new(Arc::clone(&order));
-        let publisher = ArrivalWaker::new(Arc::clone(&order));
-        Waker::from(Arc::clone(&stuck)).wake_by_ref();
-        Waker::from(Arc::clone(&publisher)).wake_by_ref();
+        let (order, stuck, publisher) = two_connections();
+        wake(&stuck);
+        wake(&publisher);
         let mine = publisher.take_ticket();
         order.wait_for_earlier(mine).await;
         assert!(

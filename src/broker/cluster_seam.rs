@@ -71,6 +71,22 @@ impl<'a> ClusterAdmission<'a> {
     }
 }
 
+/// What a CONNECT asks of [`ClusterSeam::claim`]: one value, so the trait, its engine and
+/// the handshake name the claim's parts once.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The client id whose session is claimed.
+    pub client_id: &'a str,
+    /// The CONNECT's Clean Start (3.x: Clean Session).
+    pub clean_start: bool,
+    /// The session's expiry interval, seconds.
+    pub expiry_interval: u32,
+    /// The CONNECT's will, kept in the session's record.
+    pub will: Option<&'a crate::codec::LastWill>,
+    /// Whose session it is (`broker::owner`, issue 35).
+    pub owner: &'a crate::storage::SessionOwner,
+}
+
 /// Why a CONNECT could not claim its session cluster-wide.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimRefused {
@@ -114,11 +130,7 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     fn claim<'a>(
         &'a self,
         broker: &'a Arc<Broker>,
-        client_id: &'a str,
-        clean_start: bool,
-        expiry_interval: u32,
-        will: Option<&'a crate::codec::LastWill>,
-        owner: &'a crate::storage::SessionOwner,
+        request: ClaimRequest<'a>,
     ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>>;
 
     /// After the CONNECT attached its session (and restored it): if another node claimed the

@@ -16,7 +16,7 @@ mod backlog;
 pub mod cluster_seam;
 pub use backlog::Backlog;
 pub use cluster_seam::{
-    ClaimRefused, Claimed, ClusterAdmission, ClusterSeam, HeldSession, Restore,
+    ClaimRefused, ClaimRequest, Claimed, ClusterAdmission, ClusterSeam, HeldSession, Restore,
 };
 mod dedup_spool;
 pub mod flow;

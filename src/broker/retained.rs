@@ -223,15 +223,9 @@ impl<M> RetainedIndex<M> {
     /// Number of nodes below the root; lets tests check that removal prunes everything.
     #[cfg(test)]
     pub(crate) fn node_count(&self) -> usize {
-        let mut count = 0;
-        let mut stack = vec![&self.root];
-        while let Some(node) = stack.pop() {
-            for (_, child) in node.children.iter() {
-                count += 1;
-                stack.push(child);
-            }
-        }
-        count
+        trie::count_below(&self.root, |node| {
+            node.children.iter().map(|(_, child)| child)
+        })
     }
 }
 

@@ -377,19 +377,12 @@ fn perf_sanity_one_million_subscriptions() {
 #[test]
 fn a_schema_check_on_a_topic_no_schema_covers_does_not_allocate() {
     // `[[schema]]` costs a PUBLISH nothing but a walk over the filters when none matches.
-    use crate::config::{InvalidV3, SchemaAction, SchemaConfig};
+    use crate::config::SchemaConfig;
     use crate::guarantees::{SchemaRegistry, Verdict};
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("order.json");
     std::fs::write(&path, r#"{"type":"object","required":["id"]}"#).expect("write");
-    let entry = |id: &str, filter: &str| SchemaConfig {
-        id: id.to_owned(),
-        filter: filter.to_owned(),
-        file: path.clone(),
-        action: SchemaAction::Reject,
-        on_invalid_v3: InvalidV3::Ack,
-        default: false,
-    };
+    let entry = |id: &str, filter: &str| SchemaConfig::new(id, filter, &path);
     let registry = SchemaRegistry::load(&[
         entry("order/v1", "orders/#"),
         entry("order/v2", "orders/#"),

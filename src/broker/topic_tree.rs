@@ -352,16 +352,10 @@ impl<K: Copy + Eq + Hash, V> TopicTree<K, V> {
     /// Number of nodes below the root; lets tests check that removal prunes everything.
     #[cfg(test)]
     pub(crate) fn node_count(&self) -> usize {
-        let mut count = 0;
-        let mut stack = vec![&self.root];
-        while let Some(node) = stack.pop() {
+        trie::count_below(&self.root, |node| {
             let literal = node.children.iter().map(|(_, child)| child);
-            for child in literal.chain(node.plus.as_deref()) {
-                count += 1;
-                stack.push(child);
-            }
-        }
-        count
+            literal.chain(node.plus.as_deref())
+        })
     }
 }
 

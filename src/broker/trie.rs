@@ -67,3 +67,21 @@ pub(super) fn prune<'p, N: TrieNode>(root: &mut N, levels: impl Iterator<Item = 
         node.remove_child(level);
     }
 }
+
+/// Number of nodes below `root`, `below` giving a node's children: the tries' `node_count`,
+/// which their tests use to check that removal prunes everything.
+#[cfg(test)]
+pub(super) fn count_below<'a, N: 'a, I: Iterator<Item = &'a N>>(
+    root: &'a N,
+    below: impl Fn(&'a N) -> I,
+) -> usize {
+    let mut count = 0;
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        for child in below(node) {
+            count += 1;
+            stack.push(child);
+        }
+    }
+    count
+}

@@ -38,21 +38,6 @@ impl ClusterMetrics {
     pub(crate) fn register(metrics: &Metrics) -> ClusterMetrics {
         use names::*;
         let r = metrics.registrar();
-        let messages = r.counter_family(
-            CLUSTER_MESSAGES_TOTAL,
-            "Messages exchanged with the cluster over NATS, by direction (out: sent by this node, in: taken from other nodes).",
-            &["direction"],
-        );
-        let bytes = r.counter_family(
-            CLUSTER_BYTES_TOTAL,
-            "Bytes of the messages exchanged with the cluster, by direction.",
-            &["direction"],
-        );
-        let dropped = r.counter_family(
-            CLUSTER_DROPPED_TOTAL,
-            "QoS 0 messages not forwarded to the other nodes, by reason (link_down, max_pending).",
-            &["reason"],
-        );
         ClusterMetrics {
             up: r.gauge(
                 CLUSTER_UP,
@@ -62,8 +47,18 @@ impl ClusterMetrics {
                 CLUSTER_RECONNECTS_TOTAL,
                 "Connects to NATS after the first.",
             ),
-            messages: ["out", "in"].map(|d| messages.counter(&[d])),
-            bytes: ["out", "in"].map(|d| bytes.counter(&[d])),
+            messages: r.counter_family(
+                CLUSTER_MESSAGES_TOTAL,
+                "Messages exchanged with the cluster over NATS, by direction (out: sent by this node, in: taken from other nodes).",
+                "direction",
+            )
+            .counters(["out", "in"]),
+            bytes: r.counter_family(
+                CLUSTER_BYTES_TOTAL,
+                "Bytes of the messages exchanged with the cluster, by direction.",
+                "direction",
+            )
+            .counters(["out", "in"]),
             pending: r.gauge(
                 CLUSTER_PENDING,
                 "Messages sent to NATS whose JetStream acknowledgement has not come yet.",
@@ -72,7 +67,12 @@ impl ClusterMetrics {
                 CLUSTER_REFUSED_TOTAL,
                 "QoS 1/2 PUBLISHes refused (v5 0x97) because the cluster could not make them durable: NATS unreachable or max_pending reached.",
             ),
-            dropped: ["link_down", "max_pending"].map(|d| dropped.counter(&[d])),
+            dropped: r.counter_family(
+                CLUSTER_DROPPED_TOTAL,
+                "QoS 0 messages not forwarded to the other nodes, by reason (link_down, max_pending).",
+                "reason",
+            )
+            .counters(["link_down", "max_pending"]),
             lag: r.gauge(
                 CLUSTER_LAG_MESSAGES,
                 "Messages of other nodes in the stream that this node has not taken yet (replication lag).",

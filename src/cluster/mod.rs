@@ -57,8 +57,8 @@ use std::sync::{Arc, OnceLock};
 
 use crate::broker::cluster_seam::SeamFuture;
 use crate::broker::{
-    Broker, ClaimRefused, Claimed, ClusterAdmission, ClusterSeam, Message, PublishRefused, Restore,
-    Session,
+    Broker, ClaimRefused, ClaimRequest, Claimed, ClusterAdmission, ClusterSeam, Message,
+    PublishRefused, Restore, Session,
 };
 use crate::codec::QoS;
 use crate::config::ClusterConfig;
@@ -342,20 +342,9 @@ impl ClusterSeam for Cluster {
     fn claim<'a>(
         &'a self,
         broker: &'a Arc<Broker>,
-        client_id: &'a str,
-        clean_start: bool,
-        expiry_interval: u32,
-        will: Option<&'a crate::codec::LastWill>,
-        owner: &'a crate::storage::SessionOwner,
+        request: ClaimRequest<'a>,
     ) -> SeamFuture<'a, Result<Claimed, ClaimRefused>> {
-        Box::pin(sessions::claim(
-            self,
-            broker,
-            client_id,
-            (clean_start, expiry_interval),
-            will,
-            owner,
-        ))
+        Box::pin(sessions::claim(self, broker, request))
     }
 
     fn session_changed(&self, client_id: &str) {

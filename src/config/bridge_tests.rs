@@ -4,21 +4,8 @@
 use std::path::PathBuf;
 
 use super::*;
+use crate::config::tests::{invalid_at, parse};
 use crate::config::{Config, ConfigError};
-
-fn parse(text: &str) -> Result<Config, ConfigError> {
-    Config::from_toml_str(text, "test.toml")
-}
-
-/// The `Invalid` error's key, line and message, or a panic naming what came instead.
-fn invalid_at(text: &str) -> (String, Option<usize>, String) {
-    match parse(text) {
-        Err(ConfigError::Invalid {
-            key, line, message, ..
-        }) => (key, line, message),
-        other => panic!("{text}\nexpected Invalid, got {other:?}"),
-    }
-}
 
 /// A valid bridge whose line 4 is `extra` (a key of `[[bridge]]`), topic rule on line 7+.
 fn bridge_with(extra: &str) -> String {

@@ -94,6 +94,22 @@ pub struct SchemaConfig {
     pub default: bool,
 }
 
+impl SchemaConfig {
+    /// The entry a `[[schema]]` with only its three required keys gives: `action = "reject"`,
+    /// `on_invalid_v3 = "ack"`, not the filter's default. For configs built in code (tests,
+    /// embedders); set the other fields on the result.
+    pub fn new(id: &str, filter: &str, file: impl Into<PathBuf>) -> SchemaConfig {
+        SchemaConfig {
+            id: id.to_owned(),
+            filter: filter.to_owned(),
+            file: file.into(),
+            action: SchemaAction::default(),
+            on_invalid_v3: InvalidV3::default(),
+            default: false,
+        }
+    }
+}
+
 /// `[dedup]`: duplicate detection for publishers that re-send under a new packet id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

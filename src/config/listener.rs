@@ -419,22 +419,9 @@ pub(super) fn addresses_clash(a: SocketAddr, b: SocketAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{invalid_at, parse};
     use super::super::{Config, ConfigError, Overrides};
     use super::*;
-
-    fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::from_toml_str(text, "test.toml")
-    }
-
-    /// The `Invalid` error's key and line, or a panic naming what came instead.
-    fn invalid_at(text: &str) -> (String, Option<usize>, String) {
-        match parse(text) {
-            Err(ConfigError::Invalid {
-                key, line, message, ..
-            }) => (key, line, message),
-            other => panic!("{text}: expected Invalid, got {other:?}"),
-        }
-    }
 
     #[test]
     fn tls_kind_rules_name_their_key() {

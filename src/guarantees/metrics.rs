@@ -31,20 +31,21 @@ impl GuaranteeMetrics {
     /// second call panics on the duplicate names).
     pub(crate) fn register(metrics: &Metrics) -> GuaranteeMetrics {
         let r = metrics.registrar();
-        let dead_letters = r.counter_family(
-            names::DEAD_LETTERS_TOTAL,
-            "Dead letters published ([dead_letter]), by the reason their message was dropped (queue_full, expired, too_large, schema_invalid, max_deliveries, rejected).",
-            &["reason"],
-        );
-        let dead_letters_dropped = r.counter_family(
+        let [dead_letters_dropped_rate, dead_letters_dropped_refused] = r.counter_family(
             names::DEAD_LETTERS_DROPPED_TOTAL,
             "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it).",
-            &["reason"],
-        );
+            "reason",
+        )
+        .counters(["rate", "refused"]);
         GuaranteeMetrics {
-            dead_letters: DeadReason::ALL.map(|reason| dead_letters.counter(&[reason.as_str()])),
-            dead_letters_dropped_rate: dead_letters_dropped.counter(&["rate"]),
-            dead_letters_dropped_refused: dead_letters_dropped.counter(&["refused"]),
+            dead_letters: r.counter_family(
+                names::DEAD_LETTERS_TOTAL,
+                "Dead letters published ([dead_letter]), by the reason their message was dropped (queue_full, expired, too_large, schema_invalid, max_deliveries, rejected).",
+                "reason",
+            )
+            .counters(DeadReason::ALL.map(DeadReason::as_str)),
+            dead_letters_dropped_rate,
+            dead_letters_dropped_refused,
             dedup: DedupMetrics {
                 duplicates: r.counter(
                     names::DEDUP_DUPLICATES_TOTAL,
@@ -106,19 +107,17 @@ mod tests {
         g.dedup.entries.set(3.0);
         let out = m.render();
         crate::metrics::assert_described(&out, names::GUARANTEES.iter().copied());
-        for line in [
-            "postbox_dead_letters_total{reason=\"expired\"} 2",
-            "postbox_dead_letters_total{reason=\"queue_full\"} 0",
-            "postbox_dead_letters_dropped_total{reason=\"rate\"} 1",
-            "postbox_dead_letters_dropped_total{reason=\"refused\"} 0",
-            "postbox_dedup_entries 3",
-            "postbox_dedup_duplicates_total 0",
-        ] {
-            assert!(
-                out.lines().any(|l| l == line),
-                "missing `{line}` in:\n{out}"
-            );
-        }
+        crate::metrics::assert_has_lines(
+            &out,
+            [
+                "postbox_dead_letters_total{reason=\"expired\"} 2",
+                "postbox_dead_letters_total{reason=\"queue_full\"} 0",
+                "postbox_dead_letters_dropped_total{reason=\"rate\"} 1",
+                "postbox_dead_letters_dropped_total{reason=\"refused\"} 0",
+                "postbox_dedup_entries 3",
+                "postbox_dedup_duplicates_total 0",
+            ],
+        );
         assert_eq!(
             out.matches("postbox_dead_letters_total{").count(),
             DeadReason::ALL.len()

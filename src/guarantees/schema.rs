@@ -271,12 +271,8 @@ mod tests {
 
     fn entry(id: &str, filter: &str, file: &Path, default: bool) -> SchemaConfig {
         SchemaConfig {
-            id: id.to_owned(),
-            filter: filter.to_owned(),
-            file: file.to_owned(),
-            action: SchemaAction::Reject,
-            on_invalid_v3: InvalidV3::Ack,
             default,
+            ..SchemaConfig::new(id, filter, file)
         }
     }
 

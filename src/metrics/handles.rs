@@ -96,19 +96,6 @@ impl Histogram {
     }
 }
 
-/// A labelled counter family, for an owner's group (`storage`, `guarantees`, `cluster`):
-/// wraps the backend's type so owners name no `prometheus` item. Take each child once, at
-/// registration ([`CounterFamily::counter`] hashes its labels), and keep the [`Counter`].
-#[derive(Clone, Debug)]
-pub(crate) struct CounterFamily(pub(super) prometheus::IntCounterVec);
-
-impl CounterFamily {
-    /// The child with these label values (created at 0 on first use, then shared).
-    pub(crate) fn counter(&self, values: &[&str]) -> Counter {
-        counter_of(&self.0, values)
-    }
-}
-
 /// Registers metrics in one registry; a name registered twice is a programming error (the
 /// names are constants), hence the panics. Owners get one from
 /// [`super::Metrics::registrar`] to declare their own group against the broker's registry,
@@ -171,9 +158,23 @@ impl Reg<'_> {
 }
 
 impl Reg<'_> {
-    /// A labelled counter family, for an owner's group; take its children once.
-    pub(crate) fn counter_family(self, name: &str, help: &str, labels: &[&str]) -> CounterFamily {
-        CounterFamily(self.counter_vec(name, help, labels))
+    /// A counter family with one `label`, for an owner's group; take its children at once.
+    pub(crate) fn counter_family(self, name: &str, help: &str, label: &str) -> CounterFamily {
+        CounterFamily(self.counter_vec(name, help, &[label]))
+    }
+}
+
+/// A counter family with one label, for an owner's group (`storage`, `guarantees`,
+/// `cluster`): wraps the backend's type so owners name no `prometheus` item. Its label's
+/// values are all known: [`CounterFamily::counters`] takes every child at registration.
+#[derive(Clone, Debug)]
+pub(crate) struct CounterFamily(pub(super) prometheus::IntCounterVec);
+
+impl CounterFamily {
+    /// One counter per value of `values`, in their order: every series is exported at 0 from
+    /// the start, and no label is looked up afterwards (the owner keeps the [`Counter`]s).
+    pub(crate) fn counters<const N: usize>(&self, values: [&str; N]) -> [Counter; N] {
+        values.map(|value| counter_of(&self.0, &[value]))
     }
 }
 

@@ -270,9 +270,10 @@ impl ScrapeReg<'_> {
         c
     }
 
-    /// A labelled counter family, reported at each reading; take its children once.
-    pub(crate) fn counter_family(self, name: &str, help: &str, labels: &[&str]) -> CounterFamily {
-        let v = prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), labels)
+    /// A counter family with one `label`, reported at each reading; take its children at
+    /// once ([`CounterFamily::counters`]).
+    pub(crate) fn counter_family(self, name: &str, help: &str, label: &str) -> CounterFamily {
+        let v = prometheus::IntCounterVec::new(prometheus::Opts::new(name, help), &[label])
             .expect("valid metric name");
         self.add(v.clone());
         CounterFamily(v)

@@ -164,14 +164,8 @@ mod tests {
         new.mqtt.max_publish_bytes_rate = 7;
         new.mqtt.max_subscriptions_per_client = 7;
         new.mqtt.max_subscription_bytes_per_client = 7;
-        new.schemas.push(crate::config::SchemaConfig {
-            id: "a".into(),
-            filter: "a/#".into(),
-            file: "a.json".into(),
-            action: crate::config::SchemaAction::Reject,
-            on_invalid_v3: crate::config::InvalidV3::Ack,
-            default: false,
-        });
+        new.schemas
+            .push(crate::config::SchemaConfig::new("a", "a/#", "a.json"));
         let mut applied = compare(&running, &new).applied;
         applied.sort_unstable();
         let mut keys = RUNTIME_KEYS.to_vec();

@@ -54,19 +54,8 @@ impl StoreMetrics {
     pub(crate) fn register(metrics: &Metrics) -> StoreMetrics {
         use names::*;
         let s = metrics.scrape_registrar();
-        let rejected = s.counter_family(
-            STORE_REJECTED_TOTAL,
-            "Store updates refused (queue_full, disk_full, no_space) or dropped (disk_full_dropped).",
-            &["reason"],
-        );
-        let lost_records = s.counter_family(
-            STORE_RECOVERY_LOST_RECORDS_TOTAL,
-            "Records in the store frames skipped at start, by kind.",
-            &["kind"],
-        );
-        let recovery_lost_records = std::array::from_fn(|kind| {
-            lost_records.counter(&[Op::KIND_NAMES.get(kind).copied().unwrap_or("unknown")])
-        });
+        let lost_kinds: [&str; LOST_KINDS] =
+            std::array::from_fn(|kind| Op::KIND_NAMES.get(kind).copied().unwrap_or("unknown"));
         let r = metrics.registrar();
         let commit_buckets = vec![
             0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -84,7 +73,12 @@ impl StoreMetrics {
             ),
             fsyncs: s.counter(STORE_FSYNCS_TOTAL, "fsyncs done by the durable store."),
             compactions: s.counter(STORE_COMPACTIONS_TOTAL, "Durable store log compactions."),
-            rejected: REJECTED_REASONS.map(|reason| rejected.counter(&[reason])),
+            rejected: s.counter_family(
+                STORE_REJECTED_TOTAL,
+                "Store updates refused (queue_full, disk_full, no_space) or dropped (disk_full_dropped).",
+                "reason",
+            )
+            .counters(REJECTED_REASONS),
             out_of_space: s.gauge(
                 STORE_OUT_OF_SPACE,
                 "1 while the store's filesystem is full: new persistent messages are refused.",
@@ -93,7 +87,12 @@ impl StoreMetrics {
                 STORE_RECOVERY_LOST_FRAMES_TOTAL,
                 "Store frames skipped at start because they failed their checksums.",
             ),
-            recovery_lost_records,
+            recovery_lost_records: s.counter_family(
+                STORE_RECOVERY_LOST_RECORDS_TOTAL,
+                "Records in the store frames skipped at start, by kind.",
+                "kind",
+            )
+            .counters(lost_kinds),
             commit_seconds: r.histogram(
                 STORE_COMMIT_SECONDS,
                 "Seconds per durable-store group commit (write and fsync).",
@@ -159,20 +158,18 @@ mod tests {
         let out = m.render();
         crate::metrics::assert_described(&out, names::STORE.iter().copied());
         let second = Op::KIND_NAMES[1];
-        for line in [
-            "postbox_store_commits_total 9".to_owned(),
-            "postbox_store_rejected_total{reason=\"no_space\"} 2".to_owned(),
-            "postbox_store_rejected_total{reason=\"queue_full\"} 0".to_owned(),
-            "postbox_store_out_of_space 1".to_owned(),
-            "postbox_store_budget_bytes 1024".to_owned(),
-            format!("postbox_store_recovery_lost_records_total{{kind=\"{second}\"}} 3"),
-            "postbox_store_recovery_lost_records_total{kind=\"unknown\"} 4".to_owned(),
-        ] {
-            assert!(
-                out.lines().any(|l| l == line),
-                "missing `{line}` in:\n{out}"
-            );
-        }
+        crate::metrics::assert_has_lines(
+            &out,
+            [
+                "postbox_store_commits_total 9".to_owned(),
+                "postbox_store_rejected_total{reason=\"no_space\"} 2".to_owned(),
+                "postbox_store_rejected_total{reason=\"queue_full\"} 0".to_owned(),
+                "postbox_store_out_of_space 1".to_owned(),
+                "postbox_store_budget_bytes 1024".to_owned(),
+                format!("postbox_store_recovery_lost_records_total{{kind=\"{second}\"}} 3"),
+                "postbox_store_recovery_lost_records_total{kind=\"unknown\"} 4".to_owned(),
+            ],
+        );
         assert_eq!(
             out.matches("postbox_store_recovery_lost_records_total{")
                 .count(),

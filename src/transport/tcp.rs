@@ -9,7 +9,7 @@ use tokio::net::TcpSocket;
 use tokio_util::sync::CancellationToken;
 
 use super::ws::WsSettings;
-use super::AdmissionLimits;
+use super::{AdmissionLimits, HandshakeSlot};
 use super::{ConnectionInfo, Handoff, Listener, ListenerTask};
 use crate::config::{ListenerConfig, ListenerKind, WebSocketConfig};
 
@@ -87,20 +87,37 @@ impl PlainTcpListener {
             ..
         } = self;
         let websocket = websocket.map(|config| WsSettings::new(&config, handoff.broker().config()));
-        let admission = handoff.admission(&name, limits);
-        while let Some((stream, peer)) = next_accepted(&listener, &name, &stop).await {
-            let slot = admission.arrive(peer.ip());
-            let info = ConnectionInfo {
-                peer,
-                listener: Arc::clone(&name),
-                tls: None,
-            };
+        let each = |stream, info, slot| {
             if proxy_protocol || websocket.is_some() {
                 handoff.spawn_prepared(stream, info, slot, proxy_protocol, websocket.clone());
             } else {
                 handoff.spawn(stream, info, slot);
             }
-        }
+        };
+        accept_each(&handoff, &listener, &name, limits, &stop, each).await;
+    }
+}
+
+/// The accept loop of every TCP-based listener (plain and TLS), until `stop`: each accepted
+/// socket gets its slot in the listener's [`Admission`](super::Admission) and its
+/// [`ConnectionInfo`] (no TLS yet), and goes to `each`, which hands it over.
+pub(super) async fn accept_each(
+    handoff: &Handoff,
+    listener: &tokio::net::TcpListener,
+    name: &Arc<str>,
+    limits: AdmissionLimits,
+    stop: &CancellationToken,
+    mut each: impl FnMut(tokio::net::TcpStream, ConnectionInfo, HandshakeSlot),
+) {
+    let admission = handoff.admission(name, limits);
+    while let Some((stream, peer)) = next_accepted(listener, name, stop).await {
+        let slot = admission.arrive(peer.ip());
+        let info = ConnectionInfo {
+            peer,
+            listener: Arc::clone(name),
+            tls: None,
+        };
+        each(stream, info, slot);
     }
 }
 

@@ -137,17 +137,10 @@ impl TlsListener {
         let (name, listener, limits, proxy_protocol) = tcp.into_parts();
         let websocket =
             websocket.map(|config| super::ws::WsSettings::new(&config, handoff.broker().config()));
-        let admission = handoff.admission(&name, limits);
         let tls_failures = handoff.broker().metrics.tls_handshake_failures();
         let ws_failures = handoff.broker().metrics.ws_upgrade_failures();
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
-        while let Some((stream, peer)) = super::tcp::next_accepted(&listener, &name, &stop).await {
-            let slot = admission.arrive(peer.ip());
-            let info = ConnectionInfo {
-                peer,
-                listener: Arc::clone(&name),
-                tls: None,
-            };
+        let each = |stream, info, slot| {
             let acceptor = TlsAcceptor::from(state.current.load_full());
             let rule = state.files.clone_identity();
             match &websocket {
@@ -173,7 +166,8 @@ impl TlsListener {
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
             }
-        }
+        };
+        super::tcp::accept_each(&handoff, &listener, &name, limits, &stop, each).await;
     }
 }
 

@@ -30,17 +30,6 @@ const VALID_V1: &[u8] = br#"{"id":"o-1","qty":2}"#;
 const INVALID_V1: &[u8] = br#"{"id":"o-1","qty":0}"#;
 const VALID_V2: &[u8] = br#"{"id":"o-2","items":["a"]}"#;
 
-fn schema(id: &str, filter: &str, file: &Path) -> SchemaConfig {
-    SchemaConfig {
-        id: id.to_owned(),
-        filter: filter.to_owned(),
-        file: file.to_owned(),
-        action: SchemaAction::Reject,
-        on_invalid_v3: InvalidV3::Ack,
-        default: false,
-    }
-}
-
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write schema");
@@ -53,8 +42,8 @@ async fn start(dir: &Path, edit: impl FnOnce(&mut Config)) -> RunningServer {
     let v2 = write(dir, "v2.json", ORDER_V2);
     let mut config = common::test_config();
     config.schemas = vec![
-        schema("order/v1", "orders/#", &v1),
-        schema("order/v2", "orders/#", &v2),
+        SchemaConfig::new("order/v1", "orders/#", &v1),
+        SchemaConfig::new("order/v2", "orders/#", &v2),
     ];
     edit(&mut config);
     common::start_with(config).await
@@ -409,7 +398,7 @@ async fn a_bad_schema_file_stops_the_start_naming_the_file() {
     // In-process too: the start is refused before anything listens.
     let missing = dir.path().join("missing.json");
     let mut config = common::test_config();
-    config.schemas = vec![schema("order/v1", "orders/#", &missing)];
+    config.schemas = vec![SchemaConfig::new("order/v1", "orders/#", &missing)];
     let error = postbox::server::start(config).await.expect_err("no start");
     assert!(error.to_string().contains("missing.json"), "{error}");
 }
@@ -477,10 +466,10 @@ async fn without_schemas_at_start_a_new_list_needs_a_restart() {
     let server = common::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut new = common::test_config();
-    new.schemas = vec![schema(
+    new.schemas = vec![SchemaConfig::new(
         "o",
         "orders/#",
-        &write(dir.path(), "o.json", ORDER_V1),
+        write(dir.path(), "o.json", ORDER_V1),
     )];
     let changes = server.reload_config(&new);
     assert!(changes.applied.is_empty());

@@ -223,30 +223,14 @@ impl Conn {
             .map_err(|e| anyhow!("encode {}: {e}", packet.name()))
     }
 
-    /// Appends a PUBLISH without building a `Publish` (the hot path of every publisher).
+    /// Appends a PUBLISH without building a `Publish` (the hot path of every publisher), with
+    /// v5 `properties` if any (`--content-type`; ignored by 3.x).
     ///
     /// # Errors
     ///
     /// When the PUBLISH cannot be encoded.
     #[inline]
     pub fn queue_publish(
-        &mut self,
-        topic: &str,
-        qos: QoS,
-        packet_id: u16,
-        retain: bool,
-        payload: &[u8],
-    ) -> Result<()> {
-        self.queue_publish_with(topic, qos, packet_id, retain, payload, None)
-    }
-
-    /// [`Conn::queue_publish`] with v5 properties (`--content-type`); ignored by 3.x.
-    ///
-    /// # Errors
-    ///
-    /// When the PUBLISH cannot be encoded.
-    #[inline]
-    pub fn queue_publish_with(
         &mut self,
         topic: &str,
         qos: QoS,

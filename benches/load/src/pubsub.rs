@@ -512,7 +512,7 @@ async fn publisher(
                 }
                 None => properties,
             };
-            conn.queue_publish_with(
+            conn.queue_publish(
                 &plan.topic,
                 plan.qos,
                 packet_id,

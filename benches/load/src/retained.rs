@@ -124,7 +124,7 @@ async fn store_retained(p: &Params, run: u32, base: &str) -> Result<()> {
             stamp.write(&mut payload);
             packet_id = packet_id.checked_add(1).unwrap_or(1);
             let topic = store_topic(base, next);
-            conn.queue_publish(&topic, QoS::AtLeastOnce, packet_id, true, &payload)?;
+            conn.queue_publish(&topic, QoS::AtLeastOnce, packet_id, true, &payload, None)?;
             next += 1;
             inflight += 1;
         }
@@ -153,12 +153,19 @@ async fn clear_retained(p: &Params, run: u32, base: &str) -> Result<()> {
     )
     .await?;
     for i in 0..p.retained as u64 {
-        conn.queue_publish(&store_topic(base, i), QoS::AtMostOnce, 0, true, &[])?;
+        conn.queue_publish(&store_topic(base, i), QoS::AtMostOnce, 0, true, &[], None)?;
         if conn.wbuf.len() > 64 * 1024 {
             conn.flush().await?;
         }
     }
-    conn.queue_publish(&format!("{base}/fence"), QoS::AtLeastOnce, 1, false, &[])?;
+    conn.queue_publish(
+        &format!("{base}/fence"),
+        QoS::AtLeastOnce,
+        1,
+        false,
+        &[],
+        None,
+    )?;
     conn.flush().await?;
     loop {
         if let Packet::PubAck(_) = conn.recv_within(HANDSHAKE_TIMEOUT).await? {

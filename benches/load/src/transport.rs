@@ -7,18 +7,13 @@
 //! after a broker restart costs, when no ticket is valid any more.
 
 use std::fmt;
-use std::io;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 
 use anyhow::{Context, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 /// How every client of a run secures its connection: shared (one `Arc`) by all of them, as
@@ -98,67 +93,8 @@ impl TlsClient {
     }
 }
 
-/// A client's byte stream. The plain-TCP publisher drives the socket through its readiness
-/// API ([`Stream::tcp`]); TLS goes through `AsyncRead`/`AsyncWrite` only.
-#[derive(Debug)]
-pub enum Stream {
-    /// Plain TCP.
-    Tcp(TcpStream),
-    /// TLS over TCP (boxed: the rustls state is ~1 KiB, a `Conn` stays small for idle runs).
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl Stream {
-    /// The TCP socket underneath (for socket options and readiness).
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Tcp(s) => s,
-            Stream::Tls(s) => s.get_ref().0,
-        }
-    }
-
-    /// Whether bytes pass through TLS (no readiness-based I/O then).
-    pub fn is_tls(&self) -> bool {
-        matches!(self, Stream::Tls(_))
-    }
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+/// A client's byte stream: plain TCP, or TLS over TCP (boxed). The broker's own client stream
+/// (the bridge's, `postbox::bridge::transport::RemoteStream`), so the generator does not keep
+/// a copy of its `AsyncRead`/`AsyncWrite` delegation; the plain-TCP publisher drives the socket
+/// through its readiness API ([`Stream::tcp`]).
+pub use postbox::bridge::transport::RemoteStream as Stream;

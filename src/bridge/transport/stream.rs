@@ -25,7 +25,9 @@ pub enum RemoteStream {
 }
 
 impl RemoteStream {
-    fn tcp(&self) -> &TcpStream {
+    /// The TCP socket underneath (for socket options and readiness: the load generator's
+    /// plain-TCP publisher drives it directly).
+    pub fn tcp(&self) -> &TcpStream {
         match self {
             RemoteStream::Tcp(tcp) => tcp,
             RemoteStream::Tls(tls) => tls.get_ref().0,

@@ -11,19 +11,20 @@ use super::handover::{kept_cursor, release};
 use super::record::{encode_will, Who};
 use super::*;
 use crate::broker::owner::{self, OwnerCheck};
-use crate::broker::{Broker, ClaimRefused, Claimed, Restore};
+use crate::broker::{Broker, ClaimRefused, ClaimRequest, Claimed, Restore};
 use crate::cluster::{subject, Cluster};
-use crate::codec::LastWill;
-use crate::storage::SessionOwner;
 
 /// Claims `client_id` for this node (see the module's doc).
 pub(in crate::cluster) async fn claim(
     cluster: &Cluster,
     broker: &Arc<Broker>,
-    client_id: &str,
-    (clean_start, expiry_interval): (bool, u32),
-    will: Option<&LastWill>,
-    owner: &SessionOwner,
+    ClaimRequest {
+        client_id,
+        clean_start,
+        expiry_interval,
+        will,
+        owner,
+    }: ClaimRequest<'_>,
 ) -> Result<Claimed, ClaimRefused> {
     let will = will.and_then(|w| {
         let delay = w.properties.will_delay_interval.unwrap_or(0);

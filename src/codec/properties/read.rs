@@ -32,6 +32,23 @@ fn not_allowed(id: usize) -> DecodeError {
     }
 }
 
+/// Reads the property section at `$r`: each property's identifier goes through the `match`
+/// arms given, which read its value from `$s`; an identifier without an arm is refused
+/// ([`not_allowed`]). A macro, not a function taking a closure, so every reader below
+/// (PUBLISH's and the acks' on the per-message path included) stays the plain loop and
+/// `match` it was.
+macro_rules! each_property {
+    ($r:expr, $s:ident, { $($arms:tt)* }) => {
+        let mut $s = $r.section()?;
+        while !$s.is_empty() {
+            match $s.varint()? {
+                $($arms)*
+                other => return Err(not_allowed(other)),
+            }
+        }
+    };
+}
+
 /// A Byte property whose only legal values are 0 and 1.
 #[inline]
 fn flag(r: &mut Reader) -> Result<bool> {
@@ -85,23 +102,19 @@ fn response_topic(r: &mut Reader) -> Result<ByteString> {
 /// CONNECT properties (spec 5.0 §3.1.2.11).
 pub(in super::super) fn connect(r: &mut Reader) -> Result<ConnectProperties> {
     let mut p = ConnectProperties::default();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            SESSION_EXPIRY_INTERVAL => set(&mut p.session_expiry_interval, s.u32()?)?,
-            RECEIVE_MAXIMUM => set(&mut p.receive_maximum, receive_maximum(&mut s)?)?,
-            MAXIMUM_PACKET_SIZE => set(&mut p.maximum_packet_size, maximum_packet_size(&mut s)?)?,
-            TOPIC_ALIAS_MAXIMUM => set(&mut p.topic_alias_maximum, s.u16()?)?,
-            REQUEST_RESPONSE_INFORMATION => {
-                set(&mut p.request_response_information, flag(&mut s)?)?;
-            }
-            REQUEST_PROBLEM_INFORMATION => set(&mut p.request_problem_information, flag(&mut s)?)?,
-            AUTHENTICATION_METHOD => set(&mut p.authentication_method, s.string()?)?,
-            AUTHENTICATION_DATA => set(&mut p.authentication_data, s.binary()?)?,
-            USER_PROPERTY => p.user_properties.push(s.pair()?),
-            other => return Err(not_allowed(other)),
+    each_property!(r, s, {
+        SESSION_EXPIRY_INTERVAL => set(&mut p.session_expiry_interval, s.u32()?)?,
+        RECEIVE_MAXIMUM => set(&mut p.receive_maximum, receive_maximum(&mut s)?)?,
+        MAXIMUM_PACKET_SIZE => set(&mut p.maximum_packet_size, maximum_packet_size(&mut s)?)?,
+        TOPIC_ALIAS_MAXIMUM => set(&mut p.topic_alias_maximum, s.u16()?)?,
+        REQUEST_RESPONSE_INFORMATION => {
+            set(&mut p.request_response_information, flag(&mut s)?)?;
         }
-    }
+        REQUEST_PROBLEM_INFORMATION => set(&mut p.request_problem_information, flag(&mut s)?)?,
+        AUTHENTICATION_METHOD => set(&mut p.authentication_method, s.string()?)?,
+        AUTHENTICATION_DATA => set(&mut p.authentication_data, s.binary()?)?,
+        USER_PROPERTY => p.user_properties.push(s.pair()?),
+    });
     if p.authentication_data.is_some() && p.authentication_method.is_none() {
         // Spec 5.0 §3.1.2.11.10.
         return Err(DecodeError::Protocol(
@@ -114,63 +127,55 @@ pub(in super::super) fn connect(r: &mut Reader) -> Result<ConnectProperties> {
 /// Will properties, in the CONNECT payload (spec 5.0 §3.1.3.2).
 pub(in super::super) fn will(r: &mut Reader) -> Result<WillProperties> {
     let mut p = WillProperties::default();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            WILL_DELAY_INTERVAL => set(&mut p.will_delay_interval, s.u32()?)?,
-            PAYLOAD_FORMAT_INDICATOR => {
-                set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?;
-            }
-            MESSAGE_EXPIRY_INTERVAL => set(&mut p.message_expiry_interval, s.u32()?)?,
-            CONTENT_TYPE => set(&mut p.content_type, s.string()?)?,
-            RESPONSE_TOPIC => set(&mut p.response_topic, response_topic(&mut s)?)?,
-            CORRELATION_DATA => set(&mut p.correlation_data, s.binary()?)?,
-            USER_PROPERTY => p.user_properties.push(s.pair()?),
-            other => return Err(not_allowed(other)),
+    each_property!(r, s, {
+        WILL_DELAY_INTERVAL => set(&mut p.will_delay_interval, s.u32()?)?,
+        PAYLOAD_FORMAT_INDICATOR => {
+            set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?;
         }
-    }
+        MESSAGE_EXPIRY_INTERVAL => set(&mut p.message_expiry_interval, s.u32()?)?,
+        CONTENT_TYPE => set(&mut p.content_type, s.string()?)?,
+        RESPONSE_TOPIC => set(&mut p.response_topic, response_topic(&mut s)?)?,
+        CORRELATION_DATA => set(&mut p.correlation_data, s.binary()?)?,
+        USER_PROPERTY => p.user_properties.push(s.pair()?),
+    });
     Ok(p)
 }
 
 /// CONNACK properties (spec 5.0 §3.2.2.3).
 pub(in super::super) fn connack(r: &mut Reader) -> Result<ConnAckProperties> {
     let mut p = ConnAckProperties::default();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            SESSION_EXPIRY_INTERVAL => set(&mut p.session_expiry_interval, s.u32()?)?,
-            RECEIVE_MAXIMUM => set(&mut p.receive_maximum, receive_maximum(&mut s)?)?,
-            MAXIMUM_QOS => {
-                let qos = match s.u8()? {
-                    0 => QoS::AtMostOnce,
-                    1 => QoS::AtLeastOnce,
-                    _ => return Err(DecodeError::Protocol("Maximum QoS other than 0 or 1")),
-                };
-                set(&mut p.maximum_qos, qos)?;
-            }
-            RETAIN_AVAILABLE => set(&mut p.retain_available, flag(&mut s)?)?,
-            MAXIMUM_PACKET_SIZE => set(&mut p.maximum_packet_size, maximum_packet_size(&mut s)?)?,
-            ASSIGNED_CLIENT_IDENTIFIER => set(&mut p.assigned_client_identifier, s.string()?)?,
-            TOPIC_ALIAS_MAXIMUM => set(&mut p.topic_alias_maximum, s.u16()?)?,
-            REASON_STRING => set(&mut p.reason_string, s.string()?)?,
-            USER_PROPERTY => p.user_properties.push(s.pair()?),
-            WILDCARD_SUBSCRIPTION_AVAILABLE => {
-                set(&mut p.wildcard_subscription_available, flag(&mut s)?)?;
-            }
-            SUBSCRIPTION_IDENTIFIER_AVAILABLE => {
-                set(&mut p.subscription_identifiers_available, flag(&mut s)?)?;
-            }
-            SHARED_SUBSCRIPTION_AVAILABLE => {
-                set(&mut p.shared_subscription_available, flag(&mut s)?)?;
-            }
-            SERVER_KEEP_ALIVE => set(&mut p.server_keep_alive, s.u16()?)?,
-            RESPONSE_INFORMATION => set(&mut p.response_information, s.string()?)?,
-            SERVER_REFERENCE => set(&mut p.server_reference, s.string()?)?,
-            AUTHENTICATION_METHOD => set(&mut p.authentication_method, s.string()?)?,
-            AUTHENTICATION_DATA => set(&mut p.authentication_data, s.binary()?)?,
-            other => return Err(not_allowed(other)),
+    each_property!(r, s, {
+        SESSION_EXPIRY_INTERVAL => set(&mut p.session_expiry_interval, s.u32()?)?,
+        RECEIVE_MAXIMUM => set(&mut p.receive_maximum, receive_maximum(&mut s)?)?,
+        MAXIMUM_QOS => {
+            let qos = match s.u8()? {
+                0 => QoS::AtMostOnce,
+                1 => QoS::AtLeastOnce,
+                _ => return Err(DecodeError::Protocol("Maximum QoS other than 0 or 1")),
+            };
+            set(&mut p.maximum_qos, qos)?;
         }
-    }
+        RETAIN_AVAILABLE => set(&mut p.retain_available, flag(&mut s)?)?,
+        MAXIMUM_PACKET_SIZE => set(&mut p.maximum_packet_size, maximum_packet_size(&mut s)?)?,
+        ASSIGNED_CLIENT_IDENTIFIER => set(&mut p.assigned_client_identifier, s.string()?)?,
+        TOPIC_ALIAS_MAXIMUM => set(&mut p.topic_alias_maximum, s.u16()?)?,
+        REASON_STRING => set(&mut p.reason_string, s.string()?)?,
+        USER_PROPERTY => p.user_properties.push(s.pair()?),
+        WILDCARD_SUBSCRIPTION_AVAILABLE => {
+            set(&mut p.wildcard_subscription_available, flag(&mut s)?)?;
+        }
+        SUBSCRIPTION_IDENTIFIER_AVAILABLE => {
+            set(&mut p.subscription_identifiers_available, flag(&mut s)?)?;
+        }
+        SHARED_SUBSCRIPTION_AVAILABLE => {
+            set(&mut p.shared_subscription_available, flag(&mut s)?)?;
+        }
+        SERVER_KEEP_ALIVE => set(&mut p.server_keep_alive, s.u16()?)?,
+        RESPONSE_INFORMATION => set(&mut p.response_information, s.string()?)?,
+        SERVER_REFERENCE => set(&mut p.server_reference, s.string()?)?,
+        AUTHENTICATION_METHOD => set(&mut p.authentication_method, s.string()?)?,
+        AUTHENTICATION_DATA => set(&mut p.authentication_data, s.binary()?)?,
+    });
     Ok(p)
 }
 
@@ -181,38 +186,30 @@ pub(in super::super) fn connack(r: &mut Reader) -> Result<ConnAckProperties> {
 #[inline]
 pub(in super::super) fn publish(r: &mut Reader) -> Result<PublishProperties> {
     let mut p = PublishProperties::default();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            PAYLOAD_FORMAT_INDICATOR => {
-                set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?;
-            }
-            MESSAGE_EXPIRY_INTERVAL => set(&mut p.message_expiry_interval, s.u32()?)?,
-            TOPIC_ALIAS => set(&mut p.topic_alias, s.u16()?)?,
-            RESPONSE_TOPIC => set(&mut p.response_topic, response_topic(&mut s)?)?,
-            CORRELATION_DATA => set(&mut p.correlation_data, s.binary()?)?,
-            USER_PROPERTY => p.user_properties.push(s.pair()?),
-            SUBSCRIPTION_IDENTIFIER => p
-                .subscription_identifiers
-                .push(subscription_identifier(&mut s)?),
-            CONTENT_TYPE => set(&mut p.content_type, s.string()?)?,
-            other => return Err(not_allowed(other)),
+    each_property!(r, s, {
+        PAYLOAD_FORMAT_INDICATOR => {
+            set(&mut p.payload_format_indicator, format_indicator(&mut s)?)?;
         }
-    }
+        MESSAGE_EXPIRY_INTERVAL => set(&mut p.message_expiry_interval, s.u32()?)?,
+        TOPIC_ALIAS => set(&mut p.topic_alias, s.u16()?)?,
+        RESPONSE_TOPIC => set(&mut p.response_topic, response_topic(&mut s)?)?,
+        CORRELATION_DATA => set(&mut p.correlation_data, s.binary()?)?,
+        USER_PROPERTY => p.user_properties.push(s.pair()?),
+        SUBSCRIPTION_IDENTIFIER => p
+            .subscription_identifiers
+            .push(subscription_identifier(&mut s)?),
+        CONTENT_TYPE => set(&mut p.content_type, s.string()?)?,
+    });
     Ok(p)
 }
 
 /// PUBACK/PUBREC/PUBREL/PUBCOMP/SUBACK/UNSUBACK properties: Reason String and User Property.
 pub(in super::super) fn ack(r: &mut Reader) -> Result<AckProperties> {
     let mut p = AckProperties::default();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            REASON_STRING => set(&mut p.reason_string, s.string()?)?,
-            USER_PROPERTY => p.user_properties.push(s.pair()?),
-            other => return Err(not_allowed(other)),
-        }
-    }
+    each_property!(r, s, {
+        REASON_STRING => set(&mut p.reason_string, s.string()?)?,
+        USER_PROPERTY => p.user_properties.push(s.pair()?),
+    });
     Ok(p)
 }
 
@@ -220,58 +217,42 @@ pub(in super::super) fn ack(r: &mut Reader) -> Result<AckProperties> {
 pub(in super::super) fn subscribe(r: &mut Reader) -> Result<(Option<u32>, UserProperties)> {
     let mut sub_id = None;
     let mut user = UserProperties::new();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            SUBSCRIPTION_IDENTIFIER => set(&mut sub_id, subscription_identifier(&mut s)?)?,
-            USER_PROPERTY => user.push(s.pair()?),
-            other => return Err(not_allowed(other)),
-        }
-    }
+    each_property!(r, s, {
+        SUBSCRIPTION_IDENTIFIER => set(&mut sub_id, subscription_identifier(&mut s)?)?,
+        USER_PROPERTY => user.push(s.pair()?),
+    });
     Ok((sub_id, user))
 }
 
 /// UNSUBSCRIBE properties (spec 5.0 §3.10.2.1): User Property only.
 pub(in super::super) fn unsubscribe(r: &mut Reader) -> Result<UserProperties> {
     let mut user = UserProperties::new();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            USER_PROPERTY => user.push(s.pair()?),
-            other => return Err(not_allowed(other)),
-        }
-    }
+    each_property!(r, s, {
+        USER_PROPERTY => user.push(s.pair()?),
+    });
     Ok(user)
 }
 
 /// DISCONNECT properties (spec 5.0 §3.14.2.2).
 pub(in super::super) fn disconnect(r: &mut Reader) -> Result<DisconnectProperties> {
     let mut p = DisconnectProperties::default();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            SESSION_EXPIRY_INTERVAL => set(&mut p.session_expiry_interval, s.u32()?)?,
-            REASON_STRING => set(&mut p.reason_string, s.string()?)?,
-            USER_PROPERTY => p.user_properties.push(s.pair()?),
-            SERVER_REFERENCE => set(&mut p.server_reference, s.string()?)?,
-            other => return Err(not_allowed(other)),
-        }
-    }
+    each_property!(r, s, {
+        SESSION_EXPIRY_INTERVAL => set(&mut p.session_expiry_interval, s.u32()?)?,
+        REASON_STRING => set(&mut p.reason_string, s.string()?)?,
+        USER_PROPERTY => p.user_properties.push(s.pair()?),
+        SERVER_REFERENCE => set(&mut p.server_reference, s.string()?)?,
+    });
     Ok(p)
 }
 
 /// AUTH properties (spec 5.0 §3.15.2.2).
 pub(in super::super) fn auth(r: &mut Reader) -> Result<AuthProperties> {
     let mut p = AuthProperties::default();
-    let mut s = r.section()?;
-    while !s.is_empty() {
-        match s.varint()? {
-            AUTHENTICATION_METHOD => set(&mut p.authentication_method, s.string()?)?,
-            AUTHENTICATION_DATA => set(&mut p.authentication_data, s.binary()?)?,
-            REASON_STRING => set(&mut p.reason_string, s.string()?)?,
-            USER_PROPERTY => p.user_properties.push(s.pair()?),
-            other => return Err(not_allowed(other)),
-        }
-    }
+    each_property!(r, s, {
+        AUTHENTICATION_METHOD => set(&mut p.authentication_method, s.string()?)?,
+        AUTHENTICATION_DATA => set(&mut p.authentication_data, s.binary()?)?,
+        REASON_STRING => set(&mut p.reason_string, s.string()?)?,
+        USER_PROPERTY => p.user_properties.push(s.pair()?),
+    });
     Ok(p)
 }

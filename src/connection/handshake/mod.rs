@@ -159,14 +159,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             Some(identity) => connect.username = Some(ByteString::from(&**identity)),
             None => {
                 let why = "no client certificate to take the user name from";
-                return reject(
-                    io,
-                    &broker.metrics,
-                    version,
-                    ReasonCode::NOT_AUTHORIZED,
-                    Some((why, &connect)),
-                )
-                .await;
+                let code = ReasonCode::NOT_AUTHORIZED;
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
         }
         tracing::info!(%peer, username = ?connect.username, "user name from the TLS certificate");
@@ -542,11 +536,13 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         match cluster
             .claim(
                 broker,
-                &admitted.client_id,
-                connect.clean_start,
-                expiry_interval,
-                connect.will.as_ref(),
-                &owner,
+                crate::broker::ClaimRequest {
+                    client_id: &admitted.client_id,
+                    clean_start: connect.clean_start,
+                    expiry_interval,
+                    will: connect.will.as_ref(),
+                    owner: &owner,
+                },
             )
             .await
         {
@@ -567,14 +563,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             Err(refused) => {
                 tracing::info!(%peer, client = %admitted.client_id, %refused, "refusing CONNECT: the cluster cannot claim the session");
                 let why = "the cluster cannot take the session now";
-                return reject(
-                    io,
-                    &broker.metrics,
-                    version,
-                    ReasonCode::SERVER_UNAVAILABLE,
-                    Some((why, &connect)),
-                )
-                .await;
+                let code = ReasonCode::SERVER_UNAVAILABLE;
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
         }
     }
@@ -609,14 +599,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 // Discarded: a CONNACK with a session missing what it held would lose it.
                 tracing::info!(%peer, client = %attached.handle.client_id(), "refusing CONNECT: the session could not be rebuilt from the cluster");
                 let why = "the cluster cannot rebuild the session now";
-                return reject(
-                    io,
-                    &broker.metrics,
-                    version,
-                    ReasonCode::SERVER_UNAVAILABLE,
-                    Some((why, &connect)),
-                )
-                .await;
+                let code = ReasonCode::SERVER_UNAVAILABLE;
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
             attached.session_present = true;
         }

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// The `i`th of a run of small, distinct updates (one retained topic deleted): what the
+/// batching tests submit many of.
+fn numbered_op(i: u64) -> Vec<Op> {
+    vec![Op::DeleteRetained {
+        topic: bs(&i.to_string()),
+    }]
+}
+
 #[test]
 fn group_commit_batches_many_submits_into_few_commits() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -48,23 +56,14 @@ fn group_commit_batches_many_submits_into_few_commits() {
 
 #[test]
 fn batches_respect_max_batch_ops() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = open_at(
-        dir.path(),
-        LogOptions {
-            max_batch_ops: 10,
-            fsync: FsyncPolicy::Never,
-            ..opts()
-        },
-    );
+    let (_dir, store) = fresh_store(LogOptions {
+        max_batch_ops: 10,
+        fsync: FsyncPolicy::Never,
+        ..opts()
+    });
     let mut last = 0;
     for i in 0..300u64 {
-        last = store
-            .submit(vec![Op::DeleteRetained {
-                topic: bs(&i.to_string()),
-            }])
-            .expect("submit")
-            .ticket;
+        last = store.submit(numbered_op(i)).expect("submit").ticket;
     }
     block_on((&store as &dyn Store).wait_durable(last)).expect("durable");
     let stats = store.stats();
@@ -74,23 +73,14 @@ fn batches_respect_max_batch_ops() {
 
 #[test]
 fn commit_window_collects_more_per_batch() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = open_at(
-        dir.path(),
-        LogOptions {
-            commit_window: Duration::from_millis(50),
-            ..opts()
-        },
-    );
+    let (_dir, store) = fresh_store(LogOptions {
+        commit_window: Duration::from_millis(50),
+        ..opts()
+    });
     let start = Instant::now();
     let mut last = 0;
     for i in 0..20u64 {
-        last = store
-            .submit(vec![Op::DeleteRetained {
-                topic: bs(&i.to_string()),
-            }])
-            .expect("submit")
-            .ticket;
+        last = store.submit(numbered_op(i)).expect("submit").ticket;
         std::thread::sleep(Duration::from_millis(1));
     }
     block_on((&store as &dyn Store).wait_durable(last)).expect("durable");
@@ -103,23 +93,14 @@ fn commit_window_collects_more_per_batch() {
 
 #[test]
 fn interval_policy_syncs_on_a_timer() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = open_at(
-        dir.path(),
-        LogOptions {
-            fsync: FsyncPolicy::Interval,
-            fsync_interval: Duration::from_millis(30),
-            ..opts()
-        },
-    );
+    let (_dir, store) = fresh_store(LogOptions {
+        fsync: FsyncPolicy::Interval,
+        fsync_interval: Duration::from_millis(30),
+        ..opts()
+    });
     let mut last = 0;
     for i in 0..50u64 {
-        last = commit(
-            &store,
-            vec![Op::DeleteRetained {
-                topic: bs(&i.to_string()),
-            }],
-        );
+        last = commit(&store, numbered_op(i));
     }
     assert_eq!(store.stats().durable_ticket, last);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -133,15 +114,11 @@ fn interval_policy_syncs_on_a_timer() {
 
 #[test]
 fn queue_full_is_reported_with_the_ops_handed_back() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = open_at(
-        dir.path(),
-        LogOptions {
-            queue_capacity_ops: 4,
-            max_batch_ops: 4,
-            ..opts()
-        },
-    );
+    let (_dir, store) = fresh_store(LogOptions {
+        queue_capacity_ops: 4,
+        max_batch_ops: 4,
+        ..opts()
+    });
     let op = Op::DeleteRetained { topic: bs("t") };
     let deadline = Instant::now() + Duration::from_secs(10);
     let rejected = loop {

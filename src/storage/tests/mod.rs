@@ -127,6 +127,14 @@ fn open_at(dir: &Path, opts: LogOptions) -> LogStore {
     LogStore::open(dir, opts).expect("open store")
 }
 
+/// A store opened with `opts` in a fresh directory, returned with it: keep the directory for
+/// as long as the store (tests that never reopen it need nothing else from it).
+fn fresh_store(opts: LogOptions) -> (tempfile::TempDir, LogStore) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open_at(dir.path(), opts);
+    (dir, store)
+}
+
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_time()

@@ -33,6 +33,34 @@ fn user(k: &'static str, v: &'static str) -> UserProperties {
     vec![(s(k), s(v))]
 }
 
+/// A CONNECT with no will, no credentials, default properties and no bridge flag: the base
+/// every CONNECT vector starts from, so each vector shows only the fields it sets.
+fn connect(
+    protocol: ProtocolVersion,
+    clean_start: bool,
+    keep_alive: u16,
+    client_id: &'static str,
+) -> Connect {
+    Connect {
+        protocol,
+        clean_start,
+        keep_alive,
+        client_id: s(client_id),
+        will: None,
+        username: None,
+        password: None,
+        properties: ConnectProperties::default(),
+        bridge: false,
+    }
+}
+
+/// [`both`] for a CONNECT, plus the decode before the handshake, where the CONNECT's own
+/// protocol level decides (MQTT-3.1.0-1) and must give the same packet.
+fn both_connect(bytes: &[u8], version: ProtocolVersion, c: Connect) {
+    both(bytes, version, Packet::Connect(Box::new(c.clone())));
+    assert_eq!(dec(bytes, None), Ok(Packet::Connect(Box::new(c))));
+}
+
 #[test]
 fn connect_v3_1_minimal() {
     #[rustfmt::skip]
@@ -42,20 +70,8 @@ fn connect_v3_1_minimal() {
         0x02, 0x00, 0x3C,
         0x00, 0x02, b'c', b'1',
     ];
-    let c = Connect {
-        protocol: V3,
-        clean_start: true,
-        keep_alive: 60,
-        client_id: s("c1"),
-        will: None,
-        username: None,
-        password: None,
-        properties: ConnectProperties::default(),
-        bridge: false,
-    };
-    both(&bytes, V3, Packet::Connect(Box::new(c.clone())));
-    // Before the handshake the CONNECT's own level decides (MQTT-3.1.0-1).
-    assert_eq!(dec(&bytes, None), Ok(Packet::Connect(Box::new(c))));
+    let c = connect(V3, true, 60, "c1");
+    both_connect(&bytes, V3, c);
 }
 
 #[test]
@@ -72,10 +88,6 @@ fn connect_v3_1_1_all_flags() {
         0x00, 0x01, b'p',
     ];
     let c = Connect {
-        protocol: V4,
-        clean_start: true,
-        keep_alive: 10,
-        client_id: s("c"),
         will: Some(LastWill {
             topic: s("w"),
             payload: b(b"x"),
@@ -85,11 +97,9 @@ fn connect_v3_1_1_all_flags() {
         }),
         username: Some(s("u")),
         password: Some(b(b"p")),
-        properties: ConnectProperties::default(),
-        bridge: false,
+        ..connect(V4, true, 10, "c")
     };
-    both(&bytes, V4, Packet::Connect(Box::new(c.clone())));
-    assert_eq!(dec(&bytes, None), Ok(Packet::Connect(Box::new(c))));
+    both_connect(&bytes, V4, c);
 }
 
 #[test]
@@ -110,10 +120,6 @@ fn connect_v5_with_properties_and_will() {
         0x00, 0x01, b'p',
     ];
     let c = Connect {
-        protocol: V5,
-        clean_start: true,
-        keep_alive: 10,
-        client_id: s("c1"),
         will: Some(LastWill {
             topic: s("t"),
             payload: b(b"hi"),
@@ -132,10 +138,9 @@ fn connect_v5_with_properties_and_will() {
             user_properties: user("k", "v"),
             ..Default::default()
         },
-        bridge: false,
+        ..connect(V5, true, 10, "c1")
     };
-    both(&bytes, V5, Packet::Connect(Box::new(c.clone())));
-    assert_eq!(dec(&bytes, None), Ok(Packet::Connect(Box::new(c))));
+    both_connect(&bytes, V5, c);
 }
 
 #[test]
@@ -149,15 +154,8 @@ fn connect_v5_password_without_user_name_is_allowed() {
         0x00, 0x00,
     ];
     let c = Connect {
-        protocol: V5,
-        clean_start: false,
-        keep_alive: 0,
-        client_id: s(""),
-        will: None,
-        username: None,
         password: Some(Bytes::new()),
-        properties: ConnectProperties::default(),
-        bridge: false,
+        ..connect(V5, false, 0, "")
     };
     both(&bytes, V5, Packet::Connect(Box::new(c)));
 }
@@ -174,18 +172,10 @@ fn connect_bridge_flag_3_x() {
         0x00, 0x03, b'b', b'r', b'1',
     ];
     let c = Connect {
-        protocol: V4,
-        clean_start: false,
-        keep_alive: 60,
-        client_id: s("br1"),
-        will: None,
-        username: None,
-        password: None,
-        properties: ConnectProperties::default(),
         bridge: true,
+        ..connect(V4, false, 60, "br1")
     };
-    both(&v311, V4, Packet::Connect(Box::new(c.clone())));
-    assert_eq!(dec(&v311, None), Ok(Packet::Connect(Box::new(c))));
+    both_connect(&v311, V4, c);
     #[rustfmt::skip]
     let v31 = [
         0x10, 0x11,
@@ -194,18 +184,10 @@ fn connect_bridge_flag_3_x() {
         0x00, 0x03, b'b', b'r', b'1',
     ];
     let c = Connect {
-        protocol: V3,
-        clean_start: true,
-        keep_alive: 60,
-        client_id: s("br1"),
-        will: None,
-        username: None,
-        password: None,
-        properties: ConnectProperties::default(),
         bridge: true,
+        ..connect(V3, true, 60, "br1")
     };
-    both(&v31, V3, Packet::Connect(Box::new(c.clone())));
-    assert_eq!(dec(&v31, None), Ok(Packet::Connect(Box::new(c.clone()))));
+    both_connect(&v31, V3, c.clone());
     assert_eq!(peek_connect_version(&v31), Some(V3));
     assert_eq!(peek_connect_version(&v311), Some(V4));
     // Without the flag, the same CONNECT is an ordinary client's.
@@ -220,15 +202,8 @@ fn connect_bridge_flag_3_x() {
 #[test]
 fn connect_bridge_flag_is_not_encoded_at_5() {
     let c = Connect {
-        protocol: V5,
-        clean_start: true,
-        keep_alive: 0,
-        client_id: s("b"),
-        will: None,
-        username: None,
-        password: None,
-        properties: ConnectProperties::default(),
         bridge: true,
+        ..connect(V5, true, 0, "b")
     };
     let bytes = enc(&Packet::Connect(Box::new(c)), V5);
     assert_eq!(bytes[8], 0x05);
