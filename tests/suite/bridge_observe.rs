@@ -357,40 +357,10 @@ async fn the_page_hides_bridges_when_none_are_configured() {
     server.shutdown().await;
 }
 
-/// The status page's DOM after its script ran, from a headless Chromium (as in admin.rs).
+/// The status page's DOM after its script ran (`common::http::rendered_dom`), which must not
+/// show an error.
 async fn render_page(http: u16) -> String {
-    let url = format!("http://127.0.0.1:{http}/");
-    let output = tokio::task::spawn_blocking(move || {
-        let profile = tempfile::tempdir().expect("profile dir");
-        // `timeout` bounds the browser and kills it if it hangs.
-        std::process::Command::new("timeout")
-            .args(["-k", "5", "60", "chromium"])
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--virtual-time-budget=5000",
-                "--dump-dom",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg(&url)
-            .output()
-            .expect("run chromium (apt-get install chromium)")
-    })
-    .await
-    .expect("chromium task");
-    assert!(
-        output.status.success(),
-        "chromium failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let dom = String::from_utf8_lossy(&output.stdout).into_owned();
+    let dom = common::http::rendered_dom(&format!("http://127.0.0.1:{http}/"), 5000).await;
     assert!(
         dom.contains("id=\"error\"></span>"),
         "the page reported an error:\n{dom}"
