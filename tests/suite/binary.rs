@@ -96,10 +96,12 @@ fn port_flag_overrides_the_config() {
     terminate(child);
 }
 
-/// Runs the binary on a config file with `contents`; it must refuse to start. Returns its
-/// stderr and the file's path (for the `file:line` the error must name).
-fn refused_config(dir: &std::path::Path, contents: &str) -> (String, String) {
-    let path = dir.join("config.toml");
+/// Runs the binary on a config file with `contents` (in a temporary directory of its own); it
+/// must refuse to start. Returns its stderr and the file's path (for the `file:line` the error
+/// must name).
+fn refused_config(contents: &str) -> (String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.toml");
     std::fs::write(&path, contents).expect("write config");
     let out = Command::new(BIN)
         .args(["-c", path.to_str().expect("utf8")])
@@ -112,17 +114,13 @@ fn refused_config(dir: &std::path::Path, contents: &str) -> (String, String) {
 
 #[test]
 fn invalid_config_names_key_and_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (err, _) = refused_config(
-        dir.path(),
-        "[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n",
-    );
+    let (err, _) = refused_config("[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n");
     assert!(
         err.contains("mqtt.max_qos") && err.contains(":5"),
         "error names key and line: {err}"
     );
 
-    let (err, _) = refused_config(dir.path(), "[mqtt]\nmax_inflight = 3\n");
+    let (err, _) = refused_config("[mqtt]\nmax_inflight = 3\n");
     assert!(
         err.contains("max_inflight") && err.contains(":2"),
         "unknown key is named with its line: {err}"
@@ -221,9 +219,7 @@ fn port_clash_from_flags_is_a_config_error_naming_both() {
 
 #[test]
 fn duplicate_listener_names_name_file_line_and_key() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let (err, path) = refused_config(
-        dir.path(),
         "[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n\n[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n",
     );
     assert!(

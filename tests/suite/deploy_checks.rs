@@ -66,6 +66,18 @@ fn promtool(args: &[&str]) -> Output {
         .expect("promtool is installed (apt-get install prometheus)")
 }
 
+/// `promtool COMMAND` (e.g. "check rules") on the repository file `rel`, which must succeed:
+/// what it said (stdout and stderr), for the checks that look further into it.
+fn promtool_on(command: &str, rel: &str) -> String {
+    let path = repo_path(rel);
+    let mut args: Vec<&str> = command.split(' ').collect();
+    args.push(path.to_str().expect("utf8"));
+    let out = promtool(&args);
+    let said = text(&out);
+    assert!(out.status.success(), "promtool {command}: {said}");
+    said
+}
+
 /// The alerting rules of `deploy/prometheus/postbox-rules.yml`, every group's.
 pub(crate) fn alert_rules() -> Vec<Yaml> {
     let docs = yaml("deploy/prometheus/postbox-rules.yml");
@@ -130,27 +142,19 @@ pub(crate) fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn promtool_accepts_the_config_and_its_rule_file() {
-    let config = repo_path("deploy/prometheus/prometheus.yml");
-    let out = promtool(&["check", "config", config.to_str().expect("utf8")]);
-    let said = text(&out);
-    assert!(out.status.success(), "promtool check config: {said}");
+    let said = promtool_on("check config", "deploy/prometheus/prometheus.yml");
     // The config loads the rules (`rule_files`), and check config checked them too.
     assert!(said.contains("SUCCESS: 1 rule files found"), "{said}");
     assert!(said.contains("postbox-rules.yml"), "{said}");
 
-    let rules = repo_path("deploy/prometheus/postbox-rules.yml");
-    let out = promtool(&["check", "rules", rules.to_str().expect("utf8")]);
-    assert!(out.status.success(), "promtool check rules: {}", text(&out));
+    promtool_on("check rules", "deploy/prometheus/postbox-rules.yml");
 }
 
 /// Each alert fires on a series that should fire it and not on a normal one
 /// (deploy/prometheus/postbox-rules.test.yml, promtool's rule unit tests).
 #[test]
 fn promtool_rule_unit_tests_pass() {
-    let tests = repo_path("deploy/prometheus/postbox-rules.test.yml");
-    let out = promtool(&["test", "rules", tests.to_str().expect("utf8")]);
-    let said = text(&out);
-    assert!(out.status.success(), "promtool test rules: {said}");
+    let said = promtool_on("test rules", "deploy/prometheus/postbox-rules.test.yml");
     assert!(said.contains("SUCCESS"), "{said}");
 }
 

@@ -140,6 +140,14 @@ fn file_of(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// A new temporary directory and the path of a `passwd` file in it (not yet written): where
+/// every password-file test starts. The directory lives as long as the returned guard.
+fn passwd_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = file_of(dir.path(), "passwd");
+    (dir, file)
+}
+
 /// Every `postbox_auth_failures_total` series of a `/metrics` scrape, by its labels.
 fn auth_failures(metrics: u16) -> std::collections::BTreeMap<String, f64> {
     http_get(metrics, "/metrics")
@@ -176,8 +184,7 @@ fn moved(
 /// log, which the operator reads, still tells them apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_do_not_tell_a_wrong_password_from_an_unknown_user() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     postbox_passwd(&[
         "-c",
@@ -218,8 +225,7 @@ async fn metrics_do_not_tell_a_wrong_password_from_an_unknown_user() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     // Every format this mosquitto_passwd (2.0) writes: `-H sha512` ($6$) and `-H
     // sha512-pbkdf2` ($7$, its default).
@@ -317,8 +323,7 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postbox_passwd_round_trip_is_accepted_by_the_broker() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     postbox_passwd(&["-c", "-b", f, "u1", "p1"]);
     postbox_passwd(&["-b", f, "u2", "p2"]);
@@ -367,8 +372,7 @@ async fn postbox_passwd_round_trip_is_accepted_by_the_broker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_file_and_a_broken_one_keeps_the_old() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     postbox_passwd(&["-c", "-b", "--iterations", "1000", f, "alice", "a"]);
     let s = setup(dir.path(), &file, 4096);
