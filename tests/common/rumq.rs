@@ -3,6 +3,7 @@
 // every test crate uses every helper.
 #![allow(dead_code, unreachable_pub)]
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -10,6 +11,61 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::WAIT;
+
+/// One poll of a rumqttc event loop (the v4 and v5 APIs have separate types, with the same
+/// shape): the incoming packet, `None` for any other event, `Err` when the connection ended.
+trait Incoming: Send + 'static {
+    type Packet: Send + 'static;
+    fn incoming(&mut self) -> impl Future<Output = Result<Option<Self::Packet>, ()>> + Send;
+}
+
+impl Incoming for rumqttc::EventLoop {
+    type Packet = rumqttc::Packet;
+    async fn incoming(&mut self) -> Result<Option<rumqttc::Packet>, ()> {
+        match self.poll().await {
+            Ok(rumqttc::Event::Incoming(p)) => Ok(Some(p)),
+            Ok(_) => Ok(None),
+            Err(_) => Err(()),
+        }
+    }
+}
+
+impl Incoming for rumqttc::v5::EventLoop {
+    type Packet = P5;
+    async fn incoming(&mut self) -> Result<Option<P5>, ()> {
+        match self.poll().await {
+            Ok(rumqttc::v5::Event::Incoming(p)) => Ok(Some(p)),
+            Ok(_) => Ok(None),
+            Err(_) => Err(()),
+        }
+    }
+}
+
+/// Drives `eventloop` in a task that forwards every incoming packet, then `None` once the
+/// connection ends (and stops when the receiver is gone): the one event pump of [`V4`] and
+/// [`V5`].
+fn pump<L: Incoming>(
+    mut eventloop: L,
+) -> (mpsc::UnboundedReceiver<Option<L::Packet>>, JoinHandle<()>) {
+    let (tx, events) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        loop {
+            match eventloop.incoming().await {
+                Ok(Some(p)) => {
+                    if tx.send(Some(p)).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(()) => {
+                    let _ = tx.send(None);
+                    return;
+                }
+            }
+        }
+    });
+    (events, task)
+}
 
 /// A 3.1.1 client (rumqttc v4 API).
 pub struct V4 {
@@ -30,24 +86,8 @@ impl V4 {
 
     /// Connects with custom options and waits for CONNACK.
     pub async fn connect_with(options: rumqttc::MqttOptions) -> V4 {
-        let (client, mut eventloop) = rumqttc::AsyncClient::new(options, 1000);
-        let (tx, events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(rumqttc::Event::Incoming(p)) => {
-                        if tx.send(Some(p)).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        let _ = tx.send(None);
-                        return;
-                    }
-                }
-            }
-        });
+        let (client, eventloop) = rumqttc::AsyncClient::new(options, 1000);
+        let (events, task) = pump(eventloop);
         let mut c = V4 {
             client,
             events,
@@ -162,24 +202,8 @@ impl V5 {
 
     /// Connects with custom options and waits for CONNACK.
     pub async fn connect_with(options: rumqttc::v5::MqttOptions) -> V5 {
-        let (client, mut eventloop) = rumqttc::v5::AsyncClient::new(options, 1000);
-        let (tx, mut events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(rumqttc::v5::Event::Incoming(p)) => {
-                        if tx.send(Some(p)).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        let _ = tx.send(None);
-                        return;
-                    }
-                }
-            }
-        });
+        let (client, eventloop) = rumqttc::v5::AsyncClient::new(options, 1000);
+        let (mut events, task) = pump(eventloop);
         let connack = match tokio::time::timeout(WAIT, events.recv()).await {
             Ok(Some(Some(P5::ConnAck(ack)))) => ack,
             other => panic!("expected CONNACK, got {other:?}"),
