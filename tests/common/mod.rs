@@ -338,6 +338,47 @@ pub fn dev_ca_connector() -> tokio_rustls::TlsConnector {
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
 }
 
+/// Runs `openssl ARGS`, which must succeed, and returns its stdout: the one copy of the
+/// run-and-check for the tests that make keys, certificates and signatures on the fly.
+pub fn openssl(args: &[&str]) -> Vec<u8> {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl is installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// A new P-256 key at `key` and a certificate for it signed by itself at `pem` (subject
+/// `/CN=cn`, valid `days`, then `extra` arguments such as `-addext`), by `openssl req -x509`:
+/// a CA or server certificate of a test's own.
+pub fn self_signed_p256(key: &str, pem: &str, cn: &str, days: u32, extra: &[&str]) {
+    let (days, subject) = (days.to_string(), format!("/CN={cn}"));
+    let mut args = vec![
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        key,
+        "-out",
+        pem,
+        "-days",
+        &days,
+        "-subj",
+        &subject,
+    ];
+    args.extend_from_slice(extra);
+    openssl(&args);
+}
+
 /// The users of `config/passwd.example` (sensor1, sensor2, dashboard; password
 /// `<user>-secret`) hashed with 101 PBKDF2 iterations instead of 210 000, written to
 /// `dir/passwd`: a broker in a debug build verifies a login at once, so tests that log in
