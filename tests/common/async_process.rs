@@ -143,6 +143,28 @@ impl BrokerProcess {
         assert!(status.success(), "{status}");
     }
 
+    /// Connects each of `connects` (each must be accepted), stops the broker gracefully while
+    /// they are connected, so that their delayed wills are stored at shutdown, and starts it
+    /// again on one listener with `sections` (the same data directory): how the will-delay
+    /// tests get a restarted broker that owes wills.
+    pub async fn restart_while_connected(
+        mut self,
+        connects: Vec<postbox::codec::Connect>,
+        sections: &str,
+    ) -> BrokerProcess {
+        let mut armed = Vec::new();
+        for connect in connects {
+            let id = connect.client_id.clone();
+            let (c, ack) = super::v5::connect(self.addr, connect).await;
+            assert_eq!(ack.reason_code, postbox::codec::ReasonCode::SUCCESS, "{id}");
+            armed.push(c);
+        }
+        // Stopped while they are connected: their delayed wills are stored for after it.
+        self.stop().await;
+        drop(armed);
+        BrokerProcess::spawn_sections(&[""], sections).await
+    }
+
     /// Waits (bounded by `limit`) for the process to exit and returns its status and how long
     /// it took from the call.
     pub async fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
