@@ -16,6 +16,19 @@ fn spawn_broker(args: &[&str]) -> Broker {
     Broker::start_args(args, &[])
 }
 
+/// The flags that run the embedded default config (no file) with MQTT on port `mqtt`, metrics
+/// on `metrics` and its store in `dir`: how the tests start a broker from flags alone.
+fn default_config_flags(mqtt: u16, metrics: u16, dir: &std::path::Path) -> [String; 6] {
+    [
+        "-p".into(),
+        mqtt.to_string(),
+        "--metrics-port".into(),
+        metrics.to_string(),
+        "--data-dir".into(),
+        dir.to_str().expect("utf8").into(),
+    ]
+}
+
 /// SIGTERM, as systemd and container runtimes send it; the exit (bounded).
 fn terminate(broker: Broker) -> std::process::ExitStatus {
     broker.terminate()
@@ -158,14 +171,8 @@ fn metrics_port_flag_lets_two_brokers_run_side_by_side() {
     let mut brokers = Vec::new();
     for dir in &dirs {
         let (mqtt, metrics) = (free_port(), free_port());
-        let child = spawn_broker(&[
-            "-p",
-            &mqtt.to_string(),
-            "--metrics-port",
-            &metrics.to_string(),
-            "--data-dir",
-            dir.path().to_str().expect("utf8"),
-        ]);
+        let flags = default_config_flags(mqtt, metrics, dir.path());
+        let child = spawn_broker(&flags.each_ref().map(String::as_str));
         brokers.push((child, mqtt, metrics));
     }
     for (_, mqtt, metrics) in &brokers {
@@ -390,15 +397,9 @@ fn one_file_serves_two_nodes_named_by_flag_and_environment() {
 fn the_open_default_warns_that_anyone_may_connect() {
     let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
+    let flags = default_config_flags(mqtt, metrics, dir.path());
     let (child, line) = spawn_until(
-        &[
-            "-p",
-            &mqtt.to_string(),
-            "--metrics-port",
-            &metrics.to_string(),
-            "--data-dir",
-            dir.path().to_str().expect("utf8"),
-        ],
+        &flags.each_ref().map(String::as_str),
         &[],
         "no authentication method is configured",
     );

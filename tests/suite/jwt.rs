@@ -33,6 +33,20 @@ pub(crate) fn now() -> u64 {
         .as_secs()
 }
 
+/// A new 2048-bit RSA private key at `path` (`openssl genpkey`): a key the broker does not
+/// know yet.
+fn new_rsa_key(path: &Path) {
+    common::openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        path.to_str().expect("utf8"),
+    ]);
+}
+
 /// An RS256 token for `claims`, signed by `openssl dgst -sha256 -sign KEY`.
 pub(crate) fn rs256(key: &Path, claims: &str) -> String {
     let signing_input = format!(
@@ -148,15 +162,7 @@ async fn expired_foreign_and_mismatched_tokens_are_refused() {
     // Signed by a key the broker does not trust.
     let dir = tempfile::tempdir().expect("tempdir");
     let other = dir.path().join("other.key");
-    common::openssl(&[
-        "genpkey",
-        "-algorithm",
-        "RSA",
-        "-pkeyopt",
-        "rsa_keygen_bits:2048",
-        "-out",
-        other.to_str().expect("utf8"),
-    ]);
+    new_rsa_key(&other);
     let foreign = rs256(&other, &format!(r#"{{"sub":"s1","exp":{}}}"#, now() + 300));
     assert_eq!(
         connack_v5(&broker, None, &foreign).await,
@@ -462,20 +468,15 @@ async fn a_key_rotation_disconnects_the_old_keys_clients() {
     std::fs::copy(jwt_dir().join("rsa.pub"), &key_file).expect("copy the key");
     let new_key = dir.path().join("new.key");
     let new_pub = dir.path().join("new.pub");
-    let (new_key_path, new_pub_path) = (
-        new_key.to_str().expect("utf-8"),
-        new_pub.to_str().expect("utf-8"),
-    );
+    new_rsa_key(&new_key);
     common::openssl(&[
-        "genpkey",
-        "-algorithm",
-        "RSA",
-        "-pkeyopt",
-        "rsa_keygen_bits:2048",
+        "pkey",
+        "-pubout",
+        "-in",
+        new_key.to_str().expect("utf-8"),
         "-out",
-        new_key_path,
+        new_pub.to_str().expect("utf-8"),
     ]);
-    common::openssl(&["pkey", "-pubout", "-in", new_key_path, "-out", new_pub_path]);
     let broker = BrokerProcess::spawn(
         "",
         &format!(

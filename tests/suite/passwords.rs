@@ -109,16 +109,23 @@ fn sighup(broker: &Broker) {
     broker.signal(libc::SIGHUP);
 }
 
+/// `TOOL -h 127.0.0.1 -p PORT -V VERSION` (`mosquitto_pub` or `mosquitto_sub`) aimed at the
+/// broker on `addr`: the one place the tests point Mosquitto's clients at it.
+fn mosquitto_client(tool: &str, addr: SocketAddr, version: &str) -> Command {
+    let mut command = Command::new(tool);
+    command.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &addr.port().to_string(),
+        "-V",
+        version,
+    ]);
+    command
+}
+
 fn mosquitto_pub(addr: SocketAddr, version: &str, args: &[&str]) -> Output {
-    Command::new("mosquitto_pub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &addr.port().to_string(),
-            "-V",
-            version,
-        ])
+    mosquitto_client("mosquitto_pub", addr, version)
         .args(["-t", "pw/test", "-m", "hello", "-q", "1"])
         .args(args)
         .output()
@@ -380,15 +387,7 @@ async fn sighup_reloads_the_file_and_a_broken_one_keeps_the_old() {
     let addr = s.config.mqtt;
 
     // An established client, subscribed with its password.
-    let sub = tokio::process::Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &addr.port().to_string(),
-            "-V",
-            "mqttv5",
-        ])
+    let sub = tokio::process::Command::from(mosquitto_client("mosquitto_sub", addr, "mqttv5"))
         .args([
             "-u", "alice", "-P", "a", "-i", "pw-sub", "-t", "pw/test", "-q", "1", "-C", "1",
         ])
