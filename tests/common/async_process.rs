@@ -242,11 +242,12 @@ pub async fn connect_from(source: Ipv4Addr, addr: SocketAddr) -> TcpStream {
     stream
 }
 
-/// Waits (bounded by `WAIT`) until the broker closes `stream`: end of stream or a reset,
-/// discarding anything it sends first. Panics if it stays open.
-pub async fn closed(stream: &mut TcpStream) {
+/// How long until the broker closes `stream` (end of stream or a reset), at most `limit`:
+/// `None` when it is still open then. What it sends first is read and dropped.
+pub async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = std::time::Instant::now();
     let mut buf = [0u8; 4096];
-    tokio::time::timeout(WAIT, async {
+    tokio::time::timeout(limit, async {
         loop {
             match stream.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
@@ -255,5 +256,14 @@ pub async fn closed(stream: &mut TcpStream) {
         }
     })
     .await
-    .expect("the broker closes the connection");
+    .ok()
+    .map(|()| started.elapsed())
+}
+
+/// Waits (bounded by `WAIT`) until the broker closes `stream`: end of stream or a reset,
+/// discarding anything it sends first. Panics if it stays open.
+pub async fn closed(stream: &mut TcpStream) {
+    closed_within(stream, WAIT)
+        .await
+        .expect("the broker closes the connection");
 }

@@ -139,3 +139,10 @@ pub async fn rendered_dom(url: &str, budget_ms: u32) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// The table row of a rendered DOM that starts at `marker` (an attribute such as
+/// `data-client="slow-sub"`), up to its `</tr>`; `None` when no row has it.
+pub fn table_row<'a>(dom: &'a str, marker: &str) -> Option<&'a str> {
+    let row = &dom[dom.find(marker)?..];
+    Some(&row[..row.find("</tr>").expect("row end")])
+}

@@ -338,19 +338,25 @@ pub fn dev_ca_connector() -> tokio_rustls::TlsConnector {
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
 }
 
-/// Runs `openssl ARGS`, which must succeed, and returns its stdout: the one copy of the
-/// run-and-check for the tests that make keys, certificates and signatures on the fly.
-pub fn openssl(args: &[&str]) -> Vec<u8> {
-    let out = std::process::Command::new("openssl")
-        .args(args)
+/// Runs `cmd`, which must start and succeed (else the panic names the command and shows its
+/// stderr): the one run-and-check for the tools the tests drive (openssl, `postbox passwd`,
+/// mosquitto_passwd).
+pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd
         .output()
-        .expect("openssl is installed");
+        .unwrap_or_else(|e| panic!("{cmd:?} does not run (is it installed?): {e}"));
     assert!(
         out.status.success(),
-        "openssl {args:?}: {}",
+        "{cmd:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    out.stdout
+    out
+}
+
+/// Runs `openssl ARGS`, which must succeed, and returns its stdout: for the tests that make
+/// keys, certificates and signatures on the fly.
+pub fn openssl(args: &[&str]) -> Vec<u8> {
+    run_ok(std::process::Command::new("openssl").args(args)).stdout
 }
 
 /// A new P-256 key at `key` and a certificate for it signed by itself at `pem` (subject

@@ -67,6 +67,35 @@ fn pump<L: Incoming>(
     (events, task)
 }
 
+/// The next packet from a client's event pump (`None`: the connection ended); panics after
+/// `WAIT`.
+async fn next_incoming<P>(events: &mut mpsc::UnboundedReceiver<Option<P>>) -> Option<P> {
+    tokio::time::timeout(WAIT, events.recv())
+        .await
+        .expect("timed out waiting for an event")
+        .flatten()
+}
+
+/// The first of the next packets that `pick` takes, the others skipped: every wait for an
+/// answer (SUBACK, an acknowledgement, a PUBLISH) of [`V4`] and [`V5`]. Panics if the
+/// connection ends first (naming `what`, the awaited packet) or a packet takes over `WAIT`.
+async fn next_picked<P, T>(
+    events: &mut mpsc::UnboundedReceiver<Option<P>>,
+    what: &str,
+    pick: impl Fn(P) -> Option<T>,
+) -> T {
+    loop {
+        match next_incoming(events).await {
+            Some(p) => {
+                if let Some(picked) = pick(p) {
+                    return picked;
+                }
+            }
+            None => panic!("connection ended while waiting for {what}"),
+        }
+    }
+}
+
 /// A 3.1.1 client (rumqttc v4 API).
 pub struct V4 {
     pub client: rumqttc::AsyncClient,
@@ -106,10 +135,7 @@ impl V4 {
 
     /// Next incoming packet (None: connection ended). Panics after `WAIT`.
     pub async fn next_event(&mut self) -> Option<rumqttc::Packet> {
-        tokio::time::timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for an event")
-            .flatten()
+        next_incoming(&mut self.events).await
     }
 
     /// Subscribes and waits for SUBACK; returns its return codes.
@@ -122,13 +148,11 @@ impl V4 {
             .subscribe(filter, qos)
             .await
             .expect("subscribe queued");
-        loop {
-            match self.next_event().await {
-                Some(rumqttc::Packet::SubAck(ack)) => return ack.return_codes,
-                Some(_) => {}
-                None => panic!("connection ended before SUBACK"),
-            }
-        }
+        next_picked(&mut self.events, "SUBACK", |p| match p {
+            rumqttc::Packet::SubAck(ack) => Some(ack.return_codes),
+            _ => None,
+        })
+        .await
     }
 
     /// Publishes; for QoS 1/2 waits for the broker's PUBACK / PUBCOMP.
@@ -145,24 +169,19 @@ impl V4 {
         if qos == rumqttc::QoS::AtMostOnce {
             return;
         }
-        loop {
-            match self.next_event().await {
-                Some(p) if done(&p) => return,
-                Some(_) => {}
-                None => panic!("connection ended before the publish was acknowledged"),
-            }
-        }
+        next_picked(&mut self.events, "the publish's acknowledgement", |p| {
+            done(&p).then_some(())
+        })
+        .await
     }
 
     /// Next PUBLISH, skipping other packets.
     pub async fn next_publish(&mut self) -> rumqttc::Publish {
-        loop {
-            match self.next_event().await {
-                Some(rumqttc::Packet::Publish(p)) => return p,
-                Some(_) => {}
-                None => panic!("connection ended while waiting for a PUBLISH"),
-            }
-        }
+        next_picked(&mut self.events, "a PUBLISH", |p| match p {
+            rumqttc::Packet::Publish(p) => Some(p),
+            _ => None,
+        })
+        .await
     }
 
     /// Sends DISCONNECT and waits for the event loop to end.
@@ -218,32 +237,25 @@ impl V5 {
 
     /// Next incoming packet (None: connection ended). Panics after `WAIT`.
     pub async fn next_event(&mut self) -> Option<P5> {
-        tokio::time::timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for an event")
-            .flatten()
+        next_incoming(&mut self.events).await
     }
 
     /// Next PUBLISH, skipping other packets.
     pub async fn next_publish(&mut self) -> rumqttc::v5::mqttbytes::v5::Publish {
-        loop {
-            match self.next_event().await {
-                Some(P5::Publish(p)) => return p,
-                Some(_) => {}
-                None => panic!("connection ended while waiting for a PUBLISH"),
-            }
-        }
+        next_picked(&mut self.events, "a PUBLISH", |p| match p {
+            P5::Publish(p) => Some(p),
+            _ => None,
+        })
+        .await
     }
 
     /// Waits for the next SUBACK.
     pub async fn suback(&mut self) -> rumqttc::v5::mqttbytes::v5::SubAck {
-        loop {
-            match self.next_event().await {
-                Some(P5::SubAck(ack)) => return ack,
-                Some(_) => {}
-                None => panic!("connection ended before SUBACK"),
-            }
-        }
+        next_picked(&mut self.events, "SUBACK", |p| match p {
+            P5::SubAck(ack) => Some(ack),
+            _ => None,
+        })
+        .await
     }
 
     /// Drops the connection without DISCONNECT.

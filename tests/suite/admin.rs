@@ -566,11 +566,8 @@ async fn the_status_page_renders_live_numbers_in_headless_chromium() {
     assert_eq!(shown("store-health"), "ok", "{dom}");
     assert_eq!(shown("error"), "", "{dom}");
     // The backlog table: slow-sub with 5 queued.
-    let at = dom
-        .find("data-client=\"slow-sub\"")
+    let row = common::http::table_row(&dom, "data-client=\"slow-sub\"")
         .unwrap_or_else(|| panic!("slow-sub not among the largest backlogs:\n{dom}"));
-    let row = &dom[at..];
-    let row = &row[..row.find("</tr>").expect("row end")];
     assert!(row.contains("<td class=\"num backlog\">5</td>"), "{row}");
     assert!(row.contains("<td>no</td>"), "offline: {row}");
 }

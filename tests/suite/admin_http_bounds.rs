@@ -12,7 +12,7 @@ use crate::common;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use common::async_process::{connect_from, BrokerProcess};
+use common::async_process::{closed_within, connect_from, BrokerProcess};
 use common::WAIT;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -32,24 +32,6 @@ fn host(n: u8) -> Ipv4Addr {
 
 fn http_addr(broker: &BrokerProcess) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, broker.metrics_port))
-}
-
-/// How long until the broker closes `stream` (EOF or reset), at most `limit`: `None` when it
-/// is still open then. What it sends first is read and dropped.
-async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
-    let started = Instant::now();
-    let mut buf = [0u8; 4096];
-    tokio::time::timeout(limit, async {
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .ok()
-    .map(|()| started.elapsed())
 }
 
 /// Whether `/metrics` answers a GET from 127.0.0.1 now.

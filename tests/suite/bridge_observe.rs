@@ -31,9 +31,10 @@ use crate::common::rumq::V4;
 const BRIDGE: &str = "cloud";
 const STATE_TOPIC: &str = "$SYS/broker/connection/cloud/state";
 
-/// A broker in memory on loopback with its HTTP listener on `http` and one bridge `cloud`
-/// (`notifications` as given) that never connects by itself.
-async fn start(http: u16, notifications: bool) -> RunningServer {
+/// A broker in memory on loopback with its HTTP listener on a free port (returned with it) and
+/// one bridge `cloud` (`notifications` as given) that never connects by itself.
+async fn start(notifications: bool) -> (RunningServer, u16) {
+    let http = free_port();
     let text = format!(
         r#"
 [listener]
@@ -56,7 +57,7 @@ qos = 1
 "#
     );
     let config = Config::from_toml_str(&text, "bridge_observe.toml").expect("valid config");
-    common::start_with(config).await
+    (common::start_with(config).await, http)
 }
 
 fn status(server: &RunningServer) -> &BridgeStatus {
@@ -92,8 +93,7 @@ async fn retained_state(port: u16) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_state_is_published_counted_and_listed() {
-    let http = free_port();
-    let server = start(http, true).await;
+    let (server, http) = start(true).await;
     let port = server.mqtt_addr.port();
     let bridge = status(&server);
 
@@ -226,8 +226,7 @@ async fn link_state_is_published_counted_and_listed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_notifications_nothing_is_published() {
-    let http = free_port();
-    let server = start(http, false).await;
+    let (server, http) = start(false).await;
     let port = server.mqtt_addr.port();
     let bridge = status(&server);
     // One SUBSCRIBE for both filters: a retained state would come right after the SUBACK,
@@ -266,8 +265,7 @@ async fn without_notifications_nothing_is_published() {
 /// queue gauges, the API and the status page show them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
-    let http = free_port();
-    let server = start(http, true).await;
+    let (server, http) = start(true).await;
     let link = Link::connect(&server.broker, LinkOptions::persistent("$bridge/cloud"));
     link.subscribe("sensors/#", QoS::AtLeastOnce)
         .expect("valid filter");
@@ -319,11 +317,8 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     server.bridges[0].forwarded(Flow::Out);
 
     let dom = render_page(http).await;
-    let at = dom
-        .find("data-bridge=\"cloud\"")
+    let row = common::http::table_row(&dom, "data-bridge=\"cloud\"")
         .unwrap_or_else(|| panic!("no bridge row in the status page:\n{dom}"));
-    let row = &dom[at..];
-    let row = &row[..row.find("</tr>").expect("row end")];
     assert!(row.contains("<td class=\"num queued\">3</td>"), "{row}");
     assert!(row.contains("<td class=\"link bad\">down</td>"), "{row}");
     assert!(

@@ -17,7 +17,7 @@ use postbox::codec::{Connect, Packet, ProtocolVersion};
 
 use crate::common::http::{http_get, sample};
 use crate::common::process::{free_port, Broker, BrokerConfig};
-use crate::common::{v5, RawClient, WAIT};
+use crate::common::{run_ok, v5, RawClient, WAIT};
 
 /// Two listeners: `tcp` follows `auth.allow_anonymous = false`, `local` lets anonymous in.
 struct Setup {
@@ -49,21 +49,13 @@ fn setup(dir: &Path, password_file: &Path, cache: usize) -> Setup {
     }
 }
 
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("command runs");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 fn postbox_passwd(args: &[&str]) -> Output {
-    run(Command::new(crate::common::process::BIN)
-        .arg("passwd")
-        .args(args)
-        .stdin(Stdio::null()))
+    run_ok(
+        Command::new(crate::common::process::BIN)
+            .arg("passwd")
+            .args(args)
+            .stdin(Stdio::null()),
+    )
 }
 
 /// The CONNACK reason code (v5) or return code (3.1.1, read from the raw bytes) a CONNECT
@@ -236,7 +228,7 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
     let f = file.to_str().expect("utf8");
     // Every format this mosquitto_passwd (2.0) writes: `-H sha512` ($6$) and `-H
     // sha512-pbkdf2` ($7$, its default).
-    run(Command::new("mosquitto_passwd").args([
+    run_ok(Command::new("mosquitto_passwd").args([
         "-H",
         "sha512",
         "-c",
@@ -245,7 +237,7 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
         "alice",
         "alice-secret",
     ]));
-    run(Command::new("mosquitto_passwd").args([
+    run_ok(Command::new("mosquitto_passwd").args([
         "-H",
         "sha512-pbkdf2",
         "-b",
@@ -253,7 +245,7 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
         "bob",
         "bob-secret",
     ]));
-    run(Command::new("mosquitto_passwd").args(["-b", f, "dave", "dave-secret"]));
+    run_ok(Command::new("mosquitto_passwd").args(["-b", f, "dave", "dave-secret"]));
     let text = std::fs::read_to_string(&file).expect("read");
     assert!(
         text.contains("alice:$6$") && text.contains("bob:$7$"),
@@ -501,10 +493,12 @@ fn shipped_password_files_survive_the_real_mosquitto_passwd() {
         let copy = dir.path().join("passwd");
         std::fs::write(&copy, &original).expect("copy");
 
-        let out = run(Command::new("mosquitto_passwd")
-            .arg("-b")
-            .arg(&copy)
-            .args(["newcomer", "newcomer-secret"]));
+        let out = run_ok(
+            Command::new("mosquitto_passwd")
+                .arg("-b")
+                .arg(&copy)
+                .args(["newcomer", "newcomer-secret"]),
+        );
         let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
         assert!(!said.contains("Corrupt"), "{}: {said}", file.display());
         let after = users(&std::fs::read_to_string(&copy).expect("read"));
@@ -518,10 +512,12 @@ fn shipped_password_files_survive_the_real_mosquitto_passwd() {
         assert!(after.iter().any(|(u, _)| u == "newcomer"));
 
         let gone = &before[0].0;
-        run(Command::new("mosquitto_passwd")
-            .arg("-D")
-            .arg(&copy)
-            .arg(gone));
+        run_ok(
+            Command::new("mosquitto_passwd")
+                .arg("-D")
+                .arg(&copy)
+                .arg(gone),
+        );
         let text = std::fs::read_to_string(&copy).expect("read");
         let left = users(&text);
         for (user, hash) in before.iter().skip(1) {

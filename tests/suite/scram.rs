@@ -476,15 +476,10 @@ fn a_bad_credentials_file_stops_start_up_naming_file_and_line_not_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postbox_passwd_scram_writes_lines_the_broker_accepts() {
     let passwd = |args: &[&str]| {
-        let out = std::process::Command::new(common::process::BIN)
-            .arg("passwd")
-            .args(args)
-            .output()
-            .expect("postbox passwd runs");
-        assert!(
-            out.status.success(),
-            "postbox passwd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        common::run_ok(
+            std::process::Command::new(common::process::BIN)
+                .arg("passwd")
+                .args(args),
         );
     };
     let s = start(&[]);
