@@ -242,6 +242,25 @@ pub async fn connect_from(source: Ipv4Addr, addr: SocketAddr) -> TcpStream {
     stream
 }
 
+/// Spawns a task that reads `stream` until the broker closes it (end of stream or a reset),
+/// however long that takes, then sends `i` on `closed`: for tests that watch many connections
+/// to see which ones the broker closes. Abort the task to stop watching.
+pub fn report_close(
+    mut stream: TcpStream,
+    i: usize,
+    closed: tokio::sync::mpsc::UnboundedSender<usize>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = closed.send(i);
+    })
+}
+
 /// How long until the broker closes `stream` (end of stream or a reset), at most `limit`:
 /// `None` when it is still open then. What it sends first is read and dropped.
 pub async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {

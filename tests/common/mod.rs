@@ -297,6 +297,33 @@ impl RawClient {
     }
 }
 
+/// Connects a clean 3.1.1 client `client_id` to `addr` and sends a QoS 1 PUBLISH of `payload`
+/// to `topic` (packet id `packet_id`) that the broker must refuse: 3.1.1 has no negative
+/// acknowledgement, so the connection must close with no PUBACK (`why` opens the failure
+/// message). The one copy of that check for every refusal (limits, budgets, a cluster down).
+pub async fn expect_v311_publish_refused(
+    addr: SocketAddr,
+    client_id: &str,
+    topic: &str,
+    payload: &[u8],
+    packet_id: u16,
+    why: &str,
+) {
+    let mut old = RawClient::connect(addr, ProtocolVersion::V3_1_1, client_id, true).await;
+    old.send(&Packet::Publish(v5::publish_packet(
+        topic,
+        codec::QoS::AtLeastOnce,
+        payload,
+        packet_id,
+    )))
+    .await;
+    let seen = old.expect_close().await;
+    assert!(
+        !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
+        "{why}: {seen:?}"
+    );
+}
+
 /// Subscribes `c` (a persistent session) to `filter` at `qos`, awaits the SUBACK and
 /// disconnects cleanly: a subscriber left offline, for what is published next to queue for
 /// it (the durability and crash tests' setup).

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use postbox::codec::{
-    Auth, AuthProperties, ConnAck, Connect, Disconnect, Packet, ProtocolVersion, PubResponse,
-    Publish, PublishProperties, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
+    Auth, AuthProperties, ConnAck, Connect, Disconnect, LastWill, Packet, ProtocolVersion,
+    PubResponse, Publish, PublishProperties, QoS, ReasonCode, SubAck, Subscribe,
+    SubscriptionOptions,
 };
 
 use super::RawClient;
@@ -30,6 +31,18 @@ pub fn persistent_connect(client_id: &str, expiry: u32) -> Connect {
     connect.clean_start = false;
     connect.properties.session_expiry_interval = Some(expiry);
     connect
+}
+
+/// A will message on `topic` with `payload`, `qos` and `retain`, and no properties (no delay):
+/// for a CONNECT's `will`.
+pub fn will(topic: &str, payload: &[u8], qos: QoS, retain: bool) -> LastWill {
+    LastWill {
+        topic: topic.into(),
+        payload: Bytes::copy_from_slice(payload),
+        qos,
+        retain,
+        properties: Default::default(),
+    }
 }
 
 /// Sends `connect` and returns the client with the broker's first answer (CONNACK, AUTH, or

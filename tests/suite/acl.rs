@@ -9,9 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use postbox::codec::{
-    LastWill, Packet, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions, WillProperties,
-};
+use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use postbox::server::RunningServer;
 
 use crate::common::{self, v5, RawClient, WAIT};
@@ -263,13 +261,7 @@ async fn will_to_a_denied_topic_is_never_delivered() {
         ("sensors/alice/will", "allowed-will"),
     ] {
         let mut connect = connect_packet(V5, "a1", Some("alice"));
-        connect.will = Some(LastWill {
-            topic: topic.into(),
-            payload: payload.as_bytes().to_vec().into(),
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            properties: WillProperties::default(),
-        });
+        connect.will = Some(v5::will(topic, payload.as_bytes(), QoS::AtLeastOnce, false));
         let (c, first) = v5::open(server.mqtt_addr, connect).await;
         assert!(
             matches!(first, Some(Packet::ConnAck(ref a)) if a.reason_code.0 == 0),

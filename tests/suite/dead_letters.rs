@@ -11,8 +11,7 @@
 use std::time::{Duration, SystemTime};
 
 use postbox::codec::{
-    LastWill, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
-    WillProperties,
+    Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
 };
 use postbox::config::{Config, OverflowPolicy};
 use postbox::guarantees::DeadReason;
@@ -402,13 +401,7 @@ async fn clients_cannot_publish_dead_letters() {
         other => panic!("expected PUBACK, got {other:?}"),
     }
     let mut connect = v5::connect_packet("will-forger");
-    connect.will = Some(LastWill {
-        topic: "$dlq/w".into(),
-        payload: b"forged".to_vec().into(),
-        qos: QoS::AtLeastOnce,
-        retain: false,
-        properties: WillProperties::default(),
-    });
+    connect.will = Some(v5::will("$dlq/w", b"forged", QoS::AtLeastOnce, false));
     let (w, _) = v5::connect(server.mqtt_addr, connect).await;
     drop(w); // abnormal close: the will is due at once
              // The will's refusal is counted when the broker sees the close: wait for it (bounded).

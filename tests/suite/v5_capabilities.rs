@@ -13,8 +13,7 @@ use std::time::Duration;
 use common::rumq::V4;
 use common::{v5, RawClient};
 use postbox::codec::{
-    Connect, LastWill, Packet, ProtocolVersion, QoS, ReasonCode, SubAck, Subscribe,
-    SubscriptionOptions,
+    Connect, Packet, ProtocolVersion, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
 };
 use postbox::config::Config;
 
@@ -243,13 +242,7 @@ async fn maximum_qos_and_retain_available_are_enforced() {
         (QoS::AtMostOnce, true, ReasonCode::RETAIN_NOT_SUPPORTED),
     ] {
         let mut connect = v5::connect_packet("bad-will");
-        connect.will = Some(LastWill {
-            topic: "w".into(),
-            payload: "x".into(),
-            qos,
-            retain,
-            properties: Default::default(),
-        });
+        connect.will = Some(v5::will("w", b"x", qos, retain));
         match v5::open(server.mqtt_addr, connect).await.1 {
             Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, code),
             other => panic!("{other:?}"),
