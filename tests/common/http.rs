@@ -103,7 +103,7 @@ pub fn sample(scrape: &str, series: &str) -> Option<f64> {
 
 /// The DOM of the page at `url` after its script ran for `budget_ms` of virtual time, from a
 /// headless Chromium (`apt-get install chromium`), which must exit 0: the one copy of the
-/// browser's flags for the status page tests (admin, bridge_observe). `timeout` bounds the
+/// browser's flags for the status page tests (`admin`, `bridge_observe`). `timeout` bounds the
 /// browser and kills it if it hangs; `--dump-dom` prints the DOM after the virtual time
 /// budget, in which the page may refresh several times.
 pub async fn rendered_dom(url: &str, budget_ms: u32) -> String {

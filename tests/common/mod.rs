@@ -367,7 +367,7 @@ pub fn dev_ca_connector() -> tokio_rustls::TlsConnector {
 
 /// Runs `cmd`, which must start and succeed (else the panic names the command and shows its
 /// stderr): the one run-and-check for the tools the tests drive (openssl, `postbox passwd`,
-/// mosquitto_passwd).
+/// `mosquitto_passwd`).
 pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
     let out = cmd
         .output()

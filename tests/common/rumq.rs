@@ -172,7 +172,7 @@ impl V4 {
         next_picked(&mut self.events, "the publish's acknowledgement", |p| {
             done(&p).then_some(())
         })
-        .await
+        .await;
     }
 
     /// Next PUBLISH, skipping other packets.

@@ -176,6 +176,12 @@ pub async fn publish(c: &mut RawClient, publish: Publish) -> ReasonCode {
     }
 }
 
+/// [`publish`], asserting the broker's reason code is `code` (`why` in the failure): the
+/// publish-and-check of the tests that expect a given answer (accepted, refused, invalid).
+pub async fn publish_expecting(c: &mut RawClient, p: Publish, code: ReasonCode, why: &str) {
+    assert_eq!(publish(c, p).await, code, "{why}");
+}
+
 /// Publishes with properties.
 pub async fn publish_props(
     c: &mut RawClient,
@@ -292,7 +298,7 @@ pub fn as_user(mut connect: Connect, user: &str) -> Connect {
 }
 
 /// A clean-start CONNECT for `id` that opens enhanced authentication (MQTT 5 §4.12) with
-/// `method` and `data`: the one copy for the SCRAM tests and the test-only methods of v5_auth.
+/// `method` and `data`: the one copy for the SCRAM tests and the test-only methods of `v5_auth`.
 pub fn auth_connect(id: &str, method: &str, data: impl AsRef<[u8]>) -> Connect {
     let mut c = connect_packet(id);
     c.properties.authentication_method = Some(method.into());

@@ -298,7 +298,7 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     if let Some(password) = scram {
         let mut client = ScramClient::new(Hash::Sha256, "sensor1", password);
         let method = Hash::Sha256.method();
-        let connect = v5::auth_connect("matrix", method, &client.client_first());
+        let connect = v5::auth_connect("matrix", method, client.client_first());
         send(&mut stream, &Packet::Connect(Box::new(connect))).await;
         let first = next(&mut stream, &mut buf).await;
         if let Some(Packet::ConnAck(ack)) = first {

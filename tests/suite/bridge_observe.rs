@@ -79,6 +79,19 @@ fn value(scrape: &str, series: &str) -> f64 {
     sample(scrape, series).unwrap_or_else(|| panic!("no `{series}` in:\n{scrape}"))
 }
 
+/// The bridge's `postbox_bridge_up` and `postbox_bridge_reconnects_total` in a scrape now.
+async fn assert_up_and_reconnects(http: u16, up: f64, reconnects: f64) {
+    let metrics = scrape(http).await;
+    assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), up);
+    assert_eq!(
+        value(
+            &metrics,
+            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
+        ),
+        reconnects
+    );
+}
+
 /// What a new subscriber to the state topic gets first: `QOS RETAIN PAYLOAD` of the retained
 /// value (a fresh `mosquitto_sub -q 1 -C 1`).
 async fn retained_state(port: u16) -> String {
@@ -99,15 +112,7 @@ async fn link_state_is_published_counted_and_listed() {
 
     // At creation: down, retained `0` (QoS 1, RETAIN 1 for a new subscription: MQTT-3.3.1-8).
     assert_eq!(retained_state(port).await, "1 1 0");
-    let metrics = scrape(http).await;
-    assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), 0.0);
-    assert_eq!(
-        value(
-            &metrics,
-            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
-        ),
-        0.0
-    );
+    assert_up_and_reconnects(http, 0.0, 0.0).await;
     // A watcher on an established QoS 1 subscription sees every change after the retained
     // value, with RETAIN 0 (MQTT-3.3.1-9), at QoS 1 (MQTT-3.3.5-1: both are 1).
     let mut watcher = MosquittoSub::spawn(
@@ -202,15 +207,7 @@ async fn link_state_is_published_counted_and_listed() {
         ["1 1 0", "1 0 1", "1 0 0", "1 0 1"],
         "0 -> 1 -> 0 -> 1"
     );
-    let metrics = scrape(http).await;
-    assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), 1.0);
-    assert_eq!(
-        value(
-            &metrics,
-            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
-        ),
-        1.0
-    );
+    assert_up_and_reconnects(http, 1.0, 1.0).await;
     bridge.disconnected(Some("keep-alive timeout".into()));
     watcher.wait_for_value(STATE_TOPIC, |v| v == "1 0 0").await;
     let metrics = scrape(http).await;

@@ -540,7 +540,7 @@ async fn scram_start(
     use crate::scram::{Hash, ScramClient};
     let method = Hash::Sha256.method();
     let client = ScramClient::new(Hash::Sha256, user, password);
-    let connect = v5::auth_connect(id, method, &client.client_first());
+    let connect = v5::auth_connect(id, method, client.client_first());
     let mut c = RawClient::over(connect_from(source, addr).await, v5::V);
     c.send(&Packet::Connect(Box::new(connect))).await;
     let first = tokio::time::timeout(WAIT, c.recv())

@@ -196,7 +196,7 @@ async fn exchange(
     let method = client.hash.method();
     let (mut c, first) = v5::open(
         s.config.mqtt,
-        v5::auth_connect(id, method, &client.client_first()),
+        v5::auth_connect(id, method, client.client_first()),
     )
     .await;
     let server_first = v5::expect_challenge(first, method);
@@ -387,7 +387,7 @@ async fn sighup_with_a_new_user_lets_them_in_and_a_bad_file_keeps_the_old() {
         async move {
             let method = client.hash.method();
             let (mut c, first) =
-                v5::open(mqtt, v5::auth_connect("fr", method, &client.client_first())).await;
+                v5::open(mqtt, v5::auth_connect("fr", method, client.client_first())).await;
             let fin = client.client_final(&v5::expect_challenge(first, method), false);
             c.send(&v5::auth_packet(
                 ReasonCode::CONTINUE_AUTHENTICATION,
@@ -590,7 +590,7 @@ async fn challenge_of(addr: std::net::SocketAddr, user: &str) -> (u32, Vec<u8>) 
     let method = Hash::Sha256.method();
     let (_c, first) = v5::open(
         addr,
-        v5::auth_connect("probe", method, &client.client_first()),
+        v5::auth_connect("probe", method, client.client_first()),
     )
     .await;
     let server_first = v5::expect_challenge(first, method);
