@@ -176,12 +176,6 @@ pub async fn publish(c: &mut RawClient, publish: Publish) -> ReasonCode {
     }
 }
 
-/// [`publish`], asserting the broker's reason code is `code` (`why` in the failure): the
-/// publish-and-check of the tests that expect a given answer (accepted, refused, invalid).
-pub async fn publish_expecting(c: &mut RawClient, p: Publish, code: ReasonCode, why: &str) {
-    assert_eq!(publish(c, p).await, code, "{why}");
-}
-
 /// Publishes with properties.
 pub async fn publish_props(
     c: &mut RawClient,
