@@ -34,6 +34,16 @@ fn http_addr(broker: &BrokerProcess) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, broker.metrics_port))
 }
 
+/// `over`, a connection past a bound, is closed at once (within half the header timeout, so
+/// not by it); `what` names it when it stays open.
+async fn closed_at_once(mut over: TcpStream, what: &str) {
+    let after = closed_within(&mut over, WAIT).await.expect(what);
+    assert!(
+        after < DEFAULT_HEADER_TIMEOUT / 2,
+        "closed at once, not at the timeout: {after:?}"
+    );
+}
+
 /// Whether `/metrics` answers a GET from 127.0.0.1 now.
 async fn scrape_works(broker: &BrokerProcess) -> bool {
     broker.scrape().await.starts_with("HTTP/1.1 200")
@@ -113,14 +123,11 @@ async fn http_connections_past_the_per_address_bound_are_closed_at_once() {
     for _ in 0..DEFAULT_PER_IP {
         held.push(connect_from(host(4), addr).await);
     }
-    let mut over = connect_from(host(4), addr).await;
-    let after = closed_within(&mut over, WAIT)
-        .await
-        .expect("the 17th connection is closed");
-    assert!(
-        after < DEFAULT_HEADER_TIMEOUT / 2,
-        "closed at once, not at the timeout: {after:?}"
-    );
+    closed_at_once(
+        connect_from(host(4), addr).await,
+        "the 17th connection is closed",
+    )
+    .await;
     assert!(
         scrape_works(&broker).await,
         "/metrics answers another address"
@@ -167,14 +174,11 @@ async fn http_connections_past_the_overall_bound_are_closed_at_once() {
         probes.push(connect_from(host(n), addr).await);
     }
     // … so the next one is closed at once.
-    let mut over = connect_from(host(40), addr).await;
-    let after = closed_within(&mut over, WAIT)
-        .await
-        .expect("the connection past the bound and the probe slots is closed");
-    assert!(
-        after < DEFAULT_HEADER_TIMEOUT / 2,
-        "closed at once, not at the timeout: {after:?}"
-    );
+    closed_at_once(
+        connect_from(host(40), addr).await,
+        "the connection past the bound and the probe slots is closed",
+    )
+    .await;
     // One held connection closes: its slot comes back when the broker sees the end. A poll
     // (another process), bounded by WAIT.
     drop(held.pop());
