@@ -176,6 +176,20 @@ pub async fn publish(c: &mut RawClient, publish: Publish) -> ReasonCode {
     }
 }
 
+/// Publishes `topics` in order from a fresh client `client_id`, each at QoS 1 (packet id 1,
+/// acknowledged before the next) with its index as payload: for the tests of what a
+/// subscriber sees of a sequence of topics (topic aliases).
+pub async fn publish_in_order(addr: SocketAddr, client_id: &str, topics: &[&str]) {
+    let mut p = connect_id(addr, client_id).await;
+    for (i, t) in topics.iter().enumerate() {
+        publish(
+            &mut p,
+            publish_packet(t, QoS::AtLeastOnce, format!("{i}").as_bytes(), 1),
+        )
+        .await;
+    }
+}
+
 /// Publishes with properties.
 pub async fn publish_props(
     c: &mut RawClient,

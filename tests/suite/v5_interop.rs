@@ -169,14 +169,7 @@ async fn mosquitto_sees_outbound_topic_aliases_within_its_maximum() {
     );
     sub.wait_for("SUBACK").await;
     let topics = ["al/one", "al/two", "al/three", "al/four", "al/five"];
-    let mut p = v5::connect_id(server.mqtt_addr, "al-pub").await;
-    for (i, t) in topics.iter().enumerate() {
-        v5::publish(
-            &mut p,
-            v5::publish_packet(t, QoS::AtLeastOnce, format!("{i}").as_bytes(), 1),
-        )
-        .await;
-    }
+    v5::publish_in_order(server.mqtt_addr, "al-pub", &topics).await;
     for (i, t) in topics.iter().enumerate() {
         let line = sub.wait_for("MSG|").await;
         let parts: Vec<&str> = line.split('|').collect();
