@@ -70,6 +70,15 @@ pub fn test_config() -> Config {
     config
 }
 
+/// Writes `rules` to `dir/acl` and makes it `config`'s ACL file (`auth.acl_file`); returns its
+/// path, for tests that rewrite it and reload.
+pub fn set_acl(config: &mut Config, dir: &std::path::Path, rules: &str) -> std::path::PathBuf {
+    let path = dir.join("acl");
+    std::fs::write(&path, rules).expect("write acl");
+    config.auth.acl_file = Some(path.clone());
+    path
+}
+
 /// Starts a broker with the test config.
 pub async fn start() -> RunningServer {
     start_with(test_config()).await

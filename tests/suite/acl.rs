@@ -35,10 +35,8 @@ topic readwrite #
 const QUIET: Duration = Duration::from_millis(300);
 
 async fn start(dir: &Path, acl: &str) -> RunningServer {
-    let path = dir.join("acl");
-    std::fs::write(&path, acl).expect("write acl");
     let mut config = common::test_config();
-    config.auth.acl_file = Some(path);
+    common::set_acl(&mut config, dir, acl);
     common::start_with(config).await
 }
 
@@ -381,10 +379,8 @@ async fn mosquitto_clients_with_username() {
 #[tokio::test]
 async fn bad_acl_line_stops_the_start_naming_file_and_line() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("acl");
-    std::fs::write(&path, "# ok\ntopic read a/#/b\n").expect("write");
     let mut config = common::test_config();
-    config.auth.acl_file = Some(path.clone());
+    let path = common::set_acl(&mut config, dir.path(), "# ok\ntopic read a/#/b\n");
     let err = postbox::server::start(config)
         .await
         .expect_err("must not start");

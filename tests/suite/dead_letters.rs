@@ -423,14 +423,12 @@ async fn clients_cannot_publish_dead_letters() {
 #[tokio::test]
 async fn reading_dead_letters_obeys_the_acl() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let acl = dir.path().join("acl");
-    std::fs::write(
-        &acl,
-        "topic readwrite q/#\n\nuser ops\ntopic read $dlq/#\ntopic readwrite q/#\n",
-    )
-    .expect("write acl");
     let mut c = config(1, OverflowPolicy::DropNew);
-    c.auth.acl_file = Some(acl);
+    common::set_acl(
+        &mut c,
+        dir.path(),
+        "topic readwrite q/#\n\nuser ops\ntopic read $dlq/#\ntopic readwrite q/#\n",
+    );
     let server = common::start_with(c).await;
     let mut nosy = v5::connect_id(server.mqtt_addr, "nosy").await;
     let ack = v5::subscribe_with(&mut nosy, "$dlq/#", Default::default(), None).await;

@@ -343,10 +343,8 @@ topic write sensors/#
 #[tokio::test]
 async fn queued_and_in_flight_messages_follow_an_acl_change() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let acl = dir.path().join("acl");
-    std::fs::write(&acl, ACL).expect("write acl");
     let mut config = common::test_config();
-    config.auth.acl_file = Some(acl.clone());
+    let acl = common::set_acl(&mut config, dir.path(), ACL);
     let server = common::start_with(config).await;
     let dashboard = || {
         let mut c = v5::persistent_connect("dash", 3600);
