@@ -143,6 +143,28 @@ impl BrokerProcess {
         assert!(status.success(), "{status}");
     }
 
+    /// Connects each of `connects` (each must be accepted), stops the broker gracefully while
+    /// they are connected, so that their delayed wills are stored at shutdown, and starts it
+    /// again on one listener with `sections` (the same data directory): how the will-delay
+    /// tests get a restarted broker that owes wills.
+    pub async fn restart_while_connected(
+        mut self,
+        connects: Vec<postbox::codec::Connect>,
+        sections: &str,
+    ) -> BrokerProcess {
+        let mut armed = Vec::new();
+        for connect in connects {
+            let id = connect.client_id.clone();
+            let (c, ack) = super::v5::connect(self.addr, connect).await;
+            assert_eq!(ack.reason_code, postbox::codec::ReasonCode::SUCCESS, "{id}");
+            armed.push(c);
+        }
+        // Stopped while they are connected: their delayed wills are stored for after it.
+        self.stop().await;
+        drop(armed);
+        BrokerProcess::spawn_sections(&[""], sections).await
+    }
+
     /// Waits (bounded by `limit`) for the process to exit and returns its status and how long
     /// it took from the call.
     pub async fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
@@ -220,11 +242,31 @@ pub async fn connect_from(source: Ipv4Addr, addr: SocketAddr) -> TcpStream {
     stream
 }
 
-/// Waits (bounded by `WAIT`) until the broker closes `stream`: end of stream or a reset,
-/// discarding anything it sends first. Panics if it stays open.
-pub async fn closed(stream: &mut TcpStream) {
+/// Spawns a task that reads `stream` until the broker closes it (end of stream or a reset),
+/// however long that takes, then sends `i` on `closed`: for tests that watch many connections
+/// to see which ones the broker closes. Abort the task to stop watching.
+pub fn report_close(
+    mut stream: TcpStream,
+    i: usize,
+    closed: tokio::sync::mpsc::UnboundedSender<usize>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = closed.send(i);
+    })
+}
+
+/// How long until the broker closes `stream` (end of stream or a reset), at most `limit`:
+/// `None` when it is still open then. What it sends first is read and dropped.
+pub async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = std::time::Instant::now();
     let mut buf = [0u8; 4096];
-    tokio::time::timeout(WAIT, async {
+    tokio::time::timeout(limit, async {
         loop {
             match stream.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
@@ -233,5 +275,14 @@ pub async fn closed(stream: &mut TcpStream) {
         }
     })
     .await
-    .expect("the broker closes the connection");
+    .ok()
+    .map(|()| started.elapsed())
+}
+
+/// Waits (bounded by `WAIT`) until the broker closes `stream`: end of stream or a reset,
+/// discarding anything it sends first. Panics if it stays open.
+pub async fn closed(stream: &mut TcpStream) {
+    closed_within(stream, WAIT)
+        .await
+        .expect("the broker closes the connection");
 }

@@ -100,3 +100,49 @@ pub fn sample(scrape: &str, series: &str) -> Option<f64> {
         rest.trim().parse().ok()
     })
 }
+
+/// The DOM of the page at `url` after its script ran for `budget_ms` of virtual time, from a
+/// headless Chromium (`apt-get install chromium`), which must exit 0: the one copy of the
+/// browser's flags for the status page tests (`admin`, `bridge_observe`). `timeout` bounds the
+/// browser and kills it if it hangs; `--dump-dom` prints the DOM after the virtual time
+/// budget, in which the page may refresh several times.
+pub async fn rendered_dom(url: &str, budget_ms: u32) -> String {
+    let url = url.to_owned();
+    let output = tokio::task::spawn_blocking(move || {
+        let profile = tempfile::tempdir().expect("profile dir");
+        std::process::Command::new("timeout")
+            .args(["-k", "5", "60", "chromium"])
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--dump-dom",
+            ])
+            .arg(format!("--virtual-time-budget={budget_ms}"))
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(&url)
+            .output()
+            .expect("run chromium (apt-get install chromium)")
+    })
+    .await
+    .expect("chromium task");
+    assert!(
+        output.status.success(),
+        "chromium failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The table row of a rendered DOM that starts at `marker` (an attribute such as
+/// `data-client="slow-sub"`), up to its `</tr>`; `None` when no row has it.
+pub fn table_row<'a>(dom: &'a str, marker: &str) -> Option<&'a str> {
+    let row = &dom[dom.find(marker)?..];
+    Some(&row[..row.find("</tr>").expect("row end")])
+}

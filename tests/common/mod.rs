@@ -70,6 +70,15 @@ pub fn test_config() -> Config {
     config
 }
 
+/// Writes `rules` to `dir/acl` and makes it `config`'s ACL file (`auth.acl_file`); returns its
+/// path, for tests that rewrite it and reload.
+pub fn set_acl(config: &mut Config, dir: &std::path::Path, rules: &str) -> std::path::PathBuf {
+    let path = dir.join("acl");
+    std::fs::write(&path, rules).expect("write acl");
+    config.auth.acl_file = Some(path.clone());
+    path
+}
+
 /// Starts a broker with the test config.
 pub async fn start() -> RunningServer {
     start_with(test_config()).await
@@ -297,6 +306,33 @@ impl RawClient {
     }
 }
 
+/// Connects a clean 3.1.1 client `client_id` to `addr` and sends a QoS 1 PUBLISH of `payload`
+/// to `topic` (packet id `packet_id`) that the broker must refuse: 3.1.1 has no negative
+/// acknowledgement, so the connection must close with no PUBACK (`why` opens the failure
+/// message). The one copy of that check for every refusal (limits, budgets, a cluster down).
+pub async fn expect_v311_publish_refused(
+    addr: SocketAddr,
+    client_id: &str,
+    topic: &str,
+    payload: &[u8],
+    packet_id: u16,
+    why: &str,
+) {
+    let mut old = RawClient::connect(addr, ProtocolVersion::V3_1_1, client_id, true).await;
+    old.send(&Packet::Publish(v5::publish_packet(
+        topic,
+        codec::QoS::AtLeastOnce,
+        payload,
+        packet_id,
+    )))
+    .await;
+    let seen = old.expect_close().await;
+    assert!(
+        !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
+        "{why}: {seen:?}"
+    );
+}
+
 /// Subscribes `c` (a persistent session) to `filter` at `qos`, awaits the SUBACK and
 /// disconnects cleanly: a subscriber left offline, for what is published next to queue for
 /// it (the durability and crash tests' setup).
@@ -336,6 +372,53 @@ pub fn dev_ca_connector() -> tokio_rustls::TlsConnector {
     .with_root_certificates(roots)
     .with_no_client_auth();
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+/// Runs `cmd`, which must start and succeed (else the panic names the command and shows its
+/// stderr): the one run-and-check for the tools the tests drive (openssl, `postbox passwd`,
+/// `mosquitto_passwd`).
+pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?} does not run (is it installed?): {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `openssl ARGS`, which must succeed, and returns its stdout: for the tests that make
+/// keys, certificates and signatures on the fly.
+pub fn openssl(args: &[&str]) -> Vec<u8> {
+    run_ok(std::process::Command::new("openssl").args(args)).stdout
+}
+
+/// A new P-256 key at `key` and a certificate for it signed by itself at `pem` (subject
+/// `/CN=cn`, valid `days`, then `extra` arguments such as `-addext`), by `openssl req -x509`:
+/// a CA or server certificate of a test's own.
+pub fn self_signed_p256(key: &str, pem: &str, cn: &str, days: u32, extra: &[&str]) {
+    let (days, subject) = (days.to_string(), format!("/CN={cn}"));
+    let mut args = vec![
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        key,
+        "-out",
+        pem,
+        "-days",
+        &days,
+        "-subj",
+        &subject,
+    ];
+    args.extend_from_slice(extra);
+    openssl(&args);
 }
 
 /// The users of `config/passwd.example` (sensor1, sensor2, dashboard; password

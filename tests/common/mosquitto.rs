@@ -56,6 +56,14 @@ impl MosquittoSub {
         }
     }
 
+    /// Starts `mosquitto_sub -d -V VERSION -t TOPIC ARGS` against 127.0.0.1:`port`: one filter
+    /// at one protocol version (`mqttv5`, `mqttv311`, `mqttv31`), the way most tests use it.
+    pub fn spawn_at(port: u16, version: &str, topic: &str, args: &[&str]) -> MosquittoSub {
+        let mut all = vec!["-V", version, "-t", topic];
+        all.extend_from_slice(args);
+        MosquittoSub::spawn(port, &all)
+    }
+
     /// Waits for a line containing `needle`; panics after `WAIT`.
     pub async fn wait_for(&mut self, needle: &str) -> String {
         tokio::time::timeout(WAIT, async {

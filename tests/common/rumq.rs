@@ -3,6 +3,7 @@
 // every test crate uses every helper.
 #![allow(dead_code, unreachable_pub)]
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -10,6 +11,90 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::WAIT;
+
+/// One poll of a rumqttc event loop (the v4 and v5 APIs have separate types, with the same
+/// shape): the incoming packet, `None` for any other event, `Err` when the connection ended.
+trait Incoming: Send + 'static {
+    type Packet: Send + 'static;
+    fn incoming(&mut self) -> impl Future<Output = Result<Option<Self::Packet>, ()>> + Send;
+}
+
+impl Incoming for rumqttc::EventLoop {
+    type Packet = rumqttc::Packet;
+    async fn incoming(&mut self) -> Result<Option<rumqttc::Packet>, ()> {
+        match self.poll().await {
+            Ok(rumqttc::Event::Incoming(p)) => Ok(Some(p)),
+            Ok(_) => Ok(None),
+            Err(_) => Err(()),
+        }
+    }
+}
+
+impl Incoming for rumqttc::v5::EventLoop {
+    type Packet = P5;
+    async fn incoming(&mut self) -> Result<Option<P5>, ()> {
+        match self.poll().await {
+            Ok(rumqttc::v5::Event::Incoming(p)) => Ok(Some(p)),
+            Ok(_) => Ok(None),
+            Err(_) => Err(()),
+        }
+    }
+}
+
+/// Drives `eventloop` in a task that forwards every incoming packet, then `None` once the
+/// connection ends (and stops when the receiver is gone): the one event pump of [`V4`] and
+/// [`V5`].
+fn pump<L: Incoming>(
+    mut eventloop: L,
+) -> (mpsc::UnboundedReceiver<Option<L::Packet>>, JoinHandle<()>) {
+    let (tx, events) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        loop {
+            match eventloop.incoming().await {
+                Ok(Some(p)) => {
+                    if tx.send(Some(p)).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(()) => {
+                    let _ = tx.send(None);
+                    return;
+                }
+            }
+        }
+    });
+    (events, task)
+}
+
+/// The next packet from a client's event pump (`None`: the connection ended); panics after
+/// `WAIT`.
+async fn next_incoming<P>(events: &mut mpsc::UnboundedReceiver<Option<P>>) -> Option<P> {
+    tokio::time::timeout(WAIT, events.recv())
+        .await
+        .expect("timed out waiting for an event")
+        .flatten()
+}
+
+/// The first of the next packets that `pick` takes, the others skipped: every wait for an
+/// answer (SUBACK, an acknowledgement, a PUBLISH) of [`V4`] and [`V5`]. Panics if the
+/// connection ends first (naming `what`, the awaited packet) or a packet takes over `WAIT`.
+async fn next_picked<P, T>(
+    events: &mut mpsc::UnboundedReceiver<Option<P>>,
+    what: &str,
+    pick: impl Fn(P) -> Option<T>,
+) -> T {
+    loop {
+        match next_incoming(events).await {
+            Some(p) => {
+                if let Some(picked) = pick(p) {
+                    return picked;
+                }
+            }
+            None => panic!("connection ended while waiting for {what}"),
+        }
+    }
+}
 
 /// A 3.1.1 client (rumqttc v4 API).
 pub struct V4 {
@@ -30,24 +115,8 @@ impl V4 {
 
     /// Connects with custom options and waits for CONNACK.
     pub async fn connect_with(options: rumqttc::MqttOptions) -> V4 {
-        let (client, mut eventloop) = rumqttc::AsyncClient::new(options, 1000);
-        let (tx, events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(rumqttc::Event::Incoming(p)) => {
-                        if tx.send(Some(p)).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        let _ = tx.send(None);
-                        return;
-                    }
-                }
-            }
-        });
+        let (client, eventloop) = rumqttc::AsyncClient::new(options, 1000);
+        let (events, task) = pump(eventloop);
         let mut c = V4 {
             client,
             events,
@@ -66,10 +135,7 @@ impl V4 {
 
     /// Next incoming packet (None: connection ended). Panics after `WAIT`.
     pub async fn next_event(&mut self) -> Option<rumqttc::Packet> {
-        tokio::time::timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for an event")
-            .flatten()
+        next_incoming(&mut self.events).await
     }
 
     /// Subscribes and waits for SUBACK; returns its return codes.
@@ -82,13 +148,11 @@ impl V4 {
             .subscribe(filter, qos)
             .await
             .expect("subscribe queued");
-        loop {
-            match self.next_event().await {
-                Some(rumqttc::Packet::SubAck(ack)) => return ack.return_codes,
-                Some(_) => {}
-                None => panic!("connection ended before SUBACK"),
-            }
-        }
+        next_picked(&mut self.events, "SUBACK", |p| match p {
+            rumqttc::Packet::SubAck(ack) => Some(ack.return_codes),
+            _ => None,
+        })
+        .await
     }
 
     /// Publishes; for QoS 1/2 waits for the broker's PUBACK / PUBCOMP.
@@ -105,24 +169,19 @@ impl V4 {
         if qos == rumqttc::QoS::AtMostOnce {
             return;
         }
-        loop {
-            match self.next_event().await {
-                Some(p) if done(&p) => return,
-                Some(_) => {}
-                None => panic!("connection ended before the publish was acknowledged"),
-            }
-        }
+        next_picked(&mut self.events, "the publish's acknowledgement", |p| {
+            done(&p).then_some(())
+        })
+        .await;
     }
 
     /// Next PUBLISH, skipping other packets.
     pub async fn next_publish(&mut self) -> rumqttc::Publish {
-        loop {
-            match self.next_event().await {
-                Some(rumqttc::Packet::Publish(p)) => return p,
-                Some(_) => {}
-                None => panic!("connection ended while waiting for a PUBLISH"),
-            }
-        }
+        next_picked(&mut self.events, "a PUBLISH", |p| match p {
+            rumqttc::Packet::Publish(p) => Some(p),
+            _ => None,
+        })
+        .await
     }
 
     /// Sends DISCONNECT and waits for the event loop to end.
@@ -162,24 +221,8 @@ impl V5 {
 
     /// Connects with custom options and waits for CONNACK.
     pub async fn connect_with(options: rumqttc::v5::MqttOptions) -> V5 {
-        let (client, mut eventloop) = rumqttc::v5::AsyncClient::new(options, 1000);
-        let (tx, mut events) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(rumqttc::v5::Event::Incoming(p)) => {
-                        if tx.send(Some(p)).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        let _ = tx.send(None);
-                        return;
-                    }
-                }
-            }
-        });
+        let (client, eventloop) = rumqttc::v5::AsyncClient::new(options, 1000);
+        let (mut events, task) = pump(eventloop);
         let connack = match tokio::time::timeout(WAIT, events.recv()).await {
             Ok(Some(Some(P5::ConnAck(ack)))) => ack,
             other => panic!("expected CONNACK, got {other:?}"),
@@ -194,32 +237,25 @@ impl V5 {
 
     /// Next incoming packet (None: connection ended). Panics after `WAIT`.
     pub async fn next_event(&mut self) -> Option<P5> {
-        tokio::time::timeout(WAIT, self.events.recv())
-            .await
-            .expect("timed out waiting for an event")
-            .flatten()
+        next_incoming(&mut self.events).await
     }
 
     /// Next PUBLISH, skipping other packets.
     pub async fn next_publish(&mut self) -> rumqttc::v5::mqttbytes::v5::Publish {
-        loop {
-            match self.next_event().await {
-                Some(P5::Publish(p)) => return p,
-                Some(_) => {}
-                None => panic!("connection ended while waiting for a PUBLISH"),
-            }
-        }
+        next_picked(&mut self.events, "a PUBLISH", |p| match p {
+            P5::Publish(p) => Some(p),
+            _ => None,
+        })
+        .await
     }
 
     /// Waits for the next SUBACK.
     pub async fn suback(&mut self) -> rumqttc::v5::mqttbytes::v5::SubAck {
-        loop {
-            match self.next_event().await {
-                Some(P5::SubAck(ack)) => return ack,
-                Some(_) => {}
-                None => panic!("connection ended before SUBACK"),
-            }
-        }
+        next_picked(&mut self.events, "SUBACK", |p| match p {
+            P5::SubAck(ack) => Some(ack),
+            _ => None,
+        })
+        .await
     }
 
     /// Drops the connection without DISCONNECT.

@@ -7,9 +7,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
 use postbox::codec::{
-    ConnAck, Connect, Disconnect, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties,
-    QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
+    Auth, AuthProperties, ConnAck, Connect, Disconnect, LastWill, Packet, ProtocolVersion,
+    PubResponse, Publish, PublishProperties, QoS, ReasonCode, SubAck, Subscribe,
+    SubscriptionOptions,
 };
 
 use super::RawClient;
@@ -29,6 +31,18 @@ pub fn persistent_connect(client_id: &str, expiry: u32) -> Connect {
     connect.clean_start = false;
     connect.properties.session_expiry_interval = Some(expiry);
     connect
+}
+
+/// A will message on `topic` with `payload`, `qos` and `retain`, and no properties (no delay):
+/// for a CONNECT's `will`.
+pub fn will(topic: &str, payload: &[u8], qos: QoS, retain: bool) -> LastWill {
+    LastWill {
+        topic: topic.into(),
+        payload: Bytes::copy_from_slice(payload),
+        qos,
+        retain,
+        properties: Default::default(),
+    }
 }
 
 /// Sends `connect` and returns the client with the broker's first answer (CONNACK, AUTH, or
@@ -162,6 +176,20 @@ pub async fn publish(c: &mut RawClient, publish: Publish) -> ReasonCode {
     }
 }
 
+/// Publishes `topics` in order from a fresh client `client_id`, each at QoS 1 (packet id 1,
+/// acknowledged before the next) with its index as payload: for the tests of what a
+/// subscriber sees of a sequence of topics (topic aliases).
+pub async fn publish_in_order(addr: SocketAddr, client_id: &str, topics: &[&str]) {
+    let mut p = connect_id(addr, client_id).await;
+    for (i, t) in topics.iter().enumerate() {
+        publish(
+            &mut p,
+            publish_packet(t, QoS::AtLeastOnce, format!("{i}").as_bytes(), 1),
+        )
+        .await;
+    }
+}
+
 /// Publishes with properties.
 pub async fn publish_props(
     c: &mut RawClient,
@@ -273,6 +301,49 @@ where
 /// `common::fast_example_passwords`).
 pub fn as_user(mut connect: Connect, user: &str) -> Connect {
     connect.username = Some(user.into());
-    connect.password = Some(bytes::Bytes::from(format!("{user}-secret")));
+    connect.password = Some(Bytes::from(format!("{user}-secret")));
     connect
+}
+
+/// A clean-start CONNECT for `id` that opens enhanced authentication (MQTT 5 §4.12) with
+/// `method` and `data`: the one copy for the SCRAM tests and the test-only methods of `v5_auth`.
+pub fn auth_connect(id: &str, method: &str, data: impl AsRef<[u8]>) -> Connect {
+    let mut c = connect_packet(id);
+    c.properties.authentication_method = Some(method.into());
+    c.properties.authentication_data = Some(Bytes::copy_from_slice(data.as_ref()));
+    c
+}
+
+/// An AUTH packet with `code`, `method` and `data` (a client's step of §4.12).
+pub fn auth_packet(code: ReasonCode, method: &str, data: &str) -> Packet {
+    Packet::Auth(Auth {
+        reason_code: code,
+        properties: AuthProperties {
+            authentication_method: Some(method.into()),
+            authentication_data: Some(Bytes::copy_from_slice(data.as_bytes())),
+            ..Default::default()
+        },
+    })
+}
+
+/// Expects AUTH 0x18 with `method` (MQTT-4.12.0-2, MQTT-4.12.0-5) and returns its data as
+/// text: the broker's challenge, checked the same way by every enhanced-auth test.
+pub fn expect_challenge(packet: Option<Packet>, method: &str) -> String {
+    match packet {
+        Some(Packet::Auth(a)) => {
+            assert_eq!(
+                a.reason_code,
+                ReasonCode::CONTINUE_AUTHENTICATION,
+                "MQTT-4.12.0-2"
+            );
+            assert_eq!(
+                a.properties.authentication_method.as_deref(),
+                Some(method),
+                "MQTT-4.12.0-5"
+            );
+            String::from_utf8(a.properties.authentication_data.expect("data").to_vec())
+                .expect("utf8")
+        }
+        other => panic!("expected AUTH 0x18, got {other:?}"),
+    }
 }

@@ -9,9 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use postbox::codec::{
-    LastWill, Packet, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions, WillProperties,
-};
+use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
 use postbox::server::RunningServer;
 
 use crate::common::{self, v5, RawClient, WAIT};
@@ -37,10 +35,8 @@ topic readwrite #
 const QUIET: Duration = Duration::from_millis(300);
 
 async fn start(dir: &Path, acl: &str) -> RunningServer {
-    let path = dir.join("acl");
-    std::fs::write(&path, acl).expect("write acl");
     let mut config = common::test_config();
-    config.auth.acl_file = Some(path);
+    common::set_acl(&mut config, dir, acl);
     common::start_with(config).await
 }
 
@@ -263,13 +259,7 @@ async fn will_to_a_denied_topic_is_never_delivered() {
         ("sensors/alice/will", "allowed-will"),
     ] {
         let mut connect = connect_packet(V5, "a1", Some("alice"));
-        connect.will = Some(LastWill {
-            topic: topic.into(),
-            payload: payload.as_bytes().to_vec().into(),
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            properties: WillProperties::default(),
-        });
+        connect.will = Some(v5::will(topic, payload.as_bytes(), QoS::AtLeastOnce, false));
         let (c, first) = v5::open(server.mqtt_addr, connect).await;
         assert!(
             matches!(first, Some(Packet::ConnAck(ref a)) if a.reason_code.0 == 0),
@@ -389,10 +379,8 @@ async fn mosquitto_clients_with_username() {
 #[tokio::test]
 async fn bad_acl_line_stops_the_start_naming_file_and_line() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("acl");
-    std::fs::write(&path, "# ok\ntopic read a/#/b\n").expect("write");
     let mut config = common::test_config();
-    config.auth.acl_file = Some(path.clone());
+    let path = common::set_acl(&mut config, dir.path(), "# ok\ntopic read a/#/b\n");
     let err = postbox::server::start(config)
         .await
         .expect_err("must not start");

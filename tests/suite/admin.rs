@@ -548,37 +548,8 @@ async fn the_status_page_renders_live_numbers_in_headless_chromium() {
         watcher.next_publish().await;
     }
 
-    let profile = tempfile::tempdir().expect("profile dir");
     let url = format!("http://127.0.0.1:{}/", config.metrics);
-    let output = tokio::task::block_in_place(|| {
-        // `timeout` bounds the browser (and kills it if it hangs); --dump-dom prints the DOM
-        // after the virtual time budget, in which the page refreshes several times.
-        std::process::Command::new("timeout")
-            .args(["-k", "5", "60", "chromium"])
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--virtual-time-budget=8000",
-                "--dump-dom",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg(&url)
-            .output()
-            .expect("run chromium (apt-get install chromium)")
-    });
-    let dom = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "chromium failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let dom = common::http::rendered_dom(&url, 8000).await;
     let shown =
         |id: &str| element_text(&dom, id).unwrap_or_else(|| panic!("no #{id} in the DOM:\n{dom}"));
     assert_eq!(shown("clients-connected"), "3", "{dom}");
@@ -595,11 +566,8 @@ async fn the_status_page_renders_live_numbers_in_headless_chromium() {
     assert_eq!(shown("store-health"), "ok", "{dom}");
     assert_eq!(shown("error"), "", "{dom}");
     // The backlog table: slow-sub with 5 queued.
-    let at = dom
-        .find("data-client=\"slow-sub\"")
+    let row = common::http::table_row(&dom, "data-client=\"slow-sub\"")
         .unwrap_or_else(|| panic!("slow-sub not among the largest backlogs:\n{dom}"));
-    let row = &dom[at..];
-    let row = &row[..row.find("</tr>").expect("row end")];
     assert!(row.contains("<td class=\"num backlog\">5</td>"), "{row}");
     assert!(row.contains("<td>no</td>"), "offline: {row}");
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common;
-use common::async_process::{free_port, BrokerProcess};
+use common::async_process::{connect_from, free_port, BrokerProcess};
 use common::{v5, WAIT};
 
 /// One HTTP/1.1 request from `source` to `to`, Host `host`, extra `headers` (CRLF-ended
@@ -24,14 +24,7 @@ async fn http(
     host: &str,
     headers: &str,
 ) -> (u16, String) {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket
-        .bind(SocketAddr::from((source, 0)))
-        .expect("bind the source address");
-    let mut s = tokio::time::timeout(WAIT, socket.connect(to))
-        .await
-        .expect("connect in time")
-        .expect("connect HTTP");
+    let mut s = connect_from(source, to).await;
     let request =
         format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n{headers}Connection: close\r\n\r\n");
     s.write_all(request.as_bytes()).await.expect("write");
@@ -47,6 +40,19 @@ const IN_MEMORY: &str = "[storage]\npersistence = false\n";
 const LOOPBACK: Ipv4Addr = Ipv4Addr::LOCALHOST;
 const OTHER_LOOPBACK: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 
+/// The API path of the session [`with_a_victim`] leaves.
+const VICTIM: &str = "/api/v1/sessions/victim";
+
+/// An in-memory broker with the offline session `victim` (at [`VICTIM`]): its HTTP address
+/// and the `Host` value that names it (`127.0.0.1:PORT`), for the tests of who may delete it.
+async fn with_a_victim() -> (BrokerProcess, SocketAddr, String) {
+    let broker = BrokerProcess::spawn_file(IN_MEMORY, &[]).await;
+    let http_addr = SocketAddr::from((LOOPBACK, broker.metrics_port));
+    let own = format!("127.0.0.1:{}", broker.metrics_port);
+    offline_session(&broker, "victim").await;
+    (broker, http_addr, own)
+}
+
 /// A session that outlives its connection, for the API to find and delete.
 async fn offline_session(broker: &BrokerProcess, id: &str) {
     let (c, _) = v5::connect(broker.addr, v5::persistent_connect(id, 3600)).await;
@@ -59,11 +65,8 @@ async fn offline_session(broker: &BrokerProcess, id: &str) {
 /// answer both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_host_name_or_another_loopback_source_cannot_use_the_api() {
-    let broker = BrokerProcess::spawn_file(IN_MEMORY, &[]).await;
-    let http_addr = SocketAddr::from((LOOPBACK, broker.metrics_port));
-    let own = format!("127.0.0.1:{}", broker.metrics_port);
-    offline_session(&broker, "victim").await;
-    let path = "/api/v1/sessions/victim";
+    let (broker, http_addr, own) = with_a_victim().await;
+    let path = VICTIM;
 
     let (status, body) = http(LOOPBACK, http_addr, "DELETE", path, "attacker.example", "").await;
     assert_eq!(status, 421, "a rebound name: {body}");
@@ -164,11 +167,8 @@ async fn the_api_can_listen_apart_and_ask_loopback_for_its_token() {
 /// the first DELETE got 200 and deleted the session.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_host_headers_and_absolute_form_uris_name_the_host_checked() {
-    let broker = BrokerProcess::spawn_file(IN_MEMORY, &[]).await;
-    let http_addr = SocketAddr::from((LOOPBACK, broker.metrics_port));
-    let own = format!("127.0.0.1:{}", broker.metrics_port);
-    offline_session(&broker, "victim").await;
-    let path = "/api/v1/sessions/victim";
+    let (_broker, http_addr, own) = with_a_victim().await;
+    let path = VICTIM;
 
     let foreign = "Host: attacker.example\r\n";
     let (status, body) = http(LOOPBACK, http_addr, "DELETE", path, &own, foreign).await;

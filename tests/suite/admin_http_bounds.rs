@@ -12,7 +12,7 @@ use crate::common;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use common::async_process::{connect_from, BrokerProcess};
+use common::async_process::{closed_within, connect_from, BrokerProcess};
 use common::WAIT;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -34,22 +34,14 @@ fn http_addr(broker: &BrokerProcess) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, broker.metrics_port))
 }
 
-/// How long until the broker closes `stream` (EOF or reset), at most `limit`: `None` when it
-/// is still open then. What it sends first is read and dropped.
-async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
-    let started = Instant::now();
-    let mut buf = [0u8; 4096];
-    tokio::time::timeout(limit, async {
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .ok()
-    .map(|()| started.elapsed())
+/// `over`, a connection past a bound, is closed at once (within half the header timeout, so
+/// not by it); `what` names it when it stays open.
+async fn closed_at_once(mut over: TcpStream, what: &str) {
+    let after = closed_within(&mut over, WAIT).await.expect(what);
+    assert!(
+        after < DEFAULT_HEADER_TIMEOUT / 2,
+        "closed at once, not at the timeout: {after:?}"
+    );
 }
 
 /// Whether `/metrics` answers a GET from 127.0.0.1 now.
@@ -131,14 +123,11 @@ async fn http_connections_past_the_per_address_bound_are_closed_at_once() {
     for _ in 0..DEFAULT_PER_IP {
         held.push(connect_from(host(4), addr).await);
     }
-    let mut over = connect_from(host(4), addr).await;
-    let after = closed_within(&mut over, WAIT)
-        .await
-        .expect("the 17th connection is closed");
-    assert!(
-        after < DEFAULT_HEADER_TIMEOUT / 2,
-        "closed at once, not at the timeout: {after:?}"
-    );
+    closed_at_once(
+        connect_from(host(4), addr).await,
+        "the 17th connection is closed",
+    )
+    .await;
     assert!(
         scrape_works(&broker).await,
         "/metrics answers another address"
@@ -185,14 +174,11 @@ async fn http_connections_past_the_overall_bound_are_closed_at_once() {
         probes.push(connect_from(host(n), addr).await);
     }
     // … so the next one is closed at once.
-    let mut over = connect_from(host(40), addr).await;
-    let after = closed_within(&mut over, WAIT)
-        .await
-        .expect("the connection past the bound and the probe slots is closed");
-    assert!(
-        after < DEFAULT_HEADER_TIMEOUT / 2,
-        "closed at once, not at the timeout: {after:?}"
-    );
+    closed_at_once(
+        connect_from(host(40), addr).await,
+        "the connection past the bound and the probe slots is closed",
+    )
+    .await;
     // One held connection closes: its slot comes back when the broker sees the end. A poll
     // (another process), bounded by WAIT.
     drop(held.pop());

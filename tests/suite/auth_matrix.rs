@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::common;
 use crate::jwt::{jwt_dir, now, rs256};
-use crate::scram::{auth, challenge, scram_connect, Hash, ScramClient};
+use crate::scram::{Hash, ScramClient};
 use common::async_process::{connect_from, BrokerProcess};
 use common::mosquitto_broker::MosquittoBroker;
 use common::{v5, WAIT};
@@ -298,15 +298,15 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     if let Some(password) = scram {
         let mut client = ScramClient::new(Hash::Sha256, "sensor1", password);
         let method = Hash::Sha256.method();
-        let connect = scram_connect("matrix", method, &client.client_first());
+        let connect = v5::auth_connect("matrix", method, client.client_first());
         send(&mut stream, &Packet::Connect(Box::new(connect))).await;
         let first = next(&mut stream, &mut buf).await;
         if let Some(Packet::ConnAck(ack)) = first {
             return Some(ack.reason_code.0);
         }
-        let fin = client.client_final(&challenge(first, method), false);
+        let fin = client.client_final(&v5::expect_challenge(first, method), false);
         let continuing = ReasonCode::CONTINUE_AUTHENTICATION;
-        send(&mut stream, &auth(continuing, method, &fin)).await;
+        send(&mut stream, &v5::auth_packet(continuing, method, &fin)).await;
     } else {
         let (user, password) = shape.credentials(token);
         let connect = Connect {

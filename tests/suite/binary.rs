@@ -16,6 +16,19 @@ fn spawn_broker(args: &[&str]) -> Broker {
     Broker::start_args(args, &[])
 }
 
+/// The flags that run the embedded default config (no file) with MQTT on port `mqtt`, metrics
+/// on `metrics` and its store in `dir`: how the tests start a broker from flags alone.
+fn default_config_flags(mqtt: u16, metrics: u16, dir: &std::path::Path) -> [String; 6] {
+    [
+        "-p".into(),
+        mqtt.to_string(),
+        "--metrics-port".into(),
+        metrics.to_string(),
+        "--data-dir".into(),
+        dir.to_str().expect("utf8").into(),
+    ]
+}
+
 /// SIGTERM, as systemd and container runtimes send it; the exit (bounded).
 fn terminate(broker: Broker) -> std::process::ExitStatus {
     broker.terminate()
@@ -96,10 +109,12 @@ fn port_flag_overrides_the_config() {
     terminate(child);
 }
 
-/// Runs the binary on a config file with `contents`; it must refuse to start. Returns its
-/// stderr and the file's path (for the `file:line` the error must name).
-fn refused_config(dir: &std::path::Path, contents: &str) -> (String, String) {
-    let path = dir.join("config.toml");
+/// Runs the binary on a config file with `contents` (in a temporary directory of its own); it
+/// must refuse to start. Returns its stderr and the file's path (for the `file:line` the error
+/// must name).
+fn refused_config(contents: &str) -> (String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.toml");
     std::fs::write(&path, contents).expect("write config");
     let out = Command::new(BIN)
         .args(["-c", path.to_str().expect("utf8")])
@@ -112,17 +127,13 @@ fn refused_config(dir: &std::path::Path, contents: &str) -> (String, String) {
 
 #[test]
 fn invalid_config_names_key_and_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (err, _) = refused_config(
-        dir.path(),
-        "[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n",
-    );
+    let (err, _) = refused_config("[listener]\nbind = \"127.0.0.1:1883\"\n\n[mqtt]\nmax_qos = 7\n");
     assert!(
         err.contains("mqtt.max_qos") && err.contains(":5"),
         "error names key and line: {err}"
     );
 
-    let (err, _) = refused_config(dir.path(), "[mqtt]\nmax_inflight = 3\n");
+    let (err, _) = refused_config("[mqtt]\nmax_inflight = 3\n");
     assert!(
         err.contains("max_inflight") && err.contains(":2"),
         "unknown key is named with its line: {err}"
@@ -160,14 +171,8 @@ fn metrics_port_flag_lets_two_brokers_run_side_by_side() {
     let mut brokers = Vec::new();
     for dir in &dirs {
         let (mqtt, metrics) = (free_port(), free_port());
-        let child = spawn_broker(&[
-            "-p",
-            &mqtt.to_string(),
-            "--metrics-port",
-            &metrics.to_string(),
-            "--data-dir",
-            dir.path().to_str().expect("utf8"),
-        ]);
+        let flags = default_config_flags(mqtt, metrics, dir.path());
+        let child = spawn_broker(&flags.each_ref().map(String::as_str));
         brokers.push((child, mqtt, metrics));
     }
     for (_, mqtt, metrics) in &brokers {
@@ -221,9 +226,7 @@ fn port_clash_from_flags_is_a_config_error_naming_both() {
 
 #[test]
 fn duplicate_listener_names_name_file_line_and_key() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let (err, path) = refused_config(
-        dir.path(),
         "[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n\n[[listener]]\nname = \"mqtt\"\nbind = \"127.0.0.1:0\"\n",
     );
     assert!(
@@ -394,15 +397,9 @@ fn one_file_serves_two_nodes_named_by_flag_and_environment() {
 fn the_open_default_warns_that_anyone_may_connect() {
     let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
+    let flags = default_config_flags(mqtt, metrics, dir.path());
     let (child, line) = spawn_until(
-        &[
-            "-p",
-            &mqtt.to_string(),
-            "--metrics-port",
-            &metrics.to_string(),
-            "--data-dir",
-            dir.path().to_str().expect("utf8"),
-        ],
+        &flags.each_ref().map(String::as_str),
         &[],
         "no authentication method is configured",
     );

@@ -31,9 +31,10 @@ use crate::common::rumq::V4;
 const BRIDGE: &str = "cloud";
 const STATE_TOPIC: &str = "$SYS/broker/connection/cloud/state";
 
-/// A broker in memory on loopback with its HTTP listener on `http` and one bridge `cloud`
-/// (`notifications` as given) that never connects by itself.
-async fn start(http: u16, notifications: bool) -> RunningServer {
+/// A broker in memory on loopback with its HTTP listener on a free port (returned with it) and
+/// one bridge `cloud` (`notifications` as given) that never connects by itself.
+async fn start(notifications: bool) -> (RunningServer, u16) {
+    let http = free_port();
     let text = format!(
         r#"
 [listener]
@@ -56,7 +57,7 @@ qos = 1
 "#
     );
     let config = Config::from_toml_str(&text, "bridge_observe.toml").expect("valid config");
-    common::start_with(config).await
+    (common::start_with(config).await, http)
 }
 
 fn status(server: &RunningServer) -> &BridgeStatus {
@@ -78,6 +79,19 @@ fn value(scrape: &str, series: &str) -> f64 {
     sample(scrape, series).unwrap_or_else(|| panic!("no `{series}` in:\n{scrape}"))
 }
 
+/// The bridge's `postbox_bridge_up` and `postbox_bridge_reconnects_total` in a scrape now.
+async fn assert_up_and_reconnects(http: u16, up: f64, reconnects: f64) {
+    let metrics = scrape(http).await;
+    assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), up);
+    assert_eq!(
+        value(
+            &metrics,
+            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
+        ),
+        reconnects
+    );
+}
+
 /// What a new subscriber to the state topic gets first: `QOS RETAIN PAYLOAD` of the retained
 /// value (a fresh `mosquitto_sub -q 1 -C 1`).
 async fn retained_state(port: u16) -> String {
@@ -92,22 +106,13 @@ async fn retained_state(port: u16) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_state_is_published_counted_and_listed() {
-    let http = free_port();
-    let server = start(http, true).await;
+    let (server, http) = start(true).await;
     let port = server.mqtt_addr.port();
     let bridge = status(&server);
 
     // At creation: down, retained `0` (QoS 1, RETAIN 1 for a new subscription: MQTT-3.3.1-8).
     assert_eq!(retained_state(port).await, "1 1 0");
-    let metrics = scrape(http).await;
-    assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), 0.0);
-    assert_eq!(
-        value(
-            &metrics,
-            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
-        ),
-        0.0
-    );
+    assert_up_and_reconnects(http, 0.0, 0.0).await;
     // A watcher on an established QoS 1 subscription sees every change after the retained
     // value, with RETAIN 0 (MQTT-3.3.1-9), at QoS 1 (MQTT-3.3.5-1: both are 1).
     let mut watcher = MosquittoSub::spawn(
@@ -202,15 +207,7 @@ async fn link_state_is_published_counted_and_listed() {
         ["1 1 0", "1 0 1", "1 0 0", "1 0 1"],
         "0 -> 1 -> 0 -> 1"
     );
-    let metrics = scrape(http).await;
-    assert_eq!(value(&metrics, r#"postbox_bridge_up{bridge="cloud"}"#), 1.0);
-    assert_eq!(
-        value(
-            &metrics,
-            r#"postbox_bridge_reconnects_total{bridge="cloud"}"#
-        ),
-        1.0
-    );
+    assert_up_and_reconnects(http, 1.0, 1.0).await;
     bridge.disconnected(Some("keep-alive timeout".into()));
     watcher.wait_for_value(STATE_TOPIC, |v| v == "1 0 0").await;
     let metrics = scrape(http).await;
@@ -226,8 +223,7 @@ async fn link_state_is_published_counted_and_listed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_notifications_nothing_is_published() {
-    let http = free_port();
-    let server = start(http, false).await;
+    let (server, http) = start(false).await;
     let port = server.mqtt_addr.port();
     let bridge = status(&server);
     // One SUBSCRIBE for both filters: a retained state would come right after the SUBACK,
@@ -266,8 +262,7 @@ async fn without_notifications_nothing_is_published() {
 /// queue gauges, the API and the status page show them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
-    let http = free_port();
-    let server = start(http, true).await;
+    let (server, http) = start(true).await;
     let link = Link::connect(&server.broker, LinkOptions::persistent("$bridge/cloud"));
     link.subscribe("sensors/#", QoS::AtLeastOnce)
         .expect("valid filter");
@@ -319,11 +314,8 @@ async fn queue_gauges_read_the_local_session_and_the_page_shows_the_bridge() {
     server.bridges[0].forwarded(Flow::Out);
 
     let dom = render_page(http).await;
-    let at = dom
-        .find("data-bridge=\"cloud\"")
+    let row = common::http::table_row(&dom, "data-bridge=\"cloud\"")
         .unwrap_or_else(|| panic!("no bridge row in the status page:\n{dom}"));
-    let row = &dom[at..];
-    let row = &row[..row.find("</tr>").expect("row end")];
     assert!(row.contains("<td class=\"num queued\">3</td>"), "{row}");
     assert!(row.contains("<td class=\"link bad\">down</td>"), "{row}");
     assert!(
@@ -357,40 +349,10 @@ async fn the_page_hides_bridges_when_none_are_configured() {
     server.shutdown().await;
 }
 
-/// The status page's DOM after its script ran, from a headless Chromium (as in admin.rs).
+/// The status page's DOM after its script ran (`common::http::rendered_dom`), which must not
+/// show an error.
 async fn render_page(http: u16) -> String {
-    let url = format!("http://127.0.0.1:{http}/");
-    let output = tokio::task::spawn_blocking(move || {
-        let profile = tempfile::tempdir().expect("profile dir");
-        // `timeout` bounds the browser and kills it if it hangs.
-        std::process::Command::new("timeout")
-            .args(["-k", "5", "60", "chromium"])
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--virtual-time-budget=5000",
-                "--dump-dom",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg(&url)
-            .output()
-            .expect("run chromium (apt-get install chromium)")
-    })
-    .await
-    .expect("chromium task");
-    assert!(
-        output.status.success(),
-        "chromium failed ({}): {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let dom = String::from_utf8_lossy(&output.stdout).into_owned();
+    let dom = common::http::rendered_dom(&format!("http://127.0.0.1:{http}/"), 5000).await;
     assert!(
         dom.contains("id=\"error\"></span>"),
         "the page reported an error:\n{dom}"

@@ -128,23 +128,13 @@ fn dev_ca() -> BridgeTlsConfig {
 /// A CA of its own (made with `openssl` now) that signed nothing the remote presents.
 fn other_ca(dir: &Path) -> PathBuf {
     let (pem, key) = (dir.join("other-ca.pem"), dir.join("other-ca.key"));
-    let out = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-        ])
-        .args(["-nodes", "-days", "1", "-subj", "/CN=Some other CA"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&pem)
-        .output()
-        .expect("openssl is installed");
-    assert!(out.status.success(), "openssl: {out:?}");
+    common::self_signed_p256(
+        key.to_str().expect("utf8"),
+        pem.to_str().expect("utf8"),
+        "Some other CA",
+        1,
+        &[],
+    );
     pem
 }
 

@@ -305,19 +305,15 @@ async fn nats_down_refuses_qos1_keeps_qos0_local_and_recovers() {
         "QoS 0 reaches the local subscriber, the refused QoS 1 nowhere"
     );
 
-    let mut old = RawClient::connect(a.mqtt(), ProtocolVersion::V3_1_1, "down-v311", true).await;
-    old.send(&Packet::Publish(v5::publish_packet(
+    common::expect_v311_publish_refused(
+        a.mqtt(),
+        "down-v311",
         "down/q1",
-        QoS::AtLeastOnce,
         b"refused-311",
         7,
-    )))
+        "3.1.1 QoS 1 while NATS is down: disconnected, not acknowledged",
+    )
     .await;
-    let seen = old.expect_close().await;
-    assert!(
-        !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
-        "3.1.1 QoS 1 while NATS is down: disconnected, not acknowledged ({seen:?})"
-    );
     assert_eq!(
         tokio::task::block_in_place(|| a.metric("postbox_cluster_refused_total")),
         2.0,

@@ -10,7 +10,8 @@ use crate::common;
 use std::time::Duration;
 
 use bytestring::ByteString;
-use common::cluster::start_cluster;
+use common::cluster::{start_cluster, Node};
+use common::nats::NatsServer;
 use common::{v5, RawClient};
 use postbox::codec::{Connect, LastWill, Packet, QoS};
 
@@ -31,6 +32,31 @@ fn with_will(mut connect: Connect, topic: &str, delay: Option<u32>) -> Connect {
     will.properties.will_delay_interval = delay;
     connect.will = Some(will);
     connect
+}
+
+/// Two linked nodes; on b a watcher of `wills/#`; on a the persistent session `id` (expiry
+/// `expiry` s) with its will on `wills/<id>` delayed `delay` s, subscribed to `<id>/#`: the
+/// start of the tests of what becomes of a killed node's session on another node. Returns
+/// NATS, the nodes, the watcher and the session's client (keep them alive).
+async fn session_on_a_watched_on_b(
+    id: &str,
+    expiry: u32,
+    delay: u32,
+) -> (NatsServer, Vec<Node>, RawClient, RawClient) {
+    let (nats, nodes) = start_cluster(2, "").await;
+    let mut on_b = v5::connect_id(nodes[1].mqtt(), "watch-b").await;
+    v5::subscribe(&mut on_b, "wills/#", QoS::AtLeastOnce).await;
+    let (mut client, _) = v5::connect(
+        nodes[0].mqtt(),
+        with_will(
+            v5::persistent_connect(id, expiry),
+            &format!("wills/{id}"),
+            Some(delay),
+        ),
+    )
+    .await;
+    v5::subscribe(&mut client, &format!("{id}/#"), QoS::AtLeastOnce).await;
+    (nats, nodes, on_b, client)
 }
 
 /// Receives PUBLISHes (acknowledged) for up to `within`; their payloads.
@@ -138,15 +164,7 @@ async fn the_wills_of_a_dead_nodes_clients_are_published_once_by_another_node() 
 /// connects afterwards to another node finds no session (session-present 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_nodes_session_expires_on_another_node_and_its_will_goes_out_then() {
-    let (_nats, mut nodes) = start_cluster(2, "").await;
-    let mut on_b = v5::connect_id(nodes[1].mqtt(), "watch-b").await;
-    v5::subscribe(&mut on_b, "wills/#", QoS::AtLeastOnce).await;
-    let (mut short, _) = v5::connect(
-        nodes[0].mqtt(),
-        with_will(v5::persistent_connect("short", 4), "wills/short", Some(60)),
-    )
-    .await;
-    v5::subscribe(&mut short, "short/#", QoS::AtLeastOnce).await;
+    let (_nats, mut nodes, mut on_b, _short) = session_on_a_watched_on_b("short", 4, 60).await;
     let expired_before = nodes[1].metric("postbox_sessions_expired_total");
     tokio::task::block_in_place(|| nodes[0].kill9());
 
@@ -174,15 +192,7 @@ async fn a_dead_nodes_session_expires_on_another_node_and_its_will_goes_out_then
 /// session there, and its will is never published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_back_on_another_node_within_its_will_delay_cancels_the_will() {
-    let (_nats, mut nodes) = start_cluster(2, "").await;
-    let mut on_b = v5::connect_id(nodes[1].mqtt(), "watch-b").await;
-    v5::subscribe(&mut on_b, "wills/#", QoS::AtLeastOnce).await;
-    let (mut late, _) = v5::connect(
-        nodes[0].mqtt(),
-        with_will(v5::persistent_connect("late", 600), "wills/late", Some(12)),
-    )
-    .await;
-    v5::subscribe(&mut late, "late/#", QoS::AtLeastOnce).await;
+    let (_nats, mut nodes, mut on_b, _late) = session_on_a_watched_on_b("late", 600, 12).await;
     // A control client whose will has no delay: its will shows when node a's sessions were
     // adopted, so the cancelled one had its chance to go out wrongly.
     let (_control, _) = v5::connect(

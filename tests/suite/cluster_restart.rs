@@ -130,21 +130,13 @@ async fn a_message_stored_but_not_acknowledged_to_jetstream_before_a_crash_arriv
 
     // The only message from another node since the restart: "m1" offered again.
     let offered = r#"postbox_cluster_messages_total{direction="in"}"#;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    while tokio::task::block_in_place(|| a.metric(offered)) < 1.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "JetStream never offered the unacknowledged message again"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-    // Routed after it: a second copy of "m1" would come before it.
-    let code = v5::publish(
-        &mut on_b,
-        v5::publish_packet("ua/m", QoS::ExactlyOnce, b"last", 99),
+    within_ack_wait(
+        "JetStream never offered the unacknowledged message again",
+        async || tokio::task::block_in_place(|| a.metric(offered)) >= 1.0,
     )
     .await;
-    assert!(!code.is_error(), "last refused: {code:?}");
+    // Routed after it: a second copy of "m1" would come before it.
+    publish_accepted(&mut on_b, "ua/m", "last", 99).await;
 
     let (mut client, ack) = v5::connect(a.mqtt(), v5::persistent_connect(client_id, 3600)).await;
     assert!(ack.session_present, "node a's store kept the session");
@@ -182,21 +174,13 @@ async fn a_message_whose_acknowledgement_a_dropped_nats_connection_lost_arrives_
     tap.cut();
 
     // Acknowledged at last: offered again and taken (or, before the fix, routed again).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    while ack_floor(&nats.url(), "node-a").await < seq {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "node a never acknowledged the message offered again"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-    // Routed after it: a second copy of "m1" would come before it.
-    let code = v5::publish(
-        &mut on_b,
-        v5::publish_packet("la/m", QoS::ExactlyOnce, b"last", 99),
+    within_ack_wait(
+        "node a never acknowledged the message offered again",
+        async || ack_floor(&nats.url(), "node-a").await >= seq,
     )
     .await;
-    assert!(!code.is_error(), "last refused: {code:?}");
+    // Routed after it: a second copy of "m1" would come before it.
+    publish_accepted(&mut on_b, "la/m", "last", 99).await;
     receive_exactly_once(&mut client, &mut awaiting, &mut got, 2).await;
     assert_eq!(
         got.get("m1"),
@@ -252,13 +236,28 @@ async fn ack_floor(nats: &str, consumer: &str) -> u64 {
 /// Publishes `<prefix>1..=count` on `topic` at QoS 2; every one must be accepted.
 async fn publish_numbered(c: &mut RawClient, topic: &str, prefix: &str, count: u16) {
     for n in 1..=count {
-        let payload = format!("{prefix}{n}");
-        let code = v5::publish(
-            c,
-            v5::publish_packet(topic, QoS::ExactlyOnce, payload.as_bytes(), n),
-        )
-        .await;
-        assert!(!code.is_error(), "{payload} refused: {code:?}");
+        publish_accepted(c, topic, &format!("{prefix}{n}"), n).await;
+    }
+}
+
+/// Publishes `payload` on `topic` at QoS 2 (packet id `id`); it must be accepted.
+async fn publish_accepted(c: &mut RawClient, topic: &str, payload: &str, id: u16) {
+    let code = v5::publish(
+        c,
+        v5::publish_packet(topic, QoS::ExactlyOnce, payload.as_bytes(), id),
+    )
+    .await;
+    assert!(!code.is_error(), "{payload} refused: {code:?}");
+}
+
+/// Polls `done` every 200 ms until it holds, for at most 90 s (JetStream offers an
+/// unacknowledged message again after `ack_wait`, 30 s, so WAIT is too short); else fails
+/// saying `what`.
+async fn within_ack_wait(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while !done().await {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 

@@ -11,8 +11,7 @@
 use std::time::{Duration, SystemTime};
 
 use postbox::codec::{
-    LastWill, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
-    WillProperties,
+    Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
 };
 use postbox::config::{Config, OverflowPolicy};
 use postbox::guarantees::DeadReason;
@@ -402,13 +401,7 @@ async fn clients_cannot_publish_dead_letters() {
         other => panic!("expected PUBACK, got {other:?}"),
     }
     let mut connect = v5::connect_packet("will-forger");
-    connect.will = Some(LastWill {
-        topic: "$dlq/w".into(),
-        payload: b"forged".to_vec().into(),
-        qos: QoS::AtLeastOnce,
-        retain: false,
-        properties: WillProperties::default(),
-    });
+    connect.will = Some(v5::will("$dlq/w", b"forged", QoS::AtLeastOnce, false));
     let (w, _) = v5::connect(server.mqtt_addr, connect).await;
     drop(w); // abnormal close: the will is due at once
              // The will's refusal is counted when the broker sees the close: wait for it (bounded).
@@ -430,14 +423,12 @@ async fn clients_cannot_publish_dead_letters() {
 #[tokio::test]
 async fn reading_dead_letters_obeys_the_acl() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let acl = dir.path().join("acl");
-    std::fs::write(
-        &acl,
-        "topic readwrite q/#\n\nuser ops\ntopic read $dlq/#\ntopic readwrite q/#\n",
-    )
-    .expect("write acl");
     let mut c = config(1, OverflowPolicy::DropNew);
-    c.auth.acl_file = Some(acl);
+    common::set_acl(
+        &mut c,
+        dir.path(),
+        "topic readwrite q/#\n\nuser ops\ntopic read $dlq/#\ntopic readwrite q/#\n",
+    );
     let server = common::start_with(c).await;
     let mut nosy = v5::connect_id(server.mqtt_addr, "nosy").await;
     let ack = v5::subscribe_with(&mut nosy, "$dlq/#", Default::default(), None).await;

@@ -66,6 +66,18 @@ fn promtool(args: &[&str]) -> Output {
         .expect("promtool is installed (apt-get install prometheus)")
 }
 
+/// `promtool COMMAND` (e.g. "check rules") on the repository file `rel`, which must succeed:
+/// what it said (stdout and stderr), for the checks that look further into it.
+fn promtool_on(command: &str, rel: &str) -> String {
+    let path = repo_path(rel);
+    let mut args: Vec<&str> = command.split(' ').collect();
+    args.push(path.to_str().expect("utf8"));
+    let out = promtool(&args);
+    let said = text(&out);
+    assert!(out.status.success(), "promtool {command}: {said}");
+    said
+}
+
 /// The alerting rules of `deploy/prometheus/postbox-rules.yml`, every group's.
 pub(crate) fn alert_rules() -> Vec<Yaml> {
     let docs = yaml("deploy/prometheus/postbox-rules.yml");
@@ -130,27 +142,19 @@ pub(crate) fn dashboard_queries(dashboard: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn promtool_accepts_the_config_and_its_rule_file() {
-    let config = repo_path("deploy/prometheus/prometheus.yml");
-    let out = promtool(&["check", "config", config.to_str().expect("utf8")]);
-    let said = text(&out);
-    assert!(out.status.success(), "promtool check config: {said}");
+    let said = promtool_on("check config", "deploy/prometheus/prometheus.yml");
     // The config loads the rules (`rule_files`), and check config checked them too.
     assert!(said.contains("SUCCESS: 1 rule files found"), "{said}");
     assert!(said.contains("postbox-rules.yml"), "{said}");
 
-    let rules = repo_path("deploy/prometheus/postbox-rules.yml");
-    let out = promtool(&["check", "rules", rules.to_str().expect("utf8")]);
-    assert!(out.status.success(), "promtool check rules: {}", text(&out));
+    promtool_on("check rules", "deploy/prometheus/postbox-rules.yml");
 }
 
 /// Each alert fires on a series that should fire it and not on a normal one
 /// (deploy/prometheus/postbox-rules.test.yml, promtool's rule unit tests).
 #[test]
 fn promtool_rule_unit_tests_pass() {
-    let tests = repo_path("deploy/prometheus/postbox-rules.test.yml");
-    let out = promtool(&["test", "rules", tests.to_str().expect("utf8")]);
-    let said = text(&out);
-    assert!(out.status.success(), "promtool test rules: {said}");
+    let said = promtool_on("test rules", "deploy/prometheus/postbox-rules.test.yml");
     assert!(said.contains("SUCCESS"), "{said}");
 }
 
@@ -598,6 +602,23 @@ fn hardened_pod_with_volume<'a>(set: &'a Yaml, data_dir: &str, config_map: &str)
     c
 }
 
+/// A container's `args`, and the value after the first of them that is one of `flags`
+/// (`--flag VALUE`): how both the NATS and the Postbox pods are checked for their flags.
+fn flag_value<'a>(container: &'a Yaml, flags: &[&str]) -> (Vec<&'a str>, Option<&'a str>) {
+    let args: Vec<&str> = container["args"]
+        .as_vec()
+        .expect("args")
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    let value = args
+        .iter()
+        .position(|a| flags.contains(a))
+        .and_then(|i| args.get(i + 1))
+        .copied();
+    (args, value)
+}
+
 /// Whether the container's `env` sets `var` from the pod's name (the downward API).
 fn env_from_pod_name(container: &Yaml, var: &str) -> bool {
     container["env"].as_vec().is_some_and(|env| {
@@ -649,17 +670,8 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         "{:?}",
         c["image"]
     );
-    let args: Vec<&str> = c["args"]
-        .as_vec()
-        .expect("args")
-        .iter()
-        .filter_map(Yaml::as_str)
-        .collect();
-    let conf_path = args
-        .iter()
-        .position(|a| *a == "--config" || *a == "-c")
-        .and_then(|i| args.get(i + 1))
-        .expect("nats-server --config <file>");
+    let (_, conf_path) = flag_value(c, &["--config", "-c"]);
+    let conf_path = conf_path.expect("nats-server --config <file>");
     let conf_mount = c["volumeMounts"]
         .as_vec()
         .expect("volumeMounts")
@@ -667,7 +679,7 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
         .find(|m| m["name"].as_str() == Some("config"))
         .and_then(|m| m["mountPath"].as_str())
         .expect("config mounted");
-    assert_eq!(*conf_path, format!("{conf_mount}/nats.conf"));
+    assert_eq!(conf_path, format!("{conf_mount}/nats.conf"));
     // One stable server_name per pod: the pod's name through the environment.
     assert!(conf.contains("server_name: $SERVER_NAME"), "{conf}");
     assert!(
@@ -767,18 +779,12 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
     let raw: toml::Table = toml::from_str(toml_text).expect("the embedded config is TOML");
     let data_dir = raw["storage"]["dir"].as_str().expect("storage.dir");
     let c = hardened_pod_with_volume(postbox, data_dir, "postbox-config");
-    let args: Vec<&str> = c["args"]
-        .as_vec()
-        .expect("args")
-        .iter()
-        .filter_map(Yaml::as_str)
-        .collect();
-    let node_arg = args
-        .iter()
-        .position(|a| *a == "--cluster-node")
-        .and_then(|i| args.get(i + 1))
-        .expect("--cluster-node <ID>");
-    assert_eq!(*node_arg, "$(POD_NAME)", "{args:?}");
+    let (args, node_arg) = flag_value(c, &["--cluster-node"]);
+    assert_eq!(
+        node_arg.expect("--cluster-node <ID>"),
+        "$(POD_NAME)",
+        "{args:?}"
+    );
     assert!(
         env_from_pod_name(c, "POD_NAME"),
         "POD_NAME from the pod name"

@@ -356,19 +356,15 @@ async fn over_the_memory_budget_publishes_are_refused_with_quota_exceeded() {
     assert!(counted >= 1.0, "the refusal is counted");
     // 3.1.1 cannot be told: the connection closes, and nothing is acknowledged. (Its 1 MB,
     // partly received, counts too: usage is over the budget whatever the last message did.)
-    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old", true).await;
-    old.send(&Packet::Publish(v5::publish_packet(
+    common::expect_v311_publish_refused(
+        broker.addr,
+        "old",
         "fill/x",
-        QoS::AtLeastOnce,
         &payload,
         1,
-    )))
+        "no PUBACK over the budget",
+    )
     .await;
-    let seen = old.expect_close().await;
-    assert!(
-        !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
-        "no PUBACK over the budget: {seen:?}"
-    );
 }
 
 /// A paused publisher whose connection ends while it waits (here: taken over by a new
@@ -463,19 +459,15 @@ async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
     assert_eq!(refused, Some(1.0), "the QoS 1 refusal is counted");
 
     // 3.1.1: no negative ack exists, so the connection closes and nothing is acknowledged.
-    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old", true).await;
-    old.send(&Packet::Publish(v5::publish_packet(
+    common::expect_v311_publish_refused(
+        broker.addr,
+        "old",
         "refuse/t",
-        QoS::AtLeastOnce,
         b"seven",
         7,
-    )))
+        "no PUBACK for a refused 3.1.1 PUBLISH",
+    )
     .await;
-    let closed = old.expect_close().await;
-    assert!(
-        !closed.iter().any(|p| matches!(p, Packet::PubAck(_))),
-        "no PUBACK for a refused 3.1.1 PUBLISH: {closed:?}"
-    );
 
     // The full session comes back and drains: its queue has room again.
     offline.clean_start = false;

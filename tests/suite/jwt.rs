@@ -8,7 +8,6 @@
 //! authorized (§3.14.2.1), 3.1.1 by closing.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -34,6 +33,20 @@ pub(crate) fn now() -> u64 {
         .as_secs()
 }
 
+/// A new 2048-bit RSA private key at `path` (`openssl genpkey`): a key the broker does not
+/// know yet.
+fn new_rsa_key(path: &Path) {
+    common::openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:2048",
+        "-out",
+        path.to_str().expect("utf8"),
+    ]);
+}
+
 /// An RS256 token for `claims`, signed by `openssl dgst -sha256 -sign KEY`.
 pub(crate) fn rs256(key: &Path, claims: &str) -> String {
     let signing_input = format!(
@@ -44,18 +57,14 @@ pub(crate) fn rs256(key: &Path, claims: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("input");
     std::fs::write(&input, &signing_input).expect("write");
-    let out = Command::new("openssl")
-        .args(["dgst", "-sha256", "-sign"])
-        .arg(key)
-        .arg(&input)
-        .output()
-        .expect("openssl is installed");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    format!("{signing_input}.{}", b64(&out.stdout))
+    let signature = common::openssl(&[
+        "dgst",
+        "-sha256",
+        "-sign",
+        key.to_str().expect("utf8"),
+        input.to_str().expect("utf8"),
+    ]);
+    format!("{signing_input}.{}", b64(&signature))
 }
 
 /// A broker that refuses anonymous clients and takes tokens signed by the dev RSA key.
@@ -153,19 +162,7 @@ async fn expired_foreign_and_mismatched_tokens_are_refused() {
     // Signed by a key the broker does not trust.
     let dir = tempfile::tempdir().expect("tempdir");
     let other = dir.path().join("other.key");
-    let status = Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&other)
-        .output()
-        .expect("openssl");
-    assert!(status.status.success());
+    new_rsa_key(&other);
     let foreign = rs256(&other, &format!(r#"{{"sub":"s1","exp":{}}}"#, now() + 300));
     assert_eq!(
         connack_v5(&broker, None, &foreign).await,
@@ -417,17 +414,17 @@ async fn a_will_outside_the_publish_claim_is_not_published_after_a_restart() {
         connect.password = Some(token.as_bytes().to_vec().into());
         connect
     };
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     // A persistent watcher: what is published after the restart is queued for it, however
     // soon after the start the wills come due.
     let (mut watch, _) = v5::connect(broker.addr, login("watch", &ops)).await;
     v5::subscribe(&mut watch, "#", postbox::codec::QoS::AtLeastOnce).await;
     v5::disconnect(watch).await;
-    let mut armed = Vec::new();
-    for (id, topic) in [
+    let armed = [
         ("m-forged", "commands/sensor1/reboot"),
         ("m-own", "mallory/will"),
-    ] {
+    ]
+    .map(|(id, topic)| {
         let mut connect = login(id, &mallory);
         connect.will = Some(postbox::codec::LastWill {
             topic: topic.into(),
@@ -439,15 +436,11 @@ async fn a_will_outside_the_publish_claim_is_not_published_after_a_restart() {
                 ..Default::default()
             },
         });
-        let (c, ack) = v5::connect(broker.addr, connect).await;
-        assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}");
-        armed.push(c);
-    }
-    // Stopped while they are connected: their delayed wills are stored for after it.
-    broker.stop().await;
-    drop(armed);
-
-    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+        connect
+    });
+    let broker = broker
+        .restart_while_connected(armed.into(), &sections)
+        .await;
     let (mut watch, ack) = v5::connect(broker.addr, login("watch", &ops)).await;
     assert!(ack.session_present);
     let own = tokio::time::timeout(common::WAIT, v5::receive(&mut watch))
@@ -475,38 +468,15 @@ async fn a_key_rotation_disconnects_the_old_keys_clients() {
     std::fs::copy(jwt_dir().join("rsa.pub"), &key_file).expect("copy the key");
     let new_key = dir.path().join("new.key");
     let new_pub = dir.path().join("new.pub");
-    for args in [
-        vec![
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ],
-        vec![
-            "pkey",
-            "-pubout",
-            "-in",
-            new_key.to_str().expect("utf-8"),
-            "-out",
-        ],
-    ] {
-        let out = Command::new("openssl")
-            .args(&args)
-            .arg(if args[0] == "genpkey" {
-                &new_key
-            } else {
-                &new_pub
-            })
-            .output()
-            .expect("openssl is installed");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    new_rsa_key(&new_key);
+    common::openssl(&[
+        "pkey",
+        "-pubout",
+        "-in",
+        new_key.to_str().expect("utf-8"),
+        "-out",
+        new_pub.to_str().expect("utf-8"),
+    ]);
     let broker = BrokerProcess::spawn(
         "",
         &format!(

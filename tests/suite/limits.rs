@@ -58,19 +58,15 @@ async fn a_publish_over_the_topic_limits_is_refused_with_0x90() {
     .await;
     v5::expect_disconnect(&mut c, ReasonCode::TOPIC_NAME_INVALID).await;
 
-    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old", true).await;
-    old.send(&Packet::Publish(v5::publish_packet(
+    common::expect_v311_publish_refused(
+        broker.addr,
+        "old",
         &deep(9),
-        QoS::AtLeastOnce,
         b"x",
         9,
-    )))
+        "no PUBACK for a refused 3.1.1 PUBLISH",
+    )
     .await;
-    let seen = old.expect_close().await;
-    assert!(
-        !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
-        "no PUBACK for a refused 3.1.1 PUBLISH: {seen:?}"
-    );
 }
 
 /// A SUBSCRIBE filter over the limits gets 0x8F Topic Filter invalid for that filter only
@@ -137,13 +133,7 @@ async fn subscriptions_beyond_the_per_client_limit_get_quota_exceeded() {
 async fn a_will_over_the_topic_limits_is_refused_at_connect() {
     let broker = BrokerProcess::spawn("", "max_topic_levels = 3").await;
     let mut connect = v5::connect_packet("deep-will");
-    connect.will = Some(postbox::codec::LastWill {
-        topic: deep(4).into(),
-        payload: b"bye".to_vec().into(),
-        qos: QoS::AtMostOnce,
-        retain: false,
-        properties: Default::default(),
-    });
+    connect.will = Some(v5::will(&deep(4), b"bye", QoS::AtMostOnce, false));
     let (_c, first) = v5::open(broker.addr, connect).await;
     match first {
         Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::TOPIC_NAME_INVALID),

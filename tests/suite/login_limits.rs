@@ -537,10 +537,10 @@ async fn scram_start(
     user: &str,
     password: &str,
 ) -> Result<(crate::scram::ScramClient, RawClient, String), u8> {
-    use crate::scram::{challenge, scram_connect, Hash, ScramClient};
+    use crate::scram::{Hash, ScramClient};
     let method = Hash::Sha256.method();
     let client = ScramClient::new(Hash::Sha256, user, password);
-    let connect = scram_connect(id, method, &client.client_first());
+    let connect = v5::auth_connect(id, method, client.client_first());
     let mut c = RawClient::over(connect_from(source, addr).await, v5::V);
     c.send(&Packet::Connect(Box::new(connect))).await;
     let first = tokio::time::timeout(WAIT, c.recv())
@@ -549,7 +549,7 @@ async fn scram_start(
     if let Some(Packet::ConnAck(ack)) = first {
         return Err(ack.reason_code.0);
     }
-    let server_first = challenge(first, method);
+    let server_first = v5::expect_challenge(first, method);
     Ok((client, c, server_first))
 }
 
@@ -557,11 +557,15 @@ async fn scram_start(
 async fn scram_finish(
     (mut client, mut c, server_first): (crate::scram::ScramClient, RawClient, String),
 ) -> u8 {
-    use crate::scram::{auth, Hash};
+    use crate::scram::Hash;
     let fin = client.client_final(&server_first, false);
     let method = Hash::Sha256.method();
-    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
-        .await;
+    c.send(&v5::auth_packet(
+        ReasonCode::CONTINUE_AUTHENTICATION,
+        method,
+        &fin,
+    ))
+    .await;
     read_connack(&mut c).await
 }
 

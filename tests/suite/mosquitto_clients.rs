@@ -11,10 +11,10 @@ const VERSIONS: [&str; 3] = ["mqttv31", "mqttv311", "mqttv5"];
 struct Sub(MosquittoSub);
 
 impl Sub {
-    fn spawn(port: u16, args: &[&str]) -> Sub {
+    fn spawn(port: u16, version: &str, topic: &str, args: &[&str]) -> Sub {
         let mut all = vec!["-F", "MSG|%t|%q|%r|%p"];
         all.extend_from_slice(args);
-        Sub(MosquittoSub::spawn(port, &all))
+        Sub(MosquittoSub::spawn_at(port, version, topic, &all))
     }
 
     async fn wait_for(&mut self, needle: &str) -> String {
@@ -40,10 +40,7 @@ async fn pub_sub_every_version_and_qos() {
     let server = common::start().await;
     let port = server.mqtt_addr.port();
     for version in VERSIONS {
-        let mut sub = Sub::spawn(
-            port,
-            &["-V", version, "-t", "sensors/#", "-q", "2", "-C", "3"],
-        );
+        let mut sub = Sub::spawn(port, version, "sensors/#", &["-q", "2", "-C", "3"]);
         sub.wait_for("SUBACK").await;
         for qos in ["0", "1", "2"] {
             let payload = format!("{version}-q{qos}");
@@ -70,10 +67,7 @@ async fn retained_message_reaches_later_subscriber() {
             &["-V", version, "-t", &topic, "-m", "online", "-q", "1", "-r"],
         )
         .await;
-        let mut sub = Sub::spawn(
-            port,
-            &["-V", version, "-t", "status/#", "-q", "1", "-C", "1"],
-        );
+        let mut sub = Sub::spawn(port, version, "status/#", &["-q", "1", "-C", "1"]);
         let line = sub.wait_for(&format!("MSG|{topic}|")).await;
         assert_eq!(
             line,
@@ -96,18 +90,9 @@ async fn persistent_session_receives_what_it_missed() {
         // Create the session and its subscription, then leave.
         let sub = Sub::spawn(
             port,
-            &[
-                "-V",
-                version,
-                "-t",
-                "sensors/#",
-                "-q",
-                "2",
-                "-c",
-                "-i",
-                &id,
-                "-E",
-            ],
+            version,
+            "sensors/#",
+            &["-q", "2", "-c", "-i", &id, "-E"],
         );
         sub.exit_ok().await;
         for i in 0..3 {
@@ -120,19 +105,9 @@ async fn persistent_session_receives_what_it_missed() {
         }
         let mut sub = Sub::spawn(
             port,
-            &[
-                "-V",
-                version,
-                "-t",
-                "sensors/#",
-                "-q",
-                "2",
-                "-c",
-                "-i",
-                &id,
-                "-C",
-                "3",
-            ],
+            version,
+            "sensors/#",
+            &["-q", "2", "-c", "-i", &id, "-C", "3"],
         );
         let got = sub.messages(3).await;
         let expected: Vec<String> = (0..3)

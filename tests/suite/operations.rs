@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use postbox::codec::{LastWill, Packet, Publish, QoS, ReasonCode, WillProperties};
+use postbox::codec::{Packet, Publish, QoS, ReasonCode};
 
 use crate::common;
 use crate::jwt::{jwt_dir, now, rs256};
@@ -393,12 +393,6 @@ async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_r
 /// A v5 client `mortal` with a will on `wills/mortal` and no delay.
 async fn connect_mortal(addr: std::net::SocketAddr) -> RawClient {
     let mut mortal = v5::connect_packet("mortal");
-    mortal.will = Some(LastWill {
-        topic: "wills/mortal".into(),
-        payload: b"gone".to_vec().into(),
-        qos: QoS::AtLeastOnce,
-        retain: false,
-        properties: WillProperties::default(),
-    });
+    mortal.will = Some(v5::will("wills/mortal", b"gone", QoS::AtLeastOnce, false));
     v5::connect(addr, mortal).await.0
 }

@@ -17,7 +17,7 @@ use postbox::codec::{Connect, Packet, ProtocolVersion};
 
 use crate::common::http::{http_get, sample};
 use crate::common::process::{free_port, Broker, BrokerConfig};
-use crate::common::{v5, RawClient, WAIT};
+use crate::common::{run_ok, v5, RawClient, WAIT};
 
 /// Two listeners: `tcp` follows `auth.allow_anonymous = false`, `local` lets anonymous in.
 struct Setup {
@@ -49,21 +49,13 @@ fn setup(dir: &Path, password_file: &Path, cache: usize) -> Setup {
     }
 }
 
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("command runs");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 fn postbox_passwd(args: &[&str]) -> Output {
-    run(Command::new(crate::common::process::BIN)
-        .arg("passwd")
-        .args(args)
-        .stdin(Stdio::null()))
+    run_ok(
+        Command::new(crate::common::process::BIN)
+            .arg("passwd")
+            .args(args)
+            .stdin(Stdio::null()),
+    )
 }
 
 /// The CONNACK reason code (v5) or return code (3.1.1, read from the raw bytes) a CONNECT
@@ -109,16 +101,23 @@ fn sighup(broker: &Broker) {
     broker.signal(libc::SIGHUP);
 }
 
+/// `TOOL -h 127.0.0.1 -p PORT -V VERSION` (`mosquitto_pub` or `mosquitto_sub`) aimed at the
+/// broker on `addr`: the one place the tests point Mosquitto's clients at it.
+fn mosquitto_client(tool: &str, addr: SocketAddr, version: &str) -> Command {
+    let mut command = Command::new(tool);
+    command.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &addr.port().to_string(),
+        "-V",
+        version,
+    ]);
+    command
+}
+
 fn mosquitto_pub(addr: SocketAddr, version: &str, args: &[&str]) -> Output {
-    Command::new("mosquitto_pub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &addr.port().to_string(),
-            "-V",
-            version,
-        ])
+    mosquitto_client("mosquitto_pub", addr, version)
         .args(["-t", "pw/test", "-m", "hello", "-q", "1"])
         .args(args)
         .output()
@@ -138,6 +137,14 @@ fn pub_ok(addr: SocketAddr, user: &str, password: &str) {
 
 fn file_of(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
+}
+
+/// A new temporary directory and the path of a `passwd` file in it (not yet written): where
+/// every password-file test starts. The directory lives as long as the returned guard.
+fn passwd_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = file_of(dir.path(), "passwd");
+    (dir, file)
 }
 
 /// Every `postbox_auth_failures_total` series of a `/metrics` scrape, by its labels.
@@ -176,8 +183,7 @@ fn moved(
 /// log, which the operator reads, still tells them apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_do_not_tell_a_wrong_password_from_an_unknown_user() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     postbox_passwd(&[
         "-c",
@@ -218,12 +224,11 @@ async fn metrics_do_not_tell_a_wrong_password_from_an_unknown_user() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     // Every format this mosquitto_passwd (2.0) writes: `-H sha512` ($6$) and `-H
     // sha512-pbkdf2` ($7$, its default).
-    run(Command::new("mosquitto_passwd").args([
+    run_ok(Command::new("mosquitto_passwd").args([
         "-H",
         "sha512",
         "-c",
@@ -232,7 +237,7 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
         "alice",
         "alice-secret",
     ]));
-    run(Command::new("mosquitto_passwd").args([
+    run_ok(Command::new("mosquitto_passwd").args([
         "-H",
         "sha512-pbkdf2",
         "-b",
@@ -240,7 +245,7 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
         "bob",
         "bob-secret",
     ]));
-    run(Command::new("mosquitto_passwd").args(["-b", f, "dave", "dave-secret"]));
+    run_ok(Command::new("mosquitto_passwd").args(["-b", f, "dave", "dave-secret"]));
     let text = std::fs::read_to_string(&file).expect("read");
     assert!(
         text.contains("alice:$6$") && text.contains("bob:$7$"),
@@ -317,8 +322,7 @@ async fn mosquitto_passwd_files_verify_and_bad_credentials_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postbox_passwd_round_trip_is_accepted_by_the_broker() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     postbox_passwd(&["-c", "-b", f, "u1", "p1"]);
     postbox_passwd(&["-b", f, "u2", "p2"]);
@@ -367,8 +371,7 @@ async fn postbox_passwd_round_trip_is_accepted_by_the_broker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_file_and_a_broken_one_keeps_the_old() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = file_of(dir.path(), "passwd");
+    let (dir, file) = passwd_file();
     let f = file.to_str().expect("utf8");
     postbox_passwd(&["-c", "-b", "--iterations", "1000", f, "alice", "a"]);
     let s = setup(dir.path(), &file, 4096);
@@ -376,15 +379,7 @@ async fn sighup_reloads_the_file_and_a_broken_one_keeps_the_old() {
     let addr = s.config.mqtt;
 
     // An established client, subscribed with its password.
-    let sub = tokio::process::Command::new("mosquitto_sub")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &addr.port().to_string(),
-            "-V",
-            "mqttv5",
-        ])
+    let sub = tokio::process::Command::from(mosquitto_client("mosquitto_sub", addr, "mqttv5"))
         .args([
             "-u", "alice", "-P", "a", "-i", "pw-sub", "-t", "pw/test", "-q", "1", "-C", "1",
         ])
@@ -498,10 +493,12 @@ fn shipped_password_files_survive_the_real_mosquitto_passwd() {
         let copy = dir.path().join("passwd");
         std::fs::write(&copy, &original).expect("copy");
 
-        let out = run(Command::new("mosquitto_passwd")
-            .arg("-b")
-            .arg(&copy)
-            .args(["newcomer", "newcomer-secret"]));
+        let out = run_ok(
+            Command::new("mosquitto_passwd")
+                .arg("-b")
+                .arg(&copy)
+                .args(["newcomer", "newcomer-secret"]),
+        );
         let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
         assert!(!said.contains("Corrupt"), "{}: {said}", file.display());
         let after = users(&std::fs::read_to_string(&copy).expect("read"));
@@ -515,10 +512,12 @@ fn shipped_password_files_survive_the_real_mosquitto_passwd() {
         assert!(after.iter().any(|(u, _)| u == "newcomer"));
 
         let gone = &before[0].0;
-        run(Command::new("mosquitto_passwd")
-            .arg("-D")
-            .arg(&copy)
-            .arg(gone));
+        run_ok(
+            Command::new("mosquitto_passwd")
+                .arg("-D")
+                .arg(&copy)
+                .arg(gone),
+        );
         let text = std::fs::read_to_string(&copy).expect("read");
         let left = users(&text);
         for (user, hash) in before.iter().skip(1) {

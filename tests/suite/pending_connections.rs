@@ -18,10 +18,10 @@ use crate::common;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use common::async_process::{closed, connect_from, BrokerProcess};
+use common::async_process::{closed, connect_from, report_close, BrokerProcess};
 use common::{connect_bytes, v5, RawClient, WAIT};
 use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const PENDING: &str = "postbox_connections_pending";
@@ -164,18 +164,9 @@ async fn pending_connections_are_bounded_per_address_and_per_listener() {
     let mut from_one = silent(&broker, &[7], 15).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut watchers = Vec::new();
-    for (i, mut s) in from_one.drain(..).enumerate() {
-        let tx = tx.clone();
-        // Reads until the broker closes it, however long that takes (aborted at the end).
-        watchers.push(tokio::spawn(async move {
-            let mut buf = [0u8; 64];
-            while let Ok(n) = s.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-            }
-            let _ = tx.send(i);
-        }));
+    for (i, s) in from_one.drain(..).enumerate() {
+        // Aborted at the end.
+        watchers.push(report_close(s, i, tx.clone()));
     }
     for _ in 0..5 {
         tokio::time::timeout(WAIT, rx.recv())

@@ -14,12 +14,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use postbox::codec::ReasonCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::websocket::{upgrade_over, BINARY, CONNACK_OK};
-use common::async_process::{connect_from, BrokerProcess};
+use common::async_process::{connect_from, report_close, BrokerProcess};
 use common::{connect_bytes, v5, WAIT};
 
 /// The per-address pending bound of every listener here.
@@ -73,17 +73,8 @@ async fn stall(
     for i in 0..STALLED {
         let mut socket = connect_from(STALLER, addr).await;
         socket.write_all(opening).await.expect("write the opening");
-        let tx = tx.clone();
-        watchers.push(tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            // Ends at the broker's close (EOF or reset); aborted at the end of the test.
-            while let Ok(n) = socket.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-            }
-            let _ = tx.send(i);
-        }));
+        // Aborted at the end of the test.
+        watchers.push(report_close(socket, i, tx.clone()));
     }
     (watchers, rx)
 }

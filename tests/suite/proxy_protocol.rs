@@ -64,6 +64,23 @@ async fn tls_after_header(
         .expect("the TLS handshake ends within WAIT")
 }
 
+/// [`tls_after_header`], which must complete the handshake, then a v5 CONNECT for `id`: the
+/// stream (keep it to stay counted) and the CONNACK's reason code (`None`: closed without one).
+async fn connack_after_header(
+    addr: SocketAddr,
+    header: &[u8],
+    id: &str,
+) -> (
+    tokio_rustls::client::TlsStream<TcpStream>,
+    Option<ReasonCode>,
+) {
+    let mut tls = tls_after_header(addr, header)
+        .await
+        .expect("TLS handshake after the PROXY header");
+    let code = v5::connack_over(&mut tls, id).await;
+    (tls, code)
+}
+
 /// Polls `postbox_connections_pending` until it reads `want` (bounded by `WAIT`).
 async fn pending_becomes(broker: &BrokerProcess, want: f64) -> f64 {
     let deadline = Instant::now() + WAIT;
@@ -168,29 +185,20 @@ async fn per_address_limits_count_the_named_client() {
 async fn tls_listener_reads_the_header_before_the_handshake_and_counts_the_named_client() {
     let broker = BrokerProcess::spawn(&tls_listener("tls", "max_connections_per_ip = 1"), "").await;
     let port = broker.addr.port();
-    let mut a = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
-        .await
-        .expect("TLS handshake after a v1 header");
+    let (_a, code) =
+        connack_after_header(broker.addr, &v1_header("203.0.113.7", port), "tls-a").await;
+    assert_eq!(code, Some(ReasonCode::SUCCESS));
+    let (_b, code) =
+        connack_after_header(broker.addr, &v1_header("203.0.113.7", port), "tls-b").await;
     assert_eq!(
-        v5::connack_over(&mut a, "tls-a").await,
-        Some(ReasonCode::SUCCESS)
-    );
-    let mut b = tls_after_header(broker.addr, &v1_header("203.0.113.7", port))
-        .await
-        .expect("TLS handshake after a v1 header");
-    assert_eq!(
-        v5::connack_over(&mut b, "tls-b").await,
+        code,
         Some(ReasonCode::QUOTA_EXCEEDED),
         "203.0.113.7 has its one connection"
     );
-    let mut c = tls_after_header(
-        broker.addr,
-        &v2_header(Ipv4Addr::new(198, 51, 100, 9), port),
-    )
-    .await
-    .expect("TLS handshake after a v2 header");
+    let v2 = v2_header(Ipv4Addr::new(198, 51, 100, 9), port);
+    let (_c, code) = connack_after_header(broker.addr, &v2, "tls-c").await;
     assert_eq!(
-        v5::connack_over(&mut c, "tls-c").await,
+        code,
         Some(ReasonCode::SUCCESS),
         "198.51.100.9 is counted apart from 203.0.113.7"
     );
@@ -211,13 +219,9 @@ async fn a_tls_connection_without_the_header_is_refused() {
             .await,
         Some(1.0)
     );
-    let mut ok = tls_after_header(broker.addr, &v1_header("203.0.113.9", broker.addr.port()))
-        .await
-        .expect("TLS handshake after the header");
-    assert_eq!(
-        v5::connack_over(&mut ok, "after").await,
-        Some(ReasonCode::SUCCESS)
-    );
+    let header = v1_header("203.0.113.9", broker.addr.port());
+    let (_ok, code) = connack_after_header(broker.addr, &header, "after").await;
+    assert_eq!(code, Some(ReasonCode::SUCCESS));
 }
 
 /// `kind = "wss"`: header, TLS, WebSocket upgrade, MQTT. The named client is counted: a

@@ -15,14 +15,13 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use bytes::Bytes;
 use common::process::{write_config, Broker, BrokerConfig};
 use common::v5;
 use common::RawClient;
 use hmac::{Hmac, Mac};
 use postbox::auth::scram::ScramKind;
 use postbox::auth::scram_file::scram_credential_line;
-use postbox::codec::{Auth, AuthProperties, Connect, Packet, ReasonCode};
+use postbox::codec::{Packet, ReasonCode};
 use sha2::{Digest, Sha256, Sha512};
 
 /// The client's hash: an independent implementation of RFC 5802's primitives.
@@ -138,45 +137,6 @@ impl ScramClient {
     }
 }
 
-pub(crate) fn auth(code: ReasonCode, method: &str, data: &str) -> Packet {
-    Packet::Auth(Auth {
-        reason_code: code,
-        properties: AuthProperties {
-            authentication_method: Some(method.into()),
-            authentication_data: Some(Bytes::copy_from_slice(data.as_bytes())),
-            ..Default::default()
-        },
-    })
-}
-
-pub(crate) fn scram_connect(id: &str, method: &str, data: &str) -> Connect {
-    let mut c = v5::connect_packet(id);
-    c.properties.authentication_method = Some(method.into());
-    c.properties.authentication_data = Some(Bytes::copy_from_slice(data.as_bytes()));
-    c
-}
-
-/// AUTH 0x18 with `method` (MQTT-4.12.0-2, MQTT-4.12.0-5): its data as text.
-pub(crate) fn challenge(packet: Option<Packet>, method: &str) -> String {
-    match packet {
-        Some(Packet::Auth(a)) => {
-            assert_eq!(
-                a.reason_code,
-                ReasonCode::CONTINUE_AUTHENTICATION,
-                "MQTT-4.12.0-2"
-            );
-            assert_eq!(
-                a.properties.authentication_method.as_deref(),
-                Some(method),
-                "MQTT-4.12.0-5"
-            );
-            String::from_utf8(a.properties.authentication_data.expect("data").to_vec())
-                .expect("utf8")
-        }
-        other => panic!("expected AUTH 0x18, got {other:?}"),
-    }
-}
-
 /// A broker process with `lines` as its SCRAM file and anonymous access off.
 struct Scrammed {
     _dir: tempfile::TempDir,
@@ -236,13 +196,17 @@ async fn exchange(
     let method = client.hash.method();
     let (mut c, first) = v5::open(
         s.config.mqtt,
-        scram_connect(id, method, &client.client_first()),
+        v5::auth_connect(id, method, client.client_first()),
     )
     .await;
-    let server_first = challenge(first, method);
+    let server_first = v5::expect_challenge(first, method);
     let fin = client.client_final(&server_first, tamper);
-    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
-        .await;
+    c.send(&v5::auth_packet(
+        ReasonCode::CONTINUE_AUTHENTICATION,
+        method,
+        &fin,
+    ))
+    .await;
     let answer = c.recv().await;
     (c, answer)
 }
@@ -333,7 +297,7 @@ async fn malformed_client_first_is_refused_and_others_are_still_served() {
         "n,,r=x",
     ] {
         let (mut c, first) =
-            v5::open(s.config.mqtt, scram_connect("mf", "SCRAM-SHA-256", junk)).await;
+            v5::open(s.config.mqtt, v5::auth_connect("mf", "SCRAM-SHA-256", junk)).await;
         assert_eq!(
             connack_code(first.as_ref()),
             ReasonCode::NOT_AUTHORIZED,
@@ -347,11 +311,11 @@ async fn malformed_client_first_is_refused_and_others_are_still_served() {
     // A garbage client-final-message, too.
     let (mut c, first) = v5::open(
         s.config.mqtt,
-        scram_connect("mf2", "SCRAM-SHA-256", "n,,n=carol,r=abc"),
+        v5::auth_connect("mf2", "SCRAM-SHA-256", "n,,n=carol,r=abc"),
     )
     .await;
-    challenge(first, "SCRAM-SHA-256");
-    c.send(&auth(
+    v5::expect_challenge(first, "SCRAM-SHA-256");
+    c.send(&v5::auth_packet(
         ReasonCode::CONTINUE_AUTHENTICATION,
         "SCRAM-SHA-256",
         "c=biws,p=\u{1}",
@@ -378,16 +342,20 @@ async fn reauthentication_succeeds_and_a_wrong_password_disconnects() {
     assert_eq!(connack_code(answer.as_ref()), ReasonCode::SUCCESS);
     for password in ["pw", "wrong"] {
         let mut again = ScramClient::new(Hash::Sha512, "dave", password);
-        c.send(&auth(
+        c.send(&v5::auth_packet(
             ReasonCode::RE_AUTHENTICATE,
             method,
             &again.client_first(),
         ))
         .await;
-        let server_first = challenge(c.recv().await, method);
+        let server_first = v5::expect_challenge(c.recv().await, method);
         let fin = again.client_final(&server_first, false);
-        c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
-            .await;
+        c.send(&v5::auth_packet(
+            ReasonCode::CONTINUE_AUTHENTICATION,
+            method,
+            &fin,
+        ))
+        .await;
         if password == "pw" {
             match c.recv().await {
                 Some(Packet::Auth(a)) => {
@@ -419,10 +387,14 @@ async fn sighup_with_a_new_user_lets_them_in_and_a_bad_file_keeps_the_old() {
         async move {
             let method = client.hash.method();
             let (mut c, first) =
-                v5::open(mqtt, scram_connect("fr", method, &client.client_first())).await;
-            let fin = client.client_final(&challenge(first, method), false);
-            c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
-                .await;
+                v5::open(mqtt, v5::auth_connect("fr", method, client.client_first())).await;
+            let fin = client.client_final(&v5::expect_challenge(first, method), false);
+            c.send(&v5::auth_packet(
+                ReasonCode::CONTINUE_AUTHENTICATION,
+                method,
+                &fin,
+            ))
+            .await;
             connack_code(c.recv().await.as_ref())
         }
     };
@@ -504,15 +476,10 @@ fn a_bad_credentials_file_stops_start_up_naming_file_and_line_not_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postbox_passwd_scram_writes_lines_the_broker_accepts() {
     let passwd = |args: &[&str]| {
-        let out = std::process::Command::new(common::process::BIN)
-            .arg("passwd")
-            .args(args)
-            .output()
-            .expect("postbox passwd runs");
-        assert!(
-            out.status.success(),
-            "postbox passwd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        common::run_ok(
+            std::process::Command::new(common::process::BIN)
+                .arg("passwd")
+                .args(args),
         );
     };
     let s = start(&[]);
@@ -599,16 +566,20 @@ async fn the_scram_user_is_the_acl_identity_and_reauth_as_another_is_refused() {
     assert_eq!(v5::publish(&mut c, p).await, ReasonCode::NOT_AUTHORIZED);
     // Re-authentication with fay's valid credentials on erin's connection.
     let mut fay = ScramClient::new(Hash::Sha256, "fay", "pw2");
-    c.send(&auth(
+    c.send(&v5::auth_packet(
         ReasonCode::RE_AUTHENTICATE,
         method,
         &fay.client_first(),
     ))
     .await;
-    let server_first = challenge(c.recv().await, method);
+    let server_first = v5::expect_challenge(c.recv().await, method);
     let fin = fay.client_final(&server_first, false);
-    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, method, &fin))
-        .await;
+    c.send(&v5::auth_packet(
+        ReasonCode::CONTINUE_AUTHENTICATION,
+        method,
+        &fin,
+    ))
+    .await;
     v5::expect_disconnect(&mut c, ReasonCode::NOT_AUTHORIZED).await;
 }
 
@@ -617,8 +588,12 @@ async fn the_scram_user_is_the_acl_identity_and_reauth_as_another_is_refused() {
 async fn challenge_of(addr: std::net::SocketAddr, user: &str) -> (u32, Vec<u8>) {
     let client = ScramClient::new(Hash::Sha256, user, "any");
     let method = Hash::Sha256.method();
-    let (_c, first) = v5::open(addr, scram_connect("probe", method, &client.client_first())).await;
-    let server_first = challenge(first, method);
+    let (_c, first) = v5::open(
+        addr,
+        v5::auth_connect("probe", method, client.client_first()),
+    )
+    .await;
+    let server_first = v5::expect_challenge(first, method);
     let attr = |name: &str| {
         server_first
             .split(',')

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::common::process::{free_port, Broker, BrokerConfig};
+use crate::common::run_ok;
 
 #[test]
 fn the_shipped_secure_config_serves_tls_passwords_and_mtls() {
@@ -43,16 +44,17 @@ fn the_shipped_secure_config_serves_tls_passwords_and_mtls() {
         metrics: ports[4],
     });
     let ca = root.join("certs/ca.pem");
+    // `mosquitto_pub` over TLS (trusting the CA) to `port`, with `extra` arguments.
     let publish = |port: u16, extra: &[&str]| {
-        Command::new("mosquitto_pub")
+        let mut command = Command::new("mosquitto_pub");
+        command
             .args(["-h", "localhost", "-p", &port.to_string(), "--cafile"])
             .arg(&ca)
             .args(["-q", "1", "-m", "21.5"])
-            .args(extra)
-            .output()
-            .expect("mosquitto_pub is installed")
+            .args(extra);
+        command
     };
-    let ok = publish(
+    run_ok(&mut publish(
         ports[0],
         &[
             "-u",
@@ -62,20 +64,17 @@ fn the_shipped_secure_config_serves_tls_passwords_and_mtls() {
             "-t",
             "sensors/sensor1/t",
         ],
-    );
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    ));
     let wrong = publish(
         ports[0],
         &["-u", "sensor1", "-P", "wrong", "-t", "sensors/sensor1/t"],
-    );
+    )
+    .output()
+    .expect("mosquitto_pub is installed");
     assert!(!wrong.status.success(), "a wrong password is refused");
     let cert = root.join("certs/sensor1.pem");
     let key = root.join("certs/sensor1.key");
-    let mtls = publish(
+    run_ok(&mut publish(
         ports[1],
         &[
             "--cert",
@@ -85,10 +84,5 @@ fn the_shipped_secure_config_serves_tls_passwords_and_mtls() {
             "-t",
             "sensors/sensor1/t",
         ],
-    );
-    assert!(
-        mtls.status.success(),
-        "{}",
-        String::from_utf8_lossy(&mtls.stderr)
-    );
+    ));
 }

@@ -60,6 +60,25 @@ async fn connect_ok(server: &RunningServer, client: &str, user: &str) -> RawClie
     c
 }
 
+/// The dashboard (a new connection of its own) sends `commands/sensor1/ping` at QoS 1 (packet
+/// id `id`), and the connected `sensor1` receives it (`what` names the wait): sensor1 is still
+/// connected and served after what another identity tried.
+async fn ping_reaches_sensor1(
+    server: &RunningServer,
+    sensor1: &mut RawClient,
+    id: u16,
+    what: &str,
+) {
+    let (_, _, mut dashboard) = try_connect(server, persistent("dash", Some("dashboard"))).await;
+    let command = v5::publish_packet("commands/sensor1/ping", QoS::AtLeastOnce, b"1", id);
+    assert_eq!(
+        v5::publish(&mut dashboard, command).await,
+        ReasonCode::SUCCESS
+    );
+    let p = next_publish(sensor1, what).await;
+    assert_eq!(&*p.topic, "commands/sensor1/ping");
+}
+
 /// The next PUBLISH on `c` within `WAIT`, acknowledged (`what` names it when it is missing).
 async fn next_publish(c: &mut RawClient, what: &str) -> postbox::codec::Publish {
     tokio::time::timeout(WAIT, v5::receive(c))
@@ -123,14 +142,7 @@ async fn another_identity_never_gets_the_owners_queue_nor_kicks_it() {
     // Connected, it is not taken over by another identity (MQTT-3.1.4-2 is for the owner).
     let (code, _, _) = try_connect(&server, persistent("sensor1", Some("sensor2"))).await;
     assert_eq!(code, ReasonCode::NOT_AUTHORIZED);
-    let (_, _, mut dashboard) = try_connect(&server, persistent("dash", Some("dashboard"))).await;
-    let command = v5::publish_packet("commands/sensor1/ping", QoS::AtLeastOnce, b"1", 2);
-    assert_eq!(
-        v5::publish(&mut dashboard, command).await,
-        ReasonCode::SUCCESS
-    );
-    let p = next_publish(&mut sensor1, "still connected and served").await;
-    assert_eq!(&*p.topic, "commands/sensor1/ping");
+    ping_reaches_sensor1(&server, &mut sensor1, 2, "still connected and served").await;
     // Its own second connection still takes the session over (MQTT-3.1.4-2).
     let (code, present, _again) =
         try_connect(&server, persistent("sensor1", Some("sensor1"))).await;
@@ -216,14 +228,7 @@ async fn username_as_client_id_gives_every_user_its_own_session() {
     assert_eq!(assigned, Some("sensor2"), "v5 §3.2.2.3.7");
     drop(c);
     // sensor1 was not taken over: it still gets its commands.
-    let (_, _, mut dashboard) = try_connect(&server, persistent("dash", Some("dashboard"))).await;
-    let command = v5::publish_packet("commands/sensor1/ping", QoS::AtLeastOnce, b"1", 1);
-    assert_eq!(
-        v5::publish(&mut dashboard, command).await,
-        ReasonCode::SUCCESS
-    );
-    let p = next_publish(&mut sensor1, "still connected").await;
-    assert_eq!(&*p.topic, "commands/sensor1/ping");
+    ping_reaches_sensor1(&server, &mut sensor1, 1, "still connected").await;
     // No user name, no client id: refused as Mosquitto does.
     let (code, _, _) = try_connect(&server, persistent("anon", None)).await;
     assert_eq!(code, ReasonCode::NOT_AUTHORIZED);
@@ -338,10 +343,8 @@ topic write sensors/#
 #[tokio::test]
 async fn queued_and_in_flight_messages_follow_an_acl_change() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let acl = dir.path().join("acl");
-    std::fs::write(&acl, ACL).expect("write acl");
     let mut config = common::test_config();
-    config.auth.acl_file = Some(acl.clone());
+    let acl = common::set_acl(&mut config, dir.path(), ACL);
     let server = common::start_with(config).await;
     let dashboard = || {
         let mut c = v5::persistent_connect("dash", 3600);

@@ -168,15 +168,13 @@ async fn wildcards_do_not_match_sys_and_zero_turns_it_off() {
 #[tokio::test]
 async fn the_acl_decides_who_reads_sys() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let acl = dir.path().join("acl");
-    std::fs::write(
-        &acl,
-        "user ops\ntopic read $SYS/broker/clients/#\ntopic readwrite marker\n",
-    )
-    .expect("write acl");
     let mut config = common::test_config();
     config.mqtt.sys_interval = 1;
-    config.auth.acl_file = Some(acl);
+    common::set_acl(
+        &mut config,
+        dir.path(),
+        "user ops\ntopic read $SYS/broker/clients/#\ntopic readwrite marker\n",
+    );
     let server = common::start_with(config).await;
     // `ops` may read part of $SYS: the subscription is granted and filtered per delivery.
     let mut ops = MosquittoSub::spawn(

@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 
 use crate::common::http::{http_get, sample};
 use crate::common::process::{free_port, Broker, BrokerConfig};
-use crate::common::WAIT;
+use crate::common::{openssl, self_signed_p256, WAIT};
 
 fn certs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("certs")
@@ -140,35 +140,19 @@ fn subject_cn(port: u16) -> String {
 fn make_cert(dir: &Path, name: &str, cn: &str, ca: Option<(&str, &str)>) -> (String, String) {
     let key = dir.join(format!("{name}.key"));
     let pem = dir.join(format!("{name}.pem"));
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .output()
-            .expect("openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
-    };
     let (k, p) = (key.to_str().unwrap(), pem.to_str().unwrap());
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-        "-keyout",
+    self_signed_p256(
         k,
-        "-out",
         p,
-        "-days",
-        "30",
-        "-subj",
-        &format!("/CN={cn}"),
-        "-addext",
-        "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-    ]);
+        cn,
+        30,
+        &[
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+        ],
+    );
     if let Some((ca, ca_key)) = ca {
         let csr = dir.join(format!("{name}.csr"));
         let ext = dir.join(format!("{name}.ext"));
@@ -178,7 +162,7 @@ fn make_cert(dir: &Path, name: &str, cn: &str, ca: Option<(&str, &str)>) -> (Str
         )
         .unwrap();
         let c = csr.to_str().unwrap();
-        run(&[
+        openssl(&[
             "req",
             "-new",
             "-key",
@@ -188,7 +172,7 @@ fn make_cert(dir: &Path, name: &str, cn: &str, ca: Option<(&str, &str)>) -> (Str
             "-out",
             c,
         ]);
-        run(&[
+        openssl(&[
             "x509",
             "-req",
             "-in",

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use common::v5;
 use common::RawClient;
 use postbox::auth::{AuthState, AuthStep, Authenticator};
-use postbox::codec::{Auth, AuthProperties, Connect, Packet, ReasonCode};
+use postbox::codec::{Packet, ReasonCode};
 use postbox::server::RunningServer;
 
 const METHOD: &str = "TEST-CHALLENGE";
@@ -109,45 +109,6 @@ async fn auth_server(config: postbox::config::Config) -> RunningServer {
     server
 }
 
-fn auth_connect(id: &str, method: &str, data: &[u8]) -> Connect {
-    let mut c = v5::connect_packet(id);
-    c.properties.authentication_method = Some(method.into());
-    c.properties.authentication_data = Some(Bytes::copy_from_slice(data));
-    c
-}
-
-fn auth_packet(code: ReasonCode, method: &str, data: &str) -> Packet {
-    Packet::Auth(Auth {
-        reason_code: code,
-        properties: AuthProperties {
-            authentication_method: Some(method.into()),
-            authentication_data: Some(Bytes::copy_from_slice(data.as_bytes())),
-            ..Default::default()
-        },
-    })
-}
-
-/// Expects AUTH 0x18 with our method and returns its data as text.
-fn challenge_of(packet: Option<Packet>) -> String {
-    match packet {
-        Some(Packet::Auth(a)) => {
-            assert_eq!(
-                a.reason_code,
-                ReasonCode::CONTINUE_AUTHENTICATION,
-                "MQTT-4.12.0-2"
-            );
-            assert_eq!(
-                a.properties.authentication_method.as_deref(),
-                Some(METHOD),
-                "MQTT-4.12.0-5"
-            );
-            String::from_utf8(a.properties.authentication_data.expect("data").to_vec())
-                .expect("utf8")
-        }
-        other => panic!("expected AUTH 0x18, got {other:?}"),
-    }
-}
-
 /// Answers a challenge the way `TestChallenge` expects.
 fn answer(challenge: &str) -> String {
     challenge.replacen("challenge:", "response:", 1)
@@ -155,12 +116,12 @@ fn answer(challenge: &str) -> String {
 
 /// Runs both rounds on `c`, whose first challenge is `first`.
 async fn two_rounds(c: &mut RawClient, first: Option<Packet>, code: ReasonCode) -> Option<Packet> {
-    let ch = challenge_of(first);
+    let ch = v5::expect_challenge(first, METHOD);
     assert!(ch.ends_with(":1"), "{ch}");
-    c.send(&auth_packet(code, METHOD, &answer(&ch))).await;
-    let ch = challenge_of(c.recv().await);
+    c.send(&v5::auth_packet(code, METHOD, &answer(&ch))).await;
+    let ch = v5::expect_challenge(c.recv().await, METHOD);
     assert!(ch.ends_with(":2"), "{ch}");
-    c.send(&auth_packet(code, METHOD, &answer(&ch))).await;
+    c.send(&v5::auth_packet(code, METHOD, &answer(&ch))).await;
     c.recv().await
 }
 
@@ -168,7 +129,7 @@ async fn two_rounds(c: &mut RawClient, first: Option<Packet>, code: ReasonCode) 
 async fn challenge_response_exchange_ends_in_connack_with_the_method() {
     // MQTT-4.12.0-2, MQTT-4.12.0-3, MQTT-4.12.0-5
     let server = auth_server(common::test_config()).await;
-    let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("ea", METHOD, b"hello")).await;
+    let (mut c, first) = v5::open(server.mqtt_addr, v5::auth_connect("ea", METHOD, b"hello")).await;
     match two_rounds(&mut c, first, ReasonCode::CONTINUE_AUTHENTICATION).await {
         Some(Packet::ConnAck(ack)) => {
             assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
@@ -191,9 +152,9 @@ async fn challenge_response_exchange_ends_in_connack_with_the_method() {
 async fn a_wrong_answer_is_refused_in_connack() {
     // MQTT-4.12.0-4: CONNACK >= 0x80, then the connection closes.
     let server = auth_server(common::test_config()).await;
-    let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("eb", METHOD, b"hello")).await;
-    challenge_of(first);
-    c.send(&auth_packet(
+    let (mut c, first) = v5::open(server.mqtt_addr, v5::auth_connect("eb", METHOD, b"hello")).await;
+    v5::expect_challenge(first, METHOD);
+    c.send(&v5::auth_packet(
         ReasonCode::CONTINUE_AUTHENTICATION,
         METHOD,
         "response:wrong:1",
@@ -204,7 +165,7 @@ async fn a_wrong_answer_is_refused_in_connack() {
         other => panic!("{other:?}"),
     }
     // A refusal in the first step keeps the method's own reason code.
-    let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("ec", METHOD, b"nope")).await;
+    let (mut c, first) = v5::open(server.mqtt_addr, v5::auth_connect("ec", METHOD, b"nope")).await;
     match first {
         Some(Packet::ConnAck(ack)) => {
             assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
@@ -218,9 +179,12 @@ async fn a_wrong_answer_is_refused_in_connack() {
 async fn an_unknown_method_is_refused_with_0x8c() {
     // MQTT-4.12.0-1
     let server = auth_server(common::test_config()).await;
-    match v5::open(server.mqtt_addr, auth_connect("ed", "SCRAM-SHA-1", b"x"))
-        .await
-        .1
+    match v5::open(
+        server.mqtt_addr,
+        v5::auth_connect("ed", "SCRAM-SHA-1", b"x"),
+    )
+    .await
+    .1
     {
         Some(Packet::ConnAck(ack)) => {
             assert_eq!(ack.reason_code, ReasonCode::BAD_AUTHENTICATION_METHOD);
@@ -234,16 +198,16 @@ async fn an_unknown_method_is_refused_with_0x8c() {
 async fn only_auth_may_follow_connect_before_connack() {
     // MQTT-3.1.2-30 (list: -33; the client's duty) and MQTT-4.12.0-5 (same method): Protocol Error.
     let server = auth_server(common::test_config()).await;
-    let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("ee", METHOD, b"hello")).await;
-    challenge_of(first);
+    let (mut c, first) = v5::open(server.mqtt_addr, v5::auth_connect("ee", METHOD, b"hello")).await;
+    v5::expect_challenge(first, METHOD);
     c.send(&Packet::PingReq).await;
     match c.expect_close().await.as_slice() {
         [Packet::ConnAck(ack)] => assert_eq!(ack.reason_code, ReasonCode::PROTOCOL_ERROR),
         other => panic!("{other:?}"),
     }
-    let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("ef", METHOD, b"hello")).await;
-    let ch = challenge_of(first);
-    c.send(&auth_packet(
+    let (mut c, first) = v5::open(server.mqtt_addr, v5::auth_connect("ef", METHOD, b"hello")).await;
+    let ch = v5::expect_challenge(first, METHOD);
+    c.send(&v5::auth_packet(
         ReasonCode::CONTINUE_AUTHENTICATION,
         "OTHER",
         &answer(&ch),
@@ -259,24 +223,28 @@ async fn only_auth_may_follow_connect_before_connack() {
 async fn re_authentication_succeeds_while_other_packets_flow() {
     // MQTT-4.12.1-1: AUTH 0x19 with the same method after CONNACK.
     let server = auth_server(common::test_config()).await;
-    let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("eg", METHOD, b"hello")).await;
+    let (mut c, first) = v5::open(server.mqtt_addr, v5::auth_connect("eg", METHOD, b"hello")).await;
     assert!(matches!(
         two_rounds(&mut c, first, ReasonCode::CONTINUE_AUTHENTICATION).await,
         Some(Packet::ConnAck(_))
     ));
-    c.send(&auth_packet(ReasonCode::RE_AUTHENTICATE, METHOD, "hello"))
-        .await;
-    let ch = challenge_of(c.recv().await);
+    c.send(&v5::auth_packet(
+        ReasonCode::RE_AUTHENTICATE,
+        METHOD,
+        "hello",
+    ))
+    .await;
+    let ch = v5::expect_challenge(c.recv().await, METHOD);
     c.send(&Packet::PingReq).await; // still served mid-exchange
     assert!(matches!(c.recv().await, Some(Packet::PingResp)));
-    c.send(&auth_packet(
+    c.send(&v5::auth_packet(
         ReasonCode::CONTINUE_AUTHENTICATION,
         METHOD,
         &answer(&ch),
     ))
     .await;
-    let ch = challenge_of(c.recv().await);
-    c.send(&auth_packet(
+    let ch = v5::expect_challenge(c.recv().await, METHOD);
+    c.send(&v5::auth_packet(
         ReasonCode::CONTINUE_AUTHENTICATION,
         METHOD,
         &answer(&ch),
@@ -298,21 +266,22 @@ async fn failed_or_malformed_re_authentication_disconnects() {
     for (case, packet, code) in [
         (
             "wrong data",
-            auth_packet(ReasonCode::RE_AUTHENTICATE, METHOD, "nope"),
+            v5::auth_packet(ReasonCode::RE_AUTHENTICATE, METHOD, "nope"),
             ReasonCode::NOT_AUTHORIZED,
         ),
         (
             "other method",
-            auth_packet(ReasonCode::RE_AUTHENTICATE, "OTHER", "hello"),
+            v5::auth_packet(ReasonCode::RE_AUTHENTICATE, "OTHER", "hello"),
             ReasonCode::PROTOCOL_ERROR,
         ),
         (
             "0x18 first",
-            auth_packet(ReasonCode::CONTINUE_AUTHENTICATION, METHOD, "x"),
+            v5::auth_packet(ReasonCode::CONTINUE_AUTHENTICATION, METHOD, "x"),
             ReasonCode::PROTOCOL_ERROR,
         ),
     ] {
-        let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("eh", METHOD, b"hello")).await;
+        let (mut c, first) =
+            v5::open(server.mqtt_addr, v5::auth_connect("eh", METHOD, b"hello")).await;
         assert!(matches!(
             two_rounds(&mut c, first, ReasonCode::CONTINUE_AUTHENTICATION).await,
             Some(Packet::ConnAck(_))
@@ -329,8 +298,12 @@ async fn auth_without_a_method_in_connect_is_a_protocol_error() {
     let server = auth_server(common::test_config()).await;
     let (mut c, ack) = v5::connect(server.mqtt_addr, v5::connect_packet("ei")).await;
     assert_eq!(ack.properties.authentication_method, None);
-    c.send(&auth_packet(ReasonCode::RE_AUTHENTICATE, METHOD, "hello"))
-        .await;
+    c.send(&v5::auth_packet(
+        ReasonCode::RE_AUTHENTICATE,
+        METHOD,
+        "hello",
+    ))
+    .await;
     v5::expect_disconnect(&mut c, ReasonCode::PROTOCOL_ERROR).await;
 }
 
@@ -339,7 +312,7 @@ async fn enhanced_authentication_admits_clients_when_anonymous_access_is_off() {
     let mut config = common::test_config();
     config.auth.allow_anonymous = false;
     let server = auth_server(config).await;
-    let (mut c, first) = v5::open(server.mqtt_addr, auth_connect("ej", METHOD, b"hello")).await;
+    let (mut c, first) = v5::open(server.mqtt_addr, v5::auth_connect("ej", METHOD, b"hello")).await;
     match two_rounds(&mut c, first, ReasonCode::CONTINUE_AUTHENTICATION).await {
         Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
         other => panic!("{other:?}"),
@@ -365,7 +338,7 @@ async fn expensive_steps_do_not_stall_other_connections() {
         .register(Arc::new(Blocking(Mutex::new(released))))
         .expect("registers");
     let mut slow = RawClient::open(server.mqtt_addr, v5::V).await;
-    slow.send(&Packet::Connect(Box::new(auth_connect(
+    slow.send(&Packet::Connect(Box::new(v5::auth_connect(
         "slow",
         "TEST-BLOCKING",
         b"",

@@ -13,8 +13,7 @@ use std::time::Duration;
 use common::rumq::V4;
 use common::{v5, RawClient};
 use postbox::codec::{
-    Connect, LastWill, Packet, ProtocolVersion, QoS, ReasonCode, SubAck, Subscribe,
-    SubscriptionOptions,
+    Connect, Packet, ProtocolVersion, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions,
 };
 use postbox::config::Config;
 
@@ -148,6 +147,19 @@ async fn unavailable_features_are_refused_per_filter_in_suback() {
     assert_eq!(codes, [rumqttc::SubscribeReasonCode::Failure]);
 }
 
+/// Sends a QoS 2 PUBLISH to a broker whose maximum QoS is 1 ([`restricted`]): it must answer
+/// DISCONNECT 0x9B QoS not supported, returned for its properties.
+async fn publish_above_the_maximum_qos(c: &mut RawClient) -> postbox::codec::Disconnect {
+    c.send(&Packet::Publish(v5::publish_packet(
+        "t",
+        QoS::ExactlyOnce,
+        b"x",
+        1,
+    )))
+    .await;
+    v5::expect_disconnect(c, ReasonCode::QOS_NOT_SUPPORTED).await
+}
+
 #[tokio::test]
 async fn reason_strings_only_when_problem_information_is_requested() {
     // MQTT-3.1.2-29 (list: -32): with Request Problem Information 0, no Reason String on
@@ -160,27 +172,11 @@ async fn reason_strings_only_when_problem_information_is_requested() {
         [ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED]
     );
     assert_eq!(ack.properties.reason_string, None);
-    quiet
-        .send(&Packet::Publish(v5::publish_packet(
-            "t",
-            QoS::ExactlyOnce,
-            b"x",
-            1,
-        )))
-        .await;
-    let d = v5::expect_disconnect(&mut quiet, ReasonCode::QOS_NOT_SUPPORTED).await;
+    let d = publish_above_the_maximum_qos(&mut quiet).await;
     assert_eq!(d.properties.reason_string, None);
 
     let mut chatty = v5::connect_id(server.mqtt_addr, "chatty").await;
-    chatty
-        .send(&Packet::Publish(v5::publish_packet(
-            "t",
-            QoS::ExactlyOnce,
-            b"x",
-            1,
-        )))
-        .await;
-    let d = v5::expect_disconnect(&mut chatty, ReasonCode::QOS_NOT_SUPPORTED).await;
+    let d = publish_above_the_maximum_qos(&mut chatty).await;
     assert!(d.properties.reason_string.is_some());
 
     let mut config = common::test_config();
@@ -243,13 +239,7 @@ async fn maximum_qos_and_retain_available_are_enforced() {
         (QoS::AtMostOnce, true, ReasonCode::RETAIN_NOT_SUPPORTED),
     ] {
         let mut connect = v5::connect_packet("bad-will");
-        connect.will = Some(LastWill {
-            topic: "w".into(),
-            payload: "x".into(),
-            qos,
-            retain,
-            properties: Default::default(),
-        });
+        connect.will = Some(v5::will("w", b"x", qos, retain));
         match v5::open(server.mqtt_addr, connect).await.1 {
             Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, code),
             other => panic!("{other:?}"),

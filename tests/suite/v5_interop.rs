@@ -105,32 +105,14 @@ async fn mosquitto_v5_sees_user_properties_and_v311_the_plain_message() {
     // MQTT-3.3.2-17 / -18: user properties forwarded unaltered and in order.
     let server = common::start().await;
     let port = server.mqtt_addr.port();
-    let mut sub5 = MosquittoSub::spawn(
+    let mut sub5 = MosquittoSub::spawn_at(
         port,
-        &[
-            "-V",
-            "mqttv5",
-            "-t",
-            "mq/#",
-            "-q",
-            "1",
-            "-F",
-            "MSG|%t|%q|%P|%p",
-        ],
+        "mqttv5",
+        "mq/#",
+        &["-q", "1", "-F", "MSG|%t|%q|%P|%p"],
     );
-    let mut sub3 = MosquittoSub::spawn(
-        port,
-        &[
-            "-V",
-            "mqttv311",
-            "-t",
-            "mq/#",
-            "-q",
-            "0",
-            "-F",
-            "MSG|%t|%q|%p",
-        ],
-    );
+    let mut sub3 =
+        MosquittoSub::spawn_at(port, "mqttv311", "mq/#", &["-q", "0", "-F", "MSG|%t|%q|%p"]);
     sub5.wait_for("SUBACK").await;
     sub3.wait_for("SUBACK").await;
     mosquitto_pub(
@@ -172,13 +154,11 @@ async fn mosquitto_sees_outbound_topic_aliases_within_its_maximum() {
     config.mqtt.outbound_topic_aliases = OutboundTopicAliases::Lru;
     let server = common::start_with(config).await;
     let port = server.mqtt_addr.port();
-    let mut sub = MosquittoSub::spawn(
+    let mut sub = MosquittoSub::spawn_at(
         port,
+        "mqttv5",
+        "al/#",
         &[
-            "-V",
-            "mqttv5",
-            "-t",
-            "al/#",
             "-F",
             "MSG|%t|%A|%p",
             "-D",
@@ -189,14 +169,7 @@ async fn mosquitto_sees_outbound_topic_aliases_within_its_maximum() {
     );
     sub.wait_for("SUBACK").await;
     let topics = ["al/one", "al/two", "al/three", "al/four", "al/five"];
-    let mut p = v5::connect_id(server.mqtt_addr, "al-pub").await;
-    for (i, t) in topics.iter().enumerate() {
-        v5::publish(
-            &mut p,
-            v5::publish_packet(t, QoS::AtLeastOnce, format!("{i}").as_bytes(), 1),
-        )
-        .await;
-    }
+    v5::publish_in_order(server.mqtt_addr, "al-pub", &topics).await;
     for (i, t) in topics.iter().enumerate() {
         let line = sub.wait_for("MSG|").await;
         let parts: Vec<&str> = line.split('|').collect();
@@ -214,31 +187,12 @@ async fn mosquitto_clients_share_a_subscription() {
     let server = common::start().await;
     let port = server.mqtt_addr.port();
     let fmt = ["-F", "MSG|%p"];
-    let mut a = MosquittoSub::spawn(
+    let mut a = MosquittoSub::spawn_at(port, "mqttv5", "$share/g/ms", &["-q", "1", fmt[0], fmt[1]]);
+    let mut b = MosquittoSub::spawn_at(
         port,
-        &[
-            "-V",
-            "mqttv5",
-            "-t",
-            "$share/g/ms",
-            "-q",
-            "1",
-            fmt[0],
-            fmt[1],
-        ],
-    );
-    let mut b = MosquittoSub::spawn(
-        port,
-        &[
-            "-V",
-            "mqttv311",
-            "-t",
-            "$share/g/ms",
-            "-q",
-            "1",
-            fmt[0],
-            fmt[1],
-        ],
+        "mqttv311",
+        "$share/g/ms",
+        &["-q", "1", fmt[0], fmt[1]],
     );
     a.wait_for("SUBACK").await;
     b.wait_for("SUBACK").await;

@@ -99,16 +99,20 @@ async fn lru_server() -> postbox::server::RunningServer {
     common::start_with(config).await
 }
 
-/// Publishes `topics` (QoS 0) in order from a fresh client.
+/// Publishes `topics` in order from a fresh client (`v5::publish_in_order`).
 async fn publish_topics(server: &postbox::server::RunningServer, topics: &[&str]) {
-    let mut p = v5::connect_id(server.mqtt_addr, "oa-pub").await;
-    for (i, t) in topics.iter().enumerate() {
-        v5::publish(
-            &mut p,
-            v5::publish_packet(t, QoS::AtLeastOnce, format!("{i}").as_bytes(), 1),
-        )
-        .await;
-    }
+    v5::publish_in_order(server.mqtt_addr, "oa-pub", topics).await;
+}
+
+/// Connects `client_id` to `server` announcing Topic Alias Maximum `maximum`.
+async fn with_alias_maximum(
+    server: &postbox::server::RunningServer,
+    client_id: &str,
+    maximum: u16,
+) -> common::RawClient {
+    let mut connect = v5::connect_packet(client_id);
+    connect.properties.topic_alias_maximum = Some(maximum);
+    v5::connect(server.mqtt_addr, connect).await.0
 }
 
 #[tokio::test]
@@ -116,9 +120,7 @@ async fn outbound_aliases_bind_reuse_and_evict_the_least_recently_used() {
     // MQTT-3.3.2-11 and MQTT-3.1.2-26 (list: -29): never above the client's Topic Alias
     // Maximum; MQTT-3.3.2-8: never 0.
     let server = lru_server().await;
-    let mut connect = v5::connect_packet("oa-sub");
-    connect.properties.topic_alias_maximum = Some(2);
-    let (mut sub, _) = v5::connect(server.mqtt_addr, connect).await;
+    let mut sub = with_alias_maximum(&server, "oa-sub", 2).await;
     v5::subscribe(&mut sub, "oa/#", QoS::AtMostOnce).await;
     let mut plain = v5::connect_id(server.mqtt_addr, "oa-plain").await;
     v5::subscribe(&mut plain, "oa/#", QoS::AtMostOnce).await;
@@ -156,9 +158,7 @@ async fn outbound_aliases_bind_reuse_and_evict_the_least_recently_used() {
 #[tokio::test]
 async fn outbound_aliases_are_off_by_default() {
     let server = common::start().await;
-    let mut connect = v5::connect_packet("off-sub");
-    connect.properties.topic_alias_maximum = Some(5);
-    let (mut sub, _) = v5::connect(server.mqtt_addr, connect).await;
+    let mut sub = with_alias_maximum(&server, "off-sub", 5).await;
     v5::subscribe(&mut sub, "off/#", QoS::AtMostOnce).await;
     publish_topics(&server, &["off/a", "off/a"]).await;
     for _ in 0..2 {
@@ -172,9 +172,7 @@ async fn outbound_aliases_are_off_by_default() {
 async fn aliased_publishes_keep_their_other_properties() {
     // The per-subscriber encoding keeps user properties and subscription identifiers.
     let server = lru_server().await;
-    let mut connect = v5::connect_packet("oa-props");
-    connect.properties.topic_alias_maximum = Some(1);
-    let (mut sub, _) = v5::connect(server.mqtt_addr, connect).await;
+    let mut sub = with_alias_maximum(&server, "oa-props", 1).await;
     let opts = postbox::codec::SubscriptionOptions {
         qos: QoS::AtLeastOnce,
         ..Default::default()

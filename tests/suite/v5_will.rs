@@ -246,23 +246,15 @@ async fn a_will_kept_over_a_restart_is_cancelled_by_its_clients_return() {
     use common::async_process::BrokerProcess;
     let data = tempfile::tempdir().expect("tempdir");
     let sections = format!("[storage]\ndir = {:?}\n", data.path());
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     // A persistent watcher: the wills are queued for it however soon they come due.
     let (mut watch, _) = v5::connect(broker.addr, v5::persistent_connect("watch", 600)).await;
     v5::subscribe(&mut watch, "wills/#", QoS::AtLeastOnce).await;
     v5::disconnect(watch).await;
-    let mut armed = Vec::new();
-    for id in ["back", "control"] {
-        let connect = with_will(id, &format!("wills/{id}"), Some(5), 600);
-        let (c, ack) = v5::connect(broker.addr, connect).await;
-        assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{id}");
-        armed.push(c);
-    }
-    // Stopped while they are connected: their delayed wills are stored for after it.
-    broker.stop().await;
-    drop(armed);
-
-    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let armed = ["back", "control"].map(|id| with_will(id, &format!("wills/{id}"), Some(5), 600));
+    let broker = broker
+        .restart_while_connected(armed.into(), &sections)
+        .await;
     // Back within the delay, and gone again with a normal DISCONNECT (no will).
     let (back, ack) = v5::connect(broker.addr, v5::persistent_connect("back", 600)).await;
     assert!(ack.session_present);
