@@ -260,55 +260,50 @@ fn connect(r: &mut Reader, controls: bool) -> Result<Connect> {
     } else {
         ConnectProperties::default()
     };
-    let client_id = r.string()?;
-    let will = if will_flag {
-        let properties = if v5 {
-            props::will(r)?
-        } else {
-            WillProperties::default()
-        };
-        let topic = r.string()?;
-        if let Some(why) = topic_name_error(&topic) {
-            return Err(DecodeError::TopicNameInvalid(why));
-        }
-        if !controls && has_control_characters(&topic) {
-            // 5.0 §1.5.4: a receiver MAY treat it as a Malformed Packet.
-            return Err(DecodeError::Malformed(
-                "control character in the will topic",
-            ));
-        }
-        let payload = r.binary()?;
-        Some(LastWill {
-            topic,
-            payload,
-            qos: will_qos,
-            retain: will_retain,
-            properties,
-        })
-    } else {
-        None
-    };
-    let username = if username_flag {
-        Some(r.string()?)
-    } else {
-        None
-    };
-    let password = if password_flag {
-        Some(r.binary()?)
-    } else {
-        None
-    };
-    r.finish()?;
-    Ok(Connect {
+    // The payload's fields are read in the order the literal names them, which is their order
+    // on the wire (MQTT-3.1.3-1): Client Identifier, Will, User Name, Password.
+    let connect = Connect {
         protocol,
+        bridge,
         clean_start,
         keep_alive,
-        client_id,
-        will,
-        username,
-        password,
         properties,
-        bridge,
+        client_id: r.string()?,
+        will: will_flag
+            .then(|| last_will(r, v5, will_qos, will_retain, controls))
+            .transpose()?,
+        username: username_flag.then(|| r.string()).transpose()?,
+        password: password_flag.then(|| r.binary()).transpose()?,
+    };
+    r.finish()?;
+    Ok(connect)
+}
+
+/// The Will of a CONNECT whose Will Flag is set: properties (5.0), topic and payload, with the
+/// QoS and retain its flags gave. `controls`: as for [`connect`].
+fn last_will(r: &mut Reader, v5: bool, qos: QoS, retain: bool, controls: bool) -> Result<LastWill> {
+    let properties = if v5 {
+        props::will(r)?
+    } else {
+        WillProperties::default()
+    };
+    let topic = r.string()?;
+    if let Some(why) = topic_name_error(&topic) {
+        return Err(DecodeError::TopicNameInvalid(why));
+    }
+    if !controls && has_control_characters(&topic) {
+        // 5.0 §1.5.4: a receiver MAY treat it as a Malformed Packet.
+        return Err(DecodeError::Malformed(
+            "control character in the will topic",
+        ));
+    }
+    let payload = r.binary()?;
+    Ok(LastWill {
+        topic,
+        payload,
+        qos,
+        retain,
+        properties,
     })
 }
 

@@ -125,39 +125,30 @@ fn will() -> impl Strategy<Value = LastWill> {
     )
 }
 
-fn connect() -> impl Strategy<Value = Packet> {
-    (
-        any::<bool>(),
-        any::<u16>(),
-        text(),
-        opt(will()),
-        opt(text()),
-        opt(bytes()),
-        (connect_properties(), any::<bool>()),
-    )
-        .prop_map(
-            |(
-                clean_start,
-                keep_alive,
-                client_id,
-                will,
-                username,
-                password,
-                (properties, bridge),
-            )| {
-                Packet::Connect(Box::new(Connect {
-                    protocol: V5,
-                    clean_start,
-                    keep_alive,
-                    client_id,
-                    will,
-                    username,
-                    password,
-                    properties,
-                    bridge,
-                }))
-            },
-        )
+prop_compose! {
+    /// A v5 CONNECT: each field drawn beside its name.
+    fn connect()(
+        clean_start in any::<bool>(),
+        keep_alive in any::<u16>(),
+        client_id in text(),
+        will in opt(will()),
+        username in opt(text()),
+        password in opt(bytes()),
+        properties in connect_properties(),
+        bridge in any::<bool>(),
+    ) -> Packet {
+        Packet::Connect(Box::new(Connect {
+            protocol: V5,
+            clean_start,
+            keep_alive,
+            client_id,
+            will,
+            username,
+            password,
+            properties,
+            bridge,
+        }))
+    }
 }
 
 fn connack() -> impl Strategy<Value = Packet> {

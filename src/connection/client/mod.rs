@@ -201,17 +201,9 @@ struct HeldLastWill {
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Takes over the connection from the handshake.
     pub(super) fn new(mut io: Io<S>, accepted: Accepted, info: ConnectionInfo) -> Client<S> {
-        let Accepted {
-            connect,
-            attached,
-            keep_alive,
-            auth,
-            credentials_expire,
-            token,
-            unauthenticated,
-            not_kept,
-            will_held,
-        } = accepted;
+        let connect = accepted.connect;
+        let attached = accepted.attached;
+        let keep_alive = accepted.keep_alive;
         let broker = Arc::clone(attached.handle.broker());
         let config = broker.config();
         let limits = broker.runtime_limits().get();
@@ -246,14 +238,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             session: attached.handle,
             info,
             version: connect.protocol,
-            settled: Settled::new(attached.session_present, unauthenticated, not_kept),
+            settled: Settled::new(
+                attached.session_present,
+                accepted.unauthenticated,
+                accepted.not_kept,
+            ),
             keep_alive_limit: (keep_alive > 0)
                 .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
             last_read: Instant::now(),
             will: connect.will.map(|will| {
                 Box::new(HeldLastWill {
                     will,
-                    _held: will_held,
+                    _held: accepted.will_held,
                 })
             }),
             window,
@@ -264,7 +260,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             receive_maximum: our_receive_maximum,
             pending_inbound: 0,
             problem_info,
-            auth: AuthContext::new(auth, credentials_expire, token),
+            auth: AuthContext::new(accepted.auth, accepted.credentials_expire, accepted.token),
             gated: GatedWrites::default(),
             publish_waits: false,
             arrival: ArrivalWaker::new(Arc::clone(broker.arrival_order())),

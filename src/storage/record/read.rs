@@ -164,50 +164,40 @@ impl<'a> Dec<'a> {
         })
     }
     fn message(&mut self) -> Result<StoredMessage, DecodeError> {
-        let topic = self.str()?;
-        let payload = self.bytes()?;
-        let qos = self.qos()?;
-        let retain = self.bool()?;
-        let properties = PublishProperties {
-            payload_format_indicator: self.opt_u8()?,
-            message_expiry_interval: self.opt_u32()?,
-            response_topic: self.opt_str()?,
-            correlation_data: self.opt_bytes()?,
-            user_properties: self.user_properties()?,
-            content_type: self.opt_str()?,
-            ..Default::default()
-        };
         Ok(StoredMessage {
-            topic,
-            payload,
-            qos,
-            retain,
-            properties,
+            topic: self.str()?,
+            payload: self.bytes()?,
+            qos: self.qos()?,
+            retain: self.bool()?,
+            properties: PublishProperties {
+                payload_format_indicator: self.opt_u8()?,
+                message_expiry_interval: self.opt_u32()?,
+                response_topic: self.opt_str()?,
+                correlation_data: self.opt_bytes()?,
+                user_properties: self.user_properties()?,
+                content_type: self.opt_str()?,
+                ..Default::default()
+            },
             received_at_unix_ms: self.u64()?,
             expires_at_unix_ms: self.opt_u64()?,
             from_anonymous: false, // only `PUT_RETAINED_ANONYMOUS` says otherwise
         })
     }
     fn will(&mut self) -> Result<LastWill, DecodeError> {
-        let topic = self.str()?;
-        let payload = self.bytes()?;
-        let qos = self.qos()?;
-        let retain = self.bool()?;
-        let properties = WillProperties {
-            will_delay_interval: self.opt_u32()?,
-            payload_format_indicator: self.opt_u8()?,
-            message_expiry_interval: self.opt_u32()?,
-            content_type: self.opt_str()?,
-            response_topic: self.opt_str()?,
-            correlation_data: self.opt_bytes()?,
-            user_properties: self.user_properties()?,
-        };
         Ok(LastWill {
-            topic,
-            payload,
-            qos,
-            retain,
-            properties,
+            topic: self.str()?,
+            payload: self.bytes()?,
+            qos: self.qos()?,
+            retain: self.bool()?,
+            properties: WillProperties {
+                will_delay_interval: self.opt_u32()?,
+                payload_format_indicator: self.opt_u8()?,
+                message_expiry_interval: self.opt_u32()?,
+                content_type: self.opt_str()?,
+                response_topic: self.opt_str()?,
+                correlation_data: self.opt_bytes()?,
+                user_properties: self.user_properties()?,
+            },
         })
     }
     fn stage(&mut self) -> Result<EntryStage, DecodeError> {
