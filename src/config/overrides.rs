@@ -137,14 +137,13 @@ impl Overrides {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::config_file;
     use super::*;
 
     const CLUSTER: &str = "[cluster]\nnode = \"file\"\nservers = [\"nats://127.0.0.1:4222\"]\n";
 
     fn load(text: &str, node: Option<ClusterNode>) -> Result<Config, ConfigError> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("node.toml");
-        std::fs::write(&path, text).expect("write");
+        let (_dir, path) = config_file("node.toml", text);
         Config::load_with(
             Some(&path),
             &Overrides {

@@ -60,7 +60,7 @@ use super::{
     DiskFullPolicy, Durable, DurableState, FsyncPolicy, MessageId, Op, RecoveryLoss, Rejected,
     Snapshot, StorageConfig, StorageError, Store, StoreHealth, StoreStats, Submitted,
 };
-use recovery::{recover, Opened};
+use recovery::recover;
 use writer::Writer;
 
 /// Name of the store directory inside `storage.dir`.
@@ -238,19 +238,11 @@ impl LogStore {
         if narrowed > 0 {
             tracing::info!(dir = %store_dir.display(), files = narrowed, "store files made private (group and other access removed)");
         }
-        let Opened {
-            state,
-            log,
-            log_gen,
-            log_len,
-            log_bytes,
-            snapshot_bytes,
-            loss,
-        } = recover(dir, &store_dir)?;
+        let opened = recover(dir, &store_dir)?;
         // Ids are never reused (`Store::next_message_id`): a store already holding the last
         // one (only damage can put it there, with valid checksums) cannot allocate another, and
         // wrapping to 0 would hand out ids it still holds. Refuse to open it; the files stay.
-        let next_message_id = state.max_message_id.checked_add(1).ok_or_else(|| {
+        let next_message_id = opened.state.max_message_id.checked_add(1).ok_or_else(|| {
             StorageError::Corrupt(format!(
                 "{}: message id {} is stored, no id is left to allocate",
                 store_dir.display(),
@@ -267,23 +259,25 @@ impl LogStore {
             next_message_id: AtomicU64::new(next_message_id),
             queued_ops: AtomicUsize::new(0),
             pending_growth: AtomicU64::new(0),
-            live_bytes: AtomicU64::new(state.live_bytes),
+            live_bytes: AtomicU64::new(opened.state.live_bytes),
             submits: AtomicU64::new(0),
             ops: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
-            log_bytes: AtomicU64::new(log_bytes),
-            snapshot_bytes: AtomicU64::new(snapshot_bytes),
-            log_len: AtomicU64::new(log_len),
+            log_bytes: AtomicU64::new(opened.log_bytes),
+            snapshot_bytes: AtomicU64::new(opened.snapshot_bytes),
+            log_len: AtomicU64::new(opened.log_len),
             // Recovery leaves the snapshot and the logs since it (all valid bytes).
-            other_file_bytes: AtomicU64::new((snapshot_bytes + log_bytes).saturating_sub(log_len)),
+            other_file_bytes: AtomicU64::new(
+                (opened.snapshot_bytes + opened.log_bytes).saturating_sub(opened.log_len),
+            ),
             compactions: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             rejected_disk_full: AtomicU64::new(0),
             dropped_disk_full: AtomicU64::new(0),
             rejected_no_space: AtomicU64::new(0),
-            orphan_ops: AtomicU64::new(state.orphans),
-            recovery: loss,
+            orphan_ops: AtomicU64::new(opened.state.orphans),
+            recovery: opened.loss,
             commit_seconds: std::sync::OnceLock::new(),
             opts,
         });
@@ -292,11 +286,11 @@ impl LogStore {
             dir: store_dir,
             shared: Arc::clone(&shared),
             rx,
-            state,
-            log,
-            log_gen,
-            log_len,
-            log_bytes,
+            state: opened.state,
+            log: opened.log,
+            log_gen: opened.log_gen,
+            log_len: opened.log_len,
+            log_bytes: opened.log_bytes,
             dirty: false,
             last_fsync: Instant::now(),
             compactor: None,
