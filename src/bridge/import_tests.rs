@@ -2,8 +2,6 @@
 //! meaning of the stanzas, and every option that does not map exactly leaves a note with its
 //! line.
 
-use std::path::PathBuf;
-
 use super::*;
 use crate::config::{Config, Direction, OverflowPolicy};
 
@@ -28,6 +26,13 @@ fn note_at<'a>(result: &'a ImportResult, line: usize, needle: &str) -> &'a str {
                 result.notes
             )
         })
+}
+
+/// [`note_at`] for each `(line, needle)`: a test's expected notes as one table.
+fn notes_at(result: &ImportResult, expected: &[(usize, &str)]) {
+    for &(line, needle) in expected {
+        note_at(result, line, needle);
+    }
 }
 
 const GATEWAY: &str = "\
@@ -141,23 +146,24 @@ fn stanzas_map_to_bridges() {
 #[test]
 fn differences_and_ignored_lines_are_noted() {
     let result = import(GATEWAY, "mosquitto.conf");
-    note_at(&result, 7, "Postbox's default is 86400");
-    note_at(&result, 7, "topic rules without a QoS are QoS 0");
-    note_at(&result, 7, "$SYS/broker/connection/cloud/state");
-    note_at(&result, 25, "no remote_clientid");
+    notes_at(
+        &result,
+        &[
+            (7, "Postbox's default is 86400"),
+            (7, "topic rules without a QoS are QoS 0"),
+            (7, "$SYS/broker/connection/cloud/state"),
+            (25, "no remote_clientid"),
+        ],
+    );
     let summary = result
         .notes
         .iter()
         .find(|n| n.contains("not bridge options were ignored"))
         .expect("summary note");
-    assert!(
-        summary.contains("5 line(s)") && summary.contains("lines 2-5, 24"),
-        "{summary}"
-    );
-    assert!(
-        summary.contains("listener") && summary.contains("log_type"),
-        "{summary}"
-    );
+    // How many lines, which, and what they were.
+    for part in ["5 line(s)", "lines 2-5, 24", "listener", "log_type"] {
+        assert!(summary.contains(part), "{summary}");
+    }
     // The imported config says where each bridge came from.
     assert!(
         result
@@ -168,33 +174,22 @@ fn differences_and_ignored_lines_are_noted() {
     );
 }
 
-/// A file in a fresh directory under the system temp dir, removed with the directory.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("postbox-import-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempDir(dir)
-    }
-
-    fn file(&self, name: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, "-----BEGIN CERTIFICATE-----\n").expect("write");
-        path.display().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A certificate-looking file `name` in `dir` (a `tempfile` directory, removed when dropped),
+/// by the path the imported config names it with.
+fn pem_in(dir: &tempfile::TempDir, name: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, "-----BEGIN CERTIFICATE-----\n").expect("write");
+    path.display().to_string()
 }
 
 #[test]
 fn tls_options() {
-    let dir = TempDir::new("tls");
-    let (ca, cert, key) = (dir.file("ca.pem"), dir.file("c.pem"), dir.file("k.pem"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = (
+        pem_in(&dir, "ca.pem"),
+        pem_in(&dir, "c.pem"),
+        pem_in(&dir, "k.pem"),
+    );
     let text = format!(
         "connection secure\naddress broker.example:8883\nbridge_cafile {ca}\n\
          bridge_certfile {cert}\nbridge_keyfile {key}\nbridge_alpn x-amzn-mqtt-ca\n\
@@ -223,9 +218,14 @@ fn tls_options() {
     let os = config.bridges[1].tls.as_ref().expect("os certs: TLS on");
     assert!(os.ca.is_none());
     assert!(config.bridges[2].tls.is_some(), "capath still means TLS");
-    note_at(&result, 16, "concatenate");
-    note_at(&result, 17, "TLS-PSK is not supported");
-    note_at(&result, 18, "TLS-PSK is not supported");
+    notes_at(
+        &result,
+        &[
+            (16, "concatenate"),
+            (17, "TLS-PSK is not supported"),
+            (18, "TLS-PSK is not supported"),
+        ],
+    );
     assert!(
         config.bridges[3].tls.is_none(),
         "ALPN alone is plain TCP in Mosquitto"
@@ -274,10 +274,15 @@ fn topic_line_forms() {
             r("h", Direction::Out, 1, "l/", "r/"),
         ]
     );
-    note_at(&result, 9, "needs both a local and a remote prefix");
-    note_at(&result, 10, "unknown direction `sideways`");
-    note_at(&result, 11, "QoS `3` is not 0, 1 or 2");
-    note_at(&result, 12, "words after the remote prefix ignored: extra");
+    notes_at(
+        &result,
+        &[
+            (9, "needs both a local and a remote prefix"),
+            (10, "unknown direction `sideways`"),
+            (11, "QoS `3` is not 0, 1 or 2"),
+            (12, "words after the remote prefix ignored: extra"),
+        ],
+    );
 }
 
 #[test]
@@ -297,23 +302,24 @@ fn options_without_an_equivalent_are_noted() {
     assert_eq!(b.restart_timeout, [1, 10]);
     assert_eq!(b.protocol, BridgeProtocol::V3_1_1);
     assert_eq!(b.keep_alive, 60, "an invalid line is not used");
-    for (line, needle) in [
-        (5, "imported as `automatic`"),
-        (6, "$SYS/broker/connection/<name>/state only"),
-        (7, "`$bridge/<name>`"),
-        (8, "not mapped"),
-        (9, "not mapped"),
-        (10, "stable = 30 s"),
-        (11, "`mqttv31` imported as 3.1.1"),
-        (12, "always durable"),
-        (13, "not mapped"),
-        (14, "not mapped"),
-        (15, "not mapped"),
-        (16, "were not read"),
-        (17, "minimum is 5 seconds; line ignored"),
-    ] {
-        note_at(&result, line, needle);
-    }
+    notes_at(
+        &result,
+        &[
+            (5, "imported as `automatic`"),
+            (6, "$SYS/broker/connection/<name>/state only"),
+            (7, "`$bridge/<name>`"),
+            (8, "not mapped"),
+            (9, "not mapped"),
+            (10, "stable = 30 s"),
+            (11, "`mqttv31` imported as 3.1.1"),
+            (12, "always durable"),
+            (13, "not mapped"),
+            (14, "not mapped"),
+            (15, "not mapped"),
+            (16, "were not read"),
+            (17, "minimum is 5 seconds; line ignored"),
+        ],
+    );
     // v3.1.1 sends no session expiry, so no note about it; the one given is kept for v5.
     assert!(
         !result.notes.iter().any(|n| n.contains("86400")),
@@ -330,18 +336,28 @@ fn names_are_made_safe_and_unique() {
     let config = load(&result);
     let names: Vec<&str> = config.bridges.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["site_a_b", "site_a_b-2", "bridge3"]);
-    note_at(&result, 1, "before any `connection` line");
-    note_at(&result, 2, "replaced");
-    note_at(&result, 5, "appears twice");
-    note_at(&result, 8, "without a name");
+    notes_at(
+        &result,
+        &[
+            (1, "before any `connection` line"),
+            (2, "replaced"),
+            (5, "appears twice"),
+            (8, "without a name"),
+        ],
+    );
 }
 
 #[test]
 fn missing_addresses_and_topics_are_noted() {
     let result = import("connection lonely\naddress h:99999\n", "mosquitto.conf");
-    note_at(&result, 2, "not a port");
-    note_at(&result, 1, "has no address");
-    note_at(&result, 1, "has no topic line");
+    notes_at(
+        &result,
+        &[
+            (2, "not a port"),
+            (1, "has no address"),
+            (1, "has no topic line"),
+        ],
+    );
     // The TOML parses; it does not validate until the user completes it.
     let err = Config::from_toml_str(&result.toml, "x").expect_err("incomplete");
     assert!(err.to_string().contains("bridge[0].addresses"), "{err}");

@@ -1,8 +1,6 @@
 //! `[[bridge]]` rules: every rule refuses with the key and the line of the offending value
 //! (or of the `[[bridge]]` entry missing it), and the boundary values pass.
 
-use std::path::PathBuf;
-
 use super::*;
 use crate::config::tests::{invalid_at, parse};
 use crate::config::{Config, ConfigError};
@@ -314,36 +312,21 @@ fn client_id_shape() {
     parse(&bridge_with("client_id = \"$bridge/gw1\"")).expect("remote id");
 }
 
-/// A file in a fresh directory under the system temp dir, removed with the directory.
-struct TempFiles(PathBuf);
-
-impl TempFiles {
-    fn new(tag: &str) -> TempFiles {
-        let dir = std::env::temp_dir().join(format!("postbox-bridge-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempFiles(dir)
-    }
-
-    fn file(&self, name: &str, content: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, content).expect("write");
-        path.display().to_string()
-    }
-}
-
-impl Drop for TempFiles {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// `content` written to `name` in `dir` (a `tempfile` directory, removed when dropped), by the
+/// path a config names it with.
+fn file_in(dir: &tempfile::TempDir, name: &str, content: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, content).expect("write");
+    path.display().to_string()
 }
 
 #[test]
 fn tls_files_go_together_and_must_be_readable() {
-    let files = TempFiles::new("tls");
-    let ca = files.file("ca.pem", "pem");
-    let cert = files.file("cert.pem", "pem");
-    let key = files.file("key.pem", "pem");
-    let empty = files.file("empty.pem", "");
+    let files = tempfile::tempdir().expect("temp dir");
+    let ca = file_in(&files, "ca.pem", "pem");
+    let cert = file_in(&files, "cert.pem", "pem");
+    let key = file_in(&files, "key.pem", "pem");
+    let empty = file_in(&files, "empty.pem", "");
     let tls = |body: &str| bridge_with(&format!("[bridge.tls]\n{body}"));
     assert_invalid(
         &tls(&format!("ca = \"{ca}\"\ncert = \"{cert}\"")),
