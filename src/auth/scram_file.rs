@@ -486,16 +486,20 @@ pub fn register(
 mod tests {
     use super::*;
 
+    /// A credentials file's text: one line (4096 iterations) per `(kind, user, password)`.
+    fn credentials(entries: &[(ScramKind, &str, &str)]) -> String {
+        entries
+            .iter()
+            .map(|&(kind, user, password)| scram_credential_line(kind, user, password, 4096) + "\n")
+            .collect()
+    }
+
     /// An unknown name gets the same fake salt from a store opened again on the same file
     /// (a restart), as a real user keeps its salt; a key random per process told unknown
     /// names apart across a restart (issue 35, fourth pass).
     #[test]
     fn an_unknown_users_fake_salt_survives_a_restart() {
-        let text = format!(
-            "{}\n{}\n",
-            scram_credential_line(ScramKind::Sha256, "u", "p", 4096),
-            scram_credential_line(ScramKind::Sha256, "v", "q", 4096)
-        );
+        let text = credentials(&[(ScramKind::Sha256, "u", "p"), (ScramKind::Sha256, "v", "q")]);
         let open = || ScramStore::from_credentials(parse(&text, Path::new("f")).expect("parses"));
         let (before, after) = (open(), open());
         assert_eq!(
@@ -656,21 +660,13 @@ mod tests {
     fn reload_swaps_in_a_good_file_and_keeps_the_old_on_a_bad_one() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("scram");
-        std::fs::write(
-            &path,
-            scram_credential_line(ScramKind::Sha256, "a", "p", 4096),
-        )
-        .expect("write");
+        std::fs::write(&path, credentials(&[(ScramKind::Sha256, "a", "p")])).expect("write");
         let store = ScramStore::open(&path, None).expect("opens");
         assert!(store.get(ScramKind::Sha256, "a").is_some());
         std::fs::write(&path, "garbage\n").expect("write");
         assert!(store.reload().expect_err("bad").contains(":1:"));
         assert!(store.get(ScramKind::Sha256, "a").is_some(), "old kept");
-        std::fs::write(
-            &path,
-            scram_credential_line(ScramKind::Sha256, "b", "p", 4096),
-        )
-        .expect("write");
+        std::fs::write(&path, credentials(&[(ScramKind::Sha256, "b", "p")])).expect("write");
         store.reload().expect("good");
         assert!(store.get(ScramKind::Sha256, "a").is_none());
         assert!(store.get(ScramKind::Sha256, "b").is_some());
