@@ -354,56 +354,47 @@ pub fn pubsub_plan(scenario: Scenario, p: &Params, run: u32) -> PubSubPlan {
             expected,
         }
     };
+    // `n` publishers, the i-th to `{base}/{prefix}/{i}`, sharing the rate.
+    let numbered_publishers = |prefix: &str, n: usize| -> Vec<PublisherPlan> {
+        (0..n)
+            .map(|i| publisher(i, format!("{base}/{prefix}/{i}"), n))
+            .collect()
+    };
+    // `n` subscribers, the i-th to `filter(i)`.
+    let subscribers = |n: usize, filter: &dyn Fn(usize) -> String, expected: u64, clean: bool| {
+        (0..n)
+            .map(|i| subscriber(i, filter(i), expected, clean))
+            .collect::<Vec<_>>()
+    };
     let (publishers, subscribers) = match scenario {
         Scenario::FanIn => {
             let n = p.publishers;
-            let pubs = (0..n)
-                .map(|i| publisher(i, format!("{base}/in/{i}"), n))
-                .collect();
-            let subs = vec![subscriber(
-                0,
-                format!("{base}/in/#"),
-                n as u64 * p.messages,
-                true,
-            )];
+            let pubs = numbered_publishers("in", n);
+            let subs = subscribers(1, &|_| format!("{base}/in/#"), n as u64 * p.messages, true);
             (pubs, subs)
         }
         Scenario::FanOut => {
             let pubs = vec![publisher(0, format!("{base}/out"), 1)];
-            let subs = (0..p.subscribers)
-                .map(|i| subscriber(i, format!("{base}/out"), p.messages, true))
-                .collect();
+            let subs = subscribers(p.subscribers, &|_| format!("{base}/out"), p.messages, true);
             (pubs, subs)
         }
         Scenario::P2p | Scenario::Latency => {
-            let k = p.pairs;
-            let pubs = (0..k)
-                .map(|i| publisher(i, format!("{base}/p2p/{i}"), k))
-                .collect();
-            let subs = (0..k)
-                .map(|i| subscriber(i, format!("{base}/p2p/{i}"), p.messages, true))
-                .collect();
+            let pubs = numbered_publishers("p2p", p.pairs);
+            let subs = subscribers(p.pairs, &|i| format!("{base}/p2p/{i}"), p.messages, true);
             (pubs, subs)
         }
         Scenario::Durable => {
             let n = p.publishers;
-            let pubs = (0..n)
-                .map(|i| publisher(i, format!("{base}/durable/{i}"), n))
-                .collect();
-            let subs = (0..p.subscribers)
-                .map(|i| subscriber(i, format!("{base}/durable/#"), n as u64 * p.messages, false))
-                .collect();
+            let pubs = numbered_publishers("durable", n);
+            let filter = |_| format!("{base}/durable/#");
+            let subs = subscribers(p.subscribers, &filter, n as u64 * p.messages, false);
             (pubs, subs)
         }
         Scenario::Shared => {
-            let n = p.publishers;
-            let pubs = (0..n)
-                .map(|i| publisher(i, format!("{base}/jobs/{i}"), n))
-                .collect();
+            let pubs = numbered_publishers("jobs", p.publishers);
             // The group as a whole must receive every message (`group_expected`).
-            let subs = (0..p.subscribers)
-                .map(|i| subscriber(i, format!("$share/bench/{base}/jobs/#"), 0, true))
-                .collect();
+            let filter = |_| format!("$share/bench/{base}/jobs/#");
+            let subs = subscribers(p.subscribers, &filter, 0, true);
             (pubs, subs)
         }
         Scenario::Connections | Scenario::Retained | Scenario::Handshakes => {
