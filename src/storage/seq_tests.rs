@@ -8,7 +8,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use smallvec::smallvec;
 
-use super::log_store::test_support::KIND_OPS;
+use super::log_store::test_support::{assert_ops_round_trip, ops_body};
 use super::state::State;
 use super::*;
 use crate::codec::{PublishProperties, QoS};
@@ -62,17 +62,6 @@ fn sequence(id: MessageId, stream_seq: u64) -> Op {
     Op::SequenceMessage { id, stream_seq }
 }
 
-/// A frame body holding `ops`, as the writer encodes one.
-fn ops_body(ops: &[Op]) -> Vec<u8> {
-    let mut out = vec![KIND_OPS];
-    let mut enc = record::Enc(&mut out);
-    enc.u32(ops.len() as u32);
-    for op in ops {
-        enc.op(op);
-    }
-    out
-}
-
 fn applied(ops: Vec<Op>) -> State {
     let mut state = State::default();
     for op in ops {
@@ -91,17 +80,7 @@ fn a_sequence_record_round_trips() {
         sequence(u64::MAX, u64::MAX),
         sequence(7, 97),
     ];
-    let encoded = ops_body(&ops);
-    assert_eq!(encoded[0], KIND_OPS);
-    let mut dec = record::Dec::new(&encoded[1..]);
-    assert_eq!(dec.ops().expect("decode"), ops);
-    assert!(dec.is_empty(), "trailing bytes after the ops");
-    for cut in 1..encoded.len() - 1 {
-        assert!(
-            record::Dec::new(&encoded[1..cut]).ops().is_err(),
-            "a record cut at {cut} decoded"
-        );
-    }
+    assert_ops_round_trip(&ops);
 }
 
 /// A message body is written as before: the same bytes whether or not the node is

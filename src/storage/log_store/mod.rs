@@ -525,4 +525,31 @@ pub(crate) mod test_support {
     //! File-level helpers for the tests in `storage::tests`.
     pub(crate) use super::format::test_files::file_of;
     pub(crate) use super::format::{log_name, snapshot_name, HEADER_LEN, KIND_OPS, KIND_TRAILER};
+    use crate::storage::{record, Op};
+
+    /// A frame body holding `ops`, as the writer encodes one.
+    pub(crate) fn ops_body(ops: &[Op]) -> Vec<u8> {
+        let mut body = vec![KIND_OPS];
+        let mut enc = record::Enc(&mut body);
+        enc.u32(ops.len() as u32);
+        for op in ops {
+            enc.op(op);
+        }
+        body
+    }
+
+    /// Checks that `ops` come back from their frame body field for field, and that the body
+    /// cut anywhere is an error, never a panic nor another op (`Enc` and `Dec` must mirror
+    /// each other): the round trip every new op's test makes.
+    pub(crate) fn assert_ops_round_trip(ops: &[Op]) {
+        let body = ops_body(ops);
+        assert_eq!(body[0], KIND_OPS);
+        let mut dec = record::Dec::new(&body[1..]);
+        assert_eq!(dec.ops().expect("decode"), ops);
+        assert!(dec.is_empty(), "trailing bytes after the ops");
+        for cut in 1..body.len() - 1 {
+            let mut dec = record::Dec::new(&body[1..cut]);
+            assert!(dec.ops().is_err(), "a record cut at {cut} decoded");
+        }
+    }
 }

@@ -48,17 +48,6 @@ fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
     out
 }
 
-/// A frame body holding `ops`, as the writer encodes one.
-pub(super) fn ops_body(ops: &[Op]) -> Vec<u8> {
-    let mut body = vec![KIND_OPS];
-    let mut enc = record::Enc(&mut body);
-    enc.u32(ops.len() as u32);
-    for op in ops {
-        enc.op(op);
-    }
-    body
-}
-
 /// The loss record of `kind` (an `Op::KIND_NAMES` entry).
 fn lost(loss: &RecoveryLoss, kind: &str) -> u64 {
     let i = Op::KIND_NAMES

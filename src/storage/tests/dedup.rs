@@ -1,8 +1,8 @@
 //! Delivery counts and dedup keys (issue 16): a restart must not reset a poison message's
 //! count, and still knows a dedup key inside its window.
 
-use super::damage::ops_body;
 use super::*;
+use crate::storage::log_store::test_support::assert_ops_round_trip;
 
 // ---- delivery counts and dedup keys (issue 16) --------------------------------------------
 // `Op::CountDelivery` (`mqtt.max_deliveries`: a restart must not reset a poison message's
@@ -62,16 +62,8 @@ fn count_delivery_and_put_dedup_records_round_trip() {
         put_dedup("a/b/ü", "order-42", 1_800_000_000_000),
         put_dedup("t", "", u64::MAX),
     ];
-    let body = ops_body(&ops);
-    assert_eq!(body[0], KIND_OPS);
-    let mut dec = record::Dec::new(&body[1..]);
-    assert_eq!(dec.ops().expect("decode"), ops);
-    assert!(dec.is_empty(), "trailing bytes after the ops");
     // Cut anywhere, the record is an error, never a panic nor a different op.
-    for cut in 1..body.len() - 1 {
-        let mut dec = record::Dec::new(&body[1..cut]);
-        assert!(dec.ops().is_err(), "a record cut at {cut} decoded");
-    }
+    assert_ops_round_trip(&ops);
 }
 
 /// Replaying the log: the first send (`UpdateEntry` out of `Queued`) implies 1, each
@@ -196,16 +188,10 @@ fn compaction_keeps_delivery_counts_and_dedup_keys() {
     };
     let store = open_at(dir.path(), options.clone());
     commit(&store, ops);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while store.stats().compactions == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no compaction: {:?}",
-            store.stats()
-        );
-        // Each commit past the threshold starts one (or collects the running one).
+    // Each commit past the threshold starts one (or collects the running one).
+    until_compacted(&store, Duration::from_secs(20), || {
         commit(&store, vec![session("churn")]);
-    }
+    });
     let before = store.load().expect("load");
     store.close().expect("close");
     assert!(

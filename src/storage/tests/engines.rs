@@ -257,15 +257,9 @@ fn disk_bytes_are_the_files_on_disk_after_a_compaction() {
         );
     }
     // No commit from here on: the compaction thread itself must publish what it did.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.stats().compactions == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no compaction: {:?}",
-            store.stats()
-        );
+    until_compacted(&store, Duration::from_secs(10), || {
         std::thread::sleep(Duration::from_millis(5)); // polling a counter, bounded
-    }
+    });
     let stats = store.stats();
     assert!(stats.snapshot_bytes > 10_000, "{stats:?}");
     assert_eq!(stats.disk_bytes, files(), "after the compaction: {stats:?}");

@@ -12,7 +12,7 @@ use bytestring::ByteString;
 use smallvec::smallvec;
 
 use super::log_store::test_support::{
-    file_of, log_name, snapshot_name, HEADER_LEN, KIND_OPS, KIND_TRAILER,
+    file_of, log_name, ops_body, snapshot_name, HEADER_LEN, KIND_TRAILER,
 };
 use super::log_store::STORE_DIR;
 use super::*;
@@ -149,6 +149,21 @@ fn commit(store: &dyn Store, ops: Vec<Op>) -> Ticket {
     let submitted = store.submit(ops).expect("submit");
     block_on(store.wait_durable(submitted.ticket)).expect("durable");
     submitted.ticket
+}
+
+/// Runs `step` until `store` reports a compaction, failing with its stats after `within`:
+/// the compaction tests' wait (their step either commits more, which starts one, or only
+/// polls the counter the compaction thread publishes).
+fn until_compacted(store: &LogStore, within: Duration, mut step: impl FnMut()) {
+    let deadline = Instant::now() + within;
+    while store.stats().compactions == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no compaction: {:?}",
+            store.stats()
+        );
+        step();
+    }
 }
 
 fn session_of<'a>(snap: &'a Snapshot, client: &str) -> &'a SessionSnapshot {
