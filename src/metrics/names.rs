@@ -80,6 +80,9 @@ pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
 /// Counter: connections closed because a started packet did not complete in time
 /// (`mqtt.packet_timeout`, `mqtt.min_packet_rate`).
 pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
+/// Counter: anonymous connections closed because a packet they were sending would take what
+/// anonymous clients' partly received packets hold past their share of `mqtt.max_memory`.
+pub const ANONYMOUS_SHARE_CLOSES_TOTAL: &str = "postbox_anonymous_share_closes_total";
 /// Gauge: bytes held in read buffers by packets that have started to arrive and are not
 /// complete yet (what a later memory budget counts).
 pub const PARTIAL_PACKET_BYTES: &str = "postbox_partial_packet_bytes";
@@ -241,7 +244,7 @@ pub(crate) const GUARANTEES: [&str; 5] = [
 ];
 
 /// Every metric name above, for docs and completeness tests.
-pub const ALL: [&str; 67] = [
+pub const ALL: [&str; 68] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -275,6 +278,7 @@ pub const ALL: [&str; 67] = [
     HTTP_CONNECTIONS_REFUSED_TOTAL,
     CONNECT_TIMEOUTS_TOTAL,
     PACKET_TIMEOUTS_TOTAL,
+    ANONYMOUS_SHARE_CLOSES_TOTAL,
     PARTIAL_PACKET_BYTES,
     STORE_LIVE_BYTES,
     STORE_DISK_BYTES,
