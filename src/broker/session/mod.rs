@@ -308,9 +308,10 @@ impl Drop for SessionState {
 }
 
 impl Drop for Session {
-    /// An anonymous session leaves the anonymous share with its state
-    /// ([`SessionState::set_owner`]).
+    /// The session's cost leaves the budget ([`Session::new`]), and an anonymous session's
+    /// the anonymous share with its state ([`SessionState::set_owner`]).
     fn drop(&mut self) {
+        super::flow::session_counted(self.client_id.len(), false);
         if self.state.get_mut().is_anonymous() {
             super::flow::anonymous_session_counted(self.client_id.len(), false);
         }
@@ -321,13 +322,15 @@ impl Drop for Session {
 pub(in crate::broker) const UNCHECKED: u32 = u32::MAX;
 
 impl Session {
-    /// A fresh, empty session for `client_id`.
+    /// A fresh, empty session for `client_id`, counted in the memory budget until it is
+    /// dropped (`flow::session_cost`: every session's, whoever owns it).
     pub fn new(
         id: SessionId,
         client_id: ByteString,
         protocol: ProtocolVersion,
         expiry_interval: u32,
     ) -> Session {
+        super::flow::session_counted(client_id.len(), true);
         Session {
             id,
             client_id,
