@@ -532,11 +532,20 @@ impl Session {
             }
             if !st.overflowing {
                 st.overflowing = true;
+                // Which bound: an anonymous session may be "full" with few messages queued,
+                // because strangers together hold their share of the budget (eleventh pass:
+                // `queued=15` called full left an operator guessing).
+                let bound = if st.is_full(limits, size) {
+                    "its queue bound"
+                } else {
+                    "the anonymous clients' share of mqtt.max_memory"
+                };
                 tracing::warn!(
                     client = %self.client_id,
                     queued = st.queue.len(),
                     policy = ?limits.overflow,
                     online,
+                    bound,
                     "session queue full (offline, stalled, or QoS 0 without back-pressure): dropping messages until it drains"
                 );
             }
