@@ -176,6 +176,13 @@ pub async fn publish(c: &mut RawClient, publish: Publish) -> ReasonCode {
     }
 }
 
+/// Publishes `payload` to `topic` at QoS 1 with packet id `id` and returns the PUBACK reason
+/// code: the tests that check how the broker answers one QoS 1 message (accepted, refused
+/// while NATS is down, ...) then need one line to send it.
+pub async fn publish_qos1(c: &mut RawClient, topic: &str, payload: &[u8], id: u16) -> ReasonCode {
+    publish(c, publish_packet(topic, QoS::AtLeastOnce, payload, id)).await
+}
+
 /// Publishes `topics` in order from a fresh client `client_id`, each at QoS 1 (packet id 1,
 /// acknowledged before the next) with its index as payload: for the tests of what a
 /// subscriber sees of a sequence of topics (topic aliases).
