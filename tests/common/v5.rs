@@ -288,6 +288,24 @@ pub async fn expect_disconnect(c: &mut RawClient, code: ReasonCode) -> Disconnec
     }
 }
 
+/// Expects the broker to send exactly one DISCONNECT, with `code`, and close: stricter than
+/// [`expect_disconnect`], for the tests where nothing else may come first.
+pub async fn expect_only_disconnect(c: &mut RawClient, code: ReasonCode) {
+    match c.expect_close().await.as_slice() {
+        [Packet::Disconnect(d)] => assert_eq!(d.reason_code, code, "DISCONNECT reason"),
+        other => panic!("expected only DISCONNECT {code:?} before close, got {other:?}"),
+    }
+}
+
+/// Expects the broker to answer the CONNECT with exactly one CONNACK, with `code`, and close:
+/// the check for a CONNECT the broker refuses.
+pub async fn expect_only_connack(c: &mut RawClient, code: ReasonCode) {
+    match c.expect_close().await.as_slice() {
+        [Packet::ConnAck(ack)] => assert_eq!(ack.reason_code, code, "CONNACK reason"),
+        other => panic!("expected only CONNACK {code:?} before close, got {other:?}"),
+    }
+}
+
 /// Sends a normal DISCONNECT and waits for the close.
 pub async fn disconnect(mut c: RawClient) {
     c.send(&Packet::Disconnect(Disconnect::default())).await;
