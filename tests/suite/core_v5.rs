@@ -16,7 +16,7 @@ const V: ProtocolVersion = ProtocolVersion::V5;
 fn sub(filter: &str, qos: QoS, id: Option<u32>, packet_id: u16) -> Packet {
     Packet::Subscribe(Subscribe {
         subscription_identifier: id,
-        ..common::v5::subscribe_packet(packet_id, filter, qos)
+        ..v5::subscribe_packet(packet_id, filter, qos)
     })
 }
 
