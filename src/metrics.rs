@@ -336,6 +336,9 @@ pub struct Metrics {
     pub connect_timeouts: Counter,
     /// Connections closed because a started packet did not complete in time.
     pub packet_timeouts: Counter,
+    /// Anonymous connections closed because a packet they were sending would take what
+    /// anonymous clients' partly received packets hold past their share of `mqtt.max_memory`.
+    pub anonymous_share_closes: Counter,
     /// Bytes held by partially read packets; set from `connection::partial_packet_bytes`
     /// by the server's periodic sweep (the connections count into one process-wide atomic).
     pub partial_packet_bytes: Gauge,
@@ -465,6 +468,7 @@ impl Metrics {
             http_connections_refused: r.counter_family(HTTP_CONNECTIONS_REFUSED_TOTAL, "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.", "reason").counters(["max_connections", "max_connections_per_ip"]),
             connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
             packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),
+            anonymous_share_closes: r.counter(ANONYMOUS_SHARE_CLOSES_TOTAL, "Anonymous connections closed because a packet they were sending would take what anonymous clients' partly received packets hold past their share (an eighth of mqtt.max_memory)."),
             partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete."),
             clients_connected: r.gauge_vec(
                 CLIENTS_CONNECTED,

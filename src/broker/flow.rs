@@ -10,8 +10,8 @@
 //!   `mqtt.stalled_after` is treated like an offline one: the overflow policy applies and
 //!   nobody waits for it, so two clients that publish to each other and stop reading both
 //!   recover after that time.
-//! - **Memory budget.** Messages the broker holds, subscriptions, anonymous sessions and
-//!   partly received packets of connected clients count against `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses
+//! - **Memory budget.** Messages the broker holds, subscriptions, sessions and partly
+//!   received packets of connected clients count against `mqtt.max_memory`: above [`MemoryBudget::pause_at`] every publisher pauses
 //!   until usage is back under [`MemoryBudget::resume_at`] (or `stalled_after` has passed),
 //!   and over the budget itself QoS 1/2 PUBLISHes are refused. A filter that would take the
 //!   subscriptions past half of the budget, or usage to the pause mark, is refused (0x97), so
@@ -94,8 +94,7 @@ pub(super) fn message_dropped(bytes: usize) {
 
 /// Bytes counted against the budget besides partial packets: every message alive in the
 /// process (see [`MESSAGE_BYTES`]), give or take [`FLUSH_BYTES`] per thread, every
-/// subscription ([`subscription_cost`]) and every anonymous session
-/// ([`anonymous_session_cost`]), which are added to the same counter so the publish path
+/// subscription ([`subscription_cost`]) and every session ([`session_cost`]), which are added to the same counter so the publish path
 /// reads one counter as before.
 pub fn message_bytes() -> u64 {
     u64::try_from(MESSAGE_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
@@ -117,13 +116,15 @@ pub(crate) fn subscription_cost(len: usize) -> u64 {
 
 /// What anonymous sessions hold, where a method tells identities apart
 /// ([`crate::storage::SessionOwner::Anonymous`]): their subscriptions ([`subscription_cost`]),
-/// the sessions themselves ([`anonymous_session_cost`]), the payload bytes queued for them
-/// and the retained messages they published. Bounded together by [`ANONYMOUS_SHARE`].
+/// the sessions themselves ([`anonymous_session_cost`]), the payload bytes queued for them,
+/// and the retained messages they published. Bounded together by [`ANONYMOUS_SHARE`]. (Their
+/// connections' partly received packets have a bound of the same size of their own, out of
+/// the budget: `connection::partial`.)
 static ANONYMOUS_BYTES: AtomicI64 = AtomicI64::new(0);
 
-/// The part of [`MESSAGE_BYTES`] that is anonymous sessions themselves (not messages: `$SYS`
-/// reports messages).
-static ANONYMOUS_SESSION_BYTES: AtomicI64 = AtomicI64::new(0);
+/// The part of [`MESSAGE_BYTES`] that is sessions themselves ([`session_cost`], every
+/// session's; not messages: `$SYS` reports messages).
+static SESSION_BYTES: AtomicI64 = AtomicI64::new(0);
 
 /// What anonymous clients make the broker hold may take at most this part of the budget (an
 /// eighth), where a method tells identities apart: their subscriptions, their sessions and the
@@ -140,25 +141,46 @@ pub(crate) const ANONYMOUS_SHARE: u64 = 8;
 /// `size_of`, rounded up for the map and the store).
 const SESSION_OVERHEAD: usize = 1024;
 
-/// The bytes an anonymous session with a client id of `len` bytes counts in the budget and in
-/// the anonymous share.
-pub(crate) fn anonymous_session_cost(len: usize) -> u64 {
+/// The bytes a session with a client id of `len` bytes counts in the budget, every session's
+/// (issue 35, eleventh adversarial pass, T3: one password user kept 33,000 sessions, +48 MB
+/// of RSS, counted nowhere), and an anonymous one's in the anonymous share too.
+pub(crate) fn session_cost(len: usize) -> u64 {
     u64::try_from(len.saturating_add(SESSION_OVERHEAD)).unwrap_or(u64::MAX)
+}
+
+/// [`session_cost`] of an anonymous session: what it takes of the anonymous share.
+pub(crate) fn anonymous_session_cost(len: usize) -> u64 {
+    session_cost(len)
+}
+
+/// A session with a client id of `client_id_len` bytes was made (`up`) or dropped: its
+/// [`session_cost`] enters or leaves the budget. Sessions are made at CONNECT (or restore),
+/// never per message.
+pub(super) fn session_counted(client_id_len: usize, up: bool) {
+    let cost = i64::try_from(session_cost(client_id_len)).unwrap_or(i64::MAX);
+    let delta = if up { cost } else { -cost };
+    MESSAGE_BYTES.fetch_add(delta, Ordering::Relaxed);
+    SESSION_BYTES.fetch_add(delta, Ordering::Relaxed);
+}
+
+/// The anonymous share of `budget` in bytes ([`ANONYMOUS_SHARE`]); also the bound of anonymous
+/// clients' partly received packets (`connection::partial`).
+pub(crate) fn anonymous_share(budget: &MemoryBudget) -> u64 {
+    budget.limit / ANONYMOUS_SHARE
 }
 
 /// Whether what anonymous sessions hold may grow by `cost` bytes within their share of
 /// `budget` ([`ANONYMOUS_SHARE`]).
 pub(crate) fn anonymous_share_has_room(cost: u64, budget: &MemoryBudget) -> bool {
-    anonymous_bytes().saturating_add(cost) <= budget.limit / ANONYMOUS_SHARE
+    anonymous_bytes().saturating_add(cost) <= anonymous_share(budget)
 }
 
 /// A session became anonymous (`up`) or stopped being one (changed owner, dropped): its cost
-/// enters or leaves the budget and the anonymous share.
+/// enters or leaves the anonymous share (it is in the budget as every session's,
+/// [`session_counted`]).
 pub(super) fn anonymous_session_counted(client_id_len: usize, up: bool) {
     let cost = i64::try_from(anonymous_session_cost(client_id_len)).unwrap_or(i64::MAX);
     let delta = if up { cost } else { -cost };
-    MESSAGE_BYTES.fetch_add(delta, Ordering::Relaxed);
-    ANONYMOUS_SESSION_BYTES.fetch_add(delta, Ordering::Relaxed);
     ANONYMOUS_BYTES.fetch_add(delta, Ordering::Relaxed);
 }
 
@@ -245,10 +267,9 @@ pub(crate) fn anonymous_bytes() -> u64 {
     u64::try_from(ANONYMOUS_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
-/// The part of [`message_bytes`] that is not messages: subscriptions and anonymous sessions.
+/// The part of [`message_bytes`] that is not messages: subscriptions and sessions.
 pub(crate) fn bookkeeping_bytes() -> u64 {
-    subscription_bytes()
-        + u64::try_from(ANONYMOUS_SESSION_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
+    subscription_bytes() + u64::try_from(SESSION_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
 /// The bytes subscriptions count against the budget now, in this process.

@@ -14,7 +14,7 @@ use std::future::Future;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
-use super::partial::{PartialCheck, PartialPacket};
+use super::partial::{HeldClass, PartialCheck, PartialPacket};
 use crate::codec::{self, Packet, ProtocolVersion};
 use crate::config::MqttConfig;
 
@@ -136,21 +136,43 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         read
     }
 
+    /// Whether the read buffer holds the start of a packet, or a partial packet is still
+    /// counted: what [`Io::check_partial`] has to look at.
+    #[inline]
+    pub(super) fn holds_partial(&self) -> bool {
+        !self.rbuf.is_empty() || self.partial.is_some()
+    }
+
     /// Looks at what is left in `rbuf` once every complete packet in it was handled: the
     /// start of one packet, whose deadline is set when it is new and checked when it is not
     /// (see [`PartialPacket::check`] for `reading`). Cheap when the buffer is empty, which is
     /// where most reads end.
+    ///
+    /// `anonymous` with the anonymous clients' share of the budget: the client is anonymous,
+    /// and its partial packet counts in that share too ([`HeldClass::Anonymous`]); one that
+    /// would take it past the share gives [`PartialCheck::OverShare`], and the read buffer
+    /// (a packet the connection will not finish) is let go at once.
     #[inline]
     pub(super) fn check_partial(
         &mut self,
         now: std::time::Instant,
         reading: bool,
+        anonymous: Option<u64>,
         config: &MqttConfig,
     ) -> PartialCheck {
         if self.rbuf.is_empty() && self.partial.is_none() {
             return PartialCheck::Clear;
         }
-        PartialPacket::check(&mut self.partial, &self.rbuf, now, reading, false, config)
+        let class = match anonymous {
+            Some(share) => (HeldClass::Anonymous, share),
+            None => (HeldClass::Connected, 0),
+        };
+        let check =
+            PartialPacket::check(&mut self.partial, &self.rbuf, now, reading, class, config);
+        if check == PartialCheck::OverShare {
+            self.rbuf = BytesMut::new();
+        }
+        check
     }
 
     /// [`Io::check_partial`] for a CONNECT still arriving: its bytes are counted apart, out of
@@ -160,7 +182,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         now: std::time::Instant,
         config: &MqttConfig,
     ) -> PartialCheck {
-        PartialPacket::check(&mut self.partial, &self.rbuf, now, true, true, config)
+        let class = (HeldClass::BeforeConnect, 0);
+        PartialPacket::check(&mut self.partial, &self.rbuf, now, true, class, config)
     }
 
     /// When the partial packet in `rbuf` must be complete, if one is held.

@@ -24,9 +24,10 @@ use bytes::BytesMut;
 use crate::codec;
 use crate::config::MqttConfig;
 
-/// Bytes held by partial packets across every connection of the process: one atomic the
-/// connections add to and take from, so a connection needs no metric handle of its own; the
-/// server copies it into the gauge with each keep-alive sweep.
+/// Bytes held by partial packets of connected clients across every connection of the
+/// process, anonymous ones included: one atomic the connections add to and take from, so a
+/// connection needs no metric handle of its own; the server copies it into the gauge with
+/// each keep-alive sweep.
 static HELD: AtomicU64 = AtomicU64::new(0);
 
 /// The same for CONNECTs still arriving (no credentials checked yet): kept out of the memory
@@ -37,25 +38,115 @@ static HELD: AtomicU64 = AtomicU64::new(0);
 /// listener.
 static HELD_BEFORE_CONNECT: AtomicU64 = AtomicU64::new(0);
 
+/// The same for connected anonymous clients ([`HeldClass::Anonymous`]): kept out of the
+/// memory budget like [`HELD_BEFORE_CONNECT`], and bounded by an anonymous share of their
+/// own.
+static HELD_ANONYMOUS: AtomicU64 = AtomicU64::new(0);
+
 /// Bytes currently held in read buffers by packets that have started to arrive and are not
 /// complete (every connection in the process, handshakes included): what the gauge
 /// `postbox_partial_packet_bytes` shows, and what a memory budget has to count.
 pub(crate) fn partial_packet_bytes() -> u64 {
-    HELD.load(Ordering::Relaxed) + HELD_BEFORE_CONNECT.load(Ordering::Relaxed)
+    HELD.load(Ordering::Relaxed)
+        + HELD_BEFORE_CONNECT.load(Ordering::Relaxed)
+        + HELD_ANONYMOUS.load(Ordering::Relaxed)
 }
 
-/// The part of [`partial_packet_bytes`] held by connected clients' packets: what counts in
-/// the memory budget (`mqtt.max_memory`).
+/// The part of [`partial_packet_bytes`] held by the packets of connected clients that are
+/// not anonymous: what counts in the memory budget (`mqtt.max_memory`).
 pub(crate) fn budgeted_partial_bytes() -> u64 {
     HELD.load(Ordering::Relaxed)
 }
 
-/// The counter a partial packet adds to: CONNECTs apart from everything else.
-fn counter(before_connect: bool) -> &'static AtomicU64 {
-    if before_connect {
-        &HELD_BEFORE_CONNECT
-    } else {
-        &HELD
+/// Whose bytes a partial packet (or a WebSocket frame still arriving) holds, which decides
+/// where they count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeldClass {
+    /// A CONNECT still arriving (or the frames before the CONNACK): [`HELD_BEFORE_CONNECT`],
+    /// outside the memory budget.
+    BeforeConnect,
+    /// A connected client a method verified, or any client where no method tells identities
+    /// apart: [`HELD`], in the memory budget.
+    Connected,
+    /// A connected anonymous client (`SessionOwner::Anonymous`): [`HELD_ANONYMOUS`], out of
+    /// the memory budget and bounded by a share of its own, as large as the anonymous share
+    /// (an eighth of the budget, `flow::anonymous_share`). Ten anonymous connections that
+    /// each sent all but the last byte of a 1 MiB PUBLISH took an 8 MiB budget past 100%,
+    /// and every password user's QoS 1 PUBLISH got 0x97 for as long as they held (issue 35,
+    /// eleventh adversarial pass, T6). Now a packet that would take what anonymous clients'
+    /// packets hold past that share closes its connection ([`PartialCheck::OverShare`]), and
+    /// the clients a method verified keep the whole budget they had.
+    ///
+    /// Apart from what anonymous clients keep (`flow::ANONYMOUS_BYTES`), not in it: with one
+    /// bound for both, once strangers' sessions or retained messages filled their share (as
+    /// they may), every anonymous packet that took more than one read was a reason to close
+    /// its connection, where the answer is a PUBACK 0x97 for what cannot be kept.
+    Anonymous,
+}
+
+/// Moves the `counted` bytes of a holder of `class` to `held`; false, with nothing more
+/// counted, when the growth would take anonymous clients' partial packets past `share` bytes
+/// (only [`HeldClass::Anonymous`] looks at it). Only a connection holding a partial packet
+/// gets here, never one whose reads end on packet boundaries.
+fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
+    let counter = match class {
+        HeldClass::BeforeConnect => &HELD_BEFORE_CONNECT,
+        HeldClass::Connected => &HELD,
+        HeldClass::Anonymous => &HELD_ANONYMOUS,
+    };
+    if held > *counted {
+        let grown = (held - *counted) as u64;
+        let before = counter.fetch_add(grown, Ordering::Relaxed);
+        // Added first and taken back if over: two connections growing at once cannot both
+        // pass on the same room.
+        if class == HeldClass::Anonymous && before.saturating_add(grown) > share {
+            counter.fetch_sub(grown, Ordering::Relaxed);
+            return false;
+        }
+    } else if held < *counted {
+        counter.fetch_sub((*counted - held) as u64, Ordering::Relaxed);
+    }
+    *counted = held;
+    true
+}
+
+/// The error a transport layer's read fails with when the bytes it holds for an anonymous
+/// client would take anonymous clients past their share ([`TransportHeld::set`]): the
+/// connection closes as for its own partial packet ([`PartialCheck::OverShare`]).
+#[derive(Debug, thiserror::Error)]
+#[error("anonymous clients' packets in transit are at their share of the memory budget")]
+pub(crate) struct OverAnonymousShare;
+
+/// Whether a read failed with [`OverAnonymousShare`].
+pub(crate) fn is_over_anonymous_share(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<OverAnonymousShare>())
+        .is_some()
+}
+
+/// What the connection tells a transport layer holding bytes for it (the WebSocket layer)
+/// once its CONNECT is accepted: whether the client is anonymous, and its share then. The
+/// transport cannot see the session; it reads this when it sees the CONNACK go out.
+#[derive(Debug, Default)]
+pub(crate) struct HeldClassCell {
+    /// The anonymous share in bytes, plus one; 0 for a client that is not anonymous.
+    anonymous_share: AtomicU64,
+}
+
+impl HeldClassCell {
+    /// The client is anonymous, with `share` bytes for what anonymous clients hold.
+    pub(crate) fn set_anonymous(&self, share: u64) {
+        self.anonymous_share
+            .store(share.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// The class of a connected client's bytes, and the anonymous share.
+    fn connected(&self) -> (HeldClass, u64) {
+        match self.anonymous_share.load(Ordering::Relaxed) {
+            0 => (HeldClass::Connected, 0),
+            plus_one => (HeldClass::Anonymous, plus_one - 1),
+        }
     }
 }
 
@@ -63,42 +154,64 @@ fn counter(before_connect: bool) -> &'static AtomicU64 {
 /// buffer: a WebSocket frame still arriving, which the WebSocket layer buffers whole (issue
 /// 35, seventh pass, N6: 64 half-sent 1 MiB frames held ~133 MB that neither
 /// `postbox_partial_packet_bytes` nor the memory budget saw). Counted with the partial
-/// packets: in [`HELD_BEFORE_CONNECT`] until the broker accepts the CONNECT, then in
-/// [`HELD`] (the memory budget), like the bytes of a packet in the connection's own buffer.
+/// packets: in [`HELD_BEFORE_CONNECT`] until the broker accepts the CONNECT, then as the
+/// connection's own partial packets ([`HeldClass`]: an anonymous client's in its share too).
 #[derive(Debug, Default)]
 pub(crate) struct TransportHeld {
     /// Bytes this holder has added to its counter.
     counted: usize,
-    /// Whether the broker has accepted the connection's CONNECT (counted in [`HELD`]).
-    connected: bool,
+    /// Where they count ([`HeldClass::BeforeConnect`] until [`TransportHeld::connected`]).
+    class: Option<HeldClass>,
+    /// The anonymous share, for [`HeldClass::Anonymous`].
+    share: u64,
+    /// What the connection says of its client once the CONNECT is accepted.
+    cell: std::sync::Arc<HeldClassCell>,
 }
 
 impl TransportHeld {
-    /// Sets the bytes held now.
-    pub(crate) fn set(&mut self, held: usize) {
-        let counter = counter(!self.connected);
-        if held > self.counted {
-            counter.fetch_add((held - self.counted) as u64, Ordering::Relaxed);
-        } else if held < self.counted {
-            counter.fetch_sub((self.counted - held) as u64, Ordering::Relaxed);
-        }
-        self.counted = held;
+    /// The cell the connection sets when it accepts the CONNECT (handed to
+    /// `connection::serve`).
+    pub(crate) fn cell(&self) -> std::sync::Arc<HeldClassCell> {
+        std::sync::Arc::clone(&self.cell)
     }
 
-    /// The CONNECT was accepted: what is held from now on counts in the memory budget.
-    pub(crate) fn connected(&mut self) {
-        if !self.connected {
-            let held = self.counted;
-            self.set(0);
-            self.connected = true;
-            self.set(held);
+    /// Sets the bytes held now.
+    ///
+    /// # Errors
+    ///
+    /// [`OverAnonymousShare`] (nothing more counted) when the bytes of an anonymous client
+    /// would take anonymous clients past their share: the connection must close.
+    pub(crate) fn set(&mut self, held: usize) -> Result<(), OverAnonymousShare> {
+        let class = self.class.unwrap_or(HeldClass::BeforeConnect);
+        if count(class, &mut self.counted, held, self.share) {
+            Ok(())
+        } else {
+            Err(OverAnonymousShare)
         }
+    }
+
+    /// The CONNECT was accepted: what is held from now on counts as the connection's own
+    /// partial packets do.
+    ///
+    /// # Errors
+    ///
+    /// As [`TransportHeld::set`].
+    pub(crate) fn connected(&mut self) -> Result<(), OverAnonymousShare> {
+        if self.class.is_some() {
+            return Ok(());
+        }
+        let held = self.counted;
+        let _ = self.set(0); // giving back never fails
+        let (class, share) = self.cell.connected();
+        self.class = Some(class);
+        self.share = share;
+        self.set(held)
     }
 }
 
 impl Drop for TransportHeld {
     fn drop(&mut self) {
-        self.set(0);
+        let _ = self.set(0);
     }
 }
 
@@ -128,6 +241,10 @@ pub(super) enum PartialCheck {
     Armed(Instant),
     /// The partial packet missed its deadline: the connection must close.
     Expired,
+    /// The partial packet of an anonymous client would take what anonymous clients hold past
+    /// their share of the budget ([`HeldClass::Anonymous`]): the connection must close. What
+    /// it held is no longer counted.
+    OverShare,
 }
 
 /// The partial packet at the front of a connection's read buffer (boxed in `Io`, only while
@@ -142,8 +259,10 @@ pub(super) struct PartialPacket {
     pub(super) read_since: usize,
     /// Bytes this packet has added to [`HELD`] (or [`HELD_BEFORE_CONNECT`]).
     counted: usize,
-    /// A CONNECT still arriving: counted in [`HELD_BEFORE_CONNECT`].
-    before_connect: bool,
+    /// Where they count.
+    class: HeldClass,
+    /// The anonymous share when it was counted (for [`HeldClass::Anonymous`]).
+    share: u64,
     /// When it must be complete.
     deadline: Instant,
 }
@@ -155,28 +274,28 @@ impl PartialPacket {
     /// with the connection's acks) the deadline restarts instead of running: the client cannot
     /// finish a packet the broker does not read. A client that does not read its own output,
     /// so that the broker stops reading from it, is not excused: that would let it hold a
-    /// partial packet forever.
+    /// partial packet forever. `class` says where its bytes count; `share` is the anonymous
+    /// clients' share of the budget in bytes (for [`HeldClass::Anonymous`]).
     pub(super) fn check(
         slot: &mut Option<Box<PartialPacket>>,
         rbuf: &BytesMut,
         now: Instant,
         reading: bool,
-        before_connect: bool,
+        (class, share): (HeldClass, u64),
         config: &MqttConfig,
     ) -> PartialCheck {
         let held = rbuf.len();
-        if held == 0
-            || slot
-                .as_ref()
-                .is_some_and(|p| p.before_connect != before_connect)
-        {
+        if held == 0 || slot.as_ref().is_some_and(|p| p.class != class) {
             *slot = None; // Drop gives its bytes back
         }
         if held == 0 {
             return PartialCheck::Clear;
         }
         if let Some(p) = slot.as_deref_mut() {
-            p.recount(held);
+            if !p.recount(held) {
+                *slot = None;
+                return PartialCheck::OverShare;
+            }
             if reading && held == p.held_at_start + p.read_since {
                 return if now >= p.deadline {
                     PartialCheck::Expired
@@ -197,11 +316,15 @@ impl PartialPacket {
                 held_at_start: 0,
                 read_since: 0,
                 counted: 0,
-                before_connect,
+                class,
+                share,
                 deadline,
             })
         });
-        p.recount(held);
+        if !p.recount(held) {
+            *slot = None;
+            return PartialCheck::OverShare;
+        }
         p.held_at_start = held;
         p.read_since = 0;
         p.deadline = deadline;
@@ -213,21 +336,16 @@ impl PartialPacket {
         self.deadline
     }
 
-    /// Brings [`HELD`] in line with the `held` bytes of this packet.
-    fn recount(&mut self, held: usize) {
-        let counter = counter(self.before_connect);
-        if held > self.counted {
-            counter.fetch_add((held - self.counted) as u64, Ordering::Relaxed);
-        } else if held < self.counted {
-            counter.fetch_sub((self.counted - held) as u64, Ordering::Relaxed);
-        }
-        self.counted = held;
+    /// Brings [`HELD`] (and the anonymous share) in line with the `held` bytes of this
+    /// packet; false when they would take anonymous clients past their share.
+    fn recount(&mut self, held: usize) -> bool {
+        count(self.class, &mut self.counted, held, self.share)
     }
 }
 
 impl Drop for PartialPacket {
     fn drop(&mut self) {
-        counter(self.before_connect).fetch_sub(self.counted as u64, Ordering::Relaxed);
+        count(self.class, &mut self.counted, 0, self.share);
     }
 }
 
@@ -257,6 +375,8 @@ mod tests {
         );
     }
 
+    const CONNECTED: (HeldClass, u64) = (HeldClass::Connected, 0);
+
     fn counted(slot: Option<&PartialPacket>) -> usize {
         slot.map_or(0, |p| p.counted)
     }
@@ -271,7 +391,7 @@ mod tests {
         // A PUBLISH announcing 2,000 bytes of remaining length, 100 of them in.
         let mut rbuf = BytesMut::from(&[0x30, 0xD0, 0x0F][..]);
         rbuf.extend_from_slice(&[0; 97]);
-        let deadline = match PartialPacket::check(&mut slot, &rbuf, start, true, false, &c) {
+        let deadline = match PartialPacket::check(&mut slot, &rbuf, start, true, CONNECTED, &c) {
             PartialCheck::Armed(d) => d,
             other => panic!("expected Armed, got {other:?}"),
         };
@@ -284,18 +404,18 @@ mod tests {
         slot.as_deref_mut().expect("armed").read_since += 400;
         let later = start + Duration::from_secs(12);
         assert_eq!(
-            PartialPacket::check(&mut slot, &rbuf, later, true, false, &c),
+            PartialPacket::check(&mut slot, &rbuf, later, true, CONNECTED, &c),
             PartialCheck::Holding
         );
         assert_eq!(counted(slot.as_deref()), 500);
         assert_eq!(
-            PartialPacket::check(&mut slot, &rbuf, deadline, true, false, &c),
+            PartialPacket::check(&mut slot, &rbuf, deadline, true, CONNECTED, &c),
             PartialCheck::Expired
         );
 
         // While the connection does not read, the deadline restarts.
         assert!(matches!(
-            PartialPacket::check(&mut slot, &rbuf, deadline, false, false, &c),
+            PartialPacket::check(&mut slot, &rbuf, deadline, false, CONNECTED, &c),
             PartialCheck::Armed(d) if d > deadline
         ));
 
@@ -303,14 +423,14 @@ mod tests {
         let _ = rbuf.split_to(10);
         let now = deadline + Duration::from_secs(1);
         assert!(matches!(
-            PartialPacket::check(&mut slot, &rbuf, now, true, false, &c),
+            PartialPacket::check(&mut slot, &rbuf, now, true, CONNECTED, &c),
             PartialCheck::Armed(d) if d > now
         ));
         assert_eq!(counted(slot.as_deref()), 490);
 
         rbuf.clear();
         assert_eq!(
-            PartialPacket::check(&mut slot, &rbuf, now, true, false, &c),
+            PartialPacket::check(&mut slot, &rbuf, now, true, CONNECTED, &c),
             PartialCheck::Clear
         );
         assert!(slot.is_none(), "dropped, giving its bytes back");

@@ -80,6 +80,9 @@ pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
 /// Counter: connections closed because a started packet did not complete in time
 /// (`mqtt.packet_timeout`, `mqtt.min_packet_rate`).
 pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
+/// Counter: anonymous connections closed because a packet they were sending would take what
+/// anonymous clients' partly received packets hold past their share of `mqtt.max_memory`.
+pub const ANONYMOUS_SHARE_CLOSES_TOTAL: &str = "postbox_anonymous_share_closes_total";
 /// Gauge: bytes held in read buffers by packets that have started to arrive and are not
 /// complete yet (what a later memory budget counts).
 pub const PARTIAL_PACKET_BYTES: &str = "postbox_partial_packet_bytes";
@@ -240,7 +243,7 @@ pub(crate) const GUARANTEES: [&str; 5] = [
 
 /// The names of [`ALL`] that `metrics` registers itself (the broker core's series, in
 /// [`crate::metrics::Metrics::register`]).
-pub(crate) const CORE: [&str; 51] = [
+pub(crate) const CORE: [&str; 52] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -272,6 +275,7 @@ pub(crate) const CORE: [&str; 51] = [
     HTTP_CONNECTIONS_REFUSED_TOTAL,
     CONNECT_TIMEOUTS_TOTAL,
     PACKET_TIMEOUTS_TOTAL,
+    ANONYMOUS_SHARE_CLOSES_TOTAL,
     PARTIAL_PACKET_BYTES,
     BUILD_INFO,
     CLIENTS_CONNECTED,
@@ -296,7 +300,7 @@ pub(crate) const CORE: [&str; 51] = [
 
 /// Every metric name of a bare broker, for docs and completeness tests: the core's and the
 /// groups its owners register with every broker ([`STORE`], [`GUARANTEES`]), each listed once.
-pub const ALL: [&str; 67] = concat([&CORE, &STORE, &GUARANTEES]);
+pub const ALL: [&str; 68] = concat([&CORE, &STORE, &GUARANTEES]);
 
 /// The lists of `parts` one after the other, in a `const` (so [`ALL`] is made of the groups'
 /// own lists instead of repeating them); `N` must be their total length (checked at compile

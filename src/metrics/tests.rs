@@ -108,6 +108,7 @@ fn names_follow_prometheus_conventions() {
         names::HTTP_CONNECTIONS_REFUSED_TOTAL,
         names::CONNECT_TIMEOUTS_TOTAL,
         names::PACKET_TIMEOUTS_TOTAL,
+        names::ANONYMOUS_SHARE_CLOSES_TOTAL,
         names::STORE_COMMITS_TOTAL,
         names::STORE_FSYNCS_TOTAL,
         names::STORE_COMPACTIONS_TOTAL,

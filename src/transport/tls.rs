@@ -154,14 +154,17 @@ impl TlsListener {
                         let ws =
                             super::ws::upgrade_by(deadline, tls, &settings, &info, &ws_failures)
                                 .await?;
-                        Some((ws, info))
+                        let held_class = ws.held_class();
+                        Some((ws, info, Some(held_class)))
                     };
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
                 None => {
                     let failures = tls_failures.clone();
-                    let upgrade = move |tcp, info, deadline| {
-                        handshake(acceptor, tcp, info, rule, deadline, failures)
+                    let upgrade = move |tcp, info, deadline| async move {
+                        let (tls, info) =
+                            handshake(acceptor, tcp, info, rule, deadline, failures).await?;
+                        Some((tls, info, None))
                     };
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }

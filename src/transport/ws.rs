@@ -224,11 +224,30 @@ pub(crate) struct WsStream<S> {
     min_packet_rate: u32,
 }
 
+impl<S> WsStream<S> {
+    /// What the connection sets when it accepts the CONNECT: whether what this layer holds
+    /// counts in the anonymous share (`connection::serve`).
+    pub(crate) fn held_class(&self) -> Arc<crate::connection::HeldClassCell> {
+        self.held.cell()
+    }
+}
+
+/// The read error of a connection whose held frames would take anonymous clients past their
+/// share of the memory budget: the connection closes as for its own partial packet.
+fn over_share(error: crate::connection::OverAnonymousShare) -> io::Error {
+    io::Error::other(error)
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
     /// Brings the count of held bytes up to date.
-    fn recount(&mut self) {
+    ///
+    /// # Errors
+    ///
+    /// When an anonymous client's frames would take anonymous clients past their share
+    /// (`connection::partial::TransportHeld::set`).
+    fn recount(&mut self) -> io::Result<()> {
         let held = self.chunk.len() + self.ws.get_ref().frames.held();
-        self.held.set(held);
+        self.held.set(held).map_err(over_share)
     }
 
     /// Polls the deadline of the frame arriving, if one is (armed when it starts); ready with
@@ -272,7 +291,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
         }
         self.connected = true;
         self.ws.get_mut().frames.limit = self.max_message_size;
-        self.held.connected();
+        // Past the share already: the next read fails (`recount`), as nothing was counted.
+        let _ = self.held.connected();
     }
 }
 
@@ -316,7 +336,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
         while this.chunk.is_empty() {
             let next = Pin::new(&mut this.ws).poll_next(cx);
             // Frames that arrived count while they wait for the rest of their message.
-            this.recount();
+            if let Err(error) = this.recount() {
+                return Poll::Ready(Err(error));
+            }
             if next.is_pending() {
                 if let Poll::Ready(error) = this.poll_stall(cx) {
                     return Poll::Ready(Err(error));
@@ -325,7 +347,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
             match ready!(next) {
                 Some(Ok(Message::Binary(data))) => {
                     this.chunk = data;
-                    this.recount();
+                    if let Err(error) = this.recount() {
+                        return Poll::Ready(Err(error));
+                    }
                 }
                 Some(Ok(Message::Text(_))) => {
                     // [MQTT-6.0.0-1]: only binary data frames carry MQTT.
@@ -348,7 +372,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
         let n = this.chunk.len().min(buf.remaining());
         buf.put_slice(&this.chunk[..n]);
         this.chunk.advance(n);
-        this.recount();
+        // Less is held than before: giving back cannot fail.
+        let _ = this.recount();
         Poll::Ready(Ok(()))
     }
 }

@@ -176,6 +176,40 @@ pub async fn publish(c: &mut RawClient, publish: Publish) -> ReasonCode {
     }
 }
 
+/// Publishes `payload` to `topic` at QoS 1 with packet id `id` and returns the PUBACK reason
+/// code: the tests that check how the broker answers one QoS 1 message (accepted, refused
+/// while NATS is down, ...) then need one line to send it.
+pub async fn publish_qos1(c: &mut RawClient, topic: &str, payload: &[u8], id: u16) -> ReasonCode {
+    publish(c, publish_packet(topic, QoS::AtLeastOnce, payload, id)).await
+}
+
+/// Publishes three QoS 1 messages to `topic` (payloads and ids 1, 2, 3), which must be
+/// accepted, then a fourth at QoS 1 and a fifth at QoS 2, which must both be refused with 0x97
+/// Quota exceeded (PUBACK, then PUBREC; v5 §3.4.2.1, §3.5.2.1): the `queue_overflow = "refuse"`
+/// check for a queue of 3 that is full (`whose` names that queue in the failure message).
+pub async fn fill_a_queue_of_3_then_refused(c: &mut RawClient, topic: &str, whose: &str) {
+    for i in 1..=3u16 {
+        let p = publish_packet(topic, QoS::AtLeastOnce, &[i as u8], i);
+        assert_eq!(
+            publish(c, p).await,
+            ReasonCode::SUCCESS,
+            "{whose}: message {i}"
+        );
+    }
+    let p = publish_packet(topic, QoS::AtLeastOnce, b"4", 4);
+    assert_eq!(
+        publish(c, p).await,
+        ReasonCode::QUOTA_EXCEEDED,
+        "{whose} is full"
+    );
+    let p = publish_packet(topic, QoS::ExactlyOnce, b"5", 5);
+    assert_eq!(
+        publish(c, p).await,
+        ReasonCode::QUOTA_EXCEEDED,
+        "{whose}: QoS 2: PUBREC 0x97"
+    );
+}
+
 /// Publishes `topics` in order from a fresh client `client_id`, each at QoS 1 (packet id 1,
 /// acknowledged before the next) with its index as payload: for the tests of what a
 /// subscriber sees of a sequence of topics (topic aliases).
@@ -251,6 +285,24 @@ pub async fn expect_disconnect(c: &mut RawClient, code: ReasonCode) -> Disconnec
             d.clone()
         }
         _ => panic!("expected DISCONNECT {code:?} before close, got {seen:?}"),
+    }
+}
+
+/// Expects the broker to send exactly one DISCONNECT, with `code`, and close: stricter than
+/// [`expect_disconnect`], for the tests where nothing else may come first.
+pub async fn expect_only_disconnect(c: &mut RawClient, code: ReasonCode) {
+    match c.expect_close().await.as_slice() {
+        [Packet::Disconnect(d)] => assert_eq!(d.reason_code, code, "DISCONNECT reason"),
+        other => panic!("expected only DISCONNECT {code:?} before close, got {other:?}"),
+    }
+}
+
+/// Expects the broker to answer the CONNECT with exactly one CONNACK, with `code`, and close:
+/// the check for a CONNECT the broker refuses.
+pub async fn expect_only_connack(c: &mut RawClient, code: ReasonCode) {
+    match c.expect_close().await.as_slice() {
+        [Packet::ConnAck(ack)] => assert_eq!(ack.reason_code, code, "CONNACK reason"),
+        other => panic!("expected only CONNACK {code:?} before close, got {other:?}"),
     }
 }
 

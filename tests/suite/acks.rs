@@ -151,12 +151,10 @@ async fn v5_qos1_publish_nobody_subscribes_to_gets_puback_0x10() {
     // 5.0 §3.4.2.1: 0x10 "The message is accepted but there are no subscribers"
     let server = common::start().await;
     let mut publ = v5::connect_id(server.mqtt_addr, "lonely").await;
-    let code = v5::publish(
-        &mut publ,
-        v5::publish_packet("nobody/here", QoS::AtLeastOnce, b"x", 1),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    assert_eq!(
+        v5::publish_qos1(&mut publ, "nobody/here", b"x", 1).await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
 }
 
 #[tokio::test]
@@ -166,12 +164,10 @@ async fn v5_qos1_publish_with_a_subscriber_gets_puback_0x00() {
     let mut sub = v5::connect_id(server.mqtt_addr, "there").await;
     v5::subscribe(&mut sub, "somebody/+", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "talker").await;
-    let code = v5::publish(
-        &mut publ,
-        v5::publish_packet("somebody/here", QoS::AtLeastOnce, b"x", 1),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    assert_eq!(
+        v5::publish_qos1(&mut publ, "somebody/here", b"x", 1).await,
+        ReasonCode::SUCCESS
+    );
     assert_eq!(&v5::receive(&mut sub).await.payload[..], b"x");
 }
 
@@ -241,19 +237,17 @@ async fn v5_shared_and_offline_subscribers_count_as_matching() {
     v5::disconnect(away).await;
 
     let mut publ = v5::connect_id(server.mqtt_addr, "asker").await;
-    let code = v5::publish(
-        &mut publ,
-        v5::publish_packet("shared/t", QoS::AtLeastOnce, b"s", 1),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS, "a shared subscription matches");
+    assert_eq!(
+        v5::publish_qos1(&mut publ, "shared/t", b"s", 1).await,
+        ReasonCode::SUCCESS,
+        "a shared subscription matches"
+    );
     assert_eq!(&v5::receive(&mut member).await.payload[..], b"s");
-    let code = v5::publish(
-        &mut publ,
-        v5::publish_packet("offline/t", QoS::AtLeastOnce, b"o", 2),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS, "an offline subscriber matches");
+    assert_eq!(
+        v5::publish_qos1(&mut publ, "offline/t", b"o", 2).await,
+        ReasonCode::SUCCESS,
+        "an offline subscriber matches"
+    );
 }
 
 /// The publisher's own No Local subscription does not receive its message (MQTT-3.8.3-3), so
@@ -268,12 +262,10 @@ async fn v5_only_the_publishers_own_no_local_subscription_is_0x10() {
         ..Default::default()
     };
     v5::subscribe_with(&mut me, "mine/t", options, None).await;
-    let code = v5::publish(
-        &mut me,
-        v5::publish_packet("mine/t", QoS::AtLeastOnce, b"x", 1),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    assert_eq!(
+        v5::publish_qos1(&mut me, "mine/t", b"x", 1).await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
 }
 
 /// 3.1.1 acks have no reason code: PUBACK and PUBREC for a PUBLISH nobody subscribes to are

@@ -306,22 +306,7 @@ async fn a_bridge_session_with_refuse_refuses_at_its_own_bound() {
     v5::disconnect(other).await;
 
     let mut publisher = v5::connect_id(server.mqtt_addr, "pub").await;
-    for i in 1..=3u16 {
-        let p = v5::publish_packet("lim/t", QoS::AtLeastOnce, &[i as u8], i);
-        assert_eq!(v5::publish(&mut publisher, p).await, ReasonCode::SUCCESS);
-    }
-    let p = v5::publish_packet("lim/t", QoS::AtLeastOnce, b"4", 4);
-    assert_eq!(
-        v5::publish(&mut publisher, p).await,
-        ReasonCode::QUOTA_EXCEEDED,
-        "the bridge's queue of 3 is full"
-    );
-    let p = v5::publish_packet("lim/t", QoS::ExactlyOnce, b"5", 5);
-    assert_eq!(
-        v5::publish(&mut publisher, p).await,
-        ReasonCode::QUOTA_EXCEEDED,
-        "QoS 2: PUBREC 0x97"
-    );
+    v5::fill_a_queue_of_3_then_refused(&mut publisher, "lim/t", "the bridge's queue of 3").await;
     assert_eq!(broker.metrics.messages_refused_queue_full[1].get(), 1);
     // 3.1.1 has no negative ack: closed without a PUBACK.
     common::expect_v311_publish_refused(

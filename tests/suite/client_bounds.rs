@@ -973,3 +973,156 @@ async fn what_an_anonymous_session_holds_in_flight_counts_in_their_share() {
         "the share kept only {kept} retained messages of 64 KiB"
     );
 }
+
+/// Anonymous clients' partly received packets count in their eighth of `mqtt.max_memory`
+/// (4 MiB here: 512 KiB), not only in the budget: 32 anonymous v5 connections each send all
+/// but the last byte of a 256 KiB PUBLISH (8 MiB, twice the budget), and an authenticated
+/// publisher's QoS 1 PUBLISH is still accepted (0x00), while every anonymous connection whose
+/// packet would take what anonymous clients hold past their share is closed with DISCONNECT
+/// 0x97 Quota exceeded (MQTT 5.0 §3.14.2.1; MQTT-3.14.0-1: after CONNACK) and counted in
+/// `postbox_anonymous_share_closes_total`; a 3.1.1 one is closed without a packet (3.1.1 has
+/// no server DISCONNECT). Before, the half-sent packets counted in the budget alone, took it
+/// past 100%, and every password user's PUBLISH got 0x97 for as long as they held (issue 35,
+/// eleventh adversarial pass, T6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_anonymous_packets_are_kept_within_their_share() {
+    use postbox::codec::QoS;
+    const BUDGET: usize = 4 << 20;
+    const SIZE: usize = 256 << 10;
+    const K: usize = 2 * BUDGET / SIZE;
+    const CLOSES: &str = "postbox_anonymous_share_closes_total";
+    let broker = password_and_anonymous(BUDGET as u64).await;
+    let big = common::encode(
+        &Packet::Publish(v5::publish_packet(
+            "anon/big",
+            QoS::AtMostOnce,
+            &vec![0x42; SIZE],
+            0,
+        )),
+        ProtocolVersion::V5,
+    );
+    let held = big.len() - 1;
+    // A subscriber, so that an accepted PUBLISH gets 0x00 (not 0x10 No matching subscribers).
+    let (mut device, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut device, "sensors/sensor1/#", QoS::AtMostOnce).await;
+    let mut anonymous = Vec::new();
+    for i in 0..K {
+        let (mut c, ack) = v5::connect(broker.addr, v5::connect_packet(&format!("anon-{i}"))).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        c.send_raw(&big[..held]).await;
+        anonymous.push(c);
+    }
+    // Every half-sent packet is either held and counted, or its connection closed.
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    loop {
+        let partial = broker
+            .metric("postbox_partial_packet_bytes")
+            .await
+            .unwrap_or(0.0);
+        let closed = broker.metric(CLOSES).await.unwrap_or(0.0);
+        if partial + closed * held as f64 >= (K * held) as f64 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "partial packet bytes {partial}, closed {closed}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    let code = v5::publish(
+        &mut device,
+        v5::publish_packet("sensors/sensor1/t", QoS::AtLeastOnce, b"21.5", 1),
+    )
+    .await;
+    let used = broker.metric("postbox_memory_used_bytes").await;
+    assert_eq!(
+        code,
+        ReasonCode::SUCCESS,
+        "the authenticated publisher was refused (memory used {used:?})"
+    );
+
+    // At most two packets of 256 KiB fit in 512 KiB with the sessions: the rest are closed.
+    broker.wait_metric(CLOSES, |n| n >= (K - 2) as f64).await;
+    let answers = futures_util::future::join_all(
+        anonymous
+            .iter_mut()
+            .map(|c| c.recv_within(std::time::Duration::from_secs(2))),
+    )
+    .await;
+    let mut disconnected = 0u32;
+    for answer in answers {
+        match answer {
+            Ok(Some(Packet::Disconnect(d))) => {
+                assert_eq!(d.reason_code, ReasonCode::QUOTA_EXCEEDED);
+                disconnected += 1;
+            }
+            Err(()) => {} // held: still open
+            other => panic!("expected DISCONNECT 0x97 or nothing, got {other:?}"),
+        }
+    }
+    // Counted before the DISCONNECT is sent: read again now that they have arrived.
+    let closed = broker.metric(CLOSES).await.unwrap_or(0.0);
+    assert_eq!(f64::from(disconnected), closed, "each close told with 0x97");
+    let used = broker
+        .metric("postbox_memory_used_bytes")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        used < (BUDGET / 4) as f64,
+        "anonymous partial packets counted once, within the share: {used}"
+    );
+
+    // 3.1.1: closed without a packet.
+    let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "anon-old", true).await;
+    let big = common::encode(
+        &Packet::Publish(v5::publish_packet(
+            "anon/old",
+            QoS::AtMostOnce,
+            &vec![0x42; 2 * SIZE],
+            0,
+        )),
+        ProtocolVersion::V3_1_1,
+    );
+    old.send_raw(&big[..big.len() - 1]).await;
+    let seen = old.expect_close().await;
+    assert!(
+        seen.is_empty(),
+        "3.1.1 is closed without a packet: {seen:?}"
+    );
+    broker.wait_metric(CLOSES, |n| n > closed).await;
+}
+
+/// Every session's fixed cost (1 KiB plus its client id, `flow::session_cost`) counts in
+/// `mqtt.max_memory`, a password user's too (not in the anonymous share): 40 kept sessions of
+/// `sensor1` with 200-byte client ids (Session Expiry Interval 600) raise
+/// `postbox_memory_used_bytes` by 40 x 1,224 bytes, and ending them (DISCONNECT with Session
+/// Expiry Interval 0: v5 §3.14.2.2.2, the session ends with the connection) gives it back. Before, a password user's sessions
+/// counted nowhere: one user kept 33,000 (+48 MB RSS) with the budget at 0 (issue 35,
+/// eleventh adversarial pass, T3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_users_sessions_count_in_the_memory_budget() {
+    const N: usize = 40;
+    const USED: &str = "postbox_memory_used_bytes";
+    let broker = password_and_anonymous(64 << 20).await;
+    let before = broker.metric(USED).await.unwrap_or(0.0);
+    let mut devices = Vec::new();
+    for i in 0..N {
+        let (c, ack) = v5::connect(broker.addr, sensor1(&format!("{i:0>200}"))).await;
+        assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+        devices.push(c);
+    }
+    let cost = (N * (1024 + 200)) as f64;
+    let used = broker.wait_metric(USED, |n| n >= before + cost).await;
+    assert!(
+        used < before + cost + 4096.0,
+        "about N x (1 KiB + id): {used} from {before}"
+    );
+    for c in devices {
+        let mut end = postbox::codec::Disconnect::default();
+        end.properties.session_expiry_interval = Some(0);
+        v5::disconnect_with(c, end).await;
+    }
+    broker.wait_metric(USED, |n| n <= before + 1.0).await;
+}

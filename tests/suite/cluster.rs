@@ -162,12 +162,10 @@ async fn each_subscriber_gets_each_message_once() {
     let mut expected: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
     for (i, m) in expected.iter().enumerate() {
         let id = u16::try_from(i + 1).expect("small");
-        let code = v5::publish(
-            &mut pub_a,
-            v5::publish_packet("once/t", QoS::AtLeastOnce, m.as_bytes(), id),
-        )
-        .await;
-        assert_eq!(code, ReasonCode::SUCCESS);
+        assert_eq!(
+            v5::publish_qos1(&mut pub_a, "once/t", m.as_bytes(), id).await,
+            ReasonCode::SUCCESS
+        );
     }
     for (on_b, payload) in [
         (true, "markB"),
@@ -283,13 +281,8 @@ async fn nats_down_refuses_qos1_keeps_qos0_local_and_recovers() {
     tokio::task::block_in_place(|| nats.stop());
     a.wait_up_async(false).await;
 
-    let refused = v5::publish(
-        &mut publisher,
-        v5::publish_packet("down/q1", QoS::AtLeastOnce, b"refused", 1),
-    )
-    .await;
     assert_eq!(
-        refused,
+        v5::publish_qos1(&mut publisher, "down/q1", b"refused", 1).await,
         ReasonCode::QUOTA_EXCEEDED,
         "v5 QoS 1 while NATS is down"
     );
@@ -323,13 +316,8 @@ async fn nats_down_refuses_qos1_keeps_qos0_local_and_recovers() {
     tokio::task::block_in_place(|| nats.start_again());
     a.wait_up_async(true).await;
     b.wait_up_async(true).await;
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("down/q1", QoS::AtLeastOnce, b"after", 2),
-    )
-    .await;
     assert_eq!(
-        code,
+        v5::publish_qos1(&mut publisher, "down/q1", b"after", 2).await,
         ReasonCode::SUCCESS,
         "QoS 1 accepted once NATS is back"
     );

@@ -329,13 +329,8 @@ async fn a_node_connects_with_the_nats_password_from_its_file_and_no_other() {
     // The right password: up, and a QoS 1 message is accepted.
     let a = Node::start_async("a", &nats.url(), &with(&right)).await;
     let mut publisher = v5::connect_id(a.mqtt(), "n2-pub").await;
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("sensors/n2", QoS::AtLeastOnce, b"held", 1),
-    )
-    .await;
     assert_eq!(
-        code,
+        v5::publish_qos1(&mut publisher, "sensors/n2", b"held", 1).await,
         ReasonCode::SUCCESS,
         "accepted once NATS admitted the node"
     );
@@ -347,13 +342,8 @@ async fn a_node_connects_with_the_nats_password_from_its_file_and_no_other() {
     b.wait_log_async(|line| line.to_ascii_lowercase().contains("authorization"))
         .await;
     let mut refused = v5::connect_id(config.mqtt, "n2-pub-b").await;
-    let code = v5::publish(
-        &mut refused,
-        v5::publish_packet("sensors/n2", QoS::AtLeastOnce, b"x", 1),
-    )
-    .await;
     assert_eq!(
-        code,
+        v5::publish_qos1(&mut refused, "sensors/n2", b"x", 1).await,
         ReasonCode::QUOTA_EXCEEDED,
         "a node NATS turned away must not accept QoS 1"
     );

@@ -5,9 +5,7 @@ use crate::common;
 
 use common::rumq::V4;
 use common::{RawClient, WAIT};
-use postbox::codec::{
-    Packet, ProtocolVersion, PubResponse, Publish, QoS as Q, Subscribe, SubscriptionOptions,
-};
+use postbox::codec::{Packet, ProtocolVersion, PubResponse, Publish, QoS as Q};
 use rumqttc::QoS;
 
 /// Publishes a marker and returns once it arrives: every earlier message on the same path has
@@ -312,18 +310,8 @@ async fn unacknowledged_messages_are_resent_with_dup_on_reconnect() {
     let server = common::start().await;
     let v = ProtocolVersion::V3_1_1;
     let mut sub = RawClient::connect(server.mqtt_addr, v, "raw-sub", false).await;
-    sub.send(&Packet::Subscribe(Subscribe {
-        packet_id: 1,
-        filters: vec![(
-            "r".into(),
-            SubscriptionOptions {
-                qos: Q::ExactlyOnce,
-                ..Default::default()
-            },
-        )],
-        ..Default::default()
-    }))
-    .await;
+    let subscribe = common::v5::subscribe_packet(1, "r", Q::ExactlyOnce);
+    sub.send(&Packet::Subscribe(subscribe)).await;
     assert!(matches!(sub.recv().await, Some(Packet::SubAck(_))));
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     publ.publish("r", QoS::AtLeastOnce, false, b"one").await;
@@ -360,13 +348,7 @@ async fn inbound_qos2_duplicate_is_not_forwarded_twice() {
     sub.subscribe("once", QoS::ExactlyOnce).await;
     let mut raw =
         RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "raw-pub", true).await;
-    let publish = Publish {
-        qos: Q::ExactlyOnce,
-        topic: "once".into(),
-        packet_id: 7,
-        payload: "x".into(),
-        ..Default::default()
-    };
+    let publish = common::v5::publish_packet("once", Q::ExactlyOnce, b"x", 7);
     raw.send(&Packet::Publish(publish.clone())).await;
     assert!(matches!(raw.recv().await, Some(Packet::PubRec(r)) if r.packet_id == 7));
     raw.send(&Packet::Publish(Publish {
@@ -514,28 +496,12 @@ async fn mqtt_3_1_clients_are_served() {
     let server = common::start().await;
     let v = ProtocolVersion::V3_1;
     let mut sub = RawClient::connect(server.mqtt_addr, v, "old-sub", true).await;
-    sub.send(&Packet::Subscribe(Subscribe {
-        packet_id: 1,
-        filters: vec![(
-            "legacy/#".into(),
-            SubscriptionOptions {
-                qos: Q::AtLeastOnce,
-                ..Default::default()
-            },
-        )],
-        ..Default::default()
-    }))
-    .await;
+    let subscribe = common::v5::subscribe_packet(1, "legacy/#", Q::AtLeastOnce);
+    sub.send(&Packet::Subscribe(subscribe)).await;
     assert!(matches!(sub.recv().await, Some(Packet::SubAck(_))));
     let mut publ = RawClient::connect(server.mqtt_addr, v, "old-pub", true).await;
-    publ.send(&Packet::Publish(Publish {
-        qos: Q::AtLeastOnce,
-        topic: "legacy/a".into(),
-        packet_id: 1,
-        payload: "hi".into(),
-        ..Default::default()
-    }))
-    .await;
+    let publish = common::v5::publish_packet("legacy/a", Q::AtLeastOnce, b"hi", 1);
+    publ.send(&Packet::Publish(publish)).await;
     assert!(matches!(publ.recv().await, Some(Packet::PubAck(_))));
     match sub.recv().await {
         Some(Packet::Publish(p)) => assert_eq!(&p.payload[..], b"hi"),

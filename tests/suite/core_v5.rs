@@ -4,6 +4,7 @@
 use crate::common;
 
 use common::rumq::{P5, V4, V5};
+use common::v5;
 use common::RawClient;
 use postbox::codec::{
     Packet, ProtocolVersion, Publish, PublishProperties, QoS, ReasonCode, Subscribe,
@@ -15,7 +16,7 @@ const V: ProtocolVersion = ProtocolVersion::V5;
 fn sub(filter: &str, qos: QoS, id: Option<u32>, packet_id: u16) -> Packet {
     Packet::Subscribe(Subscribe {
         subscription_identifier: id,
-        ..common::v5::subscribe_packet(packet_id, filter, qos)
+        ..v5::subscribe_packet(packet_id, filter, qos)
     })
 }
 
@@ -32,10 +33,7 @@ async fn takeover_sends_disconnect_0x8e_to_the_old_connection() {
     let server = common::start().await;
     let mut first = RawClient::connect(server.mqtt_addr, V, "same", false).await;
     let _second = RawClient::connect(server.mqtt_addr, V, "same", false).await;
-    match first.expect_close().await.as_slice() {
-        [Packet::Disconnect(d)] => assert_eq!(d.reason_code, ReasonCode::SESSION_TAKEN_OVER),
-        other => panic!("{other:?}"),
-    }
+    v5::expect_only_disconnect(&mut first, ReasonCode::SESSION_TAKEN_OVER).await;
 }
 
 #[tokio::test]
@@ -154,10 +152,7 @@ async fn keep_alive_timeout_sends_disconnect_0x8d() {
     })))
     .await;
     assert!(matches!(c.recv().await, Some(Packet::ConnAck(_))));
-    match c.expect_close().await.as_slice() {
-        [Packet::Disconnect(d)] => assert_eq!(d.reason_code, ReasonCode::KEEP_ALIVE_TIMEOUT),
-        other => panic!("{other:?}"),
-    }
+    v5::expect_only_disconnect(&mut c, ReasonCode::KEEP_ALIVE_TIMEOUT).await;
 }
 
 #[tokio::test]
@@ -213,9 +208,6 @@ async fn server_shutdown_sends_disconnect_0x8b() {
     let mut c = RawClient::connect(server.mqtt_addr, V, "bye", true).await;
     c.connected().await; // the shutdown tells connected clients
     server.shutdown().await;
-    match c.expect_close().await.as_slice() {
-        [Packet::Disconnect(d)] => assert_eq!(d.reason_code, ReasonCode::SERVER_SHUTTING_DOWN),
-        other => panic!("{other:?}"),
-    }
+    v5::expect_only_disconnect(&mut c, ReasonCode::SERVER_SHUTTING_DOWN).await;
     let _: Option<P5> = None;
 }

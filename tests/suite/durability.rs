@@ -124,13 +124,7 @@ async fn inbound_qos2_is_deduplicated_across_a_restart() {
     sub.subscribe("x", QoS::ExactlyOnce).await;
     sub.disconnect().await;
     let mut publ = RawClient::connect(server.mqtt_addr, V311, "qos2-pub", false).await;
-    let publish = Publish {
-        qos: Q::ExactlyOnce,
-        topic: "x".into(),
-        packet_id: 5,
-        payload: "one".into(),
-        ..Default::default()
-    };
+    let publish = common::v5::publish_packet("x", Q::ExactlyOnce, b"one", 5);
     publ.send(&Packet::Publish(publish.clone())).await;
     assert!(matches!(publ.recv().await, Some(Packet::PubRec(_))));
     drop(publ);

@@ -422,22 +422,8 @@ async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
     let mut live = v5::connect_id(broker.addr, "live").await;
     v5::subscribe(&mut live, "refuse/t", QoS::ExactlyOnce).await;
     let mut publisher = v5::connect_id(broker.addr, "producer").await;
-    for i in 1..=3u16 {
-        let p = v5::publish_packet("refuse/t", QoS::AtLeastOnce, &[i as u8], i);
-        assert_eq!(v5::publish(&mut publisher, p).await, ReasonCode::SUCCESS);
-    }
-    let p = v5::publish_packet("refuse/t", QoS::AtLeastOnce, b"four", 4);
-    assert_eq!(
-        v5::publish(&mut publisher, p).await,
-        ReasonCode::QUOTA_EXCEEDED,
-        "the fourth would overflow the offline session's queue of 3"
-    );
-    let p = v5::publish_packet("refuse/t", QoS::ExactlyOnce, b"five", 5);
-    assert_eq!(
-        v5::publish(&mut publisher, p).await,
-        ReasonCode::QUOTA_EXCEEDED,
-        "QoS 2: PUBREC 0x97"
-    );
+    let whose = "the offline session's queue of 3";
+    v5::fill_a_queue_of_3_then_refused(&mut publisher, "refuse/t", whose).await;
     // QoS 0 is not refused (it has no ack): dropped for the full session, delivered to `live`.
     let p = v5::publish_packet("refuse/t", QoS::AtMostOnce, b"six", 0);
     v5::publish(&mut publisher, p).await;

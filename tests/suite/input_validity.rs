@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 use common::v5::{self, expect_disconnect};
 use common::RawClient;
 use postbox::codec::{
-    LastWill, Packet, ProtocolVersion, PubResponse, PublishProperties, QoS, ReasonCode, Subscribe,
-    SubscriptionOptions, Unsubscribe,
+    Connect, LastWill, Packet, ProtocolVersion, PubResponse, PublishProperties, QoS, ReasonCode,
+    Subscribe, SubscriptionOptions, Unsubscribe,
 };
 
 const V5: ProtocolVersion = ProtocolVersion::V5;
@@ -286,29 +286,48 @@ async fn characters_beside_the_control_ranges_are_accepted() {
     }
 }
 
+/// For each of [`CONTROLS`], sends the CONNECT `with_control` makes of it as a v5 client,
+/// which must get CONNACK `v5_code` and be closed, then as a 3.1.1 client, which must get
+/// CONNACK return code `v311_code` and be closed: the one check for a CONNECT field the broker
+/// refuses by default in both versions when it holds a control character.
+async fn control_characters_refused_in_v5_and_v311(
+    with_control: impl Fn(&str) -> Connect,
+    v5_code: ReasonCode,
+    v311_code: u8,
+) {
+    let server = common::start().await;
+    for control in CONTROLS {
+        let mut connect = with_control(control);
+        match v5::open(server.mqtt_addr, connect.clone()).await {
+            (mut c, Some(Packet::ConnAck(ack))) => {
+                assert_eq!(ack.reason_code, v5_code, "{control:?}");
+                assert!(c.expect_close().await.is_empty(), "{control:?}");
+            }
+            (_, other) => panic!("expected CONNACK {v5_code:?} for {control:?}, got {other:?}"),
+        }
+        let mut c = RawClient::open(server.mqtt_addr, V311).await;
+        connect.protocol = V311;
+        c.send(&Packet::Connect(Box::new(connect))).await;
+        assert_eq!(
+            c.recv_bytes(4).await,
+            [0x20, 0x02, 0x00, v311_code],
+            "{control:?}"
+        );
+        assert!(c.expect_close().await.is_empty(), "{control:?}");
+    }
+}
+
 /// By default a client id with a control character is refused like any client id the broker
 /// rejects (MQTT-3.1.3-8): CONNACK 0x85 Client Identifier not valid (v5), return code 0x02
 /// identifier rejected (3.x).
 #[tokio::test]
 async fn control_characters_in_client_ids_are_refused_by_default() {
-    let server = common::start().await;
-    for control in CONTROLS {
-        let id = format!("id{control}");
-        match v5::open(server.mqtt_addr, common::connect_packet(V5, &id)).await {
-            (mut c, Some(Packet::ConnAck(ack))) => {
-                assert_eq!(ack.reason_code, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
-                assert!(c.expect_close().await.is_empty());
-            }
-            (_, other) => panic!("expected CONNACK 0x85 for {id:?}, got {other:?}"),
-        }
-        let mut c = RawClient::open(server.mqtt_addr, V311).await;
-        c.send(&Packet::Connect(Box::new(common::connect_packet(
-            V311, &id,
-        ))))
-        .await;
-        assert_eq!(c.recv_bytes(4).await, [0x20, 0x02, 0x00, 0x02], "{id:?}");
-        assert!(c.expect_close().await.is_empty());
-    }
+    control_characters_refused_in_v5_and_v311(
+        |control| common::connect_packet(V5, &format!("id{control}")),
+        ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+        0x02,
+    )
+    .await;
 }
 
 /// By default a user name with a control character is refused as "bad user name or password"
@@ -316,27 +335,16 @@ async fn control_characters_in_client_ids_are_refused_by_default() {
 /// malformed"; 3.1.1 return code 0x04, same wording in Table 3.1).
 #[tokio::test]
 async fn control_characters_in_user_names_are_refused_by_default() {
-    let server = common::start().await;
-    for control in CONTROLS {
-        let user = format!("user{control}");
-        let mut connect = common::connect_packet(V5, "named");
-        connect.username = Some(user.as_str().into());
-        match v5::open(server.mqtt_addr, connect.clone()).await {
-            (_, Some(Packet::ConnAck(ack))) => {
-                assert_eq!(
-                    ack.reason_code,
-                    ReasonCode::BAD_USER_NAME_OR_PASSWORD,
-                    "{user:?}"
-                );
-            }
-            (_, other) => panic!("expected CONNACK 0x86 for {user:?}, got {other:?}"),
-        }
-        let mut c = RawClient::open(server.mqtt_addr, V311).await;
-        connect.protocol = V311;
-        c.send(&Packet::Connect(Box::new(connect))).await;
-        assert_eq!(c.recv_bytes(4).await, [0x20, 0x02, 0x00, 0x04], "{user:?}");
-        assert!(c.expect_close().await.is_empty());
-    }
+    control_characters_refused_in_v5_and_v311(
+        |control| {
+            let mut connect = common::connect_packet(V5, "named");
+            connect.username = Some(format!("user{control}").into());
+            connect
+        },
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+        0x04,
+    )
+    .await;
 }
 
 /// A will topic is a topic name: by default one with a control character makes the CONNECT

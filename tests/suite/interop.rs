@@ -324,18 +324,27 @@ async fn matrix(lib: Lib, v5: bool, id: &str) {
     assert_clean_end(&events);
 }
 
-/// Fails (not skips) when paho-mqtt is missing, naming the install step.
-async fn require_python() {
-    let out = Command::new("python3")
-        .args(["-c", "import paho.mqtt.client"])
+/// Runs `cmd`, which must succeed; else fails (not skips) with `missing`, the install step
+/// that provides what it needs, and its stderr: the one check for the interop prerequisites.
+async fn require_success(cmd: &mut Command, missing: &str) {
+    let out = cmd
         .output()
         .await
-        .expect("python3 runs");
+        .unwrap_or_else(|e| panic!("{cmd:?} runs: {e}"));
     assert!(
         out.status.success(),
-        "paho-mqtt is missing: pip install -r tests/interop/python/requirements.txt\n{}",
+        "{missing}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Fails (not skips) when paho-mqtt is missing, naming the install step.
+async fn require_python() {
+    require_success(
+        Command::new("python3").args(["-c", "import paho.mqtt.client"]),
+        "paho-mqtt is missing: pip install -r tests/interop/python/requirements.txt",
+    )
+    .await;
 }
 
 /// Fails (not skips) when MQTT.js is missing, naming the install step.
@@ -351,20 +360,16 @@ fn require_js() {
 /// Compiles the Paho C client into `dir`; fails naming the install step when it cannot.
 async fn build_c(dir: &Path) -> PathBuf {
     let program = dir.join("client");
-    let out = Command::new("cc")
-        .arg("-O1")
-        .arg("-o")
-        .arg(&program)
-        .arg(interop_dir().join("c/client.c"))
-        .args(["-lpaho-mqtt3c", "-lpthread"])
-        .output()
-        .await
-        .expect("cc runs");
-    assert!(
-        out.status.success(),
-        "the Paho C client does not build: apt-get install libpaho-mqtt-dev\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    require_success(
+        Command::new("cc")
+            .arg("-O1")
+            .arg("-o")
+            .arg(&program)
+            .arg(interop_dir().join("c/client.c"))
+            .args(["-lpaho-mqtt3c", "-lpthread"]),
+        "the Paho C client does not build: apt-get install libpaho-mqtt-dev",
+    )
+    .await;
     program
 }
 

@@ -31,21 +31,22 @@ async fn a_publish_over_the_topic_limits_is_refused_with_0x90() {
     let mut sub = v5::connect_id(broker.addr, "watcher").await;
     v5::subscribe(&mut sub, "#", QoS::AtLeastOnce).await;
     let mut c = v5::connect_id(broker.addr, "deep-publisher").await;
-    let code = v5::publish(
-        &mut c,
-        v5::publish_packet(&deep(9), QoS::AtLeastOnce, b"x", 1),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::TOPIC_NAME_INVALID, "9 levels over 8");
+    assert_eq!(
+        v5::publish_qos1(&mut c, &deep(9), b"x", 1).await,
+        ReasonCode::TOPIC_NAME_INVALID,
+        "9 levels over 8"
+    );
     let long = "a".repeat(41);
-    let code = v5::publish(&mut c, v5::publish_packet(&long, QoS::AtLeastOnce, b"x", 2)).await;
-    assert_eq!(code, ReasonCode::TOPIC_NAME_INVALID, "41 bytes over 40");
-    let code = v5::publish(
-        &mut c,
-        v5::publish_packet(&deep(8), QoS::AtLeastOnce, b"ok", 3),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS, "8 levels are allowed");
+    assert_eq!(
+        v5::publish_qos1(&mut c, &long, b"x", 2).await,
+        ReasonCode::TOPIC_NAME_INVALID,
+        "41 bytes over 40"
+    );
+    assert_eq!(
+        v5::publish_qos1(&mut c, &deep(8), b"ok", 3).await,
+        ReasonCode::SUCCESS,
+        "8 levels are allowed"
+    );
     let got = v5::receive(&mut sub).await;
     assert_eq!(&got.payload[..], b"ok", "only the accepted message arrives");
 

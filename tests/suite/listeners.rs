@@ -33,12 +33,10 @@ async fn two_listeners_serve_one_broker() {
     let mut sub = v5::connect_id(a, "sub-on-a").await;
     v5::subscribe(&mut sub, "across/#", QoS::AtLeastOnce).await;
     let mut publisher = v5::connect_id(b, "pub-on-b").await;
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("across/listeners", QoS::AtLeastOnce, b"hello", 1),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    assert_eq!(
+        v5::publish_qos1(&mut publisher, "across/listeners", b"hello", 1).await,
+        ReasonCode::SUCCESS
+    );
     let got = v5::expect_publish(&mut sub).await;
     assert_eq!(&got.topic[..], "across/listeners");
     assert_eq!(&got.payload[..], b"hello");

@@ -4,6 +4,7 @@
 use crate::common;
 
 use common::rumq::V4;
+use common::v5;
 use common::RawClient;
 use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
 use rumqttc::QoS;
@@ -258,10 +259,7 @@ async fn malformed_v5_connect_gets_connack_reason() {
         b'x',
     ])
     .await;
-    match c.expect_close().await.as_slice() {
-        [Packet::ConnAck(ack)] => assert_eq!(ack.reason_code, ReasonCode::MALFORMED_PACKET),
-        other => panic!("{other:?}"),
-    }
+    v5::expect_only_connack(&mut c, ReasonCode::MALFORMED_PACKET).await;
 }
 
 #[tokio::test]

@@ -134,12 +134,10 @@ async fn invalid_order_gets_0x99_with_a_reason_and_is_not_delivered_valid_one_is
     )
     .await;
     // The valid one is the first the subscriber gets: none of the invalid ones was routed.
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("orders/eu", QoS::AtLeastOnce, VALID_V1, 3),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    assert_eq!(
+        v5::publish_qos1(&mut publisher, "orders/eu", VALID_V1, 3).await,
+        ReasonCode::SUCCESS
+    );
     let got = sub.next_publish().await;
     assert_eq!(&got.payload[..], VALID_V1);
     // A QoS 2 id refused with 0x99 is not kept (MQTT-4.3.3-9): the id is free again.
@@ -151,12 +149,10 @@ async fn invalid_order_gets_0x99_with_a_reason_and_is_not_delivered_valid_one_is
     assert_eq!(code, ReasonCode::SUCCESS);
     assert_eq!(&sub.next_publish().await.payload[..], VALID_V1);
     // Topics no schema covers take anything.
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("other", QoS::AtLeastOnce, b"\xff", 4),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    assert_eq!(
+        v5::publish_qos1(&mut publisher, "other", b"\xff", 4).await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
     let m = &server.broker.metrics;
     assert_eq!(m.messages_refused_schema_invalid[1].get(), 1);
     assert_eq!(m.messages_refused_schema_invalid[2].get(), 1);
@@ -281,12 +277,10 @@ async fn v3_disconnect_closes_without_an_ack() {
     );
     // A valid one on a new connection is acknowledged as usual.
     let mut c = RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "v3-dis", true).await;
-    let code = v5::publish(
-        &mut c,
-        v5::publish_packet("orders/eu", QoS::AtLeastOnce, VALID_V1, 8),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    assert_eq!(
+        v5::publish_qos1(&mut c, "orders/eu", VALID_V1, 8).await,
+        ReasonCode::SUCCESS
+    );
     server.shutdown().await;
 }
 
@@ -318,12 +312,10 @@ async fn dead_letter_action_gives_one_dead_letter_with_reason_schema_invalid() {
     assert_eq!(user("reason"), ["schema_invalid"]);
     assert_eq!(user("publisher"), ["dl-pub"]);
     // Not routed to its own topic: the next message there is the valid one.
-    let code = v5::publish(
-        &mut c,
-        v5::publish_packet("orders/eu", QoS::AtLeastOnce, VALID_V1, 2),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    assert_eq!(
+        v5::publish_qos1(&mut c, "orders/eu", VALID_V1, 2).await,
+        ReasonCode::SUCCESS
+    );
     assert_eq!(&orders.next_publish().await.payload[..], VALID_V1);
     // And only one dead letter: a second invalid one is the next on `$dlq/#`.
     let ack = publish_raw(

@@ -308,9 +308,10 @@ impl Drop for SessionState {
 }
 
 impl Drop for Session {
-    /// An anonymous session leaves the anonymous share with its state
-    /// ([`SessionState::set_owner`]).
+    /// The session's cost leaves the budget ([`Session::new`]), and an anonymous session's
+    /// the anonymous share with its state ([`SessionState::set_owner`]).
     fn drop(&mut self) {
+        super::flow::session_counted(self.client_id.len(), false);
         if self.state.get_mut().is_anonymous() {
             super::flow::anonymous_session_counted(self.client_id.len(), false);
         }
@@ -321,13 +322,15 @@ impl Drop for Session {
 pub(in crate::broker) const UNCHECKED: u32 = u32::MAX;
 
 impl Session {
-    /// A fresh, empty session for `client_id`.
+    /// A fresh, empty session for `client_id`, counted in the memory budget until it is
+    /// dropped (`flow::session_cost`: every session's, whoever owns it).
     pub fn new(
         id: SessionId,
         client_id: ByteString,
         protocol: ProtocolVersion,
         expiry_interval: u32,
     ) -> Session {
+        super::flow::session_counted(client_id.len(), true);
         Session {
             id,
             client_id,
@@ -529,11 +532,20 @@ impl Session {
             }
             if !st.overflowing {
                 st.overflowing = true;
+                // Which bound: an anonymous session may be "full" with few messages queued,
+                // because strangers together hold their share of the budget (eleventh pass:
+                // `queued=15` called full left an operator guessing).
+                let bound = if st.is_full(limits, size) {
+                    "its queue bound"
+                } else {
+                    "the anonymous clients' share of mqtt.max_memory"
+                };
                 tracing::warn!(
                     client = %self.client_id,
                     queued = st.queue.len(),
                     policy = ?limits.overflow,
                     online,
+                    bound,
                     "session queue full (offline, stalled, or QoS 0 without back-pressure): dropping messages until it drains"
                 );
             }

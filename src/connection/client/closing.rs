@@ -42,6 +42,12 @@ pub(super) enum Close {
     /// A started packet was not complete by its deadline (`mqtt.packet_timeout`,
     /// `mqtt.min_packet_rate`; see `connection::partial`).
     PacketTimeout,
+    /// A packet an anonymous client was sending (or its WebSocket frame) would take what
+    /// anonymous clients' partly received packets hold past their share (an eighth of
+    /// `mqtt.max_memory`; `connection::partial`, `HeldClass::Anonymous`): v5 DISCONNECT 0x97
+    /// Quota exceeded, 3.x closed. The client may connect again and send it when there is
+    /// room.
+    OverAnonymousShare,
     /// Another connection took the session (MQTT-3.1.4-3).
     TakenOver,
     /// The broker is stopping.
@@ -84,6 +90,12 @@ impl Close {
                 ReasonCode::KEEP_ALIVE_TIMEOUT,
                 Some("packet not complete within mqtt.packet_timeout".into()),
             )),
+            // MQTT 5.0 §3.14.2.1: 0x97 Quota exceeded, "an implementation or administrative
+            // imposed limit has been exceeded".
+            Close::OverAnonymousShare => Some((
+                ReasonCode::QUOTA_EXCEEDED,
+                Some(OVER_ANONYMOUS_SHARE.into()),
+            )),
             Close::TakenOver => Some((ReasonCode::SESSION_TAKEN_OVER, None)),
             // MQTT 5.0 §3.14.2.1: 0x98 Administrative action.
             Close::Administrative => Some((
@@ -123,12 +135,17 @@ impl Close {
             Close::CredentialsRevoked => "credentials revoked",
             Close::KeepAliveTimeout => "keep-alive timeout",
             Close::PacketTimeout => "packet timeout",
+            Close::OverAnonymousShare => "anonymous share full",
             Close::TakenOver => "session taken over",
             Close::ServerShutdown => "server shutdown",
             Close::Administrative => "administrative action",
         }
     }
 }
+
+/// The Reason String of [`Close::OverAnonymousShare`].
+const OVER_ANONYMOUS_SHARE: &str =
+    "anonymous clients' packets in transit are at their share of the memory budget (mqtt.max_memory)";
 
 /// How long a client's DISCONNECT waits for the commits its earlier packets' answers wait
 /// for ([`Client::answer_before_closing`]): one group commit is milliseconds; a store that
@@ -226,6 +243,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
             (Close::Administrative, _) => {
                 tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: disconnected by an operator");
+            }
+            (Close::OverAnonymousShare, _) => {
+                self.broker().metrics.anonymous_share_closes.increment(1);
+                tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: the packet arriving would take anonymous clients' packets in transit past their share of the memory budget");
             }
             (Close::PacketTimeout, _) => {
                 self.broker().metrics.packet_timeouts.increment(1);

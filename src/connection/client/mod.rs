@@ -32,11 +32,11 @@ use super::admission;
 use super::gated::GatedWrites;
 use super::handshake::Accepted;
 use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
-use super::partial::PartialCheck;
+use super::partial::{is_over_anonymous_share, PartialCheck};
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
 use crate::auth::AuthStep;
-use crate::broker::{ArrivalWaker, Broker, SessionHandle};
+use crate::broker::{flow, ArrivalWaker, Broker, SessionHandle};
 use crate::codec::{self, LastWill, Packet, ProtocolVersion};
 use crate::config::OutboundTopicAliases;
 use crate::connection::ConnectionInfo;
@@ -152,7 +152,7 @@ pub(super) struct Client<S> {
     write_memo: Option<Box<write_memo::WriteMemo>>,
 }
 
-/// Two facts of the handshake in one byte (see [`Client::settled`]).
+/// Facts of the handshake in one byte (see [`Client::settled`]).
 #[derive(Debug, Clone, Copy)]
 struct Settled(u8);
 
@@ -160,13 +160,26 @@ impl Settled {
     const SESSION_PRESENT: u8 = 1;
     const UNAUTHENTICATED: u8 = 2;
     const NOT_KEPT: u8 = 4;
+    const ANONYMOUS: u8 = 8;
 
-    fn new(session_present: bool, unauthenticated: bool, not_kept: bool) -> Settled {
+    fn new(
+        session_present: bool,
+        unauthenticated: bool,
+        not_kept: bool,
+        anonymous: bool,
+    ) -> Settled {
         Settled(
             (u8::from(session_present) * Self::SESSION_PRESENT)
                 | (u8::from(unauthenticated) * Self::UNAUTHENTICATED)
-                | (u8::from(not_kept) * Self::NOT_KEPT),
+                | (u8::from(not_kept) * Self::NOT_KEPT)
+                | (u8::from(anonymous) * Self::ANONYMOUS),
         )
+    }
+
+    /// The session's owner is `SessionOwner::Anonymous`: a partly received packet counts in
+    /// the anonymous share (`partial::HeldClass::Anonymous`).
+    fn anonymous(self) -> bool {
+        self.0 & Self::ANONYMOUS != 0
     }
 
     /// The client resumed a session: what it had in flight is sent again.
@@ -195,7 +208,7 @@ const MAX_GATED_WRITES: usize = 1024;
 /// (a delayed will of a kept session, `flow::HeldWill`: ninth adversarial pass, R1).
 struct HeldLastWill {
     will: LastWill,
-    _held: Option<crate::broker::flow::HeldWill>,
+    _held: Option<flow::HeldWill>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
@@ -242,6 +255,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 attached.session_present,
                 accepted.unauthenticated,
                 accepted.not_kept,
+                accepted.anonymous,
             ),
             keep_alive_limit: (keep_alive > 0)
                 .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
@@ -344,6 +358,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     if let Err(close) = self.on_auth_verdict(verdict) {
                         return close;
                     }
+                }
+                Wake::Io(IoEvent::Read(Err(error))) if is_over_anonymous_share(&error) => {
+                    // WebSocket frames of an anonymous client past the anonymous share.
+                    return Close::OverAnonymousShare;
                 }
                 Wake::Io(IoEvent::Written(Ok(0) | Err(_)) | IoEvent::Read(Ok(0) | Err(_))) => {
                     return Close::Lost
@@ -488,14 +506,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         // While a PUBLISH waits its turn the buffer's front is complete: nothing to check. The
         // deadline does not run while the store holds reads back (the broker's delay, not the
         // client's); it does while the client's unread output does (its own).
-        if !self.publish_waits {
+        // Reads that end on packet boundaries (most) leave nothing to look at.
+        if !self.publish_waits && self.io.holds_partial() {
             // A pause is the broker's doing too.
             let store_allows = self.gated.len() < MAX_GATED_WRITES && self.pause.is_none();
+            let broker = self.session.broker();
+            let anonymous = self
+                .settled
+                .anonymous()
+                .then(|| flow::anonymous_share(&broker.flow().memory));
             match self
                 .io
-                .check_partial(now, store_allows, self.session.broker().config())
+                .check_partial(now, store_allows, anonymous, broker.config())
             {
                 PartialCheck::Expired => return Some(Close::PacketTimeout),
+                PartialCheck::OverShare => return Some(Close::OverAnonymousShare),
                 PartialCheck::Armed(_) => self.report_keep_alive_deadline(),
                 PartialCheck::Clear | PartialCheck::Holding => {}
             }

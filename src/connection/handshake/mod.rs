@@ -51,6 +51,10 @@ pub(super) struct Accepted {
     /// keep: CONNACK said Session Expiry Interval 0, and a DISCONNECT asking for more is not
     /// heeded either.
     pub not_kept: bool,
+    /// The session's owner is `SessionOwner::Anonymous` (a method tells identities apart and
+    /// none named this client): its partly received packets count in the anonymous share
+    /// (`partial::HeldClass::Anonymous`).
+    pub anonymous: bool,
     /// The delayed will's bytes, counted while the connection holds the will (see
     /// `flow::HeldWill`).
     pub will_held: Option<crate::broker::flow::HeldWill>,
@@ -86,6 +90,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     shutdown: &CancellationToken,
     info: &ConnectionInfo,
     mut slot: HandshakeSlot,
+    held_class: Option<&crate::connection::partial::HeldClassCell>,
 ) -> Option<(Accepted, ConnectedSlot)> {
     let peer = info.peer;
     // A CONNECT is bounded by `mqtt.max_connect_size` too: a connection nobody has
@@ -633,6 +638,11 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
     // does not change the CONNACK's size, so the check above still holds.
     connack.session_present = attached.session_present;
+    // A transport holding bytes for the connection (WebSocket frames) counts them as the
+    // connection's own from the CONNACK on, in the anonymous share for an anonymous client.
+    if let (true, Some(cell)) = (anonymous, held_class) {
+        cell.set_anonymous(crate::broker::flow::anonymous_share(&broker.flow().memory));
+    }
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
     // `postbox_clients_connected{listener,protocol}` until the slot is dropped.
     connected.count_client(match version {
@@ -665,6 +675,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             token,
             unauthenticated,
             not_kept,
+            anonymous,
             will_held,
         },
         connected,
@@ -684,7 +695,7 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
         match codec::decode_with(&mut io.rbuf, Some(ProtocolVersion::V5), rules) {
             Ok(Some(packet)) => return Ok(Some(packet)),
             Ok(None) => {
-                io.check_partial(std::time::Instant::now(), true, broker.config());
+                io.check_partial(std::time::Instant::now(), true, None, broker.config());
             }
             Err(error) => {
                 broker.metrics.malformed_packets.increment(1);

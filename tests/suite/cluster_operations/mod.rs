@@ -126,13 +126,8 @@ async fn a_node_restarted_after_its_session_moved_resumes_it_with_what_was_ackno
 
     // A QoS 1 message for W, acknowledged on b while W is offline.
     let mut publisher = v5::connect_id(nodes[b].mqtt(), "W-publisher").await;
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("ops/w/1", QoS::AtLeastOnce, b"acknowledged", 1),
-    )
-    .await;
     assert_eq!(
-        code,
+        v5::publish_qos1(&mut publisher, "ops/w/1", b"acknowledged", 1).await,
         ReasonCode::SUCCESS,
         "the message was acknowledged on b"
     );
@@ -340,12 +335,10 @@ async fn a_message_brought_back_by_a_restart_survives_the_sessions_next_move() {
     let taken = r#"postbox_cluster_messages_total{direction="in"}"#;
     let before = tokio::task::block_in_place(|| nodes[a].metric(taken));
     let mut publisher = v5::connect_id(nodes[b].mqtt(), "R1-publisher").await;
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("restored/1", QoS::AtLeastOnce, b"kept", 1),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS);
+    assert_eq!(
+        v5::publish_qos1(&mut publisher, "restored/1", b"kept", 1).await,
+        ReasonCode::SUCCESS
+    );
     v5::disconnect(publisher).await;
     let deadline = tokio::time::Instant::now() + WAIT;
     while tokio::task::block_in_place(|| nodes[a].metric(taken)) <= before {
