@@ -244,8 +244,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             .properties
             .maximum_packet_size
             .map_or(usize::MAX, |m| m as usize);
-        // The CONNECT has been taken out of it: do not keep its buffer for an idle client.
-        io.release_read_buffer();
+        // The CONNECT has been taken out of it: do not keep its buffer for an idle client, nor
+        // the CONNECT's allocation behind packets sent right after it.
+        io.release_read_buffer(usize::MAX);
         Client {
             io,
             session: attached.handle,
@@ -393,8 +394,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                         // Boxed: rare, and it would otherwise widen every connection's future.
                         Box::pin(self.broker().subscribe_fence().wait_open()).await;
                     }
+                    let held = self.io.rbuf.len();
                     let processed = self.process_input(PublishTurn::Now);
-                    self.io.release_read_buffer();
+                    self.io
+                        .release_read_buffer(held.saturating_sub(self.io.rbuf.len()));
                     if let Err(close) = processed {
                         return close;
                     }
@@ -420,8 +423,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if !self.pause_over(Instant::now()) {
             return Ok(());
         }
+        let held = self.io.rbuf.len();
         let processed = self.process_input(PublishTurn::Now);
-        self.io.release_read_buffer();
+        self.io
+            .release_read_buffer(held.saturating_sub(self.io.rbuf.len()));
         processed.map(|_| ())
     }
 
@@ -599,6 +604,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// that arrived before it are outstanding ([`crate::broker::ArrivalOrder`]) or the fence
     /// is closed; a busy one's only while the fence is closed.
     fn process_before_publish(&mut self, was_quiet: bool) -> Result<Input, Close> {
+        let held = self.io.rbuf.len();
         let ticket = self.arrival.take_held();
         // An `Arc` of its own only when there is a SUBSCRIBE, so the entry can outlive the
         // `&mut self` call below; PUBLISH-only reads (the hot path) skip it.
@@ -620,7 +626,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             }
             processed = self.process_input(PublishTurn::Now);
         }
-        self.io.release_read_buffer();
+        self.io
+            .release_read_buffer(held.saturating_sub(self.io.rbuf.len()));
         processed
     }
 
