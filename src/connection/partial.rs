@@ -24,10 +24,10 @@ use bytes::BytesMut;
 use crate::codec;
 use crate::config::MqttConfig;
 
-/// Bytes held by partial packets of connected clients across every connection of the
-/// process, anonymous ones included: one atomic the connections add to and take from, so a
-/// connection needs no metric handle of its own; the server copies it into the gauge with
-/// each keep-alive sweep.
+/// Bytes held by partial packets of connected clients that are not anonymous
+/// ([`HeldClass::Connected`]) across every connection of the process: one atomic the
+/// connections add to and take from, so a connection needs no metric handle of its own; the
+/// server copies it into the gauge with each keep-alive sweep.
 static HELD: AtomicU64 = AtomicU64::new(0);
 
 /// The same for CONNECTs still arriving (no credentials checked yet): kept out of the memory
