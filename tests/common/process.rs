@@ -18,15 +18,17 @@ use super::WAIT;
 /// The broker binary Cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_postbox");
 
-/// A free loopback port (bound, then released: another process may take it in between,
-/// which the broker's start then reports), never one handed out before in this process:
-/// the kernel gives a released port out again, and two parallel tests got the same metrics
-/// port. The one copy every harness and test uses.
+/// A free port (bound, then released: another process may take it in between, which the
+/// broker's start then reports), never one handed out before in this process: the kernel
+/// gives a released port out again, and two parallel tests got the same metrics port. Bound
+/// on every address, not only loopback: a test whose broker listens on `0.0.0.0` failed with
+/// "Address already in use" on a port another process held on 127.0.0.1. The one copy every
+/// harness and test uses.
 pub fn free_port() -> u16 {
     static GIVEN: Mutex<std::collections::BTreeSet<u16>> =
         Mutex::new(std::collections::BTreeSet::new());
     for _ in 0..256 {
-        let port = TcpListener::bind("127.0.0.1:0")
+        let port = TcpListener::bind("0.0.0.0:0")
             .expect("bind")
             .local_addr()
             .expect("addr")
