@@ -106,8 +106,9 @@ impl Broker {
         let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         let session = Arc::new(Session::new(
             id,
-            // A copy of its own: a slice would keep the whole CONNECT read buffer alive for
-            // as long as the session lives.
+            // A copy of its own: the codec hands out an owned id, but `Broker::connect` is
+            // public, and a caller's slice (a link's, a restored record's) would keep its
+            // whole buffer alive for as long as the session lives. Once per session.
             ByteString::from(String::from(&*req.client_id)),
             req.protocol,
             req.expiry_interval,
