@@ -297,6 +297,8 @@ pub struct Metrics {
     pub memory_budget_bytes: Gauge,
     /// Bytes counted against the budget (messages alive, partial packets); set at scrape.
     pub memory_used_bytes: Gauge,
+    /// What anonymous clients hold, by part: kept, connected, in transit; set at scrape.
+    pub anonymous_bytes: [Gauge; 3],
     /// Connections closed because a packet could not be decoded.
     pub malformed_packets: Counter,
     /// Connections closed for a protocol violation in a well-formed packet.
@@ -469,6 +471,10 @@ impl Metrics {
             connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
             packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),
             anonymous_share_closes: r.counter(ANONYMOUS_SHARE_CLOSES_TOTAL, "Anonymous connections closed because a packet they were sending would take what anonymous clients' partly received packets hold past their share (an eighth of mqtt.max_memory)."),
+            anonymous_bytes: {
+                let family = r.gauge_vec(ANONYMOUS_BYTES, "What anonymous clients make the broker hold, by part, each against its own eighth of mqtt.max_memory (kept: sessions, queues, retained messages and dead letters, inside the budget; connected: sessions that end with their connection; in_transit: packets still arriving and what connections hold for them).", &["part"]);
+                ["kept", "connected", "in_transit"].map(|part| gauge_of(&family, &[part]))
+            },
             partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete."),
             clients_connected: r.gauge_vec(
                 CLIENTS_CONNECTED,

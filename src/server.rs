@@ -466,7 +466,10 @@ async fn sweep_keep_alives(broker: Arc<Broker>, shutdown: CancellationToken) {
                 broker.wake_expired_keep_alives();
                 let partial = crate::connection::partial_packet_bytes();
                 broker.metrics.partial_packet_bytes.set(partial as f64);
-                broker.update_flow_metrics(crate::connection::budgeted_partial_bytes());
+                broker.update_flow_metrics(
+                    crate::connection::budgeted_partial_bytes(),
+                    crate::connection::anonymous_partial_bytes(),
+                );
             }
             () = shutdown.cancelled() => return,
         }

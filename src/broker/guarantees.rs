@@ -205,7 +205,20 @@ impl Broker {
             publisher: publisher.as_deref(),
             reason_code,
         };
-        let letter = Message::from_publish(letters.build(&loss, SystemTime::now()), None);
+        let mut letter = Message::from_publish(letters.build(&loss, SystemTime::now()), None);
+        // What an anonymous client causes waits in the queues of whoever reads dead letters:
+        // it counts in the anonymous share, and past it is not published (issue 35, twelfth
+        // adversarial pass, U4).
+        if super::owner::is_anonymous_key(source) {
+            let size = letter.size() as u64;
+            if !super::flow::anonymous_share_has_room(size, &self.flow.memory) {
+                self.guarantee_metrics
+                    .dead_letters_dropped_share
+                    .increment(1);
+                return None;
+            }
+            letter.charge_anonymous();
+        }
         match self.publish(Arc::new(letter), None) {
             Ok(routed) => {
                 self.guarantee_metrics.dead_letters[reason.index()].increment(1);

@@ -698,6 +698,7 @@ impl SessionHandle {
             return Err(ExpiryRaisedFromZero); // v5 §3.14.2.2.2
         }
         st.expiry_interval = expiry.min(self.broker.config().session_expiry_interval_max);
+        st.recount_cost(&self.session.client_id);
         Ok(())
     }
 

@@ -77,6 +77,7 @@ impl Broker {
                     existing.set_share_key(&owner, None);
                     st.set_owner(&existing.client_id, owner);
                 }
+                st.recount_cost(&existing.client_id);
                 let ops =
                     persist::session_resumed(&existing.client_id, &mut st, self.store.is_some());
                 drop(st);

@@ -34,6 +34,9 @@ pub struct Message {
     /// retained message its bytes count in the anonymous share of the budget
     /// (`flow::ANONYMOUS_SHARE`). Set by the publishing session's handle only.
     pub(crate) from_anonymous: bool,
+    /// Charged to the anonymous share for as long as it lives ([`Message::charge_anonymous`]):
+    /// a dead letter an anonymous client caused.
+    charged_anonymous: bool,
     /// What the message makes the broker hold, counted in every bound (the memory budget,
     /// queued bytes, the anonymous share): topic, payload and properties
     /// ([`Message::size`]). Fixed at construction: none of them changes after.
@@ -154,6 +157,9 @@ impl Drop for Message {
         if self.from_anonymous && encoded > 0 {
             super::flow::anonymous_retained_counted(encoded, false);
         }
+        if self.charged_anonymous {
+            super::flow::anonymous_retained_counted(self.size(), false);
+        }
     }
 }
 
@@ -185,6 +191,18 @@ impl Message {
             settlement: None,
             encoded: PublishEncodings::default(),
             from_anonymous: false,
+            charged_anonymous: false,
+        }
+    }
+
+    /// Charges the message's bytes to the anonymous share until it is dropped: a dead letter
+    /// an anonymous client caused, which waits in the queues of whoever reads dead letters.
+    /// Counted in the budget only, an anonymous client's dead letters filled it and password
+    /// users got 0x97 (issue 35, twelfth adversarial pass, U4). Once, before it is shared.
+    pub(crate) fn charge_anonymous(&mut self) {
+        if !self.charged_anonymous {
+            super::flow::anonymous_retained_counted(self.size(), true);
+            self.charged_anonymous = true;
         }
     }
 
@@ -254,6 +272,7 @@ impl Message {
             settlement: None,
             encoded: PublishEncodings::default(),
             from_anonymous: false,
+            charged_anonymous: false,
         }
     }
 

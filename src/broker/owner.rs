@@ -79,7 +79,8 @@ pub(crate) fn check(
 ///   of every other. Without an address (an in-process link, a session restored or adopted
 ///   before its client came back): one common key.
 ///
-/// Never 0 (`guarantees`: the key of what counts in no share). Hashed with a per-process
+/// Never 0 (`guarantees`: the key of what counts in no share); its lowest bit is set for an
+/// anonymous owner ([`is_anonymous_key`]). Hashed with a per-process
 /// seed: the keys live in memory only.
 pub(crate) fn share_key(owner: &SessionOwner, peer: Option<std::net::IpAddr>) -> u64 {
     use std::hash::BuildHasher as _;
@@ -90,7 +91,15 @@ pub(crate) fn share_key(owner: &SessionOwner, peer: Option<std::net::IpAddr>) ->
         (_, Some(ip)) => SEED.hash_one((1u8, crate::auth::source::source_key(ip))),
         (_, None) => SEED.hash_one(2u8),
     };
-    key.max(1)
+    // The lowest bit says whether the owner is anonymous ([`is_anonymous_key`]), so what is
+    // charged to the key can be charged to the anonymous share too without a session lock.
+    (key & !1).max(2) | u64::from(*owner == SessionOwner::Anonymous)
+}
+
+/// Whether a [`share_key`] is an anonymous client's: a dead letter it causes counts in the
+/// anonymous share (issue 35, twelfth adversarial pass, U4).
+pub(crate) fn is_anonymous_key(key: u64) -> bool {
+    key & 1 == 1
 }
 
 /// A CONNECT refused because the client id's session belongs to another identity.

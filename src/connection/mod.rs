@@ -24,7 +24,9 @@ use crate::broker::Broker;
 use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
 pub(crate) use info::{ConnectionInfo, TlsPeer};
-pub(crate) use partial::{budgeted_partial_bytes, partial_packet_bytes, time_limit};
+pub(crate) use partial::{
+    anonymous_partial_bytes, budgeted_partial_bytes, partial_packet_bytes, time_limit,
+};
 pub(crate) use partial::{HeldClassCell, OverAnonymousShare, TransportHeld};
 use slots::{ConnectedSlot, HandshakeSlot};
 

@@ -58,6 +58,13 @@ pub(crate) fn budgeted_partial_bytes() -> u64 {
     HELD.load(Ordering::Relaxed)
 }
 
+/// The part of [`partial_packet_bytes`] held for connected anonymous clients, out of the
+/// budget and bounded by their own share ([`HeldClass::Anonymous`]): a part of the gauge
+/// `postbox_anonymous_bytes`.
+pub(crate) fn anonymous_partial_bytes() -> u64 {
+    HELD_ANONYMOUS.load(Ordering::Relaxed)
+}
+
 /// Whose bytes a partial packet (or a WebSocket frame still arriving) holds, which decides
 /// where they count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,6 +22,9 @@ pub struct GuaranteeMetrics {
     pub dead_letters_dropped_rate: Counter,
     /// Dead letters not published because the store (or a `refuse` queue) refused them.
     pub dead_letters_dropped_refused: Counter,
+    /// Dead letters an anonymous client caused, not published because anonymous clients are
+    /// at their share of the memory budget.
+    pub dead_letters_dropped_share: Counter,
     /// `[dedup]`: duplicates, entries, evictions (zero while off).
     pub dedup: DedupMetrics,
 }
@@ -31,12 +34,13 @@ impl GuaranteeMetrics {
     /// second call panics on the duplicate names).
     pub(crate) fn register(metrics: &Metrics) -> GuaranteeMetrics {
         let r = metrics.registrar();
-        let [dead_letters_dropped_rate, dead_letters_dropped_refused] = r.counter_family(
-            names::DEAD_LETTERS_DROPPED_TOTAL,
-            "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it).",
-            "reason",
-        )
-        .counters(["rate", "refused"]);
+        let [dead_letters_dropped_rate, dead_letters_dropped_refused, dead_letters_dropped_share] =
+            r.counter_family(
+                names::DEAD_LETTERS_DROPPED_TOTAL,
+                "Dead letters not published, by reason (rate: over dead_letter.max_rate; refused: the store refused it; share: an anonymous client caused it and anonymous clients are at their share of the memory budget).",
+                "reason",
+            )
+            .counters(["rate", "refused", "share"]);
         GuaranteeMetrics {
             dead_letters: r.counter_family(
                 names::DEAD_LETTERS_TOTAL,
@@ -46,6 +50,7 @@ impl GuaranteeMetrics {
             .counters(DeadReason::ALL.map(DeadReason::as_str)),
             dead_letters_dropped_rate,
             dead_letters_dropped_refused,
+            dead_letters_dropped_share,
             dedup: DedupMetrics {
                 duplicates: r.counter(
                     names::DEDUP_DUPLICATES_TOTAL,

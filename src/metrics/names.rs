@@ -83,6 +83,11 @@ pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
 /// Counter: anonymous connections closed because a packet they were sending would take what
 /// anonymous clients' partly received packets hold past their share of `mqtt.max_memory`.
 pub const ANONYMOUS_SHARE_CLOSES_TOTAL: &str = "postbox_anonymous_share_closes_total";
+/// Gauge, by `part`: what anonymous clients make the broker hold, each part against its own
+/// eighth of `mqtt.max_memory` (kept: sessions, queues, retained messages and dead letters,
+/// inside the budget; connected: sessions that end with their connection; in_transit:
+/// packets still arriving and what connections hold for them, both outside the budget).
+pub const ANONYMOUS_BYTES: &str = "postbox_anonymous_bytes";
 /// Gauge: bytes held in read buffers by packets that have started to arrive and are not
 /// complete yet (what a later memory budget counts).
 pub const PARTIAL_PACKET_BYTES: &str = "postbox_partial_packet_bytes";
@@ -243,7 +248,7 @@ pub(crate) const GUARANTEES: [&str; 5] = [
 
 /// The names of [`ALL`] that `metrics` registers itself (the broker core's series, in
 /// [`crate::metrics::Metrics::register`]).
-pub(crate) const CORE: [&str; 52] = [
+pub(crate) const CORE: [&str; 53] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -276,6 +281,7 @@ pub(crate) const CORE: [&str; 52] = [
     CONNECT_TIMEOUTS_TOTAL,
     PACKET_TIMEOUTS_TOTAL,
     ANONYMOUS_SHARE_CLOSES_TOTAL,
+    ANONYMOUS_BYTES,
     PARTIAL_PACKET_BYTES,
     BUILD_INFO,
     CLIENTS_CONNECTED,
@@ -300,7 +306,7 @@ pub(crate) const CORE: [&str; 52] = [
 
 /// Every metric name of a bare broker, for docs and completeness tests: the core's and the
 /// groups its owners register with every broker ([`STORE`], [`GUARANTEES`]), each listed once.
-pub const ALL: [&str; 68] = concat([&CORE, &STORE, &GUARANTEES]);
+pub const ALL: [&str; 69] = concat([&CORE, &STORE, &GUARANTEES]);
 
 /// The lists of `parts` one after the other, in a `const` (so [`ALL`] is made of the groups'
 /// own lists instead of repeating them); `N` must be their total length (checked at compile

@@ -1126,3 +1126,66 @@ async fn a_password_users_sessions_count_in_the_memory_budget() {
     }
     broker.wait_metric(USED, |n| n <= before + 1.0).await;
 }
+
+/// A session that ends with its connection (Session Expiry Interval 0) is part of what its
+/// connection costs: an anonymous one counts out of `mqtt.max_memory`, in a share of its own
+/// as large as the anonymous share (an eighth; 256 KiB here: 32 KiB, some 26 sessions of
+/// 200-byte ids), shown as `postbox_anonymous_bytes{part="connected"}`. Past it an anonymous
+/// CONNECT is refused: 0x97 Quota exceeded (v5 §3.2.2.2), 3 Server unavailable for 3.1.1
+/// (§3.2.2.3, table 3.1). The budget does not move, password users are still served, and
+/// the share is free again once the connections close. Before, such sessions counted in the
+/// budget and nothing refused them: 7,000 anonymous connections took an 8 MiB budget past
+/// 100%, and every password user's QoS 1 PUBLISH got 0x97 (issue 35, twelfth adversarial
+/// pass, U2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_connected_sessions_are_held_within_their_own_share() {
+    const USED: &str = "postbox_memory_used_bytes";
+    const CONNECTED: &str = "postbox_anonymous_bytes{part=\"connected\"}";
+    let broker = password_and_anonymous(262_144).await;
+    let before = broker.metric(USED).await.unwrap_or(0.0);
+    let id = |n: u16| format!("conn-{n:03}-{}", "c".repeat(191));
+    let mut open = Vec::new();
+    let mut refused_at = None;
+    for n in 0..120u16 {
+        let (c, answer) = v5::open(broker.addr, v5::connect_packet(&id(n))).await;
+        match answer {
+            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => open.push(c),
+            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::QUOTA_EXCEEDED => {
+                refused_at = Some(n);
+                break;
+            }
+            other => panic!("anonymous connection {n}: {other:?}"),
+        }
+    }
+    let n = refused_at.expect("120 anonymous connections of 200-byte ids were all admitted");
+    // 32 KiB at 1,224 B a session: 26 of them.
+    assert!((20..=27).contains(&n), "refused at {n}");
+    assert_eq!(v311_return_code(broker.addr, &id(500), true).await, 3);
+    // Both gauges are set by the same sweep (once a second).
+    let connected = broker
+        .wait_metric(CONNECTED, |b| b >= f64::from(n) * 1224.0)
+        .await;
+    assert!(
+        connected <= 32_768.0,
+        "{CONNECTED} {connected} for {n} connections"
+    );
+    let used = broker.metric(USED).await.unwrap_or(0.0);
+    assert!(
+        used < before + 4096.0,
+        "the budget moved: {used} from {before}"
+    );
+    // A password user is still served.
+    let (mut c, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let code = v5::publish_qos1(&mut c, "sensors/sensor1/t", b"21.5", 1).await;
+    assert!(!code.is_error(), "{code:?}");
+    v5::disconnect(c).await;
+    // Closed, the connections give their share back.
+    for c in open {
+        v5::disconnect(c).await;
+    }
+    broker.wait_metric(CONNECTED, |b| b == 0.0).await;
+    let (c, ack) = v5::connect(broker.addr, v5::connect_packet(&id(600))).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    v5::disconnect(c).await;
+}

@@ -238,6 +238,9 @@ pub struct SessionState {
     /// else (`UNCHECKED` for a restored or re-identified session) and each delivery is checked
     /// again as it is handed out, until the queue has been drained once (issue 35, finding 3).
     pub(in crate::broker) acl_checked: u32,
+    /// Where the session's own cost counts now (`flow::SessionCost`): moved by
+    /// [`SessionState::recount_cost`] when its owner or its expiry changes.
+    cost: super::flow::SessionCost,
 }
 
 impl SessionState {
@@ -254,11 +257,19 @@ impl SessionState {
         let anonymous = owner == crate::storage::SessionOwner::Anonymous;
         if anonymous != self.is_anonymous() {
             self.subscriptions.owner_changed(anonymous);
-            super::flow::anonymous_session_counted(client_id.len(), anonymous);
             super::flow::anonymous_queued_counted(self.queued_bytes, anonymous);
             super::flow::anonymous_queued_counted(self.inflight.bytes(), anonymous);
         }
         self.owner = owner;
+        self.recount_cost(client_id);
+    }
+
+    /// Counts the session's own cost where its owner and expiry now say
+    /// (`flow::SessionCost`): an anonymous session that ends with its connection out of the
+    /// budget (issue 35, twelfth adversarial pass, U2). Call after either changes.
+    pub(in crate::broker) fn recount_cost(&mut self, client_id: &str) {
+        let to = super::flow::SessionCost::of(self.is_anonymous(), self.expiry_interval);
+        self.cost = self.cost.moved(to, client_id.len());
     }
 
     /// Whether the session is anonymous where a method tells identities apart.
@@ -308,13 +319,11 @@ impl Drop for SessionState {
 }
 
 impl Drop for Session {
-    /// The session's cost leaves the budget ([`Session::new`]), and an anonymous session's
-    /// the anonymous share with its state ([`SessionState::set_owner`]).
+    /// The session's cost leaves where it counts ([`Session::new`],
+    /// [`SessionState::recount_cost`]).
     fn drop(&mut self) {
-        super::flow::session_counted(self.client_id.len(), false);
-        if self.state.get_mut().is_anonymous() {
-            super::flow::anonymous_session_counted(self.client_id.len(), false);
-        }
+        let len = self.client_id.len();
+        self.state.get_mut().cost.count(len, false);
     }
 }
 
@@ -330,7 +339,7 @@ impl Session {
         protocol: ProtocolVersion,
         expiry_interval: u32,
     ) -> Session {
-        super::flow::session_counted(client_id.len(), true);
+        super::flow::SessionCost::Budget.count(client_id.len(), true);
         Session {
             id,
             client_id,
@@ -358,6 +367,7 @@ impl Session {
                 bridge: false,
                 owner: crate::storage::SessionOwner::Unbound,
                 acl_checked: UNCHECKED,
+                cost: super::flow::SessionCost::Budget,
             }),
             notify: Notify::new(),
             keep_alive_deadline_ms: AtomicU64::new(u64::MAX),

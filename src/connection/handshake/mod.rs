@@ -500,6 +500,25 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         let code = ReasonCode::QUOTA_EXCEEDED;
         return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
     }
+    // A session that ends with its connection is part of what the connection costs: an
+    // anonymous one counts in a share of its own, out of the budget, and past it the CONNECT
+    // is refused (0x97 Quota exceeded, v5 §3.2.2.2; 3 Server unavailable for 3.x). Counted in
+    // the budget and bounded by nothing else, 7,000 anonymous connections took the budget
+    // past 100%, and password users got 0x97 (issue 35, twelfth adversarial pass, U2). A
+    // client id with a session is counted already.
+    if anonymous
+        && expiry_interval == 0
+        && !crate::broker::flow::anonymous_connected_has_room(
+            crate::broker::flow::anonymous_session_cost(admitted.client_id.len()),
+            &broker.flow().memory,
+        )
+        && !broker.has_session(&admitted.client_id)
+    {
+        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "anonymous clients' connected sessions are at their share: the CONNECT is refused");
+        let why = "anonymous clients' connected sessions are at their share of the memory budget";
+        let code = ReasonCode::QUOTA_EXCEEDED;
+        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+    }
     // Counted from now, not from when the connection ends: connections held open together
     // would otherwise all pass the check above (ninth pass, R1). The session's own count
     // takes over when the will is deferred (`Broker::defer_will`).
