@@ -132,7 +132,15 @@ mod tests {
         );
         let anonymous = SessionOwner::Anonymous;
         let unbound = SessionOwner::Unbound;
-        assert_eq!(share_key(&anonymous, Some(a)), share_key(&unbound, Some(a)));
+        // The same address's, but marked anonymous (issue 35, twelfth pass, U4).
+        assert_eq!(
+            share_key(&anonymous, Some(a)),
+            share_key(&unbound, Some(a)) | 1
+        );
+        assert!(is_anonymous_key(share_key(&anonymous, Some(a))));
+        assert!(is_anonymous_key(share_key(&anonymous, None)));
+        assert!(!is_anonymous_key(share_key(&unbound, Some(a))));
+        assert!(!is_anonymous_key(share_key(&user("m"), Some(a))));
         assert_ne!(
             share_key(&anonymous, Some(a)),
             share_key(&anonymous, Some(b))
@@ -141,7 +149,7 @@ mod tests {
             share_key(&anonymous, Some(a)),
             share_key(&user("m"), Some(a))
         );
-        assert_eq!(share_key(&anonymous, None), share_key(&unbound, None));
+        assert_eq!(share_key(&anonymous, None), share_key(&unbound, None) | 1);
         // Eighth pass, Q2: one /64 is one source, as for every per-source bound.
         let v6 = |s: &str| Some(s.parse::<std::net::IpAddr>().expect("address"));
         assert_eq!(

@@ -1189,3 +1189,51 @@ async fn anonymous_connected_sessions_are_held_within_their_own_share() {
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
     v5::disconnect(c).await;
 }
+
+/// A dead letter an anonymous client causes counts in the anonymous share, and past it is not
+/// published (`postbox_dead_letters_dropped_total{reason="share"}`): it waits in the queue of
+/// whoever reads dead letters, a password user's here, offline. An anonymous subscriber with
+/// room for nothing (Maximum Packet Size 64, MQTT-3.1.2-25) loses 40 messages of 8 KiB, each
+/// dead-lettered on the session where it was lost; the anonymous share of the 256 KiB budget
+/// (32 KiB) holds three or four of them, the budget stays below its pause mark, and a password
+/// user's QoS 1 PUBLISH is accepted. Before, the letters counted in the budget only: an
+/// anonymous client's losses filled it and password users got 0x97 (issue 35, twelfth
+/// adversarial pass, U4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_an_anonymous_client_causes_count_in_their_share() {
+    const SHARE_DROPS: &str = "postbox_dead_letters_dropped_total{reason=\"share\"}";
+    const KEPT: &str = "postbox_anonymous_bytes{part=\"kept\"}";
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 262144\n\
+             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n\
+             [dead_letter]\nmax_rate = 100000\n"
+        ),
+    )
+    .await;
+    let addr = broker.addr;
+    let (mut reader, _) = v5::connect(addr, sensor1("dlq-reader")).await;
+    v5::subscribe(&mut reader, "$dlq/#", postbox::codec::QoS::AtLeastOnce).await;
+    v5::disconnect(reader).await;
+    let mut small = v5::connect_packet("anon-small");
+    small.properties.maximum_packet_size = Some(64);
+    let (mut small, _) = v5::connect(addr, small).await;
+    v5::subscribe(&mut small, "flood/#", postbox::codec::QoS::AtMostOnce).await;
+    let (mut flooder, _) = v5::connect(addr, v5::connect_packet("anon-pub")).await;
+    let payload = vec![b'x'; 8192];
+    for n in 1..=40u16 {
+        // Whatever the answer: the point is where the letters count.
+        v5::publish_qos1(&mut flooder, "flood/x", &payload, n).await;
+    }
+    // Each letter was routed before its PUBACK went out.
+    let (mut c, ack) = v5::connect(addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let code = v5::publish_qos1(&mut c, "sensors/sensor1/t", b"21.5", 1).await;
+    assert!(!code.is_error(), "{code:?}");
+    v5::disconnect(c).await;
+    broker.wait_metric(SHARE_DROPS, |n| n >= 30.0).await;
+    let kept = broker.wait_metric(KEPT, |b| b > 0.0).await;
+    assert!(kept <= 32_768.0, "{KEPT} {kept}");
+}
