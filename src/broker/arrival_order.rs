@@ -50,6 +50,11 @@ pub struct ArrivalOrder {
     next: AtomicU64,
     /// `ticket % RING` holds `ticket` while it is outstanding, anything else once settled.
     outstanding: Box<[AtomicU64]>,
+    /// No ticket below this one is outstanding: where [`ArrivalOrder::has_earlier`] starts,
+    /// so each settled ticket is passed over once, however many reads ask, rather than up to
+    /// [`RING`] slots read by each (under callgrind's slow clock, fan-in publishers were quiet
+    /// before most PUBLISHes and the scan was 1.4% of the broker's instructions).
+    floor: AtomicU64,
     /// Publishers waiting in [`ArrivalOrder::wait_for_earlier`]: settles notify only then.
     waiting: AtomicUsize,
     settled: Notify,
@@ -60,6 +65,7 @@ impl Default for ArrivalOrder {
         ArrivalOrder {
             next: AtomicU64::new(1),
             outstanding: (0..RING).map(|_| AtomicU64::new(0)).collect(),
+            floor: AtomicU64::new(1),
             waiting: AtomicUsize::new(0),
             settled: Notify::new(),
         }
@@ -96,9 +102,23 @@ impl ArrivalOrder {
     /// True while a ticket older than `ticket` (and at most [`RING`] wakes older) is
     /// outstanding.
     #[must_use]
+    ///
+    /// From the floor up: the first outstanding ticket found is where the floor stays, and
+    /// a scan that finds none raises it to `ticket`. A ticket drawn but not yet marked when a
+    /// scan passes it (its waker between the draw and the store) is not waited for, as a
+    /// concurrent scan would not have seen it either.
     pub fn has_earlier(&self, ticket: u64) -> bool {
         let oldest = ticket.saturating_sub(RING as u64 - 1).max(1);
-        (oldest..ticket).any(|earlier| self.slot(earlier).load(Ordering::Acquire) == earlier)
+        let mut earlier = self.floor.load(Ordering::Acquire).max(oldest);
+        while earlier < ticket {
+            if self.slot(earlier).load(Ordering::Acquire) == earlier {
+                self.floor.fetch_max(earlier, Ordering::AcqRel);
+                return true;
+            }
+            earlier += 1;
+        }
+        self.floor.fetch_max(ticket, Ordering::AcqRel);
+        false
     }
 
     /// Waits until no ticket older than `ticket` is outstanding, or [`MAX_WAIT`] has passed.
@@ -242,6 +262,36 @@ mod tests {
         assert!(!order.has_earlier(a), "nothing came before the first");
         order.settle(a);
         assert!(!order.has_earlier(b));
+    }
+
+    /// The floor changes how far a scan reads, not its answer: against a scan of the whole
+    /// window, over wakes and settles in a shuffled order.
+    #[test]
+    fn the_floor_gives_the_answers_of_a_whole_scan() {
+        let order = ArrivalOrder::default();
+        let whole = |ticket: u64| {
+            let oldest = ticket.saturating_sub(RING as u64 - 1).max(1);
+            (oldest..ticket).any(|t| order.slot(t).load(Ordering::Acquire) == t)
+        };
+        let mut drawn = Vec::new();
+        let mut seed = 0x9E37_79B9_u64;
+        for _ in 0..5_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            match seed % 3 {
+                0 | 1 => drawn.push(order.draw()),
+                _ if !drawn.is_empty() => {
+                    let ticket = drawn.swap_remove((seed as usize / 3) % drawn.len());
+                    order.settle(ticket);
+                }
+                _ => {}
+            }
+            if !drawn.is_empty() {
+                let ticket = drawn[(seed as usize / 7) % drawn.len()];
+                assert_eq!(order.has_earlier(ticket), whole(ticket), "ticket {ticket}");
+            }
+        }
     }
 
     #[test]
