@@ -105,8 +105,41 @@ struct PasswdArgs {
     password: Option<String>,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the command line; an error is printed for a person: one line with its causes
+/// ([`describe`]), and the backtrace `RUST_BACKTRACE` asks for only with `-v` (issue 37: every
+/// config error printed 30 frames of it where `RUST_BACKTRACE=1` was set).
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let verbose = cli.verbose;
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            if verbose {
+                eprintln!("Error: {error:?}");
+            } else {
+                eprintln!("Error: {}", describe(&error));
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `error` and its causes on one line, each cause once: most errors here already quote their
+/// source in their own message, and printing the chain repeated it ("Caused by" with the same
+/// words, issue 37).
+fn describe(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Passwd(args)) => return passwd(&args),
         Some(Command::Bridge(BridgeCommand::Import { file })) => return bridge_import(&file),

@@ -247,6 +247,19 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .as_ref()
         .map(|cluster| crate::cluster::Cluster::new(cluster, &metrics))
         .transpose()?;
+    // Bound (and their certificates loaded) before the store opens, like the metrics
+    // endpoint: a taken port or a missing certificate stops the start before the data
+    // directory is made (issue 37). Nothing is accepted until the listeners run, below.
+    let mut bound = Vec::with_capacity(config.listeners.len());
+    for (listener, name) in config.listeners.iter().zip(config.listener_names()) {
+        let l =
+            transport::bind(name.as_str().into(), listener).map_err(|source| StartError::Bind {
+                listener: name.clone(),
+                addr: listener.bind,
+                source,
+            })?;
+        bound.push(l);
+    }
     let mut parts = crate::broker::Parts::bare(config.mqtt.clone(), config.auth.clone(), metrics);
     parts.logins = Some(logins);
     parts.acl = acl.clone();
@@ -268,16 +281,6 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     }
     if let Some(schemas) = schemas {
         reloaders.register(schemas);
-    }
-    let mut bound = Vec::with_capacity(config.listeners.len());
-    for (listener, name) in config.listeners.iter().zip(config.listener_names()) {
-        let l =
-            transport::bind(name.as_str().into(), listener).map_err(|source| StartError::Bind {
-                listener: name.clone(),
-                addr: listener.bind,
-                source,
-            })?;
-        bound.push(l);
     }
     let tls_reloaders: Vec<_> = bound.iter().filter_map(|l| l.reloader()).collect();
     let listeners: Vec<BoundListener> = bound

@@ -138,6 +138,7 @@ pub(super) fn parse_error(
     e: &toml::de::Error,
     key: Option<String>,
 ) -> ConfigError {
+    let found = e.span().and_then(|span| text.get(span));
     let (line, column) = match e.span() {
         Some(span) => line_col(text, span.start),
         // No span (rare): fall back to where the key is written, if we know the key.
@@ -146,21 +147,13 @@ pub(super) fn parse_error(
             .and_then(|k| key_line(text, k))
             .map_or((0, 0), |l| (l, 0)),
     };
+    let message = super::hints::reword(e.message().trim_end(), key.as_deref(), found);
     ConfigError::Parse {
         origin: origin.to_owned(),
         line,
         column,
         key,
-        message: tomlish(e.message().trim_end()),
-    }
-}
-
-/// Rewords serde's Rust-flavoured messages in TOML terms (`field` -> `key`, `struct` -> table).
-fn tomlish(message: &str) -> String {
-    let message = message.replace("unknown field", "unknown key");
-    match message.find("expected struct ") {
-        Some(i) => format!("{}expected a table", &message[..i]),
-        None => message,
+        message,
     }
 }
 

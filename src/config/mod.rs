@@ -17,6 +17,7 @@ mod bridge;
 mod cluster;
 mod error;
 mod guarantees;
+mod hints;
 mod listener;
 mod mqtt;
 mod overrides;

@@ -85,7 +85,7 @@ pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
 pub const ANONYMOUS_SHARE_CLOSES_TOTAL: &str = "postbox_anonymous_share_closes_total";
 /// Gauge, by `part`: what anonymous clients make the broker hold, each part against its own
 /// eighth of `mqtt.max_memory` (kept: sessions, queues, retained messages and dead letters,
-/// inside the budget; connected: sessions that end with their connection; in_transit:
+/// inside the budget; connected: sessions that end with their connection; `in_transit`:
 /// packets still arriving and what connections hold for them, both outside the budget).
 pub const ANONYMOUS_BYTES: &str = "postbox_anonymous_bytes";
 /// Gauge: bytes held in read buffers by packets that have started to arrive and are not

@@ -140,6 +140,69 @@ fn invalid_config_names_key_and_line() {
     );
 }
 
+/// Issue 37, item 4: a typo gets the nearest key, not the table's forty; a wrong type is
+/// named in words with what the key means and takes (quoted from the default config's
+/// comment); a duplicated table is named; and `RUST_BACKTRACE=1` in the environment adds no
+/// backtrace (only `-v` does).
+#[test]
+fn config_errors_say_what_to_do_without_a_backtrace() {
+    let refused_with_backtrace_env = |contents: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, contents).expect("write config");
+        let out = Command::new(BIN)
+            .args(["-c", path.to_str().expect("utf8")])
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "a bad config must stop the broker");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains("backtrace"), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        err
+    };
+    let err = refused_with_backtrace_env("[mqtt]\nmax_packet_sise = 5\n");
+    assert!(err.contains("did you mean `max_packet_size`?"), "{err}");
+    assert!(
+        !err.contains("max_inflight_messages"),
+        "not the whole list: {err}"
+    );
+    let err = refused_with_backtrace_env("[mqtt]\nmax_packet_size = \"1MB\"\n");
+    assert!(
+        err.contains(":2:") && err.contains("mqtt.max_packet_size"),
+        "{err}"
+    );
+    assert!(
+        err.contains("a whole number") && err.contains("Range 20..="),
+        "{err}"
+    );
+    let err = refused_with_backtrace_env("[mqtt]\nmax_qos = 1\n[mqtt]\n");
+    assert!(
+        err.contains(":3:") && err.contains("duplicate key `mqtt`"),
+        "{err}"
+    );
+}
+
+/// Issue 37, item 4: a certificate that cannot be read stops the start before the durable
+/// store opens (no data directory is made), and the error says the file's problem once.
+#[test]
+fn a_missing_certificate_stops_the_start_before_the_store_opens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let contents = format!(
+        "[[listener]]\nbind = \"127.0.0.1:0\"\nkind = \"tls\"\n[listener.tls]\n\
+         cert = \"nope/server.pem\"\nkey = \"nope/server.key\"\n\
+         [metrics]\nenabled = false\n[storage]\ndir = {data:?}\n"
+    );
+    let (err, _) = refused_config(&contents);
+    assert_eq!(
+        err.matches("nope/server.pem").count(),
+        1,
+        "said once: {err}"
+    );
+    assert!(!data.exists(), "the store was opened: {err}");
+}
+
 #[test]
 fn version_and_help() {
     let out = Command::new(BIN).arg("--version").output().expect("run");
