@@ -56,6 +56,57 @@ impl ReasonCode {
     pub const SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED: ReasonCode = ReasonCode(0xA1);
     pub const WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED: ReasonCode = ReasonCode(0xA2);
 
+    /// The code's name in the spec's words (v5 §2.4), for logs a person reads; 0x00 is
+    /// "success" whatever the packet (also "normal disconnection", "granted QoS 0").
+    pub fn label(self) -> &'static str {
+        match self.0 {
+            0x00 => "success",
+            0x01 => "granted QoS 1",
+            0x02 => "granted QoS 2",
+            0x04 => "disconnect with will message",
+            0x10 => "no matching subscribers",
+            0x11 => "no subscription existed",
+            0x18 => "continue authentication",
+            0x19 => "re-authenticate",
+            0x80 => "unspecified error",
+            0x81 => "malformed packet",
+            0x82 => "protocol error",
+            0x83 => "implementation specific error",
+            0x84 => "unsupported protocol version",
+            0x85 => "client identifier not valid",
+            0x86 => "bad user name or password",
+            0x87 => "not authorized",
+            0x88 => "server unavailable",
+            0x89 => "server busy",
+            0x8A => "banned",
+            0x8B => "server shutting down",
+            0x8C => "bad authentication method",
+            0x8D => "keep alive timeout",
+            0x8E => "session taken over",
+            0x8F => "topic filter invalid",
+            0x90 => "topic name invalid",
+            0x91 => "packet identifier in use",
+            0x92 => "packet identifier not found",
+            0x93 => "receive maximum exceeded",
+            0x94 => "topic alias invalid",
+            0x95 => "packet too large",
+            0x96 => "message rate too high",
+            0x97 => "quota exceeded",
+            0x98 => "administrative action",
+            0x99 => "payload format invalid",
+            0x9A => "retain not supported",
+            0x9B => "QoS not supported",
+            0x9C => "use another server",
+            0x9D => "server moved",
+            0x9E => "shared subscriptions not supported",
+            0x9F => "connection rate exceeded",
+            0xA0 => "maximum connect time",
+            0xA1 => "subscription identifiers not supported",
+            0xA2 => "wildcard subscriptions not supported",
+            _ => "unknown reason code",
+        }
+    }
+
     /// Codes >= 0x80 are failures (spec §2.4).
     #[inline]
     pub fn is_error(self) -> bool {
@@ -89,5 +140,35 @@ impl ReasonCode {
         } else {
             0x80
         }
+    }
+}
+
+/// "not authorized (0x87)": the spec's name and the byte, as logs print it (issue 37: logs
+/// printed `ReasonCode(134)`).
+impl std::fmt::Display for ReasonCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (0x{:02X})", self.label(), self.0)
+    }
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::ReasonCode;
+    use crate::codec::ProtocolVersion;
+
+    /// Logs name a code and a protocol level in words (issue 37: `ReasonCode(134)`, `V3_1_1`).
+    #[test]
+    fn codes_and_levels_read_as_words() {
+        assert_eq!(
+            ReasonCode::NOT_AUTHORIZED.to_string(),
+            "not authorized (0x87)"
+        );
+        assert_eq!(
+            ReasonCode(0x86).to_string(),
+            "bad user name or password (0x86)"
+        );
+        assert_eq!(ReasonCode(0x42).to_string(), "unknown reason code (0x42)");
+        assert_eq!(ProtocolVersion::V3_1_1.to_string(), "3.1.1");
+        assert_eq!(ProtocolVersion::V5.to_string(), "5.0");
     }
 }

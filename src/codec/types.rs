@@ -48,6 +48,17 @@ pub enum ProtocolVersion {
     V5 = 5,
 }
 
+/// "3.1", "3.1.1" or "5.0", as logs print it (issue 37: logs printed `V3_1_1`).
+impl std::fmt::Display for ProtocolVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProtocolVersion::V3_1 => "3.1",
+            ProtocolVersion::V3_1_1 => "3.1.1",
+            ProtocolVersion::V5 => "5.0",
+        })
+    }
+}
+
 impl ProtocolVersion {
     /// True for 5.0, the only level with properties and reason codes everywhere.
     #[inline]

@@ -224,7 +224,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let server_reason = close.server_reason();
         match (&close, &server_reason) {
             (Close::Violation(v), _) => {
-                tracing::debug!(peer = %self.info.peer, listener = %self.info.listener, client = %self.session.client_id(), reason = ?v.reason_code(), statement = v.statement(), why = %v.describe(), "closing connection: protocol violation");
+                tracing::debug!(peer = %self.info.peer, listener = %self.info.listener, client = %self.session.client_id(), reason = %v.reason_code(), statement = v.statement(), why = %v.describe(), "closing connection: protocol violation");
             }
             (
                 Close::StoreRefused(..)
@@ -238,7 +238,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 if matches!(close, Close::CredentialsExpired) {
                     self.broker().metrics.credentials_expired.increment(1);
                 }
-                tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), reason = ?code, why = why.as_deref().unwrap_or(""), "closing connection");
+                tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), reason = %code, why = why.as_deref().unwrap_or(""), "closing connection");
             }
             (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
             (Close::Administrative, _) => {

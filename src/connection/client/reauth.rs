@@ -103,7 +103,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 (ReasonCode::CONTINUE_AUTHENTICATION, data)
             }
             AuthStep::Fail(code) => {
-                tracing::info!(client = %self.session.client_id(), reason = ?code, "re-authentication failed");
+                tracing::info!(client = %self.session.client_id(), reason = %code, "re-authentication failed");
                 let code =
                     code.or_if_not_allowed(ReasonContext::Disconnect, ReasonCode::NOT_AUTHORIZED);
                 return Err(Close::ReauthFailed(code));

@@ -168,7 +168,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
         }
-        tracing::info!(%peer, username = ?connect.username, "user name from the TLS certificate");
+        tracing::info!(%peer, username = connect.username.as_deref().unwrap_or(""), "user name from the TLS certificate");
         authenticated = true;
     }
     let policy = Policy {
@@ -348,7 +348,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                     (Some(auth), data)
                 }
                 Err(Some((code, why))) => {
-                    tracing::info!(%peer, client = %admitted.client_id, method = %auth.method, reason = ?code, "authentication failed");
+                    tracing::info!(%peer, client = %admitted.client_id, method = %auth.method, reason = %code, "authentication failed");
                     return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
                 }
                 Err(None) => {
@@ -769,7 +769,7 @@ async fn reject<S: AsyncRead + AsyncWrite + Unpin, T>(
     code: ReasonCode,
     explain: Option<(&str, &Connect)>,
 ) -> Option<T> {
-    tracing::info!(?version, reason = ?code, "connection refused");
+    tracing::info!(version = %version, reason = %code, "connection refused");
     // `postbox_connack_refusals_total{reason}`: every refusing CONNACK goes through here.
     metrics.connack_refused(code.0);
     let client_max = explain.map_or(usize::MAX, |(_, connect)| client_max_packet(connect));
