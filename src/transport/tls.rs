@@ -223,7 +223,8 @@ async fn handshake(
         }
         Ok(Err(error)) => {
             let reason = failure_reason(&error);
-            tracing::info!(%peer, %listener, %error, reason, "TLS handshake failed");
+            let why = in_plain_words(&error);
+            tracing::info!(%peer, %listener, %why, reason, "TLS handshake failed");
             reason
         }
         Err(_) => {
@@ -233,6 +234,55 @@ async fn handshake(
     };
     failures.failed(&listener, reason);
     None
+}
+
+/// What went wrong in a handshake, in words an operator can act on: rustls says "received
+/// corrupt message of type `InvalidContentType`" for a client speaking plain MQTT to the TLS
+/// port, and `Other(OtherError(CaUsedAsEndEntity))` for a client presenting its CA's
+/// certificate as its own (issue 37, item 4).
+fn in_plain_words(error: &std::io::Error) -> String {
+    use rustls::{CertificateError, Error, InvalidMessage};
+    let Some(tls) = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<Error>())
+    else {
+        return error.to_string();
+    };
+    match tls {
+        Error::InvalidMessage(InvalidMessage::InvalidContentType) => {
+            "the client did not speak TLS (plain MQTT or HTTP on the TLS port?)".to_owned()
+        }
+        Error::NoCertificatesPresented => {
+            "the client sent no certificate, and this listener requires one (client_cert = \"required\")".to_owned()
+        }
+        Error::AlertReceived(alert) => format!(
+            "the client ended the handshake ({alert:?}): does it trust the CA that signed this listener's certificate, and is the name it connects to in that certificate?"
+        ),
+        Error::PeerIncompatible(why) => {
+            format!("no TLS version or cipher suite in common with the client ({why:?})")
+        }
+        Error::InvalidCertificate(problem) => {
+            let what = match problem {
+                CertificateError::UnknownIssuer => {
+                    "is not signed by a CA in this listener's client_ca".to_owned()
+                }
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                    "has expired".to_owned()
+                }
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                    "is not valid yet (is the clock right?)".to_owned()
+                }
+                CertificateError::Revoked => "is revoked (this listener's crl)".to_owned(),
+                CertificateError::BadSignature => "has a bad signature".to_owned(),
+                other if format!("{other:?}").contains("CaUsedAsEndEntity") => {
+                    "is a CA certificate, not a client's own".to_owned()
+                }
+                other => format!("was refused ({other:?})"),
+            };
+            format!("the client's certificate {what}")
+        }
+        other => other.to_string(),
+    }
 }
 
 /// A short label for the metric: what kind of failure the handshake error was.

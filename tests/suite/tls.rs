@@ -312,7 +312,7 @@ fn mtls_optional_without_identity_accepts_clients_without_certificates() {
 #[test]
 fn plaintext_on_the_tls_port_is_closed_and_others_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    let (_broker, config) = start_server_cert(dir.path(), "");
+    let (broker, config) = start_server_cert(dir.path(), "");
     let mut plain = TcpStream::connect(config.mqtt).unwrap();
     plain.set_read_timeout(Some(WAIT)).unwrap();
     // A v3.1.1 CONNECT, client id "p".
@@ -333,6 +333,9 @@ fn plaintext_on_the_tls_port_is_closed_and_others_are_served() {
         "postbox_tls_handshake_failures_total{listener=\"tls\",reason=\"protocol\"}",
     );
     assert_eq!(failures, Some(1.0), "{scrape}");
+    // Said in words an operator can act on (issue 37, item 4), not rustls's
+    // "received corrupt message of type InvalidContentType".
+    wait_log(&broker, "the client did not speak TLS");
 }
 
 #[test]
