@@ -155,6 +155,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let config =
         Config::load_with(cli.config.as_deref(), &overrides).map_err(|e| anyhow::anyhow!("{e}"))?;
     let log = postbox::logging::init(&config.log, cli.verbose)?;
+    // Said once the broker runs: which file it read, and where its durable state lives.
+    let config_source = cli.config.as_deref().map_or_else(
+        || "embedded default (postbox -c FILE to use another)".to_owned(),
+        |path| path.display().to_string(),
+    );
+    let data = match config.storage.persistence_dir() {
+        Some(dir) => std::path::absolute(dir)
+            .unwrap_or_else(|_| dir.to_path_buf())
+            .display()
+            .to_string(),
+        None => "memory only (storage.persistence = false)".to_owned(),
+    };
 
     // Before the runtime's threads exist: growing the descriptor table is free now and stalls
     // accepts later (see `transport::fd_table`).
@@ -176,7 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         // a container runtime, a test) is a graceful shutdown, never the default action.
         let mut signals = Signals::install().context("cannot install the signal handlers")?;
         let server = postbox::server::start(config).await?;
-        tracing::info!(version = env!("CARGO_PKG_VERSION"), "postbox running");
+        tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %config_source, data = %data, "postbox running");
         while signals.next().await == Signal::Reload {
             reload(&server, cli.config.as_deref(), &overrides, &log);
         }

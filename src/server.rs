@@ -242,6 +242,18 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             tracing::warn!(listeners = ?exposed, "no authentication method is configured: any client that reaches these addresses may connect, publish and subscribe; see the README's Security section (allow_anonymous = false and a password_file)");
         }
     }
+    // What each listener asks of its clients, for the start-up lines (issue 37, item 2).
+    let admits: Vec<&'static str> = config
+        .listener_names()
+        .iter()
+        .map(
+            |name| match (logins.binds_sessions(), logins.anonymous_allowed(name)) {
+                (false, _) => "anyone (no authentication method)",
+                (true, true) => "credentials, or none (anonymous allowed)",
+                (true, false) => "credentials only",
+            },
+        )
+        .collect();
     let cluster = config
         .cluster
         .as_ref()
@@ -339,8 +351,9 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .into_iter()
         .map(|listener| tokio::spawn(listener.run(handoff.clone(), shutdown.clone())))
         .collect();
-    for l in &listeners {
-        tracing::info!(listener = %l.name, addr = %l.addr, "MQTT listener up");
+    for ((l, config), admits) in listeners.iter().zip(&config.listeners).zip(&admits) {
+        let kind = config.kind.as_str();
+        tracing::info!(listener = %l.name, addr = %l.addr, %kind, %admits, "MQTT listener up");
     }
     readiness.listeners_up();
     crate::bridge::start(

@@ -87,6 +87,18 @@ pub enum ListenerKind {
     Wss,
 }
 
+impl ListenerKind {
+    /// The kind as the config spells it (`tcp`, `tls`, `ws`, `wss`), for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListenerKind::Tcp => "tcp",
+            ListenerKind::Tls => "tls",
+            ListenerKind::Ws => "ws",
+            ListenerKind::Wss => "wss",
+        }
+    }
+}
+
 /// Whether a TLS listener asks clients for a certificate (Mosquitto's `require_certificate`,
 /// with the third state it lacks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -61,6 +61,19 @@ fn runs_from_config_file_serves_mqtt_and_metrics_and_stops_on_sigterm() {
     let data = format!("dir = {:?}", dir.path().join("data"));
     let path = config_file(dir.path(), mqtt, metrics, &data);
     let child = spawn_broker(&["-c", path.to_str().expect("utf8 path")]);
+    // Issue 37, item 2: the start-up lines say which file was read, where the durable state
+    // lives, and what each listener is and whom it admits.
+    let running = child.wait_log(|l| l.contains("postbox running"));
+    assert!(
+        running.contains(&format!("config={}", path.display()))
+            && running.contains(&format!("data={}", dir.path().join("data").display())),
+        "{running}"
+    );
+    let up = child.wait_log(|l| l.contains("MQTT listener up"));
+    assert!(
+        up.contains("kind=tcp") && up.contains("admits=anyone (no authentication method)"),
+        "{up}"
+    );
 
     let status = Command::new("mosquitto_pub")
         .args([
