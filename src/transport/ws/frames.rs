@@ -203,9 +203,8 @@ impl Inbound {
                 TEXT => Err(FrameError::Text),
                 CONTINUATION if !self.in_message => Err(FrameError::StrayContinuation),
                 BINARY if self.in_message => Err(FrameError::Interleaved),
-                CONTINUATION | BINARY => Ok(()),
                 CLOSE | PING | PONG if !fin => Err(FrameError::FragmentedControl),
-                CLOSE | PING | PONG => Ok(()),
+                CONTINUATION | BINARY | CLOSE | PING | PONG => Ok(()),
                 other => Err(FrameError::Opcode(other)),
             };
         }
@@ -425,12 +424,12 @@ mod tests {
         out
     }
 
-    /// What a stream of reads cut at `cuts` decodes to: the data bytes in order, the pongs
-    /// wanted after each read, whether the close arrived.
-    fn decode_cut(
-        wire: &[u8],
-        cuts: &[usize],
-    ) -> Result<(Vec<u8>, Vec<Vec<u8>>, bool), FrameError> {
+    /// What a stream of reads decoded to: the data bytes in order, the pongs wanted after
+    /// each read, whether the close arrived.
+    type Decoded = (Vec<u8>, Vec<Vec<u8>>, bool);
+
+    /// What a stream of reads cut at `cuts` decodes to.
+    fn decode_cut(wire: &[u8], cuts: &[usize]) -> Result<Decoded, FrameError> {
         let mut inbound = Inbound::default();
         let mut data = Vec::new();
         let mut pongs = Vec::new();

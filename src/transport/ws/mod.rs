@@ -9,12 +9,17 @@
 //! Why our own framing (issue 35, twelfth adversarial pass, U3): tungstenite buffers each
 //! frame whole, in a read buffer it reserves to the frame's size, splits the frame off that
 //! allocation and never shrinks it, so an idle connection kept the allocation of the largest
-//! message it ever sent, counted nowhere (MEASUREMENT). A frame's bytes now go
-//! straight to the connection's read buffer, unmasked in place, where `connection::partial`
-//! bounds, times and counts a packet that has not arrived whole (with the right class, the
-//! CONNECT's bound before the CONNACK), and which the connection lets go once its packets are
-//! handled. What this layer keeps per connection: a partial frame header, the latest ping's
-//! payload and the control frame being written, a few hundred bytes inline.
+//! message it ever sent, counted nowhere: 300 connections that each sent one 2 MiB PUBLISH
+//! and went idle grew the broker's RSS by 1.24 GB (debug build, `tokio-tungstenite` 0.26),
+//! by 5.4 MB with this layer; 48 of 1 MiB, the suite's test, 99 MB against 1.1 MB
+//! (`websocket::idle_connections_keep_nothing_of_the_large_messages_they_sent`). A frame's
+//! bytes now go straight to the connection's read buffer, unmasked in place, where
+//! `connection::partial` bounds, times and counts a packet that has not arrived whole (with
+//! the right class, the CONNECT's bound before the CONNACK), and which the connection lets go
+//! once its packets are handled. What this layer keeps per connection: a partial frame
+//! header, the latest ping's payload and the control frame being written, a few hundred
+//! bytes inline. Libraries do what is not per byte: `httparse` the upgrade request, `sha1`
+//! the accept key.
 //!
 //! Must not: buffer a frame or a message; frame per packet.
 
