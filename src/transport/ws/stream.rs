@@ -322,6 +322,44 @@ mod tests {
         assert_eq!(got[304..], [0x82, 2, b'o', b'k']);
     }
 
+    /// A ping that arrives while a data frame is half written is answered right after that
+    /// frame, never inside it (RFC 6455 §5.4: control frames go between frames).
+    #[tokio::test]
+    async fn a_pong_waits_for_the_frame_being_written() {
+        let (ours, mut peer) = tokio::io::duplex(16);
+        let mut ws = WsStream::new(ours, Bytes::new());
+        let payload = vec![7u8; 100];
+        // The socket takes 16 bytes: the 2-byte header and 14 of the payload.
+        let first =
+            std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut ws).poll_write(cx, &payload)))
+                .await;
+        assert!(matches!(first, Poll::Ready(Ok(14))), "{first:?}");
+        let mut got = vec![0u8; 16];
+        peer.read_exact(&mut got).await.expect("read");
+        // The socket has room again, and a ping comes in.
+        peer.write_all(&client_frame(0x9, b"p"))
+            .await
+            .expect("write");
+        let mut buf = [0u8; 16];
+        let read = std::future::poll_fn(|cx| {
+            let mut read_buf = ReadBuf::new(&mut buf);
+            Poll::Ready(Pin::new(&mut ws).poll_read(cx, &mut read_buf).is_pending())
+        })
+        .await;
+        assert!(read, "a ping is nothing to read");
+        let reader = tokio::spawn(async move {
+            got.resize(2 + 100 + 3, 0);
+            peer.read_exact(&mut got[16..]).await.expect("read");
+            got
+        });
+        ws.write_all(&payload[14..]).await.expect("write");
+        ws.flush().await.expect("flush");
+        let got = reader.await.expect("task");
+        assert_eq!(got[..2], [0x82, 100]);
+        assert_eq!(got[2..102], payload[..]);
+        assert_eq!(got[102..], [0x8A, 1, b'p']);
+    }
+
     /// RFC 6455 §7.1.1: our close goes out on shutdown, and the socket stays open until the
     /// client's close frame is read; a text frame fails the read [MQTT-6.0.0-1] and then the
     /// shutdown closes at once, with 1003 (RFC 6455 §7.4.1).
@@ -333,6 +371,17 @@ mod tests {
         let mut close = [0u8; 2];
         peer.read_exact(&mut close).await.expect("our close");
         assert_eq!(close, [0x88, 0]);
+        let open = std::future::poll_fn(|cx| {
+            let mut one = [0u8; 1];
+            let mut read_buf = ReadBuf::new(&mut one);
+            Poll::Ready(
+                Pin::new(&mut peer)
+                    .poll_read(cx, &mut read_buf)
+                    .is_pending(),
+            )
+        })
+        .await;
+        assert!(open, "the socket stays open for the client's close frame");
         peer.write_all(&client_frame(0x9, b"late ping"))
             .await
             .expect("write");
