@@ -313,6 +313,31 @@ mod tests {
         assert_eq!(status, BAD_REQUEST);
     }
 
+    /// Over a stream: what follows the request in the same write is handed on; a request
+    /// that does not end within 8 KiB gets 431 and is not read further.
+    #[tokio::test]
+    async fn the_request_is_read_within_its_bound() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut ours, mut peer) = tokio::io::duplex(64 * 1024);
+        let mut bytes = REQUEST.as_bytes().to_vec();
+        bytes.extend_from_slice(&[0x82, 0x80, 1, 2, 3, 4]);
+        peer.write_all(&bytes).await.expect("write");
+        let early = handshake(&mut ours, &settings()).await.expect("upgraded");
+        assert_eq!(early[..], [0x82, 0x80, 1, 2, 3, 4]);
+
+        let (mut ours, mut peer) = tokio::io::duplex(64 * 1024);
+        let long = format!("GET /mqtt HTTP/1.1\r\nX: {}\r\n", "a".repeat(MAX_REQUEST));
+        peer.write_all(long.as_bytes()).await.expect("write");
+        let error = handshake(&mut ours, &settings())
+            .await
+            .expect_err("refused");
+        assert_eq!(error.reason(), "handshake");
+        drop(ours);
+        let mut answer = String::new();
+        peer.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+    }
+
     #[test]
     fn paths_lose_their_query() {
         assert_eq!(path_of("/mqtt?x=1"), "/mqtt");
