@@ -296,7 +296,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// The first half of closing: writes out the batch (the final DISCONNECT or refusing
     /// CONNACK, and whatever was queued before it), then shuts down our side of the stream
     /// within [`FINAL_WRITE_LIMIT`]: a FIN after the last byte, preceded on a TLS stream by
-    /// its `close_notify` and on a WebSocket by its close frame.
+    /// its `close_notify`; on a WebSocket, our close frame, and the FIN only once the client's
+    /// close frame is in (else the lingering read ends on it and the socket is dropped then,
+    /// `transport::ws::WsStream`).
     ///
     /// `true` when all of it, FIN included, was handed to the kernel: the peer then has
     /// something to read that a reset could destroy (every shutdown writes at least the FIN;

@@ -24,10 +24,7 @@ use crate::broker::Broker;
 use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
 pub(crate) use info::{ConnectionInfo, TlsPeer};
-pub(crate) use partial::{
-    anonymous_partial_bytes, budgeted_partial_bytes, partial_packet_bytes, time_limit,
-};
-pub(crate) use partial::{HeldClassCell, OverAnonymousShare, TransportHeld};
+pub(crate) use partial::{anonymous_partial_bytes, budgeted_partial_bytes, partial_packet_bytes};
 use slots::{ConnectedSlot, HandshakeSlot};
 
 /// Serves one client connection until it closes; never panics on client input.
@@ -46,24 +43,19 @@ use slots::{ConnectedSlot, HandshakeSlot};
 /// for a connected slot when it accepts the CONNECT (or refuses the CONNECT when the
 /// listener's `max_connections` are taken), and the connected slot is held here until the
 /// connection is gone (8 bytes, in place of the broker handle this future held before).
-///
-/// `held_class` is how a transport that holds bytes for the connection (the WebSocket
-/// layer's frames, [`TransportHeld`]) learns whether the client is anonymous: the handshake
-/// sets it when it accepts the CONNECT (taken by the handshake's future, not kept here).
 pub(crate) fn serve<S>(
     stream: S,
     info: ConnectionInfo,
     broker: Arc<Broker>,
     shutdown: CancellationToken,
     slot: HandshakeSlot,
-    held_class: Option<Arc<HeldClassCell>>,
 ) -> impl std::future::Future<Output = ()>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     // The slots count the connection in `postbox_connections_current` (and `_total`), so
     // this future keeps no broker handle of its own.
-    let handshake = Box::pin(connect(stream, info, broker, shutdown, slot, held_class));
+    let handshake = Box::pin(connect(stream, info, broker, shutdown, slot));
     async move {
         let Some((client, connected)) = handshake.await else {
             return;
@@ -90,14 +82,12 @@ async fn connect<S>(
     broker: Arc<Broker>,
     shutdown: CancellationToken,
     slot: HandshakeSlot,
-    held_class: Option<Arc<HeldClassCell>>,
 ) -> Option<(Box<client::Client<S>>, ConnectedSlot)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut io = io::Io::new(stream);
-    let held_class = held_class.as_deref();
-    match handshake::accept(&mut io, &broker, &shutdown, &info, slot, held_class).await {
+    match handshake::accept(&mut io, &broker, &shutdown, &info, slot).await {
         Some((accepted, connected)) => {
             Some((Box::new(client::Client::new(io, accepted, info)), connected))
         }
@@ -156,7 +146,7 @@ mod size_tests {
             &broker.metrics,
         );
         let slot = admission.arrive(addr.ip());
-        let fut = serve(stream, info, broker, CancellationToken::new(), slot, None);
+        let fut = serve(stream, info, broker, CancellationToken::new(), slot);
         let size = size_of_val(&fut);
         println!(
             "PROBE future {size} client {} session {}",

@@ -65,12 +65,10 @@ pub(crate) fn anonymous_partial_bytes() -> u64 {
     HELD_ANONYMOUS.load(Ordering::Relaxed)
 }
 
-/// Whose bytes a partial packet (or a WebSocket frame still arriving) holds, which decides
-/// where they count.
+/// Whose bytes a partial packet holds, which decides where they count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HeldClass {
-    /// A CONNECT still arriving (or the frames before the CONNACK): [`HELD_BEFORE_CONNECT`],
-    /// outside the memory budget.
+    /// A CONNECT still arriving: [`HELD_BEFORE_CONNECT`], outside the memory budget.
     BeforeConnect,
     /// A connected client a method verified, or any client where no method tells identities
     /// apart: [`HELD`], in the memory budget.
@@ -117,123 +115,12 @@ fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool
     true
 }
 
-/// The error a transport layer's read fails with when the bytes it holds for an anonymous
-/// client would take anonymous clients past their share ([`TransportHeld::set`]): the
-/// connection closes as for its own partial packet ([`PartialCheck::OverShare`]).
-#[derive(Debug, thiserror::Error)]
-#[error("anonymous clients' packets in transit are at their share of the memory budget")]
-pub(crate) struct OverAnonymousShare;
-
-/// Whether a read failed with [`OverAnonymousShare`].
-pub(crate) fn is_over_anonymous_share(error: &std::io::Error) -> bool {
-    error
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<OverAnonymousShare>())
-        .is_some()
-}
-
-/// What the connection tells a transport layer holding bytes for it (the WebSocket layer)
-/// once its CONNECT is accepted: whether the client is anonymous, and its share then. The
-/// transport cannot see the session; it reads this when it sees the CONNACK go out.
-#[derive(Debug, Default)]
-pub(crate) struct HeldClassCell {
-    /// The anonymous share in bytes, plus one; 0 for a client that is not anonymous.
-    anonymous_share: AtomicU64,
-}
-
-impl HeldClassCell {
-    /// The client is anonymous, with `share` bytes for what anonymous clients hold.
-    pub(crate) fn set_anonymous(&self, share: u64) {
-        self.anonymous_share
-            .store(share.saturating_add(1), Ordering::Relaxed);
-    }
-
-    /// The class of a connected client's bytes, and the anonymous share.
-    fn connected(&self) -> (HeldClass, u64) {
-        match self.anonymous_share.load(Ordering::Relaxed) {
-            0 => (HeldClass::Connected, 0),
-            plus_one => (HeldClass::Anonymous, plus_one - 1),
-        }
-    }
-}
-
-/// Bytes a transport layer below the connection holds for it before they reach its read
-/// buffer: a WebSocket frame still arriving, which the WebSocket layer buffers whole (issue
-/// 35, seventh pass, N6: 64 half-sent 1 MiB frames held ~133 MB that neither
-/// `postbox_partial_packet_bytes` nor the memory budget saw). Counted with the partial
-/// packets: in [`HELD_BEFORE_CONNECT`] until the broker accepts the CONNECT, then as the
-/// connection's own partial packets ([`HeldClass`]: an anonymous client's in its share too).
-#[derive(Debug, Default)]
-pub(crate) struct TransportHeld {
-    /// Bytes this holder has added to its counter.
-    counted: usize,
-    /// Where they count ([`HeldClass::BeforeConnect`] until [`TransportHeld::connected`]).
-    class: Option<HeldClass>,
-    /// The anonymous share, for [`HeldClass::Anonymous`].
-    share: u64,
-    /// What the connection says of its client once the CONNECT is accepted.
-    cell: std::sync::Arc<HeldClassCell>,
-}
-
-impl TransportHeld {
-    /// The cell the connection sets when it accepts the CONNECT (handed to
-    /// `connection::serve`).
-    pub(crate) fn cell(&self) -> std::sync::Arc<HeldClassCell> {
-        std::sync::Arc::clone(&self.cell)
-    }
-
-    /// Sets the bytes held now.
-    ///
-    /// # Errors
-    ///
-    /// [`OverAnonymousShare`] (nothing more counted) when the bytes of an anonymous client
-    /// would take anonymous clients past their share: the connection must close.
-    pub(crate) fn set(&mut self, held: usize) -> Result<(), OverAnonymousShare> {
-        let class = self.class.unwrap_or(HeldClass::BeforeConnect);
-        if count(class, &mut self.counted, held, self.share) {
-            Ok(())
-        } else {
-            Err(OverAnonymousShare)
-        }
-    }
-
-    /// The CONNECT was accepted: what is held from now on counts as the connection's own
-    /// partial packets do.
-    ///
-    /// # Errors
-    ///
-    /// As [`TransportHeld::set`].
-    pub(crate) fn connected(&mut self) -> Result<(), OverAnonymousShare> {
-        if self.class.is_some() {
-            return Ok(());
-        }
-        let held = self.counted;
-        let _ = self.set(0); // giving back never fails
-        let (class, share) = self.cell.connected();
-        self.class = Some(class);
-        self.share = share;
-        self.set(held)
-    }
-}
-
-impl Drop for TransportHeld {
-    fn drop(&mut self) {
-        let _ = self.set(0);
-    }
-}
-
 /// How long a packet whose fixed header announces `len` bytes may take to arrive once its
 /// first bytes are in: `packet_timeout` plus `len / min_packet_rate` seconds.
 pub(super) fn packet_time_limit(config: &MqttConfig, len: usize) -> Duration {
-    time_limit(config.packet_timeout, config.min_packet_rate, len)
-}
-
-/// [`packet_time_limit`] from `mqtt.packet_timeout` and `mqtt.min_packet_rate` themselves (a
-/// WebSocket frame's deadline, `transport::ws`).
-pub(crate) fn time_limit(packet_timeout: u32, min_packet_rate: u32, len: usize) -> Duration {
-    let rate = u64::from(min_packet_rate.max(1));
+    let rate = u64::from(config.min_packet_rate.max(1));
     let allowance_ms = (len as u64).saturating_mul(1000) / rate;
-    Duration::from_secs(u64::from(packet_timeout)) + Duration::from_millis(allowance_ms)
+    Duration::from_secs(u64::from(config.packet_timeout)) + Duration::from_millis(allowance_ms)
 }
 
 /// What [`PartialPacket::check`] found in the read buffer.

@@ -83,9 +83,8 @@ impl Handoff {
     {
         let broker = Arc::clone(&self.broker);
         let shutdown = self.shutdown.clone();
-        self.connections.spawn(connection::serve(
-            stream, info, broker, shutdown, slot, None,
-        ));
+        self.connections
+            .spawn(connection::serve(stream, info, broker, shutdown, slot));
     }
 
     /// Like [`Handoff::spawn`], for a listener whose connections are upgraded before MQTT (a
@@ -93,8 +92,7 @@ impl Handoff {
     /// reads the PROXY header from `stream` when `proxy_protocol` is set (before the TLS
     /// handshake, as a balancer sends it; see [`Handoff::spawn_prepared`] for what is done
     /// with it), then runs `upgrade` on the stream with the connection's `info` and its
-    /// connect deadline, and serves the stream it yields (with the class cell of a WebSocket
-    /// layer's held frames, `connection::serve`); `None` closes the socket. All of it
+    /// connect deadline, and serves the stream it yields; `None` closes the socket. All of it
     /// within `mqtt.connect_timeout` of accept; shutdown abandons a pending upgrade.
     pub(crate) fn spawn_upgraded<R, F, Fut, S>(
         &self,
@@ -106,9 +104,7 @@ impl Handoff {
     ) where
         R: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         F: FnOnce(R, ConnectionInfo, tokio::time::Instant) -> Fut + Send + 'static,
-        Fut: Future<Output = Option<(S, ConnectionInfo, Option<Arc<connection::HeldClassCell>>)>>
-            + Send
-            + 'static,
+        Fut: Future<Output = Option<(S, ConnectionInfo)>> + Send + 'static,
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let broker = Arc::clone(&self.broker);
@@ -135,8 +131,8 @@ impl Handoff {
                 upgraded = upgrading => upgraded,
                 () = shutdown.cancelled() => None,
             };
-            if let Some((stream, info, held_class)) = upgraded {
-                connection::serve(stream, info, broker, shutdown, slot, held_class).await;
+            if let Some((stream, info)) = upgraded {
+                connection::serve(stream, info, broker, shutdown, slot).await;
             }
         });
     }
@@ -179,10 +175,9 @@ impl Handoff {
                             return;
                         }
                     };
-                    let held_class = Some(ws.held_class());
-                    connection::serve(ws, info, broker, shutdown, slot, held_class).await;
+                    connection::serve(ws, info, broker, shutdown, slot).await;
                 }
-                None => connection::serve(stream, info, broker, shutdown, slot, None).await,
+                None => connection::serve(stream, info, broker, shutdown, slot).await,
             }
         });
     }

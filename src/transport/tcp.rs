@@ -86,7 +86,7 @@ impl PlainTcpListener {
             websocket,
             ..
         } = self;
-        let websocket = websocket.map(|config| WsSettings::new(&config, handoff.broker().config()));
+        let websocket = websocket.map(|config| WsSettings::new(&config));
         let each = |stream, info, slot| {
             if proxy_protocol || websocket.is_some() {
                 handoff.spawn_prepared(stream, info, slot, proxy_protocol, websocket.clone());

@@ -135,8 +135,7 @@ impl TlsListener {
             websocket,
         } = self;
         let (name, listener, limits, proxy_protocol) = tcp.into_parts();
-        let websocket =
-            websocket.map(|config| super::ws::WsSettings::new(&config, handoff.broker().config()));
+        let websocket = websocket.map(|config| super::ws::WsSettings::new(&config));
         let tls_failures = handoff.broker().metrics.tls_handshake_failures();
         let ws_failures = handoff.broker().metrics.ws_upgrade_failures();
         tokio::spawn(watch_files(Arc::clone(&state), stop.clone()));
@@ -154,8 +153,7 @@ impl TlsListener {
                         let ws =
                             super::ws::upgrade_by(deadline, tls, &settings, &info, &ws_failures)
                                 .await?;
-                        let held_class = ws.held_class();
-                        Some((ws, info, Some(held_class)))
+                        Some((ws, info))
                     };
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }
@@ -164,7 +162,7 @@ impl TlsListener {
                     let upgrade = move |tcp, info, deadline| async move {
                         let (tls, info) =
                             handshake(acceptor, tcp, info, rule, deadline, failures).await?;
-                        Some((tls, info, None))
+                        Some((tls, info))
                     };
                     handoff.spawn_upgraded(stream, info, slot, proxy_protocol, upgrade);
                 }

@@ -452,3 +452,15 @@ impl Broker {
         status
     }
 }
+
+/// The resident set of process `pid` in bytes (Linux `/proc`).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}

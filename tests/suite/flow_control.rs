@@ -257,18 +257,6 @@ async fn two_clients_publishing_to_each_other_without_reading_recover_after_the_
     }
 }
 
-/// The resident set of process `pid` in bytes (Linux `/proc`).
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kib: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
-    kib * 1024
-}
-
 /// 300 messages of 1 MB for a subscriber that stopped reading: the broker keeps at most its
 /// queue's byte bound (`mqtt.max_queued_bytes`, 16 MiB by default) of them once it counts as
 /// stalled, so its RSS stays under the memory budget (128 MiB here) instead of growing by
@@ -299,7 +287,7 @@ async fn large_messages_for_a_stalled_subscriber_keep_memory_under_the_budget() 
     let acks = pubacks(&mut read, ProtocolVersion::V3_1_1, 300, WAIT * 3).await;
     assert_eq!(acks.len(), 300, "every PUBLISH acknowledged");
     drop(writer.await);
-    let rss = rss_bytes(broker.pid());
+    let rss = common::process::rss_bytes(broker.pid());
     println!("broker RSS {} MiB (budget {} MiB)", rss >> 20, BUDGET >> 20);
     assert!(
         rss < BUDGET,

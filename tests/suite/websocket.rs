@@ -45,11 +45,21 @@ async fn upgrade(
 
 /// [`upgrade`] over a stream already open (e.g. a TLS session, for `wss`).
 pub(crate) async fn upgrade_over(
-    mut stream: Box<dyn WsIo>,
+    stream: Box<dyn WsIo>,
     addr: SocketAddr,
     path: &str,
     protocol: Option<&str>,
     origin: Option<&str>,
+) -> (String, RawWs) {
+    upgrade_sending(stream, addr, (path, protocol, origin), &[]).await
+}
+
+/// [`upgrade_over`], with `behind` written in the same write right behind the request.
+async fn upgrade_sending(
+    mut stream: Box<dyn WsIo>,
+    addr: SocketAddr,
+    (path, protocol, origin): (&str, Option<&str>, Option<&str>),
+    behind: &[u8],
 ) -> (String, RawWs) {
     let mut request = format!(
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -62,7 +72,9 @@ pub(crate) async fn upgrade_over(
         request.push_str(&format!("Origin: {o}\r\n"));
     }
     request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut request = request.into_bytes();
+    request.extend_from_slice(behind);
+    stream.write_all(&request).await.expect("write");
     let mut buf = Vec::new();
     let head_end = tokio::time::timeout(WAIT, async {
         loop {
@@ -414,14 +426,32 @@ async fn wss_is_the_websocket_upgrade_over_tls() {
     assert!(!head.contains("101"), "{head}");
 }
 
-/// Issue 35, seventh pass, N6: the WebSocket layer buffers a frame whole (reserving what its
-/// header announces) before the connection sees a byte of it, so the CONNECT bound and the
-/// partial-packet count of the TCP path must hold there too. Before the CONNECT is answered,
-/// a frame announcing more than `mqtt.max_connect_size` is refused at its header (64 such
-/// half-sent 1 MiB frames held ~133 MB until `connect_timeout`); one under it is counted in
-/// `postbox_partial_packet_bytes` while it arrives, outside the memory budget publishers
-/// pause for. Once connected, frames may be as large as a packet again, and a half-sent one
-/// counts in `postbox_memory_used_bytes` like a half-sent packet over TCP.
+/// The fixed header of a packet of `kind` (first byte) whose whole size is `size` bytes, for
+/// `size` from 131 to 16,386 (a 2-byte Remaining Length) or from 16,388 to 2 MiB (3 bytes).
+fn fixed_header(kind: u8, size: usize) -> Vec<u8> {
+    let mut out = vec![kind];
+    let header = if size <= 16_386 { 3 } else { 4 };
+    let mut remaining = size - header;
+    loop {
+        let byte = (remaining & 0x7F) as u8;
+        remaining >>= 7;
+        if remaining == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// Issue 35, seventh pass, N6, as it stands since twelfth pass U3: the WebSocket layer holds
+/// no frame, so a frame's bytes go to the connection's read buffer as they arrive, where the
+/// CONNECT bound and the partial-packet count of the TCP path apply to them. Before the
+/// CONNECT is answered, a packet announcing more than `mqtt.max_connect_size` is refused at
+/// its fixed header, whatever frame carries it (64 half-sent 1 MiB frames held ~133 MB until
+/// `connect_timeout` when the WebSocket layer buffered them); half of one under it is
+/// counted in `postbox_partial_packet_bytes` while it arrives, outside the memory budget
+/// publishers pause for. Once connected, a half-sent large PUBLISH counts in
+/// `postbox_memory_used_bytes` like a half-sent packet over TCP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_before_connect_are_bounded_and_counted() {
     const PARTIAL: &str = "postbox_partial_packet_bytes";
@@ -438,23 +468,29 @@ async fn frames_before_connect_are_bounded_and_counted() {
         ws
     };
 
+    // A 300 kB CONNECT: refused at its fixed header, in the first write of its frame.
     let mut big = open().await;
-    let frame = common::cutting::client_frame(BINARY, &vec![0x10; 300_000]);
+    let mut connect = fixed_header(0x10, 300_000);
+    connect.resize(300_000, 0x10);
+    let frame = common::cutting::client_frame(BINARY, &connect);
     big.stream.write_all(&frame[..4096]).await.expect("write");
     assert!(
         big.closed().await,
-        "a 300 kB frame before CONNECT is refused"
+        "a 300 kB CONNECT before CONNACK is refused"
     );
 
+    // Half of a 60 kB CONNECT (in a frame of its own size): counted, out of the budget.
     let mut half = open().await;
-    let frame = common::cutting::client_frame(BINARY, &vec![0x10; 60_000]);
+    let mut connect = fixed_header(0x10, 60_000);
+    connect.resize(60_000, 0x10);
+    let frame = common::cutting::client_frame(BINARY, &connect);
     half.stream
         .write_all(&frame[..30_000])
         .await
         .expect("write");
-    broker.wait_metric(PARTIAL, |n| n >= 60_000.0).await;
+    broker.wait_metric(PARTIAL, |n| n >= 29_900.0).await;
     let memory = broker.metric(MEMORY).await.unwrap_or(0.0);
-    assert!(memory < 60_000.0, "not in the memory budget: {memory}");
+    assert!(memory < 29_900.0, "not in the memory budget: {memory}");
 
     let mut client = open().await;
     client.send_frame(BINARY, &connect_bytes("ws-large")).await;
@@ -475,7 +511,7 @@ async fn frames_before_connect_are_bounded_and_counted() {
         .write_all(&frame[..100_000])
         .await
         .expect("write");
-    broker.wait_metric(MEMORY, |n| n >= 200_000.0).await;
+    broker.wait_metric(MEMORY, |n| n >= 99_900.0).await;
     client
         .stream
         .write_all(&frame[100_000..])
@@ -488,11 +524,10 @@ async fn frames_before_connect_are_bounded_and_counted() {
     );
 }
 
-/// Issue 35, seventh pass, N6: a WebSocket frame that has started to arrive must be complete
-/// by the deadline a packet of its size gets (`mqtt.packet_timeout + size /
-/// mqtt.min_packet_rate`), keep-alive 0 or not, as over TCP: the connection's own deadline
-/// only ever sees complete frames, so half a frame was held for as long as the socket stayed
-/// open.
+/// Issue 35, seventh pass, N6: a packet that has started to arrive in a WebSocket frame must
+/// be complete by the deadline a packet of its size gets (`mqtt.packet_timeout + size /
+/// mqtt.min_packet_rate`), keep-alive 0 or not, as over TCP: half a frame carrying half a
+/// PUBLISH was held for as long as the socket stayed open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_sent_frame_is_dropped_after_the_packet_deadline() {
     use postbox::codec::{Packet, ProtocolVersion};
@@ -508,8 +543,90 @@ async fn a_half_sent_frame_is_dropped_after_the_packet_deadline() {
     let connect = common::encode(&Packet::Connect(Box::new(connect)), ProtocolVersion::V3_1_1);
     ws.send_frame(BINARY, &connect).await;
     assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
-    let frame = common::cutting::client_frame(BINARY, &[0x30; 10_000]);
+    let mut publish = fixed_header(0x30, 10_000);
+    publish.extend_from_slice(&[0x00, 0x01, b't']);
+    publish.resize(10_000, 0x30);
+    let frame = common::cutting::client_frame(BINARY, &publish);
     ws.stream.write_all(&frame[..5_000]).await.expect("write");
+    let started = std::time::Instant::now();
     // Bounded by WAIT (10 s); the deadline is ~1 s.
     assert!(ws.closed().await, "the half-sent frame ends the connection");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "closed by the deadline, not for the bytes: {:?}",
+        started.elapsed()
+    );
+}
+
+/// RFC 6455 §4.1 lets a client send frames as soon as it has sent its request; bytes that
+/// arrive behind the upgrade request in the same read are the start of the frame stream: a
+/// CONNECT frame written together with the request is answered (here with a PINGREQ split
+/// across it and a second frame).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_right_behind_the_upgrade_request_is_answered() {
+    let broker = ws_broker().await;
+    let tcp = TcpStream::connect(broker.addr).await.expect("connect");
+    let mut behind = connect_bytes("eager");
+    behind.push(0xC0);
+    let behind = common::cutting::client_frame(BINARY, &behind);
+    let (head, mut ws) = upgrade_sending(
+        Box::new(tcp),
+        broker.addr,
+        ("/mqtt", Some("mqtt"), None),
+        &behind,
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+    ws.send_frame(BINARY, &[0x00]).await;
+    assert_eq!(ws.read_mqtt(2).await.as_deref(), Some(&[0xD0, 0x00][..]));
+}
+
+/// Issue 35, twelfth adversarial pass, U3: an idle WebSocket connection keeps nothing of the
+/// largest message it sent. With tungstenite's frame buffering each one kept the allocation
+/// of its largest frame for the socket's life, counted nowhere (600 connections that each
+/// sent one 2 MB PUBLISH held 1.28 GB). Here 48 connections each send one 1 MiB QoS 0
+/// PUBLISH (and a PINGREQ, whose PINGRESP shows the PUBLISH was handled) and stay open: the
+/// broker's resident set grows by far less than 48 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_keep_nothing_of_the_large_messages_they_sent() {
+    const CONNECTIONS: usize = 48;
+    const PAYLOAD: usize = 1 << 20;
+    let broker = BrokerProcess::spawn(WS_LISTENER, "max_packet_size = 2097152").await;
+    let publish = postbox::codec::Packet::Publish(postbox::codec::Publish {
+        topic: "u3/large".into(),
+        payload: vec![0x55; PAYLOAD].into(),
+        ..Default::default()
+    });
+    let mut bytes = common::encode(&publish, postbox::codec::ProtocolVersion::V3_1_1);
+    bytes.extend_from_slice(&[0xC0, 0x00]);
+    let frame = common::cutting::client_frame(BINARY, &bytes);
+    let send_one = |name: String| {
+        let frame = &frame;
+        async move {
+            let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+            assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+            ws.send_frame(BINARY, &connect_bytes(&name)).await;
+            assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+            ws.stream.write_all(frame).await.expect("write");
+            assert_eq!(ws.read_mqtt(2).await.as_deref(), Some(&[0xD0, 0x00][..]));
+            ws
+        }
+    };
+    // Two first, so what every connection and a first large read cost once is in the base.
+    let mut open = vec![send_one("u3-0".into()).await, send_one("u3-1".into()).await];
+    let before = common::process::rss_bytes(broker.pid());
+    for i in 0..CONNECTIONS {
+        open.push(send_one(format!("u3-{}", i + 2)).await);
+    }
+    let grown = common::process::rss_bytes(broker.pid()).saturating_sub(before);
+    println!(
+        "RSS grew by {} KiB for {CONNECTIONS} idle connections",
+        grown >> 10
+    );
+    assert!(
+        grown < (CONNECTIONS * PAYLOAD / 4) as u64,
+        "RSS grew by {grown} B for {CONNECTIONS} idle connections that each sent 1 MiB"
+    );
+    drop(open);
 }

@@ -42,7 +42,7 @@ pub(super) enum Close {
     /// A started packet was not complete by its deadline (`mqtt.packet_timeout`,
     /// `mqtt.min_packet_rate`; see `connection::partial`).
     PacketTimeout,
-    /// A packet an anonymous client was sending (or its WebSocket frame) would take what
+    /// A packet an anonymous client was sending would take what
     /// anonymous clients' partly received packets hold past their share (an eighth of
     /// `mqtt.max_memory`; `connection::partial`, `HeldClass::Anonymous`): v5 DISCONNECT 0x97
     /// Quota exceeded, 3.x closed. The client may connect again and send it when there is

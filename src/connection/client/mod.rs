@@ -32,7 +32,7 @@ use super::admission;
 use super::gated::GatedWrites;
 use super::handshake::Accepted;
 use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
-use super::partial::{is_over_anonymous_share, PartialCheck};
+use super::partial::PartialCheck;
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
 use crate::auth::AuthStep;
@@ -359,10 +359,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     if let Err(close) = self.on_auth_verdict(verdict) {
                         return close;
                     }
-                }
-                Wake::Io(IoEvent::Read(Err(error))) if is_over_anonymous_share(&error) => {
-                    // WebSocket frames of an anonymous client past the anonymous share.
-                    return Close::OverAnonymousShare;
                 }
                 Wake::Io(IoEvent::Written(Ok(0) | Err(_)) | IoEvent::Read(Ok(0) | Err(_))) => {
                     return Close::Lost

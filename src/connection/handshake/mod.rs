@@ -90,7 +90,6 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     shutdown: &CancellationToken,
     info: &ConnectionInfo,
     mut slot: HandshakeSlot,
-    held_class: Option<&crate::connection::partial::HeldClassCell>,
 ) -> Option<(Accepted, ConnectedSlot)> {
     let peer = info.peer;
     // A CONNECT is bounded by `mqtt.max_connect_size` too: a connection nobody has
@@ -657,11 +656,6 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
     // does not change the CONNACK's size, so the check above still holds.
     connack.session_present = attached.session_present;
-    // A transport holding bytes for the connection (WebSocket frames) counts them as the
-    // connection's own from the CONNACK on, in the anonymous share for an anonymous client.
-    if let (true, Some(cell)) = (anonymous, held_class) {
-        cell.set_anonymous(crate::broker::flow::anonymous_share(&broker.flow().memory));
-    }
     io.queue_within(&Packet::ConnAck(connack), version, client_max);
     // `postbox_clients_connected{listener,protocol}` until the slot is dropped.
     connected.count_client(match version {
