@@ -126,11 +126,17 @@ fn port_flag_overrides_the_config() {
 /// must refuse to start. Returns its stderr and the file's path (for the `file:line` the error
 /// must name).
 fn refused_config(contents: &str) -> (String, String) {
+    refused_config_with(contents, &[])
+}
+
+/// [`refused_config`] with `env` set for the binary.
+fn refused_config_with(contents: &str, env: &[(&str, &str)]) -> (String, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
     std::fs::write(&path, contents).expect("write config");
     let out = Command::new(BIN)
         .args(["-c", path.to_str().expect("utf8")])
+        .envs(env.iter().copied())
         .output()
         .expect("run");
     assert!(!out.status.success(), "a bad config must stop the broker");
@@ -160,16 +166,7 @@ fn invalid_config_names_key_and_line() {
 #[test]
 fn config_errors_say_what_to_do_without_a_backtrace() {
     let refused_with_backtrace_env = |contents: &str| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("config.toml");
-        std::fs::write(&path, contents).expect("write config");
-        let out = Command::new(BIN)
-            .args(["-c", path.to_str().expect("utf8")])
-            .env("RUST_BACKTRACE", "1")
-            .output()
-            .expect("run");
-        assert!(!out.status.success(), "a bad config must stop the broker");
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let (err, _) = refused_config_with(contents, &[("RUST_BACKTRACE", "1")]);
         assert!(!err.contains("backtrace"), "{err}");
         assert_eq!(err.lines().count(), 1, "one line: {err}");
         err
