@@ -8,6 +8,7 @@ pub mod admission;
 mod client;
 mod gated;
 mod handshake;
+mod held;
 pub(crate) mod info;
 mod io;
 mod partial;

@@ -87,8 +87,9 @@ pub(crate) enum HeldClass {
 /// Moves the `counted` bytes of a holder of `class` to `held`; false, with nothing more
 /// counted, when the growth would take anonymous clients' partial packets past `share` bytes
 /// (only [`HeldClass::Anonymous`] looks at it). Only a connection holding a partial packet
-/// gets here, never one whose reads end on packet boundaries.
-fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
+/// (or what `connection::held` counts: issue 35, twelfth pass, U5, U6) gets here, never one
+/// whose reads end on packet boundaries.
+pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
     let counter = match class {
         HeldClass::BeforeConnect => &HELD_BEFORE_CONNECT,
         HeldClass::Connected => &HELD,

@@ -298,7 +298,7 @@ async fn anonymous_clients_cannot_take_the_subscription_budget_from_authenticate
 /// A broker with the example password file (`sensor1` / `sensor1-secret`, ...), anonymous
 /// clients let in, in memory, with `max_memory` bytes of budget: its anonymous clients share
 /// an eighth of it.
-async fn password_and_anonymous(max_memory: u64) -> BrokerProcess {
+pub(crate) async fn password_and_anonymous(max_memory: u64) -> BrokerProcess {
     let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
     BrokerProcess::spawn_sections(
         &[""],
@@ -311,7 +311,7 @@ async fn password_and_anonymous(max_memory: u64) -> BrokerProcess {
 }
 
 /// A v5 CONNECT as `sensor1` (password from the example file) for a session of 600 s.
-fn sensor1(client_id: &str) -> postbox::codec::Connect {
+pub(crate) fn sensor1(client_id: &str) -> postbox::codec::Connect {
     let mut connect = v5::persistent_connect(client_id, 600);
     connect.username = Some("sensor1".into());
     connect.password = Some(bytes::Bytes::from_static(b"sensor1-secret"));

@@ -10,6 +10,7 @@
 
 mod closing;
 mod inbound;
+mod inbound_aliases;
 mod outbound;
 mod pause;
 mod rate;
@@ -17,7 +18,6 @@ mod reauth;
 mod subscribe;
 mod write_memo;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,7 +32,7 @@ use super::admission;
 use super::gated::GatedWrites;
 use super::handshake::Accepted;
 use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
-use super::partial::{is_over_anonymous_share, PartialCheck};
+use super::partial::{is_over_anonymous_share, HeldClass, PartialCheck};
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
 use crate::auth::AuthStep;
@@ -92,9 +92,6 @@ enum Input {
     Paused,
 }
 
-/// Inbound topic alias table of one connection.
-type InboundAliases = HashMap<u16, ByteString, foldhash::fast::RandomState>;
-
 /// One connected client.
 pub(super) struct Client<S> {
     io: Io<S>,
@@ -116,9 +113,10 @@ pub(super) struct Client<S> {
     window: u16,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
-    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
-    /// created on first use: most clients never send an alias.
-    aliases: Option<Box<InboundAliases>>,
+    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries, their
+    /// bytes counted as the connection's own (U6). Boxed and created on first use: most
+    /// clients never send an alias.
+    aliases: Option<Box<inbound_aliases::InboundAliases>>,
     /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
     alias_max_in: u16,
     /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
@@ -294,6 +292,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// The broker the client's session lives in.
     fn broker(&self) -> &Arc<Broker> {
         self.session.broker()
+    }
+
+    /// Where the bytes this connection holds count (its partial packet, its inbound aliases,
+    /// its unwritten output): an anonymous client's in the anonymous share (with the share's
+    /// size), any other's in the memory budget.
+    fn held_class(&self) -> (HeldClass, u64) {
+        if self.settled.anonymous() {
+            let share = flow::anonymous_share(&self.broker().flow().memory);
+            (HeldClass::Anonymous, share)
+        } else {
+            (HeldClass::Connected, 0)
+        }
     }
 
     /// Runs until the connection ends, then settles the will and the session.
