@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use postbox::codec::{Packet, QoS, ReasonCode};
+use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
 
 use crate::client_bounds::{password_and_anonymous, sensor1};
 use crate::common;
@@ -16,8 +16,11 @@ use common::{v5, RawClient};
 
 const PARTIAL: &str = "postbox_partial_packet_bytes";
 const CLOSES: &str = "postbox_anonymous_share_closes_total";
+const USED: &str = "postbox_memory_used_bytes";
+const CONNECTIONS: &str = "postbox_connections_current";
 /// A budget of 4 MiB: the anonymous share is 512 KiB.
 const BUDGET: u64 = 4 << 20;
+const SHARE: usize = (BUDGET / 8) as usize;
 
 /// A QoS 1 PUBLISH binding `alias` to `topic` (v5 §3.3.2.3.4); the broker's answer: PUBACK
 /// (the binding held) or DISCONNECT (refused), `None` if it closed.
@@ -136,4 +139,126 @@ async fn inbound_topic_aliases_count_as_the_connections_own() {
     v5::disconnect(anonymous.remove(0)).await;
     v5::disconnect(device).await;
     broker.wait_metric(PARTIAL, |n| n == 0.0).await;
+}
+
+/// A v5 CONNECT of an anonymous clean session with a 60,000-byte will (no delay).
+fn anonymous_with_will(client_id: &str) -> postbox::codec::Connect {
+    let mut connect = v5::connect_packet(client_id);
+    connect.will = Some(v5::will(
+        &format!("wills/{client_id}"),
+        &[0x57; 60_000],
+        QoS::AtMostOnce,
+        false,
+    ));
+    connect
+}
+
+/// Connects anonymous clients with 60,000-byte wills until one is refused; returns those
+/// connected, asserting the refusal is CONNACK 0x97 (MQTT 5.0 §3.2.2.2 Quota exceeded).
+async fn fill_with_wills(
+    broker: &common::async_process::BrokerProcess,
+    round: u32,
+) -> Vec<RawClient> {
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let id = format!("will-{round}-{i:02}");
+        match v5::open(broker.addr, anonymous_with_will(&id)).await {
+            (c, Some(Packet::ConnAck(ack))) if ack.reason_code == ReasonCode::SUCCESS => {
+                held.push(c);
+            }
+            (_, Some(Packet::ConnAck(ack))) => {
+                assert_eq!(ack.reason_code, ReasonCode::QUOTA_EXCEEDED, "{ack:?}");
+                return held;
+            }
+            (_, other) => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+    panic!("20 anonymous connections with 60 KB wills were all accepted in a 512 KiB share");
+}
+
+/// U7 (medium): a will without a delay is held for the whole connection, up to
+/// `mqtt.max_connect_size`, and was counted nowhere: 1,000 anonymous connections with
+/// 60,000-byte wills took +260 MB. Now every will counts from CONNECT until it is published
+/// or dropped: a verified client's in `postbox_memory_used_bytes` (dropped by a normal
+/// DISCONNECT, MQTT-3.1.2-10), an anonymous client's in the anonymous share, where a will
+/// that does not fit refuses the CONNECT (v5 0x97; 3.1.1 return code 3 Server unavailable,
+/// §3.2.2.3). Exactly as many fit as the share holds once each (a will counted twice would
+/// halve them), and after the connections end (wills cancelled by DISCONNECT, or published
+/// when a connection is lost) as many fit again (a will counted after it left would not).
+/// Fails without the count: twenty are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_will_counts_until_it_is_published_or_dropped() {
+    let broker = password_and_anonymous(BUDGET).await;
+    let before = broker.metric(USED).await.unwrap_or(0.0);
+    let mut connect = sensor1("sensor1-will");
+    connect.will = Some(v5::will(
+        "sensors/sensor1/will",
+        &[0x57; 60_000],
+        QoS::AtMostOnce,
+        false,
+    ));
+    let (device, _) = v5::connect(broker.addr, connect).await;
+    broker.wait_metric(USED, |n| n >= before + 60_000.0).await;
+    v5::disconnect(device).await;
+    // The session (1 KiB and its id) stays; the will goes.
+    broker.wait_metric(USED, |n| n < before + 8_000.0).await;
+
+    let connections = broker.metric(CONNECTIONS).await.unwrap_or(0.0);
+    // Each costs its will (60,000 + topic + 16) and its session (1,024 + id).
+    let each = 60_000 + "wills/will-0-00".len() + 16 + 1_024 + "will-0-00".len();
+    let fit = (0..)
+        .take_while(|k| k * each + each - 1_024 - 9 <= SHARE)
+        .count();
+    let mut first = fill_with_wills(&broker, 0).await;
+    assert_eq!(first.len(), fit, "60 KB wills counted once each in 512 KiB");
+
+    // 3.1.1: refused with return code 3.
+    let mut old = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+    let mut connect = common::connect_packet(ProtocolVersion::V3_1_1, "will-old");
+    connect.will = Some(v5::will(
+        "wills/old",
+        &[0x57; 60_000],
+        QoS::AtMostOnce,
+        false,
+    ));
+    old.send(&Packet::Connect(Box::new(connect))).await;
+    let bytes = tokio::time::timeout(common::WAIT, old.recv_bytes(4))
+        .await
+        .expect("CONNACK in time");
+    assert_eq!(
+        bytes,
+        [0x20, 0x02, 0x00, 0x03],
+        "3.1.1 CONNACK Server unavailable"
+    );
+
+    // Half end with a normal DISCONNECT (the will is dropped), half are lost (published).
+    let lost = first.split_off(fit / 2);
+    for c in first {
+        v5::disconnect(c).await;
+    }
+    drop(lost);
+    broker.wait_metric(CONNECTIONS, |n| n <= connections).await;
+    let mut again = Vec::new();
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    // The last task may still be settling its session when the gauge moves: bounded retries.
+    while again.len() < fit {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} fit again",
+            again.len()
+        );
+        again = fill_with_wills(&broker, 1).await;
+        if again.len() < fit {
+            for c in again.drain(..) {
+                v5::disconnect(c).await;
+            }
+            broker.wait_metric(CONNECTIONS, |n| n <= connections).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(
+        again.len(),
+        fit,
+        "the wills of ended connections left the share"
+    );
 }

@@ -188,6 +188,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 return Err(self.violation(Violation::SessionExpiryRaisedFromZero));
             }
         }
+        if disconnect.reason_code != ReasonCode::DISCONNECT_WITH_WILL {
+            // MQTT-3.1.2-10: a normal DISCONNECT removes the will; its count goes with it now,
+            // not after the closing writes and the linger (issue 35, twelfth pass, U7).
+            self.will = None;
+        }
         Err(Close::ClientDisconnect(disconnect.reason_code))
     }
 

@@ -202,8 +202,9 @@ impl Settled {
 /// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
 const MAX_GATED_WRITES: usize = 1024;
 
-/// The will a connection holds, with its bytes counted while it may outlive the connection
-/// (a delayed will of a kept session, `flow::HeldWill`: ninth adversarial pass, R1).
+/// The will a connection holds, with its bytes counted from CONNECT until it is published,
+/// deferred (the session's count takes over) or dropped (`flow::HeldWill`: ninth adversarial
+/// pass, R1, for delayed wills; issue 35, twelfth pass, U7, for every will).
 struct HeldLastWill {
     will: LastWill,
     _held: Option<flow::HeldWill>,
