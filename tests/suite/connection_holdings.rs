@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
+use tokio::net::TcpSocket;
 
 use crate::client_bounds::{password_and_anonymous, sensor1};
 use crate::common;
@@ -261,4 +262,120 @@ async fn every_will_counts_until_it_is_published_or_dropped() {
         fit,
         "the wills of ended connections left the share"
     );
+}
+
+/// Opens a connection whose receive buffer is as small as the kernel allows, so a client that
+/// stops reading leaves the broker's output in its write buffer after a few KiB.
+async fn open_small_window(addr: std::net::SocketAddr) -> RawClient {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(1024).expect("SO_RCVBUF");
+    let stream = socket.connect(addr).await.expect("tcp connect");
+    stream.set_nodelay(true).expect("nodelay");
+    RawClient::over(stream, v5::V)
+}
+
+/// Connects `connect` over a small window and subscribes to `filter` at QoS 0; from then on
+/// the test does not read it.
+async fn stalled_subscriber(
+    addr: std::net::SocketAddr,
+    connect: postbox::codec::Connect,
+    filter: &str,
+) -> RawClient {
+    let mut c = open_small_window(addr).await;
+    c.send(&Packet::Connect(Box::new(connect))).await;
+    match c.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    v5::subscribe(&mut c, filter, QoS::AtMostOnce).await;
+    c
+}
+
+/// Publishes `count` QoS 0 messages of `size` bytes to `topic` (no answer to wait for).
+async fn publish_many(c: &mut RawClient, topic: &str, size: usize, count: usize) {
+    let payload = vec![0x42; size];
+    for _ in 0..count {
+        let publish = v5::publish_packet(topic, QoS::AtMostOnce, &payload, 0);
+        c.send(&Packet::Publish(publish)).await;
+    }
+}
+
+/// U5 (low): a subscriber that stops reading keeps the encoded batch (up to a whole large
+/// message) in its connection's write buffer, counted nowhere before. While the socket does
+/// not take it, it counts as the connection's own: a verified subscriber's in
+/// `postbox_partial_packet_bytes` (in the budget), given back when the connection ends.
+/// 16 messages of 400 KB: more than the kernel's buffers take for a receive window of 1 KiB,
+/// fewer than the budget's pause mark (14.4 MB of 16 MiB), so the publisher never pauses.
+/// Fails without the count: the gauge stays at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_subscribers_unread_output_counts_in_the_budget() {
+    const SIZE: usize = 400_000;
+    let broker = password_and_anonymous(16 << 20).await;
+    let (mut publisher, _) = v5::connect(broker.addr, sensor1("sensor1-pub")).await;
+    let topic = "sensors/sensor1/big";
+    let subscriber = stalled_subscriber(broker.addr, sensor1("sensor1-sub"), topic).await;
+    publish_many(&mut publisher, topic, SIZE, 16).await;
+    // What is left of the buffer after the socket took part of the last batch: at least half.
+    broker
+        .wait_metric(PARTIAL, |n| n >= (SIZE / 2) as f64)
+        .await;
+    drop(subscriber);
+    broker.wait_metric(PARTIAL, |n| n == 0.0).await;
+    v5::disconnect(publisher).await;
+}
+
+/// U5 for anonymous subscribers: their unread output counts in the anonymous share (512 KiB
+/// of a 4 MiB budget) with their partial packets. An anonymous client holding all but the
+/// last byte of a 300 KB PUBLISH, and an anonymous subscriber stuck on a 400 KB message, do
+/// not fit it together: the subscriber, whose bytes came second, is closed (as for a partial
+/// packet past the share: DISCONNECT 0x97, which it does not read; counted in
+/// `postbox_anonymous_share_closes_total`), the other stays, and what the subscriber held is
+/// given back. Fails without the count: nobody is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_subscribers_unread_output_is_kept_within_their_share() {
+    const SIZE: usize = 400_000;
+    const HELD: usize = 300_000;
+    let broker = password_and_anonymous(BUDGET).await;
+    let (mut publisher, _) = v5::connect(broker.addr, sensor1("sensor1-pub")).await;
+    let (mut holder, _) = v5::connect(broker.addr, v5::connect_packet("anon-holder")).await;
+    let half_sent = common::encode(
+        &Packet::Publish(v5::publish_packet(
+            "anon/held",
+            QoS::AtMostOnce,
+            &vec![0x42; HELD],
+            0,
+        )),
+        v5::V,
+    );
+    holder.send_raw(&half_sent[..HELD]).await;
+    broker.wait_metric(PARTIAL, |n| n >= HELD as f64).await;
+    let subscriber =
+        stalled_subscriber(broker.addr, v5::connect_packet("anon-sub"), "anon/big").await;
+    // One message at a time: the subscriber's queue is the anonymous share's too, and a
+    // message arriving while the last one is still queued is dropped (queue full), so a burst
+    // may never get as far as the write buffer. At most 80 messages, 20 ms apart.
+    let mut published = 0;
+    while broker.metric(CLOSES).await.unwrap_or(0.0) < 1.0 {
+        assert!(
+            published < 80,
+            "no connection closed after {published} messages"
+        );
+        publish_many(&mut publisher, "anon/big", SIZE, 1).await;
+        published += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        holder
+            .recv_within(Duration::from_millis(200))
+            .await
+            .is_err(),
+        "the client whose bytes were counted first stays connected"
+    );
+    broker
+        .wait_metric(PARTIAL, |n| n < (HELD + SIZE / 4) as f64)
+        .await;
+    drop(subscriber);
+    drop(holder);
+    broker.wait_metric(PARTIAL, |n| n == 0.0).await;
+    v5::disconnect(publisher).await;
 }

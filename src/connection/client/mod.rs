@@ -19,6 +19,7 @@ mod subscribe;
 mod write_memo;
 
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -56,6 +57,9 @@ enum Wake {
     /// The broker's flow-control notification fired while this connection is paused: see
     /// whether it may read again ([`Client::pause_over`]).
     Room,
+    /// The output the socket did not take would take anonymous clients past their share
+    /// (`Io::count_unwritten`, issue 35, twelfth pass, U5): the connection closes.
+    OverShare,
 }
 
 /// Control packet type of PUBLISH (MQTT 2.1.2), read from the first byte of a packet.
@@ -102,10 +106,13 @@ pub(super) struct Client<S> {
     /// What the handshake settled that the connection reads later (session present, not
     /// authenticated), packed in one byte: the client state is at its size bound.
     settled: Settled,
-    /// 1.5 × keep-alive, or `None` when keep-alive is off. Enforced without a timer: the
-    /// broker's periodic sweep wakes the connection once the deadline it last reported to the
-    /// session has passed, and the connection then compares against `last_read`.
-    keep_alive_limit: Option<Duration>,
+    /// 1.5 × keep-alive in milliseconds (at most 98,302,500), or `None` when keep-alive is
+    /// off. Enforced without a timer: the broker's periodic sweep wakes the connection once
+    /// the deadline it last reported to the session has passed, and the connection then
+    /// compares against `last_read`. 4 bytes, not a `Duration`'s 16: that made room for the
+    /// unwritten output's count in `Io` (issue 35, twelfth pass, U5) within the client
+    /// state's size bound (`size_tests`).
+    keep_alive_limit_ms: Option<NonZeroU32>,
     last_read: Instant,
     /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
     will: Option<Box<HeldLastWill>>,
@@ -257,8 +264,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 accepted.not_kept,
                 accepted.anonymous,
             ),
-            keep_alive_limit: (keep_alive > 0)
-                .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
+            keep_alive_limit_ms: NonZeroU32::new(u32::from(keep_alive) * 1500),
             last_read: Instant::now(),
             will: connect.will.map(|will| {
                 Box::new(HeldLastWill {
@@ -288,6 +294,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             .map(Box::new),
             write_memo: None,
         }
+    }
+
+    /// 1.5 × keep-alive, or `None` when keep-alive is off (MQTT-3.1.2-24).
+    fn keep_alive_limit(&self) -> Option<Duration> {
+        self.keep_alive_limit_ms
+            .map(|ms| Duration::from_millis(u64::from(ms.get())))
     }
 
     /// The broker the client's session lives in.
@@ -424,6 +436,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                         return close;
                     }
                 }
+                Wake::OverShare => return Close::OverAnonymousShare,
             }
         }
     }
@@ -477,6 +490,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             if can_write {
                 if let Poll::Ready(event) = self.io.poll_event(cx, true, false) {
                     return Poll::Ready(Wake::Io(event));
+                }
+                // The socket took nothing: the batch waits in the write buffer, counted as
+                // the connection's own while it does (never when writes complete at once).
+                let class = self.held_class();
+                if self.io.count_unwritten(class).is_err() {
+                    return Poll::Ready(Wake::OverShare);
                 }
             }
             // The ticket of the wake this read consumes, taken before the poll so a wake
@@ -541,7 +560,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 PartialCheck::Clear | PartialCheck::Holding => {}
             }
         }
-        match self.keep_alive_limit {
+        match self.keep_alive_limit() {
             // Not while paused: the client's packets wait unread in the socket.
             Some(limit) if now >= self.last_read + limit && self.pause.is_none() => {
                 Some(Close::KeepAliveTimeout)
@@ -554,7 +573,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Reads do not update it (that would cost every packet an atomic store); instead, when the
     /// sweep wakes the connection at a stale deadline, it lands here and moves it on.
     fn report_keep_alive_deadline(&self) {
-        let deadline = match self.keep_alive_limit {
+        let deadline = match self.keep_alive_limit() {
             Some(limit) => self.broker().clock_ms(self.last_read + limit),
             None => u64::MAX,
         };
