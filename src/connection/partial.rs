@@ -25,7 +25,9 @@ use crate::codec;
 use crate::config::MqttConfig;
 
 /// Bytes held by partial packets of connected clients that are not anonymous
-/// ([`HeldClass::Connected`]) across every connection of the process: one atomic the
+/// ([`HeldClass::Connected`]), and what their connections hold beside (inbound topic
+/// aliases, unread output: `connection::held`, issue 35, twelfth pass, U5, U6), across every
+/// connection of the process: one atomic the
 /// connections add to and take from, so a connection needs no metric handle of its own; the
 /// server copies it into the gauge with each keep-alive sweep.
 static HELD: AtomicU64 = AtomicU64::new(0);
