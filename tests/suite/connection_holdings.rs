@@ -264,6 +264,94 @@ async fn every_will_counts_until_it_is_published_or_dropped() {
     );
 }
 
+/// Asserts that exactly `expected` anonymous connections with 60 KB wills fit the share now
+/// ([`fill_with_wills`]), then ends them with a normal DISCONNECT (their wills dropped) and
+/// waits for `postbox_connections_current` to be back at `connections`. What the closes
+/// before it gave back is settled by their tasks a moment after the socket closes: an answer
+/// that is one short is tried again, within `WAIT`.
+async fn expect_room_for(
+    broker: &common::async_process::BrokerProcess,
+    round: u32,
+    expected: usize,
+    connections: f64,
+) {
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    loop {
+        let held = fill_with_wills(broker, round).await;
+        let fit = held.len();
+        for c in held {
+            v5::disconnect(c).await;
+        }
+        broker.wait_metric(CONNECTIONS, |n| n <= connections).await;
+        if fit == expected {
+            return;
+        }
+        assert!(
+            fit < expected && tokio::time::Instant::now() < deadline,
+            "{fit} wills fit, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// U7: a will's count moves with it. Deferred (the connection lost, its session kept, a
+/// Will Delay Interval pending, MQTT-3.1.3-9): the session's count takes over from the
+/// connection's, once; cancelled by a new connection within the delay (MQTT-3.1.2-8): gone.
+/// Taken over (MQTT-3.1.4-3: the old connection is closed, and its will without a delay is
+/// published): gone. Measured by how many 60 KB wills fit the anonymous share (ids and
+/// topics of one length, so each takes the same room): four deferred wills leave four fewer,
+/// as they would counted once; none are left once they are cancelled or published. Fails
+/// without the count of wills at CONNECT (twenty fit every time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wills_count_moves_with_it_when_deferred_cancelled_or_taken_over() {
+    let broker = password_and_anonymous(BUDGET).await;
+    let connections = broker.metric(CONNECTIONS).await.unwrap_or(0.0);
+    let base = fill_with_wills(&broker, 0).await.len();
+    broker.wait_metric(CONNECTIONS, |n| n <= connections).await;
+
+    // Four kept sessions with delayed wills lose their connections: the wills wait.
+    let delayed = |i: usize| {
+        let mut connect = anonymous_with_will(&format!("defer-{i:03}"));
+        connect.clean_start = false;
+        connect.properties.session_expiry_interval = Some(600);
+        if let Some(will) = connect.will.as_mut() {
+            will.properties.will_delay_interval = Some(600);
+        }
+        connect
+    };
+    for i in 0..4 {
+        let (c, ack) = v5::connect(broker.addr, delayed(i)).await;
+        assert_eq!(
+            ack.properties.session_expiry_interval, None,
+            "kept: {ack:?}"
+        );
+        drop(c);
+    }
+    broker.wait_metric(CONNECTIONS, |n| n <= connections).await;
+    expect_room_for(&broker, 1, base - 4, connections).await;
+
+    // Their clients come back without a will: the delayed wills are cancelled. The sessions
+    // stay (1 KiB and the id each, which leaves the count of 60 KB wills as it was).
+    for i in 0..4 {
+        let mut connect = v5::persistent_connect(&format!("defer-{i:03}"), 600);
+        connect.clean_start = false;
+        let (c, _) = v5::connect(broker.addr, connect).await;
+        v5::disconnect(c).await;
+    }
+    broker.wait_metric(CONNECTIONS, |n| n <= connections).await;
+    expect_room_for(&broker, 2, base, connections).await;
+
+    // A connection with a will is taken over by one without: the old will is published.
+    let (mut old, _) = v5::connect(broker.addr, anonymous_with_will("take-0000")).await;
+    let (new, _) = v5::connect(broker.addr, v5::connect_packet("take-0000")).await;
+    match old.expect_close().await.last() {
+        Some(Packet::Disconnect(d)) => assert_eq!(d.reason_code, ReasonCode::SESSION_TAKEN_OVER),
+        other => panic!("expected DISCONNECT 0x8E, got {other:?}"),
+    }
+    expect_room_for(&broker, 3, base, connections + 1.0).await;
+    v5::disconnect(new).await;
+}
+
 /// Opens a connection whose receive buffer is as small as the kernel allows, so a client that
 /// stops reading leaves the broker's output in its write buffer after a few KiB.
 async fn open_small_window(addr: std::net::SocketAddr) -> RawClient {
