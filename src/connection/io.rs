@@ -242,8 +242,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// packet counts) while the socket does not take it: called when a write of the batch
     /// found the socket full. A subscriber that stops reading kept its last batch (up to a
     /// whole large message) there, counted nowhere (issue 35, twelfth adversarial pass, U5).
-    /// The allocation is what is held, so its capacity is counted. Given back once a write
-    /// takes everything ([`Io::poll_write_some`]) or the buffer is dropped.
+    /// The allocation is what is held, so its capacity is counted: from the first unwritten
+    /// byte on (a part already written stays in the allocation uncounted, at most what the
+    /// socket took). Given back once a write takes everything ([`Io::poll_write_some`]) or
+    /// the buffer is dropped.
     ///
     /// # Errors
     ///
