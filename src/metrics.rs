@@ -470,12 +470,12 @@ impl Metrics {
             http_connections_refused: r.counter_family(HTTP_CONNECTIONS_REFUSED_TOTAL, "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.", "reason").counters(["max_connections", "max_connections_per_ip"]),
             connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
             packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),
-            anonymous_share_closes: r.counter(ANONYMOUS_SHARE_CLOSES_TOTAL, "Anonymous connections closed because a packet they were sending would take what anonymous clients' partly received packets hold past their share (an eighth of mqtt.max_memory)."),
+            anonymous_share_closes: r.counter(ANONYMOUS_SHARE_CLOSES_TOTAL, "Anonymous connections closed because a packet they were sending, a topic alias they bound or output they did not read would take what anonymous clients' connections hold past their share (an eighth of mqtt.max_memory)."),
             anonymous_bytes: {
                 let family = r.gauge_vec(ANONYMOUS_BYTES, "What anonymous clients make the broker hold, by part, each against its own eighth of mqtt.max_memory (kept: sessions, queues, retained messages and dead letters, inside the budget; connected: sessions that end with their connection; in_transit: packets still arriving and what connections hold for them).", &["part"]);
                 ["kept", "connected", "in_transit"].map(|part| gauge_of(&family, &[part]))
             },
-            partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete."),
+            partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete, and by connections' inbound topic aliases and unread output."),
             clients_connected: r.gauge_vec(
                 CLIENTS_CONNECTED,
                 "Clients whose CONNECT was accepted and who are connected, by listener and protocol.",

@@ -259,10 +259,11 @@ pub(super) fn anonymous_queued_counted(bytes: usize, up: bool) {
     ANONYMOUS_BYTES.fetch_add(if up { bytes } else { -bytes }, Ordering::Relaxed);
 }
 
-/// A delayed will's bytes ([`crate::codec::LastWill::held_bytes`]) while it waits for its
-/// delay: counted in the budget, and for an anonymous session's in the anonymous share, from
-/// the moment it is held until it is published or cancelled (made and dropped with its
-/// `PendingWill`). A v5 will may carry up to `max_connect_size` and wait as long as its
+/// A will's bytes ([`crate::codec::LastWill::held_bytes`]) while a connection holds it (every
+/// will, from CONNECT: issue 35, twelfth pass, U7) or while it waits for its delay: counted in
+/// the budget, and for an anonymous session's in the anonymous share, from
+/// the moment it is held until it is published or cancelled (made and dropped with the
+/// connection's will, then with its `PendingWill`). A v5 will may carry up to `max_connect_size` and wait as long as its
 /// session: counted nowhere, hundreds of them pinned memory past every bound (issue 35,
 /// eighth adversarial pass, Q1).
 #[derive(Debug)]
@@ -272,9 +273,12 @@ pub(crate) struct HeldWill {
 }
 
 impl HeldWill {
-    /// Counts `bytes` (and in the anonymous share when `anonymous`).
+    /// Counts `bytes` (and in the anonymous share when `anonymous`). Straight into
+    /// [`MESSAGE_BYTES`], not the thread's share of it: one per connection with a will, not per
+    /// message, and exact, so the next CONNECT's check and `postbox_memory_used_bytes` see it
+    /// (issue 35, twelfth pass, U7: every will is counted now).
     pub(crate) fn new(bytes: usize, anonymous: bool) -> HeldWill {
-        message_made(bytes);
+        MESSAGE_BYTES.fetch_add(i64::try_from(bytes).unwrap_or(i64::MAX), Ordering::Relaxed);
         if anonymous {
             anonymous_retained_counted(bytes, true);
         }
@@ -284,7 +288,10 @@ impl HeldWill {
 
 impl Drop for HeldWill {
     fn drop(&mut self) {
-        message_dropped(self.bytes);
+        MESSAGE_BYTES.fetch_sub(
+            i64::try_from(self.bytes).unwrap_or(i64::MAX),
+            Ordering::Relaxed,
+        );
         if self.anonymous {
             anonymous_retained_counted(self.bytes, false);
         }

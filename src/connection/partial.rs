@@ -25,7 +25,9 @@ use crate::codec;
 use crate::config::MqttConfig;
 
 /// Bytes held by partial packets of connected clients that are not anonymous
-/// ([`HeldClass::Connected`]) across every connection of the process: one atomic the
+/// ([`HeldClass::Connected`]), and what their connections hold beside (inbound topic
+/// aliases, unread output: `connection::held`, issue 35, twelfth pass, U5, U6), across every
+/// connection of the process: one atomic the
 /// connections add to and take from, so a connection needs no metric handle of its own; the
 /// server copies it into the gauge with each keep-alive sweep.
 static HELD: AtomicU64 = AtomicU64::new(0);
@@ -92,8 +94,9 @@ pub(crate) enum HeldClass {
 /// Moves the `counted` bytes of a holder of `class` to `held`; false, with nothing more
 /// counted, when the growth would take anonymous clients' partial packets past `share` bytes
 /// (only [`HeldClass::Anonymous`] looks at it). Only a connection holding a partial packet
-/// gets here, never one whose reads end on packet boundaries.
-fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
+/// (or what `connection::held` counts: issue 35, twelfth pass, U5, U6) gets here, never one
+/// whose reads end on packet boundaries.
+pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
     let counter = match class {
         HeldClass::BeforeConnect => &HELD_BEFORE_CONNECT,
         HeldClass::Connected => &HELD,

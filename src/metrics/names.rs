@@ -80,8 +80,9 @@ pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
 /// Counter: connections closed because a started packet did not complete in time
 /// (`mqtt.packet_timeout`, `mqtt.min_packet_rate`).
 pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
-/// Counter: anonymous connections closed because a packet they were sending would take what
-/// anonymous clients' partly received packets hold past their share of `mqtt.max_memory`.
+/// Counter: anonymous connections closed because a packet they were sending, a topic alias
+/// they bound or output they did not read would take what anonymous clients' connections hold
+/// past their share of `mqtt.max_memory` (`connection::partial`, `connection::held`).
 pub const ANONYMOUS_SHARE_CLOSES_TOTAL: &str = "postbox_anonymous_share_closes_total";
 /// Gauge, by `part`: what anonymous clients make the broker hold, each part against its own
 /// eighth of `mqtt.max_memory` (kept: sessions, queues, retained messages and dead letters,
@@ -89,7 +90,8 @@ pub const ANONYMOUS_SHARE_CLOSES_TOTAL: &str = "postbox_anonymous_share_closes_t
 /// packets still arriving and what connections hold for them, both outside the budget).
 pub const ANONYMOUS_BYTES: &str = "postbox_anonymous_bytes";
 /// Gauge: bytes held in read buffers by packets that have started to arrive and are not
-/// complete yet (what a later memory budget counts).
+/// complete yet, and what connections hold beside them (inbound topic aliases, unread output:
+/// `connection::held`); the connected clients' part counts in the memory budget.
 pub const PARTIAL_PACKET_BYTES: &str = "postbox_partial_packet_bytes";
 
 /// Gauge: bytes of live data in the durable store (what `storage.max_disk_bytes` limits).

@@ -36,6 +36,7 @@ mod cluster_restart;
 mod cluster_security;
 mod cluster_sessions;
 mod config_files;
+mod connection_holdings;
 mod connection_limits;
 mod core_v311;
 mod core_v5;

@@ -42,11 +42,11 @@ pub(super) enum Close {
     /// A started packet was not complete by its deadline (`mqtt.packet_timeout`,
     /// `mqtt.min_packet_rate`; see `connection::partial`).
     PacketTimeout,
-    /// A packet an anonymous client was sending would take what
-    /// anonymous clients' partly received packets hold past their share (an eighth of
-    /// `mqtt.max_memory`; `connection::partial`, `HeldClass::Anonymous`): v5 DISCONNECT 0x97
-    /// Quota exceeded, 3.x closed. The client may connect again and send it when there is
-    /// room.
+    /// A packet an anonymous client was sending, a topic alias it
+    /// bound (U6) or the output it does not read (U5) would take what anonymous clients'
+    /// connections hold past their share (an eighth of `mqtt.max_memory`;
+    /// `connection::partial`, `connection::held`, `HeldClass::Anonymous`): v5 DISCONNECT
+    /// 0x97 Quota exceeded, 3.x closed. The client may connect again when there is room.
     OverAnonymousShare,
     /// Another connection took the session (MQTT-3.1.4-3).
     TakenOver,
@@ -145,7 +145,7 @@ impl Close {
 
 /// The Reason String of [`Close::OverAnonymousShare`].
 const OVER_ANONYMOUS_SHARE: &str =
-    "anonymous clients' packets in transit are at their share of the memory budget (mqtt.max_memory)";
+    "what anonymous clients' connections hold is at their share of the memory budget (mqtt.max_memory)";
 
 /// How long a client's DISCONNECT waits for the commits its earlier packets' answers wait
 /// for ([`Client::answer_before_closing`]): one group commit is milliseconds; a store that
@@ -187,6 +187,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             if self.session.set_expiry_at_disconnect(expiry).is_err() {
                 return Err(self.violation(Violation::SessionExpiryRaisedFromZero));
             }
+        }
+        if disconnect.reason_code != ReasonCode::DISCONNECT_WITH_WILL {
+            // MQTT-3.1.2-10: a normal DISCONNECT removes the will; its count goes with it now,
+            // not after the closing writes and the linger (issue 35, twelfth pass, U7).
+            self.will = None;
         }
         Err(Close::ClientDisconnect(disconnect.reason_code))
     }
@@ -246,7 +251,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             }
             (Close::OverAnonymousShare, _) => {
                 self.broker().metrics.anonymous_share_closes.increment(1);
-                tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: the packet arriving would take anonymous clients' packets in transit past their share of the memory budget");
+                tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: what it holds (a packet arriving, a topic alias, unread output) would take anonymous clients' connections past their share of the memory budget");
             }
             (Close::PacketTimeout, _) => {
                 self.broker().metrics.packet_timeouts.increment(1);

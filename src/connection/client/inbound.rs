@@ -9,10 +9,10 @@
 
 use std::time::Instant;
 
-use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::{refused_reason, Close};
+use super::inbound_aliases::InboundAliases;
 use super::write_memo::WriteMemo;
 use super::Client;
 use crate::auth::acl::Action;
@@ -315,16 +315,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             return Err(self.violation(Violation::TopicAliasOutOfRange));
         }
         if publish.topic.is_empty() {
-            match self.aliases.as_deref().and_then(|a| a.get(&alias)) {
+            match self.aliases.as_deref().and_then(|a| a.get(alias)) {
                 Some(topic) => publish.topic = topic.clone(),
                 None => return Err(self.violation(Violation::TopicAliasUnknown)),
             }
         } else {
-            // A copy, so a long-lived alias does not pin the read buffer the topic came in.
-            let topic = ByteString::from(publish.topic.to_string());
-            self.aliases
-                .get_or_insert_with(Box::default)
-                .insert(alias, topic);
+            // A copy (`bind`), so a long-lived alias does not pin the read buffer the topic
+            // came in; counted as the connection's own, an anonymous client's within its
+            // share (issue 35, twelfth adversarial pass, U6): past it, DISCONNECT 0x97.
+            let class = self.held_class();
+            let table = self
+                .aliases
+                .get_or_insert_with(|| Box::new(InboundAliases::new(class)));
+            if table.bind(alias, &publish.topic).is_err() {
+                tracing::debug!(client = %self.session.client_id(), alias, "topic alias refused: anonymous clients' connections hold their share of the memory budget");
+                return Err(Close::OverAnonymousShare);
+            }
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 
 mod closing;
 mod inbound;
+mod inbound_aliases;
 mod outbound;
 mod pause;
 mod rate;
@@ -17,8 +18,8 @@ mod reauth;
 mod subscribe;
 mod write_memo;
 
-use std::collections::HashMap;
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
@@ -32,7 +33,7 @@ use super::admission;
 use super::gated::GatedWrites;
 use super::handshake::Accepted;
 use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
-use super::partial::PartialCheck;
+use super::partial::{HeldClass, PartialCheck};
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
 use crate::auth::AuthStep;
@@ -56,6 +57,9 @@ enum Wake {
     /// The broker's flow-control notification fired while this connection is paused: see
     /// whether it may read again ([`Client::pause_over`]).
     Room,
+    /// The output the socket did not take would take anonymous clients past their share
+    /// (`Io::count_unwritten`, issue 35, twelfth pass, U5): the connection closes.
+    OverShare,
 }
 
 /// Control packet type of PUBLISH (MQTT 2.1.2), read from the first byte of a packet.
@@ -92,9 +96,6 @@ enum Input {
     Paused,
 }
 
-/// Inbound topic alias table of one connection.
-type InboundAliases = HashMap<u16, ByteString, foldhash::fast::RandomState>;
-
 /// One connected client.
 pub(super) struct Client<S> {
     io: Io<S>,
@@ -105,10 +106,13 @@ pub(super) struct Client<S> {
     /// What the handshake settled that the connection reads later (session present, not
     /// authenticated), packed in one byte: the client state is at its size bound.
     settled: Settled,
-    /// 1.5 × keep-alive, or `None` when keep-alive is off. Enforced without a timer: the
-    /// broker's periodic sweep wakes the connection once the deadline it last reported to the
-    /// session has passed, and the connection then compares against `last_read`.
-    keep_alive_limit: Option<Duration>,
+    /// 1.5 × keep-alive in milliseconds (at most 98,302,500), or `None` when keep-alive is
+    /// off. Enforced without a timer: the broker's periodic sweep wakes the connection once
+    /// the deadline it last reported to the session has passed, and the connection then
+    /// compares against `last_read`. 4 bytes, not a `Duration`'s 16: that made room for the
+    /// unwritten output's count in `Io` (issue 35, twelfth pass, U5) within the client
+    /// state's size bound (`size_tests`).
+    keep_alive_limit_ms: Option<NonZeroU32>,
     last_read: Instant,
     /// Boxed: most clients have none, and it is large (216 B) for a field held all the time.
     will: Option<Box<HeldLastWill>>,
@@ -116,9 +120,10 @@ pub(super) struct Client<S> {
     window: u16,
     /// Largest packet the client accepts (v5 Maximum Packet Size).
     client_max_packet: usize,
-    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries. Boxed and
-    /// created on first use: most clients never send an alias.
-    aliases: Option<Box<InboundAliases>>,
+    /// Inbound topic aliases (v5): alias -> topic, at most `alias_max_in` entries, their
+    /// bytes counted as the connection's own (U6). Boxed and created on first use: most
+    /// clients never send an alias.
+    aliases: Option<Box<inbound_aliases::InboundAliases>>,
     /// Topic Alias Maximum we announced: inbound aliases 1..=this are valid.
     alias_max_in: u16,
     /// Outbound topic aliases, when `mqtt.outbound_topic_aliases` and the client allow them.
@@ -204,8 +209,9 @@ impl Settled {
 /// memory a fast publisher can tie up when the disk is slow (3.x has no Receive Maximum).
 const MAX_GATED_WRITES: usize = 1024;
 
-/// The will a connection holds, with its bytes counted while it may outlive the connection
-/// (a delayed will of a kept session, `flow::HeldWill`: ninth adversarial pass, R1).
+/// The will a connection holds, with its bytes counted from CONNECT until it is published,
+/// deferred (the session's count takes over) or dropped (`flow::HeldWill`: ninth adversarial
+/// pass, R1, for delayed wills; issue 35, twelfth pass, U7, for every will).
 struct HeldLastWill {
     will: LastWill,
     _held: Option<flow::HeldWill>,
@@ -258,8 +264,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 accepted.not_kept,
                 accepted.anonymous,
             ),
-            keep_alive_limit: (keep_alive > 0)
-                .then(|| Duration::from_millis(u64::from(keep_alive) * 1500)),
+            keep_alive_limit_ms: NonZeroU32::new(u32::from(keep_alive) * 1500),
             last_read: Instant::now(),
             will: connect.will.map(|will| {
                 Box::new(HeldLastWill {
@@ -291,9 +296,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
     }
 
+    /// 1.5 × keep-alive, or `None` when keep-alive is off (MQTT-3.1.2-24).
+    fn keep_alive_limit(&self) -> Option<Duration> {
+        self.keep_alive_limit_ms
+            .map(|ms| Duration::from_millis(u64::from(ms.get())))
+    }
+
     /// The broker the client's session lives in.
     fn broker(&self) -> &Arc<Broker> {
         self.session.broker()
+    }
+
+    /// Where the bytes this connection holds count (its partial packet, its inbound aliases,
+    /// its unwritten output): an anonymous client's in the anonymous share (with the share's
+    /// size), any other's in the memory budget.
+    fn held_class(&self) -> (HeldClass, u64) {
+        if self.settled.anonymous() {
+            let share = flow::anonymous_share(&self.broker().flow().memory);
+            (HeldClass::Anonymous, share)
+        } else {
+            (HeldClass::Connected, 0)
+        }
     }
 
     /// Runs until the connection ends, then settles the will and the session.
@@ -409,6 +432,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                         return close;
                     }
                 }
+                Wake::OverShare => return Close::OverAnonymousShare,
             }
         }
     }
@@ -462,6 +486,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             if can_write {
                 if let Poll::Ready(event) = self.io.poll_event(cx, true, false) {
                     return Poll::Ready(Wake::Io(event));
+                }
+                // The socket took nothing: the batch waits in the write buffer, counted as
+                // the connection's own while it does (never when writes complete at once).
+                let class = self.held_class();
+                if self.io.count_unwritten(class).is_err() {
+                    return Poll::Ready(Wake::OverShare);
                 }
             }
             // The ticket of the wake this read consumes, taken before the poll so a wake
@@ -526,7 +556,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 PartialCheck::Clear | PartialCheck::Holding => {}
             }
         }
-        match self.keep_alive_limit {
+        match self.keep_alive_limit() {
             // Not while paused: the client's packets wait unread in the socket.
             Some(limit) if now >= self.last_read + limit && self.pause.is_none() => {
                 Some(Close::KeepAliveTimeout)
@@ -539,7 +569,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Reads do not update it (that would cost every packet an atomic store); instead, when the
     /// sweep wakes the connection at a stale deadline, it lands here and moves it on.
     fn report_keep_alive_deadline(&self) {
-        let deadline = match self.keep_alive_limit {
+        let deadline = match self.keep_alive_limit() {
             Some(limit) => self.broker().clock_ms(self.last_read + limit),
             None => u64::MAX,
         };

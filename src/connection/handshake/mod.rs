@@ -55,8 +55,8 @@ pub(super) struct Accepted {
     /// none named this client): its partly received packets count in the anonymous share
     /// (`partial::HeldClass::Anonymous`).
     pub anonymous: bool,
-    /// The delayed will's bytes, counted while the connection holds the will (see
-    /// `flow::HeldWill`).
+    /// The will's bytes, counted while the connection holds the will (see `flow::HeldWill`;
+    /// every will, delayed or not: issue 35, twelfth pass, U7).
     pub will_held: Option<crate::broker::flow::HeldWill>,
 }
 
@@ -485,16 +485,19 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         connack.properties.session_expiry_interval = Some(0);
         not_kept = true;
     }
-    // A session it resumes is counted already, its delayed will not: past the share it is
-    // refused (0x97 Quota exceeded, v5 §3.2.2.2; delays exist in v5 only), as the session
-    // cannot be dropped here (ninth pass, R1: 300 resumed sessions took 72 MB of wills).
+    // Every will is held from CONNECT until it is published or dropped, up to
+    // `mqtt.max_connect_size`, delayed or not: an anonymous client's counts in the share, and
+    // past it the CONNECT is refused (0x97 Quota exceeded, v5 §3.2.2.2; 3.x: 3 Server
+    // unavailable), as a session it resumes cannot be dropped here (ninth pass, R1: 300
+    // resumed sessions took 72 MB of delayed wills; twelfth pass, U7: 1,000 connections
+    // with 60,000-byte wills without a delay took +260 MB, counted nowhere).
     let anonymous = owner == SessionOwner::Anonymous;
+    let will_bytes = connect.will.as_ref().map_or(0, codec::LastWill::held_bytes);
     if anonymous
-        && delayed_will > 0
-        && expiry_interval > 0
-        && !crate::broker::flow::anonymous_share_has_room(delayed_will, &broker.flow().memory)
+        && will_bytes > 0
+        && !crate::broker::flow::anonymous_share_has_room(will_bytes as u64, &broker.flow().memory)
     {
-        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "anonymous clients are at their share of the memory budget: the delayed will is refused");
+        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "anonymous clients are at their share of the memory budget: the will is refused");
         let why = "anonymous clients are at their share of the memory budget";
         let code = ReasonCode::QUOTA_EXCEEDED;
         return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
@@ -519,10 +522,12 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
     }
     // Counted from now, not from when the connection ends: connections held open together
-    // would otherwise all pass the check above (ninth pass, R1). The session's own count
-    // takes over when the will is deferred (`Broker::defer_will`).
-    let will_held = (delayed_will > 0 && expiry_interval > 0)
-        .then(|| crate::broker::flow::HeldWill::new(delayed_will as usize, anonymous));
+    // would otherwise all pass the check above (ninth pass, R1). It moves with the will: the
+    // session's own count takes over when the will is deferred (`Broker::defer_will`), the
+    // message's when it is published; dropped with the will (a normal DISCONNECT,
+    // MQTT-3.1.2-10), so never counted twice.
+    let mut will_held =
+        (will_bytes > 0).then(|| crate::broker::flow::HeldWill::new(will_bytes, anonymous));
     // Only now does the connection take a connected slot (the listener's `max_connections`,
     // its source's `max_connections_per_ip`, the broker's `mqtt.max_connections`): until
     // here it held a pending one, so sockets that never get this far cannot keep finished
@@ -548,6 +553,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             broker.count_denied(auth::acl::Action::Write);
             tracing::info!(%peer, client = %admitted.client_id, topic = %will.topic, "will not published: the token's publish claim denies its topic");
             connect.will = None;
+            will_held = None;
         }
     }
     // Clustered: the session is claimed cluster-wide first (its connection on another node
