@@ -338,6 +338,8 @@ pub struct Metrics {
     pub connect_timeouts: Counter,
     /// Connections closed because a started packet did not complete in time.
     pub packet_timeouts: Counter,
+    /// Connections closed for a packet over `mqtt.max_packet_size`.
+    pub packets_too_large: Counter,
     /// Anonymous connections closed because a packet they were sending would take what
     /// anonymous clients' partly received packets hold past their share of `mqtt.max_memory`.
     pub anonymous_share_closes: Counter,
@@ -470,6 +472,7 @@ impl Metrics {
             http_connections_refused: r.counter_family(HTTP_CONNECTIONS_REFUSED_TOTAL, "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.", "reason").counters(["max_connections", "max_connections_per_ip"]),
             connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
             packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),
+            packets_too_large: r.counter(PACKETS_TOO_LARGE_TOTAL, "Connections closed because a client sent a packet over mqtt.max_packet_size (v5 DISCONNECT 0x95); many client libraries send it again after every reconnect."),
             anonymous_share_closes: r.counter(ANONYMOUS_SHARE_CLOSES_TOTAL, "Anonymous connections closed because a packet they were sending, a topic alias they bound or output they did not read would take what anonymous clients' connections hold past their share (an eighth of mqtt.max_memory)."),
             anonymous_bytes: {
                 let family = r.gauge_vec(ANONYMOUS_BYTES, "What anonymous clients make the broker hold, by part, each against its own eighth of mqtt.max_memory (kept: sessions, queues, retained messages and dead letters, inside the budget; connected: sessions that end with their connection; in_transit: packets still arriving and what connections hold for them).", &["part"]);

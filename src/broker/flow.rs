@@ -379,7 +379,7 @@ impl MemoryBudget {
     pub fn from_setting(setting: MemoryLimit) -> MemoryBudget {
         match setting {
             MemoryLimit::Bytes(bytes) => MemoryBudget::new(bytes),
-            MemoryLimit::Auto => MemoryBudget::new(available_memory() / 2),
+            MemoryLimit::Auto => MemoryBudget::new(crate::config::available_memory() / 2),
         }
     }
 
@@ -393,30 +393,6 @@ impl MemoryBudget {
             MemoryLevel::Normal
         }
     }
-}
-
-/// What this process may use: physical memory, or the cgroup's limit (a container's memory
-/// limit, a systemd `MemoryMax=`) when that is lower. 4 GiB if neither can be read.
-fn available_memory() -> u64 {
-    const FALLBACK: u64 = 4 << 30;
-    let physical = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
-        })
-        .unwrap_or(FALLBACK);
-    // cgroup v2, then v1; "max" (no limit) and absurd v1 values do not parse or are larger.
-    let cgroup = [
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ]
-    .iter()
-    .filter_map(|path| std::fs::read_to_string(path).ok())
-    .filter_map(|text| text.trim().parse::<u64>().ok())
-    .min();
-    cgroup.map_or(physical, |limit| limit.min(physical))
 }
 
 /// The broker's flow-control state: settings, the wake-up paused publishers wait on, the
@@ -557,6 +533,6 @@ mod tests {
     fn auto_is_half_of_what_the_process_may_use() {
         let auto = MemoryBudget::from_setting(MemoryLimit::Auto);
         assert!(auto.limit > 0);
-        assert!(auto.limit <= available_memory() / 2);
+        assert!(auto.limit <= crate::config::available_memory() / 2);
     }
 }

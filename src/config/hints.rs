@@ -38,8 +38,8 @@ pub(super) fn reword(message: &str, key: Option<&str>, found: Option<&str>) -> S
         None => message,
     };
     match key.and_then(meaning) {
-        Some(meaning) if message.starts_with("invalid") => format!("{message}. {meaning}"),
-        _ => message,
+        Some(meaning) => format!("{message}. {meaning}"),
+        None => message,
     }
 }
 

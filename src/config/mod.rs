@@ -46,8 +46,9 @@ pub use listener::{
     DEFAULT_WEBSOCKET_PATH, MAX_LISTENER_NAME_LEN,
 };
 pub use mqtt::{
-    MemoryLimit, MqttConfig, OutboundTopicAliases, OverflowPolicy, RuntimeLimits, SharedStrategy,
-    MAX_CLIENT_ID_LEN, MAX_PACKET_SIZE_LIMIT, MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,
+    auto_packet_size, available_memory, MemoryLimit, MqttConfig, OutboundTopicAliases,
+    OverflowPolicy, RuntimeLimits, SharedStrategy, MAX_CLIENT_ID_LEN, MAX_PACKET_SIZE_LIMIT,
+    MIN_CLIENT_ID_LEN, MIN_PACKET_SIZE,
 };
 pub use overrides::{ClusterNode, Overrides, CLUSTER_NODE_ENV};
 pub use storage::{DiskFullPolicy, FsyncPolicy, StorageConfig, DEFAULT_DATA_DIR, MIN_DISK_BYTES};
@@ -372,11 +373,13 @@ impl Config {
     fn parse_unvalidated(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let deserializer = toml::Deserializer::parse(text)
             .map_err(|e| error::parse_error(text, origin, &e, None))?;
-        serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             let key = (path != ".").then_some(path);
             error::parse_error(text, origin, &e.into_inner(), key)
-        })
+        })?;
+        config.mqtt.resolve_auto();
+        Ok(config)
     }
 
     /// The listeners' names, in order (see [`ListenerConfig::effective_name`]).

@@ -35,9 +35,9 @@ pub(super) const DEFAULT_MAX_CLIENT_ID_LEN: usize = 256;
 /// Default of `mqtt.max_connect_size`: 256 KiB. A CONNECT carries at most a client id
 /// (`max_client_id_len`), a user name, a password or token, a will topic and a will payload
 /// (each at most 64 KiB, 2-byte lengths) and properties; real ones are a few KiB, and one
-/// with a full 64 KiB will and a large token fits with room to spare. A quarter of the
-/// default `max_packet_size`, so a connection that sent no credentials yet holds at most
-/// this while its CONNECT arrives (issue 35, sixth adversarial pass).
+/// with a full 64 KiB will and a large token fits with room to spare. Far below the default
+/// `max_packet_size`, so a connection that sent no credentials yet holds at most this while
+/// its CONNECT arrives (issue 35, sixth adversarial pass).
 pub(super) const DEFAULT_MAX_CONNECT_SIZE: u32 = 262_144;
 
 /// What the broker does when a session's outbound queue is full.
@@ -81,6 +81,87 @@ pub enum MemoryLimit {
     Auto,
     /// This many bytes.
     Bytes(u64),
+}
+
+/// The default largest packet: an eighth of the memory budget, at most the protocol's
+/// largest packet (what Mosquitto's defaults take). A fixed 1 MiB made a 5 MB message from
+/// paho or MQTT.js (which ignore the Maximum Packet Size CONNACK announces) a reconnect
+/// storm: disconnected (v5 0x95), re-sent by the client's auto-reconnect about once a
+/// second, forever, with everything behind it waiting (issue 37, item 6). An eighth, not
+/// more: a packet arrives whole into its connection's read buffer, counted in the budget,
+/// and one near the budget's pause mark (90%) would pause every publisher, its own sender
+/// included, and could never complete; an eighth is also what anonymous clients' packets in
+/// transit may hold together.
+pub fn auto_packet_size(max_memory: MemoryLimit) -> u32 {
+    let budget = match max_memory {
+        MemoryLimit::Bytes(bytes) => bytes,
+        MemoryLimit::Auto => available_memory() / 2,
+    };
+    u32::try_from(budget / 8)
+        .unwrap_or(u32::MAX)
+        .clamp(MIN_PACKET_SIZE, MAX_PACKET_SIZE_LIMIT)
+}
+
+/// What the machine, or the container or systemd unit (cgroup `memory.max` when lower), may
+/// use: the base of `max_memory = "auto"` and of [`auto_packet_size`].
+pub fn available_memory() -> u64 {
+    const FALLBACK: u64 = 4 << 30;
+    let physical = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(FALLBACK);
+    // cgroup v2, then v1; "max" (no limit) and absurd v1 values do not parse or are larger.
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .filter_map(|text| text.trim().parse::<u64>().ok())
+    .min();
+    cgroup.map_or(physical, |limit| limit.min(physical))
+}
+
+/// `max_packet_size`: a number of bytes, or `"auto"` ([`auto_packet_size`]), read as the
+/// marker 0 (below any valid size) until [`MqttConfig::resolve_auto`] replaces it.
+mod packet_size {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    /// What `"auto"` (and a missing key) reads as until it is resolved.
+    pub(super) const AUTO: u32 = 0;
+
+    pub(super) fn auto_marker() -> u32 {
+        AUTO
+    }
+
+    // serde's `with` hands a reference.
+    #[allow(clippy::trivially_copy_pass_by_ref)]
+    pub(super) fn serialize<S: Serializer>(value: &u32, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(*value)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Bytes(u32),
+            Word(String),
+        }
+        match Written::deserialize(d)? {
+            Written::Bytes(AUTO) => Err(de::Error::custom(
+                "must be between 20 and 268435460 bytes, or \"auto\", got 0",
+            )),
+            Written::Bytes(bytes) => Ok(bytes),
+            Written::Word(word) if word == "auto" => Ok(AUTO),
+            Written::Word(word) => Err(de::Error::custom(format!(
+                "expected \"auto\" or a whole number of bytes, got {word:?}"
+            ))),
+        }
+    }
 }
 
 /// `"auto"` as the unit variant of [`MemoryLimit`].
@@ -140,6 +221,9 @@ pub struct MqttConfig {
     /// low for some deployments and meaningless for others.
     pub max_connections: usize,
     /// Largest whole MQTT packet accepted, in bytes (v5: announced as Maximum Packet Size).
+    /// `"auto"` in the file (the default): [`auto_packet_size`] of `max_memory`, resolved
+    /// when the file is read, so this always holds a number of bytes.
+    #[serde(default = "packet_size::auto_marker", with = "packet_size")]
     pub max_packet_size: u32,
     /// Largest CONNECT accepted, in bytes (the smaller of this and `max_packet_size` applies):
     /// what a connection nobody authenticated yet may make the broker hold while it arrives
@@ -276,7 +360,7 @@ impl Default for MqttConfig {
     fn default() -> Self {
         MqttConfig {
             max_connections: 0,
-            max_packet_size: 1_048_576,
+            max_packet_size: auto_packet_size(MemoryLimit::Auto),
             max_connect_size: DEFAULT_MAX_CONNECT_SIZE,
             max_keepalive: 65_535,
             connect_timeout: 10,
@@ -320,6 +404,14 @@ impl Default for MqttConfig {
 }
 
 impl MqttConfig {
+    /// Replaces what the file left to `"auto"` by its value (`max_packet_size` from
+    /// `max_memory`): once, right after parsing, before validation.
+    pub(super) fn resolve_auto(&mut self) {
+        if self.max_packet_size == packet_size::AUTO {
+            self.max_packet_size = auto_packet_size(self.max_memory);
+        }
+    }
+
     /// The ranges the types cannot express; errors name the `mqtt.*` key.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let m = self;

@@ -258,7 +258,6 @@ fn connection_bounds_parse_and_a_listener_bound_above_the_global_one_is_an_error
 #[test]
 fn each_range_rule_is_enforced() {
     let cases = [
-        ("[mqtt]\nmax_packet_size = 0", "mqtt.max_packet_size"),
         (
             "[mqtt]\nmax_packet_size = 268435461",
             "mqtt.max_packet_size",
@@ -546,4 +545,30 @@ fn cluster_credentials_come_as_a_pair_in_one_place() {
     .expect("a user with its password file");
     let cluster = config.cluster.expect("cluster");
     assert_eq!(cluster.user.as_deref(), Some("postbox"));
+}
+
+/// Issue 37, item 6: `max_packet_size` defaults to "auto", an eighth of `max_memory` within
+/// the protocol's bounds; written "auto" it is the same; a number is taken as it is; 0 and a
+/// word other than "auto" are refused with the key named.
+#[test]
+fn max_packet_size_auto_is_an_eighth_of_the_budget() {
+    let c = parse("[mqtt]\nmax_memory = 83886080\n").expect("parses");
+    assert_eq!(c.mqtt.max_packet_size, 10_485_760);
+    let c = parse("[mqtt]\nmax_memory = 83886080\nmax_packet_size = \"auto\"\n").expect("parses");
+    assert_eq!(c.mqtt.max_packet_size, 10_485_760);
+    let c = parse("[mqtt]\nmax_memory = 128\n").expect("parses");
+    assert_eq!(c.mqtt.max_packet_size, MIN_PACKET_SIZE);
+    let c = parse("[mqtt]\nmax_memory = 100000000000\n").expect("parses");
+    assert_eq!(c.mqtt.max_packet_size, MAX_PACKET_SIZE_LIMIT);
+    let c = parse("[mqtt]\nmax_packet_size = 4096\n").expect("parses");
+    assert_eq!(c.mqtt.max_packet_size, 4096);
+    for bad in ["0", "\"1MB\""] {
+        let msg = parse(&format!("[mqtt]\nmax_packet_size = {bad}\n"))
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            msg.contains("mqtt.max_packet_size") && msg.contains(":2"),
+            "{msg}"
+        );
+    }
 }

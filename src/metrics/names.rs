@@ -80,6 +80,8 @@ pub const CONNECT_TIMEOUTS_TOTAL: &str = "postbox_connect_timeouts_total";
 /// Counter: connections closed because a started packet did not complete in time
 /// (`mqtt.packet_timeout`, `mqtt.min_packet_rate`).
 pub const PACKET_TIMEOUTS_TOTAL: &str = "postbox_packet_timeouts_total";
+/// Counter: connections closed for a packet over `mqtt.max_packet_size`.
+pub const PACKETS_TOO_LARGE_TOTAL: &str = "postbox_packets_too_large_total";
 /// Counter: anonymous connections closed because a packet they were sending, a topic alias
 /// they bound or output they did not read would take what anonymous clients' connections hold
 /// past their share of `mqtt.max_memory` (`connection::partial`, `connection::held`).
@@ -250,7 +252,7 @@ pub(crate) const GUARANTEES: [&str; 5] = [
 
 /// The names of [`ALL`] that `metrics` registers itself (the broker core's series, in
 /// [`crate::metrics::Metrics::register`]).
-pub(crate) const CORE: [&str; 53] = [
+pub(crate) const CORE: [&str; 54] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -282,6 +284,7 @@ pub(crate) const CORE: [&str; 53] = [
     HTTP_CONNECTIONS_REFUSED_TOTAL,
     CONNECT_TIMEOUTS_TOTAL,
     PACKET_TIMEOUTS_TOTAL,
+    PACKETS_TOO_LARGE_TOTAL,
     ANONYMOUS_SHARE_CLOSES_TOTAL,
     ANONYMOUS_BYTES,
     PARTIAL_PACKET_BYTES,
@@ -308,7 +311,7 @@ pub(crate) const CORE: [&str; 53] = [
 
 /// Every metric name of a bare broker, for docs and completeness tests: the core's and the
 /// groups its owners register with every broker ([`STORE`], [`GUARANTEES`]), each listed once.
-pub const ALL: [&str; 69] = concat([&CORE, &STORE, &GUARANTEES]);
+pub const ALL: [&str; 70] = concat([&CORE, &STORE, &GUARANTEES]);
 
 /// The lists of `parts` one after the other, in a `const` (so [`ALL`] is made of the groups'
 /// own lists instead of repeating them); `N` must be their total length (checked at compile

@@ -141,3 +141,43 @@ async fn a_will_over_the_topic_limits_is_refused_at_connect() {
         other => panic!("expected CONNACK 0x90, got {other:?}"),
     }
 }
+
+/// Issue 37, item 6: the default largest packet is an eighth of `max_memory` ("auto"; 80 MiB
+/// here: 10 MiB, announced as Maximum Packet Size in CONNACK, v5 §3.2.2.3.6), at most the
+/// protocol's maximum, so a 5 MB message (refused by the old fixed 1 MiB, which paho and
+/// MQTT.js then sent again after every reconnect, forever) is accepted. A packet over it
+/// gets DISCONNECT 0x95 Packet too large (MQTT-3.2.2-15 for the client side; v5 §3.14.2.1),
+/// each time counted in `postbox_packets_too_large_total`, but logged once per client id,
+/// not once per retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_packet_bound_is_an_eighth_of_the_budget_and_a_refusal_is_logged_once() {
+    const TOLD: &str = "over mqtt.max_packet_size; many client libraries";
+    let broker = BrokerProcess::spawn("", "max_memory = 83886080").await;
+    let (mut c, ack) = v5::connect(broker.addr, v5::connect_packet("big-sender")).await;
+    assert_eq!(
+        ack.properties.maximum_packet_size,
+        Some(10_485_760),
+        "{ack:?}"
+    );
+    let code = v5::publish_qos1(&mut c, "big/t", &vec![b'x'; 5_000_000], 1).await;
+    assert!(!code.is_error(), "a 5 MB message: {code:?}");
+    let too_large = vec![b'y'; 11_000_000];
+    for attempt in 0..2u8 {
+        if attempt > 0 {
+            (c, _) = v5::connect(broker.addr, v5::connect_packet("big-sender")).await;
+        }
+        let publish = v5::publish_packet("big/t", QoS::AtLeastOnce, &too_large, 2);
+        c.send(&Packet::Publish(publish)).await;
+        let seen = c.expect_close().await;
+        assert!(
+            matches!(seen.last(), Some(Packet::Disconnect(d)) if d.reason_code == ReasonCode::PACKET_TOO_LARGE),
+            "attempt {attempt}: {seen:?}"
+        );
+    }
+    broker
+        .wait_metric("postbox_packets_too_large_total", |n| n >= 2.0)
+        .await;
+    broker.wait_log(|l| l.contains(TOLD)).await;
+    let told = broker.logs().iter().filter(|l| l.contains(TOLD)).count();
+    assert_eq!(told, 1, "logged once for the client id");
+}

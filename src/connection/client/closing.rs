@@ -5,7 +5,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::Client;
 use crate::broker::PublishRefused;
-use crate::codec::{Disconnect, DisconnectProperties, Packet, ReasonCode};
+use crate::codec::{DecodeError, Disconnect, DisconnectProperties, Packet, ReasonCode};
 use crate::connection::violation::Violation;
 use crate::storage::StorageError;
 
@@ -228,6 +228,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         let v5 = self.version.is_v5();
         let server_reason = close.server_reason();
         match (&close, &server_reason) {
+            (
+                Close::Violation(Violation::Undecodable(DecodeError::PacketTooLarge { size, max })),
+                _,
+            ) => {
+                self.broker().metrics.packets_too_large.increment(1);
+                let client = self.session.client_id();
+                if crate::connection::told_once::first_time(client, std::time::Instant::now()) {
+                    tracing::info!(peer = %self.info.peer, listener = %self.info.listener, %client, size, max, "closing connection: a packet over mqtt.max_packet_size; many client libraries send it again after every reconnect, so raise max_packet_size or make the message smaller (logged once an hour per client id, counted in postbox_packets_too_large_total)");
+                } else {
+                    tracing::debug!(peer = %self.info.peer, %client, size, max, "closing connection: a packet over mqtt.max_packet_size, again");
+                }
+            }
             (Close::Violation(v), _) => {
                 tracing::debug!(peer = %self.info.peer, listener = %self.info.listener, client = %self.session.client_id(), reason = %v.reason_code(), statement = v.statement(), why = %v.describe(), "closing connection: protocol violation");
             }
