@@ -173,8 +173,10 @@ impl Broker {
     /// `client_id`: the session where it was lost, if any; `source`: whose share of the rate
     /// it spends, that session's (else the publisher's)
     /// [`Session::share_key`](super::Session::share_key), an identity (issue 35, pass 7b,
-    /// P3: a client id was a source, so twelve of one user's spent the whole rate).
-    /// Returns the dead letter's commit (`None`: nothing to wait for).
+    /// P3: a client id was a source, so twelve of one user's spent the whole rate); a message
+    /// an anonymous client published spends the anonymous clients' common share instead
+    /// (thirteenth pass, F1: a stranger's messages too large for a user's session spent that
+    /// user's share). Returns the dead letter's commit (`None`: nothing to wait for).
     pub fn dead_letter(
         &self,
         message: &Message,
@@ -187,6 +189,11 @@ impl Broker {
         if letters.is_dead_letter(&message.topic) {
             return None; // never dead-lettered again
         }
+        let source = if message.published_anonymously {
+            ANONYMOUS_PUBLISHERS
+        } else {
+            source
+        };
         if !letters.take(source) {
             self.guarantee_metrics
                 .dead_letters_dropped_rate
@@ -208,8 +215,10 @@ impl Broker {
         let mut letter = Message::from_publish(letters.build(&loss, SystemTime::now()), None);
         // What an anonymous client causes waits in the queues of whoever reads dead letters:
         // it counts in the anonymous share, and past it is not published (issue 35, twelfth
-        // adversarial pass, U4).
-        if super::owner::is_anonymous_key(source) {
+        // adversarial pass, U4), whether the anonymous client lost it (its session) or
+        // published it, wherever it was lost (thirteenth pass, F1: an anonymous publisher's
+        // messages too large for a password user's session filled the budget with letters).
+        if super::owner::is_anonymous_key(source) || message.published_anonymously {
             let size = letter.size() as u64;
             if !super::flow::anonymous_share_has_room(size, &self.flow.memory) {
                 self.guarantee_metrics
@@ -252,6 +261,12 @@ impl Broker {
         Some(client_id)
     }
 }
+
+/// The dead-letter rate share of messages anonymous clients published, wherever they were
+/// lost: one for all of them (they cannot be told apart by the message), marked anonymous
+/// like their own share keys (`owner::is_anonymous_key`; a session's is a 64-bit hash, 3
+/// with a chance of one in 2^62).
+const ANONYMOUS_PUBLISHERS: u64 = 3;
 
 /// Messages lost to full queues while routing: noted under no lock by the router (an `Arc`
 /// and a client id each, only for an actual drop and only with dead letters on) and

@@ -37,6 +37,10 @@ pub struct Message {
     /// Charged to the anonymous share for as long as it lives ([`Message::charge_anonymous`]):
     /// a dead letter an anonymous client caused.
     charged_anonymous: bool,
+    /// Published by an anonymous client (or its will), whatever its RETAIN flag: a dead
+    /// letter made of it counts in the anonymous share, whoever's session lost it (issue 35,
+    /// thirteenth adversarial pass, F1). Set by the publishing session's handle only.
+    pub(crate) published_anonymously: bool,
     /// What the message makes the broker hold, counted in every bound (the memory budget,
     /// queued bytes, the anonymous share): topic, payload and properties
     /// ([`Message::size`]). Fixed at construction: none of them changes after.
@@ -192,6 +196,7 @@ impl Message {
             encoded: PublishEncodings::default(),
             from_anonymous: false,
             charged_anonymous: false,
+            published_anonymously: false,
         }
     }
 
@@ -273,6 +278,7 @@ impl Message {
             encoded: PublishEncodings::default(),
             from_anonymous: false,
             charged_anonymous: false,
+            published_anonymously: false,
         }
     }
 

@@ -1252,3 +1252,47 @@ async fn dead_letters_an_anonymous_client_causes_count_in_their_share() {
     let kept = broker.wait_metric(KEPT, |b| b > 0.0).await;
     assert!(kept <= 32_768.0, "{KEPT} {kept}");
 }
+
+/// The same when the anonymous client publishes and a password user's session loses the
+/// message: 40 messages of 8 KiB from an anonymous publisher, each too large for sensor2's
+/// session (Maximum Packet Size 64, MQTT-3.1.2-25), are dead letters charged to the anonymous
+/// share (the message's publisher), so the budget stays below its pause mark and a password
+/// user's QoS 1 PUBLISH is accepted. Before, they were charged to sensor2's identity, in the
+/// budget only: 5 of sensor2's 8 PUBLISHes of 100 KB got 0x97 (issue 35, thirteenth
+/// adversarial pass, F1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_an_anonymous_publishers_messages_count_in_their_share() {
+    const SHARE_DROPS: &str = "postbox_dead_letters_dropped_total{reason=\"share\"}";
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 262144\n\
+             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n\
+             [dead_letter]\nmax_rate = 100000\n"
+        ),
+    )
+    .await;
+    let addr = broker.addr;
+    let (mut reader, _) = v5::connect(addr, sensor1("dlq-reader")).await;
+    v5::subscribe(&mut reader, "$dlq/#", postbox::codec::QoS::AtLeastOnce).await;
+    v5::disconnect(reader).await;
+    let mut small = v5::connect_packet("sensor2-small");
+    small.username = Some("sensor2".into());
+    small.password = Some(bytes::Bytes::from_static(b"sensor2-secret"));
+    small.properties.maximum_packet_size = Some(64);
+    let (mut small, ack) = v5::connect(addr, small).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    v5::subscribe(&mut small, "flood/#", postbox::codec::QoS::AtMostOnce).await;
+    let (mut flooder, _) = v5::connect(addr, v5::connect_packet("anon-pub")).await;
+    let payload = vec![b'x'; 8192];
+    for n in 1..=40u16 {
+        v5::publish_qos1(&mut flooder, "flood/x", &payload, n).await;
+    }
+    let (mut c, ack) = v5::connect(addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let code = v5::publish_qos1(&mut c, "sensors/sensor1/t", b"21.5", 1).await;
+    assert!(!code.is_error(), "{code:?}");
+    v5::disconnect(c).await;
+    broker.wait_metric(SHARE_DROPS, |n| n >= 30.0).await;
+}
