@@ -92,7 +92,14 @@ async fn upgrade_sending(
     .await
     .expect("an HTTP answer in time");
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let pending = buf[head_end..].to_vec();
+    let mut pending = buf[head_end..].to_vec();
+    // A refusal's body (a line for a person) is HTTP, not frames: read past it, to the
+    // close that follows it.
+    if !head.starts_with("HTTP/1.1 101") {
+        pending.clear();
+        let mut body = Vec::new();
+        let _ = tokio::time::timeout(WAIT, stream.read_to_end(&mut body)).await;
+    }
     (head, RawWs { stream, pending })
 }
 
@@ -359,6 +366,30 @@ async fn bad_upgrades_are_refused_with_http_status() {
         let got = broker.wait_metric(&series, |v| v >= want).await;
         assert_eq!(got, want, "{series}");
     }
+}
+
+/// A browser or curl pointed at the ws port (a plain GET, no Upgrade header) gets 426
+/// Upgrade Required naming the upgrade (RFC 9110 §15.5.22) and a line saying what listens
+/// there and on which path, not an empty reply (issue 37, item 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_http_get_is_told_what_listens_here() {
+    let broker = ws_broker().await;
+    let mut s = TcpStream::connect(broker.addr).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl/8\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed in time")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 426"), "{answer}");
+    assert!(answer.contains("Upgrade: websocket"), "{answer}");
+    assert!(
+        answer.contains("MQTT over WebSocket listener") && answer.contains("/mqtt"),
+        "{answer}"
+    );
 }
 
 /// A plain MQTT client on the ws port is closed without a CONNACK, while a WebSocket

@@ -84,14 +84,24 @@ where
                 Ok(Bytes::copy_from_slice(&buf[head_len..filled]))
             }
             Err((error, status)) => {
+                // A line a person reads in a browser or curl: what listens here and why this
+                // request is not served.
+                let body = format!(
+                    "This is an MQTT over WebSocket listener: connect an MQTT client to path {} \
+                     (subprotocol mqtt). Refused: {error}.\n",
+                    settings.path
+                );
                 let mut response = format!(
-                    "HTTP/1.1 {} {}\r\nConnection: close\r\nContent-Length: 0\r\n",
-                    status.0, status.1
+                    "HTTP/1.1 {} {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\n",
+                    status.0,
+                    status.1,
+                    body.len()
                 );
                 if status == UPGRADE_REQUIRED {
-                    response.push_str("Sec-WebSocket-Version: 13\r\n");
+                    response.push_str("Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n");
                 }
                 response.push_str("\r\n");
+                response.push_str(&body);
                 // The refusal is a courtesy: the error is what is reported.
                 let _ = write_all(stream, response.as_bytes()).await;
                 Err(error)
@@ -172,7 +182,12 @@ fn check_request<'b>(
         return refuse("not HTTP/1.1");
     }
     if !tokens(request, "upgrade").any(|t| t.eq_ignore_ascii_case("websocket")) {
-        return refuse("no Upgrade: websocket");
+        // A browser or curl pointed at the port: 426 names the upgrade it needs (RFC 9110
+        // §15.5.22), and the body says what listens here (issue 37, item 4: an empty reply).
+        return Err((
+            UpgradeError::Handshake("no Upgrade: websocket"),
+            UPGRADE_REQUIRED,
+        ));
     }
     if !tokens(request, "connection").any(|t| t.eq_ignore_ascii_case("upgrade")) {
         return refuse("no Connection: Upgrade");
@@ -302,6 +317,10 @@ mod tests {
         let no_mqtt = REQUEST.replace("chat, mqttv3.1, mqtt", "chat");
         let (error, status) = answer(no_mqtt.as_bytes(), &settings()).expect_err("refused");
         assert_eq!((status, error.reason()), (BAD_REQUEST, "subprotocol"));
+        // A browser or curl: no Upgrade header at all (issue 37, item 4).
+        let plain = "GET /mqtt HTTP/1.1\r\nHost: localhost\r\n\r\n";
+        let (error, status) = answer(plain.as_bytes(), &settings()).expect_err("refused");
+        assert_eq!((status, error.reason()), (UPGRADE_REQUIRED, "handshake"));
         let version = REQUEST.replace("Version: 13", "Version: 8");
         let (error, status) = answer(version.as_bytes(), &settings()).expect_err("refused");
         assert_eq!((status, error.reason()), (UPGRADE_REQUIRED, "handshake"));
