@@ -26,6 +26,14 @@ pub(super) fn reword(message: &str, key: Option<&str>, found: Option<&str>) -> S
             );
         }
     }
+    // serde's untagged enums drop their variants' errors; say what the one we have takes
+    // (thirteenth adversarial pass: `max_memory = "64MiB"` got "data did not match any
+    // variant of untagged enum MemoryLimit").
+    let message = if message.starts_with("data did not match any variant of untagged enum") {
+        "expected \"auto\" or a whole number of bytes".to_owned()
+    } else {
+        message
+    };
     let message = match message.find("expected struct ") {
         Some(i) => format!("{}expected a table", &message[..i]),
         None => message,
@@ -224,6 +232,20 @@ mod tests {
             None,
         );
         assert!(msg.ends_with("from 0 to 65535"), "{msg}");
+    }
+
+    #[test]
+    fn an_untagged_enum_says_what_it_takes() {
+        let msg = reword(
+            "data did not match any variant of untagged enum MemoryLimit",
+            Some("mqtt.max_memory"),
+            None,
+        );
+        assert!(
+            msg.starts_with("expected \"auto\" or a whole number of bytes"),
+            "{msg}"
+        );
+        assert!(msg.contains("`max_memory`: Memory budget"), "{msg}");
     }
 
     #[test]

@@ -161,6 +161,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
                 Err(error) => {
                     buf.set_filled(start);
                     this.failed = Some(error.close_code());
+                    // The close frame with its code, now if the socket takes it (RFC 6455
+                    // §7.1.7): the connection drops the stream on this error without a
+                    // shutdown (thirteenth adversarial pass: no close frame was ever sent).
+                    this.close_wanted = true;
+                    let _ = this.poll_control(cx);
                     return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, error)));
                 }
             };
