@@ -344,6 +344,23 @@ async fn text_frame_closes_the_connection() {
         Some(1003u16.to_be_bytes()),
         "a close frame 1003, then the end"
     );
+    // The same before any CONNECT, where the handshake drops the stream.
+    let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    ws.send_frame(TEXT, b"hello").await;
+    let mut close_code = None;
+    for _ in 0..64 {
+        match ws.next_frame().await {
+            None => break,
+            Some((8, payload)) => close_code = payload.get(..2).map(|c| [c[0], c[1]]),
+            Some(_) => {}
+        }
+    }
+    assert_eq!(
+        close_code,
+        Some(1003u16.to_be_bytes()),
+        "before CONNECT too"
+    );
 }
 
 /// The upgrade is refused without the `mqtt` subprotocol [MQTT-6.0.0-3] (400), on another
