@@ -189,7 +189,7 @@ impl Broker {
         if letters.is_dead_letter(&message.topic) {
             return None; // never dead-lettered again
         }
-        let source = if message.published_anonymously {
+        let source = if message.published_anonymously() {
             ANONYMOUS_PUBLISHERS
         } else {
             source
@@ -218,7 +218,7 @@ impl Broker {
         // adversarial pass, U4), whether the anonymous client lost it (its session) or
         // published it, wherever it was lost (thirteenth pass, F1: an anonymous publisher's
         // messages too large for a password user's session filled the budget with letters).
-        if super::owner::is_anonymous_key(source) || message.published_anonymously {
+        if super::owner::is_anonymous_key(source) || message.published_anonymously() {
             let size = letter.size() as u64;
             if !super::flow::anonymous_share_has_room(size, &self.flow.memory) {
                 self.guarantee_metrics

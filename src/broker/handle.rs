@@ -578,7 +578,7 @@ impl SessionHandle {
         message.from_anonymous =
             message.retain && !message.payload.is_empty() && self.session.lock().is_anonymous();
         // One atomic load: the share key carries the owner's anonymous mark.
-        message.published_anonymously = super::owner::is_anonymous_key(self.session.share_key());
+        message.set_published_anonymously(super::owner::is_anonymous_key(self.session.share_key()));
         let message = Arc::new(message);
         if admission.is_some() && qos != QoS::AtMostOnce {
             // Its stream sequence comes with JetStream's acknowledgement; until then a

@@ -277,7 +277,7 @@ impl Broker {
         }
         let mut message = Message::from_will(will);
         message.from_anonymous = anonymous;
-        message.published_anonymously = anonymous;
+        message.set_published_anonymously(anonymous);
         self.publish_allowed_will(&Arc::new(message));
     }
 
@@ -311,7 +311,7 @@ impl Broker {
             return;
         }
         message.from_anonymous = anonymous;
-        message.published_anonymously = anonymous;
+        message.set_published_anonymously(anonymous);
         self.publish_allowed_will(&Arc::new(message));
     }
 

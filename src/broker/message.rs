@@ -13,6 +13,12 @@ use crate::codec::{
     PublishHeader, PublishProperties, QoS,
 };
 
+/// [`Message`]'s mark: charged to the anonymous share for as long as it lives
+/// ([`Message::charge_anonymous`]): a dead letter an anonymous client caused.
+const CHARGED_ANONYMOUS: u8 = 1;
+/// [`Message`]'s mark: [`Message::published_anonymously`].
+const PUBLISHED_ANONYMOUSLY: u8 = 2;
+
 /// Identifies a session inside this broker process (cheaper than comparing client ids).
 pub type SessionId = u64;
 
@@ -34,13 +40,9 @@ pub struct Message {
     /// retained message its bytes count in the anonymous share of the budget
     /// (`flow::ANONYMOUS_SHARE`). Set by the publishing session's handle only.
     pub(crate) from_anonymous: bool,
-    /// Charged to the anonymous share for as long as it lives ([`Message::charge_anonymous`]):
-    /// a dead letter an anonymous client caused.
-    charged_anonymous: bool,
-    /// Published by an anonymous client (or its will), whatever its RETAIN flag: a dead
-    /// letter made of it counts in the anonymous share, whoever's session lost it (issue 35,
-    /// thirteenth adversarial pass, F1). Set by the publishing session's handle only.
-    pub(crate) published_anonymously: bool,
+    /// [`CHARGED_ANONYMOUS`] and [`PUBLISHED_ANONYMOUSLY`]: one byte, in the padding beside
+    /// the flags above (two more `bool`s took `Message` past 224 bytes).
+    marks: u8,
     /// What the message makes the broker hold, counted in every bound (the memory budget,
     /// queued bytes, the anonymous share): topic, payload and properties
     /// ([`Message::size`]). Fixed at construction: none of them changes after.
@@ -161,7 +163,7 @@ impl Drop for Message {
         if self.from_anonymous && encoded > 0 {
             super::flow::anonymous_retained_counted(encoded, false);
         }
-        if self.charged_anonymous {
+        if self.marks & CHARGED_ANONYMOUS != 0 {
             super::flow::anonymous_retained_counted(self.size(), false);
         }
     }
@@ -195,8 +197,7 @@ impl Message {
             settlement: None,
             encoded: PublishEncodings::default(),
             from_anonymous: false,
-            charged_anonymous: false,
-            published_anonymously: false,
+            marks: 0,
         }
     }
 
@@ -205,9 +206,26 @@ impl Message {
     /// Counted in the budget only, an anonymous client's dead letters filled it and password
     /// users got 0x97 (issue 35, twelfth adversarial pass, U4). Once, before it is shared.
     pub(crate) fn charge_anonymous(&mut self) {
-        if !self.charged_anonymous {
+        if self.marks & CHARGED_ANONYMOUS == 0 {
             super::flow::anonymous_retained_counted(self.size(), true);
-            self.charged_anonymous = true;
+            self.marks |= CHARGED_ANONYMOUS;
+        }
+    }
+
+    /// Published by an anonymous client (or its will), whatever its RETAIN flag: a dead
+    /// letter made of it counts in the anonymous share, whoever's session lost it (issue 35,
+    /// thirteenth adversarial pass, F1).
+    pub(crate) fn published_anonymously(&self) -> bool {
+        self.marks & PUBLISHED_ANONYMOUSLY != 0
+    }
+
+    /// Marks the message as published by an anonymous client (`anonymous`), or not; set by
+    /// the publishing session's handle (or a will's publication) only.
+    pub(crate) fn set_published_anonymously(&mut self, anonymous: bool) {
+        if anonymous {
+            self.marks |= PUBLISHED_ANONYMOUSLY;
+        } else {
+            self.marks &= !PUBLISHED_ANONYMOUSLY;
         }
     }
 
@@ -277,8 +295,7 @@ impl Message {
             settlement: None,
             encoded: PublishEncodings::default(),
             from_anonymous: false,
-            charged_anonymous: false,
-            published_anonymously: false,
+            marks: 0,
         }
     }
 

@@ -120,6 +120,7 @@ fn names_follow_prometheus_conventions() {
         names::SESSIONS_EXPIRED_TOTAL,
         names::DEAD_LETTERS_TOTAL,
         names::DEAD_LETTERS_DROPPED_TOTAL,
+        names::PACKETS_TOO_LARGE_TOTAL,
         names::DEDUP_DUPLICATES_TOTAL,
         names::DEDUP_EVICTED_TOTAL,
         names::BRIDGE_RECONNECTS_TOTAL,
