@@ -207,6 +207,7 @@ impl Broker {
             SessionId::MAX,
             connected_only,
             may_read,
+            self.shared_judge(&message),
         );
         let Some(member) = member else {
             return Ok(None);
@@ -467,6 +468,23 @@ impl Broker {
         })
     }
 
+    /// What a shared group asks of a member before it picks it for `message`: whether it is
+    /// connected, and whether it would keep the message rather than drop it
+    /// (`SessionState::would_keep`; issue 35, thirteenth adversarial pass, F5). One session
+    /// lock.
+    fn shared_judge<'a>(&'a self, message: &'a Message) -> impl Fn(&Session) -> (bool, bool) + 'a {
+        let now_ms = self.coarse_ms();
+        move |session: &Session| {
+            let limits = self.limits.of(&session.client_id);
+            let st = session.lock();
+            let connected = st.connection.is_some() && !st.ended;
+            (
+                connected,
+                st.would_keep(message.size(), message.qos, &limits, now_ms),
+            )
+        }
+    }
+
     /// Adds one delivery per matching shared subscription group: the member the strategy
     /// picks among those that may read the topic. Kept apart from `merge_overlapping`: a
     /// shared copy is separate from any copy the same session gets through its own non-shared
@@ -477,9 +495,11 @@ impl Broker {
         let may_read = |session: &Session| {
             authz.is_none_or(|authz| session.authorized(authz.acl, Action::Read, &message.topic))
         };
-        self.shared
-            .read()
-            .pick_for_topic(&message.topic, may_read, |pick| match pick {
+        self.shared.read().pick_for_topic(
+            &message.topic,
+            may_read,
+            self.shared_judge(message),
+            |pick| match pick {
                 Some(pick) => targets.push(Target {
                     qos: message.qos.min(pick.member.options.qos), // MQTT-4.8.2-3
                     retain: pick.member.options.retain_as_published && message.retain,
@@ -491,7 +511,8 @@ impl Broker {
                     self.count_denied(Action::Read);
                     self.metrics.messages_dropped_denied[message.qos as usize].increment(1);
                 }
-            });
+            },
+        );
     }
 
     /// Makes `message` its topic's retained message, or (empty payload) clears it. What an
@@ -664,6 +685,7 @@ impl Broker {
                     session.id,
                     connected_only || settles,
                     may_read,
+                    self.shared_judge(&d.message),
                 ) {
                     Some(m) => {
                         // The leaving session no longer holds it: forget its stored entry, or a

@@ -218,6 +218,7 @@ impl SharedSubscriptions {
         &self,
         topic: &str,
         may_read: impl Fn(&Session) -> bool,
+        judge: impl Fn(&Session) -> (bool, bool),
         mut f: impl FnMut(Option<Pick>),
     ) {
         let mut ids: smallvec::SmallVec<[GroupId; 4]> = smallvec::SmallVec::new();
@@ -228,7 +229,7 @@ impl SharedSubscriptions {
                     continue;
                 }
                 f(self
-                    .choose(group, topic, None, false, &may_read)
+                    .choose(group, topic, None, false, &may_read, &judge)
                     .map(|member| Pick {
                         key: Arc::clone(&group.key),
                         member: member.clone(),
@@ -247,10 +248,18 @@ impl SharedSubscriptions {
         exclude: SessionId,
         connected_only: bool,
         may_read: impl Fn(&Session) -> bool,
+        judge: impl Fn(&Session) -> (bool, bool),
     ) -> Option<Member> {
         let group = self.groups.get(self.by_key.get(key)?)?;
-        self.choose(group, topic, Some(exclude), connected_only, &may_read)
-            .cloned()
+        self.choose(
+            group,
+            topic,
+            Some(exclude),
+            connected_only,
+            &may_read,
+            &judge,
+        )
+        .cloned()
     }
 
     /// True if group `key` has a connected member other than `exclude`.
@@ -265,10 +274,19 @@ impl SharedSubscriptions {
             })
     }
 
-    /// The strategy's starting member, then the first connected one from there; failing that
-    /// (and unless `connected_only`), the starting member itself even though it is offline.
+    /// The strategy's starting member, then the first from there that is connected and would
+    /// keep the message (`judge`: connected, keeps); failing that, the first offline one that
+    /// would keep it, then (for a group whose members would all drop it) the first connected
+    /// one, then an offline one (unless `connected_only`, which takes connected members only).
     /// Only members `may_read` accepts are candidates (the ACL, checked lazily: in pick order,
     /// so a group whose first candidate may read costs one check).
+    ///
+    /// A member that would drop the message (its queue full and not taking back-pressure: an
+    /// anonymous session at its share, an offline or stalled one at its bound) is passed over
+    /// while another would keep it: an anonymous member that never read and filled its share
+    /// was chosen again and again, and a password user's acknowledged QoS 1 jobs were dropped
+    /// as `queue_full` while the group's other member was idle (issue 35, thirteenth
+    /// adversarial pass, F5: 32 of 100 lost).
     fn choose<'g>(
         &self,
         group: &'g Group,
@@ -276,6 +294,7 @@ impl SharedSubscriptions {
         exclude: Option<SessionId>,
         connected_only: bool,
         may_read: &dyn Fn(&Session) -> bool,
+        judge: &dyn Fn(&Session) -> (bool, bool),
     ) -> Option<&'g Member> {
         let n = group.members.len();
         if n == 0 {
@@ -289,23 +308,37 @@ impl SharedSubscriptions {
         let candidates = (0..n)
             .map(|i| &group.members[(start + i) % n])
             .filter(|m| Some(m.session.id) != exclude);
-        let mut fallback = None;
+        // The best fallback of each kind, in the order they are preferred.
+        let mut offline_keeps = None;
+        let mut connected_drops = None;
+        let mut offline_drops = None;
         for m in candidates {
-            let connected = is_connected(&m.session);
-            if (!connected && fallback.is_some()) || !may_read(&m.session) {
-                continue;
+            let (connected, keeps) = judge(&m.session);
+            let slot = match (connected, keeps) {
+                (true, true) => None,
+                (false, true) => Some(&mut offline_keeps),
+                (true, false) => Some(&mut connected_drops),
+                (false, false) => Some(&mut offline_drops),
+            };
+            match slot {
+                None if may_read(&m.session) => return Some(m),
+                Some(slot) if slot.is_none() && may_read(&m.session) => *slot = Some(m),
+                _ => {}
             }
-            if connected {
-                return Some(m);
-            }
-            fallback = Some(m);
         }
         if connected_only {
-            None
+            connected_drops
         } else {
-            fallback
+            offline_keeps.or(connected_drops).or(offline_drops)
         }
     }
+}
+
+/// Whether a connection is attached, and that any member would keep what it is given: the
+/// judge of the tests, which have no queue limits at hand.
+#[cfg(test)]
+fn connected_keeps_all(session: &Session) -> (bool, bool) {
+    (is_connected(session), true)
 }
 
 /// Whether a connection is attached to the session (takes its lock briefly).
@@ -337,6 +370,7 @@ mod tests {
         s.pick_for_topic(
             topic,
             |_| true,
+            connected_keeps_all,
             |p| out.extend(p.map(|p| p.member.session.id)),
         );
         out
@@ -398,11 +432,49 @@ mod tests {
         s.subscribe(&key, "t", member(1));
         s.subscribe(&key, "t", member(2));
         // Nobody is connected in this unit test.
-        assert!(s.pick_other(&key, "t", 1, true, |_| true).is_none());
+        assert!(s
+            .pick_other(&key, "t", 1, true, |_| true, connected_keeps_all)
+            .is_none());
         assert!(!s.has_other_connected(&key, 1));
         let m = s
-            .pick_other(&key, "t", 1, false, |_| true)
+            .pick_other(&key, "t", 1, false, |_| true, connected_keeps_all)
             .expect("offline fallback");
         assert_eq!(m.session.id, 2);
+    }
+
+    /// Issue 35, thirteenth pass, F5: a member that would drop the message is passed over
+    /// while another would keep it; when every member would drop it, the strategy's pick
+    /// stands (its policy then applies). The judge stands in for connection and queue state.
+    #[test]
+    fn a_member_that_would_drop_is_passed_over() {
+        let mut s = SharedSubscriptions::new(SharedStrategy::RoundRobin);
+        let key = ByteString::from("$share/g/t");
+        for id in 1..=3 {
+            s.subscribe(&key, "t", member(id));
+        }
+        let keeps_but_1 = |m: &Session| (true, m.id != 1);
+        let picked = |s: &SharedSubscriptions, judge: &dyn Fn(&Session) -> (bool, bool)| {
+            let mut out = None;
+            s.pick_for_topic(
+                "t",
+                |_| true,
+                judge,
+                |p| {
+                    out = p.map(|p| p.member.session.id);
+                },
+            );
+            out
+        };
+        // Round robin from member 1, 2, 3, 1, ...: 1 is never picked.
+        let got: Vec<_> = (0..6).map(|_| picked(&s, &keeps_but_1)).collect();
+        assert!(
+            got.iter().all(|id| *id != Some(1) && id.is_some()),
+            "{got:?}"
+        );
+        // An offline member that keeps beats a connected one that drops.
+        let offline_2_keeps = |m: &Session| (m.id != 2, m.id == 2);
+        assert_eq!(picked(&s, &offline_2_keeps), Some(2));
+        // All would drop: a connected one is still picked.
+        assert!(picked(&s, &|_: &Session| (true, false)).is_some());
     }
 }

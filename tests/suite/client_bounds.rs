@@ -1296,3 +1296,67 @@ async fn dead_letters_of_an_anonymous_publishers_messages_count_in_their_share()
     v5::disconnect(c).await;
     broker.wait_metric(SHARE_DROPS, |n| n >= 30.0).await;
 }
+
+/// A shared group's member that would drop a message is passed over while another would keep
+/// it (MQTT 5 §4.8.2: a message to a shared subscription goes to one session of the group):
+/// an anonymous member that never reads, with anonymous clients at their share (its retained
+/// messages fill it), would drop every job it is given as `queue_full`. sensor2's 100 QoS 1
+/// jobs, each acknowledged, all reach the password worker sensor1 and none is dropped. Before,
+/// the round robin handed every other job to the stranger and it was dropped after its PUBACK
+/// (issue 35, thirteenth adversarial pass, F5: 32 of 100 lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
+    use postbox::codec::QoS;
+    const DROPPED: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"queue_full\"}";
+    let broker = password_and_anonymous(262_144).await;
+    let addr = broker.addr;
+    let (mut stranger, _) = v5::connect(addr, v5::connect_packet("anon-worker")).await;
+    v5::subscribe(&mut stranger, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    // The anonymous share fills with the stranger's own retained messages: of 4 KiB until
+    // one gets 0x97, then smaller, so less than 16 bytes are left (a job takes over 100).
+    let mut n = 0u16;
+    for size in [4096, 1024, 256, 64, 16] {
+        let mut refused = false;
+        for _ in 0..64 {
+            n += 1;
+            let mut p =
+                v5::publish_packet(&format!("r/{n}"), QoS::AtLeastOnce, &vec![b'r'; size], n);
+            p.retain = true;
+            if v5::publish(&mut stranger, p).await == ReasonCode::QUOTA_EXCEEDED {
+                refused = true;
+                break;
+            }
+        }
+        assert!(
+            refused,
+            "retained messages of {size} B never filled the share"
+        );
+    }
+    let (mut worker, _) = v5::connect(addr, sensor1("sensor1-worker")).await;
+    v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    let (mut boss, ack) =
+        v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let received = tokio::spawn(async move {
+        let mut topics = std::collections::BTreeSet::new();
+        while topics.len() < 100 {
+            match worker.recv_within(std::time::Duration::from_secs(5)).await {
+                Ok(Some(Packet::Publish(p))) => {
+                    v5::ack(&mut worker, &p).await;
+                    topics.insert(p.topic.to_string());
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(()) => break,
+            }
+        }
+        topics.len()
+    });
+    for n in 1..=100u16 {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 100], n).await;
+        assert!(!code.is_error(), "job {n}: {code:?}");
+    }
+    let got = received.await.expect("worker");
+    assert_eq!(got, 100, "every acknowledged job reached the worker");
+    assert_eq!(broker.metric(DROPPED).await.unwrap_or(0.0), 0.0);
+    drop(stranger);
+}

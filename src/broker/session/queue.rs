@@ -99,6 +99,30 @@ impl SessionState {
                 > limits.anonymous_share
     }
 
+    /// Whether a delivery of `size` bytes at `qos` would be kept, queued or queued over the
+    /// bound with back-pressure (the admission of [`super::Session::admit`] without its
+    /// effects), rather than dropped by the overflow policy or refused: what a shared group
+    /// asks of a member before it picks it (issue 35, thirteenth adversarial pass, F5).
+    pub(in crate::broker) fn would_keep(
+        &self,
+        size: usize,
+        qos: QoS,
+        limits: &QueueLimits,
+        now_ms: u64,
+    ) -> bool {
+        let online = self.connection.is_some();
+        if self.ended || self.over_anonymous_share(limits, size) {
+            return false;
+        }
+        if !online && qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
+            return false;
+        }
+        !self.is_full(limits, size)
+            || (online
+                && (qos != QoS::AtMostOnce || limits.backpressure_qos0)
+                && !self.is_stalled(now_ms, limits))
+    }
+
     /// Bytes (`Message::size`) of the queued deliveries (kept as they come and go: no walk).
     pub(in crate::broker) fn queued_bytes(&self) -> usize {
         self.queued_bytes
