@@ -209,6 +209,19 @@ fn check_request<'b>(
     }
 }
 
+/// What a refusal quotes of the client's path or origin: at most [`QUOTED`] characters, so a
+/// refused upgrade logs a line, not the 8 KiB the request may carry (issue 35, thirteenth
+/// adversarial pass, F4: 3,000 refused upgrades added 24.6 MB to the log in 0.2 s).
+fn clipped(text: &str) -> String {
+    match text.char_indices().nth(QUOTED) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+/// How much of a client's path or origin a refusal quotes.
+const QUOTED: usize = 64;
+
 /// The listener's rules: its path (404), the allowed origins (403), and the `mqtt`
 /// subprotocol [MQTT-6.0.0-3] (400); the subprotocol the answer names is returned.
 fn check_rules(
@@ -217,14 +230,14 @@ fn check_rules(
 ) -> Result<&'static str, (UpgradeError, Status)> {
     let path = path_of(request.path.unwrap_or("/"));
     if path != settings.path {
-        return Err((UpgradeError::Path(path.to_owned()), NOT_FOUND));
+        return Err((UpgradeError::Path(clipped(path)), NOT_FOUND));
     }
     if let Some(origin) = values(request, "origin").next() {
         let origin = String::from_utf8_lossy(origin);
         if !settings.allowed_origins.is_empty()
             && !settings.allowed_origins.iter().any(|o| *o == origin)
         {
-            return Err((UpgradeError::Origin(origin.into_owned()), FORBIDDEN));
+            return Err((UpgradeError::Origin(clipped(&origin)), FORBIDDEN));
         }
     }
     let asked: Vec<&str> = tokens(request, "sec-websocket-protocol").collect();
@@ -321,6 +334,10 @@ mod tests {
         let plain = "GET /mqtt HTTP/1.1\r\nHost: localhost\r\n\r\n";
         let (error, status) = answer(plain.as_bytes(), &settings()).expect_err("refused");
         assert_eq!((status, error.reason()), (UPGRADE_REQUIRED, "handshake"));
+        // A long path is quoted in part (thirteenth pass, F4).
+        let long = REQUEST.replacen("/mqtt?token=1", &format!("/{}", "p".repeat(4000)), 1);
+        let (error, _) = answer(long.as_bytes(), &settings()).expect_err("refused");
+        assert!(error.to_string().len() < 200, "{error}");
         let version = REQUEST.replace("Version: 13", "Version: 8");
         let (error, status) = answer(version.as_bytes(), &settings()).expect_err("refused");
         assert_eq!((status, error.reason()), (UPGRADE_REQUIRED, "handshake"));
