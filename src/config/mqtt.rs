@@ -12,6 +12,9 @@ use super::error::{invalid, ConfigError};
 /// Largest possible MQTT packet: 1 byte fixed header + 4 bytes remaining length + `268_435_455`.
 pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_460;
 
+/// The least `max_packet_size = "auto"` gives: 1 MiB, the fixed default it replaced.
+const AUTO_PACKET_SIZE_FLOOR: u32 = 1_048_576;
+
 /// Smallest `mqtt.max_packet_size` accepted; below this not even a CONNECT with properties fits.
 pub const MIN_PACKET_SIZE: u32 = 20;
 
@@ -83,7 +86,8 @@ pub enum MemoryLimit {
     Bytes(u64),
 }
 
-/// The default largest packet: an eighth of the memory budget, at most the protocol's
+/// The default largest packet: an eighth of the memory budget, at least 1 MiB (the fixed
+/// default before, so a small budget refuses nothing it took) and at most the protocol's
 /// largest packet (what Mosquitto's defaults take). A fixed 1 MiB made a 5 MB message from
 /// paho or MQTT.js (which ignore the Maximum Packet Size CONNACK announces) a reconnect
 /// storm: disconnected (v5 0x95), re-sent by the client's auto-reconnect about once a
@@ -99,7 +103,7 @@ pub fn auto_packet_size(max_memory: MemoryLimit) -> u32 {
     };
     u32::try_from(budget / 8)
         .unwrap_or(u32::MAX)
-        .clamp(MIN_PACKET_SIZE, MAX_PACKET_SIZE_LIMIT)
+        .clamp(AUTO_PACKET_SIZE_FLOOR, MAX_PACKET_SIZE_LIMIT)
 }
 
 /// What the machine, or the container or systemd unit (cgroup `memory.max` when lower), may

@@ -547,8 +547,8 @@ fn cluster_credentials_come_as_a_pair_in_one_place() {
     assert_eq!(cluster.user.as_deref(), Some("postbox"));
 }
 
-/// Issue 37, item 6: `max_packet_size` defaults to "auto", an eighth of `max_memory` within
-/// the protocol's bounds; written "auto" it is the same; a number is taken as it is; 0 and a
+/// Issue 37, item 6: `max_packet_size` defaults to "auto", an eighth of `max_memory`, at
+/// least 1 MiB and at most the protocol's maximum; written "auto" it is the same; a number is taken as it is; 0 and a
 /// word other than "auto" are refused with the key named.
 #[test]
 fn max_packet_size_auto_is_an_eighth_of_the_budget() {
@@ -557,7 +557,10 @@ fn max_packet_size_auto_is_an_eighth_of_the_budget() {
     let c = parse("[mqtt]\nmax_memory = 83886080\nmax_packet_size = \"auto\"\n").expect("parses");
     assert_eq!(c.mqtt.max_packet_size, 10_485_760);
     let c = parse("[mqtt]\nmax_memory = 128\n").expect("parses");
-    assert_eq!(c.mqtt.max_packet_size, MIN_PACKET_SIZE);
+    assert_eq!(
+        c.mqtt.max_packet_size, 1_048_576,
+        "never below the old fixed 1 MiB"
+    );
     let c = parse("[mqtt]\nmax_memory = 100000000000\n").expect("parses");
     assert_eq!(c.mqtt.max_packet_size, MAX_PACKET_SIZE_LIMIT);
     let c = parse("[mqtt]\nmax_packet_size = 4096\n").expect("parses");
