@@ -260,7 +260,9 @@ impl Bridge {
                 ConnectProperties {
                     session_expiry_interval: Some(if c.clean_start { 0 } else { c.session_expiry }),
                     receive_maximum: Some(c.inflight.max(1)),
-                    maximum_packet_size: Some(self.broker.config().max_packet_size),
+                    maximum_packet_size: crate::connection::admission::announced_packet_size(
+                        self.broker.config().max_packet_size,
+                    ),
                     ..ConnectProperties::default()
                 }
             } else {

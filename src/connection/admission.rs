@@ -333,6 +333,14 @@ pub fn refusal_connack(code: ReasonCode, why: Option<&str>, connect: Option<&Con
     }
 }
 
+/// The Maximum Packet Size CONNACK announces for a bound of `max` bytes: none at the
+/// protocol's own maximum (v5 §3.2.2.3.6: absent, the protocol's limits apply), else at most
+/// 268,435,455, the largest value clients accept (paho refused 268,435,460, the protocol's
+/// largest whole packet, and dropped the connection: issue 37's "auto" default reached it).
+pub fn announced_packet_size(max: u32) -> Option<u32> {
+    (max < crate::config::MAX_PACKET_SIZE_LIMIT).then_some(max.min(268_435_455))
+}
+
 /// The CONNACK for a CONNECT that could not be decoded, in the client's version when it can be
 /// read (v5: the reason code; 3.x: only "unacceptable protocol version" has a return code);
 /// `None`: close without one (MQTT-3.1.4-1).
@@ -572,7 +580,7 @@ fn connack_properties(
         maximum_qos: (config.max_qos < 2)
             .then(|| QoS::from_u8(config.max_qos).unwrap_or(QoS::AtMostOnce)),
         retain_available: (!config.retain_available).then_some(false),
-        maximum_packet_size: Some(config.max_packet_size),
+        maximum_packet_size: announced_packet_size(config.max_packet_size),
         // Absent means 0: the client must not use aliases (MQTT-3.2.2-18).
         topic_alias_maximum: (config.topic_alias_maximum > 0).then_some(config.topic_alias_maximum),
         wildcard_subscription_available: (!config.wildcard_subscription_available).then_some(false),
@@ -586,6 +594,21 @@ fn connack_properties(
 
 #[cfg(test)]
 mod tests {
+
+    /// v5 §3.2.2.3.6: at the protocol's own maximum no Maximum Packet Size is announced;
+    /// below it, never more than 268,435,455 (what clients accept: paho dropped the
+    /// connection on 268,435,460); a bound below both as it is.
+    #[test]
+    fn the_announced_packet_size_is_one_clients_accept() {
+        use super::announced_packet_size;
+        use crate::config::MAX_PACKET_SIZE_LIMIT;
+        assert_eq!(announced_packet_size(MAX_PACKET_SIZE_LIMIT), None);
+        assert_eq!(
+            announced_packet_size(MAX_PACKET_SIZE_LIMIT - 1),
+            Some(268_435_455)
+        );
+        assert_eq!(announced_packet_size(1_048_576), Some(1_048_576));
+    }
     use bytes::{Bytes, BytesMut};
 
     use super::{decide, Answer, Decision, Policy};
