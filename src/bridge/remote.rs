@@ -259,29 +259,10 @@ impl<S: AsyncRead> RemoteReader<S> {
 
 /// A refusing CONNACK in words (3.x return codes come decoded as their v5 equivalents).
 fn describe_refusal(code: ReasonCode, version: ProtocolVersion) -> String {
-    let what = match code.0 {
-        0x80 => "unspecified error",
-        0x81 => "malformed packet",
-        0x82 => "protocol error",
-        0x83 => "implementation specific error",
-        0x84 => "unsupported protocol version",
-        0x85 => "client identifier not valid",
-        0x86 => "bad user name or password",
-        0x87 => "not authorized",
-        0x88 => "server unavailable",
-        0x89 => "server busy",
-        0x8A => "banned",
-        0x8C => "bad authentication method",
-        0x90 => "topic name invalid",
-        0x95 => "packet too large",
-        0x97 => "quota exceeded",
-        0x99 => "payload format invalid",
-        0x9A => "retain not supported",
-        0x9B => "QoS not supported",
-        0x9C => "use another server",
-        0x9D => "server moved",
-        0x9F => "connection rate exceeded",
-        _ => "refused",
-    };
-    format!("{what} (reason {:#04x}, MQTT {})", code.0, version.label())
+    format!(
+        "{} (reason {:#04x}, MQTT {})",
+        code.label(),
+        code.0,
+        version.label()
+    )
 }

@@ -1205,6 +1205,25 @@ async fn anonymous_connected_sessions_are_held_within_their_own_share() {
     v5::disconnect(c).await;
 }
 
+/// [`password_and_anonymous`] with a 256 KiB budget, dead letters at any rate, and sensor1's
+/// persistent session on `$dlq/#`, offline: where dead letters wait.
+async fn dead_letters_read_by_a_password_user() -> BrokerProcess {
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 262144\n\
+             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n\
+             [dead_letter]\nmax_rate = 100000\n"
+        ),
+    )
+    .await;
+    let (mut reader, _) = v5::connect(broker.addr, sensor1("dlq-reader")).await;
+    v5::subscribe(&mut reader, "$dlq/#", postbox::codec::QoS::AtLeastOnce).await;
+    v5::disconnect(reader).await;
+    broker
+}
+
 /// A dead letter an anonymous client causes counts in the anonymous share, and past it is not
 /// published (`postbox_dead_letters_dropped_total{reason="share"}`): it waits in the queue of
 /// whoever reads dead letters, a password user's here, offline. An anonymous subscriber with
@@ -1218,20 +1237,8 @@ async fn anonymous_connected_sessions_are_held_within_their_own_share() {
 async fn dead_letters_an_anonymous_client_causes_count_in_their_share() {
     const SHARE_DROPS: &str = "postbox_dead_letters_dropped_total{reason=\"share\"}";
     const KEPT: &str = "postbox_anonymous_bytes{part=\"kept\"}";
-    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        &format!(
-            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 262144\n\
-             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n\
-             [dead_letter]\nmax_rate = 100000\n"
-        ),
-    )
-    .await;
+    let broker = dead_letters_read_by_a_password_user().await;
     let addr = broker.addr;
-    let (mut reader, _) = v5::connect(addr, sensor1("dlq-reader")).await;
-    v5::subscribe(&mut reader, "$dlq/#", postbox::codec::QoS::AtLeastOnce).await;
-    v5::disconnect(reader).await;
     let mut small = v5::connect_packet("anon-small");
     small.properties.maximum_packet_size = Some(64);
     let (mut small, _) = v5::connect(addr, small).await;
@@ -1263,20 +1270,8 @@ async fn dead_letters_an_anonymous_client_causes_count_in_their_share() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_of_an_anonymous_publishers_messages_count_in_their_share() {
     const SHARE_DROPS: &str = "postbox_dead_letters_dropped_total{reason=\"share\"}";
-    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        &format!(
-            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 262144\n\
-             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n\
-             [dead_letter]\nmax_rate = 100000\n"
-        ),
-    )
-    .await;
+    let broker = dead_letters_read_by_a_password_user().await;
     let addr = broker.addr;
-    let (mut reader, _) = v5::connect(addr, sensor1("dlq-reader")).await;
-    v5::subscribe(&mut reader, "$dlq/#", postbox::codec::QoS::AtLeastOnce).await;
-    v5::disconnect(reader).await;
     let mut small = v5::connect_packet("sensor2-small");
     small.username = Some("sensor2".into());
     small.password = Some(bytes::Bytes::from_static(b"sensor2-secret"));

@@ -203,6 +203,20 @@ impl RawWs {
     }
 
     /// True once the server ends the connection (a close frame, then EOF) within `WAIT`.
+    /// The status code of the server's close frame (if one came) before the end of the
+    /// stream, other frames passed over (at most 64).
+    async fn close_code_then_end(&mut self) -> Option<[u8; 2]> {
+        let mut close_code = None;
+        for _ in 0..64 {
+            match self.next_frame().await {
+                None => break,
+                Some((8, payload)) => close_code = payload.get(..2).map(|c| [c[0], c[1]]),
+                Some(_) => {}
+            }
+        }
+        close_code
+    }
+
     async fn closed(&mut self) -> bool {
         for _ in 0..64 {
             match self.next_frame().await {
@@ -331,14 +345,7 @@ async fn text_frame_closes_the_connection() {
         .await;
     // Failed with a close frame 1003 (RFC 6455 §7.1.7, §7.4.1: data it cannot accept), then
     // the end of the stream (thirteenth adversarial pass: no close frame was sent).
-    let mut close_code = None;
-    for _ in 0..64 {
-        match ws.next_frame().await {
-            None => break,
-            Some((8, payload)) => close_code = payload.get(..2).map(|c| [c[0], c[1]]),
-            Some(_) => {}
-        }
-    }
+    let close_code = ws.close_code_then_end().await;
     assert_eq!(
         close_code,
         Some(1003u16.to_be_bytes()),
@@ -348,14 +355,7 @@ async fn text_frame_closes_the_connection() {
     let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     ws.send_frame(TEXT, b"hello").await;
-    let mut close_code = None;
-    for _ in 0..64 {
-        match ws.next_frame().await {
-            None => break,
-            Some((8, payload)) => close_code = payload.get(..2).map(|c| [c[0], c[1]]),
-            Some(_) => {}
-        }
-    }
+    let close_code = ws.close_code_then_end().await;
     assert_eq!(
         close_code,
         Some(1003u16.to_be_bytes()),

@@ -8,8 +8,9 @@ use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
+use super::refuse::connack_failure;
 use super::wait::Exchange;
-use super::{connack_failure, next_packet, EnhancedAuth};
+use super::{next_packet, EnhancedAuth};
 use crate::auth::{self, AuthStep, StepInput};
 use crate::broker::Broker;
 use crate::codec::{Auth, AuthProperties, Connect, Packet, ProtocolVersion, ReasonCode};
