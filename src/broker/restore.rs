@@ -255,6 +255,14 @@ impl Broker {
             return;
         }
         let owner = expired_owner.unwrap_or(SessionOwner::Unbound);
+        if delay.is_zero() {
+            // Due now: published here, before any listener accepts a client (nobody is
+            // connected), so a subscriber that comes first finds it retained. Spawned, it
+            // raced the first connections, which could get it live instead (retain 0).
+            self.publish_will_of(&will.client_id, &owner, Message::from_will(will.will));
+            self.forget_stored_will(&will.client_id);
+            return;
+        }
         let broker = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
