@@ -1224,6 +1224,22 @@ async fn dead_letters_read_by_a_password_user() -> BrokerProcess {
     broker
 }
 
+/// An anonymous client publishes 40 QoS 1 messages of 8 KiB to `flood/x` (whatever the
+/// answers: the point is where their dead letters count; each is routed before its PUBACK),
+/// then sensor1's QoS 1 PUBLISH must be accepted: the budget was not filled.
+async fn flood_then_a_user_publishes(addr: std::net::SocketAddr) {
+    let (mut flooder, _) = v5::connect(addr, v5::connect_packet("anon-pub")).await;
+    let payload = vec![b'x'; 8192];
+    for n in 1..=40u16 {
+        v5::publish_qos1(&mut flooder, "flood/x", &payload, n).await;
+    }
+    let (mut c, ack) = v5::connect(addr, sensor1("sensor1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let code = v5::publish_qos1(&mut c, "sensors/sensor1/t", b"21.5", 1).await;
+    assert!(!code.is_error(), "{code:?}");
+    v5::disconnect(c).await;
+}
+
 /// A dead letter an anonymous client causes counts in the anonymous share, and past it is not
 /// published (`postbox_dead_letters_dropped_total{reason="share"}`): it waits in the queue of
 /// whoever reads dead letters, a password user's here, offline. An anonymous subscriber with
@@ -1243,18 +1259,7 @@ async fn dead_letters_an_anonymous_client_causes_count_in_their_share() {
     small.properties.maximum_packet_size = Some(64);
     let (mut small, _) = v5::connect(addr, small).await;
     v5::subscribe(&mut small, "flood/#", postbox::codec::QoS::AtMostOnce).await;
-    let (mut flooder, _) = v5::connect(addr, v5::connect_packet("anon-pub")).await;
-    let payload = vec![b'x'; 8192];
-    for n in 1..=40u16 {
-        // Whatever the answer: the point is where the letters count.
-        v5::publish_qos1(&mut flooder, "flood/x", &payload, n).await;
-    }
-    // Each letter was routed before its PUBACK went out.
-    let (mut c, ack) = v5::connect(addr, sensor1("sensor1")).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let code = v5::publish_qos1(&mut c, "sensors/sensor1/t", b"21.5", 1).await;
-    assert!(!code.is_error(), "{code:?}");
-    v5::disconnect(c).await;
+    flood_then_a_user_publishes(addr).await;
     broker.wait_metric(SHARE_DROPS, |n| n >= 30.0).await;
     let kept = broker.wait_metric(KEPT, |b| b > 0.0).await;
     assert!(kept <= 32_768.0, "{KEPT} {kept}");
@@ -1272,23 +1277,12 @@ async fn dead_letters_of_an_anonymous_publishers_messages_count_in_their_share()
     const SHARE_DROPS: &str = "postbox_dead_letters_dropped_total{reason=\"share\"}";
     let broker = dead_letters_read_by_a_password_user().await;
     let addr = broker.addr;
-    let mut small = v5::connect_packet("sensor2-small");
-    small.username = Some("sensor2".into());
-    small.password = Some(bytes::Bytes::from_static(b"sensor2-secret"));
+    let mut small = v5::as_user(v5::connect_packet("sensor2-small"), "sensor2");
     small.properties.maximum_packet_size = Some(64);
     let (mut small, ack) = v5::connect(addr, small).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
     v5::subscribe(&mut small, "flood/#", postbox::codec::QoS::AtMostOnce).await;
-    let (mut flooder, _) = v5::connect(addr, v5::connect_packet("anon-pub")).await;
-    let payload = vec![b'x'; 8192];
-    for n in 1..=40u16 {
-        v5::publish_qos1(&mut flooder, "flood/x", &payload, n).await;
-    }
-    let (mut c, ack) = v5::connect(addr, sensor1("sensor1")).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let code = v5::publish_qos1(&mut c, "sensors/sensor1/t", b"21.5", 1).await;
-    assert!(!code.is_error(), "{code:?}");
-    v5::disconnect(c).await;
+    flood_then_a_user_publishes(addr).await;
     broker.wait_metric(SHARE_DROPS, |n| n >= 30.0).await;
 }
 
