@@ -127,7 +127,7 @@ pub(crate) fn decode_rules(data: &[u8]) {
         if !rules.allow_control_characters {
             for name in topics(&packet) {
                 assert!(
-                    !topic::has_control_characters(name),
+                    !topic::has_disallowed_code_points(name),
                     "control character accepted in {name:?}"
                 );
             }

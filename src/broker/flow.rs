@@ -153,13 +153,14 @@ pub(crate) fn anonymous_session_cost(len: usize) -> u64 {
     session_cost(len)
 }
 
-/// Sessions of connected anonymous clients that end with their connection (Session Expiry
-/// Interval 0): out of the budget, bounded by a share of their own as large as the anonymous
-/// share ([`anonymous_connected_has_room`]). Counted in the budget, 7,000 anonymous
-/// connections took an 8 MiB budget past 100% and every password user's QoS 1 PUBLISH got
-/// 0x97, while no bound refused them, since such a session is never kept (issue 35, twelfth
-/// adversarial pass, U2). Such a session is part of what its connection costs, like the
-/// connection's partly received packets (`connection::partial`), and goes with it.
+/// Connected anonymous clients: their connections ([`AnonymousConnection`]) and their
+/// sessions that end with the connection (Session Expiry Interval 0), out of the budget,
+/// bounded by a share of their own as large as the anonymous share. Sessions counted in the
+/// budget, 7,000 anonymous connections took an 8 MiB budget past 100% and every password
+/// user's QoS 1 PUBLISH got 0x97, while no bound refused them, since such a session is never
+/// kept (issue 35, twelfth adversarial pass, U2). Such a session is part of what its
+/// connection costs, like the connection's partly received packets (`connection::partial`),
+/// and goes with it.
 static ANONYMOUS_CONNECTED_BYTES: AtomicI64 = AtomicI64::new(0);
 
 /// Where a session's own cost ([`session_cost`]) counts, which depends on its owner and on
@@ -218,11 +219,39 @@ impl SessionCost {
     }
 }
 
-/// Whether one more anonymous session that ends with its connection, of `cost` bytes, fits
-/// [`ANONYMOUS_CONNECTED_BYTES`]'s share of `budget` (as large as the anonymous share).
-pub(crate) fn anonymous_connected_has_room(cost: u64, budget: &MemoryBudget) -> bool {
-    let held = u64::try_from(ANONYMOUS_CONNECTED_BYTES.load(Ordering::Relaxed)).unwrap_or(0);
-    held.saturating_add(cost) <= anonymous_share(budget)
+/// What an anonymous client's connection itself holds, charged to
+/// [`ANONYMOUS_CONNECTED_BYTES`] from its CONNECT until the connection is gone (its
+/// connected slot drops it). The session is charged apart ([`SessionCost`]); this is the
+/// socket's buffers and the transport's state, which differ by an order of magnitude between
+/// plain TCP and TLS: charged ~1 KiB each, a TLS listener let the share's worth of anonymous
+/// connections hold 20-35 times the share (issue 35, thirteenth adversarial pass, F2). Four
+/// bytes, so the connected slot it lives in stays 24 bytes; 0 is nothing charged.
+#[derive(Debug, Default)]
+pub(crate) struct AnonymousConnection(u32);
+
+impl AnonymousConnection {
+    /// Charges `cost` bytes for a connection if they and `session` bytes more (the session
+    /// it will make, counted when made) fit the connected share of `budget`; `None` past it.
+    /// Charged at once, so connections that pass the check together cannot overshoot it by
+    /// more than their sessions.
+    pub(crate) fn charge(cost: u32, session: u64, budget: &MemoryBudget) -> Option<Self> {
+        let share = i64::try_from(anonymous_share(budget)).unwrap_or(i64::MAX);
+        let session = i64::try_from(session).unwrap_or(i64::MAX);
+        let held = ANONYMOUS_CONNECTED_BYTES.fetch_add(i64::from(cost), Ordering::Relaxed);
+        if held.saturating_add(i64::from(cost)).saturating_add(session) > share {
+            ANONYMOUS_CONNECTED_BYTES.fetch_sub(i64::from(cost), Ordering::Relaxed);
+            return None;
+        }
+        Some(AnonymousConnection(cost))
+    }
+}
+
+impl Drop for AnonymousConnection {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            ANONYMOUS_CONNECTED_BYTES.fetch_sub(i64::from(self.0), Ordering::Relaxed);
+        }
+    }
 }
 
 /// What anonymous sessions that end with their connection hold now

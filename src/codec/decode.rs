@@ -12,7 +12,7 @@ use super::owned::{keeps_nothing, owned_topic};
 use super::properties::read as props;
 use super::reader::Reader;
 use super::rules::DecodeRules;
-use super::topic::{has_control_characters, is_empty_filter, topic_name_error};
+use super::topic::{has_disallowed_code_points, is_empty_filter, topic_name_error};
 use super::varint::decode_varint;
 use super::{codes, types::*, DecodeError, ReasonCode};
 
@@ -279,6 +279,25 @@ fn connect(r: &mut Reader, controls: bool) -> Result<Connect> {
     Ok(connect)
 }
 
+/// Whether a string property the broker forwards to subscribers (Content Type, Response
+/// Topic, User Properties) carries a code point MQTT says SHOULD NOT appear
+/// ([`has_disallowed_code_points`]): refused like one in the topic name unless
+/// `mqtt.allow_control_characters`, as Mosquitto does, rather than passed on to subscribers
+/// whose clients may treat the packet as malformed (5.0 §1.5.4) and drop their connection
+/// (issue 35, thirteenth adversarial pass, F3). Two tests of an absent `Option` and one of
+/// an empty list for a message without them.
+fn forwarded_strings_disallowed(
+    content_type: Option<&ByteString>,
+    response_topic: Option<&ByteString>,
+    user_properties: &UserProperties,
+) -> bool {
+    content_type.is_some_and(|s| has_disallowed_code_points(s))
+        || response_topic.is_some_and(|s| has_disallowed_code_points(s))
+        || user_properties
+            .iter()
+            .any(|(k, v)| has_disallowed_code_points(k) || has_disallowed_code_points(v))
+}
+
 /// The Will of a CONNECT whose Will Flag is set: properties (5.0), topic and payload, with the
 /// QoS and retain its flags gave. `controls`: as for [`connect`].
 fn last_will(r: &mut Reader, v5: bool, qos: QoS, retain: bool, controls: bool) -> Result<LastWill> {
@@ -287,14 +306,25 @@ fn last_will(r: &mut Reader, v5: bool, qos: QoS, retain: bool, controls: bool) -
     } else {
         WillProperties::default()
     };
+    if !controls
+        && forwarded_strings_disallowed(
+            properties.content_type.as_ref(),
+            properties.response_topic.as_ref(),
+            &properties.user_properties,
+        )
+    {
+        return Err(DecodeError::Malformed(
+            "control character or non-character in a will property",
+        ));
+    }
     let topic = r.string()?;
     if let Some(why) = topic_name_error(&topic) {
         return Err(DecodeError::TopicNameInvalid(why));
     }
-    if !controls && has_control_characters(&topic) {
+    if !controls && has_disallowed_code_points(&topic) {
         // 5.0 §1.5.4: a receiver MAY treat it as a Malformed Packet.
         return Err(DecodeError::Malformed(
-            "control character in the will topic",
+            "control character or non-character in the will topic",
         ));
     }
     let payload = r.binary()?;
@@ -365,13 +395,22 @@ static SUSPICIOUS: [bool; 256] = {
     table[b'#' as usize] = true;
     table[0x7F] = true;
     table[0xC2] = true;
+    // Leads of non-characters: U+FDD0..U+FDEF, U+FFFE/U+FFFF and their kin in every plane.
+    table[0xEF] = true;
+    let mut lead = 0xF0;
+    while lead <= 0xF4 {
+        table[lead] = true;
+        lead += 1;
+    }
     table
 };
 
 /// PUBLISH (3.1.1 §3.3, 5.0 §3.3): the hot path. One pass spots every byte that may need a
 /// closer look (NUL, wildcards, control characters: bytes below 0x20, 0x7F, and 0xC2, which
-/// leads U+0080..U+00BF), so a clean topic costs that pass and a UTF-8 check, whatever
-/// `controls` ([`DecodeRules::allow_control_characters`]) says.
+/// leads U+0080..U+00BF; non-characters: leads 0xEF and 0xF0..=0xF4), so a clean topic costs
+/// that pass and a UTF-8 check, whatever `controls`
+/// ([`DecodeRules::allow_control_characters`]) says. The strings of its properties that are
+/// forwarded are held to the same rule ([`forwarded_strings_disallowed`]).
 #[inline(always)]
 fn publish(byte1: u8, r: &mut Reader, v5: bool, controls: bool) -> Result<Publish> {
     let qos = match (byte1 >> 1) & 0x03 {
@@ -400,7 +439,19 @@ fn publish(byte1: u8, r: &mut Reader, v5: bool, controls: bool) -> Result<Publis
     let properties = if !v5 || r.skip_empty_section() {
         PublishProperties::default()
     } else {
-        props::publish(r)?
+        let properties = props::publish(r)?;
+        if !controls
+            && forwarded_strings_disallowed(
+                properties.content_type.as_ref(),
+                properties.response_topic.as_ref(),
+                &properties.user_properties,
+            )
+        {
+            return Err(DecodeError::Malformed(
+                "control character or non-character in a property",
+            ));
+        }
+        properties
     };
     if topic.is_empty() {
         if properties.topic_alias.is_none() {
@@ -414,10 +465,10 @@ fn publish(byte1: u8, r: &mut Reader, v5: bool, controls: bool) -> Result<Publis
         if let Some(why) = topic_name_error(&topic) {
             return Err(DecodeError::TopicNameInvalid(why)); // MQTT-3.3.2-2
         }
-        if !controls && has_control_characters(&topic) {
+        if !controls && has_disallowed_code_points(&topic) {
             // 5.0 §1.5.4: a receiver MAY treat it as a Malformed Packet.
             return Err(DecodeError::Malformed(
-                "control character in the topic name",
+                "control character or non-character in the topic name",
             ));
         }
     }
@@ -470,7 +521,7 @@ fn filter(r: &mut Reader, controls: bool) -> Result<ByteString> {
     if is_empty_filter(&filter) {
         return Err(DecodeError::Malformed("empty topic filter"));
     }
-    if !controls && has_control_characters(&filter) {
+    if !controls && has_disallowed_code_points(&filter) {
         return Err(DecodeError::Malformed(
             "control character in a topic filter",
         ));

@@ -483,7 +483,7 @@ fn check_name(name: &str) -> Result<(), String> {
             "{name:?} is longer than {MAX_BRIDGE_NAME_LEN} bytes"
         ));
     }
-    if name.contains(['/', '+', '#']) || topic::has_control_characters(name) {
+    if name.contains(['/', '+', '#']) || topic::has_disallowed_code_points(name) {
         return Err(format!(
             "{name:?} may not contain `/`, `+`, `#` or control characters: the name is a \
              topic level of $SYS/broker/connection/<name>/state and part of the client id \

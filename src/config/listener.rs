@@ -83,7 +83,7 @@ pub enum ListenerKind {
     /// MQTT over WebSocket (MQTT 5.0 / 3.1.1 section 6; port 9001 or 8080 by convention), for
     /// browsers and networks that only pass HTTP.
     Ws,
-    /// MQTT over WebSocket over TLS (not supported yet).
+    /// MQTT over WebSocket over TLS (port 443 or 8084 by convention).
     Wss,
 }
 

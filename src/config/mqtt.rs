@@ -313,11 +313,14 @@ pub struct MqttConfig {
     /// (no password checked, no certificate, token or SCRAM), in seconds; MQTT 5 clients are
     /// told it in CONNACK. Bounds how long a stranger's session outlives it.
     pub max_session_expiry_anonymous: u32,
-    /// Accept the control characters U+0001..U+001F and U+007F..U+009F in topic names (PUBLISH,
-    /// will), topic filters (SUBSCRIBE, UNSUBSCRIBE), client ids and user names. MQTT says they
+    /// Accept the control characters U+0001..U+001F and U+007F..U+009F and the
+    /// non-characters (U+FDD0..U+FDEF, U+nFFFE, U+nFFFF) in topic names (PUBLISH, will), topic
+    /// filters (SUBSCRIBE, UNSUBSCRIBE), client ids, user names and the properties a message
+    /// carries to subscribers (content type, response topic, user properties). MQTT says they
     /// SHOULD NOT appear and lets a receiver treat them as malformed (5.0 §1.5.4, 3.1.1
-    /// §1.5.3); refusing them (false, the default, as Mosquitto) keeps them out of logs, ACLs
-    /// and bridges that may not expect them. U+0000 is always malformed (MQTT-1.5.4-2).
+    /// §1.5.3); refusing them (false, the default, as Mosquitto) keeps them out of logs, ACLs,
+    /// bridges and subscribers' clients that may not expect them. U+0000 is always malformed
+    /// (MQTT-1.5.4-2).
     pub allow_control_characters: bool,
     /// Unacknowledged inbound QoS 1/2 PUBLISHes a v5 client may have (its Receive Maximum
     /// towards us); 1..=65535. More is a protocol violation (DISCONNECT 0x93).

@@ -403,7 +403,8 @@ fn client_identifier(
     config: &MqttConfig,
 ) -> Result<(ByteString, bool), ReasonCode> {
     if connect.client_id.len() > config.max_client_id_len
-        || (!config.allow_control_characters && topic::has_control_characters(&connect.client_id))
+        || (!config.allow_control_characters
+            && topic::has_disallowed_code_points(&connect.client_id))
     {
         return Err(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
     }
@@ -441,7 +442,7 @@ pub fn user_as_client_id(user: &str, config: &MqttConfig) -> Result<(), Refusal>
     }
     if user.is_empty()
         || user.len() > config.max_client_id_len
-        || (!config.allow_control_characters && topic::has_control_characters(user))
+        || (!config.allow_control_characters && topic::has_disallowed_code_points(user))
     {
         return Err((
             ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
@@ -464,7 +465,7 @@ fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> 
         && connect
             .username
             .as_deref()
-            .is_some_and(topic::has_control_characters)
+            .is_some_and(topic::has_disallowed_code_points)
     {
         return Err((
             ReasonCode::BAD_USER_NAME_OR_PASSWORD,

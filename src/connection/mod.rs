@@ -143,6 +143,7 @@ mod size_tests {
                 max_connections_per_source: 10,
                 max_pending: 10,
                 max_pending_per_source: 10,
+                connection_cost: 2048,
             },
             &slots::ServerSlots::new(10),
             &broker.metrics,

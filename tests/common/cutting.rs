@@ -502,6 +502,39 @@ pub async fn replay_writes(
     }
 }
 
+/// A connection held open over some [`Transport`], for tests of what connections hold.
+pub struct OpenConnection {
+    _wire: Wire,
+}
+
+/// Opens a connection over `transport` to `addr`, sends `connect` and reads the answer to it
+/// (within [`WAIT`]): the connection, and the first packet back (`None` if it closed first).
+pub async fn connect_over(
+    transport: Transport,
+    addr: SocketAddr,
+    connect: &Packet,
+    version: ProtocolVersion,
+) -> Result<(OpenConnection, Option<Packet>), String> {
+    let mut wire = Wire::open(transport, addr).await?;
+    let mut bytes = BytesMut::new();
+    codec::encode(connect, version, &mut bytes).map_err(|e| e.to_string())?;
+    wire.write(&bytes).await.map_err(|e| e.to_string())?;
+    let mut buf = BytesMut::new();
+    let answer = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(packet) = decode(&mut buf, version)? {
+                return Ok::<_, String>(Some(packet));
+            }
+            if !wire.read(&mut buf).await {
+                return Ok(None);
+            }
+        }
+    })
+    .await
+    .map_err(|_| format!("no answer to CONNECT within {WAIT:?}"))??;
+    Ok((OpenConnection { _wire: wire }, answer))
+}
+
 fn decode(buf: &mut BytesMut, version: ProtocolVersion) -> Result<Option<Packet>, String> {
     codec::decode(buf, Some(version), 1 << 28).map_err(|e| format!("undecodable answer: {e}"))
 }

@@ -467,3 +467,69 @@ async fn anonymous_subscribers_unread_output_is_kept_within_their_share() {
     broker.wait_metric(PARTIAL, |n| n == 0.0).await;
     v5::disconnect(publisher).await;
 }
+
+/// An anonymous client's connection counts in the connected share what one idle connection
+/// of its listener's kind holds (32 KiB on TLS, 2 KiB on TCP: measured, rustls keeps a whole
+/// record's buffer), beside its session; past the share the CONNECT is refused with 0x97
+/// (v5 §3.2.2.2, MQTT-3.2.2-8: a Reason Code of 0x80 or more and the connection closed), a
+/// password user over the same listener is served, and closing the connections gives the
+/// share back. Before, each was charged its session alone (~1 KiB): a TLS listener let the
+/// share's worth of anonymous connections in, 20-35 times the share in memory (issue 35,
+/// thirteenth adversarial pass, F2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_tls_connections_count_what_tls_holds() {
+    use common::cutting::{connect_over, Transport};
+    const CONNECTED: &str = "postbox_anonymous_bytes{part=\"connected\"}";
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    // A share of 128 KiB: three TLS connections of 33 KiB (connection and session).
+    let broker = common::async_process::BrokerProcess::spawn_sections(
+        &["", &Transport::Tls.listener_keys()],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 1048576\n\
+             [auth]\npassword_file = {passwd:?}\nallow_anonymous = true\n"
+        ),
+    )
+    .await;
+    let tls = broker.addrs[1];
+    let v5 = ProtocolVersion::V5;
+    let mut open = Vec::new();
+    let mut refused_at = None;
+    for n in 0..40u16 {
+        let connect = Packet::Connect(Box::new(v5::connect_packet(&format!("tls-{n}"))));
+        let (c, answer) = connect_over(Transport::Tls, tls, &connect, v5)
+            .await
+            .unwrap_or_else(|e| panic!("anonymous TLS connection {n}: {e}"));
+        match answer {
+            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => open.push(c),
+            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::QUOTA_EXCEEDED => {
+                refused_at = Some(n);
+                break;
+            }
+            other => panic!("anonymous TLS connection {n}: {other:?}"),
+        }
+    }
+    let n = refused_at.expect("40 anonymous TLS connections were all admitted in a 128 KiB share");
+    assert_eq!(n, 3, "refused at {n}");
+    let connected = broker.wait_metric(CONNECTED, |b| b >= 3.0 * 32768.0).await;
+    assert!(connected <= 131_072.0, "{CONNECTED} {connected}");
+    // A password user over the same listener is served: only strangers are charged.
+    let connect = Packet::Connect(Box::new(sensor1("sensor1")));
+    let (_user, answer) = connect_over(Transport::Tls, tls, &connect, v5)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&answer, Some(Packet::ConnAck(a)) if a.reason_code == ReasonCode::SUCCESS),
+        "{answer:?}"
+    );
+    // Closed, the connections give their share back.
+    drop(open);
+    broker.wait_metric(CONNECTED, |b| b == 0.0).await;
+    let connect = Packet::Connect(Box::new(v5::connect_packet("tls-again")));
+    let (_c, answer) = connect_over(Transport::Tls, tls, &connect, v5)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&answer, Some(Packet::ConnAck(a)) if a.reason_code == ReasonCode::SUCCESS),
+        "{answer:?}"
+    );
+}

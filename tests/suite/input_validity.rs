@@ -286,6 +286,67 @@ async fn characters_beside_the_control_ranges_are_accepted() {
     }
 }
 
+/// Non-characters (5.0 §1.5.4 names them beside the controls): U+FDD0..U+FDEF and the last
+/// two code points of a plane, at the edges.
+const NON_CHARACTERS: [&str; 4] = ["\u{FDD0}", "\u{FDEF}", "\u{FFFF}", "\u{10FFFE}"];
+
+/// 5.0 §1.5.4 (as [`control_characters_in_topics_are_malformed_by_default`]) also for the
+/// strings a PUBLISH carries on to subscribers: a control character or non-character in its
+/// Content Type, Response Topic or a User Property, and a non-character in its topic, make it
+/// Malformed by default (DISCONNECT 0x81), and the subscriber gets nothing of it. Before, they
+/// were forwarded as they came (issue 35, thirteenth adversarial pass, F3), to subscribers
+/// whose clients may treat the packet as malformed and drop their own connection.
+#[tokio::test]
+async fn disallowed_code_points_in_forwarded_properties_are_malformed_by_default() {
+    let server = common::start().await;
+    let addr = server.mqtt_addr;
+    let mut subscriber = v5::connect_id(addr, "listener").await;
+    v5::subscribe(&mut subscriber, "p/#", QoS::AtLeastOnce).await;
+    let code = ReasonCode::MALFORMED_PACKET;
+    for bad in CONTROLS.into_iter().chain(NON_CHARACTERS) {
+        let text = format!("x{bad}y");
+        let with = |set: fn(&mut PublishProperties, String)| {
+            let mut p = v5::publish_packet("p/x", QoS::AtLeastOnce, b"x", 1);
+            set(&mut p.properties, text.clone());
+            Packet::Publish(p)
+        };
+        expect_refused(
+            addr,
+            V5,
+            &with(|p, t| p.content_type = Some(t.into())),
+            code,
+        )
+        .await;
+        expect_refused(
+            addr,
+            V5,
+            &with(|p, t| p.response_topic = Some(t.into())),
+            code,
+        )
+        .await;
+        let value = |p: &mut PublishProperties, t: String| {
+            p.user_properties = vec![("k".into(), t.into())];
+        };
+        expect_refused(addr, V5, &with(value), code).await;
+        let name = |p: &mut PublishProperties, t: String| {
+            p.user_properties = vec![(t.into(), "v".into())];
+        };
+        expect_refused(addr, V5, &with(name), code).await;
+    }
+    for bad in NON_CHARACTERS {
+        expect_refused(addr, V5, &publish(&format!("p/{bad}"), b"x"), code).await;
+        expect_refused(addr, V311, &publish(&format!("p/{bad}"), b"x"), code).await;
+    }
+    // Nothing of them reached the subscriber: the first message it gets is this one.
+    let mut c = v5::connect_id(addr, "clean").await;
+    let mut p = v5::publish_packet("p/clean", QoS::AtLeastOnce, b"ok", 2);
+    p.properties.user_properties = vec![("unit".into(), "\u{B0}C \u{FFFD}".into())];
+    assert_eq!(v5::publish(&mut c, p).await, ReasonCode::SUCCESS);
+    let got = v5::receive(&mut subscriber).await;
+    assert_eq!(got.topic, "p/clean");
+    assert_eq!(got.properties.user_properties.len(), 1);
+}
+
 /// For each of [`CONTROLS`], sends the CONNECT `with_control` makes of it as a v5 client,
 /// which must get CONNACK `v5_code` and be closed, then as a 3.1.1 client, which must get
 /// CONNACK return code `v311_code` and be closed: the one check for a CONNECT field the broker

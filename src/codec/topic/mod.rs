@@ -87,17 +87,30 @@ pub fn is_empty_filter(filter: &str) -> bool {
     }
 }
 
-/// True if `s` contains a control character: U+0000..U+001F or U+007F..U+009F (the Unicode
-/// `Cc` category, [`char::is_control`]). MQTT says strings SHOULD NOT carry U+0001..U+001F and
-/// U+007F..U+009F and lets a receiver treat them as malformed (5.0 §1.5.4, 3.1.1 §1.5.3);
-/// U+0000 is always malformed (MQTT-1.5.4-2).
+/// True if `s` contains a code point MQTT says strings SHOULD NOT carry and lets a receiver
+/// treat as malformed (5.0 §1.5.4, 3.1.1 §1.5.3): a control character, U+0000..U+001F or
+/// U+007F..U+009F (the Unicode `Cc` category, [`char::is_control`]), or a non-character,
+/// U+FDD0..U+FDEF or the last two code points of any plane (U+FFFE, U+FFFF, U+1FFFE, ...).
+/// Mosquitto refuses both in every string; U+0000 is always malformed (MQTT-1.5.4-2).
 ///
 /// Works on bytes: in well-formed UTF-8 (which `&str` is) U+0080..U+009F are exactly the
-/// sequences 0xC2 0x80..=0x9F, and 0xC2 is never a continuation byte, so no decoding is needed.
-pub fn has_control_characters(s: &str) -> bool {
+/// sequences 0xC2 0x80..=0x9F, U+FDD0..U+FDEF 0xEF 0xB7 0x90..=0xAF, U+FFFE/U+FFFF 0xEF 0xBF
+/// 0xBE/0xBF, and U+nFFFE/U+nFFFF four bytes whose second ends in 0xF, then 0xBF, 0xBE/0xBF;
+/// a lead byte is never a continuation byte, so no decoding is needed.
+pub fn has_disallowed_code_points(s: &str) -> bool {
     let bytes = s.as_bytes();
-    bytes.iter().enumerate().any(|(i, &b)| {
-        b < 0x20 || b == 0x7F || (b == 0xC2 && bytes.get(i + 1).is_some_and(|next| *next <= 0x9F))
+    bytes.iter().enumerate().any(|(i, &b)| match b {
+        0x00..=0x1F | 0x7F => true,
+        0xC2 => bytes.get(i + 1).is_some_and(|next| *next <= 0x9F),
+        0xEF => matches!(
+            bytes.get(i + 1..i + 3),
+            Some([0xB7, 0x90..=0xAF] | [0xBF, 0xBE | 0xBF])
+        ),
+        0xF0..=0xF4 => matches!(
+            bytes.get(i + 1..i + 4),
+            Some([second, 0xBF, 0xBE | 0xBF]) if second & 0x0F == 0x0F
+        ),
+        _ => false,
     })
 }
 
@@ -190,21 +203,23 @@ mod tests {
         }
     }
 
-    /// The byte scan agrees with `char::is_control` on every character of up to two UTF-8
-    /// bytes (all the control characters are there) and on some longer ones, alone and between
-    /// other characters.
+    /// The byte scan agrees with the definition (5.0 §1.5.4: `char::is_control`, and the
+    /// non-characters U+FDD0..U+FDEF and U+nFFFE/U+nFFFF) on every Unicode scalar value, alone
+    /// and between other characters.
     #[test]
-    fn control_characters_match_char_is_control() {
-        let samples = (0..0x800u32)
-            .chain([0x2028, 0xFEFF, 0xFFFF, 0x1_0000, 0x10_FFFF])
-            .filter_map(char::from_u32);
-        for c in samples {
+    fn disallowed_code_points_match_their_definition() {
+        let disallowed = |c: char| {
+            let n = u32::from(c);
+            c.is_control() || (0xFDD0..=0xFDEF).contains(&n) || n & 0xFFFE == 0xFFFE
+        };
+        for c in (0..=0x10_FFFFu32).filter_map(char::from_u32) {
             for s in [c.to_string(), format!("a{c}"), format!("{c}\u{A0}b")] {
-                assert_eq!(has_control_characters(&s), c.is_control(), "{s:?}");
+                assert_eq!(has_disallowed_code_points(&s), disallowed(c), "{s:?}");
             }
         }
-        assert!(!has_control_characters(""));
-        assert!(!has_control_characters("\u{C2}\u{A0}")); // Â and NBSP: 0xC3 0x82 0xC2 0xA0
+        assert!(!has_disallowed_code_points(""));
+        assert!(!has_disallowed_code_points("\u{C2}\u{A0}")); // Â and NBSP: 0xC3 0x82 0xC2 0xA0
+        assert!(!has_disallowed_code_points("\u{EF}\u{BF}\u{BE}")); // ï ¿ ¾: no lead 0xEF
     }
 
     #[test]

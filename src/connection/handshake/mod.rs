@@ -502,25 +502,37 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         let code = ReasonCode::QUOTA_EXCEEDED;
         return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
     }
-    // A session that ends with its connection is part of what the connection costs: an
-    // anonymous one counts in a share of its own, out of the budget, and past it the CONNECT
-    // is refused (0x97 Quota exceeded, v5 §3.2.2.2; 3 Server unavailable for 3.x). Counted in
-    // the budget and bounded by nothing else, 7,000 anonymous connections took the budget
-    // past 100%, and password users got 0x97 (issue 35, twelfth adversarial pass, U2). A
-    // client id with a session is counted already.
-    if anonymous
-        && expiry_interval == 0
-        && !crate::broker::flow::anonymous_connected_has_room(
-            crate::broker::flow::anonymous_session_cost(admitted.client_id.len()),
+    // An anonymous client's connection, and its session when that ends with the
+    // connection, count in a share of their own, out of the budget: the connection what
+    // its listener's kind holds idle (`slots::connection_cost`: 2 KiB on tcp, 32 KiB on
+    // tls), charged from here until it is gone. Past the share the CONNECT is refused
+    // (0x97 Quota exceeded, v5 §3.2.2.2; 3 Server unavailable for 3.x). Counted in the
+    // budget and bounded by nothing else, 7,000 anonymous connections took the budget past
+    // 100%, and password users got 0x97 (issue 35, twelfth adversarial pass, U2); charged
+    // the session's 1 KiB alone, a TLS listener let in the share's worth of connections
+    // holding 20-35 times the share (thirteenth pass, F2). A client id with a session has
+    // its session counted already.
+    let anonymous_connection = if anonymous {
+        let session = if expiry_interval == 0 && !broker.has_session(&admitted.client_id) {
+            crate::broker::flow::anonymous_session_cost(admitted.client_id.len())
+        } else {
+            0
+        };
+        let charge = crate::broker::flow::AnonymousConnection::charge(
+            slot.connection_cost(),
+            session,
             &broker.flow().memory,
-        )
-        && !broker.has_session(&admitted.client_id)
-    {
-        tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "anonymous clients' connected sessions are at their share: the CONNECT is refused");
-        let why = "anonymous clients' connected sessions are at their share of the memory budget";
-        let code = ReasonCode::QUOTA_EXCEEDED;
-        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
-    }
+        );
+        let Some(charge) = charge else {
+            tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, "anonymous clients' connections are at their share: the CONNECT is refused");
+            let why = "anonymous clients' connections are at their share of the memory budget";
+            let code = ReasonCode::QUOTA_EXCEEDED;
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        };
+        Some(charge)
+    } else {
+        None
+    };
     // Counted from now, not from when the connection ends: connections held open together
     // would otherwise all pass the check above (ninth pass, R1). It moves with the will: the
     // session's own count takes over when the will is deferred (`Broker::defer_will`), the
@@ -542,6 +554,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         }
     };
+    if let Some(charge) = anonymous_connection {
+        connected.hold(charge);
+    }
     // A will the token's `publish` claim denies is dropped here, not kept to be denied when
     // it is due: claims are fixed for the connection, so the answer is the same now, and a
     // will that outlives it (stored for after a restart, or in the session's record for
