@@ -226,11 +226,13 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     if logins.binds_sessions() {
         let open = logins.anonymous_listeners();
         if !open.is_empty() {
-            tracing::warn!(listeners = ?open, "an authentication method is set but clients without credentials are still let in on these listeners; set allow_anonymous = false to refuse them");
+            let listeners = open.join(", ");
+            tracing::warn!(%listeners, "an authentication method is set but clients without credentials are still let in on these listeners; set allow_anonymous = false to refuse them");
         }
     } else {
-        // The embedded default: say so when anyone on the network may connect (Mosquitto
-        // 2.x listens on loopback only without a config; issue 35, fifth adversarial pass).
+        // No authentication method: say so when anyone on the network may connect (the
+        // default listens on loopback only, as Mosquitto 2.x without a config; issue 35,
+        // fifth adversarial pass; issue 37, item 2).
         let exposed: Vec<String> = config
             .listeners
             .iter()
@@ -239,7 +241,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .map(|(l, _)| l.bind.to_string())
             .collect();
         if !exposed.is_empty() {
-            tracing::warn!(listeners = ?exposed, "no authentication method is configured: any client that reaches these addresses may connect, publish and subscribe; see the README's Security section (allow_anonymous = false and a password_file)");
+            let listeners = exposed.join(", ");
+            tracing::warn!(%listeners, "no authentication method is configured: any client that reaches these addresses may connect, publish and subscribe; see the README's Security section (allow_anonymous = false and a password_file)");
         }
     }
     // What each listener asks of its clients, for the start-up lines (issue 37, item 2).
@@ -353,7 +356,14 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .collect();
     for ((l, config), admits) in listeners.iter().zip(&config.listeners).zip(&admits) {
         let kind = config.kind.as_str();
-        tracing::info!(listener = %l.name, addr = %l.addr, %kind, %admits, "MQTT listener up");
+        // Loopback is the default (as Mosquitto 2 without a config): say so, since a client
+        // on another machine is then refused with nothing in the log (issue 37, item 2).
+        let reach = if l.addr.ip().is_loopback() {
+            "this machine only (loopback; set bind to serve the network)"
+        } else {
+            "the network"
+        };
+        tracing::info!(listener = %l.name, addr = %l.addr, %kind, %admits, %reach, "MQTT listener up");
     }
     readiness.listeners_up();
     crate::bridge::start(

@@ -55,7 +55,7 @@ pub struct AdminConfig {
 pub struct MetricsConfig {
     /// Serve metrics at all; when false no port is opened and metric updates are no-ops.
     pub enabled: bool,
-    /// Address and port of the metrics HTTP endpoint (`0.0.0.0:9883`).
+    /// Address and port of the metrics HTTP endpoint (default `127.0.0.1:9883`: loopback only).
     pub bind: SocketAddr,
     /// Seconds an HTTP connection may take to send a request's headers, counted from when
     /// the server starts waiting for them: after accept, and after each response (so it also
@@ -86,7 +86,7 @@ impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig {
             enabled: true,
-            bind: SocketAddr::from(([0, 0, 0, 0], 9883)),
+            bind: SocketAddr::from(([127, 0, 0, 1], 9883)),
             header_timeout: DEFAULT_HTTP_HEADER_TIMEOUT,
             max_connections: DEFAULT_HTTP_MAX_CONNECTIONS,
             max_connections_per_ip: DEFAULT_HTTP_MAX_CONNECTIONS_PER_IP,

@@ -28,7 +28,7 @@ pub struct ListenerConfig {
     /// [`ListenerConfig::effective_name`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Address and port to accept MQTT connections on (`0.0.0.0:1883`).
+    /// Address and port to accept MQTT connections on (default `127.0.0.1:1883`: loopback only).
     pub bind: SocketAddr,
     /// Upper bound on clients connected at once through this listener (CONNECT accepted);
     /// 0 = unlimited. Connections still in their handshake do not count: they have slots of
@@ -194,7 +194,7 @@ impl Default for ListenerConfig {
     fn default() -> Self {
         ListenerConfig {
             name: None,
-            bind: SocketAddr::from(([0, 0, 0, 0], 1883)),
+            bind: SocketAddr::from(([127, 0, 0, 1], 1883)),
             max_connections: 0,
             max_connections_per_ip: 0,
             max_pending_connections: DEFAULT_MAX_PENDING_CONNECTIONS,
@@ -222,7 +222,8 @@ impl ListenerConfig {
     }
 }
 
-/// The default list: one listener on `0.0.0.0:1883`.
+/// The default list: one listener on `127.0.0.1:1883` (loopback only, as Mosquitto 2 without
+/// a config: nothing is reachable from the network until the operator says so).
 pub(super) fn default_listeners() -> Vec<ListenerConfig> {
     vec![ListenerConfig::default()]
 }

@@ -462,17 +462,70 @@ fn one_file_serves_two_nodes_named_by_flag_and_environment() {
     drop(nats);
 }
 
-/// The embedded default lets anyone who reaches its port in (as Mosquitto with
-/// `allow_anonymous true`); it says so at start-up, naming the exposed addresses, where
-/// before it logged nothing (issue 35, fifth adversarial pass: Mosquitto 2.x without a config
-/// listens on loopback only and says "Starting in local only mode").
+/// An address of this machine other than loopback (the source address of its route towards
+/// a documentation address, RFC 5737; a UDP `connect` sends nothing), if it has one.
+fn non_loopback_address() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// With no config the broker listens on loopback only, MQTT and metrics alike, as Mosquitto
+/// 2.x does without a config ("Starting in local only mode"), and its start-up line says so;
+/// this machine's other addresses are refused. Before, the embedded default listened on
+/// 0.0.0.0 and let anyone who reached the port in (issue 35, fifth adversarial pass; issue
+/// 37, item 2).
 #[test]
-fn the_open_default_warns_that_anyone_may_connect() {
+fn the_default_listens_on_loopback_only_and_says_so() {
     let (mqtt, metrics) = (free_port(), free_port());
     let dir = tempfile::tempdir().expect("tempdir");
     let flags = default_config_flags(mqtt, metrics, dir.path());
     let (child, line) = spawn_until(
         &flags.each_ref().map(String::as_str),
+        &[],
+        "MQTT listener up",
+    );
+    assert!(line.contains(&format!("127.0.0.1:{mqtt}")), "{line}");
+    assert!(line.contains("this machine only (loopback"), "{line}");
+    match non_loopback_address() {
+        Some(ip) => {
+            for port in [mqtt, metrics] {
+                let refused = std::net::TcpStream::connect_timeout(
+                    &std::net::SocketAddr::new(ip, port),
+                    std::time::Duration::from_secs(5),
+                );
+                assert!(refused.is_err(), "{ip}:{port} accepted a connection");
+            }
+        }
+        None => eprintln!("skipped the non-loopback check: this machine has no other address"),
+    }
+    let logs = child.log().join("\n");
+    assert!(
+        !logs.contains("no authentication method is configured"),
+        "{logs}"
+    );
+    terminate(child);
+}
+
+/// A listener on every interface without an authentication method lets anyone who reaches
+/// its port in (as Mosquitto with `allow_anonymous true`): the start-up log warns, naming
+/// the exposed address (issue 35, fifth adversarial pass).
+#[test]
+fn an_open_listener_on_the_network_warns_that_anyone_may_connect() {
+    let (mqtt, metrics) = (free_port(), free_port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("open.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[listener]]\nbind = \"0.0.0.0:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+             [storage]\npersistence = false\n"
+        ),
+    )
+    .expect("write config");
+    let (child, line) = spawn_until(
+        &["-c", path.to_str().expect("utf8")],
         &[],
         "no authentication method is configured",
     );

@@ -938,6 +938,46 @@ fn containerfile_is_multi_stage_small_and_non_root() {
     );
 }
 
+/// The image's config (the file the Containerfile installs): the real binary on it listens on
+/// every interface of the container for MQTT and metrics, since the defaults' loopback is
+/// reachable from nowhere inside a container, and warns that anyone who reaches the port may
+/// connect (issue 37, item 2: the defaults listen on loopback only).
+#[test]
+fn the_image_config_serves_the_containers_network_and_warns() {
+    let file = read("deploy/container/Containerfile");
+    assert!(
+        file.contains("deploy/container/postbox.toml /out/etc/postbox/postbox.toml"),
+        "the image installs deploy/container/postbox.toml"
+    );
+    let (mqtt, metrics) = (
+        crate::common::process::free_port(),
+        crate::common::process::free_port(),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = repo_path("deploy/container/postbox.toml");
+    let broker = crate::common::process::Broker::spawn(
+        &[
+            "-c",
+            config.to_str().expect("utf8"),
+            "-p",
+            &mqtt.to_string(),
+            "--metrics-port",
+            &metrics.to_string(),
+            "--data-dir",
+            dir.path().to_str().expect("utf8"),
+        ],
+        &[],
+    );
+    let warning = broker.wait_log(|l| l.contains("no authentication method is configured"));
+    assert!(warning.contains(&format!("0.0.0.0:{mqtt}")), "{warning}");
+    let up = broker.wait_log(|l| l.contains("MQTT listener up"));
+    assert!(up.contains(&format!("0.0.0.0:{mqtt}")), "{up}");
+    assert!(up.contains("the network"), "{up}");
+    let http = broker.wait_log(|l| l.contains("HTTP endpoint up"));
+    assert!(http.contains(&format!("0.0.0.0:{metrics}")), "{http}");
+    broker.terminate();
+}
+
 /// A bridge whose series (`postbox_bridge_*`, labelled by its name) the dashboard and the rules
 /// use: to a closed port, lazy with a threshold nobody reaches, so it never connects.
 const BRIDGE: &str = "[[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:1\"]\n\
