@@ -491,9 +491,9 @@ fn the_default_listens_on_loopback_only_and_says_so() {
     match non_loopback_address() {
         Some(ip) => {
             for port in [mqtt, metrics] {
-                let refused = std::net::TcpStream::connect_timeout(
+                let refused = TcpStream::connect_timeout(
                     &std::net::SocketAddr::new(ip, port),
-                    std::time::Duration::from_secs(5),
+                    Duration::from_secs(5),
                 );
                 assert!(refused.is_err(), "{ip}:{port} accepted a connection");
             }
