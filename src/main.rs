@@ -152,9 +152,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         data_dir: cli.data_dir.clone(),
         cluster_node: cluster_node(cli.cluster_node.clone())?,
     };
-    let config =
-        Config::load_with(cli.config.as_deref(), &overrides).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (config, notes) = Config::load_noting(cli.config.as_deref(), &overrides)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let log = postbox::logging::init(&config.log, cli.verbose)?;
+    for note in &notes {
+        tracing::warn!("{note}");
+    }
     // Said once the broker runs: which file it read, and where its durable state lives.
     let config_source = cli.config.as_deref().map_or_else(
         || "embedded default (postbox -c FILE to use another)".to_owned(),
@@ -248,8 +251,11 @@ fn reload(
 ) {
     tracing::info!("SIGHUP: reloading the config file, certificates, password file and ACL");
     if let Some(path) = path {
-        match Config::load_with(Some(path), overrides) {
-            Ok(new) => {
+        match Config::load_noting(Some(path), overrides) {
+            Ok((new, notes)) => {
+                for note in &notes {
+                    tracing::warn!("{note}");
+                }
                 // The filter first, so the server's "reload: applied log.level" line is true
                 // by the time anyone reads it (an unchanged level sets the same filter again).
                 let level = log.set_level(&new.log.level);

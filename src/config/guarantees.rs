@@ -78,8 +78,8 @@ pub struct SchemaConfig {
     /// The topic filter the contract covers (wildcards allowed, no `$share/`).
     pub filter: String,
     /// The JSON Schema file (draft 2020-12 unless the file's `$schema` says otherwise), read
-    /// and compiled at start and on SIGHUP; a relative path is taken from the working
-    /// directory, as the other files.
+    /// and compiled at start and on SIGHUP; a relative path is read from the config file's
+    /// directory, as the other files (`config::paths`).
     pub file: PathBuf,
     /// What to do with an invalid payload.
     #[serde(default)]

@@ -128,8 +128,9 @@ pub enum TlsIdentity {
     None,
 }
 
-/// `[listener.tls]`: the files of a TLS listener. Paths are relative to the working
-/// directory; all are re-read on SIGHUP and when their modification time changes.
+/// `[listener.tls]`: the files of a TLS listener. Relative paths are read from the config
+/// file's directory (`config::paths`); all are re-read on SIGHUP and when their modification
+/// time changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {

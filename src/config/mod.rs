@@ -21,6 +21,7 @@ mod hints;
 mod listener;
 mod mqtt;
 mod overrides;
+mod paths;
 mod storage;
 mod validate;
 
@@ -332,6 +333,21 @@ impl Config {
     /// A `ConfigError` when the file cannot be read, or its content (with `overrides` applied)
     /// does not parse or validate.
     pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        Config::load_noting(path, overrides).map(|(config, _)| config)
+    }
+
+    /// [`Config::load_with`], with the notes a person should read once logging is up: a path
+    /// found only relative to the working directory (relative paths in a file are read from
+    /// the file's directory, `paths`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load_with`], and a file the config names that cannot be read (its key and
+    /// line named).
+    pub fn load_noting(
+        path: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<(Config, Vec<String>), ConfigError> {
         let (text, origin) = match path {
             Some(path) => (
                 std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
@@ -343,6 +359,14 @@ impl Config {
             None => (EMBEDDED_DEFAULT.to_owned(), EMBEDDED_ORIGIN.to_owned()),
         };
         let mut config = Config::parse_unvalidated(&text, &origin)?;
+        let notes = match path {
+            Some(path) => {
+                let file = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+                let base = file.parent().unwrap_or_else(|| Path::new("."));
+                paths::resolve(&mut config, base)
+            }
+            None => Vec::new(),
+        };
         overrides.apply(&mut config, &origin)?;
         config
             .validate()
@@ -366,7 +390,8 @@ impl Config {
                 }
                 other => other,
             })?;
-        Ok(config)
+        paths::check_files(&mut config).map_err(|e| e.locate(&text, &origin))?;
+        Ok((config, notes))
     }
 
     /// Parses TOML text into a `Config` without the cross-field rules; errors are positioned.

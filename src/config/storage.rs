@@ -53,7 +53,8 @@ pub struct StorageConfig {
     /// Keep durable state on disk (Mosquitto's `persistence`). Off: everything in memory,
     /// lost on restart.
     pub persistence: bool,
-    /// Directory for durable state (relative paths are relative to the working directory).
+    /// Directory for durable state (relative to the working directory, unlike the files a
+    /// config names, which are read from its own directory: state goes where the broker runs).
     pub dir: Option<PathBuf>,
     /// When the log is forced to disk.
     pub fsync: FsyncPolicy,

@@ -238,7 +238,19 @@ impl Broker {
     /// variables (an empty value removes one), its output read into [`Broker::log`]; does
     /// not wait for anything.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Broker {
+        Broker::spawn_from(None, args, env)
+    }
+
+    /// [`Broker::spawn`] with `cwd` as the working directory, for what depends on it.
+    pub fn spawn_in(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Broker {
+        Broker::spawn_from(Some(cwd), args, env)
+    }
+
+    fn spawn_from(cwd: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Broker {
         let mut command = Command::new(BIN);
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
         command
             .args(args)
             .env("NO_COLOR", "1")

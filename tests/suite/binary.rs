@@ -533,3 +533,79 @@ fn an_open_listener_on_the_network_warns_that_anyone_may_connect() {
     assert!(line.contains(&format!("0.0.0.0:{mqtt}")), "{line}");
     terminate(child);
 }
+
+/// Files a config names are read from the config file's directory, so a config with its files
+/// beside it runs from any working directory (issue 37, item 3: the examples ran only from the
+/// repository root); a missing one stops the start with an error naming the file, line and
+/// key, and the path it looked at, before anything is created on disk (here, the store's
+/// directory). Before, it said `cannot load the ACL: acl: cannot read`, naming neither.
+#[test]
+fn files_a_config_names_are_read_beside_it_from_any_directory() {
+    let (configs, elsewhere) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::fs::copy(
+        root.join("config/passwd.example"),
+        configs.path().join("passwd"),
+    )
+    .expect("copy passwd");
+    std::fs::copy(root.join("config/acl.example"), configs.path().join("acl")).expect("copy acl");
+    let (mqtt, metrics) = (free_port(), free_port());
+    let data = elsewhere.path().join("data");
+    let text = |acl: &str| {
+        format!(
+            "[[listener]]\nbind = \"127.0.0.1:{mqtt}\"\n[metrics]\nbind = \"127.0.0.1:{metrics}\"\n\
+             [storage]\ndir = {:?}\n[auth]\npassword_file = \"passwd\"\n\
+             acl_file = \"{acl}\"\nallow_anonymous = false\n",
+            data.display().to_string()
+        )
+    };
+    let path = configs.path().join("postbox.toml");
+    let args = ["-c", path.to_str().expect("utf8")];
+    // A file that is not there: refused whole, with where to look.
+    std::fs::write(&path, text("acl.missing")).expect("write config");
+    let mut broker = Broker::spawn_in(elsewhere.path(), &args, &[]);
+    let status = broker.wait_exit(WAIT).expect("exits");
+    assert!(!status.success());
+    let out = broker.log().join("\n");
+    let missing = configs.path().join("acl.missing");
+    for needed in [
+        format!("{}:", path.display()),
+        "auth.acl_file".to_owned(),
+        missing.display().to_string(),
+        "no such file".to_owned(),
+    ] {
+        assert!(out.contains(&needed), "{needed:?} not in: {out}");
+    }
+    assert!(!data.exists(), "the store's directory was created: {out}");
+    // The files beside the config, from another directory: it runs and checks the password.
+    std::fs::write(&path, text("acl")).expect("write config");
+    let broker = Broker::spawn_in(elsewhere.path(), &args, &[]);
+    broker.wait_log(|l| l.contains("postbox running"));
+    let publish = |password: &str| {
+        Command::new("mosquitto_pub")
+            .args(["-h", "127.0.0.1", "-p", &mqtt.to_string(), "-q", "1"])
+            .args([
+                "-u",
+                "sensor1",
+                "-P",
+                password,
+                "-t",
+                "sensors/sensor1/t",
+                "-m",
+                "1",
+            ])
+            .output()
+            .expect("mosquitto_pub")
+            .status
+            .success()
+    };
+    assert!(
+        publish("sensor1-secret"),
+        "the password file beside the config was not read"
+    );
+    assert!(!publish("wrong"));
+    terminate(broker);
+}

@@ -42,6 +42,23 @@ fn every_config_file_parses() {
     }
 }
 
+/// Every file a shipped config names is found beside it (relative paths in a config file are
+/// read from its directory), so each example runs from any working directory: loading them
+/// gives no note of a path found only from the working directory, which here is the
+/// repository root, where paths written as before (`config/acl.example`) would be found
+/// (issue 37, item 3).
+#[test]
+fn every_config_file_names_its_files_from_its_own_directory() {
+    for file in toml_files(&root().join("config"))
+        .into_iter()
+        .chain([root().join("deploy/container/postbox.toml")])
+    {
+        let (_, notes) =
+            Config::load_noting(Some(&file), &Default::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(notes.is_empty(), "{}: {notes:?}", file.display());
+    }
+}
+
 #[test]
 fn default_file_is_the_embedded_default() {
     let file = Config::load(&root().join("config/postbox.toml")).expect("postbox.toml loads");

@@ -33,8 +33,15 @@ fn the_shipped_secure_config_serves_tls_passwords_and_mtls() {
         .replace("0.0.0.0:9001", &format!("127.0.0.1:{}", ports[2]))
         .replace("0.0.0.0:9002", &format!("127.0.0.1:{}", ports[3]))
         .replace("127.0.0.1:9883", &format!("127.0.0.1:{}", ports[4]))
-        .replace("\"certs/", &format!("\"{}/certs/", root.display()))
-        .replace("\"config/", &format!("\"{}/config/", root.display()))
+        .replace("\"../certs/", &format!("\"{}/certs/", root.display()))
+        .replace(
+            "\"passwd.example",
+            &format!("\"{}/config/passwd.example", root.display()),
+        )
+        .replace(
+            "\"acl.example",
+            &format!("\"{}/config/acl.example", root.display()),
+        )
         .replace("\"data-secure\"", &format!("{:?}", dir.path().join("data")));
     let path = dir.path().join("secure.toml");
     std::fs::write(&path, text).expect("write");
