@@ -24,7 +24,7 @@ struct Cli {
     /// Configuration file (TOML). Without it, the embedded default config is used.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Port of the first MQTT listener (overrides its port in the config file).
+    /// Port of the first MQTT listener only (overrides its port in the config file; other listeners keep theirs).
     #[arg(short = 'p', long = "port", value_name = "PORT")]
     port: Option<u16>,
     /// Port of the metrics endpoint (overrides `metrics.bind`'s port); 0 turns it off.
@@ -157,6 +157,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let log = postbox::logging::init(&config.log, cli.verbose)?;
     for note in &notes {
         tracing::warn!("{note}");
+    }
+    // `-p` moves the first listener only: say so where it could surprise (issue 37, item 3).
+    if let (Some(port), [first, _, ..]) = (cli.port, config.listeners.as_slice()) {
+        let listener = first.effective_name(0);
+        tracing::info!(%port, %listener, "-p set the port of the first listener only; the others keep the ports the config file gives");
     }
     // Said once the broker runs: which file it read, and where its durable state lives.
     let config_source = cli.config.as_deref().map_or_else(

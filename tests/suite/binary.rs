@@ -609,3 +609,36 @@ fn files_a_config_names_are_read_beside_it_from_any_directory() {
     assert!(!publish("wrong"));
     terminate(broker);
 }
+
+/// `-p` moves the first listener only; with several, the start-up log says so, naming it, and
+/// the second keeps its port (issue 37, item 3: `-p`'s reach was undocumented).
+#[test]
+fn the_port_flag_says_it_moved_the_first_listener_only() {
+    let (first, second, moved, metrics) = (free_port(), free_port(), free_port(), free_port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("two.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[listener]]\nname = \"devices\"\nbind = \"127.0.0.1:{first}\"\n\
+             [[listener]]\nname = \"local\"\nbind = \"127.0.0.1:{second}\"\n\
+             [metrics]\nbind = \"127.0.0.1:{metrics}\"\n[storage]\npersistence = false\n"
+        ),
+    )
+    .expect("write config");
+    let args = ["-c", path.to_str().expect("utf8"), "-p", &moved.to_string()];
+    let broker = Broker::spawn(&args, &[]);
+    let line = broker.wait_log(|l| l.contains("-p set the port"));
+    assert!(
+        line.contains("devices") && line.contains(&moved.to_string()),
+        "{line}"
+    );
+    broker.wait_log(|l| l.contains("MQTT listener up") && l.contains("local"));
+    for port in [moved, second] {
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            "port {port}"
+        );
+    }
+    terminate(broker);
+}
