@@ -24,7 +24,8 @@ struct Cli {
     /// Configuration file (TOML). Without it, the embedded default config is used.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Port of the first MQTT listener only (overrides its port in the config file; other listeners keep theirs).
+    /// Port of the first MQTT listener only (overrides its port in the config file; other
+    /// listeners keep theirs).
     #[arg(short = 'p', long = "port", value_name = "PORT")]
     port: Option<u16>,
     /// Port of the metrics endpoint (overrides `metrics.bind`'s port); 0 turns it off.
