@@ -211,14 +211,17 @@ impl Default for ListenerConfig {
 }
 
 impl ListenerConfig {
-    /// The name the listener at position `index` goes by: its `name`, else `tcp` for the first
-    /// listener and `tcp-<port>` for the others (so one unnamed listener per port needs no
-    /// thought, and a second one on an ephemeral port must be named).
+    /// The name the listener at position `index` goes by: its `name`, else its kind (`tcp`,
+    /// `tls`, `ws`, `wss`) for the first listener and `<kind>-<port>` for the others (so one
+    /// unnamed listener per port needs no thought, and a second one on an ephemeral port must
+    /// be named). By kind, so logs and metrics do not call a TLS listener `tcp-8883` (issue
+    /// 37); plain TCP listeners keep the names they always had.
     pub fn effective_name(&self, index: usize) -> String {
+        let kind = self.kind.as_str();
         match &self.name {
             Some(name) => name.clone(),
-            None if index == 0 => "tcp".to_owned(),
-            None => format!("tcp-{}", self.bind.port()),
+            None if index == 0 => kind.to_owned(),
+            None => format!("{kind}-{}", self.bind.port()),
         }
     }
 }
@@ -479,6 +482,14 @@ mod tests {
         );
         assert_eq!(c.listener_names(), ["inside", "tcp-8883", "tcp-1884"]);
         assert_eq!(Config::default().listener_names(), ["tcp"]);
+        // Unnamed listeners of other kinds go by their kind, not `tcp` (issue 37).
+        let kinds = parse(
+            "[[listener]]\nbind = \"127.0.0.1:9001\"\nkind = \"ws\"\n\n\
+             [[listener]]\nbind = \"127.0.0.1:1883\"\n\n\
+             [[listener]]\nbind = \"127.0.0.1:9002\"\nkind = \"ws\"\n",
+        )
+        .expect("parses");
+        assert_eq!(kinds.listener_names(), ["ws", "tcp-1883", "ws-9002"]);
         let unlimited = parse(
             "[[listener]]\nbind = \"127.0.0.1:1883\"\nmax_pending_connections = 0\n\
              max_pending_connections_per_ip = 3\n",

@@ -393,7 +393,7 @@ async fn bad_upgrades_are_refused_with_http_status() {
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     for (reason, want) in [("subprotocol", 2.0), ("path", 2.0), ("origin", 1.0)] {
         let series =
-            format!("postbox_ws_upgrade_failures_total{{listener=\"tcp\",reason=\"{reason}\"}}");
+            format!("postbox_ws_upgrade_failures_total{{listener=\"ws\",reason=\"{reason}\"}}");
         let got = broker.wait_metric(&series, |v| v >= want).await;
         assert_eq!(got, want, "{series}");
     }
@@ -448,7 +448,7 @@ async fn plain_mqtt_on_the_ws_port_is_refused_without_disturbing_others() {
     }
     broker
         .wait_metric(
-            "postbox_ws_upgrade_failures_total{listener=\"tcp\",reason=\"handshake\"}",
+            "postbox_ws_upgrade_failures_total{listener=\"ws\",reason=\"handshake\"}",
             |v| v >= 1.0,
         )
         .await;
