@@ -325,3 +325,43 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every `reason` of the `client disconnected` line is documented (README, or the guide
+    /// under docs/), read from [`super::Close::label`]'s own source, so a new reason cannot
+    /// ship undocumented: `administrative action`, `credentials revoked` and `anonymous share
+    /// full` were missing from the README's list (issue 37, "Seen" 7).
+    #[test]
+    fn every_close_reason_is_documented() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut docs = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+        if let Ok(entries) = std::fs::read_dir(root.join("docs")) {
+            for entry in entries.flatten() {
+                if entry.path().extension().is_some_and(|e| e == "md") {
+                    docs.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+                }
+            }
+        }
+        let source = include_str!("closing.rs");
+        let start = source.find("fn label(&self)").expect("label");
+        let body = &source[start..start + source[start..].find("\n    }\n").expect("end")];
+        let labels: Vec<&str> = body
+            .split("=> \"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .chain(
+                body.split("{\n                \"")
+                    .skip(1)
+                    .filter_map(|r| r.split('"').next()),
+            )
+            .collect();
+        assert!(labels.len() >= 15, "{labels:?}");
+        for label in labels {
+            assert!(
+                docs.contains(&format!("`{label}`")),
+                "`{label}` is not documented"
+            );
+        }
+    }
+}
