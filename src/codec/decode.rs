@@ -652,20 +652,31 @@ fn unsuback(r: &mut Reader, v5: bool) -> Result<UnsubAck> {
     })
 }
 
+/// A reason code `allowed` in the packet and the properties `read` takes after it, either
+/// of which may be left out at the end of the packet (5.0 §3.14.2.1, §3.15.2.1: the short
+/// forms of DISCONNECT and AUTH); nothing may follow them.
+fn code_and_properties<P: Default>(
+    r: &mut Reader,
+    allowed: fn(u8) -> bool,
+    read: fn(&mut Reader) -> Result<P>,
+) -> Result<(ReasonCode, P)> {
+    if r.is_empty() {
+        return Ok((ReasonCode::SUCCESS, P::default()));
+    }
+    let reason_code = reason(r, allowed)?;
+    let properties = if r.is_empty() { P::default() } else { read(r)? };
+    r.finish()?;
+    Ok((reason_code, properties))
+}
+
 /// DISCONNECT: empty in 3.x; in 5.0 remaining length 0 means normal disconnection and 1 means
 /// a reason code without properties (§3.14.2.1, §3.14.2.2.1).
 fn disconnect(r: &mut Reader, v5: bool) -> Result<Disconnect> {
-    if !v5 || r.is_empty() {
+    if !v5 {
         r.finish()?;
         return Ok(Disconnect::default());
     }
-    let reason_code = reason(r, codes::disconnect)?;
-    let properties = if r.is_empty() {
-        DisconnectProperties::default()
-    } else {
-        props::disconnect(r)?
-    };
-    r.finish()?;
+    let (reason_code, properties) = code_and_properties(r, codes::disconnect, props::disconnect)?;
     Ok(Disconnect {
         reason_code,
         properties,
@@ -674,16 +685,7 @@ fn disconnect(r: &mut Reader, v5: bool) -> Result<Disconnect> {
 
 /// AUTH (5.0 only, §3.15; refused for 3.x in `check_byte1`). Same short forms as DISCONNECT.
 fn auth(r: &mut Reader) -> Result<Auth> {
-    if r.is_empty() {
-        return Ok(Auth::default());
-    }
-    let reason_code = reason(r, codes::auth)?;
-    let properties = if r.is_empty() {
-        AuthProperties::default()
-    } else {
-        props::auth(r)?
-    };
-    r.finish()?;
+    let (reason_code, properties) = code_and_properties(r, codes::auth, props::auth)?;
     Ok(Auth {
         reason_code,
         properties,
