@@ -358,19 +358,45 @@ impl Config {
             ),
             None => (EMBEDDED_DEFAULT.to_owned(), EMBEDDED_ORIGIN.to_owned()),
         };
-        let mut config = Config::parse_unvalidated(&text, &origin)?;
-        let notes = match path {
-            Some(path) => {
-                let file = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-                let base = file.parent().unwrap_or_else(|| Path::new("."));
-                paths::resolve(&mut config, base)
-            }
-            None => Vec::new(),
-        };
-        overrides.apply(&mut config, &origin)?;
+        let base = path.map(|path| {
+            let file = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+            file.parent().unwrap_or_else(|| Path::new(".")).to_owned()
+        });
+        let (mut config, notes) = Config::parse_at(&text, &origin, base.as_deref(), overrides)?;
+        paths::check_files(&mut config).map_err(|e| e.locate(&text, &origin))?;
+        Ok((config, notes))
+    }
+
+    /// What [`Config::load_noting`] makes of a file's `text`, without reading the files it
+    /// names: to check a config meant for another machine (a Kubernetes ConfigMap whose
+    /// password file is a Secret mounted there) with the `overrides` it will run with.
+    /// Relative paths stay as written.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::from_toml_str`], with `overrides` applied before validation.
+    pub fn from_toml_str_with(
+        text: &str,
+        origin: &str,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        Config::parse_at(text, origin, None, overrides).map(|(config, _)| config)
+    }
+
+    /// Parses `text`, reads its relative paths from `base` (notes for those found only from
+    /// the working directory), applies `overrides` and validates.
+    fn parse_at(
+        text: &str,
+        origin: &str,
+        base: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<(Config, Vec<String>), ConfigError> {
+        let mut config = Config::parse_unvalidated(text, origin)?;
+        let notes = base.map_or_else(Vec::new, |base| paths::resolve(&mut config, base));
+        overrides.apply(&mut config, origin)?;
         config
             .validate()
-            .map_err(|e| match e.locate(&text, &origin) {
+            .map_err(|e| match e.locate(text, origin) {
                 ConfigError::Invalid {
                     origin,
                     key,
@@ -390,7 +416,6 @@ impl Config {
                 }
                 other => other,
             })?;
-        paths::check_files(&mut config).map_err(|e| e.locate(&text, &origin))?;
         Ok((config, notes))
     }
 

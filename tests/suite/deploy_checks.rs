@@ -805,8 +805,11 @@ fn kubernetes_cluster_variant_runs_three_nodes_on_nats_jetstream() {
     let set_name = postbox["metadata"]["name"].as_str().expect("name");
     for i in 0..3 {
         let pod_name = format!("{set_name}-{i}");
-        let config = Config::load_with(
-            Some(&path),
+        // Without reading the files it names: its password file is the Secret mounted in
+        // the pod.
+        let config = Config::from_toml_str_with(
+            toml_text,
+            &path.display().to_string(),
             &Overrides {
                 cluster_node: Some(ClusterNode::Flag(pod_name.clone())),
                 ..Overrides::default()
