@@ -5,7 +5,8 @@
 //!   bash against the real binary (`postbox` on `PATH` is `target/debug/postbox`), the real
 //!   Mosquitto clients, `curl` and `jq`, bounded in time; a `text` block right under it (only
 //!   blank lines between) is its expected output, stdout and stderr together, line for line
-//!   (`…` stands for any text within a line; a line of `…` alone for any lines).
+//!   (`…` stands for any text within a line; a line of `…` alone for any lines; its ports
+//!   are moved as the block's are).
 //! - The examples read as a user types them: the test moves their well-known ports (1883,
 //!   9883, 8883, ...) to free ones, in the block and in a copy of `config/` the block runs
 //!   beside, and gives the Mosquitto clients `-h 127.0.0.1 -p <the 1883 port>` as defaults
@@ -476,14 +477,10 @@ fn run_examples(pages: &[(String, String)]) -> (usize, Vec<String>) {
                 Err(why) => Some(why),
                 Ok(printed) => {
                     let got = trimmed_lines(printed);
-                    let expected = trimmed_lines(
-                        example
-                            .expected
-                            .as_deref()
-                            .unwrap_or_default()
-                            .lines()
-                            .map(str::to_owned),
-                    );
+                    // The output moves with the ports: a port the example names is printed
+                    // as the scene's.
+                    let expected = scene.rewrite(example.expected.as_deref().unwrap_or_default());
+                    let expected = trimmed_lines(expected.lines().map(str::to_owned));
                     let got_refs: Vec<&str> = got.iter().map(String::as_str).collect();
                     let expected_refs: Vec<&str> = expected.iter().map(String::as_str).collect();
                     let checked = example.expected.is_some();
