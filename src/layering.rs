@@ -211,16 +211,17 @@ fn the_detector_tells_inside_from_outside() {
     );
 }
 
-/// README's "Repository layout" names every entry of `src/`, so the layout a newcomer reads
-/// is the tree (issue 36: it had left out `cluster/`, `guarantees/`, `reload/`).
+/// The "Repository layout" of `docs/development.md` (the README's until issue 37) names every
+/// entry of `src/`, so the layout a newcomer reads is the tree (issue 36: it had left out
+/// `cluster/`, `guarantees/`, `reload/`).
 #[test]
-fn the_readme_layout_names_every_entry_of_src() {
-    let readme = include_str!("../README.md");
-    let layout = readme
+fn the_documented_layout_names_every_entry_of_src() {
+    let page = include_str!("../docs/development.md");
+    let layout = page
         .split("## Repository layout")
         .nth(1)
         .and_then(|rest| rest.split("\n## ").next())
-        .expect("README has a Repository layout section");
+        .expect("docs/development.md has a Repository layout section");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut missing = Vec::new();
     for entry in std::fs::read_dir(&src).expect("src/").flatten() {
@@ -234,5 +235,8 @@ fn the_readme_layout_names_every_entry_of_src() {
             missing.push(shown);
         }
     }
-    assert!(missing.is_empty(), "README's layout leaves out {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/development.md's layout leaves out {missing:?}"
+    );
 }

@@ -23,7 +23,7 @@
 //!   loopback it did not show against the parent of that fix either, 0 of 20 on each, so this
 //!   is a regression guard, not a reproduction).
 //!
-//! The runtimes are installed by `.ci/run` (and README "Test it"): a missing one fails the
+//! The runtimes are installed by `.ci/run` (and docs/development.md, "Test it"): a missing one fails the
 //! test with the install step, it does not skip.
 
 use std::path::{Path, PathBuf};

@@ -48,6 +48,7 @@ mod deploy_checks;
 mod deploy_files;
 mod deploy_prometheus;
 mod disk_faults;
+mod docs_examples;
 mod durability;
 mod flow_control;
 mod fuzz_corpus;
