@@ -246,14 +246,14 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         }
     }
     // What each listener asks of its clients, for the start-up lines (issue 37, item 2).
-    let admits: Vec<&'static str> = config
+    let admits: Vec<(&'static str, bool)> = config
         .listener_names()
         .iter()
         .map(
             |name| match (logins.binds_sessions(), logins.anonymous_allowed(name)) {
-                (false, _) => "anyone (no authentication method)",
-                (true, true) => "credentials, or none (anonymous allowed)",
-                (true, false) => "credentials only",
+                (false, _) => ("anyone (no authentication method)", true),
+                (true, true) => ("credentials, or none (anonymous allowed)", true),
+                (true, false) => ("credentials only", false),
             },
         )
         .collect();
@@ -354,7 +354,16 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .into_iter()
         .map(|listener| tokio::spawn(listener.run(handoff.clone(), shutdown.clone())))
         .collect();
-    for ((l, config), admits) in listeners.iter().zip(&config.listeners).zip(&admits) {
+    // The status page's Listeners table: what the start-up lines below say, per listener.
+    let listener_infos: Vec<crate::admin::ListenerInfo> = listeners
+        .iter()
+        .zip(&config.listeners)
+        .zip(&admits)
+        .map(|((l, listener), (admits, anonymous))| {
+            crate::admin::ListenerInfo::new(&l.name, l.addr, listener, admits, *anonymous)
+        })
+        .collect();
+    for ((l, config), (admits, _)) in listeners.iter().zip(&config.listeners).zip(&admits) {
         let kind = config.kind.as_str();
         // Loopback is the default (as Mosquitto 2 without a config): say so, since a client
         // on another machine is then refused with nothing in the log (issue 37, item 2).
@@ -393,7 +402,8 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         config.admin.require_token_on_loopback,
     )
     .with_store_budget(config.storage.max_disk_bytes)
-    .with_bridges(bridges.clone());
+    .with_bridges(bridges.clone())
+    .with_listeners(listener_infos);
     let apart = api_exporter.is_some();
     // One set of bounds for both HTTP listeners: together they take at most
     // `metrics.max_connections` file descriptors.

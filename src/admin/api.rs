@@ -1,6 +1,7 @@
-//! The admin API, JSON over HTTP under `/api/v1/`: what is connected, one session, retained
-//! messages and subscriptions (each list bounded by `limit`, at most [`MAX_LIMIT`]), and the
-//! two operator actions, disconnecting a client and discarding a session.
+//! The admin API, JSON over HTTP under `/api/v1/`: what is connected (paged and searchable),
+//! one session, retained messages and subscriptions (each list bounded by `limit`, at most
+//! [`MAX_LIMIT`]), and the two operator actions, disconnecting a client and discarding a
+//! session.
 //!
 //! Errors are JSON too (`{"error": "..."}`): 404 for a client id nobody has, 400 for a bad
 //! parameter. The broker side of every call is in `broker::admin`.
@@ -15,7 +16,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::AdminState;
-use crate::broker::admin::Kick;
+use crate::broker::admin::{ClientQuery, Kick, MAX_SEARCH_LEN};
 use crate::codec::topic;
 
 /// The most entries one list call returns.
@@ -85,20 +86,35 @@ pub(super) fn known(params: &HashMap<String, String>, allowed: &[&str]) -> Resul
     }
 }
 
-/// `GET /api/v1/clients[?limit=]`: connected clients, by client id.
+/// `GET /api/v1/clients[?limit=&after=&prefix=&search=&user=]`: a page of the connected
+/// clients, by client id: `prefix` (client ids starting with it), `search` (client id or user
+/// name containing it, ASCII case ignored), `user` (exactly); `next` is the `after` of the
+/// following page. The page is found without copying the rest of the fleet (see
+/// `broker::admin::ClientQuery`), so a search of 100,000 clients allocates a page's worth.
 async fn clients(State(state): State<AdminState>, Query(params): Params) -> Response {
-    let result = known(&params, &["limit"]).and_then(|()| limit(&params));
+    let allowed = ["limit", "after", "prefix", "search", "user"];
+    let result = known(&params, &allowed).and_then(|()| limit(&params));
     let limit = match result {
         Ok(n) => n,
         Err(bad) => return bad.into_response(),
     };
-    #[derive(Serialize)]
-    struct Clients {
-        clients: Vec<crate::broker::admin::ClientView>,
-        truncated: bool,
+    let text = |key: &str| params.get(key).map(String::as_str);
+    // Only `search` is compared at every offset of every client id it meets; `after`, a
+    // client id of the previous page, may be as long as a client id can be.
+    if text("search").is_some_and(|v| v.len() > MAX_SEARCH_LEN) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("search is longer than {MAX_SEARCH_LEN} bytes"),
+        );
     }
-    let (clients, truncated) = state.broker.clients(limit);
-    Json(Clients { clients, truncated }).into_response()
+    let query = ClientQuery {
+        prefix: text("prefix").unwrap_or(""),
+        search: text("search").filter(|s| !s.is_empty()),
+        user: text("user"),
+        after: text("after"),
+        limit,
+    };
+    Json(state.broker.clients_page(&query)).into_response()
 }
 
 /// `GET /api/v1/sessions/{client_id}`: one session, connected or not.

@@ -48,8 +48,11 @@ pub(super) struct BridgeView {
     address: Option<String>,
     /// The configured addresses, in the order they are tried.
     addresses: Vec<String>,
-    /// Why the link last failed or closed (kept after a reconnect).
+    /// Why the link last failed or closed (kept after a reconnect: compare its time with
+    /// `since_unix_ms` and `up` to tell whether the link recovered from it).
     last_error: Option<String>,
+    /// When `last_error` happened, Unix ms (`null`: no error yet).
+    last_error_at_unix_ms: Option<u64>,
     /// When the link last came up or went down, Unix ms (until then: the bridge's creation).
     since_unix_ms: u64,
     /// Successful connects after the first.
@@ -88,12 +91,14 @@ fn drops(status: &BridgeStatus, flow: Flow) -> Drops {
 /// The view of one bridge, read now.
 pub(super) fn view(status: &BridgeStatus) -> BridgeView {
     let held = status.held();
+    let (last_error, last_error_at_unix_ms) = status.last_error_at().unzip();
     BridgeView {
         name: status.name().to_owned(),
         up: status.is_up(),
         address: status.address(),
         addresses: status.addresses().to_vec(),
-        last_error: status.last_error(),
+        last_error,
+        last_error_at_unix_ms,
         since_unix_ms: status.changed_at_unix_ms(),
         reconnects: status.reconnects(),
         forwarded: ByDirection {

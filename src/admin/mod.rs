@@ -1,6 +1,6 @@
 //! The HTTP listener of `[metrics] bind`: one axum router for `/metrics`, the probes
 //! (`/healthz`, `/readyz`, and `/health` kept for old scrapers), the admin API (`/api/v1/...`,
-//! [`api`]) and the status page (`/`, [`status`]). With `admin.bind` the API and the page are
+//! [`api`], [`bridges`], [`listeners`], [`shared`]) and the status page (`/`, [`status`]). With `admin.bind` the API and the page are
 //! served by a second listener of their own ([`Serves`]).
 //!
 //! One HTTP stack rather than the hand-routed hyper service it replaces: the API needs
@@ -20,6 +20,7 @@ pub(crate) mod access;
 mod api;
 mod bridges;
 mod host;
+mod listeners;
 mod serve;
 mod shared;
 mod status;
@@ -40,6 +41,7 @@ use crate::bridge::BridgeStatus;
 use crate::broker::Broker;
 use crate::storage::StoreHealth;
 pub(crate) use access::{Token, TokenError};
+pub(crate) use listeners::ListenerInfo;
 pub(crate) use serve::HttpBounds;
 
 /// Renders the Prometheus text of `/metrics` (running whatever must be copied in first).
@@ -72,6 +74,8 @@ pub(crate) struct AdminState {
     store_budget_bytes: u64,
     /// Every `[[bridge]]`'s status, in config order (`/api/v1/bridges`, the overview).
     bridges: Arc<[Arc<BridgeStatus>]>,
+    /// Every MQTT listener as started, in config order (`/api/v1/listeners`).
+    listeners: Arc<[ListenerInfo]>,
     /// The Host names the API answers beyond `localhost` and addresses.
     allowed_hosts: Arc<host::AllowedHosts>,
     /// Whether 127.0.0.1 / `::1` may use the API without the token.
@@ -125,6 +129,7 @@ impl AdminState {
             token: token.map(Arc::new),
             store_budget_bytes: 0,
             bridges: Arc::new([]),
+            listeners: Arc::new([]),
             allowed_hosts: Arc::default(),
             loopback_trusted: true,
             serves: Serves::All,
@@ -159,6 +164,14 @@ impl AdminState {
         self
     }
 
+    /// The MQTT listeners as started (config order), for `/api/v1/listeners` and the status
+    /// page's Listeners table.
+    #[must_use]
+    pub(crate) fn with_listeners(mut self, listeners: Vec<ListenerInfo>) -> AdminState {
+        self.listeners = listeners.into();
+        self
+    }
+
     /// The store's budget (`storage.max_disk_bytes`) the overview shows beside its use.
     #[must_use]
     pub(crate) fn with_store_budget(mut self, bytes: u64) -> AdminState {
@@ -173,6 +186,7 @@ pub(crate) fn router(state: AdminState) -> Router {
     let guarded = api::routes()
         .merge(status::routes())
         .merge(bridges::routes())
+        .merge(listeners::routes())
         .merge(shared::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -192,7 +206,7 @@ pub(crate) fn router(state: AdminState) -> Router {
 }
 
 /// Serves `listener` until `stop` is cancelled, within `bounds` (`[metrics]`: connections in
-/// all and per address, the header read timeout; see [`serve`](self::serve) the module);
+/// all and per address, the header read timeout; see [`serve`](mod@self::serve) the module);
 /// connections in progress then finish their request (bounded by the server's shutdown,
 /// which gives up waiting after a while).
 pub(crate) async fn serve(

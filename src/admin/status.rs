@@ -1,8 +1,12 @@
 //! The status page (`/`): one self-contained HTML file (`status.html`, compiled in; no CDN,
-//! no build step) whose script reads `GET /api/v1/overview` and `/metrics` every few seconds
-//! and computes message rates from successive counter readings (and, when bridges are
+//! no build step, served with a Content Security Policy that allows only its own inline
+//! script and style) whose script reads `GET /api/v1/overview`, `/api/v1/listeners`, a page
+//! of `/api/v1/clients` (searched and paged by the server) and `/metrics` every few seconds,
+//! computing message rates from successive counter readings (and, when bridges are
 //! configured, `GET /api/v1/bridges` for its Bridges table). `overview` gathers what the
 //! page needs that `/metrics` does not say per session (the largest backlogs).
+
+use std::sync::LazyLock;
 
 use axum::extract::State;
 use axum::http::header;
@@ -25,11 +29,44 @@ pub(super) fn routes() -> Router<AdminState> {
     Router::new().route("/", get(page))
 }
 
+/// The page's Content Security Policy: nothing but its own inline script and style (by
+/// their SHA-256, computed once from the page as shipped) and requests to its own origin.
+/// An operator's reverse proxy may add a policy of its own; this one already holds, so a
+/// client id or user name that somehow reached the DOM as markup could run nothing (the
+/// script writes them with `textContent` only), and no other site may frame the page.
+static POLICY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "default-src 'none'; script-src '{}'; style-src '{}'; connect-src 'self'; \
+         img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        inline_hash(PAGE, "<script>", "</script>"),
+        inline_hash(PAGE, "<style>", "</style>"),
+    )
+});
+
+/// `sha256-<base64>` of the text between the first `open` and the following `close` in
+/// `page` (CSP Level 2 §4.2.4: the hash of the element's content, as the browser sees it).
+fn inline_hash(page: &str, open: &str, close: &str) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let content = page
+        .split_once(open)
+        .and_then(|(_, rest)| rest.split_once(close))
+        .map_or("", |(content, _)| content);
+    let digest = sha2::Sha256::digest(content.as_bytes());
+    format!(
+        "sha256-{}",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
+
 async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
+            (header::CONTENT_SECURITY_POLICY, POLICY.as_str()),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
         ],
         PAGE,
     )
@@ -59,7 +96,12 @@ struct Overview {
     clients_connected: usize,
     sessions: SessionTotals,
     subscriptions: usize,
+    /// Retained messages as `GET /api/v1/retained` lists them without a prefix: topics not
+    /// starting with `$` (issue 37, item 5: this counted `$SYS` too, 49 against the API's 1).
     retained: usize,
+    /// Retained messages under a `$` first level (`$SYS/...`), not in `retained`; listed with
+    /// `GET /api/v1/retained?prefix=$SYS`.
+    retained_system: usize,
     largest_backlogs: Vec<BacklogView>,
     store: StoreView,
     /// `[[bridge]]` links: how many, how many up, what they hold for their remotes.
@@ -71,6 +113,7 @@ struct Overview {
 pub(super) async fn overview(State(state): State<AdminState>) -> Response {
     let broker = &state.broker;
     let (sessions, largest_backlogs) = broker.backlogs(TOP_BACKLOGS);
+    let retained = broker.retained_counts();
     let store = match broker.store() {
         Some(store) => {
             let stats = store.stats();
@@ -106,7 +149,8 @@ pub(super) async fn overview(State(state): State<AdminState>) -> Response {
         clients_connected: broker.connected_count(),
         sessions,
         subscriptions: broker.subscription_count(),
-        retained: broker.retained_count(),
+        retained: retained.listed,
+        retained_system: retained.system,
         largest_backlogs,
         store,
         bridges: super::bridges::summary(&state),

@@ -58,6 +58,9 @@ pub use crate::metrics::bridge::DROP_REASONS;
 struct Link {
     address: Option<String>,
     last_error: Option<String>,
+    /// When `last_error` happened (Unix ms): with `changed_at_unix_ms`, an operator tells an
+    /// error that is the link's state now from one it recovered from (issue 37, item 5).
+    last_error_at_unix_ms: Option<u64>,
     /// When the link last came up or went down (Unix ms; at creation: the creation).
     changed_at_unix_ms: u64,
 }
@@ -138,6 +141,13 @@ impl BridgeStatus {
         self.link.lock().last_error.clone()
     }
 
+    /// Why the link last failed or closed and when (Unix ms), read together.
+    pub fn last_error_at(&self) -> Option<(String, u64)> {
+        let link = self.link.lock();
+        let at = link.last_error_at_unix_ms?;
+        link.last_error.clone().map(|error| (error, at))
+    }
+
     /// When the link last came up or went down (Unix ms; the bridge's creation until then).
     pub fn changed_at_unix_ms(&self) -> u64 {
         self.link.lock().changed_at_unix_ms
@@ -176,6 +186,7 @@ impl BridgeStatus {
         link.address = None;
         if let Some(error) = error {
             link.last_error = Some(error);
+            link.last_error_at_unix_ms = Some(crate::storage::now_unix_ms());
         }
         if was_up {
             link.changed_at_unix_ms = crate::storage::now_unix_ms();

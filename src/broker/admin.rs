@@ -4,17 +4,20 @@
 //! disconnecting a client or discarding a session.
 //!
 //! Nothing here is on the per-message path. The facts a connection has and a session does not
-//! (peer address, listener, protocol, since when) live in a side map keyed by client id, set
-//! once at attach ([`SessionHandle::record_connection`]) and removed at detach, so neither
-//! `Session` nor the connection grows a byte for them. Reads take the sessions map's lock
-//! only to copy out `Arc`s, then each session's lock briefly; every list is bounded by its
-//! caller's limit.
+//! (peer address, listener, protocol, user name, since when) live in a side map sorted by
+//! client id, set once at attach
+//! ([`SessionHandle::record_connection`](super::SessionHandle::record_connection)) and
+//! removed at detach, so neither `Session` nor the connection grows a byte for them; a page
+//! of clients (searched or not) starts from its cursor in it and copies only its own
+//! entries. Reads take the sessions map's lock only to copy out `Arc`s, then each session's
+//! lock briefly; every list is bounded by its caller's limit.
 //!
 //! Must not: take an index lock while a session lock is held; hold the sessions map's lock beyond
 //! copying `Arc`s out.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::net::SocketAddr;
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,13 +40,99 @@ pub struct ConnectionFacts {
     pub protocol: ProtocolVersion,
     /// When its CONNECT was accepted, in Unix milliseconds.
     pub connected_at_unix_ms: u64,
+    /// The user name it was admitted as (CONNECT's, the certificate's, the token's or the
+    /// SCRAM user's), if any: the status page searches by it. Not a secret (the connect log
+    /// line carries it too).
+    pub user: Option<Arc<str>>,
 }
 
 /// The side map of [`ConnectionFacts`], by client id, with the generation of the attach that
 /// recorded each (a detach of a taken-over connection must not remove its successor's).
+///
+/// Sorted by client id, so a page of `GET /api/v1/clients` starts where the last one ended
+/// and copies only its own entries (issue 37, item 5: the listing copied every connected
+/// client's facts per request, 100,000 with a fleet, to return 100); a connect pays a
+/// B-tree insert instead of a hash insert, once per connection, off the message path. The
+/// clients connected per listener are counted beside it under the same lock, so the
+/// listeners' figures and the list always agree.
 #[derive(Default)]
 pub(super) struct ConnectionFactsMap {
-    map: Mutex<HashMap<ByteString, (u64, ConnectionFacts), foldhash::fast::RandomState>>,
+    map: Mutex<FactsByClient>,
+}
+
+/// What [`ConnectionFactsMap`] locks.
+#[derive(Default)]
+struct FactsByClient {
+    by_id: BTreeMap<ByteString, (u64, ConnectionFacts)>,
+    /// Entries of `by_id` per listener name (a handful of listeners; entries kept at 0).
+    by_listener: HashMap<Arc<str>, usize, foldhash::fast::RandomState>,
+}
+
+impl FactsByClient {
+    fn count(&mut self, listener: &Arc<str>, up: bool) {
+        let n = self.by_listener.entry(Arc::clone(listener)).or_insert(0);
+        *n = if up { *n + 1 } else { n.saturating_sub(1) };
+    }
+}
+
+/// How many entries of the facts map one hold of its lock examines when a search skips
+/// entries that do not match: a search that matches little walks the whole map, in steps
+/// this long, so a connect waits at most one step (about a millisecond), not the walk.
+const SCAN_STEP: usize = 4096;
+
+/// Longest `search` a clients query takes (bytes): enough for anything an operator types;
+/// it is compared at every offset of every client id and user name a search meets, so it is
+/// kept short (the query string alone would allow kilobytes).
+pub const MAX_SEARCH_LEN: usize = 256;
+
+/// Which connected clients `GET /api/v1/clients` lists: a page of at most `limit`, by client
+/// id, after `after`, of those matching every criterion given.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientQuery<'a> {
+    /// Client ids starting with this (exactly).
+    pub prefix: &'a str,
+    /// Client id or user name containing this, ASCII case ignored.
+    pub search: Option<&'a str>,
+    /// This user name, exactly.
+    pub user: Option<&'a str>,
+    /// Client ids sorting after this one (the `next` of the previous page).
+    pub after: Option<&'a str>,
+    /// The page size (the caller bounds it).
+    pub limit: usize,
+}
+
+impl ClientQuery<'_> {
+    fn matches(&self, client_id: &str, facts: &ConnectionFacts) -> bool {
+        let user = facts.user.as_deref();
+        self.user.is_none_or(|want| user == Some(want))
+            && self.search.is_none_or(|needle| {
+                contains_ignore_ascii_case(client_id, needle)
+                    || user.is_some_and(|u| contains_ignore_ascii_case(u, needle))
+            })
+    }
+}
+
+/// True when `needle` occurs in `haystack`, ASCII letters compared without case (other bytes
+/// exactly); allocates nothing.
+fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
+    let (hay, needle) = (haystack.as_bytes(), needle.as_bytes());
+    needle.is_empty()
+        || hay
+            .windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// One page of connected clients ([`Broker::clients_page`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct ClientPage {
+    /// The page, by client id.
+    pub clients: Vec<ClientView>,
+    /// True when more clients match after this page.
+    pub truncated: bool,
+    /// The `after` of the next page (the last client id of this one), when there is one.
+    pub next: Option<String>,
+    /// Clients connected now, matching or not.
+    pub connected: usize,
 }
 
 impl std::fmt::Debug for ConnectionFactsMap {
@@ -73,8 +162,12 @@ pub struct ClientView {
     pub protocol: &'static str,
     /// The listener's name.
     pub listener: String,
+    /// The user name it was admitted as (`null`: none).
+    pub user: Option<String>,
     /// When it connected, Unix milliseconds.
     pub connected_since_unix_ms: u64,
+    /// Its session's subscriptions (shared ones included).
+    pub subscriptions: usize,
     /// QoS 1/2 messages sent to it and not yet acknowledged.
     pub inflight: usize,
     /// Messages waiting in its session's queue.
@@ -172,6 +265,15 @@ pub struct RetainedView {
     pub payload_bytes: usize,
 }
 
+/// Retained messages, split as the admin API lists them ([`Broker::retained_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RetainedCounts {
+    /// Topics not starting with `$`: what `GET /api/v1/retained` lists without a prefix.
+    pub listed: usize,
+    /// Topics under a `$` first level (`$SYS/...`), which a `#` does not match either.
+    pub system: usize,
+}
+
 /// One subscriber of a filter (`GET /api/v1/subscriptions`).
 #[derive(Clone, Debug, Serialize)]
 pub struct SubscriberView {
@@ -218,29 +320,73 @@ fn subscription_view(filter: &str, sub: &super::SessionSubscription) -> Subscrip
 
 impl ConnectionFactsMap {
     pub(super) fn insert(&self, client_id: &ByteString, generation: u64, facts: ConnectionFacts) {
-        self.map
-            .lock()
-            .insert(client_id.clone(), (generation, facts));
+        let mut map = self.map.lock();
+        map.count(&facts.listener, true);
+        // A takeover replaces the previous connection's entry: its listener has one less.
+        if let Some((_, old)) = map.by_id.insert(client_id.clone(), (generation, facts)) {
+            map.count(&old.listener, false);
+        }
     }
 
     fn remove(&self, client_id: &str, generation: u64) {
         let mut map = self.map.lock();
-        if map.get(client_id).is_some_and(|(g, _)| *g == generation) {
-            map.remove(client_id);
+        if map
+            .by_id
+            .get(client_id)
+            .is_some_and(|(g, _)| *g == generation)
+        {
+            if let Some((_, facts)) = map.by_id.remove(client_id) {
+                map.count(&facts.listener, false);
+            }
         }
     }
 
-    fn snapshot(&self) -> Vec<(ByteString, ConnectionFacts)> {
-        self.map
-            .lock()
-            .iter()
-            .map(|(id, (_, facts))| (id.clone(), facts.clone()))
-            .collect()
+    /// The entries of `query`'s page and one more (to tell whether more follow), in client
+    /// id order. Holds the lock for at most [`SCAN_STEP`] entries at a time and copies only
+    /// matching ones: memory is bounded by the page, not the fleet.
+    fn page(&self, query: &ClientQuery<'_>) -> Vec<(ByteString, ConnectionFacts)> {
+        let want = query.limit.saturating_add(1);
+        let mut found = Vec::with_capacity(want.min(1024));
+        // Where the next step starts: after `after`, and not before `prefix`.
+        let mut from: Bound<ByteString> = match query.after {
+            Some(after) if after >= query.prefix => Bound::Excluded(ByteString::from(after)),
+            _ => Bound::Included(ByteString::from(query.prefix)),
+        };
+        loop {
+            let map = self.map.lock();
+            let mut examined = 0;
+            let mut last = None;
+            for (id, (_, facts)) in map.by_id.range((from.clone(), Bound::Unbounded)) {
+                if !id.starts_with(query.prefix) {
+                    return found;
+                }
+                if query.matches(id, facts) {
+                    found.push((id.clone(), facts.clone()));
+                    if found.len() == want {
+                        return found;
+                    }
+                }
+                examined += 1;
+                if examined == SCAN_STEP {
+                    last = Some(id.clone());
+                    break;
+                }
+            }
+            match last {
+                Some(id) => from = Bound::Excluded(id),
+                None => return found,
+            }
+        }
     }
 
     /// Connected clients recorded.
     pub(super) fn len(&self) -> usize {
-        self.map.lock().len()
+        self.map.lock().by_id.len()
+    }
+
+    /// Connected clients recorded on listener `name`.
+    fn on_listener(&self, name: &str) -> usize {
+        self.map.lock().by_listener.get(name).copied().unwrap_or(0)
     }
 }
 
@@ -250,29 +396,33 @@ impl Broker {
         self.connection_facts.remove(client_id, generation);
     }
 
-    /// Clients with a connection recorded, at most `limit`, sorted by client id.
-    pub fn clients(&self, limit: usize) -> (Vec<ClientView>, bool) {
-        let mut facts = self.connection_facts.snapshot();
-        facts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let truncated = facts.len() > limit;
-        facts.truncate(limit);
+    /// One page of the clients with a connection recorded (see [`ClientQuery`]), each with
+    /// its session's figures read now (each session locked briefly, one at a time).
+    pub fn clients_page(&self, query: &ClientQuery<'_>) -> ClientPage {
+        let mut facts = self.connection_facts.page(query);
+        let truncated = facts.len() > query.limit;
+        facts.truncate(query.limit);
+        let next = truncated
+            .then(|| facts.last().map(|(id, _)| id.to_string()))
+            .flatten();
         let sessions: Vec<Option<Arc<Session>>> = {
             let map = self.sessions.lock();
             facts.iter().map(|(id, _)| map.get(id).cloned()).collect()
         };
         let now = Instant::now();
-        let views = facts
+        let clients = facts
             .into_iter()
             .zip(sessions)
             .map(|((client_id, facts), session)| {
-                let (inflight, queued, queued_bytes, oldest) =
-                    session.map_or((0, 0, 0, None), |s| {
+                let (inflight, queued, queued_bytes, oldest, subscriptions) =
+                    session.map_or((0, 0, 0, None, 0), |s| {
                         let st = s.lock();
                         (
                             st.inflight.len(),
                             st.queue.len(),
                             st.queued_bytes(),
                             st.queue.front().map(|d| d.message.received_at),
+                            st.subscriptions.len(),
                         )
                     });
                 ClientView {
@@ -280,7 +430,9 @@ impl Broker {
                     address: facts.peer.to_string(),
                     protocol: protocol_name(facts.protocol),
                     listener: facts.listener.to_string(),
+                    user: facts.user.as_deref().map(str::to_owned),
                     connected_since_unix_ms: facts.connected_at_unix_ms,
+                    subscriptions,
                     inflight,
                     queued,
                     queued_bytes,
@@ -289,7 +441,18 @@ impl Broker {
                 }
             })
             .collect();
-        (views, truncated)
+        ClientPage {
+            clients,
+            truncated,
+            next,
+            connected: self.connection_facts.len(),
+        }
+    }
+
+    /// Clients connected now on the listener named `name` (as recorded for operators: the
+    /// same records as [`Broker::clients_page`], so the two agree).
+    pub fn connected_on(&self, name: &str) -> usize {
+        self.connection_facts.on_listener(name)
     }
 
     /// Clients connected now (as recorded for operators).
@@ -588,9 +751,16 @@ impl Broker {
         (found, more)
     }
 
-    /// Retained messages held.
-    pub fn retained_count(&self) -> usize {
-        self.retained.read().len()
+    /// Retained messages held: those `GET /api/v1/retained` lists without a prefix (topics
+    /// not starting with `$`), and those under a `$` first level (`$SYS`, listed with
+    /// `prefix=$SYS`). One rule for the overview and the listing (issue 37, item 5).
+    pub fn retained_counts(&self) -> RetainedCounts {
+        let retained = self.retained.read();
+        let system = retained.system_len();
+        RetainedCounts {
+            listed: retained.len().saturating_sub(system),
+            system,
+        }
     }
 
     /// Subscriptions held (plain ones in the index, and shared-group memberships).
@@ -599,5 +769,109 @@ impl Broker {
             + self
                 .shared_members
                 .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(listener: &Arc<str>, user: Option<&str>) -> ConnectionFacts {
+        ConnectionFacts {
+            peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
+            listener: Arc::clone(listener),
+            protocol: ProtocolVersion::V5,
+            connected_at_unix_ms: 1,
+            user: user.map(Arc::from),
+        }
+    }
+
+    fn ids(page: &[(ByteString, ConnectionFacts)]) -> Vec<String> {
+        page.iter().map(|(id, _)| id.to_string()).collect()
+    }
+
+    /// A search that matches few clients walks the map in steps of `SCAN_STEP` and finds the
+    /// matches of every step, in order, resuming after `after` (issue 37, item 5).
+    #[test]
+    fn a_search_finds_matches_across_scan_steps_and_resumes_after_the_cursor() {
+        let map = ConnectionFactsMap::default();
+        let a: Arc<str> = Arc::from("a");
+        let total = SCAN_STEP * 2 + 10;
+        for i in 0..total {
+            // Every 1000th client is "needle-<i>"'s user: found by user name, not by id.
+            let user = (i % 1000 == 7).then_some("Needle");
+            map.insert(&ByteString::from(format!("c{i:06}")), 1, facts(&a, user));
+        }
+        let query = ClientQuery {
+            search: Some("nEEDLE"),
+            limit: 4,
+            ..ClientQuery::default()
+        };
+        let page = map.page(&query);
+        // Four and one more: more follow.
+        assert_eq!(
+            ids(&page),
+            ["c000007", "c001007", "c002007", "c003007", "c004007"]
+        );
+        let next = ClientQuery {
+            after: Some("c003007"),
+            ..query
+        };
+        assert_eq!(
+            ids(&map.page(&next)),
+            ["c004007", "c005007", "c006007", "c007007", "c008007"]
+        );
+        let last = ClientQuery {
+            after: Some("c007007"),
+            ..query
+        };
+        assert_eq!(ids(&map.page(&last)), ["c008007"], "past the last step");
+        let prefixed = ClientQuery {
+            prefix: "c0081",
+            limit: 3,
+            ..ClientQuery::default()
+        };
+        assert_eq!(
+            ids(&map.page(&prefixed)),
+            ["c008100", "c008101", "c008102", "c008103"]
+        );
+        // An `after` before the prefix starts at the prefix.
+        let before = ClientQuery {
+            after: Some("b"),
+            ..prefixed
+        };
+        assert_eq!(map.page(&before).len(), 4);
+    }
+
+    /// The clients counted per listener follow inserts, takeovers (the entry replaced) and
+    /// removals, and a stale removal (an older generation) changes nothing.
+    #[test]
+    fn listener_counts_follow_takeovers_and_removals() {
+        let map = ConnectionFactsMap::default();
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let id = ByteString::from("dev");
+        map.insert(&id, 1, facts(&a, None));
+        map.insert(&ByteString::from("other"), 1, facts(&a, None));
+        assert_eq!((map.on_listener("a"), map.on_listener("b")), (2, 0));
+        // The same client id connects again through listener b: a takeover.
+        map.insert(&id, 2, facts(&b, None));
+        assert_eq!((map.on_listener("a"), map.on_listener("b")), (1, 1));
+        map.remove("dev", 1);
+        assert_eq!(map.on_listener("b"), 1, "the old connection's detach");
+        map.remove("dev", 2);
+        assert_eq!((map.on_listener("a"), map.on_listener("b")), (1, 0));
+        assert_eq!(map.len(), 1);
+    }
+
+    #[test]
+    fn contains_ignores_ascii_case_only() {
+        assert!(contains_ignore_ascii_case("Sensor-01", "sensor-0"));
+        assert!(
+            !contains_ignore_ascii_case("plant/Ä-7", "ä-7"),
+            "only ASCII case is ignored"
+        );
+        assert!(contains_ignore_ascii_case("plant/Ä-7", "Ä-7"));
+        assert!(contains_ignore_ascii_case("x", ""));
+        assert!(!contains_ignore_ascii_case("ab", "abc"));
     }
 }

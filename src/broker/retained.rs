@@ -215,6 +215,27 @@ impl<M> RetainedIndex<M> {
         self.len
     }
 
+    /// Retained messages under a `$` first level (`$SYS/...`, `$dlq/...`): what `#` does not
+    /// match (MQTT-4.7.2-1), so operators can be told which share of [`Self::len`] the
+    /// admin API's unprefixed listing leaves out (issue 37, item 5: the status page counted
+    /// 49 retained where the API listed 1). Walks only those subtrees, at request time; the
+    /// publish path keeps no count for it.
+    pub fn system_len(&self) -> usize {
+        let mut count = 0;
+        let mut pending: Vec<&Node<M>> = self
+            .root
+            .children
+            .iter()
+            .filter(|(level, _)| level.first() == Some(&b'$'))
+            .map(|(_, node)| node)
+            .collect();
+        while let Some(node) = pending.pop() {
+            count += usize::from(node.retained.is_some());
+            pending.extend(node.children.iter().map(|(_, child)| child));
+        }
+        count
+    }
+
     /// True if no message is retained.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -376,6 +397,24 @@ mod tests {
             sorted(&["$SYS/monitor/Clients"])
         );
         assert_eq!(matching(&index, "$SYS"), sorted(&["$SYS"]));
+    }
+
+    /// `system_len` counts exactly what `#` leaves out (MQTT-4.7.2-1): the overview's
+    /// retained count and the API's unprefixed listing agree (issue 37, item 5).
+    #[test]
+    fn system_len_is_what_hash_does_not_match() {
+        let mut index = index();
+        let listed = |index: &RetainedIndex<usize>| {
+            let mut n = 0;
+            index.for_each_match("#", |_, _| n += 1);
+            n
+        };
+        assert_eq!(index.system_len(), 2, "$SYS and $SYS/monitor/Clients");
+        index.insert("$dlq/a/b", 0);
+        assert_eq!(index.system_len(), 3);
+        assert_eq!(listed(&index) + index.system_len(), index.len());
+        index.remove("$SYS");
+        assert_eq!(listed(&index) + index.system_len(), index.len());
     }
 
     #[test]

@@ -103,10 +103,37 @@ pub fn sample(scrape: &str, series: &str) -> Option<f64> {
 
 /// The DOM of the page at `url` after its script ran for `budget_ms` of virtual time, from a
 /// headless Chromium (`apt-get install chromium`), which must exit 0: the one copy of the
-/// browser's flags for the status page tests (`admin`, `bridge_observe`). `timeout` bounds the
-/// browser and kills it if it hangs; `--dump-dom` prints the DOM after the virtual time
-/// budget, in which the page may refresh several times.
+/// browser's flags for the status page tests (`admin`, `bridge_observe`, `status_page`).
+/// `timeout` bounds the browser and kills it if it hangs; `--dump-dom` prints the DOM after
+/// the virtual time budget, in which the page may refresh several times.
 pub async fn rendered_dom(url: &str, budget_ms: u32) -> String {
+    let output = chromium(url, budget_ms, vec!["--dump-dom".to_owned()]).await;
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A PNG of the page at `url` in a `width` x `height` window after its script ran for
+/// `budget_ms` of virtual time, written to `path` (headless Chromium, as
+/// [`rendered_dom`]); returns the file's size. For a person to look at (the status page
+/// at a desktop's and a phone's width) as well as for the test's own checks.
+pub async fn screenshot(
+    url: &str,
+    (width, height): (u32, u32),
+    budget_ms: u32,
+    path: &std::path::Path,
+) -> u64 {
+    let flags = vec![
+        format!("--window-size={width},{height}"),
+        "--hide-scrollbars".to_owned(),
+        format!("--screenshot={}", path.display()),
+    ];
+    chromium(url, budget_ms, flags).await;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("no screenshot at {}: {e}", path.display()))
+        .len()
+}
+
+/// Runs headless Chromium on `url` with the common flags and `extra` ones; it must exit 0.
+async fn chromium(url: &str, budget_ms: u32, extra: Vec<String>) -> std::process::Output {
     let url = url.to_owned();
     let output = tokio::task::spawn_blocking(move || {
         let profile = tempfile::tempdir().expect("profile dir");
@@ -121,8 +148,8 @@ pub async fn rendered_dom(url: &str, budget_ms: u32) -> String {
                 "--disable-background-networking",
                 "--disable-component-update",
                 "--disable-sync",
-                "--dump-dom",
             ])
+            .args(&extra)
             .arg(format!("--virtual-time-budget={budget_ms}"))
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg(&url)
@@ -137,7 +164,7 @@ pub async fn rendered_dom(url: &str, budget_ms: u32) -> String {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    output
 }
 
 /// The table row of a rendered DOM that starts at `marker` (an attribute such as

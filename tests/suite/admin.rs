@@ -391,7 +391,12 @@ async fn a_peer_other_than_loopback_needs_the_token() {
     // Loopback: no token needed.
     assert_eq!(http(&config, "GET", "/api/v1/clients").0, 200);
     // Another address: 401 without the token or with a wrong one, 200 with it.
-    for path in ["/api/v1/clients", "/api/v1/overview", "/"] {
+    for path in [
+        "/api/v1/clients",
+        "/api/v1/overview",
+        "/api/v1/listeners",
+        "/",
+    ] {
         assert_eq!(
             http_at(from_lan, "GET", path, "").0,
             401,

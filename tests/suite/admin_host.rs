@@ -76,6 +76,14 @@ async fn a_foreign_host_name_or_another_loopback_source_cannot_use_the_api() {
     );
     let (status, _) = http(LOOPBACK, http_addr, "GET", "/", "attacker.example:80", "").await;
     assert_eq!(status, 421, "the status page too");
+    // The status page's fleet listings answer under the same rules as every API call
+    // (issue 37, item 5).
+    for fleet in ["/api/v1/listeners", "/api/v1/clients?search=vic"] {
+        let (status, _) = http(LOOPBACK, http_addr, "GET", fleet, "attacker.example:80", "").await;
+        assert_eq!(status, 421, "{fleet}");
+        let (status, _) = http(OTHER_LOOPBACK, http_addr, "GET", fleet, &own, "").await;
+        assert_eq!(status, 403, "{fleet} from 127.0.0.2");
+    }
 
     let (status, body) = http(OTHER_LOOPBACK, http_addr, "DELETE", path, &own, "").await;
     assert_eq!(status, 403, "127.0.0.2 is not trusted as loopback: {body}");

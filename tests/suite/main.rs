@@ -74,6 +74,7 @@ mod schema;
 mod scram;
 mod secure_config;
 mod session_binding;
+mod status_page;
 mod sys_topics;
 mod tls;
 mod v5_auth;

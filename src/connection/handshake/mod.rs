@@ -673,6 +673,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             listener: Arc::clone(&info.listener),
             protocol: version,
             connected_at_unix_ms: crate::storage::now_unix_ms(),
+            user: connect.username.as_deref().map(Arc::from),
         });
     // Session Present is 0 whenever the session was started clean (MQTT-3.2.2-2). The flag
     // does not change the CONNACK's size, so the check above still holds.
