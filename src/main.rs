@@ -356,7 +356,12 @@ fn bridge_import(file: &std::path::Path) -> anyhow::Result<()> {
     let text = String::from_utf8_lossy(&bytes);
     let origin = file.display().to_string();
     let result = postbox::bridge::import::import(&text, &origin);
-    print!("{}", result.toml);
+    // One line ending at the end, so `>> postbox.toml` appends cleanly.
+    if result.toml.ends_with('\n') {
+        print!("{}", result.toml);
+    } else {
+        println!("{}", result.toml);
+    }
     for note in &result.notes {
         eprintln!("note: {note}");
     }

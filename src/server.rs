@@ -242,7 +242,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .collect();
         if !exposed.is_empty() {
             let listeners = exposed.join(", ");
-            tracing::warn!(%listeners, "no authentication method is configured: any client that reaches these addresses may connect, publish and subscribe; see the README's Security section (allow_anonymous = false and a password_file)");
+            tracing::warn!(%listeners, "no authentication method is configured: any client that reaches these addresses may connect, publish and subscribe; see docs/security.md (allow_anonymous = false and a password_file)");
         }
     }
     // What each listener asks of its clients, for the start-up lines (issue 37, item 2).

@@ -34,6 +34,11 @@ fn imports_a_mosquitto_conf() {
     assert!(out.status.success(), "{stderr}");
     let config =
         Config::from_toml_str(&stdout, "stdout").unwrap_or_else(|e| panic!("{e}\n{stdout}"));
+    // Ends its last line, so `>> postbox.toml` appends cleanly.
+    assert!(
+        stdout.ends_with('\n') && !stdout.ends_with("\n\n"),
+        "{stdout:?}"
+    );
     let bridge = &config.bridges[0];
     assert_eq!(bridge.name, "cloud");
     assert_eq!(bridge.addresses, ["127.0.0.1:1884"]);
