@@ -296,15 +296,15 @@ impl QueueLosses {
         victims: &mut Victims,
     ) {
         let dropped_new = outcome == EnqueueOutcome::DroppedQueueFull;
-        if !dropped_new && victims.messages.is_empty() {
+        if !dropped_new && victims.no_messages() {
             return;
         }
+        let victim_messages = victims.take_messages();
         if broker.dead_letters().is_none() {
-            victims.messages.clear();
             return;
         }
         let source = session.share_key();
-        for victim in victims.messages.drain(..) {
+        for victim in victim_messages {
             self.victims
                 .push((session.client_id.clone(), source, victim));
         }

@@ -148,7 +148,7 @@ pub(super) fn retained(message: &Message) -> Op {
 pub(super) fn remove_victims(ops: &mut Vec<Op>, client_id: &ByteString, victims: &Victims) {
     ops.extend(
         victims
-            .stored
+            .stored()
             .iter()
             .map(|&seq| remove_entry(client_id, seq)),
     );

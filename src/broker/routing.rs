@@ -599,7 +599,7 @@ impl Broker {
                     .metrics
                     .messages_dropped_queue_full
                     .iter()
-                    .zip(victims.dropped)
+                    .zip(victims.dropped())
                 {
                     if n > 0 {
                         counter.increment(n);

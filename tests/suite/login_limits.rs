@@ -463,12 +463,23 @@ async fn a_burst_of_parallel_guesses_gets_no_more_checks_than_allowed() {
     const BURST: usize = 40;
     const PER_USER: usize = 10;
     const PER_ADDRESS: usize = 20;
+    // A minute to answer a CONNECT: under a loaded machine the 40 queued hashes took past the
+    // default 10 s, and the broker closed the last CONNECTs unanswered (a flaky failure).
     let limits = format!(
         "login_failures_per_address = {PER_ADDRESS}\nlogin_failures_per_user = {PER_USER}\n\
          login_delay_ms = 600000\nlogin_delay_max_ms = 600000\n"
     );
     // ~25 ms a hash: the burst is all in flight before the first guesses are judged.
-    let (_dir, broker) = broker_of(&[("alice", 50_000)], &limits).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = password_file(dir.path(), &[("alice", 50_000)]);
+    let broker = BrokerProcess::spawn(
+        "",
+        &format!(
+            "connect_timeout = 60\n[auth]\nallow_anonymous = false\npassword_file = {file:?}\n\
+             {limits}"
+        ),
+    )
+    .await;
     let addr = broker.addr;
     let (ok, bad, throttled) = CODES;
     let (device, attacker) = (host(4), host(2));
