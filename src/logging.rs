@@ -46,6 +46,17 @@ pub enum FilterSource {
     Config,
 }
 
+impl FilterSource {
+    /// Where the filter came from, as a person names it in a log line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FilterSource::Env => "RUST_LOG",
+            FilterSource::Verbose => "-v",
+            FilterSource::Config => "log.level",
+        }
+    }
+}
+
 /// Picks the filter text and its source from the environment's `RUST_LOG` (if set and not
 /// empty), the `-v` flag and the config: a pure function, so the precedence is tested.
 pub fn choose_filter(

@@ -270,7 +270,7 @@ fn reload(
                     match level {
                         Ok(true) => {}
                         Ok(false) => tracing::warn!(
-                            source = ?log.source(),
+                            source = log.source().as_str(),
                             "log.level changed but RUST_LOG or -v chose the filter; it stays"
                         ),
                         Err(error) => tracing::error!(%error, "log.level not applied"),

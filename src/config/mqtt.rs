@@ -61,6 +61,17 @@ pub enum OverflowPolicy {
     Refuse,
 }
 
+impl OverflowPolicy {
+    /// The policy as the config spells it (`drop-new`, `drop-oldest`, `refuse`), for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverflowPolicy::DropNew => "drop-new",
+            OverflowPolicy::DropOldest => "drop-oldest",
+            OverflowPolicy::Refuse => "refuse",
+        }
+    }
+}
+
 impl fmt::Display for OverflowPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

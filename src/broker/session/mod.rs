@@ -596,7 +596,7 @@ impl Session {
                 tracing::warn!(
                     client = %self.client_id,
                     queued = st.queue.len(),
-                    policy = ?limits.overflow,
+                    policy = limits.overflow.as_str(),
                     online,
                     bound,
                     "session queue full (offline, stalled, or QoS 0 without back-pressure): dropping messages until it drains"

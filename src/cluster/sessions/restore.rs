@@ -125,7 +125,7 @@ pub(in crate::cluster) async fn restore(
             false
         }
         Err(_) => {
-            tracing::warn!(client = %session.client_id, limit = ?REPLAY_LIMIT, "cluster: the replay of a resumed session took too long; refusing its CONNECT (the session's record is kept for the next attempt)");
+            tracing::warn!(client = %session.client_id, limit_secs = REPLAY_LIMIT.as_secs(), "cluster: the replay of a resumed session took too long; refusing its CONNECT (the session's record is kept for the next attempt)");
             false
         }
     }

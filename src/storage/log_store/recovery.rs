@@ -81,7 +81,10 @@ fn open_store(dir: &Path, store_dir: &Path) -> Result<Opened, StorageError> {
             Some(FileKind::Log(g)) => logs.push(g),
             Some(FileKind::Snapshot(g)) => snapshots.push(g),
             Some(FileKind::Temp) => temps.push(entry.path()), // an interrupted snapshot write
-            None => tracing::warn!(file = ?name, "ignoring unknown file in the store directory"),
+            None => {
+                let file = entry.path();
+                tracing::warn!(file = %file.display(), "ignoring unknown file in the store directory");
+            }
         }
     }
     logs.sort_unstable();
