@@ -577,8 +577,17 @@ impl SessionHandle {
         // store holds it (`Broker::store_retained`).
         message.from_anonymous =
             message.retain && !message.payload.is_empty() && self.session.lock().is_anonymous();
-        // One atomic load: the share key carries the owner's anonymous mark.
-        message.set_published_anonymously(super::owner::is_anonymous_key(self.session.share_key()));
+        // One atomic load: the share key carries the owner's anonymous mark. A stranger's
+        // message counts in the anonymous share for as long as it is held anywhere, in a
+        // verified user's queue too: counted in the budget alone, 200 of them queued at an
+        // offline user's session took it past 100%, and every password user's QoS 1 PUBLISH
+        // got 0x97 (issue 35, fourteenth adversarial pass, A1). The connection refused it
+        // before it came here if the share had no room (`connection::client::inbound`).
+        let anonymous = super::owner::is_anonymous_key(self.session.share_key());
+        message.set_published_anonymously(anonymous);
+        if anonymous {
+            message.charge_anonymous();
+        }
         let message = Arc::new(message);
         if admission.is_some() && qos != QoS::AtMostOnce {
             // Its stream sequence comes with JetStream's acknowledgement; until then a

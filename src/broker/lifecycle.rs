@@ -269,7 +269,8 @@ impl Broker {
         // A retained will of an anonymous client is a retained message of theirs: it counts in
         // their share of the budget, and past it is not published, as their PUBLISH is
         // refused (`flow::ANONYMOUS_SHARE`; kept without RETAIN it would break MQTT-3.1.2-17).
-        let anonymous = will.retain && !will.payload.is_empty() && session.lock().is_anonymous();
+        let stranger = session.lock().is_anonymous();
+        let anonymous = will.retain && !will.payload.is_empty() && stranger;
         if anonymous
             && !self.anonymous_will_fits(&session.client_id, &will.topic, will.held_bytes())
         {
@@ -277,7 +278,11 @@ impl Broker {
         }
         let mut message = Message::from_will(will);
         message.from_anonymous = anonymous;
-        message.set_published_anonymously(anonymous);
+        message.set_published_anonymously(stranger);
+        if stranger {
+            // Held anywhere, in the anonymous share (fourteenth pass, A1).
+            message.charge_anonymous();
+        }
         self.publish_allowed_will(&Arc::new(message));
     }
 
@@ -305,13 +310,17 @@ impl Broker {
         if !self.will_allowed(&principal, client_id, &message.topic) {
             return;
         }
-        let anonymous =
-            *owner == SessionOwner::Anonymous && message.retain && !message.payload.is_empty();
+        let stranger = *owner == SessionOwner::Anonymous;
+        let anonymous = stranger && message.retain && !message.payload.is_empty();
         if anonymous && !self.anonymous_will_fits(client_id, &message.topic, message.size()) {
             return;
         }
         message.from_anonymous = anonymous;
-        message.set_published_anonymously(anonymous);
+        message.set_published_anonymously(stranger);
+        if stranger {
+            // Held anywhere, in the anonymous share (fourteenth pass, A1).
+            message.charge_anonymous();
+        }
         self.publish_allowed_will(&Arc::new(message));
     }
 

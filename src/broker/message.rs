@@ -212,6 +212,19 @@ impl Message {
         }
     }
 
+    /// Whether the message counts in the anonymous share for its whole life
+    /// ([`Message::charge_anonymous`]): then the retained store does not count it again.
+    pub(crate) fn charged_anonymous(&self) -> bool {
+        self.marks & CHARGED_ANONYMOUS != 0
+    }
+
+    /// Whether the retained store counts the message in the anonymous share while it holds
+    /// it: an anonymous client's retained message not charged for its life already (one
+    /// restored from the store is not).
+    pub(crate) fn counts_as_anonymous_retained(&self) -> bool {
+        self.from_anonymous && !self.charged_anonymous()
+    }
+
     /// Published by an anonymous client (or its will), whatever its RETAIN flag: a dead
     /// letter made of it counts in the anonymous share, whoever's session lost it (issue 35,
     /// thirteenth adversarial pass, F1).

@@ -523,12 +523,12 @@ impl Broker {
         let old = if message.payload.is_empty() {
             retained.remove(&message.topic) // MQTT-3.3.1-10
         } else {
-            if message.from_anonymous {
+            if message.counts_as_anonymous_retained() {
                 super::flow::anonymous_retained_counted(message.size(), true);
             }
             retained.insert(&message.topic, Arc::clone(message)) // MQTT-3.3.1-5
         };
-        if let Some(old) = old.filter(|old| old.from_anonymous) {
+        if let Some(old) = old.filter(|old| old.counts_as_anonymous_retained()) {
             super::flow::anonymous_retained_counted(old.size(), false);
         }
         self.metrics.retained_messages.set(retained.len() as f64);

@@ -61,6 +61,12 @@ impl SessionHandle {
         self.session.lock().is_anonymous()
     }
 
+    /// [`SessionHandle::is_anonymous`] without the session's lock, for every PUBLISH: one
+    /// atomic load (the share key carries the owner's anonymous mark).
+    pub fn publishes_anonymously(&self) -> bool {
+        super::super::owner::is_anonymous_key(self.session.share_key())
+    }
+
     /// The bytes of the filters the session holds now (one walk of its subscriptions, read
     /// once per SUBSCRIBE when `mqtt.max_subscription_bytes_per_client` is set).
     pub fn held_filter_bytes(&self) -> usize {

@@ -83,16 +83,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         if memory == MemoryLevel::Over {
             return self.refuse_over_budget(qos, packet_id);
         }
-        if publish.retain
-            && !publish.payload.is_empty()
+        // A stranger's message counts in the anonymous share for as long as it is held
+        // (retained, or queued at anyone's session: issue 35, fourteenth adversarial pass, A1),
+        // so past the share it is refused, not taken into the budget verified clients share.
+        if self.session.publishes_anonymously()
             && !flow::anonymous_share_has_room(
                 (publish.topic.len() + publish.payload.len() + publish.properties.held_bytes())
                     as u64,
                 &self.broker().flow().memory,
             )
-            && self.session.is_anonymous()
         {
-            return self.refuse_anonymous_retained(qos, packet_id);
+            return self.refuse_over_anonymous_share(qos, packet_id);
         }
         if qos == QoS::AtLeastOnce {
             // Counted until its PUBACK is written (`write_gated`), which may wait for the store.
@@ -285,27 +286,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         Ok(())
     }
 
-    /// A retained message of an anonymous client (where a method tells identities apart) that
-    /// would take what anonymous clients hold past their share of the memory budget
-    /// (`flow::ANONYMOUS_SHARE`; issue 35 sixth pass: one stranger filled the whole budget
-    /// with retained messages, and every publisher paused). Neither routed nor retained,
-    /// counted as dropped for memory. v5 QoS 1/2: PUBACK / PUBREC 0x97 Quota exceeded. 3.x
-    /// cannot be told: acknowledged and dropped, as a PUBLISH the server does not authorize
-    /// (MQTT-3.3.5-2 lets it answer positively); routing it without keeping it would break
-    /// MQTT-3.3.1-5 (a RETAIN message the server takes is stored). QoS 0: dropped.
-    fn refuse_anonymous_retained(&mut self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+    /// A message of an anonymous client (where a method tells identities apart) that would
+    /// take what anonymous clients hold past their share of the memory budget
+    /// (`flow::ANONYMOUS_SHARE`): a retained one (issue 35, sixth pass: one stranger filled
+    /// the whole budget with retained messages, and every publisher paused) or any other,
+    /// held while it waits in anyone's queue (fourteenth pass, A1). Not routed, counted as
+    /// dropped for memory, as over the budget: v5 QoS 1/2 PUBACK / PUBREC 0x97 Quota
+    /// exceeded; 3.x cannot be told, so the connection closes ("anonymous share full") and
+    /// the client re-sends later, rather than being acknowledged for a message it lost;
+    /// QoS 0 dropped.
+    fn refuse_over_anonymous_share(&mut self, qos: QoS, packet_id: u16) -> Result<(), Close> {
         self.broker().metrics.messages_dropped_memory[qos as usize].increment(1);
-        tracing::debug!(client = %self.session.client_id(), "retained message refused: anonymous clients are at their share of the memory budget");
-        match qos {
-            QoS::AtMostOnce => {}
-            _ if self.version.is_v5() => self.negative_ack(
-                qos,
-                packet_id,
-                ReasonCode::QUOTA_EXCEEDED,
-                "anonymous clients are at their share of the memory budget (mqtt.max_memory / 8)",
-            ),
-            _ => self.negative_ack(qos, packet_id, ReasonCode::SUCCESS, ""),
+        tracing::debug!(client = %self.session.client_id(), "message refused: anonymous clients are at their share of the memory budget");
+        if qos == QoS::AtMostOnce {
+            return Ok(());
         }
+        if !self.version.is_v5() {
+            return Err(Close::OverAnonymousShare);
+        }
+        self.negative_ack(
+            qos,
+            packet_id,
+            ReasonCode::QUOTA_EXCEEDED,
+            "anonymous clients are at their share of the memory budget (mqtt.max_memory / 8)",
+        );
         Ok(())
     }
 
