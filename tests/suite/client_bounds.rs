@@ -1402,3 +1402,48 @@ async fn an_anonymous_publishers_messages_queued_for_a_user_count_in_their_share
         v5::ack(&mut reader, &got).await;
     }
 }
+
+/// A shared group passes over a member whose client takes no packet as large as the message
+/// (its CONNECT's Maximum Packet Size, MQTT-3.1.2-24: the server must not send it a larger
+/// one) while another member would take it: sensor2's 100 acknowledged QoS 1 jobs of 200 bytes
+/// all reach the worker, and none is dropped as too large. Before, the round robin gave every
+/// other job to the member with a Maximum Packet Size of 100, which dropped it after its
+/// PUBACK (issue 35, fourteenth adversarial pass, A2: 50 of 100 reached the worker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_group_passes_over_a_member_a_message_would_not_fit() {
+    use postbox::codec::QoS;
+    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
+    let broker = password_and_anonymous(64 << 20).await;
+    let addr = broker.addr;
+    let mut small = v5::connect_packet("small-member");
+    small.properties.maximum_packet_size = Some(100);
+    let (mut small, _) = v5::connect(addr, small).await;
+    v5::subscribe(&mut small, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    let (mut worker, _) = v5::connect(addr, sensor1("sensor1-worker")).await;
+    v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    let (mut boss, ack) =
+        v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let received = tokio::spawn(async move {
+        let mut topics = std::collections::BTreeSet::new();
+        while topics.len() < 100 {
+            match worker.recv_within(std::time::Duration::from_secs(5)).await {
+                Ok(Some(Packet::Publish(p))) => {
+                    v5::ack(&mut worker, &p).await;
+                    topics.insert(p.topic.to_string());
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(()) => break,
+            }
+        }
+        topics.len()
+    });
+    for n in 1..=100u16 {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 200], n).await;
+        assert!(!code.is_error(), "job {n}: {code:?}");
+    }
+    let got = received.await.expect("worker");
+    assert_eq!(got, 100, "every acknowledged job reached the worker");
+    assert_eq!(broker.metric(TOO_LARGE).await.unwrap_or(0.0), 0.0);
+    drop(small);
+}

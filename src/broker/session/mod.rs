@@ -284,6 +284,11 @@ pub struct SessionState {
     /// Where the session's own cost counts now (`flow::SessionCost`): moved by
     /// [`SessionState::recount_cost`] when its owner or its expiry changes.
     cost: super::flow::SessionCost,
+    /// The Maximum Packet Size its client announced at its last CONNECT (MQTT 5
+    /// §3.1.2.11.4; 0: none), which no PUBLISH to it may exceed (MQTT-3.1.2-24): what a
+    /// shared group asks before it picks this member (`would_keep`; issue 35, fourteenth
+    /// adversarial pass, A2). Kept while offline: the client reconnects the way it connected.
+    pub(in crate::broker) client_max_packet: u32,
 }
 
 impl SessionState {
@@ -410,6 +415,7 @@ impl Session {
                 bridge: false,
                 owner: crate::storage::SessionOwner::Unbound,
                 acl_checked: UNCHECKED,
+                client_max_packet: 0,
                 cost: super::flow::SessionCost::Budget,
             }),
             notify: Notify::new(),

@@ -114,6 +114,12 @@ impl SessionState {
         if self.ended || self.over_anonymous_share(limits, size) {
             return false;
         }
+        // Larger than its client takes (MQTT-3.1.2-24): the message's bytes and at least a
+        // fixed header's two and the topic length's two (fourteenth pass, A2: a member with a
+        // Maximum Packet Size of 100 dropped every job it was given, after its PUBACK).
+        if self.client_max_packet > 0 && size.saturating_add(4) > self.client_max_packet as usize {
+            return false;
+        }
         if !online && qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
             return false;
         }

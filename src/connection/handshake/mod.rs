@@ -630,6 +630,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         let code = ReasonCode::NOT_AUTHORIZED;
         return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
     };
+    attached
+        .handle
+        .set_client_max_packet(connect.properties.maximum_packet_size);
     if let Some(cluster) = broker.cluster() {
         if let Some(restore) = restore {
             // Found here after all (a racing CONNECT resumed it): nothing to rebuild.
