@@ -449,8 +449,18 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 && !self.link.handle().broker().is_dead_letter_topic(t)
         });
         let hops = hops_of(&publish.properties);
+        // The local clients' rule for control characters and non-characters holds for what
+        // the remote sends too (issue 35, fourteenth adversarial pass, A3).
+        let disallowed = !self
+            .link
+            .handle()
+            .broker()
+            .config()
+            .allow_control_characters
+            && crate::codec::publish_has_disallowed_code_points(&publish);
         let verdict = match local {
             None => Err("topic"),
+            Some(_) if disallowed => Err("refused"),
             Some(_) if v5 && hops >= self.config.max_hops => Err("max_hops"),
             Some(name) => Ok(name),
         };

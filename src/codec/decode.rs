@@ -298,6 +298,21 @@ fn forwarded_strings_disallowed(
             .any(|(k, v)| has_disallowed_code_points(k) || has_disallowed_code_points(v))
 }
 
+/// Whether a PUBLISH carries, in its topic or the properties forwarded with it, a code point
+/// a client's PUBLISH is refused for unless `mqtt.allow_control_characters`: for what comes
+/// in by another way than a client's decoder, a bridge's remote (issue 35, fourteenth
+/// adversarial pass, A3: an ESC sequence and U+FFFF from a remote reached local
+/// subscribers).
+pub fn publish_has_disallowed_code_points(publish: &Publish) -> bool {
+    let p = &publish.properties;
+    has_disallowed_code_points(&publish.topic)
+        || forwarded_strings_disallowed(
+            p.content_type.as_ref(),
+            p.response_topic.as_ref(),
+            &p.user_properties,
+        )
+}
+
 /// The Will of a CONNECT whose Will Flag is set: properties (5.0), topic and payload, with the
 /// QoS and retain its flags gave. `controls`: as for [`connect`].
 fn last_will(r: &mut Reader, v5: bool, qos: QoS, retain: bool, controls: bool) -> Result<LastWill> {

@@ -24,7 +24,9 @@ mod varint;
 mod tests;
 
 pub use codes::ReasonContext;
-pub use decode::{decode, decode_fixed_header, decode_with, FixedHeader};
+pub use decode::{
+    decode, decode_fixed_header, decode_with, publish_has_disallowed_code_points, FixedHeader,
+};
 pub use encode::{encode, encode_publish, encode_within, PublishHeader};
 pub use error::{DecodeError, EncodeError};
 pub use publish_cache::{PublishAlias, PublishBody, PublishEncodings, PublishFlags};

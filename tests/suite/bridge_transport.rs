@@ -442,3 +442,107 @@ async fn bad_addresses_and_unknown_hosts_are_named() {
         "{error:?}"
     );
 }
+
+/// Reads one packet from `stream` (decoded at `version`), within [`WAIT`].
+async fn read_packet(
+    stream: &mut tokio::net::TcpStream,
+    buf: &mut BytesMut,
+    version: ProtocolVersion,
+) -> Packet {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(packet) = codec::decode(buf, Some(version), 1 << 20).expect("decodes") {
+                return packet;
+            }
+            assert!(stream.read_buf(buf).await.expect("read") > 0, "closed");
+        }
+    })
+    .await
+    .expect("a packet within WAIT")
+}
+
+/// A remote that sends what a client's PUBLISH is refused for (5.0 §1.5.4: control characters
+/// and non-characters, here an ESC sequence in a User Property, U+FFFF in a Response Topic and
+/// U+FDD0 in the topic) gets them acknowledged and dropped, counted as refused, and local
+/// subscribers get only its clean message; before, they reached local subscribers as they
+/// came (issue 35, fourteenth adversarial pass, A3). The remote is a socket speaking MQTT 5
+/// here: Mosquitto refuses such strings from its own clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remotes_disallowed_code_points_are_dropped_as_a_clients_are() {
+    use postbox::codec::{ConnAck, QoS, SubAck};
+    let remote = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = remote.local_addr().expect("addr").port();
+    let broker = crate::common::async_process::BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n\
+             [[bridge]]\nname = \"fake\"\naddresses = [\"127.0.0.1:{port}\"]\nprotocol = \"5\"\n\
+             [[bridge.topic]]\npattern = \"in/#\"\ndirection = \"in\"\nqos = 1\n"
+        ),
+    )
+    .await;
+    let mut local = common::v5::connect_id(broker.addr, "local").await;
+    common::v5::subscribe(&mut local, "in/#", QoS::AtLeastOnce).await;
+    let v5 = ProtocolVersion::V5;
+    let (mut link, _) = tokio::time::timeout(WAIT, remote.accept())
+        .await
+        .expect("the bridge connects")
+        .expect("accept");
+    let mut buf = BytesMut::new();
+    let send = |packet: Packet| {
+        let mut out = BytesMut::new();
+        codec::encode(&packet, v5, &mut out).expect("encode");
+        out
+    };
+    assert!(matches!(
+        read_packet(&mut link, &mut buf, v5).await,
+        Packet::Connect(_)
+    ));
+    link.write_all(&send(Packet::ConnAck(ConnAck::default())))
+        .await
+        .expect("CONNACK");
+    let Packet::Subscribe(subscribe) = read_packet(&mut link, &mut buf, v5).await else {
+        panic!("expected the bridge's SUBSCRIBE")
+    };
+    let suback = SubAck {
+        packet_id: subscribe.packet_id,
+        reason_codes: vec![codec::ReasonCode::GRANTED_QOS_1; subscribe.filters.len()],
+        ..Default::default()
+    };
+    link.write_all(&send(Packet::SubAck(suback)))
+        .await
+        .expect("SUBACK");
+    let publish =
+        |topic: &str, id: u16| common::v5::publish_packet(topic, QoS::AtLeastOnce, b"x", id);
+    let mut escape = publish("in/a", 1);
+    escape.properties.user_properties = vec![("note".into(), "\u{1B}[31mred".into())];
+    let mut response = publish("in/b", 2);
+    response.properties.response_topic = Some("reply/\u{FFFF}".into());
+    let bad_topic = publish("in/\u{FDD0}", 3);
+    let clean = publish("in/clean", 4);
+    for p in [escape, response, bad_topic, clean] {
+        link.write_all(&send(Packet::Publish(p)))
+            .await
+            .expect("PUBLISH");
+    }
+    // Every one acknowledged: the remote must not send them again.
+    let mut acked = Vec::new();
+    while acked.len() < 4 {
+        match read_packet(&mut link, &mut buf, v5).await {
+            Packet::PubAck(ack) => acked.push(ack.packet_id),
+            Packet::PingReq => {}
+            other => panic!("expected PUBACKs, got {other:?}"),
+        }
+    }
+    acked.sort_unstable();
+    assert_eq!(acked, [1, 2, 3, 4]);
+    let got = common::v5::receive(&mut local).await;
+    assert_eq!(got.topic, "in/clean");
+    common::v5::expect_silence(&mut local, Duration::from_millis(300)).await;
+    broker
+        .wait_metric(
+            r#"postbox_bridge_dropped_total{bridge="fake",direction="in",reason="refused"}"#,
+            |n| n >= 3.0,
+        )
+        .await;
+}
