@@ -472,7 +472,7 @@ async fn a_remotes_disallowed_code_points_are_dropped_as_a_clients_are() {
     use postbox::codec::{ConnAck, QoS, SubAck};
     let remote = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = remote.local_addr().expect("addr").port();
-    let broker = crate::common::async_process::BrokerProcess::spawn_sections(
+    let broker = common::async_process::BrokerProcess::spawn_sections(
         &[""],
         &format!(
             "[storage]\npersistence = false\n\
