@@ -41,6 +41,7 @@ fn setup(subscribers: usize, qos: QoS) -> Setup {
                 clean_start: true,
                 expiry_interval: 0,
                 protocol: ProtocolVersion::V3_1_1,
+                client_max_packet: 0,
             });
             let options = SubscriptionOptions {
                 qos,

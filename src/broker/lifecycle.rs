@@ -72,6 +72,7 @@ impl Broker {
                 let (generation, displaced) =
                     Session::attach(&mut st, self.clock_ms(Instant::now()));
                 st.protocol = req.protocol;
+                st.client_max_packet = req.client_max_packet;
                 st.expiry_interval = req.expiry_interval;
                 if st.owner != owner {
                     existing.set_share_key(&owner, None);
@@ -117,6 +118,7 @@ impl Broker {
         let (generation, ops) = {
             let mut st = session.lock();
             let (generation, _) = Session::attach(&mut st, self.clock_ms(Instant::now()));
+            st.client_max_packet = req.client_max_packet;
             session.set_share_key(&owner, None);
             st.set_owner(&session.client_id, owner);
             let ops = persist::session_resumed(&session.client_id, &mut st, self.store.is_some());

@@ -157,6 +157,7 @@ impl Link {
             clean_start: options.clean_start,
             expiry_interval: options.session_expiry,
             protocol: ProtocolVersion::V5,
+            client_max_packet: 0,
         });
         let link = Link {
             handle: attached.handle,

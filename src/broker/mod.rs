@@ -110,6 +110,10 @@ pub struct SessionRequest {
     pub expiry_interval: u32,
     /// Protocol level the client connected with.
     pub protocol: ProtocolVersion,
+    /// The Maximum Packet Size its CONNECT announced (MQTT 5 §3.1.2.11.4; 0: none), set in
+    /// the same lock as the attach, so a shared group never sees the session's old value
+    /// (issue 35, fourteenth adversarial pass, A2).
+    pub client_max_packet: u32,
 }
 
 /// A connection's claim on a session, and whether the session existed before (CONNACK's

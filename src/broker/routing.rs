@@ -277,8 +277,9 @@ impl Broker {
             let admission = target.session.admit(delivery, &limits, persistence, now_ms);
             let session = &target.session;
             let (outcome, mut victims) = match admission {
-                Admission::Refused(outcome, victims) => (outcome, victims),
-                Admission::Pushed(outcome, victims) => {
+                // A drop-oldest admission may push deliveries out and still refuse the new
+                // one (the anonymous share taken): their stored entries go as well.
+                Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
                     persist::remove_victims(&mut ops, &session.client_id, &victims);
                     (outcome, victims)
                 }
@@ -478,10 +479,7 @@ impl Broker {
             let limits = self.limits.of(&session.client_id);
             let st = session.lock();
             let connected = st.connection.is_some() && !st.ended;
-            (
-                connected,
-                st.would_keep(message.size(), message.qos, &limits, now_ms),
-            )
+            (connected, st.would_keep(message, &limits, now_ms))
         }
     }
 
@@ -595,20 +593,12 @@ impl Broker {
         match outcome {
             EnqueueOutcome::Queued | EnqueueOutcome::QueuedOverBound => true,
             EnqueueOutcome::QueuedDroppedOldest => {
-                for (counter, n) in self
-                    .metrics
-                    .messages_dropped_queue_full
-                    .iter()
-                    .zip(victims.dropped())
-                {
-                    if n > 0 {
-                        counter.increment(n);
-                    }
-                }
+                self.count_victims(victims);
                 true
             }
             EnqueueOutcome::DroppedQueueFull => {
                 self.metrics.messages_dropped_queue_full[qos as usize].increment(1);
+                self.count_victims(victims);
                 false
             }
             EnqueueOutcome::DroppedQoS0Offline => {
@@ -616,6 +606,16 @@ impl Broker {
                 false
             }
             EnqueueOutcome::SessionEnded => false,
+        }
+    }
+
+    /// Counts the deliveries a drop-oldest admission pushed out (`queue_full`, by QoS).
+    fn count_victims(&self, victims: &Victims) {
+        let counters = self.metrics.messages_dropped_queue_full.iter();
+        for (counter, n) in counters.zip(victims.dropped()) {
+            if n > 0 {
+                counter.increment(n);
+            }
         }
     }
 

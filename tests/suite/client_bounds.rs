@@ -938,7 +938,8 @@ async fn what_an_anonymous_session_holds_in_flight_counts_in_their_share() {
     let (mut sink, _) = v5::connect(broker.addr, v5::persistent_connect("if-sink", 600)).await;
     v5::subscribe(&mut sink, "if/#", QoS::AtLeastOnce).await;
     let payload = vec![b'i'; 262_144];
-    let mut feeder = v5::connect_id(broker.addr, "if-feeder").await;
+    // A password user feeds it (a stranger's own messages count in the share as well).
+    let (mut feeder, _) = v5::connect(broker.addr, sensor1("if-feeder")).await;
     for i in 0..15u16 {
         let p = v5::publish_packet("if/x", QoS::AtLeastOnce, &payload, i + 1);
         let code = v5::publish(&mut feeder, p).await;

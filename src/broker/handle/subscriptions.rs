@@ -61,13 +61,6 @@ impl SessionHandle {
         self.session.lock().is_anonymous()
     }
 
-    /// Records the Maximum Packet Size the client announced in its CONNECT (`None`: none):
-    /// a shared group passes over a member a message would not fit (issue 35, fourteenth
-    /// adversarial pass, A2). Once per CONNECT.
-    pub fn set_client_max_packet(&self, max: Option<u32>) {
-        self.session.lock().client_max_packet = max.unwrap_or(0);
-    }
-
     /// [`SessionHandle::is_anonymous`] without the session's lock, for every PUBLISH: one
     /// atomic load (the share key carries the owner's anonymous mark).
     pub fn publishes_anonymously(&self) -> bool {

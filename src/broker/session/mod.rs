@@ -200,7 +200,8 @@ pub enum Admission {
         /// Deliveries dropped to make room (drop-oldest policy).
         victims: Victims,
     },
-    /// Not queued; the victims carry only `stall_began`.
+    /// Not queued; the victims are those a drop-oldest admission pushed out before it found
+    /// the new one could not come in either, and `stall_began`.
     Refused(EnqueueOutcome, Victims),
 }
 
@@ -566,6 +567,14 @@ impl Session {
             return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline, Victims::default());
         }
         let size = delivery.message.size();
+        // What it adds to the anonymous share: nothing when the message counts there for its
+        // life already (a stranger's, fourteenth pass, A1), or a full share would refuse the
+        // stranger's subscribers a message its publisher was just told fits.
+        let share_size = if delivery.message.charged_anonymous() {
+            0
+        } else {
+            size
+        };
         let mut outcome = EnqueueOutcome::Queued;
         let mut victims = Victims::default();
         if st.is_full(limits, size)
@@ -577,7 +586,7 @@ impl Session {
             outcome = EnqueueOutcome::QueuedOverBound;
         }
         while outcome != EnqueueOutcome::QueuedOverBound
-            && (st.is_full(limits, size) || st.over_anonymous_share(limits, size))
+            && (st.is_full(limits, size) || st.over_anonymous_share(limits, share_size))
         {
             // Connected and eligible for back-pressure: full only because it stalled.
             if !st.stalled
@@ -629,7 +638,7 @@ impl Session {
                     }
                     // Nothing queued to drop, and the share is taken (by what is in flight
                     // or held elsewhere): this one does not come in.
-                    None if st.over_anonymous_share(limits, size) => {
+                    None if st.over_anonymous_share(limits, share_size) => {
                         return Admission::Refused(EnqueueOutcome::DroppedQueueFull, victims)
                     }
                     None => break,

@@ -105,13 +105,14 @@ impl SessionState {
     /// asks of a member before it picks it (issue 35, thirteenth adversarial pass, F5).
     pub(in crate::broker) fn would_keep(
         &self,
-        size: usize,
-        qos: QoS,
+        message: &super::super::Message,
         limits: &QueueLimits,
         now_ms: u64,
     ) -> bool {
+        let (size, qos) = (message.size(), message.qos);
         let online = self.connection.is_some();
-        if self.ended || self.over_anonymous_share(limits, size) {
+        let share_size = if message.charged_anonymous() { 0 } else { size };
+        if self.ended || self.over_anonymous_share(limits, share_size) {
             return false;
         }
         // Larger than its client takes (MQTT-3.1.2-24): the message's bytes and at least a

@@ -617,6 +617,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         clean_start: connect.clean_start,
         expiry_interval,
         protocol: version,
+        client_max_packet: connect.properties.maximum_packet_size.unwrap_or(0),
     };
     let client_id = request.client_id.clone();
     // Anonymous where a method tells identities apart: `%c` does not stand for its client id
@@ -630,9 +631,6 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         let code = ReasonCode::NOT_AUTHORIZED;
         return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
     };
-    attached
-        .handle
-        .set_client_max_packet(connect.properties.maximum_packet_size);
     if let Some(cluster) = broker.cluster() {
         if let Some(restore) = restore {
             // Found here after all (a racing CONNECT resumed it): nothing to rebuild.
