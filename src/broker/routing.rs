@@ -689,8 +689,8 @@ impl Broker {
                 ) {
                     Some(m) => {
                         // The leaving session no longer holds it: forget its stored entry, or a
-                        // restart would deliver it there again. (The new member holds it in
-                        // memory only.)
+                        // restart would deliver it there again. A persistent new member stores
+                        // it first (below).
                         if let Some(seq) = d.seq {
                             removed.push(Op::RemoveEntry {
                                 client_id: session.client_id.clone(),
@@ -728,19 +728,70 @@ impl Broker {
         tracing::debug!(client = %session.client_id, moved = moves.len(), "shared subscription messages redistributed");
         let now_ms = self.coarse_ms();
         let mut losses = QueueLosses::default();
+        // A member that outlives its connection stores what it is given, as a routed
+        // delivery is stored: in memory only, every job moved off a leaving member was lost
+        // at the next restart, after its publisher's PUBACK (issue 35, fifteenth adversarial
+        // pass, B5). Its ops go before `removed`, one log in submit order, so no crash keeps
+        // the removal without the new entry; the delivery is visible only once they are
+        // submitted (`Session::push_reserved`).
+        let mut added: Vec<Op> = Vec::new();
+        let mut reserved: Vec<(Arc<Session>, Delivery)> = Vec::new();
         for (target, delivery) in moves {
             let qos = delivery.qos;
             let message = Arc::clone(&delivery.message);
             let limits = self.limits.of(&target.client_id);
-            let (outcome, mut victims) = target.enqueue(delivery, &limits, now_ms);
-            persist::remove_victims(&mut removed, &target.client_id, &victims);
+            let admission = target.admit(delivery, &limits, self.store.is_some(), now_ms);
+            let (outcome, mut victims) = match admission {
+                Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
+                    persist::remove_victims(&mut removed, &target.client_id, &victims);
+                    (outcome, victims)
+                }
+                Admission::Reserved {
+                    delivery,
+                    outcome,
+                    victims,
+                } => {
+                    self.store_moved(&mut added, &target.client_id, &delivery, &victims);
+                    reserved.push((Arc::clone(&target), delivery));
+                    (outcome, victims)
+                }
+            };
             self.count_enqueue(outcome, qos, &victims);
             losses.note(self, &target, outcome, &message, &mut victims);
         }
         // No session lock held. Before `removed`, which forgets the leaving session's stored
         // entries of the moved messages and the victims' (one log, in submit order).
         losses.publish_all(self);
-        self.persist(removed);
+        added.extend(removed);
+        self.persist(added);
+        for (target, delivery) in reserved {
+            target.push_reserved(delivery, now_ms);
+        }
+    }
+
+    /// The ops that store a moved shared delivery at its new member `client_id` (reserved
+    /// with a stored `seq`): its message (again if stored already: a re-put keeps the
+    /// references), and its entry, after the removals of the victims it pushed out.
+    fn store_moved(
+        &self,
+        ops: &mut Vec<Op>,
+        client_id: &ByteString,
+        delivery: &Delivery,
+        victims: &Victims,
+    ) {
+        let Some(store) = self.store.as_ref() else {
+            return;
+        };
+        let mut entry = Vec::with_capacity(2);
+        persist::enqueue(&mut entry, client_id, delivery, victims);
+        let message = &delivery.message;
+        let id = message.store_id.get_or_init(|| store.next_message_id());
+        persist::fix_message_ids(&mut entry, id);
+        ops.push(persist::put_message(id, message));
+        if let Some(stream_seq) = message.cluster_seq() {
+            ops.push(persist::sequenced(id, stream_seq));
+        }
+        ops.extend(entry);
     }
 }
 

@@ -521,28 +521,6 @@ impl Session {
         self.keep_alive_deadline_ms.load(Ordering::Relaxed) <= now_ms
     }
 
-    /// Appends a delivery, applying the queue bounds. Called from publishing tasks.
-    pub(in crate::broker) fn enqueue(
-        &self,
-        delivery: Delivery,
-        limits: &QueueLimits,
-        now_ms: u64,
-    ) -> (EnqueueOutcome, Victims) {
-        match self.admit(delivery, limits, false, now_ms) {
-            Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
-                (outcome, victims)
-            }
-            Admission::Reserved {
-                delivery,
-                outcome,
-                victims,
-            } => {
-                self.push_reserved(delivery, now_ms);
-                (outcome, victims)
-            }
-        }
-    }
-
     /// Applies the queue bounds to a delivery. With `persistence` on, a QoS 1/2 delivery to a
     /// persistent session gets a queue `seq` and is returned for the caller to persist and
     /// then [`push_reserved`](Self::push_reserved); anything else is pushed at once.
