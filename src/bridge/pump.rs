@@ -480,6 +480,16 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         if v5 {
             set_hops(&mut publish.properties, hops.saturating_add(1));
         }
+        // Near or over the memory budget: read nothing more from the remote until it is back
+        // under the resume mark, as a local publisher pauses; the remote keeps what it has not
+        // sent (issue 35, fifteenth adversarial pass, B6).
+        let level = {
+            let flow = self.link.handle().broker().flow();
+            flow.memory_level(crate::broker::flow::message_bytes())
+        };
+        if level != crate::broker::flow::MemoryLevel::Normal {
+            self.link.wait_for_memory().await;
+        }
         let handle = self.link.handle();
         match handle.publish(publish) {
             Ok(published) => {

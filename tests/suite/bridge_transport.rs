@@ -461,44 +461,38 @@ async fn read_packet(
     .expect("a packet within WAIT")
 }
 
-/// A remote that sends what a client's PUBLISH is refused for (5.0 §1.5.4: control characters
-/// and non-characters, here an ESC sequence in a User Property, U+FFFF in a Response Topic and
-/// U+FDD0 in the topic) gets them acknowledged and dropped, counted as refused, and local
-/// subscribers get only its clean message; before, they reached local subscribers as they
-/// came (issue 35, fourteenth adversarial pass, A3). The remote is a socket speaking MQTT 5
-/// here: Mosquitto refuses such strings from its own clients.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_remotes_disallowed_code_points_are_dropped_as_a_clients_are() {
-    use postbox::codec::{ConnAck, QoS, SubAck};
+/// A broker with `sections` beside a bridge `fake` (MQTT 5, `in/#` in at QoS 1) to a socket
+/// this test plays the remote on: the broker, the remote's end of the link once the bridge's
+/// CONNECT and SUBSCRIBE are answered, and the bytes read past them.
+async fn bridged_to_a_fake_remote(
+    sections: &str,
+) -> (
+    common::async_process::BrokerProcess,
+    tokio::net::TcpStream,
+    BytesMut,
+) {
+    use postbox::codec::{ConnAck, SubAck};
     let remote = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = remote.local_addr().expect("addr").port();
     let broker = common::async_process::BrokerProcess::spawn_sections(
         &[""],
         &format!(
-            "[storage]\npersistence = false\n\
-             [[bridge]]\nname = \"fake\"\naddresses = [\"127.0.0.1:{port}\"]\nprotocol = \"5\"\n\
-             [[bridge.topic]]\npattern = \"in/#\"\ndirection = \"in\"\nqos = 1\n"
+            "{sections}\n[[bridge]]\nname = \"fake\"\naddresses = [\"127.0.0.1:{port}\"]\n\
+             protocol = \"5\"\n[[bridge.topic]]\npattern = \"in/#\"\ndirection = \"in\"\nqos = 1\n"
         ),
     )
     .await;
-    let mut local = common::v5::connect_id(broker.addr, "local").await;
-    common::v5::subscribe(&mut local, "in/#", QoS::AtLeastOnce).await;
     let v5 = ProtocolVersion::V5;
     let (mut link, _) = tokio::time::timeout(WAIT, remote.accept())
         .await
         .expect("the bridge connects")
         .expect("accept");
     let mut buf = BytesMut::new();
-    let send = |packet: Packet| {
-        let mut out = BytesMut::new();
-        codec::encode(&packet, v5, &mut out).expect("encode");
-        out
-    };
     assert!(matches!(
         read_packet(&mut link, &mut buf, v5).await,
         Packet::Connect(_)
     ));
-    link.write_all(&send(Packet::ConnAck(ConnAck::default())))
+    link.write_all(&encoded(&Packet::ConnAck(ConnAck::default())))
         .await
         .expect("CONNACK");
     let Packet::Subscribe(subscribe) = read_packet(&mut link, &mut buf, v5).await else {
@@ -509,9 +503,34 @@ async fn a_remotes_disallowed_code_points_are_dropped_as_a_clients_are() {
         reason_codes: vec![codec::ReasonCode::GRANTED_QOS_1; subscribe.filters.len()],
         ..Default::default()
     };
-    link.write_all(&send(Packet::SubAck(suback)))
+    link.write_all(&encoded(&Packet::SubAck(suback)))
         .await
         .expect("SUBACK");
+    (broker, link, buf)
+}
+
+/// `packet` as MQTT 5 bytes.
+fn encoded(packet: &Packet) -> BytesMut {
+    let mut out = BytesMut::new();
+    codec::encode(packet, ProtocolVersion::V5, &mut out).expect("encode");
+    out
+}
+
+/// A remote that sends what a client's PUBLISH is refused for (5.0 §1.5.4: control characters
+/// and non-characters, here an ESC sequence in a User Property, U+FFFF in a Response Topic and
+/// U+FDD0 in the topic) gets them acknowledged and dropped, counted as refused, and local
+/// subscribers get only its clean message; before, they reached local subscribers as they
+/// came (issue 35, fourteenth adversarial pass, A3). The remote is a socket speaking MQTT 5
+/// here: Mosquitto refuses such strings from its own clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remotes_disallowed_code_points_are_dropped_as_a_clients_are() {
+    use postbox::codec::QoS;
+    let (broker, mut link, mut buf) =
+        bridged_to_a_fake_remote("[storage]\npersistence = false\n").await;
+    let mut local = common::v5::connect_id(broker.addr, "local").await;
+    common::v5::subscribe(&mut local, "in/#", QoS::AtLeastOnce).await;
+    let v5 = ProtocolVersion::V5;
+    let send = |packet: Packet| encoded(&packet);
     let publish =
         |topic: &str, id: u16| common::v5::publish_packet(topic, QoS::AtLeastOnce, b"x", id);
     let mut escape = publish("in/a", 1);
@@ -545,4 +564,69 @@ async fn a_remotes_disallowed_code_points_are_dropped_as_a_clients_are() {
             |n| n >= 3.0,
         )
         .await;
+}
+
+/// A remote's messages stop being read while the broker is near its memory budget, as a local
+/// publisher pauses: of 100 retained messages of 100 KB (10 MB against a 4 MiB budget) the
+/// bridge takes fewer than 40 and the budget holds; the remote keeps the rest, unacknowledged
+/// (MQTT-4.3.2-2: unacknowledged, the sender still owns them). Before, the bridge's inbound
+/// side checked nothing: a remote pushed memory to three times the budget with retained
+/// messages (issue 35, fifteenth adversarial pass, B6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_is_read_no_further_at_the_memory_budget() {
+    use postbox::codec::QoS;
+    const BUDGET: u64 = 4 << 20;
+    let (broker, link, mut buf) = bridged_to_a_fake_remote(&format!(
+        "[storage]\npersistence = false\n[mqtt]\nmax_memory = {BUDGET}\n"
+    ))
+    .await;
+    let (mut reader, mut writer) = link.into_split();
+    let sender = tokio::spawn(async move {
+        let payload = vec![b'r'; 100_000];
+        for id in 1..=100u16 {
+            let mut p =
+                common::v5::publish_packet(&format!("in/r/{id}"), QoS::AtLeastOnce, &payload, id);
+            p.retain = true;
+            if writer
+                .write_all(&encoded(&Packet::Publish(p)))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        writer
+    });
+    // PUBACKs until none comes for two seconds (the bridge stopped reading).
+    let mut acked = 0u32;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                if let Some(packet) =
+                    codec::decode(&mut buf, Some(ProtocolVersion::V5), 1 << 20).expect("decodes")
+                {
+                    return Some(packet);
+                }
+                if reader.read_buf(&mut buf).await.ok()? == 0 {
+                    return None;
+                }
+            }
+        })
+        .await;
+        match next {
+            Ok(Some(Packet::PubAck(_))) => acked += 1,
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    assert!(
+        acked < 40,
+        "{acked} of 100 x 100 KB taken against a 4 MiB budget"
+    );
+    let used = broker
+        .metric("postbox_memory_used_bytes")
+        .await
+        .unwrap_or(0.0);
+    assert!(used <= BUDGET as f64, "postbox_memory_used_bytes {used}");
+    sender.abort();
 }
