@@ -452,6 +452,15 @@ pub fn user_as_client_id(user: &str, config: &MqttConfig) -> Result<(), Refusal>
     Ok(())
 }
 
+/// Longest user name accepted, in bytes: a connection keeps its user name for its life (its
+/// log lines, the admin API's client list, the ACL), and nothing else bounds it when no
+/// password file checks it (the default): 2,000 connections with 65,535-byte names held
+/// 292 MB, 4.4 times a 64 MiB budget, while the budget counted 2 MB, and a client looping
+/// connect/close wrote 3.5 GB of log in 10 s (issue 35, fifteenth adversarial pass, B4). User
+/// names in use (device ids, cloud hub paths with query strings, certificate names) stay far
+/// below it; tokens go in the password.
+const MAX_USER_NAME_LEN: usize = 1024;
+
 /// Authentication and will checks that can refuse the connection.
 ///
 /// A user name with a control character (5.0 §1.5.4: SHOULD NOT appear) is refused unless
@@ -461,6 +470,16 @@ pub fn user_as_client_id(user: &str, config: &MqttConfig) -> Result<(), Refusal>
 /// anything consults the user name. (Will topics are topic names: the decoder refuses those.)
 fn check_connect(connect: &Connect, policy: &Policy<'_>) -> Result<(), Refusal> {
     let config = policy.config;
+    if connect
+        .username
+        .as_deref()
+        .is_some_and(|user| user.len() > MAX_USER_NAME_LEN)
+    {
+        return Err((
+            ReasonCode::BAD_USER_NAME_OR_PASSWORD,
+            "user name longer than 1024 bytes",
+        ));
+    }
     if !config.allow_control_characters
         && connect
             .username

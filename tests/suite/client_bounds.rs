@@ -443,6 +443,41 @@ async fn client_ids_are_at_most_256_bytes_by_default() {
     );
 }
 
+/// A user name is at most 1,024 bytes, on the default config (no password file checks it):
+/// a longer one gets CONNACK 0x86 Bad User Name or Password (MQTT 5 §3.2.2.2: "the data in the
+/// user name or password is malformed"; 3.1.1: 4). Before, every connection kept up to 65,535
+/// bytes of name, counted nowhere: 2,000 of them held 292 MB (issue 35, fifteenth adversarial
+/// pass, B4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_names_are_at_most_1024_bytes() {
+    let broker = BrokerProcess::spawn("", "").await;
+    let named = |len: usize| {
+        let mut connect = v5::connect_packet("named");
+        connect.username = Some("u".repeat(len).into());
+        connect
+    };
+    let (c, ack) = v5::connect(broker.addr, named(1024)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    v5::disconnect(c).await;
+    match v5::open(broker.addr, named(1025)).await {
+        (_, Some(Packet::ConnAck(ack))) => {
+            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        }
+        (_, other) => panic!("expected CONNACK, got {other:?}"),
+    }
+    let mut old = common::connect_packet(ProtocolVersion::V3_1_1, "named-311");
+    old.username = Some("u".repeat(65_535).into());
+    let mut c = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
+    c.send(&Packet::Connect(Box::new(old))).await;
+    match c.recv().await {
+        // The decoder reads 3.1.1's return code 4 as its 5.0 equivalent.
+        Some(Packet::ConnAck(ack)) => {
+            assert_eq!(ack.reason_code, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        }
+        other => panic!("expected CONNACK 4, got {other:?}"),
+    }
+}
+
 /// Retained messages of anonymous clients count in their eighth of `mqtt.max_memory` (4 MiB
 /// here: 512 KiB, eight messages of 64 KiB). Past it an anonymous client's retained PUBLISH is
 /// refused: v5 PUBACK 0x97 Quota exceeded (v5 §3.4.2.1); 3.1.1 cannot be told, so the
