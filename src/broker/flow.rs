@@ -254,7 +254,7 @@ impl Drop for AnonymousConnection {
     }
 }
 
-/// What anonymous sessions that end with their connection hold now
+/// What anonymous clients' connections and their sessions that end with them hold now
 /// ([`ANONYMOUS_CONNECTED_BYTES`]).
 pub(crate) fn anonymous_connected_bytes() -> u64 {
     u64::try_from(ANONYMOUS_CONNECTED_BYTES.load(Ordering::Relaxed)).unwrap_or(0)

@@ -573,10 +573,6 @@ impl SessionHandle {
         };
         let local_id = admission.as_ref().map(|a| a.local_id);
         let mut message = Message::from_publish(publish, Some(self.session.id));
-        // A retained message of an anonymous client counts in their share while the retained
-        // store holds it (`Broker::store_retained`).
-        message.from_anonymous =
-            message.retain && !message.payload.is_empty() && self.session.lock().is_anonymous();
         // One atomic load: the share key carries the owner's anonymous mark. A stranger's
         // message counts in the anonymous share for as long as it is held anywhere, in a
         // verified user's queue too: counted in the budget alone, 200 of them queued at an
@@ -584,10 +580,9 @@ impl SessionHandle {
         // got 0x97 (issue 35, fourteenth adversarial pass, A1). The connection refused it
         // before it came here if the share had no room (`connection::client::inbound`).
         let anonymous = super::owner::is_anonymous_key(self.session.share_key());
+        // Its store record says so when retained, so a restart charges it again.
+        message.from_anonymous = anonymous && message.retain && !message.payload.is_empty();
         message.set_published_anonymously(anonymous);
-        if anonymous {
-            message.charge_anonymous();
-        }
         let message = Arc::new(message);
         if admission.is_some() && qos != QoS::AtMostOnce {
             // Its stream sequence comes with JetStream's acknowledgement; until then a

@@ -281,10 +281,6 @@ impl Broker {
         let mut message = Message::from_will(will);
         message.from_anonymous = anonymous;
         message.set_published_anonymously(stranger);
-        if stranger {
-            // Held anywhere, in the anonymous share (fourteenth pass, A1).
-            message.charge_anonymous();
-        }
         self.publish_allowed_will(&Arc::new(message));
     }
 
@@ -319,10 +315,6 @@ impl Broker {
         }
         message.from_anonymous = anonymous;
         message.set_published_anonymously(stranger);
-        if stranger {
-            // Held anywhere, in the anonymous share (fourteenth pass, A1).
-            message.charge_anonymous();
-        }
         self.publish_allowed_will(&Arc::new(message));
     }
 

@@ -232,13 +232,14 @@ impl Message {
         self.marks & PUBLISHED_ANONYMOUSLY != 0
     }
 
-    /// Marks the message as published by an anonymous client (`anonymous`), or not; set by
-    /// the publishing session's handle (or a will's publication) only.
+    /// Marks the message as published by an anonymous client (`anonymous`), and then charges
+    /// it to the anonymous share for its life ([`Message::charge_anonymous`]: held anywhere,
+    /// a verified user's queue too; issue 35, fourteenth adversarial pass, A1); set by the
+    /// publishing session's handle (or a will's publication) only, before it is shared.
     pub(crate) fn set_published_anonymously(&mut self, anonymous: bool) {
         if anonymous {
             self.marks |= PUBLISHED_ANONYMOUSLY;
-        } else {
-            self.marks &= !PUBLISHED_ANONYMOUSLY;
+            self.charge_anonymous();
         }
     }
 

@@ -398,27 +398,38 @@ fn connack(r: &mut Reader, v5: bool) -> Result<ConnAck> {
 }
 
 /// The bytes of a topic name that make it worth a closer look in [`publish`]: a table lookup a
-/// byte costs half what the range comparisons did (callgrind, fan-in QoS 1).
-static SUSPICIOUS: [bool; 256] = {
+/// byte costs half what the range comparisons did (callgrind, fan-in QoS 1). With `strict`
+/// (control characters and non-characters refused, the default) also their bytes: below
+/// 0x20, 0x7F, 0xC2 (leads U+0080..U+00BF) and the leads of non-characters (0xEF for
+/// U+FDD0..U+FDEF and U+FFFE/U+FFFF, 0xF0..=0xF4 for their kin in every plane); without, a
+/// topic of emoji or fullwidth characters is not looked at twice.
+const fn suspicious_bytes(strict: bool) -> [bool; 256] {
     let mut table = [false; 256];
-    let mut b = 0;
-    while b < 0x20 {
-        table[b] = true;
-        b += 1;
-    }
+    table[0] = true;
     table[b'+' as usize] = true;
     table[b'#' as usize] = true;
-    table[0x7F] = true;
-    table[0xC2] = true;
-    // Leads of non-characters: U+FDD0..U+FDEF, U+FFFE/U+FFFF and their kin in every plane.
-    table[0xEF] = true;
-    let mut lead = 0xF0;
-    while lead <= 0xF4 {
-        table[lead] = true;
-        lead += 1;
+    if strict {
+        let mut b = 1;
+        while b < 0x20 {
+            table[b] = true;
+            b += 1;
+        }
+        table[0x7F] = true;
+        table[0xC2] = true;
+        table[0xEF] = true;
+        let mut lead = 0xF0;
+        while lead <= 0xF4 {
+            table[lead] = true;
+            lead += 1;
+        }
     }
     table
-};
+}
+
+/// [`suspicious_bytes`] when control characters are refused.
+static SUSPICIOUS: [bool; 256] = suspicious_bytes(true);
+/// [`suspicious_bytes`] when `mqtt.allow_control_characters` lets them through.
+static SUSPICIOUS_LAX: [bool; 256] = suspicious_bytes(false);
 
 /// PUBLISH (3.1.1 §3.3, 5.0 §3.3): the hot path. One pass spots every byte that may need a
 /// closer look (NUL, wildcards, control characters: bytes below 0x20, 0x7F, and 0xC2, which
@@ -436,9 +447,14 @@ fn publish(byte1: u8, r: &mut Reader, v5: bool, controls: bool) -> Result<Publis
     };
     let topic_len = usize::from(r.u16()?);
     let raw = r.take_slice(topic_len)?;
+    let table = if controls {
+        &SUSPICIOUS_LAX
+    } else {
+        &SUSPICIOUS
+    };
     let suspicious = raw
         .iter()
-        .fold(false, |acc, &b| acc | SUSPICIOUS[usize::from(b)]);
+        .fold(false, |acc, &b| acc | table[usize::from(b)]);
     let topic = ByteString::try_from(raw)
         .map_err(|_| DecodeError::Malformed("invalid UTF-8 in a string"))?;
     let topic = if r.copies() {
@@ -538,7 +554,7 @@ fn filter(r: &mut Reader, controls: bool) -> Result<ByteString> {
     }
     if !controls && has_disallowed_code_points(&filter) {
         return Err(DecodeError::Malformed(
-            "control character in a topic filter",
+            "control character or non-character in a topic filter",
         ));
     }
     Ok(filter)

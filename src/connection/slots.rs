@@ -74,11 +74,12 @@ impl AdmissionLimits {
     }
 }
 
-/// What one idle connection of `kind` holds (bytes; its session is charged apart): measured
-/// RSS per idle connection, 2,000 connections of a release build each with one small
-/// PUBLISH, rounded up, and for TLS after one large message, when rustls keeps a whole
-/// record's buffer (~16 KiB) for good: tcp 2.0 KiB, ws 3.7 KiB, tls 13.9 KiB, wss 20.2 KiB,
-/// and wss 36.8 KiB after a 1 MB message (issue 35, thirteenth adversarial pass, F2).
+/// What one idle connection of `kind` holds (bytes; its session is charged apart). Measured
+/// RSS per idle connection (release build, 2,000 connections each with one small PUBLISH):
+/// tcp 2.0 KiB, ws 3.7 KiB, tls 13.9 KiB, wss 20.2 KiB; after one large message rustls keeps
+/// a whole TLS record's buffer (~16 KiB) for good: wss 36.8 KiB after a 1 MB message, tls
+/// 26.6 KiB (issue 35, thirteenth and fourteenth adversarial passes, F2). The charge is the
+/// worst of these rounded up to a power of two of KiB: tcp 2, ws 4, tls 32, wss 40.
 pub(crate) fn connection_cost(kind: ListenerKind) -> u32 {
     match kind {
         ListenerKind::Tcp => 2 * 1024,

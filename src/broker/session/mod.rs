@@ -145,8 +145,9 @@ struct PushedOut {
     dropped: [u64; 3],
     /// Stored queue positions among them.
     stored: SmallVec<[u64; 1]>,
-    /// The messages pushed out, for their dead letters (`queue_full`).
-    messages: Vec<std::sync::Arc<super::Message>>,
+    /// The messages pushed out, for their dead letters (`queue_full`): inline for the
+    /// usual one, so steady drop-oldest overflow allocates only the box.
+    messages: SmallVec<[std::sync::Arc<super::Message>; 1]>,
 }
 
 impl Victims {
@@ -176,7 +177,7 @@ impl Victims {
     }
 
     /// Takes the messages pushed out, for their dead letters.
-    pub fn take_messages(&mut self) -> Vec<std::sync::Arc<super::Message>> {
+    pub fn take_messages(&mut self) -> SmallVec<[std::sync::Arc<super::Message>; 1]> {
         self.pushed_out
             .as_mut()
             .map(|out| std::mem::take(&mut out.messages))
