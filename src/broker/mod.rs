@@ -31,6 +31,7 @@ pub(crate) mod owner;
 mod parts;
 mod persist;
 mod queue_limits;
+mod redistribute;
 mod restore;
 pub mod retained;
 mod routing;
