@@ -1364,20 +1364,7 @@ async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
     let (mut boss, ack) =
         v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let received = tokio::spawn(async move {
-        let mut topics = std::collections::BTreeSet::new();
-        while topics.len() < 100 {
-            match worker.recv_within(std::time::Duration::from_secs(5)).await {
-                Ok(Some(Packet::Publish(p))) => {
-                    v5::ack(&mut worker, &p).await;
-                    topics.insert(p.topic.to_string());
-                }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(()) => break,
-            }
-        }
-        topics.len()
-    });
+    let received = tokio::spawn(distinct_jobs(worker, 100));
     for n in 1..=100u16 {
         let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 100], n).await;
         assert!(!code.is_error(), "job {n}: {code:?}");
@@ -1469,20 +1456,7 @@ async fn shared_group_with_a_small_member(max: u32) {
     let (mut boss, ack) =
         v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let received = tokio::spawn(async move {
-        let mut topics = std::collections::BTreeSet::new();
-        while topics.len() < 100 {
-            match worker.recv_within(std::time::Duration::from_secs(5)).await {
-                Ok(Some(Packet::Publish(p))) => {
-                    v5::ack(&mut worker, &p).await;
-                    topics.insert(p.topic.to_string());
-                }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(()) => break,
-            }
-        }
-        topics.len()
-    });
+    let received = tokio::spawn(distinct_jobs(worker, 100));
     for n in 1..=100u16 {
         let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 200], n).await;
         assert!(!code.is_error(), "job {n}: {code:?}");
@@ -1531,18 +1505,24 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     drop(b);
     broker.stop().await;
     let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
-    let (mut b, ack) = v5::connect(broker.addr, member("worker-b")).await;
+    let (b, ack) = v5::connect(broker.addr, member("worker-b")).await;
     assert!(ack.session_present);
+    assert_eq!(distinct_jobs(b, 40).await, 40, "jobs after the restart");
+}
+
+/// How many distinct topics `worker` receives (each acknowledged, MQTT-4.3.2-4), up to `want`,
+/// until nothing comes for five seconds.
+async fn distinct_jobs(mut worker: RawClient, want: usize) -> usize {
     let mut topics = std::collections::BTreeSet::new();
-    while topics.len() < 40 {
-        match b.recv_within(std::time::Duration::from_secs(5)).await {
+    while topics.len() < want {
+        match worker.recv_within(std::time::Duration::from_secs(5)).await {
             Ok(Some(Packet::Publish(p))) => {
-                v5::ack(&mut b, &p).await;
+                v5::ack(&mut worker, &p).await;
                 topics.insert(p.topic.to_string());
             }
             Ok(Some(_)) => {}
             Ok(None) | Err(()) => break,
         }
     }
-    assert_eq!(topics.len(), 40, "jobs after the restart: {topics:?}");
+    topics.len()
 }
