@@ -37,6 +37,17 @@ pub(super) fn routes() -> Router<AdminState> {
         .route("/api/v1/overview", get(super::status::overview))
 }
 
+/// The 400 answer for a call that takes no parameters and was given one (a misspelt
+/// parameter is said, not ignored); `None` when `params` is empty.
+pub(super) fn refuse_parameters(params: &HashMap<String, String>) -> Option<Response> {
+    params.keys().next().map(|key| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("unknown parameter {key:?}; this call takes none"),
+        )
+    })
+}
+
 /// A JSON error with its status.
 pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     #[derive(Serialize)]

@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -153,11 +152,8 @@ async fn bridges(
     State(state): State<AdminState>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Some(key) = params.keys().next() {
-        return super::api::error(
-            StatusCode::BAD_REQUEST,
-            format!("unknown parameter {key:?}; this call takes none"),
-        );
+    if let Some(refused) = super::api::refuse_parameters(&params) {
+        return refused;
     }
     #[derive(Serialize)]
     struct List {

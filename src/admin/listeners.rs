@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -99,11 +98,8 @@ async fn listeners(
     State(state): State<AdminState>,
     Query(params): Query<HashMap<String, String>>,
 ) -> Response {
-    if let Some(key) = params.keys().next() {
-        return super::api::error(
-            StatusCode::BAD_REQUEST,
-            format!("unknown parameter {key:?}; this call takes none"),
-        );
+    if let Some(refused) = super::api::refuse_parameters(&params) {
+        return refused;
     }
     #[derive(Serialize)]
     struct List<'a> {

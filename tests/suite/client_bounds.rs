@@ -1359,18 +1359,11 @@ async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
             "retained messages of {size} B never filled the share"
         );
     }
-    let (mut worker, _) = v5::connect(addr, sensor1("sensor1-worker")).await;
-    v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    let (mut boss, ack) =
-        v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let received = tokio::spawn(distinct_jobs(worker, 100));
-    for n in 1..=100u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 100], n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
-    let got = received.await.expect("worker");
-    assert_eq!(got, 100, "every acknowledged job reached the worker");
+    assert_eq!(
+        jobs_reaching_a_worker(addr, 100).await,
+        100,
+        "every acknowledged job reached the worker"
+    );
     assert_eq!(broker.metric(DROPPED).await.unwrap_or(0.0), 0.0);
     drop(stranger);
 }
@@ -1451,18 +1444,11 @@ async fn shared_group_with_a_small_member(max: u32) {
     small.properties.maximum_packet_size = Some(max);
     let (mut small, _) = v5::connect(addr, small).await;
     v5::subscribe(&mut small, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    let (mut worker, _) = v5::connect(addr, sensor1("sensor1-worker")).await;
-    v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    let (mut boss, ack) =
-        v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let received = tokio::spawn(distinct_jobs(worker, 100));
-    for n in 1..=100u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 200], n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
-    let got = received.await.expect("worker");
-    assert_eq!(got, 100, "every acknowledged job reached the worker");
+    assert_eq!(
+        jobs_reaching_a_worker(addr, 200).await,
+        100,
+        "every acknowledged job reached the worker"
+    );
     assert_eq!(broker.metric(TOO_LARGE).await.unwrap_or(0.0), 0.0);
     drop(small);
 }
@@ -1508,6 +1494,24 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     let (b, ack) = v5::connect(broker.addr, member("worker-b")).await;
     assert!(ack.session_present);
     assert_eq!(distinct_jobs(b, 40).await, 40, "jobs after the restart");
+}
+
+/// How many of sensor2's 100 QoS 1 jobs of `payload` bytes, each acknowledged (a success
+/// code), the worker sensor1 gets when it joins the group `jobs` beside its other members.
+async fn jobs_reaching_a_worker(addr: std::net::SocketAddr, payload: usize) -> usize {
+    use postbox::codec::QoS;
+    let (mut worker, _) = v5::connect(addr, sensor1("sensor1-worker")).await;
+    v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    let (mut boss, ack) =
+        v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let received = tokio::spawn(distinct_jobs(worker, 100));
+    let job = vec![b'j'; payload];
+    for n in 1..=100u16 {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &job, n).await;
+        assert!(!code.is_error(), "job {n}: {code:?}");
+    }
+    received.await.expect("worker")
 }
 
 /// How many distinct topics `worker` receives (each acknowledged, MQTT-4.3.2-4), up to `want`,
