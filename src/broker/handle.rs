@@ -580,8 +580,8 @@ impl SessionHandle {
         // got 0x97 (issue 35, fourteenth adversarial pass, A1). The connection refused it
         // before it came here if the share had no room (`connection::client::inbound`).
         let anonymous = super::owner::is_anonymous_key(self.session.share_key());
-        // Its store record says so when retained, so a restart charges it again.
-        message.from_anonymous = anonymous && message.retain && !message.payload.is_empty();
+        // Its store record and cluster frame say so, so a restart or another node charges
+        // it again.
         message.set_published_anonymously(anonymous);
         let message = Arc::new(message);
         if admission.is_some() && qos != QoS::AtMostOnce {

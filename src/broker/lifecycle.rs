@@ -279,7 +279,6 @@ impl Broker {
             return;
         }
         let mut message = Message::from_will(will);
-        message.from_anonymous = anonymous;
         message.set_published_anonymously(stranger);
         self.publish_allowed_will(&Arc::new(message));
     }
@@ -313,7 +312,6 @@ impl Broker {
         if anonymous && !self.anonymous_will_fits(client_id, &message.topic, message.size()) {
             return;
         }
-        message.from_anonymous = anonymous;
         message.set_published_anonymously(stranger);
         self.publish_allowed_will(&Arc::new(message));
     }

@@ -160,7 +160,7 @@ impl Drop for Message {
     fn drop(&mut self) {
         let encoded = self.encoded.held_bytes();
         super::flow::message_dropped(self.size() + encoded);
-        if self.from_anonymous && encoded > 0 {
+        if self.encodings_count_as_anonymous() && encoded > 0 {
             super::flow::anonymous_retained_counted(encoded, false);
         }
         if self.marks & CHARGED_ANONYMOUS != 0 {
@@ -234,13 +234,23 @@ impl Message {
 
     /// Marks the message as published by an anonymous client (`anonymous`), and then charges
     /// it to the anonymous share for its life ([`Message::charge_anonymous`]: held anywhere,
-    /// a verified user's queue too; issue 35, fourteenth adversarial pass, A1); set by the
-    /// publishing session's handle (or a will's publication) only, before it is shared.
+    /// a verified user's queue too; issue 35, fourteenth adversarial pass, A1) and, retained
+    /// with a payload, says so to its store record and cluster frame (`from_anonymous`). Set
+    /// where it is made, before it is shared: by the publishing session's handle, a will's
+    /// publication, and where it comes back from the store or another node (fifteenth pass,
+    /// B3).
     pub(crate) fn set_published_anonymously(&mut self, anonymous: bool) {
         if anonymous {
+            self.from_anonymous = self.retain && !self.payload.is_empty();
             self.marks |= PUBLISHED_ANONYMOUSLY;
             self.charge_anonymous();
         }
+    }
+
+    /// Whether its cached encodings count in the anonymous share too (tenth pass, S2): they
+    /// are further copies of a message that does.
+    fn encodings_count_as_anonymous(&self) -> bool {
+        self.from_anonymous || self.charged_anonymous()
     }
 
     /// The message of a QoS 2 delivery restored at its PUBREL stage from another node
@@ -461,7 +471,7 @@ impl Message {
             // pass R4): counted once as it is made, at most four per message; an anonymous
             // client's retained message's in their share too (tenth pass, S2).
             super::flow::message_made(made);
-            if self.from_anonymous {
+            if self.encodings_count_as_anonymous() {
                 super::flow::anonymous_retained_counted(made, true);
             }
         }

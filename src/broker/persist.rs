@@ -34,7 +34,7 @@ impl From<&Message> for StoredMessage {
                 let left = t.saturating_duration_since(now).as_millis() as u64;
                 now_ms + left
             }),
-            // Set for a retained message only ([`retained`]): only its record keeps it.
+            // Set by [`retained`] and [`put_message`], the records that keep it.
             from_anonymous: false,
         }
     }
@@ -104,10 +104,15 @@ pub(super) fn put_subscription(
 }
 
 /// The body of a message, stored once under `id`.
+/// A stranger's body says so, so a restart charges it to the anonymous share again (issue
+/// 35, fifteenth adversarial pass, B3: restored uncharged, each restart freed the share).
 pub(super) fn put_message(id: u64, message: &Message) -> Op {
     Op::PutMessage {
         id,
-        message: StoredMessage::from(message),
+        message: StoredMessage {
+            from_anonymous: message.published_anonymously(),
+            ..StoredMessage::from(message)
+        },
     }
 }
 

@@ -54,7 +54,12 @@ impl Broker {
             .messages
             .iter()
             .map(|(id, stored)| {
-                let message = Message::from_stored(stored, Some(*id));
+                let mut message = Message::from_stored(stored, Some(*id));
+                // A stranger's message is charged to the anonymous share for its life again,
+                // as when it was published (issue 35, fifteenth adversarial pass, B3: restored
+                // uncharged, each restart freed the share for as many more). Never refused
+                // here; new ones are while these hold the share.
+                message.set_published_anonymously(stored.from_anonymous);
                 // Its place in the cluster's stream, if it had one (issue 34): a session
                 // brought back here still knows its replay cursor and what its client took.
                 if let Some(&seq) = snapshot.stream_seqs.get(id) {

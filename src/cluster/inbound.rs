@@ -47,17 +47,29 @@ pub(super) fn spawn(
 }
 
 /// Decodes a frame from another node into a message (origin `None`: no session of this node
-/// published it, so No Local never applies). `None` for this node's own frames and for
-/// frames that are not Postbox messages (counted).
-fn from_other_node(cluster: &Cluster, frame: &[u8]) -> Option<Arc<Message>> {
+/// published it, so No Local never applies). `None` for this node's own frames, for frames
+/// that are not Postbox messages (counted), and for an anonymous client's message while the
+/// anonymous share here has no room for it: it would be charged to the share for as long as
+/// it is held here, and past it would fill the budget verified clients share, as a local
+/// stranger's PUBLISH past the share would, which is refused (issue 35, fifteenth pass, B3;
+/// fourteenth, A1). Dropped and counted as dropped for memory, as that PUBLISH is.
+fn from_other_node(cluster: &Cluster, broker: &Broker, frame: &[u8]) -> Option<Arc<Message>> {
     if wire::origin(frame) == Some(cluster.node.as_bytes()) {
         return None;
     }
-    match wire::decode_marked(frame) {
+    match wire::decode(frame) {
         Ok((_, _, publish, anonymous)) => {
             cluster.metrics.messages[1].increment(1);
             cluster.metrics.bytes[1].increment(frame.len() as u64);
-            Some(Arc::new(message_of(publish, anonymous)))
+            // Charged to the share as it is made: the check below counts it.
+            let message = wire::message_of(publish, anonymous);
+            if anonymous && !crate::broker::flow::anonymous_share_has_room(0, &broker.flow().memory)
+            {
+                broker.metrics.messages_dropped_memory[message.qos as usize].increment(1);
+                tracing::debug!(topic = %message.topic, "cluster: an anonymous client's message from another node dropped: anonymous clients are at their share of the memory budget here");
+                return None;
+            }
+            Some(Arc::new(message))
         }
         Err(error) => {
             cluster.metrics.bad_frames.increment(1);
@@ -65,16 +77,6 @@ fn from_other_node(cluster: &Cluster, frame: &[u8]) -> Option<Arc<Message>> {
             None
         }
     }
-}
-
-/// The message of a frame from the cluster (origin `None`, as [`from_other_node`] says),
-/// marked as an anonymous client's retained message when its frame says so
-/// ([`wire::decode_marked`]): its retained copy here then counts in the anonymous share, as
-/// on the node that took it (pass 7B, P6).
-fn message_of(publish: crate::codec::Publish, anonymous: bool) -> Message {
-    let mut message = Message::from_publish(publish, None);
-    message.from_anonymous = anonymous && message.retain && !message.payload.is_empty();
-    message
 }
 
 /// The node's consumer of `PB_MSGS`, made once and resumed where it stopped after every
@@ -175,7 +177,7 @@ async fn consume_stream(
             let routed = {
                 // Routed and the floor moved as one step for a restoring session.
                 let _gate = cluster.gate.lock();
-                let routed = match from_other_node(&cluster, &message.payload) {
+                let routed = match from_other_node(&cluster, &broker, &message.payload) {
                     None => Ok(None),
                     Some(routed) => {
                         routed.set_cluster_seq(seq);
@@ -305,7 +307,7 @@ async fn consume_qos0(client: async_nats::Client, cluster: Arc<Cluster>, broker:
             let Some(broker) = broker.upgrade() else {
                 return;
             };
-            if let Some(routed) = from_other_node(&cluster, &message.payload) {
+            if let Some(routed) = from_other_node(&cluster, &broker, &message.payload) {
                 let _ = broker.publish(routed, None);
             }
         }
@@ -346,9 +348,9 @@ async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: W
             let Some(broker) = broker.upgrade() else {
                 return;
             };
-            match wire::decode_marked(&entry.value) {
+            match wire::decode(&entry.value) {
                 Ok((_, _, publish, anonymous)) => {
-                    broker.apply_cluster_retained(&Arc::new(message_of(publish, anonymous)));
+                    broker.apply_cluster_retained(&Arc::new(wire::message_of(publish, anonymous)));
                 }
                 Err(error) => {
                     cluster.metrics.bad_frames.increment(1);

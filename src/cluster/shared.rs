@@ -202,11 +202,11 @@ pub(super) async fn run(
 /// (the subject filter is coarser at the first level: `$` topics).
 fn matching(cluster: &Cluster, frame: &[u8], inner: &str) -> Option<Message> {
     match wire::decode(frame) {
-        Ok((_, _, publish)) => {
+        Ok((_, _, publish, anonymous)) => {
             if !crate::codec::topic::matching::matches(inner, &publish.topic) {
                 return None;
             }
-            Some(Message::from_publish(publish, None))
+            Some(wire::message_of(publish, anonymous))
         }
         Err(_) => {
             cluster.metrics.bad_frames.increment(1);

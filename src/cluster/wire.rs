@@ -18,10 +18,12 @@ use crate::codec::{self, Packet, ProtocolVersion, Publish, PublishFlags};
 /// The frame format's version byte.
 const VERSION: u8 = 1;
 
-/// The trailer's bit for a retained message an anonymous client published: every node that
-/// holds it charges it to the anonymous share of its memory budget (pass 7B, P6: without
+/// The trailer's bit for a message an anonymous client published: every node that holds it
+/// charges it to the anonymous share of its memory budget, retained (pass 7B, P6: without
 /// it, a node's copy from the retained bucket replaced the counted one uncounted, and one
-/// stranger filled every node's budget).
+/// stranger filled every node's budget) or queued (issue 35, fifteenth pass, B3: another
+/// node queued a stranger's messages at its verified users' sessions uncharged). Nodes of
+/// earlier versions wrote it for retained messages only, and read it for those only.
 const ANONYMOUS: u8 = 0b1;
 
 /// Why a frame from NATS could not be read (counted, the message skipped: it was written by
@@ -66,7 +68,7 @@ pub fn encode(origin: &str, local_id: u64, message: &Message) -> Result<Bytes, c
             topic_alias: None,
         },
     )?;
-    if message.from_anonymous {
+    if message.published_anonymously() || message.from_anonymous {
         buf.put_u8(ANONYMOUS);
     }
     Ok(buf.freeze())
@@ -82,22 +84,15 @@ pub fn origin(frame: &[u8]) -> Option<&[u8]> {
     rest.get(..usize::from(len))
 }
 
-/// Decodes a frame into its origin node, local id and PUBLISH.
+/// Decodes a frame into its origin node, local id, PUBLISH, and whether the frame marks its
+/// message as an anonymous client's ([`ANONYMOUS`]; `false` for a frame of a node that does
+/// not mark it): the caller marks the message it makes
+/// ([`Message::set_published_anonymously`]).
 ///
 /// # Errors
 ///
 /// The frame is not one [`encode`] wrote.
-pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish), FrameError> {
-    decode_marked(frame).map(|(origin, id, publish, _)| (origin, id, publish))
-}
-
-/// [`decode`], and whether the frame marks its message as an anonymous client's retained
-/// message ([`ANONYMOUS`]; `false` for a frame of a node that does not mark it).
-///
-/// # Errors
-///
-/// The frame is not one [`encode`] wrote.
-pub fn decode_marked(frame: &[u8]) -> Result<(String, u64, Publish, bool), FrameError> {
+pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish, bool), FrameError> {
     let origin = origin(frame).ok_or(FrameError::Header)?;
     let at = 2 + origin.len();
     let id: [u8; 8] = frame
@@ -115,6 +110,16 @@ pub fn decode_marked(frame: &[u8]) -> Result<(String, u64, Publish, bool), Frame
         Some(_) => Err(FrameError::NotPublish),
         None => Err(FrameError::Header),
     }
+}
+
+/// The message of a decoded frame, marked as an anonymous client's when the frame says so:
+/// it then counts in the anonymous share of this node too, as on the node that took it,
+/// retained (pass 7B, P6) or queued (issue 35, fifteenth pass, B3). Origin `None`: no session
+/// of this node published it, so No Local never applies.
+pub(super) fn message_of(publish: Publish, anonymous: bool) -> Message {
+    let mut message = Message::from_publish(publish, None);
+    message.set_published_anonymously(anonymous);
+    message
 }
 
 #[cfg(test)]
@@ -140,7 +145,8 @@ mod tests {
         let message = Message::from_publish(publish, None);
         let frame = encode("node-a", 42, &message).expect("encodes");
         assert_eq!(origin(&frame), Some(&b"node-a"[..]));
-        let (from, id, back) = decode(&frame).expect("decodes");
+        let (from, id, back, anonymous) = decode(&frame).expect("decodes");
+        assert!(!anonymous);
         assert_eq!(from, "node-a");
         assert_eq!(id, 42);
         assert_eq!(&*back.topic, "a/b");
@@ -151,44 +157,47 @@ mod tests {
         assert_eq!(back.properties.user_properties.len(), 1);
     }
 
-    /// An anonymous client's retained message is marked by one byte after the PUBLISH; every
-    /// other message's frame is the bytes it always was, and a frame without the byte (as a
-    /// node of an earlier version writes every frame) decodes as not anonymous. The marked
-    /// frame's PUBLISH decodes as before, as a node of an earlier version reads it (it leaves
-    /// what follows the PUBLISH unread): a rolling upgrade works both ways (pass 7B, P6).
+    /// An anonymous client's message, retained or not (fifteenth pass, B3), is marked by one
+    /// byte after the PUBLISH; every other message's frame is the bytes it always was, and a
+    /// frame without the byte (as a node of an earlier version writes every frame but an
+    /// anonymous retained one) decodes as not anonymous. The marked frame's PUBLISH decodes
+    /// as before, as a node of an earlier version reads it (it leaves what follows the
+    /// PUBLISH unread): a rolling upgrade works both ways (pass 7B, P6).
     #[test]
     fn the_anonymous_mark_is_a_trailer_older_frames_lack() {
-        let publish = Publish {
-            qos: QoS::AtLeastOnce,
-            retain: true,
-            topic: "a/b".into(),
-            packet_id: 1,
-            payload: Bytes::from_static(b"hello"),
-            ..Default::default()
-        };
-        let plain = Message::from_publish(publish.clone(), None);
-        let mut marked = Message::from_publish(publish, None);
-        marked.from_anonymous = true;
-        let old = encode("node-a", 3, &plain).expect("encodes");
-        let new = encode("node-a", 3, &marked).expect("encodes");
-        assert_eq!(
-            new[..new.len() - 1],
-            old[..],
-            "the PUBLISH before the mark changed"
-        );
-        assert_eq!(new[new.len() - 1], ANONYMOUS);
+        for retain in [true, false] {
+            let publish = Publish {
+                qos: QoS::AtLeastOnce,
+                retain,
+                topic: "a/b".into(),
+                packet_id: 1,
+                payload: Bytes::from_static(b"hello"),
+                ..Default::default()
+            };
+            let plain = Message::from_publish(publish.clone(), None);
+            let mut marked = Message::from_publish(publish, None);
+            marked.set_published_anonymously(true);
+            let old = encode("node-a", 3, &plain).expect("encodes");
+            let new = encode("node-a", 3, &marked).expect("encodes");
+            assert_eq!(
+                new[..new.len() - 1],
+                old[..],
+                "the PUBLISH before the mark changed"
+            );
+            assert_eq!(new[new.len() - 1], ANONYMOUS, "retain {retain}");
 
-        let (_, _, from_old, anonymous) = decode_marked(&old).expect("decodes");
-        assert!(!anonymous, "a frame without the mark is not anonymous");
-        let (origin, id, from_new, anonymous) = decode_marked(&new).expect("decodes");
-        assert!(anonymous);
-        assert_eq!((origin.as_str(), id), ("node-a", 3));
-        assert_eq!(from_new, from_old);
-        // What an older node reads: the PUBLISH at the front, the rest left.
-        let mut body = BytesMut::from(&new[2 + 6 + 8..]);
-        let read = codec::decode(&mut body, Some(ProtocolVersion::V5), usize::MAX);
-        assert!(matches!(read, Ok(Some(Packet::Publish(p))) if p == from_old));
-        assert_eq!(&body[..], &[ANONYMOUS]);
+            let (_, _, from_old, anonymous) = decode(&old).expect("decodes");
+            assert!(!anonymous, "a frame without the mark is not anonymous");
+            let (origin, id, from_new, anonymous) = decode(&new).expect("decodes");
+            assert!(anonymous);
+            assert_eq!((origin.as_str(), id), ("node-a", 3));
+            assert_eq!(from_new, from_old);
+            // What an older node reads: the PUBLISH at the front, the rest left.
+            let mut body = BytesMut::from(&new[2 + 6 + 8..]);
+            let read = codec::decode(&mut body, Some(ProtocolVersion::V5), usize::MAX);
+            assert!(matches!(read, Ok(Some(Packet::Publish(p))) if p == from_old));
+            assert_eq!(&body[..], &[ANONYMOUS]);
+        }
     }
 
     #[test]

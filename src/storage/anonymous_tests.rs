@@ -1,6 +1,7 @@
-//! Tests of the mark an anonymous client's retained message keeps in the store (record tag
-//! `PUT_RETAINED_ANONYMOUS`, pass 7B P1): the record round trip, the bytes of every other
-//! retained record unchanged, and the mark kept across a reopen and a snapshot.
+//! Tests of the mark an anonymous client's message keeps in the store, retained (record tag
+//! `PUT_RETAINED_ANONYMOUS`, pass 7B P1) or queued (`PUT_MESSAGE_ANONYMOUS`, issue 35,
+//! fifteenth pass, B3): the record round trip, the bytes of every other record unchanged, and
+//! the mark kept across a reopen and a snapshot.
 
 use bytes::Bytes;
 use bytestring::ByteString;
@@ -121,4 +122,67 @@ fn the_mark_survives_reopen_replacement_and_snapshot() {
     again.end_batch();
     assert_eq!(again.to_snapshot(), state.to_snapshot());
     assert!(again.to_snapshot().retained[0].1.from_anonymous);
+}
+
+fn body(id: u64, from_anonymous: bool) -> Op {
+    match retained("q", from_anonymous) {
+        Op::PutRetained { message, .. } => Op::PutMessage {
+            id,
+            message: StoredMessage {
+                retain: false,
+                ..message
+            },
+        },
+        _ => unreachable!("retained() makes a PutRetained"),
+    }
+}
+
+/// A stranger's queued body comes back marked (tag 20), cut anywhere its record is an error;
+/// every other body keeps the tag (5) and bytes it always had, the same fields as the marked
+/// one's, so an older store loads as it did.
+#[test]
+fn an_anonymous_body_round_trips_and_others_keep_their_bytes() {
+    let anonymous = encoded(&body(7, true));
+    assert_eq!(anonymous[0], 20, "PUT_MESSAGE_ANONYMOUS");
+    let mut dec = record::Dec::new(&anonymous);
+    assert_eq!(dec.op().expect("decode"), body(7, true));
+    assert!(dec.is_empty());
+    for cut in 1..anonymous.len() {
+        assert!(
+            record::Dec::new(&anonymous[..cut]).op().is_err(),
+            "a record cut at {cut} decoded"
+        );
+    }
+    let plain = encoded(&body(7, false));
+    assert_eq!(plain[0], 5, "PUT_MESSAGE");
+    assert_eq!(anonymous[1..], plain[1..]);
+    let mut dec = record::Dec::new(&plain);
+    assert_eq!(dec.op().expect("decode"), body(7, false));
+
+    // What a snapshot or compaction writes out keeps it.
+    let mut state = State::default();
+    state.apply(Op::PutSession(SessionMeta {
+        client_id: ByteString::from("reader"),
+        protocol: crate::codec::ProtocolVersion::V5,
+        expiry_interval: 3600,
+        disconnected_at_unix_ms: None,
+        owner: SessionOwner::Unbound,
+    }));
+    state.apply(body(7, true));
+    state.apply(Op::Enqueue {
+        client_id: ByteString::from("reader"),
+        seq: 1,
+        entry: QueueEntry {
+            message: 7,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            subscription_ids: Default::default(),
+            stage: EntryStage::Queued,
+            deliveries: 0,
+        },
+    });
+    state.end_batch();
+    let mut ops = Vec::new();
+    state.for_each_op(|op| ops.push(encoded(op)));
+    assert!(ops.contains(&anonymous), "the snapshot lost the mark");
 }

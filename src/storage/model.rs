@@ -311,11 +311,11 @@ pub struct StoredMessage {
     /// Absolute expiry, unix ms (received + Message Expiry Interval), so expiry counts
     /// wall-clock time across restarts.
     pub expires_at_unix_ms: Option<u64>,
-    /// A retained message an anonymous client published: it counts in the anonymous share
-    /// of the memory budget again when a restart brings it back (`broker::flow`; pass 7B,
-    /// P1: restored uncounted, each restart gave strangers a fresh share). Kept with
-    /// retained messages only (record tag `PUT_RETAINED_ANONYMOUS`); a queued body is
-    /// written without it and reads back `false`.
+    /// Published by an anonymous client: it counts in the anonymous share of the memory
+    /// budget again when a restart brings it back (`broker::flow`), as a retained message
+    /// (pass 7B, P1: restored uncounted, each restart gave strangers a fresh share; record
+    /// tag `PUT_RETAINED_ANONYMOUS`) and as a queued body, charged for its life (fifteenth
+    /// pass, B3; tag `PUT_MESSAGE_ANONYMOUS`).
     pub from_anonymous: bool,
 }
 

@@ -1,8 +1,9 @@
 //! A cluster's trust boundaries (issue 37, seventh adversarial pass), with a real
 //! `nats-server -js` and real `postbox` nodes: a shared group's messages reach the member
 //! that may read them even when a member on another node may not (N1), a node's log at
-//! `trace` holds no NATS password (N8), and anonymous clients' retained messages stay
-//! within their share of every node's memory budget (pass 7B, P6).
+//! `trace` holds no NATS password (N8), and anonymous clients' messages stay within their
+//! share of every node's memory budget, retained (pass 7B, P6) or queued (issue 35, fifteenth
+//! pass, B3).
 
 use crate::cluster_orphans::as_user;
 use crate::common;
@@ -360,4 +361,85 @@ async fn a_node_connects_with_the_nats_password_from_its_file_and_no_other() {
         exited.output.contains("cluster.password_file"),
         "the error names the key: {exited:?}"
     );
+}
+
+/// Issue 35, fifteenth adversarial pass, B3: an anonymous client's messages count in the
+/// anonymous share of every node that queues them, not only of the node that took them. A
+/// stranger on node a publishes 240 QoS 1 messages of 20 KB (node a holds each only until
+/// JetStream has it, so all are accepted) to `public/x`, which `sensor1`'s offline session on
+/// node b reads: node b queues them up to its anonymous share (an eighth of its 4 MiB budget)
+/// and drops the rest, counted; its budget stays below its pause mark, and `sensor2`'s QoS 1
+/// PUBLISHes of 100 KB on node b are accepted. Before, node b queued them charged to no
+/// share until its budget reached the pause mark, and refused sensor2 with 0x97 (as pass 14's
+/// A1 was on one node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_messages_from_another_node_stay_within_their_share_where_they_are_queued() {
+    const USED: &str = "postbox_memory_used_bytes";
+    const DROPPED: &str = r#"postbox_messages_dropped_total{qos="1",reason="memory"}"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
+        common::fast_example_passwords(dir.path())
+    );
+    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut reader = v5::persistent_connect("inbox-reader", 600);
+    reader = as_user(reader, "sensor1");
+    let (mut reader_b, _) = v5::connect(b.mqtt(), reader.clone()).await;
+    v5::subscribe(&mut reader_b, "public/#", QoS::AtLeastOnce).await;
+    v5::disconnect(reader_b).await;
+
+    let received_before = tokio::task::block_in_place(|| {
+        b.metric(r#"postbox_cluster_messages_total{direction="in"}"#)
+    });
+    let mut stranger = v5::connect_id(a.mqtt(), "stranger-a").await;
+    let payload = vec![b'x'; 20_000];
+    for id in 1..=240u16 {
+        let code = v5::publish_qos1(&mut stranger, "public/x", &payload, id).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "PUBLISH {id} on node a");
+    }
+    v5::disconnect(stranger).await;
+    // Node b has taken all of them from the stream (bounded wait).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let received = tokio::task::block_in_place(|| {
+            b.metric(r#"postbox_cluster_messages_total{direction="in"}"#)
+        });
+        if received - received_before >= 240.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node b took {} of 240",
+            received - received_before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let used = tokio::task::block_in_place(|| b.metric(USED));
+    assert!(used < 0.9 * 4_194_304.0, "node b: {USED} {used}");
+
+    let (mut sensor2, _) =
+        v5::connect(b.mqtt(), as_user(v5::connect_packet("s2"), "sensor2")).await;
+    let big = vec![b'y'; 100_000];
+    for id in 1..=8u16 {
+        let code = v5::publish_qos1(&mut sensor2, "sensors/sensor2/t", &big, id).await;
+        assert!(
+            !code.is_error(),
+            "sensor2's PUBLISH {id} on node b: {code:?}"
+        );
+    }
+    let dropped = tokio::task::block_in_place(|| b.metric(DROPPED));
+    assert!(
+        dropped > 0.0,
+        "node b dropped none of 4.8 MB of a stranger's"
+    );
+    // What node b queued reaches the reader: as many as it did not drop.
+    let (mut reader_b, ack) = v5::connect(b.mqtt(), reader).await;
+    assert!(ack.session_present);
+    let queued = 240.0 - dropped;
+    for n in (0..240u16).take_while(|&n| f64::from(n) < queued) {
+        let got = v5::receive(&mut reader_b).await;
+        assert_eq!(got.topic, "public/x", "message {n} of {queued}");
+        v5::ack(&mut reader_b, &got).await;
+    }
 }

@@ -149,7 +149,8 @@ pub(in crate::cluster) fn decode_will(will: &str) -> Option<Message> {
     let frame = base64::engine::general_purpose::STANDARD
         .decode(will)
         .ok()?;
-    let (_, _, publish) = wire::decode(&frame).ok()?;
+    // A will is marked by whoever publishes it (`Broker::publish_will_of`, by its owner).
+    let (_, _, publish, _) = wire::decode(&frame).ok()?;
     Some(Message::from_publish(publish, None))
 }
 

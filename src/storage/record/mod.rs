@@ -55,3 +55,8 @@ const SEQUENCE_MESSAGE: u8 = 18;
 /// such a message, so a store without anonymous retained messages holds the same bytes as
 /// before (and an older store, without it, loads as it did).
 const PUT_RETAINED_ANONYMOUS: u8 = 19;
+/// `PUT_MESSAGE` of a body an anonymous client published (issue 35, fifteenth adversarial
+/// pass, B3): the same fields, the tag says it is charged to the anonymous share for its life
+/// again when restored. Written only for such a body, so a store without a stranger's queued
+/// message holds the same bytes as before (and an older store loads as it did).
+const PUT_MESSAGE_ANONYMOUS: u8 = 20;

@@ -180,7 +180,7 @@ impl<'a> Dec<'a> {
             },
             received_at_unix_ms: self.u64()?,
             expires_at_unix_ms: self.opt_u64()?,
-            from_anonymous: false, // only `PUT_RETAINED_ANONYMOUS` says otherwise
+            from_anonymous: false, // only the `_ANONYMOUS` tags say otherwise
         })
     }
     fn will(&mut self) -> Result<LastWill, DecodeError> {
@@ -256,6 +256,13 @@ impl<'a> Dec<'a> {
             PUT_MESSAGE => Op::PutMessage {
                 id: self.u64()?,
                 message: self.message()?,
+            },
+            PUT_MESSAGE_ANONYMOUS => Op::PutMessage {
+                id: self.u64()?,
+                message: StoredMessage {
+                    from_anonymous: true,
+                    ..self.message()?
+                },
             },
             ENQUEUE => {
                 let client_id = self.str()?;

@@ -191,7 +191,11 @@ impl Enc<'_> {
                 self.str(filter);
             }
             Op::PutMessage { id, message } => {
-                self.u8(PUT_MESSAGE);
+                self.u8(if message.from_anonymous {
+                    PUT_MESSAGE_ANONYMOUS
+                } else {
+                    PUT_MESSAGE
+                });
                 self.u64(*id);
                 self.message(message);
             }
