@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytestring::ByteString;
 
 use super::owner::{self, NotOwner, OwnerCheck};
+use super::redistribute::Handover;
 use super::{
     persist, Attached, Broker, Message, PendingWill, Session, SessionHandle, SessionRequest,
     NEVER_EXPIRES,
@@ -72,6 +73,12 @@ impl Broker {
                 let (generation, displaced) =
                     Session::attach(&mut st, self.clock_ms(Instant::now()));
                 st.protocol = req.protocol;
+                // Takes smaller packets than it was chosen by: its shared deliveries that no
+                // longer fit go to members that would take them, before its queue is written
+                // (issue 35, fifteenth adversarial pass, B2: dropped as too large, 50 of 100).
+                let shrunk = req.client_max_packet != 0
+                    && (st.client_max_packet == 0 || req.client_max_packet < st.client_max_packet)
+                    && st.holds_shared();
                 st.client_max_packet = req.client_max_packet;
                 st.expiry_interval = req.expiry_interval;
                 if st.owner != owner {
@@ -86,6 +93,10 @@ impl Broker {
                     self.took_over(&existing);
                 }
                 self.persist(ops);
+                if shrunk {
+                    drop(sessions);
+                    self.redistribute_shared(&existing, Handover::Shrunk);
+                }
                 return Ok(Attached {
                     handle: SessionHandle::new(Arc::clone(self), existing, generation),
                     session_present: true,
@@ -167,7 +178,7 @@ impl Broker {
         self.flow.wake_paused();
         if holds_shared && expiry != 0 {
             // Let connected members of its groups have what it had not acknowledged yet.
-            self.redistribute_shared(session, true);
+            self.redistribute_shared(session, Handover::Disconnected);
         }
         if let Some(at) = will_at {
             self.schedule_will(session, generation, at, expiry);
@@ -436,7 +447,7 @@ impl Broker {
             self.forget_stored_will(&session.client_id);
         }
         if holds_shared {
-            self.redistribute_shared(session, false);
+            self.redistribute_shared(session, Handover::Ended);
         }
         let filters: Vec<ByteString> = {
             let mut st = session.lock();

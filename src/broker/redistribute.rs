@@ -1,7 +1,8 @@
-//! Moving the shared-group deliveries a leaving session holds to other members of their groups
+//! Moving the shared-group deliveries a session holds to other members of their groups
 //! (MQTT 5 §4.8.2): on disconnect its queued and unacknowledged QoS 1 messages, for groups with
-//! another connected member; on session end everything still held. A member that outlives
-//! its connection stores what it is given before the leaving session's copies are forgotten.
+//! another connected member; on session end everything still held; when its client comes back
+//! taking smaller packets, what no longer fits. A member that outlives its connection stores
+//! what it is given before the leaving session's copies are forgotten.
 //!
 //! Must not: hold an index lock while taking a session lock.
 
@@ -16,46 +17,70 @@ use crate::auth::acl::Action;
 use crate::codec::QoS;
 use crate::storage::Op;
 
+/// Why a session's shared deliveries move, which decides what moves and where it may go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Handover {
+    /// Its connection closed and the session lives on: its queued messages and its sent but
+    /// unacknowledged QoS 1 messages, for groups with another connected member, to a
+    /// connected member (QoS 2 messages already sent stay, MQTT-4.8.2-4).
+    Disconnected,
+    /// The session ended: everything still held, to any remaining member (clustered, with
+    /// none here: to the group on other nodes); QoS 2 messages already sent are dropped
+    /// (MQTT-4.8.2-5).
+    Ended,
+    /// Its client came back announcing a smaller Maximum Packet Size than the one it was
+    /// chosen by: what no longer fits (MQTT-3.1.2-24: it must not be sent), to any other
+    /// member that would keep it; failing that it stays, to be dropped as too large and
+    /// dead-lettered when its turn comes, as before (issue 35, fifteenth pass, B2).
+    Shrunk,
+}
+
 impl Broker {
     /// Hands the shared-subscription deliveries `session` holds to other members of their
-    /// groups. On disconnect (`connected_only`): its queued messages and its sent but
-    /// unacknowledged QoS 1 messages, for groups with another connected member (QoS 2
-    /// messages already sent stay, MQTT-4.8.2-4). On session end: everything still held,
-    /// to any remaining member (clustered, with none here: to the group on other nodes);
-    /// QoS 2 messages already sent are dropped (MQTT-4.8.2-5).
-    pub(super) fn redistribute_shared(&self, session: &Arc<Session>, connected_only: bool) {
-        let taken = if connected_only {
-            let keys: Vec<ByteString> = {
-                let st = session.lock();
-                st.subscriptions
-                    .keys()
-                    .filter(|f| f.starts_with("$share/"))
-                    .cloned()
-                    .collect()
-            };
-            let eligible: Vec<ByteString> = {
-                let index = self.shared.read();
-                keys.into_iter()
-                    .filter(|k| index.has_other_connected(k, session.id))
-                    .collect()
-            };
-            // Clustered, a group's message its engine still holds goes back to it when no
-            // member here is connected (a connected member on another node takes it).
-            let clustered = self.cluster().is_some();
-            if eligible.is_empty() && !clustered {
-                return;
+    /// groups, as `why` says ([`Handover`]).
+    pub(super) fn redistribute_shared(&self, session: &Arc<Session>, why: Handover) {
+        let connected_only = why == Handover::Disconnected;
+        let taken = match why {
+            Handover::Disconnected => {
+                let keys: Vec<ByteString> = {
+                    let st = session.lock();
+                    st.subscriptions
+                        .keys()
+                        .filter(|f| f.starts_with("$share/"))
+                        .cloned()
+                        .collect()
+                };
+                let eligible: Vec<ByteString> = {
+                    let index = self.shared.read();
+                    keys.into_iter()
+                        .filter(|k| index.has_other_connected(k, session.id))
+                        .collect()
+                };
+                // Clustered, a group's message its engine still holds goes back to it when
+                // no member here is connected (a connected member on another node takes it).
+                let clustered = self.cluster().is_some();
+                if eligible.is_empty() && !clustered {
+                    return;
+                }
+                session.lock().take_shared(
+                    |d| {
+                        d.message.awaits_settlement()
+                            || d.shared
+                                .as_deref()
+                                .is_some_and(|g| eligible.iter().any(|k| k == g))
+                    },
+                    true,
+                )
             }
-            session.lock().take_shared(
-                |d| {
-                    d.message.awaits_settlement()
-                        || d.shared
-                            .as_deref()
-                            .is_some_and(|g| eligible.iter().any(|k| k == g))
-                },
-                true,
-            )
-        } else {
-            session.lock().take_shared(|_| true, true)
+            Handover::Ended => session.lock().take_shared(|_| true, true),
+            Handover::Shrunk => {
+                let mut st = session.lock();
+                let max = st.client_max_packet;
+                st.take_shared(
+                    |d| !super::session::fits_client(d.message.size(), max),
+                    true,
+                )
+            }
         };
         if taken.is_empty() {
             return;
@@ -75,26 +100,34 @@ impl Broker {
                 let may_read = |s: &Session| {
                     authz.is_none_or(|a| s.authorized(a.acl, Action::Read, &d.message.topic))
                 };
+                // Wherever it goes, its stored entry here is forgotten, or a restart would
+                // deliver it here again: a persistent new member stores it first (below), as
+                // does this session when it keeps it (under a new `seq`: before, the old entry
+                // stayed beside the new one, and a restart delivered it twice).
+                if let Some(seq) = d.seq {
+                    removed.push(Op::RemoveEntry {
+                        client_id: session.client_id.clone(),
+                        seq,
+                    });
+                }
                 // One its engine holds goes to a connected member here, else back to it.
                 let settles = d.message.awaits_settlement();
-                match index.pick_other(
-                    key,
-                    &d.message.topic,
-                    session.id,
-                    connected_only || settles,
-                    may_read,
-                    self.shared_judge(&d.message),
-                ) {
+                let picked = {
+                    let judge = self.shared_judge(&d.message);
+                    index
+                        .pick_other(
+                            key,
+                            &d.message.topic,
+                            session.id,
+                            connected_only || settles,
+                            may_read,
+                            &judge,
+                        )
+                        // What no longer fits its member goes only where it would be kept.
+                        .filter(|m| why != Handover::Shrunk || judge(&m.session).1)
+                };
+                match picked {
                     Some(m) => {
-                        // The leaving session no longer holds it: forget its stored entry, or a
-                        // restart would deliver it there again. A persistent new member stores
-                        // it first (below).
-                        if let Some(seq) = d.seq {
-                            removed.push(Op::RemoveEntry {
-                                client_id: session.client_id.clone(),
-                                seq,
-                            });
-                        }
                         moves.push((
                             m.session,
                             Delivery {
@@ -107,9 +140,12 @@ impl Broker {
                             },
                         ));
                     }
-                    // The other members left meanwhile: a disconnecting member keeps it; an
-                    // ending session's messages have no other member here.
-                    None if connected_only && !settles => moves.push((Arc::clone(session), d)),
+                    // The other members left meanwhile: a disconnecting member keeps it, as
+                    // does a returning one when nobody else would keep it; an ending
+                    // session's messages have no other member here.
+                    None if why != Handover::Ended && !settles => {
+                        moves.push((Arc::clone(session), Delivery { seq: None, ..d }));
+                    }
                     None => homeless.push(d),
                 }
             }

@@ -1501,6 +1501,98 @@ async fn shared_group_with_a_small_member(max: u32) {
     drop(small);
 }
 
+/// A member chosen while offline that comes back announcing a Maximum Packet Size too small
+/// for the jobs it was given (MQTT-3.1.2-24: the server must not send it a larger packet)
+/// hands them to the group's other member: all of sensor2's 100 acknowledged QoS 1 jobs of
+/// 200 bytes reach the worker, none dropped as too large. Before, the group split the jobs
+/// between its two offline members, and the one back with a limit of 100 dropped its 50,
+/// after their PUBACK (issue 35, fifteenth adversarial pass, B2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_group() {
+    use postbox::codec::QoS;
+    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
+    let broker = password_and_anonymous(64 << 20).await;
+    let addr = broker.addr;
+    // Both members keep their sessions, and are offline when the jobs come.
+    for id in ["sensor1-worker", "small-member"] {
+        let (mut member, _) = v5::connect(addr, sensor1(id)).await;
+        v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+        v5::disconnect(member).await;
+    }
+    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
+    let job = vec![b'j'; 200];
+    for n in 1..=100u16 {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &job, n).await;
+        assert!(!code.is_error(), "job {n}: {code:?}");
+    }
+    let mut small = sensor1("small-member");
+    small.properties.maximum_packet_size = Some(100);
+    let (small, ack) = v5::connect(addr, small).await;
+    assert!(ack.session_present);
+    let (worker, ack) = v5::connect(addr, sensor1("sensor1-worker")).await;
+    assert!(ack.session_present);
+    assert_eq!(
+        distinct_jobs(worker, 100).await,
+        100,
+        "every acknowledged job reached the worker"
+    );
+    assert_eq!(broker.metric(TOO_LARGE).await.unwrap_or(0.0), 0.0);
+    drop(small);
+}
+
+/// A member back with a Maximum Packet Size too small for its jobs, with no other member to
+/// take them, keeps them and drops them as too large when their turn comes (MQTT-3.1.2-24),
+/// once: after a restart (SIGTERM) its client, back without a limit, gets none of them
+/// again. The jobs it kept are stored under new entries as they go back into its queue, and
+/// their old entries are forgotten with it (kept, a restart delivered every one again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
+    use postbox::codec::QoS;
+    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
+    let data = tempfile::tempdir().expect("tempdir");
+    let passwd = common::fast_example_passwords(data.path());
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
+        data.path().join("store")
+    );
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let addr = broker.addr;
+    let (mut member, _) = v5::connect(addr, sensor1("lone-member")).await;
+    v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    v5::disconnect(member).await;
+    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
+    for n in 1..=10u16 {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 200], n).await;
+        assert!(!code.is_error(), "job {n}: {code:?}");
+    }
+    let mut small = sensor1("lone-member");
+    small.properties.maximum_packet_size = Some(100);
+    let (mut small, _) = v5::connect(addr, small).await;
+    // Each is dropped as it comes to be sent (bounded wait on the metric).
+    let deadline = tokio::time::Instant::now() + common::WAIT;
+    while broker.metric(TOO_LARGE).await.unwrap_or(0.0) < 10.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all dropped as too large"
+        );
+        assert!(
+            !matches!(
+                small
+                    .recv_within(std::time::Duration::from_millis(50))
+                    .await,
+                Ok(Some(Packet::Publish(_)))
+            ),
+            "a PUBLISH above the client's Maximum Packet Size"
+        );
+    }
+    v5::disconnect(small).await;
+    broker.stop().await;
+    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let (member, ack) = v5::connect(broker.addr, sensor1("lone-member")).await;
+    assert!(ack.session_present);
+    assert_eq!(distinct_jobs(member, 10).await, 0, "dropped jobs came back");
+}
+
 /// A shared group's jobs that move off a member leaving the group are stored at the member
 /// that takes them, when its session outlives its connection: after a restart (SIGTERM) every
 /// one of 40 acknowledged QoS 1 jobs reaches the remaining member (MQTT-4.3.2-2: the PUBACK

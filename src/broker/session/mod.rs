@@ -17,6 +17,7 @@ mod queue;
 mod subscription_map;
 
 pub use outbound::{DeliverySink, Inflight, InflightWindow, OutboundStage};
+pub(in crate::broker) use queue::fits_client;
 
 use std::collections::VecDeque;
 use std::num::NonZeroU64;

@@ -6,6 +6,17 @@
 
 use super::*;
 
+/// Whether a message of `size` bytes (`Message::size`) fits
+/// a client whose Maximum Packet Size is `client_max` (0: none announced), with a cushion: the
+/// message's bytes and what a PUBLISH adds (fixed header, topic length, packet id, property
+/// length, a subscription identifier: 8 to 14 bytes), rounded up to 16. A member that might
+/// just take it is passed over only when another would (MQTT-3.1.2-24; issue 35, fourteenth
+/// pass, A2: a member with a Maximum Packet Size of 100 dropped every job it was given, after
+/// its PUBACK; fifteenth, B1: with 4 bytes of cushion, one 4-12 bytes over still did).
+pub(in crate::broker) fn fits_client(size: usize, client_max: u32) -> bool {
+    client_max == 0 || size.saturating_add(16) <= client_max as usize
+}
+
 impl SessionState {
     pub(super) fn is_full(&self, limits: &QueueLimits, incoming: usize) -> bool {
         self.queue.len() >= limits.max_messages
@@ -115,14 +126,7 @@ impl SessionState {
         if self.ended || self.over_anonymous_share(limits, share_size) {
             return false;
         }
-        // Larger than its client takes (MQTT-3.1.2-24), or within a cushion of it: the
-        // message's bytes and what a PUBLISH adds (fixed header, topic length, packet id,
-        // property length, a subscription identifier: 8 to 14 bytes), rounded up to 16. A
-        // member that might just take it is passed over only when another would (fourteenth
-        // pass, A2: a member with a Maximum Packet Size of 100 dropped every job it was given,
-        // after its PUBACK; fifteenth, B1: with 4 bytes of cushion, one 4-12 bytes over still
-        // did).
-        if self.client_max_packet > 0 && size.saturating_add(16) > self.client_max_packet as usize {
+        if !fits_client(size, self.client_max_packet) {
             return false;
         }
         if !online && qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
