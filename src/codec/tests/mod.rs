@@ -3,6 +3,7 @@
 
 #[cfg(not(debug_assertions))]
 mod bench;
+mod disallowed_characters;
 mod malformed;
 mod ownership;
 mod roundtrip;
