@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -37,15 +38,24 @@ pub(super) fn routes() -> Router<AdminState> {
         .route("/api/v1/overview", get(super::status::overview))
 }
 
-/// The 400 answer for a call that takes no parameters and was given one (a misspelt
-/// parameter is said, not ignored); `None` when `params` is empty.
-pub(super) fn refuse_parameters(params: &HashMap<String, String>) -> Option<Response> {
-    params.keys().next().map(|key| {
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("unknown parameter {key:?}; this call takes none"),
-        )
-    })
+/// The extractor of a call that takes no parameters: given one, the call is answered 400
+/// naming it (a misspelt parameter is said, not ignored).
+pub(super) struct NoParameters;
+
+impl<S: Send + Sync> FromRequestParts<S> for NoParameters {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Response> {
+        let Query(params) = Query::<HashMap<String, String>>::try_from_uri(&parts.uri)
+            .map_err(IntoResponse::into_response)?;
+        match params.keys().next() {
+            Some(key) => Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("unknown parameter {key:?}; this call takes none"),
+            )),
+            None => Ok(NoParameters),
+        }
+    }
 }
 
 /// A JSON error with its status.

@@ -5,9 +5,9 @@
 //! one lock of its status and one of its local session (no queue walk, see
 //! `Broker::held_for`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -148,13 +148,7 @@ pub(super) fn summary(state: &AdminState) -> BridgesSummary {
 }
 
 /// `GET /api/v1/bridges`: every bridge, in config order. Takes no parameters.
-async fn bridges(
-    State(state): State<AdminState>,
-    Query(params): Query<HashMap<String, String>>,
-) -> Response {
-    if let Some(refused) = super::api::refuse_parameters(&params) {
-        return refused;
-    }
+async fn bridges(State(state): State<AdminState>, _: super::api::NoParameters) -> Response {
     #[derive(Serialize)]
     struct List {
         bridges: Vec<BridgeView>,

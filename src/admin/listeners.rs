@@ -8,10 +8,9 @@
 //! lists). The description names no file (certificates, password files): only what a client
 //! on the network learns by connecting anyway.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -94,13 +93,7 @@ struct ListenerView<'a> {
 
 /// `GET /api/v1/listeners`: every listener, in config order. Not paged (one entry per
 /// configured listener); takes no parameters.
-async fn listeners(
-    State(state): State<AdminState>,
-    Query(params): Query<HashMap<String, String>>,
-) -> Response {
-    if let Some(refused) = super::api::refuse_parameters(&params) {
-        return refused;
-    }
+async fn listeners(State(state): State<AdminState>, _: super::api::NoParameters) -> Response {
     #[derive(Serialize)]
     struct List<'a> {
         listeners: Vec<ListenerView<'a>>,

@@ -159,15 +159,10 @@ pub(super) fn remove_victims(ops: &mut Vec<Op>, client_id: &ByteString, victims:
     );
 }
 
-/// Appends the `Enqueue` of a reserved delivery (and the removals of drop-oldest victims).
-/// The message id is filled in by the caller's `PutMessage`, which precedes these ops.
-pub(super) fn enqueue(
-    ops: &mut Vec<Op>,
-    client_id: &ByteString,
-    delivery: &Delivery,
-    victims: &Victims,
-) {
-    remove_victims(ops, client_id, victims);
+/// Appends the `Enqueue` of a reserved delivery (the removals of the drop-oldest victims it
+/// pushed out are written by `Broker::admit_counted`). The message id is filled in by the
+/// caller's `PutMessage`, which precedes these ops.
+pub(super) fn enqueue(ops: &mut Vec<Op>, client_id: &ByteString, delivery: &Delivery) {
     if let Some(seq) = delivery.seq {
         ops.push(Op::Enqueue {
             client_id: client_id.clone(),

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use bytestring::ByteString;
 
 use super::guarantees::QueueLosses;
-use super::session::Victims;
-use super::{persist, Admission, Broker, Delivery, Session};
+use super::{persist, Broker, Delivery, Session};
 use crate::auth::acl::Action;
 use crate::codec::QoS;
 use crate::storage::Op;
@@ -171,27 +170,21 @@ impl Broker {
         let mut added: Vec<Op> = Vec::new();
         let mut reserved: Vec<(Arc<Session>, Delivery)> = Vec::new();
         for (target, delivery) in moves {
-            let qos = delivery.qos;
             let message = Arc::clone(&delivery.message);
-            let limits = self.limits.of(&target.client_id);
-            let admission = target.admit(delivery, &limits, self.store.is_some(), now_ms);
-            let (outcome, mut victims) = match admission {
-                Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
-                    persist::remove_victims(&mut removed, &target.client_id, &victims);
-                    (outcome, victims)
-                }
-                Admission::Reserved {
-                    delivery,
-                    outcome,
-                    victims,
-                } => {
-                    self.store_moved(&mut added, &target.client_id, &delivery, &victims);
-                    reserved.push((Arc::clone(&target), delivery));
-                    (outcome, victims)
-                }
-            };
-            self.count_enqueue(outcome, qos, &victims);
-            losses.note(self, &target, outcome, &message, &mut victims);
+            let persistence = self.store.is_some();
+            let (_, _, stored) = self.admit_counted(
+                &target,
+                delivery,
+                &message,
+                persistence,
+                now_ms,
+                &mut removed,
+                &mut losses,
+            );
+            if let Some(delivery) = stored {
+                self.store_moved(&mut added, &target.client_id, &delivery);
+                reserved.push((target, delivery));
+            }
         }
         // No session lock held. Before `removed`, which forgets the leaving session's stored
         // entries of the moved messages and the victims' (one log, in submit order).
@@ -205,19 +198,13 @@ impl Broker {
 
     /// The ops that store a moved shared delivery at its new member `client_id` (reserved
     /// with a stored `seq`): its message (again if stored already: a re-put keeps the
-    /// references), and its entry, after the removals of the victims it pushed out.
-    fn store_moved(
-        &self,
-        ops: &mut Vec<Op>,
-        client_id: &ByteString,
-        delivery: &Delivery,
-        victims: &Victims,
-    ) {
+    /// references), and its entry.
+    fn store_moved(&self, ops: &mut Vec<Op>, client_id: &ByteString, delivery: &Delivery) {
         let Some(store) = self.store.as_ref() else {
             return;
         };
         let mut entry = Vec::with_capacity(2);
-        persist::enqueue(&mut entry, client_id, delivery, victims);
+        persist::enqueue(&mut entry, client_id, delivery);
         let message = &delivery.message;
         let id = message.store_id.get_or_init(|| store.next_message_id());
         persist::fix_message_ids(&mut entry, id);

@@ -272,31 +272,23 @@ impl Broker {
                 seq: None,
                 shared: target.shared,
             };
-            let qos = target.qos;
-            let limits = self.limits.of(&target.session.client_id);
-            let admission = target.session.admit(delivery, &limits, persistence, now_ms);
             let session = &target.session;
-            let (outcome, mut victims) = match admission {
-                // A drop-oldest admission may push deliveries out and still refuse the new
-                // one (the anonymous share taken): their stored entries go as well.
-                Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
-                    persist::remove_victims(&mut ops, &session.client_id, &victims);
-                    (outcome, victims)
-                }
-                Admission::Reserved {
-                    delivery,
-                    outcome,
-                    victims,
-                } => {
-                    persist::enqueue(&mut ops, &session.client_id, &delivery, &victims);
-                    reserved.push((Arc::clone(session), delivery));
-                    (outcome, victims)
-                }
-            };
-            if self.count_enqueue(outcome, qos, &victims) {
+            let (outcome, kept, stored) = self.admit_counted(
+                session,
+                delivery,
+                &message,
+                persistence,
+                now_ms,
+                &mut ops,
+                &mut losses,
+            );
+            if let Some(delivery) = stored {
+                persist::enqueue(&mut ops, &session.client_id, &delivery);
+                reserved.push((Arc::clone(session), delivery));
+            }
+            if kept {
                 queued += 1;
             }
-            losses.note(self, session, outcome, &message, &mut victims);
             if outcome == EnqueueOutcome::QueuedOverBound && pressure.is_none() {
                 pressure = Some(Arc::clone(session));
             }
@@ -580,6 +572,44 @@ impl Broker {
                 now_ms,
             );
         }
+    }
+
+    /// Admits `delivery` of `message` at `session`, the one admission routing and a shared
+    /// group's hand-over share: the stored entries of the deliveries a drop-oldest admission
+    /// pushed out (or pushed out and still refused the new one, the anonymous share taken) are
+    /// removed in `ops`, the drops are counted ([`Broker::count_enqueue`]) and the losses
+    /// noted. Returns the outcome, whether the delivery was queued, and the delivery when it
+    /// was reserved for the store: the caller writes its entry, then pushes it once the ops
+    /// are submitted (`Session::push_reserved`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(super) fn admit_counted(
+        &self,
+        session: &Arc<Session>,
+        delivery: Delivery,
+        message: &Arc<Message>,
+        persistence: bool,
+        now_ms: u64,
+        ops: &mut Vec<Op>,
+        losses: &mut QueueLosses,
+    ) -> (EnqueueOutcome, bool, Option<Delivery>) {
+        let qos = delivery.qos;
+        let limits = self.limits.of(&session.client_id);
+        let (outcome, mut victims, reserved) =
+            match session.admit(delivery, &limits, persistence, now_ms) {
+                Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
+                    (outcome, victims, None)
+                }
+                Admission::Reserved {
+                    delivery,
+                    outcome,
+                    victims,
+                } => (outcome, victims, Some(delivery)),
+            };
+        persist::remove_victims(ops, &session.client_id, &victims);
+        let kept = self.count_enqueue(outcome, qos, &victims);
+        losses.note(self, session, outcome, message, &mut victims);
+        (outcome, kept, reserved)
     }
 
     /// Counts the drops an enqueue of a `qos` delivery caused (the older deliveries it pushed

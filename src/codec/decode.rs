@@ -286,16 +286,45 @@ fn connect(r: &mut Reader, controls: bool) -> Result<Connect> {
 /// whose clients may treat the packet as malformed (5.0 §1.5.4) and drop their connection
 /// (issue 35, thirteenth adversarial pass, F3). Two tests of an absent `Option` and one of
 /// an empty list for a message without them.
-fn forwarded_strings_disallowed(
-    content_type: Option<&ByteString>,
-    response_topic: Option<&ByteString>,
-    user_properties: &UserProperties,
-) -> bool {
+fn forwarded_strings_disallowed(properties: &impl Forwarded) -> bool {
+    let (content_type, response_topic, user_properties) = properties.forwarded();
     content_type.is_some_and(|s| has_disallowed_code_points(s))
         || response_topic.is_some_and(|s| has_disallowed_code_points(s))
         || user_properties
             .iter()
             .any(|(k, v)| has_disallowed_code_points(k) || has_disallowed_code_points(v))
+}
+
+/// The strings a message's properties carry on to its subscribers (Content Type, Response
+/// Topic, User Properties), of a PUBLISH or a will: what [`forwarded_strings_disallowed`]
+/// looks at, whichever of the two property types holds them.
+trait Forwarded {
+    fn forwarded(&self) -> (Option<&ByteString>, Option<&ByteString>, &UserProperties);
+}
+
+/// [`Forwarded`] for the two property types, which name the three fields alike.
+macro_rules! forwarded {
+    ($($t:ty),*) => {$(
+        impl Forwarded for $t {
+            fn forwarded(&self) -> (Option<&ByteString>, Option<&ByteString>, &UserProperties) {
+                (self.content_type.as_ref(), self.response_topic.as_ref(), &self.user_properties)
+            }
+        }
+    )*};
+}
+forwarded!(PublishProperties, WillProperties);
+
+/// [`forwarded_strings_disallowed`] as the decoder applies it: Malformed (`what`) unless
+/// `controls` (`mqtt.allow_control_characters`) lets them through.
+fn refuse_forwarded_strings(
+    controls: bool,
+    properties: &impl Forwarded,
+    what: &'static str,
+) -> Result<()> {
+    if !controls && forwarded_strings_disallowed(properties) {
+        return Err(DecodeError::Malformed(what));
+    }
+    Ok(())
 }
 
 /// Whether a PUBLISH carries, in its topic or the properties forwarded with it, a code point
@@ -304,13 +333,7 @@ fn forwarded_strings_disallowed(
 /// adversarial pass, A3: an ESC sequence and U+FFFF from a remote reached local
 /// subscribers).
 pub fn publish_has_disallowed_code_points(publish: &Publish) -> bool {
-    let p = &publish.properties;
-    has_disallowed_code_points(&publish.topic)
-        || forwarded_strings_disallowed(
-            p.content_type.as_ref(),
-            p.response_topic.as_ref(),
-            &p.user_properties,
-        )
+    has_disallowed_code_points(&publish.topic) || forwarded_strings_disallowed(&publish.properties)
 }
 
 /// The Will of a CONNECT whose Will Flag is set: properties (5.0), topic and payload, with the
@@ -321,17 +344,8 @@ fn last_will(r: &mut Reader, v5: bool, qos: QoS, retain: bool, controls: bool) -
     } else {
         WillProperties::default()
     };
-    if !controls
-        && forwarded_strings_disallowed(
-            properties.content_type.as_ref(),
-            properties.response_topic.as_ref(),
-            &properties.user_properties,
-        )
-    {
-        return Err(DecodeError::Malformed(
-            "control character or non-character in a will property",
-        ));
-    }
+    let what = "control character or non-character in a will property";
+    refuse_forwarded_strings(controls, &properties, what)?;
     let topic = r.string()?;
     if let Some(why) = topic_name_error(&topic) {
         return Err(DecodeError::TopicNameInvalid(why));
@@ -471,17 +485,8 @@ fn publish(byte1: u8, r: &mut Reader, v5: bool, controls: bool) -> Result<Publis
         PublishProperties::default()
     } else {
         let properties = props::publish(r)?;
-        if !controls
-            && forwarded_strings_disallowed(
-                properties.content_type.as_ref(),
-                properties.response_topic.as_ref(),
-                &properties.user_properties,
-            )
-        {
-            return Err(DecodeError::Malformed(
-                "control character or non-character in a property",
-            ));
-        }
+        let what = "control character or non-character in a property";
+        refuse_forwarded_strings(controls, &properties, what)?;
         properties
     };
     if topic.is_empty() {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{invalid, ConfigError};
+use super::error::{invalid, seconds, ConfigError};
 use super::listener::{addresses_clash, ListenerConfig};
 
 /// The admin API (`/api/v1/...`) and status page (`/`), served on `[metrics] bind` or on their
@@ -97,15 +97,8 @@ impl Default for MetricsConfig {
 /// `[metrics]`'s bounds: a header timeout of 1 s to an hour, a per-address bound not above
 /// the overall one.
 pub(super) fn validate_metrics(metrics: &MetricsConfig) -> Result<(), ConfigError> {
-    if !(1..=MAX_HTTP_HEADER_TIMEOUT).contains(&metrics.header_timeout) {
-        return Err(invalid(
-            "metrics.header_timeout",
-            format!(
-                "{} is out of range: 1 to {MAX_HTTP_HEADER_TIMEOUT} seconds",
-                metrics.header_timeout
-            ),
-        ));
-    }
+    let timeouts = 1..=MAX_HTTP_HEADER_TIMEOUT;
+    seconds("metrics.header_timeout", metrics.header_timeout, timeouts)?;
     let (max, per_ip) = (metrics.max_connections, metrics.max_connections_per_ip);
     if max > 0 && per_ip > max {
         return Err(invalid(

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::invalid;
+use super::error::{invalid, seconds, within};
 use super::ConfigError;
 
 /// Longest node id: it is part of NATS consumer names and headers.
@@ -147,30 +147,17 @@ pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
         }
         (None, None) => {}
     }
-    if !(1..=5).contains(&cluster.replicas) {
-        return Err(invalid(
-            "cluster.replicas",
-            format!("{}: JetStream allows 1 to 5", cluster.replicas),
-        ));
-    }
-    if !(60..=2_592_000).contains(&cluster.retention) {
-        return Err(invalid(
-            "cluster.retention",
-            format!("{}: use 60 to 2592000 seconds", cluster.retention),
-        ));
-    }
-    if cluster.max_pending == 0 {
+    // JetStream's bounds.
+    let c = cluster;
+    within("cluster.replicas", c.replicas, 1..=5, "")?;
+    seconds("cluster.retention", c.retention, 60..=2_592_000)?;
+    if c.max_pending == 0 {
         return Err(invalid(
             "cluster.max_pending",
             "must be at least 1".to_owned(),
         ));
     }
-    if !(1..=60).contains(&cluster.publish_timeout) {
-        return Err(invalid(
-            "cluster.publish_timeout",
-            format!("{}: use 1 to 60 seconds", cluster.publish_timeout),
-        ));
-    }
+    seconds("cluster.publish_timeout", c.publish_timeout, 1..=60)?;
     Ok(())
 }
 

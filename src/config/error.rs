@@ -80,6 +80,40 @@ fn fmt_invalid(origin: Option<&str>, line: Option<usize>, key: &str, message: &s
     format!("{place}invalid value for key `{key}`: {message}")
 }
 
+/// `value` of `key` within `range`, else an `Invalid` error saying "must be between `lo` and
+/// `hi``unit`, got `value`": the rule of most numeric keys, said the same way for each
+/// (`unit` with its leading space, " seconds", or "" for a count).
+pub(super) fn within<T: PartialOrd + Copy + std::fmt::Display>(
+    key: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+    unit: &str,
+) -> Result<(), ConfigError> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    let (lo, hi) = range.into_inner();
+    Err(invalid(
+        key,
+        format!("must be between {lo} and {hi}{unit}, got {value}"),
+    ))
+}
+
+/// [`within`] with its unit: `seconds`, `millis` and `bytes`, each the check of its unit.
+macro_rules! within_unit {
+    ($($name:ident: $unit:literal),*) => {$(
+        #[doc = concat!("[`within`], in", $unit, ".")]
+        pub(super) fn $name<T: PartialOrd + Copy + std::fmt::Display>(
+            key: &str,
+            value: T,
+            range: std::ops::RangeInclusive<T>,
+        ) -> Result<(), ConfigError> {
+            within(key, value, range, $unit)
+        }
+    )*};
+}
+within_unit!(seconds: " seconds", millis: " milliseconds", bytes: " bytes");
+
 /// An `Invalid` error for `key` with no position yet (see [`ConfigError::locate`]).
 pub(super) fn invalid(key: &str, message: String) -> ConfigError {
     ConfigError::Invalid {

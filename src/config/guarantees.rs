@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{invalid, ConfigError};
+use super::error::{invalid, seconds, within, ConfigError};
 
 /// The dead-letter prefix's default: `$` keeps `#` subscribers from seeing dead letters
 /// (MQTT-4.7.2-1), as for `$SYS`.
@@ -222,24 +222,15 @@ pub(super) fn validate(
         }
     }
     if dedup.is_enabled() {
-        if !(1..=86_400).contains(&dedup.window) {
-            return Err(invalid(
-                "dedup.window",
-                format!("must be 1..=86400 seconds, got {}", dedup.window),
-            ));
-        }
+        seconds("dedup.window", dedup.window, 1..=86_400)?;
         if dedup.max_entries == 0 {
             return Err(invalid(
                 "dedup.max_entries",
                 "must be at least 1".to_owned(),
             ));
         }
-        if !(1..=100).contains(&dedup.publisher_share) {
-            return Err(invalid(
-                "dedup.publisher_share",
-                format!("must be 1..=100 percent, got {}", dedup.publisher_share),
-            ));
-        }
+        let share = dedup.publisher_share;
+        within("dedup.publisher_share", share, 1..=100, " percent")?;
         if dedup.max_bytes < 1024 {
             return Err(invalid(
                 "dedup.max_bytes",

@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{invalid, ConfigError};
+use super::error::{bytes, invalid, seconds, within, ConfigError};
 
 /// Largest possible MQTT packet: 1 byte fixed header + 4 bytes remaining length + `268_435_455`.
 pub const MAX_PACKET_SIZE_LIMIT: u32 = 268_435_460;
@@ -433,24 +433,9 @@ impl MqttConfig {
     /// The ranges the types cannot express; errors name the `mqtt.*` key.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let m = self;
-        if !(MIN_PACKET_SIZE..=MAX_PACKET_SIZE_LIMIT).contains(&m.max_packet_size) {
-            return Err(invalid(
-                "mqtt.max_packet_size",
-                format!(
-                    "must be between {MIN_PACKET_SIZE} and {MAX_PACKET_SIZE_LIMIT} bytes, got {}",
-                    m.max_packet_size
-                ),
-            ));
-        }
-        if !(MIN_PACKET_SIZE..=MAX_PACKET_SIZE_LIMIT).contains(&m.max_connect_size) {
-            return Err(invalid(
-                "mqtt.max_connect_size",
-                format!(
-                    "must be between {MIN_PACKET_SIZE} and {MAX_PACKET_SIZE_LIMIT} bytes, got {}",
-                    m.max_connect_size
-                ),
-            ));
-        }
+        let sizes = MIN_PACKET_SIZE..=MAX_PACKET_SIZE_LIMIT;
+        bytes("mqtt.max_packet_size", m.max_packet_size, sizes.clone())?;
+        bytes("mqtt.max_connect_size", m.max_connect_size, sizes)?;
         if m.max_keepalive == 0 {
             return Err(invalid(
                 "mqtt.max_keepalive",
@@ -461,12 +446,7 @@ impl MqttConfig {
             ("mqtt.connect_timeout", m.connect_timeout),
             ("mqtt.packet_timeout", m.packet_timeout),
         ] {
-            if !(1..=u32::from(u16::MAX)).contains(&value) {
-                return Err(invalid(
-                    key,
-                    format!("must be between 1 and 65535 seconds, got {value}"),
-                ));
-            }
+            seconds(key, value, 1..=u32::from(u16::MAX))?;
         }
         if m.min_packet_rate == 0 {
             return Err(invalid(
@@ -496,15 +476,7 @@ impl MqttConfig {
                 ),
             ));
         }
-        if !(1..=3600).contains(&m.stalled_after) {
-            return Err(invalid(
-                "mqtt.stalled_after",
-                format!(
-                    "must be between 1 and 3600 seconds, got {}",
-                    m.stalled_after
-                ),
-            ));
-        }
+        seconds("mqtt.stalled_after", m.stalled_after, 1..=3600)?;
         if m.max_memory == MemoryLimit::Bytes(0) {
             return Err(invalid(
                 "mqtt.max_memory",
@@ -517,25 +489,13 @@ impl MqttConfig {
                 format!("must be 0, 1 or 2, got {}", m.max_qos),
             ));
         }
-        if !(MIN_CLIENT_ID_LEN..=MAX_CLIENT_ID_LEN).contains(&m.max_client_id_len) {
-            return Err(invalid(
-                "mqtt.max_client_id_len",
-                format!(
-                    "must be between {MIN_CLIENT_ID_LEN} and {MAX_CLIENT_ID_LEN} bytes, got {}",
-                    m.max_client_id_len
-                ),
-            ));
-        }
+        let id_lens = MIN_CLIENT_ID_LEN..=MAX_CLIENT_ID_LEN;
+        bytes("mqtt.max_client_id_len", m.max_client_id_len, id_lens)?;
         for (key, value) in [
             ("mqtt.max_topic_length", m.max_topic_length),
             ("mqtt.max_topic_levels", m.max_topic_levels),
         ] {
-            if !(1..=65_535).contains(&value) {
-                return Err(invalid(
-                    key,
-                    format!("must be between 1 and 65535, got {value}"),
-                ));
-            }
+            within(key, value, 1..=65_535, "")?;
         }
         if m.receive_maximum == 0 {
             return Err(invalid(

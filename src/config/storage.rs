@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{invalid, ConfigError};
+use super::error::{invalid, millis, ConfigError};
 
 /// When the durable store forces its log to stable storage (see `config/postbox.toml` for what
 /// each policy can lose).
@@ -123,15 +123,11 @@ impl StorageConfig {
             }
         }
         let st = self;
-        if !(1..=60_000).contains(&st.fsync_interval_ms) {
-            return Err(invalid(
-                "storage.fsync_interval_ms",
-                format!(
-                    "must be between 1 and 60000 milliseconds, got {}",
-                    st.fsync_interval_ms
-                ),
-            ));
-        }
+        millis(
+            "storage.fsync_interval_ms",
+            st.fsync_interval_ms,
+            1..=60_000,
+        )?;
         if st.max_batch_ops == 0 {
             return Err(invalid(
                 "storage.max_batch_ops",
@@ -156,15 +152,7 @@ impl StorageConfig {
                 ),
             ));
         }
-        if !(10..=60_000).contains(&st.write_retry_ms) {
-            return Err(invalid(
-                "storage.write_retry_ms",
-                format!(
-                    "must be between 10 and 60000 milliseconds, got {}",
-                    st.write_retry_ms
-                ),
-            ));
-        }
+        millis("storage.write_retry_ms", st.write_retry_ms, 10..=60_000)?;
         if st.max_disk_bytes != 0 && st.max_disk_bytes < MIN_DISK_BYTES {
             return Err(invalid(
                 "storage.max_disk_bytes",

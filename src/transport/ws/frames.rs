@@ -405,20 +405,14 @@ mod tests {
 
     const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
 
-    /// A masked client frame.
+    /// A masked client frame: the length as a server writes it (`server_frames_are_encoded`
+    /// checks that byte for byte), with the mask bit and key.
     fn frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
-        let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
-        match payload.len() {
-            n if n < 126 => out.push(0x80 | n as u8),
-            n if n <= 0xFFFF => {
-                out.push(0x80 | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(0x80 | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
+        let mut header = [0u8; 10];
+        header[0] = if fin { 0x80 } else { 0 } | opcode;
+        let n = write_length(payload.len(), &mut header);
+        header[1] |= 0x80;
+        let mut out = header[..n].to_vec();
         out.extend_from_slice(&MASK);
         out.extend(payload.iter().enumerate().map(|(i, b)| b ^ MASK[i % 4]));
         out
