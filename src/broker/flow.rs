@@ -327,25 +327,16 @@ impl Drop for HeldWill {
     }
 }
 
-/// A session took a new filter of `len` bytes (`anonymous`: the session is counted in
-/// [`anonymous_bytes`]). Straight to the shared counter (SUBSCRIBE is rare next to
-/// PUBLISH): the check of the next SUBSCRIBE sees it.
-pub(super) fn subscription_added(len: usize, anonymous: bool) {
+/// A session took a new filter of `len` bytes (`up`) or let go of one (`anonymous`: the
+/// session is counted in [`anonymous_bytes`]). Straight to the shared counters (SUBSCRIBE is
+/// rare next to PUBLISH): the check of the next SUBSCRIBE sees it.
+pub(super) fn subscription_counted(len: usize, anonymous: bool, up: bool) {
     let cost = i64::try_from(subscription_cost(len)).unwrap_or(i64::MAX);
-    MESSAGE_BYTES.fetch_add(cost, Ordering::Relaxed);
-    SUBSCRIPTION_BYTES.fetch_add(cost, Ordering::Relaxed);
+    let delta = if up { cost } else { -cost };
+    MESSAGE_BYTES.fetch_add(delta, Ordering::Relaxed);
+    SUBSCRIPTION_BYTES.fetch_add(delta, Ordering::Relaxed);
     if anonymous {
-        ANONYMOUS_BYTES.fetch_add(cost, Ordering::Relaxed);
-    }
-}
-
-/// A session let go of a filter of `len` bytes.
-pub(super) fn subscription_removed(len: usize, anonymous: bool) {
-    let cost = i64::try_from(subscription_cost(len)).unwrap_or(i64::MAX);
-    MESSAGE_BYTES.fetch_sub(cost, Ordering::Relaxed);
-    SUBSCRIPTION_BYTES.fetch_sub(cost, Ordering::Relaxed);
-    if anonymous {
-        ANONYMOUS_BYTES.fetch_sub(cost, Ordering::Relaxed);
+        ANONYMOUS_BYTES.fetch_add(delta, Ordering::Relaxed);
     }
 }
 

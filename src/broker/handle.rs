@@ -26,6 +26,7 @@ use super::session::outbound::{AckMismatch, OutboundAck, PubRecAnswer, Resend};
 use super::session::{DeliverySink, Session};
 use super::{Broker, Message, PublishRefused, SessionId};
 use crate::codec::{LastWill, Publish, QoS, ReasonCode};
+use crate::guarantees::DeadReason;
 use crate::storage::Durable;
 
 /// A driver's claim on a session: the broker, the session and the generation of this attach.
@@ -103,6 +104,19 @@ impl std::fmt::Debug for SessionHandle {
 }
 
 impl SessionHandle {
+    /// Publishes the dead letter of `message`, lost at this session (`reason`, and the
+    /// reason code its client gave, if any), spending this session's share of the rate
+    /// ([`Broker::dead_letter`]).
+    fn dead_letter_here(&self, message: &Message, reason: DeadReason, code: Option<ReasonCode>) {
+        self.broker.dead_letter(
+            message,
+            reason,
+            Some(&self.session.client_id),
+            self.session.share_key(),
+            code,
+        );
+    }
+
     pub(super) fn new(broker: Arc<Broker>, session: Arc<Session>, generation: u64) -> Self {
         SessionHandle {
             broker,
@@ -230,13 +244,7 @@ impl SessionHandle {
         // Dead letters first: their submit lands before the removals in `ops` (one log, in
         // submit order), so a crash between the two cannot lose both.
         for (delivery, reason) in &filled.dead {
-            self.broker.dead_letter(
-                &delivery.message,
-                *reason,
-                Some(&self.session.client_id),
-                self.session.share_key(),
-                None,
-            );
+            self.dead_letter_here(&delivery.message, *reason, None);
         }
         if filled.gated {
             // A held QoS 2 PUBLISH waits for its stage: past the queue bound; clustered, for
@@ -303,13 +311,7 @@ impl SessionHandle {
         let mut denied = [0; 3];
         for delivery in &resent.denied {
             denied[delivery.qos as usize] += 1;
-            self.broker.dead_letter(
-                &delivery.message,
-                crate::guarantees::DeadReason::NotAuthorized,
-                Some(&self.session.client_id),
-                self.session.share_key(),
-                None,
-            );
+            self.dead_letter_here(&delivery.message, DeadReason::NotAuthorized, None);
         }
         self.count_denied(denied);
         // With the session unlocked: the dead letters are routed (and submitted) before the
@@ -323,13 +325,7 @@ impl SessionHandle {
                 "poison message: sent max_deliveries times without acknowledgement, dead-lettered"
             );
             self.broker.metrics.messages_dropped_max_deliveries[delivery.qos as usize].increment(1);
-            self.broker.dead_letter(
-                &delivery.message,
-                crate::guarantees::DeadReason::MaxDeliveries,
-                Some(&self.session.client_id),
-                self.session.share_key(),
-                None,
-            );
+            self.dead_letter_here(&delivery.message, DeadReason::MaxDeliveries, None);
         }
         if !resent.poisoned.is_empty() || !resent.denied.is_empty() {
             // Window slots were freed: a driver already waiting fills them from the queue
@@ -415,13 +411,7 @@ impl SessionHandle {
         };
         if reason.is_error() {
             // Unlocked; before the removal below (one log, in submit order).
-            self.broker.dead_letter(
-                &done.delivery.message,
-                crate::guarantees::DeadReason::Rejected,
-                Some(&self.session.client_id),
-                self.session.share_key(),
-                Some(reason),
-            );
+            self.dead_letter_here(&done.delivery.message, DeadReason::Rejected, Some(reason));
         }
         if let Some(seq) = done.delivery.seq {
             self.broker.persist(vec![super::persist::remove_entry(
@@ -437,19 +427,13 @@ impl SessionHandle {
     /// discarded, and the session behaves as if it were sent and completed), or one a bridge
     /// can no longer forward. With `dead`, it is published as a dead letter first. An
     /// unknown or already released id is ignored.
-    pub fn discard(&self, packet_id: u16, dead: Option<crate::guarantees::DeadReason>) {
+    pub fn discard(&self, packet_id: u16, dead: Option<DeadReason>) {
         let done = self.session.lock().discard_unacknowledged(packet_id);
         let Some(done) = done else {
             return;
         };
         if let Some(reason) = dead {
-            self.broker.dead_letter(
-                &done.delivery.message,
-                reason,
-                Some(&self.session.client_id),
-                self.session.share_key(),
-                None,
-            );
+            self.dead_letter_here(&done.delivery.message, reason, None);
         }
         if let Some(seq) = done.delivery.seq {
             self.broker.persist(vec![super::persist::remove_entry(
@@ -493,13 +477,7 @@ impl SessionHandle {
             PubRecAnswer::Refused { ops, message } => {
                 if let Some(message) = message {
                     // Unlocked; before the removal in `ops` (one log, in submit order).
-                    self.broker.dead_letter(
-                        &message,
-                        crate::guarantees::DeadReason::Rejected,
-                        Some(&self.session.client_id),
-                        self.session.share_key(),
-                        Some(reason),
-                    );
+                    self.dead_letter_here(&message, DeadReason::Rejected, Some(reason));
                 }
                 self.broker.persist(ops);
                 None

@@ -400,33 +400,33 @@ impl Broker {
     /// store), and what it returns then fails at once ([`Durable::refused`]): a write gated on
     /// it is never sent as if the ops were stored, the connection closes without it instead.
     pub fn persist(&self, ops: Vec<Op>) -> Option<Durable> {
-        let store = self.store.as_ref()?;
-        if ops.is_empty() {
-            return None;
-        }
-        match store.submit(ops) {
-            Ok(submitted) => Some(submitted.durable),
-            Err(rejected) => {
-                tracing::warn!(error = %rejected.error, ops = rejected.ops.len(),
-                    "durable store refused an update; an answer waiting for it is not sent");
-                Some(Durable::refused(rejected.error))
-            }
-        }
+        self.submit(ops, false)
     }
 
     /// [`Broker::persist`] for ops a write to the client waits for (a handshake stage, an
     /// inbound release): submitted past the queue bound ([`Store::submit_awaited`]), so a busy
     /// or full disk delays the answer instead of closing the connection.
     pub fn persist_awaited(&self, ops: Vec<Op>) -> Option<Durable> {
+        self.submit(ops, true)
+    }
+
+    /// [`Broker::persist`] (`awaited`: [`Broker::persist_awaited`]).
+    #[inline]
+    fn submit(&self, ops: Vec<Op>, awaited: bool) -> Option<Durable> {
         let store = self.store.as_ref()?;
         if ops.is_empty() {
             return None;
         }
-        match store.submit_awaited(ops) {
+        let submitted = if awaited {
+            store.submit_awaited(ops)
+        } else {
+            store.submit(ops)
+        };
+        match submitted {
             Ok(submitted) => Some(submitted.durable),
             Err(rejected) => {
-                tracing::warn!(error = %rejected.error, ops = rejected.ops.len(),
-                    "durable store refused an update an answer waits for; the answer is not sent");
+                tracing::warn!(error = %rejected.error, ops = rejected.ops.len(), awaited,
+                    "durable store refused an update; an answer waiting for it is not sent");
                 Some(Durable::refused(rejected.error))
             }
         }

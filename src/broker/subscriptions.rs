@@ -100,9 +100,7 @@ impl Broker {
         let existed = {
             let mut tree = self.subscriptions.write();
             let existed = tree.insert(filter, session.id, subscriber).is_some();
-            self.metrics
-                .subscriptions_current
-                .set((tree.len() + self.shared_members.load(Ordering::Relaxed)) as f64);
+            self.set_subscription_gauge(tree.len());
             existed
         };
         let stored = {
@@ -144,9 +142,7 @@ impl Broker {
         let removed = {
             let mut tree = self.subscriptions.write();
             let removed = tree.remove(filter, session.id).is_some();
-            self.metrics
-                .subscriptions_current
-                .set((tree.len() + self.shared_members.load(Ordering::Relaxed)) as f64);
+            self.set_subscription_gauge(tree.len());
             removed
         };
         let stored = {
@@ -167,7 +163,13 @@ impl Broker {
     pub(super) fn update_subscription_gauge(&self) {
         let shared = self.shared.read().len();
         self.shared_members.store(shared, Ordering::Relaxed);
-        let plain = self.subscriptions.read().len();
+        self.set_subscription_gauge(self.subscriptions.read().len());
+    }
+
+    /// The subscriptions gauge, given the topic tree's count (`plain`: taken under the tree's
+    /// lock by a caller that holds it) and the shared members counted last.
+    fn set_subscription_gauge(&self, plain: usize) {
+        let shared = self.shared_members.load(Ordering::Relaxed);
         self.metrics
             .subscriptions_current
             .set((plain + shared) as f64);

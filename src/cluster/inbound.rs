@@ -79,6 +79,25 @@ fn from_other_node(cluster: &Cluster, broker: &Broker, frame: &[u8]) -> Option<A
     }
 }
 
+/// `attempt` until it succeeds, [`RETRY`] after each failure (logged: the cluster cannot
+/// `what`, NATS being away, say); `None` once the broker is gone.
+async fn retrying<T, E: std::fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    broker: &Weak<Broker>,
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> Option<T> {
+    while broker.strong_count() > 0 {
+        match attempt().await {
+            Ok(value) => return Some(value),
+            Err(error) => {
+                tracing::warn!(%error, "cluster: cannot {what}; trying again");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+    None
+}
+
 /// The node's consumer of `PB_MSGS`, made once and resumed where it stopped after every
 /// failure or restart.
 async fn consume_stream(
@@ -90,11 +109,9 @@ async fn consume_stream(
     let name = format!("node-{}", config.node);
     let (acks_tx, acks_rx) = mpsc::channel(ACK_QUEUE);
     tokio::spawn(acknowledge(acks_rx, Arc::clone(&cluster)));
+    let what = format!("consume the message stream as {name}");
     loop {
-        if broker.strong_count() == 0 {
-            return;
-        }
-        let consumer = async {
+        let consumer = retrying(&broker, &what, || async {
             let consumer = node_consumer(&js, &config).await?;
             let messages = consumer
                 .stream()
@@ -104,10 +121,11 @@ async fn consume_stream(
                 .messages()
                 .await?;
             Ok::<_, async_nats::Error>((consumer, messages))
-        }
+        })
         .await;
         let (mut consumer, mut messages) = match consumer {
-            Ok((mut consumer, messages)) => {
+            None => return,
+            Some((mut consumer, messages)) => {
                 let info = consumer.info().await.ok();
                 if let Some(info) = &info {
                     // Where it resumes: what it had delivered (a new consumer: the stream's
@@ -126,11 +144,6 @@ async fn consume_stream(
                     }
                 }
                 (consumer, messages)
-            }
-            Err(error) => {
-                tracing::warn!(%error, consumer = %name, "cluster: cannot consume the message stream; trying again");
-                tokio::time::sleep(RETRY).await;
-                continue;
             }
         };
         let mut lag_check = tokio::time::interval(Duration::from_secs(2));
@@ -295,13 +308,11 @@ async fn acknowledge(
 /// QoS 0 messages of other nodes.
 async fn consume_qos0(client: async_nats::Client, cluster: Arc<Cluster>, broker: Weak<Broker>) {
     loop {
-        let mut subscription = match client.subscribe(format!("{QOS0_SUBJECTS}.>")).await {
-            Ok(subscription) => subscription,
-            Err(error) => {
-                tracing::warn!(%error, "cluster: cannot subscribe to QoS 0 messages; trying again");
-                tokio::time::sleep(RETRY).await;
-                continue;
-            }
+        let subscribe = || client.subscribe(format!("{QOS0_SUBJECTS}.>"));
+        let Some(mut subscription) =
+            retrying(&broker, "subscribe to QoS 0 messages", subscribe).await
+        else {
+            return;
         };
         while let Some(message) = subscription.next().await {
             let Some(broker) = broker.upgrade() else {
@@ -322,21 +333,13 @@ async fn consume_qos0(client: async_nats::Client, cluster: Arc<Cluster>, broker:
 /// gets its own back); the bucket's order per key is the publish order.
 async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: Weak<Broker>) {
     loop {
-        if broker.strong_count() == 0 {
-            return;
-        }
-        let watch = async {
+        let watch = retrying(&broker, "watch the retained bucket", || async {
             let store = js.get_key_value(RETAINED_BUCKET).await?;
             Ok::<_, async_nats::Error>(store.watch_with_history(">").await?)
-        }
+        })
         .await;
-        let mut watch = match watch {
-            Ok(watch) => watch,
-            Err(error) => {
-                tracing::warn!(%error, "cluster: cannot watch the retained bucket; trying again");
-                tokio::time::sleep(RETRY).await;
-                continue;
-            }
+        let Some(mut watch) = watch else {
+            return;
         };
         while let Some(entry) = watch.next().await {
             let Ok(entry) = entry else {

@@ -18,6 +18,7 @@ use std::time::Instant;
 use crate::broker::message::Delivery;
 use crate::broker::persist;
 use crate::codec::{QoS, ReasonCode};
+use crate::guarantees::DeadReason;
 use crate::storage::Op;
 
 use super::SessionState;
@@ -226,8 +227,8 @@ pub trait DeliverySink {
     /// Why the last delivery [`DeliverySink::write`] refused was dropped, for its dead letter:
     /// too large for the peer unless the sink says otherwise; `None` for a drop that loses
     /// nothing anyone expected (a bridge cutting a loop, or whose rules no longer match).
-    fn refusal(&self) -> Option<crate::guarantees::DeadReason> {
-        Some(crate::guarantees::DeadReason::TooLarge)
+    fn refusal(&self) -> Option<DeadReason> {
+        Some(DeadReason::TooLarge)
     }
 }
 
@@ -247,7 +248,7 @@ pub struct Filled {
     pub denied: [u64; 3],
     /// What was dropped instead of sent (expired, too large for the sink), for dead letters:
     /// the caller publishes them, with the session unlocked, before it submits `ops`.
-    pub dead: Vec<(Delivery, crate::guarantees::DeadReason)>,
+    pub dead: Vec<(Delivery, DeadReason)>,
 }
 
 /// One thing to send again on a resumed session (MQTT-4.4.0-1), in the original order.
@@ -330,24 +331,20 @@ impl SessionState {
                 break;
             }
             let Some(delivery) = self.pop() else { break };
-            if delivery.message.is_expired(now) {
+            // Expired (MQTT-3.3.2-5), or no longer readable under the ACL: dead, not sent.
+            let dead = if delivery.message.is_expired(now) {
+                Some((DeadReason::Expired, &mut filled.expired))
+            } else if may_read.is_some_and(|may_read| !may_read(&delivery)) {
+                Some((DeadReason::NotAuthorized, &mut filled.denied))
+            } else {
+                None
+            };
+            if let Some((reason, counts)) = dead {
+                counts[delivery.qos as usize] += 1;
                 if let Some(seq) = delivery.seq {
                     filled.ops.push(persist::remove_entry(client_id, seq));
                 }
-                filled.expired[delivery.qos as usize] += 1;
-                filled
-                    .dead
-                    .push((delivery, crate::guarantees::DeadReason::Expired));
-                continue; // MQTT-3.3.2-5
-            }
-            if may_read.is_some_and(|may_read| !may_read(&delivery)) {
-                if let Some(seq) = delivery.seq {
-                    filled.ops.push(persist::remove_entry(client_id, seq));
-                }
-                filled.denied[delivery.qos as usize] += 1;
-                filled
-                    .dead
-                    .push((delivery, crate::guarantees::DeadReason::NotAuthorized));
+                filled.dead.push((delivery, reason));
                 continue;
             }
             let (packet_id, stage) = match delivery.qos {

@@ -43,7 +43,7 @@ impl SubscriptionMap {
         let len = filter.len();
         let old = self.0.insert(filter, record);
         if old.is_none() {
-            flow::subscription_added(len, anonymous);
+            flow::subscription_counted(len, anonymous, true);
         }
         old
     }
@@ -52,7 +52,7 @@ impl SubscriptionMap {
     pub(super) fn remove(&mut self, filter: &str, anonymous: bool) -> Option<SessionSubscription> {
         let old = self.0.remove(filter);
         if old.is_some() {
-            flow::subscription_removed(filter.len(), anonymous);
+            flow::subscription_counted(filter.len(), anonymous, false);
         }
         old
     }
@@ -83,7 +83,7 @@ impl SubscriptionMap {
     /// Uncounts everything held (the records stay): for `drain` and the session state's drop.
     pub(super) fn uncount_all(&self, anonymous: bool) {
         for filter in self.0.keys() {
-            flow::subscription_removed(filter.len(), anonymous);
+            flow::subscription_counted(filter.len(), anonymous, false);
         }
     }
 }
