@@ -176,7 +176,7 @@ impl Broker {
                 &target,
                 delivery,
                 &message,
-                persistence,
+                (persistence, true),
                 now_ms,
                 &mut removed,
                 &mut losses,

@@ -11,6 +11,7 @@ use std::time::Instant;
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
+use super::flow::MemoryLevel;
 use super::guarantees::QueueLosses;
 use super::session::Victims;
 use super::{
@@ -151,7 +152,7 @@ impl Broker {
             // PUBACK says 0x00, not 0x10, for the same reason: `SessionHandle::publish`).
             self.metrics.messages_dropped_no_subscribers[message.qos as usize].increment(1);
         }
-        self.deliver(message, targets, inbound_qos2, extra, matched, now_ms)
+        self.deliver(message, targets, inbound_qos2, extra, matched, now_ms, true)
     }
 
     /// Queues `message` for the session `session` alone, as if it matched one subscription
@@ -159,6 +160,13 @@ impl Broker {
     /// `subscription_ids`: persisted in one submit like a routed message. For the cluster's
     /// replay of a session that moved to this node. `message.retain` must be false (the
     /// retained index is not touched).
+    ///
+    /// A catch-up, bounded as routing is though no publisher waits on it to be paused (issue
+    /// 35, sixteenth adversarial pass, C1: a replay queued 600 of a stranger's 100 KB
+    /// messages, 357% of the budget, and password users got 0x97): the session's queue bound
+    /// with its overflow policy, as offline; with the memory budget over, or a stranger's
+    /// message past the anonymous share, the message is dropped and counted as dropped for
+    /// memory (`Ok` with nothing queued), as the PUBLISH would be refused.
     ///
     /// # Errors
     ///
@@ -171,6 +179,19 @@ impl Broker {
         retain: bool,
         subscription_ids: SmallVec<[u32; 1]>,
     ) -> Result<Routed, PublishRefused> {
+        let over_budget = self.flow.memory_level(super::flow::message_bytes()) == MemoryLevel::Over;
+        // Charged as it was made (`wire::message_of`): the check counts it.
+        let over_share = message.charged_anonymous()
+            && !super::flow::anonymous_share_has_room(0, &self.flow.memory);
+        if over_budget || over_share {
+            self.metrics.messages_dropped_memory[qos as usize].increment(1);
+            return Ok(Routed {
+                queued: 0,
+                matched: 1,
+                durable: None,
+                pressure: None,
+            });
+        }
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
         targets.push(Target {
             session: Arc::clone(session),
@@ -180,7 +201,7 @@ impl Broker {
             shared: None,
         });
         let now_ms = self.coarse_ms();
-        self.deliver(message, targets, None, None, 1, now_ms)
+        self.deliver(message, targets, None, None, 1, now_ms, false)
     }
 
     /// Queues `message` for one member of the shared group `key` (`$share/{group}/{filter}`)
@@ -222,7 +243,7 @@ impl Broker {
             shared: Some(Arc::from(key)),
         });
         let now_ms = self.coarse_ms();
-        match self.deliver(message, targets, None, None, 1, now_ms) {
+        match self.deliver(message, targets, None, None, 1, now_ms, true) {
             // The member's session ended between the pick and the admission (not a drop:
             // nothing was counted): as if there had been no member, so the caller gives the
             // message back to its group rather than letting it go.
@@ -246,6 +267,7 @@ impl Broker {
     /// The second half of routing: admits `message` to each target's queue, persists what
     /// must be stored in one submit, updates the retained index.
     #[allow(clippy::needless_pass_by_value)]
+    #[allow(clippy::too_many_arguments)]
     fn deliver(
         &self,
         message: Arc<Message>,
@@ -254,6 +276,7 @@ impl Broker {
         extra: Option<Op>,
         matched: usize,
         now_ms: u64,
+        pausable: bool,
     ) -> Result<Routed, PublishRefused> {
         // A message an engine keeps until it is settled is not stored here too (a restart
         // would deliver it twice: once from here, once from the engine).
@@ -277,7 +300,7 @@ impl Broker {
                 session,
                 delivery,
                 &message,
-                persistence,
+                (persistence, pausable),
                 now_ms,
                 &mut ops,
                 &mut losses,
@@ -574,8 +597,8 @@ impl Broker {
         }
     }
 
-    /// Admits `delivery` of `message` at `session`, the one admission routing and a shared
-    /// group's hand-over share: the stored entries of the deliveries a drop-oldest admission
+    /// Admits `delivery` of `message` at `session` (`pausable`: see `Session::admit`), the
+    /// one admission routing, a catch-up and a shared group's hand-over share: the stored entries of the deliveries a drop-oldest admission
     /// pushed out (or pushed out and still refused the new one, the anonymous share taken) are
     /// removed in `ops`, the drops are counted ([`Broker::count_enqueue`]) and the losses
     /// noted. Returns the outcome, whether the delivery was queued, and the delivery when it
@@ -588,7 +611,7 @@ impl Broker {
         session: &Arc<Session>,
         delivery: Delivery,
         message: &Arc<Message>,
-        persistence: bool,
+        (persistence, pausable): (bool, bool),
         now_ms: u64,
         ops: &mut Vec<Op>,
         losses: &mut QueueLosses,
@@ -596,7 +619,7 @@ impl Broker {
         let qos = delivery.qos;
         let limits = self.limits.of(&session.client_id);
         let (outcome, mut victims, reserved) =
-            match session.admit(delivery, &limits, persistence, now_ms) {
+            match session.admit(delivery, &limits, persistence, now_ms, pausable) {
                 Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
                     (outcome, victims, None)
                 }

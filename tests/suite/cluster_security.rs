@@ -3,7 +3,8 @@
 //! that may read them even when a member on another node may not (N1), a node's log at
 //! `trace` holds no NATS password (N8), and anonymous clients' messages stay within their
 //! share of every node's memory budget, retained (pass 7B, P6) or queued (issue 35, fifteenth
-//! pass, B3).
+//! pass, B3), and a replay to a session that moved keeps to the same bounds (sixteenth pass,
+//! C1).
 
 use crate::cluster_orphans::as_user;
 use crate::common;
@@ -442,4 +443,98 @@ async fn anonymous_messages_from_another_node_stay_within_their_share_where_they
         assert_eq!(got.topic, "public/x", "message {n} of {queued}");
         v5::ack(&mut reader_b, &got).await;
     }
+}
+
+/// Issue 35, sixteenth adversarial pass, C1: the replay that brings a session to the node its
+/// client reconnects to is bounded as routing is, though no publisher waits on it. A stranger
+/// on node a publishes 240 QoS 1 messages of 20 KB to `public/x`, which `sensor1`'s offline
+/// session on node b reads (node b keeps its anonymous share of them); then sensor1 comes back
+/// on node a, which replays the session from the stream: it queues the stranger's messages up
+/// to node a's anonymous share and drops the rest, counted, its budget stays below the pause
+/// mark, and `sensor2`'s QoS 1 PUBLISHes of 100 KB on node a are accepted. Before, the replay
+/// queued all 4.8 MB against a 4 MiB budget and sensor2 got 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_to_a_resumed_session_stays_within_the_budget() {
+    const USED: &str = "postbox_memory_used_bytes";
+    const DROPPED: &str = r#"postbox_messages_dropped_total{qos="1",reason="memory"}"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
+        common::fast_example_passwords(dir.path())
+    );
+    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut reader = as_user(v5::persistent_connect("inbox-reader", 600), "sensor1");
+    // One in flight at a time: the rest waits in its queue.
+    reader.properties.receive_maximum = Some(1);
+    let (mut reader_b, _) = v5::connect(b.mqtt(), reader.clone()).await;
+    v5::subscribe(&mut reader_b, "public/#", QoS::AtLeastOnce).await;
+    v5::disconnect(reader_b).await;
+
+    let mut stranger = v5::connect_id(a.mqtt(), "stranger-a").await;
+    let payload = vec![b'x'; 20_000];
+    for id in 1..=240u16 {
+        let code = v5::publish_qos1(&mut stranger, "public/x", &payload, id).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "PUBLISH {id} on node a");
+    }
+    v5::disconnect(stranger).await;
+
+    let dropped_before = tokio::task::block_in_place(|| a.metric(DROPPED));
+    let (mut reader_a, ack) = v5::connect(a.mqtt(), reader).await;
+    assert!(ack.session_present, "the session did not move to node a");
+    let used = tokio::task::block_in_place(|| a.metric(USED));
+    assert!(
+        used < 0.9 * 4_194_304.0,
+        "node a after the replay: {USED} {used}"
+    );
+    let (mut sensor2, _) =
+        v5::connect(a.mqtt(), as_user(v5::connect_packet("s2"), "sensor2")).await;
+    let big = vec![b'y'; 100_000];
+    for id in 1..=8u16 {
+        let code = v5::publish_qos1(&mut sensor2, "sensors/sensor2/t", &big, id).await;
+        assert!(
+            !code.is_error(),
+            "sensor2's PUBLISH {id} on node a: {code:?}"
+        );
+    }
+    let dropped = tokio::task::block_in_place(|| a.metric(DROPPED)) - dropped_before;
+    assert!(
+        dropped > 0.0,
+        "node a's replay dropped none of 4.8 MB of a stranger's"
+    );
+    // What the replay queued reaches the reader.
+    let first = v5::receive(&mut reader_a).await;
+    assert_eq!(first.topic, "public/x");
+    v5::ack(&mut reader_a, &first).await;
+}
+
+/// C1 for a password publisher: the replay fills the resumed session's queue to its bound
+/// (`mqtt.max_queued_messages`, 50 here) and drops the rest by the overflow policy, as node b
+/// did while the session was offline there, instead of queuing every message over the bound.
+/// sensor2 publishes 100 QoS 1 messages on node a; `dashboard`'s session, offline on node b,
+/// comes back on node a and gets 50. Before, it got all 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_to_a_resumed_session_keeps_to_its_queue_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_queued_messages = 50\n",
+        common::fast_example_passwords(dir.path())
+    );
+    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let reader = as_user(v5::persistent_connect("dashboard", 600), "dashboard");
+    let (mut reader_b, _) = v5::connect(b.mqtt(), reader.clone()).await;
+    v5::subscribe(&mut reader_b, "sensors/#", QoS::AtLeastOnce).await;
+    v5::disconnect(reader_b).await;
+    let (mut sensor2, _) =
+        v5::connect(a.mqtt(), as_user(v5::connect_packet("s2"), "sensor2")).await;
+    for id in 1..=100u16 {
+        let topic = format!("sensors/sensor2/{id}");
+        let code = v5::publish_qos1(&mut sensor2, &topic, b"reading", id).await;
+        assert!(!code.is_error(), "PUBLISH {id} on node a: {code:?}");
+    }
+    let (mut reader_a, ack) = v5::connect(a.mqtt(), reader).await;
+    assert!(ack.session_present, "the session did not move to node a");
+    let got = drain(&mut reader_a, Duration::from_secs(2)).await;
+    assert_eq!(got.len(), 50, "messages replayed to the resumed session");
 }
