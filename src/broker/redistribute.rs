@@ -176,7 +176,7 @@ impl Broker {
                 &target,
                 delivery,
                 &message,
-                (persistence, true),
+                persistence,
                 now_ms,
                 &mut removed,
                 &mut losses,

@@ -152,7 +152,7 @@ impl Broker {
             // PUBACK says 0x00, not 0x10, for the same reason: `SessionHandle::publish`).
             self.metrics.messages_dropped_no_subscribers[message.qos as usize].increment(1);
         }
-        self.deliver(message, targets, inbound_qos2, extra, matched, now_ms, true)
+        self.deliver(message, targets, inbound_qos2, extra, matched, now_ms)
     }
 
     /// Queues `message` for the session `session` alone, as if it matched one subscription
@@ -161,12 +161,13 @@ impl Broker {
     /// replay of a session that moved to this node. `message.retain` must be false (the
     /// retained index is not touched).
     ///
-    /// A catch-up, bounded as routing is though no publisher waits on it to be paused (issue
-    /// 35, sixteenth adversarial pass, C1: a replay queued 600 of a stranger's 100 KB
-    /// messages, 357% of the budget, and password users got 0x97): the session's queue bound
-    /// with its overflow policy, as offline; with the memory budget over, or a stranger's
-    /// message past the anonymous share, the message is dropped and counted as dropped for
-    /// memory (`Ok` with nothing queued), as the PUBLISH would be refused.
+    /// A catch-up, with no publisher to pause or refuse: with the memory budget over, or a
+    /// stranger's message past the anonymous share, the message is dropped and counted as
+    /// dropped for memory (`Ok` with nothing queued), as its PUBLISH would have been refused
+    /// here (issue 35, sixteenth adversarial pass, C1: a replay queued 600 of a stranger's
+    /// 100 KB messages, 357% of the budget, and password users got 0x97). Otherwise it is
+    /// queued past the session's queue bound as a connected session's delivery is: what a
+    /// session that moved had not taken yet (its node paused, say) is not lost to the move.
     ///
     /// # Errors
     ///
@@ -201,7 +202,7 @@ impl Broker {
             shared: None,
         });
         let now_ms = self.coarse_ms();
-        self.deliver(message, targets, None, None, 1, now_ms, false)
+        self.deliver(message, targets, None, None, 1, now_ms)
     }
 
     /// Queues `message` for one member of the shared group `key` (`$share/{group}/{filter}`)
@@ -243,7 +244,7 @@ impl Broker {
             shared: Some(Arc::from(key)),
         });
         let now_ms = self.coarse_ms();
-        match self.deliver(message, targets, None, None, 1, now_ms, true) {
+        match self.deliver(message, targets, None, None, 1, now_ms) {
             // The member's session ended between the pick and the admission (not a drop:
             // nothing was counted): as if there had been no member, so the caller gives the
             // message back to its group rather than letting it go.
@@ -267,7 +268,6 @@ impl Broker {
     /// The second half of routing: admits `message` to each target's queue, persists what
     /// must be stored in one submit, updates the retained index.
     #[allow(clippy::needless_pass_by_value)]
-    #[allow(clippy::too_many_arguments)]
     fn deliver(
         &self,
         message: Arc<Message>,
@@ -276,7 +276,6 @@ impl Broker {
         extra: Option<Op>,
         matched: usize,
         now_ms: u64,
-        pausable: bool,
     ) -> Result<Routed, PublishRefused> {
         // A message an engine keeps until it is settled is not stored here too (a restart
         // would deliver it twice: once from here, once from the engine).
@@ -300,7 +299,7 @@ impl Broker {
                 session,
                 delivery,
                 &message,
-                (persistence, pausable),
+                persistence,
                 now_ms,
                 &mut ops,
                 &mut losses,
@@ -597,8 +596,8 @@ impl Broker {
         }
     }
 
-    /// Admits `delivery` of `message` at `session` (`pausable`: see `Session::admit`), the
-    /// one admission routing, a catch-up and a shared group's hand-over share: the stored entries of the deliveries a drop-oldest admission
+    /// Admits `delivery` of `message` at `session`, the one admission routing and a shared
+    /// group's hand-over share: the stored entries of the deliveries a drop-oldest admission
     /// pushed out (or pushed out and still refused the new one, the anonymous share taken) are
     /// removed in `ops`, the drops are counted ([`Broker::count_enqueue`]) and the losses
     /// noted. Returns the outcome, whether the delivery was queued, and the delivery when it
@@ -611,7 +610,7 @@ impl Broker {
         session: &Arc<Session>,
         delivery: Delivery,
         message: &Arc<Message>,
-        (persistence, pausable): (bool, bool),
+        persistence: bool,
         now_ms: u64,
         ops: &mut Vec<Op>,
         losses: &mut QueueLosses,
@@ -619,7 +618,7 @@ impl Broker {
         let qos = delivery.qos;
         let limits = self.limits.of(&session.client_id);
         let (outcome, mut victims, reserved) =
-            match session.admit(delivery, &limits, persistence, now_ms, pausable) {
+            match session.admit(delivery, &limits, persistence, now_ms) {
                 Admission::Pushed(outcome, victims) | Admission::Refused(outcome, victims) => {
                     (outcome, victims, None)
                 }

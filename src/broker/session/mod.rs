@@ -531,25 +531,18 @@ impl Session {
     /// the delivery anyway and says so ([`EnqueueOutcome::QueuedOverBound`]): its publisher
     /// pauses instead of the message being dropped after its PUBACK. Offline and stalled
     /// sessions get the overflow policy.
-    ///
-    /// `pausable`: a publisher waits on the delivery and may be paused (routing). A catch-up
-    /// has none (the cluster's replay of a session that moved here, before its CONNACK): it
-    /// gets the overflow policy at the bound as an offline session does, or it queued
-    /// without bound (issue 35, sixteenth adversarial pass, C1).
     pub(in crate::broker) fn admit(
         &self,
         mut delivery: Delivery,
         limits: &QueueLimits,
         persistence: bool,
         now_ms: u64,
-        pausable: bool,
     ) -> Admission {
         let mut st = self.state.lock();
         if st.ended {
             return Admission::Refused(EnqueueOutcome::SessionEnded, Victims::default());
         }
         let online = st.connection.is_some();
-        let pausing = online && pausable;
         if !online && delivery.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
             return Admission::Refused(EnqueueOutcome::DroppedQoS0Offline, Victims::default());
         }
@@ -565,7 +558,7 @@ impl Session {
         let mut outcome = EnqueueOutcome::Queued;
         let mut victims = Victims::default();
         if st.is_full(limits, size)
-            && pausing
+            && online
             && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0)
             && !st.is_stalled(now_ms, limits)
         {
@@ -577,7 +570,7 @@ impl Session {
         {
             // Connected and eligible for back-pressure: full only because it stalled.
             if !st.stalled
-                && pausing
+                && online
                 && st.is_full(limits, size)
                 && (delivery.qos != QoS::AtMostOnce || limits.backpressure_qos0)
             {
