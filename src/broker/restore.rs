@@ -13,6 +13,7 @@ use bytestring::ByteString;
 use super::message::{Delivery, Message};
 use super::session::{Inflight, OutboundStage, Session};
 use super::{Broker, PendingWill, Subscriber, NEVER_EXPIRES};
+use crate::codec::topic;
 use crate::storage::{self, EntryStage, Op, SessionOwner, Snapshot, StoredMessage, StoredWill};
 
 /// The monotonic `(received_at, expires_at)` to rebuild a [`Message`] from `stored` with,
@@ -164,20 +165,28 @@ impl Broker {
                 st.inbound_qos2.extend(snap.inbound_qos2);
                 st.disconnected_at = Some(Instant::now());
             }
+            // A shared subscription joins its group again, once the locks below are let go:
+            // put in the topic tree as a plain filter, it matched no topic and the group had
+            // no member after a restart.
+            let mut groups = Vec::new();
             {
                 let mut tree = self.subscriptions.write();
                 let mut st = session.lock();
                 for (filter, record) in snap.subscriptions {
-                    tree.insert(
-                        &filter,
-                        id,
-                        Subscriber {
-                            session: Arc::clone(&session),
-                            options: record.options,
-                            identifier: record.identifier,
-                            acl_generation: 0, // checked at delivery
-                        },
-                    );
+                    if topic::split_shared(&filter).is_some() {
+                        groups.push((filter.clone(), record));
+                    } else {
+                        tree.insert(
+                            &filter,
+                            id,
+                            Subscriber {
+                                session: Arc::clone(&session),
+                                options: record.options,
+                                identifier: record.identifier,
+                                acl_generation: 0, // checked at delivery
+                            },
+                        );
+                    }
                     st.add_subscription(
                         filter,
                         super::SessionSubscription {
@@ -187,6 +196,12 @@ impl Broker {
                     );
                 }
                 self.metrics.subscriptions_current.set(tree.len() as f64);
+            }
+            for (filter, record) in groups {
+                if let Some(Ok((_, inner))) = topic::split_shared(&filter) {
+                    let (options, identifier) = (record.options, record.identifier);
+                    self.join_group(&session, &filter, inner, options, identifier);
+                }
             }
             let generation = session.lock().generation;
             self.sessions.lock().insert(Arc::clone(&session));

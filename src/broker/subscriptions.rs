@@ -49,7 +49,9 @@ impl Broker {
     }
 
     /// Adds or replaces a subscription (MQTT-3.8.4-3). Returns whether one existed already.
-    /// A valid `$share/{group}/{filter}` joins that shared subscription group.
+    /// A valid `$share/{group}/{filter}` joins that shared subscription group. Stored with a
+    /// stored session either way: a shared one was not, so after a restart the session was
+    /// no member of its group (its publishers got 0x10) and held jobs of no group.
     pub fn subscribe(
         &self,
         session: &Arc<Session>,
@@ -58,50 +60,9 @@ impl Broker {
         identifier: Option<u32>,
     ) -> bool {
         self.cluster_session_changed(&session.client_id);
-        if let Some(Ok((_, inner))) = topic::split_shared(filter) {
-            let member = Member {
-                session: Arc::clone(session),
-                options,
-                identifier,
-            };
-            let (existed, new_group) = {
-                let mut index = self.shared.write();
-                let new_group = !index.has_group(filter);
-                let existed = index.subscribe(filter, inner, member);
-                self.has_shared.store(true, Ordering::Release);
-                (existed, new_group)
-            };
-            if let (true, Some(cluster)) = (new_group, self.cluster()) {
-                cluster.shared_group_joined(filter);
-            }
-            self.update_subscription_gauge();
-            session.lock().add_subscription(
-                filter.clone(),
-                SessionSubscription {
-                    options,
-                    identifier,
-                },
-            );
-            return existed;
-        }
-        let acl_generation = match self.authz() {
-            Some(authz) => match session.filter_access(authz.acl, filter) {
-                (crate::auth::acl::FilterAccess::Full, generation) => generation,
-                _ => 0,
-            },
-            None => 1,
-        };
-        let subscriber = Subscriber {
-            session: Arc::clone(session),
-            options,
-            identifier,
-            acl_generation,
-        };
-        let existed = {
-            let mut tree = self.subscriptions.write();
-            let existed = tree.insert(filter, session.id, subscriber).is_some();
-            self.set_subscription_gauge(tree.len());
-            existed
+        let existed = match topic::split_shared(filter) {
+            Some(Ok((_, inner))) => self.join_group(session, filter, inner, options, identifier),
+            _ => self.subscribe_plain(session, filter, options, identifier),
         };
         let stored = {
             let mut st = session.lock();
@@ -125,10 +86,68 @@ impl Broker {
         existed
     }
 
+    /// Puts `session`'s subscription to `filter` (not shared) in the topic tree; returns
+    /// whether it held one already.
+    fn subscribe_plain(
+        &self,
+        session: &Arc<Session>,
+        filter: &ByteString,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> bool {
+        let acl_generation = match self.authz() {
+            Some(authz) => match session.filter_access(authz.acl, filter) {
+                (crate::auth::acl::FilterAccess::Full, generation) => generation,
+                _ => 0,
+            },
+            None => 1,
+        };
+        let subscriber = Subscriber {
+            session: Arc::clone(session),
+            options,
+            identifier,
+            acl_generation,
+        };
+        let mut tree = self.subscriptions.write();
+        let existed = tree.insert(filter, session.id, subscriber).is_some();
+        self.set_subscription_gauge(tree.len());
+        existed
+    }
+
+    /// Makes `session` a member of the shared group `filter` (`$share/{group}/{inner}`);
+    /// returns whether it was one already. The session's own record of the subscription is
+    /// the caller's.
+    pub(super) fn join_group(
+        &self,
+        session: &Arc<Session>,
+        filter: &ByteString,
+        inner: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> bool {
+        let member = Member {
+            session: Arc::clone(session),
+            options,
+            identifier,
+        };
+        let (existed, new_group) = {
+            let mut index = self.shared.write();
+            let new_group = !index.has_group(filter);
+            let existed = index.subscribe(filter, inner, member);
+            self.has_shared.store(true, Ordering::Release);
+            (existed, new_group)
+        };
+        if let (true, Some(cluster)) = (new_group, self.cluster()) {
+            cluster.shared_group_joined(filter);
+        }
+        self.update_subscription_gauge();
+        existed
+    }
+
     /// Removes a subscription; returns whether it existed (v5 reason 0x11 otherwise).
     pub fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
         self.cluster_session_changed(&session.client_id);
-        if topic::split_shared(filter).is_some() {
+        let removed = if topic::split_shared(filter).is_some() {
             let removed = {
                 let mut index = self.shared.write();
                 let removed = index.unsubscribe(filter, session.id);
@@ -136,10 +155,8 @@ impl Broker {
                 removed
             };
             self.update_subscription_gauge();
-            session.lock().remove_subscription(filter);
-            return removed;
-        }
-        let removed = {
+            removed
+        } else {
             let mut tree = self.subscriptions.write();
             let removed = tree.remove(filter, session.id).is_some();
             self.set_subscription_gauge(tree.len());

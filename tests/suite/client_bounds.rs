@@ -1653,6 +1653,44 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     assert_eq!(distinct_jobs(b, 40).await, 40, "jobs after the restart");
 }
 
+/// A stored session's shared subscription is part of its session state (MQTT-4.1.0-1): after
+/// a restart (SIGTERM) the session is a member of its group again, without subscribing anew,
+/// and gets the group's jobs (MQTT 5 §4.8.2). Before, a restored `$share/...` filter went into
+/// the topic tree as a plain filter, matching no topic, and the group had no member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_groups_member_is_one_again_after_a_restart() {
+    use postbox::codec::QoS;
+    let data = tempfile::tempdir().expect("tempdir");
+    let passwd = common::fast_example_passwords(data.path());
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
+        data.path().join("store")
+    );
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let addr = broker.addr;
+    let (mut worker, _) = v5::connect(addr, sensor1("worker")).await;
+    v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    v5::disconnect(worker).await;
+    broker.stop().await;
+    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let (worker, ack) = v5::connect(broker.addr, sensor1("worker")).await;
+    assert!(ack.session_present);
+    let (mut boss, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("boss"), "sensor2"),
+    )
+    .await;
+    for n in 1..=10u16 {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), b"job", n).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "job {n}");
+    }
+    assert_eq!(
+        distinct_jobs(worker, 10).await,
+        10,
+        "jobs after the restart"
+    );
+}
+
 /// How many of sensor2's 100 QoS 1 jobs of `payload` bytes, each acknowledged (a success
 /// code), the worker sensor1 gets when it joins the group `jobs` beside its other members.
 async fn jobs_reaching_a_worker(addr: std::net::SocketAddr, payload: usize) -> usize {
