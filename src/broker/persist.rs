@@ -174,6 +174,7 @@ pub(super) fn enqueue(ops: &mut Vec<Op>, client_id: &ByteString, delivery: &Deli
                 subscription_ids: delivery.subscription_ids.clone(),
                 stage: EntryStage::Queued,
                 deliveries: 0,
+                shared: delivery.shared.clone(),
             },
         });
     }

@@ -130,9 +130,9 @@ impl Broker {
                         retain: entry.retain,
                         subscription_ids: entry.subscription_ids,
                         seq: Some(seq),
-                        // Group membership of a queued shared delivery is not stored: after a
-                        // restart it stays with the session that held it.
-                        shared: None,
+                        // Still its group's (sixteenth pass, C3: without it, the hand-overs
+                        // of a member that leaves passed it by).
+                        shared: entry.shared,
                     };
                     let (packet_id, stage) = match entry.stage {
                         EntryStage::Queued => {

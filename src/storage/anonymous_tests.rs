@@ -179,6 +179,7 @@ fn an_anonymous_body_round_trips_and_others_keep_their_bytes() {
             subscription_ids: Default::default(),
             stage: EntryStage::Queued,
             deliveries: 0,
+            shared: None,
         },
     });
     state.end_batch();

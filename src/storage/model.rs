@@ -225,7 +225,10 @@ impl Op {
                 }
                 Op::Enqueue {
                     client_id, entry, ..
-                } => client_id.len() as u64 + 4 * entry.subscription_ids.len() as u64,
+                } => {
+                    let group = entry.shared.as_ref().map_or(0, |g| g.len());
+                    (client_id.len() + group) as u64 + 4 * entry.subscription_ids.len() as u64
+                }
                 Op::PutWill {
                     client_id, will, ..
                 } => (client_id.len() + will.topic.len() + will.payload.len()) as u64,
@@ -379,6 +382,10 @@ pub struct QueueEntry {
     /// `mqtt.max_deliveries` counts. Set by `UpdateEntry` (the first send) and
     /// `CountDelivery` (every send after a reconnect).
     pub deliveries: u16,
+    /// The key of the shared group (`$share/{group}/{filter}`) a shared subscription's
+    /// delivery was made for: after a restart it is still the group's, handed to another
+    /// member when its session leaves the group (issue 35, sixteenth adversarial pass, C3).
+    pub shared: Option<std::sync::Arc<str>>,
 }
 
 /// A session as restored: settings, subscriptions, queue (by `seq`) and inbound QoS 2 ids.

@@ -47,6 +47,7 @@ fn enqueue(client: &str, seq: u64, id: MessageId) -> Op {
             subscription_ids: smallvec![],
             stage: EntryStage::Queued,
             deliveries: 0,
+            shared: None,
         },
     }
 }

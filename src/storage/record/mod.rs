@@ -60,3 +60,9 @@ const PUT_RETAINED_ANONYMOUS: u8 = 19;
 /// again when restored. Written only for such a body, so a store without a stranger's queued
 /// message holds the same bytes as before (and an older store loads as it did).
 const PUT_MESSAGE_ANONYMOUS: u8 = 20;
+/// `ENQUEUE` of a shared group's delivery, its group's key (`$share/{group}/{filter}`) after
+/// the same fields (issue 35, sixteenth adversarial pass, C3: restored without it, a
+/// delivery stayed with its session whatever became of it, and a member's end or smaller
+/// Maximum Packet Size lost the jobs it held). Written only for such a delivery, so a store
+/// without one holds the same bytes as before (and an older store loads as it did).
+const ENQUEUE_SHARED: u8 = 21;

@@ -264,7 +264,7 @@ impl<'a> Dec<'a> {
                     ..self.message()?
                 },
             },
-            ENQUEUE => {
+            tag @ (ENQUEUE | ENQUEUE_SHARED) => {
                 let client_id = self.str()?;
                 let seq = self.u64()?;
                 let message = self.u64()?;
@@ -275,6 +275,12 @@ impl<'a> Dec<'a> {
                 for _ in 0..n {
                     subscription_ids.push(self.u32()?);
                 }
+                let stage = self.stage()?;
+                let shared = if tag == ENQUEUE_SHARED {
+                    Some(std::sync::Arc::from(&*self.str()?))
+                } else {
+                    None
+                };
                 Op::Enqueue {
                     client_id,
                     seq,
@@ -283,8 +289,9 @@ impl<'a> Dec<'a> {
                         qos,
                         retain,
                         subscription_ids,
-                        stage: self.stage()?,
+                        stage,
                         deliveries: 0,
+                        shared,
                     },
                 }
             }

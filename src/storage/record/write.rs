@@ -204,7 +204,11 @@ impl Enc<'_> {
                 seq,
                 entry,
             } => {
-                self.u8(ENQUEUE);
+                self.u8(if entry.shared.is_some() {
+                    ENQUEUE_SHARED
+                } else {
+                    ENQUEUE
+                });
                 self.str(client_id);
                 self.u64(*seq);
                 self.u64(entry.message);
@@ -215,6 +219,9 @@ impl Enc<'_> {
                     self.u32(*id);
                 }
                 self.stage(entry.stage);
+                if let Some(group) = &entry.shared {
+                    self.bytes(group.as_bytes());
+                }
             }
             Op::UpdateEntry {
                 client_id,

@@ -94,6 +94,7 @@ fn entry(id: MessageId) -> QueueEntry {
         subscription_ids: smallvec![],
         stage: EntryStage::Queued,
         deliveries: 0,
+        shared: None,
     }
 }
 
@@ -251,6 +252,8 @@ fn every_put_op() -> Vec<Op> {
                 subscription_ids: smallvec![1, 99],
                 stage: EntryStage::AwaitPubRec { packet_id: 65535 },
                 deliveries: 0,
+                // A shared group's delivery keeps its group (tag `ENQUEUE_SHARED`).
+                shared: Some(std::sync::Arc::from("$share/g/a/b")),
             },
         },
         Op::Enqueue {
