@@ -253,7 +253,7 @@ fn every_put_op() -> Vec<Op> {
                 stage: EntryStage::AwaitPubRec { packet_id: 65535 },
                 deliveries: 0,
                 // A shared group's delivery keeps its group (tag `ENQUEUE_SHARED`).
-                shared: Some(std::sync::Arc::from("$share/g/a/b")),
+                shared: Some(Arc::from("$share/g/a/b")),
             },
         },
         Op::Enqueue {
