@@ -40,6 +40,8 @@ fn stored(n: u64) -> StoredMessage {
         properties: PublishProperties::default(),
         received_at_unix_ms: 1_700_000_000_000 + n,
         expires_at_unix_ms: None,
+        // A verified publisher's message: not charged to the anonymous share.
+        from_anonymous: false,
     }
 }
 
