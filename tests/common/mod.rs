@@ -333,6 +333,32 @@ pub async fn expect_v311_publish_refused(
     );
 }
 
+/// Opens connection after connection with `open` (given its index, from 0 below `limit`),
+/// keeping every one admitted (CONNACK 0x00), until one is refused with 0x97 Quota exceeded:
+/// the kept connections and the index refused (`None`: all were admitted). Any other answer
+/// fails the test, naming `what` and the index. The bound tests' admission loop.
+pub async fn open_until_quota_exceeded<C>(
+    limit: u16,
+    what: &str,
+    mut open: impl AsyncFnMut(u16) -> (C, Option<Packet>),
+) -> (Vec<C>, Option<u16>) {
+    let mut kept = Vec::new();
+    for n in 0..limit {
+        match open(n).await {
+            (c, Some(Packet::ConnAck(ack))) if ack.reason_code == codec::ReasonCode::SUCCESS => {
+                kept.push(c);
+            }
+            (_, Some(Packet::ConnAck(ack)))
+                if ack.reason_code == codec::ReasonCode::QUOTA_EXCEEDED =>
+            {
+                return (kept, Some(n));
+            }
+            (_, other) => panic!("{what} {n}: {other:?}"),
+        }
+    }
+    (kept, None)
+}
+
 /// Subscribes `c` (a persistent session) to `filter` at `qos`, awaits the SUBACK and
 /// disconnects cleanly: a subscriber left offline, for what is published next to queue for
 /// it (the durability and crash tests' setup).

@@ -93,6 +93,20 @@ pub async fn subscribe_with(
     }
 }
 
+/// The bytes of a QoS 0 PUBLISH on `topic` at `version` whose payload is `size` bytes of
+/// 0x42: a large packet to send whole, or to leave half-sent.
+pub fn encoded_qos0_publish(topic: &str, size: usize, version: ProtocolVersion) -> Vec<u8> {
+    let publish = publish_packet(topic, QoS::AtMostOnce, &vec![0x42; size], 0);
+    super::encode(&Packet::Publish(publish), version)
+}
+
+/// Client `client_id` connected (clean, v5) and subscribed to `filter` at `qos` ([`subscribe`]).
+pub async fn subscriber(addr: SocketAddr, client_id: &str, filter: &str, qos: QoS) -> RawClient {
+    let mut c = connect_id(addr, client_id).await;
+    subscribe(&mut c, filter, qos).await;
+    c
+}
+
 /// Subscribes to one filter at `qos` and asserts it was granted.
 pub async fn subscribe(c: &mut RawClient, filter: &str, qos: QoS) {
     let ack = subscribe_with(
@@ -267,6 +281,15 @@ pub async fn receive(c: &mut RawClient) -> Publish {
     let p = expect_publish(c).await;
     ack(c, &p).await;
     p
+}
+
+/// The payloads of the next `count` PUBLISHes `c` receives (each acknowledged), in order.
+pub async fn receive_payloads(c: &mut RawClient, count: usize) -> Vec<Vec<u8>> {
+    let mut payloads = Vec::with_capacity(count);
+    for _ in 0..count {
+        payloads.push(receive(c).await.payload.to_vec());
+    }
+    payloads
 }
 
 /// Asserts that nothing arrives within `limit` (for "must not be sent" checks; keep short).

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::process::{self, Broker as BrokerBinary};
-use common::{v5, RawClient};
+use common::v5;
 use postbox::codec::{Packet, PubResponse, Publish, PublishProperties, QoS, ReasonCode};
 use postbox::config::{Config, OverflowPolicy};
 
@@ -44,29 +44,13 @@ fn keyed(topic: &str, qos: QoS, payload: &[u8], packet_id: u16, id: &str) -> Pub
     p
 }
 
-/// A subscriber to `filter` at QoS 1.
-async fn subscriber(addr: std::net::SocketAddr, client_id: &str, filter: &str) -> RawClient {
-    let mut sub = v5::connect_id(addr, client_id).await;
-    v5::subscribe(&mut sub, filter, QoS::AtLeastOnce).await;
-    sub
-}
-
-/// The payloads of the next `n` PUBLISHes (each acknowledged).
-async fn received(sub: &mut RawClient, n: usize) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(v5::receive(sub).await.payload.to_vec());
-    }
-    out
-}
-
 /// Issue 16 `[dedup]`: "a second PUBLISH with the same (topic, id) inside the window is
 /// acknowledged and not routed again", from another connection too (a producer re-sending
 /// after a reconnect, under a new packet id, where MQTT's own QoS 2 cannot help).
 #[tokio::test]
 async fn the_same_id_from_two_connections_is_delivered_once() {
     let server = common::start_with(dedup_config(60)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "orders/#").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "orders/#", QoS::AtLeastOnce).await;
     let mut first = v5::connect_id(server.mqtt_addr, "producer-1").await;
     let mut second = v5::connect_id(server.mqtt_addr, "producer-2").await;
     let code = v5::publish(
@@ -91,7 +75,7 @@ async fn the_same_id_from_two_connections_is_delivered_once() {
     )
     .await;
     assert_eq!(
-        received(&mut sub, 2).await,
+        v5::receive_payloads(&mut sub, 2).await,
         [b"a".to_vec(), b"marker".to_vec()],
         "the duplicate was not routed"
     );
@@ -114,7 +98,7 @@ async fn the_same_id_from_two_connections_is_delivered_once() {
 #[tokio::test]
 async fn another_topic_or_another_id_is_delivered() {
     let server = common::start_with(dedup_config(60)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "orders/#").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "orders/#", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
     for (i, (topic, id)) in [("orders/1", "7"), ("orders/2", "7"), ("orders/1", "8")]
         .into_iter()
@@ -128,7 +112,7 @@ async fn another_topic_or_another_id_is_delivered() {
         assert_eq!(v5::publish(&mut publ, p).await, ReasonCode::SUCCESS);
     }
     assert_eq!(
-        received(&mut sub, 5).await,
+        v5::receive_payloads(&mut sub, 5).await,
         [
             vec![0],
             vec![1],
@@ -145,14 +129,17 @@ async fn another_topic_or_another_id_is_delivered() {
 #[tokio::test]
 async fn after_the_window_the_same_id_is_delivered_again() {
     let server = common::start_with(dedup_config(1)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "t", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
     v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"first", 1, "x")).await;
-    assert_eq!(received(&mut sub, 1).await, [b"first".to_vec()]);
+    assert_eq!(v5::receive_payloads(&mut sub, 1).await, [b"first".to_vec()]);
     // The event awaited is the wall clock passing the window's end (1 s): nothing to poll.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"second", 2, "x")).await;
-    assert_eq!(received(&mut sub, 1).await, [b"second".to_vec()]);
+    assert_eq!(
+        v5::receive_payloads(&mut sub, 1).await,
+        [b"second".to_vec()]
+    );
 }
 
 /// QoS 2 (MQTT-4.3.3): a duplicate's handshake completes normally: PUBREC 0x00, PUBREL,
@@ -160,7 +147,7 @@ async fn after_the_window_the_same_id_is_delivered_again() {
 #[tokio::test]
 async fn a_qos2_duplicate_completes_its_handshake_and_is_not_routed() {
     let server = common::start_with(dedup_config(60)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "t", QoS::AtLeastOnce).await;
     let mut first = v5::connect_id(server.mqtt_addr, "producer-1").await;
     let mut second = v5::connect_id(server.mqtt_addr, "producer-2").await;
     let code = v5::publish(&mut first, keyed("t", QoS::ExactlyOnce, b"one", 3, "q2")).await;
@@ -198,7 +185,7 @@ async fn a_qos2_duplicate_completes_its_handshake_and_is_not_routed() {
     )
     .await;
     assert_eq!(
-        received(&mut sub, 2).await,
+        v5::receive_payloads(&mut sub, 2).await,
         [b"one".to_vec(), b"marker".to_vec()]
     );
 }
@@ -226,11 +213,14 @@ async fn a_refused_message_is_forgotten_so_its_resend_is_delivered() {
     // The subscriber comes back and drains its queue; the producer re-sends "b".
     let (mut away, ack) = v5::connect(server.mqtt_addr, v5::persistent_connect("away", 600)).await;
     assert!(ack.session_present);
-    assert_eq!(received(&mut away, 1).await, [b"fills".to_vec()]);
+    assert_eq!(
+        v5::receive_payloads(&mut away, 1).await,
+        [b"fills".to_vec()]
+    );
     let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"resent", 3, "b")).await;
     assert_eq!(code, ReasonCode::SUCCESS);
     assert_eq!(
-        received(&mut away, 1).await,
+        v5::receive_payloads(&mut away, 1).await,
         [b"resent".to_vec()],
         "the re-send of a refused message is no duplicate"
     );
@@ -255,13 +245,13 @@ async fn the_window_survives_a_restart() {
         1.0,
         "restored"
     );
-    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "t", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
     let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "r1")).await;
     assert_eq!(code, ReasonCode::SUCCESS);
     v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"marker", 2, "r2")).await;
     assert_eq!(
-        received(&mut sub, 1).await,
+        v5::receive_payloads(&mut sub, 1).await,
         [b"marker".to_vec()],
         "not delivered again after the restart"
     );
@@ -286,7 +276,7 @@ async fn a_long_topics_key_survives_a_restart() {
     server.shutdown().await;
 
     let server = common::start_with(durable_dedup_config(dir.path())).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "long/#").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "long/#", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
     let code = v5::publish(
         &mut publ,
@@ -300,7 +290,7 @@ async fn a_long_topics_key_survives_a_restart() {
     )
     .await;
     assert_eq!(
-        received(&mut sub, 1).await,
+        v5::receive_payloads(&mut sub, 1).await,
         [b"marker".to_vec()],
         "not delivered again after the restart"
     );
@@ -326,7 +316,7 @@ async fn the_window_survives_kill_9() {
     drop(publ);
 
     let broker = tokio::task::block_in_place(|| BrokerBinary::start(&config));
-    let mut sub = subscriber(config.mqtt, "sub", "t").await;
+    let mut sub = v5::subscriber(config.mqtt, "sub", "t", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(config.mqtt, "producer").await;
     let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "k9")).await;
     assert_eq!(code, ReasonCode::SUCCESS);
@@ -336,7 +326,7 @@ async fn the_window_survives_kill_9() {
     )
     .await;
     assert_eq!(
-        received(&mut sub, 1).await,
+        v5::receive_payloads(&mut sub, 1).await,
         [b"marker".to_vec()],
         "not delivered again after kill -9"
     );
@@ -439,7 +429,7 @@ async fn one_users_clean_sessions_with_long_topics_cannot_evict_anothers_key() {
         ReasonCode::SUCCESS
     );
     assert_eq!(
-        received(&mut sensor1, 1).await,
+        v5::receive_payloads(&mut sensor1, 1).await,
         [b"dispense-1-pill".to_vec()]
     );
     // sensor2's twelve clean sessions, one after another, five long-topic pairs each.
@@ -480,7 +470,7 @@ async fn one_users_clean_sessions_with_long_topics_cannot_evict_anothers_key() {
     );
     v5::publish(&mut dashboard, marker).await;
     assert_eq!(
-        received(&mut sensor1, 1).await,
+        v5::receive_payloads(&mut sensor1, 1).await,
         [b"marker".to_vec()],
         "the re-sent command was routed again: its key had been pushed out"
     );

@@ -28,8 +28,7 @@ fn deep(levels: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_over_the_topic_limits_is_refused_with_0x90() {
     let broker = BrokerProcess::spawn("", "max_topic_levels = 8\nmax_topic_length = 40").await;
-    let mut sub = v5::connect_id(broker.addr, "watcher").await;
-    v5::subscribe(&mut sub, "#", QoS::AtLeastOnce).await;
+    let mut sub = v5::subscriber(broker.addr, "watcher", "#", QoS::AtLeastOnce).await;
     let mut c = v5::connect_id(broker.addr, "deep-publisher").await;
     assert_eq!(
         v5::publish_qos1(&mut c, &deep(9), b"x", 1).await,
@@ -100,8 +99,7 @@ async fn a_filter_over_the_topic_limits_gets_0x8f_and_3x_0x80() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_beyond_the_per_client_limit_get_quota_exceeded() {
     let broker = BrokerProcess::spawn("", "max_subscriptions_per_client = 2").await;
-    let mut c = v5::connect_id(broker.addr, "collector").await;
-    v5::subscribe(&mut c, "one", QoS::AtLeastOnce).await;
+    let mut c = v5::subscriber(broker.addr, "collector", "one", QoS::AtLeastOnce).await;
     v5::subscribe(&mut c, "two", QoS::AtLeastOnce).await;
     let ack = v5::subscribe_with(&mut c, "three", options(QoS::AtLeastOnce), None).await;
     assert_eq!(ack.reason_codes, vec![ReasonCode::QUOTA_EXCEEDED]);
