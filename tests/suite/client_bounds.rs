@@ -1045,15 +1045,7 @@ async fn half_sent_anonymous_packets_are_kept_within_their_share() {
     const K: usize = 2 * BUDGET / SIZE;
     const CLOSES: &str = "postbox_anonymous_share_closes_total";
     let broker = password_and_anonymous(BUDGET as u64).await;
-    let big = common::encode(
-        &Packet::Publish(v5::publish_packet(
-            "anon/big",
-            QoS::AtMostOnce,
-            &vec![0x42; SIZE],
-            0,
-        )),
-        ProtocolVersion::V5,
-    );
+    let big = v5::encoded_qos0_publish("anon/big", SIZE, ProtocolVersion::V5);
     let held = big.len() - 1;
     // A subscriber, so that an accepted PUBLISH gets 0x00 (not 0x10 No matching subscribers).
     let (mut device, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
@@ -1129,15 +1121,7 @@ async fn half_sent_anonymous_packets_are_kept_within_their_share() {
 
     // 3.1.1: closed without a packet.
     let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "anon-old", true).await;
-    let big = common::encode(
-        &Packet::Publish(v5::publish_packet(
-            "anon/old",
-            QoS::AtMostOnce,
-            &vec![0x42; 2 * SIZE],
-            0,
-        )),
-        ProtocolVersion::V3_1_1,
-    );
+    let big = v5::encoded_qos0_publish("anon/old", 2 * SIZE, ProtocolVersion::V3_1_1);
     old.send_raw(&big[..big.len() - 1]).await;
     let seen = old.expect_close().await;
     assert!(
@@ -1197,19 +1181,11 @@ async fn anonymous_connected_sessions_are_held_within_their_own_share() {
     let broker = password_and_anonymous(262_144).await;
     let before = broker.metric(USED).await.unwrap_or(0.0);
     let id = |n: u16| format!("conn-{n:03}-{}", "c".repeat(191));
-    let mut open = Vec::new();
-    let mut refused_at = None;
-    for n in 0..120u16 {
-        let (c, answer) = v5::open(broker.addr, v5::connect_packet(&id(n))).await;
-        match answer {
-            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => open.push(c),
-            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::QUOTA_EXCEEDED => {
-                refused_at = Some(n);
-                break;
-            }
-            other => panic!("anonymous connection {n}: {other:?}"),
-        }
-    }
+    let (open, refused_at) =
+        common::open_until_quota_exceeded(120, "anonymous connection", async |n| {
+            v5::open(broker.addr, v5::connect_packet(&id(n))).await
+        })
+        .await;
     let n = refused_at.expect("120 anonymous connections of 200-byte ids were all admitted");
     // 32 KiB at 1,224 B a session and 2 KiB a TCP connection: 10 of them.
     assert!((8..=10).contains(&n), "refused at {n}");
