@@ -104,11 +104,8 @@ async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
     let mut options = rumqttc::v5::MqttOptions::new("dev-a", "127.0.0.1", addr.port());
     options.set_keep_alive(Duration::from_secs(30));
     let mut rumq = V5::connect_with(options).await;
-    rumq.client
-        .subscribe("t/#", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    rumq.suback().await;
+    rumq.subscribe("t/#", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await;
     let v3 = RawClient::connect(addr, ProtocolVersion::V3_1_1, "dev-b", true).await;
 
     let list = get_json(&config, "/api/v1/clients");
@@ -539,11 +536,8 @@ async fn the_status_page_renders_live_numbers_in_headless_chromium() {
     let mut publisher = v5::connect_id(addr, "publisher").await;
     let mut watcher = V5::connect(addr, "watcher").await;
     watcher
-        .client
         .subscribe("plant/#", rumqttc::v5::mqttbytes::QoS::AtMostOnce)
-        .await
-        .expect("subscribe");
-    watcher.suback().await;
+        .await;
     let _v3 = RawClient::connect(addr, ProtocolVersion::V3_1_1, "old-device", true).await;
     for i in 1..=5u16 {
         let p = v5::publish_packet("plant/temp", QoS::AtLeastOnce, b"21.5", i);

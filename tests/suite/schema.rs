@@ -52,11 +52,8 @@ async fn start(dir: &Path, edit: impl FnOnce(&mut Config)) -> RunningServer {
 /// A rumqttc v5 subscriber to `filter` at QoS 1.
 async fn subscriber(server: &RunningServer, id: &str, filter: &str) -> V5 {
     let mut sub = V5::connect(server.mqtt_addr, id).await;
-    sub.client
-        .subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
-        .await
-        .expect("subscribe queued");
-    sub.suback().await;
+    sub.subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await;
     sub
 }
 
