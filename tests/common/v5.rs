@@ -93,6 +93,28 @@ pub async fn subscribe_with(
     }
 }
 
+/// A subscriber left offline: `client_id` connects with a session that outlives the
+/// connection (1 h), subscribes to `filter` at QoS 1 and disconnects normally, so that what
+/// is published next queues for it.
+pub async fn offline_subscriber(addr: SocketAddr, client_id: &str, filter: &str) {
+    let (mut c, _) = connect(addr, persistent_connect(client_id, 3600)).await;
+    subscribe(&mut c, filter, QoS::AtLeastOnce).await;
+    disconnect(c).await;
+}
+
+/// Publishes `payload` on `topic` at QoS 1 with RETAIN 1 (packet id `packet_id`); the
+/// PUBACK's reason code.
+pub async fn publish_retained(
+    c: &mut RawClient,
+    topic: &str,
+    payload: &[u8],
+    packet_id: u16,
+) -> ReasonCode {
+    let mut p = publish_packet(topic, QoS::AtLeastOnce, payload, packet_id);
+    p.retain = true;
+    publish(c, p).await
+}
+
 /// The bytes of a QoS 0 PUBLISH on `topic` at `version` whose payload is `size` bytes of
 /// 0x42: a large packet to send whole, or to leave half-sent.
 pub fn encoded_qos0_publish(topic: &str, size: usize, version: ProtocolVersion) -> Vec<u8> {

@@ -493,9 +493,7 @@ async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_bud
     let mut anon = v5::connect_id(broker.addr, "retainer").await;
     let mut refused_at = None;
     for i in 0..20u16 {
-        let mut p = v5::publish_packet(&format!("ret/anon/{i}"), QoS::AtLeastOnce, &payload, i + 1);
-        p.retain = true;
-        let code = v5::publish(&mut anon, p).await;
+        let code = v5::publish_retained(&mut anon, &format!("ret/anon/{i}"), &payload, i + 1).await;
         if code.is_error() {
             assert_eq!(code, ReasonCode::QUOTA_EXCEEDED, "message {i}");
             refused_at = Some(i);
@@ -527,11 +525,8 @@ async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_bud
 /// Connects as `sensor1` and publishes `payload` retained at QoS 1 on `ret/sensor1`, which
 /// must be accepted: the clients a method verified keep their part of the budget.
 async fn sensor1_retains(addr: std::net::SocketAddr, payload: &[u8]) -> RawClient {
-    use postbox::codec::QoS;
     let (mut device, _) = v5::connect(addr, sensor1("sensor1")).await;
-    let mut p = v5::publish_packet("ret/sensor1", QoS::AtLeastOnce, payload, 1);
-    p.retain = true;
-    let code = v5::publish(&mut device, p).await;
+    let code = v5::publish_retained(&mut device, "ret/sensor1", payload, 1).await;
     assert!(
         !code.is_error(),
         "the authenticated device was refused: {code:?}"
@@ -591,10 +586,8 @@ async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
 
     let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     let mut anon = v5::connect_id(broker.addr, "retainer").await;
-    let mut p = v5::publish_packet("ret/anon/after", QoS::AtLeastOnce, &payload, 1);
-    p.retain = true;
     assert_eq!(
-        v5::publish(&mut anon, p).await,
+        v5::publish_retained(&mut anon, "ret/anon/after", &payload, 1).await,
         ReasonCode::QUOTA_EXCEEDED,
         "a restart gave anonymous clients their share back"
     );
@@ -657,10 +650,8 @@ async fn an_anonymous_will_published_after_a_restart_counts_in_their_share() {
     let will = v5::receive(&mut device).await;
     assert!(will.retain, "the will, retained: {will:?}");
     let mut anon = v5::connect_id(broker.addr, "retainer-after").await;
-    let mut p = v5::publish_packet("ret/after", QoS::AtLeastOnce, &payload, 1);
-    p.retain = true;
     assert_eq!(
-        v5::publish(&mut anon, p).await,
+        v5::publish_retained(&mut anon, "ret/after", &payload, 1).await,
         ReasonCode::QUOTA_EXCEEDED,
         "the will took the share's last place"
     );
