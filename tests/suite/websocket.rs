@@ -404,15 +404,8 @@ async fn bad_upgrades_are_refused_with_http_status() {
 async fn a_plain_http_get_is_told_what_listens_here() {
     let broker = ws_broker().await;
     let mut s = TcpStream::connect(broker.addr).await.expect("connect");
-    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl/8\r\n\r\n")
-        .await
-        .expect("write");
-    let mut answer = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut answer))
-        .await
-        .expect("answered and closed in time")
-        .expect("read");
-    let answer = String::from_utf8_lossy(&answer);
+    let request = b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl/8\r\n\r\n";
+    let answer = common::http::exchange(&mut s, request).await;
     assert!(answer.starts_with("HTTP/1.1 426"), "{answer}");
     assert!(answer.contains("Upgrade: websocket"), "{answer}");
     assert!(
