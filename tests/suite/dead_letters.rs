@@ -37,13 +37,6 @@ async fn dlq_subscriber(server: &RunningServer, id: &str) -> RawClient {
     c
 }
 
-/// A persistent subscriber to `filter` that then goes offline (its queue fills).
-async fn offline_subscriber(server: &RunningServer, id: &str, filter: &str) {
-    let (mut c, _) = v5::connect(server.mqtt_addr, v5::persistent_connect(id, 3600)).await;
-    v5::subscribe(&mut c, filter, QoS::AtLeastOnce).await;
-    v5::disconnect(c).await;
-}
-
 /// The values of user property `key`.
 fn user<'a>(p: &'a Publish, key: &str) -> Vec<&'a str> {
     p.properties
@@ -129,7 +122,7 @@ async fn overflow_a_queue_of_2(
 ) -> (RunningServer, RawClient) {
     let server = common::start_with(config(2, policy)).await;
     let dlq = dlq_subscriber(&server, "dlq").await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, publisher).await;
     for (i, payload) in [b"1", b"2", b"3"].into_iter().enumerate() {
         publish(&mut p, topic, payload, i as u16 + 1).await;
@@ -168,7 +161,7 @@ async fn queue_full_drop_oldest_dead_letters_the_victim() {
 async fn expired_while_queued_is_dead_lettered() {
     let server = common::start().await;
     let mut dlq = dlq_subscriber(&server, "dlq").await;
-    offline_subscriber(&server, "late", "e/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "late", "e/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-exp").await;
     publish_expiring_in_1s(&mut p, "e/1").await;
     // Waiting for the expiry itself (time must pass), not for an event.
@@ -305,8 +298,8 @@ async fn pubrec_with_a_failure_code_is_dead_lettered() {
 #[tokio::test]
 async fn a_dropped_dead_letter_is_not_dead_lettered_again() {
     let server = common::start_with(config(1, OverflowPolicy::DropNew)).await;
-    offline_subscriber(&server, "dlq-off", "$dlq/#").await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "dlq-off", "$dlq/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-twice").await;
     for (i, payload) in [b"1", b"2", b"3"].into_iter().enumerate() {
         publish(&mut p, "q/z", payload, i as u16 + 1).await;
@@ -335,7 +328,7 @@ async fn the_rate_bound_counts_the_excess() {
     c.dead_letter.max_rate = 2;
     let server = common::start_with(c).await;
     let mut dlq = dlq_subscriber(&server, "dlq").await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-flood").await;
     for i in 1..=11u16 {
         publish(&mut p, "q/f", format!("{i}").as_bytes(), i).await;
@@ -371,7 +364,7 @@ async fn the_rate_bound_counts_the_excess() {
 #[tokio::test]
 async fn an_unread_dead_letter_is_not_a_no_subscribers_drop() {
     let server = common::start_with(config(1, OverflowPolicy::DropNew)).await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-alone").await;
     publish(&mut p, "q/n", b"1", 1).await;
     publish(&mut p, "q/n", b"2", 2).await;
@@ -448,7 +441,7 @@ async fn reading_dead_letters_obeys_the_acl() {
     connect.username = Some("ops".into());
     let (mut ops, _) = v5::connect(server.mqtt_addr, connect).await;
     v5::subscribe(&mut ops, "$dlq/#", QoS::AtLeastOnce).await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-acl").await;
     publish(&mut p, "q/a", b"1", 1).await;
     publish(&mut p, "q/a", b"2", 2).await;
@@ -468,7 +461,7 @@ async fn mosquitto_sub_sees_the_properties() {
         &["-V", "mqttv5", "-q", "1", "-t", "$dlq/#", "-F", "%t %P %p"],
     );
     sub.wait_for("SUBACK").await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-mosq").await;
     publish(&mut p, "q/m", b"first", 1).await;
     publish(&mut p, "q/m", b"lost-one", 2).await;
@@ -499,7 +492,7 @@ async fn expired_in_a_queue_across_a_restart_is_dead_lettered() {
     };
     let server = common::start_with(durable()).await;
     dlq_subscriber(&server, "dlq-r").await;
-    offline_subscriber(&server, "late-r", "er/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "late-r", "er/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-er").await;
     publish_expiring_in_1s(&mut p, "er/1").await;
     server.shutdown().await;
