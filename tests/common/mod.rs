@@ -294,6 +294,20 @@ impl RawClient {
         }
     }
 
+    /// Asserts the broker closes the connection without sending anything first (3.1.1 has no
+    /// server DISCONNECT); `why` is the failure's message.
+    pub async fn expect_silent_close(&mut self, why: &str) {
+        let seen = self.expect_close().await;
+        assert!(seen.is_empty(), "{why}: {seen:?}");
+    }
+
+    /// Sends PINGREQ and says whether the next packet is its PINGRESP (MQTT-3.12.4-1): the
+    /// connection is up and nothing else was queued before it.
+    pub async fn answers_ping(&mut self) -> bool {
+        self.send(&Packet::PingReq).await;
+        matches!(self.recv().await, Some(Packet::PingResp))
+    }
+
     /// Asserts the broker closes the connection (after optionally sending packets, returned).
     pub async fn expect_close(&mut self) -> Vec<Packet> {
         let mut seen = Vec::new();

@@ -155,9 +155,7 @@ async fn retained_messages_are_not_sent_on_a_shared_subscribe() {
     // v5 §3.3.1.3: retained messages are sent when a new *non-shared* subscription is made.
     let server = common::start().await;
     let mut p = v5::connect_id(server.mqtt_addr, "ret-pub").await;
-    let mut retained = v5::publish_packet("ret/1", QoS::AtLeastOnce, b"kept", 1);
-    retained.retain = true;
-    v5::publish(&mut p, retained).await;
+    v5::publish_retained(&mut p, "ret/1", b"kept", 1).await;
     let mut a = v5::connect_id(server.mqtt_addr, "ret-a").await;
     v5::subscribe(&mut a, "$share/g/ret/+", QoS::AtLeastOnce).await;
     v5::expect_silence(&mut a, Duration::from_millis(300)).await;
