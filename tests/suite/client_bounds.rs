@@ -1301,7 +1301,6 @@ async fn dead_letters_of_an_anonymous_publishers_messages_count_in_their_share()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
     use postbox::codec::QoS;
-    const DROPPED: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"queue_full\"}";
     let broker = password_and_anonymous(262_144).await;
     let addr = broker.addr;
     let (mut stranger, _) = v5::connect(addr, v5::connect_packet("anon-worker")).await;
@@ -1326,12 +1325,7 @@ async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
             "retained messages of {size} B never filled the share"
         );
     }
-    assert_eq!(
-        jobs_reaching_a_worker(addr, 100).await,
-        100,
-        "every acknowledged job reached the worker"
-    );
-    assert_eq!(broker.metric(DROPPED).await.unwrap_or(0.0), 0.0);
+    every_job_reaches_the_worker(&broker, 100, DROPPED_QUEUE_FULL).await;
     drop(stranger);
 }
 
@@ -1345,13 +1339,10 @@ async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
 /// PUBLISH got 0x97 (issue 35, fourteenth adversarial pass, A1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_publishers_messages_queued_for_a_user_count_in_their_share() {
-    use postbox::codec::QoS;
     const USED: &str = "postbox_memory_used_bytes";
     let broker = password_and_anonymous(4 << 20).await;
     let addr = broker.addr;
-    let (mut reader, _) = v5::connect(addr, sensor1("inbox-reader")).await;
-    v5::subscribe(&mut reader, "public/#", QoS::AtLeastOnce).await;
-    v5::disconnect(reader).await;
+    leave_the_inbox_reader(addr).await;
     let (accepted, refused) = stranger_publishes(addr, 250).await;
     assert!(refused > 0, "250 x 20 KB from a stranger were all accepted");
     // The share is 512 KiB: about 26 of them.
@@ -1366,9 +1357,24 @@ async fn an_anonymous_publishers_messages_queued_for_a_user_count_in_their_share
         assert!(!code.is_error(), "sensor2's PUBLISH {id}: {code:?}");
     }
     // Nothing acknowledged is lost: the reader gets every accepted message.
+    the_inbox_reader_gets(addr, accepted).await;
+}
+
+/// sensor1's persistent session `inbox-reader`, subscribed to `public/#` at QoS 1 and left
+/// offline: the stranger's messages queue for a password user.
+async fn leave_the_inbox_reader(addr: std::net::SocketAddr) {
+    use postbox::codec::QoS;
+    let (mut reader, _) = v5::connect(addr, sensor1("inbox-reader")).await;
+    v5::subscribe(&mut reader, "public/#", QoS::AtLeastOnce).await;
+    v5::disconnect(reader).await;
+}
+
+/// `inbox-reader` back (its session present) gets `count` messages on `public/x`, each
+/// acknowledged: nothing acknowledged to the stranger was lost (MQTT-4.3.2-2).
+async fn the_inbox_reader_gets(addr: std::net::SocketAddr, count: u16) {
     let (mut reader, ack) = v5::connect(addr, sensor1("inbox-reader")).await;
     assert!(ack.session_present);
-    for n in 0..accepted {
+    for n in 0..count {
         let got = v5::receive(&mut reader).await;
         assert_eq!(got.topic, "public/x", "message {n}");
         v5::ack(&mut reader, &got).await;
@@ -1401,7 +1407,6 @@ async fn stranger_publishes(addr: std::net::SocketAddr, count: u16) -> (u16, u16
 /// adversarial pass, B3: 26 more accepted after each restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_publishers_queued_messages_count_in_their_share_after_a_restart() {
-    use postbox::codec::QoS;
     let data = tempfile::tempdir().expect("tempdir");
     let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
     let sections = format!(
@@ -1410,28 +1415,19 @@ async fn an_anonymous_publishers_queued_messages_count_in_their_share_after_a_re
         data.path().join("store"),
         4u32 << 20
     );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     let addr = broker.addr;
-    let (mut reader, _) = v5::connect(addr, sensor1("inbox-reader")).await;
-    v5::subscribe(&mut reader, "public/#", QoS::AtLeastOnce).await;
-    v5::disconnect(reader).await;
+    leave_the_inbox_reader(addr).await;
     let (accepted, refused) = stranger_publishes(addr, 60).await;
     assert!(refused > 0, "60 x 20 KB from a stranger were all accepted");
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let broker = restarted(broker, &sections).await;
     let (again, _) = stranger_publishes(broker.addr, 60).await;
     // The stranger's connection itself no longer holds its 2 KiB: room for at most one.
     assert!(
         again <= 1,
         "{again} more accepted after the restart ({accepted} before)"
     );
-    let (mut reader, ack) = v5::connect(broker.addr, sensor1("inbox-reader")).await;
-    assert!(ack.session_present);
-    for n in 0..accepted + again {
-        let got = v5::receive(&mut reader).await;
-        assert_eq!(got.topic, "public/x", "message {n}");
-        v5::ack(&mut reader, &got).await;
-    }
+    the_inbox_reader_gets(broker.addr, accepted + again).await;
 }
 
 /// A shared group passes over a member whose client takes no packet as large as the message
@@ -1452,19 +1448,13 @@ async fn a_shared_group_passes_over_a_member_a_message_would_not_fit() {
 /// Packet Size is `max`, too small for them: every one reaches the worker.
 async fn shared_group_with_a_small_member(max: u32) {
     use postbox::codec::QoS;
-    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
     let broker = password_and_anonymous(64 << 20).await;
     let addr = broker.addr;
     let mut small = v5::connect_packet("small-member");
     small.properties.maximum_packet_size = Some(max);
     let (mut small, _) = v5::connect(addr, small).await;
     v5::subscribe(&mut small, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    assert_eq!(
-        jobs_reaching_a_worker(addr, 200).await,
-        100,
-        "every acknowledged job reached the worker"
-    );
-    assert_eq!(broker.metric(TOO_LARGE).await.unwrap_or(0.0), 0.0);
+    every_job_reaches_the_worker(&broker, 200, TOO_LARGE).await;
     drop(small);
 }
 
@@ -1477,7 +1467,6 @@ async fn shared_group_with_a_small_member(max: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_group() {
     use postbox::codec::QoS;
-    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
     let broker = password_and_anonymous(64 << 20).await;
     let addr = broker.addr;
     // Both members keep their sessions, and are offline when the jobs come.
@@ -1486,12 +1475,7 @@ async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_
         v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
         v5::disconnect(member).await;
     }
-    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    let job = vec![b'j'; 200];
-    for n in 1..=100u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &job, n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
+    boss_publishes_jobs(addr, 100, &[b'j'; 200]).await;
     let mut small = sensor1("small-member");
     small.properties.maximum_packet_size = Some(100);
     let (small, ack) = v5::connect(addr, small).await;
@@ -1515,23 +1499,12 @@ async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
     use postbox::codec::QoS;
-    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
-    let data = tempfile::tempdir().expect("tempdir");
-    let passwd = common::fast_example_passwords(data.path());
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
-        data.path().join("store")
-    );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let (_data, sections, broker) = durable_users_only().await;
     let addr = broker.addr;
     let (mut member, _) = v5::connect(addr, sensor1("lone-member")).await;
     v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
     v5::disconnect(member).await;
-    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    for n in 1..=10u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 200], n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
+    boss_publishes_jobs(addr, 10, &[b'j'; 200]).await;
     let mut small = sensor1("lone-member");
     small.properties.maximum_packet_size = Some(100);
     let (mut small, _) = v5::connect(addr, small).await;
@@ -1553,8 +1526,7 @@ async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
         );
     }
     v5::disconnect(small).await;
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let broker = restarted(broker, &sections).await;
     let (member, ack) = v5::connect(broker.addr, sensor1("lone-member")).await;
     assert!(ack.session_present);
     assert_eq!(distinct_jobs(member, 10).await, 0, "dropped jobs came back");
@@ -1570,13 +1542,7 @@ async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     use postbox::codec::QoS;
-    let data = tempfile::tempdir().expect("tempdir");
-    let passwd = common::fast_example_passwords(data.path());
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
-        data.path().join("store")
-    );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let (_data, sections, broker) = durable_users_only().await;
     let addr = broker.addr;
     let member = |id: &str| {
         let mut connect = sensor1(id);
@@ -1588,19 +1554,60 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     v5::subscribe(&mut a, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
     let (mut b, _) = v5::connect(addr, member("worker-b")).await;
     v5::subscribe(&mut b, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    for n in 1..=40u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), b"job", n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
+    boss_publishes_jobs(addr, 40, b"job").await;
     // a leaves (its jobs move to b, which is connected), then the broker restarts.
     v5::disconnect(a).await;
     drop(b);
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let broker = restarted(broker, &sections).await;
     let (b, ack) = v5::connect(broker.addr, member("worker-b")).await;
     assert!(ack.session_present);
     assert_eq!(distinct_jobs(b, 40).await, 40, "jobs after the restart");
+}
+
+/// A broker with its store in a temporary directory (returned, to live as long as the test)
+/// that admits the example users only, and its config sections, to start it again with.
+async fn durable_users_only() -> (tempfile::TempDir, String, BrokerProcess) {
+    let data = tempfile::tempdir().expect("tempdir");
+    let passwd = common::fast_example_passwords(data.path());
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
+        data.path().join("store")
+    );
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    (data, sections, broker)
+}
+
+/// Stops `broker` (SIGTERM) and starts it again with `sections` on the same port.
+async fn restarted(mut broker: BrokerProcess, sections: &str) -> BrokerProcess {
+    let port = broker.addr.port();
+    broker.stop().await;
+    BrokerProcess::spawn_sections_on(vec![port], &[""], sections).await
+}
+
+/// sensor2 (`boss`) publishes `count` QoS 1 jobs `jobs/<n>` of `payload`; each must be
+/// acknowledged with a success code.
+async fn boss_publishes_jobs(addr: std::net::SocketAddr, count: u16, payload: &[u8]) {
+    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
+    for n in 1..=count {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), payload, n).await;
+        assert!(!code.is_error(), "job {n}: {code:?}");
+    }
+}
+
+/// QoS 1 messages dropped because a client takes no packet that large.
+const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
+/// QoS 1 messages dropped because a queue was full.
+const DROPPED_QUEUE_FULL: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"queue_full\"}";
+
+/// Asserts that all of sensor2's 100 acknowledged jobs of `payload` bytes reach the worker
+/// ([`jobs_reaching_a_worker`]) and that none was counted under `dropped`.
+async fn every_job_reaches_the_worker(broker: &BrokerProcess, payload: usize, dropped: &str) {
+    assert_eq!(
+        jobs_reaching_a_worker(broker.addr, payload).await,
+        100,
+        "every acknowledged job reached the worker"
+    );
+    assert_eq!(broker.metric(dropped).await.unwrap_or(0.0), 0.0);
 }
 
 /// How many of sensor2's 100 QoS 1 jobs of `payload` bytes, each acknowledged (a success
