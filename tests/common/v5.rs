@@ -129,18 +129,17 @@ pub async fn subscriber(addr: SocketAddr, client_id: &str, filter: &str, qos: Qo
     c
 }
 
+/// Subscription options asking for `qos`, the others at their defaults.
+pub fn options(qos: QoS) -> SubscriptionOptions {
+    SubscriptionOptions {
+        qos,
+        ..Default::default()
+    }
+}
+
 /// Subscribes to one filter at `qos` and asserts it was granted.
 pub async fn subscribe(c: &mut RawClient, filter: &str, qos: QoS) {
-    let ack = subscribe_with(
-        c,
-        filter,
-        SubscriptionOptions {
-            qos,
-            ..Default::default()
-        },
-        None,
-    )
-    .await;
+    let ack = subscribe_with(c, filter, options(qos), None).await;
     assert_eq!(
         ack.reason_codes,
         [ReasonCode(qos as u8)],
@@ -152,13 +151,7 @@ pub async fn subscribe(c: &mut RawClient, filter: &str, qos: QoS) {
 pub fn subscribe_packet(id: u16, filter: &str, qos: QoS) -> Subscribe {
     Subscribe {
         packet_id: id,
-        filters: vec![(
-            filter.into(),
-            SubscriptionOptions {
-                qos,
-                ..Default::default()
-            },
-        )],
+        filters: vec![(filter.into(), options(qos))],
         ..Default::default()
     }
 }

@@ -138,10 +138,7 @@ async fn subscription_qos_and_identifier_are_the_members_own() {
     // MQTT-4.8.2-3 (granted QoS respected), MQTT-3.3.4-3 (its subscription identifier)
     let server = common::start().await;
     let mut a = v5::connect_id(server.mqtt_addr, "q-a").await;
-    let opts = SubscriptionOptions {
-        qos: QoS::AtMostOnce,
-        ..Default::default()
-    };
+    let opts = v5::options(QoS::AtMostOnce);
     let ack = v5::subscribe_with(&mut a, "$share/g/q", opts, Some(42)).await;
     assert_eq!(ack.reason_codes, [ReasonCode::GRANTED_QOS_0]);
     publish_n(&server, |_| "q".to_owned(), 1).await;
