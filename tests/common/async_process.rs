@@ -211,6 +211,20 @@ impl BrokerProcess {
         }
     }
 
+    /// Scrapes until `series` reads exactly `want` (absent is no reading), for at most `WAIT`;
+    /// returns the last reading (`None`: absent), for the caller to compare with `want`, so
+    /// that a failure shows what was read. 20 ms apart, bounded, as [`Self::wait_metric`].
+    pub async fn metric_settles_at(&self, series: &str, want: f64) -> Option<f64> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let now = self.metric(series).await;
+            if now == Some(want) || tokio::time::Instant::now() >= deadline {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The process id (for `/proc/<pid>`).
     pub fn pid(&self) -> u32 {
         self.broker.pid()

@@ -68,6 +68,22 @@ pub async fn get_json_async(port: u16, path: &str) -> Value {
     json_body(path, get_async(port, path).await)
 }
 
+/// Writes the raw `request` on an open connection (of any transport) and reads until the
+/// broker closes it (bounded by `WAIT`): the whole answer as text.
+pub async fn exchange(
+    stream: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+    request: &[u8],
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(request).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed within WAIT")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// A 200 answer's JSON body.
 fn json_body(path: &str, (status, body): (u16, String)) -> Value {
     assert_eq!(status, 200, "GET {path}: {body}");

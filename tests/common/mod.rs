@@ -294,6 +294,20 @@ impl RawClient {
         }
     }
 
+    /// Asserts the broker closes the connection without sending anything first (3.1.1 has no
+    /// server DISCONNECT); `why` is the failure's message.
+    pub async fn expect_silent_close(&mut self, why: &str) {
+        let seen = self.expect_close().await;
+        assert!(seen.is_empty(), "{why}: {seen:?}");
+    }
+
+    /// Sends PINGREQ and says whether the next packet is its PINGRESP (MQTT-3.12.4-1): the
+    /// connection is up and nothing else was queued before it.
+    pub async fn answers_ping(&mut self) -> bool {
+        self.send(&Packet::PingReq).await;
+        matches!(self.recv().await, Some(Packet::PingResp))
+    }
+
     /// Asserts the broker closes the connection (after optionally sending packets, returned).
     pub async fn expect_close(&mut self) -> Vec<Packet> {
         let mut seen = Vec::new();
@@ -331,6 +345,32 @@ pub async fn expect_v311_publish_refused(
         !seen.iter().any(|p| matches!(p, Packet::PubAck(_))),
         "{why}: {seen:?}"
     );
+}
+
+/// Opens connection after connection with `open` (given its index, from 0 below `limit`),
+/// keeping every one admitted (CONNACK 0x00), until one is refused with 0x97 Quota exceeded:
+/// the kept connections and the index refused (`None`: all were admitted). Any other answer
+/// fails the test, naming `what` and the index. The bound tests' admission loop.
+pub async fn open_until_quota_exceeded<C>(
+    limit: u16,
+    what: &str,
+    mut open: impl AsyncFnMut(u16) -> (C, Option<Packet>),
+) -> (Vec<C>, Option<u16>) {
+    let mut kept = Vec::new();
+    for n in 0..limit {
+        match open(n).await {
+            (c, Some(Packet::ConnAck(ack))) if ack.reason_code == codec::ReasonCode::SUCCESS => {
+                kept.push(c);
+            }
+            (_, Some(Packet::ConnAck(ack)))
+                if ack.reason_code == codec::ReasonCode::QUOTA_EXCEEDED =>
+            {
+                return (kept, Some(n));
+            }
+            (_, other) => panic!("{what} {n}: {other:?}"),
+        }
+    }
+    (kept, None)
 }
 
 /// Subscribes `c` (a persistent session) to `filter` at `qos`, awaits the SUBACK and

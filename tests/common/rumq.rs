@@ -249,6 +249,19 @@ impl V5 {
         .await
     }
 
+    /// Subscribes to `filter` at `qos` and waits for the SUBACK ([`Self::suback`]).
+    pub async fn subscribe(
+        &mut self,
+        filter: impl Into<String>,
+        qos: rumqttc::v5::mqttbytes::QoS,
+    ) -> rumqttc::v5::mqttbytes::v5::SubAck {
+        self.client
+            .subscribe(filter, qos)
+            .await
+            .expect("subscribe queued");
+        self.suback().await
+    }
+
     /// Waits for the next SUBACK.
     pub async fn suback(&mut self) -> rumqttc::v5::mqttbytes::v5::SubAck {
         next_picked(&mut self.events, "SUBACK", |p| match p {

@@ -93,18 +93,53 @@ pub async fn subscribe_with(
     }
 }
 
+/// A subscriber left offline: `client_id` connects with a session that outlives the
+/// connection (1 h), subscribes to `filter` at QoS 1 and disconnects normally, so that what
+/// is published next queues for it.
+pub async fn offline_subscriber(addr: SocketAddr, client_id: &str, filter: &str) {
+    let (mut c, _) = connect(addr, persistent_connect(client_id, 3600)).await;
+    subscribe(&mut c, filter, QoS::AtLeastOnce).await;
+    disconnect(c).await;
+}
+
+/// Publishes `payload` on `topic` at QoS 1 with RETAIN 1 (packet id `packet_id`); the
+/// PUBACK's reason code.
+pub async fn publish_retained(
+    c: &mut RawClient,
+    topic: &str,
+    payload: &[u8],
+    packet_id: u16,
+) -> ReasonCode {
+    let mut p = publish_packet(topic, QoS::AtLeastOnce, payload, packet_id);
+    p.retain = true;
+    publish(c, p).await
+}
+
+/// The bytes of a QoS 0 PUBLISH on `topic` at `version` whose payload is `size` bytes of
+/// 0x42: a large packet to send whole, or to leave half-sent.
+pub fn encoded_qos0_publish(topic: &str, size: usize, version: ProtocolVersion) -> Vec<u8> {
+    let publish = publish_packet(topic, QoS::AtMostOnce, &vec![0x42; size], 0);
+    super::encode(&Packet::Publish(publish), version)
+}
+
+/// Client `client_id` connected (clean, v5) and subscribed to `filter` at `qos` ([`subscribe`]).
+pub async fn subscriber(addr: SocketAddr, client_id: &str, filter: &str, qos: QoS) -> RawClient {
+    let mut c = connect_id(addr, client_id).await;
+    subscribe(&mut c, filter, qos).await;
+    c
+}
+
+/// Subscription options asking for `qos`, the others at their defaults.
+pub fn options(qos: QoS) -> SubscriptionOptions {
+    SubscriptionOptions {
+        qos,
+        ..Default::default()
+    }
+}
+
 /// Subscribes to one filter at `qos` and asserts it was granted.
 pub async fn subscribe(c: &mut RawClient, filter: &str, qos: QoS) {
-    let ack = subscribe_with(
-        c,
-        filter,
-        SubscriptionOptions {
-            qos,
-            ..Default::default()
-        },
-        None,
-    )
-    .await;
+    let ack = subscribe_with(c, filter, options(qos), None).await;
     assert_eq!(
         ack.reason_codes,
         [ReasonCode(qos as u8)],
@@ -116,13 +151,7 @@ pub async fn subscribe(c: &mut RawClient, filter: &str, qos: QoS) {
 pub fn subscribe_packet(id: u16, filter: &str, qos: QoS) -> Subscribe {
     Subscribe {
         packet_id: id,
-        filters: vec![(
-            filter.into(),
-            SubscriptionOptions {
-                qos,
-                ..Default::default()
-            },
-        )],
+        filters: vec![(filter.into(), options(qos))],
         ..Default::default()
     }
 }
@@ -267,6 +296,15 @@ pub async fn receive(c: &mut RawClient) -> Publish {
     let p = expect_publish(c).await;
     ack(c, &p).await;
     p
+}
+
+/// The payloads of the next `count` PUBLISHes `c` receives (each acknowledged), in order.
+pub async fn receive_payloads(c: &mut RawClient, count: usize) -> Vec<Vec<u8>> {
+    let mut payloads = Vec::with_capacity(count);
+    for _ in 0..count {
+        payloads.push(receive(c).await.payload.to_vec());
+    }
+    payloads
 }
 
 /// Asserts that nothing arrives within `limit` (for "must not be sent" checks; keep short).

@@ -154,6 +154,19 @@ async fn expect_next(c: &mut RawClient, topic: &str, payload: &str) {
     assert_eq!(next(c).await, (topic.into(), payload.into()));
 }
 
+/// [`expect_next`], and nothing after it within [`QUIET`]: the one message that got through.
+async fn expect_only(c: &mut RawClient, topic: &str, payload: &str) {
+    expect_next(c, topic, payload).await;
+    v5::expect_silence(c, QUIET).await;
+}
+
+/// The `dashboard` user (v5, client id `d1`), subscribed to `filter` with QoS 1 granted.
+async fn dashboard(server: &RunningServer, filter: &str) -> RawClient {
+    let mut dash = connect(server, V5, "d1", Some("dashboard")).await;
+    expect_suback(&mut dash, filter, ReasonCode(1)).await;
+    dash
+}
+
 const V5: ProtocolVersion = ProtocolVersion::V5;
 const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
 
@@ -201,8 +214,7 @@ async fn anonymous_lines_and_no_username_never_matches_percent_u() {
 #[tokio::test]
 async fn denied_publish_is_refused_v5_and_dropped_v311() {
     let (_dir, server) = start_acl().await;
-    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
+    let mut dash = dashboard(&server, "sensors/#").await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
     publish_denied(&mut alice, "sensors/bob/t", "v5-denied").await;
     let mut old = connect(&server, V311, "a2", Some("alice")).await;
@@ -213,8 +225,7 @@ async fn denied_publish_is_refused_v5_and_dropped_v311() {
     v5::publish(&mut old, q0).await;
     publish_ok(&mut old, "sensors/alice/t", "allowed").await;
     // The first message the dashboard sees is the allowed one: none of the denied got through.
-    expect_next(&mut dash, "sensors/alice/t", "allowed").await;
-    v5::expect_silence(&mut dash, QUIET).await;
+    expect_only(&mut dash, "sensors/alice/t", "allowed").await;
 }
 
 #[tokio::test]
@@ -243,17 +254,14 @@ async fn retained_messages_obey_read_rules() {
     let mut bob = connect(&server, V5, "b1", Some("bob")).await;
     expect_suback(&mut bob, "sensors/+/r", ReasonCode(1)).await;
     v5::expect_silence(&mut bob, QUIET).await;
-    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    expect_suback(&mut dash, "sensors/+/r", ReasonCode(1)).await;
-    expect_next(&mut dash, "sensors/alice/r", "kept").await;
-    v5::expect_silence(&mut dash, QUIET).await;
+    let mut dash = dashboard(&server, "sensors/+/r").await;
+    expect_only(&mut dash, "sensors/alice/r", "kept").await;
 }
 
 #[tokio::test]
 async fn will_to_a_denied_topic_is_never_delivered() {
     let (_dir, server) = start_acl().await;
-    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
+    let mut dash = dashboard(&server, "sensors/#").await;
     for (topic, payload) in [
         ("sensors/bob/will", "denied-will"),
         ("sensors/alice/will", "allowed-will"),
@@ -267,21 +275,18 @@ async fn will_to_a_denied_topic_is_never_delivered() {
         );
         drop(c); // abnormal close: the will is due (MQTT-3.1.2-8)
     }
-    expect_next(&mut dash, "sensors/alice/will", "allowed-will").await;
-    v5::expect_silence(&mut dash, QUIET).await;
+    expect_only(&mut dash, "sensors/alice/will", "allowed-will").await;
 }
 
 #[tokio::test]
 async fn partly_allowed_filter_is_granted_and_filtered_at_delivery() {
     let (_dir, server) = start_acl().await;
-    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
+    let mut dash = dashboard(&server, "sensors/#").await;
     expect_suback(&mut dash, "sensors/secret/#", ReasonCode::NOT_AUTHORIZED).await;
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
     publish_ok(&mut admin, "sensors/secret/k", "secret").await;
     publish_ok(&mut admin, "sensors/open/k", "open").await;
-    expect_next(&mut dash, "sensors/open/k", "open").await;
-    v5::expect_silence(&mut dash, QUIET).await;
+    expect_only(&mut dash, "sensors/open/k", "open").await;
 }
 
 #[tokio::test]
@@ -290,8 +295,7 @@ async fn sys_topics_only_where_the_acl_says() {
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
     // MQTT-4.7.2-1: admin's `#` rule does not reach `$SYS`.
     expect_suback(&mut admin, "$SYS/#", ReasonCode::NOT_AUTHORIZED).await;
-    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    expect_suback(&mut dash, "$SYS/#", ReasonCode(1)).await;
+    let mut dash = dashboard(&server, "$SYS/#").await;
     // No client publishes to `$SYS`, not even one the ACL lets read it.
     publish_denied(&mut dash, "$SYS/fake", "x").await;
     publish_denied(&mut admin, "$SYS/fake", "x").await;
@@ -309,8 +313,7 @@ async fn sys_topics_only_where_the_acl_says() {
 #[tokio::test]
 async fn reload_applies_new_rules_without_dropping_anyone() {
     let (dir, server) = start_acl().await;
-    let mut dash = connect(&server, V5, "d1", Some("dashboard")).await;
-    expect_suback(&mut dash, "sensors/#", ReasonCode(1)).await;
+    let mut dash = dashboard(&server, "sensors/#").await;
     let mut alice = connect(&server, V5, "a1", Some("alice")).await;
     publish_denied(&mut alice, "extra/x", "before").await;
     // A bad file keeps the running ACL.
@@ -444,8 +447,7 @@ async fn resumed_session_of_another_user_is_checked_for_the_new_one() {
     let mut admin = connect(&server, V5, "x1", Some("admin")).await;
     publish_ok(&mut admin, "sensors/alice/t", "alice-only").await;
     publish_ok(&mut admin, "sensors/bob/t", "bob").await;
-    expect_next(&mut bob, "sensors/bob/t", "bob").await;
-    v5::expect_silence(&mut bob, QUIET).await;
+    expect_only(&mut bob, "sensors/bob/t", "bob").await;
 }
 
 #[tokio::test]

@@ -46,6 +46,15 @@ fn start(config: &BrokerConfig) -> Broker {
     tokio::task::block_in_place(|| Broker::start(config))
 }
 
+/// The binary on [`config`] with nothing extra: HTTP on loopback, its data under a fresh
+/// work directory (returned, to live as long as the broker).
+fn start_plain() -> (tempfile::TempDir, BrokerConfig, Broker) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let config = config(work.path(), &work.path().join("data"), "127.0.0.1", "");
+    let broker = start(&config);
+    (work, config, broker)
+}
+
 /// One HTTP/1.1 request to `addr` (blocking, bounded by `WAIT`): status and body.
 fn http_at(addr: SocketAddr, method: &str, path: &str, headers: &str) -> (u16, String) {
     tokio::task::block_in_place(|| common::http::request(addr, method, path, headers))
@@ -94,9 +103,7 @@ fn client<'a>(list: &'a Value, id: &str) -> Option<&'a Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let config = config(work.path(), &work.path().join("data"), "127.0.0.1", "");
-    let _broker = start(&config);
+    let (_work, config, _broker) = start_plain();
     let addr = config.mqtt;
 
     let before = unix_ms();
@@ -104,11 +111,8 @@ async fn lists_clients_and_sessions_and_disconnects_a_v5_client_with_0x98() {
     let mut options = rumqttc::v5::MqttOptions::new("dev-a", "127.0.0.1", addr.port());
     options.set_keep_alive(Duration::from_secs(30));
     let mut rumq = V5::connect_with(options).await;
-    rumq.client
-        .subscribe("t/#", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
-    rumq.suback().await;
+    rumq.subscribe("t/#", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await;
     let v3 = RawClient::connect(addr, ProtocolVersion::V3_1_1, "dev-b", true).await;
 
     let list = get_json(&config, "/api/v1/clients");
@@ -196,9 +200,7 @@ async fn deleting_a_session_discards_it_and_its_store_records() {
     let addr = config.mqtt;
 
     // An offline persistent subscriber with a backlog of 5.
-    let (mut sub, _) = v5::connect(addr, v5::persistent_connect("gone", 3600)).await;
-    v5::subscribe(&mut sub, "q/#", QoS::AtLeastOnce).await;
-    v5::disconnect(sub).await;
+    v5::offline_subscriber(addr, "gone", "q/#").await;
     let mut publisher = v5::connect_id(addr, "pub").await;
     for i in 1..=5u16 {
         let p = v5::publish_packet("q/x", QoS::AtLeastOnce, b"m", i);
@@ -247,9 +249,7 @@ async fn deleting_a_session_discards_it_and_its_store_records() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_retained_messages_and_filters_subscriptions() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let config = config(work.path(), &work.path().join("data"), "127.0.0.1", "");
-    let _broker = start(&config);
+    let (_work, config, _broker) = start_plain();
     let addr = config.mqtt;
 
     let mut p = v5::connect_id(addr, "retainer").await;
@@ -526,24 +526,17 @@ fn element_text<'a>(dom: &'a str, id: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_renders_live_numbers_in_headless_chromium() {
-    let work = tempfile::tempdir().expect("tempdir");
-    let config = config(work.path(), &work.path().join("data"), "127.0.0.1", "");
-    let _broker = start(&config);
+    let (_work, config, _broker) = start_plain();
     let addr = config.mqtt;
 
     // An offline persistent subscriber with a backlog of 5 ...
-    let (mut slow, _) = v5::connect(addr, v5::persistent_connect("slow-sub", 3600)).await;
-    v5::subscribe(&mut slow, "plant/#", QoS::AtLeastOnce).await;
-    v5::disconnect(slow).await;
+    v5::offline_subscriber(addr, "slow-sub", "plant/#").await;
     // ... and three connected clients: a publisher, a rumqttc subscriber, a 3.1.1 one.
     let mut publisher = v5::connect_id(addr, "publisher").await;
     let mut watcher = V5::connect(addr, "watcher").await;
     watcher
-        .client
         .subscribe("plant/#", rumqttc::v5::mqttbytes::QoS::AtMostOnce)
-        .await
-        .expect("subscribe");
-    watcher.suback().await;
+        .await;
     let _v3 = RawClient::connect(addr, ProtocolVersion::V3_1_1, "old-device", true).await;
     for i in 1..=5u16 {
         let p = v5::publish_packet("plant/temp", QoS::AtLeastOnce, b"21.5", i);

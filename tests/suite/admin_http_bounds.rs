@@ -140,15 +140,8 @@ async fn http_connections_past_the_per_address_bound_are_closed_at_once() {
     );
     // The held ones are still open: a request on one is answered.
     let mut first = held.swap_remove(0);
-    first
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("write");
-    let mut answer = String::new();
-    tokio::time::timeout(WAIT, first.read_to_string(&mut answer))
-        .await
-        .expect("answered within WAIT")
-        .expect("read");
+    let request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let answer = common::http::exchange(&mut first, request).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     drop(held);
     broker.kill().await;

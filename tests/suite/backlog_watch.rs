@@ -22,13 +22,16 @@ use crate::common::http::{get_async as get, get_json_async as get_json, sample};
 use crate::common::process::free_port;
 use crate::common::{self, v5, RawClient, WAIT};
 
-/// A broker on loopback with its HTTP listener (metrics and admin API) on a port of its own.
-async fn start() -> (RunningServer, u16) {
+/// A broker on loopback with its HTTP listener (metrics and admin API) on a port of its own;
+/// with that port and the MQTT listener's address.
+async fn start() -> (RunningServer, u16, SocketAddr) {
     let port = free_port();
     let mut config = common::test_config();
     config.metrics.enabled = true;
     config.metrics.bind = SocketAddr::from(([127, 0, 0, 1], port));
-    (common::start_with(config).await, port)
+    let server = common::start_with(config).await;
+    let addr = server.listeners[0].addr;
+    (server, port, addr)
 }
 
 /// Scrapes `/metrics` until `ok` holds (bounded by `WAIT`); the last scrape.
@@ -91,8 +94,7 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     const SIZE: usize = 100;
     // What a queued message counts: its topic and payload (no properties here).
     const HELD: usize = SIZE + "watch/t".len();
-    let (server, port) = start().await;
-    let addr = server.listeners[0].addr;
+    let (server, port, addr) = start().await;
     let mut consumer = narrow_subscriber(addr, "stalled", "watch/#").await;
     let mut publisher = v5::connect_id(addr, "producer").await;
     publish_n(&mut publisher, "watch/t", SENT, SIZE).await;
@@ -122,18 +124,7 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     .await;
 
     let session = get_json(port, "/api/v1/sessions/stalled").await;
-    assert_eq!(session["backlog"], SENT - 1, "{session}");
-    assert_eq!(
-        session["backlog_bytes"],
-        usize::from(SENT - 1) * HELD,
-        "{session}"
-    );
-    assert!(
-        session["oldest_queued_secs"]
-            .as_f64()
-            .is_some_and(|a| a > 0.0),
-        "{session}"
-    );
+    assert_stalled_backlog(&session, ["backlog", "backlog_bytes"], (SENT - 1, HELD));
     let clients = get_json(port, "/api/v1/clients").await;
     let listed = clients["clients"]
         .as_array()
@@ -141,18 +132,7 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
         .iter()
         .find(|c| c["client_id"] == "stalled")
         .unwrap_or_else(|| panic!("stalled not listed: {clients}"));
-    assert_eq!(listed["queued"], SENT - 1, "{listed}");
-    assert_eq!(
-        listed["queued_bytes"],
-        usize::from(SENT - 1) * HELD,
-        "{listed}"
-    );
-    assert!(
-        listed["oldest_queued_secs"]
-            .as_f64()
-            .is_some_and(|a| a > 0.0),
-        "{listed}"
-    );
+    assert_stalled_backlog(listed, ["queued", "queued_bytes"], (SENT - 1, HELD));
     let overview = get_json(port, "/api/v1/overview").await;
     assert_eq!(
         overview["sessions"]["queued_bytes"],
@@ -191,6 +171,21 @@ async fn backlog_metrics_follow_a_stalled_consumer() {
     server.shutdown().await;
 }
 
+/// Asserts the stalled consumer's backlog as one admin API object shows it: `queued` messages
+/// under the key `count`, their bytes (`held` each) under `bytes`, and an oldest queued
+/// message older than 0 s. The session and the client list name the first two keys
+/// differently.
+fn assert_stalled_backlog(object: &Value, [count, bytes]: [&str; 2], (queued, held): (u16, usize)) {
+    assert_eq!(object[count], queued, "{object}");
+    assert_eq!(object[bytes], usize::from(queued) * held, "{object}");
+    assert!(
+        object["oldest_queued_secs"]
+            .as_f64()
+            .is_some_and(|a| a > 0.0),
+        "{object}"
+    );
+}
+
 /// The group named `name` in a `/api/v1/shared` answer.
 fn group<'a>(list: &'a Value, name: &str) -> &'a Value {
     list["groups"]
@@ -211,8 +206,7 @@ async fn shared_group_backlog_and_members_in_the_api_and_the_metrics() {
     const SIZE: usize = 10;
     // What a queued message counts: its topic and payload (no properties here).
     const HELD: usize = SIZE + "jobs/build".len();
-    let (server, port) = start().await;
-    let addr = server.listeners[0].addr;
+    let (server, port, addr) = start().await;
     // Two stalled members of one group (round-robin, the default strategy), a stalled plain
     // subscriber of the same topics whose queue must not count for any group, an idle group,
     // and an offline session that is both the only member of group `solo` and a plain

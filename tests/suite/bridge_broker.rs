@@ -16,6 +16,7 @@ use postbox::broker::SessionQueueLimits;
 use postbox::codec::{Connect, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use postbox::config::OverflowPolicy;
 use postbox::metrics::ConnackRefusal;
+use postbox::server::RunningServer;
 
 /// A CONNECT of `version` for `client_id`, with Mosquitto's bridge flag as asked.
 fn connect_packet(version: ProtocolVersion, client_id: &str, bridge: bool) -> Connect {
@@ -63,6 +64,15 @@ fn publish(topic: &str, payload: &[u8], id: u16, retain: bool) -> Publish {
     }
 }
 
+/// Sends the CONNECT `bytes` on a socket of its own and asserts the 3.x CONNACK refusing it
+/// with `return_code`, then the close (MQTT-3.2.2-5).
+async fn refused_with(addr: std::net::SocketAddr, bytes: &[u8], return_code: u8) {
+    let mut c = RawClient::open(addr, ProtocolVersion::V3_1_1).await;
+    c.send_raw(bytes).await;
+    assert_eq!(c.recv_bytes(4).await, [0x20, 0x02, 0x00, return_code]);
+    assert!(c.expect_close().await.is_empty());
+}
+
 /// Mosquitto's bridge flag: a CONNECT at level 0x84 (3.1.1) or 0x83 (3.1, "MQIsdp") is a
 /// bridge's, and is accepted (CONNACK 0). 0x85 is no level MQTT knows (Mosquitto never sends
 /// it): refused with return code 0x01 (v5 0x84) and closed (MQTT-3.1.2-2).
@@ -76,16 +86,11 @@ async fn the_bridge_flag_is_accepted_at_3_x_only() {
     let mut bytes = encoded(connect_packet(ProtocolVersion::V5, "edge-5", false));
     assert_eq!(bytes[8], 5);
     bytes[8] = 0x85;
-    let mut c = RawClient::open(addr, ProtocolVersion::V3_1_1).await;
-    c.send_raw(&bytes).await;
     // MQTT-3.1.2-2: CONNACK with return code 0x01 (unacceptable protocol level), then close.
-    assert_eq!(c.recv_bytes(4).await, [0x20, 0x02, 0x00, 0x01]);
-    assert!(c.expect_close().await.is_empty());
+    refused_with(addr, &bytes, 0x01).await;
+    let refusals = &server.broker.metrics;
     assert_eq!(
-        server
-            .broker
-            .metrics
-            .connack_refusals(ConnackRefusal::UnsupportedProtocol),
+        refusals.connack_refusals(ConnackRefusal::UnsupportedProtocol),
         1
     );
 }
@@ -148,20 +153,11 @@ async fn bridge_session_ids_are_refused_to_clients() {
     }
     assert!(c.expect_close().await.is_empty());
 
-    let mut c = RawClient::open(addr, ProtocolVersion::V3_1_1).await;
-    c.send_raw(&encoded(connect_packet(
-        ProtocolVersion::V3_1_1,
-        "$bridge/x",
-        false,
-    )))
-    .await;
-    assert_eq!(c.recv_bytes(4).await, [0x20, 0x02, 0x00, 0x02]);
-    assert!(c.expect_close().await.is_empty());
+    let bytes = encoded(connect_packet(ProtocolVersion::V3_1_1, "$bridge/x", false));
+    refused_with(addr, &bytes, 0x02).await;
+    let refusals = &server.broker.metrics;
     assert_eq!(
-        server
-            .broker
-            .metrics
-            .connack_refusals(ConnackRefusal::ClientIdInvalid),
+        refusals.connack_refusals(ConnackRefusal::ClientIdInvalid),
         2
     );
     drop(RawClient::connect(addr, ProtocolVersion::V3_1_1, "$bridgehead", true).await);
@@ -277,35 +273,49 @@ async fn next(link: &mut Link) -> LinkDelivery {
     d
 }
 
+/// The set-up both per-session bound tests compare against: a broker-wide bound of
+/// `broker_wide` messages (drop-new); the bridge's session `bridge` under its own bound
+/// (`max_messages`, `overflow`; no byte bound), subscribed to `filter` and offline; another
+/// offline session ("other") on the same filter under the broker-wide bound. Returns the
+/// server, the other session's CONNECT (clean start 0, to resume it) and a publisher `pub`,
+/// connected.
+async fn bridge_and_other_offline(
+    broker_wide: usize,
+    bridge: &str,
+    (max_messages, overflow): (usize, OverflowPolicy),
+    filter: &str,
+) -> (RunningServer, Connect, RawClient) {
+    let mut config = common::test_config();
+    config.mqtt.max_queued_messages = broker_wide;
+    config.mqtt.queue_overflow = OverflowPolicy::DropNew;
+    let server = common::start_with(config).await;
+    let limits = SessionQueueLimits {
+        max_messages,
+        max_bytes: 0,
+        overflow,
+    };
+    server.broker.set_queue_limits(bridge, limits);
+    let link = Link::connect(&server.broker, LinkOptions::persistent(bridge));
+    link.subscribe(filter, QoS::AtLeastOnce).expect("filter");
+    link.disconnect();
+    let mut offline = v5::persistent_connect("other", 600);
+    offline.clean_start = false;
+    let (mut other, _) = v5::connect(server.mqtt_addr, offline.clone()).await;
+    v5::subscribe(&mut other, filter, QoS::AtLeastOnce).await;
+    v5::disconnect(other).await;
+    let publisher = v5::connect_id(server.mqtt_addr, "pub").await;
+    (server, offline, publisher)
+}
+
 /// A bridge's session under its own bound with `refuse`: once it holds its bound offline, a
 /// local v5 QoS 1 / 2 publisher gets PUBACK / PUBREC 0x97 Quota exceeded (v5 §3.4.2.1,
 /// §3.5.2.1) and a 3.1.1 one is disconnected; another session on the topic, under the
 /// broker-wide bound, does not change that and is not refused on its own.
 #[tokio::test]
 async fn a_bridge_session_with_refuse_refuses_at_its_own_bound() {
-    let mut config = common::test_config();
-    config.mqtt.max_queued_messages = 100;
-    config.mqtt.queue_overflow = OverflowPolicy::DropNew;
-    let server = common::start_with(config).await;
+    let (server, offline, mut publisher) =
+        bridge_and_other_offline(100, "$bridge/q", (3, OverflowPolicy::Refuse), "lim/#").await;
     let broker = &server.broker;
-    broker.set_queue_limits(
-        "$bridge/q",
-        SessionQueueLimits {
-            max_messages: 3,
-            max_bytes: 0,
-            overflow: OverflowPolicy::Refuse,
-        },
-    );
-    let link = Link::connect(broker, LinkOptions::persistent("$bridge/q"));
-    link.subscribe("lim/#", QoS::AtLeastOnce).expect("filter");
-    link.disconnect();
-    let mut offline = v5::persistent_connect("other", 600);
-    offline.clean_start = false;
-    let (mut other, _) = v5::connect(server.mqtt_addr, offline.clone()).await;
-    v5::subscribe(&mut other, "lim/#", QoS::AtLeastOnce).await;
-    v5::disconnect(other).await;
-
-    let mut publisher = v5::connect_id(server.mqtt_addr, "pub").await;
     v5::fill_a_queue_of_3_then_refused(&mut publisher, "lim/t", "the bridge's queue of 3").await;
     assert_eq!(broker.metrics.messages_refused_queue_full[1].get(), 1);
     // 3.1.1 has no negative ack: closed without a PUBACK.
@@ -320,10 +330,7 @@ async fn a_bridge_session_with_refuse_refuses_at_its_own_bound() {
     .await;
     // A topic only the other session (broker-wide bound, drop-new) takes is not refused.
     let (mut other, _) = v5::connect(server.mqtt_addr, offline.clone()).await;
-    let mut seen = Vec::new();
-    for _ in 0..3 {
-        seen.push(v5::receive(&mut other).await.payload.to_vec());
-    }
+    let seen = v5::receive_payloads(&mut other, 3).await;
     assert_eq!(
         seen,
         [[1], [2], [3]],
@@ -354,29 +361,9 @@ async fn a_bridge_session_with_refuse_refuses_at_its_own_bound() {
 /// holds its first 5.
 #[tokio::test]
 async fn a_bridge_session_with_drop_oldest_keeps_the_newest() {
-    let mut config = common::test_config();
-    config.mqtt.max_queued_messages = 5;
-    config.mqtt.queue_overflow = OverflowPolicy::DropNew;
-    let server = common::start_with(config).await;
+    let (server, offline, mut publisher) =
+        bridge_and_other_offline(5, "$bridge/d", (2, OverflowPolicy::DropOldest), "old/#").await;
     let broker = &server.broker;
-    broker.set_queue_limits(
-        "$bridge/d",
-        SessionQueueLimits {
-            max_messages: 2,
-            max_bytes: 0,
-            overflow: OverflowPolicy::DropOldest,
-        },
-    );
-    let link = Link::connect(broker, LinkOptions::persistent("$bridge/d"));
-    link.subscribe("old/#", QoS::AtLeastOnce).expect("filter");
-    link.disconnect();
-    let mut offline = v5::persistent_connect("other", 600);
-    offline.clean_start = false;
-    let (mut other, _) = v5::connect(server.mqtt_addr, offline.clone()).await;
-    v5::subscribe(&mut other, "old/#", QoS::AtLeastOnce).await;
-    v5::disconnect(other).await;
-
-    let mut publisher = v5::connect_id(server.mqtt_addr, "pub").await;
     for i in 1..=6u16 {
         let p = v5::publish_packet("old/t", QoS::AtLeastOnce, &[i as u8], i);
         assert_eq!(v5::publish(&mut publisher, p).await, ReasonCode::SUCCESS);
@@ -388,10 +375,7 @@ async fn a_bridge_session_with_drop_oldest_keeps_the_newest() {
     let got = [next(&mut link).await, next(&mut link).await].map(|d| d.message.payload.to_vec());
     assert_eq!(got, [[5], [6]], "the bridge's session kept the newest two");
     let (mut other, _) = v5::connect(server.mqtt_addr, offline).await;
-    let mut seen = Vec::new();
-    for _ in 0..5 {
-        seen.push(v5::receive(&mut other).await.payload.to_vec());
-    }
+    let seen = v5::receive_payloads(&mut other, 5).await;
     assert_eq!(
         seen,
         [[1], [2], [3], [4], [5]],

@@ -8,6 +8,15 @@ use postbox::config::{Config, Direction};
 
 const BIN: &str = crate::common::process::BIN;
 
+/// What `postbox bridge import <file>` printed and how it ended.
+fn bridge_import(file: &std::path::Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(["bridge", "import"])
+        .arg(file)
+        .output()
+        .expect("runs")
+}
+
 #[test]
 fn imports_a_mosquitto_conf() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -24,11 +33,7 @@ fn imports_a_mosquitto_conf() {
          topic commands/# in 1\n",
     )
     .expect("write");
-    let out = Command::new(BIN)
-        .args(["bridge", "import"])
-        .arg(&conf)
-        .output()
-        .expect("runs");
+    let out = bridge_import(&conf);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -62,11 +67,7 @@ fn imports_a_mosquitto_conf() {
 fn an_unreadable_file_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("nope.conf");
-    let out = Command::new(BIN)
-        .args(["bridge", "import"])
-        .arg(&missing)
-        .output()
-        .expect("runs");
+    let out = bridge_import(&missing);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
@@ -81,11 +82,7 @@ fn an_incomplete_stanza_is_imported_with_a_warning() {
     let dir = tempfile::tempdir().expect("tempdir");
     let conf = dir.path().join("m.conf");
     std::fs::write(&conf, "connection lonely\naddress h\n").expect("write");
-    let out = Command::new(BIN)
-        .args(["bridge", "import"])
-        .arg(&conf)
-        .output()
-        .expect("runs");
+    let out = bridge_import(&conf);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("has no topic line"), "{stderr}");

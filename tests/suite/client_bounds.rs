@@ -493,9 +493,7 @@ async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_bud
     let mut anon = v5::connect_id(broker.addr, "retainer").await;
     let mut refused_at = None;
     for i in 0..20u16 {
-        let mut p = v5::publish_packet(&format!("ret/anon/{i}"), QoS::AtLeastOnce, &payload, i + 1);
-        p.retain = true;
-        let code = v5::publish(&mut anon, p).await;
+        let code = v5::publish_retained(&mut anon, &format!("ret/anon/{i}"), &payload, i + 1).await;
         if code.is_error() {
             assert_eq!(code, ReasonCode::QUOTA_EXCEEDED, "message {i}");
             refused_at = Some(i);
@@ -527,11 +525,8 @@ async fn anonymous_retained_messages_are_kept_only_within_their_share_of_the_bud
 /// Connects as `sensor1` and publishes `payload` retained at QoS 1 on `ret/sensor1`, which
 /// must be accepted: the clients a method verified keep their part of the budget.
 async fn sensor1_retains(addr: std::net::SocketAddr, payload: &[u8]) -> RawClient {
-    use postbox::codec::QoS;
     let (mut device, _) = v5::connect(addr, sensor1("sensor1")).await;
-    let mut p = v5::publish_packet("ret/sensor1", QoS::AtLeastOnce, payload, 1);
-    p.retain = true;
-    let code = v5::publish(&mut device, p).await;
+    let code = v5::publish_retained(&mut device, "ret/sensor1", payload, 1).await;
     assert!(
         !code.is_error(),
         "the authenticated device was refused: {code:?}"
@@ -591,10 +586,8 @@ async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
 
     let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     let mut anon = v5::connect_id(broker.addr, "retainer").await;
-    let mut p = v5::publish_packet("ret/anon/after", QoS::AtLeastOnce, &payload, 1);
-    p.retain = true;
     assert_eq!(
-        v5::publish(&mut anon, p).await,
+        v5::publish_retained(&mut anon, "ret/anon/after", &payload, 1).await,
         ReasonCode::QUOTA_EXCEEDED,
         "a restart gave anonymous clients their share back"
     );
@@ -657,10 +650,8 @@ async fn an_anonymous_will_published_after_a_restart_counts_in_their_share() {
     let will = v5::receive(&mut device).await;
     assert!(will.retain, "the will, retained: {will:?}");
     let mut anon = v5::connect_id(broker.addr, "retainer-after").await;
-    let mut p = v5::publish_packet("ret/after", QoS::AtLeastOnce, &payload, 1);
-    p.retain = true;
     assert_eq!(
-        v5::publish(&mut anon, p).await,
+        v5::publish_retained(&mut anon, "ret/after", &payload, 1).await,
         ReasonCode::QUOTA_EXCEEDED,
         "the will took the share's last place"
     );
@@ -1045,15 +1036,7 @@ async fn half_sent_anonymous_packets_are_kept_within_their_share() {
     const K: usize = 2 * BUDGET / SIZE;
     const CLOSES: &str = "postbox_anonymous_share_closes_total";
     let broker = password_and_anonymous(BUDGET as u64).await;
-    let big = common::encode(
-        &Packet::Publish(v5::publish_packet(
-            "anon/big",
-            QoS::AtMostOnce,
-            &vec![0x42; SIZE],
-            0,
-        )),
-        ProtocolVersion::V5,
-    );
+    let big = v5::encoded_qos0_publish("anon/big", SIZE, ProtocolVersion::V5);
     let held = big.len() - 1;
     // A subscriber, so that an accepted PUBLISH gets 0x00 (not 0x10 No matching subscribers).
     let (mut device, ack) = v5::connect(broker.addr, sensor1("sensor1")).await;
@@ -1129,15 +1112,7 @@ async fn half_sent_anonymous_packets_are_kept_within_their_share() {
 
     // 3.1.1: closed without a packet.
     let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "anon-old", true).await;
-    let big = common::encode(
-        &Packet::Publish(v5::publish_packet(
-            "anon/old",
-            QoS::AtMostOnce,
-            &vec![0x42; 2 * SIZE],
-            0,
-        )),
-        ProtocolVersion::V3_1_1,
-    );
+    let big = v5::encoded_qos0_publish("anon/old", 2 * SIZE, ProtocolVersion::V3_1_1);
     old.send_raw(&big[..big.len() - 1]).await;
     let seen = old.expect_close().await;
     assert!(
@@ -1197,19 +1172,11 @@ async fn anonymous_connected_sessions_are_held_within_their_own_share() {
     let broker = password_and_anonymous(262_144).await;
     let before = broker.metric(USED).await.unwrap_or(0.0);
     let id = |n: u16| format!("conn-{n:03}-{}", "c".repeat(191));
-    let mut open = Vec::new();
-    let mut refused_at = None;
-    for n in 0..120u16 {
-        let (c, answer) = v5::open(broker.addr, v5::connect_packet(&id(n))).await;
-        match answer {
-            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => open.push(c),
-            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::QUOTA_EXCEEDED => {
-                refused_at = Some(n);
-                break;
-            }
-            other => panic!("anonymous connection {n}: {other:?}"),
-        }
-    }
+    let (open, refused_at) =
+        common::open_until_quota_exceeded(120, "anonymous connection", async |n| {
+            v5::open(broker.addr, v5::connect_packet(&id(n))).await
+        })
+        .await;
     let n = refused_at.expect("120 anonymous connections of 200-byte ids were all admitted");
     // 32 KiB at 1,224 B a session and 2 KiB a TCP connection: 10 of them.
     assert!((8..=10).contains(&n), "refused at {n}");
@@ -1351,7 +1318,6 @@ async fn dead_letters_of_an_anonymous_publishers_messages_count_in_their_share()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
     use postbox::codec::QoS;
-    const DROPPED: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"queue_full\"}";
     let broker = password_and_anonymous(262_144).await;
     let addr = broker.addr;
     let (mut stranger, _) = v5::connect(addr, v5::connect_packet("anon-worker")).await;
@@ -1376,12 +1342,7 @@ async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
             "retained messages of {size} B never filled the share"
         );
     }
-    assert_eq!(
-        jobs_reaching_a_worker(addr, 100).await,
-        100,
-        "every acknowledged job reached the worker"
-    );
-    assert_eq!(broker.metric(DROPPED).await.unwrap_or(0.0), 0.0);
+    every_job_reaches_the_worker(&broker, 100, DROPPED_QUEUE_FULL).await;
     drop(stranger);
 }
 
@@ -1395,13 +1356,10 @@ async fn a_shared_group_passes_over_a_member_that_would_drop_the_message() {
 /// PUBLISH got 0x97 (issue 35, fourteenth adversarial pass, A1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_publishers_messages_queued_for_a_user_count_in_their_share() {
-    use postbox::codec::QoS;
     const USED: &str = "postbox_memory_used_bytes";
     let broker = password_and_anonymous(4 << 20).await;
     let addr = broker.addr;
-    let (mut reader, _) = v5::connect(addr, sensor1("inbox-reader")).await;
-    v5::subscribe(&mut reader, "public/#", QoS::AtLeastOnce).await;
-    v5::disconnect(reader).await;
+    leave_the_inbox_reader(addr).await;
     let (accepted, refused) = stranger_publishes(addr, 250).await;
     assert!(refused > 0, "250 x 20 KB from a stranger were all accepted");
     // The share is 512 KiB: about 26 of them.
@@ -1416,9 +1374,24 @@ async fn an_anonymous_publishers_messages_queued_for_a_user_count_in_their_share
         assert!(!code.is_error(), "sensor2's PUBLISH {id}: {code:?}");
     }
     // Nothing acknowledged is lost: the reader gets every accepted message.
+    the_inbox_reader_gets(addr, accepted).await;
+}
+
+/// sensor1's persistent session `inbox-reader`, subscribed to `public/#` at QoS 1 and left
+/// offline: the stranger's messages queue for a password user.
+async fn leave_the_inbox_reader(addr: std::net::SocketAddr) {
+    use postbox::codec::QoS;
+    let (mut reader, _) = v5::connect(addr, sensor1("inbox-reader")).await;
+    v5::subscribe(&mut reader, "public/#", QoS::AtLeastOnce).await;
+    v5::disconnect(reader).await;
+}
+
+/// `inbox-reader` back (its session present) gets `count` messages on `public/x`, each
+/// acknowledged: nothing acknowledged to the stranger was lost (MQTT-4.3.2-2).
+async fn the_inbox_reader_gets(addr: std::net::SocketAddr, count: u16) {
     let (mut reader, ack) = v5::connect(addr, sensor1("inbox-reader")).await;
     assert!(ack.session_present);
-    for n in 0..accepted {
+    for n in 0..count {
         let got = v5::receive(&mut reader).await;
         assert_eq!(got.topic, "public/x", "message {n}");
         v5::ack(&mut reader, &got).await;
@@ -1451,7 +1424,6 @@ async fn stranger_publishes(addr: std::net::SocketAddr, count: u16) -> (u16, u16
 /// adversarial pass, B3: 26 more accepted after each restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_publishers_queued_messages_count_in_their_share_after_a_restart() {
-    use postbox::codec::QoS;
     let data = tempfile::tempdir().expect("tempdir");
     let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
     let sections = format!(
@@ -1460,28 +1432,19 @@ async fn an_anonymous_publishers_queued_messages_count_in_their_share_after_a_re
         data.path().join("store"),
         4u32 << 20
     );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     let addr = broker.addr;
-    let (mut reader, _) = v5::connect(addr, sensor1("inbox-reader")).await;
-    v5::subscribe(&mut reader, "public/#", QoS::AtLeastOnce).await;
-    v5::disconnect(reader).await;
+    leave_the_inbox_reader(addr).await;
     let (accepted, refused) = stranger_publishes(addr, 60).await;
     assert!(refused > 0, "60 x 20 KB from a stranger were all accepted");
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let broker = restarted(broker, &sections).await;
     let (again, _) = stranger_publishes(broker.addr, 60).await;
     // The stranger's connection itself no longer holds its 2 KiB: room for at most one.
     assert!(
         again <= 1,
         "{again} more accepted after the restart ({accepted} before)"
     );
-    let (mut reader, ack) = v5::connect(broker.addr, sensor1("inbox-reader")).await;
-    assert!(ack.session_present);
-    for n in 0..accepted + again {
-        let got = v5::receive(&mut reader).await;
-        assert_eq!(got.topic, "public/x", "message {n}");
-        v5::ack(&mut reader, &got).await;
-    }
+    the_inbox_reader_gets(broker.addr, accepted + again).await;
 }
 
 /// A shared group passes over a member whose client takes no packet as large as the message
@@ -1502,19 +1465,13 @@ async fn a_shared_group_passes_over_a_member_a_message_would_not_fit() {
 /// Packet Size is `max`, too small for them: every one reaches the worker.
 async fn shared_group_with_a_small_member(max: u32) {
     use postbox::codec::QoS;
-    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
     let broker = password_and_anonymous(64 << 20).await;
     let addr = broker.addr;
     let mut small = v5::connect_packet("small-member");
     small.properties.maximum_packet_size = Some(max);
     let (mut small, _) = v5::connect(addr, small).await;
     v5::subscribe(&mut small, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    assert_eq!(
-        jobs_reaching_a_worker(addr, 200).await,
-        100,
-        "every acknowledged job reached the worker"
-    );
-    assert_eq!(broker.metric(TOO_LARGE).await.unwrap_or(0.0), 0.0);
+    every_job_reaches_the_worker(&broker, 200, TOO_LARGE).await;
     drop(small);
 }
 
@@ -1527,7 +1484,6 @@ async fn shared_group_with_a_small_member(max: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_group() {
     use postbox::codec::QoS;
-    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
     let broker = password_and_anonymous(64 << 20).await;
     let addr = broker.addr;
     // Both members keep their sessions, and are offline when the jobs come.
@@ -1536,12 +1492,7 @@ async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_
         v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
         v5::disconnect(member).await;
     }
-    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    let job = vec![b'j'; 200];
-    for n in 1..=100u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &job, n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
+    boss_publishes_jobs(addr, 100, &[b'j'; 200]).await;
     let mut small = sensor1("small-member");
     small.properties.maximum_packet_size = Some(100);
     let (small, ack) = v5::connect(addr, small).await;
@@ -1565,23 +1516,12 @@ async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
     use postbox::codec::QoS;
-    const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
-    let data = tempfile::tempdir().expect("tempdir");
-    let passwd = common::fast_example_passwords(data.path());
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
-        data.path().join("store")
-    );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let (_data, sections, broker) = durable_users_only().await;
     let addr = broker.addr;
     let (mut member, _) = v5::connect(addr, sensor1("lone-member")).await;
     v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
     v5::disconnect(member).await;
-    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    for n in 1..=10u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), &[b'j'; 200], n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
+    boss_publishes_jobs(addr, 10, &[b'j'; 200]).await;
     let mut small = sensor1("lone-member");
     small.properties.maximum_packet_size = Some(100);
     let (mut small, _) = v5::connect(addr, small).await;
@@ -1603,8 +1543,7 @@ async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
         );
     }
     v5::disconnect(small).await;
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let broker = restarted(broker, &sections).await;
     let (member, ack) = v5::connect(broker.addr, sensor1("lone-member")).await;
     assert!(ack.session_present);
     assert_eq!(distinct_jobs(member, 10).await, 0, "dropped jobs came back");
@@ -1620,13 +1559,7 @@ async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     use postbox::codec::QoS;
-    let data = tempfile::tempdir().expect("tempdir");
-    let passwd = common::fast_example_passwords(data.path());
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
-        data.path().join("store")
-    );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let (_data, sections, broker) = durable_users_only().await;
     let addr = broker.addr;
     let member = |id: &str| {
         let mut connect = sensor1(id);
@@ -1638,16 +1571,11 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     v5::subscribe(&mut a, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
     let (mut b, _) = v5::connect(addr, member("worker-b")).await;
     v5::subscribe(&mut b, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    for n in 1..=40u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), b"job", n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
+    boss_publishes_jobs(addr, 40, b"job").await;
     // a leaves (its jobs move to b, which is connected), then the broker restarts.
     v5::disconnect(a).await;
     drop(b);
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let broker = restarted(broker, &sections).await;
     let (b, ack) = v5::connect(broker.addr, member("worker-b")).await;
     assert!(ack.session_present);
     assert_eq!(distinct_jobs(b, 40).await, 40, "jobs after the restart");
@@ -1660,30 +1588,15 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_groups_member_is_one_again_after_a_restart() {
     use postbox::codec::QoS;
-    let data = tempfile::tempdir().expect("tempdir");
-    let passwd = common::fast_example_passwords(data.path());
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
-        data.path().join("store")
-    );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
-    let addr = broker.addr;
-    let (mut worker, _) = v5::connect(addr, sensor1("worker")).await;
+    let (_data, sections, broker) = durable_users_only().await;
+    let (mut worker, _) = v5::connect(broker.addr, sensor1("worker")).await;
     v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
     v5::disconnect(worker).await;
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    let broker = restarted(broker, &sections).await;
     let (worker, ack) = v5::connect(broker.addr, sensor1("worker")).await;
     assert!(ack.session_present);
-    let (mut boss, _) = v5::connect(
-        broker.addr,
-        v5::as_user(v5::connect_packet("boss"), "sensor2"),
-    )
-    .await;
-    for n in 1..=10u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), b"job", n).await;
-        assert_eq!(code, ReasonCode::SUCCESS, "job {n}");
-    }
+    // Acknowledged (0x10 No matching subscribers, before) and received.
+    boss_publishes_jobs(broker.addr, 10, b"job").await;
     assert_eq!(
         distinct_jobs(worker, 10).await,
         10,
@@ -1699,26 +1612,14 @@ async fn a_shared_groups_member_is_one_again_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_queued_before_a_restart_stay_with_the_group() {
     use postbox::codec::QoS;
-    let data = tempfile::tempdir().expect("tempdir");
-    let passwd = common::fast_example_passwords(data.path());
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
-        data.path().join("store")
-    );
-    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
-    let addr = broker.addr;
+    let (_data, sections, broker) = durable_users_only().await;
     for id in ["worker", "member"] {
-        let (mut member, _) = v5::connect(addr, sensor1(id)).await;
+        let (mut member, _) = v5::connect(broker.addr, sensor1(id)).await;
         v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
         v5::disconnect(member).await;
     }
-    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
-    for n in 1..=40u16 {
-        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), b"job", n).await;
-        assert!(!code.is_error(), "job {n}: {code:?}");
-    }
-    broker.stop().await;
-    let broker = BrokerProcess::spawn_sections_on(vec![addr.port()], &[""], &sections).await;
+    boss_publishes_jobs(broker.addr, 40, b"job").await;
+    let broker = restarted(broker, &sections).await;
     let mut fresh = sensor1("member");
     fresh.clean_start = true;
     let (member, ack) = v5::connect(broker.addr, fresh).await;
@@ -1731,6 +1632,52 @@ async fn jobs_queued_before_a_restart_stay_with_the_group() {
         40,
         "jobs after the restart"
     );
+}
+
+/// A broker with its store in a temporary directory (returned, to live as long as the test)
+/// that admits the example users only, and its config sections, to start it again with.
+async fn durable_users_only() -> (tempfile::TempDir, String, BrokerProcess) {
+    let data = tempfile::tempdir().expect("tempdir");
+    let passwd = common::fast_example_passwords(data.path());
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[auth]\npassword_file = {passwd:?}\nallow_anonymous = false\n",
+        data.path().join("store")
+    );
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    (data, sections, broker)
+}
+
+/// Stops `broker` (SIGTERM) and starts it again with `sections` on the same port.
+async fn restarted(mut broker: BrokerProcess, sections: &str) -> BrokerProcess {
+    let port = broker.addr.port();
+    broker.stop().await;
+    BrokerProcess::spawn_sections_on(vec![port], &[""], sections).await
+}
+
+/// sensor2 (`boss`) publishes `count` QoS 1 jobs `jobs/<n>` of `payload`; each must be
+/// acknowledged with a success code.
+async fn boss_publishes_jobs(addr: std::net::SocketAddr, count: u16, payload: &[u8]) {
+    let (mut boss, _) = v5::connect(addr, v5::as_user(v5::connect_packet("boss"), "sensor2")).await;
+    for n in 1..=count {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{n}"), payload, n).await;
+        assert!(!code.is_error(), "job {n}: {code:?}");
+    }
+}
+
+/// QoS 1 messages dropped because a client takes no packet that large.
+const TOO_LARGE: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"too_large\"}";
+/// QoS 1 messages dropped because a queue was full.
+const DROPPED_QUEUE_FULL: &str = "postbox_messages_dropped_total{qos=\"1\",reason=\"queue_full\"}";
+
+/// Asserts that all of sensor2's 100 acknowledged jobs of `payload` bytes reach the worker
+/// ([`jobs_reaching_a_worker`]) and that none was counted under `dropped`.
+async fn every_job_reaches_the_worker(broker: &BrokerProcess, payload: usize, dropped: &str) {
+    assert_eq!(
+        jobs_reaching_a_worker(broker.addr, payload).await,
+        100,
+        "every acknowledged job reached the worker"
+    );
+    assert_eq!(broker.metric(dropped).await.unwrap_or(0.0), 0.0);
 }
 
 /// How many of sensor2's 100 QoS 1 jobs of `payload` bytes, each acknowledged (a success

@@ -255,19 +255,15 @@ async fn anonymous_retained_messages_stay_within_their_share_on_every_node() {
         );
     }
     let mut stranger = v5::connect_id(b.mqtt(), "retainer-b").await;
-    let mut p = v5::publish_packet("probe/ret/b", QoS::AtLeastOnce, &payload, 1);
-    p.retain = true;
     assert_eq!(
-        v5::publish(&mut stranger, p).await,
+        v5::publish_retained(&mut stranger, "probe/ret/b", &payload, 1).await,
         ReasonCode::QUOTA_EXCEEDED,
         "node b did not count node a's anonymous retained messages"
     );
 
     let (mut sensor1, _) =
         v5::connect(b.mqtt(), as_user(v5::connect_packet("sensor1"), "sensor1")).await;
-    let mut p = v5::publish_packet("sensors/sensor1/state", QoS::AtLeastOnce, &payload, 1);
-    p.retain = true;
-    let code = v5::publish(&mut sensor1, p).await;
+    let code = v5::publish_retained(&mut sensor1, "sensors/sensor1/state", &payload, 1).await;
     assert!(!code.is_error(), "sensor1 was refused on node b: {code:?}");
 }
 

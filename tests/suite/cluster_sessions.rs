@@ -22,6 +22,13 @@ async fn cluster(count: usize) -> (NatsServer, Vec<Node>) {
     common::cluster::start_cluster(count, "").await
 }
 
+/// Two nodes (`a`, `b`) and a member of the shared group `workers` on each ([`group_across`]).
+async fn two_nodes_with_a_group() -> (NatsServer, Vec<Node>, [RawClient; 2]) {
+    let (nats, nodes) = cluster(2).await;
+    let (member_a, member_b) = group_across(&nodes[0], &nodes[1]).await;
+    (nats, nodes, [member_a, member_b])
+}
+
 /// Publishes `count` numbered QoS 1 messages `<prefix><n>` on `topic`; every one must be
 /// acknowledged with success.
 async fn publish_numbered(c: &mut RawClient, topic: &str, prefix: &str, count: u16) {
@@ -102,11 +109,7 @@ async fn a_persistent_session_moves_to_another_node_with_its_queue() {
     publish_numbered(&mut on_a, "move/a", "a", 30).await;
     publish_numbered(&mut on_b, "move/b", "b", 30).await;
 
-    let (mut mover, ack) = v5::connect(b.mqtt(), v5::persistent_connect("mover", 3600)).await;
-    assert!(
-        ack.session_present,
-        "the session moved to node b (MQTT-3.2.2-2)"
-    );
+    let mut mover = resumed_on(b, "mover", "the session moved to node b (MQTT-3.2.2-2)").await;
     let received = receive_distinct(&mut mover, 60).await;
     assert_ordered(&numbers(&received, "a"), 30);
     assert_ordered(&numbers(&received, "b"), 30);
@@ -185,11 +188,7 @@ async fn a_session_that_cannot_be_replayed_is_refused_and_kept_whole() {
     // Node b's periodic record pass (every RECORD_INTERVAL) must not have moved the cursor.
     tokio::time::sleep(RECORD_INTERVAL * 2).await;
 
-    let (mut kept, ack) = v5::connect(a.mqtt(), v5::persistent_connect("kept", 3600)).await;
-    assert!(
-        ack.session_present,
-        "the session is still whole (MQTT-3.2.2-2)"
-    );
+    let mut kept = resumed_on(&a, "kept", "the session is still whole (MQTT-3.2.2-2)").await;
     let received = receive_distinct(&mut kept, 10).await;
     assert_ordered(&numbers(&received, "k"), 10);
     v5::disconnect(kept).await;
@@ -205,9 +204,7 @@ async fn a_session_that_cannot_be_replayed_is_refused_and_kept_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qos2_session_moving_to_its_publishers_node_gets_each_message_exactly_once() {
     let (_nats, nodes) = cluster(2).await;
-    let (mut first, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("mover2", 3600)).await;
-    v5::subscribe(&mut first, "m2/#", QoS::ExactlyOnce).await;
-    v5::disconnect(first).await;
+    left_subscribed(&nodes[0], "mover2", "m2/#", QoS::ExactlyOnce).await;
 
     const EACH: u16 = 150;
     let mut got: HashMap<String, usize> = HashMap::new();
@@ -235,11 +232,7 @@ async fn a_qos2_session_moving_to_its_publishers_node_gets_each_message_exactly_
         receive_exactly_once(&mut mover, &mut awaiting_release, &mut got, want).await;
         v5::disconnect(mover).await;
     }
-    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "QoS 2 delivered more than once (MQTT-4.3.3): {twice:?}"
-    );
+    assert_none_twice(&got);
 }
 
 /// Issue 17: a session that moves "receives what was queued while it was away" and every
@@ -252,9 +245,7 @@ async fn a_qos2_session_moving_to_its_publishers_node_gets_each_message_exactly_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_moving_while_both_nodes_publish_gets_every_message() {
     let (_nats, nodes) = cluster(2).await;
-    let (mut first, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("mover3", 3600)).await;
-    v5::subscribe(&mut first, "m3/#", QoS::AtLeastOnce).await;
-    v5::disconnect(first).await;
+    left_subscribed(&nodes[0], "mover3", "m3/#", QoS::AtLeastOnce).await;
 
     const EACH: u16 = 300;
     let mut seen: HashSet<String> = HashSet::new();
@@ -417,17 +408,10 @@ async fn a_qos2_delivery_in_flight_moving_to_a_lagging_node_arrives_once() {
     v5::disconnect(mover).await;
 
     tokio::task::block_in_place(|| nodes[1].restart());
-    let (mut moved, ack) =
-        v5::connect(nodes[1].mqtt(), v5::persistent_connect("mover4", 3600)).await;
-    assert!(ack.session_present, "the session moved (MQTT-3.2.2-2)");
+    let mut moved = resumed_on(&nodes[1], "mover4", "the session moved (MQTT-3.2.2-2)").await;
     // Published after the in-flight ones: node b's consumer routes it after them, so a
     // second copy of any of them would come before it.
-    let code = v5::publish(
-        &mut publisher,
-        v5::publish_packet("m4/x", QoS::ExactlyOnce, b"m4-last", IN_FLIGHT + 1),
-    )
-    .await;
-    assert!(!code.is_error(), "m4-last refused: {code:?}");
+    publish_qos2_accepted(&mut publisher, "m4/x", b"m4-last", IN_FLIGHT + 1).await;
     receive_exactly_once(
         &mut moved,
         &mut awaiting_release,
@@ -435,11 +419,7 @@ async fn a_qos2_delivery_in_flight_moving_to_a_lagging_node_arrives_once() {
         usize::from(IN_FLIGHT) + 1,
     )
     .await;
-    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "QoS 2 delivered more than once (MQTT-4.3.3): {twice:?}"
-    );
+    assert_none_twice(&got);
     // What this test is about: node b's consumer had not reached them when the session
     // subscribed there, so its replay found none of them (a machine fast enough to drain
     // the backlog first makes this a plain move, which other tests cover).
@@ -471,30 +451,12 @@ async fn a_qos2_message_taken_above_the_cursor_is_not_sent_again_after_a_move() 
     v5::subscribe(&mut mover, "m5/#", QoS::ExactlyOnce).await;
     // From node b, through node a's consumer: held in flight (no PUBREC).
     let mut remote = v5::connect_id(nodes[1].mqtt(), "m5-remote").await;
-    let code = v5::publish(
-        &mut remote,
-        v5::publish_packet("m5/x", QoS::ExactlyOnce, b"m5-remote", 1),
-    )
-    .await;
-    assert!(!code.is_error(), "m5-remote refused: {code:?}");
-    let held = match mover.recv_within(WAIT).await {
-        Ok(Some(Packet::Publish(p))) => p,
-        other => panic!("expected m5-remote, got {other:?}"),
-    };
-    assert_eq!(&held.payload[..], b"m5-remote");
+    publish_qos2_accepted(&mut remote, "m5/x", b"m5-remote", 1).await;
+    let held = next_delivery(&mut mover, "m5-remote").await;
     // From node a: delivered at once, taken (PUBREC) and completed (PUBCOMP).
     let mut local = v5::connect_id(nodes[0].mqtt(), "m5-local").await;
-    let code = v5::publish(
-        &mut local,
-        v5::publish_packet("m5/x", QoS::ExactlyOnce, b"m5-local", 1),
-    )
-    .await;
-    assert!(!code.is_error(), "m5-local refused: {code:?}");
-    let taken = match mover.recv_within(WAIT).await {
-        Ok(Some(Packet::Publish(p))) => p,
-        other => panic!("expected m5-local, got {other:?}"),
-    };
-    assert_eq!(&taken.payload[..], b"m5-local");
+    publish_qos2_accepted(&mut local, "m5/x", b"m5-local", 1).await;
+    let taken = next_delivery(&mut mover, "m5-local").await;
     mover
         .send(&Packet::PubRec(postbox::codec::PubResponse::new(
             taken.packet_id,
@@ -512,20 +474,53 @@ async fn a_qos2_message_taken_above_the_cursor_is_not_sent_again_after_a_move() 
     acknowledged(&mut mover).await;
     v5::disconnect(mover).await;
 
-    let (mut moved, ack) =
-        v5::connect(nodes[1].mqtt(), v5::persistent_connect("mover5", 3600)).await;
-    assert!(ack.session_present, "the session moved (MQTT-3.2.2-2)");
+    let mut moved = resumed_on(&nodes[1], "mover5", "the session moved (MQTT-3.2.2-2)").await;
     // Published after both: a second copy of either would come before it.
-    let code = v5::publish(
-        &mut remote,
-        v5::publish_packet("m5/x", QoS::ExactlyOnce, b"m5-last", 2),
-    )
-    .await;
-    assert!(!code.is_error(), "m5-last refused: {code:?}");
+    publish_qos2_accepted(&mut remote, "m5/x", b"m5-last", 2).await;
     let mut awaiting_release = HashSet::from([held.packet_id]);
     let mut got: HashMap<String, usize> = HashMap::from([("m5-remote".to_owned(), 1)]);
     got.insert("m5-local".to_owned(), 1);
     receive_exactly_once(&mut moved, &mut awaiting_release, &mut got, 3).await;
+    assert_none_twice(&got);
+}
+
+/// The persistent session `client_id` (1 h) subscribed to `filter` at `qos` on `node`, then
+/// disconnected: offline, its messages kept for it.
+async fn left_subscribed(node: &Node, client_id: &str, filter: &str, qos: QoS) {
+    let (mut c, _) = v5::connect(node.mqtt(), v5::persistent_connect(client_id, 3600)).await;
+    v5::subscribe(&mut c, filter, qos).await;
+    v5::disconnect(c).await;
+}
+
+/// Publishes `payload` on `topic` at QoS 2 (packet id `id`), which must be accepted.
+async fn publish_qos2_accepted(c: &mut RawClient, topic: &str, payload: &[u8], id: u16) {
+    let code = v5::publish(c, v5::publish_packet(topic, QoS::ExactlyOnce, payload, id)).await;
+    let what = String::from_utf8_lossy(payload);
+    assert!(!code.is_error(), "{what} refused: {code:?}");
+}
+
+/// The next packet `c` receives (within `WAIT`), which must be a PUBLISH of `payload`; not
+/// answered.
+async fn next_delivery(c: &mut RawClient, payload: &str) -> Publish {
+    let p = match c.recv_within(WAIT).await {
+        Ok(Some(Packet::Publish(p))) => p,
+        other => panic!("expected {payload}, got {other:?}"),
+    };
+    assert_eq!(&p.payload[..], payload.as_bytes());
+    p
+}
+
+/// The persistent session `client_id` (1 h) resumed on `node`: Session Present 1
+/// (MQTT-3.2.2-2), else the test fails with `why`.
+async fn resumed_on(node: &Node, client_id: &str, why: &str) -> RawClient {
+    let (moved, ack) = v5::connect(node.mqtt(), v5::persistent_connect(client_id, 3600)).await;
+    assert!(ack.session_present, "{why}");
+    moved
+}
+
+/// Asserts that no payload in `got` (payload → times received) came more than once
+/// (MQTT-4.3.3: QoS 2 exactly once).
+fn assert_none_twice(got: &HashMap<String, usize>) {
     let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
         twice.is_empty(),
@@ -659,10 +654,7 @@ async fn acknowledged(c: &mut RawClient) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_a_node_loses_nothing_it_acknowledged_for_offline_sessions() {
     let (_nats, mut nodes) = cluster(2).await;
-    let (mut reader, _) =
-        v5::connect(nodes[0].mqtt(), v5::persistent_connect("survivor", 3600)).await;
-    v5::subscribe(&mut reader, "crash/#", QoS::AtLeastOnce).await;
-    v5::disconnect(reader).await;
+    left_subscribed(&nodes[0], "survivor", "crash/#", QoS::AtLeastOnce).await;
 
     let mut on_a = v5::connect_id(nodes[0].mqtt(), "crash-pub-a").await;
     let mut on_b = v5::connect_id(nodes[1].mqtt(), "crash-pub-b").await;
@@ -724,9 +716,7 @@ async fn clean_start_on_another_node_discards_the_session_cluster_wide() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_started_session_survives_its_node_without_the_discarded_one() {
     let (_nats, mut nodes) = cluster(2).await;
-    let (mut old, _) = v5::connect(nodes[0].mqtt(), v5::persistent_connect("phoenix", 3600)).await;
-    v5::subscribe(&mut old, "old/#", QoS::AtLeastOnce).await;
-    v5::disconnect(old).await;
+    left_subscribed(&nodes[0], "phoenix", "old/#", QoS::AtLeastOnce).await;
     let mut on_a = v5::connect_id(nodes[0].mqtt(), "phoenix-pub-a").await;
     publish_numbered(&mut on_a, "old/t", "queued", 5).await;
 
@@ -823,9 +813,8 @@ async fn takeover_across_nodes_closes_the_old_connection_with_0x8e() {
 /// every message arrives once across the group, none twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_group_across_two_nodes_gets_each_message_once() {
-    let (_nats, nodes) = cluster(2).await;
+    let (_nats, nodes, [mut member_a, mut member_b]) = two_nodes_with_a_group().await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let (mut member_a, mut member_b) = group_across(a, b).await;
 
     let mut on_a = v5::connect_id(a.mqtt(), "jobs-a").await;
     let mut on_b = v5::connect_id(b.mqtt(), "jobs-b").await;
@@ -859,9 +848,8 @@ async fn a_shared_group_across_two_nodes_gets_each_message_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_when_its_session_ends()
 {
-    let (_nats, nodes) = cluster(2).await;
+    let (_nats, nodes, [mut member_a, mut member_b]) = two_nodes_with_a_group().await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let (mut member_a, mut member_b) = group_across(a, b).await;
     let mut publisher = v5::connect_id(b.mqtt(), "jobs-publisher").await;
     let (held_by_a, mut at_b, published) =
         jobs_until_a_holds_some(&mut publisher, &mut member_a, &mut member_b).await;
@@ -908,9 +896,8 @@ async fn a_shared_members_unacknowledged_jobs_go_to_a_member_on_another_node_whe
 /// hand A's jobs to B after the wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_members_held_jobs_stay_with_it_past_the_groups_acknowledgement_wait() {
-    let (_nats, nodes) = cluster(2).await;
+    let (_nats, nodes, [mut member_a, mut member_b]) = two_nodes_with_a_group().await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let (mut member_a, mut member_b) = group_across(a, b).await;
     let mut publisher = v5::connect_id(b.mqtt(), "jobs-publisher").await;
     let (held_by_a, _, _) =
         jobs_until_a_holds_some(&mut publisher, &mut member_a, &mut member_b).await;
@@ -1271,9 +1258,8 @@ async fn messages_delivered_elsewhere_in_the_cluster_are_not_counted_as_dropped(
     const NO_SUBSCRIBERS: &str =
         "postbox_messages_dropped_total{qos=\"1\",reason=\"no_subscribers\"}";
     const JOBS: u16 = 20;
-    let (_nats, nodes) = cluster(2).await;
+    let (_nats, nodes, [mut member_a, mut member_b]) = two_nodes_with_a_group().await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let (mut member_a, mut member_b) = group_across(a, b).await;
     let mut plain = v5::connect_id(b.mqtt(), "plain-b").await;
     v5::subscribe(&mut plain, "plain/#", QoS::AtLeastOnce).await;
 

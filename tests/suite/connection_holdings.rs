@@ -426,15 +426,7 @@ async fn anonymous_subscribers_unread_output_is_kept_within_their_share() {
     let broker = password_and_anonymous(BUDGET).await;
     let (mut publisher, _) = v5::connect(broker.addr, sensor1("sensor1-pub")).await;
     let (mut holder, _) = v5::connect(broker.addr, v5::connect_packet("anon-holder")).await;
-    let half_sent = common::encode(
-        &Packet::Publish(v5::publish_packet(
-            "anon/held",
-            QoS::AtMostOnce,
-            &vec![0x42; HELD],
-            0,
-        )),
-        v5::V,
-    );
+    let half_sent = v5::encoded_qos0_publish("anon/held", HELD, v5::V);
     holder.send_raw(&half_sent[..HELD]).await;
     broker.wait_metric(PARTIAL, |n| n >= HELD as f64).await;
     let subscriber =
@@ -468,6 +460,23 @@ async fn anonymous_subscribers_unread_output_is_kept_within_their_share() {
     v5::disconnect(publisher).await;
 }
 
+/// A v5 connection over TLS to `addr` with `connect`, which must be accepted (CONNACK 0x00).
+async fn served_over_tls(
+    addr: std::net::SocketAddr,
+    connect: postbox::codec::Connect,
+) -> common::cutting::OpenConnection {
+    use common::cutting::{connect_over, Transport};
+    let connect = Packet::Connect(Box::new(connect));
+    let (c, answer) = connect_over(Transport::Tls, addr, &connect, ProtocolVersion::V5)
+        .await
+        .unwrap_or_else(|e| panic!("TLS connection: {e}"));
+    assert!(
+        matches!(&answer, Some(Packet::ConnAck(a)) if a.reason_code == ReasonCode::SUCCESS),
+        "{answer:?}"
+    );
+    c
+}
+
 /// An anonymous client's connection counts in the connected share what one idle connection
 /// of its listener's kind holds (32 KiB on TLS, 2 KiB on TCP: measured, rustls keeps a whole
 /// record's buffer), beside its session; past the share the CONNECT is refused with 0x97
@@ -492,44 +501,22 @@ async fn anonymous_tls_connections_count_what_tls_holds() {
     .await;
     let tls = broker.addrs[1];
     let v5 = ProtocolVersion::V5;
-    let mut open = Vec::new();
-    let mut refused_at = None;
-    for n in 0..40u16 {
-        let connect = Packet::Connect(Box::new(v5::connect_packet(&format!("tls-{n}"))));
-        let (c, answer) = connect_over(Transport::Tls, tls, &connect, v5)
-            .await
-            .unwrap_or_else(|e| panic!("anonymous TLS connection {n}: {e}"));
-        match answer {
-            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::SUCCESS => open.push(c),
-            Some(Packet::ConnAck(ack)) if ack.reason_code == ReasonCode::QUOTA_EXCEEDED => {
-                refused_at = Some(n);
-                break;
-            }
-            other => panic!("anonymous TLS connection {n}: {other:?}"),
-        }
-    }
+    let (open, refused_at) =
+        common::open_until_quota_exceeded(40, "anonymous TLS connection", async |n| {
+            let connect = Packet::Connect(Box::new(v5::connect_packet(&format!("tls-{n}"))));
+            connect_over(Transport::Tls, tls, &connect, v5)
+                .await
+                .unwrap_or_else(|e| panic!("anonymous TLS connection {n}: {e}"))
+        })
+        .await;
     let n = refused_at.expect("40 anonymous TLS connections were all admitted in a 128 KiB share");
     assert_eq!(n, 3, "refused at {n}");
     let connected = broker.wait_metric(CONNECTED, |b| b >= 3.0 * 32768.0).await;
     assert!(connected <= 131_072.0, "{CONNECTED} {connected}");
     // A password user over the same listener is served: only strangers are charged.
-    let connect = Packet::Connect(Box::new(sensor1("sensor1")));
-    let (_user, answer) = connect_over(Transport::Tls, tls, &connect, v5)
-        .await
-        .unwrap();
-    assert!(
-        matches!(&answer, Some(Packet::ConnAck(a)) if a.reason_code == ReasonCode::SUCCESS),
-        "{answer:?}"
-    );
+    let _user = served_over_tls(tls, sensor1("sensor1")).await;
     // Closed, the connections give their share back.
     drop(open);
     broker.wait_metric(CONNECTED, |b| b == 0.0).await;
-    let connect = Packet::Connect(Box::new(v5::connect_packet("tls-again")));
-    let (_c, answer) = connect_over(Transport::Tls, tls, &connect, v5)
-        .await
-        .unwrap();
-    assert!(
-        matches!(&answer, Some(Packet::ConnAck(a)) if a.reason_code == ReasonCode::SUCCESS),
-        "{answer:?}"
-    );
+    let _c = served_over_tls(tls, v5::connect_packet("tls-again")).await;
 }

@@ -229,6 +229,17 @@ fn session(version: ProtocolVersion, tag: &str) -> Scenario {
     ]
 }
 
+/// `connect` logging in as `sensor1` with `password`, then a subscription to `topic` (QoS 0,
+/// id 1), a QoS 1 PUBLISH of `payload` to it (id 2) and DISCONNECT, all in one go.
+fn sensor1_round_trip(connect: Packet, password: &str, topic: &str, payload: &str) -> Vec<Packet> {
+    vec![
+        with_login(connect, "sensor1", password),
+        subscribe(1, topic, QoS::AtMostOnce),
+        publish(topic, QoS::AtLeastOnce, 2, payload, false),
+        disconnect(),
+    ]
+}
+
 /// A CONNECT with a user name and password (checked against the password file, which takes
 /// the hash's time while the rest of the bytes wait), then a subscription and a round trip;
 /// and a wrong password, whose pipelined packets must not be handled (MQTT-3.1.4-6: nothing
@@ -240,16 +251,12 @@ fn login(version: ProtocolVersion, tag: &str) -> Scenario {
     vec![
         Conversation {
             version,
-            packets: vec![
-                with_login(
-                    connect(version, &format!("l-{tag}"), true),
-                    "sensor1",
-                    "sensor1-secret",
-                ),
-                subscribe(1, &topic, QoS::AtMostOnce),
-                publish(&topic, QoS::AtLeastOnce, 2, "signed", false),
-                disconnect(),
-            ],
+            packets: sensor1_round_trip(
+                connect(version, &format!("l-{tag}"), true),
+                "sensor1-secret",
+                &topic,
+                "signed",
+            ),
             answers: vec![
                 "CONNACK sp=0 rc=0x00".into(),
                 "SUBACK id=1 0x00".into(),
@@ -259,16 +266,12 @@ fn login(version: ProtocolVersion, tag: &str) -> Scenario {
         },
         Conversation {
             version,
-            packets: vec![
-                with_login(
-                    connect(version, &format!("x-{tag}"), true),
-                    "sensor1",
-                    "not-the-secret",
-                ),
-                subscribe(1, &topic, QoS::AtMostOnce),
-                publish(&topic, QoS::AtLeastOnce, 2, "refused", false),
-                disconnect(),
-            ],
+            packets: sensor1_round_trip(
+                connect(version, &format!("x-{tag}"), true),
+                "not-the-secret",
+                &topic,
+                "refused",
+            ),
             answers: lines(&[refused]),
         },
     ]
@@ -280,26 +283,27 @@ fn everything(version: ProtocolVersion, tag: &str) -> Scenario {
     all
 }
 
-/// Every cutting of the core flows and a resumed session, over every transport, 3.1.1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_cutting_over_every_transport_gets_the_same_answers_v311() {
+/// Replays every cutting (`SEEDS`) of [`everything`] in `version` over every transport
+/// against a broker of its own, the client ids tagged with `prefix`.
+async fn every_cutting_over_every_transport(version: ProtocolVersion, prefix: &str) {
     let broker = broker().await;
     cutting::replay_all(&broker, &Transport::ALL, SEEDS, |tag| {
-        everything(V3, &format!("v3-{tag}"))
+        everything(version, &format!("{prefix}-{tag}"))
     })
     .await;
     broker.shutdown().await;
 }
 
+/// Every cutting of the core flows and a resumed session, over every transport, 3.1.1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cutting_over_every_transport_gets_the_same_answers_v311() {
+    every_cutting_over_every_transport(V3, "v3").await;
+}
+
 /// The same in MQTT 5.0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_cutting_over_every_transport_gets_the_same_answers_v5() {
-    let broker = broker().await;
-    cutting::replay_all(&broker, &Transport::ALL, SEEDS, |tag| {
-        everything(V5, &format!("v5-{tag}"))
-    })
-    .await;
-    broker.shutdown().await;
+    every_cutting_over_every_transport(V5, "v5").await;
 }
 
 /// A login that takes the password hash's time, with the client's next packets already

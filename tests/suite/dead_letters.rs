@@ -37,13 +37,6 @@ async fn dlq_subscriber(server: &RunningServer, id: &str) -> RawClient {
     c
 }
 
-/// A persistent subscriber to `filter` that then goes offline (its queue fills).
-async fn offline_subscriber(server: &RunningServer, id: &str, filter: &str) {
-    let (mut c, _) = v5::connect(server.mqtt_addr, v5::persistent_connect(id, 3600)).await;
-    v5::subscribe(&mut c, filter, QoS::AtLeastOnce).await;
-    v5::disconnect(c).await;
-}
-
 /// The values of user property `key`.
 fn user<'a>(p: &'a Publish, key: &str) -> Vec<&'a str> {
     p.properties
@@ -101,6 +94,15 @@ async fn publish(c: &mut RawClient, topic: &str, payload: &[u8], id: u16) -> Rea
     v5::publish(c, p).await
 }
 
+/// Publishes `stale` on `topic` (QoS 1, packet id 1, the properties a dead letter must
+/// keep) with a Message Expiry Interval of 1 s.
+async fn publish_expiring_in_1s(c: &mut RawClient, topic: &str) -> ReasonCode {
+    let mut publish = v5::publish_packet(topic, QoS::AtLeastOnce, b"stale", 1);
+    publish.properties = original_properties();
+    publish.properties.message_expiry_interval = Some(1);
+    v5::publish(c, publish).await
+}
+
 /// Receives the next dead letter (acknowledged).
 async fn next_letter(dlq: &mut RawClient) -> Publish {
     v5::receive(dlq).await
@@ -110,17 +112,29 @@ fn dead_count(server: &RunningServer, reason: DeadReason) -> u64 {
     server.broker.guarantee_metrics().dead_letters[reason.index()].get()
 }
 
+/// A broker whose queues hold 2 messages under `policy`, a dead-letter subscriber (returned
+/// with the server) and an offline session `slow` on `q/#`, to which `publisher` then
+/// publishes 3 messages (`1`, `2`, `3`) on `topic`: one more than the queue holds.
+async fn overflow_a_queue_of_2(
+    policy: OverflowPolicy,
+    publisher: &str,
+    topic: &str,
+) -> (RunningServer, RawClient) {
+    let server = common::start_with(config(2, policy)).await;
+    let dlq = dlq_subscriber(&server, "dlq").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
+    let mut p = v5::connect_id(server.mqtt_addr, publisher).await;
+    for (i, payload) in [b"1", b"2", b"3"].into_iter().enumerate() {
+        publish(&mut p, topic, payload, i as u16 + 1).await;
+    }
+    (server, dlq)
+}
+
 /// Issue 16, `queue_full` with drop-new: the new message refused by a full queue is the
 /// dead letter, once, for the session whose queue was full.
 #[tokio::test]
 async fn queue_full_drop_new_dead_letters_the_refused_message() {
-    let server = common::start_with(config(2, OverflowPolicy::DropNew)).await;
-    let mut dlq = dlq_subscriber(&server, "dlq").await;
-    offline_subscriber(&server, "slow", "q/#").await;
-    let mut p = v5::connect_id(server.mqtt_addr, "pub-new").await;
-    for (i, payload) in [b"1", b"2", b"3"].into_iter().enumerate() {
-        publish(&mut p, "q/x", payload, i as u16 + 1).await;
-    }
+    let (server, mut dlq) = overflow_a_queue_of_2(OverflowPolicy::DropNew, "pub-new", "q/x").await;
     let letter = next_letter(&mut dlq).await;
     assert_letter(&letter, "q/x", "queue_full", "slow", Some("pub-new"), b"3");
     v5::expect_silence(&mut dlq, QUIET).await;
@@ -130,13 +144,8 @@ async fn queue_full_drop_new_dead_letters_the_refused_message() {
 /// Issue 16, `queue_full` with drop-oldest: the message pushed out is the dead letter, once.
 #[tokio::test]
 async fn queue_full_drop_oldest_dead_letters_the_victim() {
-    let server = common::start_with(config(2, OverflowPolicy::DropOldest)).await;
-    let mut dlq = dlq_subscriber(&server, "dlq").await;
-    offline_subscriber(&server, "slow", "q/#").await;
-    let mut p = v5::connect_id(server.mqtt_addr, "pub-old").await;
-    for (i, payload) in [b"1", b"2", b"3"].into_iter().enumerate() {
-        publish(&mut p, "q/y", payload, i as u16 + 1).await;
-    }
+    let (server, mut dlq) =
+        overflow_a_queue_of_2(OverflowPolicy::DropOldest, "pub-old", "q/y").await;
     let letter = next_letter(&mut dlq).await;
     assert_letter(&letter, "q/y", "queue_full", "slow", Some("pub-old"), b"1");
     v5::expect_silence(&mut dlq, QUIET).await;
@@ -152,12 +161,9 @@ async fn queue_full_drop_oldest_dead_letters_the_victim() {
 async fn expired_while_queued_is_dead_lettered() {
     let server = common::start().await;
     let mut dlq = dlq_subscriber(&server, "dlq").await;
-    offline_subscriber(&server, "late", "e/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "late", "e/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-exp").await;
-    let mut publish = v5::publish_packet("e/1", QoS::AtLeastOnce, b"stale", 1);
-    publish.properties = original_properties();
-    publish.properties.message_expiry_interval = Some(1);
-    v5::publish(&mut p, publish).await;
+    publish_expiring_in_1s(&mut p, "e/1").await;
     // Waiting for the expiry itself (time must pass), not for an event.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (mut late, _) = v5::connect(server.mqtt_addr, v5::persistent_connect("late", 3600)).await;
@@ -233,8 +239,7 @@ async fn too_large_retransmission_is_dead_lettered_and_let_go() {
 async fn puback_with_a_failure_code_is_dead_lettered() {
     let server = common::start().await;
     let mut dlq = dlq_subscriber(&server, "dlq").await;
-    let mut sub = v5::connect_id(server.mqtt_addr, "refuser").await;
-    v5::subscribe(&mut sub, "r/#", QoS::AtLeastOnce).await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "refuser", "r/#", QoS::AtLeastOnce).await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-rej").await;
     publish(&mut p, "r/1", b"unwanted", 1).await;
     let got = v5::expect_publish(&mut sub).await;
@@ -265,8 +270,7 @@ async fn puback_with_a_failure_code_is_dead_lettered() {
 async fn pubrec_with_a_failure_code_is_dead_lettered() {
     let server = common::start().await;
     let mut dlq = dlq_subscriber(&server, "dlq").await;
-    let mut sub = v5::connect_id(server.mqtt_addr, "refuser2").await;
-    v5::subscribe(&mut sub, "r2/#", QoS::ExactlyOnce).await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "refuser2", "r2/#", QoS::ExactlyOnce).await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-rej2").await;
     let mut publish = v5::publish_packet("r2/1", QoS::ExactlyOnce, b"nope", 1);
     publish.properties = original_properties();
@@ -294,8 +298,8 @@ async fn pubrec_with_a_failure_code_is_dead_lettered() {
 #[tokio::test]
 async fn a_dropped_dead_letter_is_not_dead_lettered_again() {
     let server = common::start_with(config(1, OverflowPolicy::DropNew)).await;
-    offline_subscriber(&server, "dlq-off", "$dlq/#").await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "dlq-off", "$dlq/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-twice").await;
     for (i, payload) in [b"1", b"2", b"3"].into_iter().enumerate() {
         publish(&mut p, "q/z", payload, i as u16 + 1).await;
@@ -324,7 +328,7 @@ async fn the_rate_bound_counts_the_excess() {
     c.dead_letter.max_rate = 2;
     let server = common::start_with(c).await;
     let mut dlq = dlq_subscriber(&server, "dlq").await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-flood").await;
     for i in 1..=11u16 {
         publish(&mut p, "q/f", format!("{i}").as_bytes(), i).await;
@@ -360,7 +364,7 @@ async fn the_rate_bound_counts_the_excess() {
 #[tokio::test]
 async fn an_unread_dead_letter_is_not_a_no_subscribers_drop() {
     let server = common::start_with(config(1, OverflowPolicy::DropNew)).await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-alone").await;
     publish(&mut p, "q/n", b"1", 1).await;
     publish(&mut p, "q/n", b"2", 2).await;
@@ -437,7 +441,7 @@ async fn reading_dead_letters_obeys_the_acl() {
     connect.username = Some("ops".into());
     let (mut ops, _) = v5::connect(server.mqtt_addr, connect).await;
     v5::subscribe(&mut ops, "$dlq/#", QoS::AtLeastOnce).await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-acl").await;
     publish(&mut p, "q/a", b"1", 1).await;
     publish(&mut p, "q/a", b"2", 2).await;
@@ -457,7 +461,7 @@ async fn mosquitto_sub_sees_the_properties() {
         &["-V", "mqttv5", "-q", "1", "-t", "$dlq/#", "-F", "%t %P %p"],
     );
     sub.wait_for("SUBACK").await;
-    offline_subscriber(&server, "slow", "q/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "slow", "q/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-mosq").await;
     publish(&mut p, "q/m", b"first", 1).await;
     publish(&mut p, "q/m", b"lost-one", 2).await;
@@ -488,12 +492,9 @@ async fn expired_in_a_queue_across_a_restart_is_dead_lettered() {
     };
     let server = common::start_with(durable()).await;
     dlq_subscriber(&server, "dlq-r").await;
-    offline_subscriber(&server, "late-r", "er/#").await;
+    v5::offline_subscriber(server.mqtt_addr, "late-r", "er/#").await;
     let mut p = v5::connect_id(server.mqtt_addr, "pub-er").await;
-    let mut publish = v5::publish_packet("er/1", QoS::AtLeastOnce, b"stale", 1);
-    publish.properties = original_properties();
-    publish.properties.message_expiry_interval = Some(1);
-    v5::publish(&mut p, publish).await;
+    publish_expiring_in_1s(&mut p, "er/1").await;
     server.shutdown().await;
     // Waiting for the expiry itself (time must pass while the broker is down), not for an event.
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -17,6 +17,7 @@ use common::process::{self, Broker as BrokerBinary};
 use common::{v5, RawClient};
 use postbox::codec::{Packet, PubResponse, Publish, PublishProperties, QoS, ReasonCode};
 use postbox::config::{Config, OverflowPolicy};
+use postbox::server::RunningServer;
 
 const PROPERTY: &str = "message-id";
 
@@ -44,54 +45,31 @@ fn keyed(topic: &str, qos: QoS, payload: &[u8], packet_id: u16, id: &str) -> Pub
     p
 }
 
-/// A subscriber to `filter` at QoS 1.
-async fn subscriber(addr: std::net::SocketAddr, client_id: &str, filter: &str) -> RawClient {
-    let mut sub = v5::connect_id(addr, client_id).await;
-    v5::subscribe(&mut sub, filter, QoS::AtLeastOnce).await;
-    sub
-}
-
-/// The payloads of the next `n` PUBLISHes (each acknowledged).
-async fn received(sub: &mut RawClient, n: usize) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(v5::receive(sub).await.payload.to_vec());
-    }
-    out
-}
-
 /// Issue 16 `[dedup]`: "a second PUBLISH with the same (topic, id) inside the window is
 /// acknowledged and not routed again", from another connection too (a producer re-sending
 /// after a reconnect, under a new packet id, where MQTT's own QoS 2 cannot help).
 #[tokio::test]
 async fn the_same_id_from_two_connections_is_delivered_once() {
-    let server = common::start_with(dedup_config(60)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "orders/#").await;
-    let mut first = v5::connect_id(server.mqtt_addr, "producer-1").await;
-    let mut second = v5::connect_id(server.mqtt_addr, "producer-2").await;
-    let code = v5::publish(
-        &mut first,
-        keyed("orders/1", QoS::AtLeastOnce, b"a", 1, "42"),
-    )
-    .await;
+    let (server, [mut sub, mut first, mut second]) = sub_and_two_producers("orders/#").await;
+    let code = send_keyed(&mut first, "orders/1", QoS::AtLeastOnce, b"a", 1, "42").await;
     assert_eq!(code, ReasonCode::SUCCESS);
-    let code = v5::publish(
-        &mut second,
-        keyed("orders/1", QoS::AtLeastOnce, b"again", 9, "42"),
-    )
-    .await;
+    let code = send_keyed(&mut second, "orders/1", QoS::AtLeastOnce, b"again", 9, "42").await;
     assert_eq!(
         code,
         ReasonCode::SUCCESS,
         "a duplicate is acknowledged as accepted (the producer must not re-send it forever)"
     );
-    v5::publish(
+    send_keyed(
         &mut second,
-        keyed("orders/1", QoS::AtLeastOnce, b"marker", 10, "43"),
+        "orders/1",
+        QoS::AtLeastOnce,
+        b"marker",
+        10,
+        "43",
     )
     .await;
     assert_eq!(
-        received(&mut sub, 2).await,
+        v5::receive_payloads(&mut sub, 2).await,
         [b"a".to_vec(), b"marker".to_vec()],
         "the duplicate was not routed"
     );
@@ -114,7 +92,7 @@ async fn the_same_id_from_two_connections_is_delivered_once() {
 #[tokio::test]
 async fn another_topic_or_another_id_is_delivered() {
     let server = common::start_with(dedup_config(60)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "orders/#").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "orders/#", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
     for (i, (topic, id)) in [("orders/1", "7"), ("orders/2", "7"), ("orders/1", "8")]
         .into_iter()
@@ -128,7 +106,7 @@ async fn another_topic_or_another_id_is_delivered() {
         assert_eq!(v5::publish(&mut publ, p).await, ReasonCode::SUCCESS);
     }
     assert_eq!(
-        received(&mut sub, 5).await,
+        v5::receive_payloads(&mut sub, 5).await,
         [
             vec![0],
             vec![1],
@@ -145,25 +123,25 @@ async fn another_topic_or_another_id_is_delivered() {
 #[tokio::test]
 async fn after_the_window_the_same_id_is_delivered_again() {
     let server = common::start_with(dedup_config(1)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "t", QoS::AtLeastOnce).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
-    v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"first", 1, "x")).await;
-    assert_eq!(received(&mut sub, 1).await, [b"first".to_vec()]);
+    send_keyed(&mut publ, "t", QoS::AtLeastOnce, b"first", 1, "x").await;
+    assert_eq!(v5::receive_payloads(&mut sub, 1).await, [b"first".to_vec()]);
     // The event awaited is the wall clock passing the window's end (1 s): nothing to poll.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"second", 2, "x")).await;
-    assert_eq!(received(&mut sub, 1).await, [b"second".to_vec()]);
+    send_keyed(&mut publ, "t", QoS::AtLeastOnce, b"second", 2, "x").await;
+    assert_eq!(
+        v5::receive_payloads(&mut sub, 1).await,
+        [b"second".to_vec()]
+    );
 }
 
 /// QoS 2 (MQTT-4.3.3): a duplicate's handshake completes normally: PUBREC 0x00, PUBREL,
 /// PUBCOMP 0x00 (the packet id was taken and released like any other), and nothing is routed.
 #[tokio::test]
 async fn a_qos2_duplicate_completes_its_handshake_and_is_not_routed() {
-    let server = common::start_with(dedup_config(60)).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
-    let mut first = v5::connect_id(server.mqtt_addr, "producer-1").await;
-    let mut second = v5::connect_id(server.mqtt_addr, "producer-2").await;
-    let code = v5::publish(&mut first, keyed("t", QoS::ExactlyOnce, b"one", 3, "q2")).await;
+    let (_server, [mut sub, mut first, mut second]) = sub_and_two_producers("t").await;
+    let code = send_keyed(&mut first, "t", QoS::ExactlyOnce, b"one", 3, "q2").await;
     assert_eq!(code, ReasonCode::SUCCESS);
     second
         .send(&Packet::Publish(keyed(
@@ -192,13 +170,9 @@ async fn a_qos2_duplicate_completes_its_handshake_and_is_not_routed() {
         other => panic!("expected PUBCOMP, got {other:?}"),
     }
     // The id is free again: reused for the marker.
-    v5::publish(
-        &mut second,
-        keyed("t", QoS::ExactlyOnce, b"marker", 5, "q2-next"),
-    )
-    .await;
+    send_keyed(&mut second, "t", QoS::ExactlyOnce, b"marker", 5, "q2-next").await;
     assert_eq!(
-        received(&mut sub, 2).await,
+        v5::receive_payloads(&mut sub, 2).await,
         [b"one".to_vec(), b"marker".to_vec()]
     );
 }
@@ -218,23 +192,81 @@ async fn a_refused_message_is_forgotten_so_its_resend_is_delivered() {
     v5::subscribe(&mut away, "t", QoS::AtLeastOnce).await;
     v5::disconnect(away).await;
     let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
-    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"fills", 1, "a")).await;
+    let code = send_keyed(&mut publ, "t", QoS::AtLeastOnce, b"fills", 1, "a").await;
     assert_eq!(code, ReasonCode::SUCCESS);
-    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"refused", 2, "b")).await;
+    let code = send_keyed(&mut publ, "t", QoS::AtLeastOnce, b"refused", 2, "b").await;
     assert_eq!(code, ReasonCode::QUOTA_EXCEEDED, "the queue of 1 is full");
 
     // The subscriber comes back and drains its queue; the producer re-sends "b".
     let (mut away, ack) = v5::connect(server.mqtt_addr, v5::persistent_connect("away", 600)).await;
     assert!(ack.session_present);
-    assert_eq!(received(&mut away, 1).await, [b"fills".to_vec()]);
-    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"resent", 3, "b")).await;
+    assert_eq!(
+        v5::receive_payloads(&mut away, 1).await,
+        [b"fills".to_vec()]
+    );
+    let code = send_keyed(&mut publ, "t", QoS::AtLeastOnce, b"resent", 3, "b").await;
     assert_eq!(code, ReasonCode::SUCCESS);
     assert_eq!(
-        received(&mut away, 1).await,
+        v5::receive_payloads(&mut away, 1).await,
         [b"resent".to_vec()],
         "the re-send of a refused message is no duplicate"
     );
     assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 0);
+}
+
+/// A broker deduplicating over a 60 s window, a QoS 1 subscriber `sub` to `filter`, then two
+/// producers (`producer-1`, `producer-2`): for the one message sent from two connections.
+async fn sub_and_two_producers(filter: &str) -> (RunningServer, [RawClient; 3]) {
+    let server = common::start_with(dedup_config(60)).await;
+    let sub = v5::subscriber(server.mqtt_addr, "sub", filter, QoS::AtLeastOnce).await;
+    let first = v5::connect_id(server.mqtt_addr, "producer-1").await;
+    let second = v5::connect_id(server.mqtt_addr, "producer-2").await;
+    (server, [sub, first, second])
+}
+
+/// Publishes [`keyed`] on `c` and returns the PUBACK's (or PUBREC's) reason code.
+async fn send_keyed(
+    c: &mut RawClient,
+    topic: &str,
+    qos: QoS,
+    payload: &[u8],
+    packet_id: u16,
+    id: &str,
+) -> ReasonCode {
+    v5::publish(c, keyed(topic, qos, payload, packet_id, id)).await
+}
+
+/// A durable broker in `dir` that took `before` on `topic` keyed `r1` (no subscriber yet: 0x10)
+/// from `producer`, stopped and started again on the same directory.
+async fn keyed_then_restarted(dir: &Path, topic: &str) -> RunningServer {
+    let server = common::start_with(durable_dedup_config(dir)).await;
+    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
+    let code = send_keyed(&mut publ, topic, QoS::AtLeastOnce, b"before", 1, "r1").await;
+    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    v5::disconnect(publ).await;
+    server.shutdown().await;
+    common::start_with(durable_dedup_config(dir)).await
+}
+
+/// After a restart: `producer` sends again the message keyed `resent` on `topic` (accepted,
+/// 0x00) and then a marker keyed `marker`; the first thing `sub` gets is the marker, so the
+/// re-send was not delivered again (`after`: which restart, for the failure message).
+async fn resend_is_not_delivered(
+    addr: std::net::SocketAddr,
+    sub: &mut RawClient,
+    topic: &str,
+    [resent, marker]: [&str; 2],
+    after: &str,
+) {
+    let mut publ = v5::connect_id(addr, "producer").await;
+    let code = send_keyed(&mut publ, topic, QoS::AtLeastOnce, b"again", 1, resent).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    send_keyed(&mut publ, topic, QoS::AtLeastOnce, b"marker", 2, marker).await;
+    assert_eq!(
+        v5::receive_payloads(sub, 1).await,
+        [b"marker".to_vec()],
+        "not delivered again {after}"
+    );
 }
 
 /// Issue 16 `[dedup]`: "with [storage] persistence, in the store, so a restart does not
@@ -242,29 +274,15 @@ async fn a_refused_message_is_forgotten_so_its_resend_is_delivered() {
 #[tokio::test]
 async fn the_window_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_dedup_config(dir.path())).await;
-    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
-    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"before", 1, "r1")).await;
-    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
-    v5::disconnect(publ).await;
-    server.shutdown().await;
-
-    let server = common::start_with(durable_dedup_config(dir.path())).await;
+    let server = keyed_then_restarted(dir.path(), "t").await;
     assert_eq!(
         server.broker.guarantee_metrics().dedup.entries.get(),
         1.0,
         "restored"
     );
-    let mut sub = subscriber(server.mqtt_addr, "sub", "t").await;
-    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
-    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "r1")).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
-    v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"marker", 2, "r2")).await;
-    assert_eq!(
-        received(&mut sub, 1).await,
-        [b"marker".to_vec()],
-        "not delivered again after the restart"
-    );
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "t", QoS::AtLeastOnce).await;
+    let keys = ["r1", "r2"];
+    resend_is_not_delivered(server.mqtt_addr, &mut sub, "t", keys, "after the restart").await;
     assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 1);
 }
 
@@ -274,36 +292,17 @@ async fn the_window_survives_a_restart() {
 async fn a_long_topics_key_survives_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let topic = format!("long/{}", "t".repeat(5_000));
-    let server = common::start_with(durable_dedup_config(dir.path())).await;
-    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
-    let code = v5::publish(
-        &mut publ,
-        keyed(&topic, QoS::AtLeastOnce, b"before", 1, "r1"),
+    let server = keyed_then_restarted(dir.path(), &topic).await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "sub", "long/#", QoS::AtLeastOnce).await;
+    let keys = ["r1", "r2"];
+    resend_is_not_delivered(
+        server.mqtt_addr,
+        &mut sub,
+        &topic,
+        keys,
+        "after the restart",
     )
     .await;
-    assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
-    v5::disconnect(publ).await;
-    server.shutdown().await;
-
-    let server = common::start_with(durable_dedup_config(dir.path())).await;
-    let mut sub = subscriber(server.mqtt_addr, "sub", "long/#").await;
-    let mut publ = v5::connect_id(server.mqtt_addr, "producer").await;
-    let code = v5::publish(
-        &mut publ,
-        keyed(&topic, QoS::AtLeastOnce, b"again", 1, "r1"),
-    )
-    .await;
-    assert_eq!(code, ReasonCode::SUCCESS);
-    v5::publish(
-        &mut publ,
-        keyed(&topic, QoS::AtLeastOnce, b"marker", 2, "r2"),
-    )
-    .await;
-    assert_eq!(
-        received(&mut sub, 1).await,
-        [b"marker".to_vec()],
-        "not delivered again after the restart"
-    );
     assert_eq!(server.broker.guarantee_metrics().dedup.duplicates.get(), 1);
 }
 
@@ -320,26 +319,15 @@ async fn the_window_survives_kill_9() {
     );
     let broker = tokio::task::block_in_place(|| BrokerBinary::start(&config));
     let mut publ = v5::connect_id(config.mqtt, "producer").await;
-    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"before", 1, "k9")).await;
+    let code = send_keyed(&mut publ, "t", QoS::AtLeastOnce, b"before", 1, "k9").await;
     assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
     tokio::task::block_in_place(|| broker.kill());
     drop(publ);
 
     let broker = tokio::task::block_in_place(|| BrokerBinary::start(&config));
-    let mut sub = subscriber(config.mqtt, "sub", "t").await;
-    let mut publ = v5::connect_id(config.mqtt, "producer").await;
-    let code = v5::publish(&mut publ, keyed("t", QoS::AtLeastOnce, b"again", 1, "k9")).await;
-    assert_eq!(code, ReasonCode::SUCCESS);
-    v5::publish(
-        &mut publ,
-        keyed("t", QoS::AtLeastOnce, b"marker", 2, "k9-next"),
-    )
-    .await;
-    assert_eq!(
-        received(&mut sub, 1).await,
-        [b"marker".to_vec()],
-        "not delivered again after kill -9"
-    );
+    let mut sub = v5::subscriber(config.mqtt, "sub", "t", QoS::AtLeastOnce).await;
+    let keys = ["k9", "k9-next"];
+    resend_is_not_delivered(config.mqtt, &mut sub, "t", keys, "after kill -9").await;
     let scrape = tokio::task::block_in_place(|| common::http::http_get(config.metrics, "/metrics"));
     assert_eq!(
         common::http::sample(&scrape, "postbox_dedup_duplicates_total"),
@@ -382,14 +370,14 @@ async fn a_key_the_store_refuses_gets_0x97_and_is_forgotten() {
     }
     // A key of 4 KiB: more than is left.
     let key = "q".repeat(4096);
-    let code = v5::publish(&mut c, keyed("t", QoS::AtLeastOnce, b"k", 1000, &key)).await;
+    let code = send_keyed(&mut c, "t", QoS::AtLeastOnce, b"k", 1000, &key).await;
     assert_eq!(code, ReasonCode::QUOTA_EXCEEDED);
     assert_eq!(
         server.broker.guarantee_metrics().dedup.entries.get(),
         0.0,
         "forgotten"
     );
-    let code = v5::publish(&mut c, keyed("t", QoS::AtLeastOnce, b"k", 1001, &key)).await;
+    let code = send_keyed(&mut c, "t", QoS::AtLeastOnce, b"k", 1001, &key).await;
     assert_eq!(
         code,
         ReasonCode::QUOTA_EXCEEDED,
@@ -439,7 +427,7 @@ async fn one_users_clean_sessions_with_long_topics_cannot_evict_anothers_key() {
         ReasonCode::SUCCESS
     );
     assert_eq!(
-        received(&mut sensor1, 1).await,
+        v5::receive_payloads(&mut sensor1, 1).await,
         [b"dispense-1-pill".to_vec()]
     );
     // sensor2's twelve clean sessions, one after another, five long-topic pairs each.
@@ -453,9 +441,13 @@ async fn one_users_clean_sessions_with_long_topics_cannot_evict_anothers_key() {
         assert!(!ack.session_present, "a clean session each time");
         for n in 0..5u16 {
             let topic = format!("sensor2/{long}/{session}/{n}");
-            let code = v5::publish(
+            let code = send_keyed(
                 &mut attacker,
-                keyed(&topic, QoS::AtLeastOnce, b"x", n + 1, &format!("id{n}")),
+                &topic,
+                QoS::AtLeastOnce,
+                b"x",
+                n + 1,
+                &format!("id{n}"),
             )
             .await;
             assert!(
@@ -480,7 +472,7 @@ async fn one_users_clean_sessions_with_long_topics_cannot_evict_anothers_key() {
     );
     v5::publish(&mut dashboard, marker).await;
     assert_eq!(
-        received(&mut sensor1, 1).await,
+        v5::receive_payloads(&mut sensor1, 1).await,
         [b"marker".to_vec()],
         "the re-sent command was routed again: its key had been pushed out"
     );

@@ -67,10 +67,28 @@ fn tmpfs_or_skip(test: &str) -> Option<Tmpfs> {
     }
 }
 
+/// The config of a broker whose data directory (`data`) is on the test's tmpfs
+/// ([`tmpfs_or_skip`]), with the `storage` keys added: the tmpfs, the work directory that
+/// holds the config file (to live as long as the test), the config; `None` (skip) where no
+/// tmpfs can be mounted.
+fn config_on_tmpfs(test: &str, storage: &str) -> Option<(Tmpfs, tempfile::TempDir, BrokerConfig)> {
+    let tmpfs = tmpfs_or_skip(test)?;
+    let work = tempfile::tempdir().expect("tempdir");
+    let config = write_config_with(work.path(), &tmpfs.path().join("data"), storage);
+    Some((tmpfs, work, config))
+}
+
 /// A 3.1.1 persistent subscriber to `filter` at QoS 1, left offline.
 async fn offline_v3_subscriber(addr: SocketAddr, id: &str, filter: &str) {
     let c = RawClient::connect(addr, V3, id, false).await;
     common::subscribe_and_leave(c, filter, QoS::AtLeastOnce).await;
+}
+
+/// Sends a QoS 1 PUBLISH of `payload` on `topic` (packet id `id`) without waiting for its
+/// answer: what follows (a PUBACK, or the close of a 3.1.1 connection) is the caller's check.
+async fn send_qos1(c: &mut RawClient, topic: &str, payload: &[u8], id: u16) {
+    let publish = v5::publish_packet(topic, QoS::AtLeastOnce, payload, id);
+    c.send(&Packet::Publish(publish)).await;
 }
 
 /// Reconnects a 3.1.1 persistent QoS 1 subscriber and takes what is queued for it, acking
@@ -159,14 +177,11 @@ async fn a_second_broker_on_the_same_data_dir_is_refused_and_the_first_keeps_its
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart() {
-    let Some(tmpfs) = tmpfs_or_skip("full-disk recovery") else {
+    // The default config (storage.write_retry_ms = 1000) but for where things are.
+    let Some((tmpfs, _work, config)) = config_on_tmpfs("full-disk recovery", "") else {
         return;
     };
-    let work = tempfile::tempdir().expect("tempdir");
-    let data = tmpfs.path().join("data");
-    let store_dir = data.join("store");
-    // The default config (storage.write_retry_ms = 1000) but for where things are.
-    let config = write_config(work.path(), &data);
+    let store_dir = tmpfs.path().join("data").join("store");
     let broker = start(&config);
     let addr = config.mqtt;
 
@@ -219,13 +234,7 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     );
     // MQTT 3.1.1 has no negative PUBACK: the publisher is disconnected without one.
     let mut p3 = RawClient::connect(addr, V3, "p3", true).await;
-    p3.send(&Packet::Publish(v5::publish_packet(
-        "t/b",
-        QoS::AtLeastOnce,
-        b"refused-3",
-        1,
-    )))
-    .await;
+    send_qos1(&mut p3, "t/b", b"refused-3", 1).await;
     assert!(
         p3.expect_close().await.is_empty(),
         "3.1.1: closed without PUBACK"
@@ -295,13 +304,7 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
     assert_eq!(v5::publish(&mut p5, after).await, ReasonCode::SUCCESS);
     acked.push("after-v5".to_owned());
     let mut p3 = RawClient::connect(addr, V3, "p3", true).await;
-    p3.send(&Packet::Publish(v5::publish_packet(
-        "t/c",
-        QoS::AtLeastOnce,
-        b"after-v3",
-        2,
-    )))
-    .await;
+    send_qos1(&mut p3, "t/c", b"after-v3", 2).await;
     assert!(
         matches!(p3.recv().await, Some(Packet::PubAck(a)) if a.packet_id == 2),
         "3.1.1 publisher acknowledged again"
@@ -327,18 +330,13 @@ async fn a_full_disk_refuses_what_needs_the_store_and_recovers_without_a_restart
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
-    let Some(tmpfs) = tmpfs_or_skip("PUBREL behind a full queue") else {
-        return;
-    };
-    let work = tempfile::tempdir().expect("tempdir");
-    let data = tmpfs.path().join("data");
     // A tiny writer queue, so that a short stall fills it (updates that add no data get four
     // times queue_capacity_ops: 16 here).
-    let config = write_config_with(
-        work.path(),
-        &data,
-        "max_batch_ops = 4\nqueue_capacity_ops = 4\n",
-    );
+    let tiny_queue = "max_batch_ops = 4\nqueue_capacity_ops = 4\n";
+    let Some((tmpfs, _work, config)) = config_on_tmpfs("PUBREL behind a full queue", tiny_queue)
+    else {
+        return;
+    };
     let _broker = start(&config);
     let addr = config.mqtt;
 
@@ -398,12 +396,9 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_stopped_while_the_disk_is_full_exits_and_keeps_what_it_acknowledged() {
-    let Some(tmpfs) = tmpfs_or_skip("stop while the disk is full") else {
+    let Some((tmpfs, _work, config)) = config_on_tmpfs("stop while the disk is full", "") else {
         return;
     };
-    let work = tempfile::tempdir().expect("tempdir");
-    let data = tmpfs.path().join("data");
-    let config = write_config(work.path(), &data);
     let broker = start(&config);
     let addr = config.mqtt;
     offline_v3_subscriber(addr, "sub", "t/#").await;

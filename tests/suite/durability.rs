@@ -10,6 +10,7 @@ use common::rumq::V4;
 use common::RawClient;
 use postbox::codec::{Packet, ProtocolVersion, PubResponse, Publish, QoS as Q};
 use postbox::config::Config;
+use postbox::server::RunningServer;
 use rumqttc::QoS;
 
 const V311: ProtocolVersion = ProtocolVersion::V3_1_1;
@@ -21,6 +22,39 @@ fn durable_config(dir: &Path) -> Config {
     config
 }
 
+/// An in-process broker with its durable state in `dir` (a start, or a restart on what an
+/// earlier one left there).
+async fn start_on(dir: &Path) -> RunningServer {
+    common::start_with(durable_config(dir)).await
+}
+
+/// Stops `server` (its store closed cleanly) and starts a broker again on `dir`.
+async fn restart(server: RunningServer, dir: &Path) -> RunningServer {
+    server.shutdown().await;
+    start_on(dir).await
+}
+
+/// A new 3.1.1 client `publisher` publishes a marker (`m`, QoS 1) on `topic`, and it must be
+/// the next thing `sub` receives: nothing else was queued for it (`why` says what).
+async fn marker_comes_next(
+    server: &RunningServer,
+    sub: &mut V4,
+    [publisher, topic]: [&str; 2],
+    why: &str,
+) {
+    let mut publ = V4::connect(server.mqtt_addr, publisher, true).await;
+    publ.publish(topic, QoS::AtLeastOnce, false, b"m").await;
+    assert_eq!(sub.next_publish().await.topic, topic, "{why}");
+}
+
+/// A 3.1.1 persistent session (clean session 0) `id` subscribed to `filter` at `qos`, then
+/// disconnected: what is published next is queued for it.
+async fn leave_subscribed(server: &RunningServer, id: &str, filter: &str, qos: QoS) {
+    let mut sub = V4::connect(server.mqtt_addr, id, false).await;
+    sub.subscribe(filter, qos).await;
+    sub.disconnect().await;
+}
+
 fn subscribe_packet(filter: &str, qos: Q) -> Packet {
     Packet::Subscribe(common::v5::subscribe_packet(1, filter, qos))
 }
@@ -28,10 +62,8 @@ fn subscribe_packet(filter: &str, qos: Q) -> Packet {
 #[tokio::test]
 async fn queued_messages_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_config(dir.path())).await;
-    let mut sub = V4::connect(server.mqtt_addr, "dash", false).await;
-    sub.subscribe("sensors/#", QoS::ExactlyOnce).await;
-    sub.disconnect().await;
+    let server = start_on(dir.path()).await;
+    leave_subscribed(&server, "dash", "sensors/#", QoS::ExactlyOnce).await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     for i in 0..10 {
         let qos = if i % 2 == 0 {
@@ -48,9 +80,7 @@ async fn queued_messages_survive_a_restart() {
         .await;
     }
     publ.disconnect().await;
-    server.shutdown().await;
-
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = restart(server, dir.path()).await;
     let mut sub = V4::connect(server.mqtt_addr, "dash", false).await;
     assert!(sub.session_present, "the session came back (MQTT-3.2.2-2)");
     for i in 0..10 {
@@ -68,7 +98,7 @@ async fn queued_messages_survive_a_restart() {
 async fn in_flight_message_is_resent_with_dup_after_restart() {
     // 5.0 MQTT-4.4.0-1 across a restart: same packet id, DUP = 1.
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = start_on(dir.path()).await;
     let mut sub = RawClient::connect(server.mqtt_addr, V311, "raw", false).await;
     sub.send(&subscribe_packet("t", Q::ExactlyOnce)).await;
     assert!(matches!(sub.recv().await, Some(Packet::SubAck(_))));
@@ -80,9 +110,7 @@ async fn in_flight_message_is_resent_with_dup_after_restart() {
     };
     drop(sub); // no PUBREC
     publ.disconnect().await;
-    server.shutdown().await;
-
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = restart(server, dir.path()).await;
     let mut sub = RawClient::connect(server.mqtt_addr, V311, "raw", false).await;
     match sub.recv().await {
         Some(Packet::Publish(p)) => {
@@ -101,10 +129,8 @@ async fn in_flight_message_is_resent_with_dup_after_restart() {
     sub.send(&Packet::PingReq).await; // answered after the PUBCOMP was handled
     assert!(matches!(sub.recv().await, Some(Packet::PingResp)));
     drop(sub);
-    server.shutdown().await;
-
     // Completed: not delivered a third time.
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = restart(server, dir.path()).await;
     let mut sub = RawClient::connect(server.mqtt_addr, V311, "raw", false).await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     publ.publish("t", QoS::AtMostOnce, false, b"marker").await;
@@ -119,18 +145,14 @@ async fn inbound_qos2_is_deduplicated_across_a_restart() {
     // Exactly once: a PUBLISH re-sent after a restart, before PUBREL, is not forwarded again
     // (5.0 MQTT-4.3.3-10 held across the restart by the stored packet id).
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_config(dir.path())).await;
-    let mut sub = V4::connect(server.mqtt_addr, "sub", false).await;
-    sub.subscribe("x", QoS::ExactlyOnce).await;
-    sub.disconnect().await;
+    let server = start_on(dir.path()).await;
+    leave_subscribed(&server, "sub", "x", QoS::ExactlyOnce).await;
     let mut publ = RawClient::connect(server.mqtt_addr, V311, "qos2-pub", false).await;
     let publish = common::v5::publish_packet("x", Q::ExactlyOnce, b"one", 5);
     publ.send(&Packet::Publish(publish.clone())).await;
     assert!(matches!(publ.recv().await, Some(Packet::PubRec(_))));
     drop(publ);
-    server.shutdown().await;
-
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = restart(server, dir.path()).await;
     let mut publ = RawClient::connect(server.mqtt_addr, V311, "qos2-pub", false).await;
     publ.send(&Packet::Publish(Publish {
         dup: true,
@@ -159,7 +181,7 @@ async fn inbound_qos2_is_deduplicated_across_a_restart() {
 #[tokio::test]
 async fn retained_messages_survive_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = start_on(dir.path()).await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     publ.publish("status/a", QoS::AtLeastOnce, true, b"up")
         .await;
@@ -167,9 +189,7 @@ async fn retained_messages_survive_a_restart() {
         .await;
     publ.publish("status/b", QoS::AtLeastOnce, true, b"").await; // cleared
     publ.disconnect().await;
-    server.shutdown().await;
-
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = restart(server, dir.path()).await;
     let mut sub = V4::connect(server.mqtt_addr, "sub", true).await;
     sub.subscribe("status/#", QoS::AtLeastOnce).await;
     let p = sub.next_publish().await;
@@ -177,21 +197,20 @@ async fn retained_messages_survive_a_restart() {
         (p.topic.as_str(), &p.payload[..], p.retain),
         ("status/a", &b"up"[..], true)
     );
-    let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
-    publ.publish("status/marker", QoS::AtLeastOnce, false, b"m")
-        .await;
-    assert_eq!(
-        sub.next_publish().await.topic,
-        "status/marker",
-        "cleared retained stayed cleared"
-    );
+    marker_comes_next(
+        &server,
+        &mut sub,
+        ["pub", "status/marker"],
+        "cleared retained stayed cleared",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn expired_session_is_gone_after_restart() {
     // 5.0 MQTT-3.1.2-23 with downtime counted: the session ends once its expiry has passed.
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = start_on(dir.path()).await;
     let mut opts = rumqttc::v5::MqttOptions::new("short", "127.0.0.1", server.mqtt_addr.port());
     opts.set_clean_start(false);
     opts.set_session_expiry_interval(Some(1));
@@ -220,7 +239,7 @@ async fn expired_session_is_gone_after_restart() {
     // Let the 1 s expiry lapse while the broker is down (the thing under test is elapsed time).
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
 
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = start_on(dir.path()).await;
     let mut short_opts =
         rumqttc::v5::MqttOptions::new("short", "127.0.0.1", server.mqtt_addr.port());
     short_opts.set_clean_start(false);
@@ -240,10 +259,8 @@ async fn expired_session_is_gone_after_restart() {
 #[tokio::test]
 async fn corrupt_store_is_set_aside_and_the_broker_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_config(dir.path())).await;
-    let mut sub = V4::connect(server.mqtt_addr, "s", false).await;
-    sub.subscribe("t", QoS::AtLeastOnce).await;
-    sub.disconnect().await;
+    let server = start_on(dir.path()).await;
+    leave_subscribed(&server, "s", "t", QoS::AtLeastOnce).await;
     server.shutdown().await;
 
     // Flip bytes in every store file.
@@ -256,7 +273,7 @@ async fn corrupt_store_is_set_aside_and_the_broker_starts() {
         }
         std::fs::write(&path, bytes).expect("write");
     }
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = start_on(dir.path()).await;
     let set_aside = std::fs::read_dir(dir.path())
         .expect("data dir")
         .filter_map(Result::ok)
@@ -279,7 +296,7 @@ async fn delayed_will_survives_a_restart() {
     // 5.0 MQTT-3.1.2-8: the will is published after the Will Delay Interval, even when the
     // broker restarts in between (the pending will is stored).
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = start_on(dir.path()).await;
     let mut connect = common::v5::connect_packet("dying");
     connect.clean_start = false;
     connect.properties.session_expiry_interval = Some(3600);
@@ -301,9 +318,7 @@ async fn delayed_will_survives_a_restart() {
         assert!(std::time::Instant::now() < deadline, "close never noticed");
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    server.shutdown().await;
-
-    let server = common::start_with(durable_config(dir.path())).await;
+    let server = restart(server, dir.path()).await;
     let mut watcher = V4::connect(server.mqtt_addr, "watcher", true).await;
     watcher.subscribe("wills/#", QoS::AtLeastOnce).await;
     let will = watcher.next_publish().await;
@@ -322,9 +337,7 @@ async fn messages_dropped_for_room_stay_dropped_after_a_restart() {
     config.mqtt.max_queued_bytes = 10;
     config.mqtt.queue_overflow = postbox::config::OverflowPolicy::DropOldest;
     let server = common::start_with(config.clone()).await;
-    let mut sub = V4::connect(server.mqtt_addr, "slow", false).await;
-    sub.subscribe("q/#", QoS::AtLeastOnce).await;
-    sub.disconnect().await;
+    leave_subscribed(&server, "slow", "q/#", QoS::AtLeastOnce).await;
     let mut publ = V4::connect(server.mqtt_addr, "pub", true).await;
     for payload in [&b"aaa"[..], b"bbb", b"ccc", b"ddddddddd"] {
         publ.publish("q/m", QoS::AtLeastOnce, false, payload).await;
@@ -336,12 +349,11 @@ async fn messages_dropped_for_room_stay_dropped_after_a_restart() {
     let mut sub = V4::connect(server.mqtt_addr, "slow", false).await;
     assert!(sub.session_present);
     assert_eq!(&sub.next_publish().await.payload[..], b"ddddddddd");
-    let mut publ = V4::connect(server.mqtt_addr, "pub2", true).await;
-    publ.publish("q/marker", QoS::AtLeastOnce, false, b"m")
-        .await;
-    assert_eq!(
-        sub.next_publish().await.topic,
-        "q/marker",
-        "nothing else was queued"
-    );
+    marker_comes_next(
+        &server,
+        &mut sub,
+        ["pub2", "q/marker"],
+        "nothing else was queued",
+    )
+    .await;
 }

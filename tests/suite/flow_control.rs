@@ -20,6 +20,9 @@ use crate::common;
 use common::async_process::BrokerProcess;
 use common::{v5, RawClient, WAIT};
 
+/// How many sessions count as stalled now (a gauge the sweep refreshes).
+const STALLED: &str = "postbox_sessions_stalled";
+
 /// Encodes `packets` into one buffer, as a client pipelining them writes them.
 fn encoded(packets: &[Packet], version: ProtocolVersion) -> Vec<u8> {
     let mut out = bytes::BytesMut::new();
@@ -121,8 +124,7 @@ async fn a_burst_of_100_publishers_to_one_subscriber_loses_nothing_on_defaults()
     const EACH: u16 = 200;
     let server = common::start().await;
     let addr = server.mqtt_addr;
-    let mut sub = v5::connect_id(addr, "burst-sub").await;
-    v5::subscribe(&mut sub, "burst/t", QoS::AtLeastOnce).await;
+    let mut sub = v5::subscriber(addr, "burst-sub", "burst/t", QoS::AtLeastOnce).await;
     let publishers: Vec<_> = (0..PUBLISHERS)
         .map(|p| {
             tokio::spawn(pipelined_publisher(
@@ -144,18 +146,28 @@ async fn a_burst_of_100_publishers_to_one_subscriber_loses_nothing_on_defaults()
     assert_eq!(seen.len(), total, "every acknowledged message delivered");
 }
 
+/// A broker with the `[mqtt]` keys `mqtt` and two QoS 1 subscribers, each `(client id,
+/// filter)`: the first on the topic that gets held up, the second on another topic, which
+/// must not be.
+async fn two_subscribers(
+    mqtt: &str,
+    [(held_id, held_filter), (other_id, other_filter)]: [(&str, &str); 2],
+) -> (BrokerProcess, RawClient, RawClient) {
+    let broker = BrokerProcess::spawn("", mqtt).await;
+    let held = v5::subscriber(broker.addr, held_id, held_filter, QoS::AtLeastOnce).await;
+    let other = v5::subscriber(broker.addr, other_id, other_filter, QoS::AtLeastOnce).await;
+    (broker, held, other)
+}
+
 /// A subscriber that stops reading (its socket full, its QoS 1 window unacknowledged) pauses
 /// its publisher only until it counts as stalled (`mqtt.stalled_after`); then its overflow is
 /// dropped by policy and counted, and that publisher goes on. Publishers to other topics are
 /// never held up: the other topic's subscriber gets all 3,000 of its messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_subscriber_holds_up_nobody_beyond_the_stall_time() {
-    let broker = BrokerProcess::spawn("", "stalled_after = 2").await;
+    let pair = [("stalled-sub", "slow/t"), ("other-sub", "fast/t")];
+    let (broker, stalled, mut other) = two_subscribers("stalled_after = 2", pair).await;
     let addr = broker.addr;
-    let mut stalled = v5::connect_id(addr, "stalled-sub").await;
-    v5::subscribe(&mut stalled, "slow/t", QoS::AtLeastOnce).await;
-    let mut other = v5::connect_id(addr, "other-sub").await;
-    v5::subscribe(&mut other, "fast/t", QoS::AtLeastOnce).await;
     // From here on `stalled` reads nothing.
     let started = Instant::now();
     let to_slow = tokio::spawn(pipelined_publisher(
@@ -189,28 +201,13 @@ async fn a_stalled_subscriber_holds_up_nobody_beyond_the_stall_time() {
     assert!(took < Duration::from_secs(2) + WAIT, "took {took:?}");
     // Counted as stalled now (the gauge is refreshed by the sweep), and no more once it
     // has gone: an offline session is not a stalled one.
-    assert_eq!(stalled_gauge_becomes(&broker, 1.0).await, 1.0);
+    assert_eq!(broker.metric_settles_at(STALLED, 1.0).await, Some(1.0));
     assert_eq!(
         broker.metric("postbox_session_stalls_total").await,
         Some(1.0)
     );
     drop(stalled);
-    assert_eq!(stalled_gauge_becomes(&broker, 0.0).await, 0.0);
-}
-
-/// Polls `postbox_sessions_stalled` until it reads `want` (bounded: `WAIT`); the last value.
-async fn stalled_gauge_becomes(broker: &BrokerProcess, want: f64) -> f64 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let now = broker
-            .metric("postbox_sessions_stalled")
-            .await
-            .unwrap_or(-1.0);
-        if now == want || Instant::now() >= deadline {
-            return now;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eq!(broker.metric_settles_at(STALLED, 0.0).await, Some(0.0));
 }
 
 /// Two clients that each subscribe to what the other publishes, then both publish and stop
@@ -266,8 +263,7 @@ async fn large_messages_for_a_stalled_subscriber_keep_memory_under_the_budget() 
     const BUDGET: u64 = 128 << 20;
     let broker =
         BrokerProcess::spawn("", &format!("max_memory = {BUDGET}\nstalled_after = 1")).await;
-    let mut stalled = v5::connect_id(broker.addr, "big-sub").await;
-    v5::subscribe(&mut stalled, "big/t", QoS::AtLeastOnce).await;
+    let stalled = v5::subscriber(broker.addr, "big-sub", "big/t", QoS::AtLeastOnce).await;
     let c = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "big-pub", true).await;
     let (mut read, mut write) = c.stream.into_split();
     let payload = vec![0x5a; 1_000_000];
@@ -361,8 +357,7 @@ async fn over_the_memory_budget_publishes_are_refused_with_quota_exceeded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_publisher_that_is_taken_over_is_no_longer_counted() {
     let broker = BrokerProcess::spawn("", "stalled_after = 60").await;
-    let mut slow = v5::connect_id(broker.addr, "slow-sub").await;
-    v5::subscribe(&mut slow, "held/t", QoS::AtLeastOnce).await;
+    let slow = v5::subscriber(broker.addr, "slow-sub", "held/t", QoS::AtLeastOnce).await;
     // From here on `slow` reads nothing: its queue fills, and the publisher pauses for it.
     let publisher =
         RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "held-pub", true).await;
@@ -390,11 +385,8 @@ async fn a_paused_publisher_that_is_taken_over_is_no_longer_counted() {
 /// (exactly-once, MQTT-4.3.3). Once the full session drains, publishes are accepted again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
-    let broker = BrokerProcess::spawn(
-        "",
-        "max_queued_messages = 3\nqueue_overflow = \"refuse\"\nstalled_after = 60",
-    )
-    .await;
+    let refuse_past_3 = "max_queued_messages = 3\nqueue_overflow = \"refuse\"\nstalled_after = 60";
+    let broker = BrokerProcess::spawn("", refuse_past_3).await;
     let mut offline = v5::connect_packet("away");
     offline.clean_start = false;
     offline.properties.session_expiry_interval = Some(600);
@@ -407,8 +399,7 @@ async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
         .wait_metric("postbox_connections_current", |v| v == 0.0)
         .await;
 
-    let mut live = v5::connect_id(broker.addr, "live").await;
-    v5::subscribe(&mut live, "refuse/t", QoS::ExactlyOnce).await;
+    let mut live = v5::subscriber(broker.addr, "live", "refuse/t", QoS::ExactlyOnce).await;
     let mut publisher = v5::connect_id(broker.addr, "producer").await;
     let whose = "the offline session's queue of 3";
     v5::fill_a_queue_of_3_then_refused(&mut publisher, "refuse/t", whose).await;
@@ -464,12 +455,9 @@ async fn a_full_offline_queue_refuses_publishes_under_the_refuse_policy() {
 /// still being throttled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_client_is_throttled_to_its_rate_while_others_keep_going() {
-    let broker = BrokerProcess::spawn("", "max_publish_rate = 200").await;
+    let pair = [("flood-sink", "flood/t"), ("calm-sub", "calm/t")];
+    let (broker, mut sink, mut calm_sub) = two_subscribers("max_publish_rate = 200", pair).await;
     let addr = broker.addr;
-    let mut sink = v5::connect_id(addr, "flood-sink").await;
-    v5::subscribe(&mut sink, "flood/t", QoS::AtLeastOnce).await;
-    let mut calm_sub = v5::connect_id(addr, "calm-sub").await;
-    v5::subscribe(&mut calm_sub, "calm/t", QoS::AtLeastOnce).await;
 
     let flooder = RawClient::connect(addr, ProtocolVersion::V3_1_1, "flooder", true).await;
     let (mut read, mut write) = flooder.stream.into_split();

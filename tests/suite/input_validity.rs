@@ -310,28 +310,16 @@ async fn disallowed_code_points_in_forwarded_properties_are_malformed_by_default
             set(&mut p.properties, text.clone());
             Packet::Publish(p)
         };
-        expect_refused(
-            addr,
-            V5,
-            &with(|p, t| p.content_type = Some(t.into())),
-            code,
-        )
-        .await;
-        expect_refused(
-            addr,
-            V5,
-            &with(|p, t| p.response_topic = Some(t.into())),
-            code,
-        )
-        .await;
-        let value = |p: &mut PublishProperties, t: String| {
-            p.user_properties = vec![("k".into(), t.into())];
-        };
-        expect_refused(addr, V5, &with(value), code).await;
-        let name = |p: &mut PublishProperties, t: String| {
-            p.user_properties = vec![(t.into(), "v".into())];
-        };
-        expect_refused(addr, V5, &with(name), code).await;
+        // In the Content Type, the Response Topic, a User Property's value, and its name.
+        let carriers: [fn(&mut PublishProperties, String); 4] = [
+            |p, t| p.content_type = Some(t.into()),
+            |p, t| p.response_topic = Some(t.into()),
+            |p, t| p.user_properties = vec![("k".into(), t.into())],
+            |p, t| p.user_properties = vec![(t.into(), "v".into())],
+        ];
+        for carrier in carriers {
+            expect_refused(addr, V5, &with(carrier), code).await;
+        }
     }
     for bad in NON_CHARACTERS {
         expect_refused(addr, V5, &publish(&format!("p/{bad}"), b"x"), code).await;

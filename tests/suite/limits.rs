@@ -3,18 +3,11 @@
 //! (`mqtt.max_subscriptions_per_client`). Each refusal uses the code MQTT 5 has for "correctly
 //! formed, but not accepted" and closes nothing it need not.
 
-use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode, SubscriptionOptions};
+use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
 
 use crate::common;
 use common::async_process::BrokerProcess;
 use common::{v5, RawClient};
-
-fn options(qos: QoS) -> SubscriptionOptions {
-    SubscriptionOptions {
-        qos,
-        ..Default::default()
-    }
-}
 
 /// A topic of `levels` levels.
 fn deep(levels: usize) -> String {
@@ -28,8 +21,7 @@ fn deep(levels: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_over_the_topic_limits_is_refused_with_0x90() {
     let broker = BrokerProcess::spawn("", "max_topic_levels = 8\nmax_topic_length = 40").await;
-    let mut sub = v5::connect_id(broker.addr, "watcher").await;
-    v5::subscribe(&mut sub, "#", QoS::AtLeastOnce).await;
+    let mut sub = v5::subscriber(broker.addr, "watcher", "#", QoS::AtLeastOnce).await;
     let mut c = v5::connect_id(broker.addr, "deep-publisher").await;
     assert_eq!(
         v5::publish_qos1(&mut c, &deep(9), b"x", 1).await,
@@ -76,15 +68,15 @@ async fn a_publish_over_the_topic_limits_is_refused_with_0x90() {
 async fn a_filter_over_the_topic_limits_gets_0x8f_and_3x_0x80() {
     let broker = BrokerProcess::spawn("", "max_topic_levels = 4").await;
     let mut c = v5::connect_id(broker.addr, "deep-subscriber").await;
-    let ack = v5::subscribe_with(&mut c, "a/b/c/d/#", options(QoS::AtLeastOnce), None).await;
+    let ack = v5::subscribe_with(&mut c, "a/b/c/d/#", v5::options(QoS::AtLeastOnce), None).await;
     assert_eq!(ack.reason_codes, vec![ReasonCode::TOPIC_FILTER_INVALID]);
-    let ack = v5::subscribe_with(&mut c, "a/b/c/#", options(QoS::AtLeastOnce), None).await;
+    let ack = v5::subscribe_with(&mut c, "a/b/c/#", v5::options(QoS::AtLeastOnce), None).await;
     assert_eq!(ack.reason_codes, vec![ReasonCode::GRANTED_QOS_1]);
 
     let mut old = RawClient::connect(broker.addr, ProtocolVersion::V3_1_1, "old-sub", true).await;
     old.send(&Packet::Subscribe(postbox::codec::Subscribe {
         packet_id: 5,
-        filters: vec![("a/b/c/d/e".into(), options(QoS::AtMostOnce))],
+        filters: vec![("a/b/c/d/e".into(), v5::options(QoS::AtMostOnce))],
         ..Default::default()
     }))
     .await;
@@ -100,12 +92,11 @@ async fn a_filter_over_the_topic_limits_gets_0x8f_and_3x_0x80() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_beyond_the_per_client_limit_get_quota_exceeded() {
     let broker = BrokerProcess::spawn("", "max_subscriptions_per_client = 2").await;
-    let mut c = v5::connect_id(broker.addr, "collector").await;
-    v5::subscribe(&mut c, "one", QoS::AtLeastOnce).await;
+    let mut c = v5::subscriber(broker.addr, "collector", "one", QoS::AtLeastOnce).await;
     v5::subscribe(&mut c, "two", QoS::AtLeastOnce).await;
-    let ack = v5::subscribe_with(&mut c, "three", options(QoS::AtLeastOnce), None).await;
+    let ack = v5::subscribe_with(&mut c, "three", v5::options(QoS::AtLeastOnce), None).await;
     assert_eq!(ack.reason_codes, vec![ReasonCode::QUOTA_EXCEEDED]);
-    let ack = v5::subscribe_with(&mut c, "two", options(QoS::AtMostOnce), None).await;
+    let ack = v5::subscribe_with(&mut c, "two", v5::options(QoS::AtMostOnce), None).await;
     assert_eq!(
         ack.reason_codes,
         vec![ReasonCode::GRANTED_QOS_0],
@@ -124,7 +115,7 @@ async fn subscriptions_beyond_the_per_client_limit_get_quota_exceeded() {
             None => panic!("closed before UNSUBACK"),
         }
     }
-    let ack = v5::subscribe_with(&mut c, "three", options(QoS::AtLeastOnce), None).await;
+    let ack = v5::subscribe_with(&mut c, "three", v5::options(QoS::AtLeastOnce), None).await;
     assert_eq!(ack.reason_codes, vec![ReasonCode::GRANTED_QOS_1]);
 }
 

@@ -29,6 +29,17 @@ async fn next(link: &mut Link) -> LinkDelivery {
         .expect("link still attached")
 }
 
+/// Publishes the first `(topic, payload)` at QoS 1 and the second at QoS 2 (neither
+/// retained), each once the broker has acknowledged it (PUBACK / PUBCOMP).
+async fn publish_at_1_and_2(publisher: &mut V4, [(qos1, one), (qos2, two)]: [(&str, &str); 2]) {
+    publisher
+        .publish(qos1, rumqttc::QoS::AtLeastOnce, false, one.as_bytes())
+        .await;
+    publisher
+        .publish(qos2, rumqttc::QoS::ExactlyOnce, false, two.as_bytes())
+        .await;
+}
+
 #[tokio::test]
 async fn a_link_receives_acks_and_resumes_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -41,12 +52,7 @@ async fn a_link_receives_acks_and_resumes_after_a_restart() {
     // A real client publishes at QoS 1 and 2; its PUBACK / PUBCOMP mean the link's session
     // holds the message durably.
     let mut publisher = V4::connect(server.mqtt_addr, "sensor", true).await;
-    publisher
-        .publish("plant/a", rumqttc::QoS::AtLeastOnce, false, b"one")
-        .await;
-    publisher
-        .publish("plant/b", rumqttc::QoS::ExactlyOnce, false, b"two")
-        .await;
+    publish_at_1_and_2(&mut publisher, [("plant/a", "one"), ("plant/b", "two")]).await;
 
     let first = next(&mut link).await;
     assert_eq!(
@@ -66,12 +72,7 @@ async fn a_link_receives_acks_and_resumes_after_a_restart() {
         .expect("ack QoS 2 (PUBREC, then PUBCOMP)");
 
     // Two more: the link receives both but acknowledges neither; one more stays queued.
-    publisher
-        .publish("plant/c", rumqttc::QoS::AtLeastOnce, false, b"three")
-        .await;
-    publisher
-        .publish("plant/d", rumqttc::QoS::ExactlyOnce, false, b"four")
-        .await;
+    publish_at_1_and_2(&mut publisher, [("plant/c", "three"), ("plant/d", "four")]).await;
     let third = next(&mut link).await;
     let fourth = next(&mut link).await;
     assert_eq!(&*third.message.topic, "plant/c");
@@ -167,22 +168,17 @@ async fn a_link_ack_of_the_wrong_kind_is_refused() {
     let qos2 = next(&mut link).await;
     assert_eq!((qos1.qos, qos2.qos), (QoS::AtLeastOnce, QoS::ExactlyOnce));
 
-    let as_qos2 = LinkDelivery {
-        qos: QoS::ExactlyOnce,
-        ..qos1.clone()
-    };
-    assert!(matches!(
-        link.ack(&as_qos2).await,
-        Err(LinkError::AckMismatch(_))
-    ));
-    let as_qos1 = LinkDelivery {
-        qos: QoS::AtLeastOnce,
-        ..qos2.clone()
-    };
-    assert!(matches!(
-        link.ack(&as_qos1).await,
-        Err(LinkError::AckMismatch(_))
-    ));
+    // The QoS 1 delivery acknowledged as a QoS 2 one, and the other way round.
+    for (delivery, wrong_qos) in [(&qos1, QoS::ExactlyOnce), (&qos2, QoS::AtLeastOnce)] {
+        let wrong_kind = LinkDelivery {
+            qos: wrong_qos,
+            ..delivery.clone()
+        };
+        assert!(matches!(
+            link.ack(&wrong_kind).await,
+            Err(LinkError::AckMismatch(_))
+        ));
+    }
     link.ack(&qos1).await.expect("PUBACK fits");
     link.ack(&qos2).await.expect("PUBREC, PUBCOMP fit");
     // Acknowledged twice: nothing in flight under those ids any more, ignored.

@@ -24,6 +24,23 @@ fn persistent(client_id: &str, clean: bool) -> postbox::codec::Connect {
     connect
 }
 
+/// The broker from the config file `config`, with `NO_COLOR` set but empty (as if unset): its
+/// stdout is a pipe, so its log must carry no colour codes either way.
+async fn spawn_piped(config: &str) -> BrokerProcess {
+    BrokerProcess::spawn_file(config, &[("NO_COLOR", "")]).await
+}
+
+/// Asserts that no line `broker` logged so far carries a terminal colour code (ESC): its
+/// output is a pipe.
+fn assert_no_colour_codes(broker: &BrokerProcess) {
+    for line in broker.logs() {
+        assert!(
+            !line.contains('\u{1b}'),
+            "colour codes in a piped log: {line:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_has_lifecycle_fields_and_no_secret() {
     // A password file (alice / the password below), JWT keys, JSON lines, every level, and
@@ -39,14 +56,11 @@ async fn the_log_has_lifecycle_fields_and_no_secret() {
         .expect("postbox passwd");
     assert!(status.success());
     let key = jwt_dir().join("rsa.pub");
-    let broker = BrokerProcess::spawn_file(
-        &format!(
-            "[storage]\npersistence = false\n[log]\nlevel = \"trace\"\nformat = \"json\"\n\
-             [auth]\nallow_anonymous = false\npassword_file = {passwords:?}\n\
-             [auth.jwt]\npublic_key = {key:?}\nleeway = 0\n"
-        ),
-        &[("NO_COLOR", "")],
-    )
+    let broker = spawn_piped(&format!(
+        "[storage]\npersistence = false\n[log]\nlevel = \"trace\"\nformat = \"json\"\n\
+         [auth]\nallow_anonymous = false\npassword_file = {passwords:?}\n\
+         [auth.jwt]\npublic_key = {key:?}\nleeway = 0\n"
+    ))
     .await;
     let token = rs256(
         &jwt_dir().join("rsa.key"),
@@ -274,6 +288,15 @@ fn rewrite(broker: &BrokerProcess, text: &str) -> usize {
     first
 }
 
+/// Rewrites `broker`'s config file to `text` ([`rewrite`]), sends SIGHUP and waits until the
+/// reload says it applied `key`.
+async fn reload_applying(broker: &BrokerProcess, text: &str, key: &str) {
+    rewrite(broker, text);
+    broker.signal(libc::SIGHUP);
+    let applied = format!("reload: applied {key}");
+    broker.wait_log(|l| l.contains(&applied)).await;
+}
+
 /// Connects `id`, sends a PUBLISH to a wildcard topic (a protocol violation, MQTT-3.3.2-2,
 /// logged at debug) and waits for the broker's `client disconnected` line about it.
 async fn violate(broker: &BrokerProcess, id: &str) {
@@ -293,11 +316,7 @@ async fn violate(broker: &BrokerProcess, id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_applies_the_log_level_and_keeps_the_config_when_the_file_is_bad() {
     // Text lines, NO_COLOR unset: stdout is a pipe, so no colour codes.
-    let broker = BrokerProcess::spawn_file(
-        "[storage]\npersistence = false\n[log]\nlevel = \"info\"\n",
-        &[("NO_COLOR", "")],
-    )
-    .await;
+    let broker = spawn_piped("[storage]\npersistence = false\n[log]\nlevel = \"info\"\n").await;
     let debug_line = |id: &'static str| {
         move |l: &str| l.contains("protocol violation") && l.contains(id) && l.contains("DEBUG")
     };
@@ -306,14 +325,12 @@ async fn sighup_applies_the_log_level_and_keeps_the_config_when_the_file_is_bad(
         !broker.logs().iter().any(|l| debug_line("before")(l)),
         "debug line at info level"
     );
-    rewrite(
+    reload_applying(
         &broker,
         "[storage]\npersistence = false\n[log]\nlevel = \"debug\"\n",
-    );
-    broker.signal(libc::SIGHUP);
-    broker
-        .wait_log(|l| l.contains("reload: applied log.level"))
-        .await;
+        "log.level",
+    )
+    .await;
     violate(&broker, "after").await;
     broker.wait_log(debug_line("after")).await;
 
@@ -343,22 +360,13 @@ async fn sighup_applies_the_log_level_and_keeps_the_config_when_the_file_is_bad(
     assert!(rejected.contains("postbox.toml"), "{rejected}");
     violate(&broker, "again").await;
     broker.wait_log(debug_line("again")).await;
-    for line in broker.logs() {
-        assert!(
-            !line.contains('\u{1b}'),
-            "colour codes in a piped log: {line:?}"
-        );
-    }
+    assert_no_colour_codes(&broker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_restart() {
     // NO_COLOR unset: stdout is a pipe, so no colour codes either.
-    let broker = BrokerProcess::spawn_file(
-        "[storage]\npersistence = false\n[mqtt]\nmax_connections = 1\n",
-        &[("NO_COLOR", "")],
-    )
-    .await;
+    let broker = spawn_piped("[storage]\npersistence = false\n[mqtt]\nmax_connections = 1\n").await;
     let first = v5::connect_id(broker.addr, "first").await;
     // The broker's bound: 0x89 Server busy (MQTT 5 §3.2.2.2).
     let (_, answer) = v5::open(broker.addr, v5::connect_packet("second")).await;
@@ -366,14 +374,12 @@ async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_r
         Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SERVER_BUSY),
         other => panic!("{other:?}"),
     }
-    rewrite(
+    reload_applying(
         &broker,
         "[storage]\npersistence = false\n[mqtt]\nmax_connections = 2\nmax_qos = 1\n",
-    );
-    broker.signal(libc::SIGHUP);
-    broker
-        .wait_log(|l| l.contains("reload: applied mqtt.max_connections"))
-        .await;
+        "mqtt.max_connections",
+    )
+    .await;
     broker
         .wait_log(|l| l.contains("needs a restart: mqtt.max_qos"))
         .await;
@@ -382,12 +388,7 @@ async fn sighup_changes_a_limit_for_new_connections_and_names_keys_that_need_a_r
     assert_eq!(ack.properties.maximum_qos, None);
     v5::disconnect(second).await;
     v5::disconnect(first).await;
-    for line in broker.logs() {
-        assert!(
-            !line.contains('\u{1b}'),
-            "colour codes in a piped log: {line:?}"
-        );
-    }
+    assert_no_colour_codes(&broker);
 }
 
 /// A v5 client `mortal` with a will on `wills/mortal` and no delay.

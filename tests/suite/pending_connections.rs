@@ -39,6 +39,15 @@ async fn silent(broker: &BrokerProcess, hosts: &[u8], count: usize) -> Vec<TcpSt
     sockets
 }
 
+/// A broker whose listener holds at most `per_listener` pending connections (accepted, no
+/// CONNECT yet) and `per_ip` from one address, with the `[mqtt]` keys `mqtt`.
+async fn with_pending_bounds((per_listener, per_ip): (usize, usize), mqtt: &str) -> BrokerProcess {
+    let listener = format!(
+        "max_pending_connections = {per_listener}\nmax_pending_connections_per_ip = {per_ip}"
+    );
+    BrokerProcess::spawn(&listener, mqtt).await
+}
+
 /// 200 silent sockets are all held (pending), and a real client still connects, on a
 /// listener whose `max_connections` is 5: before, the first five took every slot and the
 /// client was closed at accept until the silent ones timed out (17-25 s later).
@@ -119,11 +128,7 @@ async fn max_connections_refuses_the_connect_with_a_reason() {
 /// 100 publishers at the default 64 per address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_real_clients_from_one_address_is_let_in() {
-    let broker = BrokerProcess::spawn(
-        "max_pending_connections = 4\nmax_pending_connections_per_ip = 2",
-        "",
-    )
-    .await;
+    let broker = with_pending_bounds((4, 2), "").await;
     let addr = broker.addr;
     let clients: Vec<_> = (0..100)
         .map(|i| {
@@ -155,11 +160,7 @@ async fn a_burst_of_real_clients_from_one_address_is_let_in() {
 /// neither stops a client from another address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_connections_are_bounded_per_address_and_per_listener() {
-    let broker = BrokerProcess::spawn(
-        "max_pending_connections = 30\nmax_pending_connections_per_ip = 10",
-        "connect_timeout = 60",
-    )
-    .await;
+    let broker = with_pending_bounds((30, 10), "connect_timeout = 60").await;
     // 15 from 127.0.0.7: 10 are held, 5 closed at once.
     let mut from_one = silent(&broker, &[7], 15).await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

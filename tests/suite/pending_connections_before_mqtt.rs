@@ -18,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::websocket::{upgrade_over, BINARY, CONNACK_OK};
+use crate::websocket::{upgrade_over, WsIo, BINARY, CONNACK_OK};
 use common::async_process::{connect_from, report_close, BrokerProcess};
 use common::{connect_bytes, v5, WAIT};
 
@@ -128,53 +128,66 @@ async fn tls_client(addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStre
         .expect("TLS handshake")
 }
 
+/// Upgrades `stream` to a WebSocket on `/mqtt` (subprotocol `mqtt`) and connects `client_id`
+/// over it: the real client that gets in while the bound holds the stalled ones.
+async fn connects_over_websocket(stream: Box<dyn WsIo>, addr: SocketAddr, client_id: &str) {
+    let (head, mut ws) = upgrade_over(stream, addr, "/mqtt", Some("mqtt"), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    ws.send_frame(BINARY, &connect_bytes(client_id)).await;
+    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
+}
+
+/// The scenario of every listener kind here: a broker with one listener of `kind` (plus
+/// `extra` keys) whose bound holds [`STALLED`] sockets that each sent only `opening`
+/// ([`bound_holds`]); meanwhile `real` connects a real client, then the broker is killed.
+async fn while_the_bound_holds(
+    (kind, extra): (&str, &str),
+    opening: &'static [u8],
+    real: impl AsyncFnOnce(&BrokerProcess),
+) {
+    let broker = broker(kind, extra).await;
+    let watchers = bound_holds(&broker, opening).await;
+    real(&broker).await;
+    watchers.iter().for_each(tokio::task::JoinHandle::abort);
+    broker.kill().await;
+}
+
 /// `kind = "tls"`: half-sent `ClientHello`s past the bound are closed at once; a real TLS
 /// client connects meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_handshakes_that_stall_take_pending_slots() {
-    let broker = broker("tls", "").await;
-    let watchers = bound_holds(&broker, HALF_CLIENT_HELLO).await;
-    let mut real = tls_client(broker.addr).await;
-    assert_eq!(
-        v5::connack_over(&mut real, "real-tls").await,
-        Some(ReasonCode::SUCCESS)
-    );
-    // The real client's handshake waited for it, so it held a slot too, and gave it back.
-    assert_eq!(broker.metric(PENDING).await, Some(PER_IP as f64));
-    watchers.iter().for_each(tokio::task::JoinHandle::abort);
-    broker.kill().await;
+    while_the_bound_holds(("tls", ""), HALF_CLIENT_HELLO, async |broker| {
+        let mut real = tls_client(broker.addr).await;
+        assert_eq!(
+            v5::connack_over(&mut real, "real-tls").await,
+            Some(ReasonCode::SUCCESS)
+        );
+        // The real client's handshake waited for it, so it held a slot too, and gave it back.
+        assert_eq!(broker.metric(PENDING).await, Some(PER_IP as f64));
+    })
+    .await;
 }
 
 /// `kind = "ws"`: upgrade requests that stop after their first line, past the bound, are
 /// closed at once; a real WebSocket client connects meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_upgrades_that_stall_take_pending_slots() {
-    let broker = broker("ws", "").await;
-    let watchers = bound_holds(&broker, HALF_UPGRADE).await;
-    let tcp = TcpStream::connect(broker.addr).await.expect("connect");
-    let (head, mut ws) =
-        upgrade_over(Box::new(tcp), broker.addr, "/mqtt", Some("mqtt"), None).await;
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    ws.send_frame(BINARY, &connect_bytes("real-ws")).await;
-    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
-    watchers.iter().for_each(tokio::task::JoinHandle::abort);
-    broker.kill().await;
+    while_the_bound_holds(("ws", ""), HALF_UPGRADE, async |broker| {
+        let tcp = TcpStream::connect(broker.addr).await.expect("connect");
+        connects_over_websocket(Box::new(tcp), broker.addr, "real-ws").await;
+    })
+    .await;
 }
 
 /// `kind = "wss"`: half-sent `ClientHello`s past the bound are closed at once; a real client
 /// (TLS, upgrade, CONNECT) connects meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wss_handshakes_that_stall_take_pending_slots() {
-    let broker = broker("wss", "").await;
-    let watchers = bound_holds(&broker, HALF_CLIENT_HELLO).await;
-    let tls = tls_client(broker.addr).await;
-    let (head, mut ws) =
-        upgrade_over(Box::new(tls), broker.addr, "/mqtt", Some("mqtt"), None).await;
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    ws.send_frame(BINARY, &connect_bytes("real-wss")).await;
-    assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
-    watchers.iter().for_each(tokio::task::JoinHandle::abort);
-    broker.kill().await;
+    while_the_bound_holds(("wss", ""), HALF_CLIENT_HELLO, async |broker| {
+        let tls = tls_client(broker.addr).await;
+        connects_over_websocket(Box::new(tls), broker.addr, "real-wss").await;
+    })
+    .await;
 }
 
 /// `proxy_protocol = true`: sockets that stop in their PROXY header count against the
@@ -182,22 +195,22 @@ async fn wss_handshakes_that_stall_take_pending_slots() {
 /// are closed at once, and a client behind the balancer connects meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_headers_that_stall_take_pending_slots() {
-    let broker = broker("tcp", "proxy_protocol = true").await;
-    let watchers = bound_holds(&broker, HALF_PROXY_HEADER).await;
-    let mut real = TcpStream::connect(broker.addr).await.expect("connect");
-    let header = format!(
-        "PROXY TCP4 203.0.113.5 127.0.0.1 40000 {}\r\n",
-        broker.addr.port()
-    );
-    real.write_all(header.as_bytes())
-        .await
-        .expect("write header");
-    assert_eq!(
-        v5::connack_over(&mut real, "real-proxied").await,
-        Some(ReasonCode::SUCCESS)
-    );
-    watchers.iter().for_each(tokio::task::JoinHandle::abort);
-    broker.kill().await;
+    let kind = ("tcp", "proxy_protocol = true");
+    while_the_bound_holds(kind, HALF_PROXY_HEADER, async |broker| {
+        let mut real = TcpStream::connect(broker.addr).await.expect("connect");
+        let header = format!(
+            "PROXY TCP4 203.0.113.5 127.0.0.1 40000 {}\r\n",
+            broker.addr.port()
+        );
+        real.write_all(header.as_bytes())
+            .await
+            .expect("write header");
+        assert_eq!(
+            v5::connack_over(&mut real, "real-proxied").await,
+            Some(ReasonCode::SUCCESS)
+        );
+    })
+    .await;
 }
 
 /// `kind = "tls"` behind a balancer: a client whose TLS handshake stalls after its header
@@ -219,23 +232,16 @@ async fn a_stalled_tls_handshake_behind_a_balancer_counts_the_named_client() {
         let header = format!("PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n");
         [header.as_bytes(), HALF_CLIENT_HELLO].concat()
     };
-    let mut first = TcpStream::connect(broker.addr).await.expect("connect");
-    first
-        .write_all(&stalled("203.0.113.7"))
-        .await
-        .expect("write");
+    let stalling = async |client: &str| {
+        let mut socket = TcpStream::connect(broker.addr).await.expect("connect");
+        socket.write_all(&stalled(client)).await.expect("write");
+        socket
+    };
+    let first = stalling("203.0.113.7").await;
     broker.wait_metric(PENDING, |n| n >= 1.0).await;
-    let mut second = TcpStream::connect(broker.addr).await.expect("connect");
-    second
-        .write_all(&stalled("203.0.113.7"))
-        .await
-        .expect("write");
+    let mut second = stalling("203.0.113.7").await;
     common::async_process::closed(&mut second).await;
-    let mut other = TcpStream::connect(broker.addr).await.expect("connect");
-    other
-        .write_all(&stalled("198.51.100.9"))
-        .await
-        .expect("write");
+    let other = stalling("198.51.100.9").await;
     broker.wait_metric(PENDING, |n| n >= 2.0).await;
     assert_eq!(broker.metric(REFUSED_PER_IP).await, Some(1.0));
     drop((first, other));

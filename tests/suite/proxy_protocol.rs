@@ -7,7 +7,6 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
 use tokio::io::AsyncWriteExt;
@@ -17,6 +16,9 @@ use crate::common;
 use crate::websocket::{upgrade_over, BINARY, CONNACK_OK};
 use common::async_process::BrokerProcess;
 use common::{connect_bytes, v5, RawClient, WAIT};
+
+/// Connections whose handshake is still waiting for the client.
+const PENDING: &str = "postbox_connections_pending";
 
 fn v1_header(client: &str, port: u16) -> Vec<u8> {
     format!("PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\n").into_bytes()
@@ -81,21 +83,6 @@ async fn connack_after_header(
     (tls, code)
 }
 
-/// Polls `postbox_connections_pending` until it reads `want` (bounded by `WAIT`).
-async fn pending_becomes(broker: &BrokerProcess, want: f64) -> f64 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let now = broker
-            .metric("postbox_connections_pending")
-            .await
-            .unwrap_or(-1.0);
-        if now == want || Instant::now() >= deadline {
-            return now;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A client behind the balancer connects and publishes as usual once the header is read;
 /// the v2 binary form works like v1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,7 +141,7 @@ async fn per_address_limits_count_the_named_client() {
     let mut a = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
     a.send_raw(&[v1_header("203.0.113.7", port), connect[..2].to_vec()].concat())
         .await;
-    assert_eq!(pending_becomes(&broker, 1.0).await, 1.0);
+    assert_eq!(broker.metric_settles_at(PENDING, 1.0).await, Some(1.0));
     let mut same = RawClient::open(broker.addr, ProtocolVersion::V3_1_1).await;
     same.send_raw(&[v1_header("203.0.113.7", port), connect[..2].to_vec()].concat())
         .await;
@@ -167,8 +154,8 @@ async fn per_address_limits_count_the_named_client() {
         .send_raw(&[v1_header("198.51.100.9", port), connect[..2].to_vec()].concat())
         .await;
     assert_eq!(
-        pending_becomes(&broker, 2.0).await,
-        2.0,
+        broker.metric_settles_at(PENDING, 2.0).await,
+        Some(2.0),
         "198.51.100.9 has a bound of its own"
     );
     other.send_raw(&connect[2..]).await;

@@ -36,30 +36,26 @@ async fn populate(config: &BrokerConfig) {
     sub.subscribe("q/#", QoS::AtLeastOnce).await;
     sub.disconnect().await;
     let mut publisher = V4::connect(config.mqtt, "pub", true).await;
-    for i in 0..RETAINED {
-        let payload = retained_payload(i);
+    // The retained ones first, then the queued ones.
+    let retained = (0..RETAINED).map(|i| (format!("r/{i}"), retained_payload(i), true));
+    let queued = (0..QUEUED).map(|i| (format!("q/{i}"), queued_payload(i), false));
+    for (topic, payload, retain) in retained.chain(queued) {
         publisher
-            .publish(
-                &format!("r/{i}"),
-                QoS::AtLeastOnce,
-                true,
-                payload.as_bytes(),
-            )
-            .await;
-    }
-    for i in 0..QUEUED {
-        let payload = queued_payload(i);
-        publisher
-            .publish(
-                &format!("q/{i}"),
-                QoS::AtLeastOnce,
-                false,
-                payload.as_bytes(),
-            )
+            .publish(&topic, QoS::AtLeastOnce, retain, payload.as_bytes())
             .await;
     }
     publisher.disconnect().await;
     assert!(broker.terminate().success(), "clean exit on SIGTERM");
+}
+
+/// A store [`populate`]d in a fresh work directory: the directory (to live as long as the
+/// test), the data directory, the config.
+async fn populated() -> (tempfile::TempDir, PathBuf, BrokerConfig) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), &data);
+    populate(&config).await;
+    (dir, data, config)
 }
 
 /// The one log file of a store that was never compacted.
@@ -118,10 +114,7 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_flipped_byte_loses_only_the_records_of_its_frame() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let config = write_config(dir.path(), &data);
-    populate(&config).await;
+    let (_dir, data, config) = populated().await;
 
     // One byte flipped inside the payload of queued message 100, in the middle of the log.
     const DAMAGED: usize = 100;
@@ -235,10 +228,7 @@ impl Drop for ReadOnly {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_store_stops_the_broker_and_is_left_untouched() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let config = write_config(dir.path(), &data);
-    populate(&config).await;
+    let (_dir, data, config) = populated().await;
     let before = tree(&data);
     // chmod does not stop root; a read-only mount stops everyone.
     let guard = match ReadOnly::mount(&data) {
@@ -248,12 +238,7 @@ async fn a_read_only_store_stops_the_broker_and_is_left_untouched() {
             return;
         }
     };
-    let Err(exited) = Broker::try_start(&config) else {
-        panic!("the broker started on a read-only store");
-    };
-    drop(guard);
-    assert!(!exited.status.success(), "{exited:?}");
-    let out = &exited.output;
+    let out = &refused_start(&config, guard, "the broker started on a read-only store");
     assert!(
         out.contains(&data.join("store").display().to_string()),
         "{out}"
@@ -262,11 +247,24 @@ async fn a_read_only_store_stops_the_broker_and_is_left_untouched() {
         out.contains("mounted read-only: remount it read-write"),
         "{out}"
     );
+    assert_eq!(tree(&data), before, "the store is byte-for-byte as it was");
+}
+
+/// Starts the broker on `config`, whose store `guard` made unusable: it must exit with a
+/// failure (`started`: the message if it ran instead), and must not call the I/O error
+/// corruption. The guard is dropped (the store restored) once it has exited; what it printed.
+fn refused_start(config: &BrokerConfig, guard: impl Sized, started: &str) -> String {
+    let Err(exited) = Broker::try_start(config) else {
+        panic!("{started}");
+    };
+    drop(guard);
+    assert!(!exited.status.success(), "{exited:?}");
+    let out = exited.output;
     assert!(
         !out.contains("corrupt"),
         "an I/O error is not corruption: {out}"
     );
-    assert_eq!(tree(&data), before, "the store is byte-for-byte as it was");
+    out
 }
 
 /// The store's files made unwritable for whoever runs the test (`chattr +i`, which also stops
@@ -307,10 +305,7 @@ impl Drop for Unwritable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unwritable_store_files_stop_the_broker_instead_of_an_empty_start() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let config = write_config(dir.path(), &data);
-    populate(&config).await;
+    let (_dir, data, config) = populated().await;
     let before = tree(&data);
     let files: Vec<PathBuf> = before
         .iter()
@@ -324,30 +319,22 @@ async fn unwritable_store_files_stop_the_broker_instead_of_an_empty_start() {
             return;
         }
     };
-    let Err(exited) = Broker::try_start(&config) else {
-        panic!("the broker started (empty?) on a store it cannot write");
-    };
-    drop(guard);
-    assert!(!exited.status.success(), "{exited:?}");
-    let out = &exited.output;
+    let out = &refused_start(
+        &config,
+        guard,
+        "the broker started (empty?) on a store it cannot write",
+    );
     assert!(
         out.contains(&only_log(&data).display().to_string()),
         "{out}"
     );
     assert!(out.contains("read and write access"), "{out}");
-    assert!(
-        !out.contains("corrupt"),
-        "an I/O error is not corruption: {out}"
-    );
     assert_eq!(tree(&data), before, "the store is byte-for-byte as it was");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_truncated_to_five_bytes_is_warned_about() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let config = write_config(dir.path(), &data);
-    populate(&config).await;
+    let (_dir, data, config) = populated().await;
     let log = only_log(&data);
     std::fs::OpenOptions::new()
         .write(true)
@@ -398,10 +385,7 @@ async fn the_store_is_private_whatever_the_umask() {
     // test process's own, set to the value it has on most systems anyway.)
     // SAFETY: umask only swaps the process's file mode mask.
     unsafe { libc::umask(0o022) };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let config = write_config(dir.path(), &data);
-    populate(&config).await;
+    let (_dir, data, config) = populated().await;
     assert_eq!(mode(&data), 0o700, "the data directory");
     assert_eq!(mode(&data.join("store")), 0o700, "store/");
     let files = file_modes(&data);

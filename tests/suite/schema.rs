@@ -49,14 +49,18 @@ async fn start(dir: &Path, edit: impl FnOnce(&mut Config)) -> RunningServer {
     common::start_with(config).await
 }
 
+/// [`start`] in a fresh temporary directory (returned, to live as long as the server).
+async fn start_fresh(edit: impl FnOnce(&mut Config)) -> (tempfile::TempDir, RunningServer) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start(dir.path(), edit).await;
+    (dir, server)
+}
+
 /// A rumqttc v5 subscriber to `filter` at QoS 1.
 async fn subscriber(server: &RunningServer, id: &str, filter: &str) -> V5 {
     let mut sub = V5::connect(server.mqtt_addr, id).await;
-    sub.client
-        .subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
-        .await
-        .expect("subscribe queued");
-    sub.suback().await;
+    sub.subscribe(filter, rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await;
     sub
 }
 
@@ -103,8 +107,7 @@ async fn invalid_order(c: &mut RawClient, packet_id: u16) -> PubResponse {
 
 #[tokio::test]
 async fn invalid_order_gets_0x99_with_a_reason_and_is_not_delivered_valid_one_is() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |_| {}).await;
+    let (_dir, server) = start_fresh(|_| {}).await;
     let mut sub = subscriber(&server, "schema-sub", "orders/#").await;
     let mut publisher = v5::connect_id(server.mqtt_addr, "schema-pub").await;
     for (qos, id) in [(QoS::AtLeastOnce, 1), (QoS::ExactlyOnce, 2)] {
@@ -163,8 +166,7 @@ async fn invalid_order_gets_0x99_with_a_reason_and_is_not_delivered_valid_one_is
 #[tokio::test]
 async fn no_reason_string_without_problem_information() {
     // MQTT-3.4.2-2 via Request Problem Information = 0 (v5 §3.1.2.11.7).
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |_| {}).await;
+    let (_dir, server) = start_fresh(|_| {}).await;
     let mut connect = v5::connect_packet("schema-quiet");
     connect.properties.request_problem_information = Some(false);
     let (mut c, _) = v5::connect(server.mqtt_addr, connect).await;
@@ -176,63 +178,45 @@ async fn no_reason_string_without_problem_information() {
 
 #[tokio::test]
 async fn content_type_selects_the_version_and_none_the_default() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |_| {}).await;
+    let (_dir, server) = start_fresh(|_| {}).await;
     let mut sub = subscriber(&server, "ct-sub", "orders/#").await;
     let mut c = v5::connect_id(server.mqtt_addr, "ct-pub").await;
     let q1 = QoS::AtLeastOnce;
-    // A v2 order is invalid under the default (v1) and valid as `order/v2`.
-    let ack = publish_raw(&mut c, "orders/eu", q1, VALID_V2, Default::default(), 1).await;
-    assert_eq!(
-        ack.reason_code,
-        ReasonCode::PAYLOAD_FORMAT_INVALID,
-        "no Content Type: v1"
-    );
-    let ack = publish_raw(
-        &mut c,
-        "orders/eu",
-        q1,
-        VALID_V2,
-        content_type("order/v2"),
-        2,
-    )
-    .await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "order/v2");
-    assert_eq!(&sub.next_publish().await.payload[..], VALID_V2);
-    // And a v1 order is invalid as `order/v2`.
-    let ack = publish_raw(
-        &mut c,
-        "orders/eu",
-        q1,
-        VALID_V1,
-        content_type("order/v2"),
-        3,
-    )
-    .await;
-    assert_eq!(
-        ack.reason_code,
-        ReasonCode::PAYLOAD_FORMAT_INVALID,
-        "v1 payload as order/v2"
-    );
-    // An unknown Content Type falls back to the default.
-    let ack = publish_raw(
-        &mut c,
-        "orders/eu",
-        q1,
-        VALID_V1,
-        content_type("text/json"),
-        4,
-    )
-    .await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "unknown type: v1");
-    assert_eq!(&sub.next_publish().await.payload[..], VALID_V1);
+    let invalid = ReasonCode::PAYLOAD_FORMAT_INVALID;
+    let cases = [
+        // A v2 order is invalid under the default (v1) and valid as `order/v2`.
+        (VALID_V2, None, invalid, "no Content Type: v1"),
+        (VALID_V2, Some("order/v2"), ReasonCode::SUCCESS, "order/v2"),
+        // And a v1 order is invalid as `order/v2`.
+        (
+            VALID_V1,
+            Some("order/v2"),
+            invalid,
+            "v1 payload as order/v2",
+        ),
+        // An unknown Content Type falls back to the default.
+        (
+            VALID_V1,
+            Some("text/json"),
+            ReasonCode::SUCCESS,
+            "unknown type: v1",
+        ),
+    ];
+    for ((payload, ct, expected, why), id) in cases.into_iter().zip(1u16..) {
+        let properties = ct.map(content_type).unwrap_or_default();
+        let ack = publish_raw(&mut c, "orders/eu", q1, payload, properties, id).await;
+        assert_eq!(ack.reason_code, expected, "{why}");
+        // An accepted one is delivered.
+        if expected == ReasonCode::SUCCESS {
+            assert_eq!(&sub.next_publish().await.payload[..], payload);
+        }
+    }
     server.shutdown().await;
 }
 
 #[tokio::test]
 async fn v3_ack_acknowledges_and_drops() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |_| {}).await;
+    let (_dir, server) = start_fresh(|_| {}).await;
     let mut sub = subscriber(&server, "v3-ack-sub", "orders/#").await;
     // rumqttc 3.1.1: `publish` waits for PUBACK / PUBCOMP, so both invalid ones were answered.
     let mut p = V4::connect(server.mqtt_addr, "v3-ack-pub", true).await;
@@ -256,11 +240,7 @@ async fn v3_ack_acknowledges_and_drops() {
 
 #[tokio::test]
 async fn v3_disconnect_closes_without_an_ack() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |c| {
-        c.schemas[0].on_invalid_v3 = InvalidV3::Disconnect;
-    })
-    .await;
+    let (_dir, server) = start_fresh(|c| c.schemas[0].on_invalid_v3 = InvalidV3::Disconnect).await;
     let mut c = RawClient::connect(server.mqtt_addr, ProtocolVersion::V3_1_1, "v3-dis", true).await;
     c.send(&Packet::Publish(v5::publish_packet(
         "orders/eu",
@@ -286,11 +266,7 @@ async fn v3_disconnect_closes_without_an_ack() {
 
 #[tokio::test]
 async fn dead_letter_action_gives_one_dead_letter_with_reason_schema_invalid() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |c| {
-        c.schemas[0].action = SchemaAction::DeadLetter;
-    })
-    .await;
+    let (_dir, server) = start_fresh(|c| c.schemas[0].action = SchemaAction::DeadLetter).await;
     let mut orders = subscriber(&server, "dl-orders", "orders/#").await;
     let mut dlq = subscriber(&server, "dl-dlq", "$dlq/#").await;
     let mut c = v5::connect_id(server.mqtt_addr, "dl-pub").await;
@@ -339,8 +315,7 @@ async fn dead_letter_action_gives_one_dead_letter_with_reason_schema_invalid() {
 #[tokio::test]
 async fn mosquitto_pub_is_told_the_payload_is_invalid() {
     // A real v5 client: mosquitto_pub reports the failed PUBACK (exit status non-zero).
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |_| {}).await;
+    let (_dir, server) = start_fresh(|_| {}).await;
     let port = server.mqtt_addr.port().to_string();
     let run = |payload: &'static str| {
         let port = port.clone();
@@ -397,8 +372,7 @@ async fn a_bad_schema_file_stops_the_start_naming_the_file() {
 
 #[tokio::test]
 async fn reload_with_a_broken_file_keeps_the_running_schema() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start(dir.path(), |_| {}).await;
+    let (dir, server) = start_fresh(|_| {}).await;
     let mut c = v5::connect_id(server.mqtt_addr, "reload-pub").await;
     let q1 = QoS::AtLeastOnce;
     std::fs::write(dir.path().join("v1.json"), "{ not json").expect("break the file");

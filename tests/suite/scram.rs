@@ -200,15 +200,41 @@ async fn exchange(
     )
     .await;
     let server_first = v5::expect_challenge(first, method);
-    let fin = client.client_final(&server_first, tamper);
+    send_client_final(&mut c, client, &server_first, tamper).await;
+    let answer = c.recv().await;
+    (c, answer)
+}
+
+/// Answers the broker's challenge `server_first` with `client`'s client-final-message (its
+/// proof spoiled when `tamper`), in AUTH 0x18 Continue authentication (MQTT-4.12.0-2).
+async fn send_client_final(
+    c: &mut RawClient,
+    client: &mut ScramClient,
+    server_first: &str,
+    tamper: bool,
+) {
+    let fin = client.client_final(server_first, tamper);
+    let method = client.hash.method();
     c.send(&v5::auth_packet(
         ReasonCode::CONTINUE_AUTHENTICATION,
         method,
         &fin,
     ))
     .await;
-    let answer = c.recv().await;
-    (c, answer)
+}
+
+/// Re-authenticates `c` as `client` (MQTT-4.12.1-1: AUTH 0x19 with the connection's method),
+/// up to and with the client-final-message: the broker's answer is left to the caller.
+async fn reauthenticate(c: &mut RawClient, client: &mut ScramClient) {
+    let method = client.hash.method();
+    c.send(&v5::auth_packet(
+        ReasonCode::RE_AUTHENTICATE,
+        method,
+        &client.client_first(),
+    ))
+    .await;
+    let server_first = v5::expect_challenge(c.recv().await, method);
+    send_client_final(c, client, &server_first, false).await;
 }
 
 fn connack_code(p: Option<&Packet>) -> ReasonCode {
@@ -342,20 +368,7 @@ async fn reauthentication_succeeds_and_a_wrong_password_disconnects() {
     assert_eq!(connack_code(answer.as_ref()), ReasonCode::SUCCESS);
     for password in ["pw", "wrong"] {
         let mut again = ScramClient::new(Hash::Sha512, "dave", password);
-        c.send(&v5::auth_packet(
-            ReasonCode::RE_AUTHENTICATE,
-            method,
-            &again.client_first(),
-        ))
-        .await;
-        let server_first = v5::expect_challenge(c.recv().await, method);
-        let fin = again.client_final(&server_first, false);
-        c.send(&v5::auth_packet(
-            ReasonCode::CONTINUE_AUTHENTICATION,
-            method,
-            &fin,
-        ))
-        .await;
+        reauthenticate(&mut c, &mut again).await;
         if password == "pw" {
             match c.recv().await {
                 Some(Packet::Auth(a)) => {
@@ -388,13 +401,8 @@ async fn sighup_with_a_new_user_lets_them_in_and_a_bad_file_keeps_the_old() {
             let method = client.hash.method();
             let (mut c, first) =
                 v5::open(mqtt, v5::auth_connect("fr", method, client.client_first())).await;
-            let fin = client.client_final(&v5::expect_challenge(first, method), false);
-            c.send(&v5::auth_packet(
-                ReasonCode::CONTINUE_AUTHENTICATION,
-                method,
-                &fin,
-            ))
-            .await;
+            let server_first = v5::expect_challenge(first, method);
+            send_client_final(&mut c, &mut client, &server_first, false).await;
             connack_code(c.recv().await.as_ref())
         }
     };
@@ -546,7 +554,6 @@ async fn the_scram_user_is_the_acl_identity_and_reauth_as_another_is_refused() {
         config,
         broker,
     };
-    let method = "SCRAM-SHA-256";
     let mut client = ScramClient::new(Hash::Sha256, "erin", "pw1");
     let (mut c, answer) = exchange(&s, "scram-acl", &mut client, false).await;
     assert_eq!(connack_code(answer.as_ref()), ReasonCode::SUCCESS);
@@ -566,20 +573,7 @@ async fn the_scram_user_is_the_acl_identity_and_reauth_as_another_is_refused() {
     assert_eq!(v5::publish(&mut c, p).await, ReasonCode::NOT_AUTHORIZED);
     // Re-authentication with fay's valid credentials on erin's connection.
     let mut fay = ScramClient::new(Hash::Sha256, "fay", "pw2");
-    c.send(&v5::auth_packet(
-        ReasonCode::RE_AUTHENTICATE,
-        method,
-        &fay.client_first(),
-    ))
-    .await;
-    let server_first = v5::expect_challenge(c.recv().await, method);
-    let fin = fay.client_final(&server_first, false);
-    c.send(&v5::auth_packet(
-        ReasonCode::CONTINUE_AUTHENTICATION,
-        method,
-        &fin,
-    ))
-    .await;
+    reauthenticate(&mut c, &mut fay).await;
     v5::expect_disconnect(&mut c, ReasonCode::NOT_AUTHORIZED).await;
 }
 

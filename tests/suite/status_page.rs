@@ -62,6 +62,23 @@ fn as_user(id: &str, user: &str) -> postbox::codec::Connect {
 
 async fn start_fleet() -> Fleet {
     let http = free_port();
+    // Two lazy bridges, the same but for their names.
+    let bridges: String = ["cloud", "backup"]
+        .map(|name| {
+            format!(
+                r#"
+[[bridge]]
+name = "{name}"
+addresses = ["127.0.0.1:1"]
+start = "lazy"
+threshold = 1000000
+[[bridge.topic]]
+pattern = "up/#"
+direction = "out"
+"#
+            )
+        })
+        .concat();
     let text = format!(
         r#"
 [[listener]]
@@ -80,25 +97,7 @@ sys_interval = 0
 bind = "127.0.0.1:{http}"
 [storage]
 persistence = false
-
-[[bridge]]
-name = "cloud"
-addresses = ["127.0.0.1:1"]
-start = "lazy"
-threshold = 1000000
-[[bridge.topic]]
-pattern = "up/#"
-direction = "out"
-
-[[bridge]]
-name = "backup"
-addresses = ["127.0.0.1:1"]
-start = "lazy"
-threshold = 1000000
-[[bridge.topic]]
-pattern = "up/#"
-direction = "out"
-"#
+{bridges}"#
     );
     let config = Config::from_toml_str(&text, "status_page.toml").expect("valid config");
     let server = common::start_with(config).await;
@@ -296,20 +295,18 @@ async fn the_clients_api_pages_searches_and_shows_each_column() {
     // Retained: the overview counts what the API lists (MQTT-4.7.2-1: not `$` topics), and
     // says how many `$SYS` ones it left out (the bridges' states).
     let overview = get_json(http, "/api/v1/overview").await;
-    let listed = get_json(http, "/api/v1/retained").await;
-    assert_eq!(
-        listed["retained"].as_array().map(Vec::len),
-        Some(2),
-        "{listed}"
-    );
-    assert_eq!(overview["retained"], 2, "{overview}");
-    let system = get_json(http, "/api/v1/retained?prefix=$SYS").await;
-    assert_eq!(
-        system["retained"].as_array().map(Vec::len),
-        Some(2),
-        "{system}"
-    );
-    assert_eq!(overview["retained_system"], 2, "{overview}");
+    for (list, counted_as) in [
+        ("/api/v1/retained", "retained"),
+        ("/api/v1/retained?prefix=$SYS", "retained_system"),
+    ] {
+        let listed = get_json(http, list).await;
+        assert_eq!(
+            listed["retained"].as_array().map(Vec::len),
+            Some(2),
+            "{listed}"
+        );
+        assert_eq!(overview[counted_as], 2, "{overview}");
+    }
     assert_eq!(overview["clients_connected"], CONNECTED, "{overview}");
     fleet.server.shutdown().await;
 }
@@ -326,24 +323,36 @@ fn bridge_events(server: &RunningServer) {
 
 /// The text of the first `<td>` in `row` whose class attribute is `class`.
 fn cell<'a>(row: &'a str, class: &str) -> &'a str {
-    let at = row
-        .find(&format!("class=\"{class}\""))
-        .unwrap_or_else(|| panic!("no cell of class {class:?} in {row}"));
-    let rest = &row[at..];
-    let open = rest.find('>').expect("tag end") + 1;
-    let close = rest[open..].find('<').expect("cell end");
-    &rest[open..open + close]
+    text_of(row, &format!("class=\"{class}\""))
+        .unwrap_or_else(|| panic!("no cell of class {class:?} in {row}"))
+}
+
+/// Bridge `name`'s row in the DOM and the text of its error cell (class `error_class`), after
+/// asserting that its link cell has the class `link_class` and shows `link`.
+fn bridge_error<'a>(
+    dom: &'a str,
+    name: &str,
+    (link_class, link): (&str, &str),
+    error_class: &str,
+) -> (&'a str, &'a str) {
+    let row = common::http::table_row(dom, &format!("data-bridge=\"{name}\""))
+        .unwrap_or_else(|| panic!("no {name} row:\n{dom}"));
+    assert_eq!(cell(row, link_class), link, "{row}");
+    (row, cell(row, error_class))
 }
 
 /// The text of the element with `id` in the DOM.
 fn by_id<'a>(dom: &'a str, id: &str) -> &'a str {
-    let at = dom
-        .find(&format!("id=\"{id}\""))
-        .unwrap_or_else(|| panic!("no #{id} in the DOM:\n{dom}"));
-    let rest = &dom[at..];
+    text_of(dom, &format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no #{id} in the DOM:\n{dom}"))
+}
+
+/// The text of the first element in `html` whose opening tag holds `attribute` (up to the next
+/// tag), or `None` when no tag holds it.
+fn text_of<'a>(html: &'a str, attribute: &str) -> Option<&'a str> {
+    let rest = &html[html.find(attribute)?..];
     let open = rest.find('>').expect("tag end") + 1;
     let close = rest[open..].find('<').expect("element end");
-    &rest[open..open + close]
+    Some(&rest[open..open + close])
 }
 
 /// The rendered page at `query`, which must show no error.
@@ -434,16 +443,12 @@ async fn the_status_page_shows_the_clients_the_listeners_and_a_recovered_bridge(
 
     // The bridges: `cloud` up, its last error shown as recovered; `backup` down with its
     // error as its state now.
-    let row = common::http::table_row(&dom, "data-bridge=\"cloud\"").expect("cloud row");
-    assert_eq!(cell(row, "link"), "up", "{row}");
-    let error = cell(row, "error muted");
+    let (row, error) = bridge_error(&dom, "cloud", ("link", "up"), "error muted");
     assert!(
         error.starts_with("connection refused \u{2013} ") && error.ends_with(" ago, recovered"),
         "{row}"
     );
-    let row = common::http::table_row(&dom, "data-bridge=\"backup\"").expect("backup row");
-    assert_eq!(cell(row, "link bad"), "down", "{row}");
-    let error = cell(row, "error bad");
+    let (row, error) = bridge_error(&dom, "backup", ("link bad", "down"), "error bad");
     assert!(
         error.starts_with("remote closed the connection \u{2013} ") && error.ends_with(" ago"),
         "{row}"

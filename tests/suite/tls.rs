@@ -82,6 +82,20 @@ fn start_server_cert(dir: &Path, tls: &str) -> (Broker, BrokerConfig) {
     start(dir, &cert("server.pem"), &cert("server.key"), tls)
 }
 
+/// [`start_server_cert`] trusting the dev CA for client certificates, with the listener's
+/// `client_cert` settings (its mode, identity, ...) as given.
+fn start_mtls(dir: &Path, client_cert: &str) -> (Broker, BrokerConfig) {
+    let tls = format!("client_ca = {:?}\n{client_cert}", cert("ca.pem"));
+    start_server_cert(dir, &tls)
+}
+
+/// `mosquitto_pub` of one message to `t` presenting the dev CA's certificate `name` (`<name>.pem`,
+/// `<name>.key`).
+fn publish_as(port: u16, name: &str) -> Output {
+    let (pem, key) = (cert(&format!("{name}.pem")), cert(&format!("{name}.key")));
+    publish(port, &["-t", "t", "-m", "x", "--cert", &pem, "--key", &key])
+}
+
 /// `mosquitto_pub` over TLS with the dev CA, plus `extra` arguments.
 fn publish(port: u16, extra: &[&str]) -> Output {
     let ca = cert("ca.pem");
@@ -221,14 +235,9 @@ fn alpn_mqtt_is_negotiated() {
 #[test]
 fn mtls_required_refuses_missing_or_foreign_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    let tls = format!(
-        "client_ca = {:?}\nclient_cert = \"required\"",
-        cert("ca.pem")
-    );
-    let (_broker, config) = start_server_cert(dir.path(), &tls);
+    let (_broker, config) = start_mtls(dir.path(), "client_cert = \"required\"");
     let port = config.mqtt.port();
-    let (s1, s1k) = (cert("sensor1.pem"), cert("sensor1.key"));
-    let out = publish(port, &["-t", "t", "-m", "x", "--cert", &s1, "--key", &s1k]);
+    let out = publish_as(port, "sensor1");
     assert!(ok(&out), "with a CA-signed cert: {}", text(&out));
     let out = publish(port, &["-t", "t", "-m", "x"]);
     assert!(
@@ -250,11 +259,10 @@ fn mtls_required_refuses_missing_or_foreign_certificates() {
 #[test]
 fn mtls_optional_accepts_both_and_cn_becomes_the_user_name() {
     let dir = tempfile::tempdir().unwrap();
-    let tls = format!(
-        "client_ca = {:?}\nclient_cert = \"optional\"\nidentity = \"cn\"\nuse_identity_as_username = true",
-        cert("ca.pem")
+    let (broker, config) = start_mtls(
+        dir.path(),
+        "client_cert = \"optional\"\nidentity = \"cn\"\nuse_identity_as_username = true",
     );
-    let (broker, config) = start_server_cert(dir.path(), &tls);
     let port = config.mqtt.port();
     let (s2, s2k) = (cert("sensor2.pem"), cert("sensor2.key"));
     let out = publish(
@@ -295,18 +303,10 @@ fn mtls_optional_accepts_both_and_cn_becomes_the_user_name() {
 #[test]
 fn mtls_optional_without_identity_accepts_clients_without_certificates() {
     let dir = tempfile::tempdir().unwrap();
-    let tls = format!(
-        "client_ca = {:?}\nclient_cert = \"optional\"",
-        cert("ca.pem")
-    );
-    let (_broker, config) = start_server_cert(dir.path(), &tls);
+    let (_broker, config) = start_mtls(dir.path(), "client_cert = \"optional\"");
     let port = config.mqtt.port();
     assert!(ok(&publish(port, &["-t", "t", "-m", "x"])));
-    let (s1, s1k) = (cert("sensor1.pem"), cert("sensor1.key"));
-    assert!(ok(&publish(
-        port,
-        &["-t", "t", "-m", "x", "--cert", &s1, "--key", &s1k]
-    )));
+    assert!(ok(&publish_as(port, "sensor1")));
 }
 
 #[test]

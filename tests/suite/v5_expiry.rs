@@ -30,6 +30,15 @@ async fn wait_until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// Connects with `connect` (a session that outlives its connection), subscribes to `filter`
+/// at QoS 1 and disconnects normally: a subscriber left offline, for what is published next
+/// to queue for it.
+async fn subscribe_and_leave(server: &RunningServer, connect: Connect, filter: &str) {
+    let (mut sub, _) = v5::connect(server.mqtt_addr, connect).await;
+    v5::subscribe(&mut sub, filter, QoS::AtLeastOnce).await;
+    v5::disconnect(sub).await;
+}
+
 /// Publishes one QoS 1 message from a throwaway client (whose session ends at once).
 async fn publish(server: &RunningServer, topic: &str, payload: &[u8], props: PublishProperties) {
     let mut p = v5::connect_id(server.mqtt_addr, "expiry-pub").await;
@@ -41,9 +50,7 @@ async fn publish(server: &RunningServer, topic: &str, payload: &[u8], props: Pub
 async fn an_expired_session_is_discarded_with_its_queue() {
     // MQTT-4.1.0-2 (discarded once the interval has passed), MQTT-3.2.2-3 (Session Present 0)
     let server = common::start().await;
-    let (mut sub, _) = v5::connect(server.mqtt_addr, resume("se-short", 1)).await;
-    v5::subscribe(&mut sub, "se/short", QoS::AtLeastOnce).await;
-    v5::disconnect(sub).await;
+    subscribe_and_leave(&server, resume("se-short", 1), "se/short").await;
     let closed = Instant::now();
     publish(&server, "se/short", b"queued", PublishProperties::default()).await;
     wait_until("the session expired", || server.broker.session_count() == 0).await;
@@ -61,9 +68,7 @@ async fn an_expired_session_is_discarded_with_its_queue() {
 async fn a_session_within_its_expiry_keeps_its_queue() {
     // MQTT-3.1.2-23 (list: -25): session state is kept after the connection closes.
     let server = common::start().await;
-    let (mut sub, _) = v5::connect(server.mqtt_addr, resume("se-long", 30)).await;
-    v5::subscribe(&mut sub, "se/long", QoS::AtLeastOnce).await;
-    v5::disconnect(sub).await;
+    subscribe_and_leave(&server, resume("se-long", 30), "se/long").await;
     publish(&server, "se/long", b"queued", PublishProperties::default()).await;
     let (mut sub, ack) = v5::connect(server.mqtt_addr, resume("se-long", 30)).await;
     assert!(ack.session_present, "MQTT-3.2.2-3");
@@ -139,9 +144,7 @@ async fn disconnect_can_shorten_but_not_extend_a_zero_expiry() {
 async fn message_expiry_drops_while_queued_and_forwards_the_remaining_interval() {
     // MQTT-3.3.2-5 (expired while queued: not delivered), MQTT-3.3.2-6 (remaining interval)
     let server = common::start().await;
-    let (mut sub, _) = v5::connect(server.mqtt_addr, resume("me-sub", 60)).await;
-    v5::subscribe(&mut sub, "me/#", QoS::AtLeastOnce).await;
-    v5::disconnect(sub).await;
+    subscribe_and_leave(&server, resume("me-sub", 60), "me/#").await;
     let expiring = |secs| PublishProperties {
         message_expiry_interval: Some(secs),
         ..Default::default()

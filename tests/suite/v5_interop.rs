@@ -63,11 +63,8 @@ async fn rumqttc_v4_and_v5_share_topics_both_ways() {
     let mut v4 = V4::connect(server.mqtt_addr, "both-v4", true).await;
     v4.subscribe("both/from5", rumqttc::QoS::AtMostOnce).await;
     let mut v5c = V5::connect(server.mqtt_addr, "both-v5").await;
-    v5c.client
-        .subscribe("both/from4", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
-        .await
-        .expect("queued");
-    v5c.suback().await;
+    v5c.subscribe("both/from4", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await;
 
     // 3.1.1 → 5.0, QoS 2 published, QoS 1 granted.
     v4.publish("both/from4", rumqttc::QoS::ExactlyOnce, false, b"hi five")

@@ -28,8 +28,7 @@ async fn validating() -> postbox::server::RunningServer {
 #[tokio::test]
 async fn invalid_utf8_is_refused_with_0x99_and_not_routed() {
     let server = validating().await;
-    let mut sub = v5::connect_id(server.mqtt_addr, "pf-sub").await;
-    v5::subscribe(&mut sub, "pf", QoS::ExactlyOnce).await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "pf-sub", "pf", QoS::ExactlyOnce).await;
     let mut c = v5::connect_id(server.mqtt_addr, "pf-pub").await;
     for qos in [QoS::AtLeastOnce, QoS::ExactlyOnce] {
         let mut p = v5::publish_packet("pf", qos, NOT_UTF8, 7);
@@ -104,8 +103,7 @@ async fn a_will_with_an_invalid_payload_is_refused_in_connack() {
 #[tokio::test]
 async fn validation_is_off_by_default() {
     let server = common::start().await;
-    let mut sub = v5::connect_id(server.mqtt_addr, "pf-off-sub").await;
-    v5::subscribe(&mut sub, "pf", QoS::AtLeastOnce).await;
+    let mut sub = v5::subscriber(server.mqtt_addr, "pf-off-sub", "pf", QoS::AtLeastOnce).await;
     let mut c = v5::connect_id(server.mqtt_addr, "pf-off").await;
     let code = v5::publish_props(&mut c, "pf", QoS::AtLeastOnce, NOT_UTF8, utf8_marked()).await;
     assert_eq!(code, ReasonCode::SUCCESS);

@@ -14,6 +14,7 @@ use common::v5;
 use common::{RawClient, WAIT};
 use postbox::codec::{Packet, Publish, QoS, ReasonCode, SubscriptionOptions};
 use postbox::config::SharedStrategy;
+use postbox::server::RunningServer;
 
 /// Receives (and acknowledges) `n` PUBLISHes spread over `members`; index = member.
 async fn collect(members: &mut [&mut RawClient], n: usize) -> Vec<Vec<Publish>> {
@@ -50,11 +51,7 @@ fn payloads(ps: &[Publish]) -> BTreeSet<String> {
         .collect()
 }
 
-async fn publish_n(
-    server: &postbox::server::RunningServer,
-    topic: impl Fn(usize) -> String,
-    n: usize,
-) {
+async fn publish_n(server: &RunningServer, topic: impl Fn(usize) -> String, n: usize) {
     let mut p = v5::connect_id(server.mqtt_addr, "publisher").await;
     for i in 0..n {
         let packet = v5::publish_packet(&topic(i), QoS::AtLeastOnce, format!("{i}").as_bytes(), 1);
@@ -66,14 +63,46 @@ fn persistent(id: &str, expiry: u32) -> postbox::codec::Connect {
     v5::persistent_connect(id, expiry)
 }
 
+/// Members of one shared group: connected clean in the order of `ids`, then subscribed in
+/// that order to the shared `filter` at QoS 1.
+async fn members<const N: usize>(
+    server: &RunningServer,
+    ids: [&str; N],
+    filter: &str,
+) -> [RawClient; N] {
+    let mut members = Vec::with_capacity(N);
+    for id in ids {
+        members.push(v5::connect_id(server.mqtt_addr, id).await);
+    }
+    for member in &mut members {
+        v5::subscribe(member, filter, QoS::AtLeastOnce).await;
+    }
+    members
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("N members"))
+}
+
+/// Two members of one shared group: `a` with a session that outlives its connection (60 s)
+/// and `b` clean, connected in that order, then both subscribed to the shared `filter` at
+/// `qos`.
+async fn persistent_and_clean(
+    server: &RunningServer,
+    [a, b]: [&str; 2],
+    filter: &str,
+    qos: QoS,
+) -> (RawClient, RawClient) {
+    let (mut a, _) = v5::connect(server.mqtt_addr, persistent(a, 60)).await;
+    let mut b = v5::connect_id(server.mqtt_addr, b).await;
+    v5::subscribe(&mut a, filter, qos).await;
+    v5::subscribe(&mut b, filter, qos).await;
+    (a, b)
+}
+
 #[tokio::test]
 async fn round_robin_gives_each_message_to_exactly_one_member() {
     // v5 §4.8.2: each message goes to one session of the group; round-robin alternates.
     let server = common::start().await;
-    let mut a = v5::connect_id(server.mqtt_addr, "rr-a").await;
-    let mut b = v5::connect_id(server.mqtt_addr, "rr-b").await;
-    v5::subscribe(&mut a, "$share/g/jobs/+", QoS::AtLeastOnce).await;
-    v5::subscribe(&mut b, "$share/g/jobs/+", QoS::AtLeastOnce).await;
+    let [mut a, mut b] = members(&server, ["rr-a", "rr-b"], "$share/g/jobs/+").await;
     publish_n(&server, |i| format!("jobs/{i}"), 10).await;
     let got = collect(&mut [&mut a, &mut b], 10).await;
     assert_eq!(got[0].len(), 5, "{got:?}");
@@ -109,10 +138,7 @@ async fn subscription_qos_and_identifier_are_the_members_own() {
     // MQTT-4.8.2-3 (granted QoS respected), MQTT-3.3.4-3 (its subscription identifier)
     let server = common::start().await;
     let mut a = v5::connect_id(server.mqtt_addr, "q-a").await;
-    let opts = SubscriptionOptions {
-        qos: QoS::AtMostOnce,
-        ..Default::default()
-    };
+    let opts = v5::options(QoS::AtMostOnce);
     let ack = v5::subscribe_with(&mut a, "$share/g/q", opts, Some(42)).await;
     assert_eq!(ack.reason_codes, [ReasonCode::GRANTED_QOS_0]);
     publish_n(&server, |_| "q".to_owned(), 1).await;
@@ -126,9 +152,7 @@ async fn retained_messages_are_not_sent_on_a_shared_subscribe() {
     // v5 §3.3.1.3: retained messages are sent when a new *non-shared* subscription is made.
     let server = common::start().await;
     let mut p = v5::connect_id(server.mqtt_addr, "ret-pub").await;
-    let mut retained = v5::publish_packet("ret/1", QoS::AtLeastOnce, b"kept", 1);
-    retained.retain = true;
-    v5::publish(&mut p, retained).await;
+    v5::publish_retained(&mut p, "ret/1", b"kept", 1).await;
     let mut a = v5::connect_id(server.mqtt_addr, "ret-a").await;
     v5::subscribe(&mut a, "$share/g/ret/+", QoS::AtLeastOnce).await;
     v5::expect_silence(&mut a, Duration::from_millis(300)).await;
@@ -210,10 +234,8 @@ async fn unacknowledged_qos1_moves_to_a_connected_member_on_disconnect() {
     // v5 §4.8.2: a QoS 1 message not acknowledged when the member's connection breaks MAY be
     // sent to another member at once (Postbox does, for queued and sent-but-unacked ones).
     let server = common::start().await;
-    let (mut a, _) = v5::connect(server.mqtt_addr, persistent("mv-a", 60)).await;
-    let mut b = v5::connect_id(server.mqtt_addr, "mv-b").await;
-    v5::subscribe(&mut a, "$share/g/work", QoS::AtLeastOnce).await;
-    v5::subscribe(&mut b, "$share/g/work", QoS::AtLeastOnce).await;
+    let (mut a, mut b) =
+        persistent_and_clean(&server, ["mv-a", "mv-b"], "$share/g/work", QoS::AtLeastOnce).await;
     publish_n(&server, |_| "work".to_owned(), 4).await;
     // a receives its two but never acknowledges them; b acknowledges its own.
     let a1 = v5::expect_publish(&mut a).await;
@@ -241,10 +263,8 @@ async fn unacknowledged_qos1_moves_to_a_connected_member_on_disconnect() {
 async fn sent_qos2_stays_with_its_member_until_it_returns() {
     // MQTT-4.8.2-4: a QoS 2 delivery in progress is completed with that member on reconnect.
     let server = common::start().await;
-    let (mut a, _) = v5::connect(server.mqtt_addr, persistent("q2-a", 60)).await;
-    let mut b = v5::connect_id(server.mqtt_addr, "q2-b").await;
-    v5::subscribe(&mut a, "$share/g/q2", QoS::ExactlyOnce).await;
-    v5::subscribe(&mut b, "$share/g/q2", QoS::ExactlyOnce).await;
+    let (mut a, mut b) =
+        persistent_and_clean(&server, ["q2-a", "q2-b"], "$share/g/q2", QoS::ExactlyOnce).await;
     let mut p = v5::connect_id(server.mqtt_addr, "q2-pub").await;
     for i in 0..2u8 {
         let packet = v5::publish_packet("q2", QoS::ExactlyOnce, &[b'0' + i], 1);
@@ -287,10 +307,7 @@ async fn an_ending_session_hands_its_queue_to_the_remaining_members() {
 async fn unsubscribing_leaves_the_group() {
     // MQTT-3.10.4-2 for a shared subscription.
     let server = common::start().await;
-    let mut a = v5::connect_id(server.mqtt_addr, "un-a").await;
-    let mut b = v5::connect_id(server.mqtt_addr, "un-b").await;
-    v5::subscribe(&mut a, "$share/g/un", QoS::AtLeastOnce).await;
-    v5::subscribe(&mut b, "$share/g/un", QoS::AtLeastOnce).await;
+    let [mut a, mut b] = members(&server, ["un-a", "un-b"], "$share/g/un").await;
     a.send(&Packet::Unsubscribe(postbox::codec::Unsubscribe {
         packet_id: 5,
         filters: vec!["$share/g/un".into()],
@@ -306,7 +323,7 @@ async fn unsubscribing_leaves_the_group() {
     assert!(got[0].is_empty() && got[1].len() == 4, "{got:?}");
 }
 
-async fn strategy_server(strategy: SharedStrategy) -> postbox::server::RunningServer {
+async fn strategy_server(strategy: SharedStrategy) -> RunningServer {
     let mut config = common::test_config();
     config.mqtt.shared_subscription_strategy = strategy;
     common::start_with(config).await
@@ -315,10 +332,7 @@ async fn strategy_server(strategy: SharedStrategy) -> postbox::server::RunningSe
 #[tokio::test]
 async fn hash_strategy_keeps_a_topic_on_one_member() {
     let server = strategy_server(SharedStrategy::Hash).await;
-    let mut a = v5::connect_id(server.mqtt_addr, "h-a").await;
-    let mut b = v5::connect_id(server.mqtt_addr, "h-b").await;
-    v5::subscribe(&mut a, "$share/g/h/+", QoS::AtLeastOnce).await;
-    v5::subscribe(&mut b, "$share/g/h/+", QoS::AtLeastOnce).await;
+    let [mut a, mut b] = members(&server, ["h-a", "h-b"], "$share/g/h/+").await;
     publish_n(&server, |i| format!("h/{}", i % 4), 16).await;
     let got = collect(&mut [&mut a, &mut b], 16).await;
     let topics = |ps: &[Publish]| {
@@ -337,12 +351,7 @@ async fn hash_strategy_keeps_a_topic_on_one_member() {
 #[tokio::test]
 async fn random_strategy_delivers_each_message_once() {
     let server = strategy_server(SharedStrategy::Random).await;
-    let mut a = v5::connect_id(server.mqtt_addr, "x-a").await;
-    let mut b = v5::connect_id(server.mqtt_addr, "x-b").await;
-    let mut c = v5::connect_id(server.mqtt_addr, "x-c").await;
-    for m in [&mut a, &mut b, &mut c] {
-        v5::subscribe(m, "$share/g/rand", QoS::AtLeastOnce).await;
-    }
+    let [mut a, mut b, mut c] = members(&server, ["x-a", "x-b", "x-c"], "$share/g/rand").await;
     publish_n(&server, |_| "rand".to_owned(), 30).await;
     let got = collect(&mut [&mut a, &mut b, &mut c], 30).await;
     let mut all = BTreeSet::new();

@@ -205,11 +205,8 @@ async fn rumqttc_accepts_the_brokers_aliases() {
         rumqttc::v5::MqttOptions::new("oa-rumqttc", "127.0.0.1", server.mqtt_addr.port());
     options.set_topic_alias_max(Some(3));
     let mut sub = V5::connect_with(options).await;
-    sub.client
-        .subscribe("rq/#", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
-        .await
-        .expect("queued");
-    sub.suback().await;
+    sub.subscribe("rq/#", rumqttc::v5::mqttbytes::QoS::AtLeastOnce)
+        .await;
     let topics = ["rq/1", "rq/2", "rq/1", "rq/3", "rq/4", "rq/1", "rq/2"];
     publish_topics(&server, &topics).await;
     let mut table: HashMap<u16, Vec<u8>> = HashMap::new();

@@ -43,6 +43,16 @@ async fn upgrade(
     upgrade_over(Box::new(stream), addr, path, protocol, origin).await
 }
 
+/// An upgrade to `/mqtt` offering the subprotocol `protocol`, which must succeed (101) and
+/// name `protocol` in its answer ([MQTT-6.0.0-4]).
+async fn upgraded_naming(addr: SocketAddr, protocol: &str) -> RawWs {
+    let (head, ws) = upgrade(addr, "/mqtt", Some(protocol), None).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let named = format!("sec-websocket-protocol: {protocol}\r\n");
+    assert!(head.to_ascii_lowercase().contains(&named), "{head}");
+    ws
+}
+
 /// [`upgrade`] over a stream already open (e.g. a TLS session, for `wss`).
 pub(crate) async fn upgrade_over(
     stream: Box<dyn WsIo>,
@@ -298,13 +308,7 @@ async fn rumqttc_round_trips_qos0_and_qos1_over_ws() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn packets_split_across_and_packed_into_frames() {
     let broker = ws_broker().await;
-    let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqtt"), None).await;
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("sec-websocket-protocol: mqtt\r\n"),
-        "{head}"
-    );
+    let mut ws = upgraded_naming(broker.addr, "mqtt").await;
     let connect = connect_bytes("split");
     let third = connect.len() / 3;
     ws.send_frame(BINARY, &connect[..third]).await;
@@ -331,13 +335,7 @@ async fn packets_split_across_and_packed_into_frames() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_frame_closes_the_connection() {
     let broker = ws_broker().await;
-    let (head, mut ws) = upgrade(broker.addr, "/mqtt", Some("mqttv3.1"), None).await;
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("sec-websocket-protocol: mqttv3.1\r\n"),
-        "{head}"
-    );
+    let mut ws = upgraded_naming(broker.addr, "mqttv3.1").await;
     ws.send_frame(BINARY, &connect_bytes("texter")).await;
     assert_eq!(ws.read_mqtt(4).await.as_deref(), Some(&CONNACK_OK[..]));
     // A PUBLISH whose bytes are valid UTF-8, so the frame is a well-formed text frame.
@@ -406,15 +404,8 @@ async fn bad_upgrades_are_refused_with_http_status() {
 async fn a_plain_http_get_is_told_what_listens_here() {
     let broker = ws_broker().await;
     let mut s = TcpStream::connect(broker.addr).await.expect("connect");
-    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl/8\r\n\r\n")
-        .await
-        .expect("write");
-    let mut answer = Vec::new();
-    tokio::time::timeout(WAIT, s.read_to_end(&mut answer))
-        .await
-        .expect("answered and closed in time")
-        .expect("read");
-    let answer = String::from_utf8_lossy(&answer);
+    let request = b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl/8\r\n\r\n";
+    let answer = common::http::exchange(&mut s, request).await;
     assert!(answer.starts_with("HTTP/1.1 426"), "{answer}");
     assert!(answer.contains("Upgrade: websocket"), "{answer}");
     assert!(

@@ -46,19 +46,35 @@ async fn run_small_on(
     report
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fan_in_qos1_loses_nothing() {
-    let report = run_small(Scenario::FanIn, |p| {
-        p.publishers = 4;
+/// A run of `scenario` with 4 clients (the count `clients` names: publishers, pairs) of 250
+/// QoS 1 messages each, asserted to lose none of the 1,000 ([`assert_nothing_lost`]).
+async fn four_clients_lose_none_of_1000(
+    scenario: Scenario,
+    clients: impl FnOnce(&mut Params) -> &mut usize,
+) -> loadgen::report::Report {
+    let report = run_small(scenario, |p| {
+        *clients(p) = 4;
         p.messages = 250;
     })
     .await;
-    assert_eq!(report.expected, 1000);
-    assert_eq!(report.sent, 1000);
-    assert_eq!(report.delivered, 1000, "{report:?}");
+    assert_nothing_lost(&report, 1000);
+    report
+}
+
+/// Asserts a completed message-flow run in which all `expected` messages arrived: counted as
+/// expected, delivered, none lost.
+fn assert_nothing_lost(report: &loadgen::report::Report, expected: u64) {
+    assert_eq!(report.expected, expected);
+    assert_eq!(report.delivered, expected, "{report:?}");
     assert_eq!(report.lost, 0);
-    assert_eq!(report.duplicates, 0);
     assert!(report.completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_in_qos1_loses_nothing() {
+    let report = four_clients_lose_none_of_1000(Scenario::FanIn, |p| &mut p.publishers).await;
+    assert_eq!(report.sent, 1000);
+    assert_eq!(report.duplicates, 0);
     assert!(report.p50_us.is_some() && report.p999_us.is_some());
     assert!(report.broker_peak_rss_kib.is_some_and(|kib| kib > 0));
     assert!(report.broker_cpu_pct.is_some());
@@ -66,16 +82,8 @@ async fn fan_in_qos1_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn point_to_point_qos1_loses_nothing() {
-    let report = run_small(Scenario::P2p, |p| {
-        p.pairs = 4;
-        p.messages = 250;
-    })
-    .await;
-    assert_eq!(report.expected, 1000);
-    assert_eq!(report.delivered, 1000, "{report:?}");
-    assert_eq!(report.lost, 0);
+    let report = four_clients_lose_none_of_1000(Scenario::P2p, |p| &mut p.pairs).await;
     assert_eq!(report.reordered, 0);
-    assert!(report.completed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,6 +218,19 @@ fn tls_listener(config: &mut Config) {
     });
 }
 
+/// [`run_small_on`] over TLS: the broker's listener is TLS ([`tls_listener`]) and every
+/// client speaks TLS ([`tls_client`]).
+async fn run_over_tls(
+    scenario: Scenario,
+    configure: impl FnOnce(&mut Params),
+) -> loadgen::report::Report {
+    run_small_on(scenario, tls_listener, |p| {
+        tls_client(p);
+        configure(p);
+    })
+    .await
+}
+
 /// Every client of the run speaks TLS, trusting certs/ca.pem.
 fn tls_client(p: &mut Params) {
     let client = loadgen::transport::TlsClient::new(&certs().join("ca.pem"), None, "localhost")
@@ -221,8 +242,7 @@ fn tls_client(p: &mut Params) {
 async fn tls_fan_in_qos1_loses_nothing() {
     // The TLS publisher has its own loop (no readiness API under rustls): every message must
     // still be sent, acknowledged and delivered.
-    let report = run_small_on(Scenario::FanIn, tls_listener, |p| {
-        tls_client(p);
+    let report = run_over_tls(Scenario::FanIn, |p| {
         p.publishers = 4;
         p.messages = 300;
         p.inflight = 16;
@@ -237,8 +257,7 @@ async fn tls_fan_in_qos1_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_handshakes_and_idle_clients_are_all_served() {
     // `handshakes`: every client connects over TLS, gets its CONNACK and sees the broker close.
-    let report = run_small_on(Scenario::Handshakes, tls_listener, |p| {
-        tls_client(p);
+    let report = run_over_tls(Scenario::Handshakes, |p| {
         p.connections = 60;
         p.connect_concurrency = 8;
     })
@@ -248,8 +267,7 @@ async fn tls_handshakes_and_idle_clients_are_all_served() {
     assert!(report.connect_per_s.is_some_and(|r| r > 0.0));
     assert!(report.broker_cpu_us_per_msg.is_some());
     // `connections` over TLS (the task path, not the plain-TCP burst): all answer PINGREQ.
-    let report = run_small_on(Scenario::Connections, tls_listener, |p| {
-        tls_client(p);
+    let report = run_over_tls(Scenario::Connections, |p| {
         p.connections = 40;
     })
     .await;

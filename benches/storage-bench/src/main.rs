@@ -21,7 +21,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use postbox::codec::{PublishProperties, QoS};
 use postbox::storage::{
-    LogOptions, LogStore, EntryStage, Op, QueueEntry, SessionMeta, Store, StoredMessage,
+    EntryStage, LogOptions, LogStore, Op, QueueEntry, SessionMeta, Store, StoredMessage,
 };
 use redb::{Database, Durability, TableDefinition};
 
@@ -40,6 +40,8 @@ fn stored(n: u64) -> StoredMessage {
         properties: PublishProperties::default(),
         received_at_unix_ms: 1_700_000_000_000 + n,
         expires_at_unix_ms: None,
+        // A verified publisher's message: not charged to the anonymous share.
+        from_anonymous: false,
     }
 }
 
@@ -60,6 +62,7 @@ fn ops_for(store: &dyn Store, n: u64) -> Vec<Op> {
                 subscription_ids: Default::default(),
                 stage: EntryStage::Queued,
                 deliveries: 0,
+                shared: None,
             },
         },
     ]
@@ -314,24 +317,39 @@ fn main() {
         None => tempfile::tempdir().expect("tempdir"),
     };
     println!("# {PAYLOAD}-byte QoS 1 messages, PutMessage + Enqueue each, fdatasync/fsync every commit, {secs} s per case");
-    for batch in [1usize, 16, 128, 1024] {
-        if only == "group" {
-            break;
-        }
-        let case = format!("fixed B={batch}");
-        let d = fresh();
-        log_fixed(d.path(), batch, secs).print("log", &case);
-        let d = fresh();
-        redb_fixed(d.path(), batch, secs).print("redb", &case);
+    if only != "group" {
+        let sizes = [1, 16, 128, 1024];
+        run_cases("fixed B", &sizes, &fresh, secs, (log_fixed, redb_fixed));
     }
-    for publishers in [1usize, 16, 128] {
-        if only == "fixed" {
-            break;
-        }
-        let case = format!("group P={publishers}");
-        let d = fresh();
-        log_group(d.path(), publishers, secs).print("log", &case);
-        let d = fresh();
-        redb_group(d.path(), publishers, secs).print("redb", &case);
+    if only != "fixed" {
+        run_cases(
+            "group P",
+            &[1, 16, 128],
+            &fresh,
+            secs,
+            (log_group, redb_group),
+        );
     }
 }
+
+/// One kind of case (fixed batches, group commit): for each size in `sizes` (batch size,
+/// publishers), the log's and redb's runs, each in a fresh directory, printed as
+/// `<label>=<size>`.
+fn run_cases(
+    label: &str,
+    sizes: &[usize],
+    fresh: &dyn Fn() -> tempfile::TempDir,
+    secs: f64,
+    (log, redb): (Engine, Engine),
+) {
+    for &size in sizes {
+        let case = format!("{label}={size}");
+        let d = fresh();
+        log(d.path(), size, secs).print("log", &case);
+        let d = fresh();
+        redb(d.path(), size, secs).print("redb", &case);
+    }
+}
+
+/// One engine's run of a case: its directory, the case's size, the seconds to run.
+type Engine = fn(&Path, usize, f64) -> Result;

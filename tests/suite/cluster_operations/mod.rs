@@ -19,9 +19,9 @@ mod load;
 
 use std::time::Duration;
 
-use common::cluster::start_cluster;
+use common::cluster::{start_cluster, Node};
 use common::{v5, RawClient, WAIT};
-use postbox::codec::{Packet, QoS, ReasonCode};
+use postbox::codec::{ConnAck, Packet, QoS, ReasonCode};
 
 /// The record of `client_id` in the cluster's `pb_sessions` bucket (JSON), if there is one.
 async fn session_record(nats: &str, client_id: &str) -> Option<serde_json::Value> {
@@ -102,27 +102,15 @@ async fn a_node_restarted_after_its_session_moved_resumes_it_with_what_was_ackno
     let url = nats.url();
     let (a, b) = (0, 1);
 
-    let (mut w, ack) = v5::connect(nodes[a].mqtt(), v5::persistent_connect("W", 3600)).await;
-    assert!(!ack.session_present);
-    v5::subscribe(&mut w, "ops/w/#", QoS::AtLeastOnce).await;
-    // The cluster knows the subscription before a goes (not what this test is about).
-    wait_record(&url, "W", |r| owned_with(r, "a", "ops/w/#")).await;
-
-    // A graceful stop; the connection was told (v5 0x8B Server shutting down).
-    tokio::task::block_in_place(|| nodes[a].terminate());
-    v5::expect_disconnect(&mut w, ReasonCode::SERVER_SHUTTING_DOWN).await;
-
     // W resumes on b, with its subscription.
-    let (w, ack) = v5::connect(nodes[b].mqtt(), v5::persistent_connect("W", 3600)).await;
-    assert!(ack.session_present, "W resumed on node b (MQTT-3.2.2-2)");
+    let w = moved_from_a_to_b(&mut nodes, &url, "W", "ops/w/#").await;
     wait_record(&url, "W", |r| owned_with(r, "b", "ops/w/#")).await;
     v5::disconnect(w).await;
 
     // a comes back on its data directory (its store still holds W as it was on a) and takes
     // part again: it receives what b's clients publish.
     tokio::task::block_in_place(|| nodes[a].restart());
-    common::cluster::wait_linked(&nodes[b], &nodes[a]).await;
-    common::cluster::wait_linked(&nodes[a], &nodes[b]).await;
+    linked_both_ways(&nodes[a], &nodes[b]).await;
 
     // A QoS 1 message for W, acknowledged on b while W is offline.
     let mut publisher = v5::connect_id(nodes[b].mqtt(), "W-publisher").await;
@@ -147,6 +135,50 @@ async fn a_node_restarted_after_its_session_moved_resumes_it_with_what_was_ackno
         "the message acknowledged on b, once"
     );
     v5::disconnect(w).await;
+}
+
+/// Client `client_id` connected to node `a` as a persistent session (expiry 3600 s) and
+/// subscribed to `filter` at QoS 1, once the cluster's record of it holds that subscription
+/// with `a` as its owner; with its CONNACK.
+async fn subscribed_on_a(
+    a: &Node,
+    nats: &str,
+    client_id: &str,
+    filter: &str,
+) -> (RawClient, ConnAck) {
+    let (mut w, ack) = v5::connect(a.mqtt(), v5::persistent_connect(client_id, 3600)).await;
+    v5::subscribe(&mut w, filter, QoS::AtLeastOnce).await;
+    wait_record(nats, client_id, |r| owned_with(r, "a", filter)).await;
+    (w, ack)
+}
+
+/// A new session `client_id` subscribed to `filter` on node a (0) as [`subscribed_on_a`]
+/// (the cluster knows the subscription before a goes), a stopped gracefully (the connection
+/// told v5 0x8B Server shutting down), and the session resumed on node b (1): Session
+/// Present 1 (MQTT-3.2.2-2). Returns the connection to b.
+async fn moved_from_a_to_b(
+    nodes: &mut [Node],
+    nats: &str,
+    client_id: &str,
+    filter: &str,
+) -> RawClient {
+    let (a, b) = (0, 1);
+    let (mut w, ack) = subscribed_on_a(&nodes[a], nats, client_id, filter).await;
+    assert!(!ack.session_present, "{client_id} is a new session");
+    tokio::task::block_in_place(|| nodes[a].terminate());
+    v5::expect_disconnect(&mut w, ReasonCode::SERVER_SHUTTING_DOWN).await;
+    let (w, ack) = v5::connect(nodes[b].mqtt(), v5::persistent_connect(client_id, 3600)).await;
+    assert!(
+        ack.session_present,
+        "{client_id} resumed on node b (MQTT-3.2.2-2)"
+    );
+    w
+}
+
+/// Waits until `a` and `b` each see the other's traffic again (after one of them restarted).
+async fn linked_both_ways(a: &Node, b: &Node) {
+    common::cluster::wait_linked(b, a).await;
+    common::cluster::wait_linked(a, b).await;
 }
 
 /// Unsubscribes `filter` and waits for the UNSUBACK.
@@ -181,14 +213,7 @@ async fn a_restarted_node_drops_its_stale_copy_of_a_moved_session_and_leaves_its
     let url = nats.url();
     let (a, b) = (0, 1);
 
-    let (mut w, _) = v5::connect(nodes[a].mqtt(), v5::persistent_connect("W2", 3600)).await;
-    v5::subscribe(&mut w, "ops/old/#", QoS::AtLeastOnce).await;
-    wait_record(&url, "W2", |r| owned_with(r, "a", "ops/old/#")).await;
-    tokio::task::block_in_place(|| nodes[a].terminate());
-    v5::expect_disconnect(&mut w, ReasonCode::SERVER_SHUTTING_DOWN).await;
-
-    let (mut w, ack) = v5::connect(nodes[b].mqtt(), v5::persistent_connect("W2", 3600)).await;
-    assert!(ack.session_present, "W2 resumed on node b");
+    let mut w = moved_from_a_to_b(&mut nodes, &url, "W2", "ops/old/#").await;
     v5::subscribe(&mut w, "ops/new/#", QoS::AtLeastOnce).await;
     unsubscribe(&mut w, "ops/old/#").await;
     let only_new =
@@ -203,8 +228,7 @@ async fn a_restarted_node_drops_its_stale_copy_of_a_moved_session_and_leaves_its
         .await;
     // Traffic both ways: b rewrites W2's record as its stream position moves (what a took
     // for a claim before).
-    common::cluster::wait_linked(&nodes[b], &nodes[a]).await;
-    common::cluster::wait_linked(&nodes[a], &nodes[b]).await;
+    linked_both_ways(&nodes[a], &nodes[b]).await;
     let record = wait_record(&url, "W2", |_| true).await;
     assert!(
         only_new(&record) && record.get("handed").is_none(),
@@ -326,9 +350,7 @@ async fn a_message_brought_back_by_a_restart_survives_the_sessions_next_move() {
     let (nats, mut nodes) = start_cluster(2, "").await;
     let url = nats.url();
     let (a, b) = (0, 1);
-    let (mut w, _) = v5::connect(nodes[a].mqtt(), v5::persistent_connect("R1", 3600)).await;
-    v5::subscribe(&mut w, "restored/#", QoS::AtLeastOnce).await;
-    wait_record(&url, "R1", |r| owned_with(r, "a", "restored/#")).await;
+    let (w, _) = subscribed_on_a(&nodes[a], &url, "R1", "restored/#").await;
     v5::disconnect(w).await;
 
     // A message for W, acknowledged on b; a's consumer takes it and queues it for W.
@@ -352,8 +374,7 @@ async fn a_message_brought_back_by_a_restart_survives_the_sessions_next_move() {
     // a restarts: its store brings W back with the message, of unknown stream sequence.
     tokio::task::block_in_place(|| nodes[a].terminate());
     tokio::task::block_in_place(|| nodes[a].restart());
-    common::cluster::wait_linked(&nodes[b], &nodes[a]).await;
-    common::cluster::wait_linked(&nodes[a], &nodes[b]).await;
+    linked_both_ways(&nodes[a], &nodes[b]).await;
     // W resumes on a, takes the message and goes without acknowledging it.
     let (mut w, ack) = v5::connect(nodes[a].mqtt(), v5::persistent_connect("R1", 3600)).await;
     assert!(ack.session_present, "R1 resumed on a after its restart");
