@@ -510,6 +510,64 @@ mod tests {
         assert!(size <= 224, "Message is {size} B");
     }
 
+    /// What a shared group's fit check assumes (`session::fits_client`): no PUBLISH of a
+    /// message is larger than its size and `PUBLISH_OVERHEAD`, with the largest packet id,
+    /// Subscription Identifier (4-byte varint), Topic Alias and remaining length there are,
+    /// so a member the check finds room in is never sent more than its Maximum Packet Size
+    /// (MQTT-3.1.2-24; issue 35, sixteenth adversarial pass, C4: 16 was one byte short for a
+    /// message over 2 MiB with 16 KiB of properties).
+    #[test]
+    fn no_publish_is_larger_than_the_fit_check_assumes() {
+        let large = PublishProperties {
+            payload_format_indicator: Some(1),
+            message_expiry_interval: Some(60),
+            content_type: Some("c".repeat(20_000).into()),
+            response_topic: Some("r".into()),
+            correlation_data: Some(Bytes::from_static(b"id")),
+            ..PublishProperties::default()
+        };
+        let mut users = PublishProperties::default();
+        users.user_properties = vec![("k".into(), "v".into()); 50];
+        for (payload, properties) in [
+            (1, PublishProperties::default()),
+            (3 << 20, large),
+            (100, users),
+        ] {
+            let message = Message::from_publish(
+                Publish {
+                    topic: "a/b".into(),
+                    payload: Bytes::from(vec![0; payload]),
+                    qos: QoS::AtLeastOnce,
+                    properties,
+                    ..Publish::default()
+                },
+                None,
+            );
+            let mut out = BytesMut::new();
+            let flags = PublishFlags {
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                dup: false,
+                packet_id: u16::MAX,
+                subscription_ids: &[268_435_455],
+                topic_alias: Some(codec::PublishAlias {
+                    alias: u16::MAX,
+                    with_topic: true,
+                }),
+            };
+            let len = message
+                .write_to(&mut out, ProtocolVersion::V5, flags)
+                .expect("encodes");
+            let size = message.size();
+            // A client whose Maximum Packet Size is one byte short is never found room in.
+            let short = u32::try_from(len - 1).expect("small");
+            assert!(
+                !super::super::session::fits_client(size, short),
+                "a PUBLISH of {len} bytes from a message of {size}"
+            );
+        }
+    }
+
     /// Issue 35, eighth pass, Q1: what a message holds counts its properties, not only its
     /// topic and payload, so no bound can be passed by carrying bytes in them.
     #[test]

@@ -6,15 +6,20 @@
 
 use super::*;
 
-/// Whether a message of `size` bytes (`Message::size`) fits
-/// a client whose Maximum Packet Size is `client_max` (0: none announced), with a cushion: the
-/// message's bytes and what a PUBLISH adds (fixed header, topic length, packet id, property
-/// length, a subscription identifier: 8 to 14 bytes), rounded up to 16. A member that might
+/// What a PUBLISH adds at most to a message's own bytes (`Message::size`, whose properties
+/// count their identifiers and lengths already): fixed header 1 + remaining length 4, topic
+/// length 2, packet id 2, property length 4, a Subscription Identifier 5 and a Topic Alias 3:
+/// 21, rounded up (issue 35, sixteenth adversarial pass, C4: with 16, a message over 2 MiB
+/// with 16 KiB of properties and a 4-byte subscription identifier was still one byte over).
+const PUBLISH_OVERHEAD: usize = 24;
+
+/// Whether a message of `size` bytes (`Message::size`) fits a client whose Maximum Packet
+/// Size is `client_max` (0: none announced), with [`PUBLISH_OVERHEAD`]. A member that might
 /// just take it is passed over only when another would (MQTT-3.1.2-24; issue 35, fourteenth
 /// pass, A2: a member with a Maximum Packet Size of 100 dropped every job it was given, after
 /// its PUBACK; fifteenth, B1: with 4 bytes of cushion, one 4-12 bytes over still did).
 pub(in crate::broker) fn fits_client(size: usize, client_max: u32) -> bool {
-    client_max == 0 || size.saturating_add(16) <= client_max as usize
+    client_max == 0 || size.saturating_add(PUBLISH_OVERHEAD) <= client_max as usize
 }
 
 impl SessionState {
