@@ -526,8 +526,10 @@ mod tests {
             correlation_data: Some(Bytes::from_static(b"id")),
             ..PublishProperties::default()
         };
-        let mut users = PublishProperties::default();
-        users.user_properties = vec![("k".into(), "v".into()); 50];
+        let users = PublishProperties {
+            user_properties: vec![("k".into(), "v".into()); 50],
+            ..PublishProperties::default()
+        };
         for (payload, properties) in [
             (1, PublishProperties::default()),
             (3 << 20, large),
