@@ -364,7 +364,7 @@ pub(crate) fn subscription_bytes() -> u64 {
 }
 
 /// Where memory use stands against the budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MemoryLevel {
     /// Below the pause mark: nothing to do.
     Normal,

@@ -180,11 +180,7 @@ impl Broker {
         retain: bool,
         subscription_ids: SmallVec<[u32; 1]>,
     ) -> Result<Routed, PublishRefused> {
-        let over_budget = self.flow.memory_level(super::flow::message_bytes()) == MemoryLevel::Over;
-        // Charged as it was made (`wire::message_of`): the check counts it.
-        let over_share = message.charged_anonymous()
-            && !super::flow::anonymous_share_has_room(0, &self.flow.memory);
-        if over_budget || over_share {
+        if !self.has_room_for(&message, MemoryLevel::Over) {
             self.metrics.messages_dropped_memory[qos as usize].increment(1);
             return Ok(Routed {
                 queued: 0,
@@ -203,6 +199,17 @@ impl Broker {
         });
         let now_ms = self.coarse_ms();
         self.deliver(message, targets, None, None, 1, now_ms)
+    }
+
+    /// Whether `message`, from another node, may be held here: memory below `level` (`Over`
+    /// for what would otherwise be dropped, `Near` for what can wait in JetStream instead),
+    /// and, a stranger's, within the anonymous share. It is charged to the share as it is
+    /// made (`cluster::wire::message_of`), so the check counts it. For what comes with no
+    /// publisher to pause or refuse (issue 35, sixteenth adversarial pass, C1).
+    pub fn has_room_for(&self, message: &Message, level: MemoryLevel) -> bool {
+        self.flow.memory_level(super::flow::message_bytes()) < level
+            && (!message.charged_anonymous()
+                || super::flow::anonymous_share_has_room(0, &self.flow.memory))
     }
 
     /// Queues `message` for one member of the shared group `key` (`$share/{group}/{filter}`)

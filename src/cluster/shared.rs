@@ -45,6 +45,7 @@ use super::{
     subject, wire, Cluster, QOS0_SUBJECTS, REGROUP_STREAM, REGROUP_SUBJECTS, STREAM,
     STREAM_SUBJECTS,
 };
+use crate::broker::flow::MemoryLevel;
 use crate::broker::{Broker, Message};
 use crate::codec::QoS;
 
@@ -375,6 +376,13 @@ fn take(
     // given-back message has none there.
     if let (STREAM, Some(seq)) = (stream, seq) {
         routed.set_cluster_seq(seq);
+    }
+    // Held here only while there is room: otherwise it waits in JetStream, for this node's
+    // members to catch up or another node's to take it (issue 35, sixteenth adversarial pass,
+    // C1: one slow member took 900 messages, 537% of the budget, and others got 0x97).
+    if !broker.has_room_for(&routed, MemoryLevel::Near) {
+        routed.give_back();
+        return Took::GivenBack;
     }
     match broker.deliver_shared(key, Arc::clone(&routed), true) {
         Ok(Some(_)) => Took::Taken,

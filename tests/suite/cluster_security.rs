@@ -502,3 +502,48 @@ async fn a_replay_to_a_resumed_session_stays_within_the_budget() {
     assert_eq!(first.topic, "public/x");
     v5::ack(&mut reader_a, &first).await;
 }
+
+/// C1 for a clustered shared group: a node holds a group's messages for its members only
+/// while it has room, and leaves the rest in JetStream. `sensor1`'s slow member on node b
+/// (Receive Maximum 1) reads nothing while sensor2 publishes 240 QoS 1 jobs of 20 KB (4.8 MB)
+/// on node a: node b's memory stays below its 4 MiB budget (so its other clients get no
+/// 0x97), and once the member reads, it gets every job (MQTT-4.3.2-2: nothing acknowledged is
+/// lost; MQTT 5 §4.8.2: each to one session of the group). Before, node b pulled them all,
+/// over its whole budget (537% in the sixteenth pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clustered_shared_group_is_pulled_only_while_its_node_has_room() {
+    const USED: &str = "postbox_memory_used_bytes";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
+        common::fast_example_passwords(dir.path())
+    );
+    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut slow = as_user(v5::connect_packet("slow-worker"), "sensor1");
+    slow.properties.receive_maximum = Some(1);
+    let (mut member, _) = v5::connect(b.mqtt(), slow).await;
+    v5::subscribe(&mut member, "$share/g/jobs/#", QoS::AtLeastOnce).await;
+    let (mut boss, _) = v5::connect(a.mqtt(), as_user(v5::connect_packet("s2"), "sensor2")).await;
+    // Node b's puller of the group runs once the member gets a probe.
+    let what = "node b's member never got the group's messages";
+    probe_until_both_qos(&mut boss, "jobs/probe", &mut member, &mut [], what).await;
+    drain(&mut member, Duration::from_millis(300)).await;
+
+    let payload = vec![b'j'; 20_000];
+    for id in 1..=240u16 {
+        let code = v5::publish_qos1(&mut boss, &format!("jobs/{id}"), &payload, id).await;
+        assert!(!code.is_error(), "job {id} on node a: {code:?}");
+    }
+    // Node b's memory while its member reads nothing: sampled for three seconds (bounded).
+    let mut most = 0.0f64;
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        most = most.max(tokio::task::block_in_place(|| b.metric(USED)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(most < 4_194_304.0, "node b held {most} bytes against 4 MiB");
+    // Every job reaches the member as it reads (the rest waited in JetStream).
+    let got = drain(&mut member, Duration::from_secs(8)).await;
+    assert_eq!(got.len(), 240, "jobs the member got");
+}
