@@ -104,13 +104,14 @@ pub(super) fn put_subscription(
 }
 
 /// The body of a message, stored once under `id`.
-/// A stranger's body says so, so a restart charges it to the anonymous share again (issue
-/// 35, fifteenth adversarial pass, B3: restored uncharged, each restart freed the share).
+/// A body charged to the anonymous share (a stranger's message, or a dead letter one
+/// caused) says so, so a restart charges it again (issue 35, fifteenth adversarial pass, B3:
+/// restored uncharged, each restart freed the share).
 pub(super) fn put_message(id: u64, message: &Message) -> Op {
     Op::PutMessage {
         id,
         message: StoredMessage {
-            from_anonymous: message.published_anonymously(),
+            from_anonymous: message.charged_anonymous(),
             ..StoredMessage::from(message)
         },
     }
@@ -225,5 +226,37 @@ fn entry_stage(stage: OutboundStage, packet_id: u16) -> EntryStage {
         OutboundStage::AwaitPubAck => EntryStage::AwaitPubAck { packet_id },
         OutboundStage::AwaitPubRec => EntryStage::AwaitPubRec { packet_id },
         OutboundStage::AwaitPubComp => EntryStage::AwaitPubComp { packet_id },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::Publish;
+
+    /// Whatever is charged to the anonymous share for its life is stored marked, so a restart
+    /// charges it again: a stranger's message, and a dead letter a stranger caused, which is
+    /// charged without being one they published (issue 35, fifteenth pass, B3; the review of
+    /// the sixteenth: the letter was stored unmarked and came back uncharged).
+    #[test]
+    fn a_body_charged_to_the_anonymous_share_is_stored_marked() {
+        let make = || Message::from_publish(Publish::default(), None);
+        let mut published = make();
+        published.set_published_anonymously(true);
+        let mut letter = make();
+        letter.charge_anonymous();
+        for (what, message, marked) in [
+            ("a stranger's message", published, true),
+            ("a dead letter a stranger caused", letter, true),
+            ("a password user's message", make(), false),
+        ] {
+            let Op::PutMessage {
+                message: stored, ..
+            } = put_message(1, &message)
+            else {
+                panic!("{what}: not a PutMessage");
+            };
+            assert_eq!(stored.from_anonymous, marked, "{what}");
+        }
     }
 }

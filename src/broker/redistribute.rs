@@ -89,6 +89,8 @@ impl Broker {
         // An ending session's messages with no other member here: to the group's members on
         // other nodes when clustered, otherwise dropped (counted).
         let mut homeless: Vec<Delivery> = Vec::new();
+        // What a returning member keeps because no other member would take it.
+        let mut unmoved: Vec<Delivery> = Vec::new();
         {
             let index = self.shared.read();
             let authz = self.authz();
@@ -99,16 +101,6 @@ impl Broker {
                 let may_read = |s: &Session| {
                     authz.is_none_or(|a| s.authorized(a.acl, Action::Read, &d.message.topic))
                 };
-                // Wherever it goes, its stored entry here is forgotten, or a restart would
-                // deliver it here again: a persistent new member stores it first (below), as
-                // does this session when it keeps it (under a new `seq`: before, the old entry
-                // stayed beside the new one, and a restart delivered it twice).
-                if let Some(seq) = d.seq {
-                    removed.push(Op::RemoveEntry {
-                        client_id: session.client_id.clone(),
-                        seq,
-                    });
-                }
                 // One its engine holds goes to a connected member here, else back to it.
                 let settles = d.message.awaits_settlement();
                 let picked = {
@@ -125,6 +117,23 @@ impl Broker {
                         // What no longer fits its member goes only where it would be kept.
                         .filter(|m| why != Handover::Shrunk || judge(&m.session).1)
                 };
+                // A returning member nobody else would take it from keeps it as it was: in
+                // its queue, under its stored entry (to be dropped as too large, dead-lettered,
+                // when its turn comes).
+                if picked.is_none() && why == Handover::Shrunk && !settles {
+                    unmoved.push(d);
+                    continue;
+                }
+                // Wherever else it goes, its stored entry here is forgotten, or a restart
+                // would deliver it here again: a persistent new member stores it first
+                // (below), as does this session when it keeps it (under a new `seq`: before,
+                // the old entry stayed beside the new one, and a restart delivered it twice).
+                if let Some(seq) = d.seq {
+                    removed.push(Op::RemoveEntry {
+                        client_id: session.client_id.clone(),
+                        seq,
+                    });
+                }
                 match picked {
                     Some(m) => {
                         moves.push((
@@ -139,14 +148,19 @@ impl Broker {
                             },
                         ));
                     }
-                    // The other members left meanwhile: a disconnecting member keeps it, as
-                    // does a returning one when nobody else would keep it; an ending
-                    // session's messages have no other member here.
-                    None if why != Handover::Ended && !settles => {
+                    // The other members left meanwhile: a disconnecting member keeps it; an
+                    // ending session's messages have no other member here.
+                    None if why == Handover::Disconnected && !settles => {
                         moves.push((Arc::clone(session), Delivery { seq: None, ..d }));
                     }
                     None => homeless.push(d),
                 }
+            }
+        }
+        if !unmoved.is_empty() {
+            let mut st = session.lock();
+            for d in unmoved {
+                st.restore_queued(d);
             }
         }
         for d in homeless {

@@ -56,10 +56,10 @@ impl Broker {
             .iter()
             .map(|(id, stored)| {
                 let mut message = Message::from_stored(stored, Some(*id));
-                // A stranger's message is charged to the anonymous share for its life again,
-                // as when it was published (issue 35, fifteenth adversarial pass, B3: restored
-                // uncharged, each restart freed the share for as many more). Never refused
-                // here; new ones are while these hold the share.
+                // A stranger's message (or a dead letter one caused) is charged to the
+                // anonymous share for its life again, as when it was made (issue 35, fifteenth
+                // adversarial pass, B3: restored uncharged, each restart freed the share for
+                // as many more). Never refused here; new ones are while these hold the share.
                 message.set_published_anonymously(stored.from_anonymous);
                 // Its place in the cluster's stream, if it had one (issue 34): a session
                 // brought back here still knows its replay cursor and what its client took.
@@ -173,7 +173,7 @@ impl Broker {
                 let mut tree = self.subscriptions.write();
                 let mut st = session.lock();
                 for (filter, record) in snap.subscriptions {
-                    if topic::split_shared(&filter).is_some() {
+                    if let Some(Ok(_)) = topic::split_shared(&filter) {
                         groups.push((filter.clone(), record));
                     } else {
                         tree.insert(

@@ -161,13 +161,9 @@ impl Broker {
     /// replay of a session that moved to this node. `message.retain` must be false (the
     /// retained index is not touched).
     ///
-    /// A catch-up, with no publisher to pause or refuse: with the memory budget over, or a
-    /// stranger's message past the anonymous share, the message is dropped and counted as
-    /// dropped for memory (`Ok` with nothing queued), as its PUBLISH would have been refused
-    /// here (issue 35, sixteenth adversarial pass, C1: a replay queued 600 of a stranger's
-    /// 100 KB messages, 357% of the budget, and password users got 0x97). Otherwise it is
-    /// queued past the session's queue bound as a connected session's delivery is: what a
+    /// Queued past the session's queue bound as a connected session's delivery is: what a
     /// session that moved had not taken yet (its node paused, say) is not lost to the move.
+    /// The replay asks [`Broker::has_room_for`] first.
     ///
     /// # Errors
     ///
@@ -180,15 +176,6 @@ impl Broker {
         retain: bool,
         subscription_ids: SmallVec<[u32; 1]>,
     ) -> Result<Routed, PublishRefused> {
-        if !self.has_room_for(&message, MemoryLevel::Over) {
-            self.metrics.messages_dropped_memory[qos as usize].increment(1);
-            return Ok(Routed {
-                queued: 0,
-                matched: 1,
-                durable: None,
-                pressure: None,
-            });
-        }
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
         targets.push(Target {
             session: Arc::clone(session),

@@ -18,7 +18,8 @@ use crate::codec::{self, Packet, ProtocolVersion, Publish, PublishFlags};
 /// The frame format's version byte.
 const VERSION: u8 = 1;
 
-/// The trailer's bit for a message an anonymous client published: every node that holds it
+/// The trailer's bit for a message an anonymous client published (or a dead letter one
+/// caused): every node that holds it
 /// charges it to the anonymous share of its memory budget, retained (pass 7B, P6: without
 /// it, a node's copy from the retained bucket replaced the counted one uncounted, and one
 /// stranger filled every node's budget) or queued (issue 35, fifteenth pass, B3: another
@@ -68,7 +69,7 @@ pub fn encode(origin: &str, local_id: u64, message: &Message) -> Result<Bytes, c
             topic_alias: None,
         },
     )?;
-    if message.published_anonymously() || message.from_anonymous {
+    if message.charged_anonymous() || message.from_anonymous {
         buf.put_u8(ANONYMOUS);
     }
     Ok(buf.freeze())

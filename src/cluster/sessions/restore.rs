@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use smallvec::SmallVec;
 
 use super::*;
+use crate::broker::flow::MemoryLevel;
 use crate::broker::{Broker, Message, Restore, Session};
 use crate::cluster::{subject, wire, Cluster, STREAM, STREAM_SUBJECTS};
 use crate::codec::QoS;
@@ -453,6 +454,15 @@ fn enqueue_matching(
                 }
             }
         }
+    }
+    // A catch-up with no publisher to pause or refuse: with the memory budget over, or a
+    // stranger's message past the anonymous share, dropped and counted as dropped for memory,
+    // as its PUBLISH would have been refused here (issue 35, sixteenth adversarial pass, C1: a
+    // replay queued 600 of a stranger's 100 KB messages, 357% of the budget, and password
+    // users got 0x97). A QoS 2 delivery in flight, above, is sent again regardless.
+    if !broker.has_room_for(&message, MemoryLevel::Over) {
+        broker.metrics.messages_dropped_memory[qos as usize].increment(1);
+        return false;
     }
     match broker.enqueue_for(session, message, qos, retain, ids) {
         Ok(_) => true,
