@@ -199,8 +199,11 @@ impl Broker {
             }
             for (filter, record) in groups {
                 if let Some(Ok((_, inner))) = topic::split_shared(&filter) {
-                    let (options, identifier) = (record.options, record.identifier);
-                    self.join_group(&session, &filter, inner, options, identifier);
+                    let record = super::SessionSubscription {
+                        options: record.options,
+                        identifier: record.identifier,
+                    };
+                    self.join_group(&session, &filter, inner, record);
                 }
             }
             let generation = session.lock().generation;

@@ -60,19 +60,17 @@ impl Broker {
         identifier: Option<u32>,
     ) -> bool {
         self.cluster_session_changed(&session.client_id);
+        let record = SessionSubscription {
+            options,
+            identifier,
+        };
         let existed = match topic::split_shared(filter) {
-            Some(Ok((_, inner))) => self.join_group(session, filter, inner, options, identifier),
-            _ => self.subscribe_plain(session, filter, options, identifier),
+            Some(Ok((_, inner))) => self.join_group(session, filter, inner, record),
+            _ => self.subscribe_plain(session, filter, record),
         };
         let stored = {
             let mut st = session.lock();
-            st.add_subscription(
-                filter.clone(),
-                SessionSubscription {
-                    options,
-                    identifier,
-                },
-            );
+            st.add_subscription(filter.clone(), record);
             st.stored
         };
         if stored {
@@ -92,8 +90,7 @@ impl Broker {
         &self,
         session: &Arc<Session>,
         filter: &ByteString,
-        options: SubscriptionOptions,
-        identifier: Option<u32>,
+        record: SessionSubscription,
     ) -> bool {
         let acl_generation = match self.authz() {
             Some(authz) => match session.filter_access(authz.acl, filter) {
@@ -104,8 +101,8 @@ impl Broker {
         };
         let subscriber = Subscriber {
             session: Arc::clone(session),
-            options,
-            identifier,
+            options: record.options,
+            identifier: record.identifier,
             acl_generation,
         };
         let mut tree = self.subscriptions.write();
@@ -122,13 +119,12 @@ impl Broker {
         session: &Arc<Session>,
         filter: &ByteString,
         inner: &str,
-        options: SubscriptionOptions,
-        identifier: Option<u32>,
+        record: SessionSubscription,
     ) -> bool {
         let member = Member {
             session: Arc::clone(session),
-            options,
-            identifier,
+            options: record.options,
+            identifier: record.identifier,
         };
         let (existed, new_group) = {
             let mut index = self.shared.write();

@@ -1483,15 +1483,10 @@ async fn shared_group_with_a_small_member(max: u32) {
 /// after their PUBACK (issue 35, fifteenth adversarial pass, B2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_group() {
-    use postbox::codec::QoS;
     let broker = password_and_anonymous(64 << 20).await;
     let addr = broker.addr;
     // Both members keep their sessions, and are offline when the jobs come.
-    for id in ["sensor1-worker", "small-member"] {
-        let (mut member, _) = v5::connect(addr, sensor1(id)).await;
-        v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-        v5::disconnect(member).await;
-    }
+    offline_members(addr, &["sensor1-worker", "small-member"]).await;
     boss_publishes_jobs(addr, 100, &[b'j'; 200]).await;
     let mut small = sensor1("small-member");
     small.properties.maximum_packet_size = Some(100);
@@ -1515,12 +1510,9 @@ async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_
 /// their old entries are forgotten with it (kept, a restart delivered every one again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
-    use postbox::codec::QoS;
     let (_data, sections, broker) = durable_users_only().await;
     let addr = broker.addr;
-    let (mut member, _) = v5::connect(addr, sensor1("lone-member")).await;
-    v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    v5::disconnect(member).await;
+    offline_members(addr, &["lone-member"]).await;
     boss_publishes_jobs(addr, 10, &[b'j'; 200]).await;
     let mut small = sensor1("lone-member");
     small.properties.maximum_packet_size = Some(100);
@@ -1587,11 +1579,8 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
 /// the topic tree as a plain filter, matching no topic, and the group had no member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_groups_member_is_one_again_after_a_restart() {
-    use postbox::codec::QoS;
     let (_data, sections, broker) = durable_users_only().await;
-    let (mut worker, _) = v5::connect(broker.addr, sensor1("worker")).await;
-    v5::subscribe(&mut worker, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    v5::disconnect(worker).await;
+    offline_members(broker.addr, &["worker"]).await;
     let broker = restarted(broker, &sections).await;
     let (worker, ack) = v5::connect(broker.addr, sensor1("worker")).await;
     assert!(ack.session_present);
@@ -1611,13 +1600,8 @@ async fn a_shared_groups_member_is_one_again_after_a_restart() {
 /// 20 were dropped, uncounted (issue 35, sixteenth adversarial pass, C3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_queued_before_a_restart_stay_with_the_group() {
-    use postbox::codec::QoS;
     let (_data, sections, broker) = durable_users_only().await;
-    for id in ["worker", "member"] {
-        let (mut member, _) = v5::connect(broker.addr, sensor1(id)).await;
-        v5::subscribe(&mut member, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-        v5::disconnect(member).await;
-    }
+    offline_members(broker.addr, &["worker", "member"]).await;
     boss_publishes_jobs(broker.addr, 40, b"job").await;
     let broker = restarted(broker, &sections).await;
     let mut fresh = sensor1("member");
@@ -1632,6 +1616,21 @@ async fn jobs_queued_before_a_restart_stay_with_the_group() {
         40,
         "jobs after the restart"
     );
+}
+
+/// sensor1's sessions `ids` (persistent), each a member of the group `jobs` on `jobs/#` and
+/// offline.
+async fn offline_members(addr: std::net::SocketAddr, ids: &[&str]) {
+    for id in ids {
+        let (mut member, _) = v5::connect(addr, sensor1(id)).await;
+        v5::subscribe(
+            &mut member,
+            "$share/jobs/jobs/#",
+            postbox::codec::QoS::AtLeastOnce,
+        )
+        .await;
+        v5::disconnect(member).await;
+    }
 }
 
 /// A broker with its store in a temporary directory (returned, to live as long as the test)

@@ -372,29 +372,14 @@ async fn a_node_connects_with_the_nats_password_from_its_file_and_no_other() {
 async fn anonymous_messages_from_another_node_stay_within_their_share_where_they_are_queued() {
     const USED: &str = "postbox_memory_used_bytes";
     const DROPPED: &str = r#"postbox_messages_dropped_total{qos="1",reason="memory"}"#;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let extra = format!(
-        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
-        common::fast_example_passwords(dir.path())
-    );
-    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (_dir, _nats, nodes) = two_small_nodes().await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let mut reader = v5::persistent_connect("inbox-reader", 600);
-    reader = as_user(reader, "sensor1");
-    let (mut reader_b, _) = v5::connect(b.mqtt(), reader.clone()).await;
-    v5::subscribe(&mut reader_b, "public/#", QoS::AtLeastOnce).await;
-    v5::disconnect(reader_b).await;
+    let reader = offline_reader_on(b).await;
 
     let received_before = tokio::task::block_in_place(|| {
         b.metric(r#"postbox_cluster_messages_total{direction="in"}"#)
     });
-    let mut stranger = v5::connect_id(a.mqtt(), "stranger-a").await;
-    let payload = vec![b'x'; 20_000];
-    for id in 1..=240u16 {
-        let code = v5::publish_qos1(&mut stranger, "public/x", &payload, id).await;
-        assert_eq!(code, ReasonCode::SUCCESS, "PUBLISH {id} on node a");
-    }
-    v5::disconnect(stranger).await;
+    stranger_floods(a).await;
     // Node b has taken all of them from the stream (bounded wait).
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
@@ -452,27 +437,11 @@ async fn anonymous_messages_from_another_node_stay_within_their_share_where_they
 async fn a_replay_to_a_resumed_session_stays_within_the_budget() {
     const USED: &str = "postbox_memory_used_bytes";
     const DROPPED: &str = r#"postbox_messages_dropped_total{qos="1",reason="memory"}"#;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let extra = format!(
-        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
-        common::fast_example_passwords(dir.path())
-    );
-    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (_dir, _nats, nodes) = two_small_nodes().await;
     let (a, b) = (&nodes[0], &nodes[1]);
-    let mut reader = as_user(v5::persistent_connect("inbox-reader", 600), "sensor1");
-    // One in flight at a time: the rest waits in its queue.
-    reader.properties.receive_maximum = Some(1);
-    let (mut reader_b, _) = v5::connect(b.mqtt(), reader.clone()).await;
-    v5::subscribe(&mut reader_b, "public/#", QoS::AtLeastOnce).await;
-    v5::disconnect(reader_b).await;
+    let reader = offline_reader_on(b).await;
 
-    let mut stranger = v5::connect_id(a.mqtt(), "stranger-a").await;
-    let payload = vec![b'x'; 20_000];
-    for id in 1..=240u16 {
-        let code = v5::publish_qos1(&mut stranger, "public/x", &payload, id).await;
-        assert_eq!(code, ReasonCode::SUCCESS, "PUBLISH {id} on node a");
-    }
-    v5::disconnect(stranger).await;
+    stranger_floods(a).await;
 
     let dropped_before = tokio::task::block_in_place(|| a.metric(DROPPED));
     let (mut reader_a, ack) = v5::connect(a.mqtt(), reader).await;
@@ -513,12 +482,7 @@ async fn a_replay_to_a_resumed_session_stays_within_the_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clustered_shared_group_is_pulled_only_while_its_node_has_room() {
     const USED: &str = "postbox_memory_used_bytes";
-    let dir = tempfile::tempdir().expect("tempdir");
-    let extra = format!(
-        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
-        common::fast_example_passwords(dir.path())
-    );
-    let (_nats, nodes) = start_cluster(2, &extra).await;
+    let (_dir, _nats, nodes) = two_small_nodes().await;
     let (a, b) = (&nodes[0], &nodes[1]);
     let mut slow = as_user(v5::connect_packet("slow-worker"), "sensor1");
     slow.properties.receive_maximum = Some(1);
@@ -546,4 +510,40 @@ async fn a_clustered_shared_group_is_pulled_only_while_its_node_has_room() {
     // Every job reaches the member as it reads (the rest waited in JetStream).
     let got = drain(&mut member, Duration::from_secs(8)).await;
     assert_eq!(got.len(), 240, "jobs the member got");
+}
+
+/// NATS and two nodes admitting the example users (cheap hashes, in the returned directory)
+/// and anonymous clients, each with a 4 MiB memory budget (an anonymous share of 512 KiB).
+async fn two_small_nodes() -> (tempfile::TempDir, NatsServer, Vec<Node>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = format!(
+        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
+        common::fast_example_passwords(dir.path())
+    );
+    let (nats, nodes) = start_cluster(2, &extra).await;
+    (dir, nats, nodes)
+}
+
+/// sensor1's session `inbox-reader` on `node`, subscribed to `public/#` and offline: its
+/// CONNECT (persistent, Receive Maximum 1: one in flight at a time, the rest waits in its
+/// queue), to come back with.
+async fn offline_reader_on(node: &Node) -> postbox::codec::Connect {
+    let mut reader = as_user(v5::persistent_connect("inbox-reader", 600), "sensor1");
+    reader.properties.receive_maximum = Some(1);
+    let (mut c, _) = v5::connect(node.mqtt(), reader.clone()).await;
+    v5::subscribe(&mut c, "public/#", QoS::AtLeastOnce).await;
+    v5::disconnect(c).await;
+    reader
+}
+
+/// A stranger on `node` publishes 240 QoS 1 messages of 20 KB (4.8 MB) to `public/x`, each
+/// acknowledged with success (the node holds each only until JetStream has it).
+async fn stranger_floods(node: &Node) {
+    let mut stranger = v5::connect_id(node.mqtt(), "stranger-a").await;
+    let payload = vec![b'x'; 20_000];
+    for id in 1..=240u16 {
+        let code = v5::publish_qos1(&mut stranger, "public/x", &payload, id).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "PUBLISH {id} on node a");
+    }
+    v5::disconnect(stranger).await;
 }
