@@ -1618,6 +1618,32 @@ async fn jobs_queued_before_a_restart_stay_with_the_group() {
     );
 }
 
+/// B2 across a restart: a member chosen while offline, back after a restart (SIGTERM) with a
+/// Maximum Packet Size too small for its jobs (MQTT-3.1.2-24), hands them to the group's other
+/// member, as without the restart: the worker gets all 40 acknowledged jobs of 500 bytes
+/// (MQTT-4.3.2-2). Before, a restored delivery knew no group and the member dropped its 20 as
+/// too large (issue 35, sixteenth adversarial pass, C3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_smaller_after_a_restart_hands_its_jobs_to_the_group() {
+    let (_data, sections, broker) = durable_users_only().await;
+    offline_members(broker.addr, &["worker", "member"]).await;
+    boss_publishes_jobs(broker.addr, 40, &[b'j'; 500]).await;
+    let broker = restarted(broker, &sections).await;
+    let mut small = sensor1("member");
+    small.properties.maximum_packet_size = Some(100);
+    let (small, ack) = v5::connect(broker.addr, small).await;
+    assert!(ack.session_present);
+    let (worker, ack) = v5::connect(broker.addr, sensor1("worker")).await;
+    assert!(ack.session_present);
+    assert_eq!(
+        distinct_jobs(worker, 40).await,
+        40,
+        "jobs after the restart"
+    );
+    assert_eq!(broker.metric(TOO_LARGE).await.unwrap_or(0.0), 0.0);
+    drop(small);
+}
+
 /// sensor1's sessions `ids` (persistent), each a member of the group `jobs` on `jobs/#` and
 /// offline.
 async fn offline_members(addr: std::net::SocketAddr, ids: &[&str]) {
