@@ -1389,8 +1389,7 @@ async fn leave_the_inbox_reader(addr: std::net::SocketAddr) {
 /// `inbox-reader` back (its session present) gets `count` messages on `public/x`, each
 /// acknowledged: nothing acknowledged to the stranger was lost (MQTT-4.3.2-2).
 async fn the_inbox_reader_gets(addr: std::net::SocketAddr, count: u16) {
-    let (mut reader, ack) = v5::connect(addr, sensor1("inbox-reader")).await;
-    assert!(ack.session_present);
+    let mut reader = resumed(addr, sensor1("inbox-reader")).await;
     for n in 0..count {
         let got = v5::receive(&mut reader).await;
         assert_eq!(got.topic, "public/x", "message {n}");
@@ -1490,10 +1489,8 @@ async fn a_member_back_with_a_smaller_maximum_packet_size_hands_its_jobs_to_the_
     boss_publishes_jobs(addr, 100, &[b'j'; 200]).await;
     let mut small = sensor1("small-member");
     small.properties.maximum_packet_size = Some(100);
-    let (small, ack) = v5::connect(addr, small).await;
-    assert!(ack.session_present);
-    let (worker, ack) = v5::connect(addr, sensor1("sensor1-worker")).await;
-    assert!(ack.session_present);
+    let small = resumed(addr, small).await;
+    let worker = resumed(addr, sensor1("sensor1-worker")).await;
     assert_eq!(
         distinct_jobs(worker, 100).await,
         100,
@@ -1536,8 +1533,7 @@ async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
     }
     v5::disconnect(small).await;
     let broker = restarted(broker, &sections).await;
-    let (member, ack) = v5::connect(broker.addr, sensor1("lone-member")).await;
-    assert!(ack.session_present);
+    let member = resumed(broker.addr, sensor1("lone-member")).await;
     assert_eq!(distinct_jobs(member, 10).await, 0, "dropped jobs came back");
 }
 
@@ -1568,8 +1564,7 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     v5::disconnect(a).await;
     drop(b);
     let broker = restarted(broker, &sections).await;
-    let (b, ack) = v5::connect(broker.addr, member("worker-b")).await;
-    assert!(ack.session_present);
+    let b = resumed(broker.addr, member("worker-b")).await;
     assert_eq!(distinct_jobs(b, 40).await, 40, "jobs after the restart");
 }
 
@@ -1582,8 +1577,7 @@ async fn a_shared_groups_member_is_one_again_after_a_restart() {
     let (_data, sections, broker) = durable_users_only().await;
     offline_members(broker.addr, &["worker"]).await;
     let broker = restarted(broker, &sections).await;
-    let (worker, ack) = v5::connect(broker.addr, sensor1("worker")).await;
-    assert!(ack.session_present);
+    let worker = resumed(broker.addr, sensor1("worker")).await;
     // Acknowledged (0x10 No matching subscribers, before) and received.
     boss_publishes_jobs(broker.addr, 10, b"job").await;
     assert_eq!(
@@ -1609,8 +1603,7 @@ async fn jobs_queued_before_a_restart_stay_with_the_group() {
     let (member, ack) = v5::connect(broker.addr, fresh).await;
     assert!(!ack.session_present);
     v5::disconnect(member).await;
-    let (worker, ack) = v5::connect(broker.addr, sensor1("worker")).await;
-    assert!(ack.session_present);
+    let worker = resumed(broker.addr, sensor1("worker")).await;
     assert_eq!(
         distinct_jobs(worker, 40).await,
         40,
@@ -1631,10 +1624,8 @@ async fn a_member_back_smaller_after_a_restart_hands_its_jobs_to_the_group() {
     let broker = restarted(broker, &sections).await;
     let mut small = sensor1("member");
     small.properties.maximum_packet_size = Some(100);
-    let (small, ack) = v5::connect(broker.addr, small).await;
-    assert!(ack.session_present);
-    let (worker, ack) = v5::connect(broker.addr, sensor1("worker")).await;
-    assert!(ack.session_present);
+    let small = resumed(broker.addr, small).await;
+    let worker = resumed(broker.addr, sensor1("worker")).await;
     assert_eq!(
         distinct_jobs(worker, 40).await,
         40,
@@ -1642,6 +1633,14 @@ async fn a_member_back_smaller_after_a_restart_hands_its_jobs_to_the_group() {
     );
     assert_eq!(broker.metric(TOO_LARGE).await.unwrap_or(0.0), 0.0);
     drop(small);
+}
+
+/// A client resuming its session with `connect`: the CONNACK must say Session Present
+/// (MQTT-3.2.2-2).
+async fn resumed(addr: std::net::SocketAddr, connect: postbox::codec::Connect) -> RawClient {
+    let (client, ack) = v5::connect(addr, connect).await;
+    assert!(ack.session_present, "the session was not resumed");
+    client
 }
 
 /// sensor1's sessions `ids` (persistent), each a member of the group `jobs` on `jobs/#` and
