@@ -99,18 +99,37 @@ pub enum ClaimRefused {
     NotOwner,
 }
 
+/// An unauthenticated client's PUBLISH as [`ClusterSeam::admit`] weighs it: what it adds to
+/// the engine, and how much strangers' messages may hold there from this node (issue 35,
+/// sixteenth adversarial pass, C5: a message nobody subscribes to holds no memory, only the
+/// engine's storage, which one stranger filled).
+#[derive(Debug, Clone, Copy)]
+pub struct StrangerPublish {
+    /// Its topic and payload bytes.
+    pub bytes: u64,
+    /// The anonymous share of this node's memory budget: the bound of strangers' bytes in
+    /// the engine within its retention, too, unless the engine's config says otherwise.
+    pub share: u64,
+}
+
 /// The engine-backed half of the cluster, as the broker sees it.
 pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// Before a client's PUBLISH is routed: whether this node can make it durable
-    /// cluster-wide. A QoS 1/2 message is refused while the cluster link is down or its
-    /// queue to the engine is full, before anyone got it (v5 0x97, 3.x disconnect). `Ok`
+    /// cluster-wide. A QoS 1/2 message is refused while the cluster link is down, its
+    /// queue to the engine is full, the engine said it has no room, or (`stranger`: an
+    /// unauthenticated client's) strangers' share of the engine is used up, before anyone
+    /// got it (v5 0x97, 3.x disconnect). `Ok`
     /// carries the message's local id, handed back to [`ClusterSeam::forward`], and holds
     /// the publish fence: keep it until the message is routed and forwarded.
     ///
     /// # Errors
     ///
     /// Why the message cannot be taken now.
-    fn admit(&self, qos: QoS) -> Result<ClusterAdmission<'_>, PublishRefused>;
+    fn admit(
+        &self,
+        qos: QoS,
+        stranger: Option<StrangerPublish>,
+    ) -> Result<ClusterAdmission<'_>, PublishRefused>;
 
     /// The publish fence for a message the broker itself publishes (a will): held from
     /// before it is routed until it is forwarded, as [`ClusterAdmission`] holds it.
@@ -233,13 +252,22 @@ impl Broker {
         self.persist(vec![super::persist::sequence(message)?])
     }
 
-    /// [`ClusterSeam::admit`] when clustered; `Ok(None)` otherwise.
+    /// [`ClusterSeam::admit`] when clustered; `Ok(None)` otherwise. `stranger_bytes`: an
+    /// unauthenticated client's message and its size, bounded in the engine by the
+    /// anonymous share of this node's budget ([`super::flow::anonymous_share`]).
     pub(crate) fn cluster_admit(
         &self,
         qos: QoS,
+        stranger_bytes: Option<usize>,
     ) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
         match self.cluster.as_ref() {
-            Some(cluster) => cluster.admit(qos).map(Some),
+            Some(cluster) => {
+                let stranger = stranger_bytes.map(|bytes| StrangerPublish {
+                    bytes: bytes as u64,
+                    share: super::flow::anonymous_share(&self.flow.memory),
+                });
+                cluster.admit(qos, stranger).map(Some)
+            }
             None => Ok(None),
         }
     }

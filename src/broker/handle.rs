@@ -538,9 +538,12 @@ impl SessionHandle {
                 pressure: None,
             });
         }
+        // One atomic load: the share key carries the owner's anonymous mark.
+        let anonymous = super::owner::is_anonymous_key(self.session.share_key());
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
         // Held until the message is routed here and handed to the cluster.
-        let admission = match self.broker.cluster_admit(qos) {
+        let stranger_bytes = anonymous.then(|| publish.topic.len() + publish.payload.len());
+        let admission = match self.broker.cluster_admit(qos, stranger_bytes) {
             Ok(admission) => admission,
             Err(refused) => {
                 if qos == QoS::ExactlyOnce {
@@ -551,13 +554,12 @@ impl SessionHandle {
         };
         let local_id = admission.as_ref().map(|a| a.local_id);
         let mut message = Message::from_publish(publish, Some(self.session.id));
-        // One atomic load: the share key carries the owner's anonymous mark. A stranger's
-        // message counts in the anonymous share for as long as it is held anywhere, in a
-        // verified user's queue too: counted in the budget alone, 200 of them queued at an
-        // offline user's session took it past 100%, and every password user's QoS 1 PUBLISH
-        // got 0x97 (issue 35, fourteenth adversarial pass, A1). The connection refused it
-        // before it came here if the share had no room (`connection::client::inbound`).
-        let anonymous = super::owner::is_anonymous_key(self.session.share_key());
+        // A stranger's message counts in the anonymous share for as long as it is held
+        // anywhere, in a verified user's queue too: counted in the budget alone, 200 of them
+        // queued at an offline user's session took it past 100%, and every password user's
+        // QoS 1 PUBLISH got 0x97 (issue 35, fourteenth adversarial pass, A1). The connection
+        // refused it before it came here if the share had no room
+        // (`connection::client::inbound`).
         // Its store record and cluster frame say so, so a restart or another node charges
         // it again.
         message.set_published_anonymously(anonymous);

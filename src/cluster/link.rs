@@ -196,7 +196,13 @@ async fn ensure_state(
         num_replicas: config.replicas,
         duplicate_window: DUPLICATE_WINDOW.min(Duration::from_secs(config.retention)),
         max_message_size: i32::try_from(client.server_info().max_payload).unwrap_or(i32::MAX),
-        discard: stream::DiscardPolicy::Old,
+        // A full stream refuses new messages (their publishers get 0x97) rather than
+        // dropping the oldest, which may be a session's or a shared group's, acknowledged.
+        max_bytes: match config.max_stream_bytes {
+            0 => -1,
+            bound => i64::try_from(bound).unwrap_or(i64::MAX),
+        },
+        discard: stream::DiscardPolicy::New,
         ..Default::default()
     };
     let regroup = stream::Config {

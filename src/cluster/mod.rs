@@ -10,6 +10,7 @@
 //! - [`inbound`]: what other nodes sent: the node's durable consumer of `PB_MSGS` (QoS 1/2),
 //!   its core subscription (QoS 0), the retained bucket's watch.
 //! - [`subject`], [`wire`]: topics as subjects and keys, messages as frames.
+//! - [`stream_room`]: strangers' share of the stream, and a full stream refused at admission.
 //! - [`ahead`]: deliveries a session here holds before the consumer reaches them (a moved
 //!   session's QoS 2 in flight, what the store brought back at start), which the
 //!   consumer's routing then leaves out for that session.
@@ -18,7 +19,7 @@
 //!
 //! | name | kind | what |
 //! | --- | --- | --- |
-//! | `PB_MSGS` | stream, subjects `pb.m.>`, Limits, `max_age` = `retention`, File, R | every QoS 1/2 message, once |
+//! | `PB_MSGS` | stream, subjects `pb.m.>`, Limits, `max_age` = `retention`, `max_bytes` = `max_stream_bytes`, discard new, File, R | every QoS 1/2 message, once |
 //! | `PB_REGROUP` | stream, subjects `pb.g.>`, as `PB_MSGS` | a shared group's messages given back when their member's session ended (`pb.g.<group hash>`); a stream of its own, so `PB_MSGS` sequences (cursors, floors) count only messages |
 //! | `pb.q0.>` | core subjects | QoS 0 messages, at most once |
 //! | `pb_retained` | KV bucket, history 1, File, R | the retained message of each topic (key: [`subject::key`]) |
@@ -42,6 +43,7 @@ pub mod orphans;
 pub mod outbound;
 pub mod sessions;
 pub mod shared;
+mod stream_room;
 pub mod subject;
 mod taken;
 pub mod unsettled;
@@ -58,7 +60,7 @@ use std::sync::{Arc, OnceLock};
 use crate::broker::cluster_seam::SeamFuture;
 use crate::broker::{
     Broker, ClaimRefused, ClaimRequest, Claimed, ClusterAdmission, ClusterSeam, Message,
-    PublishRefused, Restore, Session,
+    PublishRefused, Restore, Session, StrangerPublish,
 };
 use crate::codec::QoS;
 use crate::config::ClusterConfig;
@@ -143,6 +145,12 @@ pub struct Cluster {
     /// With when it was joined, so starts of groups that went before their pullers started
     /// are forgotten.
     group_starts: parking_lot::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>,
+    /// What strangers put into the stream from this node within `retention`
+    /// ([`stream_room`]).
+    stranger_bytes: stream_room::StrangerBytes,
+    /// JetStream refused a message for lack of room: QoS 1/2 PUBLISHes are refused at
+    /// admission until [`Cluster::watch_room`] sees room again.
+    stream_full: AtomicBool,
 }
 
 impl Cluster {
@@ -184,6 +192,10 @@ impl Cluster {
             liveness: nodes::Liveness::default(),
             orphans: tokio::sync::Notify::new(),
             group_starts: parking_lot::Mutex::default(),
+            stranger_bytes: stream_room::StrangerBytes::new(std::time::Duration::from_secs(
+                config.retention,
+            )),
+            stream_full: AtomicBool::new(false),
         }))
     }
 
@@ -252,6 +264,44 @@ impl Cluster {
         self.seen_seq.fetch_max(seq, Ordering::AcqRel);
     }
 
+    /// JetStream refused a message for lack of room (`error`, [`stream_room::is_full`]): QoS
+    /// 1/2 PUBLISHes are refused at admission (v5 0x97) from now until there is room again,
+    /// instead of each being sent and its publisher's connection closed on the refusal.
+    fn note_refusal(self: &Arc<Self>, error: &async_nats::jetstream::context::PublishError) {
+        if stream_room::is_full(error) && !self.stream_full.swap(true, Ordering::AcqRel) {
+            tracing::warn!(%error, "cluster: JetStream has no room for more messages; QoS 1/2 PUBLISHes are refused (0x97) until it has");
+            tokio::spawn(Arc::clone(self).watch_room());
+        }
+    }
+
+    /// While the stream is full: looks every [`stream_room::FULL_HOLD`] whether it has room
+    /// again: with `max_stream_bytes`, a 64th of it free; otherwise (JetStream's store was
+    /// full) the next message is let through to find out.
+    async fn watch_room(self: Arc<Self>) {
+        let bound = self.config.max_stream_bytes;
+        loop {
+            tokio::time::sleep(stream_room::FULL_HOLD).await;
+            if bound == 0 {
+                break;
+            }
+            let Some(js) = self.js.get() else {
+                break;
+            };
+            let used = match js.get_stream(STREAM).await {
+                Ok(mut stream) => match stream.info().await {
+                    Ok(info) => info.state.bytes,
+                    Err(_) => break,
+                },
+                Err(_) => break,
+            };
+            if used.saturating_add(bound / 64) <= bound {
+                break;
+            }
+        }
+        tracing::info!("cluster: JetStream has room again; QoS 1/2 PUBLISHes are taken");
+        self.stream_full.store(false, Ordering::Release);
+    }
+
     /// One message fewer waits for NATS.
     fn settled(&self) {
         self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -260,7 +310,11 @@ impl Cluster {
 }
 
 impl ClusterSeam for Cluster {
-    fn admit(&self, qos: QoS) -> Result<ClusterAdmission<'_>, PublishRefused> {
+    fn admit(
+        &self,
+        qos: QoS,
+        stranger: Option<StrangerPublish>,
+    ) -> Result<ClusterAdmission<'_>, PublishRefused> {
         let why = if qos == QoS::AtMostOnce {
             // Never replayed: no fence.
             let local_id = self.next_local_id.fetch_add(1, Ordering::AcqRel);
@@ -269,6 +323,17 @@ impl ClusterSeam for Cluster {
             "NATS is unreachable"
         } else if self.pending.load(Ordering::Acquire) >= self.max_pending {
             "too many messages wait for NATS (cluster.max_pending)"
+        } else if self.stream_full.load(Ordering::Acquire) {
+            "the cluster's message stream is full"
+        } else if stranger.is_some_and(|publish| {
+            let share = self.config.anonymous_stream_bytes.unwrap_or(publish.share);
+            !self
+                .stranger_bytes
+                .charge(publish.bytes, share, std::time::Instant::now())
+        }) {
+            // Charged at admission: a message refused later (a full queue) still counts
+            // until the window passes, which errs on the side of the clients verified.
+            "anonymous clients' share of the cluster's message stream is used up"
         } else {
             // The fence before the id: a restore that read the next id saw every message
             // below it routed. Not recursive: a waiting restore goes first.

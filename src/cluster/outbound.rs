@@ -204,12 +204,13 @@ fn count_out(cluster: &Cluster, bytes: u64) {
 /// it pushed (`streamed`: for a stream, whether or not a publisher waits: a given-back
 /// message has none) is taken off again.
 fn fail(
-    cluster: &Cluster,
+    cluster: &Arc<Cluster>,
     streamed: bool,
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
-    error: &dyn std::fmt::Display,
+    error: &jetstream::context::PublishError,
 ) {
     tracing::debug!(%error, "cluster: message not taken by NATS");
+    cluster.note_refusal(error);
     if let Some(done) = done {
         let _ = done.send(Err(StorageError::Cluster(error.to_string())));
     }
@@ -249,6 +250,7 @@ async fn acknowledge(
                     }
                 }
                 Ok(Err(error)) => {
+                    cluster.note_refusal(&error);
                     result = Err(StorageError::Cluster(error.to_string()));
                     break;
                 }

@@ -25,6 +25,16 @@ pub struct ClusterConfig {
     /// Seconds a message stays in the `PB_MSGS` stream: how long a session may be offline
     /// and still be resumed on another node with everything queued for it. 60..=2592000.
     pub retention: u64,
+    /// Most bytes the `PB_MSGS` stream holds (and `PB_REGROUP`, apart); 0 (the default): no
+    /// bound but JetStream's store. Set below the store's size so that the session and
+    /// retained buckets keep room: a full stream refuses QoS 1/2 PUBLISHes (v5 0x97, 3.x
+    /// disconnect) and never drops what it took.
+    pub max_stream_bytes: u64,
+    /// Most bytes of QoS 1/2 messages this node's anonymous clients may put into the
+    /// stream within `retention`; past it their QoS 1/2 PUBLISHes are refused (v5 0x97, 3.x
+    /// disconnect). Absent (the default): the anonymous share of `mqtt.max_memory` (an
+    /// eighth). A message nobody subscribes to holds no node's memory, only the stream.
+    pub anonymous_stream_bytes: Option<u64>,
     /// Most messages waiting for NATS (sent, PubAck not yet in). Beyond it a QoS 1/2 PUBLISH
     /// is refused (v5 0x97, 3.x disconnect) and a QoS 0 one is dropped and counted.
     pub max_pending: usize,
@@ -47,6 +57,8 @@ impl Default for ClusterConfig {
             servers: vec!["nats://127.0.0.1:4222".to_owned()],
             replicas: 1,
             retention: 3600,
+            max_stream_bytes: 0,
+            anonymous_stream_bytes: None,
             max_pending: 10_000,
             publish_timeout: 5,
             user: None,
@@ -158,12 +170,34 @@ pub(super) fn validate(cluster: &ClusterConfig) -> Result<(), ConfigError> {
         ));
     }
     seconds("cluster.publish_timeout", c.publish_timeout, 1..=60)?;
+    if (1..65_536).contains(&c.max_stream_bytes) {
+        return Err(invalid(
+            "cluster.max_stream_bytes",
+            "must be 0 (no bound) or at least 65536".to_owned(),
+        ));
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::redact_server;
+    use super::{redact_server, validate, ClusterConfig};
+
+    #[test]
+    fn a_stream_bound_too_small_for_a_message_is_refused_by_its_key() {
+        let config = |max_stream_bytes| ClusterConfig {
+            node: "a".to_owned(),
+            max_stream_bytes,
+            ..ClusterConfig::default()
+        };
+        let error = validate(&config(1_000)).expect_err("1000 bytes");
+        assert!(
+            error.to_string().contains("cluster.max_stream_bytes"),
+            "{error}"
+        );
+        validate(&config(0)).expect("no bound");
+        validate(&config(65_536)).expect("64 KiB");
+    }
 
     #[test]
     fn a_servers_password_is_never_shown() {

@@ -494,16 +494,136 @@ async fn a_clustered_shared_group_is_pulled_only_while_its_node_has_room() {
     assert_eq!(got.len(), 240, "jobs the member got");
 }
 
+/// Issue 35, sixteenth adversarial pass, C5: a QoS 1 message nobody subscribes to holds no
+/// node's memory, only the cluster's stream, so the anonymous share never saw it: one
+/// stranger filled JetStream's store in a second, and until its messages aged out every
+/// QoS 1/2 PUBLISH on every node failed. Now what a node's strangers put into the stream
+/// within its retention is bounded by that node's anonymous share (512 KiB of a 4 MiB
+/// budget): a stranger's 20 KB QoS 1 PUBLISHes to a topic nobody reads are accepted up to it
+/// and then refused with PUBACK 0x97 (v5 §3.4.2.1; the connection stays), counted in
+/// `postbox_cluster_refused_total`, while sensor2's are accepted on both nodes. Before, all
+/// 100 (2 MB) were accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_messages_nobody_reads_stay_within_their_share_of_the_stream() {
+    let (_dir, _nats, nodes) = small_nodes("").await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut stranger = v5::connect_id(a.mqtt(), "stranger-a").await;
+    let payload = vec![b'x'; 20_000];
+    let mut accepted = 0u16;
+    let refused = loop {
+        let code = v5::publish_qos1(&mut stranger, "public/nobody", &payload, accepted + 1).await;
+        if code != ReasonCode::SUCCESS || accepted == 100 {
+            break code;
+        }
+        accepted += 1;
+    };
+    assert_eq!(
+        refused,
+        ReasonCode::QUOTA_EXCEEDED,
+        "after {accepted} accepted"
+    );
+    // 512 KiB of 20,000-byte payloads (and their topics) is 26.
+    assert!((20..=26).contains(&accepted), "accepted {accepted}");
+    assert_eq!(
+        v5::publish_qos1(&mut stranger, "public/nobody", &payload, 200).await,
+        ReasonCode::QUOTA_EXCEEDED,
+        "the same connection's next"
+    );
+    let refused = tokio::task::block_in_place(|| a.metric("postbox_cluster_refused_total"));
+    assert!(refused >= 2.0, "postbox_cluster_refused_total {refused}");
+    sensor2_is_accepted_on(a).await;
+    sensor2_is_accepted_on(b).await;
+}
+
+/// Issue 35, sixteenth adversarial pass, C5 (docs/cluster.md: "refused with 0x97"): when
+/// JetStream had no room, every QoS 1/2 PUBLISH was sent to it and its publisher's
+/// connection closed on the refusal, each time. Now `[cluster] max_stream_bytes` bounds the
+/// stream (here 64 KiB), which refuses new messages when full (JetStream's discard new: what
+/// it took is never dropped for them), and once JetStream refused one for lack of room the
+/// node refuses QoS 1/2 PUBLISHes at admission with PUBACK 0x97 (v5 §3.4.2.1) until the
+/// stream has room again. sensor2 publishes until refused (the message JetStream itself
+/// refused closes its connection unacknowledged, as any it did not take); after that each
+/// PUBLISH gets 0x97 and the connection stays; the dashboard on the other node receives
+/// every message that was acknowledged. On the old binary the key is unknown and the node
+/// does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_refuses_publishes_with_0x97_and_keeps_all_it_acknowledged() {
+    const MOST: u32 = 2_000;
+    let (_dir, _nats, nodes) = small_nodes("max_stream_bytes = 65536\n").await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let (mut dashboard, _) =
+        v5::connect(b.mqtt(), as_user(v5::connect_packet("dash"), "dashboard")).await;
+    v5::subscribe(&mut dashboard, "sensors/sensor2/#", QoS::AtLeastOnce).await;
+    let sensor2 = || as_user(v5::connect_packet("s2"), "sensor2");
+    let (mut publisher, _) = v5::connect(a.mqtt(), sensor2()).await;
+    let mut accepted = 0u32;
+    let mut closed = false;
+    while accepted < MOST {
+        let id = u16::try_from(accepted % 60_000 + 1).expect("id");
+        let p = v5::publish_packet(
+            "sensors/sensor2/t",
+            QoS::AtLeastOnce,
+            format!("m{}", accepted + 1).as_bytes(),
+            id,
+        );
+        publisher.send(&Packet::Publish(p)).await;
+        match tokio::time::timeout(WAIT, publisher.recv()).await {
+            Ok(Some(Packet::PubAck(ack))) if ack.reason_code == ReasonCode::SUCCESS => {
+                accepted += 1;
+            }
+            Ok(Some(Packet::PubAck(ack))) => {
+                assert_eq!(ack.reason_code, ReasonCode::QUOTA_EXCEEDED);
+                break;
+            }
+            Ok(Some(Packet::Disconnect(_)) | None) => {
+                closed = true;
+                break;
+            }
+            other => panic!("after {accepted} accepted: {other:?}"),
+        }
+    }
+    assert!(
+        (100..MOST).contains(&accepted),
+        "accepted {accepted} into 64 KiB"
+    );
+    if closed {
+        publisher = v5::connect(a.mqtt(), sensor2()).await.0;
+    }
+    for id in 1..=2u16 {
+        assert_eq!(
+            v5::publish_qos1(&mut publisher, "sensors/sensor2/t", b"more", id).await,
+            ReasonCode::QUOTA_EXCEEDED,
+            "PUBLISH {id} once the stream is full (it was closed before: {closed})"
+        );
+    }
+    let (got, _) = receive_numbered(&mut dashboard, "m", accepted, WAIT).await;
+    assert_eq!(
+        got.len(),
+        accepted as usize,
+        "the dashboard on node b got {} of the {accepted} acknowledged",
+        got.len()
+    );
+    let refused = tokio::task::block_in_place(|| a.metric("postbox_cluster_refused_total"));
+    assert!(refused >= 2.0, "postbox_cluster_refused_total {refused}");
+}
+
 /// NATS and two nodes admitting the example users (cheap hashes, in the returned directory)
-/// and anonymous clients, each with a 4 MiB memory budget (an anonymous share of 512 KiB).
-async fn two_small_nodes() -> (tempfile::TempDir, NatsServer, Vec<Node>) {
+/// and anonymous clients, each with a 4 MiB memory budget (an anonymous share of 512 KiB);
+/// `cluster` is more `[cluster]` keys.
+async fn small_nodes(cluster: &str) -> (tempfile::TempDir, NatsServer, Vec<Node>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let extra = format!(
-        "[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
+        "{cluster}[auth]\nallow_anonymous = true\npassword_file = {:?}\n[mqtt]\nmax_memory = 4194304\n",
         common::fast_example_passwords(dir.path())
     );
     let (nats, nodes) = start_cluster(2, &extra).await;
     (dir, nats, nodes)
+}
+
+/// [`small_nodes`] with strangers' share of the stream raised to 16 MiB, so that they can
+/// send the other node more than its share.
+async fn two_small_nodes() -> (tempfile::TempDir, NatsServer, Vec<Node>) {
+    small_nodes("anonymous_stream_bytes = 16777216\n").await
 }
 
 /// sensor1's session `inbox-reader` on `node`, subscribed to `public/#` and offline: its
