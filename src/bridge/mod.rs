@@ -7,6 +7,7 @@
 //! project's own codec.
 
 mod engine;
+mod held_in;
 pub mod import;
 mod pump;
 pub mod remote;

@@ -21,6 +21,7 @@ use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
+use super::held_in::{Charge, HeldIn};
 use super::remote::{RemoteError, RemoteIo};
 use super::status::{BridgeStatus, Flow};
 use super::topics::Rules;
@@ -78,6 +79,10 @@ pub(super) struct Pump<'a, S> {
     /// The packet id of the SUBSCRIBE sent at connect, until its SUBACK: no new delivery is
     /// taken meanwhile, so no new PUBLISH can take that id (MQTT-2.2.1-3).
     suback_pending: Option<u16>,
+    /// The remote's PUBLISHes held unacknowledged while the broker has no room for them.
+    held_in: HeldIn,
+    /// What the remote's messages are charged to.
+    charge: Charge,
 }
 
 impl<S> std::fmt::Debug for Pump<'_, S> {
@@ -99,6 +104,19 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         limits: RemoteLimits,
     ) -> Pump<'a, S> {
         let now = Instant::now();
+        // The remote's publishers were verified there, not here: where a method tells
+        // identities apart, their messages are strangers' unless the operator vouches for
+        // the remote (`trusted`).
+        let verifying = link
+            .handle()
+            .broker()
+            .logins()
+            .is_some_and(crate::auth::login::Logins::binds_sessions);
+        let charge = if verifying && !config.trusted {
+            Charge::Stranger
+        } else {
+            Charge::Budget
+        };
         Pump {
             config,
             rules,
@@ -114,6 +132,8 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             ping_sent: None,
             last_traffic: now,
             suback_pending: None,
+            held_in: HeldIn::default(),
+            charge,
         }
     }
 
@@ -140,6 +160,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         self.subscribe_remote(subscribe_id)?;
         self.resend(resends)?;
         let result = self.pump(shutdown).await;
+        self.held_in.end(self.link.handle().broker().flow());
         if matches!(result, Ok(Ended::Shutdown | Ended::Idle)) {
             self.io.close().await;
         }
@@ -268,12 +289,19 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
 
     async fn pump(&mut self, shutdown: &CancellationToken) -> Result<Ended, RemoteError> {
         let session = Arc::clone(self.link.handle().session());
+        let broker = Arc::clone(self.link.handle().broker());
         let keep_alive = Duration::from_secs(u64::from(self.config.keep_alive));
+        // The remote sends no more unacknowledged than this (the Receive Maximum announced);
+        // past it (a remote that ignores it), or past a held MiB, nothing more is read.
+        let most_held = usize::from(self.config.inflight.max(1));
         loop {
             // Armed before the fill, so a delivery queued in between still wakes us.
             let woken = session.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
+            // Armed before the held PUBLISHes are looked at, likewise.
+            let room = Arc::clone(broker.flow().room()).notified_owned();
+            self.release_held_in().await?;
             if self.fill().await? {
                 self.last_traffic = Instant::now();
             }
@@ -287,7 +315,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(Ended::Shutdown),
-                read = self.io.rx.fill_read() => {
+                read = self.io.rx.fill_read(), if self.held_in.may_read(most_held) => {
                     read?;
                     self.last_read = Instant::now();
                     self.ping_sent = None;
@@ -302,6 +330,9 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 durable = self.gated.wait_front(), if has_gated => {
                     durable?;
                 }
+                // Memory falling under the resume mark wakes it; the second is a floor for
+                // room made otherwise (a retained message cleared, a share drained).
+                _ = tokio::time::timeout(Duration::from_secs(1), room), if !self.held_in.is_empty() => {}
                 () = &mut woken, if may_take => {}
                 () = tokio::time::sleep_until(next_timer.into()) => {
                     if let Some(ended) = self.on_timer(keep_alive)? {
@@ -480,18 +511,41 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         if v5 {
             set_hops(&mut publish.properties, hops.saturating_add(1));
         }
-        // Near or over the memory budget: read nothing more from the remote until it is back
-        // under the resume mark, as a local publisher pauses; the remote keeps what it has not
-        // sent (issue 35, fifteenth adversarial pass, B6).
-        let level = {
-            let flow = self.link.handle().broker().flow();
-            flow.memory_level(crate::broker::flow::message_bytes())
-        };
-        if level != crate::broker::flow::MemoryLevel::Normal {
-            self.link.wait_for_memory().await;
+        // Near the memory budget, or the remote's messages at the anonymous share: held
+        // unacknowledged until there is room, as a local publisher pauses; the remote keeps
+        // what it has not sent (issue 35, fifteenth adversarial pass, B6; sixteenth, C2).
+        let broker = Arc::clone(self.link.handle().broker());
+        if !self.held_in.may_pass(broker.flow(), self.charge, &publish) {
+            if qos == QoS::AtMostOnce {
+                self.status.dropped(Flow::In, "memory");
+            } else {
+                self.held_in.hold(broker.flow(), publish);
+            }
+            return Ok(());
         }
+        self.route_in(publish).await
+    }
+
+    /// Routes what [`Pump::release_held_in`] lets go, oldest first.
+    async fn release_held_in(&mut self) -> Result<(), RemoteError> {
+        let broker = Arc::clone(self.link.handle().broker());
+        while let Some(publish) = self.held_in.release(broker.flow(), self.charge) {
+            self.route_in(publish).await?;
+        }
+        Ok(())
+    }
+
+    /// Routes a renamed PUBLISH of the remote through the bridge's session and answers the
+    /// remote once the store holds it.
+    async fn route_in(&mut self, publish: Publish) -> Result<(), RemoteError> {
+        let (qos, packet_id) = (publish.qos, publish.packet_id);
+        let v5 = self.io.version() == ProtocolVersion::V5;
         let handle = self.link.handle();
-        match handle.publish(publish) {
+        let routed = match self.charge {
+            Charge::Budget => handle.publish(publish),
+            Charge::Stranger => handle.publish_as_stranger(publish),
+        };
+        match routed {
             Ok(published) => {
                 if let Some(target) = published.pressure {
                     // A local subscriber is full: read nothing more from the remote until it

@@ -521,6 +521,29 @@ impl SessionHandle {
     /// Why the message was refused (the store, or a full queue under `queue_overflow =
     /// "refuse"`); nothing may be acknowledged.
     pub fn publish(&self, publish: Publish) -> Result<Published, PublishRefused> {
+        // One atomic load: the share key carries the owner's anonymous mark.
+        let anonymous = super::owner::is_anonymous_key(self.session.share_key());
+        self.publish_charged(publish, anonymous)
+    }
+
+    /// [`SessionHandle::publish`] for a message whose publisher this broker did not verify
+    /// though the session's owner is not anonymous: what a bridge takes from its remote
+    /// (issue 35, sixteenth adversarial pass, C2). It is charged to the anonymous share for
+    /// as long as it is held, as an anonymous client's, and marked so in the store and on
+    /// the cluster. The caller checks the share has room first, as a connection does.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionHandle::publish`].
+    pub fn publish_as_stranger(&self, publish: Publish) -> Result<Published, PublishRefused> {
+        self.publish_charged(publish, true)
+    }
+
+    fn publish_charged(
+        &self,
+        publish: Publish,
+        anonymous: bool,
+    ) -> Result<Published, PublishRefused> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
         if !receipt.fresh {
@@ -538,8 +561,6 @@ impl SessionHandle {
                 pressure: None,
             });
         }
-        // One atomic load: the share key carries the owner's anonymous mark.
-        let anonymous = super::owner::is_anonymous_key(self.session.share_key());
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
         // Held until the message is routed here and handed to the cluster.
         let stranger_bytes = anonymous.then(|| publish.topic.len() + publish.payload.len());

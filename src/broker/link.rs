@@ -212,30 +212,6 @@ impl Link {
         self.handle.unsubscribe(filter)
     }
 
-    /// Waits until the broker's memory is back under the budget's resume mark (80%), as a
-    /// client paused for memory waits: a driver that takes messages from elsewhere (a
-    /// bridge's remote) reads nothing more meanwhile, so the far side keeps them (issue 35,
-    /// fifteenth adversarial pass, B6: a remote pushed memory to 3x the budget). Counted as
-    /// a publisher's pause.
-    pub async fn wait_for_memory(&self) {
-        let broker = Arc::clone(self.handle.broker());
-        let flow = broker.flow();
-        flow.pause_started();
-        let started = Instant::now();
-        loop {
-            // Before the check, so a wake-up in between is not lost.
-            let room = Arc::clone(flow.room()).notified_owned();
-            if flow.memory_resumes(super::flow::message_bytes()) {
-                break;
-            }
-            // Draining subscribers wake it; the second is a floor for a wake-up missed by a
-            // drop that is not a drain (an expiry, a session's end).
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), room).await;
-        }
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        flow.pause_ended(micros);
-    }
-
     /// Waits until `target`, which the last publish filled past its bound, has room again,
     /// stalls or goes away (`broker::flow`); counted as a paused publisher meanwhile. Public
     /// for drivers that publish through [`Link::handle`] (the bridge's inbound side).

@@ -166,6 +166,12 @@ pub struct BridgeConfig {
     pub inflight: u16,
     /// Most messages the bridge's queue holds while the remote cannot take them.
     pub max_queued_messages: usize,
+    /// Whether the remote's messages count as a verified client's: `false` (the default),
+    /// where a method tells identities apart here, they count in the anonymous share as an
+    /// anonymous client's (their publishers were verified, if at all, by the remote), so
+    /// a stranger on the remote can take no more of this broker than one here. `true` for a
+    /// remote whose publishers you vouch for.
+    pub trusted: bool,
     /// Most payload bytes the bridge's queue holds; 0 = no byte bound.
     pub max_queued_bytes: usize,
     /// What a full queue does: `refuse` (default: local QoS 1/2 publishers get 0x97 / a 3.x
@@ -220,6 +226,7 @@ impl Default for BridgeConfig {
             inflight: 100,
             max_queued_messages: 1_000_000,
             max_queued_bytes: 1 << 30,
+            trusted: false,
             queue_overflow: OverflowPolicy::Refuse,
             max_forward_rate: 0,
             keep_retain: true,

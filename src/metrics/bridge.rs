@@ -18,7 +18,7 @@ pub const DIRECTIONS: [&str; 2] = ["out", "in"];
 /// it (`refused`), or it is larger than the remote's Maximum Packet Size (`too_large`). What
 /// the bridge's full queue drops (`queue_overflow`) is counted where every queue's drops are,
 /// `postbox_messages_dropped_total{reason="queue_full"}`.
-pub const DROP_REASONS: [&str; 4] = ["max_hops", "topic", "refused", "too_large"];
+pub const DROP_REASONS: [&str; 5] = ["max_hops", "topic", "refused", "too_large", "memory"];
 
 /// The families updated by the bridges' events.
 #[derive(Clone, Debug)]

@@ -452,9 +452,9 @@ async fn read_packet(
     .expect("a packet within WAIT")
 }
 
-/// A broker with `sections` beside a bridge `fake` (MQTT 5, `in/#` in at QoS 1) to a socket
-/// this test plays the remote on: the broker, the remote's end of the link once the bridge's
-/// CONNECT and SUBSCRIBE are answered, and the bytes read past them.
+/// A broker with `sections` beside a bridge `fake` (MQTT 5, `in/#` in and `out/#` out, at
+/// QoS 1) to a socket this test plays the remote on: the broker, the remote's end of the
+/// link once the bridge's CONNECT and SUBSCRIBE are answered, and the bytes read past them.
 async fn bridged_to_a_fake_remote(
     sections: &str,
 ) -> (
@@ -469,7 +469,8 @@ async fn bridged_to_a_fake_remote(
         &[""],
         &format!(
             "{sections}\n[[bridge]]\nname = \"fake\"\naddresses = [\"127.0.0.1:{port}\"]\n\
-             protocol = \"5\"\n[[bridge.topic]]\npattern = \"in/#\"\ndirection = \"in\"\nqos = 1\n"
+             protocol = \"5\"\n[[bridge.topic]]\npattern = \"in/#\"\ndirection = \"in\"\nqos = 1\n\
+             [[bridge.topic]]\npattern = \"out/#\"\ndirection = \"out\"\nqos = 1\n"
         ),
     )
     .await;
@@ -620,4 +621,99 @@ async fn a_remote_is_read_no_further_at_the_memory_budget() {
         .unwrap_or(0.0);
     assert!(used <= BUDGET as f64, "postbox_memory_used_bytes {used}");
     sender.abort();
+}
+
+/// The next packet the bridge sends the fake remote within `within`; `None` when none comes.
+async fn next_from_bridge(
+    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    buf: &mut BytesMut,
+    within: Duration,
+) -> Option<Packet> {
+    tokio::time::timeout(within, async {
+        loop {
+            if let Some(packet) =
+                codec::decode(buf, Some(ProtocolVersion::V5), 1 << 20).expect("decodes")
+            {
+                return Some(packet);
+            }
+            if reader.read_buf(buf).await.ok()? == 0 {
+                return None;
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Issue 35, sixteenth adversarial pass, C2: where an auth method tells identities apart, the
+/// remote's messages count in the anonymous share (their publishers were not verified here):
+/// of 40 retained messages of 100 KB the remote sends against an 8 MiB budget (a 1 MiB
+/// share) the bridge takes about ten and holds the rest unacknowledged (MQTT-4.3.2-2: the
+/// remote still owns them), memory stays far under the pause mark, so sensor2's PUBLISH is
+/// accepted, and what goes `out` still reaches the remote while the `in` messages are held.
+/// Before, the remote's messages were charged to no share: all 40 were taken (and with more,
+/// memory sat at the pause mark for good, pausing every local publisher), and the bridge
+/// waited for memory inside the handler of one PUBLISH, forwarding nothing either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remotes_messages_are_held_within_the_anonymous_share_and_out_keeps_flowing() {
+    use postbox::codec::QoS;
+    const BUDGET: u64 = 8 << 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (broker, link, mut buf) = bridged_to_a_fake_remote(&format!(
+        "[storage]\npersistence = false\n[mqtt]\nmax_memory = {BUDGET}\n\
+         [auth]\nallow_anonymous = false\npassword_file = {:?}\n",
+        common::fast_example_passwords(dir.path())
+    ))
+    .await;
+    let (mut reader, mut writer) = link.into_split();
+    let payload = vec![b'r'; 100_000];
+    for id in 1..=40u16 {
+        let mut p =
+            common::v5::publish_packet(&format!("in/r/{id}"), QoS::AtLeastOnce, &payload, id);
+        p.retain = true;
+        writer
+            .write_all(&encoded(&Packet::Publish(p)))
+            .await
+            .expect("PUBLISH to the bridge");
+    }
+    // PUBACKs until none comes for two seconds (the rest are held).
+    let mut acked = 0u32;
+    while let Some(packet) = next_from_bridge(&mut reader, &mut buf, Duration::from_secs(2)).await {
+        if matches!(packet, Packet::PubAck(_)) {
+            acked += 1;
+        }
+    }
+    assert!(
+        (5..=11).contains(&acked),
+        "{acked} of 40 x 100 KB taken against a 1 MiB share"
+    );
+    let used = broker
+        .metric("postbox_memory_used_bytes")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        used < 0.4 * BUDGET as f64,
+        "postbox_memory_used_bytes {used}"
+    );
+    // A verified local client publishes, in and out.
+    let (mut sensor2, _) = common::v5::connect(
+        broker.addr,
+        crate::cluster_orphans::as_user(common::v5::connect_packet("s2"), "sensor2"),
+    )
+    .await;
+    assert_eq!(
+        common::v5::publish_qos1(&mut sensor2, "out/x", b"to the remote", 1).await,
+        codec::ReasonCode::SUCCESS,
+        "sensor2's PUBLISH while the remote's messages are held"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match next_from_bridge(&mut reader, &mut buf, left).await {
+            Some(Packet::Publish(p)) if &*p.topic == "out/x" => break,
+            Some(_) => {}
+            None => panic!("out/x never reached the remote while its messages were held"),
+        }
+    }
 }
