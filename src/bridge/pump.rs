@@ -299,8 +299,9 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             let woken = session.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            // Armed before the held PUBLISHes are looked at, likewise.
-            let room = Arc::clone(broker.flow().room()).notified_owned();
+            // Armed before the held PUBLISHes are looked at, likewise; only while some are.
+            let room = (!self.held_in.is_empty())
+                .then(|| Arc::clone(broker.flow().room()).notified_owned());
             self.release_held_in().await?;
             if self.fill().await? {
                 self.last_traffic = Instant::now();
@@ -330,9 +331,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 durable = self.gated.wait_front(), if has_gated => {
                     durable?;
                 }
-                // Memory falling under the resume mark wakes it; the second is a floor for
-                // room made otherwise (a retained message cleared, a share drained).
-                _ = tokio::time::timeout(Duration::from_secs(1), room), if !self.held_in.is_empty() => {}
+                () = room_or_a_second(room), if !self.held_in.is_empty() => {}
                 () = &mut woken, if may_take => {}
                 () = tokio::time::sleep_until(next_timer.into()) => {
                     if let Some(ended) = self.on_timer(keep_alive)? {
@@ -606,6 +605,18 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     /// `gate` (if any) is durable.
     fn send_after(&mut self, gate: Option<Durable>, packet: Packet) {
         self.gated.push(gate, packet);
+    }
+}
+
+/// Returns when `room` is notified (memory fell under the resume mark) or after a second, a
+/// floor for room made otherwise (a retained message cleared, a share drained); never
+/// without `room`.
+async fn room_or_a_second(room: Option<tokio::sync::futures::OwnedNotified>) {
+    match room {
+        Some(room) => {
+            let _ = tokio::time::timeout(Duration::from_secs(1), room).await;
+        }
+        None => std::future::pending().await,
     }
 }
 
