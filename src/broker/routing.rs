@@ -77,6 +77,16 @@ impl Broker {
         self.route(message, None, None, skip)
     }
 
+    /// Whether a plain subscription here matches `topic`: a message not routed is counted as
+    /// dropped only where someone would have got it (a shared group's are pulled apart).
+    pub(crate) fn has_subscribers(&self, topic: &str) -> bool {
+        let mut any = false;
+        self.subscriptions
+            .read()
+            .for_each_match(topic, |_, _| any = true);
+        any
+    }
+
     /// Routing itself, the sessions in `skip` left out.
     #[allow(clippy::needless_pass_by_value)]
     fn route(
