@@ -131,6 +131,12 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
         stranger: Option<StrangerPublish>,
     ) -> Result<ClusterAdmission<'_>, PublishRefused>;
 
+    /// Charges a stranger's message the broker itself publishes (an anonymous client's
+    /// QoS 1/2 will) to strangers' share of the engine, as [`ClusterSeam::admit`] charges
+    /// their PUBLISH; false (nothing charged) past it: the will is not published (issue 35,
+    /// seventeenth adversarial pass, D2: 1,500 anonymous wills filled JetStream's store).
+    fn charge_stranger(&self, stranger: StrangerPublish) -> bool;
+
     /// The publish fence for a message the broker itself publishes (a will): held from
     /// before it is routed until it is forwarded, as [`ClusterAdmission`] holds it.
     fn fence(&self) -> parking_lot::RwLockReadGuard<'_, ()>;
@@ -270,6 +276,17 @@ impl Broker {
             }
             None => Ok(None),
         }
+    }
+
+    /// Whether a stranger's QoS 1/2 will of `bytes` may go to the cluster's engine
+    /// ([`ClusterSeam::charge_stranger`]); true when not clustered.
+    pub(crate) fn cluster_charge_stranger(&self, bytes: usize) -> bool {
+        self.cluster.as_ref().is_none_or(|cluster| {
+            cluster.charge_stranger(StrangerPublish {
+                bytes: bytes as u64,
+                share: super::flow::anonymous_share(&self.flow.memory),
+            })
+        })
     }
 
     /// [`ClusterSeam::fence`] when clustered.

@@ -563,7 +563,7 @@ impl SessionHandle {
         }
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
         // Held until the message is routed here and handed to the cluster.
-        let stranger_bytes = anonymous.then(|| publish.topic.len() + publish.payload.len());
+        let stranger_bytes = anonymous.then(|| publish.held_bytes());
         let admission = match self.broker.cluster_admit(qos, stranger_bytes) {
             Ok(admission) => admission,
             Err(refused) => {

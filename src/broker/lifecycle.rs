@@ -289,9 +289,36 @@ impl Broker {
         {
             return;
         }
+        if stranger
+            && !self.stranger_will_fits_the_cluster(
+                &session.client_id,
+                &will.topic,
+                will.qos,
+                will.held_bytes(),
+            )
+        {
+            return;
+        }
         let mut message = Message::from_will(will);
         message.set_published_anonymously(stranger);
         self.publish_allowed_will(&Arc::new(message));
+    }
+
+    /// Whether an anonymous client's will on `topic` of `bytes`, at `qos` 1/2 and so bound
+    /// for the cluster's stream when clustered, fits strangers' share of it
+    /// ([`Broker::cluster_charge_stranger`], charged if so); logged when it does not.
+    fn stranger_will_fits_the_cluster(
+        &self,
+        client_id: &str,
+        topic: &str,
+        qos: crate::codec::QoS,
+        bytes: usize,
+    ) -> bool {
+        if qos == crate::codec::QoS::AtMostOnce || self.cluster_charge_stranger(bytes) {
+            return true;
+        }
+        tracing::info!(client = %client_id, %topic, "will not published: anonymous clients' share of the cluster's message stream is used up");
+        false
     }
 
     /// Publishes a will whose session is not held here, checked exactly as
@@ -321,6 +348,16 @@ impl Broker {
         let stranger = *owner == SessionOwner::Anonymous;
         let anonymous = stranger && message.retain && !message.payload.is_empty();
         if anonymous && !self.anonymous_will_fits(client_id, &message.topic, message.size()) {
+            return;
+        }
+        if stranger
+            && !self.stranger_will_fits_the_cluster(
+                client_id,
+                &message.topic,
+                message.qos,
+                message.size(),
+            )
+        {
             return;
         }
         message.set_published_anonymously(stranger);

@@ -325,12 +325,7 @@ impl ClusterSeam for Cluster {
             "too many messages wait for NATS (cluster.max_pending)"
         } else if self.stream_full.load(Ordering::Acquire) {
             "the cluster's message stream is full"
-        } else if stranger.is_some_and(|publish| {
-            let share = self.config.anonymous_stream_bytes.unwrap_or(publish.share);
-            !self
-                .stranger_bytes
-                .charge(publish.bytes, share, std::time::Instant::now())
-        }) {
+        } else if stranger.is_some_and(|publish| !self.charge_stranger(publish)) {
             // Charged at admission: a message refused later (a full queue) still counts
             // until the window passes, which errs on the side of the clients verified.
             "anonymous clients' share of the cluster's message stream is used up"
@@ -343,6 +338,12 @@ impl ClusterSeam for Cluster {
         };
         self.metrics.refused.increment(1);
         Err(PublishRefused::ClusterUnavailable(why))
+    }
+
+    fn charge_stranger(&self, stranger: StrangerPublish) -> bool {
+        let share = self.config.anonymous_stream_bytes.unwrap_or(stranger.share);
+        self.stranger_bytes
+            .charge(stranger.bytes, share, std::time::Instant::now())
     }
 
     fn fence(&self) -> parking_lot::RwLockReadGuard<'_, ()> {

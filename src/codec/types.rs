@@ -338,6 +338,16 @@ pub struct PublishProperties {
     pub content_type: Option<ByteString>,
 }
 
+impl Publish {
+    /// The bytes this PUBLISH makes a broker hold as a message: topic, payload and
+    /// [`PublishProperties::held_bytes`]. Every bound on what a client's messages hold
+    /// counts this, not the payload alone: a v5 client can carry its bytes in properties
+    /// (issue 35, seventeenth adversarial pass, D1, D4).
+    pub fn held_bytes(&self) -> usize {
+        self.topic.len() + self.payload.len() + self.properties.held_bytes()
+    }
+}
+
 impl PublishProperties {
     /// True when nothing would be written, so v5 encoders can emit a zero property length.
     pub fn is_empty(&self) -> bool {

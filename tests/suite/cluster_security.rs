@@ -535,6 +535,76 @@ async fn a_strangers_messages_nobody_reads_stay_within_their_share_of_the_stream
     sensor2_is_accepted_on(b).await;
 }
 
+/// Issue 35, seventeenth adversarial pass, D1: the stranger's charge against the stream
+/// counted topic and payload only, so a v5 stranger carried its bytes in User Properties
+/// with a 1-byte payload and filled JetStream's store past the C5 bound (1,552 x 100 KB
+/// accepted). Now a PUBLISH counts what it holds as a message, properties too: 20 KB of
+/// properties are refused with 0x97 about where 20 KB of payload are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_bytes_in_properties_count_in_its_share_of_the_stream() {
+    let (_dir, _nats, nodes) = small_nodes("").await;
+    let mut stranger = v5::connect_id(nodes[0].mqtt(), "stranger-props").await;
+    let mut accepted = 0u16;
+    let refused = loop {
+        let mut p = v5::publish_packet("public/nobody", QoS::AtLeastOnce, b"x", accepted + 1);
+        p.properties.user_properties = vec![("k".into(), "p".repeat(20_000).into())];
+        let code = v5::publish(&mut stranger, p).await;
+        if code != ReasonCode::SUCCESS || accepted == 100 {
+            break code;
+        }
+        accepted += 1;
+    };
+    assert_eq!(
+        refused,
+        ReasonCode::QUOTA_EXCEEDED,
+        "after {accepted} accepted"
+    );
+    assert!((20..=26).contains(&accepted), "accepted {accepted}");
+}
+
+/// Issue 35, seventeenth adversarial pass, D2: an anonymous client's QoS 1/2 will went into
+/// the stream uncharged once published, so 1,500 anonymous connections with large wills,
+/// each cut off, filled JetStream's store. Now a stranger's will counts in strangers' share
+/// of the stream as their PUBLISH does, and past it is not published: of 20 wills of 20 KB
+/// against a share of 200,000 bytes (`anonymous_stream_bytes`; the wills fit the memory
+/// share while armed), a subscriber gets about nine (before, all 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_wills_count_in_its_share_of_the_stream() {
+    const WILLS: usize = 20;
+    let (_dir, _nats, nodes) = small_nodes("anonymous_stream_bytes = 200000\n").await;
+    let a = &nodes[0];
+    let (mut watcher, _) = v5::connect(
+        a.mqtt(),
+        as_user(v5::connect_packet("will-watcher"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut watcher, "wills/#", QoS::AtLeastOnce).await;
+    let mut armed = Vec::with_capacity(WILLS);
+    for i in 0..WILLS {
+        let mut connect = v5::connect_packet(&format!("will-{i}"));
+        connect.will = Some(v5::will(
+            &format!("wills/{i}"),
+            &vec![b'w'; 20_000],
+            QoS::AtLeastOnce,
+            false,
+        ));
+        armed.push(v5::connect(a.mqtt(), connect).await.0);
+    }
+    // Cut off without DISCONNECT: every will is due (MQTT-3.1.2-8).
+    drop(armed);
+    let published = drain(&mut watcher, Duration::from_secs(2)).await.len();
+    let log = tokio::task::block_in_place(|| a.log());
+    let not_published: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("will not published"))
+        .collect();
+    assert!(
+        (5..=10).contains(&published),
+        "{published} of {WILLS} wills of 20 KB published against a share of 200,000 bytes; \
+         not published: {not_published:?}"
+    );
+}
+
 /// Issue 35, sixteenth adversarial pass, C5 (docs/cluster.md: "refused with 0x97"): when
 /// JetStream had no room, every QoS 1/2 PUBLISH was sent to it and its publisher's
 /// connection closed on the refusal, each time. Now `[cluster] max_stream_bytes` bounds the
