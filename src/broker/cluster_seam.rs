@@ -268,10 +268,7 @@ impl Broker {
     ) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
         match self.cluster.as_ref() {
             Some(cluster) => {
-                let stranger = stranger_bytes.map(|bytes| StrangerPublish {
-                    bytes: bytes as u64,
-                    share: super::flow::anonymous_share(&self.flow.memory),
-                });
+                let stranger = stranger_bytes.map(|bytes| self.stranger_publish(bytes));
                 cluster.admit(qos, stranger).map(Some)
             }
             None => Ok(None),
@@ -281,12 +278,18 @@ impl Broker {
     /// Whether a stranger's QoS 1/2 will of `bytes` may go to the cluster's engine
     /// ([`ClusterSeam::charge_stranger`]); true when not clustered.
     pub(crate) fn cluster_charge_stranger(&self, bytes: usize) -> bool {
-        self.cluster.as_ref().is_none_or(|cluster| {
-            cluster.charge_stranger(StrangerPublish {
-                bytes: bytes as u64,
-                share: super::flow::anonymous_share(&self.flow.memory),
-            })
-        })
+        self.cluster
+            .as_ref()
+            .is_none_or(|cluster| cluster.charge_stranger(self.stranger_publish(bytes)))
+    }
+
+    /// A stranger's message of `bytes` as the engine weighs it, against this node's
+    /// anonymous share.
+    fn stranger_publish(&self, bytes: usize) -> StrangerPublish {
+        StrangerPublish {
+            bytes: bytes as u64,
+            share: super::flow::anonymous_share(&self.flow.memory),
+        }
     }
 
     /// [`ClusterSeam::fence`] when clustered.

@@ -106,7 +106,11 @@ async fn connack(
     user: &str,
     password: &str,
 ) -> u8 {
-    let stream = send_connect(source, addr, version, "limits", user, password).await;
+    // A client id per user: with one id for all, a user's CONNECT right behind another
+    // user's could find that session still attached, bound to the other identity (0x87),
+    // before the broker saw the first connection close.
+    let id = format!("limits-{user}");
+    let stream = send_connect(source, addr, version, &id, user, password).await;
     connack_on(stream, version).await
 }
 

@@ -86,10 +86,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         // A stranger's message counts in the anonymous share for as long as it is held
         // (retained, or queued at anyone's session: issue 35, fourteenth adversarial pass, A1),
         // so past the share it is refused, not taken into the budget verified clients share.
-        let properties_bytes = publish.properties.held_bytes();
         if self.session.publishes_anonymously()
             && !flow::anonymous_share_has_room(
-                (publish.topic.len() + publish.payload.len() + properties_bytes) as u64,
+                publish.held_bytes() as u64,
                 &self.broker().flow().memory,
             )
         {
@@ -101,7 +100,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
         // What the rate counts: payload and properties (a PUBLISH may carry most of its bytes
         // in the latter).
-        let size = publish.payload.len() + properties_bytes;
+        let size = publish.payload.len() + publish.properties.held_bytes();
         let published = match self.session.publish(publish) {
             Ok(published) => published,
             Err(error) => return self.refuse_unstored(qos, packet_id, error),
