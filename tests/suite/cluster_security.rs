@@ -509,21 +509,11 @@ async fn a_strangers_messages_nobody_reads_stay_within_their_share_of_the_stream
     let (a, b) = (&nodes[0], &nodes[1]);
     let mut stranger = v5::connect_id(a.mqtt(), "stranger-a").await;
     let payload = vec![b'x'; 20_000];
-    let mut accepted = 0u16;
-    let refused = loop {
-        let code = v5::publish_qos1(&mut stranger, "public/nobody", &payload, accepted + 1).await;
-        if code != ReasonCode::SUCCESS || accepted == 100 {
-            break code;
-        }
-        accepted += 1;
-    };
-    assert_eq!(
-        refused,
-        ReasonCode::QUOTA_EXCEEDED,
-        "after {accepted} accepted"
-    );
     // 512 KiB of 20,000-byte payloads (and their topics) is 26.
-    assert!((20..=26).contains(&accepted), "accepted {accepted}");
+    refused_within_the_share(&mut stranger, |id| {
+        v5::publish_packet("public/nobody", QoS::AtLeastOnce, &payload, id)
+    })
+    .await;
     assert_eq!(
         v5::publish_qos1(&mut stranger, "public/nobody", &payload, 200).await,
         ReasonCode::QUOTA_EXCEEDED,
@@ -544,11 +534,24 @@ async fn a_strangers_messages_nobody_reads_stay_within_their_share_of_the_stream
 async fn a_strangers_bytes_in_properties_count_in_its_share_of_the_stream() {
     let (_dir, _nats, nodes) = small_nodes("").await;
     let mut stranger = v5::connect_id(nodes[0].mqtt(), "stranger-props").await;
+    refused_within_the_share(&mut stranger, |id| {
+        let mut p = v5::publish_packet("public/nobody", QoS::AtLeastOnce, b"x", id);
+        p.properties.user_properties = vec![("k".into(), "p".repeat(20_000).into())];
+        p
+    })
+    .await;
+}
+
+/// A stranger's QoS 1 PUBLISHes of about 20 KB each (`publish(packet id)`), sent one at a
+/// time until one is not accepted (at most 100): that one gets PUBACK 0x97, after 20 to 26
+/// accepted (a 512 KiB share of the stream).
+async fn refused_within_the_share(
+    stranger: &mut RawClient,
+    publish: impl Fn(u16) -> postbox::codec::Publish,
+) {
     let mut accepted = 0u16;
     let refused = loop {
-        let mut p = v5::publish_packet("public/nobody", QoS::AtLeastOnce, b"x", accepted + 1);
-        p.properties.user_properties = vec![("k".into(), "p".repeat(20_000).into())];
-        let code = v5::publish(&mut stranger, p).await;
+        let code = v5::publish(stranger, publish(accepted + 1)).await;
         if code != ReasonCode::SUCCESS || accepted == 100 {
             break code;
         }
