@@ -106,6 +106,11 @@ impl Bridge {
                     self.status.disconnected(None);
                     return;
                 }
+                Ok(Ended::Resend(skipped)) => {
+                    tracing::info!(bridge = %self.config.name, skipped, "bridge: reconnecting so the remote sends again what it had no room for");
+                    self.status.disconnected(None);
+                    backoff.reset();
+                }
                 Ok(Ended::Idle) => {
                     tracing::info!(bridge = %self.config.name, "bridge: idle, disconnected (start = \"lazy\")");
                     self.status.disconnected(None);

@@ -7,6 +7,13 @@
 //! forwards out, PINGRESP), so the `out` direction keeps flowing: it waited inside the
 //! handler of the one PUBLISH that found no room, and nothing was forwarded either way until
 //! memory fell (issue 35, sixteenth adversarial pass, C2).
+//!
+//! Past [`MOST_HELD_BYTES`] (or `inflight`) held, a further PUBLISH is *skipped*: read,
+//! dropped unacknowledged, so the remote still owns it and sends it again when the bridge
+//! reconnects (MQTT-4.4.0-1, its session being kept); the pump reconnects once the held ones
+//! are routed. Before, the pump stopped reading there, and the remote's acknowledgements of
+//! what goes out were never read: `out` stopped for good (seventeenth pass, D7). A bridge with
+//! `clean_start = true` cannot have anything sent again, so it still stops reading there.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -24,37 +31,88 @@ pub(super) enum Charge {
     Stranger,
 }
 
-/// Most bytes (topics, payloads and properties) held, counted nowhere else: past them the pump reads
-/// nothing more from the remote (its acknowledgements of what goes out wait too), so a
+/// Most bytes (topics, payloads and properties) held, counted nowhere else: past them a
+/// further PUBLISH is skipped (or, with `clean_start = true`, nothing more is read), so a
 /// remote sending large messages cannot make the bridge hold up to `inflight` of them.
 pub(super) const MOST_HELD_BYTES: usize = 1 << 20;
 
-/// The held PUBLISHes, oldest first, their bytes, and since when the bridge has been held
-/// (counted as a paused publisher).
-#[derive(Debug, Default)]
+/// The held PUBLISHes, oldest first, their bytes, since when the bridge has been held
+/// (counted as a paused publisher), and how many were skipped (left with the remote, to be
+/// sent again at the next connection).
+#[derive(Debug)]
 pub(super) struct HeldIn {
     queue: VecDeque<Publish>,
     bytes: usize,
     since: Option<Instant>,
+    skipped: usize,
+    /// Most held at once: the Receive Maximum the bridge announced (`inflight`).
+    most: usize,
+    /// Whether the remote sends again what was skipped: its session outlives the
+    /// connection (`clean_start = false`).
+    may_skip: bool,
+}
+
+/// What [`HeldIn::hold`] did with a PUBLISH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Held {
+    /// Kept, to be routed once there is room.
+    Kept,
+    /// Dropped unacknowledged: the remote sends it again at the next connection.
+    Skipped,
 }
 
 impl HeldIn {
-    /// Whether a PUBLISH of the remote may be routed now: nothing held before it, and room
-    /// for it ([`has_room`] at the pause mark).
+    /// Nothing held; at most `most` at once (the Receive Maximum announced), skipping past
+    /// that when `may_skip`.
+    pub(super) fn new(most: usize, may_skip: bool) -> HeldIn {
+        HeldIn {
+            queue: VecDeque::new(),
+            bytes: 0,
+            since: None,
+            skipped: 0,
+            most: most.max(1),
+            may_skip,
+        }
+    }
+
+    /// Whether a PUBLISH of the remote may be routed now: nothing held or skipped before it
+    /// (the remote's order), and room for it ([`has_room`] at the pause mark).
     pub(super) fn may_pass(&self, flow: &FlowControl, charge: Charge, publish: &Publish) -> bool {
         self.queue.is_empty()
+            && self.skipped == 0
             && flow.memory_level(message_bytes()) == MemoryLevel::Normal
             && has_room(flow, charge, publish)
     }
 
-    /// Holds `publish` (unacknowledged) behind the others.
-    pub(super) fn hold(&mut self, flow: &FlowControl, publish: Publish) {
+    /// Holds `publish` (unacknowledged) behind the others, or skips it past the bounds (and
+    /// behind any skipped before it, to keep the remote's order).
+    pub(super) fn hold(&mut self, flow: &FlowControl, publish: Publish) -> Held {
         if self.since.is_none() {
             flow.pause_started();
             self.since = Some(Instant::now());
         }
+        if self.may_skip && (self.skipped > 0 || !self.within_bounds()) {
+            self.skipped += 1;
+            return Held::Skipped;
+        }
         self.bytes += size(&publish);
         self.queue.push_back(publish);
+        Held::Kept
+    }
+
+    fn within_bounds(&self) -> bool {
+        self.queue.len() < self.most && self.bytes < MOST_HELD_BYTES
+    }
+
+    /// Whether the held ones are all routed and some were skipped: the remote must be asked
+    /// to send those again (by reconnecting).
+    pub(super) fn wants_resend(&self) -> bool {
+        self.queue.is_empty() && self.skipped > 0
+    }
+
+    /// How many were skipped on this connection.
+    pub(super) fn skipped(&self) -> usize {
+        self.skipped
     }
 
     /// The oldest held PUBLISH, if memory is back under the resume mark and there is room
@@ -66,16 +124,16 @@ impl HeldIn {
         }
         let publish = self.queue.pop_front()?;
         self.bytes -= size(&publish);
-        if self.queue.is_empty() {
+        if self.queue.is_empty() && self.skipped == 0 {
             self.end_pause(flow);
         }
         Some(publish)
     }
 
-    /// Whether the pump may read more from the remote: fewer than `most` held (the Receive
-    /// Maximum it announced) and fewer than [`MOST_HELD_BYTES`].
-    pub(super) fn may_read(&self, most: usize) -> bool {
-        self.queue.len() < most && self.bytes < MOST_HELD_BYTES
+    /// Whether the pump may read more from the remote: always where it may skip; else
+    /// (`clean_start = true`) within the bounds.
+    pub(super) fn may_read(&self) -> bool {
+        self.may_skip || self.within_bounds()
     }
 
     /// Whether none is held.
@@ -88,6 +146,7 @@ impl HeldIn {
     pub(super) fn end(&mut self, flow: &FlowControl) {
         self.queue.clear();
         self.bytes = 0;
+        self.skipped = 0;
         self.end_pause(flow);
     }
 

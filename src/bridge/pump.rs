@@ -21,7 +21,7 @@ use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
-use super::held_in::{Charge, HeldIn};
+use super::held_in::{Charge, Held, HeldIn};
 use super::remote::{RemoteError, RemoteIo};
 use super::status::{BridgeStatus, Flow};
 use super::topics::Rules;
@@ -44,6 +44,9 @@ pub(super) enum Ended {
     Shutdown,
     /// `start = "lazy"`: nothing to send for `idle_timeout`.
     Idle,
+    /// Some of the remote's PUBLISHes were skipped for lack of room and the held ones are
+    /// routed: reconnect at once, so the remote sends the skipped ones again (their count).
+    Resend(usize),
 }
 
 /// What the remote told us at connect that bounds what we send.
@@ -132,7 +135,10 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             ping_sent: None,
             last_traffic: now,
             suback_pending: None,
-            held_in: HeldIn::default(),
+            // The remote sends no more unacknowledged than the Receive Maximum announced;
+            // past it, or past a held MiB, a PUBLISH is skipped (sent again after a
+            // reconnect), unless the remote's session ends with the connection.
+            held_in: HeldIn::new(usize::from(config.inflight.max(1)), !config.clean_start),
             charge,
         }
     }
@@ -161,7 +167,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         self.resend(resends)?;
         let result = self.pump(shutdown).await;
         self.held_in.end(self.link.handle().broker().flow());
-        if matches!(result, Ok(Ended::Shutdown | Ended::Idle)) {
+        if matches!(result, Ok(Ended::Shutdown | Ended::Idle | Ended::Resend(_))) {
             self.io.close().await;
         }
         result
@@ -291,9 +297,6 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         let session = Arc::clone(self.link.handle().session());
         let broker = Arc::clone(self.link.handle().broker());
         let keep_alive = Duration::from_secs(u64::from(self.config.keep_alive));
-        // The remote sends no more unacknowledged than this (the Receive Maximum announced);
-        // past it (a remote that ignores it), or past a held MiB, nothing more is read.
-        let most_held = usize::from(self.config.inflight.max(1));
         loop {
             // Armed before the fill, so a delivery queued in between still wakes us.
             let woken = session.notified();
@@ -307,6 +310,11 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 self.last_traffic = Instant::now();
             }
             self.release_gated()?;
+            if self.held_in.wants_resend() && self.gated.is_empty() {
+                // Every held one is routed and acknowledged (the close flushes the acks):
+                // the skipped ones come again on the next connection.
+                return Ok(Ended::Resend(self.held_in.skipped()));
+            }
             let now = Instant::now();
             let next_timer = self.next_timer(now, keep_alive);
             let may_take = self.io.tx.wbuf.len() < WRITE_HIGH_WATER
@@ -316,7 +324,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(Ended::Shutdown),
-                read = self.io.rx.fill_read(), if self.held_in.may_read(most_held) => {
+                read = self.io.rx.fill_read(), if self.held_in.may_read() => {
                     read?;
                     self.last_read = Instant::now();
                     self.ping_sent = None;
@@ -517,8 +525,10 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         if !self.held_in.may_pass(broker.flow(), self.charge, &publish) {
             if qos == QoS::AtMostOnce {
                 self.status.dropped(Flow::In, "memory");
-            } else {
-                self.held_in.hold(broker.flow(), publish);
+            } else if self.held_in.hold(broker.flow(), publish) == Held::Skipped
+                && self.held_in.skipped() == 1
+            {
+                tracing::warn!(bridge = %self.config.name, "bridge: no room for more of the remote's messages; those past the held ones are left with the remote and fetched again by reconnecting once the held ones are routed");
             }
             return Ok(());
         }

@@ -23,6 +23,7 @@ mod backlog_watch;
 mod binary;
 mod bridge;
 mod bridge_broker;
+mod bridge_held;
 mod bridge_import;
 mod bridge_observe;
 mod bridge_transport;

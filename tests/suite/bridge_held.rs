@@ -1,0 +1,159 @@
+//! A bridge whose remote sends more than this broker has room for (issue 35): a real
+//! Mosquitto as the remote, a stranger publishing there, verified clients here.
+//!
+//! The guarantees under test: what the remote sends past the room here is left with the
+//! remote (never acknowledged, never lost) and fetched again once there is room, and while
+//! it waits the bridge's `out` direction keeps flowing.
+
+use std::net::SocketAddr;
+
+use postbox::codec::{QoS, ReasonCode};
+
+use crate::common::async_process::BrokerProcess;
+use crate::common::mosquitto_broker::MosquittoBroker;
+use crate::common::{v5, RawClient, WAIT};
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// An 8 MiB budget (a 1 MiB anonymous share), the example password file (so identities are
+/// told apart and the remote's publishers are strangers here), and a v5 bridge `cloud` to
+/// `remote`: `inbox/#` in, `sensors/#` out under `site1/`, at QoS 1.
+async fn bridged_broker(remote: u16, dir: &std::path::Path) -> BrokerProcess {
+    let broker = BrokerProcess::spawn_file(
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = {}\n\
+             [auth]\nallow_anonymous = false\npassword_file = {:?}\n\
+             [[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:{remote}\"]\n\
+             protocol = \"5\"\nrestart_timeout = [1, 1]\n\
+             [[bridge.topic]]\npattern = \"inbox/#\"\ndirection = \"in\"\nqos = 1\n\
+             [[bridge.topic]]\npattern = \"sensors/#\"\ndirection = \"out\"\nqos = 1\n\
+             remote_prefix = \"site1/\"\n",
+            8 << 20,
+            crate::common::fast_example_passwords(dir)
+        ),
+        &[],
+    )
+    .await;
+    broker
+        .wait_log(|l| l.contains("bridge: connected to the remote"))
+        .await;
+    broker
+}
+
+/// A client of `port` publishing `count` QoS 1 messages of `size` bytes to `topic(i)`,
+/// retained when `retain`, each acknowledged as accepted.
+async fn publish_many(
+    port: u16,
+    id: &str,
+    count: usize,
+    size: usize,
+    retain: bool,
+    topic: impl Fn(usize) -> String,
+) {
+    let mut c = v5::connect_id(addr(port), id).await;
+    for i in 0..count {
+        let mut payload = format!("{i:04}").into_bytes();
+        payload.resize(size.max(4), b'.');
+        let mut p = v5::publish_packet(&topic(i), QoS::AtLeastOnce, &payload, (i + 1) as u16);
+        p.retain = retain;
+        let code = v5::publish(&mut c, p).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "{id}: PUBACK for message {i}");
+    }
+    v5::disconnect(c).await;
+}
+
+/// The index each of the next `count` PUBLISHes on `c` starts with (each acknowledged).
+async fn indices(c: &mut RawClient, count: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let p = v5::receive(c).await;
+        let index = std::str::from_utf8(&p.payload[..4])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .expect("a numbered payload");
+        out.push(index);
+    }
+    out
+}
+
+/// Issue 35, seventeenth adversarial pass, D7: a stranger on the remote fills this broker's
+/// anonymous share with retained messages, then sends 25 more of 100 KB: the bridge holds a
+/// MiB of them unacknowledged and leaves the rest with the remote. While they wait, the
+/// bridge still reads the remote's acknowledgements, so all 40 messages a verified client
+/// publishes `out` reach the remote (Mosquitto lets the bridge have 20 unacknowledged).
+/// Once the retained messages are cleared, every one of the 25 arrives here, in order
+/// (MQTT-4.6.0-2: the remote's order), the skipped ones sent again by the remote after the
+/// bridge reconnects (MQTT-4.4.0-1). Before, the bridge stopped reading past a held MiB:
+/// 20 of 40 reached the remote and the rest waited for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing() {
+    let remote = MosquittoBroker::start("").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = bridged_broker(remote.port, dir.path()).await;
+    let (mut sensor1, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut sensor1, "inbox/h/#", QoS::AtLeastOnce).await;
+    let mut remote_sub = v5::connect_id(addr(remote.port), "remote-sub").await;
+    v5::subscribe(&mut remote_sub, "site1/#", QoS::AtLeastOnce).await;
+
+    // The share full of retained messages, then more than a held MiB.
+    publish_many(remote.port, "stranger-r", 12, 100_000, true, |i| {
+        format!("inbox/r/{i}")
+    })
+    .await;
+    broker
+        .wait_metric(r#"postbox_anonymous_bytes{part="kept"}"#, |n| {
+            n >= 900_000.0
+        })
+        .await;
+    publish_many(remote.port, "stranger-h", 25, 100_000, false, |_| {
+        "inbox/h/x".to_owned()
+    })
+    .await;
+    broker
+        .wait_metric("postbox_publishers_paused", |n| n >= 1.0)
+        .await;
+
+    // Out keeps flowing past Mosquitto's window of 20.
+    let (mut sensor2, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("sensor2"), "sensor2"),
+    )
+    .await;
+    for i in 0..40u16 {
+        let code = v5::publish_qos1(
+            &mut sensor2,
+            "sensors/a",
+            format!("{i:04}").as_bytes(),
+            i + 1,
+        )
+        .await;
+        assert_eq!(code, ReasonCode::SUCCESS, "sensor2's PUBLISH {i}");
+    }
+    assert_eq!(
+        indices(&mut remote_sub, 40).await,
+        (0..40).collect::<Vec<_>>(),
+        "what goes out while the remote's messages wait"
+    );
+    broker
+        .wait_log(|l| l.contains("no room for more of the remote's messages"))
+        .await;
+
+    // Room again: every one of the 25 arrives, in order.
+    for i in 0..12u16 {
+        let mut clear = v5::publish_packet(&format!("inbox/r/{i}"), QoS::AtLeastOnce, b"", i + 100);
+        clear.retain = true;
+        let code = v5::publish(&mut sensor2, clear).await;
+        assert!(!code.is_error(), "clearing inbox/r/{i}: {code:?}");
+    }
+    let got = tokio::time::timeout(WAIT * 2, indices(&mut sensor1, 25))
+        .await
+        .expect("the 25 within twice WAIT");
+    assert_eq!(got, (0..25).collect::<Vec<_>>(), "the remote's messages");
+    v5::expect_silence(&mut sensor1, std::time::Duration::from_millis(300)).await;
+}
