@@ -317,13 +317,52 @@ impl Broker {
     /// MQTT-3.3.1-10) without routing it: the cluster's retained bucket changed on another
     /// node. Stored like a local retained message, so a restart without NATS still has it.
     /// An anonymous client's message (`from_anonymous`, carried by the cluster's frame)
-    /// counts in the anonymous share here too; the echo of this node's own replaces the
-    /// copy counted at publish, so it is counted once (pass 7B, P6).
-    pub fn apply_cluster_retained(&self, message: &Arc<Message>) {
+    /// counts in the anonymous share here too; the echo of this node's own (`own`) replaces
+    /// the copy counted at publish, so it is counted once (pass 7B, P6).
+    ///
+    /// Another node's anonymous message is kept only within the anonymous share *here*: its
+    /// node bounded it by its own share, so a stranger on a large node put a small one at
+    /// 98% of its budget and its verified clients got 0x97 (issue 35, seventeenth
+    /// adversarial pass, D3). Past the share the topic keeps no retained message here (the
+    /// older one is stale: the bucket holds the new one), counted as dropped for memory.
+    pub fn apply_cluster_retained(&self, message: &Arc<Message>, own: bool) {
+        let deletion;
+        let message = if own || self.cluster_retained_fits(message) {
+            message
+        } else {
+            self.metrics.messages_dropped_memory[message.qos as usize].increment(1);
+            tracing::debug!(topic = %message.topic, "cluster: another node's anonymous retained message not kept: anonymous clients are at their share of the memory budget here");
+            deletion = Arc::new(Message::from_publish(
+                crate::codec::Publish {
+                    retain: true,
+                    topic: message.topic.clone(),
+                    ..crate::codec::Publish::default()
+                },
+                None,
+            ));
+            &deletion
+        };
         if self.store.is_some() {
             drop(self.persist(vec![super::persist::retained(message)]));
         }
         self.store_retained(message);
+    }
+
+    /// Whether `message` (another node's retained message, charged to the anonymous share
+    /// as it was made when an anonymous client published it) fits that share here, once
+    /// the topic's current entry, if an anonymous one, makes way for it.
+    fn cluster_retained_fits(&self, message: &Message) -> bool {
+        if !message.charged_anonymous() || message.payload.is_empty() {
+            return true;
+        }
+        let freed = self
+            .retained
+            .read()
+            .get(&message.topic)
+            .filter(|old| old.charged_anonymous() || old.counts_as_anonymous_retained())
+            .map_or(0, |old| old.size());
+        let held = super::flow::anonymous_bytes().saturating_sub(freed as u64);
+        held <= super::flow::anonymous_share(&self.flow.memory)
     }
 }
 

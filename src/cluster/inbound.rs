@@ -357,7 +357,11 @@ async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: W
             };
             match wire::decode(&entry.value) {
                 Ok((_, _, publish, anonymous)) => {
-                    broker.apply_cluster_retained(&Arc::new(wire::message_of(publish, anonymous)));
+                    let own = wire::origin(&entry.value) == Some(cluster.node.as_bytes());
+                    broker.apply_cluster_retained(
+                        &Arc::new(wire::message_of(publish, anonymous)),
+                        own,
+                    );
                 }
                 Err(error) => {
                     cluster.metrics.bad_frames.increment(1);

@@ -30,6 +30,14 @@ fn example_auth(dir: &std::path::Path) -> String {
     )
 }
 
+/// [`example_auth`] with the example passwords hashed cheaply
+/// (`common::fast_example_passwords`), written in `dir`.
+pub(crate) fn example_auth_fast(dir: &std::path::Path) -> String {
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let fast = common::fast_example_passwords(dir);
+    example_auth(dir).replace(&format!("{example:?}"), &format!("{fast:?}"))
+}
+
 /// Receives (and acknowledges) for up to `within`, until every one of `<prefix>1` ..
 /// `<prefix><count>` arrived: the numbers that did, and every payload received.
 async fn receive_numbered(
@@ -222,12 +230,9 @@ async fn a_shared_groups_messages_reach_the_member_that_may_read_them_past_one_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_retained_messages_stay_within_their_share_on_every_node() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // The example users and ACL, their passwords hashed cheaply (`common::fast_example_passwords`).
-    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
-    let fast = common::fast_example_passwords(dir.path());
     let extra = format!(
         "{}[mqtt]\nmax_memory = 4194304\n",
-        example_auth(dir.path()).replace(&format!("{example:?}"), &format!("{fast:?}"))
+        example_auth_fast(dir.path())
     );
     let (_nats, nodes) = start_cluster(2, &extra).await;
     let (a, b) = (&nodes[0], &nodes[1]);

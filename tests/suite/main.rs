@@ -36,6 +36,7 @@ mod cluster_orphans;
 mod cluster_restart;
 mod cluster_security;
 mod cluster_sessions;
+mod cluster_shares;
 mod config_files;
 mod connection_holdings;
 mod connection_limits;

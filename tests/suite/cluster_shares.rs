@@ -1,0 +1,98 @@
+//! Anonymous clients' shares on a cluster whose nodes differ (issue 35, seventeenth
+//! adversarial pass): with a real `nats-server -js` and real `postbox` nodes, what strangers
+//! make one node keep stays within the share of every other node, however small it is.
+
+use std::time::Duration;
+
+use crate::cluster_orphans::as_user;
+use crate::cluster_security::example_auth_fast;
+use crate::common;
+
+use common::cluster::{wait_linked, Node};
+use common::nats::NatsServer;
+use common::{v5, WAIT};
+use postbox::codec::{Packet, QoS, ReasonCode};
+
+/// Node b's budget: 4 MiB, an anonymous share of 512 KiB.
+const SMALL: u64 = 4 << 20;
+
+/// Issue 35, seventeenth adversarial pass, D3: a stranger on node a (32 MiB, a 4 MiB share)
+/// keeps 40 retained messages of 60 KB there (2.4 MB, within a's share); node b (4 MiB, a
+/// 512 KiB share) gets them through the cluster's retained bucket and keeps only what fits
+/// its own share (counted as dropped for memory), so its verified clients keep their
+/// budget. The bucket delivers in publish order, so once sensor1's retained message
+/// published after them is on node b, node b has weighed all 40. Before, node b applied
+/// every entry unchecked: the stranger's 2.4 MB sat in b's share of 512 KiB, and with more
+/// of them b's verified publishers got 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_nodes_stranger_keeps_no_more_retained_here_than_this_nodes_share() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auth = example_auth_fast(dir.path());
+    let nats = tokio::task::block_in_place(NatsServer::start);
+    let a = Node::start_async(
+        "a",
+        &nats.url(),
+        &format!("{auth}[mqtt]\nmax_memory = {}\n", 8 * SMALL),
+    )
+    .await;
+    let b = Node::start_async(
+        "b",
+        &nats.url(),
+        &format!("{auth}[mqtt]\nmax_memory = {SMALL}\n"),
+    )
+    .await;
+    wait_linked(&a, &b).await;
+    wait_linked(&b, &a).await;
+
+    let payload = vec![b'r'; 60_000];
+    let mut stranger = v5::connect_id(a.mqtt(), "retainer-a").await;
+    for i in 0..40u16 {
+        let code =
+            v5::publish_retained(&mut stranger, &format!("probe/ret/{i}"), &payload, i + 1).await;
+        assert_eq!(
+            code,
+            ReasonCode::SUCCESS,
+            "node a's share holds message {i}"
+        );
+    }
+    v5::disconnect(stranger).await;
+    let (mut sensor1, _) =
+        v5::connect(a.mqtt(), as_user(v5::connect_packet("sensor1"), "sensor1")).await;
+    let code = v5::publish_retained(&mut sensor1, "sensors/sensor1/last", b"after", 1).await;
+    assert!(!code.is_error(), "sensor1 on node a: {code:?}");
+
+    // Node b has applied the bucket up to sensor1's message.
+    let (mut dashboard, _) = v5::connect(
+        b.mqtt(),
+        as_user(v5::connect_packet("dashboard"), "dashboard"),
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    'applied: loop {
+        v5::subscribe(&mut dashboard, "sensors/sensor1/last", QoS::AtMostOnce).await;
+        while let Ok(Some(Packet::Publish(_))) =
+            dashboard.recv_within(Duration::from_millis(300)).await
+        {
+            break 'applied;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node b never got sensor1's retained message"
+        );
+    }
+    let kept = b.metric(r#"postbox_anonymous_bytes{part="kept"}"#);
+    let share = (SMALL / 8) as f64;
+    assert!(
+        kept <= share,
+        "node b keeps {kept} bytes of a stranger's on node a, past its share of {share}"
+    );
+    let dropped = b.metric(r#"postbox_messages_dropped_total{qos="1",reason="memory"}"#);
+    assert!(
+        dropped >= 30.0,
+        "node b counts {dropped} of what it did not keep (keeps {kept} bytes)"
+    );
+    let (mut sensor2, _) =
+        v5::connect(b.mqtt(), as_user(v5::connect_packet("sensor2"), "sensor2")).await;
+    let code = v5::publish_retained(&mut sensor2, "sensors/sensor2/state", &payload, 1).await;
+    assert!(!code.is_error(), "sensor2 on node b: {code:?}");
+}
