@@ -68,12 +68,12 @@ async fn another_nodes_stranger_keeps_no_more_retained_here_than_this_nodes_shar
     )
     .await;
     let deadline = tokio::time::Instant::now() + WAIT;
-    'applied: loop {
+    loop {
         v5::subscribe(&mut dashboard, "sensors/sensor1/last", QoS::AtMostOnce).await;
-        while let Ok(Some(Packet::Publish(_))) =
+        if let Ok(Some(Packet::Publish(_))) =
             dashboard.recv_within(Duration::from_millis(300)).await
         {
-            break 'applied;
+            break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
