@@ -46,6 +46,9 @@ pub(super) struct Bridge {
     pub(super) status: Arc<BridgeStatus>,
     /// TLS to the remote, when configured (loaded at start).
     pub(super) tls: Option<Arc<ClientTls>>,
+    /// The share its remote's messages count in (unless `trusted`), apart from anonymous
+    /// clients' and other bridges'.
+    pub(super) share: crate::broker::stranger_share::StrangerShare,
 }
 
 impl Bridge {
@@ -97,9 +100,17 @@ impl Bridge {
             connected_before = true;
             tracing::info!(bridge = %self.config.name, %address, protocol = io.version().label(), resending = resends.len(), "bridge: connected to the remote");
             let started = Instant::now();
-            let result = Pump::new(&self.config, &rules, &self.status, &mut link, io, limits)
-                .run(resends, &shutdown)
-                .await;
+            let result = Pump::new(
+                &self.config,
+                &rules,
+                &self.status,
+                &mut link,
+                io,
+                limits,
+                self.share,
+            )
+            .run(resends, &shutdown)
+            .await;
             drop(link); // detached: an offline session with the bridge's bound until the next connect
             match result {
                 Ok(Ended::Shutdown) => {

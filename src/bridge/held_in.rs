@@ -18,7 +18,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::broker::flow::{anonymous_share_has_room, message_bytes, FlowControl, MemoryLevel};
+use crate::broker::flow::{message_bytes, FlowControl, MemoryLevel};
+use crate::broker::stranger_share::StrangerShare;
 use crate::codec::Publish;
 
 /// What a remote's messages are charged to.
@@ -26,10 +27,15 @@ use crate::codec::Publish;
 pub(super) enum Charge {
     /// The budget only: `trusted = true`, or no method tells identities apart here.
     Budget,
-    /// The anonymous share too, as an anonymous client's (the remote's publishers were
-    /// never verified here).
-    Stranger,
+    /// A stranger's share too, as an anonymous client's (the remote's publishers were
+    /// never verified here): the bridge's own, apart from anonymous clients' (seventeenth
+    /// adversarial pass, D5: a local stranger's retained messages held the bridge's for
+    /// good, and its burst had the remote's messages refused on a cluster).
+    Stranger(StrangerShare),
 }
+
+/// How long a PUBLISH refused for now waits before it is tried again.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Most bytes (topics, payloads and properties) held, counted nowhere else: past them a
 /// further PUBLISH is skipped (or, with `clean_start = true`, nothing more is read), so a
@@ -45,6 +51,9 @@ pub(super) struct HeldIn {
     bytes: usize,
     since: Option<Instant>,
     skipped: usize,
+    /// Not before then is the oldest tried again: it was refused for now (the cluster or
+    /// the store had no room).
+    retry_at: Option<Instant>,
     /// Most held at once: the Receive Maximum the bridge announced (`inflight`).
     most: usize,
     /// Whether the remote sends again what was skipped: its session outlives the
@@ -70,6 +79,7 @@ impl HeldIn {
             bytes: 0,
             since: None,
             skipped: 0,
+            retry_at: None,
             most: most.max(1),
             may_skip,
         }
@@ -100,6 +110,19 @@ impl HeldIn {
         Held::Kept
     }
 
+    /// Holds `publish` again, first, to be tried in a second: it was refused for now
+    /// ([`crate::broker::PublishRefused::is_for_now`]). Held whatever the bounds: it is one
+    /// message, read already.
+    pub(super) fn retry_later(&mut self, flow: &FlowControl, publish: Publish) {
+        if self.since.is_none() {
+            flow.pause_started();
+            self.since = Some(Instant::now());
+        }
+        self.bytes += size(&publish);
+        self.queue.push_front(publish);
+        self.retry_at = Some(Instant::now() + RETRY_AFTER);
+    }
+
     fn within_bounds(&self) -> bool {
         self.queue.len() < self.most && self.bytes < MOST_HELD_BYTES
     }
@@ -119,9 +142,13 @@ impl HeldIn {
     /// for it; when that leaves none held, the pause ends.
     pub(super) fn release(&mut self, flow: &FlowControl, charge: Charge) -> Option<Publish> {
         let front = self.queue.front()?;
-        if !flow.memory_resumes(message_bytes()) || !has_room(flow, charge, front) {
+        if self.retry_at.is_some_and(|at| Instant::now() < at)
+            || !flow.memory_resumes(message_bytes())
+            || !has_room(flow, charge, front)
+        {
             return None;
         }
+        self.retry_at = None;
         let publish = self.queue.pop_front()?;
         self.bytes -= size(&publish);
         if self.queue.is_empty() && self.skipped == 0 {
@@ -147,6 +174,7 @@ impl HeldIn {
         self.queue.clear();
         self.bytes = 0;
         self.skipped = 0;
+        self.retry_at = None;
         self.end_pause(flow);
     }
 
@@ -157,9 +185,12 @@ impl HeldIn {
     }
 }
 
-/// Whether `publish`, charged as `charge` says, fits the anonymous share.
+/// Whether `publish`, charged as `charge` says, fits its share.
 fn has_room(flow: &FlowControl, charge: Charge, publish: &Publish) -> bool {
-    charge == Charge::Budget || anonymous_share_has_room(size(publish) as u64, &flow.memory)
+    match charge {
+        Charge::Budget => true,
+        Charge::Stranger(share) => share.has_room(size(publish) as u64, &flow.memory),
+    }
 }
 
 /// What a PUBLISH is counted as: what it holds as a message, properties included (counted

@@ -69,8 +69,9 @@ pub fn start(
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) {
-    for ((config, status), tls) in configs.iter().zip(statuses).zip(tls) {
+    for (index, ((config, status), tls)) in configs.iter().zip(statuses).zip(tls).enumerate() {
         let bridge = engine::Bridge {
+            share: crate::broker::stranger_share::StrangerShare::of_bridge(index),
             broker: Arc::clone(broker),
             config: config.clone(),
             status: Arc::clone(status),

@@ -27,6 +27,7 @@ use super::status::{BridgeStatus, Flow};
 use super::topics::Rules;
 use crate::broker::link::Link;
 use crate::broker::session::DeliverySink;
+use crate::broker::stranger_share::StrangerShare;
 use crate::broker::{Delivery, Fill, Resend, SessionHandle};
 use crate::codec::{
     topic, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
@@ -105,6 +106,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         link: &'a mut Link,
         io: RemoteIo<S>,
         limits: RemoteLimits,
+        share: StrangerShare,
     ) -> Pump<'a, S> {
         let now = Instant::now();
         // The remote's publishers were verified there, not here: where a method tells
@@ -116,7 +118,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             .logins()
             .is_some_and(crate::auth::login::Logins::binds_sessions);
         let charge = if verifying && !config.trusted {
-            Charge::Stranger
+            Charge::Stranger(share)
         } else {
             Charge::Budget
         };
@@ -549,10 +551,12 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     async fn route_in(&mut self, publish: Publish) -> Result<(), RemoteError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let v5 = self.io.version() == ProtocolVersion::V5;
+        // Kept to be tried again if it is refused for now.
+        let again = (qos != QoS::AtMostOnce).then(|| publish.clone());
         let handle = self.link.handle();
         let routed = match self.charge {
             Charge::Budget => handle.publish(publish),
-            Charge::Stranger => handle.publish_as_stranger(publish),
+            Charge::Stranger(share) => handle.publish_as_stranger(publish, share),
         };
         match routed {
             Ok(published) => {
@@ -570,8 +574,16 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 self.ack_remote(qos, packet_id, reason, published.answer.gate);
             }
             Err(refused) => {
-                if qos == QoS::AtMostOnce {
+                let Some(again) = again else {
                     self.status.dropped(Flow::In, "refused");
+                    return Ok(());
+                };
+                if refused.is_for_now() {
+                    // Held unacknowledged and tried again: refused (v5) the remote drops
+                    // it, and a 3.x bridge reconnected in a loop (seventeenth pass, D5).
+                    tracing::debug!(bridge = %self.config.name, %refused, "bridge: a message from the remote cannot be taken now; held and tried again");
+                    let flow = Arc::clone(self.link.handle().broker());
+                    self.held_in.retry_later(flow.flow(), again);
                     return Ok(());
                 }
                 if !v5

@@ -5,6 +5,7 @@
 //!
 //! Must not: do I/O; know NATS.
 
+use super::stranger_share::StrangerShare;
 use std::sync::Arc;
 
 use super::{Broker, Message, PublishRefused, SessionId};
@@ -105,8 +106,11 @@ pub enum ClaimRefused {
 /// engine's storage, which one stranger filled).
 #[derive(Debug, Clone, Copy)]
 pub struct StrangerPublish {
-    /// Its topic and payload bytes.
+    /// Its bytes (topic, payload and properties).
     pub bytes: u64,
+    /// Whose share it counts in: anonymous clients' or a bridge's remote's, each bounded
+    /// apart (seventeenth adversarial pass, D5).
+    pub whose: StrangerShare,
     /// The anonymous share of this node's memory budget: the bound of strangers' bytes in
     /// the engine within its retention, too, unless the engine's config says otherwise.
     pub share: u64,
@@ -264,11 +268,12 @@ impl Broker {
     pub(crate) fn cluster_admit(
         &self,
         qos: QoS,
-        stranger_bytes: Option<usize>,
+        stranger_bytes: Option<(usize, StrangerShare)>,
     ) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
         match self.cluster.as_ref() {
             Some(cluster) => {
-                let stranger = stranger_bytes.map(|bytes| self.stranger_publish(bytes));
+                let stranger =
+                    stranger_bytes.map(|(bytes, whose)| self.stranger_publish(bytes, whose));
                 cluster.admit(qos, stranger).map(Some)
             }
             None => Ok(None),
@@ -278,16 +283,17 @@ impl Broker {
     /// Whether a stranger's QoS 1/2 will of `bytes` may go to the cluster's engine
     /// ([`ClusterSeam::charge_stranger`]); true when not clustered.
     pub(crate) fn cluster_charge_stranger(&self, bytes: usize) -> bool {
-        self.cluster
-            .as_ref()
-            .is_none_or(|cluster| cluster.charge_stranger(self.stranger_publish(bytes)))
+        self.cluster.as_ref().is_none_or(|cluster| {
+            cluster.charge_stranger(self.stranger_publish(bytes, StrangerShare::ANONYMOUS))
+        })
     }
 
     /// A stranger's message of `bytes` as the engine weighs it, against this node's
-    /// anonymous share.
-    fn stranger_publish(&self, bytes: usize) -> StrangerPublish {
+    /// anonymous share (one as large for each of `whose`).
+    fn stranger_publish(&self, bytes: usize, whose: StrangerShare) -> StrangerPublish {
         StrangerPublish {
             bytes: bytes as u64,
+            whose,
             share: super::flow::anonymous_share(&self.flow.memory),
         }
     }

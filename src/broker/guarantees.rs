@@ -219,14 +219,15 @@ impl Broker {
         // published it, wherever it was lost (thirteenth pass, F1: an anonymous publisher's
         // messages too large for a password user's session filled the budget with letters).
         if super::owner::is_anonymous_key(source) || message.published_anonymously() {
-            let size = letter.size() as u64;
-            if !super::flow::anonymous_share_has_room(size, &self.flow.memory) {
+            // A bridge's remote's message: its bridge's share (seventeenth pass, D5).
+            let share = message.stranger_share();
+            if !share.has_room(letter.size() as u64, &self.flow.memory) {
                 self.guarantee_metrics
                     .dead_letters_dropped_share
                     .increment(1);
                 return None;
             }
-            letter.charge_anonymous();
+            letter.charge_to(share);
         }
         match self.publish(Arc::new(letter), None) {
             Ok(routed) => {

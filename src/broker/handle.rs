@@ -14,6 +14,7 @@
 //!
 //! Must not: encode packets.
 
+use super::stranger_share::StrangerShare;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -523,26 +524,33 @@ impl SessionHandle {
     pub fn publish(&self, publish: Publish) -> Result<Published, PublishRefused> {
         // One atomic load: the share key carries the owner's anonymous mark.
         let anonymous = super::owner::is_anonymous_key(self.session.share_key());
-        self.publish_charged(publish, anonymous)
+        self.publish_charged(publish, anonymous.then_some(StrangerShare::ANONYMOUS))
     }
 
     /// [`SessionHandle::publish`] for a message whose publisher this broker did not verify
     /// though the session's owner is not anonymous: what a bridge takes from its remote
     /// (issue 35, sixteenth adversarial pass, C2). It is charged to the anonymous share for
     /// as long as it is held, as an anonymous client's, and marked so in the store and on
-    /// the cluster. The caller checks the share has room first, as a connection does.
+    /// the cluster. It counts in `share` (each bridge's remote has its own: seventeenth
+    /// pass, D5). The caller checks the share has room first, as a connection does.
     ///
     /// # Errors
     ///
     /// As [`SessionHandle::publish`].
-    pub fn publish_as_stranger(&self, publish: Publish) -> Result<Published, PublishRefused> {
-        self.publish_charged(publish, true)
+    pub fn publish_as_stranger(
+        &self,
+        publish: Publish,
+        share: StrangerShare,
+    ) -> Result<Published, PublishRefused> {
+        self.publish_charged(publish, Some(share))
     }
 
+    /// Publishes `publish`, a stranger's charged to `stranger` (`None`: a verified
+    /// publisher's).
     fn publish_charged(
         &self,
         publish: Publish,
-        anonymous: bool,
+        stranger: Option<StrangerShare>,
     ) -> Result<Published, PublishRefused> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let receipt = self.session.lock().receive(qos, packet_id);
@@ -563,7 +571,7 @@ impl SessionHandle {
         }
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
         // Held until the message is routed here and handed to the cluster.
-        let stranger_bytes = anonymous.then(|| publish.held_bytes());
+        let stranger_bytes = stranger.map(|whose| (publish.held_bytes(), whose));
         let admission = match self.broker.cluster_admit(qos, stranger_bytes) {
             Ok(admission) => admission,
             Err(refused) => {
@@ -583,7 +591,9 @@ impl SessionHandle {
         // (`connection::client::inbound`).
         // Its store record and cluster frame say so, so a restart or another node charges
         // it again.
-        message.set_published_anonymously(anonymous);
+        if let Some(whose) = stranger {
+            message.set_published_by_stranger(whose);
+        }
         let message = Arc::new(message);
         if admission.is_some() && qos != QoS::AtMostOnce {
             // Its stream sequence comes with JetStream's acknowledgement; until then a

@@ -8,6 +8,7 @@ use bytes::{Bytes, BytesMut};
 use bytestring::ByteString;
 use smallvec::SmallVec;
 
+use super::stranger_share::StrangerShare;
 use crate::codec::{
     self, LastWill, ProtocolVersion, Publish, PublishBody, PublishEncodings, PublishFlags,
     PublishHeader, PublishProperties, QoS,
@@ -18,6 +19,8 @@ use crate::codec::{
 const CHARGED_ANONYMOUS: u8 = 1;
 /// [`Message`]'s mark: [`Message::published_anonymously`].
 const PUBLISHED_ANONYMOUSLY: u8 = 2;
+/// Where [`Message`]'s marks keep its stranger's share ([`StrangerShare::slot`], six bits).
+const SHARE_SHIFT: u8 = 2;
 
 /// Identifies a session inside this broker process (cheaper than comparing client ids).
 pub type SessionId = u64;
@@ -40,8 +43,9 @@ pub struct Message {
     /// retained message its bytes count in the anonymous share of the budget
     /// (`flow::ANONYMOUS_SHARE`). Set by the publishing session's handle only.
     pub(crate) from_anonymous: bool,
-    /// [`CHARGED_ANONYMOUS`] and [`PUBLISHED_ANONYMOUSLY`]: one byte, in the padding beside
-    /// the flags above (two more `bool`s took `Message` past 224 bytes).
+    /// [`CHARGED_ANONYMOUS`], [`PUBLISHED_ANONYMOUSLY`] and the stranger's share
+    /// ([`SHARE_SHIFT`]): one byte, in the padding beside the flags above (two more `bool`s
+    /// took `Message` past 224 bytes).
     marks: u8,
     /// What the message makes the broker hold, counted in every bound (the memory budget,
     /// queued bytes, the anonymous share): topic, payload and properties
@@ -161,10 +165,10 @@ impl Drop for Message {
         let encoded = self.encoded.held_bytes();
         super::flow::message_dropped(self.size() + encoded);
         if self.encodings_count_as_anonymous() && encoded > 0 {
-            super::flow::anonymous_retained_counted(encoded, false);
+            self.stranger_share().counted(encoded, false);
         }
         if self.marks & CHARGED_ANONYMOUS != 0 {
-            super::flow::anonymous_retained_counted(self.size(), false);
+            self.stranger_share().counted(self.size(), false);
         }
     }
 }
@@ -207,9 +211,23 @@ impl Message {
     /// users got 0x97 (issue 35, twelfth adversarial pass, U4). Once, before it is shared.
     pub(crate) fn charge_anonymous(&mut self) {
         if self.marks & CHARGED_ANONYMOUS == 0 {
-            super::flow::anonymous_retained_counted(self.size(), true);
+            self.stranger_share().counted(self.size(), true);
             self.marks |= CHARGED_ANONYMOUS;
         }
+    }
+
+    /// [`Message::charge_anonymous`] to `share` (a bridge's remote's, or anonymous clients').
+    pub(crate) fn charge_to(&mut self, share: StrangerShare) {
+        if self.marks & CHARGED_ANONYMOUS == 0 {
+            self.marks = (self.marks & ((1 << SHARE_SHIFT) - 1)) | (share.slot() << SHARE_SHIFT);
+        }
+        self.charge_anonymous();
+    }
+
+    /// The share a stranger's message is charged to ([`Message::charge_to`]); anonymous
+    /// clients' for every other message.
+    pub(crate) fn stranger_share(&self) -> StrangerShare {
+        StrangerShare::from_slot(self.marks >> SHARE_SHIFT)
     }
 
     /// Whether the message counts in the anonymous share for its whole life
@@ -241,10 +259,18 @@ impl Message {
     /// B3).
     pub(crate) fn set_published_anonymously(&mut self, anonymous: bool) {
         if anonymous {
-            self.from_anonymous = self.retain && !self.payload.is_empty();
-            self.marks |= PUBLISHED_ANONYMOUSLY;
-            self.charge_anonymous();
+            self.set_published_by_stranger(StrangerShare::ANONYMOUS);
         }
+    }
+
+    /// [`Message::set_published_anonymously`], charged to `share`: a bridge's remote's
+    /// message to its bridge's share (issue 35, seventeenth adversarial pass, D5). The store
+    /// and the cluster know it as an anonymous client's: after a restart, and on other
+    /// nodes, it counts in anonymous clients' share.
+    pub(crate) fn set_published_by_stranger(&mut self, share: StrangerShare) {
+        self.from_anonymous = self.retain && !self.payload.is_empty();
+        self.marks |= PUBLISHED_ANONYMOUSLY;
+        self.charge_to(share);
     }
 
     /// Whether its cached encodings count in the anonymous share too (tenth pass, S2): they
@@ -472,7 +498,7 @@ impl Message {
             // client's retained message's in their share too (tenth pass, S2).
             super::flow::message_made(made);
             if self.encodings_count_as_anonymous() {
-                super::flow::anonymous_retained_counted(made, true);
+                self.stranger_share().counted(made, true);
             }
         }
         Ok(written)

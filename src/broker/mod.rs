@@ -41,6 +41,7 @@ pub mod session;
 mod session_map;
 pub mod shared;
 pub mod shared_backlog;
+pub mod stranger_share;
 mod subscribe_fence;
 mod subscriptions;
 pub mod sys;
@@ -285,6 +286,18 @@ impl PublishRefused {
             PublishRefused::Store(error) => error.is_quota(),
             PublishRefused::QueueFull { .. } | PublishRefused::ClusterUnavailable(_) => true,
             PublishRefused::PayloadInvalid { .. } => false,
+        }
+    }
+
+    /// True when the same message would be taken later, whoever it is for: the cluster or
+    /// the store has no room now. A bridge holds such a message of its remote and tries it
+    /// again rather than refusing it, which made the remote drop it (seventeenth
+    /// adversarial pass, D5). Not a full queue: one subscriber's, which may never drain.
+    pub fn is_for_now(&self) -> bool {
+        match self {
+            PublishRefused::Store(error) => error.is_quota(),
+            PublishRefused::ClusterUnavailable(_) => true,
+            PublishRefused::QueueFull { .. } | PublishRefused::PayloadInvalid { .. } => false,
         }
     }
 }

@@ -147,7 +147,7 @@ pub struct Cluster {
     group_starts: parking_lot::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>,
     /// What strangers put into the stream from this node within `retention`
     /// ([`stream_room`]).
-    stranger_bytes: stream_room::StrangerBytes,
+    stranger_bytes: stream_room::StrangerWindows,
     /// JetStream refused a message for lack of room: QoS 1/2 PUBLISHes are refused at
     /// admission until [`Cluster::watch_room`] sees room again.
     stream_full: AtomicBool,
@@ -192,7 +192,7 @@ impl Cluster {
             liveness: nodes::Liveness::default(),
             orphans: tokio::sync::Notify::new(),
             group_starts: parking_lot::Mutex::default(),
-            stranger_bytes: stream_room::StrangerBytes::new(std::time::Duration::from_secs(
+            stranger_bytes: stream_room::StrangerWindows::new(std::time::Duration::from_secs(
                 config.retention,
             )),
             stream_full: AtomicBool::new(false),
@@ -342,8 +342,12 @@ impl ClusterSeam for Cluster {
 
     fn charge_stranger(&self, stranger: StrangerPublish) -> bool {
         let share = self.config.anonymous_stream_bytes.unwrap_or(stranger.share);
-        self.stranger_bytes
-            .charge(stranger.bytes, share, std::time::Instant::now())
+        self.stranger_bytes.charge(
+            stranger.whose.slot(),
+            stranger.bytes,
+            share,
+            std::time::Instant::now(),
+        )
     }
 
     fn fence(&self) -> parking_lot::RwLockReadGuard<'_, ()> {

@@ -71,6 +71,26 @@ impl StrangerBytes {
     }
 }
 
+/// [`StrangerBytes`] per stranger's share: anonymous clients' and each bridge's remote's
+/// apart, so one cannot spend what the other may put into the stream (issue 35,
+/// seventeenth adversarial pass, D5).
+#[derive(Debug)]
+pub(super) struct StrangerWindows(Vec<StrangerBytes>);
+
+impl StrangerWindows {
+    /// One window of `window` per share.
+    pub(super) fn new(window: Duration) -> StrangerWindows {
+        StrangerWindows((0..64).map(|_| StrangerBytes::new(window)).collect())
+    }
+
+    /// [`StrangerBytes::charge`] in the window of the share numbered `slot`.
+    pub(super) fn charge(&self, slot: u8, bytes: u64, share: u64, now: Instant) -> bool {
+        self.0
+            .get(usize::from(slot))
+            .is_some_and(|window| window.charge(bytes, share, now))
+    }
+}
+
 /// Whether JetStream refused a message for lack of room (the stream's byte bound, or its
 /// store or account limits): then the stream is full for everyone, not for this message.
 pub(super) fn is_full(error: &async_nats::jetstream::context::PublishError) -> bool {

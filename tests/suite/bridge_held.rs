@@ -107,9 +107,7 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
     })
     .await;
     broker
-        .wait_metric(r#"postbox_anonymous_bytes{part="kept"}"#, |n| {
-            n >= 900_000.0
-        })
+        .wait_metric("postbox_publishers_paused", |n| n >= 1.0)
         .await;
     publish_many(remote.port, "stranger-h", 25, 100_000, false, |_| {
         "inbox/h/x".to_owned()
@@ -156,4 +154,68 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
         .expect("the 25 within twice WAIT");
     assert_eq!(got, (0..25).collect::<Vec<_>>(), "the remote's messages");
     v5::expect_silence(&mut sensor1, std::time::Duration::from_millis(300)).await;
+}
+
+/// Issue 35, seventeenth adversarial pass, D5: a bridge's remote has a share of its own,
+/// apart from local strangers'. An anonymous client here fills the anonymous share with
+/// retained messages (refused 0x97 at it); then an application on the remote sends five
+/// QoS 1 commands for sensor1, who reads them at once: the remote's messages count in the
+/// bridge's share, which the local stranger did not touch. Before, both shared one share:
+/// the commands were held unacknowledged for as long as the stranger's retained messages
+/// stayed, i.e. for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_stranger_does_not_spend_the_share_a_bridges_remote_needs() {
+    let remote = MosquittoBroker::start("").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = bridged_broker_admitting_strangers(remote.port, dir.path()).await;
+    let (mut sensor1, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut sensor1, "inbox/#", QoS::AtLeastOnce).await;
+
+    let mut stranger = v5::connect_id(broker.addr, "local-stranger").await;
+    let kept = crate::client_bounds::retain_until_refused(
+        &mut stranger,
+        "public/r",
+        &vec![b'r'; 100_000],
+        20,
+    )
+    .await;
+    assert!(
+        kept >= 8,
+        "the local stranger kept {kept} of 100 KB in a 1 MiB share"
+    );
+
+    publish_many(remote.port, "remote-app", 5, 50_000, false, |_| {
+        "inbox/sensor1/cmd".to_owned()
+    })
+    .await;
+    assert_eq!(
+        indices(&mut sensor1, 5).await,
+        (0..5).collect::<Vec<_>>(),
+        "the remote's commands while a local stranger holds the anonymous share"
+    );
+}
+
+/// [`bridged_broker`] letting anonymous clients in too.
+async fn bridged_broker_admitting_strangers(remote: u16, dir: &std::path::Path) -> BrokerProcess {
+    let broker = BrokerProcess::spawn_file(
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = {}\n\
+             [auth]\nallow_anonymous = true\npassword_file = {:?}\n\
+             [[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:{remote}\"]\n\
+             protocol = \"5\"\nrestart_timeout = [1, 1]\n\
+             [[bridge.topic]]\npattern = \"inbox/#\"\ndirection = \"in\"\nqos = 1\n",
+            8 << 20,
+            crate::common::fast_example_passwords(dir)
+        ),
+        &[],
+    )
+    .await;
+    broker
+        .wait_log(|l| l.contains("bridge: connected to the remote"))
+        .await;
+    broker
 }

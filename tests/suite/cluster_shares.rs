@@ -96,3 +96,71 @@ async fn another_nodes_stranger_keeps_no_more_retained_here_than_this_nodes_shar
     let code = v5::publish_retained(&mut sensor2, "sensors/sensor2/state", &payload, 1).await;
     assert!(!code.is_error(), "sensor2 on node b: {code:?}");
 }
+
+/// Issue 35, seventeenth adversarial pass, D5, on a cluster: what a bridge's remote puts
+/// into the cluster's stream counts in a window of its own, apart from local strangers'.
+/// An anonymous client on node a spends strangers' share of the stream (QoS 1 messages
+/// nobody reads, refused 0x97 past it), then an application on the bridge's remote (a real
+/// Mosquitto) sends five QoS 1 commands of 60 KB for sensor1 on node b: all five arrive, in order.
+/// Before, the bridge's messages were refused at the same window and answered 0x97, so the
+/// remote dropped every one of them for `retention`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_stranger_does_not_spend_a_bridges_share_of_the_stream() {
+    use crate::common::mosquitto_broker::MosquittoBroker;
+    let remote = MosquittoBroker::start("").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let auth = format!(
+        "{}[mqtt]\nmax_memory = {SMALL}\n",
+        example_auth_fast(dir.path())
+    );
+    let nats = tokio::task::block_in_place(NatsServer::start);
+    let bridge = format!(
+        "[[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:{}\"]\nprotocol = \"5\"\n\
+         restart_timeout = [1, 1]\n[[bridge.topic]]\npattern = \"sensors/sensor1/cmd\"\n\
+         direction = \"in\"\nqos = 1\n",
+        remote.port
+    );
+    let a = Node::start_async("a", &nats.url(), &format!("{auth}{bridge}")).await;
+    let b = Node::start_async("b", &nats.url(), &auth).await;
+    wait_linked(&a, &b).await;
+    wait_linked(&b, &a).await;
+    a.wait_log_async(|l| l.contains("bridge: connected to the remote"))
+        .await;
+    let (mut sensor1, _) =
+        v5::connect(b.mqtt(), as_user(v5::connect_packet("sensor1"), "sensor1")).await;
+    v5::subscribe(&mut sensor1, "sensors/sensor1/cmd", QoS::AtLeastOnce).await;
+
+    let mut stranger = v5::connect_id(a.mqtt(), "stream-filler").await;
+    let payload = vec![b's'; 60_000];
+    let mut refused = false;
+    for i in 0..40u16 {
+        let p = v5::publish_packet("probe/fill", QoS::AtLeastOnce, &payload, i + 1);
+        if v5::publish(&mut stranger, p).await == ReasonCode::QUOTA_EXCEEDED {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the stranger's share of the stream never ran out");
+
+    let mut app = v5::connect_id(
+        std::net::SocketAddr::from(([127, 0, 0, 1], remote.port)),
+        "remote-app",
+    )
+    .await;
+    for i in 0..5u16 {
+        let mut command = format!("{i}").into_bytes();
+        command.resize(60_000, b'.');
+        let code = v5::publish_qos1(&mut app, "sensors/sensor1/cmd", &command, i + 1).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "Mosquitto took command {i}");
+    }
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let command = v5::receive(&mut sensor1).await;
+        got.push(String::from_utf8_lossy(&command.payload[..1]).into_owned());
+    }
+    assert_eq!(
+        got,
+        ["0", "1", "2", "3", "4"],
+        "the remote's commands on node b"
+    );
+}
