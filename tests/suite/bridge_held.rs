@@ -18,13 +18,14 @@ fn addr(port: u16) -> SocketAddr {
 }
 
 /// An 8 MiB budget (a 1 MiB anonymous share), the example password file (so identities are
-/// told apart and the remote's publishers are strangers here), and a v5 bridge `cloud` to
-/// `remote`: `inbox/#` in, `sensors/#` out under `site1/`, at QoS 1.
-async fn bridged_broker(remote: u16, dir: &std::path::Path) -> BrokerProcess {
+/// told apart and the remote's publishers are strangers here), anonymous clients let in if
+/// `strangers`, and a v5 bridge `cloud` to `remote`: `inbox/#` in, `sensors/#` out under
+/// `site1/`, at QoS 1.
+async fn bridged_broker(remote: u16, dir: &std::path::Path, strangers: bool) -> BrokerProcess {
     let broker = BrokerProcess::spawn_file(
         &format!(
             "[storage]\npersistence = false\n[mqtt]\nmax_memory = {}\n\
-             [auth]\nallow_anonymous = false\npassword_file = {:?}\n\
+             [auth]\nallow_anonymous = {strangers}\npassword_file = {:?}\n\
              [[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:{remote}\"]\n\
              protocol = \"5\"\nrestart_timeout = [1, 1]\n\
              [[bridge.topic]]\npattern = \"inbox/#\"\ndirection = \"in\"\nqos = 1\n\
@@ -91,7 +92,7 @@ async fn indices(c: &mut RawClient, count: usize) -> Vec<usize> {
 async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing() {
     let remote = MosquittoBroker::start("").await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let broker = bridged_broker(remote.port, dir.path()).await;
+    let broker = bridged_broker(remote.port, dir.path(), false).await;
     let (mut sensor1, _) = v5::connect(
         broker.addr,
         v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
@@ -167,7 +168,7 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
 async fn a_local_stranger_does_not_spend_the_share_a_bridges_remote_needs() {
     let remote = MosquittoBroker::start("").await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let broker = bridged_broker_admitting_strangers(remote.port, dir.path()).await;
+    let broker = bridged_broker(remote.port, dir.path(), true).await;
     let (mut sensor1, _) = v5::connect(
         broker.addr,
         v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
@@ -197,25 +198,4 @@ async fn a_local_stranger_does_not_spend_the_share_a_bridges_remote_needs() {
         (0..5).collect::<Vec<_>>(),
         "the remote's commands while a local stranger holds the anonymous share"
     );
-}
-
-/// [`bridged_broker`] letting anonymous clients in too.
-async fn bridged_broker_admitting_strangers(remote: u16, dir: &std::path::Path) -> BrokerProcess {
-    let broker = BrokerProcess::spawn_file(
-        &format!(
-            "[storage]\npersistence = false\n[mqtt]\nmax_memory = {}\n\
-             [auth]\nallow_anonymous = true\npassword_file = {:?}\n\
-             [[bridge]]\nname = \"cloud\"\naddresses = [\"127.0.0.1:{remote}\"]\n\
-             protocol = \"5\"\nrestart_timeout = [1, 1]\n\
-             [[bridge.topic]]\npattern = \"inbox/#\"\ndirection = \"in\"\nqos = 1\n",
-            8 << 20,
-            crate::common::fast_example_passwords(dir)
-        ),
-        &[],
-    )
-    .await;
-    broker
-        .wait_log(|l| l.contains("bridge: connected to the remote"))
-        .await;
-    broker
 }
