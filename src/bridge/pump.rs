@@ -582,8 +582,8 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     // Held unacknowledged and tried again: refused (v5) the remote drops
                     // it, and a 3.x bridge reconnected in a loop (seventeenth pass, D5).
                     tracing::debug!(bridge = %self.config.name, %refused, "bridge: a message from the remote cannot be taken now; held and tried again");
-                    let flow = Arc::clone(self.link.handle().broker());
-                    self.held_in.retry_later(flow.flow(), again);
+                    let broker = Arc::clone(self.link.handle().broker());
+                    self.held_in.retry_later(broker.flow(), again);
                     return Ok(());
                 }
                 if !v5
