@@ -63,6 +63,8 @@ impl Bridge {
             Duration::from_secs(u64::from(cap.max(base).max(1))),
         );
         let mut connected_before = false;
+        // Whether the remote acknowledged the `in` subscriptions on a connection of this run.
+        let mut remote_subscribed = false;
         let mut failures_logged = 0u32;
         loop {
             if self.config.start == StartMode::Lazy && !self.wait_for_threshold(&shutdown).await {
@@ -109,7 +111,7 @@ impl Bridge {
                 limits,
                 self.share,
             )
-            .run(resends, &shutdown)
+            .run(resends, &mut remote_subscribed, &shutdown)
             .await;
             drop(link); // detached: an offline session with the bridge's bound until the next connect
             match result {
@@ -236,6 +238,7 @@ impl Bridge {
                         max_packet_size: p.maximum_packet_size.map_or(usize::MAX, |m| m as usize),
                         max_qos: p.maximum_qos.unwrap_or(QoS::ExactlyOnce),
                         retain_available: p.retain_available.unwrap_or(true),
+                        session_present: ack.session_present,
                     };
                     if ack.reason_code != ReasonCode::SUCCESS {
                         tracing::debug!(bridge = %self.config.name, reason = ack.reason_code.0, "bridge: CONNACK");

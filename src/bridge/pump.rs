@@ -61,6 +61,9 @@ pub(super) struct RemoteLimits {
     pub(super) max_qos: QoS,
     /// Whether the remote keeps RETAIN (v5 Retain Available).
     pub(super) retain_available: bool,
+    /// Whether the remote resumed the bridge's session (CONNACK Session Present): it still
+    /// holds the subscriptions made on an earlier connection.
+    pub(super) session_present: bool,
 }
 
 /// The per-connection state of the pump.
@@ -83,6 +86,8 @@ pub(super) struct Pump<'a, S> {
     /// The packet id of the SUBSCRIBE sent at connect, until its SUBACK: no new delivery is
     /// taken meanwhile, so no new PUBLISH can take that id (MQTT-2.2.1-3).
     suback_pending: Option<u16>,
+    /// Whether the remote acknowledged the `in` subscriptions on this connection.
+    subscribed: bool,
     /// The remote's PUBLISHes held unacknowledged while the broker has no room for them.
     held_in: HeldIn,
     /// What the remote's messages are charged to.
@@ -137,6 +142,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             ping_sent: None,
             last_traffic: now,
             suback_pending: None,
+            subscribed: false,
             // The remote sends no more unacknowledged than the Receive Maximum announced;
             // past it, or past a held MiB, a PUBLISH is skipped (sent again after a
             // reconnect), unless the remote's session ends with the connection.
@@ -149,12 +155,21 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     /// so what the bridge sends is not echoed back), re-sends what the local session holds
     /// unacknowledged, then moves messages both ways until an error, shutdown or idleness.
     ///
+    /// `remote_subscribed` says whether the remote acknowledged the subscriptions on an
+    /// earlier connection of this run (and is set when it does on this one): a remote that
+    /// resumed that session still has them, and is not asked again. Asked again, it sends
+    /// every retained message under them again (MQTT-3.3.1-9), which a reconnect to fetch
+    /// skipped messages made a loop: the retained messages filled the bridge's share again,
+    /// the remote's other messages were skipped again, and a retained message cleared here
+    /// came back (issue 35, found while mending the seventeenth pass's D7).
+    ///
     /// # Errors
     ///
     /// Why the connection failed: the remote's I/O or protocol, the store, a takeover.
     pub(super) async fn run(
         mut self,
         resends: Vec<Resend>,
+        remote_subscribed: &mut bool,
         shutdown: &CancellationToken,
     ) -> Result<Ended, RemoteError> {
         // An id none of the re-sent PUBLISHes holds (they keep theirs across the reconnect).
@@ -165,9 +180,15 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             })
             .collect();
         let subscribe_id = (1..=u16::MAX).find(|id| !held.contains(id)).unwrap_or(1);
-        self.subscribe_remote(subscribe_id)?;
+        if !(self.limits.session_present && *remote_subscribed) {
+            *remote_subscribed = false;
+            self.subscribe_remote(subscribe_id)?;
+        }
         self.resend(resends)?;
         let result = self.pump(shutdown).await;
+        if self.subscribed {
+            *remote_subscribed = true;
+        }
         self.held_in.end(self.link.handle().broker().flow());
         if matches!(result, Ok(Ended::Shutdown | Ended::Idle | Ended::Resend(_))) {
             self.io.close().await;
@@ -448,6 +469,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             Packet::SubAck(ack) => {
                 if self.suback_pending == Some(ack.packet_id) {
                     self.suback_pending = None;
+                    self.subscribed = true;
                 }
                 let filters = self.rules.remote_subscriptions();
                 for (i, code) in ack.reason_codes.iter().enumerate() {

@@ -167,13 +167,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RemoteIo<S> {
         self.tx.version
     }
 
-    /// Sends DISCONNECT (normal) and shuts the write side, best effort within a second.
+    /// Sends DISCONNECT (normal), shuts the write side and waits for the remote to close
+    /// its own, best effort within a second. The wait is for a reconnect right after: a
+    /// remote that saw the new CONNECT first takes the session over and may drop what it
+    /// had not read of the old connection, the acknowledgements before the DISCONNECT
+    /// included, and send those messages again (a duplicate here).
     pub async fn close(mut self) {
         let disconnect = Packet::Disconnect(codec::Disconnect::default());
         if self.tx.push(&disconnect).is_ok() {
             let _ = tokio::time::timeout(Duration::from_secs(1), async {
                 let _ = self.tx.flush().await;
                 let _ = self.tx.writer.shutdown().await;
+                // What the remote still sends is dropped unacknowledged: it keeps it.
+                let mut scratch = [0u8; 4096];
+                while let Ok(n) = self.rx.reader.read(&mut scratch).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
             })
             .await;
         }

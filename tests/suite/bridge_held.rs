@@ -86,7 +86,8 @@ async fn indices(c: &mut RawClient, count: usize) -> Vec<usize> {
 /// publishes `out` reach the remote (Mosquitto lets the bridge have 20 unacknowledged).
 /// Once the retained messages are cleared, every one of the 25 arrives here, in order
 /// (MQTT-4.6.0-2: the remote's order), the skipped ones sent again by the remote after the
-/// bridge reconnects (MQTT-4.4.0-1). Before, the bridge stopped reading past a held MiB:
+/// bridge reconnects (MQTT-4.4.0-1), and a retained message cleared here is not fetched
+/// again by those reconnects. Before, the bridge stopped reading past a held MiB:
 /// 20 of 40 reached the remote and the rest waited for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing() {
@@ -155,6 +156,27 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
         .expect("the 25 within twice WAIT");
     assert_eq!(got, (0..25).collect::<Vec<_>>(), "the remote's messages");
     v5::expect_silence(&mut sensor1, std::time::Duration::from_millis(300)).await;
+
+    // The reconnects fetched what was skipped, not the remote's retained messages again
+    // (MQTT-3.3.1-9 sends them on every SUBSCRIBE): the remote's next message arrives, and
+    // inbox/r/0, stored here before sensor2 cleared it, stays cleared. Before, each
+    // reconnect subscribed again: the retained messages came back and filled the share
+    // for good, and the next message was held behind them.
+    publish_many(remote.port, "stranger-h", 1, 100, false, |_| {
+        "inbox/h/x".to_owned()
+    })
+    .await;
+    let next = tokio::time::timeout(WAIT, indices(&mut sensor1, 1))
+        .await
+        .expect("the remote's next message within WAIT");
+    assert_eq!(next, vec![0], "the remote's next message");
+    let (mut late, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("sensor1-late"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut late, "inbox/r/0", QoS::AtLeastOnce).await;
+    v5::expect_silence(&mut late, std::time::Duration::from_millis(300)).await;
 }
 
 /// Issue 35, seventeenth adversarial pass, D5: a bridge's remote has a share of its own,
