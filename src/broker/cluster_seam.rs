@@ -116,24 +116,38 @@ pub struct StrangerPublish {
     pub share: u64,
 }
 
+/// Whose bytes a client's QoS 1/2 PUBLISH puts into the engine, each bounded apart there.
+#[derive(Debug, Clone, Copy)]
+pub enum StreamCharge {
+    /// An unauthenticated client's, or a bridge's remote's.
+    Stranger(StrangerPublish),
+    /// A verified identity's (or, where nobody is verified, one source address's): its
+    /// session's share key (`broker::owner::share_key`) and the message's bytes. One
+    /// password user filled the engine alone, and every QoS 1/2 PUBLISH on every node was
+    /// refused until its messages aged out (issue 35, seventeenth adversarial pass, D6).
+    Identity {
+        /// The share key.
+        key: u64,
+        /// Its bytes (topic, payload and properties).
+        bytes: u64,
+    },
+}
+
 /// The engine-backed half of the cluster, as the broker sees it.
 pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     /// Before a client's PUBLISH is routed: whether this node can make it durable
     /// cluster-wide. A QoS 1/2 message is refused while the cluster link is down, its
-    /// queue to the engine is full, the engine said it has no room, or (`stranger`: an
-    /// unauthenticated client's) strangers' share of the engine is used up, before anyone
-    /// got it (v5 0x97, 3.x disconnect). `Ok`
+    /// queue to the engine is full, the engine said it has no room, or the share of the
+    /// engine `charge` names (strangers', or one identity's) is used up, before anyone got
+    /// it (v5 0x97, 3.x disconnect). `Ok`
     /// carries the message's local id, handed back to [`ClusterSeam::forward`], and holds
     /// the publish fence: keep it until the message is routed and forwarded.
     ///
     /// # Errors
     ///
     /// Why the message cannot be taken now.
-    fn admit(
-        &self,
-        qos: QoS,
-        stranger: Option<StrangerPublish>,
-    ) -> Result<ClusterAdmission<'_>, PublishRefused>;
+    fn admit(&self, qos: QoS, charge: StreamCharge)
+        -> Result<ClusterAdmission<'_>, PublishRefused>;
 
     /// Charges a stranger's message the broker itself publishes (an anonymous client's
     /// QoS 1/2 will) to strangers' share of the engine, as [`ClusterSeam::admit`] charges
@@ -262,19 +276,27 @@ impl Broker {
         self.persist(vec![super::persist::sequence(message)?])
     }
 
-    /// [`ClusterSeam::admit`] when clustered; `Ok(None)` otherwise. `stranger_bytes`: an
-    /// unauthenticated client's message and its size, bounded in the engine by the
-    /// anonymous share of this node's budget ([`super::flow::anonymous_share`]).
+    /// [`ClusterSeam::admit`] when clustered; `Ok(None)` otherwise. `publish` is charged to
+    /// `stranger` (an unauthenticated client's, bounded in the engine by the anonymous
+    /// share of this node's budget, [`super::flow::anonymous_share`]) or else to the
+    /// identity of the share key `identity`.
     pub(crate) fn cluster_admit(
         &self,
-        qos: QoS,
-        stranger_bytes: Option<(usize, StrangerShare)>,
+        publish: &crate::codec::Publish,
+        stranger: Option<StrangerShare>,
+        identity: u64,
     ) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
         match self.cluster.as_ref() {
             Some(cluster) => {
-                let stranger =
-                    stranger_bytes.map(|(bytes, whose)| self.stranger_publish(bytes, whose));
-                cluster.admit(qos, stranger).map(Some)
+                let bytes = publish.held_bytes();
+                let charge = match stranger {
+                    Some(whose) => StreamCharge::Stranger(self.stranger_publish(bytes, whose)),
+                    None => StreamCharge::Identity {
+                        key: identity,
+                        bytes: bytes as u64,
+                    },
+                };
+                cluster.admit(publish.qos, charge).map(Some)
             }
             None => Ok(None),
         }
@@ -365,9 +387,15 @@ impl Broker {
             .retained
             .read()
             .get(&message.topic)
-            .filter(|old| old.charged_anonymous() || old.counts_as_anonymous_retained())
+            .filter(|old| {
+                (old.charged_anonymous() || old.counts_as_anonymous_retained())
+                    && old.stranger_share() == message.stranger_share()
+            })
             .map_or(0, |old| old.size());
-        let held = super::flow::anonymous_bytes().saturating_sub(freed as u64);
+        let held = message
+            .stranger_share()
+            .bytes()
+            .saturating_sub(freed as u64);
         held <= super::flow::anonymous_share(&self.flow.memory)
     }
 }

@@ -571,16 +571,19 @@ impl SessionHandle {
         }
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
         // Held until the message is routed here and handed to the cluster.
-        let stranger_bytes = stranger.map(|whose| (publish.held_bytes(), whose));
-        let admission = match self.broker.cluster_admit(qos, stranger_bytes) {
-            Ok(admission) => admission,
-            Err(refused) => {
-                if qos == QoS::ExactlyOnce {
-                    self.session.lock().forget_inbound(packet_id);
+        let admission =
+            match self
+                .broker
+                .cluster_admit(&publish, stranger, self.session.share_key())
+            {
+                Ok(admission) => admission,
+                Err(refused) => {
+                    if qos == QoS::ExactlyOnce {
+                        self.session.lock().forget_inbound(packet_id);
+                    }
+                    return Err(refused);
                 }
-                return Err(refused);
-            }
-        };
+            };
         let local_id = admission.as_ref().map(|a| a.local_id);
         let mut message = Message::from_publish(publish, Some(self.session.id));
         // A stranger's message counts in the anonymous share for as long as it is held

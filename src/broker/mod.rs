@@ -17,7 +17,7 @@ pub mod cluster_seam;
 pub use backlog::Backlog;
 pub use cluster_seam::{
     ClaimRefused, ClaimRequest, Claimed, ClusterAdmission, ClusterSeam, HeldSession, Restore,
-    StrangerPublish,
+    StrangerPublish, StreamCharge,
 };
 mod dedup_spool;
 pub mod flow;

@@ -206,7 +206,7 @@ impl Broker {
     pub fn has_room_for(&self, message: &Message, level: MemoryLevel) -> bool {
         self.flow.memory_level(super::flow::message_bytes()) < level
             && (!message.charged_anonymous()
-                || super::flow::anonymous_share_has_room(0, &self.flow.memory))
+                || message.stranger_share().has_room(0, &self.flow.memory))
     }
 
     /// Queues `message` for one member of the shared group `key` (`$share/{group}/{filter}`)

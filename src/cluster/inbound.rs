@@ -58,13 +58,12 @@ fn from_other_node(cluster: &Cluster, broker: &Broker, frame: &[u8]) -> Option<A
         return None;
     }
     match wire::decode(frame) {
-        Ok((_, _, publish, anonymous)) => {
+        Ok((_, _, publish, stranger)) => {
             cluster.metrics.messages[1].increment(1);
             cluster.metrics.bytes[1].increment(frame.len() as u64);
             // Charged to the share as it is made: the check below counts it.
-            let message = wire::message_of(publish, anonymous);
-            if anonymous && !crate::broker::flow::anonymous_share_has_room(0, &broker.flow().memory)
-            {
+            let message = wire::message_of(publish, stranger);
+            if stranger.is_some_and(|share| !share.has_room(0, &broker.flow().memory)) {
                 // Counted only where a subscriber here would have got it: every node takes
                 // every message, most of them for nobody here.
                 if broker.has_subscribers(&message.topic) {
@@ -356,10 +355,10 @@ async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: W
                 return;
             };
             match wire::decode(&entry.value) {
-                Ok((_, _, publish, anonymous)) => {
+                Ok((_, _, publish, stranger)) => {
                     let own = wire::origin(&entry.value) == Some(cluster.node.as_bytes());
                     broker.apply_cluster_retained(
-                        &Arc::new(wire::message_of(publish, anonymous)),
+                        &Arc::new(wire::message_of(publish, stranger)),
                         own,
                     );
                 }

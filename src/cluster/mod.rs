@@ -60,7 +60,7 @@ use std::sync::{Arc, OnceLock};
 use crate::broker::cluster_seam::SeamFuture;
 use crate::broker::{
     Broker, ClaimRefused, ClaimRequest, Claimed, ClusterAdmission, ClusterSeam, Message,
-    PublishRefused, Restore, Session, StrangerPublish,
+    PublishRefused, Restore, Session, StrangerPublish, StreamCharge,
 };
 use crate::codec::QoS;
 use crate::config::ClusterConfig;
@@ -148,6 +148,10 @@ pub struct Cluster {
     /// What strangers put into the stream from this node within `retention`
     /// ([`stream_room`]).
     stranger_bytes: stream_room::StrangerWindows,
+    /// What each verified identity put into the stream from this node within `retention`,
+    /// when bounded ([`ClusterConfig::identity_stream_bound`]; `None`: not, and nothing is
+    /// counted).
+    identity_bytes: Option<stream_room::IdentityWindows>,
     /// JetStream refused a message for lack of room: QoS 1/2 PUBLISHes are refused at
     /// admission until [`Cluster::watch_room`] sees room again.
     stream_full: AtomicBool,
@@ -195,6 +199,12 @@ impl Cluster {
             stranger_bytes: stream_room::StrangerWindows::new(std::time::Duration::from_secs(
                 config.retention,
             )),
+            identity_bytes: (config.identity_stream_bound() > 0).then(|| {
+                stream_room::IdentityWindows::new(
+                    std::time::Duration::from_secs(config.retention),
+                    config.identity_stream_bound(),
+                )
+            }),
             stream_full: AtomicBool::new(false),
         }))
     }
@@ -302,6 +312,23 @@ impl Cluster {
         self.stream_full.store(false, Ordering::Release);
     }
 
+    /// Charges a QoS 1/2 PUBLISH to its share of the stream; why not, past it. Charged at
+    /// admission: a message refused later (a full queue) still counts until the window
+    /// passes, which errs on the side of everyone else.
+    fn charge(&self, charge: StreamCharge) -> Option<&'static str> {
+        match charge {
+            StreamCharge::Stranger(publish) => (!self.charge_stranger(publish))
+                .then_some("anonymous clients' share of the cluster's message stream is used up"),
+            // Share key 0: what counts in no share (an in-process link's own session).
+            StreamCharge::Identity { key, bytes } => self
+                .identity_bytes
+                .as_ref()
+                .filter(|_| key != 0)
+                .is_some_and(|windows| !windows.charge(key, bytes, std::time::Instant::now()))
+                .then_some("this identity's share of the cluster's message stream is used up"),
+        }
+    }
+
     /// One message fewer waits for NATS.
     fn settled(&self) {
         self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -313,7 +340,7 @@ impl ClusterSeam for Cluster {
     fn admit(
         &self,
         qos: QoS,
-        stranger: Option<StrangerPublish>,
+        charge: StreamCharge,
     ) -> Result<ClusterAdmission<'_>, PublishRefused> {
         let why = if qos == QoS::AtMostOnce {
             // Never replayed: no fence.
@@ -325,10 +352,8 @@ impl ClusterSeam for Cluster {
             "too many messages wait for NATS (cluster.max_pending)"
         } else if self.stream_full.load(Ordering::Acquire) {
             "the cluster's message stream is full"
-        } else if stranger.is_some_and(|publish| !self.charge_stranger(publish)) {
-            // Charged at admission: a message refused later (a full queue) still counts
-            // until the window passes, which errs on the side of the clients verified.
-            "anonymous clients' share of the cluster's message stream is used up"
+        } else if let Some(why) = self.charge(charge) {
+            why
         } else {
             // The fence before the id: a restore that read the next id saw every message
             // below it routed. Not recursive: a waiting restore goes first.

@@ -203,11 +203,11 @@ pub(super) async fn run(
 /// (the subject filter is coarser at the first level: `$` topics).
 fn matching(cluster: &Cluster, frame: &[u8], inner: &str) -> Option<Message> {
     match wire::decode(frame) {
-        Ok((_, _, publish, anonymous)) => {
+        Ok((_, _, publish, stranger)) => {
             if !crate::codec::topic::matching::matches(inner, &publish.topic) {
                 return None;
             }
-            Some(wire::message_of(publish, anonymous))
+            Some(wire::message_of(publish, stranger))
         }
         Err(_) => {
             cluster.metrics.bad_frames.increment(1);

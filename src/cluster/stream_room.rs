@@ -91,6 +91,80 @@ impl StrangerWindows {
     }
 }
 
+/// How many slices one identity's window is counted in ([`IdentityWindows`]): coarser than
+/// strangers' ([`SLICES`]), as there may be an entry per verified user.
+const IDENTITY_SLICES: usize = 8;
+
+/// What one identity put into the stream: bytes per slice, in a ring, and the index of the
+/// newest slice written.
+#[derive(Debug, Clone, Copy)]
+struct IdentityEntry {
+    newest: u64,
+    bytes: [u64; IDENTITY_SLICES + 1],
+}
+
+/// Each verified identity's bytes put into the stream over its retention, bounded apart:
+/// one password user filled the stream alone, and every QoS 1/2 PUBLISH on every node was
+/// refused until its messages aged out (issue 35, seventeenth adversarial pass, D6). Keyed
+/// by the session's share key (`broker::owner::share_key`: a verified user's name, or the
+/// source address where nobody is verified). The window counts between `retention` and a
+/// slice (an eighth) more; an identity nothing counted for over a window leaves the map.
+#[derive(Debug)]
+pub(super) struct IdentityWindows {
+    /// The most one identity may put in within the window.
+    bound: u64,
+    /// One slice's length.
+    slice: Duration,
+    /// Where slice 0 starts.
+    epoch: Instant,
+    /// The entries, and the length past which stale ones are swept.
+    entries: Mutex<(std::collections::HashMap<u64, IdentityEntry>, usize)>,
+}
+
+impl IdentityWindows {
+    /// At most `bound` bytes per identity over `window` (`[cluster] retention`).
+    pub(super) fn new(window: Duration, bound: u64) -> IdentityWindows {
+        IdentityWindows {
+            bound,
+            slice: (window / IDENTITY_SLICES as u32).max(Duration::from_millis(1)),
+            epoch: Instant::now(),
+            entries: Mutex::new((std::collections::HashMap::new(), 1024)),
+        }
+    }
+
+    /// Charges `bytes` to `identity` if it stays within the bound over the window; false
+    /// (nothing charged) past it.
+    pub(super) fn charge(&self, identity: u64, bytes: u64, now: Instant) -> bool {
+        let index = u64::try_from(
+            now.saturating_duration_since(self.epoch).as_nanos() / self.slice.as_nanos(),
+        )
+        .unwrap_or(u64::MAX);
+        let ring = IDENTITY_SLICES as u64 + 1;
+        let mut guard = self.entries.lock();
+        let (entries, sweep_at) = &mut *guard;
+        if entries.len() >= *sweep_at {
+            entries.retain(|_, e| index.saturating_sub(e.newest) < ring);
+            *sweep_at = (entries.len() * 2).max(1024);
+        }
+        let entry = entries.entry(identity).or_insert(IdentityEntry {
+            newest: index,
+            bytes: [0; IDENTITY_SLICES + 1],
+        });
+        // Slices that left the window are emptied before they are written again.
+        let gone = index.saturating_sub(entry.newest).min(ring);
+        for step in 1..=gone {
+            entry.bytes[((entry.newest + step) % ring) as usize] = 0;
+        }
+        entry.newest = entry.newest.max(index);
+        let total: u64 = entry.bytes.iter().sum();
+        if total.saturating_add(bytes) > self.bound {
+            return false;
+        }
+        entry.bytes[(index % ring) as usize] += bytes;
+        true
+    }
+}
+
 /// Whether JetStream refused a message for lack of room (the stream's byte bound, or its
 /// store or account limits): then the stream is full for everyone, not for this message.
 pub(super) fn is_full(error: &async_nats::jetstream::context::PublishError) -> bool {
@@ -126,6 +200,21 @@ mod tests {
         // The first 600 left the stream (and a slice more went by): room for them again.
         assert!(bytes.charge(600, 1_000, start + window + Duration::from_secs(2)));
         assert!(!bytes.charge(1, 1_000, start + window + Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn each_identity_is_bounded_apart_over_the_window() {
+        let window = Duration::from_secs(80);
+        let windows = IdentityWindows::new(window, 1_000);
+        let start = Instant::now();
+        assert!(windows.charge(7, 900, start));
+        assert!(!windows.charge(7, 101, start), "past one identity's bound");
+        assert!(windows.charge(9, 1_000, start), "another identity's own");
+        assert!(windows.charge(7, 100, start + Duration::from_secs(70)));
+        assert!(!windows.charge(7, 1, start + Duration::from_secs(79)));
+        // The first 900 left the window (a slice of 10 s more went by).
+        assert!(windows.charge(7, 900, start + window + Duration::from_secs(11)));
+        assert!(!windows.charge(7, 1, start + window + Duration::from_secs(11)));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use crate::broker::stranger_share::StrangerShare;
 use crate::broker::Message;
 use crate::codec::{self, Packet, ProtocolVersion, Publish, PublishFlags};
 
@@ -26,6 +27,14 @@ const VERSION: u8 = 1;
 /// node queued a stranger's messages at its verified users' sessions uncharged). Nodes of
 /// earlier versions wrote it for retained messages only, and read it for those only.
 const ANONYMOUS: u8 = 0b1;
+
+/// Where the trailer keeps the stranger's share ([`StrangerShare::slot`], six bits) beside
+/// [`ANONYMOUS`]: a bridge's remote's message counts in that bridge's share on every node,
+/// as on the node that took it, not in anonymous clients' (issue 35, seventeenth pass, D5:
+/// another node's anonymous clients' messages in transit pushed the share past its bound
+/// and the bridge's command was dropped there). Earlier versions read bit 0 alone: to them
+/// it is an anonymous client's, as they always took it.
+const SHARE_SHIFT: u8 = 1;
 
 /// Why a frame from NATS could not be read (counted, the message skipped: it was written by
 /// something that is not a Postbox node of this version).
@@ -70,7 +79,7 @@ pub fn encode(origin: &str, local_id: u64, message: &Message) -> Result<Bytes, c
         },
     )?;
     if message.charged_anonymous() || message.from_anonymous {
-        buf.put_u8(ANONYMOUS);
+        buf.put_u8(ANONYMOUS | (message.stranger_share().slot() << SHARE_SHIFT));
     }
     Ok(buf.freeze())
 }
@@ -85,15 +94,15 @@ pub fn origin(frame: &[u8]) -> Option<&[u8]> {
     rest.get(..usize::from(len))
 }
 
-/// Decodes a frame into its origin node, local id, PUBLISH, and whether the frame marks its
-/// message as an anonymous client's ([`ANONYMOUS`]; `false` for a frame of a node that does
-/// not mark it): the caller marks the message it makes
-/// ([`Message::set_published_anonymously`]).
+/// Decodes a frame into its origin node, local id, PUBLISH, and the stranger's share the
+/// frame charges its message to ([`ANONYMOUS`] and the share's slot; `None` for a verified
+/// publisher's, and for any frame of a node that does not mark it): the caller marks the
+/// message it makes ([`message_of`]).
 ///
 /// # Errors
 ///
 /// The frame is not one [`encode`] wrote.
-pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish, bool), FrameError> {
+pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish, Option<StrangerShare>), FrameError> {
     let origin = origin(frame).ok_or(FrameError::Header)?;
     let at = 2 + origin.len();
     let id: [u8; 8] = frame
@@ -105,21 +114,26 @@ pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish, bool), FrameError> 
     match codec::decode(&mut body, Some(ProtocolVersion::V5), usize::MAX)? {
         Some(Packet::Publish(publish)) => {
             // What follows the PUBLISH: the trailer, if any (unknown bits are ignored).
-            let anonymous = body.first().is_some_and(|flags| flags & ANONYMOUS != 0);
-            Ok((origin, u64::from_be_bytes(id), publish, anonymous))
+            let stranger = body
+                .first()
+                .filter(|&&flags| flags & ANONYMOUS != 0)
+                .map(|&flags| StrangerShare::from_slot(flags >> SHARE_SHIFT));
+            Ok((origin, u64::from_be_bytes(id), publish, stranger))
         }
         Some(_) => Err(FrameError::NotPublish),
         None => Err(FrameError::Header),
     }
 }
 
-/// The message of a decoded frame, marked as an anonymous client's when the frame says so:
-/// it then counts in the anonymous share of this node too, as on the node that took it,
-/// retained (pass 7B, P6) or queued (issue 35, fifteenth pass, B3). Origin `None`: no session
-/// of this node published it, so No Local never applies.
-pub(super) fn message_of(publish: Publish, anonymous: bool) -> Message {
+/// The message of a decoded frame, marked as a stranger's when the frame says so: it then
+/// counts in that share of this node's budget too, as on the node that took it, retained
+/// (pass 7B, P6) or queued (issue 35, fifteenth pass, B3). Origin `None`: no session of
+/// this node published it, so No Local never applies.
+pub(super) fn message_of(publish: Publish, stranger: Option<StrangerShare>) -> Message {
     let mut message = Message::from_publish(publish, None);
-    message.set_published_anonymously(anonymous);
+    if let Some(share) = stranger {
+        message.set_published_by_stranger(share);
+    }
     message
 }
 
@@ -146,8 +160,8 @@ mod tests {
         let message = Message::from_publish(publish, None);
         let frame = encode("node-a", 42, &message).expect("encodes");
         assert_eq!(origin(&frame), Some(&b"node-a"[..]));
-        let (from, id, back, anonymous) = decode(&frame).expect("decodes");
-        assert!(!anonymous);
+        let (from, id, back, stranger) = decode(&frame).expect("decodes");
+        assert_eq!(stranger, None);
         assert_eq!(from, "node-a");
         assert_eq!(id, 42);
         assert_eq!(&*back.topic, "a/b");
@@ -187,10 +201,13 @@ mod tests {
             );
             assert_eq!(new[new.len() - 1], ANONYMOUS, "retain {retain}");
 
-            let (_, _, from_old, anonymous) = decode(&old).expect("decodes");
-            assert!(!anonymous, "a frame without the mark is not anonymous");
-            let (origin, id, from_new, anonymous) = decode(&new).expect("decodes");
-            assert!(anonymous);
+            let (_, _, from_old, stranger) = decode(&old).expect("decodes");
+            assert_eq!(
+                stranger, None,
+                "a frame without the mark is not a stranger's"
+            );
+            let (origin, id, from_new, stranger) = decode(&new).expect("decodes");
+            assert_eq!(stranger, Some(StrangerShare::ANONYMOUS));
             assert_eq!((origin.as_str(), id), ("node-a", 3));
             assert_eq!(from_new, from_old);
             // What an older node reads: the PUBLISH at the front, the rest left.
@@ -199,6 +216,28 @@ mod tests {
             assert!(matches!(read, Ok(Some(Packet::Publish(p))) if p == from_old));
             assert_eq!(&body[..], &[ANONYMOUS]);
         }
+    }
+
+    /// A bridge's remote's message keeps its bridge's share across nodes (seventeenth pass,
+    /// D5), in the trailer's bits above [`ANONYMOUS`], which an older node reads alone.
+    #[test]
+    fn a_bridges_share_travels_in_the_trailer() {
+        let publish = Publish {
+            qos: QoS::AtLeastOnce,
+            topic: "a/b".into(),
+            packet_id: 1,
+            payload: Bytes::from_static(b"hello"),
+            ..Default::default()
+        };
+        let share = StrangerShare::of_bridge(4);
+        let mut message = Message::from_publish(publish, None);
+        message.set_published_by_stranger(share);
+        let frame = encode("node-a", 3, &message).expect("encodes");
+        let flags = frame[frame.len() - 1];
+        assert_eq!(flags & ANONYMOUS, ANONYMOUS, "an older node's reading");
+        let (_, _, publish, stranger) = decode(&frame).expect("decodes");
+        assert_eq!(stranger, Some(share));
+        assert_eq!(message_of(publish, stranger).stranger_share(), share);
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub struct ClusterConfig {
     /// disconnect). Absent (the default): the anonymous share of `mqtt.max_memory` (an
     /// eighth). A message nobody subscribes to holds no node's memory, only the stream.
     pub anonymous_stream_bytes: Option<u64>,
+    /// Most bytes of QoS 1/2 messages one verified identity (a user name; where no method
+    /// tells identities apart, one source address) may put into the stream from this node
+    /// within `retention`; past it its QoS 1/2 PUBLISHes are refused (v5 0x97, 3.x
+    /// disconnect), so one user cannot fill the stream for everyone. Absent (the default):
+    /// a quarter of `max_stream_bytes`, none when that is 0. 0: no bound.
+    pub identity_stream_bytes: Option<u64>,
     /// Most messages waiting for NATS (sent, PubAck not yet in). Beyond it a QoS 1/2 PUBLISH
     /// is refused (v5 0x97, 3.x disconnect) and a QoS 0 one is dropped and counted.
     pub max_pending: usize,
@@ -59,11 +65,20 @@ impl Default for ClusterConfig {
             retention: 3600,
             max_stream_bytes: 0,
             anonymous_stream_bytes: None,
+            identity_stream_bytes: None,
             max_pending: 10_000,
             publish_timeout: 5,
             user: None,
             password_file: None,
         }
+    }
+}
+
+impl ClusterConfig {
+    /// What `identity_stream_bytes` bounds one identity to (0: nothing).
+    pub fn identity_stream_bound(&self) -> u64 {
+        self.identity_stream_bytes
+            .unwrap_or(self.max_stream_bytes / 4)
     }
 }
 

@@ -627,7 +627,8 @@ async fn a_strangers_wills_count_in_its_share_of_the_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_stream_refuses_publishes_with_0x97_and_keeps_all_it_acknowledged() {
     const MOST: u32 = 2_000;
-    let (_dir, _nats, nodes) = small_nodes("max_stream_bytes = 65536\n").await;
+    let (_dir, _nats, nodes) =
+        small_nodes("max_stream_bytes = 65536\nidentity_stream_bytes = 0\n").await;
     let (a, b) = (&nodes[0], &nodes[1]);
     let (mut dashboard, _) =
         v5::connect(b.mqtt(), as_user(v5::connect_packet("dash"), "dashboard")).await;

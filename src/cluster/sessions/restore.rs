@@ -174,12 +174,12 @@ async fn resend_unmet(
             }
             Err(error) => return Err(error.into()),
         };
-        let Ok((_, _, mut publish, anonymous)) = wire::decode(&raw.payload) else {
+        let Ok((_, _, mut publish, stranger)) = wire::decode(&raw.payload) else {
             continue;
         };
         let retained = publish.retain;
         publish.retain = false;
-        let message = Arc::new(wire::message_of(publish, anonymous));
+        let message = Arc::new(wire::message_of(publish, stranger));
         message.set_cluster_seq(seq);
         let delivery = resent_delivery(
             restore,
@@ -374,13 +374,13 @@ async fn replay(
     while let Some(message) = messages.next().await {
         let message = message?;
         let seq = message.info().map_or(0, |info| info.stream_sequence);
-        if let Ok((origin, local_id, mut publish, anonymous)) = wire::decode(&message.payload) {
+        if let Ok((origin, local_id, mut publish, stranger)) = wire::decode(&message.payload) {
             let own = origin == cluster.node;
             let taken = restore.taken.binary_search(&seq).is_ok();
             if !taken && ((!own && seq < floor) || (own && local_id < local_floor)) {
                 let retained = publish.retain;
                 publish.retain = false; // the retained index is not this replay's business
-                let routed = Arc::new(wire::message_of(publish, anonymous));
+                let routed = Arc::new(wire::message_of(publish, stranger));
                 routed.set_cluster_seq(seq);
                 if enqueue_matching(broker, session, restore, routed, retained) {
                     replayed += 1;
