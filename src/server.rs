@@ -331,7 +331,11 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
     let bridges: Vec<Arc<BridgeStatus>> = config
         .bridges
         .iter()
-        .map(|bridge| BridgeStatus::new(bridge, &broker))
+        .enumerate()
+        .map(|(index, bridge)| {
+            let share = crate::broker::stranger_share::StrangerShare::of_bridge(index);
+            BridgeStatus::new(bridge, share, &broker)
+        })
         .collect();
     // Clustered: installed before the listeners run, so no PUBLISH can miss the cluster; it
     // connects to NATS in the background and refuses QoS 1/2 until NATS is reached.

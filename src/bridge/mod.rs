@@ -69,9 +69,9 @@ pub fn start(
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) {
-    for (index, ((config, status), tls)) in configs.iter().zip(statuses).zip(tls).enumerate() {
+    for ((config, status), tls) in configs.iter().zip(statuses).zip(tls) {
         let bridge = engine::Bridge {
-            share: crate::broker::stranger_share::StrangerShare::of_bridge(index),
+            share: status.share(),
             broker: Arc::clone(broker),
             config: config.clone(),
             status: Arc::clone(status),

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use bytestring::ByteString;
 use parking_lot::Mutex;
 
+use crate::broker::stranger_share::StrangerShare;
 use crate::broker::{Broker, Message};
 use crate::codec::{Publish, PublishProperties, QoS};
 use crate::config::BridgeConfig;
@@ -82,15 +83,21 @@ pub struct BridgeStatus {
     metrics: BridgeMetrics,
     /// Dropped per direction, every reason (also one not in [`DROP_REASONS`]).
     dropped: [AtomicU64; 2],
+    /// The share its remote's messages count in (unless `trusted`).
+    share: StrangerShare,
 }
 
 impl BridgeStatus {
     /// The status of the bridge `config` describes, on `broker`: its metric series (at 0),
     /// the scrape hook of its queue figures, and (with `notifications`) the retained state `0`.
-    pub fn new(config: &BridgeConfig, broker: &Arc<Broker>) -> Arc<BridgeStatus> {
+    pub fn new(
+        config: &BridgeConfig,
+        share: StrangerShare,
+        broker: &Arc<Broker>,
+    ) -> Arc<BridgeStatus> {
         let metrics = broker.metrics.bridge(&config.name);
         let local_session = config.local_session_id();
-        watch_queue(broker, &local_session, &metrics);
+        watch_queue(broker, &local_session, share, &metrics);
         let status = Arc::new(BridgeStatus {
             name: config.name.clone(),
             local_session,
@@ -106,6 +113,7 @@ impl BridgeStatus {
             }),
             metrics,
             dropped: [AtomicU64::new(0), AtomicU64::new(0)],
+            share,
         });
         status.notify(false);
         status
@@ -269,18 +277,34 @@ impl BridgeStatus {
     }
 }
 
+impl BridgeStatus {
+    /// The share its remote's messages count in, apart from anonymous clients' and other
+    /// bridges' (issue 35, seventeenth adversarial pass, D5).
+    pub(super) fn share(&self) -> StrangerShare {
+        self.share
+    }
+}
+
 /// Registers the scrape hook that copies what the bridge's local session holds into its three
-/// gauges. Holds the broker weakly (the hooks live inside its metrics) and nothing of the
-/// status, so the hook keeps nothing alive.
-fn watch_queue(broker: &Arc<Broker>, local_session: &str, metrics: &BridgeMetrics) {
+/// queue gauges, and what its `share` holds into the share gauge. Holds the broker weakly
+/// (the hooks live inside its metrics) and nothing of the status, so the hook keeps nothing
+/// alive.
+fn watch_queue(
+    broker: &Arc<Broker>,
+    local_session: &str,
+    share: StrangerShare,
+    metrics: &BridgeMetrics,
+) {
     let weak = Arc::downgrade(broker);
     let client_id = local_session.to_owned();
-    let (messages, bytes, oldest) = (
+    let (messages, bytes, oldest, share_bytes) = (
         metrics.queued_messages.clone(),
         metrics.queued_bytes.clone(),
         metrics.oldest_queued_seconds.clone(),
+        metrics.share_bytes.clone(),
     );
     broker.metrics.on_scrape(move |_| {
+        share_bytes.set(share.bytes() as f64);
         let Some(broker) = weak.upgrade() else {
             return;
         };

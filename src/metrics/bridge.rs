@@ -3,9 +3,10 @@
 //! broker; [`super::Metrics::bridge`] takes one bridge's children once (at start), so the
 //! bridge's events update them without a label lookup.
 //!
-//! The three queue gauges are scrape-time figures (read from the bridge's local session at
-//! each reading, like the session backlog): their families live in the scrape collector, so a
-//! reading runs the refresh hook before it collects them.
+//! The three queue gauges and the share gauge are scrape-time figures (read from the
+//! bridge's local session and its share at each reading, like the session backlog): their
+//! families live in the scrape collector, so a reading runs the refresh hook before it
+//! collects them.
 
 use super::handles::{counter_of, gauge_of, Counter, Gauge, Reg};
 use super::names;
@@ -58,12 +59,14 @@ impl BridgeFamilies {
     }
 }
 
-/// The scrape-time families: what the bridge's local session holds for the remote.
+/// The scrape-time families: what the bridge's local session holds for the remote, and
+/// what the remote's messages hold here.
 #[derive(Clone, Debug)]
 pub(super) struct BridgeQueueFamilies {
     messages: prometheus::GaugeVec,
     bytes: prometheus::GaugeVec,
     oldest_seconds: prometheus::GaugeVec,
+    share_bytes: prometheus::GaugeVec,
 }
 
 impl BridgeQueueFamilies {
@@ -87,12 +90,21 @@ impl BridgeQueueFamilies {
                 BRIDGE_OLDEST_QUEUED_SECONDS,
                 "Age of the oldest message the bridge's local session holds for the remote, seconds (0: none).",
             ),
+            share_bytes: vec(
+                BRIDGE_SHARE_BYTES,
+                "Bytes the bridge's remote's messages make this broker hold now, counted in the bridge's share of the memory budget (an eighth) where they are strangers' here.",
+            ),
         }
     }
 
     /// Every family, for the collector.
-    pub(super) fn collectors(&self) -> [&dyn prometheus::core::Collector; 3] {
-        [&self.messages, &self.bytes, &self.oldest_seconds]
+    pub(super) fn collectors(&self) -> [&dyn prometheus::core::Collector; 4] {
+        [
+            &self.messages,
+            &self.bytes,
+            &self.oldest_seconds,
+            &self.share_bytes,
+        ]
     }
 }
 
@@ -109,6 +121,8 @@ pub struct BridgeMetrics {
     pub queued_bytes: Gauge,
     /// `postbox_bridge_oldest_queued_seconds{bridge}` (set by the scrape hook).
     pub oldest_queued_seconds: Gauge,
+    /// `postbox_bridge_share_bytes{bridge}` (set by the scrape hook).
+    pub share_bytes: Gauge,
     /// `postbox_bridge_forwarded_total{bridge,direction}`, by [`DIRECTIONS`] index.
     forwarded: [Counter; 2],
     /// `postbox_bridge_dropped_total{bridge,direction,reason}`, by [`DIRECTIONS`] then
@@ -129,6 +143,7 @@ impl BridgeMetrics {
             queued_messages: gauge_of(&queue.messages, &[name]),
             queued_bytes: gauge_of(&queue.bytes, &[name]),
             oldest_queued_seconds: gauge_of(&queue.oldest_seconds, &[name]),
+            share_bytes: gauge_of(&queue.share_bytes, &[name]),
             forwarded: DIRECTIONS.map(|d| counter_of(&families.forwarded, &[name, d])),
             dropped: DIRECTIONS
                 .map(|d| DROP_REASONS.map(|r| counter_of(&families.dropped, &[name, d, r]))),

@@ -196,6 +196,11 @@ pub const BRIDGE_QUEUED_MESSAGES: &str = "postbox_bridge_queued_messages";
 pub const BRIDGE_QUEUED_BYTES: &str = "postbox_bridge_queued_bytes";
 /// Gauge (label `bridge`): age in seconds of the oldest of them (0: none); computed at scrape.
 pub const BRIDGE_OLDEST_QUEUED_SECONDS: &str = "postbox_bridge_oldest_queued_seconds";
+/// Gauge (label `bridge`): bytes the bridge's remote's messages make this broker hold now
+/// (held, queued or retained here), counted in the bridge's share (an eighth of
+/// `mqtt.max_memory`) where an auth method tells identities apart and the bridge is not
+/// `trusted`; computed at scrape.
+pub const BRIDGE_SHARE_BYTES: &str = "postbox_bridge_share_bytes";
 /// Counter (labels `bridge`, `direction`: `out`, `in`): messages forwarded across the bridge
 /// (QoS 1/2: acknowledged by the receiving side).
 pub const BRIDGE_FORWARDED_TOTAL: &str = "postbox_bridge_forwarded_total";
@@ -206,12 +211,13 @@ pub const BRIDGE_DROPPED_TOTAL: &str = "postbox_bridge_dropped_total";
 /// Every per-bridge metric. Their series exist once a `[[bridge]]` is configured (the label is
 /// its name), so they are not in [`ALL`], whose tests want every series of a bare broker; the
 /// README and the dashboard must still list them (tests check both lists).
-pub const BRIDGE: [&str; 7] = [
+pub const BRIDGE: [&str; 8] = [
     BRIDGE_UP,
     BRIDGE_RECONNECTS_TOTAL,
     BRIDGE_QUEUED_MESSAGES,
     BRIDGE_QUEUED_BYTES,
     BRIDGE_OLDEST_QUEUED_SECONDS,
+    BRIDGE_SHARE_BYTES,
     BRIDGE_FORWARDED_TOTAL,
     BRIDGE_DROPPED_TOTAL,
 ];

@@ -198,6 +198,7 @@ fn bridge_series_appear_with_a_bridge_and_follow_its_handles() {
         "postbox_bridge_dropped_total{bridge=\"cloud\",direction=\"in\",reason=\"max_hops\"} 0",
         "postbox_bridge_queued_messages{bridge=\"cloud\"} 5",
         "postbox_bridge_queued_bytes{bridge=\"cloud\"} 0",
+        "postbox_bridge_share_bytes{bridge=\"cloud\"} 0",
         "postbox_bridge_oldest_queued_seconds{bridge=\"cloud\"} 0",
     ];
     assert_has_lines(&out, expected);

@@ -111,6 +111,15 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
     broker
         .wait_metric("postbox_publishers_paused", |n| n >= 1.0)
         .await;
+    // What the remote's retained messages hold here is the bridge's share, shown per bridge.
+    let share = broker
+        .metric("postbox_bridge_share_bytes{bridge=\"cloud\"}")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        (900_000.0..=f64::from(1u32 << 20)).contains(&share),
+        "postbox_bridge_share_bytes {share} with about ten of 100 KB kept in a 1 MiB share"
+    );
     publish_many(remote.port, "stranger-h", 25, 100_000, false, |_| {
         "inbox/h/x".to_owned()
     })
