@@ -288,7 +288,12 @@ impl Broker {
     ) -> Result<Option<ClusterAdmission<'_>>, PublishRefused> {
         match self.cluster.as_ref() {
             Some(cluster) => {
-                let bytes = publish.held_bytes();
+                // QoS 0 goes into no stream: nothing to weigh.
+                let bytes = if publish.qos == QoS::AtMostOnce {
+                    0
+                } else {
+                    publish.held_bytes()
+                };
                 let charge = match stranger {
                     Some(whose) => StreamCharge::Stranger(self.stranger_publish(bytes, whose)),
                     None => StreamCharge::Identity {

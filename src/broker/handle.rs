@@ -571,19 +571,16 @@ impl SessionHandle {
         }
         // Clustered: refused before anyone gets it if the cluster cannot hold it now.
         // Held until the message is routed here and handed to the cluster.
-        let admission =
-            match self
-                .broker
-                .cluster_admit(&publish, stranger, self.session.share_key())
-            {
-                Ok(admission) => admission,
-                Err(refused) => {
-                    if qos == QoS::ExactlyOnce {
-                        self.session.lock().forget_inbound(packet_id);
-                    }
-                    return Err(refused);
+        let identity = self.session.share_key();
+        let admission = match self.broker.cluster_admit(&publish, stranger, identity) {
+            Ok(admission) => admission,
+            Err(refused) => {
+                if qos == QoS::ExactlyOnce {
+                    self.session.lock().forget_inbound(packet_id);
                 }
-            };
+                return Err(refused);
+            }
+        };
         let local_id = admission.as_ref().map(|a| a.local_id);
         let mut message = Message::from_publish(publish, Some(self.session.id));
         // A stranger's message counts in the anonymous share for as long as it is held
