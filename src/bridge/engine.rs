@@ -63,8 +63,7 @@ impl Bridge {
             Duration::from_secs(u64::from(cap.max(base).max(1))),
         );
         let mut connected_before = false;
-        // Whether the remote acknowledged the `in` subscriptions on a connection of this run.
-        let mut remote_subscribed = false;
+        let mut remote_subscriptions = super::pump::RemoteSubscriptions::default();
         let mut failures_logged = 0u32;
         loop {
             if self.config.start == StartMode::Lazy && !self.wait_for_threshold(&shutdown).await {
@@ -111,7 +110,7 @@ impl Bridge {
                 limits,
                 self.share,
             )
-            .run(resends, &mut remote_subscribed, &shutdown)
+            .run(resends, &mut remote_subscriptions, &shutdown)
             .await;
             drop(link); // detached: an offline session with the bridge's bound until the next connect
             match result {

@@ -66,6 +66,32 @@ pub(super) struct RemoteLimits {
     pub(super) session_present: bool,
 }
 
+/// What the remote holds of the bridge's `in` subscriptions from earlier connections of a
+/// run, so that a reconnect does not ask for them again where that would bring every
+/// retained message under them again (MQTT-3.3.1-9). Asked on each reconnect that fetches
+/// skipped messages, the remote sent them all again: they refilled the bridge's share for
+/// good, the remote's next message was held behind them, and a retained message cleared
+/// here came back (issue 35, found while mending the seventeenth pass's D7). Not asking on
+/// every reconnect of a resumed session left the bridge with none after a client took its
+/// client id on the remote with a fresh session (eighteenth pass, E4).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct RemoteSubscriptions {
+    /// The remote acknowledged them on a connection of this run.
+    pub(super) acknowledged: bool,
+    /// The last connection ended to fetch skipped messages ([`Ended::Resend`]): the bridge
+    /// reconnected at once, itself, so the remote's session is the one it subscribed in.
+    pub(super) after_resend: bool,
+}
+
+impl RemoteSubscriptions {
+    /// Whether the remote still holds them: they were acknowledged, the bridge reconnected
+    /// only to fetch skipped messages, and the remote resumed the session (`session_present`).
+    /// MQTT 3.1.1 has no Retain Handling: the bridge asks again unless this holds.
+    fn still_held(self, session_present: bool) -> bool {
+        self.acknowledged && self.after_resend && session_present
+    }
+}
+
 /// The per-connection state of the pump.
 pub(super) struct Pump<'a, S> {
     config: &'a BridgeConfig,
@@ -155,13 +181,8 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     /// so what the bridge sends is not echoed back), re-sends what the local session holds
     /// unacknowledged, then moves messages both ways until an error, shutdown or idleness.
     ///
-    /// `remote_subscribed` says whether the remote acknowledged the subscriptions on an
-    /// earlier connection of this run (and is set when it does on this one): a remote that
-    /// resumed that session still has them, and is not asked again. Asked again, it sends
-    /// every retained message under them again (MQTT-3.3.1-9), which a reconnect to fetch
-    /// skipped messages made a loop: the retained messages filled the bridge's share again,
-    /// the remote's other messages were skipped again, and a retained message cleared here
-    /// came back (issue 35, found while mending the seventeenth pass's D7).
+    /// `remote` says what the remote holds of the bridge's subscriptions from earlier
+    /// connections of this run ([`RemoteSubscriptions`]), and is brought up to date.
     ///
     /// # Errors
     ///
@@ -169,7 +190,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     pub(super) async fn run(
         mut self,
         resends: Vec<Resend>,
-        remote_subscribed: &mut bool,
+        remote: &mut RemoteSubscriptions,
         shutdown: &CancellationToken,
     ) -> Result<Ended, RemoteError> {
         // An id none of the re-sent PUBLISHes holds (they keep theirs across the reconnect).
@@ -180,15 +201,18 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
             })
             .collect();
         let subscribe_id = (1..=u16::MAX).find(|id| !held.contains(id)).unwrap_or(1);
-        if !(self.limits.session_present && *remote_subscribed) {
-            *remote_subscribed = false;
-            self.subscribe_remote(subscribe_id)?;
+        let v5 = self.io.version() == ProtocolVersion::V5;
+        if v5 || !remote.still_held(self.limits.session_present) {
+            // MQTT 5: Retain Handling 1 once they were acknowledged in this run, so a
+            // subscription the remote still holds brings no retained message again, and
+            // one it lost (a session replaced there) is made anew with them.
+            let retain_handling = u8::from(v5 && remote.acknowledged);
+            self.subscribe_remote(subscribe_id, retain_handling)?;
         }
         self.resend(resends)?;
         let result = self.pump(shutdown).await;
-        if self.subscribed {
-            *remote_subscribed = true;
-        }
+        remote.acknowledged |= self.subscribed;
+        remote.after_resend = matches!(result, Ok(Ended::Resend(_)));
         self.held_in.end(self.link.handle().broker().flow());
         if matches!(result, Ok(Ended::Shutdown | Ended::Idle | Ended::Resend(_))) {
             self.io.close().await;
@@ -196,7 +220,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         result
     }
 
-    fn subscribe_remote(&mut self, packet_id: u16) -> Result<(), RemoteError> {
+    fn subscribe_remote(&mut self, packet_id: u16, retain_handling: u8) -> Result<(), RemoteError> {
         let filters: Vec<_> = self
             .rules
             .remote_subscriptions()
@@ -206,6 +230,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     qos: qos.min(self.limits.max_qos),
                     no_local: true,
                     retain_as_published: true,
+                    retain_handling,
                     ..Default::default()
                 };
                 (ByteString::from(filter), options)

@@ -149,11 +149,12 @@ pub trait ClusterSeam: Send + Sync + std::fmt::Debug {
     fn admit(&self, qos: QoS, charge: StreamCharge)
         -> Result<ClusterAdmission<'_>, PublishRefused>;
 
-    /// Charges a stranger's message the broker itself publishes (an anonymous client's
-    /// QoS 1/2 will) to strangers' share of the engine, as [`ClusterSeam::admit`] charges
-    /// their PUBLISH; false (nothing charged) past it: the will is not published (issue 35,
-    /// seventeenth adversarial pass, D2: 1,500 anonymous wills filled JetStream's store).
-    fn charge_stranger(&self, stranger: StrangerPublish) -> bool;
+    /// Charges a message the broker itself publishes for a client (a QoS 1/2 will) to the
+    /// share of the engine `charge` names, as [`ClusterSeam::admit`] charges the client's
+    /// PUBLISH; false (nothing charged) past it: the will is not published (issue 35,
+    /// seventeenth adversarial pass, D2: 1,500 anonymous wills filled JetStream's store; D6:
+    /// one user's many sessions would put their wills past its window).
+    fn charge_will(&self, charge: StreamCharge) -> bool;
 
     /// The publish fence for a message the broker itself publishes (a will): held from
     /// before it is routed until it is forwarded, as [`ClusterAdmission`] holds it.
@@ -307,11 +308,20 @@ impl Broker {
         }
     }
 
-    /// Whether a stranger's QoS 1/2 will of `bytes` may go to the cluster's engine
-    /// ([`ClusterSeam::charge_stranger`]); true when not clustered.
-    pub(crate) fn cluster_charge_stranger(&self, bytes: usize) -> bool {
+    /// Whether a QoS 1/2 will of `bytes` may go to the cluster's engine, charged to
+    /// anonymous clients' share (`identity` `None`) or to the identity of that share key
+    /// ([`ClusterSeam::charge_will`]); true when not clustered.
+    pub(crate) fn cluster_charge_will(&self, bytes: usize, identity: Option<u64>) -> bool {
         self.cluster.as_ref().is_none_or(|cluster| {
-            cluster.charge_stranger(self.stranger_publish(bytes, StrangerShare::ANONYMOUS))
+            cluster.charge_will(match identity {
+                None => {
+                    StreamCharge::Stranger(self.stranger_publish(bytes, StrangerShare::ANONYMOUS))
+                }
+                Some(key) => StreamCharge::Identity {
+                    key,
+                    bytes: bytes as u64,
+                },
+            })
         })
     }
 

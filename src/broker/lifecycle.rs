@@ -289,14 +289,14 @@ impl Broker {
         {
             return;
         }
-        if stranger
-            && !self.stranger_will_fits_the_cluster(
-                &session.client_id,
-                &will.topic,
-                will.qos,
-                will.held_bytes(),
-            )
-        {
+        let identity = (!stranger).then(|| session.share_key());
+        if !self.will_fits_the_cluster(
+            &session.client_id,
+            &will.topic,
+            will.qos,
+            will.held_bytes(),
+            identity,
+        ) {
             return;
         }
         let mut message = Message::from_will(will);
@@ -304,20 +304,27 @@ impl Broker {
         self.publish_allowed_will(&Arc::new(message));
     }
 
-    /// Whether an anonymous client's will on `topic` of `bytes`, at `qos` 1/2 and so bound
-    /// for the cluster's stream when clustered, fits strangers' share of it
-    /// ([`Broker::cluster_charge_stranger`], charged if so); logged when it does not.
-    fn stranger_will_fits_the_cluster(
+    /// Whether a will on `topic` of `bytes`, at `qos` 1/2 and so bound for the cluster's
+    /// stream when clustered, fits its share of it: anonymous clients' (`identity` `None`)
+    /// or the owner's (its share key) ([`Broker::cluster_charge_will`], charged if so);
+    /// logged when it does not.
+    fn will_fits_the_cluster(
         &self,
         client_id: &str,
         topic: &str,
         qos: crate::codec::QoS,
         bytes: usize,
+        identity: Option<u64>,
     ) -> bool {
-        if qos == crate::codec::QoS::AtMostOnce || self.cluster_charge_stranger(bytes) {
+        if qos == crate::codec::QoS::AtMostOnce || self.cluster_charge_will(bytes, identity) {
             return true;
         }
-        tracing::info!(client = %client_id, %topic, "will not published: anonymous clients' share of the cluster's message stream is used up");
+        let whose = if identity.is_some() {
+            "its identity's"
+        } else {
+            "anonymous clients'"
+        };
+        tracing::info!(client = %client_id, %topic, "will not published: {whose} share of the cluster's message stream is used up");
         false
     }
 
@@ -350,14 +357,14 @@ impl Broker {
         if anonymous && !self.anonymous_will_fits(client_id, &message.topic, message.size()) {
             return;
         }
-        if stranger
-            && !self.stranger_will_fits_the_cluster(
-                client_id,
-                &message.topic,
-                message.qos,
-                message.size(),
-            )
-        {
+        let identity = (!stranger).then(|| owner::share_key(owner, None));
+        if !self.will_fits_the_cluster(
+            client_id,
+            &message.topic,
+            message.qos,
+            message.size(),
+            identity,
+        ) {
             return;
         }
         message.set_published_anonymously(stranger);

@@ -312,6 +312,17 @@ impl Cluster {
         self.stream_full.store(false, Ordering::Release);
     }
 
+    /// Charges a stranger's message to its share's window of the stream; false past it.
+    fn charge_stranger(&self, stranger: StrangerPublish) -> bool {
+        let share = self.config.anonymous_stream_bytes.unwrap_or(stranger.share);
+        self.stranger_bytes.charge(
+            stranger.whose.slot(),
+            stranger.bytes,
+            share,
+            std::time::Instant::now(),
+        )
+    }
+
     /// Charges a QoS 1/2 PUBLISH to its share of the stream; why not, past it. Charged at
     /// admission: a message refused later (a full queue) still counts until the window
     /// passes, which errs on the side of everyone else.
@@ -365,14 +376,8 @@ impl ClusterSeam for Cluster {
         Err(PublishRefused::ClusterUnavailable(why))
     }
 
-    fn charge_stranger(&self, stranger: StrangerPublish) -> bool {
-        let share = self.config.anonymous_stream_bytes.unwrap_or(stranger.share);
-        self.stranger_bytes.charge(
-            stranger.whose.slot(),
-            stranger.bytes,
-            share,
-            std::time::Instant::now(),
-        )
+    fn charge_will(&self, charge: StreamCharge) -> bool {
+        self.charge(charge).is_none()
     }
 
     fn fence(&self) -> parking_lot::RwLockReadGuard<'_, ()> {

@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use postbox::codec::{QoS, ReasonCode};
+use postbox::codec::{Packet, QoS, ReasonCode};
 
 use crate::common::async_process::BrokerProcess;
 use crate::common::mosquitto_broker::MosquittoBroker;
@@ -229,4 +229,60 @@ async fn a_local_stranger_does_not_spend_the_share_a_bridges_remote_needs() {
         (0..5).collect::<Vec<_>>(),
         "the remote's commands while a local stranger holds the anonymous share"
     );
+}
+
+/// Issue 35, eighteenth adversarial pass, E4: a client on the remote takes the bridge's
+/// client id with a fresh session that outlives it (Clean Start 1, Session Expiry Interval
+/// an hour) and leaves; the bridge reconnects to that session (Session Present 1, no
+/// subscriptions) and subscribes again (MQTT 5, Retain Handling 1: a subscription the
+/// remote still held would bring no retained message again), so the remote's next command
+/// reaches sensor1. Before, a bridge that had subscribed once in its run did not ask again
+/// on a resumed session, and nothing more came in until Postbox restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_taken_at_the_remote_is_subscribed_again() {
+    let remote = MosquittoBroker::start("").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = bridged_broker(remote.port, dir.path(), false).await;
+    let (mut sensor1, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut sensor1, "inbox/#", QoS::AtLeastOnce).await;
+    publish_until_received(remote.port, &mut sensor1).await;
+
+    // The bridge's client id with a fresh session, kept after it leaves.
+    let mut fresh = v5::persistent_connect("postbox-bridge-cloud", 3600);
+    fresh.clean_start = true;
+    let (imposter, _) = v5::connect(addr(remote.port), fresh).await;
+    broker
+        .wait_log(|l| l.contains("bridge: connection to the remote lost"))
+        .await;
+    v5::disconnect(imposter).await;
+    broker
+        .wait_metric("postbox_bridge_reconnects_total{bridge=\"cloud\"}", |n| {
+            n >= 1.0
+        })
+        .await;
+    publish_until_received(remote.port, &mut sensor1).await;
+}
+
+/// Publishes a numbered QoS 1 command on the remote every 200 ms (at most 50) until `c`
+/// receives one: a SUBSCRIBE of the bridge still on its way when one was sent does not
+/// make the wait fail, a bridge with no subscription on the remote does.
+async fn publish_until_received(port: u16, c: &mut RawClient) {
+    let mut app = v5::connect_id(addr(port), "remote-app").await;
+    for i in 0..50u16 {
+        let code =
+            v5::publish_qos1(&mut app, "inbox/cmd", format!("{i:04}").as_bytes(), i + 1).await;
+        // 0x10 No matching subscribers: the bridge holds no subscription there (yet).
+        assert!(!code.is_error(), "Mosquitto took command {i}: {code:?}");
+        if let Ok(Some(Packet::Publish(_))) =
+            c.recv_within(std::time::Duration::from_millis(200)).await
+        {
+            v5::disconnect(app).await;
+            return;
+        }
+    }
+    panic!("none of 50 commands sent on the remote over 10 s came in through the bridge");
 }

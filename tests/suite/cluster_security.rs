@@ -613,6 +613,42 @@ async fn a_strangers_wills_count_in_its_share_of_the_stream() {
     );
 }
 
+/// Issue 35, seventeenth adversarial pass, D6, for wills: one password user's QoS 1/2 wills
+/// count in its identity's window of the stream as its PUBLISHes do, so many sessions of one
+/// user cannot put their wills past it: of 20 wills of 20 KB of sensor1's sessions against
+/// `identity_stream_bytes` of 200,000, the dashboard gets about nine (before, all 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_wills_count_in_its_window_of_the_stream() {
+    const WILLS: usize = 20;
+    let (_dir, _nats, nodes) = small_nodes(
+        "identity_stream_bytes = 200000
+",
+    )
+    .await;
+    let a = &nodes[0];
+    let (mut watcher, _) =
+        v5::connect(a.mqtt(), as_user(v5::connect_packet("dash"), "dashboard")).await;
+    v5::subscribe(&mut watcher, "sensors/sensor1/will/#", QoS::AtLeastOnce).await;
+    let mut armed = Vec::with_capacity(WILLS);
+    for i in 0..WILLS {
+        let mut connect = as_user(v5::connect_packet(&format!("s1-will-{i}")), "sensor1");
+        connect.will = Some(v5::will(
+            &format!("sensors/sensor1/will/{i}"),
+            &vec![b'w'; 20_000],
+            QoS::AtLeastOnce,
+            false,
+        ));
+        armed.push(v5::connect(a.mqtt(), connect).await.0);
+    }
+    // Cut off without DISCONNECT: every will is due (MQTT-3.1.2-8).
+    drop(armed);
+    let published = drain(&mut watcher, Duration::from_secs(2)).await.len();
+    assert!(
+        (5..=10).contains(&published),
+        "{published} of {WILLS} wills of 20 KB of one user published against a window of 200,000 bytes"
+    );
+}
+
 /// Issue 35, sixteenth adversarial pass, C5 (docs/cluster.md: "refused with 0x97"): when
 /// JetStream had no room, every QoS 1/2 PUBLISH was sent to it and its publisher's
 /// connection closed on the refusal, each time. Now `[cluster] max_stream_bytes` bounds the
