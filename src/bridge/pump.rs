@@ -231,7 +231,6 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     no_local: true,
                     retain_as_published: true,
                     retain_handling,
-                    ..Default::default()
                 };
                 (ByteString::from(filter), options)
             })
