@@ -63,7 +63,7 @@ impl Bridge {
             Duration::from_secs(u64::from(cap.max(base).max(1))),
         );
         let mut connected_before = false;
-        let mut remote_subscriptions = super::pump::RemoteSubscriptions::default();
+        let mut remote_subscriptions = super::remote_subscriptions::RemoteSubscriptions::default();
         let mut failures_logged = 0u32;
         loop {
             if self.config.start == StartMode::Lazy && !self.wait_for_threshold(&shutdown).await {

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::held_in::{Charge, Held, HeldIn};
 use super::remote::{RemoteError, RemoteIo};
+use super::remote_subscriptions::RemoteSubscriptions;
 use super::status::{BridgeStatus, Flow};
 use super::topics::Rules;
 use crate::broker::link::Link;
@@ -64,32 +65,6 @@ pub(super) struct RemoteLimits {
     /// Whether the remote resumed the bridge's session (CONNACK Session Present): it still
     /// holds the subscriptions made on an earlier connection.
     pub(super) session_present: bool,
-}
-
-/// What the remote holds of the bridge's `in` subscriptions from earlier connections of a
-/// run, so that a reconnect does not ask for them again where that would bring every
-/// retained message under them again (MQTT-3.3.1-9). Asked on each reconnect that fetches
-/// skipped messages, the remote sent them all again: they refilled the bridge's share for
-/// good, the remote's next message was held behind them, and a retained message cleared
-/// here came back (issue 35, found while mending the seventeenth pass's D7). Not asking on
-/// every reconnect of a resumed session left the bridge with none after a client took its
-/// client id on the remote with a fresh session (eighteenth pass, E4).
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct RemoteSubscriptions {
-    /// The remote acknowledged them on a connection of this run.
-    pub(super) acknowledged: bool,
-    /// The last connection ended to fetch skipped messages ([`Ended::Resend`]): the bridge
-    /// reconnected at once, itself, so the remote's session is the one it subscribed in.
-    pub(super) after_resend: bool,
-}
-
-impl RemoteSubscriptions {
-    /// Whether the remote still holds them: they were acknowledged, the bridge reconnected
-    /// only to fetch skipped messages, and the remote resumed the session (`session_present`).
-    /// MQTT 3.1.1 has no Retain Handling: the bridge asks again unless this holds.
-    fn still_held(self, session_present: bool) -> bool {
-        self.acknowledged && self.after_resend && session_present
-    }
 }
 
 /// The per-connection state of the pump.

@@ -587,20 +587,13 @@ async fn a_strangers_wills_count_in_its_share_of_the_stream() {
     )
     .await;
     v5::subscribe(&mut watcher, "wills/#", QoS::AtLeastOnce).await;
-    let mut armed = Vec::with_capacity(WILLS);
-    for i in 0..WILLS {
-        let mut connect = v5::connect_packet(&format!("will-{i}"));
-        connect.will = Some(v5::will(
-            &format!("wills/{i}"),
-            &vec![b'w'; 20_000],
-            QoS::AtLeastOnce,
-            false,
-        ));
-        armed.push(v5::connect(a.mqtt(), connect).await.0);
-    }
-    // Cut off without DISCONNECT: every will is due (MQTT-3.1.2-8).
-    drop(armed);
-    let published = drain(&mut watcher, Duration::from_secs(2)).await.len();
+    let published = wills_published(a, &mut watcher, WILLS, |i| {
+        (
+            v5::connect_packet(&format!("will-{i}")),
+            format!("wills/{i}"),
+        )
+    })
+    .await;
     let log = tokio::task::block_in_place(|| a.log());
     let not_published: Vec<&String> = log
         .iter()
@@ -629,24 +622,39 @@ async fn one_users_wills_count_in_its_window_of_the_stream() {
     let (mut watcher, _) =
         v5::connect(a.mqtt(), as_user(v5::connect_packet("dash"), "dashboard")).await;
     v5::subscribe(&mut watcher, "sensors/sensor1/will/#", QoS::AtLeastOnce).await;
-    let mut armed = Vec::with_capacity(WILLS);
-    for i in 0..WILLS {
-        let mut connect = as_user(v5::connect_packet(&format!("s1-will-{i}")), "sensor1");
+    let published = wills_published(a, &mut watcher, WILLS, |i| {
+        let connect = as_user(v5::connect_packet(&format!("s1-will-{i}")), "sensor1");
+        (connect, format!("sensors/sensor1/will/{i}"))
+    })
+    .await;
+    assert!(
+        (5..=10).contains(&published),
+        "{published} of {WILLS} wills of 20 KB of one user published against a window of 200,000 bytes"
+    );
+}
+
+/// Connects `count` clients to node `a`, the `i`th with the CONNECT and will topic `client(i)`
+/// gives and a QoS 1 will of 20 KB, cuts them all off without DISCONNECT (every will is due,
+/// MQTT-3.1.2-8), and returns how many wills `watcher` receives within two seconds.
+async fn wills_published(
+    a: &Node,
+    watcher: &mut RawClient,
+    count: usize,
+    client: impl Fn(usize) -> (postbox::codec::Connect, String),
+) -> usize {
+    let mut armed = Vec::with_capacity(count);
+    for i in 0..count {
+        let (mut connect, topic) = client(i);
         connect.will = Some(v5::will(
-            &format!("sensors/sensor1/will/{i}"),
+            &topic,
             &vec![b'w'; 20_000],
             QoS::AtLeastOnce,
             false,
         ));
         armed.push(v5::connect(a.mqtt(), connect).await.0);
     }
-    // Cut off without DISCONNECT: every will is due (MQTT-3.1.2-8).
     drop(armed);
-    let published = drain(&mut watcher, Duration::from_secs(2)).await.len();
-    assert!(
-        (5..=10).contains(&published),
-        "{published} of {WILLS} wills of 20 KB of one user published against a window of 200,000 bytes"
-    );
+    drain(watcher, Duration::from_secs(2)).await.len()
 }
 
 /// Issue 35, sixteenth adversarial pass, C5 (docs/cluster.md: "refused with 0x97"): when
