@@ -43,6 +43,17 @@ async fn bridged_broker(remote: u16, dir: &std::path::Path, strangers: bool) -> 
     broker
 }
 
+/// sensor1 (a password user) connected to `broker` and subscribed to `filter` at QoS 1.
+async fn sensor1_reading(broker: &BrokerProcess, filter: &str) -> RawClient {
+    let (mut sensor1, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut sensor1, filter, QoS::AtLeastOnce).await;
+    sensor1
+}
+
 /// A client of `port` publishing `count` QoS 1 messages of `size` bytes to `topic(i)`,
 /// retained when `retain`, each acknowledged as accepted.
 async fn publish_many(
@@ -94,12 +105,7 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
     let remote = MosquittoBroker::start("").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = bridged_broker(remote.port, dir.path(), false).await;
-    let (mut sensor1, _) = v5::connect(
-        broker.addr,
-        v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
-    )
-    .await;
-    v5::subscribe(&mut sensor1, "inbox/h/#", QoS::AtLeastOnce).await;
+    let mut sensor1 = sensor1_reading(&broker, "inbox/h/#").await;
     let mut remote_sub = v5::connect_id(addr(remote.port), "remote-sub").await;
     v5::subscribe(&mut remote_sub, "site1/#", QoS::AtLeastOnce).await;
 
@@ -200,12 +206,7 @@ async fn a_local_stranger_does_not_spend_the_share_a_bridges_remote_needs() {
     let remote = MosquittoBroker::start("").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = bridged_broker(remote.port, dir.path(), true).await;
-    let (mut sensor1, _) = v5::connect(
-        broker.addr,
-        v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
-    )
-    .await;
-    v5::subscribe(&mut sensor1, "inbox/#", QoS::AtLeastOnce).await;
+    let mut sensor1 = sensor1_reading(&broker, "inbox/#").await;
 
     let mut stranger = v5::connect_id(broker.addr, "local-stranger").await;
     let kept = crate::client_bounds::retain_until_refused(
@@ -243,12 +244,7 @@ async fn a_session_taken_at_the_remote_is_subscribed_again() {
     let remote = MosquittoBroker::start("").await;
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = bridged_broker(remote.port, dir.path(), false).await;
-    let (mut sensor1, _) = v5::connect(
-        broker.addr,
-        v5::as_user(v5::connect_packet("sensor1"), "sensor1"),
-    )
-    .await;
-    v5::subscribe(&mut sensor1, "inbox/#", QoS::AtLeastOnce).await;
+    let mut sensor1 = sensor1_reading(&broker, "inbox/#").await;
     publish_until_received(remote.port, &mut sensor1).await;
 
     // The bridge's client id with a fresh session, kept after it leaves.
