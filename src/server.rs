@@ -319,6 +319,13 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .set(config.storage.max_disk_bytes as f64);
     if let Some(store) = broker.store().cloned() {
         store.observe_commits(store_metrics.commit_seconds.clone());
+        // Publishers paused while the writer's queue was long resume as it drains.
+        let weak = Arc::downgrade(&broker);
+        store.after_commits(Box::new(move || {
+            if let Some(broker) = weak.upgrade() {
+                broker.flow().on_drained();
+            }
+        }));
         // Copied at each reading, so a scrape or snapshot shows the store as it is (no
         // periodic copy); what recovery lost is there from the first scrape on.
         broker

@@ -368,7 +368,13 @@ impl Broker {
     /// 98% of its budget and its verified clients got 0x97 (issue 35, seventeenth
     /// adversarial pass, D3). Past the share the topic keeps no retained message here (the
     /// older one is stale: the bucket holds the new one), counted as dropped for memory.
-    pub fn apply_cluster_retained(&self, message: &Arc<Message>, own: bool) {
+    ///
+    /// Returns its store commit while the store's queue is past
+    /// [`super::flow::STORE_BACKLOG_PAUSE`]: the caller (the bucket's watcher) awaits it
+    /// before taking the next update, as a paused publisher would, rather than queue
+    /// gigabytes of rewrites of one topic for the disk (issue 35, eighteenth pass, E0).
+    #[must_use]
+    pub fn apply_cluster_retained(&self, message: &Arc<Message>, own: bool) -> Option<Durable> {
         let deletion;
         let message = if own || self.cluster_retained_fits(message) {
             message
@@ -385,10 +391,13 @@ impl Broker {
             ));
             &deletion
         };
-        if self.store.is_some() {
-            drop(self.persist(vec![super::persist::retained(message)]));
-        }
+        let durable = if self.store.is_some() {
+            self.persist(vec![super::persist::retained(message)])
+        } else {
+            None
+        };
         self.store_retained(message);
+        durable.filter(|_| crate::storage::backlog_bytes() >= super::flow::STORE_BACKLOG_PAUSE)
     }
 
     /// Whether `message` (another node's retained message, charged to the anonymous share

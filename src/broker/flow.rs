@@ -100,6 +100,38 @@ pub fn message_bytes() -> u64 {
     u64::try_from(MESSAGE_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
+/// Past this many bytes waiting for the durable store's writer
+/// ([`crate::storage::backlog_bytes`]: ops keep their payloads alive until written),
+/// publishers pause as at the budget's `Near`, whatever the budget; they pause too when
+/// those bytes and [`message_bytes`] together reach the budget's pause mark, and resume once
+/// both are under their resume marks (this one's half). A queue that long is a disk slower
+/// than its publishers: one client rewriting one retained topic at QoS 0 queued gigabytes,
+/// counted nowhere (issue 35, eighteenth pass, E0). Only a pause, never a refusal: the queue
+/// drains by itself, and a publisher that fills it must not get everyone's PUBLISHes (or
+/// SUBSCRIBEs) refused.
+pub(crate) const STORE_BACKLOG_PAUSE: u64 = 64 << 20;
+
+/// Bytes on their way out of the process that no [`super::Message`] counts (a cluster's
+/// frames until NATS has taken them), counted in [`MESSAGE_BYTES`] from [`InTransit::new`]
+/// until the guard is dropped, so the budget and its pauses see them however the frame
+/// ends (sent, refused, or dropped at shutdown).
+#[derive(Debug)]
+pub struct InTransit(usize);
+
+impl InTransit {
+    /// Counts `bytes`.
+    pub fn new(bytes: usize) -> InTransit {
+        MESSAGE_BYTES.fetch_add(i64::try_from(bytes).unwrap_or(i64::MAX), Ordering::Relaxed);
+        InTransit(bytes)
+    }
+}
+
+impl Drop for InTransit {
+    fn drop(&mut self) {
+        MESSAGE_BYTES.fetch_sub(i64::try_from(self.0).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+}
+
 /// The part of [`message_bytes`] that is subscriptions (for `$SYS`, which reports messages).
 static SUBSCRIPTION_BYTES: AtomicI64 = AtomicI64::new(0);
 
@@ -464,26 +496,37 @@ impl FlowControl {
         }
     }
 
-    /// Where memory stands with `used` bytes (messages and partial packets); raises the alarm
-    /// that makes draining subscribers wake paused publishers once it is `Near` or worse.
+    /// Where memory stands with `used` bytes (messages and partial packets), `Near` also
+    /// while the store's queue is long ([`STORE_BACKLOG_PAUSE`]); raises the alarm that makes
+    /// draining subscribers and store commits wake paused publishers once it is `Near` or
+    /// worse.
     pub fn memory_level(&self, used: u64) -> MemoryLevel {
-        let level = self.memory.level(used);
+        let mut level = self.memory.level(used);
+        if level == MemoryLevel::Normal {
+            let backlog = crate::storage::backlog_bytes();
+            if backlog >= STORE_BACKLOG_PAUSE || used + backlog >= self.memory.pause_at {
+                level = MemoryLevel::Near;
+            }
+        }
         if level != MemoryLevel::Normal && !self.memory_alarm.load(Ordering::Relaxed) {
             self.memory_alarm.store(true, Ordering::Relaxed);
         }
         level
     }
 
-    /// True if paused publishers may resume for memory: usage under the resume mark.
+    /// True if paused publishers may resume for memory: usage under the resume mark, with
+    /// the store's queue too, and that queue under half of [`STORE_BACKLOG_PAUSE`].
     pub fn memory_resumes(&self, used: u64) -> bool {
-        used < self.memory.resume_at
+        let backlog = crate::storage::backlog_bytes();
+        used + backlog < self.memory.resume_at && backlog < STORE_BACKLOG_PAUSE / 2
     }
 
-    /// Called as deliveries leave queues: once the messages alive fall under the resume mark
+    /// Called as deliveries leave queues, after each store commit and as cluster frames
+    /// leave: once the bytes held fall under the resume mark
     /// during an alarm, the alarm ends and paused publishers are woken. One relaxed load when
     /// there is no alarm.
-    pub(super) fn on_drained(&self) {
-        if self.memory_alarm.load(Ordering::Relaxed) && message_bytes() < self.memory.resume_at {
+    pub(crate) fn on_drained(&self) {
+        if self.memory_alarm.load(Ordering::Relaxed) && self.memory_resumes(message_bytes()) {
             self.memory_alarm.store(false, Ordering::Relaxed);
             self.room.notify_waiters();
         }

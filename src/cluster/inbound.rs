@@ -357,10 +357,16 @@ async fn watch_retained(js: jetstream::Context, cluster: Arc<Cluster>, broker: W
             match wire::decode(&entry.value) {
                 Ok((_, _, publish, stranger)) => {
                     let own = wire::origin(&entry.value) == Some(cluster.node.as_bytes());
-                    broker.apply_cluster_retained(
+                    let behind = broker.apply_cluster_retained(
                         &Arc::new(wire::message_of(publish, stranger)),
                         own,
                     );
+                    drop(broker);
+                    if let Some(commit) = behind {
+                        // The store's queue is long: the next update waits for this one's
+                        // commit (NATS holds the rest meanwhile).
+                        let _ = commit.await;
+                    }
                 }
                 Err(error) => {
                     cluster.metrics.bad_frames.increment(1);

@@ -423,6 +423,7 @@ impl ClusterSeam for Cluster {
             topic: message.topic.clone(),
             qos: message.qos,
             retain: message.retain,
+            in_transit: crate::broker::flow::InTransit::new(frame.len()),
             frame,
             done,
             subject: None,
@@ -517,6 +518,7 @@ impl Cluster {
             topic: message.topic.clone(),
             qos: message.qos,
             retain: false, // the retained bucket has it already, if it was retained
+            in_transit: crate::broker::flow::InTransit::new(frame.len()),
             frame,
             done: None,
             subject: Some(shared::regroup_subject(group)),

@@ -22,6 +22,7 @@ use bytestring::ByteString;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{subject, Cluster, QOS0_SUBJECTS, RETAINED_BUCKET, STREAM_SUBJECTS};
+use crate::broker::flow::InTransit;
 use crate::codec::QoS;
 use crate::storage::StorageError;
 
@@ -49,6 +50,9 @@ pub struct Outgoing {
     pub retain: bool,
     /// The frame ([`super::wire`]).
     pub frame: Bytes,
+    /// The frame's bytes, counted in the memory budget until NATS has taken it (QoS 0) or
+    /// acknowledged it (QoS 1/2).
+    pub in_transit: InTransit,
     /// The publisher's wait (QoS 1/2).
     pub done: Option<oneshot::Sender<Result<(), StorageError>>>,
     /// The stream subject when it is not the topic's (a shared group's given-back message,
@@ -67,6 +71,8 @@ struct Awaiting {
     /// Its first acknowledgement is a `PB_MSGS` sequence (not a given-back message's, in
     /// `PB_REGROUP`).
     sequenced: bool,
+    /// Its frame's count in the budget, until acknowledged.
+    in_transit: Option<InTransit>,
 }
 
 /// A publisher's wait, resolved with `result` once the commit that stores its message's
@@ -91,13 +97,26 @@ pub(super) fn spawn(
     tokio::spawn(settle(settle_rx));
     tokio::spawn(acknowledge(
         Arc::clone(&cluster),
-        broker,
+        broker.clone(),
         timeout,
         acks_rx,
         settle_tx,
     ));
     tokio::spawn(async move {
-        while let Some(queued) = outgoing.recv().await {
+        let mut puts = RetainedPuts::new(timeout);
+        loop {
+            let queued = tokio::select! {
+                biased;
+                Some((topic, outcome)) = puts.answers.recv() => {
+                    puts.answered(&js, &cluster, topic, outcome).await;
+                    drained(&broker);
+                    continue;
+                }
+                queued = outgoing.recv() => match queued {
+                    Some(queued) => queued,
+                    None => break,
+                },
+            };
             let out = match queued {
                 Queued::Message(out) => out,
                 Queued::Barrier(barrier) => {
@@ -107,6 +126,7 @@ pub(super) fn spawn(
                         done: None,
                         barrier: Some(barrier),
                         sequenced: false,
+                        in_transit: None,
                     });
                     continue;
                 }
@@ -121,44 +141,47 @@ pub(super) fn spawn(
                 cluster.push_floor();
             }
             let tail = subject::escape(&out.topic);
-            if out.retain {
-                // Retained: the bucket holds it for nodes and subscribers to come.
+            if out.retain && out.qos == QoS::AtMostOnce {
+                // Retained at QoS 0: the bucket's entry, one put per topic at a time, the
+                // newest waiting behind it (below).
+                puts.put(&js, &cluster, out.topic.clone(), out.frame.clone())
+                    .await;
+            } else if out.retain {
+                // Retained: the bucket holds it for nodes and subscribers to come. Newer
+                // than any QoS 0 value of the topic still waiting to be put.
+                puts.supersede(&out.topic);
                 let retained = js
                     .publish(
                         format!("$KV.{RETAINED_BUCKET}.{}", subject::key(&out.topic)),
                         out.frame.clone(),
                     )
                     .await;
-                match (retained, out.qos) {
-                    (Ok(ack), QoS::AtMostOnce) => {
-                        drop(ack); // a QoS 0 publisher waits for nothing
-                    }
-                    (Ok(ack), _) => {
-                        let stream = js
-                            .publish(format!("{STREAM_SUBJECTS}.{tail}"), out.frame)
-                            .await;
-                        let awaiting = match stream {
-                            Ok(stream) => Awaiting {
-                                message: out.message,
-                                acks: [Some(stream), Some(ack)],
-                                done: out.done,
-                                barrier: None,
-                                sequenced: true,
-                            },
-                            Err(error) => {
-                                fail(&cluster, streamed, out.done, &error);
-                                continue;
-                            }
-                        };
-                        let _ = acks_tx.send(awaiting);
+                let sent = match retained {
+                    Ok(ack) => js
+                        .publish(format!("{STREAM_SUBJECTS}.{tail}"), out.frame)
+                        .await
+                        .map(|stream| (stream, ack)),
+                    Err(error) => Err(error),
+                };
+                match sent {
+                    Ok((stream, ack)) => {
+                        let _ = acks_tx.send(Awaiting {
+                            message: out.message,
+                            acks: [Some(stream), Some(ack)],
+                            done: out.done,
+                            barrier: None,
+                            sequenced: true,
+                            in_transit: Some(out.in_transit),
+                        });
                         count_out(&cluster, bytes);
-                        continue;
                     }
-                    (Err(error), _) => {
+                    Err(error) => {
                         fail(&cluster, streamed, out.done, &error);
-                        continue;
+                        drop(out.in_transit);
+                        drained(&broker);
                     }
                 }
+                continue;
             }
             if !streamed {
                 let published = tokio::time::timeout(
@@ -172,6 +195,8 @@ pub(super) fn spawn(
                     count_out(&cluster, bytes);
                 }
                 cluster.settled();
+                drop(out.in_transit);
+                drained(&broker);
                 continue;
             }
             let sequenced = out.subject.is_none();
@@ -186,13 +211,128 @@ pub(super) fn spawn(
                         done: out.done,
                         barrier: None,
                         sequenced,
+                        in_transit: Some(out.in_transit),
                     });
                     count_out(&cluster, bytes);
                 }
-                Err(error) => fail(&cluster, streamed, out.done, &error),
+                Err(error) => {
+                    fail(&cluster, streamed, out.done, &error);
+                    drop(out.in_transit);
+                    drained(&broker);
+                }
             }
         }
     });
+}
+
+/// Wakes publishers paused for memory once what this node held for NATS is gone.
+fn drained(broker: &Weak<crate::broker::Broker>) {
+    if let Some(broker) = broker.upgrade() {
+        broker.flow().on_drained();
+    }
+}
+
+/// The retained bucket's puts of QoS 0 retained messages: at most one in flight per topic,
+/// the newest of those published meanwhile waiting behind it (the bucket keeps one value
+/// per topic, so the ones in between would only be overwritten), each counted in the
+/// memory budget until acknowledged.
+///
+/// Why: a QoS 0 publisher waits for nothing, so its puts were sent unawaited, as fast as it
+/// published; JetStream stores a large entry slower than that, and the frames piled up in
+/// the NATS client's buffers of the publishing node, counted nowhere: one client rewriting
+/// one retained topic with 500 KB took 16 MiB nodes past 1.7 GB (issue 35, eighteenth
+/// pass, E0).
+struct RetainedPuts {
+    /// Topic -> the newest frame waiting for the put in flight.
+    in_flight: std::collections::HashMap<ByteString, Option<(Bytes, InTransit)>>,
+    /// The put in flight of each topic answered (or timed out: `false`).
+    answers: mpsc::UnboundedReceiver<(ByteString, bool)>,
+    answer: mpsc::UnboundedSender<(ByteString, bool)>,
+    timeout: Duration,
+}
+
+impl RetainedPuts {
+    fn new(timeout: Duration) -> RetainedPuts {
+        let (answer, answers) = mpsc::unbounded_channel();
+        RetainedPuts {
+            in_flight: std::collections::HashMap::new(),
+            answers,
+            answer,
+            timeout,
+        }
+    }
+
+    /// Puts `frame` as `topic`'s entry, or keeps it to put once the topic's put in flight
+    /// is answered (replacing one kept before).
+    async fn put(
+        &mut self,
+        js: &jetstream::Context,
+        cluster: &Cluster,
+        topic: ByteString,
+        frame: Bytes,
+    ) {
+        let counted = InTransit::new(frame.len());
+        if let Some(next) = self.in_flight.get_mut(&topic) {
+            *next = Some((frame, counted));
+            return;
+        }
+        self.send(js, cluster, topic, frame, counted).await;
+    }
+
+    /// A QoS 1/2 value of `topic` goes to the bucket now: the QoS 0 one kept is older.
+    fn supersede(&mut self, topic: &str) {
+        if let Some(next) = self.in_flight.get_mut(topic) {
+            *next = None;
+        }
+    }
+
+    /// `topic`'s put was answered: the one kept behind it, if any, goes now.
+    async fn answered(
+        &mut self,
+        js: &jetstream::Context,
+        cluster: &Cluster,
+        topic: ByteString,
+        ok: bool,
+    ) {
+        if !ok {
+            cluster.metrics.dropped[0].increment(1);
+        }
+        if let Some(Some((frame, counted))) = self.in_flight.remove(&topic) {
+            self.send(js, cluster, topic, frame, counted).await;
+        }
+    }
+
+    async fn send(
+        &mut self,
+        js: &jetstream::Context,
+        cluster: &Cluster,
+        topic: ByteString,
+        frame: Bytes,
+        counted: InTransit,
+    ) {
+        let put = js
+            .publish(
+                format!("$KV.{RETAINED_BUCKET}.{}", subject::key(&topic)),
+                frame,
+            )
+            .await;
+        match put {
+            Ok(ack) => {
+                self.in_flight.insert(topic.clone(), None);
+                let answer = self.answer.clone();
+                let timeout = self.timeout;
+                tokio::spawn(async move {
+                    let ok = matches!(tokio::time::timeout(timeout, ack).await, Ok(Ok(_)));
+                    drop(counted);
+                    let _ = answer.send((topic, ok));
+                });
+            }
+            Err(error) => {
+                tracing::debug!(%error, topic = %topic, "cluster: a retained QoS 0 message not put into the bucket");
+                cluster.metrics.dropped[0].increment(1);
+            }
+        }
+    }
 }
 
 fn count_out(cluster: &Cluster, bytes: u64) {
@@ -291,6 +431,10 @@ async fn acknowledge(
         }
         cluster.pop_floor();
         cluster.settled();
+        if awaiting.in_transit.is_some() {
+            drop(awaiting.in_transit);
+            drained(&broker);
+        }
     }
 }
 

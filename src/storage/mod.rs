@@ -52,7 +52,7 @@ use std::sync::Arc;
 
 pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
 pub(crate) use in_order::InOrder;
-pub use log_store::{LogOptions, LogStore};
+pub use log_store::{backlog_bytes, LogOptions, LogStore};
 pub use memory::MemoryStore;
 pub(crate) use metrics::StoreMetrics;
 pub use model::{

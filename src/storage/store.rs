@@ -375,6 +375,13 @@ pub trait Store: Send + Sync + fmt::Debug {
         let _ = histogram;
     }
 
+    /// Calls `hook` on the writer thread after each commit, once its bytes left
+    /// [`super::backlog_bytes`]: the broker wakes publishers it paused while the queue was
+    /// long. A store without a writer ignores it. The first call wins.
+    fn after_commits(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = hook;
+    }
+
     /// Keeps at most about `max_entries` deduplication keys, the newest, as the `[dedup]`
     /// window does (`Broker::new`): a key the window has pushed out decides
     /// nothing after a restart either, so the store's state and snapshots stay as bounded

@@ -100,6 +100,11 @@ impl Node {
         Broker::try_start(&self.config)
     }
 
+    /// Its process id (it must be running).
+    pub fn pid(&self) -> u32 {
+        self.broker.as_ref().expect("node running").pid()
+    }
+
     /// Its MQTT listener.
     pub fn mqtt(&self) -> SocketAddr {
         self.config.mqtt

@@ -11,7 +11,7 @@ use crate::common;
 use common::cluster::{wait_linked, Node};
 use common::nats::NatsServer;
 use common::{v5, WAIT};
-use postbox::codec::{Packet, QoS, ReasonCode};
+use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
 
 /// Node b's budget: 4 MiB, an anonymous share of 512 KiB.
 const SMALL: u64 = 4 << 20;
@@ -231,4 +231,76 @@ async fn one_user_cannot_fill_the_stream_for_everyone() {
         from_sensor1, accepted,
         "sensor1's accepted messages on node b"
     );
+}
+
+/// Issue 35, eighteenth adversarial pass, E0: one client on node a rewrites one retained
+/// topic with 500 KB messages at QoS 0 as fast as its socket goes (a PINGREQ every 50 to
+/// stay in step). Each rewrite is a put into the cluster's retained bucket and, on every
+/// node, a write for its durable store. Before, the puts were sent unawaited and counted
+/// nowhere: node a reached 1.15 GB here (16 MiB budget). Now a topic has one put in flight
+/// and the newest waiting, and what waits for NATS or the disk pauses the publisher: node a
+/// stays under 384 MiB (about 100 MB held, the rest freed buffers the allocator keeps), and node b ends with the last value (MQTT-3.3.1-5). Node b's RSS
+/// is bounded loosely (1 GiB) and not by this test's fix: at 2,000 rewrites what it holds
+/// is mostly freed 500 KB buffers jemalloc keeps for reuse (it stays near 40 MB with them
+/// returned at once, `dirty_decay_ms:0`), before and after; its store queue's bound is
+/// `flow_control::retained_rewrites_faster_than_the_disk_pause_their_publisher`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_retained_rewrites_grow_no_node() {
+    const BUDGET: u64 = 16 << 20;
+    const RSS_BOUND: u64 = 384 << 20;
+    const MESSAGES: usize = 2_000;
+    const SIZE: usize = 500_000;
+    let nats = tokio::task::block_in_place(NatsServer::start);
+    let extra = format!("[auth]\nallow_anonymous = true\n[mqtt]\nmax_memory = {BUDGET}\n");
+    let a = Node::start_async("a", &nats.url(), &extra).await;
+    let b = Node::start_async("b", &nats.url(), &extra).await;
+    wait_linked(&a, &b).await;
+    wait_linked(&b, &a).await;
+
+    let mut c = v5::connect_id(a.mqtt(), "rewriter").await;
+    let mut p = v5::publish_packet("status/one", QoS::AtMostOnce, &[b'r'; SIZE], 0);
+    p.retain = true;
+    let mut frame = bytes::BytesMut::new();
+    postbox::codec::encode(&Packet::Publish(p), ProtocolVersion::V5, &mut frame).expect("encode");
+    let mut frame = frame.to_vec();
+    let at = frame.len() - SIZE;
+    let mut peak = (0u64, 0u64);
+    for i in 0..MESSAGES {
+        frame[at..at + 8].copy_from_slice(format!("{i:08}").as_bytes());
+        c.send_raw(&frame).await;
+        if i % 50 == 49 {
+            c.send(&Packet::PingReq).await;
+            assert!(
+                matches!(c.recv().await, Some(Packet::PingResp)),
+                "PINGRESP after message {i}"
+            );
+            peak.0 = peak.0.max(common::process::rss_bytes(a.pid()));
+            peak.1 = peak.1.max(common::process::rss_bytes(b.pid()));
+        }
+    }
+    // Node b ends with the last value; meanwhile its RSS is watched too.
+    let last = format!("{:08}", MESSAGES - 1);
+    let mut reader = v5::connect_id(b.mqtt(), "reader").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        v5::subscribe(&mut reader, "status/one", QoS::AtMostOnce).await;
+        peak.1 = peak.1.max(common::process::rss_bytes(b.pid()));
+        if let Ok(Some(Packet::Publish(p))) = reader.recv_within(Duration::from_millis(300)).await {
+            if p.payload[..8] == *last.as_bytes() {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node b never got the last retained value"
+        );
+    }
+    println!(
+        "RSS peaks: a {} MiB, b {} MiB (budget {} MiB)",
+        peak.0 >> 20,
+        peak.1 >> 20,
+        BUDGET >> 20
+    );
+    assert!(peak.0 < RSS_BOUND, "node a's RSS reached {} B", peak.0);
+    assert!(peak.1 < 1 << 30, "node b's RSS reached {} B", peak.1);
 }

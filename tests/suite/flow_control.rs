@@ -513,3 +513,65 @@ async fn a_flooding_client_is_throttled_to_its_rate_while_others_keep_going() {
     assert!(pauses >= 1.0, "rate pauses are counted: {pauses}");
     drop(writer.await);
 }
+
+/// One client rewriting one retained topic with 500 KB messages at QoS 0, as fast as its
+/// socket goes (a PINGREQ every 50 to stay in step): each rewrite is a write for the durable
+/// store (on by default), and the disk takes them slower than loopback brings them. The
+/// writer's queue is counted in the memory budget and bounded on its own, so the publisher
+/// is paused (TCP back-pressure) instead of the queue growing: RSS stays under 256 MiB
+/// (budget 16 MiB) where it reached 1.4 GB, counted nowhere (issue 35, eighteenth
+/// adversarial pass, E0). Nothing of the topic is lost: its retained message (MQTT-3.3.1-5)
+/// is the last one written, and it is the one stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retained_rewrites_faster_than_the_disk_pause_their_publisher() {
+    const BUDGET: u64 = 16 << 20;
+    const RSS_BOUND: u64 = 256 << 20;
+    const MESSAGES: usize = 2_000;
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = BrokerProcess::spawn_file(
+        &format!(
+            "[mqtt]\nmax_memory = {BUDGET}\n[storage]\ndir = {:?}\n",
+            data.path()
+        ),
+        &[],
+    )
+    .await;
+    let mut c = v5::connect_id(broker.addr, "rewriter").await;
+    const SIZE: usize = 500_000;
+    let mut p = v5::publish_packet("status/one", QoS::AtMostOnce, &[b'r'; SIZE], 0);
+    p.retain = true;
+    // One frame, its payload's first 8 bytes rewritten each time: as fast as the socket goes.
+    let mut frame = encoded(&[Packet::Publish(p)], ProtocolVersion::V5);
+    let at = frame.len() - SIZE;
+    let mut peak = 0u64;
+    for i in 0..MESSAGES {
+        frame[at..at + 8].copy_from_slice(format!("{i:08}").as_bytes());
+        c.send_raw(&frame).await;
+        if i % 50 == 49 {
+            c.send(&Packet::PingReq).await;
+            assert!(
+                matches!(c.recv().await, Some(Packet::PingResp)),
+                "PINGRESP after message {i}"
+            );
+            peak = peak.max(common::process::rss_bytes(broker.pid()));
+        }
+    }
+    println!(
+        "broker RSS peak {} MiB (budget {} MiB)",
+        peak >> 20,
+        BUDGET >> 20
+    );
+    assert!(
+        peak < RSS_BOUND,
+        "broker RSS {peak} B past {RSS_BOUND} B while one client rewrote one retained topic"
+    );
+    let mut reader = v5::subscriber(broker.addr, "reader", "status/one", QoS::AtMostOnce).await;
+    match reader.recv().await {
+        Some(Packet::Publish(p)) => assert_eq!(
+            &p.payload[..8],
+            format!("{:08}", MESSAGES - 1).as_bytes(),
+            "the retained message is the last one written"
+        ),
+        other => panic!("expected the retained message, got {other:?}"),
+    }
+}

@@ -316,12 +316,13 @@ impl Writer {
             self.state.apply(op);
         }
         self.state.end_batch();
-        self.shared
-            .pending_growth
-            .fetch_sub(growth, Ordering::Relaxed);
+        self.shared.sub_pending_growth(growth);
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
         self.publish_sizes();
         self.report(last_ticket, waiters);
+        if let Some(hook) = self.shared.after_commits.get() {
+            (hook.0)();
+        }
         self.maybe_compact();
     }
 
@@ -366,9 +367,7 @@ impl Writer {
     }
 
     pub(super) fn drop_batch(&mut self, batch: Batch) {
-        self.shared
-            .pending_growth
-            .fetch_sub(batch.growth, Ordering::Relaxed);
+        self.shared.sub_pending_growth(batch.growth);
         self.tell_failed(batch.waiters);
     }
 
