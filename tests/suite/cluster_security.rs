@@ -633,6 +633,78 @@ async fn one_users_wills_count_in_its_window_of_the_stream() {
     );
 }
 
+/// Issue 35, eighteenth adversarial pass, E1: every CONNECT writes its session's record
+/// into `pb_sessions`, will included, and NATS keeps a replaced record's bytes on disk for a
+/// minute or two outside JetStream's `max_file_store`: strangers reconnecting with 250 KB
+/// wills wrote 1.28 GB past a 150 MB limit. Now an anonymous session's record carries its
+/// will only up to 1 KiB (`ANONYMOUS_RECORD_WILL`); a password user's carries it whole.
+/// The stranger's large will is still published by its node when the connection drops
+/// (MQTT-3.1.2-8): only a node adopting the session after a crash would lack it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_large_will_stays_out_of_its_session_record() {
+    let (_dir, nats, nodes) = small_nodes("").await;
+    let a = &nodes[0];
+    let (mut watcher, _) = v5::connect(
+        a.mqtt(),
+        as_user(v5::connect_packet("will-watcher"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut watcher, "wills/#", QoS::AtMostOnce).await;
+    let with_will = |mut connect: postbox::codec::Connect, topic: &str, size: usize| {
+        connect.will = Some(v5::will(topic, &vec![b'w'; size], QoS::AtMostOnce, false));
+        connect
+    };
+    let big = v5::connect(
+        a.mqtt(),
+        with_will(v5::connect_packet("stranger-big"), "wills/big", 20_000),
+    )
+    .await
+    .0;
+    let small = v5::connect(
+        a.mqtt(),
+        with_will(v5::connect_packet("stranger-small"), "wills/small", 200),
+    )
+    .await
+    .0;
+    let user = v5::connect(
+        a.mqtt(),
+        with_will(
+            as_user(v5::connect_packet("sensor1-big"), "sensor1"),
+            "sensors/sensor1/will",
+            20_000,
+        ),
+    )
+    .await
+    .0;
+    let has_will = |record: Option<serde_json::Value>| {
+        record
+            .expect("the session's record")
+            .get("will")
+            .is_some_and(|w| !w.is_null())
+    };
+    let url = nats.url();
+    let record = |id: &'static str| crate::cluster_operations::session_record(&url, id);
+    assert!(
+        !has_will(record("stranger-big").await),
+        "a stranger's 20 KB will is in its record"
+    );
+    assert!(
+        has_will(record("stranger-small").await),
+        "a stranger's 200-byte will is carried"
+    );
+    assert!(
+        has_will(record("sensor1-big").await),
+        "a password user's 20 KB will is carried"
+    );
+    drop((big, small, user));
+    let got = drain(&mut watcher, Duration::from_secs(2)).await;
+    assert_eq!(
+        got.len(),
+        2,
+        "both strangers' wills published by their node"
+    );
+}
+
 /// Connects `count` clients to node `a`, the `i`th with the CONNECT and will topic `client(i)`
 /// gives and a QoS 1 will of 20 KB, cuts them all off without DISCONNECT (every will is due,
 /// MQTT-3.1.2-8), and returns how many wills `watcher` receives within two seconds.

@@ -26,10 +26,13 @@ pub(in crate::cluster) async fn claim(
         owner,
     }: ClaimRequest<'_>,
 ) -> Result<Claimed, ClaimRefused> {
-    let will = will.and_then(|w| {
-        let delay = w.properties.will_delay_interval.unwrap_or(0);
-        encode_will(&cluster.node, w).map(|frame| (frame, delay))
-    });
+    let anonymous = matches!(owner, crate::storage::SessionOwner::Anonymous);
+    let will = will
+        .filter(|w| !anonymous || w.held_bytes() <= ANONYMOUS_RECORD_WILL)
+        .and_then(|w| {
+            let delay = w.properties.will_delay_interval.unwrap_or(0);
+            encode_will(&cluster.node, w).map(|frame| (frame, delay))
+        });
     let Some(bucket) = cluster.sessions.bucket.get() else {
         return Err(ClaimRefused::Unavailable(
             "NATS has not been reached yet".to_owned(),

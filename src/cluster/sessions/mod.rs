@@ -43,6 +43,13 @@ pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 pub const RECORD_INTERVAL: Duration = Duration::from_secs(1);
 /// Most attempts of a compare-and-set that keeps losing races.
 const CAS_ATTEMPTS: usize = 8;
+/// The largest will ([`crate::codec::LastWill::held_bytes`]) an anonymous session's record
+/// carries. Every CONNECT writes its record, and NATS keeps a replaced value's bytes on disk
+/// until it compacts the block, a minute or two later, outside JetStream's `max_file_store`:
+/// strangers reconnecting with 250 KB wills wrote 1.28 GB past a 150 MB limit in 18 s
+/// (issue 35, eighteenth adversarial pass, E1). A larger one is still held and published by
+/// the session's node; only another node adopting the session after a crash has none.
+pub(in crate::cluster) const ANONYMOUS_RECORD_WILL: usize = 1024;
 /// Longest a replay may take; longer, the CONNECT is refused (0x88) and the session kept
 /// whole in its record for the next attempt.
 const REPLAY_LIMIT: Duration = Duration::from_secs(30);

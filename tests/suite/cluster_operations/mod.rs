@@ -24,7 +24,7 @@ use common::{v5, RawClient, WAIT};
 use postbox::codec::{ConnAck, Packet, QoS, ReasonCode};
 
 /// The record of `client_id` in the cluster's `pb_sessions` bucket (JSON), if there is one.
-async fn session_record(nats: &str, client_id: &str) -> Option<serde_json::Value> {
+pub(crate) async fn session_record(nats: &str, client_id: &str) -> Option<serde_json::Value> {
     let client = async_nats::connect(nats).await.expect("connect to NATS");
     let js = async_nats::jetstream::new(client);
     let bucket = js
