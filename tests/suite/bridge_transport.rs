@@ -560,7 +560,7 @@ async fn a_remotes_disallowed_code_points_are_dropped_as_a_clients_are() {
 
 /// A remote's messages stop being read while the broker is near its memory budget, as a local
 /// publisher pauses: of 100 retained messages of 100 KB (10 MB against a 4 MiB budget) the
-/// bridge takes fewer than 40 and the budget holds; the remote keeps the rest, unacknowledged
+/// bridge takes at most what the budget holds (41) and the budget holds; the remote keeps the rest, unacknowledged
 /// (MQTT-4.3.2-2: unacknowledged, the sender still owns them). Before, the bridge's inbound
 /// side checked nothing: a remote pushed memory to three times the budget with retained
 /// messages (issue 35, fifteenth adversarial pass, B6).
@@ -611,8 +611,10 @@ async fn a_remote_is_read_no_further_at_the_memory_budget() {
             Ok(None) | Err(_) => break,
         }
     }
+    // Paused from 90% of the budget (about 38 messages): one or two more may be in the
+    // bridge's read already; never more than the budget holds (41).
     assert!(
-        acked < 40,
+        acked <= 41,
         "{acked} of 100 x 100 KB taken against a 4 MiB budget"
     );
     let used = broker
