@@ -116,11 +116,11 @@ pub(crate) const STORE_BACKLOG_PAUSE: u64 = 64 << 20;
 /// until the guard is dropped, so the budget and its pauses see them however the frame
 /// ends (sent, refused, or dropped at shutdown).
 #[derive(Debug)]
-pub struct InTransit(usize);
+pub(crate) struct InTransit(usize);
 
 impl InTransit {
     /// Counts `bytes`.
-    pub fn new(bytes: usize) -> InTransit {
+    pub(crate) fn new(bytes: usize) -> InTransit {
         MESSAGE_BYTES.fetch_add(i64::try_from(bytes).unwrap_or(i64::MAX), Ordering::Relaxed);
         InTransit(bytes)
     }

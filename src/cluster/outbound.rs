@@ -52,7 +52,7 @@ pub struct Outgoing {
     pub frame: Bytes,
     /// The frame's bytes, counted in the memory budget until NATS has taken it (QoS 0) or
     /// acknowledged it (QoS 1/2).
-    pub in_transit: InTransit,
+    pub(crate) in_transit: InTransit,
     /// The publisher's wait (QoS 1/2).
     pub done: Option<oneshot::Sender<Result<(), StorageError>>>,
     /// The stream subject when it is not the topic's (a shared group's given-back message,

@@ -52,7 +52,8 @@ use std::sync::Arc;
 
 pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
 pub(crate) use in_order::InOrder;
-pub use log_store::{backlog_bytes, LogOptions, LogStore};
+pub(crate) use log_store::backlog_bytes;
+pub use log_store::{LogOptions, LogStore};
 pub use memory::MemoryStore;
 pub(crate) use metrics::StoreMetrics;
 pub use model::{

@@ -102,6 +102,37 @@ pub async fn offline_subscriber(addr: SocketAddr, client_id: &str, filter: &str)
     disconnect(c).await;
 }
 
+/// Publishes `count` retained QoS 0 messages of `size` bytes to `topic` as fast as the
+/// socket takes them (one frame, its payload's first 8 bytes the message's number, `%08d`),
+/// with a PINGREQ after every 50 whose PINGRESP is awaited before `each_50` runs: a client
+/// rewriting one retained value at full speed, kept in step with the broker.
+pub async fn rewrite_retained(
+    c: &mut RawClient,
+    topic: &str,
+    size: usize,
+    count: usize,
+    mut each_50: impl FnMut(),
+) {
+    let mut p = publish_packet(topic, QoS::AtMostOnce, &vec![b'r'; size], 0);
+    p.retain = true;
+    let mut frame = bytes::BytesMut::new();
+    postbox::codec::encode(&Packet::Publish(p), ProtocolVersion::V5, &mut frame).expect("encode");
+    let mut frame = frame.to_vec();
+    let at = frame.len() - size;
+    for i in 0..count {
+        frame[at..at + 8].copy_from_slice(format!("{i:08}").as_bytes());
+        c.send_raw(&frame).await;
+        if i % 50 == 49 {
+            c.send(&Packet::PingReq).await;
+            assert!(
+                matches!(c.recv().await, Some(Packet::PingResp)),
+                "PINGRESP after message {i}"
+            );
+            each_50();
+        }
+    }
+}
+
 /// Publishes `payload` on `topic` at QoS 1 with RETAIN 1 (packet id `packet_id`); the
 /// PUBACK's reason code.
 pub async fn publish_retained(

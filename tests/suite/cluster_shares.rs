@@ -11,7 +11,7 @@ use crate::common;
 use common::cluster::{wait_linked, Node};
 use common::nats::NatsServer;
 use common::{v5, WAIT};
-use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
+use postbox::codec::{Packet, QoS, ReasonCode};
 
 /// Node b's budget: 4 MiB, an anonymous share of 512 KiB.
 const SMALL: u64 = 4 << 20;
@@ -258,26 +258,12 @@ async fn one_clients_retained_rewrites_grow_no_node() {
     wait_linked(&b, &a).await;
 
     let mut c = v5::connect_id(a.mqtt(), "rewriter").await;
-    let mut p = v5::publish_packet("status/one", QoS::AtMostOnce, &[b'r'; SIZE], 0);
-    p.retain = true;
-    let mut frame = bytes::BytesMut::new();
-    postbox::codec::encode(&Packet::Publish(p), ProtocolVersion::V5, &mut frame).expect("encode");
-    let mut frame = frame.to_vec();
-    let at = frame.len() - SIZE;
     let mut peak = (0u64, 0u64);
-    for i in 0..MESSAGES {
-        frame[at..at + 8].copy_from_slice(format!("{i:08}").as_bytes());
-        c.send_raw(&frame).await;
-        if i % 50 == 49 {
-            c.send(&Packet::PingReq).await;
-            assert!(
-                matches!(c.recv().await, Some(Packet::PingResp)),
-                "PINGRESP after message {i}"
-            );
-            peak.0 = peak.0.max(common::process::rss_bytes(a.pid()));
-            peak.1 = peak.1.max(common::process::rss_bytes(b.pid()));
-        }
-    }
+    v5::rewrite_retained(&mut c, "status/one", SIZE, MESSAGES, || {
+        peak.0 = peak.0.max(common::process::rss_bytes(a.pid()));
+        peak.1 = peak.1.max(common::process::rss_bytes(b.pid()));
+    })
+    .await;
     // Node b ends with the last value; meanwhile its RSS is watched too.
     let last = format!("{:08}", MESSAGES - 1);
     let mut reader = v5::connect_id(b.mqtt(), "reader").await;

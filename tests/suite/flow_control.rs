@@ -537,25 +537,11 @@ async fn retained_rewrites_faster_than_the_disk_pause_their_publisher() {
     )
     .await;
     let mut c = v5::connect_id(broker.addr, "rewriter").await;
-    const SIZE: usize = 500_000;
-    let mut p = v5::publish_packet("status/one", QoS::AtMostOnce, &[b'r'; SIZE], 0);
-    p.retain = true;
-    // One frame, its payload's first 8 bytes rewritten each time: as fast as the socket goes.
-    let mut frame = encoded(&[Packet::Publish(p)], ProtocolVersion::V5);
-    let at = frame.len() - SIZE;
     let mut peak = 0u64;
-    for i in 0..MESSAGES {
-        frame[at..at + 8].copy_from_slice(format!("{i:08}").as_bytes());
-        c.send_raw(&frame).await;
-        if i % 50 == 49 {
-            c.send(&Packet::PingReq).await;
-            assert!(
-                matches!(c.recv().await, Some(Packet::PingResp)),
-                "PINGRESP after message {i}"
-            );
-            peak = peak.max(common::process::rss_bytes(broker.pid()));
-        }
-    }
+    v5::rewrite_retained(&mut c, "status/one", 500_000, MESSAGES, || {
+        peak = peak.max(common::process::rss_bytes(broker.pid()));
+    })
+    .await;
     println!(
         "broker RSS peak {} MiB (budget {} MiB)",
         peak >> 20,

@@ -179,7 +179,7 @@ impl std::fmt::Debug for CommitHook {
 static BACKLOG_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// See [`BACKLOG_BYTES`].
-pub fn backlog_bytes() -> u64 {
+pub(crate) fn backlog_bytes() -> u64 {
     BACKLOG_BYTES.load(Ordering::Relaxed)
 }
 
