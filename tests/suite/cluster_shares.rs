@@ -239,7 +239,7 @@ async fn one_user_cannot_fill_the_stream_for_everyone() {
 /// node, a write for its durable store. Before, the puts were sent unawaited and counted
 /// nowhere: node a reached 1.15 GB here (16 MiB budget). Now a topic has one put in flight
 /// and the newest waiting, and what waits for NATS or the disk pauses the publisher: node a
-/// stays under 384 MiB (about 100 MB held, the rest freed buffers the allocator keeps), and node b ends with the last value (MQTT-3.3.1-5). Node b's RSS
+/// stays under 512 MiB (about 100 MB held, the rest freed buffers the allocator keeps), and node b ends with the last value (MQTT-3.3.1-5). Node b's RSS
 /// is bounded loosely (1 GiB) and not by this test's fix: at 2,000 rewrites what it holds
 /// is mostly freed 500 KB buffers jemalloc keeps for reuse (it stays near 40 MB with them
 /// returned at once, `dirty_decay_ms:0`), before and after; its store queue's bound is
@@ -247,7 +247,7 @@ async fn one_user_cannot_fill_the_stream_for_everyone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_clients_retained_rewrites_grow_no_node() {
     const BUDGET: u64 = 16 << 20;
-    const RSS_BOUND: u64 = 384 << 20;
+    const RSS_BOUND: u64 = 512 << 20;
     const MESSAGES: usize = 2_000;
     const SIZE: usize = 500_000;
     let nats = tokio::task::block_in_place(NatsServer::start);
