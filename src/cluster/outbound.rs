@@ -176,9 +176,14 @@ pub(super) fn spawn(
                         count_out(&cluster, bytes);
                     }
                     Err(error) => {
-                        fail(&cluster, streamed, out.done, &error);
-                        drop(out.in_transit);
-                        drained(&broker);
+                        fail(
+                            &cluster,
+                            &broker,
+                            streamed,
+                            out.done,
+                            out.in_transit,
+                            &error,
+                        );
                     }
                 }
                 continue;
@@ -216,9 +221,14 @@ pub(super) fn spawn(
                     count_out(&cluster, bytes);
                 }
                 Err(error) => {
-                    fail(&cluster, streamed, out.done, &error);
-                    drop(out.in_transit);
-                    drained(&broker);
+                    fail(
+                        &cluster,
+                        &broker,
+                        streamed,
+                        out.done,
+                        out.in_transit,
+                        &error,
+                    );
                 }
             }
         }
@@ -342,11 +352,13 @@ fn count_out(cluster: &Cluster, bytes: u64) {
 
 /// A message NATS did not take: its publisher is told (no acknowledgement), and the floor
 /// it pushed (`streamed`: for a stream, whether or not a publisher waits: a given-back
-/// message has none) is taken off again.
+/// message has none) is taken off again; its frame leaves the budget.
 fn fail(
     cluster: &Arc<Cluster>,
+    broker: &Weak<crate::broker::Broker>,
     streamed: bool,
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
+    in_transit: InTransit,
     error: &jetstream::context::PublishError,
 ) {
     tracing::debug!(%error, "cluster: message not taken by NATS");
@@ -358,6 +370,8 @@ fn fail(
         cluster.pop_floor();
     }
     cluster.settled();
+    drop(in_transit);
+    drained(broker);
 }
 
 /// Awaits acknowledgements in publish order; each message's wait resolves when all of its

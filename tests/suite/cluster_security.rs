@@ -581,12 +581,7 @@ async fn a_strangers_wills_count_in_its_share_of_the_stream() {
     const WILLS: usize = 20;
     let (_dir, _nats, nodes) = small_nodes("anonymous_stream_bytes = 200000\n").await;
     let a = &nodes[0];
-    let (mut watcher, _) = v5::connect(
-        a.mqtt(),
-        as_user(v5::connect_packet("will-watcher"), "sensor1"),
-    )
-    .await;
-    v5::subscribe(&mut watcher, "wills/#", QoS::AtLeastOnce).await;
+    let mut watcher = will_watcher(a, QoS::AtLeastOnce).await;
     let published = wills_published(a, &mut watcher, WILLS, |i| {
         (
             v5::connect_packet(&format!("will-{i}")),
@@ -644,12 +639,7 @@ async fn one_users_wills_count_in_its_window_of_the_stream() {
 async fn a_strangers_large_will_stays_out_of_its_session_record() {
     let (_dir, nats, nodes) = small_nodes("").await;
     let a = &nodes[0];
-    let (mut watcher, _) = v5::connect(
-        a.mqtt(),
-        as_user(v5::connect_packet("will-watcher"), "sensor1"),
-    )
-    .await;
-    v5::subscribe(&mut watcher, "wills/#", QoS::AtMostOnce).await;
+    let mut watcher = will_watcher(a, QoS::AtMostOnce).await;
     let with_will = |mut connect: postbox::codec::Connect, topic: &str, size: usize| {
         connect.will = Some(v5::will(topic, &vec![b'w'; size], QoS::AtMostOnce, false));
         connect
@@ -703,6 +693,17 @@ async fn a_strangers_large_will_stays_out_of_its_session_record() {
         2,
         "both strangers' wills published by their node"
     );
+}
+
+/// sensor1's session on node `a`, subscribed to `wills/#` at `qos`: who sees strangers' wills.
+async fn will_watcher(a: &Node, qos: QoS) -> RawClient {
+    let (mut watcher, _) = v5::connect(
+        a.mqtt(),
+        as_user(v5::connect_packet("will-watcher"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut watcher, "wills/#", qos).await;
+    watcher
 }
 
 /// Connects `count` clients to node `a`, the `i`th with the CONNECT and will topic `client(i)`
