@@ -15,11 +15,13 @@
 //! what goes out were never read: `out` stopped for good (seventeenth pass, D7). A bridge with
 //! `clean_start = true` cannot have anything sent again, so it still stops reading there.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 use std::time::Instant;
 
 use crate::broker::flow::{message_bytes, FlowControl, MemoryLevel};
-use crate::broker::stranger_share::StrangerShare;
+use crate::broker::stranger_share::{ShareFit, StrangerShare};
+use crate::broker::Broker;
 use crate::codec::Publish;
 
 /// What a remote's messages are charged to.
@@ -42,6 +44,9 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// remote sending large messages cannot make the bridge hold up to `inflight` of them.
 pub(super) const MOST_HELD_BYTES: usize = 1 << 20;
 
+/// Most topics of skipped PUBLISHes remembered; past them nothing passes the held ones.
+const MOST_SKIPPED_TOPICS: usize = 4096;
+
 /// The held PUBLISHes, oldest first, their bytes, since when the bridge has been held
 /// (counted as a paused publisher), and how many were skipped (left with the remote, to be
 /// sent again at the next connection).
@@ -59,6 +64,11 @@ pub(super) struct HeldIn {
     /// Whether the remote sends again what was skipped: its session outlives the
     /// connection (`clean_start = false`).
     may_skip: bool,
+    /// The skipped PUBLISHes' topics (hashed with `hasher`): a retained one that frees its
+    /// share's room may pass the held ones only on a topic none of them has, so the
+    /// remote's order holds per topic (MQTT-4.6.0-6). `None` past [`MOST_SKIPPED_TOPICS`].
+    skipped_topics: Option<HashSet<u64>>,
+    hasher: RandomState,
 }
 
 /// What [`HeldIn::hold`] did with a PUBLISH.
@@ -82,16 +92,34 @@ impl HeldIn {
             retry_at: None,
             most: most.max(1),
             may_skip,
+            skipped_topics: Some(HashSet::new()),
+            hasher: RandomState::new(),
         }
     }
 
-    /// Whether a PUBLISH of the remote may be routed now: nothing held or skipped before it
-    /// (the remote's order), and room for it ([`has_room`] at the pause mark).
-    pub(super) fn may_pass(&self, flow: &FlowControl, charge: Charge, publish: &Publish) -> bool {
-        self.queue.is_empty()
-            && self.skipped == 0
-            && flow.memory_level(message_bytes()) == MemoryLevel::Normal
-            && has_room(flow, charge, publish)
+    /// Whether a PUBLISH of the remote may be routed now: memory below the pause mark,
+    /// room for it in its share ([`fit`]), and nothing held or skipped before it (the
+    /// remote's order), or, a retained one replacing or clearing one of its share's, nothing
+    /// held or skipped on its topic: it frees the room the held ones wait for, and behind
+    /// them it would wait for good (issue 35, eighteenth adversarial pass, E3).
+    pub(super) fn may_pass(&self, broker: &Broker, charge: Charge, publish: &Publish) -> bool {
+        if broker.flow().memory_level(message_bytes()) != MemoryLevel::Normal {
+            return false;
+        }
+        let in_order = self.queue.is_empty() && self.skipped == 0;
+        match fit(broker, charge, publish) {
+            ShareFit::No => false,
+            ShareFit::Room => in_order,
+            ShareFit::Replacing => in_order || self.nothing_before_on(&publish.topic),
+        }
+    }
+
+    /// Whether nothing held or skipped has `topic`.
+    fn nothing_before_on(&self, topic: &str) -> bool {
+        self.skipped_topics
+            .as_ref()
+            .is_some_and(|skipped| !skipped.contains(&self.hasher.hash_one(topic)))
+            && !self.queue.iter().any(|held| held.topic == topic)
     }
 
     /// Holds `publish` (unacknowledged) behind the others, or skips it past the bounds (and
@@ -103,6 +131,14 @@ impl HeldIn {
         }
         if self.may_skip && (self.skipped > 0 || !self.within_bounds()) {
             self.skipped += 1;
+            let hash = self.hasher.hash_one(&*publish.topic);
+            if let Some(topics) = self.skipped_topics.as_mut() {
+                if topics.len() < MOST_SKIPPED_TOPICS {
+                    topics.insert(hash);
+                } else if !topics.contains(&hash) {
+                    self.skipped_topics = None;
+                }
+            }
             return Held::Skipped;
         }
         self.bytes += size(&publish);
@@ -140,11 +176,12 @@ impl HeldIn {
 
     /// The oldest held PUBLISH, if memory is back under the resume mark and there is room
     /// for it; when that leaves none held, the pause ends.
-    pub(super) fn release(&mut self, flow: &FlowControl, charge: Charge) -> Option<Publish> {
+    pub(super) fn release(&mut self, broker: &Broker, charge: Charge) -> Option<Publish> {
+        let flow = broker.flow();
         let front = self.queue.front()?;
         if self.retry_at.is_some_and(|at| Instant::now() < at)
             || !flow.memory_resumes(message_bytes())
-            || !has_room(flow, charge, front)
+            || fit(broker, charge, front) == ShareFit::No
         {
             return None;
         }
@@ -174,6 +211,7 @@ impl HeldIn {
         self.queue.clear();
         self.bytes = 0;
         self.skipped = 0;
+        self.skipped_topics = Some(HashSet::new());
         self.retry_at = None;
         self.end_pause(flow);
     }
@@ -186,10 +224,10 @@ impl HeldIn {
 }
 
 /// Whether `publish`, charged as `charge` says, fits its share.
-fn has_room(flow: &FlowControl, charge: Charge, publish: &Publish) -> bool {
+fn fit(broker: &Broker, charge: Charge, publish: &Publish) -> ShareFit {
     match charge {
-        Charge::Budget => true,
-        Charge::Stranger(share) => share.has_room(size(publish) as u64, &flow.memory),
+        Charge::Budget => ShareFit::Room,
+        Charge::Stranger(share) => broker.stranger_fits(publish, share),
     }
 }
 

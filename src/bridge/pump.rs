@@ -545,7 +545,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         // unacknowledged until there is room, as a local publisher pauses; the remote keeps
         // what it has not sent (issue 35, fifteenth adversarial pass, B6; sixteenth, C2).
         let broker = Arc::clone(self.link.handle().broker());
-        if !self.held_in.may_pass(broker.flow(), self.charge, &publish) {
+        if !self.held_in.may_pass(&broker, self.charge, &publish) {
             if qos == QoS::AtMostOnce {
                 self.status.dropped(Flow::In, "memory");
             } else if self.held_in.hold(broker.flow(), publish) == Held::Skipped
@@ -561,7 +561,7 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
     /// Routes what [`Pump::release_held_in`] lets go, oldest first.
     async fn release_held_in(&mut self) -> Result<(), RemoteError> {
         let broker = Arc::clone(self.link.handle().broker());
-        while let Some(publish) = self.held_in.release(broker.flow(), self.charge) {
+        while let Some(publish) = self.held_in.release(&broker, self.charge) {
             self.route_in(publish).await?;
         }
         Ok(())

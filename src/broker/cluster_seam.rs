@@ -114,6 +114,10 @@ pub struct StrangerPublish {
     /// The anonymous share of this node's memory budget: the bound of strangers' bytes in
     /// the engine within its retention, too, unless the engine's config says otherwise.
     pub share: u64,
+    /// A retained message's clear (empty payload): the engine lets it past the share by a
+    /// small allowance, so a share used up within the retention still lets its strangers
+    /// clear what they retained (issue 35, eighteenth adversarial pass, E3).
+    pub clear: bool,
 }
 
 /// Whose bytes a client's QoS 1/2 PUBLISH puts into the engine, each bounded apart there.
@@ -296,7 +300,10 @@ impl Broker {
                     publish.held_bytes()
                 };
                 let charge = match stranger {
-                    Some(whose) => StreamCharge::Stranger(self.stranger_publish(bytes, whose)),
+                    Some(whose) => StreamCharge::Stranger(StrangerPublish {
+                        clear: publish.retain && publish.payload.is_empty(),
+                        ..self.stranger_publish(bytes, whose)
+                    }),
                     None => StreamCharge::Identity {
                         key: identity,
                         bytes: bytes as u64,
@@ -332,6 +339,7 @@ impl Broker {
             bytes: bytes as u64,
             whose,
             share: super::flow::anonymous_share(&self.flow.memory),
+            clear: false,
         }
     }
 

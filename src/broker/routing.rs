@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 use super::flow::MemoryLevel;
 use super::guarantees::QueueLosses;
 use super::session::Victims;
+use super::stranger_share::{ShareFit, StrangerShare};
 use super::{
     persist, Admission, Broker, Delivery, EnqueueOutcome, Message, PublishRefused, Routed, Session,
     SessionId,
@@ -551,6 +552,52 @@ impl Broker {
             super::flow::anonymous_retained_counted(old.size(), false);
         }
         self.metrics.retained_messages.set(retained.len() as f64);
+    }
+
+    /// Whether a stranger's `publish`, charged to `share`, fits that share: room for its
+    /// bytes, or, retained, room once it replaces its topic's retained message charged to
+    /// the same share. A clear of such a message always fits when it is no larger than what
+    /// it removes: a full share held or refused the very clear that would have emptied it,
+    /// and a stranger's retained messages on a bridge's remote then stopped every message
+    /// of that remote for good (issue 35, eighteenth adversarial pass, E3). The replaced
+    /// message counts as freed only where the retained store is its last holder (a copy
+    /// queued at a session keeps it charged). Looks at the retained store only for a
+    /// retained PUBLISH.
+    pub(crate) fn stranger_fits(
+        &self,
+        publish: &crate::codec::Publish,
+        share: StrangerShare,
+    ) -> ShareFit {
+        let cost = publish.held_bytes() as u64;
+        let replacing = || {
+            if !publish.retain {
+                return false;
+            }
+            let retained = self.retained.read();
+            let Some(old) = retained.get(&publish.topic) else {
+                return false;
+            };
+            // Restored from the store after a restart: counted in anonymous clients' share
+            // while the retained store holds it, freed as it leaves.
+            let counted_while_retained =
+                old.counts_as_anonymous_retained() && share == StrangerShare::ANONYMOUS;
+            let charged_for_life = old.charged_anonymous() && old.stranger_share() == share;
+            (counted_while_retained || charged_for_life)
+                && share.fits_replacing(
+                    cost,
+                    old.size() as u64,
+                    counted_while_retained || Arc::strong_count(old) == 1,
+                    publish.payload.is_empty(),
+                    &self.flow.memory,
+                )
+        };
+        if replacing() {
+            ShareFit::Replacing
+        } else if share.has_room(cost, &self.flow.memory) {
+            ShareFit::Room
+        } else {
+            ShareFit::No
+        }
     }
 
     /// Queues the retained messages matching `filter` to `session` with RETAIN=1 (MQTT-3.3.1-6),

@@ -67,11 +67,42 @@ impl StrangerShare {
         self.bytes().saturating_add(cost) <= anonymous_share(budget)
     }
 
+    /// Whether a message of `cost` bytes fits when it replaces one of `replaced` bytes
+    /// charged to this share (`freed_now`: the replaced one leaves memory with it), or,
+    /// a clear (`clear`), costs no more than what it removes.
+    pub(crate) fn fits_replacing(
+        self,
+        cost: u64,
+        replaced: u64,
+        freed_now: bool,
+        clear: bool,
+        budget: &MemoryBudget,
+    ) -> bool {
+        if clear && cost <= replaced {
+            return true;
+        }
+        let freed = if freed_now { replaced } else { 0 };
+        self.bytes().saturating_add(cost) <= anonymous_share(budget).saturating_add(freed)
+    }
+
     fn bridge(self) -> Option<&'static AtomicI64> {
         usize::from(self.0)
             .checked_sub(1)
             .and_then(|i| BRIDGE_BYTES.get(i))
     }
+}
+
+/// Whether a stranger's PUBLISH fits its share ([`crate::broker::Broker::stranger_fits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShareFit {
+    /// It does not: held or refused until the share has room.
+    No,
+    /// There is room for it.
+    Room,
+    /// It is retained and replaces (or clears) its topic's retained message charged to the
+    /// same share, within the share once that one makes way: it frees what it needs, so it
+    /// need not wait behind what waits for room (issue 35, eighteenth adversarial pass, E3).
+    Replacing,
 }
 
 #[cfg(test)]

@@ -312,9 +312,15 @@ impl Cluster {
         self.stream_full.store(false, Ordering::Release);
     }
 
-    /// Charges a stranger's message to its share's window of the stream; false past it.
+    /// Charges a stranger's message to its share's window of the stream; false past it (a
+    /// clear of a retained message past it and [`stream_room::CLEARS_ALLOWANCE`] more).
     fn charge_stranger(&self, stranger: StrangerPublish) -> bool {
         let share = self.config.anonymous_stream_bytes.unwrap_or(stranger.share);
+        let share = if stranger.clear {
+            share.saturating_add(share / stream_room::CLEARS_ALLOWANCE)
+        } else {
+            share
+        };
         self.stranger_bytes.charge(
             stranger.whose.slot(),
             stranger.bytes,

@@ -24,6 +24,12 @@ const SLICES: u32 = 64;
 /// connection unacknowledged, as any message JetStream did not take).
 pub(super) const FULL_HOLD: Duration = Duration::from_secs(1);
 
+/// A share's clears of retained messages may put this fraction of the share more into the
+/// stream (a 16th): a stranger that used its share up within the retention (an hour by
+/// default) can still clear what it retained, which frees the memory its share holds
+/// (issue 35, eighteenth adversarial pass, E3).
+pub(super) const CLEARS_ALLOWANCE: u64 = 16;
+
 /// Strangers' bytes put into the stream over its retention, counted in time slices.
 #[derive(Debug)]
 pub(super) struct StrangerBytes {

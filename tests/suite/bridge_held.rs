@@ -194,6 +194,74 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
     v5::expect_silence(&mut late, std::time::Duration::from_millis(300)).await;
 }
 
+/// Issue 35, eighteenth adversarial pass, E3: a stranger on the remote fills the bridge's
+/// share with retained messages, so the remote's next 25 messages wait (held, or left with
+/// the remote); then the stranger clears its retained messages the way users do
+/// (`mosquitto_pub -r -n`, QoS 1 here). Each clear of a message the share holds passes what
+/// waits on other topics (MQTT-4.6.0-6 keeps order per topic: the two clears whose topics
+/// wait behind come after them), frees the share, and all 25 arrive in order; in the end
+/// nothing of the stranger's is retained here and the share is empty. Before, the clears
+/// queued behind what waited for the room they would make: nothing more came in from the
+/// remote for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_strangers_clears_empty_the_share_its_retained_messages_filled() {
+    let remote = MosquittoBroker::start("").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = bridged_broker(remote.port, dir.path(), false).await;
+    let mut sensor1 = sensor1_reading(&broker, "inbox/h/#").await;
+
+    publish_many(remote.port, "stranger-r", 12, 100_000, true, |i| {
+        format!("inbox/r/{i}")
+    })
+    .await;
+    broker
+        .wait_metric("postbox_publishers_paused", |n| n >= 1.0)
+        .await;
+    publish_many(remote.port, "stranger-h", 25, 100_000, false, |_| {
+        "inbox/h/x".to_owned()
+    })
+    .await;
+    broker
+        .wait_log(|l| l.contains("no room for more of the remote's messages"))
+        .await;
+
+    for i in 0..12 {
+        let topic = format!("inbox/r/{i}");
+        crate::common::mosquitto::mosquitto_pub(
+            remote.port,
+            &["-q", "1", "-r", "-n", "-t", &topic],
+        )
+        .await;
+    }
+    let got = tokio::time::timeout(WAIT * 2, indices(&mut sensor1, 25))
+        .await
+        .expect("the 25 within twice WAIT once the stranger cleared its retained messages");
+    assert_eq!(got, (0..25).collect::<Vec<_>>(), "the remote's messages");
+
+    // The remote's next message comes after every clear (the remote's order): once it is
+    // here, nothing of the stranger's is retained and the share holds nothing.
+    publish_many(remote.port, "stranger-h", 1, 100, false, |_| {
+        "inbox/h/x".to_owned()
+    })
+    .await;
+    let next = tokio::time::timeout(WAIT, indices(&mut sensor1, 1))
+        .await
+        .expect("the remote's next message within WAIT");
+    assert_eq!(next, vec![0], "the remote's next message");
+    let (mut late, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("sensor1-late"), "sensor1"),
+    )
+    .await;
+    v5::subscribe(&mut late, "inbox/r/#", QoS::AtLeastOnce).await;
+    v5::expect_silence(&mut late, std::time::Duration::from_millis(300)).await;
+    broker
+        .wait_metric("postbox_bridge_share_bytes{bridge=\"cloud\"}", |n| {
+            n < 1000.0
+        })
+        .await;
+}
+
 /// Issue 35, seventeenth adversarial pass, D5: a bridge's remote has a share of its own,
 /// apart from local strangers'. An anonymous client here fills the anonymous share with
 /// retained messages (refused 0x97 at it); then an application on the remote sends five

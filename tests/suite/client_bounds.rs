@@ -604,6 +604,68 @@ async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
     v5::expect_silence(&mut device, std::time::Duration::from_millis(300)).await;
 }
 
+/// Issue 35, eighteenth adversarial pass, E3 (a local stranger's side): with anonymous
+/// clients' share full of their retained messages, a stranger may still replace one of them
+/// with one no larger and clear one (a retained PUBLISH with an empty payload deletes the
+/// topic's retained message, MQTT-3.3.1-10), live and after a restart (the restored ones
+/// count in the share while retained); a retained message on a new topic is still refused
+/// with 0x97 Quota exceeded. Before, the replacement and the clear that would free the share
+/// were refused like any other PUBLISH.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_at_its_share_may_still_replace_and_clear_its_retained_messages() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let sections = format!(
+        "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
+         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
+        data.path().join("store"),
+        common::fast_example_passwords(data.path())
+    );
+    let payload = vec![b'r'; 60_000];
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let mut anon = v5::connect_id(broker.addr, "retainer").await;
+    let kept = retain_until_refused(&mut anon, "ret/anon", &payload, 20).await;
+    assert!(kept >= 4, "refused after {kept}");
+    let steps: [(&str, &[u8], u16); 2] = [("ret/anon/1", &payload, 101), ("ret/anon/0", b"", 102)];
+    for (topic, body, id) in steps {
+        // 0x10 No matching subscribers: taken, nobody reads it now.
+        let code = v5::publish_retained(&mut anon, topic, body, id).await;
+        assert!(
+            !code.is_error(),
+            "{} bytes retained on {topic} with the share full: {code:?}",
+            body.len()
+        );
+    }
+    v5::disconnect(anon).await;
+    broker.stop().await;
+
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let mut anon = v5::connect_id(broker.addr, "retainer").await;
+    let steps: [(&str, &[u8], u16); 3] = [
+        ("ret/anon/2", &payload, 103),
+        ("ret/anon/3", b"", 104),
+        ("ret/anon/3", b"", 105),
+    ];
+    for (topic, body, id) in steps {
+        let code = v5::publish_retained(&mut anon, topic, body, id).await;
+        assert!(
+            !code.is_error(),
+            "after the restart, {} bytes retained on {topic}: {code:?}",
+            body.len()
+        );
+    }
+    // The two clears made room for two more on new topics, not for four.
+    let mut codes = Vec::new();
+    for i in 0..4u16 {
+        let topic = format!("ret/new/{i}");
+        codes.push(v5::publish_retained(&mut anon, &topic, &payload, 200 + i).await);
+    }
+    let accepted = codes.iter().filter(|c| !c.is_error()).count();
+    assert!(
+        accepted <= 2 && codes.contains(&ReasonCode::QUOTA_EXCEEDED),
+        "new topics past the share: {codes:?}"
+    );
+}
+
 /// Pass 7B (P1, wills): a delayed retained will of an anonymous session that expired while
 /// the broker was down is published at the restart under its owner's identity
 /// (`Broker::publish_will_of`), and so counts in the anonymous share as their PUBLISH does

@@ -16,7 +16,8 @@ use super::inbound_aliases::InboundAliases;
 use super::write_memo::WriteMemo;
 use super::Client;
 use crate::auth::acl::Action;
-use crate::broker::{flow, MemoryLevel, PublishRefused};
+use crate::broker::stranger_share::{ShareFit, StrangerShare};
+use crate::broker::{MemoryLevel, PublishRefused};
 use crate::codec::{topic, PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::violation::Violation;
@@ -85,12 +86,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
         // A stranger's message counts in the anonymous share for as long as it is held
         // (retained, or queued at anyone's session: issue 35, fourteenth adversarial pass, A1),
-        // so past the share it is refused, not taken into the budget verified clients share.
+        // so past the share it is refused, not taken into the budget verified clients share;
+        // a retained one that replaces or clears an anonymous client's is taken within what
+        // that frees (eighteenth pass, E3: the clear that would empty a full share was refused).
         if self.session.publishes_anonymously()
-            && !flow::anonymous_share_has_room(
-                publish.held_bytes() as u64,
-                &self.broker().flow().memory,
-            )
+            && self
+                .broker()
+                .stranger_fits(&publish, StrangerShare::ANONYMOUS)
+                == ShareFit::No
         {
             return self.refuse_over_anonymous_share(qos, packet_id);
         }
