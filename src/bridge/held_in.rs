@@ -71,6 +71,21 @@ pub(super) struct HeldIn {
     hasher: RandomState,
 }
 
+/// How a PUBLISH of the remote may go now ([`HeldIn::may_pass`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Passage {
+    /// Routed and acknowledged: nothing waits before it.
+    InOrder,
+    /// Routed now, past what waits on other topics, but left unacknowledged
+    /// ([`HeldIn::passed_ahead`]): acknowledged now it would be before those, and the bridge,
+    /// the remote's client, acknowledges in the order it received (MQTT-4.6.0-2, -3). The
+    /// remote sends it again at the next connection: a duplicate QoS 1 allows, and at QoS 2
+    /// the bridge's session knows the id and routes it no second time (MQTT-4.3.3-10).
+    Ahead,
+    /// Not now: held, skipped, or (QoS 0) dropped.
+    Wait,
+}
+
 /// What [`HeldIn::hold`] did with a PUBLISH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Held {
@@ -97,20 +112,42 @@ impl HeldIn {
         }
     }
 
-    /// Whether a PUBLISH of the remote may be routed now: memory below the pause mark,
-    /// room for it in its share ([`fit`]), and nothing held or skipped before it (the
-    /// remote's order), or, a retained one replacing or clearing one of its share's, nothing
-    /// held or skipped on its topic: it frees the room the held ones wait for, and behind
-    /// them it would wait for good (issue 35, eighteenth adversarial pass, E3).
-    pub(super) fn may_pass(&self, broker: &Broker, charge: Charge, publish: &Publish) -> bool {
+    /// How a PUBLISH of the remote may go now: not while memory is past the pause mark or
+    /// its share has no room for it ([`fit`]); in order when nothing is held or skipped
+    /// before it (the remote's order); else, a retained one replacing or clearing one of its
+    /// share's, [`Passage::Ahead`] when nothing held or skipped has its topic (order is kept
+    /// per topic, MQTT-4.6.0-6) and the remote sends again what is left unacknowledged: it
+    /// frees the room the held ones wait for, and behind them it would wait for good (issue
+    /// 35, eighteenth adversarial pass, E3).
+    pub(super) fn may_pass(&self, broker: &Broker, charge: Charge, publish: &Publish) -> Passage {
         if broker.flow().memory_level(message_bytes()) != MemoryLevel::Normal {
-            return false;
+            return Passage::Wait;
         }
         let in_order = self.queue.is_empty() && self.skipped == 0;
         match fit(broker, charge, publish) {
-            ShareFit::No => false,
-            ShareFit::Room => in_order,
-            ShareFit::Replacing => in_order || self.nothing_before_on(&publish.topic),
+            ShareFit::Room | ShareFit::Replacing if in_order => Passage::InOrder,
+            ShareFit::Replacing if self.may_skip && self.nothing_before_on(&publish.topic) => {
+                Passage::Ahead
+            }
+            _ => Passage::Wait,
+        }
+    }
+
+    /// A QoS 1/2 PUBLISH routed [`Passage::Ahead`]: counted as skipped (left with the remote,
+    /// sent again at the next connection), its topic with the others'.
+    pub(super) fn passed_ahead(&mut self, topic: &str) {
+        self.skipped += 1;
+        self.remember_skipped(topic);
+    }
+
+    fn remember_skipped(&mut self, topic: &str) {
+        let hash = self.hasher.hash_one(topic);
+        if let Some(topics) = self.skipped_topics.as_mut() {
+            if topics.len() < MOST_SKIPPED_TOPICS {
+                topics.insert(hash);
+            } else if !topics.contains(&hash) {
+                self.skipped_topics = None;
+            }
         }
     }
 
@@ -131,14 +168,7 @@ impl HeldIn {
         }
         if self.may_skip && (self.skipped > 0 || !self.within_bounds()) {
             self.skipped += 1;
-            let hash = self.hasher.hash_one(&*publish.topic);
-            if let Some(topics) = self.skipped_topics.as_mut() {
-                if topics.len() < MOST_SKIPPED_TOPICS {
-                    topics.insert(hash);
-                } else if !topics.contains(&hash) {
-                    self.skipped_topics = None;
-                }
-            }
+            self.remember_skipped(&publish.topic);
             return Held::Skipped;
         }
         self.bytes += size(&publish);

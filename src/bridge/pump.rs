@@ -21,7 +21,7 @@ use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
-use super::held_in::{Charge, Held, HeldIn};
+use super::held_in::{Charge, Held, HeldIn, Passage};
 use super::remote::{RemoteError, RemoteIo};
 use super::remote_subscriptions::RemoteSubscriptions;
 use super::status::{BridgeStatus, Flow};
@@ -545,35 +545,44 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
         // unacknowledged until there is room, as a local publisher pauses; the remote keeps
         // what it has not sent (issue 35, fifteenth adversarial pass, B6; sixteenth, C2).
         let broker = Arc::clone(self.link.handle().broker());
-        if !self.held_in.may_pass(&broker, self.charge, &publish) {
-            if qos == QoS::AtMostOnce {
-                self.status.dropped(Flow::In, "memory");
-            } else if self.held_in.hold(broker.flow(), publish) == Held::Skipped
-                && self.held_in.skipped() == 1
-            {
-                tracing::warn!(bridge = %self.config.name, "bridge: no room for more of the remote's messages; those past the held ones are left with the remote and fetched again by reconnecting once the held ones are routed");
+        match self.held_in.may_pass(&broker, self.charge, &publish) {
+            Passage::InOrder => self.route_in(publish, true).await,
+            Passage::Ahead => {
+                if qos != QoS::AtMostOnce {
+                    self.held_in.passed_ahead(&publish.topic);
+                }
+                self.route_in(publish, false).await
             }
-            return Ok(());
+            Passage::Wait => {
+                if qos == QoS::AtMostOnce {
+                    self.status.dropped(Flow::In, "memory");
+                } else if self.held_in.hold(broker.flow(), publish) == Held::Skipped
+                    && self.held_in.skipped() == 1
+                {
+                    tracing::warn!(bridge = %self.config.name, "bridge: no room for more of the remote's messages; those past the held ones are left with the remote and fetched again by reconnecting once the held ones are routed");
+                }
+                Ok(())
+            }
         }
-        self.route_in(publish).await
     }
 
     /// Routes what [`Pump::release_held_in`] lets go, oldest first.
     async fn release_held_in(&mut self) -> Result<(), RemoteError> {
         let broker = Arc::clone(self.link.handle().broker());
         while let Some(publish) = self.held_in.release(&broker, self.charge) {
-            self.route_in(publish).await?;
+            self.route_in(publish, true).await?;
         }
         Ok(())
     }
 
     /// Routes a renamed PUBLISH of the remote through the bridge's session and answers the
-    /// remote once the store holds it.
-    async fn route_in(&mut self, publish: Publish) -> Result<(), RemoteError> {
+    /// remote once the store holds it; or, not to `acknowledge` ([`Passage::Ahead`]), leaves
+    /// it with the remote, which sends it again at the next connection, refused or not.
+    async fn route_in(&mut self, publish: Publish, acknowledge: bool) -> Result<(), RemoteError> {
         let (qos, packet_id) = (publish.qos, publish.packet_id);
         let v5 = self.io.version() == ProtocolVersion::V5;
         // Kept to be tried again if it is refused for now.
-        let again = (qos != QoS::AtMostOnce).then(|| publish.clone());
+        let again = (acknowledge && qos != QoS::AtMostOnce).then(|| publish.clone());
         let handle = self.link.handle();
         let routed = match self.charge {
             Charge::Budget => handle.publish(publish),
@@ -587,6 +596,9 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                     self.link.wait_for_room(&target).await;
                 }
                 self.status.forwarded(Flow::In);
+                if !acknowledge {
+                    return Ok(());
+                }
                 let reason = if v5 {
                     ReasonCode::SUCCESS
                 } else {
@@ -595,6 +607,10 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 self.ack_remote(qos, packet_id, reason, published.answer.gate);
             }
             Err(refused) => {
+                if !acknowledge && qos != QoS::AtMostOnce {
+                    // Counted as skipped: the remote sends it again.
+                    return Ok(());
+                }
                 let Some(again) = again else {
                     self.status.dropped(Flow::In, "refused");
                     return Ok(());
