@@ -297,6 +297,9 @@ pub struct Metrics {
     pub memory_budget_bytes: Gauge,
     /// Bytes counted against the budget (messages alive, partial packets); set at scrape.
     pub memory_used_bytes: Gauge,
+    /// Bytes handed to the store and not yet committed: outside the budget, but publishers
+    /// pause past `broker::flow::STORE_BACKLOG_PAUSE` of them; set at scrape.
+    pub store_queue_bytes: Gauge,
     /// What anonymous clients hold, by part: kept, connected, in transit; set at scrape.
     pub anonymous_bytes: [Gauge; 3],
     /// Connections closed because a packet could not be decoded.
@@ -454,6 +457,7 @@ impl Metrics {
             publisher_pause_seconds: r.counter(PUBLISHER_PAUSE_SECONDS_TOTAL, "Seconds publishers have spent paused by back-pressure, all together."),
             memory_budget_bytes: r.gauge(MEMORY_BUDGET_BYTES, "The memory budget for messages and partial packets (mqtt.max_memory)."),
             memory_used_bytes: r.gauge(MEMORY_USED_BYTES, "Bytes counted against the memory budget: messages held, subscriptions and partial packets."),
+            store_queue_bytes: r.gauge(STORE_QUEUE_BYTES, "Bytes handed to the durable store and not yet committed; publishers pause past 64 MiB."),
             malformed_packets: r.counter(MALFORMED_PACKETS_TOTAL, "Connections closed because a packet could not be decoded."),
             protocol_errors: r.counter(PROTOCOL_ERRORS_TOTAL, "Connections closed for a protocol violation in a well-formed packet."),
             keepalive_timeouts: r.counter(KEEPALIVE_TIMEOUTS_TOTAL, "Connections closed because the client missed its keep-alive."),

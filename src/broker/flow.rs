@@ -195,6 +195,16 @@ pub(crate) fn anonymous_session_cost(len: usize) -> u64 {
 /// and goes with it.
 static ANONYMOUS_CONNECTED_BYTES: AtomicI64 = AtomicI64::new(0);
 
+/// The anonymous share ([`anonymous_share`]) of the budget the broker was made with, for
+/// what cannot reach its [`FlowControl`]: a stranger's message deciding whether to cache one
+/// more encoding of itself (`Message::write_to`). No bound until a broker is made.
+static SHARE_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// See [`SHARE_LIMIT`].
+pub(crate) fn share_limit() -> u64 {
+    SHARE_LIMIT.load(Ordering::Relaxed)
+}
+
 /// Where a session's own cost ([`session_cost`]) counts, which depends on its owner and on
 /// whether it outlives its connection; moved by [`SessionCost::moved`] when either changes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -472,10 +482,12 @@ pub struct FlowControl {
 impl FlowControl {
     /// Flow control for the `[mqtt]` settings.
     pub fn new(config: &MqttConfig) -> FlowControl {
+        let memory = MemoryBudget::from_setting(config.max_memory);
+        SHARE_LIMIT.store(anonymous_share(&memory), Ordering::Relaxed);
         FlowControl {
             stalled_after_ms: u64::from(config.stalled_after) * 1000,
             backpressure_qos0: config.backpressure_qos0,
-            memory: MemoryBudget::from_setting(config.max_memory),
+            memory,
             room: Arc::new(Notify::new()),
             memory_alarm: AtomicBool::new(false),
             paused: AtomicUsize::new(0),
@@ -571,6 +583,9 @@ impl super::Broker {
         self.metrics
             .memory_used_bytes
             .set((message_bytes() + partial) as f64);
+        self.metrics
+            .store_queue_bytes
+            .set(crate::storage::backlog_bytes() as f64);
         let [kept, connected, in_transit] = &self.metrics.anonymous_bytes;
         kept.set(anonymous_bytes() as f64);
         connected.set(anonymous_connected_bytes() as f64);

@@ -22,6 +22,10 @@ const PUBLISHED_ANONYMOUSLY: u8 = 2;
 /// Where [`Message`]'s marks keep its stranger's share ([`StrangerShare::slot`], six bits).
 const SHARE_SHIFT: u8 = 2;
 
+/// What an encoding of a message holds beside its topic, payload and properties: the fixed
+/// header, lengths and packet id, at most.
+const ENCODING_OVERHEAD: u64 = 16;
+
 /// Identifies a session inside this broker process (cheaper than comparing client ids).
 pub type SessionId = u64;
 
@@ -273,6 +277,15 @@ impl Message {
         self.charge_to(share);
     }
 
+    /// Whether an encoding for `version` and `qos` may be cached: it is already, or the
+    /// message's share has room for one more copy of it (a stranger's message).
+    fn may_cache_for(&self, version: ProtocolVersion, qos: QoS) -> bool {
+        self.encoded.is_cached(version, qos)
+            || self
+                .stranger_share()
+                .has_room_for_copy(self.size() as u64 + ENCODING_OVERHEAD)
+    }
+
     /// Whether its cached encodings count in the anonymous share too (tenth pass, S2): they
     /// are further copies of a message that does.
     fn encodings_count_as_anonymous(&self) -> bool {
@@ -455,6 +468,25 @@ impl Message {
             && (!delivery.subscription_ids.is_empty()
                 || delivery.topic_alias.is_some()
                 || elapsed_secs > 0);
+        if !custom
+            && self.encodings_count_as_anonymous()
+            && !self.may_cache_for(version, delivery.qos)
+        {
+            // A stranger's message whose share has no room for another copy: encoded for
+            // this delivery alone (issue 35, nineteenth adversarial pass, F1: four cached
+            // encodings each charged past the share took a stranger's retained messages to
+            // 4.9 times it, and verified publishers to 0x97).
+            let header = PublishHeader {
+                dup: delivery.dup,
+                qos: delivery.qos,
+                retain: delivery.retain,
+                topic: &self.topic,
+                packet_id: delivery.packet_id,
+                properties: self.properties.as_deref(),
+            };
+            codec::encode_publish(&header, &self.payload, version, out)?;
+            return Ok(out.len() - start);
+        }
         if custom {
             let mut props = self.properties().clone();
             props

@@ -67,9 +67,19 @@ impl StrangerShare {
         self.bytes().saturating_add(cost) <= anonymous_share(budget)
     }
 
+    /// [`StrangerShare::has_room`] against the share of the budget the broker was made with
+    /// ([`super::flow::share_limit`]): for a message deciding whether to keep another copy
+    /// of itself, which cannot reach the broker's flow control.
+    pub(crate) fn has_room_for_copy(self, cost: u64) -> bool {
+        self.bytes().saturating_add(cost) <= super::flow::share_limit()
+    }
+
     /// Whether a message of `cost` bytes fits when it replaces one of `replaced` bytes
-    /// charged to this share (`freed_now`: the replaced one leaves memory with it), or,
-    /// a clear (`clear`), costs no more than what it removes.
+    /// charged to this share: when the replaced one leaves memory with it (`freed_now`),
+    /// within the share once it is gone, and a clear (`clear`) no larger than what it
+    /// removes always; else (a copy of it is queued somewhere, and stays charged) only
+    /// where there is room (nineteenth adversarial pass, F1: clears of messages queued at a
+    /// verified client's offline session took the budget past 100%).
     pub(crate) fn fits_replacing(
         self,
         cost: u64,
@@ -78,10 +88,13 @@ impl StrangerShare {
         clear: bool,
         budget: &MemoryBudget,
     ) -> bool {
+        if !freed_now {
+            return self.has_room(cost, budget);
+        }
         if clear && cost <= replaced {
             return true;
         }
-        let freed = if freed_now { replaced } else { 0 };
+        let freed = replaced;
         self.bytes().saturating_add(cost) <= anonymous_share(budget).saturating_add(freed)
     }
 

@@ -104,6 +104,19 @@ impl PublishEncodings {
         Ok((out.len() - start, made))
     }
 
+    /// Whether the encoding [`PublishEncodings::write`] would use for `version` and `qos` is
+    /// cached already (so writing it makes no further copy).
+    pub fn is_cached(&self, version: ProtocolVersion, qos: QoS) -> bool {
+        let slot = usize::from(version.is_v5()) * 2 + usize::from(qos != QoS::AtMostOnce);
+        self.first
+            .get()
+            .is_some_and(|(s, _)| usize::from(*s) == slot)
+            || self
+                .others
+                .get()
+                .is_some_and(|others| others.get(slot).is_some_and(|e| e.get().is_some()))
+    }
+
     /// Bytes of the encodings cached: what [`PublishEncodings::write`] reported made, summed.
     pub fn held_bytes(&self) -> usize {
         let first = self.first.get().map_or(0, |(_, e)| e.bytes.len());

@@ -44,6 +44,8 @@ pub const PUBLISHER_PAUSE_SECONDS_TOTAL: &str = "postbox_publisher_pause_seconds
 pub const MEMORY_BUDGET_BYTES: &str = "postbox_memory_budget_bytes";
 /// Gauge: bytes counted against the memory budget.
 pub const MEMORY_USED_BYTES: &str = "postbox_memory_used_bytes";
+/// Gauge: bytes handed to the durable store and not yet committed (its writer's queue).
+pub const STORE_QUEUE_BYTES: &str = "postbox_store_queue_bytes";
 /// Counter: connections closed because a packet could not be decoded.
 pub const MALFORMED_PACKETS_TOTAL: &str = "postbox_malformed_packets_total";
 /// Counter: connections closed for a protocol violation in a well-formed packet.
@@ -258,7 +260,7 @@ pub(crate) const GUARANTEES: [&str; 5] = [
 
 /// The names of [`ALL`] that `metrics` registers itself (the broker core's series, in
 /// [`crate::metrics::Metrics::register`]).
-pub(crate) const CORE: [&str; 54] = [
+pub(crate) const CORE: [&str; 55] = [
     CONNECTIONS_CURRENT,
     CONNECTIONS_TOTAL,
     SESSIONS_CURRENT,
@@ -277,6 +279,7 @@ pub(crate) const CORE: [&str; 54] = [
     PUBLISH_RATE_PAUSES_TOTAL,
     MEMORY_BUDGET_BYTES,
     MEMORY_USED_BYTES,
+    STORE_QUEUE_BYTES,
     MALFORMED_PACKETS_TOTAL,
     PROTOCOL_ERRORS_TOTAL,
     KEEPALIVE_TIMEOUTS_TOTAL,
@@ -317,7 +320,7 @@ pub(crate) const CORE: [&str; 54] = [
 
 /// Every metric name of a bare broker, for docs and completeness tests: the core's and the
 /// groups its owners register with every broker ([`STORE`], [`GUARANTEES`]), each listed once.
-pub const ALL: [&str; 70] = concat([&CORE, &STORE, &GUARANTEES]);
+pub const ALL: [&str; 71] = concat([&CORE, &STORE, &GUARANTEES]);
 
 /// The lists of `parts` one after the other, in a `const` (so [`ALL`] is made of the groups'
 /// own lists instead of repeating them); `N` must be their total length (checked at compile

@@ -666,6 +666,99 @@ async fn a_stranger_at_its_share_may_still_replace_and_clear_its_retained_messag
     );
 }
 
+/// Issue 35, nineteenth adversarial pass, F1: a stranger's retained messages, read by
+/// verified subscribers of the four kinds (3.1.1 and 5, QoS 0 and 1) and queued at a
+/// verified client's offline session, stay within anonymous clients' share (512 KiB of a
+/// 4 MiB budget): a stranger's message keeps one more encoding of itself only while the
+/// share has room for it, else it is encoded for the one delivery. Then the stranger's
+/// clears, each carrying as many bytes of properties as what it would remove, are refused
+/// (0x97), the messages they would remove being still queued at that session, and a
+/// verified publisher is not paused: memory stays under the pause mark. Before, the four
+/// encodings took the stranger's messages to about five times the share, and the clears,
+/// let in for what they would free, took the budget past 100%: every verified QoS 1
+/// PUBLISH got 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_retained_messages_and_their_copies_stay_within_the_share() {
+    use postbox::codec::QoS;
+    let data = tempfile::tempdir().expect("tempdir");
+    let sections = format!(
+        "[storage]\npersistence = false\n[mqtt]\nmax_memory = 4194304\n\
+         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
+        common::fast_example_passwords(data.path())
+    );
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let (mut offline, _) = v5::connect(broker.addr, sensor1("f1-offline")).await;
+    v5::subscribe(&mut offline, "t/#", QoS::AtLeastOnce).await;
+    v5::disconnect(offline).await;
+
+    let mut anon = v5::connect_id(broker.addr, "f1-stranger").await;
+    let kept = retain_until_refused(&mut anon, "t", &[b'x'; 60_000], 20).await;
+    for version in [ProtocolVersion::V3_1_1, ProtocolVersion::V5] {
+        for qos in [QoS::AtMostOnce, QoS::AtLeastOnce] {
+            let mut reader = RawClient::open(broker.addr, version).await;
+            let connect = postbox::codec::Connect {
+                username: Some("sensor2".into()),
+                password: Some(bytes::Bytes::from_static(b"sensor2-secret")),
+                ..common::connect_packet(version, &format!("f1-{version:?}-{qos:?}"))
+            };
+            reader.send(&Packet::Connect(Box::new(connect))).await;
+            match reader.recv().await {
+                Some(Packet::ConnAck(ack)) if ack.reason_code.0 == 0 => {}
+                other => panic!("sensor2's CONNACK: {other:?}"),
+            }
+            v5::subscribe(&mut reader, "t/#", qos).await;
+            for _ in 0..kept {
+                let Some(Packet::Publish(p)) = reader.recv().await else {
+                    panic!("{version:?} {qos:?}: a retained message");
+                };
+                if p.qos == QoS::AtLeastOnce {
+                    let ack = postbox::codec::PubResponse::new(p.packet_id);
+                    reader.send(&Packet::PubAck(ack)).await;
+                }
+            }
+        }
+    }
+    let share = 4_194_304.0 / 8.0;
+    let held = most_shown(&broker, "postbox_anonymous_bytes{part=\"kept\"}").await;
+    assert!(
+        held <= share,
+        "anonymous clients hold {held} of a {share} share"
+    );
+
+    for i in 0..kept {
+        let mut clear = v5::publish_packet(&format!("t/{i}"), QoS::AtLeastOnce, b"", 300 + i);
+        clear.retain = true;
+        clear.properties.user_properties = vec![("k".into(), "p".repeat(59_900).into())];
+        assert_eq!(
+            v5::publish(&mut anon, clear).await,
+            ReasonCode::QUOTA_EXCEEDED,
+            "the clear of t/{i}, still queued at sensor1's session"
+        );
+    }
+    let used = most_shown(&broker, "postbox_memory_used_bytes").await;
+    assert!(used < 0.9 * 4_194_304.0, "memory used {used}");
+    let (mut sensor2, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("f1-publisher"), "sensor2"),
+    )
+    .await;
+    let code = v5::publish_qos1(&mut sensor2, "sensors/sensor2/t", b"1", 1).await;
+    assert!(!code.is_error(), "sensor2's PUBLISH: {code:?}");
+}
+
+/// The most `series` shows over 2.5 s, sampled every 50 ms: the broker copies its counts
+/// into these gauges every half second (`broker::KEEP_ALIVE_SWEEP`), so this is what it
+/// counted over at least four copies, all taken after the call.
+async fn most_shown(broker: &BrokerProcess, series: &str) -> f64 {
+    let mut most: f64 = 0.0;
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(2_500);
+    while std::time::Instant::now() < until {
+        most = most.max(broker.metric(series).await.unwrap_or(0.0));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    most
+}
+
 /// Pass 7B (P1, wills): a delayed retained will of an anonymous session that expired while
 /// the broker was down is published at the restart under its owner's identity
 /// (`Broker::publish_will_of`), and so counts in the anonymous share as their PUBLISH does
