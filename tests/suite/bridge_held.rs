@@ -177,11 +177,24 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
     // inbox/r/0, stored here before sensor2 cleared it, stays cleared. Before, each
     // reconnect subscribed again: the retained messages came back and filled the share
     // for good, and the next message was held behind them.
+    the_remotes_next_arrives_and_nothing_is_retained(&remote, &broker, &mut sensor1, "inbox/r/0")
+        .await;
+}
+
+/// The remote's next message on `inbox/h/x` reaches `sensor1` (everything the remote sent
+/// before it was taken here), and a new subscriber of `retained` here gets no retained
+/// message.
+async fn the_remotes_next_arrives_and_nothing_is_retained(
+    remote: &MosquittoBroker,
+    broker: &BrokerProcess,
+    sensor1: &mut RawClient,
+    retained: &str,
+) {
     publish_many(remote.port, "stranger-h", 1, 100, false, |_| {
         "inbox/h/x".to_owned()
     })
     .await;
-    let next = tokio::time::timeout(WAIT, indices(&mut sensor1, 1))
+    let next = tokio::time::timeout(WAIT, indices(sensor1, 1))
         .await
         .expect("the remote's next message within WAIT");
     assert_eq!(next, vec![0], "the remote's next message");
@@ -190,7 +203,7 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
         v5::as_user(v5::connect_packet("sensor1-late"), "sensor1"),
     )
     .await;
-    v5::subscribe(&mut late, "inbox/r/0", QoS::AtLeastOnce).await;
+    v5::subscribe(&mut late, retained, QoS::AtLeastOnce).await;
     v5::expect_silence(&mut late, std::time::Duration::from_millis(300)).await;
 }
 
@@ -240,21 +253,8 @@ async fn a_remote_strangers_clears_empty_the_share_its_retained_messages_filled(
 
     // The remote's next message comes after every clear (the remote's order): once it is
     // here, nothing of the stranger's is retained and the share holds nothing.
-    publish_many(remote.port, "stranger-h", 1, 100, false, |_| {
-        "inbox/h/x".to_owned()
-    })
-    .await;
-    let next = tokio::time::timeout(WAIT, indices(&mut sensor1, 1))
-        .await
-        .expect("the remote's next message within WAIT");
-    assert_eq!(next, vec![0], "the remote's next message");
-    let (mut late, _) = v5::connect(
-        broker.addr,
-        v5::as_user(v5::connect_packet("sensor1-late"), "sensor1"),
-    )
-    .await;
-    v5::subscribe(&mut late, "inbox/r/#", QoS::AtLeastOnce).await;
-    v5::expect_silence(&mut late, std::time::Duration::from_millis(300)).await;
+    the_remotes_next_arrives_and_nothing_is_retained(&remote, &broker, &mut sensor1, "inbox/r/#")
+        .await;
     broker
         .wait_metric("postbox_bridge_share_bytes{bridge=\"cloud\"}", |n| {
             n < 1000.0
