@@ -1715,8 +1715,12 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
     let (mut b, _) = v5::connect(addr, member("worker-b")).await;
     v5::subscribe(&mut b, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
     boss_publishes_jobs(addr, 40, b"job").await;
-    // a leaves (its jobs move to b, which is connected), then the broker restarts.
+    // a leaves (its jobs move to b, which is connected), then the broker restarts once it
+    // has seen a leave (a SIGTERM before that leaves a's jobs in a's own stored session).
     v5::disconnect(a).await;
+    broker
+        .wait_metric("postbox_connections_current", |n| n <= 1.0)
+        .await;
     drop(b);
     let broker = restarted(broker, &sections).await;
     let b = resumed(broker.addr, member("worker-b")).await;
