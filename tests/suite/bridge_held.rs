@@ -76,6 +76,19 @@ async fn publish_many(
     v5::disconnect(c).await;
 }
 
+/// A stranger on the remote (`port`) retains twelve messages of 100 KB on `inbox/r/<i>`:
+/// more than the bridge's 1 MiB share, so the bridge holds the last ones and `broker`
+/// counts it as a paused publisher.
+async fn fill_the_share(port: u16, broker: &BrokerProcess) {
+    publish_many(port, "stranger-r", 12, 100_000, true, |i| {
+        format!("inbox/r/{i}")
+    })
+    .await;
+    broker
+        .wait_metric("postbox_publishers_paused", |n| n >= 1.0)
+        .await;
+}
+
 /// The index each of the next `count` PUBLISHes on `c` starts with (each acknowledged).
 async fn indices(c: &mut RawClient, count: usize) -> Vec<usize> {
     let mut out = Vec::with_capacity(count);
@@ -110,13 +123,7 @@ async fn what_the_remote_sends_past_the_room_waits_there_and_out_keeps_flowing()
     v5::subscribe(&mut remote_sub, "site1/#", QoS::AtLeastOnce).await;
 
     // The share full of retained messages, then more than a held MiB.
-    publish_many(remote.port, "stranger-r", 12, 100_000, true, |i| {
-        format!("inbox/r/{i}")
-    })
-    .await;
-    broker
-        .wait_metric("postbox_publishers_paused", |n| n >= 1.0)
-        .await;
+    fill_the_share(remote.port, &broker).await;
     // What the remote's retained messages hold here is the bridge's share, shown per bridge.
     let share = broker
         .metric("postbox_bridge_share_bytes{bridge=\"cloud\"}")
@@ -223,13 +230,7 @@ async fn a_remote_strangers_clears_empty_the_share_its_retained_messages_filled(
     let broker = bridged_broker(remote.port, dir.path(), false).await;
     let mut sensor1 = sensor1_reading(&broker, "inbox/h/#").await;
 
-    publish_many(remote.port, "stranger-r", 12, 100_000, true, |i| {
-        format!("inbox/r/{i}")
-    })
-    .await;
-    broker
-        .wait_metric("postbox_publishers_paused", |n| n >= 1.0)
-        .await;
+    fill_the_share(remote.port, &broker).await;
     publish_many(remote.port, "stranger-h", 25, 100_000, false, |_| {
         "inbox/h/x".to_owned()
     })

@@ -614,12 +614,7 @@ async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stranger_at_its_share_may_still_replace_and_clear_its_retained_messages() {
     let data = tempfile::tempdir().expect("tempdir");
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
-         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
-        data.path().join("store"),
-        common::fast_example_passwords(data.path())
-    );
+    let sections = durable_with_strangers(data.path());
     let payload = vec![b'r'; 60_000];
     let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     let mut anon = v5::connect_id(broker.addr, "retainer").await;
@@ -759,6 +754,17 @@ async fn most_shown(broker: &BrokerProcess, series: &str) -> f64 {
     most
 }
 
+/// Sections for a broker storing in `dir`, with a 4 MiB budget (a 512 KiB anonymous share),
+/// the example users (cheap hashes, in `dir`) and anonymous clients let in.
+fn durable_with_strangers(dir: &std::path::Path) -> String {
+    format!(
+        "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
+         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
+        dir.join("store"),
+        common::fast_example_passwords(dir)
+    )
+}
+
 /// Pass 7B (P1, wills): a delayed retained will of an anonymous session that expired while
 /// the broker was down is published at the restart under its owner's identity
 /// (`Broker::publish_will_of`), and so counts in the anonymous share as their PUBLISH does
@@ -771,12 +777,7 @@ async fn most_shown(broker: &BrokerProcess, series: &str) -> f64 {
 async fn an_anonymous_will_published_after_a_restart_counts_in_their_share() {
     use postbox::codec::QoS;
     let data = tempfile::tempdir().expect("tempdir");
-    let sections = format!(
-        "[storage]\ndir = {:?}\n[mqtt]\nmax_memory = 4194304\n\
-         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
-        data.path().join("store"),
-        common::fast_example_passwords(data.path())
-    );
+    let sections = durable_with_strangers(data.path());
     let payload = vec![b'r'; 60_000];
     let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
     // The session ends 1 s after its connection, long before the will's delay.
