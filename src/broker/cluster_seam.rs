@@ -420,8 +420,7 @@ impl Broker {
             .read()
             .get(&message.topic)
             .filter(|old| {
-                (old.charged_anonymous() || old.counts_as_anonymous_retained())
-                    && old.stranger_share() == message.stranger_share()
+                old.charged_anonymous() && old.stranger_share() == message.stranger_share()
             })
             .map_or(0, |old| old.size());
         let held = message

@@ -43,9 +43,10 @@ pub struct Message {
     pub qos: QoS,
     /// RETAIN flag as published: the message is also the topic's retained message.
     pub retain: bool,
-    /// Published by an anonymous client (where a method tells identities apart): as a
-    /// retained message its bytes count in the anonymous share of the budget
-    /// (`flow::ANONYMOUS_SHARE`). Set by the publishing session's handle only.
+    /// A stranger's retained message with a payload (where a method tells identities
+    /// apart): what its store record and cluster frame say, so that it is charged to the
+    /// anonymous share again after a restart or on another node. Set only with the charge
+    /// ([`Message::set_published_by_stranger`]).
     pub(crate) from_anonymous: bool,
     /// [`CHARGED_ANONYMOUS`], [`PUBLISHED_ANONYMOUSLY`] and the stranger's share
     /// ([`SHARE_SHIFT`]): one byte, in the padding beside the flags above (two more `bool`s
@@ -235,16 +236,9 @@ impl Message {
     }
 
     /// Whether the message counts in the anonymous share for its whole life
-    /// ([`Message::charge_anonymous`]): then the retained store does not count it again.
+    /// ([`Message::charge_anonymous`]).
     pub(crate) fn charged_anonymous(&self) -> bool {
         self.marks & CHARGED_ANONYMOUS != 0
-    }
-
-    /// Whether the retained store counts the message in the anonymous share while it holds
-    /// it: an anonymous client's retained message not charged for its life already (one
-    /// restored from the store is not).
-    pub(crate) fn counts_as_anonymous_retained(&self) -> bool {
-        self.from_anonymous && !self.charged_anonymous()
     }
 
     /// Published by an anonymous client (or its will), whatever its RETAIN flag: a dead
@@ -456,61 +450,19 @@ impl Message {
         delivery: PublishFlags<'_>,
     ) -> Result<usize, codec::EncodeError> {
         let start = out.len();
-        let v5 = version.is_v5();
-        // The clock is read only for a v5 subscriber of an expiring message: a system call
-        // per delivery otherwise (12% of fan-out CPU in the 2026-11-30 profile).
-        let elapsed_secs = if v5 && self.properties().message_expiry_interval.is_some() {
-            self.received_at.elapsed().as_secs()
-        } else {
-            0
-        };
-        let custom = v5
-            && (!delivery.subscription_ids.is_empty()
-                || delivery.topic_alias.is_some()
-                || elapsed_secs > 0);
-        if !custom
-            && self.encodings_count_as_anonymous()
-            && !self.may_cache_for(version, delivery.qos)
-        {
+        let elapsed_secs = self.elapsed_for(version);
+        if Self::is_custom(version, &delivery, elapsed_secs) {
+            let (topic, props) = self.delivery_properties(&delivery, elapsed_secs);
+            let header = Self::header(topic, Some(&props), &delivery);
+            codec::encode_publish(&header, &self.payload, version, out)?;
+            return Ok(out.len() - start);
+        }
+        if self.encodings_count_as_anonymous() && !self.may_cache_for(version, delivery.qos) {
             // A stranger's message whose share has no room for another copy: encoded for
             // this delivery alone (issue 35, nineteenth adversarial pass, F1: four cached
             // encodings each charged past the share took a stranger's retained messages to
             // 4.9 times it, and verified publishers to 0x97).
-            let header = PublishHeader {
-                dup: delivery.dup,
-                qos: delivery.qos,
-                retain: delivery.retain,
-                topic: &self.topic,
-                packet_id: delivery.packet_id,
-                properties: self.properties.as_deref(),
-            };
-            codec::encode_publish(&header, &self.payload, version, out)?;
-            return Ok(out.len() - start);
-        }
-        if custom {
-            let mut props = self.properties().clone();
-            props
-                .subscription_identifiers
-                .extend_from_slice(delivery.subscription_ids);
-            if let Some(interval) = props.message_expiry_interval.as_mut() {
-                // Forward the remaining lifetime, not the original (MQTT-3.3.2-6).
-                *interval = interval.saturating_sub(elapsed_secs.min(u64::from(u32::MAX)) as u32);
-            }
-            let mut topic: &str = &self.topic;
-            if let Some(alias) = delivery.topic_alias {
-                props.topic_alias = Some(alias.alias);
-                if !alias.with_topic {
-                    topic = ""; // the alias stands for the topic (v5 §3.3.2.3.4)
-                }
-            }
-            let header = PublishHeader {
-                dup: delivery.dup,
-                qos: delivery.qos,
-                retain: delivery.retain,
-                topic,
-                packet_id: delivery.packet_id,
-                properties: Some(&props),
-            };
+            let header = Self::header(&self.topic, self.properties.as_deref(), &delivery);
             codec::encode_publish(&header, &self.payload, version, out)?;
             return Ok(out.len() - start);
         }
@@ -534,6 +486,101 @@ impl Message {
             }
         }
         Ok(written)
+    }
+
+    /// Appends all of this message's PUBLISH for one subscriber but the payload, which the
+    /// caller sends from [`Message::payload`] right after: a large payload goes out from
+    /// the message itself rather than from a copy per subscriber, so what a subscriber that
+    /// stops reading holds is the message, counted once wherever its bytes count (issue
+    /// 35, twentieth adversarial pass, F1: sixteen copies of a stranger's 2 MB message in
+    /// write buffers took the budget to 108%). Nothing is cached. Returns the length of the
+    /// whole packet, payload included.
+    ///
+    /// # Errors
+    ///
+    /// As [`Message::write_to`].
+    pub fn write_head_to(
+        &self,
+        out: &mut BytesMut,
+        version: ProtocolVersion,
+        delivery: PublishFlags<'_>,
+    ) -> Result<usize, codec::EncodeError> {
+        let start = out.len();
+        let elapsed_secs = self.elapsed_for(version);
+        let custom;
+        let (topic, properties) = if Self::is_custom(version, &delivery, elapsed_secs) {
+            let (topic, props) = self.delivery_properties(&delivery, elapsed_secs);
+            custom = props;
+            (topic, Some(&custom))
+        } else {
+            (&*self.topic, self.properties.as_deref())
+        };
+        let header = Self::header(topic, properties, &delivery);
+        codec::encode_publish_head(&header, self.payload.len(), version, out)?;
+        Ok(out.len() - start + self.payload.len())
+    }
+
+    /// Seconds since the message was received, where a subscriber of `version` is told its
+    /// remaining expiry: the clock is read only for a v5 subscriber of an expiring message
+    /// (a system call per delivery otherwise: 12% of fan-out CPU in the 2026-11-30 profile).
+    #[inline]
+    fn elapsed_for(&self, version: ProtocolVersion) -> u64 {
+        if version.is_v5() && self.properties().message_expiry_interval.is_some() {
+            self.received_at.elapsed().as_secs()
+        } else {
+            0
+        }
+    }
+
+    /// Whether a subscriber of `version` needs properties of its own (subscription
+    /// identifiers, an outbound topic alias, an expiry that has counted down) rather than the
+    /// shared encoding.
+    #[inline]
+    fn is_custom(version: ProtocolVersion, delivery: &PublishFlags<'_>, elapsed_secs: u64) -> bool {
+        version.is_v5()
+            && (!delivery.subscription_ids.is_empty()
+                || delivery.topic_alias.is_some()
+                || elapsed_secs > 0)
+    }
+
+    /// The topic and properties of one subscriber's custom PUBLISH ([`Message::is_custom`]).
+    fn delivery_properties(
+        &self,
+        delivery: &PublishFlags<'_>,
+        elapsed_secs: u64,
+    ) -> (&str, PublishProperties) {
+        let mut props = self.properties().clone();
+        props
+            .subscription_identifiers
+            .extend_from_slice(delivery.subscription_ids);
+        if let Some(interval) = props.message_expiry_interval.as_mut() {
+            // Forward the remaining lifetime, not the original (MQTT-3.3.2-6).
+            *interval = interval.saturating_sub(elapsed_secs.min(u64::from(u32::MAX)) as u32);
+        }
+        let mut topic: &str = &self.topic;
+        if let Some(alias) = delivery.topic_alias {
+            props.topic_alias = Some(alias.alias);
+            if !alias.with_topic {
+                topic = ""; // the alias stands for the topic (v5 §3.3.2.3.4)
+            }
+        }
+        (topic, props)
+    }
+
+    /// The header of one delivery of this message.
+    fn header<'a>(
+        topic: &'a str,
+        properties: Option<&'a PublishProperties>,
+        delivery: &PublishFlags<'_>,
+    ) -> PublishHeader<'a> {
+        PublishHeader {
+            dup: delivery.dup,
+            qos: delivery.qos,
+            retain: delivery.retain,
+            topic,
+            packet_id: delivery.packet_id,
+            properties,
+        }
     }
 }
 

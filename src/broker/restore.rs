@@ -220,11 +220,14 @@ impl Broker {
 
         for (_, stored) in &snapshot.retained {
             let mut message = Message::from_stored(stored, None);
-            // An anonymous client's retained message counts in their share again, as before
-            // the restart (`Broker::store_retained` charges it): never refused here, but new
-            // ones are while these hold the share (pass 7B, P1: restored uncounted, each
-            // restart gave strangers another eighth of the budget).
-            message.from_anonymous = stored.from_anonymous;
+            // An anonymous client's retained message counts in their share again, for its
+            // life as before the restart: never refused here, but new ones are while these
+            // hold the share (pass 7B, P1: restored uncounted, each restart gave strangers
+            // another eighth of the budget). For its life, not only while the retained store
+            // holds it: counted only there, a clear gave its bytes back to the share while a
+            // subscriber still held it, one more share per restart (issue 35, twentieth
+            // adversarial pass, F2).
+            message.set_published_anonymously(stored.from_anonymous);
             self.store_retained(&Arc::new(message));
             summary.retained += 1;
         }

@@ -535,21 +535,16 @@ impl Broker {
         );
     }
 
-    /// Makes `message` its topic's retained message, or (empty payload) clears it. What an
-    /// anonymous client's retained message takes is charged to their share of the budget
-    /// while it is held (`flow::ANONYMOUS_SHARE`).
+    /// Makes `message` its topic's retained message, or (empty payload) clears it. A
+    /// stranger's retained message is charged to its share for its life
+    /// ([`Message::set_published_by_stranger`]), wherever it is held, so nothing is counted
+    /// here.
     pub(super) fn store_retained(&self, message: &Arc<Message>) {
         let mut retained = self.retained.write();
-        let old = if message.payload.is_empty() {
-            retained.remove(&message.topic) // MQTT-3.3.1-10
+        if message.payload.is_empty() {
+            retained.remove(&message.topic); // MQTT-3.3.1-10
         } else {
-            if message.counts_as_anonymous_retained() {
-                super::flow::anonymous_retained_counted(message.size(), true);
-            }
-            retained.insert(&message.topic, Arc::clone(message)) // MQTT-3.3.1-5
-        };
-        if let Some(old) = old.filter(|old| old.counts_as_anonymous_retained()) {
-            super::flow::anonymous_retained_counted(old.size(), false);
+            retained.insert(&message.topic, Arc::clone(message)); // MQTT-3.3.1-5
         }
         self.metrics.retained_messages.set(retained.len() as f64);
     }
@@ -577,16 +572,12 @@ impl Broker {
             let Some(old) = retained.get(&publish.topic) else {
                 return false;
             };
-            // Restored from the store after a restart: counted in anonymous clients' share
-            // while the retained store holds it, freed as it leaves.
-            let counted_while_retained =
-                old.counts_as_anonymous_retained() && share == StrangerShare::ANONYMOUS;
-            let charged_for_life = old.charged_anonymous() && old.stranger_share() == share;
-            (counted_while_retained || charged_for_life)
+            old.charged_anonymous()
+                && old.stranger_share() == share
                 && share.fits_replacing(
                     cost,
                     old.size() as u64,
-                    counted_while_retained || Arc::strong_count(old) == 1,
+                    Arc::strong_count(old) == 1,
                     publish.payload.is_empty(),
                     &self.flow.memory,
                 )

@@ -27,7 +27,7 @@ pub use codes::ReasonContext;
 pub use decode::{
     decode, decode_fixed_header, decode_with, publish_has_disallowed_code_points, FixedHeader,
 };
-pub use encode::{encode, encode_publish, encode_within, PublishHeader};
+pub use encode::{encode, encode_publish, encode_publish_head, encode_within, PublishHeader};
 pub use error::{DecodeError, EncodeError};
 pub use publish_cache::{PublishAlias, PublishBody, PublishEncodings, PublishFlags};
 pub use reason::ReasonCode;

@@ -8,8 +8,7 @@
 //!
 //! Must not: reorder writes.
 
-use bytes::Bytes;
-
+use super::write_queue::WriteQueue;
 use crate::codec::{Packet, PubResponse};
 use crate::storage::InOrder;
 
@@ -18,8 +17,8 @@ use crate::storage::InOrder;
 pub(super) enum Gated {
     /// An acknowledgement, encoded when released.
     Ack(AckKind, PubResponse),
-    /// An already encoded PUBLISH.
-    Encoded(Bytes),
+    /// Already encoded PUBLISHes (or a SUBACK), payloads sent by reference included.
+    Encoded(WriteQueue),
 }
 
 /// Which acknowledgement a [`Gated::Ack`] is (they share one body).

@@ -8,14 +8,15 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use std::future::Future;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
-use super::held::{HeldBytes, OverShare};
+use super::held::OverShare;
 use super::partial::{HeldClass, PartialCheck, PartialPacket};
+use super::write_queue::WriteQueue;
 use crate::codec::{self, Packet, ProtocolVersion};
 use crate::config::MqttConfig;
 
@@ -106,14 +107,12 @@ pub(super) struct Io<S> {
     pub stream: S,
     /// Unparsed input; empty with no capacity while the connection is idle.
     pub rbuf: BytesMut,
-    /// Everything to send, batched: many packets go out in one write. Released once written.
-    pub wbuf: BytesMut,
+    /// Everything to send, batched: many packets go out in one write, a large payload from
+    /// its message ([`WriteQueue`]). Its allocation is released once all is written.
+    pub out: WriteQueue,
     /// The partial packet at the front of `rbuf`, while there is one ([`Io::check_partial`]):
     /// its deadline and the bytes it counts. Boxed: 8 bytes on an idle connection.
     partial: Option<Box<PartialPacket>>,
-    /// What `wbuf` holds while the socket does not take it ([`Io::count_unwritten`]); none
-    /// while writes complete at once. Boxed: 8 bytes on every connection.
-    unwritten: Option<Box<HeldBytes>>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
@@ -122,9 +121,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         Io {
             stream,
             rbuf: BytesMut::new(),
-            wbuf: BytesMut::new(),
+            out: WriteQueue::default(),
             partial: None,
-            unwritten: None,
         }
     }
 
@@ -224,44 +222,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// Polls one write of the batch. The emptied buffer keeps its capacity for the next batch;
     /// [`Io::release_write_buffer`] gives it back once there is nothing more to send.
     pub(super) fn poll_write_some(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let n = ready!(Pin::new(&mut self.stream).poll_write(cx, &self.wbuf))?;
-        if n == self.wbuf.len() {
-            self.wbuf.clear();
-            // All out: nothing waits (one test of a field that is `None` unless a write
-            // left bytes behind before).
-            if self.unwritten.is_some() {
-                self.unwritten = None;
-            }
-        } else {
-            self.wbuf.advance(n);
-        }
-        Poll::Ready(Ok(n))
+        self.out.poll_write_to(&mut self.stream, cx)
     }
 
-    /// Counts what the write buffer holds as the connection's own (`class`, as its partial
+    /// Counts what the write queue holds as the connection's own (`class`, as its partial
     /// packet counts) while the socket does not take it: called when a write of the batch
     /// found the socket full. A subscriber that stops reading kept its last batch (up to a
     /// whole large message) there, counted nowhere (issue 35, twelfth adversarial pass, U5).
     /// The allocation is what is held, so its capacity is counted: from the first unwritten
     /// byte on (a part already written stays in the allocation uncounted, at most what the
-    /// socket took). Given back once a write takes everything ([`Io::poll_write_some`]) or
-    /// the buffer is dropped.
+    /// socket took); see [`WriteQueue::count_unwritten`] for payloads sent from their
+    /// message.
     ///
     /// # Errors
     ///
     /// [`OverShare`] when the bytes of an anonymous client would take anonymous clients past
     /// their share: the connection must close, as for a partial packet.
     pub(super) fn count_unwritten(&mut self, class: (HeldClass, u64)) -> Result<(), OverShare> {
-        let held = self.wbuf.capacity();
-        match self.unwritten.as_deref_mut() {
-            Some(counted) if counted.counted() == held => Ok(()),
-            Some(counted) => counted.set(held),
-            None if held == 0 => Ok(()),
-            None => self
-                .unwritten
-                .insert(Box::new(HeldBytes::new(class)))
-                .set(held),
-        }
+        self.out.count_unwritten(class)
     }
 
     /// Drops the write buffer's allocation when it holds nothing: called when the connection
@@ -269,9 +247,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// refills the buffer before it gets here and keeps reusing it.
     #[inline]
     pub(super) fn release_write_buffer(&mut self) {
-        if self.wbuf.is_empty() && self.wbuf.capacity() > 0 {
-            self.wbuf = BytesMut::new();
-        }
+        self.out.release();
     }
 
     /// Polls a write of the batch (when `write` and there is one), then a read (when `read`).
@@ -281,7 +257,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         write: bool,
         read: bool,
     ) -> Poll<IoEvent> {
-        if write && !self.wbuf.is_empty() {
+        if write && !self.out.is_empty() {
             if let Poll::Ready(r) = self.poll_write_some(cx) {
                 return Poll::Ready(IoEvent::Written(r));
             }
@@ -301,7 +277,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// Appends a control packet to the write batch.
     pub(super) fn queue(&mut self, packet: &Packet, version: ProtocolVersion) {
-        if let Err(e) = codec::encode(packet, version, &mut self.wbuf) {
+        if let Err(e) = codec::encode(packet, version, self.out.batch()) {
             tracing::warn!(packet = packet.name(), error = %e, "cannot encode packet");
         }
     }
@@ -309,7 +285,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// Appends a control packet that must fit the peer's Maximum Packet Size, leaving out
     /// what the spec lets a sender leave out ([`codec::encode_within`]), or nothing at all.
     pub(super) fn queue_within(&mut self, packet: &Packet, version: ProtocolVersion, max: usize) {
-        match codec::encode_within(packet, version, max, &mut self.wbuf) {
+        match codec::encode_within(packet, version, max, self.out.batch()) {
             Ok(true) => {}
             Ok(false) => tracing::debug!(
                 packet = packet.name(),
@@ -322,11 +298,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// Writes out everything batched so far.
     pub(super) async fn flush(&mut self) -> std::io::Result<()> {
-        if !self.wbuf.is_empty() {
-            self.stream.write_all(&self.wbuf).await?;
-            self.wbuf = BytesMut::new();
-            self.unwritten = None;
+        while !self.out.is_empty() {
+            let n = std::future::poll_fn(|cx| self.out.poll_write_to(&mut self.stream, cx)).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
         }
+        self.out = WriteQueue::default();
         self.stream.flush().await
     }
 
@@ -371,8 +349,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     pub(super) async fn linger(&mut self) {
         self.rbuf = BytesMut::new();
         self.partial = None;
-        self.wbuf = BytesMut::new();
-        self.unwritten = None;
+        self.out = WriteQueue::default();
         let deadline = Instant::now() + LINGER_TIME;
         let mut discarded = 0;
         while discarded < LINGER_BYTES {

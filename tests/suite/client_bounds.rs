@@ -661,6 +661,55 @@ async fn a_stranger_at_its_share_may_still_replace_and_clear_its_retained_messag
     );
 }
 
+/// Issue 35, twentieth adversarial pass, F2 (low): a stranger's retained messages brought
+/// back by a restart are charged to anonymous clients' share for their life, as before the
+/// restart, not only while the retained store holds them. A verified subscriber takes them
+/// and does not acknowledge (a hung app: they stay in flight, MQTT-4.4.0-1); the stranger's
+/// clears are taken (the clears themselves fit), but the share keeps what the subscriber
+/// still holds, so the stranger's next retained message is refused (0x97). Once the
+/// subscriber lets go, the share has room again. Before, each clear gave its message's bytes
+/// back while the subscriber held them: one more share per restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_retained_messages_of_a_stranger_stay_charged_while_a_subscriber_holds_them() {
+    use postbox::codec::QoS;
+    let data = tempfile::tempdir().expect("tempdir");
+    let sections = durable_with_strangers(data.path());
+    let payload = vec![b'r'; 60_000];
+    let mut broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let mut anon = v5::connect_id(broker.addr, "f2-stranger").await;
+    let kept = retain_until_refused(&mut anon, "t", &payload, 20).await;
+    assert!(kept >= 4, "refused after {kept}");
+    v5::disconnect(anon).await;
+    broker.stop().await;
+
+    let broker = BrokerProcess::spawn_sections(&[""], &sections).await;
+    let holder_connect = v5::as_user(v5::connect_packet("f2-holder"), "sensor2");
+    let (mut holder, _) = v5::connect(broker.addr, holder_connect).await;
+    v5::subscribe(&mut holder, "t/#", QoS::AtLeastOnce).await;
+    for i in 0..kept {
+        match holder.recv().await {
+            Some(Packet::Publish(p)) if p.retain => {}
+            other => panic!("retained message {i} of {kept}: {other:?}"),
+        }
+    }
+    let mut anon = v5::connect_id(broker.addr, "f2-stranger").await;
+    for i in 0..kept {
+        let code = v5::publish_retained(&mut anon, &format!("t/{i}"), b"", 100 + i).await;
+        assert!(!code.is_error(), "the clear of t/{i}: {code:?}");
+    }
+    let more = retain_until_refused(&mut anon, "n", &payload, 20).await;
+    assert_eq!(
+        more, 0,
+        "new retained messages while the subscriber holds the cleared ones"
+    );
+    v5::disconnect(holder).await;
+    broker
+        .wait_metric("postbox_anonymous_bytes{part=\"kept\"}", |n| n < 60_000.0)
+        .await;
+    let code = v5::publish_retained(&mut anon, "n/after", &payload, 300).await;
+    assert!(!code.is_error(), "once the subscriber let go: {code:?}");
+}
+
 /// Issue 35, nineteenth adversarial pass, F1: a stranger's retained messages, read by
 /// verified subscribers of the four kinds (3.1.1 and 5, QoS 0 and 1) and queued at a
 /// verified client's offline session, stay within anonymous clients' share (512 KiB of a
@@ -744,7 +793,7 @@ async fn a_strangers_retained_messages_and_their_copies_stay_within_the_share() 
 /// The most `series` shows over 2.5 s, sampled every 50 ms: the broker copies its counts
 /// into these gauges every half second (`broker::KEEP_ALIVE_SWEEP`), so this is what it
 /// counted over at least four copies, all taken after the call.
-async fn most_shown(broker: &BrokerProcess, series: &str) -> f64 {
+pub(crate) async fn most_shown(broker: &BrokerProcess, series: &str) -> f64 {
     let mut most: f64 = 0.0;
     let until = std::time::Instant::now() + std::time::Duration::from_millis(2_500);
     while std::time::Instant::now() < until {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use postbox::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
 use tokio::net::TcpSocket;
 
-use crate::client_bounds::{password_and_anonymous, sensor1};
+use crate::client_bounds::{most_shown, password_and_anonymous, sensor1};
 use crate::common;
 use common::{v5, RawClient};
 
@@ -392,21 +392,21 @@ async fn publish_many(c: &mut RawClient, topic: &str, size: usize, count: usize)
 /// message) in its connection's write buffer, counted nowhere before. While the socket does
 /// not take it, it counts as the connection's own: a verified subscriber's in
 /// `postbox_partial_packet_bytes` (in the budget), given back when the connection ends.
-/// 16 messages of 400 KB: more than the kernel's buffers take for a receive window of 1 KiB,
-/// fewer than the budget's pause mark (14.4 MB of 16 MiB), so the publisher never pauses.
-/// Fails without the count: the gauge stays at 0.
+/// 500 messages of 12 KB (below the size sent from the message itself,
+/// `connection::write_queue`): more than the kernel's buffers take for a receive window of
+/// 1 KiB, fewer than the budget's pause mark (14.4 MB of 16 MiB). Fails without the count:
+/// the gauge stays at 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_verified_subscribers_unread_output_counts_in_the_budget() {
-    const SIZE: usize = 400_000;
+    const SIZE: usize = 12_000;
     let broker = password_and_anonymous(16 << 20).await;
     let (mut publisher, _) = v5::connect(broker.addr, sensor1("sensor1-pub")).await;
     let topic = "sensors/sensor1/big";
     let subscriber = stalled_subscriber(broker.addr, sensor1("sensor1-sub"), topic).await;
-    publish_many(&mut publisher, topic, SIZE, 16).await;
-    // What is left of the buffer after the socket took part of the last batch: at least half.
-    broker
-        .wait_metric(PARTIAL, |n| n >= (SIZE / 2) as f64)
-        .await;
+    publish_many(&mut publisher, topic, SIZE, 500).await;
+    // The batch is filled up to 64 KiB again whenever the socket took part of it: at least
+    // half of that is left.
+    broker.wait_metric(PARTIAL, |n| n >= 32_768.0).await;
     drop(subscriber);
     broker.wait_metric(PARTIAL, |n| n == 0.0).await;
     v5::disconnect(publisher).await;
@@ -418,7 +418,9 @@ async fn a_verified_subscribers_unread_output_counts_in_the_budget() {
 /// not fit it together: the subscriber, whose bytes came second, is closed (as for a partial
 /// packet past the share: DISCONNECT 0x97, which it does not read; counted in
 /// `postbox_anonymous_share_closes_total`), the other stays, and what the subscriber held is
-/// given back. Fails without the count: nobody is closed.
+/// given back. The 400 KB payload goes out from its message (`connection::write_queue`),
+/// and for an anonymous subscriber counts as its own all the same. Fails without the count
+/// (or with a payload sent from its message left out of it): nobody is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_subscribers_unread_output_is_kept_within_their_share() {
     const SIZE: usize = 400_000;
@@ -458,6 +460,68 @@ async fn anonymous_subscribers_unread_output_is_kept_within_their_share() {
     drop(holder);
     broker.wait_metric(PARTIAL, |n| n == 0.0).await;
     v5::disconnect(publisher).await;
+}
+
+/// Issue 35, twentieth adversarial pass, F1 (medium): sixteen verified subscribers that stop
+/// reading, and one anonymous client publishing messages as large as its share allows (an
+/// eighth of the budget, also the largest packet by default). Each delivery was copied whole
+/// into every subscriber's write buffer and counted there as the subscriber's own, in the
+/// budget, while the message itself (and so the share) was let go at once: in the pass,
+/// three 2 MB messages took a 16 MiB budget to 108%, and every verified QoS 1 PUBLISH got
+/// 0x97 until the subscribers were closed (never, with keep-alive 0). A large payload now
+/// goes out from the message (`connection::write_queue`): held once for all sixteen,
+/// charged to the stranger's share until its last byte is sent, so the stranger's next
+/// message is what gets 0x97. 8 MB messages on a 64 MiB budget: the kernel takes at most
+/// 4 MiB of each for a subscriber that does not read (`tcp_wmem`), so sixteen copies are
+/// more than the budget. Fails without it: memory used reaches the budget, and sensor2
+/// waits or gets 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_message_waiting_for_subscribers_that_stop_reading_stays_in_its_share() {
+    const SIZE: usize = 8_000_000;
+    const BUDGET: u64 = 64 << 20;
+    let data = tempfile::tempdir().expect("tempdir");
+    let sections = format!(
+        "[storage]\npersistence = false\n[mqtt]\nmax_memory = {BUDGET}\n\
+         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
+        common::fast_example_passwords(data.path())
+    );
+    let broker = common::async_process::BrokerProcess::spawn_sections(&[""], &sections).await;
+    let mut stuck = Vec::new();
+    for i in 0..16 {
+        let connect = v5::as_user(v5::connect_packet(&format!("f1-stuck-{i}")), "sensor1");
+        stuck.push(stalled_subscriber(broker.addr, connect, "w/#").await);
+    }
+    let mut stranger = v5::connect_id(broker.addr, "f1-stranger").await;
+    let payload = vec![b's'; SIZE];
+    let mut accepted = 0;
+    for id in 1..=3u16 {
+        if !v5::publish_qos1(&mut stranger, "w/x", &payload, id)
+            .await
+            .is_error()
+        {
+            accepted += 1;
+        }
+    }
+    assert!(accepted >= 1, "the stranger's first message fits its share");
+    let used = most_shown(&broker, USED).await;
+    assert!(
+        used < (BUDGET / 4) as f64,
+        "memory used {used} of {BUDGET} after {accepted} of the stranger's messages"
+    );
+    let kept = most_shown(&broker, "postbox_anonymous_bytes{part=\"kept\"}").await;
+    assert!(
+        kept <= (BUDGET / 8) as f64,
+        "the stranger's share holds {kept}"
+    );
+    let (mut sensor2, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("f1-verified"), "sensor2"),
+    )
+    .await;
+    let code = v5::publish_qos1(&mut sensor2, "sensors/sensor2/t", b"1", 1).await;
+    assert!(!code.is_error(), "sensor2's PUBLISH: {code:?}");
+    drop(stuck);
+    broker.wait_metric(USED, |n| n < 1_000_000.0).await;
 }
 
 /// A v5 connection over TLS to `addr` with `connect`, which must be accepted (CONNACK 0x00).

@@ -479,8 +479,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     return Poll::Ready(Wake::Room);
                 }
             }
-            let can_write = !self.io.wbuf.is_empty();
-            let can_read = self.io.wbuf.len() < WRITE_HIGH_WATER
+            let can_write = !self.io.out.is_empty();
+            let can_read = self.io.out.len() < WRITE_HIGH_WATER
                 && self.gated.len() < MAX_GATED_WRITES
                 && self.pause.is_none();
             if can_write {

@@ -15,12 +15,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::Close;
 use super::Client;
-use crate::broker::{Broker, Delivery, DeliverySink, Fill, Resend};
-use crate::codec::{Packet, ProtocolVersion, PubResponse, PublishAlias, PublishFlags};
+use crate::broker::{Broker, Delivery, DeliverySink, Fill, Message, Resend};
+use crate::codec::{EncodeError, Packet, ProtocolVersion, PubResponse, PublishAlias, PublishFlags};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::io::WRITE_HIGH_WATER;
 use crate::connection::topic_alias::OutboundAliases;
 use crate::connection::violation::Violation;
+use crate::connection::write_queue::{WriteQueue, BY_REFERENCE};
 use crate::storage::Durable;
 
 /// Stop moving deliveries out of the session queue while this many writes wait for the store:
@@ -34,8 +35,8 @@ const MAX_HELD_BATCHES: usize = 16;
 ///
 /// [`SessionHandle::fill`]: crate::broker::SessionHandle::fill
 struct Encoder<'a> {
-    wbuf: &'a mut BytesMut,
-    held: BytesMut,
+    out: &'a mut WriteQueue,
+    held: WriteQueue,
     /// Write into `held`: something before is waiting for the store.
     hold: bool,
     version: ProtocolVersion,
@@ -44,11 +45,15 @@ struct Encoder<'a> {
     broker: &'a Broker,
     /// The batch's one clock reading, for the delivery latency.
     now: Instant,
+    /// What `out` and `held` hold outside their batches (payloads sent from their message,
+    /// and the batches sealed before them): updated only when a payload is queued so, so
+    /// that the room check per delivery reads two lengths as before.
+    apart: usize,
 }
 
 impl DeliverySink for Encoder<'_> {
     fn has_room(&self) -> bool {
-        self.wbuf.len() + self.held.len() < WRITE_HIGH_WATER
+        self.out.batch_len() + self.held.batch_len() + self.apart < WRITE_HIGH_WATER
     }
 
     fn write(
@@ -62,7 +67,7 @@ impl DeliverySink for Encoder<'_> {
         let out = if self.hold {
             &mut self.held
         } else {
-            &mut *self.wbuf
+            &mut *self.out
         };
         let written = encode_delivery(
             out,
@@ -74,6 +79,9 @@ impl DeliverySink for Encoder<'_> {
             packet_id,
             dup,
         );
+        if written && delivery.message.payload.len() >= BY_REFERENCE {
+            self.apart = self.out.apart_len() + self.held.apart_len();
+        }
         if written {
             // From the PUBLISH being read (`Message::received_at`) to this write, with the
             // batch's clock reading: no clock read per delivery.
@@ -97,21 +105,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     ///
     /// Returns false if this connection no longer owns the session (taken over).
     pub(super) fn fill_from_session(&mut self, now: Instant) -> bool {
-        if self.io.wbuf.len() >= WRITE_HIGH_WATER || self.gated.len() >= MAX_HELD_BATCHES {
+        if self.io.out.len() >= WRITE_HIGH_WATER || self.gated.len() >= MAX_HELD_BATCHES {
             // The socket, or the store, is behind: leave the rest in the session's bounded
             // queue rather than piling encoded batches up here.
             return self.session.is_owner();
         }
         let broker = std::sync::Arc::clone(self.session.broker());
+        let apart = self.io.out.apart_len();
         let mut encoder = Encoder {
-            wbuf: &mut self.io.wbuf,
-            held: BytesMut::new(),
+            out: &mut self.io.out,
+            held: WriteQueue::default(),
             hold: !self.gated.is_empty(),
             version: self.version,
             client_max_packet: self.client_max_packet,
             aliases_out: self.aliases_out.as_deref_mut(),
             broker: &broker,
             now,
+            apart,
         };
         let gate = match self
             .session
@@ -122,7 +132,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         };
         let held = encoder.held;
         if !held.is_empty() {
-            self.send_gated(gate, Gated::Encoded(held.freeze()));
+            self.send_gated(gate, Gated::Encoded(held));
         }
         true
     }
@@ -134,14 +144,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// them, in order), so a crash cannot deliver once more than counted.
     pub(super) fn retransmit_inflight(&mut self) {
         let retransmit = self.session.retransmit();
-        let mut held = BytesMut::new();
+        let mut held = WriteQueue::default();
         let gated = retransmit.gate.is_some();
         for resend in retransmit.resends {
-            let out = if gated { &mut held } else { &mut self.io.wbuf };
+            let out = if gated { &mut held } else { &mut self.io.out };
             match resend {
                 Resend::Release(packet_id) => {
                     let rel = Packet::PubRel(PubResponse::new(packet_id));
-                    if let Err(e) = crate::codec::encode(&rel, self.version, out) {
+                    if let Err(e) = crate::codec::encode(&rel, self.version, out.batch()) {
                         tracing::warn!(packet = rel.name(), error = %e, "cannot encode packet");
                     }
                 }
@@ -170,7 +180,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         }
         if gated {
             // Even with nothing to resend: what the fill writes next waits behind it.
-            self.send_gated(retransmit.gate, Gated::Encoded(held.freeze()));
+            self.send_gated(retransmit.gate, Gated::Encoded(held));
         }
     }
 
@@ -220,7 +230,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 self.io
                     .queue_within(&kind.packet(ack), self.version, self.client_max_packet);
             }
-            Gated::Encoded(bytes) => self.io.wbuf.extend_from_slice(&bytes),
+            Gated::Encoded(encoded) => self.io.out.append(encoded),
         }
     }
 }
@@ -228,8 +238,81 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 /// Encodes one delivery into `out` for a client of `version`; false if it could not be sent
 /// at all (above the client's Maximum Packet Size, MQTT-3.1.2-25, or unencodable). With
 /// outbound topic aliases, only a PUBLISH that is actually written changes the alias table.
+/// A payload of [`BY_REFERENCE`] bytes or more is queued from its message, not copied
+/// (`connection::write_queue`).
 #[allow(clippy::too_many_arguments)]
+#[inline]
 fn encode_delivery(
+    out: &mut WriteQueue,
+    version: ProtocolVersion,
+    client_max_packet: usize,
+    aliases_out: Option<&mut OutboundAliases>,
+    broker: &Broker,
+    delivery: &Delivery,
+    packet_id: u16,
+    dup: bool,
+) -> bool {
+    if delivery.message.payload.len() >= BY_REFERENCE {
+        return encode_by_reference(
+            out,
+            version,
+            client_max_packet,
+            aliases_out,
+            broker,
+            delivery,
+            packet_id,
+            dup,
+        );
+    }
+    encode_into(
+        out.batch(),
+        version,
+        client_max_packet,
+        aliases_out,
+        broker,
+        delivery,
+        packet_id,
+        dup,
+        Message::write_to,
+    )
+}
+
+/// [`encode_delivery`] of a large payload: the rest of the PUBLISH into the batch, then the
+/// payload queued from its message. Apart, so the path of every other delivery stays as
+/// short as it was (measured: +1.5% instructions per fan-out delivery when inline).
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn encode_by_reference(
+    out: &mut WriteQueue,
+    version: ProtocolVersion,
+    client_max_packet: usize,
+    aliases_out: Option<&mut OutboundAliases>,
+    broker: &Broker,
+    delivery: &Delivery,
+    packet_id: u16,
+    dup: bool,
+) -> bool {
+    let written = encode_into(
+        out.batch(),
+        version,
+        client_max_packet,
+        aliases_out,
+        broker,
+        delivery,
+        packet_id,
+        dup,
+        Message::write_head_to,
+    );
+    if written {
+        out.push_payload(&delivery.message);
+    }
+    written
+}
+
+/// Encodes one delivery into `out` with `write` (the whole PUBLISH, or all but its payload).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn encode_into(
     out: &mut BytesMut,
     version: ProtocolVersion,
     client_max_packet: usize,
@@ -238,6 +321,12 @@ fn encode_delivery(
     delivery: &Delivery,
     packet_id: u16,
     dup: bool,
+    write: fn(
+        &Message,
+        &mut BytesMut,
+        ProtocolVersion,
+        PublishFlags<'_>,
+    ) -> Result<usize, EncodeError>,
 ) -> bool {
     let start = out.len();
     let alias = aliases_out
@@ -254,7 +343,7 @@ fn encode_delivery(
             with_topic: choice.sends_topic(),
         }),
     };
-    match delivery.message.write_to(out, version, flags) {
+    match write(&delivery.message, out, version, flags) {
         Ok(len) if len <= client_max_packet => {
             if let (Some(table), Some(choice)) = (aliases_out, alias) {
                 table.commit(&delivery.message.topic, choice);

@@ -15,6 +15,7 @@ use crate::codec::{
 };
 use crate::connection::gated::Gated;
 use crate::connection::violation::Violation;
+use crate::connection::write_queue::WriteQueue;
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Subscriptions count against `mqtt.max_memory` (issue 35, finding 6): a new filter is
@@ -220,9 +221,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 .queue_within(packet, self.version, self.client_max_packet);
             return;
         };
-        let mut out = bytes::BytesMut::new();
-        match crate::codec::encode_within(packet, self.version, self.client_max_packet, &mut out) {
-            Ok(true) => self.send_gated(Some(barrier), Gated::Encoded(out.freeze())),
+        let mut out = WriteQueue::default();
+        match crate::codec::encode_within(packet, self.version, self.client_max_packet, out.batch())
+        {
+            Ok(true) => self.send_gated(Some(barrier), Gated::Encoded(out)),
             Ok(false) => tracing::debug!(
                 packet = packet.name(),
                 "packet above the peer's maximum size not sent"

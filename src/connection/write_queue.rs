@@ -1,0 +1,330 @@
+//! What a connection has yet to send, in order: small packets batched in one buffer, and a
+//! large payload sent from the message that holds it rather than from a copy.
+//!
+//! Why: a message fanned out to many subscribers was copied whole into each one's write
+//! buffer, and a subscriber that stopped reading kept its copy, counted in the budget its
+//! own class shares. Sixteen verified subscribers that stopped reading held sixteen copies
+//! of a stranger's 2 MB message, the stranger's share was free again at once, and every
+//! verified publisher got 0x97 (issue 35, twentieth adversarial pass, F1). A payload of at
+//! least [`BY_REFERENCE`] bytes is queued as the message itself: held once however many
+//! connections wait to send it, and counted where the message counts (a stranger's in its
+//! share) for as long as any connection holds it.
+//!
+//! Must not: reorder bytes, or copy a payload queued by reference.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::AsyncWrite;
+
+use super::held::{HeldBytes, OverShare};
+use super::partial::HeldClass;
+use crate::broker::Message;
+
+/// Payloads of at least this many bytes are sent from their message, not copied (see the
+/// module). Below it the copy into the batch costs less than keeping a part apart, and a
+/// subscriber that stops reading holds at most the batch's high-water mark and one such
+/// payload.
+pub(super) const BY_REFERENCE: usize = 16 * 1024;
+
+/// Slices handed to one vectored write at most.
+const MAX_SLICES: usize = 16;
+
+/// Bytes to send, in order: the parts of [`Behind`] first, then the batch being filled.
+#[derive(Debug, Default)]
+pub(super) struct WriteQueue {
+    /// Packets encoded after the parts (all of them, when there are none).
+    batch: BytesMut,
+    /// What a queue holds while it is behind: `None` while no payload waits by reference and
+    /// every write completes at once (the common case: one test, 8 bytes per connection).
+    behind: Option<Box<Behind>>,
+}
+
+/// A [`WriteQueue`]'s state while it is behind.
+#[derive(Debug, Default)]
+struct Behind {
+    /// What goes out before the batch, in order; none of them empty.
+    parts: VecDeque<Part>,
+    /// Their bytes, together.
+    len: usize,
+    /// What the queue holds, counted as its connection's own while the socket does not take
+    /// it ([`WriteQueue::count_unwritten`]); given back once everything is written.
+    counted: Option<HeldBytes>,
+}
+
+/// One run of bytes to send: a sealed batch, or a payload with the message that holds it.
+#[derive(Debug)]
+struct Part {
+    bytes: Bytes,
+    /// Kept until the payload is sent, so the message stays counted in the memory budget
+    /// (and a stranger's in its share) while its bytes are held for this connection.
+    message: Option<Arc<Message>>,
+}
+
+impl WriteQueue {
+    /// Bytes not yet sent.
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        self.batch.len() + self.apart_len()
+    }
+
+    /// Bytes in the batch being filled.
+    #[inline]
+    pub(super) fn batch_len(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Bytes queued before the batch (payloads sent from their message, and the batches
+    /// sealed ahead of them): [`WriteQueue::len`] less [`WriteQueue::batch_len`].
+    #[inline]
+    pub(super) fn apart_len(&self) -> usize {
+        self.behind.as_deref().map_or(0, |behind| behind.len)
+    }
+
+    /// Whether nothing is left to send.
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.batch.is_empty() && self.behind.as_deref().is_none_or(|b| b.parts.is_empty())
+    }
+
+    /// The batch to encode the next packets into (sent after everything queued before).
+    #[inline]
+    pub(super) fn batch(&mut self) -> &mut BytesMut {
+        &mut self.batch
+    }
+
+    /// Queues `message`'s payload to follow what the batch holds now (the rest of its
+    /// PUBLISH, [`Message::write_head_to`]), without copying it.
+    pub(super) fn push_payload(&mut self, message: &Arc<Message>) {
+        if message.payload.is_empty() {
+            return;
+        }
+        self.seal_batch();
+        self.push(Part {
+            bytes: message.payload.clone(),
+            message: Some(Arc::clone(message)),
+        });
+    }
+
+    /// Appends everything `later` holds, in its order (writes that waited for the store).
+    pub(super) fn append(&mut self, later: WriteQueue) {
+        let WriteQueue { batch, behind } = later;
+        if let Some(behind) = behind {
+            self.seal_batch();
+            for part in behind.parts {
+                self.push(part);
+            }
+        }
+        if self.batch.is_empty() && self.batch.capacity() == 0 {
+            self.batch = batch;
+        } else {
+            self.batch.extend_from_slice(&batch);
+        }
+    }
+
+    /// Counts what the queue holds as its connection's own (`class`) while the socket does
+    /// not take it: the batch's allocation and the sealed batches, and for an anonymous
+    /// client the payloads sent by reference too. A verified client's leave those out: they
+    /// count as the messages they are (a stranger's in its share). An anonymous client's
+    /// count them, as their copies did: else each anonymous subscriber that stops reading
+    /// would pin one large message of a verified publisher's, out of the anonymous share.
+    /// Given back once a write takes everything, or the queue is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`OverShare`] when an anonymous client's bytes would take anonymous clients past
+    /// their share.
+    pub(super) fn count_unwritten(&mut self, class: (HeldClass, u64)) -> Result<(), OverShare> {
+        let held = self.own_bytes(class.0 == HeldClass::Anonymous);
+        let behind = match self.behind.as_deref_mut() {
+            Some(behind) => behind,
+            None if held == 0 => return Ok(()),
+            None => self.behind.insert(Box::default()),
+        };
+        match behind.counted.as_mut() {
+            Some(counted) if counted.counted() == held => Ok(()),
+            Some(counted) => counted.set(held),
+            None => behind.counted.insert(HeldBytes::new(class)).set(held),
+        }
+    }
+
+    /// What [`WriteQueue::count_unwritten`] counts: with `payloads`, the payloads sent by
+    /// reference too.
+    fn own_bytes(&self, payloads: bool) -> usize {
+        let parts = self.behind.as_deref().map_or(0, |behind| {
+            behind
+                .parts
+                .iter()
+                .filter(|part| payloads || part.message.is_none())
+                .map(|part| part.bytes.len())
+                .sum()
+        });
+        self.batch.capacity() + parts
+    }
+
+    /// Polls one write of what is queued, in order (vectored while parts wait), and takes
+    /// what the stream took off the front. `Ok(0)` from a non-empty queue: the peer is gone.
+    pub(super) fn poll_write_to<S: AsyncWrite + Unpin>(
+        &mut self,
+        stream: &mut S,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<usize>> {
+        let written = match self.behind.as_deref() {
+            Some(behind) if !behind.parts.is_empty() => {
+                let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+                let mut count = 0;
+                for (slice, part) in slices.iter_mut().zip(&behind.parts) {
+                    *slice = IoSlice::new(&part.bytes);
+                    count += 1;
+                }
+                if count == behind.parts.len() && count < MAX_SLICES && !self.batch.is_empty() {
+                    slices[count] = IoSlice::new(&self.batch);
+                    count += 1;
+                }
+                ready!(Pin::new(stream).poll_write_vectored(cx, &slices[..count]))?
+            }
+            _ => ready!(Pin::new(stream).poll_write(cx, &self.batch))?,
+        };
+        self.advance(written);
+        Poll::Ready(Ok(written))
+    }
+
+    /// Drops the batch's allocation when nothing is left to send: an idle connection holds
+    /// none.
+    #[inline]
+    pub(super) fn release(&mut self) {
+        if self.is_empty() && self.batch.capacity() > 0 {
+            self.batch = BytesMut::new();
+        }
+    }
+
+    /// Takes `n` sent bytes off the front; once everything is out, what was counted is given
+    /// back.
+    fn advance(&mut self, mut n: usize) {
+        if let Some(behind) = self.behind.as_deref_mut() {
+            while n > 0 {
+                let Some(front) = behind.parts.front_mut() else {
+                    break;
+                };
+                let taken = n.min(front.bytes.len());
+                front.bytes.advance(taken);
+                behind.len -= taken;
+                n -= taken;
+                if front.bytes.is_empty() {
+                    behind.parts.pop_front();
+                }
+            }
+        }
+        if n == self.batch.len() {
+            // The emptied batch keeps its allocation for the next one.
+            self.batch.clear();
+        } else {
+            self.batch.advance(n);
+        }
+        let all_out = self.batch.is_empty();
+        if let Some(behind) = self.behind.as_deref() {
+            if behind.parts.is_empty() && (all_out || behind.counted.is_none()) {
+                self.behind = None;
+            }
+        }
+    }
+
+    /// Moves what the batch holds into a part of its own, so a payload can follow it.
+    fn seal_batch(&mut self) {
+        if !self.batch.is_empty() {
+            let sealed = self.batch.split().freeze();
+            self.push(Part {
+                bytes: sealed,
+                message: None,
+            });
+        }
+    }
+
+    fn push(&mut self, part: Part) {
+        if part.bytes.is_empty() {
+            return;
+        }
+        let behind = self.behind.get_or_insert_with(Box::default);
+        behind.len += part.bytes.len();
+        behind.parts.push_back(part);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Publish, PublishProperties, QoS};
+    use tokio::io::AsyncReadExt;
+
+    fn message(payload: Vec<u8>) -> Arc<Message> {
+        let publish = Publish {
+            dup: false,
+            qos: QoS::AtMostOnce,
+            retain: false,
+            topic: "t".into(),
+            packet_id: 0,
+            payload: payload.into(),
+            properties: PublishProperties::default(),
+        };
+        Arc::new(Message::from_publish(publish, None))
+    }
+
+    /// Whatever the stream takes at a time (a 1 KiB pipe here), the bytes come out in the
+    /// order they were queued: batches, payloads by reference, and a later queue appended.
+    #[tokio::test]
+    async fn bytes_leave_in_the_order_they_were_queued() {
+        let (big, other) = (message(vec![7; 20_000]), message(vec![9; 30_000]));
+        let mut queue = WriteQueue::default();
+        queue.batch().extend_from_slice(b"head-1");
+        queue.push_payload(&big);
+        queue.batch().extend_from_slice(b"between");
+        let mut later = WriteQueue::default();
+        later.batch().extend_from_slice(b"head-2");
+        later.push_payload(&other);
+        later.batch().extend_from_slice(b"tail");
+        queue.append(later);
+        let mut expected = b"head-1".to_vec();
+        expected.extend_from_slice(&big.payload);
+        expected.extend_from_slice(b"betweenhead-2");
+        expected.extend_from_slice(&other.payload);
+        expected.extend_from_slice(b"tail");
+        assert_eq!(queue.len(), expected.len());
+        assert_eq!(Arc::strong_count(&big), 2, "held, not copied");
+
+        let (mut writer, mut reader) = tokio::io::duplex(1024);
+        let reading = tokio::spawn(async move {
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).await.map(|_| got)
+        });
+        let mut writes = 0;
+        while !queue.is_empty() {
+            writes += 1;
+            assert!(writes < 10_000, "the queue does not drain");
+            let n = std::future::poll_fn(|cx| queue.poll_write_to(&mut writer, cx))
+                .await
+                .expect("write");
+            assert!(n > 0);
+        }
+        drop(writer);
+        assert_eq!(reading.await.expect("reader").expect("read"), expected);
+        assert_eq!(Arc::strong_count(&big), 1, "let go once sent");
+        assert_eq!(Arc::strong_count(&other), 1);
+    }
+
+    /// A payload by reference counts as the connection's own only where asked (an anonymous
+    /// client's); the batch counts always.
+    #[test]
+    fn payloads_by_reference_count_only_where_asked() {
+        let big = message(vec![1; 40_000]);
+        let mut queue = WriteQueue::default();
+        queue.batch().extend_from_slice(&[0; 100]);
+        queue.push_payload(&big);
+        let own = queue.own_bytes(false);
+        assert!((100..40_000).contains(&own), "{own}");
+        assert_eq!(queue.own_bytes(true), own + 40_000);
+    }
+}
