@@ -524,6 +524,38 @@ async fn a_strangers_message_waiting_for_subscribers_that_stop_reading_stays_in_
     broker.wait_metric(USED, |n| n < 1_000_000.0).await;
 }
 
+/// Issue 35, twenty-first adversarial pass, G3 (medium): sixteen anonymous subscribers that
+/// stop reading, each on a topic of its own to which a verified publisher sends two 1.1 MB
+/// messages. An anonymous subscriber's output is copied into its write buffer, as before
+/// payloads went by reference (`connection::write_queue`), and the copy counts in the
+/// anonymous connections' bound, out of `mqtt.max_memory`: past it they are closed, and the
+/// verified messages are let go. Sent by reference, each kept a whole verified message
+/// alive in the budget while the bound counted only its unsent tail: 14.3 MB of 16 MiB, and
+/// verified publishers paused. Fails without it: memory used is over half the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_subscribers_that_stop_reading_do_not_hold_verified_messages_in_the_budget() {
+    const SIZE: usize = 1_100_000;
+    let budget = 16u64 << 20;
+    let broker = password_and_anonymous(budget).await;
+    let (mut publisher, _) = v5::connect(broker.addr, sensor1("g3-publisher")).await;
+    let mut stuck = Vec::new();
+    for i in 0..16 {
+        let topic = format!("p/{i}");
+        let connect = v5::connect_packet(&format!("g3-anon-{i}"));
+        stuck.push(stalled_subscriber(broker.addr, connect, &topic).await);
+        publish_many(&mut publisher, &topic, SIZE, 2).await;
+    }
+    let used = most_shown(&broker, USED).await;
+    assert!(
+        used < (budget / 2) as f64,
+        "memory used {used} of {budget} with sixteen anonymous subscribers stuck"
+    );
+    let code = v5::publish_qos1(&mut publisher, "sensors/sensor1/t", b"1", 1).await;
+    assert!(!code.is_error(), "sensor1's PUBLISH: {code:?}");
+    drop(stuck);
+    broker.wait_metric(USED, |n| n < 1_000_000.0).await;
+}
+
 /// A v5 connection over TLS to `addr` with `connect`, which must be accepted (CONNACK 0x00).
 async fn served_over_tls(
     addr: std::net::SocketAddr,
