@@ -556,6 +556,39 @@ async fn anonymous_subscribers_that_stop_reading_do_not_hold_verified_messages_i
     broker.wait_metric(USED, |n| n < 1_000_000.0).await;
 }
 
+/// Issue 35, twenty-first adversarial pass, G2: a subscriber that reads, slowly, behind a
+/// backlog of its output above the write high-water mark (the broker does not read its
+/// socket meanwhile, so its PINGREQs wait there unread) is not closed for keep-alive
+/// (MQTT-3.1.2-24: it is sending them; what the broker does not read is the broker's
+/// doing): the socket taking its output counts as the client being there. Keep-alive 2 s,
+/// 32 KiB read every 100 ms for 7 s, a PINGREQ every second. Fails without it: closed
+/// after 3 s (`postbox_keepalive_timeouts_total` 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_reading_slowly_behind_its_output_is_not_closed_for_keep_alive() {
+    const CHUNK: usize = 32 * 1024;
+    let broker = password_and_anonymous(64 << 20).await;
+    let mut connect = sensor1("g2-slow-reader");
+    connect.keep_alive = 2;
+    let mut reader = stalled_subscriber(broker.addr, connect, "slow/#").await;
+    let (mut publisher, _) = v5::connect(broker.addr, sensor1("g2-publisher")).await;
+    publish_many(&mut publisher, "slow/x", 200_000, 40).await;
+    let ping = common::encode(&Packet::PingReq, v5::V);
+    for round in 0..70 {
+        let got = reader.recv_bytes(CHUNK).await;
+        assert_eq!(got.len(), CHUNK, "the connection closed at round {round}");
+        if round % 10 == 0 {
+            reader.send_raw(&ping).await;
+        }
+        // The reader's pace, not a wait for an event.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        broker.metric("postbox_keepalive_timeouts_total").await,
+        Some(0.0),
+        "a connection was closed for keep-alive"
+    );
+}
+
 /// A v5 connection over TLS to `addr` with `connect`, which must be accepted (CONNACK 0x00).
 async fn served_over_tls(
     addr: std::net::SocketAddr,
