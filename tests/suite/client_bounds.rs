@@ -608,7 +608,7 @@ async fn anonymous_retained_messages_still_hold_their_share_after_a_restart() {
 /// clients' share full of their retained messages, a stranger may still replace one of them
 /// with one no larger and clear one (a retained PUBLISH with an empty payload deletes the
 /// topic's retained message, MQTT-3.3.1-10), live and after a restart (the restored ones
-/// count in the share while retained); a retained message on a new topic is still refused
+/// count in the share again); a retained message on a new topic is still refused
 /// with 0x97 Quota exceeded. Before, the replacement and the clear that would free the share
 /// were refused like any other PUBLISH.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
