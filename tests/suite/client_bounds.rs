@@ -1751,20 +1751,8 @@ async fn jobs_a_lone_member_cannot_take_are_dropped_once() {
 /// pass, B5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
-    use postbox::codec::QoS;
     let (_data, sections, broker) = durable_users_only().await;
-    let addr = broker.addr;
-    let member = |id: &str| {
-        let mut connect = sensor1(id);
-        // One in flight at a time: the rest wait in the member's queue.
-        connect.properties.receive_maximum = Some(1);
-        connect
-    };
-    let (mut a, _) = v5::connect(addr, member("worker-a")).await;
-    v5::subscribe(&mut a, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    let (mut b, _) = v5::connect(addr, member("worker-b")).await;
-    v5::subscribe(&mut b, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    boss_publishes_jobs(addr, 40, b"job").await;
+    let (a, b) = two_members_with_40_jobs(broker.addr).await;
     // a leaves (its jobs move to b, which is connected), then the broker restarts once it
     // has seen a leave (a SIGTERM before that leaves a's jobs in a's own stored session).
     v5::disconnect(a).await;
@@ -1773,7 +1761,7 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
         .await;
     drop(b);
     let broker = restarted(broker, &sections).await;
-    let b = resumed(broker.addr, member("worker-b")).await;
+    let b = resumed(broker.addr, job_member("worker-b")).await;
     assert_eq!(distinct_jobs(b, 40).await, 40, "jobs after the restart");
 }
 
@@ -1784,26 +1772,15 @@ async fn jobs_moved_off_a_leaving_member_survive_a_restart() {
 /// restart get all 40 between them (MQTT-4.3.2-2: each was acknowledged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_of_a_member_leaving_as_the_broker_stops_are_at_one_member_or_the_other() {
-    use postbox::codec::QoS;
     let (_data, sections, broker) = durable_users_only().await;
-    let addr = broker.addr;
-    let member = |id: &str| {
-        let mut connect = sensor1(id);
-        connect.properties.receive_maximum = Some(1);
-        connect
-    };
-    let (mut a, _) = v5::connect(addr, member("worker-a")).await;
-    v5::subscribe(&mut a, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    let (mut b, _) = v5::connect(addr, member("worker-b")).await;
-    v5::subscribe(&mut b, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
-    boss_publishes_jobs(addr, 40, b"job").await;
+    let (a, b) = two_members_with_40_jobs(broker.addr).await;
     v5::disconnect(a).await;
     drop(b);
     let broker = restarted(broker, &sections).await;
     let mut jobs = std::collections::BTreeSet::new();
     let mut received = 0;
     for id in ["worker-a", "worker-b"] {
-        let mut worker = resumed(broker.addr, member(id)).await;
+        let mut worker = resumed(broker.addr, job_member(id)).await;
         while let Ok(Some(packet)) = worker.recv_within(std::time::Duration::from_secs(3)).await {
             if let Packet::Publish(p) = packet {
                 v5::ack(&mut worker, &p).await;
@@ -1818,6 +1795,26 @@ async fn jobs_of_a_member_leaving_as_the_broker_stops_are_at_one_member_or_the_o
         40,
         "distinct jobs after the restart ({received} received)"
     );
+}
+
+/// A v5 CONNECT for a member of the `jobs` group, as `sensor1`, with one job in flight at a
+/// time (the rest wait in its queue).
+fn job_member(id: &str) -> postbox::codec::Connect {
+    let mut connect = sensor1(id);
+    connect.properties.receive_maximum = Some(1);
+    connect
+}
+
+/// Members `worker-a` and `worker-b` of `$share/jobs/jobs/#`, with 40 acknowledged QoS 1 jobs
+/// between them.
+async fn two_members_with_40_jobs(addr: std::net::SocketAddr) -> (RawClient, RawClient) {
+    use postbox::codec::QoS;
+    let (mut a, _) = v5::connect(addr, job_member("worker-a")).await;
+    v5::subscribe(&mut a, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    let (mut b, _) = v5::connect(addr, job_member("worker-b")).await;
+    v5::subscribe(&mut b, "$share/jobs/jobs/#", QoS::AtLeastOnce).await;
+    boss_publishes_jobs(addr, 40, b"job").await;
+    (a, b)
 }
 
 /// A stored session's shared subscription is part of its session state (MQTT-4.1.0-1): after
