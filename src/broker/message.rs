@@ -59,7 +59,7 @@ pub struct Message {
     /// v5 properties to forward (topic alias and subscription ids stripped); `None` when there
     /// are none, as for every 3.x message: 8 bytes instead of 160 in each queued message.
     /// Read through [`Message::properties`].
-    properties: Option<Box<PublishProperties>>,
+    properties: Option<Box<HeldProperties>>,
     /// When the message stops being deliverable (Message Expiry Interval).
     pub expires_at: Option<Instant>,
     /// When the broker received it; persisted so expiry survives a restart.
@@ -151,9 +151,30 @@ impl From<u64> for OnceId {
     }
 }
 
-/// Boxes properties only when there are some.
-fn boxed_properties(properties: PublishProperties) -> Option<Box<PublishProperties>> {
-    (!properties.is_empty()).then(|| Box::new(properties))
+/// A message's properties, with those it forwards as they came encoded once when they are
+/// large.
+#[derive(Debug)]
+struct HeldProperties {
+    fields: PublishProperties,
+    /// The forwarded properties' encoding ([`codec::share_forwarded`]) when it is at least
+    /// [`codec::APART`] bytes: `fields`' variable-length fields are views of it, so the
+    /// bytes are held once, and every delivery sends them from here rather than copying them
+    /// into its connection's write buffer (issue 35, twenty-first adversarial pass, G1).
+    forwarded: Option<Bytes>,
+}
+
+/// Boxes properties only when there are some, encoding large forwarded ones once. Their
+/// size ([`PublishProperties::held_bytes`], counted at least as much as the encoding) is
+/// what the message is counted with either way.
+fn boxed_properties(mut fields: PublishProperties) -> Option<Box<HeldProperties>> {
+    if fields.is_empty() {
+        return None;
+    }
+    let forwarded = (fields.held_bytes() >= codec::APART
+        && codec::forwarded_len(&fields).is_ok_and(|len| len >= codec::APART))
+    .then(|| codec::share_forwarded(&mut fields).ok())
+    .flatten();
+    Some(Box::new(HeldProperties { fields, forwarded }))
 }
 
 /// What a message of `topic`, `payload` and `properties` holds: see [`Message::size`].
@@ -189,7 +210,11 @@ impl Message {
             .message_expiry_interval
             .map(|secs| now + std::time::Duration::from_secs(u64::from(secs)));
         let properties = boxed_properties(properties);
-        let size = held_size(&publish.topic, &publish.payload, properties.as_deref());
+        let size = held_size(
+            &publish.topic,
+            &publish.payload,
+            properties.as_deref().map(|p| &p.fields),
+        );
         super::flow::message_made(size as usize);
         Message {
             topic: publish.topic,
@@ -335,7 +360,11 @@ impl Message {
         let (received_at, expires_at) =
             super::restore::instants(stored, Instant::now(), crate::storage::now_unix_ms());
         let properties = boxed_properties(stored.properties.clone());
-        let size = held_size(&stored.topic, &stored.payload, properties.as_deref());
+        let size = held_size(
+            &stored.topic,
+            &stored.payload,
+            properties.as_deref().map(|p| &p.fields),
+        );
         super::flow::message_made(size as usize);
         Message {
             size,
@@ -417,7 +446,9 @@ impl Message {
 
     /// The v5 properties forwarded with this message (empty for most messages).
     pub fn properties(&self) -> &PublishProperties {
-        self.properties.as_deref().unwrap_or(&NO_PROPERTIES)
+        self.properties
+            .as_deref()
+            .map_or(&NO_PROPERTIES, |p| &p.fields)
     }
 
     /// The bytes this message makes the broker hold: its topic, payload and properties
@@ -462,7 +493,7 @@ impl Message {
             // this delivery alone (issue 35, nineteenth adversarial pass, F1: four cached
             // encodings each charged past the share took a stranger's retained messages to
             // 4.9 times it, and verified publishers to 0x97).
-            let header = Self::header(&self.topic, self.properties.as_deref(), &delivery);
+            let header = Self::header(&self.topic, self.fields(), &delivery);
             codec::encode_publish(&header, &self.payload, version, out)?;
             return Ok(out.len() - start);
         }
@@ -472,7 +503,7 @@ impl Message {
             PublishBody {
                 topic: &self.topic,
                 payload: &self.payload,
-                properties: self.properties.as_deref(),
+                properties: self.fields(),
             },
             &delivery,
         )?;
@@ -488,36 +519,48 @@ impl Message {
         Ok(written)
     }
 
-    /// Appends all of this message's PUBLISH for one subscriber but the payload, which the
-    /// caller sends from [`Message::payload`] right after: a large payload goes out from
-    /// the message itself rather than from a copy per subscriber, so what a subscriber that
-    /// stops reading holds is the message, counted once wherever its bytes count (issue
-    /// 35, twentieth adversarial pass, F1: sixteen copies of a stranger's 2 MB message in
-    /// write buffers took the budget to 108%). Nothing is cached. Returns the length of the
-    /// whole packet, payload included.
+    /// Writes this message as a PUBLISH for one subscriber into `sink` with its large fields
+    /// (a long topic, the forwarded properties, the payload) sent from the message rather
+    /// than copied, so what a subscriber that stops reading holds is the message, counted
+    /// once wherever its bytes count (issue 35: the twentieth adversarial pass, F1, found
+    /// sixteen copies of a stranger's 2 MB payload in write buffers taking the budget to
+    /// 108%; the twenty-first, G1, the same with 1.68 MB of User Properties). Nothing is
+    /// cached. Returns the packet's length, and writes nothing when that is over `max_len`.
     ///
     /// # Errors
     ///
-    /// As [`Message::write_to`].
-    pub fn write_head_to(
+    /// As [`Message::write_to`]; nothing is written.
+    pub fn write_apart(
         &self,
-        out: &mut BytesMut,
+        sink: &mut impl codec::PieceSink,
         version: ProtocolVersion,
         delivery: PublishFlags<'_>,
+        max_len: usize,
     ) -> Result<usize, codec::EncodeError> {
-        let start = out.len();
         let elapsed_secs = self.elapsed_for(version);
-        let custom;
-        let (topic, properties) = if Self::is_custom(version, &delivery, elapsed_secs) {
+        let forwarded = self
+            .properties
+            .as_deref()
+            .and_then(|p| p.forwarded.as_ref());
+        let own;
+        let (topic, properties) = if forwarded.is_some() {
+            own = self.own_properties(&delivery, elapsed_secs);
+            let properties = (!own.is_empty()).then_some(&own);
+            (self.delivery_topic(&delivery), properties)
+        } else if Self::is_custom(version, &delivery, elapsed_secs) {
             let (topic, props) = self.delivery_properties(&delivery, elapsed_secs);
-            custom = props;
-            (topic, Some(&custom))
+            own = props;
+            (topic, Some(&own))
         } else {
-            (&*self.topic, self.properties.as_deref())
+            (&*self.topic, self.fields())
         };
-        let header = Self::header(topic, properties, &delivery);
-        codec::encode_publish_head(&header, self.payload.len(), version, out)?;
-        Ok(out.len() - start + self.payload.len())
+        let publish = codec::PublishApart {
+            header: Self::header(topic, properties, &delivery),
+            topic: (!topic.is_empty()).then(|| self.topic.as_bytes()),
+            forwarded,
+            payload: &self.payload,
+        };
+        codec::encode_publish_apart(&publish, version, max_len, sink)
     }
 
     /// Seconds since the message was received, where a subscriber of `version` is told its
@@ -550,21 +593,39 @@ impl Message {
         elapsed_secs: u64,
     ) -> (&str, PublishProperties) {
         let mut props = self.properties().clone();
-        props
-            .subscription_identifiers
-            .extend_from_slice(delivery.subscription_ids);
-        if let Some(interval) = props.message_expiry_interval.as_mut() {
+        let own = self.own_properties(delivery, elapsed_secs);
+        props.subscription_identifiers = own.subscription_identifiers;
+        props.message_expiry_interval = own.message_expiry_interval;
+        props.topic_alias = own.topic_alias;
+        (self.delivery_topic(delivery), props)
+    }
+
+    /// The properties of one delivery that are its own: the subscription identifiers, the
+    /// remaining Message Expiry Interval, and the outbound Topic Alias.
+    fn own_properties(&self, delivery: &PublishFlags<'_>, elapsed_secs: u64) -> PublishProperties {
+        PublishProperties {
+            subscription_identifiers: delivery.subscription_ids.into(),
             // Forward the remaining lifetime, not the original (MQTT-3.3.2-6).
-            *interval = interval.saturating_sub(elapsed_secs.min(u64::from(u32::MAX)) as u32);
+            message_expiry_interval: self.properties().message_expiry_interval.map(|interval| {
+                interval.saturating_sub(elapsed_secs.min(u64::from(u32::MAX)) as u32)
+            }),
+            topic_alias: delivery.topic_alias.map(|alias| alias.alias),
+            ..PublishProperties::default()
         }
-        let mut topic: &str = &self.topic;
-        if let Some(alias) = delivery.topic_alias {
-            props.topic_alias = Some(alias.alias);
-            if !alias.with_topic {
-                topic = ""; // the alias stands for the topic (v5 §3.3.2.3.4)
-            }
+    }
+
+    /// The topic one delivery carries: none where a Topic Alias stands for it (v5
+    /// §3.3.2.3.4).
+    fn delivery_topic(&self, delivery: &PublishFlags<'_>) -> &str {
+        match delivery.topic_alias {
+            Some(alias) if !alias.with_topic => "",
+            _ => &self.topic,
         }
-        (topic, props)
+    }
+
+    /// The properties, if any.
+    fn fields(&self) -> Option<&PublishProperties> {
+        self.properties.as_deref().map(|p| &p.fields)
     }
 
     /// The header of one delivery of this message.
@@ -606,6 +667,98 @@ pub struct Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Collects a PUBLISH written in pieces into one buffer, counting the pieces.
+    #[derive(Default)]
+    struct Pieces {
+        batch: BytesMut,
+        out: BytesMut,
+        pieces: usize,
+    }
+
+    impl codec::PieceSink for Pieces {
+        fn batch(&mut self) -> &mut BytesMut {
+            &mut self.batch
+        }
+        fn piece(&mut self, bytes: Bytes) {
+            let batch = self.batch.split();
+            self.out.extend_from_slice(&batch);
+            self.out.extend_from_slice(&bytes);
+            self.pieces += 1;
+        }
+    }
+
+    /// Issue 35, twenty-first adversarial pass, G1: a message with large properties keeps
+    /// them encoded once, and a delivery written in pieces ([`Message::write_apart`]) is the
+    /// packet [`Message::write_to`] writes whole, for every kind of subscriber (3.1.1; v5
+    /// with subscription identifiers, a Topic Alias, an expiry that has counted down),
+    /// property order aside (User Properties keep theirs, MQTT-3.3.2-18).
+    #[test]
+    fn a_delivery_in_pieces_is_the_packet_written_whole() {
+        let mut publish = Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: "big/props".into(),
+            packet_id: 1,
+            payload: Bytes::from_static(b"1"),
+            properties: PublishProperties {
+                message_expiry_interval: Some(600),
+                content_type: Some("application/json".into()),
+                ..PublishProperties::default()
+            },
+        };
+        publish.properties.user_properties = (0..30)
+            .map(|i| (format!("k{i}").into(), "v".repeat(1000).into()))
+            .collect();
+        let mut message = Message::from_publish(publish, None);
+        assert!(message
+            .properties
+            .as_ref()
+            .is_some_and(|p| p.forwarded.is_some()));
+        message.received_at -= std::time::Duration::from_secs(5);
+        let alias = |with_topic| codec::PublishAlias {
+            alias: 3,
+            with_topic,
+        };
+        let cases = [
+            (ProtocolVersion::V3_1_1, &[][..], None),
+            (ProtocolVersion::V5, &[][..], None),
+            (
+                ProtocolVersion::V5,
+                &[4, 268_435_455][..],
+                Some(alias(true)),
+            ),
+            (ProtocolVersion::V5, &[][..], Some(alias(false))),
+        ];
+        for (version, ids, topic_alias) in cases {
+            let flags = PublishFlags {
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                dup: true,
+                packet_id: 9,
+                subscription_ids: ids,
+                topic_alias,
+            };
+            let mut whole = BytesMut::new();
+            let len = message.write_to(&mut whole, version, flags).expect("whole");
+            let mut pieces = Pieces::default();
+            let apart_len = message
+                .write_apart(&mut pieces, version, flags, usize::MAX)
+                .expect("apart");
+            let mut apart = pieces.out;
+            apart.extend_from_slice(&pieces.batch);
+            assert_eq!((apart_len, apart.len()), (len, len), "{version:?}");
+            assert_eq!(pieces.pieces, usize::from(version.is_v5()), "{version:?}");
+            let decoded =
+                |mut bytes: BytesMut| codec::decode(&mut bytes, Some(version), usize::MAX);
+            assert_eq!(
+                decoded(apart).expect("decodes"),
+                decoded(whole).expect("decodes"),
+                "{version:?} {ids:?} {topic_alias:?}"
+            );
+        }
+    }
 
     /// Every queued message costs its `Message`, so its size is a per-message cost of every
     /// backlog: 376 B with `PublishProperties` inline, 224 B with them boxed only when present.

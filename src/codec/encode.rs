@@ -165,37 +165,6 @@ pub fn encode_publish(
     version: ProtocolVersion,
     buf: &mut BytesMut,
 ) -> Result<Option<usize>> {
-    let id_offset = put_publish_head(header, payload.len(), version, buf, true)?;
-    buf.put_slice(payload);
-    Ok(id_offset)
-}
-
-/// Appends all of a PUBLISH but its payload of `payload_len` bytes, which the caller sends
-/// right after from where it already is (a large payload is written from the message that
-/// holds it, not copied per subscriber). Returns what [`encode_publish`] returns.
-///
-/// # Errors
-///
-/// As [`encode_publish`].
-#[inline]
-pub fn encode_publish_head(
-    header: &PublishHeader<'_>,
-    payload_len: usize,
-    version: ProtocolVersion,
-    buf: &mut BytesMut,
-) -> Result<Option<usize>> {
-    put_publish_head(header, payload_len, version, buf, false)
-}
-
-/// [`encode_publish_head`], with room reserved for the payload too when `room_for_payload`.
-#[inline]
-fn put_publish_head(
-    header: &PublishHeader<'_>,
-    payload_len: usize,
-    version: ProtocolVersion,
-    buf: &mut BytesMut,
-    room_for_payload: bool,
-) -> Result<Option<usize>> {
     let topic_len = header.topic.len();
     if topic_len > u16::MAX as usize {
         return Err(EncodeError::StringTooLong);
@@ -209,7 +178,7 @@ fn put_publish_head(
         Some(p) => properties_len(p)?,
         None => 0,
     };
-    let mut remaining = 2 + topic_len + 2 * usize::from(has_id) + payload_len;
+    let mut remaining = 2 + topic_len + 2 * usize::from(has_id) + payload.len();
     if version.is_v5() {
         remaining += varint_len(props_len) + props_len;
     }
@@ -217,8 +186,7 @@ fn put_publish_head(
         return Err(EncodeError::TooLarge(remaining));
     }
     let header_len = 1 + varint_len(remaining);
-    let payload_room = if room_for_payload { 0 } else { payload_len };
-    buf.reserve(header_len + remaining - payload_room);
+    buf.reserve(header_len + remaining);
     buf.put_u8(
         0x30 | (u8::from(header.dup) << 3) | ((header.qos as u8) << 1) | u8::from(header.retain),
     );
@@ -238,6 +206,7 @@ fn put_publish_head(
             p.write(&mut Writer(buf))?;
         }
     }
+    buf.put_slice(payload);
     Ok(id_offset)
 }
 

@@ -4,6 +4,7 @@
 //! a packet (topics, strings, payloads) owns its bytes, never a slice of the connection's read
 //! buffer (`owned`).
 
+mod apart;
 mod codes;
 mod decode;
 mod encode;
@@ -23,11 +24,14 @@ mod varint;
 #[cfg(test)]
 mod tests;
 
+pub use apart::{
+    encode_publish_apart, forwarded_len, share_forwarded, PieceSink, PublishApart, APART,
+};
 pub use codes::ReasonContext;
 pub use decode::{
     decode, decode_fixed_header, decode_with, publish_has_disallowed_code_points, FixedHeader,
 };
-pub use encode::{encode, encode_publish, encode_publish_head, encode_within, PublishHeader};
+pub use encode::{encode, encode_publish, encode_within, PublishHeader};
 pub use error::{DecodeError, EncodeError};
 pub use publish_cache::{PublishAlias, PublishBody, PublishEncodings, PublishFlags};
 pub use reason::ReasonCode;

@@ -1,16 +1,18 @@
 //! What a connection has yet to send, in order: small packets batched in one buffer, and a
-//! large payload sent from the message that holds it rather than from a copy.
+//! large message's large fields sent from the message that holds them rather than from a copy.
 //!
 //! Why: a message fanned out to many subscribers was copied whole into each one's write
 //! buffer, and a subscriber that stopped reading kept its copy, counted in the budget its
 //! own class shares. Sixteen verified subscribers that stopped reading held sixteen copies
 //! of a stranger's 2 MB message, the stranger's share was free again at once, and every
-//! verified publisher got 0x97 (issue 35, twentieth adversarial pass, F1). A payload of at
-//! least [`BY_REFERENCE`] bytes is queued as the message itself: held once however many
-//! connections wait to send it, and counted where the message counts (a stranger's in its
+//! verified publisher got 0x97 (issue 35, twentieth adversarial pass, F1; the twenty-first,
+//! G1, the same with User Properties). The large fields of a message of at least
+//! [`BY_REFERENCE`] bytes (`codec::APART`: a long topic, the forwarded properties, the
+//! payload) are queued as the message's own bytes with the message: held once however many
+//! connections wait to send them, and counted where the message counts (a stranger's in its
 //! share) for as long as any connection holds it.
 //!
-//! Must not: reorder bytes, or copy a payload queued by reference.
+//! Must not: reorder bytes, or copy bytes queued by reference.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -25,10 +27,10 @@ use super::held::{HeldBytes, OverShare};
 use super::partial::HeldClass;
 use crate::broker::Message;
 
-/// Payloads of at least this many bytes are sent from their message, not copied (see the
-/// module). Below it the copy into the batch costs less than keeping a part apart, and a
-/// subscriber that stops reading holds at most the batch's high-water mark and one such
-/// payload.
+/// Messages of at least this many bytes ([`Message::size`]) send their large fields from the
+/// message, not copied (see the module). Below it the copy into the batch costs less than
+/// keeping parts apart, and a subscriber that stops reading holds at most the batch's
+/// high-water mark and one such message.
 pub(super) const BY_REFERENCE: usize = 16 * 1024;
 
 /// Slices handed to one vectored write at most.
@@ -39,7 +41,7 @@ const MAX_SLICES: usize = 16;
 pub(super) struct WriteQueue {
     /// Packets encoded after the parts (all of them, when there are none).
     batch: BytesMut,
-    /// What a queue holds while it is behind: `None` while no payload waits by reference and
+    /// What a queue holds while it is behind: `None` while nothing waits by reference and
     /// every write completes at once (the common case: one test, 8 bytes per connection).
     behind: Option<Box<Behind>>,
 }
@@ -56,13 +58,33 @@ struct Behind {
     counted: Option<HeldBytes>,
 }
 
-/// One run of bytes to send: a sealed batch, or a payload with the message that holds it.
+/// One run of bytes to send: a sealed batch, or a field with the message that holds it.
 #[derive(Debug)]
 struct Part {
     bytes: Bytes,
-    /// Kept until the payload is sent, so the message stays counted in the memory budget
+    /// Kept until the field is sent, so the message stays counted in the memory budget
     /// (and a stranger's in its share) while its bytes are held for this connection.
     message: Option<Arc<Message>>,
+}
+
+/// A [`WriteQueue`] taking one message's PUBLISH in pieces ([`WriteQueue::pieces_of`]).
+pub(super) struct Pieces<'a> {
+    queue: &'a mut WriteQueue,
+    message: &'a Arc<Message>,
+}
+
+impl crate::codec::PieceSink for Pieces<'_> {
+    fn batch(&mut self) -> &mut BytesMut {
+        &mut self.queue.batch
+    }
+
+    fn piece(&mut self, bytes: Bytes) {
+        self.queue.seal_batch();
+        self.queue.push(Part {
+            bytes,
+            message: Some(Arc::clone(self.message)),
+        });
+    }
 }
 
 impl WriteQueue {
@@ -78,7 +100,7 @@ impl WriteQueue {
         self.batch.len()
     }
 
-    /// Bytes queued before the batch (payloads sent from their message, and the batches
+    /// Bytes queued before the batch (fields sent from their message, and the batches
     /// sealed ahead of them): [`WriteQueue::len`] less [`WriteQueue::batch_len`].
     #[inline]
     pub(super) fn apart_len(&self) -> usize {
@@ -97,17 +119,14 @@ impl WriteQueue {
         &mut self.batch
     }
 
-    /// Queues `message`'s payload to follow what the batch holds now (the rest of its
-    /// PUBLISH, [`Message::write_head_to`]), without copying it.
-    pub(super) fn push_payload(&mut self, message: &Arc<Message>) {
-        if message.payload.is_empty() {
-            return;
+    /// Where `message`'s PUBLISH is written in pieces ([`Message::write_apart`]): its small
+    /// fields into the batch, its large ones queued after it as the message's own bytes,
+    /// with the message.
+    pub(super) fn pieces_of<'a>(&'a mut self, message: &'a Arc<Message>) -> Pieces<'a> {
+        Pieces {
+            queue: self,
+            message,
         }
-        self.seal_batch();
-        self.push(Part {
-            bytes: message.payload.clone(),
-            message: Some(Arc::clone(message)),
-        });
     }
 
     /// Appends everything `later` holds, in its order (writes that waited for the store).
@@ -128,7 +147,7 @@ impl WriteQueue {
 
     /// Counts what the queue holds as its connection's own (`class`) while the socket does
     /// not take it: the batch's allocation and the sealed batches, and for an anonymous
-    /// client the payloads sent by reference too. A verified client's leave those out: they
+    /// client the fields sent by reference too. A verified client's leave those out: they
     /// count as the messages they are (a stranger's in its share). An anonymous client's
     /// count them, as their copies did: else each anonymous subscriber that stops reading
     /// would pin one large message of a verified publisher's, out of the anonymous share.
@@ -152,14 +171,14 @@ impl WriteQueue {
         }
     }
 
-    /// What [`WriteQueue::count_unwritten`] counts: with `payloads`, the payloads sent by
+    /// What [`WriteQueue::count_unwritten`] counts: with `by_reference`, the fields sent by
     /// reference too.
-    fn own_bytes(&self, payloads: bool) -> usize {
+    fn own_bytes(&self, by_reference: bool) -> usize {
         let parts = self.behind.as_deref().map_or(0, |behind| {
             behind
                 .parts
                 .iter()
-                .filter(|part| payloads || part.message.is_none())
+                .filter(|part| by_reference || part.message.is_none())
                 .map(|part| part.bytes.len())
                 .sum()
         });
@@ -233,7 +252,7 @@ impl WriteQueue {
         }
     }
 
-    /// Moves what the batch holds into a part of its own, so a payload can follow it.
+    /// Moves what the batch holds into a part of its own, so a field can follow it.
     fn seal_batch(&mut self) {
         if !self.batch.is_empty() {
             let sealed = self.batch.split().freeze();
@@ -257,7 +276,7 @@ impl WriteQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{Publish, PublishProperties, QoS};
+    use crate::codec::{PieceSink, Publish, PublishProperties, QoS};
     use tokio::io::AsyncReadExt;
 
     fn message(payload: Vec<u8>) -> Arc<Message> {
@@ -280,11 +299,11 @@ mod tests {
         let (big, other) = (message(vec![7; 20_000]), message(vec![9; 30_000]));
         let mut queue = WriteQueue::default();
         queue.batch().extend_from_slice(b"head-1");
-        queue.push_payload(&big);
+        queue.pieces_of(&big).piece(big.payload.clone());
         queue.batch().extend_from_slice(b"between");
         let mut later = WriteQueue::default();
         later.batch().extend_from_slice(b"head-2");
-        later.push_payload(&other);
+        later.pieces_of(&other).piece(other.payload.clone());
         later.batch().extend_from_slice(b"tail");
         queue.append(later);
         let mut expected = b"head-1".to_vec();
@@ -322,7 +341,7 @@ mod tests {
         let big = message(vec![1; 40_000]);
         let mut queue = WriteQueue::default();
         queue.batch().extend_from_slice(&[0; 100]);
-        queue.push_payload(&big);
+        queue.pieces_of(&big).piece(big.payload.clone());
         let own = queue.own_bytes(false);
         assert!((100..40_000).contains(&own), "{own}");
         assert_eq!(queue.own_bytes(true), own + 40_000);

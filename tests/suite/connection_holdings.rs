@@ -480,12 +480,7 @@ async fn a_strangers_message_waiting_for_subscribers_that_stop_reading_stays_in_
     const SIZE: usize = 8_000_000;
     const BUDGET: u64 = 64 << 20;
     let data = tempfile::tempdir().expect("tempdir");
-    let sections = format!(
-        "[storage]\npersistence = false\n[mqtt]\nmax_memory = {BUDGET}\n\
-         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
-        common::fast_example_passwords(data.path())
-    );
-    let broker = common::async_process::BrokerProcess::spawn_sections(&[""], &sections).await;
+    let broker = fast_passwords_and_anonymous(data.path(), BUDGET).await;
     let mut stuck = Vec::new();
     for i in 0..16 {
         let connect = v5::as_user(v5::connect_packet(&format!("f1-stuck-{i}")), "sensor1");
@@ -519,6 +514,67 @@ async fn a_strangers_message_waiting_for_subscribers_that_stop_reading_stays_in_
     )
     .await;
     served_then_all_given_back(&broker, &mut sensor2, "sensors/sensor2/t", stuck).await;
+}
+
+/// Issue 35, twenty-first adversarial pass, G1 (medium): as pass 20's F1 above, with the
+/// stranger's bytes in User Properties (v5 §3.3.2.3.7) and a 1-byte payload. The copy F1
+/// removed for payloads stayed for the rest of the packet: each verified v5 subscriber
+/// that stopped reading held its own copy of the properties, counted as verified memory,
+/// and 1.68 MB messages took a 16 MiB budget to 109% with every verified QoS 1 PUBLISH at
+/// 0x97. Now a large message's forwarded properties are encoded once and sent from it
+/// (`codec::apart`), like its payload (and a long topic). 120 properties of 64,000 bytes
+/// (7.7 MB, within the 8 MiB share and largest packet of a 64 MiB budget), for the same
+/// reason as F1's 8 MB. Fails without it: memory used reaches the budget, and sensor2 waits
+/// or gets 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_large_properties_waiting_for_subscribers_that_stop_reading_stay_in_its_share()
+{
+    const BUDGET: u64 = 64 << 20;
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = fast_passwords_and_anonymous(data.path(), BUDGET).await;
+    let mut stuck = Vec::new();
+    for i in 0..16 {
+        let connect = v5::as_user(v5::connect_packet(&format!("g1-stuck-{i}")), "sensor1");
+        stuck.push(stalled_subscriber(broker.addr, connect, "w/#").await);
+    }
+    let mut stranger = v5::connect_id(broker.addr, "g1-stranger").await;
+    let value = "p".repeat(64_000);
+    let mut accepted = 0;
+    for id in 1..=3u16 {
+        let mut publish = v5::publish_packet("w/x", QoS::AtLeastOnce, b"1", id);
+        publish.properties.user_properties = (0..120)
+            .map(|i| (format!("k{i}").into(), value.as_str().into()))
+            .collect();
+        if !v5::publish(&mut stranger, publish).await.is_error() {
+            accepted += 1;
+        }
+    }
+    assert!(accepted >= 1, "the stranger's first message fits its share");
+    let used = most_shown(&broker, USED).await;
+    assert!(
+        used < (BUDGET / 4) as f64,
+        "memory used {used} of {BUDGET} after {accepted} of the stranger's messages"
+    );
+    let (mut sensor2, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("g1-verified"), "sensor2"),
+    )
+    .await;
+    served_then_all_given_back(&broker, &mut sensor2, "sensors/sensor2/t", stuck).await;
+}
+
+/// A broker without persistence, of `budget` bytes, taking the example users (hashed for
+/// speed, in `dir`) and anonymous clients.
+async fn fast_passwords_and_anonymous(
+    dir: &std::path::Path,
+    budget: u64,
+) -> common::async_process::BrokerProcess {
+    let sections = format!(
+        "[storage]\npersistence = false\n[mqtt]\nmax_memory = {budget}\n\
+         [auth]\npassword_file = {:?}\nallow_anonymous = true\n",
+        common::fast_example_passwords(dir)
+    );
+    common::async_process::BrokerProcess::spawn_sections(&[""], &sections).await
 }
 
 /// A verified client's QoS 1 PUBLISH to `topic` is accepted; once the `stuck` subscribers

@@ -239,3 +239,20 @@ impl WriteProperties for UserOnly<'_> {
         user(s, self.0)
     }
 }
+
+/// The properties of a PUBLISH a broker forwards as they came (v5 §3.3.2.3): every one but
+/// Message Expiry Interval, Topic Alias and Subscription Identifiers, which are each
+/// delivery's own. In the order `codec::apart::share_forwarded` reads them back; User
+/// Properties keep theirs (MQTT-3.3.2-18).
+pub(in super::super) struct Forwarded<'a>(pub &'a PublishProperties);
+
+impl WriteProperties for Forwarded<'_> {
+    fn write<S: Sink>(&self, s: &mut S) -> Result {
+        let p = self.0;
+        byte(s, PAYLOAD_FORMAT_INDICATOR, p.payload_format_indicator);
+        string(s, RESPONSE_TOPIC, p.response_topic.as_ref())?;
+        binary(s, CORRELATION_DATA, p.correlation_data.as_ref())?;
+        user(s, &p.user_properties)?;
+        string(s, CONTENT_TYPE, p.content_type.as_ref())
+    }
+}

@@ -10,7 +10,6 @@
 
 use std::time::Instant;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::Close;
@@ -19,7 +18,7 @@ use crate::broker::{Broker, Delivery, DeliverySink, Fill, Message, Resend};
 use crate::codec::{EncodeError, Packet, ProtocolVersion, PubResponse, PublishAlias, PublishFlags};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::io::WRITE_HIGH_WATER;
-use crate::connection::topic_alias::OutboundAliases;
+use crate::connection::topic_alias::{AliasChoice, OutboundAliases};
 use crate::connection::violation::Violation;
 use crate::connection::write_queue::{WriteQueue, BY_REFERENCE};
 use crate::storage::Durable;
@@ -45,11 +44,12 @@ struct Encoder<'a> {
     broker: &'a Broker,
     /// The batch's one clock reading, for the delivery latency.
     now: Instant,
-    /// What `out` and `held` hold outside their batches (payloads sent from their message,
-    /// and the batches sealed before them): updated only when a payload is queued so, so
+    /// What `out` and `held` hold outside their batches (fields sent from their message,
+    /// and the batches sealed before them): updated only when a message is queued so, so
     /// that the room check per delivery reads two lengths as before.
     apart: usize,
-    /// Payloads of this many bytes or more are sent from their message ([`by_reference_from`]).
+    /// Messages of this many bytes or more send their large fields from the message
+    /// ([`by_reference_from`]).
     by_reference_from: usize,
 }
 
@@ -82,7 +82,7 @@ impl DeliverySink for Encoder<'_> {
             packet_id,
             dup,
         );
-        if written && delivery.message.payload.len() >= self.by_reference_from {
+        if written && sends_apart(&delivery.message, self.by_reference_from) {
             self.apart = self.out.apart_len() + self.held.apart_len();
         }
         if written {
@@ -241,12 +241,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     }
 }
 
-/// From what payload size a connection sends payloads from their message
-/// ([`BY_REFERENCE`]): never for an anonymous client's. Its unread copy counts in the
-/// anonymous connections' bound, out of the budget; sent by reference, the message it kept
-/// alive counted in the budget verified publishers pause at, whole, while the bound counted
-/// only its unsent tail: sixteen anonymous subscribers that stopped reading held 14.3 MB of
-/// a 16 MiB budget's verified messages (issue 35, twenty-first adversarial pass, G3).
+/// From what message size ([`Message::size`]) a connection sends a message's large fields
+/// from the message ([`BY_REFERENCE`]): never for an anonymous client's. Its unread copy
+/// counts in the anonymous connections' bound, out of the budget; sent by reference, the
+/// message it kept alive counted in the budget verified publishers pause at, whole, while
+/// the bound counted only its unsent tail: sixteen anonymous subscribers that stopped
+/// reading held 14.3 MB of a 16 MiB budget's verified messages (issue 35, twenty-first
+/// adversarial pass, G3).
 fn by_reference_from(anonymous: bool) -> usize {
     if anonymous {
         usize::MAX
@@ -255,11 +256,19 @@ fn by_reference_from(anonymous: bool) -> usize {
     }
 }
 
+/// Whether a delivery of `message` sends its large fields from the message: decided on its
+/// whole size, not its payload's, since a stranger can carry its bytes in properties or a
+/// long topic (issue 35, twenty-first adversarial pass, G1).
+#[inline]
+fn sends_apart(message: &Message, by_reference_from: usize) -> bool {
+    message.size() >= by_reference_from
+}
+
 /// Encodes one delivery into `out` for a client of `version`; false if it could not be sent
 /// at all (above the client's Maximum Packet Size, MQTT-3.1.2-25, or unencodable). With
 /// outbound topic aliases, only a PUBLISH that is actually written changes the alias table.
-/// A payload of `by_reference_from` bytes or more is queued from its message, not copied
-/// (`connection::write_queue`).
+/// A message of `by_reference_from` bytes or more sends its large fields from the message,
+/// not copied (`connection::write_queue`).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn encode_delivery(
@@ -273,7 +282,7 @@ fn encode_delivery(
     packet_id: u16,
     dup: bool,
 ) -> bool {
-    if delivery.message.payload.len() >= by_reference_from {
+    if sends_apart(&delivery.message, by_reference_from) {
         return encode_by_reference(
             out,
             version,
@@ -285,22 +294,27 @@ fn encode_delivery(
             dup,
         );
     }
-    encode_into(
-        out.batch(),
-        version,
+    let out = out.batch();
+    let start = out.len();
+    let (alias, flags) = delivery_flags(aliases_out.as_deref(), delivery, packet_id, dup);
+    let written = delivery.message.write_to(out, version, flags);
+    if !matches!(written, Ok(len) if len <= client_max_packet) {
+        out.truncate(start);
+    }
+    settle(
+        written,
         client_max_packet,
         aliases_out,
+        alias,
         broker,
         delivery,
-        packet_id,
-        dup,
-        Message::write_to,
     )
 }
 
-/// [`encode_delivery`] of a large payload: the rest of the PUBLISH into the batch, then the
-/// payload queued from its message. Apart, so the path of every other delivery stays as
-/// short as it was (measured: +1.5% instructions per fan-out delivery when inline).
+/// [`encode_delivery`] of a large message: its small fields into the batch, its large ones
+/// queued from the message ([`Message::write_apart`]). Apart, so the path of every other
+/// delivery stays as short as it was (measured: +1.5% instructions per fan-out delivery
+/// when inline).
 #[allow(clippy::too_many_arguments)]
 #[inline(never)]
 fn encode_by_reference(
@@ -313,46 +327,32 @@ fn encode_by_reference(
     packet_id: u16,
     dup: bool,
 ) -> bool {
-    let written = encode_into(
-        out.batch(),
+    let (alias, flags) = delivery_flags(aliases_out.as_deref(), delivery, packet_id, dup);
+    let written = delivery.message.write_apart(
+        &mut out.pieces_of(&delivery.message),
         version,
+        flags,
+        client_max_packet,
+    );
+    settle(
+        written,
         client_max_packet,
         aliases_out,
+        alias,
         broker,
         delivery,
-        packet_id,
-        dup,
-        Message::write_head_to,
-    );
-    if written {
-        out.push_payload(&delivery.message);
-    }
-    written
+    )
 }
 
-/// Encodes one delivery into `out` with `write` (the whole PUBLISH, or all but its payload).
-#[allow(clippy::too_many_arguments)]
+/// One delivery's flags, with the outbound Topic Alias it would use (not yet committed).
 #[inline(always)]
-fn encode_into(
-    out: &mut BytesMut,
-    version: ProtocolVersion,
-    client_max_packet: usize,
-    aliases_out: Option<&mut OutboundAliases>,
-    broker: &Broker,
-    delivery: &Delivery,
+fn delivery_flags<'a>(
+    aliases_out: Option<&OutboundAliases>,
+    delivery: &'a Delivery,
     packet_id: u16,
     dup: bool,
-    write: fn(
-        &Message,
-        &mut BytesMut,
-        ProtocolVersion,
-        PublishFlags<'_>,
-    ) -> Result<usize, EncodeError>,
-) -> bool {
-    let start = out.len();
-    let alias = aliases_out
-        .as_ref()
-        .map(|table| table.choose(&delivery.message.topic));
+) -> (Option<AliasChoice>, PublishFlags<'a>) {
+    let alias = aliases_out.map(|table| table.choose(&delivery.message.topic));
     let flags = PublishFlags {
         qos: delivery.qos,
         retain: delivery.retain,
@@ -364,7 +364,22 @@ fn encode_into(
             with_topic: choice.sends_topic(),
         }),
     };
-    match write(&delivery.message, out, version, flags) {
+    (alias, flags)
+}
+
+/// What became of one delivery's encoding (`written`: the packet's length): sent (the
+/// Topic Alias it used committed), or dropped as larger than the client takes, or as
+/// unencodable. The caller has already undone any bytes of a dropped one.
+#[inline(always)]
+fn settle(
+    written: Result<usize, EncodeError>,
+    client_max_packet: usize,
+    aliases_out: Option<&mut OutboundAliases>,
+    alias: Option<AliasChoice>,
+    broker: &Broker,
+    delivery: &Delivery,
+) -> bool {
+    match written {
         Ok(len) if len <= client_max_packet => {
             if let (Some(table), Some(choice)) = (aliases_out, alias) {
                 table.commit(&delivery.message.topic, choice);
@@ -372,12 +387,10 @@ fn encode_into(
             true
         }
         Ok(_) => {
-            out.truncate(start);
             broker.metrics.messages_dropped_too_large[delivery.qos as usize].increment(1);
             false
         }
         Err(error) => {
-            out.truncate(start);
             tracing::warn!(%error, "cannot encode delivery");
             false
         }
