@@ -270,7 +270,7 @@ fn sends_apart(message: &Message, by_reference_from: usize) -> bool {
 /// A message of `by_reference_from` bytes or more sends its large fields from the message,
 /// not copied (`connection::write_queue`).
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 fn encode_delivery(
     out: &mut WriteQueue,
     by_reference_from: usize,
