@@ -35,6 +35,14 @@ const SCRATCH: usize = 16 * 1024;
 /// Stop moving queued messages into the write buffer beyond this many bytes; the socket
 /// (and so the client) sets the pace, the session queue absorbs the rest.
 pub(super) const WRITE_HIGH_WATER: usize = 64 * 1024;
+/// Read the client's packets while the batch being filled holds fewer bytes than this,
+/// however much output waits before it. Deliveries stop at [`WRITE_HIGH_WATER`] (and one
+/// delivery past it), so only answers to what the client sends (PINGRESPs, PUBACKs, a
+/// SUBACK) take the batch here, and a client that sends without reading is read no further.
+/// A subscriber that reads, slowly, behind a large backlog still has its PINGREQs read, so
+/// it is not closed for keep-alive (MQTT-3.1.2-24): reads held back behind the whole
+/// backlog closed it (issue 35, twenty-first adversarial pass, G2).
+pub(super) const READ_WHILE_BATCH_UNDER: usize = 2 * WRITE_HIGH_WATER;
 
 /// How long the last writes of a closing connection (its final packet, then the FIN) may
 /// take: a client that does not read cannot hold the task longer.

@@ -355,8 +355,13 @@ async fn a_wills_count_moves_with_it_when_deferred_cancelled_or_taken_over() {
 /// Opens a connection whose receive buffer is as small as the kernel allows, so a client that
 /// stops reading leaves the broker's output in its write buffer after a few KiB.
 async fn open_small_window(addr: std::net::SocketAddr) -> RawClient {
+    open_window(addr, 1024).await
+}
+
+/// Opens a connection with a receive buffer of `bytes` (the kernel doubles it).
+async fn open_window(addr: std::net::SocketAddr, bytes: u32) -> RawClient {
     let socket = TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(1024).expect("SO_RCVBUF");
+    socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
     let stream = socket.connect(addr).await.expect("tcp connect");
     stream.set_nodelay(true).expect("nodelay");
     RawClient::over(stream, v5::V)
@@ -624,28 +629,34 @@ async fn anonymous_subscribers_that_stop_reading_do_not_hold_verified_messages_i
 }
 
 /// Issue 35, twenty-first adversarial pass, G2: a subscriber that reads, slowly, behind a
-/// backlog of its output above the write high-water mark (the broker does not read its
-/// socket meanwhile, so its PINGREQs wait there unread) is not closed for keep-alive
-/// (MQTT-3.1.2-24: it is sending them; what the broker does not read is the broker's
-/// doing): the socket taking its output counts as the client being there. Keep-alive 2 s,
-/// 32 KiB read every 100 ms for 7 s, a PINGREQ every second. Fails without it: closed
-/// after 3 s (`postbox_keepalive_timeouts_total` 1).
+/// backlog of its output is not closed for keep-alive (MQTT-3.1.2-24: it sends PINGREQs
+/// within it). The broker held reads back while 64 KiB of output waited, so behind a 600 KB
+/// message its PINGREQs waited unread in the socket and it was closed after 1.5 times its
+/// keep-alive; the client's packets are now read while the batch of answers to them has
+/// room (`connection::io::READ_WHILE_BATCH_UNDER`). A receive buffer of 64 KiB (smaller ones
+/// make the kernel's zero-window probes, not the reader, set the pace), keep-alive 2 s,
+/// 16 KiB read every 100 ms (a 600 KB message takes 3.75 s) for 10 s, a PINGREQ every
+/// 500 ms. Fails without it: the connection is closed within the first seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "unreliable: passed 5 of 5 when written, then timed out at its first read 3 of 3 \
-            times alone on the same binary (receive window of 1 KiB); G2 is open again"]
 async fn a_subscriber_reading_slowly_behind_its_output_is_not_closed_for_keep_alive() {
-    const CHUNK: usize = 32 * 1024;
+    const CHUNK: usize = 16 * 1024;
     let broker = password_and_anonymous(64 << 20).await;
     let mut connect = sensor1("g2-slow-reader");
     connect.keep_alive = 2;
-    let mut reader = stalled_subscriber(broker.addr, connect, "slow/#").await;
+    let mut reader = open_window(broker.addr, 64 * 1024).await;
+    reader.send(&Packet::Connect(Box::new(connect))).await;
+    match reader.recv().await {
+        Some(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    v5::subscribe(&mut reader, "slow/#", QoS::AtMostOnce).await;
     let (mut publisher, _) = v5::connect(broker.addr, sensor1("g2-publisher")).await;
-    publish_many(&mut publisher, "slow/x", 200_000, 40).await;
+    publish_many(&mut publisher, "slow/x", 600_000, 20).await;
     let ping = common::encode(&Packet::PingReq, v5::V);
-    for round in 0..70 {
+    for round in 0..100 {
         let got = reader.recv_bytes(CHUNK).await;
         assert_eq!(got.len(), CHUNK, "the connection closed at round {round}");
-        if round % 10 == 0 {
+        if round % 5 == 0 {
             reader.send_raw(&ping).await;
         }
         // The reader's pace, not a wait for an event.

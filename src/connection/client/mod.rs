@@ -32,7 +32,7 @@ use tokio::sync::futures::Notified;
 use super::admission;
 use super::gated::GatedWrites;
 use super::handshake::Accepted;
-use super::io::{Io, IoEvent, WRITE_HIGH_WATER};
+use super::io::{Io, IoEvent, READ_WHILE_BATCH_UNDER};
 use super::partial::{HeldClass, PartialCheck};
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
@@ -388,15 +388,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
                 Wake::Io(IoEvent::Written(Ok(n))) => {
                     self.broker().metrics.bytes_sent.increment(n as u64);
-                    if self.io.out.len() + n >= WRITE_HIGH_WATER {
-                        // Reads were held back behind this output (the client's PINGREQs
-                        // wait unread in the socket), and the client is taking it: alive,
-                        // for keep-alive (MQTT-3.1.2-24), as while a pause holds its reads.
-                        // A subscriber reading steadily behind a large backlog was closed
-                        // (issue 35, twenty-first adversarial pass, G2). One that stops
-                        // reading stops taking bytes, and its keep-alive runs out as before.
-                        self.last_read = self.last_read.max(Instant::now());
-                    }
                 }
                 Wake::Io(IoEvent::Read(Ok(n))) => {
                     self.broker().metrics.bytes_received.increment(n as u64);
@@ -489,7 +480,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
             }
             let can_write = !self.io.out.is_empty();
-            let can_read = self.io.out.len() < WRITE_HIGH_WATER
+            let can_read = self.io.out.batch_len() < READ_WHILE_BATCH_UNDER
                 && self.gated.len() < MAX_GATED_WRITES
                 && self.pause.is_none();
             if can_write {
