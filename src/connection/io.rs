@@ -35,14 +35,14 @@ const SCRATCH: usize = 16 * 1024;
 /// Stop moving queued messages into the write buffer beyond this many bytes; the socket
 /// (and so the client) sets the pace, the session queue absorbs the rest.
 pub(super) const WRITE_HIGH_WATER: usize = 64 * 1024;
-/// Read the client's packets while the batch being filled holds fewer bytes than this,
-/// however much output waits before it. Deliveries stop at [`WRITE_HIGH_WATER`] (and one
-/// delivery past it), so only answers to what the client sends (PINGRESPs, PUBACKs, a
-/// SUBACK) take the batch here, and a client that sends without reading is read no further.
-/// A subscriber that reads, slowly, behind a large backlog still has its PINGREQs read, so
-/// it is not closed for keep-alive (MQTT-3.1.2-24): reads held back behind the whole
-/// backlog closed it (issue 35, twenty-first adversarial pass, G2).
-pub(super) const READ_WHILE_BATCH_UNDER: usize = 2 * WRITE_HIGH_WATER;
+/// Read the client's packets, however much output waits, until the answers to them queued
+/// behind it (PINGRESPs, PUBACKs, SUBACKs) reach this many bytes: a client that sends
+/// without reading is read no further. A subscriber that reads, slowly, behind a large
+/// backlog still has its PINGREQs read, so it is not closed for keep-alive
+/// (MQTT-3.1.2-24): reads held back behind the backlog closed it (issue 35, twenty-first
+/// adversarial pass, G2); whether it reads at all is the socket's progress
+/// ([`WriteQueue::stalled_since`]).
+pub(super) const ANSWERS_WHILE_BEHIND: usize = WRITE_HIGH_WATER;
 
 /// How long the last writes of a closing connection (its final packet, then the FIN) may
 /// take: a client that does not read cannot hold the task longer.
@@ -121,6 +121,63 @@ pub(super) struct Io<S> {
     /// The partial packet at the front of `rbuf`, while there is one ([`Io::check_partial`]):
     /// its deadline and the bytes it counts. Boxed: 8 bytes on an idle connection.
     partial: Option<Box<PartialPacket>>,
+}
+
+/// A client's byte stream, with the TCP socket under it where there is one: how much of
+/// what was sent the peer has acknowledged is the socket's to tell ([`Io::bytes_acked`]).
+pub(crate) trait Socket: AsyncRead + AsyncWrite + Unpin {
+    /// The descriptor of the TCP socket this stream runs over, if it runs over one.
+    fn tcp_fd(&self) -> Option<std::os::fd::RawFd>;
+}
+
+impl Socket for tokio::net::TcpStream {
+    fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.as_raw_fd())
+    }
+}
+
+impl<S: Socket> Socket for tokio_rustls::server::TlsStream<S> {
+    fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.get_ref().0.tcp_fd()
+    }
+}
+
+/// Bytes the peer of TCP socket `fd` has acknowledged so far (Linux's `tcpi_bytes_acked`);
+/// `None` where the system does not tell.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn tcp_bytes_acked(fd: std::os::fd::RawFd) -> Option<u64> {
+    // SAFETY: `info` is a plain C struct valid when zeroed, and `len` is its size; the
+    // kernel writes at most `len` bytes into it and says how many.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+    let done = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::from_mut(&mut info).cast(),
+            &raw mut len,
+        )
+    };
+    let through_acked = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + size_of::<u64>();
+    (done == 0 && len as usize >= through_acked).then_some(info.tcpi_bytes_acked)
+}
+
+/// See the Linux version: not told here.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn tcp_bytes_acked(_fd: std::os::fd::RawFd) -> Option<u64> {
+    None
+}
+
+impl<S: Socket> Io<S> {
+    /// Bytes the client's TCP stack has acknowledged so far, if the stream runs over TCP and
+    /// the system tells: it grows as the client reads what the broker sent, whether or not
+    /// the kernel has woken the writer since (it does so only once a third of its buffer
+    /// has drained, seconds apart behind a slow reader).
+    pub(super) fn bytes_acked(&self) -> Option<u64> {
+        self.stream.tcp_fd().and_then(tcp_bytes_acked)
+    }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
@@ -285,14 +342,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// Appends a control packet to the write batch.
     pub(super) fn queue(&mut self, packet: &Packet, version: ProtocolVersion) {
+        let before = self.out.len();
         if let Err(e) = codec::encode(packet, version, self.out.batch()) {
             tracing::warn!(packet = packet.name(), error = %e, "cannot encode packet");
+        }
+        self.count_if_behind(before);
+    }
+
+    /// Counts what was queued after `before` bytes as an answer behind a backlog, if there
+    /// was one ([`ANSWERS_WHILE_BEHIND`]).
+    #[inline]
+    fn count_if_behind(&mut self, before: usize) {
+        if before >= WRITE_HIGH_WATER {
+            self.out.count_answer(self.out.len() - before);
         }
     }
 
     /// Appends a control packet that must fit the peer's Maximum Packet Size, leaving out
     /// what the spec lets a sender leave out ([`codec::encode_within`]), or nothing at all.
     pub(super) fn queue_within(&mut self, packet: &Packet, version: ProtocolVersion, max: usize) {
+        let before = self.out.len();
         match codec::encode_within(packet, version, max, self.out.batch()) {
             Ok(true) => {}
             Ok(false) => tracing::debug!(
@@ -302,6 +371,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
             ),
             Err(e) => tracing::warn!(packet = packet.name(), error = %e, "cannot encode packet"),
         }
+        self.count_if_behind(before);
     }
 
     /// Writes out everything batched so far.

@@ -20,13 +20,13 @@ mod write_queue;
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
 use crate::codec::DecodeRules;
 use crate::config::MqttConfig;
 pub(crate) use info::{ConnectionInfo, TlsPeer};
+pub(crate) use io::Socket;
 pub(crate) use partial::{anonymous_partial_bytes, budgeted_partial_bytes, partial_packet_bytes};
 use slots::{ConnectedSlot, HandshakeSlot};
 
@@ -54,7 +54,7 @@ pub(crate) fn serve<S>(
     slot: HandshakeSlot,
 ) -> impl std::future::Future<Output = ()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Socket + Send + 'static,
 {
     // The slots count the connection in `postbox_connections_current` (and `_total`), so
     // this future keeps no broker handle of its own.
@@ -87,7 +87,7 @@ async fn connect<S>(
     slot: HandshakeSlot,
 ) -> Option<(Box<client::Client<S>>, ConnectedSlot)>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: Socket + Send + 'static,
 {
     let mut io = io::Io::new(stream);
     match handshake::accept(&mut io, &broker, &shutdown, &info, slot).await {

@@ -19,6 +19,7 @@ use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::AsyncWrite;
@@ -47,7 +48,7 @@ pub(super) struct WriteQueue {
 }
 
 /// A [`WriteQueue`]'s state while it is behind.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Behind {
     /// What goes out before the batch, in order; none of them empty.
     parts: VecDeque<Part>,
@@ -56,6 +57,28 @@ struct Behind {
     /// What the queue holds, counted as its connection's own while the socket does not take
     /// it ([`WriteQueue::count_unwritten`]); given back once everything is written.
     counted: Option<HeldBytes>,
+    /// When the socket last took bytes of it (or it fell behind): how long the client has
+    /// read nothing while output waits ([`WriteQueue::stalled_since`]).
+    progress_at: Instant,
+    /// Bytes of answers to the client's own packets queued while behind
+    /// ([`WriteQueue::count_answer`]).
+    answers: usize,
+    /// What the client's TCP stack had acknowledged when last asked
+    /// ([`WriteQueue::took_more_since`]).
+    acked: Option<u64>,
+}
+
+impl Behind {
+    fn new() -> Behind {
+        Behind {
+            parts: VecDeque::new(),
+            len: 0,
+            counted: None,
+            progress_at: Instant::now(),
+            answers: 0,
+            acked: None,
+        }
+    }
 }
 
 /// One run of bytes to send: a sealed batch, or a field with the message that holds it.
@@ -162,7 +185,7 @@ impl WriteQueue {
         let behind = match self.behind.as_deref_mut() {
             Some(behind) => behind,
             None if held == 0 => return Ok(()),
-            None => self.behind.insert(Box::default()),
+            None => self.behind.insert(Box::new(Behind::new())),
         };
         match behind.counted.as_mut() {
             Some(counted) if counted.counted() == held => Ok(()),
@@ -212,6 +235,42 @@ impl WriteQueue {
         Poll::Ready(Ok(written))
     }
 
+    /// Since when output has waited with the socket taking none of it: `None` while the
+    /// queue is not behind.
+    pub(super) fn stalled_since(&self) -> Option<Instant> {
+        self.behind.as_deref().map(|behind| behind.progress_at)
+    }
+
+    /// Whether the client took any of the output since it was last asked, by what its TCP
+    /// stack has acknowledged (`acked`): if so, or if that cannot be told yet (first asked,
+    /// or not over TCP), the stall restarts from `now`.
+    pub(super) fn took_more_since(&mut self, acked: Option<u64>, now: Instant) -> bool {
+        let Some(behind) = self.behind.as_deref_mut() else {
+            return true;
+        };
+        let took = acked.is_none() || behind.acked.is_none() || acked != behind.acked;
+        behind.acked = acked;
+        if took {
+            behind.progress_at = now;
+        }
+        took
+    }
+
+    /// Counts `bytes` of answers to the client's packets (a PINGRESP, a PUBACK, a SUBACK)
+    /// queued behind output the socket does not take: how far its packets may still be read
+    /// ([`WriteQueue::answers_behind`]).
+    pub(super) fn count_answer(&mut self, bytes: usize) {
+        self.behind
+            .get_or_insert_with(|| Box::new(Behind::new()))
+            .answers += bytes;
+    }
+
+    /// Bytes of answers queued since the queue fell behind.
+    #[inline]
+    pub(super) fn answers_behind(&self) -> usize {
+        self.behind.as_deref().map_or(0, |behind| behind.answers)
+    }
+
     /// Drops the batch's allocation when nothing is left to send: an idle connection holds
     /// none.
     #[inline]
@@ -225,6 +284,9 @@ impl WriteQueue {
     /// back.
     fn advance(&mut self, mut n: usize) {
         if let Some(behind) = self.behind.as_deref_mut() {
+            if n > 0 {
+                behind.progress_at = Instant::now();
+            }
             while n > 0 {
                 let Some(front) = behind.parts.front_mut() else {
                     break;
@@ -267,7 +329,7 @@ impl WriteQueue {
         if part.bytes.is_empty() {
             return;
         }
-        let behind = self.behind.get_or_insert_with(Box::default);
+        let behind = self.behind.get_or_insert_with(|| Box::new(Behind::new()));
         behind.len += part.bytes.len();
         behind.parts.push_back(part);
     }

@@ -79,7 +79,7 @@ impl Handoff {
     /// listener's [`Admission`]) until its CONNECT is accepted, and a connected slot then.
     pub(crate) fn spawn<S>(&self, stream: S, info: ConnectionInfo, slot: HandshakeSlot)
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: connection::Socket + Send + 'static,
     {
         let broker = Arc::clone(&self.broker);
         let shutdown = self.shutdown.clone();
@@ -105,7 +105,7 @@ impl Handoff {
         R: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         F: FnOnce(R, ConnectionInfo, tokio::time::Instant) -> Fut + Send + 'static,
         Fut: Future<Output = Option<(S, ConnectionInfo)>> + Send + 'static,
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: connection::Socket + Send + 'static,
     {
         let broker = Arc::clone(&self.broker);
         let shutdown = self.shutdown.clone();
@@ -152,7 +152,7 @@ impl Handoff {
         proxy_protocol: bool,
         websocket: Option<Arc<ws::WsSettings>>,
     ) where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: connection::Socket + Send + 'static,
     {
         let broker = Arc::clone(&self.broker);
         let shutdown = self.shutdown.clone();

@@ -632,16 +632,34 @@ async fn anonymous_subscribers_that_stop_reading_do_not_hold_verified_messages_i
 /// backlog of its output is not closed for keep-alive (MQTT-3.1.2-24: it sends PINGREQs
 /// within it). The broker held reads back while 64 KiB of output waited, so behind a 600 KB
 /// message its PINGREQs waited unread in the socket and it was closed after 1.5 times its
-/// keep-alive; the client's packets are now read while the batch of answers to them has
-/// room (`connection::io::READ_WHILE_BATCH_UNDER`). A receive buffer of 64 KiB (smaller ones
-/// make the kernel's zero-window probes, not the reader, set the pace), keep-alive 2 s,
-/// 16 KiB read every 100 ms (a 600 KB message takes 3.75 s) for 10 s, a PINGREQ every
-/// 500 ms. Fails without it: the connection is closed within the first seconds.
+/// keep-alive; the client's packets are now read behind any backlog until the answers to
+/// them fill up (`connection::io::ANSWERS_WHILE_BEHIND`), and the socket taking output is
+/// what shows it reads. Fails without it: closed within the first seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_reading_slowly_behind_its_output_is_not_closed_for_keep_alive() {
-    const CHUNK: usize = 16 * 1024;
     let broker = password_and_anonymous(64 << 20).await;
-    let mut connect = sensor1("g2-slow-reader");
+    slow_reader_stays(&broker, sensor1("g2-slow-reader")).await;
+}
+
+/// The same for an anonymous subscriber (twenty-second pass, H4), whose deliveries are
+/// copied into its write buffer (`outbound::by_reference_from`): a 600 KB copy took the
+/// buffer past what stopped reads, and it was closed at 20 s. Fails without it: closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_subscriber_reading_slowly_behind_its_output_is_not_closed_for_keep_alive() {
+    let broker = password_and_anonymous(64 << 20).await;
+    slow_reader_stays(&broker, v5::connect_packet("h4-slow-reader")).await;
+}
+
+/// `connect` (keep-alive set to 2 s) subscribes to `slow/#` over a receive buffer of 64 KiB
+/// (smaller ones make the kernel's zero-window probes, not the reader, set the pace), a
+/// publisher sends it twenty 600 KB messages, and it reads 16 KiB every 100 ms (a message
+/// takes 3.75 s) for 10 s with a PINGREQ every 500 ms: it is not closed, and nobody is
+/// closed for keep-alive.
+async fn slow_reader_stays(
+    broker: &common::async_process::BrokerProcess,
+    mut connect: postbox::codec::Connect,
+) {
+    const CHUNK: usize = 16 * 1024;
     connect.keep_alive = 2;
     let mut reader = open_window(broker.addr, 64 * 1024).await;
     reader.send(&Packet::Connect(Box::new(connect))).await;
@@ -667,6 +685,36 @@ async fn a_subscriber_reading_slowly_behind_its_output_is_not_closed_for_keep_al
         Some(0.0),
         "a connection was closed for keep-alive"
     );
+}
+
+/// Issue 35, twenty-second adversarial pass, H2: with its packets read behind its output
+/// (G2 above), a client that never reads but sends a PINGREQ now and then was never closed
+/// (still there after 60 s at keep-alive 4 s, holding 2 MB of messages and 2 MB of kernel
+/// buffer), where keep-alive had closed it at 8 s. Output that the socket takes none of for
+/// 1.5 times the keep-alive (its TCP stack acknowledging nothing more) now closes it (0x8D,
+/// `postbox_keepalive_timeouts_total`). Keep-alive 1 s, a PINGREQ every 500 ms for at most
+/// 30 s. Fails without it: nothing is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_but_never_reads_is_closed_at_its_keep_alive() {
+    let broker = password_and_anonymous(64 << 20).await;
+    let mut connect = sensor1("h2-never-reads");
+    connect.keep_alive = 1;
+    let mut stuck = stalled_subscriber(broker.addr, connect, "stuck/#").await;
+    let (mut publisher, _) = v5::connect(broker.addr, sensor1("h2-publisher")).await;
+    publish_many(&mut publisher, "stuck/x", 200_000, 20).await;
+    let ping = common::encode(&Packet::PingReq, v5::V);
+    let pinging = tokio::spawn(async move {
+        for _ in 0..60 {
+            stuck.send_raw(&ping).await;
+            // The client's pace, not a wait for an event.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    broker
+        .wait_metric("postbox_keepalive_timeouts_total", |n| n >= 1.0)
+        .await;
+    pinging.abort();
+    v5::disconnect(publisher).await;
 }
 
 /// A v5 connection over TLS to `addr` with `connect`, which must be accepted (CONNACK 0x00).

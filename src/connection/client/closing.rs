@@ -1,8 +1,6 @@
 //! The end of a connection: why it ends, the DISCONNECT a v5 client gets, the will, handing
 //! the session back to the broker, and then the lingering close of the socket.
 
-use tokio::io::{AsyncRead, AsyncWrite};
-
 use super::Client;
 use crate::broker::PublishRefused;
 use crate::codec::{DecodeError, Disconnect, DisconnectProperties, Packet, ReasonCode};
@@ -39,6 +37,11 @@ pub(super) enum Close {
     CredentialsRevoked,
     /// No packet within 1.5 × keep-alive (MQTT-3.1.2-24).
     KeepAliveTimeout,
+    /// Output waited and the socket took none of it for 1.5 × keep-alive: the client sends
+    /// (its PINGREQs are read behind the backlog) but does not read (issue 35, twenty-second
+    /// adversarial pass, H2). Closed as for keep-alive, which closed it before its packets
+    /// were read there.
+    OutputStalled,
     /// A started packet was not complete by its deadline (`mqtt.packet_timeout`,
     /// `mqtt.min_packet_rate`; see `connection::partial`).
     PacketTimeout,
@@ -84,6 +87,10 @@ impl Close {
                 ),
             )),
             Close::KeepAliveTimeout => Some((ReasonCode::KEEP_ALIVE_TIMEOUT, None)),
+            Close::OutputStalled => Some((
+                ReasonCode::KEEP_ALIVE_TIMEOUT,
+                Some("nothing read from the server within 1.5 times the keep-alive".into()),
+            )),
             // No code says "packet too slow"; 0x8D (no packet received in time) is the
             // nearest, and the Reason String says which limit it was.
             Close::PacketTimeout => Some((
@@ -134,6 +141,7 @@ impl Close {
             Close::CredentialsExpired => "credentials expired",
             Close::CredentialsRevoked => "credentials revoked",
             Close::KeepAliveTimeout => "keep-alive timeout",
+            Close::OutputStalled => "output not read within keep-alive",
             Close::PacketTimeout => "packet timeout",
             Close::OverAnonymousShare => "anonymous share full",
             Close::TakenOver => "session taken over",
@@ -169,7 +177,7 @@ pub(super) fn refused_reason(error: &PublishRefused) -> ReasonCode {
     error.reason_code()
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+impl<S: crate::connection::io::Socket> Client<S> {
     /// DISCONNECT from the client, possibly with a new Session Expiry Interval.
     // Like every packet handler, takes the decoded packet it is dispatched with.
     #[allow(clippy::needless_pass_by_value)]
@@ -257,7 +265,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
                 tracing::debug!(peer = %self.info.peer, client = %self.session.client_id(), reason = %code, why = why.as_deref().unwrap_or(""), "closing connection");
             }
-            (Close::KeepAliveTimeout, _) => self.broker().metrics.keepalive_timeouts.increment(1),
+            (Close::KeepAliveTimeout | Close::OutputStalled, _) => {
+                self.broker().metrics.keepalive_timeouts.increment(1);
+            }
             (Close::Administrative, _) => {
                 tracing::info!(peer = %self.info.peer, client = %self.session.client_id(), "closing connection: disconnected by an operator");
             }

@@ -9,8 +9,6 @@
 
 use std::time::Instant;
 
-use tokio::io::{AsyncRead, AsyncWrite};
-
 use super::closing::{refused_reason, Close};
 use super::inbound_aliases::InboundAliases;
 use super::write_memo::WriteMemo;
@@ -22,7 +20,7 @@ use crate::codec::{topic, PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
 use crate::connection::violation::Violation;
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+impl<S: crate::connection::io::Socket> Client<S> {
     pub(super) fn on_publish(&mut self, mut publish: Publish) -> Result<(), Close> {
         let config = self.broker().config();
         self.broker().metrics.messages_received[publish.qos as usize].increment(1);

@@ -26,13 +26,13 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
-use tokio::io::{AsyncRead, AsyncWrite};
+
 use tokio::sync::futures::Notified;
 
 use super::admission;
 use super::gated::GatedWrites;
 use super::handshake::Accepted;
-use super::io::{Io, IoEvent, READ_WHILE_BATCH_UNDER};
+use super::io::{Io, IoEvent, Socket, ANSWERS_WHILE_BEHIND};
 use super::partial::{HeldClass, PartialCheck};
 use super::topic_alias::OutboundAliases;
 use super::violation::Violation;
@@ -217,7 +217,7 @@ struct HeldLastWill {
     _held: Option<flow::HeldWill>,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+impl<S: Socket> Client<S> {
     /// Takes over the connection from the handshake.
     pub(super) fn new(mut io: Io<S>, accepted: Accepted, info: ConnectionInfo) -> Client<S> {
         let connect = accepted.connect;
@@ -480,7 +480,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 }
             }
             let can_write = !self.io.out.is_empty();
-            let can_read = self.io.out.batch_len() < READ_WHILE_BATCH_UNDER
+            let can_read = self.io.out.answers_behind() < ANSWERS_WHILE_BEHIND
                 && self.gated.len() < MAX_GATED_WRITES
                 && self.pause.is_none();
             if can_write {
@@ -556,13 +556,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                 PartialCheck::Clear | PartialCheck::Holding => {}
             }
         }
-        match self.keep_alive_limit() {
-            // Not while paused: the client's packets wait unread in the socket.
-            Some(limit) if now >= self.last_read + limit && self.pause.is_none() => {
-                Some(Close::KeepAliveTimeout)
-            }
-            _ => None,
+        // Not while paused: the client's packets wait unread in the socket.
+        let limit = self.keep_alive_limit().filter(|_| self.pause.is_none())?;
+        if now >= self.last_read + limit {
+            return Some(Close::KeepAliveTimeout);
         }
+        if self
+            .io
+            .out
+            .stalled_since()
+            .is_some_and(|since| now >= since + limit)
+        {
+            // Its packets are read behind its output; whether it reads is whether its TCP
+            // stack acknowledged more of that output since last asked (issue 35,
+            // twenty-second adversarial pass, H2: a client that never read but sent a
+            // PINGREQ now and then stayed forever).
+            let acked = self.io.bytes_acked();
+            if !self.io.out.took_more_since(acked, now) {
+                return Some(Close::OutputStalled);
+            }
+        }
+        None
     }
 
     /// Tells the session when this connection's keep-alive runs out, for the broker's sweep.
@@ -570,7 +584,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// sweep wakes the connection at a stale deadline, it lands here and moves it on.
     fn report_keep_alive_deadline(&self) {
         let deadline = match self.keep_alive_limit() {
-            Some(limit) => self.broker().clock_ms(self.last_read + limit),
+            Some(limit) => {
+                let since = match self.io.out.stalled_since() {
+                    Some(stalled) => stalled.min(self.last_read),
+                    None => self.last_read,
+                };
+                self.broker().clock_ms(since + limit)
+            }
             None => u64::MAX,
         };
         // A partial packet's deadline is enforced by the same sweep (rounded up a millisecond,

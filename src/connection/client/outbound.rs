@@ -10,8 +10,6 @@
 
 use std::time::Instant;
 
-use tokio::io::{AsyncRead, AsyncWrite};
-
 use super::closing::Close;
 use super::Client;
 use crate::broker::{Broker, Delivery, DeliverySink, Fill, Message, Resend};
@@ -100,7 +98,7 @@ impl DeliverySink for Encoder<'_> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+impl<S: crate::connection::io::Socket> Client<S> {
     /// Moves queued deliveries into the write buffer while the window and buffer allow
     /// (MQTT-4.6.0-6: in order). A persisted QoS 2 PUBLISH is held back until its new stage is
     /// durable (otherwise a crash could re-send it under a new packet id: a duplicate), and so

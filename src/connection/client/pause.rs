@@ -15,7 +15,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::futures::OwnedNotified;
 
 use super::Client;
@@ -70,7 +69,7 @@ pub(super) fn memory_used() -> u64 {
     flow::message_bytes() + budgeted_partial_bytes()
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+impl<S: crate::connection::io::Socket> Client<S> {
     /// Where the broker's memory stands (see [`memory_used`]).
     pub(super) fn memory_level(&self) -> MemoryLevel {
         self.broker().flow().memory_level(memory_used())

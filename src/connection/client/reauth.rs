@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytestring::ByteString;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::Close;
 use super::Client;
@@ -63,7 +62,7 @@ impl AuthContext {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+impl<S: crate::connection::io::Socket> Client<S> {
     /// AUTH after CONNACK: 0x19 starts a re-authentication with the connection's method
     /// (MQTT-4.12.1-1), 0x18 answers our challenge.
     pub(super) fn on_auth(&mut self, packet: Auth) -> Result<(), Close> {

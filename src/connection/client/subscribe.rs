@@ -3,7 +3,6 @@
 
 use bytestring::ByteString;
 use smallvec::SmallVec;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::closing::Close;
 use super::{pause, Client};
@@ -17,7 +16,7 @@ use crate::connection::gated::Gated;
 use crate::connection::violation::Violation;
 use crate::connection::write_queue::WriteQueue;
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
+impl<S: crate::connection::io::Socket> Client<S> {
     /// Subscriptions count against `mqtt.max_memory` (issue 35, finding 6): a new filter is
     /// refused when subscriptions would hold more than half of the budget, or the memory in
     /// use would reach the pause mark. So subscriptions alone never pause the publishers, and

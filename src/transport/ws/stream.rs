@@ -134,6 +134,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
     }
 }
 
+impl<S: crate::connection::Socket> crate::connection::Socket for WsStream<S> {
+    fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.stream.tcp_fd()
+    }
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
