@@ -10,11 +10,32 @@
 //! Choosing and committing are separate steps, because a PUBLISH may still be dropped after
 //! encoding (larger than the client's Maximum Packet Size): the table only changes once the
 //! packet is really going out, so the client's view and ours never diverge.
+//!
+//! What the table holds (each bound topic, kept alive past its message, and the slot) is
+//! bounded by [`TABLE_BYTES`] whatever the client's maximum, and counted as the connection's
+//! own (a verified client's in the memory budget, an anonymous client's in their
+//! connections' bound): one anonymous subscriber with a Topic Alias Maximum of 65,535 was
+//! bound 6,000 topics of 60 KB, +385 MB counted nowhere (issue 35, twenty-second
+//! adversarial pass, H3).
 
 use std::collections::HashMap;
 
 use bytestring::ByteString;
 use foldhash::fast::RandomState;
+
+use super::held::HeldBytes;
+use super::partial::HeldClass;
+
+/// Most bytes one connection's table holds ([`binding_cost`] of every bound topic): past
+/// it the least recently used alias is bound anew, or a topic goes without one.
+pub(crate) const TABLE_BYTES: usize = 64 * 1024;
+
+/// What binding `topic` holds: its bytes, kept alive in the table, and the slot and map
+/// entry beside them.
+fn binding_cost(topic: &str) -> usize {
+    const PER_ALIAS: usize = 96;
+    topic.len() + PER_ALIAS
+}
 
 /// No slot (end of the recency list).
 const NIL: u16 = 0;
@@ -61,31 +82,54 @@ pub(crate) struct OutboundAliases {
     /// Most and least recently used bound aliases; `NIL` when none is bound.
     head: u16,
     tail: u16,
+    /// [`binding_cost`] of every bound topic, at most [`TABLE_BYTES`].
+    bytes: usize,
+    /// `bytes`, counted as the connection's own.
+    held: HeldBytes,
+    /// An anonymous client's table would take their connections past their share: the
+    /// connection must close ([`OutboundAliases::over_share`]).
+    over_share: bool,
 }
 
 impl OutboundAliases {
-    /// A table for a client whose CONNECT said Topic Alias Maximum = `max` (> 0).
-    pub(crate) fn new(max: u16) -> OutboundAliases {
+    /// A table for a client whose CONNECT said Topic Alias Maximum = `max` (> 0), its bytes
+    /// counted in `class`.
+    pub(crate) fn new(max: u16, class: (HeldClass, u64)) -> OutboundAliases {
         OutboundAliases {
             max,
             slots: vec![Slot::default()],
             by_topic: HashMap::default(),
             head: NIL,
             tail: NIL,
+            bytes: 0,
+            held: HeldBytes::new(class),
+            over_share: false,
         }
     }
 
-    /// What to send for `topic`; does not change the table (see [`Self::commit`]).
-    pub(crate) fn choose(&self, topic: &str) -> AliasChoice {
+    /// What to send for `topic`: `None` for no alias (binding it would take the table past
+    /// [`TABLE_BYTES`]). Does not change the table (see [`Self::commit`]).
+    pub(crate) fn choose(&self, topic: &str) -> Option<AliasChoice> {
         if let Some(&alias) = self.by_topic.get(topic) {
-            return AliasChoice::Known(alias);
+            return Some(AliasChoice::Known(alias));
         }
+        let cost = binding_cost(topic);
         let bound = self.slots.len() - 1;
-        if bound < usize::from(self.max) {
-            AliasChoice::Bind(bound as u16 + 1)
-        } else {
-            AliasChoice::Bind(self.tail)
+        if bound < usize::from(self.max) && self.bytes + cost <= TABLE_BYTES {
+            return Some(AliasChoice::Bind(bound as u16 + 1));
         }
+        let freed = self.slots[usize::from(self.tail)]
+            .topic
+            .as_deref()
+            .map_or(0, binding_cost);
+        (self.tail != NIL && self.bytes - freed + cost <= TABLE_BYTES)
+            .then_some(AliasChoice::Bind(self.tail))
+    }
+
+    /// Whether the table would take anonymous clients' connections past their share: the
+    /// connection closes (as for an inbound alias binding).
+    pub(crate) fn over_share(&self) -> bool {
+        self.over_share
     }
 
     /// Records that a PUBLISH using `choice` for `topic` was sent.
@@ -102,9 +146,14 @@ impl OutboundAliases {
             }
             let slot = &mut self.slots[usize::from(alias)];
             if let Some(old) = slot.topic.replace(topic.clone()) {
+                self.bytes -= binding_cost(&old);
                 self.by_topic.remove(&old);
             }
             self.by_topic.insert(topic.clone(), alias);
+            self.bytes += binding_cost(topic);
+            if self.held.set(self.bytes).is_err() {
+                self.over_share = true;
+            }
         } else {
             self.unlink(alias);
         }
@@ -162,16 +211,45 @@ impl OutboundAliases {
 mod tests {
     use super::*;
 
+    fn table(max: u16) -> OutboundAliases {
+        OutboundAliases::new(max, (HeldClass::Connected, 0))
+    }
+
     fn send(t: &mut OutboundAliases, topic: &str) -> AliasChoice {
         let topic = ByteString::from(topic.to_owned());
-        let c = t.choose(&topic);
+        let c = t.choose(&topic).expect("an alias");
         t.commit(&topic, c);
         c
     }
 
+    /// Issue 35, twenty-second adversarial pass, H3: however large the client's maximum,
+    /// the table holds at most `TABLE_BYTES`: past it the least recently used alias is bound
+    /// anew while that makes room, and a topic that does not fit goes without an alias.
+    #[test]
+    fn the_table_keeps_to_its_bytes() {
+        let mut t = table(u16::MAX);
+        let long = |i: usize| ByteString::from(format!("{i:05}/{}", "x".repeat(10_000)));
+        let mut bound = 0;
+        for i in 0..100 {
+            let topic = long(i);
+            if let Some(choice) = t.choose(&topic) {
+                t.commit(&topic, choice);
+                bound += 1;
+            }
+            assert!(t.bytes <= TABLE_BYTES, "{} bytes after {i}", t.bytes);
+        }
+        assert_eq!(bound, 100, "the least recently used make room");
+        assert!(t.len() <= TABLE_BYTES / 10_000, "{} aliases", t.len());
+        assert_eq!(
+            t.choose(&"y".repeat(TABLE_BYTES)),
+            None,
+            "too long for the table"
+        );
+    }
+
     #[test]
     fn binds_then_reuses() {
-        let mut t = OutboundAliases::new(2);
+        let mut t = table(2);
         assert_eq!(send(&mut t, "a"), AliasChoice::Bind(1));
         assert_eq!(send(&mut t, "b"), AliasChoice::Bind(2));
         assert_eq!(send(&mut t, "a"), AliasChoice::Known(1));
@@ -181,7 +259,7 @@ mod tests {
 
     #[test]
     fn evicts_the_least_recently_used() {
-        let mut t = OutboundAliases::new(2);
+        let mut t = table(2);
         send(&mut t, "a");
         send(&mut t, "b");
         send(&mut t, "a"); // b is now the LRU
@@ -194,15 +272,15 @@ mod tests {
 
     #[test]
     fn choose_without_commit_changes_nothing() {
-        let mut t = OutboundAliases::new(1);
+        let mut t = table(1);
         send(&mut t, "a");
-        assert_eq!(t.choose("b"), AliasChoice::Bind(1));
-        assert_eq!(t.choose("a"), AliasChoice::Known(1), "a still bound");
+        assert_eq!(t.choose("b"), Some(AliasChoice::Bind(1)));
+        assert_eq!(t.choose("a"), Some(AliasChoice::Known(1)), "a still bound");
     }
 
     #[test]
     fn single_slot_rebinds_every_time() {
-        let mut t = OutboundAliases::new(1);
+        let mut t = table(1);
         for i in 0..10 {
             let topic = format!("t{}", i % 3);
             assert_eq!(send(&mut t, &topic), AliasChoice::Bind(1));
@@ -212,7 +290,7 @@ mod tests {
 
     #[test]
     fn never_exceeds_the_maximum() {
-        let mut t = OutboundAliases::new(5);
+        let mut t = table(5);
         for i in 0..1000u32 {
             let topic = format!("t/{}", (i * 7919) % 13);
             let c = send(&mut t, &topic);

@@ -236,3 +236,55 @@ async fn rumqttc_accepts_the_brokers_aliases() {
     let p = sub.next_publish().await;
     assert_eq!(&p.payload[..], b"x");
 }
+
+/// Issue 35, twenty-second adversarial pass, H3: with `outbound_topic_aliases = "lru"`, the
+/// table a connection keeps of the topics it bound held every one, up to the client's Topic
+/// Alias Maximum (65,535), kept alive past their messages and counted nowhere: one
+/// anonymous subscriber bound 6,000 topics of 60 KB, +385 MB. It now holds at most
+/// `connection::topic_alias::TABLE_BYTES` (64 KiB), counted as the connection's own, and
+/// binds the least recently used alias anew past it. A thousand distinct 60,000-byte
+/// topics (60 MB) delivered, each with its topic and an alias (MQTT-3.3.2-12: an alias the
+/// client sees with its topic first): the broker's resident memory grows by far less.
+/// Fails without it: it grows by about the 60 MB the topics hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbound_alias_table_keeps_to_its_bytes_whatever_the_clients_maximum() {
+    const TOPICS: usize = 1_000;
+    let broker = common::async_process::BrokerProcess::spawn_sections(
+        &[""],
+        "[mqtt]\noutbound_topic_aliases = \"lru\"\n",
+    )
+    .await;
+    let mut connect = v5::connect_packet("h3-sub");
+    connect.properties.topic_alias_maximum = Some(u16::MAX);
+    let (mut sub, _) = v5::connect(broker.addr, connect).await;
+    v5::subscribe(&mut sub, "al/#", QoS::AtMostOnce).await;
+    let mut publisher = v5::connect_id(broker.addr, "h3-pub").await;
+    let before = common::process::rss_bytes(broker.pid());
+    let tail = "x".repeat(60_000);
+    for i in 0..TOPICS {
+        let topic = format!("al/{i:04}/{tail}");
+        publisher
+            .send(&Packet::Publish(v5::publish_packet(
+                &topic,
+                QoS::AtMostOnce,
+                b"1",
+                0,
+            )))
+            .await;
+        // Read as it goes, so the subscriber's queue drops nothing.
+        match sub.recv().await {
+            Some(Packet::Publish(p)) => {
+                assert_eq!(p.topic, topic, "message {i} carries its topic");
+                assert!(p.properties.topic_alias.is_some(), "message {i}: an alias");
+            }
+            other => panic!("expected message {i}, got {other:?}"),
+        }
+    }
+    let grown = common::process::rss_bytes(broker.pid()).saturating_sub(before);
+    assert!(
+        grown < 24 << 20,
+        "the broker's RSS grew by {grown} B for {TOPICS} topics of 60 KB"
+    );
+    v5::disconnect(sub).await;
+    v5::disconnect(publisher).await;
+}

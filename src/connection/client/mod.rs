@@ -233,7 +233,13 @@ impl<S: Socket> Client<S> {
         ) {
             // MQTT-3.1.2-27: none unless the client announced a maximum above 0.
             (OutboundTopicAliases::Lru, Some(max)) if v5 && max > 0 => {
-                Some(Box::new(OutboundAliases::new(max)))
+                let class = if accepted.anonymous {
+                    let share = flow::anonymous_share(&broker.flow().memory);
+                    (HeldClass::Anonymous, share)
+                } else {
+                    (HeldClass::Connected, 0)
+                };
+                Some(Box::new(OutboundAliases::new(max, class)))
             }
             _ => None,
         };
@@ -555,6 +561,13 @@ impl<S: Socket> Client<S> {
                 PartialCheck::Armed(_) => self.report_keep_alive_deadline(),
                 PartialCheck::Clear | PartialCheck::Holding => {}
             }
+        }
+        if self
+            .aliases_out
+            .as_deref()
+            .is_some_and(OutboundAliases::over_share)
+        {
+            return Some(Close::OverAnonymousShare);
         }
         // Not while paused: the client's packets wait unread in the socket.
         let limit = self.keep_alive_limit().filter(|_| self.pause.is_none())?;

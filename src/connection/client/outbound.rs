@@ -350,7 +350,7 @@ fn delivery_flags<'a>(
     packet_id: u16,
     dup: bool,
 ) -> (Option<AliasChoice>, PublishFlags<'a>) {
-    let alias = aliases_out.map(|table| table.choose(&delivery.message.topic));
+    let alias = aliases_out.and_then(|table| table.choose(&delivery.message.topic));
     let flags = PublishFlags {
         qos: delivery.qos,
         retain: delivery.retain,
