@@ -482,23 +482,60 @@ async fn anonymous_subscribers_unread_output_is_kept_within_their_share() {
 /// waits or gets 0x97.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strangers_message_waiting_for_subscribers_that_stop_reading_stays_in_its_share() {
-    const SIZE: usize = 8_000_000;
+    let payload = vec![b's'; 8_000_000];
+    strangers_messages_to_stuck_subscribers("f1", |id| {
+        v5::publish_packet("w/x", QoS::AtLeastOnce, &payload, id)
+    })
+    .await;
+}
+
+/// Issue 35, twenty-first adversarial pass, G1 (medium): as pass 20's F1 above, with the
+/// stranger's bytes in User Properties (v5 §3.3.2.3.7) and a 1-byte payload. The copy F1
+/// removed for payloads stayed for the rest of the packet: each verified v5 subscriber
+/// that stopped reading held its own copy of the properties, counted as verified memory,
+/// and 1.68 MB messages took a 16 MiB budget to 109% with every verified QoS 1 PUBLISH at
+/// 0x97. Now a large message's forwarded properties are encoded once and sent from it
+/// (`codec::apart`), like its payload (and a long topic). 120 properties of 64,000 bytes
+/// (7.7 MB, within the 8 MiB share and largest packet of a 64 MiB budget), for the same
+/// reason as F1's 8 MB. Fails without it: memory used reaches the budget, and sensor2 waits
+/// or gets 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strangers_large_properties_waiting_for_subscribers_that_stop_reading_stay_in_its_share()
+{
+    let value = "p".repeat(64_000);
+    strangers_messages_to_stuck_subscribers("g1", |id| {
+        let mut publish = v5::publish_packet("w/x", QoS::AtLeastOnce, b"1", id);
+        publish.properties.user_properties = (0..120)
+            .map(|i| (format!("k{i}").into(), value.as_str().into()))
+            .collect();
+        publish
+    })
+    .await;
+}
+
+/// Sixteen verified subscribers to `w/#` that stop reading, on a 64 MiB budget; an
+/// anonymous client publishes three QoS 1 messages made by `message` (ids 1 to 3): the
+/// first fits its share, memory used stays under a quarter of the budget and the share
+/// within its eighth, and a verified client's QoS 1 PUBLISH is accepted.
+async fn strangers_messages_to_stuck_subscribers(
+    prefix: &str,
+    message: impl Fn(u16) -> postbox::codec::Publish,
+) {
     const BUDGET: u64 = 64 << 20;
     let data = tempfile::tempdir().expect("tempdir");
     let broker = fast_passwords_and_anonymous(data.path(), BUDGET).await;
     let mut stuck = Vec::new();
     for i in 0..16 {
-        let connect = v5::as_user(v5::connect_packet(&format!("f1-stuck-{i}")), "sensor1");
+        let connect = v5::as_user(
+            v5::connect_packet(&format!("{prefix}-stuck-{i}")),
+            "sensor1",
+        );
         stuck.push(stalled_subscriber(broker.addr, connect, "w/#").await);
     }
-    let mut stranger = v5::connect_id(broker.addr, "f1-stranger").await;
-    let payload = vec![b's'; SIZE];
+    let mut stranger = v5::connect_id(broker.addr, &format!("{prefix}-stranger")).await;
     let mut accepted = 0;
     for id in 1..=3u16 {
-        if !v5::publish_qos1(&mut stranger, "w/x", &payload, id)
-            .await
-            .is_error()
-        {
+        if !v5::publish(&mut stranger, message(id)).await.is_error() {
             accepted += 1;
         }
     }
@@ -515,54 +552,7 @@ async fn a_strangers_message_waiting_for_subscribers_that_stop_reading_stays_in_
     );
     let (mut sensor2, _) = v5::connect(
         broker.addr,
-        v5::as_user(v5::connect_packet("f1-verified"), "sensor2"),
-    )
-    .await;
-    served_then_all_given_back(&broker, &mut sensor2, "sensors/sensor2/t", stuck).await;
-}
-
-/// Issue 35, twenty-first adversarial pass, G1 (medium): as pass 20's F1 above, with the
-/// stranger's bytes in User Properties (v5 §3.3.2.3.7) and a 1-byte payload. The copy F1
-/// removed for payloads stayed for the rest of the packet: each verified v5 subscriber
-/// that stopped reading held its own copy of the properties, counted as verified memory,
-/// and 1.68 MB messages took a 16 MiB budget to 109% with every verified QoS 1 PUBLISH at
-/// 0x97. Now a large message's forwarded properties are encoded once and sent from it
-/// (`codec::apart`), like its payload (and a long topic). 120 properties of 64,000 bytes
-/// (7.7 MB, within the 8 MiB share and largest packet of a 64 MiB budget), for the same
-/// reason as F1's 8 MB. Fails without it: memory used reaches the budget, and sensor2 waits
-/// or gets 0x97.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_strangers_large_properties_waiting_for_subscribers_that_stop_reading_stay_in_its_share()
-{
-    const BUDGET: u64 = 64 << 20;
-    let data = tempfile::tempdir().expect("tempdir");
-    let broker = fast_passwords_and_anonymous(data.path(), BUDGET).await;
-    let mut stuck = Vec::new();
-    for i in 0..16 {
-        let connect = v5::as_user(v5::connect_packet(&format!("g1-stuck-{i}")), "sensor1");
-        stuck.push(stalled_subscriber(broker.addr, connect, "w/#").await);
-    }
-    let mut stranger = v5::connect_id(broker.addr, "g1-stranger").await;
-    let value = "p".repeat(64_000);
-    let mut accepted = 0;
-    for id in 1..=3u16 {
-        let mut publish = v5::publish_packet("w/x", QoS::AtLeastOnce, b"1", id);
-        publish.properties.user_properties = (0..120)
-            .map(|i| (format!("k{i}").into(), value.as_str().into()))
-            .collect();
-        if !v5::publish(&mut stranger, publish).await.is_error() {
-            accepted += 1;
-        }
-    }
-    assert!(accepted >= 1, "the stranger's first message fits its share");
-    let used = most_shown(&broker, USED).await;
-    assert!(
-        used < (BUDGET / 4) as f64,
-        "memory used {used} of {BUDGET} after {accepted} of the stranger's messages"
-    );
-    let (mut sensor2, _) = v5::connect(
-        broker.addr,
-        v5::as_user(v5::connect_packet("g1-verified"), "sensor2"),
+        v5::as_user(v5::connect_packet(&format!("{prefix}-verified")), "sensor2"),
     )
     .await;
     served_then_all_given_back(&broker, &mut sensor2, "sensors/sensor2/t", stuck).await;
