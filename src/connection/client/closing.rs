@@ -4,6 +4,7 @@
 use super::Client;
 use crate::broker::PublishRefused;
 use crate::codec::{DecodeError, Disconnect, DisconnectProperties, Packet, ReasonCode};
+use crate::connection::io::Socket;
 use crate::connection::violation::Violation;
 use crate::storage::StorageError;
 
@@ -177,7 +178,7 @@ pub(super) fn refused_reason(error: &PublishRefused) -> ReasonCode {
     error.reason_code()
 }
 
-impl<S: crate::connection::io::Socket> Client<S> {
+impl<S: Socket> Client<S> {
     /// DISCONNECT from the client, possibly with a new Session Expiry Interval.
     // Like every packet handler, takes the decoded packet it is dispatched with.
     #[allow(clippy::needless_pass_by_value)]

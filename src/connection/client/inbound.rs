@@ -18,9 +18,10 @@ use crate::broker::stranger_share::{ShareFit, StrangerShare};
 use crate::broker::{MemoryLevel, PublishRefused};
 use crate::codec::{topic, PubResponse, Publish, QoS, ReasonCode};
 use crate::connection::gated::{AckKind, Gated};
+use crate::connection::io::Socket;
 use crate::connection::violation::Violation;
 
-impl<S: crate::connection::io::Socket> Client<S> {
+impl<S: Socket> Client<S> {
     pub(super) fn on_publish(&mut self, mut publish: Publish) -> Result<(), Close> {
         let config = self.broker().config();
         self.broker().metrics.messages_received[publish.qos as usize].increment(1);

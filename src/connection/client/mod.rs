@@ -26,7 +26,6 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
-
 use tokio::sync::futures::Notified;
 
 use super::admission;

@@ -15,6 +15,7 @@ use super::Client;
 use crate::broker::{Broker, Delivery, DeliverySink, Fill, Message, Resend};
 use crate::codec::{EncodeError, Packet, ProtocolVersion, PubResponse, PublishAlias, PublishFlags};
 use crate::connection::gated::{AckKind, Gated};
+use crate::connection::io::Socket;
 use crate::connection::io::WRITE_HIGH_WATER;
 use crate::connection::topic_alias::{AliasChoice, OutboundAliases};
 use crate::connection::violation::Violation;
@@ -98,7 +99,7 @@ impl DeliverySink for Encoder<'_> {
     }
 }
 
-impl<S: crate::connection::io::Socket> Client<S> {
+impl<S: Socket> Client<S> {
     /// Moves queued deliveries into the write buffer while the window and buffer allow
     /// (MQTT-4.6.0-6: in order). A persisted QoS 2 PUBLISH is held back until its new stage is
     /// durable (otherwise a crash could re-send it under a new packet id: a duplicate), and so

@@ -19,6 +19,7 @@ use tokio::sync::futures::OwnedNotified;
 
 use super::Client;
 use crate::broker::{flow, MemoryLevel, Session};
+use crate::connection::io::Socket;
 use crate::connection::partial::budgeted_partial_bytes;
 
 /// The Reason String of refusals over the memory budget.
@@ -69,7 +70,7 @@ pub(super) fn memory_used() -> u64 {
     flow::message_bytes() + budgeted_partial_bytes()
 }
 
-impl<S: crate::connection::io::Socket> Client<S> {
+impl<S: Socket> Client<S> {
     /// Where the broker's memory stands (see [`memory_used`]).
     pub(super) fn memory_level(&self) -> MemoryLevel {
         self.broker().flow().memory_level(memory_used())

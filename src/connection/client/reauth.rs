@@ -17,6 +17,7 @@ use super::Client;
 use crate::auth::{self, AuthState, AuthStep, PendingStep, StepInput};
 use crate::codec::{Auth, AuthProperties, Packet, ReasonCode, ReasonContext};
 use crate::connection::handshake::EnhancedAuth;
+use crate::connection::io::Socket;
 use crate::connection::violation::Violation;
 
 /// A connection's authentication after CONNACK, for the few that need any (boxed in the
@@ -62,7 +63,7 @@ impl AuthContext {
     }
 }
 
-impl<S: crate::connection::io::Socket> Client<S> {
+impl<S: Socket> Client<S> {
     /// AUTH after CONNACK: 0x19 starts a re-authentication with the connection's method
     /// (MQTT-4.12.1-1), 0x18 answers our challenge.
     pub(super) fn on_auth(&mut self, packet: Auth) -> Result<(), Close> {

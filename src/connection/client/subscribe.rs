@@ -13,10 +13,11 @@ use crate::codec::{
     topic, Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 use crate::connection::gated::Gated;
+use crate::connection::io::Socket;
 use crate::connection::violation::Violation;
 use crate::connection::write_queue::WriteQueue;
 
-impl<S: crate::connection::io::Socket> Client<S> {
+impl<S: Socket> Client<S> {
     /// Subscriptions count against `mqtt.max_memory` (issue 35, finding 6): a new filter is
     /// refused when subscriptions would hold more than half of the budget, or the memory in
     /// use would reach the pause mark. So subscriptions alone never pause the publishers, and
