@@ -15,11 +15,11 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use bytestring::ByteString;
 
-use super::encode::PublishHeader;
+use super::encode::{PublishHeader, PublishLayout};
 use super::properties::write::Forwarded;
 use super::sink::{properties_len, Writer};
-use super::varint::{put_varint, varint_len, MAX_VARINT};
-use super::{EncodeError, ProtocolVersion, PublishProperties, QoS};
+use super::varint::{put_varint, varint_len};
+use super::{EncodeError, ProtocolVersion, PublishProperties};
 
 /// Fields of at least this many bytes are sent from where the message holds them, not
 /// copied per delivery: a delivery of a large message copies at most about three times
@@ -64,37 +64,26 @@ pub fn encode_publish_apart(
     sink: &mut impl PieceSink,
 ) -> Result<usize, EncodeError> {
     let header = &publish.header;
-    let topic_len = header.topic.len();
-    if topic_len > u16::MAX as usize {
-        return Err(EncodeError::StringTooLong);
-    }
-    let has_id = header.qos != QoS::AtMostOnce;
-    let own = match header.properties {
-        Some(p) if version.is_v5() && !p.is_empty() => Some(p),
-        _ => None,
-    };
-    let own_len = match own {
-        Some(p) => properties_len(p)?,
-        None => 0,
-    };
     let forwarded = publish.forwarded.filter(|_| version.is_v5());
-    let props_len = own_len + forwarded.map_or(0, Bytes::len);
-    let mut remaining = 2 + topic_len + 2 * usize::from(has_id) + publish.payload.len();
-    if version.is_v5() {
-        remaining += varint_len(props_len) + props_len;
-    }
-    if remaining > MAX_VARINT {
-        return Err(EncodeError::TooLarge(remaining));
-    }
+    let PublishLayout {
+        topic_len,
+        has_id,
+        properties: own,
+        own_len,
+        props_len,
+        remaining,
+    } = header.layout(
+        version,
+        forwarded.map_or(0, Bytes::len),
+        publish.payload.len(),
+    )?;
     let total = 1 + varint_len(remaining) + remaining;
     if total > max_len {
         return Ok(total);
     }
     let buf = sink.batch();
     buf.reserve(16 + own_len + topic_len.min(APART) + publish.payload.len().min(APART));
-    buf.put_u8(
-        0x30 | (u8::from(header.dup) << 3) | ((header.qos as u8) << 1) | u8::from(header.retain),
-    );
+    buf.put_u8(header.first_byte());
     put_varint(buf, remaining);
     buf.put_u16(topic_len as u16);
     match publish.topic {
@@ -197,7 +186,7 @@ fn view_string(block: &Bytes, at: &mut usize, id: usize, original: &ByteString) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{decode, Packet, Publish};
+    use crate::codec::{decode, Packet, Publish, QoS};
 
     /// Collects a PUBLISH written in pieces back into one buffer, remembering which bytes
     /// were queued rather than copied.

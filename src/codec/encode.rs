@@ -34,6 +34,75 @@ pub struct PublishHeader<'a> {
     pub properties: Option<&'a PublishProperties>,
 }
 
+/// How one PUBLISH lays out (one reckoning for the whole-packet writer and the one in
+/// pieces, `codec::apart`).
+pub(super) struct PublishLayout<'a> {
+    pub topic_len: usize,
+    /// A packet id is written (QoS 1 or 2).
+    pub has_id: bool,
+    /// The properties written from the header: none for 3.x, or when there are none.
+    pub properties: Option<&'a PublishProperties>,
+    /// Their encoded length.
+    pub own_len: usize,
+    /// The property section's length: theirs and the ones encoded elsewhere.
+    pub props_len: usize,
+    /// The fixed header's Remaining Length.
+    pub remaining: usize,
+}
+
+impl<'a> PublishHeader<'a> {
+    /// The layout of this PUBLISH for `version` with a payload of `payload_len` bytes and
+    /// `more_properties` bytes of properties encoded elsewhere (v5 only).
+    ///
+    /// # Errors
+    ///
+    /// `StringTooLong`, `OutOfRange` or `TooLarge` when a field or the packet exceeds its
+    /// wire limit.
+    #[inline(always)]
+    pub(super) fn layout(
+        &self,
+        version: ProtocolVersion,
+        more_properties: usize,
+        payload_len: usize,
+    ) -> Result<PublishLayout<'a>> {
+        let topic_len = self.topic.len();
+        if topic_len > u16::MAX as usize {
+            return Err(EncodeError::StringTooLong);
+        }
+        let has_id = self.qos != QoS::AtMostOnce;
+        let properties = match self.properties {
+            Some(p) if version.is_v5() && !p.is_empty() => Some(p),
+            _ => None,
+        };
+        let own_len = match properties {
+            Some(p) => properties_len(p)?,
+            None => 0,
+        };
+        let props_len = own_len + more_properties;
+        let mut remaining = 2 + topic_len + 2 * usize::from(has_id) + payload_len;
+        if version.is_v5() {
+            remaining += varint_len(props_len) + props_len;
+        }
+        if remaining > MAX_VARINT {
+            return Err(EncodeError::TooLarge(remaining));
+        }
+        Ok(PublishLayout {
+            topic_len,
+            has_id,
+            properties,
+            own_len,
+            props_len,
+            remaining,
+        })
+    }
+
+    /// The fixed header's first byte: PUBLISH, DUP, QoS and RETAIN.
+    #[inline(always)]
+    pub(super) fn first_byte(&self) -> u8 {
+        0x30 | (u8::from(self.dup) << 3) | ((self.qos as u8) << 1) | u8::from(self.retain)
+    }
+}
+
 /// Appends `packet` encoded for `version` to `buf`.
 ///
 /// `version` alone picks the layout, including for CONNECT (protocol name and level are
@@ -165,31 +234,17 @@ pub fn encode_publish(
     version: ProtocolVersion,
     buf: &mut BytesMut,
 ) -> Result<Option<usize>> {
-    let topic_len = header.topic.len();
-    if topic_len > u16::MAX as usize {
-        return Err(EncodeError::StringTooLong);
-    }
-    let has_id = header.qos != QoS::AtMostOnce;
-    let properties = match header.properties {
-        Some(p) if version.is_v5() && !p.is_empty() => Some(p),
-        _ => None,
-    };
-    let props_len = match properties {
-        Some(p) => properties_len(p)?,
-        None => 0,
-    };
-    let mut remaining = 2 + topic_len + 2 * usize::from(has_id) + payload.len();
-    if version.is_v5() {
-        remaining += varint_len(props_len) + props_len;
-    }
-    if remaining > MAX_VARINT {
-        return Err(EncodeError::TooLarge(remaining));
-    }
+    let PublishLayout {
+        topic_len,
+        has_id,
+        properties,
+        props_len,
+        remaining,
+        ..
+    } = header.layout(version, 0, payload.len())?;
     let header_len = 1 + varint_len(remaining);
     buf.reserve(header_len + remaining);
-    buf.put_u8(
-        0x30 | (u8::from(header.dup) << 3) | ((header.qos as u8) << 1) | u8::from(header.retain),
-    );
+    buf.put_u8(header.first_byte());
     put_varint(buf, remaining);
     buf.put_u16(topic_len as u16);
     buf.put_slice(header.topic.as_bytes());
