@@ -755,7 +755,7 @@ impl<'a> RemoteSink<'a> {
 }
 
 impl DeliverySink for RemoteSink<'_> {
-    fn has_room(&self) -> bool {
+    fn has_room_for(&self, _next: &Delivery) -> bool {
         self.out.len() < WRITE_HIGH_WATER && self.taken < self.tokens
     }
 

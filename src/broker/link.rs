@@ -106,7 +106,7 @@ pub struct Link {
 struct Inbox<'a>(&'a mut VecDeque<LinkDelivery>);
 
 impl DeliverySink for Inbox<'_> {
-    fn has_room(&self) -> bool {
+    fn has_room_for(&self, _next: &Delivery) -> bool {
         true // the inflight window is the bound
     }
 

@@ -13,6 +13,7 @@ pub(crate) mod info;
 mod io;
 mod partial;
 pub(crate) mod slots;
+mod stranger_copies;
 mod told_once;
 pub(crate) mod topic_alias;
 pub(crate) mod violation;

@@ -26,6 +26,8 @@ use tokio::io::AsyncWrite;
 
 use super::held::{HeldBytes, OverShare};
 use super::partial::HeldClass;
+use super::stranger_copies::StrangerCopies;
+use crate::broker::stranger_share::StrangerShare;
 use crate::broker::Message;
 
 /// Messages of at least this many bytes ([`Message::size`]) send their large fields from the
@@ -66,6 +68,9 @@ struct Behind {
     /// What the client's TCP stack had acknowledged when last asked
     /// ([`WriteQueue::took_more_since`]).
     acked: Option<u64>,
+    /// Copies of strangers' messages a verified client's queue holds, charged to their
+    /// shares while the socket does not take them ([`WriteQueue::copied_for_stranger`]).
+    strangers: StrangerCopies,
 }
 
 impl Behind {
@@ -77,6 +82,7 @@ impl Behind {
             progress_at: Instant::now(),
             answers: 0,
             acked: None,
+            strangers: StrangerCopies::default(),
         }
     }
 }
@@ -155,10 +161,14 @@ impl WriteQueue {
     /// Appends everything `later` holds, in its order (writes that waited for the store).
     pub(super) fn append(&mut self, later: WriteQueue) {
         let WriteQueue { batch, behind } = later;
-        if let Some(behind) = behind {
+        if let Some(mut behind) = behind {
             self.seal_batch();
-            for part in behind.parts {
+            for part in std::mem::take(&mut behind.parts) {
                 self.push(part);
+            }
+            let strangers = std::mem::take(&mut behind.strangers);
+            if !strangers.is_empty() {
+                self.behind_mut().strangers.absorb(strangers);
             }
         }
         if self.batch.is_empty() && self.batch.capacity() == 0 {
@@ -174,7 +184,9 @@ impl WriteQueue {
     /// count as the messages they are (a stranger's in its share). An anonymous client's
     /// count them, as their copies did: else each anonymous subscriber that stops reading
     /// would pin one large message of a verified publisher's, out of the anonymous share.
-    /// Given back once a write takes everything, or the queue is dropped.
+    /// Copies of strangers' messages in a verified client's queue count in their shares too
+    /// ([`WriteQueue::copied_for_stranger`]). Given back once a write takes everything, or
+    /// the queue is dropped.
     ///
     /// # Errors
     ///
@@ -187,6 +199,7 @@ impl WriteQueue {
             None if held == 0 => return Ok(()),
             None => self.behind.insert(Box::new(Behind::new())),
         };
+        behind.strangers.charge();
         match behind.counted.as_mut() {
             Some(counted) if counted.counted() == held => Ok(()),
             Some(counted) => counted.set(held),
@@ -206,6 +219,21 @@ impl WriteQueue {
                 .sum()
         });
         self.batch.capacity() + parts
+    }
+
+    /// `bytes` of a message charged to `share` (a stranger's) were just copied into a
+    /// verified client's batch: charged to the share too while the socket does not take
+    /// them (`connection::stranger_copies`).
+    #[cold]
+    pub(super) fn copied_for_stranger(&mut self, share: StrangerShare, bytes: usize) {
+        self.behind_mut().strangers.copied(share, bytes);
+    }
+
+    /// Bytes of `share`'s messages copied into the queue and not charged to it yet.
+    pub(super) fn strangers_uncharged(&self, share: StrangerShare) -> usize {
+        self.behind
+            .as_deref()
+            .map_or(0, |behind| behind.strangers.uncharged(share))
     }
 
     /// Polls one write of what is queued, in order (vectored while parts wait), and takes
@@ -307,8 +335,13 @@ impl WriteQueue {
             self.batch.advance(n);
         }
         let all_out = self.batch.is_empty();
-        if let Some(behind) = self.behind.as_deref() {
-            if behind.parts.is_empty() && (all_out || behind.counted.is_none()) {
+        let batch_len = self.batch.len();
+        if let Some(behind) = self.behind.as_deref_mut() {
+            if !behind.strangers.is_empty() {
+                behind.strangers.written_down_to(batch_len + behind.len);
+            }
+            let nothing_to_keep = behind.counted.is_none() && behind.strangers.is_empty();
+            if behind.parts.is_empty() && (all_out || nothing_to_keep) {
                 self.behind = None;
             }
         }
@@ -325,11 +358,15 @@ impl WriteQueue {
         }
     }
 
+    fn behind_mut(&mut self) -> &mut Behind {
+        self.behind.get_or_insert_with(|| Box::new(Behind::new()))
+    }
+
     fn push(&mut self, part: Part) {
         if part.bytes.is_empty() {
             return;
         }
-        let behind = self.behind.get_or_insert_with(|| Box::new(Behind::new()));
+        let behind = self.behind_mut();
         behind.len += part.bytes.len();
         behind.parts.push_back(part);
     }

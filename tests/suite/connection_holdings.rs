@@ -513,6 +513,59 @@ async fn a_strangers_large_properties_waiting_for_subscribers_that_stop_reading_
     .await;
 }
 
+/// Issue 35, twenty-second adversarial pass, H1 (medium): messages below the size sent from
+/// the message itself (16 KiB, `connection::write_queue`) are copied into each subscriber's
+/// write batch, and a verified subscriber that stopped reading kept its batch (about
+/// 128 KiB) counted as its own, in the budget, whoever published: one anonymous client's
+/// 16,300-byte messages to 140 verified subscribers that had stopped reading took a 16 MiB
+/// budget to 108%, and verified PUBLISHes got 0x97. A verified client's copies of a
+/// stranger's message now count in the stranger's share too, and a connection takes no
+/// further copy once that share is full (one message still goes to a connection with
+/// nothing else to send, so a full share starves no one: at most one such copy per stuck
+/// subscriber past the share). The stranger sends 300 messages (the kernel's buffers take
+/// the first few hundred KB for each subscriber); once the stuck subscribers' output holds
+/// at least a message each, memory used stays under half the budget, the share within its eighth and
+/// one message per subscriber, and a verified client's QoS 1 PUBLISH is accepted. Fails
+/// without it: memory used passes the budget, and the verified PUBLISH gets 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_messages_copied_to_stuck_verified_subscribers_stay_in_its_share() {
+    const BUDGET: u64 = 16 << 20;
+    const SUBSCRIBERS: usize = 140;
+    const SIZE: usize = 16_300;
+    let data = tempfile::tempdir().expect("tempdir");
+    let broker = fast_passwords_and_anonymous(data.path(), BUDGET).await;
+    let mut stuck = Vec::new();
+    for i in 0..SUBSCRIBERS {
+        let connect = v5::as_user(v5::connect_packet(&format!("h1-stuck-{i}")), "sensor1");
+        stuck.push(stalled_subscriber(broker.addr, connect, "w/#").await);
+    }
+    let mut stranger = v5::connect_id(broker.addr, "h1-stranger").await;
+    publish_many(&mut stranger, "w/x", SIZE, 300).await;
+    broker
+        .wait_metric(PARTIAL, |n| n >= (SUBSCRIBERS * SIZE) as f64)
+        .await;
+    let used = most_shown(&broker, USED).await;
+    assert!(
+        used < (BUDGET / 2) as f64,
+        "memory used {used} of {BUDGET} with {SUBSCRIBERS} verified subscribers stuck"
+    );
+    let kept = most_shown(&broker, "postbox_anonymous_bytes{part=\"kept\"}").await;
+    let most = BUDGET as usize / 8 + SUBSCRIBERS * 16_384;
+    assert!(kept <= most as f64, "the stranger's share holds {kept}");
+    let (mut sensor2, _) = v5::connect(
+        broker.addr,
+        v5::as_user(v5::connect_packet("h1-verified"), "sensor2"),
+    )
+    .await;
+    served_then_all_given_back(&broker, &mut sensor2, "sensors/sensor2/t", stuck).await;
+    // What the copies charged to the share is given back with them.
+    broker
+        .wait_metric("postbox_anonymous_bytes{part=\"kept\"}", |n| {
+            n < 1_000_000.0
+        })
+        .await;
+}
+
 /// Sixteen verified subscribers to `w/#` that stop reading, on a 64 MiB budget; an
 /// anonymous client publishes three QoS 1 messages made by `message` (ids 1 to 3): the
 /// first fits its share, memory used stays under a quarter of the budget and the share

@@ -212,9 +212,10 @@ impl<'a> IntoIterator for &'a InflightWindow {
 /// Where deliveries go once the session hands them out: a connection's write buffer, a link's
 /// inbox. The session decides order, packet ids and the window; the sink only writes.
 pub trait DeliverySink {
-    /// True while the sink takes more deliveries (e.g. its write buffer is under its
-    /// high-water mark); the rest stays in the session's bounded queue.
-    fn has_room(&self) -> bool;
+    /// True while the sink takes more deliveries, `next` the one it would take now (e.g. its
+    /// write buffer is under its high-water mark, and a copy of a stranger's message fits
+    /// the stranger's share); the rest stays in the session's bounded queue, in order.
+    fn has_room_for(&self, next: &Delivery) -> bool;
 
     /// Takes one delivery with its packet id (0 for QoS 0) and DUP flag. With `after_commit`,
     /// this delivery's new stage is being stored and it must not reach the peer before that
@@ -323,10 +324,10 @@ impl SessionState {
         may_read: Option<&dyn Fn(&Delivery) -> bool>,
     ) -> Filled {
         let mut filled = Filled::default();
-        while sink.has_room() {
-            let Some(front) = self.queue.front() else {
+        while let Some(front) = self.queue.front() {
+            if !sink.has_room_for(front) {
                 break;
-            };
+            }
             if front.qos != QoS::AtMostOnce && self.inflight.len() >= window {
                 break;
             }

@@ -52,9 +52,32 @@ struct Encoder<'a> {
     by_reference_from: usize,
 }
 
+impl Encoder<'_> {
+    /// Whether a copy of `message`, a stranger's, may join a verified client's output now:
+    /// always when it goes out from the message (held once, counted as the message) or when
+    /// nothing else waits to be sent (else a full share would starve the client of
+    /// strangers' messages), otherwise only while its share has room for it beside this
+    /// connection's copies not charged yet (`connection::stranger_copies`; issue 35,
+    /// twenty-second adversarial pass, H1).
+    #[inline(never)]
+    fn stranger_copy_fits(&self, message: &Message) -> bool {
+        if sends_apart(message, self.by_reference_from)
+            || (self.out.is_empty() && self.held.is_empty())
+        {
+            return true;
+        }
+        let share = message.stranger_share();
+        let pending = self.out.strangers_uncharged(share) + self.held.strangers_uncharged(share);
+        share.has_room_for_copy((pending + message.size()) as u64)
+    }
+}
+
 impl DeliverySink for Encoder<'_> {
-    fn has_room(&self) -> bool {
+    fn has_room_for(&self, next: &Delivery) -> bool {
         self.out.batch_len() + self.held.batch_len() + self.apart < WRITE_HIGH_WATER
+            && (!counts_stranger_copies(self.by_reference_from)
+                || !next.message.charged_anonymous()
+                || self.stranger_copy_fits(&next.message))
     }
 
     fn write(
@@ -255,6 +278,14 @@ fn by_reference_from(anonymous: bool) -> usize {
     }
 }
 
+/// Whether a connection sending from `by_reference_from` ([`by_reference_from`]) is a
+/// verified client's, whose copies of strangers' messages count in their shares too
+/// (`connection::stranger_copies`).
+#[inline(always)]
+fn counts_stranger_copies(by_reference_from: usize) -> bool {
+    by_reference_from != usize::MAX
+}
+
 /// Whether a delivery of `message` sends its large fields from the message: decided on its
 /// whole size, not its payload's, since a stranger can carry its bytes in properties or a
 /// long topic (issue 35, twenty-first adversarial pass, G1).
@@ -293,21 +324,29 @@ fn encode_delivery(
             dup,
         );
     }
-    let out = out.batch();
-    let start = out.len();
+    let batch = out.batch();
+    let start = batch.len();
     let (alias, flags) = delivery_flags(aliases_out.as_deref(), delivery, packet_id, dup);
-    let written = delivery.message.write_to(out, version, flags);
+    let written = delivery.message.write_to(batch, version, flags);
     if !matches!(written, Ok(len) if len <= client_max_packet) {
-        out.truncate(start);
+        batch.truncate(start);
     }
-    settle(
+    let sent = settle(
         written,
         client_max_packet,
         aliases_out,
         alias,
         broker,
         delivery,
-    )
+    );
+    // A verified client's copy of a stranger's message counts in the stranger's share
+    // while unwritten (`connection::stranger_copies`); an anonymous client's counts as its
+    // own, in the anonymous share.
+    if sent && counts_stranger_copies(by_reference_from) && delivery.message.charged_anonymous() {
+        let copied = out.batch_len() - start;
+        out.copied_for_stranger(delivery.message.stranger_share(), copied);
+    }
+    sent
 }
 
 /// [`encode_delivery`] of a large message: its small fields into the batch, its large ones
