@@ -11,6 +11,7 @@ mod held_in;
 pub mod import;
 mod pump;
 pub mod remote;
+mod remote_sink;
 mod remote_subscriptions;
 pub mod status;
 pub mod topics;

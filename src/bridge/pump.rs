@@ -16,28 +16,26 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use bytestring::ByteString;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use super::held_in::{Charge, Held, HeldIn, Passage};
 use super::remote::{RemoteError, RemoteIo};
+use super::remote_sink::{hops_of, set_hops, RemoteSink};
 use super::remote_subscriptions::RemoteSubscriptions;
 use super::status::{BridgeStatus, Flow};
 use super::topics::Rules;
 use crate::broker::link::Link;
 use crate::broker::session::DeliverySink;
 use crate::broker::stranger_share::StrangerShare;
-use crate::broker::{Delivery, Fill, Resend, SessionHandle};
-use crate::codec::{
-    topic, Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
-};
-use crate::config::{BridgeConfig, StartMode, HOPS_PROPERTY};
+use crate::broker::{Fill, Resend, SessionHandle};
+use crate::codec::{topic, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode};
+use crate::config::{BridgeConfig, StartMode};
 use crate::storage::{Durable, InOrder};
 
 /// Encoded bytes waiting for the socket above which no more deliveries are taken.
-const WRITE_HIGH_WATER: usize = 256 * 1024;
+pub(super) const WRITE_HIGH_WATER: usize = 256 * 1024;
 
 /// How a connection's pump ended without an error.
 #[derive(Debug, PartialEq, Eq)]
@@ -676,158 +674,5 @@ async fn room_or_a_second(room: Option<tokio::sync::futures::OwnedNotified>) {
             let _ = tokio::time::timeout(Duration::from_secs(1), room).await;
         }
         None => std::future::pending().await,
-    }
-}
-
-/// Deliveries the forward rate lets through now (`usize::MAX` without a rate).
-#[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-fn whole_tokens(rate: u32, tokens: f64) -> usize {
-    if rate == 0 {
-        usize::MAX
-    } else {
-        // Clamped to 0..=rate first: the cast is exact for these values.
-        tokens.clamp(0.0, f64::from(rate)).floor() as usize
-    }
-}
-
-/// The hop count a message carries (0 when it has none).
-fn hops_of(properties: &PublishProperties) -> u8 {
-    properties
-        .user_properties
-        .iter()
-        .rev()
-        .find(|(k, _)| k == HOPS_PROPERTY)
-        .and_then(|(_, v)| v.parse::<u8>().ok())
-        .unwrap_or(0)
-}
-
-/// Sets the hop count, replacing any earlier one.
-fn set_hops(properties: &mut PublishProperties, hops: u8) {
-    properties
-        .user_properties
-        .retain(|(k, _)| k != HOPS_PROPERTY);
-    properties
-        .user_properties
-        .push((HOPS_PROPERTY.into(), hops.to_string().into()));
-}
-
-/// Encodes the local session's deliveries for the remote, renamed by the `out` rules.
-struct RemoteSink<'a> {
-    out: &'a mut BytesMut,
-    rules: &'a Rules,
-    status: &'a BridgeStatus,
-    version: ProtocolVersion,
-    limits: RemoteLimits,
-    max_hops: u8,
-    keep_retain: bool,
-    tokens: usize,
-    taken: usize,
-    /// Why the last refused delivery was dropped (`DeliverySink::refusal`): only one too
-    /// large for the remote is a dead letter.
-    refused_as: Option<crate::guarantees::DeadReason>,
-}
-
-impl<'a> RemoteSink<'a> {
-    /// A sink into `out` for one fill, with what the bridge's config and the forward rate
-    /// (`tokens`) allow.
-    fn new(
-        out: &'a mut BytesMut,
-        config: &BridgeConfig,
-        rules: &'a Rules,
-        status: &'a BridgeStatus,
-        version: ProtocolVersion,
-        limits: RemoteLimits,
-        tokens: f64,
-    ) -> RemoteSink<'a> {
-        RemoteSink {
-            refused_as: None,
-            out,
-            rules,
-            status,
-            version,
-            limits,
-            max_hops: config.max_hops,
-            keep_retain: config.keep_retain,
-            tokens: whole_tokens(config.max_forward_rate, tokens),
-            taken: 0,
-        }
-    }
-}
-
-impl DeliverySink for RemoteSink<'_> {
-    fn has_room_for(&self, _next: &Delivery) -> bool {
-        self.out.len() < WRITE_HIGH_WATER && self.taken < self.tokens
-    }
-
-    fn refusal(&self) -> Option<crate::guarantees::DeadReason> {
-        self.refused_as
-    }
-
-    fn write(&mut self, d: &Delivery, packet_id: u16, dup: bool, _after_commit: bool) -> bool {
-        self.taken += 1;
-        self.refused_as = None;
-        let message = &d.message;
-        let v5 = self.version == ProtocolVersion::V5;
-        let Some(name) = self.rules.outgoing(&message.topic) else {
-            self.status.dropped(Flow::Out, "topic");
-            return false;
-        };
-        let mut properties = message.properties().clone();
-        if v5 {
-            let hops = hops_of(&properties);
-            if hops >= self.max_hops {
-                self.status.dropped(Flow::Out, "max_hops");
-                return false;
-            }
-            set_hops(&mut properties, hops.saturating_add(1));
-            if let Some(interval) = properties.message_expiry_interval.as_mut() {
-                // The remaining lifetime, not the original (MQTT-3.3.2-6).
-                let elapsed = message.received_at.elapsed().as_secs();
-                *interval = interval.saturating_sub(elapsed.min(u64::from(u32::MAX)) as u32);
-            }
-        } else {
-            properties = PublishProperties::default();
-        }
-        properties.subscription_identifiers.clear();
-        properties.topic_alias = None;
-        let publish = Publish {
-            dup: dup && d.qos != QoS::AtMostOnce,
-            qos: d.qos,
-            retain: self.keep_retain && d.retain && self.limits.retain_available,
-            topic: ByteString::from(name),
-            packet_id,
-            payload: message.payload.clone(),
-            properties,
-        };
-        let start = self.out.len();
-        let encoded = crate::codec::encode(&Packet::Publish(publish), self.version, self.out);
-        if encoded.is_err() || self.out.len() - start > self.limits.max_packet_size {
-            self.out.truncate(start);
-            self.status.dropped(Flow::Out, "too_large");
-            self.refused_as = Some(crate::guarantees::DeadReason::TooLarge);
-            return false;
-        }
-        if d.qos == QoS::AtMostOnce {
-            self.status.forwarded(Flow::Out);
-        }
-        true
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hops_are_read_and_replaced() {
-        let mut p = PublishProperties::default();
-        assert_eq!(hops_of(&p), 0);
-        set_hops(&mut p, 1);
-        set_hops(&mut p, 2);
-        assert_eq!(hops_of(&p), 2);
-        assert_eq!(p.user_properties.len(), 1);
-        p.user_properties
-            .push((HOPS_PROPERTY.into(), "not a number".into()));
-        assert_eq!(hops_of(&p), 0);
     }
 }

@@ -685,7 +685,7 @@ async fn a_subscriber_reading_slowly_behind_its_output_is_not_closed_for_keep_al
 }
 
 /// The same for an anonymous subscriber (twenty-second pass, H4), whose deliveries are
-/// copied into its write buffer (`outbound::by_reference_from`): a 600 KB copy took the
+/// copied into its write buffer (`outbound::sends_apart`): a 600 KB copy took the
 /// buffer past what stopped reads, and it was closed at 20 s. Fails without it: closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_subscriber_reading_slowly_behind_its_output_is_not_closed_for_keep_alive() {
