@@ -519,19 +519,21 @@ async fn a_strangers_large_properties_waiting_for_subscribers_that_stop_reading_
 /// 128 KiB) counted as its own, in the budget, whoever published: one anonymous client's
 /// 16,300-byte messages to 140 verified subscribers that had stopped reading took a 16 MiB
 /// budget to 108%, and verified PUBLISHes got 0x97. A verified client's copies of a
-/// stranger's message now count in the stranger's share too, and a connection takes no
-/// further copy once that share is full (one message still goes to a connection with
-/// nothing else to send, so a full share starves no one: at most one such copy per stuck
-/// subscriber past the share). The stranger sends 300 messages (the kernel's buffers take
-/// the first few hundred KB for each subscriber); once the stuck subscribers' output holds
-/// at least a message each, memory used stays under half the budget, the share within its eighth and
-/// one message per subscriber, and a verified client's QoS 1 PUBLISH is accepted. Fails
-/// without it: memory used passes the budget, and the verified PUBLISH gets 0x97.
+/// stranger's message now count in the stranger's share too, and a connection with output
+/// waiting takes no further copy once that share is full. The stranger publishes up to 300
+/// QoS 1 messages (enough to fill the stuck subscribers' kernel buffers and batches) until
+/// one is refused; memory used stays under half the budget, the share within its eighth
+/// plus one message per stuck subscriber (a connection with nothing else to send still
+/// takes one, so a full share starves no one), a verified subscriber that reads gets every
+/// accepted message in order (MQTT-4.6.0-6), a verified client's QoS 1 PUBLISH is accepted,
+/// and the share is given back once the stuck subscribers go. Fails without it: memory used
+/// passes the budget, and the verified PUBLISH gets 0x97.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_messages_copied_to_stuck_verified_subscribers_stay_in_its_share() {
     const BUDGET: u64 = 16 << 20;
     const SUBSCRIBERS: usize = 140;
     const SIZE: usize = 16_300;
+    const KEPT: &str = "postbox_anonymous_bytes{part=\"kept\"}";
     let data = tempfile::tempdir().expect("tempdir");
     let broker = fast_passwords_and_anonymous(data.path(), BUDGET).await;
     let mut stuck = Vec::new();
@@ -539,19 +541,51 @@ async fn strangers_messages_copied_to_stuck_verified_subscribers_stay_in_its_sha
         let connect = v5::as_user(v5::connect_packet(&format!("h1-stuck-{i}")), "sensor1");
         stuck.push(stalled_subscriber(broker.addr, connect, "w/#").await);
     }
+    let (mut reader, _) = v5::connect(broker.addr, sensor1("h1-reader")).await;
+    v5::subscribe(&mut reader, "w/#", QoS::AtMostOnce).await;
+    let (ids, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let reading = tokio::spawn(async move {
+        while let Ok(Some(Packet::Publish(p))) = reader.recv_within(WAIT_FOR_MORE).await {
+            if ids
+                .send(u16::from_be_bytes([p.payload[0], p.payload[1]]))
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
     let mut stranger = v5::connect_id(broker.addr, "h1-stranger").await;
-    publish_many(&mut stranger, "w/x", SIZE, 300).await;
-    broker
-        .wait_metric(PARTIAL, |n| n >= (SUBSCRIBERS * SIZE) as f64)
-        .await;
+    let mut accepted = 0;
+    for id in 1..=300u16 {
+        let mut payload = vec![b's'; SIZE];
+        payload[..2].copy_from_slice(&id.to_be_bytes());
+        let publish = v5::publish_packet("w/x", QoS::AtLeastOnce, &payload, id);
+        if v5::publish(&mut stranger, publish).await.is_error() {
+            break;
+        }
+        accepted = id;
+    }
+    assert!(
+        accepted >= 10,
+        "the stranger's messages fit its share at first: {accepted}"
+    );
     let used = most_shown(&broker, USED).await;
     assert!(
         used < (BUDGET / 2) as f64,
         "memory used {used} of {BUDGET} with {SUBSCRIBERS} verified subscribers stuck"
     );
-    let kept = most_shown(&broker, "postbox_anonymous_bytes{part=\"kept\"}").await;
+    let kept = most_shown(&broker, KEPT).await;
     let most = BUDGET as usize / 8 + SUBSCRIBERS * 16_384;
     assert!(kept <= most as f64, "the stranger's share holds {kept}");
+    for expected in 1..=accepted {
+        let got = tokio::time::timeout(WAIT_FOR_MORE, received.recv()).await;
+        assert_eq!(
+            got,
+            Ok(Some(expected)),
+            "the reading subscriber's next message"
+        );
+    }
+    reading.abort();
     let (mut sensor2, _) = v5::connect(
         broker.addr,
         v5::as_user(v5::connect_packet("h1-verified"), "sensor2"),
@@ -559,12 +593,11 @@ async fn strangers_messages_copied_to_stuck_verified_subscribers_stay_in_its_sha
     .await;
     served_then_all_given_back(&broker, &mut sensor2, "sensors/sensor2/t", stuck).await;
     // What the copies charged to the share is given back with them.
-    broker
-        .wait_metric("postbox_anonymous_bytes{part=\"kept\"}", |n| {
-            n < 1_000_000.0
-        })
-        .await;
+    broker.wait_metric(KEPT, |n| n < 1_000_000.0).await;
 }
+
+/// How long a reader waits for the next message before it decides none is coming.
+const WAIT_FOR_MORE: Duration = Duration::from_secs(10);
 
 /// Sixteen verified subscribers to `w/#` that stop reading, on a 64 MiB budget; an
 /// anonymous client publishes three QoS 1 messages made by `message` (ids 1 to 3): the
