@@ -479,7 +479,7 @@ impl Metrics {
             packets_too_large: r.counter(PACKETS_TOO_LARGE_TOTAL, "Connections closed because a client sent a packet over mqtt.max_packet_size (v5 DISCONNECT 0x95); many client libraries send it again after every reconnect."),
             anonymous_share_closes: r.counter(ANONYMOUS_SHARE_CLOSES_TOTAL, "Anonymous connections closed because a packet they were sending, a topic alias they bound or output they did not read would take what anonymous clients' connections hold past their share (an eighth of mqtt.max_memory)."),
             anonymous_bytes: {
-                let family = r.gauge_vec(ANONYMOUS_BYTES, "What anonymous clients make the broker hold, by part, each against its own eighth of mqtt.max_memory (kept: sessions, queues, retained messages, dead letters and copies of their messages in password users' unread output, inside the budget; connected: sessions that end with their connection; in_transit: packets still arriving and what connections hold for them).", &["part"]);
+                let family = r.gauge_vec(ANONYMOUS_BYTES, "What anonymous clients make the broker hold, by part, each against its own eighth of mqtt.max_memory (kept: sessions, queues, retained messages, dead letters inside the budget, copies of their messages in password users' unread output outside it; connected: sessions that end with their connection; in_transit: packets still arriving and what connections hold for them).", &["part"]);
                 ["kept", "connected", "in_transit"].map(|part| gauge_of(&family, &[part]))
             },
             partial_packet_bytes: r.gauge(PARTIAL_PACKET_BYTES, "Bytes held by packets that have started to arrive and are not complete, and by connections' inbound topic aliases and unread output."),

@@ -7,10 +7,14 @@
 //! budget whoever published them: one anonymous client sending 16,300-byte messages to 140
 //! verified subscribers that had stopped reading took a 16 MiB budget to 108%, and every
 //! verified QoS 1 PUBLISH got 0x97 (issue 35, twenty-second adversarial pass, H1). The copies
-//! still count in the budget (they are memory held), and now in their publisher's share too
-//! ([`StrangerShare`]), which bounds them: the connection's fill takes no further stranger's
-//! message once its share is full (`outbound::Encoder`), so a stranger's publishing stops at
-//! its share, not at the budget.
+//! now count in their publisher's share ([`StrangerShare`]) instead of the budget, and the
+//! share bounds them: a connection with other output waiting takes no further stranger's
+//! message once the share is full (`outbound::Encoder`), so a stranger's publishing stops at
+//! its share, and verified clients' budget never holds a stranger's bytes. A connection with
+//! nothing else to send takes one all the same (else a full share would starve it of
+//! strangers' messages): one message per such connection past the share, counted there,
+//! bounded by the connections verified clients hold. Counted in the budget too, those took
+//! it past 100% with 1,000 stuck subscribers of 16 MiB (twenty-third pass, I1).
 //!
 //! Must not: cost a connection that copies no stranger's message anything (the record lives
 //! in the write queue's `Behind`, made only when there is something to keep).
@@ -57,6 +61,11 @@ impl StrangerCopies {
             .map_or(0, |c| c.bytes - c.charged)
     }
 
+    /// Every byte recorded, whatever its share.
+    pub(super) fn total(&self) -> usize {
+        self.shares.iter().map(|c| c.bytes).sum()
+    }
+
     /// Whether nothing is recorded.
     pub(super) fn is_empty(&self) -> bool {
         self.shares.is_empty()
@@ -76,12 +85,7 @@ impl StrangerCopies {
     /// Which of its bytes were written is not told apart, so the record keeps the most that
     /// may still be there (taken off the oldest entries first), never less.
     pub(super) fn written_down_to(&mut self, unwritten: usize) {
-        let mut excess = self
-            .shares
-            .iter()
-            .map(|c| c.bytes)
-            .sum::<usize>()
-            .saturating_sub(unwritten);
+        let mut excess = self.total().saturating_sub(unwritten);
         for copies in &mut self.shares {
             if excess == 0 {
                 break;

@@ -184,8 +184,8 @@ impl WriteQueue {
     /// count as the messages they are (a stranger's in its share). An anonymous client's
     /// count them, as their copies did: else each anonymous subscriber that stops reading
     /// would pin one large message of a verified publisher's, out of the anonymous share.
-    /// Copies of strangers' messages in a verified client's queue count in their shares too
-    /// ([`WriteQueue::copied_for_stranger`]). Given back once a write takes everything, or
+    /// Copies of strangers' messages in a verified client's queue count in their shares
+    /// instead ([`WriteQueue::copied_for_stranger`]). Given back once a write takes everything, or
     /// the queue is dropped.
     ///
     /// # Errors
@@ -200,6 +200,8 @@ impl WriteQueue {
             None => self.behind.insert(Box::new(Behind::new())),
         };
         behind.strangers.charge();
+        // A verified client's copies of strangers' messages count in their shares instead.
+        let held = held.saturating_sub(behind.strangers.total());
         match behind.counted.as_mut() {
             Some(counted) if counted.counted() == held => Ok(()),
             Some(counted) => counted.set(held),
@@ -222,8 +224,8 @@ impl WriteQueue {
     }
 
     /// `bytes` of a message charged to `share` (a stranger's) were just copied into a
-    /// verified client's batch: charged to the share too while the socket does not take
-    /// them (`connection::stranger_copies`).
+    /// verified client's batch: charged to the share, not the budget, while the socket does
+    /// not take them (`connection::stranger_copies`).
     #[cold]
     pub(super) fn copied_for_stranger(&mut self, share: StrangerShare, bytes: usize) {
         self.behind_mut().strangers.copied(share, bytes);
@@ -431,6 +433,47 @@ mod tests {
         assert_eq!(reading.await.expect("reader").expect("read"), expected);
         assert_eq!(Arc::strong_count(&big), 1, "let go once sent");
         assert_eq!(Arc::strong_count(&other), 1);
+    }
+
+    /// A verified client's copies of a stranger's message count in the stranger's share, not
+    /// in the budget: charged when the socket stops taking them, given back as they are
+    /// written (issue 35, twenty-third adversarial pass, I1: counted in the budget too, one
+    /// copy per stuck subscriber past a full share took the budget past 100% with 1,000 of
+    /// them). A bridge's share no other test of this binary uses.
+    #[test]
+    fn a_verified_clients_copies_of_a_strangers_message_count_in_its_share() {
+        let share = StrangerShare::of_bridge(52);
+        let before = share.bytes();
+        let mut queue = WriteQueue::default();
+        queue.batch().extend_from_slice(&[0; 100]);
+        queue.batch().extend_from_slice(&[1; 16_000]);
+        queue.copied_for_stranger(share, 16_000);
+        assert_eq!(queue.strangers_uncharged(share), 16_000);
+        assert_eq!(
+            share.bytes(),
+            before,
+            "nothing charged while writes complete"
+        );
+        queue
+            .count_unwritten((HeldClass::Connected, 0))
+            .expect("a verified client's never fails");
+        assert_eq!(share.bytes(), before + 16_000);
+        let own = queue.behind.as_deref().and_then(|b| b.counted.as_ref());
+        let own = own.map_or(0, HeldBytes::counted);
+        assert_eq!(
+            own,
+            queue.batch.capacity() - 16_000,
+            "the rest counts as its own"
+        );
+        queue.advance(16_100 - 6_000);
+        assert_eq!(
+            share.bytes(),
+            before + 6_000,
+            "at most what is left unwritten"
+        );
+        queue.advance(6_000);
+        assert_eq!(share.bytes(), before, "all given back once written");
+        assert!(queue.behind.is_none());
     }
 
     /// A payload by reference counts as the connection's own only where asked (an anonymous

@@ -89,8 +89,8 @@ pub const PACKETS_TOO_LARGE_TOTAL: &str = "postbox_packets_too_large_total";
 /// past their share of `mqtt.max_memory` (`connection::partial`, `connection::held`).
 pub const ANONYMOUS_SHARE_CLOSES_TOTAL: &str = "postbox_anonymous_share_closes_total";
 /// Gauge, by `part`: what anonymous clients make the broker hold, each part against its own
-/// eighth of `mqtt.max_memory` (kept: sessions, queues, retained messages, dead letters and
-/// copies of their messages in password users' unread output, inside the budget; connected: sessions that end with their connection; `in_transit`:
+/// eighth of `mqtt.max_memory` (kept: sessions, queues, retained messages, dead letters inside the
+/// budget, copies of their messages in password users' unread output outside it; connected: sessions that end with their connection; `in_transit`:
 /// packets still arriving and what connections hold for them, both outside the budget).
 pub const ANONYMOUS_BYTES: &str = "postbox_anonymous_bytes";
 /// Gauge: bytes held in read buffers by packets that have started to arrive and are not

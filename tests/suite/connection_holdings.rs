@@ -519,15 +519,17 @@ async fn a_strangers_large_properties_waiting_for_subscribers_that_stop_reading_
 /// 128 KiB) counted as its own, in the budget, whoever published: one anonymous client's
 /// 16,300-byte messages to 140 verified subscribers that had stopped reading took a 16 MiB
 /// budget to 108%, and verified PUBLISHes got 0x97. A verified client's copies of a
-/// stranger's message now count in the stranger's share too, and a connection with output
-/// waiting takes no further copy once that share is full. The stranger publishes up to 300
-/// QoS 1 messages (enough to fill the stuck subscribers' kernel buffers and batches) until
-/// one is refused; memory used stays under half the budget, the share within its eighth
-/// plus one message per stuck subscriber (a connection with nothing else to send still
-/// takes one, so a full share starves no one), a verified subscriber that reads gets every
-/// accepted message in order (MQTT-4.6.0-6), a verified client's QoS 1 PUBLISH is accepted,
-/// and the share is given back once the stuck subscribers go. Fails without it: memory used
-/// passes the budget, and the verified PUBLISH gets 0x97.
+/// stranger's message now count in the stranger's share instead, and a connection with
+/// output waiting takes no further copy once that share is full; one with nothing else to
+/// send still takes one, so a full share starves no one (the count of those past the share
+/// is `write_queue`'s unit test's: twenty-third pass, I1). The stranger publishes up to 300
+/// QoS 1 messages
+/// (enough to fill the stuck subscribers' kernel buffers and batches) until one is refused;
+/// memory used stays under half the budget, the share within its eighth plus one message per
+/// stuck subscriber, a verified subscriber that reads gets every accepted message in order
+/// (MQTT-4.6.0-6), a verified client's QoS 1 PUBLISH is accepted, and the share is given back
+/// once the stuck subscribers go. Fails without it: memory used passes the budget, and the
+/// verified PUBLISH gets 0x97.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_messages_copied_to_stuck_verified_subscribers_stay_in_its_share() {
     const BUDGET: u64 = 16 << 20;
