@@ -16,7 +16,11 @@
 //! own (a verified client's in the memory budget, an anonymous client's in their
 //! connections' bound): one anonymous subscriber with a Topic Alias Maximum of 65,535 was
 //! bound 6,000 topics of 60 KB, +385 MB counted nowhere (issue 35, twenty-second
-//! adversarial pass, H3).
+//! adversarial pass, H3). In a verified client's table a stranger's topic counts in the
+//! stranger's share instead, and is not bound while that share has no room (sent with its
+//! topic name): counted in the budget once per table, one anonymous PUBLISH of a 65,000-byte
+//! topic to 270 verified subscribers with aliases counted 17.9 MB of a 16 MiB budget for
+//! one shared topic, and verified PUBLISHes got 0x97 (twenty-third pass, I3).
 
 use std::collections::HashMap;
 
@@ -25,6 +29,7 @@ use foldhash::fast::RandomState;
 
 use super::held::HeldBytes;
 use super::partial::HeldClass;
+use crate::broker::stranger_share::StrangerShare;
 
 /// Most bytes one connection's table holds ([`binding_cost`] of every bound topic): past
 /// it the least recently used alias is bound anew, or a topic goes without one.
@@ -67,6 +72,8 @@ impl AliasChoice {
 #[derive(Debug, Default)]
 struct Slot {
     topic: Option<ByteString>,
+    /// The share its binding is charged to: a stranger's topic in a verified client's table.
+    share: Option<StrangerShare>,
     prev: u16,
     next: u16,
 }
@@ -84,8 +91,13 @@ pub(crate) struct OutboundAliases {
     tail: u16,
     /// [`binding_cost`] of every bound topic, at most [`TABLE_BYTES`].
     bytes: usize,
-    /// `bytes`, counted as the connection's own.
+    /// `bytes` less `charged`, counted as the connection's own.
     held: HeldBytes,
+    /// Of `bytes`, what strangers' topics charge to their shares (a verified client's table).
+    charged: usize,
+    /// Whether strangers' topics count in their shares (a verified client's table); an
+    /// anonymous client's counts everything as its own.
+    strangers_apart: bool,
     /// An anonymous client's table would take their connections past their share: the
     /// connection must close ([`OutboundAliases::over_share`]).
     over_share: bool,
@@ -103,17 +115,42 @@ impl OutboundAliases {
             tail: NIL,
             bytes: 0,
             held: HeldBytes::new(class),
+            charged: 0,
+            strangers_apart: class.0 == HeldClass::Connected,
             over_share: false,
         }
     }
 
+    /// The share a binding of a message's topic is charged to: `stranger` (the share of a
+    /// stranger's message) in a verified client's table, none otherwise.
+    fn share_for(&self, stranger: Option<StrangerShare>) -> Option<StrangerShare> {
+        stranger.filter(|_| self.strangers_apart)
+    }
+
     /// What to send for `topic`: `None` for no alias (binding it would take the table past
     /// [`TABLE_BYTES`]). Does not change the table (see [`Self::commit`]).
+    #[cfg(test)]
     pub(crate) fn choose(&self, topic: &str) -> Option<AliasChoice> {
+        self.choose_for(topic, None)
+    }
+
+    /// [`OutboundAliases::choose`] for a message of `stranger`'s share (`None`: a verified
+    /// client's): in a verified client's table, a stranger's topic is not bound while its
+    /// share has no room for the binding.
+    pub(crate) fn choose_for(
+        &self,
+        topic: &str,
+        stranger: Option<StrangerShare>,
+    ) -> Option<AliasChoice> {
         if let Some(&alias) = self.by_topic.get(topic) {
             return Some(AliasChoice::Known(alias));
         }
         let cost = binding_cost(topic);
+        if let Some(share) = self.share_for(stranger) {
+            if !share.has_room_for_copy(cost as u64) {
+                return None;
+            }
+        }
         let bound = self.slots.len() - 1;
         if bound < usize::from(self.max) && self.bytes + cost <= TABLE_BYTES {
             return Some(AliasChoice::Bind(bound as u16 + 1));
@@ -133,7 +170,19 @@ impl OutboundAliases {
     }
 
     /// Records that a PUBLISH using `choice` for `topic` was sent.
+    #[cfg(test)]
     pub(crate) fn commit(&mut self, topic: &ByteString, choice: AliasChoice) {
+        self.commit_for(topic, choice, None);
+    }
+
+    /// [`OutboundAliases::commit`] for a message of `stranger`'s share (`None`: a verified
+    /// client's), the binding charged where [`OutboundAliases::choose_for`] checked it.
+    pub(crate) fn commit_for(
+        &mut self,
+        topic: &ByteString,
+        choice: AliasChoice,
+        stranger: Option<StrangerShare>,
+    ) {
         let alias = choice.alias();
         if alias == NIL || alias > self.max {
             return; // not a choice this table made
@@ -144,14 +193,26 @@ impl OutboundAliases {
             } else {
                 self.unlink(alias);
             }
+            let share = self.share_for(stranger);
             let slot = &mut self.slots[usize::from(alias)];
+            let old_share = std::mem::replace(&mut slot.share, share);
             if let Some(old) = slot.topic.replace(topic.clone()) {
-                self.bytes -= binding_cost(&old);
+                let freed = binding_cost(&old);
+                self.bytes -= freed;
+                if let Some(old_share) = old_share {
+                    old_share.counted(freed, false);
+                    self.charged -= freed;
+                }
                 self.by_topic.remove(&old);
             }
             self.by_topic.insert(topic.clone(), alias);
-            self.bytes += binding_cost(topic);
-            if self.held.set(self.bytes).is_err() {
+            let cost = binding_cost(topic);
+            self.bytes += cost;
+            if let Some(share) = share {
+                share.counted(cost, true);
+                self.charged += cost;
+            }
+            if self.held.set(self.bytes - self.charged).is_err() {
                 self.over_share = true;
             }
         } else {
@@ -203,6 +264,18 @@ impl OutboundAliases {
         self.head = alias;
         if self.tail == NIL {
             self.tail = alias;
+        }
+    }
+}
+
+impl Drop for OutboundAliases {
+    /// Gives back what strangers' topics charged to their shares (the own count goes with
+    /// `held`).
+    fn drop(&mut self) {
+        for slot in &self.slots {
+            if let (Some(share), Some(topic)) = (slot.share, slot.topic.as_deref()) {
+                share.counted(binding_cost(topic), false);
+            }
         }
     }
 }
@@ -268,6 +341,40 @@ mod tests {
         assert_eq!(send(&mut t, "b"), AliasChoice::Bind(2), "c (LRU) evicted");
         assert_eq!(send(&mut t, "c"), AliasChoice::Bind(1), "a (LRU) evicted");
         assert!(t.len() <= 2);
+    }
+
+    /// In a verified client's table a stranger's topic counts in the stranger's share, not
+    /// as the connection's own, moves back when its alias is bound anew, and is given back
+    /// with the table (issue 35, twenty-third adversarial pass, I3). An anonymous client's
+    /// table counts it as its own. A bridge's share no other test of this binary uses.
+    #[test]
+    fn a_strangers_topic_counts_in_its_share_in_a_verified_table() {
+        let share = StrangerShare::of_bridge(53);
+        let before = share.bytes();
+        let long: ByteString = "s".repeat(10_000).into();
+        let mut t = table(1);
+        let c = t.choose_for(&long, Some(share)).expect("an alias");
+        t.commit_for(&long, c, Some(share));
+        assert_eq!(share.bytes(), before + binding_cost(&long) as u64);
+        assert_eq!(t.held.counted(), 0, "not the connection's own");
+        let mine: ByteString = "m".into();
+        let c = t.choose_for(&mine, None).expect("the alias bound anew");
+        t.commit_for(&mine, c, None);
+        assert_eq!(
+            share.bytes(),
+            before,
+            "given back when its alias is bound anew"
+        );
+        assert_eq!(t.held.counted(), binding_cost(&mine));
+        let c = t.choose_for(&long, Some(share)).expect("an alias");
+        t.commit_for(&long, c, Some(share));
+        drop(t);
+        assert_eq!(share.bytes(), before, "given back with the table");
+        let mut anonymous = OutboundAliases::new(1, (HeldClass::Anonymous, u64::MAX / 2));
+        let c = anonymous.choose_for(&long, Some(share)).expect("an alias");
+        anonymous.commit_for(&long, c, Some(share));
+        assert_eq!(share.bytes(), before);
+        assert_eq!(anonymous.held.counted(), binding_cost(&long));
     }
 
     #[test]

@@ -386,6 +386,15 @@ fn encode_by_reference(
     )
 }
 
+/// The share a delivery's message is charged to, if it is a stranger's: where a verified
+/// client's outbound alias table counts its topic (`connection::topic_alias`).
+fn stranger_of(delivery: &Delivery) -> Option<crate::broker::stranger_share::StrangerShare> {
+    let message = &delivery.message;
+    message
+        .charged_anonymous()
+        .then(|| message.stranger_share())
+}
+
 /// One delivery's flags, with the outbound Topic Alias it would use (not yet committed).
 #[inline(always)]
 fn delivery_flags<'a>(
@@ -394,7 +403,8 @@ fn delivery_flags<'a>(
     packet_id: u16,
     dup: bool,
 ) -> (Option<AliasChoice>, PublishFlags<'a>) {
-    let alias = aliases_out.and_then(|table| table.choose(&delivery.message.topic));
+    let alias = aliases_out
+        .and_then(|table| table.choose_for(&delivery.message.topic, stranger_of(delivery)));
     let flags = PublishFlags {
         qos: delivery.qos,
         retain: delivery.retain,
@@ -424,7 +434,7 @@ fn settle(
     match written {
         Ok(len) if len <= client_max_packet => {
             if let (Some(table), Some(choice)) = (aliases_out, alias) {
-                table.commit(&delivery.message.topic, choice);
+                table.commit_for(&delivery.message.topic, choice, stranger_of(delivery));
             }
             true
         }
