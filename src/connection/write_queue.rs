@@ -185,8 +185,8 @@ impl WriteQueue {
     /// count them, as their copies did: else each anonymous subscriber that stops reading
     /// would pin one large message of a verified publisher's, out of the anonymous share.
     /// Copies of strangers' messages in a verified client's queue count in their shares
-    /// instead ([`WriteQueue::copied_for_stranger`]). Given back once a write takes everything, or
-    /// the queue is dropped.
+    /// instead ([`WriteQueue::copied_for_stranger`]). Given back once a write takes
+    /// everything, or the queue is dropped.
     ///
     /// # Errors
     ///

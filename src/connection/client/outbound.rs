@@ -176,8 +176,16 @@ impl<S: Socket> Client<S> {
     /// the new delivery counts: the resends then wait for that commit (and everything after
     /// them, in order), so a crash cannot deliver once more than counted.
     pub(super) fn retransmit_inflight(&mut self) {
+        if self.settled.anonymous() {
+            self.retransmit_encoded::<false>();
+        } else {
+            self.retransmit_encoded::<true>();
+        }
+    }
+
+    /// [`Client::retransmit_inflight`] for a verified client (`VERIFIED`) or an anonymous one.
+    fn retransmit_encoded<const VERIFIED: bool>(&mut self) {
         let retransmit = self.session.retransmit();
-        let verified = !self.settled.anonymous();
         let mut held = WriteQueue::default();
         let gated = retransmit.gate.is_some();
         for resend in retransmit.resends {
@@ -190,32 +198,16 @@ impl<S: Socket> Client<S> {
                     }
                 }
                 Resend::Publish(delivery, packet_id) => {
-                    let aliases_out = self.aliases_out.as_deref_mut();
-                    let (version, max, broker) =
-                        (self.version, self.client_max_packet, self.session.broker());
-                    let written = if verified {
-                        encode_delivery::<true>(
-                            out,
-                            version,
-                            max,
-                            aliases_out,
-                            broker,
-                            &delivery,
-                            packet_id,
-                            true,
-                        )
-                    } else {
-                        encode_delivery::<false>(
-                            out,
-                            version,
-                            max,
-                            aliases_out,
-                            broker,
-                            &delivery,
-                            packet_id,
-                            true,
-                        )
-                    };
+                    let written = encode_delivery::<VERIFIED>(
+                        out,
+                        self.version,
+                        self.client_max_packet,
+                        self.aliases_out.as_deref_mut(),
+                        self.session.broker(),
+                        &delivery,
+                        packet_id,
+                        true,
+                    );
                     if written {
                         self.broker().metrics.messages_sent[delivery.qos as usize].increment(1);
                     } else {
