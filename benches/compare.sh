@@ -125,6 +125,7 @@ if [ "$QUICK" = 1 ]; then
     "defaults-p2p-q1|p2p|--qos 1 --pairs 1 --messages 20000"
     "tls-handshakes|handshakes|--connections 500 --connect-concurrency 32"
     "tls-fan-in-q1|fan-in|--qos 1 --publishers 4 --messages 5000"
+    "tls-fan-out-q0|fan-out|--qos 0 --subscribers 20 --messages 1000"
     "tls-idle|connections|--connections 500"
   )
 else
@@ -158,9 +159,11 @@ else
     # (and, for Mosquitto, cafile; client certificates are not requested by either) from
     # certs/, and the generator speaks TLS trusting certs/ca.pem, full handshakes only (no
     # resumption). tls-fan-in-q1 has fan-in-q1's shape and counts, so TLS's cost reads
-    # against the plain case; tls-idle is `connections` at 5,000 TLS clients.
+    # against the plain case; tls-fan-out-q0 is fan-out-q0's, where output dominates (rustls's
+    # send buffer, issue 35 I2); tls-idle is `connections` at 5,000 TLS clients.
     "tls-handshakes|handshakes|--connections 5000 --connect-concurrency 64"
     "tls-fan-in-q1|fan-in|--qos 1 --publishers 100 --messages 4000"
+    "tls-fan-out-q0|fan-out|--qos 0 --subscribers 100 --messages 10000"
     "tls-idle|connections|--connections 5000"
   )
 fi

@@ -165,7 +165,14 @@ struct RunCtx {
     stop: CancellationToken,
     tls: Option<Arc<TlsClient>>,
     message_id_property: Option<Arc<str>>,
+    /// Bounds the handshakes in progress at once: a broker may close a burst of TLS or
+    /// WebSocket handshakes from one address past its pending limit (Postbox's
+    /// `max_pending_connections_per_ip`, 64), and the connect phase is not what is measured.
+    connecting: Arc<tokio::sync::Semaphore>,
 }
+
+/// Handshakes in progress at once (see [`RunCtx::connecting`]).
+const CONNECTING_AT_ONCE: usize = 32;
 
 /// A latency histogram with the bounds every run uses.
 pub fn new_histogram() -> Histogram<u64> {
@@ -212,6 +219,7 @@ pub async fn run(plan: PubSubPlan) -> Result<PubSubOutcome> {
         stop: CancellationToken::new(),
         tls: plan.tls.clone(),
         message_id_property: plan.message_id_property.as_deref().map(Arc::from),
+        connecting: Arc::new(tokio::sync::Semaphore::new(CONNECTING_AT_ONCE)),
     };
     let guard = ctx.stop.clone().drop_guard();
     let progress = Arc::new(Progress {
@@ -361,7 +369,10 @@ async fn subscriber(
     ready: tokio::sync::mpsc::Sender<()>,
     progress: Arc<Progress>,
 ) -> Result<SubscriberResult> {
-    let mut conn = Conn::connect(ctx.subscribe_addr, &plan.connect).await?;
+    let mut conn = {
+        let _turn = ctx.connecting.acquire().await?;
+        Conn::connect(ctx.subscribe_addr, &plan.connect).await?
+    };
     let early = conn.subscribe(&plan.filters, 1).await?;
     let mut result = SubscriberResult {
         tracker: SeqTracker::new(ctx.run, ctx.counts.to_vec()),
@@ -454,7 +465,10 @@ async fn publisher(
 ) -> Result<PublisherResult> {
     let mut opts = ConnectOptions::new(plan.client_id.clone(), ctx.version);
     opts.tls.clone_from(&ctx.tls);
-    let mut conn = Conn::connect(ctx.addr, &opts).await?;
+    let mut conn = {
+        let _turn = ctx.connecting.acquire().await?;
+        Conn::connect(ctx.addr, &opts).await?
+    };
     connected.fetch_add(1, Ordering::AcqRel);
     start
         .wait_for(|go| *go)
