@@ -47,42 +47,54 @@ impl Rules {
     /// The local subscriptions the `out` rules need, each filter once with the highest QoS
     /// any rule asks for it.
     pub fn local_subscriptions(&self) -> Vec<(String, QoS)> {
-        merged(
-            self.rules
-                .iter()
-                .filter(|r| r.direction.is_out())
-                .map(|r| (&r.local_filter, r.qos)),
-        )
+        self.filters_of(|r| r.direction.is_out().then_some(&r.local_filter))
     }
 
     /// The remote subscriptions the `in` rules need, each filter once with the highest QoS.
     pub fn remote_subscriptions(&self) -> Vec<(String, QoS)> {
+        self.filters_of(|r| r.direction.is_in().then_some(&r.remote_filter))
+    }
+
+    /// The filter `pick` names of each rule it names one of, merged ([`merged`]).
+    fn filters_of<'a>(
+        &'a self,
+        pick: impl Fn(&'a Rule) -> Option<&'a String>,
+    ) -> Vec<(String, QoS)> {
         merged(
             self.rules
                 .iter()
-                .filter(|r| r.direction.is_in())
-                .map(|r| (&r.remote_filter, r.qos)),
+                .filter_map(|r| pick(r).map(|filter| (filter, r.qos))),
         )
     }
 
     /// The remote name of a local topic, by the first `out` rule whose local filter matches;
     /// `None` when no rule does (the subscription outlived its rule).
     pub fn outgoing(&self, local_topic: &str) -> Option<String> {
-        self.rules
-            .iter()
-            .filter(|r| r.direction.is_out())
-            .find(|r| matches(&r.local_filter, local_topic))
-            .and_then(|r| swap_prefix(local_topic, &r.local_prefix, &r.remote_prefix))
+        self.renamed(local_topic, true)
     }
 
     /// The local name of a remote topic, by the first `in` rule whose remote filter matches;
     /// `None` when no rule does (the remote sent what the bridge did not subscribe to).
     pub fn incoming(&self, remote_topic: &str) -> Option<String> {
+        self.renamed(remote_topic, false)
+    }
+
+    /// `topic` renamed by the first rule of its direction (`out`: local to remote) whose
+    /// filter on the topic's side matches it.
+    fn renamed(&self, topic: &str, out: bool) -> Option<String> {
         self.rules
             .iter()
-            .filter(|r| r.direction.is_in())
-            .find(|r| matches(&r.remote_filter, remote_topic))
-            .and_then(|r| swap_prefix(remote_topic, &r.remote_prefix, &r.local_prefix))
+            .filter_map(|r| match out {
+                true if r.direction.is_out() => {
+                    Some((&r.local_filter, &r.local_prefix, &r.remote_prefix))
+                }
+                false if r.direction.is_in() => {
+                    Some((&r.remote_filter, &r.remote_prefix, &r.local_prefix))
+                }
+                _ => None,
+            })
+            .find(|(filter, _, _)| matches(filter, topic))
+            .and_then(|(_, from, to)| swap_prefix(topic, from, to))
     }
 }
 

@@ -183,6 +183,14 @@ fn held_size(topic: &str, payload: &Bytes, properties: Option<&PublishProperties
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
+/// [`held_size`] of a message being made, counted in the memory budget (`broker::flow`) as
+/// made; its [`Drop`] uncounts the same size.
+fn made_size(topic: &str, payload: &Bytes, properties: Option<&HeldProperties>) -> u32 {
+    let size = held_size(topic, payload, properties.map(|p| &p.fields));
+    super::flow::message_made(size as usize);
+    size
+}
+
 /// Uncounts the message from the memory budget (`broker::flow`), which counted it when it was
 /// made. Its size is fixed at construction, so the two counts match; each cached encoding was
 /// counted when it was made ([`Message::write_to`]) and leaves with it.
@@ -210,12 +218,7 @@ impl Message {
             .message_expiry_interval
             .map(|secs| now + std::time::Duration::from_secs(u64::from(secs)));
         let properties = boxed_properties(properties);
-        let size = held_size(
-            &publish.topic,
-            &publish.payload,
-            properties.as_deref().map(|p| &p.fields),
-        );
-        super::flow::message_made(size as usize);
+        let size = made_size(&publish.topic, &publish.payload, properties.as_deref());
         Message {
             topic: publish.topic,
             payload: publish.payload,
@@ -360,12 +363,7 @@ impl Message {
         let (received_at, expires_at) =
             super::restore::instants(stored, Instant::now(), crate::storage::now_unix_ms());
         let properties = boxed_properties(stored.properties.clone());
-        let size = held_size(
-            &stored.topic,
-            &stored.payload,
-            properties.as_deref().map(|p| &p.fields),
-        );
-        super::flow::message_made(size as usize);
+        let size = made_size(&stored.topic, &stored.payload, properties.as_deref());
         Message {
             size,
             topic: stored.topic.clone(),

@@ -16,7 +16,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishAckFuture};
+use async_nats::jetstream::{
+    self,
+    context::{PublishAckFuture, PublishError},
+};
 use bytes::Bytes;
 use bytestring::ByteString;
 use tokio::sync::{mpsc, oneshot};
@@ -104,6 +107,33 @@ pub(super) fn spawn(
     ));
     tokio::spawn(async move {
         let mut puts = RetainedPuts::new(timeout);
+        // A message NATS took goes to the acknowledgement waiter, in publish order, with
+        // the acknowledgements it waits for; one it did not take fails.
+        let hand_on = |sent: Result<[Option<PublishAckFuture>; 2], PublishError>,
+                       out: Outgoing,
+                       sequenced: bool,
+                       bytes: u64,
+                       streamed: bool| match sent {
+            Ok(acks) => {
+                let _ = acks_tx.send(Awaiting {
+                    message: out.message,
+                    acks,
+                    done: out.done,
+                    barrier: None,
+                    sequenced,
+                    in_transit: Some(out.in_transit),
+                });
+                count_out(&cluster, bytes);
+            }
+            Err(error) => fail(
+                &cluster,
+                &broker,
+                streamed,
+                out.done,
+                out.in_transit,
+                &error,
+            ),
+        };
         loop {
             let queued = tokio::select! {
                 biased;
@@ -117,7 +147,7 @@ pub(super) fn spawn(
                     None => break,
                 },
             };
-            let out = match queued {
+            let mut out = match queued {
                 Queued::Message(out) => out,
                 Queued::Barrier(barrier) => {
                     let _ = acks_tx.send(Awaiting {
@@ -158,34 +188,12 @@ pub(super) fn spawn(
                     .await;
                 let sent = match retained {
                     Ok(ack) => js
-                        .publish(format!("{STREAM_SUBJECTS}.{tail}"), out.frame)
+                        .publish(format!("{STREAM_SUBJECTS}.{tail}"), out.frame.clone())
                         .await
-                        .map(|stream| (stream, ack)),
+                        .map(|stream| [Some(stream), Some(ack)]),
                     Err(error) => Err(error),
                 };
-                match sent {
-                    Ok((stream, ack)) => {
-                        let _ = acks_tx.send(Awaiting {
-                            message: out.message,
-                            acks: [Some(stream), Some(ack)],
-                            done: out.done,
-                            barrier: None,
-                            sequenced: true,
-                            in_transit: Some(out.in_transit),
-                        });
-                        count_out(&cluster, bytes);
-                    }
-                    Err(error) => {
-                        fail(
-                            &cluster,
-                            &broker,
-                            streamed,
-                            out.done,
-                            out.in_transit,
-                            &error,
-                        );
-                    }
-                }
+                hand_on(sent, out, true, bytes, streamed);
                 continue;
             }
             if !streamed {
@@ -207,30 +215,16 @@ pub(super) fn spawn(
             let sequenced = out.subject.is_none();
             let subject = out
                 .subject
+                .take()
                 .unwrap_or_else(|| format!("{STREAM_SUBJECTS}.{tail}"));
-            match js.publish(subject, out.frame).await {
-                Ok(ack) => {
-                    let _ = acks_tx.send(Awaiting {
-                        message: out.message,
-                        acks: [Some(ack), None],
-                        done: out.done,
-                        barrier: None,
-                        sequenced,
-                        in_transit: Some(out.in_transit),
-                    });
-                    count_out(&cluster, bytes);
-                }
-                Err(error) => {
-                    fail(
-                        &cluster,
-                        &broker,
-                        streamed,
-                        out.done,
-                        out.in_transit,
-                        &error,
-                    );
-                }
-            }
+            let sent = js.publish(subject, out.frame.clone()).await;
+            hand_on(
+                sent.map(|ack| [Some(ack), None]),
+                out,
+                sequenced,
+                bytes,
+                streamed,
+            );
         }
     });
 }
@@ -359,7 +353,7 @@ fn fail(
     streamed: bool,
     done: Option<oneshot::Sender<Result<(), StorageError>>>,
     in_transit: InTransit,
-    error: &jetstream::context::PublishError,
+    error: &PublishError,
 ) {
     tracing::debug!(%error, "cluster: message not taken by NATS");
     cluster.note_refusal(error);

@@ -172,15 +172,7 @@ fn an_anonymous_body_round_trips_and_others_keep_their_bytes() {
     state.apply(Op::Enqueue {
         client_id: ByteString::from("reader"),
         seq: 1,
-        entry: QueueEntry {
-            message: 7,
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            subscription_ids: Default::default(),
-            stage: EntryStage::Queued,
-            deliveries: 0,
-            shared: None,
-        },
+        entry: QueueEntry::queued(7, QoS::AtLeastOnce),
     });
     state.end_batch();
     let mut ops = Vec::new();

@@ -388,6 +388,23 @@ pub struct QueueEntry {
     pub shared: Option<std::sync::Arc<str>>,
 }
 
+impl QueueEntry {
+    /// A plain delivery of `message` at `qos`, not sent yet: not retained, no subscription
+    /// identifiers, no shared group (what a store's tests and benchmarks enqueue).
+    #[must_use]
+    pub fn queued(message: MessageId, qos: QoS) -> QueueEntry {
+        QueueEntry {
+            message,
+            qos,
+            retain: false,
+            subscription_ids: SmallVec::new(),
+            stage: EntryStage::Queued,
+            deliveries: 0,
+            shared: None,
+        }
+    }
+}
+
 /// A session as restored: settings, subscriptions, queue (by `seq`) and inbound QoS 2 ids.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SessionSnapshot {

@@ -40,15 +40,7 @@ fn enqueue(client: &str, seq: u64, id: MessageId) -> Op {
     Op::Enqueue {
         client_id: ByteString::from(client),
         seq,
-        entry: QueueEntry {
-            message: id,
-            qos: QoS::ExactlyOnce,
-            retain: false,
-            subscription_ids: smallvec![],
-            stage: EntryStage::Queued,
-            deliveries: 0,
-            shared: None,
-        },
+        entry: QueueEntry::queued(id, QoS::ExactlyOnce),
     }
 }
 

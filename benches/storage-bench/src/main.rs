@@ -55,15 +55,7 @@ fn ops_for(store: &dyn Store, n: u64) -> Vec<Op> {
         Op::Enqueue {
             client_id: ByteString::from_static("subscriber-1"),
             seq: n,
-            entry: QueueEntry {
-                message: id,
-                qos: QoS::AtLeastOnce,
-                retain: false,
-                subscription_ids: Default::default(),
-                stage: EntryStage::Queued,
-                deliveries: 0,
-                shared: None,
-            },
+            entry: QueueEntry::queued(id, QoS::AtLeastOnce),
         },
     ]
 }

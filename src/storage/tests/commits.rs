@@ -177,13 +177,7 @@ fn disk_budget_rejects_growth_but_not_removals() {
     assert_eq!(store.stats().rejected_disk_full, 1);
     // Removing frees the budget again.
     let first_seq = session_of(&store.load().expect("load"), "c").queue[0].0;
-    commit(
-        &store,
-        vec![Op::RemoveEntry {
-            client_id: bs("c"),
-            seq: first_seq,
-        }],
-    );
+    commit(&store, vec![remove_entry("c", first_seq)]);
     let id = store.next_message_id();
     commit(
         &store,
@@ -268,10 +262,7 @@ fn compaction_keeps_disk_bounded_under_churn() {
             });
             ops.push(enqueue("c", round * 10 + k, id));
             if round > 0 {
-                ops.push(Op::RemoveEntry {
-                    client_id: bs("c"),
-                    seq: (round - 1) * 10 + k,
-                });
+                ops.push(remove_entry("c", (round - 1) * 10 + k));
             }
         }
         // A few long-lived entries on "d".

@@ -1,5 +1,5 @@
 //! Damage and recovery: every frame that passes its checksums is kept, a torn tail is a
-//! crash, not damage (ARCHITECTURE.md, "Recovery" and "Damage").
+//! crash, not damage (docs/durability.md, "Recovery" and "Damage").
 
 use super::*;
 
@@ -197,7 +197,7 @@ fn frames_inside_a_payload_are_not_taken_for_commits() {
     );
 }
 
-/// The price of the offset seal (ARCHITECTURE.md, "Damage"): a byte deleted in the middle
+/// The price of the offset seal (docs/durability.md, "Damage"): a byte deleted in the middle
 /// moves every later frame of the file off its place. They are counted lost, none is applied
 /// in a wrong place, and the earlier frames are kept.
 #[test]
@@ -249,10 +249,7 @@ fn a_lost_frame_forgets_inbound_qos2_ids_and_requeues_colliding_inflight() {
                 client_id: bs("a"),
                 packet_id: 7,
             },
-            Op::RemoveEntry {
-                client_id: bs("a"),
-                seq: 0,
-            },
+            remove_entry("a", 0),
         ]),
         ops_body(&[
             Op::PutMessage {

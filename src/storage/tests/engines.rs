@@ -114,10 +114,7 @@ fn crash_child() {
                                 message: message("churn", &[1u8; 600]),
                             },
                             enqueue("churn", n, churn),
-                            Op::RemoveEntry {
-                                client_id: bs("churn"),
-                                seq: n.wrapping_sub(4),
-                            },
+                            remove_entry("churn", n.wrapping_sub(4)),
                         ];
                         let Ok(s) = store.submit(ops) else {
                             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -288,7 +285,7 @@ fn a_second_store_on_the_same_directory_is_refused() {
 /// Found by the `recovery` fuzz target: a store holding message id `u64::MAX` (valid
 /// checksums, so only damage or a bug could write it) made `LogStore::open` overflow computing
 /// the next id (a panic with overflow checks, ids wrapping to 0 and being reused without).
-/// "Message ids are never reused, also across restarts" (docs/ARCHITECTURE.md, "Files"): open
+/// "Message ids are never reused, also across restarts" (docs/durability.md, "Files"): open
 /// refuses such a store with `Corrupt` and leaves its files.
 #[test]
 fn store_holding_the_last_message_id_is_refused_not_wrapped() {

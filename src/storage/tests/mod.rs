@@ -87,15 +87,7 @@ fn session(client: &str) -> Op {
 }
 
 fn entry(id: MessageId) -> QueueEntry {
-    QueueEntry {
-        message: id,
-        qos: QoS::AtLeastOnce,
-        retain: false,
-        subscription_ids: smallvec![],
-        stage: EntryStage::Queued,
-        deliveries: 0,
-        shared: None,
-    }
+    QueueEntry::queued(id, QoS::AtLeastOnce)
 }
 
 fn enqueue(client: &str, seq: u64, id: MessageId) -> Op {
@@ -103,6 +95,14 @@ fn enqueue(client: &str, seq: u64, id: MessageId) -> Op {
         client_id: bs(client),
         seq,
         entry: entry(id),
+    }
+}
+
+/// The removal of `client`'s queue entry `seq` (acknowledged or dropped).
+fn remove_entry(client: &str, seq: u64) -> Op {
+    Op::RemoveEntry {
+        client_id: bs(client),
+        seq,
     }
 }
 
@@ -371,10 +371,7 @@ fn removals_and_updates_round_trip() {
                 seq: 4,
                 stage: EntryStage::AwaitPubRec { packet_id: 9 },
             },
-            Op::RemoveEntry {
-                client_id: bs("c1"),
-                seq: 1,
-            },
+            remove_entry("c1", 1),
             Op::DeleteSubscription {
                 client_id: bs("c1"),
                 filter: bs("x"),
@@ -451,21 +448,9 @@ fn messages_are_garbage_collected_with_their_last_reference() {
         ],
     );
     assert_eq!(store.load().expect("load").messages.len(), 1);
-    commit(
-        &store,
-        vec![Op::RemoveEntry {
-            client_id: bs("a"),
-            seq: 0,
-        }],
-    );
+    commit(&store, vec![remove_entry("a", 0)]);
     assert_eq!(store.load().expect("load").messages.len(), 1);
-    commit(
-        &store,
-        vec![Op::RemoveEntry {
-            client_id: bs("b"),
-            seq: 0,
-        }],
-    );
+    commit(&store, vec![remove_entry("b", 0)]);
     let snap = store.load().expect("load");
     assert!(snap.messages.is_empty());
     // Only the two session records remain live.
