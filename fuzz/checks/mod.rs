@@ -307,7 +307,7 @@ const LOG_1: &str = "log-00000000000000000001.pbl";
 /// Snapshot 1 holds the state at the end of log 0: it is read with log 1.
 const SNAPSHOT_1: &str = "snapshot-00000000000000000001.pbs";
 
-/// The 24-byte file header of the store's format (docs/ARCHITECTURE.md, "Files"): magic,
+/// The 24-byte file header of the store's format (docs/durability.md, "Files"): magic,
 /// format version 1, generation, CRC32 of the 20 bytes before it.
 fn file_header(magic: [u8; 8], gen: u64) -> Vec<u8> {
     let mut h = Vec::with_capacity(24);
@@ -355,7 +355,7 @@ fn push_frame(out: &mut Vec<u8>, body: &[u8]) {
 /// valid header and valid frame checksums (so the fuzzer reaches the op decoder), where the
 /// last chunk may be cut short; otherwise the bytes are the file as they are.
 ///
-/// Checks (docs/ARCHITECTURE.md, "Recovery" and "Corruption"): opening never panics whatever
+/// Checks (docs/durability.md, "Recovery" and "Damage"): opening never panics whatever
 /// the file holds, and never fails ("`open` fails only when the directory cannot be created,
 /// written or renamed") except on a store holding the last message id; what it recovers loads, and a second open of the same directory
 /// recovers the same state (a torn tail or a corrupt store moved aside leaves a store that

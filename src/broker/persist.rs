@@ -1,5 +1,5 @@
-//! Translating broker state changes into store ops (`docs/ARCHITECTURE.md`, "Durability
-//! protocol", says which event records which op). Only the broker builds store ops: connections
+//! Translating broker state changes into store ops (`docs/durability.md`, "Model: ops",
+//! says which event records which op). Only the broker builds store ops: connections
 //! and links reach them through the session API. The store never sees broker types (it is a
 //! leaf), so conversions from them live here.
 

@@ -6,7 +6,7 @@
 //! hot path. It imports only the codec's types, its config and the metrics registry, never
 //! the broker or the connections (the broker converts its types in `broker::persist` and
 //! `broker::restore`); the layering test (`src/layering.rs`) checks it.
-//! `docs/ARCHITECTURE.md` ("Durability protocol") describes the protocol: which ops exist,
+//! `docs/durability.md` ("Durability protocol") describes the protocol: which ops exist,
 //! group commit, when an ack may be sent, snapshots, recovery, corruption, fsync modes and the
 //! disk budget.
 //!

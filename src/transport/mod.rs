@@ -1,6 +1,6 @@
 //! Listeners: accept sockets and hand each to a connection task. Knows nothing of MQTT.
 //!
-//! Every kind of listener (plain TCP today; TLS and WebSocket later) implements [`Listener`],
+//! Every kind of listener (TCP, TLS, WebSocket, WebSocket over TLS) implements [`Listener`],
 //! and [`bind`] picks the kind for a `[[listener]]` entry. The server only binds, runs and
 //! stops listeners through that trait, so a new kind is added here (and in the config), not in
 //! the server. What a listener learns about a connection travels with it as

@@ -368,7 +368,7 @@ async fn pubrel_waits_for_its_stage_even_when_the_store_queue_is_full() {
         "the queue is full (else this test proves nothing): {scrape}"
     );
 
-    // ARCHITECTURE "When an ack may be sent": PUBREL waits for UpdateEntry{AwaitPubComp}, else
+    // durability.md, "When an ack may be sent": PUBREL waits for UpdateEntry{AwaitPubComp}, else
     // a crash re-sends the PUBLISH after the receiver released the id (MQTT-4.3.3-4/-9: the
     // receiver then takes it as new). A full queue must delay the PUBREL, never let it out
     // unstored. PINGRESP is not queued behind gated writes: it comes first.

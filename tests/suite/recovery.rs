@@ -3,7 +3,7 @@
 //! README, durability promise: "A damaged store never stops the broker: every frame that
 //! passes its checksums is kept, what was lost is logged and counted"; an I/O error is not
 //! damage: "the broker refuses to start, naming the path and the fix, and leaves the store as
-//! it was". ARCHITECTURE.md, "Recovery" and "Damage".
+//! it was". docs/durability.md, "Recovery" and "Damage".
 
 use crate::common;
 

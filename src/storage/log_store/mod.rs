@@ -1,7 +1,7 @@
 //! The log engine: the [`Store`] that keeps its data on disk, as an append-only log of
 //! checksummed group commits compacted into snapshots. Chosen over `redb` by measurement (see
 //! `benches/storage-bench`): a group commit here is one sequential `write` plus one
-//! `fdatasync`, where a B-tree commit rewrites pages. `docs/ARCHITECTURE.md` ("Durability
+//! `fdatasync`, where a B-tree commit rewrites pages. `docs/durability.md` ("Durability
 //! protocol") describes the protocol as a whole.
 //!
 //! This file holds the submit side (what runs on the caller's thread: ticket allocation,
