@@ -334,6 +334,10 @@ pub struct Metrics {
     pub connections_refused_server: Counter,
     /// Connections closed on a `proxy_protocol` listener: no valid PROXY header in time.
     pub connections_refused_proxy: Counter,
+    /// Connections closed, or CONNECTs refused (CONNACK 0x97 / 0x03), because the CONNECTs
+    /// not verified yet (arriving, or waiting for their login verdict) held their share, an
+    /// eighth of `mqtt.max_memory`, and this one holds more than 8 KiB.
+    pub connections_refused_connect_bytes: Counter,
     /// HTTP connections closed at accept: `[max_connections, max_connections_per_ip]` of
     /// `[metrics]` were open.
     pub http_connections_refused: [Counter; 2],
@@ -398,7 +402,7 @@ impl Metrics {
             &["reason", "qos"],
         );
         let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse; schema_invalid: a [[schema]] refused the payload) and QoS.", &["reason", "qos"]);
-        let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header).", &["reason"]);
+        let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header, connect_bytes).", &["reason"]);
         let auth_failures = r.counter_vec(
             AUTH_FAILURES_TOTAL,
             "Logins refused by the password file or the JWT check, by reason (bad_credentials: a wrong password or an unknown user alike, so this page does not tell user names apart; anonymous; jwt).",
@@ -473,6 +477,7 @@ impl Metrics {
             connections_refused_max_per_ip: counter_of(&conn_refused, &["max_connections_per_ip"]),
             connections_refused_server: counter_of(&conn_refused, &["global_max_connections"]),
             connections_refused_proxy: counter_of(&conn_refused, &["proxy_header"]),
+            connections_refused_connect_bytes: counter_of(&conn_refused, &["connect_bytes"]),
             http_connections_refused: r.counter_family(HTTP_CONNECTIONS_REFUSED_TOTAL, "HTTP connections (metrics, probes, admin API) closed at accept by [metrics] max_connections (and the 4 probe slots past it) or max_connections_per_ip, by reason.", "reason").counters(["max_connections", "max_connections_per_ip"]),
             connect_timeouts: r.counter(CONNECT_TIMEOUTS_TOTAL, "Connections closed because their CONNECT was not accepted within mqtt.connect_timeout."),
             packet_timeouts: r.counter(PACKET_TIMEOUTS_TOTAL, "Connections closed because a started packet did not complete in time."),

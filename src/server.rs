@@ -246,16 +246,29 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         }
     }
     // What each listener asks of its clients, for the start-up lines (issue 37, item 2).
+    // A listener that takes the user name from the client certificate admits no one without
+    // one, whatever else is set (issue 35, twenty-fourth adversarial pass, J2).
     let admits: Vec<(&'static str, bool)> = config
-        .listener_names()
+        .listeners
         .iter()
-        .map(
-            |name| match (logins.binds_sessions(), logins.anonymous_allowed(name)) {
+        .zip(config.listener_names())
+        .map(|(listener, name)| {
+            if listener
+                .tls
+                .as_ref()
+                .is_some_and(|tls| tls.use_identity_as_username)
+            {
+                return (
+                    "a client certificate only (its identity is the user name; CONNECT credentials are ignored)",
+                    false,
+                );
+            }
+            match (logins.binds_sessions(), logins.anonymous_allowed(&name)) {
                 (false, _) => ("anyone (no authentication method)", true),
                 (true, true) => ("credentials, or none (anonymous allowed)", true),
                 (true, false) => ("credentials only", false),
-            },
-        )
+            }
+        })
         .collect();
     let cluster = config
         .cluster

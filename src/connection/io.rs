@@ -249,14 +249,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     }
 
     /// [`Io::check_partial`] for a CONNECT still arriving: its bytes are counted apart, out of
-    /// the memory budget publishers pause for (`partial::budgeted_partial_bytes`).
+    /// the memory budget publishers pause for (`partial::budgeted_partial_bytes`), in a
+    /// `share` of their own; one past it gives [`PartialCheck::OverShare`] (the caller
+    /// closes the connection) and its bytes are let go at once.
     pub(super) fn check_partial_before_connect(
         &mut self,
         now: std::time::Instant,
+        share: u64,
         config: &MqttConfig,
     ) -> PartialCheck {
-        let class = (HeldClass::BeforeConnect, 0);
-        PartialPacket::check(&mut self.partial, &self.rbuf, now, true, class, config)
+        let class = (HeldClass::BeforeConnect, share);
+        let check = PartialPacket::check(&mut self.partial, &self.rbuf, now, true, class, config);
+        if check == PartialCheck::OverShare {
+            self.rbuf = BytesMut::new();
+        }
+        check
     }
 
     /// When the partial packet in `rbuf` must be complete, if one is held.

@@ -32,13 +32,23 @@ use crate::config::MqttConfig;
 /// server copies it into the gauge with each keep-alive sweep.
 static HELD: AtomicU64 = AtomicU64::new(0);
 
-/// The same for CONNECTs still arriving (no credentials checked yet): kept out of the memory
-/// budget publishers pause for, so connections nobody authenticated cannot make them pause or
-/// be refused (issue 35, sixth adversarial pass: two sources of half-sent 1 MiB CONNECTs took
-/// the budget past 100% and authenticated publishers got 0x97). Bounded instead by
-/// `mqtt.max_connect_size` per connection and the pending-connection bounds per source and
-/// listener.
+/// The same for CONNECTs still arriving and CONNECTs waiting for their login verdict (no
+/// credentials checked yet): kept out of the memory budget publishers pause for, so
+/// connections nobody authenticated cannot make them pause or be refused (issue 35, sixth
+/// adversarial pass: two sources of half-sent 1 MiB CONNECTs took the budget past 100% and
+/// authenticated publishers got 0x97). Bounded instead by a share of their own, as large as
+/// the anonymous share and apart from it, past which a CONNECT holding more than
+/// [`CONNECT_ALLOWANCE`] is refused: `mqtt.max_connect_size` per connection times the
+/// pending slots of every listener had let 1,088 half-sent CONNECTs hold 268 MB on one
+/// listener, and decoded ones waiting for a hash ten times their wire size (twenty-fourth
+/// pass, J1).
 static HELD_BEFORE_CONNECT: AtomicU64 = AtomicU64::new(0);
+
+/// What one CONNECT still arriving or waiting for its verdict may hold whatever the others
+/// hold ([`HELD_BEFORE_CONNECT`]'s share): ordinary CONNECTs (an id, a user name, a
+/// password or a token of a few KiB, a small will) are never refused for what strangers'
+/// CONNECTs hold, and past the share the most that can be held is this per pending slot.
+pub(crate) const CONNECT_ALLOWANCE: usize = 8 * 1024;
 
 /// The same for connected anonymous clients ([`HeldClass::Anonymous`]): kept out of the
 /// memory budget like [`HELD_BEFORE_CONNECT`], and bounded by an anonymous share of their
@@ -70,7 +80,8 @@ pub(crate) fn anonymous_partial_bytes() -> u64 {
 /// Whose bytes a partial packet holds, which decides where they count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HeldClass {
-    /// A CONNECT still arriving: [`HELD_BEFORE_CONNECT`], outside the memory budget.
+    /// A CONNECT still arriving or waiting for its login verdict: [`HELD_BEFORE_CONNECT`],
+    /// outside the memory budget, in a share of its own.
     BeforeConnect,
     /// A connected client a method verified, or any client where no method tells identities
     /// apart: [`HELD`], in the memory budget.
@@ -93,7 +104,8 @@ pub(crate) enum HeldClass {
 
 /// Moves the `counted` bytes of a holder of `class` to `held`; false, with nothing more
 /// counted, when the growth would take anonymous clients' partial packets past `share` bytes
-/// (only [`HeldClass::Anonymous`] looks at it). Only a connection holding a partial packet
+/// ([`HeldClass::Anonymous`]), or CONNECTs not verified yet past theirs, for a holder of more
+/// than [`CONNECT_ALLOWANCE`] ([`HeldClass::BeforeConnect`]). Only a connection holding a partial packet
 /// (or what `connection::held` counts: issue 35, twelfth pass, U5, U6) gets here, never one
 /// whose reads end on packet boundaries.
 pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
@@ -107,7 +119,13 @@ pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u
         let before = counter.fetch_add(grown, Ordering::Relaxed);
         // Added first and taken back if over: two connections growing at once cannot both
         // pass on the same room.
-        if class == HeldClass::Anonymous && before.saturating_add(grown) > share {
+        let over = before.saturating_add(grown) > share;
+        let bounded = match class {
+            HeldClass::Anonymous => true,
+            HeldClass::BeforeConnect => held > CONNECT_ALLOWANCE,
+            HeldClass::Connected => false,
+        };
+        if bounded && over {
             counter.fetch_sub(grown, Ordering::Relaxed);
             return false;
         }

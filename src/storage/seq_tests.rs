@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use bytestring::ByteString;
-use smallvec::smallvec;
 
 use super::log_store::test_support::{assert_ops_round_trip, ops_body};
 use super::state::State;

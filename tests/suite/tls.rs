@@ -264,6 +264,10 @@ fn mtls_optional_accepts_both_and_cn_becomes_the_user_name() {
         "client_cert = \"optional\"\nidentity = \"cn\"\nuse_identity_as_username = true",
     );
     let port = config.mqtt.port();
+    // Its start-up line says whom it admits: a client certificate, nothing else (issue 35,
+    // twenty-fourth adversarial pass, J2: it said "credentials, or none").
+    let up = wait_log(&broker, "MQTT listener up");
+    assert!(up.contains("a client certificate only"), "{up}");
     let (s2, s2k) = (cert("sensor2.pem"), cert("sensor2.key"));
     let out = publish(
         port,
