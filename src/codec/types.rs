@@ -187,6 +187,14 @@ pub struct LastWill {
 /// properties cannot hide behind their 4 wire bytes each (issue 35, ninth pass, R3).
 pub const USER_PROPERTY_HELD: usize = 64;
 
+/// What `properties` hold: each name's and value's bytes and [`USER_PROPERTY_HELD`].
+fn user_properties_held(properties: &UserProperties) -> usize {
+    properties
+        .iter()
+        .map(|(name, value)| name.len() + value.len() + USER_PROPERTY_HELD)
+        .sum()
+}
+
 impl Connect {
     /// The bytes this decoded CONNECT holds: its strings, password, properties (each User
     /// Property with [`USER_PROPERTY_HELD`]) and will. Its wire size understates it: a User
@@ -195,11 +203,7 @@ impl Connect {
     /// adversarial pass, J1).
     pub fn held_bytes(&self) -> usize {
         let p = &self.properties;
-        let user: usize = p
-            .user_properties
-            .iter()
-            .map(|(name, value)| name.len() + value.len() + USER_PROPERTY_HELD)
-            .sum();
+        let user = user_properties_held(&p.user_properties);
         self.client_id.len()
             + self.username.as_ref().map_or(0, |u| u.len())
             + self.password.as_ref().map_or(0, Bytes::len)
@@ -215,11 +219,7 @@ impl LastWill {
     /// variable-length fields): counted like a message's (issue 35, eighth pass, Q1).
     pub fn held_bytes(&self) -> usize {
         let p = &self.properties;
-        let user: usize = p
-            .user_properties
-            .iter()
-            .map(|(name, value)| name.len() + value.len() + USER_PROPERTY_HELD)
-            .sum();
+        let user = user_properties_held(&p.user_properties);
         16 + self.topic.len()
             + self.payload.len()
             + user
@@ -394,11 +394,7 @@ impl PublishProperties {
         if self.is_empty() {
             return 0;
         }
-        let user: usize = self
-            .user_properties
-            .iter()
-            .map(|(name, value)| name.len() + value.len() + USER_PROPERTY_HELD)
-            .sum();
+        let user = user_properties_held(&self.user_properties);
         FIXED
             + user
             + self.response_topic.as_ref().map_or(0, |t| t.len())
