@@ -48,7 +48,7 @@ static HELD_BEFORE_CONNECT: AtomicU64 = AtomicU64::new(0);
 /// hold ([`HELD_BEFORE_CONNECT`]'s share): ordinary CONNECTs (an id, a user name, a
 /// password or a token of a few KiB, a small will) are never refused for what strangers'
 /// CONNECTs hold, and past the share the most that can be held is this per pending slot.
-pub(crate) const CONNECT_ALLOWANCE: usize = 8 * 1024;
+pub(super) const CONNECT_ALLOWANCE: usize = 8 * 1024;
 
 /// The same for connected anonymous clients ([`HeldClass::Anonymous`]): kept out of the
 /// memory budget like [`HELD_BEFORE_CONNECT`], and bounded by an anonymous share of their
@@ -104,10 +104,10 @@ pub(crate) enum HeldClass {
 
 /// Moves the `counted` bytes of a holder of `class` to `held`; false, with nothing more
 /// counted, when the growth would take anonymous clients' partial packets past `share` bytes
-/// ([`HeldClass::Anonymous`]), or CONNECTs not verified yet past theirs, for a holder of more
-/// than [`CONNECT_ALLOWANCE`] ([`HeldClass::BeforeConnect`]). Only a connection holding a partial packet
-/// (or what `connection::held` counts: issue 35, twelfth pass, U5, U6) gets here, never one
-/// whose reads end on packet boundaries.
+/// ([`HeldClass::Anonymous`]), or the CONNECTs not verified yet past theirs for a holder of
+/// more than [`CONNECT_ALLOWANCE`] ([`HeldClass::BeforeConnect`]). Only a connection holding
+/// a partial packet (or what `connection::held` counts: issue 35, twelfth pass, U5, U6) gets
+/// here, never one whose reads end on packet boundaries.
 pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
     let counter = match class {
         HeldClass::BeforeConnect => &HELD_BEFORE_CONNECT,
