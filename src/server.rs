@@ -224,7 +224,17 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         tracing::info!(users = store.users(), "password file loaded");
     }
     if logins.binds_sessions() {
-        let open = logins.anonymous_listeners();
+        // A listener that takes the user name from the client certificate admits no client
+        // without one (twenty-fifth adversarial pass, K4).
+        let certificate_only: Vec<String> = config
+            .listeners
+            .iter()
+            .zip(config.listener_names())
+            .filter(|(l, _)| l.tls.as_ref().is_some_and(|t| t.use_identity_as_username))
+            .map(|(_, name)| name)
+            .collect();
+        let mut open = logins.anonymous_listeners();
+        open.retain(|name| !certificate_only.iter().any(|c| **c == **name));
         if !open.is_empty() {
             let listeners = open.join(", ");
             tracing::warn!(%listeners, "an authentication method is set but clients without credentials are still let in on these listeners; set allow_anonymous = false to refuse them");

@@ -196,6 +196,30 @@ fn user_properties_held(properties: &UserProperties) -> usize {
 }
 
 impl Connect {
+    /// What a refusing CONNACK needs of this CONNECT (its protocol, Maximum Packet Size and
+    /// Request Problem Information), without what it holds: a CONNECT refused for holding
+    /// too much is let go before the refusal is written and the close lingers, which a client
+    /// reading slowly can stretch (issue 35, twenty-fifth adversarial pass, K2: 32 addresses
+    /// kept 1.7 GB of refused CONNECTs alive that way).
+    #[must_use]
+    pub fn brief(&self) -> Connect {
+        Connect {
+            protocol: self.protocol,
+            clean_start: self.clean_start,
+            keep_alive: self.keep_alive,
+            client_id: ByteString::new(),
+            will: None,
+            username: None,
+            password: None,
+            properties: ConnectProperties {
+                maximum_packet_size: self.properties.maximum_packet_size,
+                request_problem_information: self.properties.request_problem_information,
+                ..ConnectProperties::default()
+            },
+            bridge: self.bridge,
+        }
+    }
+
     /// The bytes this decoded CONNECT holds: its strings, password, properties (each User
     /// Property with [`USER_PROPERTY_HELD`]) and will. Its wire size understates it: a User
     /// Property of 6 wire bytes holds 64 or more decoded, so a CONNECT of `max_connect_size`

@@ -159,7 +159,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     if connect.held_bytes() > broker.config().max_connect_size as usize {
         let why = "the CONNECT holds more than mqtt.max_connect_size";
         let code = ReasonCode::PACKET_TOO_LARGE;
-        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        let brief = connect.brief();
+        drop(connect);
+        return reject(io, &broker.metrics, version, code, Some((why, &brief))).await;
     }
     // Counted with the CONNECTs still arriving until this handshake ends: a CONNECT waiting
     // for a password hash or a token check is held as long as that takes.
@@ -172,7 +174,9 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             .increment(1);
         let why = "the CONNECTs not verified yet hold their share of the memory budget";
         let code = ReasonCode::QUOTA_EXCEEDED;
-        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+        let brief = connect.brief();
+        drop((connect, unverified));
+        return reject(io, &broker.metrics, version, code, Some((why, &brief))).await;
     }
     let logins = broker.logins();
     // Authenticated already (a verified certificate, a token): the password file is not asked.
