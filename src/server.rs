@@ -230,7 +230,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
             .listeners
             .iter()
             .zip(config.listener_names())
-            .filter(|(l, _)| l.tls.as_ref().is_some_and(|t| t.use_identity_as_username))
+            .filter(|(l, _)| l.certificate_only())
             .map(|(_, name)| name)
             .collect();
         let mut open = logins.anonymous_listeners();
@@ -263,11 +263,7 @@ pub async fn start(config: Config) -> Result<RunningServer, StartError> {
         .iter()
         .zip(config.listener_names())
         .map(|(listener, name)| {
-            if listener
-                .tls
-                .as_ref()
-                .is_some_and(|tls| tls.use_identity_as_username)
-            {
+            if listener.certificate_only() {
                 return (
                     "a client certificate only (its identity is the user name; CONNECT credentials are ignored)",
                     false,

@@ -211,6 +211,15 @@ impl Default for ListenerConfig {
 }
 
 impl ListenerConfig {
+    /// Whether only a client certificate gets in here: `tls.use_identity_as_username` takes
+    /// the user name from it, ignores CONNECT credentials and refuses a client without one,
+    /// whatever `allow_anonymous` says (what the start-up lines and the admin API report).
+    pub fn certificate_only(&self) -> bool {
+        self.tls
+            .as_ref()
+            .is_some_and(|tls| tls.use_identity_as_username)
+    }
+
     /// The name the listener at position `index` goes by: its `name`, else its kind (`tcp`,
     /// `tls`, `ws`, `wss`) for the first listener and `<kind>-<port>` for the others (so one
     /// unnamed listener per port needs no thought, and a second one on an ephemeral port must
