@@ -318,6 +318,23 @@ impl LoginThrottle {
         }))
     }
 
+    /// Whether a check from `source` failed lately (its failures are still remembered):
+    /// its next verifications wait behind those of sources that have not
+    /// (`auth::password::PasswordStore`'s suspects' places). Nothing is known where the
+    /// address limit is off.
+    pub(crate) fn failed_lately(&self, source: IpAddr, now: Instant) -> bool {
+        if self.off() {
+            return false;
+        }
+        let forget = self.limits.forget_after();
+        self.tables
+            .lock()
+            .addresses
+            .map
+            .get(&source)
+            .is_some_and(|e| e.failures > 0 && now.saturating_duration_since(e.last) < forget)
+    }
+
     /// Settles a reservation: its attempt leaves the in-flight counts and, in the same step,
     /// is counted as a failure or a success (`outcome`), so no check sees it twice or not at
     /// all. A failure logs (WARN) each record whose delays it starts: once per address or

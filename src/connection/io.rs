@@ -63,13 +63,14 @@ thread_local! {
     static READ_SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; SCRATCH].into_boxed_slice());
 }
 
-/// Polls one read into the worker's scratch buffer and hands what arrived to `take` (not
-/// called on error or `Pending`). The scratch buffer is borrowed only inside this synchronous
+/// Polls one read of at most `max` bytes into the worker's scratch buffer and hands what
+/// arrived to `take` (not called on error or `Pending`). The scratch buffer is borrowed only inside this synchronous
 /// poll; re-entry (impossible with the plain streams used here) falls back to a small buffer
 /// on the stack.
 fn poll_read_scratch<S: AsyncRead + Unpin>(
     stream: &mut S,
     cx: &mut Context<'_>,
+    max: usize,
     take: impl FnOnce(&[u8]),
 ) -> Poll<std::io::Result<usize>> {
     fn poll_into<S: AsyncRead + Unpin>(
@@ -85,8 +86,11 @@ fn poll_read_scratch<S: AsyncRead + Unpin>(
         Poll::Ready(Ok(filled.len()))
     }
     READ_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut scratch) => poll_into(stream, cx, &mut scratch[..], take),
-        Err(_) => poll_into(stream, cx, &mut [0u8; 512], take),
+        Ok(mut scratch) => {
+            let max = max.min(scratch.len());
+            poll_into(stream, cx, &mut scratch[..max], take)
+        }
+        Err(_) => poll_into(stream, cx, &mut [0u8; 512][..max.min(512)], take),
     })
 }
 
@@ -199,7 +203,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
             poll_read_buf(&mut self.stream, cx, &mut self.rbuf)
         } else {
             let rbuf = &mut self.rbuf;
-            poll_read_scratch(&mut self.stream, cx, |arrived| {
+            poll_read_scratch(&mut self.stream, cx, SCRATCH, |arrived| {
                 rbuf.extend_from_slice(arrived);
             })
         };
@@ -250,20 +254,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
 
     /// [`Io::check_partial`] for a CONNECT still arriving: its bytes are counted apart, out of
     /// the memory budget publishers pause for (`partial::budgeted_partial_bytes`), in a
-    /// `share` of their own; one past it gives [`PartialCheck::OverShare`] (the caller
-    /// closes the connection) and its bytes are let go at once.
+    /// share of their own and its address's part of it (`class`, from
+    /// `partial::before_connect`); one past either gives [`PartialCheck::OverShare`] (the
+    /// caller refuses the connection) and its bytes are let go at once.
     pub(super) fn check_partial_before_connect(
         &mut self,
         now: std::time::Instant,
-        share: u64,
+        class: (HeldClass, u64),
         config: &MqttConfig,
     ) -> PartialCheck {
-        let class = (HeldClass::BeforeConnect, share);
         let check = PartialPacket::check(&mut self.partial, &self.rbuf, now, true, class, config);
         if check == PartialCheck::OverShare {
             self.rbuf = BytesMut::new();
         }
         check
+    }
+
+    /// Stops counting the partial packet the read buffer held: the CONNECT it was is decoded,
+    /// and the handshake counts what it holds now (the decoded CONNECT and what followed it)
+    /// in one figure of its own. Left as it was, the CONNECT's bytes counted twice while its
+    /// login verdict was due.
+    pub(super) fn forget_partial(&mut self) {
+        self.partial = None;
     }
 
     /// When the partial packet in `rbuf` must be complete, if one is held.
@@ -345,6 +357,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
     /// Reads once; 0 means the peer closed.
     pub(super) async fn read_some(&mut self) -> std::io::Result<usize> {
         std::future::poll_fn(|cx| self.poll_read_some(cx)).await
+    }
+
+    /// Reads at most `max` bytes (at least one) into `rbuf` through the worker's scratch
+    /// buffer: a handshake watching for the client's close while its login verdict is due
+    /// reads no more of what the client sent behind its CONNECT than it has counted.
+    pub(super) async fn read_at_most(&mut self, max: usize) -> std::io::Result<usize> {
+        let max = max.clamp(1, SCRATCH);
+        let rbuf = &mut self.rbuf;
+        let stream = &mut self.stream;
+        let read = std::future::poll_fn(|cx| {
+            poll_read_scratch(stream, cx, max, |arrived| rbuf.extend_from_slice(arrived))
+        })
+        .await;
+        if let (Ok(n), Some(partial)) = (&read, self.partial.as_deref_mut()) {
+            partial.read_since += *n;
+        }
+        read
     }
 
     /// Appends a control packet to the write batch.
@@ -439,7 +468,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         let mut discarded = 0;
         while discarded < LINGER_BYTES {
             let quiet_at = deadline.min(Instant::now() + LINGER_IDLE);
-            let read = std::future::poll_fn(|cx| poll_read_scratch(&mut self.stream, cx, |_| {}));
+            let read =
+                std::future::poll_fn(|cx| poll_read_scratch(&mut self.stream, cx, SCRATCH, |_| {}));
             match tokio::time::timeout_at(quiet_at, read).await {
                 Ok(Ok(n)) if n > 0 => discarded += n,
                 _ => return, // the peer closed, the socket failed, or time is up

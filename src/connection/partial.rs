@@ -16,6 +16,7 @@
 //!
 //! Must not: arm anything for a read that ends on a packet boundary.
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -47,8 +48,77 @@ static HELD_BEFORE_CONNECT: AtomicU64 = AtomicU64::new(0);
 /// What one CONNECT still arriving or waiting for its verdict may hold whatever the others
 /// hold ([`HELD_BEFORE_CONNECT`]'s share): ordinary CONNECTs (an id, a user name, a
 /// password or a token of a few KiB, a small will) are never refused for what strangers'
-/// CONNECTs hold, and past the share the most that can be held is this per pending slot.
+/// CONNECTs hold, and past the share the most that can be held is this per pending slot
+/// (with what the watch reads behind it, `handshake::wait::WATCH_LIMIT`): a handshake that
+/// waits, for the client or for its password hash, holds one (twenty-fifth pass, K1: those
+/// waiting for a hash held none, and 5,080 of them held 40 MB of CONNECTs this allowance let
+/// past the share).
 pub(super) const CONNECT_ALLOWANCE: usize = 8 * 1024;
+
+/// Of the share of the CONNECTs not verified yet, what one source address (IPv4 address,
+/// IPv6 /64, `connection::slots::source_key`) may hold in CONNECTs of more than
+/// [`CONNECT_ALLOWANCE`]: this part of the share, or one `mqtt.max_connect_size` if that is
+/// more ([`before_connect`]). Eight sockets from one address holding half-sent CONNECTs of
+/// 262 KB had filled the whole share and kept it full, and every verified client whose
+/// CONNECT held more than 8 KiB (a will of 20 KB) was closed while it arrived (issue 35,
+/// twenty-fifth adversarial pass, K3); now that takes this many addresses.
+const SOURCE_PART: u64 = 8;
+
+/// Bytes of the CONNECTs of more than [`CONNECT_ALLOWANCE`] not verified yet, by source
+/// address: each held within [`SOURCE_PART`] of the share. Touched only by such CONNECTs (a
+/// lock per read of a large CONNECT), never by ordinary ones; entries are removed at 0.
+static LARGE_BY_SOURCE: std::sync::LazyLock<
+    parking_lot::Mutex<std::collections::HashMap<IpAddr, u64, foldhash::fast::RandomState>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// The class and share of the CONNECTs not verified yet, for a connection from `source`
+/// (its `source_key`): the share is `share` bytes for all of them, and its address's part
+/// of it an eighth ([`SOURCE_PART`]), or one CONNECT of `max_connect_size` where that is
+/// more, so a CONNECT the broker takes always fits while its address holds nothing else.
+pub(crate) fn before_connect(
+    source: IpAddr,
+    share: u64,
+    max_connect_size: u32,
+) -> (HeldClass, u64) {
+    let source_share = (share / SOURCE_PART).max(u64::from(max_connect_size));
+    (
+        HeldClass::BeforeConnect {
+            source,
+            source_share,
+        },
+        share,
+    )
+}
+
+/// The bytes of a CONNECT holding `held` that count in its address's part: all of them once
+/// past [`CONNECT_ALLOWANCE`], none below.
+fn large(held: usize) -> u64 {
+    if held > CONNECT_ALLOWANCE {
+        held as u64
+    } else {
+        0
+    }
+}
+
+/// Moves `source`'s count of large CONNECT bytes from `from` to `to`; false, with nothing
+/// changed, when growing would take it past `source_share`.
+fn move_large(source: IpAddr, from: u64, to: u64, source_share: u64) -> bool {
+    if from == to {
+        return true;
+    }
+    let mut by_source = LARGE_BY_SOURCE.lock();
+    let now = by_source.get(&source).copied().unwrap_or(0);
+    let next = now.saturating_sub(from).saturating_add(to);
+    if to > from && next > source_share {
+        return false;
+    }
+    if next == 0 {
+        by_source.remove(&source);
+    } else {
+        by_source.insert(source, next);
+    }
+    true
+}
 
 /// The same for connected anonymous clients ([`HeldClass::Anonymous`]): kept out of the
 /// memory budget like [`HELD_BEFORE_CONNECT`], and bounded by an anonymous share of their
@@ -81,8 +151,14 @@ pub(crate) fn anonymous_partial_bytes() -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HeldClass {
     /// A CONNECT still arriving or waiting for its login verdict: [`HELD_BEFORE_CONNECT`],
-    /// outside the memory budget, in a share of its own.
-    BeforeConnect,
+    /// outside the memory budget, in a share of its own, and past [`CONNECT_ALLOWANCE`] in
+    /// its address's part of that ([`before_connect`]).
+    BeforeConnect {
+        /// The connection's source (`connection::slots::source_key`).
+        source: IpAddr,
+        /// What that source's CONNECTs of more than [`CONNECT_ALLOWANCE`] may hold.
+        source_share: u64,
+    },
     /// A connected client a method verified, or any client where no method tells identities
     /// apart: [`HELD`], in the memory budget.
     Connected,
@@ -104,16 +180,30 @@ pub(crate) enum HeldClass {
 
 /// Moves the `counted` bytes of a holder of `class` to `held`; false, with nothing more
 /// counted, when the growth would take anonymous clients' partial packets past `share` bytes
-/// ([`HeldClass::Anonymous`]), or the CONNECTs not verified yet past theirs for a holder of
-/// more than [`CONNECT_ALLOWANCE`] ([`HeldClass::BeforeConnect`]). Only a connection holding
-/// a partial packet (or what `connection::held` counts: issue 35, twelfth pass, U5, U6) gets
-/// here, never one whose reads end on packet boundaries.
+/// ([`HeldClass::Anonymous`]), or for a holder of more than [`CONNECT_ALLOWANCE`] the
+/// CONNECTs not verified yet past theirs, or its address past its part of it
+/// ([`HeldClass::BeforeConnect`]). Only a connection holding a partial packet (or what
+/// `connection::held` counts: issue 35, twelfth pass, U5, U6) gets here, never one whose
+/// reads end on packet boundaries.
 pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u64) -> bool {
     let counter = match class {
-        HeldClass::BeforeConnect => &HELD_BEFORE_CONNECT,
+        HeldClass::BeforeConnect { .. } => &HELD_BEFORE_CONNECT,
         HeldClass::Connected => &HELD,
         HeldClass::Anonymous => &HELD_ANONYMOUS,
     };
+    // The address's part first, taken back below if the whole share has no room.
+    let by_source = match class {
+        HeldClass::BeforeConnect {
+            source,
+            source_share,
+        } => Some((source, large(*counted), large(held), source_share)),
+        _ => None,
+    };
+    if let Some((source, from, to, source_share)) = by_source {
+        if !move_large(source, from, to, source_share) {
+            return false;
+        }
+    }
     if held > *counted {
         let grown = (held - *counted) as u64;
         let before = counter.fetch_add(grown, Ordering::Relaxed);
@@ -122,11 +212,14 @@ pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u
         let over = before.saturating_add(grown) > share;
         let bounded = match class {
             HeldClass::Anonymous => true,
-            HeldClass::BeforeConnect => held > CONNECT_ALLOWANCE,
+            HeldClass::BeforeConnect { .. } => held > CONNECT_ALLOWANCE,
             HeldClass::Connected => false,
         };
         if bounded && over {
             counter.fetch_sub(grown, Ordering::Relaxed);
+            if let Some((source, from, to, _)) = by_source {
+                move_large(source, to, from, u64::MAX);
+            }
             return false;
         }
     } else if held < *counted {
@@ -291,6 +384,66 @@ mod tests {
     }
 
     const CONNECTED: (HeldClass, u64) = (HeldClass::Connected, 0);
+
+    /// Issue 35, twenty-fifth adversarial pass, K3: eight sockets from one address holding
+    /// half-sent CONNECTs filled the whole share of the CONNECTs not verified yet. Now one
+    /// address holds at most its part of it in CONNECTs past the allowance (an eighth, or one
+    /// `max_connect_size`): its second large CONNECT is refused while another address's is
+    /// held, ordinary ones pass, and what a holder gives back frees its address's part.
+    #[test]
+    fn one_address_holds_at_most_its_part_of_the_connects_not_verified() {
+        // A share too large for the rest of this binary to fill: only the part binds.
+        let share = u64::MAX / 4;
+        let max_connect = 100_000;
+        let one = IpAddr::from([192, 0, 2, 31]);
+        let other = IpAddr::from([192, 0, 2, 32]);
+        let part = (share / SOURCE_PART).max(max_connect);
+        let tight = |source| before_connect(source, 8 * max_connect, max_connect as u32);
+        assert_eq!(
+            before_connect(one, share, 1).0,
+            HeldClass::BeforeConnect {
+                source: one,
+                source_share: part
+            }
+        );
+        let (class, pool) = tight(one);
+        let (mut first, mut second, mut small) = (0, 0, 0);
+        assert!(
+            count(class, &mut first, 90_000, pool),
+            "the first large CONNECT"
+        );
+        assert!(
+            !count(class, &mut second, 20_000, pool),
+            "a second past the part"
+        );
+        assert_eq!(second, 0, "nothing counted for the refused one");
+        assert!(
+            count(class, &mut small, CONNECT_ALLOWANCE, pool),
+            "an ordinary one"
+        );
+        let (other_class, _) = tight(other);
+        let mut elsewhere = 0;
+        assert!(
+            count(other_class, &mut elsewhere, 90_000, pool),
+            "another address"
+        );
+        assert!(count(class, &mut first, 0, pool));
+        assert!(
+            count(class, &mut second, 20_000, pool),
+            "room once the first left"
+        );
+        for (class, held) in [
+            (class, &mut second),
+            (class, &mut small),
+            (other_class, &mut elsewhere),
+        ] {
+            assert!(count(class, held, 0, pool));
+        }
+        assert!(
+            !LARGE_BY_SOURCE.lock().contains_key(&one),
+            "no entry kept at 0"
+        );
+    }
 
     fn counted(slot: Option<&PartialPacket>) -> usize {
         slot.map_or(0, |p| p.counted)

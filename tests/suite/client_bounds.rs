@@ -12,7 +12,7 @@
 use postbox::codec::{Packet, ProtocolVersion, ReasonCode, SubAck, Subscribe, SubscriptionOptions};
 
 use crate::common;
-use common::async_process::BrokerProcess;
+use common::async_process::{connect_from, BrokerProcess};
 use common::{v5, RawClient};
 
 /// SUBSCRIBE of `filters` at QoS 0 in one packet; the SUBACK's codes.
@@ -907,11 +907,10 @@ async fn half_sent_connects_do_not_take_the_budget_from_authenticated_publishers
     .await;
     let mut held = Vec::new();
     let mut sent = 0;
+    // From four addresses: one holds at most a quarter of the share in large CONNECTs.
     for n in 0..4 {
         let bytes = big_connect(&format!("half-{n}"), 240_000);
-        let mut stream = tokio::net::TcpStream::connect(broker.addr)
-            .await
-            .expect("connect");
+        let mut stream = connect_from(loopback(20 + n), broker.addr).await;
         stream
             .write_all(&bytes[..bytes.len() - 1])
             .await
@@ -925,9 +924,7 @@ async fn half_sent_connects_do_not_take_the_budget_from_authenticated_publishers
         .await;
     // A fifth would take them past their share: closed, the others kept.
     let bytes = big_connect("half-4", 240_000);
-    let mut fifth = tokio::net::TcpStream::connect(broker.addr)
-        .await
-        .expect("connect");
+    let mut fifth = connect_from(loopback(24), broker.addr).await;
     let _ = fifth.write_all(&bytes[..bytes.len() - 1]).await;
     assert!(
         common::async_process::closed_within(&mut fifth, common::WAIT)
@@ -964,6 +961,73 @@ async fn half_sent_connects_do_not_take_the_budget_from_authenticated_publishers
         other => panic!("expected CONNACK 0x95, got {other:?}"),
     }
     drop(held);
+}
+
+/// 127.0.0.`last`: another host, as far as the broker's per-address bounds tell (all of
+/// 127.0.0.0/8 is local on Linux).
+fn loopback(last: u8) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(127, 0, 0, last)
+}
+
+/// Issue 35, twenty-fifth adversarial pass, K3: eight sockets from one address holding
+/// half-sent CONNECTs of 262 KB filled the share of the CONNECTs not verified yet and kept
+/// it full; every verified client whose CONNECT held more than 8 KiB (a will of 20 KB) was
+/// closed while it arrived, with no CONNACK to tell it why. Now one address holds at most
+/// its part of that share in CONNECTs past 8 KiB (an eighth, or one `mqtt.max_connect_size`:
+/// 64 KiB here, of 256 KiB): its second is refused while it arrives, with CONNACK 0x97
+/// Quota exceeded (v5 §3.2.2.2), as soon as its version is in; another address's is held,
+/// and sensor1's CONNECT with a 20 KB will is accepted. Before, the second was held too:
+/// one address could fill the whole share (and a refused one was reset, unanswered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_part_of_the_connects_not_verified() {
+    use postbox::codec::{LastWill, QoS};
+    use tokio::io::AsyncWriteExt;
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 1048576\n\
+             max_connect_size = 65536\n[auth]\npassword_file = {passwd:?}\n"
+        ),
+    )
+    .await;
+    let half_sent = |source: u8, id: &'static str, size: usize| async move {
+        let bytes = big_connect(id, size);
+        let mut stream = connect_from(loopback(source), broker.addr).await;
+        let _ = stream.write_all(&bytes[..bytes.len() - 1]).await;
+        (stream, bytes.len() - 1)
+    };
+    let (first, held) = half_sent(2, "first", 60_000).await;
+    broker
+        .wait_metric("postbox_partial_packet_bytes", |v| v >= held as f64)
+        .await;
+    let (second, _) = half_sent(2, "second", 20_000).await;
+    let mut second = RawClient::over(second, ProtocolVersion::V5);
+    match tokio::time::timeout(common::WAIT, second.recv()).await {
+        Ok(Some(Packet::ConnAck(ack))) => assert_eq!(ack.reason_code, ReasonCode::QUOTA_EXCEEDED),
+        other => panic!("expected CONNACK 0x97 for the address's second, got {other:?}"),
+    }
+    broker
+        .wait_metric(CONNECT_BYTES_REFUSED, |v| v == 1.0)
+        .await;
+    let (elsewhere, also) = half_sent(3, "elsewhere", 60_000).await;
+    broker
+        .wait_metric("postbox_partial_packet_bytes", |v| {
+            v >= (held + also) as f64
+        })
+        .await;
+    let mut connect = sensor1("sensor1");
+    connect.will = Some(LastWill {
+        topic: "wills/sensor1".into(),
+        payload: bytes::Bytes::from(vec![b'w'; 20_000]),
+        qos: QoS::AtMostOnce,
+        retain: false,
+        properties: postbox::codec::WillProperties::default(),
+    });
+    let (_device, ack) = v5::connect(broker.addr, connect).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    assert_eq!(broker.metric(CONNECT_BYTES_REFUSED).await, Some(1.0));
+    drop((first, elsewhere));
 }
 
 /// What is queued for an offline anonymous session counts in the anonymous eighth of

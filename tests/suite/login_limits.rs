@@ -771,3 +771,95 @@ async fn a_second_probe_does_not_tell_a_slow_hash_from_an_unknown_name() {
         );
     }
 }
+
+/// Issue 35, twenty-fifth adversarial pass, K1: a handshake waiting for its password hash
+/// took no pending slot (it waits for the broker, not the client), so neither
+/// `max_pending_connections` nor `max_pending_connections_per_ip` bounded how many waited:
+/// 5,080 from 254 addresses on a listener of 1,024 slots, each holding its CONNECT and up to
+/// 64 KiB read behind it. Now such a wait takes the connection's pending slot: of eight
+/// wrong passwords sent at once from one address with three slots per address, three wait
+/// for their hashes (0x86 in the end) and the rest are refused at once with 0x97 Quota
+/// exceeded (v5 §3.2.2.2: "an implementation or administrative imposed limit"), counted in
+/// `postbox_connections_refused_total{reason="pending_per_ip"}`. Before, all eight got 0x86.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_waiting_for_a_hash_hold_pending_slots() {
+    const AT_ONCE: usize = 8;
+    const PER_IP: usize = 3;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // ~0.2 s a hash: the three waiting hold their slots while the others arrive.
+    let file = password_file(dir.path(), &[("alice", 200_000)]);
+    let broker = BrokerProcess::spawn(
+        &format!("max_pending_connections_per_ip = {PER_IP}"),
+        &format!("\n[auth]\nallow_anonymous = false\npassword_file = {file:?}\n{LIMITS_OFF}"),
+    )
+    .await;
+    let mut sent = Vec::with_capacity(AT_ONCE);
+    for i in 0..AT_ONCE {
+        let id = format!("waiting-{i}");
+        sent.push(send_connect(host(2), broker.addr, v5::V, &id, "alice", "wrong").await);
+    }
+    let mut codes = Vec::with_capacity(AT_ONCE);
+    for stream in sent {
+        codes.push(connack_on(stream, v5::V).await);
+    }
+    let (bad, quota) = (
+        count(&codes, ReasonCode::BAD_USER_NAME_OR_PASSWORD.0),
+        count(&codes, ReasonCode::QUOTA_EXCEEDED.0),
+    );
+    assert_eq!(bad + quota, AT_ONCE, "{codes:?}");
+    assert!(
+        bad <= PER_IP,
+        "more waited for their hashes than the address's slots: {codes:?}"
+    );
+    assert!(quota >= 1, "{codes:?}");
+    let refused = "postbox_connections_refused_total{reason=\"pending_per_ip\"}";
+    assert_eq!(broker.metric(refused).await, Some(quota as f64));
+}
+
+/// Issue 35, twenty-fifth adversarial pass, K5: each address had its share of the hash
+/// workers, but 254 addresses with one wrong password each made a 254-deep queue ahead of
+/// every first login, which waited 6-10 s of its 10 s `connect_timeout`. Now the
+/// verifications of addresses that failed lately wait behind those of addresses that have
+/// not: at most one fewer than the workers (at least one) of theirs are ahead of a login
+/// from elsewhere. Six addresses fail once each, then send a wrong password each at once;
+/// a first login from 127.0.0.1 is answered when at most two of those six have been hashed
+/// (before, every one of them was ahead of it: with two workers, at least five).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_that_failed_wait_behind_those_that_have_not() {
+    const SUSPECTS: u8 = 6;
+    // ~0.2 s a hash.
+    let users = [("alice", 200_000), ("bob", 200_000), ("carol", 200_000)];
+    let (_dir, broker) = broker_of(&users, "").await;
+    let addr = broker.addr;
+    // Each address fails once (bob's failures stay under his allowance of 10).
+    let first: Vec<_> = (0..SUSPECTS)
+        .map(|i| tokio::spawn(connack(host(10 + i), addr, v5::V, "bob", "wrong")))
+        .collect();
+    for answer in first {
+        let code = answer.await.expect("task");
+        assert_eq!(code, ReasonCode::BAD_USER_NAME_OR_PASSWORD.0);
+    }
+    let failed_before = f64::from(SUSPECTS);
+    assert_eq!(broker.metric(BAD_CREDENTIALS).await, Some(failed_before));
+    let mut flood = Vec::new();
+    for i in 0..SUSPECTS {
+        let id = format!("suspect-{i}");
+        flood.push(send_connect(host(10 + i), addr, v5::V, &id, "carol", "wrong").await);
+    }
+    // The first of them is being hashed.
+    broker
+        .wait_metric("postbox_auth_hashes_total", |v| v > failed_before)
+        .await;
+    let code = connack(host(1), addr, v5::V, "alice", "alice-secret").await;
+    assert_eq!(
+        code,
+        ReasonCode::SUCCESS.0,
+        "alice from an address that never failed"
+    );
+    let failed = broker.metric(BAD_CREDENTIALS).await.unwrap_or(0.0) - failed_before;
+    assert!(
+        failed <= 2.0,
+        "{failed} of the failed addresses' wrong passwords were hashed before alice's login"
+    );
+    drop(flood);
+}

@@ -141,6 +141,15 @@ pub struct PasswordStore {
     permits: Arc<Semaphore>,
     /// Each source address's share of those permits, taken first.
     shares: HashShares,
+    /// Places for the verifications of sources that failed lately
+    /// ([`LoginThrottle::failed_lately`]), taken before a permit: one fewer than the permits
+    /// (at least one), so a source that has not failed finds at most that many of theirs
+    /// ahead of it. Per-address shares alone left 254 addresses with one wrong password each
+    /// a 254-deep queue ahead of every first login, which waited 6-10 s of its 10 s
+    /// `connect_timeout` (issue 35, twenty-fifth adversarial pass, K5). A fresh address is
+    /// not suspect until its first failure, so an attacker gets one verification per
+    /// address at full priority per `FORGET_AFTER` (15 minutes).
+    suspects: Arc<Semaphore>,
     /// Failed-login limits (off until [`PasswordStore::with_throttle`]), shared with the
     /// other methods that check a secret (SCRAM): one limit whatever the method guessed.
     throttle: Arc<LoginThrottle>,
@@ -218,6 +227,7 @@ impl PasswordStore {
             current: RwLock::new(Arc::clone(&loaded)),
             permits: Arc::new(Semaphore::new(max_hashes)),
             shares: HashShares::new(max_hashes),
+            suspects: Arc::new(Semaphore::new(max_hashes.saturating_sub(1).max(1))),
             throttle: Arc::new(LoginThrottle::new(LoginLimits::OFF)),
             cache: Mutex::new(SuccessCache::new(cache_size)),
             metrics,
@@ -378,9 +388,19 @@ impl PasswordStore {
             },
         };
         let share = self.shares.acquire(source).await;
+        // Behind the sources that have not failed lately (twenty-fifth pass, K5).
+        let suspect = if self
+            .throttle
+            .failed_lately(source, std::time::Instant::now())
+        {
+            Arc::clone(&self.suspects).acquire_owned().await.ok()
+        } else {
+            None
+        };
         let mut hashed_for = Duration::ZERO;
-        // The source's place and the worker, held past the hash by a failure (below).
-        let mut held: Option<(tokio::sync::OwnedSemaphorePermit, share::Share)> = None;
+        // The source's place, its suspect's place if any, and the worker, held past the hash
+        // by a failure (below).
+        let mut held: Option<Places> = None;
         let matched = match Arc::clone(&self.permits).acquire_owned().await {
             Ok(permit) => {
                 let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
@@ -396,7 +416,7 @@ impl PasswordStore {
                 // not before, so at most `workers` hashes run.
                 let outcome = tokio::task::spawn_blocking(move || {
                     let matched = hash.verify(&password);
-                    (matched, (permit, share))
+                    (matched, (permit, share, suspect))
                 })
                 .await;
                 hashed_for = started.elapsed();
@@ -467,6 +487,15 @@ impl PasswordStore {
         verdict
     }
 }
+
+/// What a verification holds while its hash runs and, after a failure, until its padded
+/// answer: the worker's permit, its source's place ([`share`]) and, for a source that failed
+/// lately, a suspect's place.
+type Places = (
+    tokio::sync::OwnedSemaphorePermit,
+    share::Share,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+);
 
 /// Counts a verification that ended without its hash into `postbox_auth_hashes_skipped_total`
 /// when dropped armed (`Some`).

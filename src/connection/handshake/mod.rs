@@ -10,6 +10,7 @@ mod enhanced;
 mod refuse;
 mod wait;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytestring::ByteString;
@@ -103,6 +104,10 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     // the anonymous share, and room for four of `mqtt.max_connect_size` under a small budget.
     let share = crate::broker::flow::anonymous_share(&broker.flow().memory)
         .max(4 * u64::from(broker.config().max_connect_size));
+    // ... and one address's part of it (twenty-fifth pass, K3).
+    let source = crate::connection::slots::source_key(peer.ip());
+    let unverified_class =
+        super::partial::before_connect(source, share, broker.config().max_connect_size);
     let connect = loop {
         // Read before decoding: a failed decode may already have consumed the bytes.
         let sniffed = codec::peek_connect_version(&io.rbuf);
@@ -118,13 +123,20 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 // memory budget that pauses publishers (`partial::budgeted_partial_bytes`); its
                 // deadline is this handshake's.
                 let now = std::time::Instant::now();
-                let check = io.check_partial_before_connect(now, share, broker.config());
+                let check = io.check_partial_before_connect(now, unverified_class, broker.config());
                 if check == super::partial::PartialCheck::OverShare {
                     broker
                         .metrics
                         .connections_refused_connect_bytes
                         .increment(1);
-                    tracing::info!(%peer, listener = %info.listener, "closing: the CONNECTs not verified yet hold their share of the memory budget, and this one is large");
+                    tracing::info!(%peer, listener = %info.listener, "refusing a CONNECT while it arrives: the CONNECTs not verified yet hold their share of the memory budget (or its address's part), and this one is large");
+                    // Answered where its version is in (always, past the allowance): a
+                    // client is told 0x97 (3.x: 3 Server unavailable) rather than reset, so
+                    // it can tell a limit from a network fault (twenty-fifth pass, K3).
+                    if let Some(version) = sniffed {
+                        let code = ReasonCode::QUOTA_EXCEEDED;
+                        return reject(io, &broker.metrics, version, code, None).await;
+                    }
                     return None;
                 }
             }
@@ -164,10 +176,12 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         return reject(io, &broker.metrics, version, code, Some((why, &brief))).await;
     }
     // Counted with the CONNECTs still arriving until this handshake ends: a CONNECT waiting
-    // for a password hash or a token check is held as long as that takes.
-    let mut unverified =
-        super::held::HeldBytes::new((super::partial::HeldClass::BeforeConnect, share));
-    if unverified.set(connect.held_bytes()).is_err() {
+    // for a password hash or a token check is held as long as that takes, and so is what
+    // the client sent behind it (read with it, or while the verdict is due).
+    io.forget_partial();
+    let connect_bytes = connect.held_bytes();
+    let mut unverified = super::held::HeldBytes::new(unverified_class);
+    if unverified.set(connect_bytes + io.rbuf.len()).is_err() {
         broker
             .metrics
             .connections_refused_connect_bytes
@@ -306,13 +320,34 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
         // Keyed as the connection bounds are (IPv4 address, IPv6 /64; a PROXY header's client).
-        let source = crate::connection::slots::source_key(peer.ip());
         let verify =
             tokio::time::timeout_at(deadline, store.verify(user, password, source, deadline));
-        // Watching the client meanwhile: one that leaves before its hash is not hashed.
-        let Some(verdict) = while_connected(io, shutdown, verify).await else {
-            tracing::debug!(%peer, listener = %info.listener, "closed while its password waited to be checked");
-            return None;
+        let mut verify = std::pin::pin!(verify);
+        // Answered at once (the success cache, the throttle) or waiting for a hash: a wait
+        // holds a pending slot, as one for the client does (twenty-fifth pass, K1).
+        let at_once = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match verify.as_mut().poll(cx) {
+                std::task::Poll::Ready(verdict) => Some(verdict),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await;
+        let verdict = match at_once {
+            Some(verdict) => verdict,
+            None => {
+                if let Err(refused) = slot.wait_for_verdict() {
+                    tracing::debug!(%peer, listener = %info.listener, ?refused, "refusing CONNECT: no pending slot to wait for its password check in");
+                    let (code, why) = refuse::pending_refusal(refused);
+                    return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
+                }
+                // Watching the client meanwhile: one that leaves before its hash is not hashed.
+                let watch = (&mut unverified, connect_bytes);
+                let Some(verdict) = while_connected(io, shutdown, watch, verify).await else {
+                    tracing::debug!(%peer, listener = %info.listener, "closed while its password waited to be checked");
+                    return None;
+                };
+                verdict
+            }
         };
         match verdict {
             Ok(password::Verdict::Ok) => authenticated = true,

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::io::Io;
 use crate::broker::Broker;
+use crate::connection::held::HeldBytes;
 use crate::connection::slots::{HandshakeSlot, Refused};
 use crate::connection::ConnectionInfo;
 
@@ -64,19 +65,27 @@ pub(super) async fn read_more<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// What [`while_connected`] reads of a client at most while it waits (bytes a client
-/// pipelines behind CONNECT stay in the read buffer for the client loop); past it, only the
-/// work or a shutdown ends the wait.
-const WATCH_LIMIT: usize = 64 * 1024;
+/// What [`while_connected`] reads of a client at most beyond what it held when the wait
+/// began: enough to see a close behind a few pipelined packets. Bytes a client pipelines
+/// behind its CONNECT past it stay in the socket for the client loop. It was 64 KiB, counted
+/// nowhere, and 5,080 handshakes waiting for their hashes held 367 MB of it (issue 35,
+/// twenty-fifth adversarial pass, K1); now it is counted with the CONNECT, and read only
+/// where the CONNECTs not verified yet have room for it.
+pub(super) const WATCH_LIMIT: usize = 1024;
 
 /// Runs `work` (a password check) while watching the client: `None` when the client closed
 /// (end of stream, an error) or the server is stopping first. `work` is then dropped, so a
 /// check still waiting for a hash worker never runs: issue 35, finding 4 (hashes went on for
 /// connections that had closed). The read comes first, so a close that is already there is
 /// seen before the work starts.
+///
+/// What the watch reads is counted in `unverified` with the decoded CONNECT's
+/// `connect_bytes`; when the CONNECTs not verified yet have no room for [`WATCH_LIMIT`] more
+/// (`partial::count`), nothing is read and only the work or a shutdown ends the wait.
 pub(super) async fn while_connected<S, F>(
     io: &mut Io<S>,
     shutdown: &CancellationToken,
+    (unverified, connect_bytes): (&mut HeldBytes, usize),
     work: F,
 ) -> Option<F::Output>
 where
@@ -84,19 +93,28 @@ where
     F: std::future::Future,
 {
     let mut work = std::pin::pin!(work);
-    // Bounded: each turn reads at least a byte, and reading stops at WATCH_LIMIT.
-    loop {
-        let room = io.rbuf.len() < WATCH_LIMIT;
+    let most = io.rbuf.len() + WATCH_LIMIT;
+    let watching = unverified.set(connect_bytes + most).is_ok();
+    // Bounded: each turn reads at least a byte, and reading stops at `most`.
+    let out = loop {
+        let room = if watching {
+            most.saturating_sub(io.rbuf.len())
+        } else {
+            0
+        };
         tokio::select! {
             biased;
-            read = io.read_some(), if room => match read {
+            read = io.read_at_most(room), if room > 0 => match read {
                 Ok(n) if n > 0 => {}
-                _ => return None,
+                _ => break None,
             },
-            () = shutdown.cancelled() => return None,
-            out = &mut work => return Some(out),
+            () = shutdown.cancelled() => break None,
+            out = &mut work => break Some(out),
         }
-    }
+    };
+    // Shrinking: never refused.
+    let _ = unverified.set(connect_bytes + io.rbuf.len());
+    out
 }
 
 /// An enhanced-authentication exchange's share of the handshake: the connection's slot (the
@@ -120,4 +138,51 @@ pub(super) fn connect_deadline(broker: &Broker, slot: &HandshakeSlot) -> Instant
 pub(super) fn connect_timed_out(broker: &Broker, info: &ConnectionInfo, held: usize) {
     broker.metrics.connect_timeouts.increment(1);
     tracing::debug!(peer = %info.peer, listener = %info.listener, held, "closing: no CONNECT within mqtt.connect_timeout");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connection::partial::{before_connect, HeldClass};
+    use tokio::io::AsyncWriteExt;
+
+    /// A work that gives the watch many turns and then ends (no time passes).
+    async fn many_turns() {
+        for _ in 0..200 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Issue 35, twenty-fifth adversarial pass, K1: while a login verdict was due, the
+    /// handshake read up to 64 KiB of what the client sent behind its CONNECT, counted
+    /// nowhere. Now it reads at most [`WATCH_LIMIT`] more, counted with the CONNECT; the
+    /// rest stays in the socket. And where the CONNECTs not verified yet have no room for
+    /// that, it reads nothing.
+    #[tokio::test]
+    async fn the_watch_reads_little_and_counts_it() {
+        // A CONNECT of more than the allowance, so that its address's part can be too small.
+        let connect_bytes = 500 + 8 * 1024;
+        let source = std::net::IpAddr::from([192, 0, 2, 77]);
+        let roomy = before_connect(source, u64::MAX / 4, 1 << 20);
+        let full = (
+            HeldClass::BeforeConnect {
+                source,
+                source_share: connect_bytes as u64,
+            },
+            u64::MAX / 4,
+        );
+        for (class, reads) in [(roomy, WATCH_LIMIT), (full, 0)] {
+            let (server, mut client) = tokio::io::duplex(256 * 1024);
+            client.write_all(&[0u8; 65_536]).await.expect("write");
+            let mut io = Io::new(server);
+            let mut unverified = HeldBytes::new(class);
+            unverified.set(connect_bytes).expect("the CONNECT fits");
+            let watch = (&mut unverified, connect_bytes);
+            let out =
+                while_connected(&mut io, &CancellationToken::new(), watch, many_turns()).await;
+            assert!(out.is_some(), "the work ended the wait");
+            assert_eq!(io.rbuf.len(), reads, "read behind the CONNECT ({class:?})");
+            assert_eq!(unverified.counted(), connect_bytes + reads);
+        }
+    }
 }
