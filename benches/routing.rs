@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 
 use bytestring::ByteString;
 use criterion::{BenchmarkId, Criterion, Throughput};
-use postbox::broker::{Attached, Broker, Message, Parts, SessionQueueLimits, SessionRequest};
 use postbox::codec::{ProtocolVersion, Publish, QoS, SubscriptionOptions};
 use postbox::config::Config;
-use postbox::metrics::Metrics;
+use postbox::test_support::broker::{
+    Attached, Broker, Message, Parts, SessionQueueLimits, SessionRequest,
+};
+use postbox::test_support::metrics::Metrics;
 
 #[macro_use]
 mod common;

@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use postbox::broker::topic_tree::TopicTree;
+use postbox::test_support::broker::topic_tree::TopicTree;
 
 #[macro_use]
 mod common;

@@ -92,7 +92,7 @@ struct PasswdArgs {
     #[arg(long = "argon2id")]
     argon2id: bool,
     /// PBKDF2 iterations of `$7$` hashes (and of SCRAM credentials with `--scram`).
-    #[arg(long = "iterations", default_value_t = postbox::auth::password::DEFAULT_PBKDF2_ITERATIONS)]
+    #[arg(long = "iterations", default_value_t = postbox::tools::password::DEFAULT_PBKDF2_ITERATIONS)]
     iterations: u32,
     /// Edit a SCRAM credentials file (`auth.scram_file`) instead: write (or with -D remove)
     /// the user's `sha-256` or `sha-512` line.
@@ -355,7 +355,7 @@ fn bridge_import(file: &std::path::Path) -> anyhow::Result<()> {
     // mosquitto.conf files are often Latin-1 in their comments; option values are ASCII.
     let text = String::from_utf8_lossy(&bytes);
     let origin = file.display().to_string();
-    let result = postbox::bridge::import::import(&text, &origin);
+    let result = postbox::tools::import_bridge(&text, &origin);
     // One line ending at the end, so `>> postbox.toml` appends cleanly.
     if result.toml.ends_with('\n') {
         print!("{}", result.toml);
@@ -373,7 +373,7 @@ fn bridge_import(file: &std::path::Path) -> anyhow::Result<()> {
 
 /// `postbox passwd`: edits the file and replaces it atomically.
 fn passwd(args: &PasswdArgs) -> anyhow::Result<()> {
-    use postbox::auth::password::{file, PasswordHash};
+    use postbox::tools::password::{file, PasswordHash};
     let hash = |password: &str| -> anyhow::Result<PasswordHash> {
         if args.argon2id {
             PasswordHash::new_argon2id(password.as_bytes()).map_err(|e| anyhow::anyhow!(e))
@@ -453,12 +453,8 @@ fn passwd(args: &PasswdArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!password.contains('\0'), "a password must not contain NUL");
     if let Some(kind) = &args.scram {
         let kind = scram_kind(kind)?;
-        let line = postbox::auth::scram_file::scram_credential_line(
-            kind,
-            user,
-            &password,
-            args.iterations,
-        );
+        let line =
+            postbox::tools::scram::scram_credential_line(kind, user, &password, args.iterations);
         let text = scram_edit(&existing, user, kind, Some(&line));
         file::write_atomically(&args.file, &text)?;
         return Ok(());
@@ -536,8 +532,8 @@ impl Drop for EchoOff {
 }
 
 /// The `--scram` argument.
-fn scram_kind(name: &str) -> anyhow::Result<postbox::auth::scram::ScramKind> {
-    use postbox::auth::scram::ScramKind;
+fn scram_kind(name: &str) -> anyhow::Result<postbox::tools::scram::ScramKind> {
+    use postbox::tools::scram::ScramKind;
     match name.to_ascii_lowercase().as_str() {
         "sha-256" | "sha256" | "scram-sha-256" => Ok(ScramKind::Sha256),
         "sha-512" | "sha512" | "scram-sha-512" => Ok(ScramKind::Sha512),
@@ -550,7 +546,7 @@ fn scram_kind(name: &str) -> anyhow::Result<postbox::auth::scram::ScramKind> {
 fn scram_edit(
     text: &str,
     user: &str,
-    kind: postbox::auth::scram::ScramKind,
+    kind: postbox::tools::scram::ScramKind,
     line: Option<&str>,
 ) -> String {
     let prefix = format!("{user}:${}$", kind.method().to_ascii_lowercase());

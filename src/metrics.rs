@@ -19,7 +19,7 @@
 //! [`Metrics::scrape_registrar`]): `storage::StoreMetrics`, `guarantees::GuaranteeMetrics`,
 //! `cluster::ClusterMetrics`.
 
-pub mod bridge;
+pub(crate) mod bridge;
 mod endpoint;
 mod handles;
 pub mod names;
@@ -62,13 +62,14 @@ use std::sync::Arc;
 
 use handles::{counter_of, gauge_of};
 
-pub use bridge::BridgeMetrics;
-pub use endpoint::{start_exporter, MetricsEndpoint};
+pub(crate) use bridge::BridgeMetrics;
+pub(crate) use endpoint::start_exporter;
+pub use handles::Counter;
 pub(crate) use handles::Reg;
-pub use handles::{Counter, Gauge, Histogram};
+pub(crate) use handles::{Gauge, Histogram};
+pub(crate) use scrape::ScrapeFigures;
 pub(crate) use scrape::ScrapeReg;
-pub use scrape::{ScrapeFigures, SharedGroupFigures};
-pub use snapshot::MetricsSnapshot;
+pub(crate) use snapshot::MetricsSnapshot;
 
 /// Why a CONNECT was answered with a refusing CONNACK: the `reason` label of
 /// `postbox_connack_refusals_total`, from the CONNACK's v5 reason code or 3.x return code.
@@ -146,7 +147,7 @@ impl ConnackRefusal {
 }
 
 /// The `protocol` label values, indexed like [`ListenerMetrics`]' arrays.
-pub const PROTOCOL_LABELS: [&str; 3] = ["3.1", "3.1.1", "5.0"];
+pub(crate) const PROTOCOL_LABELS: [&str; 3] = ["3.1", "3.1.1", "5.0"];
 
 /// A `{listener, reason}` failure counter family (TLS handshakes, WebSocket upgrades): one
 /// `Arc`, cheap to hand to each connection; the label lookup happens only on failure.
@@ -651,7 +652,7 @@ impl Metrics {
 
 /// Why the metrics endpoint could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum MetricsError {
+pub(crate) enum MetricsError {
     /// The HTTP listener could not bind (port in use, no permission, bad address).
     #[error("cannot serve metrics on {bind}: {message}")]
     Bind {

@@ -572,12 +572,6 @@ impl RunningServer {
         }
     }
 
-    /// A token that stops the server when cancelled (e.g. from a signal handler): listeners
-    /// stop and the broker begins its shutdown; [`RunningServer::shutdown`] does the rest.
-    pub fn shutdown_token(&self) -> CancellationToken {
-        self.shutdown.clone()
-    }
-
     /// Re-reads every file-backed part (SIGHUP): certificates, password file, ACL. A part
     /// whose new files are bad keeps its running state; connections are not touched.
     pub fn reload(&self) -> ReloadReport {

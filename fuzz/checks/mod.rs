@@ -12,15 +12,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use postbox::auth::{AuthRegistry, AuthState, AuthStep, Authenticator};
 use postbox::codec::{
     decode, decode_fixed_header, decode_with, encode, encode_within, topic, DecodeRules, Packet,
     ProtocolVersion, ReasonCode, ReasonContext,
 };
 use postbox::config::MqttConfig;
-use postbox::connection::admission::{self, Answer, Decision, Policy};
-use postbox::storage::log_store::STORE_DIR;
-use postbox::storage::{FsyncPolicy, LogOptions, LogStore, StorageError, Store};
+use postbox::test_support::auth::{AuthRegistry, AuthState, AuthStep, Authenticator};
+use postbox::test_support::connection::admission::{self, Answer, Decision, Policy};
+use postbox::test_support::storage::log_store::STORE_DIR;
+use postbox::test_support::storage::{FsyncPolicy, LogOptions, LogStore, StorageError, Store};
 
 /// A target's body: panics on a finding.
 pub(crate) type Check = fn(&[u8]);
@@ -408,10 +408,10 @@ pub(crate) fn recovery(data: &[u8]) {
 /// Opens the store in `dir` (no fsync beyond what recovery always does), loads and closes it.
 /// `None`: the one refusal `LogStore::open` makes on file contents, a store holding message
 /// id `u64::MAX` (no id left to allocate; found by this target).
-fn open_and_load(dir: &Path) -> Option<postbox::storage::Snapshot> {
+fn open_and_load(dir: &Path) -> Option<postbox::test_support::storage::Snapshot> {
     let opts = LogOptions {
         fsync: FsyncPolicy::Never,
-        ..LogOptions::from_config(&postbox::storage::StorageConfig::default())
+        ..LogOptions::from_config(&postbox::test_support::storage::StorageConfig::default())
     };
     // The lock the previous open released may still be held by a copy of its descriptor in
     // a child process another test of the same process is spawning (a `flock` belongs to the

@@ -77,7 +77,7 @@ pub enum FilterAccess {
 
 /// The decision seam: one answer per (identity, action, topic). The ACL file implements it;
 /// JWT claims can later.
-pub trait Authorizer: Send + Sync + 'static {
+pub(crate) trait Authorizer: Send + Sync + 'static {
     /// May `identity` do `action` on the topic name `topic`?
     fn allow(&self, identity: Identity<'_>, action: Action, topic: &str) -> bool;
     /// What a subscription to `filter` may receive.
@@ -464,7 +464,7 @@ pub(crate) fn one_level(name: &str) -> bool {
 /// A compiled ACL file. Built at start and on each reload; checks read it without locks of
 /// their own (the broker swaps the whole `Arc` on reload).
 #[derive(Debug, Default)]
-pub struct Acl {
+pub(crate) struct Acl {
     anonymous: Node,
     users: HashMap<Box<str>, Node, foldhash::fast::RandomState>,
     patterns: Node,
@@ -477,7 +477,7 @@ impl Acl {
     /// # Errors
     ///
     /// The file cannot be read, or a line (named with its number) is not of the format.
-    pub fn load(path: &Path) -> Result<Acl, AclError> {
+    pub(crate) fn load(path: &Path) -> Result<Acl, AclError> {
         let text = std::fs::read_to_string(path).map_err(|source| AclError::Io {
             file: path.to_owned(),
             source,
@@ -494,7 +494,7 @@ impl Acl {
     /// # Errors
     ///
     /// The first line that is not of the format.
-    pub fn parse(text: &str) -> Result<Acl, (usize, String)> {
+    pub(crate) fn parse(text: &str) -> Result<Acl, (usize, String)> {
         let mut acl = Acl::default();
         let mut user: Option<Box<str>> = None;
         for (index, raw) in text.lines().enumerate() {
@@ -543,7 +543,7 @@ impl Acl {
     }
 
     /// How many `topic` and `pattern` rules it holds (for the log line).
-    pub fn rules(&self) -> usize {
+    pub(crate) fn rules(&self) -> usize {
         self.rules
     }
 

@@ -23,7 +23,7 @@ use parking_lot::RwLock;
 use serde::Deserialize;
 use thiserror::Error;
 
-pub use crate::config::JwtConfig;
+pub(crate) use crate::config::JwtConfig;
 
 /// Why a token was not accepted (or a key file could not be used). The messages never
 /// contain the token.
@@ -120,7 +120,7 @@ impl std::fmt::Debug for JwtVerifier {
 
 /// True if `password` has the shape of a compact JWS (`header.payload.signature`, base64url,
 /// the header a JSON object): such a password is checked as a token, any other as a password.
-pub fn looks_like_jwt(password: &[u8]) -> bool {
+pub(crate) fn looks_like_jwt(password: &[u8]) -> bool {
     password.starts_with(b"eyJ")
         && password.iter().filter(|&&b| b == b'.').count() == 2
         && password
@@ -297,14 +297,6 @@ impl JwtVerifier {
     /// every client of the old key stayed connected with its rights, for ever without `exp`).
     pub fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Seconds until `verified` expires (0 when it has), `None` for a token without `exp`.
-    pub fn seconds_left(verified: &Verified) -> Option<u64> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        verified.expires_at.map(|exp| exp.saturating_sub(now))
     }
 }
 

@@ -7,13 +7,13 @@
 //! [`Authenticator::is_expensive`] and the connection then runs them on tokio's blocking pool,
 //! so they never stall the runtime.
 
-pub mod acl;
-pub mod acl_slot;
-pub mod credential_file;
-pub mod jwt;
-pub mod login;
-pub mod password;
-pub mod principal;
+pub(crate) mod acl;
+pub(crate) mod acl_slot;
+pub(crate) mod credential_file;
+pub(crate) mod jwt;
+pub(crate) mod login;
+pub(crate) mod password;
+pub(crate) mod principal;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -27,8 +27,8 @@ use thiserror::Error;
 
 use crate::codec::ReasonCode;
 
-pub mod scram;
-pub mod scram_file;
+pub(crate) mod scram;
+pub(crate) mod scram_file;
 pub(crate) mod source;
 pub(crate) mod throttle;
 
@@ -176,11 +176,11 @@ impl std::fmt::Debug for AuthRegistry {
 }
 
 /// A step in progress: resolves to the method's verdict.
-pub type PendingStep = Pin<Box<dyn Future<Output = AuthStep> + Send>>;
+pub(crate) type PendingStep = Pin<Box<dyn Future<Output = AuthStep> + Send>>;
 
 /// What a step is asked to do.
 #[derive(Debug)]
-pub enum StepInput {
+pub(crate) enum StepInput {
     /// [`Authenticator::start`] for this client id.
     Start(String),
     /// [`Authenticator::continue_`] with the state of the previous step.
@@ -189,7 +189,7 @@ pub enum StepInput {
 
 /// Runs one step: inline for cheap methods, on the blocking pool for expensive ones. A step
 /// that panics (a bug in the method) counts as a failure, never as success.
-pub fn run_step(
+pub(crate) fn run_step(
     auth: Arc<dyn Authenticator>,
     input: StepInput,
     data: Option<Bytes>,

@@ -183,7 +183,7 @@ impl Principal {
 }
 
 /// The identity of a session that has none recorded: anonymous, no claims.
-pub static ANONYMOUS: Principal = Principal {
+pub(crate) static ANONYMOUS: Principal = Principal {
     username: None,
     claims: None,
     restored: false,

@@ -103,7 +103,7 @@ fn hmac_with<M: Mac + hmac::digest::KeyInit>(key: &[u8], data: &[u8]) -> Vec<u8>
 }
 
 /// One SCRAM method (one hash) over a shared credential store.
-pub struct Scram {
+pub(crate) struct Scram {
     kind: ScramKind,
     store: Arc<ScramStore>,
 }
@@ -139,7 +139,7 @@ struct Pending {
 impl Scram {
     /// The method for `kind`, reading credentials from `store` at every exchange (so a
     /// reload applies to the next one).
-    pub fn new(kind: ScramKind, store: Arc<ScramStore>) -> Scram {
+    pub(crate) fn new(kind: ScramKind, store: Arc<ScramStore>) -> Scram {
         Scram { kind, store }
     }
 

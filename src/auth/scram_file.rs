@@ -23,14 +23,14 @@ use super::{AuthRegistry, RegistryError};
 use crate::reload::Reload;
 
 /// Fewest PBKDF2 iterations a line may use (RFC 7677 §4: at least 4096).
-pub const MIN_ITERATIONS: u32 = 4096;
+pub(crate) const MIN_ITERATIONS: u32 = 4096;
 
 /// Most iterations a line may use: bounds what a client's library must compute per login.
-pub const MAX_ITERATIONS: u32 = 10_000_000;
+pub(crate) const MAX_ITERATIONS: u32 = 10_000_000;
 
 /// One user's keys for one hash (RFC 5802 §3).
 #[derive(Clone, PartialEq, Eq)]
-pub struct ScramCredential {
+pub(crate) struct ScramCredential {
     /// Hi's iteration count, sent to the client.
     pub iterations: u32,
     /// The salt, sent to the client.
@@ -52,7 +52,7 @@ impl std::fmt::Debug for ScramCredential {
 impl ScramCredential {
     /// Derives the stored keys from a password (PBKDF2: slow on purpose; never on the
     /// connection path, only when credential lines are made).
-    pub fn derive(kind: ScramKind, password: &[u8], salt: &[u8], iterations: u32) -> Self {
+    pub(crate) fn derive(kind: ScramKind, password: &[u8], salt: &[u8], iterations: u32) -> Self {
         let salted = kind.salted_password(password, salt, iterations);
         let client_key = kind.hmac(&salted, b"Client Key");
         ScramCredential {
@@ -73,7 +73,7 @@ const DEFAULT_SHAPE: Shape = (MIN_ITERATIONS, 16);
 
 /// Every user's credentials, by kind.
 #[derive(Debug, Clone, Default)]
-pub struct ScramCredentials {
+pub(crate) struct ScramCredentials {
     by_kind: HashMap<(ScramKind, String), ScramCredential>,
     /// Every line's [`Shape`], by kind, sorted: an unknown user's is drawn from these, so
     /// unknown names show the counts and salt lengths real users do, as often as the file
@@ -88,7 +88,8 @@ pub struct ScramCredentials {
 impl ScramCredentials {
     /// Adds (or replaces) `user`'s credential of `kind` (for building small sets in code;
     /// files go through [`parse`]).
-    pub fn insert(&mut self, kind: ScramKind, user: String, credential: ScramCredential) {
+    #[cfg(test)]
+    pub(crate) fn insert(&mut self, kind: ScramKind, user: String, credential: ScramCredential) {
         self.first_server_key
             .get_or_insert_with(|| credential.server_key.clone());
         self.by_kind.insert((kind, user), credential);
@@ -124,13 +125,8 @@ impl ScramCredentials {
     }
 
     /// How many lines were loaded.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_kind.len()
-    }
-
-    /// True when no credential is loaded.
-    pub fn is_empty(&self) -> bool {
-        self.by_kind.is_empty()
     }
 }
 
@@ -153,7 +149,7 @@ pub enum ScramFileError {
 /// # Errors
 ///
 /// What is wrong with the line, without quoting it.
-pub fn parse_line(line: &str) -> Result<(String, ScramKind, ScramCredential), &'static str> {
+pub(crate) fn parse_line(line: &str) -> Result<(String, ScramKind, ScramCredential), &'static str> {
     let (user, rest) = line
         .rsplit_once(":$")
         .ok_or("expected user:$scram-sha-256$... or user:$scram-sha-512$...")?;
@@ -198,7 +194,7 @@ pub fn parse_line(line: &str) -> Result<(String, ScramKind, ScramCredential), &'
 /// # Errors
 ///
 /// The first bad line (file and line number), or a user with two lines of the same kind.
-pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, CredentialFileError> {
+pub(crate) fn parse(text: &str, path: &Path) -> Result<ScramCredentials, CredentialFileError> {
     let mut creds = ScramCredentials::default();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
@@ -228,7 +224,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ScramCredentials, CredentialFile
 /// # Errors
 ///
 /// As [`parse`], or the file cannot be read.
-pub fn load(path: &Path) -> Result<ScramCredentials, CredentialFileError> {
+pub(crate) fn load(path: &Path) -> Result<ScramCredentials, CredentialFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| CredentialFileError::Io {
         path: path.to_owned(),
         source,
@@ -258,7 +254,7 @@ pub fn scram_credential_line(
 }
 
 /// Name of the decoy key's file in `storage.dir`.
-pub const DECOY_KEY_FILE: &str = "scram-decoy.key";
+pub(crate) const DECOY_KEY_FILE: &str = "scram-decoy.key";
 
 /// Why the decoy key in the data directory could not be used.
 #[derive(Debug, Error)]
@@ -346,7 +342,7 @@ fn draw(shapes: &[Shape], random: &[u8]) -> Shape {
 }
 
 /// The credentials the SCRAM methods read, swapped whole on reload.
-pub struct ScramStore {
+pub(crate) struct ScramStore {
     path: Option<PathBuf>,
     credentials: RwLock<Arc<ScramCredentials>>,
     /// Derives unknown users' fake credentials ([`decoy_secret`]).
@@ -365,7 +361,8 @@ impl std::fmt::Debug for ScramStore {
 impl ScramStore {
     /// A store of fixed credentials (no file: reload keeps them), its decoy key derived
     /// from them.
-    pub fn from_credentials(credentials: ScramCredentials) -> ScramStore {
+    #[cfg(test)]
+    pub(crate) fn from_credentials(credentials: ScramCredentials) -> ScramStore {
         let secret = file_secret(&credentials);
         ScramStore::with_secret(credentials, secret)
     }
@@ -384,7 +381,7 @@ impl ScramStore {
     /// # Errors
     ///
     /// As [`load`], or the decoy key file cannot be read or made.
-    pub fn open(path: &Path, key_dir: Option<&Path>) -> Result<ScramStore, ScramFileError> {
+    pub(crate) fn open(path: &Path, key_dir: Option<&Path>) -> Result<ScramStore, ScramFileError> {
         let credentials = load(path)?;
         let secret = decoy_secret(&credentials, key_dir)?;
         let mut store = ScramStore::with_secret(credentials, secret);
@@ -393,7 +390,7 @@ impl ScramStore {
     }
 
     /// `user`'s credential of `kind`.
-    pub fn get(&self, kind: ScramKind, user: &str) -> Option<ScramCredential> {
+    pub(crate) fn get(&self, kind: ScramKind, user: &str) -> Option<ScramCredential> {
         self.credentials
             .read()
             .by_kind
@@ -407,7 +404,7 @@ impl ScramStore {
     /// `kind` as often as the file has each; the draw places the name at a fixed point of
     /// the distribution, so an edit of the file moves only names near a boundary between
     /// two shapes.
-    pub fn fake(&self, kind: ScramKind, user: &str) -> ScramCredential {
+    pub(crate) fn fake(&self, kind: ScramKind, user: &str) -> ScramCredential {
         let derive = |label: &[u8]| {
             let mut input = label.to_vec();
             input.extend_from_slice(kind.tag().as_bytes());
@@ -435,13 +432,8 @@ impl ScramStore {
     }
 
     /// How many credentials are loaded.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.credentials.read().len()
-    }
-
-    /// True when none is loaded.
-    pub fn is_empty(&self) -> bool {
-        self.credentials.read().is_empty()
     }
 }
 
@@ -469,7 +461,7 @@ impl Reload for ScramStore {
 /// # Errors
 ///
 /// The file is bad (as [`load`]) or a method name is taken.
-pub fn register(
+pub(crate) fn register(
     registry: &AuthRegistry,
     path: &Path,
     key_dir: Option<&Path>,

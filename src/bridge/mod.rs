@@ -8,14 +8,14 @@
 
 mod engine;
 mod held_in;
-pub mod import;
+pub(crate) mod import;
 mod pump;
-pub mod remote;
+pub(crate) mod remote;
 mod remote_sink;
 mod remote_subscriptions;
-pub mod status;
-pub mod topics;
-pub mod transport;
+pub(crate) mod status;
+pub(crate) mod topics;
+pub(crate) mod transport;
 
 pub use status::{BridgeStatus, Flow};
 
@@ -42,7 +42,7 @@ pub struct BridgeStartError {
 /// # Errors
 ///
 /// The first bridge whose TLS files cannot be loaded.
-pub fn load_tls(
+pub(crate) fn load_tls(
     configs: &[BridgeConfig],
 ) -> Result<Vec<Option<Arc<transport::ClientTls>>>, BridgeStartError> {
     configs
@@ -63,7 +63,7 @@ pub fn load_tls(
 
 /// Starts one task per bridge on `tasks` (so shutdown waits for their last store updates),
 /// each reporting into its status; `tls`, `statuses` and `configs` are in the same order.
-pub fn start(
+pub(crate) fn start(
     broker: &Arc<Broker>,
     configs: &[BridgeConfig],
     tls: Vec<Option<Arc<transport::ClientTls>>>,

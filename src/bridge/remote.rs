@@ -27,7 +27,7 @@ const MAX_INCOMING_PACKET: usize = 268_435_460;
 
 /// Why the remote connection failed or ended.
 #[derive(Debug, Error)]
-pub enum RemoteError {
+pub(crate) enum RemoteError {
     /// Connecting (resolve, TCP, TLS) failed.
     #[error("{0}")]
     Connect(String),
@@ -67,14 +67,14 @@ pub enum RemoteError {
 }
 
 /// The read side of a connected remote: its half of the stream and the read buffer.
-pub struct RemoteReader<S> {
+pub(crate) struct RemoteReader<S> {
     reader: ReadHalf<S>,
     version: ProtocolVersion,
     rbuf: BytesMut,
 }
 
 /// The write side of a connected remote: its half of the stream and the bytes waiting for it.
-pub struct RemoteWriter<S> {
+pub(crate) struct RemoteWriter<S> {
     writer: WriteHalf<S>,
     version: ProtocolVersion,
     /// Encoded packets waiting to be written, in order.
@@ -83,7 +83,7 @@ pub struct RemoteWriter<S> {
 
 /// One connected remote, as two halves a `select!` can poll at once (reads into the read
 /// buffer and single writes from the write buffer are both cancel-safe).
-pub struct RemoteIo<S> {
+pub(crate) struct RemoteIo<S> {
     /// Reading packets from the remote.
     pub rx: RemoteReader<S>,
     /// Writing packets to the remote.
@@ -122,7 +122,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RemoteIo<S> {
     ///
     /// I/O, a malformed answer, an answer that is not CONNACK, a refusing CONNACK, or no
     /// answer in time.
-    pub async fn handshake(
+    pub(crate) async fn handshake(
         stream: S,
         connect: &Connect,
         timeout: Duration,
@@ -163,7 +163,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RemoteIo<S> {
     }
 
     /// The protocol level spoken.
-    pub fn version(&self) -> ProtocolVersion {
+    pub(crate) fn version(&self) -> ProtocolVersion {
         self.tx.version
     }
 
@@ -172,7 +172,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> RemoteIo<S> {
     /// remote that saw the new CONNECT first takes the session over and may drop what it
     /// had not read of the old connection, the acknowledgements before the DISCONNECT
     /// included, and send those messages again (a duplicate here).
-    pub async fn close(mut self) {
+    pub(crate) async fn close(mut self) {
         let disconnect = Packet::Disconnect(codec::Disconnect::default());
         if self.tx.push(&disconnect).is_ok() {
             let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -197,7 +197,7 @@ impl<S: AsyncWrite> RemoteWriter<S> {
     /// # Errors
     ///
     /// `Encode` when the packet cannot be encoded at this protocol level.
-    pub fn push(&mut self, packet: &Packet) -> Result<(), RemoteError> {
+    pub(crate) fn push(&mut self, packet: &Packet) -> Result<(), RemoteError> {
         codec::encode(packet, self.version, &mut self.wbuf)?;
         Ok(())
     }
@@ -207,7 +207,7 @@ impl<S: AsyncWrite> RemoteWriter<S> {
     /// # Errors
     ///
     /// The socket's write error.
-    pub async fn flush(&mut self) -> Result<(), RemoteError> {
+    pub(crate) async fn flush(&mut self) -> Result<(), RemoteError> {
         while !self.wbuf.is_empty() {
             self.write_some().await?;
         }
@@ -220,7 +220,7 @@ impl<S: AsyncWrite> RemoteWriter<S> {
     /// # Errors
     ///
     /// The socket's write error; `Closed` when it takes nothing.
-    pub async fn write_some(&mut self) -> Result<(), RemoteError> {
+    pub(crate) async fn write_some(&mut self) -> Result<(), RemoteError> {
         let n = self.writer.write(&self.wbuf).await?;
         if n == 0 {
             return Err(RemoteError::Closed);
@@ -236,7 +236,7 @@ impl<S: AsyncRead> RemoteReader<S> {
     /// # Errors
     ///
     /// The socket's read error; `Closed` at end of stream.
-    pub async fn fill_read(&mut self) -> Result<(), RemoteError> {
+    pub(crate) async fn fill_read(&mut self) -> Result<(), RemoteError> {
         let n = self.reader.read_buf(&mut self.rbuf).await?;
         if n == 0 {
             return Err(RemoteError::Closed);
@@ -249,7 +249,7 @@ impl<S: AsyncRead> RemoteReader<S> {
     /// # Errors
     ///
     /// `Decode` for bytes that are not a valid packet.
-    pub fn next_packet(&mut self) -> Result<Option<Packet>, RemoteError> {
+    pub(crate) fn next_packet(&mut self) -> Result<Option<Packet>, RemoteError> {
         Ok(codec::decode(
             &mut self.rbuf,
             Some(self.version),

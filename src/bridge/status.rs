@@ -51,7 +51,7 @@ impl Flow {
 }
 
 /// The reasons [`BridgeStatus::dropped`] takes, in the order of the metric's label values.
-pub use crate::metrics::bridge::DROP_REASONS;
+pub(crate) use crate::metrics::bridge::DROP_REASONS;
 
 /// The link's state, changed under one lock so the published `$SYS` values follow the
 /// changes in the order they happened.

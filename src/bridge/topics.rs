@@ -23,13 +23,13 @@ struct Rule {
 
 /// The compiled rules of one bridge.
 #[derive(Debug, Clone)]
-pub struct Rules {
+pub(crate) struct Rules {
     rules: Vec<Rule>,
 }
 
 impl Rules {
     /// Compiles the configured rules (validated by the config: filters are valid, QoS ≤ 2).
-    pub fn new(config: &[TopicRule]) -> Rules {
+    pub(crate) fn new(config: &[TopicRule]) -> Rules {
         let rules = config
             .iter()
             .map(|r| Rule {
@@ -46,12 +46,12 @@ impl Rules {
 
     /// The local subscriptions the `out` rules need, each filter once with the highest QoS
     /// any rule asks for it.
-    pub fn local_subscriptions(&self) -> Vec<(String, QoS)> {
+    pub(crate) fn local_subscriptions(&self) -> Vec<(String, QoS)> {
         self.filters_of(|r| r.direction.is_out().then_some(&r.local_filter))
     }
 
     /// The remote subscriptions the `in` rules need, each filter once with the highest QoS.
-    pub fn remote_subscriptions(&self) -> Vec<(String, QoS)> {
+    pub(crate) fn remote_subscriptions(&self) -> Vec<(String, QoS)> {
         self.filters_of(|r| r.direction.is_in().then_some(&r.remote_filter))
     }
 
@@ -69,13 +69,13 @@ impl Rules {
 
     /// The remote name of a local topic, by the first `out` rule whose local filter matches;
     /// `None` when no rule does (the subscription outlived its rule).
-    pub fn outgoing(&self, local_topic: &str) -> Option<String> {
+    pub(crate) fn outgoing(&self, local_topic: &str) -> Option<String> {
         self.renamed(local_topic, true)
     }
 
     /// The local name of a remote topic, by the first `in` rule whose remote filter matches;
     /// `None` when no rule does (the remote sent what the bridge did not subscribe to).
-    pub fn incoming(&self, remote_topic: &str) -> Option<String> {
+    pub(crate) fn incoming(&self, remote_topic: &str) -> Option<String> {
         self.renamed(remote_topic, false)
     }
 

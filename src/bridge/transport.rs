@@ -24,7 +24,7 @@ mod picker;
 mod stream;
 mod tls;
 
-pub use backoff::{Backoff, MIN_DELAY};
+pub(crate) use backoff::Backoff;
 pub use error::{Step, TlsFailure, TransportError};
 pub use picker::AddressPicker;
 pub use stream::{connect, RemoteStream};

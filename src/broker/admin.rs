@@ -83,7 +83,7 @@ const SCAN_STEP: usize = 4096;
 /// Longest `search` a clients query takes (bytes): enough for anything an operator types;
 /// it is compared at every offset of every client id and user name a search meets, so it is
 /// kept short (the query string alone would allow kilobytes).
-pub const MAX_SEARCH_LEN: usize = 256;
+pub(crate) const MAX_SEARCH_LEN: usize = 256;
 
 /// Which connected clients `GET /api/v1/clients` lists: a page of at most `limit`, by client
 /// id, after `after`, of those matching every criterion given.
@@ -143,7 +143,7 @@ impl std::fmt::Debug for ConnectionFactsMap {
 
 /// The protocol level as operators write it (`"3.1"`, `"3.1.1"`, `"5.0"`, as the
 /// `postbox_clients_connected{protocol}` label).
-pub fn protocol_name(protocol: ProtocolVersion) -> &'static str {
+pub(crate) fn protocol_name(protocol: ProtocolVersion) -> &'static str {
     match protocol {
         ProtocolVersion::V3_1 => "3.1",
         ProtocolVersion::V3_1_1 => "3.1.1",

@@ -144,7 +144,7 @@ impl ArrivalOrder {
 /// One connection's read waker: forwards the reactor's wake-up to the connection's task and
 /// draws the ticket that places the read in arrival order.
 #[derive(Debug)]
-pub struct ArrivalWaker {
+pub(crate) struct ArrivalWaker {
     order: Arc<ArrivalOrder>,
     task: AtomicWaker,
     /// The ticket of the latest wake not yet taken by a read; 0 when none.
@@ -158,7 +158,7 @@ pub struct ArrivalWaker {
 impl ArrivalWaker {
     /// A waker drawing tickets from `order`.
     #[must_use]
-    pub fn new(order: Arc<ArrivalOrder>) -> Arc<ArrivalWaker> {
+    pub(crate) fn new(order: Arc<ArrivalOrder>) -> Arc<ArrivalWaker> {
         Arc::new(ArrivalWaker {
             order,
             task: AtomicWaker::new(),
@@ -169,30 +169,30 @@ impl ArrivalWaker {
 
     /// The order the tickets come from.
     #[must_use]
-    pub fn order(&self) -> &ArrivalOrder {
+    pub(crate) fn order(&self) -> &ArrivalOrder {
         &self.order
     }
 
     /// Takes the ticket of the wake a read is about to consume (0 when the read was not woken
     /// by the reactor: a busy connection reading again). Call before polling the read, so a
     /// wake racing with the poll keeps its ticket for the next read.
-    pub fn take_ticket(&self) -> u64 {
+    pub(crate) fn take_ticket(&self) -> u64 {
         self.ticket.swap(0, Ordering::AcqRel)
     }
 
     /// Keeps `ticket` with the connection: the read's until it is settled, then the position
     /// its PUBLISH waits behind.
-    pub fn hold(&self, ticket: u64) {
+    pub(crate) fn hold(&self, ticket: u64) {
         self.held.store(ticket, Ordering::Relaxed);
     }
 
     /// Takes what [`ArrivalWaker::hold`] kept (0 when nothing).
-    pub fn take_held(&self) -> u64 {
+    pub(crate) fn take_held(&self) -> u64 {
         self.held.swap(0, Ordering::Relaxed)
     }
 
     /// Polls `read` with a context whose waker is this one, forwarding to `cx`'s task.
-    pub fn poll_with<T>(
+    pub(crate) fn poll_with<T>(
         self: &Arc<Self>,
         cx: &Context<'_>,
         read: impl FnOnce(&mut Context<'_>) -> T,

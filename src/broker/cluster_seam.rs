@@ -13,7 +13,8 @@ use crate::codec::QoS;
 use crate::storage::Durable;
 
 /// A boxed future, for the seam's async calls (made once per CONNECT, not per message).
-pub type SeamFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+pub(crate) type SeamFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// What a cluster-wide claim of a session found: the state to restore when the session
 /// lived on another node (or this node lost it).

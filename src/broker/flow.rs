@@ -48,7 +48,7 @@ pub(in crate::broker) fn count_stalled(up: bool) {
 }
 
 /// Connected sessions stalled now, in this process.
-pub fn stalled_sessions() -> u64 {
+pub(crate) fn stalled_sessions() -> u64 {
     u64::try_from(STALLED_SESSIONS.load(Ordering::Relaxed)).unwrap_or(0)
 }
 
@@ -96,7 +96,7 @@ pub(super) fn message_dropped(bytes: usize) {
 /// process (see [`MESSAGE_BYTES`]), give or take [`FLUSH_BYTES`] per thread, every
 /// subscription ([`subscription_cost`]) and every session ([`session_cost`]), which are added to the same counter so the publish path
 /// reads one counter as before.
-pub fn message_bytes() -> u64 {
+pub(crate) fn message_bytes() -> u64 {
     u64::try_from(MESSAGE_BYTES.load(Ordering::Relaxed)).unwrap_or(0)
 }
 

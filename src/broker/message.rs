@@ -27,7 +27,7 @@ const SHARE_SHIFT: u8 = 2;
 const ENCODING_OVERHEAD: u64 = 16;
 
 /// Identifies a session inside this broker process (cheaper than comparing client ids).
-pub type SessionId = u64;
+pub(crate) type SessionId = u64;
 
 /// One published message. Wrapped in `Arc` and shared by all subscribers and queues; its wire
 /// encoding is produced at most once per (protocol family, packet-id presence) and then copied,

@@ -10,42 +10,41 @@
 //! Lock order: sessions map → subscription tree → shared index → one session's state. The two
 //! indexes are never held together, and no index lock is taken while a session lock is held.
 
-pub mod admin;
+pub(crate) mod admin;
 mod arrival_order;
 mod backlog;
-pub mod cluster_seam;
-pub use backlog::Backlog;
-pub use cluster_seam::{
+pub(crate) mod cluster_seam;
+pub(crate) use cluster_seam::{
     ClaimRefused, ClaimRequest, Claimed, ClusterAdmission, ClusterSeam, HeldSession, Restore,
     StrangerPublish, StreamCharge,
 };
 mod dedup_spool;
-pub mod flow;
+pub(crate) mod flow;
 mod guarantees;
-pub use guarantees::Gate;
+pub(crate) use guarantees::Gate;
 mod handle;
 mod level_map;
 mod lifecycle;
-pub mod link;
-pub mod message;
+pub(crate) mod link;
+pub(crate) mod message;
 pub(crate) mod owner;
 mod parts;
 mod persist;
 mod queue_limits;
 mod redistribute;
 mod restore;
-pub mod retained;
+pub(crate) mod retained;
 mod routing;
-pub mod runtime_limits;
-pub mod session;
+pub(crate) mod runtime_limits;
+pub(crate) mod session;
 mod session_map;
-pub mod shared;
-pub mod shared_backlog;
-pub mod stranger_share;
+pub(crate) mod shared;
+pub(crate) mod shared_backlog;
+pub(crate) mod stranger_share;
 mod subscribe_fence;
 mod subscriptions;
-pub mod sys;
-pub mod topic_tree;
+pub(crate) mod sys;
+pub(crate) mod topic_tree;
 mod trie;
 
 #[cfg(test)]
@@ -63,33 +62,31 @@ use crate::codec::{ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::{AuthConfig, MqttConfig};
 use crate::metrics::Metrics;
 use crate::storage::{Durable, Op, StorageError, Store};
-pub use arrival_order::{ArrivalOrder, ArrivalWaker};
-pub use flow::{FlowControl, MemoryBudget, MemoryLevel};
-pub use handle::{
-    Answer, ExpiryRaisedFromZero, Fill, Published, Retransmit, SessionHandle, SubscriptionQuota,
-};
-pub use message::{Delivery, Message, SessionId, Settlement};
-pub use owner::NotOwner;
+pub(crate) use arrival_order::{ArrivalOrder, ArrivalWaker};
+pub(crate) use flow::{FlowControl, MemoryLevel};
+pub(crate) use handle::{Fill, SessionHandle, SubscriptionQuota};
+pub use message::Message;
+pub(crate) use message::{Delivery, SessionId, Settlement};
 pub use parts::Parts;
 pub use queue_limits::SessionQueueLimits;
 use retained::RetainedIndex;
-pub use session::outbound::{AckMismatch, OutboundAck, Resend};
-pub use session::{
+pub(crate) use session::outbound::{AckMismatch, Resend};
+pub(crate) use session::{
     Admission, DeliverySink, EnqueueOutcome, OutboundStage, PendingWill, QueueLimits, Session,
-    SessionState, SessionSubscription, NEVER_EXPIRES,
+    SessionSubscription, NEVER_EXPIRES,
 };
 use session_map::SessionMap;
 use shared::SharedSubscriptions;
-pub use subscribe_fence::{SubscribeEntry, SubscribeFence};
+pub(crate) use subscribe_fence::SubscribeFence;
 use topic_tree::TopicTree;
 
 /// How often [`Broker::wake_expired_keep_alives`] runs: a connection is closed between 1.5 ×
 /// its keep-alive and that plus this period (Mosquitto checks about once a second).
-pub const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
+pub(crate) const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
 
 /// One entry of the subscription index: who subscribed and with which options.
 #[derive(Clone, Debug)]
-pub struct Subscriber {
+pub(crate) struct Subscriber {
     /// The subscribing session; deliveries are queued on it.
     pub session: Arc<Session>,
     /// Subscription Options granted for this filter (MQTT 3.8.3.1).
@@ -202,7 +199,7 @@ pub struct Authz<'a> {
 impl Authz<'_> {
     /// The generation a full grant is stamped with now (1 without an ACL file, which never
     /// reloads); a subscriber stamped otherwise is checked per delivery.
-    pub fn generation(&self) -> u32 {
+    pub fn generation(self) -> u32 {
         self.acl
             .map_or(1, crate::auth::acl_slot::AclSlot::generation)
     }

@@ -21,7 +21,7 @@ use super::trie::{self, split_level, TrieNode};
 ///
 /// Topics must already be valid topic names (no wildcards; see
 /// [`crate::codec::topic::topic_name_error`]).
-pub struct RetainedIndex<M> {
+pub(crate) struct RetainedIndex<M> {
     root: Node<M>,
     len: usize,
 }
@@ -102,7 +102,7 @@ fn next_child<'a, M>(
 
 impl<M> RetainedIndex<M> {
     /// An empty index.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
             root: Node::new(),
             len: 0,
@@ -110,7 +110,7 @@ impl<M> RetainedIndex<M> {
     }
 
     /// Stores/replaces the message for `topic`; returns the old one.
-    pub fn insert(&mut self, topic: &str, msg: M) -> Option<M> {
+    pub(crate) fn insert(&mut self, topic: &str, msg: M) -> Option<M> {
         let mut node = &mut self.root;
         for level in topic.split('/') {
             node = node.child_or_insert(level);
@@ -126,7 +126,7 @@ impl<M> RetainedIndex<M> {
     }
 
     /// Clears `topic` (a retained PUBLISH with an empty payload); prunes empty nodes.
-    pub fn remove(&mut self, topic: &str) -> Option<M> {
+    pub(crate) fn remove(&mut self, topic: &str) -> Option<M> {
         let mut node = &mut self.root;
         for level in topic.split('/') {
             node = node.child_mut(level)?;
@@ -145,7 +145,7 @@ impl<M> RetainedIndex<M> {
     }
 
     /// The retained message for exactly `topic`.
-    pub fn get(&self, topic: &str) -> Option<&M> {
+    pub(crate) fn get(&self, topic: &str) -> Option<&M> {
         let mut node = &self.root;
         for level in topic.split('/') {
             node = node.child(level)?;
@@ -157,7 +157,7 @@ impl<M> RetainedIndex<M> {
     ///
     /// Same rules as subscription matching, including MQTT-4.7.2-1: `#` and `+/...` do not
     /// return `$SYS/x`. `filter` must be valid. Allocates only for walks more than 16 levels deep.
-    pub fn for_each_match<F: FnMut(&str, &M)>(&self, filter: &str, mut f: F) {
+    pub(crate) fn for_each_match<F: FnMut(&str, &M)>(&self, filter: &str, mut f: F) {
         let mut stack: SmallVec<[Frame<'_, M>; 16]> = SmallVec::new();
         stack.push(Frame::Visit(&self.root, Some(filter)));
         while let Some(frame) = stack.last_mut() {
@@ -211,7 +211,7 @@ impl<M> RetainedIndex<M> {
     }
 
     /// Number of retained messages.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
@@ -220,7 +220,7 @@ impl<M> RetainedIndex<M> {
     /// admin API's unprefixed listing leaves out (issue 37, item 5: the status page counted
     /// 49 retained where the API listed 1). Walks only those subtrees, at request time; the
     /// publish path keeps no count for it.
-    pub fn system_len(&self) -> usize {
+    pub(crate) fn system_len(&self) -> usize {
         let mut count = 0;
         let mut pending: Vec<&Node<M>> = self
             .root
@@ -237,7 +237,8 @@ impl<M> RetainedIndex<M> {
     }
 
     /// True if no message is retained.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 

@@ -100,7 +100,7 @@ impl Broker {
         let mut targets: SmallVec<[Target; 8]> = SmallVec::new();
         let mut skipped = false;
         let authz = self.authz();
-        let acl_generation = authz.map_or(0, |a| a.generation());
+        let acl_generation = authz.map_or(0, super::Authz::generation);
         self.subscriptions
             .read()
             .for_each_match(&message.topic, |sid, sub| {

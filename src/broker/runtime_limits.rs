@@ -14,7 +14,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::config::MqttConfig;
-pub use crate::config::RuntimeLimits;
+pub(crate) use crate::config::RuntimeLimits;
 
 /// The limits in force, swapped whole on reload.
 #[derive(Debug)]

@@ -34,7 +34,7 @@ type GroupId = u64;
 
 /// One session's membership in a group.
 #[derive(Clone, Debug)]
-pub struct Member {
+pub(crate) struct Member {
     /// The subscribing session.
     pub session: Arc<Session>,
     /// Its subscription options (granted QoS, Retain As Published).
@@ -57,7 +57,7 @@ struct Group {
 
 /// All shared subscription groups.
 #[derive(Debug)]
-pub struct SharedSubscriptions {
+pub(crate) struct SharedSubscriptions {
     strategy: SharedStrategy,
     tree: TopicTree<GroupId, ()>,
     groups: HashMap<GroupId, Group, RandomState>,
@@ -70,7 +70,7 @@ pub struct SharedSubscriptions {
 /// One group's key and its members' sessions, copied out of the index (see
 /// [`SharedSubscriptions::group_members`]).
 #[derive(Debug)]
-pub struct GroupMembers {
+pub(crate) struct GroupMembers {
     /// The full `$share/{group}/{filter}` string, as deliveries name their group.
     pub key: Arc<str>,
     /// Its members, in join order.
@@ -79,7 +79,7 @@ pub struct GroupMembers {
 
 /// The member chosen for one message of one group.
 #[derive(Debug)]
-pub struct Pick {
+pub(crate) struct Pick {
     /// The group's full filter.
     pub key: Arc<str>,
     /// Who gets it, with which options.
@@ -88,7 +88,7 @@ pub struct Pick {
 
 impl SharedSubscriptions {
     /// An empty index using `strategy` to pick members.
-    pub fn new(strategy: SharedStrategy) -> SharedSubscriptions {
+    pub(crate) fn new(strategy: SharedStrategy) -> SharedSubscriptions {
         SharedSubscriptions {
             strategy,
             tree: TopicTree::new(),
@@ -100,24 +100,19 @@ impl SharedSubscriptions {
     }
 
     /// True when no group exists (routing can skip the index).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }
 
     /// Total memberships across groups (for the subscriptions gauge).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.groups.values().map(|g| g.members.len()).sum()
-    }
-
-    /// Groups existing now.
-    pub fn group_count(&self) -> usize {
-        self.groups.len()
     }
 
     /// Every group's key and member sessions, sorted by key, at most `limit` groups (true when
     /// more exist): what the backlog watch (`broker::shared_backlog`) walks after this index's
     /// lock is released. Copies `Arc`s only; locks no session.
-    pub fn group_members(&self, limit: usize) -> (Vec<GroupMembers>, bool) {
+    pub(crate) fn group_members(&self, limit: usize) -> (Vec<GroupMembers>, bool) {
         let mut groups: Vec<&Group> = self.groups.values().collect();
         let more = groups.len() > limit;
         if more {
@@ -136,12 +131,12 @@ impl SharedSubscriptions {
     }
 
     /// Whether group `key` exists (has a member here).
-    pub fn has_group(&self, key: &str) -> bool {
+    pub(crate) fn has_group(&self, key: &str) -> bool {
         self.by_key.contains_key(key)
     }
 
     /// Every group's key and inner filter.
-    pub fn keys(&self) -> Vec<(Arc<str>, ByteString)> {
+    pub(crate) fn keys(&self) -> Vec<(Arc<str>, ByteString)> {
         self.groups
             .values()
             .map(|g| (Arc::clone(&g.key), g.inner.clone()))
@@ -150,7 +145,7 @@ impl SharedSubscriptions {
 
     /// Adds `member` to the group `key` (= `$share/{group}/{inner}`), or replaces its options
     /// if it is a member already. Returns whether it was a member already.
-    pub fn subscribe(&mut self, key: &str, inner: &str, member: Member) -> bool {
+    pub(crate) fn subscribe(&mut self, key: &str, inner: &str, member: Member) -> bool {
         let id = match self.by_key.get(key) {
             Some(&id) => id,
             None => {
@@ -192,7 +187,7 @@ impl SharedSubscriptions {
 
     /// Removes `session` from group `key`; the group goes when its last member leaves.
     /// Returns whether it was a member.
-    pub fn unsubscribe(&mut self, key: &str, session: SessionId) -> bool {
+    pub(crate) fn unsubscribe(&mut self, key: &str, session: SessionId) -> bool {
         let Some(&id) = self.by_key.get(key) else {
             return false;
         };
@@ -214,7 +209,7 @@ impl SharedSubscriptions {
     /// Picks one member of every group whose filter matches `topic`, among those `may_read`
     /// accepts (the ACL: a member that may not read the topic is passed over). `f` gets
     /// `None` for a group none of whose members may read it.
-    pub fn pick_for_topic(
+    pub(crate) fn pick_for_topic(
         &self,
         topic: &str,
         may_read: impl Fn(&Session) -> bool,
@@ -241,7 +236,7 @@ impl SharedSubscriptions {
     /// Picks a member of group `key` other than `exclude` for a message on `topic`, e.g. to
     /// take over what a leaving member held, among those `may_read` accepts. With
     /// `connected_only`, `None` unless a connected member other than `exclude` exists.
-    pub fn pick_other(
+    pub(crate) fn pick_other(
         &self,
         key: &str,
         topic: &str,
@@ -263,7 +258,7 @@ impl SharedSubscriptions {
     }
 
     /// True if group `key` has a connected member other than `exclude`.
-    pub fn has_other_connected(&self, key: &str, exclude: SessionId) -> bool {
+    pub(crate) fn has_other_connected(&self, key: &str, exclude: SessionId) -> bool {
         self.by_key
             .get(key)
             .and_then(|id| self.groups.get(id))

@@ -31,7 +31,7 @@ const LOAD_WINDOWS: [(f64, &str); 3] = [(60.0, "1min"), (300.0, "5min"), (900.0,
 
 /// The figures one round publishes, read once per round.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SysFigures {
+pub(crate) struct SysFigures {
     /// Seconds since the broker started.
     pub uptime_seconds: u64,
     /// Sessions held, connected or not.
@@ -69,7 +69,7 @@ pub struct SysFigures {
 impl SysFigures {
     /// Reads the broker's figures now. Counters come from its metrics (readable atomics);
     /// `started` is when the broker started.
-    pub fn read(broker: &Broker, started: Instant) -> SysFigures {
+    pub(crate) fn read(broker: &Broker, started: Instant) -> SysFigures {
         let m = broker.metrics.snapshot();
         SysFigures {
             uptime_seconds: started.elapsed().as_secs(),
@@ -134,7 +134,7 @@ const LOADED: [&str; 9] = [
 /// Turns rounds of figures into the `(topic, payload)` pairs to publish: every value whose
 /// text changed since the last round (all of them the first time).
 #[derive(Debug)]
-pub struct SysTopics {
+pub(crate) struct SysTopics {
     /// The payload last published per topic, in the order of [`SysTopics::round`].
     last: Vec<String>,
     loads: [Load; LOADED.len()],
@@ -144,7 +144,7 @@ pub struct SysTopics {
 impl SysTopics {
     /// Nothing published yet; the counters were 0 at `started` (the broker's start), so the
     /// first round's rates cover everything since then, however late it runs.
-    pub fn new(started: Instant) -> SysTopics {
+    pub(crate) fn new(started: Instant) -> SysTopics {
         SysTopics {
             last: Vec::new(),
             loads: [Load::default(); LOADED.len()],
@@ -153,7 +153,7 @@ impl SysTopics {
     }
 
     /// The topics and payloads of one round at `now`, only those that changed.
-    pub fn round(&mut self, f: &SysFigures, now: Instant) -> Vec<(String, String)> {
+    pub(crate) fn round(&mut self, f: &SysFigures, now: Instant) -> Vec<(String, String)> {
         let dt = now.saturating_duration_since(self.last_round).as_secs_f64();
         self.last_round = now;
         let mut all: Vec<(String, String)> = vec![
@@ -236,7 +236,7 @@ impl SysTopics {
 
 /// Publishes the `$SYS` topics every `interval` until `shutdown` (or the broker stops), the
 /// first round at once.
-pub async fn run(broker: Arc<Broker>, interval: Duration, shutdown: CancellationToken) {
+pub(crate) async fn run(broker: Arc<Broker>, interval: Duration, shutdown: CancellationToken) {
     let started = Instant::now();
     let mut topics = SysTopics::new(started);
     let mut tick = tokio::time::interval(interval);

@@ -378,7 +378,8 @@ fn perf_sanity_one_million_subscriptions() {
 fn a_schema_check_on_a_topic_no_schema_covers_does_not_allocate() {
     // `[[schema]]` costs a PUBLISH nothing but a walk over the filters when none matches.
     use crate::config::SchemaConfig;
-    use crate::guarantees::{SchemaRegistry, Verdict};
+    use crate::guarantees::schema::SchemaRegistry;
+    use crate::guarantees::Verdict;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("order.json");
     std::fs::write(&path, r#"{"type":"object","required":["id"]}"#).expect("write");

@@ -35,21 +35,21 @@
 mod ahead;
 mod barriers;
 mod credentials;
-pub mod inbound;
-pub mod link;
+pub(crate) mod inbound;
+pub(crate) mod link;
 mod metrics;
-pub mod nodes;
-pub mod orphans;
-pub mod outbound;
-pub mod sessions;
-pub mod shared;
+pub(crate) mod nodes;
+pub(crate) mod orphans;
+pub(crate) mod outbound;
+pub(crate) mod sessions;
+pub(crate) mod shared;
 mod stream_room;
-pub mod subject;
+pub(crate) mod subject;
 mod taken;
-pub mod unsettled;
-pub mod wire;
+pub(crate) mod unsettled;
+pub(crate) mod wire;
 
-pub use credentials::CredentialsError;
+pub(crate) use credentials::CredentialsError;
 use credentials::NatsCredentials;
 
 pub(crate) use metrics::ClusterMetrics;
@@ -69,24 +69,24 @@ use crate::storage::Durable;
 /// The message stream.
 pub const STREAM: &str = "PB_MSGS";
 /// Subject prefix of the stream's messages.
-pub const STREAM_SUBJECTS: &str = "pb.m";
+pub(crate) const STREAM_SUBJECTS: &str = "pb.m";
 /// The stream of shared groups' given-back messages.
-pub const REGROUP_STREAM: &str = "PB_REGROUP";
+pub(crate) const REGROUP_STREAM: &str = "PB_REGROUP";
 /// Subject prefix of shared groups' given-back messages (in [`REGROUP_STREAM`]).
-pub const REGROUP_SUBJECTS: &str = "pb.g";
+pub(crate) const REGROUP_SUBJECTS: &str = "pb.g";
 /// Subject prefix of QoS 0 messages (core NATS).
-pub const QOS0_SUBJECTS: &str = "pb.q0";
+pub(crate) const QOS0_SUBJECTS: &str = "pb.q0";
 /// The retained messages' bucket.
-pub const RETAINED_BUCKET: &str = "pb_retained";
+pub(crate) const RETAINED_BUCKET: &str = "pb_retained";
 /// The session records' bucket.
 pub const SESSIONS_BUCKET: &str = "pb_sessions";
 /// The nodes' heartbeats' bucket.
-pub const NODES_BUCKET: &str = "pb_nodes";
+pub(crate) const NODES_BUCKET: &str = "pb_nodes";
 
 /// The running cluster layer of one node: what the broker calls (as [`ClusterSeam`]) and
 /// what the tasks share.
 #[derive(Debug)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// This node's id.
     node: String,
     /// `[cluster]`, for the tasks [`Cluster::run`] starts.
@@ -165,7 +165,7 @@ impl Cluster {
     /// # Errors
     ///
     /// [`CredentialsError`] when `cluster.password_file` cannot be read or is empty.
-    pub fn new(
+    pub(crate) fn new(
         config: &ClusterConfig,
         metrics: &crate::metrics::Metrics,
     ) -> Result<Arc<Cluster>, CredentialsError> {
@@ -213,7 +213,7 @@ impl Cluster {
     /// before any client connects: the NATS client (it connects in the background and
     /// reconnects forever), the outbound tasks and, once connected, the inbound ones. A
     /// second call does nothing.
-    pub fn run(self: &Arc<Self>, broker: &Arc<Broker>) {
+    pub(crate) fn run(self: &Arc<Self>, broker: &Arc<Broker>) {
         let Some(outbound_rx) = self.outbound_rx.lock().take() else {
             return;
         };
@@ -226,13 +226,8 @@ impl Cluster {
         );
     }
 
-    /// This node's id.
-    pub fn node(&self) -> &str {
-        &self.node
-    }
-
     /// True while NATS is reachable and the streams and buckets are ready.
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         self.up.load(Ordering::Acquire)
     }
 

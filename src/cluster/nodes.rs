@@ -16,13 +16,13 @@ use super::Cluster;
 use crate::broker::Broker;
 
 /// How often a node writes its heartbeat.
-pub const HEARTBEAT: Duration = Duration::from_secs(2);
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(2);
 /// How long a node may stay unheard of before it is taken for dead.
-pub const DEAD_AFTER: Duration = Duration::from_secs(7);
+pub(crate) const DEAD_AFTER: Duration = Duration::from_secs(7);
 
 /// What this node has heard of the others.
 #[derive(Debug)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     /// When this node last started listening: at start and whenever its link to NATS came
     /// back (before [`DEAD_AFTER`] has passed since, a node not heard of may just not have
     /// been heard of yet).
@@ -43,7 +43,7 @@ impl Default for Liveness {
 impl Liveness {
     /// Whether `node` may be alive: heard of within [`DEAD_AFTER`], or not heard of but this
     /// node has not listened that long yet.
-    pub fn may_be_alive(&self, node: &str) -> bool {
+    pub(crate) fn may_be_alive(&self, node: &str) -> bool {
         self.since.lock().elapsed() < DEAD_AFTER
             || self
                 .last_heard
@@ -72,7 +72,7 @@ impl Liveness {
     }
 
     /// Nodes heard of within [`DEAD_AFTER`] (this one included once its heartbeat is back).
-    pub fn alive(&self) -> usize {
+    pub(crate) fn alive(&self) -> usize {
         self.last_heard
             .lock()
             .values()

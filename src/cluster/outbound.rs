@@ -31,7 +31,7 @@ use crate::storage::StorageError;
 
 /// What the outbound queue carries.
 #[derive(Debug)]
-pub enum Queued {
+pub(crate) enum Queued {
     /// A message to send.
     Message(Outgoing),
     /// Answered once every message queued before it is acknowledged or failed: a restore's
@@ -42,7 +42,7 @@ pub enum Queued {
 
 /// One message for the other nodes.
 #[derive(Debug)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     /// The message itself (QoS 1/2), to record its stream sequence when acknowledged.
     pub message: Option<Arc<crate::broker::Message>>,
     /// Its topic (for the subject and the retained key).

@@ -8,10 +8,10 @@
 use sha2::{Digest, Sha256};
 
 /// Longest subject tail this module makes; longer ones are hashed.
-pub const MAX_SUBJECT: usize = 1024;
+pub(crate) const MAX_SUBJECT: usize = 1024;
 
 /// The escaped form of `topic`, one subject token per topic level.
-pub fn escape(topic: &str) -> String {
+pub(crate) fn escape(topic: &str) -> String {
     let mut out = String::with_capacity(topic.len() + 8);
     for (i, level) in topic.split('/').enumerate() {
         if i > 0 {
@@ -51,7 +51,7 @@ fn hashed(topic: &str) -> String {
 }
 
 /// The topic an escaped subject tail stands for (`None` for a hashed or malformed one).
-pub fn unescape(subject: &str) -> Option<String> {
+pub(crate) fn unescape(subject: &str) -> Option<String> {
     if subject.starts_with("~long.") {
         return None;
     }
@@ -83,7 +83,7 @@ pub fn unescape(subject: &str) -> Option<String> {
 /// level escaped as in [`escape`], `+` as `*`, a trailing `#` as `>` plus its parent level
 /// (MQTT's `a/#` matches `a` itself, NATS's `a.>` does not). The caller still checks the
 /// MQTT match (wildcards at the first level do not match `$` topics, MQTT-4.7.2-1).
-pub fn filter_subjects(filter: &str) -> Vec<String> {
+pub(crate) fn filter_subjects(filter: &str) -> Vec<String> {
     let levels: Vec<&str> = filter.split('/').collect();
     let mut mapped: Vec<String> = Vec::with_capacity(levels.len());
     for level in &levels {

@@ -39,7 +39,7 @@ const SHARE_SHIFT: u8 = 1;
 /// Why a frame from NATS could not be read (counted, the message skipped: it was written by
 /// something that is not a Postbox node of this version).
 #[derive(Debug, thiserror::Error)]
-pub enum FrameError {
+pub(crate) enum FrameError {
     /// Shorter than its header, or of another version.
     #[error("not a Postbox cluster frame")]
     Header,
@@ -58,7 +58,11 @@ pub enum FrameError {
 ///
 /// The codec cannot encode it (a field beyond its wire limit; never for a message a client
 /// could send).
-pub fn encode(origin: &str, local_id: u64, message: &Message) -> Result<Bytes, codec::EncodeError> {
+pub(crate) fn encode(
+    origin: &str,
+    local_id: u64,
+    message: &Message,
+) -> Result<Bytes, codec::EncodeError> {
     let mut buf = BytesMut::with_capacity(
         10 + origin.len() + 16 + message.topic.len() + message.payload.len(),
     );
@@ -85,7 +89,7 @@ pub fn encode(origin: &str, local_id: u64, message: &Message) -> Result<Bytes, c
 }
 
 /// The origin node of a frame, without decoding the rest (to skip a node's own messages).
-pub fn origin(frame: &[u8]) -> Option<&[u8]> {
+pub(crate) fn origin(frame: &[u8]) -> Option<&[u8]> {
     let (&version, rest) = frame.split_first()?;
     let (&len, rest) = rest.split_first()?;
     if version != VERSION {
@@ -102,7 +106,9 @@ pub fn origin(frame: &[u8]) -> Option<&[u8]> {
 /// # Errors
 ///
 /// The frame is not one [`encode`] wrote.
-pub fn decode(frame: &[u8]) -> Result<(String, u64, Publish, Option<StrangerShare>), FrameError> {
+pub(crate) fn decode(
+    frame: &[u8],
+) -> Result<(String, u64, Publish, Option<StrangerShare>), FrameError> {
     let origin = origin(frame).ok_or(FrameError::Header)?;
     let at = 2 + origin.len();
     let id: [u8; 8] = frame

@@ -154,7 +154,7 @@ impl Violation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker::OutboundAck;
+    use crate::broker::session::outbound::OutboundAck;
 
     /// Every violation closes with a code DISCONNECT may carry (v5 §3.14.2.1), so the table can
     /// never make the server itself break MQTT-3.14.2-1 (its own reason code table).

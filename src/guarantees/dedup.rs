@@ -26,14 +26,14 @@ use crate::config::DedupConfig;
 use crate::storage::DedupRecord;
 
 /// Longest id kept as it is; a longer one is kept as its SHA-256 ([`key_of`]).
-pub const MAX_KEY_LEN: usize = 64;
+pub(crate) const MAX_KEY_LEN: usize = 64;
 
 /// The key the window keeps for the id `raw`: the id itself up to [`MAX_KEY_LEN`] bytes,
 /// else `sha256:` and its digest in hex (71 bytes). An id's length was bounded only by the
 /// packet size, so one client's ~280 publishes with 60 KB ids filled the 16 MiB window
 /// (issue 35, seventh pass, N4); a digest keeps a pair's cost bounded, and unlike a fast hash
 /// no two ids share one in practice (a collision would take a new message for a duplicate).
-pub fn key_of(raw: &str) -> Cow<'_, str> {
+pub(crate) fn key_of(raw: &str) -> Cow<'_, str> {
     if raw.len() <= MAX_KEY_LEN {
         return Cow::Borrowed(raw);
     }
@@ -46,7 +46,7 @@ pub fn key_of(raw: &str) -> Cow<'_, str> {
 /// sessions of 30 long-topic publishes filled the window again (issue 35, pass 7b, P2). No
 /// topic name contains U+0000 (MQTT-1.5.4-2), so a digest is never taken for a real topic,
 /// and one given again (a stored record, a refused key forgotten) is kept as it is.
-pub fn topic_key(topic: &str) -> Cow<'_, str> {
+pub(crate) fn topic_key(topic: &str) -> Cow<'_, str> {
     if topic.len() <= MAX_KEY_LEN || topic.starts_with('\0') {
         return Cow::Borrowed(topic);
     }

@@ -9,15 +9,18 @@
 //! with no session lock held). Nothing here takes a session lock or does I/O on the publish
 //! path.
 
-pub mod dead_letter;
-pub mod dedup;
+pub(crate) mod dead_letter;
+pub(crate) mod dedup;
 mod metrics;
-pub mod schema;
+pub(crate) mod schema;
 
-pub use dead_letter::{DeadLetters, DeadReason};
-pub use dedup::{key_of, topic_key, Dedup, DedupCheck};
-pub use metrics::{DedupMetrics, GuaranteeMetrics};
-pub use schema::{SchemaRegistry, SchemaSlot, Verdict};
+pub use dead_letter::DeadReason;
+
+pub(crate) use dead_letter::DeadLetters;
+pub(crate) use dedup::{key_of, topic_key, Dedup, DedupCheck};
+pub(crate) use metrics::{DedupMetrics, GuaranteeMetrics};
+pub(crate) use schema::SchemaSlot;
+pub use schema::Verdict;
 
 use std::sync::Arc;
 

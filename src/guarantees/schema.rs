@@ -23,7 +23,7 @@ use crate::config::{InvalidV3, SchemaAction, SchemaConfig};
 
 /// Longest `why` handed out (bytes): it becomes a v5 Reason String and a log field, and a
 /// schema's error message can quote long `enum` lists.
-pub const MAX_WHY_BYTES: usize = 200;
+pub(crate) const MAX_WHY_BYTES: usize = 200;
 
 /// Why the schemas could not be loaded (at start: the broker does not start; on reload: the
 /// running ones stay).

@@ -12,14 +12,14 @@ use super::handles::{counter_of, gauge_of, Counter, Gauge, Reg};
 use super::names;
 
 /// The `direction` label values, indexed as `bridge::Flow` (`Out` = 0, `In` = 1).
-pub const DIRECTIONS: [&str; 2] = ["out", "in"];
+pub(crate) const DIRECTIONS: [&str; 2] = ["out", "in"];
 
 /// The `reason` label values of `postbox_bridge_dropped_total`: a message crossed too many
 /// bridges (`max_hops`), its topic maps to nothing valid (`topic`), the receiving side refused
 /// it (`refused`), or it is larger than the remote's Maximum Packet Size (`too_large`). What
 /// the bridge's full queue drops (`queue_overflow`) is counted where every queue's drops are,
 /// `postbox_messages_dropped_total{reason="queue_full"}`.
-pub const DROP_REASONS: [&str; 5] = ["max_hops", "topic", "refused", "too_large", "memory"];
+pub(crate) const DROP_REASONS: [&str; 5] = ["max_hops", "topic", "refused", "too_large", "memory"];
 
 /// The families updated by the bridges' events.
 #[derive(Clone, Debug)]

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use super::MetricsError;
 
 /// The bound listener, not yet serving: the server hands it to `admin::serve`.
-pub struct MetricsEndpoint {
+pub(crate) struct MetricsEndpoint {
     listener: tokio::net::TcpListener,
 }
 
@@ -28,7 +28,7 @@ impl std::fmt::Debug for MetricsEndpoint {
 /// # Errors
 ///
 /// `MetricsError::Bind` when the HTTP listener cannot bind.
-pub fn start_exporter(bind: SocketAddr) -> Result<MetricsEndpoint, MetricsError> {
+pub(crate) fn start_exporter(bind: SocketAddr) -> Result<MetricsEndpoint, MetricsError> {
     let bind_error = |e: std::io::Error| MetricsError::Bind {
         bind,
         message: e.to_string(),
@@ -41,7 +41,7 @@ pub fn start_exporter(bind: SocketAddr) -> Result<MetricsEndpoint, MetricsError>
 
 impl MetricsEndpoint {
     /// The bound listener, for the HTTP server.
-    pub fn into_listener(self) -> tokio::net::TcpListener {
+    pub(crate) fn into_listener(self) -> tokio::net::TcpListener {
         self.listener
     }
 }

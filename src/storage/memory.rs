@@ -18,7 +18,7 @@ use super::{
 
 /// A store that persists nothing (see the module doc).
 #[derive(Debug)]
-pub struct MemoryStore {
+pub(crate) struct MemoryStore {
     /// Guards ticket allocation and publication together, so the watch never goes backwards.
     ticket: Mutex<u64>,
     durable: watch::Sender<DurableState>,
@@ -30,7 +30,7 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     /// An empty store.
-    pub fn new() -> MemoryStore {
+    pub(crate) fn new() -> MemoryStore {
         MemoryStore {
             ticket: Mutex::new(0),
             durable: watch::Sender::new(DurableState::default()),

@@ -50,20 +50,21 @@ mod tests;
 
 use std::sync::Arc;
 
-pub use crate::config::{DiskFullPolicy, FsyncPolicy, StorageConfig};
+pub(crate) use crate::config::DiskFullPolicy;
+pub use crate::config::{FsyncPolicy, StorageConfig};
 pub(crate) use in_order::InOrder;
 pub(crate) use log_store::backlog_bytes;
 pub use log_store::{LogOptions, LogStore};
-pub use memory::MemoryStore;
+pub(crate) use memory::MemoryStore;
 pub(crate) use metrics::StoreMetrics;
-pub use model::{
-    DedupRecord, EntryStage, MessageId, Op, QueueEntry, SessionMeta, SessionOwner, SessionSnapshot,
-    Snapshot, StoredMessage, StoredWill, SubscriptionRecord,
+pub(crate) use model::{DedupRecord, MessageId, SessionSnapshot, StoredWill, SubscriptionRecord};
+pub use model::{EntryStage, Op, QueueEntry, SessionMeta, SessionOwner, Snapshot, StoredMessage};
+#[cfg(test)]
+pub(crate) use store::{wait_durable, Ticket};
+pub(crate) use store::{
+    Durable, DurableState, RecoveryLoss, Rejected, StoreHealth, StoreStats, Submitted,
 };
-pub use store::{
-    wait_durable, Durable, DurableState, RecoveryLoss, Rejected, StorageError, Store, StoreHealth,
-    StoreStats, Submitted, Ticket,
-};
+pub use store::{StorageError, Store};
 
 /// Opens the store `config` asks for: in memory without `dir`, the log engine with it.
 ///

@@ -17,7 +17,7 @@ use crate::codec::{LastWill, ProtocolVersion, PublishProperties, QoS, Subscripti
 
 /// Identifies a stored message body. Allocated by [`Store::next_message_id`](super::Store::next_message_id), increasing and
 /// never reused, also across restarts, so ids in the log can never be confused.
-pub type MessageId = u64;
+pub(crate) type MessageId = u64;
 
 /// One logical change to the persisted state. Ops of one `submit` are committed atomically
 /// (all or none survive a crash) and applied in order.

@@ -14,7 +14,7 @@ use tokio::sync::{oneshot, watch};
 use super::{MessageId, Op, Snapshot};
 
 /// Commit sequence number returned by [`Store::submit`]; durability is reported against it.
-pub type Ticket = u64;
+pub(crate) type Ticket = u64;
 
 /// Durability progress, published through [`Store::durable`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -431,7 +431,7 @@ impl dyn Store + '_ {
 ///
 /// `StorageError::Failed` when the writer stopped before `ticket` became durable;
 /// `StorageError::Closed` when the store closed first.
-pub async fn wait_durable(
+pub(crate) async fn wait_durable(
     rx: &mut watch::Receiver<DurableState>,
     ticket: Ticket,
 ) -> Result<(), StorageError> {

@@ -96,10 +96,9 @@ pub async fn start_with(config: Config) -> RunningServer {
     let ours = format!("pid {},", std::process::id());
     for _ in 0..50 {
         match server::start(config.clone()).await {
-            Err(server::StartError::Storage(postbox::storage::StorageError::Locked {
-                holder,
-                ..
-            })) if holder.starts_with(&ours) => {
+            Err(server::StartError::Storage(
+                postbox::test_support::storage::StorageError::Locked { holder, .. },
+            )) if holder.starts_with(&ours) => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             started => return started.expect("broker starts"),

@@ -22,10 +22,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use postbox::auth::password::PasswordHash;
-use postbox::auth::scram::ScramKind;
-use postbox::auth::scram_file::scram_credential_line;
 use postbox::codec::{self, Connect, Packet, ReasonCode};
+use postbox::test_support::auth::password::PasswordHash;
+use postbox::test_support::auth::scram::ScramKind;
+use postbox::test_support::auth::scram_file::scram_credential_line;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::common;

@@ -311,13 +311,13 @@ fn duplicate_listener_names_name_file_line_and_key() {
 /// A store of `count` retained messages in `data`, written through the library's own store so
 /// that recovering it takes the broker a while.
 fn write_large_store(data: &std::path::Path, count: usize) {
-    use postbox::storage::{FsyncPolicy, Op, StorageConfig, StoredMessage};
+    use postbox::test_support::storage::{FsyncPolicy, Op, StorageConfig, StoredMessage};
     let config = StorageConfig {
         dir: Some(data.to_path_buf()),
         fsync: FsyncPolicy::Never,
         ..StorageConfig::default()
     };
-    let store = postbox::storage::open(&config).expect("open the store");
+    let store = postbox::test_support::storage::open(&config).expect("open the store");
     let payload = bytes::Bytes::from(vec![b'x'; 64]);
     for chunk in 0..count.div_ceil(1000) {
         let ops = (chunk * 1000..count.min((chunk + 1) * 1000))
@@ -331,7 +331,7 @@ fn write_large_store(data: &std::path::Path, count: usize) {
                         qos: postbox::codec::QoS::AtLeastOnce,
                         retain: true,
                         properties: postbox::codec::PublishProperties::default(),
-                        received_at_unix_ms: postbox::storage::now_unix_ms(),
+                        received_at_unix_ms: postbox::test_support::storage::now_unix_ms(),
                         expires_at_unix_ms: None,
                         from_anonymous: false,
                     },
@@ -355,7 +355,7 @@ fn sigterm_while_starting_is_a_graceful_stop() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     write_large_store(&data, 200_000);
-    let store_dir = data.join(postbox::storage::log_store::STORE_DIR);
+    let store_dir = data.join(postbox::test_support::storage::log_store::STORE_DIR);
     std::fs::write(store_dir.join("stray.txt"), b"not the store's").expect("stray file");
     let config = crate::common::process::write_config(dir.path(), &data);
     let mut broker = Broker::spawn(&["-c", config.path.to_str().expect("utf8 path")], &[]);

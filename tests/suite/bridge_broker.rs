@@ -11,12 +11,12 @@ use std::time::Duration;
 use common::mosquitto::{mosquitto_pub, MosquittoSub};
 use common::mosquitto_broker::MosquittoBroker;
 use common::{v5, RawClient};
-use postbox::broker::link::{Link, LinkDelivery, LinkOptions};
-use postbox::broker::SessionQueueLimits;
 use postbox::codec::{Connect, Packet, ProtocolVersion, Publish, QoS, ReasonCode};
 use postbox::config::OverflowPolicy;
-use postbox::metrics::ConnackRefusal;
 use postbox::server::RunningServer;
+use postbox::test_support::broker::link::{Link, LinkDelivery, LinkOptions};
+use postbox::test_support::broker::SessionQueueLimits;
+use postbox::test_support::metrics::ConnackRefusal;
 
 /// A CONNECT of `version` for `client_id`, with Mosquitto's bridge flag as asked.
 fn connect_packet(version: ProtocolVersion, client_id: &str, bridge: bool) -> Connect {

@@ -15,11 +15,11 @@
 
 use std::time::Instant;
 
-use postbox::bridge::{BridgeStatus, Flow};
-use postbox::broker::link::{Link, LinkOptions};
 use postbox::codec::QoS;
 use postbox::config::Config;
 use postbox::server::RunningServer;
+use postbox::test_support::bridge::{BridgeStatus, Flow};
+use postbox::test_support::broker::link::{Link, LinkOptions};
 use serde_json::Value;
 
 use crate::common;

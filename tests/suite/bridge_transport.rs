@@ -10,11 +10,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use postbox::bridge::transport::{
-    connect, AddressPicker, ClientTls, RemoteStream, Step, TlsFailure, TransportError,
-};
 use postbox::codec::{self, Packet, ProtocolVersion};
 use postbox::config::{BridgeTlsConfig, ListenerKind, TlsConfig};
+use postbox::test_support::bridge::transport::{
+    connect, AddressPicker, ClientTls, RemoteStream, Step, TlsFailure, TransportError,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};

@@ -205,7 +205,7 @@ async fn tapped_pair() -> (common::nats::NatsServer, common::tap::Tap, Node, Nod
 async fn stream_end(nats: &str) -> u64 {
     let js = async_nats::jetstream::new(async_nats::connect(nats).await.expect("connect to NATS"));
     let mut stream = js
-        .get_stream(postbox::cluster::STREAM)
+        .get_stream(postbox::test_support::cluster::STREAM)
         .await
         .expect("the message stream");
     stream
@@ -220,7 +220,7 @@ async fn stream_end(nats: &str) -> u64 {
 async fn ack_floor(nats: &str, consumer: &str) -> u64 {
     let js = async_nats::jetstream::new(async_nats::connect(nats).await.expect("connect to NATS"));
     let stream = js
-        .get_stream(postbox::cluster::STREAM)
+        .get_stream(postbox::test_support::cluster::STREAM)
         .await
         .expect("the message stream");
     let mut consumer: async_nats::jetstream::consumer::PullConsumer =

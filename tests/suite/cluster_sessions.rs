@@ -14,8 +14,8 @@ use std::time::Duration;
 use common::cluster::Node;
 use common::nats::NatsServer;
 use common::{v5, RawClient, WAIT};
-use postbox::cluster::sessions::RECORD_INTERVAL;
 use postbox::codec::{Packet, Publish, QoS, ReasonCode};
+use postbox::test_support::cluster::sessions::RECORD_INTERVAL;
 
 /// NATS and `count` linked nodes (`a`, `b`, ...).
 async fn cluster(count: usize) -> (NatsServer, Vec<Node>) {

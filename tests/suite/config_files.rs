@@ -156,7 +156,7 @@ fn bridge_example_matches_its_mosquitto_stanza() {
         .filter_map(|l| l.strip_prefix("#   "))
         .map(|l| format!("{l}\n"))
         .collect();
-    let imported = postbox::bridge::import::import(&stanza, "stanza");
+    let imported = postbox::test_support::bridge::import::import(&stanza, "stanza");
     let from_stanza = Config::from_toml_str(&imported.toml, "imported")
         .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml));
     let example = Config::load(&root().join("config/bridge.toml")).expect("loads");

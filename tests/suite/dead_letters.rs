@@ -14,8 +14,8 @@ use postbox::codec::{
     Packet, ProtocolVersion, PubResponse, Publish, PublishProperties, QoS, ReasonCode,
 };
 use postbox::config::{Config, OverflowPolicy};
-use postbox::guarantees::DeadReason;
 use postbox::server::RunningServer;
+use postbox::test_support::guarantees::DeadReason;
 
 use crate::common::{self, mosquitto::MosquittoSub, v5, RawClient, WAIT};
 
@@ -373,7 +373,7 @@ async fn an_unread_dead_letter_is_not_a_no_subscribers_drop() {
     assert_eq!(
         no_subscribers
             .iter()
-            .map(postbox::metrics::Counter::get)
+            .map(postbox::test_support::metrics::Counter::get)
             .sum::<u64>(),
         0
     );

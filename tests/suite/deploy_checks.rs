@@ -1109,7 +1109,7 @@ async fn every_metric_the_dashboard_and_rules_name_is_exported() {
     .await;
     let clustered = exported_names(body(&cluster.scrape().await));
     assert!(
-        postbox::metrics::names::CLUSTER
+        postbox::test_support::metrics::names::CLUSTER
             .iter()
             .all(|n| !exported.contains(*n) && clustered.contains(*n)),
         "cluster families only with [cluster]"

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use postbox::config::Config;
-use postbox::metrics::names;
+use postbox::test_support::metrics::names;
 
 fn read(rel: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel);

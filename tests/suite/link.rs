@@ -10,9 +10,9 @@ use std::path::Path;
 use bytes::Bytes;
 use common::rumq::V4;
 use common::WAIT;
-use postbox::broker::link::{Link, LinkDelivery, LinkError, LinkOptions};
 use postbox::codec::QoS;
 use postbox::config::Config;
+use postbox::test_support::broker::link::{Link, LinkDelivery, LinkError, LinkOptions};
 
 fn durable_config(dir: &Path) -> Config {
     let mut config = common::test_config();

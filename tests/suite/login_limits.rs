@@ -18,8 +18,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use postbox::auth::password::PasswordHash;
 use postbox::codec::{Packet, ProtocolVersion, ReasonCode};
+use postbox::test_support::auth::password::PasswordHash;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -396,9 +396,13 @@ async fn expect_scram(source: Ipv4Addr, addr: SocketAddr, (user, secret): (&str,
 
 /// A SCRAM-SHA-256 credential line for `user` with `secret`, written to `dir`/scram.
 fn scram_file(dir: &Path, user: &str, secret: &str) -> PathBuf {
-    use postbox::auth::scram::ScramKind;
-    let line =
-        postbox::auth::scram_file::scram_credential_line(ScramKind::Sha256, user, secret, 4096);
+    use postbox::test_support::auth::scram::ScramKind;
+    let line = postbox::test_support::auth::scram_file::scram_credential_line(
+        ScramKind::Sha256,
+        user,
+        secret,
+        4096,
+    );
     let path = dir.join("scram");
     std::fs::write(&path, format!("{line}\n")).expect("scram file");
     path

@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 
-use postbox::metrics::names;
+use postbox::test_support::metrics::names;
 
 use crate::common::{self, http::http_get, http::sample};
 
@@ -86,7 +86,7 @@ async fn eventually(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_shows_in_the_brokers_registry() {
     use postbox::codec::{Packet, ProtocolVersion, QoS};
-    use postbox::metrics::ConnackRefusal;
+    use postbox::test_support::metrics::ConnackRefusal;
 
     use crate::common::{v5, RawClient};
 

@@ -528,7 +528,7 @@ fn shipped_password_files_survive_the_real_mosquitto_passwd() {
             );
         }
         assert!(!left.iter().any(|(u, _)| u == gone));
-        postbox::auth::password::file::parse(&text, &copy)
+        postbox::test_support::auth::password::file::parse(&text, &copy)
             .unwrap_or_else(|e| panic!("{}: Postbox cannot read it back: {e}", file.display()));
     }
 }

@@ -461,9 +461,10 @@ fn the_guarantees_example_loads_and_its_schema_compiles_from_the_repo_root() {
     assert_eq!(config.schemas.len(), 1);
     assert_eq!(config.schemas[0].filter, "orders/#");
     assert_eq!(config.schemas[0].action, SchemaAction::Reject);
-    let g = postbox::guarantees::Guarantees::from_config(&config).expect("schema compiles");
+    let g = postbox::test_support::guarantees::Guarantees::from_config(&config)
+        .expect("schema compiles");
     let registry = g.schemas.expect("schemas").current();
-    use postbox::guarantees::Verdict;
+    use postbox::test_support::guarantees::Verdict;
     assert!(matches!(
         registry.check("orders/1", None, VALID_V1),
         Verdict::Pass

@@ -3,7 +3,7 @@
 //!
 //! The client side of SCRAM is written here from RFC 5802 with `hmac`/`sha2`/`pbkdf2`,
 //! independent of the server's module; it also checks the server's signature. Credential
-//! lines are made with `postbox::auth::scram_file::scram_credential_line` (what `postbox
+//! lines are made with `postbox::test_support::auth::scram_file::scram_credential_line` (what `postbox
 //! passwd --scram` will call), so a derivation bug there fails the exchange too.
 //!
 //! Statement ids follow the OASIS MQTT 5.0 text.
@@ -19,9 +19,9 @@ use common::process::{write_config, Broker, BrokerConfig};
 use common::v5;
 use common::RawClient;
 use hmac::{Hmac, Mac};
-use postbox::auth::scram::ScramKind;
-use postbox::auth::scram_file::scram_credential_line;
 use postbox::codec::{Packet, ReasonCode};
+use postbox::test_support::auth::scram::ScramKind;
+use postbox::test_support::auth::scram_file::scram_credential_line;
 use sha2::{Digest, Sha256, Sha512};
 
 /// The client's hash: an independent implementation of RFC 5802's primitives.

@@ -392,7 +392,7 @@ async fn queued_and_in_flight_messages_follow_an_acl_change() {
     );
     v5::expect_silence(&mut dash, QUIET).await;
     let dead = server.broker.guarantee_metrics().dead_letters
-        [postbox::guarantees::DeadReason::NotAuthorized.index()]
+        [postbox::test_support::guarantees::DeadReason::NotAuthorized.index()]
     .get();
     assert_eq!(dead, 2, "both dead-lettered as not_authorized");
 }

@@ -13,9 +13,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::v5;
 use common::RawClient;
-use postbox::auth::{AuthState, AuthStep, Authenticator};
 use postbox::codec::{Packet, ReasonCode};
 use postbox::server::RunningServer;
+use postbox::test_support::auth::{AuthState, AuthStep, Authenticator};
 
 const METHOD: &str = "TEST-CHALLENGE";
 

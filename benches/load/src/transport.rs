@@ -94,7 +94,7 @@ impl TlsClient {
 }
 
 /// A client's byte stream: plain TCP, or TLS over TCP (boxed). The broker's own client stream
-/// (the bridge's, `postbox::bridge::transport::RemoteStream`), so the generator does not keep
+/// (the bridge's, `postbox::test_support::bridge::transport::RemoteStream`), so the generator does not keep
 /// a copy of its `AsyncRead`/`AsyncWrite` delegation; the plain-TCP publisher drives the socket
 /// through its readiness API ([`Stream::tcp`]).
-pub use postbox::bridge::transport::RemoteStream as Stream;
+pub use postbox::test_support::bridge::transport::RemoteStream as Stream;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use bytestring::ByteString;
 use postbox::codec::{PublishProperties, QoS};
-use postbox::storage::{
+use postbox::test_support::storage::{
     EntryStage, LogOptions, LogStore, Op, QueueEntry, SessionMeta, Store, StoredMessage,
 };
 use redb::{Database, Durability, TableDefinition};
@@ -120,7 +120,7 @@ fn open_log(dir: &Path) -> LogStore {
             protocol: postbox::codec::ProtocolVersion::V5,
             expiry_interval: u32::MAX,
             disconnected_at_unix_ms: Some(0),
-            owner: postbox::storage::SessionOwner::Unbound,
+            owner: postbox::test_support::storage::SessionOwner::Unbound,
         })])
         .expect("session");
     block_on((&store as &dyn Store).wait_durable(t.ticket));
@@ -128,7 +128,7 @@ fn open_log(dir: &Path) -> LogStore {
 }
 
 fn block_on<
-    F: std::future::Future<Output = std::result::Result<(), postbox::storage::StorageError>>,
+    F: std::future::Future<Output = std::result::Result<(), postbox::test_support::storage::StorageError>>,
 >(
     f: F,
 ) {

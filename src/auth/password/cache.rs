@@ -11,11 +11,11 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 /// A cache key: the MAC of one (generation, user, password).
-pub type Key = [u8; 32];
+pub(crate) type Key = [u8; 32];
 
 /// A bounded set of keys of recent successes, oldest out first.
 #[derive(Debug)]
-pub struct SuccessCache {
+pub(crate) struct SuccessCache {
     secret: [u8; 32],
     capacity: usize,
     keys: HashSet<Key>,
@@ -24,7 +24,7 @@ pub struct SuccessCache {
 
 impl SuccessCache {
     /// A cache of at most `capacity` entries (0: remembers nothing).
-    pub fn new(capacity: usize) -> SuccessCache {
+    pub(crate) fn new(capacity: usize) -> SuccessCache {
         let mut secret = [0u8; 32];
         rand::fill(&mut secret);
         SuccessCache {
@@ -36,7 +36,7 @@ impl SuccessCache {
     }
 
     /// The key of a login. Lengths are included so that (`ab`, `c`) and (`a`, `bc`) differ.
-    pub fn key(&self, generation: u64, user: &str, password: &[u8]) -> Key {
+    pub(crate) fn key(&self, generation: u64, user: &str, password: &[u8]) -> Key {
         // HMAC takes keys of any length: this cannot fail.
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.secret)
             .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
@@ -48,12 +48,12 @@ impl SuccessCache {
     }
 
     /// Whether `key` succeeded recently.
-    pub fn contains(&self, key: &Key) -> bool {
+    pub(crate) fn contains(&self, key: &Key) -> bool {
         self.keys.contains(key)
     }
 
     /// Remembers a success, forgetting the oldest if full.
-    pub fn insert(&mut self, key: Key) {
+    pub(crate) fn insert(&mut self, key: Key) {
         if self.capacity == 0 || !self.keys.insert(key) {
             return;
         }
@@ -66,18 +66,20 @@ impl SuccessCache {
     }
 
     /// Forgets everything (a new file is in force).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.keys.clear();
         self.order.clear();
     }
 
     /// How many entries.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.keys.len()
     }
 
     /// True when empty.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 }

@@ -19,9 +19,9 @@
 //!
 //! Must not: hash on the async runtime; log or keep a password; echo a hash in an error.
 
-pub mod cache;
+pub(crate) mod cache;
 pub mod file;
-pub mod hash;
+pub(crate) mod hash;
 mod share;
 
 use std::net::IpAddr;
@@ -33,8 +33,8 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Semaphore;
 
-pub use file::Users;
-pub use hash::{HashError, PasswordHash, DEFAULT_PBKDF2_ITERATIONS};
+pub(crate) use file::Users;
+pub use hash::{PasswordHash, DEFAULT_PBKDF2_ITERATIONS};
 
 use crate::auth::credential_file::CredentialFileError;
 use crate::auth::throttle::{LoginLimits, LoginThrottle, Throttled};
@@ -42,14 +42,9 @@ use crate::metrics::Counter;
 use cache::SuccessCache;
 use share::HashShares;
 
-/// Counter of refused logins, labelled by `reason`.
-pub const AUTH_FAILURES: &str = crate::metrics::names::AUTH_FAILURES_TOTAL;
-/// Counter of logins accepted by the password file (`cached` = whether the cache answered).
-pub const AUTH_SUCCESSES: &str = crate::metrics::names::AUTH_SUCCESSES_TOTAL;
-
 /// The `reason` of `postbox_auth_failures_total` for a wrong password and an unknown user
 /// alike (the same word as `postbox_connack_refusals_total`'s).
-pub const BAD_CREDENTIALS: &str = "bad_credentials";
+pub(crate) const BAD_CREDENTIALS: &str = "bad_credentials";
 
 /// The outcome of a password check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,12 +15,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// The shortest delay, whatever `base` says: a bridge never retries in a busy loop.
-pub const MIN_DELAY: Duration = Duration::from_millis(100);
+pub(super) const MIN_DELAY: Duration = Duration::from_millis(100);
 
 /// The reconnect delay of one bridge: grows with jitter from `base` to `cap` while connects
 /// fail, [`Backoff::reset`] once one worked.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     base: Duration,
     cap: Duration,
     /// The last delay handed out (`base` after a reset).
@@ -33,12 +33,12 @@ impl Backoff {
     /// the OS so bridges of many gateways do not move in step. A `base` under 100 ms is
     /// taken as 100 ms, a `cap` under `base` as `base` (a constant delay, like Mosquitto's
     /// one-number `restart_timeout`).
-    pub fn new(base: Duration, cap: Duration) -> Backoff {
+    pub(crate) fn new(base: Duration, cap: Duration) -> Backoff {
         Backoff::with_seed(base, cap, rand::random())
     }
 
     /// [`Backoff::new`] with a fixed seed: the same seed gives the same delays (tests).
-    pub fn with_seed(base: Duration, cap: Duration, seed: u64) -> Backoff {
+    pub(crate) fn with_seed(base: Duration, cap: Duration, seed: u64) -> Backoff {
         let base = base.max(MIN_DELAY);
         let cap = cap.max(base);
         Backoff {
@@ -51,7 +51,7 @@ impl Backoff {
 
     /// The wait before the next connect cycle: random in `[base, 3 × previous)`, at most
     /// `cap`; never below `base` (so never 0).
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let low = self.base.as_nanos();
         let high = self.previous.saturating_mul(3).as_nanos();
         let drawn = if high > low {
@@ -69,7 +69,7 @@ impl Backoff {
 
     /// Back to `base`: call once a connection worked (Mosquitto resets at CONNACK), so the
     /// next outage starts with short waits again.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.previous = self.base;
     }
 }

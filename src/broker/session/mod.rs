@@ -11,12 +11,12 @@
 //!
 //! Must not: do I/O or submit ops itself.
 
-pub mod inbound;
-pub mod outbound;
+pub(crate) mod inbound;
+pub(crate) mod outbound;
 mod queue;
 mod subscription_map;
 
-pub use outbound::{DeliverySink, Inflight, InflightWindow, OutboundStage};
+pub(crate) use outbound::{DeliverySink, Inflight, InflightWindow, OutboundStage};
 pub(in crate::broker) use queue::fits_client;
 
 use std::collections::VecDeque;
@@ -35,7 +35,7 @@ use crate::codec::{LastWill, ProtocolVersion, QoS, SubscriptionOptions};
 use crate::config::OverflowPolicy;
 
 /// Session expiry in seconds; `u32::MAX` means the session never expires.
-pub const NEVER_EXPIRES: u32 = u32::MAX;
+pub(crate) const NEVER_EXPIRES: u32 = u32::MAX;
 
 /// A client's session, shared by the router and the client's connection.
 #[derive(Debug)]
@@ -67,7 +67,7 @@ pub struct Session {
 
 /// A subscription as the session remembers it (for unsubscribe-on-end and persistence).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SessionSubscription {
+pub(crate) struct SessionSubscription {
     /// Subscription Options granted (MQTT 3.8.3.1).
     pub options: SubscriptionOptions,
     /// Subscription Identifier (MQTT 3.8.2.1.2), if the SUBSCRIBE carried one.
@@ -80,7 +80,7 @@ pub struct SessionSubscription {
 /// store can persist it
 /// (`storage::Op::PutWill` takes the will and `publish_at_unix_ms`).
 #[derive(Debug)]
-pub struct PendingWill {
+pub(crate) struct PendingWill {
     /// The will as sent in CONNECT (its properties are forwarded when it is published).
     pub will: LastWill,
     /// When the delay runs out. The session ending earlier publishes it at once.
@@ -94,7 +94,7 @@ pub struct PendingWill {
 /// The live connection attached to a session. A newer connection replaces it (takeover); the
 /// old one notices on its next wake-up that it no longer owns the session.
 #[derive(Debug)]
-pub struct ConnectionSlot {
+pub(crate) struct ConnectionSlot {
     /// Never zero (the first attach makes it 1), which lets `Option<ConnectionSlot>` take no
     /// more room than the number itself: every session carries one.
     pub generation: NonZeroU64,
@@ -132,7 +132,7 @@ pub struct QueueLimits {
 /// null pointer instead of two inline vectors (issue 36: the fan-out cost of layers that are
 /// not in use).
 #[derive(Debug, Default)]
-pub struct Victims {
+pub(crate) struct Victims {
     pushed_out: Option<Box<PushedOut>>,
     /// This admission found a connected session stalled that was not yet counted as stalled
     /// (counted as `session_stalls`, and in the stalled gauge until it makes progress).
@@ -161,24 +161,24 @@ impl Victims {
     }
 
     /// Deliveries pushed out, by their QoS.
-    pub fn dropped(&self) -> [u64; 3] {
+    pub(crate) fn dropped(&self) -> [u64; 3] {
         self.pushed_out.as_ref().map_or([0; 3], |out| out.dropped)
     }
 
     /// The stored queue positions of those pushed out (to remove from the store).
-    pub fn stored(&self) -> &[u64] {
+    pub(crate) fn stored(&self) -> &[u64] {
         self.pushed_out.as_ref().map_or(&[], |out| &out.stored)
     }
 
     /// Whether no message was pushed out (or they were taken already).
-    pub fn no_messages(&self) -> bool {
+    pub(crate) fn no_messages(&self) -> bool {
         self.pushed_out
             .as_ref()
             .is_none_or(|out| out.messages.is_empty())
     }
 
     /// Takes the messages pushed out, for their dead letters.
-    pub fn take_messages(&mut self) -> SmallVec<[std::sync::Arc<super::Message>; 1]> {
+    pub(crate) fn take_messages(&mut self) -> SmallVec<[std::sync::Arc<super::Message>; 1]> {
         self.pushed_out
             .as_mut()
             .map(|out| std::mem::take(&mut out.messages))
@@ -188,7 +188,7 @@ impl Victims {
 
 /// Result of [`Session::admit`]: pushed now, reserved for a stored push, or refused.
 #[derive(Debug)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// In the queue already; only the victims' removals are left to persist.
     Pushed(EnqueueOutcome, Victims),
     /// Admitted with a stored `seq` but not yet visible to the connection: the caller submits
@@ -209,7 +209,7 @@ pub enum Admission {
 
 /// What happened to a delivery handed to [`Session::enqueue`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EnqueueOutcome {
+pub(crate) enum EnqueueOutcome {
     /// Appended to the queue.
     Queued,
     /// Appended beyond the queue's bound, to a connected session that is taking messages:
@@ -227,7 +227,7 @@ pub enum EnqueueOutcome {
 
 /// Everything about a session that is guarded by its mutex.
 #[derive(Debug)]
-pub struct SessionState {
+pub(crate) struct SessionState {
     pub(in crate::broker) protocol: ProtocolVersion,
     /// Seconds the session outlives its connection; 0 = ends with it.
     pub(in crate::broker) expiry_interval: u32,
@@ -715,18 +715,18 @@ impl Session {
 
 impl SessionState {
     /// True if the session outlives its connection and so is kept in the durable store.
-    pub fn is_persistent(&self) -> bool {
+    pub(crate) fn is_persistent(&self) -> bool {
         self.expiry_interval > 0
     }
 
     /// True if any queued or in-flight delivery was made for a shared subscription.
-    pub fn holds_shared(&self) -> bool {
+    pub(crate) fn holds_shared(&self) -> bool {
         self.queue.iter().any(|d| d.shared.is_some())
             || self.inflight.iter().any(|f| f.delivery.shared.is_some())
     }
 
     /// True if the connection of `generation` still owns this session.
-    pub fn is_owned_by(&self, generation: u64) -> bool {
+    pub(crate) fn is_owned_by(&self, generation: u64) -> bool {
         self.connection
             .as_ref()
             .is_some_and(|c| c.generation.get() == generation)

@@ -25,6 +25,10 @@ use super::SessionState;
 
 /// Where an outbound QoS 1/2 message stands in its acknowledgement handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(
+    clippy::enum_variant_names,
+    reason = "named after the MQTT packets each stage awaits"
+)]
 pub enum OutboundStage {
     /// QoS 1 PUBLISH sent, waiting for PUBACK.
     AwaitPubAck,
@@ -47,6 +51,7 @@ impl OutboundStage {
 
 /// An acknowledgement a client sends for an outbound QoS 1/2 delivery.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names, reason = "the MQTT packets' names")]
 pub enum OutboundAck {
     /// PUBACK: ends a QoS 1 delivery.
     PubAck,
@@ -235,7 +240,7 @@ pub trait DeliverySink {
 
 /// What one [`SessionState::fill`] did.
 #[derive(Debug, Default)]
-pub struct Filled {
+pub(crate) struct Filled {
     /// Store ops to submit (new stages of persisted deliveries, expired entries removed).
     pub ops: Vec<Op>,
     /// True if some delivery was written with `after_commit`: the caller holds it back
@@ -263,7 +268,7 @@ pub enum Resend {
 
 /// What one [`SessionState::resend`] found on a resumed session.
 #[derive(Debug, Default)]
-pub struct Resent {
+pub(crate) struct Resent {
     /// What to send again, in the original order.
     pub resends: Vec<Resend>,
     /// Poison messages: deliveries already sent `mqtt.max_deliveries` times without an
@@ -282,7 +287,7 @@ pub struct Resent {
 
 /// The PUBREL to answer a PUBREC with.
 #[derive(Debug)]
-pub enum PubRecAnswer {
+pub(crate) enum PubRecAnswer {
     /// Send PUBREL with this reason code once `ops` are durable (none for a repeated PUBREC
     /// or an unknown id, which gets 0x92).
     Release {

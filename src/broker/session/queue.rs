@@ -74,7 +74,7 @@ impl SessionState {
     }
 
     /// Appends a delivery restored from the durable store (already admitted once).
-    pub fn restore_queued(&mut self, delivery: Delivery) {
+    pub(crate) fn restore_queued(&mut self, delivery: Delivery) {
         self.count_queued(delivery.message.size());
         self.queue.push_back(delivery);
     }
@@ -149,7 +149,7 @@ impl SessionState {
     }
 
     /// Takes the oldest queued delivery.
-    pub fn pop(&mut self) -> Option<Delivery> {
+    pub(crate) fn pop(&mut self) -> Option<Delivery> {
         let d = self.queue.pop_front()?;
         self.uncount_queued(d.message.size());
         if self.queue.is_empty() {
@@ -161,7 +161,7 @@ impl SessionState {
     /// Removes and returns the deliveries made for shared subscriptions `group` accepts, so
     /// they can go to another member: every queued one, and, when `include_sent_qos1`, the
     /// QoS 1 ones sent but not acknowledged. QoS 2 messages already sent stay (MQTT-4.8.2-4).
-    pub fn take_shared(
+    pub(crate) fn take_shared(
         &mut self,
         mut group: impl FnMut(&Delivery) -> bool,
         include_sent_qos1: bool,

@@ -38,7 +38,7 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 
 /// How long a claim waits for the previous owner's hand-over.
-pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 /// How often the records of local sessions are brought up to date.
 pub const RECORD_INTERVAL: Duration = Duration::from_secs(1);
 /// Most attempts of a compare-and-set that keeps losing races.
@@ -69,7 +69,7 @@ pub(in crate::cluster) use restore::restore;
 /// The records this node owns: the bucket, and per client id the revision and content it
 /// last wrote (to write only what changed, by compare-and-set).
 #[derive(Debug, Default)]
-pub struct Records {
+pub(crate) struct Records {
     /// This run's incarnation (unix ms at start), written into every record it owns.
     pub(super) life: u64,
     pub(super) bucket: std::sync::OnceLock<kv::Store>,

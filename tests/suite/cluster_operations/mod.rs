@@ -28,10 +28,10 @@ pub(crate) async fn session_record(nats: &str, client_id: &str) -> Option<serde_
     let client = async_nats::connect(nats).await.expect("connect to NATS");
     let js = async_nats::jetstream::new(client);
     let bucket = js
-        .get_key_value(postbox::cluster::SESSIONS_BUCKET)
+        .get_key_value(postbox::test_support::cluster::SESSIONS_BUCKET)
         .await
         .expect("the session bucket");
-    let key = postbox::cluster::subject::key(client_id);
+    let key = postbox::test_support::cluster::subject::key(client_id);
     let entry = bucket.get(key.as_str()).await.expect("read the record")?;
     serde_json::from_slice(&entry).ok()
 }
