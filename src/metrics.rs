@@ -325,6 +325,10 @@ pub struct Metrics {
     pub connections_refused_pending: Counter,
     /// Waiting handshakes closed: their source had `max_pending_connections_per_ip`.
     pub connections_refused_per_ip: Counter,
+    /// `postbox_connections_refused_total{reason="pending_evicted"}`: handshakes that had
+    /// waited longest for their client, closed to give a full listener's pending slot to a
+    /// newcomer (`connection::slots`).
+    pub connections_evicted: Counter,
     /// CONNECTs refused (CONNACK 0x89 / 0x03): the listener had `max_connections` clients.
     pub connections_refused_max: Counter,
     /// CONNECTs refused (CONNACK 0x97 / 0x03): the client's source address had the
@@ -474,6 +478,7 @@ impl Metrics {
             connections_pending: r.gauge(CONNECTIONS_PENDING, "Connections whose handshake waits for the client (CONNECT incomplete, AUTH answer due)."),
             connections_refused_pending: counter_of(&conn_refused, &["pending_limit"]),
             connections_refused_per_ip: counter_of(&conn_refused, &["pending_per_ip"]),
+            connections_evicted: counter_of(&conn_refused, &["pending_evicted"]),
             connections_refused_max: counter_of(&conn_refused, &["max_connections"]),
             connections_refused_max_per_ip: counter_of(&conn_refused, &["max_connections_per_ip"]),
             connections_refused_server: counter_of(&conn_refused, &["global_max_connections"]),

@@ -193,12 +193,15 @@ impl<K: Eq + Hash + Clone> Table<K> {
     }
 
     /// Counts a failure from `source`; true when it is the one that starts the key's delays.
+    /// Counted also where the table has no limit (`allowed` 0): whether an address failed
+    /// lately still orders the password checks ([`LoginThrottle::failed_lately`]; with the
+    /// address limit off it had never been known: twenty-sixth adversarial pass, L5).
     fn fail<Q>(&mut self, key: &Q, source: IpAddr, now: Instant, limits: &LoginLimits) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        if self.allowed == 0 || limits.entries == 0 {
+        if limits.entries == 0 {
             return false;
         }
         let forget = limits.forget_after();
@@ -320,8 +323,8 @@ impl LoginThrottle {
 
     /// Whether a check from `source` failed lately (its failures are still remembered):
     /// its next verifications wait behind those of sources that have not
-    /// (`auth::password::PasswordStore`'s suspects' places). Nothing is known where the
-    /// address limit is off.
+    /// (`auth::password::PasswordStore`'s suspects' places). Known also where the address
+    /// limit is off, unless both limits are (nothing is recorded then).
     pub(crate) fn failed_lately(&self, source: IpAddr, now: Instant) -> bool {
         if self.off() {
             return false;
@@ -511,6 +514,25 @@ mod tests {
         t.failed(A, "alice", now);
         t.succeeded(A, "mallory", now);
         assert_eq!(ask(&t, A, "alice", now), Err(Throttled::Address));
+    }
+
+    /// Twenty-sixth adversarial pass, L5: whether an address failed lately orders the
+    /// password checks (suspects wait behind the others), also where the address limit is
+    /// off; it never refuses there. Both limits off: nothing is recorded.
+    #[test]
+    fn an_address_that_failed_is_known_with_its_limit_off() {
+        let t = LoginThrottle::new(limits(0, 5, 100));
+        let now = Instant::now();
+        assert!(!t.failed_lately(A, now));
+        t.failed(A, "alice", now);
+        assert!(t.failed_lately(A, now), "known");
+        assert!(!t.failed_lately(B, now));
+        assert_eq!(ask(&t, A, "bob", now), Ok(()), "and not refused");
+        let later = now + FORGET_AFTER + Duration::from_secs(9);
+        assert!(!t.failed_lately(A, later), "forgotten");
+        let off = LoginThrottle::new(limits(0, 0, 100));
+        off.failed(A, "alice", now);
+        assert!(!off.failed_lately(A, now));
     }
 
     /// Third adversarial pass: a device's success must not hand an attacker elsewhere a fresh

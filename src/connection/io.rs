@@ -354,23 +354,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Io<S> {
         Poll::Pending
     }
 
-    /// Reads once; 0 means the peer closed.
-    pub(super) async fn read_some(&mut self) -> std::io::Result<usize> {
-        std::future::poll_fn(|cx| self.poll_read_some(cx)).await
-    }
-
     /// Reads at most `max` bytes (at least one) into `rbuf` through the worker's scratch
     /// buffer: a handshake watching for the client's close while its login verdict is due
     /// reads no more of what the client sent behind its CONNECT than it has counted.
     pub(super) async fn read_at_most(&mut self, max: usize) -> std::io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_read_at_most(cx, max)).await
+    }
+
+    /// Polls one read of at most `max` bytes (at least one) into `rbuf` through the worker's
+    /// scratch buffer ([`Io::read_at_most`]; the handshake reads no further than its CONNECT
+    /// this way).
+    pub(super) fn poll_read_at_most(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+    ) -> Poll<std::io::Result<usize>> {
         let max = max.clamp(1, SCRATCH);
         let rbuf = &mut self.rbuf;
-        let stream = &mut self.stream;
-        let read = std::future::poll_fn(|cx| {
-            poll_read_scratch(stream, cx, max, |arrived| rbuf.extend_from_slice(arrived))
-        })
-        .await;
-        if let (Ok(n), Some(partial)) = (&read, self.partial.as_deref_mut()) {
+        let read = poll_read_scratch(&mut self.stream, cx, max, |arrived| {
+            rbuf.extend_from_slice(arrived);
+        });
+        if let (Poll::Ready(Ok(n)), Some(partial)) = (&read, self.partial.as_deref_mut()) {
             partial.read_since += *n;
         }
         read

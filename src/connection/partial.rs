@@ -48,23 +48,34 @@ static HELD_BEFORE_CONNECT: AtomicU64 = AtomicU64::new(0);
 /// What one CONNECT still arriving or waiting for its verdict may hold whatever the others
 /// hold ([`HELD_BEFORE_CONNECT`]'s share): ordinary CONNECTs (an id, a user name, a
 /// password or a token of a few KiB, a small will) are never refused for what strangers'
-/// CONNECTs hold, and past the share the most that can be held is this per pending slot
-/// (with what the watch reads behind it, `handshake::wait::WATCH_LIMIT`): a handshake that
-/// waits, for the client or for its password hash, holds one (twenty-fifth pass, K1: those
-/// waiting for a hash held none, and 5,080 of them held 40 MB of CONNECTs this allowance let
-/// past the share).
+/// CONNECTs hold. Past the share the most that can be held is this (and
+/// [`BEHIND_CONNECT`]) per handshake that waits: for the client, in a pending slot of its
+/// listener, or for a password hash, in the password store's queue
+/// (`auth::password::queue`, at most 1,024). Twenty-fifth pass, K1: those waiting for a hash
+/// were bounded by nothing, and 5,080 of them held 40 MB of CONNECTs this allowance let past
+/// the share.
 pub(super) const CONNECT_ALLOWANCE: usize = 8 * 1024;
+
+/// What a handshake may hold past its CONNECT, within the allowance too: the rest of its
+/// first read and what it reads while its login verdict is due (`handshake::wait`,
+/// `FIRST_READ` and `WATCH_LIMIT`, 1 KiB each). A small CONNECT with a packet pipelined
+/// behind it is an ordinary one (twenty-sixth adversarial pass, L2).
+pub(super) const BEHIND_CONNECT: usize = 2 * 1024;
+
+/// What one handshake holds at most whatever the others hold: [`CONNECT_ALLOWANCE`] and
+/// [`BEHIND_CONNECT`].
+const UNBOUNDED_HOLDING: usize = CONNECT_ALLOWANCE + BEHIND_CONNECT;
 
 /// Of the share of the CONNECTs not verified yet, what one source address (IPv4 address,
 /// IPv6 /64, `connection::slots::source_key`) may hold in CONNECTs of more than
-/// [`CONNECT_ALLOWANCE`]: this part of the share, or one `mqtt.max_connect_size` if that is
+/// [`UNBOUNDED_HOLDING`]: this part of the share, or one `mqtt.max_connect_size` if that is
 /// more ([`before_connect`]). Eight sockets from one address holding half-sent CONNECTs of
 /// 262 KB had filled the whole share and kept it full, and every verified client whose
 /// CONNECT held more than 8 KiB (a will of 20 KB) was closed while it arrived (issue 35,
 /// twenty-fifth adversarial pass, K3); now that takes this many addresses.
 const SOURCE_PART: u64 = 8;
 
-/// Bytes of the CONNECTs of more than [`CONNECT_ALLOWANCE`] not verified yet, by source
+/// Bytes of the CONNECTs of more than [`UNBOUNDED_HOLDING`] not verified yet, by source
 /// address: each held within [`SOURCE_PART`] of the share. Touched only by such CONNECTs (a
 /// lock per read of a large CONNECT), never by ordinary ones; entries are removed at 0.
 static LARGE_BY_SOURCE: std::sync::LazyLock<
@@ -91,9 +102,9 @@ pub(crate) fn before_connect(
 }
 
 /// The bytes of a CONNECT holding `held` that count in its address's part: all of them once
-/// past [`CONNECT_ALLOWANCE`], none below.
+/// past [`UNBOUNDED_HOLDING`], none below.
 fn large(held: usize) -> u64 {
-    if held > CONNECT_ALLOWANCE {
+    if held > UNBOUNDED_HOLDING {
         held as u64
     } else {
         0
@@ -151,12 +162,12 @@ pub(crate) fn anonymous_partial_bytes() -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HeldClass {
     /// A CONNECT still arriving or waiting for its login verdict: [`HELD_BEFORE_CONNECT`],
-    /// outside the memory budget, in a share of its own, and past [`CONNECT_ALLOWANCE`] in
+    /// outside the memory budget, in a share of its own, and past [`UNBOUNDED_HOLDING`] in
     /// its address's part of that ([`before_connect`]).
     BeforeConnect {
         /// The connection's source (`connection::slots::source_key`).
         source: IpAddr,
-        /// What that source's CONNECTs of more than [`CONNECT_ALLOWANCE`] may hold.
+        /// What that source's CONNECTs of more than [`UNBOUNDED_HOLDING`] may hold.
         source_share: u64,
     },
     /// A connected client a method verified, or any client where no method tells identities
@@ -180,7 +191,7 @@ pub(crate) enum HeldClass {
 
 /// Moves the `counted` bytes of a holder of `class` to `held`; false, with nothing more
 /// counted, when the growth would take anonymous clients' partial packets past `share` bytes
-/// ([`HeldClass::Anonymous`]), or for a holder of more than [`CONNECT_ALLOWANCE`] the
+/// ([`HeldClass::Anonymous`]), or for a holder of more than [`UNBOUNDED_HOLDING`] the
 /// CONNECTs not verified yet past theirs, or its address past its part of it
 /// ([`HeldClass::BeforeConnect`]). Only a connection holding a partial packet (or what
 /// `connection::held` counts: issue 35, twelfth pass, U5, U6) gets here, never one whose
@@ -212,7 +223,7 @@ pub(super) fn count(class: HeldClass, counted: &mut usize, held: usize, share: u
         let over = before.saturating_add(grown) > share;
         let bounded = match class {
             HeldClass::Anonymous => true,
-            HeldClass::BeforeConnect { .. } => held > CONNECT_ALLOWANCE,
+            HeldClass::BeforeConnect { .. } => held > UNBOUNDED_HOLDING,
             HeldClass::Connected => false,
         };
         if bounded && over {
@@ -418,7 +429,7 @@ mod tests {
         );
         assert_eq!(second, 0, "nothing counted for the refused one");
         assert!(
-            count(class, &mut small, CONNECT_ALLOWANCE, pool),
+            count(class, &mut small, UNBOUNDED_HOLDING, pool),
             "an ordinary one"
         );
         let (other_class, _) = tight(other);

@@ -14,6 +14,10 @@
 //! is accepted (or is refused with a CONNACK when a connected bound is reached, [`Full`]).
 //! Silent and slow sockets can fill the pending slots, but never the ones finished clients
 //! hold, and the per-address bounds stop one host from filling all pending or connected slots.
+//! A newcomer that finds the listener's pending slots full takes the slot of the handshake
+//! that has waited longest, once that one has waited [`EVICTABLE_AFTER`]: every TLS and
+//! WebSocket client's handshake waits for it, so stalled sockets in every slot had kept them
+//! all out (issue 35, twenty-sixth adversarial pass, L4).
 //!
 //! The steps before MQTT that wait for the client take the same slot the first time they
 //! wait (`transport::paced_by_client`): a PROXY header, a TLS handshake, a WebSocket upgrade;
@@ -39,6 +43,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::broker::flow::AnonymousConnection;
 use crate::config::{ListenerConfig, ListenerKind};
@@ -96,6 +101,9 @@ pub(crate) enum Refused {
     PendingLimit,
     /// Its source has `max_pending_connections_per_ip` pending already.
     PendingPerSource,
+    /// It had waited longest for its client, and its slot went to a newcomer
+    /// ([`EVICTABLE_AFTER`]).
+    Evicted,
 }
 
 /// Why a CONNECT got no connected slot ([`HandshakeSlot::promote`]); the handshake refuses it
@@ -171,6 +179,16 @@ fn take_slot(count: &AtomicUsize, max: usize) -> bool {
         .is_ok()
 }
 
+/// How long a handshake must have waited for its client before a newcomer may take its
+/// pending slot, when the listener has none free ([`Admission::take_pending`]). Stalled
+/// sockets in every slot of a TLS or WebSocket listener had kept every client out, since
+/// each of those handshakes waits a round trip for its client (issue 35, twenty-sixth
+/// adversarial pass, L4: 17 addresses x 64 sockets sending two bytes, 26 of 26 TLS logins
+/// failed); now they must be renewed faster than this to keep a client out, and a burst of
+/// real clients larger than the slots still refuses the newest rather than cutting the
+/// oldest short.
+pub(crate) const EVICTABLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Pending connections by source, under one lock (taken at accept and when a handshake
 /// ends, never per packet).
 #[derive(Debug, Default)]
@@ -178,6 +196,55 @@ struct Pending {
     total: usize,
     /// Entries are removed at 0, so the map never holds more than `total` sources.
     by_source: HashMap<IpAddr, usize, foldhash::fast::RandomState>,
+    /// The waiting handshakes by when they began to wait, oldest first; those that ended
+    /// leave their entry until it reaches the front or the queue is compacted.
+    order: std::collections::VecDeque<(u64, Instant)>,
+    /// The waiting handshakes now: their source and the token that evicts them.
+    live: HashMap<u64, (IpAddr, CancellationToken), foldhash::fast::RandomState>,
+    next_id: u64,
+}
+
+impl Pending {
+    /// Ends the wait of the oldest handshake if it has waited [`EVICTABLE_AFTER`]: its slot
+    /// is counted free, and its task, told by its token, closes the connection. False when
+    /// none has waited that long.
+    fn evict_oldest(&mut self, now: Instant) -> bool {
+        while let Some(&(id, since)) = self.order.front() {
+            if !self.live.contains_key(&id) {
+                self.order.pop_front();
+                continue;
+            }
+            if now.saturating_duration_since(since) < EVICTABLE_AFTER {
+                return false;
+            }
+            self.order.pop_front();
+            if let Some((source, token)) = self.live.remove(&id) {
+                token.cancel();
+                self.forget(source);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// One pending handshake of `source` fewer.
+    fn forget(&mut self, source: IpAddr) {
+        self.total -= 1;
+        if let Some(n) = self.by_source.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_source.remove(&source);
+            }
+        }
+    }
+}
+
+/// A handshake's pending slot: its place in [`Pending`] and the token that tells it the
+/// slot was given to a newcomer ([`HandshakeSlot::evicted`]).
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    evicted: CancellationToken,
 }
 
 /// The slot counts of one listener, shared by its accept loop and its connections.
@@ -194,6 +261,8 @@ pub(crate) struct Admission {
     pending_gauge: Gauge,
     refused_pending: Counter,
     refused_per_source: Counter,
+    /// Handshakes whose pending slot went to a newcomer.
+    evicted: Counter,
     refused_max: Counter,
     refused_max_per_source: Counter,
     refused_server: Counter,
@@ -225,6 +294,7 @@ impl Admission {
             pending_gauge: metrics.connections_pending.clone(),
             refused_pending: metrics.connections_refused_pending.clone(),
             refused_per_source: metrics.connections_refused_per_ip.clone(),
+            evicted: metrics.connections_evicted.clone(),
             refused_max: metrics.connections_refused_max.clone(),
             refused_max_per_source: metrics.connections_refused_max_per_ip.clone(),
             refused_server: metrics.connections_refused_server.clone(),
@@ -245,39 +315,61 @@ impl Admission {
             source: source_key(peer),
             accepted_at: Instant::now(),
             state: State::Arrived,
+            waiting: None,
         }
     }
 
-    /// Takes a pending slot for `source`, or says why there is none (and counts that).
-    fn take_pending(&self, source: IpAddr) -> Result<(), Refused> {
+    /// Takes a pending slot for `source`, or says why there is none (and counts that). With
+    /// the listener's slots all taken, the handshake that has waited longest, if it has
+    /// waited [`EVICTABLE_AFTER`], gives its slot up ([`Pending::evict_oldest`]).
+    fn take_pending(&self, source: IpAddr) -> Result<Waiting, Refused> {
         let mut pending = self.pending.lock();
-        if self.limits.max_pending > 0 && pending.total >= self.limits.max_pending {
-            drop(pending);
-            self.refused_pending.increment(1);
-            return Err(Refused::PendingLimit);
-        }
-        let from_source = pending.by_source.entry(source).or_insert(0);
+        let from_source = pending.by_source.get(&source).copied().unwrap_or(0);
         if self.limits.max_pending_per_source > 0
-            && *from_source >= self.limits.max_pending_per_source
+            && from_source >= self.limits.max_pending_per_source
         {
             drop(pending);
             self.refused_per_source.increment(1);
             return Err(Refused::PendingPerSource);
         }
-        *from_source += 1;
+        let now = Instant::now();
+        if self.limits.max_pending > 0 && pending.total >= self.limits.max_pending {
+            if !pending.evict_oldest(now) {
+                drop(pending);
+                self.refused_pending.increment(1);
+                return Err(Refused::PendingLimit);
+            }
+            self.evicted.increment(1);
+            self.pending_gauge.decrement(1.0);
+        }
+        *pending.by_source.entry(source).or_insert(0) += 1;
         pending.total += 1;
+        let id = pending.next_id;
+        pending.next_id += 1;
+        let evicted = CancellationToken::new();
+        pending.order.push_back((id, now));
+        pending.live.insert(id, (source, evicted.clone()));
+        // Ended waits leave their entries behind: compacted once they outnumber the rest.
+        if pending.order.len() > 2 * pending.live.len() + 64 {
+            let Pending { order, live, .. } = &mut *pending;
+            order.retain(|(id, _)| live.contains_key(id));
+        }
         drop(pending);
         self.pending_gauge.increment(1.0);
-        Ok(())
+        Ok(Waiting { id, evicted })
     }
 
-    /// Moves one pending slot from `from` to `to` (the listener's total stays), unless `to`
-    /// has its per-source bound already (counted).
-    fn move_pending(&self, from: IpAddr, to: IpAddr) -> Result<(), Refused> {
+    /// Moves the pending slot `id` from `from` to `to` (the listener's total stays), unless
+    /// `to` has its per-source bound already (counted).
+    fn move_pending(&self, id: u64, from: IpAddr, to: IpAddr) -> Result<(), Refused> {
         if from == to {
             return Ok(());
         }
         let mut pending = self.pending.lock();
+        let Some(entry) = pending.live.get_mut(&id) else {
+            return Ok(()); // evicted: its task closes the connection
+        };
+        entry.0 = to;
         let to_count = pending.by_source.get(&to).copied().unwrap_or(0);
         let bound = self.limits.max_pending_per_source;
         if bound > 0 && to_count >= bound {
@@ -375,15 +467,13 @@ impl Admission {
         }
     }
 
-    fn release_pending(&self, source: IpAddr) {
+    /// Gives back the pending slot `id`, unless a newcomer took it already (evicted).
+    fn release_pending(&self, id: u64) {
         let mut pending = self.pending.lock();
-        pending.total -= 1;
-        if let Some(n) = pending.by_source.get_mut(&source) {
-            *n -= 1;
-            if *n == 0 {
-                pending.by_source.remove(&source);
-            }
-        }
+        let Some((source, _)) = pending.live.remove(&id) else {
+            return;
+        };
+        pending.forget(source);
         drop(pending);
         self.pending_gauge.decrement(1.0);
     }
@@ -412,6 +502,8 @@ pub(crate) struct HandshakeSlot {
     source: IpAddr,
     accepted_at: Instant,
     state: State,
+    /// The pending slot, while [`State::Waiting`].
+    waiting: Option<Waiting>,
 }
 
 impl HandshakeSlot {
@@ -438,7 +530,8 @@ impl HandshakeSlot {
         match self.state {
             State::Arrived => self.source = source,
             State::Waiting => {
-                self.admission.move_pending(self.source, source)?;
+                let id = self.waiting.as_ref().map_or(u64::MAX, |w| w.id);
+                self.admission.move_pending(id, self.source, source)?;
                 self.source = source;
             }
             State::Connected => {}
@@ -455,24 +548,20 @@ impl HandshakeSlot {
     /// closes the connection.
     pub(crate) fn wait_for_client(&mut self) -> Result<(), Refused> {
         if self.state == State::Arrived {
-            self.admission.take_pending(self.source)?;
+            self.waiting = Some(self.admission.take_pending(self.source)?);
             self.state = State::Waiting;
         }
         Ok(())
     }
 
-    /// Called when the handshake has to wait for a verdict of the broker's own that may take
-    /// long (a password hash queued behind others): takes a pending slot, once, as a wait for
-    /// the client does. Before, such handshakes took none, and 5,080 of them from 254
-    /// addresses waited at once on a listener of 1,024 pending slots (issue 35,
-    /// twenty-fifth adversarial pass, K1).
-    ///
-    /// # Errors
-    ///
-    /// [`Refused`] when the listener's or the source's pending bound is reached; the caller
-    /// refuses the CONNECT.
-    pub(crate) fn wait_for_verdict(&mut self) -> Result<(), Refused> {
-        self.wait_for_client()
+    /// Resolves when this handshake's pending slot was given to a newcomer (it had waited
+    /// for its client longest, [`EVICTABLE_AFTER`] at least, and the listener had no slot
+    /// free): the caller closes the connection. Never, while it holds no pending slot.
+    pub(crate) async fn evicted(&self) {
+        match &self.waiting {
+            Some(waiting) => waiting.evicted.cancelled().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Trades this slot for a connected one, when the listener's `max_connections`, its
@@ -497,8 +586,8 @@ impl HandshakeSlot {
             Ok(counted) => counted,
             Err(full) => return Err((self, full)),
         };
-        if self.state == State::Waiting {
-            self.admission.release_pending(self.source);
+        if let Some(waiting) = self.waiting.take() {
+            self.admission.release_pending(waiting.id);
         }
         self.state = State::Connected;
         Ok(ConnectedSlot {
@@ -513,8 +602,8 @@ impl HandshakeSlot {
 impl Drop for HandshakeSlot {
     /// The connection closes before its CONNECT was accepted (or the slot was promoted).
     fn drop(&mut self) {
-        if self.state == State::Waiting {
-            self.admission.release_pending(self.source);
+        if let Some(waiting) = self.waiting.take() {
+            self.admission.release_pending(waiting.id);
         }
         if self.state != State::Connected {
             self.admission.open_gauge.decrement(1.0);

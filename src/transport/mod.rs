@@ -251,15 +251,20 @@ async fn paced_by_client<F: Future>(
     step: F,
 ) -> Result<F::Output, Refused> {
     let mut step = std::pin::pin!(step);
-    std::future::poll_fn(|cx| match step.as_mut().poll(cx) {
-        std::task::Poll::Ready(out) => std::task::Poll::Ready(Ok(out)),
-        // Taken once; later calls only look at the slot's state.
-        std::task::Poll::Pending => match slot.wait_for_client() {
-            Ok(()) => std::task::Poll::Pending,
-            Err(refused) => std::task::Poll::Ready(Err(refused)),
-        },
+    let ready = std::future::poll_fn(|cx| match step.as_mut().poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
     })
-    .await
+    .await;
+    if let Some(out) = ready {
+        return Ok(out);
+    }
+    slot.wait_for_client()?;
+    // The slot may go to a newcomer once this wait is the oldest (`slots::EVICTABLE_AFTER`).
+    tokio::select! {
+        out = step => Ok(out),
+        () = slot.evicted() => Err(Refused::Evicted),
+    }
 }
 
 /// Logs a connection closed before MQTT for want of a pending slot (debug: a flood would

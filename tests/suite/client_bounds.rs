@@ -1030,6 +1030,59 @@ async fn one_address_holds_at_most_its_part_of_the_connects_not_verified() {
     drop((first, elsewhere));
 }
 
+/// Issue 35, twenty-sixth adversarial pass, L2: what the handshake read behind a CONNECT (up
+/// to 16 KiB of a PUBLISH the client pipelined, as MQTT 5.0 §3.1.4 allows) counted as part
+/// of it, so a small CONNECT with a 10 KB PUBLISH behind it was refused 0x97 as a large one
+/// while a stranger on its address held its part of the CONNECTs not verified yet. Now the
+/// handshake reads no further than the CONNECT (but for its first read, at most 1 KiB), and
+/// sensor1's CONNECT with a 10 KB QoS 1 PUBLISH in the same write gets CONNACK 0x00 and its
+/// PUBACK (MQTT-4.3.2-4), next to a stranger's half-sent 60 KB CONNECT from its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_connect_with_a_packet_behind_it_is_an_ordinary_one() {
+    use postbox::codec::QoS;
+    use tokio::io::AsyncWriteExt;
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    let broker = BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 1048576\n\
+             max_connect_size = 65536\n[auth]\npassword_file = {passwd:?}\n"
+        ),
+    )
+    .await;
+    let stranger_bytes = big_connect("stranger", 60_000);
+    let mut stranger = connect_from(loopback(5), broker.addr).await;
+    let held = stranger_bytes.len() - 1;
+    stranger
+        .write_all(&stranger_bytes[..held])
+        .await
+        .expect("write");
+    broker
+        .wait_metric("postbox_partial_packet_bytes", |v| v >= held as f64)
+        .await;
+    let mut bytes = common::encode(
+        &Packet::Connect(Box::new(sensor1("pipelining"))),
+        ProtocolVersion::V5,
+    );
+    let publish = v5::publish_packet("sensors/sensor1/log", QoS::AtLeastOnce, &[7; 10_000], 1);
+    bytes.extend(common::encode(
+        &Packet::Publish(publish),
+        ProtocolVersion::V5,
+    ));
+    let mut device = connect_from(loopback(5), broker.addr).await;
+    device.write_all(&bytes).await.expect("write");
+    let mut device = RawClient::over(device, ProtocolVersion::V5);
+    match tokio::time::timeout(common::WAIT, device.recv()).await {
+        Ok(Some(Packet::ConnAck(ack))) => assert_eq!(ack.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected CONNACK 0x00, got {other:?}"),
+    }
+    match tokio::time::timeout(common::WAIT, device.recv()).await {
+        Ok(Some(Packet::PubAck(ack))) => assert!(!ack.reason_code.is_error(), "{ack:?}"),
+        other => panic!("expected the PUBACK, got {other:?}"),
+    }
+    drop(stranger);
+}
+
 /// What is queued for an offline anonymous session counts in the anonymous eighth of
 /// `mqtt.max_memory` (4 MiB here: 512 KiB): once anonymous sessions hold it, the session's
 /// queue is full and its overflow policy applies (`drop-new` by default; the publisher's PUBACK

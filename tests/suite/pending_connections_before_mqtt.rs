@@ -246,3 +246,41 @@ async fn a_stalled_tls_handshake_behind_a_balancer_counts_the_named_client() {
     assert_eq!(broker.metric(REFUSED_PER_IP).await, Some(1.0));
     drop((first, other));
 }
+
+/// Issue 35, twenty-sixth adversarial pass, L4: half-sent `ClientHello`s in every pending
+/// slot of a TLS listener kept every TLS client out (26 of 26 failed), since each TLS
+/// handshake waits a round trip for its client and so needs a slot. Now, once the stalled
+/// ones have waited a second (`connection::slots::EVICTABLE_AFTER`), a real client's
+/// handshake takes the oldest one's slot, that socket is closed and counted
+/// (`pending_evicted`), and the client connects. The wait for them to age is a sleep: their
+/// age is the property, no event marks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_takes_the_slot_of_the_oldest_stalled_handshake() {
+    let broker = broker("tls", &format!("max_pending_connections = {PER_IP}")).await;
+    let (tx, mut closed) = tokio::sync::mpsc::unbounded_channel();
+    let mut watchers = Vec::with_capacity(PER_IP);
+    for i in 0..PER_IP {
+        let mut socket = connect_from(STALLER, broker.addr).await;
+        socket
+            .write_all(HALF_CLIENT_HELLO)
+            .await
+            .expect("write the opening");
+        watchers.push(report_close(socket, i, tx.clone()));
+    }
+    broker.wait_metric(PENDING, |n| n >= PER_IP as f64).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let mut real = tls_client(broker.addr).await;
+    assert_eq!(
+        v5::connack_over(&mut real, "real-tls").await,
+        Some(ReasonCode::SUCCESS)
+    );
+    tokio::time::timeout(WAIT, closed.recv())
+        .await
+        .expect("the oldest stalled socket is closed")
+        .expect("watchers alive");
+    let evicted = "postbox_connections_refused_total{reason=\"pending_evicted\"}";
+    assert_eq!(broker.metric(evicted).await, Some(1.0));
+    assert!(closed.try_recv().is_err(), "one gave way, not more");
+    watchers.iter().for_each(tokio::task::JoinHandle::abort);
+    broker.kill().await;
+}

@@ -22,6 +22,7 @@
 pub(crate) mod cache;
 pub mod file;
 pub(crate) mod hash;
+mod queue;
 mod share;
 
 use std::net::IpAddr;
@@ -60,6 +61,9 @@ pub enum Verdict {
     /// Not checked: the source address or the user name failed too often lately
     /// (`auth::throttle`); answered CONNACK 0x9F Connection rate exceeded (3.x: 3).
     Throttled,
+    /// Not checked: more checks wait for a hash than the workers can start before their
+    /// deadlines ([`queue`]); answered CONNACK 0x89 Server busy (3.x: 3).
+    Busy,
 }
 
 impl Verdict {
@@ -72,6 +76,7 @@ impl Verdict {
             Verdict::UnknownUser => "unknown_user",
             Verdict::NoTime => "no_time",
             Verdict::Throttled => "throttled",
+            Verdict::Busy => "busy",
         }
     }
 }
@@ -145,6 +150,12 @@ pub struct PasswordStore {
     /// not suspect until its first failure, so an attacker gets one verification per
     /// address at full priority per `FORGET_AFTER` (15 minutes).
     suspects: Arc<Semaphore>,
+    /// How many of those places there are.
+    suspect_places: usize,
+    /// The checks waiting for a worker, bounded by what the workers can check in time.
+    queue: queue::HashQueue,
+    /// Hash workers (the permits).
+    workers: usize,
     /// Failed-login limits (off until [`PasswordStore::with_throttle`]), shared with the
     /// other methods that check a secret (SCRAM): one limit whatever the method guessed.
     throttle: Arc<LoginThrottle>,
@@ -223,6 +234,9 @@ impl PasswordStore {
             permits: Arc::new(Semaphore::new(max_hashes)),
             shares: HashShares::new(max_hashes),
             suspects: Arc::new(Semaphore::new(max_hashes.saturating_sub(1).max(1))),
+            suspect_places: max_hashes.saturating_sub(1).max(1),
+            queue: queue::HashQueue::default(),
+            workers: max_hashes,
             throttle: Arc::new(LoginThrottle::new(LoginLimits::OFF)),
             cache: Mutex::new(SuccessCache::new(cache_size)),
             metrics,
@@ -382,12 +396,32 @@ impl PasswordStore {
                 }
             },
         };
-        let share = self.shares.acquire(source).await;
-        // Behind the sources that have not failed lately (twenty-fifth pass, K5).
-        let suspect = if self
+        // Waiting only where the workers can get to it in time (twenty-sixth pass, L1), and
+        // behind the sources that have not failed lately (twenty-fifth pass, K5).
+        let suspect = self
             .throttle
-            .failed_lately(source, std::time::Instant::now())
-        {
+            .failed_lately(source, std::time::Instant::now());
+        // What a check holds a worker for: its hash, and a failure's padding.
+        let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
+        let per_check = last.max(self.pad_target());
+        let time_left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let places = if suspect {
+            self.suspect_places
+        } else {
+            self.workers
+        };
+        if queue::in_time(places, per_check, time_left) == 0 {
+            return Verdict::NoTime;
+        }
+        let Some(waiting) = self.queue.enter(suspect, places, per_check, time_left) else {
+            return Verdict::Busy;
+        };
+        let source_places = self.shares.per_source();
+        let source_bound = queue::in_time(source_places, per_check, time_left).max(1);
+        let Some(share) = self.shares.acquire(source, source_bound).await else {
+            return Verdict::Busy;
+        };
+        let suspect = if suspect {
             Arc::clone(&self.suspects).acquire_owned().await.ok()
         } else {
             None
@@ -396,7 +430,9 @@ impl PasswordStore {
         // The source's place, its suspect's place if any, and the worker, held past the hash
         // by a failure (below).
         let mut held: Option<Places> = None;
-        let matched = match Arc::clone(&self.permits).acquire_owned().await {
+        let permit = Arc::clone(&self.permits).acquire_owned().await;
+        drop(waiting);
+        let matched = match permit {
             Ok(permit) => {
                 let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
                 if tokio::time::Instant::now() + last > deadline {
@@ -477,7 +513,7 @@ impl PasswordStore {
             Verdict::BadPassword | Verdict::UnknownUser => {
                 self.metrics.bad_credentials.increment(1);
             }
-            Verdict::NoTime | Verdict::Throttled => {}
+            Verdict::NoTime | Verdict::Throttled | Verdict::Busy => {}
         }
         verdict
     }

@@ -38,16 +38,26 @@ impl HashShares {
         }
     }
 
-    /// Waits for a place in `source`'s share; held until the hash it allows has finished
-    /// (the place moves into the blocking task), and after a failure until its padded answer
-    /// (`PasswordStore::verify`). Dropping the future gives the place up.
-    pub(crate) async fn acquire(&self, source: IpAddr) -> Share {
+    /// Places each source has.
+    pub(crate) fn per_source(&self) -> usize {
+        self.per_source
+    }
+
+    /// Waits for a place in `source`'s share, unless `most` of its verifications are in
+    /// flight already (`None`: its places cannot get to another in time); held until the
+    /// hash it allows has finished (the place moves into the blocking task), and after a
+    /// failure until its padded answer (`PasswordStore::verify`). Dropping the future gives
+    /// the place up.
+    pub(crate) async fn acquire(&self, source: IpAddr, most: usize) -> Option<Share> {
         let places = {
             let mut queues = self.queues.lock();
             let queue = queues.entry(source).or_insert_with(|| Queue {
                 places: Arc::new(Semaphore::new(self.per_source)),
                 users: 0,
             });
+            if queue.users >= most {
+                return None;
+            }
             queue.users += 1;
             Arc::clone(&queue.places)
         };
@@ -59,7 +69,7 @@ impl HashShares {
         };
         // Never closed; `None` would only let the hash run without a place.
         share.permit = places.acquire_owned().await.ok();
-        share
+        Some(share)
     }
 
     /// Addresses with a queue now.
@@ -103,19 +113,21 @@ mod tests {
 
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
     const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 2));
+    /// No bound on the verifications in flight.
+    const MANY: usize = usize::MAX;
 
     #[tokio::test]
     async fn an_address_waits_for_its_own_places_only_and_queues_go_with_their_users() {
         let shares = HashShares::new(2);
-        let first = shares.acquire(A).await;
+        let first = shares.acquire(A, MANY).await.expect("room");
         // A's one place is taken: a second verification from A waits…
-        let mut second = Box::pin(shares.acquire(A));
+        let mut second = Box::pin(shares.acquire(A, MANY));
         assert!(pending(second.as_mut()).await);
         // … while B gets its place at once.
-        let b = shares.acquire(B).await;
+        let b = shares.acquire(B, MANY).await.expect("room");
         assert_eq!(shares.sources(), 2);
         drop(first);
-        let second = second.await;
+        let second = second.await.expect("room");
         drop((second, b));
         assert_eq!(
             shares.sources(),
@@ -124,11 +136,32 @@ mod tests {
         );
 
         // A waiter that gives up leaves nothing behind either.
-        let held = shares.acquire(A).await;
-        let mut gave_up = Box::pin(shares.acquire(A));
+        let held = shares.acquire(A, MANY).await.expect("room");
+        let mut gave_up = Box::pin(shares.acquire(A, MANY));
         assert!(pending(gave_up.as_mut()).await);
         drop(gave_up);
         drop(held);
         assert_eq!(shares.sources(), 0);
+    }
+
+    /// Twenty-sixth adversarial pass, L1: a source may have no more verifications in flight
+    /// than its places can get to in time; past that it gets `None` (answered busy), and a
+    /// place given back lets the next in.
+    #[tokio::test]
+    async fn a_source_waits_at_most_as_many_as_its_places_get_to() {
+        let shares = HashShares::new(2);
+        let first = shares.acquire(A, 2).await.expect("room");
+        let mut second = Box::pin(shares.acquire(A, 2));
+        assert!(pending(second.as_mut()).await, "waits for A's place");
+        assert!(
+            shares.acquire(A, 2).await.is_none(),
+            "a third is past the bound"
+        );
+        assert!(
+            shares.acquire(B, 2).await.is_some(),
+            "another source is not"
+        );
+        drop(first);
+        assert!(second.await.is_some());
     }
 }

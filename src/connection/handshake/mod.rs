@@ -10,7 +10,6 @@ mod enhanced;
 mod refuse;
 mod wait;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use bytestring::ByteString;
@@ -147,7 +146,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
                 return None;
             }
         }
-        match read_more(io, &mut slot, deadline, shutdown).await {
+        let most = wait::packet_still_needs(&io.rbuf);
+        match read_more(io, (&mut slot, most), deadline, shutdown).await {
             ReadMore::Data => {}
             ReadMore::Gone => return None,
             ReadMore::TimedOut => {
@@ -320,40 +320,33 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     ) {
         let password = connect.password.as_deref().unwrap_or_default();
         // Keyed as the connection bounds are (IPv4 address, IPv6 /64; a PROXY header's client).
+        // How many checks may wait for a hash is the password store's to bound (it answers
+        // `Verdict::Busy` past what its workers can check in time), not the pending slots':
+        // those strangers can fill with silent sockets, and a login that waited for one was
+        // refused whenever they did (twenty-sixth pass, L1).
         let verify =
             tokio::time::timeout_at(deadline, store.verify(user, password, source, deadline));
-        let mut verify = std::pin::pin!(verify);
-        // Answered at once (the success cache, the throttle) or waiting for a hash: a wait
-        // holds a pending slot, as one for the client does (twenty-fifth pass, K1).
-        let at_once = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(match verify.as_mut().poll(cx) {
-                std::task::Poll::Ready(verdict) => Some(verdict),
-                std::task::Poll::Pending => None,
-            })
-        })
-        .await;
-        let verdict = match at_once {
-            Some(verdict) => verdict,
-            None => {
-                if let Err(refused) = slot.wait_for_verdict() {
-                    tracing::debug!(%peer, listener = %info.listener, ?refused, "refusing CONNECT: no pending slot to wait for its password check in");
-                    let (code, why) = refuse::pending_refusal(refused);
-                    return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
-                }
-                // Watching the client meanwhile: one that leaves before its hash is not hashed.
-                let watch = (&mut unverified, connect_bytes);
-                let Some(verdict) = while_connected(io, shutdown, watch, verify).await else {
-                    tracing::debug!(%peer, listener = %info.listener, "closed while its password waited to be checked");
-                    return None;
-                };
-                verdict
-            }
+        // Watching the client meanwhile: one that leaves before its hash is not hashed.
+        let watch = (&mut unverified, connect_bytes);
+        let Some(verdict) = while_connected(io, shutdown, watch, verify).await else {
+            tracing::debug!(%peer, listener = %info.listener, "closed while its password waited to be checked");
+            return None;
         };
         match verdict {
             Ok(password::Verdict::Ok) => authenticated = true,
             Ok(password::Verdict::NoTime) | Err(_) => {
                 connect_timed_out(broker, info, io.rbuf.len());
                 return None;
+            }
+            Ok(password::Verdict::Busy) => {
+                // More checks wait for a hash than the workers can do before their deadlines:
+                // v5 0x89 Server busy, 3.x 3 (Server unavailable), "try again later" (the
+                // client's next attempt may find its password remembered, or the queue
+                // shorter), instead of a close at `connect_timeout` (twenty-sixth pass, K1/L1).
+                tracing::debug!(%peer, listener = %info.listener, client = %admitted.client_id, user, "refusing CONNECT unchecked: the password checks are behind");
+                let code = ReasonCode::SERVER_BUSY;
+                let why = "the password checks are behind; try again later";
+                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
             }
             Ok(password::Verdict::Throttled) => {
                 // Not checked (`auth::throttle`): v5 0x9F, 3.x 3 (Server unavailable), which
@@ -801,7 +794,8 @@ async fn next_packet<S: AsyncRead + AsyncWrite + Unpin>(
                 return Err((error.reason_code(), "malformed packet"));
             }
         }
-        match read_more(io, slot, deadline, shutdown).await {
+        let most = wait::packet_still_needs(&io.rbuf);
+        match read_more(io, (slot, most), deadline, shutdown).await {
             ReadMore::Data => {}
             // A timeout is counted by the caller, which sees the deadline passed.
             ReadMore::Gone | ReadMore::TimedOut | ReadMore::Refused(_) => return Ok(None),

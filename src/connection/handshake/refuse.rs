@@ -10,7 +10,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::super::admission::{self, client_max_packet, Refusal};
 use super::super::io::Io;
 use crate::codec::{Connect, DecodeError, Packet, ProtocolVersion, ReasonCode, ReasonContext};
-use crate::connection::slots::{Full, Refused};
+use crate::connection::slots::Full;
 use crate::metrics::Metrics;
 
 /// The CONNACK refusing a client that found a connection bound full (3.x: 0x03 Server
@@ -32,23 +32,6 @@ pub(super) fn full_refusal(full: Full) -> Refusal {
         Full::PerSource => (
             ReasonCode::QUOTA_EXCEEDED,
             "too many connections from this address",
-        ),
-    }
-}
-
-/// The CONNACK refusing a client whose handshake found no pending slot to wait in for its
-/// login verdict (`HandshakeSlot::wait_for_verdict`): as [`full_refusal`] does for connected
-/// slots, 0x89 Server busy when the listener's are taken, 0x97 Quota exceeded when the
-/// client's own address has its share.
-pub(super) fn pending_refusal(refused: Refused) -> Refusal {
-    match refused {
-        Refused::PendingLimit => (
-            ReasonCode::SERVER_BUSY,
-            "the listener has its maximum number of handshakes under way",
-        ),
-        Refused::PendingPerSource => (
-            ReasonCode::QUOTA_EXCEEDED,
-            "too many handshakes under way from this address",
         ),
     }
 }
