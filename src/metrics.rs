@@ -407,7 +407,7 @@ impl Metrics {
             &["reason", "qos"],
         );
         let refused = r.counter_vec(MESSAGES_REFUSED_TOTAL, "PUBLISHes refused and left with their publisher instead of being dropped for a subscriber, by reason (queue_full: mqtt.queue_overflow = refuse; schema_invalid: a [[schema]] refused the payload) and QoS.", &["reason", "qos"]);
-        let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, max_connections, max_connections_per_ip, global_max_connections, proxy_header, connect_bytes).", &["reason"]);
+        let conn_refused = r.counter_vec(CONNECTIONS_REFUSED_TOTAL, "Connections refused by a listener's limits, by reason (pending_limit, pending_per_ip, pending_evicted, max_connections, max_connections_per_ip, global_max_connections, proxy_header, connect_bytes).", &["reason"]);
         let auth_failures = r.counter_vec(
             AUTH_FAILURES_TOTAL,
             "Logins refused by the password file or the JWT check, by reason (bad_credentials: a wrong password or an unknown user alike, so this page does not tell user names apart; anonymous; jwt).",
@@ -524,7 +524,7 @@ impl Metrics {
             auth_successes,
             auth_throttled,
             auth_hashes: r.counter(AUTH_HASHES_TOTAL, "Password hashes run for logins (a success the cache remembers runs none)."),
-            auth_hashes_skipped: r.counter(AUTH_HASHES_SKIPPED_TOTAL, "Password checks that ended before their hash: the client closed, or its handshake's deadline came, while they waited for a hash worker."),
+            auth_hashes_skipped: r.counter(AUTH_HASHES_SKIPPED_TOTAL, "Password checks that ended before their hash: the client closed, or its handshake's deadline came, while they waited for a hash worker, or the queue had no room for them (answered 0x89)."),
             bridges: bridge::BridgeFamilies::register(r),
             sessions_expired: r.counter(
                 SESSIONS_EXPIRED_TOTAL,

@@ -254,6 +254,9 @@ struct Tables {
     addresses: Table<IpAddr>,
     users: Table<String>,
     trusted: trust::Trusted,
+    /// Addresses whose check was refused unchecked for want of time in the hash queue, and
+    /// when last ([`LoginThrottle::suspect`]); at most `entries`, the oldest go first.
+    queued_too_many: HashMap<IpAddr, Instant>,
 }
 
 impl LoginThrottle {
@@ -265,6 +268,7 @@ impl LoginThrottle {
                 addresses: Table::new(limits.per_address),
                 users: Table::new(limits.per_user),
                 trusted: trust::Trusted::default(),
+                queued_too_many: HashMap::new(),
             }),
         }
     }
@@ -330,12 +334,42 @@ impl LoginThrottle {
             return false;
         }
         let forget = self.limits.forget_after();
-        self.tables
-            .lock()
+        let tables = self.tables.lock();
+        let failed = tables
             .addresses
             .map
             .get(&source)
-            .is_some_and(|e| e.failures > 0 && now.saturating_duration_since(e.last) < forget)
+            .is_some_and(|e| e.failures > 0 && now.saturating_duration_since(e.last) < forget);
+        failed
+            || tables
+                .queued_too_many
+                .get(&source)
+                .is_some_and(|last| now.saturating_duration_since(*last) < forget)
+    }
+
+    /// `source`'s check found no room in the hash queue (answered busy, unhashed): its next
+    /// ones wait behind those of addresses that have not failed either, as a failure's would
+    /// ([`LoginThrottle::failed_lately`]). A busy answer cost a flood from fresh addresses
+    /// nothing, and kept every first login out for as long as fresh addresses lasted
+    /// (twenty-seventh adversarial pass, M2); now each address gets one such answer per
+    /// forget time before it queues with the suspects. Not a failure: it starts no delay.
+    pub(crate) fn suspect(&self, source: IpAddr, now: Instant) {
+        if self.off() {
+            return;
+        }
+        let forget = self.limits.forget_after();
+        let mut tables = self.tables.lock();
+        let marks = &mut tables.queued_too_many;
+        if marks.len() >= self.limits.entries && !marks.contains_key(&source) {
+            marks.retain(|_, last| now.saturating_duration_since(*last) < forget);
+            if marks.len() >= self.limits.entries {
+                let oldest = marks.iter().min_by_key(|(_, last)| **last).map(|(a, _)| *a);
+                if let Some(oldest) = oldest {
+                    marks.remove(&oldest);
+                }
+            }
+        }
+        marks.insert(source, now);
     }
 
     /// Settles a reservation: its attempt leaves the in-flight counts and, in the same step,
@@ -533,6 +567,22 @@ mod tests {
         let off = LoginThrottle::new(limits(0, 0, 100));
         off.failed(A, "alice", now);
         assert!(!off.failed_lately(A, now));
+    }
+
+    /// Twenty-seventh adversarial pass, M2: an address whose check found no room in the hash
+    /// queue counts with those that failed lately (for the order of checks only: it is not
+    /// refused), and the marks stay within `entries`.
+    #[test]
+    fn an_address_answered_busy_is_a_suspect_not_a_failure() {
+        let t = LoginThrottle::new(limits(1, 5, 2));
+        let now = Instant::now();
+        t.suspect(A, now);
+        assert!(t.failed_lately(A, now));
+        assert_eq!(ask(&t, A, "alice", now), Ok(()), "not refused");
+        for last in 10..20u8 {
+            t.suspect(IpAddr::from([192, 0, 2, last]), now);
+        }
+        assert_eq!(t.tables.lock().queued_too_many.len(), 2, "bounded");
     }
 
     /// Third adversarial pass: a device's success must not hand an attacker elsewhere a fresh

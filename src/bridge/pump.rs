@@ -464,11 +464,14 @@ impl<'a, S: AsyncRead + AsyncWrite + Unpin> Pump<'a, S> {
                 self.send_after(answer.gate, Packet::PubComp(comp));
             }
             Packet::SubAck(ack) => {
+                let filters = self.rules.remote_subscriptions();
                 if self.suback_pending == Some(ack.packet_id) {
                     self.suback_pending = None;
                     self.subscribed = true;
+                    // From here the remote sends what its `in` rules ask for: before it, a
+                    // message published there found no subscription of this bridge.
+                    tracing::info!(bridge = %self.config.name, filters = filters.len(), "bridge: subscribed on the remote");
                 }
-                let filters = self.rules.remote_subscriptions();
                 for (i, code) in ack.reason_codes.iter().enumerate() {
                     if code.0 >= 0x80 {
                         let filter = filters.get(i).map_or("?", |(f, _)| f.as_str());

@@ -14,10 +14,12 @@
 //! is accepted (or is refused with a CONNACK when a connected bound is reached, [`Full`]).
 //! Silent and slow sockets can fill the pending slots, but never the ones finished clients
 //! hold, and the per-address bounds stop one host from filling all pending or connected slots.
-//! A newcomer that finds the listener's pending slots full takes the slot of the handshake
-//! that has waited longest, once that one has waited [`EVICTABLE_AFTER`]: every TLS and
-//! WebSocket client's handshake waits for it, so stalled sockets in every slot had kept them
-//! all out (issue 35, twenty-sixth adversarial pass, L4).
+//! A newcomer that finds the listener's pending slots full takes the slot of a handshake of
+//! the source holding the most, where that one holds more than the newcomer's would, or of
+//! the oldest of an equal one that has waited [`EVICTABLE_AFTER`] (`Pending::evict_for`):
+//! every TLS and WebSocket client's handshake waits for it, so stalled sockets in every slot
+//! had kept them all out (issue 35, twenty-sixth and twenty-seventh adversarial passes, L4,
+//! M1).
 //!
 //! The steps before MQTT that wait for the client take the same slot the first time they
 //! wait (`transport::paced_by_client`): a PROXY header, a TLS handshake, a WebSocket upgrade;
@@ -101,8 +103,7 @@ pub(crate) enum Refused {
     PendingLimit,
     /// Its source has `max_pending_connections_per_ip` pending already.
     PendingPerSource,
-    /// It had waited longest for its client, and its slot went to a newcomer
-    /// ([`EVICTABLE_AFTER`]).
+    /// Its slot went to a newcomer from a source holding fewer ([`Pending::evict_for`]).
     Evicted,
 }
 
@@ -179,14 +180,14 @@ fn take_slot(count: &AtomicUsize, max: usize) -> bool {
         .is_ok()
 }
 
-/// How long a handshake must have waited for its client before a newcomer may take its
-/// pending slot, when the listener has none free ([`Admission::take_pending`]). Stalled
+/// How long a handshake must have waited for its client before a newcomer from a source
+/// holding as many may take its pending slot, when the listener has none free
+/// ([`Pending::evict_for`]; one from a source holding fewer need not wait for that). Stalled
 /// sockets in every slot of a TLS or WebSocket listener had kept every client out, since
 /// each of those handshakes waits a round trip for its client (issue 35, twenty-sixth
 /// adversarial pass, L4: 17 addresses x 64 sockets sending two bytes, 26 of 26 TLS logins
-/// failed); now they must be renewed faster than this to keep a client out, and a burst of
-/// real clients larger than the slots still refuses the newest rather than cutting the
-/// oldest short.
+/// failed); a burst of real clients larger than the slots still refuses the newest rather
+/// than cutting the oldest short.
 pub(crate) const EVICTABLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Pending connections by source, under one lock (taken at accept and when a handshake
@@ -205,26 +206,58 @@ struct Pending {
 }
 
 impl Pending {
-    /// Ends the wait of the oldest handshake if it has waited [`EVICTABLE_AFTER`]: its slot
-    /// is counted free, and its task, told by its token, closes the connection. False when
-    /// none has waited that long.
-    fn evict_oldest(&mut self, now: Instant) -> bool {
-        while let Some(&(id, since)) = self.order.front() {
-            if !self.live.contains_key(&id) {
-                self.order.pop_front();
-                continue;
-            }
-            if now.saturating_duration_since(since) < EVICTABLE_AFTER {
-                return false;
-            }
-            self.order.pop_front();
-            if let Some((source, token)) = self.live.remove(&id) {
-                token.cancel();
-                self.forget(source);
-            }
-            return true;
+    /// Gives a newcomer from `newcomer`, whose source holds `has` pending slots, the slot of
+    /// another handshake, which is closed (its token tells its task); false when none may
+    /// give way. Only a source that would still hold as many as the newcomer's gives way:
+    /// the one holding the most, its oldest handshake, at once where it holds more than the
+    /// newcomer's would; otherwise the oldest of those, once it has waited
+    /// [`EVICTABLE_AFTER`]. So stalled sockets renewed as fast as they are closed take no
+    /// slot from a source holding fewer (twenty-seventh adversarial pass, M1: 17 addresses
+    /// reopening theirs at once kept TLS clients out again when the oldest went first), and
+    /// a burst of real clients from one address does not cut its own oldest short.
+    fn evict_for(&mut self, newcomer: IpAddr, has: usize, now: Instant) -> bool {
+        let after = has + 1;
+        let Some((biggest, most)) = self
+            .by_source
+            .iter()
+            .filter(|(source, _)| **source != newcomer)
+            .max_by_key(|(_, n)| **n)
+            .map(|(source, n)| (*source, *n))
+        else {
+            return false;
+        };
+        if most < after {
+            return false;
         }
-        false
+        let Pending {
+            order,
+            live,
+            by_source,
+            ..
+        } = &mut *self;
+        let victim = if most > after {
+            order
+                .iter()
+                .position(|(id, _)| live.get(id).is_some_and(|(s, _)| *s == biggest))
+        } else {
+            // Oldest first: past the first one too young, all are.
+            order
+                .iter()
+                .take_while(|(_, since)| now.saturating_duration_since(*since) >= EVICTABLE_AFTER)
+                .position(|(id, _)| {
+                    live.get(id).is_some_and(|(s, _)| {
+                        *s != newcomer && by_source.get(s).copied().unwrap_or(0) >= after
+                    })
+                })
+        };
+        let Some((id, _)) = victim.and_then(|at| order.remove(at)) else {
+            return false;
+        };
+        if let Some((source, token)) = live.remove(&id) {
+            token.cancel();
+            self.forget(source);
+        }
+        true
     }
 
     /// One pending handshake of `source` fewer.
@@ -320,8 +353,8 @@ impl Admission {
     }
 
     /// Takes a pending slot for `source`, or says why there is none (and counts that). With
-    /// the listener's slots all taken, the handshake that has waited longest, if it has
-    /// waited [`EVICTABLE_AFTER`], gives its slot up ([`Pending::evict_oldest`]).
+    /// the listener's slots all taken, another source's handshake may give its slot up
+    /// ([`Pending::evict_for`]).
     fn take_pending(&self, source: IpAddr) -> Result<Waiting, Refused> {
         let mut pending = self.pending.lock();
         let from_source = pending.by_source.get(&source).copied().unwrap_or(0);
@@ -334,7 +367,7 @@ impl Admission {
         }
         let now = Instant::now();
         if self.limits.max_pending > 0 && pending.total >= self.limits.max_pending {
-            if !pending.evict_oldest(now) {
+            if !pending.evict_for(source, from_source, now) {
                 drop(pending);
                 self.refused_pending.increment(1);
                 return Err(Refused::PendingLimit);
@@ -554,9 +587,10 @@ impl HandshakeSlot {
         Ok(())
     }
 
-    /// Resolves when this handshake's pending slot was given to a newcomer (it had waited
-    /// for its client longest, [`EVICTABLE_AFTER`] at least, and the listener had no slot
-    /// free): the caller closes the connection. Never, while it holds no pending slot.
+    /// Resolves when this handshake's pending slot was given to a newcomer (the listener had
+    /// no slot free, and this one's source held more, or as many and it had waited
+    /// [`EVICTABLE_AFTER`]): the caller closes the connection. Never, while it holds no
+    /// pending slot.
     pub(crate) async fn evicted(&self) {
         match &self.waiting {
             Some(waiting) => waiting.evicted.cancelled().await,
@@ -660,6 +694,47 @@ impl Drop for ConnectedSlot {
 mod tests {
     use super::*;
 
+    /// Twenty-seventh adversarial pass, M1: only a source that would still hold as many as the
+    /// newcomer's gives a slot up: the one holding the most, at once, where it holds more;
+    /// among equals the oldest, once it has waited `EVICTABLE_AFTER`; never the newcomer's
+    /// own, never one holding fewer.
+    #[test]
+    fn a_slot_goes_from_the_source_holding_the_most() {
+        let (a, b, c) = (
+            IpAddr::from([192, 0, 2, 1]),
+            IpAddr::from([192, 0, 2, 2]),
+            IpAddr::from([192, 0, 2, 3]),
+        );
+        let now = Instant::now();
+        let long_ago = now.checked_sub(EVICTABLE_AFTER * 2).unwrap_or(now);
+        let mut pending = Pending::default();
+        let mut tokens = Vec::new();
+        for (id, (source, since)) in [(a, long_ago), (b, long_ago), (b, now), (b, now)]
+            .into_iter()
+            .enumerate()
+        {
+            let token = CancellationToken::new();
+            pending.order.push_back((id as u64, since));
+            pending.live.insert(id as u64, (source, token.clone()));
+            *pending.by_source.entry(source).or_insert(0) += 1;
+            pending.total += 1;
+            tokens.push(token);
+        }
+        // c holds none: b (three) gives up its oldest, at once.
+        assert!(pending.evict_for(c, 0, now));
+        assert!(tokens[1].is_cancelled() && !tokens[0].is_cancelled());
+        assert_eq!((pending.total, pending.by_source[&b]), (3, 2));
+        // a holding one: b's two are not more than a's two would be; the oldest of those
+        // holding as many (b's, young) is too young, and a's own never goes.
+        assert!(!pending.evict_for(a, 1, now));
+        // Later, b's have aged: the oldest of them goes.
+        let later = now + EVICTABLE_AFTER;
+        assert!(pending.evict_for(a, 1, later));
+        assert!(tokens[2].is_cancelled() && !tokens[0].is_cancelled());
+        // b holding one and a one: a newcomer of b would hold two, more than a: none gives way.
+        assert!(!pending.evict_for(b, 1, later));
+    }
+
     fn admission(max_connections: usize, max_pending: usize, per_source: usize) -> Arc<Admission> {
         connected_bounds(
             max_connections,
@@ -733,14 +808,19 @@ mod tests {
             Err(Refused::PendingPerSource)
         );
         let s3 = waiting(&a, "10.0.0.2").expect("another source");
+        // Full: a source holding none takes a slot of the one holding the most (its oldest).
+        let s4 = waiting(&a, "10.0.0.3").expect("10.0.0.1 gives a slot up");
+        assert_eq!(a.pending(), 3);
+        // Each holds one now, none has waited long: the next is refused.
         assert_eq!(
-            waiting(&a, "10.0.0.3").map(drop),
+            waiting(&a, "10.0.0.4").map(drop),
             Err(Refused::PendingLimit)
         );
+        drop(s1); // evicted: it gives nothing back
         assert_eq!(a.pending(), 3);
-        drop(s1);
-        let _s4 = waiting(&a, "10.0.0.1").expect("a slot came back");
-        drop((s2, s3));
+        drop(s2);
+        let _s5 = waiting(&a, "10.0.0.1").expect("a slot came back");
+        drop((s3, s4));
         assert_eq!(a.pending(), 1);
     }
 

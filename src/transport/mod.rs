@@ -260,7 +260,7 @@ async fn paced_by_client<F: Future>(
         return Ok(out);
     }
     slot.wait_for_client()?;
-    // The slot may go to a newcomer once this wait is the oldest (`slots::EVICTABLE_AFTER`).
+    // The slot may go to a newcomer from a source holding fewer (`slots::Pending::evict_for`).
     tokio::select! {
         out = step => Ok(out),
         () = slot.evicted() => Err(Refused::Evicted),

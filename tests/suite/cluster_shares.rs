@@ -126,7 +126,7 @@ async fn a_local_stranger_does_not_spend_a_bridges_share_of_the_stream() {
     let b = Node::start_async("b", &nats.url(), &auth).await;
     wait_linked(&a, &b).await;
     wait_linked(&b, &a).await;
-    a.wait_log_async(|l| l.contains("bridge: connected to the remote"))
+    a.wait_log_async(|l| l.contains("bridge: subscribed on the remote"))
         .await;
     let (mut sensor1, _) =
         v5::connect(b.mqtt(), as_user(v5::connect_packet("sensor1"), "sensor1")).await;

@@ -414,11 +414,13 @@ impl PasswordStore {
             return Verdict::NoTime;
         }
         let Some(waiting) = self.queue.enter(suspect, places, per_check, time_left) else {
+            self.throttle.suspect(source, std::time::Instant::now());
             return Verdict::Busy;
         };
         let source_places = self.shares.per_source();
         let source_bound = queue::in_time(source_places, per_check, time_left).max(1);
         let Some(share) = self.shares.acquire(source, source_bound).await else {
+            self.throttle.suspect(source, std::time::Instant::now());
             return Verdict::Busy;
         };
         let suspect = if suspect {
