@@ -396,30 +396,44 @@ impl PasswordStore {
                 }
             },
         };
-        // Waiting only where the workers can get to it in time (twenty-sixth pass, L1), and
-        // behind the sources that have not failed lately (twenty-fifth pass, K5).
+        // At most `queue::MAX_WAITING` checks wait in all (twenty-fifth pass, K1): each is a
+        // handshake holding its CONNECT.
+        let Some(arrived) = self.queue.arrive() else {
+            self.throttle.suspect(source, std::time::Instant::now());
+            return Verdict::Busy;
+        };
+        // What a check holds a worker for: its hash, and a failure's padding.
+        let per_check = || {
+            let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
+            last.max(self.pad_target())
+        };
+        let time_left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+        // First a place in its address's share (finding 4): one address's checks wait there,
+        // as many as its places can get to in time, and not in the classes below, where
+        // they would take the places of other addresses' logins (a flood that arrived before
+        // any hash was timed had filled them, and a fresh address's login was answered busy).
+        let source_places = self.shares.per_source();
+        let source_bound = queue::in_time(source_places, per_check(), time_left()).max(1);
+        let Some(share) = self.shares.acquire(source, source_bound).await else {
+            self.throttle.suspect(source, std::time::Instant::now());
+            return Verdict::Busy;
+        };
+        // Then a worker, where the workers can get to it in time (twenty-sixth pass, L1), and
+        // behind the sources that have not failed lately (twenty-fifth pass, K5): asked now,
+        // since its address may have failed while this check waited for its share.
         let suspect = self
             .throttle
             .failed_lately(source, std::time::Instant::now());
-        // What a check holds a worker for: its hash, and a failure's padding.
-        let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
-        let per_check = last.max(self.pad_target());
-        let time_left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let places = if suspect {
             self.suspect_places
         } else {
             self.workers
         };
+        let (per_check, time_left) = (per_check(), time_left());
         if queue::in_time(places, per_check, time_left) == 0 {
             return Verdict::NoTime;
         }
         let Some(waiting) = self.queue.enter(suspect, places, per_check, time_left) else {
-            self.throttle.suspect(source, std::time::Instant::now());
-            return Verdict::Busy;
-        };
-        let source_places = self.shares.per_source();
-        let source_bound = queue::in_time(source_places, per_check, time_left).max(1);
-        let Some(share) = self.shares.acquire(source, source_bound).await else {
             self.throttle.suspect(source, std::time::Instant::now());
             return Verdict::Busy;
         };
@@ -433,7 +447,7 @@ impl PasswordStore {
         // by a failure (below).
         let mut held: Option<Places> = None;
         let permit = Arc::clone(&self.permits).acquire_owned().await;
-        drop(waiting);
+        drop((waiting, arrived));
         let matched = match permit {
             Ok(permit) => {
                 let last = Duration::from_nanos(self.last_hash_ns.load(Ordering::Relaxed));
@@ -695,6 +709,48 @@ mod tests {
         // One dropped before it ever ran (its client had closed already) too.
         drop(store.verify("a", b"z", other, later()));
         assert_eq!(store.metrics.hashes_skipped.get(), 2);
+    }
+
+    /// One address's checks wait in its own share, not in the places every address's logins
+    /// share: 100 from one address, with the worker busy and time for 60 checks, leave a
+    /// login from another address waiting for the worker, not answered busy (before, the
+    /// flood's 60 filled the class, and the login got CONNACK 0x89).
+    #[tokio::test]
+    async fn a_flood_waits_in_its_addresses_share_not_in_everyones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, store) = store(dir.path(), &line("a", "pa"));
+        let store = Arc::new(store);
+        // Just under 1 s a check: 60 of them start within the 60 s left.
+        store.last_hash_ns.store(990_000_000, Ordering::Relaxed);
+        let busy = Arc::clone(&store.permits).acquire_owned().await;
+        let flood: Vec<_> = (0..100)
+            .map(|_| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { store.verify("a", b"x", SRC, later()).await })
+            })
+            .collect();
+        for _ in 0..1_000 {
+            if store.queue.waiting() == 60 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            store.queue.waiting(),
+            60,
+            "as many as its place can check in time"
+        );
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
+        let login = store.verify("a", b"pa", other, later());
+        tokio::pin!(login);
+        let early = tokio::time::timeout(Duration::from_millis(20), &mut login).await;
+        assert!(early.is_err(), "waits for the worker: {early:?}");
+        store.last_hash_ns.store(0, Ordering::Relaxed);
+        drop(busy);
+        assert_eq!(login.await, Verdict::Ok);
+        for check in flood {
+            check.abort();
+        }
     }
 
     /// The floor is the slowest class's cost whatever the order, 0 for no class.

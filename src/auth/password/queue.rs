@@ -10,7 +10,9 @@
 //! password was not remembered was refused (twenty-sixth pass, L1). This bound is reached
 //! only by checks that do reach the password store, each costing its sender a CONNECT, and
 //! those of addresses that failed lately ([`HashQueue::enter`]'s `suspect`) count apart, so
-//! they cannot fill the place of those that have not.
+//! they cannot fill the place of those that have not. Only checks that hold their address's
+//! place count in a class: one address's flood waits in its own share, not in the places of
+//! every other address's logins.
 //!
 //! Must not: hold a lock; be touched by a check answered without a hash (the success cache,
 //! the throttle).
@@ -25,12 +27,15 @@ pub(super) const MAX_WAITING: usize = 1024;
 /// What a check is assumed to take at least when none has been timed yet.
 const LEAST_HASH: Duration = Duration::from_millis(1);
 
-/// The checks waiting for a hash worker, counted by class.
+/// The checks waiting for a hash worker: all of them, and those that hold their address's
+/// place ([`super::share`]) by class.
 #[derive(Debug, Default)]
 pub(super) struct HashQueue {
-    /// Checks of addresses that have not failed lately.
+    /// Every check waiting, for its address's place or for a worker.
+    all: AtomicUsize,
+    /// Checks of addresses that have not failed lately, holding their address's place.
     clean: AtomicUsize,
-    /// Checks of addresses that have.
+    /// Checks of addresses that have, holding their address's place.
     suspect: AtomicUsize,
 }
 
@@ -53,10 +58,20 @@ pub(super) fn in_time(places: usize, per_check: Duration, time_left: Duration) -
 }
 
 impl HashQueue {
-    /// A place for a check that `places` workers serve (all of them for a check of an address
-    /// that has not failed lately; the suspects' places for one that has), when fewer of its
-    /// class wait than those workers can start within `time_left` at `per_check` each, and
-    /// fewer than [`MAX_WAITING`] wait in all; `None` otherwise.
+    /// A place among all the checks waiting, fewer than [`MAX_WAITING`]; `None` otherwise.
+    pub(super) fn arrive(&self) -> Option<Waiting<'_>> {
+        self.all
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_WAITING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Waiting(&self.all))
+    }
+
+    /// A place for a check that holds its address's place and that `places` workers serve
+    /// (all of them for a check of an address that has not failed lately; the suspects'
+    /// places for one that has), when fewer of its class wait than those workers can start
+    /// within `time_left` at `per_check` each; `None` otherwise.
     pub(super) fn enter(
         &self,
         suspect: bool,
@@ -64,25 +79,20 @@ impl HashQueue {
         per_check: Duration,
         time_left: Duration,
     ) -> Option<Waiting<'_>> {
-        let (counter, other) = if suspect {
-            (&self.suspect, &self.clean)
-        } else {
-            (&self.clean, &self.suspect)
-        };
+        let counter = if suspect { &self.suspect } else { &self.clean };
         let bound = in_time(places, per_check, time_left).min(MAX_WAITING);
         counter
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                let total = n.saturating_add(other.load(Ordering::Acquire));
-                (n < bound && total < MAX_WAITING).then_some(n + 1)
+                (n < bound).then_some(n + 1)
             })
             .ok()
             .map(|_| Waiting(counter))
     }
 
-    /// Checks waiting now, both classes.
+    /// Checks waiting now.
     #[cfg(test)]
     pub(super) fn waiting(&self) -> usize {
-        self.clean.load(Ordering::Acquire) + self.suspect.load(Ordering::Acquire)
+        self.all.load(Ordering::Acquire)
     }
 }
 
@@ -110,22 +120,20 @@ mod tests {
         drop(clean.pop());
         assert!(queue.enter(false, 2, tenth, 2 * SECOND).is_some());
         drop(suspect);
-        assert_eq!(queue.waiting(), 39, "places given back when dropped");
-
-        let fast = HashQueue::default();
-        let held: Vec<_> = (0..MAX_WAITING)
-            .map(|_| {
-                fast.enter(false, 2, Duration::ZERO, 10 * SECOND)
-                    .expect("room")
-            })
-            .collect();
-        assert!(fast.enter(true, 1, Duration::ZERO, 10 * SECOND).is_none());
-        assert_eq!(held.len(), MAX_WAITING);
         assert!(
             HashQueue::default()
                 .enter(false, 2, SECOND, Duration::from_millis(999))
                 .is_none(),
             "no check can start in time"
         );
+
+        let all = HashQueue::default();
+        let held: Vec<_> = (0..MAX_WAITING)
+            .map(|_| all.arrive().expect("room"))
+            .collect();
+        assert!(all.arrive().is_none(), "at most MAX_WAITING in all");
+        assert_eq!(all.waiting(), MAX_WAITING);
+        drop(held);
+        assert_eq!(all.waiting(), 0, "places given back when dropped");
     }
 }

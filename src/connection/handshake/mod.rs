@@ -6,6 +6,7 @@
 //!
 //! Must not: decide who is refused (asks `connection::admission`).
 
+mod cluster_claim;
 mod enhanced;
 mod refuse;
 mod wait;
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::admission::{self, client_max_packet, Answer, Policy, Refusal};
 use super::io::Io;
 use crate::auth::{self, password, Authenticator};
-use crate::broker::{Attached, Broker, ClaimRefused, SessionRequest};
+use crate::broker::{Attached, Broker, SessionRequest};
 use crate::codec::{self, Connect, Packet, ProtocolVersion, ReasonCode};
 use crate::connection::slots::{ConnectedSlot, HandshakeSlot};
 use crate::connection::ConnectionInfo;
@@ -627,47 +628,21 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
             will_held = None;
         }
     }
-    // Clustered: the session is claimed cluster-wide first (its connection on another node
-    // is closed, what it held there comes back here). A session that must outlive this
-    // connection is refused (0x88 Server unavailable) while the cluster cannot claim it; a
-    // clean one carries on here alone.
-    let (mut restore, mut claimed) = (None, None);
-    if let Some(cluster) = broker.cluster() {
-        match cluster
-            .claim(
-                broker,
-                crate::broker::ClaimRequest {
-                    client_id: &admitted.client_id,
-                    clean_start: connect.clean_start,
-                    expiry_interval,
-                    will: connect.will.as_ref(),
-                    owner: &owner,
-                },
-            )
-            .await
-        {
-            Ok(claim) => {
-                restore = claim.restore;
-                claimed = Some(claim.revision);
-            }
-            Err(ClaimRefused::NotOwner) => {
-                // Issue 35: another identity's session, here or on another node.
-                tracing::info!(%peer, listener = %info.listener, client = %admitted.client_id, username = connect.username.as_deref().unwrap_or(""), "refusing CONNECT: the client id's session belongs to another identity");
-                let why = "not authorized";
-                let code = ReasonCode::NOT_AUTHORIZED;
-                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
-            }
-            Err(refused) if connect.clean_start && expiry_interval == 0 => {
-                tracing::warn!(%peer, client = %admitted.client_id, %refused, "clean session accepted on this node alone");
-            }
-            Err(refused) => {
-                tracing::info!(%peer, client = %admitted.client_id, %refused, "refusing CONNECT: the cluster cannot claim the session");
-                let why = "the cluster cannot take the session now";
-                let code = ReasonCode::SERVER_UNAVAILABLE;
-                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
-            }
+    // Clustered: the session is claimed cluster-wide first (`cluster_claim`).
+    let request = crate::broker::ClaimRequest {
+        client_id: &admitted.client_id,
+        clean_start: connect.clean_start,
+        expiry_interval,
+        will: connect.will.as_ref(),
+        owner: &owner,
+    };
+    let claim = match cluster_claim::claim(broker, info, request, connect.username.as_deref()).await
+    {
+        Ok(claim) => claim,
+        Err((code, why)) => {
+            return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
         }
-    }
+    };
     let request = SessionRequest {
         client_id: admitted.client_id,
         clean_start: connect.clean_start,
@@ -687,27 +662,8 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         let code = ReasonCode::NOT_AUTHORIZED;
         return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
     };
-    if let Some(cluster) = broker.cluster() {
-        if let Some(restore) = restore {
-            // Found here after all (a racing CONNECT resumed it): nothing to rebuild.
-            let restore = if attached.session_present {
-                crate::broker::Restore::default()
-            } else {
-                restore
-            };
-            let (session, generation) = (attached.handle.session(), attached.handle.generation());
-            if !cluster.restore(broker, session, generation, restore).await {
-                // Discarded: a CONNACK with a session missing what it held would lose it.
-                tracing::info!(%peer, client = %attached.handle.client_id(), "refusing CONNECT: the session could not be rebuilt from the cluster");
-                let why = "the cluster cannot rebuild the session now";
-                let code = ReasonCode::SERVER_UNAVAILABLE;
-                return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
-            }
-            attached.session_present = true;
-        }
-        if let Some(claimed) = claimed {
-            cluster.confirm(broker, attached.handle.client_id(), claimed);
-        }
+    if let Err((code, why)) = cluster_claim::settle(broker, info, claim, &mut attached).await {
+        return reject(io, &broker.metrics, version, code, Some((why, &connect))).await;
     }
     if connect.bridge {
         // Mosquitto's bridge flag (3.x `try_private`): its subscriptions get No Local and
