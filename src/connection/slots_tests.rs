@@ -1,5 +1,15 @@
 use super::*;
 
+/// Puts handshake `id` of `source`, waiting since `since`, into `pending`: its eviction token.
+fn hold(pending: &mut Pending, id: u64, source: IpAddr, since: Instant) -> CancellationToken {
+    let token = CancellationToken::new();
+    pending.order.push_back((id, since));
+    pending.live.insert(id, (source, token.clone()));
+    *pending.by_source.entry(source).or_insert(0) += 1;
+    pending.total += 1;
+    token
+}
+
 /// Twenty-seventh adversarial pass, M1: only a source that would still hold as many as the
 /// newcomer's gives a slot up: the one holding the most, at once, where it holds more;
 /// among equals the oldest, once it has waited `EVICTABLE_AFTER`; never the newcomer's
@@ -19,12 +29,7 @@ fn a_slot_goes_from_the_source_holding_the_most() {
         .into_iter()
         .enumerate()
     {
-        let token = CancellationToken::new();
-        pending.order.push_back((id as u64, since));
-        pending.live.insert(id as u64, (source, token.clone()));
-        *pending.by_source.entry(source).or_insert(0) += 1;
-        pending.total += 1;
-        tokens.push(token);
+        tokens.push(hold(&mut pending, id as u64, source, since));
     }
     // c holds none: b (three) gives up its oldest, at once.
     assert!(pending.evict_for(c, 0, now));
@@ -54,12 +59,7 @@ fn a_source_just_evicted_does_not_evict_an_equal_in_turn() {
     let mut pending = Pending::default();
     let mut tokens = Vec::new();
     for (id, source) in sources[..3].iter().enumerate() {
-        let token = CancellationToken::new();
-        pending.order.push_back((id as u64, long_ago));
-        pending.live.insert(id as u64, (*source, token.clone()));
-        *pending.by_source.entry(*source).or_insert(0) += 1;
-        pending.total += 1;
-        tokens.push(token);
+        tokens.push(hold(&mut pending, id as u64, *source, long_ago));
     }
     let (a, b, fresh) = (sources[0], sources[1], sources[3]);
     // A newcomer from e (holding none) takes a's slot, the oldest; a is remembered.
@@ -73,10 +73,7 @@ fn a_source_just_evicted_does_not_evict_an_equal_in_turn() {
     // Where a holds fewer than c (three), it takes one of c's at once.
     let c = sources[2];
     for id in [9, 10] {
-        pending.order.push_back((id, now));
-        pending.live.insert(id, (c, CancellationToken::new()));
-        *pending.by_source.entry(c).or_insert(0) += 1;
-        pending.total += 1;
+        hold(&mut pending, id, c, now);
     }
     assert!(pending.evict_for(a, 0, now), "c holds more than a would");
     assert!(tokens[2].is_cancelled());

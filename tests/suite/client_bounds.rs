@@ -969,6 +969,20 @@ fn loopback(last: u8) -> std::net::Ipv4Addr {
     std::net::Ipv4Addr::new(127, 0, 0, last)
 }
 
+/// A broker of a 1 MiB budget, CONNECTs of at most 64 KiB and the example password file, in
+/// memory: the unverified CONNECTs' share is 256 KiB.
+async fn small_budget_with_passwords() -> BrokerProcess {
+    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
+    BrokerProcess::spawn_sections(
+        &[""],
+        &format!(
+            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 1048576\n\
+             max_connect_size = 65536\n[auth]\npassword_file = {passwd:?}\n"
+        ),
+    )
+    .await
+}
+
 /// Issue 35, twenty-fifth adversarial pass, K3: eight sockets from one address holding
 /// half-sent CONNECTs of 262 KB filled the share of the CONNECTs not verified yet and kept
 /// it full; every verified client whose CONNECT held more than 8 KiB (a will of 20 KB) was
@@ -982,15 +996,7 @@ fn loopback(last: u8) -> std::net::Ipv4Addr {
 async fn one_address_holds_at_most_its_part_of_the_connects_not_verified() {
     use postbox::codec::{LastWill, QoS};
     use tokio::io::AsyncWriteExt;
-    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        &format!(
-            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 1048576\n\
-             max_connect_size = 65536\n[auth]\npassword_file = {passwd:?}\n"
-        ),
-    )
-    .await;
+    let broker = small_budget_with_passwords().await;
     let half_sent = |source: u8, id: &'static str, size: usize| async move {
         let bytes = big_connect(id, size);
         let mut stream = connect_from(loopback(source), broker.addr).await;
@@ -1041,15 +1047,7 @@ async fn one_address_holds_at_most_its_part_of_the_connects_not_verified() {
 async fn a_small_connect_with_a_packet_behind_it_is_an_ordinary_one() {
     use postbox::codec::QoS;
     use tokio::io::AsyncWriteExt;
-    let passwd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/passwd.example");
-    let broker = BrokerProcess::spawn_sections(
-        &[""],
-        &format!(
-            "[storage]\npersistence = false\n[mqtt]\nmax_memory = 1048576\n\
-             max_connect_size = 65536\n[auth]\npassword_file = {passwd:?}\n"
-        ),
-    )
-    .await;
+    let broker = small_budget_with_passwords().await;
     let stranger_bytes = big_connect("stranger", 60_000);
     let mut stranger = connect_from(loopback(5), broker.addr).await;
     let held = stranger_bytes.len() - 1;
