@@ -203,8 +203,8 @@ struct Pending {
     /// The waiting handshakes now: their source and the token that evicts them.
     live: HashMap<u64, (IpAddr, CancellationToken), foldhash::fast::RandomState>,
     next_id: u64,
-    /// The sources whose handshakes were evicted lately ([`EVICTED_REMEMBERED`]).
-    evicted: EvictedLately,
+    /// The sources whose handshakes ended unfinished lately ([`STALLED_REMEMBERED`]).
+    stalled: StalledLately,
 }
 
 /// How long a source whose handshake was evicted does not evict one of an equal source in
@@ -213,42 +213,62 @@ struct Pending {
 /// thousand addresses holding one each, every such slot went to the renewals before a real
 /// client's newcomer got it (twenty-eighth adversarial pass, F1: 11 of 20 TLS logins
 /// refused). An attacker now needs ten times as many addresses to keep them renewed.
-const EVICTED_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(10);
+const STALLED_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// At most this many evicted sources are remembered, the oldest forgotten first: 16 bytes
 /// and a map entry each.
-const EVICTED_MOST: usize = 16_384;
+const STALLED_MOST: usize = 16_384;
 
-/// Sources evicted within [`EVICTED_REMEMBERED`], oldest first, at most [`EVICTED_MOST`].
+/// Sources with a handshake that ended unfinished within [`STALLED_REMEMBERED`] (evicted,
+/// or closed while it waited for the client), oldest first, at most [`STALLED_MOST`].
 #[derive(Debug, Default)]
-struct EvictedLately {
+struct StalledLately {
     order: std::collections::VecDeque<(IpAddr, Instant)>,
-    /// Each source's latest eviction (an older entry in `order` for it is stale).
-    latest: HashMap<IpAddr, Instant, foldhash::fast::RandomState>,
+    /// Each source's latest unfinished end (an older entry in `order` for it is stale), and
+    /// whether one within the window was its client's own close ([`Ended::Closed`]).
+    latest: HashMap<IpAddr, (Instant, bool), foldhash::fast::RandomState>,
 }
 
-impl EvictedLately {
-    /// Remembers that a handshake of `source` was evicted at `now`.
-    fn record(&mut self, source: IpAddr, now: Instant) {
+/// How a pending handshake ended unfinished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Its slot went to a newcomer.
+    Evicted,
+    /// The connection closed while it waited (its client left, timed out, or was refused).
+    Closed,
+}
+
+impl StalledLately {
+    /// Remembers that a handshake of `source` ended unfinished at `now`.
+    fn record(&mut self, source: IpAddr, now: Instant, ended: Ended) {
         self.forget_before(now);
-        if self.order.len() >= EVICTED_MOST {
+        if self.order.len() >= STALLED_MOST {
             self.pop_oldest();
         }
         self.order.push_back((source, now));
-        self.latest.insert(source, now);
+        let closed = self.latest.get(&source).is_some_and(|(_, closed)| *closed);
+        self.latest
+            .insert(source, (now, closed || ended == Ended::Closed));
     }
 
-    /// Whether a handshake of `source` was evicted within [`EVICTED_REMEMBERED`] of `now`.
+    /// Whether a handshake of `source` ended unfinished within [`STALLED_REMEMBERED`] of `now`.
     fn lately(&mut self, source: IpAddr, now: Instant) -> bool {
         self.forget_before(now);
         self.latest.contains_key(&source)
+    }
+
+    /// Whether a handshake of `source` was closed while it waited within
+    /// [`STALLED_REMEMBERED`] of `now` (not only evicted).
+    fn closed_lately(&mut self, source: IpAddr, now: Instant) -> bool {
+        self.forget_before(now);
+        self.latest.get(&source).is_some_and(|(_, closed)| *closed)
     }
 
     fn forget_before(&mut self, now: Instant) {
         while self
             .order
             .front()
-            .is_some_and(|(_, at)| now.saturating_duration_since(*at) >= EVICTED_REMEMBERED)
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) >= STALLED_REMEMBERED)
         {
             self.pop_oldest();
         }
@@ -256,7 +276,11 @@ impl EvictedLately {
 
     fn pop_oldest(&mut self) {
         if let Some((source, at)) = self.order.pop_front() {
-            if self.latest.get(&source) == Some(&at) {
+            if self
+                .latest
+                .get(&source)
+                .is_some_and(|(latest, _)| *latest == at)
+            {
                 self.latest.remove(&source);
             }
         }
@@ -273,7 +297,10 @@ impl Pending {
     /// slot from a source holding fewer (twenty-seventh adversarial pass, M1: 17 addresses
     /// reopening theirs at once kept TLS clients out again when the oldest went first), and
     /// a burst of real clients from one address does not cut its own oldest short. Among
-    /// equals, a source evicted within [`EVICTED_REMEMBERED`] does not evict in turn.
+    /// equals, a source with a handshake ended unfinished within [`STALLED_REMEMBERED`]
+    /// does not evict in turn, and where one was closed while it waited (not only evicted),
+    /// its handshakes give way at any age when none has waited that long: stalled sockets the attacker closes itself before they turn evictable, and
+    /// reopens at once, had kept 14 of 20 TLS logins out (twenty-ninth pass, F1-C).
     fn evict_for(&mut self, newcomer: IpAddr, has: usize, now: Instant) -> bool {
         let after = has + 1;
         let Some((biggest, most)) = self
@@ -288,13 +315,14 @@ impl Pending {
         if most < after {
             return false;
         }
-        if most == after && self.evicted.lately(newcomer, now) {
+        if most == after && self.stalled.lately(newcomer, now) {
             return false;
         }
         let Pending {
             order,
             live,
             by_source,
+            stalled,
             ..
         } = &mut *self;
         let victim = if most > after {
@@ -302,13 +330,18 @@ impl Pending {
                 .iter()
                 .position(|(id, _)| live.get(id).is_some_and(|(s, _)| *s == biggest))
         } else {
+            let gives_way = |source: &IpAddr| {
+                *source != newcomer && by_source.get(source).copied().unwrap_or(0) >= after
+            };
             // Oldest first: past the first one too young, all are.
             order
                 .iter()
                 .take_while(|(_, since)| now.saturating_duration_since(*since) >= EVICTABLE_AFTER)
-                .position(|(id, _)| {
-                    live.get(id).is_some_and(|(s, _)| {
-                        *s != newcomer && by_source.get(s).copied().unwrap_or(0) >= after
+                .position(|(id, _)| live.get(id).is_some_and(|(s, _)| gives_way(s)))
+                .or_else(|| {
+                    order.iter().position(|(id, _)| {
+                        live.get(id)
+                            .is_some_and(|(s, _)| gives_way(s) && stalled.closed_lately(*s, now))
                     })
                 })
         };
@@ -318,7 +351,7 @@ impl Pending {
         if let Some((source, token)) = live.remove(&id) {
             token.cancel();
             self.forget(source);
-            self.evicted.record(source, now);
+            self.stalled.record(source, now, Ended::Evicted);
         }
         true
     }
@@ -564,12 +597,17 @@ impl Admission {
     }
 
     /// Gives back the pending slot `id`, unless a newcomer took it already (evicted).
-    fn release_pending(&self, id: u64) {
+    fn release_pending(&self, id: u64, unfinished: bool) {
         let mut pending = self.pending.lock();
         let Some((source, _)) = pending.live.remove(&id) else {
             return;
         };
         pending.forget(source);
+        if unfinished {
+            pending
+                .stalled
+                .record(source, Instant::now(), Ended::Closed);
+        }
         drop(pending);
         self.pending_gauge.decrement(1.0);
     }
@@ -684,7 +722,7 @@ impl HandshakeSlot {
             Err(full) => return Err((self, full)),
         };
         if let Some(waiting) = self.waiting.take() {
-            self.admission.release_pending(waiting.id);
+            self.admission.release_pending(waiting.id, false);
         }
         self.state = State::Connected;
         Ok(ConnectedSlot {
@@ -700,7 +738,7 @@ impl Drop for HandshakeSlot {
     /// The connection closes before its CONNECT was accepted (or the slot was promoted).
     fn drop(&mut self) {
         if let Some(waiting) = self.waiting.take() {
-            self.admission.release_pending(waiting.id);
+            self.admission.release_pending(waiting.id, true);
         }
         if self.state != State::Connected {
             self.admission.open_gauge.decrement(1.0);

@@ -49,7 +49,7 @@ fn a_slot_goes_from_the_source_holding_the_most() {
 /// Twenty-eighth adversarial pass, F1: among sources holding one slot each, a source whose
 /// handshake was just evicted (a stalled socket renewed at once) does not take the next
 /// slot that has waited `EVICTABLE_AFTER`; a fresh source does, and the evicted one may
-/// again once `EVICTED_REMEMBERED` has passed. Where it holds fewer than another source
+/// again once `STALLED_REMEMBERED` has passed. Where it holds fewer than another source
 /// (not equals) it still takes that one's slot at once.
 #[test]
 fn a_source_just_evicted_does_not_evict_an_equal_in_turn() {
@@ -77,24 +77,24 @@ fn a_source_just_evicted_does_not_evict_an_equal_in_turn() {
     }
     assert!(pending.evict_for(a, 0, now), "c holds more than a would");
     assert!(tokens[2].is_cancelled());
-    // Remembered for EVICTED_REMEMBERED only.
-    assert!(!pending.evicted.lately(fresh, now));
-    assert!(pending.evicted.lately(b, now));
-    assert!(!pending.evicted.lately(b, now + EVICTED_REMEMBERED));
+    // Remembered for STALLED_REMEMBERED only.
+    assert!(!pending.stalled.lately(fresh, now));
+    assert!(pending.stalled.lately(b, now));
+    assert!(!pending.stalled.lately(b, now + STALLED_REMEMBERED));
 }
 
-/// The memory of evicted sources keeps at most `EVICTED_MOST`, the oldest forgotten first.
+/// The memory of evicted sources keeps at most `STALLED_MOST`, the oldest forgotten first.
 #[test]
 fn the_evicted_sources_remembered_are_bounded() {
     let now = Instant::now();
-    let mut evicted = EvictedLately::default();
-    for i in 0..=EVICTED_MOST as u32 {
-        evicted.record(IpAddr::from(i.to_be_bytes()), now);
+    let mut stalled = StalledLately::default();
+    for i in 0..=STALLED_MOST as u32 {
+        stalled.record(IpAddr::from(i.to_be_bytes()), now, Ended::Evicted);
     }
-    assert_eq!(evicted.order.len(), EVICTED_MOST);
-    assert_eq!(evicted.latest.len(), EVICTED_MOST);
-    assert!(!evicted.lately(IpAddr::from(0u32.to_be_bytes()), now));
-    assert!(evicted.lately(IpAddr::from(1u32.to_be_bytes()), now));
+    assert_eq!(stalled.order.len(), STALLED_MOST);
+    assert_eq!(stalled.latest.len(), STALLED_MOST);
+    assert!(!stalled.lately(IpAddr::from(0u32.to_be_bytes()), now));
+    assert!(stalled.lately(IpAddr::from(1u32.to_be_bytes()), now));
 }
 
 fn admission(max_connections: usize, max_pending: usize, per_source: usize) -> Arc<Admission> {
@@ -333,4 +333,56 @@ fn sources_are_ipv4_addresses_and_ipv6_prefixes() {
         source_key(ip("2001:db8:1:2::1")),
         source_key(ip("2001:db8:1:2:ffff::9"))
     );
+}
+
+/// Twenty-ninth adversarial pass, F1-C: among sources holding one young handshake each, a
+/// fresh newcomer takes the slot of a source whose handshake ended unfinished lately (its
+/// client closed it, as a stalled socket renewed before it turns evictable does), at any
+/// age; the others keep theirs until they have waited `EVICTABLE_AFTER`.
+#[test]
+fn a_source_that_left_a_handshake_unfinished_gives_way_at_any_age() {
+    let sources: Vec<IpAddr> = (1..=5).map(|i| IpAddr::from([192, 0, 2, i])).collect();
+    let now = Instant::now();
+    let mut pending = Pending::default();
+    let tokens: Vec<_> = (0..3)
+        .map(|id| hold(&mut pending, id as u64, sources[id], now))
+        .collect();
+    assert!(
+        !pending.evict_for(sources[3], 0, now),
+        "all young, none stalled"
+    );
+    pending.stalled.record(sources[1], now, Ended::Evicted);
+    assert!(
+        !pending.evict_for(sources[3], 0, now),
+        "evicted only: keeps its young ones"
+    );
+    pending.stalled.record(sources[1], now, Ended::Closed);
+    assert!(pending.evict_for(sources[3], 0, now));
+    assert!(tokens[1].is_cancelled());
+    assert!(!tokens[0].is_cancelled() && !tokens[2].is_cancelled());
+    assert!(
+        !pending.evict_for(sources[4], 0, now),
+        "the others are young"
+    );
+}
+
+/// A pending slot given back unfinished (the connection closed while it waited) marks its
+/// source; one promoted does not.
+#[test]
+fn a_handshake_closed_while_waiting_marks_its_source() {
+    let a = admission(10, 10, 10);
+    let mut closed = a.arrive(ip("10.0.0.1"));
+    closed.wait_for_client().expect("a slot");
+    drop(closed);
+    let mut done = a.arrive(ip("10.0.0.2"));
+    done.wait_for_client().expect("a slot");
+    let connected = done.promote(|| false).expect("room");
+    let now = Instant::now();
+    let mut pending = a.pending.lock();
+    assert!(pending
+        .stalled
+        .closed_lately(source_key(ip("10.0.0.1")), now));
+    assert!(!pending.stalled.lately(source_key(ip("10.0.0.2")), now));
+    drop(pending);
+    drop(connected);
 }
