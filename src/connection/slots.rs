@@ -16,7 +16,8 @@
 //! hold, and the per-address bounds stop one host from filling all pending or connected slots.
 //! A newcomer that finds the listener's pending slots full takes the slot of a handshake of
 //! the source holding the most, where that one holds more than the newcomer's would, or of
-//! the oldest of an equal one that has waited [`EVICTABLE_AFTER`] (`Pending::evict_for`):
+//! the oldest of an equal one that has waited [`EVICTABLE_AFTER`], or at once one of an
+//! address that left a handshake unfinished lately (`Pending::evict_for`, `StalledLately`):
 //! every TLS and WebSocket client's handshake waits for it, so stalled sockets in every slot
 //! had kept them all out (issue 35, twenty-sixth and twenty-seventh adversarial passes, L4,
 //! M1).
@@ -259,8 +260,15 @@ impl StalledLately {
 
     /// Whether a handshake of `source` was closed while it waited within
     /// [`STALLED_REMEMBERED`] of `now` (not only evicted).
+    #[cfg(test)]
     fn closed_lately(&mut self, source: IpAddr, now: Instant) -> bool {
         self.forget_before(now);
+        self.closed(source)
+    }
+
+    /// Whether a handshake of `source` was closed while it waited, as of the last forgetting:
+    /// for a scan that forgets once ([`StalledLately::forget_before`]).
+    fn closed(&self, source: IpAddr) -> bool {
         self.latest.get(&source).is_some_and(|(_, closed)| *closed)
     }
 
@@ -339,9 +347,10 @@ impl Pending {
                 .take_while(|(_, since)| now.saturating_duration_since(*since) >= EVICTABLE_AFTER)
                 .position(|(id, _)| live.get(id).is_some_and(|(s, _)| gives_way(s)))
                 .or_else(|| {
+                    stalled.forget_before(now);
                     order.iter().position(|(id, _)| {
                         live.get(id)
-                            .is_some_and(|(s, _)| gives_way(s) && stalled.closed_lately(*s, now))
+                            .is_some_and(|(s, _)| gives_way(s) && stalled.closed(*s))
                     })
                 })
         };
